@@ -1,0 +1,45 @@
+"""One interface for attention over the paged KV pool.
+
+KV pool, per layer: k_cache and v_cache of shape
+[num_blocks, block_size, num_kv_heads, head_dim]. A backend first writes the
+step's new k/v into their slots, then attends each query token to its
+sequence's whole context (cached + new), causally."""
+from typing import Protocol
+
+import torch
+
+from parashift.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, meta: AttentionMetadata) -> None: ...
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]."""
+        ...
+
+
+def get_backend(name: str, device: torch.device) -> AttentionBackend:
+    if name == "auto":
+        name = "triton" if device.type == "cuda" and _triton_available() else "torch"
+    if name == "torch":
+        from parashift.attention.torch_ref import TorchAttentionBackend
+        return TorchAttentionBackend()
+    if name == "triton":
+        if device.type != "cuda":
+            raise ValueError("attention backend 'triton' needs a CUDA device")
+        from parashift.attention.triton_backend import TritonAttentionBackend
+        return TritonAttentionBackend()
+    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or triton")
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
