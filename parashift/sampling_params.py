@@ -1,6 +1,9 @@
 """Per-request sampling options, named and validated as in vLLM."""
 from dataclasses import dataclass, field
 
+# Temperatures below this are treated as greedy: dividing logits by them overflows float32.
+_SAMPLING_EPS = 1e-5
+
 
 @dataclass
 class SamplingParams:
@@ -44,4 +47,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < _SAMPLING_EPS or self.top_k == 1

@@ -1,0 +1,216 @@
+"""Triton kernels for attention over the paged KV pool.
+
+One attention kernel serves decode, prefill and mixed batches. A program
+owns one query block (up to BLOCK_Q consecutive query tokens of one
+sequence) for one KV head; its BLOCK_M rows are those tokens times the
+GROUP query heads that share the KV head, so each KV tile is loaded once for
+all of them. The grid's third axis splits the context into partitions
+(flash-decoding); with more than one split the programs write partial
+results that `reduce_splits_kernel` merges.
+
+Query blocks are numbered so that sequence i's blocks start at
+query_start_loc[i] // BLOCK_Q + i. That bound only depends on the token and
+sequence counts, so the grid never depends on data values; programs past a
+sequence's last query token exit at once."""
+import triton
+import triton.language as tl
+
+# Running max before any visible key: finite, so fully masked rows give
+# exp2(-inf - NEG_BIG) = 0 instead of NaN.
+NEG_BIG = -1.0e30
+
+
+@triton.jit
+def write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+                    stride_kt, stride_kh, stride_vt, stride_vh,
+                    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+                    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    HEADS_P: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot < 0:
+        return
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    heads = tl.arange(0, HEADS_P)[:, None]
+    dims = tl.arange(0, HEAD_DIM_P)[None, :]
+    mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM)
+    src_k = k_ptr + token.to(tl.int64) * stride_kt + heads * stride_kh + dims
+    src_v = v_ptr + token.to(tl.int64) * stride_vt + heads * stride_vh + dims
+    dst_k = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads * stride_kch + dims
+    dst_v = v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads * stride_vch + dims
+    k = tl.load(src_k, mask=mask)
+    v = tl.load(src_v, mask=mask)
+    tl.store(dst_k, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _find_sequence(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
+    """Largest i with query_start_loc[i] // BLOCK_Q + i <= q_block (binary search)."""
+    lo = 0
+    hi = num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        lo = tl.where(first_block <= q_block, mid, lo)
+        hi = tl.where(first_block <= q_block, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table_ptr,
+                  tile_lo, tile_hi, kv_end, q_pos, qk_scale,
+                  stride_kb, stride_ks, stride_vb, stride_vs,
+                  MASKED: tl.constexpr, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
+    """Online softmax over KV tiles [tile_lo, tile_hi). Unmasked tiles lie
+    wholly inside every row's causal window; MASKED ones need the check."""
+    offs_n = tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    d_ok = offs_d < HEAD_DIM
+    for tile in range(tile_lo, tile_hi):
+        pos = tile * TILE_N + offs_n
+        if MASKED:
+            n_ok = pos < kv_end
+            block = tl.load(block_table_ptr + pos // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+        else:
+            block = tl.load(block_table_ptr + pos // BLOCK_SIZE).to(tl.int64)
+            kv_mask = d_ok[None, :]
+        in_block = pos % BLOCK_SIZE
+        k_rows = k_base + block * stride_kb + in_block * stride_ks
+        k = tl.load(k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if MASKED:
+            visible = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] < kv_end)
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_rows = v_base + block * stride_vb + in_block * stride_vs
+        v = tl.load(v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _split_tile_range(kv_end, first_q_pos, split, num_splits, TILE_N: tl.constexpr):
+    """This split's tiles, cut where the causal mask starts to matter."""
+    num_tiles = tl.cdiv(kv_end, TILE_N)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
+    lo = split * tiles_per_split
+    hi = tl.minimum(lo + tiles_per_split, num_tiles)
+    # tiles ending at or before the first query's position are visible to every row
+    num_full = tl.minimum((first_q_pos + 1) // TILE_N, num_tiles)
+    mid = tl.maximum(tl.minimum(hi, num_full), lo)
+    return lo, mid, hi
+
+
+@triton.jit
+def paged_attention_kernel(
+        out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+        q_ptr, k_cache_ptr, v_cache_ptr,
+        block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+        num_seqs, qk_scale,
+        stride_qt, stride_qh, stride_ot, stride_oh,
+        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+        GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr,
+        BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, SPLIT: tl.constexpr,
+        DOT_PRECISION: tl.constexpr):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+
+    seq = _find_sequence(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    block_q_start = (q_block - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    if block_q_start >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_start = seq_len - q_len
+
+    rows = tl.arange(0, BLOCK_M)
+    row_token = rows // GROUP_P
+    row_head = kv_head * GROUP + rows % GROUP_P
+    row_ok = (row_token < BLOCK_Q) & (block_q_start + row_token < q_len) & (rows % GROUP_P < GROUP)
+    token = (q_start + block_q_start + row_token).to(tl.int64)
+    q_pos = context_start + block_q_start + row_token
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    d_ok = offs_d < HEAD_DIM
+    io_mask = row_ok[:, None] & d_ok[None, :]
+    q_rows = q_ptr + token * stride_qt + row_head * stride_qh
+    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
+
+    kv_end = context_start + tl.minimum(block_q_start + BLOCK_Q, q_len)
+    lo, mid, hi = _split_tile_range(kv_end, context_start + block_q_start, split,
+                                    num_splits, TILE_N)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, mid,
+                                  kv_end, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
+                                  stride_vs, False, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
+                                  DOT_PRECISION)
+    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, mid, hi,
+                                  kv_end, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
+                                  stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
+                                  DOT_PRECISION)
+    if SPLIT:
+        _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i, token, row_head,
+                       split, num_splits, row_ok, io_mask, offs_d, GROUP, HEAD_DIM)
+    else:
+        out = acc / l_i[:, None]
+        o_rows = out_ptr + token * stride_ot + row_head * stride_oh
+        tl.store(o_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=io_mask)
+
+
+@triton.jit
+def _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i, token, row_head,
+                   split, num_splits, row_ok, io_mask, offs_d, GROUP: tl.constexpr,
+                   HEAD_DIM: tl.constexpr):
+    """Partials live at [token, head, split] in buffers of shape
+    [num_tokens, num_heads, num_splits(, head_dim)]; acc stays unnormalised."""
+    num_heads = tl.num_programs(1) * GROUP
+    part_row = (token * num_heads + row_head) * num_splits + split
+    tl.store(part_m_ptr + part_row, m_i, mask=row_ok)
+    tl.store(part_l_ptr + part_row, l_i, mask=row_ok)
+    acc_ptrs = part_acc_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(acc_ptrs, acc, mask=io_mask)
+
+
+@triton.jit
+def reduce_splits_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr,
+                         num_seqs, stride_ot, stride_oh,
+                         NUM_SPLITS: tl.constexpr, NUM_SPLITS_P: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+    """Merges the splits of one (token, head); tokens past the last sequence
+    (padding rows) get zeros."""
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    num_heads = tl.num_programs(1)
+    row = token.to(tl.int64) * num_heads + head
+    splits = tl.arange(0, NUM_SPLITS_P)
+    s_ok = splits < NUM_SPLITS
+    m = tl.load(part_m_ptr + row * NUM_SPLITS + splits, mask=s_ok, other=NEG_BIG)
+    l = tl.load(part_l_ptr + row * NUM_SPLITS + splits, mask=s_ok, other=0.0)
+    weight = tl.exp2(m - tl.max(m, 0))
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    d_ok = offs_d < HEAD_DIM
+    acc_ptrs = part_acc_ptr + (row * NUM_SPLITS + splits)[:, None] * HEAD_DIM + offs_d[None, :]
+    acc = tl.load(acc_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    out = tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)
+    is_real = token < tl.load(query_start_loc_ptr + num_seqs)
+    out = tl.where(is_real, out, 0.0)
+    o_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_ok)

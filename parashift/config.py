@@ -1,0 +1,71 @@
+"""Engine configuration as validated dataclasses."""
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192  # token budget of one step
+    max_model_len: int = 8192
+    long_prefill_token_threshold: int = 0  # cap on one request's tokens per step; 0 = none
+
+    def __post_init__(self):
+        minimum = {"long_prefill_token_threshold": 0}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            low = minimum.get(f.name, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{f.name} must be an integer >= {low}, got {value!r}")
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class EngineConfig:
+    """Everything `LLM(...)`, the CLI and the server accept; unknown names are errors."""
+    model: str | None = None                 # HF dir, .gguf, config .json (random weights); None = embedded
+    tokenizer: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    max_model_len: int | None = None         # default: the model's max_position_embeddings
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    long_prefill_token_threshold: int = 0
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    block_size: int = 16
+    num_blocks: int | None = None            # KV pool size in blocks; overrides the memory sizing
+    kv_cache_memory: int | None = None       # KV pool size in bytes
+    gpu_memory_utilization: float = 0.9
+    attention_backend: str = "auto"          # auto | torch | triton
+    load_format: str = "auto"                # auto | dummy (random weights)
+    skip_tokenizer_init: bool = False
+
+    def __post_init__(self):
+        if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_model_len", "num_blocks", "kv_cache_memory"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown engine option(s) {unknown}; known: {sorted(known)}")
+        return cls(**kwargs)

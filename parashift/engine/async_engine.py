@@ -1,0 +1,332 @@
+"""Runs `LLMEngine.step()` in a thread of its own and streams outputs to asyncio.
+
+The engine object is touched only by the engine thread: the event loop sends it
+commands (add, abort, stop) through a queue, and the thread sends outputs back
+with `loop.call_soon_threadsafe`. HTTP handling therefore never stalls a step,
+and a long step never stalls HTTP handling.
+
+If a step raises, the engine is dead: every pending request fails with
+`EngineDeadError` and new ones are refused (the server's /health turns 503)."""
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from parashift.outputs import RequestOutput
+from parashift.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped; no request can be served."""
+
+
+class QueueFullError(RuntimeError):
+    """More requests wait than `max_num_queued_requests` allows."""
+
+
+@dataclass
+class RequestStream:
+    """The event-loop side of one request: its outputs and timings."""
+    request_id: str
+    num_prompt_tokens: int
+    accepted: asyncio.Future
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    num_output_tokens: int = 0
+    finished: bool = False
+    _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        """Yields cumulative outputs; when the reader lags, only the newest."""
+        while True:
+            item = await self._queue.get()
+            while not self._queue.empty() and not isinstance(item, BaseException):
+                item = self._queue.get_nowait()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finished:
+                return
+
+
+@dataclass
+class _Add:
+    stream: RequestStream
+    prompt: str | list[int]
+    params: SamplingParams
+    priority: int
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+
+
+class AsyncLLMEngine:
+    """Asyncio front of an `LLMEngine`; one per server."""
+
+    def __init__(self, engine, *, max_num_queued_requests: int | None = None, metrics=None):
+        if max_num_queued_requests is not None and max_num_queued_requests < 0:
+            raise ValueError("max_num_queued_requests must be >= 0")
+        self.engine = engine
+        self.max_num_queued_requests = max_num_queued_requests
+        self.metrics = metrics
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, RequestStream] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._dead: EngineDeadError | None = None
+        self._stopping = False
+        self._count_lock = threading.Lock()
+        self._num_unsent_adds = 0  # adds queued for the engine thread, not yet handed over
+        self._engine_num_waiting = 0  # from the last stats() of the engine thread
+        self._engine_request_ids: set[str] = set()  # engine thread only
+
+    # ---- lifecycle -------------------------------------------------------
+    def start(self) -> None:
+        """Starts the engine thread; call from inside the running event loop."""
+        if self._thread is not None:
+            raise RuntimeError("AsyncLLMEngine already started")
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="parashift-engine",
+                                        daemon=True)
+        self._thread.start()
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Fails what is still pending, aborts it in the engine, stops the thread."""
+        self._stopping = True
+        self._fail_all(EngineDeadError("the server is shutting down"))
+        self._commands.put(_STOP)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, timeout)
+
+    @property
+    def is_running(self) -> bool:
+        alive = self._thread is not None and self._thread.is_alive()
+        return alive and self._dead is None and not self._stopping
+
+    @property
+    def dead_error(self) -> EngineDeadError | None:
+        return self._dead
+
+    @property
+    def num_waiting(self) -> int:
+        with self._count_lock:
+            return self._num_unsent_adds + self._engine_num_waiting
+
+    @property
+    def num_streams(self) -> int:
+        return len(self._streams)
+
+    # ---- requests (event loop side) ---------------------------------------
+    async def add_request(self, request_id: str, prompt: str | list[int],
+                          params: SamplingParams, priority: int = 0,
+                          num_prompt_tokens: int | None = None) -> RequestStream:
+        """Hands a request to the engine; returns once the engine accepted it.
+
+        Raises ValueError (bad input, as the engine says), QueueFullError or
+        EngineDeadError."""
+        self._check_can_add(request_id)
+        loop = asyncio.get_running_loop()
+        n_prompt = num_prompt_tokens if num_prompt_tokens is not None else (
+            len(prompt) if isinstance(prompt, list) else 0)
+        stream = RequestStream(request_id, n_prompt, loop.create_future())
+        self._streams[request_id] = stream
+        with self._count_lock:
+            self._num_unsent_adds += 1
+        self._commands.put(_Add(stream, prompt, params, priority))
+        try:
+            await asyncio.shield(stream.accepted)
+        except asyncio.CancelledError:
+            self.abort(request_id)
+            raise
+        except BaseException:
+            self._streams.pop(request_id, None)
+            raise
+        return stream
+
+    def _check_can_add(self, request_id: str) -> None:
+        if self._dead is not None:
+            raise self._dead
+        if self._stopping or self._thread is None:
+            raise EngineDeadError("the engine is not running")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        limit = self.max_num_queued_requests
+        if limit is not None and self.num_waiting >= limit:
+            raise QueueFullError(f"{self.num_waiting} requests are waiting, the limit is "
+                                 f"{limit}; retry later")
+
+    async def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Streams cumulative outputs; aborts the request if the caller stops early."""
+        stream = await self.add_request(request_id, prompt, params, priority)
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            if not stream.finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Forgets the request here and frees it in the engine. Safe to repeat."""
+        stream = self._streams.pop(request_id, None)
+        if stream is None or stream.finished:
+            return
+        stream.finished = True
+        if self._dead is None and not self._stopping:
+            self._commands.put(_Abort(request_id))
+
+    # ---- event loop side of the engine thread's results --------------------
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        now = time.monotonic()
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue  # aborted meanwhile
+            self._account(stream, output, now)
+            stream.put(output)
+            if output.finished:
+                stream.finished = True
+                del self._streams[output.request_id]
+
+    def _account(self, stream: RequestStream, output: RequestOutput, now: float) -> None:
+        completion = output.outputs[0]
+        num_new = len(completion.token_ids) - stream.num_output_tokens
+        if num_new > 0 and stream.first_token_at is None:
+            stream.first_token_at = now
+        stream.num_output_tokens = len(completion.token_ids)
+        if self.metrics is None:
+            return
+        self.metrics.record_new_tokens(num_new)
+        if output.finished:
+            self._record_finished(stream, output, now)
+
+    def _record_finished(self, stream: RequestStream, output: RequestOutput, now: float):
+        ttft = None if stream.first_token_at is None else stream.first_token_at - stream.arrival
+        tpot = None
+        if stream.num_output_tokens > 1 and stream.first_token_at is not None:
+            tpot = (now - stream.first_token_at) / (stream.num_output_tokens - 1)
+        self.metrics.record_finished(
+            num_prompt_tokens=len(output.prompt_token_ids), finish_reason=(
+                output.outputs[0].finish_reason or "unknown"),
+            num_output_tokens=stream.num_output_tokens, ttft=ttft, e2e=now - stream.arrival,
+            tpot=tpot)
+
+    def _accept(self, stream: RequestStream, error: BaseException | None) -> None:
+        if stream.accepted.done():
+            return
+        if error is None:
+            stream.accepted.set_result(None)
+        else:
+            stream.accepted.set_exception(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for stream in list(self._streams.values()):
+            stream.finished = True
+            if not stream.accepted.done():
+                stream.accepted.set_exception(error)
+            stream.put(error)
+        self._streams.clear()
+
+    # ---- engine thread ---------------------------------------------------
+    def _run_loop(self) -> None:
+        try:
+            while not self._stopping:
+                idle = not self.engine.has_unfinished_requests()
+                if not self._apply_commands(block=idle):
+                    break
+                if not self.engine.has_unfinished_requests():
+                    continue
+                outputs = self.engine.step()
+                self._after_step(outputs)
+        except BaseException as exc:  # noqa: BLE001 - any failure kills the engine
+            self._die(exc)
+            return
+        self._abort_remaining()
+
+    def _apply_commands(self, block: bool) -> bool:
+        """Applies queued commands; False once told to stop."""
+        try:
+            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return not self._stopping
+        while True:
+            if command is _STOP:
+                return False
+            self._apply(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+        self._refresh_waiting()
+        return True
+
+    def _apply(self, command) -> None:
+        if isinstance(command, _Abort):
+            if command.request_id in self._engine_request_ids:
+                self._engine_request_ids.discard(command.request_id)
+                self.engine.abort_request(command.request_id)
+            return
+        stream = command.stream
+        error = None
+        try:
+            self.engine.add_request(stream.request_id, command.prompt, command.params,
+                                    priority=command.priority)
+            self._engine_request_ids.add(stream.request_id)
+        except ValueError as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - one bad request must not kill the engine
+            logger.exception("add_request failed for %s", stream.request_id)
+            error = RuntimeError(f"the engine could not take the request ({type(exc).__name__})")
+        with self._count_lock:
+            self._num_unsent_adds -= 1
+        self._loop.call_soon_threadsafe(self._accept, stream, error)
+
+    def _refresh_waiting(self) -> None:
+        stats = self.engine.stats()
+        with self._count_lock:
+            self._engine_num_waiting = stats.num_waiting
+        if self.metrics is not None:
+            self.metrics.record_queue(stats)
+
+    def _after_step(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            if output.finished:
+                self._engine_request_ids.discard(output.request_id)
+        stats = self.engine.stats()
+        with self._count_lock:
+            self._engine_num_waiting = stats.num_waiting
+        if self.metrics is not None:
+            self.metrics.record_step(stats)
+        if outputs:
+            self._loop.call_soon_threadsafe(self._dispatch, outputs)
+
+    def _abort_remaining(self) -> None:
+        """Leaves the engine clean on stop (it may be reused, as in tests)."""
+        for request_id in list(self._engine_request_ids):
+            try:
+                self.engine.abort_request(request_id)
+            except Exception:  # noqa: BLE001
+                logger.exception("abort of %s failed during shutdown", request_id)
+        self._engine_request_ids.clear()
+
+    def _die(self, exc: BaseException) -> None:
+        logger.error("engine loop failed; the engine is dead", exc_info=exc)
+        self._dead = EngineDeadError(f"the engine failed ({type(exc).__name__}) and cannot "
+                                     "serve requests; see the server log")
+        try:
+            self._loop.call_soon_threadsafe(self._fail_all, self._dead)
+        except RuntimeError:
+            pass  # the event loop is already closed

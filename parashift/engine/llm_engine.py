@@ -1,0 +1,203 @@
+"""The engine loop: requests in, one scheduled step at a time, outputs out."""
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from parashift.config import EngineConfig, SchedulerConfig
+from parashift.engine.detokenizer import IncrementalDetokenizer
+from parashift.engine.model_runner import ModelRunner
+from parashift.engine.scheduler import Scheduler, SchedulerOutput
+from parashift.engine.sequence import Sequence
+from parashift.engine.step_batch import SeqChunk, StepBatch
+from parashift.kv.block_manager import BlockManager
+from parashift.loader.source import load_hf_config, resolve_model
+from parashift.loader.tokenizer import load_tokenizer
+from parashift.outputs import CompletionOutput, RequestOutput
+from parashift.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    num_preemptions: int
+    last_step_plan: str
+    last_step_num_tokens: int
+    last_step_seconds: float
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        source = resolve_model(config.model, config.load_format)
+        self.model_name = source.name
+        hf_config = load_hf_config(source)
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(source, config.tokenizer)
+        self.vocab_size = hf_config.vocab_size
+        self.max_model_len = _resolve_max_model_len(config, hf_config)
+        self.device = _resolve_device(config.device)
+        self.dtype = _resolve_dtype(config.dtype, hf_config, self.device)
+        self.runner = ModelRunner(config, hf_config, source, self.device, self.dtype,
+                                  self.max_model_len)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                            self.max_model_len, config.long_prefill_token_threshold),
+            self.block_manager, _eos_token_ids(hf_config, self.tokenizer, source))
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._finished_since_last_step: list[str] = []
+        self._num_preemptions = 0
+        self._last_step = ("none", 0, 0.0)
+
+    # ---- requests ------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    priority: int = 0) -> None:
+        prompt_text, token_ids = self._tokenize(prompt)
+        self._validate_prompt(token_ids)
+        if request_id in self._detokenizers:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        seq = Sequence(request_id, token_ids, params, priority, prompt_text)
+        self.scheduler.add(seq)
+        self._detokenizers[request_id] = (
+            IncrementalDetokenizer(self.tokenizer, token_ids, params) if self.tokenizer else None)
+
+    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: give prompts as token ids")
+            return prompt, self.tokenizer.encode(prompt) if prompt else []
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise ValueError("a token-id prompt must be a list of integers")
+        return None, list(prompt)
+
+    def _validate_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of vocabulary (size {self.vocab_size})")
+        if len(token_ids) + 1 > self.max_model_len:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens; with one generated token that "
+                             f"exceeds the model's context window max_model_len={self.max_model_len}")
+
+    def abort_request(self, request_id: str) -> None:
+        if self.scheduler.abort(request_id) is not None:
+            self._release(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model has no chat template")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False)
+        return list(ids)
+
+    # ---- the step ------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        sched = self.scheduler.schedule()
+        self._num_preemptions += len(sched.preempted)
+        if sched.is_empty:
+            return []
+        sampled_tokens, logprobs = self.runner.execute(self._step_batch(sched))
+        sampling = [s.seq for s in sched.scheduled if s.samples]
+        sampled = {seq.request_id: tok for seq, tok in zip(sampling, sampled_tokens)}
+        if logprobs is not None:
+            for seq, lp in zip(sampling, logprobs):
+                if lp is not None:
+                    seq.logprobs.append(lp)
+        self.scheduler.update(sched, sampled)
+        outputs = [self._output(seq, sampled[seq.request_id]) for seq in sampling]
+        self._last_step = ("single", sched.num_batched_tokens, time.perf_counter() - start)
+        return outputs
+
+    def _step_batch(self, sched: SchedulerOutput) -> StepBatch:
+        chunks = []
+        for s in sched.scheduled:
+            seq = s.seq
+            tokens = seq.token_ids[s.start_pos:s.start_pos + s.num_new_tokens]
+            chunks.append(SeqChunk(seq.request_id, tokens, s.start_pos, list(seq.block_table),
+                                   seq.params if s.samples else None))
+        finished, self._finished_since_last_step = self._finished_since_last_step, []
+        return StepBatch(chunks, finished)
+
+    def _output(self, seq: Sequence, new_token: int) -> RequestOutput:
+        detok = self._detokenizers[seq.request_id]
+        if detok is not None and not seq.is_finished:
+            stop = detok.append([new_token])
+            if stop is not None:
+                self.scheduler.finish(seq, "stop", stop)
+        elif detok is not None:
+            detok.append([new_token])
+        if seq.is_finished:
+            self._release(seq.request_id)
+        completion = CompletionOutput(
+            0, detok.text if detok else "", seq.output_token_ids,
+            list(seq.logprobs) if seq.params.logprobs is not None else None,
+            seq.finish_reason, seq.stop_reason)
+        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
+                             seq.is_finished, seq.num_cached_tokens)
+
+    def _release(self, request_id: str) -> None:
+        self._detokenizers.pop(request_id, None)
+        self._finished_since_last_step.append(request_id)
+
+    def stats(self) -> EngineStats:
+        plan, tokens, seconds = self._last_step
+        return EngineStats(self.scheduler.num_running, self.scheduler.num_waiting,
+                           self.block_manager.num_free_blocks, self.block_manager.num_blocks,
+                           self._num_preemptions, plan, tokens, seconds)
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but no CUDA device is available")
+    return torch.device(device)
+
+
+def _resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if device.type == "cpu":
+        return torch.float32
+    declared = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+    return torch.float16 if declared in (torch.float16, "float16") else torch.bfloat16
+
+
+def _resolve_max_model_len(config: EngineConfig, hf_config) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    window = getattr(hf_config, "sliding_window", None)
+    uses_window = getattr(hf_config, "use_sliding_window", True)
+    if window and uses_window and window < limit:
+        limit = window  # beyond the window the model needs sliding-window attention
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise ValueError(f"max_model_len={config.max_model_len} exceeds what the model supports ({limit})")
+    return config.max_model_len
+
+
+def _eos_token_ids(hf_config, tokenizer, source) -> set[int]:
+    ids: set[int] = set()
+    for value in (getattr(hf_config, "eos_token_id", None),
+                  getattr(tokenizer, "eos_token_id", None) if tokenizer else None):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(value)
+    if source.kind == "hf" and (source.path / "generation_config.json").exists():
+        from transformers import GenerationConfig
+        eos = GenerationConfig.from_pretrained(source.path).eos_token_id
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return ids

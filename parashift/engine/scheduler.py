@@ -1,0 +1,208 @@
+"""Continuous batching under a token budget, vLLM-v1 style.
+
+One invariant: each sequence's num_computed_tokens catches up with its
+num_tokens. A step gives running sequences (decodes or prefill chunks) their
+tokens first, in running order, then admits waiting sequences by priority.
+When the block pool runs out, the lowest-priority running sequence is
+preempted by recompute: its blocks are freed and it goes back to waiting with
+all its tokens, to be computed again (often from the prefix cache)."""
+import heapq
+from dataclasses import dataclass, field
+
+from parashift.config import SchedulerConfig
+from parashift.engine.sequence import Sequence, SequenceStatus
+from parashift.kv.block_manager import BlockManager
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int  # tokens computed this step, starting at start_pos
+    start_pos: int  # seq.num_computed_tokens when scheduled (after any prefix-cache hit)
+    # seq.num_tokens at schedule time, so `samples` stays true after update() appends.
+    _num_tokens: int = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self._num_tokens = self.seq.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """A token is sampled after this step: the chunk reaches the last token."""
+        return self.start_pos + self.num_new_tokens == self._num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)  # running first, then admitted
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
+                 eos_token_ids: set[int]):
+        pool_tokens = block_manager.num_blocks * block_manager.block_size
+        if pool_tokens < config.max_model_len:
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds the KV pool "
+                             f"({pool_tokens} tokens): one sequence could never fit")
+        self.config = config
+        self.block_manager = block_manager
+        self.eos_token_ids = set(eos_token_ids)
+        self.running: list[Sequence] = []
+        self._waiting: list[tuple[tuple, Sequence]] = []  # heap by sort_key
+        self._unfinished: dict[str, Sequence] = {}
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def waiting(self) -> list[Sequence]:
+        """Waiting sequences in admission order (a copy)."""
+        return [seq for _, seq in sorted(self._waiting, key=lambda entry: entry[0])]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._unfinished)
+
+    def add(self, seq: Sequence) -> None:
+        if seq.request_id in self._unfinished:
+            raise ValueError(f"request {seq.request_id!r} is already scheduled")
+        if not 0 < seq.num_tokens <= self.config.max_model_len:
+            raise ValueError(f"prompt of {seq.num_tokens} tokens: must be 1 to "
+                             f"max_model_len={self.config.max_model_len}")
+        seq.status = SequenceStatus.WAITING
+        self._unfinished[seq.request_id] = seq
+        heapq.heappush(self._waiting, (seq.sort_key(), seq))
+
+    def abort(self, request_id: str) -> Sequence | None:
+        seq = self._unfinished.get(request_id)
+        if seq is not None:
+            self.finish(seq, "abort")
+        return seq
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == SequenceStatus.WAITING:
+            self._remove_waiting(seq)
+        else:
+            return
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        del self._unfinished[seq.request_id]
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        # A seq preempted in this step must not be re-admitted in the same step.
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
+        """Apply a step's results; return the sequences it finished."""
+        finished = []
+        for scheduled in output.scheduled:
+            seq = scheduled.seq
+            if seq.is_finished:  # aborted while the step ran
+                continue
+            seq.num_computed_tokens = scheduled.start_pos + scheduled.num_new_tokens
+            self.block_manager.cache_full_blocks(seq, seq.num_computed_tokens)
+            if not scheduled.samples:
+                continue
+            seq.append_token(sampled[seq.request_id])
+            reason, stop_reason = self._check_stop(seq)
+            if reason is not None:
+                self.finish(seq, reason, stop_reason)
+                finished.append(seq)
+        return finished
+
+    def _num_new_tokens(self, seq: Sequence, budget: int, num_computed: int) -> int:
+        num_new = min(seq.num_tokens - num_computed, budget)
+        if self.config.long_prefill_token_threshold > 0:
+            num_new = min(num_new, self.config.long_prefill_token_threshold)
+        return num_new
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = self._num_new_tokens(seq, budget, seq.num_computed_tokens)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not self.block_manager.allocate_slots(seq, num_new):
+                victim = max(self.running, key=Sequence.sort_key)
+                if self.running.index(victim) < i:
+                    i -= 1
+                budget += self._preempt(victim, out)
+                if victim is seq:
+                    return budget
+            out.scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens))
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self._waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self._waiting[0][1]
+            computed_blocks, num_cached = self.block_manager.get_computed_blocks(seq)
+            num_new = self._num_new_tokens(seq, budget, num_cached)
+            if not self.block_manager.allocate_slots(seq, num_new, computed_blocks):
+                return
+            heapq.heappop(self._waiting)
+            seq.num_computed_tokens = num_cached
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = num_cached
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, num_new, num_cached))
+            budget -= num_new
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
+        """Send a running seq back to waiting; return the budget it gives back
+        if it was already scheduled in this step."""
+        self.running.remove(seq)
+        given_back = 0
+        for k, scheduled in enumerate(out.scheduled):
+            if scheduled.seq is seq:
+                given_back = out.scheduled.pop(k).num_new_tokens
+                break
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        heapq.heappush(self._waiting, (seq.sort_key(), seq))
+        out.preempted.append(seq)
+        return given_back
+
+    def _remove_waiting(self, seq: Sequence) -> None:
+        self._waiting = [entry for entry in self._waiting if entry[1] is not seq]
+        heapq.heapify(self._waiting)
+
+    def _check_stop(self, seq: Sequence) -> tuple[str | None, int | None]:
+        token = seq.token_ids[-1]
+        params = seq.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return "stop", None
+        if token in params.stop_token_ids:
+            return "stop", token
+        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            return "length", None
+        if seq.num_tokens >= self.config.max_model_len:
+            return "length", None
+        return None, None

@@ -1,0 +1,84 @@
+"""Offline API in the shape of vLLM's `LLM`."""
+import itertools
+
+from tqdm import tqdm
+
+from parashift.config import EngineConfig
+from parashift.engine.llm_engine import LLMEngine
+from parashift.outputs import RequestOutput
+from parashift.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **engine_options):
+        self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **engine_options))
+        self._request_counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: Prompt | list[Prompt],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False, priority: list[int] | None = None) -> list[RequestOutput]:
+        prompts = _as_prompt_list(prompts)
+        params = _per_prompt(sampling_params, len(prompts))
+        priority = priority or [0] * len(prompts)
+        if len(priority) != len(prompts):
+            raise ValueError(f"{len(priority)} priorities for {len(prompts)} prompts")
+        request_ids = self._add_all(prompts, params, priority)
+        return self._run(request_ids, use_tqdm)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.llm_engine.apply_chat_template(c) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _add_all(self, prompts, params, priority) -> list[str]:
+        engine = self.llm_engine
+        request_ids = []
+        try:  # validate everything before anything runs: a bad prompt leaves no stray requests
+            for prompt, p, prio in zip(prompts, params, priority):
+                request_id = str(next(self._request_counter))
+                engine.add_request(request_id, prompt, p, prio)
+                request_ids.append(request_id)
+        except Exception:
+            for request_id in request_ids:
+                engine.abort_request(request_id)
+            raise
+        return request_ids
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        pending = set(request_ids)
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="generating", disable=not use_tqdm)
+        while pending:
+            for out in self.llm_engine.step():
+                if out.finished and out.request_id in pending:
+                    pending.discard(out.request_id)
+                    finished[out.request_id] = out
+                    bar.update(1)
+        bar.close()
+        return [finished[r] for r in request_ids]
+
+
+def _as_prompt_list(prompts) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one token-id prompt
+    return prompts
+
+
+def _per_prompt(sampling_params, n: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * n
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    if len(sampling_params) != n:
+        raise ValueError(f"{len(sampling_params)} sampling params for {n} prompts")
+    return list(sampling_params)

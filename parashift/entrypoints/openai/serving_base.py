@@ -1,0 +1,171 @@
+"""What /v1/completions and /v1/chat/completions share: model check, prompt
+limits, sampling parameters, handing the request to the engine, SSE framing,
+reading a size-limited body and aborting when the client goes away."""
+import asyncio
+import copy
+import json
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from parashift.engine.async_engine import (AsyncLLMEngine, EngineDeadError, QueueFullError,
+                                           RequestStream)
+from parashift.entrypoints.openai.errors import APIError, bad_request, from_validation_error
+from parashift.entrypoints.openai.protocol import SamplingFields
+from parashift.sampling_params import SamplingParams
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+                   "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
+PARAM_NAMES = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "max_tokens",
+               "logprobs", "n", "stop_token_ids"}
+QUEUE_FULL_RETRY_AFTER_S = 1
+
+
+@dataclass
+class ServingContext:
+    """The engine and the facts about the model that request handling needs."""
+    engine: AsyncLLMEngine
+    model_names: list[str]
+    max_model_len: int
+    vocab_size: int
+    tokenizer: object = field(repr=False)
+    max_request_bytes: int = 1 << 22
+
+    @classmethod
+    def from_engine(cls, async_engine: AsyncLLMEngine, served_model_names: list[str] | None,
+                    max_request_bytes: int) -> "ServingContext":
+        llm = async_engine.engine
+        names = list(served_model_names or []) or [llm.model_name]
+        # The engine thread uses llm.tokenizer; the event loop gets its own copy.
+        return cls(engine=async_engine, model_names=names, max_model_len=llm.max_model_len,
+                   vocab_size=llm.vocab_size, tokenizer=copy.deepcopy(llm.tokenizer),
+                   max_request_bytes=max_request_bytes)
+
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]
+
+    def check_model(self, requested: str | None) -> None:
+        if requested is not None and requested not in self.model_names:
+            raise APIError(404, f"the model {requested!r} does not exist; this server "
+                           f"serves {', '.join(map(repr, self.model_names))}", param="model",
+                           code="model_not_found")
+
+    def check_prompt_ids(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise bad_request("the prompt is empty", param="prompt", code="empty_prompt")
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise bad_request(f"token id {bad[0]} is out of vocabulary (valid ids are 0 to "
+                              f"{self.vocab_size - 1})", param="prompt",
+                              code="token_out_of_vocabulary")
+
+    def fit_max_tokens(self, num_prompt_tokens: int, requested: int | None) -> int:
+        """max_tokens to use; 400 naming both numbers when it cannot fit."""
+        limit = self.max_model_len
+        wanted = num_prompt_tokens + (requested if requested is not None else 1)
+        if wanted > limit:
+            asked = "" if requested is None else f" and {requested} to generate"
+            raise bad_request(
+                f"this model's maximum context length is {limit} tokens, but the request "
+                f"needs {wanted}: {num_prompt_tokens} in the prompt{asked}; shorten the "
+                "prompt or lower max_tokens", param="max_tokens" if requested else "prompt",
+                code="context_length_exceeded")
+        return requested if requested is not None else limit - num_prompt_tokens
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def decode_token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def build_sampling_params(request: SamplingFields, max_tokens: int | None,
+                          logprobs: int | None) -> SamplingParams:
+    """SamplingParams from the request fields set; 400 with the engine's message."""
+    kwargs = {name: getattr(request, name) for name in SAMPLING_FIELDS
+              if getattr(request, name) is not None}
+    try:
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        first_word = message.split(" ", 1)[0]
+        raise bad_request(message, param=first_word if first_word in PARAM_NAMES else None,
+                          code="invalid_sampling_params") from None
+
+
+async def submit(ctx: ServingContext, request_id: str, prompt_ids: list[int],
+                 params: SamplingParams, priority: int) -> RequestStream:
+    """Hands the request to the engine, mapping its refusals to HTTP errors."""
+    try:
+        return await ctx.engine.add_request(request_id, prompt_ids, params, priority,
+                                            num_prompt_tokens=len(prompt_ids))
+    except QueueFullError as exc:
+        raise APIError(503, f"the server is overloaded: {exc}", code="queue_full",
+                       headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}) from None
+    except EngineDeadError as exc:
+        raise engine_dead(exc) from None
+    except ValueError as exc:
+        raise bad_request(str(exc), param="prompt") from None
+    except RuntimeError as exc:
+        raise APIError(500, str(exc), code="engine_error") from None
+
+
+def engine_dead(exc: EngineDeadError) -> APIError:
+    return APIError(500, str(exc), code="engine_dead")
+
+
+async def parse_body(request: Request, model: type[BaseModel], limit: int):
+    """Reads at most `limit` bytes (413 beyond) and validates them (400)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+def too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than the server's limit of {limit} "
+                    "bytes", code="request_too_large")
+
+
+def sse_event(payload: BaseModel | dict) -> str:
+    if isinstance(payload, BaseModel):
+        return f"data: {payload.model_dump_json()}\n\n"
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+async def until_disconnect(request: Request, work):
+    """Runs the coroutine `work`; if the client disconnects first, cancels it
+    (its own cleanup aborts the request) and returns None."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return None
+    return task.result()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

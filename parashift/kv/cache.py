@@ -1,0 +1,68 @@
+"""The physical KV block pool of this rank: one K and one V tensor per layer of
+shape [num_blocks, block_size, num_kv_heads, head_dim], allocated once."""
+import logging
+import math
+
+import torch
+
+from parashift.layers.attention import Attention
+
+logger = logging.getLogger(__name__)
+DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device):
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_blocks, self.block_size = num_blocks, block_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def bind(self, model: torch.nn.Module) -> None:
+        for i, layer in enumerate(attention_layers(model)):
+            layer.k_cache, layer.v_cache = self.k[i], self.v[i]
+
+    @classmethod
+    def for_model(cls, model, config, device: torch.device, dtype: torch.dtype,
+                  profile_peak_bytes) -> "KVCache":
+        layers = attention_layers(model)
+        shape = (len(layers), config.block_size, layers[0].num_kv_heads, layers[0].head_dim)
+        block_bytes = 2 * math.prod(shape) * dtype.itemsize
+        num_blocks = config.num_blocks
+        if num_blocks is None and config.kv_cache_memory is not None:
+            num_blocks = config.kv_cache_memory // block_bytes
+        if num_blocks is None and device.type == "cpu":
+            num_blocks = DEFAULT_CPU_KV_BYTES // block_bytes
+        if num_blocks is None:
+            num_blocks = _blocks_from_free_memory(cls, shape, dtype, device, config,
+                                                  block_bytes, profile_peak_bytes)
+        if num_blocks < 1:
+            raise ValueError(f"no memory left for the KV cache (one block takes {block_bytes} bytes)")
+        num_layers, block_size, kv_heads, head_dim = shape
+        cache = cls(num_layers, num_blocks, block_size, kv_heads, head_dim, dtype, device)
+        logger.info("KV cache: %d blocks of %d tokens, %.2f GiB", num_blocks, block_size,
+                    cache.nbytes / 2**30)
+        return cache
+
+
+def _blocks_from_free_memory(cls, shape, dtype, device, config, block_bytes, profile_peak_bytes) -> int:
+    num_layers, block_size, kv_heads, head_dim = shape
+    scratch_blocks = -(-config.max_num_batched_tokens // block_size)
+    scratch = cls(num_layers, scratch_blocks, block_size, kv_heads, head_dim, dtype, device)
+    peak = profile_peak_bytes(scratch)
+    del scratch
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    budget = total * config.gpu_memory_utilization - (total - free) - peak
+    logger.info("memory profile: activation peak %.2f GiB, free %.2f GiB of %.2f GiB",
+                peak / 2**30, free / 2**30, total / 2**30)
+    return int(budget // block_bytes)
+
+
+def attention_layers(model: torch.nn.Module) -> list[Attention]:
+    return [m for m in model.modules() if isinstance(m, Attention)]

@@ -1,0 +1,42 @@
+"""Vocabulary-parallel embedding and LM head: each TP rank holds a
+contiguous slice of the vocabulary."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parashift.parallel.state import get_tp
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__()
+        tp = get_tp()
+        self.vocab_size = vocab_size
+        self.shard_size = (vocab_size + tp.size - 1) // tp.size
+        self.vocab_start = tp.rank * self.shard_size
+        self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        rows = loaded[self.vocab_start:self.vocab_start + self.shard_size]
+        param.data[:rows.shape[0]].copy_(rows)
+        param.data[rows.shape[0]:].zero_()
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        tp = get_tp()
+        if tp.size == 1:
+            return F.embedding(token_ids, self.weight)
+        local = token_ids - self.vocab_start
+        in_shard = (local >= 0) & (local < self.shard_size)
+        y = F.embedding(local.clamp(0, self.shard_size - 1), self.weight)
+        y = y * in_shard.unsqueeze(-1).to(y.dtype)
+        return tp.all_reduce(y)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Logits for this rank's vocabulary slice, gathered in vocabulary order."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.weight)
+        logits = get_tp().all_gather_last_dim(logits)
+        return logits[..., :self.vocab_size]

@@ -1,0 +1,123 @@
+"""Linear layers sharded over the active plan's TP group.
+
+Each parameter carries a `weight_loader(param, loaded_weight, shard_id)` that
+copies this rank's slice of a full (unsharded) checkpoint tensor."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parashift.parallel.state import get_tp
+
+
+def _divide(n: int, d: int, what: str) -> int:
+    if n % d:
+        raise ValueError(f"{what} = {n} is not divisible by the tensor-parallel degree {d}")
+    return n // d
+
+
+class LinearBase(nn.Module):
+    """y = x W^T + b with W sharded along `tp_dim` (0: output, 1: input)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None):
+        super().__init__()
+        tp = get_tp()
+        self.tp_size, self.tp_rank, self.tp_dim = tp.size, tp.rank, tp_dim
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def _shard(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
+        size = loaded.shape[dim] // self.tp_size
+        return loaded.narrow(dim, self.tp_rank * size, size)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if self.tp_dim is not None and self.tp_size > 1 and loaded.dim() > self.tp_dim:
+            loaded = self._shard(loaded, self.tp_dim)
+        param.data.copy_(loaded)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__(input_size, output_size, bias, tp_dim=None)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(LinearBase):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        tp_size = get_tp().size
+        super().__init__(input_size, _divide(output_size, tp_size, "output size"), bias, tp_dim=0)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel matrices stored as one (gate_up)."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False):
+        self.output_sizes = output_sizes
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(self, param, loaded, shard_id: int = 0):
+        shard_size = self.output_sizes[shard_id] // self.tp_size
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+        param.data.narrow(0, offset, shard_size).copy_(self._shard(loaded, 0))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matrix; each rank holds its heads of each.
+    When the TP degree exceeds the KV heads, each KV head is replicated on
+    tp_size / num_kv_heads consecutive ranks."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 bias: bool = False):
+        tp_size = get_tp().size
+        self.head_dim = head_dim
+        self.num_heads = _divide(num_heads, tp_size, "number of attention heads")
+        if num_kv_heads >= tp_size:
+            self.num_kv_heads = _divide(num_kv_heads, tp_size, "number of KV heads")
+        else:
+            _divide(tp_size, num_kv_heads, "TP degree over KV heads")
+            self.num_kv_heads = 1
+        self.total_num_kv_heads = num_kv_heads
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp_size
+        super().__init__(hidden_size, out, bias)
+
+    def _kv_head_start(self) -> int:
+        if self.total_num_kv_heads >= self.tp_size:
+            return self.tp_rank * self.num_kv_heads
+        return self.tp_rank // (self.tp_size // self.total_num_kv_heads)
+
+    def weight_loader(self, param, loaded, shard_id: str = "q"):
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if shard_id == "q":
+            offset, size, start = 0, q_size, self.tp_rank * q_size
+        else:
+            offset = q_size if shard_id == "k" else q_size + kv_size
+            size, start = kv_size, self._kv_head_start() * self.head_dim
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+
+
+class RowParallelLinear(LinearBase):
+    """Input-sharded; partial sums are all-reduced over the TP group."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        tp_size = get_tp().size
+        super().__init__(_divide(input_size, tp_size, "input size"), output_size, bias, tp_dim=1)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if loaded.dim() == 1:  # bias: added once, after the reduction
+            param.data.copy_(loaded)
+            return
+        super().weight_loader(param, loaded, shard_id)
+
+    def forward(self, x):
+        tp = get_tp()
+        y = F.linear(x, self.weight, self.bias if tp.rank == 0 else None)
+        return tp.all_reduce(y)

@@ -1,0 +1,48 @@
+"""Rotary position embedding (neox/HF 'rotate half' layout) with the static
+RoPE scaling types; inverse frequencies come from transformers."""
+import torch
+from torch import nn
+
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def rope_parameters(hf_config) -> dict:
+    params = getattr(hf_config, "rope_parameters", None)
+    if params is None:  # transformers 4.x
+        params = dict(getattr(hf_config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    params = dict(params)
+    params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def inverse_frequencies(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+    params = rope_parameters(hf_config)
+    rope_type = params["rope_type"]
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise ValueError(f"RoPE type {rope_type!r} is not supported; supported: {STATIC_ROPE_TYPES}")
+    if rope_type == "default":
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim
+        return 1.0 / (params["rope_theta"] ** exponents), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    return inv_freq.float(), float(scale)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, hf_config, head_dim: int, max_position: int):
+        super().__init__()
+        inv_freq, scale = inverse_frequencies(hf_config, head_dim)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float), inv_freq)
+        self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], -1) * scale,
+                             persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q, k: [tokens, heads, head_dim]; returns them rotated."""
+        cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

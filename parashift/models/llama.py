@@ -1,0 +1,119 @@
+"""The Llama family decoder: Llama 2/3/3.x, Mistral, Qwen2/2.5 (QKV bias),
+Qwen3 (per-head q/k RMSNorm), SmolLM2. Weight names follow Hugging Face."""
+import torch
+from torch import nn
+
+from parashift.layers.activation import SiluAndMul
+from parashift.layers.attention import Attention
+from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from parashift.layers.layernorm import RMSNorm
+from parashift.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from parashift.layers.rotary import RotaryEmbedding
+
+
+def head_dim_of(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg, max_position: int):
+        super().__init__()
+        head_dim = head_dim_of(cfg)
+        qkv_bias = cfg.model_type == "qwen2" or getattr(cfg, "attention_bias", False)
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, head_dim, cfg.num_attention_heads,
+                                          cfg.num_key_value_heads, bias=qkv_bias)
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * head_dim, cfg.hidden_size,
+                                        bias=getattr(cfg, "attention_bias", False))
+        heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
+        self.head_dim = head_dim
+        self.rotary_emb = RotaryEmbedding(cfg, head_dim, max_position)
+        self.attn = Attention(heads, kv_heads, head_dim, scale=head_dim ** -0.5)
+        if cfg.model_type == "qwen3":
+            self.q_norm = RMSNorm(head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.unflatten(-1, (-1, self.head_dim))
+        k = k.unflatten(-1, (-1, self.head_dim))
+        v = v.unflatten(-1, (-1, self.head_dim))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        o = self.attn(q, k, v)
+        return self.o_proj(o.flatten(-2))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        bias = getattr(cfg, "mlp_bias", False)
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2,
+                                                       bias=bias)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg, max_position: int):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, max_position)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions, x, residual):
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg, max_position: int):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, max_position)
+                                    for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x, residual = self.embed_tokens(token_ids), None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class LlamaForCausalLM(nn.Module):
+    # checkpoint name -> (parameter name, shard id) for matrices stored packed here
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, cfg, max_position: int):
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg, max_position)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        if getattr(cfg, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(token_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
