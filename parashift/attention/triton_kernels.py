@@ -17,7 +17,7 @@ import triton.language as tl
 
 # Running max before any visible key: finite, so fully masked rows give
 # exp2(-inf - NEG_BIG) = 0 instead of NaN.
-NEG_BIG = -1.0e30
+NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit

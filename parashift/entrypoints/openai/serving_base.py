@@ -77,8 +77,22 @@ class ServingContext:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=True))
 
+    def render_chat(self, messages: list[dict]) -> list[int]:
+        """Prompt ids of a conversation, with the assistant's turn opened."""
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001 - template errors come from jinja
+            raise bad_request(f"the chat template cannot render these messages: "
+                              f"{_first_line(exc)}", param="messages") from None
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
     def decode_token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def build_sampling_params(request: SamplingFields, max_tokens: int | None,
@@ -154,14 +168,17 @@ async def until_disconnect(request: Request, work):
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            return None
-    return task.result()
+        raise
+    watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return None
 
 
 async def _wait_disconnect(request: Request) -> None:

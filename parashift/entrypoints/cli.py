@@ -1,0 +1,118 @@
+"""`parashift` command line: generate, serve, bench."""
+import argparse
+import json
+import sys
+
+from parashift.entrypoints.engine_args import add_engine_args, engine_config_from_args
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--top-k", type=int, default=-1, help="-1 = off")
+    group.add_argument("--min-p", type=float, default=0.0)
+    group.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
+    group.add_argument("--max-tokens", type=int, default=256)
+    group.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    group.add_argument("--stop-token-ids", type=int, nargs="*", default=None)
+    group.add_argument("--ignore-eos", action="store_true")
+    group.add_argument("--logprobs", type=int, default=None, help="top-k logprobs per token")
+
+
+def sampling_params_from_args(args):
+    from parashift.sampling_params import SamplingParams
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                          min_p=args.min_p, seed=args.sampling_seed, max_tokens=args.max_tokens,
+                          stop=args.stop, stop_token_ids=args.stop_token_ids,
+                          ignore_eos=args.ignore_eos, logprobs=args.logprobs)
+
+
+def add_generate_args(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="generate completions for prompts",
+                              description="Generate text for prompts given as arguments or "
+                                          "in a JSONL file ({\"prompt\": ...} per line).")
+    p.add_argument("prompts", nargs="*", help="prompts (each one request)")
+    p.add_argument("--input-file", help="JSONL file with a 'prompt' (text or token ids) or "
+                                        "'messages' (chat) per line")
+    p.add_argument("--output-file", help="write results as JSONL here instead of stdout")
+    p.add_argument("--no-chat-template", dest="chat_template", action="store_false",
+                   help="send prompts raw instead of as a user message in the chat template")
+    add_engine_args(p)
+    add_sampling_args(p)
+    p.set_defaults(func=run_generate)
+
+
+def _load_requests(args) -> list:
+    requests = [{"prompt": p} for p in args.prompts]
+    if args.input_file:
+        with open(args.input_file) as f:
+            requests += [json.loads(line) for line in f if line.strip()]
+    if not requests:
+        raise SystemExit("parashift generate: give prompts or --input-file")
+    return requests
+
+
+def _to_prompt(engine, request: dict, chat_template: bool):
+    if "messages" in request:
+        return engine.apply_chat_template(request["messages"])
+    prompt = request["prompt"]
+    has_template = engine.tokenizer is not None and getattr(engine.tokenizer, "chat_template", None)
+    if isinstance(prompt, str) and chat_template and has_template:
+        return engine.apply_chat_template([{"role": "user", "content": prompt}])
+    return prompt
+
+
+def run_generate(args) -> None:
+    from parashift.entrypoints.llm import LLM
+    requests = _load_requests(args)
+    params = sampling_params_from_args(args)
+    config = engine_config_from_args(args)
+    llm = LLM(**vars(config))
+    prompts = [_to_prompt(llm.llm_engine, r, args.chat_template) for r in requests]
+    outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1)
+    out = open(args.output_file, "w") if args.output_file else None
+    for request, result in zip(requests, outputs):
+        completion = result.outputs[0]
+        if out:
+            out.write(json.dumps({**request, "text": completion.text,
+                                  "token_ids": completion.token_ids,
+                                  "finish_reason": completion.finish_reason}) + "\n")
+        else:
+            print(completion.text)
+    if out:
+        out.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parashift", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_generate_args(subparsers)
+    _add_optional_commands(subparsers)
+    return parser
+
+
+def _add_optional_commands(subparsers) -> None:
+    try:
+        from parashift.entrypoints.openai.cli_args import add_serve_args
+        add_serve_args(subparsers)
+    except ImportError:
+        pass
+    try:
+        from parashift.bench.cli import add_bench_args
+        add_bench_args(subparsers)
+    except ImportError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"parashift {args.command}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Engine flags shared by every CLI command, named as in vLLM."""
+import argparse
+from dataclasses import fields
+
+from parashift.config import EngineConfig
+
+# flag -> (EngineConfig field, type, help); defaults come from EngineConfig
+ENGINE_FLAGS = {
+    "--tokenizer": ("tokenizer", str, "tokenizer directory (default: the model's)"),
+    "--device": ("device", str, "auto | cpu | cuda"),
+    "--dtype": ("dtype", str, "auto | float32 | bfloat16 | float16"),
+    "--max-model-len": ("max_model_len", int, "context window (default: the model's)"),
+    "--max-num-seqs": ("max_num_seqs", int, "most sequences in one step"),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int, "token budget of one step"),
+    "--long-prefill-token-threshold": ("long_prefill_token_threshold", int,
+                                       "cap on one request's prefill chunk (0: none)"),
+    "--seed": ("seed", int, "seed of the engine's sampler and random weights"),
+    "--block-size": ("block_size", int, "tokens per KV block"),
+    "--num-blocks": ("num_blocks", int, "KV pool size in blocks (overrides memory sizing)"),
+    "--kv-cache-memory": ("kv_cache_memory", int, "KV pool size in bytes"),
+    "--gpu-memory-utilization": ("gpu_memory_utilization", float,
+                                 "fraction of GPU memory the engine may use"),
+    "--attention-backend": ("attention_backend", str, "auto | torch | triton"),
+    "--load-format": ("load_format", str, "auto | dummy (random weights)"),
+}
+
+
+def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) -> None:
+    defaults = {f.name: f.default for f in fields(EngineConfig)}
+    group = parser.add_argument_group("engine")
+    if model_flag:
+        group.add_argument("--model", default=None,
+                           help="HF directory, .gguf file or config .json for random weights "
+                                "(default: embedded SmolLM2-135M-Instruct)")
+    for flag, (name, type_, help_) in ENGINE_FLAGS.items():
+        group.add_argument(flag, dest=name, type=type_, default=defaults[name],
+                           help=f"{help_} (default: {defaults[name]})")
+    group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
+                       action="store_false", help="turn prefix caching off")
+    group.add_argument("--skip-tokenizer-init", action="store_true",
+                       help="no tokenizer: prompts are token ids, outputs have no text")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    names = [name for name, _, _ in ENGINE_FLAGS.values()]
+    names += ["model", "enable_prefix_caching", "skip_tokenizer_init"]
+    return EngineConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)})

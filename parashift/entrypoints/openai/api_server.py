@@ -1,0 +1,82 @@
+"""The FastAPI app: routes, auth, error handlers and the engine's lifespan."""
+import contextlib
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from parashift.engine.async_engine import AsyncLLMEngine
+from parashift.entrypoints.openai.auth import make_auth_dependency
+from parashift.entrypoints.openai.errors import APIError, install_error_handlers
+from parashift.entrypoints.openai.protocol import ModelCard, ModelList
+from parashift.entrypoints.openai.server_config import ServerConfig
+from parashift.entrypoints.openai.serving_base import ServingContext
+from parashift.entrypoints.openai.serving_chat import ChatServer
+from parashift.entrypoints.openai.serving_completions import CompletionServer
+from parashift.metrics import ServerMetrics
+
+
+def build_app(engine, config: ServerConfig) -> FastAPI:
+    """An app serving `engine` (an LLMEngine). The engine thread starts with the
+    app's lifespan and stops, after uvicorn has drained requests, at its end."""
+    metrics = ServerMetrics(engine.model_name)
+    async_engine = AsyncLLMEngine(engine, max_num_queued_requests=config.max_num_queued_requests,
+                                  metrics=metrics)
+    ctx = ServingContext.from_engine(async_engine, config.served_model_names,
+                                     config.max_request_bytes)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        async_engine.start()
+        try:
+            yield
+        finally:
+            await async_engine.shutdown()
+
+    app = FastAPI(title="parashift", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.async_engine = async_engine
+    app.state.metrics = metrics
+    app.state.serving = ctx
+    install_error_handlers(app)
+    app.include_router(_health_routes(async_engine, metrics))
+    app.include_router(_v1_routes(ctx), dependencies=[Depends(make_auth_dependency(
+        config.api_key))])
+    return app
+
+
+def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> JSONResponse:
+        if async_engine.is_running:
+            return JSONResponse({"status": "ok"})
+        message = str(async_engine.dead_error or "the engine is not running")
+        return APIError(503, message, code="engine_dead").response()
+
+    @router.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    return router
+
+
+def _v1_routes(ctx: ServingContext) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+    completions, chat = CompletionServer(ctx), ChatServer(ctx)
+
+    @router.get("/models")
+    async def list_models() -> JSONResponse:
+        cards = [ModelCard(id=name, max_model_len=ctx.max_model_len)
+                 for name in ctx.model_names]
+        return JSONResponse(ModelList(data=cards).model_dump())
+
+    @router.post("/completions")
+    async def create_completion(request: Request) -> Response:
+        return await completions.create(request)
+
+    @router.post("/chat/completions")
+    async def create_chat_completion(request: Request) -> Response:
+        return await chat.create(request)
+
+    return router

@@ -1,0 +1,45 @@
+"""Engine logprobs (one {token_id: logprob} dict per generated token, holding the
+sampled token and the top alternatives) in the two OpenAI response shapes."""
+from parashift.entrypoints.openai.protocol import (ChatLogprobs, CompletionLogprobs,
+                                                   TokenLogprob, TopLogprob)
+
+
+def _top(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
+    return sorted(entry.items(), key=lambda item: item[1], reverse=True)[:k]
+
+
+def completion_logprobs(decode, token_ids: list[int], entries: list[dict[int, float]],
+                        num_top: int, text_offset: int) -> CompletionLogprobs:
+    """The /v1/completions shape; `text_offset` is where the first token starts."""
+    result = CompletionLogprobs()
+    for token_id, entry in zip(token_ids, entries):
+        token = decode(token_id)
+        result.tokens.append(token)
+        result.token_logprobs.append(entry.get(token_id))
+        top = {decode(tid): lp for tid, lp in _top(entry, num_top)} if num_top else None
+        result.top_logprobs.append(top)
+        result.text_offset.append(text_offset)
+        text_offset += len(token)
+    return result
+
+
+def chat_logprobs(decode, token_ids: list[int], entries: list[dict[int, float]],
+                  num_top: int) -> ChatLogprobs:
+    """The /v1/chat/completions shape."""
+    content = []
+    for token_id, entry in zip(token_ids, entries):
+        token = decode(token_id)
+        tops = [_top_logprob(decode(tid), lp) for tid, lp in _top(entry, num_top)]
+        logprob = entry.get(token_id, float("-inf"))
+        content.append(TokenLogprob(token=token, logprob=_finite(logprob),
+                                    bytes=list(token.encode()), top_logprobs=tops))
+    return ChatLogprobs(content=content)
+
+
+def _top_logprob(token: str, logprob: float) -> TopLogprob:
+    return TopLogprob(token=token, logprob=_finite(logprob), bytes=list(token.encode()))
+
+
+def _finite(value: float) -> float:
+    """JSON has no -inf; OpenAI reports -9999.0 for impossible tokens."""
+    return max(float(value), -9999.0)

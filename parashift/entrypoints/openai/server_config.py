@@ -1,0 +1,34 @@
+"""Options of the HTTP server (the engine's options live in EngineConfig)."""
+from dataclasses import dataclass, field
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # None: no authentication
+    served_model_names: list[str] = field(default_factory=list)  # empty: the engine's name
+    max_request_bytes: int = 4 * 1024 * 1024
+    max_num_queued_requests: int | None = None  # None: no limit
+    shutdown_timeout: float = 30.0  # seconds SIGTERM waits for in-flight requests
+    log_level: str = "info"
+    access_log: bool = False
+
+    def __post_init__(self):
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
+        if self.max_num_queued_requests is not None and self.max_num_queued_requests < 0:
+            raise ValueError("max_num_queued_requests must be >= 0, got "
+                             f"{self.max_num_queued_requests}")
+        if self.shutdown_timeout < 0:
+            raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        if self.api_key == "":
+            raise ValueError("api_key must not be empty")
+        if any(not name for name in self.served_model_names):
+            raise ValueError("served model names must be non-empty")

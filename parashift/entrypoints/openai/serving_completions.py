@@ -1,0 +1,105 @@
+"""POST /v1/completions: text or token-id prompt in, completion out (JSON or SSE)."""
+import time
+import uuid
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from parashift.engine.async_engine import EngineDeadError, RequestStream
+from parashift.entrypoints.openai.errors import bad_request
+from parashift.entrypoints.openai.logprobs import completion_logprobs
+from parashift.entrypoints.openai.protocol import (CompletionChoice, CompletionRequest,
+                                                   CompletionResponse, UsageInfo)
+from parashift.entrypoints.openai.serving_base import (SSE_DONE, ServingContext,
+                                                       build_sampling_params, engine_dead,
+                                                       parse_body, sse_event, submit,
+                                                       until_disconnect)
+
+
+class CompletionServer:
+    def __init__(self, ctx: ServingContext):
+        self.ctx = ctx
+
+    async def create(self, raw: Request) -> Response:
+        ctx = self.ctx
+        request = await parse_body(raw, CompletionRequest, ctx.max_request_bytes)
+        ctx.check_model(request.model)
+        prompt_ids = self.prompt_ids(request.prompt)
+        ctx.check_prompt_ids(prompt_ids)
+        params = build_sampling_params(request, request.max_tokens, request.logprobs)
+        params.max_tokens = ctx.fit_max_tokens(len(prompt_ids), request.max_tokens)
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        stream = await submit(ctx, request_id, prompt_ids, params, request.priority)
+        if request.stream:
+            return StreamingResponse(self.stream(stream, request),
+                                     media_type="text/event-stream")
+        response = await until_disconnect(raw, self.collect(stream, request))
+        if response is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        return JSONResponse(response.model_dump())
+
+    def prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise bad_request("batched prompts are not supported; send one prompt per "
+                                  "request", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            if not prompt:
+                raise bad_request("the prompt is empty", param="prompt", code="empty_prompt")
+            return self.ctx.encode(prompt)
+        return list(prompt)
+
+    async def collect(self, stream: RequestStream, request: CompletionRequest):
+        final = None
+        try:
+            async for output in stream:
+                final = output
+        except EngineDeadError as exc:
+            raise engine_dead(exc) from None
+        finally:
+            if not stream.finished:
+                self.ctx.engine.abort(stream.request_id)
+        completion = final.outputs[0]
+        choice = CompletionChoice(text=completion.text, finish_reason=completion.finish_reason,
+                                  logprobs=self.logprobs(request, completion, 0, 0))
+        usage = UsageInfo.of(stream.num_prompt_tokens, len(completion.token_ids))
+        return CompletionResponse(id=stream.request_id, model=self.ctx.model_name,
+                                  choices=[choice], usage=usage)
+
+    def logprobs(self, request: CompletionRequest, completion, first: int, text_offset: int):
+        if request.logprobs is None or completion.logprobs is None:
+            return None
+        return completion_logprobs(self.ctx.decode_token, completion.token_ids[first:],
+                                   completion.logprobs[first:], request.logprobs, text_offset)
+
+    async def stream(self, stream: RequestStream, request: CompletionRequest):
+        created, sent_chars, sent_tokens = int(time.time()), 0, 0
+        completion = None
+        try:
+            async for output in stream:
+                completion = output.outputs[0]
+                delta = completion.text[sent_chars:]
+                new_tokens = len(completion.token_ids) > sent_tokens
+                finish = completion.finish_reason if output.finished else None
+                if delta or finish or (new_tokens and request.logprobs is not None):
+                    choice = CompletionChoice(
+                        text=delta, finish_reason=finish,
+                        logprobs=self.logprobs(request, completion, sent_tokens, sent_chars))
+                    yield sse_event(self.chunk(stream, created, [choice]))
+                sent_chars, sent_tokens = len(completion.text), len(completion.token_ids)
+        except EngineDeadError as exc:
+            yield sse_event(engine_dead(exc).body())
+            yield SSE_DONE
+            return
+        finally:
+            if not stream.finished:
+                self.ctx.engine.abort(stream.request_id)
+        if request.include_usage:
+            usage = UsageInfo.of(stream.num_prompt_tokens, sent_tokens)
+            yield sse_event(self.chunk(stream, created, [], usage))
+        yield SSE_DONE
+
+    def chunk(self, stream: RequestStream, created: int, choices, usage=None):
+        return CompletionResponse(id=stream.request_id, created=created,
+                                  model=self.ctx.model_name, choices=choices, usage=usage)

