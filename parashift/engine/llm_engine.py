@@ -132,12 +132,11 @@ class LLMEngine:
 
     def _output(self, seq: Sequence, new_token: int) -> RequestOutput:
         detok = self._detokenizers[seq.request_id]
-        if detok is not None and not seq.is_finished:
+        stopped_by_token = seq.is_finished and seq.finish_reason == "stop"  # EOS or a stop id
+        if detok is not None and not stopped_by_token:
             stop = detok.append([new_token])
-            if stop is not None:
+            if stop is not None and not seq.is_finished:
                 self.scheduler.finish(seq, "stop", stop)
-        elif detok is not None:
-            detok.append([new_token])
         if seq.is_finished:
             self._release(seq.request_id)
         completion = CompletionOutput(

@@ -66,7 +66,7 @@ class Sampler:
         else:  # no unseeded row samples: leave the shared generator's stream alone
             noise = torch.ones_like(probs)
         for row in seeded:
-            noise[row].exponential_(generator=self.generator)
+            noise[row].exponential_(generator=generators[row])
         # Exp(1) draws of exactly 0 would turn masked tokens' 0 / 0 into NaN.
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 

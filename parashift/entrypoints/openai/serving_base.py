@@ -75,19 +75,27 @@ class ServingContext:
         return requested if requested is not None else limit - num_prompt_tokens
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=True))
+        if self.tokenizer is None:
+            raise bad_request("this model has no tokenizer: give the prompt as token ids",
+                              param="prompt")
+        return list(self.tokenizer.encode(text))
 
     def render_chat(self, messages: list[dict]) -> list[int]:
         """Prompt ids of a conversation, with the assistant's turn opened."""
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise bad_request("this model has no chat template; use /v1/completions",
+                              param="messages")
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=True)
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                     tokenize=True, return_dict=False)
         except Exception as exc:  # noqa: BLE001 - template errors come from jinja
             raise bad_request(f"the chat template cannot render these messages: "
                               f"{_first_line(exc)}", param="messages") from None
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(ids)
 
     def decode_token(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
 

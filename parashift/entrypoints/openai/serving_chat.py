@@ -93,8 +93,8 @@ class ChatServer:
                 delta = completion.text[sent_chars:]
                 finish = completion.finish_reason if output.finished else None
                 new_tokens = len(completion.token_ids) > sent_tokens
-                if delta or finish or (new_tokens and request.logprobs):
-                    choice = ChatStreamChoice(delta=DeltaMessage(content=delta or None),
+                if delta or finish or new_tokens:
+                    choice = ChatStreamChoice(delta=DeltaMessage(content=delta),
                                               finish_reason=finish,
                                               logprobs=self.logprobs(request, completion,
                                                                      sent_tokens))

@@ -82,7 +82,7 @@ class CompletionServer:
                 delta = completion.text[sent_chars:]
                 new_tokens = len(completion.token_ids) > sent_tokens
                 finish = completion.finish_reason if output.finished else None
-                if delta or finish or (new_tokens and request.logprobs is not None):
+                if delta or finish or new_tokens:
                     choice = CompletionChoice(
                         text=delta, finish_reason=finish,
                         logprobs=self.logprobs(request, completion, sent_tokens, sent_chars))

@@ -1,0 +1,107 @@
+"""`parashift serve [MODEL] [engine flags] [server flags]`.
+
+`add_serve_args(subparsers)` adds the `serve` sub-command with the server flags
+and the engine flags (from `parashift.entrypoints.engine_args`); adding the
+engine flags again is harmless (conflicts resolve to the last definition).
+`run_serve(args)` builds the engine and serves until SIGTERM/SIGINT."""
+import argparse
+import logging
+
+from parashift.entrypoints.openai.auth import resolve_api_key
+from parashift.entrypoints.openai.server_config import LOG_LEVELS, ServerConfig
+
+logger = logging.getLogger(__name__)
+
+
+def add_serve_args(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) over an "
+                    "OpenAI-compatible HTTP API.", conflict_handler="resolve")
+    parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
+                        help="HF directory, .gguf file or config .json for random weights "
+                             "(same as --model; omitted: the embedded model)")
+    add_server_flags(parser)
+    engine_args = _engine_args_module()
+    if engine_args is not None:
+        engine_args.add_engine_args(parser)
+    parser.set_defaults(func=run_serve)
+    return parser
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = ServerConfig()
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default=defaults.host,
+                       help="address to bind (default %(default)s: this machine only)")
+    group.add_argument("--port", type=int, default=defaults.port)
+    group.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on /v1 routes "
+                            "(default: env PARASHIFT_API_KEY, else no key)")
+    group.add_argument("--served-model-name", nargs="+", default=[],
+                       help="model name(s) the API accepts (default: the engine's)")
+    group.add_argument("--max-request-bytes", type=int, default=defaults.max_request_bytes,
+                       help="larger request bodies get 413")
+    group.add_argument("--max-num-queued-requests", type=int, default=None,
+                       help="with this many requests waiting, new ones get 503")
+    group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
+                       help="seconds SIGTERM lets in-flight requests finish")
+    group.add_argument("--log-level", default=defaults.log_level, choices=LOG_LEVELS)
+    group.add_argument("--access-log", action="store_true", help="log every HTTP request")
+
+
+def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        host=args.host, port=args.port, api_key=resolve_api_key(args.api_key),
+        served_model_names=list(args.served_model_name),
+        max_request_bytes=args.max_request_bytes,
+        max_num_queued_requests=args.max_num_queued_requests,
+        shutdown_timeout=args.shutdown_timeout, log_level=args.log_level,
+        access_log=args.access_log)
+
+
+def run_serve(args: argparse.Namespace, engine_config_from_args=None) -> None:
+    from parashift.engine.llm_engine import LLMEngine
+    from parashift.entrypoints.openai.api_server import build_app
+    from parashift.entrypoints.openai.launcher import run_server
+
+    config = server_config_from_args(args)
+    engine = LLMEngine(_engine_config(args, engine_config_from_args))
+    app = build_app(engine, config)
+    auth = "with an API key" if config.api_key else "without authentication"
+    logger.info("serving %s on http://%s:%d %s", engine.model_name, config.host, config.port,
+                auth)
+    run_server(app, config)
+
+
+def _engine_config(args, engine_config_from_args):
+    positional, flag = args.model_path, getattr(args, "model", None)
+    if positional is not None and flag is not None and positional != flag:
+        raise ValueError(f"two models given: {positional!r} and --model {flag!r}")
+    args.model = positional if positional is not None else flag
+    if engine_config_from_args is None:
+        module = _engine_args_module()
+        if module is None:
+            from parashift.config import EngineConfig
+            return EngineConfig(model=args.model)
+        engine_config_from_args = module.engine_config_from_args
+    return engine_config_from_args(args)
+
+
+def _engine_args_module():
+    try:
+        from parashift.entrypoints import engine_args
+    except ImportError:
+        return None
+    return engine_args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m parashift.entrypoints.openai serve ...` without the main CLI."""
+    parser = argparse.ArgumentParser(prog="parashift")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_serve_args(subparsers)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper() if args.log_level != "trace" else "DEBUG",
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args.func(args)

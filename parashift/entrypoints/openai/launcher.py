@@ -1,0 +1,61 @@
+"""Runs the app under uvicorn: in the foreground (the CLI) or in a thread
+(tests, notebooks).
+
+On SIGTERM or Ctrl-C uvicorn stops accepting connections, lets in-flight
+requests finish for `shutdown_timeout` seconds, cancels the rest, then runs the
+app's lifespan end, which stops the engine thread."""
+import socket
+import threading
+import time
+
+import uvicorn
+
+from parashift.entrypoints.openai.server_config import ServerConfig
+
+
+def uvicorn_config(app, config: ServerConfig, **overrides) -> uvicorn.Config:
+    options = dict(host=config.host, port=config.port, log_level=config.log_level,
+                   access_log=config.access_log, lifespan="on",
+                   timeout_graceful_shutdown=config.shutdown_timeout)
+    options.update(overrides)
+    return uvicorn.Config(app, **options)
+
+
+def run_server(app, config: ServerConfig) -> None:
+    """Serves until SIGTERM/SIGINT, then drains and returns."""
+    uvicorn.Server(uvicorn_config(app, config)).run()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class ServerThread:
+    """`with ServerThread(app, config) as server:` serves on `server.base_url`."""
+
+    def __init__(self, app, config: ServerConfig, startup_timeout: float = 60.0):
+        port = config.port or free_port(config.host)
+        self.base_url = f"http://{config.host}:{port}"
+        self.app = app
+        self._server = uvicorn.Server(uvicorn_config(app, config, port=port))
+        self._thread = threading.Thread(target=self._server.run, name="parashift-http",
+                                        daemon=True)
+        self._startup_timeout = startup_timeout
+
+    def __enter__(self) -> "ServerThread":
+        self._thread.start()
+        deadline = time.monotonic() + self._startup_timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout)

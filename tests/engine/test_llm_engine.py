@@ -1,0 +1,138 @@
+"""End-to-end engine behaviour: every way of batching and caching a request gives
+the same greedy tokens; sampling, stops and bad input behave as documented."""
+import random
+
+import pytest
+
+from parashift import SamplingParams
+from tests.engine.conftest import tiny_llm
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def random_prompts(n: int, seed: int = 0, vocab: int = 512, lengths=(3, 90)) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randint(*lengths))] for _ in range(n)]
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_dir):
+    """Each prompt alone, whole-prompt prefill, no prefix cache."""
+    llm = tiny_llm(tiny_llama_dir, enable_prefix_caching=False)
+    prompts = random_prompts(17)
+    return prompts, [token_ids(llm.generate([p], GREEDY))[0] for p in prompts]
+
+
+def test_batch_invariance(tiny_llama_dir, reference):
+    prompts, expected = reference
+    llm = tiny_llm(tiny_llama_dir)
+    assert token_ids(llm.generate(prompts, GREEDY)) == expected
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 4096])
+def test_every_chunk_size_gives_identical_output(tiny_llama_dir, reference, chunk):
+    prompts, expected = reference
+    llm = tiny_llm(tiny_llama_dir, max_num_batched_tokens=chunk, enable_prefix_caching=False)
+    assert token_ids(llm.generate(prompts[:6], GREEDY)) == expected[:6]
+
+
+def test_preemption_under_tiny_pool_gives_identical_output(tiny_llama_dir, reference):
+    prompts, expected = reference
+    # 512 tokens of KV for 17 sequences of up to 114 tokens: preemption is certain
+    llm = tiny_llm(tiny_llama_dir, num_blocks=32, max_model_len=512)
+    outputs = llm.generate(prompts, GREEDY)
+    assert llm.llm_engine.stats().num_preemptions > 0
+    assert token_ids(outputs) == expected
+    assert llm.llm_engine.block_manager.num_free_blocks == 32
+
+
+def test_prefix_cache_hit_gives_identical_output(tiny_llama_dir, reference):
+    prompts, expected = reference
+    llm = tiny_llm(tiny_llama_dir)
+    shared = prompts[0] * 3  # 3+ full blocks
+    first = llm.generate([shared + [1, 2, 3]], GREEDY)
+    second = llm.generate([shared + [1, 2, 3]], GREEDY)
+    assert second[0].num_cached_tokens >= 16 * (len(shared) // 16)
+    assert token_ids(first) == token_ids(second)
+    assert token_ids(llm.generate(prompts, GREEDY)) == expected  # a reused pool changes nothing
+
+
+def test_seeded_sampling_is_reproducible_across_runs_and_batches(tiny_llama_dir):
+    llm = tiny_llm(tiny_llama_dir)
+    prompts = random_prompts(8, seed=1)
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=16, ignore_eos=True)
+    alone = token_ids(llm.generate([prompts[0]], seeded))
+    again = token_ids(llm.generate([prompts[0]], seeded))
+    unseeded = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    mixed = llm.generate(prompts, [seeded] + [unseeded] * 7)
+    assert alone == again == token_ids(mixed)[:1]
+    other_seed = SamplingParams(temperature=1.0, top_p=0.9, seed=99, max_tokens=16, ignore_eos=True)
+    assert token_ids(llm.generate([prompts[0]], other_seed)) != alone
+
+
+def test_engine_seed_makes_unseeded_sampling_reproducible(tiny_llama_dir):
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    prompts = random_prompts(4, seed=2)
+    first = token_ids(tiny_llm(tiny_llama_dir, seed=7).generate(prompts, params))
+    second = token_ids(tiny_llm(tiny_llama_dir, seed=7).generate(prompts, params))
+    assert first == second
+
+
+def test_finish_reasons_and_stop_token_ids(tiny_llama_dir, reference):
+    prompts, expected = reference
+    llm = tiny_llm(tiny_llama_dir)
+    out = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0]
+    assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 5
+    stop_id = expected[0][3]
+    first_hit = expected[0].index(stop_id)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id])
+    out = llm.generate([prompts[0]], params)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_id
+    assert out.token_ids == expected[0][:first_hit + 1]
+
+
+def test_logprobs_hold_sampled_token_and_top_k(tiny_llama_dir, reference):
+    prompts, expected = reference
+    llm = tiny_llm(tiny_llama_dir)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3)
+    out = llm.generate([prompts[0]], params)[0].outputs[0]
+    assert len(out.logprobs) == 6
+    for token, logprobs in zip(out.token_ids, out.logprobs):
+        assert token in logprobs and len(logprobs) == 3  # greedy: the sampled token is the top one
+        assert max(logprobs, key=logprobs.get) == token
+        assert all(v <= 0 for v in logprobs.values())
+
+
+def test_priority_orders_admission(tiny_llama_dir):
+    llm = tiny_llm(tiny_llama_dir, max_num_seqs=1)
+    prompts = random_prompts(3, seed=3)
+    engine = llm.llm_engine
+    for i, prio in enumerate([5, 0, 1]):
+        engine.add_request(f"r{i}", prompts[i], SamplingParams(temperature=0, max_tokens=2), prio)
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert finished == ["r1", "r2", "r0"]
+
+
+def test_smollm2_answers_and_stop_strings(smollm2):
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    out = smollm2.chat(question, SamplingParams(temperature=0, max_tokens=32))[0].outputs[0]
+    assert out.text == "The capital of France is Paris." and out.finish_reason == "stop"
+    out = smollm2.chat(question, SamplingParams(temperature=0, max_tokens=32, stop=[" is"]))[0]
+    assert out.outputs[0].text == "The capital of France"
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == " is"
+
+
+def test_smollm2_batch_invariance(smollm2):
+    texts = ["The capital of France is", "Water boils at", "def fibonacci(n):",
+             "Once upon a time", "The three primary colors are"] * 4
+    texts = [t + " " * (i % 3) for i, t in enumerate(texts)][:17]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    alone = smollm2.generate(texts[:1], params)
+    together = smollm2.generate(texts, params)
+    assert alone[0].outputs[0].token_ids == together[0].outputs[0].token_ids
