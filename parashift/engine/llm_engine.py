@@ -135,7 +135,9 @@ class LLMEngine:
         stopped_by_token = seq.is_finished and seq.finish_reason == "stop"  # EOS or a stop id
         if detok is not None and not stopped_by_token:
             stop = detok.append([new_token])
-            if stop is not None and not seq.is_finished:
+            if stop is not None and seq.is_finished:  # hit on the token that ended it by length
+                seq.finish_reason, seq.stop_reason = "stop", stop
+            elif stop is not None:
                 self.scheduler.finish(seq, "stop", stop)
         if seq.is_finished:
             self._release(seq.request_id)

@@ -29,6 +29,18 @@ def inverse_frequencies(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
     return inv_freq.float(), float(scale)
 
 
+def get_rotary_embedding(hf_config, head_dim: int, max_position: int) -> "RotaryEmbedding":
+    """One table per shape, shared by every layer."""
+    key = (repr(sorted(rope_parameters(hf_config).items())), head_dim, max_position,
+           str(torch.get_default_device()))
+    if key not in _ROTARY_CACHE:
+        _ROTARY_CACHE[key] = RotaryEmbedding(hf_config, head_dim, max_position)
+    return _ROTARY_CACHE[key]
+
+
+_ROTARY_CACHE: dict[tuple, "RotaryEmbedding"] = {}
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, hf_config, head_dim: int, max_position: int):
         super().__init__()

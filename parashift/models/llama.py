@@ -8,7 +8,7 @@ from parashift.layers.attention import Attention
 from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from parashift.layers.layernorm import RMSNorm
 from parashift.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from parashift.layers.rotary import RotaryEmbedding
+from parashift.layers.rotary import get_rotary_embedding
 
 
 def head_dim_of(cfg) -> int:
@@ -27,7 +27,7 @@ class LlamaAttention(nn.Module):
         heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
         self.head_dim = head_dim
-        self.rotary_emb = RotaryEmbedding(cfg, head_dim, max_position)
+        self.rotary_emb = get_rotary_embedding(cfg, head_dim, max_position)
         self.attn = Attention(heads, kv_heads, head_dim, scale=head_dim ** -0.5)
         if cfg.model_type == "qwen3":
             self.q_norm = RMSNorm(head_dim, cfg.rms_norm_eps)

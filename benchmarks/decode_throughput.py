@@ -1,0 +1,94 @@
+"""Decode throughput at fixed batch sizes and context, beside the HBM floor.
+
+Usage (GPU): python3 benchmarks/decode_throughput.py --model benchmarks/shapes/llama-3.1-8b.json \
+    --batch-sizes 1 16 64 256 --context 1024 --decode-steps 32
+Random weights (speed only). Floor = (weight bytes + KV bytes read) / measured copy bandwidth."""
+import argparse
+import json
+import random
+import time
+
+import torch
+
+from parashift import LLM, SamplingParams
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes read + written per second of a large device-to-device copy."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    return 2 * src.numel() * 10 / (time.perf_counter() - start)
+
+
+def kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * dtype_bytes
+
+
+def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int) -> float:
+    """Seconds per decode step with `batch` sequences at ~`context` tokens."""
+    engine = llm.llm_engine
+    rng = random.Random(batch)
+    params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
+    ids = [f"b{batch}-{i}" for i in range(batch)]
+    for rid in ids:
+        engine.add_request(rid, [rng.randrange(vocab) for _ in range(context)], params)
+    while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens
+                                          for s in engine.scheduler.running):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    torch.cuda.synchronize()
+    elapsed = (time.perf_counter() - start) / steps
+    for rid in ids:
+        engine.abort_request(rid)
+    return elapsed
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64, 256])
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+    llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.context + args.decode_steps + 64,
+              max_num_seqs=max(args.batch_sizes), skip_tokenizer_init=True,
+              attention_backend=args.attention_backend, enable_prefix_caching=False)
+    engine = llm.llm_engine
+    cfg = engine.runner.model.config
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
+    bandwidth = copy_bandwidth(engine.device)
+    rows = []
+    for batch in args.batch_sizes:
+        seconds = measure(llm, batch, args.context, args.decode_steps, cfg.vocab_size)
+        kv = batch * (args.context + args.decode_steps // 2) * kv_bytes_per_token(cfg, 2)
+        floor = (weight_bytes + kv) / bandwidth
+        rows.append(dict(batch=batch, context=args.context, step_ms=seconds * 1e3,
+                         tokens_per_s=batch / seconds, floor_ms=floor * 1e3,
+                         fraction_of_floor=floor / seconds))
+        print(json.dumps(rows[-1]), flush=True)
+    summary = dict(model=args.model, device=torch.cuda.get_device_name(),
+                   backend=engine.runner.backend.name, copy_bandwidth_tb_s=bandwidth / 1e12,
+                   weight_gb=weight_bytes / 1e9, rows=rows)
+    print(json.dumps(summary, indent=1))
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
