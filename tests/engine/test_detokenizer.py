@@ -4,7 +4,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from conftest import smollm2_gguf_path
+from tests.conftest import smollm2_gguf_path
 from parashift.engine.detokenizer import IncrementalDetokenizer
 from parashift.sampling_params import SamplingParams
 
