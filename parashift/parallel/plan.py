@@ -1,8 +1,21 @@
 """A parallel plan: how a group of ranks splits one forward step.
 
-A plan is a value. Building one allocates nothing; the communicator pool
-(later) maps its groups to process groups created at start-up."""
+A plan is a value. Building one allocates nothing; the communicator pool maps
+its groups to process groups created once at start-up.
+
+Rank layout, innermost first: tp, sp, pp, dp —
+rank = ((dp_rank * pp + pp_rank) * sp + sp_rank) * tp + tp_rank."""
 from dataclasses import dataclass
+
+GROUP_KINDS = ("tp", "sp", "pp", "dp", "sp_tp")
+
+
+@dataclass(frozen=True)
+class Coords:
+    dp: int
+    pp: int
+    sp: int
+    tp: int
 
 
 @dataclass(frozen=True)
@@ -11,38 +24,110 @@ class Plan:
     pp: int = 1
     sp: int = 1
     tp: int = 1
-    rank: int = 0  # this process's global rank
 
     def __post_init__(self):
         for name in ("dp", "pp", "sp", "tp"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"plan degree {name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} outside a world of {self.world_size}")
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"plan degree {name} must be an integer >= 1, got {value!r}")
 
     @property
     def world_size(self) -> int:
         return self.dp * self.pp * self.sp * self.tp
 
-    # Rank layout, innermost first: tp, sp, pp, dp.
     @property
-    def tp_rank(self) -> int:
-        return self.rank % self.tp
+    def attn_degree(self) -> int:
+        """Ranks over which one layer's attention heads are split (Ulysses SP x TP)."""
+        return self.sp * self.tp
 
-    @property
-    def sp_rank(self) -> int:
-        return (self.rank // self.tp) % self.sp
+    def name(self) -> str:
+        return "x".join(f"{k}{getattr(self, k)}" for k in ("dp", "pp", "sp", "tp")
+                        if getattr(self, k) > 1) or "single"
 
-    @property
-    def pp_rank(self) -> int:
-        return (self.rank // (self.tp * self.sp)) % self.pp
+    # ---- rank layout ---------------------------------------------------------
+    def rank_of(self, c: Coords) -> int:
+        return ((c.dp * self.pp + c.pp) * self.sp + c.sp) * self.tp + c.tp
 
-    @property
-    def dp_rank(self) -> int:
-        return self.rank // (self.tp * self.sp * self.pp)
+    def coords(self, rank: int) -> Coords:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside a world of {self.world_size}")
+        tp, rest = rank % self.tp, rank // self.tp
+        sp, rest = rest % self.sp, rest // self.sp
+        pp, dp = rest % self.pp, rest // self.pp
+        return Coords(dp, pp, sp, tp)
 
-    def describe(self) -> str:
-        return f"dp{self.dp}-pp{self.pp}-sp{self.sp}-tp{self.tp}"
+    def groups(self, kind: str) -> list[tuple[int, ...]]:
+        """Every group of this kind, as rank tuples in the group's own order."""
+        if kind not in GROUP_KINDS:
+            raise ValueError(f"unknown group kind {kind!r}")
+        seen: dict[tuple, None] = {}
+        for rank in range(self.world_size):
+            seen.setdefault(self.group_of(kind, rank), None)
+        return list(seen)
+
+    def group_of(self, kind: str, rank: int) -> tuple[int, ...]:
+        c = self.coords(rank)
+        vary = {
+            "tp": lambda i: Coords(c.dp, c.pp, c.sp, i),
+            "sp": lambda i: Coords(c.dp, c.pp, i, c.tp),
+            "pp": lambda i: Coords(c.dp, i, c.sp, c.tp),
+            "dp": lambda i: Coords(i, c.pp, c.sp, c.tp),
+        }
+        if kind == "sp_tp":
+            # TP over all sp*tp ranks with the heads each rank holds under (sp, tp):
+            # position tp_rank * sp + sp_rank (Shift Parallelism §3.3.1).
+            return tuple(self.rank_of(Coords(c.dp, c.pp, s, t))
+                         for t in range(self.tp) for s in range(self.sp))
+        degree = getattr(self, kind)
+        return tuple(self.rank_of(vary[kind](i)) for i in range(degree))
+
+    # ---- what each rank holds ------------------------------------------------
+    def head_block(self, rank: int) -> int:
+        """Index of this rank's block of attention heads (of attn_degree blocks)."""
+        c = self.coords(rank)
+        return c.tp * self.sp + c.sp
+
+    def stage_layers(self, num_layers: int, pp_rank: int) -> range:
+        """Layers of one pipeline stage: as even as possible, earlier stages one more."""
+        if num_layers < self.pp:
+            raise ValueError(f"{num_layers} layers cannot fill {self.pp} pipeline stages")
+        base, extra = divmod(num_layers, self.pp)
+        start = pp_rank * base + min(pp_rank, extra)
+        return range(start, start + base + (pp_rank < extra))
+
+    def check_model(self, num_heads: int, num_kv_heads: int, num_layers: int) -> None:
+        """Start-up check that the model can be split this way; names valid degrees."""
+        degree = self.attn_degree
+        valid = [d for d in range(1, num_heads + 1) if num_heads % d == 0]
+        if num_heads % degree:
+            raise ValueError(f"{num_heads} attention heads cannot be split over sp*tp = {degree} "
+                             f"ranks; valid sp*tp degrees: {valid}")
+        if num_kv_heads % degree and degree % num_kv_heads:
+            raise ValueError(f"{num_kv_heads} KV heads cannot be split or replicated over sp*tp = "
+                             f"{degree} ranks; use a divisor or a multiple of {num_kv_heads}")
+        self.stage_layers(num_layers, 0)
 
 
-SINGLE_DEVICE = Plan()
+def describe(plan: Plan, num_layers: int | None = None, num_heads: int | None = None,
+             num_kv_heads: int | None = None) -> str:
+    """A table of every rank's coordinates and holdings, then every group."""
+    lines = [f"plan {plan.name()}: dp={plan.dp} pp={plan.pp} sp={plan.sp} tp={plan.tp} "
+             f"(world {plan.world_size})"]
+    for rank in range(plan.world_size):
+        c = plan.coords(rank)
+        line = f"  rank {rank}: dp={c.dp} pp={c.pp} sp={c.sp} tp={c.tp} head block {plan.head_block(rank)}"
+        if num_layers:
+            layers = plan.stage_layers(num_layers, c.pp)
+            line += f", layers {layers.start}-{layers.stop - 1}"
+        if num_heads:
+            per = num_heads // plan.attn_degree
+            first = plan.head_block(rank) * per
+            line += f", q heads {first}-{first + per - 1}"
+        if num_kv_heads:
+            line += f", {max(1, num_kv_heads // plan.attn_degree)} KV head(s)"
+        lines.append(line)
+    for kind in GROUP_KINDS:
+        groups = [g for g in plan.groups(kind) if len(g) > 1]
+        if groups:
+            lines.append(f"  {kind} groups: " + " ".join(str(list(g)) for g in groups))
+    return "\n".join(lines)

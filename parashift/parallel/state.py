@@ -1,54 +1,103 @@
 """The active plan of this process and the process groups it uses.
 
 Layers ask here for their group, rank and shard; nothing reads the global
-world size. With one device the plan is trivial and every group is None."""
+world size. With one device the plan is trivial and every group has size 1."""
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from parashift.parallel.plan import Plan, SINGLE_DEVICE
+from parashift.parallel.plan import Plan
 
 
-@dataclass
 class GroupHandle:
-    size: int = 1
-    rank: int = 0
-    group: "dist.ProcessGroup | None" = None
+    """A process group seen from one rank. `ranks` is the group's own order (which
+    may differ from torch's sorted order, e.g. the SP_TP group); `rank` is this
+    process's position in it, and gathers return parts in that order."""
+
+    def __init__(self, ranks: tuple[int, ...] = (0,), global_rank: int = 0, group=None):
+        self.ranks = tuple(ranks)
+        self.size = len(ranks)
+        self.rank = self.ranks.index(global_rank)
+        self.group = group
+        order = sorted(ranks)
+        self._torch_index = [order.index(r) for r in ranks]  # our position -> torch's
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
             dist.all_reduce(x, group=self.group)
         return x
 
-    def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         if self.size == 1:
             return x
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
-        return torch.cat(parts, dim=-1)
+        return torch.cat([parts[i] for i in self._torch_index], dim=dim)
+
+    def all_to_all(self, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
+        """chunks[i] goes to position i; returns what each position sent here."""
+        if self.size == 1:
+            return chunks
+        send = [None] * self.size
+        for pos, chunk in enumerate(chunks):
+            send[self._torch_index[pos]] = chunk.contiguous()
+        recv = [torch.empty_like(c) for c in send]
+        dist.all_to_all(recv, send, group=self.group)
+        return [recv[i] for i in self._torch_index]
+
+    def peer(self, position: int) -> int:
+        return self.ranks[position]
 
 
-_plan: Plan = SINGLE_DEVICE
-_tp = GroupHandle()
+@dataclass
+class ParallelState:
+    plan: Plan
+    rank: int
+    tp: GroupHandle
+    sp: GroupHandle
+    pp: GroupHandle
+    dp: GroupHandle
+
+    @classmethod
+    def single(cls) -> "ParallelState":
+        return cls(Plan(), 0, GroupHandle(), GroupHandle(), GroupHandle(), GroupHandle())
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp.rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp.rank == self.pp.size - 1
+
+
+_state = ParallelState.single()
+
+
+def get_state() -> ParallelState:
+    return _state
 
 
 def get_plan() -> Plan:
-    return _plan
+    return _state.plan
 
 
 def get_tp() -> GroupHandle:
-    return _tp
+    return _state.tp
+
+
+def get_sp() -> GroupHandle:
+    return _state.sp
 
 
 @contextmanager
-def use_plan(plan: Plan, tp: GroupHandle | None = None):
-    """Make `plan` (and its TP group) the active one for the duration."""
-    global _plan, _tp
-    saved = (_plan, _tp)
-    _plan, _tp = plan, tp or GroupHandle(plan.tp, plan.tp_rank, None)
+def use_state(state: ParallelState):
+    """Make `state` the active plan and groups for the duration."""
+    global _state
+    saved, _state = _state, state
     try:
-        yield
+        yield state
     finally:
-        _plan, _tp = saved
+        _state = saved

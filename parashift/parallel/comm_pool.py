@@ -1,0 +1,47 @@
+"""Every process group any configured plan can use, created once at start-up."""
+import logging
+import time
+
+import torch.distributed as dist
+
+from parashift.parallel.plan import GROUP_KINDS, Plan
+from parashift.parallel.state import GroupHandle, ParallelState
+
+logger = logging.getLogger(__name__)
+
+
+class CommunicatorPool:
+    def __init__(self, rank: int, world_size: int, plans: list[Plan], backend: str | None = None):
+        self.rank, self.world_size = rank, world_size
+        self._groups: dict[tuple[int, ...], object] = {}
+        start = time.perf_counter()
+        for plan in plans:
+            if plan.world_size != world_size:
+                raise ValueError(f"plan {plan.name()} needs {plan.world_size} ranks, world is {world_size}")
+            for kind in GROUP_KINDS:
+                for ranks in plan.groups(kind):
+                    self._create(ranks, backend)
+        self.startup_seconds = time.perf_counter() - start
+        logger.info("communicator pool: %d groups in %.3f s", len(self._groups), self.startup_seconds)
+
+    def _create(self, ranks: tuple[int, ...], backend: str | None) -> None:
+        key = tuple(sorted(ranks))
+        if len(key) > 1 and key not in self._groups:
+            # every rank calls new_group for every group, in the same order
+            self._groups[key] = dist.new_group(list(key), backend=backend)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self._groups)
+
+    def handle(self, ranks: tuple[int, ...]) -> GroupHandle:
+        group = self._groups.get(tuple(sorted(ranks))) if len(ranks) > 1 else None
+        if len(ranks) > 1 and group is None:
+            raise KeyError(f"no process group for ranks {ranks}: not created at start-up")
+        return GroupHandle(ranks, self.rank, group)
+
+    def state_for(self, plan: Plan, tp_kind: str = "tp") -> ParallelState:
+        """This rank's view of `plan`. tp_kind="sp_tp" gives the shift plan's TP group."""
+        def h(kind):
+            return self.handle(plan.group_of(kind, self.rank))
+        return ParallelState(plan, self.rank, h(tp_kind), h("sp"), h("pp"), h("dp"))
