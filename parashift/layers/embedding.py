@@ -38,5 +38,5 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden, self.weight)
-        logits = get_tp().all_gather_last_dim(logits)
+        logits = get_tp().all_gather(logits, dim=-1)
         return logits[..., :self.vocab_size]
