@@ -1,37 +1,48 @@
-"""Runs the model for one step on this device: builds the step's input
-tensors, runs the forward under the active plan, samples."""
+"""Runs the model for one step on this rank under its parallel state: builds
+the step's inputs, runs this rank's part of the forward (its TP shard, its SP
+slice of the tokens, its PP stage, micro-batch by micro-batch), samples on the
+output rank."""
 import logging
 import time
 
 import torch
+import torch.distributed as dist
 
 from parashift.attention.backend import get_backend
-from parashift.attention.metadata import AttentionMetadata
 from parashift.engine.step_batch import SeqChunk, StepBatch
+from parashift.engine.step_inputs import StepInputs, build_step_inputs
 from parashift.forward_context import ForwardContext, forward_context
 from parashift.kv.cache import KVCache
-from parashift.layers.sampler import Sampler, SamplerOutput
+from parashift.layers.sampler import Sampler
 from parashift.loader.weights import load_model_weights
 from parashift.models.registry import model_class_for
+from parashift.parallel.state import ParallelState, use_state
 
 logger = logging.getLogger(__name__)
+StepResult = tuple[list[int], list[dict[int, float] | None] | None]
 
 
 class ModelRunner:
     def __init__(self, config, hf_config, source, device: torch.device, dtype: torch.dtype,
-                 max_model_len: int):
+                 max_model_len: int, state: ParallelState | None = None, agree_num_blocks=None):
         self.config, self.device, self.dtype = config, device, dtype
+        self.state = state or ParallelState.single()
         self.block_size = config.block_size
+        self.hidden_size = hf_config.hidden_size
         start = time.perf_counter()
-        self.model = self._build_model(hf_config, source, max_model_len)
+        with use_state(self.state):
+            self.model = self._build_model(hf_config, source, max_model_len)
         self.load_seconds = time.perf_counter() - start
         self.backend = get_backend(config.attention_backend, device)
         self.sampler = Sampler(device, config.seed)
         self.generators: dict[str, torch.Generator] = {}
-        self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes)
+        self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
+                                    self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
 
     def _build_model(self, hf_config, source, max_model_len: int):
+        self.state.plan.check_model(hf_config.num_attention_heads, hf_config.num_key_value_heads,
+                                    hf_config.num_hidden_layers)
         saved_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
@@ -46,25 +57,85 @@ class ModelRunner:
     def num_blocks(self) -> int:
         return self.kv.num_blocks
 
+    @property
+    def is_output_rank(self) -> bool:
+        s = self.state
+        return s.is_last_stage and s.tp.rank == 0 and s.sp.rank == 0
+
     # ---- one step ------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, batch: StepBatch) -> tuple[list[int], list[dict[int, float] | None] | None]:
-        """Runs the step; returns the sampled token of each sampling chunk (in order)
-        and, when asked, their logprobs."""
+    def execute(self, batch: StepBatch) -> StepResult | None:
+        """Runs this rank's part of the step. On the output rank, returns the sampled
+        token of each sampling chunk (in order) and, when asked, their logprobs."""
         for request_id in batch.finished_request_ids:
             self.generators.pop(request_id, None)
-        token_ids, positions, meta = self._prepare_inputs(batch.chunks)
-        with forward_context(ForwardContext(meta, self.backend)):
-            hidden = self.model(token_ids, positions)
-        sampling = batch.sampling_chunks
+        with use_state(self.state):
+            micro_batches = split_micro_batches(batch.chunks, self.state.pp.size)
+            results = [self._run_micro_batch(mb, i) for i, mb in enumerate(micro_batches)]
+            self._wait_sends()
+        if not self.is_output_rank:
+            return None
+        tokens, logprobs = [], []
+        for mb_tokens, mb_logprobs in results:
+            tokens += mb_tokens
+            logprobs += mb_logprobs or [None] * len(mb_tokens)
+        return tokens, (logprobs if any(lp is not None for lp in logprobs) else None)
+
+    def _run_micro_batch(self, chunks: list[SeqChunk], index: int) -> StepResult:
+        sp = self.state.sp
+        inputs = build_step_inputs(chunks, self.block_size, self.device, sp.size, sp.rank)
+        intermediate = None if self.state.is_first_stage else self._recv(inputs)
+        with forward_context(ForwardContext(inputs.attn, self.backend)):
+            out = self.model(inputs.token_ids, inputs.positions, intermediate)
+        if not self.state.is_last_stage:
+            self._send(out)
+            return [], None
+        sampling = [c for c in chunks if c.sampling is not None]
         if not sampling:
             return [], None
-        last_rows = [meta.query_start_loc_cpu[i + 1] - 1
-                     for i, c in enumerate(batch.chunks) if c.sampling is not None]
-        logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=self.device)])
-        out = self.sampler(logits, [c.sampling for c in sampling],
-                           [self._generator(c) for c in sampling])
-        return out.token_ids.tolist(), out.logprobs
+        hidden = self._sample_rows(out, inputs)
+        logits = self.model.compute_logits(hidden)
+        if not self.is_output_rank:
+            return [], None
+        result = self.sampler(logits, [c.sampling for c in sampling],
+                              [self._generator(c) for c in sampling])
+        return result.token_ids.tolist(), result.logprobs
+
+    def _sample_rows(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+        """Hidden states of the sampled rows, gathered from the SP rank holding each."""
+        sp = self.state.sp
+        if sp.size == 1:
+            return hidden[torch.tensor(inputs.sample_rows, device=self.device)]
+        rows = torch.zeros(len(inputs.sample_rows), hidden.shape[-1], dtype=hidden.dtype,
+                           device=self.device)
+        local = inputs.local_rows
+        for i, row in enumerate(inputs.sample_rows):
+            if row in local:
+                rows[i] = hidden[row - local.start]
+        return sp.all_reduce(rows)  # each row is non-zero on exactly one rank
+
+    # ---- pipeline hand-off -----------------------------------------------------
+    def _send(self, out: tuple[torch.Tensor, torch.Tensor]) -> None:
+        pp = self.state.pp
+        peer = pp.peer(pp.rank + 1)
+        self._pending_sends = getattr(self, "_pending_sends", [])
+        for t in out:
+            self._pending_sends.append((dist.isend(t.contiguous(), peer), t))
+
+    def _recv(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        pp = self.state.pp
+        peer = pp.peer(pp.rank - 1)
+        shape = (len(inputs.local_rows), self.hidden_size)
+        x = torch.empty(shape, dtype=self.dtype, device=self.device)
+        residual = torch.empty_like(x)
+        dist.recv(x, peer)
+        dist.recv(residual, peer)
+        return x, residual
+
+    def _wait_sends(self) -> None:
+        for work, _ in getattr(self, "_pending_sends", []):
+            work.wait()
+        self._pending_sends = []
 
     def _generator(self, chunk: SeqChunk) -> torch.Generator | None:
         seed = chunk.sampling.seed
@@ -74,44 +145,41 @@ class ModelRunner:
             self.generators[chunk.request_id] = Sampler.make_generator(seed, self.device)
         return self.generators[chunk.request_id]
 
-    def _prepare_inputs(self, chunks: list[SeqChunk]):
-        token_ids, positions, slots, starts = [], [], [], [0]
-        for c in chunks:
-            token_ids += c.token_ids
-            span = range(c.start_pos, c.seq_len)
-            positions += span
-            slots += [c.block_table[p // self.block_size] * self.block_size + p % self.block_size
-                      for p in span]
-            starts.append(starts[-1] + len(c.token_ids))
-        seq_lens = [c.seq_len for c in chunks]
-        width = max(len(c.block_table) for c in chunks)
-        tables = [c.block_table + [0] * (width - len(c.block_table)) for c in chunks]
-        meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots, torch.int64),
-            query_start_loc=self._tensor(starts, torch.int32),
-            seq_lens=self._tensor(seq_lens, torch.int32),
-            block_tables=self._tensor(tables, torch.int32),
-            query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
-            max_query_len=max(len(c.token_ids) for c in chunks),
-            max_seq_len=max(seq_lens), block_size=self.block_size)
-        return self._tensor(token_ids, torch.int64), self._tensor(positions, torch.int64), meta
-
-    def _tensor(self, values, dtype) -> torch.Tensor:
-        t = torch.tensor(values, dtype=dtype)
-        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
-
     # ---- memory profiling ----------------------------------------------------
     @torch.inference_mode()
-    def _profile_peak_bytes(self, scratch_kv: "KVCache") -> int:
+    def _profile_peak_bytes(self, scratch_kv: KVCache) -> int:
         """Peak activation memory of a step of max_num_batched_tokens tokens."""
         num_tokens = self.config.max_num_batched_tokens
         scratch_kv.bind(self.model)
         chunk = SeqChunk("profile", [0] * num_tokens, 0, list(range(scratch_kv.num_blocks)), None)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
-        token_ids, positions, meta = self._prepare_inputs([chunk])
-        with forward_context(ForwardContext(meta, self.backend)):
-            hidden = self.model(token_ids, positions)
-            self.model.compute_logits(hidden[-min(num_tokens, self.config.max_num_seqs):])
+        with use_state(self.state):
+            inputs = build_step_inputs([chunk], self.block_size, self.device)
+            intermediate = None
+            if not self.state.is_first_stage:
+                x = torch.zeros(num_tokens, self.hidden_size, dtype=self.dtype, device=self.device)
+                intermediate = (x, x.clone())
+            with forward_context(ForwardContext(inputs.attn, self.backend)):
+                out = self.model(inputs.token_ids, inputs.positions, intermediate)
+            if self.state.is_last_stage:
+                self.model.compute_logits(out[-min(num_tokens, self.config.max_num_seqs):])
         torch.cuda.synchronize(self.device)
         return torch.cuda.max_memory_allocated(self.device) - before
+
+
+def split_micro_batches(chunks: list[SeqChunk], count: int) -> list[list[SeqChunk]]:
+    """Consecutive groups of chunks with about equal token counts (at most `count`)."""
+    if count == 1 or len(chunks) == 1:
+        return [chunks]
+    total = sum(len(c.token_ids) for c in chunks)
+    groups, current, filled = [], [], 0
+    for c in chunks:
+        current.append(c)
+        filled += len(c.token_ids)
+        if filled >= total * (len(groups) + 1) / count and len(groups) < count - 1:
+            groups.append(current)
+            current = []
+    if current:
+        groups.append(current)
+    return groups

@@ -29,9 +29,12 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model, config, device: torch.device, dtype: torch.dtype,
-                  profile_peak_bytes) -> "KVCache":
+                  profile_peak_bytes, sp_size: int = 1, agree_num_blocks=None) -> "KVCache":
+        """Sized by config, or from free memory; `agree_num_blocks` makes all ranks
+        settle on one count (the minimum)."""
         layers = attention_layers(model)
-        shape = (len(layers), config.block_size, layers[0].num_kv_heads, layers[0].head_dim)
+        kv_heads = layers[0].kv_heads_per_rank(sp_size)
+        shape = (len(layers), config.block_size, kv_heads, layers[0].head_dim)
         block_bytes = 2 * math.prod(shape) * dtype.itemsize
         num_blocks = config.num_blocks
         if num_blocks is None and config.kv_cache_memory is not None:
@@ -41,6 +44,8 @@ class KVCache:
         if num_blocks is None:
             num_blocks = _blocks_from_free_memory(cls, shape, dtype, device, config,
                                                   block_bytes, profile_peak_bytes)
+        if agree_num_blocks is not None:
+            num_blocks = agree_num_blocks(num_blocks)
         if num_blocks < 1:
             raise ValueError(f"no memory left for the KV cache (one block takes {block_bytes} bytes)")
         num_layers, block_size, kv_heads, head_dim = shape

@@ -1,10 +1,12 @@
 """Put checkpoint tensors into a model's (possibly packed, sharded) parameters."""
+import json
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
 from torch import nn
 
+from parashift.layers.missing import MissingLayer
 from parashift.loader.source import ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -20,28 +22,51 @@ def checkpoint_names(model: nn.Module) -> list[str]:
         module, _, suffix = name.rpartition(".")
         parent, _, leaf = module.rpartition(".")
         for ckpt_leaf in packed_into.get(leaf, [leaf]):
-            names.append(f"{parent}.{ckpt_leaf}.{suffix}")
-    return names
+            names.append(".".join(part for part in (parent, ckpt_leaf, suffix) if part))
+    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" in names:
+        names.append("model.embed_tokens.weight")  # a tied LM head loads from the embedding
+    return list(dict.fromkeys(names))
 
 
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     params = dict(model.named_parameters())
+    tied = getattr(model.config, "tie_word_embeddings", False)
     loaded: set[str] = set()
     for name, tensor in weights:
         if name.endswith(IGNORED_SUFFIXES):
             continue
         target, shard_id = _target_of(model, name)
+        if tied and name == "model.embed_tokens.weight" and "lm_head.weight" in params:
+            _load(params["lm_head.weight"], tensor, None)  # last stage without the embedding
+            loaded.add("lm_head.weight")
         if target not in params:
-            if name == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False):
+            if _lands_on_missing_layer(model, target) or (tied and name == "lm_head.weight"):
                 continue
             raise ValueError(f"checkpoint tensor {name!r} matches no parameter of the model")
-        param = params[target]
-        param.weight_loader(param, tensor.to(param.dtype), shard_id) \
-            if shard_id is not None else _load_plain(param, tensor)
+        _load(params[target], tensor, shard_id)
         loaded.add(target)
     missing = set(params) - loaded
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+
+
+def _lands_on_missing_layer(model: nn.Module, name: str) -> bool:
+    module = model
+    for part in name.split(".")[:-1]:
+        module = getattr(module, part, None) if not part.isdigit() else \
+            (module[int(part)] if isinstance(module, nn.ModuleList) else None)
+        if module is None:
+            return False
+        if isinstance(module, MissingLayer):
+            return True
+    return False
+
+
+def _load(param: nn.Parameter, tensor: torch.Tensor, shard_id) -> None:
+    if shard_id is not None:
+        param.weight_loader(param, tensor.to(param.dtype), shard_id)
+    else:
+        _load_plain(param, tensor)
 
 
 def _target_of(model: nn.Module, name: str) -> tuple[str, object]:
@@ -64,18 +89,39 @@ def _load_plain(param: nn.Parameter, tensor: torch.Tensor) -> None:
         param.data.copy_(tensor)
 
 
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    """The checkpoint's shards: those its index names (all of which must exist),
+    else every *.safetensors file in the directory."""
+    index = directory / SAFETENSORS_INDEX
+    if not index.exists():
+        files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in {directory}")
+        return files
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot read the checkpoint index {index}: {e!r}") from None
+    files = [directory / name for name in sorted(set(weight_map.values()))]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise FileNotFoundError(f"{index} names shards that are not in {directory}: {missing}")
+    return files
+
+
 def iterate_safetensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {directory}")
-    for file in files:
+    for file in safetensors_files(directory):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
                     yield name, f.get_tensor(name)
         except Exception as e:
-            raise ValueError(f"cannot read weights from {file.name}: {e}") from None
+            raise ValueError(f"cannot read weights from {file} (truncated or corrupt?): {e}") \
+                from None
 
 
 def init_random_weights(model: nn.Module, seed: int = 0) -> None:

@@ -8,7 +8,9 @@ from parashift.layers.attention import Attention
 from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from parashift.layers.layernorm import RMSNorm
 from parashift.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from parashift.layers.missing import MissingLayer
 from parashift.layers.rotary import get_rotary_embedding
+from parashift.parallel.state import get_state
 
 
 def head_dim_of(cfg) -> int:
@@ -79,17 +81,33 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    """The decoder stack; under pipeline parallelism this rank builds only its
+    stage's layers (the rest are placeholders), the embedding on the first stage
+    and the final norm on the last."""
+
     def __init__(self, cfg, max_position: int):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, max_position)
-                                    for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        state = get_state()
+        self.stage = state.plan.stage_layers(cfg.num_hidden_layers, state.pp.rank)
+        self.first, self.last = state.is_first_stage, state.is_last_stage
+        self.embed_tokens = (VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+                             if self.first else MissingLayer())
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, max_position) if i in self.stage else MissingLayer()
+            for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if self.last else MissingLayer()
 
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x, residual = self.embed_tokens(token_ids), None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor,
+                intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Returns the final hidden states on the last stage, else (x, residual)."""
+        if self.first:
+            x, residual = self.embed_tokens(token_ids), None
+        else:
+            x, residual = intermediate
+        for i in self.stage:
+            x, residual = self.layers[i](positions, x, residual)
+        if not self.last:
+            return x, residual
         x, _ = self.norm(x, residual)
         return x
 
@@ -108,12 +126,13 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg, max_position)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
-        if getattr(cfg, "tie_word_embeddings", False):
+        self.lm_head = (ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+                        if self.model.last else MissingLayer())
+        if getattr(cfg, "tie_word_embeddings", False) and self.model.first and self.model.last:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(token_ids, positions)
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, intermediate=None):
+        return self.model(token_ids, positions, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

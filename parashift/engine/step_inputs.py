@@ -1,0 +1,57 @@
+"""The tensors of one step (or one micro-batch) on this rank."""
+from dataclasses import dataclass
+
+import torch
+
+from parashift.attention.metadata import AttentionMetadata
+from parashift.engine.step_batch import SeqChunk
+
+
+@dataclass
+class StepInputs:
+    token_ids: torch.Tensor       # this rank's rows (an SP slice when SP > 1)
+    positions: torch.Tensor
+    attn: AttentionMetadata       # the whole step: every SP rank attends over all rows
+    sample_rows: list[int]        # rows (of the whole step) whose logits are sampled
+    local_rows: range             # the whole-step rows this rank holds
+
+
+def build_step_inputs(chunks: list[SeqChunk], block_size: int, device: torch.device,
+                      sp_size: int = 1, sp_rank: int = 0) -> StepInputs:
+    token_ids, positions, slots, starts = [], [], [], [0]
+    for c in chunks:
+        token_ids += c.token_ids
+        span = range(c.start_pos, c.seq_len)
+        positions += span
+        slots += [c.block_table[p // block_size] * block_size + p % block_size for p in span]
+        starts.append(starts[-1] + len(c.token_ids))
+    padding = -len(token_ids) % sp_size  # rows that belong to no sequence
+    token_ids += [0] * padding
+    positions += [0] * padding
+    slots += [-1] * padding
+    seq_lens = [c.seq_len for c in chunks]
+    width = max(len(c.block_table) for c in chunks)
+    tables = [c.block_table + [0] * (width - len(c.block_table)) for c in chunks]
+    to = _Uploader(device)
+    attn = AttentionMetadata(
+        slot_mapping=to(slots, torch.int64), query_start_loc=to(starts, torch.int32),
+        seq_lens=to(seq_lens, torch.int32), block_tables=to(tables, torch.int32),
+        query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
+        max_query_len=max(len(c.token_ids) for c in chunks), max_seq_len=max(seq_lens),
+        block_size=block_size)
+    per_rank = len(token_ids) // sp_size
+    local = range(sp_rank * per_rank, (sp_rank + 1) * per_rank)
+    sample_rows = [starts[i + 1] - 1 for i, c in enumerate(chunks) if c.sampling is not None]
+    return StepInputs(to(token_ids[local.start:local.stop], torch.int64),
+                      to(positions[local.start:local.stop], torch.int64), attn, sample_rows, local)
+
+
+class _Uploader:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __call__(self, values, dtype) -> torch.Tensor:
+        t = torch.tensor(values, dtype=dtype)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
