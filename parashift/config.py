@@ -42,6 +42,11 @@ class EngineConfig:
     attention_backend: str = "auto"          # auto | torch | triton
     load_format: str = "auto"                # auto | dummy (random weights)
     skip_tokenizer_init: bool = False
+    tensor_parallel_size: int = 1
+    sequence_parallel_size: int = 1
+    data_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    worker_timeout_s: float = 600.0          # a step (or start-up) slower than this fails the engine
 
     def __post_init__(self):
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
@@ -52,7 +57,8 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
+                     "sequence_parallel_size", "data_parallel_size", "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_model_len", "num_blocks", "kv_cache_memory"):
@@ -61,6 +67,12 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+    @property
+    def plan(self):
+        from parashift.parallel.plan import Plan
+        return Plan(dp=self.data_parallel_size, pp=self.pipeline_parallel_size,
+                    sp=self.sequence_parallel_size, tp=self.tensor_parallel_size)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

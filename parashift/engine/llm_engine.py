@@ -8,6 +8,9 @@ import torch
 from parashift.config import EngineConfig, SchedulerConfig
 from parashift.engine.detokenizer import IncrementalDetokenizer
 from parashift.engine.model_runner import ModelRunner
+from parashift.executor.multiproc import MultiprocExecutor
+from parashift.executor.uniproc import UniprocExecutor
+from parashift.worker.worker import WorkerSpec
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
 from parashift.engine.sequence import Sequence
 from parashift.engine.step_batch import SeqChunk, StepBatch
@@ -43,28 +46,60 @@ class LLMEngine:
         self.max_model_len = _resolve_max_model_len(config, hf_config)
         self.device = _resolve_device(config.device)
         self.dtype = _resolve_dtype(config.dtype, hf_config, self.device)
-        self.runner = ModelRunner(config, hf_config, source, self.device, self.dtype,
-                                  self.max_model_len)
-        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
-                                          config.enable_prefix_caching)
-        self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                            self.max_model_len, config.long_prefill_token_threshold),
-            self.block_manager, _eos_token_ids(hf_config, self.tokenizer, source))
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self._finished_since_last_step: list[str] = []
+        self.plan = config.plan
+        self.executor = self._start_executor(hf_config, source)
+        eos_ids = _eos_token_ids(hf_config, self.tokenizer, source)
+        self.replicas = [Replica(BlockManager(n, config.block_size, config.enable_prefix_caching),
+                                 SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                                                 self.max_model_len,
+                                                 config.long_prefill_token_threshold), eos_ids)
+                         for n in self.executor.num_blocks]
+        self._replica_of: dict[str, Replica] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer | None] = {}
         self._num_preemptions = 0
-        self._last_step = ("none", 0, 0.0)
+        self._last_step = (self.plan.name(), 0, 0.0)
+
+    def _start_executor(self, hf_config, source):
+        if self.plan.world_size == 1:
+            runner = ModelRunner(self.config, hf_config, source, self.device, self.dtype,
+                                 self.max_model_len)
+            return UniprocExecutor(runner)
+        self.plan.check_model(hf_config.num_attention_heads, hf_config.num_key_value_heads,
+                              hf_config.num_hidden_layers)
+        spec = WorkerSpec(self.config, hf_config, source, self.plan, self.device.type, self.dtype,
+                          self.max_model_len, master_port=0)
+        return MultiprocExecutor(spec, self.config.worker_timeout_s)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The first replica's scheduler (the only one without data parallelism)."""
+        return self.replicas[0].scheduler
+
+    @property
+    def runner(self) -> ModelRunner:
+        """The in-process model runner (single device only)."""
+        if not isinstance(self.executor, UniprocExecutor):
+            raise AttributeError("the model runs in worker processes under this plan")
+        return self.executor.runner
+
+    @property
+    def block_manager(self) -> BlockManager:
+        return self.replicas[0].block_manager
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
 
     # ---- requests ------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     priority: int = 0) -> None:
         prompt_text, token_ids = self._tokenize(prompt)
         self._validate_prompt(token_ids)
-        if request_id in self._detokenizers:
+        if request_id in self._replica_of:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(request_id, token_ids, params, priority, prompt_text)
-        self.scheduler.add(seq)
+        replica = min(self.replicas, key=lambda r: r.load)  # least-loaded replica
+        replica.scheduler.add(seq)
+        self._replica_of[request_id] = replica
         self._detokenizers[request_id] = (
             IncrementalDetokenizer(self.tokenizer, token_ids, params) if self.tokenizer else None)
 
@@ -88,11 +123,12 @@ class LLMEngine:
                              f"exceeds the model's context window max_model_len={self.max_model_len}")
 
     def abort_request(self, request_id: str) -> None:
-        if self.scheduler.abort(request_id) is not None:
-            self._release(request_id)
+        replica = self._replica_of.get(request_id)
+        if replica is not None and replica.scheduler.abort(request_id) is not None:
+            self._release(replica, request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return any(r.scheduler.has_unfinished() for r in self.replicas)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
@@ -103,34 +139,40 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Submits a step to every idle replica with work, then returns the outputs of
+        whichever replicas finish first (a replica never waits for another)."""
         start = time.perf_counter()
-        sched = self.scheduler.schedule()
-        self._num_preemptions += len(sched.preempted)
-        if sched.is_empty:
+        for index, replica in enumerate(self.replicas):
+            if replica.in_flight is None:
+                sched = replica.scheduler.schedule()
+                self._num_preemptions += len(sched.preempted)
+                if not sched.is_empty:
+                    self.executor.submit(index, replica.step_batch(sched))
+                    replica.in_flight = sched
+        if all(r.in_flight is None for r in self.replicas):
             return []
-        sampled_tokens, logprobs = self.runner.execute(self._step_batch(sched))
+        outputs, num_tokens = [], 0
+        for index, result in self.executor.wait_any():
+            replica = self.replicas[index]
+            sched, replica.in_flight = replica.in_flight, None
+            num_tokens += sched.num_batched_tokens
+            outputs += self._apply(replica, sched, *result)
+        self._last_step = (self.plan.name(), num_tokens, time.perf_counter() - start)
+        return outputs
+
+    def _apply(self, replica: "Replica", sched: SchedulerOutput, tokens: list[int],
+               logprobs) -> list[RequestOutput]:
         sampling = [s.seq for s in sched.scheduled if s.samples]
-        sampled = {seq.request_id: tok for seq, tok in zip(sampling, sampled_tokens)}
+        sampled = {seq.request_id: tok for seq, tok in zip(sampling, tokens)}
         if logprobs is not None:
             for seq, lp in zip(sampling, logprobs):
                 if lp is not None:
                     seq.logprobs.append(lp)
-        self.scheduler.update(sched, sampled)
-        outputs = [self._output(seq, sampled[seq.request_id]) for seq in sampling]
-        self._last_step = ("single", sched.num_batched_tokens, time.perf_counter() - start)
-        return outputs
+        replica.scheduler.update(sched, sampled)
+        return [self._output(replica, seq, sampled[seq.request_id]) for seq in sampling
+                if seq.request_id in self._replica_of]
 
-    def _step_batch(self, sched: SchedulerOutput) -> StepBatch:
-        chunks = []
-        for s in sched.scheduled:
-            seq = s.seq
-            tokens = seq.token_ids[s.start_pos:s.start_pos + s.num_new_tokens]
-            chunks.append(SeqChunk(seq.request_id, tokens, s.start_pos, list(seq.block_table),
-                                   seq.params if s.samples else None))
-        finished, self._finished_since_last_step = self._finished_since_last_step, []
-        return StepBatch(chunks, finished)
-
-    def _output(self, seq: Sequence, new_token: int) -> RequestOutput:
+    def _output(self, replica: "Replica", seq: Sequence, new_token: int) -> RequestOutput:
         detok = self._detokenizers[seq.request_id]
         stopped_by_token = seq.is_finished and seq.finish_reason == "stop"  # EOS or a stop id
         if detok is not None and not stopped_by_token:
@@ -138,9 +180,9 @@ class LLMEngine:
             if stop is not None and seq.is_finished:  # hit on the token that ended it by length
                 seq.finish_reason, seq.stop_reason = "stop", stop
             elif stop is not None:
-                self.scheduler.finish(seq, "stop", stop)
+                replica.scheduler.finish(seq, "stop", stop)
         if seq.is_finished:
-            self._release(seq.request_id)
+            self._release(replica, seq.request_id)
         completion = CompletionOutput(
             0, detok.text if detok else "", seq.output_token_ids,
             list(seq.logprobs) if seq.params.logprobs is not None else None,
@@ -148,15 +190,43 @@ class LLMEngine:
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
                              seq.is_finished, seq.num_cached_tokens)
 
-    def _release(self, request_id: str) -> None:
+    def _release(self, replica: "Replica", request_id: str) -> None:
         self._detokenizers.pop(request_id, None)
-        self._finished_since_last_step.append(request_id)
+        self._replica_of.pop(request_id, None)
+        replica.finished_since_last_step.append(request_id)
 
     def stats(self) -> EngineStats:
         plan, tokens, seconds = self._last_step
-        return EngineStats(self.scheduler.num_running, self.scheduler.num_waiting,
-                           self.block_manager.num_free_blocks, self.block_manager.num_blocks,
+        return EngineStats(sum(r.scheduler.num_running for r in self.replicas),
+                           sum(r.scheduler.num_waiting for r in self.replicas),
+                           sum(r.block_manager.num_free_blocks for r in self.replicas),
+                           sum(r.block_manager.num_blocks for r in self.replicas),
                            self._num_preemptions, plan, tokens, seconds)
+
+
+class Replica:
+    """One data-parallel replica as the engine sees it: its own block pool,
+    scheduler and at most one step in flight."""
+
+    def __init__(self, block_manager: BlockManager, config: SchedulerConfig, eos_ids: set[int]):
+        self.block_manager = block_manager
+        self.scheduler = Scheduler(config, block_manager, eos_ids)
+        self.in_flight: SchedulerOutput | None = None
+        self.finished_since_last_step: list[str] = []
+
+    @property
+    def load(self) -> int:
+        return self.scheduler.num_running + self.scheduler.num_waiting
+
+    def step_batch(self, sched: SchedulerOutput) -> StepBatch:
+        chunks = []
+        for s in sched.scheduled:
+            seq = s.seq
+            tokens = seq.token_ids[s.start_pos:s.start_pos + s.num_new_tokens]
+            chunks.append(SeqChunk(seq.request_id, tokens, s.start_pos, list(seq.block_table),
+                                   seq.params if s.samples else None))
+        finished, self.finished_since_last_step = self.finished_since_last_step, []
+        return StepBatch(chunks, finished)
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -1,0 +1,126 @@
+"""Runs each rank in its own process and drives them over local pipes.
+
+DP replicas are independent: a step is submitted to one replica's ranks and
+its result collected whenever it is ready, so no replica waits for another."""
+import multiprocessing as mp
+import pickle
+import socket
+import time
+from multiprocessing.connection import wait
+
+from parashift.engine.step_batch import StepBatch
+from parashift.parallel.plan import Plan
+from parashift.worker.worker import WorkerSpec, worker_main
+
+
+class WorkerFailure(RuntimeError):
+    pass
+
+
+class MultiprocExecutor:
+    def __init__(self, spec: WorkerSpec, timeout_s: float):
+        self.plan, self.timeout_s = spec.plan, timeout_s
+        spec.master_port = _free_port()
+        ctx = mp.get_context("spawn")
+        self.procs, self.conns = [], []
+        for rank in range(self.plan.world_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=worker_main, args=(rank, spec, child), daemon=True,
+                               name=f"parashift-worker-{rank}")
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+        self.replica_ranks = [[r for r in range(self.plan.world_size)
+                               if self.plan.coords(r).dp == d] for d in range(self.plan.dp)]
+        self.output_rank = [self._output_rank(ranks) for ranks in self.replica_ranks]
+        self.num_blocks, self.load_seconds = self._await_ready()
+        self.in_flight: set[int] = set()
+
+    @property
+    def num_replicas(self) -> int:
+        return self.plan.dp
+
+    def _output_rank(self, ranks: list[int]) -> int:
+        return next(r for r in ranks if (c := self.plan.coords(r)).pp == self.plan.pp - 1
+                    and c.sp == 0 and c.tp == 0)
+
+    def _await_ready(self) -> tuple[list[int], float]:
+        blocks, seconds = [0] * self.plan.world_size, 0.0
+        for rank in range(self.plan.world_size):
+            message = self._receive(rank, self.timeout_s)
+            if message[0] != "ready":
+                self._fail(f"worker rank {rank} failed to start:\n{message[1]}")
+            blocks[rank], seconds = message[1], max(seconds, message[2])
+        return [min(blocks[r] for r in ranks) for ranks in self.replica_ranks], seconds
+
+    def submit(self, replica: int, batch: StepBatch) -> None:
+        payload = pickle.dumps(batch)
+        for rank in self.replica_ranks[replica]:
+            self.conns[rank].send_bytes(payload)
+        self.in_flight.add(replica)
+
+    def wait_any(self) -> list[tuple[int, object]]:
+        """Results of in-flight replicas: waits until at least one is ready."""
+        deadline = time.monotonic() + self.timeout_s
+        watched = {self.conns[r]: r for d in self.in_flight for r in self.replica_ranks[d]}
+        sentinels = {p.sentinel: rank for rank, p in enumerate(self.procs)}
+        while True:
+            ready = wait(list(watched) + list(sentinels), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self._fail(f"a step did not finish within {self.timeout_s:.0f} s: a worker hung")
+            results = []
+            for obj in ready:
+                if obj in sentinels and not self._has_message(sentinels[obj]):
+                    rank = sentinels[obj]
+                    self._fail(f"worker rank {rank} died (exit code {self.procs[rank].exitcode})")
+                if obj in watched:
+                    results.append(self._result(watched[obj]))
+            if results:
+                return results
+
+    def _has_message(self, rank: int) -> bool:
+        return self.conns[rank].poll(0)
+
+    def _result(self, rank: int) -> tuple[int, object]:
+        kind, payload = pickle.loads(self.conns[rank].recv_bytes())
+        if kind == "error":
+            self._fail(f"worker rank {rank} failed:\n{payload}")
+        replica = self.plan.coords(rank).dp
+        self.in_flight.discard(replica)
+        return replica, payload
+
+    def _receive(self, rank: int, timeout: float):
+        conn, proc = self.conns[rank], self.procs[rank]
+        ready = wait([conn, proc.sentinel], timeout)
+        if conn in ready:
+            return conn.recv()
+        if proc.sentinel in ready:
+            self._fail(f"worker rank {rank} died during start-up (exit code {proc.exitcode})")
+        self._fail(f"worker rank {rank} did not start within {timeout:.0f} s")
+
+    def _fail(self, message: str):
+        self.shutdown()
+        raise WorkerFailure(message)
+
+    def shutdown(self) -> None:
+        for conn, proc in zip(self.conns, self.procs):
+            if proc.is_alive():
+                try:
+                    conn.send_bytes(b"shutdown")
+                except OSError:
+                    pass
+        for proc in self.procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,78 @@
+"""One worker process per rank: joins the process groups, builds its shard of
+the model and KV pool under its plan, then runs steps sent by the executor."""
+import os
+import pickle
+import traceback
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from parashift.engine.model_runner import ModelRunner
+from parashift.parallel.comm_pool import CommunicatorPool
+from parashift.parallel.plan import Plan
+
+
+@dataclass
+class WorkerSpec:
+    """What every worker is started with (pickled once, at start-up)."""
+    config: object           # EngineConfig
+    hf_config: object
+    source: object           # ModelSource
+    plan: Plan
+    device_type: str         # "cpu" | "cuda"
+    dtype: torch.dtype
+    max_model_len: int
+    master_port: int
+
+
+def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
+    try:
+        runner = _start(rank, spec)
+        conn.send(("ready", runner.num_blocks, runner.load_seconds))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    _serve(runner, conn)
+
+
+def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
+    world = spec.plan.world_size
+    if spec.device_type == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device, backend = torch.device("cuda", torch.cuda.current_device()), "cuda:nccl,cpu:gloo"
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.master_port}",
+                            rank=rank, world_size=world)
+    control = dist.new_group(backend="gloo")
+    pool = CommunicatorPool(rank, world, [spec.plan])
+    state = pool.state_for(spec.plan)
+
+    def agree(num_blocks: int) -> int:
+        t = torch.tensor([num_blocks])
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=control)
+        return int(t.item())
+
+    return ModelRunner(spec.config, spec.hf_config, spec.source, device, spec.dtype,
+                       spec.max_model_len, state, agree)
+
+
+def _serve(runner: ModelRunner, conn) -> None:
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):  # the engine is gone
+            break
+        if message == b"shutdown":
+            break
+        try:
+            result = runner.execute(pickle.loads(message))
+            if runner.is_output_rank:
+                conn.send_bytes(pickle.dumps(("result", result)))
+        except BaseException:
+            conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+            break
+    if dist.is_initialized():
+        dist.destroy_process_group()
