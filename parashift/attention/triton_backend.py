@@ -1,10 +1,12 @@
 """Attention over the paged KV pool with Triton kernels (CUDA).
 
-`attend` takes decode, prefill and mixed batches through one kernel; launch
-shapes come from tensor shapes and the metadata's Python ints, never from
-tensor values, so a step runs without host syncs and can be captured in a CUDA
-graph. A captured graph keeps the split count chosen at capture; it stays
-correct for any context length, only less tuned."""
+`attend` takes decode, prefill and mixed batches through one kernel (at most
+two launches: the decodes at the head of the batch, with a small query tile,
+and the rest). Launch shapes come from tensor shapes and the metadata's
+Python ints, never from tensor values, so a step runs without host syncs and
+can be captured in a CUDA graph. A captured graph keeps the split count
+chosen at capture; it stays correct for any context length, only less tuned."""
+import bisect
 import functools
 import math
 from dataclasses import dataclass
@@ -19,11 +21,10 @@ from parashift.attention.triton_kernels import (paged_attention_kernel, reduce_s
 # Split-KV targets about this many programs per SM, and gives each split at
 # least MIN_SPLIT_TOKENS of context.
 PROGRAMS_PER_SM = 4
-MIN_SPLIT_TOKENS = 256
+MIN_SPLIT_TOKENS = 128
 MAX_SPLITS = 64
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
-SMEM_BUDGET = 160 << 10
 
 
 @dataclass(frozen=True)
@@ -35,26 +36,21 @@ class KernelConfig:
 
 
 def decode_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
-    tile_n = 64 if head_dim * elem_size <= 256 else 32
-    return KernelConfig(max(16, group_p), tile_n, num_warps=4, num_stages=3)
+    row_bytes = head_dim * elem_size
+    tile_n = 64 if row_bytes <= 256 else 32 if row_bytes <= 512 else 16
+    return KernelConfig(max(16, group_p), tile_n, num_warps=4,
+                        num_stages=3 if elem_size <= 2 else 2)
 
 
 def prefill_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
-    block_m = max(128 if head_dim <= 128 else 64, group_p)
-    tile_n = 64 if head_dim <= 128 else 32
-    stages = 2
-    while _smem_bytes(block_m, tile_n, head_dim, elem_size, stages) > SMEM_BUDGET:
-        if stages > 1:
-            stages -= 1
-        elif tile_n > 16:
-            tile_n //= 2
-        else:
-            block_m //= 2
-    return KernelConfig(block_m, tile_n, num_warps=8 if block_m >= 128 else 4, num_stages=stages)
-
-
-def _smem_bytes(block_m, tile_n, head_dim, elem_size, stages):
-    return (block_m * head_dim + 2 * stages * tile_n * head_dim) * elem_size
+    row_bytes = head_dim * elem_size
+    if row_bytes <= 256:
+        block_m, tile_n, warps, stages = 128, 128, 8, 3
+    elif row_bytes <= 512:
+        block_m, tile_n, warps, stages = 64, 32, 4, 2
+    else:
+        block_m, tile_n, warps, stages = 64, 16, 4, 1
+    return KernelConfig(max(block_m, group_p), tile_n, warps, stages)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -70,12 +66,13 @@ def _cuda_num_sms(device_index: int) -> int:
 
 def choose_num_splits(num_programs: int, max_seq_len: int, partial_bytes_per_split: int,
                       num_sms: int) -> int:
-    """Enough splits to give every SM work, none shorter than MIN_SPLIT_TOKENS."""
+    """Enough splits to give every SM work, none shorter than MIN_SPLIT_TOKENS;
+    a power of two, so few variants of the reduce kernel get compiled."""
     wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, max(num_programs, 1))
     by_length = triton.cdiv(max_seq_len, MIN_SPLIT_TOKENS)
     by_memory = MAX_PARTIAL_BYTES // max(partial_bytes_per_split, 1)
     splits = min(wanted, by_length, by_memory, MAX_SPLITS)
-    return 1 if splits <= 1 else triton.next_power_of_2(splits)
+    return 1 if splits <= 1 else 1 << (splits.bit_length() - 1)
 
 
 class TritonAttentionBackend:
@@ -99,17 +96,47 @@ class TritonAttentionBackend:
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, scale: float) -> torch.Tensor:
         num_tokens, num_heads, head_dim = q.shape
+        if num_heads % k_cache.shape[2]:
+            raise ValueError(f"{num_heads} query heads do not share {k_cache.shape[2]} "
+                             "KV heads evenly")
         out = torch.empty_like(q)
         real_tokens = meta.query_start_loc_cpu[-1] if meta.num_seqs else 0
         if real_tokens < num_tokens:
             out[real_tokens:].zero_()
-        if meta.num_seqs == 0 or real_tokens == 0:
+        if real_tokens == 0:
             return out
         q = _last_dim_contiguous(q)
         _check_cache(k_cache, v_cache)
-        launch = _plan_launch(q, k_cache, meta)
-        _launch_attention(out, q, k_cache, v_cache, meta, scale, launch)
+        for seqs in _split_decodes(meta, num_tokens):
+            _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs)
         return out
+
+
+@dataclass(frozen=True)
+class _SeqRange:
+    """Sequences [first, end) of the step, launched together; the grid covers
+    query rows [token_offset, token_offset + num_tokens)."""
+    first: int
+    end: int
+    token_offset: int
+    num_tokens: int
+    decode: bool
+
+
+def _split_decodes(meta: AttentionMetadata, num_tokens: int) -> list[_SeqRange]:
+    """Leading one-token sequences (decodes) run with the small-M decode
+    config, the rest with the prefill config. Any split is correct; this one
+    is fast when the scheduler puts decodes first."""
+    starts, num_seqs = meta.query_start_loc_cpu, meta.num_seqs
+    if meta.max_query_len <= 1:
+        return [_SeqRange(0, num_seqs, 0, num_tokens, decode=True)]
+    # starts[i] - i stays 0 while every sequence so far has one query row
+    num_decodes = bisect.bisect_right(range(num_seqs + 1), 0, key=lambda i: starts[i] - i) - 1
+    prefill = _SeqRange(num_decodes, num_seqs, starts[num_decodes],
+                        num_tokens - starts[num_decodes], decode=False)
+    if num_decodes == 0:
+        return [prefill]
+    return [_SeqRange(0, num_decodes, 0, starts[num_decodes], decode=True), prefill]
 
 
 @dataclass(frozen=True)
@@ -122,53 +149,51 @@ class _Launch:
     num_splits: int
 
 
-def _plan_launch(q, k_cache, meta: AttentionMetadata) -> _Launch:
-    num_tokens, num_heads, head_dim = q.shape
+def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange) -> _Launch:
+    num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads do not share {num_kv_heads} KV heads evenly")
     group = num_heads // num_kv_heads
     group_p = triton.next_power_of_2(group)
     elem_size = max(q.element_size(), k_cache.element_size())
-    if meta.max_query_len <= 1:
-        config = decode_config(head_dim, group_p, elem_size)
-    else:
-        config = prefill_config(head_dim, group_p, elem_size)
+    pick_config = decode_config if seqs.decode else prefill_config
+    config = pick_config(head_dim, group_p, elem_size)
     block_q = max(1, config.block_m // group_p)
-    num_q_blocks = num_tokens // block_q + meta.num_seqs
-    partial_bytes = num_tokens * num_heads * (head_dim + 2) * 4
+    num_q_blocks = seqs.num_tokens // block_q + seqs.end - seqs.first
+    partial_bytes = seqs.num_tokens * num_heads * (head_dim + 2) * 4
     num_splits = choose_num_splits(num_q_blocks * num_kv_heads, meta.max_seq_len,
                                    partial_bytes, _num_sms(q.device))
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits)
 
 
-def _launch_attention(out, q, k_cache, v_cache, meta, scale, launch: _Launch):
-    num_tokens, num_heads, head_dim = q.shape
+def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange):
+    launch = _plan_launch(q, k_cache, meta, seqs)
+    num_heads, head_dim = q.shape[1:]
     split = launch.num_splits > 1
     if split:
-        part_acc = torch.empty(num_tokens, num_heads, launch.num_splits, head_dim,
-                               dtype=torch.float32, device=q.device)
-        part_m = torch.empty(num_tokens, num_heads, launch.num_splits,
+        part_m = torch.empty(seqs.num_tokens, num_heads, launch.num_splits,
                              dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(*part_m.shape, head_dim, dtype=torch.float32, device=q.device)
     else:
         part_acc = part_m = part_l = out  # unused by the kernel
+    query_start_loc = meta.query_start_loc[seqs.first:seqs.end + 1]
+    num_seqs = seqs.end - seqs.first
     cfg = launch.config
     grid = (launch.num_q_blocks, k_cache.shape[2], launch.num_splits)
     paged_attention_kernel[grid](
         out, part_acc, part_m, part_l, q, k_cache, v_cache,
-        meta.block_tables, meta.seq_lens, meta.query_start_loc,
-        meta.num_seqs, scale * math.log2(math.e),
+        meta.block_tables[seqs.first:], meta.seq_lens[seqs.first:], query_start_loc,
+        num_seqs, seqs.token_offset, scale * math.log2(math.e),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
         GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_Q=launch.block_q,
         BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n, BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT=split,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split:
-        reduce_splits_kernel[(num_tokens, num_heads)](
-            out, part_acc, part_m, part_l, meta.query_start_loc, meta.num_seqs,
+        reduce_splits_kernel[(seqs.num_tokens, num_heads)](
+            out, part_acc, part_m, part_l, query_start_loc, num_seqs, seqs.token_offset,
             out.stride(0), out.stride(1),
             NUM_SPLITS=launch.num_splits, NUM_SPLITS_P=triton.next_power_of_2(launch.num_splits),
             HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4)

@@ -8,10 +8,11 @@ all of them. The grid's third axis splits the context into partitions
 (flash-decoding); with more than one split the programs write partial
 results that `reduce_splits_kernel` merges.
 
+A launch covers a range of sequences whose query rows start at token_offset.
 Query blocks are numbered so that sequence i's blocks start at
-query_start_loc[i] // BLOCK_Q + i. That bound only depends on the token and
-sequence counts, so the grid never depends on data values; programs past a
-sequence's last query token exit at once."""
+(query_start_loc[i] - token_offset) // BLOCK_Q + i. That bound only depends on
+the token and sequence counts, so the grid never depends on data values;
+programs past a sequence's last query token exit at once."""
 import triton
 import triton.language as tl
 
@@ -46,13 +47,13 @@ def write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
 
 
 @triton.jit
-def _find_sequence(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
-    """Largest i with query_start_loc[i] // BLOCK_Q + i <= q_block (binary search)."""
+def _find_sequence(query_start_loc_ptr, num_seqs, token_offset, q_block, BLOCK_Q: tl.constexpr):
+    """Largest i with (query_start_loc[i] - token_offset) // BLOCK_Q + i <= q_block."""
     lo = 0
     hi = num_seqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        first_block = (tl.load(query_start_loc_ptr + mid) - token_offset) // BLOCK_Q + mid
         lo = tl.where(first_block <= q_block, mid, lo)
         hi = tl.where(first_block <= q_block, hi, mid - 1)
     return lo
@@ -111,40 +112,65 @@ def _split_tile_range(kv_end, first_q_pos, split, num_splits, TILE_N: tl.constex
 
 
 @triton.jit
+def _query_rows(first_token, tokens_left, first_pos, kv_head, GROUP: tl.constexpr,
+                GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row r of a query block is token r // GROUP_P of the block and query head
+    r % GROUP_P of the KV head's group; rows past the block, the sequence's
+    tokens or the group are not real."""
+    rows = tl.arange(0, BLOCK_M)
+    row_token = rows // GROUP_P
+    row_head = kv_head * GROUP + rows % GROUP_P
+    row_ok = (row_token < BLOCK_Q) & (row_token < tokens_left) & (rows % GROUP_P < GROUP)
+    token = (first_token + row_token).to(tl.int64)
+    return token, row_head, row_ok, first_pos + row_token
+
+
+@triton.jit
+def _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i, row, row_head,
+                   split, num_splits, row_ok, io_mask, offs_d, GROUP: tl.constexpr,
+                   HEAD_DIM: tl.constexpr):
+    """Partials live at [row, head, split] in buffers of shape
+    [rows, num_heads, num_splits(, head_dim)]; acc stays unnormalised."""
+    num_heads = tl.num_programs(1) * GROUP
+    part_row = (row * num_heads + row_head) * num_splits + split
+    tl.store(part_m_ptr + part_row, m_i, mask=row_ok)
+    tl.store(part_l_ptr + part_row, l_i, mask=row_ok)
+    acc_ptrs = part_acc_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(acc_ptrs, acc, mask=io_mask)
+
+
+@triton.jit
 def paged_attention_kernel(
         out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr,
         block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-        num_seqs, qk_scale,
+        num_seqs, token_offset, qk_scale,
         stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr,
         BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, SPLIT: tl.constexpr,
         DOT_PRECISION: tl.constexpr):
-    q_block = tl.program_id(0)
+    # the last query blocks see the longest contexts: start them first
+    q_block = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
 
-    seq = _find_sequence(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q)
+    seq = _find_sequence(query_start_loc_ptr, num_seqs, token_offset, q_block, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    block_q_start = (q_block - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    block_q_start = (q_block - ((q_start - token_offset) // BLOCK_Q + seq)) * BLOCK_Q
     if block_q_start >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     context_start = seq_len - q_len
 
-    rows = tl.arange(0, BLOCK_M)
-    row_token = rows // GROUP_P
-    row_head = kv_head * GROUP + rows % GROUP_P
-    row_ok = (row_token < BLOCK_Q) & (block_q_start + row_token < q_len) & (rows % GROUP_P < GROUP)
-    token = (q_start + block_q_start + row_token).to(tl.int64)
-    q_pos = context_start + block_q_start + row_token
+    token, row_head, row_ok, q_pos = _query_rows(q_start + block_q_start, q_len - block_q_start,
+                                                 context_start + block_q_start, kv_head,
+                                                 GROUP, GROUP_P, BLOCK_Q, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_P)
-    d_ok = offs_d < HEAD_DIM
-    io_mask = row_ok[:, None] & d_ok[None, :]
+    io_mask = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
     q_rows = q_ptr + token * stride_qt + row_head * stride_qh
     q = tl.load(q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
 
@@ -166,7 +192,8 @@ def paged_attention_kernel(
                                   stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
                                   DOT_PRECISION)
     if SPLIT:
-        _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i, token, row_head,
+        _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i,
+                       token - token_offset, row_head,
                        split, num_splits, row_ok, io_mask, offs_d, GROUP, HEAD_DIM)
     else:
         out = acc / l_i[:, None]
@@ -176,30 +203,16 @@ def paged_attention_kernel(
 
 
 @triton.jit
-def _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i, token, row_head,
-                   split, num_splits, row_ok, io_mask, offs_d, GROUP: tl.constexpr,
-                   HEAD_DIM: tl.constexpr):
-    """Partials live at [token, head, split] in buffers of shape
-    [num_tokens, num_heads, num_splits(, head_dim)]; acc stays unnormalised."""
-    num_heads = tl.num_programs(1) * GROUP
-    part_row = (token * num_heads + row_head) * num_splits + split
-    tl.store(part_m_ptr + part_row, m_i, mask=row_ok)
-    tl.store(part_l_ptr + part_row, l_i, mask=row_ok)
-    acc_ptrs = part_acc_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(acc_ptrs, acc, mask=io_mask)
-
-
-@triton.jit
 def reduce_splits_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr,
-                         num_seqs, stride_ot, stride_oh,
+                         num_seqs, token_offset, stride_ot, stride_oh,
                          NUM_SPLITS: tl.constexpr, NUM_SPLITS_P: tl.constexpr,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
     """Merges the splits of one (token, head); tokens past the last sequence
     (padding rows) get zeros."""
-    token = tl.program_id(0)
+    token = token_offset + tl.program_id(0)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
-    row = token.to(tl.int64) * num_heads + head
+    row = tl.program_id(0).to(tl.int64) * num_heads + head
     splits = tl.arange(0, NUM_SPLITS_P)
     s_ok = splits < NUM_SPLITS
     m = tl.load(part_m_ptr + row * NUM_SPLITS + splits, mask=s_ok, other=NEG_BIG)

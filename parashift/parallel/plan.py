@@ -95,8 +95,11 @@ class Plan:
         start = pp_rank * base + min(pp_rank, extra)
         return range(start, start + base + (pp_rank < extra))
 
-    def check_model(self, num_heads: int, num_kv_heads: int, num_layers: int) -> None:
+    def check_model(self, num_heads: int, num_kv_heads: int, num_layers: int,
+                    intermediate_size: int | None = None) -> None:
         """Start-up check that the model can be split this way; names valid degrees."""
+        if intermediate_size is not None and intermediate_size % self.tp:
+            raise ValueError(f"the MLP width {intermediate_size} cannot be split over tp = {self.tp}")
         degree = self.attn_degree
         valid = [d for d in range(1, num_heads + 1) if num_heads % d == 0]
         if num_heads % degree:

@@ -7,9 +7,10 @@ from parashift import LLM
 def save_tiny_llama(directory, **overrides) -> str:
     """A tiny random Llama with peaked logits (large init), saved the HF way."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         initializer_range=0.2, tie_word_embeddings=False, **overrides)
+    shape = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                 initializer_range=0.2, tie_word_embeddings=False)
+    config = LlamaConfig(**{**shape, **overrides})
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(directory)
     return str(directory)

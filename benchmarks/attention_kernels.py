@@ -1,0 +1,145 @@
+"""Microbenchmark of the Triton attention kernels over a paged KV pool.
+
+Usage (GPU): PYTHONPATH=. python3 benchmarks/attention_kernels.py [--sweep]
+Decode: time of one `attend` (CUDA graph replay, so launch overhead is left
+out) and the KV bytes it reads per second. Prefill: one causal sequence, in
+TFLOP/s, beside torch SDPA (dense, not paged) on the same shapes. --sweep
+also times other kernel configs."""
+import argparse
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+from parashift.attention import triton_backend
+from parashift.attention.metadata import AttentionMetadata
+from parashift.attention.triton_backend import KernelConfig, TritonAttentionBackend
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
+DTYPE = torch.bfloat16
+
+
+def make_step(q_lens, seq_lens):
+    """q, pools and metadata; block tables are a random permutation of the pool."""
+    dev = torch.device("cuda")
+    blocks = [triton.cdiv(s, BLOCK_SIZE) for s in seq_lens]
+    perm = torch.randperm(sum(blocks), device=dev).int()
+    tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32, device=dev)
+    used = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = perm[used:used + n]
+        used += n
+    shape = (sum(blocks), BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    k_cache = torch.randn(shape, device=dev, dtype=DTYPE)
+    v_cache = torch.randn(shape, device=dev, dtype=DTYPE)
+    starts = [0]
+    for q_len in q_lens:
+        starts.append(starts[-1] + q_len)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(starts[-1], dtype=torch.int64, device=dev),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev), block_tables=tables,
+        query_start_loc_cpu=starts, seq_lens_cpu=list(seq_lens), max_query_len=max(q_lens),
+        max_seq_len=max(seq_lens), block_size=BLOCK_SIZE)
+    q = torch.randn(starts[-1], NUM_HEADS, HEAD_DIM, device=dev, dtype=DTYPE)
+    return q, k_cache, v_cache, meta
+
+
+def time_attend(q, k_cache, v_cache, meta) -> float:
+    """Milliseconds per call, replayed from a CUDA graph."""
+    backend = TritonAttentionBackend()
+    scale = HEAD_DIM ** -0.5
+    fn = lambda: backend.attend(q, k_cache, v_cache, meta, scale)  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench_cudagraph(fn, rep=100)
+
+
+def copy_bandwidth() -> float:
+    """Bytes read plus written per second by a large device-to-device copy."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), rep=200)
+    return 2 * src.numel() / (ms * 1e-3)
+
+
+def bench_decode(batch: int, context: int) -> str:
+    q, k_cache, v_cache, meta = make_step([1] * batch, [context] * batch)
+    ms = time_attend(q, k_cache, v_cache, meta)
+    kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * q.element_size()
+    return (f"decode batch {batch:4d} ctx {context:6d}: {ms * 1e3:8.1f} us  "
+            f"KV read {kv_bytes / (ms * 1e-3) / 1e12:5.2f} TB/s")
+
+
+def bench_prefill(tokens: int) -> str:
+    q, k_cache, v_cache, meta = make_step([tokens], [tokens])
+    ms = time_attend(q, k_cache, v_cache, meta)
+    flops = 4 * NUM_HEADS * HEAD_DIM * tokens * (tokens + 1) / 2
+    q_d = q.transpose(0, 1).unsqueeze(0)
+    kv_d = torch.randn(1, NUM_KV_HEADS, tokens, HEAD_DIM, device="cuda", dtype=DTYPE)
+    sdpa = lambda: F.scaled_dot_product_attention(  # noqa: E731
+        q_d, kv_d, kv_d, is_causal=True, enable_gqa=True)
+    sdpa_ms = triton.testing.do_bench_cudagraph(sdpa, rep=100)
+    return (f"prefill {tokens} tokens: {ms * 1e3:8.1f} us  {flops / (ms * 1e-3) / 1e12:6.1f} "
+            f"TFLOP/s  (torch SDPA dense: {flops / (sdpa_ms * 1e-3) / 1e12:6.1f} TFLOP/s)")
+
+
+def bench_mixed(chunk: int, cached: int, decodes: int, decode_ctx: int,
+                decodes_first: bool) -> str:
+    q_lens, seq_lens = [chunk], [cached + chunk]
+    if decodes_first:
+        q_lens, seq_lens = [1] * decodes + q_lens, [decode_ctx] * decodes + seq_lens
+    else:
+        q_lens, seq_lens = q_lens + [1] * decodes, seq_lens + [decode_ctx] * decodes
+    ms = time_attend(*make_step(q_lens, seq_lens))
+    order = "decodes first" if decodes_first else "chunk first"
+    return (f"mixed: {chunk}-token chunk over {cached} cached + {decodes} decodes at ctx "
+            f"{decode_ctx} ({order}): {ms * 1e3:8.1f} us")
+
+
+def sweep(name: str, values, run) -> None:
+    """Runs `run` with triton_backend.<name> patched to each value in turn."""
+    original = getattr(triton_backend, name)
+    for value in values:
+        patched = (lambda *args, cfg=value: cfg) if callable(original) else value
+        setattr(triton_backend, name, patched)
+        try:
+            print(f"  {name} = {value}: {run()}", flush=True)
+        except Exception as exc:  # out of resources and the like
+            print(f"  {name} = {value}: failed ({type(exc).__name__})", flush=True)
+    setattr(triton_backend, name, original)
+
+
+def run_sweeps() -> None:
+    for batch, ctx in ((1, 1024), (16, 1024), (1, 32768), (4, 8192)):
+        print(f"sweep decode batch {batch} ctx {ctx}")
+        sweep("PROGRAMS_PER_SM", (2, 4, 8, 16), lambda: bench_decode(batch, ctx).split(":")[1])
+    decode = [KernelConfig(16, n, w, s) for n, w, s in ((64, 4, 3), (32, 2, 3), (64, 2, 3))]
+    print("sweep decode batch 256 ctx 1024")
+    sweep("decode_config", decode, lambda: bench_decode(256, 1024).split(":")[1])
+    prefill = [KernelConfig(128, 128, 8, s) for s in (2, 3, 4)] + [KernelConfig(128, 64, 4, 3)]
+    print("sweep prefill 4096")
+    sweep("prefill_config", prefill, lambda: bench_prefill(4096).split(":")[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sweep", action="store_true")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"{torch.cuda.get_device_name()}  copy {copy_bandwidth() / 1e12:.2f} TB/s (read+write)")
+    print(f"{NUM_HEADS} q heads, {NUM_KV_HEADS} kv heads, head_dim {HEAD_DIM}, {DTYPE}, "
+          f"block {BLOCK_SIZE}, random block tables")
+    for batch, ctx in ((1, 1024), (16, 1024), (64, 1024), (256, 1024), (1, 32768), (64, 8192)):
+        print(bench_decode(batch, ctx), flush=True)
+    print(bench_prefill(4096), flush=True)
+    for decodes_first in (True, False):
+        print(bench_mixed(2048, 4096, 128, 2048, decodes_first), flush=True)
+    print(f"decode only: {bench_decode(128, 2048).split(':')[1]}", flush=True)
+    if args.sweep:
+        run_sweeps()
+
+
+if __name__ == "__main__":
+    main()

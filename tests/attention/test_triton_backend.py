@@ -1,0 +1,211 @@
+"""The Triton backend against the torch reference, on a CUDA device."""
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from parashift.attention.metadata import AttentionMetadata
+from parashift.attention.torch_ref import TorchAttentionBackend
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+triton_backend = pytest.importorskip("parashift.attention.triton_backend")
+TritonAttentionBackend = triton_backend.TritonAttentionBackend
+
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float32: 1e-3}
+
+
+@dataclass
+class Step:
+    meta: AttentionMetadata
+    q: torch.Tensor
+    k: torch.Tensor        # this step's new keys, one row per query token
+    v: torch.Tensor
+    k_cache: torch.Tensor  # cached prefixes written; every other slot is NaN
+    v_cache: torch.Tensor
+
+
+def make_step(q_lens, seq_lens, num_heads=8, num_kv_heads=2, head_dim=128, block_size=16,
+              dtype=torch.bfloat16, pad_tokens=0, seed=0) -> Step:
+    """Sequence i has seq_lens[i] tokens of context, the last q_lens[i] new;
+    its blocks are a random, non-contiguous part of the pool."""
+    dev = torch.device("cuda")
+    gen = torch.Generator(dev).manual_seed(seed)
+    blocks = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks) + 5
+    perm = torch.randperm(num_blocks, generator=gen, device=dev)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype, device=dev)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype, device=dev)
+    tables = torch.zeros(len(seq_lens), max(blocks, default=1), dtype=torch.int32, device=dev)
+    cached_slots, new_slots, used = [], [], 0
+    for i, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens)):
+        table = perm[used:used + blocks[i]]
+        used += blocks[i]
+        tables[i, :blocks[i]] = table.int()
+        pos = torch.arange(seq_len, device=dev)
+        slots = table[pos // block_size] * block_size + pos % block_size
+        cached_slots.append(slots[:seq_len - q_len])
+        new_slots.append(slots[seq_len - q_len:])
+    new_slots.append(torch.full((pad_tokens,), -1, dtype=torch.int64, device=dev))
+    cached = torch.cat(cached_slots)
+    for cache in (k_cache, v_cache):
+        cache.view(-1, num_kv_heads, head_dim)[cached] = _randn(
+            (len(cached), num_kv_heads, head_dim), dtype, gen)
+    num_tokens = sum(q_lens) + pad_tokens
+    starts = [0]
+    for q_len in q_lens:
+        starts.append(starts[-1] + q_len)
+    meta = AttentionMetadata(
+        slot_mapping=torch.cat(new_slots).long(),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+        block_tables=tables, query_start_loc_cpu=starts, seq_lens_cpu=list(seq_lens),
+        max_query_len=max(q_lens, default=0), max_seq_len=max(seq_lens, default=0),
+        block_size=block_size)
+    kv_shape = (num_tokens, num_kv_heads, head_dim)
+    return Step(meta, _randn((num_tokens, num_heads, head_dim), dtype, gen),
+                _randn(kv_shape, dtype, gen), _randn(kv_shape, dtype, gen), k_cache, v_cache)
+
+
+def _randn(shape, dtype, gen):
+    return torch.randn(shape, generator=gen, device="cuda").to(dtype)
+
+
+def run(backend, step: Step, k_cache=None, v_cache=None) -> torch.Tensor:
+    k_cache = step.k_cache.clone() if k_cache is None else k_cache
+    v_cache = step.v_cache.clone() if v_cache is None else v_cache
+    backend.write_kv(step.k, step.v, k_cache, v_cache, step.meta)
+    return backend.attend(step.q, k_cache, v_cache, step.meta, step.q.shape[-1] ** -0.5)
+
+
+def assert_matches_reference(step: Step):
+    expected = run(TorchAttentionBackend(), step)
+    actual = run(TritonAttentionBackend(), step)
+    tol = TOLERANCE[step.q.dtype]
+    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
+
+
+def random_lengths(n, low, high, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high + 1, (n,), generator=gen).tolist()
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64, 256])
+def test_decode(batch):
+    seq_lens = random_lengths(batch, 1, 2048, seed=batch)
+    seq_lens[0] = 1
+    seq_lens[-1] = 4096 + 777
+    assert_matches_reference(make_step([1] * batch, seq_lens, 32, 8, seed=batch))
+
+
+def test_decode_long_context():
+    assert_matches_reference(make_step([1, 1], [32768, 20000], 32, 8))
+
+
+def test_prefill():
+    q_lens = [1, 17, 300, 1000, 64]
+    assert_matches_reference(make_step(q_lens, q_lens))
+
+
+def test_mixed_decode_and_chunked_prefill():
+    q_lens = [1, 200, 1, 0, 37, 1, 512]
+    seq_lens = [900, 1000, 1, 50, 37, 5000, 512 + 96]
+    assert_matches_reference(make_step(q_lens, seq_lens, pad_tokens=5))
+
+
+def test_decodes_first_then_chunked_prefills():
+    seq_lens = random_lengths(40, 1, 3000, seed=3)
+    q_lens = [1] * 40 + [300, 1, 77]
+    step = make_step(q_lens, seq_lens + [300 + 1000, 9, 77], 32, 8, pad_tokens=4)
+    assert_matches_reference(step)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (12, 4), (16, 4), (32, 4)])
+@pytest.mark.parametrize("decode", [True, False])
+def test_gqa_ratios(num_heads, num_kv_heads, decode):
+    if decode:
+        q_lens, seq_lens = [1] * 5, [1, 15, 16, 17, 3000]
+    else:
+        q_lens, seq_lens = [1, 40, 130, 1], [700, 40, 130 + 300, 64]
+    assert_matches_reference(make_step(q_lens, seq_lens, num_heads, num_kv_heads))
+
+
+@pytest.mark.parametrize("dtype,head_dim,block_size", [
+    (torch.float16, 64, 32), (torch.float32, 128, 16), (torch.bfloat16, 256, 16),
+    (torch.bfloat16, 64, 32), (torch.bfloat16, 128, 32)])
+@pytest.mark.parametrize("decode", [True, False])
+def test_dtypes_head_dims_block_sizes(dtype, head_dim, block_size, decode):
+    if decode:
+        q_lens, seq_lens = [1] * 6, [1, 31, 32, 33, 999, 4500]
+    else:
+        q_lens, seq_lens = [1, 70, 3, 1], [100, 70 + 33, 3, 1]
+    step = make_step(q_lens, seq_lens, 8, 2, head_dim, block_size, dtype, pad_tokens=2)
+    assert_matches_reference(step)
+
+
+@pytest.mark.parametrize("num_splits", [2, 8, 64])
+def test_forced_splits_on_mixed_batch(monkeypatch, num_splits):
+    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: num_splits)
+    step = make_step([1, 100, 1, 20], [3000, 100, 2, 20 + 70], pad_tokens=3)
+    assert_matches_reference(step)
+
+
+def test_write_kv_matches_reference_on_strided_inputs():
+    step = make_step([3, 1, 9], [3, 40, 20], pad_tokens=4)
+    qkv = torch.cat([step.q.flatten(1), step.k.flatten(1), step.v.flatten(1)], dim=1)
+    k = qkv[:, 8 * 128:10 * 128].view(step.k.shape)   # a strided view, as from a fused QKV
+    v = qkv[:, 10 * 128:].view(step.v.shape)
+    expected_k, expected_v = step.k_cache.clone(), step.v_cache.clone()
+    TorchAttentionBackend().write_kv(k, v, expected_k, expected_v, step.meta)
+    k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+    TritonAttentionBackend().write_kv(k, v, k_cache, v_cache, step.meta)
+    torch.testing.assert_close(k_cache, expected_k, atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(v_cache, expected_v, atol=0, rtol=0, equal_nan=True)
+
+
+def test_padding_rows_give_zeros():
+    step = make_step([2, 1], [10, 300], pad_tokens=6)
+    out = run(TritonAttentionBackend(), step)
+    assert torch.equal(out[3:], torch.zeros_like(out[3:]))
+
+
+def test_cuda_graph_replay_with_new_lengths():
+    backend = TritonAttentionBackend()
+    first = make_step([1] * 8, [5, 900, 3000, 17, 1, 64, 2000, 100], 32, 8, seed=1)
+    second = make_step([1] * 8, [4000, 1, 2, 700, 33, 1000, 16, 129], 32, 8, seed=2)
+    num_blocks = max(first.k_cache.shape[0], second.k_cache.shape[0])
+    width = max(first.meta.block_tables.shape[1], second.meta.block_tables.shape[1])
+    static = _static_copy(first, num_blocks, width)
+    run(backend, static, static.k_cache, static.v_cache)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(backend, static, static.k_cache, static.v_cache)
+    _load_into(static, _static_copy(second, num_blocks, width))
+    graph.replay()
+    expected = run(TorchAttentionBackend(), second)
+    torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+
+
+def _static_copy(step: Step, num_blocks: int, width: int) -> Step:
+    """The step with its pool grown to num_blocks and block tables to width."""
+    def grow(cache):
+        grown = torch.full((num_blocks, *cache.shape[1:]), float("nan"), dtype=cache.dtype,
+                           device=cache.device)
+        grown[:cache.shape[0]] = cache
+        return grown
+    tables = torch.zeros(step.meta.num_seqs, width, dtype=torch.int32, device="cuda")
+    tables[:, :step.meta.block_tables.shape[1]] = step.meta.block_tables
+    meta = AttentionMetadata(**{**step.meta.__dict__, "block_tables": tables,
+                                "seq_lens": step.meta.seq_lens.clone(),
+                                "slot_mapping": step.meta.slot_mapping.clone(),
+                                "query_start_loc": step.meta.query_start_loc.clone()})
+    return Step(meta, step.q.clone(), step.k.clone(), step.v.clone(), grow(step.k_cache),
+                grow(step.v_cache))
+
+
+def _load_into(static: Step, new: Step):
+    for name in ("q", "k", "v", "k_cache", "v_cache"):
+        getattr(static, name).copy_(getattr(new, name))
+    for name in ("slot_mapping", "seq_lens", "block_tables", "query_start_loc"):
+        getattr(static.meta, name).copy_(getattr(new.meta, name))
