@@ -77,8 +77,8 @@ class AsyncLLMEngine:
     """Asyncio front of an `LLMEngine`; one per server."""
 
     def __init__(self, engine, *, max_num_queued_requests: int | None = None, metrics=None):
-        if max_num_queued_requests is not None and max_num_queued_requests < 0:
-            raise ValueError("max_num_queued_requests must be >= 0")
+        if max_num_queued_requests is not None and max_num_queued_requests < 1:
+            raise ValueError("max_num_queued_requests must be >= 1 (or None for no limit)")
         self.engine = engine
         self.max_num_queued_requests = max_num_queued_requests
         self.metrics = metrics
@@ -99,6 +99,8 @@ class AsyncLLMEngine:
         if self._thread is not None:
             raise RuntimeError("AsyncLLMEngine already started")
         self._loop = asyncio.get_running_loop()
+        if self.metrics is not None:
+            self.metrics.set_baseline(self.engine.stats())
         self._thread = threading.Thread(target=self._run_loop, name="parashift-engine",
                                         daemon=True)
         self._thread.start()
@@ -185,6 +187,8 @@ class AsyncLLMEngine:
         if stream is None or stream.finished:
             return
         stream.finished = True
+        if self.metrics is not None:
+            self.metrics.requests_aborted.inc()
         if self._dead is None and not self._stopping:
             self._commands.put(_Abort(request_id))
 
@@ -290,8 +294,10 @@ class AsyncLLMEngine:
         except Exception as exc:  # noqa: BLE001 - one bad request must not kill the engine
             logger.exception("add_request failed for %s", stream.request_id)
             error = RuntimeError(f"the engine could not take the request ({type(exc).__name__})")
-        with self._count_lock:
+        num_waiting = self.engine.stats().num_waiting
+        with self._count_lock:  # counted as unsent or as waiting, never as neither
             self._num_unsent_adds -= 1
+            self._engine_num_waiting = num_waiting
         self._loop.call_soon_threadsafe(self._accept, stream, error)
 
     def _refresh_waiting(self) -> None:
@@ -326,6 +332,7 @@ class AsyncLLMEngine:
         logger.error("engine loop failed; the engine is dead", exc_info=exc)
         self._dead = EngineDeadError(f"the engine failed ({type(exc).__name__}) and cannot "
                                      "serve requests; see the server log")
+        self._abort_remaining()  # best effort: frees the blocks of a still usable engine
         try:
             self._loop.call_soon_threadsafe(self._fail_all, self._dead)
         except RuntimeError:

@@ -65,8 +65,7 @@ class LLMEngine:
                                  self.max_model_len)
             return UniprocExecutor(runner)
         self.plan.check_model(hf_config.num_attention_heads, hf_config.num_key_value_heads,
-                              hf_config.num_hidden_layers,
-                              hf_config.intermediate_size)
+                              hf_config.num_hidden_layers, hf_config.intermediate_size)
         spec = WorkerSpec(self.config, hf_config, source, self.plan, self.device.type, self.dtype,
                           self.max_model_len, master_port=0)
         return MultiprocExecutor(spec, self.config.worker_timeout_s)

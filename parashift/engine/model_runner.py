@@ -42,8 +42,7 @@ class ModelRunner:
 
     def _build_model(self, hf_config, source, max_model_len: int):
         self.state.plan.check_model(hf_config.num_attention_heads, hf_config.num_key_value_heads,
-                                    hf_config.num_hidden_layers,
-                              hf_config.intermediate_size)
+                                    hf_config.num_hidden_layers, hf_config.intermediate_size)
         saved_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:

@@ -1,0 +1,33 @@
+"""The engine on a GPU: the Triton fast path gives the reference backend's tokens.
+Runs where CUDA is present (the GPU machine); skipped on the CPU."""
+import random
+
+import pytest
+import torch
+
+from parashift import LLM, SamplingParams
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    return {backend: LLM(device="cuda", dtype="float32", attention_backend=backend,
+                         gpu_memory_utilization=0.3) for backend in ("torch", "triton")}
+
+
+def test_default_model_answers_on_gpu(engines):
+    out = engines["triton"].chat(QUESTION, SamplingParams(temperature=0, max_tokens=32))
+    assert out[0].outputs[0].text == "The capital of France is Paris."
+
+
+def test_triton_matches_torch_backend(engines):
+    rng = random.Random(0)
+    prompts = [[rng.randrange(49152) for _ in range(rng.randint(1, 700))] for _ in range(24)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=3)
+    outs = {b: llm.generate(prompts, params) for b, llm in engines.items()}
+    for ref, fast in zip(outs["torch"], outs["triton"]):
+        assert fast.outputs[0].token_ids == ref.outputs[0].token_ids
+        for got, want in zip(fast.outputs[0].logprobs, ref.outputs[0].logprobs):
+            assert max(abs(got[t] - want[t]) for t in got.keys() & want.keys()) < 2e-3
