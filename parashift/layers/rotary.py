@@ -45,9 +45,10 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, hf_config, head_dim: int, max_position: int):
         super().__init__()
         inv_freq, scale = inverse_frequencies(hf_config, head_dim)
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float), inv_freq)
-        self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], -1) * scale,
-                             persistent=False)
+        positions = torch.arange(max_position, dtype=torch.float, device="cpu")
+        freqs = torch.outer(positions, inv_freq.cpu())
+        table = torch.cat([freqs.cos(), freqs.sin()], -1) * scale
+        self.register_buffer("cos_sin", table.to(torch.get_default_device()), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q, k: [tokens, heads, head_dim]; returns them rotated."""
