@@ -26,6 +26,7 @@ class ServerMetrics:
         self._build_histograms(labels)
         self._last_preemptions = 0
         self._current_plan: str | None = None
+        self._last_step: tuple | None = None
 
     def _build_gauges(self, labels: dict) -> None:
         def gauge(name, doc):
@@ -47,6 +48,8 @@ class ServerMetrics:
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
         self.preemptions = counter("num_preemptions", "Preemptions by the scheduler.")
+        self.requests_aborted = counter("requests_aborted",
+                                        "Requests aborted (client gone, or shut down).")
         self.requests_finished = Counter(f"{PREFIX}_request_success", "Finished requests.",
                                          [*labels, "finish_reason"], registry=self.registry)
         self.steps = Counter(f"{PREFIX}_steps", "Engine steps, by parallel plan.",
@@ -70,18 +73,27 @@ class ServerMetrics:
                                    "Engine step wall time, by plan.", [*labels, "plan"],
                                    buckets=STEP_BUCKETS, registry=self.registry)
 
+    def set_baseline(self, stats) -> None:
+        """The engine's state when this server starts (an engine may outlive a server)."""
+        self._last_preemptions = stats.num_preemptions
+        self.record_queue(stats)
+
     def record_step(self, stats) -> None:
         """Called by the engine loop after each step with `LLMEngine.stats()`."""
         self.record_queue(stats)
+        delta = stats.num_preemptions - self._last_preemptions
+        if delta > 0:
+            self.preemptions.inc(delta)
+        self._last_preemptions = stats.num_preemptions
+        step = (stats.last_step_plan, stats.last_step_num_tokens, stats.last_step_seconds)
+        if step == self._last_step:
+            return  # the scheduler had nothing to run: no new step to count
+        self._last_step = step
         plan = stats.last_step_plan or "none"
         self.steps.labels(plan=plan, **self._labels).inc()
         self.step_tokens.labels(plan=plan, **self._labels).inc(stats.last_step_num_tokens)
         self.step_time.labels(plan=plan, **self._labels).observe(stats.last_step_seconds)
         self._set_plan(plan)
-        delta = stats.num_preemptions - self._last_preemptions
-        if delta > 0:
-            self.preemptions.inc(delta)
-        self._last_preemptions = stats.num_preemptions
 
     def record_queue(self, stats) -> None:
         self.num_running.set(stats.num_running)

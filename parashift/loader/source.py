@@ -46,20 +46,42 @@ def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") ->
         return ModelSource(kind, path, path.name)
     if path.is_dir() and sorted(path.glob("*.gguf")):
         return ModelSource("gguf", sorted(path.glob("*.gguf"))[0], path.name)
+    if path.is_dir():
+        raise ValueError(f"model directory {path} has no config.json (nor a .gguf file): "
+                         "expected a Hugging Face checkpoint directory")
     raise ValueError(f"cannot tell what model {model} is: expected an HF directory with "
                      "config.json, a .gguf file, or a config .json for random weights")
 
 
 def load_hf_config(source: ModelSource):
-    """The model's transformers config object."""
-    from transformers import AutoConfig, CONFIG_MAPPING
+    """The model's transformers config object; raises at once, naming the supported
+    ones, if parashift has no model class for its architecture."""
+    from parashift.models.registry import model_class_for
+    config = _read_hf_config(source)
+    model_class_for(config)
+    return config
+
+
+def _read_hf_config(source: ModelSource):
+    from transformers import CONFIG_MAPPING
     if source.kind == "gguf":
         from parashift.loader.gguf_loader import gguf_config
         return gguf_config(source.path)
     if source.path.is_dir():
-        return AutoConfig.from_pretrained(source.path)
-    raw = json.loads(source.path.read_text())
+        return _hf_directory_config(source.path)
+    try:
+        raw = json.loads(source.path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{source.path} is not valid JSON: {e}") from None
     model_type = raw.pop("model_type", None)
     if model_type not in CONFIG_MAPPING:
         raise ValueError(f"{source.path}: unknown or missing model_type {model_type!r}")
     return CONFIG_MAPPING[model_type](**raw)
+
+
+def _hf_directory_config(directory: Path):
+    from transformers import AutoConfig
+    try:
+        return AutoConfig.from_pretrained(directory)
+    except OSError as e:  # e.g. config.json is not valid JSON
+        raise ValueError(f"cannot read {directory / 'config.json'}: {e}") from None

@@ -6,11 +6,10 @@ engine flags again is harmless (conflicts resolve to the last definition).
 `run_serve(args)` builds the engine and serves until SIGTERM/SIGINT."""
 import argparse
 import logging
+import sys
 
 from parashift.entrypoints.openai.auth import resolve_api_key
 from parashift.entrypoints.openai.server_config import LOG_LEVELS, ServerConfig
-
-logger = logging.getLogger(__name__)
 
 
 def add_serve_args(subparsers) -> argparse.ArgumentParser:
@@ -66,12 +65,18 @@ def run_serve(args: argparse.Namespace, engine_config_from_args=None) -> None:
     from parashift.entrypoints.openai.launcher import run_server
 
     config = server_config_from_args(args)
-    engine = LLMEngine(_engine_config(args, engine_config_from_args))
+    engine_config = _engine_config(args, engine_config_from_args)
+    _say(f"loading {engine_config.model or 'the embedded model'} ...")
+    engine = LLMEngine(engine_config)
     app = build_app(engine, config)
-    auth = "with an API key" if config.api_key else "without authentication"
-    logger.info("serving %s on http://%s:%d %s", engine.model_name, config.host, config.port,
-                auth)
+    auth = "an API key required" if config.api_key else "no API key"
+    _say(f"serving {engine.model_name} on http://{config.host}:{config.port} ({auth}; "
+         f"max_model_len {engine.max_model_len})")
     run_server(app, config)
+
+
+def _say(message: str) -> None:
+    print(f"parashift serve: {message}", file=sys.stderr, flush=True)
 
 
 def _engine_config(args, engine_config_from_args):

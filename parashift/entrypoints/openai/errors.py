@@ -54,7 +54,7 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 def from_validation_error(exc: ValidationError | RequestValidationError) -> APIError:
-    """One 400 naming the first offending field (and how many more there are)."""
+    """One 400 naming the offending field."""
     errors = exc.errors()
     if not errors:
         return bad_request("invalid request body")
@@ -62,15 +62,23 @@ def from_validation_error(exc: ValidationError | RequestValidationError) -> APIE
     if first.get("type") == "json_invalid":
         return bad_request(f"the body is not valid JSON: {first.get('msg', '')}",
                            code="invalid_json")
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     if first.get("type") == "extra_forbidden":
         message = "unknown field"
-    text = f"{param}: {message}" if param else message
-    if len(errors) > 1:
-        text += f" (and {len(errors) - 1} more error(s))"
+    fields = {str((e.get("loc") or ("",))[0]) for e in errors}
+    if len(errors) > 1 and len(fields) == 1 and loc:
+        loc = loc[:1]  # one field failed every form of a union: name the field only
+        message = f"matches none of the accepted forms ({message})"
+    param = ".".join(loc) or _leading_field(message)
+    text = f"{'.'.join(loc)}: {message}" if loc else message
     return bad_request(text, param=param)
+
+
+def _leading_field(message: str) -> str | None:
+    """`n must be 1` -> `n`: model-level checks start with the field they check."""
+    word = message.split(" ", 1)[0]
+    return word if word.isidentifier() and word.islower() else None
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -21,8 +21,8 @@ class ServerConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
-        if self.max_num_queued_requests is not None and self.max_num_queued_requests < 0:
-            raise ValueError("max_num_queued_requests must be >= 0, got "
+        if self.max_num_queued_requests is not None and self.max_num_queued_requests < 1:
+            raise ValueError("max_num_queued_requests must be >= 1, got "
                              f"{self.max_num_queued_requests}")
         if self.shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")

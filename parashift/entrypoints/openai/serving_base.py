@@ -66,7 +66,7 @@ class ServingContext:
         limit = self.max_model_len
         wanted = num_prompt_tokens + (requested if requested is not None else 1)
         if wanted > limit:
-            asked = "" if requested is None else f" and {requested} to generate"
+            asked = f" and {requested if requested is not None else 'at least 1'} to generate"
             raise bad_request(
                 f"this model's maximum context length is {limit} tokens, but the request "
                 f"needs {wanted}: {num_prompt_tokens} in the prompt{asked}; shorten the "

@@ -1,0 +1,155 @@
+"""AsyncLLMEngine on a tiny random Llama: streaming, abort, back-pressure, a dead
+engine and shutdown."""
+import asyncio
+
+import pytest
+
+from parashift.engine.async_engine import AsyncLLMEngine, EngineDeadError, QueueFullError
+from parashift.metrics import ServerMetrics
+from parashift.sampling_params import SamplingParams
+from tests.engine.conftest import tiny_llm
+
+LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm_engine(tiny_llama_dir):
+    return tiny_llm(tiny_llama_dir, max_num_seqs=2).llm_engine
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=60))
+
+
+async def started(engine, **options) -> AsyncLLMEngine:
+    async_engine = AsyncLLMEngine(engine, **options)
+    async_engine.start()
+    return async_engine
+
+
+def test_streams_cumulative_outputs_like_the_sync_engine(llm_engine, tiny_llama_dir):
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    expected = tiny_llm(tiny_llama_dir).generate([[5, 6, 7]], params)[0].outputs[0].token_ids
+
+    async def main():
+        async_engine = await started(llm_engine)
+        lengths, last = [], None
+        async for output in async_engine.generate("a", [5, 6, 7], params):
+            lengths.append(len(output.outputs[0].token_ids))
+            last = output
+        await async_engine.shutdown()
+        return lengths, last
+    lengths, last = run(main())
+    assert lengths == sorted(lengths) and lengths[-1] == 12
+    assert last.finished and last.outputs[0].token_ids == expected
+
+
+def test_concurrent_requests_and_metrics(llm_engine):
+    metrics = ServerMetrics("tiny")
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+
+    async def one(async_engine, i):
+        final = None
+        async for output in async_engine.generate(f"r{i}", [1 + i, 2, 3], params):
+            final = output
+        return len(final.outputs[0].token_ids)
+
+    async def main():
+        async_engine = await started(llm_engine, metrics=metrics)
+        counts = await asyncio.gather(*(one(async_engine, i) for i in range(5)))
+        await async_engine.shutdown()
+        return counts
+    assert run(main()) == [5] * 5
+    assert metrics.generation_tokens._value.get() == 25
+    assert metrics.ttft._sum.get() > 0
+
+
+def test_abort_frees_blocks(llm_engine):
+    async def main():
+        async_engine = await started(llm_engine)
+        stream = await async_engine.add_request("long", [1, 2, 3], LONG)
+        async for output in stream:
+            if len(output.outputs[0].token_ids) >= 3:
+                break
+        assert llm_engine.stats().num_free_blocks < llm_engine.stats().num_total_blocks
+        async_engine.abort("long")
+        for _ in range(200):
+            if not llm_engine.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.01)
+        await async_engine.shutdown()
+    run(main())
+    stats = llm_engine.stats()
+    assert not llm_engine.has_unfinished_requests()
+    assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def test_bad_input_raises_value_error_and_engine_lives_on(llm_engine):
+    async def main():
+        async_engine = await started(llm_engine)
+        for prompt in ([], [10 ** 6]):
+            with pytest.raises(ValueError):
+                await async_engine.add_request(f"bad{len(prompt)}", prompt, LONG)
+        assert async_engine.is_running
+        stream = await async_engine.add_request("ok", [1], SamplingParams(max_tokens=2))
+        outputs = [o async for o in stream]
+        await async_engine.shutdown()
+        return outputs
+    assert run(main())[-1].finished
+
+
+def test_queue_full(llm_engine):
+    async def main():
+        async_engine = await started(llm_engine, max_num_queued_requests=1)
+        running = []
+        for i in range(2):  # max_num_seqs=2: both run once they produced a token
+            stream = await async_engine.add_request(f"run{i}", [1, 2], LONG)
+            await anext(aiter(stream))
+            running.append(stream)
+        await async_engine.add_request("waits", [1, 2], LONG)
+        with pytest.raises(QueueFullError):
+            await async_engine.add_request("refused", [1, 2], LONG)
+        await async_engine.shutdown()
+        return running
+    run(main())
+    assert not llm_engine.has_unfinished_requests()
+
+
+class Exploding:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def step(self):
+        self._inner.step()
+        raise RuntimeError("boom")
+
+
+def test_dead_engine_fails_pending_and_new_requests(llm_engine):
+    async def main():
+        async_engine = await started(Exploding(llm_engine))
+        with pytest.raises(EngineDeadError):
+            async for _ in async_engine.generate("x", [1, 2], LONG):
+                pass
+        assert not async_engine.is_running and async_engine.dead_error is not None
+        with pytest.raises(EngineDeadError):
+            await async_engine.add_request("y", [1, 2], LONG)
+        await async_engine.shutdown()
+    run(main())
+    assert not llm_engine.has_unfinished_requests()
+
+
+def test_shutdown_fails_pending_and_cleans_engine(llm_engine):
+    async def main():
+        async_engine = await started(llm_engine)
+        stream = await async_engine.add_request("pending", [1, 2], LONG)
+        await async_engine.shutdown()
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineDeadError):
+            await async_engine.add_request("late", [1], LONG)
+    run(main())
+    assert not llm_engine.has_unfinished_requests()
