@@ -84,10 +84,49 @@ def run_generate(args) -> None:
         out.close()
 
 
+def add_plan_args(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="print a parallel plan's rank layout and groups",
+                              description="Print which coordinates, layers and heads each rank "
+                                          "holds under a plan, and its process groups.")
+    p.add_argument("--world", type=int, required=True, help="number of ranks")
+    for flag, short in (("--tp", "-tp"), ("--sp", "-sp"), ("--dp", "-dp"), ("--pp", "-pp")):
+        p.add_argument(flag, type=int, default=None, help=f"{flag[2:]} degree (default: fills "
+                                                          "the world when it is the only one left)")
+    p.add_argument("--model", default=None, help="a model or config json to show layers and heads")
+    p.set_defaults(func=run_plan)
+
+
+def run_plan(args) -> None:
+    from parashift.parallel.plan import Plan, describe
+    degrees = {k: getattr(args, k) for k in ("dp", "pp", "sp", "tp")}
+    given = 1
+    for value in degrees.values():
+        given *= value or 1
+    missing = [k for k, v in degrees.items() if v is None]
+    if args.world % given:
+        raise ValueError(f"degrees multiply to {given}, which does not divide world {args.world}")
+    degrees = {k: v or 1 for k, v in degrees.items()}
+    if args.world != given:
+        if not missing:
+            raise ValueError(f"dp*pp*sp*tp = {given} but world is {args.world}")
+        degrees["dp" if "dp" in missing else missing[0]] = args.world // given
+    plan = Plan(**degrees)
+    shape = {}
+    if args.model:
+        from parashift.loader.source import load_hf_config, resolve_model
+        cfg = load_hf_config(resolve_model(args.model))
+        plan.check_model(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers,
+                         cfg.intermediate_size)
+        shape = dict(num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads,
+                     num_kv_heads=cfg.num_key_value_heads)
+    print(describe(plan, **shape))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parashift", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_generate_args(subparsers)
+    add_plan_args(subparsers)
     _add_optional_commands(subparsers)
     return parser
 

@@ -25,6 +25,14 @@ ENGINE_FLAGS = {
 }
 
 
+PARALLEL_FLAGS = [
+    ("--tensor-parallel-size", "-tp", "tensor_parallel_size"),
+    ("--sequence-parallel-size", "-sp", "sequence_parallel_size"),
+    ("--data-parallel-size", "-dp", "data_parallel_size"),
+    ("--pipeline-parallel-size", "-pp", "pipeline_parallel_size"),
+]
+
+
 def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) -> None:
     defaults = {f.name: f.default for f in fields(EngineConfig)}
     group = parser.add_argument_group("engine")
@@ -35,6 +43,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
     for flag, (name, type_, help_) in ENGINE_FLAGS.items():
         group.add_argument(flag, dest=name, type=type_, default=defaults[name],
                            help=f"{help_} (default: {defaults[name]})")
+    for flag, short, name in PARALLEL_FLAGS:
+        group.add_argument(flag, short, dest=name, type=int, default=defaults[name],
+                           help=f"{name.replace('_', ' ')} (default: {defaults[name]})")
     group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                        action="store_false", help="turn prefix caching off")
     group.add_argument("--skip-tokenizer-init", action="store_true",
@@ -44,4 +55,5 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     names = [name for name, _, _ in ENGINE_FLAGS.values()]
     names += ["model", "enable_prefix_caching", "skip_tokenizer_init"]
+    names += [name for _, _, name in PARALLEL_FLAGS]
     return EngineConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)})

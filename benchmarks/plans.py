@@ -1,0 +1,83 @@
+"""Static plans side by side on one machine: the `interactive` workload's TTFT and
+TPOT and the `batch` workload's combined throughput (../shared/workloads.md),
+in process (no HTTP), random weights.
+
+Usage (2 GPUs): python3 benchmarks/plans.py --model benchmarks/shapes/llama-3.1-8b.json \
+    --plans single tp2 dp2 sp2 pp2 --interactive-requests 20 --batch-requests 1000"""
+import argparse
+import json
+import random
+import statistics
+import time
+
+from parashift import LLM, SamplingParams
+
+PLANS = {"single": {}, "tp2": dict(tensor_parallel_size=2), "dp2": dict(data_parallel_size=2),
+         "sp2": dict(sequence_parallel_size=2), "pp2": dict(pipeline_parallel_size=2)}
+
+
+def random_prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(length)]
+
+
+def interactive(llm: LLM, n: int, input_len: int, output_len: int, vocab: int) -> dict:
+    """One request at a time; TTFT and mean time per output token after the first."""
+    engine, rng = llm.llm_engine, random.Random(0)
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    ttfts, tpots = [], []
+    for i in range(n):
+        start = time.perf_counter()
+        engine.add_request(f"i{i}", random_prompt(rng, input_len, vocab), params)
+        first = None
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if first is None and out.outputs[0].token_ids:
+                    first = time.perf_counter()
+        end = time.perf_counter()
+        ttfts.append(first - start)
+        tpots.append((end - first) / (output_len - 1))
+    return dict(ttft_ms_median=1e3 * statistics.median(ttfts),
+                tpot_ms_median=1e3 * statistics.median(tpots))
+
+
+def batch(llm: LLM, n: int, input_len: int, output_len: int, vocab: int) -> dict:
+    rng = random.Random(1)
+    prompts = [random_prompt(rng, input_len, vocab) for _ in range(n)]
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    start = time.perf_counter()
+    llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    return dict(batch_seconds=elapsed,
+                combined_tokens_per_s=n * (input_len + output_len) / elapsed)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
+    p.add_argument("--plans", nargs="+", default=list(PLANS), choices=list(PLANS))
+    p.add_argument("--interactive-requests", type=int, default=20)
+    p.add_argument("--batch-requests", type=int, default=1000)
+    p.add_argument("--input-len", type=int, default=4096)
+    p.add_argument("--output-len", type=int, default=250)
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+    rows = []
+    for name in args.plans:
+        start = time.perf_counter()
+        llm = LLM(model=args.model, dtype="bfloat16", skip_tokenizer_init=True,
+                  max_model_len=args.input_len + args.output_len + 16, max_num_seqs=256,
+                  enable_prefix_caching=False, **PLANS[name])
+        row = dict(plan=name, startup_s=time.perf_counter() - start)
+        vocab = llm.llm_engine.vocab_size
+        row.update(interactive(llm, args.interactive_requests, args.input_len, args.output_len, vocab))
+        row.update(batch(llm, args.batch_requests, args.input_len, args.output_len, vocab))
+        llm.llm_engine.shutdown()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(dict(model=args.model, args=vars(args), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
