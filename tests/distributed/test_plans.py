@@ -1,14 +1,17 @@
 """Every static plan computes the same function as one device: multi-process
 gloo groups on the CPU, one process per rank."""
+import os
 import random
 
 import pytest
+import torch
 
 from parashift import LLM, SamplingParams
 from tests.engine.conftest import save_tiny_llama
 
 PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=4)
-COMMON = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, num_blocks=96,
+DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")  # "cuda": NCCL on the GPU machine
+COMMON = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, num_blocks=96,
               max_num_batched_tokens=40)  # small budget: prefill chunks mixed with decodes
 
 
@@ -18,6 +21,12 @@ def prompts(seed=0, n=5, vocab=512):
 
 
 def generate(model_dir, prompt_list, **plan):
+    world = 1
+    for key in ("tensor_parallel_size", "sequence_parallel_size", "data_parallel_size",
+                "pipeline_parallel_size"):
+        world *= plan.get(key, 1)
+    if DEVICE == "cuda" and world > torch.cuda.device_count():
+        pytest.skip(f"{world} ranks need {world} GPUs (NCCL takes one rank per GPU)")
     llm = LLM(model_dir, **{**COMMON, **plan})
     try:
         return llm.generate(prompt_list, PARAMS), llm.llm_engine.stats()
