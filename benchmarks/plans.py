@@ -5,10 +5,13 @@ in process (no HTTP), random weights.
 Usage (2 GPUs): python3 benchmarks/plans.py --model benchmarks/shapes/llama-3.1-8b.json \
     --plans single tp2 dp2 sp2 pp2 --interactive-requests 20 --batch-requests 1000"""
 import argparse
+import gc
 import json
 import random
 import statistics
 import time
+
+import torch
 
 from parashift import LLM, SamplingParams
 
@@ -72,6 +75,9 @@ def main():
         row.update(interactive(llm, args.interactive_requests, args.input_len, args.output_len, vocab))
         row.update(batch(llm, args.batch_requests, args.input_len, args.output_len, vocab))
         llm.llm_engine.shutdown()
+        del llm  # free this plan's GPU memory before the next plan sizes its KV pool
+        gc.collect()
+        torch.cuda.empty_cache()
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.output:
