@@ -157,15 +157,16 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         with use_state(self.state):
-            inputs = build_step_inputs(chunks, self.block_size, self.device)
+            sp = self.state.sp
+            inputs = build_step_inputs(chunks, self.block_size, self.device, sp.size, sp.rank)
             intermediate = None
             if not self.state.is_first_stage:
-                x = torch.zeros(num_tokens, self.hidden_size, dtype=self.dtype, device=self.device)
+                x = torch.zeros(len(inputs.local_rows), self.hidden_size, dtype=self.dtype, device=self.device)
                 intermediate = (x, x.clone())
             with forward_context(ForwardContext(inputs.attn, self.backend)):
                 out = self.model(inputs.token_ids, inputs.positions, intermediate)
             if self.state.is_last_stage:
-                self.model.compute_logits(out[-min(num_tokens, self.config.max_num_seqs):])
+                self.model.compute_logits(out[-min(len(out), self.config.max_num_seqs):])
         torch.cuda.synchronize(self.device)
         return torch.cuda.max_memory_allocated(self.device) - before
 
