@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACKAGES=(
-  gguf==0.19.0 pyyaml==6.0.3
+  gguf==0.19.0 pyyaml==6.0.3 typing-extensions annotated-doc opentelemetry-api
   pytest==8.4.2 pluggy==1.6.0 iniconfig==2.3.0 pytest-timeout==2.4.0
   fastapi==0.165.0 starlette uvicorn==0.54.0 pydantic==2.14.3 pydantic-core==2.50.4
   annotated-types typing-inspection h11 anyio sniffio click prometheus-client
