@@ -9,7 +9,7 @@ import pickle
 import statistics
 import time
 
-from parashift.engine.step_batch import SeqChunk, StepBatch
+from parashift.engine.step_batch import DeltaEncoder, StepBatch
 from parashift.sampling_params import SamplingParams
 
 
@@ -20,15 +20,23 @@ def echo_worker(conn, is_output: bool) -> None:
             return
         batch = pickle.loads(message)
         if is_output:
-            tokens = [0] * len(batch.sampling_chunks)
+            tokens = [0] * sum(c.samples for c in batch.chunks)
             conn.send_bytes(pickle.dumps(("result", (tokens, None))))
 
 
-def decode_batch(batch_size: int, context: int = 1024, block_size: int = 16) -> StepBatch:
-    per_seq = context // block_size + 1  # distinct tables, as real sequences have
-    return StepBatch([SeqChunk(str(i), [1], context, list(range(i * per_seq, (i + 1) * per_seq)),
-                               SamplingParams(temperature=0, max_tokens=256))
-                      for i in range(batch_size)])
+def decode_batches(batch_size: int, context: int = 1024, block_size: int = 16):
+    """The first message of a batch of running requests (whole tables, parameters) and
+    a steady decode step's message (no new block: 15 of 16 decode steps)."""
+    encoder, per_seq = DeltaEncoder(), context // block_size + 1
+    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch_size)]
+    params = {str(i): SamplingParams(temperature=0, max_tokens=256) for i in range(batch_size)}
+
+    def step():
+        return StepBatch([encoder.chunk(str(i), [1], context, tables[i], True)
+                          for i in range(batch_size)])
+    first = step()
+    first.new_params = params
+    return first, step()
 
 
 def round_trips(conns, batch: StepBatch, n: int) -> list[float]:
@@ -58,12 +66,13 @@ def main():
         conns.append(parent)
         procs.append(proc)
     for batch_size in args.batch_sizes:
-        batch = decode_batch(batch_size)
-        round_trips(conns, batch, 20)
-        times = round_trips(conns, batch, args.steps)
-        print(f"ranks {args.ranks} batch {batch_size:4d}: payload {len(pickle.dumps(batch)):7d} B, "
-              f"round trip median {1e6 * statistics.median(times):7.1f} us, "
-              f"p99 {1e6 * sorted(times)[int(0.99 * len(times))]:7.1f} us", flush=True)
+        for kind, batch in zip(("first", "steady"), decode_batches(batch_size)):
+            round_trips(conns, batch, 20)
+            times = round_trips(conns, batch, args.steps)
+            print(f"ranks {args.ranks} batch {batch_size:4d} {kind:6s}: payload "
+                  f"{len(pickle.dumps(batch)):7d} B, round trip median "
+                  f"{1e6 * statistics.median(times):7.1f} us, p99 "
+                  f"{1e6 * sorted(times)[int(0.99 * len(times))]:7.1f} us", flush=True)
     for conn in conns:
         conn.send_bytes(b"stop")
     for proc in procs:

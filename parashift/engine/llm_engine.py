@@ -13,7 +13,7 @@ from parashift.executor.uniproc import UniprocExecutor
 from parashift.worker.worker import WorkerSpec
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
 from parashift.engine.sequence import Sequence
-from parashift.engine.step_batch import SeqChunk, StepBatch
+from parashift.engine.step_batch import DeltaEncoder, StepBatch
 from parashift.kv.block_manager import BlockManager
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.loader.tokenizer import load_tokenizer
@@ -193,7 +193,7 @@ class LLMEngine:
     def _release(self, replica: "Replica", request_id: str) -> None:
         self._detokenizers.pop(request_id, None)
         self._replica_of.pop(request_id, None)
-        replica.finished_since_last_step.append(request_id)
+        replica.encoder.forget(request_id)
 
     def stats(self) -> EngineStats:
         plan, tokens, seconds = self._last_step
@@ -212,21 +212,24 @@ class Replica:
         self.block_manager = block_manager
         self.scheduler = Scheduler(config, block_manager, eos_ids)
         self.in_flight: SchedulerOutput | None = None
-        self.finished_since_last_step: list[str] = []
+        self.encoder = DeltaEncoder()  # what this replica's ranks already know
 
     @property
     def load(self) -> int:
         return self.scheduler.num_running + self.scheduler.num_waiting
 
     def step_batch(self, sched: SchedulerOutput) -> StepBatch:
-        chunks = []
+        for seq in sched.preempted:
+            self.encoder.reset(seq.request_id)
+        chunks, new_params = [], {}
         for s in sched.scheduled:
             seq = s.seq
+            if self.encoder.is_new(seq.request_id):
+                new_params[seq.request_id] = seq.params
             tokens = seq.token_ids[s.start_pos:s.start_pos + s.num_new_tokens]
-            chunks.append(SeqChunk(seq.request_id, tokens, s.start_pos, list(seq.block_table),
-                                   seq.params if s.samples else None))
-        finished, self.finished_since_last_step = self.finished_since_last_step, []
-        return StepBatch(chunks, finished)
+            chunks.append(self.encoder.chunk(seq.request_id, tokens, s.start_pos,
+                                             seq.block_table, s.samples))
+        return StepBatch(chunks, new_params, self.encoder.take_finished())
 
 
 def _resolve_device(device: str) -> torch.device:

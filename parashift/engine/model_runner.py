@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from parashift.attention.backend import get_backend
-from parashift.engine.step_batch import SeqChunk, StepBatch
+from parashift.engine.step_batch import RequestTables, SeqChunk, StepBatch
 from parashift.engine.step_inputs import StepInputs, build_step_inputs
 from parashift.forward_context import ForwardContext, forward_context
 from parashift.kv.cache import KVCache
@@ -37,6 +37,7 @@ class ModelRunner:
         self.backend = get_backend(config.attention_backend, device)
         self.sampler = Sampler(device, config.seed)
         self.generators: dict[str, torch.Generator] = {}
+        self.requests = RequestTables()
         self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
@@ -70,8 +71,9 @@ class ModelRunner:
         token of each sampling chunk (in order) and, when asked, their logprobs."""
         for request_id in batch.finished_request_ids:
             self.generators.pop(request_id, None)
+        chunks = self.requests.apply(batch)
         with use_state(self.state):
-            micro_batches = split_micro_batches(batch.chunks, self.state.pp.size)
+            micro_batches = split_micro_batches(chunks, self.state.pp.size)
             results = [self._run_micro_batch(mb, i) for i, mb in enumerate(micro_batches)]
             self._wait_sends()
         if not self.is_output_rank:

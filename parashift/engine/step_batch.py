@@ -1,15 +1,36 @@
-"""What the model runner needs of one step, as plain data (no Sequence objects),
-so that it can later travel to worker processes unchanged."""
+"""One step as it travels from the engine to every rank, and as the model
+runner sees it once the rank has applied it to what it already knows.
+
+The message carries deltas: a request's sampling parameters once, and only the
+block ids appended to its block table since the last step."""
 from dataclasses import dataclass, field
 
 from parashift.sampling_params import SamplingParams
 
 
 @dataclass
-class SeqChunk:
+class ChunkDelta:
     request_id: str
     token_ids: list[int]       # the tokens computed this step
     start_pos: int             # position of token_ids[0]
+    blocks_from: int           # new_blocks replace the block table from this index on
+    new_blocks: list[int]
+    samples: bool              # a token is sampled after this chunk
+
+
+@dataclass
+class StepBatch:
+    chunks: list[ChunkDelta]
+    new_params: dict[str, SamplingParams] = field(default_factory=dict)
+    finished_request_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SeqChunk:
+    """A chunk resolved on the rank: whole block table and sampling parameters."""
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
     block_table: list[int]
     sampling: SamplingParams | None  # set when a token is sampled after this chunk
 
@@ -18,15 +39,53 @@ class SeqChunk:
         return self.start_pos + len(self.token_ids)
 
 
-@dataclass
-class StepBatch:
-    chunks: list[SeqChunk]
-    finished_request_ids: list[str] = field(default_factory=list)  # runner may drop their state
+class RequestTables:
+    """A rank's copy of each running request's block table and sampling parameters."""
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(c.token_ids) for c in self.chunks)
+    def __init__(self):
+        self.tables: dict[str, list[int]] = {}
+        self.params: dict[str, SamplingParams] = {}
 
-    @property
-    def sampling_chunks(self) -> list[SeqChunk]:
-        return [c for c in self.chunks if c.sampling is not None]
+    def apply(self, batch: StepBatch) -> list[SeqChunk]:
+        for request_id in batch.finished_request_ids:
+            self.tables.pop(request_id, None)
+            self.params.pop(request_id, None)
+        self.params.update(batch.new_params)
+        chunks = []
+        for d in batch.chunks:
+            table = self.tables.setdefault(d.request_id, [])
+            del table[d.blocks_from:]
+            table += d.new_blocks
+            chunks.append(SeqChunk(d.request_id, d.token_ids, d.start_pos, table,
+                                   self.params[d.request_id] if d.samples else None))
+        return chunks
+
+
+class DeltaEncoder:
+    """The engine's side: remembers what each replica's ranks already know."""
+
+    def __init__(self):
+        self.sent_blocks: dict[str, int] = {}
+        self.finished: list[str] = []
+
+    def chunk(self, request_id: str, token_ids: list[int], start_pos: int,
+              block_table: list[int], samples: bool) -> ChunkDelta:
+        sent = self.sent_blocks.get(request_id, 0)
+        self.sent_blocks[request_id] = len(block_table)
+        return ChunkDelta(request_id, token_ids, start_pos, sent, block_table[sent:], samples)
+
+    def is_new(self, request_id: str) -> bool:
+        return request_id not in self.sent_blocks
+
+    def reset(self, request_id: str) -> None:
+        """The request's blocks were freed (preempted): resend its table from scratch."""
+        if request_id in self.sent_blocks:
+            self.sent_blocks[request_id] = 0
+
+    def forget(self, request_id: str) -> None:
+        if self.sent_blocks.pop(request_id, None) is not None:
+            self.finished.append(request_id)
+
+    def take_finished(self) -> list[str]:
+        finished, self.finished = self.finished, []
+        return finished

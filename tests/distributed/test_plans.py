@@ -74,15 +74,18 @@ def references(model_dirs):
     return {name: generate(d, prompts())[0] for name, d in model_dirs.items()}
 
 
-@pytest.mark.parametrize("name, plan", CASES, ids=[f"{n}-{'-'.join(f'{k[:2]}{v}' for k, v in p.items())}"
-                                                   for n, p in CASES])
+def plan_id(plan: dict) -> str:
+    return "-".join(f"{key.split('_')[0][0]}p{value}" for key, value in plan.items())
+
+
+@pytest.mark.parametrize("name, plan", CASES, ids=[f"{n}-{plan_id(p)}" for n, p in CASES])
 def test_plan_matches_single_device(model_dirs, references, name, plan):
     outputs, _ = generate(model_dirs[name], prompts(), **plan)
     assert_same(outputs, references[name])
 
 
 @pytest.mark.parametrize("plan", [dict(sequence_parallel_size=4),
-                                  dict(pipeline_parallel_size=2, tensor_parallel_size=2)])
+                                  dict(pipeline_parallel_size=2, tensor_parallel_size=2)], ids=plan_id)
 def test_single_token_steps_and_preemption(model_dirs, plan):
     """One sequence decoding alone gives steps with fewer tokens than SP ranks;
     a pool of 12 blocks forces preemption of the longer batch."""
