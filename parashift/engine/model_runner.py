@@ -41,6 +41,17 @@ class ModelRunner:
         self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
+        self._report_kv_replication(hf_config.num_key_value_heads)
+
+    def _report_kv_replication(self, total_kv_heads: int) -> None:
+        """With more SP x TP ranks than KV heads, each KV head is held by several ranks."""
+        held, degree = self.kv.k.shape[3], self.state.plan.attn_degree
+        self.kv_replication = held * degree / total_kv_heads
+        if self.kv_replication > 1:
+            extra = self.kv.nbytes * (1 - 1 / self.kv_replication)
+            logger.warning("%d KV heads over %d SPxTP ranks: each rank holds %d, so KV memory is "
+                           "%.1fx an even split (%.2f GiB per rank spent on replicas)",
+                           total_kv_heads, degree, held, self.kv_replication, extra / 2**30)
 
     def _build_model(self, hf_config, source, max_model_len: int):
         self.state.plan.check_model(hf_config.num_attention_heads, hf_config.num_key_value_heads,

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parashift.loader.lazy import as_tensor
 from parashift.parallel.state import get_tp
 
 
@@ -18,7 +19,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        rows = loaded[self.vocab_start:self.vocab_start + self.shard_size]
+        rows = as_tensor(loaded[self.vocab_start:self.vocab_start + self.shard_size])
         param.data[:rows.shape[0]].copy_(rows)
         param.data[rows.shape[0]:].zero_()
 

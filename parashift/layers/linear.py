@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parashift.loader.lazy import as_tensor
 from parashift.parallel.state import get_tp
 
 
@@ -37,7 +38,7 @@ class LinearBase(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         if self.tp_dim is not None and self.tp_size > 1 and loaded.dim() > self.tp_dim:
             loaded = self._shard(loaded, self.tp_dim)
-        param.data.copy_(loaded)
+        param.data.copy_(as_tensor(loaded))
 
 
 class ReplicatedLinear(LinearBase):
@@ -67,7 +68,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def weight_loader(self, param, loaded, shard_id: int = 0):
         shard_size = self.output_sizes[shard_id] // self.tp_size
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
-        param.data.narrow(0, offset, shard_size).copy_(self._shard(loaded, 0))
+        param.data.narrow(0, offset, shard_size).copy_(as_tensor(self._shard(loaded, 0)))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -101,7 +102,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         else:
             offset = q_size if shard_id == "k" else q_size + kv_size
             size, start = kv_size, self._kv_head_start() * self.head_dim
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+        param.data.narrow(0, offset, size).copy_(as_tensor(loaded.narrow(0, start, size)))
 
 
 class RowParallelLinear(LinearBase):
@@ -113,7 +114,7 @@ class RowParallelLinear(LinearBase):
 
     def weight_loader(self, param, loaded, shard_id=None):
         if loaded.dim() == 1:  # bias: added once, after the reduction
-            param.data.copy_(loaded)
+            param.data.copy_(as_tensor(loaded))
             return
         super().weight_loader(param, loaded, shard_id)
 

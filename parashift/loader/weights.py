@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from parashift.layers.missing import MissingLayer
+from parashift.loader.lazy import LazySlice, as_tensor
 from parashift.loader.source import ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -62,9 +63,9 @@ def _lands_on_missing_layer(model: nn.Module, name: str) -> bool:
     return False
 
 
-def _load(param: nn.Parameter, tensor: torch.Tensor, shard_id) -> None:
+def _load(param: nn.Parameter, tensor, shard_id) -> None:
     if shard_id is not None:
-        param.weight_loader(param, tensor.to(param.dtype), shard_id)
+        param.weight_loader(param, tensor, shard_id)
     else:
         _load_plain(param, tensor)
 
@@ -78,12 +79,13 @@ def _target_of(model: nn.Module, name: str) -> tuple[str, object]:
     return name, None
 
 
-def _load_plain(param: nn.Parameter, tensor: torch.Tensor) -> None:
+def _load_plain(param: nn.Parameter, tensor) -> None:
     loader = getattr(param, "weight_loader", None)
-    tensor = tensor.to(param.dtype)
     if loader is not None:
         loader(param, tensor)
-    elif param.shape != tensor.shape:
+        return
+    tensor = as_tensor(tensor)
+    if param.shape != tensor.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)} vs checkpoint {tuple(tensor.shape)}")
     else:
         param.data.copy_(tensor)
@@ -112,13 +114,14 @@ def safetensors_files(directory: Path) -> list[Path]:
     return files
 
 
-def iterate_safetensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iterate_safetensors(directory: Path) -> Iterator[tuple[str, LazySlice]]:
     from safetensors import safe_open
     for file in safetensors_files(directory):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    tensor = f.get_slice(name)
+                    yield name, LazySlice(tensor, tuple(tensor.get_shape()))
         except Exception as e:
             raise ValueError(f"cannot read weights from {file} (truncated or corrupt?): {e}") \
                 from None
