@@ -47,6 +47,10 @@ class EngineConfig:
     data_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     worker_timeout_s: float = 600.0          # a step (or start-up) slower than this fails the engine
+    parallel_policy: str = "static"          # static | shift
+    shift_threshold: int = 256               # shift policy: steps of at most this many tokens use TP
+    shift_weights: str = "separate"          # shift policy: separate | slice
+    timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
 
     def __post_init__(self):
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
@@ -65,6 +69,10 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.parallel_policy not in ("static", "shift"):
+            raise ValueError(f"parallel_policy must be static or shift, got {self.parallel_policy!r}")
+        if self.shift_weights not in ("separate", "slice"):
+            raise ValueError(f"shift_weights must be separate or slice, got {self.shift_weights!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 

@@ -1,4 +1,5 @@
 """The engine loop: requests in, one scheduled step at a time, outputs out."""
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -8,6 +9,7 @@ import torch
 from parashift.config import EngineConfig, SchedulerConfig
 from parashift.engine.detokenizer import IncrementalDetokenizer
 from parashift.engine.model_runner import ModelRunner
+from parashift.engine.policy import make_policy
 from parashift.executor.multiproc import MultiprocExecutor
 from parashift.executor.uniproc import UniprocExecutor
 from parashift.worker.worker import WorkerSpec
@@ -46,7 +48,9 @@ class LLMEngine:
         self.max_model_len = _resolve_max_model_len(config, hf_config)
         self.device = _resolve_device(config.device)
         self.dtype = _resolve_dtype(config.dtype, hf_config, self.device)
-        self.plan = config.plan
+        self.policy = make_policy(config)
+        self.plan = self.policy.plans[0]  # the base plan: weights and KV layout
+        self._timeline = open(config.timeline_file, "a") if config.timeline_file else None
         self.executor = self._start_executor(hf_config, source)
         eos_ids = _eos_token_ids(hf_config, self.tokenizer, source)
         self.replicas = [Replica(BlockManager(n, config.block_size, config.enable_prefix_caching),
@@ -67,7 +71,8 @@ class LLMEngine:
         self.plan.check_model(hf_config.num_attention_heads, hf_config.num_key_value_heads,
                               hf_config.num_hidden_layers, hf_config.intermediate_size)
         spec = WorkerSpec(self.config, hf_config, source, self.plan, self.device.type, self.dtype,
-                          self.max_model_len, master_port=0)
+                          self.max_model_len, master_port=0,
+                          other_plans=tuple(self.policy.plans[1:]))
         return MultiprocExecutor(spec, self.config.worker_timeout_s)
 
     @property
@@ -88,6 +93,9 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+        if self._timeline is not None:
+            self._timeline.close()
+            self._timeline = None
 
     # ---- requests ------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -139,26 +147,32 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Submits a step to every idle replica with work, then returns the outputs of
-        whichever replicas finish first (a replica never waits for another)."""
-        start = time.perf_counter()
+        """Submits a step to every idle replica with work, each under the plan the
+        policy picks for it, then returns the outputs of whichever replicas finish
+        first (a replica never waits for another)."""
         for index, replica in enumerate(self.replicas):
             if replica.in_flight is None:
                 sched = replica.scheduler.schedule()
                 self._num_preemptions += len(sched.preempted)
                 if not sched.is_empty:
-                    self.executor.submit(index, replica.step_batch(sched))
-                    replica.in_flight = sched
+                    plan = self.policy.choose(sched.num_batched_tokens)
+                    self.executor.submit(index, replica.step_batch(sched, plan.name()))
+                    replica.start(sched, plan.name())
         if all(r.in_flight is None for r in self.replicas):
             return []
-        outputs, num_tokens = [], 0
+        outputs = []
         for index, result in self.executor.wait_any():
             replica = self.replicas[index]
-            sched, replica.in_flight = replica.in_flight, None
-            num_tokens += sched.num_batched_tokens
+            sched, plan, seconds = replica.finish()
+            self._record_step(index, plan, sched.num_batched_tokens, seconds)
             outputs += self._apply(replica, sched, *result)
-        self._last_step = (self.plan.name(), num_tokens, time.perf_counter() - start)
         return outputs
+
+    def _record_step(self, replica: int, plan: str, num_tokens: int, seconds: float) -> None:
+        self._last_step = (plan, num_tokens, seconds)
+        if self._timeline is not None:
+            self._timeline.write(json.dumps({"time": time.time(), "replica": replica, "plan": plan,
+                                             "num_tokens": num_tokens, "seconds": seconds}) + "\n")
 
     def _apply(self, replica: "Replica", sched: SchedulerOutput, tokens: list[int],
                logprobs) -> list[RequestOutput]:
@@ -218,7 +232,14 @@ class Replica:
     def load(self) -> int:
         return self.scheduler.num_running + self.scheduler.num_waiting
 
-    def step_batch(self, sched: SchedulerOutput) -> StepBatch:
+    def start(self, sched: SchedulerOutput, plan: str) -> None:
+        self.in_flight, self._plan, self._started = sched, plan, time.perf_counter()
+
+    def finish(self) -> tuple[SchedulerOutput, str, float]:
+        sched, self.in_flight = self.in_flight, None
+        return sched, self._plan, time.perf_counter() - self._started
+
+    def step_batch(self, sched: SchedulerOutput, plan: str = "") -> StepBatch:
         for seq in sched.preempted:
             self.encoder.reset(seq.request_id)
         chunks, new_params = [], {}
@@ -229,7 +250,7 @@ class Replica:
             tokens = seq.token_ids[s.start_pos:s.start_pos + s.num_new_tokens]
             chunks.append(self.encoder.chunk(seq.request_id, tokens, s.start_pos,
                                              seq.block_table, s.samples))
-        return StepBatch(chunks, new_params, self.encoder.take_finished())
+        return StepBatch(chunks, new_params, self.encoder.take_finished(), plan)
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -16,6 +16,7 @@ from parashift.kv.cache import KVCache
 from parashift.layers.sampler import Sampler
 from parashift.loader.weights import load_model_weights
 from parashift.models.registry import model_class_for
+from parashift.parallel.shift_weights import make_shift_weights
 from parashift.parallel.state import ParallelState, use_state
 
 logger = logging.getLogger(__name__)
@@ -24,9 +25,14 @@ StepResult = tuple[list[int], list[dict[int, float] | None] | None]
 
 class ModelRunner:
     def __init__(self, config, hf_config, source, device: torch.device, dtype: torch.dtype,
-                 max_model_len: int, state: ParallelState | None = None, agree_num_blocks=None):
+                 max_model_len: int, state: ParallelState | None = None, agree_num_blocks=None,
+                 other_states: tuple[ParallelState, ...] = ()):
+        """`state` is the base plan's (weights and KV layout); `other_states` are the
+        plans a step may switch to (e.g. Shift Parallelism's shift plan)."""
         self.config, self.device, self.dtype = config, device, dtype
         self.state = state or ParallelState.single()
+        self.states = {self.state.plan.name(): self.state, "": self.state}
+        self.states.update({s.plan.name(): s for s in other_states})
         self.block_size = config.block_size
         self.hidden_size = hf_config.hidden_size
         self.max_model_len = max_model_len
@@ -42,12 +48,17 @@ class ModelRunner:
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
         self._report_kv_replication(hf_config.num_key_value_heads)
+        self.shift_weight_bytes = 0
+        if any(s.plan.shift_base for s in other_states):
+            self.shift_weight_bytes = make_shift_weights(
+                self.model, self.state.sp.size, self.state.sp.rank, config.shift_weights,
+                report=self.state.rank == 0)
 
     def _report_kv_replication(self, total_kv_heads: int) -> None:
         """With more SP x TP ranks than KV heads, each KV head is held by several ranks."""
         held, degree = self.kv.k.shape[3], self.state.plan.attn_degree
         self.kv_replication = held * degree / total_kv_heads
-        if self.kv_replication > 1:
+        if self.kv_replication > 1 and self.state.rank == 0:
             extra = self.kv.nbytes * (1 - 1 / self.kv_replication)
             logger.warning("%d KV heads over %d SPxTP ranks: each rank holds %d, so KV memory is "
                            "%.1fx an even split (%.2f GiB per rank spent on replicas)",
@@ -72,22 +83,27 @@ class ModelRunner:
 
     @property
     def is_output_rank(self) -> bool:
-        s = self.state
-        return s.is_last_stage and s.tp.rank == 0 and s.sp.rank == 0
+        return self._is_output(self.state)
+
+    @staticmethod
+    def _is_output(state: ParallelState) -> bool:
+        return state.is_last_stage and state.tp.rank == 0 and state.sp.rank == 0
 
     # ---- one step ------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> StepResult | None:
-        """Runs this rank's part of the step. On the output rank, returns the sampled
-        token of each sampling chunk (in order) and, when asked, their logprobs."""
+        """Runs this rank's part of the step under the step's plan. On the output rank,
+        returns the sampled token of each sampling chunk (in order) and, when asked,
+        their logprobs."""
         for request_id in batch.finished_request_ids:
             self.generators.pop(request_id, None)
         chunks = self.requests.apply(batch)
-        with use_state(self.state):
-            micro_batches = split_micro_batches(chunks, self.state.pp.size)
-            results = [self._run_micro_batch(mb, i) for i, mb in enumerate(micro_batches)]
+        state = self.states[batch.plan]
+        with use_state(state):
+            micro_batches = split_micro_batches(chunks, state.pp.size)
+            results = [self._run_micro_batch(mb, state) for mb in micro_batches]
             self._wait_sends()
-        if not self.is_output_rank:
+        if not self._is_output(state):
             return None
         tokens, logprobs = [], []
         for mb_tokens, mb_logprobs in results:
@@ -95,29 +111,28 @@ class ModelRunner:
             logprobs += mb_logprobs or [None] * len(mb_tokens)
         return tokens, (logprobs if any(lp is not None for lp in logprobs) else None)
 
-    def _run_micro_batch(self, chunks: list[SeqChunk], index: int) -> StepResult:
-        sp = self.state.sp
+    def _run_micro_batch(self, chunks: list[SeqChunk], state: ParallelState) -> StepResult:
+        sp = state.sp
         inputs = build_step_inputs(chunks, self.block_size, self.device, sp.size, sp.rank)
-        intermediate = None if self.state.is_first_stage else self._recv(inputs)
+        intermediate = None if state.is_first_stage else self._recv(inputs, state)
         with forward_context(ForwardContext(inputs.attn, self.backend)):
             out = self.model(inputs.token_ids, inputs.positions, intermediate)
-        if not self.state.is_last_stage:
-            self._send(out)
+        if not state.is_last_stage:
+            self._send(out, state)
             return [], None
         sampling = [c for c in chunks if c.sampling is not None]
         if not sampling:
             return [], None
-        hidden = self._sample_rows(out, inputs)
+        hidden = self._sample_rows(out, inputs, sp)
         logits = self.model.compute_logits(hidden)
-        if not self.is_output_rank:
+        if not self._is_output(state):
             return [], None
         result = self.sampler(logits, [c.sampling for c in sampling],
                               [self._generator(c) for c in sampling])
         return result.token_ids.tolist(), result.logprobs
 
-    def _sample_rows(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+    def _sample_rows(self, hidden: torch.Tensor, inputs: StepInputs, sp) -> torch.Tensor:
         """Hidden states of the sampled rows, gathered from the SP rank holding each."""
-        sp = self.state.sp
         if sp.size == 1:
             return hidden[torch.tensor(inputs.sample_rows, device=self.device)]
         rows = torch.zeros(len(inputs.sample_rows), hidden.shape[-1], dtype=hidden.dtype,
@@ -129,15 +144,15 @@ class ModelRunner:
         return sp.all_reduce(rows)  # each row is non-zero on exactly one rank
 
     # ---- pipeline hand-off -----------------------------------------------------
-    def _send(self, out: tuple[torch.Tensor, torch.Tensor]) -> None:
-        pp = self.state.pp
+    def _send(self, out: tuple[torch.Tensor, torch.Tensor], state: ParallelState) -> None:
+        pp = state.pp
         peer = pp.peer(pp.rank + 1)
         self._pending_sends = getattr(self, "_pending_sends", [])
         for t in out:
             self._pending_sends.append((dist.isend(t.contiguous(), peer), t))
 
-    def _recv(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        pp = self.state.pp
+    def _recv(self, inputs: StepInputs, state: ParallelState) -> tuple[torch.Tensor, torch.Tensor]:
+        pp = state.pp
         peer = pp.peer(pp.rank - 1)
         shape = (len(inputs.local_rows), self.hidden_size)
         x = torch.empty(shape, dtype=self.dtype, device=self.device)

@@ -23,6 +23,7 @@ class StepBatch:
     chunks: list[ChunkDelta]
     new_params: dict[str, SamplingParams] = field(default_factory=dict)
     finished_request_ids: list[str] = field(default_factory=list)
+    plan: str = ""  # name of the plan this step runs under ("" = the base plan)
 
 
 @dataclass

@@ -22,6 +22,14 @@ ENGINE_FLAGS = {
                                  "fraction of GPU memory the engine may use"),
     "--attention-backend": ("attention_backend", str, "auto | torch | triton"),
     "--load-format": ("load_format", str, "auto | dummy (random weights)"),
+    "--parallel-policy": ("parallel_policy", str, "static | shift (SP base plan, TP for small steps)"),
+    "--shift-threshold": ("shift_threshold", int, "shift policy: steps of at most this many "
+                                                 "tokens run under full TP"),
+    "--shift-weights": ("shift_weights", str, "shift policy: separate (contiguous copy) | slice "
+                                              "(views of the base shard)"),
+    "--timeline-file": ("timeline_file", str, "write one JSON line per step (plan, tokens, time)"),
+    "--worker-timeout-s": ("worker_timeout_s", float, "fail the engine when a step or a worker's "
+                                                     "start takes longer"),
 }
 
 

@@ -5,13 +5,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from parashift.loader.lazy import as_tensor
-from parashift.parallel.state import get_tp
+from parashift.parallel.state import get_vocab_group
 
 
 class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__()
-        tp = get_tp()
+        tp = get_vocab_group()
         self.vocab_size = vocab_size
         self.shard_size = (vocab_size + tp.size - 1) // tp.size
         self.vocab_start = tp.rank * self.shard_size
@@ -24,7 +24,7 @@ class VocabParallelEmbedding(nn.Module):
         param.data[rows.shape[0]:].zero_()
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        tp = get_tp()
+        tp = get_vocab_group()
         if tp.size == 1:
             return F.embedding(token_ids, self.weight)
         local = token_ids - self.vocab_start
@@ -39,5 +39,5 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden, self.weight)
-        logits = get_tp().all_gather(logits, dim=-1)
+        logits = get_vocab_group().all_gather(logits, dim=-1)
         return logits[..., :self.vocab_size]

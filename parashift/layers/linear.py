@@ -30,6 +30,26 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self.shift_parts: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None
+
+    def _active_parts(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """This rank's weights for the active TP degree: the base shard, or the shift
+        plan's finer shard (Shift Parallelism) when the active TP group is larger."""
+        if get_tp().size == self.tp_size:
+            return [(self.weight, self.bias)]
+        if self.shift_parts is None:
+            raise RuntimeError(f"no weights for TP degree {get_tp().size}: shift weights not made")
+        return self.shift_parts
+
+    def set_shift_parts(self, parts, separate: bool) -> int:
+        """Keeps the shift shard as views of the base shard (slice) or as one contiguous
+        copy (separate); returns the bytes the copy takes."""
+        if separate:
+            weight = torch.cat([w for w, _ in parts]).contiguous()
+            bias = torch.cat([b for _, b in parts]) if parts[0][1] is not None else None
+            parts = [(weight, bias)]
+        self.shift_parts = parts
+        return sum(w.nbytes + (b.nbytes if b is not None else 0) for w, b in parts) if separate else 0
 
     def _shard(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
         size = loaded.shape[dim] // self.tp_size
@@ -55,7 +75,23 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, _divide(output_size, tp_size, "output size"), bias, tp_dim=0)
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        parts = self._active_parts()
+        if len(parts) == 1:
+            return F.linear(x, *parts[0])
+        return torch.cat([F.linear(x, w, b) for w, b in parts], dim=-1)
+
+    def _row_blocks(self) -> list[tuple[int, int]]:
+        """(offset, size) of the base shard's output segments, split again for the shift plan."""
+        return [(0, self.weight.shape[0])]
+
+    def make_shift_shard(self, sp_size: int, sp_rank: int, separate: bool) -> int:
+        parts = []
+        for offset, size in self._row_blocks():
+            step = _divide(size, sp_size, "shard rows")
+            start = offset + sp_rank * step
+            parts.append((self.weight.narrow(0, start, step),
+                          self.bias.narrow(0, start, step) if self.bias is not None else None))
+        return self.set_shift_parts(parts, separate)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -64,6 +100,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False):
         self.output_sizes = output_sizes
         super().__init__(input_size, sum(output_sizes), bias)
+
+    def _row_blocks(self) -> list[tuple[int, int]]:
+        sizes = [n // self.tp_size for n in self.output_sizes]
+        return [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]
 
     def weight_loader(self, param, loaded, shard_id: int = 0):
         shard_size = self.output_sizes[shard_id] // self.tp_size
@@ -89,6 +129,25 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.total_num_kv_heads = num_kv_heads
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp_size
         super().__init__(hidden_size, out, bias)
+
+    def split_sizes(self) -> tuple[int, int]:
+        """Widths of q and of k (= v) in this rank's output under the active plan."""
+        if get_tp().size == self.tp_size:
+            return self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return self.shift_sizes
+
+    def make_shift_shard(self, sp_size: int, sp_rank: int, separate: bool) -> int:
+        from parashift.parallel.ulysses import kv_heads_for_block
+        d, heads = self.head_dim, _divide(self.num_heads, sp_size, "heads per rank")
+        kv = kv_heads_for_block(sp_rank, sp_size, self.num_heads, self.num_kv_heads)
+        q_rows = (sp_rank * heads * d, heads * d)
+        k_rows = (self.num_heads * d + kv[0] * d, len(kv) * d)
+        v_rows = (k_rows[0] + self.num_kv_heads * d, len(kv) * d)
+        parts = [(self.weight.narrow(0, *rows),
+                  self.bias.narrow(0, *rows) if self.bias is not None else None)
+                 for rows in (q_rows, k_rows, v_rows)]
+        self.shift_sizes = (heads * d, len(kv) * d)
+        return self.set_shift_parts(parts, separate)
 
     def _kv_head_start(self) -> int:
         if self.total_num_kv_heads >= self.tp_size:
@@ -118,7 +177,13 @@ class RowParallelLinear(LinearBase):
             return
         super().weight_loader(param, loaded, shard_id)
 
+    def make_shift_shard(self, sp_size: int, sp_rank: int, separate: bool) -> int:
+        step = _divide(self.weight.shape[1], sp_size, "shard columns")
+        weight = self.weight.narrow(1, sp_rank * step, step)
+        return self.set_shift_parts([(weight, self.bias)], separate)
+
     def forward(self, x):
         tp = get_tp()
-        y = F.linear(x, self.weight, self.bias if tp.rank == 0 else None)
+        weight, bias = self._active_parts()[0]
+        y = F.linear(x, weight, bias if tp.rank == 0 else None)
         return tp.all_reduce(y)

@@ -27,7 +27,6 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * head_dim, cfg.hidden_size,
                                         bias=getattr(cfg, "attention_bias", False))
         heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
         self.head_dim = head_dim
         self.rotary_emb = get_rotary_embedding(cfg, head_dim, max_position)
         self.attn = Attention(heads, kv_heads, head_dim, scale=head_dim ** -0.5)
@@ -38,7 +37,8 @@ class LlamaAttention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q_size, kv_size = self.qkv_proj.split_sizes()
+        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
         q = q.unflatten(-1, (-1, self.head_dim))
         k = k.unflatten(-1, (-1, self.head_dim))
         v = v.unflatten(-1, (-1, self.head_dim))

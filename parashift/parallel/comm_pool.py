@@ -40,8 +40,9 @@ class CommunicatorPool:
             raise KeyError(f"no process group for ranks {ranks}: not created at start-up")
         return GroupHandle(ranks, self.rank, group)
 
-    def state_for(self, plan: Plan, tp_kind: str = "tp") -> ParallelState:
-        """This rank's view of `plan`. tp_kind="sp_tp" gives the shift plan's TP group."""
+    def state_for(self, plan: Plan) -> ParallelState:
+        """This rank's view of `plan` (for a shift plan, TP runs over SP_TP)."""
         def h(kind):
             return self.handle(plan.group_of(kind, self.rank))
-        return ParallelState(plan, self.rank, h(tp_kind), h("sp"), h("pp"), h("dp"))
+        return ParallelState(plan, self.rank, h("tp"), h("sp"), h("pp"), h("dp"),
+                             self.handle(plan.vocab_group_of(self.rank)))

@@ -24,12 +24,28 @@ class Plan:
     pp: int = 1
     sp: int = 1
     tp: int = 1
+    # Set on Shift Parallelism's shift plan: the (sp, tp) of the base plan whose SP_TP
+    # group this plan's TP runs over, in that group's order (KV invariance).
+    shift_base: tuple[int, int] | None = None
 
     def __post_init__(self):
         for name in ("dp", "pp", "sp", "tp"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"plan degree {name} must be an integer >= 1, got {value!r}")
+        if self.shift_base is not None and (self.sp != 1 or self.tp != self.base.attn_degree):
+            raise ValueError("a shift plan is TP = sp*tp of its base plan, with sp = 1")
+
+    def shift_plan(self) -> "Plan":
+        """Shift Parallelism's plan for this base plan: TP over the SP_TP group."""
+        return Plan(self.dp, self.pp, 1, self.attn_degree, shift_base=(self.sp, self.tp))
+
+    @property
+    def base(self) -> "Plan":
+        """The plan whose weight shards and head layout this plan uses."""
+        if self.shift_base is None:
+            return self
+        return Plan(self.dp, self.pp, *self.shift_base)
 
     @property
     def world_size(self) -> int:
@@ -41,8 +57,9 @@ class Plan:
         return self.sp * self.tp
 
     def name(self) -> str:
-        return "x".join(f"{k}{getattr(self, k)}" for k in ("dp", "pp", "sp", "tp")
+        name = "x".join(f"{k}{getattr(self, k)}" for k in ("dp", "pp", "sp", "tp")
                         if getattr(self, k) > 1) or "single"
+        return f"shift-{name}" if self.shift_base else name
 
     # ---- rank layout ---------------------------------------------------------
     def rank_of(self, c: Coords) -> int:
@@ -66,6 +83,8 @@ class Plan:
         return list(seen)
 
     def group_of(self, kind: str, rank: int) -> tuple[int, ...]:
+        if self.shift_base is not None:
+            return self._shift_group_of(kind, rank)
         c = self.coords(rank)
         vary = {
             "tp": lambda i: Coords(c.dp, c.pp, c.sp, i),
@@ -81,11 +100,23 @@ class Plan:
         degree = getattr(self, kind)
         return tuple(self.rank_of(vary[kind](i)) for i in range(degree))
 
+    def _shift_group_of(self, kind: str, rank: int) -> tuple[int, ...]:
+        base = self.base
+        if kind in ("tp", "sp_tp"):
+            return base.group_of("sp_tp", rank)
+        if kind == "sp":
+            return (rank,)
+        return base.group_of(kind, rank)
+
+    def vocab_group_of(self, rank: int) -> tuple[int, ...]:
+        """Ranks that split the vocabulary (embedding, LM head): the base plan's TP group."""
+        return self.base.group_of("tp", rank)
+
     # ---- what each rank holds ------------------------------------------------
     def head_block(self, rank: int) -> int:
         """Index of this rank's block of attention heads (of attn_degree blocks)."""
-        c = self.coords(rank)
-        return c.tp * self.sp + c.sp
+        c = self.base.coords(rank)
+        return c.tp * self.base.sp + c.sp
 
     def stage_layers(self, num_layers: int, pp_rank: int) -> range:
         """Layers of one pipeline stage: as even as possible, earlier stages one more."""

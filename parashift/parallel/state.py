@@ -59,6 +59,11 @@ class ParallelState:
     sp: GroupHandle
     pp: GroupHandle
     dp: GroupHandle
+    vocab: GroupHandle | None = None  # splits the vocabulary; the TP group unless a shift plan
+
+    def __post_init__(self):
+        if self.vocab is None:
+            self.vocab = self.tp
 
     @classmethod
     def single(cls) -> "ParallelState":
@@ -90,6 +95,10 @@ def get_tp() -> GroupHandle:
 
 def get_sp() -> GroupHandle:
     return _state.sp
+
+
+def get_vocab_group() -> GroupHandle:
+    return _state.vocab
 
 
 @contextmanager

@@ -19,11 +19,12 @@ class WorkerSpec:
     config: object           # EngineConfig
     hf_config: object
     source: object           # ModelSource
-    plan: Plan
+    plan: Plan               # the base plan: weights and KV layout
     device_type: str         # "cpu" | "cuda"
     dtype: torch.dtype
     max_model_len: int
     master_port: int
+    other_plans: tuple[Plan, ...] = ()  # plans a step may switch to
 
 
 def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
@@ -47,8 +48,9 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.master_port}",
                             rank=rank, world_size=world)
     control = dist.new_group(backend="gloo")
-    pool = CommunicatorPool(rank, world, [spec.plan])
+    pool = CommunicatorPool(rank, world, [spec.plan, *spec.other_plans])
     state = pool.state_for(spec.plan)
+    others = tuple(pool.state_for(plan) for plan in spec.other_plans)
 
     def agree(num_blocks: int) -> int:
         t = torch.tensor([num_blocks])
@@ -56,7 +58,7 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
         return int(t.item())
 
     return ModelRunner(spec.config, spec.hf_config, spec.source, device, spec.dtype,
-                       spec.max_model_len, state, agree)
+                       spec.max_model_len, state, agree, others)
 
 
 def _serve(runner: ModelRunner, conn) -> None:
