@@ -1,5 +1,5 @@
 """Per-request sampling options, named and validated as in vLLM."""
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Temperatures below this are treated as greedy: dividing logits by them overflows float32.
 _SAMPLING_EPS = 1e-5

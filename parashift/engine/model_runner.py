@@ -181,7 +181,6 @@ class ModelRunner:
         scratch_kv.bind(self.model)
         chunks = profile_chunks(self.config.max_num_batched_tokens, self.max_model_len,
                                 self.block_size)
-        num_tokens = sum(len(c.token_ids) for c in chunks)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         with use_state(self.state):

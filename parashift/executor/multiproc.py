@@ -9,7 +9,6 @@ import time
 from multiprocessing.connection import wait
 
 from parashift.engine.step_batch import StepBatch
-from parashift.parallel.plan import Plan
 from parashift.worker.worker import WorkerSpec, worker_main
 
 

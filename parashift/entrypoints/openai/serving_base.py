@@ -4,6 +4,7 @@ reading a size-limited body and aborting when the client goes away."""
 import asyncio
 import copy
 import json
+import time
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -12,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from parashift.engine.async_engine import (AsyncLLMEngine, EngineDeadError, QueueFullError,
                                            RequestStream)
 from parashift.entrypoints.openai.errors import APIError, bad_request, from_validation_error
-from parashift.entrypoints.openai.protocol import SamplingFields
+from parashift.entrypoints.openai.protocol import SamplingFields, UsageInfo
 from parashift.sampling_params import SamplingParams
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
@@ -159,6 +160,36 @@ async def parse_body(request: Request, model: type[BaseModel], limit: int):
 def too_large(limit: int) -> APIError:
     return APIError(413, f"the request body is larger than the server's limit of {limit} "
                     "bytes", code="request_too_large")
+
+
+async def stream_events(ctx: ServingContext, stream: RequestStream, include_usage: bool,
+                        make_choice, make_chunk, opening: tuple = ()):
+    """SSE events of one streamed request: a chunk for every step that brings new text,
+    new tokens or the finish, then the usage (when asked) and [DONE]. A client that goes
+    away aborts the request. make_choice(delta, finish, completion, sent_tokens,
+    sent_chars) builds a choice; make_chunk(created, choices, usage=None) a chunk."""
+    created, sent_chars, sent_tokens = int(time.time()), 0, 0
+    for choice in opening:
+        yield sse_event(make_chunk(created, [choice]))
+    try:
+        async for output in stream:
+            completion = output.outputs[0]
+            delta = completion.text[sent_chars:]
+            finish = completion.finish_reason if output.finished else None
+            if delta or finish or len(completion.token_ids) > sent_tokens:
+                choice = make_choice(delta, finish, completion, sent_tokens, sent_chars)
+                yield sse_event(make_chunk(created, [choice]))
+            sent_chars, sent_tokens = len(completion.text), len(completion.token_ids)
+    except EngineDeadError as exc:
+        yield sse_event(engine_dead(exc).body())
+        yield SSE_DONE
+        return
+    finally:
+        if not stream.finished:
+            ctx.engine.abort(stream.request_id)
+    if include_usage:
+        yield sse_event(make_chunk(created, [], UsageInfo.of(stream.num_prompt_tokens, sent_tokens)))
+    yield SSE_DONE
 
 
 def sse_event(payload: BaseModel | dict) -> str:

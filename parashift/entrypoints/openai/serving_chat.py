@@ -1,5 +1,4 @@
 """POST /v1/chat/completions: messages in, the assistant's reply out (JSON or SSE)."""
-import time
 import uuid
 
 from fastapi import Request
@@ -11,9 +10,9 @@ from parashift.entrypoints.openai.protocol import (AssistantMessage, ChatChoice,
                                                    ChatCompletionChunk, ChatCompletionRequest,
                                                    ChatCompletionResponse, ChatStreamChoice,
                                                    DeltaMessage, UsageInfo)
-from parashift.entrypoints.openai.serving_base import (SSE_DONE, ServingContext,
+from parashift.entrypoints.openai.serving_base import (ServingContext,
                                                        build_sampling_params, engine_dead,
-                                                       parse_body, sse_event, submit,
+                                                       parse_body, stream_events, submit,
                                                        until_disconnect)
 
 ROLE_FOR_TEMPLATE = {"developer": "system"}
@@ -83,34 +82,15 @@ class ChatServer:
         return ChatCompletionResponse(id=stream.request_id, model=self.ctx.model_name,
                                       choices=[choice], usage=usage)
 
-    async def stream(self, stream: RequestStream, request: ChatCompletionRequest):
-        created, sent_chars, sent_tokens = int(time.time()), 0, 0
+    def stream(self, stream: RequestStream, request: ChatCompletionRequest):
+        def choice(delta, finish, completion, sent_tokens, sent_chars):
+            return ChatStreamChoice(delta=DeltaMessage(content=delta), finish_reason=finish,
+                                    logprobs=self.logprobs(request, completion, sent_tokens))
+
+        def chunk(created, choices, usage=None):
+            return self.chunk(stream, created, choices, usage)
         opening = ChatStreamChoice(delta=DeltaMessage(role="assistant", content=""))
-        yield sse_event(self.chunk(stream, created, [opening]))
-        try:
-            async for output in stream:
-                completion = output.outputs[0]
-                delta = completion.text[sent_chars:]
-                finish = completion.finish_reason if output.finished else None
-                new_tokens = len(completion.token_ids) > sent_tokens
-                if delta or finish or new_tokens:
-                    choice = ChatStreamChoice(delta=DeltaMessage(content=delta),
-                                              finish_reason=finish,
-                                              logprobs=self.logprobs(request, completion,
-                                                                     sent_tokens))
-                    yield sse_event(self.chunk(stream, created, [choice]))
-                sent_chars, sent_tokens = len(completion.text), len(completion.token_ids)
-        except EngineDeadError as exc:
-            yield sse_event(engine_dead(exc).body())
-            yield SSE_DONE
-            return
-        finally:
-            if not stream.finished:
-                self.ctx.engine.abort(stream.request_id)
-        if request.include_usage:
-            usage = UsageInfo.of(stream.num_prompt_tokens, sent_tokens)
-            yield sse_event(self.chunk(stream, created, [], usage))
-        yield SSE_DONE
+        return stream_events(self.ctx, stream, request.include_usage, choice, chunk, (opening,))
 
     def chunk(self, stream: RequestStream, created: int, choices, usage=None):
         return ChatCompletionChunk(id=stream.request_id, created=created,

@@ -1,5 +1,4 @@
 """POST /v1/completions: text or token-id prompt in, completion out (JSON or SSE)."""
-import time
 import uuid
 
 from fastapi import Request
@@ -10,9 +9,9 @@ from parashift.entrypoints.openai.errors import bad_request
 from parashift.entrypoints.openai.logprobs import completion_logprobs
 from parashift.entrypoints.openai.protocol import (CompletionChoice, CompletionRequest,
                                                    CompletionResponse, UsageInfo)
-from parashift.entrypoints.openai.serving_base import (SSE_DONE, ServingContext,
+from parashift.entrypoints.openai.serving_base import (ServingContext,
                                                        build_sampling_params, engine_dead,
-                                                       parse_body, sse_event, submit,
+                                                       parse_body, stream_events, submit,
                                                        until_disconnect)
 
 
@@ -73,32 +72,15 @@ class CompletionServer:
         return completion_logprobs(self.ctx.decode_token, completion.token_ids[first:],
                                    completion.logprobs[first:], request.logprobs, text_offset)
 
-    async def stream(self, stream: RequestStream, request: CompletionRequest):
-        created, sent_chars, sent_tokens = int(time.time()), 0, 0
-        completion = None
-        try:
-            async for output in stream:
-                completion = output.outputs[0]
-                delta = completion.text[sent_chars:]
-                new_tokens = len(completion.token_ids) > sent_tokens
-                finish = completion.finish_reason if output.finished else None
-                if delta or finish or new_tokens:
-                    choice = CompletionChoice(
-                        text=delta, finish_reason=finish,
-                        logprobs=self.logprobs(request, completion, sent_tokens, sent_chars))
-                    yield sse_event(self.chunk(stream, created, [choice]))
-                sent_chars, sent_tokens = len(completion.text), len(completion.token_ids)
-        except EngineDeadError as exc:
-            yield sse_event(engine_dead(exc).body())
-            yield SSE_DONE
-            return
-        finally:
-            if not stream.finished:
-                self.ctx.engine.abort(stream.request_id)
-        if request.include_usage:
-            usage = UsageInfo.of(stream.num_prompt_tokens, sent_tokens)
-            yield sse_event(self.chunk(stream, created, [], usage))
-        yield SSE_DONE
+    def stream(self, stream: RequestStream, request: CompletionRequest):
+        def choice(delta, finish, completion, sent_tokens, sent_chars):
+            return CompletionChoice(text=delta, finish_reason=finish,
+                                    logprobs=self.logprobs(request, completion, sent_tokens,
+                                                           sent_chars))
+
+        def chunk(created, choices, usage=None):
+            return self.chunk(stream, created, choices, usage)
+        return stream_events(self.ctx, stream, request.include_usage, choice, chunk)
 
     def chunk(self, stream: RequestStream, created: int, choices, usage=None):
         return CompletionResponse(id=stream.request_id, created=created,
