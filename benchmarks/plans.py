@@ -16,7 +16,8 @@ import torch
 from parashift import LLM, SamplingParams
 
 PLANS = {"single": {}, "tp2": dict(tensor_parallel_size=2), "dp2": dict(data_parallel_size=2),
-         "sp2": dict(sequence_parallel_size=2), "pp2": dict(pipeline_parallel_size=2)}
+         "sp2": dict(sequence_parallel_size=2), "pp2": dict(pipeline_parallel_size=2),
+         "shift2": dict(sequence_parallel_size=2, parallel_policy="shift")}
 
 
 def random_prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
@@ -62,8 +63,11 @@ def main():
     p.add_argument("--batch-requests", type=int, default=1000)
     p.add_argument("--input-len", type=int, default=4096)
     p.add_argument("--output-len", type=int, default=250)
+    p.add_argument("--shift-threshold", type=int, default=None)
     p.add_argument("--output", default=None)
     args = p.parse_args()
+    if args.shift_threshold is not None:
+        PLANS["shift2"]["shift_threshold"] = args.shift_threshold
     rows = []
     for name in args.plans:
         start = time.perf_counter()

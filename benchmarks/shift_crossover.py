@@ -1,0 +1,83 @@
+"""Step time of the base (SP, TP) plan against the shift plan (TP over SP_TP) as the
+step's token count grows; the crossover sets the default shift threshold.
+
+Usage (2 GPUs): python3 benchmarks/shift_crossover.py --model benchmarks/shapes/llama-3.1-8b.json \
+    -sp 2 --tokens 1 4 16 64 128 256 512 --output crossover.json
+Each point is a decode step of N sequences at context --context, timed under each
+plan in turn (the policy's test hook forces the plan)."""
+import argparse
+import json
+import random
+import statistics
+import time
+
+from parashift import LLM, SamplingParams
+
+
+def time_steps(llm: LLM, plan, steps: int) -> float:
+    engine = llm.llm_engine
+    engine.policy.force = lambda num_tokens: plan
+    for _ in range(2):
+        engine.step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(llm: LLM, num_seqs: int, context: int, steps: int) -> dict:
+    engine, rng = llm.llm_engine, random.Random(num_seqs)
+    params = SamplingParams(temperature=0, max_tokens=4 * steps + 16, ignore_eos=True)
+    ids = [f"n{num_seqs}-{i}" for i in range(num_seqs)]
+    for rid in ids:
+        engine.add_request(rid, [rng.randrange(engine.vocab_size) for _ in range(context)], params)
+    engine.policy.force = lambda num_tokens: engine.policy.base
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) \
+            or engine.scheduler.num_waiting:
+        engine.step()
+    row = {"tokens": num_seqs}
+    for plan in engine.policy.plans:
+        row[plan.name()] = 1e3 * time_steps(llm, plan, steps)
+    for rid in ids:
+        engine.abort_request(rid)
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
+    p.add_argument("-sp", "--sequence-parallel-size", type=int, default=2)
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--shift-weights", default="separate")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 128, 256, 512])
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, skip_tokenizer_init=True,
+              max_model_len=args.context + 4 * args.steps + 64, max_num_seqs=max(args.tokens),
+              enable_prefix_caching=False, parallel_policy="shift",
+              sequence_parallel_size=args.sequence_parallel_size,
+              tensor_parallel_size=args.tensor_parallel_size, shift_weights=args.shift_weights)
+    base, shift = (plan.name() for plan in llm.llm_engine.policy.plans)
+    rows = []
+    for n in args.tokens:
+        rows.append(measure(llm, n, args.context, args.steps))
+        print(json.dumps(rows[-1]), flush=True)
+    faster = [r["tokens"] for r in rows if r[shift] < r[base]]
+    threshold = max(faster) if faster else 0
+    print(f"shift plan ({shift}) is faster up to {threshold} tokens per step "
+          f"(of those measured): suggested --shift-threshold {threshold}")
+    llm.llm_engine.shutdown()
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"args": vars(args), "rows": rows, "suggested_threshold": threshold}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
