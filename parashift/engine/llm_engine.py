@@ -2,6 +2,7 @@
 import json
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,7 @@ class LLMEngine:
         self.plan = self.policy.plans[0]  # the base plan: weights and KV layout
         self._timeline = open(config.timeline_file, "a") if config.timeline_file else None
         self.executor = self._start_executor(hf_config, source)
+        self._finalizer = weakref.finalize(self, self.executor.shutdown)  # no orphan workers
         eos_ids = _eos_token_ids(hf_config, self.tokenizer, source)
         self.replicas = [Replica(BlockManager(n, config.block_size, config.enable_prefix_caching),
                                  SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
@@ -92,7 +94,7 @@ class LLMEngine:
         return self.replicas[0].block_manager
 
     def shutdown(self) -> None:
-        self.executor.shutdown()
+        self._finalizer()
         if self._timeline is not None:
             self._timeline.close()
             self._timeline = None

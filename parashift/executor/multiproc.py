@@ -68,21 +68,20 @@ class MultiprocExecutor:
             ready = wait(list(watched) + list(sentinels), timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 self._fail(f"a step did not finish within {self.timeout_s:.0f} s: a worker hung")
-            results = []
-            for obj in ready:
-                if obj in sentinels and not self._has_message(sentinels[obj]):
-                    rank = sentinels[obj]
+            results = [self._result(watched[obj]) for obj in ready if obj in watched]
+            for obj in ready:  # a process that ended without a message to read
+                rank = sentinels.get(obj)
+                if rank is not None and self.conns[rank] not in ready:
                     self._fail(f"worker rank {rank} died (exit code {self.procs[rank].exitcode})")
-                if obj in watched:
-                    results.append(self._result(watched[obj]))
             if results:
                 return results
 
-    def _has_message(self, rank: int) -> bool:
-        return self.conns[rank].poll(0)
-
     def _result(self, rank: int) -> tuple[int, object]:
-        kind, payload = pickle.loads(self.conns[rank].recv_bytes())
+        try:
+            kind, payload = pickle.loads(self.conns[rank].recv_bytes())
+        except (EOFError, OSError):  # its end of the pipe closed: the process is gone
+            self.procs[rank].join(timeout=1)
+            self._fail(f"worker rank {rank} died (exit code {self.procs[rank].exitcode})")
         if kind == "error":
             self._fail(f"worker rank {rank} failed:\n{payload}")
         replica = self.plan.coords(rank).dp

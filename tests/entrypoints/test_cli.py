@@ -1,0 +1,42 @@
+"""The `parashift` command line: generate (arguments and JSONL), plan, --help."""
+import json
+
+import pytest
+
+from parashift.entrypoints.cli import main
+
+
+def test_generate_reads_jsonl_and_writes_results(tmp_path, capsys):
+    requests = tmp_path / "prompts.jsonl"
+    requests.write_text(json.dumps({"prompt": "What is the capital of France?"}) + "\n" +
+                        json.dumps({"messages": [{"role": "user", "content": "What is the capital "
+                                                  "of France?"}]}) + "\n")
+    out = tmp_path / "out.jsonl"
+    main(["generate", "--device", "cpu", "--max-tokens", "16", "--input-file", str(requests),
+          "--output-file", str(out)])
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["text"] for r in results] == ["The capital of France is Paris."] * 2
+    assert all(r["finish_reason"] == "stop" for r in results)
+
+
+def test_plan_prints_layout_and_groups(capsys):
+    main(["plan", "--world", "6", "--sp", "3", "--tp", "2"])
+    out = capsys.readouterr().out
+    assert "plan sp3xtp2" in out
+    assert "tp groups: [0, 1] [2, 3] [4, 5]" in out
+    assert "sp groups: [0, 2, 4] [1, 3, 5]" in out
+    assert "sp_tp groups: [0, 2, 4, 1, 3, 5]" in out  # Shift paper §3.3.1
+
+
+def test_plan_rejects_degrees_that_do_not_fill_the_world(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--world", "6", "--sp", "4"])
+    assert "does not divide world 6" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["generate", "plan", "serve", "bench"])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: parashift" in capsys.readouterr().out
