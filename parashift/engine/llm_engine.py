@@ -55,11 +55,11 @@ class LLMEngine:
         self.executor = self._start_executor(hf_config, source)
         self._finalizer = weakref.finalize(self, self.executor.shutdown)  # no orphan workers
         eos_ids = _eos_token_ids(hf_config, self.tokenizer, source)
+        scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                                           self.max_model_len, config.long_prefill_token_threshold)
         self.replicas = [Replica(BlockManager(n, config.block_size, config.enable_prefix_caching),
-                                 SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                                 self.max_model_len,
-                                                 config.long_prefill_token_threshold), eos_ids)
-                         for n in self.executor.num_blocks]
+                                 scheduler_config, eos_ids, offset)
+                         for n, offset in zip(self.executor.num_blocks, self.executor.block_offsets)]
         self._replica_of: dict[str, Replica] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer | None] = {}
         self._num_preemptions = 0
@@ -221,14 +221,16 @@ class LLMEngine:
 
 
 class Replica:
-    """One data-parallel replica as the engine sees it: its own block pool,
-    scheduler and at most one step in flight."""
+    """One replica as the engine sees it (a DP replica, or one of a PP group's
+    replicas): its own part of the block pool, scheduler and at most one step in
+    flight. Its block ids start at `block_offset` in the ranks' pool."""
 
-    def __init__(self, block_manager: BlockManager, config: SchedulerConfig, eos_ids: set[int]):
+    def __init__(self, block_manager: BlockManager, config: SchedulerConfig, eos_ids: set[int],
+                 block_offset: int = 0):
         self.block_manager = block_manager
         self.scheduler = Scheduler(config, block_manager, eos_ids)
         self.in_flight: SchedulerOutput | None = None
-        self.encoder = DeltaEncoder()  # what this replica's ranks already know
+        self.encoder = DeltaEncoder(block_offset)  # what this replica's ranks already know
 
     @property
     def load(self) -> int:

@@ -65,7 +65,8 @@ class RequestTables:
 class DeltaEncoder:
     """The engine's side: remembers what each replica's ranks already know."""
 
-    def __init__(self):
+    def __init__(self, block_offset: int = 0):
+        self.block_offset = block_offset  # where this replica's block ids start in the pool
         self.sent_blocks: dict[str, int] = {}
         self.finished: list[str] = []
 
@@ -73,7 +74,8 @@ class DeltaEncoder:
               block_table: list[int], samples: bool) -> ChunkDelta:
         sent = self.sent_blocks.get(request_id, 0)
         self.sent_blocks[request_id] = len(block_table)
-        return ChunkDelta(request_id, token_ids, start_pos, sent, block_table[sent:], samples)
+        new_blocks = [b + self.block_offset for b in block_table[sent:]]
+        return ChunkDelta(request_id, token_ids, start_pos, sent, new_blocks, samples)
 
     def is_new(self, request_id: str) -> bool:
         return request_id not in self.sent_blocks

@@ -1,8 +1,12 @@
 """Runs each rank in its own process and drives them over local pipes.
 
-DP replicas are independent: a step is submitted to one replica's ranks and
-its result collected whenever it is ready, so no replica waits for another."""
+Replicas are independent: a step is submitted to one replica's ranks and its
+result collected whenever it is ready, so no replica waits for another. Each DP
+group of ranks serves one replica, or, with pipeline parallelism, PP replicas
+that split its KV pool: while stage 1 runs one replica's step, stage 0 already
+runs the next replica's, so every stage stays busy."""
 import multiprocessing as mp
+from collections import deque
 import pickle
 import socket
 import time
@@ -30,19 +34,34 @@ class MultiprocExecutor:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
-        self.replica_ranks = [[r for r in range(self.plan.world_size)
-                               if self.plan.coords(r).dp == d] for d in range(self.plan.dp)]
-        self.output_rank = [self._output_rank(ranks) for ranks in self.replica_ranks]
-        self.num_blocks, self.load_seconds = self._await_ready()
+        self.group_ranks = [[r for r in range(self.plan.world_size)
+                             if self.plan.coords(r).dp == d] for d in range(self.plan.dp)]
+        group_blocks, self.load_seconds = self._await_ready()
+        parts = self._replicas_per_group(min(group_blocks), spec)
+        # replica -> (its DP group, first block id, number of blocks)
+        self.replicas = [(d, k * (group_blocks[d] // parts), group_blocks[d] // parts)
+                         for d in range(self.plan.dp) for k in range(parts)]
+        self.pending = [deque() for _ in self.group_ranks]  # replicas in flight, in order
         self.in_flight: set[int] = set()
+
+    def _replicas_per_group(self, num_blocks: int, spec: WorkerSpec) -> int:
+        """PP replicas per group when each part of the pool still fits a whole sequence."""
+        parts = self.plan.pp
+        if (num_blocks // parts) * spec.config.block_size < spec.max_model_len:
+            return 1
+        return parts
 
     @property
     def num_replicas(self) -> int:
-        return self.plan.dp
+        return len(self.replicas)
 
-    def _output_rank(self, ranks: list[int]) -> int:
-        return next(r for r in ranks if (c := self.plan.coords(r)).pp == self.plan.pp - 1
-                    and c.sp == 0 and c.tp == 0)
+    @property
+    def num_blocks(self) -> list[int]:
+        return [n for _, _, n in self.replicas]
+
+    @property
+    def block_offsets(self) -> list[int]:
+        return [offset for _, offset, _ in self.replicas]
 
     def _await_ready(self) -> tuple[list[int], float]:
         blocks, seconds = [0] * self.plan.world_size, 0.0
@@ -51,18 +70,21 @@ class MultiprocExecutor:
             if message[0] != "ready":
                 self._fail(f"worker rank {rank} failed to start:\n{message[1]}")
             blocks[rank], seconds = message[1], max(seconds, message[2])
-        return [min(blocks[r] for r in ranks) for ranks in self.replica_ranks], seconds
+        return [min(blocks[r] for r in ranks) for ranks in self.group_ranks], seconds
 
     def submit(self, replica: int, batch: StepBatch) -> None:
         payload = pickle.dumps(batch)
-        for rank in self.replica_ranks[replica]:
+        group = self.replicas[replica][0]
+        for rank in self.group_ranks[group]:
             self.conns[rank].send_bytes(payload)
+        self.pending[group].append(replica)
         self.in_flight.add(replica)
 
     def wait_any(self) -> list[tuple[int, object]]:
         """Results of in-flight replicas: waits until at least one is ready."""
         deadline = time.monotonic() + self.timeout_s
-        watched = {self.conns[r]: r for d in self.in_flight for r in self.replica_ranks[d]}
+        watched = {self.conns[r]: r for group, queue in enumerate(self.pending) if queue
+                   for r in self.group_ranks[group]}
         sentinels = {p.sentinel: rank for rank, p in enumerate(self.procs)}
         while True:
             ready = wait(list(watched) + list(sentinels), timeout=max(0.0, deadline - time.monotonic()))
@@ -84,7 +106,7 @@ class MultiprocExecutor:
             self._fail(f"worker rank {rank} died (exit code {self.procs[rank].exitcode})")
         if kind == "error":
             self._fail(f"worker rank {rank} failed:\n{payload}")
-        replica = self.plan.coords(rank).dp
+        replica = self.pending[self.plan.coords(rank).dp].popleft()  # results come in order
         self.in_flight.discard(replica)
         return replica, payload
 

@@ -9,6 +9,7 @@ class UniprocExecutor:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
         self.num_blocks = [runner.num_blocks]
+        self.block_offsets = [0]
         self.load_seconds = runner.load_seconds
         self._pending: StepBatch | None = None
 

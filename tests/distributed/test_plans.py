@@ -98,3 +98,23 @@ def test_single_token_steps_and_preemption(model_dirs, plan):
     reference, _ = generate(d, many)
     assert stats.num_preemptions > 0
     assert_same(outputs, reference)
+
+
+def test_pipeline_keeps_a_step_in_flight_per_stage(model_dirs, references):
+    """PP=2 serves two replicas on disjoint halves of the KV pool, so stage 0 runs one
+    replica's step while stage 1 runs the other's."""
+    llm = LLM(model_dirs["gqa8x4"], **{**COMMON, "pipeline_parallel_size": 2})
+    engine, executor = llm.llm_engine, llm.llm_engine.executor
+    try:
+        assert executor.block_offsets == [0, 48] and executor.num_blocks == [48, 48]
+        most_in_flight, submit = 0, executor.submit
+
+        def counting_submit(replica, batch):
+            nonlocal most_in_flight
+            submit(replica, batch)
+            most_in_flight = max(most_in_flight, len(executor.in_flight))
+        executor.submit = counting_submit
+        assert_same(llm.generate(prompts(), PARAMS), references["gqa8x4"])
+        assert most_in_flight == 2
+    finally:
+        engine.shutdown()
