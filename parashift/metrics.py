@@ -26,7 +26,6 @@ class ServerMetrics:
         self._build_histograms(labels)
         self._last_preemptions = 0
         self._current_plan: str | None = None
-        self._last_step: tuple | None = None
 
     def _build_gauges(self, labels: dict) -> None:
         def gauge(name, doc):
@@ -78,22 +77,20 @@ class ServerMetrics:
         self._last_preemptions = stats.num_preemptions
         self.record_queue(stats)
 
-    def record_step(self, stats) -> None:
-        """Called by the engine loop after each step with `LLMEngine.stats()`."""
+    def record_step(self, stats, steps) -> None:
+        """Called by the engine loop after each engine step with `LLMEngine.stats()` and
+        the replica steps that finished (`LLMEngine.take_step_records()`)."""
         self.record_queue(stats)
         delta = stats.num_preemptions - self._last_preemptions
         if delta > 0:
             self.preemptions.inc(delta)
         self._last_preemptions = stats.num_preemptions
-        step = (stats.last_step_plan, stats.last_step_num_tokens, stats.last_step_seconds)
-        if step == self._last_step:
-            return  # the scheduler had nothing to run: no new step to count
-        self._last_step = step
-        plan = stats.last_step_plan or "none"
-        self.steps.labels(plan=plan, **self._labels).inc()
-        self.step_tokens.labels(plan=plan, **self._labels).inc(stats.last_step_num_tokens)
-        self.step_time.labels(plan=plan, **self._labels).observe(stats.last_step_seconds)
-        self._set_plan(plan)
+        for step in steps:
+            plan = step.plan or "none"
+            self.steps.labels(plan=plan, **self._labels).inc()
+            self.step_tokens.labels(plan=plan, **self._labels).inc(step.num_tokens)
+            self.step_time.labels(plan=plan, **self._labels).observe(step.seconds)
+            self._set_plan(plan)
 
     def record_queue(self, stats) -> None:
         self.num_running.set(stats.num_running)

@@ -315,7 +315,7 @@ class AsyncLLMEngine:
         with self._count_lock:
             self._engine_num_waiting = stats.num_waiting
         if self.metrics is not None:
-            self.metrics.record_step(stats)
+            self.metrics.record_step(stats, self.engine.take_step_records())
         if outputs:
             self._loop.call_soon_threadsafe(self._dispatch, outputs)
 

@@ -3,7 +3,8 @@ import json
 import logging
 import time
 import weakref
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -24,6 +25,16 @@ from parashift.outputs import CompletionOutput, RequestOutput
 from parashift.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepRecord:
+    """One replica's step: when it ended, its plan, its tokens and its wall time."""
+    time: float
+    replica: int
+    plan: str
+    num_tokens: int
+    seconds: float
 
 
 @dataclass
@@ -52,6 +63,7 @@ class LLMEngine:
         self.policy = make_policy(config)
         self.plan = self.policy.plans[0]  # the base plan: weights and KV layout
         self._timeline = open(config.timeline_file, "a") if config.timeline_file else None
+        self._step_records: deque[StepRecord] = deque(maxlen=10_000)
         self.executor = self._start_executor(hf_config, source)
         self._finalizer = weakref.finalize(self, self.executor.shutdown)  # no orphan workers
         eos_ids = _eos_token_ids(hf_config, self.tokenizer, source)
@@ -172,9 +184,16 @@ class LLMEngine:
 
     def _record_step(self, replica: int, plan: str, num_tokens: int, seconds: float) -> None:
         self._last_step = (plan, num_tokens, seconds)
+        record = StepRecord(time.time(), replica, plan, num_tokens, seconds)
+        self._step_records.append(record)
         if self._timeline is not None:
-            self._timeline.write(json.dumps({"time": time.time(), "replica": replica, "plan": plan,
-                                             "num_tokens": num_tokens, "seconds": seconds}) + "\n")
+            self._timeline.write(json.dumps(asdict(record)) + "\n")
+
+    def take_step_records(self) -> list[StepRecord]:
+        """Steps finished since the last call (the most recent 10,000 at most)."""
+        records = list(self._step_records)
+        self._step_records.clear()
+        return records
 
     def _apply(self, replica: "Replica", sched: SchedulerOutput, tokens: list[int],
                logprobs) -> list[RequestOutput]:

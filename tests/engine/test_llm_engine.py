@@ -136,3 +136,19 @@ def test_smollm2_batch_invariance(smollm2):
     alone = smollm2.generate(texts[:1], params)
     together = smollm2.generate(texts, params)
     assert alone[0].outputs[0].token_ids == together[0].outputs[0].token_ids
+
+
+def test_every_step_is_recorded_with_its_plan_and_tokens(tiny_llama_dir, tmp_path):
+    import json
+    timeline = tmp_path / "timeline.jsonl"
+    llm = tiny_llm(tiny_llama_dir, timeline_file=str(timeline), max_num_batched_tokens=16)
+    prompts = random_prompts(3, seed=4)
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    records = llm.llm_engine.take_step_records()
+    assert llm.llm_engine.take_step_records() == []  # taken once
+    # every prompt token once, and every generated token but the last fed back once
+    assert sum(r.num_tokens for r in records) == sum(map(len, prompts)) + 3 * 4
+    assert {r.plan for r in records} == {"single"} and all(r.seconds > 0 for r in records)
+    llm.llm_engine.shutdown()
+    lines = [json.loads(line) for line in timeline.read_text().splitlines()]
+    assert [line["num_tokens"] for line in lines] == [r.num_tokens for r in records]
