@@ -55,3 +55,15 @@ def test_a_worker_that_cannot_start_names_its_error(tiny_llama_dir, tmp_path):
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(WorkerFailure, match="failed to start(.|\n)*model.safetensors"):
         LLM(str(broken), device="cpu", skip_tokenizer_init=True, tensor_parallel_size=2)
+
+
+def test_two_engines_run_side_by_side_on_one_host(tiny_llama_dir, tp2):
+    other = LLM(tiny_llama_dir, device="cpu", dtype="float32", skip_tokenizer_init=True,
+                num_blocks=64, sequence_parallel_size=2)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        first = tp2.generate([[7, 8, 9]], params)[0].outputs[0].token_ids
+        second = other.generate([[7, 8, 9]], params)[0].outputs[0].token_ids
+        assert first == second and len(first) == 6
+    finally:
+        other.llm_engine.shutdown()
