@@ -12,7 +12,7 @@ from parashift.executor.multiproc import WorkerFailure
 @pytest.fixture
 def tp2(tiny_llama_dir):
     llm = LLM(tiny_llama_dir, device="cpu", dtype="float32", skip_tokenizer_init=True,
-              num_blocks=64, tensor_parallel_size=2, worker_timeout_s=20)
+              num_blocks=64, tensor_parallel_size=2, worker_timeout_s=120)
     yield llm
     llm.llm_engine.shutdown()
 
@@ -25,7 +25,7 @@ def test_a_dead_worker_fails_the_engine_and_no_process_is_left(tp2):
     start = time.monotonic()
     with pytest.raises(WorkerFailure, match="rank 1"):
         tp2.generate([[1, 2, 3]], params)
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < 30
     for proc in procs:
         proc.join(timeout=10)
         assert not proc.is_alive()
@@ -33,9 +33,10 @@ def test_a_dead_worker_fails_the_engine_and_no_process_is_left(tp2):
 
 def test_a_hung_worker_fails_the_engine_after_the_timeout(tp2):
     procs = list(tp2.llm_engine.executor.procs)
+    tp2.llm_engine.executor.timeout_s = 10  # start-up was allowed longer on a busy machine
     os.kill(procs[1].pid, signal.SIGSTOP)  # alive but never answers
     try:
-        with pytest.raises(WorkerFailure, match="did not finish within 20 s"):
+        with pytest.raises(WorkerFailure, match="did not finish within 10 s"):
             tp2.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
     finally:
         try:
