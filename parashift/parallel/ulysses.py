@@ -21,16 +21,21 @@ def kv_heads_for_block(block: int, num_blocks: int, num_heads: int, num_kv_heads
 
 
 def scatter_heads(sp: GroupHandle, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """[local_tokens, heads, d] on each rank -> [all_tokens, heads / sp, d]."""
-    num_heads, num_kv_heads = q.shape[1], k.shape[1]
-    q_chunks = list(q.chunk(sp.size, dim=1))
-    kv_index = [kv_heads_for_block(j, sp.size, num_heads, num_kv_heads) for j in range(sp.size)]
-    k_chunks = [k[:, idx] for idx in kv_index]
-    v_chunks = [v[:, idx] for idx in kv_index]
-    q = torch.cat(sp.all_to_all(q_chunks), dim=0)
-    k = torch.cat(sp.all_to_all(k_chunks), dim=0)
-    v = torch.cat(sp.all_to_all(v_chunks), dim=0)
-    return q, k, v
+    """[local_tokens, heads, d] on each rank -> [all_tokens, heads / sp, d], in one
+    all-to-all: each peer's q, k and v heads travel packed in one buffer."""
+    num_heads, num_kv_heads, d = q.shape[1], k.shape[1], q.shape[2]
+    q_chunks = q.chunk(sp.size, dim=1)
+    packed = []
+    for j in range(sp.size):
+        kv_index = kv_heads_for_block(j, sp.size, num_heads, num_kv_heads)
+        kv = slice(kv_index[0], kv_index[-1] + 1)
+        packed.append(torch.cat([q_chunks[j].flatten(1), k[:, kv].flatten(1),
+                                 v[:, kv].flatten(1)], dim=1))
+    tokens = torch.cat(sp.all_to_all(packed), dim=0)
+    q_width = q_chunks[0].shape[1] * d
+    kv_width = (tokens.shape[1] - q_width) // 2
+    q, k, v = tokens.split([q_width, kv_width, kv_width], dim=1)
+    return q.unflatten(1, (-1, d)), k.unflatten(1, (-1, d)), v.unflatten(1, (-1, d))
 
 
 def gather_heads(sp: GroupHandle, o: torch.Tensor) -> torch.Tensor:
