@@ -162,6 +162,20 @@ def too_large(limit: int) -> APIError:
                     "bytes", code="request_too_large")
 
 
+async def final_output(ctx: ServingContext, stream: RequestStream):
+    """The request's last output (non-streaming); aborts it if the caller goes away."""
+    final = None
+    try:
+        async for output in stream:
+            final = output
+    except EngineDeadError as exc:
+        raise engine_dead(exc) from None
+    finally:
+        if not stream.finished:
+            ctx.engine.abort(stream.request_id)
+    return final
+
+
 async def stream_events(ctx: ServingContext, stream: RequestStream, include_usage: bool,
                         make_choice, make_chunk, opening: tuple = ()):
     """SSE events of one streamed request: a chunk for every step that brings new text,

@@ -4,14 +4,14 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from parashift.engine.async_engine import EngineDeadError, RequestStream
+from parashift.engine.async_engine import RequestStream
 from parashift.entrypoints.openai.logprobs import chat_logprobs
 from parashift.entrypoints.openai.protocol import (AssistantMessage, ChatChoice,
                                                    ChatCompletionChunk, ChatCompletionRequest,
                                                    ChatCompletionResponse, ChatStreamChoice,
                                                    DeltaMessage, UsageInfo)
 from parashift.entrypoints.openai.serving_base import (ServingContext,
-                                                       build_sampling_params, engine_dead,
+                                                       build_sampling_params, final_output,
                                                        parse_body, stream_events, submit,
                                                        until_disconnect)
 
@@ -65,16 +65,7 @@ class ChatServer:
                              completion.logprobs[first:], request.top_logprobs or 0)
 
     async def collect(self, stream: RequestStream, request: ChatCompletionRequest):
-        final = None
-        try:
-            async for output in stream:
-                final = output
-        except EngineDeadError as exc:
-            raise engine_dead(exc) from None
-        finally:
-            if not stream.finished:
-                self.ctx.engine.abort(stream.request_id)
-        completion = final.outputs[0]
+        completion = (await final_output(self.ctx, stream)).outputs[0]
         choice = ChatChoice(message=AssistantMessage(content=completion.text),
                             finish_reason=completion.finish_reason,
                             logprobs=self.logprobs(request, completion, 0))

@@ -4,13 +4,13 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from parashift.engine.async_engine import EngineDeadError, RequestStream
+from parashift.engine.async_engine import RequestStream
 from parashift.entrypoints.openai.errors import bad_request
 from parashift.entrypoints.openai.logprobs import completion_logprobs
 from parashift.entrypoints.openai.protocol import (CompletionChoice, CompletionRequest,
                                                    CompletionResponse, UsageInfo)
 from parashift.entrypoints.openai.serving_base import (ServingContext,
-                                                       build_sampling_params, engine_dead,
+                                                       build_sampling_params, final_output,
                                                        parse_body, stream_events, submit,
                                                        until_disconnect)
 
@@ -50,16 +50,7 @@ class CompletionServer:
         return list(prompt)
 
     async def collect(self, stream: RequestStream, request: CompletionRequest):
-        final = None
-        try:
-            async for output in stream:
-                final = output
-        except EngineDeadError as exc:
-            raise engine_dead(exc) from None
-        finally:
-            if not stream.finished:
-                self.ctx.engine.abort(stream.request_id)
-        completion = final.outputs[0]
+        completion = (await final_output(self.ctx, stream)).outputs[0]
         choice = CompletionChoice(text=completion.text, finish_reason=completion.finish_reason,
                                   logprobs=self.logprobs(request, completion, 0, 0))
         usage = UsageInfo.of(stream.num_prompt_tokens, len(completion.token_ids))
