@@ -51,6 +51,7 @@ class EngineConfig:
     shift_threshold: int = 256               # shift policy: steps of at most this many tokens use TP
     shift_weights: str = "separate"          # shift policy: separate | slice
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
+    cuda_graphs: bool = False                # decode steps as CUDA graphs (not yet GPU-verified)
 
     def __post_init__(self):
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):

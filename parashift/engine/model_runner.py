@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from parashift.attention.backend import get_backend
+from parashift.engine.cuda_graphs import DecodeGraphs
 from parashift.engine.step_batch import RequestTables, SeqChunk, StepBatch
 from parashift.engine.step_inputs import StepInputs, build_step_inputs
 from parashift.forward_context import ForwardContext, forward_context
@@ -53,6 +54,14 @@ class ModelRunner:
             self.shift_weight_bytes = make_shift_weights(
                 self.model, self.state.sp.size, self.state.sp.rank, config.shift_weights,
                 report=self.state.rank == 0)
+        self.graphs = self._capture_graphs() if config.cuda_graphs else None
+
+    def _capture_graphs(self) -> DecodeGraphs:
+        if self.device.type != "cuda" or self.backend.name != "triton":
+            raise ValueError("CUDA graphs need a CUDA device and the triton attention backend")
+        states = list({id(s): s for s in self.states.values()}.values())
+        return DecodeGraphs(self.model, self.backend, states, self.block_size,
+                            self.max_model_len, self.config.max_num_seqs, self.device)
 
     def _report_kv_replication(self, total_kv_heads: int) -> None:
         """With more SP x TP ranks than KV heads, each KV head is held by several ranks."""
@@ -113,10 +122,14 @@ class ModelRunner:
 
     def _run_micro_batch(self, chunks: list[SeqChunk], state: ParallelState) -> StepResult:
         sp = state.sp
-        inputs = build_step_inputs(chunks, self.block_size, self.device, sp.size, sp.rank)
-        intermediate = None if state.is_first_stage else self._recv(inputs, state)
-        with forward_context(ForwardContext(inputs.attn, self.backend)):
-            out = self.model(inputs.token_ids, inputs.positions, intermediate)
+        bucket = self.graphs.bucket_for(chunks, state) if self.graphs else None
+        if bucket is not None:
+            out, inputs = self.graphs.run(chunks, state, bucket)
+        else:
+            inputs = build_step_inputs(chunks, self.block_size, self.device, sp.size, sp.rank)
+            intermediate = None if state.is_first_stage else self._recv(inputs, state)
+            with forward_context(ForwardContext(inputs.attn, self.backend)):
+                out = self.model(inputs.token_ids, inputs.positions, intermediate)
         if not state.is_last_stage:
             self._send(out, state)
             return [], None

@@ -17,7 +17,10 @@ class StepInputs:
 
 
 def build_step_inputs(chunks: list[SeqChunk], block_size: int, device: torch.device,
-                      sp_size: int = 1, sp_rank: int = 0) -> StepInputs:
+                      sp_size: int = 1, sp_rank: int = 0, pad_to: int = 0) -> StepInputs:
+    """`pad_to` pads the step to that many sequences and rows (a CUDA graph's batch
+    size): padding sequences hold no rows and no context, padding rows belong to no
+    sequence; neither writes KV nor affects the real rows."""
     token_ids, positions, slots, starts = [], [], [], [0]
     for c in chunks:
         token_ids += c.token_ids
@@ -25,13 +28,17 @@ def build_step_inputs(chunks: list[SeqChunk], block_size: int, device: torch.dev
         positions += span
         slots += [c.block_table[p // block_size] * block_size + p % block_size for p in span]
         starts.append(starts[-1] + len(c.token_ids))
-    padding = -len(token_ids) % sp_size  # rows that belong to no sequence
+    num_rows = max(len(token_ids), pad_to)
+    padding = num_rows - len(token_ids) + (-num_rows % sp_size)  # rows of no sequence
     token_ids += [0] * padding
     positions += [0] * padding
     slots += [-1] * padding
-    seq_lens = [c.seq_len for c in chunks]
+    num_seqs = max(len(chunks), pad_to)
+    starts += [starts[-1]] * (num_seqs - len(chunks))
+    seq_lens = [c.seq_len for c in chunks] + [0] * (num_seqs - len(chunks))
     width = max(len(c.block_table) for c in chunks)
     tables = [c.block_table + [0] * (width - len(c.block_table)) for c in chunks]
+    tables += [[0] * width] * (num_seqs - len(chunks))
     to = _Uploader(device)
     attn = AttentionMetadata(
         slot_mapping=to(slots, torch.int64), query_start_loc=to(starts, torch.int32),

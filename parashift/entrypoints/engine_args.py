@@ -56,12 +56,14 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
                            help=f"{name.replace('_', ' ')} (default: {defaults[name]})")
     group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                        action="store_false", help="turn prefix caching off")
+    group.add_argument("--cuda-graphs", action="store_true",
+                       help="run decode steps as CUDA graphs (experimental: not yet GPU-verified)")
     group.add_argument("--skip-tokenizer-init", action="store_true",
                        help="no tokenizer: prompts are token ids, outputs have no text")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     names = [name for name, _, _ in ENGINE_FLAGS.values()]
-    names += ["model", "enable_prefix_caching", "skip_tokenizer_init"]
+    names += ["model", "enable_prefix_caching", "skip_tokenizer_init", "cuda_graphs"]
     names += [name for _, _, name in PARALLEL_FLAGS]
     return EngineConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)})

@@ -11,8 +11,10 @@ from tests.engine.conftest import save_tiny_llama
 
 PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=4)
 DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")  # "cuda": NCCL on the GPU machine
+GRAPHS = os.environ.get("PARASHIFT_TEST_CUDA_GRAPHS") == "1"  # GPU machine: decode as graphs
+# a small token budget: prefill chunks mixed with decodes
 COMMON = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, num_blocks=96,
-              max_num_batched_tokens=40)  # small budget: prefill chunks mixed with decodes
+              max_num_batched_tokens=40, cuda_graphs=GRAPHS)
 
 
 def prompts(seed=0, n=5, vocab=512):
@@ -20,13 +22,17 @@ def prompts(seed=0, n=5, vocab=512):
     return [[rng.randrange(vocab) for _ in range(rng.randint(1, 70))] for _ in range(n)]
 
 
-def generate(model_dir, prompt_list, **plan):
+def skip_unless_enough_gpus(plan: dict) -> None:
     world = 1
     for key in ("tensor_parallel_size", "sequence_parallel_size", "data_parallel_size",
                 "pipeline_parallel_size"):
         world *= plan.get(key, 1)
     if DEVICE == "cuda" and world > torch.cuda.device_count():
         pytest.skip(f"{world} ranks need {world} GPUs (NCCL takes one rank per GPU)")
+
+
+def generate(model_dir, prompt_list, **plan):
+    skip_unless_enough_gpus(plan)
     llm = LLM(model_dir, **{**COMMON, **plan})
     try:
         return llm.generate(prompt_list, PARAMS), llm.llm_engine.stats()

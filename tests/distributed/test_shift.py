@@ -6,12 +6,13 @@ import random
 import pytest
 
 from parashift import LLM, SamplingParams
-from tests.distributed.test_plans import assert_same, plan_id, prompts
+from tests.distributed.test_plans import (DEVICE, GRAPHS, assert_same, plan_id, prompts,
+                                          skip_unless_enough_gpus)
 from tests.engine.conftest import save_tiny_llama
 
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
-COMMON = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, num_blocks=96,
-              max_num_batched_tokens=40, parallel_policy="shift")
+COMMON = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, num_blocks=96,
+              max_num_batched_tokens=40, parallel_policy="shift", cuda_graphs=GRAPHS)
 MODELS = {"gqa8x2": (8, 2), "gqa6x3": (6, 3)}  # gqa8x2 under SP=4: fewer KV heads than ranks
 CASES = [("gqa8x2", dict(sequence_parallel_size=2)), ("gqa6x3", dict(sequence_parallel_size=3)),
          ("gqa8x2", dict(sequence_parallel_size=4)),
@@ -32,6 +33,7 @@ def models(tmp_path_factory):
 
 
 def shift_llm(model_dir, tmp_path=None, **options):
+    skip_unless_enough_gpus(options)
     timeline = str(tmp_path / "timeline.jsonl") if tmp_path else None
     return LLM(model_dir, **{**COMMON, "timeline_file": timeline, **options})
 

@@ -69,3 +69,8 @@ def test_truncated_weight_file(tiny_llama_dir, tmp_path):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(ValueError, match="model.safetensors"):
         tiny_llm(str(broken))
+
+
+def test_cuda_graphs_need_a_gpu(tiny_llama_dir):
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        LLM(model=tiny_llama_dir, device="cpu", skip_tokenizer_init=True, cuda_graphs=True)

@@ -31,3 +31,18 @@ def test_triton_matches_torch_backend(engines):
         assert fast.outputs[0].token_ids == ref.outputs[0].token_ids
         for got, want in zip(fast.outputs[0].logprobs, ref.outputs[0].logprobs):
             assert max(abs(got[t] - want[t]) for t in got.keys() & want.keys()) < 2e-3
+
+
+def test_cuda_graphs_give_the_eager_tokens():
+    rng = random.Random(1)
+    prompts = [[rng.randrange(49152) for _ in range(rng.randint(1, 300))] for _ in range(13)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = {}
+    for graphs in (False, True):
+        llm = LLM(device="cuda", dtype="float32", gpu_memory_utilization=0.3, cuda_graphs=graphs,
+                  max_num_seqs=16)
+        outs[graphs] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        if graphs:
+            assert len(llm.llm_engine.runner.graphs.graphs) > 0
+        del llm
+    assert outs[True] == outs[False]

@@ -152,3 +152,15 @@ def test_every_step_is_recorded_with_its_plan_and_tokens(tiny_llama_dir, tmp_pat
     llm.llm_engine.shutdown()
     lines = [json.loads(line) for line in timeline.read_text().splitlines()]
     assert [line["num_tokens"] for line in lines] == [r.num_tokens for r in records]
+
+
+def test_padded_steps_give_identical_output(tiny_llama_dir, reference, monkeypatch):
+    """Steps padded to a larger batch (as CUDA graphs run them) change nothing."""
+    import parashift.engine.model_runner as model_runner
+    prompts, expected = reference
+    build = model_runner.build_step_inputs
+    monkeypatch.setattr(model_runner, "build_step_inputs",
+                        lambda chunks, *args, **kw: build(chunks, *args, **kw,
+                                                          pad_to=len(chunks) + 3))
+    llm = tiny_llm(tiny_llama_dir)
+    assert token_ids(llm.generate(prompts[:5], GREEDY)) == expected[:5]

@@ -1,0 +1,92 @@
+"""CUDA graphs for decode steps, one per (plan, batch-size bucket).
+
+A pure-decode step of B sequences runs as the graph of the smallest bucket >= B,
+padded (see build_step_inputs). The bucket is a function of the step message
+alone, so every rank of a replica replays the same graph and the collectives
+inside stay matched. Attention metadata is read from static buffers that each
+step refills; the split-KV grid was fixed at capture for max_model_len, which
+stays correct for any shorter context.
+
+Status: written and unit-tested on the CPU where possible (padding); capture and
+replay still need their first GPU run, so this is off unless --cuda-graphs is set."""
+import torch
+
+from parashift.attention.metadata import AttentionMetadata
+from parashift.engine.step_batch import SeqChunk
+from parashift.engine.step_inputs import StepInputs, build_step_inputs
+from parashift.forward_context import ForwardContext, forward_context
+from parashift.parallel.state import ParallelState, use_state
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+class DecodeGraphs:
+    def __init__(self, model, backend, states: list[ParallelState], block_size: int,
+                 max_model_len: int, max_num_seqs: int, device: torch.device):
+        self.model, self.backend, self.block_size = model, backend, block_size
+        self.max_model_len = max_model_len
+        sp_sizes = {s.sp.size for s in states}
+        self.buckets = [b for b in DEFAULT_BUCKETS if b <= max_num_seqs
+                        and all(b % sp == 0 for sp in sp_sizes)]
+        largest = self.buckets[-1]
+        max_blocks = -(-max_model_len // block_size)
+        self.tokens = torch.zeros(largest, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(largest, dtype=torch.int64, device=device)
+        self.slots = torch.full((largest,), -1, dtype=torch.int64, device=device)
+        self.starts = torch.zeros(largest + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(largest, dtype=torch.int32, device=device)
+        self.tables = torch.zeros(largest, max_blocks, dtype=torch.int32, device=device)
+        self.graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        for state in sorted(states, key=lambda s: s.plan.name()):  # same order on every rank
+            for bucket in reversed(self.buckets):
+                self.graphs[(state.plan.name(), bucket)] = self._capture(state, bucket)
+
+    def bucket_for(self, chunks: list[SeqChunk], state: ParallelState) -> int | None:
+        if state.pp.size > 1 or any(len(c.token_ids) != 1 for c in chunks):
+            return None
+        return next((b for b in self.buckets if b >= len(chunks)), None)
+
+    def _metadata(self, bucket: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slots[:bucket], query_start_loc=self.starts[:bucket + 1],
+            seq_lens=self.seq_lens[:bucket], block_tables=self.tables[:bucket],
+            query_start_loc_cpu=[], seq_lens_cpu=[], max_query_len=1,
+            max_seq_len=self.max_model_len, block_size=self.block_size)
+
+    def _forward(self, state: ParallelState, bucket: int) -> torch.Tensor:
+        local = bucket // state.sp.size
+        with use_state(state), forward_context(ForwardContext(self._metadata(bucket), self.backend)):
+            return self.model(self.tokens[:local], self.positions[:local])
+
+    def _capture(self, state: ParallelState, bucket: int):
+        self.slots.fill_(-1)
+        self.seq_lens.zero_()
+        self.starts.zero_()
+        for _ in range(2):  # warm up (Triton compilation, allocator) outside the graph
+            self._forward(state, bucket)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            hidden = self._forward(state, bucket)
+        return graph, hidden
+
+    def run(self, chunks: list[SeqChunk], state: ParallelState, bucket: int):
+        """Replays the bucket's graph for this step; returns (hidden states, inputs)."""
+        sp = state.sp
+        inputs = build_step_inputs(chunks, self.block_size, self.tokens.device, sp.size,
+                                   sp.rank, pad_to=bucket)
+        self._fill(inputs, bucket)
+        graph, hidden = self.graphs[(state.plan.name(), bucket)]
+        graph.replay()
+        return hidden, inputs
+
+    def _fill(self, inputs: StepInputs, bucket: int) -> None:
+        local = len(inputs.token_ids)
+        self.tokens[:local].copy_(inputs.token_ids)
+        self.positions[:local].copy_(inputs.positions)
+        attn = inputs.attn
+        self.slots[:bucket].copy_(attn.slot_mapping)
+        self.starts[:bucket + 1].copy_(attn.query_start_loc)
+        self.seq_lens[:bucket].copy_(attn.seq_lens)
+        self.tables[:bucket, :attn.block_tables.shape[1]].copy_(attn.block_tables)
