@@ -21,6 +21,9 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     block_size: int
+    # CUDA-graph steps: the host lists describe the captured bucket (every sequence one
+    # row), not the step; the device tensors hold the truth, padding rows included.
+    static_shape: bool = False
 
     @property
     def num_seqs(self) -> int:

@@ -99,10 +99,13 @@ class TritonAttentionBackend:
         if num_heads % k_cache.shape[2]:
             raise ValueError(f"{num_heads} query heads do not share {k_cache.shape[2]} "
                              "KV heads evenly")
-        out = torch.empty_like(q)
-        real_tokens = meta.query_start_loc_cpu[-1] if meta.num_seqs else 0
-        if real_tokens < num_tokens:
-            out[real_tokens:].zero_()
+        if meta.static_shape:  # rows of no sequence stay zero; which they are is on the device
+            out, real_tokens = torch.zeros_like(q), num_tokens
+        else:
+            out = torch.empty_like(q)
+            real_tokens = meta.query_start_loc_cpu[-1] if meta.num_seqs else 0
+            if real_tokens < num_tokens:
+                out[real_tokens:].zero_()
         if real_tokens == 0:
             return out
         q = _last_dim_contiguous(q)

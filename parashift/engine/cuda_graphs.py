@@ -51,8 +51,9 @@ class DecodeGraphs:
         return AttentionMetadata(
             slot_mapping=self.slots[:bucket], query_start_loc=self.starts[:bucket + 1],
             seq_lens=self.seq_lens[:bucket], block_tables=self.tables[:bucket],
-            query_start_loc_cpu=[], seq_lens_cpu=[], max_query_len=1,
-            max_seq_len=self.max_model_len, block_size=self.block_size)
+            query_start_loc_cpu=list(range(bucket + 1)),
+            seq_lens_cpu=[self.max_model_len] * bucket, max_query_len=1, max_seq_len=self.max_model_len, block_size=self.block_size,
+            static_shape=True)
 
     def _forward(self, state: ParallelState, bucket: int) -> torch.Tensor:
         local = bucket // state.sp.size
