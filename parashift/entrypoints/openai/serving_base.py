@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from parashift.engine.async_engine import (AsyncLLMEngine, EngineDeadError, QueueFullError,
@@ -160,6 +161,18 @@ async def parse_body(request: Request, model: type[BaseModel], limit: int):
 def too_large(limit: int) -> APIError:
     return APIError(413, f"the request body is larger than the server's limit of {limit} "
                     "bytes", code="request_too_large")
+
+
+async def respond(ctx: ServingContext, raw: Request, server, request, request_id: str,
+                  prompt_ids: list[int], params: SamplingParams) -> Response:
+    """Submits the request, then streams it (SSE) or answers once it is done."""
+    stream = await submit(ctx, request_id, prompt_ids, params, request.priority)
+    if request.stream:
+        return StreamingResponse(server.stream(stream, request), media_type="text/event-stream")
+    response = await until_disconnect(raw, server.collect(stream, request))
+    if response is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    return JSONResponse(response.model_dump())
 
 
 async def final_output(ctx: ServingContext, stream: RequestStream):

@@ -2,7 +2,7 @@
 import uuid
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
 from parashift.engine.async_engine import RequestStream
 from parashift.entrypoints.openai.logprobs import chat_logprobs
@@ -12,8 +12,7 @@ from parashift.entrypoints.openai.protocol import (AssistantMessage, ChatChoice,
                                                    DeltaMessage, UsageInfo)
 from parashift.entrypoints.openai.serving_base import (ServingContext,
                                                        build_sampling_params, final_output,
-                                                       parse_body, stream_events, submit,
-                                                       until_disconnect)
+                                                       parse_body, respond, stream_events)
 
 ROLE_FOR_TEMPLATE = {"developer": "system"}
 
@@ -32,14 +31,7 @@ class ChatServer:
         params = build_sampling_params(request, requested, self.num_logprobs(request))
         params.max_tokens = ctx.fit_max_tokens(len(prompt_ids), requested)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await submit(ctx, request_id, prompt_ids, params, request.priority)
-        if request.stream:
-            return StreamingResponse(self.stream(stream, request),
-                                     media_type="text/event-stream")
-        response = await until_disconnect(raw, self.collect(stream, request))
-        if response is None:
-            return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(response.model_dump())
+        return await respond(ctx, raw, self, request, request_id, prompt_ids, params)
 
     @staticmethod
     def conversation(request: ChatCompletionRequest) -> list[dict]:

@@ -2,7 +2,7 @@
 import uuid
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
 from parashift.engine.async_engine import RequestStream
 from parashift.entrypoints.openai.errors import bad_request
@@ -11,8 +11,7 @@ from parashift.entrypoints.openai.protocol import (CompletionChoice, CompletionR
                                                    CompletionResponse, UsageInfo)
 from parashift.entrypoints.openai.serving_base import (ServingContext,
                                                        build_sampling_params, final_output,
-                                                       parse_body, stream_events, submit,
-                                                       until_disconnect)
+                                                       parse_body, respond, stream_events)
 
 
 class CompletionServer:
@@ -28,14 +27,7 @@ class CompletionServer:
         params = build_sampling_params(request, request.max_tokens, request.logprobs)
         params.max_tokens = ctx.fit_max_tokens(len(prompt_ids), request.max_tokens)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        stream = await submit(ctx, request_id, prompt_ids, params, request.priority)
-        if request.stream:
-            return StreamingResponse(self.stream(stream, request),
-                                     media_type="text/event-stream")
-        response = await until_disconnect(raw, self.collect(stream, request))
-        if response is None:
-            return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(response.model_dump())
+        return await respond(ctx, raw, self, request, request_id, prompt_ids, params)
 
     def prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
