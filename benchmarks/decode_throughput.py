@@ -63,11 +63,13 @@ def main():
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--cuda-graphs", action="store_true")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.context + args.decode_steps + 64,
               max_num_seqs=max(args.batch_sizes), skip_tokenizer_init=True,
-              attention_backend=args.attention_backend, enable_prefix_caching=False)
+              attention_backend=args.attention_backend, enable_prefix_caching=False,
+              cuda_graphs=args.cuda_graphs)
     engine = llm.llm_engine
     cfg = engine.runner.model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
@@ -82,7 +84,7 @@ def main():
                          fraction_of_floor=floor / seconds))
         print(json.dumps(rows[-1]), flush=True)
     summary = dict(model=args.model, device=torch.cuda.get_device_name(),
-                   backend=engine.runner.backend.name, copy_bandwidth_tb_s=bandwidth / 1e12,
+                   backend=engine.runner.backend.name, cuda_graphs=args.cuda_graphs, copy_bandwidth_tb_s=bandwidth / 1e12,
                    weight_gb=weight_bytes / 1e9, rows=rows)
     print(json.dumps(summary, indent=1))
     if args.output:
