@@ -84,8 +84,8 @@ def main():
                          fraction_of_floor=floor / seconds))
         print(json.dumps(rows[-1]), flush=True)
     summary = dict(model=args.model, device=torch.cuda.get_device_name(),
-                   backend=engine.runner.backend.name, cuda_graphs=args.cuda_graphs, copy_bandwidth_tb_s=bandwidth / 1e12,
-                   weight_gb=weight_bytes / 1e9, rows=rows)
+                   backend=engine.runner.backend.name, cuda_graphs=args.cuda_graphs,
+                   copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9, rows=rows)
     print(json.dumps(summary, indent=1))
     if args.output:
         with open(args.output, "w") as f:
