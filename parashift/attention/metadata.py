@@ -28,7 +28,3 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_cpu)
-
-    @property
-    def is_pure_decode(self) -> bool:
-        return self.max_query_len == 1

@@ -44,9 +44,6 @@ class EngineStats:
     num_free_blocks: int
     num_total_blocks: int
     num_preemptions: int
-    last_step_plan: str
-    last_step_num_tokens: int
-    last_step_seconds: float
 
 
 class LLMEngine:
@@ -75,7 +72,6 @@ class LLMEngine:
         self._replica_of: dict[str, Replica] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer | None] = {}
         self._num_preemptions = 0
-        self._last_step = (self.plan.name(), 0, 0.0)
 
     def _start_executor(self, hf_config, source):
         if self.plan.world_size == 1:
@@ -183,7 +179,6 @@ class LLMEngine:
         return outputs
 
     def _record_step(self, replica: int, plan: str, num_tokens: int, seconds: float) -> None:
-        self._last_step = (plan, num_tokens, seconds)
         record = StepRecord(time.time(), replica, plan, num_tokens, seconds)
         self._step_records.append(record)
         if self._timeline is not None:
@@ -231,12 +226,11 @@ class LLMEngine:
         replica.encoder.forget(request_id)
 
     def stats(self) -> EngineStats:
-        plan, tokens, seconds = self._last_step
         return EngineStats(sum(r.scheduler.num_running for r in self.replicas),
                            sum(r.scheduler.num_waiting for r in self.replicas),
                            sum(r.block_manager.num_free_blocks for r in self.replicas),
                            sum(r.block_manager.num_blocks for r in self.replicas),
-                           self._num_preemptions, plan, tokens, seconds)
+                           self._num_preemptions)
 
 
 class Replica:
@@ -262,7 +256,7 @@ class Replica:
         sched, self.in_flight = self.in_flight, None
         return sched, self._plan, time.perf_counter() - self._started
 
-    def step_batch(self, sched: SchedulerOutput, plan: str = "") -> StepBatch:
+    def step_batch(self, sched: SchedulerOutput, plan: str) -> StepBatch:
         for seq in sched.preempted:
             self.encoder.reset(seq.request_id)
         chunks, new_params = [], {}

@@ -61,14 +61,6 @@ class LinearBase(nn.Module):
         param.data.copy_(as_tensor(loaded))
 
 
-class ReplicatedLinear(LinearBase):
-    def __init__(self, input_size: int, output_size: int, bias: bool = False):
-        super().__init__(input_size, output_size, bias, tp_dim=None)
-
-    def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
-
-
 class ColumnParallelLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
         tp_size = get_tp().size

@@ -85,10 +85,6 @@ def get_state() -> ParallelState:
     return _state
 
 
-def get_plan() -> Plan:
-    return _state.plan
-
-
 def get_tp() -> GroupHandle:
     return _state.tp
 
