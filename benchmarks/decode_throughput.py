@@ -32,11 +32,13 @@ def kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * dtype_bytes
 
 
-def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int) -> float:
-    """Seconds per decode step with `batch` sequences at ~`context` tokens."""
+def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
+            profile: bool = False) -> tuple[float, dict | None]:
+    """Seconds per decode step with `batch` sequences at ~`context` tokens (and,
+    with `profile`, the kernel breakdown of a few more steps)."""
     engine = llm.llm_engine
     rng = random.Random(batch)
-    params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True)
     ids = [f"b{batch}-{i}" for i in range(batch)]
     for rid in ids:
         engine.add_request(rid, [rng.randrange(vocab) for _ in range(context)], params)
@@ -51,9 +53,30 @@ def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int) -> float
         engine.step()
     torch.cuda.synchronize()
     elapsed = (time.perf_counter() - start) / steps
+    breakdown = kernel_breakdown(llm) if profile else None
     for rid in ids:
         engine.abort_request(rid)
-    return elapsed
+    return elapsed, breakdown
+
+
+def kernel_breakdown(llm: LLM, steps: int = 5, top: int = 12) -> dict:
+    """GPU kernel time per decode step (torch.profiler) beside the step's wall time:
+    their difference is time the GPU sat idle waiting on the host."""
+    from torch.profiler import ProfilerActivity, profile
+    engine = llm.llm_engine
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / steps
+    kernels = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
+    kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    busy = sum(e.self_device_time_total for e in kernels) / steps / 1e3
+    return dict(profiled_wall_ms=wall * 1e3, gpu_busy_ms=busy,
+                top_kernels=[(e.key[:70], round(e.self_device_time_total / steps / 1e3, 3), e.count // steps)
+                             for e in kernels[:top]])
 
 
 def main():
@@ -64,6 +87,7 @@ def main():
     p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--cuda-graphs", action="store_true")
+    p.add_argument("--profile", action="store_true", help="add a GPU kernel breakdown per batch")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.context + args.decode_steps + 64,
@@ -76,12 +100,13 @@ def main():
     bandwidth = copy_bandwidth(engine.device)
     rows = []
     for batch in args.batch_sizes:
-        seconds = measure(llm, batch, args.context, args.decode_steps, cfg.vocab_size)
+        seconds, breakdown = measure(llm, batch, args.context, args.decode_steps, cfg.vocab_size,
+                          profile=args.profile)
         kv = batch * (args.context + args.decode_steps // 2) * kv_bytes_per_token(cfg, 2)
         floor = (weight_bytes + kv) / bandwidth
         rows.append(dict(batch=batch, context=args.context, step_ms=seconds * 1e3,
                          tokens_per_s=batch / seconds, floor_ms=floor * 1e3,
-                         fraction_of_floor=floor / seconds))
+                         fraction_of_floor=floor / seconds, profile=breakdown))
         print(json.dumps(rows[-1]), flush=True)
     summary = dict(model=args.model, device=torch.cuda.get_device_name(),
                    backend=engine.runner.backend.name, cuda_graphs=args.cuda_graphs,

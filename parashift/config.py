@@ -52,6 +52,8 @@ class EngineConfig:
     shift_weights: str = "separate"          # shift policy: separate | slice
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
     cuda_graphs: bool = False                # decode steps as CUDA graphs (not yet GPU-verified)
+    fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
+    async_scheduling: bool | None = None     # schedule the next step while one runs; None = auto
 
     def __post_init__(self):
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):

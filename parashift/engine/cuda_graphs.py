@@ -72,12 +72,14 @@ class DecodeGraphs:
             hidden = self._forward(state, bucket)
         return graph, hidden
 
-    def run(self, chunks: list[SeqChunk], state: ParallelState, bucket: int):
-        """Replays the bucket's graph for this step; returns (hidden states, inputs)."""
+    def run(self, chunks: list[SeqChunk], state: ParallelState, bucket: int, patch_tokens):
+        """Replays the bucket's graph for this step; returns (hidden states, inputs).
+        `patch_tokens(tokens, chunks, inputs)` may rewrite the input tokens first."""
         sp = state.sp
         inputs = build_step_inputs(chunks, self.block_size, self.tokens.device, sp.size,
                                    sp.rank, pad_to=bucket)
         self._fill(inputs, bucket)
+        patch_tokens(self.tokens[:len(inputs.token_ids)], chunks, inputs)
         graph, hidden = self.graphs[(state.plan.name(), bucket)]
         graph.replay()
         return hidden, inputs

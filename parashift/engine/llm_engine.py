@@ -72,6 +72,7 @@ class LLMEngine:
         self._replica_of: dict[str, Replica] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer | None] = {}
         self._num_preemptions = 0
+        self.steps_in_flight = 2 if _async_scheduling(config, self.plan) else 1
 
     def _start_executor(self, hf_config, source):
         if self.plan.world_size == 1:
@@ -157,18 +158,19 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Submits a step to every idle replica with work, each under the plan the
-        policy picks for it, then returns the outputs of whichever replicas finish
-        first (a replica never waits for another)."""
+        """Submits steps to every replica with room (one in flight, or two with async
+        scheduling), each under the plan the policy picks for it, then returns the
+        outputs of whichever replicas finish first (a replica never waits for another)."""
         for index, replica in enumerate(self.replicas):
-            if replica.in_flight is None:
+            while len(replica.in_flight) < self.steps_in_flight:
                 sched = replica.scheduler.schedule()
                 self._num_preemptions += len(sched.preempted)
-                if not sched.is_empty:
-                    plan = self.policy.choose(sched.num_batched_tokens)
-                    self.executor.submit(index, replica.step_batch(sched, plan.name()))
-                    replica.start(sched, plan.name())
-        if all(r.in_flight is None for r in self.replicas):
+                if sched.is_empty:
+                    break
+                plan = self.policy.choose(sched.num_batched_tokens)
+                self.executor.submit(index, replica.step_batch(sched, plan.name()))
+                replica.start(sched, plan.name())
+        if not any(r.in_flight for r in self.replicas):
             return []
         outputs = []
         for index, result in self.executor.wait_any():
@@ -242,7 +244,8 @@ class Replica:
                  block_offset: int = 0):
         self.block_manager = block_manager
         self.scheduler = Scheduler(config, block_manager, eos_ids)
-        self.in_flight: SchedulerOutput | None = None
+        self.in_flight: deque[tuple[SchedulerOutput, str, float]] = deque()  # oldest first
+        self._last_finish = 0.0
         self.encoder = DeltaEncoder(block_offset)  # what this replica's ranks already know
 
     @property
@@ -250,11 +253,15 @@ class Replica:
         return self.scheduler.num_running + self.scheduler.num_waiting
 
     def start(self, sched: SchedulerOutput, plan: str) -> None:
-        self.in_flight, self._plan, self._started = sched, plan, time.perf_counter()
+        self.in_flight.append((sched, plan, time.perf_counter()))
 
     def finish(self) -> tuple[SchedulerOutput, str, float]:
-        sched, self.in_flight = self.in_flight, None
-        return sched, self._plan, time.perf_counter() - self._started
+        """The oldest step in flight, its plan, and its time on the device (from its
+        submission or the previous step's end, whichever is later)."""
+        sched, plan, started = self.in_flight.popleft()
+        now = time.perf_counter()
+        seconds, self._last_finish = now - max(started, self._last_finish), now
+        return sched, plan, seconds
 
     def step_batch(self, sched: SchedulerOutput, plan: str) -> StepBatch:
         for seq in sched.preempted:
@@ -264,10 +271,20 @@ class Replica:
             seq = s.seq
             if self.encoder.is_new(seq.request_id):
                 new_params[seq.request_id] = seq.params
-            tokens = seq.token_ids[s.start_pos:s.start_pos + s.num_new_tokens]
-            chunks.append(self.encoder.chunk(seq.request_id, tokens, s.start_pos,
+            chunks.append(self.encoder.chunk(seq.request_id, s.token_ids(), s.start_pos,
                                              seq.block_table, s.samples))
         return StepBatch(chunks, new_params, self.encoder.take_finished(), plan)
+
+
+def _async_scheduling(config: EngineConfig, plan) -> bool:
+    """On by default for single-rank engines, where the next step's inputs can be
+    completed on the device; multi-rank plans schedule one step at a time."""
+    if config.async_scheduling is None:
+        return plan.world_size == 1
+    if config.async_scheduling and plan.world_size > 1:
+        raise ValueError(f"async_scheduling needs a single-rank plan; {plan.name()} has "
+                         f"{plan.world_size} ranks")
+    return config.async_scheduling
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from parashift.attention.backend import get_backend
 from parashift.engine.cuda_graphs import DecodeGraphs
+from parashift.engine.scheduler import PLACEHOLDER_TOKEN
 from parashift.engine.step_batch import RequestTables, SeqChunk, StepBatch
 from parashift.engine.step_inputs import StepInputs, build_step_inputs
 from parashift.forward_context import ForwardContext, forward_context
@@ -22,6 +23,27 @@ from parashift.parallel.state import ParallelState, use_state
 
 logger = logging.getLogger(__name__)
 StepResult = tuple[list[int], list[dict[int, float] | None] | None]
+
+
+class PendingStep:
+    """A launched step's sampled tokens, copied to the host behind the step's
+    kernels: result() waits for this step only, not for steps launched after it."""
+
+    def __init__(self, tokens: torch.Tensor | None, logprobs: list | None):
+        self.logprobs, self._event = logprobs, None
+        self._tokens = tokens
+        if tokens is not None and tokens.is_cuda:
+            self._tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self._tokens.copy_(tokens, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def result(self) -> StepResult | None:
+        if self._tokens is None:
+            return None
+        if self._event is not None:
+            self._event.synchronize()
+        return self._tokens.tolist(), self.logprobs
 
 
 class ModelRunner:
@@ -45,6 +67,10 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.generators: dict[str, torch.Generator] = {}
         self.requests = RequestTables()
+        # The last step's sampled tokens on the device, and each request's row in them:
+        # the source of the next step's placeholder tokens (async scheduling).
+        self._prev_tokens: torch.Tensor | None = None
+        self._prev_rows: dict[str, int] = {}
         self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
@@ -99,11 +125,14 @@ class ModelRunner:
         return state.is_last_stage and state.tp.rank == 0 and state.sp.rank == 0
 
     # ---- one step ------------------------------------------------------------
-    @torch.inference_mode()
     def execute(self, batch: StepBatch) -> StepResult | None:
-        """Runs this rank's part of the step under the step's plan. On the output rank,
-        returns the sampled token of each sampling chunk (in order) and, when asked,
-        their logprobs."""
+        return self.launch(batch).result()
+
+    @torch.inference_mode()
+    def launch(self, batch: StepBatch) -> PendingStep:
+        """Runs this rank's part of the step under the step's plan without waiting
+        for the device. On the output rank, the result holds the sampled token of
+        each sampling chunk (in order) and, when asked, their logprobs."""
         for request_id in batch.finished_request_ids:
             self.generators.pop(request_id, None)
         chunks = self.requests.apply(batch)
@@ -113,36 +142,56 @@ class ModelRunner:
             results = [self._run_micro_batch(mb, state) for mb in micro_batches]
             self._wait_sends()
         if not self._is_output(state):
-            return None
-        tokens, logprobs = [], []
+            return PendingStep(None, None)
+        sampled = [mb_tokens for mb_tokens, _ in results if mb_tokens is not None]
+        tokens = torch.cat(sampled) if sampled else torch.empty(0, dtype=torch.int64)
+        logprobs = []
         for mb_tokens, mb_logprobs in results:
-            tokens += mb_tokens
-            logprobs += mb_logprobs or [None] * len(mb_tokens)
-        return tokens, (logprobs if any(lp is not None for lp in logprobs) else None)
+            count = 0 if mb_tokens is None else len(mb_tokens)
+            logprobs += mb_logprobs or [None] * count
+        self._prev_tokens = tokens
+        self._prev_rows = {c.request_id: j for j, c in
+                           enumerate(c for c in chunks if c.sampling is not None)}
+        return PendingStep(tokens, logprobs if any(lp is not None for lp in logprobs) else None)
 
-    def _run_micro_batch(self, chunks: list[SeqChunk], state: ParallelState) -> StepResult:
+    def _run_micro_batch(self, chunks: list[SeqChunk], state: ParallelState):
+        """Returns the sampled tokens on the device (None where nothing is sampled
+        on this rank) and their logprobs."""
         sp = state.sp
         bucket = self.graphs.bucket_for(chunks, state) if self.graphs else None
         if bucket is not None:
-            out, inputs = self.graphs.run(chunks, state, bucket)
+            out, inputs = self.graphs.run(chunks, state, bucket, self._fill_placeholders)
         else:
             inputs = build_step_inputs(chunks, self.block_size, self.device, sp.size, sp.rank)
+            self._fill_placeholders(inputs.token_ids, chunks, inputs)
             intermediate = None if state.is_first_stage else self._recv(inputs, state)
             with forward_context(ForwardContext(inputs.attn, self.backend)):
                 out = self.model(inputs.token_ids, inputs.positions, intermediate)
         if not state.is_last_stage:
             self._send(out, state)
-            return [], None
+            return None, None
         sampling = [c for c in chunks if c.sampling is not None]
         if not sampling:
-            return [], None
+            return None, None
         hidden = self._sample_rows(out, inputs, sp)
         logits = self.model.compute_logits(hidden)
         if not self._is_output(state):
-            return [], None
+            return None, None
         result = self.sampler(logits, [c.sampling for c in sampling],
                               [self._generator(c) for c in sampling])
-        return result.token_ids.tolist(), result.logprobs
+        return result.token_ids, result.logprobs
+
+    def _fill_placeholders(self, token_ids: torch.Tensor, chunks: list[SeqChunk],
+                           inputs: StepInputs) -> None:
+        """Writes the previous step's samples over this step's placeholder tokens
+        (async scheduling; single-rank replicas, where every row is local)."""
+        ends = inputs.attn.query_start_loc_cpu[1:]
+        pairs = [(ends[i] - 1, self._prev_rows[c.request_id]) for i, c in enumerate(chunks)
+                 if c.token_ids[-1] == PLACEHOLDER_TOKEN]
+        if not pairs:
+            return
+        rows, sources = (torch.tensor(v).to(self.device, non_blocking=True) for v in zip(*pairs))
+        token_ids.index_copy_(0, rows, self._prev_tokens.index_select(0, sources))
 
     def _sample_rows(self, hidden: torch.Tensor, inputs: StepInputs, sp) -> torch.Tensor:
         """Hidden states of the sampled rows, gathered from the SP rank holding each."""

@@ -5,7 +5,13 @@ num_tokens. A step gives running sequences (decodes or prefill chunks) their
 tokens first, in running order, then admits waiting sequences by priority.
 When the block pool runs out, the lowest-priority running sequence is
 preempted by recompute: its blocks are freed and it goes back to waiting with
-all its tokens, to be computed again (often from the prefix cache)."""
+all its tokens, to be computed again (often from the prefix cache).
+
+A step's computed tokens count as computed once it is scheduled, so with async
+scheduling the next step can be scheduled while this one runs: a sequence whose
+sampled token is still on its way holds it as a pending token, and its next
+chunk carries a placeholder for it (PLACEHOLDER_TOKEN) that the model runner
+fills from the previous step's samples on the device."""
 import heapq
 from dataclasses import dataclass, field
 
@@ -13,17 +19,24 @@ from parashift.config import SchedulerConfig
 from parashift.engine.sequence import Sequence, SequenceStatus
 from parashift.kv.block_manager import BlockManager
 
+PLACEHOLDER_TOKEN = -1  # a token sampled by the step in flight, not yet known here
+
 
 @dataclass
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens computed this step, starting at start_pos
     start_pos: int  # seq.num_computed_tokens when scheduled (after any prefix-cache hit)
-    # seq.num_tokens at schedule time, so `samples` stays true after update() appends.
+    # Tokens (pending ones included) at schedule time, so `samples` stays true after update().
     _num_tokens: int = field(init=False, repr=False)
 
     def __post_init__(self):
-        self._num_tokens = self.seq.num_tokens
+        self._num_tokens = self.seq.num_tokens + self.seq.num_pending_tokens
+
+    def token_ids(self) -> list[int]:
+        """The chunk's input tokens, with a placeholder for a pending one."""
+        known = self.seq.token_ids[self.start_pos:self.start_pos + self.num_new_tokens]
+        return known + [PLACEHOLDER_TOKEN] * (self.num_new_tokens - len(known))
 
     @property
     def samples(self) -> bool:
@@ -111,19 +124,27 @@ class Scheduler:
         # A seq preempted in this step must not be re-admitted in the same step.
         if not out.preempted:
             self._schedule_waiting(out, budget)
+        for scheduled in out.scheduled:
+            seq = scheduled.seq
+            seq.num_computed_tokens = scheduled.start_pos + scheduled.num_new_tokens
+            if scheduled.samples:
+                seq.num_pending_tokens += 1
         return out
 
     def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
-        """Apply a step's results; return the sequences it finished."""
+        """Apply a step's results; return the sequences it finished. A sequence
+        preempted since the step was scheduled still takes its sampled token."""
         finished = []
         for scheduled in output.scheduled:
             seq = scheduled.seq
-            if seq.is_finished:  # aborted while the step ran
+            if seq.is_finished:  # aborted (or stopped by an earlier step) while the step ran
                 continue
-            seq.num_computed_tokens = scheduled.start_pos + scheduled.num_new_tokens
-            self.block_manager.cache_full_blocks(seq, seq.num_computed_tokens)
+            if seq.status == SequenceStatus.RUNNING:
+                computed = min(scheduled.start_pos + scheduled.num_new_tokens, seq.num_tokens)
+                self.block_manager.cache_full_blocks(seq, computed)
             if not scheduled.samples:
                 continue
+            seq.num_pending_tokens -= 1
             seq.append_token(sampled[seq.request_id])
             reason, stop_reason = self._check_stop(seq)
             if reason is not None:
@@ -132,7 +153,9 @@ class Scheduler:
         return finished
 
     def _num_new_tokens(self, seq: Sequence, budget: int, num_computed: int) -> int:
-        num_new = min(seq.num_tokens - num_computed, budget)
+        if seq.num_pending_tokens and self._pending_token_finishes(seq):
+            return 0
+        num_new = min(seq.num_tokens + seq.num_pending_tokens - num_computed, budget)
         if self.config.long_prefill_token_threshold > 0:
             num_new = min(num_new, self.config.long_prefill_token_threshold)
         return num_new
@@ -157,9 +180,18 @@ class Scheduler:
             i += 1
         return budget
 
+    def _pending_token_finishes(self, seq: Sequence) -> bool:
+        """The pending token reaches max_tokens or max_model_len: nothing to compute after it."""
+        num_tokens = seq.num_tokens + seq.num_pending_tokens
+        max_tokens = seq.params.max_tokens
+        return ((max_tokens is not None and num_tokens - seq.num_prompt_tokens >= max_tokens)
+                or num_tokens >= self.config.max_model_len)
+
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self._waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self._waiting[0][1]
+            if seq.num_pending_tokens:  # preempted with a token on its way: admit it once known
+                return
             computed_blocks, num_cached = self.block_manager.get_computed_blocks(seq)
             num_new = self._num_new_tokens(seq, budget, num_cached)
             if not self.block_manager.allocate_slots(seq, num_new, computed_blocks):

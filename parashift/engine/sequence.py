@@ -30,6 +30,7 @@ class Sequence:
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
+        self.num_pending_tokens = 0  # sampled by steps in flight, not yet appended
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first schedule
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of this sequence's full blocks, in order

@@ -1,5 +1,9 @@
-"""One device, in the engine's own process."""
-from parashift.engine.model_runner import ModelRunner
+"""One device, in the engine's own process. A submitted step is launched at
+once, so with async scheduling the host prepares the next step while the
+device runs this one."""
+from collections import deque
+
+from parashift.engine.model_runner import ModelRunner, PendingStep
 from parashift.engine.step_batch import StepBatch
 
 
@@ -11,14 +15,14 @@ class UniprocExecutor:
         self.num_blocks = [runner.num_blocks]
         self.block_offsets = [0]
         self.load_seconds = runner.load_seconds
-        self._pending: StepBatch | None = None
+        self._pending: deque[PendingStep] = deque()
 
     def submit(self, replica: int, batch: StepBatch) -> None:
-        self._pending = batch
+        self._pending.append(self.runner.launch(batch))
 
     def wait_any(self) -> list[tuple[int, object]]:
-        batch, self._pending = self._pending, None
-        return [(0, self.runner.execute(batch))]
+        """The oldest launched step's result."""
+        return [(0, self._pending.popleft().result())]
 
     def shutdown(self) -> None:
-        pass
+        self._pending.clear()

@@ -21,8 +21,8 @@ def token_ids(outputs) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def reference(tiny_llama_dir):
-    """Each prompt alone, whole-prompt prefill, no prefix cache."""
-    llm = tiny_llm(tiny_llama_dir, enable_prefix_caching=False)
+    """Each prompt alone, whole-prompt prefill, no prefix cache, one step at a time."""
+    llm = tiny_llm(tiny_llama_dir, enable_prefix_caching=False, async_scheduling=False)
     prompts = random_prompts(17)
     return prompts, [token_ids(llm.generate([p], GREEDY))[0] for p in prompts]
 

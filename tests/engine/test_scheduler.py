@@ -3,7 +3,7 @@ import random
 import pytest
 
 from parashift.config import SchedulerConfig
-from parashift.engine.scheduler import Scheduler
+from parashift.engine.scheduler import PLACEHOLDER_TOKEN, Scheduler
 from parashift.engine.sequence import Sequence, SequenceStatus
 from parashift.kv.block_manager import BlockManager
 from parashift.sampling_params import SamplingParams
@@ -334,3 +334,53 @@ def test_random_workload_under_a_tiny_pool_finishes_every_request_intact(caching
         assert seq.output_token_ids == expected
     assert sched.block_manager.num_free_blocks == 8
     assert all(count == 0 for count in sched.block_manager.ref_counts)
+
+
+def test_next_step_scheduled_before_results_carries_a_placeholder():
+    sched = make_scheduler()
+    seq = make_seq("a", 5, max_tokens=3)
+    sched.add(seq)
+    first = sched.schedule()
+    assert [(s.num_new_tokens, s.start_pos, s.samples) for s in first.scheduled] == [(5, 0, True)]
+    second = sched.schedule()  # the first step is still running
+    assert [(s.num_new_tokens, s.start_pos, s.samples) for s in second.scheduled] == [(1, 5, True)]
+    assert second.scheduled[0].token_ids() == [PLACEHOLDER_TOKEN]
+    assert seq.num_pending_tokens == 2 and seq.block_table == [0, 1]
+    assert sched.update(first, {"a": 55}) == []
+    third = sched.schedule()  # its input is the second step's pending token
+    assert [(s.num_new_tokens, s.start_pos) for s in third.scheduled] == [(1, 6)]
+    assert third.scheduled[0].token_ids() == [PLACEHOLDER_TOKEN]
+    assert sched.update(second, {"a": 56}) == []
+    # max_tokens=3: the third step's token is the last; nothing is scheduled after it
+    assert sched.schedule().is_empty
+    assert [s.request_id for s in sched.update(third, {"a": 57})] == ["a"]
+    assert seq.output_token_ids == [55, 56, 57] and seq.finish_reason == "length"
+    assert sched.block_manager.num_free_blocks == 64
+
+
+def test_step_after_a_stop_is_discarded():
+    sched = make_scheduler()
+    seq = make_seq("a", 3)
+    sched.add(seq)
+    first, second = sched.schedule(), sched.schedule()
+    assert [s.request_id for s in sched.update(first, {"a": EOS})] == ["a"]
+    assert sched.update(second, {"a": 77}) == []  # computed past the stop: dropped
+    assert seq.output_token_ids == [EOS] and seq.finish_reason == "stop"
+    assert sched.block_manager.num_free_blocks == 64
+
+
+def test_preempted_with_a_pending_token_waits_for_it():
+    # 4 blocks of 4 tokens: b (lower priority) is preempted while its token is pending
+    sched = make_scheduler(num_blocks=4, max_model_len=16)
+    a, b = make_seq("a", 8, priority=0), make_seq("b", 8, priority=1)
+    sched.add(a)
+    sched.add(b)
+    first = sched.schedule()
+    assert [(s.seq.request_id, s.num_new_tokens) for s in first.scheduled] == [("a", 8), ("b", 8)]
+    second = sched.schedule()  # a needs a third block at position 8: b is preempted
+    assert [(s.seq.request_id, s.num_new_tokens) for s in second.scheduled] == [("a", 1)]
+    assert second.preempted == [b] and b.num_pending_tokens == 1
+    assert a.block_table == [0, 1, 3]  # b freed its tail block first
+    sched.update(first, {"a": 10, "b": 11})
+    assert b.output_token_ids == [11] and b.num_pending_tokens == 0
+    assert b.status == SequenceStatus.WAITING and b.num_computed_tokens == 0
