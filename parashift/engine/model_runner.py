@@ -196,7 +196,8 @@ class ModelRunner:
     def _sample_rows(self, hidden: torch.Tensor, inputs: StepInputs, sp) -> torch.Tensor:
         """Hidden states of the sampled rows, gathered from the SP rank holding each."""
         if sp.size == 1:
-            return hidden[torch.tensor(inputs.sample_rows, device=self.device)]
+            rows = torch.tensor(inputs.sample_rows).to(self.device, non_blocking=True)
+            return hidden.index_select(0, rows)  # no host sync: async scheduling overlaps
         rows = torch.zeros(len(inputs.sample_rows), hidden.shape[-1], dtype=hidden.dtype,
                            device=self.device)
         local = inputs.local_rows

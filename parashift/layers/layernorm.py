@@ -1,6 +1,8 @@
 import torch
 from torch import nn
 
+from parashift.kernels import use_triton
+
 
 class RMSNorm(nn.Module):
     """RMSNorm; with `residual`, adds it first and returns (normed, new residual)."""
@@ -10,14 +12,26 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
 
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if use_triton(x):
+            from parashift.kernels import rmsnorm
+            if residual is None:
+                return rmsnorm.rms_norm(x, self.weight, self.eps)
+            return rmsnorm.add_rms_norm(x, residual, self.weight, self.eps)
         if residual is None:
-            return self._norm(x)
-        x = x + residual
-        return self._norm(x), x
+            return rms_norm_torch(x, self.weight, self.eps)
+        return add_rms_norm_torch(x, residual, self.weight, self.eps)
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The CPU path and the kernels' reference."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def add_rms_norm_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x + residual
+    return rms_norm_torch(x, weight, eps), x

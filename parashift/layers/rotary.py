@@ -3,6 +3,8 @@ RoPE scaling types; inverse frequencies come from transformers."""
 import torch
 from torch import nn
 
+from parashift.kernels import use_triton
+
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -52,8 +54,17 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q, k: [tokens, heads, head_dim]; returns them rotated."""
-        cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if use_triton(q):
+            from parashift.kernels import rotary
+            return rotary.apply_rotary(positions, q, k, self.cos_sin)
+        return apply_rotary_torch(positions, q, k, self.cos_sin)
+
+
+def apply_rotary_torch(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                       cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU path and the kernel's reference."""
+    cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

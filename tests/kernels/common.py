@@ -1,0 +1,90 @@
+"""Shared by the kernel tests: random inputs, the comparisons, the Triton
+interpreter in a child process, CUDA graph capture."""
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).parents[2]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def randn(shape, dtype: str, device: str, seed: int = 0, strided: bool = False,
+          scale: float = 1.0) -> torch.Tensor:
+    """Normal values drawn on the CPU. strided: a view into a wider buffer whose
+    rows hold one more last-dim slice first, as q and k are split from the qkv
+    projection's output."""
+    gen = torch.Generator().manual_seed(seed)
+    lead = shape[-1] if strided else 0
+    buf = torch.randn(shape[0], lead + math.prod(shape[1:]), generator=gen) * scale
+    buf = buf.to(device=device, dtype=getattr(torch, dtype))[:, lead:]
+    return buf.unflatten(-1, shape[1:]) if strided else buf.view(shape)
+
+
+def assert_exact(out: torch.Tensor, ref: torch.Tensor) -> None:
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def assert_last_bits(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """Equal up to the last bits: an fp32 sum added in another order than
+    torch's (or another exp) moves fp32 results by a few ulps and flips the
+    rounding of rare 16-bit ones by one step."""
+    if out.dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=0)
+        return
+    torch.testing.assert_close(out, ref, rtol=2 * torch.finfo(out.dtype).eps, atol=0)
+    flips = int((out != ref).sum())
+    assert flips <= 1 + out.numel() // 1000, f"{flips} of {out.numel()} differ"
+
+
+def assert_graph_replays(fn, inputs: list[torch.Tensor]) -> None:
+    """fn() captured in a CUDA graph, replayed on new values of `inputs`, gives
+    what it gives run eagerly."""
+    fn()  # compiles the kernels outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    for t in inputs:
+        t.copy_(torch.randn_like(t))
+    graph.replay()
+    assert_exact(out, fn())
+
+
+def case_id(case: dict) -> str:
+    return "-".join(f"{k}={v}" for k, v in case.items())
+
+
+def run_interpreted(module: str, check: str, cases: list[dict]) -> list[str | None]:
+    """Calls module.check(**case) for each case under the Triton interpreter,
+    on the CPU, in a child process: TRITON_INTERPRET must be set before
+    triton.jit decorates a kernel, and this process imports them compiled.
+    Returns, per case, None if it passed, else its traceback."""
+    proc = subprocess.run([sys.executable, "-m", "tests.kernels.common", module, check],
+                          input=json.dumps(cases), capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _run_cases(module: str, check: str) -> None:
+    fn = getattr(importlib.import_module(module), check)
+    results = []
+    for case in json.load(sys.stdin):
+        try:
+            fn(**case)
+            results.append(None)
+        except Exception:
+            results.append(traceback.format_exc())
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    _run_cases(*sys.argv[1:])

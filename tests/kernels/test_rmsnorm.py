@@ -1,0 +1,75 @@
+"""The RMSNorm kernels against the torch path they replace: under the Triton
+interpreter on the CPU (float32, float16; it has no bfloat16) and compiled on
+CUDA (bfloat16 too)."""
+import pytest
+
+from parashift.kernels import rmsnorm
+from parashift.layers.layernorm import RMSNorm, add_rms_norm_torch, rms_norm_torch
+from tests.kernels.common import (assert_exact, assert_graph_replays, assert_last_bits, case_id,
+                                  cuda, randn, run_interpreted)
+
+EPS = 1e-6
+# heads: x is [rows, heads, n], as Qwen3's q_norm/k_norm see it; strided: x is
+# a view into a wider buffer, as q and k split from the qkv projection are
+CASES = [
+    dict(rows=1, n=100),
+    dict(rows=7, n=576, residual=True),
+    dict(rows=33, n=4096, residual=True),
+    dict(rows=1, n=4096, residual=True, strided=True),
+    dict(rows=5, heads=4, n=128, strided=True),
+    dict(rows=3, heads=2, n=100, residual=True),
+]
+CPU_CASES = [{**case, "dtype": dtype} for dtype in ("float32", "float16") for case in CASES]
+
+
+def check(rows, n, heads=None, residual=False, strided=False, dtype="float32", device="cpu"):
+    shape = (rows, n) if heads is None else (rows, heads, n)
+    x = randn(shape, dtype, device, strided=strided)
+    weight = 1 + 0.1 * randn((n,), dtype, device, seed=1)
+    # the kernels sum the squares in another order than torch: the last bits
+    # of fp32 results differ, rare 16-bit ones round the other way
+    if not residual:
+        assert_last_bits(rmsnorm.rms_norm(x, weight, EPS), rms_norm_torch(x, weight, EPS))
+        return
+    r = randn(shape, dtype, device, seed=2)
+    out, new_x = rmsnorm.add_rms_norm(x, r, weight, EPS)
+    ref_out, ref_new_x = add_rms_norm_torch(x, r, weight, EPS)
+    assert_exact(new_x, ref_new_x)  # one fp32 add rounded to the dtype, as torch does
+    assert_last_bits(out, ref_out)
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    return run_interpreted(__name__, "check", CPU_CASES)
+
+
+@pytest.mark.parametrize("i", range(len(CPU_CASES)), ids=[case_id(c) for c in CPU_CASES])
+def test_interpreted(interpreted, i):
+    if interpreted[i] is not None:
+        pytest.fail(interpreted[i], pytrace=False)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_cuda(case, dtype):
+    check(**case, dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_layer_runs_kernels_on_cuda_only(monkeypatch, device):
+    calls = []
+    monkeypatch.setattr(rmsnorm, "rms_norm", lambda *a: calls.append("norm") or rms_norm_torch(*a))
+    monkeypatch.setattr(rmsnorm, "add_rms_norm",
+                        lambda *a: calls.append("add") or add_rms_norm_torch(*a))
+    layer, x = RMSNorm(64).to(device), randn((3, 64), "float32", device)
+    layer(x)
+    layer(x, x)
+    assert calls == (["norm", "add"] if device == "cuda" else [])
+
+
+@cuda
+def test_cuda_graph_capture():
+    x, r = randn((4, 4096), "bfloat16", "cuda"), randn((4, 4096), "bfloat16", "cuda", seed=1)
+    weight = randn((4096,), "bfloat16", "cuda", seed=2)
+    assert_graph_replays(lambda: rmsnorm.add_rms_norm(x, r, weight, EPS), [x, r])
