@@ -58,12 +58,17 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
                        action="store_false", help="turn prefix caching off")
     group.add_argument("--cuda-graphs", action="store_true",
                        help="run decode steps as CUDA graphs (experimental: not yet GPU-verified)")
+    group.add_argument("--disable-fast-all-reduce", dest="fast_all_reduce", action="store_false",
+                       help="all-reduce through NCCL only (no symmetric-memory one-shot path)")
+    group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                       help="schedule the next step while one runs (default: on for one rank)")
     group.add_argument("--skip-tokenizer-init", action="store_true",
                        help="no tokenizer: prompts are token ids, outputs have no text")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     names = [name for name, _, _ in ENGINE_FLAGS.values()]
-    names += ["model", "enable_prefix_caching", "skip_tokenizer_init", "cuda_graphs"]
+    names += ["model", "enable_prefix_caching", "skip_tokenizer_init", "cuda_graphs",
+              "fast_all_reduce", "async_scheduling"]
     names += [name for _, _, name in PARALLEL_FLAGS]
     return EngineConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)})

@@ -2,8 +2,10 @@
 import logging
 import time
 
+import torch
 import torch.distributed as dist
 
+from parashift.parallel.fast_all_reduce import DEFAULT_MAX_BYTES, FastAllReduce
 from parashift.parallel.plan import GROUP_KINDS, Plan
 from parashift.parallel.state import GroupHandle, ParallelState
 
@@ -14,6 +16,7 @@ class CommunicatorPool:
     def __init__(self, rank: int, world_size: int, plans: list[Plan], backend: str | None = None):
         self.rank, self.world_size = rank, world_size
         self._groups: dict[tuple[int, ...], object] = {}
+        self._fast: dict[tuple[int, ...], FastAllReduce] = {}
         start = time.perf_counter()
         for plan in plans:
             if plan.world_size != world_size:
@@ -30,15 +33,27 @@ class CommunicatorPool:
             # every rank calls new_group for every group, in the same order
             self._groups[key] = dist.new_group(list(key), backend=backend)
 
+    def enable_fast_all_reduce(self, device: torch.device,
+                               max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        """Sets up a symmetric-memory all-reduce for every group of this rank. Every rank
+        calls this after start-up, before any handle is made; the groups are taken in
+        creation order, the same on every rank, since each set-up is a collective."""
+        for key, group in self._groups.items():
+            if self.rank in key:
+                fast = FastAllReduce(group, device, max_bytes)
+                if fast.available:
+                    self._fast[key] = fast
+
     @property
     def num_groups(self) -> int:
         return len(self._groups)
 
     def handle(self, ranks: tuple[int, ...]) -> GroupHandle:
-        group = self._groups.get(tuple(sorted(ranks))) if len(ranks) > 1 else None
+        key = tuple(sorted(ranks))
+        group = self._groups.get(key) if len(ranks) > 1 else None
         if len(ranks) > 1 and group is None:
             raise KeyError(f"no process group for ranks {ranks}: not created at start-up")
-        return GroupHandle(ranks, self.rank, group)
+        return GroupHandle(ranks, self.rank, group, self._fast.get(key))
 
     def state_for(self, plan: Plan) -> ParallelState:
         """This rank's view of `plan` (for a shift plan, TP runs over SP_TP)."""

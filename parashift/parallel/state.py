@@ -14,19 +14,26 @@ from parashift.parallel.plan import Plan
 class GroupHandle:
     """A process group seen from one rank. `ranks` is the group's own order (which
     may differ from torch's sorted order, e.g. the SP_TP group); `rank` is this
-    process's position in it, and gathers return parts in that order."""
+    process's position in it, and gathers return parts in that order. `fast` is the
+    group's symmetric-memory all-reduce (FastAllReduce), where one was set up."""
 
-    def __init__(self, ranks: tuple[int, ...] = (0,), global_rank: int = 0, group=None):
+    def __init__(self, ranks: tuple[int, ...] = (0,), global_rank: int = 0, group=None,
+                 fast=None):
         self.ranks = tuple(ranks)
         self.size = len(ranks)
         self.rank = self.ranks.index(global_rank)
         self.group = group
+        self.fast = fast
         order = sorted(ranks)
         self._torch_index = [order.index(r) for r in ranks]  # our position -> torch's
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.size > 1:
-            dist.all_reduce(x, group=self.group)
+        """The sum of `x` over the group (may be `x` itself, reduced in place)."""
+        if self.size == 1:
+            return x
+        if self.fast is not None:
+            return self.fast.all_reduce(x)
+        dist.all_reduce(x, group=self.group)
         return x
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:

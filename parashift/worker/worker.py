@@ -1,5 +1,6 @@
 """One worker process per rank: joins the process groups, builds its shard of
 the model and KV pool under its plan, then runs steps sent by the executor."""
+import gc
 import os
 import pickle
 import traceback
@@ -49,6 +50,8 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
                             rank=rank, world_size=world)
     control = dist.new_group(backend="gloo")
     pool = CommunicatorPool(rank, world, [spec.plan, *spec.other_plans])
+    if spec.config.fast_all_reduce:
+        pool.enable_fast_all_reduce(device)
     state = pool.state_for(spec.plan)
     others = tuple(pool.state_for(plan) for plan in spec.other_plans)
 
@@ -76,5 +79,7 @@ def _serve(runner: ModelRunner, conn) -> None:
         except BaseException:
             conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
             break
+    runner.graphs = None  # graphs that captured NCCL collectives block destroy_process_group
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
