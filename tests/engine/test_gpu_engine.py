@@ -33,16 +33,18 @@ def test_triton_matches_torch_backend(engines):
             assert max(abs(got[t] - want[t]) for t in got.keys() & want.keys()) < 2e-3
 
 
-def test_cuda_graphs_give_the_eager_tokens():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graphs_and_async_scheduling_give_the_eager_tokens(dtype):
+    """Fast path (CUDA graphs, async scheduling) against eager, one step at a time."""
     rng = random.Random(1)
     prompts = [[rng.randrange(49152) for _ in range(rng.randint(1, 300))] for _ in range(13)]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = {}
-    for graphs in (False, True):
-        llm = LLM(device="cuda", dtype="float32", gpu_memory_utilization=0.3, cuda_graphs=graphs,
-                  max_num_seqs=16)
-        outs[graphs] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        if graphs:
+    for fast in (False, True):
+        llm = LLM(device="cuda", dtype=dtype, gpu_memory_utilization=0.3, cuda_graphs=fast,
+                  async_scheduling=fast, max_num_seqs=16)
+        outs[fast] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        if fast:
             assert len(llm.llm_engine.runner.graphs.graphs) > 0
         del llm
     assert outs[True] == outs[False]
