@@ -64,6 +64,7 @@ def main():
     p.add_argument("--input-len", type=int, default=4096)
     p.add_argument("--output-len", type=int, default=250)
     p.add_argument("--shift-threshold", type=int, default=None)
+    p.add_argument("--cuda-graphs", action="store_true")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     if args.shift_threshold is not None:
@@ -73,7 +74,7 @@ def main():
         start = time.perf_counter()
         llm = LLM(model=args.model, dtype="bfloat16", skip_tokenizer_init=True,
                   max_model_len=args.input_len + args.output_len + 16, max_num_seqs=256,
-                  enable_prefix_caching=False, **PLANS[name])
+                  enable_prefix_caching=False, **PLANS[name], cuda_graphs=args.cuda_graphs)
         row = dict(plan=name, startup_s=time.perf_counter() - start)
         vocab = llm.llm_engine.vocab_size
         row.update(interactive(llm, args.interactive_requests, args.input_len, args.output_len, vocab))

@@ -56,13 +56,14 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="auto")
+    p.add_argument("--cuda-graphs", action="store_true")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, skip_tokenizer_init=True,
               max_model_len=args.context + 4 * args.steps + 64, max_num_seqs=max(args.tokens),
               enable_prefix_caching=False, parallel_policy="shift",
               sequence_parallel_size=args.sequence_parallel_size,
-              tensor_parallel_size=args.tensor_parallel_size, shift_weights=args.shift_weights)
+              tensor_parallel_size=args.tensor_parallel_size, shift_weights=args.shift_weights, cuda_graphs=args.cuda_graphs)
     base, shift = (plan.name() for plan in llm.llm_engine.policy.plans)
     rows = []
     for n in args.tokens:
