@@ -48,10 +48,11 @@ class EngineConfig:
     pipeline_parallel_size: int = 1
     worker_timeout_s: float = 600.0          # a step (or start-up) slower than this fails the engine
     parallel_policy: str = "static"          # static | shift
-    shift_threshold: int = 256               # shift policy: steps of at most this many tokens use TP
+    shift_threshold: int = 512               # shift policy: steps of at most this many tokens use TP
+    # (512: the shift plan was faster at every decode size up to 512 on 2xH200, 8B; docs/benchmarks.md)
     shift_weights: str = "separate"          # shift policy: separate | slice
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
-    cuda_graphs: bool = False                # decode steps as CUDA graphs (not yet GPU-verified)
+    cuda_graphs: bool = False                # decode steps as CUDA graphs (see docs/benchmarks.md)
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
     async_scheduling: bool | None = None     # schedule the next step while one runs; None = auto
 

@@ -57,7 +57,8 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
     group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                        action="store_false", help="turn prefix caching off")
     group.add_argument("--cuda-graphs", action="store_true",
-                       help="run decode steps as CUDA graphs (experimental: not yet GPU-verified)")
+                       help="run decode steps as CUDA graphs (the GPU fast path; off by "
+                            "default until its single-GPU test against eager has run)")
     group.add_argument("--disable-fast-all-reduce", dest="fast_all_reduce", action="store_false",
                        help="all-reduce through NCCL only (no symmetric-memory one-shot path)")
     group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
