@@ -49,10 +49,14 @@ def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
         engine.step()
     torch.cuda.synchronize()
     start = time.perf_counter()
+    ends = []
     for _ in range(steps):
         engine.step()
+        ends.append(time.perf_counter())
     torch.cuda.synchronize()
     elapsed = (time.perf_counter() - start) / steps
+    gaps = [1e3 * (b - a) for a, b in zip([start] + ends, ends)]
+    print(json.dumps({"batch": batch, "step_ms_each": [round(g, 2) for g in gaps]}), flush=True)
     breakdown = kernel_breakdown(llm) if profile else None
     for rid in ids:
         engine.abort_request(rid)
