@@ -277,13 +277,13 @@ class Replica:
 
 
 def _async_scheduling(config: EngineConfig, plan) -> bool:
-    """On by default for single-rank engines, where the next step's inputs can be
-    completed on the device; multi-rank plans schedule one step at a time."""
+    """On by default; pipeline parallelism keeps one step per replica in flight (its
+    first stage never sees the sampled tokens that would fill the next step's inputs)."""
     if config.async_scheduling is None:
-        return plan.world_size == 1
-    if config.async_scheduling and plan.world_size > 1:
-        raise ValueError(f"async_scheduling needs a single-rank plan; {plan.name()} has "
-                         f"{plan.world_size} ranks")
+        return plan.pp == 1
+    if config.async_scheduling and plan.pp > 1:
+        raise ValueError(f"async_scheduling does not work with pipeline parallelism "
+                         f"(plan {plan.name()})")
     return config.async_scheduling
 
 

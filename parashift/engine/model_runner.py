@@ -38,6 +38,9 @@ class PendingStep:
             self._event = torch.cuda.Event()
             self._event.record()
 
+    def done(self) -> bool:
+        return self._event is None or self._event.query()
+
     def result(self) -> StepResult | None:
         if self._tokens is None:
             return None
@@ -141,17 +144,17 @@ class ModelRunner:
             micro_batches = split_micro_batches(chunks, state.pp.size)
             results = [self._run_micro_batch(mb, state) for mb in micro_batches]
             self._wait_sends()
-        if not self._is_output(state):
-            return PendingStep(None, None)
         sampled = [mb_tokens for mb_tokens, _ in results if mb_tokens is not None]
         tokens = torch.cat(sampled) if sampled else torch.empty(0, dtype=torch.int64)
+        self._prev_tokens = tokens
+        self._prev_rows = {c.request_id: j for j, c in
+                           enumerate(c for c in chunks if c.sampling is not None)}
+        if not self._is_output(state):
+            return PendingStep(None, None)
         logprobs = []
         for mb_tokens, mb_logprobs in results:
             count = 0 if mb_tokens is None else len(mb_tokens)
             logprobs += mb_logprobs or [None] * count
-        self._prev_tokens = tokens
-        self._prev_rows = {c.request_id: j for j, c in
-                           enumerate(c for c in chunks if c.sampling is not None)}
         return PendingStep(tokens, logprobs if any(lp is not None for lp in logprobs) else None)
 
     def _run_micro_batch(self, chunks: list[SeqChunk], state: ParallelState):
@@ -175,19 +178,23 @@ class ModelRunner:
             return None, None
         hidden = self._sample_rows(out, inputs, sp)
         logits = self.model.compute_logits(hidden)
-        if not self._is_output(state):
+        if state.pp.size > 1 and not self._is_output(state):
             return None, None
+        # With one stage every rank samples (the same tokens: same logits, same seeds), so
+        # every rank can fill the next step's placeholders; only the output rank reports.
         result = self.sampler(logits, [c.sampling for c in sampling],
-                              [self._generator(c) for c in sampling])
+                              [self._generator(c) for c in sampling],
+                              with_logprobs=self._is_output(state))
         return result.token_ids, result.logprobs
 
     def _fill_placeholders(self, token_ids: torch.Tensor, chunks: list[SeqChunk],
                            inputs: StepInputs) -> None:
-        """Writes the previous step's samples over this step's placeholder tokens
-        (async scheduling; single-rank replicas, where every row is local)."""
-        ends = inputs.attn.query_start_loc_cpu[1:]
-        pairs = [(ends[i] - 1, self._prev_rows[c.request_id]) for i, c in enumerate(chunks)
-                 if c.token_ids[-1] == PLACEHOLDER_TOKEN]
+        """Writes the previous step's samples over this step's placeholder tokens (async
+        scheduling), in the rows this rank holds."""
+        ends, local = inputs.attn.query_start_loc_cpu[1:], inputs.local_rows
+        pairs = [(ends[i] - 1 - local.start, self._prev_rows[c.request_id])
+                 for i, c in enumerate(chunks)
+                 if c.token_ids[-1] == PLACEHOLDER_TOKEN and ends[i] - 1 in local]
         if not pairs:
             return
         rows, sources = (torch.tensor(v).to(self.device, non_blocking=True) for v in zip(*pairs))

@@ -37,7 +37,9 @@ class Sampler:
         return generator
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None]) -> SamplerOutput:
+                 generators: list[torch.Generator | None],
+                 with_logprobs: bool = True) -> SamplerOutput:
+        """`with_logprobs=False` skips the logprobs (and their host sync) even where asked."""
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators)
         logits = logits.float()
         token_ids = logits.argmax(dim=-1)
@@ -45,7 +47,8 @@ class Sampler:
             sampled = self._sample(logits, params, generators)
             greedy = torch.tensor([p.greedy for p in params]).to(logits.device, non_blocking=True)
             token_ids = torch.where(greedy, token_ids, sampled)
-        return SamplerOutput(token_ids, _gather_logprobs(logits, params, token_ids))
+        logprobs = _gather_logprobs(logits, params, token_ids) if with_logprobs else None
+        return SamplerOutput(token_ids, logprobs)
 
     def _sample(self, logits: torch.Tensor, params: list[SamplingParams],
                 generators: list[torch.Generator | None]) -> torch.Tensor:

@@ -4,6 +4,7 @@ import gc
 import os
 import pickle
 import traceback
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -64,21 +65,42 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
                        spec.max_model_len, state, agree, others)
 
 
+POLL_S = 1e-4  # while a step runs, how often to check for it to end
+
+
+def _finish(runner: ModelRunner, conn, step) -> None:
+    result = step.result()
+    if runner.is_output_rank:
+        conn.send_bytes(pickle.dumps(("result", result)))
+
+
 def _serve(runner: ModelRunner, conn) -> None:
+    """Runs steps in arrival order. A step is launched as soon as it arrives, so with
+    async scheduling the next step's host work overlaps the device running this one;
+    the oldest step is finished (its result sent) once the device is done with it or
+    the next one has been launched."""
+    pending: deque = deque()
     while True:
         try:
+            if pending and (len(pending) > 1 or pending[0].done()):
+                _finish(runner, conn, pending.popleft())
+                continue
+            if pending and not conn.poll(POLL_S):
+                continue  # the device is still busy: keep waiting for the next step
             message = conn.recv_bytes()
         except (EOFError, OSError):  # the engine is gone
+            break
+        except BaseException:
+            conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
             break
         if message == b"shutdown":
             break
         try:
-            result = runner.execute(pickle.loads(message))
-            if runner.is_output_rank:
-                conn.send_bytes(pickle.dumps(("result", result)))
+            pending.append(runner.launch(pickle.loads(message)))
         except BaseException:
             conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
             break
+    pending.clear()
     runner.graphs = None  # graphs that captured NCCL collectives block destroy_process_group
     gc.collect()
     if dist.is_initialized():

@@ -82,7 +82,7 @@ def test_abort_with_steps_in_flight_frees_everything(tiny_llama_dir):
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
-def test_async_is_the_default_on_one_rank_only(tiny_llama_dir):
+def test_async_is_the_default_except_with_pipeline_parallelism(tiny_llama_dir):
     assert tiny_llm(tiny_llama_dir).llm_engine.steps_in_flight == 2
-    with pytest.raises(ValueError, match="async_scheduling needs a single-rank plan"):
-        tiny_llm(tiny_llama_dir, async_scheduling=True, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="async_scheduling does not work with pipeline"):
+        tiny_llm(tiny_llama_dir, async_scheduling=True, pipeline_parallel_size=2)
