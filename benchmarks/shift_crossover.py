@@ -3,8 +3,10 @@ step's token count grows; the crossover sets the default shift threshold.
 
 Usage (2 GPUs): python3 benchmarks/shift_crossover.py --model benchmarks/shapes/llama-3.1-8b.json \
     -sp 2 --tokens 1 4 16 64 128 256 512 --output crossover.json
-Each point is a decode step of N sequences at context --context, timed under each
-plan in turn (the policy's test hook forces the plan)."""
+Each --tokens point is a decode step of N sequences at context --context; each
+--prefill-tokens point is the step that prefills one N-token prompt. Every point is
+timed under each plan in turn (the policy's test hook forces the plan). The suggested
+threshold is the largest point up to which the shift plan wins at every point."""
 import argparse
 import json
 import random
@@ -45,6 +47,33 @@ def measure(llm: LLM, num_seqs: int, context: int, steps: int) -> dict:
     return row
 
 
+def measure_prefill(llm: LLM, num_tokens: int, repeats: int = 3) -> dict:
+    engine, rng = llm.llm_engine, random.Random(num_tokens)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    row = {"tokens": num_tokens, "prefill": True}
+    for plan in engine.policy.plans:
+        engine.policy.force = lambda n, plan=plan: plan
+        times = []
+        for i in range(repeats + 1):  # the first warms up
+            engine.add_request(f"p{num_tokens}-{plan.name()}-{i}",
+                               [rng.randrange(engine.vocab_size) for _ in range(num_tokens)], params)
+            start = time.perf_counter()
+            while engine.has_unfinished_requests():
+                engine.step()
+            times.append(time.perf_counter() - start)
+        row[plan.name()] = 1e3 * statistics.median(times[1:])
+    return row
+
+
+def suggested_threshold(rows: list[dict], base: str, shift: str) -> int:
+    threshold = 0
+    for row in sorted(rows, key=lambda r: r["tokens"]):
+        if row[shift] >= row[base]:
+            break
+        threshold = row["tokens"]
+    return threshold
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
@@ -52,6 +81,8 @@ def main():
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
     p.add_argument("--shift-weights", default="separate")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 128, 256, 512])
+    p.add_argument("--prefill-tokens", type=int, nargs="*", default=[],
+                   help="also time single-prompt prefill steps of these sizes, e.g. 1024 2048 4096")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--dtype", default="bfloat16")
@@ -60,17 +91,22 @@ def main():
     p.add_argument("--output", default=None)
     args = p.parse_args()
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, skip_tokenizer_init=True,
-              max_model_len=args.context + 4 * args.steps + 64, max_num_seqs=max(args.tokens),
+              max_model_len=max([args.context + 4 * args.steps + 64, *args.prefill_tokens]) + 16,
+              max_num_batched_tokens=max([8192, *args.prefill_tokens]),
+              max_num_seqs=max(args.tokens),
               enable_prefix_caching=False, parallel_policy="shift",
               sequence_parallel_size=args.sequence_parallel_size,
-              tensor_parallel_size=args.tensor_parallel_size, shift_weights=args.shift_weights, cuda_graphs=args.cuda_graphs)
+              tensor_parallel_size=args.tensor_parallel_size, shift_weights=args.shift_weights,
+              cuda_graphs=args.cuda_graphs)
     base, shift = (plan.name() for plan in llm.llm_engine.policy.plans)
     rows = []
     for n in args.tokens:
         rows.append(measure(llm, n, args.context, args.steps))
         print(json.dumps(rows[-1]), flush=True)
-    faster = [r["tokens"] for r in rows if r[shift] < r[base]]
-    threshold = max(faster) if faster else 0
+    for n in args.prefill_tokens:
+        rows.append(measure_prefill(llm, n))
+        print(json.dumps(rows[-1]), flush=True)
+    threshold = suggested_threshold(rows, base, shift)
     print(f"shift plan ({shift}) is faster up to {threshold} tokens per step "
           f"(of those measured): suggested --shift-threshold {threshold}")
     llm.llm_engine.shutdown()

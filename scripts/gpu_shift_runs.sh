@@ -11,7 +11,7 @@ if [ "${4:-1}" = 1 ]; then
     tests/distributed/test_plans.py tests/distributed/test_shift.py -k "tp2 or sp2" 2>&1 | tail -3
 fi
 python3 benchmarks/shift_crossover.py --model "$model" -sp 2 --tokens 1 8 32 64 128 256 512 \
-  --steps 6 --cuda-graphs --output "$OUT/crossover_$name.json" 2>&1 | grep -E '^\{|suggested'
+  --prefill-tokens 1024 2048 4096 8192 --steps 6 --cuda-graphs --output "$OUT/crossover_$name.json" 2>&1 | grep -E '^\{|suggested'
 threshold=$(python3 -c "import json; print(json.load(open('$OUT/crossover_$name.json'))['suggested_threshold'])")
 python3 benchmarks/plans.py --model "$model" --plans single tp2 dp2 sp2 shift2 \
   --interactive-requests "$interactive" --batch-requests "$batch" --cuda-graphs \
