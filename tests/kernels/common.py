@@ -62,6 +62,31 @@ def case_id(case: dict) -> str:
     return "-".join(f"{k}={v}" for k, v in case.items())
 
 
+def case_tests(module: str, check, cases: list[dict]):
+    """The tests every kernel file runs for its `check(**case, dtype, device)`: each
+    case in float32 and float16 on the CPU under the Triton interpreter, and in bf16,
+    fp16 and fp32 on CUDA. A test module binds them at module level:
+    `test_interpreted, test_cuda = case_tests(__name__, check, CASES)`."""
+    cpu_cases = [{**case, "dtype": dtype} for dtype in ("float32", "float16") for case in cases]
+    interpreted_results = {}
+
+    @pytest.mark.parametrize("i", range(len(cpu_cases)), ids=[case_id(c) for c in cpu_cases])
+    def test_interpreted(i):
+        if not interpreted_results:  # one child process runs every case of the module
+            interpreted_results.update(enumerate(run_interpreted(module, check.__name__,
+                                                                 cpu_cases)))
+        if interpreted_results[i] is not None:
+            pytest.fail(interpreted_results[i], pytrace=False)
+
+    @cuda
+    @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+    @pytest.mark.parametrize("case", cases, ids=case_id)
+    def test_cuda(case, dtype):
+        check(**case, dtype=dtype, device="cuda")
+
+    return test_interpreted, test_cuda
+
+
 def run_interpreted(module: str, check: str, cases: list[dict]) -> list[str | None]:
     """Calls module.check(**case) for each case under the Triton interpreter,
     on the CPU, in a child process: TRITON_INTERPRET must be set before

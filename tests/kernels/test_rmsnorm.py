@@ -5,8 +5,8 @@ import pytest
 
 from parashift.kernels import rmsnorm
 from parashift.layers.layernorm import RMSNorm, add_rms_norm_torch, rms_norm_torch
-from tests.kernels.common import (assert_exact, assert_graph_replays, assert_last_bits, case_id,
-                                  cuda, randn, run_interpreted)
+from tests.kernels.common import (assert_exact, assert_graph_replays, assert_last_bits, case_tests,
+                                  cuda, randn)
 
 EPS = 1e-6
 # heads: x is [rows, heads, n], as Qwen3's q_norm/k_norm see it; strided: x is
@@ -19,7 +19,6 @@ CASES = [
     dict(rows=5, heads=4, n=128, strided=True),
     dict(rows=3, heads=2, n=100, residual=True),
 ]
-CPU_CASES = [{**case, "dtype": dtype} for dtype in ("float32", "float16") for case in CASES]
 
 
 def check(rows, n, heads=None, residual=False, strided=False, dtype="float32", device="cpu"):
@@ -38,22 +37,7 @@ def check(rows, n, heads=None, residual=False, strided=False, dtype="float32", d
     assert_last_bits(out, ref_out)
 
 
-@pytest.fixture(scope="module")
-def interpreted():
-    return run_interpreted(__name__, "check", CPU_CASES)
-
-
-@pytest.mark.parametrize("i", range(len(CPU_CASES)), ids=[case_id(c) for c in CPU_CASES])
-def test_interpreted(interpreted, i):
-    if interpreted[i] is not None:
-        pytest.fail(interpreted[i], pytrace=False)
-
-
-@cuda
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_cuda(case, dtype):
-    check(**case, dtype=dtype, device="cuda")
+test_interpreted, test_cuda = case_tests(__name__, check, CASES)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])

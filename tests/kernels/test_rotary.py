@@ -8,8 +8,7 @@ import torch
 
 from parashift.kernels import rotary
 from parashift.layers.rotary import RotaryEmbedding, apply_rotary_torch
-from tests.kernels.common import (assert_exact, assert_graph_replays, case_id, cuda, randn,
-                                  run_interpreted)
+from tests.kernels.common import (assert_exact, assert_graph_replays, case_tests, cuda, randn)
 
 MAX_POSITION = 4096
 # strided: q and k are views split from one qkv buffer, as in LlamaAttention
@@ -19,7 +18,6 @@ CASES = [
     dict(tokens=5, q_heads=6, k_heads=6, head_dim=96, strided=True),
     dict(tokens=64, q_heads=32, k_heads=8, head_dim=128, strided=True),
 ]
-CPU_CASES = [{**case, "dtype": dtype} for dtype in ("float32", "float16") for case in CASES]
 
 
 def make_inputs(tokens, q_heads, k_heads, head_dim, strided=False, dtype="float32", device="cpu"):
@@ -50,22 +48,7 @@ def check(head_dim, dtype="float32", device="cpu", **shape):
     assert_exact((q, k), (q_in, k_in))
 
 
-@pytest.fixture(scope="module")
-def interpreted():
-    return run_interpreted(__name__, "check", CPU_CASES)
-
-
-@pytest.mark.parametrize("i", range(len(CPU_CASES)), ids=[case_id(c) for c in CPU_CASES])
-def test_interpreted(interpreted, i):
-    if interpreted[i] is not None:
-        pytest.fail(interpreted[i], pytrace=False)
-
-
-@cuda
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_cuda(case, dtype):
-    check(**case, dtype=dtype, device="cuda")
+test_interpreted, test_cuda = case_tests(__name__, check, CASES)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])

@@ -5,8 +5,8 @@ import pytest
 
 from parashift.kernels import silu_mul
 from parashift.layers.activation import SiluAndMul, silu_and_mul_torch
-from tests.kernels.common import (assert_exact, assert_graph_replays, assert_last_bits, case_id,
-                                  cuda, randn, run_interpreted)
+from tests.kernels.common import (assert_exact, assert_graph_replays, assert_last_bits, case_tests,
+                                  cuda, randn)
 
 # shape is [.., 2 * d]; scale 30 reaches exp's overflow; strided: x is a view
 # into a wider buffer
@@ -19,7 +19,6 @@ CASES = [
     dict(shape=(4, 1152), strided=True),
     dict(shape=(3, 1152), scale=30.0),
 ]
-CPU_CASES = [{**case, "dtype": dtype} for dtype in ("float32", "float16") for case in CASES]
 
 
 def check(shape, strided=False, scale=3.0, dtype="float32", device="cpu"):
@@ -34,22 +33,7 @@ def check(shape, strided=False, scale=3.0, dtype="float32", device="cpu"):
         assert_last_bits(out, ref)
 
 
-@pytest.fixture(scope="module")
-def interpreted():
-    return run_interpreted(__name__, "check", CPU_CASES)
-
-
-@pytest.mark.parametrize("i", range(len(CPU_CASES)), ids=[case_id(c) for c in CPU_CASES])
-def test_interpreted(interpreted, i):
-    if interpreted[i] is not None:
-        pytest.fail(interpreted[i], pytrace=False)
-
-
-@cuda
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_cuda(case, dtype):
-    check(**case, dtype=dtype, device="cuda")
+test_interpreted, test_cuda = case_tests(__name__, check, CASES)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
