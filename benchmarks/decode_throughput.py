@@ -56,14 +56,24 @@ def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
     torch.cuda.synchronize()
     elapsed = (time.perf_counter() - start) / steps
     gaps = [1e3 * (b - a) for a, b in zip([start] + ends, ends)]
-    print(json.dumps({"batch": batch, "step_ms_each": [round(g, 2) for g in gaps]}), flush=True)
+    print(json.dumps({"batch": batch, "step_ms_each": [round(g, 2) for g in gaps],
+                      "after_timed": batch_state(engine)}), flush=True)
     breakdown = kernel_breakdown(llm) if profile else None
+    if profile:
+        breakdown["after_profile"] = batch_state(engine)
     for rid in ids:
         engine.abort_request(rid)
     return elapsed, breakdown
 
 
-def kernel_breakdown(llm: LLM, steps: int = 5, top: int = 12) -> dict:
+def batch_state(engine) -> dict:
+    """What the timed steps ran on: a preempted sequence would shrink the batch."""
+    running = engine.scheduler.running
+    return dict(running=len(running), waiting=len(engine.scheduler.waiting),
+                context_tokens=sum(s.num_computed_tokens for s in running))
+
+
+def kernel_breakdown(llm: LLM, steps: int = 5, top: int = 20) -> dict:
     """GPU kernel time per decode step (torch.profiler) beside the step's wall time:
     their difference is time the GPU sat idle waiting on the host."""
     from torch.profiler import ProfilerActivity, profile
