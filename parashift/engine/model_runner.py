@@ -74,15 +74,16 @@ class ModelRunner:
         # the source of the next step's placeholder tokens (async scheduling).
         self._prev_tokens: torch.Tensor | None = None
         self._prev_rows: dict[str, int] = {}
-        self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
-                                    max_model_len, self.state.sp.size, agree_num_blocks)
-        self.kv.bind(self.model)
-        self._report_kv_replication(hf_config.num_key_value_heads)
+        # Shift weights before the KV pool, which takes what memory is left.
         self.shift_weight_bytes = 0
         if any(s.plan.shift_base for s in other_states):
             self.shift_weight_bytes = make_shift_weights(
                 self.model, self.state.sp.size, self.state.sp.rank, config.shift_weights,
                 report=self.state.rank == 0)
+        self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
+                                    max_model_len, self.state.sp.size, agree_num_blocks)
+        self.kv.bind(self.model)
+        self._report_kv_replication(hf_config.num_key_value_heads)
         self.graphs = self._capture_graphs() if config.cuda_graphs else None
 
     def _capture_graphs(self) -> DecodeGraphs:
