@@ -112,6 +112,9 @@ def sweep(name: str, values, run) -> None:
 
 
 def run_sweeps() -> None:
+    for batch, ctx in ((1, 1024), (1, 8192)):
+        print(f"sweep split count, decode batch {batch} ctx {ctx}")
+        sweep("choose_num_splits", (4, 8, 16, 32, 64), lambda: bench_decode(batch, ctx).split(":")[1])
     for batch, ctx in ((1, 1024), (16, 1024), (1, 32768), (4, 8192)):
         print(f"sweep decode batch {batch} ctx {ctx}")
         sweep("PROGRAMS_PER_SM", (2, 4, 8, 16), lambda: bench_decode(batch, ctx).split(":")[1])

@@ -33,12 +33,15 @@ def kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
 
 
 def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
-            profile: bool = False) -> tuple[float, dict | None]:
-    """Seconds per decode step with `batch` sequences at ~`context` tokens (and,
-    with `profile`, the kernel breakdown of a few more steps)."""
+            profile: bool = False) -> tuple[float, float, dict | None]:
+    """Seconds per decode step with `batch` sequences at ~`context` tokens, their mean
+    context over the timed steps, and with `profile` the kernel breakdown of a few more."""
     engine = llm.llm_engine
     rng = random.Random(batch)
-    params = SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True)
+    # Sequences admitted early decode while later ones prefill: leave them room, so none
+    # finishes (and shrinks the batch) before the timed steps are over.
+    params = SamplingParams(temperature=0, ignore_eos=True,
+                            max_tokens=engine.max_model_len - context)
     ids = [f"b{batch}-{i}" for i in range(batch)]
     for rid in ids:
         engine.add_request(rid, [rng.randrange(vocab) for _ in range(context)], params)
@@ -48,6 +51,7 @@ def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
     for _ in range(3):
         engine.step()
     torch.cuda.synchronize()
+    before = batch_state(engine)
     start = time.perf_counter()
     ends = []
     for _ in range(steps):
@@ -56,14 +60,20 @@ def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
     torch.cuda.synchronize()
     elapsed = (time.perf_counter() - start) / steps
     gaps = [1e3 * (b - a) for a, b in zip([start] + ends, ends)]
+    after = batch_state(engine)
     print(json.dumps({"batch": batch, "step_ms_each": [round(g, 2) for g in gaps],
-                      "after_timed": batch_state(engine)}), flush=True)
+                      "before_timed": before, "after_timed": after}), flush=True)
     breakdown = kernel_breakdown(llm) if profile else None
     if profile:
         breakdown["after_profile"] = batch_state(engine)
+        if breakdown["after_profile"]["running"] != batch:
+            raise RuntimeError(f"the batch changed while profiled: {breakdown}")
+    if not before["running"] == after["running"] == batch:
+        raise RuntimeError(f"the batch changed while timed: {before} -> {after}")
+    mean_context = (before["context_tokens"] + after["context_tokens"]) / 2 / batch
     for rid in ids:
         engine.abort_request(rid)
-    return elapsed, breakdown
+    return elapsed, mean_context, breakdown
 
 
 def batch_state(engine) -> dict:
@@ -99,12 +109,14 @@ def main():
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64, 256])
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="default: context + 1024 (it sets the split-KV count of captured graphs)")
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--cuda-graphs", action="store_true")
     p.add_argument("--profile", action="store_true", help="add a GPU kernel breakdown per batch")
     p.add_argument("--output", default=None)
     args = p.parse_args()
-    llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.context + args.decode_steps + 64,
+    llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len or args.context + 1024,
               max_num_seqs=max(args.batch_sizes), skip_tokenizer_init=True,
               attention_backend=args.attention_backend, enable_prefix_caching=False,
               cuda_graphs=args.cuda_graphs)
@@ -114,11 +126,11 @@ def main():
     bandwidth = copy_bandwidth(engine.device)
     rows = []
     for batch in args.batch_sizes:
-        seconds, breakdown = measure(llm, batch, args.context, args.decode_steps, cfg.vocab_size,
+        seconds, context, breakdown = measure(llm, batch, args.context, args.decode_steps, cfg.vocab_size,
                           profile=args.profile)
-        kv = batch * (args.context + args.decode_steps // 2) * kv_bytes_per_token(cfg, 2)
+        kv = batch * context * kv_bytes_per_token(cfg, 2)
         floor = (weight_bytes + kv) / bandwidth
-        rows.append(dict(batch=batch, context=args.context, step_ms=seconds * 1e3,
+        rows.append(dict(batch=batch, context=args.context, mean_context=context, step_ms=seconds * 1e3,
                          tokens_per_s=batch / seconds, floor_ms=floor * 1e3,
                          fraction_of_floor=floor / seconds, profile=breakdown))
         print(json.dumps(rows[-1]), flush=True)

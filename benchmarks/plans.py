@@ -24,6 +24,13 @@ def random_prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
     return [rng.randrange(vocab) for _ in range(length)]
 
 
+def warm_up(llm: LLM, input_len: int, vocab: int) -> None:
+    """Compiles the kernels a mixed batch needs before anything is timed."""
+    rng = random.Random(2)
+    llm.generate([random_prompt(rng, input_len, vocab) for _ in range(8)],
+                 SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+
+
 def interactive(llm: LLM, n: int, input_len: int, output_len: int, vocab: int) -> dict:
     """One request at a time; TTFT and mean time per output token after the first."""
     engine, rng = llm.llm_engine, random.Random(0)
@@ -77,6 +84,7 @@ def main():
                   enable_prefix_caching=False, **PLANS[name], cuda_graphs=args.cuda_graphs)
         row = dict(plan=name, startup_s=time.perf_counter() - start)
         vocab = llm.llm_engine.vocab_size
+        warm_up(llm, args.input_len, vocab)
         row.update(interactive(llm, args.interactive_requests, args.input_len, args.output_len, vocab))
         row.update(batch(llm, args.batch_requests, args.input_len, args.output_len, vocab))
         llm.llm_engine.shutdown()

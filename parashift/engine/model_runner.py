@@ -20,6 +20,7 @@ from parashift.loader.weights import load_model_weights
 from parashift.models.registry import model_class_for
 from parashift.parallel.shift_weights import make_shift_weights
 from parashift.parallel.state import ParallelState, use_state
+from parashift.uploads import upload
 
 logger = logging.getLogger(__name__)
 StepResult = tuple[list[int], list[dict[int, float] | None] | None]
@@ -198,13 +199,13 @@ class ModelRunner:
                  if c.token_ids[-1] == PLACEHOLDER_TOKEN and ends[i] - 1 in local]
         if not pairs:
             return
-        rows, sources = (torch.tensor(v).to(self.device, non_blocking=True) for v in zip(*pairs))
+        rows, sources = (upload(v, torch.int64, self.device) for v in zip(*pairs))
         token_ids.index_copy_(0, rows, self._prev_tokens.index_select(0, sources))
 
     def _sample_rows(self, hidden: torch.Tensor, inputs: StepInputs, sp) -> torch.Tensor:
         """Hidden states of the sampled rows, gathered from the SP rank holding each."""
         if sp.size == 1:
-            rows = torch.tensor(inputs.sample_rows).to(self.device, non_blocking=True)
+            rows = upload(inputs.sample_rows, torch.int64, self.device)
             return hidden.index_select(0, rows)  # no host sync: async scheduling overlaps
         rows = torch.zeros(len(inputs.sample_rows), hidden.shape[-1], dtype=hidden.dtype,
                            device=self.device)

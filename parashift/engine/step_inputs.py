@@ -1,10 +1,12 @@
 """The tensors of one step (or one micro-batch) on this rank."""
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from parashift.attention.metadata import AttentionMetadata
 from parashift.engine.step_batch import SeqChunk
+from parashift.uploads import upload
 
 
 @dataclass
@@ -39,7 +41,7 @@ def build_step_inputs(chunks: list[SeqChunk], block_size: int, device: torch.dev
     width = max(len(c.block_table) for c in chunks)
     tables = [c.block_table + [0] * (width - len(c.block_table)) for c in chunks]
     tables += [[0] * width] * (num_seqs - len(chunks))
-    to = _Uploader(device)
+    to = functools.partial(upload, device=device)
     attn = AttentionMetadata(
         slot_mapping=to(slots, torch.int64), query_start_loc=to(starts, torch.int32),
         seq_lens=to(seq_lens, torch.int32), block_tables=to(tables, torch.int32),
@@ -52,13 +54,3 @@ def build_step_inputs(chunks: list[SeqChunk], block_size: int, device: torch.dev
     return StepInputs(to(token_ids[local.start:local.stop], torch.int64),
                       to(positions[local.start:local.stop], torch.int64), attn, sample_rows, local)
 
-
-class _Uploader:
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def __call__(self, values, dtype) -> torch.Tensor:
-        t = torch.tensor(values, dtype=dtype)
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from parashift.sampling_params import SamplingParams
+from parashift.uploads import upload
 
 
 @dataclass
@@ -45,7 +46,7 @@ class Sampler:
         token_ids = logits.argmax(dim=-1)
         if not all(p.greedy for p in params):
             sampled = self._sample(logits, params, generators)
-            greedy = torch.tensor([p.greedy for p in params]).to(logits.device, non_blocking=True)
+            greedy = upload([p.greedy for p in params], torch.bool, logits.device)
             token_ids = torch.where(greedy, token_ids, sampled)
         logprobs = _gather_logprobs(logits, params, token_ids) if with_logprobs else None
         return SamplerOutput(token_ids, logprobs)
@@ -77,7 +78,7 @@ class Sampler:
 def _row_params(params: list[SamplingParams], vocab_size: int, device: torch.device) -> _RowParams:
     """Greedy rows get neutral values: their sampled token is discarded anyway."""
     def tensor(values, dtype):
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+        return upload(values, dtype, device)
 
     sampled = [p for p in params if not p.greedy]
     temperature = [1.0 if p.greedy else p.temperature for p in params]
@@ -132,7 +133,7 @@ def _gather_logprobs(logits: torch.Tensor, params: list[SamplingParams],
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not rows:
         return None
-    index = torch.tensor(rows).to(logits.device, non_blocking=True)
+    index = upload(rows, torch.int64, logits.device)
     logprobs = logits.index_select(0, index).log_softmax(dim=-1)
     sampled_ids = token_ids.index_select(0, index)
     sampled_lp = logprobs.gather(1, sampled_ids.unsqueeze(1)).squeeze(1)
