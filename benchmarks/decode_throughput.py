@@ -4,6 +4,7 @@ Usage (GPU): python3 benchmarks/decode_throughput.py --model benchmarks/shapes/l
     --batch-sizes 1 16 64 256 --context 1024 --decode-steps 32
 Random weights (speed only). Floor = (weight bytes + KV bytes read) / measured copy bandwidth."""
 import argparse
+import contextlib
 import json
 import random
 import time
@@ -54,14 +55,17 @@ def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
     before = batch_state(engine)
     start = time.perf_counter()
     ends = []
-    for _ in range(steps):
-        engine.step()
-        ends.append(time.perf_counter())
+    with device_waits() as waited:
+        for _ in range(steps):
+            engine.step()
+            ends.append(time.perf_counter())
     torch.cuda.synchronize()
     elapsed = (time.perf_counter() - start) / steps
     gaps = [1e3 * (b - a) for a, b in zip([start] + ends, ends)]
     after = batch_state(engine)
-    print(json.dumps({"batch": batch, "step_ms_each": [round(g, 2) for g in gaps],
+    host_ms = 1e3 * (elapsed - waited[0] / steps)
+    print(json.dumps({"batch": batch, "host_ms_per_step": round(host_ms, 3),
+                      "step_ms_each": [round(g, 2) for g in gaps],
                       "before_timed": before, "after_timed": after}), flush=True)
     breakdown = kernel_breakdown(llm) if profile else None
     if profile:
@@ -74,6 +78,28 @@ def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
     for rid in ids:
         engine.abort_request(rid)
     return elapsed, mean_context, breakdown
+
+
+@contextlib.contextmanager
+def device_waits():
+    """Sums the seconds the host blocks on step results (PendingStep.result) into the
+    yielded list's one item. Wall time minus that is the host's own work: when it is
+    near the step time, the host, not the GPU, sets the pace."""
+    from parashift.engine.model_runner import PendingStep
+    original, total = PendingStep.result, [0.0]
+
+    def timed(self):
+        start = time.perf_counter()
+        try:
+            return original(self)
+        finally:
+            total[0] += time.perf_counter() - start
+
+    PendingStep.result = timed
+    try:
+        yield total
+    finally:
+        PendingStep.result = original
 
 
 def batch_state(engine) -> dict:

@@ -22,7 +22,7 @@ from parashift.attention.triton_kernels import (paged_attention_kernel, reduce_s
 # least MIN_SPLIT_TOKENS of context.
 PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 128
-MAX_SPLITS = 64
+MAX_SPLITS = 32
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 
