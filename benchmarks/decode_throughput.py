@@ -138,7 +138,8 @@ def main():
     p.add_argument("--max-model-len", type=int, default=None,
                    help="default: context + 1024 (it sets the split-KV count of captured graphs)")
     p.add_argument("--attention-backend", default="auto")
-    p.add_argument("--cuda-graphs", action="store_true")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="default: on where possible (CUDA, triton attention)")
     p.add_argument("--profile", action="store_true", help="add a GPU kernel breakdown per batch")
     p.add_argument("--output", default=None)
     args = p.parse_args()
@@ -161,7 +162,7 @@ def main():
                          fraction_of_floor=floor / seconds, profile=breakdown))
         print(json.dumps(rows[-1]), flush=True)
     summary = dict(model=args.model, device=torch.cuda.get_device_name(),
-                   backend=engine.runner.backend.name, cuda_graphs=args.cuda_graphs,
+                   backend=engine.runner.backend.name, cuda_graphs=engine.runner.graphs is not None,
                    copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9, rows=rows)
     print(json.dumps(summary, indent=1))
     if args.output:

@@ -90,7 +90,8 @@ def main():
     p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--output-len", type=int, default=256)
-    p.add_argument("--cuda-graphs", action="store_true")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="default: on where possible (CUDA, triton attention)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=2048, skip_tokenizer_init=True,

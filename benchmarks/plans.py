@@ -71,7 +71,8 @@ def main():
     p.add_argument("--input-len", type=int, default=4096)
     p.add_argument("--output-len", type=int, default=250)
     p.add_argument("--shift-threshold", type=int, default=None)
-    p.add_argument("--cuda-graphs", action="store_true")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="default: on where possible (CUDA, triton attention)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     if args.shift_threshold is not None:

@@ -48,7 +48,8 @@ def main():
     p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
     p.add_argument("--prompt-lens", type=int, nargs="+", default=[512, 4096])
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--cuda-graphs", action="store_true")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="default: on where possible (CUDA, triton attention)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     longest = max(args.prompt_lens)

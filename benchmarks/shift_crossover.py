@@ -87,7 +87,8 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="auto")
-    p.add_argument("--cuda-graphs", action="store_true")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="default: on where possible (CUDA, triton attention)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, skip_tokenizer_init=True,

@@ -52,7 +52,7 @@ class EngineConfig:
     # (512: the shift plan was faster at every decode size up to 512 on 2xH200, 8B; docs/benchmarks.md)
     shift_weights: str = "separate"          # shift policy: separate | slice
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
-    cuda_graphs: bool = False                # decode steps as CUDA graphs (see docs/benchmarks.md)
+    cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
     async_scheduling: bool | None = None     # schedule the next step while one runs; None = auto
 

@@ -5,10 +5,8 @@ padded (see build_step_inputs). The bucket is a function of the step message
 alone, so every rank of a replica replays the same graph and the collectives
 inside stay matched. Attention metadata is read from static buffers that each
 step refills; the split-KV grid was fixed at capture for max_model_len, which
-stays correct for any shorter context.
-
-Status: written and unit-tested on the CPU where possible (padding); capture and
-replay still need their first GPU run, so this is off unless --cuda-graphs is set."""
+stays correct for any shorter context. On by default on CUDA (`--enforce-eager`
+turns them off); tests/engine/test_gpu_engine.py checks them against eager."""
 import torch
 
 from parashift.attention.metadata import AttentionMetadata

@@ -85,11 +85,18 @@ class ModelRunner:
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
         self._report_kv_replication(hf_config.num_key_value_heads)
-        self.graphs = self._capture_graphs() if config.cuda_graphs else None
+        self.graphs = self._capture_graphs() if self._use_graphs(config.cuda_graphs) else None
+
+    def _use_graphs(self, requested: bool | None) -> bool:
+        """By default (None) wherever they work: CUDA, Triton attention, one stage."""
+        possible = (self.device.type == "cuda" and self.backend.name == "triton"
+                    and all(s.pp.size == 1 for s in self.states.values()))
+        if requested and not possible:
+            raise ValueError("CUDA graphs need a CUDA device, the triton attention backend and "
+                             "no pipeline parallelism")
+        return possible if requested is None else requested
 
     def _capture_graphs(self) -> DecodeGraphs:
-        if self.device.type != "cuda" or self.backend.name != "triton":
-            raise ValueError("CUDA graphs need a CUDA device and the triton attention backend")
         states = list({id(s): s for s in self.states.values()}.values())
         return DecodeGraphs(self.model, self.backend, states, self.block_size,
                             self.max_model_len, self.config.max_num_seqs, self.device)

@@ -56,9 +56,11 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
                            help=f"{name.replace('_', ' ')} (default: {defaults[name]})")
     group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                        action="store_false", help="turn prefix caching off")
-    group.add_argument("--cuda-graphs", action="store_true",
-                       help="run decode steps as CUDA graphs (the GPU fast path; off by "
-                            "default until its single-GPU test against eager has run)")
+    group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                       help="run decode steps as CUDA graphs (default: on where possible: "
+                            "CUDA, triton attention, no pipeline parallelism)")
+    group.add_argument("--enforce-eager", dest="cuda_graphs", action="store_const", const=False,
+                       help="no CUDA graphs (as vLLM's flag; same as --no-cuda-graphs)")
     group.add_argument("--disable-fast-all-reduce", dest="fast_all_reduce", action="store_false",
                        help="all-reduce through NCCL only (no symmetric-memory one-shot path)")
     group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,

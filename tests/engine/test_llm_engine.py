@@ -164,3 +164,8 @@ def test_padded_steps_give_identical_output(tiny_llama_dir, reference, monkeypat
                                                           pad_to=len(chunks) + 3))
     llm = tiny_llm(tiny_llama_dir)
     assert token_ids(llm.generate(prompts[:5], GREEDY)) == expected[:5]
+
+
+def test_cuda_graphs_default_to_off_where_impossible(tiny_llama_dir):
+    llm = tiny_llm(tiny_llama_dir)
+    assert llm.llm_engine.config.cuda_graphs is None and llm.llm_engine.runner.graphs is None

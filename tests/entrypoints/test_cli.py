@@ -40,3 +40,16 @@ def test_every_command_has_help(command, capsys):
         main([command, "--help"])
     assert exit_info.value.code == 0
     assert "usage: parashift" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, expected", [([], None), (["--cuda-graphs"], True),
+                                             (["--no-cuda-graphs"], False),
+                                             (["--enforce-eager"], False)])
+def test_cuda_graph_flags(flags, expected):
+    """Graphs default to 'where possible' (None); vLLM's --enforce-eager turns them off."""
+    import argparse
+
+    from parashift.entrypoints.engine_args import add_engine_args, engine_config_from_args
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_config_from_args(parser.parse_args(flags)).cuda_graphs is expected
