@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parashift.kernels import use_triton
 from parashift.loader.lazy import as_tensor
 from parashift.parallel.state import get_tp
 
@@ -14,6 +15,13 @@ def _divide(n: int, d: int, what: str) -> int:
     if n % d:
         raise ValueError(f"{what} = {n} is not divisible by the tensor-parallel degree {d}")
     return n // d
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if use_triton(x):
+        from parashift.kernels import skinny_gemm
+        return skinny_gemm.linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 class LinearBase(nn.Module):
@@ -69,8 +77,8 @@ class ColumnParallelLinear(LinearBase):
     def forward(self, x):
         parts = self._active_parts()
         if len(parts) == 1:
-            return F.linear(x, *parts[0])
-        return torch.cat([F.linear(x, w, b) for w, b in parts], dim=-1)
+            return linear(x, *parts[0])
+        return torch.cat([linear(x, w, b) for w, b in parts], dim=-1)
 
     def _row_blocks(self) -> list[tuple[int, int]]:
         """(offset, size) of the base shard's output segments, split again for the shift plan."""
@@ -177,5 +185,5 @@ class RowParallelLinear(LinearBase):
     def forward(self, x):
         tp = get_tp()
         weight, bias = self._active_parts()[0]
-        y = F.linear(x, weight, bias if tp.rank == 0 else None)
+        y = linear(x, weight, bias if tp.rank == 0 else None)
         return tp.all_reduce(y)

@@ -1,0 +1,111 @@
+"""y = x W^T + b for a few rows of x (decode at batch 1 to 4), streaming W once.
+
+At one to four rows a linear layer is a weight read: cuBLAS tiles small projections
+(the 8B shape's qkv and o) into too few CTAs to keep the H200's memory busy, and splits
+K for others, which costs a reduction kernel. Here each program owns BLOCK_N output
+columns over all of K, so there is no reduction, and a shape gets this kernel only where
+it measured faster than cuBLAS on the device (`linear`)."""
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+import triton.testing
+
+MAX_ROWS = 4
+# Triton must beat cuBLAS by this factor to be chosen: timings of a few µs are noisy.
+MARGIN = 0.97
+
+
+@dataclass(frozen=True)
+class Config:
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+CONFIGS = (Config(16, 512, 4, 3), Config(32, 256, 4, 4), Config(32, 512, 4, 3),
+           Config(64, 256, 4, 3), Config(64, 128, 4, 4), Config(128, 128, 8, 3))
+
+
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = offs_m < M, offs_n < N
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0)
+        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k[None, :] < K), other=0.0)
+        if IEEE:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  config: Config) -> torch.Tensor:
+    """x [M <= MAX_ROWS, K], weight [N, K] with unit stride along K (row slices of a
+    larger weight are fine), bias [N] or None."""
+    if x.dim() != 2 or x.shape[0] > MAX_ROWS:
+        raise ValueError(f"skinny_linear takes 2-D x of at most {MAX_ROWS} rows, got {tuple(x.shape)}")
+    if weight.stride(1) != 1:
+        raise ValueError("skinny_linear needs the weight's last dimension contiguous")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    (m, k), n = x.shape, weight.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    _skinny_kernel[(triton.cdiv(n, config.block_n),)](
+        x, weight, bias if bias is not None else weight, y, m, n, k,
+        x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
+        IEEE=x.dtype == torch.float32, BLOCK_M=16, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages)
+    return y
+
+
+_choices: dict[tuple, Config | None] = {}
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear on CUDA, or the skinny kernel for the shapes where it measured faster.
+    A shape is measured on its first call outside a CUDA graph capture (the graphs'
+    warm-up runs come first); during a capture an unmeasured shape takes cuBLAS."""
+    if x.dim() != 2 or x.shape[0] > MAX_ROWS:
+        return F.linear(x, weight, bias)
+    key = (x.shape[0], tuple(weight.shape), weight.stride(0), x.dtype, x.device,
+           bias is not None)
+    if key not in _choices:
+        if torch.cuda.is_current_stream_capturing():
+            return F.linear(x, weight, bias)
+        _choices[key] = choose(timings_ms(x, weight, bias))
+    config = _choices[key]
+    return F.linear(x, weight, bias) if config is None else skinny_linear(x, weight, bias, config)
+
+
+def choose(timings: dict[Config | None, float]) -> Config | None:
+    """The fastest config, or None (cuBLAS) unless a config beats it by MARGIN."""
+    best = min((c for c in timings if c is not None), key=timings.__getitem__, default=None)
+    if best is None or timings[best] > MARGIN * timings[None]:
+        return None
+    return best
+
+
+def timings_ms(x, weight, bias) -> dict[Config | None, float]:
+    """Milliseconds per call of cuBLAS (None) and of each config, L2 flushed between."""
+    timings = {None: triton.testing.do_bench(lambda: F.linear(x, weight, bias), warmup=5, rep=20)}
+    for config in CONFIGS:
+        if config.block_n <= triton.next_power_of_2(weight.shape[0]):
+            timings[config] = triton.testing.do_bench(
+                lambda c=config: skinny_linear(x, weight, bias, c), warmup=5, rep=20)
+    return timings
