@@ -115,6 +115,33 @@ class TritonAttentionBackend:
         return out
 
 
+    def warm_up(self, num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                dtype: torch.dtype) -> int:
+        """Compiles every attention variant a step can launch over this cache with
+        `num_heads` query heads per rank: the decode and the prefill config, each at every
+        split count. Otherwise the first steps to need one wait for Triton's compiler
+        (seconds each) while requests queue. Returns the number of launches."""
+        _check_cache(k_cache, v_cache)
+        device, head_dim = k_cache.device, k_cache.shape[3]
+        launches = 0
+        for decode, q_len in ((True, 1), (False, 2)):
+            meta = AttentionMetadata(
+                slot_mapping=torch.full((q_len,), -1, dtype=torch.int64, device=device),
+                query_start_loc=torch.tensor([0, q_len], dtype=torch.int32, device=device),
+                seq_lens=torch.tensor([q_len], dtype=torch.int32, device=device),
+                block_tables=torch.zeros(1, 1, dtype=torch.int32, device=device),
+                query_start_loc_cpu=[0, q_len], seq_lens_cpu=[q_len], max_query_len=q_len,
+                max_seq_len=q_len, block_size=k_cache.shape[1])
+            q = torch.zeros(q_len, num_heads, head_dim, dtype=dtype, device=device)
+            out = torch.zeros_like(q)
+            seqs = _SeqRange(0, 1, 0, q_len, decode=decode)
+            for splits in (1 << i for i in range(MAX_SPLITS.bit_length())):
+                _launch_attention(out, q, k_cache, v_cache, meta, 1.0, seqs, splits)
+                launches += 1
+        torch.cuda.synchronize(device)
+        return launches
+
+
 @dataclass(frozen=True)
 class _SeqRange:
     """Sequences [first, end) of the step, launched together; the grid covers
@@ -152,7 +179,8 @@ class _Launch:
     num_splits: int
 
 
-def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange) -> _Launch:
+def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
+                 num_splits: int | None = None) -> _Launch:
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -163,13 +191,15 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange) -> _Launc
     block_q = max(1, config.block_m // group_p)
     num_q_blocks = seqs.num_tokens // block_q + seqs.end - seqs.first
     partial_bytes = seqs.num_tokens * num_heads * (head_dim + 2) * 4
-    num_splits = choose_num_splits(num_q_blocks * num_kv_heads, meta.max_seq_len,
-                                   partial_bytes, _num_sms(q.device))
+    if num_splits is None:
+        num_splits = choose_num_splits(num_q_blocks * num_kv_heads, meta.max_seq_len,
+                                       partial_bytes, _num_sms(q.device))
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits)
 
 
-def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange):
-    launch = _plan_launch(q, k_cache, meta, seqs)
+def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
+                      num_splits: int | None = None):
+    launch = _plan_launch(q, k_cache, meta, seqs, num_splits)
     num_heads, head_dim = q.shape[1:]
     split = launch.num_splits > 1
     if split:

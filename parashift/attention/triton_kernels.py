@@ -12,9 +12,25 @@ A launch covers a range of sequences whose query rows start at token_offset.
 Query blocks are numbered so that sequence i's blocks start at
 (query_start_loc[i] - token_offset) // BLOCK_Q + i. That bound only depends on
 the token and sequence counts, so the grid never depends on data values;
-programs past a sequence's last query token exit at once."""
+programs past a sequence's last query token exit at once.
+
+Triton compiles a variant per value class of each integer and pointer argument (== 1,
+divisible by 16, aligned). The arguments that vary from step to step only in such ways
+(sequence counts, offsets, slices of the metadata) are kept out of that, so the variants a
+server can meet are few and `TritonAttentionBackend.warm_up` compiles all of them."""
+import inspect
+
 import triton
 import triton.language as tl
+
+
+def _jit_generic_in(*names: str):
+    """triton.jit with `names` specialized neither on value nor on alignment."""
+    options = {"do_not_specialize": names}
+    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+        options["do_not_specialize_on_alignment"] = names
+    return triton.jit(**options)
+
 
 # Running max before any visible key: finite, so fully masked rows give
 # exp2(-inf - NEG_BIG) = 0 instead of NaN.
@@ -139,7 +155,8 @@ def _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i, row, row
     tl.store(acc_ptrs, acc, mask=io_mask)
 
 
-@triton.jit
+@_jit_generic_in("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr", "num_seqs",
+                 "token_offset", "stride_bt")
 def paged_attention_kernel(
         out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr,
@@ -202,7 +219,7 @@ def paged_attention_kernel(
                  mask=io_mask)
 
 
-@triton.jit
+@_jit_generic_in("query_start_loc_ptr", "num_seqs", "token_offset")
 def reduce_splits_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr,
                          num_seqs, token_offset, stride_ot, stride_oh,
                          NUM_SPLITS: tl.constexpr, NUM_SPLITS_P: tl.constexpr,

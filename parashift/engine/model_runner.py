@@ -14,7 +14,7 @@ from parashift.engine.scheduler import PLACEHOLDER_TOKEN
 from parashift.engine.step_batch import RequestTables, SeqChunk, StepBatch
 from parashift.engine.step_inputs import StepInputs, build_step_inputs
 from parashift.forward_context import ForwardContext, forward_context
-from parashift.kv.cache import KVCache
+from parashift.kv.cache import KVCache, attention_layers
 from parashift.layers.sampler import Sampler
 from parashift.loader.weights import load_model_weights
 from parashift.models.registry import model_class_for
@@ -85,6 +85,7 @@ class ModelRunner:
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
         self._report_kv_replication(hf_config.num_key_value_heads)
+        self._warm_up_attention()
         self.graphs = self._capture_graphs() if self._use_graphs(config.cuda_graphs) else None
 
     def _use_graphs(self, requested: bool | None) -> bool:
@@ -100,6 +101,14 @@ class ModelRunner:
         states = list({id(s): s for s in self.states.values()}.values())
         return DecodeGraphs(self.model, self.backend, states, self.block_size,
                             self.max_model_len, self.config.max_num_seqs, self.device)
+
+    def _warm_up_attention(self) -> None:
+        """Compiles the attention kernels' variants before any request can wait for them.
+        Every plan of this runner gives a rank the same query heads per KV head."""
+        layers = attention_layers(self.model)
+        if hasattr(self.backend, "warm_up") and layers:
+            self.backend.warm_up(layers[0].num_heads // self.state.sp.size, layers[0].k_cache,
+                                 layers[0].v_cache, self.dtype)
 
     def _report_kv_replication(self, total_kv_heads: int) -> None:
         """With more SP x TP ranks than KV heads, each KV head is held by several ranks."""

@@ -209,3 +209,27 @@ def _load_into(static: Step, new: Step):
         getattr(static, name).copy_(getattr(new, name))
     for name in ("slot_mapping", "seq_lens", "block_tables", "query_start_loc"):
         getattr(static.meta, name).copy_(getattr(new.meta, name))
+
+
+def _compiled_variants(kernels) -> int:
+    """Compiled variants held by Triton's in-memory caches of `kernels`."""
+    try:
+        return sum(len(entry[0]) for k in kernels for entry in k.device_caches.values())
+    except (AttributeError, TypeError, IndexError):
+        pytest.skip("this Triton does not expose JITFunction.device_caches")
+
+
+def test_warm_up_leaves_nothing_to_compile():
+    """After warm_up, steps of any mix of decodes and prefills, context lengths and batch
+    sizes launch only variants it compiled: no request waits for Triton's compiler."""
+    from parashift.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel
+    kernels = (paged_attention_kernel, reduce_splits_kernel)
+    backend = TritonAttentionBackend()
+    first = make_step([1], [16], num_heads=8, num_kv_heads=2)
+    assert backend.warm_up(8, first.k_cache, first.v_cache, first.q.dtype) == 12
+    compiled = _compiled_variants(kernels)
+    shapes = [([1] * 3, [17, 300, 5000]), ([1] * 37, [100] * 37), ([1, 1, 1, 9], [20, 4000, 33, 9]),
+              ([1] * 5 + [70, 3], [64] * 5 + [70, 515]), ([300], [300]), ([2, 1], [900, 12])]
+    for q_lens, seq_lens in shapes:
+        run(backend, make_step(q_lens, seq_lens, num_heads=8, num_kv_heads=2))
+    assert _compiled_variants(kernels) == compiled
