@@ -31,7 +31,10 @@ def time_steps(llm: LLM, plan, steps: int) -> float:
 
 def measure(llm: LLM, num_seqs: int, context: int, steps: int) -> dict:
     engine, rng = llm.llm_engine, random.Random(num_seqs)
-    params = SamplingParams(temperature=0, max_tokens=4 * steps + 16, ignore_eos=True)
+    # Sequences admitted first decode while the rest prefill: room to the end of the
+    # context window keeps every one running until the timing is over.
+    params = SamplingParams(temperature=0, max_tokens=engine.max_model_len - context,
+                            ignore_eos=True)
     ids = [f"n{num_seqs}-{i}" for i in range(num_seqs)]
     for rid in ids:
         engine.add_request(rid, [rng.randrange(engine.vocab_size) for _ in range(context)], params)
@@ -42,6 +45,8 @@ def measure(llm: LLM, num_seqs: int, context: int, steps: int) -> dict:
     row = {"tokens": num_seqs}
     for plan in engine.policy.plans:
         row[plan.name()] = 1e3 * time_steps(llm, plan, steps)
+    if len(engine.scheduler.running) != num_seqs:
+        raise RuntimeError(f"{len(engine.scheduler.running)} of {num_seqs} sequences ran to the end")
     for rid in ids:
         engine.abort_request(rid)
     return row
@@ -85,6 +90,8 @@ def main():
                    help="also time single-prompt prefill steps of these sizes, e.g. 1024 2048 4096")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="default: room for 1024 tokens past --context (no sequence finishes early)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="auto")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
@@ -92,7 +99,7 @@ def main():
     p.add_argument("--output", default=None)
     args = p.parse_args()
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, skip_tokenizer_init=True,
-              max_model_len=max([args.context + 4 * args.steps + 64, *args.prefill_tokens]) + 16,
+              max_model_len=args.max_model_len or max([args.context + 1024, *args.prefill_tokens]) + 16,
               max_num_batched_tokens=max([8192, *args.prefill_tokens]),
               max_num_seqs=max(args.tokens),
               enable_prefix_caching=False, parallel_policy="shift",
