@@ -99,21 +99,27 @@ class TritonAttentionBackend:
         if num_heads % k_cache.shape[2]:
             raise ValueError(f"{num_heads} query heads do not share {k_cache.shape[2]} "
                              "KV heads evenly")
-        if meta.static_shape:  # rows of no sequence stay zero; which they are is on the device
-            out, real_tokens = torch.zeros_like(q), num_tokens
+        real_tokens = num_tokens
+        if not meta.static_shape:
+            real_tokens = meta.query_start_loc_cpu[-1] if meta.num_seqs else 0
+            if real_tokens == 0:
+                return torch.zeros_like(q)
+        launches = [(seqs, _plan_launch(q, k_cache, meta, seqs))
+                    for seqs in _split_decodes(meta, num_tokens)]
+        if meta.static_shape:
+            # Rows of no sequence must be zero, and which they are is known on the device
+            # only: the split reduction writes their zeros, else a fill does.
+            reduced = all(launch.num_splits > 1 for _, launch in launches)
+            out = torch.empty_like(q) if reduced else torch.zeros_like(q)
         else:
             out = torch.empty_like(q)
-            real_tokens = meta.query_start_loc_cpu[-1] if meta.num_seqs else 0
             if real_tokens < num_tokens:
                 out[real_tokens:].zero_()
-        if real_tokens == 0:
-            return out
         q = _last_dim_contiguous(q)
         _check_cache(k_cache, v_cache)
-        for seqs in _split_decodes(meta, num_tokens):
-            _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs)
+        for seqs, launch in launches:
+            _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs, launch)
         return out
-
 
     def warm_up(self, num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 dtype: torch.dtype) -> int:
@@ -136,9 +142,11 @@ class TritonAttentionBackend:
             out = torch.zeros_like(q)
             seqs = _SeqRange(0, 1, 0, q_len, decode=decode)
             for splits in (1 << i for i in range(MAX_SPLITS.bit_length())):
-                _launch_attention(out, q, k_cache, v_cache, meta, 1.0, seqs, splits)
+                launch = _plan_launch(q, k_cache, meta, seqs, num_splits=splits)
+                _launch_attention(out, q, k_cache, v_cache, meta, 1.0, seqs, launch)
                 launches += 1
-        torch.cuda.synchronize(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         return launches
 
 
@@ -197,9 +205,7 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits)
 
 
-def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
-                      num_splits: int | None = None):
-    launch = _plan_launch(q, k_cache, meta, seqs, num_splits)
+def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch):
     num_heads, head_dim = q.shape[1:]
     split = launch.num_splits > 1
     if split:

@@ -25,10 +25,10 @@ class Step:
 
 
 def make_step(q_lens, seq_lens, num_heads=8, num_kv_heads=2, head_dim=128, block_size=16,
-              dtype=torch.bfloat16, pad_tokens=0, seed=0) -> Step:
+              dtype=torch.bfloat16, pad_tokens=0, seed=0, device="cuda") -> Step:
     """Sequence i has seq_lens[i] tokens of context, the last q_lens[i] new;
     its blocks are a random, non-contiguous part of the pool."""
-    dev = torch.device("cuda")
+    dev = torch.device(device)
     gen = torch.Generator(dev).manual_seed(seed)
     blocks = [-(-s // block_size) for s in seq_lens]
     num_blocks = sum(blocks) + 5
@@ -68,7 +68,7 @@ def make_step(q_lens, seq_lens, num_heads=8, num_kv_heads=2, head_dim=128, block
 
 
 def _randn(shape, dtype, gen):
-    return torch.randn(shape, generator=gen, device="cuda").to(dtype)
+    return torch.randn(shape, generator=gen, device=gen.device).to(dtype)
 
 
 def run(backend, step: Step, k_cache=None, v_cache=None) -> torch.Tensor:
@@ -165,6 +165,19 @@ def test_write_kv_matches_reference_on_strided_inputs():
 
 def test_padding_rows_give_zeros():
     step = make_step([2, 1], [10, 300], pad_tokens=6)
+    out = run(TritonAttentionBackend(), step)
+    assert torch.equal(out[3:], torch.zeros_like(out[3:]))
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_static_shape_padding_rows_give_zeros(monkeypatch, num_splits):
+    """In a graph the padding rows are known on the device only: with splits the reduction
+    zeroes them (no fill), without, a fill does. Poisoned memory shows a missed row."""
+    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: num_splits)
+    step = make_step([1, 1, 1], [40, 300, 7], pad_tokens=5)
+    step.meta = AttentionMetadata(**{**step.meta.__dict__, "static_shape": True})
+    poison = torch.full_like(step.q, float("nan"))
+    del poison  # the caching allocator hands this block to the next tensor of its size
     out = run(TritonAttentionBackend(), step)
     assert torch.equal(out[3:], torch.zeros_like(out[3:]))
 

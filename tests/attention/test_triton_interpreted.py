@@ -1,0 +1,74 @@
+"""The Triton attention backend on the CPU, under the Triton interpreter (float32 and
+float16), against the torch reference: the same kernels the GPU compiles, so CI covers
+them. The compiled, bf16 and CUDA-graph cases are in test_triton_backend.py."""
+import pytest
+import torch
+
+from parashift.attention import triton_backend
+from parashift.attention.metadata import AttentionMetadata
+from parashift.attention.torch_ref import TorchAttentionBackend
+from tests.attention.test_triton_backend import make_step, run
+from tests.kernels.common import case_id, run_interpreted
+
+pytest.importorskip("triton")
+
+# num_splits forces the split-KV count; static: the metadata of a CUDA-graph step, whose
+# padding rows only the device knows (with splits the reduction must zero them)
+CASES = [
+    dict(q_lens=[1, 5, 1, 20], seq_lens=[40, 70, 200, 20], pad_tokens=3),
+    dict(q_lens=[1] * 6, seq_lens=[1, 17, 100, 33, 64, 250]),
+    dict(q_lens=[48], seq_lens=[48]),
+    dict(q_lens=[1, 30], seq_lens=[500, 90], num_splits=8),
+    dict(q_lens=[1, 1, 1], seq_lens=[40, 300, 7], pad_tokens=5, static=True, num_splits=4),
+    dict(q_lens=[1, 1, 1], seq_lens=[40, 300, 7], pad_tokens=5, static=True, num_splits=1),
+    dict(q_lens=[1, 9], seq_lens=[33, 60], num_heads=8, num_kv_heads=1),
+    dict(q_lens=[2, 1], seq_lens=[80, 19], num_heads=6, num_kv_heads=2, block_size=32),
+]
+DTYPES = ("float32", "float16")
+TOLERANCE = {"float32": 1e-4, "float16": 2e-3}
+
+
+def check(q_lens, seq_lens, dtype, num_heads=4, num_kv_heads=2, block_size=16, pad_tokens=0,
+          static=False, num_splits=None):
+    step = make_step(q_lens, seq_lens, num_heads, num_kv_heads, head_dim=32,
+                     block_size=block_size, dtype=getattr(torch, dtype), pad_tokens=pad_tokens,
+                     device="cpu")
+    expected = run(TorchAttentionBackend(), step)
+    if static:
+        step.meta = AttentionMetadata(**{**step.meta.__dict__, "static_shape": True})
+    chooser = triton_backend.choose_num_splits
+    if num_splits is not None:
+        triton_backend.choose_num_splits = lambda *args: num_splits
+    try:
+        actual = run(triton_backend.TritonAttentionBackend(), step)
+    finally:
+        triton_backend.choose_num_splits = chooser
+    torch.testing.assert_close(actual, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+def check_warm_up(dtype):
+    step = make_step([1], [16], head_dim=32, dtype=getattr(torch, dtype), device="cpu")
+    launches = triton_backend.TritonAttentionBackend().warm_up(8, step.k_cache, step.v_cache,
+                                                               step.q.dtype)
+    assert launches == 2 * triton_backend.MAX_SPLITS.bit_length()
+
+
+ALL = [{**case, "dtype": dtype} for dtype in DTYPES for case in CASES]
+_results: dict[str, list] = {}
+
+
+def _result(check_name: str, cases: list[dict], i: int):
+    if check_name not in _results:  # one child process runs every case of a check
+        _results[check_name] = run_interpreted(__name__, check_name, cases)
+    if _results[check_name][i] is not None:
+        pytest.fail(_results[check_name][i], pytrace=False)
+
+
+@pytest.mark.parametrize("i", range(len(ALL)), ids=[case_id(c) for c in ALL])
+def test_matches_reference(i):
+    _result("check", ALL, i)
+
+
+@pytest.mark.parametrize("i", range(len(DTYPES)), ids=DTYPES)
+def test_warm_up_launches_every_variant(i):
+    _result("check_warm_up", [{"dtype": d} for d in DTYPES], i)
