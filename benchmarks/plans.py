@@ -3,11 +3,14 @@ TPOT and the `batch` workload's combined throughput (../shared/workloads.md),
 in process (no HTTP), random weights.
 
 Usage (2 GPUs): python3 benchmarks/plans.py --model benchmarks/shapes/llama-3.1-8b.json \
-    --plans single tp2 dp2 sp2 pp2 --interactive-requests 20 --batch-requests 1000"""
+    --plans single tp2 dp2 sp2 pp2 shift2 --interactive-requests 20 --batch-requests 1000
+A plan is `single` or degrees joined, e.g. tp8, dp4tp2, sp4tp2; `shift-` before one runs
+the shift policy over it as base plan (shift-sp8, shift-sp4tp2; shift2 = shift-sp2)."""
 import argparse
 import gc
 import json
 import random
+import re
 import statistics
 import time
 
@@ -15,9 +18,20 @@ import torch
 
 from parashift import LLM, SamplingParams
 
-PLANS = {"single": {}, "tp2": dict(tensor_parallel_size=2), "dp2": dict(data_parallel_size=2),
-         "sp2": dict(sequence_parallel_size=2), "pp2": dict(pipeline_parallel_size=2),
-         "shift2": dict(sequence_parallel_size=2, parallel_policy="shift")}
+DEGREES = {"dp": "data_parallel_size", "tp": "tensor_parallel_size",
+           "sp": "sequence_parallel_size", "pp": "pipeline_parallel_size"}
+ALIASES = {"shift2": "shift-sp2"}
+
+
+def plan_options(name: str) -> dict:
+    """Engine options of a plan name (see the module docstring)."""
+    name = ALIASES.get(name, name)
+    body = name.removeprefix("shift-")
+    degrees = re.findall(r"(dp|tp|sp|pp)(\d+)", body)
+    if body != "single" and "".join(kind + size for kind, size in degrees) != body:
+        raise ValueError(f"plan {name!r}: use single or degrees like dp4tp2, optionally shift-")
+    options = {DEGREES[kind]: int(size) for kind, size in degrees}
+    return {**options, "parallel_policy": "shift"} if name.startswith("shift-") else options
 
 
 def random_prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
@@ -65,24 +79,29 @@ def batch(llm: LLM, n: int, input_len: int, output_len: int, vocab: int) -> dict
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
-    p.add_argument("--plans", nargs="+", default=list(PLANS), choices=list(PLANS))
+    p.add_argument("--plans", nargs="+", default=["single", "tp2", "dp2", "sp2", "shift2"])
     p.add_argument("--interactive-requests", type=int, default=20)
     p.add_argument("--batch-requests", type=int, default=1000)
     p.add_argument("--input-len", type=int, default=4096)
     p.add_argument("--output-len", type=int, default=250)
     p.add_argument("--shift-threshold", type=int, default=None)
+    p.add_argument("--shift-weights", choices=["separate", "slice"], default=None)
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on where possible (CUDA, triton attention)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
-    if args.shift_threshold is not None:
-        PLANS["shift2"]["shift_threshold"] = args.shift_threshold
+    plans = {name: plan_options(name) for name in args.plans}
+    for options in plans.values():
+        if options.get("parallel_policy") == "shift":
+            for name in ("shift_threshold", "shift_weights"):
+                if getattr(args, name) is not None:
+                    options[name] = getattr(args, name)
     rows = []
-    for name in args.plans:
+    for name, options in plans.items():
         start = time.perf_counter()
         llm = LLM(model=args.model, dtype="bfloat16", skip_tokenizer_init=True,
                   max_model_len=args.input_len + args.output_len + 16, max_num_seqs=256,
-                  enable_prefix_caching=False, **PLANS[name], cuda_graphs=args.cuda_graphs)
+                  enable_prefix_caching=False, **options, cuda_graphs=args.cuda_graphs)
         row = dict(plan=name, startup_s=time.perf_counter() - start)
         vocab = llm.llm_engine.vocab_size
         warm_up(llm, args.input_len, vocab)
