@@ -6,7 +6,8 @@
 set -u
 model=benchmarks/shapes/llama-3.1-8b.json; num=${1:-200}
 python3 -m pytest -q tests/kernels tests/attention tests/engine/test_gpu_engine.py 2>&1 | tail -3
-python3 benchmarks/decode_throughput.py --model $model --batch-sizes 1 16 64 256 \
+python3 benchmarks/skinny_gemm.py --model $model --rows 1 2 4 2>&1 | grep '^{' | cut -c1-300
+python3 benchmarks/decode_throughput.py --model $model --batch-sizes 1 16 64 256 --max-model-len 8192 \
   --decode-steps 32 --cuda-graphs --profile --output "$OUT/decode.json" 2>&1 | grep '^{"batch' | cut -c1-400
 python3 benchmarks/prefill_throughput.py --model $model --prompt-lens 512 4096 \
   --output "$OUT/prefill.json" 2>&1 | grep '^{'
