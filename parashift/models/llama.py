@@ -28,8 +28,8 @@ class LlamaAttention(nn.Module):
                                         bias=getattr(cfg, "attention_bias", False))
         heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
-        self.rotary_emb = get_rotary_embedding(cfg, head_dim, max_position)
-        self.attn = Attention(heads, kv_heads, head_dim, scale=head_dim ** -0.5)
+        self.attn = Attention(heads, kv_heads, head_dim, scale=head_dim ** -0.5,
+                              rotary_emb=get_rotary_embedding(cfg, head_dim, max_position))
         if cfg.model_type == "qwen3":
             self.q_norm = RMSNorm(head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, cfg.rms_norm_eps)
@@ -44,8 +44,7 @@ class LlamaAttention(nn.Module):
         v = v.unflatten(-1, (-1, self.head_dim))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        o = self.attn(q, k, v)
+        o = self.attn(positions, q, k, v)
         return self.o_proj(o.flatten(-2))
 
 

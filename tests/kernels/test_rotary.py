@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from parashift.attention.torch_ref import write_kv_slots
 from parashift.kernels import rotary
 from parashift.layers.rotary import RotaryEmbedding, apply_rotary_torch
 from tests.kernels.common import (assert_exact, assert_graph_replays, case_tests, cuda, randn)
@@ -20,17 +21,19 @@ CASES = [
 ]
 
 
-def make_inputs(tokens, q_heads, k_heads, head_dim, strided=False, dtype="float32", device="cpu"):
+def make_inputs(tokens, q_heads, k_heads, head_dim, strided=False, dtype="float32", device="cpu",
+                with_v=False):
     if strided:
         sizes = [q_heads * head_dim, k_heads * head_dim, k_heads * head_dim]
-        q, k, _ = randn((tokens, sum(sizes)), dtype, device).split(sizes, dim=-1)
-        q, k = q.unflatten(-1, (q_heads, head_dim)), k.unflatten(-1, (k_heads, head_dim))
+        q, k, v = randn((tokens, sum(sizes)), dtype, device).split(sizes, dim=-1)
+        q, k, v = (t.unflatten(-1, (-1, head_dim)) for t in (q, k, v))
     else:
         q = randn((tokens, q_heads, head_dim), dtype, device)
         k = randn((tokens, k_heads, head_dim), dtype, device, seed=1)
+        v = randn((tokens, k_heads, head_dim), dtype, device, seed=3)
     # unsorted, possibly repeated
     positions = torch.randint(MAX_POSITION, (tokens,), generator=torch.Generator().manual_seed(2))
-    return positions.to(device), q, k
+    return (positions.to(device), q, k, v) if with_v else (positions.to(device), q, k)
 
 
 def rotary_embedding(head_dim: int, device: str) -> RotaryEmbedding:
@@ -49,6 +52,42 @@ def check(head_dim, dtype="float32", device="cpu", **shape):
 
 
 test_interpreted, test_cuda = case_tests(__name__, check, CASES)
+
+# pad: that many rows at the end have slot -1 (padding, not written)
+WRITE_KV_CASES = [
+    dict(tokens=1, q_heads=4, k_heads=2, head_dim=64, block_size=16),
+    dict(tokens=9, q_heads=8, k_heads=2, head_dim=128, strided=True, block_size=16, pad=3),
+    dict(tokens=5, q_heads=6, k_heads=6, head_dim=96, strided=True, block_size=32),
+    dict(tokens=40, q_heads=32, k_heads=8, head_dim=128, strided=True, block_size=16, pad=1),
+]
+
+
+def check_write_kv(head_dim, block_size, pad=0, dtype="float32", device="cpu", **shape):
+    """rotate_and_write_kv gives apply_rotary_torch's q and the pool write_kv_slots
+    leaves with the rotated k and v; every other slot (NaN) stays untouched."""
+    positions, q, k, v = make_inputs(head_dim=head_dim, dtype=dtype, device=device, with_v=True,
+                                     **shape)
+    tokens, k_heads = k.shape[:2]
+    num_blocks = tokens // block_size + 3
+    gen = torch.Generator().manual_seed(4)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
+    slots[tokens - pad:] = -1
+    slots = slots.to(device)
+    pool = torch.full((num_blocks, block_size, k_heads, head_dim), float("nan"),
+                      dtype=getattr(torch, dtype), device=device)
+    cos_sin = rotary_embedding(head_dim, device).cos_sin
+    q_ref, k_ref = apply_rotary_torch(positions, q, k, cos_sin)
+    k_pool_ref, v_pool_ref = pool.clone(), pool.clone()
+    write_kv_slots(k_ref, v, k_pool_ref, v_pool_ref, slots)
+    k_pool, v_pool = pool.clone(), pool.clone()
+    q_out = rotary.rotate_and_write_kv(positions, q, k, v, cos_sin, k_pool, v_pool, slots)
+    assert_exact(q_out, q_ref)
+    torch.testing.assert_close(k_pool, k_pool_ref, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(v_pool, v_pool_ref, rtol=0, atol=0, equal_nan=True)
+
+
+test_write_kv_interpreted, test_write_kv_cuda = case_tests(__name__, check_write_kv,
+                                                           WRITE_KV_CASES)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
