@@ -63,7 +63,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """x [M <= MAX_ROWS, K], weight [N, K] with unit stride along K (row slices of a
     larger weight are fine), bias [N] or None."""
     if x.dim() != 2 or x.shape[0] > MAX_ROWS:
-        raise ValueError(f"skinny_linear takes 2-D x of at most {MAX_ROWS} rows, got {tuple(x.shape)}")
+        raise ValueError(f"skinny_linear takes 2-D x of at most {MAX_ROWS} rows, "
+                         f"got {tuple(x.shape)}")
     if weight.stride(1) != 1:
         raise ValueError("skinny_linear needs the weight's last dimension contiguous")
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -115,5 +116,6 @@ def timings_ms(x, weight, bias) -> dict[Config | None, float]:
             timings[config] = triton.testing.do_bench(
                 lambda c=config: skinny_linear(x, weight, bias, c), warmup=5, rep=20)
         except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
-            logger.warning("skinny GEMM config %s failed on %s: %s", config, tuple(weight.shape), exc)
+            logger.warning("skinny GEMM config %s failed on %s: %s", config,
+                           tuple(weight.shape), exc)
     return timings
