@@ -16,7 +16,7 @@ from parashift.parallel.fast_all_reduce import FastAllReduce
 WORLD = 2
 ALL_REDUCE_BYTES = [8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 8 << 20]
 SP_TOKENS = [1, 4, 16, 64, 256, 1024, 4096]
-SP_WIDTH = 6144  # q + k + v columns of the 8B shape (32 + 2 x 8 heads of 128)
+SP_WIDTHS = (4096, 1024, 1024)  # q, k and v columns of the 8B shape (32, 8, 8 heads of 128)
 CALLS_PER_GRAPH = 20
 
 
@@ -61,15 +61,25 @@ def all_reduce_rows(fast: FastAllReduce, device: torch.device, iters: int) -> li
 
 
 def all_to_all_rows(device: torch.device, iters: int) -> list[dict]:
-    """The SP exchange: each rank holds its share of the tokens' q/k/v columns."""
+    """The SP exchange: each rank holds its share of the tokens' q/k/v columns. `fused` is
+    what Ulysses does (q, k and v packed in one all-to-all); `separate` is one each, the
+    exchange before that fusion."""
     rows = []
     for tokens in SP_TOKENS:
-        numel = -(-tokens // WORLD) * SP_WIDTH
-        send = torch.randn(numel, dtype=torch.bfloat16, device=device)
-        recv = torch.empty_like(send)
-        timed = row("all_to_all_single", "nccl", send.nbytes,
-                    lambda: dist.all_to_all_single(recv, send), iters)
-        rows.append(dict(tokens=tokens, **timed))
+        local = -(-tokens // WORLD)
+        sends = [torch.randn(local * w, dtype=torch.bfloat16, device=device) for w in SP_WIDTHS]
+        recvs = [torch.empty_like(s) for s in sends]
+        packed = torch.cat(sends)
+        packed_recv = torch.empty_like(packed)
+
+        def separate():
+            for recv, send in zip(recvs, sends):
+                dist.all_to_all_single(recv, send)
+
+        for impl, fn in (("fused", lambda: dist.all_to_all_single(packed_recv, packed)),
+                         ("separate", separate)):
+            rows.append(dict(tokens=tokens, **row("sp_qkv_all_to_all", impl, packed.nbytes, fn,
+                                                   iters)))
     return rows
 
 
