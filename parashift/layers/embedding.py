@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parashift.loader.lazy import as_tensor
-from parashift.parallel.state import get_vocab_group
+from parashift.parallel.state import get_tp, get_vocab_group
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -35,9 +35,20 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Logits for this rank's vocabulary slice, gathered in vocabulary order."""
+    """Logits for this rank's vocabulary slice, gathered in vocabulary order.
+
+    Under a shift plan the active TP group (SP_TP) is `parts` times the vocabulary group,
+    and position t * parts + s of it holds vocabulary shard t: it computes part s of that
+    shard (a view, no copy), so the gather over SP_TP is in vocabulary order again and each
+    rank streams 1/parts of the head it holds."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
-        logits = get_vocab_group().all_gather(logits, dim=-1)
+        vocab, tp = get_vocab_group(), get_tp()
+        parts = tp.size // vocab.size
+        if parts > 1 and self.shard_size % parts == 0:
+            rows = self.shard_size // parts
+            part = tp.rank % parts
+            logits = tp.all_gather(F.linear(hidden, self.weight[part * rows:(part + 1) * rows]))
+        else:
+            logits = vocab.all_gather(F.linear(hidden, self.weight), dim=-1)
         return logits[..., :self.vocab_size]
