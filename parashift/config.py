@@ -49,7 +49,7 @@ class EngineConfig:
     worker_timeout_s: float = 600.0          # a step (or start-up) slower than this fails the engine
     parallel_policy: str = "static"          # static | shift
     shift_threshold: int = 512               # shift policy: steps of at most this many tokens use TP
-    # (512: the shift plan was faster at every decode size up to 512 on 2xH200, 8B; docs/benchmarks.md)
+    # (512: measured on 2xH200 for 8B, from rows later found biased; re-run pending, docs/benchmarks.md)
     shift_weights: str = "separate"          # shift policy: separate | slice
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
     cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible
