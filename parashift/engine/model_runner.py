@@ -146,9 +146,6 @@ class ModelRunner:
         return state.is_last_stage and state.tp.rank == 0 and state.sp.rank == 0
 
     # ---- one step ------------------------------------------------------------
-    def execute(self, batch: StepBatch) -> StepResult | None:
-        return self.launch(batch).result()
-
     @torch.inference_mode()
     def launch(self, batch: StepBatch) -> PendingStep:
         """Runs this rank's part of the step under the step's plan without waiting

@@ -10,8 +10,6 @@ from parashift.attention.torch_ref import TorchAttentionBackend
 from tests.attention.test_triton_backend import make_step, run
 from tests.kernels.common import case_id, run_interpreted
 
-pytest.importorskip("triton")
-
 # num_splits forces the split-KV count; static: the metadata of a CUDA-graph step, whose
 # padding rows only the device knows (with splits the reduction must zero them)
 CASES = [
