@@ -12,6 +12,7 @@ import time
 import torch
 
 from parashift import LLM, SamplingParams
+from parashift.kernels import skinny_gemm
 
 
 def copy_bandwidth(device) -> float:
@@ -163,7 +164,9 @@ def main():
         print(json.dumps(rows[-1]), flush=True)
     summary = dict(model=args.model, device=torch.cuda.get_device_name(),
                    backend=engine.runner.backend.name, cuda_graphs=engine.runner.graphs is not None,
-                   copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9, rows=rows)
+                   copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9,
+                   skinny_gemm=skinny_gemm.chosen(), rows=rows)
+    print(json.dumps({"skinny_gemm": summary["skinny_gemm"]}))
     print(json.dumps(summary, indent=1))
     if args.output:
         with open(args.output, "w") as f:

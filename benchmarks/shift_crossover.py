@@ -3,7 +3,8 @@ step's token count grows; the crossover sets the default shift threshold.
 
 Usage (2 GPUs): python3 benchmarks/shift_crossover.py --model benchmarks/shapes/llama-3.1-8b.json \
     -sp 2 --tokens 1 4 16 64 128 256 512 --output crossover.json
-Each --tokens point is a decode step of N sequences at context --context; each
+Each --tokens point is a decode step of N sequences at context --context (recorded as
+`does_not_fit`, with the pool's block count, where the KV pool cannot hold them); each
 --prefill-tokens point is the step that prefills one N-token prompt. Every point is
 timed under each plan in turn (the policy's test hook forces the plan). The suggested
 threshold is the largest point up to which the shift plan wins at every point."""
@@ -29,8 +30,18 @@ def time_steps(llm: LLM, plan, steps: int) -> float:
     return statistics.median(times)
 
 
+def fits(llm: LLM, num_seqs: int, context: int, steps: int) -> bool:
+    """Whether the KV pool holds num_seqs sequences through the warm-up and timed steps
+    of every plan (with fewer, the scheduler preempts and the batch shrinks)."""
+    blocks = llm.llm_engine.scheduler.block_manager
+    tokens = context + (steps + 2) * len(llm.llm_engine.policy.plans) + 1
+    return num_seqs * -(-tokens // blocks.block_size) <= blocks.num_blocks
+
+
 def measure(llm: LLM, num_seqs: int, context: int, steps: int) -> dict:
     engine, rng = llm.llm_engine, random.Random(num_seqs)
+    if not fits(llm, num_seqs, context, steps):
+        return {"tokens": num_seqs, "does_not_fit": engine.scheduler.block_manager.num_blocks}
     # Sequences admitted first decode while the rest prefill: room to the end of the
     # context window keeps every one running until the timing is over.
     params = SamplingParams(temperature=0, max_tokens=engine.max_model_len - context,
@@ -73,6 +84,8 @@ def measure_prefill(llm: LLM, num_tokens: int, repeats: int = 3) -> dict:
 def suggested_threshold(rows: list[dict], base: str, shift: str) -> int:
     threshold = 0
     for row in sorted(rows, key=lambda r: r["tokens"]):
+        if "does_not_fit" in row:
+            continue
         if row[shift] >= row[base]:
             break
         threshold = row["tokens"]

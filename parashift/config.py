@@ -48,8 +48,9 @@ class EngineConfig:
     pipeline_parallel_size: int = 1
     worker_timeout_s: float = 600.0          # a step (or start-up) slower than this fails the engine
     parallel_policy: str = "static"          # static | shift
-    shift_threshold: int = 512               # shift policy: steps of at most this many tokens use TP
-    # (512: measured on 2xH200 for 8B, from rows later found biased; re-run pending, docs/benchmarks.md)
+    shift_threshold: int = 256               # shift policy: steps of at most this many tokens use TP
+    # (256: the crossover measured on 2xH200, docs/benchmarks.md: for the 8B shape the shift
+    # plan wins decode steps up to 256 sequences and loses at 512; Qwen3-32B's wins to 1024)
     shift_weights: str = "separate"          # shift policy: separate | slice
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
     cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible

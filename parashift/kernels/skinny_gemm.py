@@ -5,7 +5,9 @@ At one to four rows a linear layer is a weight read: cuBLAS tiles small projecti
 K for others, which costs a reduction kernel. Here each program owns BLOCK_N output
 columns over all of K, so there is no reduction, and a shape gets this kernel only where
 it measured faster than cuBLAS on the device (`linear`)."""
+import functools
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +19,8 @@ import triton.testing
 logger = logging.getLogger(__name__)
 
 MAX_ROWS = 4
+# PARASHIFT_SKINNY_GEMM=0 keeps every shape on cuBLAS (for before/after measurements).
+ENABLED = os.environ.get("PARASHIFT_SKINNY_GEMM", "1") != "0"
 # Triton must beat cuBLAS by this factor to be chosen: timings of a few µs are noisy.
 MARGIN = 0.97
 
@@ -85,7 +89,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     """F.linear on CUDA, or the skinny kernel for the shapes where it measured faster.
     A shape is measured on its first call outside a CUDA graph capture (the graphs'
     warm-up runs come first); during a capture an unmeasured shape takes cuBLAS."""
-    if x.dim() != 2 or x.shape[0] > MAX_ROWS:
+    if not ENABLED or x.dim() != 2 or x.shape[0] > MAX_ROWS:
         return F.linear(x, weight, bias)
     key = (x.shape[0], tuple(weight.shape), weight.stride(0), x.dtype, x.device,
            bias is not None)
@@ -93,8 +97,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         if torch.cuda.is_current_stream_capturing():
             return F.linear(x, weight, bias)
         _choices[key] = choose(timings_ms(x, weight, bias))
+        logger.info("skinny GEMM, %d rows x %s: %s", x.shape[0], tuple(weight.shape),
+                    _choices[key] or "cuBLAS")
     config = _choices[key]
     return F.linear(x, weight, bias) if config is None else skinny_linear(x, weight, bias, config)
+
+
+def chosen() -> list[dict]:
+    """What `linear` chose for each shape measured in this process."""
+    return [{"rows": key[0], "weight": list(key[1]), "kernel": "cuBLAS" if config is None
+             else f"skinny {config.block_n}x{config.block_k}"}
+            for key, config in _choices.items()]
 
 
 def choose(timings: dict[Config | None, float]) -> Config | None:
@@ -106,15 +119,16 @@ def choose(timings: dict[Config | None, float]) -> Config | None:
 
 
 def timings_ms(x, weight, bias) -> dict[Config | None, float]:
-    """Milliseconds per call of cuBLAS (None) and of each config, L2 flushed between. A
-    config this device cannot compile or run (resources) is left out, not fatal."""
-    timings = {None: triton.testing.do_bench(lambda: F.linear(x, weight, bias), warmup=5, rep=20)}
+    """Median milliseconds per call of cuBLAS (None) and of each config, L2 flushed between
+    (the median: a mean of a few-µs kernel moves with a stray slow call). A config this
+    device cannot compile or run (resources) is left out, not fatal."""
+    bench = functools.partial(triton.testing.do_bench, warmup=5, rep=30, return_mode="median")
+    timings = {None: bench(lambda: F.linear(x, weight, bias))}
     for config in CONFIGS:
         if config.block_n > triton.next_power_of_2(weight.shape[0]):
             continue
         try:
-            timings[config] = triton.testing.do_bench(
-                lambda c=config: skinny_linear(x, weight, bias, c), warmup=5, rep=20)
+            timings[config] = bench(lambda c=config: skinny_linear(x, weight, bias, c))
         except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
             logger.warning("skinny GEMM config %s failed on %s: %s", config,
                            tuple(weight.shape), exc)

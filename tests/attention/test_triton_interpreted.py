@@ -8,7 +8,9 @@ from parashift.attention import triton_backend
 from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.torch_ref import TorchAttentionBackend
 from tests.attention.test_triton_backend import make_step, run
-from tests.kernels.common import case_id, run_interpreted
+from tests.kernels.common import case_id, interpreter_runs_dot, run_interpreted
+
+pytestmark = interpreter_runs_dot
 
 # num_splits forces the split-KV count; static: the metadata of a CUDA-graph step, whose
 # padding rows only the device knows (with splits the reduction must zero them)

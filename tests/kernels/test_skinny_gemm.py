@@ -41,7 +41,7 @@ def check_on_cuda(**case):
     check(**case, configs=skinny_gemm.CONFIGS)
 
 
-test_interpreted, _ = case_tests(__name__, check, CASES)
+test_interpreted, _ = case_tests(__name__, check, CASES, uses_dot=True)
 _, test_cuda = case_tests(__name__, check_on_cuda, CASES)
 
 
