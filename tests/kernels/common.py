@@ -17,7 +17,8 @@ ROOT = Path(__file__).parents[2]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # The GPU image's Triton 3.6 interpreter fails on the kernels built on tl.dot (attention, the
 # skinny GEMM) with "only 0-dimensional arrays can be converted to Python scalars"; CI's 3.9
-# runs them. On that image the compiled kernels are tested instead (the `cuda` tests).
+# runs them (pyproject pins CI to >= 3.9). On that image the compiled kernels are tested
+# instead (the `cuda` tests).
 interpreter_runs_dot = pytest.mark.skipif(
     tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9),
     reason="this Triton's interpreter cannot run tl.dot kernels")
