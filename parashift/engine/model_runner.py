@@ -223,9 +223,10 @@ class ModelRunner:
         rows = torch.zeros(len(inputs.sample_rows), hidden.shape[-1], dtype=hidden.dtype,
                            device=self.device)
         local = inputs.local_rows
-        for i, row in enumerate(inputs.sample_rows):
-            if row in local:
-                rows[i] = hidden[row - local.start]
+        pairs = [(i, row - local.start) for i, row in enumerate(inputs.sample_rows) if row in local]
+        if pairs:  # one gather and one scatter, not a copy kernel per row
+            dst, src = (upload(v, torch.int64, self.device) for v in zip(*pairs))
+            rows.index_copy_(0, dst, hidden.index_select(0, src))
         return sp.all_reduce(rows)  # each row is non-zero on exactly one rank
 
     # ---- pipeline hand-off -----------------------------------------------------
