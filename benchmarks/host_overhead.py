@@ -5,7 +5,8 @@ Usage: python3 benchmarks/host_overhead.py --batch-sizes 64 256 512 [--model SHA
 On the CPU (the default tiny shape) the parts are exact but the forward is CPU compute;
 on a GPU the parts are host time only (kernels run asynchronously), and `device_wait`
 is the time the host blocks on results. Each part's milliseconds per step are the sum
-over its calls; parts nest (`launch` holds `step_inputs`, `sample_rows` and the rest)."""
+over its calls; parts nest (`launch` holds `step_inputs`, `sample_rows` and the rest).
+One rank only: the parts of worker processes (plans of several ranks) are not timed."""
 import argparse
 import collections
 import contextlib
