@@ -1,8 +1,11 @@
 """Per-request sampling options, named and validated as in vLLM."""
+import math
 from dataclasses import dataclass
 
 # Temperatures below this are treated as greedy: dividing logits by them overflows float32.
 _SAMPLING_EPS = 1e-5
+# Seeds are 64-bit signed integers (vLLM's range; torch.Generator takes no more than 64 bits).
+SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
 
 
 @dataclass
@@ -22,6 +25,20 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
 
     def __post_init__(self):
+        self.verify()
+
+    def verify(self) -> None:
+        """Raises ValueError naming the first bad option. The engine calls it again when a
+        request is added, since a dataclass can be changed after it was built."""
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        for name in ("n", "top_k", "max_tokens", "logprobs", "seed"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.n != 1:
             raise ValueError(f"n must be 1, got {self.n}")
         if self.temperature < 0:
@@ -36,14 +53,19 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be in [{SEED_MIN}, {SEED_MAX}] (a 64-bit signed "
+                             f"integer), got {self.seed}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0
+               for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be non-negative integers, got "
+                             f"{self.stop_token_ids}")
 
     @property
     def greedy(self) -> bool:

@@ -25,6 +25,10 @@ class EngineDeadError(RuntimeError):
     """The engine loop has stopped; no request can be served."""
 
 
+class RequestFailedError(RuntimeError):
+    """The engine failed this one request (the others go on)."""
+
+
 class QueueFullError(RuntimeError):
     """More requests wait than `max_num_queued_requests` allows."""
 
@@ -200,7 +204,8 @@ class AsyncLLMEngine:
             if stream is None:
                 continue  # aborted meanwhile
             self._account(stream, output, now)
-            stream.put(output)
+            stream.put(output if output.error is None else RequestFailedError(
+                f"the request failed: {output.error}"))
             if output.finished:
                 stream.finished = True
                 del self._streams[output.request_id]

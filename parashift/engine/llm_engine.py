@@ -111,6 +111,9 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     priority: int = 0) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        params.verify()  # it may have been changed since it was built
         prompt_text, token_ids = self._tokenize(prompt)
         self._validate_prompt(token_ids)
         if request_id in self._replica_of:
@@ -193,7 +196,12 @@ class LLMEngine:
         return records
 
     def _apply(self, replica: "Replica", sched: SchedulerOutput, tokens: list[int],
-               logprobs) -> list[RequestOutput]:
+               logprobs, errors: dict[str, str]) -> list[RequestOutput]:
+        """A step's results. A request the ranks failed, or whose output cannot be made,
+        fails alone: its error goes to its output, the other requests go on."""
+        failed = [self._fail(replica, s.seq, errors[s.seq.request_id])
+                  for s in sched.scheduled if s.seq.request_id in errors
+                  and s.seq.request_id in self._replica_of]
         sampling = [s.seq for s in sched.scheduled if s.samples]
         sampled = {seq.request_id: tok for seq, tok in zip(sampling, tokens)}
         if logprobs is not None:
@@ -201,8 +209,28 @@ class LLMEngine:
                 if lp is not None:
                     seq.logprobs.append(lp)
         replica.scheduler.update(sched, sampled)
-        return [self._output(replica, seq, sampled[seq.request_id]) for seq in sampling
-                if seq.request_id in self._replica_of]
+        outputs = []
+        for seq in sampling:
+            if seq.request_id not in self._replica_of:
+                continue
+            try:
+                outputs.append(self._output(replica, seq, sampled[seq.request_id]))
+            except Exception as exc:  # noqa: BLE001 - e.g. its text cannot be decoded
+                logger.exception("the output of request %s could not be made", seq.request_id)
+                outputs.append(self._fail(replica, seq, f"{type(exc).__name__}: {exc}"))
+        return failed + outputs
+
+    def _fail(self, replica: "Replica", seq: Sequence, reason: str) -> RequestOutput:
+        """Ends one request with finish reason "error"; its blocks are freed."""
+        logger.warning("request %s failed: %s", seq.request_id, reason)
+        replica.scheduler.finish(seq, "error")
+        seq.finish_reason = "error"  # also when it had already finished
+        detok = self._detokenizers.get(seq.request_id)
+        self._release(replica, seq.request_id)
+        completion = CompletionOutput(0, detok.text if detok else "", seq.output_token_ids,
+                                      None, "error", None)
+        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
+                             True, seq.num_cached_tokens, error=reason)
 
     def _output(self, replica: "Replica", seq: Sequence, new_token: int) -> RequestOutput:
         detok = self._detokenizers[seq.request_id]

@@ -23,15 +23,17 @@ from parashift.parallel.state import ParallelState, use_state
 from parashift.uploads import upload
 
 logger = logging.getLogger(__name__)
-StepResult = tuple[list[int], list[dict[int, float] | None] | None]
+# Sampled tokens, their logprobs, and the requests this step failed (id -> reason).
+StepResult = tuple[list[int], list[dict[int, float] | None] | None, dict[str, str]]
 
 
 class PendingStep:
     """A launched step's sampled tokens, copied to the host behind the step's
     kernels: result() waits for this step only, not for steps launched after it."""
 
-    def __init__(self, tokens: torch.Tensor | None, logprobs: list | None):
-        self.logprobs, self._event = logprobs, None
+    def __init__(self, tokens: torch.Tensor | None, logprobs: list | None,
+                 errors: dict[str, str] | None = None):
+        self.logprobs, self.errors, self._event = logprobs, errors or {}, None
         self._tokens = tokens
         if tokens is not None and tokens.is_cuda:
             self._tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
@@ -47,7 +49,7 @@ class PendingStep:
             return None
         if self._event is not None:
             self._event.synchronize()
-        return self._tokens.tolist(), self.logprobs
+        return self._tokens.tolist(), self.logprobs, self.errors
 
 
 class ModelRunner:
@@ -153,6 +155,7 @@ class ModelRunner:
         each sampling chunk (in order) and, when asked, their logprobs."""
         for request_id in batch.finished_request_ids:
             self.generators.pop(request_id, None)
+        errors = self._admit(batch.new_params)
         chunks = self.requests.apply(batch)
         state = self.states[batch.plan]
         with use_state(state):
@@ -170,7 +173,22 @@ class ModelRunner:
         for mb_tokens, mb_logprobs in results:
             count = 0 if mb_tokens is None else len(mb_tokens)
             logprobs += mb_logprobs or [None] * count
-        return PendingStep(tokens, logprobs if any(lp is not None for lp in logprobs) else None)
+        return PendingStep(tokens, logprobs if any(lp is not None for lp in logprobs) else None,
+                           errors)
+
+    def _admit(self, new_params: dict) -> dict[str, str]:
+        """Makes what a new request needs on this rank (its seeded generator). A request
+        whose set-up fails is reported as failed; the step goes on for the others (its
+        row is sampled without a seed and the engine discards the token)."""
+        errors = {}
+        for request_id, params in new_params.items():
+            if params.seed is None:
+                continue
+            try:
+                self.generators[request_id] = Sampler.make_generator(params.seed, self.device)
+            except Exception as exc:  # noqa: BLE001 - the request's fault, not the engine's
+                errors[request_id] = f"its seed could not be used ({type(exc).__name__}: {exc})"
+        return errors
 
     def _run_micro_batch(self, chunks: list[SeqChunk], state: ParallelState):
         """Returns the sampled tokens on the device (None where nothing is sampled
@@ -253,12 +271,7 @@ class ModelRunner:
         self._pending_sends = []
 
     def _generator(self, chunk: SeqChunk) -> torch.Generator | None:
-        seed = chunk.sampling.seed
-        if seed is None:
-            return None
-        if chunk.request_id not in self.generators:
-            self.generators[chunk.request_id] = Sampler.make_generator(seed, self.device)
-        return self.generators[chunk.request_id]
+        return self.generators.get(chunk.request_id)
 
     # ---- memory profiling ----------------------------------------------------
     @torch.inference_mode()

@@ -3,6 +3,7 @@ import pytest
 
 from parashift import LLM, SamplingParams
 from tests.engine.conftest import tiny_llm
+from tests.helpers.faults import FAILING_SEED, fail_generator_for_seed
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +75,68 @@ def test_truncated_weight_file(tiny_llama_dir, tmp_path):
 def test_cuda_graphs_need_a_gpu(tiny_llama_dir):
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
         LLM(model=tiny_llama_dir, device="cpu", skip_tokenizer_init=True, cuda_graphs=True)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(seed=2**64), "seed must be in"),
+    (dict(seed=-2**63 - 1), "seed must be in"),
+    (dict(seed=1.5), "seed must be an integer"),
+    (dict(temperature=float("nan")), "temperature must be a finite number"),
+    (dict(temperature=float("inf")), "temperature must be a finite number"),
+    (dict(top_p=float("nan")), "top_p must be a finite number"),
+    (dict(max_tokens=True), "max_tokens must be an integer"),
+    (dict(stop_token_ids=[-1]), "stop_token_ids"),
+])
+def test_out_of_range_sampling_params(options, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**options)
+
+
+def test_seed_edges_are_accepted():
+    SamplingParams(seed=2**63 - 1)
+    SamplingParams(seed=-2**63)
+
+
+GOOD = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+def test_params_changed_after_construction_are_refused_and_engine_lives(llm):
+    params = SamplingParams(temperature=0.7)
+    params.seed = 2**64  # bypasses __post_init__
+    with pytest.raises(ValueError, match="seed must be in"):
+        llm.generate([[1, 2, 3]], params)
+    assert not llm.llm_engine.has_unfinished_requests()
+    out = llm.generate([[1, 2, 3]], GOOD)
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_a_request_failing_on_the_rank_fails_alone(llm, monkeypatch):
+    """A fault that is one request's (here: its seeded generator cannot be made) fails
+    that request only; the requests beside it in the same steps finish normally."""
+    fail_generator_for_seed(monkeypatch)
+    alone = llm.generate([[5, 6, 7], [1, 2, 3]], GOOD)
+    bad = SamplingParams(temperature=0.7, seed=FAILING_SEED, max_tokens=4, ignore_eos=True)
+    outs = llm.generate([[5, 6, 7], [9, 9], [1, 2, 3]], [GOOD, bad, GOOD])
+    assert outs[1].finished and outs[1].outputs[0].finish_reason == "error"
+    assert "boom" in outs[1].error and outs[1].outputs[0].token_ids == []
+    assert [o.outputs[0].token_ids for o in (outs[0], outs[2])] == \
+        [o.outputs[0].token_ids for o in alone]
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert llm.llm_engine.block_manager.num_free_blocks == llm.llm_engine.block_manager.num_blocks
+
+
+def test_a_request_whose_output_fails_fails_alone(llm, monkeypatch):
+    """A fault in one request's output processing on the engine side fails it alone."""
+    from parashift.engine import llm_engine
+    real = llm_engine.LLMEngine._output
+
+    def output(self, replica, seq, new_token):
+        if seq.prompt_token_ids == [9, 9]:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad byte")
+        return real(self, replica, seq, new_token)
+
+    monkeypatch.setattr(llm_engine.LLMEngine, "_output", output)
+    outs = llm.generate([[9, 9], [1, 2, 3]], GOOD)
+    assert outs[0].outputs[0].finish_reason == "error" and "bad byte" in outs[0].error
+    assert len(outs[1].outputs[0].token_ids) == 4 and outs[1].error is None
+    assert not llm.llm_engine.has_unfinished_requests()

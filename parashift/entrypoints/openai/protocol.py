@@ -6,7 +6,15 @@ only at their neutral value (e.g. `n=1`, `presence_penalty=0`)."""
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+
+from parashift.sampling_params import SEED_MAX, SEED_MIN
+
+
+
+def _finite_float():
+    """An optional float that refuses NaN and infinities (JSON's NaN/Infinity extensions)."""
+    return Field(default=None, allow_inf_nan=False)
 
 
 class StrictModel(BaseModel):
@@ -20,18 +28,18 @@ class StreamOptions(StrictModel):
 class SamplingFields(StrictModel):
     """Options shared by /v1/completions and /v1/chat/completions."""
     model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: float | None = _finite_float()
+    top_p: float | None = _finite_float()
     top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
+    min_p: float | None = _finite_float()
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[StrictInt] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: int = 0
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: int = 1
     user: str | None = None
@@ -57,7 +65,7 @@ class SamplingFields(StrictModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     max_tokens: int | None = 16
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from parashift.engine.async_engine import (AsyncLLMEngine, EngineDeadError, QueueFullError,
-                                           RequestStream)
+                                           RequestFailedError, RequestStream)
 from parashift.entrypoints.openai.errors import APIError, bad_request, from_validation_error
 from parashift.entrypoints.openai.protocol import SamplingFields, UsageInfo
 from parashift.sampling_params import SamplingParams
@@ -140,6 +140,10 @@ def engine_dead(exc: EngineDeadError) -> APIError:
     return APIError(500, str(exc), code="engine_dead")
 
 
+def request_failed(exc: RequestFailedError) -> APIError:
+    return APIError(500, str(exc), code="request_failed")
+
+
 async def parse_body(request: Request, model: type[BaseModel], limit: int):
     """Reads at most `limit` bytes (413 beyond) and validates them (400)."""
     declared = request.headers.get("content-length")
@@ -183,6 +187,8 @@ async def final_output(ctx: ServingContext, stream: RequestStream):
             final = output
     except EngineDeadError as exc:
         raise engine_dead(exc) from None
+    except RequestFailedError as exc:
+        raise request_failed(exc) from None
     finally:
         if not stream.finished:
             ctx.engine.abort(stream.request_id)
@@ -207,8 +213,9 @@ async def stream_events(ctx: ServingContext, stream: RequestStream, include_usag
                 choice = make_choice(delta, finish, completion, sent_tokens, sent_chars)
                 yield sse_event(make_chunk(created, [choice]))
             sent_chars, sent_tokens = len(completion.text), len(completion.token_ids)
-    except EngineDeadError as exc:
-        yield sse_event(engine_dead(exc).body())
+    except (EngineDeadError, RequestFailedError) as exc:
+        error = engine_dead(exc) if isinstance(exc, EngineDeadError) else request_failed(exc)
+        yield sse_event(error.body())
         yield SSE_DONE
         return
     finally:

@@ -7,6 +7,7 @@ import pytest
 
 from tests.entrypoints.openai.server_utils import (MAX_MODEL_LEN, MAX_NUM_SEQS, running_server,
                                                    wait_engine_idle, wait_until)
+from tests.helpers.faults import FAILING_SEED, fail_generator_for_seed
 
 MAX_REQUEST_BYTES = 20_000
 
@@ -79,6 +80,44 @@ def test_invalid_sampling_values(http, model_name, fields, param):
     error = check_error(completion(http, model_name, prompt="hi", **fields), 400)
     if param is not None:
         assert error["param"] == param and param in error["message"]
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"seed": 2**64, "temperature": 0.7}, "seed"),      # once killed the engine
+    ({"seed": -2**63 - 1, "temperature": 0.7}, "seed"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"),
+    ({"top_p": float("nan")}, "top_p"),
+    ({"stream": "yes"}, "stream"),
+    ({"stop_token_ids": [True]}, None),
+])
+def test_out_of_range_values_name_the_field(server, http, model_name, fields, param):
+    body = json.dumps({"model": model_name, "max_tokens": 2, "prompt": "hi", **fields})
+    response = http.post("/v1/completions", content=body.encode(),  # NaN as JSON extensions do
+                         headers={"content-type": "application/json"})
+    error = check_error(response, 400)
+    if param is not None:
+        assert error["param"] == param, error
+    good = completion(http, model_name, prompt="Hello", max_tokens=3, ignore_eos=True)
+    assert good.status_code == 200 and server.app.state.async_engine.is_running
+
+
+def test_boolean_token_prompt_is_refused(http, model_name):
+    check_error(completion(http, model_name, prompt=[True, False]), 400, param="prompt")
+
+
+def test_a_request_failing_in_the_engine_fails_alone(server, http, model_name, monkeypatch):
+    """A fault that is one request's gives that request a 500 (JSON, or an error event
+    when streamed) and leaves the engine serving the others."""
+    fail_generator_for_seed(monkeypatch)
+    bad = dict(prompt="hi", temperature=0.7, seed=FAILING_SEED)
+    check_error(completion(http, model_name, **bad), 500, code="request_failed", says=("boom",))
+    streamed = completion(http, model_name, stream=True, **bad)
+    events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "request_failed"
+    good = completion(http, model_name, prompt="Hello", max_tokens=3, ignore_eos=True)
+    assert good.status_code == 200 and server.app.state.async_engine.is_running
+    assert wait_engine_idle(server)
 
 
 def test_invalid_chat_values(http, model_name):
