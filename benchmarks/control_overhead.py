@@ -9,7 +9,7 @@ import pickle
 import statistics
 import time
 
-from parashift.engine.step_batch import DeltaEncoder, StepBatch
+from parashift.worker.step_batch import DeltaEncoder, StepBatch
 from parashift.sampling_params import SamplingParams
 
 

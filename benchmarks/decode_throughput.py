@@ -86,7 +86,7 @@ def device_waits():
     """Sums the seconds the host blocks on step results (PendingStep.result) into the
     yielded list's one item. Wall time minus that is the host's own work: when it is
     near the step time, the host, not the GPU, sets the pace."""
-    from parashift.engine.model_runner import PendingStep
+    from parashift.worker.model_runner import PendingStep
     original, total = PendingStep.result, [0.0]
 
     def timed(self):

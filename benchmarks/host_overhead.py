@@ -15,7 +15,8 @@ import random
 import time
 
 from parashift import LLM, SamplingParams
-from parashift.engine import cuda_graphs, llm_engine, model_runner, scheduler, step_batch
+from parashift.engine import llm_engine, scheduler
+from parashift.worker import cuda_graphs, model_runner, step_batch
 
 PARTS = [  # (owner, attribute, label)
     (scheduler.Scheduler, "schedule", "schedule"),

@@ -10,7 +10,7 @@ out=${1:?output dir}; workload=${2:?workload}; bench_args=${3:-}; model=${4:?mod
 shift 4
 port=8123
 mkdir -p "$out"
-python3 -m parashift.entrypoints.cli serve "$model" --skip-tokenizer-init --dtype bfloat16 \
+python3 -m parashift.cli serve "$model" --skip-tokenizer-init --dtype bfloat16 \
   --port $port "$@" > "$out/server.log" 2>&1 &
 server=$!
 for _ in $(seq 300); do
@@ -18,7 +18,7 @@ for _ in $(seq 300); do
   sleep 1
 done
 # shellcheck disable=SC2086
-python3 -m parashift.entrypoints.cli bench serve --base-url http://127.0.0.1:$port \
+python3 -m parashift.cli bench serve --base-url http://127.0.0.1:$port \
   --workload "$workload" --vocab-size 128256 --output-dir "$out" $bench_args
 status=$?
 kill -TERM $server; wait $server

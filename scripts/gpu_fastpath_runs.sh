@@ -14,7 +14,7 @@ python3 benchmarks/prefill_throughput.py --model $model --prompt-lens 512 4096 \
 python3 benchmarks/hf_compare.py --model $model --num-prompts 64 --output-len 256 --cuda-graphs \
   --output "$OUT/hf.json" 2>&1 | tail -1
 for workload in chat batch; do
-  python3 -m parashift.entrypoints.cli bench throughput --workload $workload --num-requests "$num" \
+  python3 -m parashift.cli bench throughput --workload $workload --num-requests "$num" \
     --model $model --skip-tokenizer-init --dtype bfloat16 --cuda-graphs --max-model-len 8192 \
     --output-json "$OUT/throughput_$workload.json" 2>&1 | grep requests
 done

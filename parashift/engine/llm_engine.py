@@ -10,14 +10,14 @@ import torch
 
 from parashift.config import EngineConfig, SchedulerConfig
 from parashift.engine.detokenizer import IncrementalDetokenizer
-from parashift.engine.model_runner import ModelRunner
+from parashift.worker.model_runner import ModelRunner
 from parashift.engine.policy import make_policy
 from parashift.executor.multiproc import MultiprocExecutor
 from parashift.executor.uniproc import UniprocExecutor
 from parashift.worker.worker import WorkerSpec
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
 from parashift.engine.sequence import Sequence
-from parashift.engine.step_batch import DeltaEncoder, StepBatch
+from parashift.worker.step_batch import DeltaEncoder, StepBatch
 from parashift.kv.block_manager import BlockManager
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.loader.tokenizer import load_tokenizer

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from parashift.config import SchedulerConfig
 from parashift.engine.sequence import Sequence, SequenceStatus
 from parashift.kv.block_manager import BlockManager
+from parashift.worker.step_batch import PLACEHOLDER_TOKEN
 
-PLACEHOLDER_TOKEN = -1  # a token sampled by the step in flight, not yet known here
 
 
 @dataclass

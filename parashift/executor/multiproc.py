@@ -12,7 +12,7 @@ import socket
 import time
 from multiprocessing.connection import wait
 
-from parashift.engine.step_batch import StepBatch
+from parashift.worker.step_batch import StepBatch
 from parashift.worker.worker import WorkerSpec, worker_main
 
 

@@ -4,9 +4,13 @@ A block id indexes the physical pool on every rank. A block whose ref count
 drops to 0 goes to the end of the free queue but keeps its hash, so a later
 request with the same prefix can take it back (LRU prefix cache). Fresh blocks
 come from the front of the queue; taking one evicts its hash."""
-from collections import OrderedDict
+from __future__ import annotations
 
-from parashift.engine.sequence import Sequence
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the engine's type; kv does not import the engine
+    from parashift.engine.sequence import Sequence
 
 
 def hash_block(parent_hash: int | None, token_ids: list[int]) -> int:

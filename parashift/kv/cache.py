@@ -44,7 +44,7 @@ class KVCache:
             num_blocks = DEFAULT_CPU_KV_BYTES // block_bytes
         if num_blocks is None:
             num_blocks = _blocks_from_free_memory(cls, shape, dtype, device, config, block_bytes,
-                                                  profile_peak_bytes, max_model_len)
+                                                  profile_peak_bytes)
         if agree_num_blocks is not None:
             num_blocks = agree_num_blocks(num_blocks)
         if num_blocks < 1:
@@ -56,14 +56,16 @@ class KVCache:
         return cache
 
 
-def _blocks_from_free_memory(cls, shape, dtype, device, config, block_bytes, profile_peak_bytes,
-                             max_model_len: int) -> int:
-    from parashift.engine.model_runner import profile_blocks
+def _blocks_from_free_memory(cls, shape, dtype, device, config, block_bytes,
+                             profile_peak_bytes) -> int:
+    """`profile_peak_bytes(make_scratch)` runs a profiling step on a scratch pool of the
+    size it asks `make_scratch(num_blocks)` for, and returns its activation peak."""
     num_layers, block_size, kv_heads, head_dim = shape
-    scratch_blocks = profile_blocks(config.max_num_batched_tokens, max_model_len, block_size)
-    scratch = cls(num_layers, scratch_blocks, block_size, kv_heads, head_dim, dtype, device)
-    peak = profile_peak_bytes(scratch)
-    del scratch
+
+    def make_scratch(num_blocks: int) -> "KVCache":
+        return cls(num_layers, num_blocks, block_size, kv_heads, head_dim, dtype, device)
+
+    peak = profile_peak_bytes(make_scratch)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     budget = total * config.gpu_memory_utilization - (total - free) - peak

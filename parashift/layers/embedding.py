@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parashift.loader.lazy import as_tensor
+from parashift.lazy_tensor import as_tensor
 from parashift.parallel.state import get_tp, get_vocab_group
 
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parashift.kernels import use_triton
-from parashift.loader.lazy import as_tensor
+from parashift.lazy_tensor import as_tensor
 from parashift.parallel.state import get_tp
 
 

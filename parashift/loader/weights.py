@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from parashift.layers.missing import MissingLayer
-from parashift.loader.lazy import LazySlice, as_tensor
+from parashift.lazy_tensor import LazySlice, as_tensor
 from parashift.loader.source import ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

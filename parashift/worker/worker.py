@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from parashift.engine.model_runner import ModelRunner
+from parashift.worker.model_runner import ModelRunner
 from parashift.parallel.comm_pool import CommunicatorPool
 from parashift.parallel.plan import Plan
 

@@ -156,7 +156,7 @@ def test_every_step_is_recorded_with_its_plan_and_tokens(tiny_llama_dir, tmp_pat
 
 def test_padded_steps_give_identical_output(tiny_llama_dir, reference, monkeypatch):
     """Steps padded to a larger batch (as CUDA graphs run them) change nothing."""
-    import parashift.engine.model_runner as model_runner
+    import parashift.worker.model_runner as model_runner
     prompts, expected = reference
     build = model_runner.build_step_inputs
     monkeypatch.setattr(model_runner, "build_step_inputs",

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from parashift.entrypoints.cli import main
+from parashift.cli import main
 
 
 def test_generate_reads_jsonl_and_writes_results(tmp_path, capsys):

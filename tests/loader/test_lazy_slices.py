@@ -4,7 +4,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from parashift.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from parashift.loader.lazy import LazySlice
+from parashift.lazy_tensor import LazySlice
 from parashift.parallel.plan import Plan
 from parashift.parallel.state import GroupHandle, ParallelState, use_state
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from parashift.attention.metadata import AttentionMetadata
-from parashift.engine.step_batch import SeqChunk
+from parashift.worker.step_batch import SeqChunk
 from parashift.uploads import upload
 
 

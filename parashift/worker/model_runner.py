@@ -9,10 +9,9 @@ import torch
 import torch.distributed as dist
 
 from parashift.attention.backend import get_backend
-from parashift.engine.cuda_graphs import DecodeGraphs
-from parashift.engine.scheduler import PLACEHOLDER_TOKEN
-from parashift.engine.step_batch import RequestTables, SeqChunk, StepBatch
-from parashift.engine.step_inputs import StepInputs, build_step_inputs
+from parashift.worker.cuda_graphs import DecodeGraphs
+from parashift.worker.step_batch import PLACEHOLDER_TOKEN, RequestTables, SeqChunk, StepBatch
+from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.forward_context import ForwardContext, forward_context
 from parashift.kv.cache import KVCache, attention_layers
 from parashift.layers.sampler import Sampler
@@ -275,11 +274,11 @@ class ModelRunner:
 
     # ---- memory profiling ----------------------------------------------------
     @torch.inference_mode()
-    def _profile_peak_bytes(self, scratch_kv: KVCache) -> int:
+    def _profile_peak_bytes(self, make_scratch) -> int:
         """Peak activation memory of a step of max_num_batched_tokens tokens."""
-        scratch_kv.bind(self.model)
         chunks = profile_chunks(self.config.max_num_batched_tokens, self.max_model_len,
                                 self.block_size)
+        make_scratch(sum(len(c.block_table) for c in chunks)).bind(self.model)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         with use_state(self.state):
@@ -299,7 +298,7 @@ class ModelRunner:
 
 def profile_chunks(num_tokens: int, max_model_len: int, block_size: int) -> list[SeqChunk]:
     """Dummy sequences of at most max_model_len tokens filling a step's budget,
-    each on its own blocks of a scratch pool of profile_blocks() blocks."""
+    each on its own blocks of a scratch pool."""
     chunks, next_block = [], 0
     while num_tokens > 0:
         length = min(num_tokens, max_model_len)
@@ -309,10 +308,6 @@ def profile_chunks(num_tokens: int, max_model_len: int, block_size: int) -> list
         next_block += blocks
         num_tokens -= length
     return chunks
-
-
-def profile_blocks(num_tokens: int, max_model_len: int, block_size: int) -> int:
-    return sum(len(c.block_table) for c in profile_chunks(num_tokens, max_model_len, block_size))
 
 
 def split_micro_batches(chunks: list[SeqChunk], count: int) -> list[list[SeqChunk]]:

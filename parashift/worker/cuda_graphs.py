@@ -10,8 +10,8 @@ turns them off); tests/engine/test_gpu_engine.py checks them against eager."""
 import torch
 
 from parashift.attention.metadata import AttentionMetadata
-from parashift.engine.step_batch import SeqChunk
-from parashift.engine.step_inputs import StepInputs, build_step_inputs
+from parashift.worker.step_batch import SeqChunk
+from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.forward_context import ForwardContext, forward_context
 from parashift.parallel.state import ParallelState, use_state
 

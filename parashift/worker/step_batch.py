@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from parashift.sampling_params import SamplingParams
 
+PLACEHOLDER_TOKEN = -1  # a token sampled by the step in flight, not yet known to the engine
+
 
 @dataclass
 class ChunkDelta:
