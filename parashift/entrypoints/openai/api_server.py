@@ -12,6 +12,7 @@ from parashift.entrypoints.openai.server_config import ServerConfig
 from parashift.entrypoints.openai.serving_base import ServingContext
 from parashift.entrypoints.openai.serving_chat import ChatServer
 from parashift.entrypoints.openai.serving_completions import CompletionServer
+from parashift.entrypoints.openai.shutdown import ShutdownDeadline
 from parashift.metrics import ServerMetrics
 
 
@@ -21,8 +22,9 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
     metrics = ServerMetrics(engine.model_name)
     async_engine = AsyncLLMEngine(engine, max_num_queued_requests=config.max_num_queued_requests,
                                   metrics=metrics)
+    deadline = ShutdownDeadline(config.shutdown_timeout)
     ctx = ServingContext.from_engine(async_engine, config.served_model_names,
-                                     config.max_request_bytes)
+                                     config.max_request_bytes, deadline)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -36,6 +38,7 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
     app.state.async_engine = async_engine
     app.state.metrics = metrics
     app.state.serving = ctx
+    app.state.shutdown_deadline = deadline  # started by the launcher's server
     install_error_handlers(app)
     app.include_router(_health_routes(async_engine, metrics))
     app.include_router(_v1_routes(ctx), dependencies=[Depends(make_auth_dependency(

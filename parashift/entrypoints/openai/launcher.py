@@ -1,9 +1,12 @@
 """Runs the app under uvicorn: in the foreground (the CLI) or in a thread
 (tests, notebooks).
 
-On SIGTERM or Ctrl-C uvicorn stops accepting connections, lets in-flight
-requests finish for `shutdown_timeout` seconds, cancels the rest, then runs the
-app's lifespan end, which stops the engine thread."""
+On SIGTERM or Ctrl-C uvicorn stops accepting connections and lets in-flight
+requests finish for `shutdown_timeout` seconds; then the app ends those still
+running (an error event and `[DONE]` for a stream, a JSON 503 otherwise: see
+shutdown.py), and uvicorn runs the app's lifespan end, which stops the engine
+thread. uvicorn's own timeout, which cancels request tasks, is a backstop
+`SHUTDOWN_GRACE_S` later."""
 import socket
 import threading
 import time
@@ -11,19 +14,28 @@ import time
 import uvicorn
 
 from parashift.entrypoints.openai.server_config import ServerConfig
+from parashift.entrypoints.openai.shutdown import DrainingServer
+
+SHUTDOWN_GRACE_S = 5.0
 
 
 def uvicorn_config(app, config: ServerConfig, **overrides) -> uvicorn.Config:
     options = dict(host=config.host, port=config.port, log_level=config.log_level,
                    access_log=config.access_log, lifespan="on",
-                   timeout_graceful_shutdown=config.shutdown_timeout)
+                   timeout_graceful_shutdown=config.shutdown_timeout + SHUTDOWN_GRACE_S)
     options.update(overrides)
     return uvicorn.Config(app, **options)
 
 
+def make_server(app, config: ServerConfig, **overrides) -> DrainingServer:
+    """A uvicorn server that starts the app's shutdown deadline when it shuts down."""
+    deadline = getattr(app.state, "shutdown_deadline", None)
+    return DrainingServer(uvicorn_config(app, config, **overrides), deadline)
+
+
 def run_server(app, config: ServerConfig) -> None:
     """Serves until SIGTERM/SIGINT, then drains and returns."""
-    uvicorn.Server(uvicorn_config(app, config)).run()
+    make_server(app, config).run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,7 +51,7 @@ class ServerThread:
         port = config.port or free_port(config.host)
         self.base_url = f"http://{config.host}:{port}"
         self.app = app
-        self._server = uvicorn.Server(uvicorn_config(app, config, port=port))
+        self._server = make_server(app, config, port=port)
         self._thread = threading.Thread(target=self._server.run, name="parashift-http",
                                         daemon=True)
         self._startup_timeout = startup_timeout

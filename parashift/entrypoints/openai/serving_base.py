@@ -1,6 +1,7 @@
 """What /v1/completions and /v1/chat/completions share: model check, prompt
 limits, sampling parameters, handing the request to the engine, SSE framing,
-reading a size-limited body and aborting when the client goes away."""
+reading a size-limited body, aborting when the client goes away and ending what
+still runs when the shutdown timeout passes."""
 import asyncio
 import copy
 import json
@@ -15,6 +16,7 @@ from parashift.engine.async_engine import (AsyncLLMEngine, EngineDeadError, Queu
                                            RequestFailedError, RequestStream)
 from parashift.entrypoints.openai.errors import APIError, bad_request, from_validation_error
 from parashift.entrypoints.openai.protocol import SamplingFields, UsageInfo
+from parashift.entrypoints.openai.shutdown import ShutdownDeadline, ShutdownTimeoutError
 from parashift.sampling_params import SamplingParams
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
@@ -32,17 +34,18 @@ class ServingContext:
     max_model_len: int
     vocab_size: int
     tokenizer: object = field(repr=False)
+    deadline: ShutdownDeadline
     max_request_bytes: int = 1 << 22
 
     @classmethod
     def from_engine(cls, async_engine: AsyncLLMEngine, served_model_names: list[str] | None,
-                    max_request_bytes: int) -> "ServingContext":
+                    max_request_bytes: int, deadline: ShutdownDeadline) -> "ServingContext":
         llm = async_engine.engine
         names = list(served_model_names or []) or [llm.model_name]
         # The engine thread uses llm.tokenizer; the event loop gets its own copy.
         return cls(engine=async_engine, model_names=names, max_model_len=llm.max_model_len,
                    vocab_size=llm.vocab_size, tokenizer=copy.deepcopy(llm.tokenizer),
-                   max_request_bytes=max_request_bytes)
+                   max_request_bytes=max_request_bytes, deadline=deadline)
 
     @property
     def model_name(self) -> str:
@@ -129,19 +132,23 @@ async def submit(ctx: ServingContext, request_id: str, prompt_ids: list[int],
         raise APIError(503, f"the server is overloaded: {exc}", code="queue_full",
                        headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}) from None
     except EngineDeadError as exc:
-        raise engine_dead(exc) from None
+        raise api_error(exc) from None
     except ValueError as exc:
         raise bad_request(str(exc), param="prompt") from None
     except RuntimeError as exc:
         raise APIError(500, str(exc), code="engine_error") from None
 
 
-def engine_dead(exc: EngineDeadError) -> APIError:
-    return APIError(500, str(exc), code="engine_dead")
+# How a request that was running ends when it cannot finish: (status, code).
+ENDINGS = {EngineDeadError: (500, "engine_dead"), RequestFailedError: (500, "request_failed"),
+           ShutdownTimeoutError: (503, "shutdown_timeout")}
+CUT_SHORT = tuple(ENDINGS)
 
 
-def request_failed(exc: RequestFailedError) -> APIError:
-    return APIError(500, str(exc), code="request_failed")
+def api_error(exc: Exception) -> APIError:
+    """The error a client gets for one of CUT_SHORT."""
+    status, code = next(ENDINGS[kind] for kind in ENDINGS if isinstance(exc, kind))
+    return APIError(status, str(exc), code=code)
 
 
 async def parse_body(request: Request, model: type[BaseModel], limit: int):
@@ -169,11 +176,17 @@ def too_large(limit: int) -> APIError:
 
 async def respond(ctx: ServingContext, raw: Request, server, request, request_id: str,
                   prompt_ids: list[int], params: SamplingParams) -> Response:
-    """Submits the request, then streams it (SSE) or answers once it is done."""
-    stream = await submit(ctx, request_id, prompt_ids, params, request.priority)
-    if request.stream:
-        return StreamingResponse(server.stream(stream, request), media_type="text/event-stream")
-    response = await until_disconnect(raw, server.collect(stream, request))
+    """Submits the request, then streams it (SSE) or answers once it is done; a JSON 503
+    if the shutdown timeout passes first."""
+    try:
+        async with ctx.deadline.bound():
+            stream = await submit(ctx, request_id, prompt_ids, params, request.priority)
+            if request.stream:
+                return StreamingResponse(server.stream(stream, request),
+                                         media_type="text/event-stream")
+            response = await until_disconnect(raw, server.collect(stream, request))
+    except ShutdownTimeoutError as exc:
+        raise api_error(exc) from None
     if response is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     return JSONResponse(response.model_dump())
@@ -185,10 +198,8 @@ async def final_output(ctx: ServingContext, stream: RequestStream):
     try:
         async for output in stream:
             final = output
-    except EngineDeadError as exc:
-        raise engine_dead(exc) from None
-    except RequestFailedError as exc:
-        raise request_failed(exc) from None
+    except CUT_SHORT as exc:
+        raise api_error(exc) from None
     finally:
         if not stream.finished:
             ctx.engine.abort(stream.request_id)
@@ -197,33 +208,42 @@ async def final_output(ctx: ServingContext, stream: RequestStream):
 
 async def stream_events(ctx: ServingContext, stream: RequestStream, include_usage: bool,
                         make_choice, make_chunk, opening: tuple = ()):
-    """SSE events of one streamed request: a chunk for every step that brings new text,
-    new tokens or the finish, then the usage (when asked) and [DONE]. A client that goes
-    away aborts the request. make_choice(delta, finish, completion, sent_tokens,
-    sent_chars) builds a choice; make_chunk(created, choices, usage=None) a chunk."""
-    created, sent_chars, sent_tokens = int(time.time()), 0, 0
+    """SSE events of one streamed request: the chunks, then the usage (when asked) and
+    [DONE]; a request cut short (engine dead, request failed, shutdown timeout) ends
+    with an error event and [DONE]. A client that goes away aborts the request.
+    make_choice(delta, finish, completion, sent_tokens, sent_chars) builds a choice;
+    make_chunk(created, choices, usage=None) a chunk."""
+    created = int(time.time())
     for choice in opening:
         yield sse_event(make_chunk(created, [choice]))
     try:
-        async for output in stream:
-            completion = output.outputs[0]
-            delta = completion.text[sent_chars:]
-            finish = completion.finish_reason if output.finished else None
-            if delta or finish or len(completion.token_ids) > sent_tokens:
-                choice = make_choice(delta, finish, completion, sent_tokens, sent_chars)
-                yield sse_event(make_chunk(created, [choice]))
-            sent_chars, sent_tokens = len(completion.text), len(completion.token_ids)
-    except (EngineDeadError, RequestFailedError) as exc:
-        error = engine_dead(exc) if isinstance(exc, EngineDeadError) else request_failed(exc)
-        yield sse_event(error.body())
+        with ctx.deadline.watch(lambda: stream.put(ctx.deadline.error())):
+            async for event in _output_events(stream, created, make_choice, make_chunk):
+                yield event
+    except CUT_SHORT as exc:
+        yield sse_event(api_error(exc).body())
         yield SSE_DONE
         return
     finally:
         if not stream.finished:
             ctx.engine.abort(stream.request_id)
     if include_usage:
-        yield sse_event(make_chunk(created, [], UsageInfo.of(stream.num_prompt_tokens, sent_tokens)))
+        usage = UsageInfo.of(stream.num_prompt_tokens, stream.num_output_tokens)
+        yield sse_event(make_chunk(created, [], usage))
     yield SSE_DONE
+
+
+async def _output_events(stream: RequestStream, created: int, make_choice, make_chunk):
+    """A chunk for every output that brings new text, new tokens or the finish."""
+    sent_chars, sent_tokens = 0, 0
+    async for output in stream:
+        completion = output.outputs[0]
+        delta = completion.text[sent_chars:]
+        finish = completion.finish_reason if output.finished else None
+        if delta or finish or len(completion.token_ids) > sent_tokens:
+            choice = make_choice(delta, finish, completion, sent_tokens, sent_chars)
+            yield sse_event(make_chunk(created, [choice]))
+        sent_chars, sent_tokens = len(completion.text), len(completion.token_ids)
 
 
 def sse_event(payload: BaseModel | dict) -> str:

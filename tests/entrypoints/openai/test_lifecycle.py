@@ -1,6 +1,8 @@
 """Request lifecycle: disconnects free KV blocks, shutdown drains, a dead engine
 fails pending requests and turns /health to 503."""
+import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -71,38 +73,110 @@ def test_shutdown_drains_in_flight_requests(engine):
     assert rest[-2]["choices"][0]["finish_reason"] == "length"
 
 
-def test_shutdown_timeout_cuts_long_requests(engine):
-    with running_server(engine, shutdown_timeout=0.5) as server:
+@contextlib.contextmanager
+def server_log_records():
+    """What uvicorn and parashift log while the block runs (enter it once the server
+    runs: uvicorn's logging set-up drops handlers added before)."""
+    records = []
+    handler = logging.Handler(level=logging.DEBUG)
+    handler.emit = records.append
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "parashift")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def assert_no_tracebacks(records) -> None:
+    noisy = [r.getMessage() for r in records if r.exc_info or "Traceback" in r.getMessage()]
+    assert not noisy, noisy
+
+
+def check_shutdown_error(error: dict) -> None:
+    assert error["code"] == "shutdown_timeout" and error["type"] == "service_unavailable_error"
+    assert "0.5 s" in error["message"]
+
+
+def test_shutdown_timeout_ends_every_request(engine):
+    """Past --shutdown-timeout a stream ends with an error event then [DONE] (it used to be
+    cut mid-body), a waiting non-streamed request gets a JSON 503 (it used to be a
+    plain-text 500), and no CancelledError traceback reaches the log."""
+    result = {}
+    with running_server(engine, shutdown_timeout=0.5) as server, server_log_records() as records:
+        waiter = threading.Thread(target=lambda: result.setdefault(
+            "response", httpx.post(f"{server.base_url}/v1/completions", json=LONG, timeout=60)))
         with httpx.stream("POST", f"{server.base_url}/v1/completions",
                           json={**LONG, "stream": True}) as response:
-            payloads = sse_payloads(response.iter_lines())
-            next(payloads)
+            lines = response.iter_lines()
+            next(sse_payloads(lines))
+            waiter.start()
+            assert wait_until(lambda: server.app.state.async_engine.num_streams == 2)
             started = time.monotonic()
             server.stop()
             assert time.monotonic() - started < 15
-            with pytest.raises(httpx.HTTPError):
-                list(payloads)
+            events = [line for line in lines if line.startswith("data: ")]
+        waiter.join(30)
+    assert events[-1] == "data: [DONE]"
+    check_shutdown_error(json.loads(events[-2][len("data: "):])["error"])
+    pending = result["response"]
+    assert pending.status_code == 503
+    assert pending.headers["content-type"] == "application/json"
+    check_shutdown_error(pending.json()["error"])
+    assert_no_tracebacks(records)
     assert not engine.has_unfinished_requests()
 
 
-class FailingEngine:
-    """The shared engine, except that `step()` raises once `fail` is set."""
+class ArmedEngine:
+    """The shared engine, except that once `armed` is set `step()` first runs `fault()`."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, fault):
         self._inner = inner
-        self.fail = threading.Event()
+        self._fault = fault
+        self.armed = threading.Event()
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
     def step(self):
-        if self.fail.is_set():
-            raise RuntimeError("simulated failure in /very/secret/path.py")
+        if self.armed.is_set():
+            self._fault()
         return self._inner.step()
 
 
+def test_shutdown_timeout_ends_a_request_the_engine_has_not_taken(engine):
+    """A request still waiting for the engine thread (busy with a long step) when the
+    timeout passes gets its JSON 503 then, not after the step."""
+    slow = ArmedEngine(engine, lambda: time.sleep(4))
+    result = {}
+    with running_server(slow, shutdown_timeout=0.5) as server:
+        with httpx.stream("POST", f"{server.base_url}/v1/completions",
+                          json={**LONG, "stream": True}) as response:
+            next(sse_payloads(response.iter_lines()))
+            slow.armed.set()
+            waiter = threading.Thread(target=lambda: result.setdefault("response", httpx.post(
+                f"{server.base_url}/v1/completions", json=LONG, timeout=60)))
+            waiter.start()
+            time.sleep(0.5)  # the request is in, waiting for the sleeping engine thread
+            stopper = threading.Thread(target=server.stop)
+            stopper.start()
+            waiter.join(3)
+            assert not waiter.is_alive(), "the reply waited for the engine's step"
+        stopper.join(30)
+    pending = result["response"]
+    assert pending.status_code == 503
+    check_shutdown_error(pending.json()["error"])
+    assert not engine.has_unfinished_requests()
+
+
+def fail_step():
+    raise RuntimeError("simulated failure in /very/secret/path.py")
+
+
 def test_dead_engine_fails_pending_requests_and_health(engine):
-    failing = FailingEngine(engine)
+    failing = ArmedEngine(engine, fail_step)
     with running_server(failing) as server, httpx.Client(base_url=server.base_url,
                                                          timeout=60) as http:
         result = {}
@@ -113,7 +187,7 @@ def test_dead_engine_fails_pending_requests_and_health(engine):
             next(payloads)
             waiter.start()
             assert wait_until(lambda: server.app.state.async_engine.num_streams == 2)
-            failing.fail.set()
+            failing.armed.set()
             last = list(payloads)[-1]
         waiter.join(30)
         assert last["error"]["code"] == "engine_dead"
