@@ -36,6 +36,8 @@ class ServerMetrics:
         self.kv_blocks_used = gauge("kv_blocks_used", "KV cache blocks in use.")
         self.kv_blocks_total = gauge("kv_blocks_total", "KV cache blocks in the pool.")
         self.kv_usage = gauge("kv_cache_usage_ratio", "Fraction of KV blocks in use (0..1).")
+        self.engine_alive = gauge("engine_alive", "1 while the engine serves requests; 0 once "
+                                  "it died or shuts down (/health answers 503 then).")
         self.plan_info = Gauge(f"{PREFIX}_plan_info", "1 for the plan of the last step.",
                                [*labels, "plan"], registry=self.registry)
         self._labels = labels
@@ -99,6 +101,14 @@ class ServerMetrics:
         self.kv_blocks_used.set(used)
         self.kv_blocks_total.set(stats.num_total_blocks)
         self.kv_usage.set(used / stats.num_total_blocks if stats.num_total_blocks else 0.0)
+
+    def record_liveness(self, alive: bool) -> None:
+        """Called when /metrics is read: a dead engine's last queue numbers are not left
+        standing (its requests have all failed), and `engine_alive` says it is gone."""
+        self.engine_alive.set(1 if alive else 0)
+        if not alive:
+            self.num_running.set(0)
+            self.num_waiting.set(0)
 
     def _set_plan(self, plan: str) -> None:
         if plan == self._current_plan:

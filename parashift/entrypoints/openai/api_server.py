@@ -58,6 +58,7 @@ def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIR
 
     @router.get("/metrics")
     async def prometheus_metrics() -> Response:
+        metrics.record_liveness(async_engine.is_running)
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 

@@ -6,10 +6,14 @@ only at their neutral value (e.g. `n=1`, `presence_penalty=0`)."""
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator,
+                      model_validator)
 
 from parashift.sampling_params import SEED_MAX, SEED_MIN
 
+# /v1/completions without max_tokens (absent or null) generates this many, as OpenAI's
+# does; /v1/chat/completions without it generates up to the context's end, as vLLM's.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 def _finite_float():
@@ -66,11 +70,16 @@ class SamplingFields(StrictModel):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
-    max_tokens: int | None = 16
+    max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _null_is_default(cls, value: int | None) -> int:
+        return COMPLETIONS_DEFAULT_MAX_TOKENS if value is None else value
 
     @model_validator(mode="after")
     def _check_completion_fields(self):

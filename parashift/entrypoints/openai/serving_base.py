@@ -75,7 +75,8 @@ class ServingContext:
             raise bad_request(
                 f"this model's maximum context length is {limit} tokens, but the request "
                 f"needs {wanted}: {num_prompt_tokens} in the prompt{asked}; shorten the "
-                "prompt or lower max_tokens", param="max_tokens" if requested else "prompt",
+                "prompt or lower max_tokens", param="prompt" if num_prompt_tokens >= limit
+                else "max_tokens",
                 code="context_length_exceeded")
         return requested if requested is not None else limit - num_prompt_tokens
 

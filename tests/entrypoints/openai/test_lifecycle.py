@@ -202,6 +202,26 @@ def test_dead_engine_fails_pending_requests_and_health(engine):
     assert not engine.has_unfinished_requests()
 
 
+def test_metrics_say_when_the_engine_died(engine):
+    """/metrics is not left standing at the dead engine's last numbers: engine_alive turns
+    0 and the running/waiting gauges drop to 0 (their requests have all failed)."""
+    failing = ArmedEngine(engine, fail_step)
+    with running_server(failing) as server:
+        url = server.base_url
+        with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True}) as s:
+            payloads = sse_payloads(s.iter_lines())
+            next(payloads)
+            assert metric_value(url, "parashift_engine_alive") == 1
+            assert metric_value(url, "parashift_num_requests_running") == 1
+            failing.armed.set()
+            list(payloads)
+        assert httpx.get(f"{url}/health").status_code == 503
+        assert metric_value(url, "parashift_engine_alive") == 0
+        assert metric_value(url, "parashift_num_requests_running") == 0
+        assert metric_value(url, "parashift_num_requests_waiting") == 0
+    assert not engine.has_unfinished_requests()
+
+
 def wait_healthy(base_url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
     def healthy():
         if proc.poll() is not None:

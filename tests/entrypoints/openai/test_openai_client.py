@@ -74,6 +74,30 @@ def test_max_completion_tokens(client, model_name):
     assert result.usage.completion_tokens == 3 and result.choices[0].finish_reason == "length"
 
 
+@pytest.mark.parametrize("max_tokens", ["absent", None])
+def test_completions_default_to_16_tokens(server, max_tokens):
+    """OpenAI's default: absent or null max_tokens is 16 (null used to run to the context's
+    end)."""
+    body = {"prompt": PROMPT, "ignore_eos": True}
+    if max_tokens != "absent":
+        body["max_tokens"] = max_tokens
+    result = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).json()
+    assert result["usage"]["completion_tokens"] == 16
+    assert result["choices"][0]["finish_reason"] == "length"
+
+
+def test_chat_without_max_tokens_fills_the_context(client, model_name, engine):
+    """As vLLM: chat with no limit generates up to the end of the context window."""
+    messages = [{"role": "user", "content": "word " * 400}]
+    num_prompt = len(engine.apply_chat_template(messages))
+    assert num_prompt < MAX_MODEL_LEN - 8
+    result = client.chat.completions.create(model=model_name, messages=messages,
+                                            max_tokens=None, extra_body={"ignore_eos": True})
+    assert result.usage.prompt_tokens == num_prompt
+    assert result.usage.total_tokens == MAX_MODEL_LEN
+    assert result.choices[0].finish_reason == "length"
+
+
 def test_stop_string(client, model_name):
     free = client.completions.create(model=model_name, prompt=PROMPT, temperature=0.0,
                                      max_tokens=16, extra_body={"ignore_eos": True})
