@@ -6,7 +6,7 @@ Usage (2 GPUs): python3 benchmarks/shift_crossover.py --model benchmarks/shapes/
 Each --tokens point is a decode step of N sequences at context --context (recorded as
 `does_not_fit`, with the pool's block count, where the KV pool cannot hold them); each
 --prefill-tokens point is the step that prefills one N-token prompt. Every point is
-timed under each plan in turn (the policy's test hook forces the plan). The suggested
+timed under each plan in turn (a scripted policy pins the plan). The suggested
 threshold is the largest point up to which the shift plan wins at every point."""
 import argparse
 import json
@@ -15,11 +15,17 @@ import statistics
 import time
 
 from parashift import LLM, SamplingParams
+from parashift.engine.policy import ScriptedPolicy
+
+
+def pin(engine, plan) -> None:
+    """Every following step runs under `plan`."""
+    engine.set_policy(ScriptedPolicy(engine.policy_plans, lambda group: plan))
 
 
 def time_steps(llm: LLM, plan, steps: int) -> float:
     engine = llm.llm_engine
-    engine.policy.force = lambda num_tokens: plan
+    pin(engine, plan)
     for _ in range(2):
         engine.step()
     times = []
@@ -34,7 +40,7 @@ def fits(llm: LLM, num_seqs: int, context: int, steps: int) -> bool:
     """Whether the KV pool holds num_seqs sequences through the warm-up and timed steps
     of every plan (with fewer, the scheduler preempts and the batch shrinks)."""
     blocks = llm.llm_engine.scheduler.block_manager
-    tokens = context + (steps + 2) * len(llm.llm_engine.policy.plans) + 1
+    tokens = context + (steps + 2) * len(llm.llm_engine.policy_plans) + 1
     return num_seqs * -(-tokens // blocks.block_size) <= blocks.num_blocks
 
 
@@ -49,12 +55,12 @@ def measure(llm: LLM, num_seqs: int, context: int, steps: int) -> dict:
     ids = [f"n{num_seqs}-{i}" for i in range(num_seqs)]
     for rid in ids:
         engine.add_request(rid, [rng.randrange(engine.vocab_size) for _ in range(context)], params)
-    engine.policy.force = lambda num_tokens: engine.policy.base
+    pin(engine, engine.policy_plans[0])
     while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) \
             or engine.scheduler.num_waiting:
         engine.step()
     row = {"tokens": num_seqs}
-    for plan in engine.policy.plans:
+    for plan in engine.policy_plans:
         row[plan.name()] = 1e3 * time_steps(llm, plan, steps)
     if len(engine.scheduler.running) != num_seqs:
         raise RuntimeError(f"{len(engine.scheduler.running)} of {num_seqs} sequences ran to the end")
@@ -67,8 +73,8 @@ def measure_prefill(llm: LLM, num_tokens: int, repeats: int = 3) -> dict:
     engine, rng = llm.llm_engine, random.Random(num_tokens)
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     row = {"tokens": num_tokens, "prefill": True}
-    for plan in engine.policy.plans:
-        engine.policy.force = lambda n, plan=plan: plan
+    for plan in engine.policy_plans:
+        pin(engine, plan)
         times = []
         for i in range(repeats + 1):  # the first warms up
             engine.add_request(f"p{num_tokens}-{plan.name()}-{i}",
@@ -119,7 +125,7 @@ def main():
               sequence_parallel_size=args.sequence_parallel_size,
               tensor_parallel_size=args.tensor_parallel_size, shift_weights=args.shift_weights,
               cuda_graphs=args.cuda_graphs)
-    base, shift = (plan.name() for plan in llm.llm_engine.policy.plans)
+    base, shift = (plan.name() for plan in llm.llm_engine.policy_plans)
     rows = []
     for n in args.tokens:
         rows.append(measure(llm, n, args.context, args.steps))

@@ -11,7 +11,7 @@ import torch
 from parashift.config import EngineConfig, SchedulerConfig
 from parashift.engine.detokenizer import IncrementalDetokenizer
 from parashift.worker.model_runner import ModelRunner
-from parashift.engine.policy import make_policy
+from parashift.engine.policy import GroupView, NodeView, Policy, make_policy
 from parashift.executor.multiproc import MultiprocExecutor
 from parashift.executor.uniproc import UniprocExecutor
 from parashift.worker.worker import WorkerSpec
@@ -25,6 +25,7 @@ from parashift.outputs import CompletionOutput, RequestOutput
 from parashift.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+ARRIVAL_WINDOW_S = 10.0  # the window of a group's arrival rate
 
 
 @dataclass
@@ -58,7 +59,8 @@ class LLMEngine:
         self.device = _resolve_device(config.device)
         self.dtype = _resolve_dtype(config.dtype, hf_config, self.device)
         self.policy = make_policy(config)
-        self.plan = self.policy.plans[0]  # the base plan: weights and KV layout
+        self.policy_plans = list(self.policy.plans)  # made on every rank at start-up
+        self.plan = self.policy_plans[0]  # the base plan: weights and KV layout
         self._timeline = open(config.timeline_file, "a") if config.timeline_file else None
         self._step_records: deque[StepRecord] = deque(maxlen=10_000)
         self.executor = self._start_executor(hf_config, source)
@@ -121,6 +123,7 @@ class LLMEngine:
         seq = Sequence(request_id, token_ids, params, priority, prompt_text)
         replica = min(self.replicas, key=lambda r: r.load)  # least-loaded replica
         replica.scheduler.add(seq)
+        replica.arrivals.append(time.monotonic())
         self._replica_of[request_id] = replica
         self._detokenizers[request_id] = (
             IncrementalDetokenizer(self.tokenizer, token_ids, params) if self.tokenizer else None)
@@ -164,15 +167,8 @@ class LLMEngine:
         """Submits steps to every replica with room (one in flight, or two with async
         scheduling), each under the plan the policy picks for it, then returns the
         outputs of whichever replicas finish first (a replica never waits for another)."""
-        for index, replica in enumerate(self.replicas):
-            while len(replica.in_flight) < self.steps_in_flight:
-                sched = replica.scheduler.schedule()
-                self._num_preemptions += len(sched.preempted)
-                if sched.is_empty:
-                    break
-                plan = self.policy.choose(sched.num_batched_tokens)
-                self.executor.submit(index, replica.step_batch(sched, plan.name()))
-                replica.start(sched, plan.name())
+        while self._submit_round():
+            pass
         if not any(r.in_flight for r in self.replicas):
             return []
         outputs = []
@@ -182,6 +178,40 @@ class LLMEngine:
             self._record_step(index, plan, sched.num_batched_tokens, seconds)
             outputs += self._apply(replica, sched, *result)
         return outputs
+
+    def _submit_round(self) -> bool:
+        """Asks the policy for every group's next plan (before scheduling), then schedules
+        and submits one step on each replica with room; False once none was submitted."""
+        open_replicas = [i for i, r in enumerate(self.replicas)
+                         if len(r.in_flight) < self.steps_in_flight and r.scheduler.has_unfinished()]
+        if not open_replicas:
+            return False
+        decision = self.policy.decide(self.view())
+        submitted = False
+        for index in open_replicas:
+            replica = self.replicas[index]
+            sched = replica.scheduler.schedule()
+            self._num_preemptions += len(sched.preempted)
+            if sched.is_empty:
+                continue
+            plan = decision.plans[index]
+            self.executor.submit(index, replica.step_batch(sched, plan))
+            replica.start(sched, plan)
+            submitted = True
+        return submitted
+
+    def view(self) -> NodeView:
+        """The node as policies see it: one group per replica."""
+        now = time.monotonic()
+        return NodeView(tuple(r.view(now) for r in self.replicas), now)
+
+    def set_policy(self, policy: Policy) -> None:
+        """Replaces the policy (benchmarks, tests); it may pick only plans made at start-up."""
+        made = {p.name() for p in self.policy_plans}
+        unknown = [p.name() for p in policy.plans if p.name() not in made]
+        if unknown:
+            raise ValueError(f"plans {unknown} were not made at start-up (made: {sorted(made)})")
+        self.policy = policy
 
     def _record_step(self, replica: int, plan: str, num_tokens: int, seconds: float) -> None:
         record = StepRecord(time.time(), replica, plan, num_tokens, seconds)
@@ -274,6 +304,8 @@ class Replica:
         self.scheduler = Scheduler(config, block_manager, eos_ids)
         self.in_flight: deque[tuple[SchedulerOutput, str, float]] = deque()  # oldest first
         self._last_finish = 0.0
+        self.arrivals: deque[float] = deque()  # when requests were added, for the arrival rate
+        self.last_plan = ""
         self.encoder = DeltaEncoder(block_offset)  # what this replica's ranks already know
 
     @property
@@ -282,6 +314,16 @@ class Replica:
 
     def start(self, sched: SchedulerOutput, plan: str) -> None:
         self.in_flight.append((sched, plan, time.perf_counter()))
+        self.last_plan = plan
+
+    def view(self, now: float, window_s: float = ARRIVAL_WINDOW_S) -> GroupView:
+        while self.arrivals and self.arrivals[0] < now - window_s:
+            self.arrivals.popleft()
+        c, blocks = self.scheduler.counters(), self.block_manager
+        return GroupView(self.last_plan, c.num_waiting, c.num_running, c.tokens_waiting,
+                         c.next_step_tokens, blocks.num_blocks - blocks.num_free_blocks,
+                         blocks.num_free_blocks, c.priorities, c.longest_context,
+                         len(self.arrivals) / window_s)
 
     def finish(self) -> tuple[SchedulerOutput, str, float]:
         """The oldest step in flight, its plan, and its time on the device (from its

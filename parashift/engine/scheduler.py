@@ -58,6 +58,16 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+@dataclass(frozen=True)
+class SchedulerCounters:
+    num_waiting: int
+    num_running: int
+    tokens_waiting: int
+    next_step_tokens: int
+    priorities: tuple[int, ...]
+    longest_context: int
+
+
 class Scheduler:
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
@@ -88,6 +98,27 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self._unfinished)
+
+    def counters(self) -> SchedulerCounters:
+        """What a policy sees of this scheduler; one pass, no state changes. The next step's
+        tokens assume no preemption and no prefix-cache hits."""
+        budget = self.config.max_num_batched_tokens
+        tokens = longest = 0
+        for seq in self.running:
+            longest = max(longest, seq.num_tokens)
+            if tokens < budget:
+                tokens += max(0, self._num_new_tokens(seq, budget - tokens, seq.num_computed_tokens))
+        waiting = [seq for _, seq in self._waiting]
+        seats = max(0, self.config.max_num_seqs - len(self.running))
+        for _, seq in heapq.nsmallest(seats, self._waiting, key=lambda entry: entry[0]):
+            if tokens >= budget:
+                break
+            tokens += max(0, self._num_new_tokens(seq, budget - tokens, 0))
+        priorities = {seq.priority for seq in self._unfinished.values()}
+        return SchedulerCounters(
+            len(waiting), len(self.running),
+            sum(seq.num_tokens - seq.num_computed_tokens for seq in waiting), tokens,
+            tuple(sorted(priorities)), longest)
 
     def add(self, seq: Sequence) -> None:
         if seq.request_id in self._unfinished:

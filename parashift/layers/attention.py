@@ -3,10 +3,9 @@ included. Under sequence parallelism the heads are exchanged for tokens around i
 import torch
 from torch import nn
 
-from parashift.forward_context import get_forward_context
+from parashift.context import get_attention_context
 from parashift.kernels import use_triton
 from parashift.parallel import ulysses
-from parashift.parallel.state import get_sp
 
 
 class Attention(nn.Module):
@@ -26,8 +25,8 @@ class Attention(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor) -> torch.Tensor:
         """q: [tokens, heads, head_dim], k/v: [tokens, kv_heads, head_dim], before RoPE."""
-        ctx = get_forward_context()
-        sp = get_sp()
+        ctx = get_attention_context()
+        sp = ctx.sp
         if sp.size == 1 and use_triton(q):  # one kernel: RoPE, and k/v into their slots
             from parashift.kernels import rotary
             q = rotary.rotate_and_write_kv(positions, q, k, v, self.rotary_emb.cos_sin,

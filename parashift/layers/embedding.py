@@ -5,13 +5,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from parashift.lazy_tensor import as_tensor
-from parashift.parallel.state import get_tp, get_vocab_group
+from parashift.context import get_context
 
 
 class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__()
-        tp = get_vocab_group()
+        tp = get_context().vocab
         self.vocab_size = vocab_size
         self.shard_size = (vocab_size + tp.size - 1) // tp.size
         self.vocab_start = tp.rank * self.shard_size
@@ -24,7 +24,7 @@ class VocabParallelEmbedding(nn.Module):
         param.data[rows.shape[0]:].zero_()
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        tp = get_vocab_group()
+        tp = get_context().vocab
         if tp.size == 1:
             return F.embedding(token_ids, self.weight)
         local = token_ids - self.vocab_start
@@ -43,7 +43,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     rank streams 1/parts of the head it holds."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        vocab, tp = get_vocab_group(), get_tp()
+        ctx = get_context()
+        vocab, tp = ctx.vocab, ctx.tp
         parts = tp.size // vocab.size
         if parts > 1 and self.shard_size % parts == 0:
             rows = self.shard_size // parts

@@ -8,7 +8,8 @@ from torch import nn
 
 from parashift.kernels import use_triton
 from parashift.lazy_tensor import as_tensor
-from parashift.parallel.state import get_tp
+from parashift.context import BASE_WEIGHTS, get_context
+from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 
 
 def _divide(n: int, d: int, what: str) -> int:
@@ -29,7 +30,7 @@ class LinearBase(nn.Module):
 
     def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None):
         super().__init__()
-        tp = get_tp()
+        tp = get_context().tp
         self.tp_size, self.tp_rank, self.tp_dim = tp.size, tp.rank, tp_dim
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
@@ -38,25 +39,27 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
-        self.shift_parts: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None
+        # Weight layouts other plans use, by key (e.g. the shift plan's finer shard):
+        # each a list of (weight, bias) parts whose outputs are concatenated.
+        self.layouts: dict[str, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
 
     def _active_parts(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """This rank's weights for the active TP degree: the base shard, or the shift
-        plan's finer shard (Shift Parallelism) when the active TP group is larger."""
-        if get_tp().size == self.tp_size:
+        """This rank's weights under the active plan's layout."""
+        key = get_context().weights
+        if key == BASE_WEIGHTS:
             return [(self.weight, self.bias)]
-        if self.shift_parts is None:
-            raise RuntimeError(f"no weights for TP degree {get_tp().size}: shift weights not made")
-        return self.shift_parts
+        if key not in self.layouts:
+            raise RuntimeError(f"no weight layout {key!r}: it was not made at start-up")
+        return self.layouts[key]
 
-    def set_shift_parts(self, parts, separate: bool) -> int:
-        """Keeps the shift shard as views of the base shard (slice) or as one contiguous
-        copy (separate); returns the bytes the copy takes."""
+    def set_layout(self, key: str, parts, separate: bool) -> int:
+        """Keeps a layout as views of the base shard or as one contiguous copy
+        (separate); returns the bytes the copy takes."""
         if separate:
             weight = torch.cat([w for w, _ in parts]).contiguous()
             bias = torch.cat([b for _, b in parts]) if parts[0][1] is not None else None
             parts = [(weight, bias)]
-        self.shift_parts = parts
+        self.layouts[key] = parts
         return sum(w.nbytes + (b.nbytes if b is not None else 0) for w, b in parts) if separate else 0
 
     def _shard(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
@@ -71,7 +74,7 @@ class LinearBase(nn.Module):
 
 class ColumnParallelLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
-        tp_size = get_tp().size
+        tp_size = get_context().tp.size
         super().__init__(input_size, _divide(output_size, tp_size, "output size"), bias, tp_dim=0)
 
     def forward(self, x):
@@ -91,7 +94,7 @@ class ColumnParallelLinear(LinearBase):
             start = offset + sp_rank * step
             parts.append((self.weight.narrow(0, start, step),
                           self.bias.narrow(0, start, step) if self.bias is not None else None))
-        return self.set_shift_parts(parts, separate)
+        return self.set_layout(SHIFT_WEIGHTS, parts, separate)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -118,7 +121,7 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
                  bias: bool = False):
-        tp_size = get_tp().size
+        tp_size = get_context().tp.size
         self.head_dim = head_dim
         self.num_heads = _divide(num_heads, tp_size, "number of attention heads")
         if num_kv_heads >= tp_size:
@@ -132,9 +135,10 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def split_sizes(self) -> tuple[int, int]:
         """Widths of q and of k (= v) in this rank's output under the active plan."""
-        if get_tp().size == self.tp_size:
+        key = get_context().weights
+        if key == BASE_WEIGHTS:
             return self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return self.shift_sizes
+        return self.layout_sizes[key]
 
     def make_shift_shard(self, sp_size: int, sp_rank: int, separate: bool) -> int:
         from parashift.parallel.ulysses import kv_heads_for_block
@@ -146,8 +150,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         parts = [(self.weight.narrow(0, *rows),
                   self.bias.narrow(0, *rows) if self.bias is not None else None)
                  for rows in (q_rows, k_rows, v_rows)]
-        self.shift_sizes = (heads * d, len(kv) * d)
-        return self.set_shift_parts(parts, separate)
+        self.layout_sizes = {SHIFT_WEIGHTS: (heads * d, len(kv) * d)}
+        return self.set_layout(SHIFT_WEIGHTS, parts, separate)
 
     def _kv_head_start(self) -> int:
         if self.total_num_kv_heads >= self.tp_size:
@@ -168,7 +172,7 @@ class RowParallelLinear(LinearBase):
     """Input-sharded; partial sums are all-reduced over the TP group."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
-        tp_size = get_tp().size
+        tp_size = get_context().tp.size
         super().__init__(_divide(input_size, tp_size, "input size"), output_size, bias, tp_dim=1)
 
     def weight_loader(self, param, loaded, shard_id=None):
@@ -180,10 +184,10 @@ class RowParallelLinear(LinearBase):
     def make_shift_shard(self, sp_size: int, sp_rank: int, separate: bool) -> int:
         step = _divide(self.weight.shape[1], sp_size, "shard columns")
         weight = self.weight.narrow(1, sp_rank * step, step)
-        return self.set_shift_parts([(weight, self.bias)], separate)
+        return self.set_layout(SHIFT_WEIGHTS, [(weight, self.bias)], separate)
 
     def forward(self, x):
-        tp = get_tp()
+        tp = get_context().tp
         weight, bias = self._active_parts()[0]
         y = linear(x, weight, bias if tp.rank == 0 else None)
         return tp.all_reduce(y)

@@ -10,7 +10,7 @@ from parashift.layers.layernorm import RMSNorm
 from parashift.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from parashift.layers.missing import MissingLayer
 from parashift.layers.rotary import get_rotary_embedding
-from parashift.parallel.state import get_state
+from parashift.context import get_context
 
 
 def head_dim_of(cfg) -> int:
@@ -86,7 +86,7 @@ class LlamaModel(nn.Module):
 
     def __init__(self, cfg, max_position: int):
         super().__init__()
-        state = get_state()
+        state = get_context().state
         self.stage = state.plan.stage_layers(cfg.num_hidden_layers, state.pp.rank)
         self.first, self.last = state.is_first_stage, state.is_last_stage
         self.embed_tokens = (VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)

@@ -8,6 +8,7 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 SHIFT_WEIGHT_MODES = ("separate", "slice")
+SHIFT_WEIGHTS = "shift"  # the layout key of the shift plan's weights
 
 
 def make_shift_weights(model: nn.Module, sp_size: int, sp_rank: int, mode: str,

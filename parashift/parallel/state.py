@@ -1,8 +1,7 @@
-"""The active plan of this process and the process groups it uses.
+"""A plan seen from one rank: its process groups, each as a `GroupHandle`.
 
-Layers ask here for their group, rank and shard; nothing reads the global
-world size. With one device the plan is trivial and every group has size 1."""
-from contextlib import contextmanager
+Layers get the active one from the step context (parashift/context.py); nothing
+reads the global world size. With one device every group has size 1."""
 from dataclasses import dataclass
 
 import torch
@@ -83,33 +82,3 @@ class ParallelState:
     @property
     def is_last_stage(self) -> bool:
         return self.pp.rank == self.pp.size - 1
-
-
-_state = ParallelState.single()
-
-
-def get_state() -> ParallelState:
-    return _state
-
-
-def get_tp() -> GroupHandle:
-    return _state.tp
-
-
-def get_sp() -> GroupHandle:
-    return _state.sp
-
-
-def get_vocab_group() -> GroupHandle:
-    return _state.vocab
-
-
-@contextmanager
-def use_state(state: ParallelState):
-    """Make `state` the active plan and groups for the duration."""
-    global _state
-    saved, _state = _state, state
-    try:
-        yield state
-    finally:
-        _state = saved

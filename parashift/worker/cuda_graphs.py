@@ -12,18 +12,19 @@ import torch
 from parashift.attention.metadata import AttentionMetadata
 from parashift.worker.step_batch import SeqChunk
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
-from parashift.forward_context import ForwardContext, forward_context
-from parashift.parallel.state import ParallelState, use_state
+from parashift.context import use_context
+from parashift.parallel.state import ParallelState
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 class DecodeGraphs:
-    def __init__(self, model, backend, states: list[ParallelState], block_size: int,
+    def __init__(self, model, backend, plans: list, block_size: int,
                  max_model_len: int, max_num_seqs: int, device: torch.device):
+        """`plans`: the PlanResources of every plan a step may run under."""
         self.model, self.backend, self.block_size = model, backend, block_size
         self.max_model_len = max_model_len
-        sp_sizes = {s.sp.size for s in states}
+        sp_sizes = {p.state.sp.size for p in plans}
         self.buckets = [b for b in DEFAULT_BUCKETS if b <= max_num_seqs
                         and all(b % sp == 0 for sp in sp_sizes)]
         largest = self.buckets[-1]
@@ -36,9 +37,9 @@ class DecodeGraphs:
         self.tables = torch.zeros(largest, max_blocks, dtype=torch.int32, device=device)
         self.graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
-        for state in sorted(states, key=lambda s: s.plan.name()):  # same order on every rank
+        for plan in sorted(plans, key=lambda p: p.graph_key):  # same order on every rank
             for bucket in reversed(self.buckets):
-                self.graphs[(state.plan.name(), bucket)] = self._capture(state, bucket)
+                self.graphs[(plan.graph_key, bucket)] = self._capture(plan, bucket)
 
     def bucket_for(self, chunks: list[SeqChunk], state: ParallelState) -> int | None:
         if state.pp.size > 1 or any(len(c.token_ids) != 1 for c in chunks):
@@ -53,32 +54,32 @@ class DecodeGraphs:
             seq_lens_cpu=[self.max_model_len] * bucket, max_query_len=1, max_seq_len=self.max_model_len, block_size=self.block_size,
             static_shape=True)
 
-    def _forward(self, state: ParallelState, bucket: int) -> torch.Tensor:
-        local = bucket // state.sp.size
-        with use_state(state), forward_context(ForwardContext(self._metadata(bucket), self.backend)):
+    def _forward(self, plan, bucket: int) -> torch.Tensor:
+        local = bucket // plan.state.sp.size
+        with use_context(plan.context(self._metadata(bucket), self.backend)):
             return self.model(self.tokens[:local], self.positions[:local])
 
-    def _capture(self, state: ParallelState, bucket: int):
+    def _capture(self, plan, bucket: int):
         self.slots.fill_(-1)
         self.seq_lens.zero_()
         self.starts.zero_()
         for _ in range(2):  # warm up (Triton compilation, allocator) outside the graph
-            self._forward(state, bucket)
+            self._forward(plan, bucket)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            hidden = self._forward(state, bucket)
+            hidden = self._forward(plan, bucket)
         return graph, hidden
 
-    def run(self, chunks: list[SeqChunk], state: ParallelState, bucket: int, patch_tokens):
+    def run(self, chunks: list[SeqChunk], plan, bucket: int, patch_tokens):
         """Replays the bucket's graph for this step; returns (hidden states, inputs).
         `patch_tokens(tokens, chunks, inputs)` may rewrite the input tokens first."""
-        sp = state.sp
+        sp = plan.state.sp
         inputs = build_step_inputs(chunks, self.block_size, self.tokens.device, sp.size,
                                    sp.rank, pad_to=bucket)
         self._fill(inputs, bucket)
         patch_tokens(self.tokens[:len(inputs.token_ids)], chunks, inputs)
-        graph, hidden = self.graphs[(state.plan.name(), bucket)]
+        graph, hidden = self.graphs[(plan.graph_key, bucket)]
         graph.replay()
         return hidden, inputs
 

@@ -9,16 +9,17 @@ import torch
 import torch.distributed as dist
 
 from parashift.attention.backend import get_backend
+from parashift.context import StepContext, use_context, use_state
 from parashift.worker.cuda_graphs import DecodeGraphs
 from parashift.worker.step_batch import PLACEHOLDER_TOKEN, RequestTables, SeqChunk, StepBatch
+from parashift.worker.plan_resources import PlanResources, make_resources
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
-from parashift.forward_context import ForwardContext, forward_context
 from parashift.kv.cache import KVCache, attention_layers
 from parashift.layers.sampler import Sampler
 from parashift.loader.weights import load_model_weights
 from parashift.models.registry import model_class_for
 from parashift.parallel.shift_weights import make_shift_weights
-from parashift.parallel.state import ParallelState, use_state
+from parashift.parallel.state import ParallelState
 from parashift.uploads import upload
 
 logger = logging.getLogger(__name__)
@@ -59,8 +60,6 @@ class ModelRunner:
         plans a step may switch to (e.g. Shift Parallelism's shift plan)."""
         self.config, self.device, self.dtype = config, device, dtype
         self.state = state or ParallelState.single()
-        self.states = {self.state.plan.name(): self.state, "": self.state}
-        self.states.update({s.plan.name(): s for s in other_states})
         self.block_size = config.block_size
         self.hidden_size = hf_config.hidden_size
         self.max_model_len = max_model_len
@@ -85,22 +84,38 @@ class ModelRunner:
         self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
+        self.resources = self._make_resources([self.state, *other_states],
+                                              hf_config.num_key_value_heads)
         self._report_kv_replication(hf_config.num_key_value_heads)
         self._warm_up_attention()
         self.graphs = self._capture_graphs() if self._use_graphs(config.cuda_graphs) else None
 
+    def _make_resources(self, states: list[ParallelState], total_kv_heads: int
+                        ) -> dict[str, PlanResources]:
+        """Every plan's resources by name ("" is the base plan). Each plan's KV view must be
+        the pool's: no plan yet re-lays the pool out."""
+        resources = make_resources(
+            states, lambda s: max(1, total_kv_heads // s.plan.attn_degree), self.block_size)
+        for res in resources.values():
+            if res.kv_heads != self.kv.k.shape[3]:
+                raise ValueError(f"plan {res.name} holds {res.kv_heads} KV heads per rank, the "
+                                 f"pool {self.kv.k.shape[3]}: plans that re-lay the KV pool "
+                                 "out are not supported yet")
+        resources[""] = resources[self.state.plan.name()]
+        return resources
+
     def _use_graphs(self, requested: bool | None) -> bool:
         """By default (None) wherever they work: CUDA, Triton attention, one stage."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
-                    and all(s.pp.size == 1 for s in self.states.values()))
+                    and all(r.state.pp.size == 1 for r in self.resources.values()))
         if requested and not possible:
             raise ValueError("CUDA graphs need a CUDA device, the triton attention backend and "
                              "no pipeline parallelism")
         return possible if requested is None else requested
 
     def _capture_graphs(self) -> DecodeGraphs:
-        states = list({id(s): s for s in self.states.values()}.values())
-        return DecodeGraphs(self.model, self.backend, states, self.block_size,
+        plans = list({r.name: r for r in self.resources.values()}.values())
+        return DecodeGraphs(self.model, self.backend, plans, self.block_size,
                             self.max_model_len, self.config.max_num_seqs, self.device)
 
     def _warm_up_attention(self) -> None:
@@ -138,13 +153,6 @@ class ModelRunner:
     def num_blocks(self) -> int:
         return self.kv.num_blocks
 
-    @property
-    def is_output_rank(self) -> bool:
-        return self._is_output(self.state)
-
-    @staticmethod
-    def _is_output(state: ParallelState) -> bool:
-        return state.is_last_stage and state.tp.rank == 0 and state.sp.rank == 0
 
     # ---- one step ------------------------------------------------------------
     @torch.inference_mode()
@@ -156,17 +164,17 @@ class ModelRunner:
             self.generators.pop(request_id, None)
         errors = self._admit(batch.new_params)
         chunks = self.requests.apply(batch)
-        state = self.states[batch.plan]
-        with use_state(state):
-            micro_batches = split_micro_batches(chunks, state.pp.size)
-            results = [self._run_micro_batch(mb, state) for mb in micro_batches]
+        plan = self.resources[batch.plan]
+        with use_context(plan.context()):
+            micro_batches = split_micro_batches(chunks, plan.state.pp.size)
+            results = [self._run_micro_batch(mb, plan) for mb in micro_batches]
             self._wait_sends()
         sampled = [mb_tokens for mb_tokens, _ in results if mb_tokens is not None]
         tokens = torch.cat(sampled) if sampled else torch.empty(0, dtype=torch.int64)
         self._prev_tokens = tokens
         self._prev_rows = {c.request_id: j for j, c in
                            enumerate(c for c in chunks if c.sampling is not None)}
-        if not self._is_output(state):
+        if not plan.is_output_rank:
             return PendingStep(None, None)
         logprobs = []
         for mb_tokens, mb_logprobs in results:
@@ -189,18 +197,19 @@ class ModelRunner:
                 errors[request_id] = f"its seed could not be used ({type(exc).__name__}: {exc})"
         return errors
 
-    def _run_micro_batch(self, chunks: list[SeqChunk], state: ParallelState):
+    def _run_micro_batch(self, chunks: list[SeqChunk], plan: PlanResources):
         """Returns the sampled tokens on the device (None where nothing is sampled
         on this rank) and their logprobs."""
+        state = plan.state
         sp = state.sp
         bucket = self.graphs.bucket_for(chunks, state) if self.graphs else None
         if bucket is not None:
-            out, inputs = self.graphs.run(chunks, state, bucket, self._fill_placeholders)
+            out, inputs = self.graphs.run(chunks, plan, bucket, self._fill_placeholders)
         else:
             inputs = build_step_inputs(chunks, self.block_size, self.device, sp.size, sp.rank)
             self._fill_placeholders(inputs.token_ids, chunks, inputs)
             intermediate = None if state.is_first_stage else self._recv(inputs, state)
-            with forward_context(ForwardContext(inputs.attn, self.backend)):
+            with use_context(plan.context(inputs.attn, self.backend)):
                 out = self.model(inputs.token_ids, inputs.positions, intermediate)
         if not state.is_last_stage:
             self._send(out, state)
@@ -210,13 +219,13 @@ class ModelRunner:
             return None, None
         hidden = self._sample_rows(out, inputs, sp)
         logits = self.model.compute_logits(hidden)
-        if state.pp.size > 1 and not self._is_output(state):
+        if state.pp.size > 1 and not plan.is_output_rank:
             return None, None
         # With one stage every rank samples (the same tokens: same logits, same seeds), so
         # every rank can fill the next step's placeholders; only the output rank reports.
         result = self.sampler(logits, [c.sampling for c in sampling],
                               [self._generator(c) for c in sampling],
-                              with_logprobs=self._is_output(state))
+                              with_logprobs=plan.is_output_rank)
         return result.token_ids, result.logprobs
 
     def _fill_placeholders(self, token_ids: torch.Tensor, chunks: list[SeqChunk],
@@ -288,7 +297,7 @@ class ModelRunner:
             if not self.state.is_first_stage:
                 x = torch.zeros(len(inputs.local_rows), self.hidden_size, dtype=self.dtype, device=self.device)
                 intermediate = (x, x.clone())
-            with forward_context(ForwardContext(inputs.attn, self.backend)):
+            with use_context(StepContext(self.state, attn=inputs.attn, backend=self.backend)):
                 out = self.model(inputs.token_ids, inputs.positions, intermediate)
             if self.state.is_last_stage:
                 self.model.compute_logits(out[-min(len(out), self.config.max_num_seqs):])

@@ -70,7 +70,7 @@ POLL_S = 1e-4  # while a step runs, how often to check for it to end
 
 def _finish(runner: ModelRunner, conn, step) -> None:
     result = step.result()
-    if runner.is_output_rank:
+    if result is not None:  # this rank is the output rank of the step's plan
         conn.send_bytes(pickle.dumps(("result", result)))
 
 

@@ -25,7 +25,7 @@ def test_crossover_rows_and_a_batch_that_does_not_fit():
               max_num_seqs=16)
     try:
         engine = llm.llm_engine
-        base, shift = (plan.name() for plan in engine.policy.plans)
+        base, shift = (plan.name() for plan in engine.policy_plans)
         assert (base, shift) == ("sp2", "shift-tp2")
         # 4 sequences of 64 + 9 tokens take 4 x 5 blocks of 16; 16 would take 80 of the 40
         assert crossover.fits(llm, 4, 64, 2) and not crossover.fits(llm, 16, 64, 2)

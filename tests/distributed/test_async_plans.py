@@ -9,6 +9,7 @@ from tests.distributed.test_plans import COMMON, PARAMS, assert_same, generate, 
 from tests.engine.conftest import save_tiny_llama
 from tests.engine.test_async_scheduling import spy_on_steps
 from parashift import LLM, SamplingParams
+from parashift.engine.policy import ScriptedPolicy
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +30,10 @@ def test_async_plans_match_single_device(model, plan):
     llm = LLM(model_dir, **{**COMMON, **plan, "async_scheduling": True})
     try:
         seen = spy_on_steps(llm)
-        policy = llm.llm_engine.policy
-        if len(policy.plans) > 1:
+        plans = llm.llm_engine.policy_plans
+        if len(plans) > 1:
             rng = random.Random(0)
-            policy.force = lambda num_tokens: rng.choice(policy.plans)
+            llm.llm_engine.set_policy(ScriptedPolicy(plans, lambda group: rng.choice(plans)))
         assert_same(llm.generate(prompts(), PARAMS), reference)
         assert seen["overlapped"] > 0 and seen["placeholders"] > 0
     finally:

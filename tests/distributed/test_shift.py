@@ -6,6 +6,7 @@ import random
 import pytest
 
 from parashift import LLM, SamplingParams
+from parashift.engine.policy import ScriptedPolicy
 from tests.distributed.test_plans import (DEVICE, GRAPHS, assert_same, plan_id, prompts,
                                           skip_unless_enough_gpus)
 from tests.engine.conftest import save_tiny_llama
@@ -43,10 +44,10 @@ def test_random_switch_schedules_match_single_device(models, name, plan):
     dirs, refs = models
     llm = shift_llm(dirs[name], **plan)
     try:
-        policy = llm.llm_engine.policy
+        plans = llm.llm_engine.policy_plans
         for seed in range(2):
             rng = random.Random(seed)
-            policy.force = lambda num_tokens: rng.choice(policy.plans)
+            llm.llm_engine.set_policy(ScriptedPolicy(plans, lambda group: rng.choice(plans)))
             assert_same(llm.generate(prompts(), PARAMS), refs[name])
     finally:
         llm.llm_engine.shutdown()

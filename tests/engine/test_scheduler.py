@@ -384,3 +384,22 @@ def test_preempted_with_a_pending_token_waits_for_it():
     sched.update(first, {"a": 10, "b": 11})
     assert b.output_token_ids == [11] and b.num_pending_tokens == 0
     assert b.status == SequenceStatus.WAITING and b.num_computed_tokens == 0
+
+
+def test_counters_predict_the_next_step_without_changing_anything():
+    sched = make_scheduler(max_num_batched_tokens=16, max_num_seqs=3)
+    sched.add(make_seq("a", 10))
+    sched.add(make_seq("b", 9, priority=-1))
+    c = sched.counters()
+    assert (c.num_waiting, c.num_running, c.tokens_waiting) == (2, 0, 19)
+    assert c.next_step_tokens == 16 and c.priorities == (-1, 0) and c.longest_context == 0
+    assert sched.counters() == c  # nothing moved
+    assert step(sched)[0] == [("b", 9, 0), ("a", 7, 0)]
+    sched.add(make_seq("c", 30, base=3000))
+    sched.add(make_seq("d", 5, base=4000))
+    c = sched.counters()
+    # b decodes (1), a finishes its prompt (3), one seat left: c fills the budget (12), d waits
+    assert (c.num_waiting, c.num_running, c.tokens_waiting) == (2, 2, 35)
+    assert c.next_step_tokens == 16 and c.longest_context == 10
+    out = sched.schedule()
+    assert out.num_batched_tokens == c.next_step_tokens

@@ -6,7 +6,8 @@ from safetensors.torch import save_file
 from parashift.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from parashift.lazy_tensor import LazySlice
 from parashift.parallel.plan import Plan
-from parashift.parallel.state import GroupHandle, ParallelState, use_state
+from parashift.context import use_state
+from parashift.parallel.state import GroupHandle, ParallelState
 
 
 def tp_state(rank: int, size: int) -> ParallelState:

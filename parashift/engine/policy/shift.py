@@ -1,11 +1,12 @@
 """Shift Parallelism: the base (SP, TP) plan for large steps, full TP over the
 SP_TP group for small ones (arXiv 2509.16495, Algorithm 3)."""
-from typing import Callable
-
+from parashift.engine.policy.protocol import Decision, NodeView
 from parashift.parallel.plan import Plan
 
 
 class ShiftPolicy:
+    name = "shift"
+
     def __init__(self, base: Plan, threshold: int):
         if base.sp < 2:
             raise ValueError("the shift policy needs a base plan with sequence parallelism "
@@ -15,9 +16,8 @@ class ShiftPolicy:
         self.base, self.shift = base, base.shift_plan()
         self.plans = [self.base, self.shift]
         self.threshold = threshold
-        self.force: Callable[[int], Plan] | None = None  # test hook: step tokens -> plan
 
-    def choose(self, num_batched_tokens: int) -> Plan:
-        if self.force is not None:
-            return self.force(num_batched_tokens)
-        return self.shift if num_batched_tokens <= self.threshold else self.base
+    def decide(self, view: NodeView) -> Decision:
+        return Decision(tuple(
+            (self.shift if g.next_step_tokens <= self.threshold else self.base).name()
+            for g in view.groups))

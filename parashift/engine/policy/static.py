@@ -1,11 +1,13 @@
+"""One plan for every step."""
+from parashift.engine.policy.protocol import Decision, NodeView, same_plan_for_all
 from parashift.parallel.plan import Plan
 
 
 class StaticPolicy:
-    """One plan for every step."""
+    name = "static"
 
     def __init__(self, plan: Plan):
         self.plans = [plan]
 
-    def choose(self, num_batched_tokens: int) -> Plan:
-        return self.plans[0]
+    def decide(self, view: NodeView) -> Decision:
+        return same_plan_for_all(view, self.plans[0])

@@ -1,0 +1,57 @@
+"""The policy protocol: `decide(view) -> decision`, called before each round of scheduling.
+
+This file and `LLMEngine._submit_round` (engine/llm_engine.py), which carries a decision to
+the workers, are where a plan switch is decided and carried; `ModelRunner.launch`
+(worker/model_runner.py) applies it. Policies are pure functions of the view: no
+tensors, no engine objects, so each is unit-tested on recorded views."""
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from parashift.parallel.plan import Plan
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """One group of the node layout as the scheduler sees it before a step."""
+    plan: str                  # the plan its last step ran under
+    num_waiting: int
+    num_running: int
+    tokens_waiting: int        # prompt tokens of waiting requests still to compute
+    next_step_tokens: int      # tokens its next step would schedule (an estimate)
+    kv_blocks_used: int
+    kv_blocks_free: int
+    priorities: tuple[int, ...] = ()  # distinct priorities of its requests, ascending
+    longest_context: int = 0   # tokens of its longest running request
+    arrival_rate: float = 0.0  # requests per second added to it over the recent window
+    cpu_tier_fill: float = 0.0  # fraction of its CPU KV tier in use (no tier yet: 0)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    groups: tuple[GroupView, ...]
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A change of the node layout (merge, split, re-shard) over some groups."""
+    kind: str
+    groups: tuple[int, ...]
+    target: str  # the plan the groups run once it commits
+
+
+@dataclass(frozen=True)
+class Decision:
+    plans: tuple[str, ...]  # each group's plan for its next step, by name
+    transitions: tuple[Transition, ...] = field(default=())
+
+
+class Policy(Protocol):
+    name: str
+    plans: list[Plan]  # every plan it may pick; the first is the base (weights, KV layout)
+
+    def decide(self, view: NodeView) -> Decision: ...
+
+
+def same_plan_for_all(view: NodeView, plan: Plan) -> Decision:
+    return Decision(tuple(plan.name() for _ in view.groups))
