@@ -1,17 +1,26 @@
 """The FastAPI app: routes, auth, error handlers and the engine's lifespan."""
 import contextlib
+from importlib import metadata
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse, Response
 
+import parashift
 from parashift.engine.async_engine import AsyncLLMEngine
 from parashift.entrypoints.openai.auth import make_auth_dependency
 from parashift.entrypoints.openai.errors import APIError, install_error_handlers
-from parashift.entrypoints.openai.protocol import ModelCard, ModelList
+from parashift.entrypoints.openai.openapi import add_json_post, publish_schemas
+from parashift.entrypoints.openai.protocol import (ChatCompletionRequest,
+                                                   ChatCompletionResponse, CompletionRequest,
+                                                   CompletionResponse, DetokenizeRequest,
+                                                   DetokenizeResponse, ModelCard, ModelList,
+                                                   TokenizeRequest, TokenizeResponse,
+                                                   VersionResponse)
 from parashift.entrypoints.openai.server_config import ServerConfig
 from parashift.entrypoints.openai.serving_base import ServingContext
 from parashift.entrypoints.openai.serving_chat import ChatServer
 from parashift.entrypoints.openai.serving_completions import CompletionServer
+from parashift.entrypoints.openai.serving_tokens import TokenServer
 from parashift.entrypoints.openai.shutdown import ShutdownDeadline
 from parashift.metrics import ServerMetrics
 
@@ -34,16 +43,31 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
         finally:
             await async_engine.shutdown()
 
-    app = FastAPI(title="parashift", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="parashift", version=server_version(), lifespan=lifespan,
+                  docs_url="/docs", redoc_url=None)
     app.state.async_engine = async_engine
     app.state.metrics = metrics
     app.state.serving = ctx
     app.state.shutdown_deadline = deadline  # started by the launcher's server
     install_error_handlers(app)
     app.include_router(_health_routes(async_engine, metrics))
-    app.include_router(_v1_routes(ctx), dependencies=[Depends(make_auth_dependency(
-        config.api_key))])
+    auth = [Depends(make_auth_dependency(config.api_key))]
+    app.include_router(_v1_routes(ctx), dependencies=auth)
+    app.include_router(_token_routes(ctx), dependencies=auth)
+    publish_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
+                          DetokenizeRequest])
     return app
+
+
+def server_version() -> str:
+    """parashift.__version__ if the package sets one, else the installed version."""
+    version = getattr(parashift, "__version__", None)
+    if version:
+        return str(version)
+    try:
+        return metadata.version("parashift")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIRouter:
@@ -55,6 +79,13 @@ def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIR
             return JSONResponse({"status": "ok"})
         message = str(async_engine.dead_error or "the engine is not running")
         return APIError(503, message, code="engine_dead").response()
+
+    for method in ("GET", "POST"):  # vLLM's /ping: /health by another name
+        router.add_api_route("/ping", health, methods=[method])
+
+    @router.get("/version", response_model=VersionResponse)
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": server_version()})
 
     @router.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -69,18 +100,26 @@ def _v1_routes(ctx: ServingContext) -> APIRouter:
     router = APIRouter(prefix="/v1")
     completions, chat = CompletionServer(ctx), ChatServer(ctx)
 
-    @router.get("/models")
+    @router.get("/models", response_model=ModelList)
     async def list_models() -> JSONResponse:
         cards = [ModelCard(id=name, max_model_len=ctx.max_model_len)
                  for name in ctx.model_names]
         return JSONResponse(ModelList(data=cards).model_dump())
 
-    @router.post("/completions")
-    async def create_completion(request: Request) -> Response:
-        return await completions.create(request)
+    add_json_post(router, "/completions", completions.create, CompletionRequest,
+                  CompletionResponse, "create_completion")
+    add_json_post(router, "/chat/completions", chat.create, ChatCompletionRequest,
+                  ChatCompletionResponse, "create_chat_completion")
+    return router
 
-    @router.post("/chat/completions")
-    async def create_chat_completion(request: Request) -> Response:
-        return await chat.create(request)
 
+def _token_routes(ctx: ServingContext) -> APIRouter:
+    """vLLM's /tokenize and /detokenize (at the root, as vLLM serves them)."""
+    router = APIRouter()
+    tokens = TokenServer(ctx)
+
+    add_json_post(router, "/tokenize", tokens.tokenize, TokenizeRequest, TokenizeResponse,
+                  "tokenize")
+    add_json_post(router, "/detokenize", tokens.detokenize, DetokenizeRequest,
+                  DetokenizeResponse, "detokenize")
     return router

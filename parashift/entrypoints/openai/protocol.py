@@ -130,6 +130,34 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_tokens
 
 
+class TokenizeRequest(StrictModel):
+    """POST /tokenize, vLLM's two forms in one: `prompt` (a completion's text) or
+    `messages` (a chat, rendered by the chat template as /v1/chat/completions does)."""
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_form(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt or messages: give exactly one of the two")
+        fields = self.model_fields_set
+        if self.prompt is not None and "add_generation_prompt" in fields:
+            raise ValueError("add_generation_prompt goes with messages, not prompt")
+        if self.messages is not None and "add_special_tokens" in fields:
+            raise ValueError("add_special_tokens goes with prompt; the chat template "
+                             "places the special tokens of messages")
+        return self
+
+
+class DetokenizeRequest(StrictModel):
+    model: str | None = None
+    tokens: list[StrictInt]
+
+
 # ---- responses ---------------------------------------------------------------
 class UsageInfo(BaseModel):
     prompt_tokens: int
@@ -243,3 +271,18 @@ class ErrorInfo(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorInfo
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str

@@ -36,6 +36,7 @@ class ServingContext:
     tokenizer: object = field(repr=False)
     deadline: ShutdownDeadline
     max_request_bytes: int = 1 << 22
+    model_path: str | None = None  # as given to --model: accepted as a name too (as vLLM)
 
     @classmethod
     def from_engine(cls, async_engine: AsyncLLMEngine, served_model_names: list[str] | None,
@@ -45,25 +46,36 @@ class ServingContext:
         # The engine thread uses llm.tokenizer; the event loop gets its own copy.
         return cls(engine=async_engine, model_names=names, max_model_len=llm.max_model_len,
                    vocab_size=llm.vocab_size, tokenizer=copy.deepcopy(llm.tokenizer),
-                   max_request_bytes=max_request_bytes, deadline=deadline)
+                   max_request_bytes=max_request_bytes, deadline=deadline,
+                   model_path=getattr(getattr(llm, "config", None), "model", None))
 
     @property
     def model_name(self) -> str:
         return self.model_names[0]
 
+    @property
+    def accepted_model_names(self) -> list[str]:
+        """The served names, then the model's path when it is not one of them."""
+        path = [self.model_path] if self.model_path not in (None, *self.model_names) else []
+        return self.model_names + path
+
     def check_model(self, requested: str | None) -> None:
-        if requested is not None and requested not in self.model_names:
+        accepted = self.accepted_model_names
+        if requested is not None and requested not in accepted:
             raise APIError(404, f"the model {requested!r} does not exist; this server "
-                           f"serves {', '.join(map(repr, self.model_names))}", param="model",
+                           f"serves {', '.join(map(repr, accepted))}", param="model",
                            code="model_not_found")
 
     def check_prompt_ids(self, token_ids: list[int]) -> None:
         if not token_ids:
             raise bad_request("the prompt is empty", param="prompt", code="empty_prompt")
+        self.check_vocabulary(token_ids, "prompt")
+
+    def check_vocabulary(self, token_ids: list[int], param: str) -> None:
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise bad_request(f"token id {bad[0]} is out of vocabulary (valid ids are 0 to "
-                              f"{self.vocab_size - 1})", param="prompt",
+                              f"{self.vocab_size - 1})", param=param,
                               code="token_out_of_vocabulary")
 
     def fit_max_tokens(self, num_prompt_tokens: int, requested: int | None) -> int:
@@ -80,20 +92,28 @@ class ServingContext:
                 code="context_length_exceeded")
         return requested if requested is not None else limit - num_prompt_tokens
 
-    def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise bad_request("this model has no tokenizer: give the prompt as token ids",
-                              param="prompt")
-        return list(self.tokenizer.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.require_tokenizer("prompt")
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def render_chat(self, messages: list[dict]) -> list[int]:
-        """Prompt ids of a conversation, with the assistant's turn opened."""
+    def decode(self, token_ids: list[int]) -> str:
+        self.require_tokenizer("tokens")
+        return self.tokenizer.decode(token_ids)
+
+    def require_tokenizer(self, param: str) -> None:
+        if self.tokenizer is None:
+            raise bad_request("this model has no tokenizer (it was started without one): "
+                              "use token ids", param=param, code="no_tokenizer")
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Prompt ids of a conversation, by default with the assistant's turn opened."""
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise bad_request("this model has no chat template; use /v1/completions",
                               param="messages")
         try:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                     tokenize=True, return_dict=False)
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                return_dict=False)
         except Exception as exc:  # noqa: BLE001 - template errors come from jinja
             raise bad_request(f"the chat template cannot render these messages: "
                               f"{_first_line(exc)}", param="messages") from None
@@ -103,6 +123,13 @@ class ServingContext:
         if self.tokenizer is None:
             return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+class Handler:
+    """The handler of a family of routes, over the serving context."""
+
+    def __init__(self, ctx: ServingContext):
+        self.ctx = ctx
 
 
 def _first_line(exc: Exception) -> str:

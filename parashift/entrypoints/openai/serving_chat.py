@@ -10,17 +10,14 @@ from parashift.entrypoints.openai.protocol import (AssistantMessage, ChatChoice,
                                                    ChatCompletionChunk, ChatCompletionRequest,
                                                    ChatCompletionResponse, ChatStreamChoice,
                                                    DeltaMessage, UsageInfo)
-from parashift.entrypoints.openai.serving_base import (ServingContext,
+from parashift.entrypoints.openai.serving_base import (Handler,
                                                        build_sampling_params, final_output,
                                                        parse_body, respond, stream_events)
 
 ROLE_FOR_TEMPLATE = {"developer": "system"}
 
 
-class ChatServer:
-    def __init__(self, ctx: ServingContext):
-        self.ctx = ctx
-
+class ChatServer(Handler):
     async def create(self, raw: Request) -> Response:
         ctx = self.ctx
         request = await parse_body(raw, ChatCompletionRequest, ctx.max_request_bytes)
@@ -34,7 +31,8 @@ class ChatServer:
         return await respond(ctx, raw, self, request, request_id, prompt_ids, params)
 
     @staticmethod
-    def conversation(request: ChatCompletionRequest) -> list[dict]:
+    def conversation(request) -> list[dict]:
+        """The chat template's turns of `request.messages` (a chat or tokenize request)."""
         turns = []
         for message in request.messages:
             turn = {"role": ROLE_FOR_TEMPLATE.get(message.role, message.role),

@@ -9,15 +9,12 @@ from parashift.entrypoints.openai.errors import bad_request
 from parashift.entrypoints.openai.logprobs import completion_logprobs
 from parashift.entrypoints.openai.protocol import (CompletionChoice, CompletionRequest,
                                                    CompletionResponse, UsageInfo)
-from parashift.entrypoints.openai.serving_base import (ServingContext,
+from parashift.entrypoints.openai.serving_base import (Handler,
                                                        build_sampling_params, final_output,
                                                        parse_body, respond, stream_events)
 
 
-class CompletionServer:
-    def __init__(self, ctx: ServingContext):
-        self.ctx = ctx
-
+class CompletionServer(Handler):
     async def create(self, raw: Request) -> Response:
         ctx = self.ctx
         request = await parse_body(raw, CompletionRequest, ctx.max_request_bytes)

@@ -1,4 +1,5 @@
-"""--api-key: every /v1 route needs the bearer token; /health and /metrics do not."""
+"""--api-key: every /v1 route, /tokenize and /detokenize need the bearer token; /health,
+/ping, /version and /metrics do not."""
 import httpx
 import openai
 import pytest
@@ -18,7 +19,8 @@ def server(engine):
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
                                      {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}])
 @pytest.mark.parametrize("method, path", [("GET", "/v1/models"), ("POST", "/v1/completions"),
-                                          ("POST", "/v1/chat/completions")])
+                                          ("POST", "/v1/chat/completions"),
+                                          ("POST", "/tokenize"), ("POST", "/detokenize")])
 def test_missing_or_wrong_key_is_401(server, headers, method, path):
     response = httpx.request(method, f"{server.base_url}{path}", headers=headers,
                              json={"prompt": "hi"})
@@ -37,9 +39,9 @@ def test_right_key_works_with_openai_client(server, model_name):
         wrong.models.list()
 
 
-def test_health_and_metrics_need_no_key(server):
-    assert httpx.get(f"{server.base_url}/health").status_code == 200
-    assert httpx.get(f"{server.base_url}/metrics").status_code == 200
+@pytest.mark.parametrize("path", ["/health", "/ping", "/version", "/metrics"])
+def test_health_and_metrics_need_no_key(server, path):
+    assert httpx.get(f"{server.base_url}{path}").status_code == 200
 
 
 def test_key_from_flag_or_environment(monkeypatch):

@@ -1,0 +1,35 @@
+"""POST /tokenize and /detokenize, in vLLM's shapes: the token ids the server would
+give the engine for a prompt or a chat, and the text of token ids."""
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from parashift.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse,
+                                                   TokenizeRequest, TokenizeResponse)
+from parashift.entrypoints.openai.serving_base import Handler, parse_body
+from parashift.entrypoints.openai.serving_chat import ChatServer
+
+
+class TokenServer(Handler):
+    async def tokenize(self, raw: Request) -> JSONResponse:
+        ctx = self.ctx
+        request = await parse_body(raw, TokenizeRequest, ctx.max_request_bytes)
+        ctx.check_model(request.model)
+        tokens = self.token_ids(request)
+        strs = ctx.tokenizer.convert_ids_to_tokens(tokens) if request.return_token_strs else None
+        response = TokenizeResponse(count=len(tokens), max_model_len=ctx.max_model_len,
+                                    tokens=tokens, token_strs=strs)
+        return JSONResponse(response.model_dump())
+
+    def token_ids(self, request: TokenizeRequest) -> list[int]:
+        """What /v1/completions (prompt) or /v1/chat/completions (messages) would run."""
+        if request.messages is None:
+            return self.ctx.encode(request.prompt, request.add_special_tokens)
+        return self.ctx.render_chat(ChatServer.conversation(request),
+                                    request.add_generation_prompt)
+
+    async def detokenize(self, raw: Request) -> JSONResponse:
+        ctx = self.ctx
+        request = await parse_body(raw, DetokenizeRequest, ctx.max_request_bytes)
+        ctx.check_model(request.model)
+        ctx.check_vocabulary(request.tokens, "tokens")
+        return JSONResponse(DetokenizeResponse(prompt=ctx.decode(request.tokens)).model_dump())
