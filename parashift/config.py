@@ -46,6 +46,7 @@ class EngineConfig:
     sequence_parallel_size: int = 1
     data_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    layout: str | None = None                # groups in rank order, e.g. "tp2,single,single"
     worker_timeout_s: float = 600.0          # a step (or start-up) slower than this fails the engine
     parallel_policy: str = "static"          # static | shift
     shift_threshold: int = 256               # shift policy: steps of at most this many tokens use TP
@@ -78,6 +79,11 @@ class EngineConfig:
             raise ValueError(f"parallel_policy must be static or shift, got {self.parallel_policy!r}")
         if self.shift_weights not in ("separate", "slice"):
             raise ValueError(f"shift_weights must be separate or slice, got {self.shift_weights!r}")
+        degrees = ("tensor_parallel_size", "sequence_parallel_size", "data_parallel_size",
+                   "pipeline_parallel_size")
+        if self.layout is not None and any(getattr(self, name) != 1 for name in degrees):
+            raise ValueError("give either layout or the parallel sizes, not both "
+                             f"(layout={self.layout!r})")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
@@ -86,6 +92,12 @@ class EngineConfig:
         from parashift.parallel.plan import Plan
         return Plan(dp=self.data_parallel_size, pp=self.pipeline_parallel_size,
                     sp=self.sequence_parallel_size, tp=self.tensor_parallel_size)
+
+    @property
+    def node_layout(self):
+        """The node's starting layout: `layout`, or one group per DP replica of the plan."""
+        from parashift.parallel.layout import Layout
+        return Layout.parse(self.layout) if self.layout else Layout.of(self.plan)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

@@ -58,9 +58,9 @@ class LLMEngine:
         self.max_model_len = _resolve_max_model_len(config, hf_config)
         self.device = _resolve_device(config.device)
         self.dtype = _resolve_dtype(config.dtype, hf_config, self.device)
-        self.policy = make_policy(config)
+        self.layout = config.node_layout  # the starting layout: each rank's weights and KV
+        self.policy = make_policy(config, self.layout)
         self.policy_plans = list(self.policy.plans)  # made on every rank at start-up
-        self.plan = self.policy_plans[0]  # the base plan: weights and KV layout
         self._timeline = open(config.timeline_file, "a") if config.timeline_file else None
         self._step_records: deque[StepRecord] = deque(maxlen=10_000)
         self.executor = self._start_executor(hf_config, source)
@@ -69,23 +69,26 @@ class LLMEngine:
         scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                            self.max_model_len, config.long_prefill_token_threshold)
         self.replicas = [Replica(BlockManager(n, config.block_size, config.enable_prefix_caching),
-                                 scheduler_config, eos_ids, offset)
-                         for n, offset in zip(self.executor.num_blocks, self.executor.block_offsets)]
+                                 scheduler_config, eos_ids, offset, group)
+                         for n, offset, group in zip(self.executor.num_blocks,
+                                                     self.executor.block_offsets,
+                                                     self.executor.replica_groups)]
         self._replica_of: dict[str, Replica] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer | None] = {}
         self._num_preemptions = 0
-        self.steps_in_flight = 2 if _async_scheduling(config, self.plan) else 1
+        self.steps_in_flight = 2 if _async_scheduling(config, self.layout) else 1
 
     def _start_executor(self, hf_config, source):
-        if self.plan.world_size == 1:
+        if self.layout.world_size == 1:
             runner = ModelRunner(self.config, hf_config, source, self.device, self.dtype,
                                  self.max_model_len)
             return UniprocExecutor(runner)
-        self.plan.check_model(hf_config.num_attention_heads, hf_config.num_key_value_heads,
-                              hf_config.num_hidden_layers, hf_config.intermediate_size)
-        spec = WorkerSpec(self.config, hf_config, source, self.plan, self.device.type, self.dtype,
-                          self.max_model_len, master_port=0,
-                          other_plans=tuple(self.policy.plans[1:]))
+        for plan in self.layout.plans:
+            plan.check_model(hf_config.num_attention_heads, hf_config.num_key_value_heads,
+                             hf_config.num_hidden_layers, hf_config.intermediate_size)
+        others = tuple(p for p in self.policy_plans if p not in self.layout.plans)
+        spec = WorkerSpec(self.config, hf_config, source, self.layout, self.device.type,
+                          self.dtype, self.max_model_len, master_port=0, other_plans=others)
         return MultiprocExecutor(spec, self.config.worker_timeout_s)
 
     @property
@@ -194,16 +197,20 @@ class LLMEngine:
             self._num_preemptions += len(sched.preempted)
             if sched.is_empty:
                 continue
-            plan = decision.plans[index]
+            plan = decision.plans[replica.group]
             self.executor.submit(index, replica.step_batch(sched, plan))
             replica.start(sched, plan)
             submitted = True
         return submitted
 
     def view(self) -> NodeView:
-        """The node as policies see it: one group per replica."""
+        """The node as policies see it, one view per group of the layout (a group with
+        pipeline parallelism serves several replicas: their counters are added up)."""
         now = time.monotonic()
-        return NodeView(tuple(r.view(now) for r in self.replicas), now)
+        views: list[list[GroupView]] = [[] for _ in self.layout.plans]
+        for replica in self.replicas:
+            views[replica.group].append(replica.view(now))
+        return NodeView(tuple(combine_views(v) for v in views), now)
 
     def set_policy(self, policy: Policy) -> None:
         """Replaces the policy (benchmarks, tests); it may pick only plans made at start-up."""
@@ -299,8 +306,9 @@ class Replica:
     flight. Its block ids start at `block_offset` in the ranks' pool."""
 
     def __init__(self, block_manager: BlockManager, config: SchedulerConfig, eos_ids: set[int],
-                 block_offset: int = 0):
+                 block_offset: int = 0, group: int = 0):
         self.block_manager = block_manager
+        self.group = group  # its group in the node layout
         self.scheduler = Scheduler(config, block_manager, eos_ids)
         self.in_flight: deque[tuple[SchedulerOutput, str, float]] = deque()  # oldest first
         self._last_finish = 0.0
@@ -346,14 +354,28 @@ class Replica:
         return StepBatch(chunks, new_params, self.encoder.take_finished(), plan)
 
 
-def _async_scheduling(config: EngineConfig, plan) -> bool:
+def combine_views(views: list[GroupView]) -> GroupView:
+    """One group's view from the views of its replicas."""
+    if len(views) == 1:
+        return views[0]
+    return GroupView(
+        views[0].plan, *(sum(getattr(v, name) for v in views) for name in (
+            "num_waiting", "num_running", "tokens_waiting", "next_step_tokens",
+            "kv_blocks_used", "kv_blocks_free")),
+        tuple(sorted({p for v in views for p in v.priorities})),
+        max(v.longest_context for v in views), sum(v.arrival_rate for v in views),
+        max(v.cpu_tier_fill for v in views))
+
+
+def _async_scheduling(config: EngineConfig, layout) -> bool:
     """On by default; pipeline parallelism keeps one step per replica in flight (its
     first stage never sees the sampled tokens that would fill the next step's inputs)."""
+    pipelined = [plan.name() for plan in layout.plans if plan.pp > 1]
     if config.async_scheduling is None:
-        return plan.pp == 1
-    if config.async_scheduling and plan.pp > 1:
+        return not pipelined
+    if config.async_scheduling and pipelined:
         raise ValueError(f"async_scheduling does not work with pipeline parallelism "
-                         f"(plan {plan.name()})")
+                         f"(plan {pipelined[0]})")
     return config.async_scheduling
 
 

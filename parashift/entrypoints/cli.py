@@ -84,10 +84,14 @@ def run_generate(args) -> None:
 
 
 def add_plan_args(subparsers) -> None:
-    p = subparsers.add_parser("plan", help="print a parallel plan's rank layout and groups",
+    p = subparsers.add_parser("plan", help="print a parallel plan's or a node layout's ranks "
+                                           "and groups",
                               description="Print which coordinates, layers and heads each rank "
-                                          "holds under a plan, and its process groups.")
-    p.add_argument("--world", type=int, required=True, help="number of ranks")
+                                          "holds under a plan (or under each group's plan of a "
+                                          "layout), and its process groups.")
+    p.add_argument("--world", type=int, default=None, help="number of ranks (with the degrees)")
+    p.add_argument("--layout", default=None, help="a node layout instead of degrees: groups in "
+                                                  "rank order, e.g. tp2,single,single")
     for flag, short in (("--tp", "-tp"), ("--sp", "-sp"), ("--dp", "-dp"), ("--pp", "-pp")):
         p.add_argument(flag, type=int, default=None, help=f"{flag[2:]} degree (default: fills "
                                                           "the world when it is the only one left)")
@@ -96,7 +100,30 @@ def add_plan_args(subparsers) -> None:
 
 
 def run_plan(args) -> None:
-    from parashift.parallel.plan import Plan, describe
+    from parashift.parallel.layout import Layout, describe_layout
+    from parashift.parallel.plan import describe
+    layout = Layout.parse(args.layout) if args.layout else Layout.of(_plan_from_degrees(args))
+    shape = _model_shape(args.model, layout) if args.model else {}
+    if args.layout:
+        print(describe_layout(layout, **shape))
+    else:
+        print(describe(_plan_from_degrees(args), **shape))
+
+
+def _model_shape(model: str, layout) -> dict:
+    from parashift.loader.source import load_hf_config, resolve_model
+    cfg = load_hf_config(resolve_model(model))
+    for plan in layout.plans:
+        plan.check_model(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers,
+                         cfg.intermediate_size)
+    return dict(num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads,
+                num_kv_heads=cfg.num_key_value_heads)
+
+
+def _plan_from_degrees(args):
+    from parashift.parallel.plan import Plan
+    if args.world is None:
+        raise ValueError("give --world (with the degrees) or --layout")
     degrees = {k: getattr(args, k) for k in ("dp", "pp", "sp", "tp")}
     given = 1
     for value in degrees.values():
@@ -109,13 +136,4 @@ def run_plan(args) -> None:
         if not missing:
             raise ValueError(f"dp*pp*sp*tp = {given} but world is {args.world}")
         degrees["dp" if "dp" in missing else missing[0]] = args.world // given
-    plan = Plan(**degrees)
-    shape = {}
-    if args.model:
-        from parashift.loader.source import load_hf_config, resolve_model
-        cfg = load_hf_config(resolve_model(args.model))
-        plan.check_model(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers,
-                         cfg.intermediate_size)
-        shape = dict(num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads,
-                     num_kv_heads=cfg.num_key_value_heads)
-    print(describe(plan, **shape))
+    return Plan(**degrees)

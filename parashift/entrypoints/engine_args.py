@@ -27,6 +27,8 @@ ENGINE_FLAGS = {
                                                  "tokens run under full TP"),
     "--shift-weights": ("shift_weights", str, "shift policy: separate (contiguous copy) | slice "
                                               "(views of the base shard)"),
+    "--layout": ("layout", str, "the node's groups in rank order instead of the parallel sizes, "
+                                "e.g. tp2,single,single (ranks 0-1 as TP=2, ranks 2 and 3 alone)"),
     "--timeline-file": ("timeline_file", str, "write one JSON line per step (plan, tokens, time)"),
     "--worker-timeout-s": ("worker_timeout_s", float, "fail the engine when a step or a worker's "
                                                      "start takes longer"),

@@ -1,10 +1,10 @@
 """Runs each rank in its own process and drives them over local pipes.
 
 Replicas are independent: a step is submitted to one replica's ranks and its
-result collected whenever it is ready, so no replica waits for another. Each DP
-group of ranks serves one replica, or, with pipeline parallelism, PP replicas
-that split its KV pool: while stage 1 runs one replica's step, stage 0 already
-runs the next replica's, so every stage stays busy."""
+result collected whenever it is ready, so no replica waits for another. Each
+group of the node layout serves one replica, or, with pipeline parallelism, PP
+replicas that split its KV pool: while stage 1 runs one replica's step, stage 0
+already runs the next replica's, so every stage stays busy."""
 import multiprocessing as mp
 from collections import deque
 import pickle
@@ -22,11 +22,11 @@ class WorkerFailure(RuntimeError):
 
 class MultiprocExecutor:
     def __init__(self, spec: WorkerSpec, timeout_s: float):
-        self.plan, self.timeout_s = spec.plan, timeout_s
+        self.layout, self.timeout_s = spec.layout, timeout_s
         spec.master_port = _free_port()
         ctx = mp.get_context("spawn")
         self.procs, self.conns = [], []
-        for rank in range(self.plan.world_size):
+        for rank in range(self.layout.world_size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=worker_main, args=(rank, spec, child), daemon=True,
                                name=f"parashift-worker-{rank}")
@@ -34,19 +34,20 @@ class MultiprocExecutor:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
-        self.group_ranks = [[r for r in range(self.plan.world_size)
-                             if self.plan.coords(r).dp == d] for d in range(self.plan.dp)]
+        self.group_ranks = [list(plan.ranks) for plan in self.layout.plans]
         group_blocks, self.load_seconds = self._await_ready()
-        parts = self._replicas_per_group(min(group_blocks), spec)
-        # replica -> (its DP group, first block id, number of blocks)
-        self.replicas = [(d, k * (group_blocks[d] // parts), group_blocks[d] // parts)
-                         for d in range(self.plan.dp) for k in range(parts)]
+        # replica -> (its group, first block id, number of blocks)
+        self.replicas = []
+        for group, plan in enumerate(self.layout.plans):
+            parts = self._replicas_per_group(group_blocks[group], plan.pp, spec)
+            size = group_blocks[group] // parts
+            self.replicas += [(group, k * size, size) for k in range(parts)]
         self.pending = [deque() for _ in self.group_ranks]  # replicas in flight, in order
         self.in_flight: set[int] = set()
 
-    def _replicas_per_group(self, num_blocks: int, spec: WorkerSpec) -> int:
+    @staticmethod
+    def _replicas_per_group(num_blocks: int, parts: int, spec: WorkerSpec) -> int:
         """PP replicas per group when each part of the pool still fits a whole sequence."""
-        parts = self.plan.pp
         if (num_blocks // parts) * spec.config.block_size < spec.max_model_len:
             return 1
         return parts
@@ -63,9 +64,13 @@ class MultiprocExecutor:
     def block_offsets(self) -> list[int]:
         return [offset for _, offset, _ in self.replicas]
 
+    @property
+    def replica_groups(self) -> list[int]:
+        return [group for group, _, _ in self.replicas]
+
     def _await_ready(self) -> tuple[list[int], float]:
-        blocks, seconds = [0] * self.plan.world_size, 0.0
-        for rank in range(self.plan.world_size):
+        blocks, seconds = [0] * self.layout.world_size, 0.0
+        for rank in range(self.layout.world_size):
             message = self._receive(rank, self.timeout_s)
             if message[0] != "ready":
                 self._fail(f"worker rank {rank} failed to start:\n{message[1]}")
@@ -106,7 +111,7 @@ class MultiprocExecutor:
             self._fail(f"worker rank {rank} died (exit code {self.procs[rank].exitcode})")
         if kind == "error":
             self._fail(f"worker rank {rank} failed:\n{payload}")
-        replica = self.pending[self.plan.coords(rank).dp].popleft()  # results come in order
+        replica = self.pending[self.layout.group_of_rank(rank)].popleft()  # results come in order
         self.in_flight.discard(replica)
         return replica, payload
 

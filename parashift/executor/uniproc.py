@@ -14,6 +14,7 @@ class UniprocExecutor:
         self.runner = runner
         self.num_blocks = [runner.num_blocks]
         self.block_offsets = [0]
+        self.replica_groups = [0]
         self.load_seconds = runner.load_seconds
         self._pending: deque[PendingStep] = deque()
 

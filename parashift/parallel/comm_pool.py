@@ -1,4 +1,6 @@
-"""Every process group any configured plan can use, created once at start-up."""
+"""Every process group any configured plan can use, created once at start-up. Plans
+may cover a subset of the node's ranks; every rank creates every group (torch needs
+each rank to call new_group for every group, in the same order)."""
 import logging
 import time
 
@@ -19,8 +21,8 @@ class CommunicatorPool:
         self._fast: dict[tuple[int, ...], FastAllReduce] = {}
         start = time.perf_counter()
         for plan in plans:
-            if plan.world_size != world_size:
-                raise ValueError(f"plan {plan.name()} needs {plan.world_size} ranks, world is {world_size}")
+            if max(plan.ranks) >= world_size:
+                raise ValueError(f"plan {plan.name()} uses ranks outside a world of {world_size}")
             for kind in GROUP_KINDS:
                 for ranks in plan.groups(kind):
                     self._create(ranks, backend)
@@ -56,7 +58,8 @@ class CommunicatorPool:
         return GroupHandle(ranks, self.rank, group, self._fast.get(key))
 
     def state_for(self, plan: Plan) -> ParallelState:
-        """This rank's view of `plan` (for a shift plan, TP runs over SP_TP)."""
+        """This rank's view of `plan`, a plan over this rank (for a shift plan, TP runs
+        over SP_TP)."""
         def h(kind):
             return self.handle(plan.group_of(kind, self.rank))
         return ParallelState(plan, self.rank, h("tp"), h("sp"), h("pp"), h("dp"),

@@ -1,11 +1,14 @@
 """A parallel plan: how a group of ranks splits one forward step.
 
 A plan is a value. Building one allocates nothing; the communicator pool maps
-its groups to process groups created once at start-up.
+its groups to process groups created once at start-up. A plan covers its own
+ranks (`ranks`, by default 0 to its size - 1), not necessarily the whole node.
 
-Rank layout, innermost first: tp, sp, pp, dp —
-rank = ((dp_rank * pp + pp_rank) * sp + sp_rank) * tp + tp_rank."""
-from dataclasses import dataclass
+Position layout within the plan's ranks, innermost first: tp, sp, pp, dp —
+position = ((dp_rank * pp + pp_rank) * sp + sp_rank) * tp + tp_rank, and the
+rank at a position is ranks[position]."""
+import re
+from dataclasses import dataclass, replace
 
 GROUP_KINDS = ("tp", "sp", "pp", "dp", "sp_tp")
 
@@ -27,6 +30,8 @@ class Plan:
     # Set on Shift Parallelism's shift plan: the (sp, tp) of the base plan whose SP_TP
     # group this plan's TP runs over, in that group's order (KV invariance).
     shift_base: tuple[int, int] | None = None
+    # The node's ranks this plan runs on, by position; None: 0 to world_size - 1.
+    rank_set: tuple[int, ...] | None = None
 
     def __post_init__(self):
         for name in ("dp", "pp", "sp", "tp"):
@@ -35,17 +40,42 @@ class Plan:
                 raise ValueError(f"plan degree {name} must be an integer >= 1, got {value!r}")
         if self.shift_base is not None and (self.sp != 1 or self.tp != self.base.attn_degree):
             raise ValueError("a shift plan is TP = sp*tp of its base plan, with sp = 1")
+        if self.rank_set is not None:
+            ranks = self.rank_set
+            if len(ranks) != self.world_size or len(set(ranks)) != len(ranks) or min(ranks) < 0:
+                raise ValueError(f"plan {self.name()} needs {self.world_size} distinct ranks, "
+                                 f"got {list(ranks)}")
+            if ranks == tuple(range(self.world_size)):
+                object.__setattr__(self, "rank_set", None)  # one spelling per plan
 
     def shift_plan(self) -> "Plan":
         """Shift Parallelism's plan for this base plan: TP over the SP_TP group."""
-        return Plan(self.dp, self.pp, 1, self.attn_degree, shift_base=(self.sp, self.tp))
+        return Plan(self.dp, self.pp, 1, self.attn_degree, (self.sp, self.tp), self.rank_set)
 
     @property
     def base(self) -> "Plan":
         """The plan whose weight shards and head layout this plan uses."""
         if self.shift_base is None:
             return self
-        return Plan(self.dp, self.pp, *self.shift_base)
+        return Plan(self.dp, self.pp, *self.shift_base, rank_set=self.rank_set)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self.rank_set if self.rank_set is not None else tuple(range(self.world_size))
+
+    def on(self, ranks: tuple[int, ...]) -> "Plan":
+        """The same plan over other ranks."""
+        return replace(self, rank_set=tuple(ranks))
+
+    def replica(self, dp_rank: int) -> "Plan":
+        """One DP replica of this plan: the same degrees without DP, over its ranks."""
+        members = tuple(r for r in self.ranks if self.coords(r).dp == dp_rank)
+        return Plan(1, self.pp, self.sp, self.tp, self.shift_base, members)
+
+    def output_rank(self) -> int:
+        """The rank that reports a step's samples: last stage, first SP and TP position
+        (of the first DP replica)."""
+        return self.rank_of(Coords(0, self.pp - 1, 0, 0))
 
     @property
     def world_size(self) -> int:
@@ -59,15 +89,32 @@ class Plan:
     def name(self) -> str:
         name = "x".join(f"{k}{getattr(self, k)}" for k in ("dp", "pp", "sp", "tp")
                         if getattr(self, k) > 1) or "single"
-        return f"shift-{name}" if self.shift_base else name
+        name = f"shift-{name}" if self.shift_base else name
+        return name if self.rank_set is None else f"{name}@{_ranks_text(self.rank_set)}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Plan":
+        """The plan a name() names (not shift plans): "tp2", "dp2xsp2", "single", "tp2@2-3"."""
+        degrees_text, _, ranks_text = text.partition("@")
+        degrees = {}
+        if degrees_text != "single":
+            for part in degrees_text.split("x"):
+                match = re.fullmatch(r"(dp|pp|sp|tp)([0-9]+)", part)
+                if match is None:
+                    raise ValueError(f"cannot read plan {text!r}: parts are dp<N>, pp<N>, sp<N> "
+                                     "or tp<N> joined by 'x', or 'single', then '@ranks'")
+                degrees[match.group(1)] = int(match.group(2))
+        plan = cls(**degrees)
+        return plan.on(_parse_ranks(ranks_text)) if ranks_text else plan
 
     # ---- rank layout ---------------------------------------------------------
     def rank_of(self, c: Coords) -> int:
-        return ((c.dp * self.pp + c.pp) * self.sp + c.sp) * self.tp + c.tp
+        return self.ranks[((c.dp * self.pp + c.pp) * self.sp + c.sp) * self.tp + c.tp]
 
     def coords(self, rank: int) -> Coords:
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} outside a world of {self.world_size}")
+        if rank not in self.ranks:
+            raise ValueError(f"rank {rank} is not one of plan {self.name()}'s ranks")
+        rank = self.ranks.index(rank)
         tp, rest = rank % self.tp, rank // self.tp
         sp, rest = rest % self.sp, rest // self.sp
         pp, dp = rest % self.pp, rest // self.pp
@@ -78,7 +125,7 @@ class Plan:
         if kind not in GROUP_KINDS:
             raise ValueError(f"unknown group kind {kind!r}")
         seen: dict[tuple, None] = {}
-        for rank in range(self.world_size):
+        for rank in self.ranks:
             seen.setdefault(self.group_of(kind, rank), None)
         return list(seen)
 
@@ -142,12 +189,26 @@ class Plan:
         self.stage_layers(num_layers, 0)
 
 
+def _ranks_text(ranks: tuple[int, ...]) -> str:
+    contiguous = ranks == tuple(range(ranks[0], ranks[0] + len(ranks)))
+    if contiguous and len(ranks) > 1:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ".".join(str(r) for r in ranks)
+
+
+def _parse_ranks(text: str) -> tuple[int, ...]:
+    if "-" in text:
+        first, last = (int(x) for x in text.split("-"))
+        return tuple(range(first, last + 1))
+    return tuple(int(x) for x in text.split("."))
+
+
 def describe(plan: Plan, num_layers: int | None = None, num_heads: int | None = None,
              num_kv_heads: int | None = None) -> str:
     """A table of every rank's coordinates and holdings, then every group."""
     lines = [f"plan {plan.name()}: dp={plan.dp} pp={plan.pp} sp={plan.sp} tp={plan.tp} "
-             f"(world {plan.world_size})"]
-    for rank in range(plan.world_size):
+             f"({plan.world_size} rank{'s' if plan.world_size > 1 else ''})"]
+    for rank in plan.ranks:
         c = plan.coords(rank)
         line = f"  rank {rank}: dp={c.dp} pp={c.pp} sp={c.sp} tp={c.tp} head block {plan.head_block(rank)}"
         if num_layers:

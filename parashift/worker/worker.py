@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from parashift.worker.model_runner import ModelRunner
 from parashift.parallel.comm_pool import CommunicatorPool
+from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
 
 
@@ -21,12 +22,12 @@ class WorkerSpec:
     config: object           # EngineConfig
     hf_config: object
     source: object           # ModelSource
-    plan: Plan               # the base plan: weights and KV layout
+    layout: Layout           # the starting layout: each rank's group plan fixes its weights and KV
     device_type: str         # "cpu" | "cuda"
     dtype: torch.dtype
     max_model_len: int
     master_port: int
-    other_plans: tuple[Plan, ...] = ()  # plans a step may switch to
+    other_plans: tuple[Plan, ...] = ()  # plans a step may switch to (besides the layout's)
 
 
 def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
@@ -40,7 +41,7 @@ def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
 
 
 def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
-    world = spec.plan.world_size
+    world = spec.layout.world_size
     if spec.device_type == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
         device, backend = torch.device("cuda", torch.cuda.current_device()), "cuda:nccl,cpu:gloo"
@@ -50,11 +51,13 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.master_port}",
                             rank=rank, world_size=world)
     control = dist.new_group(backend="gloo")
-    pool = CommunicatorPool(rank, world, [spec.plan, *spec.other_plans])
+    plans = [*spec.layout.plans, *spec.other_plans]
+    pool = CommunicatorPool(rank, world, plans)
     if spec.config.fast_all_reduce:
         pool.enable_fast_all_reduce(device)
-    state = pool.state_for(spec.plan)
-    others = tuple(pool.state_for(plan) for plan in spec.other_plans)
+    base = spec.layout.plans[spec.layout.group_of_rank(rank)]
+    state = pool.state_for(base)
+    others = tuple(pool.state_for(plan) for plan in spec.other_plans if rank in plan.ranks)
 
     def agree(num_blocks: int) -> int:
         t = torch.tensor([num_blocks])

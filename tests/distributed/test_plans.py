@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from parashift import LLM, SamplingParams
+from parashift.config import EngineConfig
 from tests.engine.conftest import save_tiny_llama
 
 PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=4)
@@ -23,10 +24,7 @@ def prompts(seed=0, n=5, vocab=512):
 
 
 def skip_unless_enough_gpus(plan: dict) -> None:
-    world = 1
-    for key in ("tensor_parallel_size", "sequence_parallel_size", "data_parallel_size",
-                "pipeline_parallel_size"):
-        world *= plan.get(key, 1)
+    world = EngineConfig(**plan).node_layout.world_size
     if DEVICE == "cuda" and world > torch.cuda.device_count():
         pytest.skip(f"{world} ranks need {world} GPUs (NCCL takes one rank per GPU)")
 
@@ -56,11 +54,15 @@ MODELS = {  # name -> (heads, kv heads, plans)
                       dict(data_parallel_size=4), dict(pipeline_parallel_size=4),
                       dict(sequence_parallel_size=2, tensor_parallel_size=2),
                       dict(data_parallel_size=2, tensor_parallel_size=2),
-                      dict(pipeline_parallel_size=2, tensor_parallel_size=2)]),
+                      dict(pipeline_parallel_size=2, tensor_parallel_size=2),
+                      # node layouts whose groups run different plans
+                      dict(layout="tp2,single"), dict(layout="tp2,single,single"),
+                      dict(layout="sp2,tp2"), dict(layout="single,pp2,single")]),
     # fewer KV heads than SP (and TP) ranks: KV heads are replicated
     "gqa8x2": (8, 2, [dict(sequence_parallel_size=4), dict(tensor_parallel_size=4),
                       dict(sequence_parallel_size=2, tensor_parallel_size=2)]),
-    "gqa6x3": (6, 3, [dict(tensor_parallel_size=3), dict(sequence_parallel_size=3)]),
+    "gqa6x3": (6, 3, [dict(tensor_parallel_size=3), dict(sequence_parallel_size=3),
+                      dict(layout="tp3,single")]),
 }
 CASES = [(name, plan) for name, (_, _, plans) in MODELS.items() for plan in plans]
 

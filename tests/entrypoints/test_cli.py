@@ -28,6 +28,19 @@ def test_plan_prints_layout_and_groups(capsys):
     assert "sp_tp groups: [0, 2, 4, 1, 3, 5]" in out  # Shift paper §3.3.1
 
 
+def test_plan_prints_a_node_layout(capsys):
+    main(["plan", "--layout", "tp2,single,sp2"])
+    out = capsys.readouterr().out
+    assert "layout tp2,single@2,sp2@3-4: 3 group(s) over 5 ranks" in out
+    assert "group 2: plan sp2@3-4" in out and "sp groups: [3, 4]" in out
+
+
+def test_layout_and_parallel_sizes_exclude_each_other():
+    from parashift.config import EngineConfig
+    with pytest.raises(ValueError, match="either layout or the parallel sizes"):
+        EngineConfig(layout="tp2,single", tensor_parallel_size=2)
+
+
 def test_plan_rejects_degrees_that_do_not_fill_the_world(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--world", "6", "--sp", "4"])

@@ -4,6 +4,7 @@ from parashift.engine.policy.protocol import Decision, GroupView, NodeView, Poli
 from parashift.engine.policy.scripted import ScriptedPolicy
 from parashift.engine.policy.shift import ShiftPolicy
 from parashift.engine.policy.static import StaticPolicy
+from parashift.parallel.layout import Layout
 
 POLICIES = ("static", "shift")
 
@@ -11,10 +12,10 @@ __all__ = ["Decision", "GroupView", "NodeView", "Policy", "ScriptedPolicy", "Shi
            "StaticPolicy", "Transition", "make_policy"]
 
 
-def make_policy(config) -> Policy:
-    base = config.plan
+def make_policy(config, layout: Layout) -> Policy:
+    """The configured policy over the node's starting layout."""
     if config.parallel_policy == "static":
-        return StaticPolicy(base)
+        return StaticPolicy(layout)
     if config.parallel_policy == "shift":
-        return ShiftPolicy(base, config.shift_threshold)
+        return ShiftPolicy(layout, config.shift_threshold)
     raise ValueError(f"unknown parallel policy {config.parallel_policy!r}; choose from {POLICIES}")

@@ -28,7 +28,7 @@ class GroupView:
 
 @dataclass(frozen=True)
 class NodeView:
-    groups: tuple[GroupView, ...]
+    groups: tuple[GroupView, ...]  # one per group of the layout, in order
     time: float = 0.0
 
 
@@ -48,10 +48,9 @@ class Decision:
 
 class Policy(Protocol):
     name: str
-    plans: list[Plan]  # every plan it may pick; the first is the base (weights, KV layout)
+    # Every plan it may pick (made on every rank at start-up); the plans of the starting
+    # layout come first, in group order: they fix each rank's weights and KV layout.
+    plans: list[Plan]
 
     def decide(self, view: NodeView) -> Decision: ...
 
-
-def same_plan_for_all(view: NodeView, plan: Plan) -> Decision:
-    return Decision(tuple(plan.name() for _ in view.groups))

@@ -1,23 +1,25 @@
-"""Shift Parallelism: the base (SP, TP) plan for large steps, full TP over the
-SP_TP group for small ones (arXiv 2509.16495, Algorithm 3)."""
+"""Shift Parallelism: each group with sequence parallelism runs its base (SP, TP) plan
+for large steps and full TP over its SP_TP ranks for small ones (arXiv 2509.16495,
+Algorithm 3); groups without SP keep their plan."""
 from parashift.engine.policy.protocol import Decision, NodeView
-from parashift.parallel.plan import Plan
+from parashift.parallel.layout import Layout
 
 
 class ShiftPolicy:
     name = "shift"
 
-    def __init__(self, base: Plan, threshold: int):
-        if base.sp < 2:
+    def __init__(self, layout: Layout, threshold: int):
+        if all(plan.sp < 2 for plan in layout.plans):
             raise ValueError("the shift policy needs a base plan with sequence parallelism "
-                             f"(sequence_parallel_size >= 2), got {base.name()}")
+                             f"(sequence_parallel_size >= 2), got {layout.name()}")
         if threshold < 0:
             raise ValueError(f"shift_threshold must be >= 0, got {threshold}")
-        self.base, self.shift = base, base.shift_plan()
-        self.plans = [self.base, self.shift]
+        self.bases = list(layout.plans)
+        self.shifts = [plan.shift_plan() if plan.sp > 1 else plan for plan in self.bases]
+        self.plans = self.bases + [s for s, b in zip(self.shifts, self.bases) if s is not b]
         self.threshold = threshold
 
     def decide(self, view: NodeView) -> Decision:
         return Decision(tuple(
-            (self.shift if g.next_step_tokens <= self.threshold else self.base).name()
-            for g in view.groups))
+            (shift if group.next_step_tokens <= self.threshold else base).name()
+            for base, shift, group in zip(self.bases, self.shifts, view.groups)))

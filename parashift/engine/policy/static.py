@@ -1,13 +1,13 @@
-"""One plan for every step."""
-from parashift.engine.policy.protocol import Decision, NodeView, same_plan_for_all
-from parashift.parallel.plan import Plan
+"""Each group keeps its plan for every step."""
+from parashift.engine.policy.protocol import Decision, NodeView
+from parashift.parallel.layout import Layout
 
 
 class StaticPolicy:
     name = "static"
 
-    def __init__(self, plan: Plan):
-        self.plans = [plan]
+    def __init__(self, layout: Layout):
+        self.plans = list(layout.plans)
 
     def decide(self, view: NodeView) -> Decision:
-        return same_plan_for_all(view, self.plans[0])
+        return Decision(tuple(plan.name() for plan in self.plans))

@@ -3,6 +3,7 @@ import pytest
 
 from parashift.engine.policy import (GroupView, NodeView, ScriptedPolicy, ShiftPolicy,
                                      StaticPolicy)
+from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
 
 
@@ -18,27 +19,35 @@ RECORDED = NodeView((group(4, "sp2", num_running=4),
                      group(0, "", num_running=0, kv_blocks_used=0, kv_blocks_free=100)), 12.5)
 
 
-def test_static_picks_its_plan_for_every_group():
-    assert StaticPolicy(Plan(tp=2)).decide(RECORDED).plans == ("tp2",) * 3
+def test_static_keeps_each_groups_plan():
+    policy = StaticPolicy(Layout.parse("tp2,single,single"))
+    assert policy.decide(RECORDED).plans == ("tp2", "single@2", "single@3")
 
 
 def test_shift_picks_tp_for_small_steps_and_the_base_for_large_ones():
-    policy = ShiftPolicy(Plan(sp=2), threshold=256)
+    policy = ShiftPolicy(Layout.of(Plan(dp=3, sp=2)), threshold=256)
     decision = policy.decide(RECORDED)
-    assert decision.plans == ("shift-tp2", "sp2", "shift-tp2") and decision.transitions == ()
+    assert decision.plans == ("shift-tp2", "sp2@2-3", "shift-tp2@4-5")
+    assert decision.transitions == ()
+
+
+def test_shift_leaves_groups_without_sequence_parallelism_alone():
+    policy = ShiftPolicy(Layout.parse("sp2,tp2,single"), threshold=256)
+    assert policy.decide(RECORDED).plans == ("shift-tp2", "tp2@2-3", "single@4")
+    assert [p.name() for p in policy.plans] == ["sp2", "tp2@2-3", "single@4", "shift-tp2"]
 
 
 @pytest.mark.parametrize("tokens, expected", [(256, "shift-tp2"), (257, "sp2")])
 def test_shift_threshold_is_inclusive(tokens, expected):
     view = NodeView((group(tokens),))
-    assert ShiftPolicy(Plan(sp=2), threshold=256).decide(view).plans == (expected,)
+    assert ShiftPolicy(Layout.of(Plan(sp=2)), threshold=256).decide(view).plans == (expected,)
 
 
 def test_shift_needs_sequence_parallelism_and_a_threshold():
     with pytest.raises(ValueError, match="sequence_parallel_size"):
-        ShiftPolicy(Plan(tp=2), 256)
+        ShiftPolicy(Layout.of(Plan(tp=2)), 256)
     with pytest.raises(ValueError, match="shift_threshold"):
-        ShiftPolicy(Plan(sp=2), -1)
+        ShiftPolicy(Layout.of(Plan(sp=2)), -1)
 
 
 def test_scripted_policy_asks_its_function_per_group():

@@ -1,0 +1,63 @@
+"""The node layout: at every moment the node's ranks are partitioned into groups, and
+each group runs one plan over its own ranks.
+
+A static deployment is one layout for ever (`Layout.of(plan)`: one group per DP
+replica); Shift alternates a group's plan per step; a merge or split changes the
+partition. A layout is a value, like a plan."""
+from dataclasses import dataclass
+
+from parashift.parallel.plan import Plan, describe
+
+
+@dataclass(frozen=True)
+class Layout:
+    plans: tuple[Plan, ...]  # one per group; their rank sets partition ranks 0..world-1
+
+    def __post_init__(self):
+        covered = sorted(r for plan in self.plans for r in plan.ranks)
+        if covered != list(range(len(covered))):
+            raise ValueError(f"the groups' ranks {[list(p.ranks) for p in self.plans]} must "
+                             f"cover ranks 0-{len(covered) - 1} once each")
+        if any(plan.dp != 1 for plan in self.plans):
+            raise ValueError("each group's plan has dp = 1: data parallelism is several groups")
+
+    @classmethod
+    def of(cls, plan: Plan) -> "Layout":
+        """One group per DP replica of `plan`, each running `plan` without its DP."""
+        return cls(tuple(plan.replica(d) for d in range(plan.dp)))
+
+    @classmethod
+    def parse(cls, spec: str) -> "Layout":
+        """Groups in rank order, comma-separated, each a plan name without ranks:
+        "tp2,single,single" is ranks 0-1 as one TP=2 group and ranks 2 and 3 alone."""
+        plans, start = [], 0
+        for part in spec.split(","):
+            plan = Plan.parse(part.strip())
+            if plan.rank_set is not None or plan.dp != 1:
+                raise ValueError(f"layout group {part!r}: give a plan without ranks or dp; "
+                                 "groups take the next ranks in order")
+            plans.append(plan.on(tuple(range(start, start + plan.world_size))))
+            start += plan.world_size
+        return cls(tuple(plans))
+
+    @property
+    def world_size(self) -> int:
+        return sum(plan.world_size for plan in self.plans)
+
+    def group_of_rank(self, rank: int) -> int:
+        for index, plan in enumerate(self.plans):
+            if rank in plan.ranks:
+                return index
+        raise ValueError(f"rank {rank} is outside a layout of {self.world_size} ranks")
+
+    def name(self) -> str:
+        return ",".join(plan.name() for plan in self.plans)
+
+
+def describe_layout(layout: Layout, **shape) -> str:
+    """Every group's plan, as `describe` prints one."""
+    lines = [f"layout {layout.name()}: {len(layout.plans)} group(s) over "
+             f"{layout.world_size} ranks"]
+    for index, plan in enumerate(layout.plans):
+        lines.append(f"group {index}: " + describe(plan, **shape))
+    return "\n".join(lines)

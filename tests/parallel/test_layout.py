@@ -1,0 +1,60 @@
+"""Plans over rank subsets and node layouts, as values (no processes)."""
+import pytest
+
+from parashift.parallel.layout import Layout, describe_layout
+from parashift.parallel.plan import Plan
+
+
+def test_a_plan_over_a_rank_subset_maps_its_groups_to_those_ranks():
+    plan = Plan.parse("sp2xtp2@4-7")
+    assert plan.ranks == (4, 5, 6, 7)
+    assert plan.groups("tp") == [(4, 5), (6, 7)] and plan.groups("sp") == [(4, 6), (5, 7)]
+    assert plan.groups("sp_tp") == [(4, 6, 5, 7)]
+    assert [plan.head_block(r) for r in plan.ranks] == [0, 2, 1, 3]
+    shift = plan.shift_plan()
+    assert shift.name() == "shift-tp4@4-7" and shift.groups("tp") == [(4, 6, 5, 7)]
+    assert plan.output_rank() == 4
+    with pytest.raises(ValueError, match="not one of plan"):
+        plan.coords(0)
+
+
+def test_plan_names_round_trip_and_default_ranks_have_one_spelling():
+    for name in ("single", "tp2", "dp2xpp2xtp2", "tp2@2-3", "single@3", "tp2@0.2"):
+        assert Plan.parse(name).name() == name
+    assert Plan(tp=2).on((0, 1)) == Plan(tp=2)
+    assert Plan.parse("tp2@0.2").groups("tp") == [(0, 2)]
+    with pytest.raises(ValueError, match="cannot read plan"):
+        Plan.parse("tq2")
+    with pytest.raises(ValueError, match="distinct ranks"):
+        Plan(tp=2, rank_set=(1, 1))
+
+
+def test_a_static_plan_is_one_group_per_dp_replica():
+    layout = Layout.of(Plan(dp=2, pp=2, tp=2))
+    assert layout.name() == "pp2xtp2,pp2xtp2@4-7"
+    assert [p.groups("pp") for p in layout.plans] == [[(0, 2), (1, 3)], [(4, 6), (5, 7)]]
+    assert [layout.group_of_rank(r) for r in range(8)] == [0] * 4 + [1] * 4
+    assert [p.output_rank() for p in layout.plans] == [2, 6]
+
+
+def test_a_layout_of_different_plans():
+    layout = Layout.parse("tp2,single,single")
+    assert layout.world_size == 4 and layout.name() == "tp2,single@2,single@3"
+    assert [layout.group_of_rank(r) for r in range(4)] == [0, 0, 1, 2]
+    text = describe_layout(layout, num_layers=2, num_heads=4, num_kv_heads=2)
+    assert "group 1: plan single@2" in text and "rank 3:" in text
+
+
+@pytest.mark.parametrize("plans, message", [
+    ((Plan(tp=2), Plan(tp=2)), "once each"),
+    ((Plan(tp=2).on((1, 2)),), "once each"),
+    ((Plan(dp=2),), "dp = 1"),
+])
+def test_a_layout_partitions_the_node(plans, message):
+    with pytest.raises(ValueError, match=message):
+        Layout(plans)
+
+
+def test_layout_groups_take_no_ranks_or_dp():
+    with pytest.raises(ValueError, match="without ranks or dp"):
+        Layout.parse("tp2@2-3")
