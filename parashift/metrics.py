@@ -73,15 +73,24 @@ class ServerMetrics:
         self.step_time = Histogram(f"{PREFIX}_step_duration_seconds",
                                    "Engine step wall time, by plan.", [*labels, "plan"],
                                    buckets=STEP_BUCKETS, registry=self.registry)
+        self.transition_time = Histogram(
+            f"{PREFIX}_transition_duration_seconds",
+            "Layout transitions: drain, prepare and cutover time, by kind.",
+            [*labels, "kind", "phase"], buckets=LATENCY_BUCKETS, registry=self.registry)
 
     def set_baseline(self, stats) -> None:
         """The engine's state when this server starts (an engine may outlive a server)."""
         self._last_preemptions = stats.num_preemptions
         self.record_queue(stats)
 
-    def record_step(self, stats, steps) -> None:
-        """Called by the engine loop after each engine step with `LLMEngine.stats()` and
-        the replica steps that finished (`LLMEngine.take_step_records()`)."""
+    def record_step(self, stats, steps, transitions=()) -> None:
+        """Called by the engine loop after each engine step with `LLMEngine.stats()`, the
+        replica steps that finished (`LLMEngine.take_step_records()`) and the transitions
+        committed (`LLMEngine.take_transition_records()`)."""
+        for t in transitions:
+            for phase in ("drain", "prepare", "cutover"):
+                self.transition_time.labels(kind=t.kind, phase=phase, **self._labels).observe(
+                    getattr(t, f"{phase}_s"))
         self.record_queue(stats)
         delta = stats.num_preemptions - self._last_preemptions
         if delta > 0:

@@ -320,7 +320,8 @@ class AsyncLLMEngine:
         with self._count_lock:
             self._engine_num_waiting = stats.num_waiting
         if self.metrics is not None:
-            self.metrics.record_step(stats, self.engine.take_step_records())
+            self.metrics.record_step(stats, self.engine.take_step_records(),
+                                     self.engine.take_transition_records())
         if outputs:
             self._loop.call_soon_threadsafe(self._dispatch, outputs)
 

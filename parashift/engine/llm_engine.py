@@ -16,6 +16,7 @@ from parashift.executor.multiproc import MultiprocExecutor
 from parashift.executor.uniproc import UniprocExecutor
 from parashift.worker.worker import WorkerSpec
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
+from parashift.engine.transitions import TransitionRecord, Transitions, target_layout
 from parashift.engine.sequence import Sequence
 from parashift.worker.step_batch import DeltaEncoder, StepBatch
 from parashift.kv.block_manager import BlockManager
@@ -61,6 +62,8 @@ class LLMEngine:
         self.layout = config.node_layout  # the starting layout: each rank's weights and KV
         self.policy = make_policy(config, self.layout)
         self.policy_plans = list(self.policy.plans)  # made on every rank at start-up
+        self.transitions = Transitions()
+        self._transition_records: deque[TransitionRecord] = deque(maxlen=10_000)
         self._timeline = open(config.timeline_file, "a") if config.timeline_file else None
         self._step_records: deque[StepRecord] = deque(maxlen=10_000)
         self.executor = self._start_executor(hf_config, source)
@@ -170,6 +173,7 @@ class LLMEngine:
         """Submits steps to every replica with room (one in flight, or two with async
         scheduling), each under the plan the policy picks for it, then returns the
         outputs of whichever replicas finish first (a replica never waits for another)."""
+        self._commit_drained_transitions()
         while self._submit_round():
             pass
         if not any(r.in_flight for r in self.replicas):
@@ -180,16 +184,24 @@ class LLMEngine:
             sched, plan, seconds = replica.finish()
             self._record_step(index, plan, sched.num_batched_tokens, seconds)
             outputs += self._apply(replica, sched, *result)
+        self._commit_drained_transitions()
         return outputs
 
     def _submit_round(self) -> bool:
         """Asks the policy for every group's next plan (before scheduling), then schedules
         and submits one step on each replica with room; False once none was submitted."""
+        paused = self.transitions.paused_groups()
         open_replicas = [i for i, r in enumerate(self.replicas)
-                         if len(r.in_flight) < self.steps_in_flight and r.scheduler.has_unfinished()]
+                         if len(r.in_flight) < self.steps_in_flight and r.scheduler.has_unfinished()
+                         and r.group not in paused]
         if not open_replicas:
             return False
         decision = self.policy.decide(self.view())
+        if decision.transitions:
+            self.transitions.request(decision.transitions, self.layout,
+                                     {p.name() for p in self.policy_plans})
+            paused = self.transitions.paused_groups()
+            open_replicas = [i for i in open_replicas if self.replicas[i].group not in paused]
         submitted = False
         for index in open_replicas:
             replica = self.replicas[index]
@@ -202,6 +214,39 @@ class LLMEngine:
             replica.start(sched, plan)
             submitted = True
         return submitted
+
+    def _commit_drained_transitions(self) -> None:
+        """Commits each pending transition whose groups have no step in flight: its
+        ranks prepare, then commit at this step boundary; the groups' requests move."""
+        in_flight = {r.group for r in self.replicas if r.in_flight}
+        for pending in self.transitions.take_drained(in_flight):
+            self._commit(pending)
+
+    def _commit(self, pending) -> None:
+        transition = pending.transition
+        drain_s = time.monotonic() - pending.requested_at
+        layout = target_layout(self.layout, transition, {p.name(): p for p in self.policy_plans})
+        ranks = [r for g in transition.groups for r in layout.plans[g].ranks]
+        names = [layout.plans[layout.group_of_rank(r)].name() for r in ranks]
+        prepare_s = self.executor.transition(ranks, "prepare", names)
+        start = time.perf_counter()
+        self.executor.transition(ranks, "commit", names)
+        self.layout = layout
+        # Each group keeps its ranks: its replicas, with their block tables, now run the
+        # new plan (merges and splits, which move requests between ranks, are refused).
+        moved = sum(r.load for r in self.replicas if r.group in transition.groups)
+        record = TransitionRecord(time.time(), transition.kind, transition.groups,
+                                  transition.target, drain_s, prepare_s,
+                                  time.perf_counter() - start, moved, 0)
+        self._transition_records.append(record)
+        if self._timeline is not None:
+            self._timeline.write(json.dumps({"transition": asdict(record)}) + "\n")
+
+    def take_transition_records(self) -> list[TransitionRecord]:
+        """Transitions committed since the last call (the most recent 10,000 at most)."""
+        records = list(self._transition_records)
+        self._transition_records.clear()
+        return records
 
     def view(self) -> NodeView:
         """The node as policies see it, one view per group of the layout (a group with

@@ -13,7 +13,7 @@ import time
 from multiprocessing.connection import wait
 
 from parashift.worker.step_batch import StepBatch
-from parashift.worker.worker import WorkerSpec, worker_main
+from parashift.worker.worker import CONTROL_PREFIX, WorkerSpec, worker_main
 
 
 class WorkerFailure(RuntimeError):
@@ -85,6 +85,21 @@ class MultiprocExecutor:
         self.pending[group].append(replica)
         self.in_flight.add(replica)
 
+    def transition(self, ranks: list[int], verb: str, plan_names: list[str]) -> float:
+        """One phase of a transition on these ranks (rank i takes plan_names[i]); waits
+        for every one of them and returns the slowest's seconds. The engine sends it only
+        when none of these ranks has a step in flight."""
+        for rank, name in zip(ranks, plan_names):
+            self.conns[rank].send_bytes(CONTROL_PREFIX + pickle.dumps((verb, name)))
+        seconds = 0.0
+        for rank in ranks:
+            message = self._receive_bytes(rank, self.timeout_s)
+            kind, payload = pickle.loads(message)
+            if kind == "error":
+                self._fail(f"worker rank {rank} failed in a transition ({verb}):\n{payload}")
+            seconds = max(seconds, payload)
+        return seconds
+
     def wait_any(self) -> list[tuple[int, object]]:
         """Results of in-flight replicas: waits until at least one is ready."""
         deadline = time.monotonic() + self.timeout_s
@@ -116,10 +131,13 @@ class MultiprocExecutor:
         return replica, payload
 
     def _receive(self, rank: int, timeout: float):
+        return pickle.loads(self._receive_bytes(rank, timeout))
+
+    def _receive_bytes(self, rank: int, timeout: float) -> bytes:
         conn, proc = self.conns[rank], self.procs[rank]
         ready = wait([conn, proc.sentinel], timeout)
         if conn in ready:
-            return conn.recv()
+            return conn.recv_bytes()
         if proc.sentinel in ready:
             self._fail(f"worker rank {rank} died during start-up (exit code {proc.exitcode})")
         self._fail(f"worker rank {rank} did not start within {timeout:.0f} s")

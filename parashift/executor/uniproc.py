@@ -25,5 +25,9 @@ class UniprocExecutor:
         """The oldest launched step's result."""
         return [(0, self._pending.popleft().result())]
 
+    def transition(self, ranks: list[int], verb: str, plan_names: list[str]) -> float:
+        """One phase of a transition on these ranks (here: the one); its slowest seconds."""
+        return max(self.runner.transition(verb, name) for name in plan_names)
+
     def shutdown(self) -> None:
         self._pending.clear()

@@ -104,6 +104,21 @@ class ModelRunner:
         resources[""] = resources[self.state.plan.name()]
         return resources
 
+    def transition(self, verb: str, plan_name: str) -> float:
+        """A transition's phase on this rank; returns its seconds. `prepare` makes what
+        running under `plan_name` needs (its resources were made at start-up, so nothing
+        moves yet); `commit` makes it this rank's base plan (the step message's "")."""
+        start = time.perf_counter()
+        plan = self.resources.get(plan_name)
+        if plan is None:
+            raise ValueError(f"plan {plan_name} was not made on rank {self.state.rank} at "
+                             f"start-up (made: {sorted(k for k in self.resources if k)})")
+        if verb == "commit":
+            self.resources[""], self.state = plan, plan.state
+        elif verb != "prepare":
+            raise ValueError(f"unknown transition phase {verb!r}")
+        return time.perf_counter() - start
+
     def _use_graphs(self, requested: bool | None) -> bool:
         """By default (None) wherever they work: CUDA, Triton attention, one stage."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
@@ -189,8 +204,8 @@ class ModelRunner:
         row is sampled without a seed and the engine discards the token)."""
         errors = {}
         for request_id, params in new_params.items():
-            if params.seed is None:
-                continue
+            if params.seed is None or request_id in self.generators:
+                continue  # (a request moved by a transition keeps its generator)
             try:
                 self.generators[request_id] = Sampler.make_generator(params.seed, self.device)
             except Exception as exc:  # noqa: BLE001 - the request's fault, not the engine's

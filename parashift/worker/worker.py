@@ -69,6 +69,7 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
 
 
 POLL_S = 1e-4  # while a step runs, how often to check for it to end
+CONTROL_PREFIX = b"PSCT"  # a control message (pickled, rare), not a step
 
 
 def _finish(runner: ModelRunner, conn, step) -> None:
@@ -99,6 +100,12 @@ def _serve(runner: ModelRunner, conn) -> None:
         if message == b"shutdown":
             break
         try:
+            if message.startswith(CONTROL_PREFIX):  # a transition: steps in flight end first
+                while pending:
+                    _finish(runner, conn, pending.popleft())
+                verb, plan_name = pickle.loads(message[len(CONTROL_PREFIX):])
+                conn.send_bytes(pickle.dumps(("transition", runner.transition(verb, plan_name))))
+                continue
             pending.append(runner.launch(pickle.loads(message)))
         except BaseException:
             conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))

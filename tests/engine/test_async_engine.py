@@ -64,6 +64,26 @@ def test_concurrent_requests_and_metrics(llm_engine):
     assert metrics.ttft._sum.get() > 0
 
 
+def test_transitions_reach_the_metrics(tiny_llama_dir):
+    """A server's /metrics carry each committed transition's drain, prepare and cutover."""
+    from tests.helpers.policies import TransitionScript
+    engine = tiny_llm(tiny_llama_dir).llm_engine
+    engine.set_policy(TransitionScript(engine, 0, ["single"], every=2, kind="noop"))
+    metrics = ServerMetrics("tiny")
+
+    async def main():
+        async_engine = await started(engine, metrics=metrics)
+        async for _ in async_engine.generate("r", [1, 2, 3], LONG):
+            pass
+        await async_engine.shutdown()
+    run(main())
+    text = metrics.render()[0].decode()
+    cutovers = [line for line in text.splitlines() if line.startswith(
+        "parashift_transition_duration_seconds_count") and 'phase="cutover"' in line]
+    assert cutovers and float(cutovers[0].split()[-1]) >= 10
+    engine.shutdown()
+
+
 def test_abort_frees_blocks(llm_engine):
     async def main():
         async_engine = await started(llm_engine)

@@ -1,0 +1,89 @@
+"""Transitions of the node layout mid-generation give the single-device greedy tokens:
+a no-op (every phase run, nothing changed) and a re-shard of a group's plan, on one
+process and on real gloo groups; the other groups keep stepping meanwhile."""
+import json
+
+import pytest
+
+from parashift import LLM
+from parashift.engine.policy import Decision, Transition
+from tests.distributed.test_plans import COMMON, PARAMS, assert_same, prompts
+from tests.engine.conftest import save_tiny_llama
+from tests.helpers.policies import TransitionScript
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    model_dir = save_tiny_llama(tmp_path_factory.mktemp("gqa8x4"), num_attention_heads=8,
+                                num_key_value_heads=4, hidden_size=96, intermediate_size=192,
+                                num_hidden_layers=3)
+    llm = LLM(model_dir, **COMMON)
+    try:
+        return model_dir, llm.generate(prompts(), PARAMS)
+    finally:
+        llm.llm_engine.shutdown()
+
+
+def run_with_transitions(model_dir, tmp_path, group, targets, kind, **options):
+    timeline = tmp_path / "timeline.jsonl"
+    llm = LLM(model_dir, **{**COMMON, "timeline_file": str(timeline), **options})
+    engine = llm.llm_engine
+    try:
+        script = TransitionScript(engine, group, targets, every=3, kind=kind)
+        engine.set_policy(script)
+        outputs = llm.generate(prompts(), PARAMS)
+        records = engine.take_transition_records()
+        return outputs, records, engine.layout, timeline
+    finally:
+        engine.shutdown()
+
+
+def test_noop_transitions_on_one_device(model, tmp_path):
+    model_dir, reference = model
+    outputs, records, layout, timeline = run_with_transitions(
+        model_dir, tmp_path, 0, ["single"], "noop")
+    assert_same(outputs, reference)
+    assert len(records) >= 3 and all(r.kind == "noop" and r.groups == (0,) for r in records)
+    assert any(r.moved > 0 for r in records) and all(r.reprefilled == 0 for r in records)
+    assert all(r.drain_s >= 0 and r.prepare_s >= 0 and r.cutover_s >= 0 for r in records)
+    lines = [json.loads(line) for line in timeline.read_text().splitlines()]
+    assert sum("transition" in line for line in lines) == len(records)
+    assert layout.name() == "single"
+
+
+def test_reshard_between_shift_plans_mid_generation(model, tmp_path):
+    """The group's base plan alternates SP=2 and TP=2 over SP_TP (one KV layout)."""
+    model_dir, reference = model
+    outputs, records, layout, _ = run_with_transitions(
+        model_dir, tmp_path, 0, ["shift-tp2", "sp2"], "reshard",
+        sequence_parallel_size=2, parallel_policy="shift")
+    assert_same(outputs, reference)
+    assert [r.target for r in records[:2]] == [("shift-tp2",), ("sp2",)]
+    assert layout.plans[0].name() in ("sp2", "shift-tp2")
+
+
+def test_noop_on_one_group_while_another_serves(model, tmp_path):
+    model_dir, reference = model
+    outputs, records, layout, _ = run_with_transitions(
+        model_dir, tmp_path, 1, ["single@2"], "noop", layout="tp2,single")
+    assert_same(outputs, reference)
+    assert records and all(r.groups == (1,) for r in records)
+    assert layout.name() == "tp2,single@2"
+
+
+def test_a_transition_the_engine_cannot_make_is_refused(model):
+    model_dir, _ = model
+    llm = LLM(model_dir, **COMMON)
+    engine = llm.llm_engine
+
+    class Merge:
+        name, plans = "merge", engine.policy_plans
+
+        def decide(self, view):
+            return Decision(("single",), (Transition("merge", (0,), ("single",)),))
+    try:
+        engine.set_policy(Merge())
+        with pytest.raises(ValueError, match="Flying Serving"):
+            llm.generate(prompts(), PARAMS)
+    finally:
+        engine.shutdown()
