@@ -52,7 +52,7 @@ class EngineConfig:
     shift_threshold: int = 256               # shift policy: steps of at most this many tokens use TP
     # (256: the crossover measured on 2xH200, docs/benchmarks.md: for the 8B shape the shift
     # plan wins decode steps up to 256 sequences and loses at 512; Qwen3-32B's wins to 1024)
-    shift_weights: str = "separate"          # shift policy: separate | slice
+    shift_weights: str = "reorder"           # shift policy: reorder | slice | separate
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
     cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
@@ -77,8 +77,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if self.parallel_policy not in ("static", "shift"):
             raise ValueError(f"parallel_policy must be static or shift, got {self.parallel_policy!r}")
-        if self.shift_weights not in ("separate", "slice"):
-            raise ValueError(f"shift_weights must be separate or slice, got {self.shift_weights!r}")
+        if self.shift_weights not in ("reorder", "slice", "separate"):
+            raise ValueError("shift_weights must be reorder, slice or separate, "
+                             f"got {self.shift_weights!r}")
         degrees = ("tensor_parallel_size", "sequence_parallel_size", "data_parallel_size",
                    "pipeline_parallel_size")
         if self.layout is not None and any(getattr(self, name) != 1 for name in degrees):

@@ -25,8 +25,10 @@ ENGINE_FLAGS = {
     "--parallel-policy": ("parallel_policy", str, "static | shift (SP base plan, TP for small steps)"),
     "--shift-threshold": ("shift_threshold", int, "shift policy: steps of at most this many "
                                                  "tokens run under full TP"),
-    "--shift-weights": ("shift_weights", str, "shift policy: separate (contiguous copy) | slice "
-                                              "(views of the base shard)"),
+    "--shift-weights": ("shift_weights", str, "shift policy: reorder (default: base rows "
+                                              "permuted so each shift shard is one view) | "
+                                              "slice (views of the base shard) | separate "
+                                              "(contiguous copy)"),
     "--layout": ("layout", str, "the node's groups in rank order instead of the parallel sizes, "
                                 "e.g. tp2,single,single (ranks 0-1 as TP=2, ranks 2 and 3 alone)"),
     "--timeline-file": ("timeline_file", str, "write one JSON line per step (plan, tokens, time)"),

@@ -6,9 +6,13 @@ from parashift.kernels import use_triton
 
 
 class SiluAndMul(nn.Module):
-    """silu(gate) * up for a tensor holding [gate | up] on its last dim."""
+    """silu(gate) * up for a tensor holding [gate | up] on its last dim, or `blocks` such
+    blocks [gate_0 up_0 | gate_1 up_1 | ...] (a layer whose rows were reordered, see
+    parashift/parallel/shift_weights.py); the result is [out_0 | out_1 | ...]."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, blocks: int = 1) -> torch.Tensor:
+        if blocks > 1:  # the same kernel over [.., blocks, 2 d]: a view, no copy
+            return self.forward(x.unflatten(-1, (blocks, -1))).flatten(-2)
         if use_triton(x):
             from parashift.kernels import silu_mul
             return silu_mul.silu_and_mul(x)

@@ -9,7 +9,6 @@ from torch import nn
 from parashift.kernels import use_triton
 from parashift.lazy_tensor import as_tensor
 from parashift.context import BASE_WEIGHTS, get_context
-from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 
 
 def _divide(n: int, d: int, what: str) -> int:
@@ -40,8 +39,13 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
         # Weight layouts other plans use, by key (e.g. the shift plan's finer shard):
-        # each a list of (weight, bias) parts whose outputs are concatenated.
+        # each a list of (weight, bias) parts whose outputs are concatenated. A layout
+        # builder (parallel/shift_weights.py) makes them; the layer knows no plan.
         self.layouts: dict[str, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
+        # How each layout's output is laid out, by key: (blocks, widths) = `blocks` equal
+        # blocks, each [segment 0 | segment 1 | ...] of those widths. Absent: the loaded
+        # order, one block of output_segments()' widths.
+        self.splits: dict[str, tuple[int, list[int]]] = {}
 
     def _active_parts(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """This rank's weights under the active plan's layout."""
@@ -52,15 +56,48 @@ class LinearBase(nn.Module):
             raise RuntimeError(f"no weight layout {key!r}: it was not made at start-up")
         return self.layouts[key]
 
-    def set_layout(self, key: str, parts, separate: bool) -> int:
+    def set_layout(self, key: str, parts, separate: bool,
+                   split: tuple[int, list[int]] | None = None) -> int:
         """Keeps a layout as views of the base shard or as one contiguous copy
-        (separate); returns the bytes the copy takes."""
+        (separate), its output laid out as `split` (see `splits`); returns the bytes
+        the copy takes."""
         if separate:
             weight = torch.cat([w for w, _ in parts]).contiguous()
             bias = torch.cat([b for _, b in parts]) if parts[0][1] is not None else None
             parts = [(weight, bias)]
         self.layouts[key] = parts
+        if split is not None:
+            self.splits[key] = split
         return sum(w.nbytes + (b.nbytes if b is not None else 0) for w, b in parts) if separate else 0
+
+    def output_segments(self) -> list[tuple[str, int, int]]:
+        """(name, offset, size) of the segments of the loaded shard's output (dim 0 of the
+        weight) in loading order: one for a plain matrix; q, k, v or the merged matrices."""
+        return [("out", 0, self.weight.shape[0])]
+
+    def output_split(self) -> tuple[int, list[int]]:
+        """(blocks, widths) of the output under the active layout: `blocks` equal blocks,
+        each the segments [w0 | w1 | ...] in order."""
+        key = get_context().weights
+        if key in self.splits:
+            return self.splits[key]
+        return 1, [size for _, _, size in self.output_segments()]
+
+    def permute_rows(self, rows: list[tuple[int, int]], split: tuple[int, list[int]]) -> None:
+        """Reorders the loaded shard's output rows (weight and bias, in place: the same
+        storage) to the concatenation of the `rows` ranges (offset, size), which must be a
+        permutation; the base output is then laid out as `split` (see `splits`). Done once
+        after loading, before any layout view is taken and before CUDA graphs capture."""
+        if BASE_WEIGHTS in self.splits:
+            raise RuntimeError("the shard's rows were reordered already")
+        index = torch.cat([torch.arange(o, o + n) for o, n in rows]).to(self.weight.device)
+        if index.numel() != self.weight.shape[0] or not torch.equal(
+                index.sort().values, torch.arange(self.weight.shape[0], device=index.device)):
+            raise ValueError("rows to reorder are not a permutation of the shard's rows")
+        for param in (self.weight, self.bias):
+            if param is not None:
+                param.data.copy_(param.data.index_select(0, index))
+        self.splits[BASE_WEIGHTS] = split
 
     def _shard(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
         size = loaded.shape[dim] // self.tp_size
@@ -83,19 +120,6 @@ class ColumnParallelLinear(LinearBase):
             return linear(x, *parts[0])
         return torch.cat([linear(x, w, b) for w, b in parts], dim=-1)
 
-    def _row_blocks(self) -> list[tuple[int, int]]:
-        """(offset, size) of the base shard's output segments, split again for the shift plan."""
-        return [(0, self.weight.shape[0])]
-
-    def make_shift_shard(self, sp_size: int, sp_rank: int, separate: bool) -> int:
-        parts = []
-        for offset, size in self._row_blocks():
-            step = _divide(size, sp_size, "shard rows")
-            start = offset + sp_rank * step
-            parts.append((self.weight.narrow(0, start, step),
-                          self.bias.narrow(0, start, step) if self.bias is not None else None))
-        return self.set_layout(SHIFT_WEIGHTS, parts, separate)
-
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel matrices stored as one (gate_up)."""
@@ -104,9 +128,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = output_sizes
         super().__init__(input_size, sum(output_sizes), bias)
 
-    def _row_blocks(self) -> list[tuple[int, int]]:
+    def output_segments(self) -> list[tuple[str, int, int]]:
         sizes = [n // self.tp_size for n in self.output_sizes]
-        return [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]
+        return [(str(i), sum(sizes[:i]), size) for i, size in enumerate(sizes)]
 
     def weight_loader(self, param, loaded, shard_id: int = 0):
         shard_size = self.output_sizes[shard_id] // self.tp_size
@@ -133,25 +157,9 @@ class QKVParallelLinear(ColumnParallelLinear):
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp_size
         super().__init__(hidden_size, out, bias)
 
-    def split_sizes(self) -> tuple[int, int]:
-        """Widths of q and of k (= v) in this rank's output under the active plan."""
-        key = get_context().weights
-        if key == BASE_WEIGHTS:
-            return self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return self.layout_sizes[key]
-
-    def make_shift_shard(self, sp_size: int, sp_rank: int, separate: bool) -> int:
-        from parashift.parallel.ulysses import kv_heads_for_block
-        d, heads = self.head_dim, _divide(self.num_heads, sp_size, "heads per rank")
-        kv = kv_heads_for_block(sp_rank, sp_size, self.num_heads, self.num_kv_heads)
-        q_rows = (sp_rank * heads * d, heads * d)
-        k_rows = (self.num_heads * d + kv[0] * d, len(kv) * d)
-        v_rows = (k_rows[0] + self.num_kv_heads * d, len(kv) * d)
-        parts = [(self.weight.narrow(0, *rows),
-                  self.bias.narrow(0, *rows) if self.bias is not None else None)
-                 for rows in (q_rows, k_rows, v_rows)]
-        self.layout_sizes = {SHIFT_WEIGHTS: (heads * d, len(kv) * d)}
-        return self.set_layout(SHIFT_WEIGHTS, parts, separate)
+    def output_segments(self) -> list[tuple[str, int, int]]:
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return [("q", 0, q_size), ("k", q_size, kv_size), ("v", q_size + kv_size, kv_size)]
 
     def _kv_head_start(self) -> int:
         if self.total_num_kv_heads >= self.tp_size:
@@ -180,11 +188,6 @@ class RowParallelLinear(LinearBase):
             param.data.copy_(as_tensor(loaded))
             return
         super().weight_loader(param, loaded, shard_id)
-
-    def make_shift_shard(self, sp_size: int, sp_rank: int, separate: bool) -> int:
-        step = _divide(self.weight.shape[1], sp_size, "shard columns")
-        weight = self.weight.narrow(1, sp_rank * step, step)
-        return self.set_layout(SHIFT_WEIGHTS, [(weight, self.bias)], separate)
 
     def forward(self, x):
         tp = get_context().tp

@@ -37,8 +37,12 @@ class LlamaAttention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q_size, kv_size = self.qkv_proj.split_sizes()
-        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        blocks, widths = self.qkv_proj.output_split()
+        qkv = self.qkv_proj(x)
+        if blocks == 1:
+            q, k, v = qkv.split(widths, dim=-1)
+        else:  # rows reordered per SP rank, [q_0 k_0 v_0 | q_1 k_1 v_1 | ..]: back to [q | k | v]
+            q, k, v = (t.flatten(-2) for t in qkv.unflatten(-1, (blocks, -1)).split(widths, -1))
         q = q.unflatten(-1, (-1, self.head_dim))
         k = k.unflatten(-1, (-1, self.head_dim))
         v = v.unflatten(-1, (-1, self.head_dim))
@@ -58,7 +62,8 @@ class LlamaMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        blocks, _ = self.gate_up_proj.output_split()
+        return self.down_proj(self.act(self.gate_up_proj(x), blocks))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -14,10 +14,14 @@ from tests.engine.conftest import save_tiny_llama
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
 COMMON = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, num_blocks=96,
               max_num_batched_tokens=40, parallel_policy="shift", cuda_graphs=GRAPHS)
-MODELS = {"gqa8x2": (8, 2), "gqa6x3": (6, 3)}  # gqa8x2 under SP=4: fewer KV heads than ranks
+MODELS = {"gqa8x2": (8, 2), "gqa6x3": (6, 3), "gqa8x4": (8, 4)}
+# under the default `reorder` weights: gqa8x2 under SP=2 and gqa6x3 under SP=3 reorder every
+# layer; gqa8x2 under SP=4 or under TP=2 SP=2 has fewer KV heads per TP rank than SP ranks (its
+# QKV keeps slice views); gqa8x4 under TP=2 SP=2 reorders TP shards
 CASES = [("gqa8x2", dict(sequence_parallel_size=2)), ("gqa6x3", dict(sequence_parallel_size=3)),
          ("gqa8x2", dict(sequence_parallel_size=4)),
-         ("gqa8x2", dict(sequence_parallel_size=2, tensor_parallel_size=2))]
+         ("gqa8x2", dict(sequence_parallel_size=2, tensor_parallel_size=2)),
+         ("gqa8x4", dict(sequence_parallel_size=2, tensor_parallel_size=2))]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,7 @@ def test_random_switch_schedules_match_single_device(models, name, plan):
         llm.llm_engine.shutdown()
 
 
-@pytest.mark.parametrize("weights", ["separate", "slice"])
+@pytest.mark.parametrize("weights", ["reorder", "separate", "slice"])
 def test_threshold_switching_uses_both_plans(models, tmp_path, weights):
     dirs, refs = models
     llm = shift_llm(dirs["gqa8x2"], tmp_path, sequence_parallel_size=2, shift_threshold=8,
