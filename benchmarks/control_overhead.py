@@ -1,82 +1,125 @@
-"""Per-step control-channel cost: the engine pickles a step once and sends it over
-local pipes to every rank; the output rank sends back sampled tokens. Measures the
-round trip with workers that do no model work, for decode steps of B sequences.
+"""Per-step control-channel cost: pickle against the binary step codec
+(`parashift/worker/step_codec.py`).
 
-Usage: python3 benchmarks/control_overhead.py --ranks 2 --batch-sizes 1 64 256"""
+A run of decode steps at a fixed batch (each chunk one token, uuid request ids, a block
+appended to a request's table every 16th position, the first step admitting every
+request with its sampling parameters) is encoded in this process and sent over a
+multiprocessing Pipe to N receiver processes, which decode it and answer with the time
+at which they were done. A step's cost is from the start of its encoding to the last
+receiver's end of decoding; the next step is sent once every receiver has answered.
+Receivers do no model work. Times are medians over all steps (and rounds).
+
+Usage: python benchmarks/control_overhead.py --batch 256 --steps 1024 --receivers 2 4 \
+           --out control_overhead.json"""
 import argparse
+import json
 import multiprocessing as mp
 import pickle
+import platform
+import random
 import statistics
+import struct
 import time
+import uuid
 
-from parashift.worker.step_batch import DeltaEncoder, StepBatch
 from parashift.sampling_params import SamplingParams
+from parashift.worker.step_batch import DeltaEncoder, StepBatch
+from parashift.worker.step_codec import decode_step, encode_step
+
+CODECS = {"pickle": (pickle.dumps, pickle.loads), "binary": (encode_step, decode_step)}
+BLOCK_SIZE, VOCAB = 16, 128_256
 
 
-def echo_worker(conn, is_output: bool) -> None:
-    while True:
-        message = conn.recv_bytes()
-        if message == b"stop":
-            return
-        batch = pickle.loads(message)
-        if is_output:
-            tokens = [0] * sum(c.samples for c in batch.chunks)
-            conn.send_bytes(pickle.dumps(("result", (tokens, None))))
-
-
-def decode_batches(batch_size: int, context: int = 1024, block_size: int = 16):
-    """The first message of a batch of running requests (whole tables, parameters) and
-    a steady decode step's message (no new block: 15 of 16 decode steps)."""
-    encoder, per_seq = DeltaEncoder(), context // block_size + 1
-    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch_size)]
-    params = {str(i): SamplingParams(temperature=0, max_tokens=256) for i in range(batch_size)}
-
-    def step():
-        return StepBatch([encoder.chunk(str(i), [1], context, tables[i], True)
-                          for i in range(batch_size)])
-    first = step()
-    first.new_params = params
-    return first, step()
-
-
-def round_trips(conns, batch: StepBatch, n: int) -> list[float]:
-    times = []
-    for _ in range(n):
+def receiver(conn, codec: str) -> None:
+    decode = CODECS[codec][1]
+    while (message := conn.recv_bytes()) != b"stop":
         start = time.perf_counter()
-        payload = pickle.dumps(batch)
-        for conn in conns:
-            conn.send_bytes(payload)
-        pickle.loads(conns[0].recv_bytes())
-        times.append(time.perf_counter() - start)
-    return times
+        decode(message)
+        end = time.perf_counter()
+        conn.send_bytes(struct.pack("<dd", end, end - start))
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
-    p.add_argument("--steps", type=int, default=200)
-    args = p.parse_args()
+def decode_steps(batch: int, steps: int, seed: int = 0) -> list[StepBatch]:
+    rng = random.Random(seed)
+    encoder, ids = DeltaEncoder(), [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(batch)]
+    positions = [rng.randrange(64, 2048) for _ in ids]
+    tables = [list(range(i * 1000, i * 1000 + p // BLOCK_SIZE + 1)) for i, p in enumerate(positions)]
+    params = {r: SamplingParams(temperature=rng.choice([0.0, 0.7, 1.0]), top_p=0.95, top_k=50,
+                                seed=rng.choice([None, rng.getrandbits(63)]), max_tokens=4096)
+              for r in ids}
+    out = []
+    for step in range(steps):
+        chunks = []
+        for i, r in enumerate(ids):
+            pos = positions[i] + step
+            if pos % BLOCK_SIZE == 0 and pos // BLOCK_SIZE >= len(tables[i]):
+                tables[i].append(tables[i][-1] + 1)
+            chunks.append(encoder.chunk(r, [rng.randrange(VOCAB)], pos, tables[i], True))
+        out.append(StepBatch(chunks, params if step == 0 else {}))
+    return out
+
+
+def run_channel(codec: str, receivers: int, steps: list[StepBatch]) -> list[dict]:
     ctx = mp.get_context("spawn")
     conns, procs = [], []
-    for rank in range(args.ranks):
+    for _ in range(receivers):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=echo_worker, args=(child, rank == 0), daemon=True)
+        proc = ctx.Process(target=receiver, args=(child, codec), daemon=True)
         proc.start()
         conns.append(parent)
         procs.append(proc)
-    for batch_size in args.batch_sizes:
-        for kind, batch in zip(("first", "steady"), decode_batches(batch_size)):
-            round_trips(conns, batch, 20)
-            times = round_trips(conns, batch, args.steps)
-            print(f"ranks {args.ranks} batch {batch_size:4d} {kind:6s}: payload "
-                  f"{len(pickle.dumps(batch)):7d} B, round trip median "
-                  f"{1e6 * statistics.median(times):7.1f} us, p99 "
-                  f"{1e6 * sorted(times)[int(0.99 * len(times))]:7.1f} us", flush=True)
+    encode, rows = CODECS[codec][0], []
+    for batch in steps[:1] + steps:  # the first step again, untimed, to warm the receivers
+        start = time.perf_counter()
+        payload = encode(batch)
+        encoded = time.perf_counter()
+        for conn in conns:
+            conn.send_bytes(payload)
+        sent = time.perf_counter()
+        answers = [struct.unpack("<dd", conn.recv_bytes()) for conn in conns]
+        rows.append({"bytes": len(payload), "encode": encoded - start, "send": sent - encoded,
+                     "decode": max(d for _, d in answers),
+                     "step": max(end for end, _ in answers) - start})
     for conn in conns:
         conn.send_bytes(b"stop")
     for proc in procs:
         proc.join()
+    return rows[1:]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=1024)
+    p.add_argument("--receivers", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--rounds", type=int, default=3, help="alternate the codecs this many times")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    args = p.parse_args()
+    steps = decode_steps(args.batch, args.steps)
+    results = []
+    print(f"batch {args.batch}, {args.steps} decode steps x {args.rounds} rounds; median per step")
+    print("| receivers | codec | payload (B) | encode (µs) | send (µs) | decode (µs) | "
+          "step (µs) | p90 step (µs) |\n|---:|---|---:|---:|---:|---:|---:|---:|")
+    for receivers in args.receivers:
+        rows = {codec: [] for codec in CODECS}
+        for _ in range(args.rounds):
+            for codec in CODECS:
+                rows[codec] += run_channel(codec, receivers, steps)
+        for codec, samples in rows.items():
+            med = {k: statistics.median(r[k] for r in samples)
+                   for k in ("bytes", "encode", "send", "decode", "step")}
+            p90 = sorted(r["step"] for r in samples)[int(0.9 * len(samples))]
+            results.append({"receivers": receivers, "codec": codec, "median_bytes": med["bytes"],
+                            **{f"median_{k}_us": 1e6 * med[k]
+                               for k in ("encode", "send", "decode", "step")},
+                            "p90_step_us": 1e6 * p90, "first_step_bytes": samples[0]["bytes"]})
+            print(f"| {receivers} | {codec} | {med['bytes']:.0f} | {1e6 * med['encode']:.0f} | "
+                  f"{1e6 * med['send']:.0f} | {1e6 * med['decode']:.0f} | "
+                  f"{1e6 * med['step']:.0f} | {1e6 * p90:.0f} |", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"batch": args.batch, "steps": args.steps, "rounds": args.rounds,
+                       "machine": platform.platform(), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import time
 from multiprocessing.connection import wait
 
 from parashift.worker.step_batch import StepBatch
+from parashift.worker.step_codec import encode_step
 from parashift.worker.worker import CONTROL_PREFIX, WorkerSpec, worker_main
 
 
@@ -78,7 +79,7 @@ class MultiprocExecutor:
         return [min(blocks[r] for r in ranks) for ranks in self.group_ranks], seconds
 
     def submit(self, replica: int, batch: StepBatch) -> None:
-        payload = pickle.dumps(batch)
+        payload = encode_step(batch)  # a fixed binary layout: no pickle per step
         group = self.replicas[replica][0]
         for rank in self.group_ranks[group]:
             self.conns[rank].send_bytes(payload)

@@ -14,6 +14,7 @@ from parashift.worker.model_runner import ModelRunner
 from parashift.parallel.comm_pool import CommunicatorPool
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
+from parashift.worker.step_codec import decode_step
 
 
 @dataclass
@@ -106,7 +107,7 @@ def _serve(runner: ModelRunner, conn) -> None:
                 verb, plan_name = pickle.loads(message[len(CONTROL_PREFIX):])
                 conn.send_bytes(pickle.dumps(("transition", runner.transition(verb, plan_name))))
                 continue
-            pending.append(runner.launch(pickle.loads(message)))
+            pending.append(runner.launch(decode_step(message)))
         except BaseException:
             conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
             break

@@ -1,0 +1,94 @@
+"""The binary step message: every field a rank uses survives the round trip exactly."""
+import random
+import struct
+
+import pytest
+
+from parashift.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
+from parashift.worker.step_batch import PLACEHOLDER_TOKEN, ChunkDelta, StepBatch
+from parashift.worker.step_codec import HEADER, decode_step, encode_step
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "greedy")
+
+
+def round_trip(batch: StepBatch) -> StepBatch:
+    decoded = decode_step(encode_step(batch))
+    assert decoded.chunks == batch.chunks
+    assert all(type(c.samples) is bool for c in decoded.chunks)
+    assert decoded.finished_request_ids == batch.finished_request_ids
+    assert decoded.plan == batch.plan
+    assert list(decoded.new_params) == list(batch.new_params)
+    for request_id, params in batch.new_params.items():
+        got = decoded.new_params[request_id]
+        for name in SAMPLING_FIELDS:
+            assert getattr(got, name) == getattr(params, name), name
+            assert type(getattr(got, name)) is type(getattr(params, name)) or name == "temperature"
+    return decoded
+
+
+def test_empty_batch():
+    assert round_trip(StepBatch([])) == StepBatch([])
+    assert round_trip(StepBatch([], plan="shift")).plan == "shift"
+
+
+def test_chunks_with_placeholders_and_new_blocks():
+    round_trip(StepBatch(
+        [ChunkDelta("a", [5, 6, 7], 0, 0, [0, 1], False),
+         ChunkDelta("b", [PLACEHOLDER_TOKEN], 40, 2, [9], True),
+         ChunkDelta("c", [], 3, 1, [], False),
+         ChunkDelta("d", [1, PLACEHOLDER_TOKEN], 17, 0, [2**40, 0, 3], True)],
+        finished_request_ids=["x", "y"], plan="tp2"))
+
+
+def test_unicode_and_odd_request_ids():
+    ids = ["ünïcode-é", "日本語", "emoji 😀 id", "", "nul\x00inside", "a" * 300, "\ud800lone"]
+    round_trip(StepBatch([ChunkDelta(r, [1], 0, 0, [i], True) for i, r in enumerate(ids)],
+                         {r: SamplingParams() for r in ids}, finished_request_ids=ids[::-1],
+                         plan="sp2·tp2"))
+
+
+@pytest.mark.parametrize("seed", [None, 0, 1, -1, SEED_MIN, SEED_MAX])
+@pytest.mark.parametrize("logprobs", [None, 0, 5])
+def test_sampling_params(seed, logprobs):
+    params = {"greedy": SamplingParams(temperature=0.0, seed=seed, logprobs=logprobs),
+              "top1": SamplingParams(temperature=0.8, top_k=1, seed=seed),
+              "sampled": SamplingParams(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05,
+                                        seed=seed, logprobs=logprobs, max_tokens=None)}
+    decoded = round_trip(StepBatch([ChunkDelta(r, [3], 0, 0, [0], True) for r in params],
+                                   params))
+    assert [p.greedy for p in decoded.new_params.values()] == [True, True, False]
+
+
+def test_top_k_past_int64_is_clamped():
+    params = SamplingParams(top_k=10**30, logprobs=10**30)
+    got = decode_step(encode_step(StepBatch([], {"r": params}))).new_params["r"]
+    assert got.top_k == got.logprobs == SEED_MAX
+
+
+def test_many_random_chunks():
+    rng = random.Random(0)
+    for _ in range(20):
+        chunks = [ChunkDelta(f"req-{rng.random()}",
+                             [rng.choice([PLACEHOLDER_TOKEN, rng.randrange(2**31)])
+                              for _ in range(rng.choice([0, 1, 1, 1, 7, 300]))],
+                             rng.randrange(2**20), rng.randrange(64),
+                             [rng.randrange(2**62) for _ in range(rng.choice([0, 0, 0, 1, 12]))],
+                             rng.random() < 0.8)
+                  for _ in range(rng.randrange(600))]
+        new = {c.request_id: SamplingParams(temperature=rng.random() * 2, top_p=rng.random() or 1,
+                                            seed=rng.choice([None, rng.randrange(SEED_MIN, SEED_MAX)]))
+               for c in chunks if rng.random() < 0.3}
+        round_trip(StepBatch(chunks, new, [f"done-{i}" for i in range(rng.randrange(5))]))
+
+
+def test_rejects_other_messages():
+    with pytest.raises((ValueError, struct.error)):
+        decode_step(b"shutdown")
+    message = encode_step(StepBatch([ChunkDelta("a", [1], 0, 0, [0], True)]))
+    with pytest.raises(ValueError):
+        decode_step(message[:-1])
+    with pytest.raises(ValueError):
+        decode_step(message + b"x")
+    with pytest.raises(ValueError):
+        decode_step(b"XXXX" + message[4:])
+    assert HEADER.size % 8 == 0
