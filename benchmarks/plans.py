@@ -85,7 +85,7 @@ def main():
     p.add_argument("--input-len", type=int, default=4096)
     p.add_argument("--output-len", type=int, default=250)
     p.add_argument("--shift-threshold", type=int, default=None)
-    p.add_argument("--shift-weights", choices=["separate", "slice"], default=None)
+    p.add_argument("--shift-weights", choices=["reorder", "separate", "slice"], default=None)
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on where possible (CUDA, triton attention)")
     p.add_argument("--output", default=None)

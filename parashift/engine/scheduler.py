@@ -100,14 +100,13 @@ class Scheduler:
         return bool(self._unfinished)
 
     def counters(self) -> SchedulerCounters:
-        """What a policy sees of this scheduler; one pass, no state changes. The next step's
-        tokens assume no preemption and no prefix-cache hits."""
-        budget = self.config.max_num_batched_tokens
-        tokens = longest = 0
-        for seq in self.running:
-            longest = max(longest, seq.num_tokens)
-            if tokens < budget:
-                tokens += max(0, self._num_new_tokens(seq, budget - tokens, seq.num_computed_tokens))
+        """What a policy sees of this scheduler, with no state changes. The next step's
+        tokens are an estimate: no preemption, no prefix-cache hits, no per-request cap."""
+        budget, running = self.config.max_num_batched_tokens, self.running
+        # Two plain passes (it runs every step): what running sequences still need.
+        tokens = min(budget, sum(s.num_tokens + s.num_pending_tokens - s.num_computed_tokens
+                                 for s in running))
+        longest = max((s.num_tokens for s in running), default=0)
         waiting = [seq for _, seq in self._waiting]
         seats = max(0, self.config.max_num_seqs - len(self.running))
         for _, seq in heapq.nsmallest(seats, self._waiting, key=lambda entry: entry[0]):
