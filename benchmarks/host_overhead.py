@@ -15,12 +15,12 @@ import random
 import time
 
 from parashift import LLM, SamplingParams
-from parashift.engine import llm_engine, scheduler
+from parashift.engine import llm_engine, replica, scheduler
 from parashift.worker import cuda_graphs, model_runner, step_batch
 
 PARTS = [  # (owner, attribute, label)
     (scheduler.Scheduler, "schedule", "schedule"),
-    (llm_engine.Replica, "step_batch", "step_message"),
+    (replica.Replica, "step_batch", "step_message"),
     (step_batch.RequestTables, "apply", "apply_message"),
     (model_runner.ModelRunner, "launch", "launch"),
     (model_runner, "build_step_inputs", "step_inputs"),

@@ -1,0 +1,78 @@
+"""One replica as the engine sees it, and its view for policies."""
+import time
+from collections import deque
+
+from parashift.config import SchedulerConfig
+from parashift.engine.policy import GroupView
+from parashift.engine.scheduler import Scheduler, SchedulerOutput
+from parashift.kv.block_manager import BlockManager
+from parashift.worker.step_batch import DeltaEncoder, StepBatch
+
+ARRIVAL_WINDOW_S = 10.0  # the window of a group's arrival rate
+
+
+class Replica:
+    """One replica as the engine sees it (a DP replica, or one of a PP group's
+    replicas): its own part of the block pool, scheduler and at most one step in
+    flight. Its block ids start at `block_offset` in the ranks' pool."""
+
+    def __init__(self, block_manager: BlockManager, config: SchedulerConfig, eos_ids: set[int],
+                 block_offset: int = 0, group: int = 0):
+        self.block_manager = block_manager
+        self.group = group  # its group in the node layout
+        self.scheduler = Scheduler(config, block_manager, eos_ids)
+        self.in_flight: deque[tuple[SchedulerOutput, str, float]] = deque()  # oldest first
+        self._last_finish = 0.0
+        self.arrivals: deque[float] = deque()  # when requests were added, for the arrival rate
+        self.last_plan = ""
+        self.encoder = DeltaEncoder(block_offset)  # what this replica's ranks already know
+
+    @property
+    def load(self) -> int:
+        return self.scheduler.num_running + self.scheduler.num_waiting
+
+    def start(self, sched: SchedulerOutput, plan: str) -> None:
+        self.in_flight.append((sched, plan, time.perf_counter()))
+        self.last_plan = plan
+
+    def view(self, now: float, window_s: float = ARRIVAL_WINDOW_S) -> GroupView:
+        while self.arrivals and self.arrivals[0] < now - window_s:
+            self.arrivals.popleft()
+        c, blocks = self.scheduler.counters(), self.block_manager
+        return GroupView(self.last_plan, c.num_waiting, c.num_running, c.tokens_waiting,
+                         c.next_step_tokens, blocks.num_blocks - blocks.num_free_blocks,
+                         blocks.num_free_blocks, c.priorities, c.longest_context,
+                         len(self.arrivals) / window_s)
+
+    def finish(self) -> tuple[SchedulerOutput, str, float]:
+        """The oldest step in flight, its plan, and its time on the device (from its
+        submission or the previous step's end, whichever is later)."""
+        sched, plan, started = self.in_flight.popleft()
+        now = time.perf_counter()
+        seconds, self._last_finish = now - max(started, self._last_finish), now
+        return sched, plan, seconds
+
+    def step_batch(self, sched: SchedulerOutput, plan: str) -> StepBatch:
+        for seq in sched.preempted:
+            self.encoder.reset(seq.request_id)
+        chunks, new_params = [], {}
+        for s in sched.scheduled:
+            seq = s.seq
+            if self.encoder.is_new(seq.request_id):
+                new_params[seq.request_id] = seq.params
+            chunks.append(self.encoder.chunk(seq.request_id, s.token_ids(), s.start_pos,
+                                             seq.block_table, s.samples))
+        return StepBatch(chunks, new_params, self.encoder.take_finished(), plan)
+
+
+def combine_views(views: list[GroupView]) -> GroupView:
+    """One group's view from the views of its replicas."""
+    if len(views) == 1:
+        return views[0]
+    return GroupView(
+        views[0].plan, *(sum(getattr(v, name) for v in views) for name in (
+            "num_waiting", "num_running", "tokens_waiting", "next_step_tokens",
+            "kv_blocks_used", "kv_blocks_free")),
+        tuple(sorted({p for v in views for p in v.priorities})),
+        max(v.longest_context for v in views), sum(v.arrival_rate for v in views),
+        max(v.cpu_tier_fill for v in views))
