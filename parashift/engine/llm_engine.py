@@ -61,6 +61,7 @@ class LLMEngine:
         self.layout = config.node_layout  # the starting layout: each rank's weights and KV
         self.policy = make_policy(config, self.layout)
         self.policy_plans = list(self.policy.plans)  # made on every rank at start-up
+        self._plan_ranks = {p.name(): p.ranks for p in self.policy_plans}
         self.transitions = Transitions()
         self._transition_records: deque[TransitionRecord] = deque(maxlen=10_000)
         self._timeline = open(config.timeline_file, "a") if config.timeline_file else None
@@ -209,6 +210,9 @@ class LLMEngine:
             if sched.is_empty:
                 continue
             plan = decision.plans[replica.group]
+            if self._plan_ranks.get(plan) != self.layout.plans[replica.group].ranks:
+                raise ValueError(f"the policy chose plan {plan!r} for group {replica.group}, "
+                                 f"which runs on ranks {list(self.layout.plans[replica.group].ranks)}")
             self.executor.submit(index, replica.step_batch(sched, plan))
             replica.start(sched, plan)
             submitted = True

@@ -87,3 +87,21 @@ def test_a_transition_the_engine_cannot_make_is_refused(model):
             llm.generate(prompts(), PARAMS)
     finally:
         engine.shutdown()
+
+
+def test_a_plan_that_does_not_run_on_the_group_is_refused(model):
+    model_dir, _ = model
+    llm = LLM(model_dir, **COMMON)
+    engine = llm.llm_engine
+
+    class Elsewhere:
+        name, plans = "elsewhere", engine.policy_plans
+
+        def decide(self, view):
+            return Decision(("single@1",))
+    try:
+        engine.set_policy(Elsewhere())
+        with pytest.raises(ValueError, match="runs on ranks"):
+            llm.generate(prompts(), PARAMS)
+    finally:
+        engine.shutdown()
