@@ -21,6 +21,7 @@ def plot_timeline(result: PhaseResult, rows: list[dict], path: Path, title: str)
     axes[2].set_ylabel("output tok/s")
     if has_plan:
         _plans(axes[3], t, rows)
+    _transitions(axes, rows)
     axes[-1].set_xlabel("time since start (s)")
     axes[0].set_title(title)
     for ax in axes:
@@ -61,6 +62,16 @@ def _plans(ax, t, rows) -> None:
             drawstyle="steps-post", marker=".")
     ax.set_yticks(range(len(names)), names)
     ax.set_ylabel("plan")
+
+
+def _transitions(axes, rows) -> None:
+    """A dashed line on every panel where the server committed a layout transition."""
+    before = 0.0
+    for row in rows:
+        if row.get("transitions", 0.0) > before:
+            for ax in axes:
+                ax.axvline(row["t_s"], color="gray", linestyle="--", linewidth=0.8)
+        before = row.get("transitions", 0.0)
 
 
 def plot_sweep(points: list[tuple[float, dict]], path: Path, title: str) -> None:

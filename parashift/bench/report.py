@@ -10,7 +10,8 @@ from parashift.bench.runner import PhaseResult
 from parashift.bench.server_metrics import plan_per_interval
 
 TIMELINE_FIELDS = ("t_s", "in_flight", "started", "finished", "output_tok_per_s",
-                   "ttft_median_ms", "server_running", "server_waiting", "kv_usage", "plan")
+                   "ttft_median_ms", "server_running", "server_waiting", "kv_usage", "plan",
+                   "transitions", "transition_s")
 
 
 def build_timeline(result: PhaseResult, interval_s: float = 1.0) -> list[dict]:
@@ -44,15 +45,18 @@ def _client_view(records, lo: float, hi: float) -> dict:
 
 
 def _server_view(samples, t: float) -> dict:
+    """The server's gauges at `t`, and the transitions (count, seconds) committed so far."""
     latest = None
     for sample in samples:
         if sample.t > t:
             break
         latest = sample
     if latest is None:
-        return {"server_running": None, "server_waiting": None, "kv_usage": None}
+        return {"server_running": None, "server_waiting": None, "kv_usage": None,
+                "transitions": 0.0, "transition_s": 0.0}
     return {"server_running": latest.running, "server_waiting": latest.waiting,
-            "kv_usage": latest.kv_usage}
+            "kv_usage": latest.kv_usage, "transitions": latest.transitions,
+            "transition_s": latest.transition_s}
 
 
 def write_timeline_csv(rows: list[dict], path: Path) -> None:

@@ -10,6 +10,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 STEPS = "parashift_steps_total"
+TRANSITIONS = "parashift_transition_duration_seconds"
 GAUGES = {"parashift_num_requests_running": "running",
           "parashift_num_requests_waiting": "waiting",
           "parashift_kv_cache_usage_ratio": "kv_usage"}
@@ -22,6 +23,8 @@ class ServerSample:
     running: float | None = None
     waiting: float | None = None
     kv_usage: float | None = None
+    transitions: float = 0.0    # layout transitions committed so far
+    transition_s: float = 0.0   # their drain + prepare + cutover seconds so far
 
 
 def parse_sample(text: str, t: float) -> ServerSample:
@@ -33,6 +36,10 @@ def parse_sample(text: str, t: float) -> ServerSample:
                 sample.steps_by_plan[plan] = sample.steps_by_plan.get(plan, 0.0) + s.value
             elif s.name in GAUGES:
                 setattr(sample, GAUGES[s.name], s.value)
+            elif s.name == TRANSITIONS + "_count" and s.labels.get("phase") == "cutover":
+                sample.transitions += s.value
+            elif s.name == TRANSITIONS + "_sum":
+                sample.transition_s += s.value
     return sample
 
 

@@ -67,6 +67,19 @@ def test_parse_prometheus_sample():
     assert (sample.running, sample.waiting, sample.t) == (4.0, 1.0, 1.5)
 
 
+def test_parse_transitions():
+    text = ('parashift_transition_duration_seconds_count{kind="reshard",model_name="m",'
+            'phase="cutover"} 3.0\n'
+            'parashift_transition_duration_seconds_count{kind="reshard",model_name="m",'
+            'phase="drain"} 3.0\n'
+            'parashift_transition_duration_seconds_sum{kind="reshard",model_name="m",'
+            'phase="drain"} 0.25\n'
+            'parashift_transition_duration_seconds_sum{kind="reshard",model_name="m",'
+            'phase="cutover"} 0.05\n')
+    sample = parse_sample(text, 0.0)
+    assert sample.transitions == 3.0 and sample.transition_s == pytest.approx(0.3)
+
+
 def test_plan_per_interval_picks_the_busiest_plan():
     samples = [ServerSample(0.0, {"sp2": 0, "tp2": 0}), ServerSample(1.0, {"sp2": 9, "tp2": 1}),
                ServerSample(2.0, {"sp2": 9, "tp2": 6}), ServerSample(3.0, {"sp2": 9, "tp2": 6})]
@@ -83,3 +96,20 @@ def test_timeline_rows():
     assert sum(row["output_tok_per_s"] for row in rows) == pytest.approx(7)
     assert rows[0]["in_flight"] == pytest.approx(1.0) and rows[1]["in_flight"] == pytest.approx(1.5)
     assert rows[0]["ttft_median_ms"] == pytest.approx(500)
+
+
+def test_timeline_marks_transitions(tmp_path):
+    import matplotlib.pyplot as plt
+    from parashift.bench import plot
+    records = [record(0, 0.0, 0.5, 1.5, 3)]
+    samples = [ServerSample(0.0, {"sp2": 0}), ServerSample(1.0, {"sp2": 4}, transitions=1.0),
+               ServerSample(2.0, {"sp2": 5, "shift-tp2": 3}, transitions=2.0)]
+    result = PhaseResult(Phase("t0", None, []), records, 3.0, samples, None)
+    rows = build_timeline(result, 1.0)
+    assert [row["transitions"] for row in rows] == [1.0, 2.0, 2.0]
+    fig, axes = plt.subplots(2, 1)
+    plot._transitions(axes, rows)
+    assert [[line.get_xdata()[0] for line in ax.lines] for ax in axes] == [[0.0, 1.0]] * 2
+    plt.close(fig)
+    plot.plot_timeline(result, rows, tmp_path / "timeline.png", "t")
+    assert (tmp_path / "timeline.png").exists()
