@@ -62,13 +62,16 @@ def test_reshard_between_shift_plans_mid_generation(model, tmp_path):
     assert layout.plans[0].name() in ("sp2", "shift-tp2")
 
 
-def test_noop_on_one_group_while_another_serves(model, tmp_path):
+@pytest.mark.parametrize("layout, group, target", [("tp2,single", 1, "single@2"),
+                                                   ("single,single,tp2", 2, "tp2@2-3")])
+def test_noop_on_one_group_while_others_serve(model, tmp_path, layout, group, target):
+    """On 3 and 4 ranks: one group transitions again and again, the others keep serving."""
     model_dir, reference = model
-    outputs, records, layout, _ = run_with_transitions(
-        model_dir, tmp_path, 1, ["single@2"], "noop", layout="tp2,single")
+    outputs, records, final, _ = run_with_transitions(
+        model_dir, tmp_path, group, [target], "noop", layout=layout)
     assert_same(outputs, reference)
-    assert records and all(r.groups == (1,) for r in records)
-    assert layout.name() == "tp2,single@2"
+    assert records and all(r.groups == (group,) for r in records)
+    assert final.plans[group].name() == target
 
 
 def test_a_transition_the_engine_cannot_make_is_refused(model):
