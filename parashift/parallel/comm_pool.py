@@ -2,6 +2,7 @@
 may cover a subset of the node's ranks; every rank creates every group (torch needs
 each rank to call new_group for every group, in the same order)."""
 import logging
+import resource
 import time
 
 import torch
@@ -19,7 +20,7 @@ class CommunicatorPool:
         self.rank, self.world_size = rank, world_size
         self._groups: dict[tuple[int, ...], object] = {}
         self._fast: dict[tuple[int, ...], FastAllReduce] = {}
-        start = time.perf_counter()
+        start, rss_before = time.perf_counter(), _host_rss_bytes()
         for plan in plans:
             if max(plan.ranks) >= world_size:
                 raise ValueError(f"plan {plan.name()} uses ranks outside a world of {world_size}")
@@ -27,7 +28,12 @@ class CommunicatorPool:
                 for ranks in plan.groups(kind):
                     self._create(ranks, backend)
         self.startup_seconds = time.perf_counter() - start
-        logger.info("communicator pool: %d groups in %.3f s", len(self._groups), self.startup_seconds)
+        self.startup_host_bytes = _host_rss_bytes() - rss_before
+        if rank == 0:
+            logger.warning("communicator pool: %d process groups for %d plans in %.3f s, host "
+                           "memory +%.1f MiB on rank 0 (NCCL communicators are made on first "
+                           "use)", len(self._groups), len(plans), self.startup_seconds,
+                           self.startup_host_bytes / 2**20)
 
     def _create(self, ranks: tuple[int, ...], backend: str | None) -> None:
         key = tuple(sorted(ranks))
@@ -64,3 +70,8 @@ class CommunicatorPool:
             return self.handle(plan.group_of(kind, self.rank))
         return ParallelState(plan, self.rank, h("tp"), h("sp"), h("pp"), h("dp"),
                              self.handle(plan.vocab_group_of(self.rank)))
+
+
+def _host_rss_bytes() -> int:
+    """This process's peak resident memory (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -51,7 +51,10 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
         device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.master_port}",
                             rank=rank, world_size=world)
-    control = dist.new_group(backend="gloo")
+    # Each group agrees on its own KV block count (its ranks may hold other shards than
+    # another group's); every rank makes every group's control group, in layout order.
+    controls = [dist.new_group(list(plan.ranks), backend="gloo") for plan in spec.layout.plans]
+    control = controls[spec.layout.group_of_rank(rank)]
     plans = [*spec.layout.plans, *spec.other_plans]
     pool = CommunicatorPool(rank, world, plans)
     if spec.config.fast_all_reduce:

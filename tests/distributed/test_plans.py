@@ -126,3 +126,17 @@ def test_pipeline_keeps_a_step_in_flight_per_stage(model_dirs, references):
         assert most_in_flight == 2
     finally:
         engine.shutdown()
+
+
+def test_each_group_sizes_its_own_kv_pool(model_dirs, references):
+    """Under `tp2,single` a TP rank holds half the KV heads, so the same KV memory gives
+    its group twice the blocks of the single rank's group."""
+    block_bytes = 2 * 4 * 16 * 4 * 12 * 4  # K+V, 4 layers, 16 tokens, 4 KV heads of 12, fp32
+    options = {**COMMON, "layout": "tp2,single", "num_blocks": None,
+               "kv_cache_memory": 96 * block_bytes}
+    llm = LLM(model_dirs["gqa8x4"], **options)
+    try:
+        assert llm.llm_engine.executor.num_blocks == [192, 96]
+        assert_same(llm.generate(prompts(), PARAMS), references["gqa8x4"])
+    finally:
+        llm.llm_engine.shutdown()
