@@ -1,4 +1,9 @@
-"""Offline API in the shape of vLLM's `LLM`."""
+"""Offline API in the shape of vLLM's `LLM`.
+
+`llm.shutdown()`, leaving `with LLM(...) as llm:`, or dropping the last reference
+(`del llm`) stops the worker processes and releases the model and its KV cache
+(GPU memory included), so another `LLM` can start in the same process."""
+import gc
 import itertools
 
 from tqdm import tqdm
@@ -13,11 +18,44 @@ Prompt = str | list[int]
 
 class LLM:
     def __init__(self, model: str | None = None, **engine_options):
+        self.llm_engine: LLMEngine | None = None  # set first: __del__ runs if the engine fails
         self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **engine_options))
         self._request_counter = itertools.count()
 
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def __del__(self):
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001 - at interpreter exit the modules may be gone
+            pass
+
+    @property
+    def is_shut_down(self) -> bool:
+        return self.llm_engine is None
+
+    def shutdown(self) -> None:
+        """Stops the workers and frees the model and KV cache; idempotent. The LLM
+        cannot generate afterwards."""
+        engine, self.llm_engine = self.llm_engine, None
+        if engine is None:
+            return
+        engine.shutdown()
+        del engine
+        gc.collect()  # the engine's own reference cycles hold the model's tensors
+        _release_device_memory()
+
+    def _engine(self) -> LLMEngine:
+        if self.llm_engine is None:
+            raise RuntimeError("this LLM has been shut down; create a new one")
+        return self.llm_engine
+
     def get_tokenizer(self):
-        return self.llm_engine.tokenizer
+        return self._engine().tokenizer
 
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -34,11 +72,11 @@ class LLM:
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = False) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.llm_engine.apply_chat_template(c) for c in conversations]
+        prompts = [self._engine().apply_chat_template(c) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _add_all(self, prompts, params, priority) -> list[str]:
-        engine = self.llm_engine
+        engine = self._engine()
         request_ids = []
         try:  # validate everything before anything runs: a bad prompt leaves no stray requests
             for prompt, p, prio in zip(prompts, params, priority):
@@ -63,6 +101,13 @@ class LLM:
                     bar.update(1)
         bar.close()
         return [finished[r] for r in request_ids]
+
+
+def _release_device_memory() -> None:
+    """Returns the cached blocks of a CUDA device this process used to the driver."""
+    import torch
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:
