@@ -28,11 +28,27 @@ def _add_optional_commands(subparsers) -> None:
         _add_unavailable(subparsers, "bench", e)
 
 
+# What a command that failed to import needs: (the words, the pip extras).
+EXTRAS = {"serve": ("the serve extra", "serve"), "bench": ("the serve and bench extras",
+                                                          "serve,bench")}
+
+
+def _install_command(name: str) -> str:
+    return f"pip install 'parashift[{EXTRAS[name][1]}]'"
+
+
+def _missing_extra(name: str, error: ImportError) -> SystemExit:
+    return SystemExit(f"parashift {name} needs {EXTRAS[name][0]}, which is not installed "
+                      f"({error.name or error} is missing): {_install_command(name)}")
+
+
 def _add_unavailable(subparsers, name: str, error: ImportError) -> None:
     def fail(args):
-        raise SystemExit(f"parashift {name} is unavailable: {error} "
-                         "(install the extra: pip install 'parashift[serve,bench]')")
-    p = subparsers.add_parser(name, help=f"(unavailable: {error.name} is not installed)")
+        raise _missing_extra(name, error)
+    # No options of its own (no prefix characters): every argument, --model or --help
+    # included, lands in `rest`, so any `parashift serve ...` gets the message.
+    p = subparsers.add_parser(name, help=f"(unavailable: {_install_command(name)})",
+                              add_help=False, prefix_chars="\0")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=fail)
 
@@ -41,6 +57,10 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
+    except ImportError as e:  # a module of an extra that serve or bench imports late
+        if args.command not in EXTRAS:
+            raise
+        raise _missing_extra(args.command, e) from None
     except (ValueError, FileNotFoundError) as e:
         print(f"parashift {args.command}: error: {e}", file=sys.stderr)
         sys.exit(2)

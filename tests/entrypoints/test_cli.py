@@ -1,5 +1,7 @@
 """The `parashift` command line: generate (arguments and JSONL), plan, --help."""
 import json
+import pathlib
+import sys
 
 import pytest
 
@@ -66,3 +68,46 @@ def test_cuda_graph_flags(flags, expected):
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     assert engine_config_from_args(parser.parse_args(flags)).cuda_graphs is expected
+
+
+def without(monkeypatch, module: str, *importers: str) -> None:
+    """Makes `import module` fail as on a machine without it (as `pip install parashift`
+    leaves fastapi out); `importers` are dropped from the cache so they import it again."""
+    monkeypatch.setitem(sys.modules, module, None)
+    for name in importers:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+@pytest.mark.parametrize("argv", [["serve"], ["serve", "--model", "m", "--port", "1"],
+                                  ["serve", "--help"]])
+def test_serve_without_its_extra_names_the_extra(monkeypatch, capsys, argv):
+    """Issue 18: `parashift serve --model ...` said "unrecognized arguments: --model"."""
+    without(monkeypatch, "fastapi", "parashift.entrypoints.openai.cli_args",
+            "parashift.entrypoints.openai.auth")
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == ("parashift serve needs the serve extra, which is not "
+                                    "installed (fastapi is missing): pip install "
+                                    "'parashift[serve]'")
+
+
+def test_bench_without_its_extras_names_them(monkeypatch):
+    without(monkeypatch, "httpx", "parashift.bench.cli", "parashift.bench.serve",
+            "parashift.bench.client", "parashift.bench.runner", "parashift.bench.server_metrics")
+    with pytest.raises(SystemExit, match=r"needs the serve and bench extras.*httpx.*"
+                                         r"pip install 'parashift\[serve,bench\]'$"):
+        main(["bench", "serve", "--workload", "interactive"])
+
+
+def test_version_is_the_installed_one_or_pyproject(monkeypatch):
+    import tomllib
+    from importlib import metadata
+
+    import parashift
+    assert parashift.__version__ == metadata.version("parashift")
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(metadata, "version", not_installed)
+    with open(pathlib.Path(parashift.__file__).parent.parent / "pyproject.toml", "rb") as f:
+        assert parashift._version() == tomllib.load(f)["project"]["version"]

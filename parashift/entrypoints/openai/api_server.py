@@ -1,6 +1,5 @@
 """The FastAPI app: routes, auth, error handlers and the engine's lifespan."""
 import contextlib
-from importlib import metadata
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse, Response
@@ -60,14 +59,8 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
 
 
 def server_version() -> str:
-    """parashift.__version__ if the package sets one, else the installed version."""
-    version = getattr(parashift, "__version__", None)
-    if version:
-        return str(version)
-    try:
-        return metadata.version("parashift")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    """What /version and /openapi.json give: parashift.__version__."""
+    return parashift.__version__
 
 
 def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIRouter:

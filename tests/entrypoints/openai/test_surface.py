@@ -6,6 +6,7 @@ import httpx
 import openai
 import pytest
 
+import parashift
 from parashift.config import EngineConfig
 from parashift.engine.llm_engine import LLMEngine
 from tests.engine.conftest import save_tiny_llama
@@ -85,8 +86,10 @@ def test_token_routes_check_the_model(http):
         assert error["code"] == "model_not_found"
 
 
-def test_version_and_ping(http):
+def test_version_and_ping(http, monkeypatch):
     assert http.get("/version").json() == {"version": metadata.version("parashift")}
+    monkeypatch.setattr(parashift, "__version__", "9.9.9")  # /version is parashift.__version__
+    assert http.get("/version").json() == {"version": "9.9.9"}
     for method in ("GET", "POST"):
         response = http.request(method, "/ping")
         assert response.status_code == 200 and response.json() == {"status": "ok"}
