@@ -54,7 +54,8 @@ def main():
     args = p.parse_args()
     longest = max(args.prompt_lens)
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=longest + 16,
-              max_num_batched_tokens=longest, skip_tokenizer_init=True,
+              max_num_batched_tokens=longest, long_prefill_token_threshold=0,
+              skip_tokenizer_init=True,
               enable_prefix_caching=False, cuda_graphs=args.cuda_graphs)
     model = llm.llm_engine.runner.model
     rows = []

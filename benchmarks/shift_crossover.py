@@ -120,6 +120,7 @@ def main():
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, skip_tokenizer_init=True,
               max_model_len=args.max_model_len or max([args.context + 1024, *args.prefill_tokens]) + 16,
               max_num_batched_tokens=max([8192, *args.prefill_tokens]),
+              long_prefill_token_threshold=0,  # each timed prefill in one step
               max_num_seqs=max(args.tokens),
               enable_prefix_caching=False, parallel_policy="shift",
               sequence_parallel_size=args.sequence_parallel_size,

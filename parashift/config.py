@@ -31,8 +31,8 @@ class EngineConfig:
     dtype: str = "auto"
     max_model_len: int | None = None         # default: the model's max_position_embeddings
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    long_prefill_token_threshold: int = 0
+    max_num_batched_tokens: int | None = None       # step token budget; None: by device
+    long_prefill_token_threshold: int | None = None  # one request's cap per step; None: budget/2
     enable_prefix_caching: bool = True
     seed: int = 0
     block_size: int = 16
@@ -67,10 +67,15 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
+        for name in ("max_num_seqs", "block_size", "tensor_parallel_size",
                      "sequence_parallel_size", "data_parallel_size", "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0 (0: no cap), got "
+                             f"{self.long_prefill_token_threshold}")
         for name in ("max_model_len", "num_blocks", "kv_cache_memory"):
             value = getattr(self, name)
             if value is not None and value < 1:

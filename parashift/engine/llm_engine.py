@@ -1,4 +1,5 @@
 """The engine loop: requests in, one scheduled step at a time, outputs out."""
+import dataclasses
 import json
 import logging
 import time
@@ -57,6 +58,7 @@ class LLMEngine:
         self.vocab_size = hf_config.vocab_size
         self.max_model_len = _resolve_max_model_len(config, hf_config)
         self.device = _resolve_device(config.device)
+        self.config = config = _with_step_budget(config, self.device)
         self.dtype = _resolve_dtype(config.dtype, hf_config, self.device)
         self.layout = config.node_layout  # the starting layout: each rank's weights and KV
         self.policy = make_policy(config, self.layout)
@@ -358,6 +360,22 @@ def _async_scheduling(config: EngineConfig, layout) -> bool:
         raise ValueError(f"async_scheduling does not work with pipeline parallelism "
                          f"(plan {pipelined[0]})")
     return config.async_scheduling
+
+
+# A step's token budget by device, when not given. On the CPU a long prompt's step blocks every
+# other request for its whole duration: SmolLM2 prefill steps of 512 tokens took 1-2.5 s on two
+# busy cores, one of 4096 tokens 18 s (2026-11-23). GPUs: 8192 (docs/benchmarks.md).
+DEFAULT_STEP_TOKENS = {"cpu": 512, "cuda": 8192}
+
+
+def _with_step_budget(config: EngineConfig, device: torch.device) -> EngineConfig:
+    """The budget, and a per-request cap of half of it by default, so that one long prompt
+    leaves half of every step to the requests behind it (they wait one step, not its whole
+    prefill)."""
+    budget = config.max_num_batched_tokens or DEFAULT_STEP_TOKENS.get(device.type, 8192)
+    cap = config.long_prefill_token_threshold
+    return dataclasses.replace(config, max_num_batched_tokens=budget,
+                               long_prefill_token_threshold=max(1, budget // 2) if cap is None else cap)
 
 
 def _resolve_device(device: str) -> torch.device:

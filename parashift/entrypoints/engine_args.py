@@ -11,9 +11,11 @@ ENGINE_FLAGS = {
     "--dtype": ("dtype", str, "auto | float32 | bfloat16 | float16"),
     "--max-model-len": ("max_model_len", int, "context window (default: the model's)"),
     "--max-num-seqs": ("max_num_seqs", int, "most sequences in one step"),
-    "--max-num-batched-tokens": ("max_num_batched_tokens", int, "token budget of one step"),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int, "token budget of one step "
+                                 "(None: 8192 on GPUs, 512 on the CPU)"),
     "--long-prefill-token-threshold": ("long_prefill_token_threshold", int,
-                                       "cap on one request's prefill chunk (0: none)"),
+                                       "cap on one request's prefill chunk (0: none; "
+                                       "None: half the step budget)"),
     "--seed": ("seed", int, "seed of the engine's sampler and random weights"),
     "--block-size": ("block_size", int, "tokens per KV block"),
     "--num-blocks": ("num_blocks", int, "KV pool size in blocks (overrides memory sizing)"),

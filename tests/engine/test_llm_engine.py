@@ -169,3 +169,31 @@ def test_padded_steps_give_identical_output(tiny_llama_dir, reference, monkeypat
 def test_cuda_graphs_default_to_off_where_impossible(tiny_llama_dir):
     llm = tiny_llm(tiny_llama_dir)
     assert llm.llm_engine.config.cuda_graphs is None and llm.llm_engine.runner.graphs is None
+
+
+def test_a_long_prompt_leaves_room_for_the_requests_behind_it(tiny_llama_dir):
+    """Head-of-line blocking is bounded by one step: with a budget of 64 tokens a long
+    prompt takes at most half of each step (the default cap), so a 2-token request added
+    after it gets its first token in its first step, long before the prompt's prefill ends."""
+    llm = tiny_llm(tiny_llama_dir, max_num_batched_tokens=64, max_model_len=512)
+    engine = llm.llm_engine
+    assert engine.config.long_prefill_token_threshold == 32
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    engine.add_request("long", list(range(1, 401)), params)
+    engine.step()  # the long prompt starts
+    engine.add_request("short", [5, 6], params)
+    steps_to_short = steps = 0
+    while engine.has_unfinished_requests():
+        steps += 1
+        outputs = {o.request_id: o for o in engine.step()}
+        if "short" in outputs and not steps_to_short:
+            steps_to_short = steps
+    assert steps_to_short <= 2 and steps >= 12  # the long prompt needs 400 / 32 steps
+
+
+def test_step_budget_defaults_by_device(tiny_llama_dir):
+    engine = tiny_llm(tiny_llama_dir).llm_engine
+    assert (engine.config.max_num_batched_tokens, engine.config.long_prefill_token_threshold) \
+        == (512, 256)
+    engine = tiny_llm(tiny_llama_dir, long_prefill_token_threshold=0).llm_engine
+    assert engine.config.long_prefill_token_threshold == 0  # no cap, as asked
