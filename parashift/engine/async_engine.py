@@ -6,7 +6,10 @@ with `loop.call_soon_threadsafe`. HTTP handling therefore never stalls a step,
 and a long step never stalls HTTP handling.
 
 If a step raises, the engine is dead: every pending request fails with
-`EngineDeadError` and new ones are refused (the server's /health turns 503)."""
+`EngineDeadError` and new ones are refused (the server's /health turns 503).
+While idle the thread checks the engine's health (its worker processes) on every
+wake-up, at least every `IDLE_WAKE_S`, so a rank that dies with no request in
+flight kills the engine within about a second too."""
 import asyncio
 import logging
 import queue
@@ -15,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
+from parashift.executor.multiproc import WorkerFailure
 from parashift.outputs import RequestOutput
 from parashift.sampling_params import SamplingParams
 
@@ -75,6 +79,7 @@ class _Abort:
 
 
 _STOP = object()
+IDLE_WAKE_S = 0.5  # an idle engine thread wakes this often (to check the engine's health)
 
 
 class AsyncLLMEngine:
@@ -91,6 +96,7 @@ class AsyncLLMEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._dead: EngineDeadError | None = None
+        self._death_callbacks: list = []
         self._stopping = False
         self._count_lock = threading.Lock()
         self._num_unsent_adds = 0  # adds queued for the engine thread, not yet handed over
@@ -116,6 +122,11 @@ class AsyncLLMEngine:
         self._commands.put(_STOP)
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, timeout)
+
+    def on_death(self, callback) -> None:
+        """Calls `callback()` in the event loop once the engine has died (after its
+        requests failed); the CLI server stops on it, to exit non-zero."""
+        self._death_callbacks.append(callback)
 
     @property
     def is_running(self) -> bool:
@@ -256,6 +267,8 @@ class AsyncLLMEngine:
                 idle = not self.engine.has_unfinished_requests()
                 if not self._apply_commands(block=idle):
                     break
+                if idle:
+                    self.engine.check_health()  # a dead worker is noticed with no step to fail
                 if not self.engine.has_unfinished_requests():
                     continue
                 outputs = self.engine.step()
@@ -268,7 +281,8 @@ class AsyncLLMEngine:
     def _apply_commands(self, block: bool) -> bool:
         """Applies queued commands; False once told to stop."""
         try:
-            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+            command = (self._commands.get(timeout=IDLE_WAKE_S) if block
+                       else self._commands.get_nowait())
         except queue.Empty:
             return not self._stopping
         while True:
@@ -336,10 +350,25 @@ class AsyncLLMEngine:
 
     def _die(self, exc: BaseException) -> None:
         logger.error("engine loop failed; the engine is dead", exc_info=exc)
-        self._dead = EngineDeadError(f"the engine failed ({type(exc).__name__}) and cannot "
-                                     "serve requests; see the server log")
+        self._dead = _dead_error(exc)
         self._abort_remaining()  # best effort: frees the blocks of a still usable engine
         try:
-            self._loop.call_soon_threadsafe(self._fail_all, self._dead)
+            self._loop.call_soon_threadsafe(self._after_death)
         except RuntimeError:
             pass  # the event loop is already closed
+
+    def _after_death(self) -> None:
+        self._fail_all(self._dead)
+        for callback in self._death_callbacks:
+            callback()
+
+
+def _dead_error(exc: BaseException) -> EngineDeadError:
+    """What clients read of why the engine died: the exception's type, or for a worker
+    failure the line naming the rank and how it ended (our own words; a worker's
+    traceback, which can hold paths, follows on later lines and stays in the log)."""
+    if isinstance(exc, WorkerFailure):
+        return EngineDeadError(f"the engine failed: {str(exc).splitlines()[0].rstrip(':')}; "
+                               "it cannot serve requests (see the server log)")
+    return EngineDeadError(f"the engine failed ({type(exc).__name__}) and cannot serve "
+                           "requests; see the server log")

@@ -94,7 +94,8 @@ class LLMEngine:
         others = tuple(p for p in self.policy_plans if p not in self.layout.plans)
         spec = WorkerSpec(self.config, hf_config, source, self.layout, self.device.type,
                           self.dtype, self.max_model_len, master_port=0, other_plans=others)
-        return MultiprocExecutor(spec, self.config.worker_timeout_s)
+        return MultiprocExecutor(spec, self.config.worker_timeout_s,
+                                 self.config.worker_heartbeat_timeout_s)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -159,6 +160,11 @@ class LLMEngine:
         replica = self._replica_of.get(request_id)
         if replica is not None and replica.scheduler.abort(request_id) is not None:
             self._release(replica, request_id)
+
+    def check_health(self) -> None:
+        """Raises WorkerFailure once a worker process has died or stopped answering (its
+        heartbeat is older than `worker_heartbeat_timeout_s`); cheap, for idle loops."""
+        self.executor.check_health()
 
     def has_unfinished_requests(self) -> bool:
         return any(r.scheduler.has_unfinished() for r in self.replicas)

@@ -36,6 +36,9 @@ ENGINE_FLAGS = {
     "--timeline-file": ("timeline_file", str, "write one JSON line per step (plan, tokens, time)"),
     "--worker-timeout-s": ("worker_timeout_s", float, "fail the engine when a step or a worker's "
                                                      "start takes longer"),
+    "--worker-heartbeat-timeout-s": ("worker_heartbeat_timeout_s", float,
+                                     "a worker whose heartbeat is this old is dead: the "
+                                     "engine fails (a server exits non-zero)"),
 }
 
 

@@ -25,6 +25,9 @@ class UniprocExecutor:
         """The oldest launched step's result."""
         return [(0, self._pending.popleft().result())]
 
+    def check_health(self) -> None:
+        """Nothing to watch: the device runs in this process."""
+
     def transition(self, ranks: list[int], verb: str, plan_names: list[str]) -> float:
         """One phase of a transition on these ranks (here: the one); its slowest seconds."""
         return max(self.runner.transition(verb, name) for name in plan_names)

@@ -3,6 +3,8 @@ the model and KV pool under its plan, then runs steps sent by the executor."""
 import gc
 import os
 import pickle
+import threading
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
@@ -31,7 +33,14 @@ class WorkerSpec:
     other_plans: tuple[Plan, ...] = ()  # plans a step may switch to (besides the layout's)
 
 
-def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
+HEARTBEAT_INTERVAL_S = 0.5
+
+
+def worker_main(rank: int, spec: WorkerSpec, conn, heartbeats) -> None:
+    """`heartbeats` is shared memory, one `time.monotonic()` slot per rank (the clock is
+    system-wide): this rank stamps its slot until the process ends or stops."""
+    threading.Thread(target=_beat, args=(heartbeats, rank), name="parashift-heartbeat",
+                     daemon=True).start()
     try:
         runner = _start(rank, spec)
         conn.send(("ready", runner.num_blocks, runner.load_seconds))
@@ -39,6 +48,14 @@ def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
         conn.send(("error", traceback.format_exc()))
         return
     _serve(runner, conn)
+
+
+def _beat(heartbeats, rank: int) -> None:
+    """A thread of its own, so a long step does not stop it (torch ops release the GIL)
+    while a stopped or frozen process does: the executor reads the age of the stamp."""
+    while True:
+        heartbeats[rank] = time.monotonic()
+        time.sleep(HEARTBEAT_INTERVAL_S)
 
 
 def _start(rank: int, spec: WorkerSpec) -> ModelRunner:

@@ -111,3 +111,19 @@ def test_version_is_the_installed_one_or_pyproject(monkeypatch):
     monkeypatch.setattr(metadata, "version", not_installed)
     with open(pathlib.Path(parashift.__file__).parent.parent / "pyproject.toml", "rb") as f:
         assert parashift._version() == tomllib.load(f)["project"]["version"]
+
+
+def test_worker_heartbeat_timeout_flag_and_its_range():
+    import argparse
+
+    from parashift.config import EngineConfig
+    from parashift.entrypoints.engine_args import add_engine_args, engine_config_from_args
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    config = engine_config_from_args(parser.parse_args(["--worker-heartbeat-timeout-s", "3"]))
+    assert config.worker_heartbeat_timeout_s == 3.0
+    for bad in (0.5, float("nan")):
+        with pytest.raises(ValueError, match="worker_heartbeat_timeout_s must be >= 1"):
+            EngineConfig(worker_heartbeat_timeout_s=bad)
+    with pytest.raises(ValueError, match="worker_timeout_s must be > 0"):
+        EngineConfig(worker_timeout_s=0)

@@ -3,7 +3,8 @@
 `add_serve_args(subparsers)` adds the `serve` sub-command with the server flags
 and the engine flags (from `parashift.entrypoints.engine_args`); adding the
 engine flags again is harmless (conflicts resolve to the last definition).
-`run_serve(args)` builds the engine and serves until SIGTERM/SIGINT."""
+`run_serve(args)` builds the engine and serves until SIGTERM/SIGINT, or until the
+engine dies (a worker died or stopped answering): then it exits with code 1."""
 import argparse
 import logging
 import sys
@@ -73,6 +74,10 @@ def run_serve(args: argparse.Namespace, engine_config_from_args=None) -> None:
     _say(f"serving {engine.model_name} on http://{config.host}:{config.port} ({auth}; "
          f"max_model_len {engine.max_model_len})")
     run_server(app, config)
+    dead = app.state.async_engine.dead_error
+    if dead is not None:
+        _say(f"exiting: {dead}")
+        sys.exit(1)
 
 
 def _say(message: str) -> None:

@@ -34,8 +34,14 @@ def make_server(app, config: ServerConfig, **overrides) -> DrainingServer:
 
 
 def run_server(app, config: ServerConfig) -> None:
-    """Serves until SIGTERM/SIGINT, then drains and returns."""
-    make_server(app, config).run()
+    """Serves until SIGTERM/SIGINT, or until the engine dies (as vLLM's server: a
+    supervisor restarts a process that exits, not one that answers 503 forever), then
+    drains and returns; the caller exits non-zero if the engine died."""
+    server = make_server(app, config)
+    engine = getattr(app.state, "async_engine", None)
+    if engine is not None:
+        engine.on_death(lambda: setattr(server, "should_exit", True))
+    server.run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
