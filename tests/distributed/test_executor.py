@@ -176,7 +176,8 @@ def test_a_long_step_keeps_the_heartbeat(tmp_path):
                             num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
                             max_position_embeddings=LONG_PROMPT + 16)
     llm = LLM(model, device="cpu", dtype="float32", skip_tokenizer_init=True, num_blocks=160,
-              tensor_parallel_size=2, worker_heartbeat_timeout_s=1)
+              tensor_parallel_size=2, worker_heartbeat_timeout_s=1,
+              max_num_batched_tokens=LONG_PROMPT, long_prefill_token_threshold=0)  # one step
     try:
         prompt = [1 + i % 500 for i in range(LONG_PROMPT)]
         out = llm.generate([prompt], SamplingParams(max_tokens=1))
