@@ -74,37 +74,28 @@ def test_noop_on_one_group_while_others_serve(model, tmp_path, layout, group, ta
     assert final.plans[group].name() == target
 
 
-def test_a_transition_the_engine_cannot_make_is_refused(model):
-    model_dir, _ = model
+def assert_refused(model_dir, decision: Decision, message: str) -> None:
+    """An engine whose policy always answers `decision` refuses it with `message`."""
     llm = LLM(model_dir, **COMMON)
     engine = llm.llm_engine
 
-    class Merge:
-        name, plans = "merge", engine.policy_plans
+    class Fixed:
+        name, plans = "fixed", engine.policy_plans
 
         def decide(self, view):
-            return Decision(("single",), (Transition("merge", (0,), ("single",)),))
+            return decision
     try:
-        engine.set_policy(Merge())
-        with pytest.raises(ValueError, match="Flying Serving"):
+        engine.set_policy(Fixed())
+        with pytest.raises(ValueError, match=message):
             llm.generate(prompts(), PARAMS)
     finally:
         engine.shutdown()
+
+
+def test_a_transition_the_engine_cannot_make_is_refused(model):
+    merge = Transition("merge", (0,), ("single",))
+    assert_refused(model[0], Decision(("single",), (merge,)), "Flying Serving")
 
 
 def test_a_plan_that_does_not_run_on_the_group_is_refused(model):
-    model_dir, _ = model
-    llm = LLM(model_dir, **COMMON)
-    engine = llm.llm_engine
-
-    class Elsewhere:
-        name, plans = "elsewhere", engine.policy_plans
-
-        def decide(self, view):
-            return Decision(("single@1",))
-    try:
-        engine.set_policy(Elsewhere())
-        with pytest.raises(ValueError, match="runs on ranks"):
-            llm.generate(prompts(), PARAMS)
-    finally:
-        engine.shutdown()
+    assert_refused(model[0], Decision(("single@1",)), "runs on ranks")
