@@ -46,7 +46,7 @@ def check(transition: Transition, layout: Layout, plan_names: set[str]) -> None:
     if transition.kind in ("merge", "split") or len(transition.target) != len(transition.groups):
         raise ValueError(f"a {transition.kind} changes the ranks of groups: it needs the "
                          "Flying Serving weight and KV layouts, not built yet")
-    for group, name in zip(transition.groups, transition.target):
+    for name in transition.target:
         if name not in plan_names:
             raise ValueError(f"transition target {name} was not made at start-up")
 
