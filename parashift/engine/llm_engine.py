@@ -204,7 +204,8 @@ class LLMEngine:
                          and r.group not in paused]
         if not open_replicas:
             return False
-        decision = self.policy.decide(self.view())
+        reads_view = getattr(self.policy, "reads_view", True)
+        decision = self.policy.decide(self.view() if reads_view else NodeView(()))
         if decision.transitions:
             self.transitions.request(decision.transitions, self.layout,
                                      {p.name() for p in self.policy_plans})

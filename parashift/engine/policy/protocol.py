@@ -51,6 +51,9 @@ class Policy(Protocol):
     # Every plan it may pick (made on every rank at start-up); the plans of the starting
     # layout come first, in group order: they fix each rank's weights and KV layout.
     plans: list[Plan]
+    # False where decide() ignores the view (static): the engine then skips building it, which
+    # walks every running request each step. Policies without the attribute get a view.
+    reads_view: bool
 
     def decide(self, view: NodeView) -> Decision: ...
 

@@ -5,6 +5,7 @@ from parashift.parallel.layout import Layout
 
 class StaticPolicy:
     name = "static"
+    reads_view = False  # each group keeps its plan whatever it holds
 
     def __init__(self, layout: Layout):
         self.plans = list(layout.plans)
