@@ -51,11 +51,13 @@ class EngineConfig:
     worker_heartbeat_timeout_s: float = 10.0  # a worker silent this long is dead (stopped, hung)
     # (a worker beats every 0.5 s from a thread of its own, through long steps too: torch ops
     # release the GIL; 10 s leaves room for a kernel compile that holds it for a few seconds)
-    parallel_policy: str = "static"          # static | shift
+    parallel_policy: str = "static"          # static | shift | flying
     shift_threshold: int = 256               # shift policy: steps of at most this many tokens use TP
     # (256: the crossover measured on 2xH200, docs/benchmarks.md: for the 8B shape the shift
     # plan wins decode steps up to 256 sequences and loses at 512; Qwen3-32B's wins to 1024)
     shift_weights: str = "reorder"           # shift policy: reorder | slice | separate
+    flying_merge_running: int = 4            # flying policy: merge at or below this many running
+    flying_dwell_s: float = 2.0              # flying policy: least seconds between transitions
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
     cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
@@ -83,8 +85,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.parallel_policy not in ("static", "shift"):
-            raise ValueError(f"parallel_policy must be static or shift, got {self.parallel_policy!r}")
+        if self.parallel_policy not in ("static", "shift", "flying"):
+            raise ValueError("parallel_policy must be static, shift or flying, got "
+                             f"{self.parallel_policy!r}")
         if self.shift_weights not in ("reorder", "slice", "separate"):
             raise ValueError("shift_weights must be reorder, slice or separate, "
                              f"got {self.shift_weights!r}")

@@ -15,10 +15,12 @@ from parashift.engine.policy import GroupView, NodeView, Policy, make_policy
 from parashift.engine.replica import Replica, combine_views
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
 from parashift.engine.sequence import Sequence
-from parashift.engine.transitions import TransitionRecord, Transitions, target_layout
+from parashift.engine.transitions import (TransitionRecord, Transitions, changes_partition,
+                                          check)
 from parashift.executor.multiproc import MultiprocExecutor
 from parashift.executor.uniproc import UniprocExecutor
 from parashift.kv.block_manager import BlockManager
+from parashift.kv.views import tokens_per_block
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.loader.tokenizer import load_tokenizer
 from parashift.outputs import CompletionOutput, RequestOutput
@@ -61,23 +63,25 @@ class LLMEngine:
         self.config = config = _with_step_budget(config, self.device)
         self.dtype = _resolve_dtype(config.dtype, hf_config, self.device)
         self.layout = config.node_layout  # the starting layout: each rank's weights and KV
-        self.policy = make_policy(config, self.layout)
+        self.policy = make_policy(config, self.layout, hf_config)
         self.policy_plans = list(self.policy.plans)  # made on every rank at start-up
-        self._plan_ranks = {p.name(): p.ranks for p in self.policy_plans}
+        self._plans_by_name = {p.name(): p for p in self.policy_plans}
+        # the plan each rank loaded its weights and laid its KV pool out for
+        self._loaded = {r: plan.loaded_plan(r) for plan in self.layout.plans for r in plan.ranks}
+        self._kv_heads = hf_config.num_key_value_heads
         self.transitions = Transitions()
+        self._epoch = 0  # transitions committed
         self._transition_records: deque[TransitionRecord] = deque(maxlen=10_000)
         self._timeline = open(config.timeline_file, "a") if config.timeline_file else None
         self._step_records: deque[StepRecord] = deque(maxlen=10_000)
         self.executor = self._start_executor(hf_config, source)
         self._finalizer = weakref.finalize(self, self.executor.shutdown)  # no orphan workers
-        eos_ids = _eos_token_ids(hf_config, self.tokenizer, source)
-        scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                           self.max_model_len, config.long_prefill_token_threshold)
-        self.replicas = [Replica(BlockManager(n, config.block_size, config.enable_prefix_caching),
-                                 scheduler_config, eos_ids, offset, group)
-                         for n, offset, group in zip(self.executor.num_blocks,
-                                                     self.executor.block_offsets,
-                                                     self.executor.replica_groups)]
+        self._eos_ids = _eos_token_ids(hf_config, self.tokenizer, source)
+        self._scheduler_config = SchedulerConfig(
+            config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
+            config.long_prefill_token_threshold)
+        self.replicas = [self._make_replica(group, n, offset) for n, offset, group in zip(
+            self.executor.num_blocks, self.executor.block_offsets, self.executor.replica_groups)]
         self._replica_of: dict[str, Replica] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer | None] = {}
         self._num_preemptions = 0
@@ -96,6 +100,14 @@ class LLMEngine:
                           self.dtype, self.max_model_len, master_port=0, other_plans=others)
         return MultiprocExecutor(spec, self.config.worker_timeout_s,
                                  self.config.worker_heartbeat_timeout_s)
+
+    def _make_replica(self, group: int, num_blocks: int, block_offset: int) -> Replica:
+        """A replica of `group` over its ranks' pool, in the blocks its plan reads."""
+        plan = self.layout.plans[group]
+        block_size = tokens_per_block(plan, self._loaded[plan.ranks[0]], self._kv_heads,
+                                      self.config.block_size)
+        blocks = BlockManager(num_blocks, block_size, self.config.enable_prefix_caching)
+        return Replica(blocks, self._scheduler_config, self._eos_ids, block_offset, group)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -207,8 +219,7 @@ class LLMEngine:
         reads_view = getattr(self.policy, "reads_view", True)
         decision = self.policy.decide(self.view() if reads_view else NodeView(()))
         if decision.transitions:
-            self.transitions.request(decision.transitions, self.layout,
-                                     {p.name() for p in self.policy_plans})
+            self.transitions.request(decision.transitions, self.layout, self._plans_by_name)
             paused = self.transitions.paused_groups()
             open_replicas = [i for i in open_replicas if self.replicas[i].group not in paused]
         submitted = False
@@ -219,7 +230,8 @@ class LLMEngine:
             if sched.is_empty:
                 continue
             plan = decision.plans[replica.group]
-            if self._plan_ranks.get(plan) != self.layout.plans[replica.group].ranks:
+            chosen = self._plans_by_name.get(plan)
+            if chosen is None or chosen.ranks != self.layout.plans[replica.group].ranks:
                 raise ValueError(f"the policy chose plan {plan!r} for group {replica.group}, "
                                  f"which runs on ranks {list(self.layout.plans[replica.group].ranks)}")
             self.executor.submit(index, replica.step_batch(sched, plan))
@@ -237,22 +249,53 @@ class LLMEngine:
     def _commit(self, pending) -> None:
         transition = pending.transition
         drain_s = time.monotonic() - pending.requested_at
-        layout = target_layout(self.layout, transition, {p.name(): p for p in self.policy_plans})
-        ranks = [r for g in transition.groups for r in layout.plans[g].ranks]
+        layout = check(transition, self.layout, self._plans_by_name)
+        ranks = sorted(r for g in transition.groups for r in self.layout.plans[g].ranks)
         names = [layout.plans[layout.group_of_rank(r)].name() for r in ranks]
-        prepare_s = self.executor.transition(ranks, "prepare", names)
+        self._epoch += 1
+        prepare_s = self.executor.transition(ranks, "prepare", names, self._epoch)
         start = time.perf_counter()
-        self.executor.transition(ranks, "commit", names)
+        self.executor.transition(ranks, "commit", names, self._epoch)
+        if changes_partition(transition):
+            moved, reprefilled = self._regroup(transition.groups, layout)
+        else:  # each group keeps its ranks: its replicas, with their block tables, run the new plan
+            moved = sum(r.load for r in self.replicas if r.group in transition.groups)
+            reprefilled = 0
         self.layout = layout
-        # Each group keeps its ranks: its replicas, with their block tables, now run the
-        # new plan (merges and splits, which move requests between ranks, are refused).
-        moved = sum(r.load for r in self.replicas if r.group in transition.groups)
         record = TransitionRecord(time.time(), transition.kind, transition.groups,
                                   transition.target, drain_s, prepare_s,
-                                  time.perf_counter() - start, moved, 0)
+                                  time.perf_counter() - start, moved, reprefilled)
         self._transition_records.append(record)
         if self._timeline is not None:
             self._timeline.write(json.dumps({"transition": asdict(record)}) + "\n")
+
+    def _regroup(self, groups: tuple[int, ...], layout) -> tuple[int, int]:
+        """Moves the requests of merged or split groups to the groups that replace them; the
+        running ones are computed again there (their KV was laid out for the old plan).
+        Returns (requests moved, requests computed again)."""
+        old = [r for r in self.replicas if r.group in groups]
+        reprefilled = sum(r.scheduler.num_running for r in old)
+        seqs = sorted((seq for r in old for seq in r.scheduler.evict_all()), key=Sequence.sort_key)
+        arrivals = sorted(t for r in old for t in r.arrivals)
+        self.layout = layout
+        kept = self.executor.relayout(layout)
+        replicas: list[Replica | None] = [None] * self.executor.num_replicas
+        for old_index, new_index in kept.items():
+            replicas[new_index] = self.replicas[old_index]
+            replicas[new_index].group = self.executor.replica_groups[new_index]
+        new = []
+        for index, (group, offset, size) in enumerate(self.executor.replicas):
+            if replicas[index] is None:
+                replicas[index] = self._make_replica(group, size, offset)
+                new.append(replicas[index])
+        self.replicas = replicas
+        for k, replica in enumerate(new):
+            replica.arrivals.extend(arrivals[k::len(new)])
+        for seq in seqs:
+            target = min(new, key=lambda r: r.load)
+            target.scheduler.add(seq)
+            self._replica_of[seq.request_id] = target
+        return len(seqs), reprefilled
 
     def take_transition_records(self) -> list[TransitionRecord]:
         """Transitions committed since the last call (the most recent 10,000 at most)."""
@@ -267,7 +310,8 @@ class LLMEngine:
         views: list[list[GroupView]] = [[] for _ in self.layout.plans]
         for replica in self.replicas:
             views[replica.group].append(replica.view(now))
-        return NodeView(tuple(combine_views(v) for v in views), now)
+        return NodeView(tuple(combine_views(v) for v in views), now,
+                        tuple(plan.name() for plan in self.layout.plans))
 
     def set_policy(self, policy: Policy) -> None:
         """Replaces the policy (benchmarks, tests); it may pick only plans made at start-up."""

@@ -148,6 +148,22 @@ class Scheduler:
         seq.stop_reason = stop_reason
         del self._unfinished[seq.request_id]
 
+    def evict_all(self) -> list[Sequence]:
+        """Takes every unfinished sequence out of this scheduler, in scheduling order, their
+        blocks freed and their computed tokens dropped (a running one is computed again
+        wherever it goes next, prompt and output tokens alike). No step may be in flight."""
+        if any(seq.num_pending_tokens for seq in self._unfinished.values()):
+            raise RuntimeError("sequences leave a scheduler only when no step is in flight")
+        evicted = sorted(self._unfinished.values(), key=Sequence.sort_key)
+        for seq in evicted:
+            self.block_manager.free(seq)
+            if seq.num_computed_tokens or seq.status == SequenceStatus.RUNNING:
+                seq.num_preemptions += 1
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+        self.running, self._waiting, self._unfinished = [], [], {}
+        return evicted
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)

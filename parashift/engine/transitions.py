@@ -3,10 +3,11 @@ until the groups it involves have no step in flight (drain: the other groups kee
 stepping), then every rank of those groups prepares and commits it at that step
 boundary, and the groups' requests move to the groups that replace them.
 
-What a rank does in each phase is `ModelRunner.transition`. Today a transition keeps
-each group's ranks: it re-plans a group (a re-shard, or a no-op), so the requests move
-with their block tables. Merges and splits change the ranks of groups; they need the
-weight and KV layouts of Flying Serving and are refused here until those exist."""
+What a rank does in each phase is `ModelRunner.transition`. A no-op or a re-shard keeps
+each group's ranks: its requests stay with their block tables. A merge or a split
+changes the partition: the ranks re-read their KV pool in the new plan's view, so the
+groups' requests move to the groups that replace them and the running ones are computed
+again there (counted in the record)."""
 import time
 from dataclasses import dataclass
 
@@ -36,31 +37,43 @@ class PendingTransition:
     requested_at: float
 
 
-def check(transition: Transition, layout: Layout, plan_names: set[str]) -> None:
-    """Refuses a transition this engine cannot make, naming why."""
+def check(transition: Transition, layout: Layout, plans_by_name: dict) -> Layout:
+    """The layout once the transition commits; refuses one this engine cannot make,
+    naming why. Its target plans must have been made at start-up and cover exactly the
+    ranks of its groups: the same groups for a no-op or a re-shard, one group for a merge's
+    several, several for a split's one."""
     if transition.kind not in KINDS:
         raise ValueError(f"unknown transition kind {transition.kind!r}; kinds: {KINDS}")
-    if any(not 0 <= g < len(layout.plans) for g in transition.groups):
-        raise ValueError(f"transition over groups {transition.groups}: the layout has "
+    groups, target = transition.groups, transition.target
+    if not groups or len(set(groups)) != len(groups) or any(
+            not 0 <= g < len(layout.plans) for g in groups):
+        raise ValueError(f"transition over groups {groups}: the layout has "
                          f"{len(layout.plans)}")
-    if transition.kind in ("merge", "split") or len(transition.target) != len(transition.groups):
-        raise ValueError(f"a {transition.kind} changes the ranks of groups: it needs the "
-                         "Flying Serving weight and KV layouts, not built yet")
-    for name in transition.target:
-        if name not in plan_names:
-            raise ValueError(f"transition target {name} was not made at start-up")
+    unknown = [name for name in target if name not in plans_by_name]
+    if unknown:
+        raise ValueError(f"transition target {unknown[0]} was not made at start-up")
+    plans = [plans_by_name[name] for name in target]
+    shape = {"merge": len(groups) >= 2 and len(plans) == 1,
+             "split": len(groups) == 1 and len(plans) >= 2}.get(
+        transition.kind, [sorted(p.ranks) for p in plans]
+        == [sorted(layout.plans[g].ranks) for g in groups])
+    if not shape:
+        raise ValueError(f"a {transition.kind} of groups {list(groups)} cannot end in "
+                         f"{list(target)}: a no-op or re-shard keeps each group's ranks, a "
+                         "merge makes one group of several, a split several of one")
+    if transition.kind in ("merge", "split") and any(
+            p.pp > 1 for p in [*plans, *(layout.plans[g] for g in groups)]):
+        raise ValueError("groups with pipeline parallelism do not merge or split")
+    if transition.kind in ("noop", "reshard") and any(
+            p.pp != layout.plans[g].pp for p, g in zip(plans, groups)):
+        raise ValueError("a re-shard keeps a group's pipeline stages")
+    return layout.replace(groups, tuple(plans))
 
 
-def target_layout(layout: Layout, transition: Transition, plans_by_name: dict) -> Layout:
-    """The layout once the transition commits; each target plan keeps its group's ranks."""
-    plans = list(layout.plans)
-    for group, name in zip(transition.groups, transition.target):
-        plan = plans_by_name[name]
-        if plan.ranks != plans[group].ranks or plan.pp != plans[group].pp:
-            raise ValueError(f"transition target {name} does not run on group {group}'s ranks "
-                             f"{list(plans[group].ranks)} with its {plans[group].pp} stage(s)")
-        plans[group] = plan
-    return Layout(tuple(plans))
+def changes_partition(transition: Transition) -> bool:
+    """Whether ranks change groups: their requests are then computed again in the group
+    that takes them (the KV adaptor that would keep them is Flying Serving's)."""
+    return transition.kind in ("merge", "split")
 
 
 class Transitions:
@@ -69,13 +82,18 @@ class Transitions:
     def __init__(self):
         self.pending: list[PendingTransition] = []
 
-    def request(self, transitions, layout: Layout, plan_names: set[str]) -> None:
-        busy = self.paused_groups()
+    def request(self, transitions, layout: Layout, plans_by_name: dict) -> None:
+        """Takes the transitions whose groups are not paused already. A merge or split
+        renumbers the groups after it, so it is taken only alone, and nothing is taken
+        while one is pending (the policy asks again in the new layout)."""
         for transition in transitions:
-            if busy.isdisjoint(transition.groups):
-                check(transition, layout, plan_names)
+            if any(changes_partition(p.transition) for p in self.pending):
+                return
+            if changes_partition(transition) and self.pending:
+                continue
+            if self.paused_groups().isdisjoint(transition.groups):
+                check(transition, layout, plans_by_name)
                 self.pending.append(PendingTransition(transition, time.monotonic()))
-                busy.update(transition.groups)
 
     def paused_groups(self) -> set[int]:
         return {g for p in self.pending for g in p.transition.groups}

@@ -24,7 +24,14 @@ ENGINE_FLAGS = {
                                  "fraction of GPU memory the engine may use"),
     "--attention-backend": ("attention_backend", str, "auto | torch | triton"),
     "--load-format": ("load_format", str, "auto | dummy (random weights)"),
-    "--parallel-policy": ("parallel_policy", str, "static | shift (SP base plan, TP for small steps)"),
+    "--parallel-policy": ("parallel_policy", str, "static | shift (SP base plan, TP for small "
+                                                  "steps) | flying (DP replicas merge into one "
+                                                  "TP group under light load)"),
+    "--flying-merge-running": ("flying_merge_running", int, "flying policy: merge the replicas "
+                                                            "at or below this many running "
+                                                            "requests and none waiting"),
+    "--flying-dwell-s": ("flying_dwell_s", float, "flying policy: least seconds between "
+                                                  "transitions"),
     "--shift-threshold": ("shift_threshold", int, "shift policy: steps of at most this many "
                                                  "tokens run under full TP"),
     "--shift-weights": ("shift_weights", str, "shift policy: reorder (default: base rows "

@@ -44,15 +44,41 @@ class MultiprocExecutor:
             self.procs.append(proc)
             self.conns.append(parent)
         self.group_ranks = [list(plan.ranks) for plan in self.layout.plans]
-        group_blocks, self.load_seconds = self._await_ready()
+        self.rank_blocks, self.load_seconds = self._await_ready()
         # replica -> (its group, first block id, number of blocks)
         self.replicas = []
         for group, plan in enumerate(self.layout.plans):
-            parts = self._replicas_per_group(group_blocks[group], plan.pp, spec)
-            size = group_blocks[group] // parts
+            blocks = min(self.rank_blocks[r] for r in plan.ranks)
+            parts = self._replicas_per_group(blocks, plan.pp, spec)
+            size = blocks // parts
             self.replicas += [(group, k * size, size) for k in range(parts)]
         self.pending = [deque() for _ in self.group_ranks]  # replicas in flight, in order
         self.in_flight: set[int] = set()
+
+    def relayout(self, layout) -> dict[int, int]:
+        """Adopts `layout` once a merge or split committed on its ranks, which have no step
+        in flight: the other groups keep their replicas and the steps they have in flight; a
+        new group serves one replica over its ranks' pools. Returns old replica index -> new
+        for the replicas kept."""
+        old_group = {tuple(sorted(ranks)): g for g, ranks in enumerate(self.group_ranks)}
+        replicas, kept, pending = [], {}, []
+        for group, plan in enumerate(layout.plans):
+            old = old_group.get(tuple(sorted(plan.ranks)))
+            if old is None:
+                replicas.append((group, 0, min(self.rank_blocks[r] for r in plan.ranks)))
+                pending.append(deque())
+                continue
+            for index, (g, offset, size) in enumerate(self.replicas):
+                if g == old:
+                    kept[index] = len(replicas)
+                    replicas.append((group, offset, size))
+            pending.append(deque(kept[i] for i in self.pending[old]))
+        if any(i not in kept for i in self.in_flight):
+            raise RuntimeError("a group with a step in flight cannot merge or split")
+        self.layout, self.replicas, self.pending = layout, replicas, pending
+        self.group_ranks = [list(plan.ranks) for plan in layout.plans]
+        self.in_flight = {kept[i] for i in self.in_flight}
+        return kept
 
     @staticmethod
     def _replicas_per_group(num_blocks: int, parts: int, spec: WorkerSpec) -> int:
@@ -78,13 +104,14 @@ class MultiprocExecutor:
         return [group for group, _, _ in self.replicas]
 
     def _await_ready(self) -> tuple[list[int], float]:
+        """Each rank's KV blocks, and the slowest rank's loading seconds."""
         blocks, seconds = [0] * self.layout.world_size, 0.0
         for rank in range(self.layout.world_size):
             message = self._receive_start(rank)
             if message[0] != "ready":
                 self._fail(f"worker rank {rank} failed to start:\n{message[1]}")
             blocks[rank], seconds = message[1], max(seconds, message[2])
-        return [min(blocks[r] for r in ranks) for ranks in self.group_ranks], seconds
+        return blocks, seconds
 
     def check_health(self) -> None:
         """Raises WorkerFailure, naming the rank and why, once a worker process has ended or
@@ -114,14 +141,16 @@ class MultiprocExecutor:
         self.pending[group].append(replica)
         self.in_flight.add(replica)
 
-    def transition(self, ranks: list[int], verb: str, plan_names: list[str]) -> float:
-        """One phase of a transition on these ranks (rank i takes plan_names[i]); waits
-        for every one of them and returns the slowest's seconds. The engine sends it only
-        when none of these ranks has a step in flight."""
+    def transition(self, ranks: list[int], verb: str, plan_names: list[str],
+                   epoch: int = 0) -> float:
+        """One phase of a transition on these ranks (rank i takes plan_names[i]; `epoch`
+        counts the engine's transitions); waits for every one of them and returns the
+        slowest's seconds. The engine sends it only when none of these ranks has a step in
+        flight."""
         if self.failure is not None:
             raise self.failure
         for rank, name in zip(ranks, plan_names):
-            self.conns[rank].send_bytes(CONTROL_PREFIX + pickle.dumps((verb, name)))
+            self.conns[rank].send_bytes(CONTROL_PREFIX + pickle.dumps((verb, name, epoch)))
         seconds, deadline = 0.0, time.monotonic() + self.timeout_s
         for rank in ranks:
             if not self._wait([self.conns[rank]], deadline):

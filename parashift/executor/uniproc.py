@@ -28,9 +28,10 @@ class UniprocExecutor:
     def check_health(self) -> None:
         """Nothing to watch: the device runs in this process."""
 
-    def transition(self, ranks: list[int], verb: str, plan_names: list[str]) -> float:
+    def transition(self, ranks: list[int], verb: str, plan_names: list[str],
+                   epoch: int = 0) -> float:
         """One phase of a transition on these ranks (here: the one); its slowest seconds."""
-        return max(self.runner.transition(verb, name) for name in plan_names)
+        return max(self.runner.transition(verb, name, epoch) for name in plan_names)
 
     def shutdown(self) -> None:
         self._pending.clear()

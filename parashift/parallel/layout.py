@@ -50,6 +50,17 @@ class Layout:
                 return index
         raise ValueError(f"rank {rank} is outside a layout of {self.world_size} ranks")
 
+    def replace(self, groups: tuple[int, ...], targets: tuple[Plan, ...]) -> "Layout":
+        """The layout with `groups` replaced by `targets`, whose ranks must be exactly the
+        groups' (a merge has fewer targets than groups, a split more); groups stay in the
+        order of their first rank."""
+        ranks = sorted(r for g in groups for r in self.plans[g].ranks)
+        if sorted(r for plan in targets for r in plan.ranks) != ranks:
+            raise ValueError(f"plans {[p.name() for p in targets]} do not cover exactly the "
+                             f"ranks {ranks} of groups {list(groups)}")
+        kept = [plan for g, plan in enumerate(self.plans) if g not in groups]
+        return Layout(tuple(sorted([*kept, *targets], key=lambda plan: min(plan.ranks))))
+
     def name(self) -> str:
         return ",".join(plan.name() for plan in self.plans)
 

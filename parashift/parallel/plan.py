@@ -10,7 +10,7 @@ rank at a position is ranks[position]."""
 import re
 from dataclasses import dataclass, replace
 
-GROUP_KINDS = ("tp", "sp", "pp", "dp", "sp_tp")
+GROUP_KINDS = ("tp", "sp", "pp", "dp", "sp_tp", "dp_tp")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,9 @@ class Plan:
     shift_base: tuple[int, int] | None = None
     # The node's ranks this plan runs on, by position; None: 0 to world_size - 1.
     rank_set: tuple[int, ...] | None = None
+    # Set on a merged plan (Flying Serving): (w, t) when w replicas of TP = t, each holding its
+    # own copy of the weights, run as this one TP = w*t plan over their DP_TP group.
+    merge_base: tuple[int, int] | None = None
 
     def __post_init__(self):
         for name in ("dp", "pp", "sp", "tp"):
@@ -40,6 +43,11 @@ class Plan:
                 raise ValueError(f"plan degree {name} must be an integer >= 1, got {value!r}")
         if self.shift_base is not None and (self.sp != 1 or self.tp != self.base.attn_degree):
             raise ValueError("a shift plan is TP = sp*tp of its base plan, with sp = 1")
+        if self.merge_base is not None and (
+                self.shift_base is not None or (self.dp, self.pp, self.sp) != (1, 1, 1)
+                or self.tp != self.merge_base[0] * self.merge_base[1] or self.merge_base[0] < 2):
+            raise ValueError("a merged plan is TP = w*t over w >= 2 replicas of TP = t, with "
+                             "dp = pp = sp = 1")
         if self.rank_set is not None:
             ranks = self.rank_set
             if len(ranks) != self.world_size or len(set(ranks)) != len(ranks) or min(ranks) < 0:
@@ -52,12 +60,38 @@ class Plan:
         """Shift Parallelism's plan for this base plan: TP over the SP_TP group."""
         return Plan(self.dp, self.pp, 1, self.attn_degree, (self.sp, self.tp), self.rank_set)
 
+    @classmethod
+    def merged(cls, replicas: list["Plan"]) -> "Plan":
+        """The plan that runs `replicas` (w plans of TP = t each, over disjoint ranks) as one
+        TP = w*t group; each rank keeps its replica's weights and uses its shard of them."""
+        t = replicas[0].tp
+        if len(replicas) < 2 or any(p != Plan(tp=t).on(p.ranks) for p in replicas):
+            raise ValueError(f"only two or more replicas of one plain TP degree merge, got "
+                             f"{[p.name() for p in replicas]}")
+        ranks = tuple(r for p in replicas for r in p.ranks)
+        return cls(tp=len(replicas) * t, merge_base=(len(replicas), t), rank_set=ranks)
+
+    def split(self) -> list["Plan"]:
+        """The replicas a merged plan was made of."""
+        if self.merge_base is None:
+            raise ValueError(f"plan {self.name()} is not a merged plan")
+        return [self.base.replica(d) for d in range(self.merge_base[0])]
+
     @property
     def base(self) -> "Plan":
         """The plan whose weight shards and head layout this plan uses."""
+        if self.merge_base is not None:
+            return Plan(dp=self.merge_base[0], tp=self.merge_base[1], rank_set=self.rank_set)
         if self.shift_base is None:
             return self
         return Plan(self.dp, self.pp, *self.shift_base, rank_set=self.rank_set)
+
+    def loaded_plan(self, rank: int) -> "Plan":
+        """The plan `rank` loads its weights and sizes its KV pool under when it starts in
+        this one: a merged plan's ranks load their replica's."""
+        if self.merge_base is None:
+            return self
+        return self.base.replica(self.base.coords(rank).dp)
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -90,12 +124,22 @@ class Plan:
         name = "x".join(f"{k}{getattr(self, k)}" for k in ("dp", "pp", "sp", "tp")
                         if getattr(self, k) > 1) or "single"
         name = f"shift-{name}" if self.shift_base else name
+        name = f"merge{self.merge_base[0]}-{name}" if self.merge_base else name
         return name if self.rank_set is None else f"{name}@{_ranks_text(self.rank_set)}"
 
     @classmethod
     def parse(cls, text: str) -> "Plan":
-        """The plan a name() names (not shift plans): "tp2", "dp2xsp2", "single", "tp2@2-3"."""
+        """The plan a name() names (not shift plans): "tp2", "dp2xsp2", "single", "tp2@2-3",
+        "merge2-tp4@0-3" (two TP=2 replicas merged)."""
         degrees_text, _, ranks_text = text.partition("@")
+        merge = re.fullmatch(r"merge([0-9]+)-(tp[0-9]+)", degrees_text)
+        if merge is not None:
+            w, tp = int(merge.group(1)), int(merge.group(2)[2:])
+            if tp % w:
+                raise ValueError(f"cannot read plan {text!r}: merging {w} replicas gives a TP "
+                                 "degree that is a multiple of it")
+            plan = cls(tp=tp, merge_base=(w, tp // w))
+            return plan.on(_parse_ranks(ranks_text)) if ranks_text else plan
         degrees = {}
         if degrees_text != "single":
             for part in degrees_text.split("x"):
@@ -130,8 +174,8 @@ class Plan:
         return list(seen)
 
     def group_of(self, kind: str, rank: int) -> tuple[int, ...]:
-        if self.shift_base is not None:
-            return self._shift_group_of(kind, rank)
+        if self.shift_base is not None or self.merge_base is not None:
+            return self._narrowed_group_of(kind, rank)
         c = self.coords(rank)
         vary = {
             "tp": lambda i: Coords(c.dp, c.pp, c.sp, i),
@@ -144,16 +188,31 @@ class Plan:
             # position tp_rank * sp + sp_rank (Shift Parallelism §3.3.1).
             return tuple(self.rank_of(Coords(c.dp, c.pp, s, t))
                          for t in range(self.tp) for s in range(self.sp))
+        if kind == "dp_tp":
+            # TP over the DP replicas' TP groups, each rank using its shard of its replica's
+            # weights: position tp_rank * dp + dp_rank (a merge, Flying Serving).
+            return tuple(self.rank_of(Coords(d, c.pp, c.sp, t))
+                         for t in range(self.tp) for d in range(self.dp))
         degree = getattr(self, kind)
         return tuple(self.rank_of(vary[kind](i)) for i in range(degree))
 
-    def _shift_group_of(self, kind: str, rank: int) -> tuple[int, ...]:
-        base = self.base
-        if kind in ("tp", "sp_tp"):
-            return base.group_of("sp_tp", rank)
-        if kind == "sp":
+    def _narrowed_group_of(self, kind: str, rank: int) -> tuple[int, ...]:
+        """Groups of a shift or merged plan: TP over the base's SP_TP or DP_TP group."""
+        base, outer = self.base, "sp_tp" if self.shift_base is not None else "dp_tp"
+        if kind in ("tp", outer):
+            return base.group_of(outer, rank)
+        if kind in ("sp", "sp_tp", "dp_tp") or (kind == "dp" and self.merge_base):
             return (rank,)
         return base.group_of(kind, rank)
+
+    def narrowing(self, rank: int) -> tuple[int, int] | None:
+        """(factor, position) when this plan has `rank` use a 1/factor slice (the position-th)
+        of the shard it loaded: the shift plan (factor sp) and merged plans (factor w)."""
+        if self.shift_base is not None:
+            return self.base.sp, self.base.coords(rank).sp
+        if self.merge_base is not None:
+            return self.merge_base[0], self.base.coords(rank).dp
+        return None
 
     def vocab_group_of(self, rank: int) -> tuple[int, ...]:
         """Ranks that split the vocabulary (embedding, LM head): the base plan's TP group."""
@@ -163,6 +222,8 @@ class Plan:
     def head_block(self, rank: int) -> int:
         """Index of this rank's block of attention heads (of attn_degree blocks)."""
         c = self.base.coords(rank)
+        if self.merge_base is not None:
+            return c.tp * self.base.dp + c.dp
         return c.tp * self.base.sp + c.sp
 
     def stage_layers(self, num_layers: int, pp_rank: int) -> range:

@@ -92,13 +92,14 @@ def reorder_inverse(rows: Rows) -> Rows:
     return [(at_, size) for _, at_, size in sorted(placed)]
 
 
-def make_layer_shift_weights(layer, sp_size: int, sp_rank: int, mode: str) -> tuple[int, str]:
-    """Gives one parallel linear layer its shift layout; returns (extra bytes, the mode
-    used: `reorder` falls back to `slice` where it cannot apply)."""
+def make_layer_shift_weights(layer, sp_size: int, sp_rank: int, mode: str,
+                             key: str = SHIFT_WEIGHTS) -> tuple[int, str]:
+    """Gives one parallel linear layer its shift layout (under `key`); returns (extra bytes,
+    the mode used: `reorder` falls back to `slice` where it cannot apply)."""
     if layer.tp_dim == 1:  # row-parallel: this SP rank's input columns, one strided view
         step = _divide(layer.weight.shape[1], sp_size, "shard columns")
         parts = [(layer.weight.narrow(1, sp_rank * step, step), layer.bias)]
-        return layer.set_layout(SHIFT_WEIGHTS, parts, mode == "separate"), mode
+        return layer.set_layout(key, parts, mode == "separate"), mode
     rows = shift_rows(layer, sp_size, sp_rank)
     widths = [n for _, n in rows]
     if mode == "reorder" and len(rows) > 1:
@@ -108,35 +109,36 @@ def make_layer_shift_weights(layer, sp_size: int, sp_rank: int, mode: str) -> tu
         else:
             layer.permute_rows(order, (sp_size, widths))
             block = sum(widths)
-            layer.set_layout(SHIFT_WEIGHTS, _views(layer, [(sp_rank * block, block)]), False,
+            layer.set_layout(key, _views(layer, [(sp_rank * block, block)]), False,
                              (1, widths))
             return 0, mode
     if mode == "reorder":  # one segment: its slice is already one contiguous view
         mode = "slice"
-    return layer.set_layout(SHIFT_WEIGHTS, _views(layer, rows), mode == "separate",
+    return layer.set_layout(key, _views(layer, rows), mode == "separate",
                             (1, widths)), mode
 
 
 def make_shift_weights(model: nn.Module, sp_size: int, sp_rank: int, mode: str,
-                       report: bool = True) -> int:
-    """Gives every parallel linear layer its shift layout; returns the extra bytes. Runs
-    once after loading and before CUDA graphs are captured (graphs capture each plan's
-    views; the layout must not change afterwards)."""
+                       report: bool = True, key: str = SHIFT_WEIGHTS) -> int:
+    """Gives every parallel linear layer its shift layout under `key`; returns the extra
+    bytes. Runs once after loading and before CUDA graphs are captured (graphs capture each
+    plan's views; the layout must not change afterwards). A merged plan (Flying Serving)
+    uses the same slicing: its w replicas' full weights play the SP ranks' copies."""
     if mode not in SHIFT_WEIGHT_MODES:
         raise ValueError(f"shift weights must be one of {SHIFT_WEIGHT_MODES}, got {mode!r}")
     extra, fallback = 0, []
     for name, module in model.named_modules():
         if getattr(module, "tp_dim", None) is None or not hasattr(module, "set_layout"):
             continue
-        nbytes, used = make_layer_shift_weights(module, sp_size, sp_rank, mode)
+        nbytes, used = make_layer_shift_weights(module, sp_size, sp_rank, mode, key)
         extra += nbytes
         if mode == "reorder" and used != "reorder" and module.tp_dim == 0 \
                 and len(module.output_segments()) > 1:
             fallback.append(name)
     base = sum(p.nbytes for p in model.parameters())
     if report:
-        logger.warning("shift weights (%s): base shard %.2f GiB, shift shard adds %.2f GiB per rank",
-                       mode, base / 2**30, extra / 2**30)
+        logger.warning("%s weights (%s): base shard %.2f GiB, its 1/%d slice adds %.2f GiB per "
+                       "rank", key, mode, base / 2**30, sp_size, extra / 2**30)
         if fallback:
             logger.warning("shift weights (reorder): %d layers share KV heads between SP ranks "
                            "and keep slice views (one GEMM per segment under the shift plan), "

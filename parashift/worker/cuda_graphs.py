@@ -19,16 +19,18 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 class DecodeGraphs:
-    def __init__(self, model, backend, plans: list, block_size: int,
-                 max_model_len: int, max_num_seqs: int, device: torch.device):
-        """`plans`: the PlanResources of every plan a step may run under."""
-        self.model, self.backend, self.block_size = model, backend, block_size
+    def __init__(self, model, backend, plans: list, bind_kv, max_model_len: int,
+                 max_num_seqs: int, device: torch.device):
+        """`plans`: the PlanResources of every plan a step may run under; `bind_kv(plan)`
+        points the model at the KV pool as that plan reads it (each graph captures its
+        plan's view)."""
+        self.model, self.backend, self.bind_kv = model, backend, bind_kv
         self.max_model_len = max_model_len
         sp_sizes = {p.state.sp.size for p in plans}
         self.buckets = [b for b in DEFAULT_BUCKETS if b <= max_num_seqs
                         and all(b % sp == 0 for sp in sp_sizes)]
         largest = self.buckets[-1]
-        max_blocks = -(-max_model_len // block_size)
+        max_blocks = -(-max_model_len // min(p.block_size for p in plans))
         self.tokens = torch.zeros(largest, dtype=torch.int64, device=device)
         self.positions = torch.zeros(largest, dtype=torch.int64, device=device)
         self.slots = torch.full((largest,), -1, dtype=torch.int64, device=device)
@@ -46,20 +48,21 @@ class DecodeGraphs:
             return None
         return next((b for b in self.buckets if b >= len(chunks)), None)
 
-    def _metadata(self, bucket: int) -> AttentionMetadata:
+    def _metadata(self, bucket: int, block_size: int) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.slots[:bucket], query_start_loc=self.starts[:bucket + 1],
             seq_lens=self.seq_lens[:bucket], block_tables=self.tables[:bucket],
             query_start_loc_cpu=list(range(bucket + 1)),
-            seq_lens_cpu=[self.max_model_len] * bucket, max_query_len=1, max_seq_len=self.max_model_len, block_size=self.block_size,
+            seq_lens_cpu=[self.max_model_len] * bucket, max_query_len=1, max_seq_len=self.max_model_len, block_size=block_size,
             static_shape=True)
 
     def _forward(self, plan, bucket: int) -> torch.Tensor:
         local = bucket // plan.state.sp.size
-        with use_context(plan.context(self._metadata(bucket), self.backend)):
+        with use_context(plan.context(self._metadata(bucket, plan.block_size), self.backend)):
             return self.model(self.tokens[:local], self.positions[:local])
 
     def _capture(self, plan, bucket: int):
+        self.bind_kv(plan)
         self.slots.fill_(-1)
         self.seq_lens.zero_()
         self.starts.zero_()
@@ -75,7 +78,7 @@ class DecodeGraphs:
         """Replays the bucket's graph for this step; returns (hidden states, inputs).
         `patch_tokens(tokens, chunks, inputs)` may rewrite the input tokens first."""
         sp = plan.state.sp
-        inputs = build_step_inputs(chunks, self.block_size, self.tokens.device, sp.size,
+        inputs = build_step_inputs(chunks, plan.block_size, self.tokens.device, sp.size,
                                    sp.rank, pad_to=bucket)
         self._fill(inputs, bucket)
         patch_tokens(self.tokens[:len(inputs.token_ids)], chunks, inputs)

@@ -12,9 +12,11 @@ from parashift.attention.backend import get_backend
 from parashift.context import StepContext, use_context, use_state
 from parashift.worker.cuda_graphs import DecodeGraphs
 from parashift.worker.step_batch import PLACEHOLDER_TOKEN, RequestTables, SeqChunk, StepBatch
-from parashift.worker.plan_resources import PlanResources, make_resources
+from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
+from parashift.context import BASE_WEIGHTS
 from parashift.kv.cache import KVCache, attention_layers
+from parashift.kv.views import kv_heads_per_rank, tokens_per_block, view_pool
 from parashift.layers.sampler import Sampler
 from parashift.loader.weights import load_model_weights
 from parashift.models.registry import model_class_for
@@ -75,12 +77,8 @@ class ModelRunner:
         # the source of the next step's placeholder tokens (async scheduling).
         self._prev_tokens: torch.Tensor | None = None
         self._prev_rows: dict[str, int] = {}
-        # Shift weights before the KV pool, which takes what memory is left.
-        self.shift_weight_bytes = 0
-        if any(s.plan.shift_base for s in other_states):
-            self.shift_weight_bytes = make_shift_weights(
-                self.model, self.state.sp.size, self.state.sp.rank, config.shift_weights,
-                report=self.state.rank == 0)
+        # Narrower weight layouts (Shift, merges) before the KV pool takes what memory is left.
+        self.shift_weight_bytes = self._make_narrow_weights(other_states, config.shift_weights)
         self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
@@ -90,34 +88,63 @@ class ModelRunner:
         self._warm_up_attention()
         self.graphs = self._capture_graphs() if self._use_graphs(config.cuda_graphs) else None
 
+    def _make_narrow_weights(self, states: tuple[ParallelState, ...], mode: str) -> int:
+        """Each (factor, position) slice of the loaded weights a plan uses, once; returns
+        the extra bytes. `reorder` lays the rows out for one factor only: with several
+        (e.g. merges of width 2 and 4), every layout is a `slice` view."""
+        needs = {weight_layout_of(s.plan, s.rank): s.plan.narrowing(s.rank) for s in states}
+        needs.pop(BASE_WEIGHTS, None)
+        if mode == "reorder" and len(needs) > 1:
+            mode = "slice"
+        return sum(make_shift_weights(self.model, factor, position, mode,
+                                      report=self.state.rank == 0, key=key)
+                   for key, (factor, position) in needs.items())
+
     def _make_resources(self, states: list[ParallelState], total_kv_heads: int
                         ) -> dict[str, PlanResources]:
-        """Every plan's resources by name ("" is the base plan). Each plan's KV view must be
-        the pool's: no plan yet re-lays the pool out."""
-        resources = make_resources(
-            states, lambda s: max(1, total_kv_heads // s.plan.attn_degree), self.block_size)
-        for res in resources.values():
-            if res.kv_heads != self.kv.k.shape[3]:
-                raise ValueError(f"plan {res.name} holds {res.kv_heads} KV heads per rank, the "
-                                 f"pool {self.kv.k.shape[3]}: plans that re-lay the KV pool "
-                                 "out are not supported yet")
-        resources[""] = resources[self.state.plan.name()]
+        """Every plan's resources by name ("" is the base plan), each with its view of the
+        KV pool (a merged plan's blocks hold more tokens of fewer heads)."""
+        loaded = self.state.plan
+
+        def kv_view_of(plan):
+            return (kv_heads_per_rank(plan, total_kv_heads),
+                    tokens_per_block(plan, loaded, total_kv_heads, self.block_size))
+        resources = make_resources(states, kv_view_of)
+        resources[""] = resources[loaded.name()]
         return resources
 
-    def transition(self, verb: str, plan_name: str) -> float:
-        """A transition's phase on this rank; returns its seconds. `prepare` makes what
-        running under `plan_name` needs (its resources were made at start-up, so nothing
-        moves yet); `commit` makes it this rank's base plan (the step message's "")."""
+    def _bind_kv(self, plan: PlanResources) -> None:
+        """Points the attention layers at the pool as `plan` reads it."""
+        k, v = (view_pool(t, plan.block_size) for t in (self.kv.k, self.kv.v))
+        for i, layer in enumerate(attention_layers(self.model)):
+            layer.k_cache, layer.v_cache = k[i], v[i]
+
+    def transition(self, verb: str, plan_name: str, epoch: int = 0) -> float:
+        """A transition's phase on this rank; returns its seconds. `prepare` checks that
+        `plan_name` was made here (its resources were made at start-up, so nothing moves);
+        `commit` makes it this rank's base plan (the step message's ""). When the plan
+        joins this rank with other ranks (a merge or a split), the rank forgets its requests
+        (the engine sends them again, to be computed again), reads the KV pool in the
+        plan's view, and reseeds its sampler with `epoch`, as every rank of the group does."""
         start = time.perf_counter()
         plan = self.resources.get(plan_name)
         if plan is None:
             raise ValueError(f"plan {plan_name} was not made on rank {self.state.rank} at "
                              f"start-up (made: {sorted(k for k in self.resources if k)})")
         if verb == "commit":
+            if sorted(plan.plan.ranks) != sorted(self.state.plan.ranks):
+                self._regroup(plan, epoch)
             self.resources[""], self.state = plan, plan.state
         elif verb != "prepare":
             raise ValueError(f"unknown transition phase {verb!r}")
         return time.perf_counter() - start
+
+    def _regroup(self, plan: PlanResources, epoch: int) -> None:
+        self.requests = RequestTables()
+        self.generators.clear()
+        self._prev_tokens, self._prev_rows = None, {}
+        self.sampler.generator.manual_seed(self.config.seed + epoch)
+        self._bind_kv(plan)
 
     def _use_graphs(self, requested: bool | None) -> bool:
         """By default (None) wherever they work: CUDA, Triton attention, one stage."""
@@ -130,8 +157,10 @@ class ModelRunner:
 
     def _capture_graphs(self) -> DecodeGraphs:
         plans = list({r.name: r for r in self.resources.values()}.values())
-        return DecodeGraphs(self.model, self.backend, plans, self.block_size,
-                            self.max_model_len, self.config.max_num_seqs, self.device)
+        graphs = DecodeGraphs(self.model, self.backend, plans, self._bind_kv, self.max_model_len,
+                              self.config.max_num_seqs, self.device)
+        self._bind_kv(self.resources[""])
+        return graphs
 
     def _warm_up_attention(self) -> None:
         """Compiles the attention kernels' variants before any request can wait for them.
@@ -221,7 +250,7 @@ class ModelRunner:
         if bucket is not None:
             out, inputs = self.graphs.run(chunks, plan, bucket, self._fill_placeholders)
         else:
-            inputs = build_step_inputs(chunks, self.block_size, self.device, sp.size, sp.rank)
+            inputs = build_step_inputs(chunks, plan.block_size, self.device, sp.size, sp.rank)
             self._fill_placeholders(inputs.token_ids, chunks, inputs)
             intermediate = None if state.is_first_stage else self._recv(inputs, state)
             with use_context(plan.context(inputs.attn, self.backend)):

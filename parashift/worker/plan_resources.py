@@ -17,6 +17,7 @@ class PlanResources:
     weights: str
     kv_heads: int
     block_size: int
+    narrowing: tuple[int, int] | None = None  # (factor, position) of its weight layout
 
     @property
     def plan(self) -> Plan:
@@ -40,13 +41,18 @@ class PlanResources:
         return StepContext(self.state, self.weights, attn, backend)
 
 
-def weight_layout_of(plan: Plan) -> str:
-    """The weight layout a plan's layers use: the loaded shard, or the shift plan's."""
-    return SHIFT_WEIGHTS if plan.shift_base is not None else BASE_WEIGHTS
+def weight_layout_of(plan: Plan, rank: int) -> str:
+    """The weight layout a plan's layers use on `rank`: the loaded shard, the shift plan's,
+    or a merged plan's slice of the replica (one per width and position)."""
+    narrowing = plan.narrowing(rank)
+    if narrowing is None:
+        return BASE_WEIGHTS
+    return SHIFT_WEIGHTS if plan.shift_base is not None else "merge{}.{}".format(*narrowing)
 
 
-def make_resources(states: list[ParallelState], kv_heads_of, block_size: int
-                   ) -> dict[str, PlanResources]:
-    """Resources of every plan, by name; `kv_heads_of(state)` is a plan's KV heads per rank."""
-    return {s.plan.name(): PlanResources(s, weight_layout_of(s.plan), kv_heads_of(s), block_size)
+def make_resources(states: list[ParallelState], kv_view_of) -> dict[str, PlanResources]:
+    """Resources of every plan, by name; `kv_view_of(plan)` is its (KV heads per rank,
+    tokens per block) over this rank's pool."""
+    return {s.plan.name(): PlanResources(s, weight_layout_of(s.plan, s.rank), *kv_view_of(s.plan),
+                                         s.plan.narrowing(s.rank))
             for s in states}

@@ -72,21 +72,27 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     # another group's); every rank makes every group's control group, in layout order.
     controls = [dist.new_group(list(plan.ranks), backend="gloo") for plan in spec.layout.plans]
     control = controls[spec.layout.group_of_rank(rank)]
-    plans = [*spec.layout.plans, *spec.other_plans]
+    # Every plan of every rank's weights (a merged group's ranks load their replica's).
+    loaded = [plan.loaded_plan(r) for plan in spec.layout.plans for r in plan.ranks]
+    plans = list(dict.fromkeys([*spec.layout.plans, *loaded, *spec.other_plans]))
     pool = CommunicatorPool(rank, world, plans)
     if spec.config.fast_all_reduce:
         pool.enable_fast_all_reduce(device)
     base = spec.layout.plans[spec.layout.group_of_rank(rank)]
-    state = pool.state_for(base)
-    others = tuple(pool.state_for(plan) for plan in spec.other_plans if rank in plan.ranks)
+    state = pool.state_for(base.loaded_plan(rank))
+    others = tuple(pool.state_for(plan) for plan in plans
+                   if rank in plan.ranks and plan != state.plan)
 
     def agree(num_blocks: int) -> int:
         t = torch.tensor([num_blocks])
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=control)
         return int(t.item())
 
-    return ModelRunner(spec.config, spec.hf_config, spec.source, device, spec.dtype,
-                       spec.max_model_len, state, agree, others)
+    runner = ModelRunner(spec.config, spec.hf_config, spec.source, device, spec.dtype,
+                         spec.max_model_len, state, agree, others)
+    if base != state.plan:  # it starts in a merged plan
+        runner.transition("commit", base.name())
+    return runner
 
 
 POLL_S = 1e-4  # while a step runs, how often to check for it to end
@@ -124,8 +130,9 @@ def _serve(runner: ModelRunner, conn) -> None:
             if message.startswith(CONTROL_PREFIX):  # a transition: steps in flight end first
                 while pending:
                     _finish(runner, conn, pending.popleft())
-                verb, plan_name = pickle.loads(message[len(CONTROL_PREFIX):])
-                conn.send_bytes(pickle.dumps(("transition", runner.transition(verb, plan_name))))
+                verb, plan_name, epoch = pickle.loads(message[len(CONTROL_PREFIX):])
+                seconds = runner.transition(verb, plan_name, epoch)
+                conn.send_bytes(pickle.dumps(("transition", seconds)))
                 continue
             pending.append(runner.launch(decode_step(message)))
         except BaseException:

@@ -93,8 +93,8 @@ def assert_refused(model_dir, decision: Decision, message: str) -> None:
 
 
 def test_a_transition_the_engine_cannot_make_is_refused(model):
-    merge = Transition("merge", (0,), ("single",))
-    assert_refused(model[0], Decision(("single",), (merge,)), "Flying Serving")
+    merge = Transition("merge", (0,), ("single",))  # a merge of one group
+    assert_refused(model[0], Decision(("single",), (merge,)), "cannot end in")
 
 
 def test_a_plan_that_does_not_run_on_the_group_is_refused(model):

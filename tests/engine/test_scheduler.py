@@ -403,3 +403,22 @@ def test_counters_predict_the_next_step_without_changing_anything():
     assert c.next_step_tokens == 16 and c.longest_context == 10
     out = sched.schedule()
     assert out.num_batched_tokens == c.next_step_tokens
+
+
+def test_evict_all_hands_every_request_over_with_its_blocks_freed():
+    """A merge or split: every request leaves, in scheduling order, to be computed again."""
+    sched = make_scheduler(num_blocks=8, max_num_seqs=2, max_num_batched_tokens=64, max_model_len=32)
+    for rid, n, priority in (("a", 6, 1), ("b", 3, 0), ("c", 5, 0)):
+        sched.add(make_seq(rid, n, priority=priority))
+    assert step(sched)[0] == [("b", 3, 0), ("c", 5, 0)]
+    assert [s.block_table for s in sched.running] == [[0], [1, 2]]
+    evicted = sched.evict_all()
+    assert [s.request_id for s in evicted] == ["b", "c", "a"]
+    assert [s.num_tokens for s in evicted] == [4, 6, 6]  # prompt and the token it got
+    assert all(s.num_computed_tokens == 0 and s.block_table == [] for s in evicted)
+    assert [s.num_preemptions for s in evicted] == [1, 1, 0]  # "a" had computed nothing
+    assert not sched.has_unfinished() and sched.block_manager.num_free_blocks == 8
+    other = make_scheduler(num_blocks=8, max_num_seqs=3, max_num_batched_tokens=64, max_model_len=32)
+    for seq in evicted:
+        other.add(seq)
+    assert step(other)[0] == [("b", 4, 0), ("c", 6, 0), ("a", 6, 0)]

@@ -1,5 +1,7 @@
 """Policies for tests: scripted transitions on top of fixed plans."""
 from parashift.engine.policy import Decision, NodeView, Transition
+from parashift.parallel.layout import Layout
+from parashift.parallel.plan import Plan
 
 
 class TransitionScript:
@@ -22,3 +24,43 @@ class TransitionScript:
         self.asked += 1
         self.current[self.group] = target
         return Decision(plans, (Transition(self.kind, (self.group,), (target,)),))
+
+
+def transition_between(current: tuple[str, ...], target: Layout) -> Transition | None:
+    """One merge or split that moves the layout named `current` towards `target`."""
+    ranks = [sorted(Plan.parse(name).ranks) for name in current]
+    for plan in target.plans:
+        covered = [g for g, group in enumerate(ranks) if set(group) <= set(plan.ranks)]
+        if len(covered) > 1:
+            return Transition("merge", tuple(covered), (plan.name(),))
+    for g, group in enumerate(ranks):
+        parts = [p for p in target.plans if set(p.ranks) < set(group)]
+        if parts:
+            return Transition("split", (g,), tuple(p.name() for p in parts))
+    return None
+
+
+class LayoutCycle:
+    """Every `every`-th decision moves the layout one merge or split towards the next of
+    `layouts` (in turn), `limit` times in all; steps run under each group's layout plan.
+    (Requests computed again after each merge or split need steps to catch up: a cycle
+    faster than that would never finish them.)"""
+    name = "layout-cycle"
+
+    def __init__(self, engine, layouts: list[Layout], every: int, limit: int):
+        self.plans = engine.policy_plans
+        self.layouts, self.every, self.limit = layouts, every, limit
+        self.calls = self.reached = self.asked = 0
+
+    def decide(self, view: NodeView) -> Decision:
+        self.calls += 1
+        if self.calls % self.every or self.asked >= self.limit:
+            return Decision(view.layout)
+        self.asked += 1
+        target = self.layouts[self.reached % len(self.layouts)]
+        transition = transition_between(view.layout, target)
+        if transition is None:  # reached: on to the next one
+            self.reached += 1
+            transition = transition_between(view.layout,
+                                            self.layouts[self.reached % len(self.layouts)])
+        return Decision(view.layout, (transition,) if transition else ())

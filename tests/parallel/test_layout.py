@@ -58,3 +58,32 @@ def test_a_layout_partitions_the_node(plans, message):
 def test_layout_groups_take_no_ranks_or_dp():
     with pytest.raises(ValueError, match="without ranks or dp"):
         Layout.parse("tp2@2-3")
+
+
+def test_replicas_merge_into_one_tp_group_over_their_dp_tp_ranks():
+    merged = Plan.merged([Plan(tp=2), Plan(tp=2).on((2, 3))])
+    assert merged.name() == "merge2-tp4" and Plan.parse("merge2-tp4") == merged
+    # each rank's merged shard is half its replica's shard: TP position tp_rank * w + replica
+    assert merged.groups("tp") == [(0, 2, 1, 3)]
+    assert merged.vocab_group_of(1) == (0, 1)  # the vocabulary stays split as it was loaded
+    assert [merged.narrowing(r) for r in range(4)] == [(2, 0), (2, 0), (2, 1), (2, 1)]
+    assert [merged.head_block(r) for r in range(4)] == [0, 2, 1, 3]
+    assert merged.loaded_plan(3) == Plan(tp=2).on((2, 3))
+    assert merged.split() == [Plan(tp=2), Plan(tp=2).on((2, 3))]
+    assert merged.output_rank() == 0
+    four = Plan.parse("merge4-tp4@4-7")
+    assert four.groups("tp") == [(4, 5, 6, 7)] and four.loaded_plan(6) == Plan.parse("single@6")
+    with pytest.raises(ValueError, match="only two or more replicas"):
+        Plan.merged([Plan(tp=2), Plan(sp=2).on((2, 3))])
+    with pytest.raises(ValueError, match="multiple of it"):
+        Plan.parse("merge2-tp3")
+
+
+def test_a_merge_and_a_split_replace_groups_by_plans_over_the_same_ranks():
+    layout = Layout.parse("single,single,tp2")
+    merged = layout.replace((0, 1), (Plan.parse("merge2-tp2"),))
+    assert merged.name() == "merge2-tp2,tp2@2-3"
+    split = merged.replace((0,), (Plan.parse("single@1"), Plan.parse("single")))
+    assert split.name() == layout.name()  # groups in the order of their first rank
+    with pytest.raises(ValueError, match="do not cover exactly"):
+        layout.replace((0,), (Plan.parse("merge2-tp2"),))

@@ -1,21 +1,25 @@
 """Policies pick each step's plans from a view of the node; they never touch tensors
 (protocol.py)."""
+from parashift.engine.policy.flying import FlyingPolicy
 from parashift.engine.policy.protocol import Decision, GroupView, NodeView, Policy, Transition
 from parashift.engine.policy.scripted import ScriptedPolicy
 from parashift.engine.policy.shift import ShiftPolicy
 from parashift.engine.policy.static import StaticPolicy
 from parashift.parallel.layout import Layout
 
-POLICIES = ("static", "shift")
+POLICIES = ("static", "shift", "flying")
 
-__all__ = ["Decision", "GroupView", "NodeView", "Policy", "ScriptedPolicy", "ShiftPolicy",
+__all__ = ["Decision", "FlyingPolicy", "GroupView", "NodeView", "Policy", "ScriptedPolicy", "ShiftPolicy",
            "StaticPolicy", "Transition", "make_policy"]
 
 
-def make_policy(config, layout: Layout) -> Policy:
+def make_policy(config, layout: Layout, hf_config) -> Policy:
     """The configured policy over the node's starting layout."""
     if config.parallel_policy == "static":
         return StaticPolicy(layout)
     if config.parallel_policy == "shift":
         return ShiftPolicy(layout, config.shift_threshold)
+    if config.parallel_policy == "flying":
+        return FlyingPolicy(layout, hf_config.num_attention_heads, hf_config.num_key_value_heads,
+                            config.flying_merge_running, config.flying_dwell_s)
     raise ValueError(f"unknown parallel policy {config.parallel_policy!r}; choose from {POLICIES}")

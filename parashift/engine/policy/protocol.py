@@ -30,6 +30,7 @@ class GroupView:
 class NodeView:
     groups: tuple[GroupView, ...]  # one per group of the layout, in order
     time: float = 0.0
+    layout: tuple[str, ...] = ()   # each group's plan in the node layout, by name
 
 
 @dataclass(frozen=True)

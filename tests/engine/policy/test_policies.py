@@ -1,8 +1,8 @@
 """Policies are pure functions of recorded views: no engine, no tensors."""
 import pytest
 
-from parashift.engine.policy import (GroupView, NodeView, ScriptedPolicy, ShiftPolicy,
-                                     StaticPolicy)
+from parashift.engine.policy import (FlyingPolicy, GroupView, NodeView, ScriptedPolicy,
+                                     ShiftPolicy, StaticPolicy, Transition)
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
 
@@ -54,3 +54,38 @@ def test_scripted_policy_asks_its_function_per_group():
     plans = [Plan(sp=2), Plan(sp=2).shift_plan()]
     policy = ScriptedPolicy(plans, lambda g: plans[g.num_waiting > 0])
     assert policy.decide(RECORDED).plans == ("sp2", "shift-tp2", "sp2")
+
+
+def flying(**options) -> FlyingPolicy:
+    return FlyingPolicy(Layout.of(Plan(dp=4)), num_heads=8, num_kv_heads=4, **options)
+
+
+REPLICAS = ("single", "single@1", "single@2", "single@3")
+
+
+def test_flying_offers_every_aligned_merge_the_heads_allow():
+    policy = flying()
+    assert [p.name() for p in policy.merges] == [
+        "merge2-tp2", "merge2-tp2@2-3", "merge4-tp4"]  # no width 3: 4 replicas
+    with pytest.raises(ValueError, match="two or more data-parallel replicas"):
+        FlyingPolicy(Layout.parse("tp2,single"), 8, 4)
+
+
+def test_flying_merges_under_light_load_and_splits_when_a_queue_builds():
+    policy = flying(merge_running=4, dwell_s=2.0)
+    light = NodeView(tuple(group(1, num_running=1) for _ in range(4)), 10.0, REPLICAS)
+    decision = policy.decide(light)
+    assert decision.plans == REPLICAS
+    assert decision.transitions == (Transition("merge", (0, 1, 2, 3), ("merge4-tp4",)),)
+    queue = NodeView((group(40, num_running=2, num_waiting=3),), 11.0, ("merge4-tp4",))
+    assert policy.decide(queue).transitions == ()  # within the dwell
+    later = NodeView(queue.groups, 12.5, ("merge4-tp4",))
+    assert policy.decide(later).transitions == (Transition("split", (0,), REPLICAS),)
+
+
+def test_flying_holds_between_its_thresholds():
+    policy = flying(merge_running=4, dwell_s=0.0)
+    busy = NodeView(tuple(group(8, num_running=2) for _ in range(4)), 1.0, REPLICAS)
+    assert policy.decide(busy).transitions == ()  # 8 running: too many to merge
+    merged = NodeView((group(8, num_running=8),), 2.0, ("merge4-tp4",))
+    assert policy.decide(merged).transitions == ()  # 8 running, none waiting: stays merged

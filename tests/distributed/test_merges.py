@@ -1,0 +1,89 @@
+"""Merges and splits of the node layout mid-generation (ranks change groups) give the
+single-device greedy tokens: replicas merge into one TP group over their full copies of
+the weights, the KV pool is read in the merged plan's view, and the requests of the
+groups involved move to the groups that replace them (the running ones are computed
+again there, counted)."""
+import json
+
+import pytest
+
+from parashift import LLM
+from parashift.parallel.layout import Layout
+from tests.distributed.test_plans import COMMON, PARAMS, assert_same, prompts
+from tests.distributed.test_transitions import model  # noqa: F401 - the module's model
+from tests.helpers.policies import LayoutCycle
+
+
+def run_cycle(model_dir, tmp_path, start: str, cycle: list[str], limit: int, every: int = 4,
+              **options):
+    timeline = tmp_path / "timeline.jsonl"
+    llm = LLM(model_dir, **{**COMMON, "timeline_file": str(timeline), "layout": start,
+                            "parallel_policy": "flying", **options})
+    engine = llm.llm_engine
+    try:
+        engine.set_policy(LayoutCycle(engine, [Layout.parse(spec) for spec in cycle], every, limit))
+        outputs = llm.generate(prompts(n=8), PARAMS)
+        records = engine.take_transition_records()
+        free = [r.block_manager.num_free_blocks == r.block_manager.num_blocks
+                for r in engine.replicas]
+        return outputs, records, timeline, free
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    model_dir, _ = model
+    llm = LLM(model_dir, **COMMON)
+    try:
+        return llm.generate(prompts(n=8), PARAMS)
+    finally:
+        llm.llm_engine.shutdown()
+
+
+def test_merge_and_split_back_mid_generation(model, reference, tmp_path):
+    """Two replicas merge into TP=2 and split again, over and over, requests in flight."""
+    outputs, records, timeline, free = run_cycle(
+        model[0], tmp_path, "single,single", ["merge2-tp2", "single,single"], limit=4)
+    assert_same(outputs, reference)
+    kinds = [r.kind for r in records]
+    assert kinds == ["merge", "split"] * 2
+    assert records[0].target == ("merge2-tp2",)
+    assert records[1].target == ("single", "single@1")
+    assert any(r.reprefilled > 0 for r in records)
+    assert all(r.moved >= r.reprefilled for r in records)
+    assert all(free)  # every block came back
+    lines = [json.loads(line) for line in timeline.read_text().splitlines()]
+    assert sum("transition" in line for line in lines) == len(records)
+
+
+def test_widths_one_two_four_and_back(model, reference, tmp_path):
+    """On 4 ranks: 1 -> 2 -> 4 -> 2 -> 1, a merge of merged groups included."""
+    outputs, records, _, free = run_cycle(
+        model[0], tmp_path, "single,single,single,single",
+        ["merge2-tp2,merge2-tp2", "merge4-tp4", "merge2-tp2,merge2-tp2",
+         "single,single,single,single"], limit=6)
+    assert_same(outputs, reference)
+    targets = [r.target for r in records]
+    assert ("merge4-tp4",) in targets
+    assert ("merge2-tp2", "merge2-tp2@2-3") in targets  # the split of the width-4 group
+    assert all(free)
+
+
+def test_tp_replicas_merge_into_a_wider_tp_group(model, reference, tmp_path):
+    """Two TP=2 replicas merge into TP=4 (each rank uses half its TP shard) and back."""
+    outputs, records, _, free = run_cycle(
+        model[0], tmp_path, "tp2,tp2", ["merge2-tp4", "tp2,tp2"], limit=2)
+    assert_same(outputs, reference)
+    assert [r.kind for r in records[:2]] == ["merge", "split"]
+    assert all(free)
+
+
+def test_a_node_can_start_merged(model, reference):
+    """Ranks that start in a merged plan load full replicas and run as TP=2."""
+    llm = LLM(model[0], **{**COMMON, "layout": "merge2-tp2"})
+    try:
+        assert_same(llm.generate(prompts(n=8), PARAMS), reference)
+        assert llm.llm_engine.replicas[0].block_manager.block_size == 2 * 16
+    finally:
+        llm.llm_engine.shutdown()
