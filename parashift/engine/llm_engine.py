@@ -57,10 +57,10 @@ class LLMEngine:
         source = resolve_model(config.model, config.load_format)
         self.model_name = source.name
         self.device = _resolve_device(config.device)
-        logger.info("Loading %s on %s ...", source.describe(), self.device)
         hf_config = load_hf_config(source, config.trust_remote_code)
         self.tokenizer = _tokenizer(config, source)
         self.default_sampling = _generation_defaults(source, config.generation_config)
+        logger.info("Loading %s on %s ...", source.describe(), self.device)  # the slow part
         self.vocab_size = hf_config.vocab_size
         self.max_model_len = _resolve_max_model_len(config, hf_config)
         self.config = config = _with_step_budget(config, self.device)
