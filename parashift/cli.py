@@ -56,8 +56,8 @@ def _add_unavailable(subparsers, name: str, error: ImportError) -> None:
 
 
 @contextlib.contextmanager
-def _logging_to_stderr():
-    """parashift's INFO lines (loading the model, its generation defaults) on stderr while a
+def _logging_to_stderr(level_name: str = "info"):
+    """parashift's log lines (loading the model, its generation defaults) on stderr while a
     command runs, as vLLM logs; other libraries' loggers stay as they are."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s",
@@ -65,7 +65,7 @@ def _logging_to_stderr():
     logger = logging.getLogger("parashift")
     level = logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel("DEBUG" if level_name == "trace" else level_name.upper())
     try:
         yield
     finally:
@@ -76,7 +76,7 @@ def _logging_to_stderr():
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        with _logging_to_stderr():
+        with _logging_to_stderr(getattr(args, "log_level", "info")):  # serve's --log-level
             args.func(args)
     except ImportError as e:  # a module of an extra that serve or bench imports late
         if args.command not in EXTRAS:

@@ -42,9 +42,9 @@ class EngineConfig:
     attention_backend: str = "auto"          # auto | torch | triton
     load_format: str = "auto"                # auto | dummy (random weights)
     skip_tokenizer_init: bool = False
-    trust_remote_code: bool = False          # let transformers run the model repo's own config/tokenizer code
-    chat_template: str | None = None         # a Jinja file or the template itself; None: the tokenizer's
-    generation_config: str = "auto"          # request defaults: auto (the model's) | vllm (none) | a folder
+    trust_remote_code: bool = False          # transformers may run the model's own config code
+    chat_template: str | None = None         # a Jinja file or the template; None: the tokenizer's
+    generation_config: str = "auto"          # request defaults: auto (model's) | vllm | a folder
     tensor_parallel_size: int = 1
     sequence_parallel_size: int = 1
     data_parallel_size: int = 1

@@ -1,6 +1,7 @@
-"""Every file README.md and docs/*.md point to exists: markdown links, and file names in
-code spans (`docs/serving.md`, `bench/cli.py`, `llm.py`) and any name.md, resolved from the repository root,
-the document's folder or parashift/, or (a bare name) anywhere in the repository."""
+"""Every file README.md and docs/*.md point to exists: markdown links, file names in code
+spans (`docs/serving.md`, `bench/cli.py`, `llm.py`) and any name.md, resolved from the
+repository root, the document's folder or parashift/, or (a bare name) anywhere in the
+repository."""
 import re
 import subprocess
 from pathlib import Path

@@ -2,6 +2,7 @@
 and the one sentence a model directory without a tokenizer gets."""
 import json
 import logging
+import re
 import shutil
 
 import pytest
@@ -151,3 +152,18 @@ def test_trust_remote_code_reaches_the_tokenizer(model_dir, monkeypatch, trust):
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", recording)
     load_tokenizer(resolve_model(model_dir), trust_remote_code=trust)
     assert seen["trust_remote_code"] is trust
+
+
+def test_generate_command_takes_the_defaults_and_prints_the_loading_lines(model_dir, tmp_path,
+                                                                        capsys):
+    from parashift.cli import main
+    out = tmp_path / "out.jsonl"
+    for flags, tokens in (([], 3), (["--max-tokens", "2"], 2)):  # the config's 3, then the flag
+        main(["generate", "--model", str(model_dir), "--device", "cpu", "--num-blocks", "32",
+              "--ignore-eos", "--output-file", str(out), *flags, "hello world"])
+        assert len(json.loads(out.read_text())["token_ids"]) == tokens
+    err = capsys.readouterr().err
+    size = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) / 2**20
+    assert f"Loading {model_dir.name} (safetensors, {size:,.0f} MiB) on cpu ..." in err
+    assert re.search(rf"Loaded {model_dir.name} in \d+\.\d s", err)
+    assert "Request defaults from the model's generation config" in err
