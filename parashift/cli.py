@@ -1,5 +1,7 @@
 """`parashift` command line: generate, plan, serve, bench."""
 import argparse
+import contextlib
+import logging
 import sys
 
 from parashift.entrypoints.cli import add_generate_args, add_plan_args
@@ -53,10 +55,29 @@ def _add_unavailable(subparsers, name: str, error: ImportError) -> None:
     p.set_defaults(func=fail)
 
 
+@contextlib.contextmanager
+def _logging_to_stderr(level_name: str = "info"):
+    """parashift's log lines (loading the model, its generation defaults) on stderr while a
+    command runs, as vLLM logs; other libraries' loggers stay as they are."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s",
+                                           "%m-%d %H:%M:%S"))
+    logger = logging.getLogger("parashift")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel("DEBUG" if level_name == "trace" else level_name.upper())
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        with _logging_to_stderr(getattr(args, "log_level", "info")):  # serve's --log-level
+            args.func(args)
     except ImportError as e:  # a module of an extra that serve or bench imports late
         if args.command not in EXTRAS:
             raise

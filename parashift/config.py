@@ -42,6 +42,9 @@ class EngineConfig:
     attention_backend: str = "auto"          # auto | torch | triton
     load_format: str = "auto"                # auto | dummy (random weights)
     skip_tokenizer_init: bool = False
+    trust_remote_code: bool = False          # transformers may run the model's own config code
+    chat_template: str | None = None         # a Jinja file or the template; None: the tokenizer's
+    generation_config: str = "auto"          # request defaults: auto (model's) | vllm | a folder
     tensor_parallel_size: int = 1
     sequence_parallel_size: int = 1
     data_parallel_size: int = 1
@@ -96,6 +99,9 @@ class EngineConfig:
         if self.layout is not None and any(getattr(self, name) != 1 for name in degrees):
             raise ValueError("give either layout or the parallel sizes, not both "
                              f"(layout={self.layout!r})")
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise ValueError("generation_config must be auto, vllm or a folder holding "
+                             f"generation_config.json, got {self.generation_config!r}")
         if not self.worker_timeout_s > 0:
             raise ValueError(f"worker_timeout_s must be > 0, got {self.worker_timeout_s}")
         if not self.worker_heartbeat_timeout_s >= 1.0:  # NaN fails too

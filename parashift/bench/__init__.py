@@ -1,2 +1,2 @@
-"""Benchmarks: the workloads of workloads.md against a server (`bench serve`)
+"""Benchmarks: the named workloads of workloads.py against a server (`bench serve`)
 or the offline engine (`bench throughput`), with metrics, files and plots."""

@@ -22,7 +22,7 @@ def gamma_arrivals(rng: np.random.Generator, n: int, rate: float,
 
 @dataclass(frozen=True)
 class BurstyPattern:
-    """A steady rate with bursts at a higher rate (workloads.md, `bursty`)."""
+    """A steady rate with bursts at a higher rate (the `bursty` workload of workloads.py)."""
     duration_s: float = 600.0
     base_rate: float = 2.0
     burst_rate: float = 30.0

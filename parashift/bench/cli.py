@@ -3,11 +3,15 @@ import argparse
 import json
 import os
 
+from parashift.bench.datasets import (DATASETS, Dataset, bench_tokenizer, random_dataset,
+                                      sharegpt_dataset)
 from parashift.bench.workloads import WORKLOADS, WorkloadOptions
+from parashift.entrypoints.help_format import DefaultsOnceFormatter
 
 
 def add_bench_args(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("bench", help="benchmark a server or the offline engine")
+    parser = subparsers.add_parser("bench", help="benchmark a server or the offline engine",
+                                   formatter_class=DefaultsOnceFormatter)
     kinds = parser.add_subparsers(dest="bench_command", required=True)
     _add_serve_parser(kinds)
     _add_throughput_parser(kinds)
@@ -15,10 +19,11 @@ def add_bench_args(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _add_workload_args(parser: argparse.ArgumentParser) -> None:
+def _add_workload_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     group = parser.add_argument_group("workload")
-    group.add_argument("--workload", required=True, choices=list(WORKLOADS),
-                       help="a workload of workloads.md")
+    group.add_argument("--workload", required=required, choices=list(WORKLOADS),
+                       help="a named workload of parashift/bench/workloads.py" +
+                       ("" if required else " (default: a --dataset-name dataset instead)"))
     group.add_argument("--seed", type=int, default=0, help="the same seed, the same requests")
     group.add_argument("--num-requests", type=int, default=None,
                        help="override the workload's request count")
@@ -27,10 +32,13 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_serve_parser(kinds) -> None:
-    p = kinds.add_parser("serve", help="drive a workload against an OpenAI-compatible server")
-    _add_workload_args(p)
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--endpoint", default="completions", choices=("completions", "chat"))
+    p = kinds.add_parser("serve", help="drive a workload against an OpenAI-compatible server",
+                         formatter_class=DefaultsOnceFormatter)
+    _add_workload_args(p, required=False)
+    _add_dataset_args(p)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server")
+    p.add_argument("--endpoint", default="completions", choices=("completions", "chat"),
+                   help="the API to call")
     p.add_argument("--model", default=None, help="default: the first of /v1/models")
     p.add_argument("--api-key", default=None,
                    help="default: env PARASHIFT_API_KEY or OPENAI_API_KEY")
@@ -47,22 +55,60 @@ def _add_serve_parser(kinds) -> None:
                    help="token ids (exact lengths) or random words; default ids, text for chat")
     p.add_argument("--vocab-size", type=int, default=32000,
                    help="token-id prompts use ids below this")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0, help="of every request")
     p.add_argument("--extra-body", default=None, help="JSON merged into every request body")
-    p.add_argument("--num-warmups", type=int, default=0)
-    p.add_argument("--output-dir", default="bench-results")
+    p.add_argument("--num-warmups", type=int, default=0,
+                   help="short requests sent before measuring")
+    p.add_argument("--output-dir", default="bench-results", help="where the files go")
     p.add_argument("--timeline-interval", type=float, default=1.0, help="seconds per CSV row")
     p.add_argument("--metrics-interval", type=float, default=0.5,
                    help="seconds between /metrics samples")
     p.add_argument("--plot", action="store_true", help="write PNG plots")
 
 
+def _add_dataset_args(parser: argparse.ArgumentParser) -> None:
+    """vLLM's `bench serve` dataset flags."""
+    group = parser.add_argument_group("dataset (vLLM's flags; instead of --workload)")
+    group.add_argument("--dataset-name", choices=DATASETS, default=None,
+                       help="random token ids or ShareGPT conversations (default: random "
+                            "when no --workload is given)")
+    group.add_argument("--dataset-path", default=None, help="the ShareGPT JSON file")
+    group.add_argument("--num-prompts", type=int, default=1000, help="requests to send")
+    group.add_argument("--random-input-len", type=int, default=1024,
+                       help="random: prompt tokens")
+    group.add_argument("--random-output-len", type=int, default=128,
+                       help="random: tokens to generate")
+    group.add_argument("--random-range-ratio", type=float, default=0.0,
+                       help="random: lengths uniform in [len * (1 - r), len * (1 + r)]")
+    group.add_argument("--sharegpt-output-len", type=int, default=None,
+                       help="sharegpt: tokens to generate (default: the reply's length)")
+    group.add_argument("--tokenizer", default=None,
+                       help="sharegpt: the tokenizer that counts lengths, a directory or "
+                            ".gguf (default: the embedded SmolLM2's)")
+
+
+def dataset_from_args(args) -> Dataset | None:
+    name = args.dataset_name or (None if args.workload else "random")
+    if name is not None and args.workload:
+        raise ValueError("give --workload or --dataset-name, not both")
+    if name == "random":
+        return random_dataset(args.num_prompts, args.random_input_len, args.random_output_len,
+                              args.random_range_ratio)
+    if name == "sharegpt":
+        if not args.dataset_path:
+            raise ValueError("--dataset-name sharegpt needs --dataset-path (a ShareGPT JSON file)")
+        return sharegpt_dataset(args.dataset_path, args.num_prompts, args.seed,
+                                bench_tokenizer(args.tokenizer), args.sharegpt_output_len)
+    return None
+
+
 def _add_throughput_parser(kinds) -> None:
     p = kinds.add_parser("throughput", help="an offline workload in process (no HTTP)",
+                         formatter_class=DefaultsOnceFormatter,
                          conflict_handler="resolve")
     _add_workload_args(p)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--output-json", default=None)
+    p.add_argument("--temperature", type=float, default=0.0, help="of every request")
+    p.add_argument("--output-json", default=None, help="write the result here")
     from parashift.entrypoints.engine_args import add_engine_args
     add_engine_args(p)
     p.add_argument("--seed", type=int, default=0,
@@ -91,12 +137,15 @@ def run_bench(args: argparse.Namespace) -> None:
 
 
 def _run_serve(args) -> None:
+    from parashift.bench.runner import ServerUnavailableError
     from parashift.bench.serve import ServeBenchConfig, run_serve_benchmark
     from parashift.bench.stats import SLO
     api_key = args.api_key or os.environ.get("PARASHIFT_API_KEY") or \
         os.environ.get("OPENAI_API_KEY")
+    dataset = dataset_from_args(args)
     config = ServeBenchConfig(
-        workload=args.workload, base_url=args.base_url, endpoint=args.endpoint,
+        workload=None if dataset else args.workload, dataset=dataset,
+        base_url=args.base_url, endpoint=args.endpoint,
         model=args.model, api_key=api_key, options=workload_options(args),
         max_concurrency=args.max_concurrency, slo=SLO.parse(args.slo),
         prompt_format=args.prompt_format, vocab_size=args.vocab_size,
@@ -104,7 +153,10 @@ def _run_serve(args) -> None:
         output_dir=args.output_dir, timeline_interval_s=args.timeline_interval,
         metrics_interval_s=args.metrics_interval, plot=args.plot,
         num_warmups=args.num_warmups)
-    run_serve_benchmark(config)
+    try:
+        run_serve_benchmark(config)
+    except ServerUnavailableError as e:
+        raise SystemExit(f"parashift bench serve: {e}") from None
 
 
 def _run_throughput(args) -> None:
@@ -119,7 +171,8 @@ def _run_throughput(args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m parashift.bench serve|throughput ...` without the main CLI."""
-    parser = argparse.ArgumentParser(prog="python -m parashift.bench")
+    parser = argparse.ArgumentParser(prog="python -m parashift.bench",
+                                     formatter_class=DefaultsOnceFormatter)
     kinds = parser.add_subparsers(dest="bench_command", required=True)
     _add_serve_parser(kinds)
     _add_throughput_parser(kinds)

@@ -27,11 +27,23 @@ def new_client(api_key: str | None = None) -> httpx.AsyncClient:
                              headers=headers)
 
 
+class ServerUnavailableError(RuntimeError):
+    """No server answers at the base URL, or it refuses to list its models."""
+
+
 async def discover_model(base_url: str, api_key: str | None) -> str:
     """The first model the server lists at /v1/models."""
+    url = base_url.rstrip("/") + "/v1/models"
     async with new_client(api_key) as client:
-        response = await client.get(base_url.rstrip("/") + "/v1/models")
-        response.raise_for_status()
+        try:
+            response = await client.get(url)
+        except httpx.TransportError as e:
+            raise ServerUnavailableError(f"no server answers at {base_url} ({type(e).__name__}"
+                                         f"{': ' + str(e) if str(e) else ''}); start one with "
+                                         "`parashift serve` or pass --base-url") from None
+        if response.status_code != 200:
+            raise ServerUnavailableError(f"{url} answered HTTP {response.status_code}: "
+                                         f"{response.text[:200]}")
         models = response.json().get("data") or []
     if not models:
         raise ValueError(f"{base_url} lists no models; pass --model")

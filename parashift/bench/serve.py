@@ -2,10 +2,11 @@
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from parashift.bench.client import Endpoint
+from parashift.bench.datasets import Dataset
 from parashift.bench.prompts import fill_text_prompts, fill_token_prompts
 from parashift.bench.report import (build_timeline, peak_output_throughput,
                                     write_requests_json, write_summary_json,
@@ -17,7 +18,7 @@ from parashift.bench.workloads import WorkloadOptions, build_phases, get_workloa
 
 @dataclass
 class ServeBenchConfig:
-    workload: str
+    workload: str | None = None  # a workload's name, or None with a dataset
     base_url: str = "http://127.0.0.1:8000"
     endpoint: str = "completions"  # completions | chat
     model: str | None = None  # None: the first of /v1/models
@@ -34,9 +35,19 @@ class ServeBenchConfig:
     metrics_interval_s: float = 0.5
     plot: bool = False
     num_warmups: int = 0
+    dataset: Dataset | None = None  # vLLM's random or sharegpt, instead of a workload
 
     def __post_init__(self):
-        get_workload(self.workload)
+        if (self.workload is None) == (self.dataset is None):
+            raise ValueError("give a workload or a dataset (not both)")
+        if self.dataset is not None:
+            self.workload = self.dataset.workload.name
+        else:
+            get_workload(self.workload)
+        if self.dataset is not None and self.dataset.prompts is not None:
+            self.prompt_format = self.prompt_format or "text"
+            if self.prompt_format != "text":
+                raise ValueError(f"the {self.workload} dataset has text prompts, not ids")
         if self.endpoint not in ("completions", "chat"):
             raise ValueError(f"endpoint must be completions or chat, got {self.endpoint!r}")
         if self.prompt_format is None:
@@ -59,10 +70,11 @@ def run_serve_benchmark(config: ServeBenchConfig) -> list[dict]:
 
 
 async def _bench(config: ServeBenchConfig) -> list[dict]:
-    model = config.model or await discover_model(config.base_url, config.api_key)
+    listed = await discover_model(config.base_url, config.api_key)  # fails early without a server
+    model = config.model or listed
     endpoint = Endpoint(config.base_url, model, config.endpoint, config.api_key,
                         config.temperature, config.extra_body)
-    workload = get_workload(config.workload)
+    workload = config.dataset.workload if config.dataset else get_workload(config.workload)
     phases = build_phases(workload, config.options)
     out_dir = Path(config.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -87,7 +99,9 @@ async def _bench(config: ServeBenchConfig) -> list[dict]:
 
 
 def _fill_prompts(config: ServeBenchConfig, requests) -> None:
-    if config.prompt_format == "text":
+    if config.dataset is not None and config.dataset.prompts is not None:
+        config.dataset.fill_prompts(requests)
+    elif config.prompt_format == "text":
         fill_text_prompts(requests, config.options.seed)
     else:
         fill_token_prompts(requests, config.options.seed, config.vocab_size)
@@ -113,7 +127,9 @@ def _report_phase(config: ServeBenchConfig, result: PhaseResult, out_dir: Path) 
 
 
 def _describe(config: ServeBenchConfig) -> dict:
-    described = asdict(config)
-    described.pop("api_key", None)
+    described = {f.name: getattr(config, f.name) for f in fields(config)
+                 if f.name not in ("api_key", "dataset")}
+    described["options"] = asdict(config.options)
     described["slo"] = None if config.slo is None else asdict(config.slo)
+    described["dataset"] = None if config.dataset is None else config.dataset.workload.description
     return json.loads(json.dumps(described, default=str))

@@ -1,4 +1,4 @@
-"""The workloads of ../shared/workloads.md, generated from a seed.
+"""The named benchmark workloads, generated from a seed.
 
 The same seed gives the same requests (lengths and arrival times) on every
 system. `length_scale`, `num_requests` and `time_scale` shrink a workload for

@@ -21,6 +21,8 @@ from parashift.executor.multiproc import MultiprocExecutor
 from parashift.executor.uniproc import UniprocExecutor
 from parashift.kv.block_manager import BlockManager
 from parashift.kv.views import tokens_per_block
+from parashift.loader.chat_template import load_chat_template
+from parashift.loader.generation_config import generation_defaults
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.loader.tokenizer import load_tokenizer
 from parashift.outputs import CompletionOutput, RequestOutput
@@ -53,13 +55,16 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
+        started = time.perf_counter()
         source = resolve_model(config.model, config.load_format)
         self.model_name = source.name
-        hf_config = load_hf_config(source)
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(source, config.tokenizer)
+        self.device = _resolve_device(config.device)
+        hf_config = load_hf_config(source, config.trust_remote_code)
+        self.tokenizer = _tokenizer(config, source)
+        self.default_sampling = _generation_defaults(source, config.generation_config)
+        logger.info("Loading %s on %s ...", source.describe(), self.device)  # the slow part
         self.vocab_size = hf_config.vocab_size
         self.max_model_len = _resolve_max_model_len(config, hf_config)
-        self.device = _resolve_device(config.device)
         self.config = config = _with_step_budget(config, self.device)
         self.dtype = _resolve_dtype(config.dtype, hf_config, self.device)
         self.layout = config.node_layout  # the starting layout: each rank's weights and KV
@@ -86,6 +91,7 @@ class LLMEngine:
         self._detokenizers: dict[str, IncrementalDetokenizer | None] = {}
         self._num_preemptions = 0
         self.steps_in_flight = 2 if _async_scheduling(config, self.layout) else 1
+        logger.info("Loaded %s in %.1f s", self.model_name, time.perf_counter() - started)
 
     def _start_executor(self, hf_config, source):
         if self.layout.world_size == 1:
@@ -399,6 +405,26 @@ class LLMEngine:
                            sum(r.block_manager.num_free_blocks for r in self.replicas),
                            sum(r.block_manager.num_blocks for r in self.replicas),
                            self._num_preemptions)
+
+
+def _tokenizer(config: EngineConfig, source):
+    if config.skip_tokenizer_init:
+        if config.chat_template is not None:
+            raise ValueError("chat_template needs a tokenizer; drop skip_tokenizer_init")
+        return None
+    tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
+    if config.chat_template is not None:
+        tokenizer.chat_template = load_chat_template(config.chat_template)
+    return tokenizer
+
+
+def _generation_defaults(source, setting: str) -> dict:
+    """Request defaults from the generation config; logged once, as vLLM does."""
+    defaults = generation_defaults(source, setting)
+    if defaults:
+        logger.info("Request defaults from the model's generation config (unset fields of a "
+                    "request take them; --generation-config vllm ignores it): %s", defaults)
+    return defaults
 
 
 def _async_scheduling(config: EngineConfig, layout) -> bool:

@@ -3,39 +3,52 @@ import argparse
 import json
 
 from parashift.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from parashift.entrypoints.help_format import DefaultsOnceFormatter
+
+
+# What `generate` uses for a sampling option given neither on the command line nor by the
+# model's generation config (SamplingParams' own defaults for the others).
+GENERATE_DEFAULTS = {"temperature": 0.0, "max_tokens": 256}
+MODEL_DEFAULT = "default: the model's generation config, else "
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("sampling")
-    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    group.add_argument("--top-p", type=float, default=1.0)
-    group.add_argument("--top-k", type=int, default=-1, help="-1 = off")
-    group.add_argument("--min-p", type=float, default=0.0)
+    group.add_argument("--temperature", type=float, default=None,
+                       help=f"{MODEL_DEFAULT}0 = greedy")
+    group.add_argument("--top-p", type=float, default=None, help=f"{MODEL_DEFAULT}1.0")
+    group.add_argument("--top-k", type=int, default=None, help=f"-1 = off ({MODEL_DEFAULT}-1)")
+    group.add_argument("--min-p", type=float, default=None, help=f"{MODEL_DEFAULT}0.0")
     group.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
-    group.add_argument("--max-tokens", type=int, default=256)
+    group.add_argument("--max-tokens", type=int, default=None, help=f"{MODEL_DEFAULT}256")
     group.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     group.add_argument("--stop-token-ids", type=int, nargs="*", default=None)
     group.add_argument("--ignore-eos", action="store_true")
     group.add_argument("--logprobs", type=int, default=None, help="top-k logprobs per token")
 
 
-def sampling_params_from_args(args):
+def sampling_params_from_args(args, model_defaults: dict | None = None):
+    """The options given, over the model's generation config, over GENERATE_DEFAULTS."""
     from parashift.sampling_params import SamplingParams
-    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                          min_p=args.min_p, seed=args.sampling_seed, max_tokens=args.max_tokens,
-                          stop=args.stop, stop_token_ids=args.stop_token_ids,
-                          ignore_eos=args.ignore_eos, logprobs=args.logprobs)
+    given = {name: getattr(args, name) for name in ("temperature", "top_p", "top_k", "min_p",
+                                                    "max_tokens")
+             if getattr(args, name) is not None}
+    return SamplingParams(**{**GENERATE_DEFAULTS, **(model_defaults or {}), **given},
+                          seed=args.sampling_seed, stop=args.stop,
+                          stop_token_ids=args.stop_token_ids, ignore_eos=args.ignore_eos,
+                          logprobs=args.logprobs)
 
 
 def add_generate_args(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate completions for prompts",
+                              formatter_class=DefaultsOnceFormatter,
                               description="Generate text for prompts given as arguments or "
                                           "in a JSONL file ({\"prompt\": ...} per line).")
     p.add_argument("prompts", nargs="*", help="prompts (each one request)")
     p.add_argument("--input-file", help="JSONL file with a 'prompt' (text or token ids) or "
                                         "'messages' (chat) per line")
     p.add_argument("--output-file", help="write results as JSONL here instead of stdout")
-    p.add_argument("--no-chat-template", dest="chat_template", action="store_false",
+    p.add_argument("--no-chat-template", dest="use_chat_template", action="store_false",
                    help="send prompts raw instead of as a user message in the chat template")
     add_engine_args(p)
     add_sampling_args(p)
@@ -65,10 +78,10 @@ def _to_prompt(engine, request: dict, chat_template: bool):
 def run_generate(args) -> None:
     from parashift.entrypoints.llm import LLM
     requests = _load_requests(args)
-    params = sampling_params_from_args(args)
     config = engine_config_from_args(args)
     llm = LLM(**vars(config))
-    prompts = [_to_prompt(llm.llm_engine, r, args.chat_template) for r in requests]
+    params = sampling_params_from_args(args, llm.llm_engine.default_sampling)
+    prompts = [_to_prompt(llm.llm_engine, r, args.use_chat_template) for r in requests]
     outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1)
     out = open(args.output_file, "w") if args.output_file else None
     for request, result in zip(requests, outputs):
@@ -85,7 +98,7 @@ def run_generate(args) -> None:
 
 def add_plan_args(subparsers) -> None:
     p = subparsers.add_parser("plan", help="print a parallel plan's or a node layout's ranks "
-                                           "and groups",
+                                           "and groups", formatter_class=DefaultsOnceFormatter,
                               description="Print which coordinates, layers and heads each rank "
                                           "holds under a plan (or under each group's plan of a "
                                           "layout), and its process groups.")

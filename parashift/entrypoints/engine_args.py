@@ -12,14 +12,17 @@ ENGINE_FLAGS = {
     "--max-model-len": ("max_model_len", int, "context window (default: the model's)"),
     "--max-num-seqs": ("max_num_seqs", int, "most sequences in one step"),
     "--max-num-batched-tokens": ("max_num_batched_tokens", int, "token budget of one step "
-                                 "(None: 8192 on GPUs, 512 on the CPU)"),
+                                 "(default: 8192 on GPUs, 512 on the CPU)"),
     "--long-prefill-token-threshold": ("long_prefill_token_threshold", int,
                                        "cap on one request's prefill chunk (0: none; "
-                                       "None: half the step budget)"),
+                                       "default: half the step budget)"),
     "--seed": ("seed", int, "seed of the engine's sampler and random weights"),
     "--block-size": ("block_size", int, "tokens per KV block"),
-    "--num-blocks": ("num_blocks", int, "KV pool size in blocks (overrides memory sizing)"),
-    "--kv-cache-memory": ("kv_cache_memory", int, "KV pool size in bytes"),
+    "--num-blocks": ("num_blocks", int, "KV pool size in blocks (default: sized from "
+                                        "--kv-cache-memory or the free memory)"),
+    "--kv-cache-memory": ("kv_cache_memory", int, "KV pool size in bytes (default: 1 GiB on "
+                                                  "the CPU; from --gpu-memory-utilization "
+                                                  "on GPUs)"),
     "--gpu-memory-utilization": ("gpu_memory_utilization", float,
                                  "fraction of GPU memory the engine may use"),
     "--attention-backend": ("attention_backend", str, "auto | torch | triton"),
@@ -46,6 +49,12 @@ ENGINE_FLAGS = {
     "--worker-heartbeat-timeout-s": ("worker_heartbeat_timeout_s", float,
                                      "a worker whose heartbeat is this old is dead: the "
                                      "engine fails (a server exits non-zero)"),
+    "--chat-template": ("chat_template", str, "a Jinja chat template: a file, or the template "
+                                              "itself (default: the tokenizer's)"),
+    "--generation-config": ("generation_config", str,
+                            "request defaults (temperature, top_p, top_k, min_p, "
+                            "repetition_penalty, max_tokens): auto = the model's "
+                            "generation_config.json, vllm = none, or a folder holding one"),
 }
 
 
@@ -65,11 +74,10 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
                            help="HF directory, .gguf file or config .json for random weights "
                                 "(default: embedded SmolLM2-135M-Instruct)")
     for flag, (name, type_, help_) in ENGINE_FLAGS.items():
-        group.add_argument(flag, dest=name, type=type_, default=defaults[name],
-                           help=f"{help_} (default: {defaults[name]})")
+        group.add_argument(flag, dest=name, type=type_, default=defaults[name], help=help_)
     for flag, short, name in PARALLEL_FLAGS:
         group.add_argument(flag, short, dest=name, type=int, default=defaults[name],
-                           help=f"{name.replace('_', ' ')} (default: {defaults[name]})")
+                           help=name.replace('_', ' '))
     group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                        action="store_false", help="turn prefix caching off")
     group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
@@ -83,11 +91,15 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
                        help="schedule the next step while one runs (default: on for one rank)")
     group.add_argument("--skip-tokenizer-init", action="store_true",
                        help="no tokenizer: prompts are token ids, outputs have no text")
+    group.add_argument("--trust-remote-code", action="store_true",
+                       help="let transformers run the code a model directory ships for its "
+                            "config and tokenizer")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     names = [name for name, _, _ in ENGINE_FLAGS.values()]
-    names += ["model", "enable_prefix_caching", "skip_tokenizer_init", "cuda_graphs",
+    names += ["model", "enable_prefix_caching", "skip_tokenizer_init", "trust_remote_code",
+              "cuda_graphs",
               "fast_all_reduce", "async_scheduling"]
     names += [name for _, _, name in PARALLEL_FLAGS]
     return EngineConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)})

@@ -57,11 +57,16 @@ class LLM:
     def get_tokenizer(self):
         return self._engine().tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use when given none: SamplingParams' defaults, with
+        the model's generation config over them (unless generation_config="vllm")."""
+        return SamplingParams(**self._engine().default_sampling)
+
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False, priority: list[int] | None = None) -> list[RequestOutput]:
         prompts = _as_prompt_list(prompts)
-        params = _per_prompt(sampling_params, len(prompts))
+        params = _per_prompt(sampling_params or self.get_default_sampling_params(), len(prompts))
         priority = priority or [0] * len(prompts)
         if len(priority) != len(prompts):
             raise ValueError(f"{len(priority)} priorities for {len(prompts)} prompts")
@@ -120,8 +125,6 @@ def _as_prompt_list(prompts) -> list[Prompt]:
 
 
 def _per_prompt(sampling_params, n: int) -> list[SamplingParams]:
-    if sampling_params is None:
-        return [SamplingParams()] * n
     if isinstance(sampling_params, SamplingParams):
         return [sampling_params] * n
     if len(sampling_params) != n:

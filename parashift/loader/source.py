@@ -21,6 +21,15 @@ class ModelSource:
     def directory(self) -> Path:
         return self.path if self.path.is_dir() else self.path.parent
 
+    def describe(self) -> str:
+        """What is loaded and how big, e.g. "SmolLM2-135M-Instruct (GGUF, 94 MiB)"."""
+        if self.kind == "random":
+            return f"{self.name} (random weights)"
+        files = [self.path] if self.kind == "gguf" else sorted(self.path.glob("*.safetensors"))
+        size = sum(f.stat().st_size for f in files)
+        return f"{self.name} ({'GGUF' if self.kind == 'gguf' else 'safetensors'}, " \
+               f"{size / 2**20:,.0f} MiB)"
+
 
 def embedded_gguf_path() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
@@ -53,22 +62,22 @@ def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") ->
                      "config.json, a .gguf file, or a config .json for random weights")
 
 
-def load_hf_config(source: ModelSource):
+def load_hf_config(source: ModelSource, trust_remote_code: bool = False):
     """The model's transformers config object; raises at once, naming the supported
     ones, if parashift has no model class for its architecture."""
     from parashift.models.registry import model_class_for
-    config = _read_hf_config(source)
+    config = _read_hf_config(source, trust_remote_code)
     model_class_for(config)
     return config
 
 
-def _read_hf_config(source: ModelSource):
+def _read_hf_config(source: ModelSource, trust_remote_code: bool):
     from transformers import CONFIG_MAPPING
     if source.kind == "gguf":
         from parashift.loader.gguf_loader import gguf_config
         return gguf_config(source.path)
     if source.path.is_dir():
-        return _hf_directory_config(source.path)
+        return _hf_directory_config(source.path, trust_remote_code)
     try:
         raw = json.loads(source.path.read_text())
     except ValueError as e:
@@ -79,9 +88,14 @@ def _read_hf_config(source: ModelSource):
     return CONFIG_MAPPING[model_type](**raw)
 
 
-def _hf_directory_config(directory: Path):
+def _hf_directory_config(directory: Path, trust_remote_code: bool):
     from transformers import AutoConfig
     try:
-        return AutoConfig.from_pretrained(directory)
+        return AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code)
     except OSError as e:  # e.g. config.json is not valid JSON
         raise ValueError(f"cannot read {directory / 'config.json'}: {e}") from None
+    except ValueError as e:
+        if "trust_remote_code" in str(e) and not trust_remote_code:
+            raise ValueError(f"{directory} defines its config in its own code, which runs only "
+                             "with --trust-remote-code (trust_remote_code=True)") from None
+        raise

@@ -89,3 +89,31 @@ def test_offline_throughput(tmp_path):
 def test_throughput_refuses_online_workloads():
     with pytest.raises(ValueError, match="not offline"):
         ThroughputConfig(workload="bursty")
+
+
+def test_cli_random_dataset_as_vllm(server, tmp_path):
+    bench_main(["serve", "--base-url", server.base_url, "--dataset-name", "random",
+                "--num-prompts", "3", "--random-input-len", "8", "--random-output-len", "4",
+                "--random-range-ratio", "0.5", "--vocab-size", str(shared_engine().vocab_size),
+                "--output-dir", str(tmp_path)])
+    summary = json.loads((tmp_path / "random-summary.json").read_text())["phases"][0]["summary"]
+    assert summary["completed"] == 3 and summary["failed"] == 0
+    assert 3 * 4 <= summary["input_tokens"] <= 3 * 12
+    assert 3 * 2 <= summary["output_tokens"] <= 3 * 6
+
+
+def test_cli_sharegpt_dataset_counts_lengths_with_the_model_s_tokenizer(server, tmp_path):
+    from parashift.bench.datasets import bench_tokenizer
+    turns = [("What is the capital of France?", "The capital of France is Paris."),
+             ("Name three colours of the rainbow.", "Red, orange and yellow are three.")]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps([{"conversations": [{"from": "human", "value": q},
+                                                   {"from": "gpt", "value": a}]}
+                                for q, a in turns]))
+    bench_main(["serve", "--base-url", server.base_url, "--dataset-name", "sharegpt",
+                "--dataset-path", str(path), "--num-prompts", "2", "--sharegpt-output-len", "4",
+                "--output-dir", str(tmp_path)])
+    summary = json.loads((tmp_path / "sharegpt-summary.json").read_text())["phases"][0]["summary"]
+    tokenizer = bench_tokenizer(None)
+    assert summary["completed"] == 2
+    assert summary["input_tokens"] == sum(len(tokenizer.encode(q)) for q, _ in turns)

@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 
+from parashift.entrypoints.help_format import DefaultsOnceFormatter
 from parashift.entrypoints.openai.auth import resolve_api_key
 from parashift.entrypoints.openai.server_config import LOG_LEVELS, ServerConfig
 
@@ -16,6 +17,7 @@ from parashift.entrypoints.openai.server_config import LOG_LEVELS, ServerConfig
 def add_serve_args(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "serve", help="serve a model over an OpenAI-compatible HTTP API",
+        formatter_class=DefaultsOnceFormatter,
         description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) over an "
                     "OpenAI-compatible HTTP API.", conflict_handler="resolve")
     parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
@@ -34,7 +36,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--host", default=defaults.host,
                        help="address to bind (default %(default)s: this machine only)")
-    group.add_argument("--port", type=int, default=defaults.port)
+    group.add_argument("--port", type=int, default=defaults.port, help="port to listen on")
     group.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on /v1 routes "
                             "(default: env PARASHIFT_API_KEY, else no key)")
@@ -46,7 +48,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="with this many requests waiting, new ones get 503")
     group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
                        help="seconds SIGTERM lets in-flight requests finish")
-    group.add_argument("--log-level", default=defaults.log_level, choices=LOG_LEVELS)
+    group.add_argument("--log-level", default=defaults.log_level, choices=LOG_LEVELS,
+                       help="the server's log level")
     group.add_argument("--access-log", action="store_true", help="log every HTTP request")
 
 
@@ -67,7 +70,6 @@ def run_serve(args: argparse.Namespace, engine_config_from_args=None) -> None:
 
     config = server_config_from_args(args)
     engine_config = _engine_config(args, engine_config_from_args)
-    _say(f"loading {engine_config.model or 'the embedded model'} ...")
     engine = LLMEngine(engine_config)
     app = build_app(engine, config)
     auth = "an API key required" if config.api_key else "no API key"
@@ -108,7 +110,7 @@ def _engine_args_module():
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m parashift.entrypoints.openai serve ...` without the main CLI."""
-    parser = argparse.ArgumentParser(prog="parashift")
+    parser = argparse.ArgumentParser(prog="parashift", formatter_class=DefaultsOnceFormatter)
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_serve_args(subparsers)
     args = parser.parse_args(argv)

@@ -37,6 +37,7 @@ class ServingContext:
     deadline: ShutdownDeadline
     max_request_bytes: int = 1 << 22
     model_path: str | None = None  # as given to --model: accepted as a name too (as vLLM)
+    sampling_defaults: dict = field(default_factory=dict)  # the model's generation config
 
     @classmethod
     def from_engine(cls, async_engine: AsyncLLMEngine, served_model_names: list[str] | None,
@@ -47,7 +48,8 @@ class ServingContext:
         return cls(engine=async_engine, model_names=names, max_model_len=llm.max_model_len,
                    vocab_size=llm.vocab_size, tokenizer=copy.deepcopy(llm.tokenizer),
                    max_request_bytes=max_request_bytes, deadline=deadline,
-                   model_path=getattr(getattr(llm, "config", None), "model", None))
+                   model_path=getattr(getattr(llm, "config", None), "model", None),
+                   sampling_defaults=dict(getattr(llm, "default_sampling", {})))
 
     @property
     def model_name(self) -> str:
@@ -77,6 +79,13 @@ class ServingContext:
             raise bad_request(f"token id {bad[0]} is out of vocabulary (valid ids are 0 to "
                               f"{self.vocab_size - 1})", param=param,
                               code="token_out_of_vocabulary")
+
+    def default_max_tokens(self, requested: int | None, fallback: int | None) -> int | None:
+        """The request's max_tokens when it set one, else the model's generation config's,
+        else `fallback` (the endpoint's own default)."""
+        if requested is not None:
+            return requested
+        return self.sampling_defaults.get("max_tokens", fallback)
 
     def fit_max_tokens(self, num_prompt_tokens: int, requested: int | None) -> int:
         """max_tokens to use; 400 naming both numbers when it cannot fit."""
@@ -137,10 +146,12 @@ def _first_line(exc: Exception) -> str:
 
 
 def build_sampling_params(request: SamplingFields, max_tokens: int | None,
-                          logprobs: int | None) -> SamplingParams:
-    """SamplingParams from the request fields set; 400 with the engine's message."""
-    kwargs = {name: getattr(request, name) for name in SAMPLING_FIELDS
-              if getattr(request, name) is not None}
+                          logprobs: int | None, defaults: dict | None = None) -> SamplingParams:
+    """SamplingParams from the request fields set, over `defaults` (the model's generation
+    config) for those it leaves unset; 400 with the engine's message."""
+    kwargs = {name: value for name, value in (defaults or {}).items() if name != "max_tokens"}
+    kwargs.update({name: getattr(request, name) for name in SAMPLING_FIELDS
+                   if getattr(request, name, None) is not None})
     try:
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
     except (ValueError, TypeError) as exc:

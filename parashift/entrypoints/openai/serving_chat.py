@@ -24,8 +24,9 @@ class ChatServer(Handler):
         ctx.check_model(request.model)
         prompt_ids = ctx.render_chat(self.conversation(request))
         ctx.check_prompt_ids(prompt_ids)
-        requested = request.requested_max_tokens
-        params = build_sampling_params(request, requested, self.num_logprobs(request))
+        requested = ctx.default_max_tokens(request.requested_max_tokens, None)
+        params = build_sampling_params(request, requested, self.num_logprobs(request),
+                                       ctx.sampling_defaults)
         params.max_tokens = ctx.fit_max_tokens(len(prompt_ids), requested)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         return await respond(ctx, raw, self, request, request_id, prompt_ids, params)

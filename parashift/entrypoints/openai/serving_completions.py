@@ -21,8 +21,11 @@ class CompletionServer(Handler):
         ctx.check_model(request.model)
         prompt_ids = self.prompt_ids(request.prompt)
         ctx.check_prompt_ids(prompt_ids)
-        params = build_sampling_params(request, request.max_tokens, request.logprobs)
-        params.max_tokens = ctx.fit_max_tokens(len(prompt_ids), request.max_tokens)
+        given = request.max_tokens if "max_tokens" in request.model_fields_set else None
+        max_tokens = ctx.default_max_tokens(given, request.max_tokens)
+        params = build_sampling_params(request, max_tokens, request.logprobs,
+                                       ctx.sampling_defaults)
+        params.max_tokens = ctx.fit_max_tokens(len(prompt_ids), max_tokens)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         return await respond(ctx, raw, self, request, request_id, prompt_ids, params)
 
