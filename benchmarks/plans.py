@@ -24,7 +24,10 @@ ALIASES = {"shift2": "shift-sp2"}
 
 
 def plan_options(name: str) -> dict:
-    """Engine options of a plan name (see the module docstring)."""
+    """Engine options of a plan name (see the module docstring); "layout:SPEC" starts the
+    node in that layout (e.g. layout:merge2-tp2, two full replicas run as TP=2)."""
+    if name.startswith("layout:"):
+        return {"layout": name.removeprefix("layout:")}
     name = ALIASES.get(name, name)
     body = name.removeprefix("shift-")
     degrees = re.findall(r"(dp|tp|sp|pp)(\d+)", body)

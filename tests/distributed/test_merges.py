@@ -9,13 +9,15 @@ import pytest
 
 from parashift import LLM
 from parashift.parallel.layout import Layout
-from tests.distributed.test_plans import COMMON, PARAMS, assert_same, prompts
+from tests.distributed.test_plans import (COMMON, PARAMS, assert_same, prompts,
+                                          skip_unless_enough_gpus)
 from tests.distributed.test_transitions import model  # noqa: F401 - the module's model
 from tests.helpers.policies import LayoutCycle
 
 
 def run_cycle(model_dir, tmp_path, start: str, cycle: list[str], limit: int, every: int = 4,
               **options):
+    skip_unless_enough_gpus(dict(layout=start))
     timeline = tmp_path / "timeline.jsonl"
     llm = LLM(model_dir, **{**COMMON, "timeline_file": str(timeline), "layout": start,
                             "parallel_policy": "flying", **options})
@@ -81,6 +83,7 @@ def test_tp_replicas_merge_into_a_wider_tp_group(model, reference, tmp_path):
 
 def test_a_node_can_start_merged(model, reference):
     """Ranks that start in a merged plan load full replicas and run as TP=2."""
+    skip_unless_enough_gpus(dict(layout="merge2-tp2"))
     llm = LLM(model[0], **{**COMMON, "layout": "merge2-tp2"})
     try:
         assert_same(llm.generate(prompts(n=8), PARAMS), reference)
