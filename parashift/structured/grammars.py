@@ -11,6 +11,8 @@ from parashift.structured.params import StructuredOutputsParams
 # sampled model may otherwise spend its whole budget on blank lines.
 MAX_JSON_WHITESPACE = 4
 CACHE_SIZE = 256
+LABELS = {"json": "the JSON schema", "regex": "the regex", "choice": "the choice list",
+          "grammar": "the grammar", "json_object": "json_object"}
 
 
 class InvalidGrammarError(ValueError):
@@ -40,8 +42,8 @@ class GrammarCompiler:
             try:
                 return self._compile(kind, text)
             except (RuntimeError, ValueError, TypeError) as exc:
-                raise InvalidGrammarError(f"structured_outputs.{kind} cannot be used: "
-                                          f"{_reason(exc)}") from None
+                raise InvalidGrammarError(f"{LABELS[kind]} cannot be used for structured "
+                                          f"output: {_reason(exc)}") from None
 
     def _compile(self, kind: str, text: str):
         c = self._compiler
