@@ -4,6 +4,7 @@ sample may take. The engine computes the masks and sends them with the step, so 
 rank that samples applies the same mask whatever the plan (and the output rank) is; a
 mask needs the previous token, so a replica running a constrained request keeps one
 step in flight (no async scheduling for it)."""
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,13 +25,15 @@ class StructuredOutputs:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int]):
         self._tokenizer, self._vocab_size, self._stop_ids = tokenizer, vocab_size, stop_token_ids
         self._compiler: GrammarCompiler | None = None  # built at the first constrained request
+        self._compiler_lock = threading.Lock()  # the HTTP server compiles from its own thread
         self._matchers: dict[str, object] = {}
 
     @property
     def compiler(self) -> GrammarCompiler:
-        if self._compiler is None:
-            self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._stop_ids)
-        return self._compiler
+        with self._compiler_lock:
+            if self._compiler is None:
+                self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._stop_ids)
+            return self._compiler
 
     def add(self, request_id: str, params: StructuredOutputsParams) -> None:
         """Raises InvalidGrammarError (a ValueError) naming what cannot be compiled."""
