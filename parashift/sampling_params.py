@@ -2,6 +2,8 @@
 import math
 from dataclasses import dataclass
 
+from parashift.structured.params import StructuredOutputsParams
+
 # Temperatures below this are treated as greedy: dividing logits by them overflows float32.
 _SAMPLING_EPS = 1e-5
 # Seeds are 64-bit signed integers (vLLM's range; torch.Generator takes no more than 64 bits).
@@ -23,6 +25,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None  # constrains the output
 
     def __post_init__(self):
         self.verify()
@@ -56,6 +59,9 @@ class SamplingParams:
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise ValueError(f"seed must be in [{SEED_MIN}, {SEED_MAX}] (a 64-bit signed "
                              f"integer), got {self.seed}")
+        if self.structured_outputs is not None and not isinstance(
+                self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])

@@ -27,6 +27,7 @@ from parashift.loader.source import load_hf_config, resolve_model
 from parashift.loader.tokenizer import load_tokenizer
 from parashift.outputs import CompletionOutput, RequestOutput
 from parashift.sampling_params import SamplingParams
+from parashift.structured.matchers import StructuredOutputs
 from parashift.worker.model_runner import ModelRunner
 from parashift.worker.worker import WorkerSpec
 
@@ -82,6 +83,7 @@ class LLMEngine:
         self.executor = self._start_executor(hf_config, source)
         self._finalizer = weakref.finalize(self, self.executor.shutdown)  # no orphan workers
         self._eos_ids = _eos_token_ids(hf_config, self.tokenizer, source)
+        self.structured = StructuredOutputs(self.tokenizer, self.vocab_size, self._eos_ids)
         self._scheduler_config = SchedulerConfig(
             config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
             config.long_prefill_token_threshold)
@@ -149,6 +151,9 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(request_id, token_ids, params, priority, prompt_text)
         replica = min(self.replicas, key=lambda r: r.load)  # least-loaded replica
+        if params.structured_outputs is not None:
+            self.structured.add(request_id, params.structured_outputs)
+            replica.num_structured += 1
         replica.scheduler.add(seq)
         replica.arrivals.append(time.monotonic())
         self._replica_of[request_id] = replica
@@ -218,7 +223,8 @@ class LLMEngine:
         and submits one step on each replica with room; False once none was submitted."""
         paused = self.transitions.paused_groups()
         open_replicas = [i for i, r in enumerate(self.replicas)
-                         if len(r.in_flight) < self.steps_in_flight and r.scheduler.has_unfinished()
+                         if len(r.in_flight) < self._steps_in_flight(r)
+                         and r.scheduler.has_unfinished()
                          and r.group not in paused]
         if not open_replicas:
             return False
@@ -240,10 +246,21 @@ class LLMEngine:
             if chosen is None or chosen.ranks != self.layout.plans[replica.group].ranks:
                 raise ValueError(f"the policy chose plan {plan!r} for group {replica.group}, "
                                  f"which runs on ranks {list(self.layout.plans[replica.group].ranks)}")
-            self.executor.submit(index, replica.step_batch(sched, plan))
+            self.executor.submit(index, self._step_batch(replica, sched, plan))
             replica.start(sched, plan)
             submitted = True
         return submitted
+
+    def _steps_in_flight(self, replica: "Replica") -> int:
+        """A structured-output request's next mask needs its last token: one step at a time."""
+        return 1 if replica.num_structured else self.steps_in_flight
+
+    def _step_batch(self, replica: "Replica", sched: SchedulerOutput, plan: str):
+        batch = replica.step_batch(sched, plan)
+        if replica.num_structured:
+            batch.token_masks = self.structured.masks(
+                [s.seq.request_id if s.samples else None for s in sched.scheduled])
+        return batch
 
     def _commit_drained_transitions(self) -> None:
         """Commits each pending transition whose groups have no step in flight: its
@@ -353,6 +370,8 @@ class LLMEngine:
                 if lp is not None:
                     seq.logprobs.append(lp)
         replica.scheduler.update(sched, sampled)
+        if replica.num_structured:
+            failed += self._advance_grammars(replica, sampling, sampled)
         outputs = []
         for seq in sampling:
             if seq.request_id not in self._replica_of:
@@ -363,6 +382,22 @@ class LLMEngine:
                 logger.exception("the output of request %s could not be made", seq.request_id)
                 outputs.append(self._fail(replica, seq, f"{type(exc).__name__}: {exc}"))
         return failed + outputs
+
+    def _advance_grammars(self, replica: "Replica", sampling: list[Sequence],
+                          sampled: dict[str, int]) -> list[RequestOutput]:
+        """Feeds each constrained request its new token; one whose grammar has ended is
+        finished (also under ignore_eos). Returns the requests whose grammar refused it."""
+        failed = []
+        for seq in sampling:
+            request_id = seq.request_id
+            if not self.structured.tracks(request_id):
+                continue
+            if not self.structured.accept(request_id, sampled[request_id]):
+                failed.append(self._fail(replica, seq, f"the sampled token {sampled[request_id]} "
+                                                       "does not follow its structured output"))
+            elif self.structured.is_terminated(request_id) and not seq.is_finished:
+                replica.scheduler.finish(seq, "stop")
+        return failed
 
     def _fail(self, replica: "Replica", seq: Sequence, reason: str) -> RequestOutput:
         """Ends one request with finish reason "error"; its blocks are freed."""
@@ -395,6 +430,9 @@ class LLMEngine:
                              seq.is_finished, seq.num_cached_tokens)
 
     def _release(self, replica: "Replica", request_id: str) -> None:
+        if self.structured.tracks(request_id):
+            self.structured.remove(request_id)
+            replica.num_structured -= 1
         self._detokenizers.pop(request_id, None)
         self._replica_of.pop(request_id, None)
         replica.encoder.forget(request_id)

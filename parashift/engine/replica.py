@@ -26,6 +26,7 @@ class Replica:
         self.arrivals: deque[float] = deque()  # when requests were added, for the arrival rate
         self.last_plan = ""
         self.encoder = DeltaEncoder(block_offset)  # what this replica's ranks already know
+        self.num_structured = 0  # its unfinished requests with structured output
 
     @property
     def load(self) -> int:

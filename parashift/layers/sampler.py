@@ -1,10 +1,12 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, min-p, per-request seeds, logprobs."""
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p, per-request seeds, logprobs,
+structured output's token masks."""
 import math
 from dataclasses import dataclass
 
 import torch
 
 from parashift.sampling_params import SamplingParams
+from parashift.structured.bitmask import apply_token_masks
 from parashift.uploads import upload
 
 
@@ -39,10 +41,13 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator | None],
-                 with_logprobs: bool = True) -> SamplerOutput:
-        """`with_logprobs=False` skips the logprobs (and their host sync) even where asked."""
+                 with_logprobs: bool = True, token_masks: list | None = None) -> SamplerOutput:
+        """`with_logprobs=False` skips the logprobs (and their host sync) even where asked.
+        `token_masks[i]`: row i's structured-output bitmask, or None."""
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators)
         logits = logits.float()
+        if token_masks is not None:
+            logits = apply_token_masks(logits, token_masks)
         token_ids = logits.argmax(dim=-1)
         if not all(p.greedy for p in params):
             sampled = self._sample(logits, params, generators)

@@ -267,9 +267,11 @@ class ModelRunner:
             return None, None
         # With one stage every rank samples (the same tokens: same logits, same seeds), so
         # every rank can fill the next step's placeholders; only the output rank reports.
+        masks = [c.token_mask for c in sampling]
         result = self.sampler(logits, [c.sampling for c in sampling],
                               [self._generator(c) for c in sampling],
-                              with_logprobs=plan.is_output_rank)
+                              with_logprobs=plan.is_output_rank,
+                              token_masks=masks if any(m is not None for m in masks) else None)
         return result.token_ids, result.logprobs
 
     def _fill_placeholders(self, token_ids: torch.Tensor, chunks: list[SeqChunk],

@@ -5,7 +5,10 @@ The message carries deltas: a request's sampling parameters once, and only the
 block ids appended to its block table since the last step."""
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from parashift.sampling_params import SamplingParams
+from parashift.structured.matchers import TokenMasks
 
 PLACEHOLDER_TOKEN = -1  # a token sampled by the step in flight, not yet known to the engine
 
@@ -26,6 +29,7 @@ class StepBatch:
     new_params: dict[str, SamplingParams] = field(default_factory=dict)
     finished_request_ids: list[str] = field(default_factory=list)
     plan: str = ""  # name of the plan this step runs under ("" = the base plan)
+    token_masks: TokenMasks | None = None  # structured output's masks of sampling chunks
 
 
 @dataclass
@@ -36,6 +40,7 @@ class SeqChunk:
     start_pos: int
     block_table: list[int]
     sampling: SamplingParams | None  # set when a token is sampled after this chunk
+    token_mask: np.ndarray | None = None  # the tokens its sample may take (structured output)
 
     @property
     def seq_len(self) -> int:
@@ -61,6 +66,9 @@ class RequestTables:
             table += d.new_blocks
             chunks.append(SeqChunk(d.request_id, d.token_ids, d.start_pos, table,
                                    self.params[d.request_id] if d.samples else None))
+        if batch.token_masks is not None:
+            for i, mask in zip(batch.token_masks.chunks, batch.token_masks.bitmask):
+                chunks[i].token_mask = mask
         return chunks
 
 

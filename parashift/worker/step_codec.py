@@ -13,6 +13,9 @@ Layout (little-endian), version 1; the counts in the header size every section:
   int32[C+N+F+1]  length in characters of each id: the chunks' request ids, the new
                   requests' ids, the finished ones, then the plan name
   u8[S]           those ids and the plan name, concatenated, UTF-8
+  int32[2]        M chunks with a structured-output token mask, W words per mask
+  int32[M]        their indices among the chunks
+  int32[M, W]     their bitmasks
 
 A new request carries only the sampling fields a rank uses (greediness follows from
 temperature and top_k); its other fields decode to their defaults, with max_tokens None.
@@ -28,9 +31,10 @@ from operator import attrgetter
 import numpy as np
 
 from parashift.sampling_params import SEED_MAX as INT64_MAX, SamplingParams
+from parashift.structured.matchers import TokenMasks
 from parashift.worker.step_batch import ChunkDelta, StepBatch
 
-MAGIC, VERSION = b"PSTB", 1
+MAGIC, VERSION = b"PSTB", 2
 HEADER = struct.Struct("<4sHH6I")  # 32 bytes, so the int64 sections after it are aligned
 _CHUNK = attrgetter("request_id", "token_ids", "start_pos", "blocks_from", "new_blocks",
                     "samples")
@@ -76,7 +80,17 @@ def encode_step(batch: StepBatch) -> bytes:
         _packed(chain.from_iterable(zip(*map(_PARAM_FLOATS, new.values()))), np.float64, 3 * N),
         _packed(chain(starts, froms, num_tokens, num_blocks, samples), np.int32, 5 * C),
         _packed(map(len, ids), np.int32, len(ids)),
-        text))
+        text,
+        _encode_masks(batch.token_masks)))
+
+
+def _encode_masks(masks: TokenMasks | None) -> bytes:
+    if masks is None:
+        return np.zeros(2, np.int32).tobytes()
+    rows, width = masks.bitmask.shape
+    return b"".join((np.array([rows, width], np.int32).tobytes(),
+                     np.asarray(masks.chunks, np.int32).tobytes(),
+                     np.ascontiguousarray(masks.bitmask, np.int32).tobytes()))
 
 
 def decode_step(message: bytes) -> StepBatch:
@@ -96,9 +110,12 @@ def decode_step(message: bytes) -> StepBatch:
     temperature, top_p, min_p = take(np.float64, 3, N).tolist()
     columns = take(np.int32, 5, C)
     id_lengths = take(np.int32, C + N + F + 1)
-    if offset + S != len(message):
-        raise ValueError(f"a step message of {len(message)} bytes, expected {offset + S}")
-    ids = _split(message[offset:].decode("utf-8", "surrogatepass"), id_lengths)
+    ids = _split(message[offset:offset + S].decode("utf-8", "surrogatepass"), id_lengths)
+    offset += S
+    M, W = take(np.int32, 2).tolist()
+    masks = TokenMasks(take(np.int32, M).tolist(), take(np.int32, M, W)) if M else None
+    if offset != len(message):
+        raise ValueError(f"a step message of {len(message)} bytes, expected {offset}")
     starts, froms, _, _, samples = columns.tolist()
     chunks = list(map(ChunkDelta, ids[:C], _split(tokens, columns[2]), starts, froms,
                       _split(blocks, columns[3]), map(bool, samples)))
@@ -106,4 +123,4 @@ def decode_step(message: bytes) -> StepBatch:
         temperature=temperature[i], top_p=top_p[i], top_k=top_k[i], min_p=min_p[i],
         seed=seeds[i] if has_seed[i] else None,
         logprobs=None if logprobs[i] < 0 else logprobs[i], max_tokens=None) for i in range(N)}
-    return StepBatch(chunks, new_params, ids[C + N:C + N + F], ids[-1])
+    return StepBatch(chunks, new_params, ids[C + N:C + N + F], ids[-1], masks)

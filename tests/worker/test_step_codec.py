@@ -2,9 +2,11 @@
 import random
 import struct
 
+import numpy as np
 import pytest
 
 from parashift.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
+from parashift.structured.matchers import TokenMasks
 from parashift.worker.step_batch import PLACEHOLDER_TOKEN, ChunkDelta, StepBatch
 from parashift.worker.step_codec import HEADER, decode_step, encode_step
 
@@ -17,6 +19,10 @@ def round_trip(batch: StepBatch) -> StepBatch:
     assert all(type(c.samples) is bool for c in decoded.chunks)
     assert decoded.finished_request_ids == batch.finished_request_ids
     assert decoded.plan == batch.plan
+    assert (decoded.token_masks is None) == (batch.token_masks is None)
+    if batch.token_masks is not None:
+        assert decoded.token_masks.chunks == batch.token_masks.chunks
+        np.testing.assert_array_equal(decoded.token_masks.bitmask, batch.token_masks.bitmask)
     assert list(decoded.new_params) == list(batch.new_params)
     for request_id, params in batch.new_params.items():
         got = decoded.new_params[request_id]
@@ -38,6 +44,15 @@ def test_chunks_with_placeholders_and_new_blocks():
          ChunkDelta("c", [], 3, 1, [], False),
          ChunkDelta("d", [1, PLACEHOLDER_TOKEN], 17, 0, [2**40, 0, 3], True)],
         finished_request_ids=["x", "y"], plan="tp2"))
+
+
+def test_token_masks():
+    rng = np.random.default_rng(0)
+    bitmask = rng.integers(-2**31, 2**31, size=(2, 1536), dtype=np.int32)
+    batch = StepBatch([ChunkDelta(r, [1], 0, 0, [0], True) for r in "abc"], plan="tp2",
+                      token_masks=TokenMasks([0, 2], bitmask))
+    decoded = round_trip(batch)
+    assert decoded.token_masks.bitmask.dtype == np.int32
 
 
 def test_unicode_and_odd_request_ids():

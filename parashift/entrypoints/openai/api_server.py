@@ -32,7 +32,9 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
                                   metrics=metrics)
     deadline = ShutdownDeadline(config.shutdown_timeout)
     ctx = ServingContext.from_engine(async_engine, config.served_model_names,
-                                     config.max_request_bytes, deadline)
+                                     config.max_request_bytes, deadline,
+                                     tool_call_parser=config.tool_call_parser,
+                                     enable_auto_tool_choice=config.enable_auto_tool_choice)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):

@@ -12,6 +12,7 @@ import sys
 from parashift.entrypoints.help_format import DefaultsOnceFormatter
 from parashift.entrypoints.openai.auth import resolve_api_key
 from parashift.entrypoints.openai.server_config import LOG_LEVELS, ServerConfig
+from parashift.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
 
 def add_serve_args(subparsers) -> argparse.ArgumentParser:
@@ -51,6 +52,12 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-level", default=defaults.log_level, choices=LOG_LEVELS,
                        help="the server's log level")
     group.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='allow tool_choice "auto": the model\'s calls are parsed from its text '
+                            "(needs --tool-call-parser)")
+    group.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                       help="the format of the model's tool calls: hermes (Hermes, Qwen2.5) or "
+                            "llama3_json (Llama 3.x)")
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -60,7 +67,8 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_request_bytes=args.max_request_bytes,
         max_num_queued_requests=args.max_num_queued_requests,
         shutdown_timeout=args.shutdown_timeout, log_level=args.log_level,
-        access_log=args.access_log)
+        access_log=args.access_log, enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser)
 
 
 def run_serve(args: argparse.Namespace, engine_config_from_args=None) -> None:

@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator,
                       model_validator)
 
+from parashift.entrypoints.openai.structured_fields import StructuredFields
+from parashift.entrypoints.openai.tool_fields import DeltaToolCall, ToolCall, ToolFields
 from parashift.sampling_params import SEED_MAX, SEED_MIN
 
 # /v1/completions without max_tokens (absent or null) generates this many, as OpenAI's
@@ -29,7 +31,7 @@ class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class SamplingFields(StrictModel):
+class SamplingFields(StructuredFields):
     """Options shared by /v1/completions and /v1/chat/completions."""
     model: str | None = None
     temperature: float | None = _finite_float()
@@ -101,6 +103,8 @@ class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None           # a tool turn's answer to that call
 
     def text(self) -> str:
         if self.content is None:
@@ -110,7 +114,7 @@ class ChatMessage(StrictModel):
         return "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(ToolFields, SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -209,7 +213,8 @@ class ChatLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -231,6 +236,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):

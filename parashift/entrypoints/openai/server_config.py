@@ -1,6 +1,8 @@
 """Options of the HTTP server (the engine's options live in EngineConfig)."""
 from dataclasses import dataclass, field
 
+from parashift.entrypoints.openai.tool_parsers import TOOL_PARSERS
+
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -15,6 +17,8 @@ class ServerConfig:
     shutdown_timeout: float = 30.0  # seconds SIGTERM waits for in-flight requests
     log_level: str = "info"
     access_log: bool = False
+    enable_auto_tool_choice: bool = False  # tool_choice "auto": the parser finds the calls
+    tool_call_parser: str | None = None  # a name in TOOL_PARSERS
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -28,6 +32,11 @@ class ServerConfig:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {sorted(TOOL_PARSERS)}, got "
+                             f"{self.tool_call_parser!r}")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs a tool_call_parser")
         if self.api_key == "":
             raise ValueError("api_key must not be empty")
         if any(not name for name in self.served_model_names):

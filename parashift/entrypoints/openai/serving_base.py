@@ -38,10 +38,13 @@ class ServingContext:
     max_request_bytes: int = 1 << 22
     model_path: str | None = None  # as given to --model: accepted as a name too (as vLLM)
     sampling_defaults: dict = field(default_factory=dict)  # the model's generation config
+    tool_call_parser: str | None = None  # --tool-call-parser
+    enable_auto_tool_choice: bool = False
 
     @classmethod
     def from_engine(cls, async_engine: AsyncLLMEngine, served_model_names: list[str] | None,
-                    max_request_bytes: int, deadline: ShutdownDeadline) -> "ServingContext":
+                    max_request_bytes: int, deadline: ShutdownDeadline,
+                    **tool_options) -> "ServingContext":
         llm = async_engine.engine
         names = list(served_model_names or []) or [llm.model_name]
         # The engine thread uses llm.tokenizer; the event loop gets its own copy.
@@ -49,7 +52,8 @@ class ServingContext:
                    vocab_size=llm.vocab_size, tokenizer=copy.deepcopy(llm.tokenizer),
                    max_request_bytes=max_request_bytes, deadline=deadline,
                    model_path=getattr(getattr(llm, "config", None), "model", None),
-                   sampling_defaults=dict(getattr(llm, "default_sampling", {})))
+                   sampling_defaults=dict(getattr(llm, "default_sampling", {})),
+                   **tool_options)
 
     @property
     def model_name(self) -> str:
@@ -114,7 +118,8 @@ class ServingContext:
             raise bad_request("this model has no tokenizer (it was started without one): "
                               "use token ids", param=param, code="no_tokenizer")
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
         """Prompt ids of a conversation, by default with the assistant's turn opened."""
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise bad_request("this model has no chat template; use /v1/completions",
@@ -122,11 +127,22 @@ class ServingContext:
         try:
             ids = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=add_generation_prompt, tokenize=True,
-                return_dict=False)
+                return_dict=False, tools=tools)
         except Exception as exc:  # noqa: BLE001 - template errors come from jinja
             raise bad_request(f"the chat template cannot render these messages: "
                               f"{_first_line(exc)}", param="messages") from None
         return list(ids)
+
+    async def check_structured(self, params: SamplingParams, param: str | None) -> None:
+        """400 naming `param` if the output's constraint cannot be compiled (compiled here,
+        off the event loop, into the cache the engine then uses)."""
+        if params.structured_outputs is None:
+            return
+        try:
+            compiler = self.engine.engine.structured.compiler
+            await asyncio.to_thread(compiler.grammar_for, params.structured_outputs)
+        except ValueError as exc:
+            raise bad_request(str(exc), param=param, code="invalid_structured_output") from None
 
     def decode_token(self, token_id: int) -> str:
         if self.tokenizer is None:
@@ -153,7 +169,8 @@ def build_sampling_params(request: SamplingFields, max_tokens: int | None,
     kwargs.update({name: getattr(request, name) for name in SAMPLING_FIELDS
                    if getattr(request, name, None) is not None})
     try:
-        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs,
+                              structured_outputs=request.structured_outputs_params(), **kwargs)
     except (ValueError, TypeError) as exc:
         message = str(exc)
         first_word = message.split(" ", 1)[0]
@@ -246,18 +263,19 @@ async def final_output(ctx: ServingContext, stream: RequestStream):
 
 
 async def stream_events(ctx: ServingContext, stream: RequestStream, include_usage: bool,
-                        make_choice, make_chunk, opening: tuple = ()):
+                        make_choice, make_chunk, opening: tuple = (), shown=None):
     """SSE events of one streamed request: the chunks, then the usage (when asked) and
     [DONE]; a request cut short (engine dead, request failed, shutdown timeout) ends
     with an error event and [DONE]. A client that goes away aborts the request.
     make_choice(delta, finish, completion, sent_tokens, sent_chars) builds a choice;
-    make_chunk(created, choices, usage=None) a chunk."""
+    make_chunk(created, choices, usage=None) a chunk; shown(completion, finished) the text
+    shown so far (all of it by default; a tool call's text is held back)."""
     created = int(time.time())
     for choice in opening:
         yield sse_event(make_chunk(created, [choice]))
     try:
         with ctx.deadline.watch(lambda: stream.put(ctx.deadline.error())):
-            async for event in _output_events(stream, created, make_choice, make_chunk):
+            async for event in _output_events(stream, created, make_choice, make_chunk, shown):
                 yield event
     except CUT_SHORT as exc:
         yield sse_event(api_error(exc).body())
@@ -272,17 +290,18 @@ async def stream_events(ctx: ServingContext, stream: RequestStream, include_usag
     yield SSE_DONE
 
 
-async def _output_events(stream: RequestStream, created: int, make_choice, make_chunk):
+async def _output_events(stream: RequestStream, created: int, make_choice, make_chunk, shown):
     """A chunk for every output that brings new text, new tokens or the finish."""
     sent_chars, sent_tokens = 0, 0
     async for output in stream:
         completion = output.outputs[0]
-        delta = completion.text[sent_chars:]
+        text = completion.text if shown is None else shown(completion, output.finished)
+        delta = text[sent_chars:]
         finish = completion.finish_reason if output.finished else None
         if delta or finish or len(completion.token_ids) > sent_tokens:
             choice = make_choice(delta, finish, completion, sent_tokens, sent_chars)
             yield sse_event(make_chunk(created, [choice]))
-        sent_chars, sent_tokens = len(completion.text), len(completion.token_ids)
+        sent_chars, sent_tokens = len(text), len(completion.token_ids)
 
 
 def sse_event(payload: BaseModel | dict) -> str:

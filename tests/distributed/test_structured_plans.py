@@ -1,0 +1,37 @@
+"""Structured output under two ranks (gloo, CPU): the engine's token masks reach the
+rank that samples, whichever it is. Under PP=2 only the last stage samples; under
+DP=2 each replica's ranks get their own requests' masks."""
+import json
+
+import jsonschema
+import pytest
+
+from parashift import LLM, SamplingParams
+from parashift.structured import StructuredOutputsParams
+
+PERSON = {"type": "object",
+          "properties": {"name": {"type": "string", "maxLength": 8},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+ASK = [{"role": "user", "content": "Describe a person as JSON with a name and an age."}]
+
+
+def params(seed: int | None, temperature: float) -> SamplingParams:
+    return SamplingParams(temperature=temperature, seed=seed, max_tokens=40,
+                          structured_outputs=StructuredOutputsParams(json=PERSON))
+
+
+@pytest.fixture(scope="module")
+def greedy_reference():
+    with LLM(device="cpu", dtype="float32") as llm:
+        return llm.chat([ASK], params(None, 0))[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("plan", [dict(pipeline_parallel_size=2), dict(data_parallel_size=2)])
+def test_two_ranks_follow_the_schema(greedy_reference, plan):
+    with LLM(device="cpu", dtype="float32", **plan) as llm:
+        outputs = llm.chat([ASK] * 9, [params(None, 0)] + [params(i, 1.0) for i in range(8)])
+    assert outputs[0].outputs[0].token_ids == greedy_reference
+    for out in outputs:
+        assert out.outputs[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
