@@ -53,11 +53,13 @@ def check(transition: Transition, layout: Layout, plans_by_name: dict) -> Layout
     if unknown:
         raise ValueError(f"transition target {unknown[0]} was not made at start-up")
     plans = [plans_by_name[name] for name in target]
-    shape = {"merge": len(groups) >= 2 and len(plans) == 1,
-             "split": len(groups) == 1 and len(plans) >= 2}.get(
-        transition.kind, [sorted(p.ranks) for p in plans]
-        == [sorted(layout.plans[g].ranks) for g in groups])
-    if not shape:
+    if transition.kind == "merge":
+        fits = len(groups) >= 2 and len(plans) == 1
+    elif transition.kind == "split":
+        fits = len(groups) == 1 and len(plans) >= 2
+    else:
+        fits = [sorted(p.ranks) for p in plans] == [sorted(layout.plans[g].ranks) for g in groups]
+    if not fits:
         raise ValueError(f"a {transition.kind} of groups {list(groups)} cannot end in "
                          f"{list(target)}: a no-op or re-shard keeps each group's ranks, a "
                          "merge makes one group of several, a split several of one")

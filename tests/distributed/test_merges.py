@@ -12,6 +12,7 @@ from parashift.parallel.layout import Layout
 from tests.distributed.test_plans import (COMMON, PARAMS, assert_same, prompts,
                                           skip_unless_enough_gpus)
 from tests.distributed.test_transitions import model  # noqa: F401 - the module's model
+from tests.engine.conftest import save_tiny_llama
 from tests.helpers.policies import LayoutCycle
 
 
@@ -90,3 +91,37 @@ def test_a_node_can_start_merged(model, reference):
         assert llm.llm_engine.replicas[0].block_manager.block_size == 2 * 16
     finally:
         llm.llm_engine.shutdown()
+
+
+def test_two_replicas_merge_while_a_third_keeps_serving(model, reference, tmp_path):
+    """On 3 ranks: groups 0 and 1 merge and split while rank 2's replica keeps stepping
+    (its steps in flight across the renumbering of the groups)."""
+    outputs, records, _, free = run_cycle(
+        model[0], tmp_path, "single,single,single", ["merge2-tp2,single", "single,single,single"],
+        limit=4)
+    assert_same(outputs, reference)
+    assert [r.groups for r in records] == [(0, 1), (0,)] * 2
+    assert all(free)
+
+
+@pytest.fixture(scope="module")
+def six_heads(tmp_path_factory):
+    """Six heads and three KV heads: they split over three ranks."""
+    model_dir = save_tiny_llama(tmp_path_factory.mktemp("gqa6x3"), num_attention_heads=6,
+                                num_key_value_heads=3, hidden_size=96, intermediate_size=192,
+                                num_hidden_layers=3)
+    llm = LLM(model_dir, **COMMON)
+    try:
+        return model_dir, llm.generate(prompts(n=8), PARAMS)
+    finally:
+        llm.llm_engine.shutdown()
+
+
+def test_three_replicas_merge_into_tp3_and_split(six_heads, tmp_path):
+    model_dir, reference = six_heads
+    outputs, records, _, free = run_cycle(
+        model_dir, tmp_path, "single,single,single", ["merge3-tp3", "single,single,single"],
+        limit=2)
+    assert_same(outputs, reference)
+    assert [r.target for r in records] == [("merge3-tp3",), ("single", "single@1", "single@2")]
+    assert all(free)

@@ -81,6 +81,9 @@ def test_transitions_reach_the_metrics(tiny_llama_dir):
     cutovers = [line for line in text.splitlines() if line.startswith(
         "parashift_transition_duration_seconds_count") and 'phase="cutover"' in line]
     assert cutovers and float(cutovers[0].split()[-1]) >= 10
+    moved = [line for line in text.splitlines() if line.startswith(
+        "parashift_transition_requests_total") and 'fate="moved"' in line]
+    assert moved and float(moved[0].split()[-1]) >= 10  # a no-op moves its one request each time
     engine.shutdown()
 
 
