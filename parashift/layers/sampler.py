@@ -1,9 +1,11 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, min-p, per-request seeds, logprobs."""
+"""Batched sampling: logit bias and penalties, greedy, temperature, top-k, top-p, min-p,
+per-request seeds, logprobs."""
 import math
 from dataclasses import dataclass
 
 import torch
 
+from parashift.layers.penalties import TokenHistory, apply_logits_processors
 from parashift.sampling_params import SamplingParams
 from parashift.uploads import upload
 
@@ -39,16 +41,18 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator | None],
-                 with_logprobs: bool = True) -> SamplerOutput:
-        """`with_logprobs=False` skips the logprobs (and their host sync) even where asked."""
+                 with_logprobs: bool = True, history: TokenHistory | None = None) -> SamplerOutput:
+        """`with_logprobs=False` skips the logprobs (and their host sync) even where asked.
+        `history` holds the tokens of the rows with penalties."""
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators)
-        logits = logits.float()
+        raw = logits.float()
+        logits = apply_logits_processors(raw, params, history)
         token_ids = logits.argmax(dim=-1)
         if not all(p.greedy for p in params):
             sampled = self._sample(logits, params, generators)
             greedy = upload([p.greedy for p in params], torch.bool, logits.device)
             token_ids = torch.where(greedy, token_ids, sampled)
-        logprobs = _gather_logprobs(logits, params, token_ids) if with_logprobs else None
+        logprobs = _gather_logprobs(raw, params, token_ids) if with_logprobs else None
         return SamplerOutput(token_ids, logprobs)
 
     def _sample(self, logits: torch.Tensor, params: list[SamplingParams],

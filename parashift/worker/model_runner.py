@@ -14,6 +14,7 @@ from parashift.worker.cuda_graphs import DecodeGraphs
 from parashift.worker.step_batch import PLACEHOLDER_TOKEN, RequestTables, SeqChunk, StepBatch
 from parashift.worker.plan_resources import PlanResources, make_resources
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
+from parashift.worker.token_history import TokenHistoryStore
 from parashift.kv.cache import KVCache, attention_layers
 from parashift.layers.sampler import Sampler
 from parashift.loader.weights import load_model_weights
@@ -71,6 +72,7 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.generators: dict[str, torch.Generator] = {}
         self.requests = RequestTables()
+        self.history = TokenHistoryStore(device)  # tokens of the requests with penalties
         # The last step's sampled tokens on the device, and each request's row in them:
         # the source of the next step's placeholder tokens (async scheduling).
         self._prev_tokens: torch.Tensor | None = None
@@ -177,8 +179,11 @@ class ModelRunner:
         each sampling chunk (in order) and, when asked, their logprobs."""
         for request_id in batch.finished_request_ids:
             self.generators.pop(request_id, None)
+            self.history.forget(request_id)
         errors = self._admit(batch.new_params)
+        self._track_history(batch)
         chunks = self.requests.apply(batch)
+        self.history.record(chunks, self._prev_tokens, self._prev_rows)
         plan = self.resources[batch.plan]
         with use_context(plan.context()):
             micro_batches = split_micro_batches(chunks, plan.state.pp.size)
@@ -212,6 +217,11 @@ class ModelRunner:
                 errors[request_id] = f"its seed could not be used ({type(exc).__name__}: {exc})"
         return errors
 
+    def _track_history(self, batch: StepBatch) -> None:
+        for request_id, params in batch.new_params.items():
+            if params.uses_history:
+                self.history.admit(request_id, batch.prompt_lens[request_id])
+
     def _run_micro_batch(self, chunks: list[SeqChunk], plan: PlanResources):
         """Returns the sampled tokens on the device (None where nothing is sampled
         on this rank) and their logprobs."""
@@ -240,7 +250,8 @@ class ModelRunner:
         # every rank can fill the next step's placeholders; only the output rank reports.
         result = self.sampler(logits, [c.sampling for c in sampling],
                               [self._generator(c) for c in sampling],
-                              with_logprobs=plan.is_output_rank)
+                              with_logprobs=plan.is_output_rank,
+                              history=self.history.batch(sampling))
         return result.token_ids, result.logprobs
 
     def _fill_placeholders(self, token_ids: torch.Tensor, chunks: list[SeqChunk],

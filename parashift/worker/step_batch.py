@@ -26,6 +26,8 @@ class StepBatch:
     new_params: dict[str, SamplingParams] = field(default_factory=dict)
     finished_request_ids: list[str] = field(default_factory=list)
     plan: str = ""  # name of the plan this step runs under ("" = the base plan)
+    # The prompt length of each new request (penalties tell its output tokens apart).
+    prompt_lens: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
