@@ -25,7 +25,8 @@ class ChatServer(Handler):
         prompt_ids = ctx.render_chat(self.conversation(request))
         ctx.check_prompt_ids(prompt_ids)
         requested = request.requested_max_tokens
-        params = build_sampling_params(request, requested, self.num_logprobs(request))
+        params = build_sampling_params(request, requested, self.num_logprobs(request),
+                                       logit_bias=ctx.logit_bias(request.logit_bias))
         params.max_tokens = ctx.fit_max_tokens(len(prompt_ids), requested)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         return await respond(ctx, raw, self, request, request_id, prompt_ids, params)
@@ -55,23 +56,25 @@ class ChatServer(Handler):
                              completion.logprobs[first:], request.top_logprobs or 0)
 
     async def collect(self, stream: RequestStream, request: ChatCompletionRequest):
-        completion = (await final_output(self.ctx, stream)).outputs[0]
-        choice = ChatChoice(message=AssistantMessage(content=completion.text),
-                            finish_reason=completion.finish_reason,
-                            logprobs=self.logprobs(request, completion, 0))
-        usage = UsageInfo.of(stream.num_prompt_tokens, len(completion.token_ids))
+        outputs = (await final_output(self.ctx, stream)).outputs
+        choices = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
+                              finish_reason=c.finish_reason,
+                              logprobs=self.logprobs(request, c, 0)) for c in outputs]
+        usage = UsageInfo.of(stream.num_prompt_tokens, sum(len(c.token_ids) for c in outputs))
         return ChatCompletionResponse(id=stream.request_id, model=self.ctx.model_name,
-                                      choices=[choice], usage=usage)
+                                      choices=choices, usage=usage)
 
     def stream(self, stream: RequestStream, request: ChatCompletionRequest):
         def choice(delta, finish, completion, sent_tokens, sent_chars):
-            return ChatStreamChoice(delta=DeltaMessage(content=delta), finish_reason=finish,
+            return ChatStreamChoice(index=completion.index, delta=DeltaMessage(content=delta),
+                                    finish_reason=finish,
                                     logprobs=self.logprobs(request, completion, sent_tokens))
 
         def chunk(created, choices, usage=None):
             return self.chunk(stream, created, choices, usage)
-        opening = ChatStreamChoice(delta=DeltaMessage(role="assistant", content=""))
-        return stream_events(self.ctx, stream, request.include_usage, choice, chunk, (opening,))
+        opening = tuple(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+                        for i in range(request.n or 1))
+        return stream_events(self.ctx, stream, request.include_usage, choice, chunk, opening)
 
     def chunk(self, stream: RequestStream, created: int, choices, usage=None):
         return ChatCompletionChunk(id=stream.request_id, created=created,
