@@ -220,7 +220,7 @@ class ModelRunner:
     def _track_history(self, batch: StepBatch) -> None:
         for request_id, params in batch.new_params.items():
             if params.uses_history:
-                self.history.admit(request_id, batch.prompt_lens[request_id])
+                self.history.admit(request_id, batch.prompts[request_id])
 
     def _run_micro_batch(self, chunks: list[SeqChunk], plan: PlanResources):
         """Returns the sampled tokens on the device (None where nothing is sampled

@@ -26,8 +26,9 @@ class StepBatch:
     new_params: dict[str, SamplingParams] = field(default_factory=dict)
     finished_request_ids: list[str] = field(default_factory=list)
     plan: str = ""  # name of the plan this step runs under ("" = the base plan)
-    # The prompt length of each new request (penalties tell its output tokens apart).
-    prompt_lens: dict[str, int] = field(default_factory=dict)
+    # The prompt of each new request whose sampling reads its tokens (penalties): chunks
+    # skip what the prefix cache holds, and the prompt tells the output tokens apart.
+    prompts: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass

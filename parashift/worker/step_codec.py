@@ -4,11 +4,13 @@ a few bulk operations instead of pickling every chunk, list and request id.
 Layout (little-endian), version 2; the counts in the header size every section:
   header          magic b"PSTB", u16 version, u16 reserved (0), then u32 counts:
                   C chunks, T token ids, K new block ids, N new requests, F finished
-                  requests, S bytes of id text, B logit-bias entries, 0    (40 bytes)
+                  requests, S bytes of id text, B logit-bias entries, P prompt
+                  tokens                                                     (40 bytes)
   int64[T]        every chunk's token ids, in chunk order (PLACEHOLDER_TOKEN as it is)
   int64[K]        every chunk's new block ids, in chunk order
   int64[5, N]     per new request: top_k, logprobs (-1 = None), has_seed, seed (0 = None),
-                  prompt length (-1 = not given)
+                  length of its prompt sent (-1 = not sent)
+  int64[P]        the prompts sent, in request order
   float64[6, N]   per new request: temperature, top_p, min_p, presence_penalty,
                   frequency_penalty, repetition_penalty
   int64[B]        every new request's logit-bias token ids, in request order
@@ -20,7 +22,7 @@ Layout (little-endian), version 2; the counts in the header size every section:
   u8[S]           those ids and the plan name, concatenated, UTF-8
 
 A new request carries only the sampling fields a rank uses (greediness follows from
-temperature and top_k) and its prompt length; its other fields decode to their defaults,
+temperature and top_k) and, where sent, its prompt; its other fields decode to their defaults,
 with max_tokens None. A logit bias with no entries decodes as None.
 A top_k or logprobs past int64, which no vocabulary reaches, is sent as the int64 maximum.
 
@@ -74,17 +76,19 @@ def encode_step(batch: StepBatch) -> bytes:
     ids = [*ids, *new, *finished, batch.plan]
     text = "".join(ids).encode("utf-8", "surrogatepass")
     top_k, logprobs, seeds = zip(*map(_PARAM_INTS, new.values())) if N else ((),) * 3
-    prompt_lens = (batch.prompt_lens.get(request_id, -1) for request_id in new)
+    prompts = [batch.prompts.get(request_id) for request_id in new]
+    P = sum(len(p) for p in prompts if p is not None)
     biases = [p.logit_bias or {} for p in new.values()]
     B = sum(map(len, biases))
     return b"".join((
-        HEADER.pack(MAGIC, VERSION, 0, C, T, K, N, len(finished), len(text), B, 0),
+        HEADER.pack(MAGIC, VERSION, 0, C, T, K, N, len(finished), len(text), B, P),
         _packed(chain.from_iterable(tokens), np.int64, T),
         _packed(chain.from_iterable(blocks), np.int64, K),
         _packed(chain((min(k, INT64_MAX) for k in top_k),
                       (-1 if n is None else min(n, INT64_MAX) for n in logprobs),
-                      (s is not None for s in seeds), (s or 0 for s in seeds), prompt_lens),
-                np.int64, 5 * N),
+                      (s is not None for s in seeds), (s or 0 for s in seeds),
+                      (-1 if p is None else len(p) for p in prompts)), np.int64, 5 * N),
+        _packed(chain.from_iterable(p for p in prompts if p is not None), np.int64, P),
         _packed(chain.from_iterable(zip(*map(_PARAM_FLOATS, new.values()))), np.float64, 6 * N),
         _packed(chain.from_iterable(biases), np.int64, B),
         _packed(chain.from_iterable(b.values() for b in biases), np.float64, B),
@@ -95,7 +99,7 @@ def encode_step(batch: StepBatch) -> bytes:
 
 
 def decode_step(message: bytes) -> StepBatch:
-    magic, version, _, C, T, K, N, F, S, B, _ = HEADER.unpack_from(message)
+    magic, version, _, C, T, K, N, F, S, B, P = HEADER.unpack_from(message)
     if magic != MAGIC or version != VERSION:
         raise ValueError(f"not a step message of version {VERSION}: {magic!r} v{version}")
     offset = HEADER.size
@@ -107,7 +111,10 @@ def decode_step(message: bytes) -> StepBatch:
         return array.reshape(shape)
 
     tokens, blocks = take(np.int64, T).tolist(), take(np.int64, K).tolist()
-    top_k, logprobs, has_seed, seeds, prompt_lens = take(np.int64, 5, N).tolist()
+    top_k, logprobs, has_seed, seeds, prompt_lens = take(np.int64, 5, N)
+    sent = prompt_lens >= 0
+    prompts = _split(take(np.int64, P).tolist(), prompt_lens[sent])
+    top_k, logprobs, has_seed, seeds = (v.tolist() for v in (top_k, logprobs, has_seed, seeds))
     floats = take(np.float64, 6, N).tolist()
     bias_ids, bias_values = take(np.int64, B).tolist(), take(np.float64, B).tolist()
     columns = take(np.int32, 5, C)
@@ -125,6 +132,6 @@ def decode_step(message: bytes) -> StepBatch:
         seed=seeds[i] if has_seed[i] else None, logit_bias=bias or None,
         logprobs=None if logprobs[i] < 0 else logprobs[i], max_tokens=None)
         for i, column, bias in zip(range(N), zip(*floats), biases)}
-    new_ids = ids[C:C + N]
+    prompted = [r for r, was_sent in zip(ids[C:C + N], sent.tolist()) if was_sent]
     return StepBatch(chunks, new_params, ids[C + N:C + N + F], ids[-1],
-                     {r: n for r, n in zip(new_ids, prompt_lens) if n >= 0})
+                     dict(zip(prompted, prompts)))

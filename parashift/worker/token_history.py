@@ -3,7 +3,8 @@
 The rank already sees every token a request computes: prompt chunks bring their ids, and
 a decode chunk's input is the token sampled the step before (a placeholder under async
 scheduling, filled from the previous step's samples on the device, which this rank
-sampled too). So the step message needs only the prompt's length, once per request."""
+sampled too). Only the prompt comes in the step message, once per request: its chunks
+skip what the prefix cache holds."""
 import torch
 
 from parashift.layers.penalties import PADDING_TOKEN, TokenHistory
@@ -23,14 +24,17 @@ class TokenHistoryStore:
         self.lengths: dict[str, int] = {}
         self._free: list[int] = []
 
-    def admit(self, request_id: str, num_prompt_tokens: int) -> None:
+    def admit(self, request_id: str, prompt_token_ids: list[int]) -> None:
         if request_id in self.slots:
             return
         if not self._free:
             self._grow(max(8, 2 * self.buffer.shape[0]), self.buffer.shape[1])
-        self.slots[request_id] = self._free.pop()
-        self.prompt_lens[request_id] = num_prompt_tokens
-        self.lengths[request_id] = 0
+        self._fit(len(prompt_token_ids))
+        slot = self._free.pop()
+        self.slots[request_id] = slot
+        self.prompt_lens[request_id] = self.lengths[request_id] = len(prompt_token_ids)
+        self.buffer[slot, :len(prompt_token_ids)] = upload(prompt_token_ids, torch.int64,
+                                                           self.device)
 
     def forget(self, request_id: str) -> None:
         slot = self.slots.pop(request_id, None)
@@ -42,13 +46,11 @@ class TokenHistoryStore:
                prev_rows: dict[str, int]) -> None:
         """Writes the tracked requests' chunk tokens at their positions; a placeholder
         comes from the previous step's samples. A recomputed (preempted) request
-        overwrites its tokens and its length restarts at the chunk's end."""
+        writes the same tokens again, and its length is its latest chunk's end."""
         tracked = [c for c in chunks if c.request_id in self.slots]
         if not tracked:
             return
-        longest = max(c.seq_len for c in tracked)
-        if longest > self.buffer.shape[1]:
-            self._grow(self.buffer.shape[0], max(longest, 2 * self.buffer.shape[1]))
+        self._fit(max(c.seq_len for c in tracked))
         known_at, known_tokens, pending_at, sources = ([], []), [], ([], []), []
         for c in tracked:
             slot, tokens = self.slots[c.request_id], c.token_ids
@@ -60,7 +62,7 @@ class TokenHistoryStore:
             known_at[0].extend([slot] * len(tokens))
             known_at[1].extend(range(c.start_pos, c.start_pos + len(tokens)))
             known_tokens += tokens
-            self.lengths[c.request_id] = c.seq_len
+            self.lengths[c.request_id] = max(c.seq_len, self.prompt_lens[c.request_id])
         if known_tokens:
             self._write(known_at, upload(known_tokens, torch.int64, self.device))
         if sources:
@@ -87,6 +89,10 @@ class TokenHistoryStore:
     def _write(self, index: tuple[list[int], list[int]], values: torch.Tensor) -> None:
         slots, positions = (upload(v, torch.int64, self.device) for v in index)
         self.buffer.index_put_((slots, positions), values)
+
+    def _fit(self, length: int) -> None:
+        if length > self.buffer.shape[1]:
+            self._grow(self.buffer.shape[0], max(length, 2 * self.buffer.shape[1]))
 
     def _grow(self, num_slots: int, capacity: int) -> None:
         old = self.buffer
