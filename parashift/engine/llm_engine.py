@@ -131,12 +131,13 @@ class LLMEngine:
         self._validate_logit_bias(params)
         prompt_text, token_ids = self._tokenize(prompt)
         self._validate_prompt(token_ids)
-        if request_id in self._replica_of or request_id in self._parents:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        if params.num_samples == 1:
+        parent = ParentRequest(request_id, params, priority) if params.num_samples > 1 else None
+        for used in [request_id, *(parent.child_ids if parent else ())]:
+            if used in self._replica_of or used in self._parents:
+                raise ValueError(f"request id {used!r} is already in use")
+        if parent is None:
             self._add_sequence(Sequence(request_id, token_ids, params, priority, prompt_text))
             return
-        parent = ParentRequest(request_id, params, priority)
         self._parents[request_id] = parent
         self._parent_of.update((child, parent) for child in parent.child_ids)
         parent.replica = self._add_sequence(parent.child(0, token_ids, prompt_text))

@@ -47,7 +47,7 @@ class TokenHistoryStore:
         """Writes the tracked requests' chunk tokens at their positions; a placeholder
         comes from the previous step's samples. A recomputed (preempted) request
         writes the same tokens again, and its length is its latest chunk's end."""
-        tracked = [c for c in chunks if c.request_id in self.slots]
+        tracked = [c for c in chunks if c.request_id in self.slots] if self.slots else []
         if not tracked:
             return
         self._fit(max(c.seq_len for c in tracked))
@@ -71,6 +71,8 @@ class TokenHistoryStore:
 
     def batch(self, sampling: list[SeqChunk]) -> TokenHistory | None:
         """The histories of the sampled chunks whose requests are tracked; None if none is."""
+        if not self.slots:  # no request with penalties: the common case
+            return None
         rows = [j for j, c in enumerate(sampling) if c.request_id in self.slots]
         if not rows:
             return None

@@ -128,3 +128,13 @@ def test_abort_ends_every_child(llm):
     while engine.has_unfinished_requests():
         assert all(o.request_id != "gone" for o in engine.step())
     assert engine.stats().num_running == 0
+
+
+def test_a_parent_whose_child_id_is_taken_is_refused_whole(llm):
+    engine = llm.llm_engine
+    engine.add_request("p#1", PROMPT, SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="'p#1' is already in use"):
+        engine.add_request("p", PROMPT, SamplingParams(n=2, max_tokens=1))
+    engine.abort_request("p#1")
+    assert not engine.has_unfinished_requests()
+    assert llm.generate(PROMPT, SamplingParams(n=2, max_tokens=1))[0].finished
