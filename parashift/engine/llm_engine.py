@@ -230,11 +230,13 @@ class LLMEngine:
     def _fold_children(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """Children's outputs folded into their requests' (one output per request)."""
         folded: dict[str, RequestOutput | None] = {}
-        for output in outputs:
-            parent = self._parent_of.get(output.request_id)
+        parents = [self._parent_of.get(output.request_id) for output in outputs]
+        for output, parent in zip(outputs, parents):
             if parent is None:
                 folded[output.request_id] = output
                 continue
+            if parent.request_id not in self._parents:
+                continue  # a sibling failed earlier in this step: the request has ended
             if not parent.siblings_admitted and output.error is None:
                 self._admit_siblings(parent, output.prompt_token_ids, output.prompt)
             merged = parent.update(output)

@@ -6,6 +6,7 @@ import torch
 
 from parashift import SamplingParams
 from tests.engine.conftest import tiny_llm
+from tests.helpers.faults import FAILING_SEED, fail_generator_for_seed
 
 PROMPT = [5, 17, 200, 17, 5, 33, 90, 5, 17, 300, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50,
           60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79]
@@ -138,3 +139,19 @@ def test_a_parent_whose_child_id_is_taken_is_refused_whole(llm):
     engine.abort_request("p#1")
     assert not engine.has_unfinished_requests()
     assert llm.generate(PROMPT, SamplingParams(n=2, max_tokens=1))[0].finished
+
+
+def test_a_failing_sample_fails_the_request_and_ends_its_siblings(llm, monkeypatch):
+    """Sample 1's seed (FAILING_SEED) cannot be used: the request fails with its error,
+    sample 0 is ended, and the request beside it finishes normally."""
+    fail_generator_for_seed(monkeypatch)
+    bad = SamplingParams(n=2, temperature=0.7, seed=FAILING_SEED - 1, max_tokens=30,
+                         ignore_eos=True)
+    good = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    outs = llm.generate([PROMPT, [1, 2, 3]], [bad, good])
+    assert outs[0].finished and "boom" in outs[0].error
+    assert "error" in [c.finish_reason for c in outs[0].outputs]
+    assert len(outs[1].outputs[0].token_ids) == 4 and outs[1].error is None
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests() and not engine._parents and not engine._parent_of
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
