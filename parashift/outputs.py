@@ -10,6 +10,7 @@ class CompletionOutput:
     logprobs: list[dict[int, float]] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None  # the sampled tokens' (parallel sampling)
 
     @property
     def finished(self) -> bool:

@@ -25,6 +25,11 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    best_of: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputsParams | None = None  # constrains the output
 
     def __post_init__(self):
@@ -33,17 +38,20 @@ class SamplingParams:
     def verify(self) -> None:
         """Raises ValueError naming the first bad option. The engine calls it again when a
         request is added, since a dataclass can be changed after it was built."""
-        for name in ("temperature", "top_p", "min_p"):
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
-        for name in ("n", "top_k", "max_tokens", "logprobs", "seed"):
+        for name in ("n", "best_of", "top_k", "max_tokens", "logprobs", "seed"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        if self.n != 1:
-            raise ValueError(f"n must be 1, got {self.n}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of must be >= n ({self.n}), got {self.best_of}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -59,6 +67,7 @@ class SamplingParams:
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise ValueError(f"seed must be in [{SEED_MIN}, {SEED_MAX}] (a 64-bit signed "
                              f"integer), got {self.seed}")
+        self._verify_penalties()
         if self.structured_outputs is not None and not isinstance(
                 self.structured_outputs, StructuredOutputsParams):
             raise ValueError("structured_outputs must be a StructuredOutputsParams")
@@ -72,6 +81,36 @@ class SamplingParams:
                for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got "
                              f"{self.stop_token_ids}")
+
+    def _verify_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, dict):
+            raise ValueError(f"logit_bias must map token ids to biases, got {self.logit_bias!r}")
+        for token, bias in self.logit_bias.items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got "
+                                 f"{token!r}")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                    or not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got "
+                                 f"{bias!r} for token {token}")
+
+    @property
+    def num_samples(self) -> int:
+        """Sequences generated for the request: best_of, else n."""
+        return self.best_of or self.n
+
+    @property
+    def uses_history(self) -> bool:
+        """The sampler needs the request's prompt and output tokens (penalties)."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
 
     @property
     def greedy(self) -> bool:

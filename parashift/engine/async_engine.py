@@ -222,11 +222,11 @@ class AsyncLLMEngine:
                 del self._streams[output.request_id]
 
     def _account(self, stream: RequestStream, output: RequestOutput, now: float) -> None:
-        completion = output.outputs[0]
-        num_new = len(completion.token_ids) - stream.num_output_tokens
+        num_output_tokens = sum(len(c.token_ids) for c in output.outputs)  # all n samples
+        num_new = num_output_tokens - stream.num_output_tokens
         if num_new > 0 and stream.first_token_at is None:
             stream.first_token_at = now
-        stream.num_output_tokens = len(completion.token_ids)
+        stream.num_output_tokens = num_output_tokens
         if self.metrics is None:
             return
         self.metrics.record_new_tokens(num_new)

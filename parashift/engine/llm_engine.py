@@ -11,6 +11,7 @@ import torch
 
 from parashift.config import EngineConfig, SchedulerConfig
 from parashift.engine.detokenizer import IncrementalDetokenizer
+from parashift.engine.parallel_sampling import ParentRequest
 from parashift.engine.policy import GroupView, NodeView, Policy, make_policy
 from parashift.engine.replica import Replica, combine_views
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
@@ -91,6 +92,8 @@ class LLMEngine:
             self.executor.num_blocks, self.executor.block_offsets, self.executor.replica_groups)]
         self._replica_of: dict[str, Replica] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer | None] = {}
+        self._parents: dict[str, ParentRequest] = {}  # requests with n or best_of > 1
+        self._parent_of: dict[str, ParentRequest] = {}  # by child request id
         self._num_preemptions = 0
         self.steps_in_flight = 2 if _async_scheduling(config, self.layout) else 1
         logger.info("Loaded %s in %.1f s", self.model_name, time.perf_counter() - started)
@@ -145,12 +148,26 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.verify()  # it may have been changed since it was built
+        self._validate_logit_bias(params)
         prompt_text, token_ids = self._tokenize(prompt)
         self._validate_prompt(token_ids)
-        if request_id in self._replica_of:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        seq = Sequence(request_id, token_ids, params, priority, prompt_text)
-        replica = min(self.replicas, key=lambda r: r.load)  # least-loaded replica
+        parent = ParentRequest(request_id, params, priority) if params.num_samples > 1 else None
+        for used in [request_id, *(parent.child_ids if parent else ())]:
+            if used in self._replica_of or used in self._parents:
+                raise ValueError(f"request id {used!r} is already in use")
+        if parent is None:
+            self._add_sequence(Sequence(request_id, token_ids, params, priority, prompt_text))
+            return
+        self._parents[request_id] = parent
+        self._parent_of.update((child, parent) for child in parent.child_ids)
+        self._add_sequence(parent.child(0, token_ids, prompt_text))
+        if not self.config.enable_prefix_caching:  # the siblings would gain nothing by waiting
+            self._admit_siblings(parent, token_ids, prompt_text)
+
+    def _add_sequence(self, seq: Sequence, replica: Replica | None = None) -> Replica:
+        """Queues a sequence on `replica`, by default the least-loaded one."""
+        replica = replica or min(self.replicas, key=lambda r: r.load)
+        request_id, token_ids, params = seq.request_id, seq.prompt_token_ids, seq.params
         if params.structured_outputs is not None:
             self.structured.add(request_id, params.structured_outputs)
             replica.num_structured += 1
@@ -159,6 +176,13 @@ class LLMEngine:
         self._replica_of[request_id] = replica
         self._detokenizers[request_id] = (
             IncrementalDetokenizer(self.tokenizer, token_ids, params) if self.tokenizer else None)
+        return replica
+
+    def _validate_logit_bias(self, params: SamplingParams) -> None:
+        bad = [t for t in params.logit_bias or {} if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias names token id {bad[0]}, which is out of vocabulary "
+                             f"(size {self.vocab_size})")
 
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -180,6 +204,14 @@ class LLMEngine:
                              f"exceeds the model's context window max_model_len={self.max_model_len}")
 
     def abort_request(self, request_id: str) -> None:
+        parent = self._parents.pop(request_id, None)
+        for child in parent.child_ids if parent is not None else ():
+            self._parent_of.pop(child, None)
+            self._abort_one(child)
+        if parent is None:
+            self._abort_one(request_id)
+
+    def _abort_one(self, request_id: str) -> None:
         replica = self._replica_of.get(request_id)
         if replica is not None and replica.scheduler.abort(request_id) is not None:
             self._release(replica, request_id)
@@ -216,7 +248,36 @@ class LLMEngine:
             self._record_step(index, plan, sched.num_batched_tokens, seconds)
             outputs += self._apply(replica, sched, *result)
         self._commit_drained_transitions()
-        return outputs
+        return self._fold_children(outputs) if self._parent_of else outputs
+
+    def _fold_children(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Children's outputs folded into their requests' (one output per request)."""
+        folded: dict[str, RequestOutput | None] = {}
+        parents = [self._parent_of.get(output.request_id) for output in outputs]
+        for output, parent in zip(outputs, parents):
+            if parent is None:
+                folded[output.request_id] = output
+                continue
+            if parent.request_id not in self._parents:
+                continue  # a sibling failed earlier in this step: the request has ended
+            if not parent.siblings_admitted and output.error is None:
+                self._admit_siblings(parent, output.prompt_token_ids, output.prompt)
+            merged = parent.update(output)
+            if merged is not None:
+                folded[parent.request_id] = merged
+            if merged is not None and merged.finished:
+                self.abort_request(parent.request_id)  # ends children still running (an error)
+        return [output for output in folded.values() if output is not None]
+
+    def _admit_siblings(self, parent: ParentRequest, token_ids: list[int],
+                        prompt_text: str | None) -> None:
+        """Once the first child has computed the prompt, its blocks are in the prefix
+        cache of its replica: the siblings go to the same one (where it is now: a merge or
+        split may have moved it)."""
+        parent.siblings_admitted = True
+        replica = self._replica_of.get(parent.child_ids[0])
+        for index in range(1, len(parent.child_ids)):
+            self._add_sequence(parent.child(index, token_ids, prompt_text), replica)
 
     def _submit_round(self) -> bool:
         """Asks the policy for every group's next plan (before scheduling), then schedules
@@ -317,6 +378,7 @@ class LLMEngine:
         for seq in seqs:
             target = min(new, key=lambda r: r.load)
             target.scheduler.add(seq)
+            target.num_structured += seq.params.structured_outputs is not None
             self._replica_of[seq.request_id] = target
         return len(seqs), reprefilled
 

@@ -1,10 +1,11 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, min-p, per-request seeds, logprobs,
-structured output's token masks."""
+"""Batched sampling: logit bias and penalties, structured output's token masks, greedy,
+temperature, top-k, top-p, min-p, per-request seeds, logprobs."""
 import math
 from dataclasses import dataclass
 
 import torch
 
+from parashift.layers.penalties import TokenHistory, apply_logits_processors
 from parashift.sampling_params import SamplingParams
 from parashift.structured.bitmask import apply_token_masks
 from parashift.uploads import upload
@@ -41,19 +42,22 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator | None],
-                 with_logprobs: bool = True, token_masks: list | None = None) -> SamplerOutput:
+                 with_logprobs: bool = True, history: TokenHistory | None = None,
+                 token_masks: list | None = None) -> SamplerOutput:
         """`with_logprobs=False` skips the logprobs (and their host sync) even where asked.
-        `token_masks[i]`: row i's structured-output bitmask, or None."""
+        `history` holds the tokens of the rows with penalties; `token_masks[i]`: row i's
+        structured-output bitmask, or None."""
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators)
-        logits = logits.float()
-        if token_masks is not None:
-            logits = apply_token_masks(logits, token_masks)
+        raw = logits.float()
+        logits = apply_logits_processors(raw, params, history)
+        if token_masks is not None:  # in place: the raw logits stay for the logprobs
+            logits = apply_token_masks(logits.clone() if logits is raw else logits, token_masks)
         token_ids = logits.argmax(dim=-1)
         if not all(p.greedy for p in params):
             sampled = self._sample(logits, params, generators)
             greedy = upload([p.greedy for p in params], torch.bool, logits.device)
             token_ids = torch.where(greedy, token_ids, sampled)
-        logprobs = _gather_logprobs(logits, params, token_ids) if with_logprobs else None
+        logprobs = _gather_logprobs(raw, params, token_ids) if with_logprobs else None
         return SamplerOutput(token_ids, logprobs)
 
     def _sample(self, logits: torch.Tensor, params: list[SamplingParams],

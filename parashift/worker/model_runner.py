@@ -15,6 +15,7 @@ from parashift.worker.step_batch import PLACEHOLDER_TOKEN, RequestTables, SeqChu
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.context import BASE_WEIGHTS
+from parashift.worker.token_history import TokenHistoryStore
 from parashift.kv.cache import KVCache, attention_layers
 from parashift.kv.views import kv_heads_per_rank, tokens_per_block, view_pool
 from parashift.layers.sampler import Sampler
@@ -73,6 +74,7 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.generators: dict[str, torch.Generator] = {}
         self.requests = RequestTables()
+        self.history = TokenHistoryStore(device)  # tokens of the requests with penalties
         # The last step's sampled tokens on the device, and each request's row in them:
         # the source of the next step's placeholder tokens (async scheduling).
         self._prev_tokens: torch.Tensor | None = None
@@ -141,6 +143,7 @@ class ModelRunner:
 
     def _regroup(self, plan: PlanResources, epoch: int) -> None:
         self.requests = RequestTables()
+        self.history = TokenHistoryStore(self.device)
         self.generators.clear()
         self._prev_tokens, self._prev_rows = None, {}
         self.sampler.generator.manual_seed(self.config.seed + epoch)
@@ -206,8 +209,11 @@ class ModelRunner:
         each sampling chunk (in order) and, when asked, their logprobs."""
         for request_id in batch.finished_request_ids:
             self.generators.pop(request_id, None)
+            self.history.forget(request_id)
         errors = self._admit(batch.new_params)
+        self._track_history(batch)
         chunks = self.requests.apply(batch)
+        self.history.record(chunks, self._prev_tokens, self._prev_rows)
         plan = self.resources[batch.plan]
         with use_context(plan.context()):
             micro_batches = split_micro_batches(chunks, plan.state.pp.size)
@@ -241,6 +247,11 @@ class ModelRunner:
                 errors[request_id] = f"its seed could not be used ({type(exc).__name__}: {exc})"
         return errors
 
+    def _track_history(self, batch: StepBatch) -> None:
+        for request_id, params in batch.new_params.items():
+            if params.uses_history:
+                self.history.admit(request_id, batch.prompts[request_id])
+
     def _run_micro_batch(self, chunks: list[SeqChunk], plan: PlanResources):
         """Returns the sampled tokens on the device (None where nothing is sampled
         on this rank) and their logprobs."""
@@ -271,6 +282,7 @@ class ModelRunner:
         result = self.sampler(logits, [c.sampling for c in sampling],
                               [self._generator(c) for c in sampling],
                               with_logprobs=plan.is_output_rank,
+                              history=self.history.batch(sampling),
                               token_masks=masks if any(m is not None for m in masks) else None)
         return result.token_ids, result.logprobs
 

@@ -29,6 +29,9 @@ class StepBatch:
     new_params: dict[str, SamplingParams] = field(default_factory=dict)
     finished_request_ids: list[str] = field(default_factory=list)
     plan: str = ""  # name of the plan this step runs under ("" = the base plan)
+    # The prompt of each new request whose sampling reads its tokens (penalties): chunks
+    # skip what the prefix cache holds, and the prompt tells the output tokens apart.
+    prompts: dict[str, list[int]] = field(default_factory=dict)
     token_masks: TokenMasks | None = None  # structured output's masks of sampling chunks
 
 

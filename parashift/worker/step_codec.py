@@ -1,15 +1,22 @@
 """A step message in a fixed binary layout, so that sending a step to the ranks costs
 a few bulk operations instead of pickling every chunk, list and request id.
 
-Layout (little-endian), version 1; the counts in the header size every section:
+Layout (little-endian), version 3; the counts in the header size every section:
   header          magic b"PSTB", u16 version, u16 reserved (0), then u32 counts:
                   C chunks, T token ids, K new block ids, N new requests, F finished
-                  requests, S bytes of id text                               (32 bytes)
+                  requests, S bytes of id text, B logit-bias entries, P prompt
+                  tokens                                                     (40 bytes)
   int64[T]        every chunk's token ids, in chunk order (PLACEHOLDER_TOKEN as it is)
   int64[K]        every chunk's new block ids, in chunk order
-  int64[4, N]     per new request: top_k, logprobs (-1 = None), has_seed, seed (0 = None)
-  float64[3, N]   per new request: temperature, top_p, min_p
+  int64[5, N]     per new request: top_k, logprobs (-1 = None), has_seed, seed (0 = None),
+                  length of its prompt sent (-1 = not sent)
+  int64[P]        the prompts sent, in request order
+  float64[6, N]   per new request: temperature, top_p, min_p, presence_penalty,
+                  frequency_penalty, repetition_penalty
+  int64[B]        every new request's logit-bias token ids, in request order
+  float64[B]      their biases
   int32[5, C]     per chunk: start_pos, blocks_from, len(token_ids), len(new_blocks), samples
+  int32[N]        per new request: its number of logit-bias entries
   int32[C+N+F+1]  length in characters of each id: the chunks' request ids, the new
                   requests' ids, the finished ones, then the plan name
   u8[S]           those ids and the plan name, concatenated, UTF-8
@@ -18,7 +25,8 @@ Layout (little-endian), version 1; the counts in the header size every section:
   int32[M, W]     their bitmasks
 
 A new request carries only the sampling fields a rank uses (greediness follows from
-temperature and top_k); its other fields decode to their defaults, with max_tokens None.
+temperature and top_k) and, where sent, its prompt; its other fields decode to their defaults,
+with max_tokens None. A logit bias with no entries decodes as None.
 A top_k or logprobs past int64, which no vocabulary reaches, is sent as the int64 maximum.
 
 To add a field, append a section after the last one and bump VERSION: the sections
@@ -34,12 +42,14 @@ from parashift.sampling_params import SEED_MAX as INT64_MAX, SamplingParams
 from parashift.structured.matchers import TokenMasks
 from parashift.worker.step_batch import ChunkDelta, StepBatch
 
-MAGIC, VERSION = b"PSTB", 2
-HEADER = struct.Struct("<4sHH6I")  # 32 bytes, so the int64 sections after it are aligned
+MAGIC, VERSION = b"PSTB", 3
+HEADER = struct.Struct("<4sHH8I")  # 40 bytes, so the int64 sections after it are aligned
 _CHUNK = attrgetter("request_id", "token_ids", "start_pos", "blocks_from", "new_blocks",
                     "samples")
 _PARAM_INTS = attrgetter("top_k", "logprobs", "seed")
-_PARAM_FLOATS = attrgetter("temperature", "top_p", "min_p")
+_PARAM_FLOATS_NAMES = ("temperature", "top_p", "min_p", "presence_penalty",
+                       "frequency_penalty", "repetition_penalty")
+_PARAM_FLOATS = attrgetter(*_PARAM_FLOATS_NAMES)
 
 
 def _packed(values, dtype, count: int) -> bytes:
@@ -70,15 +80,24 @@ def encode_step(batch: StepBatch) -> bytes:
     ids = [*ids, *new, *finished, batch.plan]
     text = "".join(ids).encode("utf-8", "surrogatepass")
     top_k, logprobs, seeds = zip(*map(_PARAM_INTS, new.values())) if N else ((),) * 3
+    prompts = [batch.prompts.get(request_id) for request_id in new]
+    P = sum(len(p) for p in prompts if p is not None)
+    biases = [p.logit_bias or {} for p in new.values()]
+    B = sum(map(len, biases))
     return b"".join((
-        HEADER.pack(MAGIC, VERSION, 0, C, T, K, N, len(finished), len(text)),
+        HEADER.pack(MAGIC, VERSION, 0, C, T, K, N, len(finished), len(text), B, P),
         _packed(chain.from_iterable(tokens), np.int64, T),
         _packed(chain.from_iterable(blocks), np.int64, K),
         _packed(chain((min(k, INT64_MAX) for k in top_k),
                       (-1 if n is None else min(n, INT64_MAX) for n in logprobs),
-                      (s is not None for s in seeds), (s or 0 for s in seeds)), np.int64, 4 * N),
-        _packed(chain.from_iterable(zip(*map(_PARAM_FLOATS, new.values()))), np.float64, 3 * N),
+                      (s is not None for s in seeds), (s or 0 for s in seeds),
+                      (-1 if p is None else len(p) for p in prompts)), np.int64, 5 * N),
+        _packed(chain.from_iterable(p for p in prompts if p is not None), np.int64, P),
+        _packed(chain.from_iterable(zip(*map(_PARAM_FLOATS, new.values()))), np.float64, 6 * N),
+        _packed(chain.from_iterable(biases), np.int64, B),
+        _packed(chain.from_iterable(b.values() for b in biases), np.float64, B),
         _packed(chain(starts, froms, num_tokens, num_blocks, samples), np.int32, 5 * C),
+        _packed(map(len, biases), np.int32, N),
         _packed(map(len, ids), np.int32, len(ids)),
         text,
         _encode_masks(batch.token_masks)))
@@ -94,7 +113,7 @@ def _encode_masks(masks: TokenMasks | None) -> bytes:
 
 
 def decode_step(message: bytes) -> StepBatch:
-    magic, version, _, C, T, K, N, F, S = HEADER.unpack_from(message)
+    magic, version, _, C, T, K, N, F, S, B, P = HEADER.unpack_from(message)
     if magic != MAGIC or version != VERSION:
         raise ValueError(f"not a step message of version {VERSION}: {magic!r} v{version}")
     offset = HEADER.size
@@ -106,9 +125,14 @@ def decode_step(message: bytes) -> StepBatch:
         return array.reshape(shape)
 
     tokens, blocks = take(np.int64, T).tolist(), take(np.int64, K).tolist()
-    top_k, logprobs, has_seed, seeds = take(np.int64, 4, N).tolist()
-    temperature, top_p, min_p = take(np.float64, 3, N).tolist()
+    top_k, logprobs, has_seed, seeds, prompt_lens = take(np.int64, 5, N)
+    sent = prompt_lens >= 0
+    prompts = _split(take(np.int64, P).tolist(), prompt_lens[sent])
+    top_k, logprobs, has_seed, seeds = (v.tolist() for v in (top_k, logprobs, has_seed, seeds))
+    floats = take(np.float64, 6, N).tolist()
+    bias_ids, bias_values = take(np.int64, B).tolist(), take(np.float64, B).tolist()
     columns = take(np.int32, 5, C)
+    bias_counts = take(np.int32, N)
     id_lengths = take(np.int32, C + N + F + 1)
     ids = _split(message[offset:offset + S].decode("utf-8", "surrogatepass"), id_lengths)
     offset += S
@@ -119,8 +143,12 @@ def decode_step(message: bytes) -> StepBatch:
     starts, froms, _, _, samples = columns.tolist()
     chunks = list(map(ChunkDelta, ids[:C], _split(tokens, columns[2]), starts, froms,
                       _split(blocks, columns[3]), map(bool, samples)))
+    biases = map(dict, map(zip, _split(bias_ids, bias_counts), _split(bias_values, bias_counts)))
     new_params = {ids[C + i]: SamplingParams(
-        temperature=temperature[i], top_p=top_p[i], top_k=top_k[i], min_p=min_p[i],
-        seed=seeds[i] if has_seed[i] else None,
-        logprobs=None if logprobs[i] < 0 else logprobs[i], max_tokens=None) for i in range(N)}
-    return StepBatch(chunks, new_params, ids[C + N:C + N + F], ids[-1], masks)
+        **dict(zip(_PARAM_FLOATS_NAMES, column)), top_k=top_k[i],
+        seed=seeds[i] if has_seed[i] else None, logit_bias=bias or None,
+        logprobs=None if logprobs[i] < 0 else logprobs[i], max_tokens=None)
+        for i, column, bias in zip(range(N), zip(*floats), biases)}
+    prompted = [r for r, was_sent in zip(ids[C:C + N], sent.tolist()) if was_sent]
+    return StepBatch(chunks, new_params, ids[C + N:C + N + F], ids[-1],
+                     dict(zip(prompted, prompts)), masks)

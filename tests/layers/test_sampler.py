@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from parashift.layers.penalties import PADDING_TOKEN, TokenHistory, apply_logits_processors
 from parashift.layers.sampler import Sampler
 from parashift.sampling_params import SamplingParams
 
@@ -203,3 +204,87 @@ def test_logprobs_contain_sampled_token_outside_top_k():
     assert outside
     for row in outside:
         assert set(out.logprobs[row]) == {out.token_ids[row].item(), 3}
+
+
+# ---- logit bias and penalties, against a plain per-token reference --------------------
+def reference_processed(logits: torch.Tensor, params: list[SamplingParams],
+                        prompts: list[list[int]], outputs: list[list[int]]) -> torch.Tensor:
+    """Logit bias, then repetition, frequency and presence penalties, token by token."""
+    out = logits.clone()
+    for row, p in enumerate(params):
+        for token, bias in (p.logit_bias or {}).items():
+            out[row, token] += bias
+        seen = set(prompts[row]) | set(outputs[row])
+        for token in range(out.shape[1]):
+            value = float(out[row, token])
+            if token in seen and p.repetition_penalty != 1.0:
+                value = value / p.repetition_penalty if value > 0 else \
+                    value * p.repetition_penalty
+            count = outputs[row].count(token)
+            value -= p.frequency_penalty * count + p.presence_penalty * (count > 0)
+            out[row, token] = value
+    return out
+
+
+def history_of(rows: list[int], prompts, outputs) -> TokenHistory:
+    width = max(len(prompts[r]) + len(outputs[r]) for r in rows)
+    tokens = torch.full((len(rows), width), PADDING_TOKEN, dtype=torch.int64)
+    is_output = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        seq = prompts[r] + outputs[r]
+        tokens[i, :len(seq)] = torch.tensor(seq)
+        is_output[i, len(prompts[r]):len(seq)] = True
+    return TokenHistory(rows, tokens, is_output)
+
+
+def test_penalties_and_logit_bias_match_the_reference():
+    rng = torch.Generator().manual_seed(3)
+    params = [SamplingParams(repetition_penalty=1.7),
+              SamplingParams(),  # no option: untouched
+              SamplingParams(frequency_penalty=0.9, presence_penalty=-0.4,
+                             logit_bias={3: 5.0, 7: -100.0}),
+              SamplingParams(presence_penalty=2.0, repetition_penalty=0.5,
+                             frequency_penalty=-2.0),
+              SamplingParams(logit_bias={0: 1.5})]
+    prompts = [torch.randint(0, VOCAB, (n,), generator=rng).tolist() for n in (9, 4, 1, 20, 3)]
+    outputs = [torch.randint(0, 10, (n,), generator=rng).tolist() for n in (5, 0, 12, 7, 2)]
+    logits = torch.randn(len(params), VOCAB, generator=rng) * 3
+    history = history_of([r for r, p in enumerate(params) if p.uses_history], prompts, outputs)
+    got = apply_logits_processors(logits, params, history)
+    want = reference_processed(logits, params, prompts, outputs)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(got[1], logits[1])
+    greedy = [SamplingParams(**{**p.__dict__, "temperature": 0}) for p in params]
+    out = Sampler("cpu")(logits, greedy, [None] * len(params), history=history)
+    assert out.token_ids.tolist() == want.argmax(-1).tolist()
+
+
+def test_greedy_rows_pick_the_penalized_argmax_and_logprobs_stay_raw():
+    logits = torch.tensor([[4.0, 3.9, 0.0, -1.0], [2.0, 1.0, 0.5, 0.0]])
+    params = [SamplingParams(temperature=0, repetition_penalty=2.0, logprobs=1),
+              SamplingParams(temperature=0, frequency_penalty=2.0, logprobs=1)]
+    history = history_of([0, 1], [[0], [2]], [[], [0, 0]])
+    out = Sampler("cpu")(logits, params, [None, None], history=history)
+    assert out.token_ids.tolist() == [1, 1]  # 4 / 2 < 3.9; 2 - 2 * 2 < 1
+    raw = logits.log_softmax(-1)
+    assert out.logprobs[0][1] == pytest.approx(float(raw[0, 1]))
+    assert out.logprobs[1][1] == pytest.approx(float(raw[1, 1]))
+
+
+def test_negative_logits_of_seen_tokens_are_multiplied():
+    logits = torch.tensor([[-1.0, -1.5, -3.0]])
+    history = history_of([0], [[0]], [[]])
+    got = apply_logits_processors(logits, [SamplingParams(repetition_penalty=2.0)], history)
+    assert got.tolist() == [[-2.0, -1.5, -3.0]]
+
+
+def test_no_options_leave_the_logits_alone():
+    logits = torch.randn(3, VOCAB)
+    assert apply_logits_processors(logits, [SamplingParams()] * 3, None) is logits
+
+
+def test_seeded_sampling_with_bias_only_draws_from_the_biased_token():
+    logits = distinct_logits(4)
+    params = [SamplingParams(temperature=1.0, seed=s, logit_bias={5: 100.0}) for s in range(4)]
+    out = sample(logits, params, [Sampler.make_generator(s, "cpu") for s in range(4)])
+    assert out.token_ids.tolist() == [5] * 4

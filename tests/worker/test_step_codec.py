@@ -10,7 +10,8 @@ from parashift.structured.matchers import TokenMasks
 from parashift.worker.step_batch import PLACEHOLDER_TOKEN, ChunkDelta, StepBatch
 from parashift.worker.step_codec import HEADER, decode_step, encode_step
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "greedy")
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "greedy",
+                   "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")
 
 
 def round_trip(batch: StepBatch) -> StepBatch:
@@ -23,6 +24,7 @@ def round_trip(batch: StepBatch) -> StepBatch:
     if batch.token_masks is not None:
         assert decoded.token_masks.chunks == batch.token_masks.chunks
         np.testing.assert_array_equal(decoded.token_masks.bitmask, batch.token_masks.bitmask)
+    assert decoded.prompts == batch.prompts
     assert list(decoded.new_params) == list(batch.new_params)
     for request_id, params in batch.new_params.items():
         got = decoded.new_params[request_id]
@@ -72,6 +74,16 @@ def test_sampling_params(seed, logprobs):
     decoded = round_trip(StepBatch([ChunkDelta(r, [3], 0, 0, [0], True) for r in params],
                                    params))
     assert [p.greedy for p in decoded.new_params.values()] == [True, True, False]
+
+
+def test_penalties_logit_bias_and_prompts():
+    params = {"plain": SamplingParams(),
+              "penalized": SamplingParams(presence_penalty=-1.5, frequency_penalty=0.25,
+                                          repetition_penalty=1.3),
+              "biased": SamplingParams(logit_bias={0: -100.0, 49151: 2.5, 7: 0.1}),
+              "both": SamplingParams(repetition_penalty=0.7, logit_bias={3: 1.0})}
+    round_trip(StepBatch([ChunkDelta(r, [3], 0, 0, [0], True) for r in params], params,
+                         prompts={"plain": [1], "penalized": list(range(4000)), "both": []}))
 
 
 def test_top_k_past_int64_is_clamped():

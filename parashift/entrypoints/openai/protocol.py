@@ -2,7 +2,7 @@
 
 Requests forbid unknown fields: a misspelt option is an error, not a silent
 default. Fields OpenAI defines but parashift does not implement are accepted
-only at their neutral value (e.g. `n=1`, `presence_penalty=0`)."""
+only at their neutral value (e.g. an empty `suffix`)."""
 import time
 from typing import Literal
 
@@ -16,6 +16,8 @@ from parashift.sampling_params import SEED_MAX, SEED_MIN
 # /v1/completions without max_tokens (absent or null) generates this many, as OpenAI's
 # does; /v1/chat/completions without it generates up to the context's end, as vLLM's.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# The most samples (n, best_of) one request may ask for: each is a sequence in the engine.
+MAX_SAMPLES_PER_REQUEST = 128
 
 
 def _finite_float():
@@ -47,20 +49,15 @@ class SamplingFields(StructuredFields):
     priority: int = 0
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int | None = Field(default=None, ge=1, le=MAX_SAMPLES_PER_REQUEST)
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = _finite_float()
+    frequency_penalty: float | None = _finite_float()
+    repetition_penalty: float | None = _finite_float()
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
 
     @model_validator(mode="after")
     def _check_unsupported(self):
-        if self.n != 1:
-            raise ValueError("n must be 1: parashift returns one choice per request")
-        if self.presence_penalty != 0.0 or self.frequency_penalty != 0.0:
-            raise ValueError("presence_penalty and frequency_penalty are not supported")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
@@ -75,7 +72,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
-    best_of: int | None = None
+    best_of: int | None = Field(default=None, ge=1, le=MAX_SAMPLES_PER_REQUEST)
     suffix: str | None = None
 
     @field_validator("max_tokens")
@@ -85,10 +82,12 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _check_completion_fields(self):
-        if self.echo:
-            raise ValueError("echo is not supported")
-        if self.best_of not in (None, 1):
-            raise ValueError("best_of must be 1")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs is not supported (the prompt's logprobs "
+                             "are not computed): ask for one of the two")
+        if self.stream and self.best_of is not None and self.best_of > (self.n or 1):
+            raise ValueError("best_of greater than n cannot be streamed: the best samples "
+                             "are known only once all have finished")
         if self.suffix:
             raise ValueError("suffix is not supported")
         return self

@@ -20,9 +20,11 @@ from parashift.entrypoints.openai.shutdown import ShutdownDeadline, ShutdownTime
 from parashift.sampling_params import SamplingParams
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-                   "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
+                   "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "n",
+                   "presence_penalty", "frequency_penalty", "repetition_penalty")
 PARAM_NAMES = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "max_tokens",
-               "logprobs", "n", "stop_token_ids"}
+               "logprobs", "n", "stop_token_ids", "best_of", "presence_penalty",
+               "frequency_penalty", "repetition_penalty", "logit_bias"}
 QUEUE_FULL_RETRY_AFTER_S = 1
 
 
@@ -80,8 +82,8 @@ class ServingContext:
     def check_vocabulary(self, token_ids: list[int], param: str) -> None:
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise bad_request(f"token id {bad[0]} is out of vocabulary (valid ids are 0 to "
-                              f"{self.vocab_size - 1})", param=param,
+            raise bad_request(f"{param}: token id {bad[0]} is out of vocabulary (valid ids "
+                              f"are 0 to {self.vocab_size - 1})", param=param,
                               code="token_out_of_vocabulary")
 
     def default_max_tokens(self, requested: int | None, fallback: int | None) -> int | None:
@@ -90,6 +92,20 @@ class ServingContext:
         if requested is not None:
             return requested
         return self.sampling_defaults.get("max_tokens", fallback)
+
+    def logit_bias(self, bias: dict[str, float] | None) -> dict[int, float] | None:
+        """OpenAI's {"token id": bias} with the ids checked against the vocabulary."""
+        if not bias:
+            return None
+        ids = {}
+        for key, value in bias.items():
+            try:
+                ids[int(key)] = value
+            except ValueError:
+                raise bad_request(f"logit_bias keys must be token ids, got {key!r}",
+                                  param="logit_bias") from None
+        self.check_vocabulary(list(ids), "logit_bias")
+        return ids
 
     def fit_max_tokens(self, num_prompt_tokens: int, requested: int | None) -> int:
         """max_tokens to use; 400 naming both numbers when it cannot fit."""
@@ -162,15 +178,18 @@ def _first_line(exc: Exception) -> str:
 
 
 def build_sampling_params(request: SamplingFields, max_tokens: int | None,
-                          logprobs: int | None, defaults: dict | None = None) -> SamplingParams:
+                          logprobs: int | None, defaults: dict | None = None,
+                          **options) -> SamplingParams:
     """SamplingParams from the request fields set, over `defaults` (the model's generation
-    config) for those it leaves unset; 400 with the engine's message."""
+    config) for those it leaves unset, and `options` (fields the routes translate); 400
+    with the engine's message."""
     kwargs = {name: value for name, value in (defaults or {}).items() if name != "max_tokens"}
     kwargs.update({name: getattr(request, name) for name in SAMPLING_FIELDS
                    if getattr(request, name, None) is not None})
     try:
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs,
-                              structured_outputs=request.structured_outputs_params(), **kwargs)
+                              structured_outputs=request.structured_outputs_params(),
+                              **kwargs, **options)
     except (ValueError, TypeError) as exc:
         message = str(exc)
         first_word = message.split(" ", 1)[0]
@@ -291,17 +310,25 @@ async def stream_events(ctx: ServingContext, stream: RequestStream, include_usag
 
 
 async def _output_events(stream: RequestStream, created: int, make_choice, make_chunk, shown):
-    """A chunk for every output that brings new text, new tokens or the finish."""
-    sent_chars, sent_tokens = 0, 0
+    """A chunk for every choice (one per sample) whose output brings new text, new
+    tokens or its finish; `shown(completion, finished)`, where given, is the text a
+    client may see so far (tool calls held back)."""
+    sent: dict[int, tuple[int, int]] = {}  # by choice index: chars and tokens sent
+    finished: set[int] = set()
     async for output in stream:
-        completion = output.outputs[0]
-        text = completion.text if shown is None else shown(completion, output.finished)
-        delta = text[sent_chars:]
-        finish = completion.finish_reason if output.finished else None
-        if delta or finish or len(completion.token_ids) > sent_tokens:
-            choice = make_choice(delta, finish, completion, sent_tokens, sent_chars)
-            yield sse_event(make_chunk(created, [choice]))
-        sent_chars, sent_tokens = len(text), len(completion.token_ids)
+        for completion in output.outputs:
+            index = completion.index
+            sent_chars, sent_tokens = sent.get(index, (0, 0))
+            done = output.finished or completion.finish_reason is not None
+            text = completion.text if shown is None else shown(completion, done)
+            delta = text[sent_chars:]
+            finish = completion.finish_reason if index not in finished else None
+            if delta or finish or len(completion.token_ids) > sent_tokens:
+                choice = make_choice(delta, finish, completion, sent_tokens, sent_chars)
+                yield sse_event(make_chunk(created, [choice]))
+            sent[index] = len(text), len(completion.token_ids)
+            if finish:
+                finished.add(index)
 
 
 def sse_event(payload: BaseModel | dict) -> str:

@@ -33,7 +33,8 @@ class ChatServer(Handler):
         ctx.check_prompt_ids(prompt_ids)
         requested = ctx.default_max_tokens(request.requested_max_tokens, None)
         params = build_sampling_params(request, requested, self.num_logprobs(request),
-                                       ctx.sampling_defaults)
+                                       ctx.sampling_defaults,
+                                       logit_bias=ctx.logit_bias(request.logit_bias))
         await ctx.check_structured(params, self.force_tool_call(request, params))
         params.max_tokens = ctx.fit_max_tokens(len(prompt_ids), requested)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -122,14 +123,16 @@ class ChatServer(Handler):
                              completion.logprobs[first:], request.top_logprobs or 0)
 
     async def collect(self, stream: RequestStream, request: ChatCompletionRequest):
-        completion = (await final_output(self.ctx, stream)).outputs[0]
-        content, calls, finish = self.reply(request, completion.text, completion.finish_reason)
-        choice = ChatChoice(message=AssistantMessage(content=content, tool_calls=calls),
-                            finish_reason=finish,
-                            logprobs=self.logprobs(request, completion, 0))
-        usage = UsageInfo.of(stream.num_prompt_tokens, len(completion.token_ids))
+        outputs = (await final_output(self.ctx, stream)).outputs
+        choices = []
+        for c in outputs:
+            content, calls, finish = self.reply(request, c.text, c.finish_reason)
+            choices.append(ChatChoice(index=c.index,
+                                      message=AssistantMessage(content=content, tool_calls=calls),
+                                      finish_reason=finish, logprobs=self.logprobs(request, c, 0)))
+        usage = UsageInfo.of(stream.num_prompt_tokens, sum(len(c.token_ids) for c in outputs))
         return ChatCompletionResponse(id=stream.request_id, model=self.ctx.model_name,
-                                      choices=[choice], usage=usage)
+                                      choices=choices, usage=usage)
 
     def stream(self, stream: RequestStream, request: ChatCompletionRequest):
         def choice(delta, finish, completion, sent_tokens, sent_chars):
@@ -137,16 +140,18 @@ class ChatServer(Handler):
             if finish is not None and request.tool_mode != "none":
                 _, found, finish = self.reply(request, completion.text, finish)
                 calls = [DeltaToolCall(index=i, **c.model_dump()) for i, c in enumerate(found)]
-            return ChatStreamChoice(delta=DeltaMessage(content=delta, tool_calls=calls or None),
+            return ChatStreamChoice(index=completion.index,
+                                    delta=DeltaMessage(content=delta, tool_calls=calls or None),
                                     finish_reason=finish,
                                     logprobs=self.logprobs(request, completion, sent_tokens))
 
         def chunk(created, choices, usage=None):
             return self.chunk(stream, created, choices, usage)
-        opening = ChatStreamChoice(delta=DeltaMessage(role="assistant", content=""))
+        opening = tuple(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+                        for i in range(request.n or 1))
         shown = None if request.tool_mode == "none" else (
             lambda completion, finished: self.shown(request, completion, finished))
-        return stream_events(self.ctx, stream, request.include_usage, choice, chunk, (opening,),
+        return stream_events(self.ctx, stream, request.include_usage, choice, chunk, opening,
                              shown)
 
     def chunk(self, stream: RequestStream, created: int, choices, usage=None):

@@ -24,30 +24,36 @@ class CompletionServer(Handler):
         given = request.max_tokens if "max_tokens" in request.model_fields_set else None
         max_tokens = ctx.default_max_tokens(given, request.max_tokens)
         params = build_sampling_params(request, max_tokens, request.logprobs,
-                                       ctx.sampling_defaults)
+                                       ctx.sampling_defaults, best_of=request.best_of,
+                                       logit_bias=ctx.logit_bias(request.logit_bias))
         params.max_tokens = ctx.fit_max_tokens(len(prompt_ids), max_tokens)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         return await respond(ctx, raw, self, request, request_id, prompt_ids, params)
 
     def prompt_ids(self, prompt) -> list[int]:
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise bad_request("batched prompts are not supported; send one prompt per "
-                                  "request", param="prompt")
-            prompt = prompt[0]
+        prompt = single_prompt(prompt)
         if isinstance(prompt, str):
             if not prompt:
                 raise bad_request("the prompt is empty", param="prompt", code="empty_prompt")
             return self.ctx.encode(prompt)
         return list(prompt)
 
+    def echo(self, request: CompletionRequest) -> str:
+        """The prompt's text, which `echo` puts before each choice's."""
+        if not request.echo:
+            return ""
+        prompt = single_prompt(request.prompt)
+        return prompt if isinstance(prompt, str) else self.ctx.decode(prompt)
+
     async def collect(self, stream: RequestStream, request: CompletionRequest):
-        completion = (await final_output(self.ctx, stream)).outputs[0]
-        choice = CompletionChoice(text=completion.text, finish_reason=completion.finish_reason,
-                                  logprobs=self.logprobs(request, completion, 0, 0))
-        usage = UsageInfo.of(stream.num_prompt_tokens, len(completion.token_ids))
+        outputs = (await final_output(self.ctx, stream)).outputs
+        echo = self.echo(request)
+        choices = [CompletionChoice(index=c.index, text=echo + c.text,
+                                    finish_reason=c.finish_reason,
+                                    logprobs=self.logprobs(request, c, 0, 0)) for c in outputs]
+        usage = UsageInfo.of(stream.num_prompt_tokens, sum(len(c.token_ids) for c in outputs))
         return CompletionResponse(id=stream.request_id, model=self.ctx.model_name,
-                                  choices=[choice], usage=usage)
+                                  choices=choices, usage=usage)
 
     def logprobs(self, request: CompletionRequest, completion, first: int, text_offset: int):
         if request.logprobs is None or completion.logprobs is None:
@@ -57,14 +63,27 @@ class CompletionServer(Handler):
 
     def stream(self, stream: RequestStream, request: CompletionRequest):
         def choice(delta, finish, completion, sent_tokens, sent_chars):
-            return CompletionChoice(text=delta, finish_reason=finish,
+            return CompletionChoice(index=completion.index, text=delta, finish_reason=finish,
                                     logprobs=self.logprobs(request, completion, sent_tokens,
                                                            sent_chars))
 
         def chunk(created, choices, usage=None):
             return self.chunk(stream, created, choices, usage)
-        return stream_events(self.ctx, stream, request.include_usage, choice, chunk)
+        echo = self.echo(request)
+        opening = tuple(CompletionChoice(index=i, text=echo) for i in range(request.n or 1)
+                        if echo)
+        return stream_events(self.ctx, stream, request.include_usage, choice, chunk, opening)
 
     def chunk(self, stream: RequestStream, created: int, choices, usage=None):
         return CompletionResponse(id=stream.request_id, created=created,
                                   model=self.ctx.model_name, choices=choices, usage=usage)
+
+
+def single_prompt(prompt) -> str | list[int]:
+    """The one prompt of a request (a list of one prompt is one prompt)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise bad_request("batched prompts are not supported; send one prompt per "
+                              "request", param="prompt")
+        return prompt[0]
+    return prompt

@@ -73,7 +73,16 @@ def test_schema_violations(http, model_name, fields, param):
     ({"min_p": 1.5}, "min_p"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"stop": [""]}, None),
-    ({"n": 2}, None),
+    ({"n": 0}, "n"),
+    ({"n": 2, "best_of": 1}, "best_of"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"five": 1}}, "logit_bias"),
+    ({"logit_bias": {"100000000": 1}}, "logit_bias"),
+    ({"echo": True, "logprobs": 1}, "echo"),
+    ({"best_of": 3, "stream": True}, "best_of"),
     ({"logprobs": 21}, "logprobs"),
 ])
 def test_invalid_sampling_values(http, model_name, fields, param):

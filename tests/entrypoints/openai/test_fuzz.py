@@ -31,8 +31,9 @@ MIN_REQUESTS = 500
 MIN_SERVED = 100  # answered 200: the fuzz must not turn into 400s alone
 SMALL_MAX_TOKENS = 4
 LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
-NEUTRAL_ONLY = ("model", "n", "best_of", "echo", "suffix", "presence_penalty",
-                "frequency_penalty", "logit_bias")
+NEUTRAL_ONLY = ("model", "suffix")
+SAMPLE_FIELDS = ("n", "best_of")  # kept small: each sample is a sequence to generate
+MAX_FUZZ_SAMPLES = 2
 TOKEN_FIELDS = ("prompt", "tokens", "stop_token_ids")
 FUZZ_SETTINGS = settings(max_examples=EXAMPLES_PER_ROUTE, derandomize=True, database=None,
                          deadline=None, phases=[Phase.explicit, Phase.generate, Phase.shrink],
@@ -49,6 +50,15 @@ def keep_short(route: str, body) -> None:
         value = body.get(name)
         if type(value) is int and SMALL_MAX_TOKENS < value <= MAX_MODEL_LEN:
             body[name] = SMALL_MAX_TOKENS
+    numbers = {name: body.get(name) for name in SAMPLE_FIELDS
+               if type(body.get(name)) in (int, float)}  # pydantic takes 71.0 as 71
+    for name, value in numbers.items():
+        if value > MAX_FUZZ_SAMPLES:
+            body[name] = MAX_FUZZ_SAMPLES
+    if any(value > 1 for value in numbers.values()):
+        # schemathesis reads at most 20 events of a stream: several samples get 4 tokens each
+        body.update({name: SMALL_MAX_TOKENS for name in LIMIT_FIELDS if name in body})
+        body.setdefault("max_tokens", SMALL_MAX_TOKENS)
     if route == "/v1/chat/completions" and all(body.get(name) is None for name in LIMIT_FIELDS):
         body["max_tokens"] = SMALL_MAX_TOKENS  # chat with no limit runs to the context end
 

@@ -1,0 +1,75 @@
+"""Parallel sampling (`n`, `best_of`): a request fans out into child requests, one sample
+each, whose outputs fold back into one RequestOutput with a CompletionOutput per sample.
+
+The first child is scheduled alone; its siblings join once it has computed the prompt
+(its first output), so that they take the prompt's KV blocks from the prefix cache
+instead of computing them again."""
+import dataclasses
+
+from parashift.engine.sequence import Sequence
+from parashift.outputs import CompletionOutput, RequestOutput
+from parashift.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
+
+
+def child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """One sample's options. Its seed is the request's plus its index (wrapped to 64
+    bits): siblings differ, and the same request gives the same samples again. best_of
+    ranks by cumulative logprob, so its children always report the sampled token's."""
+    seed = None if params.seed is None else (
+        (params.seed + index - SEED_MIN) % (SEED_MAX - SEED_MIN + 1) + SEED_MIN)
+    logprobs = params.logprobs
+    if logprobs is None and params.num_samples > params.n:
+        logprobs = 0
+    return dataclasses.replace(params, n=1, best_of=None, seed=seed, logprobs=logprobs)
+
+
+def cumulative_logprob(completion: CompletionOutput) -> float | None:
+    if completion.logprobs is None:
+        return None
+    return sum(lp[token] for token, lp in zip(completion.token_ids, completion.logprobs))
+
+
+class ParentRequest:
+    """A request with several samples: its children's ids and latest outputs."""
+
+    def __init__(self, request_id: str, params: SamplingParams, priority: int = 0):
+        self.request_id, self.params, self.priority = request_id, params, priority
+        self.child_ids = [f"{request_id}#{i}" for i in range(params.num_samples)]
+        self._index = {child: i for i, child in enumerate(self.child_ids)}
+        self.completions: dict[int, CompletionOutput] = {}
+        self.num_cached_tokens: dict[int, int] = {}
+        self._finished: set[int] = set()
+        self.siblings_admitted = params.num_samples == 1
+
+    def child(self, index: int, prompt_token_ids: list[int], prompt: str | None) -> Sequence:
+        return Sequence(self.child_ids[index], prompt_token_ids,
+                        child_params(self.params, index), self.priority, prompt)
+
+    def update(self, output: RequestOutput) -> RequestOutput | None:
+        """Folds in a child's output; returns the request's, or None while best_of's
+        choice is still open (it is made once every child has finished)."""
+        index = self._index[output.request_id]
+        completion = output.outputs[0]
+        self.completions[index] = dataclasses.replace(
+            completion, index=index, cumulative_logprob=cumulative_logprob(completion))
+        self.num_cached_tokens[index] = output.num_cached_tokens
+        if output.finished:
+            self._finished.add(index)
+        finished = output.error is not None or len(self._finished) == len(self.child_ids)
+        ranked = self.params.num_samples > self.params.n
+        if ranked and not finished:
+            return None
+        chosen = self._best() if ranked and output.error is None else \
+            [self.completions[i] for i in sorted(self.completions)]
+        return RequestOutput(self.request_id, output.prompt, output.prompt_token_ids, chosen,
+                             finished, sum(self.num_cached_tokens.values()),
+                             error=output.error)
+
+    def _best(self) -> list[CompletionOutput]:
+        """The n samples of highest cumulative logprob, best first, numbered 0 to n-1;
+        without their logprobs where the request did not ask for them."""
+        ranked = sorted(self.completions.values(), key=lambda c: c.cumulative_logprob,
+                        reverse=True)[:self.params.n]
+        keep_logprobs = self.params.logprobs is not None
+        return [dataclasses.replace(c, index=i, logprobs=c.logprobs if keep_logprobs else None)
+                for i, c in enumerate(ranked)]

@@ -1,0 +1,61 @@
+"""A rank's token history of the requests with penalties: prompt chunks, placeholders
+filled from the previous step's samples, recompute after preemption."""
+import torch
+
+from parashift.layers.penalties import PADDING_TOKEN
+from parashift.sampling_params import SamplingParams
+from parashift.worker.step_batch import PLACEHOLDER_TOKEN, SeqChunk
+from parashift.worker.token_history import TokenHistoryStore
+
+PENALIZED = SamplingParams(repetition_penalty=1.2)
+
+
+def chunk(request_id, tokens, start, samples=True):
+    return SeqChunk(request_id, tokens, start, [0], PENALIZED if samples else None)
+
+
+def rows_of(history) -> list[list[int]]:
+    return [[t for t in row if t != PADDING_TOKEN] for row in history.token_ids.tolist()]
+
+
+def test_prompt_chunks_then_placeholders_from_the_previous_samples():
+    store = TokenHistoryStore(torch.device("cpu"))
+    store.admit("a", [1, 2, 3, 4, 5])
+    store.admit("b", [7, 8])
+    assert store.batch([chunk("b", [], 0)]).token_ids.tolist() == [[7, 8]]  # from the message
+    store.record([chunk("a", [3], 2, samples=False), chunk("b", [8], 1)], None, {})  # cached
+    assert store.batch([chunk("b", [], 0)]).token_ids.tolist() == [[7, 8]]
+    store.record([chunk("a", [4, 5], 3), chunk("b", [PLACEHOLDER_TOKEN], 2)],
+                 torch.tensor([40]), {"b": 0})
+    prev = torch.tensor([11, 22])  # this step sampled 11 for a, 22 for b
+    store.record([chunk("b", [PLACEHOLDER_TOKEN], 3), chunk("untracked", [9], 0),
+                  chunk("a", [PLACEHOLDER_TOKEN], 5)], prev, {"a": 0, "b": 1})
+    sampling = [chunk("x", [], 0), chunk("a", [], 0), chunk("b", [], 0)]
+    history = store.batch(sampling)
+    assert history.rows == [1, 2]
+    assert rows_of(history) == [[1, 2, 3, 4, 5, 11], [7, 8, 40, 22]]
+    assert history.is_output.tolist() == [[False] * 5 + [True], [False, False, True, True,
+                                                                False, False]]
+
+
+def test_recompute_overwrites_and_forget_frees_the_slot():
+    store = TokenHistoryStore(torch.device("cpu"))
+    store.admit("a", [1, 2])
+    store.record([chunk("a", [1, 2, 3, 4], 0)], None, {})
+    store.record([chunk("a", [5], 2)], None, {})  # preempted, recomputed from the cache
+    assert rows_of(store.batch([chunk("a", [], 0)])) == [[1, 2, 5]]
+    slot = store.slots["a"]
+    store.forget("a")
+    assert store.batch([chunk("a", [], 0)]) is None
+    store.admit("b", [])
+    assert store.slots["b"] == slot
+
+
+def test_buffer_grows_past_its_capacity_and_slots():
+    store = TokenHistoryStore(torch.device("cpu"))
+    for i in range(20):
+        store.admit(f"r{i}", [i])
+    long = list(range(3000))
+    store.record([chunk("r0", [5], 1), chunk("r19", long, 0)], None, {})
+    history = store.batch([chunk("r19", [], 0), chunk("r0", [], 0)])
+    assert rows_of(history) == [long, [0, 5]]
