@@ -49,3 +49,24 @@ def test_graphs_and_async_scheduling_give_the_eager_tokens(dtype):
             assert len(llm.llm_engine.runner.graphs.graphs) > 0
         del llm
     assert outs[True] == outs[False]
+
+
+def test_penalties_bias_and_samples_on_gpu_give_the_cpu_tokens(tmp_path):
+    """The sampler's batched penalties, logit bias and parallel samples, under CUDA graphs
+    and async scheduling, against the CPU (a tiny random model, float32, greedy)."""
+    from tests.engine.conftest import save_tiny_llama
+    model_dir = save_tiny_llama(tmp_path, num_attention_heads=8, num_key_value_heads=4,
+                                hidden_size=96, intermediate_size=192, num_hidden_layers=3)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(512) for _ in range(rng.randint(1, 60))] for _ in range(9)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, n=2,
+                            presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
+                            logit_bias={5: 3.0, 7: -100.0})
+    outs = {}
+    for device in ("cpu", "cuda"):
+        with LLM(model_dir, device=device, dtype="float32", skip_tokenizer_init=True,
+                 gpu_memory_utilization=0.3) as llm:
+            outs[device] = llm.generate(prompts, params)
+    for cpu, gpu in zip(outs["cpu"], outs["cuda"]):
+        assert [c.token_ids for c in gpu.outputs] == [c.token_ids for c in cpu.outputs]
+        assert all(7 not in c.token_ids for c in gpu.outputs)
