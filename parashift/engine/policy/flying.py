@@ -7,7 +7,8 @@ running requests pass twice that) and a minimum dwell between transitions.
 
 The starting layout must be w plain replicas of one TP degree on consecutive ranks; the
 merged plans of every aligned width the model's heads allow are made at start-up (so
-their communicators are pre-built), the widest is the one this policy merges into."""
+their communicators are pre-built), the widest (from replica 0) is the one this policy
+merges into; replicas it does not cover keep serving as they are."""
 from parashift.engine.policy.protocol import Decision, NodeView, Transition
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
@@ -17,9 +18,8 @@ def merged_plans(replicas: list[Plan], num_heads: int, num_kv_heads: int) -> lis
     """Every merge of `width` aligned consecutive replicas the model's heads divide."""
     plans = []
     for width in range(2, len(replicas) + 1):
-        if len(replicas) % width:
-            continue
-        candidates = [Plan.merged(replicas[i:i + width]) for i in range(0, len(replicas), width)]
+        candidates = [Plan.merged(replicas[i:i + width])
+                      for i in range(0, len(replicas) - width + 1, width)]
         try:
             candidates[0].check_model(num_heads, num_kv_heads, num_layers=1)
         except ValueError:
@@ -47,7 +47,10 @@ class FlyingPolicy:
         if not self.merges:
             raise ValueError(f"the model's {num_heads} heads and {num_kv_heads} KV heads do not "
                              f"split over any merge of {len(replicas)} replicas")
-        self.widest = max(self.merges, key=lambda plan: plan.tp)
+        self.widest = max(self.merges, key=lambda plan: plan.tp)  # the first of its width
+        width = self.widest.merge_base[0]
+        self.split_layout = tuple(plan.name() for plan in replicas)
+        self.merged_layout = (self.widest.name(), *self.split_layout[width:])
         self.plans = replicas + self.merges
         self.merge_running, self.dwell_s = merge_running, dwell_s
         self._last_change = float("-inf")
@@ -58,11 +61,12 @@ class FlyingPolicy:
             return current
         waiting = sum(g.num_waiting for g in view.groups)
         running = sum(g.num_running for g in view.groups)
-        if len(view.layout) > 1 and waiting == 0 and running <= self.merge_running:
-            transition = Transition("merge", tuple(range(len(view.layout))),
-                                    (self.widest.name(),))
-        elif len(view.layout) == 1 and (waiting > 0 or running > 2 * self.merge_running):
-            transition = Transition("split", (0,), tuple(p.name() for p in self.replicas))
+        width = self.widest.merge_base[0]
+        if view.layout == self.split_layout and waiting == 0 and running <= self.merge_running:
+            transition = Transition("merge", tuple(range(width)), (self.widest.name(),))
+        elif view.layout == self.merged_layout and (
+                waiting > 0 or running > 2 * self.merge_running):
+            transition = Transition("split", (0,), self.split_layout[:width])
         else:
             return current
         self._last_change = view.time

@@ -89,3 +89,13 @@ def test_flying_holds_between_its_thresholds():
     assert policy.decide(busy).transitions == ()  # 8 running: too many to merge
     merged = NodeView((group(8, num_running=8),), 2.0, ("merge4-tp4",))
     assert policy.decide(merged).transitions == ()  # 8 running, none waiting: stays merged
+
+
+def test_flying_merges_the_widest_aligned_group_and_leaves_the_rest():
+    """3 replicas of a model with 8 heads: only ranks 0-1 can merge; rank 2 keeps serving."""
+    policy = FlyingPolicy(Layout.of(Plan(dp=3)), num_heads=8, num_kv_heads=4, dwell_s=0.0)
+    assert [p.name() for p in policy.merges] == ["merge2-tp2"]
+    light = NodeView(tuple(group(1, num_running=1) for _ in range(3)), 1.0, REPLICAS[:3])
+    assert policy.decide(light).transitions == (Transition("merge", (0, 1), ("merge2-tp2",)),)
+    queued = NodeView((group(9, num_waiting=2), group(1)), 2.0, ("merge2-tp2", "single@2"))
+    assert policy.decide(queued).transitions == (Transition("split", (0,), REPLICAS[:2]),)
