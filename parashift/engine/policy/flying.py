@@ -1,7 +1,7 @@
 """Flying Serving (arXiv 2602.22593): data-parallel replicas serve heavy load, and merge
 into one tensor-parallel group when the load is light (one request then runs on every
-GPU's bandwidth); a queue splits them again. This is its first form: all replicas merge
-into the widest group and split back, with hysteresis (merge at or below
+GPU's bandwidth); a queue splits them again. This is its first form: the replicas merge
+into the widest aligned group and split back, with hysteresis (merge at or below
 `merge_running` running requests and an empty queue; split once a request waits or
 running requests pass twice that) and a minimum dwell between transitions.
 
