@@ -9,12 +9,11 @@ import torch
 import torch.distributed as dist
 
 from parashift.attention.backend import get_backend
-from parashift.context import StepContext, use_context, use_state
+from parashift.context import BASE_WEIGHTS, StepContext, use_context, use_state
 from parashift.worker.cuda_graphs import DecodeGraphs
 from parashift.worker.step_batch import PLACEHOLDER_TOKEN, RequestTables, SeqChunk, StepBatch
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
-from parashift.context import BASE_WEIGHTS
 from parashift.worker.token_history import TokenHistoryStore
 from parashift.kv.cache import KVCache, attention_layers
 from parashift.kv.views import kv_heads_per_rank, tokens_per_block, view_pool
