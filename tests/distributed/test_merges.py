@@ -9,7 +9,7 @@ import pytest
 
 from parashift import LLM
 from parashift.parallel.layout import Layout
-from tests.distributed.test_plans import (COMMON, PARAMS, assert_same, prompts,
+from tests.distributed.test_plans import (COMMON, PARAMS, assert_same, generate, prompts,
                                           skip_unless_enough_gpus)
 from tests.distributed.test_transitions import model  # noqa: F401 - the module's model
 from tests.engine.conftest import save_tiny_llama
@@ -38,12 +38,7 @@ def run_cycle(model_dir, tmp_path, start: str, cycle: list[str], limit: int, eve
 
 @pytest.fixture(scope="module")
 def reference(model):
-    model_dir, _ = model
-    llm = LLM(model_dir, **COMMON)
-    try:
-        return llm.generate(prompts(n=8), PARAMS)
-    finally:
-        llm.llm_engine.shutdown()
+    return generate(model[0], prompts(n=8))[0]
 
 
 def test_merge_and_split_back_mid_generation(model, reference, tmp_path):
@@ -124,11 +119,7 @@ def six_heads(tmp_path_factory):
     model_dir = save_tiny_llama(tmp_path_factory.mktemp("gqa6x3"), num_attention_heads=6,
                                 num_key_value_heads=3, hidden_size=96, intermediate_size=192,
                                 num_hidden_layers=3)
-    llm = LLM(model_dir, **COMMON)
-    try:
-        return model_dir, llm.generate(prompts(n=8), PARAMS)
-    finally:
-        llm.llm_engine.shutdown()
+    return model_dir, generate(model_dir, prompts(n=8))[0]
 
 
 def test_three_replicas_merge_into_tp3_and_split(six_heads, tmp_path):
