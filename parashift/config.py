@@ -18,6 +18,7 @@ class SchedulerConfig:
                 raise ValueError(f"{f.name} must be an integer >= {low}, got {value!r}")
 
 
+FLYING_PREEMPTIONS = ("soft", "hard", "recompute")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -61,6 +62,9 @@ class EngineConfig:
     shift_weights: str = "reorder"           # shift policy: reorder | slice | separate
     flying_merge_running: int = 4            # flying policy: merge at or below this many running
     flying_dwell_s: float = 2.0              # flying policy: least seconds between transitions
+    # a merge or split's running requests: soft (finish in their old plan, interleaved with
+    # the new groups' steps) | hard (paused while the new groups have requests) | recompute
+    flying_preemption: str = "soft"
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
     cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
@@ -91,6 +95,9 @@ class EngineConfig:
         if self.parallel_policy not in ("static", "shift", "flying"):
             raise ValueError("parallel_policy must be static, shift or flying, got "
                              f"{self.parallel_policy!r}")
+        if self.flying_preemption not in FLYING_PREEMPTIONS:
+            raise ValueError(f"flying_preemption must be one of {FLYING_PREEMPTIONS}, got "
+                             f"{self.flying_preemption!r}")
         if self.shift_weights not in ("reorder", "slice", "separate"):
             raise ValueError("shift_weights must be reorder, slice or separate, "
                              f"got {self.shift_weights!r}")

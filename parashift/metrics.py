@@ -59,8 +59,9 @@ class ServerMetrics:
                                    [*labels, "plan"], registry=self.registry)
         self.transition_requests = Counter(
             f"{PREFIX}_transition_requests",
-            "Requests of the groups a transition involved: moved (with their KV, or waiting) "
-            "or computed again in their new group (reprefilled), by kind.",
+            "Requests of the groups a transition involved: moved (with their KV, or waiting), "
+            "computed again in their new group (reprefilled), or kept where their KV was "
+            "written until they end (kept), by kind.",
             [*labels, "kind", "fate"], registry=self.registry)
 
     def _build_histograms(self, labels: dict) -> None:
@@ -96,7 +97,8 @@ class ServerMetrics:
             for phase in ("drain", "prepare", "cutover"):
                 self.transition_time.labels(kind=t.kind, phase=phase, **self._labels).observe(
                     getattr(t, f"{phase}_s"))
-            for fate, count in (("moved", t.moved - t.reprefilled), ("reprefilled", t.reprefilled)):
+            for fate, count in (("moved", t.moved - t.reprefilled), ("reprefilled", t.reprefilled),
+                                ("kept", t.kept)):
                 self.transition_requests.labels(kind=t.kind, fate=fate, **self._labels).inc(count)
         self.record_queue(stats)
         delta = stats.num_preemptions - self._last_preemptions

@@ -27,6 +27,7 @@ from parashift.loader.generation_config import generation_defaults
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.loader.tokenizer import load_tokenizer
 from parashift.outputs import CompletionOutput, RequestOutput
+from parashift.parallel.plan import Plan
 from parashift.sampling_params import SamplingParams
 from parashift.structured.matchers import StructuredOutputs
 from parashift.worker.model_runner import ModelRunner
@@ -88,8 +89,8 @@ class LLMEngine:
         self._scheduler_config = SchedulerConfig(
             config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
             config.long_prefill_token_threshold)
-        self.replicas = [self._make_replica(group, n, offset) for n, offset, group in zip(
-            self.executor.num_blocks, self.executor.block_offsets, self.executor.replica_groups)]
+        self.replicas = [self._make_replica(group, size, offset)
+                         for group, offset, size in self._start_replicas()]
         self._replica_of: dict[str, Replica] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer | None] = {}
         self._parents: dict[str, ParentRequest] = {}  # requests with n or best_of > 1
@@ -112,13 +113,34 @@ class LLMEngine:
         return MultiprocExecutor(spec, self.config.worker_timeout_s,
                                  self.config.worker_heartbeat_timeout_s)
 
+    def _start_replicas(self) -> list[tuple[int, int, int]]:
+        """(group, first block id, number of blocks) of each replica: a group serves one,
+        or, with pipeline parallelism, one per stage when each part of its ranks' pool still
+        fits a whole sequence (while stage 1 runs one replica's step, stage 0 runs the next
+        one's)."""
+        replicas = []
+        for group, plan in enumerate(self.layout.plans):
+            blocks = min(self.executor.rank_blocks[r] for r in plan.ranks)
+            fits = (blocks // plan.pp) * self.config.block_size >= self.max_model_len
+            parts = plan.pp if fits else 1
+            replicas += [(group, k * (blocks // parts), blocks // parts) for k in range(parts)]
+        return replicas
+
     def _make_replica(self, group: int, num_blocks: int, block_offset: int) -> Replica:
-        """A replica of `group` over its ranks' pool, in the blocks its plan reads."""
+        """A replica of `group` over its ranks' pool, in the blocks its plan reads; it
+        shares the blocks of its ranks with the replicas that hold requests there."""
         plan = self.layout.plans[group]
         block_size = tokens_per_block(plan, self._loaded[plan.ranks[0]], self._kv_heads,
                                       self.config.block_size)
-        blocks = BlockManager(num_blocks, block_size, self.config.enable_prefix_caching)
-        return Replica(blocks, self._scheduler_config, self._eos_ids, block_offset, group)
+        blocks = BlockManager(num_blocks, block_size, self.config.enable_prefix_caching,
+                              plan.ranks, block_offset)
+        blocks.share([r.block_manager for r in getattr(self, "replicas", ())])
+        return Replica(blocks, self._scheduler_config, self._eos_ids, block_offset, group,
+                       plan.ranks)
+
+    def serving_replicas(self) -> list[Replica]:
+        """The replicas of the layout's groups (those that admit requests)."""
+        return [r for r in self.replicas if not r.is_left_behind]
 
     @property
     def scheduler(self) -> Scheduler:
@@ -166,7 +188,8 @@ class LLMEngine:
 
     def _add_sequence(self, seq: Sequence, replica: Replica | None = None) -> Replica:
         """Queues a sequence on `replica`, by default the least-loaded one."""
-        replica = replica or min(self.replicas, key=lambda r: r.load)
+        if replica is None or replica.is_left_behind:
+            replica = min(self.serving_replicas(), key=lambda r: r.load)
         request_id, token_ids, params = seq.request_id, seq.prompt_token_ids, seq.params
         if params.structured_outputs is not None:
             self.structured.add(request_id, params.structured_outputs)
@@ -242,11 +265,12 @@ class LLMEngine:
         if not any(r.in_flight for r in self.replicas):
             return []
         outputs = []
-        for index, result in self.executor.wait_any():
-            replica = self.replicas[index]
+        for replica, result in self.executor.wait_any():
             sched, plan, seconds = replica.finish()
-            self._record_step(index, plan, sched.num_batched_tokens, seconds)
+            self._record_step(self.replicas.index(replica), plan, sched.num_batched_tokens,
+                              seconds)
             outputs += self._apply(replica, sched, *result)
+        self._drop_finished_left_behind()
         self._commit_drained_transitions()
         return self._fold_children(outputs) if self._parent_of else outputs
 
@@ -282,35 +306,48 @@ class LLMEngine:
     def _submit_round(self) -> bool:
         """Asks the policy for every group's next plan (before scheduling), then schedules
         and submits one step on each replica with room; False once none was submitted."""
-        paused = self.transitions.paused_groups()
-        open_replicas = [i for i, r in enumerate(self.replicas)
-                         if len(r.in_flight) < self._steps_in_flight(r)
-                         and r.scheduler.has_unfinished()
-                         and r.group not in paused]
+        open_replicas = self._open_replicas()
         if not open_replicas:
             return False
         reads_view = getattr(self.policy, "reads_view", True)
         decision = self.policy.decide(self.view() if reads_view else NodeView(()))
         if decision.transitions:
             self.transitions.request(decision.transitions, self.layout, self._plans_by_name)
-            paused = self.transitions.paused_groups()
-            open_replicas = [i for i in open_replicas if self.replicas[i].group not in paused]
+            open_replicas = self._open_replicas()
         submitted = False
-        for index in open_replicas:
-            replica = self.replicas[index]
+        for replica in open_replicas:
             sched = replica.scheduler.schedule()
             self._num_preemptions += len(sched.preempted)
             if sched.is_empty:
                 continue
-            plan = decision.plans[replica.group]
-            chosen = self._plans_by_name.get(plan)
-            if chosen is None or chosen.ranks != self.layout.plans[replica.group].ranks:
-                raise ValueError(f"the policy chose plan {plan!r} for group {replica.group}, "
-                                 f"which runs on ranks {list(self.layout.plans[replica.group].ranks)}")
-            self.executor.submit(index, self._step_batch(replica, sched, plan))
-            replica.start(sched, plan)
+            plan = self._plan_for(replica, decision)
+            self.executor.submit(replica, plan.ranks, plan.output_rank(),
+                                 self._step_batch(replica, sched, plan.name()))
+            replica.start(sched, plan.name())
             submitted = True
         return submitted
+
+    def _open_replicas(self) -> list[Replica]:
+        """Replicas with work and room for a step, none of whose ranks a pending transition
+        is draining. Under hard preemption a replica left behind waits while a group on its
+        ranks has requests."""
+        paused = {r for g in self.transitions.paused_groups() for r in self.layout.plans[g].ranks}
+        busy = set() if self.config.flying_preemption != "hard" else {
+            rank for r in self.serving_replicas() if r.scheduler.has_unfinished() for rank in r.ranks}
+        return [r for r in self.replicas
+                if len(r.in_flight) < self._steps_in_flight(r) and r.scheduler.has_unfinished()
+                and paused.isdisjoint(r.ranks)
+                and not (r.is_left_behind and busy.intersection(r.ranks))]
+
+    def _plan_for(self, replica: Replica, decision) -> "Plan":
+        """The plan of the replica's next step: the policy's for its group, or the plan its
+        requests were written in once it was left behind."""
+        name = replica.left_plan if replica.is_left_behind else decision.plans[replica.group]
+        plan = self._plans_by_name.get(name)
+        if plan is None or plan.ranks != replica.ranks:
+            raise ValueError(f"the policy chose plan {name!r} for group {replica.group}, "
+                             f"which runs on ranks {list(replica.ranks)}")
+        return plan
 
     def _steps_in_flight(self, replica: "Replica") -> int:
         """A structured-output request's next mask needs its last token: one step at a time."""
@@ -324,9 +361,10 @@ class LLMEngine:
         return batch
 
     def _commit_drained_transitions(self) -> None:
-        """Commits each pending transition whose groups have no step in flight: its
-        ranks prepare, then commit at this step boundary; the groups' requests move."""
-        in_flight = {r.group for r in self.replicas if r.in_flight}
+        """Commits each pending transition whose groups' ranks have no step in flight (of
+        any replica): its ranks prepare, then commit at this step boundary."""
+        busy = {rank for r in self.replicas if r.in_flight for rank in r.ranks}
+        in_flight = {g for g, plan in enumerate(self.layout.plans) if busy.intersection(plan.ranks)}
         for pending in self.transitions.take_drained(in_flight):
             self._commit(pending)
 
@@ -341,46 +379,86 @@ class LLMEngine:
         start = time.perf_counter()
         self.executor.transition(ranks, "commit", names, self._epoch)
         if changes_partition(transition):
-            moved, reprefilled = self._regroup(transition.groups, layout)
+            moved, reprefilled, kept = self._regroup(transition.groups, layout)
         else:  # each group keeps its ranks: its replicas, with their block tables, run the new plan
             moved = sum(r.load for r in self.replicas if r.group in transition.groups)
-            reprefilled = 0
+            reprefilled = kept = 0
         self.layout = layout
         record = TransitionRecord(time.time(), transition.kind, transition.groups,
                                   transition.target, drain_s, prepare_s,
-                                  time.perf_counter() - start, moved, reprefilled)
+                                  time.perf_counter() - start, moved, reprefilled, kept)
         self._transition_records.append(record)
         if self._timeline is not None:
             self._timeline.write(json.dumps({"transition": asdict(record)}) + "\n")
 
-    def _regroup(self, groups: tuple[int, ...], layout) -> tuple[int, int]:
-        """Moves the requests of merged or split groups to the groups that replace them; the
-        running ones are computed again there (their KV was laid out for the old plan).
-        Returns (requests moved, requests computed again)."""
-        old = [r for r in self.replicas if r.group in groups]
-        reprefilled = sum(r.scheduler.num_running for r in old)
-        seqs = sorted((seq for r in old for seq in r.scheduler.evict_all()), key=Sequence.sort_key)
-        arrivals = sorted(t for r in old for t in r.arrivals)
+    def _regroup(self, groups: tuple[int, ...], layout) -> tuple[int, int, int]:
+        """The merged or split groups' replicas leave the layout. Their waiting requests
+        move to the groups that replace them; their running ones stay where their KV was
+        written and finish there in their old plan (the KV adaptor), interleaved with the
+        new groups' steps (soft preemption) or paused while those have requests (hard);
+        under `recompute` they move too and are computed again. A new group whose plan
+        and ranks are those of replicas left behind takes them back. Returns (requests
+        moved, requests computed again, requests kept in their old plan)."""
+        leaving = [r for r in self.replicas if r.group in groups]
+        recompute = self.config.flying_preemption == "recompute"
+        reprefilled = sum(r.scheduler.num_running for r in leaving) if recompute else 0
+        seqs = []
+        for replica in leaving:
+            evicted = (replica.scheduler.evict_all() if recompute
+                       else replica.scheduler.evict_waiting())
+            for seq in evicted:
+                replica.encoder.drop(seq.request_id)
+                replica.num_structured -= seq.params.structured_outputs is not None
+            seqs += evicted
+            replica.leave(self.layout.plans[replica.group].name())
+        seqs.sort(key=Sequence.sort_key)
+        arrivals = sorted(t for r in leaving for t in r.arrivals)
+        for replica in self.replicas:
+            if not replica.is_left_behind:
+                replica.group = layout.group_of_rank(replica.ranks[0])
         self.layout = layout
-        kept = self.executor.relayout(layout)
-        replicas: list[Replica | None] = [None] * self.executor.num_replicas
-        for old_index, new_index in kept.items():
-            replicas[new_index] = self.replicas[old_index]
-            replicas[new_index].group = self.executor.replica_groups[new_index]
-        new = []
-        for index, (group, offset, size) in enumerate(self.executor.replicas):
-            if replicas[index] is None:
-                replicas[index] = self._make_replica(group, size, offset)
-                new.append(replicas[index])
-        self.replicas = replicas
+        new = [self._replica_for_group(g) for g in range(len(layout.plans))
+               if not any(r.group == g for r in self.replicas)]
+        self.replicas = sorted(self.replicas, key=lambda r: (r.is_left_behind, r.group or 0))
+        self._drop_finished_left_behind()
         for k, replica in enumerate(new):
             replica.arrivals.extend(arrivals[k::len(new)])
+            # what the ranks hold of the moved requests goes with the new groups' first step
+            # (before any of them is sent there again)
+            replica.encoder.finished += [seq.request_id for seq in seqs]
         for seq in seqs:
             target = min(new, key=lambda r: r.load)
             target.scheduler.add(seq)
             target.num_structured += seq.params.structured_outputs is not None
             self._replica_of[seq.request_id] = target
-        return len(seqs), reprefilled
+        kept = sum(r.scheduler.num_running for r in leaving if r.is_left_behind)
+        return len(seqs), reprefilled, kept
+
+    def _replica_for_group(self, group: int) -> Replica:
+        """The replica of a new group: the one left behind in its plan on its ranks (its
+        requests resume without recompute), or a new one over its ranks' blocks."""
+        plan = self.layout.plans[group]
+        for replica in self.replicas:
+            if replica.is_left_behind and replica.left_plan == plan.name():
+                replica.rejoin(group)
+                return replica
+        size = min(self.executor.rank_blocks[r] for r in plan.ranks)
+        replica = self._make_replica(group, size, 0)
+        self.replicas.append(replica)
+        return replica
+
+    def _drop_finished_left_behind(self) -> None:
+        """Replicas left behind whose requests have all ended give their blocks back to the
+        pool; the requests they finished are dropped on their ranks with the next step of
+        the groups there."""
+        for replica in [r for r in self.replicas if r.is_left_behind
+                        and not r.scheduler.has_unfinished() and not r.in_flight]:
+            replica.block_manager.unshare()
+            self.replicas.remove(replica)
+            finished = replica.encoder.take_finished()
+            for other in self.replicas:
+                if not other.is_left_behind and other.block_manager.overlaps(replica.block_manager):
+                    other.encoder.finished += finished
 
     def take_transition_records(self) -> list[TransitionRecord]:
         """Transitions committed since the last call (the most recent 10,000 at most)."""
@@ -393,7 +471,7 @@ class LLMEngine:
         pipeline parallelism serves several replicas: their counters are added up)."""
         now = time.monotonic()
         views: list[list[GroupView]] = [[] for _ in self.layout.plans]
-        for replica in self.replicas:
+        for replica in self.serving_replicas():
             views[replica.group].append(replica.view(now))
         return NodeView(tuple(combine_views(v) for v in views), now,
                         tuple(plan.name() for plan in self.layout.plans))
@@ -500,10 +578,11 @@ class LLMEngine:
         replica.encoder.forget(request_id)
 
     def stats(self) -> EngineStats:
+        serving = self.serving_replicas()  # (replicas left behind share their blocks)
         return EngineStats(sum(r.scheduler.num_running for r in self.replicas),
                            sum(r.scheduler.num_waiting for r in self.replicas),
-                           sum(r.block_manager.num_free_blocks for r in self.replicas),
-                           sum(r.block_manager.num_blocks for r in self.replicas),
+                           sum(r.block_manager.num_free_blocks for r in serving),
+                           sum(r.block_manager.num_blocks for r in serving),
                            self._num_preemptions)
 
 

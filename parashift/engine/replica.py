@@ -13,13 +13,19 @@ ARRIVAL_WINDOW_S = 10.0  # the window of a group's arrival rate
 
 class Replica:
     """One replica as the engine sees it (a DP replica, or one of a PP group's
-    replicas): its own part of the block pool, scheduler and at most one step in
-    flight. Its block ids start at `block_offset` in the ranks' pool."""
+    replicas): its own view of the ranks' block pool, scheduler and steps in flight.
+    Its block ids start at `block_offset` in the ranks' pool.
+
+    A replica serves a group of the node layout (`group`), or, once a merge or split
+    took its ranks into other groups, finishes the requests it holds in the plan they
+    were written in (`left_plan`: the KV adaptor), admitting none."""
 
     def __init__(self, block_manager: BlockManager, config: SchedulerConfig, eos_ids: set[int],
-                 block_offset: int = 0, group: int = 0):
+                 block_offset: int = 0, group: int | None = 0, ranks: tuple[int, ...] = (0,)):
         self.block_manager = block_manager
-        self.group = group  # its group in the node layout
+        self.group = group  # its group in the node layout; None once left behind
+        self.ranks = ranks
+        self.left_plan: str | None = None  # the plan it runs once left behind
         self.scheduler = Scheduler(config, block_manager, eos_ids)
         self.in_flight: deque[tuple[SchedulerOutput, str, float]] = deque()  # oldest first
         self._last_finish = 0.0
@@ -27,6 +33,18 @@ class Replica:
         self.last_plan = ""
         self.encoder = DeltaEncoder(block_offset)  # what this replica's ranks already know
         self.num_structured = 0  # its unfinished requests with structured output
+
+    @property
+    def is_left_behind(self) -> bool:
+        return self.group is None
+
+    def leave(self, plan: str) -> None:
+        """Its group merged or split: it finishes its requests under `plan`."""
+        self.group, self.left_plan = None, plan
+
+    def rejoin(self, group: int) -> None:
+        """A group of the new layout runs the plan its requests were written in."""
+        self.group, self.left_plan = group, None
 
     @property
     def load(self) -> int:

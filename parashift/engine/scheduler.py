@@ -164,6 +164,17 @@ class Scheduler:
         self.running, self._waiting, self._unfinished = [], [], {}
         return evicted
 
+    def evict_waiting(self) -> list[Sequence]:
+        """Takes the waiting sequences out (they hold no blocks), in scheduling order; the
+        running ones stay. No step may be in flight."""
+        evicted = [seq for _, seq in sorted(self._waiting, key=lambda entry: entry[0])]
+        if any(seq.num_pending_tokens for seq in evicted):
+            raise RuntimeError("sequences leave a scheduler only when no step is in flight")
+        for seq in evicted:
+            del self._unfinished[seq.request_id]
+        self._waiting = []
+        return evicted
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)

@@ -5,9 +5,10 @@ boundary, and the groups' requests move to the groups that replace them.
 
 What a rank does in each phase is `ModelRunner.transition`. A no-op or a re-shard keeps
 each group's ranks: its requests stay with their block tables. A merge or a split
-changes the partition: the ranks re-read their KV pool in the new plan's view, so the
-groups' requests move to the groups that replace them and the running ones are computed
-again there (counted in the record)."""
+changes the partition: the new groups read their ranks' KV pool in their plan's view,
+the groups' waiting requests move to them, and the running ones stay where their KV was
+written, finishing in their old plan (`LLMEngine._regroup`; under `recompute` they move
+and are computed again, counted in the record)."""
 import time
 from dataclasses import dataclass
 
@@ -27,8 +28,9 @@ class TransitionRecord:
     drain_s: float     # from the policy's decision until the groups had no step in flight
     prepare_s: float   # the slowest rank's prepare
     cutover_s: float   # commit on every rank, and the requests moved
-    moved: int         # requests that moved with their block tables
-    reprefilled: int   # requests computed again in their new group
+    moved: int         # requests that moved (with their block tables, or waiting, or re-prefilled)
+    reprefilled: int   # of those, requests computed again in their new group
+    kept: int = 0      # requests that stayed where their KV was written (the KV adaptor)
 
 
 @dataclass
@@ -73,8 +75,7 @@ def check(transition: Transition, layout: Layout, plans_by_name: dict) -> Layout
 
 
 def changes_partition(transition: Transition) -> bool:
-    """Whether ranks change groups: their requests are then computed again in the group
-    that takes them (the KV adaptor that would keep them is Flying Serving's)."""
+    """Whether ranks change groups."""
     return transition.kind in ("merge", "split")
 
 

@@ -35,6 +35,12 @@ ENGINE_FLAGS = {
                                                             "requests and none waiting"),
     "--flying-dwell-s": ("flying_dwell_s", float, "flying policy: least seconds between "
                                                   "transitions"),
+    "--flying-preemption": ("flying_preemption", str, "running requests of a merge or split: "
+                                                      "soft (finish where their KV was written, "
+                                                      "interleaved with the new groups' steps) | "
+                                                      "hard (paused while the new groups have "
+                                                      "requests) | recompute (moved, computed "
+                                                      "again)"),
     "--shift-threshold": ("shift_threshold", int, "shift policy: steps of at most this many "
                                                  "tokens run under full TP"),
     "--shift-weights": ("shift_weights", str, "shift policy: reorder (default: base rows "

@@ -1,10 +1,10 @@
 """Runs each rank in its own process and drives them over local pipes.
 
-Replicas are independent: a step is submitted to one replica's ranks and its
-result collected whenever it is ready, so no replica waits for another. Each
-group of the node layout serves one replica, or, with pipeline parallelism, PP
-replicas that split its KV pool: while stage 1 runs one replica's step, stage 0
-already runs the next replica's, so every stage stays busy."""
+A step goes to the ranks of the plan it runs under and its result comes back from
+that plan's output rank whenever it is ready, so no replica waits for another. A
+rank runs the steps it is sent in order: steps of plans that share ranks (a merged
+group's and the requests its ranks wrote before the merge) interleave, and two
+collective steps meet every rank they share in the same order."""
 import multiprocessing as mp
 from collections import deque
 import pickle
@@ -43,65 +43,8 @@ class MultiprocExecutor:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
-        self.group_ranks = [list(plan.ranks) for plan in self.layout.plans]
         self.rank_blocks, self.load_seconds = self._await_ready()
-        # replica -> (its group, first block id, number of blocks)
-        self.replicas = []
-        for group, plan in enumerate(self.layout.plans):
-            blocks = min(self.rank_blocks[r] for r in plan.ranks)
-            parts = self._replicas_per_group(blocks, plan.pp, spec)
-            size = blocks // parts
-            self.replicas += [(group, k * size, size) for k in range(parts)]
-        self.pending = [deque() for _ in self.group_ranks]  # replicas in flight, in order
-        self.in_flight: set[int] = set()
-
-    def relayout(self, layout) -> dict[int, int]:
-        """Adopts `layout` once a merge or split committed on its ranks, which have no step
-        in flight: the other groups keep their replicas and the steps they have in flight; a
-        new group serves one replica over its ranks' pools. Returns old replica index -> new
-        for the replicas kept."""
-        old_group = {tuple(sorted(ranks)): g for g, ranks in enumerate(self.group_ranks)}
-        replicas, kept, pending = [], {}, []
-        for group, plan in enumerate(layout.plans):
-            old = old_group.get(tuple(sorted(plan.ranks)))
-            if old is None:
-                replicas.append((group, 0, min(self.rank_blocks[r] for r in plan.ranks)))
-                pending.append(deque())
-                continue
-            for index, (g, offset, size) in enumerate(self.replicas):
-                if g == old:
-                    kept[index] = len(replicas)
-                    replicas.append((group, offset, size))
-            pending.append(deque(kept[i] for i in self.pending[old]))
-        if any(i not in kept for i in self.in_flight):
-            raise RuntimeError("a group with a step in flight cannot merge or split")
-        self.layout, self.replicas, self.pending = layout, replicas, pending
-        self.group_ranks = [list(plan.ranks) for plan in layout.plans]
-        self.in_flight = {kept[i] for i in self.in_flight}
-        return kept
-
-    @staticmethod
-    def _replicas_per_group(num_blocks: int, parts: int, spec: WorkerSpec) -> int:
-        """PP replicas per group when each part of the pool still fits a whole sequence."""
-        if (num_blocks // parts) * spec.config.block_size < spec.max_model_len:
-            return 1
-        return parts
-
-    @property
-    def num_replicas(self) -> int:
-        return len(self.replicas)
-
-    @property
-    def num_blocks(self) -> list[int]:
-        return [n for _, _, n in self.replicas]
-
-    @property
-    def block_offsets(self) -> list[int]:
-        return [offset for _, offset, _ in self.replicas]
-
-    @property
-    def replica_groups(self) -> list[int]:
-        return [group for group, _, _ in self.replicas]
+        self.pending = [deque() for _ in range(self.layout.world_size)]  # by output rank
 
     def _await_ready(self) -> tuple[list[int], float]:
         """Each rank's KV blocks, and the slowest rank's loading seconds."""
@@ -131,15 +74,14 @@ class MultiprocExecutor:
                            f"{now - beat:.1f} s (worker_heartbeat_timeout_s is "
                            f"{self.heartbeat_timeout_s:g})")
 
-    def submit(self, replica: int, batch: StepBatch) -> None:
+    def submit(self, tag, ranks: tuple[int, ...], output_rank: int, batch: StepBatch) -> None:
+        """Sends a step to `ranks`; wait_any() returns its result with `tag`."""
         if self.failure is not None:  # its workers are gone: say why, again
             raise self.failure
         payload = encode_step(batch)  # a fixed binary layout: no pickle per step
-        group = self.replicas[replica][0]
-        for rank in self.group_ranks[group]:
+        for rank in ranks:
             self.conns[rank].send_bytes(payload)
-        self.pending[group].append(replica)
-        self.in_flight.add(replica)
+        self.pending[output_rank].append(tag)
 
     def transition(self, ranks: list[int], verb: str, plan_names: list[str],
                    epoch: int = 0) -> float:
@@ -163,10 +105,11 @@ class MultiprocExecutor:
         return seconds
 
     def wait_any(self) -> list[tuple[int, object]]:
-        """Results of in-flight replicas: waits until at least one is ready."""
+        """(tag, result) of steps in flight: waits until at least one is ready. Every rank
+        is watched (a rank that is no step's output rank wakes the wait only with an error,
+        or when it dies and its pipe closes)."""
         deadline = time.monotonic() + self.timeout_s
-        watched = {self.conns[r]: r for group, queue in enumerate(self.pending) if queue
-                   for r in self.group_ranks[group]}
+        watched = {conn: r for r, conn in enumerate(self.conns)}
         ready = self._wait(list(watched), deadline)
         if not ready:
             self._fail(f"a step did not finish within {self.timeout_s:.0f} s: a worker hung")
@@ -186,15 +129,14 @@ class MultiprocExecutor:
             if ready:
                 return ready
 
-    def _result(self, rank: int) -> tuple[int, object]:
-        """The step result `rank` sent (a rank that is no step's output rank wakes the
-        wait only with an error, or when it dies and its pipe closes)."""
+    def _result(self, rank: int) -> tuple[object, object]:
+        """The step result `rank` sent, with its tag (a rank's results come in order)."""
         kind, payload = self._read(rank)
         if kind == "error":
             self._fail(f"worker rank {rank} failed:\n{payload}")
-        replica = self.pending[self.layout.group_of_rank(rank)].popleft()  # results come in order
-        self.in_flight.discard(replica)
-        return replica, payload
+        if not self.pending[rank]:
+            self._fail(f"worker rank {rank} sent a result no step waits for")
+        return self.pending[rank].popleft(), payload
 
     def _read(self, rank: int) -> tuple[str, object]:
         try:

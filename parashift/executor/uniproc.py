@@ -8,22 +8,19 @@ from parashift.worker.step_batch import StepBatch
 
 
 class UniprocExecutor:
-    num_replicas = 1
-
     def __init__(self, runner: ModelRunner):
         self.runner = runner
-        self.num_blocks = [runner.num_blocks]
-        self.block_offsets = [0]
-        self.replica_groups = [0]
+        self.rank_blocks = [runner.num_blocks]
         self.load_seconds = runner.load_seconds
-        self._pending: deque[PendingStep] = deque()
+        self._pending: deque[tuple[object, PendingStep]] = deque()
 
-    def submit(self, replica: int, batch: StepBatch) -> None:
-        self._pending.append(self.runner.launch(batch))
+    def submit(self, tag, ranks: tuple[int, ...], output_rank: int, batch: StepBatch) -> None:
+        self._pending.append((tag, self.runner.launch(batch)))
 
-    def wait_any(self) -> list[tuple[int, object]]:
-        """The oldest launched step's result."""
-        return [(0, self._pending.popleft().result())]
+    def wait_any(self) -> list[tuple[object, object]]:
+        """The oldest launched step's (tag, result)."""
+        tag, step = self._pending.popleft()
+        return [(tag, step.result())]
 
     def check_health(self) -> None:
         """Nothing to watch: the device runs in this process."""

@@ -3,7 +3,12 @@
 A block id indexes the physical pool on every rank. A block whose ref count
 drops to 0 goes to the end of the free queue but keeps its hash, so a later
 request with the same prefix can take it back (LRU prefix cache). Fresh blocks
-come from the front of the queue; taking one evicts its hash."""
+come from the front of the queue; taking one evicts its hash.
+
+Several managers may read one rank's pool at once (Flying Serving's KV adaptor: a merged
+group's and the requests its ranks wrote before the merge, each in its own view of the
+blocks). Managers that share a rank and a range of block ids `share` them: a block one of
+them takes leaves the others' free queues (and their prefix caches) until it is freed."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -20,7 +25,8 @@ def hash_block(parent_hash: int | None, token_ids: list[int]) -> int:
 
 class BlockManager:
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 ranks: tuple[int, ...] = (0,), offset: int = 0):
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -33,6 +39,59 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         # ref_count == 0 blocks; front = freed longest ago = next to be reused.
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.ranks, self.offset = frozenset(ranks), offset  # its blocks: offset + id on each rank
+        self.sharing: list[BlockManager] = []  # the other managers of some of its blocks
+
+    # ---- sharing the pool ------------------------------------------------------
+    def overlaps(self, other: BlockManager) -> bool:
+        return bool(self.ranks & other.ranks) and (
+            self.offset < other.offset + other.num_blocks
+            and other.offset < self.offset + self.num_blocks)
+
+    def share(self, managers: list[BlockManager]) -> None:
+        """Starts sharing blocks with those of `managers` it overlaps: the blocks they use
+        are not free here."""
+        for other in managers:
+            if other is self or other in self.sharing or not self.overlaps(other):
+                continue
+            self.sharing.append(other)
+            other.sharing.append(self)
+            for local, count in enumerate(other.ref_counts):
+                if count:
+                    self._lose(other.offset + local)
+
+    def unshare(self) -> None:
+        """Stops sharing (a manager no request uses any more)."""
+        assert not any(self.ref_counts), "a manager leaves the pool with no block in use"
+        for other in self.sharing:
+            other.sharing.remove(self)
+        self.sharing = []
+
+    def _uses(self, block: int) -> bool:
+        local = block - self.offset
+        return 0 <= local < self.num_blocks and self.ref_counts[local] > 0
+
+    def _lose(self, block: int) -> None:
+        """Another manager took `block` (a pool id): it is not free here, nor cached."""
+        local = block - self.offset
+        if 0 <= local < self.num_blocks and local in self.free_queue:
+            del self.free_queue[local]
+            self._evict_hash(local)
+
+    def _regain(self, block: int) -> None:
+        """Another manager freed `block`: free here once no sharer uses it."""
+        local = block - self.offset
+        if (0 <= local < self.num_blocks and not self.ref_counts[local]
+                and not any(other._uses(block) for other in self.sharing)):
+            self.free_queue[local] = None
+
+    def _taken(self, local: int) -> None:
+        for other in self.sharing:
+            other._lose(self.offset + local)
+
+    def _freed(self, local: int) -> None:
+        for other in self.sharing:
+            other._regain(self.offset + local)
 
     @property
     def num_free_blocks(self) -> int:
@@ -40,6 +99,7 @@ class BlockManager:
 
     @property
     def num_used_blocks(self) -> int:
+        """Blocks not free here: in use by its requests or by a sharer's."""
         return self.num_blocks - len(self.free_queue)
 
     @property
@@ -108,6 +168,8 @@ class BlockManager:
             assert self.ref_counts[block_id] >= 0
             if self.ref_counts[block_id] == 0:
                 self.free_queue[block_id] = None
+                if self.sharing:
+                    self._freed(block_id)
         seq.block_table.clear()
         seq.block_hashes.clear()
 
@@ -115,13 +177,20 @@ class BlockManager:
         assert self.block_hash[block_id] is not None, f"block {block_id} is not cached"
         if self.ref_counts[block_id] == 0:
             del self.free_queue[block_id]
+            if self.sharing:
+                self._taken(block_id)
         self.ref_counts[block_id] += 1
 
     def _take_fresh(self) -> int:
         block_id, _ = self.free_queue.popitem(last=False)
+        self._evict_hash(block_id)
+        self.ref_counts[block_id] = 1
+        if self.sharing:
+            self._taken(block_id)
+        return block_id
+
+    def _evict_hash(self, block_id: int) -> None:
         evicted_hash = self.block_hash[block_id]
         if evicted_hash is not None:
             del self.hash_to_block[evicted_hash]
             self.block_hash[block_id] = None
-        self.ref_counts[block_id] = 1
-        return block_id

@@ -11,6 +11,15 @@ from parashift.structured.bitmask import apply_token_masks
 from parashift.uploads import upload
 
 
+def position_seed(seed: int, position: int) -> int:
+    """The seed of a seeded request's draw at `position` (splitmix64 of both): a request's
+    tokens are a function of its seed and positions only."""
+    x = (seed * 0x9E3779B97F4A7C15 + position + 1) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 31)) >> 1  # manual_seed takes up to 2**63 - 1
+
+
 @dataclass
 class SamplerOutput:
     token_ids: torch.Tensor  # [B] int64, on the logits' device
@@ -42,9 +51,11 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator | None],
+                 shared: torch.Generator | None = None,
                  with_logprobs: bool = True, history: TokenHistory | None = None,
                  token_masks: list | None = None) -> SamplerOutput:
-        """`with_logprobs=False` skips the logprobs (and their host sync) even where asked.
+        """`shared`: the generator of rows without one (default: this sampler's).
+        `with_logprobs=False` skips the logprobs (and their host sync) even where asked.
         `history` holds the tokens of the rows with penalties; `token_masks[i]`: row i's
         structured-output bitmask, or None."""
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(generators)
@@ -54,34 +65,36 @@ class Sampler:
             logits = apply_token_masks(logits.clone() if logits is raw else logits, token_masks)
         token_ids = logits.argmax(dim=-1)
         if not all(p.greedy for p in params):
-            sampled = self._sample(logits, params, generators)
+            sampled = self._sample(logits, params, generators, shared or self.generator)
             greedy = upload([p.greedy for p in params], torch.bool, logits.device)
             token_ids = torch.where(greedy, token_ids, sampled)
         logprobs = _gather_logprobs(raw, params, token_ids) if with_logprobs else None
         return SamplerOutput(token_ids, logprobs)
 
     def _sample(self, logits: torch.Tensor, params: list[SamplingParams],
-                generators: list[torch.Generator | None]) -> torch.Tensor:
+                generators: list[torch.Generator | None], shared: torch.Generator) -> torch.Tensor:
         rows = _row_params(params, logits.shape[1], logits.device)
         logits = logits / rows.temperature.unsqueeze(1)
         logits = _apply_filters(logits, rows)
         probs = logits.softmax(dim=-1)
-        noise = self._exponential_noise(probs, params, generators)
+        noise = _exponential_noise(probs, params, generators, shared)
         # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) is distributed as p.
         return probs.div_(noise).argmax(dim=-1)
 
-    def _exponential_noise(self, probs: torch.Tensor, params: list[SamplingParams],
-                           generators: list[torch.Generator | None]) -> torch.Tensor:
-        seeded = [row for row, (p, g) in enumerate(zip(params, generators))
-                  if g is not None and not p.greedy]
-        if len(seeded) + sum(p.greedy for p in params) < len(params):
-            noise = torch.empty_like(probs).exponential_(generator=self.generator)
-        else:  # no unseeded row samples: leave the shared generator's stream alone
-            noise = torch.ones_like(probs)
-        for row in seeded:
-            noise[row].exponential_(generator=generators[row])
-        # Exp(1) draws of exactly 0 would turn masked tokens' 0 / 0 into NaN.
-        return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+
+def _exponential_noise(probs: torch.Tensor, params: list[SamplingParams],
+                       generators: list[torch.Generator | None],
+                       shared: torch.Generator) -> torch.Tensor:
+    seeded = [row for row, (p, g) in enumerate(zip(params, generators))
+              if g is not None and not p.greedy]
+    if len(seeded) + sum(p.greedy for p in params) < len(params):
+        noise = torch.empty_like(probs).exponential_(generator=shared)
+    else:  # no unseeded row samples: leave the shared generator's stream alone
+        noise = torch.ones_like(probs)
+    for row in seeded:
+        noise[row].exponential_(generator=generators[row])
+    # Exp(1) draws of exactly 0 would turn masked tokens' 0 / 0 into NaN.
+    return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
 
 def _row_params(params: list[SamplingParams], vocab_size: int, device: torch.device) -> _RowParams:

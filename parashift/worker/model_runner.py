@@ -17,7 +17,7 @@ from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.worker.token_history import TokenHistoryStore
 from parashift.kv.cache import KVCache, attention_layers
 from parashift.kv.views import kv_heads_per_rank, tokens_per_block, view_pool
-from parashift.layers.sampler import Sampler
+from parashift.layers.sampler import Sampler, position_seed
 from parashift.loader.weights import load_model_weights
 from parashift.models.registry import model_class_for
 from parashift.parallel.shift_weights import make_shift_weights
@@ -54,6 +54,18 @@ class PendingStep:
         return self._tokens.tolist(), self.logprobs, self.errors
 
 
+class GroupSampling:
+    """What the ranks of one group (a rank set) keep in step between their steps: the
+    generator of rows without a seed, and the group's last sampled tokens (the source of
+    its next step's placeholders). A rank may run steps of several groups (a merged group
+    and the requests it wrote before the merge), each group in its own state."""
+
+    def __init__(self, seed: int, device: torch.device):
+        self.generator = Sampler.make_generator(seed, device)
+        self.prev_tokens: torch.Tensor | None = None
+        self.prev_rows: dict[str, int] = {}  # request id -> its row in prev_tokens
+
+
 class ModelRunner:
     def __init__(self, config, hf_config, source, device: torch.device, dtype: torch.dtype,
                  max_model_len: int, state: ParallelState | None = None, agree_num_blocks=None,
@@ -71,13 +83,13 @@ class ModelRunner:
         self.load_seconds = time.perf_counter() - start
         self.backend = get_backend(config.attention_backend, device)
         self.sampler = Sampler(device, config.seed)
-        self.generators: dict[str, torch.Generator] = {}
+        self.generators: dict[str, torch.Generator] = {}  # of requests with a seed
         self.requests = RequestTables()
         self.history = TokenHistoryStore(device)  # tokens of the requests with penalties
-        # The last step's sampled tokens on the device, and each request's row in them:
-        # the source of the next step's placeholder tokens (async scheduling).
-        self._prev_tokens: torch.Tensor | None = None
-        self._prev_rows: dict[str, int] = {}
+        self.groups: dict[tuple[int, ...], GroupSampling] = {}  # by the ranks of a step's plan
+        self._group = self._group_of(self.state.plan.ranks)  # the running step's
+        self._kv_views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._bound_block_size = self.block_size
         # Narrower weight layouts (Shift, merges) before the KV pool takes what memory is left.
         self.shift_weight_bytes = self._make_narrow_weights(other_states, config.shift_weights)
         self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
@@ -115,18 +127,28 @@ class ModelRunner:
         return resources
 
     def _bind_kv(self, plan: PlanResources) -> None:
-        """Points the attention layers at the pool as `plan` reads it."""
-        k, v = (view_pool(t, plan.block_size) for t in (self.kv.k, self.kv.v))
-        for i, layer in enumerate(attention_layers(self.model)):
-            layer.k_cache, layer.v_cache = k[i], v[i]
+        """Points the attention layers at the pool as `plan` reads it (each view made once)."""
+        views = self._kv_views.get(plan.block_size)
+        if views is None:
+            k, v = (view_pool(t, plan.block_size) for t in (self.kv.k, self.kv.v))
+            views = self._kv_views[plan.block_size] = [(k[i], v[i]) for i in range(len(k))]
+        for layer, (k_cache, v_cache) in zip(attention_layers(self.model), views):
+            layer.k_cache, layer.v_cache = k_cache, v_cache
+        self._bound_block_size = plan.block_size
+
+    def _group_of(self, ranks: tuple[int, ...]) -> GroupSampling:
+        group = self.groups.get(ranks)
+        if group is None:
+            group = self.groups[ranks] = GroupSampling(self.config.seed, self.device)
+        return group
 
     def transition(self, verb: str, plan_name: str, epoch: int = 0) -> float:
         """A transition's phase on this rank; returns its seconds. `prepare` checks that
         `plan_name` was made here (its resources were made at start-up, so nothing moves);
         `commit` makes it this rank's base plan (the step message's ""). When the plan
-        joins this rank with other ranks (a merge or a split), the rank forgets its requests
-        (the engine sends them again, to be computed again), reads the KV pool in the
-        plan's view, and reseeds its sampler with `epoch`, as every rank of the group does."""
+        joins this rank with other ranks (a merge or a split), the new group's sampling
+        state starts from `epoch`, as on every rank of the group. The requests this rank
+        holds stay: the engine finishes them in the plans they were written in."""
         start = time.perf_counter()
         plan = self.resources.get(plan_name)
         if plan is None:
@@ -134,19 +156,11 @@ class ModelRunner:
                              f"start-up (made: {sorted(k for k in self.resources if k)})")
         if verb == "commit":
             if sorted(plan.plan.ranks) != sorted(self.state.plan.ranks):
-                self._regroup(plan, epoch)
+                self.groups[plan.plan.ranks] = GroupSampling(self.config.seed + epoch, self.device)
             self.resources[""], self.state = plan, plan.state
         elif verb != "prepare":
             raise ValueError(f"unknown transition phase {verb!r}")
         return time.perf_counter() - start
-
-    def _regroup(self, plan: PlanResources, epoch: int) -> None:
-        self.requests = RequestTables()
-        self.history = TokenHistoryStore(self.device)
-        self.generators.clear()
-        self._prev_tokens, self._prev_rows = None, {}
-        self.sampler.generator.manual_seed(self.config.seed + epoch)
-        self._bind_kv(plan)
 
     def _use_graphs(self, requested: bool | None) -> bool:
         """By default (None) wherever they work: CUDA, Triton attention, one stage."""
@@ -165,12 +179,17 @@ class ModelRunner:
         return graphs
 
     def _warm_up_attention(self) -> None:
-        """Compiles the attention kernels' variants before any request can wait for them.
-        Every plan of this runner gives a rank the same query heads per KV head."""
+        """Compiles the attention kernels' variants before any request can wait for them,
+        for every view of the pool a plan reads. Every plan of this runner gives a rank the
+        same query heads per KV head; a view of w-times larger blocks holds 1/w of them."""
         layers = attention_layers(self.model)
-        if hasattr(self.backend, "warm_up") and layers:
-            self.backend.warm_up(layers[0].num_heads // self.state.sp.size, layers[0].k_cache,
-                                 layers[0].v_cache, self.dtype)
+        if not hasattr(self.backend, "warm_up") or not layers:
+            return
+        for plan in {r.block_size: r for r in self.resources.values()}.values():
+            self._bind_kv(plan)
+            heads = layers[0].num_heads // self.state.sp.size * self.block_size // plan.block_size
+            self.backend.warm_up(heads, layers[0].k_cache, layers[0].v_cache, self.dtype)
+        self._bind_kv(self.resources[""])
 
     def _report_kv_replication(self, total_kv_heads: int) -> None:
         """With more SP x TP ranks than KV heads, each KV head is held by several ranks."""
@@ -212,16 +231,19 @@ class ModelRunner:
         errors = self._admit(batch.new_params)
         self._track_history(batch)
         chunks = self.requests.apply(batch)
-        self.history.record(chunks, self._prev_tokens, self._prev_rows)
         plan = self.resources[batch.plan]
+        group = self._group = self._group_of(plan.plan.ranks)
+        self.history.record(chunks, group.prev_tokens, group.prev_rows)
+        if plan.block_size != self._bound_block_size:
+            self._bind_kv(plan)
         with use_context(plan.context()):
             micro_batches = split_micro_batches(chunks, plan.state.pp.size)
             results = [self._run_micro_batch(mb, plan) for mb in micro_batches]
             self._wait_sends()
         sampled = [mb_tokens for mb_tokens, _ in results if mb_tokens is not None]
         tokens = torch.cat(sampled) if sampled else torch.empty(0, dtype=torch.int64)
-        self._prev_tokens = tokens
-        self._prev_rows = {c.request_id: j for j, c in
+        group.prev_tokens = tokens
+        group.prev_rows = {c.request_id: j for j, c in
                            enumerate(c for c in chunks if c.sampling is not None)}
         if not plan.is_output_rank:
             return PendingStep(None, None)
@@ -238,8 +260,8 @@ class ModelRunner:
         row is sampled without a seed and the engine discards the token)."""
         errors = {}
         for request_id, params in new_params.items():
-            if params.seed is None or request_id in self.generators:
-                continue  # (a request moved by a transition keeps its generator)
+            if params.seed is None:
+                continue
             try:
                 self.generators[request_id] = Sampler.make_generator(params.seed, self.device)
             except Exception as exc:  # noqa: BLE001 - the request's fault, not the engine's
@@ -279,7 +301,7 @@ class ModelRunner:
         # every rank can fill the next step's placeholders; only the output rank reports.
         masks = [c.token_mask for c in sampling]
         result = self.sampler(logits, [c.sampling for c in sampling],
-                              [self._generator(c) for c in sampling],
+                              [self._generator(c) for c in sampling], self._group.generator,
                               with_logprobs=plan.is_output_rank,
                               history=self.history.batch(sampling),
                               token_masks=masks if any(m is not None for m in masks) else None)
@@ -290,13 +312,14 @@ class ModelRunner:
         """Writes the previous step's samples over this step's placeholder tokens (async
         scheduling), in the rows this rank holds."""
         ends, local = inputs.attn.query_start_loc_cpu[1:], inputs.local_rows
-        pairs = [(ends[i] - 1 - local.start, self._prev_rows[c.request_id])
+        group = self._group
+        pairs = [(ends[i] - 1 - local.start, group.prev_rows[c.request_id])
                  for i, c in enumerate(chunks)
                  if c.token_ids[-1] == PLACEHOLDER_TOKEN and ends[i] - 1 in local]
         if not pairs:
             return
         rows, sources = (upload(v, torch.int64, self.device) for v in zip(*pairs))
-        token_ids.index_copy_(0, rows, self._prev_tokens.index_select(0, sources))
+        token_ids.index_copy_(0, rows, group.prev_tokens.index_select(0, sources))
 
     def _sample_rows(self, hidden: torch.Tensor, inputs: StepInputs, sp) -> torch.Tensor:
         """Hidden states of the sampled rows, gathered from the SP rank holding each."""
@@ -336,7 +359,12 @@ class ModelRunner:
         self._pending_sends = []
 
     def _generator(self, chunk: SeqChunk) -> torch.Generator | None:
-        return self.generators.get(chunk.request_id)
+        """A seeded request's generator, seeded for the position it samples: its tokens
+        depend on (seed, position) only, on every rank, across preemption and transitions."""
+        generator = self.generators.get(chunk.request_id)
+        if generator is not None:
+            generator.manual_seed(position_seed(chunk.sampling.seed, chunk.seq_len))
+        return generator
 
     # ---- memory profiling ----------------------------------------------------
     @torch.inference_mode()

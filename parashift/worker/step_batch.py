@@ -98,6 +98,10 @@ class DeltaEncoder:
         if request_id in self.sent_blocks:
             self.sent_blocks[request_id] = 0
 
+    def drop(self, request_id: str) -> None:
+        """The request moved to another replica, which tells the ranks to forget it."""
+        self.sent_blocks.pop(request_id, None)
+
     def forget(self, request_id: str) -> None:
         if self.sent_blocks.pop(request_id, None) is not None:
             self.finished.append(request_id)

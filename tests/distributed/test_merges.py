@@ -1,8 +1,8 @@
 """Merges and splits of the node layout mid-generation (ranks change groups) give the
 single-device greedy tokens: replicas merge into one TP group over their full copies of
-the weights, the KV pool is read in the merged plan's view, and the requests of the
-groups involved move to the groups that replace them (the running ones are computed
-again there, counted)."""
+the weights, the new group reads the KV pool in its plan's view, the waiting requests of
+the groups involved move to it, and the running ones finish in the plan their KV was
+written in (soft or hard preemption) or are computed again (recompute, counted)."""
 import json
 
 import pytest
@@ -31,6 +31,7 @@ def run_cycle(model_dir, tmp_path, start: str, cycle: list[str], limit: int, eve
         records = engine.take_transition_records()
         free = [r.block_manager.num_free_blocks == r.block_manager.num_blocks
                 for r in engine.replicas]
+        assert not any(r.is_left_behind for r in engine.replicas)  # all finished and dropped
         return outputs, records, timeline, free
     finally:
         engine.shutdown()
@@ -41,20 +42,32 @@ def reference(model):
     return generate(model[0], prompts(n=8))[0]
 
 
-def test_merge_and_split_back_mid_generation(model, reference, tmp_path):
-    """Two replicas merge into TP=2 and split again, over and over, requests in flight."""
+@pytest.mark.parametrize("preemption", ["soft", "hard", "recompute"])
+def test_merge_and_split_back_mid_generation(model, reference, tmp_path, preemption):
+    """Two replicas merge into TP=2 and split again, over and over, requests in flight.
+    Soft and hard preemption keep every running request's KV where it was written;
+    recompute computes them again in their new group."""
     outputs, records, timeline, free = run_cycle(
-        model[0], tmp_path, "single,single", ["merge2-tp2", "single,single"], limit=4)
+        model[0], tmp_path, "single,single", ["merge2-tp2", "single,single"], limit=4,
+        flying_preemption=preemption)
     assert_same(outputs, reference)
     kinds = [r.kind for r in records]
     assert 2 <= len(kinds) <= 4 and kinds == ["merge", "split", "merge", "split"][:len(kinds)]
     assert records[0].target == ("merge2-tp2",)
     assert records[1].target == ("single", "single@1")
-    assert any(r.reprefilled > 0 for r in records)
+    if preemption == "recompute":
+        assert any(r.reprefilled > 0 for r in records) and all(r.kept == 0 for r in records)
+    else:
+        assert all(r.reprefilled == 0 for r in records) and records[0].kept > 0
     assert all(r.moved >= r.reprefilled for r in records)
     assert all(free)  # every block came back
     lines = [json.loads(line) for line in timeline.read_text().splitlines()]
     assert sum("transition" in line for line in lines) == len(records)
+    if preemption == "soft":  # the requests written at width 1 went on between merged steps
+        merge = next(i for i, line in enumerate(lines) if "transition" in line)
+        after = [line["plan"] for line in lines[merge + 1:] if "transition" not in line]
+        split = after.index(next(p for p in after if p.startswith("single")))
+        assert "merge2-tp2" in after[split:] or "merge2-tp2" in after[:split]
 
 
 def test_widths_one_two_four_and_back(model, reference, tmp_path):

@@ -114,13 +114,14 @@ def test_pipeline_keeps_a_step_in_flight_per_stage(model_dirs, references):
     llm = LLM(model_dirs["gqa8x4"], **{**COMMON, "pipeline_parallel_size": 2})
     engine, executor = llm.llm_engine, llm.llm_engine.executor
     try:
-        assert executor.block_offsets == [0, 48] and executor.num_blocks == [48, 48]
+        assert [(r.encoder.block_offset, r.block_manager.num_blocks)
+                for r in engine.replicas] == [(0, 48), (48, 48)]
         most_in_flight, submit = 0, executor.submit
 
-        def counting_submit(replica, batch):
+        def counting_submit(*args):
             nonlocal most_in_flight
-            submit(replica, batch)
-            most_in_flight = max(most_in_flight, len(executor.in_flight))
+            submit(*args)
+            most_in_flight = max(most_in_flight, sum(len(queue) for queue in executor.pending))
         executor.submit = counting_submit
         assert_same(llm.generate(prompts(), PARAMS), references["gqa8x4"])
         assert most_in_flight == 2
@@ -136,7 +137,8 @@ def test_each_group_sizes_its_own_kv_pool(model_dirs, references):
                "kv_cache_memory": 96 * block_bytes}
     llm = LLM(model_dirs["gqa8x4"], **options)
     try:
-        assert llm.llm_engine.executor.num_blocks == [192, 96]
+        assert llm.llm_engine.executor.rank_blocks == [192, 192, 96]
+        assert [r.block_manager.num_blocks for r in llm.llm_engine.replicas] == [192, 96]
         assert_same(llm.generate(prompts(), PARAMS), references["gqa8x4"])
     finally:
         llm.llm_engine.shutdown()

@@ -28,10 +28,10 @@ def spy_on_steps(llm: LLM) -> dict:
     engine, seen = llm.llm_engine, {"overlapped": 0, "placeholders": 0}
     submit = engine.executor.submit
 
-    def counting_submit(replica, batch):
-        seen["overlapped"] += bool(engine.replicas[replica].in_flight)
+    def counting_submit(replica, ranks, output_rank, batch):
+        seen["overlapped"] += bool(replica.in_flight)
         seen["placeholders"] += sum(PLACEHOLDER_TOKEN in c.token_ids for c in batch.chunks)
-        submit(replica, batch)
+        submit(replica, ranks, output_rank, batch)
     engine.executor.submit = counting_submit
     return seen
 

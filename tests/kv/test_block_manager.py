@@ -207,3 +207,70 @@ def test_prefix_caching_disabled():
 def test_rejects_empty_pool_or_block(num_blocks, block_size):
     with pytest.raises(ValueError):
         BlockManager(num_blocks, block_size)
+
+
+# ---- managers sharing one pool (the KV adaptor) ---------------------------------
+
+def test_a_merged_manager_starts_with_the_blocks_no_replica_uses():
+    rank0, rank1 = (BlockManager(8, BS, ranks=(r,)) for r in (0, 1))
+    a, b = make_seq(range(6), "a"), make_seq(range(3), "b")
+    assert rank0.allocate_slots(a, 6) and rank1.allocate_slots(b, 3)
+    merged = BlockManager(8, 2 * BS, ranks=(0, 1))
+    merged.share([rank0, rank1])
+    assert list(merged.free_queue) == [2, 3, 4, 5, 6, 7]  # 0, 1 on rank 0; 0 on rank 1
+    c = make_seq(range(20), "c")
+    assert merged.allocate_slots(c, 20)
+    assert c.block_table == [2, 3, 4]
+    assert list(rank0.free_queue) == [5, 6, 7] and list(rank1.free_queue) == [1, 5, 6, 7]
+
+
+def test_blocks_freed_by_one_sharer_return_to_the_others_once_no_one_uses_them():
+    rank0, rank1 = (BlockManager(4, BS, ranks=(r,)) for r in (0, 1))
+    a, b = make_seq(range(4), "a"), make_seq(range(4), "b")
+    assert rank0.allocate_slots(a, 4) and rank1.allocate_slots(b, 4)  # block 0 on each
+    merged = BlockManager(4, 2 * BS, ranks=(0, 1))
+    merged.share([rank0, rank1])
+    rank0.free(a)
+    assert 0 not in merged.free_queue  # rank 1 still uses block 0
+    rank1.free(b)
+    assert list(merged.free_queue) == [1, 2, 3, 0]
+    c = make_seq(range(8 * 4), "c")
+    assert merged.allocate_slots(c, 32)
+    assert c.block_table == [1, 2, 3, 0] and not rank0.free_queue and not rank1.free_queue
+    merged.free(c)
+    assert list(rank0.free_queue) == [0, 3, 2, 1]  # tail first, as it frees them
+
+
+def test_a_block_taken_by_a_sharer_leaves_the_others_prefix_cache():
+    rank0 = BlockManager(3, BS, ranks=(0,))
+    a = make_seq(range(8), "a")
+    run_prefill(rank0, a)
+    rank0.free(a)
+    assert rank0.hash_to_block  # blocks 0 and 1 cached
+    merged = BlockManager(3, 2 * BS, ranks=(0, 1))
+    merged.share([rank0])
+    c = make_seq(range(100, 105), "c")
+    assert merged.allocate_slots(c, 5)
+    assert c.block_table == [0]
+    assert list(rank0.hash_to_block.values()) == [1] and rank0.block_hash[0] is None
+    again = make_seq(range(9), "again")  # would hit blocks 0 and 1
+    assert rank0.get_computed_blocks(again) == ([], 0)  # its chain starts with block 0
+
+
+def test_managers_of_other_ranks_or_block_ranges_do_not_share():
+    first, second = BlockManager(4, BS, ranks=(0, 1)), BlockManager(4, BS, ranks=(0, 1), offset=4)
+    other_rank = BlockManager(4, BS, ranks=(2,))
+    first.share([second, other_rank])
+    assert first.sharing == [] and second.sharing == []
+
+
+def test_unshare_needs_every_block_freed():
+    rank0, merged = BlockManager(4, BS, ranks=(0,)), BlockManager(4, BS, ranks=(0, 1))
+    merged.share([rank0])
+    a = make_seq(range(3), "a")
+    assert rank0.allocate_slots(a, 3)
+    with pytest.raises(AssertionError):
+        rank0.unshare()
+    rank0.free(a)
+    rank0.unshare()
+    assert merged.sharing == [] and list(merged.free_queue) == [1, 2, 3, 0]
