@@ -143,7 +143,7 @@ def make_narrow_weights(model: nn.Module, needs: dict[str, Narrowing], report: b
                        "rank", {k: f"1/{n.factor} {n.mode}" for k, n in needs.items()},
                        base / 2**30, extra / 2**30)
     if report and fallback:
-        logger.warning("reorder serves widths %s on this rank; these layouts keep views (one "
+        logger.warning("reorder asked for widths %s on this rank; these layouts keep views (one "
                        "GEMM per segment) in the fused layers named (their width does not nest "
                        "in the finest reorder width, or its blocks share KV heads): %s",
                        sorted(_reorder_widths(needs)),
