@@ -136,3 +136,15 @@ def test_moved_rows_follow_the_permutation():
     assert moved_rows([(6, 4)], order) == [(2, 2), (6, 2)]
     assert moved_rows([(1, 1), (6, 1)], order) == [(1, 2)]  # adjacent once moved: joined
     assert moved_rows([(3, 5)], None) == [(3, 5)]
+
+
+def test_rows_are_permuted_in_place_through_one_unit_of_scratch():
+    """permute_rows moves the rows cycle by cycle (fixed points, several cycles) in the
+    weight's own storage, to what a gather of the ranges gives."""
+    state, model = attention_and_mlp(8, 4)
+    layer = model[1].gate_up_proj  # 2 x 48 rows
+    loaded, storage = layer.weight.detach().clone(), layer.weight.untyped_storage().data_ptr()
+    rows = [(0, 12), (48, 12), (36, 12), (24, 12), (60, 36), (12, 12)]  # a fixed point, cycles
+    layer.permute_rows(rows, (1, [96]))
+    assert torch.equal(layer.weight, torch.cat([loaded[o:o + n] for o, n in rows]))
+    assert layer.weight.untyped_storage().data_ptr() == storage
