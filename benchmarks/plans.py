@@ -89,6 +89,8 @@ def main():
     p.add_argument("--output-len", type=int, default=250)
     p.add_argument("--shift-threshold", type=int, default=None)
     p.add_argument("--shift-weights", choices=["reorder", "separate", "slice"], default=None)
+    p.add_argument("--merge-weights", choices=["reorder", "view", "materialize"], default=None,
+                   help="the weights of layout:merge... plans (default: the engine's, reorder)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on where possible (CUDA, triton attention)")
     p.add_argument("--output", default=None)
@@ -99,6 +101,8 @@ def main():
             for name in ("shift_threshold", "shift_weights"):
                 if getattr(args, name) is not None:
                     options[name] = getattr(args, name)
+        if "merge" in options.get("layout", "") and args.merge_weights is not None:
+            options["merge_weights"] = args.merge_weights
     rows = []
     for name, options in plans.items():
         start = time.perf_counter()

@@ -60,6 +60,7 @@ class EngineConfig:
     # (256: the crossover measured on 2xH200, docs/benchmarks.md: for the 8B shape the shift
     # plan wins decode steps up to 256 sequences and loses at 512; Qwen3-32B's wins to 1024)
     shift_weights: str = "reorder"           # shift policy: reorder | slice | separate
+    merge_weights: str = "reorder"           # merged plans: reorder | view | materialize
     flying_merge_running: int = 4            # flying policy: merge at or below this many running
     flying_dwell_s: float = 2.0              # flying policy: least seconds between transitions
     # a merge or split's running requests: soft (finish in their old plan, interleaved with
@@ -101,6 +102,9 @@ class EngineConfig:
         if self.shift_weights not in ("reorder", "slice", "separate"):
             raise ValueError("shift_weights must be reorder, slice or separate, "
                              f"got {self.shift_weights!r}")
+        if self.merge_weights not in ("reorder", "view", "materialize"):
+            raise ValueError("merge_weights must be reorder, view or materialize, "
+                             f"got {self.merge_weights!r}")
         degrees = ("tensor_parallel_size", "sequence_parallel_size", "data_parallel_size",
                    "pipeline_parallel_size")
         if self.layout is not None and any(getattr(self, name) != 1 for name in degrees):

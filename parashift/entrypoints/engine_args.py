@@ -47,6 +47,10 @@ ENGINE_FLAGS = {
                                               "permuted so each shift shard is one view) | "
                                               "slice (views of the base shard) | separate "
                                               "(contiguous copy)"),
+    "--merge-weights": ("merge_weights", str, "merged plans (Flying Serving): reorder (default: "
+                                              "rows permuted once at load so each width's shard "
+                                              "is one view) | view (slices of the replica) | "
+                                              "materialize (contiguous copy)"),
     "--layout": ("layout", str, "the node's groups in rank order instead of the parallel sizes, "
                                 "e.g. tp2,single,single (ranks 0-1 as TP=2, ranks 2 and 3 alone)"),
     "--timeline-file": ("timeline_file", str, "write one JSON line per step (plan, tokens, time)"),

@@ -13,6 +13,7 @@ import socket
 import time
 from multiprocessing.connection import wait
 
+from parashift.worker.model_runner import ModelRunner
 from parashift.worker.step_batch import StepBatch
 from parashift.worker.step_codec import encode_step
 from parashift.worker.worker import CONTROL_PREFIX, WorkerSpec, worker_main
@@ -89,20 +90,35 @@ class MultiprocExecutor:
         counts the engine's transitions); waits for every one of them and returns the
         slowest's seconds. The engine sends it only when none of these ranks has a step in
         flight."""
+        messages = [("transition", verb, name, epoch) for name in plan_names]
+        return max(self._control(ranks, messages, f"a transition ({verb})"))
+
+    def collective_rpc(self, method: str, *args) -> list:
+        """Runs `ModelRunner.<method>(*args)` on every rank while no step is in flight;
+        returns each rank's result, in rank order (vLLM's name)."""
+        if not callable(getattr(ModelRunner, method, None)):
+            raise ValueError(f"ModelRunner has no method {method!r}")
+        if any(self.pending):
+            raise RuntimeError("collective_rpc runs only while no step is in flight")
+        ranks = list(range(self.layout.world_size))
+        return self._control(ranks, [("rpc", method, args)] * len(ranks), f"rpc {method}")
+
+    def _control(self, ranks: list[int], messages: list[tuple], what: str) -> list:
+        """Sends rank i messages[i] (a control message) and waits for every answer."""
         if self.failure is not None:
             raise self.failure
-        for rank, name in zip(ranks, plan_names):
-            self.conns[rank].send_bytes(CONTROL_PREFIX + pickle.dumps((verb, name, epoch)))
-        seconds, deadline = 0.0, time.monotonic() + self.timeout_s
+        for rank, message in zip(ranks, messages):
+            self.conns[rank].send_bytes(CONTROL_PREFIX + pickle.dumps(message))
+        answers, deadline = [], time.monotonic() + self.timeout_s
         for rank in ranks:
             if not self._wait([self.conns[rank]], deadline):
-                self._fail(f"worker rank {rank} did not finish a transition ({verb}) within "
+                self._fail(f"worker rank {rank} did not finish {what} within "
                            f"{self.timeout_s:.0f} s: a worker hung")
             kind, payload = self._read(rank)
             if kind == "error":
-                self._fail(f"worker rank {rank} failed in a transition ({verb}):\n{payload}")
-            seconds = max(seconds, payload)
-        return seconds
+                self._fail(f"worker rank {rank} failed in {what}:\n{payload}")
+            answers.append(payload)
+        return answers
 
     def wait_any(self) -> list[tuple[int, object]]:
         """(tag, result) of steps in flight: waits until at least one is ready. Every rank

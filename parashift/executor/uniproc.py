@@ -30,5 +30,9 @@ class UniprocExecutor:
         """One phase of a transition on these ranks (here: the one); its slowest seconds."""
         return max(self.runner.transition(verb, name, epoch) for name in plan_names)
 
+    def collective_rpc(self, method: str, *args) -> list:
+        """`ModelRunner.<method>(*args)` on the one rank, as a one-item list."""
+        return [getattr(self.runner, method)(*args)]
+
     def shutdown(self) -> None:
         self._pending.clear()

@@ -2,6 +2,8 @@
 
 Each parameter carries a `weight_loader(param, loaded_weight, shard_id)` that
 copies this rank's slice of a full (unsharded) checkpoint tensor."""
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +24,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         from parashift.kernels import skinny_gemm
         return skinny_gemm.linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def _permute_units(t: torch.Tensor, sources: list[int], unit: int) -> None:
+    """Reorders `t`'s blocks of `unit` rows in place: block i takes the old block
+    sources[i]. Each cycle of the permutation parks its first block in one block of scratch."""
+    def block(i: int) -> torch.Tensor:
+        return t[i * unit:(i + 1) * unit]
+    scratch, placed = torch.empty_like(block(0)), [False] * len(sources)
+    for start in range(len(sources)):
+        if placed[start] or sources[start] == start:
+            continue
+        scratch.copy_(block(start))
+        i = start
+        while sources[i] != start:
+            block(i).copy_(block(sources[i]))
+            placed[i], i = True, sources[i]
+        block(i).copy_(scratch)
+        placed[i] = True
 
 
 class LinearBase(nn.Module):
@@ -87,16 +107,20 @@ class LinearBase(nn.Module):
         """Reorders the loaded shard's output rows (weight and bias, in place: the same
         storage) to the concatenation of the `rows` ranges (offset, size), which must be a
         permutation; the base output is then laid out as `split` (see `splits`). Done once
-        after loading, before any layout view is taken and before CUDA graphs capture."""
+        after loading, before any layout view is taken and before CUDA graphs capture; the
+        rows move cycle by cycle through a scratch buffer of one unit (the ranges' common
+        divisor of rows), not through a copy of the shard."""
         if BASE_WEIGHTS in self.splits:
             raise RuntimeError("the shard's rows were reordered already")
-        index = torch.cat([torch.arange(o, o + n) for o, n in rows]).to(self.weight.device)
+        index = torch.cat([torch.arange(o, o + n) for o, n in rows])
         if index.numel() != self.weight.shape[0] or not torch.equal(
-                index.sort().values, torch.arange(self.weight.shape[0], device=index.device)):
+                index.sort().values, torch.arange(self.weight.shape[0])):
             raise ValueError("rows to reorder are not a permutation of the shard's rows")
+        unit = math.gcd(*(n for _, n in rows))
+        sources = [o // unit + k for o, n in rows for k in range(n // unit)]
         for param in (self.weight, self.bias):
             if param is not None:
-                param.data.copy_(param.data.index_select(0, index))
+                _permute_units(param.data, sources, unit)
         self.splits[BASE_WEIGHTS] = split
 
     def _shard(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:

@@ -2,6 +2,7 @@
 the step's inputs, runs this rank's part of the forward (its TP shard, its SP
 slice of the tokens, its PP stage, micro-batch by micro-batch), samples on the
 output rank."""
+import hashlib
 import logging
 import time
 
@@ -20,7 +21,8 @@ from parashift.kv.views import kv_heads_per_rank, tokens_per_block, view_pool
 from parashift.layers.sampler import Sampler, position_seed
 from parashift.loader.weights import load_model_weights
 from parashift.models.registry import model_class_for
-from parashift.parallel.shift_weights import make_shift_weights
+from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_narrow_weights
+from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
 from parashift.uploads import upload
 
@@ -101,17 +103,28 @@ class ModelRunner:
         self._warm_up_attention()
         self.graphs = self._capture_graphs() if self._use_graphs(config.cuda_graphs) else None
 
-    def _make_narrow_weights(self, states: tuple[ParallelState, ...], mode: str) -> int:
-        """Each (factor, position) slice of the loaded weights a plan uses, once; returns
-        the extra bytes. `reorder` lays the rows out for one factor only: with several
-        (e.g. merges of width 2 and 4), every layout is a `slice` view."""
-        needs = {weight_layout_of(s.plan, s.rank): s.plan.narrowing(s.rank) for s in states}
-        needs.pop(BASE_WEIGHTS, None)
-        if mode == "reorder" and len(needs) > 1:
-            mode = "slice"
-        return sum(make_shift_weights(self.model, factor, position, mode,
-                                      report=self.state.rank == 0, key=key)
-                   for key, (factor, position) in needs.items())
+    def _make_narrow_weights(self, states: tuple[ParallelState, ...], shift_mode: str) -> int:
+        """Each (factor, position) slice of the loaded weights a plan uses, once: the shift
+        plan's under `shift_mode` (--shift-weights), merged plans' under --merge-weights;
+        returns the extra bytes. One permutation at load serves every reorder width that
+        nests (narrow_weights.py); no merge or split moves a weight afterwards."""
+        needs = {}
+        for s in states:
+            key = weight_layout_of(s.plan, s.rank)
+            if key == BASE_WEIGHTS:
+                continue
+            mode = SHIFT_MODE_NAMES[shift_mode] if key == SHIFT_WEIGHTS else self.config.merge_weights
+            needs[key] = Narrowing(*s.plan.narrowing(s.rank), mode)
+        return make_narrow_weights(self.model, needs, report=self.state.rank == 0)
+
+    def weights_checksum(self) -> str:
+        """sha256 of every parameter's bytes, in name order (the replica a merge or split
+        must leave untouched)."""
+        digest = hashlib.sha256()
+        for name, param in sorted(self.model.named_parameters()):
+            digest.update(name.encode())
+            digest.update(param.detach().cpu().flatten().view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
 
     def _make_resources(self, states: list[ParallelState], total_kv_heads: int
                         ) -> dict[str, PlanResources]:

@@ -96,13 +96,25 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
 
 
 POLL_S = 1e-4  # while a step runs, how often to check for it to end
-CONTROL_PREFIX = b"PSCT"  # a control message (pickled, rare), not a step
+CONTROL_PREFIX = b"PSCT"  # a control message (pickled, rare: a transition, an rpc), not a step
 
 
 def _finish(runner: ModelRunner, conn, step) -> None:
     result = step.result()
     if result is not None:  # this rank is the output rank of the step's plan
         conn.send_bytes(pickle.dumps(("result", result)))
+
+
+def _control(runner: ModelRunner, message: tuple) -> tuple[str, object]:
+    """A control message: ("transition", verb, plan name, epoch), answered with its seconds,
+    or ("rpc", method, args), answered with `runner.<method>(*args)`."""
+    kind, *args = message
+    if kind == "transition":
+        return kind, runner.transition(*args)
+    if kind == "rpc":
+        method, method_args = args
+        return kind, getattr(runner, method)(*method_args)
+    raise ValueError(f"unknown control message {kind!r}")
 
 
 def _serve(runner: ModelRunner, conn) -> None:
@@ -127,12 +139,11 @@ def _serve(runner: ModelRunner, conn) -> None:
         if message == b"shutdown":
             break
         try:
-            if message.startswith(CONTROL_PREFIX):  # a transition: steps in flight end first
+            if message.startswith(CONTROL_PREFIX):  # steps in flight end first
                 while pending:
                     _finish(runner, conn, pending.popleft())
-                verb, plan_name, epoch = pickle.loads(message[len(CONTROL_PREFIX):])
-                seconds = runner.transition(verb, plan_name, epoch)
-                conn.send_bytes(pickle.dumps(("transition", seconds)))
+                reply = _control(runner, pickle.loads(message[len(CONTROL_PREFIX):]))
+                conn.send_bytes(pickle.dumps(reply))
                 continue
             pending.append(runner.launch(decode_step(message)))
         except BaseException:

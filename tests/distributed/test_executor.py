@@ -77,6 +77,19 @@ def test_two_engines_run_side_by_side_on_one_host(tiny_llama_dir, tp2):
         other.llm_engine.shutdown()
 
 
+def test_collective_rpc_runs_a_runner_method_on_every_rank(tp2):
+    """Each TP rank answers with its own shard's checksum; an unknown method is refused in
+    the engine process and the workers keep serving."""
+    executor = tp2.llm_engine.executor
+    sums = executor.collective_rpc("weights_checksum")
+    assert len(sums) == 2 and sums[0] != sums[1]  # different shards
+    with pytest.raises(ValueError, match="no method 'nope'"):
+        executor.collective_rpc("nope")
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    assert len(tp2.generate([[1, 2, 3]], params)[0].outputs[0].token_ids) == 3
+    assert executor.collective_rpc("weights_checksum") == sums
+
+
 def wait_for_failure(engine, timeout: float) -> tuple[str, float]:
     """Calls check_health() until it raises; its message and the seconds it took."""
     start = time.monotonic()

@@ -2,12 +2,15 @@
 single-device greedy tokens: replicas merge into one TP group over their full copies of
 the weights, the new group reads the KV pool in its plan's view, the waiting requests of
 the groups involved move to it, and the running ones finish in the plan their KV was
-written in (soft or hard preemption) or are computed again (recompute, counted)."""
+written in (soft or hard preemption) or are computed again (recompute, counted). Under
+every weight mode (`--merge-weights`) the tokens are the reference's, and each rank's
+parameters are byte-identical before the first merge and after the last split: the rows
+are laid out once at load and a merge or split moves none."""
 import json
 
 import pytest
 
-from parashift import LLM
+from parashift import LLM, SamplingParams
 from parashift.parallel.layout import Layout
 from tests.distributed.test_plans import (COMMON, PARAMS, assert_same, generate, prompts,
                                           skip_unless_enough_gpus)
@@ -16,23 +19,30 @@ from tests.engine.conftest import save_tiny_llama
 from tests.helpers.policies import LayoutCycle
 
 
+def checksums(engine) -> list[str]:
+    return engine.executor.collective_rpc("weights_checksum")
+
+
 def run_cycle(model_dir, tmp_path, start: str, cycle: list[str], limit: int, every: int = 2,
-              **options):
+              params=PARAMS, **options):
     """Generates under a LayoutCycle. How many of its `limit` transitions happen before the
-    requests finish depends on which replica's step ends first: tests assert a prefix."""
+    requests finish depends on which replica's step ends first: tests assert a prefix.
+    Asserts that no rank's weights changed and returns their checksums."""
     skip_unless_enough_gpus(dict(layout=start))
     timeline = tmp_path / "timeline.jsonl"
     llm = LLM(model_dir, **{**COMMON, "timeline_file": str(timeline), "layout": start,
                             "parallel_policy": "flying", **options})
     engine = llm.llm_engine
     try:
+        before = checksums(engine)
         engine.set_policy(LayoutCycle(engine, [Layout.parse(spec) for spec in cycle], every, limit))
-        outputs = llm.generate(prompts(n=8), PARAMS)
+        outputs = llm.generate(prompts(n=8), params)
         records = engine.take_transition_records()
         free = [r.block_manager.num_free_blocks == r.block_manager.num_blocks
                 for r in engine.replicas]
         assert not any(r.is_left_behind for r in engine.replicas)  # all finished and dropped
-        return outputs, records, timeline, free
+        assert checksums(engine) == before
+        return outputs, records, timeline, free, before
     finally:
         engine.shutdown()
 
@@ -42,15 +52,60 @@ def reference(model):
     return generate(model[0], prompts(n=8))[0]
 
 
-@pytest.mark.parametrize("preemption", ["soft", "hard", "recompute"])
-def test_merge_and_split_back_mid_generation(model, reference, tmp_path, preemption):
-    """Two replicas merge into TP=2 and split again, over and over, requests in flight.
-    Soft and hard preemption keep every running request's KV where it was written;
-    recompute computes them again in their new group."""
-    outputs, records, timeline, free = run_cycle(
+@pytest.fixture(scope="module")
+def loaded_checksum(model):
+    """The single-device replica's checksum, rows in loading order."""
+    llm = LLM(model[0], **COMMON)
+    try:
+        return checksums(llm.llm_engine)[0]
+    finally:
+        llm.llm_engine.shutdown()
+
+
+MODES = ["view", "materialize", "reorder"]
+LONG = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=4)
+
+
+@pytest.fixture(scope="module")
+def long_reference(model):
+    """Longer requests: room for four merges and splits before they finish."""
+    llm = LLM(model[0], **COMMON)
+    try:
+        return llm.generate(prompts(n=8), LONG)
+    finally:
+        llm.llm_engine.shutdown()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_widths_two_four_two(model, long_reference, tmp_path, mode):
+    """On 4 ranks: 1 -> 2, then 2 -> 4 -> 2 (-> 4 ...); each rank holds a width-2 and a
+    width-4 layout (under reorder: one permutation serves both)."""
+    outputs, records, _, free, _ = run_cycle(
+        model[0], tmp_path, "single,single,single,single",
+        ["merge2-tp2,merge2-tp2", "merge4-tp4"], limit=10, every=1, params=LONG,
+        merge_weights=mode)
+    assert_same(outputs, long_reference)
+    targets = [r.target for r in records]
+    expected = [("merge2-tp2",), ("merge2-tp2@2-3",)] + [
+        ("merge4-tp4",), ("merge2-tp2", "merge2-tp2@2-3")] * 4
+    assert len(targets) >= 4 and targets == expected[:len(targets)]
+    assert all(free)
+
+
+@pytest.mark.parametrize("mode,preemption", [
+    ("reorder", "soft"), ("reorder", "hard"), ("reorder", "recompute"), ("view", "soft"),
+    ("materialize", "soft")])
+def test_merge_and_split_back_mid_generation(model, reference, loaded_checksum, tmp_path, mode,
+                                             preemption):
+    """Two replicas merge into TP=2 and split again, over and over, requests in flight, under
+    each weight mode (only reorder lays the replica's rows out anew, once, at load). Soft and
+    hard preemption keep every running request's KV where it was written; recompute
+    computes them again in their new group."""
+    outputs, records, timeline, free, weights = run_cycle(
         model[0], tmp_path, "single,single", ["merge2-tp2", "single,single"], limit=4,
-        flying_preemption=preemption)
+        merge_weights=mode, flying_preemption=preemption)
     assert_same(outputs, reference)
+    assert (weights == [loaded_checksum] * 2) == (mode != "reorder")
     kinds = [r.kind for r in records]
     assert 2 <= len(kinds) <= 4 and kinds == ["merge", "split", "merge", "split"][:len(kinds)]
     assert records[0].target == ("merge2-tp2",)
@@ -63,16 +118,14 @@ def test_merge_and_split_back_mid_generation(model, reference, tmp_path, preempt
     assert all(free)  # every block came back
     lines = [json.loads(line) for line in timeline.read_text().splitlines()]
     assert sum("transition" in line for line in lines) == len(records)
-    if preemption == "soft":  # the requests written at width 1 went on between merged steps
-        merge = next(i for i, line in enumerate(lines) if "transition" in line)
-        after = [line["plan"] for line in lines[merge + 1:] if "transition" not in line]
-        split = after.index(next(p for p in after if p.startswith("single")))
-        assert "merge2-tp2" in after[split:] or "merge2-tp2" in after[:split]
+    merge, split = [i for i, line in enumerate(lines) if "transition" in line][:2]
+    if preemption == "soft":  # the requests written at width 1 went on, under their plan
+        assert {line["plan"] for line in lines[merge + 1:split]} & {"single", "single@1"}
 
 
 def test_widths_one_two_four_and_back(model, reference, tmp_path):
     """On 4 ranks: 1 -> 2 -> 4 -> 2 -> 1, a merge of merged groups included."""
-    outputs, records, _, free = run_cycle(
+    outputs, records, _, free, _ = run_cycle(
         model[0], tmp_path, "single,single,single,single",
         ["merge2-tp2,merge2-tp2", "merge4-tp4", "merge2-tp2,merge2-tp2",
          "single,single,single,single"], limit=6, every=1)
@@ -86,7 +139,7 @@ def test_widths_one_two_four_and_back(model, reference, tmp_path):
 
 def test_four_replicas_merge_at_once_and_split_in_two(model, reference, tmp_path):
     """1 -> 4 directly, then the width-4 group splits into two width-2 groups."""
-    outputs, records, _, free = run_cycle(
+    outputs, records, _, free, _ = run_cycle(
         model[0], tmp_path, "single,single,single,single",
         ["merge4-tp4", "merge2-tp2,merge2-tp2"], limit=2, every=1)
     assert_same(outputs, reference)
@@ -96,7 +149,7 @@ def test_four_replicas_merge_at_once_and_split_in_two(model, reference, tmp_path
 
 def test_tp_replicas_merge_into_a_wider_tp_group(model, reference, tmp_path):
     """Two TP=2 replicas merge into TP=4 (each rank uses half its TP shard) and back."""
-    outputs, records, _, free = run_cycle(
+    outputs, records, _, free, _ = run_cycle(
         model[0], tmp_path, "tp2,tp2", ["merge2-tp4", "tp2,tp2"], limit=2, every=1)
     assert_same(outputs, reference)
     assert [r.kind for r in records[:2]] == ["merge", "split"]
@@ -117,7 +170,7 @@ def test_a_node_can_start_merged(model, reference):
 def test_two_replicas_merge_while_a_third_keeps_serving(model, reference, tmp_path):
     """On 3 ranks: groups 0 and 1 merge and split while rank 2's replica keeps stepping
     (its steps in flight across the renumbering of the groups)."""
-    outputs, records, _, free = run_cycle(
+    outputs, records, _, free, _ = run_cycle(
         model[0], tmp_path, "single,single,single", ["merge2-tp2,single", "single,single,single"],
         limit=4)
     assert_same(outputs, reference)
@@ -137,7 +190,7 @@ def six_heads(tmp_path_factory):
 
 def test_three_replicas_merge_into_tp3_and_split(six_heads, tmp_path):
     model_dir, reference = six_heads
-    outputs, records, _, free = run_cycle(
+    outputs, records, _, free, _ = run_cycle(
         model_dir, tmp_path, "single,single,single", ["merge3-tp3", "single,single,single"],
         limit=2, every=1)
     assert_same(outputs, reference)

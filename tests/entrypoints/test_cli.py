@@ -127,3 +127,17 @@ def test_worker_heartbeat_timeout_flag_and_its_range():
             EngineConfig(worker_heartbeat_timeout_s=bad)
     with pytest.raises(ValueError, match="worker_timeout_s must be > 0"):
         EngineConfig(worker_timeout_s=0)
+
+
+def test_merge_weights_flag_and_its_values():
+    import argparse
+
+    from parashift.config import EngineConfig
+    from parashift.entrypoints.engine_args import add_engine_args, engine_config_from_args
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_config_from_args(parser.parse_args([])).merge_weights == "reorder"
+    config = engine_config_from_args(parser.parse_args(["--merge-weights", "materialize"]))
+    assert config.merge_weights == "materialize"
+    with pytest.raises(ValueError, match="merge_weights must be reorder, view or materialize"):
+        EngineConfig(merge_weights="slice")  # Shift's name for view is not a merge mode

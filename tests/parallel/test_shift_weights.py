@@ -13,9 +13,9 @@ from parashift.layers.linear import (MergedColumnParallelLinear, QKVParallelLine
                                      RowParallelLinear)
 from parashift.models.llama import LlamaAttention, LlamaMLP
 from parashift.parallel.plan import Plan
-from parashift.parallel.shift_weights import (SHIFT_WEIGHTS, make_layer_shift_weights,
-                                              make_shift_weights, reorder_inverse, reorder_rows,
-                                              shift_rows)
+from parashift.parallel.narrow_weights import (SHIFT_MODE_NAMES, Narrowing, make_layer_layouts,
+                                               make_narrow_weights, moved_rows)
+from parashift.parallel.shift_weights import SHIFT_WEIGHTS, reorder_rows, shift_rows
 from parashift.parallel.state import GroupHandle, ParallelState
 
 HIDDEN, D = 32, 4
@@ -62,6 +62,18 @@ def gate_up_layer(state, inter=48, bias=False, seed=1):
     return layer
 
 
+def make_layer_shift_weights(layer, sp: int, sp_rank: int, mode: str) -> tuple[int, str]:
+    """The shift layout under --shift-weights' `mode`: (extra bytes, the mode used)."""
+    extra, used = make_layer_layouts(layer, {SHIFT_WEIGHTS: Narrowing(sp, sp_rank,
+                                                                      SHIFT_MODE_NAMES[mode])})
+    return extra, {v: k for k, v in SHIFT_MODE_NAMES.items()}[used[SHIFT_WEIGHTS]]
+
+
+def make_shift_weights(model, sp: int, sp_rank: int, mode: str) -> int:
+    return make_narrow_weights(model, {SHIFT_WEIGHTS: Narrowing(sp, sp_rank,
+                                                                SHIFT_MODE_NAMES[mode])}, False)
+
+
 def rows_of(t: torch.Tensor, rows) -> torch.Tensor:
     return torch.cat([t.narrow(0, o, n) for o, n in rows])
 
@@ -81,7 +93,7 @@ def test_reorder_is_a_permutation_and_its_inverse_restores_the_shard(heads, kv, 
         assert order is not None
         assert sorted(i for o, n in order for i in range(o, o + n)) == list(range(loaded.shape[0]))
         permuted = rows_of(loaded, order)
-        assert torch.equal(rows_of(permuted, reorder_inverse(order)), loaded)
+        assert torch.equal(rows_of(permuted, moved_rows([(0, loaded.shape[0])], order)), loaded)
         # block s of the permuted shard is SP rank s's slice rows, in segment order
         block = loaded.shape[0] // sp
         for s in range(sp):
@@ -135,7 +147,7 @@ def test_separate_copies_and_reorder_takes_no_extra_bytes():
             mlp, attn = LlamaMLP(cfg(8, 4)), LlamaAttention(cfg(8, 4), 64)
         model = torch.nn.ModuleList([mlp, attn])
         before = {n: p.untyped_storage().data_ptr() for n, p in model.named_parameters()}
-        extra = make_shift_weights(model, 2, 1, mode, report=False)
+        extra = make_shift_weights(model, 2, 1, mode)
         shard = sum(p.nbytes for p in model.parameters())
         assert (extra > 0) == expect_extra
         if expect_extra:
@@ -166,7 +178,7 @@ def test_base_plan_computes_the_same_function_after_reorder(heads, kv, tp, sp):
     positions = torch.arange(6)
     with use_state(state):
         ref_mlp, _ = mlp(x), attn(positions, x)
-        make_shift_weights(torch.nn.ModuleList([attn, mlp]), sp, 0, "reorder", report=False)
+        make_shift_weights(torch.nn.ModuleList([attn, mlp]), sp, 0, "reorder")
         assert mlp.gate_up_proj.output_split()[0] == sp
         out_mlp, _ = mlp(x), attn(positions, x)
     assert torch.allclose(out_mlp, ref_mlp, atol=1e-5)
@@ -192,7 +204,9 @@ def test_row_parallel_shift_view_is_the_column_slice():
 
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="reorder"):
-        make_shift_weights(torch.nn.Linear(2, 2), 2, 0, "views")
+        Narrowing(2, 0, "views")
+    with pytest.raises(ValueError, match="slice 2 of 2"):
+        Narrowing(2, 2, "view")
     assert BASE_WEIGHTS != SHIFT_WEIGHTS
 
 
