@@ -251,8 +251,7 @@ class LLMEngine:
         split to it, one at a time, while the others serve); None hands the layout back to
         the policy. Refuses a width this node cannot take, or one too narrow for a request
         it holds."""
-        view = self.view()
-        longest = max([view.unplaced_need, *(g.longest_need for g in view.groups)])
+        longest = max((self._need(seq) for seq in self._requests()), default=0)
         if width in self.max_context and longest > self.max_context[width]:
             raise ValueError(f"width {width} holds {self.max_context[width]} tokens of context; "
                              f"a request of this node needs {longest}")
@@ -263,6 +262,13 @@ class LLMEngine:
         forced = ForcedWidth(policy, self.layouts_by_width)
         forced.force(width)
         self.policy = forced
+
+    def _requests(self):
+        """Every request the engine holds, placed or not."""
+        yield from self._unplaced.values()
+        for replica in self.replicas:
+            yield from replica.scheduler.running
+            yield from replica.scheduler.waiting
 
     def layout_info(self) -> dict:
         """The current layout: its groups, whether a width is forced, and the longest
@@ -489,16 +495,19 @@ class LLMEngine:
         pipeline parallelism serves several replicas: their counters are added up)."""
         now = time.monotonic()
         views: list[list[GroupView]] = [[] for _ in self.layout.plans]
+        requests = getattr(self.policy, "reads_requests", False)
         for replica in self.replicas:
-            views[replica.group].append(self._request_counters(replica, replica.view(now)))
+            view = replica.view(now)
+            views[replica.group].append(self._request_counters(replica, view) if requests else view)
         return NodeView(tuple(combine_views(v) for v in views), now,
                         tuple(plan.name() for plan in self.layout.plans),
                         tuple(self.max_context.items()),
                         max(map(self._need, self._unplaced.values()), default=0))
 
     def _request_counters(self, replica: Replica, view: GroupView) -> GroupView:
-        """The view with what routing and the cost check read of its requests. Its running
-        requests would be computed again if they moved (a merge or split re-prefills them)."""
+        """The view with what the flying policy reads of its requests (a pass over them, for
+        policies with `reads_requests` only). Its running requests would be computed again if
+        they moved (a merge or split re-prefills them)."""
         running = replica.scheduler.running
         needs = [self._need(seq) for seq in [*running, *replica.scheduler.waiting]]
         return dataclasses.replace(

@@ -87,3 +87,27 @@ def test_a_request_one_replica_cannot_hold_waits_for_a_merge(model):
             engine.add_request("too-long", long_prompt, LONG)
     finally:
         engine.shutdown()
+
+
+def test_a_priority_request_binds_a_tp_group_at_once(model):
+    """Four requests run apart (the policy would keep them so, and its dwell has not
+    passed); a request of priority -1 merges the replicas at once."""
+    skip_unless_enough_gpus(FLYING)
+    batch = prompts(n=5)
+    expected = generate(model[0], batch)[0]
+    llm = LLM(model[0], **{**COMMON, **FLYING, "flying_merge_running": 0,
+                           "flying_dwell_s": 600.0})
+    engine = llm.llm_engine
+    try:
+        for index, prompt in enumerate(batch[:4]):
+            engine.add_request(str(index), prompt, PARAMS)
+        outputs, records = {}, []
+        for _ in range(2):
+            outputs.update((o.request_id, o) for o in engine.step())
+        assert engine.layout.name() == "single,single@1"
+        engine.add_request("4", batch[4], PARAMS, priority=-1)
+        run_until_done(engine, outputs, records)
+        assert [(r.kind, r.target) for r in records] == [("merge", ("merge2-tp2",))]
+        assert_same([outputs[str(i)] for i in range(5)], expected)
+    finally:
+        engine.shutdown()

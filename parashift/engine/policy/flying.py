@@ -42,6 +42,7 @@ def merged_plans(replicas: list[Plan], num_heads: int, num_kv_heads: int) -> lis
 
 class FlyingPolicy:
     name = "flying"
+    reads_requests = True  # the view's needs, decode left and recompute tokens
 
     def __init__(self, layout: Layout, num_heads: int, num_kv_heads: int,
                  merge_running: int = 4, dwell_s: float = 2.0,

@@ -13,6 +13,7 @@ class ForcedWidth:
         self.policy, self.layouts = policy, layouts
         self.plans = policy.plans
         self.name = policy.name
+        self.reads_requests = getattr(policy, "reads_requests", False)
         self.width: int | None = None
 
     def force(self, width: int | None) -> None:

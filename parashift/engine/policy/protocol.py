@@ -63,6 +63,9 @@ class Policy(Protocol):
     # False where decide() ignores the view (static): the engine then skips building it, which
     # walks every running request each step. Policies without the attribute get a view.
     reads_view: bool
+    # True where decide() reads the view's per-request fields (longest_need, longest_decode_left,
+    # recompute_tokens): the engine then walks every request, waiting ones too, to fill them.
+    reads_requests: bool
 
     def decide(self, view: NodeView) -> Decision: ...
 
