@@ -135,22 +135,28 @@ class LLMEngine:
     def _max_context(self) -> dict[int, int]:
         """The longest context one group of each width holds (the paper's Table 2), logged
         once; refuses a max_model_len that no layout holds."""
-        serving = {self.layout.plans[r.group].name(): r.scheduler.config.max_model_len
-                   for r in self.replicas}
+        pool = self.kv_tokens_by_width()
+        tokens = {width: min(held, self.max_model_len) for width, held in pool.items()}
+        logger.info("Max context per layout width (its groups' KV pool in tokens): %s", ", ".join(
+            f"{w}: {tokens[w]} ({pool[w]}; {','.join(self.layouts_by_width[w])})" for w in tokens))
+        if max(tokens.values(), default=0) < self.max_model_len:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the KV pool: the "
+                             f"largest layout holds {max(tokens.values(), default=0)} tokens")
+        return tokens
+
+    def kv_tokens_by_width(self) -> dict[int, int]:
+        """The KV tokens one group of each width's layout holds at most (its pool, which
+        max_model_len does not cap)."""
+        serving = {self.layout.plans[r.group].name(): r.block_manager.num_blocks
+                   * r.block_manager.block_size for r in self.replicas}
         rank_blocks = getattr(self.executor, "rank_blocks", self.executor.num_blocks)
 
         def capacity(plan):
             if plan.name() in serving:
                 return serving[plan.name()]
             return group_capacity(plan, rank_blocks, self._loaded, self._kv_heads,
-                                  self.config.block_size, self.max_model_len)
-        tokens = max_context_by_width(self.layouts_by_width, self._plans_by_name, capacity)
-        logger.info("Max context per layout width: %s", ", ".join(
-            f"{w}: {t} tokens ({','.join(self.layouts_by_width[w])})" for w, t in tokens.items()))
-        if max(tokens.values(), default=0) < self.max_model_len:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the KV pool: the "
-                             f"largest layout holds {max(tokens.values(), default=0)} tokens")
-        return tokens
+                                  self.config.block_size)
+        return max_context_by_width(self.layouts_by_width, self._plans_by_name, capacity)
 
     @property
     def scheduler(self) -> Scheduler:

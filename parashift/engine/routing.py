@@ -57,18 +57,16 @@ def check_fits(tokens: int, num_prompt_tokens: int, max_context: dict[int, int],
 
 
 def group_capacity(plan: Plan, rank_blocks: list[int], loaded: dict[int, Plan], kv_heads: int,
-                   block_size: int, max_model_len: int) -> int:
-    """Tokens one request can hold in a group running `plan`: its ranks' shared block
-    count times the tokens per block of the plan's view of their pools, at most
-    max_model_len."""
+                   block_size: int) -> int:
+    """Tokens of KV a group running `plan` holds: its ranks' shared block count times the
+    tokens per block of the plan's view of their pools."""
     blocks = min(rank_blocks[r] for r in plan.ranks)
-    per_block = tokens_per_block(plan, loaded[plan.ranks[0]], kv_heads, block_size)
-    return min(blocks * per_block, max_model_len)
+    return blocks * tokens_per_block(plan, loaded[plan.ranks[0]], kv_heads, block_size)
 
 
 def max_context_by_width(layouts: dict[int, tuple[str, ...]], plans: dict[str, Plan],
                          capacity) -> dict[int, int]:
-    """For each width's layout, the longest context one of its groups holds
-    (`capacity(plan)` gives a group's)."""
+    """For each width's layout, the most tokens one of its groups holds (`capacity(plan)`
+    gives a group's)."""
     return {width: max(capacity(plans[name]) for name in names)
             for width, names in sorted(layouts.items())}

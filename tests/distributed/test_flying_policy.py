@@ -78,6 +78,7 @@ def test_a_request_one_replica_cannot_hold_waits_for_a_merge(model):
     engine = llm.llm_engine
     try:
         assert [w["max_context"] for w in engine.layout_info()["widths"]] == [320, 512]
+        assert engine.kv_tokens_by_width() == {1: 320, 2: 640}
         outputs = llm.generate(batch, LONG)
         assert_same(outputs, reference)
         records = engine.take_transition_records()

@@ -52,9 +52,8 @@ def test_max_context_per_width():
     loaded = {0: replicas[0], 1: replicas[1]}
     # each rank holds 4 KV heads in 100 blocks of 16 tokens; merged, a rank holds 2 heads of
     # blocks of 32 tokens, and the ranks agree on the smaller pool
-    assert group_capacity(replicas[0], [100, 90], loaded, 4, 16, 10_000) == 1600
-    assert group_capacity(merged, [100, 90], loaded, 4, 16, 10_000) == 2880
-    assert group_capacity(merged, [100, 90], loaded, 4, 16, 2048) == 2048
+    assert group_capacity(replicas[0], [100, 90], loaded, 4, 16) == 1600
+    assert group_capacity(merged, [100, 90], loaded, 4, 16) == 2880
     layouts = {1: ("single", "single@1"), 2: ("merge2-tp2",)}
     plans = {p.name(): p for p in [*replicas, merged]}
     capacity = {"single": 1600, "single@1": 1440, "merge2-tp2": 2880}
@@ -75,6 +74,7 @@ def test_the_engine_reports_its_layout_and_refuses_widths_it_cannot_take(llm):
     assert info == {"groups": [{"ranks": [0], "plan": "single", "width": 1}],
                     "forced_width": None,
                     "widths": [{"width": 1, "plans": ["single"], "max_context": 512}]}
+    assert engine.kv_tokens_by_width() == {1: 40 * 16}  # max_model_len caps it at 512
     with pytest.raises(ValueError, match=r"width 2 is not one this node can take; widths: \[1\]"):
         llm.set_layout(2)
     llm.set_layout(1)
