@@ -1,5 +1,5 @@
 """Max context per layout width (Flying Serving's Table 2): starts N replicas under the
-flying policy and prints, for every width the node can take, its layout, the KV tokens one
+flying policy (one replica: static) and prints, for every width the node can take, its layout, the KV tokens one
 of its groups holds and the longest context it serves (that, at most max_model_len), as
 JSON lines.
 
@@ -18,7 +18,8 @@ def main():
     p.add_argument("--max-model-len", type=int, default=None)
     args = p.parse_args()
     llm = LLM(model=args.model, dtype="bfloat16", skip_tokenizer_init=True,
-              data_parallel_size=args.data_parallel_size, parallel_policy="flying",
+              data_parallel_size=args.data_parallel_size,
+              parallel_policy="flying" if args.data_parallel_size > 1 else "static",
               gpu_memory_utilization=args.gpu_memory_utilization,
               max_model_len=args.max_model_len, cuda_graphs=False)
     engine = llm.llm_engine
