@@ -40,6 +40,12 @@ class ServerMetrics:
                                   "it died or shuts down (/health answers 503 then).")
         self.plan_info = Gauge(f"{PREFIX}_plan_info", "1 for the plan of the last step.",
                                [*labels, "plan"], registry=self.registry)
+        self.layout_width = Gauge(f"{PREFIX}_layout_width", "Replicas each group of the node "
+                                  "layout merges (1: not merged).", [*labels, "group"],
+                                  registry=self.registry)
+        self.layout_info = Gauge(f"{PREFIX}_layout_info", "1 for the node layout (its groups' "
+                                 "plans) and whether an administrator forced its width.",
+                                 [*labels, "plans", "forced_width"], registry=self.registry)
         self._labels = labels
 
     def _build_counters(self, labels: dict) -> None:
@@ -111,6 +117,16 @@ class ServerMetrics:
             self.step_tokens.labels(plan=plan, **self._labels).inc(step.num_tokens)
             self.step_time.labels(plan=plan, **self._labels).observe(step.seconds)
             self._set_plan(plan)
+
+    def record_layout(self, info: dict) -> None:
+        """The node layout, as `LLMEngine.layout_info()` reports it."""
+        self.layout_width.clear()
+        for index, group in enumerate(info["groups"]):
+            self.layout_width.labels(group=str(index), **self._labels).set(group["width"])
+        self.layout_info.clear()
+        plans = ",".join(group["plan"] for group in info["groups"])
+        forced = "none" if info["forced_width"] is None else str(info["forced_width"])
+        self.layout_info.labels(plans=plans, forced_width=forced, **self._labels).set(1)
 
     def record_queue(self, stats) -> None:
         self.num_running.set(stats.num_running)

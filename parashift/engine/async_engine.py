@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from parashift.executor.multiproc import WorkerFailure
 from parashift.outputs import RequestOutput
@@ -78,6 +78,12 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _Call:
+    function: Callable
+    result: asyncio.Future
+
+
 _STOP = object()
 IDLE_WAKE_S = 0.5  # an idle engine thread wakes this often (to check the engine's health)
 
@@ -111,6 +117,7 @@ class AsyncLLMEngine:
         self._loop = asyncio.get_running_loop()
         if self.metrics is not None:
             self.metrics.set_baseline(self.engine.stats())
+            self.metrics.record_layout(self.engine.layout_info())
         self._thread = threading.Thread(target=self._run_loop, name="parashift-engine",
                                         daemon=True)
         self._thread.start()
@@ -173,11 +180,14 @@ class AsyncLLMEngine:
             raise
         return stream
 
-    def _check_can_add(self, request_id: str) -> None:
+    def _check_running(self) -> None:
         if self._dead is not None:
             raise self._dead
         if self._stopping or self._thread is None:
             raise EngineDeadError("the engine is not running")
+
+    def _check_can_add(self, request_id: str) -> None:
+        self._check_running()
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         limit = self.max_num_queued_requests
@@ -195,6 +205,14 @@ class AsyncLLMEngine:
         finally:
             if not stream.finished:
                 self.abort(request_id)
+
+    async def call(self, function: Callable):
+        """`function(engine)` run on the engine thread between steps (nothing else touches
+        the engine); returns its result or raises its exception here."""
+        self._check_running()
+        result = asyncio.get_running_loop().create_future()
+        self._commands.put(_Call(function, result))
+        return await result
 
     def abort(self, request_id: str) -> None:
         """Forgets the request here and frees it in the engine. Safe to repeat."""
@@ -297,6 +315,9 @@ class AsyncLLMEngine:
         return True
 
     def _apply(self, command) -> None:
+        if isinstance(command, _Call):
+            self._run_call(command)
+            return
         if isinstance(command, _Abort):
             if command.request_id in self._engine_request_ids:
                 self._engine_request_ids.discard(command.request_id)
@@ -319,6 +340,13 @@ class AsyncLLMEngine:
             self._engine_num_waiting = num_waiting
         self._loop.call_soon_threadsafe(self._accept, stream, error)
 
+    def _run_call(self, command: _Call) -> None:
+        try:
+            value, error = command.function(self.engine), None
+        except Exception as exc:  # noqa: BLE001 - the caller gets it; the engine goes on
+            value, error = None, exc
+        self._loop.call_soon_threadsafe(_settle, command.result, value, error)
+
     def _refresh_waiting(self) -> None:
         stats = self.engine.stats()
         with self._count_lock:
@@ -334,8 +362,10 @@ class AsyncLLMEngine:
         with self._count_lock:
             self._engine_num_waiting = stats.num_waiting
         if self.metrics is not None:
-            self.metrics.record_step(stats, self.engine.take_step_records(),
-                                     self.engine.take_transition_records())
+            transitions = self.engine.take_transition_records()
+            self.metrics.record_step(stats, self.engine.take_step_records(), transitions)
+            if transitions:
+                self.metrics.record_layout(self.engine.layout_info())
         if outputs:
             self._loop.call_soon_threadsafe(self._dispatch, outputs)
 
@@ -361,6 +391,15 @@ class AsyncLLMEngine:
         self._fail_all(self._dead)
         for callback in self._death_callbacks:
             callback()
+
+
+def _settle(future: asyncio.Future, value, error: BaseException | None) -> None:
+    if future.done():  # the caller went away
+        return
+    if error is None:
+        future.set_result(value)
+    else:
+        future.set_exception(error)
 
 
 def _dead_error(exc: BaseException) -> EngineDeadError:

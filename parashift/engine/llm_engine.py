@@ -13,7 +13,12 @@ from parashift.config import EngineConfig, SchedulerConfig
 from parashift.engine.detokenizer import IncrementalDetokenizer
 from parashift.engine.parallel_sampling import ParentRequest
 from parashift.engine.policy import GroupView, NodeView, Policy, make_policy
+from parashift.engine.policy.forced import ForcedWidth
+from parashift.engine.policy.widths import (base_replicas, layout_report, layouts_by_width,
+                                            width_of)
 from parashift.engine.replica import Replica, combine_views
+from parashift.engine.routing import (Slot, check_fits, group_capacity, max_context_by_width,
+                                      need, route)
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
 from parashift.engine.sequence import Sequence
 from parashift.engine.transitions import (TransitionRecord, Transitions, changes_partition,
@@ -97,6 +102,11 @@ class LLMEngine:
         self._parent_of: dict[str, ParentRequest] = {}  # by child request id
         self._num_preemptions = 0
         self.steps_in_flight = 2 if _async_scheduling(config, self.layout) else 1
+        self._unplaced: dict[str, Sequence] = {}  # requests no group holds yet (routing.py)
+        self._last_step_s: dict[str, float] = {}  # each plan's last step
+        self.layouts_by_width = layouts_by_width(base_replicas(self.layout),
+                                                 set(self._plans_by_name))
+        self.max_context = self._max_context()
         logger.info("Loaded %s in %.1f s", self.model_name, time.perf_counter() - started)
 
     def _start_executor(self, hf_config, source):
@@ -135,12 +145,39 @@ class LLMEngine:
         blocks = BlockManager(num_blocks, block_size, self.config.enable_prefix_caching,
                               plan.ranks, block_offset)
         blocks.share([r.block_manager for r in getattr(self, "replicas", ())])
-        return Replica(blocks, self._scheduler_config, self._eos_ids, block_offset, group,
-                       plan.ranks)
+        holds = min(self.max_model_len, num_blocks * block_size)  # the layout's others may hold more
+        config = dataclasses.replace(self._scheduler_config, max_model_len=holds)
+        return Replica(blocks, config, self._eos_ids, block_offset, group, plan.ranks)
 
     def serving_replicas(self) -> list[Replica]:
         """The replicas of the layout's groups (those that admit requests)."""
         return [r for r in self.replicas if not r.is_left_behind]
+
+    def _max_context(self) -> dict[int, int]:
+        """The longest context one group of each width holds (the paper's Table 2), logged
+        once; refuses a max_model_len that no layout holds."""
+        pool = self.kv_tokens_by_width()
+        tokens = {width: min(held, self.max_model_len) for width, held in pool.items()}
+        logger.info("Max context per layout width (its groups' KV pool in tokens): %s", ", ".join(
+            f"{w}: {tokens[w]} ({pool[w]}; {','.join(self.layouts_by_width[w])})" for w in tokens))
+        if max(tokens.values(), default=0) < self.max_model_len:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the KV pool: the "
+                             f"largest layout holds {max(tokens.values(), default=0)} tokens")
+        return tokens
+
+    def kv_tokens_by_width(self) -> dict[int, int]:
+        """The KV tokens one group of each width's layout holds at most (its pool, which
+        max_model_len does not cap)."""
+        serving = {self.layout.plans[r.group].name(): r.block_manager.num_blocks
+                   * r.block_manager.block_size for r in self.serving_replicas()}
+        rank_blocks = self.executor.rank_blocks
+
+        def capacity(plan):
+            if plan.name() in serving:
+                return serving[plan.name()]
+            return group_capacity(plan, rank_blocks, self._loaded, self._kv_heads,
+                                  self.config.block_size)
+        return max_context_by_width(self.layouts_by_width, self._plans_by_name, capacity)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -173,9 +210,11 @@ class LLMEngine:
         self._validate_logit_bias(params)
         prompt_text, token_ids = self._tokenize(prompt)
         self._validate_prompt(token_ids)
+        check_fits(need(len(token_ids), params.max_tokens, self.max_model_len), len(token_ids),
+                   self.max_context, self._forced_width())
         parent = ParentRequest(request_id, params, priority) if params.num_samples > 1 else None
         for used in [request_id, *(parent.child_ids if parent else ())]:
-            if used in self._replica_of or used in self._parents:
+            if used in self._replica_of or used in self._parents or used in self._unplaced:
                 raise ValueError(f"request id {used!r} is already in use")
         if parent is None:
             self._add_sequence(Sequence(request_id, token_ids, params, priority, prompt_text))
@@ -186,10 +225,15 @@ class LLMEngine:
         if not self.config.enable_prefix_caching:  # the siblings would gain nothing by waiting
             self._admit_siblings(parent, token_ids, prompt_text)
 
-    def _add_sequence(self, seq: Sequence, replica: Replica | None = None) -> Replica:
-        """Queues a sequence on `replica`, by default the least-loaded one."""
+    def _add_sequence(self, seq: Sequence, replica: Replica | None = None) -> Replica | None:
+        """Queues a sequence on `replica`, by default the one routing picks; one that no
+        group holds waits, unplaced, for the policy to merge one (routing.py)."""
         if replica is None or replica.is_left_behind:
-            replica = min(self.serving_replicas(), key=lambda r: r.load)
+            replica = self._route(seq)
+        if replica is None:
+            self._unplaced[seq.request_id] = seq
+            self._decide_now()
+            return None
         request_id, token_ids, params = seq.request_id, seq.prompt_token_ids, seq.params
         if params.structured_outputs is not None:
             self.structured.add(request_id, params.structured_outputs)
@@ -200,6 +244,65 @@ class LLMEngine:
         self._detokenizers[request_id] = (
             IncrementalDetokenizer(self.tokenizer, token_ids, params) if self.tokenizer else None)
         return replica
+
+    def _need(self, seq: Sequence) -> int:
+        return need(seq.num_prompt_tokens, seq.params.max_tokens, self.max_model_len)
+
+    def _route(self, seq: Sequence) -> Replica | None:
+        slots = [Slot(r.load, r.group, width_of(self.layout.plans[r.group]),
+                      r.scheduler.config.max_model_len) for r in self.serving_replicas()]
+        index = route(slots, self._need(seq), seq.priority)
+        return None if index is None else self.serving_replicas()[index]
+
+    def _place_unplaced(self) -> None:
+        """Queues the unplaced requests that a group of the layout now holds; asks the
+        policy again for the others."""
+        for request_id, seq in list(self._unplaced.items()):
+            replica = self._route(seq)
+            if replica is not None:
+                del self._unplaced[request_id]
+                self._add_sequence(seq, replica)
+        if self._unplaced:
+            self._decide_now()
+
+    def _decide_now(self) -> None:
+        """Asks the policy for transitions outside a round (a request waits for one)."""
+        decision = self.policy.decide(self.view())
+        if decision.transitions:
+            self.transitions.request(decision.transitions, self.layout, self._plans_by_name)
+
+    def _forced_width(self) -> int | None:
+        return self.policy.width if isinstance(self.policy, ForcedWidth) else None
+
+    def set_layout(self, width: int | None) -> None:
+        """Forces every aligned group of `width` replicas to merge (the groups merge or
+        split to it, one at a time, while the others serve); None hands the layout back to
+        the policy. Refuses a width this node cannot take, or one too narrow for a request
+        it holds."""
+        longest = max((self._need(seq) for seq in self._requests()), default=0)
+        if width in self.max_context and longest > self.max_context[width]:
+            raise ValueError(f"width {width} holds {self.max_context[width]} tokens of context; "
+                             f"a request of this node needs {longest}")
+        policy = self.policy.policy if isinstance(self.policy, ForcedWidth) else self.policy
+        if width is None:
+            self.policy = policy
+            return
+        forced = ForcedWidth(policy, self.layouts_by_width)
+        forced.force(width)
+        self.policy = forced
+
+    def _requests(self):
+        """Every request the engine holds, placed or not."""
+        yield from self._unplaced.values()
+        for replica in self.replicas:
+            yield from replica.scheduler.running
+            yield from replica.scheduler.waiting
+
+    def layout_info(self) -> dict:
+        """The current layout: its groups, whether a width is forced, and the longest
+        context of each width the node can take."""
+        return layout_report(self.layout, self._forced_width(), self.layouts_by_width,
+                             self.max_context)
 
     def _validate_logit_bias(self, params: SamplingParams) -> None:
         bad = [t for t in params.logit_bias or {} if t >= self.vocab_size]
@@ -235,6 +338,8 @@ class LLMEngine:
             self._abort_one(request_id)
 
     def _abort_one(self, request_id: str) -> None:
+        if self._unplaced.pop(request_id, None) is not None:
+            return
         replica = self._replica_of.get(request_id)
         if replica is not None and replica.scheduler.abort(request_id) is not None:
             self._release(replica, request_id)
@@ -245,7 +350,7 @@ class LLMEngine:
         self.executor.check_health()
 
     def has_unfinished_requests(self) -> bool:
-        return any(r.scheduler.has_unfinished() for r in self.replicas)
+        return bool(self._unplaced) or any(r.scheduler.has_unfinished() for r in self.replicas)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
@@ -367,6 +472,8 @@ class LLMEngine:
         in_flight = {g for g, plan in enumerate(self.layout.plans) if busy.intersection(plan.ranks)}
         for pending in self.transitions.take_drained(in_flight):
             self._commit(pending)
+        if self._unplaced:
+            self._place_unplaced()
 
     def _commit(self, pending) -> None:
         transition = pending.transition
@@ -471,10 +578,28 @@ class LLMEngine:
         pipeline parallelism serves several replicas: their counters are added up)."""
         now = time.monotonic()
         views: list[list[GroupView]] = [[] for _ in self.layout.plans]
+        requests = getattr(self.policy, "reads_requests", False)
         for replica in self.serving_replicas():
-            views[replica.group].append(replica.view(now))
+            view = replica.view(now)
+            views[replica.group].append(self._request_counters(replica, view) if requests else view)
         return NodeView(tuple(combine_views(v) for v in views), now,
-                        tuple(plan.name() for plan in self.layout.plans))
+                        tuple(plan.name() for plan in self.layout.plans),
+                        tuple(self.max_context.items()),
+                        max(map(self._need, self._unplaced.values()), default=0))
+
+    def _request_counters(self, replica: Replica, view: GroupView) -> GroupView:
+        """The view with what the flying policy reads of its requests (a pass over them, for
+        policies with `reads_requests` only). Its running requests are computed again after a
+        merge or split only under `--flying-preemption recompute` (else they keep their KV)."""
+        running = replica.scheduler.running
+        needs = [self._need(seq) for seq in [*running, *replica.scheduler.waiting]]
+        return dataclasses.replace(
+            view, kv_capacity=replica.scheduler.config.max_model_len,
+            longest_need=max(needs, default=0),
+            longest_decode_left=max((self._need(s) - s.num_tokens for s in running), default=0),
+            recompute_tokens=sum(s.num_computed_tokens for s in running)
+            if self.config.flying_preemption == "recompute" else 0,
+            step_s=self._last_step_s.get(self.layout.plans[replica.group].name(), 0.0))
 
     def set_policy(self, policy: Policy) -> None:
         """Replaces the policy (benchmarks, tests); it may pick only plans made at start-up."""
@@ -486,6 +611,7 @@ class LLMEngine:
 
     def _record_step(self, replica: int, plan: str, num_tokens: int, seconds: float) -> None:
         record = StepRecord(time.time(), replica, plan, num_tokens, seconds)
+        self._last_step_s[plan] = seconds
         self._step_records.append(record)
         if self._timeline is not None:
             self._timeline.write(json.dumps(asdict(record)) + "\n")
@@ -580,7 +706,7 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         serving = self.serving_replicas()  # (replicas left behind share their blocks)
         return EngineStats(sum(r.scheduler.num_running for r in self.replicas),
-                           sum(r.scheduler.num_waiting for r in self.replicas),
+                           sum(r.scheduler.num_waiting for r in self.replicas) + len(self._unplaced),
                            sum(r.block_manager.num_free_blocks for r in serving),
                            sum(r.block_manager.num_blocks for r in serving),
                            self._num_preemptions)

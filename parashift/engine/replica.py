@@ -96,4 +96,6 @@ def combine_views(views: list[GroupView]) -> GroupView:
             "kv_blocks_used", "kv_blocks_free")),
         tuple(sorted({p for v in views for p in v.priorities})),
         max(v.longest_context for v in views), sum(v.arrival_rate for v in views),
-        max(v.cpu_tier_fill for v in views))
+        max(v.cpu_tier_fill for v in views), *(max(getattr(v, name) for v in views) for name in (
+            "kv_capacity", "longest_need", "longest_decode_left")),
+        sum(v.recompute_tokens for v in views), max(v.step_s for v in views))

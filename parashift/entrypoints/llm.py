@@ -62,6 +62,11 @@ class LLM:
         the model's generation config over them (unless generation_config="vllm")."""
         return SamplingParams(**self._engine().default_sampling)
 
+    def set_layout(self, width: int | None) -> None:
+        """Forces every aligned group of `width` replicas to merge (`None`: the parallel
+        policy decides again); see `LLMEngine.set_layout`."""
+        self._engine().set_layout(width)
+
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False, priority: list[int] | None = None) -> list[RequestOutput]:

@@ -1,7 +1,7 @@
 """Policies for tests: scripted transitions on top of fixed plans."""
 from parashift.engine.policy import Decision, NodeView, Transition
+from parashift.engine.policy.widths import transition_towards
 from parashift.parallel.layout import Layout
-from parashift.parallel.plan import Plan
 
 
 class TransitionScript:
@@ -28,16 +28,7 @@ class TransitionScript:
 
 def transition_between(current: tuple[str, ...], target: Layout) -> Transition | None:
     """One merge or split that moves the layout named `current` towards `target`."""
-    ranks = [sorted(Plan.parse(name).ranks) for name in current]
-    for plan in target.plans:
-        covered = [g for g, group in enumerate(ranks) if set(group) <= set(plan.ranks)]
-        if len(covered) > 1:
-            return Transition("merge", tuple(covered), (plan.name(),))
-    for g, group in enumerate(ranks):
-        parts = [p for p in target.plans if set(p.ranks) < set(group)]
-        if parts:
-            return Transition("split", (g,), tuple(p.name() for p in parts))
-    return None
+    return transition_towards(current, tuple(plan.name() for plan in target.plans))
 
 
 class LayoutCycle:

@@ -1,15 +1,27 @@
 """Flying Serving (arXiv 2602.22593): data-parallel replicas serve heavy load, and merge
-into one tensor-parallel group when the load is light (one request then runs on every
-GPU's bandwidth); a queue splits them again. This is its first form: the replicas merge
-into the widest aligned group and split back, with hysteresis (merge at or below
-`merge_running` running requests and an empty queue; split once a request waits or
-running requests pass twice that) and a minimum dwell between transitions.
+into tensor-parallel groups when the load is light (one request then runs on every GPU's
+bandwidth); a queue splits them again.
+
+The policy picks a width (how many replicas one group merges) and moves the node, one
+merge or split at a time, to that width's layout: every aligned group of that many
+consecutive replicas merged, the replicas after the last whole group serving as they are
+(`widths.py`). What it picks, first rule first:
+- a request more urgent than the default (priority < 0, vLLM's order: lower is more
+  urgent) binds the widest group at once, while replicas outside it keep serving;
+- a request that no group of a narrower width holds (prompt + max_tokens against
+  `NodeView.max_context`) keeps the node at a width that holds it (the paper's use case 3);
+- otherwise the load: the widest width at or below `merge_running` running requests and
+  an empty queue, width 1 once a request waits or running requests pass twice that
+  (hysteresis), and otherwise the width it has.
+The first two act at once; a change the load asks for waits `dwell_s` after the previous
+one and happens only when its gain exceeds its cost (`cost.py`).
 
 The starting layout must be w plain replicas of one TP degree on consecutive ranks; the
 merged plans of every aligned width the model's heads allow are made at start-up (so
-their communicators are pre-built), the widest (from replica 0) is the one this policy
-merges into; replicas it does not cover keep serving as they are."""
-from parashift.engine.policy.protocol import Decision, NodeView, Transition
+their communicators are pre-built)."""
+from parashift.engine.policy.cost import SwitchCosts
+from parashift.engine.policy.protocol import Decision, NodeView
+from parashift.engine.policy.widths import layouts_by_width, transition_towards
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
 
@@ -30,9 +42,11 @@ def merged_plans(replicas: list[Plan], num_heads: int, num_kv_heads: int) -> lis
 
 class FlyingPolicy:
     name = "flying"
+    reads_requests = True  # the view's needs, decode left and recompute tokens
 
     def __init__(self, layout: Layout, num_heads: int, num_kv_heads: int,
-                 merge_running: int = 4, dwell_s: float = 2.0):
+                 merge_running: int = 4, dwell_s: float = 2.0,
+                 costs: SwitchCosts = SwitchCosts()):
         replicas = list(layout.plans)
         t = replicas[0].tp
         aligned = all(plan == Plan(tp=t).on(tuple(range(i * t, (i + 1) * t)))
@@ -47,27 +61,53 @@ class FlyingPolicy:
         if not self.merges:
             raise ValueError(f"the model's {num_heads} heads and {num_kv_heads} KV heads do not "
                              f"split over any merge of {len(replicas)} replicas")
-        self.widest = max(self.merges, key=lambda plan: plan.tp)  # the first of its width
-        width = self.widest.merge_base[0]
-        self.split_layout = tuple(plan.name() for plan in replicas)
-        self.merged_layout = (self.widest.name(), *self.split_layout[width:])
         self.plans = replicas + self.merges
-        self.merge_running, self.dwell_s = merge_running, dwell_s
+        self.layouts = layouts_by_width(replicas, {plan.name() for plan in self.plans})
+        self.widest = max(self.layouts)
+        self.merge_running, self.dwell_s, self.costs = merge_running, dwell_s, costs
+        self.width = 1  # the width it moves the node to
         self._last_change = float("-inf")
 
     def decide(self, view: NodeView) -> Decision:
-        current = Decision(view.layout)
-        if view.time - self._last_change < self.dwell_s:
-            return current
+        self.width = self._choose_width(view)
+        transition = transition_towards(view.layout, self.layouts[self.width])
+        return Decision(view.layout, (transition,) if transition else ())
+
+    def _choose_width(self, view: NodeView) -> int:
+        floor = self._narrowest_holding(view)
+        if any(g.priorities and g.priorities[0] < 0 for g in view.groups):
+            return self._change(self.widest, view.time)
+        if self.width < floor:
+            return self._change(floor, view.time)
+        wanted = max(self._width_for_load(view), floor)
+        if wanted == self.width or view.time - self._last_change < self.dwell_s:
+            return self.width
+        return self._change(wanted, view.time) if self._pays(view, wanted) else self.width
+
+    def _narrowest_holding(self, view: NodeView) -> int:
+        """The narrowest width whose groups hold every request of the node."""
+        need = max([view.unplaced_need, *(g.longest_need for g in view.groups)])
+        if not view.max_context or need == 0:
+            return 1
+        holding = [w for w, tokens in view.max_context if tokens >= need and w in self.layouts]
+        return min(holding, default=self.widest)
+
+    def _width_for_load(self, view: NodeView) -> int:
         waiting = sum(g.num_waiting for g in view.groups)
         running = sum(g.num_running for g in view.groups)
-        width = self.widest.merge_base[0]
-        if view.layout == self.split_layout and waiting == 0 and running <= self.merge_running:
-            transition = Transition("merge", tuple(range(width)), (self.widest.name(),))
-        elif view.layout == self.merged_layout and (
-                waiting > 0 or running > 2 * self.merge_running):
-            transition = Transition("split", (0,), self.split_layout[:width])
-        else:
-            return current
-        self._last_change = view.time
-        return Decision(view.layout, (transition,))
+        if waiting == 0 and running <= self.merge_running:
+            return self.widest
+        if waiting > 0 or running > 2 * self.merge_running:
+            return 1
+        return self.width
+
+    def _pays(self, view: NodeView, wanted: int) -> bool:
+        if wanted > self.width:
+            return self.costs.merge_pays(view, wanted / self.width)
+        overfull = sum(g.num_running for g in view.groups) > 2 * self.merge_running
+        return self.costs.split_pays(view, self.width / wanted, overfull)
+
+    def _change(self, width: int, now: float) -> int:
+        if width != self.width:
+            self._last_change = now
+        return width

@@ -24,6 +24,11 @@ class GroupView:
     longest_context: int = 0   # tokens of its longest running request
     arrival_rate: float = 0.0  # requests per second added to it over the recent window
     cpu_tier_fill: float = 0.0  # fraction of its CPU KV tier in use (no tier yet: 0)
+    kv_capacity: int = 0       # tokens one request can hold in it (its KV pool, max_model_len)
+    longest_need: int = 0      # the most tokens one of its requests may reach (prompt + max_tokens)
+    longest_decode_left: int = 0  # tokens its running requests may still generate, the most of one
+    recompute_tokens: int = 0  # tokens its requests compute again if they move to another group
+    step_s: float = 0.0        # seconds of its last step (0: none yet)
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,9 @@ class NodeView:
     groups: tuple[GroupView, ...]  # one per group of the layout, in order
     time: float = 0.0
     layout: tuple[str, ...] = ()   # each group's plan in the node layout, by name
+    # The longest context one group holds, per width (replicas merged) the node can take.
+    max_context: tuple[tuple[int, int], ...] = ()
+    unplaced_need: int = 0  # tokens the longest request no group holds yet needs (0: none)
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,9 @@ class Policy(Protocol):
     # False where decide() ignores the view (static): the engine then skips building it, which
     # walks every running request each step. Policies without the attribute get a view.
     reads_view: bool
+    # True where decide() reads the view's per-request fields (longest_need, longest_decode_left,
+    # recompute_tokens): the engine then walks every request, waiting ones too, to fill them.
+    reads_requests: bool
 
     def decide(self, view: NodeView) -> Decision: ...
 

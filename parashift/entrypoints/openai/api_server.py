@@ -12,13 +12,15 @@ from parashift.entrypoints.openai.openapi import add_json_post, publish_schemas
 from parashift.entrypoints.openai.protocol import (ChatCompletionRequest,
                                                    ChatCompletionResponse, CompletionRequest,
                                                    CompletionResponse, DetokenizeRequest,
-                                                   DetokenizeResponse, ModelCard, ModelList,
+                                                   DetokenizeResponse, LayoutRequest,
+                                                   LayoutResponse, ModelCard, ModelList,
                                                    TokenizeRequest, TokenizeResponse,
                                                    VersionResponse)
 from parashift.entrypoints.openai.server_config import ServerConfig
 from parashift.entrypoints.openai.serving_base import ServingContext
 from parashift.entrypoints.openai.serving_chat import ChatServer
 from parashift.entrypoints.openai.serving_completions import CompletionServer
+from parashift.entrypoints.openai.serving_layout import LayoutServer
 from parashift.entrypoints.openai.serving_tokens import TokenServer
 from parashift.entrypoints.openai.shutdown import ShutdownDeadline
 from parashift.metrics import ServerMetrics
@@ -55,8 +57,9 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
     auth = [Depends(make_auth_dependency(config.api_key))]
     app.include_router(_v1_routes(ctx), dependencies=auth)
     app.include_router(_token_routes(ctx), dependencies=auth)
+    app.include_router(_layout_routes(ctx, metrics), dependencies=auth)
     publish_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
-                          DetokenizeRequest])
+                          DetokenizeRequest, LayoutRequest])
     return app
 
 
@@ -117,4 +120,14 @@ def _token_routes(ctx: ServingContext) -> APIRouter:
                   "tokenize")
     add_json_post(router, "/detokenize", tokens.detokenize, DetokenizeRequest,
                   DetokenizeResponse, "detokenize")
+    return router
+
+
+def _layout_routes(ctx: ServingContext, metrics: ServerMetrics) -> APIRouter:
+    """The node's parallel layout, and an administrator's width (serving_layout.py)."""
+    router = APIRouter(prefix="/v1/parallel")
+    layout = LayoutServer(ctx, metrics)
+    router.add_api_route("/layout", layout.show, methods=["GET"], response_model=LayoutResponse,
+                         name="show_layout")
+    add_json_post(router, "/layout", layout.force, LayoutRequest, LayoutResponse, "set_layout")
     return router

@@ -291,3 +291,26 @@ class DetokenizeResponse(BaseModel):
 
 class VersionResponse(BaseModel):
     version: str
+
+
+class LayoutRequest(StrictModel):
+    """POST /v1/parallel/layout: a width to force, or null to hand the layout back."""
+    width: StrictInt | None = Field(ge=1)
+
+
+class LayoutGroup(BaseModel):
+    ranks: list[int]
+    plan: str
+    width: int
+
+
+class LayoutWidth(BaseModel):
+    width: int
+    plans: list[str]
+    max_context: int  # the longest context one group of this width holds, in tokens
+
+
+class LayoutResponse(BaseModel):
+    groups: list[LayoutGroup]
+    forced_width: int | None
+    widths: list[LayoutWidth]

@@ -3,13 +3,16 @@ import pytest
 
 from parashift.engine.policy import (FlyingPolicy, GroupView, NodeView, ScriptedPolicy,
                                      ShiftPolicy, StaticPolicy, Transition)
+from parashift.engine.policy.cost import SwitchCosts
+from parashift.engine.policy.forced import ForcedWidth
+from parashift.engine.policy.widths import layouts_by_width, transition_towards
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
 
 
 def group(next_step_tokens: int, plan: str = "", **counters) -> GroupView:
     values = dict(num_waiting=0, num_running=4, tokens_waiting=0, kv_blocks_used=10,
-                  kv_blocks_free=90)
+                  kv_blocks_free=90, longest_decode_left=64, step_s=0.02)
     return GroupView(plan, next_step_tokens=next_step_tokens, **{**values, **counters})
 
 
@@ -87,6 +90,8 @@ def test_flying_holds_between_its_thresholds():
     policy = flying(merge_running=4, dwell_s=0.0)
     busy = NodeView(tuple(group(8, num_running=2) for _ in range(4)), 1.0, REPLICAS)
     assert policy.decide(busy).transitions == ()  # 8 running: too many to merge
+    light = NodeView(tuple(group(1, num_running=1) for _ in range(4)), 1.5, REPLICAS)
+    assert policy.decide(light).transitions != ()
     merged = NodeView((group(8, num_running=8),), 2.0, ("merge4-tp4",))
     assert policy.decide(merged).transitions == ()  # 8 running, none waiting: stays merged
 
@@ -99,3 +104,136 @@ def test_flying_merges_the_widest_aligned_group_and_leaves_the_rest():
     assert policy.decide(light).transitions == (Transition("merge", (0, 1), ("merge2-tp2",)),)
     queued = NodeView((group(9, num_waiting=2), group(1)), 2.0, ("merge2-tp2", "single@2"))
     assert policy.decide(queued).transitions == (Transition("split", (0,), REPLICAS[:2]),)
+
+
+THREE = REPLICAS[:3]
+# Recorded from a 4-replica node whose replicas hold 2048 tokens of context each.
+CONTEXT = ((1, 2048), (2, 4096), (4, 8192))
+
+
+def test_flying_priority_request_binds_the_widest_group_at_once():
+    """A queue would keep the replicas apart, and the dwell has not passed: a priority -1
+    request still merges ranks 0-1 at once, and replica 2 keeps serving."""
+    policy = FlyingPolicy(Layout.of(Plan(dp=3)), num_heads=8, num_kv_heads=4, dwell_s=60.0)
+    busy = NodeView((group(9, num_waiting=3, priorities=(-1, 0)), group(9, num_waiting=2),
+                     group(9, num_waiting=2)), 1.0, THREE)
+    assert policy.decide(busy).transitions == (Transition("merge", (0, 1), ("merge2-tp2",)),)
+    bound = NodeView((group(9, num_waiting=5, priorities=(-1, 0)), group(9, num_waiting=2)),
+                     2.0, ("merge2-tp2", "single@2"))
+    assert policy.decide(bound).transitions == ()  # bound while the request runs
+    done = NodeView((group(9, num_waiting=5), group(9, num_waiting=2)), 70.0,
+                    ("merge2-tp2", "single@2"))
+    assert policy.decide(done).transitions == (Transition("split", (0,), THREE[:2]),)
+
+
+def test_default_priority_requests_do_not_bind():
+    policy = flying(dwell_s=60.0)
+    queued = NodeView(tuple(group(9, num_waiting=2, priorities=(0, 3)) for _ in range(4)), 1.0,
+                      REPLICAS)
+    assert policy.decide(queued).transitions == ()
+
+
+def test_flying_long_request_routes_wide():
+    """A request of 3000 tokens that no replica holds: the node merges to width 2 (the
+    narrowest that holds it) at once, pair by pair, though a queue would keep it apart; it
+    does not split below width 2 while the request is there, and goes back to width 1 after."""
+    policy = flying(dwell_s=60.0)
+    view = NodeView(tuple(group(9, num_waiting=2) for _ in range(4)), 1.0, REPLICAS,
+                    CONTEXT, unplaced_need=3000)
+    assert policy.decide(view).transitions == (Transition("merge", (0, 1), ("merge2-tp2",)),)
+    half = NodeView(tuple(group(9, num_waiting=2) for _ in range(3)), 2.0,
+                    ("merge2-tp2", "single@2", "single@3"), CONTEXT, unplaced_need=3000)
+    assert policy.decide(half).transitions == (
+        Transition("merge", (1, 2), ("merge2-tp2@2-3",)),)
+    placed = NodeView((group(9, num_waiting=4, longest_need=3000), group(9, num_waiting=4)),
+                      100.0, ("merge2-tp2", "merge2-tp2@2-3"), CONTEXT)
+    assert policy.decide(placed).transitions == ()  # a queue, but width 1 cannot hold it
+    finished = NodeView((group(9, num_waiting=4, longest_need=500), group(9, num_waiting=4)),
+                        101.0, ("merge2-tp2", "merge2-tp2@2-3"), CONTEXT)
+    assert policy.decide(finished).transitions == (
+        Transition("split", (0,), ("single", "single@1")),)
+
+
+def test_flying_cost_check_refuses_an_unprofitable_merge():
+    """Light load, but the running requests have 2 tokens left and 60,000 computed ones
+    that a merge would compute again: no merge. With KV kept (nothing to compute again)
+    and long generations left, the same load merges."""
+    policy = flying(dwell_s=0.0, costs=SwitchCosts(prefill_tokens_per_s=8192.0))
+    ending = NodeView(tuple(group(1, num_running=1, longest_decode_left=2,
+                                  recompute_tokens=15_000) for _ in range(4)), 1.0, REPLICAS)
+    assert policy.decide(ending).transitions == ()
+    long_left = NodeView(tuple(group(1, num_running=1, longest_decode_left=500)
+                               for _ in range(4)), 2.0, REPLICAS)
+    assert policy.decide(long_left).transitions == (
+        Transition("merge", (0, 1, 2, 3), ("merge4-tp4",)),)
+
+
+def test_flying_cost_check_refuses_an_unprofitable_split():
+    """One short request waits on a merged group whose running requests would be computed
+    again: the split costs more than the queue's wait."""
+    policy = flying(dwell_s=0.0)
+    merged = ("merge4-tp4",)
+    policy.width = 4  # as after a merge
+    small_queue = NodeView((group(9, num_running=3, num_waiting=1, tokens_waiting=10,
+                                  recompute_tokens=40_000),), 1.0, merged)
+    assert policy.decide(small_queue).transitions == ()
+    burst = NodeView((group(9, num_running=3, num_waiting=40, tokens_waiting=40_000,
+                            recompute_tokens=40_000),), 2.0, merged)
+    assert policy.decide(burst).transitions == (Transition("split", (0,), REPLICAS),)
+
+
+def test_switch_costs_follow_the_view():
+    costs = SwitchCosts(prefill_tokens_per_s=1000.0, efficiency=0.5, step_s=0.1)
+    idle = NodeView((group(0, num_running=0, step_s=0.0),))
+    assert costs.cost(idle, 2) == 0.0 and costs.merge_pays(idle, 2)
+    busy = NodeView((group(0, num_running=2, recompute_tokens=3000, step_s=0.05),))
+    assert costs.cost(busy, 2) == pytest.approx(0.05 + 1.5)
+    assert costs.merge_gain(busy, 4) == pytest.approx(64 * 0.05 * 0.5)
+    with pytest.raises(ValueError, match="efficiency"):
+        SwitchCosts(efficiency=0.0)
+
+
+def test_layouts_by_width_and_the_transitions_between_them():
+    replicas = list(Layout.of(Plan(dp=4)).plans)
+    made = {p.name() for p in flying().plans}
+    layouts = layouts_by_width(replicas, made)
+    assert layouts == {1: REPLICAS, 2: ("merge2-tp2", "merge2-tp2@2-3"), 4: ("merge4-tp4",)}
+    assert layouts_by_width(replicas, set(REPLICAS)) == {1: REPLICAS}
+    assert transition_towards(REPLICAS, REPLICAS) is None
+    assert transition_towards(layouts[2], layouts[4]) == Transition(
+        "merge", (0, 1), ("merge4-tp4",))
+    assert transition_towards(layouts[4], layouts[2]) == Transition(
+        "split", (0,), ("merge2-tp2", "merge2-tp2@2-3"))
+    # groups that no target group contains and whose parts do not cover it: into replicas
+    three = ("merge3-tp3", "single@3")
+    assert transition_towards(layouts[2], three) == Transition(
+        "split", (1,), ("single@2", "single@3"))
+
+
+def test_forced_width_moves_the_node_and_hands_back():
+    inner = flying(dwell_s=0.0)
+    forced = ForcedWidth(inner, layouts_by_width(inner.replicas, {p.name() for p in inner.plans}))
+    busy = NodeView(tuple(group(9, num_waiting=3) for _ in range(4)), 1.0, REPLICAS)
+    assert forced.decide(busy).transitions == ()  # the policy: a queue, stay apart
+    forced.force(2)
+    assert forced.decide(busy).transitions == (Transition("merge", (0, 1), ("merge2-tp2",)),)
+    half = NodeView(tuple(group(9, num_waiting=3) for _ in range(3)), 2.0,
+                    ("merge2-tp2", "single@2", "single@3"))
+    assert forced.decide(half).transitions == (Transition("merge", (1, 2), ("merge2-tp2@2-3",)),)
+    there = NodeView((group(9, num_waiting=3), group(9, num_waiting=3)), 3.0,
+                     ("merge2-tp2", "merge2-tp2@2-3"))
+    assert forced.decide(there).plans == there.layout
+    assert forced.decide(there).transitions == ()  # held, though the policy would split
+    forced.force(None)
+    assert forced.decide(there).transitions == (
+        Transition("split", (0,), ("single", "single@1")),)
+    with pytest.raises(ValueError, match=r"widths: \[1, 2, 4\]"):
+        forced.force(3)
+
+
+def test_forced_width_keeps_the_policys_plans():
+    shift = ShiftPolicy(Layout.of(Plan(sp=2)), threshold=256)
+    forced = ForcedWidth(shift, {1: ("sp2",)})
+    forced.force(1)
+    view = NodeView((group(4),), 1.0, ("sp2",))
+    assert forced.decide(view).plans == ("shift-tp2",)

@@ -105,6 +105,7 @@ def resolve(document: dict, schema: dict) -> dict:
     ("/v1/chat/completions", {"messages"}, {"max_completion_tokens", "logprobs"}),
     ("/tokenize", set(), {"prompt", "messages", "add_generation_prompt"}),
     ("/detokenize", {"tokens"}, {"model"}),
+    ("/v1/parallel/layout", {"width"}, {"width"}),
 ])
 def test_openapi_carries_request_schemas(http, path, required, fields):
     document = http.get("/openapi.json").json()

@@ -1,0 +1,34 @@
+"""Max context per layout width (Flying Serving's Table 2): starts N replicas under the
+flying policy (one replica: static) and prints, for every width the node can take, its layout, the KV tokens one
+of its groups holds and the longest context it serves (that, at most max_model_len), as
+JSON lines.
+
+    python benchmarks/max_context.py --model benchmarks/shapes/llama-3.1-8b.json -dp 2"""
+import argparse
+import json
+
+from parashift import LLM
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
+    p.add_argument("-dp", "--data-parallel-size", type=int, default=2)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-model-len", type=int, default=None)
+    args = p.parse_args()
+    llm = LLM(model=args.model, dtype="bfloat16", skip_tokenizer_init=True,
+              data_parallel_size=args.data_parallel_size,
+              parallel_policy="flying" if args.data_parallel_size > 1 else "static",
+              gpu_memory_utilization=args.gpu_memory_utilization,
+              max_model_len=args.max_model_len, cuda_graphs=False)
+    engine = llm.llm_engine
+    pool = engine.kv_tokens_by_width()
+    for width in engine.layout_info()["widths"]:
+        print(json.dumps({**width, "kv_tokens": pool[width["width"]],
+                          "max_model_len": engine.max_model_len}), flush=True)
+    engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

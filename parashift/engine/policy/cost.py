@@ -1,0 +1,57 @@
+"""Flying Serving's cost check: a merge or split that the load asks for happens only when
+its expected gain exceeds its cost, both in seconds and both read off the node view.
+
+Cost: the drain (the step in flight of a group with running requests finishes first: one
+step) plus the tokens its requests compute again in their new groups
+(`GroupView.recompute_tokens`; zero where requests keep their KV across the switch).
+Gain of a merge by `factor` (k groups into one): the running requests' remaining decode
+steps run on k times the ranks at `efficiency` (light load: decode is bound by memory
+bandwidth, which a merge adds up). Gain of a split: the queued prompt tokens are computed
+by k groups instead of one, each waiting request gets a seat a step sooner, and a batch
+grown past the merge threshold stops paying the merged group's communication."""
+from dataclasses import dataclass
+
+from parashift.engine.policy.protocol import NodeView
+
+
+@dataclass(frozen=True)
+class SwitchCosts:
+    prefill_tokens_per_s: float = 8192.0  # one replica's prompt throughput
+    efficiency: float = 0.8   # a k-wide merged group steps k * efficiency times as fast
+    step_s: float = 0.02      # a decode step, until the view has measured one
+
+    def __post_init__(self):
+        if not (self.prefill_tokens_per_s > 0 and 0 < self.efficiency <= 1 and self.step_s > 0):
+            raise ValueError("switch costs: prefill_tokens_per_s and step_s must be > 0, "
+                             f"efficiency in (0, 1], got {self}")
+
+    def step_seconds(self, view: NodeView) -> float:
+        measured = [g.step_s for g in view.groups if g.step_s > 0]
+        return max(measured) if measured else self.step_s
+
+    def cost(self, view: NodeView, factor: float) -> float:
+        """Seconds a switch costs: drain, and the moved requests' recompute spread over
+        `factor` replicas' worth of ranks."""
+        drain = self.step_seconds(view) if any(g.num_running for g in view.groups) else 0.0
+        recompute = sum(g.recompute_tokens for g in view.groups)
+        return drain + recompute / (self.prefill_tokens_per_s * factor)
+
+    def merge_gain(self, view: NodeView, factor: float) -> float:
+        steps = max((g.longest_decode_left for g in view.groups), default=0)
+        return steps * self.step_seconds(view) * (1 - 1 / (factor * self.efficiency))
+
+    def split_gain(self, view: NodeView, factor: float, overfull: bool) -> float:
+        step = self.step_seconds(view)
+        waiting = sum(g.num_waiting for g in view.groups)
+        queued = sum(g.tokens_waiting for g in view.groups) / self.prefill_tokens_per_s
+        gain = queued * (1 - 1 / factor) + waiting * step
+        if overfull:
+            steps = max((g.longest_decode_left for g in view.groups), default=0)
+            gain += steps * step * (1 - self.efficiency)
+        return gain
+
+    def merge_pays(self, view: NodeView, factor: float) -> bool:
+        return self.merge_gain(view, factor) >= self.cost(view, factor * self.efficiency)
+
+    def split_pays(self, view: NodeView, factor: float, overfull: bool) -> bool:
+        return self.split_gain(view, factor, overfull) >= self.cost(view, factor)

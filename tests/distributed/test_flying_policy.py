@@ -1,0 +1,114 @@
+"""The flying policy on two gloo ranks: an administrator's width merges the replicas while
+requests run and handing the layout back lets the policy split them; a request that one
+replica cannot hold waits for the policy to merge a group that does. Every request gives
+the single-device greedy tokens."""
+import random
+
+import pytest
+
+from parashift import LLM, SamplingParams
+from tests.distributed.test_plans import (COMMON, PARAMS, assert_same, generate, prompts,
+                                          skip_unless_enough_gpus)
+from tests.distributed.test_transitions import model  # noqa: F401 - the module's model
+
+FLYING = dict(data_parallel_size=2, parallel_policy="flying", flying_dwell_s=0.0)
+
+
+def run_until_done(engine, outputs: dict, records: list, on_step=None) -> None:
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            outputs[output.request_id] = output
+        records += engine.take_transition_records()
+        if on_step is not None:
+            on_step(records)
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    return generate(model[0], prompts(n=8))[0]
+
+
+def test_forced_width_merges_while_requests_run_and_the_policy_splits_after(model, reference):
+    skip_unless_enough_gpus(FLYING)
+    # merge_running 0: with requests running the policy itself keeps the replicas apart
+    llm = LLM(model[0], **{**COMMON, **FLYING, "flying_merge_running": 0})
+    engine = llm.llm_engine
+    try:
+        for index, prompt in enumerate(prompts(n=8)):
+            engine.add_request(str(index), prompt, PARAMS)
+        outputs, records = {}, []
+        for _ in range(2):
+            outputs.update((o.request_id, o) for o in engine.step())
+        assert engine.layout.name() == "single,single@1"
+        llm.set_layout(2)
+        assert engine.layout_info()["forced_width"] == 2
+
+        def hand_back(done):
+            if [r.kind for r in done] == ["merge"] and engine.layout_info()["forced_width"]:
+                assert engine.layout.name() == "merge2-tp2"
+                llm.set_layout(None)
+        run_until_done(engine, outputs, records, hand_back)
+        assert [(r.kind, r.target) for r in records] == [
+            ("merge", ("merge2-tp2",)), ("split", ("single", "single@1"))]
+        assert records[0].moved > 0  # requests were running across the merge
+        assert_same([outputs[str(i)] for i in range(8)], reference)
+        assert all(r.block_manager.num_free_blocks == r.block_manager.num_blocks
+                   for r in engine.replicas)
+    finally:
+        engine.shutdown()
+
+
+LONG = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=4)
+
+
+def test_a_request_one_replica_cannot_hold_waits_for_a_merge(model):
+    """Each replica holds 20 blocks of 16 tokens (320); merged, 20 blocks of 32 (640, capped
+    at max_model_len 512): a 400-token prompt with max_tokens 12 needs 412, which only the
+    merged group holds. The other requests run beside it."""
+    skip_unless_enough_gpus(FLYING)
+    rng = random.Random(1)
+    long_prompt = [rng.randrange(512) for _ in range(400)]
+    batch = [long_prompt, *prompts(n=3)]
+    expected = LLM(model[0], **COMMON)
+    try:
+        reference = expected.generate(batch, LONG)
+    finally:
+        expected.llm_engine.shutdown()
+    llm = LLM(model[0], **{**COMMON, **FLYING, "num_blocks": 20, "flying_merge_running": 0})
+    engine = llm.llm_engine
+    try:
+        assert [w["max_context"] for w in engine.layout_info()["widths"]] == [320, 512]
+        assert engine.kv_tokens_by_width() == {1: 320, 2: 640}
+        outputs = llm.generate(batch, LONG)
+        assert_same(outputs, reference)
+        records = engine.take_transition_records()
+        assert records[0].kind == "merge" and records[0].target == ("merge2-tp2",)
+        llm.set_layout(1)
+        with pytest.raises(ValueError, match="needs 412 tokens.*the 320 .* forced width 1"):
+            engine.add_request("too-long", long_prompt, LONG)
+    finally:
+        engine.shutdown()
+
+
+def test_a_priority_request_binds_a_tp_group_at_once(model):
+    """Four requests run apart (the policy would keep them so, and its dwell has not
+    passed); a request of priority -1 merges the replicas at once."""
+    skip_unless_enough_gpus(FLYING)
+    batch = prompts(n=5)
+    expected = generate(model[0], batch)[0]
+    llm = LLM(model[0], **{**COMMON, **FLYING, "flying_merge_running": 0,
+                           "flying_dwell_s": 600.0})
+    engine = llm.llm_engine
+    try:
+        for index, prompt in enumerate(batch[:4]):
+            engine.add_request(str(index), prompt, PARAMS)
+        outputs, records = {}, []
+        for _ in range(2):
+            outputs.update((o.request_id, o) for o in engine.step())
+        assert engine.layout.name() == "single,single@1"
+        engine.add_request("4", batch[4], PARAMS, priority=-1)
+        run_until_done(engine, outputs, records)
+        assert [(r.kind, r.target) for r in records] == [("merge", ("merge2-tp2",))]
+        assert_same([outputs[str(i)] for i in range(5)], expected)
+    finally:
+        engine.shutdown()
