@@ -196,3 +196,26 @@ def test_three_replicas_merge_into_tp3_and_split(six_heads, tmp_path):
     assert_same(outputs, reference)
     assert [r.target for r in records] == [("merge3-tp3",), ("single", "single@1", "single@2")]
     assert all(free)
+
+
+MIXED = [SamplingParams(max_tokens=16, ignore_eos=True, logprobs=2,
+                        **({"temperature": 0} if i % 2 else
+                           {"temperature": 0.9, "top_p": 0.95, "seed": 1000 + i}))
+         for i in range(8)]
+
+
+@pytest.mark.parametrize("preemption", ["soft", "recompute"])
+def test_seeded_samples_are_the_reference_across_merges_and_splits(model, tmp_path, preemption):
+    """A mixed batch, greedy and seeded sampling: a seeded request draws as a function of its
+    seed and position, so neither a merge (its steps now on two ranks), a split, nor being
+    computed again changes its tokens."""
+    llm = LLM(model[0], **COMMON)
+    try:
+        reference = llm.generate(prompts(n=8), MIXED)
+    finally:
+        llm.llm_engine.shutdown()
+    outputs, records, *_ = run_cycle(model[0], tmp_path, "single,single",
+                                     ["merge2-tp2", "single,single"], limit=4, params=MIXED,
+                                     flying_preemption=preemption)
+    assert len(records) >= 2
+    assert_same(outputs, reference)
