@@ -18,7 +18,7 @@ class SchedulerConfig:
                 raise ValueError(f"{f.name} must be an integer >= {low}, got {value!r}")
 
 
-FLYING_PREEMPTIONS = ("soft", "hard", "recompute")
+FLYING_PREEMPTIONS = ("auto", "soft", "hard", "recompute")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -63,9 +63,10 @@ class EngineConfig:
     merge_weights: str = "reorder"           # merged plans: reorder | view | materialize
     flying_merge_running: int = 4            # flying policy: merge at or below this many running
     flying_dwell_s: float = 2.0              # flying policy: least seconds between transitions
-    # a merge or split's running requests: soft (finish in their old plan, interleaved with
-    # the new groups' steps) | hard (paused while the new groups have requests) | recompute
-    flying_preemption: str = "soft"
+    # a merge or split's running requests: auto (as the policy's transition says) | soft
+    # (finish in their old plan, interleaved with the new groups' steps) | hard (paused while
+    # the new groups have requests) | recompute (moved, computed again)
+    flying_preemption: str = "auto"
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
     cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory

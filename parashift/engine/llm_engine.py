@@ -437,12 +437,11 @@ class LLMEngine:
         is draining. Under hard preemption a replica left behind waits while a group on its
         ranks has requests."""
         paused = {r for g in self.transitions.paused_groups() for r in self.layout.plans[g].ranks}
-        busy = set() if self.config.flying_preemption != "hard" else {
-            rank for r in self.serving_replicas() if r.scheduler.has_unfinished() for rank in r.ranks}
+        busy = {rank for r in self.serving_replicas() if r.scheduler.has_unfinished()
+                for rank in r.ranks}
         return [r for r in self.replicas
                 if len(r.in_flight) < self._steps_in_flight(r) and r.scheduler.has_unfinished()
-                and paused.isdisjoint(r.ranks)
-                and not (r.is_left_behind and busy.intersection(r.ranks))]
+                and paused.isdisjoint(r.ranks) and not (r.yields and busy.intersection(r.ranks))]
 
     def _plan_for(self, replica: Replica, decision) -> "Plan":
         """The plan of the replica's next step: the policy's for its group, or the plan its
@@ -486,7 +485,8 @@ class LLMEngine:
         start = time.perf_counter()
         self.executor.transition(ranks, "commit", names, self._epoch)
         if changes_partition(transition):
-            moved, reprefilled, kept = self._regroup(transition.groups, layout)
+            moved, reprefilled, kept = self._regroup(transition.groups, layout,
+                                                     self._preemption(transition))
         else:  # each group keeps its ranks: its replicas, with their block tables, run the new plan
             moved = sum(r.load for r in self.replicas if r.group in transition.groups)
             reprefilled = kept = 0
@@ -498,7 +498,14 @@ class LLMEngine:
         if self._timeline is not None:
             self._timeline.write(json.dumps({"transition": asdict(record)}) + "\n")
 
-    def _regroup(self, groups: tuple[int, ...], layout) -> tuple[int, int, int]:
+    def _preemption(self, transition) -> str:
+        """How a merge or split treats its running requests: `--flying-preemption`, or
+        under auto the transition's own (soft when it names none)."""
+        if self.config.flying_preemption != "auto":
+            return self.config.flying_preemption
+        return transition.preemption or "soft"
+
+    def _regroup(self, groups: tuple[int, ...], layout, preemption: str) -> tuple[int, int, int]:
         """The merged or split groups' replicas leave the layout. Their waiting requests
         move to the groups that replace them; their running ones stay where their KV was
         written and finish there in their old plan (the KV adaptor), interleaved with the
@@ -507,7 +514,7 @@ class LLMEngine:
         and ranks are those of replicas left behind takes them back. Returns (requests
         moved, requests computed again, requests kept in their old plan)."""
         leaving = [r for r in self.replicas if r.group in groups]
-        recompute = self.config.flying_preemption == "recompute"
+        recompute = preemption == "recompute"
         reprefilled = sum(r.scheduler.num_running for r in leaving) if recompute else 0
         seqs = []
         for replica in leaving:
@@ -517,7 +524,7 @@ class LLMEngine:
                 replica.encoder.drop(seq.request_id)
                 replica.num_structured -= seq.params.structured_outputs is not None
             seqs += evicted
-            replica.leave(self.layout.plans[replica.group].name())
+            replica.leave(self.layout.plans[replica.group].name(), preemption == "hard")
         seqs.sort(key=Sequence.sort_key)
         arrivals = sorted(t for r in leaving for t in r.arrivals)
         for replica in self.replicas:
@@ -589,16 +596,15 @@ class LLMEngine:
 
     def _request_counters(self, replica: Replica, view: GroupView) -> GroupView:
         """The view with what the flying policy reads of its requests (a pass over them, for
-        policies with `reads_requests` only). Its running requests are computed again after a
-        merge or split only under `--flying-preemption recompute` (else they keep their KV)."""
+        policies with `reads_requests` only). `recompute_tokens`: what its running requests
+        would compute again if a merge or split moved them."""
         running = replica.scheduler.running
         needs = [self._need(seq) for seq in [*running, *replica.scheduler.waiting]]
         return dataclasses.replace(
             view, kv_capacity=replica.scheduler.config.max_model_len,
             longest_need=max(needs, default=0),
             longest_decode_left=max((self._need(s) - s.num_tokens for s in running), default=0),
-            recompute_tokens=sum(s.num_computed_tokens for s in running)
-            if self.config.flying_preemption == "recompute" else 0,
+            recompute_tokens=sum(s.num_computed_tokens for s in running),
             step_s=self._last_step_s.get(self.layout.plans[replica.group].name(), 0.0))
 
     def set_policy(self, policy: Policy) -> None:

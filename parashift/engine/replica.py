@@ -26,6 +26,7 @@ class Replica:
         self.group = group  # its group in the node layout; None once left behind
         self.ranks = ranks
         self.left_plan: str | None = None  # the plan it runs once left behind
+        self.yields = False  # left behind, it waits while a group on its ranks has requests
         self.scheduler = Scheduler(config, block_manager, eos_ids)
         self.in_flight: deque[tuple[SchedulerOutput, str, float]] = deque()  # oldest first
         self._last_finish = 0.0
@@ -38,13 +39,14 @@ class Replica:
     def is_left_behind(self) -> bool:
         return self.group is None
 
-    def leave(self, plan: str) -> None:
-        """Its group merged or split: it finishes its requests under `plan`."""
-        self.group, self.left_plan = None, plan
+    def leave(self, plan: str, yields: bool) -> None:
+        """Its group merged or split: it finishes its requests under `plan`, between the
+        new groups' steps, or (`yields`: hard preemption) while they have none."""
+        self.group, self.left_plan, self.yields = None, plan, yields
 
     def rejoin(self, group: int) -> None:
         """A group of the new layout runs the plan its requests were written in."""
-        self.group, self.left_plan = group, None
+        self.group, self.left_plan, self.yields = group, None, False
 
     @property
     def load(self) -> int:

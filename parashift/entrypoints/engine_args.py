@@ -36,6 +36,10 @@ ENGINE_FLAGS = {
     "--flying-dwell-s": ("flying_dwell_s", float, "flying policy: least seconds between "
                                                   "transitions"),
     "--flying-preemption": ("flying_preemption", str, "running requests of a merge or split: "
+                                                      "auto (the policy's choice per transition: "
+                                                      "flying recomputes them in a merge for load, "
+                                                      "pauses them in a merge for a priority "
+                                                      "request, keeps them in a split) | "
                                                       "soft (finish where their KV was written, "
                                                       "interleaved with the new groups' steps) | "
                                                       "hard (paused while the new groups have "

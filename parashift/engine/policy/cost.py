@@ -29,14 +29,18 @@ class SwitchCosts:
         measured = [g.step_s for g in view.groups if g.step_s > 0]
         return max(measured) if measured else self.step_s
 
-    def cost(self, view: NodeView, factor: float) -> float:
-        """Seconds a switch costs: drain, and the moved requests' recompute spread over
-        `factor` replicas' worth of ranks."""
+    def cost(self, view: NodeView, factor: float, moves_running: bool = True) -> float:
+        """Seconds a switch costs: drain, and, where it moves the running requests, their
+        recompute spread over `factor` replicas' worth of ranks."""
         drain = self.step_seconds(view) if any(g.num_running for g in view.groups) else 0.0
-        recompute = sum(g.recompute_tokens for g in view.groups)
+        recompute = sum(g.recompute_tokens for g in view.groups) if moves_running else 0
         return drain + recompute / (self.prefill_tokens_per_s * factor)
 
-    def merge_gain(self, view: NodeView, factor: float) -> float:
+    def merge_gain(self, view: NodeView, factor: float, moves_running: bool = True) -> float:
+        """The running requests' decode time saved, where the merge moves them (requests
+        that keep their KV where it was written keep their speed)."""
+        if not moves_running:
+            return 0.0
         steps = max((g.longest_decode_left for g in view.groups), default=0)
         return steps * self.step_seconds(view) * (1 - 1 / (factor * self.efficiency))
 
@@ -50,8 +54,10 @@ class SwitchCosts:
             gain += steps * step * (1 - self.efficiency)
         return gain
 
-    def merge_pays(self, view: NodeView, factor: float) -> bool:
-        return self.merge_gain(view, factor) >= self.cost(view, factor * self.efficiency)
+    def merge_pays(self, view: NodeView, factor: float, moves_running: bool = True) -> bool:
+        return self.merge_gain(view, factor, moves_running) >= self.cost(
+            view, factor * self.efficiency, moves_running)
 
-    def split_pays(self, view: NodeView, factor: float, overfull: bool) -> bool:
-        return self.split_gain(view, factor, overfull) >= self.cost(view, factor)
+    def split_pays(self, view: NodeView, factor: float, overfull: bool,
+                   moves_running: bool = False) -> bool:
+        return self.split_gain(view, factor, overfull) >= self.cost(view, factor, moves_running)

@@ -19,6 +19,8 @@ one and happens only when its gain exceeds its cost (`cost.py`).
 The starting layout must be w plain replicas of one TP degree on consecutive ranks; the
 merged plans of every aligned width the model's heads allow are made at start-up (so
 their communicators are pre-built)."""
+from dataclasses import replace
+
 from parashift.engine.policy.cost import SwitchCosts
 from parashift.engine.policy.protocol import Decision, NodeView
 from parashift.engine.policy.widths import layouts_by_width, transition_towards
@@ -46,7 +48,7 @@ class FlyingPolicy:
 
     def __init__(self, layout: Layout, num_heads: int, num_kv_heads: int,
                  merge_running: int = 4, dwell_s: float = 2.0,
-                 costs: SwitchCosts = SwitchCosts()):
+                 costs: SwitchCosts = SwitchCosts(), preemption: str = "auto"):
         replicas = list(layout.plans)
         t = replicas[0].tp
         aligned = all(plan == Plan(tp=t).on(tuple(range(i * t, (i + 1) * t)))
@@ -65,17 +67,35 @@ class FlyingPolicy:
         self.layouts = layouts_by_width(replicas, {plan.name() for plan in self.plans})
         self.widest = max(self.layouts)
         self.merge_running, self.dwell_s, self.costs = merge_running, dwell_s, costs
+        self.preemption = preemption  # the engine's --flying-preemption
         self.width = 1  # the width it moves the node to
         self._last_change = float("-inf")
+        self._bound = False  # the last change bound a priority request
 
     def decide(self, view: NodeView) -> Decision:
         self.width = self._choose_width(view)
         transition = transition_towards(view.layout, self.layouts[self.width])
-        return Decision(view.layout, (transition,) if transition else ())
+        if transition is None:
+            return Decision(view.layout)
+        return Decision(view.layout, (replace(transition, preemption=self._preempts(
+            transition.kind)),))
+
+    def _preempts(self, kind: str) -> str:
+        """What a merge or split does with the running requests of its groups, under auto:
+        a merge for a priority request pauses them (hard preemption: they resume, KV kept,
+        once it is served), a merge for load moves them into the faster group (computed
+        again, as the paper's soft preemption does), a split keeps them where their KV was
+        written (they finish between the new replicas' steps)."""
+        if self.preemption != "auto":
+            return self.preemption
+        if kind == "merge":
+            return "hard" if self._bound else "recompute"
+        return "soft"
 
     def _choose_width(self, view: NodeView) -> int:
         floor = self._narrowest_holding(view)
-        if any(g.priorities and g.priorities[0] < 0 for g in view.groups):
+        self._bound = any(g.priorities and g.priorities[0] < 0 for g in view.groups)
+        if self._bound:
             return self._change(self.widest, view.time)
         if self.width < floor:
             return self._change(floor, view.time)
@@ -103,9 +123,11 @@ class FlyingPolicy:
 
     def _pays(self, view: NodeView, wanted: int) -> bool:
         if wanted > self.width:
-            return self.costs.merge_pays(view, wanted / self.width)
+            return self.costs.merge_pays(view, wanted / self.width,
+                                         self._preempts("merge") == "recompute")
         overfull = sum(g.num_running for g in view.groups) > 2 * self.merge_running
-        return self.costs.split_pays(view, self.width / wanted, overfull)
+        return self.costs.split_pays(view, self.width / wanted, overfull,
+                                     self._preempts("split") == "recompute")
 
     def _change(self, width: int, now: float) -> int:
         if width != self.width:

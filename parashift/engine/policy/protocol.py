@@ -47,6 +47,11 @@ class Transition:
     kind: str
     groups: tuple[int, ...]
     target: str  # the plan the groups run once it commits
+    # a merge or split's running requests: "soft" (they finish where their KV was written,
+    # between the new groups' steps), "hard" (paused while the new groups have requests) or
+    # "recompute" (moved, computed again); None: soft. `--flying-preemption` other than auto
+    # overrides it.
+    preemption: str | None = None
 
 
 @dataclass(frozen=True)

@@ -79,11 +79,12 @@ def test_flying_merges_under_light_load_and_splits_when_a_queue_builds():
     light = NodeView(tuple(group(1, num_running=1) for _ in range(4)), 10.0, REPLICAS)
     decision = policy.decide(light)
     assert decision.plans == REPLICAS
-    assert decision.transitions == (Transition("merge", (0, 1, 2, 3), ("merge4-tp4",)),)
+    assert decision.transitions == (
+        Transition("merge", (0, 1, 2, 3), ("merge4-tp4",), "recompute"),)
     queue = NodeView((group(40, num_running=2, num_waiting=3),), 11.0, ("merge4-tp4",))
     assert policy.decide(queue).transitions == ()  # within the dwell
     later = NodeView(queue.groups, 12.5, ("merge4-tp4",))
-    assert policy.decide(later).transitions == (Transition("split", (0,), REPLICAS),)
+    assert policy.decide(later).transitions == (Transition("split", (0,), REPLICAS, "soft"),)
 
 
 def test_flying_holds_between_its_thresholds():
@@ -101,9 +102,11 @@ def test_flying_merges_the_widest_aligned_group_and_leaves_the_rest():
     policy = FlyingPolicy(Layout.of(Plan(dp=3)), num_heads=8, num_kv_heads=4, dwell_s=0.0)
     assert [p.name() for p in policy.merges] == ["merge2-tp2"]
     light = NodeView(tuple(group(1, num_running=1) for _ in range(3)), 1.0, REPLICAS[:3])
-    assert policy.decide(light).transitions == (Transition("merge", (0, 1), ("merge2-tp2",)),)
+    assert policy.decide(light).transitions == (
+        Transition("merge", (0, 1), ("merge2-tp2",), "recompute"),)
     queued = NodeView((group(9, num_waiting=2), group(1)), 2.0, ("merge2-tp2", "single@2"))
-    assert policy.decide(queued).transitions == (Transition("split", (0,), REPLICAS[:2]),)
+    assert policy.decide(queued).transitions == (
+        Transition("split", (0,), REPLICAS[:2], "soft"),)
 
 
 THREE = REPLICAS[:3]
@@ -113,17 +116,19 @@ CONTEXT = ((1, 2048), (2, 4096), (4, 8192))
 
 def test_flying_priority_request_binds_the_widest_group_at_once():
     """A queue would keep the replicas apart, and the dwell has not passed: a priority -1
-    request still merges ranks 0-1 at once, and replica 2 keeps serving."""
+    request still merges ranks 0-1 at once (hard preemption: their running requests pause,
+    KV kept, while it is served), and replica 2 keeps serving."""
     policy = FlyingPolicy(Layout.of(Plan(dp=3)), num_heads=8, num_kv_heads=4, dwell_s=60.0)
     busy = NodeView((group(9, num_waiting=3, priorities=(-1, 0)), group(9, num_waiting=2),
                      group(9, num_waiting=2)), 1.0, THREE)
-    assert policy.decide(busy).transitions == (Transition("merge", (0, 1), ("merge2-tp2",)),)
+    assert policy.decide(busy).transitions == (
+        Transition("merge", (0, 1), ("merge2-tp2",), "hard"),)
     bound = NodeView((group(9, num_waiting=5, priorities=(-1, 0)), group(9, num_waiting=2)),
                      2.0, ("merge2-tp2", "single@2"))
     assert policy.decide(bound).transitions == ()  # bound while the request runs
     done = NodeView((group(9, num_waiting=5), group(9, num_waiting=2)), 70.0,
                     ("merge2-tp2", "single@2"))
-    assert policy.decide(done).transitions == (Transition("split", (0,), THREE[:2]),)
+    assert policy.decide(done).transitions == (Transition("split", (0,), THREE[:2], "soft"),)
 
 
 def test_default_priority_requests_do_not_bind():
@@ -140,24 +145,25 @@ def test_flying_long_request_routes_wide():
     policy = flying(dwell_s=60.0)
     view = NodeView(tuple(group(9, num_waiting=2) for _ in range(4)), 1.0, REPLICAS,
                     CONTEXT, unplaced_need=3000)
-    assert policy.decide(view).transitions == (Transition("merge", (0, 1), ("merge2-tp2",)),)
+    assert policy.decide(view).transitions == (
+        Transition("merge", (0, 1), ("merge2-tp2",), "recompute"),)
     half = NodeView(tuple(group(9, num_waiting=2) for _ in range(3)), 2.0,
                     ("merge2-tp2", "single@2", "single@3"), CONTEXT, unplaced_need=3000)
     assert policy.decide(half).transitions == (
-        Transition("merge", (1, 2), ("merge2-tp2@2-3",)),)
+        Transition("merge", (1, 2), ("merge2-tp2@2-3",), "recompute"),)
     placed = NodeView((group(9, num_waiting=4, longest_need=3000), group(9, num_waiting=4)),
                       100.0, ("merge2-tp2", "merge2-tp2@2-3"), CONTEXT)
     assert policy.decide(placed).transitions == ()  # a queue, but width 1 cannot hold it
     finished = NodeView((group(9, num_waiting=4, longest_need=500), group(9, num_waiting=4)),
                         101.0, ("merge2-tp2", "merge2-tp2@2-3"), CONTEXT)
     assert policy.decide(finished).transitions == (
-        Transition("split", (0,), ("single", "single@1")),)
+        Transition("split", (0,), ("single", "single@1"), "soft"),)
 
 
 def test_flying_cost_check_refuses_an_unprofitable_merge():
     """Light load, but the running requests have 2 tokens left and 60,000 computed ones
-    that a merge would compute again: no merge. With KV kept (nothing to compute again)
-    and long generations left, the same load merges."""
+    that a merge would compute again: no merge. With little to compute again and long
+    generations left, the same load merges."""
     policy = flying(dwell_s=0.0, costs=SwitchCosts(prefill_tokens_per_s=8192.0))
     ending = NodeView(tuple(group(1, num_running=1, longest_decode_left=2,
                                   recompute_tokens=15_000) for _ in range(4)), 1.0, REPLICAS)
@@ -165,13 +171,19 @@ def test_flying_cost_check_refuses_an_unprofitable_merge():
     long_left = NodeView(tuple(group(1, num_running=1, longest_decode_left=500)
                                for _ in range(4)), 2.0, REPLICAS)
     assert policy.decide(long_left).transitions == (
-        Transition("merge", (0, 1, 2, 3), ("merge4-tp4",)),)
+        Transition("merge", (0, 1, 2, 3), ("merge4-tp4",), "recompute"),)
 
 
 def test_flying_cost_check_refuses_an_unprofitable_split():
-    """One short request waits on a merged group whose running requests would be computed
-    again: the split costs more than the queue's wait."""
-    policy = flying(dwell_s=0.0)
+    """One short request waits on a merged group whose running requests a split computes
+    again (--flying-preemption recompute): the split costs more than the queue's wait. Where
+    the split keeps them (auto: soft), the same queue splits."""
+    kept = flying(dwell_s=0.0)
+    kept.width = 4
+    small = NodeView((group(9, num_running=3, num_waiting=1, tokens_waiting=10,
+                            recompute_tokens=40_000, step_s=0.02),), 1.0, ("merge4-tp4",))
+    assert kept.decide(small).transitions == (Transition("split", (0,), REPLICAS, "soft"),)
+    policy = flying(dwell_s=0.0, preemption="recompute")
     merged = ("merge4-tp4",)
     policy.width = 4  # as after a merge
     small_queue = NodeView((group(9, num_running=3, num_waiting=1, tokens_waiting=10,
@@ -179,7 +191,20 @@ def test_flying_cost_check_refuses_an_unprofitable_split():
     assert policy.decide(small_queue).transitions == ()
     burst = NodeView((group(9, num_running=3, num_waiting=40, tokens_waiting=40_000,
                             recompute_tokens=40_000),), 2.0, merged)
-    assert policy.decide(burst).transitions == (Transition("split", (0,), REPLICAS),)
+    assert policy.decide(burst).transitions == (
+        Transition("split", (0,), REPLICAS, "recompute"),)
+
+
+def test_flying_merges_that_keep_running_requests_gain_nothing_from_them():
+    """Under soft or hard preemption a merge leaves the running requests at their speed: with
+    requests running it does not pay (its drain is a cost), while an idle node merges."""
+    policy = flying(dwell_s=0.0, preemption="soft")
+    light = NodeView(tuple(group(1, num_running=1, longest_decode_left=500)
+                           for _ in range(4)), 1.0, REPLICAS)
+    assert policy.decide(light).transitions == ()
+    idle = NodeView(tuple(group(0, num_running=0) for _ in range(4)), 2.0, REPLICAS)
+    assert policy.decide(idle).transitions == (
+        Transition("merge", (0, 1, 2, 3), ("merge4-tp4",), "soft"),)
 
 
 def test_switch_costs_follow_the_view():
@@ -226,7 +251,7 @@ def test_forced_width_moves_the_node_and_hands_back():
     assert forced.decide(there).transitions == ()  # held, though the policy would split
     forced.force(None)
     assert forced.decide(there).transitions == (
-        Transition("split", (0,), ("single", "single@1")),)
+        Transition("split", (0,), ("single", "single@1"), "soft"),)
     with pytest.raises(ValueError, match=r"widths: \[1, 2, 4\]"):
         forced.force(3)
 
