@@ -3,6 +3,7 @@ costs per sequence, apart from the device.
 
 Usage: python3 benchmarks/host_overhead.py --batch-sizes 64 256 512 [--model SHAPE]
 On the CPU (the default tiny shape) the parts are exact but the forward is CPU compute;
+`gc` is the garbage collector's time (it runs inside whichever part allocates);
 on a GPU the parts are host time only (kernels run asynchronously), and `device_wait`
 is the time the host blocks on results. Each part's milliseconds per step are the sum
 over its calls; parts nest (`launch` holds `step_inputs`, `sample_rows` and the rest).
@@ -10,6 +11,7 @@ One rank only: the parts of worker processes (plans of several ranks) are not ti
 import argparse
 import collections
 import contextlib
+import gc
 import json
 import random
 import time
@@ -36,8 +38,19 @@ PARTS = [  # (owner, attribute, label)
 
 @contextlib.contextmanager
 def timed_parts():
-    """Yields a Counter of seconds per label while every part in PARTS is timed."""
+    """Yields a Counter of seconds per label while every part in PARTS is timed, and the
+    garbage collector's passes ("gc": inside whichever part they interrupt)."""
     seconds, originals = collections.Counter(), []
+    started = []
+
+    def gc_timer(phase, info):
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            spent = time.perf_counter() - started.pop()
+            seconds["gc"] += spent
+            seconds[f"gc{info['generation']}"] += spent
+    gc.callbacks.append(gc_timer)
     for owner, name, label in PARTS:
         original = getattr(owner, name)
         originals.append((owner, name, original))
@@ -52,6 +65,7 @@ def timed_parts():
     try:
         yield seconds
     finally:
+        gc.callbacks.remove(gc_timer)
         for owner, name, original in originals:
             setattr(owner, name, original)
 
@@ -93,11 +107,15 @@ def main():
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--output", default=None)
+    p.add_argument("--gc-threshold", type=int, nargs="+", default=None,
+                   help="gc.set_threshold(...) after start-up (default: the engine's)")
     args = p.parse_args()
     llm = LLM(model=args.model, device=args.device, dtype=args.dtype, skip_tokenizer_init=True,
               max_model_len=args.context + args.decode_steps + 64,
               max_num_seqs=max(args.batch_sizes), enable_prefix_caching=False,
               max_num_batched_tokens=max(8192, args.context * max(args.batch_sizes) // 4))
+    if args.gc_threshold:
+        gc.set_threshold(*args.gc_threshold)
     rows = []
     for batch in args.batch_sizes:
         rows.append(measure(llm, batch, args.context, args.decode_steps))

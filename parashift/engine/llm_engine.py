@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from parashift.config import EngineConfig, SchedulerConfig
+from parashift.gc_tuning import restore_garbage_collector, tune_garbage_collector
 from parashift.engine.detokenizer import IncrementalDetokenizer
 from parashift.engine.parallel_sampling import ParentRequest
 from parashift.engine.policy import GroupView, NodeView, Policy, make_policy
@@ -196,6 +197,8 @@ class LLMEngine:
         return self.replicas[0].block_manager
 
     def shutdown(self) -> None:
+        if self._finalizer.alive:
+            restore_garbage_collector()
         self._finalizer()
         if self._timeline is not None:
             self._timeline.close()

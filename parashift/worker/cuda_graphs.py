@@ -15,7 +15,7 @@ from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.context import use_context
 from parashift.parallel.state import ParallelState
 
-DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 
 class DecodeGraphs:

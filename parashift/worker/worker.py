@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from parashift.gc_tuning import tune_garbage_collector
 from parashift.worker.model_runner import ModelRunner
 from parashift.parallel.comm_pool import CommunicatorPool
 from parashift.parallel.layout import Layout
@@ -43,6 +44,7 @@ def worker_main(rank: int, spec: WorkerSpec, conn, heartbeats) -> None:
                      daemon=True).start()
     try:
         runner = _start(rank, spec)
+        tune_garbage_collector()
         conn.send(("ready", runner.num_blocks, runner.load_seconds))
     except BaseException:
         conn.send(("error", traceback.format_exc()))

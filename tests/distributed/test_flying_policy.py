@@ -50,7 +50,7 @@ def test_forced_width_merges_while_requests_run_and_the_policy_splits_after(mode
         run_until_done(engine, outputs, records, hand_back)
         assert [(r.kind, r.target) for r in records] == [
             ("merge", ("merge2-tp2",)), ("split", ("single", "single@1"))]
-        assert records[0].moved > 0  # requests were running across the merge
+        assert records[0].moved + records[0].kept > 0  # requests were there across the merge
         assert_same([outputs[str(i)] for i in range(8)], reference)
         assert all(r.block_manager.num_free_blocks == r.block_manager.num_blocks
                    for r in engine.replicas)
