@@ -29,7 +29,10 @@ def reference(model):
 
 
 def test_forced_width_merges_while_requests_run_and_the_policy_splits_after(model, reference):
+    """Once the width is handed back, a queue (8 more requests) makes the policy split."""
     skip_unless_enough_gpus(FLYING)
+    later = prompts(seed=1, n=8)
+    later_reference = generate(model[0], later)[0]
     # merge_running 0: with requests running the policy itself keeps the replicas apart
     llm = LLM(model[0], **{**COMMON, **FLYING, "flying_merge_running": 0})
     engine = llm.llm_engine
@@ -47,11 +50,14 @@ def test_forced_width_merges_while_requests_run_and_the_policy_splits_after(mode
             if [r.kind for r in done] == ["merge"] and engine.layout_info()["forced_width"]:
                 assert engine.layout.name() == "merge2-tp2"
                 llm.set_layout(None)
+                for index, prompt in enumerate(later):
+                    engine.add_request(f"later-{index}", prompt, PARAMS)
         run_until_done(engine, outputs, records, hand_back)
-        assert [(r.kind, r.target) for r in records] == [
+        assert [(r.kind, r.target) for r in records][:2] == [
             ("merge", ("merge2-tp2",)), ("split", ("single", "single@1"))]
         assert records[0].moved + records[0].kept > 0  # requests were there across the merge
         assert_same([outputs[str(i)] for i in range(8)], reference)
+        assert_same([outputs[f"later-{i}"] for i in range(8)], later_reference)
         assert all(r.block_manager.num_free_blocks == r.block_manager.num_blocks
                    for r in engine.replicas)
     finally:
