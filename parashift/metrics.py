@@ -154,8 +154,9 @@ class ServerMetrics:
         standing (its requests have all failed), and `engine_alive` says it is gone."""
         self.engine_alive.set(1 if alive else 0)
         if not alive:
-            self.num_running.set(0)
-            self.num_waiting.set(0)
+            for gauge in (self.num_running, self.num_waiting, self.ranks_alive,
+                          self.groups_serving):
+                gauge.set(0)
 
     def _set_plan(self, plan: str) -> None:
         if plan == self._current_plan:

@@ -85,19 +85,16 @@ class MultiprocExecutor:
         now = time.monotonic()
         for rank in self.alive:
             proc, beat = self.procs[rank], self.heartbeats[rank]
+            silent = now - beat if beat else 0.0
             if proc.exitcode is not None:
                 self._lose(rank, self._death(rank))
-            elif beat and now - beat > self._silence_allowed(proc):
+            elif silent > self.heartbeat_timeout_s:
                 self._lose(rank, f"worker rank {rank} stopped answering: no heartbeat for "
-                                 f"{now - beat:.1f} s ({self._silence_rule(proc)})")
-
-    def _silence_allowed(self, proc) -> float:
-        return self.stopped_timeout_s if _is_stopped(proc.pid) else self.heartbeat_timeout_s
-
-    def _silence_rule(self, proc) -> str:
-        if _is_stopped(proc.pid):
-            return f"stopped; a stopped worker is dead after {self.stopped_timeout_s:g} s"
-        return f"worker_heartbeat_timeout_s is {self.heartbeat_timeout_s:g}"
+                                 f"{silent:.1f} s (worker_heartbeat_timeout_s is "
+                                 f"{self.heartbeat_timeout_s:g})")
+            elif silent > self.stopped_timeout_s and _is_stopped(proc.pid):
+                self._lose(rank, f"worker rank {rank} stopped answering: no heartbeat for "
+                                 f"{silent:.1f} s (its process is stopped)")
 
     def take_lost(self) -> dict[int, str]:
         """The ranks lost since the last call, with why."""

@@ -166,7 +166,7 @@ def test_a_stopped_idle_worker_is_dead_within_2_s(tp2_beating):
     procs = list(engine.executor.procs)
     with stopped(procs[0]):
         message, seconds = wait_for_failure(engine, timeout=10)
-    assert "rank 0" in message and "no heartbeat" in message and "stopped" in message
+    assert "rank 0" in message and "no heartbeat" in message and "process is stopped" in message
     assert 1.0 < seconds < 2
     assert_all_gone(procs)
 

@@ -139,7 +139,7 @@ def test_a_stopped_replica_costs_its_group_only(dp3, requests, reference):
     lose_rank_mid_decode(dp3, requests, reference, rank=2, stop=True)
     assert time.monotonic() - started < 60
     (down,) = dp3.faults.groups_down
-    assert down.ranks == (2,) and "no heartbeat" in down.reason and "stopped" in down.reason
+    assert down.ranks == (2,) and "no heartbeat" in down.reason and "process is stopped" in down.reason
     assert dp3.faults.groups_serving == 2
 
 
