@@ -56,7 +56,7 @@ class EngineConfig:
     worker_heartbeat_timeout_s: float = 10.0  # a running worker silent this long is dead (frozen)
     # (a worker beats every 0.2 s from a thread of its own, through long steps too: torch ops
     # release the GIL; 10 s leaves room for a kernel compile that holds it for a few seconds.
-    # A worker the kernel shows stopped (SIGSTOP) is dead after 1.5 s of silence:
+    # A worker the kernel shows stopped (SIGSTOP) is dead after 1 s of silence:
     # executor/multiproc.py's STOPPED_TIMEOUT_S.)
     parallel_policy: str = "static"          # static | shift | flying
     shift_threshold: int = 256               # shift policy: steps of at most this many tokens use TP

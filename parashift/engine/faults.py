@@ -9,6 +9,10 @@ those groups out of the layout and re-queues their requests on the groups that s
 (`LLMEngine._isolate`)."""
 from dataclasses import dataclass
 
+from parashift.engine.policy import FlyingPolicy, Policy, StaticPolicy, make_policy
+from parashift.engine.policy.widths import base_replicas
+from parashift.parallel.layout import Layout
+
 
 @dataclass(frozen=True)
 class GroupDown:
@@ -57,3 +61,17 @@ def root_reason(lost: dict[int, str]) -> str:
     reasons = list(lost.values())
     died = [r for r in reasons if " died (" in first_line(r) or "no heartbeat" in r]
     return first_line((died or reasons)[0])
+
+
+def policy_over(layout: Layout, config, hf_config, made: set[str]) -> Policy:
+    """The configured policy over the groups left, where it takes them (over the replicas
+    they are made of: the flying policy needs them aligned from rank 0) and picks only plans
+    made at start-up; otherwise each group keeps its plan (static)."""
+    base = Layout(tuple(base_replicas(layout)), layout.lost)
+    try:
+        policy = make_policy(config, base, hf_config)
+    except ValueError:  # e.g. the flying policy over one replica, or unaligned ones
+        return StaticPolicy(layout)
+    merges = base == layout or isinstance(policy, FlyingPolicy)  # it reads the merged layout
+    fits = merges and {plan.name() for plan in policy.plans} <= made
+    return policy if fits else StaticPolicy(layout)

@@ -11,10 +11,10 @@ import torch
 
 from parashift.config import EngineConfig, SchedulerConfig
 from parashift.engine.detokenizer import IncrementalDetokenizer
-from parashift.engine.faults import FaultReport, GroupDown, first_line, lost_ranks, root_reason
+from parashift.engine.faults import (FaultReport, GroupDown, lost_ranks, policy_over,
+                                     root_reason)
 from parashift.engine.parallel_sampling import ParentRequest
-from parashift.engine.policy import (FlyingPolicy, GroupView, NodeView, Policy, StaticPolicy,
-                                     make_policy)
+from parashift.engine.policy import GroupView, NodeView, Policy, make_policy
 from parashift.engine.policy.forced import ForcedWidth
 from parashift.engine.policy.widths import (base_replicas, layout_report, layouts_by_width,
                                             width_of)
@@ -29,7 +29,6 @@ from parashift.executor.multiproc import MultiprocExecutor
 from parashift.executor.uniproc import UniprocExecutor
 from parashift.kv.block_manager import BlockManager
 from parashift.kv.views import tokens_per_block
-from parashift.parallel.layout import Layout
 from parashift.loader.chat_template import load_chat_template
 from parashift.loader.generation_config import generation_defaults
 from parashift.loader.source import load_hf_config, resolve_model
@@ -400,11 +399,7 @@ class LLMEngine:
         self._narrow_policy()
         for seq in sorted(seqs, key=Sequence.sort_key):
             self._requeue(seq, root)
-        for seq in [s for s in self._unplaced.values() if self._need(s) > max(
-                self.max_context.values())]:
-            del self._unplaced[seq.request_id]
-            self._fault_outputs.append(self._error_output(seq, f"{root}: no group left holds "
-                                                               f"{self._need(seq)} tokens"))
+        self._fail_unholdable(root)
 
     def _evict_lost(self, replica: Replica, gone: set[int]) -> list[Sequence]:
         """A lost replica's requests, their steps in flight dropped; the replica leaves
@@ -441,19 +436,20 @@ class LLMEngine:
         self.faults = dataclasses.replace(self.faults,
                                           requests_requeued=self.faults.requests_requeued + 1)
 
+    def _fail_unholdable(self, root: str) -> None:
+        """Fails the requests waiting for a merge that no width left holds."""
+        longest = max(self.max_context.values())
+        for seq in [s for s in self._unplaced.values() if self._need(s) > longest]:
+            del self._unplaced[seq.request_id]
+            self._fault_outputs.append(self._error_output(
+                seq, f"{root}: no group left holds its {self._need(seq)} tokens"))
+
     def _narrow_policy(self) -> None:
-        """The configured policy over the groups left where it takes them and picks only
-        plans made at start-up (the flying policy over the replicas left, if aligned);
-        otherwise each group keeps its plan (static). A forced width is dropped."""
-        base = Layout(tuple(base_replicas(self.layout)), self.layout.lost)
-        try:
-            policy = make_policy(self.config, base, self._hf_config)
-        except ValueError:
-            policy = None
-        fits = policy is not None and {p.name() for p in policy.plans} <= set(
-            self._plans_by_name) and (base == self.layout or isinstance(policy, FlyingPolicy))
-        self.policy = policy if fits else StaticPolicy(self.layout)
-        self.layouts_by_width = layouts_by_width(base.plans, set(self._plans_by_name))
+        """A policy over the groups left (a forced width is dropped), and the widths and
+        context they can take."""
+        made = set(self._plans_by_name)
+        self.policy = policy_over(self.layout, self.config, self._hf_config, made)
+        self.layouts_by_width = layouts_by_width(base_replicas(self.layout), made)
         self.max_context = self._max_context(check=False)
         logger.warning("policy over the groups left: %s (layout %s)", self.policy.name,
                        self.layout.name())

@@ -61,7 +61,7 @@ ENGINE_FLAGS = {
                                 "group leaves the layout, its requests go to the others"),
     "--worker-heartbeat-timeout-s": ("worker_heartbeat_timeout_s", float,
                                      "a running worker whose heartbeat is this old is dead "
-                                     "(a stopped one after 1.5 s): its group leaves the "
+                                     "(a stopped one after 1 s): its group leaves the "
                                      "layout; with none left the engine fails (a server "
                                      "exits non-zero)"),
     "--chat-template": ("chat_template", str, "a Jinja chat template: a file, or the template "

@@ -27,7 +27,7 @@ class WorkerFailure(RuntimeError):
 
 
 HEALTH_CHECK_S = 0.2  # while waiting for a worker, how often to check every rank's health
-STOPPED_TIMEOUT_S = 1.5  # a stopped process (SIGSTOP, the kernel's "T") silent this long is dead
+STOPPED_TIMEOUT_S = 1.0  # a stopped process (SIGSTOP, the kernel's "T") silent this long is dead
 
 
 class MultiprocExecutor:

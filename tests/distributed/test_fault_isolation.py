@@ -134,7 +134,7 @@ def test_a_killed_replica_costs_its_group_only(dp3, requests, reference):
 
 
 def test_a_stopped_replica_costs_its_group_only(dp3, requests, reference):
-    """The same with rank 2 stopped (SIGSTOP): dead after 1.5 s of silence, killed."""
+    """The same with rank 2 stopped (SIGSTOP): dead after 1 s of silence, killed."""
     started = time.monotonic()
     lose_rank_mid_decode(dp3, requests, reference, rank=2, stop=True)
     assert time.monotonic() - started < 60
@@ -170,5 +170,38 @@ def test_a_dead_tp_rank_takes_out_its_tp_group_only(tiny_llama_dir, requests, re
         procs[0].join(timeout=10)
         assert not procs[0].is_alive()
         assert procs[2].is_alive() and procs[3].is_alive()
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("rank, left", [(2, {0, 1}), (1, {2})])
+def test_a_merged_node_loses_the_groups_of_its_dead_rank(tiny_llama_dir, requests, reference,
+                                                         rank, left):
+    """Flying policy, -dp 3 merged to width 2 (ranks 0-1 one TP group, rank 2 alone): rank 2
+    dead leaves the merged group serving under the flying policy over replicas 0 and 1 (which
+    splits it: requests run, and merge_running is 0); rank
+    1 dead takes the merged group (and the replicas its merge left behind) with it, and rank 2
+    serves alone under a static policy. Every request ends as on one device; no plan the
+    policy may pick needs a lost rank."""
+    llm = LLM(tiny_llama_dir, data_parallel_size=3, parallel_policy="flying",
+              flying_dwell_s=0.0, flying_merge_running=0, **COMMON)
+    engine = llm.llm_engine
+    try:
+        ids = add_all(engine, requests)
+        finished: dict = {}
+        llm.set_layout(2)
+        while engine.layout.name() != "merge2-tp2,single@2":
+            for output in engine.step():
+                assert not output.finished
+        engine.step()
+        os.kill(engine.executor.procs[rank].pid, signal.SIGKILL)
+        run_to_the_end(engine, finished)
+        assert_as_on_one_device(finished, ids, reference)
+        assert {r for plan in engine.layout.plans for r in plan.ranks} == left
+        assert engine.policy.name == ("flying" if rank == 2 else "static")
+        lost = set(engine.layout.lost)
+        assert all(lost.isdisjoint(plan.ranks) for plan in engine.policy.plans)
+        assert engine.layout_info()["forced_width"] is None
+        assert all(lost.isdisjoint(r.ranks) for r in engine.replicas)
     finally:
         llm.shutdown()

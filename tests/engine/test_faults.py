@@ -23,3 +23,22 @@ def test_the_fault_report_names_the_groups_down():
     assert report.as_json() == {
         "ranks_alive": 2, "groups_serving": 1, "requests_requeued": 3,
         "groups_down": [{"plan": "tp2", "ranks": [0, 1], "reason": "worker rank 1 died"}]}
+
+
+def test_the_policy_over_the_groups_left_picks_only_their_plans():
+    from types import SimpleNamespace
+
+    from parashift.engine.faults import policy_over
+    from parashift.engine.policy import FlyingPolicy, StaticPolicy
+    from parashift.parallel.layout import Layout
+    config = SimpleNamespace(parallel_policy="flying", flying_merge_running=4, flying_dwell_s=2.0)
+    heads = SimpleNamespace(num_attention_heads=8, num_key_value_heads=4)
+    start = Layout.parse("single,single,single")
+    made = {plan.name() for plan in FlyingPolicy(start, 8, 4).plans}
+    aligned = policy_over(Layout.parse("merge2-tp2,single").without({2}), config, heads, made)
+    assert isinstance(aligned, FlyingPolicy)  # over replicas 0 and 1, merged or not
+    assert {p.name() for p in aligned.plans} == {"single", "single@1", "merge2-tp2"}
+    gap = start.without({1})  # replicas 0 and 2: no merge of them was made
+    assert isinstance(policy_over(gap, config, heads, made), StaticPolicy)
+    alone = policy_over(start.without({0, 1}), config, heads, made)
+    assert [p.name() for p in alone.plans] == ["single@2"]

@@ -62,7 +62,7 @@ WHY = {signal.SIGKILL: "worker rank 1 died (killed by SIGKILL)",
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
 def test_a_lost_worker_costs_its_group_not_the_server(tmp_path, how):
-    """A stopped worker is lost too: dead after 1.5 s of silence, then killed."""
+    """A stopped worker is lost too: dead after 1 s of silence, then killed."""
     with cli_server(tmp_path, "-dp", "3", "--num-blocks", "128") as (proc, base_url):
         ranks = sorted(worker_pids(proc))  # spawned in rank order
         assert len(ranks) == 3
