@@ -51,10 +51,13 @@ class EngineConfig:
     data_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     layout: str | None = None                # groups in rank order, e.g. "tp2,single,single"
-    worker_timeout_s: float = 600.0          # a step (or start-up) slower than this fails the engine
-    worker_heartbeat_timeout_s: float = 10.0  # a worker silent this long is dead (stopped, hung)
-    # (a worker beats every 0.5 s from a thread of its own, through long steps too: torch ops
-    # release the GIL; 10 s leaves room for a kernel compile that holds it for a few seconds)
+    worker_timeout_s: float = 600.0          # a worker's start-up, or a transition, slower fails
+    worker_step_timeout_s: float = 60.0      # a step slower than this loses its ranks (they hang)
+    worker_heartbeat_timeout_s: float = 10.0  # a running worker silent this long is dead (frozen)
+    # (a worker beats every 0.2 s from a thread of its own, through long steps too: torch ops
+    # release the GIL; 10 s leaves room for a kernel compile that holds it for a few seconds.
+    # A worker the kernel shows stopped (SIGSTOP) is dead after 1 s of silence:
+    # executor/multiproc.py's STOPPED_TIMEOUT_S.)
     parallel_policy: str = "static"          # static | shift | flying
     shift_threshold: int = 256               # shift policy: steps of at most this many tokens use TP
     # (256: the crossover measured on 2xH200, docs/benchmarks.md: for the 8B shape the shift
@@ -116,9 +119,11 @@ class EngineConfig:
                              f"generation_config.json, got {self.generation_config!r}")
         if not self.worker_timeout_s > 0:
             raise ValueError(f"worker_timeout_s must be > 0, got {self.worker_timeout_s}")
+        if not self.worker_step_timeout_s > 0:
+            raise ValueError(f"worker_step_timeout_s must be > 0, got {self.worker_step_timeout_s}")
         if not self.worker_heartbeat_timeout_s >= 1.0:  # NaN fails too
             raise ValueError("worker_heartbeat_timeout_s must be >= 1 (workers beat every "
-                             f"0.5 s), got {self.worker_heartbeat_timeout_s}")
+                             f"0.2 s), got {self.worker_heartbeat_timeout_s}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 

@@ -25,6 +25,7 @@ class ServerMetrics:
         self._build_counters(labels)
         self._build_histograms(labels)
         self._last_preemptions = 0
+        self._last_requeued = 0
         self._current_plan: str | None = None
 
     def _build_gauges(self, labels: dict) -> None:
@@ -46,6 +47,9 @@ class ServerMetrics:
         self.layout_info = Gauge(f"{PREFIX}_layout_info", "1 for the node layout (its groups' "
                                  "plans) and whether an administrator forced its width.",
                                  [*labels, "plans", "forced_width"], registry=self.registry)
+        self.ranks_alive = gauge("ranks_alive", "Worker ranks alive (a lost rank's group is out "
+                                 "of the layout).")
+        self.groups_serving = gauge("groups_serving", "Groups of the node layout that serve.")
         self._labels = labels
 
     def _build_counters(self, labels: dict) -> None:
@@ -57,6 +61,8 @@ class ServerMetrics:
         self.preemptions = counter("num_preemptions", "Preemptions by the scheduler.")
         self.requests_aborted = counter("requests_aborted",
                                         "Requests aborted (client gone, or shut down).")
+        self.requests_requeued = counter("requests_requeued", "Requests of a lost group queued "
+                                         "again on a surviving group (computed again there).")
         self.requests_finished = Counter(f"{PREFIX}_request_success", "Finished requests.",
                                          [*labels, "finish_reason"], registry=self.registry)
         self.steps = Counter(f"{PREFIX}_steps", "Engine steps, by parallel plan.",
@@ -128,6 +134,13 @@ class ServerMetrics:
         forced = "none" if info["forced_width"] is None else str(info["forced_width"])
         self.layout_info.labels(plans=plans, forced_width=forced, **self._labels).set(1)
 
+    def record_faults(self, faults) -> None:
+        """The engine's `FaultReport` (engine/faults.py): at start and when it changes."""
+        self.ranks_alive.set(faults.ranks_alive)
+        self.groups_serving.set(faults.groups_serving)
+        self.requests_requeued.inc(faults.requests_requeued - self._last_requeued)
+        self._last_requeued = faults.requests_requeued
+
     def record_queue(self, stats) -> None:
         self.num_running.set(stats.num_running)
         self.num_waiting.set(stats.num_waiting)
@@ -141,8 +154,9 @@ class ServerMetrics:
         standing (its requests have all failed), and `engine_alive` says it is gone."""
         self.engine_alive.set(1 if alive else 0)
         if not alive:
-            self.num_running.set(0)
-            self.num_waiting.set(0)
+            for gauge in (self.num_running, self.num_waiting, self.ranks_alive,
+                          self.groups_serving):
+                gauge.set(0)
 
     def _set_plan(self, plan: str) -> None:
         if plan == self._current_plan:

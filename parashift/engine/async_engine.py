@@ -85,7 +85,7 @@ class _Call:
 
 
 _STOP = object()
-IDLE_WAKE_S = 0.5  # an idle engine thread wakes this often (to check the engine's health)
+IDLE_WAKE_S = 0.25  # an idle engine thread wakes this often (to check the engine's health)
 
 
 class AsyncLLMEngine:
@@ -108,6 +108,7 @@ class AsyncLLMEngine:
         self._num_unsent_adds = 0  # adds queued for the engine thread, not yet handed over
         self._engine_num_waiting = 0  # from the last stats() of the engine thread
         self._engine_request_ids: set[str] = set()  # engine thread only
+        self._faults = getattr(engine, "faults", None)  # the engine's last FaultReport seen
 
     # ---- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -118,6 +119,8 @@ class AsyncLLMEngine:
         if self.metrics is not None:
             self.metrics.set_baseline(self.engine.stats())
             self.metrics.record_layout(self.engine.layout_info())
+            if self._faults is not None:
+                self.metrics.record_faults(self._faults)
         self._thread = threading.Thread(target=self._run_loop, name="parashift-engine",
                                         daemon=True)
         self._thread.start()
@@ -287,6 +290,7 @@ class AsyncLLMEngine:
                     break
                 if idle:
                     self.engine.check_health()  # a dead worker is noticed with no step to fail
+                    self._record_faults()
                 if not self.engine.has_unfinished_requests():
                     continue
                 outputs = self.engine.step()
@@ -361,6 +365,7 @@ class AsyncLLMEngine:
         stats = self.engine.stats()
         with self._count_lock:
             self._engine_num_waiting = stats.num_waiting
+        self._record_faults()
         if self.metrics is not None:
             transitions = self.engine.take_transition_records()
             self.metrics.record_step(stats, self.engine.take_step_records(), transitions)
@@ -368,6 +373,21 @@ class AsyncLLMEngine:
                 self.metrics.record_layout(self.engine.layout_info())
         if outputs:
             self._loop.call_soon_threadsafe(self._dispatch, outputs)
+
+    @property
+    def faults(self):
+        """The engine's `FaultReport` (groups down, ranks alive), as of its last step."""
+        return self._faults
+
+    def _record_faults(self) -> None:
+        """A new fault report (a group was lost) goes to the metrics with the new layout."""
+        faults = getattr(self.engine, "faults", None)
+        if faults is self._faults:
+            return
+        self._faults = faults
+        if self.metrics is not None:
+            self.metrics.record_faults(faults)
+            self.metrics.record_layout(self.engine.layout_info())
 
     def _abort_remaining(self) -> None:
         """Leaves the engine clean on stop (it may be reused, as in tests)."""

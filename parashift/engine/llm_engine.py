@@ -12,6 +12,8 @@ import torch
 from parashift.config import EngineConfig, SchedulerConfig
 from parashift.gc_tuning import restore_garbage_collector, tune_garbage_collector
 from parashift.engine.detokenizer import IncrementalDetokenizer
+from parashift.engine.faults import (FaultReport, GroupDown, lost_ranks, policy_over,
+                                     root_reason)
 from parashift.engine.parallel_sampling import ParentRequest
 from parashift.engine.policy import GroupView, NodeView, Policy, make_policy
 from parashift.engine.policy.forced import ForcedWidth
@@ -21,7 +23,7 @@ from parashift.engine.replica import Replica, combine_views
 from parashift.engine.routing import (Slot, check_fits, group_capacity, max_context_by_width,
                                       need, route)
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
-from parashift.engine.sequence import Sequence
+from parashift.engine.sequence import Sequence, SequenceStatus
 from parashift.engine.transitions import (TransitionRecord, Transitions, changes_partition,
                                           check)
 from parashift.executor.multiproc import MultiprocExecutor
@@ -77,6 +79,7 @@ class LLMEngine:
         self.config = config = _with_step_budget(config, self.device)
         self.dtype = _resolve_dtype(config.dtype, hf_config, self.device)
         self.layout = config.node_layout  # the starting layout: each rank's weights and KV
+        self._hf_config = hf_config
         self.policy = make_policy(config, self.layout, hf_config)
         self.policy_plans = list(self.policy.plans)  # made on every rank at start-up
         self._plans_by_name = {p.name(): p for p in self.policy_plans}
@@ -108,6 +111,8 @@ class LLMEngine:
         self.layouts_by_width = layouts_by_width(base_replicas(self.layout),
                                                  set(self._plans_by_name))
         self.max_context = self._max_context()
+        self.faults = FaultReport(self.layout.world_size, len(self.layout.plans))
+        self._fault_outputs: list[RequestOutput] = []  # requests no surviving group holds
         logger.info("Loaded %s in %.1f s", self.model_name, time.perf_counter() - started)
 
     def _start_executor(self, hf_config, source):
@@ -122,7 +127,8 @@ class LLMEngine:
         spec = WorkerSpec(self.config, hf_config, source, self.layout, self.device.type,
                           self.dtype, self.max_model_len, master_port=0, other_plans=others)
         return MultiprocExecutor(spec, self.config.worker_timeout_s,
-                                 self.config.worker_heartbeat_timeout_s)
+                                 self.config.worker_heartbeat_timeout_s,
+                                 self.config.worker_step_timeout_s)
 
     def _start_replicas(self) -> list[tuple[int, int, int]]:
         """(group, first block id, number of blocks) of each replica: a group serves one,
@@ -154,11 +160,13 @@ class LLMEngine:
         """The replicas of the layout's groups (those that admit requests)."""
         return [r for r in self.replicas if not r.is_left_behind]
 
-    def _max_context(self) -> dict[int, int]:
-        """The longest context one group of each width holds (the paper's Table 2), logged
-        once; refuses a max_model_len that no layout holds."""
+    def _max_context(self, check: bool = True) -> dict[int, int]:
+        """The longest context one group of each width holds (the paper's Table 2), logged;
+        refuses a max_model_len that no layout holds (at start-up: `check`)."""
         pool = self.kv_tokens_by_width()
         tokens = {width: min(held, self.max_model_len) for width, held in pool.items()}
+        if not check:
+            return tokens
         logger.info("Max context per layout width (its groups' KV pool in tokens): %s", ", ".join(
             f"{w}: {tokens[w]} ({pool[w]}; {','.join(self.layouts_by_width[w])})" for w in tokens))
         if max(tokens.values(), default=0) < self.max_model_len:
@@ -348,9 +356,119 @@ class LLMEngine:
             self._release(replica, request_id)
 
     def check_health(self) -> None:
-        """Raises WorkerFailure once a worker process has died or stopped answering (its
-        heartbeat is older than `worker_heartbeat_timeout_s`); cheap, for idle loops."""
+        """Takes the groups of ranks that died or stopped answering out of service (cheap,
+        for idle loops); raises WorkerFailure once no group is left to serve."""
         self.executor.check_health()
+        self._take_losses()
+
+    # ---- fault isolation (faults.py) --------------------------------------------
+    def _take_losses(self) -> None:
+        """Isolates the ranks the executor lost; raises once the engine has failed."""
+        if not isinstance(self.executor, MultiprocExecutor):
+            return
+        if self.executor.failure is not None:
+            raise self.executor.failure
+        lost = self.executor.take_lost()
+        if lost:
+            self._isolate(lost)
+
+    def _isolate(self, lost: dict[int, str]) -> None:
+        """Takes every group holding a lost rank out of the layout (its other ranks are
+        killed: a communicator with a dead peer is never used again); the groups left keep
+        stepping, under a policy over them alone, and take the lost groups' requests, which
+        are computed again from their prompt and the tokens already generated. Raises
+        WorkerFailure once no group is left."""
+        stepping = [plan.ranks for plan in self.layout.plans] + [
+            r.ranks for r in self.replicas if r.is_left_behind and r.in_flight]
+        gone = lost_ranks(set(lost), stepping)
+        root = root_reason(lost)
+        self.executor.retire(sorted(gone - set(lost)), f"taken out with its group ({root})")
+        down = tuple(GroupDown(plan.name(), plan.ranks, root) for plan in self.layout.plans
+                     if gone.intersection(plan.ranks))
+        seqs = [seq for replica in [r for r in self.replicas if gone.intersection(r.ranks)]
+                for seq in self._evict_lost(replica, gone)]
+        self.layout = self.layout.without(gone)
+        self.transitions.pending.clear()  # groups renumber; the policy asks again
+        for replica in self.serving_replicas():
+            replica.group = self.layout.group_of_rank(replica.ranks[0])
+        self._drop_finished_left_behind()
+        logger.error("groups %s lost (%s); %d group(s) serve on ranks %s", [g.plan for g in down],
+                     root, len(self.layout.plans), sorted(self.executor.alive))
+        self.faults = FaultReport(len(self.executor.alive), len(self.layout.plans),
+                                  self.faults.groups_down + down, self.faults.requests_requeued)
+        if not self.layout.plans:
+            self.executor.fail(f"{root}; no group of the node is left to serve\n"
+                               + "\n".join(self.executor.lost.values()))
+        self._narrow_policy()
+        for seq in sorted(seqs, key=Sequence.sort_key):
+            self._requeue(seq, root)
+        self._fail_unholdable(root)
+
+    def _evict_lost(self, replica: Replica, gone: set[int]) -> list[Sequence]:
+        """A lost replica's requests, their steps in flight dropped; the replica leaves
+        (one left behind on surviving ranks too: `_drop_finished_left_behind` tells its
+        ranks to forget the requests)."""
+        for sched, _, _ in replica.in_flight:
+            for scheduled in sched.scheduled:
+                scheduled.seq.num_pending_tokens -= scheduled.samples
+        replica.in_flight.clear()
+        seqs = replica.scheduler.evict_all()
+        for seq in seqs:
+            replica.encoder.forget(seq.request_id)
+            replica.num_structured -= seq.params.structured_outputs is not None
+        if gone.issuperset(replica.ranks):
+            replica.block_manager.unshare()
+            self.replicas.remove(replica)
+        return seqs
+
+    def _requeue(self, seq: Sequence, root: str) -> None:
+        """Queues a lost group's request on a surviving group that holds it (its stream goes
+        on), or fails it naming why."""
+        self._replica_of.pop(seq.request_id, None)
+        target = self._route(seq)
+        if target is None and self._need(seq) <= max(self.max_context.values()):
+            self._unplaced[seq.request_id] = seq  # a merge of the groups left holds it
+            return
+        if target is None:
+            self._fault_outputs.append(self._error_output(
+                seq, f"{root}: no group left holds its {self._need(seq)} tokens"))
+            return
+        target.scheduler.add(seq)
+        target.num_structured += seq.params.structured_outputs is not None
+        self._replica_of[seq.request_id] = target
+        self.faults = dataclasses.replace(self.faults,
+                                          requests_requeued=self.faults.requests_requeued + 1)
+
+    def _fail_unholdable(self, root: str) -> None:
+        """Fails the requests waiting for a merge that no width left holds."""
+        longest = max(self.max_context.values())
+        for seq in [s for s in self._unplaced.values() if self._need(s) > longest]:
+            del self._unplaced[seq.request_id]
+            self._fault_outputs.append(self._error_output(
+                seq, f"{root}: no group left holds its {self._need(seq)} tokens"))
+
+    def _narrow_policy(self) -> None:
+        """A policy over the groups left (a forced width is dropped), and the widths and
+        context they can take."""
+        made = set(self._plans_by_name)
+        self.policy = policy_over(self.layout, self.config, self._hf_config, made)
+        self.layouts_by_width = layouts_by_width(base_replicas(self.layout), made)
+        self.max_context = self._max_context(check=False)
+        logger.warning("policy over the groups left: %s (layout %s)", self.policy.name,
+                       self.layout.name())
+
+    def _error_output(self, seq: Sequence, reason: str) -> RequestOutput:
+        """A request that no group can finish, ended with finish reason "error"."""
+        logger.warning("request %s failed: %s", seq.request_id, reason)
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, "error"
+        detok = self._detokenizers.pop(seq.request_id, None)
+        self._replica_of.pop(seq.request_id, None)
+        if self.structured.tracks(seq.request_id):
+            self.structured.remove(seq.request_id)
+        completion = CompletionOutput(0, detok.text if detok else "", seq.output_token_ids,
+                                      None, "error", None)
+        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
+                             True, seq.num_cached_tokens, error=reason)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._unplaced) or any(r.scheduler.has_unfinished() for r in self.replicas)
@@ -367,17 +485,20 @@ class LLMEngine:
         """Submits steps to every replica with room (one in flight, or two with async
         scheduling), each under the plan the policy picks for it, then returns the
         outputs of whichever replicas finish first (a replica never waits for another)."""
+        self._take_losses()
         self._commit_drained_transitions()
         while self._submit_round():
             pass
+        outputs, self._fault_outputs = self._fault_outputs, []
         if not any(r.in_flight for r in self.replicas):
-            return []
-        outputs = []
+            return self._fold_children(outputs) if self._parent_of else outputs
         for replica, result in self.executor.wait_any():
             sched, plan, seconds = replica.finish()
             self._record_step(self.replicas.index(replica), plan, sched.num_batched_tokens,
                               seconds)
             outputs += self._apply(replica, sched, *result)
+        self._take_losses()
+        outputs, self._fault_outputs = outputs + self._fault_outputs, []
         self._drop_finished_left_behind()
         self._commit_drained_transitions()
         return self._fold_children(outputs) if self._parent_of else outputs
@@ -676,15 +797,11 @@ class LLMEngine:
 
     def _fail(self, replica: "Replica", seq: Sequence, reason: str) -> RequestOutput:
         """Ends one request with finish reason "error"; its blocks are freed."""
-        logger.warning("request %s failed: %s", seq.request_id, reason)
         replica.scheduler.finish(seq, "error")
-        seq.finish_reason = "error"  # also when it had already finished
-        detok = self._detokenizers.get(seq.request_id)
-        self._release(replica, seq.request_id)
-        completion = CompletionOutput(0, detok.text if detok else "", seq.output_token_ids,
-                                      None, "error", None)
-        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
-                             True, seq.num_cached_tokens, error=reason)
+        if self.structured.tracks(seq.request_id):
+            replica.num_structured -= 1
+        replica.encoder.forget(seq.request_id)
+        return self._error_output(seq, reason)
 
     def _output(self, replica: "Replica", seq: Sequence, new_token: int) -> RequestOutput:
         detok = self._detokenizers[seq.request_id]

@@ -58,11 +58,16 @@ ENGINE_FLAGS = {
     "--layout": ("layout", str, "the node's groups in rank order instead of the parallel sizes, "
                                 "e.g. tp2,single,single (ranks 0-1 as TP=2, ranks 2 and 3 alone)"),
     "--timeline-file": ("timeline_file", str, "write one JSON line per step (plan, tokens, time)"),
-    "--worker-timeout-s": ("worker_timeout_s", float, "fail the engine when a step or a worker's "
-                                                     "start takes longer"),
+    "--worker-timeout-s": ("worker_timeout_s", float, "fail the engine when a worker's start "
+                                                     "or a layout transition takes longer"),
+    "--worker-step-timeout-s": ("worker_step_timeout_s", float,
+                                "a step that takes longer loses its ranks (they hang): their "
+                                "group leaves the layout, its requests go to the others"),
     "--worker-heartbeat-timeout-s": ("worker_heartbeat_timeout_s", float,
-                                     "a worker whose heartbeat is this old is dead: the "
-                                     "engine fails (a server exits non-zero)"),
+                                     "a running worker whose heartbeat is this old is dead "
+                                     "(a stopped one after 1 s): its group leaves the "
+                                     "layout; with none left the engine fails (a server "
+                                     "exits non-zero)"),
     "--chat-template": ("chat_template", str, "a Jinja chat template: a file, or the template "
                                               "itself (default: the tokenizer's)"),
     "--generation-config": ("generation_config", str,

@@ -5,6 +5,7 @@ that plan's output rank whenever it is ready, so no replica waits for another. A
 rank runs the steps it is sent in order: steps of plans that share ranks (a merged
 group's and the requests its ranks wrote before the merge) interleave, and two
 collective steps meet every rank they share in the same order."""
+import logging
 import multiprocessing as mp
 from collections import deque
 import pickle
@@ -18,19 +19,31 @@ from parashift.worker.step_batch import StepBatch
 from parashift.worker.step_codec import encode_step
 from parashift.worker.worker import CONTROL_PREFIX, WorkerSpec, worker_main
 
+logger = logging.getLogger(__name__)
+
 
 class WorkerFailure(RuntimeError):
     pass
 
 
-HEALTH_CHECK_S = 0.5  # while waiting for a worker, how often to check every rank's health
+HEALTH_CHECK_S = 0.2  # while waiting for a worker, how often to check every rank's health
+STOPPED_TIMEOUT_S = 1.0  # a stopped process (SIGSTOP, the kernel's "T") silent this long is dead
 
 
 class MultiprocExecutor:
-    def __init__(self, spec: WorkerSpec, timeout_s: float, heartbeat_timeout_s: float = 10.0):
+    """A rank that dies, stops or fails is lost alone: it is killed for good (SIGKILL),
+    no step goes to it again, the steps whose result it owed are dropped, and the engine
+    takes it (`take_lost`) and takes its group out of service. Only the engine decides
+    that nothing can serve any more (`fail`)."""
+
+    def __init__(self, spec: WorkerSpec, timeout_s: float, heartbeat_timeout_s: float = 10.0,
+                 step_timeout_s: float = 60.0):
         self.layout, self.timeout_s = spec.layout, timeout_s
-        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.heartbeat_timeout_s, self.step_timeout_s = heartbeat_timeout_s, step_timeout_s
+        self.stopped_timeout_s = min(STOPPED_TIMEOUT_S, heartbeat_timeout_s)
         self.failure: WorkerFailure | None = None
+        self.lost: dict[int, str] = {}  # rank -> why, in the order they were lost
+        self._unreported: dict[int, str] = {}  # lost since the engine last took them
         spec.master_port = _free_port()
         ctx = mp.get_context("spawn")
         # each rank's last heartbeat (time.monotonic()); 0 until its thread first beats
@@ -44,8 +57,9 @@ class MultiprocExecutor:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
+        # by output rank: (tag, the step's ranks, when it was sent)
+        self.pending = [deque() for _ in range(self.layout.world_size)]
         self.rank_blocks, self.load_seconds = self._await_ready()
-        self.pending = [deque() for _ in range(self.layout.world_size)]  # by output rank
 
     def _await_ready(self) -> tuple[list[int], float]:
         """Each rank's KV blocks, and the slowest rank's loading seconds."""
@@ -53,36 +67,75 @@ class MultiprocExecutor:
         for rank in range(self.layout.world_size):
             message = self._receive_start(rank)
             if message[0] != "ready":
-                self._fail(f"worker rank {rank} failed to start:\n{message[1]}")
+                self.fail(f"worker rank {rank} failed to start:\n{message[1]}")
             blocks[rank], seconds = message[1], max(seconds, message[2])
         return blocks, seconds
 
+    @property
+    def alive(self) -> list[int]:
+        return [rank for rank in range(len(self.procs)) if rank not in self.lost]
+
     def check_health(self) -> None:
-        """Raises WorkerFailure, naming the rank and why, once a worker process has ended or
-        its heartbeat is older than `heartbeat_timeout_s` (stopped, frozen). Cheap (nothing
-        is sent to a worker): the engine calls it while idle, and every wait for a worker
-        does, so a dead rank is seen within seconds whether or not steps run."""
+        """Loses each rank whose process has ended, or whose heartbeat is older than
+        `heartbeat_timeout_s` (frozen), or than `stopped_timeout_s` while the kernel says it
+        is stopped (SIGSTOP). Cheap (nothing is sent to a worker): the engine calls it while
+        idle, and every wait for a worker does. Raises once the engine has failed."""
         if self.failure is not None:
             raise self.failure
         now = time.monotonic()
-        for rank, proc in enumerate(self.procs):
+        for rank in self.alive:
+            proc, beat = self.procs[rank], self.heartbeats[rank]
+            silent = now - beat if beat else 0.0
             if proc.exitcode is not None:
-                self._fail(self._death(rank))
-            beat = self.heartbeats[rank]
-            if beat and now - beat > self.heartbeat_timeout_s:
-                proc.kill()  # declared dead: it must not come back (SIGKILL ends a stopped one)
-                self._fail(f"worker rank {rank} stopped answering: no heartbeat for "
-                           f"{now - beat:.1f} s (worker_heartbeat_timeout_s is "
-                           f"{self.heartbeat_timeout_s:g})")
+                self._lose(rank, self._death(rank))
+            elif silent > self.heartbeat_timeout_s:
+                self._lose(rank, f"worker rank {rank} stopped answering: no heartbeat for "
+                                 f"{silent:.1f} s (worker_heartbeat_timeout_s is "
+                                 f"{self.heartbeat_timeout_s:g})")
+            elif silent > self.stopped_timeout_s and _is_stopped(proc.pid):
+                self._lose(rank, f"worker rank {rank} stopped answering: no heartbeat for "
+                                 f"{silent:.1f} s (its process is stopped)")
+
+    def take_lost(self) -> dict[int, str]:
+        """The ranks lost since the last call, with why."""
+        lost, self._unreported = self._unreported, {}
+        return lost
+
+    def retire(self, ranks, reason: str) -> None:
+        """Loses live `ranks` on the engine's word (their group lost another rank: a
+        communicator with a dead peer hangs or fails, so they cannot step again)."""
+        for rank in ranks:
+            if rank in self.lost:
+                continue
+            if self.procs[rank].exitcode is not None:  # it had died: say how
+                self._lose(rank, self._death(rank), report=False)
+            else:
+                self._lose(rank, reason, report=False)
+
+    def _lose(self, rank: int, reason: str, report: bool = True) -> None:
+        """Kills `rank` for good (a stopped one too) and drops the steps it owed."""
+        logger.error("%s; its group is taken out of service", reason.splitlines()[0])
+        self.procs[rank].kill()
+        self.lost[rank] = reason
+        self.pending[rank].clear()
+        if report:
+            self._unreported[rank] = reason
 
     def submit(self, tag, ranks: tuple[int, ...], output_rank: int, batch: StepBatch) -> None:
-        """Sends a step to `ranks`; wait_any() returns its result with `tag`."""
+        """Sends a step to `ranks`; wait_any() returns its result with `tag`. A rank found
+        dead while sending is lost (the engine takes the step's group out with it)."""
         if self.failure is not None:  # its workers are gone: say why, again
             raise self.failure
+        if any(rank in self.lost for rank in ranks):
+            return  # lost in this round of submissions: the engine takes the group out next
         payload = encode_step(batch)  # a fixed binary layout: no pickle per step
         for rank in ranks:
-            self.conns[rank].send_bytes(payload)
-        self.pending[output_rank].append(tag)
+            try:
+                self.conns[rank].send_bytes(payload)
+            except OSError:
+                self._lose(rank, self._death(rank))
+        if output_rank not in self.lost:
+            self.pending[output_rank].append((tag, tuple(ranks), time.monotonic()))
 
     def transition(self, ranks: list[int], verb: str, plan_names: list[str],
                    epoch: int = 0) -> float:
@@ -94,71 +147,112 @@ class MultiprocExecutor:
         return max(self._control(ranks, messages, f"a transition ({verb})"))
 
     def collective_rpc(self, method: str, *args) -> list:
-        """Runs `ModelRunner.<method>(*args)` on every rank while no step is in flight;
-        returns each rank's result, in rank order (vLLM's name)."""
+        """Runs `ModelRunner.<method>(*args)` on every live rank while no step is in
+        flight; returns each rank's result, in rank order (None for a lost rank; vLLM's
+        name)."""
         if not callable(getattr(ModelRunner, method, None)):
             raise ValueError(f"ModelRunner has no method {method!r}")
         if any(self.pending):
             raise RuntimeError("collective_rpc runs only while no step is in flight")
-        ranks = list(range(self.layout.world_size))
-        return self._control(ranks, [("rpc", method, args)] * len(ranks), f"rpc {method}")
+        ranks = self.alive
+        answers = dict(zip(ranks, self._control(ranks, [("rpc", method, args)] * len(ranks),
+                                                f"rpc {method}")))
+        return [answers.get(rank) for rank in range(len(self.procs))]
 
     def _control(self, ranks: list[int], messages: list[tuple], what: str) -> list:
-        """Sends rank i messages[i] (a control message) and waits for every answer."""
+        """Sends rank i messages[i] (a control message) and waits for every answer. A rank
+        of these lost meanwhile fails the engine (a transition half made on its group)."""
         if self.failure is not None:
             raise self.failure
         for rank, message in zip(ranks, messages):
             self.conns[rank].send_bytes(CONTROL_PREFIX + pickle.dumps(message))
         answers, deadline = [], time.monotonic() + self.timeout_s
         for rank in ranks:
-            if not self._wait([self.conns[rank]], deadline):
-                self._fail(f"worker rank {rank} did not finish {what} within "
-                           f"{self.timeout_s:.0f} s: a worker hung")
-            kind, payload = self._read(rank)
-            if kind == "error":
-                self._fail(f"worker rank {rank} failed in {what}:\n{payload}")
-            answers.append(payload)
+            ready = self._wait([self.conns[rank]], deadline)
+            if rank in self.lost:
+                self.fail(f"{self.lost[rank]} (during {what})")
+            if not ready:
+                self.fail(f"worker rank {rank} did not finish {what} within "
+                          f"{self.timeout_s:.0f} s: a worker hung")
+            message = self._read(rank)
+            if message is None or message[0] == "error":
+                self.fail(self.lost.get(rank) or f"worker rank {rank} failed in {what}:\n"
+                                                 f"{message[1]}")
+            answers.append(message[1])
         return answers
 
-    def wait_any(self) -> list[tuple[int, object]]:
-        """(tag, result) of steps in flight: waits until at least one is ready. Every rank
-        is watched (a rank that is no step's output rank wakes the wait only with an error,
-        or when it dies and its pipe closes)."""
-        deadline = time.monotonic() + self.timeout_s
-        watched = {conn: r for r, conn in enumerate(self.conns)}
-        ready = self._wait(list(watched), deadline)
-        if not ready:
-            self._fail(f"a step did not finish within {self.timeout_s:.0f} s: a worker hung")
-        return [self._result(watched[conn]) for conn in ready]
+    def wait_any(self) -> list[tuple[object, object]]:
+        """(tag, result) of steps in flight: waits until at least one is ready or a rank is
+        lost (then it may return none: the engine takes the loss). Every live rank is
+        watched (a rank that is no step's output rank wakes the wait only with an error, or
+        when it dies and its pipe closes). A step older than `step_timeout_s` loses its
+        ranks (they beat but hang, e.g. in a collective)."""
+        watched = {self.conns[r]: r for r in self.alive}
+        ready = self._wait(list(watched), deadline=None, until_lost=True)
+        results = []
+        for conn in ready:
+            result = self._result(watched[conn])
+            if result is not None:
+                results.append(result)
+        return results
 
-    def _wait(self, conns: list, deadline: float) -> list:
-        """The conns ready to read ([] past the deadline). Waits in slices of HEALTH_CHECK_S,
-        checking every rank's health between them: a step whose worker died or stopped
-        fails within seconds, not at the deadline (`worker_timeout_s`, for a worker that
-        beats but hangs, e.g. in a collective)."""
+    def _wait(self, conns: list, deadline: float | None, until_lost: bool = False) -> list:
+        """The conns ready to read ([] past the deadline, or `until_lost`, once a rank was
+        lost). Waits in
+        slices of HEALTH_CHECK_S, checking every rank's health and the age of every step
+        between them: a step whose worker died or stopped ends the wait within a second."""
         while True:
             self.check_health()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            self._time_out_steps()
+            remaining = float("inf") if deadline is None else deadline - time.monotonic()
+            if remaining <= 0 or (until_lost and self._unreported):
                 return []
             ready = wait(conns, timeout=min(HEALTH_CHECK_S, remaining))
             if ready:
                 return ready
 
-    def _result(self, rank: int) -> tuple[object, object]:
-        """The step result `rank` sent, with its tag (a rank's results come in order)."""
-        kind, payload = self._read(rank)
-        if kind == "error":
-            self._fail(f"worker rank {rank} failed:\n{payload}")
-        if not self.pending[rank]:
-            self._fail(f"worker rank {rank} sent a result no step waits for")
-        return self.pending[rank].popleft(), payload
+    def _time_out_steps(self) -> None:
+        now = time.monotonic()
+        for rank in self.alive:
+            if self.pending[rank] and now - self.pending[rank][0][2] > self.step_timeout_s:
+                _, ranks, _ = self.pending[rank][0]
+                reason = (f"a step on worker ranks {list(ranks)} did not finish within "
+                          f"{self.step_timeout_s:g} s (worker_step_timeout_s): a worker hung")
+                for r in ranks:
+                    if r not in self.lost:
+                        self._lose(r, reason)
 
-    def _read(self, rank: int) -> tuple[str, object]:
+    def _result(self, rank: int) -> tuple[object, object] | None:
+        """The step result `rank` sent, with its tag (a rank's results come in order);
+        None where it failed instead (it is lost)."""
+        message = self._read(rank)
+        if message is None:
+            return None
+        kind, payload = message
+        if kind == "error":
+            self._lose_ended_peers(rank)
+            self._lose(rank, f"worker rank {rank} failed:\n{payload}")
+            return None
+        if not self.pending[rank]:
+            self._lose(rank, f"worker rank {rank} sent a result no step waits for")
+            return None
+        return self.pending[rank].popleft()[0], payload
+
+    def _lose_ended_peers(self, rank: int) -> None:
+        """The ranks killed or crashed, once their sentinels have had 0.1 s to show it: a
+        peer's error about the collective a death broke comes first at times, and the rank
+        that died is named first."""
+        others = {self.procs[r].sentinel: r for r in self.alive if r != rank}
+        for sentinel in wait(list(others), timeout=0.1):
+            self._lose(others[sentinel], self._death(others[sentinel]))
+
+    def _read(self, rank: int) -> tuple[str, object] | None:
+        """Its next message; None once its pipe closed (the process is gone: lost)."""
         try:
             return pickle.loads(self.conns[rank].recv_bytes())
-        except (EOFError, OSError):  # its end of the pipe closed: the process is gone
-            self._fail(self._death(rank))
+        except (EOFError, OSError):
+            self._lose(rank, self._death(rank))
+            return None
 
     def _death(self, rank: int) -> str:
         """Why `rank`'s process ended: the error it sent before ending, if one is still
@@ -180,15 +274,15 @@ class MultiprocExecutor:
         conn, proc = self.conns[rank], self.procs[rank]
         ready = wait([conn, proc.sentinel], self.timeout_s)
         if not ready:
-            self._fail(f"worker rank {rank} did not start within {self.timeout_s:.0f} s")
+            self.fail(f"worker rank {rank} did not start within {self.timeout_s:.0f} s")
         if conn not in ready:
-            self._fail(f"worker rank {rank} died during start-up ({_exit_status(proc)})")
+            self.fail(f"worker rank {rank} died during start-up ({_exit_status(proc)})")
         try:
             return pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
-            self._fail(f"worker rank {rank} died during start-up ({_exit_status(proc)})")
+            self.fail(f"worker rank {rank} died during start-up ({_exit_status(proc)})")
 
-    def _fail(self, message: str):
+    def fail(self, message: str):
         """Stops every worker; this failure is raised now and by every later check_health().
         A rank that was killed or crashed is named first: the error of a peer whose
         collective it cut short only follows from it."""
@@ -199,9 +293,10 @@ class MultiprocExecutor:
     def _other_deaths(self, message: str) -> list[str]:
         """How the ranks not named in `message` that were killed or crashed ended, once
         their sentinels have had 0.1 s to show it (a peer can report the collective they
-        broke first). A rank that ended with code 0 ended by itself, after its own error."""
+        broke first). A rank that ended with code 0 ended by itself, after its own error;
+        one this executor lost is left out (the engine's message names it)."""
         others = {proc.sentinel: (rank, proc) for rank, proc in enumerate(self.procs)
-                  if f"worker rank {rank} " not in message}
+                  if f"worker rank {rank} " not in message and rank not in self.lost}
         ended = [others[sentinel] for sentinel in wait(list(others), timeout=0.1)]
         statuses = [(rank, _exit_status(proc)) for rank, proc in ended]
         return [f"worker rank {rank} died ({status})" for rank, status in statuses
@@ -223,6 +318,16 @@ class MultiprocExecutor:
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether the kernel has the process stopped (SIGSTOP, a debugger): Linux's
+    /proc/<pid>/stat state "T" or "t"; False where it cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
 
 
 def _exit_status(proc) -> str:

@@ -11,13 +11,15 @@ from parashift.parallel.plan import Plan, describe
 
 @dataclass(frozen=True)
 class Layout:
-    plans: tuple[Plan, ...]  # one per group; their rank sets partition ranks 0..world-1
+    plans: tuple[Plan, ...]  # one per group; their rank sets and `lost` partition 0..world-1
+    lost: tuple[int, ...] = ()  # ranks taken out of service (their groups lost a rank)
 
     def __post_init__(self):
-        covered = sorted(r for plan in self.plans for r in plan.ranks)
+        covered = sorted([*(r for plan in self.plans for r in plan.ranks), *self.lost])
         if covered != list(range(len(covered))):
-            raise ValueError(f"the groups' ranks {[list(p.ranks) for p in self.plans]} must "
-                             f"cover ranks 0-{len(covered) - 1} once each")
+            raise ValueError(f"the groups' ranks {[list(p.ranks) for p in self.plans]} and the "
+                             f"lost ranks {list(self.lost)} must cover ranks "
+                             f"0-{len(covered) - 1} once each")
         if any(plan.dp != 1 for plan in self.plans):
             raise ValueError("each group's plan has dp = 1: data parallelism is several groups")
 
@@ -42,7 +44,14 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return sum(plan.world_size for plan in self.plans)
+        return sum(plan.world_size for plan in self.plans) + len(self.lost)
+
+    def without(self, ranks: set[int]) -> "Layout":
+        """The layout once the groups holding any of `ranks` are taken out of service
+        (a rank died: its group's communicators cannot be used again)."""
+        lost = {r for plan in self.plans if ranks.intersection(plan.ranks) for r in plan.ranks}
+        kept = tuple(plan for plan in self.plans if lost.isdisjoint(plan.ranks))
+        return Layout(kept, tuple(sorted({*self.lost, *lost})))
 
     def group_of_rank(self, rank: int) -> int:
         for index, plan in enumerate(self.plans):
@@ -59,7 +68,8 @@ class Layout:
             raise ValueError(f"plans {[p.name() for p in targets]} do not cover exactly the "
                              f"ranks {ranks} of groups {list(groups)}")
         kept = [plan for g, plan in enumerate(self.plans) if g not in groups]
-        return Layout(tuple(sorted([*kept, *targets], key=lambda plan: min(plan.ranks))))
+        return Layout(tuple(sorted([*kept, *targets], key=lambda plan: min(plan.ranks))),
+                      self.lost)
 
     def name(self) -> str:
         return ",".join(plan.name() for plan in self.plans)

@@ -34,7 +34,7 @@ class WorkerSpec:
     other_plans: tuple[Plan, ...] = ()  # plans a step may switch to (besides the layout's)
 
 
-HEARTBEAT_INTERVAL_S = 0.5
+HEARTBEAT_INTERVAL_S = 0.2
 
 
 def worker_main(rank: int, spec: WorkerSpec, conn, heartbeats) -> None:

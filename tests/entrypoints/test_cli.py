@@ -127,6 +127,10 @@ def test_worker_heartbeat_timeout_flag_and_its_range():
             EngineConfig(worker_heartbeat_timeout_s=bad)
     with pytest.raises(ValueError, match="worker_timeout_s must be > 0"):
         EngineConfig(worker_timeout_s=0)
+    config = engine_config_from_args(parser.parse_args(["--worker-step-timeout-s", "30"]))
+    assert config.worker_step_timeout_s == 30.0 and EngineConfig().worker_step_timeout_s == 60
+    with pytest.raises(ValueError, match="worker_step_timeout_s must be > 0"):
+        EngineConfig(worker_step_timeout_s=0)
 
 
 def test_merge_weights_flag_and_its_values():

@@ -87,3 +87,19 @@ def test_a_merge_and_a_split_replace_groups_by_plans_over_the_same_ranks():
     assert split.name() == layout.name()  # groups in the order of their first rank
     with pytest.raises(ValueError, match="do not cover exactly"):
         layout.replace((0,), (Plan.parse("merge2-tp2"),))
+
+
+def test_a_layout_without_a_lost_rank_drops_that_rank_s_whole_group():
+    layout = Layout.parse("tp2,tp2,single")
+    narrower = layout.without({1})
+    assert [plan.name() for plan in narrower.plans] == ["tp2@2-3", "single@4"]
+    assert narrower.lost == (0, 1) and narrower.world_size == 5
+    assert narrower.group_of_rank(4) == 1
+    with pytest.raises(ValueError, match="outside"):
+        narrower.group_of_rank(0)
+    assert narrower.without({4}).lost == (0, 1, 4)
+    merged = Layout.parse("single,single,single").without({0})
+    assert merged.replace((0, 1), (Plan.parse("merge2-tp2@1-2"),)).lost == (0,)
+    assert narrower.without({2, 4}).plans == () and narrower.without(set()) == narrower
+    with pytest.raises(ValueError, match="lost ranks"):
+        Layout((Plan(tp=2),), lost=(1,))

@@ -74,7 +74,10 @@ def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIR
     @router.get("/health")
     async def health() -> JSONResponse:
         if async_engine.is_running:
-            return JSONResponse({"status": "ok"})
+            faults = async_engine.faults
+            if faults is None or not faults.groups_down:
+                return JSONResponse({"status": "ok"})
+            return JSONResponse({"status": "degraded", **faults.as_json()})  # some groups serve
         message = str(async_engine.dead_error or "the engine is not running")
         return APIError(503, message, code="engine_dead").response()
 
