@@ -113,6 +113,7 @@ class LLMEngine:
         self.max_context = self._max_context()
         self.faults = FaultReport(self.layout.world_size, len(self.layout.plans))
         self._fault_outputs: list[RequestOutput] = []  # requests no surviving group holds
+        tune_garbage_collector()
         logger.info("Loaded %s in %.1f s", self.model_name, time.perf_counter() - started)
 
     def _start_executor(self, hf_config, source):
