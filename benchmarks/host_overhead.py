@@ -2,6 +2,7 @@
 costs per sequence, apart from the device.
 
 Usage: python3 benchmarks/host_overhead.py --batch-sizes 64 256 512 [--model SHAPE]
+[--tokenizer DIR] (with a tokenizer the outputs are detokenized: `detokenize` is timed)
 On the CPU (the default tiny shape) the parts are exact but the forward is CPU compute;
 `gc` is the garbage collector's time (it runs inside whichever part allocates);
 on a GPU the parts are host time only (kernels run asynchronously), and `device_wait`
@@ -32,6 +33,7 @@ PARTS = [  # (owner, attribute, label)
     (model_runner.ModelRunner, "_sample_rows", "sample_rows"),
     (model_runner.PendingStep, "result", "device_wait"),
     (scheduler.Scheduler, "update", "scheduler_update"),
+    (llm_engine.LLMEngine, "_detokenize", "detokenize"),
     (llm_engine.LLMEngine, "_output", "request_outputs"),
 ]
 
@@ -107,10 +109,14 @@ def main():
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--output", default=None)
+    p.add_argument("--tokenizer", default=None,
+                   help="detokenize the outputs with this tokenizer (default: no tokenizer, "
+                        "no text); a shape's random weights sample ids of its whole vocabulary")
     p.add_argument("--gc-threshold", type=int, nargs="+", default=None,
                    help="gc.set_threshold(...) after start-up (default: the engine's)")
     args = p.parse_args()
-    llm = LLM(model=args.model, device=args.device, dtype=args.dtype, skip_tokenizer_init=True,
+    llm = LLM(model=args.model, device=args.device, dtype=args.dtype,
+              tokenizer=args.tokenizer, skip_tokenizer_init=args.tokenizer is None,
               max_model_len=args.context + args.decode_steps + 64,
               max_num_seqs=max(args.batch_sizes), enable_prefix_caching=False,
               max_num_batched_tokens=max(8192, args.context * max(args.batch_sizes) // 4))

@@ -74,6 +74,7 @@ class EngineConfig:
     cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
     async_scheduling: bool | None = None     # schedule the next step while one runs; None = auto
+    check_step_state: bool = False           # debug: every step's persistent inputs against a rebuild
 
     def __post_init__(self):
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):

@@ -1,4 +1,5 @@
-"""Incremental detokenization of one request's output, with stop strings."""
+"""Incremental detokenization of the requests' outputs, with stop strings: one request at a
+time, or every request of a step in two calls into the tokenizer's Rust backend."""
 from parashift.sampling_params import SamplingParams
 
 # Prompt tokens decoded ahead of the output, so that tokenizers that drop the leading
@@ -35,11 +36,26 @@ class IncrementalDetokenizer:
     def append(self, new_token_ids: list[int]) -> str | None:
         """Feeds generated tokens; returns the stop string they completed, if any.
         Tokens appended after a stop string matched are ignored."""
+        windows = self.extend(new_token_ids)
+        if windows is None:
+            return None
+        return self.take_texts(*map(self._decode, windows))
+
+    def extend(self, new_token_ids: list[int]) -> tuple[list[int], list[int]] | None:
+        """Feeds generated tokens without decoding: the windows (prefix, full) whose texts
+        `take_texts` needs next, or None when nothing is to decode."""
         if self.stopped or not new_token_ids:
             return None
         self.token_ids.extend(new_token_ids)
+        if self.read_offset == len(self.token_ids):
+            return None
+        return (self.token_ids[self.prefix_offset:self.read_offset],
+                self.token_ids[self.prefix_offset:])
+
+    def take_texts(self, prefix_text: str, full_text: str) -> str | None:
+        """The decoded windows of `extend`; returns the stop string they completed, if any."""
         old_len = len(self._text)
-        self._text += self._decode_new_text(flush=False)
+        self._text += self._advance(prefix_text, full_text, flush=False)
         return self._check_stop(old_len)
 
     def take_delta(self, finished: bool = False) -> str:
@@ -62,7 +78,11 @@ class IncrementalDetokenizer:
         if self.read_offset == len(self.token_ids):
             return ""
         prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
-        full_text = self._decode(self.token_ids[self.prefix_offset:])
+        return self._advance(prefix_text, self._decode(self.token_ids[self.prefix_offset:]),
+                             flush)
+
+    def _advance(self, prefix_text: str, full_text: str, flush: bool) -> str:
+        """The new text of the decoded windows; the window moves on past it."""
         if full_text.endswith(_REPLACEMENT_CHAR) and not flush:
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
@@ -71,6 +91,9 @@ class IncrementalDetokenizer:
     def _decode(self, token_ids: list[int]) -> str:
         # Cleaning up spaces looks across the window's edges and would differ from
         # decoding the whole output, so it stays off.
+        backend = rust_backend(self.tokenizer)
+        if backend is not None:
+            return backend.decode(token_ids, skip_special_tokens=self.params.skip_special_tokens)
         return self.tokenizer.decode(token_ids, skip_special_tokens=self.params.skip_special_tokens,
                                      clean_up_tokenization_spaces=False)
 
@@ -109,3 +132,54 @@ def _common_prefix_len(prefix_text: str, full_text: str) -> int:
     while n < min(len(prefix_text), len(full_text)) and prefix_text[n] == full_text[n]:
         n += 1
     return n
+
+
+def rust_backend(tokenizer):
+    """A fast tokenizer's `tokenizers.Tokenizer`, whose decode gives transformers' decode
+    without space clean-up at a seventh of the cost (~2 µs against ~14 µs per window);
+    None for a slow tokenizer."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    backend = getattr(tokenizer, "_tokenizer", None)
+    return backend if isinstance(backend, Tokenizer) else None
+
+
+def append_all(detokenizers: list[IncrementalDetokenizer], tokens: list[int]
+               ) -> list[str | Exception | None]:
+    """`detokenizers[i].append([tokens[i]])` for every i, with every window decoded in two
+    batch calls per (tokenizer, skip_special_tokens) where the tokenizer has a Rust
+    backend; returns each one's stop string, or the exception its decoding raised (a
+    batch that fails is decoded again one request at a time, so one bad request fails
+    alone)."""
+    results: list[str | Exception | None] = [None] * len(detokenizers)
+    pending: dict[tuple, list[tuple[int, tuple[list[int], list[int]]]]] = {}
+    for i, (detok, token) in enumerate(zip(detokenizers, tokens)):
+        windows = detok.extend([token])
+        if windows is None:
+            continue
+        backend = rust_backend(detok.tokenizer)
+        if backend is None:
+            results[i] = _take_one(detok, windows)
+        else:
+            pending.setdefault((backend, detok.params.skip_special_tokens), []).append(
+                (i, windows))
+    for (backend, skip), items in pending.items():
+        try:
+            prefixes = backend.decode_batch([w[0] for _, w in items], skip_special_tokens=skip)
+            fulls = backend.decode_batch([w[1] for _, w in items], skip_special_tokens=skip)
+        except Exception:  # noqa: BLE001 - find which request's tokens it cannot decode
+            for i, windows in items:
+                results[i] = _take_one(detokenizers[i], windows)
+            continue
+        for (i, _), prefix, full in zip(items, prefixes, fulls):
+            results[i] = detokenizers[i].take_texts(prefix, full)
+    return results
+
+
+def _take_one(detok: IncrementalDetokenizer, windows) -> str | Exception | None:
+    try:
+        return detok.take_texts(*map(detok._decode, windows))
+    except Exception as exc:  # noqa: BLE001 - e.g. a token id past the vocabulary
+        return exc

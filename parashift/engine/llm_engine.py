@@ -11,7 +11,7 @@ import torch
 
 from parashift.config import EngineConfig, SchedulerConfig
 from parashift.gc_tuning import restore_garbage_collector, tune_garbage_collector
-from parashift.engine.detokenizer import IncrementalDetokenizer
+from parashift.engine.detokenizer import IncrementalDetokenizer, append_all
 from parashift.engine.faults import (FaultReport, GroupDown, lost_ranks, policy_over,
                                      root_reason)
 from parashift.engine.parallel_sampling import ParentRequest
@@ -769,16 +769,34 @@ class LLMEngine:
         replica.scheduler.update(sched, sampled)
         if replica.num_structured:
             failed += self._advance_grammars(replica, sampling, sampled)
+        live = [seq for seq in sampling if seq.request_id in self._replica_of]
+        stops = self._detokenize(live, sampled)
         outputs = []
-        for seq in sampling:
-            if seq.request_id not in self._replica_of:
-                continue
+        for seq in live:
             try:
-                outputs.append(self._output(replica, seq, sampled[seq.request_id]))
+                stop = stops.get(seq.request_id)
+                if isinstance(stop, Exception):
+                    raise stop
+                outputs.append(self._output(replica, seq, stop))
             except Exception as exc:  # noqa: BLE001 - e.g. its text cannot be decoded
                 logger.exception("the output of request %s could not be made", seq.request_id)
                 outputs.append(self._fail(replica, seq, f"{type(exc).__name__}: {exc}"))
         return failed + outputs
+
+    def _detokenize(self, seqs: list[Sequence], sampled: dict[str, int]
+                    ) -> dict[str, str | Exception | None]:
+        """Feeds each request's new token to its detokenizer, all in one batch; returns the
+        stop string each completed (or the error its decoding raised). A request that an
+        EOS or a stop token id ended gets no text for that token."""
+        detoks, ids = [], []
+        for seq in seqs:
+            detok = self._detokenizers[seq.request_id]
+            if detok is not None and not (seq.is_finished and seq.finish_reason == "stop"):
+                detoks.append(detok)
+                ids.append(seq.request_id)
+        if not detoks:
+            return {}
+        return dict(zip(ids, append_all(detoks, [sampled[i] for i in ids])))
 
     def _advance_grammars(self, replica: "Replica", sampling: list[Sequence],
                           sampled: dict[str, int]) -> list[RequestOutput]:
@@ -804,15 +822,13 @@ class LLMEngine:
         replica.encoder.forget(seq.request_id)
         return self._error_output(seq, reason)
 
-    def _output(self, replica: "Replica", seq: Sequence, new_token: int) -> RequestOutput:
+    def _output(self, replica: "Replica", seq: Sequence, stop: str | None) -> RequestOutput:
+        """`stop`: the stop string the request's new token completed."""
         detok = self._detokenizers[seq.request_id]
-        stopped_by_token = seq.is_finished and seq.finish_reason == "stop"  # EOS or a stop id
-        if detok is not None and not stopped_by_token:
-            stop = detok.append([new_token])
-            if stop is not None and seq.is_finished:  # hit on the token that ended it by length
-                seq.finish_reason, seq.stop_reason = "stop", stop
-            elif stop is not None:
-                replica.scheduler.finish(seq, "stop", stop)
+        if stop is not None and seq.is_finished:  # hit on the token that ended it by length
+            seq.finish_reason, seq.stop_reason = "stop", stop
+        elif stop is not None:
+            replica.scheduler.finish(seq, "stop", stop)
         if seq.is_finished:
             self._release(replica, seq.request_id)
         completion = CompletionOutput(

@@ -77,14 +77,15 @@ class Replica:
         for seq in sched.preempted:
             self.encoder.reset(seq.request_id)
         chunks, new_params, prompts = [], {}, {}
+        encoder = self.encoder
         for s in sched.scheduled:
             seq = s.seq
-            if self.encoder.is_new(seq.request_id):
+            if encoder.is_new(seq.request_id):
                 new_params[seq.request_id] = seq.params
                 if seq.params.uses_history:
                     prompts[seq.request_id] = seq.prompt_token_ids
-            chunks.append(self.encoder.chunk(seq.request_id, s.token_ids(), s.start_pos,
-                                             seq.block_table, s.samples))
+            chunks.append(encoder.chunk(seq.request_id, s.token_ids(), s.start_pos,
+                                        seq.block_table, s.samples))
         return StepBatch(chunks, new_params, self.encoder.take_finished(), plan, prompts)
 
 

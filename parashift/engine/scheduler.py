@@ -22,26 +22,22 @@ from parashift.worker.step_batch import PLACEHOLDER_TOKEN
 
 
 
-@dataclass
 class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int  # tokens computed this step, starting at start_pos
-    start_pos: int  # seq.num_computed_tokens when scheduled (after any prefix-cache hit)
-    # Tokens (pending ones included) at schedule time, so `samples` stays true after update().
-    _num_tokens: int = field(init=False, repr=False)
+    """One sequence's part of a step: `num_new_tokens` tokens from `start_pos` (its
+    num_computed_tokens when scheduled, after any prefix-cache hit); `samples`: a token is
+    sampled after them (the chunk reaches the last token, pending ones included)."""
+    __slots__ = ("seq", "num_new_tokens", "start_pos", "samples")
 
-    def __post_init__(self):
-        self._num_tokens = self.seq.num_tokens + self.seq.num_pending_tokens
+    def __init__(self, seq: Sequence, num_new_tokens: int, start_pos: int):
+        self.seq, self.num_new_tokens, self.start_pos = seq, num_new_tokens, start_pos
+        self.samples = start_pos + num_new_tokens == len(seq.token_ids) + seq.num_pending_tokens
 
     def token_ids(self) -> list[int]:
         """The chunk's input tokens, with a placeholder for a pending one."""
+        if self.start_pos == len(self.seq.token_ids) and self.num_new_tokens == 1:
+            return [PLACEHOLDER_TOKEN]  # a decode step under async scheduling
         known = self.seq.token_ids[self.start_pos:self.start_pos + self.num_new_tokens]
         return known + [PLACEHOLDER_TOKEN] * (self.num_new_tokens - len(known))
-
-    @property
-    def samples(self) -> bool:
-        """A token is sampled after this step: the chunk reaches the last token."""
-        return self.start_pos + self.num_new_tokens == self._num_tokens
 
 
 @dataclass
@@ -184,21 +180,22 @@ class Scheduler:
         for scheduled in out.scheduled:
             seq = scheduled.seq
             seq.num_computed_tokens = scheduled.start_pos + scheduled.num_new_tokens
-            if scheduled.samples:
-                seq.num_pending_tokens += 1
+            seq.num_pending_tokens += scheduled.samples
         return out
 
     def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
         """Apply a step's results; return the sequences it finished. A sequence
         preempted since the step was scheduled still takes its sampled token."""
-        finished = []
+        finished, cache_full_blocks = [], self.block_manager.cache_full_blocks
+        running, done = SequenceStatus.RUNNING, SequenceStatus.FINISHED
         for scheduled in output.scheduled:
             seq = scheduled.seq
-            if seq.is_finished:  # aborted (or stopped by an earlier step) while the step ran
+            status = seq.status
+            if status is done:  # aborted (or stopped by an earlier step) while the step ran
                 continue
-            if seq.status == SequenceStatus.RUNNING:
-                computed = min(scheduled.start_pos + scheduled.num_new_tokens, seq.num_tokens)
-                self.block_manager.cache_full_blocks(seq, computed)
+            if status is running:
+                cache_full_blocks(seq, min(scheduled.start_pos + scheduled.num_new_tokens,
+                                           len(seq.token_ids)))
             if not scheduled.samples:
                 continue
             seq.num_pending_tokens -= 1
@@ -210,36 +207,39 @@ class Scheduler:
         return finished
 
     def _num_new_tokens(self, seq: Sequence, budget: int, num_computed: int) -> int:
-        if seq.num_pending_tokens and self._pending_token_finishes(seq):
+        pending = seq.num_pending_tokens
+        if pending and self._pending_token_finishes(seq):
             return 0
-        num_new = min(seq.num_tokens + seq.num_pending_tokens - num_computed, budget)
-        if self.config.long_prefill_token_threshold > 0:
-            num_new = min(num_new, self.config.long_prefill_token_threshold)
-        return num_new
+        num_new = len(seq.token_ids) + pending - num_computed
+        if num_new > budget:
+            num_new = budget
+        threshold = self.config.long_prefill_token_threshold
+        return num_new if threshold <= 0 or num_new <= threshold else threshold
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        i, running, scheduled = 0, self.running, out.scheduled
+        allocate = self.block_manager.allocate_slots
+        while i < len(running) and budget > 0:
+            seq = running[i]
             num_new = self._num_new_tokens(seq, budget, seq.num_computed_tokens)
             if num_new <= 0:
                 i += 1
                 continue
-            while not self.block_manager.allocate_slots(seq, num_new):
+            while not allocate(seq, num_new):
                 victim = max(self.running, key=Sequence.sort_key)
                 if self.running.index(victim) < i:
                     i -= 1
                 budget += self._preempt(victim, out)
                 if victim is seq:
                     return budget
-            out.scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens))
+            scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens))
             budget -= num_new
             i += 1
         return budget
 
     def _pending_token_finishes(self, seq: Sequence) -> bool:
         """The pending token reaches max_tokens or max_model_len: nothing to compute after it."""
-        num_tokens = seq.num_tokens + seq.num_pending_tokens
+        num_tokens = len(seq.token_ids) + seq.num_pending_tokens
         max_tokens = seq.params.max_tokens
         return ((max_tokens is not None and num_tokens - seq.num_prompt_tokens >= max_tokens)
                 or num_tokens >= self.config.max_model_len)
@@ -284,14 +284,14 @@ class Scheduler:
         heapq.heapify(self._waiting)
 
     def _check_stop(self, seq: Sequence) -> tuple[str | None, int | None]:
-        token = seq.token_ids[-1]
+        token, num_tokens = seq.token_ids[-1], len(seq.token_ids)
         params = seq.params
         if not params.ignore_eos and token in self.eos_token_ids:
             return "stop", None
-        if token in params.stop_token_ids:
+        if params.stop_token_ids and token in params.stop_token_ids:
             return "stop", token
-        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+        if params.max_tokens is not None and num_tokens - seq.num_prompt_tokens >= params.max_tokens:
             return "length", None
-        if seq.num_tokens >= self.config.max_model_len:
+        if num_tokens >= self.config.max_model_len:
             return "length", None
         return None, None

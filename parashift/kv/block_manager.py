@@ -129,9 +129,11 @@ class BlockManager:
                        computed_blocks: list[int] = ()) -> bool:
         """Grow seq.block_table to cover its computed tokens, the prefix hit
         and num_new_tokens. On failure nothing changes."""
-        assert not computed_blocks or not seq.block_table
         num_tokens = (seq.num_computed_tokens + len(computed_blocks) * self.block_size
                       + num_new_tokens)
+        if not computed_blocks and num_tokens <= len(seq.block_table) * self.block_size:
+            return True  # most decode steps: the last block has room
+        assert not computed_blocks or not seq.block_table
         num_fresh = max(0, self.num_blocks_for(num_tokens)
                         - len(seq.block_table) - len(computed_blocks))
         num_revived = sum(1 for b in computed_blocks if self.ref_counts[b] == 0)
@@ -150,6 +152,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         num_full = min(num_computed_tokens // self.block_size, len(seq.block_table))
+        if len(seq.block_hashes) >= num_full:
+            return  # most decode steps: no block filled up
         for i in range(len(seq.block_hashes), num_full):
             parent_hash = seq.block_hashes[-1] if seq.block_hashes else None
             tokens = seq.token_ids[i * self.block_size:(i + 1) * self.block_size]

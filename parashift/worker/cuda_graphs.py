@@ -74,12 +74,13 @@ class DecodeGraphs:
             hidden = self._forward(plan, bucket)
         return graph, hidden
 
-    def run(self, chunks: list[SeqChunk], plan, bucket: int, patch_tokens):
+    def run(self, chunks: list[SeqChunk], tables, plan, bucket: int, patch_tokens):
         """Replays the bucket's graph for this step; returns (hidden states, inputs).
+        `tables` are the rank's block tables (by chunk.row);
         `patch_tokens(tokens, chunks, inputs)` may rewrite the input tokens first."""
         sp = plan.state.sp
-        inputs = build_step_inputs(chunks, plan.block_size, self.tokens.device, sp.size,
-                                   sp.rank, pad_to=bucket)
+        inputs = build_step_inputs(chunks, tables, plan.block_size, self.tokens.device,
+                                   sp.size, sp.rank, pad_to=bucket)
         self._fill(inputs, bucket)
         patch_tokens(self.tokens[:len(inputs.token_ids)], chunks, inputs)
         graph, hidden = self.graphs[(plan.graph_key, bucket)]

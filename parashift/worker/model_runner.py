@@ -6,14 +6,17 @@ import hashlib
 import logging
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from parashift.attention.backend import get_backend
 from parashift.context import BASE_WEIGHTS, StepContext, use_context, use_state
 from parashift.worker.cuda_graphs import DecodeGraphs
-from parashift.worker.step_batch import PLACEHOLDER_TOKEN, RequestTables, SeqChunk, StepBatch
+from parashift.worker.step_batch import (PLACEHOLDER_TOKEN, ChunkDelta, RequestTables, SeqChunk,
+                                         StepBatch)
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
+from parashift.worker.step_check import StepStateCheck
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.worker.token_history import TokenHistoryStore
 from parashift.kv.cache import KVCache, attention_layers
@@ -65,7 +68,17 @@ class GroupSampling:
     def __init__(self, seed: int, device: torch.device):
         self.generator = Sampler.make_generator(seed, device)
         self.prev_tokens: torch.Tensor | None = None
-        self.prev_rows: dict[str, int] = {}  # request id -> its row in prev_tokens
+        # block-table row of a request -> its index in prev_tokens (-1: sampled none)
+        self.prev_index = np.full(0, -1, np.int64)
+
+    def remember(self, tokens: torch.Tensor, rows: np.ndarray, num_rows: int) -> None:
+        """This step's samples, of the requests in block-table `rows` (in order)."""
+        self.prev_tokens = tokens
+        if len(self.prev_index) < num_rows:
+            self.prev_index = np.full(num_rows, -1, np.int64)
+        else:
+            self.prev_index.fill(-1)
+        self.prev_index[rows] = np.arange(len(rows))
 
 
 class ModelRunner:
@@ -87,6 +100,7 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.generators: dict[str, torch.Generator] = {}  # of requests with a seed
         self.requests = RequestTables()
+        self._check = StepStateCheck() if config.check_step_state else None
         self.history = TokenHistoryStore(device)  # tokens of the requests with penalties
         self.groups: dict[tuple[int, ...], GroupSampling] = {}  # by the ranks of a step's plan
         self._group = self._group_of(self.state.plan.ranks)  # the running step's
@@ -244,9 +258,11 @@ class ModelRunner:
         errors = self._admit(batch.new_params)
         self._track_history(batch)
         chunks = self.requests.apply(batch)
+        if self._check is not None:
+            self._check.apply(batch, self.requests)
         plan = self.resources[batch.plan]
         group = self._group = self._group_of(plan.plan.ranks)
-        self.history.record(chunks, group.prev_tokens, group.prev_rows)
+        self.history.record(chunks, group.prev_tokens, group.prev_index)
         if plan.block_size != self._bound_block_size:
             self._bind_kv(plan)
         with use_context(plan.context()):
@@ -255,9 +271,10 @@ class ModelRunner:
             self._wait_sends()
         sampled = [mb_tokens for mb_tokens, _ in results if mb_tokens is not None]
         tokens = torch.cat(sampled) if sampled else torch.empty(0, dtype=torch.int64)
-        group.prev_tokens = tokens
-        group.prev_rows = {c.request_id: j for j, c in
-                           enumerate(c for c in chunks if c.sampling is not None)}
+        sampled_rows = np.fromiter((c.row for c in chunks if c.sampling is not None), np.int64)
+        group.remember(tokens, sampled_rows, len(self.requests.lengths))
+        if self._check is not None:
+            self._check.remember_samples(group, chunks)
         if not plan.is_output_rank:
             return PendingStep(None, None)
         logprobs = []
@@ -293,13 +310,18 @@ class ModelRunner:
         sp = state.sp
         bucket = self.graphs.bucket_for(chunks, state) if self.graphs else None
         if bucket is not None:
-            out, inputs = self.graphs.run(chunks, plan, bucket, self._fill_placeholders)
+            out, inputs = self.graphs.run(chunks, self.requests.tables, plan, bucket,
+                                          self._fill_placeholders)
         else:
-            inputs = build_step_inputs(chunks, plan.block_size, self.device, sp.size, sp.rank)
+            inputs = build_step_inputs(chunks, self.requests.tables, plan.block_size,
+                                       self.device, sp.size, sp.rank)
             self._fill_placeholders(inputs.token_ids, chunks, inputs)
             intermediate = None if state.is_first_stage else self._recv(inputs, state)
             with use_context(plan.context(inputs.attn, self.backend)):
                 out = self.model(inputs.token_ids, inputs.positions, intermediate)
+        if self._check is not None:
+            self._check.verify_inputs(chunks, inputs, plan.block_size, sp.size, sp.rank,
+                                      bucket or 0)
         if not state.is_last_stage:
             self._send(out, state)
             return None, None
@@ -324,15 +346,18 @@ class ModelRunner:
                            inputs: StepInputs) -> None:
         """Writes the previous step's samples over this step's placeholder tokens (async
         scheduling), in the rows this rank holds."""
-        ends, local = inputs.attn.query_start_loc_cpu[1:], inputs.local_rows
-        group = self._group
-        pairs = [(ends[i] - 1 - local.start, group.prev_rows[c.request_id])
-                 for i, c in enumerate(chunks)
-                 if c.token_ids[-1] == PLACEHOLDER_TOKEN and ends[i] - 1 in local]
-        if not pairs:
-            return
-        rows, sources = (upload(v, torch.int64, self.device) for v in zip(*pairs))
-        token_ids.index_copy_(0, rows, group.prev_tokens.index_select(0, sources))
+        local = inputs.local_rows
+        ends = np.asarray(inputs.attn.query_start_loc_cpu[1:len(chunks) + 1]) - 1
+        pending = (inputs.last_tokens == PLACEHOLDER_TOKEN) & (ends >= local.start) \
+            & (ends < local.stop)
+        rows = sources = None
+        if pending.any():
+            rows = upload(ends[pending] - local.start, torch.int64, self.device)
+            sources = upload(self._group.prev_index[inputs.chunk_rows[pending]], torch.int64,
+                             self.device)
+            token_ids.index_copy_(0, rows, self._group.prev_tokens.index_select(0, sources))
+        if self._check is not None:
+            self._check.verify_placeholders(self._group, chunks, inputs, rows, sources)
 
     def _sample_rows(self, hidden: torch.Tensor, inputs: StepInputs, sp) -> torch.Tensor:
         """Hidden states of the sampled rows, gathered from the SP rank holding each."""
@@ -383,14 +408,15 @@ class ModelRunner:
     @torch.inference_mode()
     def _profile_peak_bytes(self, make_scratch) -> int:
         """Peak activation memory of a step of max_num_batched_tokens tokens."""
-        chunks = profile_chunks(self.config.max_num_batched_tokens, self.max_model_len,
-                                self.block_size)
-        make_scratch(sum(len(c.block_table) for c in chunks)).bind(self.model)
+        chunks, tables = profile_chunks(self.config.max_num_batched_tokens,
+                                        self.max_model_len, self.block_size)
+        make_scratch(int(tables.lengths.sum())).bind(self.model)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         with use_state(self.state):
             sp = self.state.sp
-            inputs = build_step_inputs(chunks, self.block_size, self.device, sp.size, sp.rank)
+            inputs = build_step_inputs(chunks, tables.tables, self.block_size, self.device,
+                                       sp.size, sp.rank)
             intermediate = None
             if not self.state.is_first_stage:
                 x = torch.zeros(len(inputs.local_rows), self.hidden_size, dtype=self.dtype, device=self.device)
@@ -403,18 +429,20 @@ class ModelRunner:
         return torch.cuda.max_memory_allocated(self.device) - before
 
 
-def profile_chunks(num_tokens: int, max_model_len: int, block_size: int) -> list[SeqChunk]:
+def profile_chunks(num_tokens: int, max_model_len: int, block_size: int
+                   ) -> tuple[list[SeqChunk], RequestTables]:
     """Dummy sequences of at most max_model_len tokens filling a step's budget,
-    each on its own blocks of a scratch pool."""
-    chunks, next_block = [], 0
+    each on its own blocks of a scratch pool, and their block tables."""
+    deltas, next_block = [], 0
     while num_tokens > 0:
         length = min(num_tokens, max_model_len)
         blocks = -(-length // block_size)
-        chunks.append(SeqChunk(f"profile-{len(chunks)}", [0] * length, 0,
-                               list(range(next_block, next_block + blocks)), None))
+        deltas.append(ChunkDelta(f"profile-{len(deltas)}", [0] * length, 0, 0,
+                                 list(range(next_block, next_block + blocks)), False))
         next_block += blocks
         num_tokens -= length
-    return chunks
+    tables = RequestTables()
+    return tables.apply(StepBatch(deltas)), tables
 
 
 def split_micro_batches(chunks: list[SeqChunk], count: int) -> list[list[SeqChunk]]:

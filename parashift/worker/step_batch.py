@@ -13,7 +13,7 @@ from parashift.structured.matchers import TokenMasks
 PLACEHOLDER_TOKEN = -1  # a token sampled by the step in flight, not yet known to the engine
 
 
-@dataclass
+@dataclass(slots=True)
 class ChunkDelta:
     request_id: str
     token_ids: list[int]       # the tokens computed this step
@@ -35,13 +35,14 @@ class StepBatch:
     token_masks: TokenMasks | None = None  # structured output's masks of sampling chunks
 
 
-@dataclass
+@dataclass(slots=True)
 class SeqChunk:
-    """A chunk resolved on the rank: whole block table and sampling parameters."""
+    """A chunk resolved on the rank: its row of the rank's block tables and its sampling
+    parameters."""
     request_id: str
     token_ids: list[int]
     start_pos: int
-    block_table: list[int]
+    row: int                   # the request's row in RequestTables.tables
     sampling: SamplingParams | None  # set when a token is sampled after this chunk
     token_mask: np.ndarray | None = None  # the tokens its sample may take (structured output)
 
@@ -51,28 +52,68 @@ class SeqChunk:
 
 
 class RequestTables:
-    """A rank's copy of each running request's block table and sampling parameters."""
+    """A rank's copy of each running request's block table and sampling parameters, kept
+    from step to step: a request holds one row of `tables` while it runs, and a step
+    writes only the block ids its message appends (once every block_size decode steps)."""
 
-    def __init__(self):
-        self.tables: dict[str, list[int]] = {}
+    def __init__(self, rows: int = 64, width: int = 64):
+        self.tables = np.zeros((rows, width), np.int32)  # row -> block ids, 0-padded
+        self.lengths = np.zeros(rows, np.int32)  # row -> its number of blocks
+        self.row_of: dict[str, int] = {}
         self.params: dict[str, SamplingParams] = {}
+        self._free = list(range(rows - 1, -1, -1))
 
     def apply(self, batch: StepBatch) -> list[SeqChunk]:
         for request_id in batch.finished_request_ids:
-            self.tables.pop(request_id, None)
-            self.params.pop(request_id, None)
+            self.forget(request_id)
         self.params.update(batch.new_params)
-        chunks = []
+        chunks, row_of, params = [], self.row_of, self.params
         for d in batch.chunks:
-            table = self.tables.setdefault(d.request_id, [])
-            del table[d.blocks_from:]
-            table += d.new_blocks
-            chunks.append(SeqChunk(d.request_id, d.token_ids, d.start_pos, table,
-                                   self.params[d.request_id] if d.samples else None))
+            row = row_of.get(d.request_id)
+            if row is None:
+                row = self._take_row(d.request_id)
+            if d.new_blocks or d.blocks_from != self.lengths[row]:
+                self._write(row, d.blocks_from, d.new_blocks)
+            chunks.append(SeqChunk(d.request_id, d.token_ids, d.start_pos, row,
+                                   params[d.request_id] if d.samples else None))
         if batch.token_masks is not None:
             for i, mask in zip(batch.token_masks.chunks, batch.token_masks.bitmask):
                 chunks[i].token_mask = mask
         return chunks
+
+    def forget(self, request_id: str) -> None:
+        row = self.row_of.pop(request_id, None)
+        self.params.pop(request_id, None)
+        if row is not None:
+            self.tables[row, :self.lengths[row]] = 0
+            self.lengths[row] = 0
+            self._free.append(row)
+
+    def table(self, row: int) -> list[int]:
+        return self.tables[row, :self.lengths[row]].tolist()
+
+    def _take_row(self, request_id: str) -> int:
+        if not self._free:
+            rows = len(self.lengths)
+            self._resize(2 * rows, self.tables.shape[1])
+            self._free = list(range(2 * rows - 1, rows - 1, -1))
+        row = self.row_of[request_id] = self._free.pop()
+        return row
+
+    def _write(self, row: int, start: int, block_ids: list[int]) -> None:
+        end = start + len(block_ids)
+        if end > self.tables.shape[1]:
+            self._resize(len(self.lengths), max(end, 2 * self.tables.shape[1]))
+        self.tables[row, start:end] = block_ids
+        self.tables[row, end:self.lengths[row]] = 0
+        self.lengths[row] = end
+
+    def _resize(self, rows: int, width: int) -> None:
+        tables, lengths = self.tables, self.lengths
+        self.tables = np.zeros((rows, width), np.int32)
+        self.tables[:tables.shape[0], :tables.shape[1]] = tables
+        self.lengths = np.zeros(rows, np.int32)
+        self.lengths[:len(lengths)] = lengths
 
 
 class DeltaEncoder:
@@ -86,8 +127,13 @@ class DeltaEncoder:
     def chunk(self, request_id: str, token_ids: list[int], start_pos: int,
               block_table: list[int], samples: bool) -> ChunkDelta:
         sent = self.sent_blocks.get(request_id, 0)
-        self.sent_blocks[request_id] = len(block_table)
-        new_blocks = [b + self.block_offset for b in block_table[sent:]]
+        count = self.sent_blocks[request_id] = len(block_table)
+        if sent == count:  # most decode steps
+            new_blocks = []
+        elif self.block_offset:
+            new_blocks = [b + self.block_offset for b in block_table[sent:]]
+        else:
+            new_blocks = block_table[sent:]
         return ChunkDelta(request_id, token_ids, start_pos, sent, new_blocks, samples)
 
     def is_new(self, request_id: str) -> bool:

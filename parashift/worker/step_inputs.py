@@ -1,7 +1,10 @@
-"""The tensors of one step (or one micro-batch) on this rank."""
-import functools
+"""The tensors of one step (or one micro-batch) on this rank, computed with array
+operations from the chunks and the rank's persistent block tables: a few Python
+attribute reads per chunk, no per-token Python work."""
 from dataclasses import dataclass
+from itertools import chain
 
+import numpy as np
 import torch
 
 from parashift.attention.metadata import AttentionMetadata
@@ -16,41 +19,60 @@ class StepInputs:
     attn: AttentionMetadata       # the whole step: every SP rank attends over all rows
     sample_rows: list[int]        # rows (of the whole step) whose logits are sampled
     local_rows: range             # the whole-step rows this rank holds
+    chunk_rows: np.ndarray        # each chunk's row in the block tables
+    last_tokens: np.ndarray       # each chunk's last input token (PLACEHOLDER_TOKEN or not)
 
 
-def build_step_inputs(chunks: list[SeqChunk], block_size: int, device: torch.device,
-                      sp_size: int = 1, sp_rank: int = 0, pad_to: int = 0) -> StepInputs:
-    """`pad_to` pads the step to that many sequences and rows (a CUDA graph's batch
-    size): padding sequences hold no rows and no context, padding rows belong to no
-    sequence; neither writes KV nor affects the real rows."""
-    token_ids, positions, slots, starts = [], [], [], [0]
-    for c in chunks:
-        token_ids += c.token_ids
-        span = range(c.start_pos, c.seq_len)
-        positions += span
-        slots += [c.block_table[p // block_size] * block_size + p % block_size for p in span]
-        starts.append(starts[-1] + len(c.token_ids))
-    num_rows = max(len(token_ids), pad_to)
-    padding = num_rows - len(token_ids) + (-num_rows % sp_size)  # rows of no sequence
-    token_ids += [0] * padding
-    positions += [0] * padding
-    slots += [-1] * padding
-    num_seqs = max(len(chunks), pad_to)
-    starts += [starts[-1]] * (num_seqs - len(chunks))
-    seq_lens = [c.seq_len for c in chunks] + [0] * (num_seqs - len(chunks))
-    width = max(len(c.block_table) for c in chunks)
-    tables = [c.block_table + [0] * (width - len(c.block_table)) for c in chunks]
-    tables += [[0] * width] * (num_seqs - len(chunks))
-    to = functools.partial(upload, device=device)
+def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: int,
+                      device: torch.device, sp_size: int = 1, sp_rank: int = 0,
+                      pad_to: int = 0) -> StepInputs:
+    """`tables` holds each chunk's block table in the row `chunk.row`. `pad_to` pads the
+    step to that many sequences and rows (a CUDA graph's batch size): padding sequences
+    hold no rows and no context, padding rows belong to no sequence; neither writes KV
+    nor affects the real rows."""
+    n = len(chunks)
+    rows = np.fromiter((c.row for c in chunks), np.int64, n)
+    first = np.fromiter((c.start_pos for c in chunks), np.int64, n)
+    q_lens = np.fromiter((len(c.token_ids) for c in chunks), np.int64, n)
+    num_tokens = int(q_lens.sum())
+    if num_tokens == n:  # a decode step: one token per chunk
+        tokens = np.fromiter((c.token_ids[0] for c in chunks), np.int64, n)
+        positions, owner = first, rows
+    else:
+        tokens = np.fromiter(chain.from_iterable(c.token_ids for c in chunks), np.int64,
+                             num_tokens)
+        chunk_of_token = np.repeat(np.arange(n), q_lens)
+        starts = np.cumsum(q_lens) - q_lens
+        positions = np.arange(num_tokens) - starts[chunk_of_token] + first[chunk_of_token]
+        owner = rows[chunk_of_token]
+    slots = tables[owner, positions // block_size].astype(np.int64) * block_size \
+        + positions % block_size
+    num_rows = max(num_tokens, pad_to)
+    padding = num_rows - num_tokens + (-num_rows % sp_size)  # rows of no sequence
+    num_seqs = max(n, pad_to)
+    query_start = np.zeros(num_seqs + 1, np.int64)
+    np.cumsum(q_lens, out=query_start[1:n + 1])
+    query_start[n + 1:] = num_tokens
+    seq_lens = np.zeros(num_seqs, np.int64)
+    seq_lens[:n] = first + q_lens
+    width = int(-(-seq_lens.max() // block_size))
+    block_tables = np.zeros((num_seqs, width), np.int32)
+    block_tables[:n] = tables[rows, :width]
+    tokens = np.concatenate((tokens, np.zeros(padding, np.int64)))
+    positions = np.concatenate((positions, np.zeros(padding, np.int64)))
+    slots = np.concatenate((slots, np.full(padding, -1, np.int64)))
+    starts_cpu, seq_lens_cpu = query_start.tolist(), seq_lens.tolist()
     attn = AttentionMetadata(
-        slot_mapping=to(slots, torch.int64), query_start_loc=to(starts, torch.int32),
-        seq_lens=to(seq_lens, torch.int32), block_tables=to(tables, torch.int32),
-        query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
-        max_query_len=max(len(c.token_ids) for c in chunks), max_seq_len=max(seq_lens),
-        block_size=block_size)
-    per_rank = len(token_ids) // sp_size
+        slot_mapping=upload(slots, torch.int64, device),
+        query_start_loc=upload(query_start, torch.int32, device),
+        seq_lens=upload(seq_lens, torch.int32, device),
+        block_tables=upload(block_tables, torch.int32, device),
+        query_start_loc_cpu=starts_cpu, seq_lens_cpu=seq_lens_cpu,
+        max_query_len=int(q_lens.max()), max_seq_len=max(seq_lens_cpu), block_size=block_size)
+    per_rank = len(tokens) // sp_size
     local = range(sp_rank * per_rank, (sp_rank + 1) * per_rank)
-    sample_rows = [starts[i + 1] - 1 for i, c in enumerate(chunks) if c.sampling is not None]
-    return StepInputs(to(token_ids[local.start:local.stop], torch.int64),
-                      to(positions[local.start:local.stop], torch.int64), attn, sample_rows, local)
-
+    ends = query_start[1:n + 1]
+    sampled = np.fromiter((c.sampling is not None for c in chunks), bool, n)
+    return StepInputs(upload(tokens[local.start:local.stop], torch.int64, device),
+                      upload(positions[local.start:local.stop], torch.int64, device), attn,
+                      (ends[sampled] - 1).tolist(), local, rows, tokens[ends - 1])

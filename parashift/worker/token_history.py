@@ -43,9 +43,10 @@ class TokenHistoryStore:
             del self.prompt_lens[request_id], self.lengths[request_id]
 
     def record(self, chunks: list[SeqChunk], prev_tokens: torch.Tensor | None,
-               prev_rows: dict[str, int]) -> None:
+               prev_index) -> None:
         """Writes the tracked requests' chunk tokens at their positions; a placeholder
-        comes from the previous step's samples. A recomputed (preempted) request
+        comes from the previous step's samples (`prev_index`: a block-table row -> its
+        index in prev_tokens). A recomputed (preempted) request
         writes the same tokens again, and its length is its latest chunk's end."""
         tracked = [c for c in chunks if c.request_id in self.slots] if self.slots else []
         if not tracked:
@@ -57,7 +58,7 @@ class TokenHistoryStore:
             if tokens and tokens[-1] == PLACEHOLDER_TOKEN:  # only ever the last one
                 pending_at[0].append(slot)
                 pending_at[1].append(c.seq_len - 1)
-                sources.append(prev_rows[c.request_id])
+                sources.append(int(prev_index[c.row]))
                 tokens = tokens[:-1]
             known_at[0].extend([slot] * len(tokens))
             known_at[1].extend(range(c.start_pos, c.start_pos + len(tokens)))

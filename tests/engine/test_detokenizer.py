@@ -189,3 +189,37 @@ def test_append_after_stop_is_ignored(tokenizer):
     assert detok.append(ids[:3]) == "world"
     assert detok.append(ids[3:]) is None
     assert detok.text == "Hello " and detok.take_delta() == "Hello "
+
+
+def test_a_batch_of_requests_detokenizes_as_each_one_alone(tokenizer, prompt_ids):
+    """append_all (two Rust batch calls per step) gives every request the text and stop
+    string that its own appends give, with and without special tokens and stop strings."""
+    from parashift.engine.detokenizer import append_all, rust_backend
+    assert rust_backend(tokenizer) is not None
+    rng = random.Random(3)
+    outputs = [tokenizer.encode(text) + [tokenizer.eos_token_id] for text in TEXTS] + \
+        [[rng.randrange(len(tokenizer)) for _ in range(30)] for _ in range(10)]
+    params = [SamplingParams(stop=[rng.choice(["a", "é", "😀", ", ", "zz"])],
+                             skip_special_tokens=rng.random() < 0.5) for _ in outputs]
+    alone = [IncrementalDetokenizer(tokenizer, prompt_ids, p) for p in params]
+    batched = [IncrementalDetokenizer(tokenizer, prompt_ids, p) for p in params]
+    stops_alone, stops_batched = [None] * len(outputs), [None] * len(outputs)
+    for step in range(max(map(len, outputs))):
+        live = [i for i, ids in enumerate(outputs) if step < len(ids) and stops_alone[i] is None]
+        for i in live:
+            stops_alone[i] = alone[i].append([outputs[i][step]])
+        for i, stop in zip(live, append_all([batched[i] for i in live],
+                                            [outputs[i][step] for i in live])):
+            stops_batched[i] = stop
+    assert stops_batched == stops_alone and any(stops_alone)
+    assert [d.text for d in batched] == [d.text for d in alone]
+    assert [d.take_delta(finished=True) for d in batched] == \
+        [d.take_delta(finished=True) for d in alone]
+
+
+def test_a_request_whose_tokens_cannot_be_decoded_fails_alone(tokenizer, prompt_ids):
+    from parashift.engine.detokenizer import append_all
+    good, bad = (IncrementalDetokenizer(tokenizer, prompt_ids, SamplingParams()) for _ in "ab")
+    results = append_all([good, bad], [tokenizer.encode("Hello")[0], -5])
+    assert results[0] is None and isinstance(results[1], Exception)
+    assert good.text == "Hello"

@@ -1,5 +1,6 @@
 """A rank's token history of the requests with penalties: prompt chunks, placeholders
 filled from the previous step's samples, recompute after preemption."""
+import numpy as np
 import torch
 
 from parashift.layers.penalties import PADDING_TOKEN
@@ -10,8 +11,20 @@ from parashift.worker.token_history import TokenHistoryStore
 PENALIZED = SamplingParams(repetition_penalty=1.2)
 
 
+ROWS: dict[str, int] = {}  # each request's block-table row
+
+
 def chunk(request_id, tokens, start, samples=True):
-    return SeqChunk(request_id, tokens, start, [0], PENALIZED if samples else None)
+    row = ROWS.setdefault(request_id, len(ROWS))
+    return SeqChunk(request_id, tokens, start, row, PENALIZED if samples else None)
+
+
+def prev(index_of: dict[str, int]) -> np.ndarray:
+    """The previous step's index in its samples of each request's row (-1: none)."""
+    index = np.full(64, -1, np.int64)
+    for request_id, i in index_of.items():
+        index[ROWS.setdefault(request_id, len(ROWS))] = i
+    return index
 
 
 def rows_of(history) -> list[list[int]]:
@@ -23,13 +36,14 @@ def test_prompt_chunks_then_placeholders_from_the_previous_samples():
     store.admit("a", [1, 2, 3, 4, 5])
     store.admit("b", [7, 8])
     assert store.batch([chunk("b", [], 0)]).token_ids.tolist() == [[7, 8]]  # from the message
-    store.record([chunk("a", [3], 2, samples=False), chunk("b", [8], 1)], None, {})  # cached
+    store.record([chunk("a", [3], 2, samples=False), chunk("b", [8], 1)], None,
+                 prev({}))  # cached
     assert store.batch([chunk("b", [], 0)]).token_ids.tolist() == [[7, 8]]
     store.record([chunk("a", [4, 5], 3), chunk("b", [PLACEHOLDER_TOKEN], 2)],
-                 torch.tensor([40]), {"b": 0})
-    prev = torch.tensor([11, 22])  # this step sampled 11 for a, 22 for b
+                 torch.tensor([40]), prev({"b": 0}))
+    sampled = torch.tensor([11, 22])  # this step sampled 11 for a, 22 for b
     store.record([chunk("b", [PLACEHOLDER_TOKEN], 3), chunk("untracked", [9], 0),
-                  chunk("a", [PLACEHOLDER_TOKEN], 5)], prev, {"a": 0, "b": 1})
+                  chunk("a", [PLACEHOLDER_TOKEN], 5)], sampled, prev({"a": 0, "b": 1}))
     sampling = [chunk("x", [], 0), chunk("a", [], 0), chunk("b", [], 0)]
     history = store.batch(sampling)
     assert history.rows == [1, 2]
@@ -41,8 +55,8 @@ def test_prompt_chunks_then_placeholders_from_the_previous_samples():
 def test_recompute_overwrites_and_forget_frees_the_slot():
     store = TokenHistoryStore(torch.device("cpu"))
     store.admit("a", [1, 2])
-    store.record([chunk("a", [1, 2, 3, 4], 0)], None, {})
-    store.record([chunk("a", [5], 2)], None, {})  # preempted, recomputed from the cache
+    store.record([chunk("a", [1, 2, 3, 4], 0)], None, prev({}))
+    store.record([chunk("a", [5], 2)], None, prev({}))  # preempted, recomputed from the cache
     assert rows_of(store.batch([chunk("a", [], 0)])) == [[1, 2, 5]]
     slot = store.slots["a"]
     store.forget("a")
@@ -56,6 +70,6 @@ def test_buffer_grows_past_its_capacity_and_slots():
     for i in range(20):
         store.admit(f"r{i}", [i])
     long = list(range(3000))
-    store.record([chunk("r0", [5], 1), chunk("r19", long, 0)], None, {})
+    store.record([chunk("r0", [5], 1), chunk("r19", long, 0)], None, prev({}))
     history = store.batch([chunk("r19", [], 0), chunk("r0", [], 0)])
     assert rows_of(history) == [long, [0, 5]]
