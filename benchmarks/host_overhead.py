@@ -54,7 +54,9 @@ def timed_parts():
             seconds[f"gc{info['generation']}"] += spent
     gc.callbacks.append(gc_timer)
     for owner, name, label in PARTS:
-        original = getattr(owner, name)
+        original = getattr(owner, name, None)
+        if original is None:  # an earlier tree (before/after runs) lacks this part
+            continue
         originals.append((owner, name, original))
 
         def timed(*args, _original=original, _label=label, **kwargs):

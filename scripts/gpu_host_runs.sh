@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 24's one-GPU runs, JSON to $OUT: host work per decode step by part
+# (benchmarks/host_overhead.py, with the SmolLM2 tokenizer in $TOKENIZER so detokenization is
+# timed) and decode as a fraction of the floor, this tree against the one in $BEFORE (an
+# earlier commit unpacked with `git archive REV | tar -x -C .before`), interleaved. Both
+# trees run this tree's host_overhead.py (it skips parts an older tree lacks).
+# Usage: OUT=dir BEFORE=.before TOKENIZER=.tok bash scripts/gpu_host_runs.sh
+set -u
+model=benchmarks/shapes/llama-3.1-8b.json
+before=${BEFORE:?the earlier tree}; here=$(pwd); tok=${TOKENIZER:?a tokenizer directory}
+run_in() {  # run_in DIR LABEL COMMAND...
+  local dir=$1 label=$2; shift 2
+  (cd "$dir" && PYTHONPATH="$dir" "$@" 2>&1 | grep -E '^\{|Error|error' | tail -20 \
+    | cut -c1-700 | sed "s/^/[$label] /")
+}
+for tree in before after; do
+  dir=$here; [ $tree = before ] && dir=$here/$before
+  run_in "$dir" $tree python3 "$here/benchmarks/host_overhead.py" --model "$here/$model" \
+    --batch-sizes 256 1024 --context 512 --decode-steps 40 --tokenizer "$here/$tok" \
+    --output "$OUT/host_$tree.json"
+done
+for tree in before after; do
+  dir=$here; [ $tree = before ] && dir=$here/$before
+  run_in "$dir" $tree python3 benchmarks/decode_throughput.py --model "$here/$model" \
+    --batch-sizes 256 512 --context 1024 --decode-steps 32 --cuda-graphs \
+    --output "$OUT/decode1024_$tree.json"
+  run_in "$dir" $tree python3 benchmarks/decode_throughput.py --model "$here/$model" \
+    --batch-sizes 1024 --context 640 --decode-steps 32 --cuda-graphs \
+    --output "$OUT/decode640_$tree.json"
+done
