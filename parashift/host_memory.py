@@ -26,18 +26,17 @@ def shm_free_bytes() -> int | None:
     return stats.f_bavail * stats.f_frsize
 
 
-def check_host_memory(needs: dict[str, int], shared: int = 0) -> None:
+def check_host_memory(needs: dict[str, int], shared: int = 0, advice: str = "") -> None:
     """Refuses (ValueError) when the buffers in `needs` (name -> bytes) exceed the host's
-    available memory, or when `shared` of those bytes exceed /dev/shm's free room."""
+    available memory, or when `shared` of those bytes exceed /dev/shm's free room; the
+    message ends with `advice` (what to lower)."""
     total = sum(needs.values())
     listing = ", ".join(f"{name} {n / 2**30:.2f} GiB" for name, n in needs.items())
     available = mem_available_bytes()
     if available is not None and total > available:
         raise ValueError(f"host memory cannot hold {listing} ({total / 2**30:.2f} GiB in all): "
-                         f"{available / 2**30:.2f} GiB available; lower --cpu-kv-tokens or "
-                         "--cpu-kv-gib")
+                         f"{available / 2**30:.2f} GiB available{advice}")
     free = shm_free_bytes()
     if shared and free is not None and shared > free:
         raise ValueError(f"{SHM_DIR} cannot hold {shared / 2**30:.2f} GiB of shared buffers "
-                         f"({free / 2**30:.2f} GiB free; a container's --shm-size limits it); "
-                         "lower --cpu-kv-tokens or --cpu-kv-gib")
+                         f"({free / 2**30:.2f} GiB free; a container's --shm-size limits it){advice}")
