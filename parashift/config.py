@@ -18,6 +18,8 @@ class SchedulerConfig:
                 raise ValueError(f"{f.name} must be an integer >= {low}, got {value!r}")
 
 
+PARALLEL_POLICIES = ("static", "shift", "flying", "seesaw")
+SEESAW_FIELDS = ("prefill_plan", "decode_plan", "cpu_kv_tokens", "cpu_kv_gib")
 FLYING_PREEMPTIONS = ("auto", "soft", "hard", "recompute")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -58,7 +60,7 @@ class EngineConfig:
     # release the GIL; 10 s leaves room for a kernel compile that holds it for a few seconds.
     # A worker the kernel shows stopped (SIGSTOP) is dead after 1 s of silence:
     # executor/multiproc.py's STOPPED_TIMEOUT_S.)
-    parallel_policy: str = "static"          # static | shift | flying
+    parallel_policy: str = "static"          # static | shift | flying | seesaw
     shift_threshold: int = 256               # shift policy: steps of at most this many tokens use TP
     # (256: the crossover measured on 2xH200, docs/benchmarks.md: for the 8B shape the shift
     # plan wins decode steps up to 256 sequences and loses at 512; Qwen3-32B's wins to 1024)
@@ -70,6 +72,13 @@ class EngineConfig:
     # (finish in their old plan, interleaved with the new groups' steps) | hard (paused while
     # the new groups have requests) | recompute (moved, computed again)
     flying_preemption: str = "auto"
+    # seesaw policy: each group prefills under prefill_plan and decodes under decode_plan (same
+    # ranks), its KV moved between the two through a CPU tier of cpu_kv_tokens (or cpu_kv_gib)
+    prefill_plan: str | None = None          # e.g. pp2, pp2xtp2
+    decode_plan: str | None = None           # e.g. tp2
+    cpu_kv_tokens: int | None = None
+    cpu_kv_gib: float | None = None
+    seesaw_max_prefill_ms: float = 0.0       # a prefill phase ends after this long (0: unbounded)
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
     cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
@@ -98,9 +107,10 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.parallel_policy not in ("static", "shift", "flying"):
-            raise ValueError("parallel_policy must be static, shift or flying, got "
+        if self.parallel_policy not in PARALLEL_POLICIES:
+            raise ValueError(f"parallel_policy must be one of {PARALLEL_POLICIES}, got "
                              f"{self.parallel_policy!r}")
+        self._check_seesaw()
         if self.flying_preemption not in FLYING_PREEMPTIONS:
             raise ValueError(f"flying_preemption must be one of {FLYING_PREEMPTIONS}, got "
                              f"{self.flying_preemption!r}")
@@ -128,6 +138,34 @@ class EngineConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
+    def _check_seesaw(self) -> None:
+        given = [name for name in SEESAW_FIELDS if getattr(self, name) is not None]
+        if self.parallel_policy != "seesaw":
+            if given:
+                raise ValueError(f"{given[0]} is an option of the seesaw policy "
+                                 "(parallel_policy='seesaw')")
+            return
+        for name in ("prefill_plan", "decode_plan"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"the seesaw policy needs {name} (e.g. prefill_plan='pp2', "
+                                 "decode_plan='tp2')")
+        if (self.cpu_kv_tokens is None) == (self.cpu_kv_gib is None):
+            raise ValueError("the seesaw policy needs its CPU KV tier sized by one of "
+                             "cpu_kv_tokens or cpu_kv_gib")
+        if self.cpu_kv_tokens is not None and self.cpu_kv_tokens < 1:
+            raise ValueError(f"cpu_kv_tokens must be >= 1, got {self.cpu_kv_tokens}")
+        if self.cpu_kv_gib is not None and not self.cpu_kv_gib > 0:
+            raise ValueError(f"cpu_kv_gib must be > 0, got {self.cpu_kv_gib}")
+        if not self.seesaw_max_prefill_ms >= 0:
+            raise ValueError("seesaw_max_prefill_ms must be >= 0 (0: unbounded), got "
+                             f"{self.seesaw_max_prefill_ms}")
+        others = [n for n in ("tensor_parallel_size", "sequence_parallel_size",
+                              "pipeline_parallel_size") if getattr(self, n) != 1]
+        if others or self.layout is not None:
+            raise ValueError("under the seesaw policy prefill_plan and decode_plan give each "
+                             "group's plans (data_parallel_size the groups): drop "
+                             f"{others[0] if others else 'layout'}")
+
     @property
     def plan(self):
         from parashift.parallel.plan import Plan
@@ -138,6 +176,8 @@ class EngineConfig:
     def node_layout(self):
         """The node's starting layout: `layout`, or one group per DP replica of the plan."""
         from parashift.parallel.layout import Layout
+        if self.parallel_policy == "seesaw":  # each group starts in its prefill plan
+            return Layout.parse(",".join([self.prefill_plan] * self.data_parallel_size))
         return Layout.parse(self.layout) if self.layout else Layout.of(self.plan)
 
     @classmethod

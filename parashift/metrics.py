@@ -75,6 +75,18 @@ class ServerMetrics:
             "computed again in their new group (reprefilled), or kept where their KV was "
             "written until they end (kept), by kind.",
             [*labels, "kind", "fate"], registry=self.registry)
+        self.seesaw_bytes = Counter(
+            f"{PREFIX}_seesaw_transition_bytes",
+            "Seesaw transitions: weight bytes copied from the pinned host copies (weights), KV "
+            "bytes written to the CPU tier (kv_out) and read back (kv_in), by direction.",
+            [*labels, "direction", "what"], registry=self.registry)
+        self.seesaw_weight_seconds = Counter(
+            f"{PREFIX}_seesaw_weight_seconds", "Seesaw transitions: seconds copying weights "
+            "(the slowest rank), by direction.", [*labels, "direction"], registry=self.registry)
+        self.seesaw_phase_seconds = Counter(
+            f"{PREFIX}_seesaw_phase_seconds", "Seesaw groups' seconds in prefill steps, decode "
+            "steps, transitions and idle (summed over groups).", [*labels, "phase"],
+            registry=self.registry)
 
     def _build_histograms(self, labels: dict) -> None:
         def histogram(name, doc, buckets):
@@ -93,7 +105,7 @@ class ServerMetrics:
                                    buckets=STEP_BUCKETS, registry=self.registry)
         self.transition_time = Histogram(
             f"{PREFIX}_transition_duration_seconds",
-            "Layout transitions: drain, prepare and cutover time, by kind.",
+            "Layout transitions: drain, prepare, cutover and exposed stall time, by kind.",
             [*labels, "kind", "phase"], buckets=LATENCY_BUCKETS, registry=self.registry)
 
     def set_baseline(self, stats) -> None:
@@ -106,12 +118,14 @@ class ServerMetrics:
         replica steps that finished (`LLMEngine.take_step_records()`) and the transitions
         committed (`LLMEngine.take_transition_records()`)."""
         for t in transitions:
-            for phase in ("drain", "prepare", "cutover"):
+            for phase in ("drain", "prepare", "cutover", "stall"):
                 self.transition_time.labels(kind=t.kind, phase=phase, **self._labels).observe(
                     getattr(t, f"{phase}_s"))
             for fate, count in (("moved", t.moved - t.reprefilled), ("reprefilled", t.reprefilled),
                                 ("kept", t.kept)):
                 self.transition_requests.labels(kind=t.kind, fate=fate, **self._labels).inc(count)
+            if t.direction:
+                self._record_seesaw(t)
         self.record_queue(stats)
         delta = stats.num_preemptions - self._last_preemptions
         if delta > 0:
@@ -123,6 +137,18 @@ class ServerMetrics:
             self.step_tokens.labels(plan=plan, **self._labels).inc(step.num_tokens)
             self.step_time.labels(plan=plan, **self._labels).observe(step.seconds)
             self._set_plan(plan)
+
+    def _record_seesaw(self, t) -> None:
+        for what, count in (("weights", t.weight_bytes), ("kv_out", t.kv_bytes_out),
+                            ("kv_in", t.kv_bytes_in)):
+            self.seesaw_bytes.labels(direction=t.direction, what=what, **self._labels).inc(count)
+        self.seesaw_weight_seconds.labels(direction=t.direction, **self._labels).inc(t.weight_s)
+
+    def record_phase_seconds(self, seconds: dict[str, float]) -> None:
+        """Seesaw groups' seconds per phase (`LLMEngine.take_phase_seconds()`)."""
+        for phase, value in seconds.items():
+            if value:
+                self.seesaw_phase_seconds.labels(phase=phase, **self._labels).inc(value)
 
     def record_layout(self, info: dict) -> None:
         """The node layout, as `LLMEngine.layout_info()` reports it."""

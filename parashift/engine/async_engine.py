@@ -369,6 +369,8 @@ class AsyncLLMEngine:
         if self.metrics is not None:
             transitions = self.engine.take_transition_records()
             self.metrics.record_step(stats, self.engine.take_step_records(), transitions)
+            if self.engine.seesaw:
+                self.metrics.record_phase_seconds(self.engine.take_phase_seconds())
             if transitions:
                 self.metrics.record_layout(self.engine.layout_info())
         if outputs:

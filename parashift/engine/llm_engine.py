@@ -23,6 +23,7 @@ from parashift.engine.replica import Replica, combine_views
 from parashift.engine.routing import (Slot, check_fits, group_capacity, max_context_by_width,
                                       need, route)
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
+from parashift.engine.seesaw import PHASES, SeesawTier, make_tiers, seesaw_stats
 from parashift.engine.sequence import Sequence, SequenceStatus
 from parashift.engine.transitions import (TransitionRecord, Transitions, changes_partition,
                                           check)
@@ -86,7 +87,10 @@ class LLMEngine:
         # the plan each rank loaded its weights and laid its KV pool out for
         self._loaded = {r: plan.loaded_plan(r) for plan in self.layout.plans for r in plan.ranks}
         self._kv_heads = hf_config.num_key_value_heads
-        self.transitions = Transitions()
+        # seesaw: each group's CPU KV tier, by its ranks; its re-shards change pipeline stages
+        self.seesaw = make_tiers(config, self.layout, getattr(self.policy, "pairs", ()), hf_config,
+                                 self.dtype, self._need)
+        self.transitions = Transitions(stage_changes=bool(self.seesaw))
         self._epoch = 0  # transitions committed
         self._transition_records: deque[TransitionRecord] = deque(maxlen=10_000)
         self._timeline = open(config.timeline_file, "a") if config.timeline_file else None
@@ -105,7 +109,7 @@ class LLMEngine:
         self._parents: dict[str, ParentRequest] = {}  # requests with n or best_of > 1
         self._parent_of: dict[str, ParentRequest] = {}  # by child request id
         self._num_preemptions = 0
-        self.steps_in_flight = 2 if _async_scheduling(config, self.layout) else 1
+        self.steps_in_flight = 2 if _async_scheduling(config, self.policy_plans) else 1
         self._unplaced: dict[str, Sequence] = {}  # requests no group holds yet (routing.py)
         self._last_step_s: dict[str, float] = {}  # each plan's last step
         self.layouts_by_width = layouts_by_width(base_replicas(self.layout),
@@ -121,7 +125,7 @@ class LLMEngine:
             runner = ModelRunner(self.config, hf_config, source, self.device, self.dtype,
                                  self.max_model_len)
             return UniprocExecutor(runner)
-        for plan in self.layout.plans:
+        for plan in self.policy_plans:
             plan.check_model(hf_config.num_attention_heads, hf_config.num_key_value_heads,
                              hf_config.num_hidden_layers, hf_config.intermediate_size)
         others = tuple(p for p in self.policy_plans if p not in self.layout.plans)
@@ -140,7 +144,7 @@ class LLMEngine:
         for group, plan in enumerate(self.layout.plans):
             blocks = min(self.executor.rank_blocks[r] for r in plan.ranks)
             fits = (blocks // plan.pp) * self.config.block_size >= self.max_model_len
-            parts = plan.pp if fits else 1
+            parts = plan.pp if fits and not self.seesaw else 1  # seesaw: its plans change PP
             replicas += [(group, k * (blocks // parts), blocks // parts) for k in range(parts)]
         return replicas
 
@@ -150,12 +154,17 @@ class LLMEngine:
         plan = self.layout.plans[group]
         block_size = tokens_per_block(plan, self._loaded[plan.ranks[0]], self._kv_heads,
                                       self.config.block_size)
-        blocks = BlockManager(num_blocks, block_size, self.config.enable_prefix_caching,
+        tier = self.seesaw.get(tuple(sorted(plan.ranks)))
+        # (under seesaw a cached block may hold the other plan's layout: no prefix caching)
+        blocks = BlockManager(num_blocks, block_size,
+                              self.config.enable_prefix_caching and tier is None,
                               plan.ranks, block_offset)
         blocks.share([r.block_manager for r in getattr(self, "replicas", ())])
         holds = min(self.max_model_len, num_blocks * block_size)  # the layout's others may hold more
         config = dataclasses.replace(self._scheduler_config, max_model_len=holds)
-        return Replica(blocks, config, self._eos_ids, block_offset, group, plan.ranks)
+        replica = Replica(blocks, config, self._eos_ids, block_offset, group, plan.ranks)
+        replica.scheduler.gate = tier.gate if tier is not None else None
+        return replica
 
     def serving_replicas(self) -> list[Replica]:
         """The replicas of the layout's groups (those that admit requests)."""
@@ -209,6 +218,9 @@ class LLMEngine:
         if self._finalizer.alive:
             restore_garbage_collector()
         self._finalizer()
+        for tier in self.seesaw.values():
+            tier.close()
+        self.seesaw = {}
         if self._timeline is not None:
             self._timeline.close()
             self._timeline = None
@@ -224,6 +236,7 @@ class LLMEngine:
         self._validate_prompt(token_ids)
         check_fits(need(len(token_ids), params.max_tokens, self.max_model_len), len(token_ids),
                    self.max_context, self._forced_width())
+        self._check_tier_fits(need(len(token_ids), params.max_tokens, self.max_model_len))
         parent = ParentRequest(request_id, params, priority) if params.num_samples > 1 else None
         for used in [request_id, *(parent.child_ids if parent else ())]:
             if used in self._replica_of or used in self._parents or used in self._unplaced:
@@ -236,6 +249,14 @@ class LLMEngine:
         self._add_sequence(parent.child(0, token_ids, prompt_text))
         if not self.config.enable_prefix_caching:  # the siblings would gain nothing by waiting
             self._admit_siblings(parent, token_ids, prompt_text)
+
+    def _check_tier_fits(self, tokens: int) -> None:
+        """Under seesaw a request's KV passes through its group's CPU tier whole."""
+        capacity = min((t.slots.capacity for t in self.seesaw.values()), default=tokens)
+        if tokens > capacity:
+            raise ValueError(f"the request may reach {tokens} tokens (prompt + max_tokens), more "
+                             f"than the CPU KV tier holds ({capacity}): lower max_tokens or "
+                             "raise cpu_kv_tokens")
 
     def _add_sequence(self, seq: Sequence, replica: Replica | None = None) -> Replica | None:
         """Queues a sequence on `replica`, by default the one routing picks; one that no
@@ -549,6 +570,8 @@ class LLMEngine:
             sched = replica.scheduler.schedule()
             self._num_preemptions += len(sched.preempted)
             if sched.is_empty:
+                if replica.scheduler.gate is not None:  # its phase is stuck: the policy switches
+                    replica.scheduler.gate.stalled = replica.scheduler.num_waiting > 0
                 continue
             plan = self._plan_for(replica, decision)
             self.executor.submit(replica, plan.ranks, plan.output_rank(),
@@ -602,12 +625,19 @@ class LLMEngine:
     def _commit(self, pending) -> None:
         transition = pending.transition
         drain_s = time.monotonic() - pending.requested_at
-        layout = check(transition, self.layout, self._plans_by_name)
+        layout = check(transition, self.layout, self._plans_by_name, bool(self.seesaw))
         ranks = sorted(r for g in transition.groups for r in self.layout.plans[g].ranks)
         names = [layout.plans[layout.group_of_rank(r)].name() for r in ranks]
         self._epoch += 1
+        moving = [(g, self.seesaw[tuple(sorted(layout.plans[g].ranks))]) for g in transition.groups
+                  if layout.plans[g] != self.layout.plans[g]
+                  and tuple(sorted(layout.plans[g].ranks)) in self.seesaw]
+        began = time.perf_counter()
+        # the KV leaves the old plan's pools for the tier, and enters the new plan's
+        outs = [s for g, tier in moving for s in self._seesaw_move(g, tier, "out", layout.plans[g])]
         prepare_s = self.executor.transition(ranks, "prepare", names, self._epoch)
         start = time.perf_counter()
+        ins = [s for g, tier in moving for s in self._seesaw_move(g, tier, "in", layout.plans[g])]
         self.executor.transition(ranks, "commit", names, self._epoch)
         if changes_partition(transition):
             moved, reprefilled, kept = self._regroup(transition.groups, layout,
@@ -616,12 +646,36 @@ class LLMEngine:
             moved = sum(r.load for r in self.replicas if r.group in transition.groups)
             reprefilled = kept = 0
         self.layout = layout
+        stall_s = time.perf_counter() - began
         record = TransitionRecord(time.time(), transition.kind, transition.groups,
                                   transition.target, drain_s, prepare_s,
-                                  time.perf_counter() - start, moved, reprefilled, kept)
+                                  time.perf_counter() - start, moved, reprefilled, kept, stall_s,
+                                  **seesaw_stats(moving, outs, ins))
+        for _, tier in moving:
+            tier.seconds["transition"] += stall_s
+        if moving:
+            logger.info("seesaw %s of group(s) %s: drain %.3f s, weights %.1f MiB in %.3f s, KV "
+                        "%.1f MiB out / %.1f MiB in, stall %.3f s", record.direction,
+                        list(transition.groups), drain_s, record.weight_bytes / 2**20,
+                        record.weight_s, record.kv_bytes_out / 2**20, record.kv_bytes_in / 2**20,
+                        stall_s)
         self._transition_records.append(record)
         if self._timeline is not None:
             self._timeline.write(json.dumps({"transition": asdict(record)}) + "\n")
+
+    def _seesaw_move(self, group: int, tier: SeesawTier, verb: str, target: Plan) -> list[dict]:
+        """One phase of a seesaw group's KV and weight moves to `target` on its ranks."""
+        seqs = [seq for r in self.replicas if r.group == group for seq in r.scheduler.running]
+        moves = tier.moves(seqs)
+        if verb == "in":
+            tier.enter(target)
+        state = "stashed" if verb == "out" else "writing" if tier.gate.prefill else "loading"
+        for seq in seqs:
+            if seq.request_id in tier.slots.slots:
+                tier.slots.mark(seq.request_id, state)
+        ranks = list(target.ranks)
+        return self.executor.seesaw_move(ranks, verb, [target.name()] * len(ranks), moves,
+                                         tier.handle)
 
     def _preemption(self, transition) -> str:
         """How a merge or split treats its running requests: `--flying-preemption`, or
@@ -713,6 +767,8 @@ class LLMEngine:
         requests = getattr(self.policy, "reads_requests", False)
         for replica in self.serving_replicas():
             view = replica.view(now)
+            if replica.scheduler.gate is not None:
+                view = self._tier_counters(replica, view)
             views[replica.group].append(self._request_counters(replica, view) if requests else view)
         return NodeView(tuple(combine_views(v) for v in views), now,
                         tuple(plan.name() for plan in self.layout.plans),
@@ -732,6 +788,16 @@ class LLMEngine:
             recompute_tokens=sum(s.num_computed_tokens for s in running),
             step_s=self._last_step_s.get(self.layout.plans[replica.group].name(), 0.0))
 
+    def _tier_counters(self, replica: Replica, view: GroupView) -> GroupView:
+        """The view with its seesaw group's tier: its fill, the room for its next prompt and
+        the tokens that prompt's slot takes."""
+        tier = self.seesaw[tuple(sorted(replica.ranks))]
+        waiting = replica.scheduler.waiting
+        first = waiting[0] if waiting else None
+        return dataclasses.replace(
+            view, cpu_tier_fill=tier.slots.fill, cpu_tier_free_run=tier.free_run(first),
+            next_prompt_tokens=self._need(first) if first is not None else 0)
+
     def set_policy(self, policy: Policy) -> None:
         """Replaces the policy (benchmarks, tests); it may pick only plans made at start-up."""
         made = {p.name() for p in self.policy_plans}
@@ -742,10 +808,22 @@ class LLMEngine:
 
     def _record_step(self, replica: int, plan: str, num_tokens: int, seconds: float) -> None:
         record = StepRecord(time.time(), replica, plan, num_tokens, seconds)
+        tier = self.seesaw.get(tuple(sorted(self.replicas[replica].ranks))) if self.seesaw else None
+        if tier is not None:
+            tier.seconds["prefill" if plan == tier.prefill.name() else "decode"] += seconds
         self._last_step_s[plan] = seconds
         self._step_records.append(record)
         if self._timeline is not None:
             self._timeline.write(json.dumps(asdict(record)) + "\n")
+
+    def take_phase_seconds(self) -> dict[str, float]:
+        """Seesaw groups' seconds in prefill steps, decode steps, transitions and idle (the
+        rest of the wall time), summed over the groups, since the last call (or start-up)."""
+        totals = dict.fromkeys(PHASES, 0.0)
+        for tier in self.seesaw.values():
+            for phase, seconds in tier.take_seconds().items():
+                totals[phase] += seconds
+        return totals
 
     def take_step_records(self) -> list[StepRecord]:
         """Steps finished since the last call (the most recent 10,000 at most)."""
@@ -875,10 +953,11 @@ def _generation_defaults(source, setting: str) -> dict:
     return defaults
 
 
-def _async_scheduling(config: EngineConfig, layout) -> bool:
-    """On by default; pipeline parallelism keeps one step per replica in flight (its
-    first stage never sees the sampled tokens that would fill the next step's inputs)."""
-    pipelined = [plan.name() for plan in layout.plans if plan.pp > 1]
+def _async_scheduling(config: EngineConfig, plans: list[Plan]) -> bool:
+    """On by default; pipeline parallelism in any plan a group may run keeps one step per
+    replica in flight (its first stage never sees the sampled tokens that would fill the
+    next step's inputs)."""
+    pipelined = [plan.name() for plan in plans if plan.pp > 1]
     if config.async_scheduling is None:
         return not pipelined
     if config.async_scheduling and pipelined:

@@ -78,6 +78,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._waiting: list[tuple[tuple, Sequence]] = []  # heap by sort_key
         self._unfinished: dict[str, Sequence] = {}
+        # What a phase may admit and run (engine/seesaw.py's SeesawGate): admits(seq),
+        # runs(seq), release(seq) when the sequence leaves. None: everything.
+        self.gate = None
 
     @property
     def num_waiting(self) -> int:
@@ -139,6 +142,8 @@ class Scheduler:
         else:
             return
         self.block_manager.free(seq)
+        if self.gate is not None:
+            self.gate.release(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
@@ -153,6 +158,8 @@ class Scheduler:
         evicted = sorted(self._unfinished.values(), key=Sequence.sort_key)
         for seq in evicted:
             self.block_manager.free(seq)
+            if self.gate is not None:
+                self.gate.release(seq)
             if seq.num_computed_tokens or seq.status == SequenceStatus.RUNNING:
                 seq.num_preemptions += 1
             seq.num_computed_tokens = 0
@@ -222,7 +229,7 @@ class Scheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             num_new = self._num_new_tokens(seq, budget, seq.num_computed_tokens)
-            if num_new <= 0:
+            if num_new <= 0 or (self.gate is not None and not self.gate.runs(seq)):
                 i += 1
                 continue
             while not allocate(seq, num_new):
@@ -248,6 +255,8 @@ class Scheduler:
         while self._waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self._waiting[0][1]
             if seq.num_pending_tokens:  # preempted with a token on its way: admit it once known
+                return
+            if self.gate is not None and not self.gate.admits(seq):
                 return
             computed_blocks, num_cached = self.block_manager.get_computed_blocks(seq)
             num_new = self._num_new_tokens(seq, budget, num_cached)

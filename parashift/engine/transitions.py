@@ -31,6 +31,15 @@ class TransitionRecord:
     moved: int         # requests that moved (with their block tables, or waiting, or re-prefilled)
     reprefilled: int   # of those, requests computed again in their new group
     kept: int = 0      # requests that stayed where their KV was written (the KV adaptor)
+    stall_s: float = 0.0  # exposed stall: from the drain's end until the groups step again
+    # a seesaw re-shard's (else empty): to_decode or to_prefill; the weight bytes copied from
+    # the pinned host copies on all its ranks and the slowest rank's seconds for them; the KV
+    # bytes its ranks wrote to the CPU tier and read back
+    direction: str = ""
+    weight_bytes: int = 0
+    weight_s: float = 0.0
+    kv_bytes_out: int = 0
+    kv_bytes_in: int = 0
 
 
 @dataclass
@@ -39,11 +48,13 @@ class PendingTransition:
     requested_at: float
 
 
-def check(transition: Transition, layout: Layout, plans_by_name: dict) -> Layout:
+def check(transition: Transition, layout: Layout, plans_by_name: dict,
+          stage_changes: bool = False) -> Layout:
     """The layout once the transition commits; refuses one this engine cannot make,
     naming why. Its target plans must have been made at start-up and cover exactly the
     ranks of its groups: the same groups for a no-op or a re-shard, one group for a merge's
-    several, several for a split's one."""
+    several, several for a split's one. A re-shard keeps a group's pipeline stages unless
+    the engine moves its KV between the plans (`stage_changes`: seesaw's CPU tier)."""
     if transition.kind not in KINDS:
         raise ValueError(f"unknown transition kind {transition.kind!r}; kinds: {KINDS}")
     groups, target = transition.groups, transition.target
@@ -68,7 +79,7 @@ def check(transition: Transition, layout: Layout, plans_by_name: dict) -> Layout
     if transition.kind in ("merge", "split") and any(
             p.pp > 1 for p in [*plans, *(layout.plans[g] for g in groups)]):
         raise ValueError("groups with pipeline parallelism do not merge or split")
-    if transition.kind in ("noop", "reshard") and any(
+    if transition.kind in ("noop", "reshard") and not stage_changes and any(
             p.pp != layout.plans[g].pp for p, g in zip(plans, groups)):
         raise ValueError("a re-shard keeps a group's pipeline stages")
     return layout.replace(groups, tuple(plans))
@@ -82,8 +93,9 @@ def changes_partition(transition: Transition) -> bool:
 class Transitions:
     """The transitions the policy asked for and have not committed yet."""
 
-    def __init__(self):
+    def __init__(self, stage_changes: bool = False):
         self.pending: list[PendingTransition] = []
+        self.stage_changes = stage_changes  # re-shards may change pipeline stages (check)
 
     def request(self, transitions, layout: Layout, plans_by_name: dict) -> None:
         """Takes the transitions whose groups are not paused already. A merge or split
@@ -95,7 +107,7 @@ class Transitions:
             if changes_partition(transition) and self.pending:
                 continue
             if self.paused_groups().isdisjoint(transition.groups):
-                check(transition, layout, plans_by_name)
+                check(transition, layout, plans_by_name, self.stage_changes)
                 self.pending.append(PendingTransition(transition, time.monotonic()))
 
     def paused_groups(self) -> set[int]:

@@ -29,7 +29,19 @@ ENGINE_FLAGS = {
     "--load-format": ("load_format", str, "auto | dummy (random weights)"),
     "--parallel-policy": ("parallel_policy", str, "static | shift (SP base plan, TP for small "
                                                   "steps) | flying (DP replicas merge into one "
-                                                  "TP group under light load)"),
+                                                  "TP group under light load) | seesaw (PP "
+                                                  "prefill, TP decode, KV through a CPU tier)"),
+    "--prefill-plan": ("prefill_plan", str, "seesaw policy: each group's prefill plan, e.g. "
+                                            "pp2 or pp2xtp2 (-dp gives the groups)"),
+    "--decode-plan": ("decode_plan", str, "seesaw policy: each group's decode plan over the "
+                                          "same ranks, e.g. tp2"),
+    "--cpu-kv-tokens": ("cpu_kv_tokens", int, "seesaw policy: tokens of the CPU KV tier (per "
+                                              "group); a prefill phase ends when it is full"),
+    "--cpu-kv-gib": ("cpu_kv_gib", float, "seesaw policy: the CPU KV tier in GiB (per group) "
+                                          "instead of --cpu-kv-tokens"),
+    "--seesaw-max-prefill-ms": ("seesaw_max_prefill_ms", float,
+                                "seesaw policy: a prefill phase ends after this long when "
+                                "there is something to decode (0: unbounded)"),
     "--flying-merge-running": ("flying_merge_running", int, "flying policy: merge the replicas "
                                                             "at or below this many running "
                                                             "requests and none waiting"),

@@ -146,6 +146,13 @@ class MultiprocExecutor:
         messages = [("transition", verb, name, epoch) for name in plan_names]
         return max(self._control(ranks, messages, f"a transition ({verb})"))
 
+    def seesaw_move(self, ranks: list[int], verb: str, plan_names: list[str], moves: list,
+                    tier) -> list[dict]:
+        """One phase of a seesaw transition's KV and weight moves on these ranks (rank i
+        takes plan_names[i]; ModelRunner.seesaw_move); each rank's stats."""
+        messages = [("seesaw", verb, name, moves, tier) for name in plan_names]
+        return self._control(ranks, messages, f"a seesaw move ({verb})")
+
     def collective_rpc(self, method: str, *args) -> list:
         """Runs `ModelRunner.<method>(*args)` on every live rank while no step is in
         flight; returns each rank's result, in rank order (None for a lost rank; vLLM's

@@ -16,6 +16,7 @@ from parashift.worker.cuda_graphs import DecodeGraphs
 from parashift.worker.step_batch import (PLACEHOLDER_TOKEN, ChunkDelta, RequestTables, SeqChunk,
                                          StepBatch)
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
+from parashift.worker.seesaw import SeesawRank
 from parashift.worker.step_check import StepStateCheck
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.worker.token_history import TokenHistoryStore
@@ -95,6 +96,9 @@ class ModelRunner:
         start = time.perf_counter()
         with use_state(self.state):
             self.model = self._build_model(hf_config, source, max_model_len)
+        # Seesaw: the other plan's model too, both in one weight arena (before narrowed layouts)
+        self.seesaw = (self._make_seesaw(hf_config, source, max_model_len, other_states)
+                       if config.parallel_policy == "seesaw" else None)
         self.load_seconds = time.perf_counter() - start
         self.backend = get_backend(config.attention_backend, device)
         self.sampler = Sampler(device, config.seed)
@@ -115,7 +119,38 @@ class ModelRunner:
                                               hf_config.num_key_value_heads)
         self._report_kv_replication(hf_config.num_key_value_heads)
         self._warm_up_attention()
+        if self.seesaw is not None:
+            self.seesaw.bind_kv(self.kv)
         self.graphs = self._capture_graphs() if self._use_graphs(config.cuda_graphs) else None
+
+    def _make_seesaw(self, hf_config, source, max_model_len: int,
+                     other_states: tuple[ParallelState, ...]) -> SeesawRank:
+        """This rank under both seesaw plans: the running one's model, and the other's
+        (the one other plan over the same ranks) built and loaded."""
+        others = [s for s in other_states if sorted(s.plan.ranks) == sorted(self.state.plan.ranks)]
+        if len(others) != 1:
+            raise ValueError(f"a seesaw rank runs two plans over its group's ranks, got "
+                             f"{[self.state.plan.name(), *(s.plan.name() for s in others)]}")
+        with use_state(others[0]):
+            other = self._build_model(hf_config, source, max_model_len)
+        states = {self.state.plan.name(): self.state, others[0].plan.name(): others[0]}
+        return SeesawRank({self.state.plan.name(): self.model, others[0].plan.name(): other},
+                          states, hf_config.num_hidden_layers, hf_config.num_key_value_heads,
+                          self.device)
+
+    def seesaw_move(self, verb: str, plan_name: str, moves: list, tier) -> dict:
+        """A seesaw transition's KV and weights on this rank (worker/seesaw.py): "out"
+        gathers the moving requests' KV into the tier; "in" scatters it into `plan_name`'s
+        view of the pool and makes that plan's model the one steps run."""
+        if self.seesaw is None:
+            raise ValueError("seesaw moves need --parallel-policy seesaw")
+        if verb == "out":
+            return self.seesaw.move_out(plan_name, moves, tier)
+        if verb != "in":
+            raise ValueError(f"unknown seesaw move {verb!r}")
+        stats = self.seesaw.move_in(plan_name, moves, tier)
+        self.model = self.seesaw.models[plan_name]
+        return stats
 
     def _make_narrow_weights(self, states: tuple[ParallelState, ...], shift_mode: str) -> int:
         """Each (factor, position) slice of the loaded weights a plan uses, once: the shift
@@ -147,6 +182,8 @@ class ModelRunner:
         loaded = self.state.plan
 
         def kv_view_of(plan):
+            if self.seesaw is not None:  # each plan reads the pool in its own shape
+                return kv_heads_per_rank(plan, total_kv_heads), self.block_size
             return (kv_heads_per_rank(plan, total_kv_heads),
                     tokens_per_block(plan, loaded, total_kv_heads, self.block_size))
         resources = make_resources(states, kv_view_of)
@@ -243,7 +280,7 @@ class ModelRunner:
 
     @property
     def num_blocks(self) -> int:
-        return self.kv.num_blocks
+        return self.seesaw.num_blocks if self.seesaw is not None else self.kv.num_blocks
 
 
     # ---- one step ------------------------------------------------------------

@@ -109,10 +109,13 @@ def _finish(runner: ModelRunner, conn, step) -> None:
 
 def _control(runner: ModelRunner, message: tuple) -> tuple[str, object]:
     """A control message: ("transition", verb, plan name, epoch), answered with its seconds,
-    or ("rpc", method, args), answered with `runner.<method>(*args)`."""
+    ("seesaw", verb, plan name, moves, tier), answered with its stats, or ("rpc", method,
+    args), answered with `runner.<method>(*args)`."""
     kind, *args = message
     if kind == "transition":
         return kind, runner.transition(*args)
+    if kind == "seesaw":
+        return kind, runner.seesaw_move(*args)
     if kind == "rpc":
         method, method_args = args
         return kind, getattr(runner, method)(*method_args)

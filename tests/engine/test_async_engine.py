@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from parashift.engine.async_engine import AsyncLLMEngine, EngineDeadError, QueueFullError
+from parashift.engine.llm_engine import EngineStats
 from parashift.metrics import ServerMetrics
 from parashift.sampling_params import SamplingParams
 from tests.engine.conftest import tiny_llm
@@ -176,3 +177,27 @@ def test_shutdown_fails_pending_and_cleans_engine(llm_engine):
             await async_engine.add_request("late", [1], LONG)
     run(main())
     assert not llm_engine.has_unfinished_requests()
+
+
+def test_seesaw_transitions_and_phase_seconds_reach_the_metrics():
+    """A seesaw re-shard's stall, weight and KV bytes, and the groups' phase seconds."""
+    from parashift.engine.transitions import TransitionRecord
+    metrics = ServerMetrics("tiny")
+    record = TransitionRecord(0.0, "reshard", (0,), ("tp2",), 0.01, 0.02, 0.03, 2, 0, 0, 0.05,
+                              "to_decode", 1000, 0.004, 300, 300)
+    metrics.record_step(EngineStats(0, 0, 8, 8, 0), [], [record])
+    metrics.record_phase_seconds({"prefill": 1.5, "decode": 2.0, "transition": 0.05, "idle": 0.0})
+    lines = metrics.render()[0].decode().splitlines()
+
+    def value(prefix, *labels):
+        found = [line for line in lines if line.startswith(prefix) and all(x in line for x in labels)]
+        assert len(found) == 1, (prefix, labels, found)
+        return float(found[0].split()[-1])
+    assert value("parashift_seesaw_transition_bytes_total", 'what="weights"', "to_decode") == 1000
+    assert value("parashift_seesaw_transition_bytes_total", 'what="kv_out"') == 300
+    assert value("parashift_seesaw_transition_bytes_total", 'what="kv_in"') == 300
+    assert value("parashift_seesaw_weight_seconds_total") == 0.004
+    assert value("parashift_transition_duration_seconds_sum", 'phase="stall"') == 0.05
+    assert value("parashift_seesaw_phase_seconds_total", 'phase="decode"') == 2.0
+    assert not [line for line in lines if 'phase="idle"' in line and "seesaw_phase" in line
+                and not line.startswith("#")]  # a phase with no time adds nothing

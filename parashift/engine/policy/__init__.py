@@ -3,14 +3,15 @@
 from parashift.engine.policy.flying import FlyingPolicy
 from parashift.engine.policy.protocol import Decision, GroupView, NodeView, Policy, Transition
 from parashift.engine.policy.scripted import ScriptedPolicy
+from parashift.engine.policy.seesaw import SeesawPolicy
 from parashift.engine.policy.shift import ShiftPolicy
 from parashift.engine.policy.static import StaticPolicy
 from parashift.parallel.layout import Layout
 
-POLICIES = ("static", "shift", "flying")
+POLICIES = ("static", "shift", "flying", "seesaw")
 
-__all__ = ["Decision", "FlyingPolicy", "GroupView", "NodeView", "Policy", "ScriptedPolicy", "ShiftPolicy",
-           "StaticPolicy", "Transition", "make_policy"]
+__all__ = ["Decision", "FlyingPolicy", "GroupView", "NodeView", "Policy", "ScriptedPolicy",
+           "SeesawPolicy", "ShiftPolicy", "StaticPolicy", "Transition", "make_policy"]
 
 
 def make_policy(config, layout: Layout, hf_config) -> Policy:
@@ -23,4 +24,7 @@ def make_policy(config, layout: Layout, hf_config) -> Policy:
         return FlyingPolicy(layout, hf_config.num_attention_heads, hf_config.num_key_value_heads,
                             config.flying_merge_running, config.flying_dwell_s,
                             preemption=config.flying_preemption)
+    if config.parallel_policy == "seesaw":
+        return SeesawPolicy(layout, config.prefill_plan, config.decode_plan,
+                            config.seesaw_max_prefill_ms)
     raise ValueError(f"unknown parallel policy {config.parallel_policy!r}; choose from {POLICIES}")

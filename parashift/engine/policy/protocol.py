@@ -24,6 +24,8 @@ class GroupView:
     longest_context: int = 0   # tokens of its longest running request
     arrival_rate: float = 0.0  # requests per second added to it over the recent window
     cpu_tier_fill: float = 0.0  # fraction of its CPU KV tier in use (no tier yet: 0)
+    cpu_tier_free_run: int = 0  # tokens of its CPU KV tier's largest free range (slot)
+    next_prompt_tokens: int = 0  # prompt tokens of its first waiting request (0: none waits)
     kv_capacity: int = 0       # tokens one request can hold in it (its KV pool, max_model_len)
     longest_need: int = 0      # the most tokens one of its requests may reach (prompt + max_tokens)
     longest_decode_left: int = 0  # tokens its running requests may still generate, the most of one

@@ -1,0 +1,81 @@
+"""Moving one request's KV between a rank's paged pool and the CPU KV tier. A rank of a
+plan holds a slice of every request's KV: its pipeline stage's layers x its block of KV
+heads (PP: some layers, every head; TP: every layer, some heads). `gather` copies the
+request's tokens of that slice out of the pages its block table names into its tier
+slot; `scatter` copies them from the slot into pages of another plan's pool. The slices
+of a plan's ranks together cover the whole KV (ranks that replicate a head write the same
+bytes), so whatever the ranks of one plan gather, the ranks of any other can scatter."""
+from dataclasses import dataclass
+
+import torch
+
+from parashift.kv.cpu_tier import CpuKVTier
+from parashift.kv.tier_allocator import TierSlot
+from parashift.parallel.plan import Plan
+
+
+@dataclass(frozen=True)
+class KVSlice:
+    layers: range  # model layers, global indices; the pool's layer i is layers[i]
+    heads: range   # KV heads, global indices; the pool's head j is heads[j]
+
+
+def rank_kv_slice(plan: Plan, rank: int, num_layers: int, num_kv_heads: int) -> KVSlice:
+    """The layers and KV heads `rank` holds under `plan` (a head is replicated over
+    attn_degree / num_kv_heads ranks when there are fewer heads than ranks)."""
+    degree = plan.attn_degree
+    per_rank = max(1, num_kv_heads // degree)
+    first = plan.head_block(rank) * num_kv_heads // degree
+    layers = plan.stage_layers(num_layers, plan.coords(rank).pp)
+    return KVSlice(layers, range(first, first + per_rank))
+
+
+def token_slots(block_table: list[int], num_tokens: int, block_size: int,
+                device: torch.device) -> torch.Tensor:
+    """The pool slots (block * block_size + offset) of a request's first `num_tokens`."""
+    positions = torch.arange(num_tokens, device=device)
+    blocks = torch.tensor(block_table, dtype=torch.long, device=device)[positions // block_size]
+    return blocks * block_size + positions % block_size
+
+
+def _tier_view(tier: CpuKVTier, kv_slice: KVSlice, slot: TierSlot, num_tokens: int):
+    """[layers, 2, heads, tokens, head_dim] of the tier: the slice's part of the slot."""
+    layers, heads = kv_slice.layers, kv_slice.heads
+    return tier.buffer[layers.start:layers.stop, :, heads.start:heads.stop,
+                       slot.start:slot.start + num_tokens]
+
+
+def _check(pool_k: torch.Tensor, kv_slice: KVSlice, slot: TierSlot, num_tokens: int) -> None:
+    if pool_k.shape[0] != len(kv_slice.layers) or pool_k.shape[3] != len(kv_slice.heads):
+        raise ValueError(f"a pool of {pool_k.shape[0]} layers x {pool_k.shape[3]} KV heads does "
+                         f"not hold the slice {kv_slice}")
+    if num_tokens > slot.length:
+        raise ValueError(f"{num_tokens} tokens do not fit a CPU KV slot of {slot.length}")
+
+
+def gather(pool_k: torch.Tensor, pool_v: torch.Tensor, block_table: list[int], num_tokens: int,
+           kv_slice: KVSlice, tier: CpuKVTier, slot: TierSlot) -> int:
+    """Copies a request's KV of this rank's slice from its pages into its tier slot
+    (pools: [layers, blocks, block_size, heads, head_dim]); returns the bytes moved."""
+    _check(pool_k, kv_slice, slot, num_tokens)
+    layers, blocks, block_size, heads, head_dim = pool_k.shape
+    index = token_slots(block_table, num_tokens, block_size, pool_k.device)
+    out = _tier_view(tier, kv_slice, slot, num_tokens)
+    for kv, pool in enumerate((pool_k, pool_v)):
+        tokens = pool.view(layers, blocks * block_size, heads, head_dim).index_select(1, index)
+        out[:, kv].copy_(tokens.transpose(1, 2))  # NHD -> HND (to the host)
+    return 2 * out[:, 0].numel() * out.element_size()
+
+
+def scatter(tier: CpuKVTier, slot: TierSlot, num_tokens: int, kv_slice: KVSlice,
+            pool_k: torch.Tensor, pool_v: torch.Tensor, block_table: list[int]) -> int:
+    """Copies a request's KV of this rank's slice from its tier slot into the pages of its
+    block table; returns the bytes moved."""
+    _check(pool_k, kv_slice, slot, num_tokens)
+    layers, blocks, block_size, heads, head_dim = pool_k.shape
+    index = token_slots(block_table, num_tokens, block_size, pool_k.device)
+    src = _tier_view(tier, kv_slice, slot, num_tokens)
+    for kv, pool in enumerate((pool_k, pool_v)):
+        tokens = src[:, kv].transpose(1, 2).to(pool.device, non_blocking=True)  # HND -> NHD
+        pool.view(layers, blocks * block_size, heads, head_dim).index_copy_(1, index, tokens)
+    return 2 * src[:, 0].numel() * src.element_size()

@@ -1,0 +1,91 @@
+"""Seesaw on one rank: the prefill plan's and the decode plan's models (their parameters
+in one weight arena, parallel/seesaw_weights.py), each reading the rank's one KV pool in
+its own shape ([its layers, blocks, block_size, its KV heads, head_dim], the same block
+ids), and the moves of a group's KV through the CPU tier at a transition: `move_out`
+gathers every moving request's slice out of the running plan's view of the pool into the
+tier (and prefetches the new plan's weights that the running plan does not use);
+`move_in`, once every rank of the group has moved out, scatters the new plan's slices
+from the tier into its view and activates its weights."""
+import time
+
+import torch
+
+from parashift.kv.cache import KVCache, attention_layers
+from parashift.kv.cpu_tier import CpuKVTier
+from parashift.kv.tier_allocator import TierSlot
+from parashift.kv.tier_copy import gather, rank_kv_slice, scatter
+from parashift.parallel.seesaw_weights import WeightArena
+from parashift.parallel.state import ParallelState
+
+
+def pool_views(pool: torch.Tensor, shapes: dict[str, tuple[int, int]], block_size: int,
+               head_dim: int) -> tuple[dict[str, torch.Tensor], int]:
+    """Each plan's view of one pool tensor, [layers, blocks, block_size, heads, head_dim]
+    over its first bytes, with the most blocks every plan's view holds (`shapes`: plan ->
+    (layers, heads)); returns the views and that block count."""
+    flat = pool.view(-1)
+    per_block = {name: layers * block_size * heads * head_dim
+                 for name, (layers, heads) in shapes.items()}
+    blocks = min(flat.numel() // n for n in per_block.values())
+    views = {name: flat[:blocks * per_block[name]].view(layers, blocks, block_size, heads, head_dim)
+             for name, (layers, heads) in shapes.items()}
+    return views, blocks
+
+
+class SeesawRank:
+    def __init__(self, models: dict[str, torch.nn.Module], states: dict[str, ParallelState],
+                 num_layers: int, num_kv_heads: int, device: torch.device):
+        """`models` and `states`: the prefill plan's first (the running one), by plan name."""
+        self.models, self.states = models, states
+        self.slices = {name: rank_kv_slice(s.plan, s.rank, num_layers, num_kv_heads)
+                       for name, s in states.items()}
+        self.arena = WeightArena(models, device)
+        self.active = next(iter(models))
+        self.views: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.num_blocks = 0
+        self._tiers: dict[str, CpuKVTier] = {}  # mapped once, by path
+
+    @property
+    def pinned_bytes(self) -> int:
+        return self.arena.pinned_bytes
+
+    def bind_kv(self, kv: KVCache) -> None:
+        """Points each plan's attention layers at its view of the pool, for good."""
+        shapes = {name: (len(s.layers), len(s.heads)) for name, s in self.slices.items()}
+        block_size, head_dim = kv.k.shape[2], kv.k.shape[-1]
+        k, self.num_blocks = pool_views(kv.k, shapes, block_size, head_dim)
+        v, _ = pool_views(kv.v, shapes, block_size, head_dim)
+        for name, model in self.models.items():
+            self.views[name] = (k[name], v[name])
+            for i, layer in enumerate(attention_layers(model)):
+                layer.k_cache, layer.v_cache = k[name][i], v[name][i]
+
+    def move_out(self, target: str, moves: list, handle) -> dict:
+        """Gathers the moving requests' KV of the running plan into the tier, then
+        prefetches what of `target`'s weights the running plan does not use."""
+        start = time.perf_counter()
+        tier, (k, v), kv_slice = self._tier(handle), self.views[self.active], self.slices[self.active]
+        kv_bytes = sum(gather(k, v, list(m.block_table), m.num_tokens, kv_slice, tier,
+                              TierSlot(m.slot_start, m.slot_length)) for m in moves)
+        prefetched = self.arena.prefetch(target)
+        return {"kv_bytes_out": kv_bytes, "prefetch_bytes": prefetched,
+                "out_s": time.perf_counter() - start}
+
+    def move_in(self, target: str, moves: list, handle) -> dict:
+        """Scatters the moving requests' KV from the tier into `target`'s view of the pool
+        and makes `target` the running plan (its weights activated)."""
+        start = time.perf_counter()
+        tier, (k, v), kv_slice = self._tier(handle), self.views[target], self.slices[target]
+        kv_bytes = sum(scatter(tier, TierSlot(m.slot_start, m.slot_length), m.num_tokens,
+                               kv_slice, k, v, list(m.block_table)) for m in moves)
+        switch = self.arena.activate(target)
+        self.active = target
+        return {"kv_bytes_in": kv_bytes, "weight_bytes": switch.bytes,
+                "weight_s": switch.seconds, "in_s": time.perf_counter() - start}
+
+    def _tier(self, handle) -> CpuKVTier:
+        tier = self._tiers.get(handle.path)
+        if tier is None:
+            tier = self._tiers[handle.path] = CpuKVTier.open(handle.path, handle.shape,
+                                                             handle.tokens)
+        return tier

@@ -1,0 +1,129 @@
+"""Seesaw end to end on gloo ranks: each group prefills under its prefill plan (PP) and
+decodes under its decode plan (TP), its requests' KV moved through the CPU KV tier at
+every transition; the greedy tokens equal one device's whatever the number of
+transitions, and the tier's accounting returns to zero (aborts in every state too)."""
+import random
+
+import pytest
+
+from parashift import LLM, SamplingParams
+from tests.distributed.test_plans import DEVICE, assert_same, skip_unless_enough_gpus
+from tests.engine.conftest import save_tiny_llama
+
+PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
+COMMON = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, num_blocks=64,
+              max_num_batched_tokens=48, max_model_len=128)
+MODELS = {"gqa8x4": (8, 4, 4), "gqa6x3": (6, 3, 3)}  # heads, KV heads, layers
+PAIRS = [("gqa8x4", "pp2", "tp2"), ("gqa6x3", "pp3", "tp3"), ("gqa8x4", "pp2xtp2", "tp4"),
+         ("gqa8x4", "pp4", "pp2xtp2")]
+SMALL_TIER, LARGE_TIER = 56, 4096  # tokens: a prompt or two per phase, or every request at once
+
+
+def prompts(seed=0, n=7, vocab=512):
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randint(1, 40))] for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    dirs = {name: save_tiny_llama(tmp_path_factory.mktemp(name), num_attention_heads=heads,
+                                  num_key_value_heads=kv, hidden_size=96, intermediate_size=192,
+                                  num_hidden_layers=layers)
+            for name, (heads, kv, layers) in MODELS.items()}
+    refs = {}
+    for name, d in dirs.items():
+        llm = LLM(d, **COMMON)
+        refs[name] = llm.generate(prompts(), PARAMS)
+        llm.llm_engine.shutdown()
+    return dirs, refs
+
+
+def seesaw_llm(model_dir, prefill, decode, tokens, **options):
+    plan = dict(parallel_policy="seesaw", prefill_plan=prefill, decode_plan=decode,
+                cpu_kv_tokens=tokens)
+    skip_unless_enough_gpus(plan)
+    return LLM(model_dir, **{**COMMON, **plan, **options})
+
+
+def directions(records):
+    return [(r.kind, r.target) for r in records]
+
+
+@pytest.mark.parametrize("name, prefill, decode", PAIRS,
+                         ids=[f"{p}-{d}" for _, p, d in PAIRS])
+def test_tokens_equal_one_device_over_many_transitions_and_one(models, name, prefill, decode):
+    dirs, refs = models
+    for tier_tokens, least, most in ((SMALL_TIER, 5, None), (LARGE_TIER, 1, 1)):
+        llm = seesaw_llm(dirs[name], prefill, decode, tier_tokens)
+        engine = llm.llm_engine
+        try:
+            assert_same(llm.generate(prompts(), PARAMS), refs[name])
+            records = engine.take_transition_records()
+            assert len(records) >= least and (most is None or len(records) <= most)
+            assert all(r.kind == "reshard" for r in records)
+            # phases alternate from the prefill plan; every one re-shards the weights (the
+            # least arena), and each move to decode carries the prefilled KV through the tier
+            assert [r.direction for r in records] == ["to_decode", "to_prefill"] * (
+                len(records) // 2) + ["to_decode"] * (len(records) % 2)
+            assert all(r.weight_bytes > 0 and r.stall_s > 0 for r in records)
+            assert all(r.kv_bytes_out == r.kv_bytes_in > 0 for r in records
+                       if r.direction == "to_decode")
+            phases = engine.take_phase_seconds()
+            assert phases["prefill"] > 0 and phases["decode"] > 0 and phases["transition"] > 0
+            tier = next(iter(engine.seesaw.values()))
+            assert tier.slots.used_tokens == 0 and tier.slots.largest_free() == tier_tokens
+        finally:
+            engine.shutdown()
+
+
+def _step_until(engine, done, limit=200):
+    for _ in range(limit):
+        if done():
+            return
+        engine.step()
+    raise AssertionError("the engine never reached the state")
+
+
+def test_aborts_in_every_state_free_their_slots(models):
+    dirs, _ = models
+    llm = seesaw_llm(dirs["gqa8x4"], "pp2", "tp2", SMALL_TIER)
+    engine = llm.llm_engine
+    tier = next(iter(engine.seesaw.values()))
+    try:
+        for i, prompt in enumerate(prompts(seed=3, n=6)):
+            engine.add_request(f"r{i}", prompt, PARAMS)
+        waiting = [s.request_id for s in engine.replicas[0].scheduler.waiting]
+        engine.abort_request(waiting[-1])  # waiting, no slot yet
+        _step_until(engine, lambda: tier.slots.requests_in("writing"))
+        writing = tier.slots.requests_in("writing")[0]
+        engine.abort_request(writing)  # its prompt computed (or being computed) in the prefill plan
+        assert writing not in tier.slots.slots
+        _step_until(engine, lambda: tier.slots.requests_in("loading"))
+        loading = tier.slots.requests_in("loading")[0]
+        engine.abort_request(loading)  # decoding in the decode plan
+        assert loading not in tier.slots.slots
+        _step_until(engine, lambda: not engine.has_unfinished_requests())
+        assert tier.slots.used_tokens == 0 and tier.slots.largest_free() == SMALL_TIER
+        assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    finally:
+        engine.shutdown()
+
+
+def test_requests_the_tier_cannot_hold_and_bad_options_are_refused(models):
+    dirs, _ = models
+    llm = seesaw_llm(dirs["gqa8x4"], "pp2", "tp2", 16)
+    try:
+        with pytest.raises(ValueError, match="more than the CPU KV tier holds"):
+            llm.llm_engine.add_request("big", [1] * 10, PARAMS)
+    finally:
+        llm.llm_engine.shutdown()
+    from parashift.config import EngineConfig
+    seesaw = dict(parallel_policy="seesaw", prefill_plan="pp2", decode_plan="tp2")
+    with pytest.raises(ValueError, match="one of cpu_kv_tokens or cpu_kv_gib"):
+        EngineConfig(**seesaw)
+    with pytest.raises(ValueError, match="cpu_kv_tokens is an option of the seesaw policy"):
+        EngineConfig(cpu_kv_tokens=10)
+    with pytest.raises(ValueError, match="drop tensor_parallel_size"):
+        EngineConfig(**seesaw, cpu_kv_tokens=10, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="must each cover"):
+        LLM(dirs["gqa8x4"], **{**COMMON, **seesaw, "decode_plan": "tp4", "cpu_kv_tokens": 10})

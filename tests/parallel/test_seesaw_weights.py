@@ -1,0 +1,94 @@
+"""Seesaw's weight arena on one rank: the prefill plan's (PP) and the decode plan's (TP)
+parameters at fixed addresses in one arena, re-sharded from pinned host copies. After 20
+round trips each plan's parameters equal a fresh load of that plan (checksum)."""
+import hashlib
+
+import pytest
+import torch
+
+from parashift import host_memory
+from parashift.context import use_state
+from parashift.loader.source import load_hf_config, resolve_model
+from parashift.loader.weights import load_model_weights
+from parashift.models.registry import model_class_for
+from parashift.parallel.plan import Plan
+from parashift.parallel.seesaw_weights import WeightArena
+from parashift.parallel.state import GroupHandle, ParallelState
+from tests.engine.conftest import save_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A tiny Llama of 4 layers (2 per stage under PP2) and 4 KV heads (TP up to 4)."""
+    path = save_tiny_llama(tmp_path_factory.mktemp("seesaw_llama"), num_hidden_layers=4,
+                           num_key_value_heads=4)
+    source = resolve_model(path)
+    return source, load_hf_config(source)
+
+
+def build(tiny_model, plan_name: str, rank: int) -> torch.nn.Module:
+    """`rank`'s model under the plan, loaded (no process group: nothing communicates)."""
+    source, hf_config = tiny_model
+    plan = Plan.parse(plan_name)
+
+    def handle(kind):
+        return GroupHandle(plan.group_of(kind, rank), rank)
+    state = ParallelState(plan, rank, handle("tp"), handle("sp"), handle("pp"), handle("dp"))
+    with use_state(state):
+        model = model_class_for(hf_config)(hf_config, 64)
+    load_model_weights(model, source)
+    return model
+
+
+def checksum(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        digest.update(name.encode() + param.detach().flatten().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def addresses(model):
+    return [p.data_ptr() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("prefill,decode,rank", [("pp2", "tp2", 0), ("pp2", "tp2", 1),
+                                                 ("pp2xtp2", "tp4", 3), ("pp4", "pp2xtp2", 2)])
+def test_twenty_round_trips_leave_each_plan_equal_to_a_fresh_load(tiny_model, prefill, decode, rank):
+    fresh = {name: checksum(build(tiny_model, name, rank)) for name in (prefill, decode)}
+    models = {name: build(tiny_model, name, rank) for name in (prefill, decode)}
+    arena = WeightArena(models, torch.device("cpu"))
+    fixed = {name: addresses(m) for name, m in models.items()}
+    assert arena.pinned_bytes == sum(r.size for r in arena.regions.values())
+    assert checksum(models[prefill]) == fresh[prefill]
+    for _ in range(20):
+        for name in (decode, prefill):
+            arena.prefetch(name)
+            switch = arena.activate(name)
+            assert switch.bytes > 0  # the least arena: the plans overlap, each switch copies
+            assert checksum(models[name]) == fresh[name]
+            assert addresses(models[name]) == fixed[name]
+    assert not arena.resident(decode) and arena.resident(prefill)
+
+
+def test_an_arena_of_both_plans_keeps_both_resident_and_copies_nothing(tiny_model):
+    models = {name: build(tiny_model, name, 0) for name in ("pp2", "tp2")}
+    fresh = {name: checksum(build(tiny_model, name, 0)) for name in models}
+    both = sum(WeightArena(  # the least arena first, to learn the two plans' sizes
+        {n: build(tiny_model, n, 0) for n in models}, torch.device("cpu")).regions[n].size
+        for n in models)
+    arena = WeightArena(models, torch.device("cpu"), arena_bytes=both)
+    for _ in range(3):
+        for name in ("tp2", "pp2"):
+            assert arena.prefetch(name) == 0 and arena.activate(name).bytes == 0
+            assert all(checksum(models[n]) == fresh[n] for n in models)
+
+
+def test_bad_arenas_are_refused(tiny_model, monkeypatch):
+    models = {name: build(tiny_model, name, 0) for name in ("pp2", "tp2")}
+    with pytest.raises(ValueError, match="the weight arena takes"):
+        WeightArena(models, torch.device("cpu"), arena_bytes=1)
+    with pytest.raises(ValueError, match="holds two plans"):
+        WeightArena({"pp2": models["pp2"]}, torch.device("cpu"))
+    monkeypatch.setattr(host_memory, "mem_available_bytes", lambda: 1000)
+    with pytest.raises(ValueError, match="host memory cannot hold pinned weights"):
+        WeightArena(models, torch.device("cpu"))
