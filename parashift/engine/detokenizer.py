@@ -15,6 +15,7 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams):
         self.tokenizer = tokenizer
+        self.backend = rust_backend(tokenizer)
         self.params = params
         self.token_ids = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         self.prefix_offset = 0
@@ -91,9 +92,9 @@ class IncrementalDetokenizer:
     def _decode(self, token_ids: list[int]) -> str:
         # Cleaning up spaces looks across the window's edges and would differ from
         # decoding the whole output, so it stays off.
-        backend = rust_backend(self.tokenizer)
-        if backend is not None:
-            return backend.decode(token_ids, skip_special_tokens=self.params.skip_special_tokens)
+        if self.backend is not None:
+            return self.backend.decode(token_ids,
+                                       skip_special_tokens=self.params.skip_special_tokens)
         return self.tokenizer.decode(token_ids, skip_special_tokens=self.params.skip_special_tokens,
                                      clean_up_tokenization_spaces=False)
 
@@ -159,11 +160,10 @@ def append_all(detokenizers: list[IncrementalDetokenizer], tokens: list[int]
         windows = detok.extend([token])
         if windows is None:
             continue
-        backend = rust_backend(detok.tokenizer)
-        if backend is None:
+        if detok.backend is None:
             results[i] = _take_one(detok, windows)
         else:
-            pending.setdefault((backend, detok.params.skip_special_tokens), []).append(
+            pending.setdefault((detok.backend, detok.params.skip_special_tokens), []).append(
                 (i, windows))
     for (backend, skip), items in pending.items():
         try:
