@@ -1,28 +1,36 @@
 """Deterministic mode (--deterministic): does a request get the same tokens and logprobs
 whatever its batch and plan, and what does that cost?
 
+Each model shape (`benchmarks/shapes/`) gets one random checkpoint on disk (seeded per tensor,
+written once under --checkpoints), so every plan loads the same weights: `--load-format
+dummy` draws each rank's shard on its own and would differ by plan.
+
 Matrix: for each model, `--prompts` random prompts generate `--tokens` greedy tokens (with
 logprobs), each prompt alone on one device (the reference), then all together on one
 device and under each plan of `--plans`; a sequence counts as identical when its tokens and
 every logprob are bit-equal to the reference. Default mode is counted beside deterministic
 mode. Plans needing more GPUs than the machine has are skipped (and listed).
 Cost: seconds per decode step at each of `--batch-sizes` (prompts of `--context` tokens)
-and of one prefill of `--prefill` tokens, deterministic against default, on one device.
+and of one prefill of `--prefill` tokens (one step), deterministic against default, under
+each of `--cost-plans`.
 
 GPU (one H200; the multi-rank plans need nvidia-h200-x2):
   PYTHONPATH=. python3 benchmarks/deterministic.py \
       --models benchmarks/shapes/tiny-llama.json benchmarks/shapes/llama-3.1-8b.json \
-      --plans single tp2 sp2 pp2 dp2 shift --out deterministic.jsonl
+      --plans single tp2 sp2 pp2 dp2 shift --cost-plans single tp2 shift \
+      --out deterministic.jsonl
 CPU (a smoke run: tiny model, gloo ranks):
   PYTHONPATH=. python3 benchmarks/deterministic.py --device cpu --prompts 4 --tokens 8 \
       --plans single tp2 sp2 shift --batch-sizes 1 8 --prefill 256 --context 32"""
 import argparse
 import json
+import os
 import random
 import time
 
 import torch
 
+from benchmarks.decode_throughput import start_decodes
 from parashift import LLM, SamplingParams
 
 PLANS = {  # name -> engine options
@@ -44,11 +52,38 @@ def ranks_of(plan: str) -> int:
             * options.get("pipeline_parallel_size", 1) * options.get("data_parallel_size", 1))
 
 
+def random_checkpoint(shape: str, root: str, dtype: str) -> str:
+    """An HF directory of random weights at `shape` (normal(0, 0.02), norms 1; each tensor
+    drawn from a generator seeded by its index), written once and reused."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+    directory = os.path.join(root, f"{os.path.basename(shape).removesuffix('.json')}-{dtype}")
+    if os.path.exists(os.path.join(directory, "config.json")):
+        return directory
+    config = AutoConfig.from_pretrained(shape)
+    with torch.device("meta"):
+        names = [(n, p.shape) for n, p in AutoModelForCausalLM.from_config(config).named_parameters()]
+    os.makedirs(directory, exist_ok=True)
+    shard, shard_bytes, index = {}, 0, 0
+    for i, (name, size) in enumerate(names):
+        gen = torch.Generator().manual_seed(i)
+        tensor = (torch.ones(size) if name.endswith("norm.weight")
+                  else torch.randn(size, generator=gen) * 0.02).to(getattr(torch, dtype))
+        shard[name], shard_bytes = tensor, shard_bytes + tensor.nbytes
+        if shard_bytes > 2 << 30 or i == len(names) - 1:
+            save_file(shard, os.path.join(directory, f"model-{index:05d}.safetensors"),
+                      metadata={"format": "pt"})
+            shard, shard_bytes, index = {}, 0, index + 1
+    config.save_pretrained(directory)  # last: its presence marks a complete checkpoint
+    return directory
+
+
 def make_llm(args, model: str, deterministic: bool, **options) -> LLM:
-    return LLM(model, device=args.device, dtype=args.dtype, load_format="dummy",
-               skip_tokenizer_init=True, deterministic=deterministic,
+    checkpoint = random_checkpoint(model, args.checkpoints, args.dtype)
+    return LLM(checkpoint, device=args.device, dtype=args.dtype, skip_tokenizer_init=True, deterministic=deterministic,
                enable_prefix_caching=False, max_model_len=max_len_of(args, model),
-               max_num_batched_tokens=max(args.prefill, 2048), seed=0, **options)
+               max_num_batched_tokens=max(args.prefill, 2048), long_prefill_token_threshold=0,
+               seed=0, **options)
 
 
 def shape_of(model: str) -> dict:
@@ -106,16 +141,7 @@ def sync(device: str) -> None:
 
 def decode_seconds(args, llm: LLM, batch: int, vocab: int, context: int) -> float:
     engine = llm.llm_engine
-    rng = random.Random(batch)
-    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=args.decode_steps + 64)
-    ids = [f"decode{batch}-{i}" for i in range(batch)]
-    for rid in ids:
-        engine.add_request(rid, [rng.randrange(vocab) for _ in range(context)], params)
-    while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens
-                                          for s in engine.scheduler.running):
-        engine.step()
-    for _ in range(3):
-        engine.step()
+    ids = start_decodes(engine, batch, context, vocab)
     sync(args.device)
     start = time.perf_counter()
     for _ in range(args.decode_steps):
@@ -143,15 +169,16 @@ def prefill_seconds(args, llm: LLM, vocab: int, length: int) -> float:
     return min(times[1:])
 
 
-def cost(args, model: str) -> list[dict]:
+def cost(args, model: str, plan: str) -> list[dict]:
     vocab, rows, max_len = vocab_of(model), [], max_len_of(args, model)
     # a short model's context holds the prompt and the decode steps
     prefill = min(args.prefill, max_len - 1)
     context = min(args.context, max_len - args.decode_steps - 80)
     for deterministic in (False, True):
-        llm = make_llm(args, model, deterministic, max_num_seqs=max(args.batch_sizes))
+        llm = make_llm(args, model, deterministic, max_num_seqs=max(args.batch_sizes),
+                       **PLANS[plan])
         try:
-            row = dict(model=model, deterministic=deterministic, prefill_tokens=prefill,
+            row = dict(model=model, plan=plan, deterministic=deterministic, prefill_tokens=prefill,
                        context=context, prefill_s=prefill_seconds(args, llm, vocab, prefill))
             for batch in args.batch_sizes:
                 row[f"decode_b{batch}_ms"] = 1e3 * decode_seconds(args, llm, batch, vocab,
@@ -162,7 +189,7 @@ def cost(args, model: str) -> list[dict]:
         print(json.dumps(row), flush=True)
     default, det = rows
     slowdown = {k: det[k] / default[k] for k in default if k.endswith(("_s", "_ms"))}
-    rows.append(dict(model=model, deterministic_over_default=slowdown))
+    rows.append(dict(model=model, plan=plan, deterministic_over_default=slowdown))
     print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -177,6 +204,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--cost-plans", nargs="+", default=["single"], choices=list(PLANS),
+                        help="plans the cost is measured under (those with too few devices "
+                             "are left out)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--context", type=int, default=512, help="decode: prompt tokens")
     parser.add_argument("--decode-steps", type=int, default=32)
@@ -184,6 +214,8 @@ def main() -> None:
     parser.add_argument("--skip-matrix", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
     parser.add_argument("--out", help="write every row as a JSON line here")
+    parser.add_argument("--checkpoints", default="/tmp/parashift-deterministic",
+                        help="where the random checkpoints are written (8B: 16 GB)")
     args = parser.parse_args()
     if args.plans[0] != "single":
         parser.error("the first plan must be single: it runs the reference")
@@ -193,8 +225,9 @@ def main() -> None:
         if not args.skip_matrix:
             for deterministic in (False, True):
                 rows += matrix(args, model, deterministic, available)
-        if not args.skip_cost:
-            rows += cost(args, model)
+        for plan in [] if args.skip_cost else args.cost_plans:
+            if ranks_of(plan) <= available:
+                rows += cost(args, model, plan)
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)

@@ -7,10 +7,11 @@ import pytest
 
 from parashift import LLM
 from parashift.engine.policy import ScriptedPolicy
-from tests.deterministic.test_batch_invariance import assert_identical, requests
+from tests.deterministic.test_batch_invariance import DEVICE, assert_identical, requests
+from tests.distributed.test_plans import skip_unless_enough_gpus
 from tests.engine.conftest import save_tiny_llama
 
-COMMON = dict(device="cpu", skip_tokenizer_init=True, num_blocks=128, deterministic=True,
+COMMON = dict(device=DEVICE, skip_tokenizer_init=True, num_blocks=128, deterministic=True,
               max_num_batched_tokens=48, enable_prefix_caching=False)
 MODELS = {"gqa8x4": (8, 4), "gqa6x3": (6, 3)}
 PLANS = [("gqa8x4", dict(tensor_parallel_size=2)), ("gqa8x4", dict(sequence_parallel_size=2)),
@@ -34,6 +35,7 @@ def model_dirs(tmp_path_factory):
 
 
 def run(model_dir, dtype, policy=None, **plan):
+    skip_unless_enough_gpus(plan)
     llm = LLM(model_dir, dtype=dtype, **{**COMMON, **plan})
     try:
         if policy is not None:
