@@ -39,19 +39,7 @@ def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
     """Seconds per decode step with `batch` sequences at ~`context` tokens, their mean
     context over the timed steps, and with `profile` the kernel breakdown of a few more."""
     engine = llm.llm_engine
-    rng = random.Random(batch)
-    # Sequences admitted early decode while later ones prefill: leave them room, so none
-    # finishes (and shrinks the batch) before the timed steps are over.
-    params = SamplingParams(temperature=0, ignore_eos=True,
-                            max_tokens=engine.max_model_len - context)
-    ids = [f"b{batch}-{i}" for i in range(batch)]
-    for rid in ids:
-        engine.add_request(rid, [rng.randrange(vocab) for _ in range(context)], params)
-    while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens
-                                          for s in engine.scheduler.running):
-        engine.step()
-    for _ in range(3):
-        engine.step()
+    ids = start_decodes(engine, batch, context, vocab)
     torch.cuda.synchronize()
     before = batch_state(engine)
     start = time.perf_counter()
@@ -79,6 +67,25 @@ def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
     for rid in ids:
         engine.abort_request(rid)
     return elapsed, mean_context, breakdown
+
+
+def start_decodes(engine, batch: int, context: int, vocab: int) -> list[str]:
+    """Adds `batch` random prompts of `context` tokens and steps until every one has
+    prefilled and decoded 3 tokens; returns their request ids."""
+    rng = random.Random(batch)
+    # Sequences admitted early decode while later ones prefill: leave them room, so none
+    # finishes (and shrinks the batch) before the timed steps are over.
+    params = SamplingParams(temperature=0, ignore_eos=True,
+                            max_tokens=engine.max_model_len - context)
+    ids = [f"b{batch}-{i}" for i in range(batch)]
+    for rid in ids:
+        engine.add_request(rid, [rng.randrange(vocab) for _ in range(context)], params)
+    while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens
+                                          for s in engine.scheduler.running):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    return ids
 
 
 @contextlib.contextmanager

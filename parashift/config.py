@@ -84,6 +84,9 @@ class EngineConfig:
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
     async_scheduling: bool | None = None     # schedule the next step while one runs; None = auto
     check_step_state: bool = False           # debug: every step's persistent inputs against a rebuild
+    # batch- and plan-invariant kernels: the same tokens and logprobs whatever the batch,
+    # the plan or a switch (parashift/deterministic/)
+    deterministic: bool = False
 
     def __post_init__(self):
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
@@ -135,6 +138,11 @@ class EngineConfig:
         if not self.worker_heartbeat_timeout_s >= 1.0:  # NaN fails too
             raise ValueError("worker_heartbeat_timeout_s must be >= 1 (workers beat every "
                              f"0.2 s), got {self.worker_heartbeat_timeout_s}")
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
+        if self.deterministic and self.parallel_policy == "flying":
+            raise ValueError("deterministic mode supports the static and shift policies; the "
+                             "flying policy's merged plans are not covered yet")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 

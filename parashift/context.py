@@ -19,6 +19,9 @@ class StepContext:
     weights: str = BASE_WEIGHTS  # key of each layer's weight layout for this plan
     attn: AttentionMetadata | None = None
     backend: AttentionBackend | None = None
+    # Deterministic mode's K chunks of row-parallel projections (parashift/deterministic/);
+    # None: the default kernels. Read by layers when they are built.
+    reduction_chunks: int | None = None
 
     @property
     def tp(self) -> GroupHandle:
@@ -58,6 +61,7 @@ def use_context(ctx: StepContext):
         _context = saved
 
 
-def use_state(state: ParallelState, weights: str = BASE_WEIGHTS):
+def use_state(state: ParallelState, weights: str = BASE_WEIGHTS,
+              reduction_chunks: int | None = None):
     """A context with `state`'s groups and no step (building a model, loading weights)."""
-    return use_context(StepContext(state, weights))
+    return use_context(StepContext(state, weights, reduction_chunks=reduction_chunks))

@@ -23,17 +23,24 @@ class AttentionBackend(Protocol):
         ...
 
 
-def get_backend(name: str, device: torch.device) -> AttentionBackend:
+def get_backend(name: str, device: torch.device, deterministic: bool = False) -> AttentionBackend:
+    """`deterministic`: the batch-invariant variant (parashift/deterministic/)."""
     if name == "auto":
         name = "triton" if device.type == "cuda" and _triton_available() else "torch"
     if name == "torch":
+        if deterministic and device.type == "cuda":
+            raise ValueError("deterministic mode on CUDA needs the triton attention backend "
+                             "(the torch one is batch-invariant on the CPU only)")
+        if deterministic:
+            from parashift.attention.torch_invariant import InvariantTorchAttentionBackend
+            return InvariantTorchAttentionBackend()
         from parashift.attention.torch_ref import TorchAttentionBackend
         return TorchAttentionBackend()
     if name == "triton":
         if device.type != "cuda":
             raise ValueError("attention backend 'triton' needs a CUDA device")
         from parashift.attention.triton_backend import TritonAttentionBackend
-        return TritonAttentionBackend()
+        return TritonAttentionBackend(batch_invariant=deterministic)
     raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or triton")
 
 

@@ -35,13 +35,19 @@ class TorchAttentionBackend:
                 continue
             k = gather_context(k_cache, meta.block_tables[i], seq_len)
             v = gather_context(v_cache, meta.block_tables[i], seq_len)
-            k = k.repeat_interleave(group, dim=1).transpose(0, 1).to(q.dtype)
-            v = v.repeat_interleave(group, dim=1).transpose(0, 1).to(q.dtype)
-            q_len = qe - qs
-            # query j sits at position seq_len - q_len + j and sees positions <= it
-            pos_q = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= pos_q
-            o = F.scaled_dot_product_attention(q[qs:qe].transpose(0, 1), k, v,
-                                               attn_mask=mask, scale=scale)
-            out[qs:qe] = o.transpose(0, 1)
+            k = k.repeat_interleave(group, dim=1).transpose(0, 1)
+            v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+            out[qs:qe] = self.attend_sequence(q[qs:qe], k, v, scale)
         return out
+
+    def attend_sequence(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        scale: float) -> torch.Tensor:
+        """q [q_len, heads, d]: the last q_len positions of the context k, v
+        [heads, seq_len, d] -> [q_len, heads, d]."""
+        q_len, seq_len = q.shape[0], k.shape[1]
+        # query j sits at position seq_len - q_len + j and sees positions <= it
+        pos_q = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= pos_q
+        o = F.scaled_dot_product_attention(q.transpose(0, 1), k.to(q.dtype), v.to(q.dtype),
+                                           attn_mask=mask, scale=scale)
+        return o.transpose(0, 1)

@@ -5,7 +5,12 @@ two launches: the decodes at the head of the batch, with a small query tile,
 and the rest). Launch shapes come from tensor shapes and the metadata's
 Python ints, never from tensor values, so a step runs without host syncs and
 can be captured in a CUDA graph. A captured graph keeps the split count
-chosen at capture; it stays correct for any context length, only less tuned."""
+chosen at capture; it stays correct for any context length, only less tuned.
+
+Batch-invariant (deterministic mode): every launch takes the prefill configuration and
+one split, so a query row's tiles, their order and the tile shapes of its dots are the
+same in decode, prefill and chunked prefill, whatever the batch; tiles past its position
+are masked to exact no-ops. Long contexts at small batches lose split-KV's parallelism."""
 import bisect
 import functools
 import math
@@ -78,6 +83,9 @@ def choose_num_splits(num_programs: int, max_seq_len: int, partial_bytes_per_spl
 class TritonAttentionBackend:
     name = "triton"
 
+    def __init__(self, batch_invariant: bool = False):
+        self.batch_invariant = batch_invariant
+
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
         num_tokens, num_kv_heads, head_dim = k.shape
@@ -104,7 +112,7 @@ class TritonAttentionBackend:
             real_tokens = meta.query_start_loc_cpu[-1] if meta.num_seqs else 0
             if real_tokens == 0:
                 return torch.zeros_like(q)
-        launches = [(seqs, _plan_launch(q, k_cache, meta, seqs))
+        launches = [(seqs, _plan_launch(q, k_cache, meta, seqs, invariant=self.batch_invariant))
                     for seqs in _split_decodes(meta, num_tokens)]
         if meta.static_shape:
             # Rows of no sequence must be zero, and which they are is known on the device
@@ -141,13 +149,17 @@ class TritonAttentionBackend:
             q = torch.zeros(q_len, num_heads, head_dim, dtype=dtype, device=device)
             out = torch.zeros_like(q)
             seqs = _SeqRange(0, 1, 0, q_len, decode=decode)
-            for splits in (1 << i for i in range(MAX_SPLITS.bit_length())):
-                launch = _plan_launch(q, k_cache, meta, seqs, num_splits=splits)
+            for splits in self._split_counts():
+                launch = _plan_launch(q, k_cache, meta, seqs, num_splits=splits,
+                                      invariant=self.batch_invariant)
                 _launch_attention(out, q, k_cache, v_cache, meta, 1.0, seqs, launch)
                 launches += 1
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return launches
+
+    def _split_counts(self) -> list[int]:
+        return [1] if self.batch_invariant else [1 << i for i in range(MAX_SPLITS.bit_length())]
 
 
 @dataclass(frozen=True)
@@ -188,18 +200,20 @@ class _Launch:
 
 
 def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
-                 num_splits: int | None = None) -> _Launch:
+                 num_splits: int | None = None, invariant: bool = False) -> _Launch:
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     group_p = triton.next_power_of_2(group)
     elem_size = max(q.element_size(), k_cache.element_size())
-    pick_config = decode_config if seqs.decode else prefill_config
+    pick_config = decode_config if seqs.decode and not invariant else prefill_config
     config = pick_config(head_dim, group_p, elem_size)
     block_q = max(1, config.block_m // group_p)
     num_q_blocks = seqs.num_tokens // block_q + seqs.end - seqs.first
     partial_bytes = seqs.num_tokens * num_heads * (head_dim + 2) * 4
-    if num_splits is None:
+    if invariant:
+        num_splits = 1
+    elif num_splits is None:
         num_splits = choose_num_splits(num_q_blocks * num_kv_heads, meta.max_seq_len,
                                        partial_bytes, _num_sms(q.device))
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits)

@@ -33,6 +33,7 @@ from parashift.kv.block_manager import BlockManager
 from parashift.kv.views import tokens_per_block
 from parashift.loader.chat_template import load_chat_template
 from parashift.loader.generation_config import generation_defaults
+from parashift.deterministic.reduction import check_plans
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.loader.tokenizer import load_tokenizer
 from parashift.outputs import CompletionOutput, RequestOutput
@@ -84,6 +85,8 @@ class LLMEngine:
         self.policy = make_policy(config, self.layout, hf_config)
         self.policy_plans = list(self.policy.plans)  # made on every rank at start-up
         self._plans_by_name = {p.name(): p for p in self.policy_plans}
+        if config.deterministic:
+            check_plans(hf_config, [*self.layout.plans, *self.policy_plans])
         # the plan each rank loaded its weights and laid its KV pool out for
         self._loaded = {r: plan.loaded_plan(r) for plan in self.layout.plans for r in plan.ranks}
         self._kv_heads = hf_config.num_key_value_heads

@@ -123,6 +123,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
     group.add_argument("--check-step-state", action="store_true",
                        help="debug: check every step's inputs, built from the ranks' persistent "
                             "state, against a rebuild from scratch (slow)")
+    group.add_argument("--deterministic", action="store_true",
+                       help="batch- and plan-invariant kernels: a request's tokens and logprobs "
+                            "do not depend on its batch, the parallel plan or a switch (slower)")
     group.add_argument("--skip-tokenizer-init", action="store_true",
                        help="no tokenizer: prompts are token ids, outputs have no text")
     group.add_argument("--trust-remote-code", action="store_true",
@@ -134,6 +137,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     names = [name for name, _, _ in ENGINE_FLAGS.values()]
     names += ["model", "enable_prefix_caching", "skip_tokenizer_init", "trust_remote_code",
               "cuda_graphs",
-              "fast_all_reduce", "async_scheduling", "check_step_state"]
+              "fast_all_reduce", "async_scheduling", "check_step_state", "deterministic"]
     names += [name for _, _, name in PARALLEL_FLAGS]
     return EngineConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)})

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parashift.deterministic import matmul as invariant
 from parashift.lazy_tensor import as_tensor
 from parashift.context import get_context
 
@@ -42,6 +43,10 @@ class ParallelLMHead(VocabParallelEmbedding):
     shard (a view, no copy), so the gather over SP_TP is in vocabulary order again and each
     rank streams 1/parts of the head it holds."""
 
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__(vocab_size, hidden_size)
+        self.matmul = invariant.linear if get_context().reduction_chunks else F.linear
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
         vocab, tp = ctx.vocab, ctx.tp
@@ -49,7 +54,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         if parts > 1 and self.shard_size % parts == 0:
             rows = self.shard_size // parts
             part = tp.rank % parts
-            logits = tp.all_gather(F.linear(hidden, self.weight[part * rows:(part + 1) * rows]))
+            logits = tp.all_gather(self.matmul(hidden, self.weight[part * rows:(part + 1) * rows],
+                                               None))
         else:
-            logits = vocab.all_gather(F.linear(hidden, self.weight), dim=-1)
+            logits = vocab.all_gather(self.matmul(hidden, self.weight, None), dim=-1)
         return logits[..., :self.vocab_size]

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parashift.deterministic import matmul as invariant
+from parashift.deterministic.reduction import row_parallel_linear
 from parashift.kernels import use_triton
 from parashift.lazy_tensor import as_tensor
 from parashift.context import BASE_WEIGHTS, get_context
@@ -49,8 +51,11 @@ class LinearBase(nn.Module):
 
     def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None):
         super().__init__()
-        tp = get_context().tp
-        self.tp_size, self.tp_rank, self.tp_dim = tp.size, tp.rank, tp_dim
+        ctx = get_context()
+        self.tp_size, self.tp_rank, self.tp_dim = ctx.tp.size, ctx.tp.rank, tp_dim
+        # deterministic mode: batch-invariant GEMMs, row-parallel K in this many chunks
+        self.reduction_chunks = ctx.reduction_chunks
+        self.matmul = invariant.linear if ctx.reduction_chunks else linear
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -141,8 +146,8 @@ class ColumnParallelLinear(LinearBase):
     def forward(self, x):
         parts = self._active_parts()
         if len(parts) == 1:
-            return linear(x, *parts[0])
-        return torch.cat([linear(x, w, b) for w, b in parts], dim=-1)
+            return self.matmul(x, *parts[0])
+        return torch.cat([self.matmul(x, w, b) for w, b in parts], dim=-1)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -201,7 +206,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(LinearBase):
-    """Input-sharded; partial sums are all-reduced over the TP group."""
+    """Input-sharded; partial sums are all-reduced over the TP group (in deterministic mode
+    gathered and added in the canonical order, parashift/deterministic/reduction.py)."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
         tp_size = get_context().tp.size
@@ -216,5 +222,7 @@ class RowParallelLinear(LinearBase):
     def forward(self, x):
         tp = get_context().tp
         weight, bias = self._active_parts()[0]
+        if self.reduction_chunks:
+            return row_parallel_linear(x, weight, bias, tp, self.reduction_chunks)
         y = linear(x, weight, bias if tp.rank == 0 else None)
         return tp.all_reduce(y)

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from parashift.attention.backend import get_backend
 from parashift.context import BASE_WEIGHTS, StepContext, use_context, use_state
+from parashift.deterministic.reduction import reduction_chunks
 from parashift.worker.cuda_graphs import DecodeGraphs
 from parashift.worker.step_batch import (PLACEHOLDER_TOKEN, ChunkDelta, RequestTables, SeqChunk,
                                          StepBatch)
@@ -94,13 +95,14 @@ class ModelRunner:
         self.hidden_size = hf_config.hidden_size
         self.max_model_len = max_model_len
         start = time.perf_counter()
-        with use_state(self.state):
+        chunks = reduction_chunks(hf_config) if config.deterministic else None
+        with use_state(self.state, reduction_chunks=chunks):
             self.model = self._build_model(hf_config, source, max_model_len)
         # Seesaw: the other plan's model too, both in one weight arena (before narrowed layouts)
         self.seesaw = (self._make_seesaw(hf_config, source, max_model_len, other_states)
                        if config.parallel_policy == "seesaw" else None)
         self.load_seconds = time.perf_counter() - start
-        self.backend = get_backend(config.attention_backend, device)
+        self.backend = get_backend(config.attention_backend, device, config.deterministic)
         self.sampler = Sampler(device, config.seed)
         self.generators: dict[str, torch.Generator] = {}  # of requests with a seed
         self.requests = RequestTables()

@@ -1,0 +1,73 @@
+"""Batch-invariant matrix products: row i of x @ w.T comes out bit for bit the same
+whatever the other rows of x, the number of rows, or the rows of w computed alongside.
+
+On CUDA the Triton kernel of `triton_matmul.py` (one tile configuration, K in a fixed
+order). On the CPU, torch's GEMMs are invariant once they always take the same path:
+measured with torch 2.13 (MKL/oneDNN), one row goes through a GEMV whose sums differ from
+the GEMM's, while GEMMs whose row count is a multiple of ROW_TILE agree for every row
+count and output width; so rows are padded to a multiple of ROW_TILE, the operands are
+made fp32 and contiguous in one canonical layout, and each K chunk is one matrix of a
+batched product."""
+import torch
+
+from parashift.kernels import use_triton
+
+ROW_TILE = 16
+
+
+def pad_rows(x: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """x with zero rows appended along `dim` up to a multiple of ROW_TILE (at least one)."""
+    rows = x.shape[dim]
+    pad = max(ROW_TILE, -(-rows // ROW_TILE) * ROW_TILE) - rows
+    if pad == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = pad
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def chunk_partials(x: torch.Tensor, weight: torch.Tensor, chunks: int) -> torch.Tensor:
+    """[chunks, rows, N] fp32: partial c is x[:, K_c] @ weight[:, K_c].T over the c-th of
+    `chunks` equal slices K_c of the input dimension; x is [rows, K], weight [N, K]."""
+    rows, k = x.shape
+    if k % chunks:
+        raise ValueError(f"the input width {k} does not split into {chunks} chunks")
+    if use_triton(x):
+        from parashift.deterministic import triton_matmul
+        return triton_matmul.chunk_partials(x, weight, chunks)
+    width = k // chunks
+    xs = pad_rows(x.float()).unflatten(1, (chunks, width)).transpose(0, 1).contiguous()
+    ws = weight.float().unflatten(1, (chunks, width)).transpose(0, 1).contiguous()
+    return torch.bmm(xs, ws.transpose(1, 2))[:, :rows]
+
+
+def ordered_sum(partials: torch.Tensor) -> torch.Tensor:
+    """The sum over dim 0 added one partial after the other, from zero, in fp32."""
+    total = torch.zeros_like(partials[0])
+    for partial in partials:
+        total += partial
+    return total
+
+
+def finish(total: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    if bias is not None:
+        total = total + bias.float()
+    return total.to(dtype)
+
+
+def reduce_chunks(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  chunks: int) -> torch.Tensor:
+    """x @ weight.T + bias with K in `chunks` chunks summed in order (one device holding
+    every chunk), in x's dtype; x of any leading shape."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if use_triton(x2):
+        from parashift.deterministic import triton_matmul
+        return triton_matmul.linear(x2, weight, bias, chunks).unflatten(0, lead)
+    total = ordered_sum(chunk_partials(x2, weight, chunks))
+    return finish(total, bias, x.dtype).unflatten(0, lead)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The batch-invariant F.linear: the whole of K in one chunk."""
+    return reduce_chunks(x, weight, bias, 1)

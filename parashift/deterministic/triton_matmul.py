@@ -1,0 +1,102 @@
+"""The batch-invariant GEMM on CUDA: one tile configuration for every shape, no split-K,
+K walked tile by tile in increasing order, so an output element's sum depends only on its
+row of x, its row of w and the chunking of K, never on how many rows or columns run with
+it (the CUDA-graph bucket, the batch, the TP shard's width).
+
+A program owns one [BLOCK_M, BLOCK_N] tile of the output. With CHUNKS_IN_PROGRAM it sums
+the K chunks itself, each into a fresh fp32 accumulator added to the total in chunk order
+(the single-device row-parallel projection and, with one chunk, every column-parallel
+one), adds the bias and stores x's dtype; otherwise grid axis 2 is the chunk and each
+partial is stored in fp32 for the TP group to gather and add in the same order."""
+import inspect
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 64
+NUM_WARPS, NUM_STAGES = 4, 3
+
+_generic = {"do_not_specialize": ("M",)}
+if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+    _generic["do_not_specialize_on_alignment"] = ("M",)
+
+
+@triton.jit
+def _chunk_sum(x_ptr, w_ptr, offs_m, offs_n, chunk, M, N, chunk_k, stride_xm, stride_wn,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    offs_k = tl.arange(0, BLOCK_K)
+    for k0 in range(0, chunk_k, BLOCK_K):
+        k_ok = (k0 + offs_k) < chunk_k
+        cols = (chunk * chunk_k + k0 + offs_k).to(tl.int64)
+        a = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + cols[None, :],
+                    mask=(offs_m[:, None] < M) & k_ok[None, :], other=0.0)
+        b = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + cols[None, :],
+                    mask=(offs_n[:, None] < N) & k_ok[None, :], other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit(**_generic)
+def invariant_matmul_kernel(out_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k, num_chunks,
+                            stride_xm, stride_wn, stride_oc, stride_om,
+                            CHUNKS_IN_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    if CHUNKS_IN_PROGRAM:
+        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for chunk in range(0, num_chunks):
+            total += _chunk_sum(x_ptr, w_ptr, offs_m, offs_n, chunk, M, N, chunk_k, stride_xm,
+                                stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        chunk = tl.program_id(2)
+        acc = _chunk_sum(x_ptr, w_ptr, offs_m, offs_n, chunk, M, N, chunk_k, stride_xm,
+                         stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+        tl.store(out_ptr + chunk.to(tl.int64) * stride_oc + out_offs, acc, mask=out_mask)
+
+
+def _operands(x: torch.Tensor, weight: torch.Tensor, chunks: int):
+    if x.shape[1] != weight.shape[1] or x.shape[1] % chunks:
+        raise ValueError(f"cannot multiply [{x.shape[0]}, {x.shape[1]}] by the transpose of "
+                         f"{list(weight.shape)} in {chunks} K chunks")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    return x, weight, x.shape[1] // chunks
+
+
+def _launch(out, x, weight, bias, chunks, in_program: bool, chunk_k: int):
+    m, n = x.shape[0], weight.shape[0]
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N), 1 if in_program else chunks)
+    invariant_matmul_kernel[grid](
+        out, x, weight, bias if bias is not None else out, m, n, chunk_k, chunks,
+        x.stride(0), weight.stride(0), out.stride(0) if not in_program else 0,
+        out.stride(-2), CHUNKS_IN_PROGRAM=in_program, HAS_BIAS=bias is not None,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=False)
+    return out
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           chunks: int) -> torch.Tensor:
+    """[M, K] @ [N, K].T + bias, K in `chunks` chunks summed in order, in x's dtype."""
+    x, weight, chunk_k = _operands(x, weight, chunks)
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    return _launch(out, x, weight, bias, chunks, True, chunk_k)
+
+
+def chunk_partials(x: torch.Tensor, weight: torch.Tensor, chunks: int) -> torch.Tensor:
+    """[chunks, M, N] fp32 partial products, one per K chunk."""
+    x, weight, chunk_k = _operands(x, weight, chunks)
+    out = torch.empty(chunks, x.shape[0], weight.shape[0], dtype=torch.float32,
+                      device=x.device)
+    return _launch(out, x, weight, None, chunks, False, chunk_k)

@@ -1,0 +1,148 @@
+"""The batch-invariant kernels, bit for bit: a GEMM row does not change with the rows or
+output columns computed beside it, the canonical K-chunk sum gives the same bits fused
+(one device) and gathered (a TP group), and an attention row does not change with its
+sequence's chunking (prefill, chunked prefill, decode), the other sequences of the step,
+or the heads a rank holds. The Triton kernels run under the interpreter on the CPU (the
+compiled ones on CUDA), the torch paths directly."""
+import pytest
+import torch
+
+from parashift.attention.metadata import AttentionMetadata
+from parashift.deterministic import matmul
+from parashift.deterministic.reduction import check_plans, reduction_chunks
+from parashift.parallel.plan import Plan
+from tests.kernels.common import assert_exact, case_tests, randn
+
+MATMUL_CASES = [dict(m=5, n=96, k=192, chunks=4, bias=True),
+                dict(m=70, n=130, k=96, chunks=1, bias=False),
+                dict(m=1, n=64, k=384, chunks=6, bias=False)]
+
+
+def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
+    if triton:
+        from parashift.deterministic.triton_matmul import chunk_partials, linear
+    else:
+        chunk_partials = matmul.chunk_partials
+
+        def linear(x, w, b, c):
+            return matmul.reduce_chunks(x, w, b, c)
+    x, w = randn((m + 20, k), dtype, device, seed=1), randn((n, k), dtype, device, seed=2)
+    b = randn((n,), dtype, device, seed=3) if bias else None
+    full = linear(x, w, b, chunks)
+    ref = x.double() @ w.double().T + (b.double() if bias else 0)
+    tol = 1e-4 if dtype == "float32" else 3e-2
+    torch.testing.assert_close(full.double(), ref, rtol=tol, atol=tol * k ** 0.5)
+    for rows in (1, 2, m):  # fewer rows
+        assert_exact(linear(x[:rows], w, b, chunks), full[:rows])
+    half = n // 2  # a TP shard's output columns
+    assert_exact(linear(x, w[:half], b[:half] if bias else None, chunks), full[:, :half])
+    if chunks % 2 == 0:  # two ranks' partials, gathered in order and summed
+        cut = k // 2
+        parts = torch.cat([chunk_partials(x[:, :cut], w[:, :cut], chunks // 2),
+                           chunk_partials(x[:, cut:], w[:, cut:], chunks // 2)])
+        assert_exact(matmul.finish(matmul.ordered_sum(parts), b, x.dtype), full)
+
+
+test_matmul_interpreted, test_matmul_cuda = case_tests(__name__, check_matmul, MATMUL_CASES,
+                                                       uses_dot=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", MATMUL_CASES, ids=lambda c: f"m{c['m']}-n{c['n']}-c{c['chunks']}")
+def test_matmul_torch(case, dtype):
+    check_matmul(**case, dtype=dtype, device="cpu", triton=False)
+
+
+def attend(backend, seqs, q_lens, heads, kv_heads, block_size=16):
+    """Each of `seqs` (q, k, v of its whole context) with its last q_lens[i] tokens new
+    in one step over a paged pool (blocks of each sequence in reverse order); returns the
+    output rows of each sequence, heads [0, heads) against KV heads [0, kv_heads)."""
+    device, dtype, d = seqs[0][0].device, seqs[0][0].dtype, seqs[0][0].shape[2]
+    blocks = [-(-len(q) // block_size) for q, _, _ in seqs]
+    pool = (sum(blocks) + 1, block_size, kv_heads, d)
+    k_cache = torch.zeros(pool, dtype=dtype, device=device)
+    v_cache = torch.zeros_like(k_cache)
+    tables = torch.zeros(len(seqs), max(blocks), dtype=torch.int32, device=device)
+    slots, qs, ks, vs, used = [], [], [], [], 1
+    for i, ((q, k, v), q_len) in enumerate(zip(seqs, q_lens)):
+        table = torch.arange(used + blocks[i] - 1, used - 1, -1, device=device)
+        used += blocks[i]
+        tables[i, :blocks[i]] = table.int()
+        pos = torch.arange(len(q), device=device)
+        seq_slots = table[pos // block_size] * block_size + pos % block_size
+        cached = len(q) - q_len
+        k_cache.view(-1, kv_heads, d)[seq_slots[:cached]] = k[:cached, :kv_heads]
+        v_cache.view(-1, kv_heads, d)[seq_slots[:cached]] = v[:cached, :kv_heads]
+        slots.append(seq_slots[cached:])
+        qs.append(q[cached:, :heads])
+        ks.append(k[cached:, :kv_heads])
+        vs.append(v[cached:, :kv_heads])
+    starts = [0]
+    for q_len in q_lens:
+        starts.append(starts[-1] + q_len)
+    seq_lens = [len(q) for q, _, _ in seqs]
+    meta = AttentionMetadata(
+        slot_mapping=torch.cat(slots).long(),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=tables, query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
+        max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_size=block_size)
+    q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
+    backend.write_kv(k, v, k_cache, v_cache, meta)
+    out = backend.attend(q.contiguous(), k_cache, v_cache, meta, d ** -0.5)
+    return list(out.split(q_lens))
+
+
+def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, head_dim=32):
+    if backend == "triton":
+        from parashift.attention.triton_backend import TritonAttentionBackend
+        impl = TritonAttentionBackend(batch_invariant=True)
+    else:
+        from parashift.attention.torch_invariant import InvariantTorchAttentionBackend
+        impl = InvariantTorchAttentionBackend()
+    dtype = getattr(torch, dtype)
+
+    def sequence(length, seed):
+        return tuple(randn((length, h, head_dim), str(dtype).split(".")[1], device, seed=seed + j)
+                     for j, h in enumerate((heads, kv_heads, kv_heads)))
+    target, short, long = sequence(150, 0), sequence(9, 10), sequence(200, 20)
+    prefill, = attend(impl, [target], [150], heads, kv_heads)
+    # chunked prefill (positions 100..149) among a decode and another prefill chunk
+    _, chunk, _ = attend(impl, [short, target, long], [1, 50, 120], heads, kv_heads)
+    assert_exact(chunk, prefill[100:])
+    # decodes of every sequence
+    decode, _, _ = attend(impl, [target, short, long], [1, 1, 1], heads, kv_heads)
+    assert_exact(decode, prefill[-1:])
+    # a rank holding half the heads (SP=2 or TP=2): the same rows for its heads
+    half, = attend(impl, [target], [150], heads // 2, kv_heads // 2)
+    assert_exact(half, prefill[:, :heads // 2])
+
+
+test_attention_interpreted, test_attention_cuda = case_tests(__name__, check_attention, [{}],
+                                                             uses_dot=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_attention_torch(dtype):
+    check_attention(dtype, "cpu", backend="torch")
+
+
+def test_default_attention_is_not_invariant():
+    """The check above can fail: torch's SDPA path changes bits with the chunking."""
+    from parashift.attention.torch_ref import TorchAttentionBackend
+    q, k, v = (randn((150, h, 32), "float32", "cpu", seed=j) for j, h in enumerate((8, 2, 2)))
+    prefill, = attend(TorchAttentionBackend(), [(q, k, v)], [150], 8, 2)
+    chunks = [attend(TorchAttentionBackend(), [(q[:n], k[:n], v[:n])], [1], 8, 2)[0]
+              for n in range(100, 150)]
+    assert not torch.equal(torch.cat(chunks), prefill[100:])
+
+
+def test_chunks_serve_every_allowed_tp_degree():
+    from types import SimpleNamespace as Config
+    llama_8b = Config(num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336)
+    smollm2 = Config(num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536)
+    six_heads = Config(num_attention_heads=6, num_key_value_heads=3, intermediate_size=192)
+    assert [reduction_chunks(c) for c in (llama_8b, smollm2, six_heads)] == [8, 3, 6]
+    check_plans(six_heads, [Plan(tp=3), Plan(sp=2), Plan(tp=2, dp=2)])
+    with pytest.raises(ValueError, match="tp = 4, which does not divide the 6 K chunks"):
+        check_plans(six_heads, [Plan(tp=4)])
