@@ -77,7 +77,8 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     # Every plan of every rank's weights (a merged group's ranks load their replica's).
     loaded = [plan.loaded_plan(r) for plan in spec.layout.plans for r in plan.ranks]
     plans = list(dict.fromkeys([*spec.layout.plans, *loaded, *spec.other_plans]))
-    pool = CommunicatorPool(rank, world, plans)
+    pool = CommunicatorPool(rank, world, plans, topology=spec.config.topology,
+                            allow_cross_host=spec.config.allow_cross_host_tp)
     if spec.config.fast_all_reduce:
         pool.enable_fast_all_reduce(device)
     base = spec.layout.plans[spec.layout.group_of_rank(rank)]

@@ -22,5 +22,6 @@ def make_policy(config, layout: Layout, hf_config) -> Policy:
     if config.parallel_policy == "flying":
         return FlyingPolicy(layout, hf_config.num_attention_heads, hf_config.num_key_value_heads,
                             config.flying_merge_running, config.flying_dwell_s,
-                            preemption=config.flying_preemption)
+                            preemption=config.flying_preemption,
+                            topology=getattr(config, "topology", None))
     raise ValueError(f"unknown parallel policy {config.parallel_policy!r}; choose from {POLICIES}")
