@@ -32,6 +32,7 @@ class WorkerSpec:
     max_model_len: int
     master_port: int
     other_plans: tuple[Plan, ...] = ()  # plans a step may switch to (besides the layout's)
+    master_addr: str = "127.0.0.1"  # the rendezvous host (node 0's address across hosts)
 
 
 HEARTBEAT_INTERVAL_S = 0.2
@@ -68,7 +69,7 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.master_port}",
+    dist.init_process_group(backend, init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
                             rank=rank, world_size=world)
     # Each group agrees on its own KV block count (its ranks may hold other shards than
     # another group's); every rank makes every group's control group, in layout order.

@@ -78,6 +78,13 @@ def run_serve(args: argparse.Namespace, engine_config_from_args=None) -> None:
 
     config = server_config_from_args(args)
     engine_config = _engine_config(args, engine_config_from_args)
+    if engine_config.node_rank > 0:  # another host: its ranks only, driven by node 0
+        from parashift.executor.node_agent import run_node_agent
+        _say(f"node {engine_config.node_rank} of {engine_config.nnodes}: serving its ranks "
+             f"for {engine_config.master_addr}:{engine_config.master_port}")
+        sys.exit(run_node_agent(engine_config.nnodes, engine_config.node_rank,
+                                engine_config.master_addr, engine_config.master_port,
+                                engine_config.worker_timeout_s))
     engine = LLMEngine(engine_config)
     app = build_app(engine, config)
     auth = "an API key required" if config.api_key else "no API key"
