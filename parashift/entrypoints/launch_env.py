@@ -17,10 +17,12 @@ def launch_values(args, environ=os.environ) -> dict:
     values = {}
     for name, variables in ENV_NAMES.items():
         given = getattr(args, name, None)
-        found = next((environ[v] for v in variables if v in environ), None)
-        value = given if given is not None else found
-        if value is not None:
-            values[name] = value if name == "master_addr" else _integer(name, value)
+        variable = next((v for v in variables if v in environ), None)
+        if given is not None:
+            values[name] = given
+        elif variable is not None:
+            text = environ[variable]
+            values[name] = text if name == "master_addr" else _integer(variable, text)
     nnodes = getattr(args, "nnodes", None)
     if nnodes is None and "WORLD_SIZE" in environ:
         nnodes = _integer("WORLD_SIZE", environ["WORLD_SIZE"]) // _integer(

@@ -15,7 +15,8 @@ import socket
 import time
 from multiprocessing.connection import wait
 
-from parashift.executor.node_link import NodeLink, accept_nodes
+from parashift.executor.node_link import NodeLink, accept_nodes, accept_ranks
+from parashift.executor.ray_ranks import RayRanks
 from parashift.worker.model_runner import ModelRunner
 from parashift.worker.step_batch import StepBatch
 from parashift.worker.step_codec import encode_step
@@ -46,15 +47,25 @@ class MultiprocExecutor:
         self.failure: WorkerFailure | None = None
         self.lost: dict[int, str] = {}  # rank -> why, in the order they were lost
         self._unreported: dict[int, str] = {}  # lost since the engine last took them
+        ctx = mp.get_context("spawn")
+        # each rank's last heartbeat (time.monotonic()); 0 until its thread first beats
+        self.heartbeats = ctx.RawArray("d", self.layout.world_size)
+        self.procs, self.conns = [], []  # by rank; another host's: RemoteRank, TCP
+        if spec.config.distributed_executor_backend == "ray":
+            self.links = [self._start_on_ray(spec)]
+        else:
+            self.links = self._start_processes(ctx, spec)
+        # by output rank: (tag, the step's ranks, when it was sent)
+        self.pending = [deque() for _ in range(self.layout.world_size)]
+        self.rank_blocks, self.load_seconds = self._await_ready()
+
+    def _start_processes(self, ctx, spec: WorkerSpec) -> list[NodeLink]:
+        """This host's ranks as child processes, then the other hosts' (their agents')."""
         topology = spec.config.topology
         if topology.nnodes > 1:  # every host's ranks meet at node 0's rendezvous
             spec.master_addr, spec.master_port = spec.config.master_addr, spec.config.master_port
         else:
             spec.master_port = _free_port()
-        ctx = mp.get_context("spawn")
-        # each rank's last heartbeat (time.monotonic()); 0 until its thread first beats
-        self.heartbeats = ctx.RawArray("d", self.layout.world_size)
-        self.procs, self.conns = [], []  # by rank; another host's: RemoteRank, TCP
         for rank in topology.ranks_of(0):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=worker_main, args=(rank, spec, child, self.heartbeats),
@@ -63,10 +74,27 @@ class MultiprocExecutor:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
-        self.links = self._connect_hosts(spec, topology) if topology.nnodes > 1 else []
-        # by output rank: (tag, the step's ranks, when it was sent)
-        self.pending = [deque() for _ in range(self.layout.world_size)]
-        self.rank_blocks, self.load_seconds = self._await_ready()
+        return self._connect_hosts(spec, topology) if topology.nnodes > 1 else []
+
+    def _start_on_ray(self, spec: WorkerSpec) -> RayRanks:
+        """Every rank a Ray actor (ray_ranks.py), driven over TCP like another host's."""
+        world, ray_ranks = self.layout.world_size, None
+        try:
+            ray_ranks = RayRanks(world, spec.device_type, spec.config.topology, self.timeout_s)
+            spec.master_addr, spec.master_port = ray_ranks.rendezvous()
+            with socket.socket() as sock:  # a free port for the actors' connections
+                sock.bind(("", 0))
+                port = sock.getsockname()[1]
+            ray_ranks.start(spec, (ray_ranks.ray.util.get_node_ip_address(), port))
+            _, conns = accept_ranks(("", port), set(range(world)), self.timeout_s)
+        except (TimeoutError, OSError, ValueError) as e:
+            if ray_ranks is not None:
+                ray_ranks.shutdown(grace_s=0)
+            self.failure = WorkerFailure(f"the Ray ranks did not start: {e}")
+            raise self.failure from e
+        self.procs = [ray_ranks.ranks[rank] for rank in range(world)]
+        self.conns = [conns[rank] for rank in range(world)]
+        return ray_ranks
 
     def _connect_hosts(self, spec: WorkerSpec, topology) -> list[NodeLink]:
         """Every other host's ranks, driven over TCP (node_link.py) as the local ones are

@@ -25,7 +25,7 @@ def run_node_agent(nnodes: int, node_rank: int, master_addr: str, master_port: i
     """Serves this host's ranks until node 0 ends them; the exit status for the CLI
     (0 after node 0's shutdown, 1 once node 0 is lost)."""
     address = (master_addr, master_port + 1)
-    link = _connect_retrying(address, ("agent", node_rank), timeout_s)
+    link = connect(address, ("agent", node_rank), timeout_s)
     spec = link.recv()
     topology = Topology.for_world(spec.layout.world_size, nnodes, spec.config.gpus_per_node)
     ranks = list(topology.ranks_of(node_rank))
@@ -42,19 +42,6 @@ def run_node_agent(nnodes: int, node_rank: int, master_addr: str, master_port: i
         return _report(link, procs, heartbeats)
     finally:
         _stop(procs, grace_s=1.0)
-
-
-def _connect_retrying(address, hello, timeout_s: float):
-    """Node 0 may start after this host: retry until it listens."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return connect(address, hello)
-        except (ConnectionRefusedError, ConnectionResetError, OSError):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"node 0's control port {address[0]}:{address[1]} did not "
-                                   f"answer within {timeout_s:.0f} s") from None
-            time.sleep(0.2)
 
 
 def _report(link, procs: dict, heartbeats) -> int:

@@ -129,29 +129,39 @@ def accept_nodes(address: tuple[str, int], spec, topology, heartbeats,
                  timeout_s: float) -> tuple[list[NodeLink], dict[int, Connection]]:
     """Waits for every other host's agent and each of its ranks; sends each agent the
     workers' spec. Returns the links and each remote rank's step connection."""
-    links, conns = {}, {}
-    remote = {r for node in range(1, topology.nnodes) for r in topology.ranks_of(node)}
+    nodes = {node: topology.ranks_of(node) for node in range(1, topology.nnodes)}
+    remote = {r for ranks in nodes.values() for r in ranks}
+    links, conns = accept_ranks(address, remote, timeout_s, nodes, spec, heartbeats)
+    return [links[node] for node in sorted(links)], conns
+
+
+def accept_ranks(address: tuple[str, int], ranks: set[int], timeout_s: float,
+                 nodes: dict[int, range] | None = None, spec=None, heartbeats=None):
+    """Accepts a step connection from each of `ranks` and, for each host of `nodes`
+    (node -> its ranks), its agent's connection (a NodeLink, sent `spec`)."""
+    links, conns, nodes = {}, {}, nodes or {}
     deadline = time.monotonic() + timeout_s
-    with socket.create_server(address, reuse_port=False) as server:
+    with socket.create_server(address) as server:
         server.settimeout(HANDSHAKE_POLL_S)
-        while len(links) < topology.nnodes - 1 or set(conns) != remote:
+        while set(links) != set(nodes) or set(conns) != ranks:
             if time.monotonic() > deadline:
-                raise TimeoutError(_missing(topology, links, conns, remote, timeout_s, address))
+                raise TimeoutError(_missing(address, timeout_s, set(nodes) - set(links),
+                                            ranks - set(conns)))
             conn = _accept(server)
             if conn is None:
                 continue
             kind, index = conn.recv()
-            if kind == "agent" and 0 < index < topology.nnodes and index not in links:
-                links[index] = NodeLink(index, conn, topology.ranks_of(index), heartbeats)
+            if kind == "agent" and index in nodes and index not in links:
+                links[index] = NodeLink(index, conn, nodes[index], heartbeats)
                 conn.send(spec)
-            elif kind == "rank" and index in remote and index not in conns:
+            elif kind == "rank" and index in ranks and index not in conns:
                 conns[index] = conn
             else:
                 conn.close()
                 logger.warning("refused a control connection from %r %r", kind, index)
     for link in links.values():
         link.start()
-    return [links[node] for node in sorted(links)], conns
+    return links, conns
 
 
 HANDSHAKE_POLL_S = 0.5
@@ -176,16 +186,25 @@ def _accept(server: socket.socket) -> Connection | None:
     return conn
 
 
-def connect(address: tuple[str, int], hello: tuple[str, int]) -> Connection:
-    """A connection to node 0's control port, introduced as `hello`."""
-    conn = no_delay(Client(address, authkey=cluster_authkey()))
+def connect(address: tuple[str, int], hello: tuple[str, int], timeout_s: float = 60.0
+            ) -> Connection:
+    """A connection to node 0's control port, introduced as `hello`; retried until node 0
+    listens (it may start after this host)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn = no_delay(Client(address, authkey=cluster_authkey()))
+            break
+        except OSError:  # refused, reset: not listening yet
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node 0's control port {address[0]}:{address[1]} did "
+                                   f"not answer within {timeout_s:.0f} s") from None
+            time.sleep(0.2)
     conn.send(hello)
     return conn
 
 
-def _missing(topology, links, conns, remote, timeout_s, address) -> str:
-    nodes = [n for n in range(1, topology.nnodes) if n not in links]
-    ranks = sorted(remote - set(conns))
-    return (f"within {timeout_s:.0f} s on {address[0]}:{address[1]}: no agent of node(s) "
-            f"{nodes} / no control connection of rank(s) {ranks}; start `parashift serve "
-            f"... --nnodes {topology.nnodes} --node-rank i` on every other host")
+def _missing(address, timeout_s: float, nodes: set[int], ranks: set[int]) -> str:
+    return (f"within {timeout_s:.0f} s on port {address[1]}: no agent of node(s) "
+            f"{sorted(nodes)} / no control connection of rank(s) {sorted(ranks)}; start "
+            "`parashift serve ... --nnodes N --node-rank i` on every other host")
