@@ -15,8 +15,8 @@ import socket
 import time
 from multiprocessing.connection import wait
 
-from parashift.executor.node_link import NodeLink, accept_nodes, accept_ranks
-from parashift.executor.ray_ranks import RayRanks
+from parashift.executor.node_link import NodeLink, accept_nodes
+from parashift.executor.ray_ranks import RayRanks, start_ray_ranks
 from parashift.worker.model_runner import ModelRunner
 from parashift.worker.step_batch import StepBatch
 from parashift.worker.step_codec import encode_step
@@ -61,6 +61,9 @@ class MultiprocExecutor:
 
     def _start_processes(self, ctx, spec: WorkerSpec) -> list[NodeLink]:
         """This host's ranks as child processes, then the other hosts' (their agents')."""
+        if spec.config.node_rank != 0:
+            raise ValueError(f"node_rank {spec.config.node_rank} runs no engine: start it "
+                             "with `parashift serve`, which runs only that host's ranks")
         topology = spec.config.topology
         if topology.nnodes > 1:  # every host's ranks meet at node 0's rendezvous
             spec.master_addr, spec.master_port = spec.config.master_addr, spec.config.master_port
@@ -78,22 +81,13 @@ class MultiprocExecutor:
 
     def _start_on_ray(self, spec: WorkerSpec) -> RayRanks:
         """Every rank a Ray actor (ray_ranks.py), driven over TCP like another host's."""
-        world, ray_ranks = self.layout.world_size, None
         try:
-            ray_ranks = RayRanks(world, spec.device_type, spec.config.topology, self.timeout_s)
-            spec.master_addr, spec.master_port = ray_ranks.rendezvous()
-            with socket.socket() as sock:  # a free port for the actors' connections
-                sock.bind(("", 0))
-                port = sock.getsockname()[1]
-            ray_ranks.start(spec, (ray_ranks.ray.util.get_node_ip_address(), port))
-            _, conns = accept_ranks(("", port), set(range(world)), self.timeout_s)
+            ray_ranks, conns = start_ray_ranks(spec, self.timeout_s)
         except (TimeoutError, OSError, ValueError) as e:
-            if ray_ranks is not None:
-                ray_ranks.shutdown(grace_s=0)
             self.failure = WorkerFailure(f"the Ray ranks did not start: {e}")
             raise self.failure from e
-        self.procs = [ray_ranks.ranks[rank] for rank in range(world)]
-        self.conns = [conns[rank] for rank in range(world)]
+        self.procs = [ray_ranks.ranks[rank] for rank in range(self.layout.world_size)]
+        self.conns = [conns[rank] for rank in range(self.layout.world_size)]
         return ray_ranks
 
     def _connect_hosts(self, spec: WorkerSpec, topology) -> list[NodeLink]:

@@ -150,6 +150,9 @@ def accept_ranks(address: tuple[str, int], ranks: set[int], timeout_s: float,
             conn = _accept(server)
             if conn is None:
                 continue
+            if not conn.poll(HELLO_TIMEOUT_S):  # authenticated but silent
+                conn.close()
+                continue
             kind, index = conn.recv()
             if kind == "agent" and index in nodes and index not in links:
                 links[index] = NodeLink(index, conn, nodes[index], heartbeats)
@@ -165,6 +168,7 @@ def accept_ranks(address: tuple[str, int], ranks: set[int], timeout_s: float,
 
 
 HANDSHAKE_POLL_S = 0.5
+HELLO_TIMEOUT_S = 5.0
 
 
 def _accept(server: socket.socket) -> Connection | None:

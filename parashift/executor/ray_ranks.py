@@ -11,8 +11,9 @@ messages. An actor that dies ends its rank (its run call fails, its connection c
 import logging
 import socket
 import threading
+import time
 
-from parashift.executor.node_link import RemoteRank, connect
+from parashift.executor.node_link import RemoteRank, accept_ranks, connect
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +96,31 @@ class RayRanks:
             self.shutdown(argument)
 
     def shutdown(self, grace_s: float) -> None:
+        deadline = time.monotonic() + grace_s
         for remote in self.ranks.values():
-            remote.join(grace_s)
+            remote.join(max(0.0, deadline - time.monotonic()))
         for actor in self.actors:
             self.ray.kill(actor)
         self.ray.util.remove_placement_group(self.group)
+
+
+def start_ray_ranks(spec, timeout_s: float) -> tuple[RayRanks, dict]:
+    """Every rank of `spec`'s layout started as a Ray actor and connected; the actors and
+    each rank's step connection. Sets the spec's rendezvous (on rank 0's node)."""
+    world, ray_ranks = spec.layout.world_size, None
+    try:
+        ray_ranks = RayRanks(world, spec.device_type, spec.config.topology, timeout_s)
+        spec.master_addr, spec.master_port = ray_ranks.rendezvous()
+        with socket.socket() as sock:  # a free port for the actors' connections
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        ray_ranks.start(spec, (ray_ranks.ray.util.get_node_ip_address(), port))
+        _, conns = accept_ranks(("", port), set(range(world)), timeout_s)
+    except BaseException:
+        if ray_ranks is not None:
+            ray_ranks.shutdown(grace_s=0)
+        raise
+    return ray_ranks, conns
 
 
 def _bundles_by_host(bundle_nodes: dict, first_node: str) -> list[tuple[int, str]]:

@@ -9,15 +9,11 @@ import sys
 import time
 
 import httpx
-import pytest
 
-from parashift import LLM, SamplingParams
 from parashift.entrypoints.openai.launcher import free_port
+from tests.distributed.conftest import MAX_TOKENS, PROMPTS
 from tests.engine.conftest import save_tiny_llama
 from tests.entrypoints.openai.server_utils import wait_until
-
-PROMPTS = ["The capital of France is", "Three primary colors are"]
-MAX_TOKENS = 16
 
 
 def _port_pair() -> int:
@@ -87,22 +83,14 @@ def _seconds_until_unhealthy(url: str, limit: float = 10.0) -> float:
     return time.monotonic() - started
 
 
-@pytest.fixture(scope="module")
-def reference():
-    llm = LLM(device="cpu", dtype="float32", generation_config="vllm")
-    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
-    llm.llm_engine.shutdown()
-    return [out.outputs[0].text for out in outputs]
-
-
-def test_pp2_across_two_nodes_tp3_inside_each_matches_one_device(reference, tmp_path):
+def test_pp2_across_two_nodes_tp3_inside_each_matches_one_device(smollm2_reference, tmp_path):
     """SmolLM2 (9 heads): stage 0 on node 0's ranks 0-2, stage 1 on node 1's ranks 3-5;
     then node 1's process is killed: node 0 sees it within 2 s (no group is left, so
     /health turns 503 and the server exits non-zero)."""
     with two_nodes(tmp_path, "-pp", "2", "-tp", "3", "--generation-config", "vllm",
                    "--max-num-batched-tokens", "32") as (nodes, url, logs):
-        assert [_complete(url, prompt) for prompt in PROMPTS] == reference
-        assert reference[0].startswith(" Paris")
+        assert [_complete(url, prompt) for prompt in PROMPTS] == smollm2_reference
+        assert smollm2_reference[0].startswith(" Paris")
         nodes[1].send_signal(signal.SIGKILL)
         assert _seconds_until_unhealthy(url) < 2.0
         assert nodes[0].wait(timeout=30) == 1

@@ -7,7 +7,7 @@ import pytest
 
 from parashift import LLM, SamplingParams
 from parashift.executor.multiproc import WorkerFailure
-from tests.distributed.test_multinode import MAX_TOKENS, PROMPTS, reference  # noqa: F401
+from tests.distributed.conftest import MAX_TOKENS, PROMPTS
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'parashift[ray]'")
 
@@ -26,14 +26,14 @@ def ray_head():
     ray.shutdown()
 
 
-def test_pp2_tp3_as_ray_actors_matches_one_device(ray_head, reference):  # noqa: F811
+def test_pp2_tp3_as_ray_actors_matches_one_device(ray_head, smollm2_reference):
     llm = LLM(device="cpu", dtype="float32", generation_config="vllm",
               max_num_batched_tokens=32, pipeline_parallel_size=2, tensor_parallel_size=3,
               distributed_executor_backend="ray")
     engine = llm.llm_engine
     try:
         outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
-        assert [out.outputs[0].text for out in outputs] == reference
+        assert [out.outputs[0].text for out in outputs] == smollm2_reference
         ray_ranks = engine.executor.links[0]
         ray.kill(ray_ranks.actors[4])  # a rank of stage 1: the one group is lost
         started = time.monotonic()
