@@ -87,6 +87,15 @@ class EngineConfig:
     # batch- and plan-invariant kernels: the same tokens and logprobs whatever the batch,
     # the plan or a switch (parashift/deterministic/)
     deterministic: bool = False
+    # Beyond one host (torchrun's and SGLang's names): node_rank 0 runs the engine and the
+    # HTTP server, the others only their workers; ranks are numbered host by host.
+    nnodes: int = 1
+    node_rank: int = 0
+    gpus_per_node: int | None = None         # ranks per host; None: world size / nnodes
+    master_addr: str = "127.0.0.1"           # node 0's address (torch's rendezvous there)
+    master_port: int = 29500                 # rendezvous port (torchrun's default); control: + 1
+    distributed_executor_backend: str = "mp"  # mp (processes; TCP to other hosts) | ray
+    allow_cross_host_tp: bool = False        # let a TP or SP group span hosts
 
     def __post_init__(self):
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
@@ -143,6 +152,7 @@ class EngineConfig:
         if self.deterministic and self.parallel_policy == "flying":
             raise ValueError("deterministic mode supports the static and shift policies; the "
                              "flying policy's merged plans are not covered yet")
+        self._check_hosts()
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
@@ -173,6 +183,24 @@ class EngineConfig:
             raise ValueError("under the seesaw policy prefill_plan and decode_plan give each "
                              "group's plans (data_parallel_size the groups): drop "
                              f"{others[0] if others else 'layout'}")
+
+    def _check_hosts(self) -> None:
+        if self.distributed_executor_backend not in ("mp", "ray"):
+            raise ValueError("distributed_executor_backend must be mp or ray, got "
+                             f"{self.distributed_executor_backend!r}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in 0-{self.nnodes - 1} (nnodes is "
+                             f"{self.nnodes}), got {self.node_rank}")
+        if not 0 < self.master_port < 65535:
+            raise ValueError(f"master_port must be in 1-65534, got {self.master_port}")
+        if self.nnodes > 1 or self.gpus_per_node is not None:
+            self.topology.check_layout(self.node_layout, self.allow_cross_host_tp)
+
+    @property
+    def topology(self):
+        """Which ranks share a host."""
+        from parashift.parallel.topology import Topology
+        return Topology.for_world(self.node_layout.world_size, self.nnodes, self.gpus_per_node)
 
     @property
     def plan(self):

@@ -109,6 +109,13 @@ def add_plan_args(subparsers) -> None:
         p.add_argument(flag, type=int, default=None, help=f"{flag[2:]} degree (default: fills "
                                                           "the world when it is the only one left)")
     p.add_argument("--model", default=None, help="a model or config json to show layers and heads")
+    p.add_argument("--nnodes", type=int, default=1, help="hosts: print where each group runs")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help="ranks per host (default: world / nnodes)")
+    p.add_argument("--parallel-policy", default="static",
+                   help="place every plan this policy may choose too (static | shift | flying)")
+    p.add_argument("--allow-cross-host-tp", action="store_true",
+                   help="accept TP or SP groups across hosts")
     p.set_defaults(func=run_plan)
 
 
@@ -121,6 +128,29 @@ def run_plan(args) -> None:
         print(describe_layout(layout, **shape))
     else:
         print(describe(_plan_from_degrees(args), **shape))
+    if args.nnodes > 1 or args.gpus_per_node is not None or args.parallel_policy != "static":
+        _print_placement(args, layout)
+
+
+def _print_placement(args, layout) -> None:
+    """Where each plan the layout and its policy may run places its groups; an error
+    (after the placement) for a TP or SP group across hosts."""
+    from dataclasses import replace
+
+    from parashift.config import EngineConfig
+    from parashift.engine.policy import make_policy
+    from parashift.loader.source import load_hf_config, resolve_model
+    from parashift.parallel.topology import describe_placement
+    spec = ",".join(replace(plan, rank_set=None).name() for plan in layout.plans)
+    config = EngineConfig(model=args.model, layout=spec, nnodes=args.nnodes,
+                          gpus_per_node=args.gpus_per_node, parallel_policy=args.parallel_policy,
+                          allow_cross_host_tp=True)
+    hf_config = load_hf_config(resolve_model(args.model))
+    plans = make_policy(config, layout, hf_config).plans
+    print(f"\n{len(plans)} plan(s) under the {args.parallel_policy} policy:")
+    for plan in plans:
+        print(describe_placement(plan, config.topology))
+    config.topology.check_plans(plans, args.allow_cross_host_tp)
 
 
 def _model_shape(model: str, layout) -> dict:

@@ -3,6 +3,7 @@ import argparse
 from dataclasses import fields
 
 from parashift.config import EngineConfig
+from parashift.entrypoints.launch_env import launch_values
 
 # flag -> (EngineConfig field, type, help); defaults come from EngineConfig
 ENGINE_FLAGS = {
@@ -89,6 +90,20 @@ ENGINE_FLAGS = {
 }
 
 
+# Launch across hosts (torchrun's and SGLang's names): default None, then the launcher's
+# variables (launch_env.py), then EngineConfig's defaults.
+LAUNCH_FLAGS = {
+    "--nnodes": ("nnodes", int, "hosts; each runs `parashift serve` with the same flags "
+                                "(default: $WORLD_SIZE / $LOCAL_WORLD_SIZE, else 1)"),
+    "--node-rank": ("node_rank", int, "this host: 0 runs the engine and the HTTP server, the "
+                                      "others only their ranks (default: $NODE_RANK, else 0)"),
+    "--master-addr": ("master_addr", str, "node 0's address (default: $MASTER_ADDR, else "
+                                          "127.0.0.1)"),
+    "--master-port": ("master_port", int, "node 0's rendezvous port; its control channel "
+                                          "listens on the next one (default: $MASTER_PORT, "
+                                          "else 29500)"),
+}
+
 PARALLEL_FLAGS = [
     ("--tensor-parallel-size", "-tp", "tensor_parallel_size"),
     ("--sequence-parallel-size", "-sp", "sequence_parallel_size"),
@@ -106,6 +121,15 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
                                 "(default: embedded SmolLM2-135M-Instruct)")
     for flag, (name, type_, help_) in ENGINE_FLAGS.items():
         group.add_argument(flag, dest=name, type=type_, default=defaults[name], help=help_)
+    for flag, (name, type_, help_) in LAUNCH_FLAGS.items():
+        group.add_argument(flag, dest=name, type=type_, default=None, help=help_)
+    group.add_argument("--gpus-per-node", type=int, default=None,
+                       help="ranks per host (default: world size / nnodes)")
+    group.add_argument("--distributed-executor-backend", default="mp",
+                       help="mp (worker processes; TCP to other hosts) | ray (Ray actors on "
+                            "a running Ray cluster)")
+    group.add_argument("--allow-cross-host-tp", action="store_true",
+                       help="let a TP or SP group span hosts (slow: every layer all-reduces)")
     for flag, short, name in PARALLEL_FLAGS:
         group.add_argument(flag, short, dest=name, type=int, default=defaults[name],
                            help=name.replace('_', ' '))
@@ -139,4 +163,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
               "cuda_graphs",
               "fast_all_reduce", "async_scheduling", "check_step_state", "deterministic"]
     names += [name for _, _, name in PARALLEL_FLAGS]
-    return EngineConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+    names += ["gpus_per_node", "distributed_executor_backend", "allow_cross_host_tp"]
+    return EngineConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)},
+                        **launch_values(args))

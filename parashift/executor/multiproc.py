@@ -1,4 +1,5 @@
-"""Runs each rank in its own process and drives them over local pipes.
+"""Runs each rank in its own process and drives them over local pipes (another host's
+ranks over TCP: node_link.py, with the same messages).
 
 A step goes to the ranks of the plan it runs under and its result comes back from
 that plan's output rank whenever it is ready, so no replica waits for another. A
@@ -14,6 +15,8 @@ import socket
 import time
 from multiprocessing.connection import wait
 
+from parashift.executor.node_link import NodeLink, accept_nodes
+from parashift.executor.ray_ranks import RayRanks, start_ray_ranks
 from parashift.worker.model_runner import ModelRunner
 from parashift.worker.step_batch import StepBatch
 from parashift.worker.step_codec import encode_step
@@ -44,12 +47,29 @@ class MultiprocExecutor:
         self.failure: WorkerFailure | None = None
         self.lost: dict[int, str] = {}  # rank -> why, in the order they were lost
         self._unreported: dict[int, str] = {}  # lost since the engine last took them
-        spec.master_port = _free_port()
         ctx = mp.get_context("spawn")
         # each rank's last heartbeat (time.monotonic()); 0 until its thread first beats
         self.heartbeats = ctx.RawArray("d", self.layout.world_size)
-        self.procs, self.conns = [], []
-        for rank in range(self.layout.world_size):
+        self.procs, self.conns = [], []  # by rank; another host's: RemoteRank, TCP
+        if spec.config.distributed_executor_backend == "ray":
+            self.links = [self._start_on_ray(spec)]
+        else:
+            self.links = self._start_processes(ctx, spec)
+        # by output rank: (tag, the step's ranks, when it was sent)
+        self.pending = [deque() for _ in range(self.layout.world_size)]
+        self.rank_blocks, self.load_seconds = self._await_ready()
+
+    def _start_processes(self, ctx, spec: WorkerSpec) -> list[NodeLink]:
+        """This host's ranks as child processes, then the other hosts' (their agents')."""
+        if spec.config.node_rank != 0:
+            raise ValueError(f"node_rank {spec.config.node_rank} runs no engine: start it "
+                             "with `parashift serve`, which runs only that host's ranks")
+        topology = spec.config.topology
+        if topology.nnodes > 1:  # every host's ranks meet at node 0's rendezvous
+            spec.master_addr, spec.master_port = spec.config.master_addr, spec.config.master_port
+        else:
+            spec.master_port = _free_port()
+        for rank in topology.ranks_of(0):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=worker_main, args=(rank, spec, child, self.heartbeats),
                                daemon=True, name=f"parashift-worker-{rank}")
@@ -57,9 +77,32 @@ class MultiprocExecutor:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
-        # by output rank: (tag, the step's ranks, when it was sent)
-        self.pending = [deque() for _ in range(self.layout.world_size)]
-        self.rank_blocks, self.load_seconds = self._await_ready()
+        return self._connect_hosts(spec, topology) if topology.nnodes > 1 else []
+
+    def _start_on_ray(self, spec: WorkerSpec) -> RayRanks:
+        """Every rank a Ray actor (ray_ranks.py), driven over TCP like another host's."""
+        try:
+            ray_ranks, conns = start_ray_ranks(spec, self.timeout_s)
+        except (TimeoutError, OSError, ValueError) as e:
+            self.failure = WorkerFailure(f"the Ray ranks did not start: {e}")
+            raise self.failure from e
+        self.procs = [ray_ranks.ranks[rank] for rank in range(self.layout.world_size)]
+        self.conns = [conns[rank] for rank in range(self.layout.world_size)]
+        return ray_ranks
+
+    def _connect_hosts(self, spec: WorkerSpec, topology) -> list[NodeLink]:
+        """Every other host's ranks, driven over TCP (node_link.py) as the local ones are
+        over pipes."""
+        try:
+            links, conns = accept_nodes(("", spec.config.master_port + 1), spec, topology,
+                                        self.heartbeats, self.timeout_s)
+        except (TimeoutError, OSError) as e:
+            self.fail(f"the other hosts did not join: {e}")
+        for link in links:
+            for rank, remote in link.ranks.items():
+                self.procs.append(remote)
+                self.conns.append(conns[rank])
+        return links
 
     def _await_ready(self) -> tuple[list[int], float]:
         """Each rank's KV blocks, and the slowest rank's loading seconds."""
@@ -317,6 +360,8 @@ class MultiprocExecutor:
                     conn.send_bytes(b"shutdown")
                 except OSError:
                     pass
+        for link in getattr(self, "links", ()):  # their agents end their ranks
+            link.shutdown(grace_s)
         for proc in self.procs:
             proc.join(timeout=grace_s)
             if proc.is_alive():
@@ -341,6 +386,8 @@ def _exit_status(proc) -> str:
     """How a worker's process ended. Its pipe (or sentinel) closes a moment before the
     process can be reaped, when `exitcode` still reads None: join it briefly first."""
     proc.join(timeout=1)
+    if getattr(proc, "lost_reason", ""):  # another host's rank, with its host
+        return proc.lost_reason
     code = proc.exitcode
     if code is None:
         return "still running 1 s after its pipe closed"

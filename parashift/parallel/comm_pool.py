@@ -11,13 +11,19 @@ import torch.distributed as dist
 from parashift.parallel.fast_all_reduce import DEFAULT_MAX_BYTES, FastAllReduce
 from parashift.parallel.plan import GROUP_KINDS, Plan
 from parashift.parallel.state import GroupHandle, ParallelState
+from parashift.parallel.topology import Topology
 
 logger = logging.getLogger(__name__)
 
 
 class CommunicatorPool:
-    def __init__(self, rank: int, world_size: int, plans: list[Plan], backend: str | None = None):
+    def __init__(self, rank: int, world_size: int, plans: list[Plan], backend: str | None = None,
+                 topology: Topology | None = None, allow_cross_host: bool = False):
+        """With a `topology`, a TP or SP group across hosts is refused unless
+        `allow_cross_host`."""
         self.rank, self.world_size = rank, world_size
+        if topology is not None:
+            topology.check_plans(plans, allow_cross_host)
         self._groups: dict[tuple[int, ...], object] = {}
         self._fast: dict[tuple[int, ...], FastAllReduce] = {}
         start, rss_before = time.perf_counter(), _host_rss_bytes()

@@ -32,6 +32,7 @@ class WorkerSpec:
     max_model_len: int
     master_port: int
     other_plans: tuple[Plan, ...] = ()  # plans a step may switch to (besides the layout's)
+    master_addr: str = "127.0.0.1"  # the rendezvous host (node 0's address across hosts)
 
 
 HEARTBEAT_INTERVAL_S = 0.2
@@ -68,7 +69,7 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.master_port}",
+    dist.init_process_group(backend, init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
                             rank=rank, world_size=world)
     # Each group agrees on its own KV block count (its ranks may hold other shards than
     # another group's); every rank makes every group's control group, in layout order.
@@ -77,7 +78,8 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     # Every plan of every rank's weights (a merged group's ranks load their replica's).
     loaded = [plan.loaded_plan(r) for plan in spec.layout.plans for r in plan.ranks]
     plans = list(dict.fromkeys([*spec.layout.plans, *loaded, *spec.other_plans]))
-    pool = CommunicatorPool(rank, world, plans)
+    pool = CommunicatorPool(rank, world, plans, topology=spec.config.topology,
+                            allow_cross_host=spec.config.allow_cross_host_tp)
     if spec.config.fast_all_reduce:
         pool.enable_fast_all_reduce(device)
     base = spec.layout.plans[spec.layout.group_of_rank(rank)]

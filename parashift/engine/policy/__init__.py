@@ -23,7 +23,8 @@ def make_policy(config, layout: Layout, hf_config) -> Policy:
     if config.parallel_policy == "flying":
         return FlyingPolicy(layout, hf_config.num_attention_heads, hf_config.num_key_value_heads,
                             config.flying_merge_running, config.flying_dwell_s,
-                            preemption=config.flying_preemption)
+                            preemption=config.flying_preemption,
+                            topology=getattr(config, "topology", None))
     if config.parallel_policy == "seesaw":
         return SeesawPolicy(layout, config.prefill_plan, config.decode_plan,
                             config.seesaw_max_prefill_ms)

@@ -26,14 +26,19 @@ from parashift.engine.policy.protocol import Decision, NodeView
 from parashift.engine.policy.widths import layouts_by_width, transition_towards
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
+from parashift.parallel.topology import Topology
 
 
-def merged_plans(replicas: list[Plan], num_heads: int, num_kv_heads: int) -> list[Plan]:
-    """Every merge of `width` aligned consecutive replicas the model's heads divide."""
+def merged_plans(replicas: list[Plan], num_heads: int, num_kv_heads: int,
+                 topology: Topology | None = None) -> list[Plan]:
+    """Every merge of `width` aligned consecutive replicas the model's heads divide, at
+    widths whose merges all stay inside a host (a merged plan is one TP group)."""
     plans = []
     for width in range(2, len(replicas) + 1):
         candidates = [Plan.merged(replicas[i:i + width])
                       for i in range(0, len(replicas) - width + 1, width)]
+        if topology is not None and any(topology.cross_host_groups(p) for p in candidates):
+            continue
         try:
             candidates[0].check_model(num_heads, num_kv_heads, num_layers=1)
         except ValueError:
@@ -48,7 +53,8 @@ class FlyingPolicy:
 
     def __init__(self, layout: Layout, num_heads: int, num_kv_heads: int,
                  merge_running: int = 4, dwell_s: float = 2.0,
-                 costs: SwitchCosts = SwitchCosts(), preemption: str = "auto"):
+                 costs: SwitchCosts = SwitchCosts(), preemption: str = "auto",
+                 topology: Topology | None = None):
         replicas = list(layout.plans)
         t = replicas[0].tp
         aligned = all(plan == Plan(tp=t).on(tuple(range(i * t, (i + 1) * t)))
@@ -59,10 +65,10 @@ class FlyingPolicy:
         if merge_running < 0 or dwell_s < 0:
             raise ValueError("flying policy: merge_running and dwell_s must be >= 0")
         self.replicas = replicas
-        self.merges = merged_plans(replicas, num_heads, num_kv_heads)
+        self.merges = merged_plans(replicas, num_heads, num_kv_heads, topology)
         if not self.merges:
             raise ValueError(f"the model's {num_heads} heads and {num_kv_heads} KV heads do not "
-                             f"split over any merge of {len(replicas)} replicas")
+                             f"split over any merge of {len(replicas)} replicas inside a host")
         self.plans = replicas + self.merges
         self.layouts = layouts_by_width(replicas, {plan.name() for plan in self.plans})
         self.widest = max(self.layouts)

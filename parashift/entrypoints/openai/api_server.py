@@ -16,6 +16,7 @@ from parashift.entrypoints.openai.protocol import (ChatCompletionRequest,
                                                    LayoutResponse, ModelCard, ModelList,
                                                    TokenizeRequest, TokenizeResponse,
                                                    VersionResponse)
+from parashift.entrypoints.openai.readiness import Readiness, not_ready_reason, server_load
 from parashift.entrypoints.openai.server_config import ServerConfig
 from parashift.entrypoints.openai.serving_base import ServingContext
 from parashift.entrypoints.openai.serving_chat import ChatServer
@@ -53,7 +54,9 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
     app.state.serving = ctx
     app.state.shutdown_deadline = deadline  # started by the launcher's server
     install_error_handlers(app)
+    app.state.readiness = Readiness()
     app.include_router(_health_routes(async_engine, metrics))
+    app.include_router(_readiness_routes(async_engine, app.state.readiness))
     auth = [Depends(make_auth_dependency(config.api_key))]
     app.include_router(_v1_routes(ctx), dependencies=auth)
     app.include_router(_token_routes(ctx), dependencies=auth)
@@ -75,9 +78,10 @@ def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIR
     async def health() -> JSONResponse:
         if async_engine.is_running:
             faults = async_engine.faults
+            load = server_load(async_engine)
             if faults is None or not faults.groups_down:
-                return JSONResponse({"status": "ok"})
-            return JSONResponse({"status": "degraded", **faults.as_json()})  # some groups serve
+                return JSONResponse({"status": "ok", "load": load})
+            return JSONResponse({"status": "degraded", "load": load, **faults.as_json()})
         message = str(async_engine.dead_error or "the engine is not running")
         return APIError(503, message, code="engine_dead").response()
 
@@ -93,6 +97,21 @@ def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIR
         metrics.record_liveness(async_engine.is_running)
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
+
+    return router
+
+
+def _readiness_routes(async_engine: AsyncLLMEngine, readiness: Readiness) -> APIRouter:
+    """`/ready` for readiness probes and balancers (readiness.py)."""
+    router = APIRouter()
+
+    @router.get("/ready")
+    async def ready() -> JSONResponse:
+        reason = not_ready_reason(async_engine, readiness)
+        if reason is None:
+            return JSONResponse({"status": "ready", "load": server_load(async_engine)})
+        code, message = reason
+        return APIError(503, message, code=code).response()
 
     return router
 

@@ -49,6 +49,10 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="with this many requests waiting, new ones get 503")
     group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
                        help="seconds SIGTERM lets in-flight requests finish")
+    group.add_argument("--drain-delay", type=float, default=defaults.drain_delay,
+                       help="seconds from SIGTERM to the shutdown, during which /ready "
+                            "answers 503 and requests are still served (a balancer or "
+                            "Kubernetes stops routing here first)")
     group.add_argument("--log-level", default=defaults.log_level, choices=LOG_LEVELS,
                        help="the server's log level")
     group.add_argument("--access-log", action="store_true", help="log every HTTP request")
@@ -66,7 +70,8 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
         served_model_names=list(args.served_model_name),
         max_request_bytes=args.max_request_bytes,
         max_num_queued_requests=args.max_num_queued_requests,
-        shutdown_timeout=args.shutdown_timeout, log_level=args.log_level,
+        shutdown_timeout=args.shutdown_timeout, drain_delay=args.drain_delay,
+        log_level=args.log_level,
         access_log=args.access_log, enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser)
 
@@ -78,6 +83,13 @@ def run_serve(args: argparse.Namespace, engine_config_from_args=None) -> None:
 
     config = server_config_from_args(args)
     engine_config = _engine_config(args, engine_config_from_args)
+    if engine_config.node_rank > 0:  # another host: its ranks only, driven by node 0
+        from parashift.executor.node_agent import run_node_agent
+        _say(f"node {engine_config.node_rank} of {engine_config.nnodes}: serving its ranks "
+             f"for {engine_config.master_addr}:{engine_config.master_port}")
+        sys.exit(run_node_agent(engine_config.nnodes, engine_config.node_rank,
+                                engine_config.master_addr, engine_config.master_port,
+                                engine_config.worker_timeout_s))
     engine = LLMEngine(engine_config)
     app = build_app(engine, config)
     auth = "an API key required" if config.api_key else "no API key"

@@ -30,7 +30,8 @@ def uvicorn_config(app, config: ServerConfig, **overrides) -> uvicorn.Config:
 def make_server(app, config: ServerConfig, **overrides) -> DrainingServer:
     """A uvicorn server that starts the app's shutdown deadline when it shuts down."""
     deadline = getattr(app.state, "shutdown_deadline", None)
-    return DrainingServer(uvicorn_config(app, config, **overrides), deadline)
+    return DrainingServer(uvicorn_config(app, config, **overrides), deadline,
+                          getattr(app.state, "readiness", None), config.drain_delay)
 
 
 def run_server(app, config: ServerConfig) -> None:
@@ -73,6 +74,14 @@ class ServerThread:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def signal(self, sig: int) -> None:
+        """What the server does when the process gets `sig` (SIGTERM: drain, then stop)."""
+        self._server.handle_exit(sig, None)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
     def stop(self, timeout: float = 30.0) -> None:
         self._server.should_exit = True

@@ -15,6 +15,7 @@ class ServerConfig:
     max_request_bytes: int = 4 * 1024 * 1024
     max_num_queued_requests: int | None = None  # None: no limit
     shutdown_timeout: float = 30.0  # seconds SIGTERM waits for in-flight requests
+    drain_delay: float = 0.0  # seconds from SIGTERM (/ready 503, serving on) to the shutdown
     log_level: str = "info"
     access_log: bool = False
     enable_auto_tool_choice: bool = False  # tool_choice "auto": the parser finds the calls
@@ -30,6 +31,8 @@ class ServerConfig:
                              f"{self.max_num_queued_requests}")
         if self.shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
+        if not self.drain_delay >= 0:
+            raise ValueError(f"drain_delay must be >= 0, got {self.drain_delay}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:

@@ -69,11 +69,22 @@ class ShutdownDeadline:
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server, starting `deadline` when its shutdown begins."""
+    """uvicorn's server, starting `deadline` when its shutdown begins. With a
+    `drain_delay`, the first SIGTERM or SIGINT only marks `readiness` draining; the
+    shutdown follows `drain_delay` seconds later (a second signal: at once)."""
 
-    def __init__(self, config: uvicorn.Config, deadline: ShutdownDeadline | None):
+    def __init__(self, config: uvicorn.Config, deadline: ShutdownDeadline | None,
+                 readiness=None, drain_delay: float = 0.0):
         super().__init__(config)
         self.deadline = deadline
+        self.readiness, self.drain_delay = readiness, drain_delay
+
+    def handle_exit(self, sig, frame) -> None:
+        draining = self.readiness is not None and self.readiness.draining.is_set()
+        if self.readiness is None or self.drain_delay <= 0 or draining:
+            return super().handle_exit(sig, frame)
+        self.readiness.start_draining(self.drain_delay,
+                                      lambda: super(DrainingServer, self).handle_exit(sig, frame))
 
     async def shutdown(self, sockets=None) -> None:
         if self.deadline is not None:

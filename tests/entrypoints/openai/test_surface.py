@@ -92,7 +92,7 @@ def test_version_and_ping(http, monkeypatch):
     assert http.get("/version").json() == {"version": "9.9.9"}
     for method in ("GET", "POST"):
         response = http.request(method, "/ping")
-        assert response.status_code == 200 and response.json() == {"status": "ok"}
+        assert response.status_code == 200 and response.json()["status"] == "ok"
 
 
 def resolve(document: dict, schema: dict) -> dict:

@@ -1,0 +1,117 @@
+"""Two "hosts" on one machine: two `parashift serve` processes with --nnodes 2, their
+ranks meeting over TCP with gloo; node 1's ranks driven over the TCP control channel."""
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from parashift.entrypoints.openai.launcher import free_port
+from tests.distributed.conftest import MAX_TOKENS, PROMPTS
+from tests.engine.conftest import save_tiny_llama
+from tests.entrypoints.openai.server_utils import wait_until
+
+
+def _port_pair() -> int:
+    """A port whose next one is free too (the rendezvous and the control channel)."""
+    for _ in range(50):
+        port = free_port()
+        with contextlib.suppress(OSError), socket.socket() as sock:
+            sock.bind(("127.0.0.1", port + 1))
+            return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def _serve(node_rank: int, master_port: int, http_port: int, flags, log) -> subprocess.Popen:
+    """A node's `parashift serve`, its stderr to `log` (a pipe left unread would fill and
+    block it)."""
+    command = [sys.executable, "-m", "parashift.entrypoints.openai", "serve", "--device", "cpu",
+               "--dtype", "float32", "--nnodes", "2", "--node-rank", str(node_rank),
+               "--master-port", str(master_port), "--port", str(http_port), *flags]
+    return subprocess.Popen(command, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@contextlib.contextmanager
+def two_nodes(tmp_path, *flags):
+    """Node 1 first (it waits for node 0), then node 0; yields both processes, node 0's
+    URL once it is healthy, and each node's stderr file."""
+    master_port, http_port = _port_pair(), free_port()
+    logs = [tmp_path / f"node{i}.log" for i in range(2)]
+    files = [open(log, "w") for log in logs]
+    nodes = [None, _serve(1, master_port, http_port, flags, files[1])]
+    nodes[0] = _serve(0, master_port, http_port, flags, files[0])
+    url = f"http://127.0.0.1:{http_port}"
+    try:
+        def healthy():
+            for node, log in zip(nodes, logs):
+                if node.poll() is not None:
+                    raise AssertionError(f"a node exited: {log.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"{url}/health").status_code == 200
+        assert wait_until(healthy, timeout=240, interval=0.2)
+        yield nodes, url, logs
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+        for file in files:
+            file.close()
+
+
+def _complete(url: str, prompt: str) -> str:
+    response = httpx.post(f"{url}/v1/completions", timeout=120, json={
+        "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0})
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["text"]
+
+
+def _seconds_until_unhealthy(url: str, limit: float = 10.0) -> float:
+    """Until /health answers other than 200, or no longer answers (the server exits)."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code != 200:
+                break
+        except httpx.HTTPError:
+            break
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_pp2_across_two_nodes_tp3_inside_each_matches_one_device(smollm2_reference, tmp_path):
+    """SmolLM2 (9 heads): stage 0 on node 0's ranks 0-2, stage 1 on node 1's ranks 3-5;
+    then node 1's process is killed: node 0 sees it within 2 s (no group is left, so
+    /health turns 503 and the server exits non-zero)."""
+    with two_nodes(tmp_path, "-pp", "2", "-tp", "3", "--generation-config", "vllm",
+                   "--max-num-batched-tokens", "32") as (nodes, url, logs):
+        assert [_complete(url, prompt) for prompt in PROMPTS] == smollm2_reference
+        assert smollm2_reference[0].startswith(" Paris")
+        nodes[1].send_signal(signal.SIGKILL)
+        assert _seconds_until_unhealthy(url) < 2.0
+        assert nodes[0].wait(timeout=30) == 1
+        assert "node 1 lost" in logs[0].read_text()
+
+
+def test_a_lost_node_takes_its_replica_out_and_the_other_serves(tmp_path):
+    """DP=2 over two nodes (a replica each): node 1 killed, node 0's replica serves on and
+    /health says degraded within 2 s, naming the lost node."""
+    model = save_tiny_llama(tmp_path / "tiny")
+    with two_nodes(tmp_path, "--model", model, "-dp", "2", "--skip-tokenizer-init",
+                   "--num-blocks", "64") as (nodes, url, _):
+        request = {"prompt": [1, 2, 3], "max_tokens": 8, "temperature": 0}
+        before = httpx.post(f"{url}/v1/completions", json=request, timeout=60).json()
+        nodes[1].send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        assert wait_until(lambda: httpx.get(f"{url}/health").json()["status"] == "degraded",
+                          timeout=2.0, interval=0.05), "node 1's loss not seen within 2 s"
+        assert time.monotonic() - started < 2.0
+        health = httpx.get(f"{url}/health").json()
+        assert health["groups_serving"] == 1 and health["ranks_alive"] == 1
+        assert "node 1 lost" in health["groups_down"][0]["reason"]
+        after = httpx.post(f"{url}/v1/completions", json=request, timeout=60).json()
+        assert after["choices"][0]["text"] == before["choices"][0]["text"]
