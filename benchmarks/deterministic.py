@@ -23,6 +23,7 @@ CPU (a smoke run: tiny model, gloo ranks):
   PYTHONPATH=. python3 benchmarks/deterministic.py --device cpu --prompts 4 --tokens 8 \
       --plans single tp2 sp2 shift --batch-sizes 1 8 --prefill 256 --context 32"""
 import argparse
+import gc
 import json
 import os
 import random
@@ -78,6 +79,13 @@ def random_checkpoint(shape: str, root: str, dtype: str) -> str:
     return directory
 
 
+def free_device_memory() -> None:
+    """What an engine that was shut down and dropped held (its KV pool sized to the device)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def make_llm(args, model: str, deterministic: bool, **options) -> LLM:
     checkpoint = random_checkpoint(model, args.checkpoints, args.dtype)
     return LLM(checkpoint, device=args.device, dtype=args.dtype, skip_tokenizer_init=True, deterministic=deterministic,
@@ -127,6 +135,8 @@ def matrix(args, model: str, deterministic: bool, available: int) -> list[dict]:
             got = sequences(llm.generate(prompts, params))
         finally:
             llm.llm_engine.shutdown()
+            del llm
+            free_device_memory()
         same = sum(a == b for a, b in zip(got, reference))
         rows.append(dict(model=model, deterministic=deterministic, plan=plan,
                          identical=same, of=len(prompts)))
@@ -185,6 +195,8 @@ def cost(args, model: str, plan: str) -> list[dict]:
                                                                  context)
         finally:
             llm.llm_engine.shutdown()
+            del llm  # its KV pool and weights go before the next engine sizes its own
+            free_device_memory()
         rows.append(row)
         print(json.dumps(row), flush=True)
     default, det = rows
