@@ -10,6 +10,9 @@ _SAMPLING_EPS = 1e-5
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
 
 
+OUTPUT_KINDS = ("cumulative", "final_only")
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -31,6 +34,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputsParams | None = None  # constrains the output
+    # "cumulative": an output every step (streaming); "final_only": one when the request ends
+    # (vLLM's RequestOutputKind; LLM.generate asks for it, which saves the per-step outputs)
+    output_kind: str = "cumulative"
 
     def __post_init__(self):
         self.verify()
@@ -48,6 +54,8 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
+        if self.output_kind not in OUTPUT_KINDS:
+            raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {self.output_kind!r}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.best_of is not None and self.best_of < self.n:

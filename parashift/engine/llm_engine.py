@@ -858,7 +858,9 @@ class LLMEngine:
                 stop = stops.get(seq.request_id)
                 if isinstance(stop, Exception):
                     raise stop
-                outputs.append(self._output(replica, seq, stop))
+                output = self._output(replica, seq, stop)
+                if output is not None:
+                    outputs.append(output)
             except Exception as exc:  # noqa: BLE001 - e.g. its text cannot be decoded
                 logger.exception("the output of request %s could not be made", seq.request_id)
                 outputs.append(self._fail(replica, seq, f"{type(exc).__name__}: {exc}"))
@@ -903,8 +905,11 @@ class LLMEngine:
         replica.encoder.forget(seq.request_id)
         return self._error_output(seq, reason)
 
-    def _output(self, replica: "Replica", seq: Sequence, stop: str | None) -> RequestOutput:
-        """`stop`: the stop string the request's new token completed."""
+    def _output(self, replica: "Replica", seq: Sequence, stop: str | None
+                ) -> RequestOutput | None:
+        """`stop`: the stop string the request's new token completed. None for a request
+        that asked for its final output only and goes on (a child of a request with n > 1
+        reports every step: its parent admits its siblings after its first token)."""
         detok = self._detokenizers[seq.request_id]
         if stop is not None and seq.is_finished:  # hit on the token that ended it by length
             seq.finish_reason, seq.stop_reason = "stop", stop
@@ -912,6 +917,8 @@ class LLMEngine:
             replica.scheduler.finish(seq, "stop", stop)
         if seq.is_finished:
             self._release(replica, seq.request_id)
+        elif seq.params.output_kind == "final_only" and seq.request_id not in self._parent_of:
+            return None
         completion = CompletionOutput(
             0, detok.text if detok else "", seq.output_token_ids,
             list(seq.logprobs) if seq.params.logprobs is not None else None,

@@ -197,3 +197,25 @@ def test_step_budget_defaults_by_device(tiny_llama_dir):
         == (512, 256)
     engine = tiny_llm(tiny_llama_dir, long_prefill_token_threshold=0).llm_engine
     assert engine.config.long_prefill_token_threshold == 0  # no cap, as asked
+
+
+def test_a_final_only_request_makes_one_output_and_generate_asks_for_it(tiny_llama_dir):
+    """vLLM's FINAL_ONLY: no per-step outputs (their objects cost ~3 µs per sequence and
+    step at 1024 sequences); the last one equals a cumulative request's last one."""
+    llm = tiny_llm(tiny_llama_dir)
+    engine = llm.llm_engine
+    prompt = [5, 6, 7, 8]
+    for request_id, kind in (("c", "cumulative"), ("f", "final_only")):
+        engine.add_request(request_id, prompt, SamplingParams(temperature=0, max_tokens=6,
+                                                              ignore_eos=True, output_kind=kind))
+    seen = {"c": [], "f": []}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            seen[output.request_id].append(output)
+    assert len(seen["c"]) == 6 and len(seen["f"]) == 1 and seen["f"][0].finished
+    assert seen["f"][0].outputs[0].token_ids == seen["c"][-1].outputs[0].token_ids
+    generated = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6,
+                                                      ignore_eos=True))
+    assert generated[0].outputs[0].token_ids == seen["c"][-1].outputs[0].token_ids
+    with pytest.raises(ValueError, match="output_kind"):
+        SamplingParams(output_kind="delta")
