@@ -632,9 +632,10 @@ class LLMEngine:
         ranks = sorted(r for g in transition.groups for r in self.layout.plans[g].ranks)
         names = [layout.plans[layout.group_of_rank(r)].name() for r in ranks]
         self._epoch += 1
-        moving = [(g, self.seesaw[tuple(sorted(layout.plans[g].ranks))]) for g in transition.groups
-                  if layout.plans[g] != self.layout.plans[g]
-                  and tuple(sorted(layout.plans[g].ranks)) in self.seesaw]
+        moving = [] if changes_partition(transition) else [  # seesaw re-shards keep the groups
+            (g, self.seesaw[tuple(sorted(layout.plans[g].ranks))]) for g in transition.groups
+            if layout.plans[g] != self.layout.plans[g]
+            and tuple(sorted(layout.plans[g].ranks)) in self.seesaw]
         began = time.perf_counter()
         # the KV leaves the old plan's pools for the tier, and enters the new plan's
         outs = [s for g, tier in moving for s in self._seesaw_move(g, tier, "out", layout.plans[g])]
