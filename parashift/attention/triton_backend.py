@@ -7,10 +7,12 @@ Python ints, never from tensor values, so a step runs without host syncs and
 can be captured in a CUDA graph. A captured graph keeps the split count
 chosen at capture; it stays correct for any context length, only less tuned.
 
-Batch-invariant (deterministic mode): every launch takes the prefill configuration and
-one split, so a query row's tiles, their order and the tile shapes of its dots are the
-same in decode, prefill and chunked prefill, whatever the batch; tiles past its position
-are masked to exact no-ops. Long contexts at small batches lose split-KV's parallelism."""
+Batch-invariant (deterministic mode): every launch takes the prefill configuration, one
+split and the masked tile loop for every KV tile (MASK_EVERY_TILE), so a query row's tiles,
+their order, the tile shapes of its dots and the compiled code that runs them are the same
+in decode, prefill and chunked prefill, whatever the batch; tiles past its position are
+masked to exact no-ops. fp32 dots are IEEE. Long contexts at small batches lose split-KV's
+parallelism."""
 import bisect
 import functools
 import math
@@ -197,6 +199,7 @@ class _Launch:
     block_q: int
     num_q_blocks: int
     num_splits: int
+    invariant: bool
 
 
 def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
@@ -216,7 +219,7 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     elif num_splits is None:
         num_splits = choose_num_splits(num_q_blocks * num_kv_heads, meta.max_seq_len,
                                        partial_bytes, _num_sms(q.device))
-    return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits)
+    return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, invariant)
 
 
 def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch):
@@ -242,14 +245,22 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
         GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_Q=launch.block_q,
         BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n, BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT=split,
-        DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DOT_PRECISION=_dot_precision(q.dtype, launch.invariant),
+        MASK_EVERY_TILE=launch.invariant, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split:
         reduce_splits_kernel[(seqs.num_tokens, num_heads)](
             out, part_acc, part_m, part_l, query_start_loc, num_seqs, seqs.token_offset,
             out.stride(0), out.stride(1),
             NUM_SPLITS=launch.num_splits, NUM_SPLITS_P=triton.next_power_of_2(launch.num_splits),
             HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4)
+
+
+def _dot_precision(dtype: torch.dtype, invariant: bool) -> str:
+    """fp32 dots in tf32x3 (three tf32 products) by default, in full fp32 when invariant;
+    16-bit dots take their inputs as they are either way."""
+    if dtype != torch.float32:
+        return "tf32"
+    return "ieee" if invariant else "tf32x3"
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:

@@ -110,6 +110,11 @@ def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, 
     # chunked prefill (positions 100..149) among a decode and another prefill chunk
     _, chunk, _ = attend(impl, [short, target, long], [1, 50, 120], heads, kv_heads)
     assert_exact(chunk, prefill[100:])
+    # chunks starting off the query blocks' and the KV tiles' boundaries, so that a row
+    # sits in another query block (with other whole tiles before it) than in one shot
+    for start, end in ((0, 37), (37, 97), (97, 131), (131, 150)):
+        part, = attend(impl, [tuple(t[:end] for t in target)], [end - start], heads, kv_heads)
+        assert_exact(part, prefill[start:end])
     # decodes of every sequence
     decode, _, _ = attend(impl, [target, short, long], [1, 1, 1], heads, kv_heads)
     assert_exact(decode, prefill[-1:])
@@ -120,6 +125,55 @@ def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, 
 
 test_attention_interpreted, test_attention_cuda = case_tests(__name__, check_attention, [{}],
                                                              uses_dot=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("invariant", [True, False])
+def test_attention_compiles_one_tile_loop_when_invariant(invariant, dtype):
+    """What the interpreter cannot show: the compiled kernel (sm_90, built on the CPU) walks
+    every KV tile with one loop's code in batch-invariant mode. With two loops (the default)
+    a tile's instructions depend on the query block holding the row, and chunked prefill
+    changed bits on an H200."""
+    ttir = compile_prefill_attention(getattr(torch, dtype), invariant)
+    assert ttir.count("scf.for") == (1 if invariant else 2)
+
+
+def compile_prefill_attention(dtype, invariant, heads=32, kv_heads=8, head_dim=128):
+    """The TTIR of the prefill launch over the 8B shape's heads, compiled for sm_90."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from parashift.attention import triton_backend as backend
+    from parashift.attention.triton_kernels import paged_attention_kernel
+    q = torch.empty(64, heads, head_dim, dtype=dtype)
+    k_cache = torch.empty(4, 16, kv_heads, head_dim, dtype=dtype)
+    meta = AttentionMetadata(None, None, None, None, [0, 64], [64], 64, 64, 16)
+    launch = backend._plan_launch(q, k_cache, meta, backend._SeqRange(0, 1, 0, 64, False),
+                                  num_splits=1, invariant=invariant)
+    constants = dict(GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_Q=launch.block_q,
+                     BLOCK_M=launch.config.block_m, TILE_N=launch.config.tile_n, BLOCK_SIZE=16,
+                     HEAD_DIM=head_dim, HEAD_DIM_P=head_dim, SPLIT=False,
+                     DOT_PRECISION=backend._dot_precision(dtype, invariant),
+                     MASK_EVERY_TILE=invariant)
+    element = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    pointers = {"out_ptr": element, "q_ptr": element, "k_cache_ptr": element,
+                "v_cache_ptr": element}
+    signature = {}
+    for name in inspect.signature(paged_attention_kernel.fn).parameters:
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = "*" + pointers.get(name, "fp32" if name.startswith("part") else "i32")
+        else:
+            signature[name] = "fp32" if name == "qk_scale" else "i32"
+    source = ASTSource(paged_attention_kernel, signature, constexprs=constants)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=launch.config.num_warps,
+                                           num_stages=launch.config.num_stages))
+    return compiled.asm["ttir"]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
