@@ -19,16 +19,19 @@ MATMUL_CASES = [dict(m=5, n=96, k=192, chunks=4, bias=True),
 
 
 def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
+    x, w = randn((m + 20, k), dtype, device, seed=1), randn((n, k), dtype, device, seed=2)
+    b = randn((n,), dtype, device, seed=3) if bias else None
     if triton:
-        from parashift.deterministic.triton_matmul import chunk_partials, linear
+        from parashift.deterministic.triton_matmul import chunk_partials, linear, sum_chunks
+        full = linear(x, w, b, chunks, spread=False)  # the chunks summed in one program
+        # the chunks spread over programs and added by the sum kernel (decode batches)
+        assert_exact(linear(x, w, b, chunks, spread=True), full)
     else:
-        chunk_partials = matmul.chunk_partials
+        chunk_partials, sum_chunks = matmul.chunk_partials, matmul.sum_chunks
 
         def linear(x, w, b, c):
             return matmul.reduce_chunks(x, w, b, c)
-    x, w = randn((m + 20, k), dtype, device, seed=1), randn((n, k), dtype, device, seed=2)
-    b = randn((n,), dtype, device, seed=3) if bias else None
-    full = linear(x, w, b, chunks)
+        full = linear(x, w, b, chunks)
     ref = x.double() @ w.double().T + (b.double() if bias else 0)
     tol = 1e-4 if dtype == "float32" else 3e-2
     torch.testing.assert_close(full.double(), ref, rtol=tol, atol=tol * k ** 0.5)
@@ -41,6 +44,7 @@ def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
         parts = torch.cat([chunk_partials(x[:, :cut], w[:, :cut], chunks // 2),
                            chunk_partials(x[:, cut:], w[:, cut:], chunks // 2)])
         assert_exact(matmul.finish(matmul.ordered_sum(parts), b, x.dtype), full)
+        assert_exact(sum_chunks(parts, b, x.dtype), full)
 
 
 test_matmul_interpreted, test_matmul_cuda = case_tests(__name__, check_matmul, MATMUL_CASES,
@@ -93,10 +97,12 @@ def attend(backend, seqs, q_lens, heads, kv_heads, block_size=16):
     return list(out.split(q_lens))
 
 
-def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, head_dim=32):
+def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, head_dim=32,
+                    block_m=None):
     if backend == "triton":
         from parashift.attention.triton_backend import TritonAttentionBackend
-        impl = TritonAttentionBackend(batch_invariant=True)
+        rows = {"invariant_block_m": block_m} if block_m else {}  # else the default's
+        impl = TritonAttentionBackend(batch_invariant=True, **rows)
     else:
         from parashift.attention.torch_invariant import InvariantTorchAttentionBackend
         impl = InvariantTorchAttentionBackend()
@@ -123,8 +129,10 @@ def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, 
     assert_exact(half, prefill[:, :heads // 2])
 
 
-test_attention_interpreted, test_attention_cuda = case_tests(__name__, check_attention, [{}],
-                                                             uses_dot=True)
+# the default query rows per program (the prefill configuration's 128), and the selectable
+# PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M variants
+test_attention_interpreted, test_attention_cuda = case_tests(
+    __name__, check_attention, [{}, {"block_m": 64}, {"block_m": 16}], uses_dot=True)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -191,6 +199,10 @@ def test_default_attention_is_not_invariant():
     assert not torch.equal(torch.cat(chunks), prefill[100:])
 
 
+def test_column_chunks_are_whole_tiles():
+    assert [matmul.column_chunks(k) for k in (4096, 576, 96, 64, 100)] == [8, 3, 1, 1, 1]
+
+
 def test_chunks_serve_every_allowed_tp_degree():
     from types import SimpleNamespace as Config
     llama_8b = Config(num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336)
@@ -200,3 +212,9 @@ def test_chunks_serve_every_allowed_tp_degree():
     check_plans(six_heads, [Plan(tp=3), Plan(sp=2), Plan(tp=2, dp=2)])
     with pytest.raises(ValueError, match="tp = 4, which does not divide the 6 K chunks"):
         check_plans(six_heads, [Plan(tp=4)])
+
+
+def test_invariant_attention_rows_per_program_are_checked():
+    from parashift.attention.triton_backend import TritonAttentionBackend
+    with pytest.raises(ValueError, match="power of two of at least 16, not 48"):
+        TritonAttentionBackend(batch_invariant=True, invariant_block_m=48)
