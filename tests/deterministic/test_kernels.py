@@ -148,12 +148,6 @@ def test_attention_compiles_one_tile_loop_when_invariant(invariant, dtype):
 
 def compile_prefill_attention(dtype, invariant, heads=32, kv_heads=8, head_dim=128):
     """The TTIR of the prefill launch over the 8B shape's heads, compiled for sm_90."""
-    import inspect
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from parashift.attention import triton_backend as backend
     from parashift.attention.triton_kernels import paged_attention_kernel
     q = torch.empty(64, heads, head_dim, dtype=dtype)
@@ -167,21 +161,54 @@ def compile_prefill_attention(dtype, invariant, heads=32, kv_heads=8, head_dim=1
                      DOT_PRECISION=backend._dot_precision(dtype, invariant),
                      MASK_EVERY_TILE=invariant)
     element = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
-    pointers = {"out_ptr": element, "q_ptr": element, "k_cache_ptr": element,
-                "v_cache_ptr": element}
+    pointers = dict.fromkeys(("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr"), element)
+    pointers.update(dict.fromkeys(("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr"),
+                                  "i32"))
+    return compile_sm90(paged_attention_kernel, constants, pointers, ("qk_scale",),
+                        num_warps=launch.config.num_warps,
+                        num_stages=launch.config.num_stages)["ttir"]
+
+
+def compile_sm90(kernel, constants: dict, pointers: dict, floats=(), **options) -> dict:
+    """The kernel's IRs and PTX for an H100/H200, compiled on the CPU: pointers are fp32
+    unless `pointers` names their element, scalars i32 unless in `floats`."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
     signature = {}
-    for name in inspect.signature(paged_attention_kernel.fn).parameters:
+    for name in inspect.signature(kernel.fn).parameters:
         if name in constants:
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
-            signature[name] = "*" + pointers.get(name, "fp32" if name.startswith("part") else "i32")
+            signature[name] = "*" + pointers.get(name, "fp32")
         else:
-            signature[name] = "fp32" if name == "qk_scale" else "i32"
-    source = ASTSource(paged_attention_kernel, signature, constexprs=constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=launch.config.num_warps,
-                                           num_stages=launch.config.num_stages))
-    return compiled.asm["ttir"]
+            signature[name] = "fp32" if name in floats else "i32"
+    source = ASTSource(kernel, signature, constexprs=constants)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm
+
+
+def test_spread_chunks_compile_to_the_same_mma_chain():
+    """The spread GEMM's bits equal the in-program one's only if each chunk's K loop issues
+    the same tensor-core instructions in the same order: checked on sm_90's PTX (bf16)."""
+    import re
+
+    from parashift.deterministic import triton_matmul as tm
+
+    def mma_lines(in_program: bool) -> list[str]:
+        constants = dict(CHUNKS_IN_PROGRAM=in_program, HAS_BIAS=False, BLOCK_M=tm.BLOCK_M,
+                         BLOCK_N=tm.BLOCK_N, BLOCK_K=tm.BLOCK_K, DOT_PRECISION="tf32")
+        pointers = {"out_ptr": "bf16" if in_program else "fp32", "x_ptr": "bf16",
+                    "w_ptr": "bf16"}
+        ptx = compile_sm90(tm.invariant_matmul_kernel, constants, pointers,
+                           num_warps=tm.NUM_WARPS, num_stages=tm.NUM_STAGES,
+                           enable_fp_fusion=False)["ptx"]
+        return [re.sub(r"%[a-z]+\d+", "%r", line.strip()) for line in ptx.splitlines()
+                if "mma" in line]
+    lines = mma_lines(True)
+    assert any("mma_async" in line for line in lines)
+    assert mma_lines(False) == lines
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
