@@ -23,8 +23,26 @@ import triton.language as tl
 
 from parashift.kernels import num_sms
 
-BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 64
-NUM_WARPS, NUM_STAGES = 4, 3
+
+
+def tile_config(text: str) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) from "m,n,k,warps,stages"."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if (len(values) != 5 or min(values[:3]) < 16 or values[4] < 1
+            or any(v & (v - 1) for v in values[:4])):
+        raise ValueError(f"PARASHIFT_DETERMINISTIC_GEMM_TILES={text!r}: expected m,n,k,warps,"
+                         "stages with m, n, k powers of two of at least 16 and warps a power "
+                         "of two")
+    return values
+
+
+# One configuration for every shape, so any may be taken as long as every process of an
+# engine (every rank, every node) takes the same: an experiment's knob, not a tuning per shape
+BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = tile_config(
+    os.environ.get("PARASHIFT_DETERMINISTIC_GEMM_TILES", "64,64,64,4,3"))
 
 SPREAD_CHUNKS = os.environ.get("PARASHIFT_DETERMINISTIC_SPREAD", "1") != "0"
 

@@ -207,7 +207,7 @@ def test_spread_chunks_compile_to_the_same_mma_chain():
         return [re.sub(r"%[a-z]+\d+", "%r", line.strip()) for line in ptx.splitlines()
                 if "mma" in line]
     lines = mma_lines(True)
-    assert any("mma_async" in line for line in lines)
+    assert any("mma_async" in line or "mma.sync" in line for line in lines)
     assert mma_lines(False) == lines
 
 
@@ -224,6 +224,14 @@ def test_default_attention_is_not_invariant():
     chunks = [attend(TorchAttentionBackend(), [(q[:n], k[:n], v[:n])], [1], 8, 2)[0]
               for n in range(100, 150)]
     assert not torch.equal(torch.cat(chunks), prefill[100:])
+
+
+def test_gemm_tile_configuration_is_checked():
+    from parashift.deterministic.triton_matmul import tile_config
+    assert tile_config("64,128,64,8,4") == (64, 128, 64, 8, 4)
+    for bad in ("64,64,64,4", "64,48,64,4,3", "64,64,8,4,3", "64,64,64,4,0", "a,b,c,d,e"):
+        with pytest.raises(ValueError, match="expected m,n,k,warps,stages"):
+            tile_config(bad)
 
 
 def test_column_chunks_are_whole_tiles():
