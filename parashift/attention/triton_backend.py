@@ -7,13 +7,16 @@ Python ints, never from tensor values, so a step runs without host syncs and
 can be captured in a CUDA graph. A captured graph keeps the split count
 chosen at capture; it stays correct for any context length, only less tuned.
 
-Batch-invariant (deterministic mode): every launch takes the prefill configuration and
-one split, so a query row's tiles, their order and the tile shapes of its dots are the
-same in decode, prefill and chunked prefill, whatever the batch; tiles past its position
-are masked to exact no-ops. Long contexts at small batches lose split-KV's parallelism."""
+Batch-invariant (deterministic mode): every launch takes the prefill configuration, one
+split and the masked tile loop for every KV tile (MASK_EVERY_TILE), so a query row's tiles,
+their order, the tile shapes of its dots and the compiled code that runs them are the same
+in decode, prefill and chunked prefill, whatever the batch; tiles past its position are
+masked to exact no-ops. fp32 dots are IEEE. Long contexts at small batches lose split-KV's
+parallelism, and decode batches compute the prefill configuration's query rows, most of
+them empty (PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M=64 takes fewer for every launch)."""
 import bisect
-import functools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +25,7 @@ import triton
 from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.triton_kernels import (paged_attention_kernel, reduce_splits_kernel,
                                                 write_kv_kernel)
+from parashift.kernels import num_sms
 
 # Split-KV targets about this many programs per SM, and gives each split at
 # least MIN_SPLIT_TOKENS of context.
@@ -30,6 +34,9 @@ MIN_SPLIT_TOKENS = 128
 MAX_SPLITS = 32
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
+# Deterministic mode: query rows per program, when set, below the prefill configuration's
+# (fewer wasted rows on decode batches, a slower prefill)
+INVARIANT_BLOCK_M = int(os.environ.get("PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M", "0")) or None
 
 
 @dataclass(frozen=True)
@@ -58,15 +65,15 @@ def prefill_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
     return KernelConfig(max(block_m, group_p), tile_n, warps, stages)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":  # the Triton interpreter, in tests
-        return 132
-    return _cuda_num_sms(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _cuda_num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def invariant_config(head_dim: int, group_p: int, elem_size: int,
+                     block_m: int | None) -> KernelConfig:
+    """The one configuration of every batch-invariant launch, decode and prefill alike: the
+    prefill one, its query rows per program capped at block_m if given."""
+    config = prefill_config(head_dim, group_p, elem_size)
+    if block_m is None or block_m >= config.block_m:
+        return config
+    return KernelConfig(max(block_m, group_p), config.tile_n, num_warps=4,
+                        num_stages=config.num_stages)
 
 
 def choose_num_splits(num_programs: int, max_seq_len: int, partial_bytes_per_split: int,
@@ -83,8 +90,14 @@ def choose_num_splits(num_programs: int, max_seq_len: int, partial_bytes_per_spl
 class TritonAttentionBackend:
     name = "triton"
 
-    def __init__(self, batch_invariant: bool = False):
+    def __init__(self, batch_invariant: bool = False,
+                 invariant_block_m: int | None = INVARIANT_BLOCK_M):
+        if invariant_block_m is not None and (invariant_block_m < 16
+                                              or invariant_block_m & (invariant_block_m - 1)):
+            raise ValueError("the batch-invariant attention's query rows per program must be "
+                             f"a power of two of at least 16, not {invariant_block_m}")
         self.batch_invariant = batch_invariant
+        self.invariant_block_m = invariant_block_m
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
@@ -112,7 +125,7 @@ class TritonAttentionBackend:
             real_tokens = meta.query_start_loc_cpu[-1] if meta.num_seqs else 0
             if real_tokens == 0:
                 return torch.zeros_like(q)
-        launches = [(seqs, _plan_launch(q, k_cache, meta, seqs, invariant=self.batch_invariant))
+        launches = [(seqs, self._plan(q, k_cache, meta, seqs))
                     for seqs in _split_decodes(meta, num_tokens)]
         if meta.static_shape:
             # Rows of no sequence must be zero, and which they are is known on the device
@@ -150,13 +163,16 @@ class TritonAttentionBackend:
             out = torch.zeros_like(q)
             seqs = _SeqRange(0, 1, 0, q_len, decode=decode)
             for splits in self._split_counts():
-                launch = _plan_launch(q, k_cache, meta, seqs, num_splits=splits,
-                                      invariant=self.batch_invariant)
+                launch = self._plan(q, k_cache, meta, seqs, num_splits=splits)
                 _launch_attention(out, q, k_cache, v_cache, meta, 1.0, seqs, launch)
                 launches += 1
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return launches
+
+    def _plan(self, q, k_cache, meta, seqs, num_splits: int | None = None) -> "_Launch":
+        return _plan_launch(q, k_cache, meta, seqs, num_splits, self.batch_invariant,
+                            self.invariant_block_m)
 
     def _split_counts(self) -> list[int]:
         return [1] if self.batch_invariant else [1 << i for i in range(MAX_SPLITS.bit_length())]
@@ -197,17 +213,21 @@ class _Launch:
     block_q: int
     num_q_blocks: int
     num_splits: int
+    invariant: bool
 
 
 def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
-                 num_splits: int | None = None, invariant: bool = False) -> _Launch:
+                 num_splits: int | None = None, invariant: bool = False,
+                 invariant_block_m: int | None = None) -> _Launch:
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     group_p = triton.next_power_of_2(group)
     elem_size = max(q.element_size(), k_cache.element_size())
-    pick_config = decode_config if seqs.decode and not invariant else prefill_config
-    config = pick_config(head_dim, group_p, elem_size)
+    if invariant:
+        config = invariant_config(head_dim, group_p, elem_size, invariant_block_m)
+    else:
+        config = (decode_config if seqs.decode else prefill_config)(head_dim, group_p, elem_size)
     block_q = max(1, config.block_m // group_p)
     num_q_blocks = seqs.num_tokens // block_q + seqs.end - seqs.first
     partial_bytes = seqs.num_tokens * num_heads * (head_dim + 2) * 4
@@ -215,8 +235,8 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
         num_splits = 1
     elif num_splits is None:
         num_splits = choose_num_splits(num_q_blocks * num_kv_heads, meta.max_seq_len,
-                                       partial_bytes, _num_sms(q.device))
-    return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits)
+                                       partial_bytes, num_sms(q.device))
+    return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, invariant)
 
 
 def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch):
@@ -242,14 +262,22 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
         GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_Q=launch.block_q,
         BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n, BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT=split,
-        DOT_PRECISION="tf32x3" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DOT_PRECISION=_dot_precision(q.dtype, launch.invariant),
+        MASK_EVERY_TILE=launch.invariant, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split:
         reduce_splits_kernel[(seqs.num_tokens, num_heads)](
             out, part_acc, part_m, part_l, query_start_loc, num_seqs, seqs.token_offset,
             out.stride(0), out.stride(1),
             NUM_SPLITS=launch.num_splits, NUM_SPLITS_P=triton.next_power_of_2(launch.num_splits),
             HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4)
+
+
+def _dot_precision(dtype: torch.dtype, invariant: bool) -> str:
+    """fp32 dots in tf32x3 (three tf32 products) by default, in full fp32 when invariant;
+    16-bit dots take their inputs as they are either way."""
+    if dtype != torch.float32:
+        return "tf32"
+    return "ieee" if invariant else "tf32x3"
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:

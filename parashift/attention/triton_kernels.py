@@ -14,6 +14,15 @@ Query blocks are numbered so that sequence i's blocks start at
 the token and sequence counts, so the grid never depends on data values;
 programs past a sequence's last query token exit at once.
 
+A program walks its KV tiles in two loops: the tiles every row of its query block sees
+whole, without the causal mask, then the rest with it. Which loop a tile falls in depends
+on where the query block starts, and the two loops compile to different instructions (the
+mask stops the compiler from fusing the score scaling into the exponent's FMA), so a row's
+bits would move with the chunking of its prefill. MASK_EVERY_TILE (batch-invariant mode)
+walks every tile in the masked loop instead: tiles sit at absolute positions, tiles past a
+row's position are exact no-ops, and so a row gets the same instructions on the same tiles
+whatever query block it sits in.
+
 Triton compiles a variant per value class of each integer and pointer argument (== 1,
 divisible by 16, aligned). The arguments that vary from step to step only in such ways
 (sequence counts, offsets, slices of the metadata) are kept out of that, so the variants a
@@ -167,7 +176,7 @@ def paged_attention_kernel(
         GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr,
         BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, SPLIT: tl.constexpr,
-        DOT_PRECISION: tl.constexpr):
+        DOT_PRECISION: tl.constexpr, MASK_EVERY_TILE: tl.constexpr):
     # the last query blocks see the longest contexts: start them first
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -200,11 +209,13 @@ def paged_attention_kernel(
     block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kh
     v_base = v_cache_ptr + kv_head * stride_vh
-    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, mid,
-                                  kv_end, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
-                                  stride_vs, False, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
-                                  DOT_PRECISION)
-    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, mid, hi,
+    if not MASK_EVERY_TILE:
+        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, mid,
+                                      kv_end, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
+                                      stride_vs, False, TILE_N, BLOCK_SIZE, HEAD_DIM,
+                                      HEAD_DIM_P, DOT_PRECISION)
+        lo = mid
+    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, hi,
                                   kv_end, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
                                   stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
                                   DOT_PRECISION)

@@ -13,6 +13,9 @@ import torch
 from parashift.kernels import use_triton
 
 ROW_TILE = 16
+# K chunks of a contraction no plan splits: at most this many, each whole 64-wide tiles
+MAX_K_CHUNKS = 8
+K_TILE = 64
 
 
 def pad_rows(x: torch.Tensor, dim: int = -2) -> torch.Tensor:
@@ -49,6 +52,15 @@ def ordered_sum(partials: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def sum_chunks(partials: torch.Tensor, bias: torch.Tensor | None,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The partials [chunks, rows, N] added in chunk order, plus bias, in `dtype`."""
+    if use_triton(partials):
+        from parashift.deterministic import triton_matmul
+        return triton_matmul.sum_chunks(partials, bias, dtype)
+    return finish(ordered_sum(partials), bias, dtype)
+
+
 def finish(total: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     if bias is not None:
         total = total + bias.float()
@@ -64,10 +76,16 @@ def reduce_chunks(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if use_triton(x2):
         from parashift.deterministic import triton_matmul
         return triton_matmul.linear(x2, weight, bias, chunks).unflatten(0, lead)
-    total = ordered_sum(chunk_partials(x2, weight, chunks))
-    return finish(total, bias, x.dtype).unflatten(0, lead)
+    return sum_chunks(chunk_partials(x2, weight, chunks), bias, x.dtype).unflatten(0, lead)
+
+
+def column_chunks(k: int) -> int:
+    """The K chunks of a contraction that no plan splits (column-parallel projections, the
+    LM head): a function of K alone, so every batch and plan sums the same chunks; more
+    than one lets a decode's few output tiles spread over the device (`triton_matmul`)."""
+    return next((c for c in range(MAX_K_CHUNKS, 1, -1) if k % (c * K_TILE) == 0), 1)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The batch-invariant F.linear: the whole of K in one chunk."""
-    return reduce_chunks(x, weight, bias, 1)
+    """The batch-invariant F.linear: K in `column_chunks` chunks."""
+    return reduce_chunks(x, weight, bias, column_chunks(x.shape[-1]))

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from parashift.deterministic.matmul import chunk_partials, finish, ordered_sum, reduce_chunks
+from parashift.deterministic.matmul import chunk_partials, reduce_chunks, sum_chunks
 from parashift.parallel.state import GroupHandle
 
 MAX_TP = 8  # chunks serve every TP degree up to this that the model allows
@@ -53,5 +53,4 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         return reduce_chunks(x, weight, bias, chunks)
     lead = x.shape[:-1]
     partials = chunk_partials(x.reshape(-1, x.shape[-1]), weight, chunks // tp.size)
-    total = ordered_sum(tp.all_gather(partials, dim=0))
-    return finish(total, bias, x.dtype).unflatten(0, lead)
+    return sum_chunks(tp.all_gather(partials, dim=0), bias, x.dtype).unflatten(0, lead)

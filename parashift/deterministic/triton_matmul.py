@@ -5,17 +5,46 @@ it (the CUDA-graph bucket, the batch, the TP shard's width).
 
 A program owns one [BLOCK_M, BLOCK_N] tile of the output. With CHUNKS_IN_PROGRAM it sums
 the K chunks itself, each into a fresh fp32 accumulator added to the total in chunk order
-(the single-device row-parallel projection and, with one chunk, every column-parallel
-one), adds the bias and stores x's dtype; otherwise grid axis 2 is the chunk and each
-partial is stored in fp32 for the TP group to gather and add in the same order."""
+(the single-device row-parallel projection and every column-parallel one, in
+`matmul.column_chunks`), adds the bias and stores x's dtype; otherwise grid axis 2 is the chunk and each
+partial is stored in fp32 for the TP group to gather and add in the same order.
+
+Both ways do the same arithmetic (each chunk's MMA loop, then fp32 adds from zero in chunk
+order, the bias, one rounding), so which one runs may depend on the number of rows: a grid
+of fewer output tiles than the device has SMs (decode batches) spreads its chunks over
+programs and `sum_chunks_kernel` adds them, instead of leaving most SMs idle
+(PARASHIFT_DETERMINISTIC_SPREAD=0 turns that off)."""
 import inspect
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 64
-NUM_WARPS, NUM_STAGES = 4, 3
+from parashift.kernels import num_sms
+
+
+
+def tile_config(text: str) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) from "m,n,k,warps,stages"."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if (len(values) != 5 or min(values[:3]) < 16 or values[4] < 1
+            or any(v & (v - 1) for v in values[:4])):
+        raise ValueError(f"PARASHIFT_DETERMINISTIC_GEMM_TILES={text!r}: expected m,n,k,warps,"
+                         "stages with m, n, k powers of two of at least 16 and warps a power "
+                         "of two")
+    return values
+
+
+# One configuration for every shape, so any may be taken as long as every process of an
+# engine (every rank, every node) takes the same: an experiment's knob, not a tuning per shape
+BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = tile_config(
+    os.environ.get("PARASHIFT_DETERMINISTIC_GEMM_TILES", "64,64,64,4,3"))
+
+SPREAD_CHUNKS = os.environ.get("PARASHIFT_DETERMINISTIC_SPREAD", "1") != "0"
 
 _generic = {"do_not_specialize": ("M",)}
 if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
@@ -64,6 +93,26 @@ def invariant_matmul_kernel(out_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k, num_
         tl.store(out_ptr + chunk.to(tl.int64) * stride_oc + out_offs, acc, mask=out_mask)
 
 
+@triton.jit(**_generic)
+def sum_chunks_kernel(out_ptr, part_ptr, bias_ptr, M, N, num_chunks, stride_pc, stride_pm,
+                      stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    """out = (0 + partial 0 + partial 1 + ... + bias) in fp32, rounded once to out's dtype:
+    what the chunk loop of `invariant_matmul_kernel` computes."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    parts = part_ptr + offs_m[:, None].to(tl.int64) * stride_pm + offs_n[None, :]
+    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for _ in range(0, num_chunks):
+        total += tl.load(parts, mask=mask, other=0.0)
+        parts += stride_pc
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def _operands(x: torch.Tensor, weight: torch.Tensor, chunks: int):
     if x.shape[1] != weight.shape[1] or x.shape[1] % chunks:
         raise ValueError(f"cannot multiply [{x.shape[0]}, {x.shape[1]}] by the transpose of "
@@ -87,11 +136,34 @@ def _launch(out, x, weight, bias, chunks, in_program: bool, chunk_k: int):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           chunks: int) -> torch.Tensor:
-    """[M, K] @ [N, K].T + bias, K in `chunks` chunks summed in order, in x's dtype."""
+           chunks: int, spread: bool | None = None) -> torch.Tensor:
+    """[M, K] @ [N, K].T + bias, K in `chunks` chunks summed in order, in x's dtype.
+    spread: the chunks over programs (None: when the output tiles are fewer than SMs)."""
+    if spread is None:
+        spread = (chunks > 1 and SPREAD_CHUNKS
+                  and _tiles(x.shape[0], weight.shape[0]) < num_sms(x.device))
+    if spread:
+        return sum_chunks(chunk_partials(x, weight, chunks), bias, x.dtype)
     x, weight, chunk_k = _operands(x, weight, chunks)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     return _launch(out, x, weight, bias, chunks, True, chunk_k)
+
+
+def sum_chunks(partials: torch.Tensor, bias: torch.Tensor | None,
+               dtype: torch.dtype) -> torch.Tensor:
+    """[chunks, M, N] fp32 partials added in chunk order, plus bias, in `dtype`."""
+    partials = partials if partials.stride(-1) == 1 else partials.contiguous()
+    chunks, m, n = partials.shape
+    out = torch.empty(m, n, dtype=dtype, device=partials.device)
+    sum_chunks_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))](
+        out, partials, bias if bias is not None else out, m, n, chunks, partials.stride(0),
+        partials.stride(1), out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return out
+
+
+def _tiles(m: int, n: int) -> int:
+    return triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
 
 
 def chunk_partials(x: torch.Tensor, weight: torch.Tensor, chunks: int) -> torch.Tensor:

@@ -19,16 +19,19 @@ MATMUL_CASES = [dict(m=5, n=96, k=192, chunks=4, bias=True),
 
 
 def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
+    x, w = randn((m + 20, k), dtype, device, seed=1), randn((n, k), dtype, device, seed=2)
+    b = randn((n,), dtype, device, seed=3) if bias else None
     if triton:
-        from parashift.deterministic.triton_matmul import chunk_partials, linear
+        from parashift.deterministic.triton_matmul import chunk_partials, linear, sum_chunks
+        full = linear(x, w, b, chunks, spread=False)  # the chunks summed in one program
+        # the chunks spread over programs and added by the sum kernel (decode batches)
+        assert_exact(linear(x, w, b, chunks, spread=True), full)
     else:
-        chunk_partials = matmul.chunk_partials
+        chunk_partials, sum_chunks = matmul.chunk_partials, matmul.sum_chunks
 
         def linear(x, w, b, c):
             return matmul.reduce_chunks(x, w, b, c)
-    x, w = randn((m + 20, k), dtype, device, seed=1), randn((n, k), dtype, device, seed=2)
-    b = randn((n,), dtype, device, seed=3) if bias else None
-    full = linear(x, w, b, chunks)
+        full = linear(x, w, b, chunks)
     ref = x.double() @ w.double().T + (b.double() if bias else 0)
     tol = 1e-4 if dtype == "float32" else 3e-2
     torch.testing.assert_close(full.double(), ref, rtol=tol, atol=tol * k ** 0.5)
@@ -41,6 +44,7 @@ def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
         parts = torch.cat([chunk_partials(x[:, :cut], w[:, :cut], chunks // 2),
                            chunk_partials(x[:, cut:], w[:, cut:], chunks // 2)])
         assert_exact(matmul.finish(matmul.ordered_sum(parts), b, x.dtype), full)
+        assert_exact(sum_chunks(parts, b, x.dtype), full)
 
 
 test_matmul_interpreted, test_matmul_cuda = case_tests(__name__, check_matmul, MATMUL_CASES,
@@ -93,10 +97,12 @@ def attend(backend, seqs, q_lens, heads, kv_heads, block_size=16):
     return list(out.split(q_lens))
 
 
-def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, head_dim=32):
+def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, head_dim=32,
+                    block_m=None):
     if backend == "triton":
         from parashift.attention.triton_backend import TritonAttentionBackend
-        impl = TritonAttentionBackend(batch_invariant=True)
+        rows = {"invariant_block_m": block_m} if block_m else {}  # else the default's
+        impl = TritonAttentionBackend(batch_invariant=True, **rows)
     else:
         from parashift.attention.torch_invariant import InvariantTorchAttentionBackend
         impl = InvariantTorchAttentionBackend()
@@ -110,6 +116,11 @@ def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, 
     # chunked prefill (positions 100..149) among a decode and another prefill chunk
     _, chunk, _ = attend(impl, [short, target, long], [1, 50, 120], heads, kv_heads)
     assert_exact(chunk, prefill[100:])
+    # chunks starting off the query blocks' and the KV tiles' boundaries, so that a row
+    # sits in another query block (with other whole tiles before it) than in one shot
+    for start, end in ((0, 37), (37, 97), (97, 131), (131, 150)):
+        part, = attend(impl, [tuple(t[:end] for t in target)], [end - start], heads, kv_heads)
+        assert_exact(part, prefill[start:end])
     # decodes of every sequence
     decode, _, _ = attend(impl, [target, short, long], [1, 1, 1], heads, kv_heads)
     assert_exact(decode, prefill[-1:])
@@ -118,8 +129,86 @@ def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, 
     assert_exact(half, prefill[:, :heads // 2])
 
 
-test_attention_interpreted, test_attention_cuda = case_tests(__name__, check_attention, [{}],
-                                                             uses_dot=True)
+# the default query rows per program (the prefill configuration's 128), and the selectable
+# PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M variants
+test_attention_interpreted, test_attention_cuda = case_tests(
+    __name__, check_attention, [{}, {"block_m": 64}, {"block_m": 16}], uses_dot=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("invariant", [True, False])
+def test_attention_compiles_one_tile_loop_when_invariant(invariant, dtype):
+    """What the interpreter cannot show: the compiled kernel (sm_90, built on the CPU) walks
+    every KV tile with one loop's code in batch-invariant mode. With two loops (the default)
+    a tile's instructions depend on the query block holding the row, and chunked prefill
+    changed bits on an H200."""
+    ttir = compile_prefill_attention(getattr(torch, dtype), invariant)
+    assert ttir.count("scf.for") == (1 if invariant else 2)
+
+
+def compile_prefill_attention(dtype, invariant, heads=32, kv_heads=8, head_dim=128):
+    """The TTIR of the prefill launch over the 8B shape's heads, compiled for sm_90."""
+    from parashift.attention import triton_backend as backend
+    from parashift.attention.triton_kernels import paged_attention_kernel
+    q = torch.empty(64, heads, head_dim, dtype=dtype)
+    k_cache = torch.empty(4, 16, kv_heads, head_dim, dtype=dtype)
+    meta = AttentionMetadata(None, None, None, None, [0, 64], [64], 64, 64, 16)
+    launch = backend._plan_launch(q, k_cache, meta, backend._SeqRange(0, 1, 0, 64, False),
+                                  num_splits=1, invariant=invariant)
+    constants = dict(GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_Q=launch.block_q,
+                     BLOCK_M=launch.config.block_m, TILE_N=launch.config.tile_n, BLOCK_SIZE=16,
+                     HEAD_DIM=head_dim, HEAD_DIM_P=head_dim, SPLIT=False,
+                     DOT_PRECISION=backend._dot_precision(dtype, invariant),
+                     MASK_EVERY_TILE=invariant)
+    element = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    pointers = dict.fromkeys(("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr"), element)
+    pointers.update(dict.fromkeys(("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr"),
+                                  "i32"))
+    return compile_sm90(paged_attention_kernel, constants, pointers, ("qk_scale",),
+                        num_warps=launch.config.num_warps,
+                        num_stages=launch.config.num_stages)["ttir"]
+
+
+def compile_sm90(kernel, constants: dict, pointers: dict, floats=(), **options) -> dict:
+    """The kernel's IRs and PTX for an H100/H200, compiled on the CPU: pointers are fp32
+    unless `pointers` names their element, scalars i32 unless in `floats`."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    signature = {}
+    for name in inspect.signature(kernel.fn).parameters:
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = "*" + pointers.get(name, "fp32")
+        else:
+            signature[name] = "fp32" if name in floats else "i32"
+    source = ASTSource(kernel, signature, constexprs=constants)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm
+
+
+def test_spread_chunks_compile_to_the_same_mma_chain():
+    """The spread GEMM's bits equal the in-program one's only if each chunk's K loop issues
+    the same tensor-core instructions in the same order: checked on sm_90's PTX (bf16)."""
+    import re
+
+    from parashift.deterministic import triton_matmul as tm
+
+    def mma_lines(in_program: bool) -> list[str]:
+        constants = dict(CHUNKS_IN_PROGRAM=in_program, HAS_BIAS=False, BLOCK_M=tm.BLOCK_M,
+                         BLOCK_N=tm.BLOCK_N, BLOCK_K=tm.BLOCK_K, DOT_PRECISION="tf32")
+        pointers = {"out_ptr": "bf16" if in_program else "fp32", "x_ptr": "bf16",
+                    "w_ptr": "bf16"}
+        ptx = compile_sm90(tm.invariant_matmul_kernel, constants, pointers,
+                           num_warps=tm.NUM_WARPS, num_stages=tm.NUM_STAGES,
+                           enable_fp_fusion=False)["ptx"]
+        return [re.sub(r"%[a-z]+\d+", "%r", line.strip()) for line in ptx.splitlines()
+                if "mma" in line]
+    lines = mma_lines(True)
+    assert any("mma_async" in line or "mma.sync" in line for line in lines)
+    assert mma_lines(False) == lines
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -137,6 +226,18 @@ def test_default_attention_is_not_invariant():
     assert not torch.equal(torch.cat(chunks), prefill[100:])
 
 
+def test_gemm_tile_configuration_is_checked():
+    from parashift.deterministic.triton_matmul import tile_config
+    assert tile_config("64,128,64,8,4") == (64, 128, 64, 8, 4)
+    for bad in ("64,64,64,4", "64,48,64,4,3", "64,64,8,4,3", "64,64,64,4,0", "a,b,c,d,e"):
+        with pytest.raises(ValueError, match="expected m,n,k,warps,stages"):
+            tile_config(bad)
+
+
+def test_column_chunks_are_whole_tiles():
+    assert [matmul.column_chunks(k) for k in (4096, 576, 96, 64, 100)] == [8, 3, 1, 1, 1]
+
+
 def test_chunks_serve_every_allowed_tp_degree():
     from types import SimpleNamespace as Config
     llama_8b = Config(num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336)
@@ -146,3 +247,9 @@ def test_chunks_serve_every_allowed_tp_degree():
     check_plans(six_heads, [Plan(tp=3), Plan(sp=2), Plan(tp=2, dp=2)])
     with pytest.raises(ValueError, match="tp = 4, which does not divide the 6 K chunks"):
         check_plans(six_heads, [Plan(tp=4)])
+
+
+def test_invariant_attention_rows_per_program_are_checked():
+    from parashift.attention.triton_backend import TritonAttentionBackend
+    with pytest.raises(ValueError, match="power of two of at least 16, not 48"):
+        TritonAttentionBackend(batch_invariant=True, invariant_block_m=48)
