@@ -4,7 +4,9 @@
 # timed) and decode as a fraction of the floor, this tree against the one in $BEFORE (an
 # earlier commit unpacked with `git archive REV | tar -x -C .before`), interleaved. Both
 # trees run this tree's host_overhead.py (it skips parts an older tree lacks).
-# Usage: OUT=dir BEFORE=.before TOKENIZER=.tok bash scripts/gpu_host_runs.sh
+# PART=throughput instead: the `chat` and `batch` workloads' offline throughput (NUM requests,
+# default 200), before and after.
+# Usage: OUT=dir BEFORE=.before TOKENIZER=.tok [PART=throughput] bash scripts/gpu_host_runs.sh
 set -u
 model=benchmarks/shapes/llama-3.1-8b.json
 before=${BEFORE:?the earlier tree}; here=$(pwd); tok=${TOKENIZER:?a tokenizer directory}
@@ -13,6 +15,17 @@ run_in() {  # run_in DIR LABEL COMMAND...
   (cd "$dir" && PYTHONPATH="$dir" "$@" 2>&1 | grep -E '^\{|Error|error' | tail -20 \
     | cut -c1-700 | sed "s/^/[$label] /")
 }
+if [ "${PART:-host}" = throughput ]; then
+  for workload in chat batch; do
+    for tree in before after; do
+      dir=$here; [ $tree = before ] && dir=$here/$before
+      run_in "$dir" $tree python3 -m parashift.cli bench throughput --workload $workload \
+        --num-requests "${NUM:-200}" --model "$here/$model" --skip-tokenizer-init --dtype bfloat16 \
+        --cuda-graphs --max-model-len 8192 --output-json "$OUT/throughput_${workload}_$tree.json"
+    done
+  done
+  exit 0
+fi
 for tree in before after; do
   dir=$here; [ $tree = before ] && dir=$here/$before
   run_in "$dir" $tree python3 "$here/benchmarks/host_overhead.py" --model "$here/$model" \
