@@ -14,12 +14,14 @@ context when the layer is built):
   collectives only: no host sync for the routing counts.
 
 The computation (`expert_outputs`) sorts the token-expert pairs by expert and runs each
-expert's rows as two GEMMs: the CPU path and the reference for a fused kernel."""
+expert's rows as two GEMMs: the CPU path and the reference of the Triton kernel
+(kernels/fused_moe.py: grouped GEMMs, no host sync) that CUDA tensors take."""
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from parashift.context import BASE_WEIGHTS, get_context
+from parashift.kernels import use_triton
 from parashift.layers.activation import silu_and_mul_torch
 from parashift.lazy_tensor import as_tensor
 
@@ -35,6 +37,16 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(router_logits.dtype), ids
+
+
+def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                    gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0
+                    ) -> torch.Tensor:
+    """The kernel on CUDA, else the PyTorch path."""
+    if use_triton(x):
+        from parashift.kernels.fused_moe import fused_experts
+        return fused_experts(x, weights, ids, gate_up, down, first_expert)
+    return expert_outputs(x, weights, ids, gate_up, down, first_expert)
 
 
 def expert_outputs(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
@@ -83,6 +95,8 @@ class FusedExperts(nn.Module):
         ctx = get_context()
         if mode not in MOE_PARALLEL_MODES:
             raise ValueError(f"moe_parallel must be one of {MOE_PARALLEL_MODES}, got {mode!r}")
+        if ctx.reduction_chunks:
+            raise ValueError("deterministic mode does not cover mixture-of-experts models yet")
         self.mode, self.num_experts = mode, num_experts
         group = ctx.state.ep if mode == "ep" else ctx.tp
         self.shards = 1 if mode == "ep" else group.size  # of the intermediate dim
@@ -145,15 +159,15 @@ class FusedExperts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         gate_up, down = self.active_weights()
         if self.mode == "tp":
-            return get_context().tp.all_reduce(expert_outputs(x, weights, ids, gate_up, down))
+            return get_context().tp.all_reduce(experts_forward(x, weights, ids, gate_up, down))
         ctx = get_context()
         ep = ctx.state.ep
         if ctx.sp.size == 1:  # every rank of the group holds these tokens
-            return ep.all_reduce(expert_outputs(x, weights, ids, gate_up, down,
-                                                self.first_expert))
+            return ep.all_reduce(experts_forward(x, weights, ids, gate_up, down,
+                                                 self.first_expert))
         tokens = x.shape[0]
         gathered = [ep.all_gather(t, dim=0) for t in (x, weights, ids)]
-        shares = expert_outputs(*gathered, gate_up, down, self.first_expert)
+        shares = experts_forward(*gathered, gate_up, down, self.first_expert)
         return sum(ep.all_to_all(list(shares.split(tokens))))
 
 

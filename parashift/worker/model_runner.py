@@ -23,6 +23,7 @@ from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.worker.token_history import TokenHistoryStore
 from parashift.kv.cache import KVCache, attention_layers
 from parashift.kv.views import kv_heads_per_rank, tokens_per_block, view_pool
+from parashift.layers.fused_moe import FusedExperts
 from parashift.layers.sampler import Sampler, position_seed
 from parashift.loader.weights import load_model_weights
 from parashift.models.moe import check_plan
@@ -178,6 +179,11 @@ class ModelRunner:
             digest.update(param.detach().cpu().flatten().view(torch.uint8).numpy().tobytes())
         return digest.hexdigest()
 
+    def expert_placement(self) -> list[tuple[int, int, int]]:
+        """(first expert, experts held, intermediate width held) of each MoE layer here."""
+        return [(m.first_expert, m.num_local, m.intermediate) for m in self.model.modules()
+                if isinstance(m, FusedExperts)]
+
     def _make_resources(self, states: list[ParallelState], total_kv_heads: int
                         ) -> dict[str, PlanResources]:
         """Every plan's resources by name ("" is the base plan), each with its view of the
@@ -230,13 +236,16 @@ class ModelRunner:
         return time.perf_counter() - start
 
     def _use_graphs(self, requested: bool | None) -> bool:
-        """By default (None) wherever they work: CUDA, Triton attention, one stage."""
+        """By default (None) wherever they work: CUDA, Triton attention, one stage; for a
+        model with experts only when asked (their kernel's capture is unmeasured)."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
                     and all(r.state.pp.size == 1 for r in self.resources.values()))
         if requested and not possible:
             raise ValueError("CUDA graphs need a CUDA device, the triton attention backend and "
                              "no pipeline parallelism")
-        return possible if requested is None else requested
+        if requested is None:
+            return possible and not self.expert_placement()
+        return requested
 
     def _capture_graphs(self) -> DecodeGraphs:
         plans = list({r.name: r for r in self.resources.values()}.values())

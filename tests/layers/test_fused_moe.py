@@ -116,3 +116,6 @@ def test_bad_sizes_are_refused():
         FusedMoE(H, E, 7, I, renormalize=True)
     with pytest.raises(ValueError, match="moe_parallel"):
         FusedExperts(E, H, I, "dp")
+    with use_state(tp_state(1, 0), reduction_chunks=4):
+        with pytest.raises(ValueError, match="deterministic mode does not cover"):
+            FusedExperts(E, H, I, "tp")
