@@ -66,6 +66,9 @@ class EngineConfig:
     # plan wins decode steps up to 256 sequences and loses at 512; Qwen3-32B's wins to 1024)
     shift_weights: str = "reorder"           # shift policy: reorder | slice | separate
     merge_weights: str = "reorder"           # merged plans: reorder | view | materialize
+    # mixture-of-experts models: tp (each expert's width split over TP) | ep (whole experts
+    # split over the attention group's SP x TP ranks; vLLM's --enable-expert-parallel)
+    moe_parallel: str = "tp"
     flying_merge_running: int = 4            # flying policy: merge at or below this many running
     flying_dwell_s: float = 2.0              # flying policy: least seconds between transitions
     # a merge or split's running requests: auto (as the policy's transition says) | soft
@@ -132,6 +135,8 @@ class EngineConfig:
         if self.merge_weights not in ("reorder", "view", "materialize"):
             raise ValueError("merge_weights must be reorder, view or materialize, "
                              f"got {self.merge_weights!r}")
+        if self.moe_parallel not in ("tp", "ep"):
+            raise ValueError(f"moe_parallel must be tp or ep, got {self.moe_parallel!r}")
         degrees = ("tensor_parallel_size", "sequence_parallel_size", "data_parallel_size",
                    "pipeline_parallel_size")
         if self.layout is not None and any(getattr(self, name) != 1 for name in degrees):

@@ -22,6 +22,9 @@ class StepContext:
     # Deterministic mode's K chunks of row-parallel projections (parashift/deterministic/);
     # None: the default kernels. Read by layers when they are built.
     reduction_chunks: int | None = None
+    # How mixture-of-experts layers split their experts: "tp" | "ep" (layers/fused_moe.py).
+    # Read by layers when they are built.
+    moe_parallel: str = "tp"
 
     @property
     def tp(self) -> GroupHandle:
@@ -62,6 +65,7 @@ def use_context(ctx: StepContext):
 
 
 def use_state(state: ParallelState, weights: str = BASE_WEIGHTS,
-              reduction_chunks: int | None = None):
+              reduction_chunks: int | None = None, moe_parallel: str = "tp"):
     """A context with `state`'s groups and no step (building a model, loading weights)."""
-    return use_context(StepContext(state, weights, reduction_chunks=reduction_chunks))
+    return use_context(StepContext(state, weights, reduction_chunks=reduction_chunks,
+                                   moe_parallel=moe_parallel))

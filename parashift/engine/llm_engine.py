@@ -35,6 +35,7 @@ from parashift.loader.chat_template import load_chat_template
 from parashift.loader.generation_config import generation_defaults
 from parashift.deterministic.reduction import check_plans
 from parashift.loader.source import load_hf_config, resolve_model
+from parashift.models.moe import check_plan
 from parashift.loader.tokenizer import load_tokenizer
 from parashift.outputs import CompletionOutput, RequestOutput
 from parashift.parallel.plan import Plan
@@ -129,8 +130,7 @@ class LLMEngine:
                                  self.max_model_len)
             return UniprocExecutor(runner)
         for plan in self.policy_plans:
-            plan.check_model(hf_config.num_attention_heads, hf_config.num_key_value_heads,
-                             hf_config.num_hidden_layers, hf_config.intermediate_size)
+            check_plan(plan, hf_config, self.config.moe_parallel)
         others = tuple(p for p in self.policy_plans if p not in self.layout.plans)
         spec = WorkerSpec(self.config, hf_config, source, self.layout, self.device.type,
                           self.dtype, self.max_model_len, master_port=0, other_plans=others)

@@ -155,10 +155,10 @@ def _print_placement(args, layout) -> None:
 
 def _model_shape(model: str, layout) -> dict:
     from parashift.loader.source import load_hf_config, resolve_model
+    from parashift.models.moe import check_plan
     cfg = load_hf_config(resolve_model(model))
     for plan in layout.plans:
-        plan.check_model(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers,
-                         cfg.intermediate_size)
+        check_plan(plan, cfg)
     return dict(num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads,
                 num_kv_heads=cfg.num_key_value_heads)
 

@@ -68,6 +68,9 @@ ENGINE_FLAGS = {
                                               "rows permuted once at load so each width's shard "
                                               "is one view) | view (slices of the replica) | "
                                               "materialize (contiguous copy)"),
+    "--moe-parallel": ("moe_parallel", str, "mixture-of-experts models: tp (default: every rank "
+                                            "holds 1/tp of each expert) | ep (whole experts "
+                                            "split over the SP x TP ranks)"),
     "--layout": ("layout", str, "the node's groups in rank order instead of the parallel sizes, "
                                 "e.g. tp2,single,single (ranks 0-1 as TP=2, ranks 2 and 3 alone)"),
     "--timeline-file": ("timeline_file", str, "write one JSON line per step (plan, tokens, time)"),
@@ -147,6 +150,8 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
     group.add_argument("--check-step-state", action="store_true",
                        help="debug: check every step's inputs, built from the ranks' persistent "
                             "state, against a rebuild from scratch (slow)")
+    group.add_argument("--enable-expert-parallel", dest="moe_parallel", action="store_const",
+                       const="ep", help="as vLLM's flag: --moe-parallel ep")
     group.add_argument("--deterministic", action="store_true",
                        help="batch- and plan-invariant kernels: a request's tokens and logprobs "
                             "do not depend on its batch, the parallel plan or a switch (slower)")

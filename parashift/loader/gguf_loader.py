@@ -17,7 +17,10 @@ SUPPORTED_ARCHITECTURES = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
 }
+# llama.cpp writes Mixtral as "llama" with experts
+LLAMA_WITH_EXPERTS = ("mixtral", "MixtralForCausalLM")
 # "<arch>.<key>" -> HF config attribute
 ARCH_FIELDS = {
     "block_count": "num_hidden_layers",
@@ -29,6 +32,8 @@ ARCH_FIELDS = {
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
     "rope.freq_base": "rope_theta",
     "vocab_size": "vocab_size",
+    "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size",
 }
 TOKEN_FIELDS = {
     "tokenizer.ggml.bos_token_id": "bos_token_id",
@@ -50,6 +55,10 @@ def gguf_config(path: Path):
                          f"support; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
     model_type, hf_arch = SUPPORTED_ARCHITECTURES[arch]
     fields = _config_fields(header)
+    if header.arch_field("expert_count"):
+        if arch == "llama":
+            model_type, hf_arch = LLAMA_WITH_EXPERTS
+        fields.update(_expert_fields(header, model_type))
     config = CONFIG_MAPPING[model_type](**fields)
     config.architectures = [hf_arch]
     return config
@@ -73,6 +82,16 @@ def _config_fields(header: GGUFHeader) -> dict:
         logger.warning("%s stores RoPE frequency factors (rope_freqs.weight, e.g. Llama 3.1 "
                        "scaling); they are not applied", header.path.name)
     return fields
+
+
+def _expert_fields(header: GGUFHeader, model_type: str) -> dict:
+    """The expert count under the config's name; Qwen3-MoE's top-k renormalization, which
+    llama.cpp applies unless the file says otherwise (Mixtral always renormalizes)."""
+    count = header.arch_field("expert_count")
+    if model_type == "mixtral":
+        return {"num_local_experts": count}
+    return {"num_experts": count,
+            "norm_topk_prob": bool(header.arch_field("expert_weights_norm", True))}
 
 
 def _rope_scaling(header: GGUFHeader) -> dict | None:

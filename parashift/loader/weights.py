@@ -1,5 +1,6 @@
 """Put checkpoint tensors into a model's (possibly packed, sharded) parameters."""
 import json
+import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -11,6 +12,8 @@ from parashift.lazy_tensor import LazySlice, as_tensor
 from parashift.loader.source import ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# one expert's matrix ("<module>.experts.<id>.<leaf>.weight") or all experts' stacked (GGUF)
+EXPERT_NAME = re.compile(r"(?P<module>.+\.experts)\.(?:(?P<expert>[0-9]+)\.)?(?P<leaf>\w+)\.weight")
 
 
 def checkpoint_names(model: nn.Module) -> list[str]:
@@ -18,9 +21,16 @@ def checkpoint_names(model: nn.Module) -> list[str]:
     packed_into: dict[str, list[str]] = {}
     for ckpt, (param, _) in model.packed_modules_mapping.items():
         packed_into.setdefault(param, []).append(ckpt)
+    stacked_from = {}  # stacked expert parameter -> its checkpoint leaves (first name kept)
+    for ckpt, target in model.expert_modules_mapping.items():
+        stacked_from.setdefault(target, ckpt)
     names = []
     for name, _ in model.named_parameters(remove_duplicate=False):
         module, _, suffix = name.rpartition(".")
+        if module.endswith(".experts"):  # all experts stacked, by their HF leaf names
+            names += [f"{module}.{ckpt}.weight" for (param, _), ckpt in stacked_from.items()
+                      if param == suffix]
+            continue
         parent, _, leaf = module.rpartition(".")
         for ckpt_leaf in packed_into.get(leaf, [leaf]):
             names.append(".".join(part for part in (parent, ckpt_leaf, suffix) if part))
@@ -71,6 +81,13 @@ def _load(param: nn.Parameter, tensor, shard_id) -> None:
 
 
 def _target_of(model: nn.Module, name: str) -> tuple[str, object]:
+    for spelled, ours in model.checkpoint_renames.items():
+        name = name.replace(spelled, ours)
+    expert = EXPERT_NAME.fullmatch(name)
+    if expert and expert["leaf"] in model.expert_modules_mapping:
+        param, half = model.expert_modules_mapping[expert["leaf"]]
+        index = int(expert["expert"]) if expert["expert"] is not None else None
+        return f"{expert['module']}.{param}", (index, half)
     module, _, suffix = name.rpartition(".")
     parent, _, leaf = module.rpartition(".")
     if leaf in model.packed_modules_mapping:

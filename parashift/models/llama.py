@@ -30,7 +30,7 @@ class LlamaAttention(nn.Module):
         self.head_dim = head_dim
         self.attn = Attention(heads, kv_heads, head_dim, scale=head_dim ** -0.5,
                               rotary_emb=get_rotary_embedding(cfg, head_dim, max_position))
-        if cfg.model_type == "qwen3":
+        if cfg.model_type in ("qwen3", "qwen3_moe"):
             self.q_norm = RMSNorm(head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, cfg.rms_norm_eps)
         else:
@@ -67,10 +67,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg, max_position: int):
+    def __init__(self, cfg, max_position: int, mlp: nn.Module):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, max_position)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -89,7 +89,7 @@ class LlamaModel(nn.Module):
     stage's layers (the rest are placeholders), the embedding on the first stage
     and the final norm on the last."""
 
-    def __init__(self, cfg, max_position: int):
+    def __init__(self, cfg, max_position: int, make_mlp):
         super().__init__()
         state = get_context().state
         self.stage = state.plan.stage_layers(cfg.num_hidden_layers, state.pp.rank)
@@ -97,7 +97,8 @@ class LlamaModel(nn.Module):
         self.embed_tokens = (VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
                              if self.first else MissingLayer())
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, max_position) if i in self.stage else MissingLayer()
+            LlamaDecoderLayer(cfg, max_position, make_mlp(cfg, i)) if i in self.stage
+            else MissingLayer()
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if self.last else MissingLayer()
 
@@ -126,14 +127,23 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
+    # checkpoint name of one expert's matrix -> (stacked parameter, half: 0 gate, 1 up, None)
+    expert_modules_mapping: dict[str, tuple[str, int | None]] = {}
+    # parts of checkpoint names spelled differently here
+    checkpoint_renames: dict[str, str] = {}
+
     def __init__(self, cfg, max_position: int):
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, max_position)
+        self.model = LlamaModel(cfg, max_position, self.make_mlp)
         self.lm_head = (ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
                         if self.model.last else MissingLayer())
         if getattr(cfg, "tie_word_embeddings", False) and self.model.first and self.model.last:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @staticmethod
+    def make_mlp(cfg, layer_index: int) -> nn.Module:
+        return LlamaMLP(cfg)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, intermediate=None):
         return self.model(token_ids, positions, intermediate)

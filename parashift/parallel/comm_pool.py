@@ -75,7 +75,8 @@ class CommunicatorPool:
         def h(kind):
             return self.handle(plan.group_of(kind, self.rank))
         return ParallelState(plan, self.rank, h("tp"), h("sp"), h("pp"), h("dp"),
-                             self.handle(plan.vocab_group_of(self.rank)))
+                             self.handle(plan.vocab_group_of(self.rank)),
+                             self.handle(plan.ep_group_of(self.rank)))
 
 
 def _host_rss_bytes() -> int:

@@ -129,6 +129,10 @@ def make_narrow_weights(model: nn.Module, needs: dict[str, Narrowing], report: b
     the extra bytes. Logs (once) the reorder layouts that some fused layers keep as views."""
     extra, fallback = 0, {}
     for name, module in model.named_modules():
+        if hasattr(module, "make_narrowed_layout"):  # stacked experts: views in every mode
+            for key, need in needs.items():
+                module.make_narrowed_layout(key, need.factor, need.position)
+            continue
         if getattr(module, "tp_dim", None) is None or not hasattr(module, "set_layout"):
             continue
         nbytes, used = make_layer_layouts(module, needs)

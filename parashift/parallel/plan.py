@@ -214,6 +214,11 @@ class Plan:
             return self.merge_base[0], self.base.coords(rank).dp
         return None
 
+    def ep_group_of(self, rank: int) -> tuple[int, ...]:
+        """Ranks that split the experts under expert parallelism: the base plan's SP_TP group,
+        so the shift plan keeps its base plan's experts (a merged plan: the replica's TP)."""
+        return self.base.group_of("sp_tp", rank)
+
     def vocab_group_of(self, rank: int) -> tuple[int, ...]:
         """Ranks that split the vocabulary (embedding, LM head): the base plan's TP group."""
         return self.base.group_of("tp", rank)
@@ -235,10 +240,13 @@ class Plan:
         return range(start, start + base + (pp_rank < extra))
 
     def check_model(self, num_heads: int, num_kv_heads: int, num_layers: int,
-                    intermediate_size: int | None = None) -> None:
+                    intermediate_size: int | None = None, experts: "ExpertShape | None" = None
+                    ) -> None:
         """Start-up check that the model can be split this way; names valid degrees."""
         if intermediate_size is not None and intermediate_size % self.tp:
             raise ValueError(f"the MLP width {intermediate_size} cannot be split over tp = {self.tp}")
+        if experts is not None:
+            experts.check(self)
         degree = self.attn_degree
         valid = [d for d in range(1, num_heads + 1) if num_heads % d == 0]
         if num_heads % degree:
@@ -248,6 +256,35 @@ class Plan:
             raise ValueError(f"{num_kv_heads} KV heads cannot be split or replicated over sp*tp = "
                              f"{degree} ranks; use a divisor or a multiple of {num_kv_heads}")
         self.stage_layers(num_layers, 0)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """A mixture-of-experts model's expert sizes and how its plan splits them ("tp": each
+    expert's intermediate dim over TP; "ep": whole experts over the base plan's SP x TP)."""
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    moe_parallel: str = "tp"
+
+    def check(self, plan: Plan) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok = {self.top_k} must be in 1..{self.num_experts} "
+                             "(the number of experts)")
+        if self.moe_parallel == "ep":
+            degree = plan.base.attn_degree
+            if self.num_experts % degree:
+                raise ValueError(f"{self.num_experts} experts cannot be split over the sp*tp = "
+                                 f"{degree} ranks of expert parallelism; valid sp*tp degrees: "
+                                 f"{_divisors(self.num_experts)} (or --moe-parallel tp)")
+        elif self.intermediate_size % plan.tp:
+            raise ValueError(f"the experts' intermediate size {self.intermediate_size} cannot be "
+                             f"split over tp = {plan.tp}; valid tp degrees: "
+                             f"{_divisors(self.intermediate_size)} (or --moe-parallel ep)")
 
 
 def _ranks_text(ranks: tuple[int, ...]) -> str:

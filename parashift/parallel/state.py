@@ -66,10 +66,15 @@ class ParallelState:
     pp: GroupHandle
     dp: GroupHandle
     vocab: GroupHandle | None = None  # splits the vocabulary; the TP group unless a shift plan
+    # splits the experts under expert parallelism: the base plan's SP_TP group (Plan.ep_group_of);
+    # None: the TP group where there is no SP
+    ep: GroupHandle | None = None
 
     def __post_init__(self):
         if self.vocab is None:
             self.vocab = self.tp
+        if self.ep is None and self.sp.size == 1:
+            self.ep = self.tp
 
     @classmethod
     def single(cls) -> "ParallelState":

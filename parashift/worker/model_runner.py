@@ -23,8 +23,10 @@ from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.worker.token_history import TokenHistoryStore
 from parashift.kv.cache import KVCache, attention_layers
 from parashift.kv.views import kv_heads_per_rank, tokens_per_block, view_pool
+from parashift.layers.fused_moe import FusedExperts
 from parashift.layers.sampler import Sampler, position_seed
 from parashift.loader.weights import load_model_weights
+from parashift.models.moe import check_plan
 from parashift.models.registry import model_class_for
 from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_narrow_weights
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
@@ -96,7 +98,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         start = time.perf_counter()
         chunks = reduction_chunks(hf_config) if config.deterministic else None
-        with use_state(self.state, reduction_chunks=chunks):
+        with use_state(self.state, reduction_chunks=chunks, moe_parallel=config.moe_parallel):
             self.model = self._build_model(hf_config, source, max_model_len)
         # Seesaw: the other plan's model too, both in one weight arena (before narrowed layouts)
         self.seesaw = (self._make_seesaw(hf_config, source, max_model_len, other_states)
@@ -133,7 +135,7 @@ class ModelRunner:
         if len(others) != 1:
             raise ValueError(f"a seesaw rank runs two plans over its group's ranks, got "
                              f"{[self.state.plan.name(), *(s.plan.name() for s in others)]}")
-        with use_state(others[0]):
+        with use_state(others[0], moe_parallel=self.config.moe_parallel):
             other = self._build_model(hf_config, source, max_model_len)
         states = {self.state.plan.name(): self.state, others[0].plan.name(): others[0]}
         return SeesawRank({self.state.plan.name(): self.model, others[0].plan.name(): other},
@@ -176,6 +178,11 @@ class ModelRunner:
             digest.update(name.encode())
             digest.update(param.detach().cpu().flatten().view(torch.uint8).numpy().tobytes())
         return digest.hexdigest()
+
+    def expert_placement(self) -> list[tuple[int, int, int]]:
+        """(first expert, experts held, intermediate width held) of each MoE layer here."""
+        return [(m.first_expert, m.num_local, m.intermediate) for m in self.model.modules()
+                if isinstance(m, FusedExperts)]
 
     def _make_resources(self, states: list[ParallelState], total_kv_heads: int
                         ) -> dict[str, PlanResources]:
@@ -229,13 +236,16 @@ class ModelRunner:
         return time.perf_counter() - start
 
     def _use_graphs(self, requested: bool | None) -> bool:
-        """By default (None) wherever they work: CUDA, Triton attention, one stage."""
+        """By default (None) wherever they work: CUDA, Triton attention, one stage; for a
+        model with experts only when asked (their kernel's capture is unmeasured)."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
                     and all(r.state.pp.size == 1 for r in self.resources.values()))
         if requested and not possible:
             raise ValueError("CUDA graphs need a CUDA device, the triton attention backend and "
                              "no pipeline parallelism")
-        return possible if requested is None else requested
+        if requested is None:
+            return possible and not self.expert_placement()
+        return requested
 
     def _capture_graphs(self) -> DecodeGraphs:
         plans = list({r.name: r for r in self.resources.values()}.values())
@@ -268,8 +278,7 @@ class ModelRunner:
                            total_kv_heads, degree, held, self.kv_replication, extra / 2**30)
 
     def _build_model(self, hf_config, source, max_model_len: int):
-        self.state.plan.check_model(hf_config.num_attention_heads, hf_config.num_key_value_heads,
-                                    hf_config.num_hidden_layers, hf_config.intermediate_size)
+        check_plan(self.state.plan, hf_config, self.config.moe_parallel)
         saved_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:

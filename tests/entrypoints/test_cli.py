@@ -145,3 +145,18 @@ def test_merge_weights_flag_and_its_values():
     assert config.merge_weights == "materialize"
     with pytest.raises(ValueError, match="merge_weights must be reorder, view or materialize"):
         EngineConfig(merge_weights="slice")  # Shift's name for view is not a merge mode
+
+
+@pytest.mark.parametrize("flags, expected", [([], "tp"), (["--moe-parallel", "ep"], "ep"),
+                                             (["--enable-expert-parallel"], "ep")])
+def test_moe_parallel_flags(flags, expected):
+    """Experts TP-sharded by default; vLLM's --enable-expert-parallel is --moe-parallel ep."""
+    import argparse
+
+    from parashift.config import EngineConfig
+    from parashift.entrypoints.engine_args import add_engine_args, engine_config_from_args
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_config_from_args(parser.parse_args(flags)).moe_parallel == expected
+    with pytest.raises(ValueError, match="moe_parallel must be tp or ep, got 'dp'"):
+        EngineConfig(moe_parallel="dp")

@@ -1,7 +1,26 @@
 """Running parashift and Hugging Face side by side on one sequence."""
+import random
+
 import torch
 
+from parashift import LLM
 from parashift.sampling_params import SamplingParams
+
+NEW_TOKENS = 32
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+LOGITS_RTOL = 1e-4
+
+
+def random_prompt(length: int, seed: int, vocab: int = 512) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(vocab) for _ in range(length)]
+
+
+def load(directory, **options) -> LLM:
+    """A CPU fp32 LLM of a tiny checkpoint, token ids in and out, no prefix cache."""
+    defaults = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, num_blocks=64,
+                    attention_backend="torch", enable_prefix_caching=False)
+    return LLM(model=str(directory), **{**defaults, **options})
 
 
 @torch.inference_mode()
@@ -37,6 +56,12 @@ def hf_greedy(model, token_ids: list[int], max_new_tokens: int) -> list[int]:
                          pad_token_id=0, eos_token_id=None, temperature=None, top_p=None,
                          top_k=None)
     return out[0, len(token_ids):].tolist()
+
+
+def assert_prompt_logits_match(hf, llm, prompt: list[int]) -> None:
+    ours, theirs = prompt_logits(llm, prompt), hf_prompt_logits(hf, prompt)
+    assert ours.shape == theirs.shape
+    assert max_relative_diff(ours, theirs) < LOGITS_RTOL
 
 
 def max_relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -46,6 +46,23 @@ def _smollm2_like():
                                                              "rope_theta": 100000.0}))
 
 
+def _qwen3_moe(**overrides):
+    """Eight experts, two per token; layer 1 dense (mlp_only_layers)."""
+    from transformers import Qwen3MoeConfig
+    return Qwen3MoeConfig(**{**TINY, "head_dim": 16, "num_hidden_layers": 3, "num_experts": 8,
+                             "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                             "norm_topk_prob": True, "mlp_only_layers": [1],
+                             "tie_word_embeddings": False, "use_sliding_window": False,
+                             **overrides})
+
+
+def _mixtral():
+    from transformers import MixtralConfig
+    return MixtralConfig(**{**TINY, "intermediate_size": 32, "num_local_experts": 4,
+                            "num_experts_per_tok": 2, "sliding_window": None,
+                            "tie_word_embeddings": False})
+
+
 def _rope_kwargs(rope: dict) -> dict:
     """transformers 5 takes `rope_parameters`; 4.x took `rope_scaling` and `rope_theta`."""
     import transformers
@@ -66,8 +83,16 @@ FAMILIES = {
 }
 
 
+# mixtures of experts (every family builds on the Llama stack; these add the experts)
+MOE_FAMILIES = {
+    "qwen3-moe": _qwen3_moe,
+    "qwen3-moe-unnormalized-topk": lambda: _qwen3_moe(norm_topk_prob=False, mlp_only_layers=[]),
+    "mixtral": _mixtral,
+}
+
+
 def tiny_config(family: str):
-    return FAMILIES[family]()
+    return {**FAMILIES, **MOE_FAMILIES}[family]()
 
 
 def randomize(model: torch.nn.Module, seed: int = 0, std: float = 0.15) -> None:

@@ -46,8 +46,20 @@ def _add_metadata(writer, cfg, arch: str, with_vocab: bool) -> None:
         writer.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    _add_expert_metadata(writer, cfg)
     writer.add_array("parashift.test.floats", [0.5, -1.25])
     writer.add_bool("parashift.test.flag", True)
+
+
+def _add_expert_metadata(writer, cfg) -> None:
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if not experts:
+        return
+    writer.add_expert_count(experts)
+    writer.add_expert_used_count(cfg.num_experts_per_tok)
+    if hasattr(cfg, "moe_intermediate_size"):
+        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        writer.add_expert_weights_norm(cfg.norm_topk_prob)
 
 
 def _rope_theta(cfg) -> float:
@@ -57,7 +69,8 @@ def _rope_theta(cfg) -> float:
 
 def write_tiny_gguf(model, path: Path, arch: str, quantize: bool = True,
                     extra_metadata=None, with_vocab: bool = True) -> None:
-    """Writes `model` (HF, fp32) as a GGUF of `arch` ("llama", "qwen2", "qwen3") and sets
+    """Writes `model` (HF, fp32) as a GGUF of `arch` ("llama", "qwen2", "qwen3", "qwen3moe";
+    Mixtral is "llama" with experts, as llama.cpp writes it) and sets
     the model's weights to what the file holds, so that the two compute the same.
     `extra_metadata(writer)` may add fields (a vocabulary, with with_vocab=False)."""
     import gguf
@@ -73,6 +86,15 @@ def write_tiny_gguf(model, path: Path, arch: str, quantize: bool = True,
         for hf_name, param in model.named_parameters():
             if tied and hf_name == "lm_head.weight":
                 continue
+            if hf_name.endswith("experts.gate_up_proj"):  # [gate | up] per expert: two tensors
+                parts = [_store_param(writer, names, hf_name.replace("gate_up_proj", leaf),
+                                      w.numpy(), cfg, arch, quantize)
+                         for leaf, w in zip(("gate_proj.weight", "up_proj.weight"),
+                                            param.chunk(2, dim=1))]
+                param.copy_(torch.from_numpy(np.concatenate(parts, axis=1)))
+                continue
+            if hf_name.endswith("experts.down_proj"):
+                hf_name += ".weight"
             stored = _store_param(writer, names, hf_name, param.numpy(), cfg, arch, quantize)
             param.copy_(torch.from_numpy(stored))
     writer.write_header_to_file()

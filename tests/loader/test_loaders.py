@@ -58,9 +58,12 @@ def truncated_copy(src: Path, dst: Path, size: int) -> Path:
 @pytest.mark.parametrize("family, arch", [("llama-gqa-untied", "llama"),
                                           ("smollm2-like-tied", "llama"),
                                           ("qwen2-qkv-bias", "qwen2"),
-                                          ("qwen3-qk-norm-head-dim", "qwen3")])
+                                          ("qwen3-qk-norm-head-dim", "qwen3"),
+                                          ("qwen3-moe-unnormalized-topk", "qwen3moe"),
+                                          ("mixtral", "llama")])
 def test_gguf_matches_hf(tmp_path, family, arch):
-    """Q8_0 matrices, llama.cpp's q/k row order for Llama (none for Qwen), tied or not."""
+    """Q8_0 matrices, llama.cpp's q/k row order for Llama (none for Qwen), tied or not;
+    experts stacked per matrix (ffn_{gate,up,down}_exps)."""
     hf = tiny_hf_model(family)
     write_tiny_gguf(hf, tmp_path / "m.gguf", arch)  # hf now holds the file's (dequantized) weights
     llm = load(tmp_path / "m.gguf")

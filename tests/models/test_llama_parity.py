@@ -1,28 +1,12 @@
 """The Llama family in parashift computes what Hugging Face transformers computes:
 tiny random checkpoints of every supported variant, fp32 on the CPU."""
-import random
-
 import pytest
 
-from parashift import LLM, SamplingParams
-from tests.helpers.parity import hf_greedy, hf_prompt_logits, max_relative_diff, prompt_logits
+from tests.helpers.parity import (GREEDY, NEW_TOKENS, assert_prompt_logits_match, hf_greedy,
+                                  load, random_prompt)
 from tests.helpers.tiny_configs import FAMILIES, save_tiny_checkpoint
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
-NEW_TOKENS = 32
-GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-LOGITS_RTOL = 1e-4
-
-
-def random_prompt(length: int, seed: int, vocab: int = 512) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(vocab) for _ in range(length)]
-
-
-def load(directory, **options) -> LLM:
-    defaults = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, num_blocks=64,
-                    attention_backend="torch", enable_prefix_caching=False)
-    return LLM(model=str(directory), **{**defaults, **options})
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -35,10 +19,7 @@ def pair(request, tmp_path_factory):
 
 def test_prompt_logits_match(pair):
     hf, llm = pair
-    prompt = random_prompt(45, seed=1)
-    ours, theirs = prompt_logits(llm, prompt), hf_prompt_logits(hf, prompt)
-    assert ours.shape == theirs.shape
-    assert max_relative_diff(ours, theirs) < LOGITS_RTOL
+    assert_prompt_logits_match(hf, llm, random_prompt(45, seed=1))
 
 
 def test_greedy_continuation_matches(pair):
@@ -63,6 +44,6 @@ def test_sharded_checkpoint_matches(tmp_path):
     assert (tmp_path / "model.safetensors.index.json").exists()
     llm = load(tmp_path)
     prompt = random_prompt(30, seed=4)
-    assert max_relative_diff(prompt_logits(llm, prompt), hf_prompt_logits(hf, prompt)) < LOGITS_RTOL
+    assert_prompt_logits_match(hf, llm, prompt)
     out = llm.generate([prompt], GREEDY)[0]
     assert out.outputs[0].token_ids == hf_greedy(hf, prompt, NEW_TOKENS)

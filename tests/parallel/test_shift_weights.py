@@ -12,25 +12,12 @@ from parashift.layers.activation import SiluAndMul, silu_and_mul_torch
 from parashift.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
                                      RowParallelLinear)
 from parashift.models.llama import LlamaAttention, LlamaMLP
-from parashift.parallel.plan import Plan
 from parashift.parallel.narrow_weights import (SHIFT_MODE_NAMES, Narrowing, make_layer_layouts,
                                                make_narrow_weights, moved_rows)
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS, reorder_rows, shift_rows
-from parashift.parallel.state import GroupHandle, ParallelState
+from tests.helpers.fake_groups import tp_state
 
 HIDDEN, D = 32, 4
-
-
-class FakeGroup(GroupHandle):
-    """A TP group of this rank alone: the row-parallel all-reduce returns the partial sum."""
-
-    def all_reduce(self, x):
-        return x
-
-
-def tp_state(tp_size: int, tp_rank: int) -> ParallelState:
-    tp = FakeGroup(tuple(range(tp_size)), tp_rank)
-    return ParallelState(Plan(tp=tp_size), tp_rank, tp, GroupHandle(), GroupHandle(), GroupHandle())
 
 
 def cfg(heads: int, kv_heads: int, bias: bool = False):

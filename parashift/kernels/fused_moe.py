@@ -1,0 +1,121 @@
+"""The experts of a mixture-of-experts layer as two grouped GEMMs over the token-expert
+pairs sorted by expert, with no host sync (CUDA-graph capturable): what
+parashift.layers.fused_moe.expert_outputs computes.
+
+The pairs (token t's j-th choice is pair t*k + j) are laid out expert by expert, each
+expert's run padded to a multiple of BLOCK_M rows, in a buffer of a size known from the
+shapes alone (every pair, plus BLOCK_M - 1 padding rows per expert); a padding row holds
+the sentinel pair id N. Each program of the GEMM takes BLOCK_M rows of one expert and one
+tile of output columns; blocks past the last expert's run exit at once. Pairs routed to
+experts held elsewhere (expert parallelism) get no row and add nothing. The first GEMM
+writes [gate | up] per pair, SiLU·mul follows (kernels/silu_mul.py), the second writes each
+pair's down projection times its routing weight, and the k pairs of a token are summed in
+a fixed order (no atomics)."""
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_M = 16
+
+
+@triton.jit
+def _grouped_gemm_kernel(out_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, weight_ptr,
+                         num_pairs, num_experts, n_out, k_in, a_row_div, part_rows,
+                         stride_a, stride_we, stride_wp, stride_wn, stride_out,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         MUL_WEIGHT: tl.constexpr, IEEE: tl.constexpr):
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block)
+    if expert >= num_experts:
+        return
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(pair_ptr + rows)
+    valid = pairs < num_pairs
+    a_rows = (pairs // a_row_div).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_base = w_ptr + expert.to(tl.int64) * stride_we
+    # output column c is row c % part_rows of part c // part_rows of the expert's weight
+    w_rows = (cols // part_rows) * stride_wp + (cols % part_rows) * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k_in, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + a_rows[:, None] * stride_a + ks[None, :],
+                    mask=valid[:, None] & (ks[None, :] < k_in), other=0.0)
+        w = tl.load(w_base + w_rows[None, :] + ks[:, None],
+                    mask=(cols[None, :] < n_out) & (ks[:, None] < k_in), other=0.0)
+        if IEEE:  # fp32 inputs: no TF32
+            acc = tl.dot(a, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, w, acc)
+    if MUL_WEIGHT:
+        scale = tl.load(weight_ptr + pairs, mask=valid, other=0.0)
+        acc = acc.to(out_ptr.dtype.element_ty).to(tl.float32) * scale.to(tl.float32)[:, None]
+    tl.store(out_ptr + pairs.to(tl.int64)[:, None] * stride_out + cols[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < n_out))
+
+
+def sort_pairs(ids: torch.Tensor, num_local: int, first_expert: int, block_m: int = BLOCK_M
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pair id of each row [rows], expert of each block of block_m rows [rows / block_m],
+    num_local for blocks past the end), from device ops only: the sizes follow from the
+    shapes, nothing is read on the host."""
+    num_pairs = ids.numel()
+    rows = num_pairs + num_local * (block_m - 1)
+    rows = (rows + block_m - 1) // block_m * block_m
+    local = ids.flatten() - first_expert
+    held = (local >= 0) & (local < num_local)
+    local = torch.where(held, local, num_local)  # pairs held elsewhere: a last, dropped bin
+    counts = torch.zeros(num_local + 1, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, local, torch.ones_like(local))
+    padded = (counts[:num_local] + block_m - 1) // block_m * block_m
+    padded_end = padded.cumsum(0)
+    order = local.argsort(stable=True)
+    sorted_experts = local[order]
+    start = counts.cumsum(0) - counts  # of each expert's pairs in `order`
+    within = torch.arange(num_pairs, device=ids.device) - start[sorted_experts]
+    row_start = torch.cat([padded_end.new_zeros(1), padded_end])  # expert num_local: past all
+    dest = torch.where(sorted_experts < num_local, row_start[sorted_experts] + within, rows)
+    pair_of_row = torch.full((rows + 1,), num_pairs, dtype=torch.int64, device=ids.device)
+    pair_of_row.scatter_(0, dest, order)
+    block_starts = torch.arange(0, rows, block_m, device=ids.device)
+    block_expert = torch.searchsorted(padded_end, block_starts, right=True)
+    return pair_of_row[:rows], block_expert
+
+
+def grouped_gemm(a: torch.Tensor, w: torch.Tensor, pair_of_row: torch.Tensor,
+                 block_expert: torch.Tensor, num_pairs: int, a_row_div: int,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
+    """[num_pairs, n] with row p = a[p // a_row_div] @ w[expert of p]^T (times weights[p]);
+    rows of pairs with no expert here are zero. w is [E, n, k], or [E, parts, n / parts, k]
+    (a narrowed layout's gate and up slices: a strided view, read in place)."""
+    if w.dim() == 3:
+        w = w.unsqueeze(1)
+    if w.stride(3) != 1:
+        w = w.contiguous()
+    part_rows, k_in = w.shape[2], w.shape[3]
+    n_out = w.shape[1] * part_rows
+    a = a.contiguous()
+    out = torch.zeros(num_pairs, n_out, dtype=a.dtype, device=a.device)
+    block_n = min(64, max(16, triton.next_power_of_2(n_out)))
+    block_k = min(64, max(16, triton.next_power_of_2(k_in)))
+    grid = (block_expert.numel(), triton.cdiv(n_out, block_n))
+    _grouped_gemm_kernel[grid](
+        out, a, w, pair_of_row, block_expert, weights if weights is not None else out,
+        num_pairs, w.shape[0], n_out, k_in, a_row_div, part_rows, a.stride(0), w.stride(0),
+        w.stride(1), w.stride(2), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
+        MUL_WEIGHT=weights is not None, IEEE=a.dtype == torch.float32)
+    return out
+
+
+def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                  gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0
+                  ) -> torch.Tensor:
+    """expert_outputs(x, weights, ids, gate_up, down, first_expert) on the device."""
+    from parashift.kernels.silu_mul import silu_and_mul
+    tokens, top_k = ids.shape
+    num_pairs = ids.numel()
+    pair_of_row, block_expert = sort_pairs(ids, gate_up.shape[0], first_expert)
+    h = silu_and_mul(grouped_gemm(x, gate_up, pair_of_row, block_expert, num_pairs, top_k))
+    y = grouped_gemm(h, down, pair_of_row, block_expert, num_pairs, 1,
+                     weights.flatten().contiguous())
+    return y.view(tokens, top_k, -1).sum(dim=1)

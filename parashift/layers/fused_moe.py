@@ -1,0 +1,190 @@
+"""A mixture-of-experts MLP: a replicated router picks each token's top-k experts; the
+experts' weights are stacked, gate_up [E, 2I, H] and down [E, H, I].
+
+Two ways to split the experts over the plan's ranks (`moe_parallel`, read from the
+context when the layer is built):
+- "tp": every rank holds 1/t of every expert's intermediate dim (t: the TP degree); the
+  partial outputs are all-reduced over TP, as a row-parallel layer's.
+- "ep": the attention group's SP x TP ranks (`ParallelState.ep`, one order under the base
+  plan and Shift's shift plan) split the experts, each holding E/ep whole experts. Where
+  the group's ranks hold the same tokens (no SP) each computes its experts' share and the
+  shares are all-reduced; with SP, tokens are all-gathered over the group, every rank
+  computes its experts' share of all of them, and each rank's tokens' shares come back to
+  it through an all-to-all and a sum (a reduce-scatter that gloo can run). Equal-sized
+  collectives only: no host sync for the routing counts.
+
+The computation (`expert_outputs`) sorts the token-expert pairs by expert and runs each
+expert's rows as two GEMMs: the CPU path and the reference of the Triton kernel
+(kernels/fused_moe.py: grouped GEMMs, no host sync) that CUDA tensors take."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parashift.context import BASE_WEIGHTS, get_context
+from parashift.kernels import use_triton
+from parashift.layers.activation import silu_and_mul_torch
+from parashift.lazy_tensor import as_tensor
+
+MOE_PARALLEL_MODES = ("tp", "ep")
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] in the logits' dtype, expert ids [T, k]): softmax in fp32 over all
+    experts, the top k, renormalized to sum to 1 when asked (norm_topk_prob)."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids
+
+
+def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                    gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0
+                    ) -> torch.Tensor:
+    """The kernel on CUDA, else the PyTorch path."""
+    if use_triton(x):
+        from parashift.kernels.fused_moe import fused_experts
+        return fused_experts(x, weights, ids, gate_up, down, first_expert)
+    return expert_outputs(x, weights, ids, gate_up, down, first_expert)
+
+
+def expert_outputs(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                   gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0
+                   ) -> torch.Tensor:
+    """sum over each token's chosen experts held here (ids first_expert .. first_expert +
+    len(gate_up) - 1) of weight * down(silu(gate) * up); [T, H]. Pairs routed elsewhere
+    add nothing; experts with no tokens run nothing."""
+    num_local, top_k = gate_up.shape[0], ids.shape[1]
+    local_ids = ids.flatten() - first_expert
+    order = local_ids.argsort(stable=True)
+    counts = torch.bincount(local_ids.clamp(-1, num_local) + 1, minlength=num_local + 2)
+    out = torch.zeros_like(x)
+    start = int(counts[0])
+    for expert, n in enumerate(counts[1:num_local + 1].tolist()):
+        if n == 0:
+            continue
+        pairs = order[start:start + n]
+        rows = pairs // top_k
+        h = silu_and_mul_torch(F.linear(x[rows], gate_up[expert].flatten(0, -2)))
+        y = F.linear(h, down[expert]) * weights.flatten()[pairs, None]
+        out.index_add_(0, rows, y)
+        start += n
+    return out
+
+
+class Router(nn.Module):
+    """The replicated gate: [T, H] -> logits [T, E]."""
+
+    def __init__(self, hidden_size: int, num_experts: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class FusedExperts(nn.Module):
+    """This rank's experts, stacked: gate_up_proj [E_local, 2 I_local, H] holding [gate |
+    up] per expert, down_proj [E_local, H, I_local]. Checkpoint tensors arrive per expert
+    (shard_id (expert, 0 gate | 1 up | None down)) or stacked over all experts (GGUF:
+    expert None)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, mode: str):
+        super().__init__()
+        ctx = get_context()
+        if mode not in MOE_PARALLEL_MODES:
+            raise ValueError(f"moe_parallel must be one of {MOE_PARALLEL_MODES}, got {mode!r}")
+        if ctx.reduction_chunks:
+            raise ValueError("deterministic mode does not cover mixture-of-experts models yet")
+        self.mode, self.num_experts = mode, num_experts
+        group = ctx.state.ep if mode == "ep" else ctx.tp
+        self.shards = 1 if mode == "ep" else group.size  # of the intermediate dim
+        self.num_local = num_experts // group.size if mode == "ep" else num_experts
+        self.first_expert = group.rank * self.num_local if mode == "ep" else 0
+        self.shard_rank = group.rank
+        self.intermediate = intermediate_size // self.shards
+        self.gate_up_proj = nn.Parameter(torch.empty(self.num_local, 2 * self.intermediate,
+                                                     hidden_size), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(self.num_local, hidden_size, self.intermediate),
+                                      requires_grad=False)
+        self.gate_up_proj.weight_loader = self.weight_loader
+        self.down_proj.weight_loader = self.weight_loader
+        # narrowed layouts (Shift's shift plan, merged plans) of TP-sharded experts, by key:
+        # (gate_up [E, 2, I / f, H], down [E, H, I / f]) views of the loaded shard
+        self.layouts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id) -> None:
+        expert, half = shard_id
+        if expert is not None:
+            local = expert - self.first_expert
+            if not 0 <= local < self.num_local:
+                return  # another rank's expert
+            target = param.data[local]
+        else:  # all experts stacked: this rank's
+            loaded = loaded.narrow(0, self.first_expert, self.num_local)
+            target = param.data
+        rows_dim = target.dim() - 2 if half is not None else target.dim() - 1
+        loaded = loaded.narrow(rows_dim, self.shard_rank * self.intermediate, self.intermediate) \
+            if self.shards > 1 else loaded
+        if half is not None:
+            target = target.narrow(rows_dim, half * self.intermediate, self.intermediate)
+        loaded = as_tensor(loaded)
+        if tuple(loaded.shape) != tuple(target.shape):
+            raise ValueError(f"expert weight shape {tuple(loaded.shape)} does not fit "
+                             f"{tuple(target.shape)}")
+        target.copy_(loaded)
+
+    def make_narrowed_layout(self, key: str, factor: int, position: int) -> None:
+        """The position-th 1/factor slice of every expert's intermediate shard, as views
+        (under EP the experts keep one layout in every plan: nothing to make)."""
+        if self.mode == "ep":
+            return
+        if self.intermediate % factor:
+            raise ValueError(f"the experts' intermediate shard {self.intermediate} cannot be "
+                             f"narrowed 1/{factor}")
+        step = self.intermediate // factor
+        gate_up = self.gate_up_proj.unflatten(1, (2, self.intermediate))
+        self.layouts[key] = (gate_up.narrow(2, position * step, step),
+                             self.down_proj.narrow(2, position * step, step))
+
+    def active_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        key = get_context().weights
+        if key == BASE_WEIGHTS or self.mode == "ep":
+            return self.gate_up_proj, self.down_proj
+        if key not in self.layouts:
+            raise RuntimeError(f"no expert weight layout {key!r}: it was not made at start-up")
+        return self.layouts[key]
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        gate_up, down = self.active_weights()
+        if self.mode == "tp":
+            return get_context().tp.all_reduce(experts_forward(x, weights, ids, gate_up, down))
+        ctx = get_context()
+        ep = ctx.state.ep
+        if ctx.sp.size == 1:  # every rank of the group holds these tokens
+            return ep.all_reduce(experts_forward(x, weights, ids, gate_up, down,
+                                                 self.first_expert))
+        tokens = x.shape[0]
+        gathered = [ep.all_gather(t, dim=0) for t in (x, weights, ids)]
+        shares = experts_forward(*gathered, gate_up, down, self.first_expert)
+        return sum(ep.all_to_all(list(shares.split(tokens))))
+
+
+class FusedMoE(nn.Module):
+    """Router + experts: [T, H] -> [T, H]."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
+                 renormalize: bool):
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok = {top_k} must be in 1..{num_experts} "
+                             "(the number of experts)")
+        self.top_k, self.renormalize = top_k, renormalize
+        self.gate = Router(hidden_size, num_experts)
+        self.experts = FusedExperts(num_experts, hidden_size, intermediate_size,
+                                    get_context().moe_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        return self.experts(x, weights, ids)

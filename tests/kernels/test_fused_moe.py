@@ -1,0 +1,92 @@
+"""The fused MoE kernel (grouped GEMMs over expert-sorted pairs) against the PyTorch path
+it replaces, layers.fused_moe.expert_outputs: under the Triton interpreter on the CPU
+(float32, float16) and compiled on CUDA, with idle experts, experts held elsewhere (EP),
+a narrowed layout's strided weights, and a CUDA-graph replay on new routing."""
+import pytest
+import torch
+
+from parashift.kernels import fused_moe
+from parashift.layers.fused_moe import expert_outputs, route
+from tests.kernels.common import case_tests, cuda, randn
+
+# tokens, experts held here (of `experts`), first held, top-k, hidden, intermediate; crowd:
+# every token picks experts 1 and 2 (the others idle); narrow: the experts are a 1/2 slice
+CASES = [
+    dict(tokens=1, experts=8, top_k=2, hidden=64, inter=32),
+    dict(tokens=37, experts=8, top_k=2, hidden=64, inter=48),
+    dict(tokens=20, experts=6, top_k=3, hidden=40, inter=24, crowd=True),
+    dict(tokens=33, experts=8, top_k=2, hidden=64, inter=32, held=3, first=4),
+    dict(tokens=5, experts=4, top_k=1, hidden=32, inter=16, held=2, first=0, crowd=True),
+    dict(tokens=17, experts=4, top_k=2, hidden=64, inter=64, narrow=True),
+]
+TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def inputs(tokens, experts, top_k, hidden, inter, held=None, first=0, crowd=False,
+           narrow=False, dtype="float32", device="cpu", seed=0):
+    held = experts if held is None else held
+    x = randn((tokens, hidden), dtype, device, seed=seed)
+    logits = randn((tokens, experts), "float32", device, seed=seed + 1)
+    if crowd:
+        logits[:, [1, 2]] += 50.0
+    weights, ids = route(logits.to(x.dtype), top_k, renormalize=True)
+    gate_up = randn((held * 2 * inter, hidden), dtype, device, seed=seed + 2, scale=0.2)
+    gate_up = gate_up.view(held, 2 * inter, hidden)
+    down = randn((held * hidden, inter), dtype, device, seed=seed + 3, scale=0.2)
+    down = down.view(held, hidden, inter)
+    if narrow:  # the second half of each expert's width: strided views, as the shift plan's
+        half = inter // 2
+        gate_up = gate_up.unflatten(1, (2, inter))[:, :, half:]
+        down = down[:, :, half:]
+    return x, weights, ids, gate_up, down, first
+
+
+def check(dtype="float32", device="cpu", **case):
+    args = inputs(**case, dtype=dtype, device=device)
+    out = fused_moe.fused_experts(*args)
+    ref = expert_outputs(*args)
+    torch.testing.assert_close(out, ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True)
+
+
+def test_sorted_rows_cover_each_held_pair_once():
+    """Every pair routed to a held expert sits in one row of its expert's blocks; the rest
+    of the rows are padding (sentinel) and the blocks past the end have no expert."""
+    ids = torch.tensor([[1, 4], [4, 5], [0, 4], [7, 1]])
+    rows, block_expert = fused_moe.sort_pairs(ids, num_local=4, first_expert=1, block_m=2)
+    held = [p for p, e in enumerate(ids.flatten().tolist()) if 1 <= e < 5]
+    real = rows[rows < ids.numel()].tolist()
+    assert sorted(real) == held
+    for block, expert in enumerate(block_expert.tolist()):
+        for pair in rows[2 * block:2 * block + 2].tolist():
+            if pair < ids.numel():
+                assert ids.flatten()[pair] - 1 == expert
+    # expert 0 (id 1: 2 pairs) and expert 3 (id 4: 3 pairs): 1 + 2 blocks, then none
+    assert block_expert.tolist()[:3] == [0, 3, 3]
+    assert all(e == 4 for e in block_expert.tolist()[3:])
+
+
+@cuda
+def test_cuda_graph_replays_new_routing():
+    from tests.kernels.common import assert_graph_replays
+    x, weights, ids, gate_up, down, first = inputs(8, 8, 2, 64, 32, dtype="bfloat16",
+                                                   device="cuda")
+    logits = torch.randn(8, 8, device="cuda")
+
+    def step():
+        w, i = route(logits.to(x.dtype), 2, renormalize=True)
+        return fused_moe.fused_experts(x, w, i, gate_up, down, first)
+    assert_graph_replays(step, [x, logits])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_layer_runs_kernel_on_cuda_only(monkeypatch, device):
+    from parashift.layers import fused_moe as layer
+    calls = []
+    monkeypatch.setattr(fused_moe, "fused_experts", lambda *a: calls.append(a) or
+                        expert_outputs(*a))
+    args = inputs(4, 4, 2, 32, 16, device=device)
+    layer.experts_forward(*args)
+    assert len(calls) == (device == "cuda")
