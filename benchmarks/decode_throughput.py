@@ -118,23 +118,37 @@ def batch_state(engine) -> dict:
 
 
 def kernel_breakdown(llm: LLM, steps: int = 5, top: int = 20) -> dict:
-    """GPU kernel time per decode step (torch.profiler) beside the step's wall time:
-    their difference is time the GPU sat idle waiting on the host."""
+    """GPU kernel time per decode step (torch.profiler, device activity only: recording host
+    ops slows the host enough to open gaps that an unprofiled run does not have) beside the
+    step's wall time, and the kernel timeline's span per step with the idle gaps inside it."""
+    import os
+    import tempfile
     from torch.profiler import ProfilerActivity, profile
     engine = llm.llm_engine
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         for _ in range(steps):
             engine.step()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - start) / steps
-    kernels = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
-    kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
-    busy = sum(e.self_device_time_total for e in kernels) / steps / 1e3
-    return dict(profiled_wall_ms=wall * 1e3, gpu_busy_ms=busy,
-                top_kernels=[(e.key[:70], round(e.self_device_time_total / steps / 1e3, 3), e.count // steps)
-                             for e in kernels[:top]])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                     key=lambda e: e["ts"])
+    per_name: dict[str, float] = {}
+    for e in kernels:
+        per_name[e["name"][:70]] = per_name.get(e["name"][:70], 0.0) + e["dur"]
+    gaps = [b["ts"] - a["ts"] - a["dur"] for a, b in zip(kernels, kernels[1:])]
+    span = kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"] if kernels else 0.0
+    ms = 1e-3 / steps  # trace microseconds summed over the steps -> ms per step
+    return dict(profiled_wall_ms=wall * 1e3, gpu_busy_ms=sum(per_name.values()) * ms,
+                kernel_span_ms=span * ms, idle_gaps_over_8us_ms=sum(g for g in gaps if g > 8) * ms,
+                top_kernels=[(name, round(t * ms, 3)) for name, t in
+                             sorted(per_name.items(), key=lambda kv: -kv[1])[:top]])
 
 
 def main():
