@@ -102,12 +102,15 @@ def add_plan_args(subparsers) -> None:
                               description="Print which coordinates, layers and heads each rank "
                                           "holds under a plan (or under each group's plan of a "
                                           "layout), and its process groups.")
-    p.add_argument("--world", type=int, default=None, help="number of ranks (with the degrees)")
+    p.add_argument("--world", type=int, default=None,
+                   help="number of ranks (default: the product of the degrees given)")
     p.add_argument("--layout", default=None, help="a node layout instead of degrees: groups in "
                                                   "rank order, e.g. tp2,single,single")
-    for flag, short in (("--tp", "-tp"), ("--sp", "-sp"), ("--dp", "-dp"), ("--pp", "-pp")):
-        p.add_argument(flag, type=int, default=None, help=f"{flag[2:]} degree (default: fills "
-                                                          "the world when it is the only one left)")
+    for dest, long_name in (("tp", "tensor"), ("sp", "sequence"), ("dp", "data"),
+                            ("pp", "pipeline")):
+        p.add_argument(f"--{dest}", f"-{dest}", f"--{long_name}-parallel-size", dest=dest,
+                       type=int, default=None,
+                       help=f"{dest} degree (default: fills the world when it is the only one left)")
     p.add_argument("--model", default=None, help="a model or config json to show layers and heads")
     p.add_argument("--nnodes", type=int, default=1, help="hosts: print where each group runs")
     p.add_argument("--gpus-per-node", type=int, default=None,
@@ -165,12 +168,14 @@ def _model_shape(model: str, layout) -> dict:
 
 def _plan_from_degrees(args):
     from parashift.parallel.plan import Plan
-    if args.world is None:
-        raise ValueError("give --world (with the degrees) or --layout")
     degrees = {k: getattr(args, k) for k in ("dp", "pp", "sp", "tp")}
     given = 1
     for value in degrees.values():
         given *= value or 1
+    if args.world is None:
+        if all(v is None for v in degrees.values()):
+            raise ValueError("give the degrees (e.g. -tp 2), --world, or --layout")
+        args.world = given
     missing = [k for k, v in degrees.items() if v is None]
     if args.world % given:
         raise ValueError(f"degrees multiply to {given}, which does not divide world {args.world}")

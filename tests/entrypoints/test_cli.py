@@ -43,6 +43,19 @@ def test_layout_and_parallel_sizes_exclude_each_other():
         EngineConfig(layout="tp2,single", tensor_parallel_size=2)
 
 
+def test_plan_takes_vllm_flag_names_and_the_world_from_the_degrees(capsys):
+    main(["plan", "-tp", "2", "--data-parallel-size", "2"])
+    out = capsys.readouterr().out
+    assert "plan dp2xtp2: dp=2 pp=1 sp=1 tp=2 (4 ranks)" in out
+    assert "rank 3: dp=1 pp=0 sp=0 tp=1" in out
+
+
+def test_plan_without_degrees_or_layout_names_what_to_give(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan"])
+    assert "give the degrees (e.g. -tp 2), --world, or --layout" in capsys.readouterr().err
+
+
 def test_plan_rejects_degrees_that_do_not_fill_the_world(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--world", "6", "--sp", "4"])
