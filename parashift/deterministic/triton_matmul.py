@@ -1,7 +1,8 @@
-"""The batch-invariant GEMM on CUDA: one tile configuration for every shape, no split-K,
-K walked tile by tile in increasing order, so an output element's sum depends only on its
-row of x, its row of w and the chunking of K, never on how many rows or columns run with
-it (the CUDA-graph bucket, the batch, the TP shard's width).
+"""The batch-invariant GEMM on CUDA: no split-K, K walked tile by tile (BLOCK_K fixed) in
+increasing order, so an output element's sum depends only on its row of x, its row of w and
+the chunking of K, never on how many rows or columns run with it (the CUDA-graph bucket,
+the batch, the TP shard's width); the output tile's size may follow the row count
+(`tiles_for`).
 
 A program owns one [BLOCK_M, BLOCK_N] tile of the output. With CHUNKS_IN_PROGRAM it sums
 the K chunks itself, each into a fresh fp32 accumulator added to the total in chunk order
@@ -39,12 +40,30 @@ def tile_config(text: str) -> tuple[int, int, int, int, int]:
     return values
 
 
-# One configuration for every shape, so any may be taken as long as every process of an
-# engine (every rank, every node) takes the same: an experiment's knob, not a tuning per shape
-BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = tile_config(
-    os.environ.get("PARASHIFT_DETERMINISTIC_GEMM_TILES", "64,64,64,4,3"))
+# The tile by row count. Every configuration shares BLOCK_K and walks K the same way, and on an
+# H200 (2026-11-23, docs/benchmarks.md) every one of those measured gave the same bits as 64x64
+# for the 8B shape's projections at 1 to 4096 rows, mma.sync (16 rows) and wgmma alike: the tile
+# changes which program computes an element, not the MMA chain that sums it. The 128-row tile
+# is 20-30% faster from 256 rows up. PARASHIFT_DETERMINISTIC_GEMM_TILES=m,n,k,warps,stages pins
+# one configuration for every shape.
+BLOCK_K = 64
+FEW_ROWS_TILES = (64, 64, BLOCK_K, 4, 3)
+MANY_ROWS_TILES = (128, 64, BLOCK_K, 4, 4)
+FEW_ROWS = 64  # at most this many rows take FEW_ROWS_TILES
+_PINNED = os.environ.get("PARASHIFT_DETERMINISTIC_GEMM_TILES")
+PINNED_TILES = tile_config(_PINNED) if _PINNED else None
+
+
+def tiles_for(rows: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for a product with `rows` rows."""
+    if PINNED_TILES is not None:
+        return PINNED_TILES
+    return FEW_ROWS_TILES if rows <= FEW_ROWS else MANY_ROWS_TILES
+
 
 SPREAD_CHUNKS = os.environ.get("PARASHIFT_DETERMINISTIC_SPREAD", "1") != "0"
+# the in-program chunks in one K loop (`_chunk_sums_one_loop`); 0: a loop per chunk
+ONE_LOOP = os.environ.get("PARASHIFT_DETERMINISTIC_ONE_LOOP", "1") != "0"
 
 _generic = {"do_not_specialize": ("M",)}
 if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
@@ -68,21 +87,51 @@ def _chunk_sum(x_ptr, w_ptr, offs_m, offs_n, chunk, M, N, chunk_k, stride_xm, st
     return acc
 
 
+@triton.jit
+def _chunk_sums_one_loop(x_ptr, w_ptr, offs_m, offs_n, M, N, chunk_k, num_chunks, stride_xm,
+                         stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """What the chunk loop over `_chunk_sum` computes (each chunk's MMA chain from a zero
+    accumulator, added to the total in chunk order), in one loop over K's tiles, so the
+    loads stay pipelined across chunk boundaries; chunk_k a multiple of BLOCK_K."""
+    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    offs_k = tl.arange(0, BLOCK_K)
+    tiles_per_chunk = chunk_k // BLOCK_K
+    for tile in range(0, num_chunks * tiles_per_chunk):
+        cols = (tile * BLOCK_K + offs_k).to(tl.int64)
+        a = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + cols[None, :],
+                    mask=offs_m[:, None] < M, other=0.0)
+        b = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + cols[None, :],
+                    mask=offs_n[:, None] < N, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
+        if (tile + 1) % tiles_per_chunk == 0:
+            total += acc
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    return total
+
+
 @triton.jit(**_generic)
 def invariant_matmul_kernel(out_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k, num_chunks,
                             stride_xm, stride_wn, stride_oc, stride_om,
-                            CHUNKS_IN_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            CHUNKS_IN_PROGRAM: tl.constexpr, WHOLE_TILES: tl.constexpr,
+                            HAS_BIAS: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    if CHUNKS_IN_PROGRAM:
+    if CHUNKS_IN_PROGRAM and WHOLE_TILES:
+        total = _chunk_sums_one_loop(x_ptr, w_ptr, offs_m, offs_n, M, N, chunk_k, num_chunks,
+                                     stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                     DOT_PRECISION)
+    elif CHUNKS_IN_PROGRAM:
         total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for chunk in range(0, num_chunks):
             total += _chunk_sum(x_ptr, w_ptr, offs_m, offs_n, chunk, M, N, chunk_k, stride_xm,
                                 stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+    if CHUNKS_IN_PROGRAM:
         if HAS_BIAS:
             total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -124,14 +173,16 @@ def _operands(x: torch.Tensor, weight: torch.Tensor, chunks: int):
 
 def _launch(out, x, weight, bias, chunks, in_program: bool, chunk_k: int):
     m, n = x.shape[0], weight.shape[0]
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N), 1 if in_program else chunks)
+    block_m, block_n, block_k, warps, stages = tiles_for(m)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), 1 if in_program else chunks)
     invariant_matmul_kernel[grid](
         out, x, weight, bias if bias is not None else out, m, n, chunk_k, chunks,
         x.stride(0), weight.stride(0), out.stride(0) if not in_program else 0,
-        out.stride(-2), CHUNKS_IN_PROGRAM=in_program, HAS_BIAS=bias is not None,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        out.stride(-2), CHUNKS_IN_PROGRAM=in_program,
+        WHOLE_TILES=ONE_LOOP and chunk_k % block_k == 0, HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=False)
+        num_warps=warps, num_stages=stages, enable_fp_fusion=False)
     return out
 
 
@@ -155,15 +206,17 @@ def sum_chunks(partials: torch.Tensor, bias: torch.Tensor | None,
     partials = partials if partials.stride(-1) == 1 else partials.contiguous()
     chunks, m, n = partials.shape
     out = torch.empty(m, n, dtype=dtype, device=partials.device)
-    sum_chunks_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))](
+    block_m, block_n, _, warps, _ = tiles_for(m)
+    sum_chunks_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
         out, partials, bias if bias is not None else out, m, n, chunks, partials.stride(0),
-        partials.stride(1), out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N, num_warps=NUM_WARPS, enable_fp_fusion=False)
+        partials.stride(1), out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m,
+        BLOCK_N=block_n, num_warps=warps, enable_fp_fusion=False)
     return out
 
 
 def _tiles(m: int, n: int) -> int:
-    return triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
+    block_m, block_n = tiles_for(m)[:2]
+    return triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
 
 
 def chunk_partials(x: torch.Tensor, weight: torch.Tensor, chunks: int) -> torch.Tensor:

@@ -15,7 +15,9 @@ from tests.kernels.common import assert_exact, case_tests, randn
 
 MATMUL_CASES = [dict(m=5, n=96, k=192, chunks=4, bias=True),
                 dict(m=70, n=130, k=96, chunks=1, bias=False),
-                dict(m=1, n=64, k=384, chunks=6, bias=False)]
+                dict(m=1, n=64, k=384, chunks=6, bias=False),
+                dict(m=3, n=80, k=512, chunks=4, bias=True),  # two K tiles per chunk
+                dict(m=300, n=192, k=1024, chunks=8, bias=False)]  # many rows' tiles
 
 
 def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
@@ -189,20 +191,25 @@ def compile_sm90(kernel, constants: dict, pointers: dict, floats=(), **options) 
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm
 
 
-def test_spread_chunks_compile_to_the_same_mma_chain():
+@pytest.mark.parametrize("rows", [1, 256])
+@pytest.mark.parametrize("whole_tiles", [False, True])
+def test_spread_chunks_compile_to_the_same_mma_chain(whole_tiles, rows):
     """The spread GEMM's bits equal the in-program one's only if each chunk's K loop issues
-    the same tensor-core instructions in the same order: checked on sm_90's PTX (bf16)."""
+    the same tensor-core instructions in the same order: checked on sm_90's PTX (bf16), for
+    the tiles of few rows and of many."""
     import re
 
     from parashift.deterministic import triton_matmul as tm
+    block_m, block_n, block_k, warps, stages = tm.tiles_for(rows)
 
     def mma_lines(in_program: bool) -> list[str]:
-        constants = dict(CHUNKS_IN_PROGRAM=in_program, HAS_BIAS=False, BLOCK_M=tm.BLOCK_M,
-                         BLOCK_N=tm.BLOCK_N, BLOCK_K=tm.BLOCK_K, DOT_PRECISION="tf32")
+        constants = dict(CHUNKS_IN_PROGRAM=in_program, WHOLE_TILES=whole_tiles,
+                         HAS_BIAS=False, BLOCK_M=block_m,
+                         BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION="tf32")
         pointers = {"out_ptr": "bf16" if in_program else "fp32", "x_ptr": "bf16",
                     "w_ptr": "bf16"}
         ptx = compile_sm90(tm.invariant_matmul_kernel, constants, pointers,
-                           num_warps=tm.NUM_WARPS, num_stages=tm.NUM_STAGES,
+                           num_warps=warps, num_stages=stages,
                            enable_fp_fusion=False)["ptx"]
         return [re.sub(r"%[a-z]+\d+", "%r", line.strip()) for line in ptx.splitlines()
                 if "mma" in line]
