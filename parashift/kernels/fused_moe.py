@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from parashift.kernels import moe_routing
+
 BLOCK_M = 16
 
 
@@ -58,7 +60,15 @@ def sort_pairs(ids: torch.Tensor, num_local: int, first_expert: int, block_m: in
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(pair id of each row [rows], expert of each block of block_m rows [rows / block_m],
     num_local for blocks past the end), from device ops only: the sizes follow from the
-    shapes, nothing is read on the host."""
+    shapes, nothing is read on the host. One launch for a decode's few pairs on CUDA."""
+    if ids.is_cuda and moe_routing.sort_fits(ids.numel(), num_local):
+        return moe_routing.sort_pairs(ids, num_local, first_expert, block_m)
+    return sort_pairs_torch(ids, num_local, first_expert, block_m)
+
+
+def sort_pairs_torch(ids: torch.Tensor, num_local: int, first_expert: int,
+                     block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
+    """sort_pairs in torch ops (any size; the reference of the one-launch kernel)."""
     num_pairs = ids.numel()
     rows = num_pairs + num_local * (block_m - 1)
     rows = (rows + block_m - 1) // block_m * block_m

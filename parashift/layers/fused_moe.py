@@ -31,7 +31,12 @@ MOE_PARALLEL_MODES = ("tp", "ep")
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] in the logits' dtype, expert ids [T, k]): softmax in fp32 over all
-    experts, the top k, renormalized to sum to 1 when asked (norm_topk_prob)."""
+    experts, the top k, renormalized to sum to 1 when asked (norm_topk_prob); one kernel
+    launch on CUDA."""
+    if use_triton(router_logits):
+        from parashift.kernels import moe_routing
+        if moe_routing.route_fits(router_logits.shape[-1], top_k):
+            return moe_routing.route(router_logits, top_k, renormalize)
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:

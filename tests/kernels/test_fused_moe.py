@@ -90,3 +90,39 @@ def test_layer_runs_kernel_on_cuda_only(monkeypatch, device):
     args = inputs(4, 4, 2, 32, 16, device=device)
     layer.experts_forward(*args)
     assert len(calls) == (device == "cuda")
+
+
+# tokens, experts, top-k, renormalize; held/first: the experts of this rank (EP)
+ROUTING_CASES = [dict(tokens=1, experts=128, top_k=8, renormalize=True),
+                 dict(tokens=16, experts=128, top_k=8, renormalize=True, held=32, first=64),
+                 dict(tokens=9, experts=8, top_k=2, renormalize=False),
+                 dict(tokens=5, experts=60, top_k=4, renormalize=True, held=15, first=0)]
+
+
+def check_routing(tokens, experts, top_k, renormalize, held=None, first=0,
+                  dtype="float32", device="cpu"):
+    """The one-launch routing and pair sort against the torch ops they replace: the same
+    expert ids and rows, weights up to the softmax sum's order."""
+    from parashift.kernels import moe_routing
+    logits = randn((tokens, experts), dtype, device, seed=tokens)
+    weights, ids = moe_routing.route(logits, top_k, renormalize)
+    ref_weights, ref_ids = route(logits, top_k, renormalize)
+    assert torch.equal(ids, ref_ids)
+    tol = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}[dtype]
+    torch.testing.assert_close(weights, ref_weights, rtol=tol, atol=tol)
+    held = experts if held is None else held
+    for block_m in (16, 64):
+        rows, blocks = moe_routing.sort_pairs(ids, held, first, block_m)
+        ref_rows, ref_blocks = fused_moe.sort_pairs_torch(ids, held, first, block_m)
+        assert torch.equal(rows, ref_rows) and torch.equal(blocks, ref_blocks)
+
+
+test_routing_interpreted, test_routing_cuda = case_tests(__name__, check_routing,
+                                                         ROUTING_CASES)
+
+
+def test_routing_kernels_take_what_they_fit():
+    from parashift.kernels import moe_routing
+    assert moe_routing.route_fits(128, 8) and moe_routing.route_fits(8, 2)
+    assert not moe_routing.route_fits(128, 6) and not moe_routing.route_fits(512, 8)
+    assert moe_routing.sort_fits(128, 128) and not moe_routing.sort_fits(129, 128)

@@ -1,0 +1,115 @@
+"""A decode step's MoE routing in two launches per layer instead of ~25 small torch ops (each
+~3-5 µs inside a CUDA graph: most of a Qwen3-30B-A3B batch-1 step, docs/benchmarks.md).
+
+`route`: one program per token: fp32 softmax over the experts, the top k (the lowest expert id
+first among equal probabilities), renormalized when asked; what layers.fused_moe.route
+computes, up to the order of the softmax's sum.
+
+`sort_pairs`: one program lays out at most MAX_PAIRS token-expert pairs expert by expert,
+each expert's run padded to a multiple of block_m rows, pairs of one expert in pair order:
+the same rows and block experts as kernels.fused_moe.sort_pairs_torch (its reference and the
+path of larger batches). Counts, ranks and block experts come from comparison matrices
+([experts, pairs], [pairs, pairs], [blocks, experts]), small at decode sizes."""
+import torch
+import triton
+import triton.language as tl
+
+MAX_PAIRS = 128  # pairs one program sorts; more take the torch path
+MAX_EXPERTS = 256
+
+
+@triton.jit
+def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_logits,
+                  TOP_K: tl.constexpr, EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, EXPERTS)
+    held = experts < num_experts
+    logits = tl.load(logits_ptr + token * stride_logits + experts, mask=held,
+                     other=-float("inf")).to(tl.float32)
+    exps = tl.where(held, tl.exp(logits - tl.max(logits, axis=0)), 0.0)
+    probs = exps / tl.sum(exps, axis=0)
+    left = tl.where(held, probs, -1.0)
+    slots = tl.arange(0, TOP_K)
+    chosen = tl.zeros([TOP_K], dtype=tl.float32)
+    chosen_ids = tl.zeros([TOP_K], dtype=tl.int64)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(left, axis=0)
+        pick = tl.min(tl.where(left == best, experts, EXPERTS), axis=0)
+        chosen = tl.where(slots == j, best, chosen)
+        chosen_ids = tl.where(slots == j, pick.to(tl.int64), chosen_ids)
+        left = tl.where(experts == pick, -1.0, left)
+    if RENORMALIZE:
+        chosen = chosen / tl.sum(chosen, axis=0)
+    tl.store(weights_ptr + token * TOP_K + slots, chosen)
+    tl.store(ids_ptr + token * TOP_K + slots, chosen_ids)
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] in the logits' dtype, expert ids [T, k] int64)."""
+    tokens, num_experts = router_logits.shape
+    logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
+    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
+    if tokens:
+        _route_kernel[(tokens,)](logits, weights, ids, num_experts, logits.stride(0),
+                                 TOP_K=top_k, EXPERTS=triton.next_power_of_2(num_experts),
+                                 RENORMALIZE=renormalize, num_warps=1 if num_experts <= 128 else 2)
+    return weights.to(router_logits.dtype), ids
+
+
+def route_fits(num_experts: int, top_k: int) -> bool:
+    # the k chosen are held in a vector of TOP_K slots: tl.arange's lengths are powers of two
+    return num_experts <= MAX_EXPERTS and top_k & (top_k - 1) == 0
+
+
+@triton.jit
+def _sort_pairs_kernel(ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, num_local,
+                       first_expert, rows, num_blocks, PAIRS: tl.constexpr,
+                       EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, FILL: tl.constexpr):
+    pairs = tl.arange(0, PAIRS)
+    experts = tl.arange(0, EXPERTS)
+    real = pairs < num_pairs
+    local = tl.load(ids_ptr + pairs, mask=real, other=0) - first_expert
+    held = real & (local >= 0) & (local < num_local)
+    local = tl.where(held, local, EXPERTS)  # a bin no expert index reaches
+    in_expert = local[None, :] == experts[:, None]  # [experts, pairs]
+    counts = tl.sum(in_expert.to(tl.int32), axis=1)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded_end = tl.cumsum(padded, axis=0)
+    start = padded_end - padded
+    earlier_same = (local[:, None] == local[None, :]) & (pairs[None, :] < pairs[:, None])
+    rank = tl.sum(earlier_same.to(tl.int32), axis=1)
+    dest = tl.sum(tl.where(in_expert, start[:, None], 0), axis=0) + rank
+    for row0 in range(0, rows, FILL):
+        offs = row0 + tl.arange(0, FILL)
+        tl.store(pair_of_row_ptr + offs, tl.full([FILL], 0, tl.int64) + num_pairs,
+                 mask=offs < rows)
+    tl.debug_barrier()  # the sentinel rows are written before the pairs overwrite theirs
+    tl.store(pair_of_row_ptr + dest, pairs.to(tl.int64), mask=held)
+    counted = experts < num_local
+    for block0 in range(0, num_blocks, FILL):
+        blocks = block0 + tl.arange(0, FILL)
+        ended = (padded_end[None, :] <= blocks[:, None] * BLOCK_M) & counted[None, :]
+        tl.store(block_expert_ptr + blocks, tl.sum(ended.to(tl.int64), axis=1),
+                 mask=blocks < num_blocks)
+
+
+def sort_fits(num_pairs: int, num_local: int) -> bool:
+    return num_pairs <= MAX_PAIRS and num_local <= MAX_EXPERTS
+
+
+def sort_pairs(ids: torch.Tensor, num_local: int, first_expert: int, block_m: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """kernels.fused_moe.sort_pairs for at most MAX_PAIRS pairs, in one launch."""
+    num_pairs = ids.numel()
+    rows = num_pairs + num_local * (block_m - 1)
+    rows = (rows + block_m - 1) // block_m * block_m
+    pair_of_row = torch.empty(rows, dtype=torch.int64, device=ids.device)
+    block_expert = torch.empty(rows // block_m, dtype=torch.int64, device=ids.device)
+    _sort_pairs_kernel[(1,)](ids.contiguous(), pair_of_row, block_expert, num_pairs, num_local,
+                             first_expert, rows, rows // block_m,
+                             PAIRS=max(16, triton.next_power_of_2(num_pairs)),
+                             EXPERTS=max(16, triton.next_power_of_2(num_local)),
+                             BLOCK_M=block_m, FILL=256, num_warps=4)
+    return pair_of_row, block_expert
