@@ -117,8 +117,10 @@ def check_routing(tokens, experts, top_k, renormalize, held=None, first=0,
         assert torch.equal(rows, ref_rows) and torch.equal(blocks, ref_blocks)
 
 
+# uses_dot: the GPU image's Triton 3.6 interpreter fails on these too (the same "only
+# 0-dimensional arrays" error as on tl.dot kernels); CI's 3.9 runs them
 test_routing_interpreted, test_routing_cuda = case_tests(__name__, check_routing,
-                                                         ROUTING_CASES)
+                                                         ROUTING_CASES, uses_dot=True)
 
 
 def test_routing_kernels_take_what_they_fit():
