@@ -66,11 +66,12 @@ def route_fits(num_experts: int, top_k: int) -> bool:
 @triton.jit
 def _sort_pairs_kernel(ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, num_local,
                        first_expert, rows, num_blocks, PAIRS: tl.constexpr,
-                       EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, FILL: tl.constexpr):
+                       EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, FILL: tl.constexpr,
+                       BLOCKS: tl.constexpr):
     pairs = tl.arange(0, PAIRS)
     experts = tl.arange(0, EXPERTS)
     real = pairs < num_pairs
-    local = tl.load(ids_ptr + pairs, mask=real, other=0) - first_expert
+    local = (tl.load(ids_ptr + pairs, mask=real, other=0) - first_expert).to(tl.int32)
     held = real & (local >= 0) & (local < num_local)
     local = tl.where(held, local, EXPERTS)  # a bin no expert index reaches
     in_expert = local[None, :] == experts[:, None]  # [experts, pairs]
@@ -84,14 +85,14 @@ def _sort_pairs_kernel(ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, nu
     for row0 in range(0, rows, FILL):
         offs = row0 + tl.arange(0, FILL)
         tl.store(pair_of_row_ptr + offs, tl.full([FILL], 0, tl.int64) + num_pairs,
-                 mask=offs < rows)
+                 mask=offs < rows)  # the sentinel: no pair
     tl.debug_barrier()  # the sentinel rows are written before the pairs overwrite theirs
     tl.store(pair_of_row_ptr + dest, pairs.to(tl.int64), mask=held)
     counted = experts < num_local
-    for block0 in range(0, num_blocks, FILL):
-        blocks = block0 + tl.arange(0, FILL)
+    for block0 in range(0, num_blocks, BLOCKS):
+        blocks = block0 + tl.arange(0, BLOCKS)
         ended = (padded_end[None, :] <= blocks[:, None] * BLOCK_M) & counted[None, :]
-        tl.store(block_expert_ptr + blocks, tl.sum(ended.to(tl.int64), axis=1),
+        tl.store(block_expert_ptr + blocks, tl.sum(ended.to(tl.int32), axis=1).to(tl.int64),
                  mask=blocks < num_blocks)
 
 
@@ -111,5 +112,5 @@ def sort_pairs(ids: torch.Tensor, num_local: int, first_expert: int, block_m: in
                              first_expert, rows, rows // block_m,
                              PAIRS=max(16, triton.next_power_of_2(num_pairs)),
                              EXPERTS=max(16, triton.next_power_of_2(num_local)),
-                             BLOCK_M=block_m, FILL=256, num_warps=4)
+                             BLOCK_M=block_m, FILL=256, BLOCKS=16, num_warps=4)
     return pair_of_row, block_expert
