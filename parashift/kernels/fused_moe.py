@@ -94,7 +94,8 @@ def sort_pairs_torch(ids: torch.Tensor, num_local: int, first_expert: int,
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, pair_of_row: torch.Tensor,
                  block_expert: torch.Tensor, num_pairs: int, a_row_div: int,
-                 weights: torch.Tensor | None = None) -> torch.Tensor:
+                 weights: torch.Tensor | None = None, tiles: tuple | None = None
+                 ) -> torch.Tensor:
     """[num_pairs, n] with row p = a[p // a_row_div] @ w[expert of p]^T (times weights[p]);
     rows of pairs with no expert here are zero. w is [E, n, k], or [E, parts, n / parts, k]
     (a narrowed layout's gate and up slices: a strided view, read in place)."""
@@ -106,15 +107,23 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, pair_of_row: torch.Tensor,
     n_out = w.shape[1] * part_rows
     a = a.contiguous()
     out = torch.zeros(num_pairs, n_out, dtype=a.dtype, device=a.device)
-    block_n = min(64, max(16, triton.next_power_of_2(n_out)))
-    block_k = min(64, max(16, triton.next_power_of_2(k_in)))
+    block_n, block_k, warps, stages = tiles or gemm_tiles(num_pairs, n_out, k_in)
     grid = (block_expert.numel(), triton.cdiv(n_out, block_n))
     _grouped_gemm_kernel[grid](
         out, a, w, pair_of_row, block_expert, weights if weights is not None else out,
         num_pairs, w.shape[0], n_out, k_in, a_row_div, part_rows, a.stride(0), w.stride(0),
         w.stride(1), w.stride(2), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
-        MUL_WEIGHT=weights is not None, IEEE=a.dtype == torch.float32)
+        MUL_WEIGHT=weights is not None, IEEE=a.dtype == torch.float32, num_warps=warps,
+        num_stages=stages)
     return out
+
+
+def gemm_tiles(num_pairs: int, n_out: int, k_in: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, stages) of the grouped GEMM: one choice for every batch,
+    the fastest or within 2% of it for the Qwen3-30B-A3B shape's two GEMMs at 1, 8 and 64
+    tokens on an H200 (2026-11-23; 64×64, 4 warps, 3 stages was 1.3× slower at 1 token)."""
+    return (min(64, max(16, triton.next_power_of_2(n_out))),
+            min(128, max(16, triton.next_power_of_2(k_in))), 2, 4)
 
 
 def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
