@@ -236,15 +236,14 @@ class ModelRunner:
         return time.perf_counter() - start
 
     def _use_graphs(self, requested: bool | None) -> bool:
-        """By default (None) wherever they work: CUDA, Triton attention, one stage; for a
-        model with experts only when asked (their kernel's capture is unmeasured)."""
+        """By default (None) wherever they work: CUDA, Triton attention, one stage."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
                     and all(r.state.pp.size == 1 for r in self.resources.values()))
         if requested and not possible:
             raise ValueError("CUDA graphs need a CUDA device, the triton attention backend and "
                              "no pipeline parallelism")
         if requested is None:
-            return possible and not self.expert_placement()
+            return possible
         return requested
 
     def _capture_graphs(self) -> DecodeGraphs:
