@@ -18,6 +18,13 @@ import triton.language as tl
 from parashift.kernels import moe_routing
 
 BLOCK_M = 16
+MANY_ROWS_BLOCK_M = 64  # rows per program where experts average many pairs (prefill)
+
+
+def block_rows(num_pairs: int, num_local: int) -> int:
+    """Rows per program: 64 (tensor-core tiles of 64 rows) once the experts average 32
+    pairs or more, else 16 so a decode's few pairs per expert pad little."""
+    return MANY_ROWS_BLOCK_M if num_pairs >= 32 * num_local else BLOCK_M
 
 
 @triton.jit
@@ -107,21 +114,26 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, pair_of_row: torch.Tensor,
     n_out = w.shape[1] * part_rows
     a = a.contiguous()
     out = torch.zeros(num_pairs, n_out, dtype=a.dtype, device=a.device)
-    block_n, block_k, warps, stages = tiles or gemm_tiles(num_pairs, n_out, k_in)
+    block_m = pair_of_row.numel() // block_expert.numel()
+    block_n, block_k, warps, stages = tiles or gemm_tiles(block_m, n_out, k_in)
     grid = (block_expert.numel(), triton.cdiv(n_out, block_n))
     _grouped_gemm_kernel[grid](
         out, a, w, pair_of_row, block_expert, weights if weights is not None else out,
         num_pairs, w.shape[0], n_out, k_in, a_row_div, part_rows, a.stride(0), w.stride(0),
-        w.stride(1), w.stride(2), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
+        w.stride(1), w.stride(2), out.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         MUL_WEIGHT=weights is not None, IEEE=a.dtype == torch.float32, num_warps=warps,
         num_stages=stages)
     return out
 
 
-def gemm_tiles(num_pairs: int, n_out: int, k_in: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps, stages) of the grouped GEMM: one choice for every batch,
-    the fastest or within 2% of it for the Qwen3-30B-A3B shape's two GEMMs at 1, 8 and 64
-    tokens on an H200 (2026-11-23; 64×64, 4 warps, 3 stages was 1.3× slower at 1 token)."""
+def gemm_tiles(block_m: int, n_out: int, k_in: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, stages) of the grouped GEMM. 16 rows: the fastest or within
+    2% of it for the Qwen3-30B-A3B shape's two GEMMs at 1, 8 and 64 tokens on an H200
+    (2026-11-23; 64×64, 4 warps, 3 stages was 1.3× slower at 1 token); 64 rows: a
+    prefill's."""
+    if block_m >= MANY_ROWS_BLOCK_M:
+        return (min(128, max(16, triton.next_power_of_2(n_out))),
+                min(64, max(16, triton.next_power_of_2(k_in))), 4, 3)
     return (min(64, max(16, triton.next_power_of_2(n_out))),
             min(128, max(16, triton.next_power_of_2(k_in))), 2, 4)
 
@@ -133,7 +145,8 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     from parashift.kernels.silu_mul import silu_and_mul
     tokens, top_k = ids.shape
     num_pairs = ids.numel()
-    pair_of_row, block_expert = sort_pairs(ids, gate_up.shape[0], first_expert)
+    pair_of_row, block_expert = sort_pairs(ids, gate_up.shape[0], first_expert,
+                                           block_rows(num_pairs, gate_up.shape[0]))
     h = silu_and_mul(grouped_gemm(x, gate_up, pair_of_row, block_expert, num_pairs, top_k))
     y = grouped_gemm(h, down, pair_of_row, block_expert, num_pairs, 1,
                      weights.flatten().contiguous())

@@ -18,6 +18,9 @@ CASES = [
     dict(tokens=33, experts=8, top_k=2, hidden=64, inter=32, held=3, first=4),
     dict(tokens=5, experts=4, top_k=1, hidden=32, inter=16, held=2, first=0, crowd=True),
     dict(tokens=17, experts=4, top_k=2, hidden=64, inter=64, narrow=True),
+    # 32+ pairs per expert: 64-row programs (a prefill's)
+    dict(tokens=130, experts=4, top_k=2, hidden=64, inter=32),
+    dict(tokens=70, experts=4, top_k=2, hidden=64, inter=32, held=2, first=2, crowd=True),
 ]
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
@@ -121,6 +124,11 @@ def check_routing(tokens, experts, top_k, renormalize, held=None, first=0,
 # 0-dimensional arrays" error as on tl.dot kernels); CI's 3.9 runs them
 test_routing_interpreted, test_routing_cuda = case_tests(__name__, check_routing,
                                                          ROUTING_CASES, uses_dot=True)
+
+
+def test_prefill_sized_batches_take_64_row_programs():
+    assert fused_moe.block_rows(num_pairs=8, num_local=128) == 16
+    assert fused_moe.block_rows(num_pairs=4096 * 8, num_local=128) == 64
 
 
 def test_routing_kernels_take_what_they_fit():
