@@ -22,9 +22,11 @@ MANY_ROWS_BLOCK_M = 64  # rows per program where experts average many pairs (pre
 
 
 def block_rows(num_pairs: int, num_local: int) -> int:
-    """Rows per program: 64 (tensor-core tiles of 64 rows) once the experts average 32
-    pairs or more, else 16 so a decode's few pairs per expert pad little."""
-    return MANY_ROWS_BLOCK_M if num_pairs >= 32 * num_local else BLOCK_M
+    """Rows per program: 64 (tensor-core tiles of 64 rows) once the experts average 64
+    pairs or more, else 16 so a decode's few pairs per expert pad little (on an H200 a
+    4096-token prefill of Qwen3-30B-A3B, 256 pairs per expert, took 0.70× the time with
+    64 rows; a 512-token one, 32 per expert, 1.07×)."""
+    return MANY_ROWS_BLOCK_M if num_pairs >= 64 * num_local else BLOCK_M
 
 
 @triton.jit

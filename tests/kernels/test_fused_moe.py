@@ -18,7 +18,7 @@ CASES = [
     dict(tokens=33, experts=8, top_k=2, hidden=64, inter=32, held=3, first=4),
     dict(tokens=5, experts=4, top_k=1, hidden=32, inter=16, held=2, first=0, crowd=True),
     dict(tokens=17, experts=4, top_k=2, hidden=64, inter=64, narrow=True),
-    # 32+ pairs per expert: 64-row programs (a prefill's)
+    # 64+ pairs per expert: 64-row programs (a prefill's)
     dict(tokens=130, experts=4, top_k=2, hidden=64, inter=32),
     dict(tokens=70, experts=4, top_k=2, hidden=64, inter=32, held=2, first=2, crowd=True),
 ]
@@ -128,6 +128,7 @@ test_routing_interpreted, test_routing_cuda = case_tests(__name__, check_routing
 
 def test_prefill_sized_batches_take_64_row_programs():
     assert fused_moe.block_rows(num_pairs=8, num_local=128) == 16
+    assert fused_moe.block_rows(num_pairs=512 * 8, num_local=128) == 16
     assert fused_moe.block_rows(num_pairs=4096 * 8, num_local=128) == 64
 
 
