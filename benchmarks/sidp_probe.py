@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from decode_throughput import measure  # noqa: E402
 
-BATCHES = [1, 8, 32, 64, 128, 256, 512, 1024, 2048]
+BATCHES = [1, 8, 32, 64, 128, 256, 512, 1024]  # 2048 x 1024 tokens of 16 layers: no H200 holds
 MODELS = ["benchmarks/shapes/qwen3-32b.json", "benchmarks/shapes/llama-3.1-70b.json"]
 
 
@@ -67,7 +67,8 @@ def cut_config(path: str, layers: int, tmp: str) -> str:
 def step_times(model: str, layers: int, batches: list[int], context: int, steps: int,
                device: str) -> dict[int, float]:
     from parashift import LLM
-    llm = LLM(model=model, dtype="bfloat16", max_model_len=context + 256,
+    # room for every sequence to keep decoding while the last ones of a large batch prefill
+    llm = LLM(model=model, dtype="bfloat16", max_model_len=context + 4096,
               max_num_seqs=max(batches), skip_tokenizer_init=True, enable_prefix_caching=False,
               device=device)
     vocab = llm.llm_engine.runner.model.config.vocab_size
@@ -222,8 +223,10 @@ def main():
     p.add_argument("--batch-sizes", type=int, nargs="+", default=BATCHES)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--decode-steps", type=int, default=16)
-    p.add_argument("--layers", type=int, nargs=2, default=[2, 6],
-                   help="the two layer counts timed and extrapolated from")
+    p.add_argument("--layers", type=int, nargs=2, default=[8, 16],
+                   help="the two layer counts timed and extrapolated from: enough that the "
+                        "device, not the host, sets the step (async scheduling overlaps them, "
+                        "so a host-bound step does not add up per layer)")
     p.add_argument("--p2p-gbps", type=float, default=224.0,
                    help="read bandwidth when `p2p` is not run (../shared/workloads.md: a "
                         "GPU-to-GPU copy on 2 H200s)")
