@@ -19,6 +19,7 @@ GPUs). Usage:
 """
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -44,9 +45,19 @@ def fetch_bytes(cfg: dict, d: int, tp: int) -> float:
 
 
 def b_threshold(step_s: dict[int, float], fetch: float, gbps: float, tp: int) -> int | None:
-    """The least B whose step (T(B)/tp) covers the fetch at gbps; None if none does."""
+    """The least B whose step (T(B)/tp) covers the fetch at gbps, T linear between the
+    batches measured; None if no batch measured does."""
     need = fetch / (gbps * 1e9)
-    return next((b for b in sorted(step_s) if step_s[b] / tp >= need), None)
+    below = None
+    for b in sorted(step_s):
+        t = step_s[b] / tp
+        if t >= need:
+            if below is None:
+                return b
+            b0, t0 = below
+            return math.ceil(b0 + (need - t0) / (t - t0) * (b - b0))
+        below = (b, t)
+    return None
 
 
 def extrapolate(t_small: float, t_large: float, n_small: int, n_large: int, layers: int) -> float:
@@ -65,10 +76,10 @@ def cut_config(path: str, layers: int, tmp: str) -> str:
 
 
 def step_times(model: str, layers: int, batches: list[int], context: int, steps: int,
-               device: str) -> dict[int, float]:
+               device: str, headroom: int) -> dict[int, float]:
     from parashift import LLM
     # room for every sequence to keep decoding while the last ones of a large batch prefill
-    llm = LLM(model=model, dtype="bfloat16", max_model_len=context + 4096,
+    llm = LLM(model=model, dtype="bfloat16", max_model_len=context + headroom,
               max_num_seqs=max(batches), skip_tokenizer_init=True, enable_prefix_caching=False,
               device=device)
     vocab = llm.llm_engine.runner.model.config.vocab_size
@@ -105,10 +116,9 @@ def run_step(args, tmp: str) -> dict:
         with open(model) as f:
             cfg = json.load(f)
         small, large = args.layers
-        t_small = step_times(cut_config(model, small, tmp), small, args.batch_sizes, args.context,
-                             args.decode_steps, args.device)
-        t_large = step_times(cut_config(model, large, tmp), large, args.batch_sizes, args.context,
-                             args.decode_steps, args.device)
+        t_small, t_large = (step_times(cut_config(model, n, tmp), n, args.batch_sizes,
+                                       args.context, args.decode_steps, args.device,
+                                       args.headroom) for n in (small, large))
         full = {b: extrapolate(t_small[b], t_large[b], small, large, cfg["num_hidden_layers"])
                 for b in args.batch_sizes}
         out[model] = dict(layers_timed=[small, large], layers=cfg["num_hidden_layers"],
@@ -227,6 +237,9 @@ def main():
                    help="the two layer counts timed and extrapolated from: enough that the "
                         "device, not the host, sets the step (async scheduling overlaps them, "
                         "so a host-bound step does not add up per layer)")
+    p.add_argument("--headroom", type=int, default=4096,
+                   help="tokens a sequence may generate beyond --context (the timed steps "
+                        "need every sequence still running after a large batch's prefill)")
     p.add_argument("--p2p-gbps", type=float, default=224.0,
                    help="read bandwidth when `p2p` is not run (../shared/workloads.md: a "
                         "GPU-to-GPU copy on 2 H200s)")
@@ -238,7 +251,7 @@ def main():
     if args.smoke:
         args.device, args.parts = "cpu", ["step"]
         args.models, args.batch_sizes = ["benchmarks/shapes/tiny-llama.json"], [1, 4]
-        args.context, args.decode_steps, args.layers = 32, 2, [1, 2]
+        args.context, args.decode_steps, args.layers, args.headroom = 32, 2, [1, 2], 64
     result = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "context": args.context}
     with tempfile.TemporaryDirectory() as tmp:

@@ -29,8 +29,9 @@ def test_threshold_is_the_least_batch_whose_step_covers_the_fetch():
     p = probe()
     steps = {1: 0.020, 64: 0.030, 256: 0.070, 1024: 0.200}
     fetch = 25.2e9  # bytes: 0.1125 s at 224 GB/s
-    assert p.b_threshold(steps, fetch, 224, tp=1) == 1024
-    assert p.b_threshold(steps, fetch / 4, 224, tp=1) == 64
+    # 0.1125 s lies between T(256) = 0.07 and T(1024) = 0.2: 256 + 0.0425 / 0.13 * 768
+    assert p.b_threshold(steps, fetch, 224, tp=1) == 508
+    assert p.b_threshold(steps, fetch / 40, 224, tp=1) == 1  # the first batch covers it
     assert p.b_threshold(steps, fetch, 224, tp=2) is None  # 0.100 s < 0.1125 s
 
 
