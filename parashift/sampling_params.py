@@ -1,4 +1,5 @@
 """Per-request sampling options, named and validated as in vLLM."""
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -40,6 +41,13 @@ class SamplingParams:
 
     def __post_init__(self):
         self.verify()
+
+    def final_only(self) -> "SamplingParams":
+        """These parameters asking for the request's last output only (the engine makes
+        no other)."""
+        if self.output_kind == "final_only":
+            return self
+        return dataclasses.replace(self, output_kind="final_only")
 
     def verify(self) -> None:
         """Raises ValueError naming the first bad option. The engine calls it again when a

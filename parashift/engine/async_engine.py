@@ -246,7 +246,7 @@ class AsyncLLMEngine:
         num_output_tokens = sum(len(c.token_ids) for c in output.outputs)  # all n samples
         num_new = num_output_tokens - stream.num_output_tokens
         if num_new > 0 and stream.first_token_at is None:
-            stream.first_token_at = now
+            stream.first_token_at = _first_token_at(output, now)
         stream.num_output_tokens = num_output_tokens
         if self.metrics is None:
             return
@@ -433,3 +433,12 @@ def _dead_error(exc: BaseException) -> EngineDeadError:
                                "it cannot serve requests (see the server log)")
     return EngineDeadError(f"the engine failed ({type(exc).__name__}) and cannot serve "
                            "requests; see the server log")
+
+
+def _first_token_at(output: RequestOutput, now: float) -> float:
+    """The monotonic time of the request's first token: `now`, unless the engine says it
+    came earlier (a final-only request's one output arrives at its end)."""
+    first = output.metrics.get("first_token_time")
+    if first is None:
+        return now
+    return now - max(0.0, time.time() - first)

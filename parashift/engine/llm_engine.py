@@ -924,8 +924,10 @@ class LLMEngine:
             0, detok.text if detok else "", seq.output_token_ids,
             list(seq.logprobs) if seq.params.logprobs is not None else None,
             seq.finish_reason, seq.stop_reason)
+        # a final-only request's one output still tells the server when its first token came
+        metrics = {"first_token_time": seq.first_token_time}
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
-                             seq.is_finished, seq.num_cached_tokens)
+                             seq.is_finished, seq.num_cached_tokens, metrics)
 
     def _release(self, replica: "Replica", request_id: str) -> None:
         if self.structured.tracks(request_id):

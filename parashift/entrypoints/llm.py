@@ -3,7 +3,6 @@
 `llm.shutdown()`, leaving `with LLM(...) as llm:`, or dropping the last reference
 (`del llm`) stops the worker processes and releases the model and its KV cache
 (GPU memory included), so another `LLM` can start in the same process."""
-import dataclasses
 import gc
 import itertools
 
@@ -92,7 +91,7 @@ class LLM:
         try:  # validate everything before anything runs: a bad prompt leaves no stray requests
             for prompt, p, prio in zip(prompts, params, priority):
                 request_id = str(next(self._request_counter))
-                engine.add_request(request_id, prompt, final_only(p), prio)
+                engine.add_request(request_id, prompt, p.final_only(), prio)
                 request_ids.append(request_id)
         except Exception:
             for request_id in request_ids:
@@ -137,9 +136,3 @@ def _per_prompt(sampling_params, n: int) -> list[SamplingParams]:
         raise ValueError(f"{len(sampling_params)} sampling params for {n} prompts")
     return list(sampling_params)
 
-
-def final_only(params: SamplingParams) -> SamplingParams:
-    """generate returns each request's last output only: the engine makes no other."""
-    if params.output_kind == "final_only":
-        return params
-    return dataclasses.replace(params, output_kind="final_only")

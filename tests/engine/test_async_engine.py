@@ -65,6 +65,25 @@ def test_concurrent_requests_and_metrics(llm_engine):
     assert metrics.ttft._sum.get() > 0
 
 
+def test_final_only_request_gets_one_output_and_its_first_token_time(llm_engine):
+    """What the server asks for a non-streaming request: one output, at the end, and still
+    a time to first token measured when the first token came, not when the output did."""
+    metrics = ServerMetrics("tiny")
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True).final_only()
+
+    async def main():
+        async_engine = await started(llm_engine, metrics=metrics)
+        outputs = [o async for o in async_engine.generate("final", [4, 5, 6], params)]
+        await async_engine.shutdown()
+        return outputs
+    outputs = run(main())
+    assert len(outputs) == 1 and outputs[0].finished
+    assert len(outputs[0].outputs[0].token_ids) == 40
+    ttft, e2e = metrics.ttft._sum.get(), metrics.e2e._sum.get()
+    assert 0 < ttft < e2e
+    assert metrics.tpot._sum.get() > 0
+
+
 def test_transitions_reach_the_metrics(tiny_llama_dir):
     """A server's /metrics carry each committed transition's drain, prepare and cutover."""
     from tests.helpers.policies import TransitionScript

@@ -255,6 +255,8 @@ async def respond(ctx: ServingContext, raw: Request, server, request, request_id
     if the shutdown timeout passes first."""
     try:
         async with ctx.deadline.bound():
+            if not request.stream:  # answered once: the engine makes the last output only
+                params = params.final_only()
             stream = await submit(ctx, request_id, prompt_ids, params, request.priority)
             if request.stream:
                 return StreamingResponse(server.stream(stream, request),
