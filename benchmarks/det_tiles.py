@@ -1,0 +1,61 @@
+"""Deterministic mode's GEMM tiles (parashift/deterministic/triton_matmul.py): does every tile
+configuration give the same bits as 64x64, and how fast is each, beside cuBLAS.
+
+Usage (CUDA): PYTHONPATH=. python3 benchmarks/det_tiles.py [--rows 1 64 256 512 4096]
+Prints one JSON line per (projection, rows): each configuration's (bit-equal to 64x64, ms) with
+its K chunks summed in a loop per chunk ("-n"), in one K loop ("-1") and spread over programs
+("-spread", up to 512 rows). The 8B shape's projections, K in 8 chunks (the canonical order)."""
+import argparse
+import json
+import time
+
+import torch
+
+import parashift.deterministic.triton_matmul as tm
+
+CONFIGS = [(64, 64, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3),
+           (128, 64, 64, 4, 4), (16, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 4)]
+PROJECTIONS = [(6144, 4096, "qkv"), (4096, 4096, "o"), (28672, 4096, "gate_up"),
+               (4096, 14336, "down")]
+
+
+def run(x, w, tiles, one_loop: bool, spread: bool = False):
+    tm.PINNED_TILES, tm.ONE_LOOP = tiles, one_loop
+    return tm.linear(x, w, None, 8, spread=spread)
+
+
+def timed_ms(fn, repeats: int = 10) -> float:
+    fn()
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    torch.cuda.synchronize()
+    return round((time.perf_counter() - start) / repeats * 1e3, 4)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256, 512, 4096])
+    args = p.parse_args()
+    torch.manual_seed(0)
+    for n, k, name in PROJECTIONS:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        for m in args.rows:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ref = run(x, w, CONFIGS[0], False)
+            row = dict(projection=name, rows=m,
+                       cublas_ms=timed_ms(lambda: torch.nn.functional.linear(x, w)))
+            for tiles in CONFIGS:
+                label = "x".join(map(str, tiles))
+                variants = [("-n", False, False), ("-1", True, False)]
+                variants += [("-spread", True, True)] if m <= 512 else []
+                for suffix, one_loop, spread in variants:
+                    same = torch.equal(run(x, w, tiles, one_loop, spread), ref)
+                    row[label + suffix] = (same, timed_ms(lambda: run(x, w, tiles, one_loop, spread)))
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
