@@ -236,14 +236,17 @@ class ModelRunner:
         return time.perf_counter() - start
 
     def _use_graphs(self, requested: bool | None) -> bool:
-        """By default (None) wherever they work: CUDA, Triton attention, one stage."""
+        """By default (None) wherever they work: CUDA, Triton attention, one stage; for a
+        model with experts on one rank only (their graphs have run on one GPU; the
+        collectives of expert and tensor parallelism inside a graph have not yet)."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
                     and all(r.state.pp.size == 1 for r in self.resources.values()))
         if requested and not possible:
             raise ValueError("CUDA graphs need a CUDA device, the triton attention backend and "
                              "no pipeline parallelism")
         if requested is None:
-            return possible
+            one_rank = all(r.state.plan.world_size == 1 for r in self.resources.values())
+            return possible and (one_rank or not self.expert_placement())
         return requested
 
     def _capture_graphs(self) -> DecodeGraphs:
