@@ -37,12 +37,14 @@ def run_parashift(llm: LLM, prompts, output_len: int) -> float:
     return time.perf_counter() - start
 
 
-def hf_model_like(llm: LLM):
-    """A transformers model of the same config holding parashift's random weights."""
+def hf_model_like(llm: LLM, device: str = "cuda", dtype: torch.dtype = torch.bfloat16):
+    """A transformers model of the same config holding parashift's random weights (a
+    mixture of experts' stacked experts as transformers >= 5 keeps them, gate_up [E, 2I, H]
+    and down [E, H, I], like parashift)."""
     from transformers import AutoModelForCausalLM
     ours = llm.llm_engine.runner.model
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(ours.config, dtype=torch.bfloat16,
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(ours.config, dtype=dtype,
                                                  attn_implementation="sdpa")
     state = {}
     for name, p in ours.named_parameters():
@@ -66,6 +68,9 @@ def _hf_tensor(name: str, ours: dict, cfg) -> torch.Tensor:
     for hf_name, (our_name, start, size) in packed.items():
         if f".{hf_name}." in name:
             return ours[name.replace(hf_name, our_name)].narrow(0, start, size)
+    if name not in ours:
+        raise KeyError(f"transformers' parameter {name} has no parashift counterpart (a "
+                       "mixture of experts needs transformers >= 5's stacked experts)")
     return ours[name]
 
 
@@ -94,11 +99,13 @@ def main():
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on where possible (CUDA, triton attention)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.6,
+                   help="parashift's share of the GPU: the rest must hold transformers' copy")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=2048, skip_tokenizer_init=True,
               enable_prefix_caching=False, cuda_graphs=args.cuda_graphs,
-              gpu_memory_utilization=0.6)
+              gpu_memory_utilization=args.gpu_memory_utilization)
     prompts = chat_prompts(args.num_prompts, llm.llm_engine.vocab_size)
     output_tokens = args.num_prompts * args.output_len
     ours = run_parashift(llm, prompts, args.output_len)
