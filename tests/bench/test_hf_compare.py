@@ -1,24 +1,15 @@
 """benchmarks/hf_compare.py's transformers twin holds parashift's weights: the same tokens,
 dense (packed q/k/v and gate/up split back) and a mixture of experts (stacked experts)."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from parashift import LLM, SamplingParams
+from tests.bench.benchmark_scripts import load_benchmark
 from tests.helpers.tiny_configs import tiny_config
-
-ROOT = Path(__file__).parents[2]
 
 
 def hf_compare():
-    spec = importlib.util.spec_from_file_location("hf_compare", ROOT / "benchmarks/hf_compare.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("hf_compare")
 
 
 @pytest.mark.parametrize("family,architecture", [("llama-gqa-untied", "LlamaForCausalLM"),

@@ -1,21 +1,19 @@
 """benchmarks/sidp_probe.py's arithmetic (the fetch per step, B_th, the layer
 extrapolation) and its CPU smoke run writing the JSON the sidp policy reads."""
-import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.bench.benchmark_scripts import load_benchmark
 
 ROOT = Path(__file__).parents[2]
 QWEN3_32B = json.loads((ROOT / "benchmarks/shapes/qwen3-32b.json").read_text())
 
 
 def probe():
-    spec = importlib.util.spec_from_file_location("sidp_probe", ROOT / "benchmarks/sidp_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("sidp_probe")
 
 
 def test_fetch_per_step_is_the_unowned_share_of_the_ffn_weights():
@@ -45,7 +43,7 @@ def test_smoke_run_writes_thresholds(tmp_path):
     out = tmp_path / "sidp.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks/sidp_probe.py"), "--smoke",
                     "--out", str(out)], check=True, cwd=ROOT, capture_output=True,
-                   env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
     result = json.loads(out.read_text())
     assert set(result["b_th"]) == {f"tiny-llama|d={d}|tp={t}" for d in (2, 4) for t in (1, 2)}
     assert result["p2p_gbps_assumed"] is True
