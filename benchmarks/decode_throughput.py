@@ -2,7 +2,8 @@
 
 Usage (GPU): python3 benchmarks/decode_throughput.py --model benchmarks/shapes/llama-3.1-8b.json \
     --batch-sizes 1 16 64 256 --context 1024 --decode-steps 32
-Random weights (speed only). Floor = (weight bytes + KV bytes read) / measured copy bandwidth."""
+Random weights (speed only). Floor = (weight bytes + KV bytes read) / measured copy bandwidth;
+a mixture of experts' weight bytes count the experts a step touches (`weight_bytes_read`)."""
 import argparse
 import contextlib
 import json
@@ -27,6 +28,20 @@ def copy_bandwidth(device) -> float:
         dst.copy_(src)
     torch.cuda.synchronize()
     return 2 * src.numel() * 10 / (time.perf_counter() - start)
+
+
+def weight_bytes_read(model, batch: int) -> float:
+    """The weight bytes a decode step of `batch` sequences reads: every parameter, except
+    that a mixture of experts' layer reads only the experts its tokens pick, E·(1 − (1 −
+    k/E)^B) of its E in expectation under uniform routing (random weights route about so)."""
+    from parashift.layers.fused_moe import FusedMoE
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for layer in (m for m in model.modules() if isinstance(m, FusedMoE)):
+        experts = layer.experts.gate_up_proj.shape[0]
+        expert_bytes = sum(p.numel() * p.element_size() for p in layer.experts.parameters())
+        touched = experts * (1 - (1 - layer.top_k / experts) ** batch)
+        total -= expert_bytes * (1 - touched / experts)
+    return total
 
 
 def kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
@@ -178,7 +193,7 @@ def main():
         seconds, context, breakdown = measure(llm, batch, args.context, args.decode_steps, cfg.vocab_size,
                           profile=args.profile)
         kv = batch * context * kv_bytes_per_token(cfg, 2)
-        floor = (weight_bytes + kv) / bandwidth
+        floor = (weight_bytes_read(engine.runner.model, batch) + kv) / bandwidth
         rows.append(dict(batch=batch, context=args.context, mean_context=context, step_ms=seconds * 1e3,
                          tokens_per_s=batch / seconds, floor_ms=floor * 1e3,
                          fraction_of_floor=floor / seconds, profile=breakdown))

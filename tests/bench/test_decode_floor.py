@@ -1,0 +1,37 @@
+"""benchmarks/decode_throughput.py's floor counts the experts a step touches: all weights of a
+dense model; of a mixture of experts, E·(1 − (1 − k/E)^B) experts a layer for B sequences."""
+import pytest
+
+from parashift import LLM
+from parashift.layers.fused_moe import FusedMoE
+from tests.bench.benchmark_scripts import load_benchmark
+from tests.helpers.tiny_configs import tiny_config
+
+
+def tiny_llm(tmp_path, family: str, architecture: str):
+    config = tiny_config(family)
+    config.architectures = [architecture]
+    config.save_pretrained(tmp_path)
+    return LLM(model=str(tmp_path / "config.json"), dtype="float32", device="cpu",
+               skip_tokenizer_init=True, max_model_len=64).llm_engine.runner.model
+
+
+def nbytes(params) -> int:
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def test_dense_model_reads_every_weight(tmp_path):
+    model = tiny_llm(tmp_path, "llama-gqa-untied", "LlamaForCausalLM")
+    floor = load_benchmark("decode_throughput").weight_bytes_read
+    assert floor(model, 1) == floor(model, 64) == nbytes(model.parameters())
+
+
+def test_mixture_of_experts_reads_the_experts_it_touches(tmp_path):
+    model = tiny_llm(tmp_path, "qwen3-moe", "Qwen3MoeForCausalLM")  # 8 experts, top-2
+    floor = load_benchmark("decode_throughput").weight_bytes_read
+    layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    experts = sum(nbytes(layer.experts.parameters()) for layer in layers)
+    dense = nbytes(model.parameters()) - experts
+    assert floor(model, 1) == pytest.approx(dense + experts * 2 / 8)
+    assert floor(model, 2) == pytest.approx(dense + experts * (1 - (6 / 8) ** 2))
+    assert floor(model, 512) == pytest.approx(dense + experts)
