@@ -18,10 +18,15 @@ BF16_MATRIX_RATE = 788e12  # H200 dense bf16, ../shared/workloads.md
 
 
 def prefill_flops(model, tokens: int) -> float:
+    """A mixture of experts' expert weights count k/E of theirs (each token runs k of E)."""
+    from parashift.layers.fused_moe import FusedMoE
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     matrix_params = sum(p.numel() for name, p in model.named_parameters()
                         if p.dim() == 2 and "embed_tokens" not in name and "lm_head" not in name)
+    for layer in (m for m in model.modules() if isinstance(m, FusedMoE)):
+        experts = layer.experts.gate_up_proj.shape[0]
+        matrix_params += sum(p.numel() for p in layer.experts.parameters()) * layer.top_k / experts
     attention = 2 * 2 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * tokens ** 2 / 2
     return 2 * matrix_params * tokens + attention + 2 * cfg.hidden_size * cfg.vocab_size
 

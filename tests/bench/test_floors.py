@@ -1,5 +1,6 @@
-"""benchmarks/decode_throughput.py's floor counts the experts a step touches: all weights of a
-dense model; of a mixture of experts, E·(1 − (1 − k/E)^B) experts a layer for B sequences."""
+"""The benchmarks' floors count the experts a step touches: decode reads all weights of a
+dense model; of a mixture of experts, E·(1 − (1 − k/E)^B) experts a layer for B sequences;
+prefill runs k of E experts a token."""
 import pytest
 
 from parashift import LLM
@@ -35,3 +36,14 @@ def test_mixture_of_experts_reads_the_experts_it_touches(tmp_path):
     assert floor(model, 1) == pytest.approx(dense + experts * 2 / 8)
     assert floor(model, 2) == pytest.approx(dense + experts * (1 - (6 / 8) ** 2))
     assert floor(model, 512) == pytest.approx(dense + experts)
+
+
+def test_prefill_floor_counts_the_experts_each_token_runs(tmp_path):
+    model = tiny_llm(tmp_path, "qwen3-moe", "Qwen3MoeForCausalLM")  # 8 experts, top-2
+    flops = load_benchmark("prefill_throughput").prefill_flops
+    layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    expert_params = sum(p.numel() for layer in layers for p in layer.experts.parameters())
+    dense_model_flops = flops(model, 100)
+    for layer in layers:  # the same model without its experts' share
+        layer.top_k = 0
+    assert dense_model_flops - flops(model, 100) == pytest.approx(2 * 100 * expert_params * 2 / 8)
