@@ -5,11 +5,13 @@
 first among equal probabilities), renormalized when asked; what layers.fused_moe.route
 computes, up to the order of the softmax's sum.
 
-`sort_pairs`: one program lays out at most MAX_PAIRS token-expert pairs expert by expert,
-each expert's run padded to a multiple of block_m rows, pairs of one expert in pair order:
-the same rows and block experts as kernels.fused_moe.sort_pairs_torch (its reference and the
-path of larger batches). Counts, ranks and block experts come from comparison matrices
-([experts, pairs], [pairs, pairs], [blocks, experts]), small at decode sizes."""
+`sort_pairs`: the token-expert pairs laid out expert by expert, each expert's run padded to
+a multiple of block_m rows, pairs of one expert in pair order: the same rows and block experts
+as kernels.fused_moe.sort_pairs_torch (their reference). Up to MAX_PAIRS pairs (decode) one
+program does it from comparison matrices ([experts, pairs], [pairs, pairs], [blocks,
+experts]); more (prefill) take two launches of a program per expert: one counts its pairs,
+the next places them from its run's start (the padded counts of the experts before it),
+ranking them by a cumulative sum over the pairs in order."""
 import torch
 import triton
 import triton.language as tl
@@ -96,21 +98,77 @@ def _sort_pairs_kernel(ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, nu
                  mask=blocks < num_blocks)
 
 
+@triton.jit
+def _count_pairs_kernel(ids_ptr, counts_ptr, num_pairs, first_expert, CHUNK: tl.constexpr):
+    """Program e: how many pairs chose local expert e."""
+    expert = tl.program_id(0)
+    total = 0
+    for pair0 in range(0, num_pairs, CHUNK):
+        pairs = pair0 + tl.arange(0, CHUNK)
+        local = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1) - first_expert
+        total += tl.sum((local == expert).to(tl.int32), axis=0)
+    tl.store(counts_ptr + expert, total)
+
+
+@triton.jit
+def _place_pairs_kernel(ids_ptr, counts_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs,
+                        num_local, first_expert, rows, EXPERTS: tl.constexpr,
+                        BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+    """Program e < num_local: its expert's pairs in pair order from its padded start, then
+    sentinel rows to the end of its run, and its blocks' expert; program num_local: the rows
+    and blocks past the last run."""
+    expert = tl.program_id(0)
+    experts = tl.arange(0, EXPERTS)
+    counts = tl.load(counts_ptr + experts, mask=experts < num_local, other=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    start = tl.sum(tl.where(experts < expert, padded, 0), axis=0)
+    end = start + tl.sum(tl.where(experts == expert, padded, 0), axis=0)
+    if expert == num_local:
+        end = rows
+    placed = start
+    if expert < num_local:
+        for pair0 in range(0, num_pairs, CHUNK):
+            pairs = pair0 + tl.arange(0, CHUNK)
+            local = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1) - first_expert
+            mine = local == expert
+            dest = placed + tl.cumsum(mine.to(tl.int32), axis=0) - 1
+            tl.store(pair_of_row_ptr + dest, pairs.to(tl.int64), mask=mine)
+            placed += tl.sum(mine.to(tl.int32), axis=0)
+    for row0 in range(placed, end, CHUNK):  # the run's padding (the tail: all sentinel)
+        offs = row0 + tl.arange(0, CHUNK)
+        tl.store(pair_of_row_ptr + offs, tl.full([CHUNK], 0, tl.int64) + num_pairs,
+                 mask=offs < end)
+    for block0 in range(start // BLOCK_M, end // BLOCK_M, CHUNK):
+        blocks = block0 + tl.arange(0, CHUNK)
+        tl.store(block_expert_ptr + blocks, tl.full([CHUNK], 0, tl.int64) + expert,
+                 mask=blocks < end // BLOCK_M)
+
+
 def sort_fits(num_pairs: int, num_local: int) -> bool:
-    return num_pairs <= MAX_PAIRS and num_local <= MAX_EXPERTS
+    return num_local <= MAX_EXPERTS
 
 
 def sort_pairs(ids: torch.Tensor, num_local: int, first_expert: int, block_m: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """kernels.fused_moe.sort_pairs for at most MAX_PAIRS pairs, in one launch."""
+    """kernels.fused_moe.sort_pairs in one launch (at most MAX_PAIRS pairs) or two (a program
+    per expert counting, then one per expert placing its pairs)."""
     num_pairs = ids.numel()
     rows = num_pairs + num_local * (block_m - 1)
     rows = (rows + block_m - 1) // block_m * block_m
     pair_of_row = torch.empty(rows, dtype=torch.int64, device=ids.device)
     block_expert = torch.empty(rows // block_m, dtype=torch.int64, device=ids.device)
-    _sort_pairs_kernel[(1,)](ids.contiguous(), pair_of_row, block_expert, num_pairs, num_local,
-                             first_expert, rows, rows // block_m,
-                             PAIRS=max(16, triton.next_power_of_2(num_pairs)),
-                             EXPERTS=max(16, triton.next_power_of_2(num_local)),
-                             BLOCK_M=block_m, FILL=256, BLOCKS=16, num_warps=4)
+    ids = ids.contiguous()
+    experts = max(16, triton.next_power_of_2(num_local))
+    if num_pairs <= MAX_PAIRS:
+        _sort_pairs_kernel[(1,)](ids, pair_of_row, block_expert, num_pairs, num_local,
+                                 first_expert, rows, rows // block_m,
+                                 PAIRS=max(16, triton.next_power_of_2(num_pairs)),
+                                 EXPERTS=experts, BLOCK_M=block_m, FILL=256, BLOCKS=16,
+                                 num_warps=4)
+        return pair_of_row, block_expert
+    counts = torch.empty(num_local, dtype=torch.int32, device=ids.device)
+    _count_pairs_kernel[(num_local,)](ids, counts, num_pairs, first_expert, CHUNK=1024)
+    _place_pairs_kernel[(num_local + 1,)](ids, counts, pair_of_row, block_expert, num_pairs,
+                                          num_local, first_expert, rows, EXPERTS=experts,
+                                          BLOCK_M=block_m, CHUNK=1024)
     return pair_of_row, block_expert

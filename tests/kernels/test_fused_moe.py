@@ -99,7 +99,10 @@ def test_layer_runs_kernel_on_cuda_only(monkeypatch, device):
 ROUTING_CASES = [dict(tokens=1, experts=128, top_k=8, renormalize=True),
                  dict(tokens=16, experts=128, top_k=8, renormalize=True, held=32, first=64),
                  dict(tokens=9, experts=8, top_k=2, renormalize=False),
-                 dict(tokens=5, experts=60, top_k=4, renormalize=True, held=15, first=0)]
+                 dict(tokens=5, experts=60, top_k=4, renormalize=True, held=15, first=0),
+                 # more than 128 pairs: a program per expert counts, then places them
+                 dict(tokens=300, experts=16, top_k=4, renormalize=True),
+                 dict(tokens=70, experts=16, top_k=2, renormalize=False, held=6, first=5)]
 
 
 def check_routing(tokens, experts, top_k, renormalize, held=None, first=0,
@@ -136,4 +139,4 @@ def test_routing_kernels_take_what_they_fit():
     from parashift.kernels import moe_routing
     assert moe_routing.route_fits(128, 8) and moe_routing.route_fits(8, 2)
     assert not moe_routing.route_fits(128, 6) and not moe_routing.route_fits(512, 8)
-    assert moe_routing.sort_fits(128, 128) and not moe_routing.sort_fits(129, 128)
+    assert moe_routing.sort_fits(4096 * 8, 128) and not moe_routing.sort_fits(8, 512)
