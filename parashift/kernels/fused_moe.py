@@ -69,7 +69,7 @@ def sort_pairs(ids: torch.Tensor, num_local: int, first_expert: int, block_m: in
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(pair id of each row [rows], expert of each block of block_m rows [rows / block_m],
     num_local for blocks past the end), from device ops only: the sizes follow from the
-    shapes, nothing is read on the host. One launch for a decode's few pairs on CUDA."""
+    shapes, nothing is read on the host. On CUDA the Triton kernels of `moe_routing`."""
     if ids.is_cuda and moe_routing.sort_fits(ids.numel(), num_local):
         return moe_routing.sort_pairs(ids, num_local, first_expert, block_m)
     return sort_pairs_torch(ids, num_local, first_expert, block_m)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_PAIRS = 128  # pairs one program sorts; more take the torch path
+MAX_PAIRS = 128  # pairs one program sorts; more take a program per expert
 MAX_EXPERTS = 256
 
 
