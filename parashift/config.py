@@ -18,7 +18,7 @@ class SchedulerConfig:
                 raise ValueError(f"{f.name} must be an integer >= {low}, got {value!r}")
 
 
-PARALLEL_POLICIES = ("static", "shift", "flying", "seesaw")
+PARALLEL_POLICIES = ("static", "shift", "flying", "seesaw", "sidp")
 SEESAW_FIELDS = ("prefill_plan", "decode_plan", "cpu_kv_tokens", "cpu_kv_gib")
 FLYING_PREEMPTIONS = ("auto", "soft", "hard", "recompute")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -82,6 +82,17 @@ class EngineConfig:
     cpu_kv_tokens: int | None = None
     cpu_kv_gib: float | None = None
     seesaw_max_prefill_ms: float = 0.0       # a prefill phase ends after this long (0: unbounded)
+    # SiDP: the data-parallel replicas share their FFN weights, each rank holding a 1/dp slice
+    # of every FFN layer; steps run them as Weight-as-a-Service ("was": slices fetched into
+    # slots) or Compute-as-a-Service ("cas": tokens sent to the slices). The sidp policy
+    # switches by sidp_batch_threshold; under the static policy sidp_mode holds.
+    share_ffn: bool = False
+    sidp_mode: str = "cas"                   # static policy's mode: cas | was
+    sidp_slots: int = 2                      # WaS: layers held at once (fetched ahead)
+    # sidp policy: WaS above this many tokens per busy replica's step (B_th; 604 for
+    # Qwen3-32B at d = 2 on H200, benchmarks/results/sidp_probe_h200.json), with hysteresis
+    sidp_batch_threshold: int = 600
+    sidp_min_dwell_steps: int = 8            # sidp policy: least steps between switches
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
     cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
@@ -126,6 +137,7 @@ class EngineConfig:
             raise ValueError(f"parallel_policy must be one of {PARALLEL_POLICIES}, got "
                              f"{self.parallel_policy!r}")
         self._check_seesaw()
+        self._check_shared_ffn()
         if self.flying_preemption not in FLYING_PREEMPTIONS:
             raise ValueError(f"flying_preemption must be one of {FLYING_PREEMPTIONS}, got "
                              f"{self.flying_preemption!r}")
@@ -189,6 +201,33 @@ class EngineConfig:
                              "group's plans (data_parallel_size the groups): drop "
                              f"{others[0] if others else 'layout'}")
 
+    def _check_shared_ffn(self) -> None:
+        if self.parallel_policy == "sidp":
+            self.share_ffn = True
+        if not isinstance(self.share_ffn, bool):
+            raise ValueError(f"share_ffn must be true or false, got {self.share_ffn!r}")
+        if self.sidp_mode not in ("cas", "was"):
+            raise ValueError(f"sidp_mode must be cas or was, got {self.sidp_mode!r}")
+        for name in ("sidp_slots", "sidp_batch_threshold", "sidp_min_dwell_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not self.share_ffn:
+            return
+        if self.data_parallel_size < 2:
+            raise ValueError("shared FFN weights (SiDP) need data_parallel_size >= 2: the "
+                             f"replicas share them, got {self.data_parallel_size}")
+        others = [n for n in ("sequence_parallel_size", "pipeline_parallel_size")
+                  if getattr(self, n) != 1]
+        if others or self.layout is not None:
+            raise ValueError("shared FFN weights (SiDP) are for DP replicas of plain TP: drop "
+                             f"{others[0] if others else 'layout'}")
+        if self.parallel_policy not in ("static", "sidp"):
+            raise ValueError("shared FFN weights (SiDP) run under the static or sidp policy, "
+                             f"got {self.parallel_policy}")
+        if self.deterministic:
+            raise ValueError("deterministic mode does not cover shared FFN weights (SiDP) yet")
+
     def _check_hosts(self) -> None:
         if self.distributed_executor_backend not in ("mp", "ray"):
             raise ValueError("distributed_executor_backend must be mp or ray, got "
@@ -219,6 +258,8 @@ class EngineConfig:
         from parashift.parallel.layout import Layout
         if self.parallel_policy == "seesaw":  # each group starts in its prefill plan
             return Layout.parse(",".join([self.prefill_plan] * self.data_parallel_size))
+        if self.share_ffn:  # each replica's FFN slices shared with the others
+            return Layout.of(self.plan).sharing_ffn(self.sidp_mode)
         return Layout.parse(self.layout) if self.layout else Layout.of(self.plan)
 
     @classmethod

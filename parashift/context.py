@@ -4,7 +4,7 @@ of the rank's weight layouts the plan uses, and the step's attention metadata.
 The model runner sets it around every forward (and around building the model, under the
 base plan, with no attention metadata); nothing else in the process holds plan state."""
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parashift.attention.backend import AttentionBackend
 from parashift.attention.metadata import AttentionMetadata
@@ -62,6 +62,15 @@ def use_context(ctx: StepContext):
         yield ctx
     finally:
         _context = saved
+
+
+def ffn_sharding():
+    """A context whose TP group is the one the FFN weights are sharded over while layers
+    are built: the TP group, or SiDP's owned slices (ParallelState.ffn_shard)."""
+    ctx = _context
+    if ctx.state.ffn_shard is None:
+        return use_context(ctx)
+    return use_context(replace(ctx, state=replace(ctx.state, tp=ctx.state.ffn_shard)))
 
 
 def use_state(state: ParallelState, weights: str = BASE_WEIGHTS,

@@ -38,6 +38,7 @@ from parashift.loader.source import load_hf_config, resolve_model
 from parashift.models.moe import check_plan
 from parashift.loader.tokenizer import load_tokenizer
 from parashift.outputs import CompletionOutput, RequestOutput
+from parashift.parallel.layout import coupled_groups
 from parashift.parallel.plan import Plan
 from parashift.sampling_params import SamplingParams
 from parashift.structured.matchers import StructuredOutputs
@@ -115,6 +116,7 @@ class LLMEngine:
         self._num_preemptions = 0
         self.steps_in_flight = 2 if _async_scheduling(config, self.policy_plans) else 1
         self._unplaced: dict[str, Sequence] = {}  # requests no group holds yet (routing.py)
+        self._round_id = 0  # steps that coupled groups run together (SiDP's CaS)
         self._last_step_s: dict[str, float] = {}  # each plan's last step
         self.layouts_by_width = layouts_by_width(base_replicas(self.layout),
                                                  set(self._plans_by_name))
@@ -568,8 +570,14 @@ class LLMEngine:
         if decision.transitions:
             self.transitions.request(decision.transitions, self.layout, self._plans_by_name)
             open_replicas = self._open_replicas()
+        coupled = coupled_groups([self._plans_by_name[name] for name in decision.plans])
         submitted = False
+        for groups in coupled:
+            submitted |= self._submit_together(groups, decision)
+        together = {g for groups in coupled for g in groups}
         for replica in open_replicas:
+            if replica.group in together:
+                continue
             sched = replica.scheduler.schedule()
             self._num_preemptions += len(sched.preempted)
             if sched.is_empty:
@@ -582,6 +590,27 @@ class LLMEngine:
             replica.start(sched, plan.name())
             submitted = True
         return submitted
+
+    def _submit_together(self, groups: tuple[int, ...], decision) -> bool:
+        """One step on each of `groups`' replicas, all in one round (they share FFN weights
+        in Compute-as-a-Service: every rank of theirs takes part in each step), a replica
+        with nothing to run included; none until each has room and one has work."""
+        replicas = [r for r in self.serving_replicas() if r.group in groups]
+        if (any(len(r.in_flight) >= self._steps_in_flight(r) for r in replicas)
+                or not any(r.scheduler.has_unfinished() for r in replicas)):
+            return False
+        scheds = [r.scheduler.schedule() for r in replicas]
+        self._num_preemptions += sum(len(sched.preempted) for sched in scheds)
+        if all(sched.is_empty for sched in scheds):
+            return False
+        self._round_id += 1
+        for replica, sched in zip(replicas, scheds):
+            plan = self._plan_for(replica, decision)
+            batch = self._step_batch(replica, sched, plan.name())
+            batch.round_id = self._round_id
+            self.executor.submit(replica, plan.ranks, plan.output_rank(), batch)
+            replica.start(sched, plan.name())
+        return True
 
     def _open_replicas(self) -> list[Replica]:
         """Replicas with work and room for a step, none of whose ranks a pending transition

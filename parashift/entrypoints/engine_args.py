@@ -31,7 +31,8 @@ ENGINE_FLAGS = {
     "--parallel-policy": ("parallel_policy", str, "static | shift (SP base plan, TP for small "
                                                   "steps) | flying (DP replicas merge into one "
                                                   "TP group under light load) | seesaw (PP "
-                                                  "prefill, TP decode, KV through a CPU tier)"),
+                                                  "prefill, TP decode, KV through a CPU tier) "
+                                                  "| sidp (DP replicas share FFN weights)"),
     "--prefill-plan": ("prefill_plan", str, "seesaw policy: each group's prefill plan, e.g. "
                                             "pp2 or pp2xtp2 (-dp gives the groups)"),
     "--decode-plan": ("decode_plan", str, "seesaw policy: each group's decode plan over the "
@@ -43,6 +44,17 @@ ENGINE_FLAGS = {
     "--seesaw-max-prefill-ms": ("seesaw_max_prefill_ms", float,
                                 "seesaw policy: a prefill phase ends after this long when "
                                 "there is something to decode (0: unbounded)"),
+    "--sidp-mode": ("sidp_mode", str, "shared FFN weights under the static policy: cas "
+                                      "(tokens go to the owners' slices) | was (slices "
+                                      "fetched into slots)"),
+    "--sidp-slots": ("sidp_slots", int, "shared FFN weights: FFN layers a replica holds at "
+                                        "once in Weight-as-a-Service (fetched ahead)"),
+    "--sidp-batch-threshold": ("sidp_batch_threshold", int,
+                               "sidp policy: Weight-as-a-Service above this many tokens per "
+                               "busy replica's step, Compute-as-a-Service below (hysteresis "
+                               "20%%)"),
+    "--sidp-min-dwell-steps": ("sidp_min_dwell_steps", int,
+                               "sidp policy: least steps between two switches"),
     "--flying-merge-running": ("flying_merge_running", int, "flying policy: merge the replicas "
                                                             "at or below this many running "
                                                             "requests and none waiting"),
@@ -150,6 +162,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
     group.add_argument("--check-step-state", action="store_true",
                        help="debug: check every step's inputs, built from the ranks' persistent "
                             "state, against a rebuild from scratch (slow)")
+    group.add_argument("--share-ffn", action="store_true",
+                       help="SiDP: the data-parallel replicas share their FFN weights, each "
+                            "rank holding 1/dp of every FFN layer (more KV memory)")
     group.add_argument("--enable-expert-parallel", dest="moe_parallel", action="store_const",
                        const="ep", help="as vLLM's flag: --moe-parallel ep")
     group.add_argument("--deterministic", action="store_true",
@@ -166,7 +181,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     names = [name for name, _, _ in ENGINE_FLAGS.values()]
     names += ["model", "enable_prefix_caching", "skip_tokenizer_init", "trust_remote_code",
               "cuda_graphs",
-              "fast_all_reduce", "async_scheduling", "check_step_state", "deterministic"]
+              "fast_all_reduce", "async_scheduling", "check_step_state", "deterministic", "share_ffn"]
     names += [name for _, _, name in PARALLEL_FLAGS]
     names += ["gpus_per_node", "distributed_executor_backend", "allow_cross_host_tp"]
     return EngineConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)},

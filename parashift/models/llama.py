@@ -10,7 +10,7 @@ from parashift.layers.layernorm import RMSNorm
 from parashift.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from parashift.layers.missing import MissingLayer
 from parashift.layers.rotary import get_rotary_embedding
-from parashift.context import get_context
+from parashift.context import ffn_sharding, get_context
 
 
 def head_dim_of(cfg) -> int:
@@ -96,9 +96,10 @@ class LlamaModel(nn.Module):
         self.first, self.last = state.is_first_stage, state.is_last_stage
         self.embed_tokens = (VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
                              if self.first else MissingLayer())
+        with ffn_sharding():
+            mlps = {i: make_mlp(cfg, i) for i in self.stage}
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, max_position, make_mlp(cfg, i)) if i in self.stage
-            else MissingLayer()
+            LlamaDecoderLayer(cfg, max_position, mlps[i]) if i in self.stage else MissingLayer()
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if self.last else MissingLayer()
 

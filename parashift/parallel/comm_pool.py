@@ -74,9 +74,13 @@ class CommunicatorPool:
         over SP_TP)."""
         def h(kind):
             return self.handle(plan.group_of(kind, self.rank))
-        return ParallelState(plan, self.rank, h("tp"), h("sp"), h("pp"), h("dp"),
-                             self.handle(plan.vocab_group_of(self.rank)),
-                             self.handle(plan.ep_group_of(self.rank)))
+        state = ParallelState(plan, self.rank, h("tp"), h("sp"), h("pp"), h("dp"),
+                              self.handle(plan.vocab_group_of(self.rank)),
+                              self.handle(plan.ep_group_of(self.rank)))
+        if plan.shared_ffn is not None:
+            state.ffn = h("ffn")
+            state.ffn_shard = GroupHandle(plan.ffn_shard_ranks(), self.rank)
+        return state
 
 
 def _host_rss_bytes() -> int:

@@ -28,6 +28,12 @@ class Layout:
         """One group per DP replica of `plan`, each running `plan` without its DP."""
         return cls(tuple(plan.replica(d) for d in range(plan.dp)))
 
+    def sharing_ffn(self, mode: str) -> "Layout":
+        """Every group's plan with the FFN weights shared over all the groups' ranks (SiDP)
+        in `mode`."""
+        ranks = tuple(r for plan in self.plans for r in plan.ranks)
+        return Layout(tuple(plan.sharing_ffn(mode, ranks) for plan in self.plans), self.lost)
+
     @classmethod
     def parse(cls, spec: str) -> "Layout":
         """Groups in rank order, comma-separated, each a plan name without ranks:
@@ -82,3 +88,19 @@ def describe_layout(layout: Layout, **shape) -> str:
     for index, plan in enumerate(layout.plans):
         lines.append(f"group {index}: " + describe(plan, **shape))
     return "\n".join(lines)
+
+
+def coupled_groups(plans: list[Plan]) -> list[tuple[int, ...]]:
+    """Groups (by index in `plans`, each group's next plan) whose next steps must run as
+    one round: the replicas that share FFN weights in Compute-as-a-Service, where every rank
+    of each takes part in every step. All of them or none must be in that mode."""
+    rounds: dict[tuple[int, ...], list[int]] = {}
+    for group, plan in enumerate(plans):
+        if plan.shared_ffn is not None and plan.shared_ffn[0] == "cas":
+            rounds.setdefault(plan.shared_ffn[1], []).append(group)
+    for ranks, groups in rounds.items():
+        if len(groups) != plans[groups[0]].ffn_replicas:
+            raise ValueError(f"only some of the replicas sharing FFN weights over ranks "
+                             f"{list(ranks)} were given Compute-as-a-Service: "
+                             f"{[plans[g].name() for g in groups]}")
+    return [tuple(groups) for groups in rounds.values()]

@@ -10,7 +10,8 @@ rank at a position is ranks[position]."""
 import re
 from dataclasses import dataclass, replace
 
-GROUP_KINDS = ("tp", "sp", "pp", "dp", "sp_tp", "dp_tp")
+GROUP_KINDS = ("tp", "sp", "pp", "dp", "sp_tp", "dp_tp", "ffn")
+FFN_MODES = ("was", "cas")  # SiDP: Weight-as-a-Service, Compute-as-a-Service
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,11 @@ class Plan:
     # Set on a merged plan (Flying Serving): (w, t) when w replicas of TP = t, each holding its
     # own copy of the weights, run as this one TP = w*t plan over their DP_TP group.
     merge_base: tuple[int, int] | None = None
+    # Set on a SiDP replica (a plain TP plan) whose FFN weights d replicas share:
+    # (mode, every sharing rank, replica by replica). Each rank holds one 1/d slice of
+    # every FFN layer of its TP shard; "was" fetches the others' slices into slots, "cas"
+    # runs the FFN over the replicas' gathered tokens with the slice (parallel/shared_ffn.py).
+    shared_ffn: tuple[str, tuple[int, ...]] | None = None
 
     def __post_init__(self):
         for name in ("dp", "pp", "sp", "tp"):
@@ -55,6 +61,41 @@ class Plan:
                                  f"got {list(ranks)}")
             if ranks == tuple(range(self.world_size)):
                 object.__setattr__(self, "rank_set", None)  # one spelling per plan
+        if self.shared_ffn is not None:
+            self._check_shared_ffn()
+
+    def _check_shared_ffn(self) -> None:
+        mode, ranks = self.shared_ffn
+        if mode not in FFN_MODES:
+            raise ValueError(f"a shared-FFN mode is one of {FFN_MODES}, got {mode!r}")
+        if (self.dp, self.pp, self.sp) != (1, 1, 1) or self.shift_base or self.merge_base:
+            raise ValueError("shared FFN weights (SiDP) are for replicas of plain TP, got "
+                             f"{replace(self, shared_ffn=None).name()}")
+        size = self.world_size
+        replicas = [tuple(ranks[i:i + size]) for i in range(0, len(ranks), size)]
+        if (len(ranks) % size or len(set(ranks)) != len(ranks) or len(replicas) < 2
+                or self.ranks not in replicas):
+            raise ValueError(f"plan {replace(self, shared_ffn=None).name()} shares its FFN with "
+                             f"ranks {list(ranks)}: they must be two or more replicas of its "
+                             "size, its own ranks one of them")
+
+    def sharing_ffn(self, mode: str, ranks: tuple[int, ...]) -> "Plan":
+        """This replica plan with its FFN weights shared over `ranks` in `mode`."""
+        return replace(self, shared_ffn=(mode, tuple(ranks)))
+
+    @property
+    def ffn_replicas(self) -> int:
+        """How many replicas share this plan's FFN weights (1: none)."""
+        return 1 if self.shared_ffn is None else len(self.shared_ffn[1]) // self.world_size
+
+    def ffn_shard_ranks(self) -> tuple[int, ...]:
+        """The sharing ranks in the order of their FFN slices: the rank at TP position t of
+        replica j holds the slice at position t * d + j of the TP = d*tp shard (a merged
+        plan's order), so a replica's slices together are its TP shard, in order."""
+        if self.shared_ffn is None:
+            return self.group_of("tp", self.ranks[0])
+        sharing, size, d = self.shared_ffn[1], self.world_size, self.ffn_replicas
+        return tuple(sharing[j * size + t] for t in range(self.tp) for j in range(d))
 
     def shift_plan(self) -> "Plan":
         """Shift Parallelism's plan for this base plan: TP over the SP_TP group."""
@@ -125,12 +166,22 @@ class Plan:
                         if getattr(self, k) > 1) or "single"
         name = f"shift-{name}" if self.shift_base else name
         name = f"merge{self.merge_base[0]}-{name}" if self.merge_base else name
-        return name if self.rank_set is None else f"{name}@{_ranks_text(self.rank_set)}"
+        name = name if self.rank_set is None else f"{name}@{_ranks_text(self.rank_set)}"
+        if self.shared_ffn is not None:
+            name += f"+{self.shared_ffn[0]}/{_ranks_text(self.shared_ffn[1])}"
+        return name
 
     @classmethod
     def parse(cls, text: str) -> "Plan":
         """The plan a name() names (not shift plans): "tp2", "dp2xsp2", "single", "tp2@2-3",
-        "merge2-tp4@0-3" (two TP=2 replicas merged)."""
+        "merge2-tp4@0-3" (two TP=2 replicas merged), "single@1+cas/0-1" (a SiDP replica)."""
+        text, _, shared = text.partition("+")
+        if shared:
+            match = re.fullmatch(r"(was|cas)/([0-9.-]+)", shared)
+            if match is None:
+                raise ValueError(f"cannot read plan {text}+{shared}: a shared-FFN suffix is "
+                                 "+was/<ranks> or +cas/<ranks>")
+            return cls.parse(text).sharing_ffn(match.group(1), _parse_ranks(match.group(2)))
         degrees_text, _, ranks_text = text.partition("@")
         merge = re.fullmatch(r"merge([0-9]+)-(tp[0-9]+)", degrees_text)
         if merge is not None:
@@ -188,6 +239,12 @@ class Plan:
             # position tp_rank * sp + sp_rank (Shift Parallelism §3.3.1).
             return tuple(self.rank_of(Coords(c.dp, c.pp, s, t))
                          for t in range(self.tp) for s in range(self.sp))
+        if kind == "ffn":
+            # the replicas' ranks at this rank's TP position: they exchange FFN tokens
+            if self.shared_ffn is None:
+                return (rank,)
+            sharing, size = self.shared_ffn[1], self.world_size
+            return tuple(sharing[i + c.tp] for i in range(0, len(sharing), size))
         if kind == "dp_tp":
             # TP over the DP replicas' TP groups, each rank using its shard of its replica's
             # weights: position tp_rank * dp + dp_rank (a merge, Flying Serving).
@@ -247,6 +304,8 @@ class Plan:
             raise ValueError(f"the MLP width {intermediate_size} cannot be split over tp = {self.tp}")
         if experts is not None:
             experts.check(self)
+        if self.shared_ffn is not None:
+            self._check_shared_ffn_model(intermediate_size, experts)
         degree = self.attn_degree
         valid = [d for d in range(1, num_heads + 1) if num_heads % d == 0]
         if num_heads % degree:
@@ -256,6 +315,17 @@ class Plan:
             raise ValueError(f"{num_kv_heads} KV heads cannot be split or replicated over sp*tp = "
                              f"{degree} ranks; use a divisor or a multiple of {num_kv_heads}")
         self.stage_layers(num_layers, 0)
+
+    def _check_shared_ffn_model(self, intermediate_size: int | None,
+                                experts: "ExpertShape | None") -> None:
+        slices = len(self.shared_ffn[1])
+        if experts is not None:
+            raise ValueError("shared FFN weights (SiDP) are built for dense models; a mixture "
+                             "of experts is served with expert parallelism (--moe-parallel ep)")
+        if intermediate_size is not None and intermediate_size % slices:
+            raise ValueError(f"the MLP width {intermediate_size} cannot be split into {slices} "
+                             f"owned slices (data_parallel_size x tp); valid totals: "
+                             f"{_divisors(intermediate_size)}")
 
 
 def _divisors(n: int) -> list[int]:

@@ -53,6 +53,29 @@ class GroupHandle:
         dist.all_to_all(recv, send, group=self.group)
         return [recv[i] for i in self._torch_index]
 
+    def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """This position's part of the sum of `x` over the group, `x` cut along dim 0 into
+        one part per position (in the group's order). Gloo has no reduce-scatter: there it
+        is an all-reduce, then this rank's part."""
+        if self.size == 1:
+            return x
+        parts = x.unflatten(0, (self.size, -1))
+        if not x.is_cuda:
+            dist.all_reduce(parts, group=self.group)
+            return parts[self.rank]
+        by_torch_rank = sorted(range(self.size), key=self._torch_index.__getitem__)
+        out = torch.empty_like(parts[0])
+        dist.reduce_scatter_tensor(out, parts[by_torch_rank].flatten(0, 1), group=self.group)
+        return out
+
+    def all_gather_object(self, obj) -> list:
+        """Every position's `obj` (picklable), in the group's order."""
+        if self.size == 1:
+            return [obj]
+        gathered = [None] * self.size
+        dist.all_gather_object(gathered, obj, group=self.group)
+        return [gathered[i] for i in self._torch_index]
+
     def peer(self, position: int) -> int:
         return self.ranks[position]
 
@@ -69,6 +92,12 @@ class ParallelState:
     # splits the experts under expert parallelism: the base plan's SP_TP group (Plan.ep_group_of);
     # None: the TP group where there is no SP
     ep: GroupHandle | None = None
+    # SiDP (Plan.shared_ffn): the replicas' ranks at this TP position, which exchange FFN
+    # tokens; and the shard the FFN weights are built and loaded as (TP = d*t, this rank's
+    # position), a handle with no process group, read when layers are built. None: the TP
+    # group's.
+    ffn: GroupHandle | None = None
+    ffn_shard: GroupHandle | None = None
 
     def __post_init__(self):
         if self.vocab is None:

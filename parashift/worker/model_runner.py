@@ -29,6 +29,7 @@ from parashift.loader.weights import load_model_weights
 from parashift.models.moe import check_plan
 from parashift.models.registry import model_class_for
 from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_narrow_weights
+from parashift.parallel.shared_ffn import SharedFfn
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
 from parashift.uploads import upload
@@ -116,6 +117,9 @@ class ModelRunner:
         self._bound_block_size = self.block_size
         # Narrower weight layouts (Shift, merges) before the KV pool takes what memory is left.
         self.shift_weight_bytes = self._make_narrow_weights(other_states, config.shift_weights)
+        # SiDP: owned FFN slices shared with the peers, and slots, before the KV pool too
+        self.shared_ffn = (SharedFfn(self.model, self.state, config.sidp_slots, device)
+                           if self.state.plan.shared_ffn is not None else None)
         self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
@@ -164,7 +168,7 @@ class ModelRunner:
         needs = {}
         for s in states:
             key = weight_layout_of(s.plan, s.rank)
-            if key == BASE_WEIGHTS:
+            if s.plan.narrowing(s.rank) is None:
                 continue
             mode = SHIFT_MODE_NAMES[shift_mode] if key == SHIFT_WEIGHTS else self.config.merge_weights
             needs[key] = Narrowing(*s.plan.narrowing(s.rank), mode)
@@ -240,10 +244,12 @@ class ModelRunner:
         model with experts on one rank only (their graphs have run on one GPU; the
         collectives of expert and tensor parallelism inside a graph have not yet)."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
-                    and all(r.state.pp.size == 1 for r in self.resources.values()))
+                    and all(r.state.pp.size == 1 for r in self.resources.values())
+                    and self.shared_ffn is None)
         if requested and not possible:
-            raise ValueError("CUDA graphs need a CUDA device, the triton attention backend and "
-                             "no pipeline parallelism")
+            raise ValueError("CUDA graphs need a CUDA device, the triton attention backend, "
+                             "no pipeline parallelism and no shared FFN weights (SiDP's "
+                             "fetches and exchanges are not captured yet)")
         if requested is None:
             one_rank = all(r.state.plan.world_size == 1 for r in self.resources.values())
             return possible and (one_rank or not self.expert_placement())
@@ -311,6 +317,10 @@ class ModelRunner:
         if self._check is not None:
             self._check.apply(batch, self.requests)
         plan = self.resources[batch.plan]
+        if self.shared_ffn is not None:
+            self.shared_ffn.begin_step(batch.round_id)
+            if not chunks:
+                return self._serve_ffn(plan, errors)
         group = self._group = self._group_of(plan.plan.ranks)
         self.history.record(chunks, group.prev_tokens, group.prev_index)
         if plan.block_size != self._bound_block_size:
@@ -333,6 +343,21 @@ class ModelRunner:
             logprobs += mb_logprobs or [None] * count
         return PendingStep(tokens, logprobs if any(lp is not None for lp in logprobs) else None,
                            errors)
+
+    def _serve_ffn(self, plan: PlanResources, errors: dict[str, str]) -> PendingStep:
+        """A step with no tokens here, in a round all replicas sharing FFN weights run
+        together: this rank's slices serve the others'; nothing is sampled."""
+        with use_context(plan.context()):
+            self.shared_ffn.serve_idle()
+        if not plan.is_output_rank:
+            return PendingStep(None, None)
+        return PendingStep(torch.empty(0, dtype=torch.int64), None, errors)
+
+    def shared_ffn_stats(self) -> dict:
+        return self.shared_ffn.stats() if self.shared_ffn is not None else {}
+
+    def shared_ffn_checksums(self) -> dict:
+        return self.shared_ffn.slot_checksums()
 
     def _admit(self, new_params: dict) -> dict[str, str]:
         """Makes what a new request needs on this rank (its seeded generator). A request
@@ -471,7 +496,8 @@ class ModelRunner:
             if not self.state.is_first_stage:
                 x = torch.zeros(len(inputs.local_rows), self.hidden_size, dtype=self.dtype, device=self.device)
                 intermediate = (x, x.clone())
-            with use_context(StepContext(self.state, attn=inputs.attn, backend=self.backend)):
+            weights = weight_layout_of(self.state.plan, self.state.rank)
+            with use_context(StepContext(self.state, weights, inputs.attn, self.backend)):
                 out = self.model(inputs.token_ids, inputs.positions, intermediate)
             if self.state.is_last_stage:
                 self.model.compute_logits(out[-min(len(out), self.config.max_num_seqs):])

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from parashift.context import BASE_WEIGHTS, StepContext
 from parashift.parallel.plan import Plan
+from parashift.parallel.shared_ffn import LAYOUT_OF_MODE
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
 
@@ -44,6 +45,8 @@ class PlanResources:
 def weight_layout_of(plan: Plan, rank: int) -> str:
     """The weight layout a plan's layers use on `rank`: the loaded shard, the shift plan's,
     or a merged plan's slice of the replica (one per width and position)."""
+    if plan.shared_ffn is not None:
+        return LAYOUT_OF_MODE[plan.shared_ffn[0]]
     narrowing = plan.narrowing(rank)
     if narrowing is None:
         return BASE_WEIGHTS

@@ -33,6 +33,9 @@ class StepBatch:
     # skip what the prefix cache holds, and the prompt tells the output tokens apart.
     prompts: dict[str, list[int]] = field(default_factory=dict)
     token_masks: TokenMasks | None = None  # structured output's masks of sampling chunks
+    # A step that every replica sharing FFN weights runs together (SiDP's Compute-as-a-
+    # Service): the same id on all of them, asserted by the ranks; -1: a step of its own.
+    round_id: int = -1
 
 
 @dataclass(slots=True)

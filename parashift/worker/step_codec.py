@@ -1,7 +1,7 @@
 """A step message in a fixed binary layout, so that sending a step to the ranks costs
 a few bulk operations instead of pickling every chunk, list and request id.
 
-Layout (little-endian), version 3; the counts in the header size every section:
+Layout (little-endian), version 4; the counts in the header size every section:
   header          magic b"PSTB", u16 version, u16 reserved (0), then u32 counts:
                   C chunks, T token ids, K new block ids, N new requests, F finished
                   requests, S bytes of id text, B logit-bias entries, P prompt
@@ -23,6 +23,8 @@ Layout (little-endian), version 3; the counts in the header size every section:
   int32[2]        M chunks with a structured-output token mask, W words per mask
   int32[M]        their indices among the chunks
   int32[M, W]     their bitmasks
+  int64[1]        the round id of a step every replica sharing FFN weights runs together
+                  (-1: none)
 
 A new request carries only the sampling fields a rank uses (greediness follows from
 temperature and top_k) and, where sent, its prompt; its other fields decode to their defaults,
@@ -42,7 +44,7 @@ from parashift.sampling_params import SEED_MAX as INT64_MAX, SamplingParams
 from parashift.structured.matchers import TokenMasks
 from parashift.worker.step_batch import ChunkDelta, StepBatch
 
-MAGIC, VERSION = b"PSTB", 3
+MAGIC, VERSION = b"PSTB", 4
 HEADER = struct.Struct("<4sHH8I")  # 40 bytes, so the int64 sections after it are aligned
 _CHUNK = attrgetter("request_id", "token_ids", "start_pos", "blocks_from", "new_blocks",
                     "samples")
@@ -100,7 +102,8 @@ def encode_step(batch: StepBatch) -> bytes:
         _packed(map(len, biases), np.int32, N),
         _packed(map(len, ids), np.int32, len(ids)),
         text,
-        _encode_masks(batch.token_masks)))
+        _encode_masks(batch.token_masks),
+        np.array([batch.round_id], np.int64).tobytes()))
 
 
 def _encode_masks(masks: TokenMasks | None) -> bytes:
@@ -138,6 +141,7 @@ def decode_step(message: bytes) -> StepBatch:
     offset += S
     M, W = take(np.int32, 2).tolist()
     masks = TokenMasks(take(np.int32, M).tolist(), take(np.int32, M, W)) if M else None
+    round_id = int(take(np.int64, 1)[0])
     if offset != len(message):
         raise ValueError(f"a step message of {len(message)} bytes, expected {offset}")
     starts, froms, _, _, samples = columns.tolist()
@@ -151,4 +155,4 @@ def decode_step(message: bytes) -> StepBatch:
         for i, column, bias in zip(range(N), zip(*floats), biases)}
     prompted = [r for r, was_sent in zip(ids[C:C + N], sent.tolist()) if was_sent]
     return StepBatch(chunks, new_params, ids[C + N:C + N + F], ids[-1],
-                     dict(zip(prompted, prompts)), masks)
+                     dict(zip(prompted, prompts)), masks, round_id)

@@ -5,13 +5,14 @@ from parashift.engine.policy.protocol import Decision, GroupView, NodeView, Poli
 from parashift.engine.policy.scripted import ScriptedPolicy
 from parashift.engine.policy.seesaw import SeesawPolicy
 from parashift.engine.policy.shift import ShiftPolicy
+from parashift.engine.policy.sidp import SidpPolicy
 from parashift.engine.policy.static import StaticPolicy
 from parashift.parallel.layout import Layout
 
-POLICIES = ("static", "shift", "flying", "seesaw")
+POLICIES = ("static", "shift", "flying", "seesaw", "sidp")
 
 __all__ = ["Decision", "FlyingPolicy", "GroupView", "NodeView", "Policy", "ScriptedPolicy",
-           "SeesawPolicy", "ShiftPolicy", "StaticPolicy", "Transition", "make_policy"]
+           "SeesawPolicy", "ShiftPolicy", "SidpPolicy", "StaticPolicy", "Transition", "make_policy"]
 
 
 def make_policy(config, layout: Layout, hf_config) -> Policy:
@@ -28,4 +29,6 @@ def make_policy(config, layout: Layout, hf_config) -> Policy:
     if config.parallel_policy == "seesaw":
         return SeesawPolicy(layout, config.prefill_plan, config.decode_plan,
                             config.seesaw_max_prefill_ms)
+    if config.parallel_policy == "sidp":
+        return SidpPolicy(layout, config.sidp_batch_threshold, config.sidp_min_dwell_steps)
     raise ValueError(f"unknown parallel policy {config.parallel_policy!r}; choose from {POLICIES}")

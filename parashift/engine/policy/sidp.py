@@ -1,0 +1,45 @@
+"""SiDP's mode switch (arXiv 2605.28095 §4.3): the replicas that share FFN weights run
+Compute-as-a-Service for small steps (their tokens go to the slices: no weight moves) and
+Weight-as-a-Service for large ones (each fetches the slices it lacks into slots, hidden
+under its own step), by B_th, the step size from which a fetch hides (benchmarks/
+sidp_probe.py), with hysteresis and a least dwell. All the sharing replicas take one mode."""
+from parashift.engine.policy.protocol import Decision, NodeView
+from parashift.parallel.layout import Layout
+from parashift.parallel.plan import FFN_MODES
+
+HYSTERESIS = 0.2  # leave a mode only past B_th by this fraction
+
+
+class SidpPolicy:
+    name = "sidp"
+
+    def __init__(self, layout: Layout, threshold: int, dwell_steps: int):
+        if any(plan.shared_ffn is None for plan in layout.plans):
+            raise ValueError("the sidp policy needs replicas that share FFN weights "
+                             f"(--share-ffn with -dp >= 2), got {layout.name()}")
+        self.by_mode = {mode: [p.sharing_ffn(mode, p.shared_ffn[1]) for p in layout.plans]
+                        for mode in FFN_MODES}
+        self.plans = list(layout.plans) + [p for mode in FFN_MODES for p in self.by_mode[mode]
+                                           if p not in layout.plans]
+        self.mode = layout.plans[0].shared_ffn[0]
+        self.threshold, self.dwell = threshold, dwell_steps
+        self.since_switch = dwell_steps  # the first switch may come at once
+        self.switches = 0
+
+    def target(self, tokens_per_replica: float) -> str:
+        """The mode the load asks for, with hysteresis around the threshold."""
+        if self.mode == "cas" and tokens_per_replica > self.threshold * (1 + HYSTERESIS):
+            return "was"
+        if self.mode == "was" and tokens_per_replica < self.threshold * (1 - HYSTERESIS):
+            return "cas"
+        return self.mode
+
+    def decide(self, view: NodeView) -> Decision:
+        """One decision per scheduling round (about one per step); the dwell counts them."""
+        busy = [g.next_step_tokens for g in view.groups if g.next_step_tokens > 0]
+        self.since_switch += 1
+        target = self.target(sum(busy) / len(busy) if busy else 0.0)
+        if target != self.mode and self.since_switch >= self.dwell:
+            self.mode, self.since_switch = target, 0
+            self.switches += 1
+        return Decision(tuple(plan.name() for plan in self.by_mode[self.mode]))

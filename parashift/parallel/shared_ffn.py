@@ -1,0 +1,347 @@
+"""SiDP on one rank (arXiv 2605.28095; the design chosen from the probe is in
+docs/architecture.md "SiDP"): d data-parallel replicas share their FFN weights. Each rank
+loaded one 1/d slice of every FFN layer of its TP shard (`Plan.ffn_shard_ranks`); its peers
+(the other replicas' ranks at its TP position) use that slice where it lies:
+
+- Weight-as-a-Service (`was`): before a layer's FFN the rank assembles its whole TP shard in
+  one of a few slots, copying each peer's slice (one-sided: the owner does nothing), and
+  runs the same GEMMs as a replica that holds the whole shard. Once the layer is done its
+  slot takes the layer `slots` ahead, so the next step's first layers arrive during this
+  step's last ones.
+- Compute-as-a-Service (`cas`): the replicas' tokens are gathered, each rank applies its
+  slice to all of them and the sums are reduce-scattered back (DP attention with a TP FFN
+  over the replicas): every rank of every replica takes part in each such step, one with
+  no tokens too (`serve_idle`).
+
+Peers read a rank's slices from a file in /dev/shm that every peer maps on the CPU, and
+through CUDA IPC handles on GPUs. The mode is the step plan's weight layout key."""
+import hashlib
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parashift.context import get_context
+from parashift.layers.linear import LinearBase, MergedColumnParallelLinear, RowParallelLinear
+from parashift.parallel.state import GroupHandle, ParallelState
+
+logger = logging.getLogger(__name__)
+
+WAS_WEIGHTS, CAS_WEIGHTS = "sidp-was", "sidp-cas"
+LAYOUT_OF_MODE = {"was": WAS_WEIGHTS, "cas": CAS_WEIGHTS}
+SHM_DIR = "/dev/shm"
+
+
+@dataclass
+class FfnSlice:
+    """One layer's slice: gate and up rows ([gate | up], 2 s rows), down columns (s)."""
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return self.down.shape[1]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.gate_up, self.gate_up_bias, self.down) if t is not None]
+
+
+def ffn_modules(model: nn.Module) -> list[nn.Module]:
+    """The model's dense FFN blocks (gate_up and down projections), in layer order."""
+    return [m for m in model.modules()
+            if isinstance(getattr(m, "gate_up_proj", None), MergedColumnParallelLinear)
+            and isinstance(getattr(m, "down_proj", None), RowParallelLinear)]
+
+
+def _slice_of(module: nn.Module) -> FfnSlice:
+    return FfnSlice(module.gate_up_proj.weight.data, _data(module.gate_up_proj.bias),
+                    module.down_proj.weight.data)
+
+
+def _data(param) -> torch.Tensor | None:
+    return None if param is None else param.data
+
+
+def _carve(buffer: torch.Tensor, like: list[FfnSlice]) -> list[FfnSlice]:
+    """Views of `buffer` shaped as `like`'s tensors, one after another."""
+    offset, carved = 0, []
+    for piece in like:
+        views = []
+        for t in (piece.gate_up, piece.gate_up_bias, piece.down):
+            if t is None:
+                views.append(None)
+                continue
+            views.append(buffer[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
+        carved.append(FfnSlice(*views))
+    return carved
+
+
+class OwnedSlices:
+    """This rank's slices of every FFN layer, moved into one buffer that its peers map
+    (the parameters become views of it), and the peers' buffers, by position."""
+
+    def __init__(self, modules: list[nn.Module], peers: GroupHandle, device: torch.device):
+        own = [_slice_of(m) for m in modules]
+        numel = sum(t.numel() for piece in own for t in piece.tensors())
+        dtype = own[0].down.dtype
+        path = None
+        if device.type == "cuda":
+            buffer = torch.empty(numel, dtype=dtype, device=device)
+        else:
+            path = os.path.join(SHM_DIR, f"parashift-sidp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            buffer = torch.from_file(path, shared=True, size=numel, dtype=dtype)
+        self.local = _carve(buffer, own)
+        for module, piece, old in zip(modules, self.local, own):
+            for new_t, old_t in zip(piece.tensors(), old.tensors()):
+                new_t.copy_(old_t)
+            module.gate_up_proj.weight.data = piece.gate_up
+            if piece.gate_up_bias is not None:
+                module.gate_up_proj.bias.data = piece.gate_up_bias
+            module.down_proj.weight.data = piece.down
+        self.nbytes = buffer.nbytes
+        buffers = _peer_buffers(buffer, path, numel, peers)
+        self.by_peer = [_carve(b, own) for b in buffers]
+
+
+def _peer_buffers(buffer: torch.Tensor, path: str | None, numel: int,
+                  peers: GroupHandle) -> list[torch.Tensor]:
+    """Every peer's buffer, by position (this rank's own at its position): the CPU maps
+    each peer's file, then each rank removes its own (the mappings stay); a GPU opens each
+    peer's CUDA IPC handle."""
+    if buffer.is_cuda:
+        from torch.multiprocessing.reductions import reduce_tensor
+        handles = peers.all_gather_object(reduce_tensor(buffer))
+        return [buffer if p == peers.rank else rebuild(*args)
+                for p, (rebuild, args) in enumerate(handles)]
+    paths = peers.all_gather_object(path)
+    mapped = [buffer if p == peers.rank else
+              torch.from_file(other, shared=True, size=numel, dtype=buffer.dtype)
+              for p, other in enumerate(paths)]
+    dist.barrier(group=peers.group)
+    os.unlink(path)
+    return mapped
+
+
+class FfnSlots:
+    """A few slots, each one FFN layer's whole TP shard, filled from the owners' slices
+    (layer i in slot i % count); each layer's WaS layout reads its slot."""
+
+    def __init__(self, modules: list[nn.Module], owners: OwnedSlices, position: int, count: int,
+                 device: torch.device):
+        shapes = {tuple(t.shape for t in piece.tensors()) for piece in owners.local}
+        if len(shapes) != 1:
+            raise ValueError("shared FFN weights need every layer's FFN of one shape")
+        self.owners, self.position, self.modules = owners, position, modules
+        d, piece = len(owners.by_peer), owners.local[0]
+        rows, hidden = piece.rows, piece.down.shape[0]
+        dtype = piece.down.dtype
+        self.slots = [FfnSlice(
+            torch.empty(2 * d * rows, hidden, dtype=dtype, device=device),
+            None if piece.gate_up_bias is None else torch.empty(2 * d * rows, dtype=dtype,
+                                                                device=device),
+            torch.empty(hidden, d * rows, dtype=dtype, device=device)) for _ in range(count)]
+        self.nbytes = sum(t.nbytes for slot in self.slots for t in slot.tensors())
+        self.held = [-1] * count  # the layer each slot holds
+        self.bytes_fetched = 0  # from peers (this rank's own slice is a local copy)
+        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.ready_events: dict[int, torch.cuda.Event] = {}  # slot -> its fetch's end
+        for index, module in enumerate(modules):
+            slot = self.slots[index % count]
+            module.gate_up_proj.set_layout(WAS_WEIGHTS, [(slot.gate_up, slot.gate_up_bias)],
+                                           separate=False, split=(1, [d * rows] * 2))
+            module.down_proj.set_layout(WAS_WEIGHTS, [(slot.down, _data(module.down_proj.bias))],
+                                        separate=False)
+
+    def fetch(self, layer: int) -> None:
+        """Copies every owner's slice of `layer` into its slot."""
+        k = layer % len(self.slots)
+        slot = self.slots[k]
+        half = slot.gate_up.shape[0] // 2
+        for p, owner in enumerate(self.owners.by_peer):
+            piece = owner[layer]
+            s = piece.rows
+            rows = slice(p * s, (p + 1) * s)
+            slot.gate_up[rows].copy_(piece.gate_up[:s], non_blocking=True)
+            slot.gate_up[half + p * s:half + (p + 1) * s].copy_(piece.gate_up[s:],
+                                                                  non_blocking=True)
+            if piece.gate_up_bias is not None:
+                slot.gate_up_bias[rows].copy_(piece.gate_up_bias[:s], non_blocking=True)
+                slot.gate_up_bias[half + p * s:half + (p + 1) * s].copy_(piece.gate_up_bias[s:],
+                                                                          non_blocking=True)
+            slot.down[:, rows].copy_(piece.down, non_blocking=True)
+            if p != self.position:
+                self.bytes_fetched += sum(t.nbytes for t in piece.tensors())
+        self.held[k] = layer
+
+    def ready(self, layer: int) -> None:
+        """Before `layer`'s FFN: its slot holds it (waiting for its prefetch, or fetching
+        it now)."""
+        k = layer % len(self.slots)
+        event = self.ready_events.pop(k, None)
+        if event is not None:
+            torch.cuda.current_stream().wait_event(event)
+        if self.held[k] != layer:
+            self.fetch(layer)
+
+    def release(self, layer: int) -> None:
+        """After `layer`'s FFN: its slot takes the layer `len(slots)` ahead, on the copy
+        stream once this layer's kernels are done reading it (GPU)."""
+        k, ahead = layer % len(self.slots), (layer + len(self.slots)) % len(self.modules)
+        if self.held[k] == ahead:
+            return
+        if self.copy_stream is None:
+            self.fetch(ahead)
+            return
+        self.copy_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.copy_stream):
+            self.fetch(ahead)
+            self.ready_events[k] = torch.cuda.Event()
+            self.ready_events[k].record()
+
+
+class SharedFfn:
+    """SiDP on this rank: its owned slices, its slots, and the hooks that run each FFN
+    block in the step plan's mode (its weight layout key)."""
+
+    def __init__(self, model: nn.Module, state: ParallelState, slots: int, device: torch.device):
+        self.modules = ffn_modules(model)
+        if not self.modules:
+            raise ValueError("shared FFN weights (SiDP) need a model with dense FFN blocks")
+        self.peers = state.ffn
+        self.owners = OwnedSlices(self.modules, self.peers, device)
+        self.slots = FfnSlots(self.modules, self.owners, self.peers.rank, slots, device)
+        self.hidden_size = self.owners.local[0].down.shape[0]
+        self.dtype, self.device = self.owners.local[0].down.dtype, device
+        self._install_layouts(model)
+        for index, module in enumerate(self.modules):
+            module.register_forward_pre_hook(self._before(index))
+            module.register_forward_hook(self._after(index))
+        self.round_id, self._counts = -1, None
+        self._log(state)
+
+    def _install_layouts(self, model: nn.Module) -> None:
+        """CaS runs the owned slices (the down projection's bias added by one replica);
+        every other linear layer runs its loaded weights under both modes."""
+        ffn_linears = set()
+        for module in self.modules:
+            gate_up, down = module.gate_up_proj, module.down_proj
+            gate_up.set_layout(CAS_WEIGHTS, [(gate_up.weight, gate_up.bias)], separate=False)
+            bias = down.bias if self.peers.rank == 0 else None
+            down.set_layout(CAS_WEIGHTS, [(down.weight, bias)], separate=False)
+            ffn_linears.update((gate_up, down))
+        for layer in model.modules():
+            if isinstance(layer, LinearBase) and layer not in ffn_linears:
+                for key in (WAS_WEIGHTS, CAS_WEIGHTS):
+                    layer.set_layout(key, [(layer.weight, layer.bias)], separate=False)
+
+    def _log(self, state: ParallelState) -> None:
+        order = state.plan.ffn_shard_ranks()
+        slices, position = len(order), order.index(state.rank)
+        logger.info("SiDP rank %d: owns FFN slice %d of %d of all %d layers (%.1f MiB), reads "
+                    "its peers %s; %d slots (%.1f MiB); CaS staging: the collectives' own",
+                    state.rank, position, slices, len(self.modules), self.owners.nbytes / 2**20,
+                    list(self.peers.ranks), len(self.slots.slots), self.slots.nbytes / 2**20)
+
+    # ---- a step --------------------------------------------------------------
+    def begin_step(self, round_id: int) -> None:
+        self.round_id, self._counts = round_id, None
+
+    def serve_idle(self) -> None:
+        """A CaS step of a replica with no tokens: its slices still serve the others."""
+        empty = torch.empty(0, self.hidden_size, dtype=self.dtype, device=self.device)
+        for module in self.modules:
+            module(empty)
+
+    def _before(self, index: int):
+        def hook(module, args):
+            key = get_context().weights
+            if key == WAS_WEIGHTS:
+                self.slots.ready(index)
+            elif key == CAS_WEIGHTS:
+                return (self._gather(args[0]),)
+            return None
+        return hook
+
+    def _after(self, index: int):
+        def hook(module, args, output):
+            key = get_context().weights
+            if key == WAS_WEIGHTS:
+                self.slots.release(index)
+            elif key == CAS_WEIGHTS:
+                return self._scatter(output)
+            return None
+        return hook
+
+    def _step_counts(self, tokens: int) -> list[int]:
+        """Each peer's tokens this step, exchanged at the step's first FFN block; the
+        peers must all be running the same round."""
+        if self._counts is None:
+            mine = torch.tensor([[tokens, self.round_id]], dtype=torch.int64)
+            if self.device.type == "cuda":
+                mine = mine.to(self.device)
+            both = self.peers.all_gather(mine, dim=0).tolist()
+            rounds = [r for _, r in both]
+            if self.round_id < 0 or len(set(rounds)) != 1:
+                raise RuntimeError(f"SiDP peers {list(self.peers.ranks)} are not running one "
+                                   f"Compute-as-a-Service round: their rounds are {rounds}")
+            self._counts = [n for n, _ in both]
+        return self._counts
+
+    def _gather(self, x: torch.Tensor) -> torch.Tensor:
+        counts = self._step_counts(x.shape[0])
+        longest = max(counts)
+        padded = x.new_zeros(longest, x.shape[1])
+        padded[:x.shape[0]] = x
+        parts = self.peers.all_gather(padded, dim=0).unflatten(0, (len(counts), longest))
+        return torch.cat([part[:n] for part, n in zip(parts, counts)])
+
+    def _scatter(self, y: torch.Tensor) -> torch.Tensor:
+        counts = self._counts
+        longest = max(counts)
+        padded = y.new_zeros(len(counts), longest, y.shape[1])
+        start = 0
+        for p, n in enumerate(counts):
+            padded[p, :n] = y[start:start + n]
+            start += n
+        mine = self.peers.reduce_scatter(padded.flatten(0, 1))
+        return mine[:counts[self.peers.rank]]
+
+    # ---- checks and counters -------------------------------------------------
+    def stats(self) -> dict:
+        return {"bytes_fetched": self.slots.bytes_fetched, "owned_bytes": self.owners.nbytes,
+                "slot_bytes": self.slots.nbytes}
+
+    def slot_checksums(self) -> dict:
+        """sha256 of this rank's own slices, and of each piece fetched into a slot (from
+        every owner), layer by layer: a peer's fetched pieces must equal its owner's."""
+        own = [_digest(piece.tensors()) for piece in self.owners.local]
+        fetched = []
+        for layer in range(len(self.modules)):
+            self.slots.ready(layer)
+            slot = self.slots.slots[layer % len(self.slots.slots)]
+            fetched.append([_digest(_piece_in_slot(slot, p, self.owners.local[layer].rows))
+                            for p in range(len(self.owners.by_peer))])
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        return {"own": own, "fetched": fetched, "peers": list(self.peers.ranks)}
+
+
+def _piece_in_slot(slot: FfnSlice, p: int, s: int) -> list[torch.Tensor]:
+    half = slot.gate_up.shape[0] // 2
+    gate_up = torch.cat([slot.gate_up[p * s:(p + 1) * s], slot.gate_up[half + p * s:half + (p + 1) * s]])
+    bias = None if slot.gate_up_bias is None else torch.cat(
+        [slot.gate_up_bias[p * s:(p + 1) * s], slot.gate_up_bias[half + p * s:half + (p + 1) * s]])
+    return [t for t in (gate_up, bias, slot.down[:, p * s:(p + 1) * s].contiguous()) if t is not None]
+
+
+def _digest(tensors: list[torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for t in tensors:
+        digest.update(t.detach().contiguous().cpu().flatten().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
