@@ -92,6 +92,7 @@ class EngineConfig:
     # sidp policy: WaS above this many tokens per busy replica's step (B_th; 604 for
     # Qwen3-32B at d = 2 on H200, benchmarks/results/sidp_probe_h200.json), with hysteresis
     sidp_batch_threshold: int = 600
+    sidp_probe_file: str | None = None       # sidp policy: B_th from sidp_probe.py's JSON instead
     sidp_min_dwell_steps: int = 8            # sidp policy: least steps between switches
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
     cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible
@@ -212,6 +213,9 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.sidp_probe_file is not None and self.parallel_policy != "sidp":
+            raise ValueError("sidp_probe_file is an option of the sidp policy "
+                             "(parallel_policy='sidp')")
         if not self.share_ffn:
             return
         if self.data_parallel_size < 2:

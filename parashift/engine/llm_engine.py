@@ -406,7 +406,8 @@ class LLMEngine:
         are computed again from their prompt and the tokens already generated. Raises
         WorkerFailure once no group is left."""
         stepping = [plan.ranks for plan in self.layout.plans] + [
-            r.ranks for r in self.replicas if r.is_left_behind and r.in_flight]
+            r.ranks for r in self.replicas if r.is_left_behind and r.in_flight] + [
+            plan.shared_ffn[1] for plan in self.layout.plans if plan.shared_ffn is not None]
         gone = lost_ranks(set(lost), stepping)
         root = root_reason(lost)
         self.executor.retire(sorted(gone - set(lost)), f"taken out with its group ({root})")
@@ -519,11 +520,16 @@ class LLMEngine:
         outputs, self._fault_outputs = self._fault_outputs, []
         if not any(r.in_flight for r in self.replicas):
             return self._fold_children(outputs) if self._parent_of else outputs
-        for replica, result in self.executor.wait_any():
-            sched, plan, seconds = replica.finish()
-            self._record_step(self.replicas.index(replica), plan, sched.num_batched_tokens,
-                              seconds)
-            outputs += self._apply(replica, sched, *result)
+        while True:
+            for replica, result in self.executor.wait_any():
+                sched, plan, seconds = replica.finish()
+                self._record_step(self.replicas.index(replica), plan, sched.num_batched_tokens,
+                                  seconds)
+                outputs += self._apply(replica, sched, *result)
+            # once no request is left, no step stays in flight (e.g. one of a replica that
+            # had nothing to run, in a round of replicas that step together)
+            if self.has_unfinished_requests() or not any(r.in_flight for r in self.replicas):
+                break
         self._take_losses()
         outputs, self._fault_outputs = outputs + self._fault_outputs, []
         self._drop_finished_left_behind()

@@ -53,6 +53,10 @@ ENGINE_FLAGS = {
                                "sidp policy: Weight-as-a-Service above this many tokens per "
                                "busy replica's step, Compute-as-a-Service below (hysteresis "
                                "20%%)"),
+    "--sidp-probe-file": ("sidp_probe_file", str,
+                          "sidp policy: take B_th for this model, -dp and -tp from "
+                          "benchmarks/sidp_probe.py's JSON (e.g. benchmarks/results/"
+                          "sidp_probe_h200.json) instead of --sidp-batch-threshold"),
     "--sidp-min-dwell-steps": ("sidp_min_dwell_steps", int,
                                "sidp policy: least steps between two switches"),
     "--flying-merge-running": ("flying_merge_running", int, "flying policy: merge the replicas "

@@ -223,7 +223,7 @@ class SharedFfn:
             module.register_forward_pre_hook(self._before(index))
             module.register_forward_hook(self._after(index))
         self.round_id, self._counts = -1, None
-        self._log(state)
+        self._state = state
 
     def _install_layouts(self, model: nn.Module) -> None:
         """CaS runs the owned slices (the down projection's bias added by one replica);
@@ -240,13 +240,15 @@ class SharedFfn:
                 for key in (WAS_WEIGHTS, CAS_WEIGHTS):
                     layer.set_layout(key, [(layer.weight, layer.bias)], separate=False)
 
-    def _log(self, state: ParallelState) -> None:
-        order = state.plan.ffn_shard_ranks()
-        slices, position = len(order), order.index(state.rank)
+    def log_memory(self, kv_bytes: int) -> None:
+        """The start-up line: what this rank owns, its slots, and the KV pool they left."""
+        order = self._state.plan.ffn_shard_ranks()
         logger.info("SiDP rank %d: owns FFN slice %d of %d of all %d layers (%.1f MiB), reads "
-                    "its peers %s; %d slots (%.1f MiB); CaS staging: the collectives' own",
-                    state.rank, position, slices, len(self.modules), self.owners.nbytes / 2**20,
-                    list(self.peers.ranks), len(self.slots.slots), self.slots.nbytes / 2**20)
+                    "its peers %s; %d slots (%.1f MiB); CaS staging: the collectives' own; "
+                    "KV pool %.1f MiB", self._state.rank, order.index(self._state.rank),
+                    len(order), len(self.modules), self.owners.nbytes / 2**20,
+                    list(self.peers.ranks), len(self.slots.slots), self.slots.nbytes / 2**20,
+                    kv_bytes / 2**20)
 
     # ---- a step --------------------------------------------------------------
     def begin_step(self, round_id: int) -> None:

@@ -123,6 +123,8 @@ class ModelRunner:
         self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
+        if self.shared_ffn is not None:
+            self.shared_ffn.log_memory(self.kv.nbytes)
         self.resources = self._make_resources([self.state, *other_states],
                                               hf_config.num_key_value_heads)
         self._report_kv_replication(hf_config.num_key_value_heads)

@@ -55,3 +55,21 @@ class LayoutCycle:
             transition = transition_between(view.layout,
                                             self.layouts[self.reached % len(self.layouts)])
         return Decision(view.layout, (transition,) if transition else ())
+
+
+class FfnModeSchedule:
+    """The replicas that share FFN weights (SiDP) switch mode by a schedule: decision i
+    runs every group in `mode_at(i)` ("was" or "cas")."""
+    name = "ffn-mode-schedule"
+
+    def __init__(self, engine, mode_at):
+        self.plans = engine.policy_plans
+        self.base = list(engine.layout.plans)
+        self.mode_at, self.calls = mode_at, 0
+        self.modes: list[str] = []
+
+    def decide(self, view: NodeView) -> Decision:
+        mode = self.mode_at(self.calls)
+        self.calls += 1
+        self.modes.append(mode)
+        return Decision(tuple(p.sharing_ffn(mode, p.shared_ffn[1]).name() for p in self.base))

@@ -103,3 +103,26 @@ def test_a_layout_without_a_lost_rank_drops_that_rank_s_whole_group():
     assert narrower.without({2, 4}).plans == () and narrower.without(set()) == narrower
     with pytest.raises(ValueError, match="lost ranks"):
         Layout((Plan(tp=2),), lost=(1,))
+
+
+def test_replicas_sharing_ffn_weights():
+    """SiDP: each replica's plan names its mode and every sharing rank; a rank's FFN slice
+    sits at position tp_rank * d + replica of the TP = d*tp shard."""
+    from parashift.parallel.layout import coupled_groups
+    layout = Layout.of(Plan(dp=2, tp=2)).sharing_ffn("cas")
+    assert layout.name() == "tp2+cas/0-3,tp2@2-3+cas/0-3"
+    second = layout.plans[1]
+    assert Plan.parse(second.name()) == second
+    assert second.ffn_replicas == 2 and second.ffn_shard_ranks() == (0, 2, 1, 3)
+    assert second.group_of("ffn", 3) == (1, 3) and second.groups("ffn") == [(0, 2), (1, 3)]
+    assert coupled_groups(list(layout.plans)) == [(0, 1)]
+    was = [p.sharing_ffn("was", p.shared_ffn[1]) for p in layout.plans]
+    assert coupled_groups(was) == []
+    with pytest.raises(ValueError, match="only some of the replicas"):
+        coupled_groups([layout.plans[0], was[1]])
+    with pytest.raises(ValueError, match="two or more replicas of its size"):
+        Plan(tp=2, rank_set=(1, 2)).sharing_ffn("cas", (0, 1, 2, 3))
+    with pytest.raises(ValueError, match="plain TP"):
+        Plan(pp=2).sharing_ffn("was", (0, 1, 2, 3))
+    with pytest.raises(ValueError, match="cannot be split into 4 owned slices"):
+        second.check_model(8, 4, 2, intermediate_size=6)

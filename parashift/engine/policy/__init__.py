@@ -5,7 +5,7 @@ from parashift.engine.policy.protocol import Decision, GroupView, NodeView, Poli
 from parashift.engine.policy.scripted import ScriptedPolicy
 from parashift.engine.policy.seesaw import SeesawPolicy
 from parashift.engine.policy.shift import ShiftPolicy
-from parashift.engine.policy.sidp import SidpPolicy
+from parashift.engine.policy.sidp import SidpPolicy, probed_threshold
 from parashift.engine.policy.static import StaticPolicy
 from parashift.parallel.layout import Layout
 
@@ -30,5 +30,9 @@ def make_policy(config, layout: Layout, hf_config) -> Policy:
         return SeesawPolicy(layout, config.prefill_plan, config.decode_plan,
                             config.seesaw_max_prefill_ms)
     if config.parallel_policy == "sidp":
-        return SidpPolicy(layout, config.sidp_batch_threshold, config.sidp_min_dwell_steps)
+        threshold = config.sidp_batch_threshold
+        if config.sidp_probe_file is not None:
+            threshold = probed_threshold(config.sidp_probe_file, config.model or "",
+                                         layout.plans[0].ffn_replicas, layout.plans[0].tp)
+        return SidpPolicy(layout, threshold, config.sidp_min_dwell_steps)
     raise ValueError(f"unknown parallel policy {config.parallel_policy!r}; choose from {POLICIES}")

@@ -3,11 +3,27 @@ Compute-as-a-Service for small steps (their tokens go to the slices: no weight m
 Weight-as-a-Service for large ones (each fetches the slices it lacks into slots, hidden
 under its own step), by B_th, the step size from which a fetch hides (benchmarks/
 sidp_probe.py), with hysteresis and a least dwell. All the sharing replicas take one mode."""
+import json
+import os
+
 from parashift.engine.policy.protocol import Decision, NodeView
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import FFN_MODES
 
 HYSTERESIS = 0.2  # leave a mode only past B_th by this fraction
+NEVER = 2**62  # B_th where the probe found no step long enough to hide the fetch
+
+
+def probed_threshold(path: str, model: str, replicas: int, tp: int) -> int:
+    """B_th for `model` (its shape's name: a config file's or a folder's name, any case) at
+    d = `replicas` and `tp`, from the JSON of benchmarks/sidp_probe.py."""
+    with open(path) as f:
+        table = json.load(f)["b_th"]
+    name = os.path.splitext(os.path.basename(os.path.normpath(model)))[0].lower()
+    key = f"{name}|d={replicas}|tp={tp}"
+    if key not in table:
+        raise ValueError(f"{path} has no B_th for {key!r}; it has {sorted(table)}")
+    return NEVER if table[key] is None else int(table[key])
 
 
 class SidpPolicy:

@@ -1,0 +1,36 @@
+"""EngineConfig's checks of the shared-FFN (SiDP) options, and the layout they give."""
+import argparse
+
+import pytest
+
+from parashift.config import EngineConfig
+from parashift.entrypoints.engine_args import add_engine_args, engine_config_from_args
+
+
+def test_share_ffn_gives_replicas_of_one_sharing_group():
+    config = EngineConfig(data_parallel_size=2, tensor_parallel_size=2, share_ffn=True,
+                          sidp_mode="was")
+    assert config.node_layout.name() == "tp2+was/0-3,tp2@2-3+was/0-3"
+    assert EngineConfig(parallel_policy="sidp", data_parallel_size=2).share_ffn
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(share_ffn=True), "data_parallel_size >= 2"),
+    (dict(share_ffn=True, data_parallel_size=2, pipeline_parallel_size=2), "plain TP"),
+    (dict(share_ffn=True, data_parallel_size=2, parallel_policy="shift"), "static or sidp"),
+    (dict(share_ffn=True, data_parallel_size=2, deterministic=True), "deterministic"),
+    (dict(sidp_mode="both"), "sidp_mode must be cas or was"),
+    (dict(sidp_slots=0), "sidp_slots must be an integer >= 1"),
+])
+def test_bad_shared_ffn_options_are_named(options, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**options)
+
+
+def test_cli_flags():
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["-dp", "2", "--share-ffn", "--parallel-policy", "sidp",
+                              "--sidp-batch-threshold", "512", "--sidp-slots", "3"])
+    config = engine_config_from_args(args)
+    assert (config.share_ffn, config.sidp_batch_threshold, config.sidp_slots) == (True, 512, 3)
