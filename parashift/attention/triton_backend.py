@@ -23,7 +23,8 @@ import torch
 import triton
 
 from parashift.attention.metadata import AttentionMetadata
-from parashift.attention.triton_kernels import (paged_attention_kernel, reduce_splits_kernel,
+from parashift.attention.triton_kernels import (paged_attention_kernel,
+                                                reduce_partitions_kernel, reduce_splits_kernel,
                                                 write_kv_kernel)
 from parashift.kernels import num_sms
 
@@ -37,6 +38,10 @@ MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
 # (fewer wasted rows on decode batches, a slower prefill)
 INVARIANT_BLOCK_M = int(os.environ.get("PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M", "0")) or None
+# Deterministic mode: the context's fixed partitions (tokens; a multiple of every
+# configuration's KV tile), each a fresh softmax state, merged in order: decode launches
+# may then spread a row's partitions over programs (split-KV) without changing its bits
+INVARIANT_PARTITION = 256
 
 
 @dataclass(frozen=True)
@@ -91,13 +96,19 @@ class TritonAttentionBackend:
     name = "triton"
 
     def __init__(self, batch_invariant: bool = False,
-                 invariant_block_m: int | None = INVARIANT_BLOCK_M):
+                 invariant_block_m: int | None = INVARIANT_BLOCK_M,
+                 invariant_partition: int = INVARIANT_PARTITION):
         if invariant_block_m is not None and (invariant_block_m < 16
                                               or invariant_block_m & (invariant_block_m - 1)):
             raise ValueError("the batch-invariant attention's query rows per program must be "
                              f"a power of two of at least 16, not {invariant_block_m}")
+        if invariant_partition % 128:
+            raise ValueError("the batch-invariant attention's partition must be a multiple of "
+                             f"128 tokens (every configuration's KV tile), not "
+                             f"{invariant_partition}")
         self.batch_invariant = batch_invariant
         self.invariant_block_m = invariant_block_m
+        self.invariant_partition = invariant_partition
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
@@ -171,11 +182,14 @@ class TritonAttentionBackend:
         return launches
 
     def _plan(self, q, k_cache, meta, seqs, num_splits: int | None = None) -> "_Launch":
-        return _plan_launch(q, k_cache, meta, seqs, num_splits, self.batch_invariant,
-                            self.invariant_block_m)
+        if self.batch_invariant:
+            return _plan_invariant_launch(q, k_cache, meta, seqs, num_splits,
+                                          self.invariant_block_m, self.invariant_partition)
+        return _plan_launch(q, k_cache, meta, seqs, num_splits)
 
     def _split_counts(self) -> list[int]:
-        return [1] if self.batch_invariant else [1 << i for i in range(MAX_SPLITS.bit_length())]
+        """Split counts to compile: invariant launches compile one split variant for all."""
+        return [1, 2] if self.batch_invariant else [1 << i for i in range(MAX_SPLITS.bit_length())]
 
 
 @dataclass(frozen=True)
@@ -214,36 +228,59 @@ class _Launch:
     num_q_blocks: int
     num_splits: int
     invariant: bool
+    partition_tiles: int = 0  # invariant: tiles per fixed KV partition
+    max_partitions: int = 1   # invariant and split: partitions the partial buffers hold
+
+
+def _shape(q, k_cache) -> tuple[int, int, int, int]:
+    """(heads, head_dim, group, group_p, element size)."""
+    num_heads, head_dim = q.shape[1:]
+    group = num_heads // k_cache.shape[2]
+    return num_heads, head_dim, group, triton.next_power_of_2(group)
 
 
 def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
-                 num_splits: int | None = None, invariant: bool = False,
-                 invariant_block_m: int | None = None) -> _Launch:
-    num_heads, head_dim = q.shape[1:]
-    num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    group_p = triton.next_power_of_2(group)
+                 num_splits: int | None = None) -> _Launch:
+    num_heads, head_dim, group, group_p = _shape(q, k_cache)
     elem_size = max(q.element_size(), k_cache.element_size())
-    if invariant:
-        config = invariant_config(head_dim, group_p, elem_size, invariant_block_m)
-    else:
-        config = (decode_config if seqs.decode else prefill_config)(head_dim, group_p, elem_size)
+    config = (decode_config if seqs.decode else prefill_config)(head_dim, group_p, elem_size)
     block_q = max(1, config.block_m // group_p)
     num_q_blocks = seqs.num_tokens // block_q + seqs.end - seqs.first
     partial_bytes = seqs.num_tokens * num_heads * (head_dim + 2) * 4
-    if invariant:
-        num_splits = 1
-    elif num_splits is None:
-        num_splits = choose_num_splits(num_q_blocks * num_kv_heads, meta.max_seq_len,
+    if num_splits is None:
+        num_splits = choose_num_splits(num_q_blocks * k_cache.shape[2], meta.max_seq_len,
                                        partial_bytes, num_sms(q.device))
-    return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, invariant)
+    return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False)
+
+
+def _plan_invariant_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
+                           num_splits: int | None, block_m: int | None,
+                           partition: int) -> _Launch:
+    """One configuration for every launch; a decode launch may spread each row's fixed
+    partitions over programs (a row's bits are the same either way)."""
+    num_heads, head_dim, group, group_p = _shape(q, k_cache)
+    elem_size = max(q.element_size(), k_cache.element_size())
+    config = invariant_config(head_dim, group_p, elem_size, block_m)
+    block_q = max(1, config.block_m // group_p)
+    num_q_blocks = seqs.num_tokens // block_q + seqs.end - seqs.first
+    partitions = triton.cdiv(meta.max_seq_len, partition)
+    partial_bytes = seqs.num_tokens * num_heads * (head_dim + 2) * 4 * partitions
+    if num_splits is None:
+        num_splits = 1
+        if seqs.decode and partial_bytes <= MAX_PARTIAL_BYTES:
+            wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms(q.device),
+                                 num_q_blocks * k_cache.shape[2])
+            num_splits = max(1, min(wanted, partitions, MAX_SPLITS))
+    return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, True,
+                   partition // config.tile_n, partitions)
 
 
 def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch):
     num_heads, head_dim = q.shape[1:]
     split = launch.num_splits > 1
     if split:
-        part_m = torch.empty(seqs.num_tokens, num_heads, launch.num_splits,
+        held = launch.max_partitions if launch.partition_tiles else launch.num_splits
+        part_m = torch.empty(seqs.num_tokens, num_heads, held,
                              dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(*part_m.shape, head_dim, dtype=torch.float32, device=q.device)
@@ -263,8 +300,16 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
         BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n, BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT=split,
         DOT_PRECISION=_dot_precision(q.dtype, launch.invariant),
-        MASK_EVERY_TILE=launch.invariant, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if split:
+        MASK_EVERY_TILE=launch.invariant, PARTITION_TILES=launch.partition_tiles,
+        max_partitions=launch.max_partitions, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    if split and launch.partition_tiles:
+        reduce_partitions_kernel[(seqs.num_tokens, num_heads)](
+            out, part_acc, part_m, part_l, query_start_loc, meta.seq_lens[seqs.first:],
+            num_seqs, seqs.token_offset, launch.max_partitions, out.stride(0), out.stride(1),
+            TILE_N=cfg.tile_n, PARTITION_TILES=launch.partition_tiles, HEAD_DIM=head_dim,
+            HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4)
+    elif split:
         reduce_splits_kernel[(seqs.num_tokens, num_heads)](
             out, part_acc, part_m, part_l, query_start_loc, num_seqs, seqs.token_offset,
             out.stride(0), out.stride(1),

@@ -124,6 +124,17 @@ def _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table_ptr,
 
 
 @triton.jit
+def _merge_partial(acc_run, m_run, l_run, acc, m, l):
+    """Adds one KV partition's softmax state to the running one; the same arithmetic
+    (explicit FMAs) in the kernels that merge in registers and from memory, so the bits do
+    not depend on which does it. A partition no row sees (m at NEG_BIG) adds exactly 0."""
+    m_new = tl.maximum(m_run, m)
+    a = tl.exp2(m_run - m_new)
+    b = tl.exp2(m - m_new)
+    return tl.fma(acc, b[:, None], acc_run * a[:, None]), m_new, tl.fma(l, b, l_run * a)
+
+
+@triton.jit
 def _split_tile_range(kv_end, first_q_pos, split, num_splits, TILE_N: tl.constexpr):
     """This split's tiles, cut where the causal mask starts to matter."""
     num_tiles = tl.cdiv(kv_end, TILE_N)
@@ -176,7 +187,8 @@ def paged_attention_kernel(
         GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr,
         BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, SPLIT: tl.constexpr,
-        DOT_PRECISION: tl.constexpr, MASK_EVERY_TILE: tl.constexpr):
+        DOT_PRECISION: tl.constexpr, MASK_EVERY_TILE: tl.constexpr,
+        PARTITION_TILES: tl.constexpr = 0, max_partitions=1):
     # the last query blocks see the longest contexts: start them first
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -209,16 +221,26 @@ def paged_attention_kernel(
     block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kh
     v_base = v_cache_ptr + kv_head * stride_vh
-    if not MASK_EVERY_TILE:
+    if PARTITION_TILES > 0:  # batch-invariant: KV in fixed partitions, merged in order
+        acc, m_i, l_i = _attend_partitions(
+            part_acc_ptr, part_m_ptr, part_l_ptr, q, k_base, v_base, block_table, kv_end,
+            q_pos, qk_scale, stride_kb, stride_ks, stride_vb, stride_vs, token - token_offset,
+            row_head, row_ok, io_mask, offs_d, split, num_splits, max_partitions, SPLIT,
+            PARTITION_TILES, GROUP, BLOCK_M, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
+            DOT_PRECISION)
+        if SPLIT:
+            return
+    elif not MASK_EVERY_TILE:
         acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, mid,
                                       kv_end, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
                                       stride_vs, False, TILE_N, BLOCK_SIZE, HEAD_DIM,
                                       HEAD_DIM_P, DOT_PRECISION)
         lo = mid
-    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, hi,
-                                  kv_end, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
-                                  stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
-                                  DOT_PRECISION)
+    if PARTITION_TILES == 0:
+        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, hi,
+                                      kv_end, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
+                                      stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
+                                      DOT_PRECISION)
     if SPLIT:
         _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i,
                        token - token_offset, row_head,
@@ -255,3 +277,76 @@ def reduce_splits_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_st
     out = tl.where(is_real, out, 0.0)
     o_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
+def _attend_partitions(part_acc_ptr, part_m_ptr, part_l_ptr, q, k_base, v_base, block_table,
+                       kv_end, q_pos, qk_scale, stride_kb, stride_ks, stride_vb, stride_vs,
+                       row, row_head, row_ok, io_mask, offs_d, split, num_splits,
+                       max_partitions, SPLIT: tl.constexpr, PARTITION_TILES: tl.constexpr,
+                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
+                       BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       HEAD_DIM_P: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Batch-invariant split-KV: the context in partitions of PARTITION_TILES tiles at fixed
+    positions, each from a fresh softmax state. Split, a program takes partitions split,
+    split + num_splits, ... and stores each one's state (`reduce_partitions_kernel` merges
+    them in order); unsplit, one program merges them in order itself: the same partial
+    states, merged by the same arithmetic, so a row's bits do not depend on the split."""
+    num_tiles = tl.cdiv(kv_end, TILE_N)
+    num_parts = tl.cdiv(num_tiles, PARTITION_TILES)
+    acc_run = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+    m_run = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+    l_run = tl.zeros([BLOCK_M], dtype=tl.float32)
+    first = split if SPLIT else 0
+    step = num_splits if SPLIT else 1
+    for part in range(first, num_parts, step):
+        lo = part * PARTITION_TILES
+        hi = tl.minimum(lo + PARTITION_TILES, num_tiles)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, hi,
+                                      kv_end, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
+                                      stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
+                                      DOT_PRECISION)
+        if SPLIT:
+            _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i, row, row_head,
+                           part, max_partitions, row_ok, io_mask, offs_d, GROUP, HEAD_DIM)
+        else:
+            acc_run, m_run, l_run = _merge_partial(acc_run, m_run, l_run, acc, m_i, l_i)
+    return acc_run, m_run, l_run
+
+
+@_jit_generic_in("query_start_loc_ptr", "seq_lens_ptr", "num_seqs", "token_offset")
+def reduce_partitions_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+                             query_start_loc_ptr, seq_lens_ptr, num_seqs, token_offset,
+                             max_partitions, stride_ot, stride_oh,
+                             TILE_N: tl.constexpr, PARTITION_TILES: tl.constexpr,
+                             HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+    """Merges one decode row's partitions in order, as `_attend_partitions` does unsplit
+    (a decode launch: row i is sequence i's one query); rows of no sequence get zeros."""
+    i = tl.program_id(0)
+    token = token_offset + i
+    head = tl.program_id(1)
+    num_heads = tl.num_programs(1)
+    row = i.to(tl.int64) * num_heads + head
+    is_real = token < tl.load(query_start_loc_ptr + num_seqs)
+    seq_len = tl.load(seq_lens_ptr + i, mask=is_real & (i < num_seqs), other=0)
+    num_parts = tl.cdiv(tl.cdiv(seq_len, TILE_N), PARTITION_TILES)
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    d_ok = offs_d < HEAD_DIM
+    one = tl.arange(0, 1)
+    acc_run = tl.zeros([1, HEAD_DIM_P], dtype=tl.float32)
+    m_run = tl.full([1], NEG_BIG, dtype=tl.float32)
+    l_run = tl.zeros([1], dtype=tl.float32)
+    for part in range(0, num_parts):
+        at = row * max_partitions + part
+        m = tl.load(part_m_ptr + at + one)
+        l = tl.load(part_l_ptr + at + one)
+        acc = tl.load(part_acc_ptr + at * HEAD_DIM + offs_d[None, :], mask=d_ok[None, :],
+                      other=0.0)
+        acc_run, m_run, l_run = _merge_partial(acc_run, m_run, l_run, acc, m, l)
+    out = acc_run / l_run[:, None]
+    out = tl.where(is_real, out, 0.0)
+    o_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_ok[None, :])

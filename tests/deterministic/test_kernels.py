@@ -100,11 +100,24 @@ def attend(backend, seqs, q_lens, heads, kv_heads, block_size=16):
 
 
 def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, head_dim=32,
-                    block_m=None):
+                    block_m=None, partition=None, length=150):
+    forced = None
     if backend == "triton":
         from parashift.attention.triton_backend import TritonAttentionBackend
         rows = {"invariant_block_m": block_m} if block_m else {}  # else the default's
+        if partition:
+            rows["invariant_partition"] = partition
         impl = TritonAttentionBackend(batch_invariant=True, **rows)
+
+        class ForcedSplits(TritonAttentionBackend):
+            """Decode launches with their partitions over `splits` programs each."""
+            def __init__(self, splits):
+                super().__init__(batch_invariant=True, **rows)
+                self.splits = splits
+
+            def _plan(self, q, k_cache, meta, seqs, num_splits=None):
+                return super()._plan(q, k_cache, meta, seqs, self.splits if seqs.decode else None)
+        forced = ForcedSplits
     else:
         from parashift.attention.torch_invariant import InvariantTorchAttentionBackend
         impl = InvariantTorchAttentionBackend()
@@ -113,28 +126,35 @@ def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, 
     def sequence(length, seed):
         return tuple(randn((length, h, head_dim), str(dtype).split(".")[1], device, seed=seed + j)
                      for j, h in enumerate((heads, kv_heads, kv_heads)))
-    target, short, long = sequence(150, 0), sequence(9, 10), sequence(200, 20)
-    prefill, = attend(impl, [target], [150], heads, kv_heads)
-    # chunked prefill (positions 100..149) among a decode and another prefill chunk
+    target, short, long = sequence(length, 0), sequence(9, 10), sequence(200, 20)
+    prefill, = attend(impl, [target], [length], heads, kv_heads)
+    # chunked prefill (the last 50 positions) among a decode and another prefill chunk
     _, chunk, _ = attend(impl, [short, target, long], [1, 50, 120], heads, kv_heads)
-    assert_exact(chunk, prefill[100:])
+    assert_exact(chunk, prefill[length - 50:])
     # chunks starting off the query blocks' and the KV tiles' boundaries, so that a row
     # sits in another query block (with other whole tiles before it) than in one shot
-    for start, end in ((0, 37), (37, 97), (97, 131), (131, 150)):
+    for start, end in ((0, 37), (37, 97), (97, 131), (131, length)):
         part, = attend(impl, [tuple(t[:end] for t in target)], [end - start], heads, kv_heads)
         assert_exact(part, prefill[start:end])
     # decodes of every sequence
     decode, _, _ = attend(impl, [target, short, long], [1, 1, 1], heads, kv_heads)
     assert_exact(decode, prefill[-1:])
+    # split-KV decodes: the row's fixed partitions over 2-4 programs, merged by the reduction
+    for splits in (2, 3, 4) if forced else ():
+        decode, _, _ = attend(forced(splits), [target, short, long], [1, 1, 1], heads, kv_heads)
+        assert_exact(decode, prefill[-1:])
     # a rank holding half the heads (SP=2 or TP=2): the same rows for its heads
-    half, = attend(impl, [target], [150], heads // 2, kv_heads // 2)
+    half, = attend(impl, [target], [length], heads // 2, kv_heads // 2)
     assert_exact(half, prefill[:, :heads // 2])
 
 
 # the default query rows per program (the prefill configuration's 128), and the selectable
 # PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M variants
+# partitions of 128 and 256 tokens: one and two KV tiles each, several per row
 test_attention_interpreted, test_attention_cuda = case_tests(
-    __name__, check_attention, [{}, {"block_m": 64}, {"block_m": 16}], uses_dot=True)
+    __name__, check_attention, [{}, {"block_m": 64}, {"block_m": 16}, {"partition": 128},
+                                {"partition": 256, "length": 300, "block_m": 16}],
+    uses_dot=True)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -145,7 +165,10 @@ def test_attention_compiles_one_tile_loop_when_invariant(invariant, dtype):
     a tile's instructions depend on the query block holding the row, and chunked prefill
     changed bits on an H200."""
     ttir = compile_prefill_attention(getattr(torch, dtype), invariant)
-    assert ttir.count("scf.for") == (1 if invariant else 2)
+    # a tile loop holds two dots (scores, weighted values); invariant: one tile loop, nested
+    # in the loop over the context's fixed partitions
+    assert ttir.count("tt.dot") == (2 if invariant else 4)
+    assert ttir.count("scf.for") == 2
 
 
 def compile_prefill_attention(dtype, invariant, heads=32, kv_heads=8, head_dim=128):
@@ -155,13 +178,15 @@ def compile_prefill_attention(dtype, invariant, heads=32, kv_heads=8, head_dim=1
     q = torch.empty(64, heads, head_dim, dtype=dtype)
     k_cache = torch.empty(4, 16, kv_heads, head_dim, dtype=dtype)
     meta = AttentionMetadata(None, None, None, None, [0, 64], [64], 64, 64, 16)
-    launch = backend._plan_launch(q, k_cache, meta, backend._SeqRange(0, 1, 0, 64, False),
-                                  num_splits=1, invariant=invariant)
+    seqs = backend._SeqRange(0, 1, 0, 64, False)
+    launch = (backend._plan_invariant_launch(q, k_cache, meta, seqs, 1, None,
+                                             backend.INVARIANT_PARTITION) if invariant
+              else backend._plan_launch(q, k_cache, meta, seqs, num_splits=1))
     constants = dict(GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_Q=launch.block_q,
                      BLOCK_M=launch.config.block_m, TILE_N=launch.config.tile_n, BLOCK_SIZE=16,
                      HEAD_DIM=head_dim, HEAD_DIM_P=head_dim, SPLIT=False,
                      DOT_PRECISION=backend._dot_precision(dtype, invariant),
-                     MASK_EVERY_TILE=invariant)
+                     MASK_EVERY_TILE=invariant, PARTITION_TILES=launch.partition_tiles)
     element = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
     pointers = dict.fromkeys(("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr"), element)
     pointers.update(dict.fromkeys(("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr"),
