@@ -7,13 +7,17 @@ Python ints, never from tensor values, so a step runs without host syncs and
 can be captured in a CUDA graph. A captured graph keeps the split count
 chosen at capture; it stays correct for any context length, only less tuned.
 
-Batch-invariant (deterministic mode): every launch takes the prefill configuration, one
-split and the masked tile loop for every KV tile (MASK_EVERY_TILE), so a query row's tiles,
-their order, the tile shapes of its dots and the compiled code that runs them are the same
-in decode, prefill and chunked prefill, whatever the batch; tiles past its position are
-masked to exact no-ops. fp32 dots are IEEE. Long contexts at small batches lose split-KV's
-parallelism, and decode batches compute the prefill configuration's query rows, most of
-them empty (PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M=64 takes fewer for every launch)."""
+Batch-invariant (deterministic mode): every launch takes the prefill configuration and
+the masked tile loop for every KV tile (MASK_EVERY_TILE), so a query row's tiles, their
+order, the tile shapes of its dots and the compiled code that runs them are the same in
+decode, prefill and chunked prefill, whatever the batch; tiles past its position are masked
+to exact no-ops. The context is cut into fixed partitions of INVARIANT_PARTITION tokens,
+each summed from a fresh softmax state, and the partitions' states are merged in position
+order by one arithmetic: a decode launch spreads them over programs (split-KV, any count)
+and a reduction merges them, a prefill program merges them itself, and a row's bits are the
+same either way. fp32 dots are IEEE. Decode batches compute the prefill configuration's
+query rows, most of them empty (PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M=64 takes fewer
+for every launch)."""
 import bisect
 import math
 import os
@@ -41,7 +45,11 @@ INVARIANT_BLOCK_M = int(os.environ.get("PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_
 # Deterministic mode: the context's fixed partitions (tokens; a multiple of every
 # configuration's KV tile), each a fresh softmax state, merged in order: decode launches
 # may then spread a row's partitions over programs (split-KV) without changing its bits
-INVARIANT_PARTITION = 256
+INVARIANT_PARTITION = int(os.environ.get("PARASHIFT_DETERMINISTIC_ATTENTION_PARTITION", "1024"))
+# ... whose partial states a decode launch stores (and a reduction merges) up to this many
+# bytes; above, each program merges its partitions in registers (a second accumulator: on an
+# H100 that spills, 8B batch 64 at 2048 tokens 20% slower)
+MAX_INVARIANT_PARTIAL_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -141,7 +149,7 @@ class TritonAttentionBackend:
         if meta.static_shape:
             # Rows of no sequence must be zero, and which they are is known on the device
             # only: the split reduction writes their zeros, else a fill does.
-            reduced = all(launch.num_splits > 1 for _, launch in launches)
+            reduced = all(launch.partials for _, launch in launches)
             out = torch.empty_like(q) if reduced else torch.zeros_like(q)
         else:
             out = torch.empty_like(q)
@@ -230,10 +238,18 @@ class _Launch:
     invariant: bool
     partition_tiles: int = 0  # invariant: tiles per fixed KV partition
     max_partitions: int = 1   # invariant and split: partitions the partial buffers hold
+    # invariant: programs store each partition's state for the reduction even unsplit (one
+    # accumulator per program instead of a running one beside each partition's)
+    stores_partials: bool = False
+
+    @property
+    def partials(self) -> bool:
+        """Programs store partial states that a reduction kernel merges."""
+        return self.num_splits > 1 or self.stores_partials
 
 
 def _shape(q, k_cache) -> tuple[int, int, int, int]:
-    """(heads, head_dim, group, group_p, element size)."""
+    """(query heads, head_dim, query heads per KV head, that rounded up to a power of 2)."""
     num_heads, head_dim = q.shape[1:]
     group = num_heads // k_cache.shape[2]
     return num_heads, head_dim, group, triton.next_power_of_2(group)
@@ -265,19 +281,20 @@ def _plan_invariant_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     num_q_blocks = seqs.num_tokens // block_q + seqs.end - seqs.first
     partitions = triton.cdiv(meta.max_seq_len, partition)
     partial_bytes = seqs.num_tokens * num_heads * (head_dim + 2) * 4 * partitions
+    stores = seqs.decode and partial_bytes <= MAX_INVARIANT_PARTIAL_BYTES
     if num_splits is None:
         num_splits = 1
-        if seqs.decode and partial_bytes <= MAX_PARTIAL_BYTES:
+        if stores:
             wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms(q.device),
                                  num_q_blocks * k_cache.shape[2])
             num_splits = max(1, min(wanted, partitions, MAX_SPLITS))
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, True,
-                   partition // config.tile_n, partitions)
+                   partition // config.tile_n, partitions, stores or num_splits > 1)
 
 
 def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch):
     num_heads, head_dim = q.shape[1:]
-    split = launch.num_splits > 1
+    split = launch.partials
     if split:
         held = launch.max_partitions if launch.partition_tiles else launch.num_splits
         part_m = torch.empty(seqs.num_tokens, num_heads, held,
