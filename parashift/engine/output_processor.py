@@ -20,6 +20,7 @@ class OutputProcessor:
         self._num_pending = 0  # messages handed over whose results the engine has not taken
         self._inbox: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
+        self._handing_over = threading.Lock()  # a close (a finalizer's) against a submit
         if mode == "thread":
             self._inbox = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._run, args=(self._inbox,),
@@ -32,11 +33,12 @@ class OutputProcessor:
         return self._num_pending > 0
 
     def submit(self, message) -> None:
-        self._num_pending += 1
-        if self._inbox is None:
-            self._results.put(_process(self._outputs, message))
-        else:
-            self._inbox.put(message)
+        with self._handing_over:
+            self._num_pending += 1
+            if self._inbox is None:
+                self._results.put(_process(self._outputs, message))
+            else:
+                self._inbox.put(message)
 
     def take(self, wait: bool = False) -> list[Processed]:
         """The results ready, in the order their messages were handed over; with `wait`,
@@ -54,9 +56,14 @@ class OutputProcessor:
         return taken
 
     def close(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
+        """Stops the thread once it has taken what was handed over; an engine used after
+        its shutdown (tests do) gets its outputs made inline."""
+        with self._handing_over:
+            if self._thread is None:
+                return
             self._inbox.put(_STOP)
-            self._thread.join(timeout=10.0)
+            self._thread.join()
+            self._thread = self._inbox = None
 
     def _run(self, inbox: queue.SimpleQueue) -> None:
         while True:
