@@ -24,16 +24,12 @@ def smollm2_by_mode():
 
 @pytest.fixture(scope="module")
 def story(smollm2_by_mode):
-    """The greedy story's token ids and the text after each of its tokens (inline)."""
-    llm = smollm2_by_mode["inline"]
-    engine = llm.llm_engine
-    prompt = engine.apply_chat_template(QUESTION)
-    engine.add_request("story", prompt, SamplingParams(temperature=0, max_tokens=40,
-                                                       ignore_eos=True))
-    texts = []
-    while engine.has_unfinished_requests():
-        texts += [o.outputs[0].text for o in engine.step()]
-    return prompt, texts
+    """The prompt and the greedy story's text after each of its tokens, the same in both
+    modes (which now hold the prompt in their prefix caches alike)."""
+    prompt = smollm2_by_mode["inline"].llm_engine.apply_chat_template(QUESTION)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    seen = same_in_both_modes(smollm2_by_mode, [("story", prompt, params)])["story"]
+    return prompt, [output[4][0][1] for output in seen]
 
 
 def fields(output):
@@ -51,7 +47,7 @@ def stream(llm, requests) -> dict[str, list]:
     while engine.has_unfinished_requests():
         for output in engine.step():
             seen[output.request_id].append(fields(output))
-    assert not engine.output_processor.is_busy
+    assert engine.step() == []  # what the processor still had gave no output
     return seen
 
 
@@ -176,7 +172,7 @@ def test_generate_returns_every_final_output_of_a_slow_processor(tiny_llama_dir,
     assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
     assert all(o.finished and o.outputs[0].finish_reason == "length" for o in outs)
     engine = llm.llm_engine
-    assert not engine.has_unfinished_requests() and not engine.output_processor.is_busy
+    assert not engine.has_unfinished_requests() and engine.step() == []
 
 
 def test_a_slow_processors_stop_string_ends_the_request_later_with_the_same_output(
