@@ -2,7 +2,9 @@
 costs per sequence, apart from the device.
 
 Usage: python3 benchmarks/host_overhead.py --batch-sizes 64 256 512 [--model SHAPE]
-[--tokenizer DIR] (with a tokenizer the outputs are detokenized: `detokenize` is timed)
+[--tokenizer DIR] [--output-processor thread|inline] (with a tokenizer the outputs are
+detokenized; `outputs_made` is the output processor's work, on its own thread unless inline,
+`hand_off` and `take_outputs` what the engine loop spends to give it tokens and take outputs)
 On the CPU (the default tiny shape) the parts are exact but the forward is CPU compute;
 `gc` is the garbage collector's time (it runs inside whichever part allocates);
 on a GPU the parts are host time only (kernels run asynchronously), and `device_wait`
@@ -13,6 +15,7 @@ import argparse
 import collections
 import contextlib
 import gc
+import importlib
 import json
 import random
 import time
@@ -20,6 +23,18 @@ import time
 from parashift import LLM, SamplingParams
 from parashift.engine import llm_engine, replica, scheduler
 from parashift.worker import cuda_graphs, model_runner, step_batch
+
+
+def _module_if_any(name: str):
+    """A module of this tree, or None in an earlier tree (before/after runs) that lacks it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+output_processor = _module_if_any("parashift.engine.output_processor")
+request_outputs = _module_if_any("parashift.engine.request_outputs")
 
 PARTS = [  # (owner, attribute, label)
     (scheduler.Scheduler, "schedule", "schedule"),
@@ -33,8 +48,11 @@ PARTS = [  # (owner, attribute, label)
     (model_runner.ModelRunner, "_sample_rows", "sample_rows"),
     (model_runner.PendingStep, "result", "device_wait"),
     (scheduler.Scheduler, "update", "scheduler_update"),
-    (llm_engine.LLMEngine, "_detokenize", "detokenize"),
-    (llm_engine.LLMEngine, "_output", "request_outputs"),
+    (llm_engine.LLMEngine, "_detokenize", "detokenize"),  # before the output processor
+    (llm_engine.LLMEngine, "_output", "request_outputs"),  # before the output processor
+    (getattr(output_processor, "OutputProcessor", None), "submit", "hand_off"),
+    (llm_engine.LLMEngine, "_collect", "take_outputs"),
+    (getattr(request_outputs, "RequestOutputs", None), "_take_step", "outputs_made"),
 ]
 
 
@@ -114,10 +132,13 @@ def main():
     p.add_argument("--tokenizer", default=None,
                    help="detokenize the outputs with this tokenizer (default: no tokenizer, "
                         "no text); a shape's random weights sample ids of its whole vocabulary")
+    p.add_argument("--output-processor", default=None, choices=["thread", "inline"],
+                   help="where outputs are made (default: the engine's)")
     p.add_argument("--gc-threshold", type=int, nargs="+", default=None,
                    help="gc.set_threshold(...) after start-up (default: the engine's)")
     args = p.parse_args()
-    llm = LLM(model=args.model, device=args.device, dtype=args.dtype,
+    options = {} if args.output_processor is None else {"output_processor": args.output_processor}
+    llm = LLM(model=args.model, device=args.device, dtype=args.dtype, **options,
               tokenizer=args.tokenizer, skip_tokenizer_init=args.tokenizer is None,
               max_model_len=args.context + args.decode_steps + 64,
               max_num_seqs=max(args.batch_sizes), enable_prefix_caching=False,

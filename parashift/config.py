@@ -23,6 +23,7 @@ SEESAW_FIELDS = ("prefill_plan", "decode_plan", "cpu_kv_tokens", "cpu_kv_gib")
 FLYING_PREEMPTIONS = ("auto", "soft", "hard", "recompute")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+OUTPUT_PROCESSORS = ("thread", "inline")
 
 
 @dataclass
@@ -99,6 +100,9 @@ class EngineConfig:
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
     async_scheduling: bool | None = None     # schedule the next step while one runs; None = auto
     check_step_state: bool = False           # debug: every step's persistent inputs against a rebuild
+    # detokenization, stop strings and RequestOutputs: on a thread of their own (thread) or on
+    # the engine loop (inline); both give the same outputs (engine/output_processor.py)
+    output_processor: str = "thread"
     # batch- and plan-invariant kernels: the same tokens and logprobs whatever the batch,
     # the plan or a switch (parashift/deterministic/)
     deterministic: bool = False
@@ -148,6 +152,9 @@ class EngineConfig:
         if self.merge_weights not in ("reorder", "view", "materialize"):
             raise ValueError("merge_weights must be reorder, view or materialize, "
                              f"got {self.merge_weights!r}")
+        if self.output_processor not in OUTPUT_PROCESSORS:
+            raise ValueError(f"output_processor must be one of {OUTPUT_PROCESSORS}, got "
+                             f"{self.output_processor!r}")
         if self.moe_parallel not in ("tp", "ep"):
             raise ValueError(f"moe_parallel must be tp or ep, got {self.moe_parallel!r}")
         degrees = ("tensor_parallel_size", "sequence_parallel_size", "data_parallel_size",

@@ -174,7 +174,7 @@ def append_all(detokenizers: list[IncrementalDetokenizer], tokens: list[int]
                 results[i] = _take_one(detokenizers[i], windows)
             continue
         for (i, _), prefix, full in zip(items, prefixes, fulls):
-            results[i] = detokenizers[i].take_texts(prefix, full)
+            results[i] = _take_decoded(detokenizers[i], prefix, full)
     return results
 
 
@@ -182,4 +182,12 @@ def _take_one(detok: IncrementalDetokenizer, windows) -> str | Exception | None:
     try:
         return detok.take_texts(*map(detok._decode, windows))
     except Exception as exc:  # noqa: BLE001 - e.g. a token id past the vocabulary
+        return exc
+
+
+def _take_decoded(detok: IncrementalDetokenizer, prefix: str, full: str
+                  ) -> str | Exception | None:
+    try:
+        return detok.take_texts(prefix, full)
+    except Exception as exc:  # noqa: BLE001 - one request's failure is its own
         return exc

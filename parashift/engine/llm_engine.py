@@ -11,15 +11,17 @@ import torch
 
 from parashift.config import EngineConfig, SchedulerConfig
 from parashift.gc_tuning import restore_garbage_collector, tune_garbage_collector
-from parashift.engine.detokenizer import IncrementalDetokenizer, append_all
 from parashift.engine.faults import (FaultReport, GroupDown, lost_ranks, policy_over,
                                      root_reason)
+from parashift.engine.output_processor import OutputProcessor
 from parashift.engine.parallel_sampling import ParentRequest
 from parashift.engine.policy import GroupView, NodeView, Policy, make_policy
 from parashift.engine.policy.forced import ForcedWidth
 from parashift.engine.policy.widths import (base_replicas, layout_report, layouts_by_width,
                                             width_of)
 from parashift.engine.replica import Replica, combine_views
+from parashift.engine.request_outputs import (Failure, Forget, NewRequest, Processed,
+                                             StepTokens)
 from parashift.engine.routing import (Slot, check_fits, group_capacity, max_context_by_width,
                                       need, route)
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
@@ -37,7 +39,7 @@ from parashift.deterministic.reduction import check_plans
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.models.moe import check_plan
 from parashift.loader.tokenizer import load_tokenizer
-from parashift.outputs import CompletionOutput, RequestOutput
+from parashift.outputs import RequestOutput
 from parashift.parallel.layout import coupled_groups
 from parashift.parallel.plan import Plan
 from parashift.sampling_params import SamplingParams
@@ -110,7 +112,11 @@ class LLMEngine:
         self.replicas = [self._make_replica(group, size, offset)
                          for group, offset, size in self._start_replicas()]
         self._replica_of: dict[str, Replica] = {}
-        self._detokenizers: dict[str, IncrementalDetokenizer | None] = {}
+        self.output_processor = OutputProcessor(self.tokenizer, config.output_processor)
+        self._processor_finalizer = weakref.finalize(self, self.output_processor.close)
+        self._owed: set[str] = set()  # requests handed to the processor, final output not taken
+        self._aborted: set[str] = set()  # aborted requests the processor has yet to forget
+        self._ready: list[RequestOutput] = []  # outputs taken from the processor, not returned
         self._parents: dict[str, ParentRequest] = {}  # requests with n or best_of > 1
         self._parent_of: dict[str, ParentRequest] = {}  # by child request id
         self._num_preemptions = 0
@@ -122,7 +128,6 @@ class LLMEngine:
                                                  set(self._plans_by_name))
         self.max_context = self._max_context()
         self.faults = FaultReport(self.layout.world_size, len(self.layout.plans))
-        self._fault_outputs: list[RequestOutput] = []  # requests no surviving group holds
         tune_garbage_collector()
         logger.info("Loaded %s in %.1f s", self.model_name, time.perf_counter() - started)
 
@@ -223,6 +228,7 @@ class LLMEngine:
         if self._finalizer.alive:
             restore_garbage_collector()
         self._finalizer()
+        self._processor_finalizer()
         for tier in self.seesaw.values():
             tier.close()
         self.seesaw = {}
@@ -244,7 +250,8 @@ class LLMEngine:
         self._check_tier_fits(need(len(token_ids), params.max_tokens, self.max_model_len))
         parent = ParentRequest(request_id, params, priority) if params.num_samples > 1 else None
         for used in [request_id, *(parent.child_ids if parent else ())]:
-            if used in self._replica_of or used in self._parents or used in self._unplaced:
+            if (used in self._replica_of or used in self._parents or used in self._unplaced
+                    or used in self._owed):
                 raise ValueError(f"request id {used!r} is already in use")
         if parent is None:
             self._add_sequence(Sequence(request_id, token_ids, params, priority, prompt_text))
@@ -279,8 +286,10 @@ class LLMEngine:
         replica.scheduler.add(seq)
         replica.arrivals.append(time.monotonic())
         self._replica_of[request_id] = replica
-        self._detokenizers[request_id] = (
-            IncrementalDetokenizer(self.tokenizer, token_ids, params) if self.tokenizer else None)
+        # a child of a request with n > 1 reports every step: its parent folds the outputs
+        every_step = params.output_kind != "final_only" or request_id in self._parent_of
+        self.output_processor.submit(NewRequest(seq, every_step))
+        self._owed.add(request_id)
         return replica
 
     def _need(self, seq: Sequence) -> int:
@@ -376,6 +385,10 @@ class LLMEngine:
             self._abort_one(request_id)
 
     def _abort_one(self, request_id: str) -> None:
+        if request_id in self._owed:  # its outputs on their way are dropped
+            self._owed.discard(request_id)
+            self._aborted.add(request_id)
+            self.output_processor.submit(Forget(request_id))
         if self._unplaced.pop(request_id, None) is not None:
             return
         replica = self._replica_of.get(request_id)
@@ -458,8 +471,7 @@ class LLMEngine:
             self._unplaced[seq.request_id] = seq  # a merge of the groups left holds it
             return
         if target is None:
-            self._fault_outputs.append(self._error_output(
-                seq, f"{root}: no group left holds its {self._need(seq)} tokens"))
+            self._report_failure(seq, f"{root}: no group left holds its {self._need(seq)} tokens")
             return
         target.scheduler.add(seq)
         target.num_structured += seq.params.structured_outputs is not None
@@ -472,8 +484,7 @@ class LLMEngine:
         longest = max(self.max_context.values())
         for seq in [s for s in self._unplaced.values() if self._need(s) > longest]:
             del self._unplaced[seq.request_id]
-            self._fault_outputs.append(self._error_output(
-                seq, f"{root}: no group left holds its {self._need(seq)} tokens"))
+            self._report_failure(seq, f"{root}: no group left holds its {self._need(seq)} tokens")
 
     def _narrow_policy(self) -> None:
         """A policy over the groups left (a forced width is dropped), and the widths and
@@ -485,20 +496,23 @@ class LLMEngine:
         logger.warning("policy over the groups left: %s (layout %s)", self.policy.name,
                        self.layout.name())
 
-    def _error_output(self, seq: Sequence, reason: str) -> RequestOutput:
-        """A request that no group can finish, ended with finish reason "error"."""
-        logger.warning("request %s failed: %s", seq.request_id, reason)
+    def _report_failure(self, seq: Sequence, reason: str) -> None:
+        """Ends a request with finish reason "error"; its last output comes from the output
+        processor (with the text it has)."""
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, "error"
-        detok = self._detokenizers.pop(seq.request_id, None)
         self._replica_of.pop(seq.request_id, None)
         if self.structured.tracks(seq.request_id):
             self.structured.remove(seq.request_id)
-        completion = CompletionOutput(0, detok.text if detok else "", seq.output_token_ids,
-                                      None, "error", None)
-        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
-                             True, seq.num_cached_tokens, error=reason)
+        self._owed.add(seq.request_id)
+        self.output_processor.submit(Failure(seq.request_id, seq.prompt, seq.prompt_token_ids,
+                                             seq.output_token_ids, seq.num_cached_tokens, reason))
 
     def has_unfinished_requests(self) -> bool:
+        """A request is unfinished until its final output has been returned."""
+        return bool(self._owed) or self._has_work()
+
+    def _has_work(self) -> bool:
+        """Requests still to compute (or to place)."""
         return bool(self._unplaced) or any(r.scheduler.has_unfinished() for r in self.replicas)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
@@ -514,27 +528,62 @@ class LLMEngine:
         scheduling), each under the plan the policy picks for it, then returns the
         outputs of whichever replicas finish first (a replica never waits for another)."""
         self._take_losses()
+        self._collect()  # requests a stop string ended leave before the next schedule
         self._commit_drained_transitions()
         while self._submit_round():
             pass
-        outputs, self._fault_outputs = self._fault_outputs, []
         if not any(r.in_flight for r in self.replicas):
-            return self._fold_children(outputs) if self._parent_of else outputs
+            self._collect(wait=True)  # nothing to compute: every output handed over is made
+            return self._take_outputs()
         while True:
             for replica, result in self.executor.wait_any():
                 sched, plan, seconds = replica.finish()
                 self._record_step(self.replicas.index(replica), plan, sched.num_batched_tokens,
                                   seconds)
-                outputs += self._apply(replica, sched, *result)
-            # once no request is left, no step stays in flight (e.g. one of a replica that
-            # had nothing to run, in a round of replicas that step together)
-            if self.has_unfinished_requests() or not any(r.in_flight for r in self.replicas):
+                self._apply(replica, sched, *result)
+            # once no request is left to compute, no step stays in flight (e.g. one of a
+            # replica that had nothing to run, in a round of replicas that step together)
+            if self._has_work() or not any(r.in_flight for r in self.replicas):
                 break
         self._take_losses()
-        outputs, self._fault_outputs = outputs + self._fault_outputs, []
         self._drop_finished_left_behind()
         self._commit_drained_transitions()
+        return self._take_outputs()
+
+    def _take_outputs(self) -> list[RequestOutput]:
+        outputs, self._ready = self._ready, []
         return self._fold_children(outputs) if self._parent_of else outputs
+
+    def _collect(self, wait: bool = False) -> None:
+        """Takes the output processor's results (with `wait`, all of them): their outputs
+        are ready to return, and the requests it ended leave the engine here, at a step
+        boundary (a few more of their tokens may have been computed; it reports none)."""
+        for processed in self.output_processor.take(wait):
+            self._take_processed(processed)
+
+    def _take_processed(self, processed: Processed) -> None:
+        aborted = self._aborted
+        for request_id, (reason, stop_reason) in processed.ended.items():
+            if request_id not in aborted:
+                self._end_request(request_id, reason, stop_reason)
+        for output in processed.outputs:
+            if output.request_id in aborted:
+                continue
+            if output.finished:
+                self._owed.discard(output.request_id)
+            self._ready.append(output)
+        if processed.forgotten:
+            aborted.difference_update(processed.forgotten)
+
+    def _end_request(self, request_id: str, reason: str, stop_reason: str | None) -> None:
+        """Ends a request that the output processor ended (a stop string, or its text
+        could not be made); its last output is the processor's."""
+        if self._unplaced.pop(request_id, None) is not None:
+            return
+        replica = self._replica_of.get(request_id)
+        if replica is not None:
+            replica.scheduler.finish_request(request_id, reason, stop_reason)
+            self._release(replica, request_id)
 
     def _fold_children(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """Children's outputs folded into their requests' (one output per request)."""
@@ -546,8 +595,6 @@ class LLMEngine:
                 continue
             if parent.request_id not in self._parents:
                 continue  # a sibling failed earlier in this step: the request has ended
-            if not parent.siblings_admitted and output.error is None:
-                self._admit_siblings(parent, output.prompt_token_ids, output.prompt)
             merged = parent.update(output)
             if merged is not None:
                 folded[parent.request_id] = merged
@@ -871,104 +918,67 @@ class LLMEngine:
         return records
 
     def _apply(self, replica: "Replica", sched: SchedulerOutput, tokens: list[int],
-               logprobs, errors: dict[str, str]) -> list[RequestOutput]:
-        """A step's results. A request the ranks failed, or whose output cannot be made,
-        fails alone: its error goes to its output, the other requests go on."""
-        failed = [self._fail(replica, s.seq, errors[s.seq.request_id])
-                  for s in sched.scheduled if s.seq.request_id in errors
-                  and s.seq.request_id in self._replica_of]
+               logprobs, errors: dict[str, str]) -> None:
+        """A step's results: its tokens go to the scheduler and, with the requests they
+        ended, to the output processor. A request the ranks failed fails alone."""
+        for scheduled in sched.scheduled if errors else ():
+            seq = scheduled.seq
+            if seq.request_id in errors and seq.request_id in self._replica_of:
+                self._fail(replica, seq, errors[seq.request_id])
         sampling = [s.seq for s in sched.scheduled if s.samples]
         sampled = {seq.request_id: tok for seq, tok in zip(sampling, tokens)}
-        if logprobs is not None:
-            for seq, lp in zip(sampling, logprobs):
-                if lp is not None:
-                    seq.logprobs.append(lp)
-        replica.scheduler.update(sched, sampled)
+        step = _step_tokens(sampling, tokens, logprobs)  # before the scheduler ends any
+        finished = replica.scheduler.update(sched, sampled)
         if replica.num_structured:
-            failed += self._advance_grammars(replica, sampling, sampled)
-        live = [seq for seq in sampling if seq.request_id in self._replica_of]
-        stops = self._detokenize(live, sampled)
-        outputs = []
-        for seq in live:
-            try:
-                stop = stops.get(seq.request_id)
-                if isinstance(stop, Exception):
-                    raise stop
-                output = self._output(replica, seq, stop)
-                if output is not None:
-                    outputs.append(output)
-            except Exception as exc:  # noqa: BLE001 - e.g. its text cannot be decoded
-                logger.exception("the output of request %s could not be made", seq.request_id)
-                outputs.append(self._fail(replica, seq, f"{type(exc).__name__}: {exc}"))
-        return failed + outputs
+            finished += self._advance_grammars(replica, sampling, sampled)
+        for seq in finished:
+            step.finished[seq.request_id] = (seq.finish_reason, seq.stop_reason)
+            self._release(replica, seq.request_id)
+        if self._parent_of:
+            self._admit_waiting_siblings(sampling)
+        self.output_processor.submit(step)
+        self._collect()
 
-    def _detokenize(self, seqs: list[Sequence], sampled: dict[str, int]
-                    ) -> dict[str, str | Exception | None]:
-        """Feeds each request's new token to its detokenizer, all in one batch; returns the
-        stop string each completed (or the error its decoding raised). A request that an
-        EOS or a stop token id ended gets no text for that token."""
-        detoks, ids = [], []
-        for seq in seqs:
-            detok = self._detokenizers[seq.request_id]
-            if detok is not None and not (seq.is_finished and seq.finish_reason == "stop"):
-                detoks.append(detok)
-                ids.append(seq.request_id)
-        if not detoks:
-            return {}
-        return dict(zip(ids, append_all(detoks, [sampled[i] for i in ids])))
+    def _admit_waiting_siblings(self, sampling: list[Sequence]) -> None:
+        """A first child that has its first token has computed the prompt: its siblings
+        join (unless it failed)."""
+        for seq in sampling:
+            parent = self._parent_of.get(seq.request_id)
+            if (parent is not None and not parent.siblings_admitted
+                    and parent.request_id in self._parents and seq.finish_reason != "error"
+                    and seq.num_output_tokens):
+                self._admit_siblings(parent, seq.prompt_token_ids, seq.prompt)
 
     def _advance_grammars(self, replica: "Replica", sampling: list[Sequence],
-                          sampled: dict[str, int]) -> list[RequestOutput]:
-        """Feeds each constrained request its new token; one whose grammar has ended is
-        finished (also under ignore_eos). Returns the requests whose grammar refused it."""
-        failed = []
+                          sampled: dict[str, int]) -> list[Sequence]:
+        """Feeds each constrained request its new token; one whose grammar refused it
+        fails, one whose grammar has ended is finished (also under ignore_eos). Returns
+        the latter."""
+        ended = []
         for seq in sampling:
             request_id = seq.request_id
             if not self.structured.tracks(request_id):
                 continue
             if not self.structured.accept(request_id, sampled[request_id]):
-                failed.append(self._fail(replica, seq, f"the sampled token {sampled[request_id]} "
-                                                       "does not follow its structured output"))
+                self._fail(replica, seq, f"the sampled token {sampled[request_id]} "
+                                         "does not follow its structured output")
             elif self.structured.is_terminated(request_id) and not seq.is_finished:
                 replica.scheduler.finish(seq, "stop")
-        return failed
+                ended.append(seq)
+        return ended
 
-    def _fail(self, replica: "Replica", seq: Sequence, reason: str) -> RequestOutput:
+    def _fail(self, replica: "Replica", seq: Sequence, reason: str) -> None:
         """Ends one request with finish reason "error"; its blocks are freed."""
         replica.scheduler.finish(seq, "error")
         if self.structured.tracks(seq.request_id):
             replica.num_structured -= 1
         replica.encoder.forget(seq.request_id)
-        return self._error_output(seq, reason)
-
-    def _output(self, replica: "Replica", seq: Sequence, stop: str | None
-                ) -> RequestOutput | None:
-        """`stop`: the stop string the request's new token completed. None for a request
-        that asked for its final output only and goes on (a child of a request with n > 1
-        reports every step: its parent admits its siblings after its first token)."""
-        detok = self._detokenizers[seq.request_id]
-        if stop is not None and seq.is_finished:  # hit on the token that ended it by length
-            seq.finish_reason, seq.stop_reason = "stop", stop
-        elif stop is not None:
-            replica.scheduler.finish(seq, "stop", stop)
-        if seq.is_finished:
-            self._release(replica, seq.request_id)
-        elif seq.params.output_kind == "final_only" and seq.request_id not in self._parent_of:
-            return None
-        completion = CompletionOutput(
-            0, detok.text if detok else "", seq.output_token_ids,
-            list(seq.logprobs) if seq.params.logprobs is not None else None,
-            seq.finish_reason, seq.stop_reason)
-        # a final-only request's one output still tells the server when its first token came
-        metrics = {"first_token_time": seq.first_token_time}
-        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
-                             seq.is_finished, seq.num_cached_tokens, metrics)
+        self._report_failure(seq, reason)
 
     def _release(self, replica: "Replica", request_id: str) -> None:
         if self.structured.tracks(request_id):
             self.structured.remove(request_id)
             replica.num_structured -= 1
-        self._detokenizers.pop(request_id, None)
         self._replica_of.pop(request_id, None)
         replica.encoder.forget(request_id)
 
@@ -979,6 +989,17 @@ class LLMEngine:
                            sum(r.block_manager.num_free_blocks for r in serving),
                            sum(r.block_manager.num_blocks for r in serving),
                            self._num_preemptions)
+
+
+def _step_tokens(sampling: list[Sequence], tokens: list[int], logprobs) -> StepTokens:
+    """The tokens of the requests that take them (not those ended while the step ran)."""
+    done = SequenceStatus.FINISHED
+    request_ids = [seq.request_id for seq in sampling if seq.status is not done]
+    if len(request_ids) == len(sampling) == len(tokens):
+        return StepTokens(request_ids, tokens, logprobs, {})
+    kept = [i for i, seq in enumerate(sampling) if seq.status is not done]
+    return StepTokens(request_ids, [tokens[i] for i in kept],
+                      None if logprobs is None else [logprobs[i] for i in kept], {})
 
 
 def _tokenizer(config: EngineConfig, source):

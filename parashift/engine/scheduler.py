@@ -129,9 +129,14 @@ class Scheduler:
         heapq.heappush(self._waiting, (seq.sort_key(), seq))
 
     def abort(self, request_id: str) -> Sequence | None:
+        return self.finish_request(request_id, "abort")
+
+    def finish_request(self, request_id: str, reason: str,
+                       stop_reason: int | str | None = None) -> Sequence | None:
+        """Finishes an unfinished request by its id; returns it (None if none is)."""
         seq = self._unfinished.get(request_id)
         if seq is not None:
-            self.finish(seq, "abort")
+            self.finish(seq, reason, stop_reason)
         return seq
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:

@@ -39,7 +39,6 @@ class Sequence:
         self.block_hashes: list[int] = []  # hashes of this sequence's full blocks, in order
         self.status = SequenceStatus.WAITING
         self.num_preemptions = 0
-        self.logprobs: list[dict[int, float]] = []
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.first_token_time: float | None = None

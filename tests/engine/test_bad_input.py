@@ -126,16 +126,16 @@ def test_a_request_failing_on_the_rank_fails_alone(llm, monkeypatch):
 
 
 def test_a_request_whose_output_fails_fails_alone(llm, monkeypatch):
-    """A fault in one request's output processing on the engine side fails it alone."""
-    from parashift.engine import llm_engine
-    real = llm_engine.LLMEngine._output
+    """A fault in one request's output processing (the output processor) fails it alone."""
+    from parashift.engine.request_outputs import RequestOutputs
+    real = RequestOutputs._output
 
-    def output(self, replica, seq, new_token):
-        if seq.prompt_token_ids == [9, 9]:
+    def output(self, state, finish, stop):
+        if state.seq.prompt_token_ids == [9, 9]:
             raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad byte")
-        return real(self, replica, seq, new_token)
+        return real(self, state, finish, stop)
 
-    monkeypatch.setattr(llm_engine.LLMEngine, "_output", output)
+    monkeypatch.setattr(RequestOutputs, "_output", output)
     outs = llm.generate([[9, 9], [1, 2, 3]], GOOD)
     assert outs[0].outputs[0].finish_reason == "error" and "bad byte" in outs[0].error
     assert len(outs[1].outputs[0].token_ids) == 4 and outs[1].error is None

@@ -174,8 +174,10 @@ def test_cuda_graphs_default_to_off_where_impossible(tiny_llama_dir):
 def test_a_long_prompt_leaves_room_for_the_requests_behind_it(tiny_llama_dir):
     """Head-of-line blocking is bounded by one step: with a budget of 64 tokens a long
     prompt takes at most half of each step (the default cap), so a 2-token request added
-    after it gets its first token in its first step, long before the prompt's prefill ends."""
-    llm = tiny_llm(tiny_llama_dir, max_num_batched_tokens=64, max_model_len=512)
+    after it gets its first token in its first step, long before the prompt's prefill ends.
+    (Inline outputs: a threaded output processor may report that token a step or two later.)"""
+    llm = tiny_llm(tiny_llama_dir, max_num_batched_tokens=64, max_model_len=512,
+                   output_processor="inline")
     engine = llm.llm_engine
     assert engine.config.long_prefill_token_threshold == 32
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)

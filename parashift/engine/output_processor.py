@@ -1,0 +1,80 @@
+"""The output processor: the requests' detokenization, stop strings and RequestOutputs
+(request_outputs.py) off the engine loop, as vLLM v1's output processor does.
+
+The engine loop hands over each step's sampled tokens (and new, failed and aborted
+requests) as messages; a thread of their own turns them into outputs, in the order
+handed over, while the loop goes on with the next step. The loop takes what is ready at
+its step boundaries. "inline" runs each message as it is handed over, on the loop."""
+import queue
+import threading
+
+from parashift.engine.request_outputs import Processed, RequestOutputs
+
+_STOP = object()
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, mode: str = "thread"):
+        self._outputs = RequestOutputs(tokenizer)
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self._num_pending = 0  # messages handed over whose results the engine has not taken
+        self._inbox: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
+        self._handing_over = threading.Lock()  # a close (a finalizer's) against a submit
+        if mode == "thread":
+            self._inbox = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._run, args=(self._inbox,),
+                                            name="parashift-outputs", daemon=True)
+            self._thread.start()
+
+    @property
+    def is_busy(self) -> bool:
+        """Messages were handed over whose results have not been taken."""
+        return self._num_pending > 0
+
+    def submit(self, message) -> None:
+        with self._handing_over:
+            self._num_pending += 1
+            if self._inbox is None:
+                self._results.put(_process(self._outputs, message))
+            else:
+                self._inbox.put(message)
+
+    def take(self, wait: bool = False) -> list[Processed]:
+        """The results ready, in the order their messages were handed over; with `wait`,
+        every message's. Raises what broke the processor itself (not one request)."""
+        taken = []
+        while self._num_pending:
+            try:
+                result = self._results.get(block=wait)
+            except queue.Empty:
+                break
+            self._num_pending -= 1
+            if isinstance(result, BaseException):
+                raise RuntimeError("the output processor failed") from result
+            taken.append(result)
+        return taken
+
+    def close(self) -> None:
+        """Stops the thread once it has taken what was handed over; an engine used after
+        its shutdown (tests do) gets its outputs made inline."""
+        with self._handing_over:
+            if self._thread is None:
+                return
+            self._inbox.put(_STOP)
+            self._thread.join()
+            self._thread = self._inbox = None
+
+    def _run(self, inbox: queue.SimpleQueue) -> None:
+        while True:
+            message = inbox.get()
+            if message is _STOP:
+                return
+            self._results.put(_process(self._outputs, message))
+
+
+def _process(outputs: RequestOutputs, message) -> Processed | BaseException:
+    try:
+        return outputs.process(message)
+    except Exception as exc:  # noqa: BLE001 - handed to the engine loop, which raises it
+        return exc

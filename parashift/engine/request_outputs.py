@@ -1,0 +1,185 @@
+"""The requests' outputs, built from what the engine loop hands over: each request's tokens,
+logprobs and text (detokenized in one batch per step), its stop strings, and its
+RequestOutputs. Runs wherever the output processor runs it (output_processor.py); it
+touches no engine state."""
+import logging
+from dataclasses import dataclass, field
+
+from parashift.engine.detokenizer import IncrementalDetokenizer, append_all
+from parashift.engine.sequence import Sequence
+from parashift.outputs import CompletionOutput, RequestOutput
+
+logger = logging.getLogger(__name__)
+
+Finish = tuple[str, int | str | None]  # (finish_reason, stop_reason)
+
+
+@dataclass
+class NewRequest:
+    """A request placed on a replica. Of `seq` only what is fixed by the time its first
+    token is handed over is read: its id, prompt, params, first_token_time and
+    num_cached_tokens."""
+    seq: Sequence
+    reports_every_step: bool
+
+
+@dataclass
+class StepTokens:
+    """One step's sampled tokens, a request each, in the step's order; `logprobs` is None
+    when the step computed none. `finished`: the requests the engine ended on their token."""
+    request_ids: list[str]
+    token_ids: list[int]
+    logprobs: list | None
+    finished: dict[str, Finish]
+
+
+@dataclass
+class Failure:
+    """A request the engine failed (its ranks, its grammar, a lost group)."""
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    num_cached_tokens: int
+    reason: str
+
+
+@dataclass
+class Forget:
+    """An aborted request: no more outputs."""
+    request_id: str
+
+
+@dataclass
+class Processed:
+    """What one message gave: outputs, the requests ended here while the engine still runs
+    them (by request id: ("stop", the stop string) or ("error", None)), and the aborted
+    requests forgotten."""
+    outputs: list[RequestOutput] = field(default_factory=list)
+    ended: dict[str, Finish] = field(default_factory=dict)
+    forgotten: list[str] = field(default_factory=list)
+
+
+class _RequestState:
+    __slots__ = ("seq", "detokenizer", "token_ids", "logprobs", "reports_every_step")
+
+    def __init__(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None,
+                 reports_every_step: bool):
+        self.seq = seq
+        self.detokenizer = detokenizer
+        self.token_ids: list[int] = []
+        self.logprobs: list[dict[int, float]] = []
+        self.reports_every_step = reports_every_step
+
+    @property
+    def text(self) -> str:
+        return self.detokenizer.text if self.detokenizer is not None else ""
+
+
+class RequestOutputs:
+    """Every live request's output state; `process` takes one message."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._states: dict[str, _RequestState] = {}
+
+    def process(self, message) -> Processed:
+        if isinstance(message, StepTokens):
+            return self._take_step(message)
+        if isinstance(message, NewRequest):
+            self._add(message)
+            return Processed()
+        if isinstance(message, Failure):
+            return Processed([self._error_output(message)])
+        if isinstance(message, Forget):
+            self._states.pop(message.request_id, None)
+            return Processed(forgotten=[message.request_id])
+        raise TypeError(f"the output processor got a {type(message).__name__}")
+
+    def _add(self, message: NewRequest) -> None:
+        """A request placed again (its group was lost) keeps the text it has."""
+        seq = message.seq
+        if seq.request_id in self._states:
+            return
+        detokenizer = (IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, seq.params)
+                       if self.tokenizer is not None else None)
+        self._states[seq.request_id] = _RequestState(seq, detokenizer, message.reports_every_step)
+
+    def _take_step(self, step: StepTokens) -> Processed:
+        """Appends each request's token; decodes every new token in one batch, except one
+        that an EOS or a stop token id ended (it gets no text); builds the outputs."""
+        advanced, detokenizers, tokens, decoded = [], [], [], []
+        states, finished = self._states, step.finished
+        for i, request_id in enumerate(step.request_ids):
+            state = states.get(request_id)
+            if state is None:  # ended here already, or aborted: its later tokens are dropped
+                continue
+            token, finish = step.token_ids[i], finished.get(request_id)
+            state.token_ids.append(token)
+            if step.logprobs is not None and step.logprobs[i] is not None:
+                state.logprobs.append(step.logprobs[i])
+            if state.detokenizer is not None and not (finish is not None and finish[0] == "stop"):
+                decoded.append(len(advanced))
+                detokenizers.append(state.detokenizer)
+                tokens.append(token)
+            advanced.append((state, finish))
+        stops = [None] * len(advanced)
+        for k, stop in zip(decoded, append_all(detokenizers, tokens) if detokenizers else ()):
+            stops[k] = stop
+        processed = Processed()
+        for (state, finish), stop in zip(advanced, stops):
+            self._report(state, finish, stop, processed)
+        return processed
+
+    def _report(self, state: _RequestState, finish: Finish | None,
+                stop: str | Exception | None, processed: Processed) -> None:
+        """A request whose output cannot be made (its text cannot be decoded) fails alone."""
+        request_id = state.seq.request_id
+        try:
+            if isinstance(stop, Exception):
+                raise stop
+            output = self._output(state, finish, stop)
+        except Exception as exc:  # noqa: BLE001 - e.g. its text cannot be decoded
+            logger.exception("the output of request %s could not be made", request_id)
+            self._states.pop(request_id, None)
+            seq = state.seq
+            processed.outputs.append(self._error_output(Failure(
+                request_id, seq.prompt, seq.prompt_token_ids, state.token_ids,
+                seq.num_cached_tokens, f"{type(exc).__name__}: {exc}")))
+            if finish is None:
+                processed.ended[request_id] = ("error", None)
+            return
+        if output is None:
+            return
+        processed.outputs.append(output)
+        if output.finished:
+            self._states.pop(request_id, None)
+            if finish is None:  # a stop string the engine has not seen
+                processed.ended[request_id] = ("stop", stop)
+
+    def _output(self, state: _RequestState, finish: Finish | None, stop: str | None
+                ) -> RequestOutput | None:
+        """`stop`: the stop string the request's new token completed (it wins over a
+        length finish on the same token). None for a request that asked for its final
+        output only and goes on."""
+        reason, stop_reason = ("stop", stop) if stop is not None else finish or (None, None)
+        if reason is None and not state.reports_every_step:
+            return None
+        seq = state.seq
+        completion = CompletionOutput(
+            0, state.text, list(state.token_ids),
+            list(state.logprobs) if seq.params.logprobs is not None else None,
+            reason, stop_reason)
+        # a final-only request's one output still tells the server when its first token came
+        metrics = {"first_token_time": seq.first_token_time}
+        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
+                             reason is not None, seq.num_cached_tokens, metrics)
+
+    def _error_output(self, failure: Failure) -> RequestOutput:
+        """The request's last output, with finish reason "error"; its state goes."""
+        logger.warning("request %s failed: %s", failure.request_id, failure.reason)
+        state = self._states.pop(failure.request_id, None)
+        completion = CompletionOutput(0, state.text if state is not None else "",
+                                      list(failure.output_token_ids), None, "error", None)
+        return RequestOutput(failure.request_id, failure.prompt, failure.prompt_token_ids,
+                             [completion], True, failure.num_cached_tokens, error=failure.reason)

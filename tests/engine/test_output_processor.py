@@ -1,0 +1,211 @@
+"""The output processor on its own thread gives the outputs it gives inline (on the engine
+loop): stop strings, n > 1, final-only requests, logprobs, streams; a request whose text
+cannot be made fails alone; no output is lost when a generate call ends."""
+import time
+
+import pytest
+
+from parashift import LLM, SamplingParams
+from parashift.engine.detokenizer import IncrementalDetokenizer
+from parashift.engine.request_outputs import RequestOutputs
+from tests.engine.conftest import tiny_llm
+
+MODES = ("inline", "thread")
+QUESTION = [{"role": "user", "content": "Tell me a short story about a cat."}]
+
+
+@pytest.fixture(scope="module")
+def smollm2_by_mode():
+    llms = {mode: LLM(device="cpu", dtype="float32", output_processor=mode) for mode in MODES}
+    yield llms
+    for llm in llms.values():
+        llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def story(smollm2_by_mode):
+    """The prompt and the greedy story's text after each of its tokens, the same in both
+    modes (which now hold the prompt in their prefix caches alike)."""
+    prompt = smollm2_by_mode["inline"].llm_engine.apply_chat_template(QUESTION)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    seen = same_in_both_modes(smollm2_by_mode, [("story", prompt, params)])["story"]
+    return prompt, [output[4][0][1] for output in seen]
+
+
+def fields(output):
+    return (output.request_id, output.finished, output.error, output.num_cached_tokens,
+            [(c.index, c.text, c.token_ids, c.logprobs, c.finish_reason, c.stop_reason)
+             for c in output.outputs])
+
+
+def stream(llm, requests) -> dict[str, list]:
+    """Every output of each request, stepping the engine until all have finished."""
+    engine = llm.llm_engine
+    for request_id, prompt, params in requests:
+        engine.add_request(request_id, prompt, params)
+    seen = {request_id: [] for request_id, _, _ in requests}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            seen[output.request_id].append(fields(output))
+    assert engine.step() == []  # what the processor still had gave no output
+    return seen
+
+
+def same_in_both_modes(llms, requests) -> dict[str, list]:
+    inline, thread = (stream(llms[mode], requests) for mode in MODES)
+    assert thread == inline
+    return inline
+
+
+def spanning_stop(texts: list[str]) -> tuple[str, int]:
+    """A stop string made of the end of one token's text and the start of the next's,
+    first found there; and the number of tokens that complete it."""
+    for k in range(3, len(texts) - 1):
+        before, after = texts[k - 1], texts[k]
+        if len(after) - len(before) >= 2 and len(before) >= 2:
+            stop = after[len(before) - 2:len(before) + 2]
+            if stop.strip() and after.find(stop) == len(before) - 2:
+                return stop, k + 1
+    raise AssertionError("no token boundary to span")
+
+
+def test_the_stories_steps_add_text(story):
+    _, texts = story
+    assert len(texts) == 40 and texts[-1].startswith(texts[10]) and len(texts[-1]) > 40
+
+
+def test_a_stop_string_spanning_tokens_ends_the_request_there(smollm2_by_mode, story):
+    prompt, texts = story
+    stop, num_tokens = spanning_stop(texts)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
+    seen = same_in_both_modes(smollm2_by_mode, [("s", prompt, params)])["s"]
+    final = seen[-1][4][0]
+    assert final[1] == texts[num_tokens - 1][:texts[num_tokens - 1].find(stop)]
+    assert len(final[2]) == num_tokens and final[4:] == ("stop", stop)
+    assert len(seen) == num_tokens  # no output for the tokens computed after the stop
+
+
+def test_a_stop_string_on_the_last_allowed_token(smollm2_by_mode, story):
+    """The token that reaches max_tokens completes the stop string: it is a stop."""
+    prompt, texts = story
+    stop, num_tokens = spanning_stop(texts)
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True,
+                            stop=[stop], include_stop_str_in_output=True)
+    final = same_in_both_modes(smollm2_by_mode, [("last", prompt, params)])["last"][-1][4][0]
+    assert final[1].endswith(stop) and final[4:] == ("stop", stop)
+    assert len(final[2]) == num_tokens
+
+
+def test_stop_strings_n_logprobs_and_final_only_together(smollm2_by_mode, story):
+    prompt, texts = story
+    stop, _ = spanning_stop(texts)
+    requests = [
+        ("greedy", prompt, SamplingParams(temperature=0, max_tokens=30, stop=[stop, "cat"])),
+        ("n3", prompt, SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12,
+                                      stop=[" the"], logprobs=1)),
+        ("best", prompt, SamplingParams(n=2, best_of=3, temperature=1.0, seed=8,
+                                        max_tokens=10)),
+        ("final", prompt, SamplingParams(temperature=0.8, seed=3, max_tokens=16,
+                                         logprobs=2).final_only()),
+        ("n2-final", prompt, SamplingParams(n=2, temperature=0.8, seed=4, max_tokens=6)
+         .final_only()),
+    ]
+    seen = same_in_both_modes(smollm2_by_mode, requests)
+    assert len(seen["final"]) == 1 and seen["final"][0][1]
+    assert [len(c[3]) for c in seen["final"][0][4]] == [len(seen["final"][0][4][0][2])]
+    assert len(seen["n3"][-1][4]) == 3 and len(seen["best"][-1][4]) == 2
+    assert all(output[1] for output in (seen[r][-1] for r in seen))
+
+
+def test_generate_gives_the_same_outputs_in_both_modes(smollm2_by_mode, story):
+    prompt, texts = story
+    stop, _ = spanning_stop(texts)
+    params = [SamplingParams(temperature=0, max_tokens=24, stop=[stop]),
+              SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=8, logprobs=0),
+              SamplingParams(temperature=0, max_tokens=3, logprobs=1)]
+    outputs = {mode: [fields(o) for o in llm.generate([prompt] * 3, params)]
+               for mode, llm in smollm2_by_mode.items()}
+    assert outputs["thread"] == outputs["inline"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_request_whose_detokenizer_raises_fails_alone(smollm2_by_mode, monkeypatch, mode):
+    real = IncrementalDetokenizer.take_texts
+
+    def take_texts(self, prefix_text, full_text):
+        if self.params.seed == 13 and len(self.token_ids) > 8:
+            raise ValueError("boom")
+        return real(self, prefix_text, full_text)
+
+    monkeypatch.setattr(IncrementalDetokenizer, "take_texts", take_texts)
+    llm = smollm2_by_mode[mode]
+    good = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    bad = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, seed=13)
+    outs = llm.generate(["Hello", "Hello", "Hello"], [good, bad, good])
+    assert outs[1].finished and outs[1].outputs[0].finish_reason == "error"
+    assert "boom" in outs[1].error
+    assert [len(o.outputs[0].token_ids) for o in (outs[0], outs[2])] == [8, 8]
+    assert outs[0].outputs[0].text == outs[2].outputs[0].text != ""
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+@pytest.fixture
+def slow_processor(monkeypatch):
+    """Every step's outputs take 20 ms to make: the engine runs ahead of them."""
+    real = RequestOutputs._take_step
+
+    def take_step(self, step):
+        time.sleep(0.02)
+        return real(self, step)
+
+    monkeypatch.setattr(RequestOutputs, "_take_step", take_step)
+
+
+def test_generate_returns_every_final_output_of_a_slow_processor(tiny_llama_dir,
+                                                                 slow_processor):
+    llm = tiny_llm(tiny_llama_dir)
+    params = [SamplingParams(temperature=0, max_tokens=1 + i % 7, ignore_eos=True)
+              for i in range(12)]
+    outs = llm.generate([[1 + i, 2, 3] for i in range(12)], params)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
+    assert all(o.finished and o.outputs[0].finish_reason == "length" for o in outs)
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests() and engine.step() == []
+
+
+def test_a_slow_processors_stop_string_ends_the_request_later_with_the_same_output(
+        smollm2_by_mode, story, slow_processor):
+    """The engine computes tokens past the stop string before it hears of it; none of
+    them is reported, and the request's blocks are freed."""
+    prompt, texts = story
+    stop, num_tokens = spanning_stop(texts)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
+    seen = same_in_both_modes(smollm2_by_mode, [("slow", prompt, params)])["slow"]
+    assert len(seen) == num_tokens and seen[-1][4][0][4:] == ("stop", stop)
+    engine = smollm2_by_mode["thread"].llm_engine
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_an_aborted_request_reports_nothing_more(tiny_llama_dir, slow_processor):
+    engine = tiny_llm(tiny_llama_dir).llm_engine
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    engine.add_request("gone", [1, 2, 3], params)
+    engine.add_request("kept", [4, 5, 6], params)
+    for _ in range(4):
+        engine.step()
+    engine.abort_request("gone")
+    engine.add_request("gone", [7, 8, 9], SamplingParams(temperature=0, max_tokens=2,
+                                                         ignore_eos=True))
+    seen = []
+    while engine.has_unfinished_requests():
+        seen += [(o.request_id, len(o.outputs[0].token_ids)) for o in engine.step()]
+    assert [n for r, n in seen if r == "gone"] == [1, 2]
+    assert ("kept", 20) in seen
+
+
+def test_output_processor_is_checked():
+    from parashift.config import EngineConfig
+    with pytest.raises(ValueError, match="output_processor"):
+        EngineConfig(output_processor="process")
