@@ -39,7 +39,7 @@ class Plan:
     # Set on a SiDP replica (a plain TP plan) whose FFN weights d replicas share:
     # (mode, every sharing rank, replica by replica). Each rank holds one 1/d slice of
     # every FFN layer of its TP shard; "was" fetches the others' slices into slots, "cas"
-    # runs the FFN over the replicas' gathered tokens with the slice (parallel/shared_ffn.py).
+    # runs the FFN over the replicas' gathered tokens with the slice (worker/shared_ffn.py).
     shared_ffn: tuple[str, tuple[int, ...]] | None = None
 
     def __post_init__(self):

@@ -29,7 +29,7 @@ from parashift.loader.weights import load_model_weights
 from parashift.models.moe import check_plan
 from parashift.models.registry import model_class_for
 from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_narrow_weights
-from parashift.parallel.shared_ffn import SharedFfn
+from parashift.worker.shared_ffn import SharedFfn
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
 from parashift.uploads import upload

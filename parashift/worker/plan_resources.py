@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from parashift.context import BASE_WEIGHTS, StepContext
 from parashift.parallel.plan import Plan
-from parashift.parallel.shared_ffn import LAYOUT_OF_MODE
+from parashift.worker.shared_ffn import LAYOUT_OF_MODE
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
 
