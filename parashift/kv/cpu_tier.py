@@ -25,6 +25,12 @@ class TierShape:
     head_dim: int
     dtype: torch.dtype
 
+    @classmethod
+    def of_model(cls, hf_config, dtype: torch.dtype) -> "TierShape":
+        head_dim = getattr(hf_config, "head_dim", None) or (
+            hf_config.hidden_size // hf_config.num_attention_heads)
+        return cls(hf_config.num_hidden_layers, hf_config.num_key_value_heads, head_dim, dtype)
+
     @property
     def token_bytes(self) -> int:
         """Bytes one token's K and V take over every layer and head."""
