@@ -21,6 +21,7 @@ class SchedulerConfig:
 PARALLEL_POLICIES = ("static", "shift", "flying", "seesaw", "sidp")
 SEESAW_FIELDS = ("prefill_plan", "decode_plan", "cpu_kv_tokens", "cpu_kv_gib")
 FLYING_PREEMPTIONS = ("auto", "soft", "hard", "recompute")
+PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 OUTPUT_PROCESSORS = ("thread", "inline")
@@ -83,6 +84,11 @@ class EngineConfig:
     cpu_kv_tokens: int | None = None
     cpu_kv_gib: float | None = None
     seesaw_max_prefill_ms: float = 0.0       # a prefill phase ends after this long (0: unbounded)
+    # a request preempted when the KV pool runs out: recompute (its blocks freed, computed
+    # again when resumed) | swap (its KV copied to a CPU tier of swap_space GiB per group and
+    # back when resumed; recompute when the tier is full). vLLM v0's names.
+    preemption_mode: str = "recompute"
+    swap_space: float | None = None
     # SiDP: the data-parallel replicas share their FFN weights, each rank holding a 1/dp slice
     # of every FFN layer; steps run them as Weight-as-a-Service ("was": slices fetched into
     # slots) or Compute-as-a-Service ("cas": tokens sent to the slices). The sidp policy
@@ -142,6 +148,7 @@ class EngineConfig:
             raise ValueError(f"parallel_policy must be one of {PARALLEL_POLICIES}, got "
                              f"{self.parallel_policy!r}")
         self._check_seesaw()
+        self._check_swap()
         self._check_shared_ffn()
         if self.flying_preemption not in FLYING_PREEMPTIONS:
             raise ValueError(f"flying_preemption must be one of {FLYING_PREEMPTIONS}, got "
@@ -208,6 +215,23 @@ class EngineConfig:
             raise ValueError("under the seesaw policy prefill_plan and decode_plan give each "
                              "group's plans (data_parallel_size the groups): drop "
                              f"{others[0] if others else 'layout'}")
+
+    def _check_swap(self) -> None:
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got "
+                             f"{self.preemption_mode!r}")
+        if self.preemption_mode != "swap":
+            if self.swap_space is not None:
+                raise ValueError("swap_space is an option of preemption_mode='swap'")
+            return
+        if isinstance(self.swap_space, bool) or not isinstance(self.swap_space, (int, float)) \
+                or not self.swap_space > 0:
+            raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of CPU memory "
+                             f"per group for the swapped KV), got {self.swap_space!r}")
+        if self.parallel_policy == "seesaw":
+            raise ValueError("preemption_mode='swap' does not go with the seesaw policy: its "
+                             "CPU KV tier already holds every request's KV (its preempted "
+                             "requests keep their slots); drop preemption_mode")
 
     def _check_shared_ffn(self) -> None:
         if self.parallel_policy == "sidp":

@@ -15,6 +15,12 @@ STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 
                 0.512, 1.024, 2.048, 4.096, 8.192)
 
 
+# EngineStats fields of swap preemption -> (counter, its direction label or None)
+SWAP_STATS = {"num_swapped_out": ("swaps", "out"), "num_swapped_in": ("swaps", "in"),
+              "swap_bytes_out": ("swap_bytes", "out"), "swap_bytes_in": ("swap_bytes", "in"),
+              "num_recompute_tokens": ("recompute_tokens", None)}
+
+
 class ServerMetrics:
     """What the engine loop and the request streams record."""
 
@@ -25,6 +31,7 @@ class ServerMetrics:
         self._build_counters(labels)
         self._build_histograms(labels)
         self._last_preemptions = 0
+        self._last_swaps = dict.fromkeys(SWAP_STATS, 0)
         self._last_requeued = 0
         self._current_plan: str | None = None
 
@@ -50,6 +57,8 @@ class ServerMetrics:
         self.ranks_alive = gauge("ranks_alive", "Worker ranks alive (a lost rank's group is out "
                                  "of the layout).")
         self.groups_serving = gauge("groups_serving", "Groups of the node layout that serve.")
+        self.swap_tokens_used = gauge("kv_swap_tokens_used", "Tokens of swapped requests' KV "
+                                      "the CPU tiers hold (--preemption-mode swap).")
         self._labels = labels
 
     def _build_counters(self, labels: dict) -> None:
@@ -59,6 +68,14 @@ class ServerMetrics:
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
         self.preemptions = counter("num_preemptions", "Preemptions by the scheduler.")
+        self.swaps = Counter(f"{PREFIX}_kv_swaps", "Preempted requests whose KV went to the "
+                             "CPU tier (out) and came back when resumed (in).",
+                             [*labels, "direction"], registry=self.registry)
+        self.swap_bytes = Counter(f"{PREFIX}_kv_swap_bytes", "KV bytes (the whole model's) "
+                                  "copied to the CPU tier (out) and back (in) by swap "
+                                  "preemption.", [*labels, "direction"], registry=self.registry)
+        self.recompute_tokens = counter("recompute_tokens", "Computed tokens that preemptions "
+                                        "by recompute dropped (computed again when resumed).")
         self.requests_aborted = counter("requests_aborted",
                                         "Requests aborted (client gone, or shut down).")
         self.requests_requeued = counter("requests_requeued", "Requests of a lost group queued "
@@ -111,6 +128,7 @@ class ServerMetrics:
     def set_baseline(self, stats) -> None:
         """The engine's state when this server starts (an engine may outlive a server)."""
         self._last_preemptions = stats.num_preemptions
+        self._last_swaps = {name: getattr(stats, name) for name in SWAP_STATS}
         self.record_queue(stats)
 
     def record_step(self, stats, steps, transitions=()) -> None:
@@ -131,12 +149,23 @@ class ServerMetrics:
         if delta > 0:
             self.preemptions.inc(delta)
         self._last_preemptions = stats.num_preemptions
+        self._record_swaps(stats)
         for step in steps:
             plan = step.plan or "none"
             self.steps.labels(plan=plan, **self._labels).inc()
             self.step_tokens.labels(plan=plan, **self._labels).inc(step.num_tokens)
             self.step_time.labels(plan=plan, **self._labels).observe(step.seconds)
             self._set_plan(plan)
+
+    def _record_swaps(self, stats) -> None:
+        for name, (what, direction) in SWAP_STATS.items():
+            delta = getattr(stats, name) - self._last_swaps[name]
+            self._last_swaps[name] = getattr(stats, name)
+            if delta <= 0:
+                continue
+            counter = getattr(self, what)
+            counter = counter.labels(direction=direction, **self._labels) if direction else counter
+            counter.inc(delta)
 
     def _record_seesaw(self, t) -> None:
         for what, count in (("weights", t.weight_bytes), ("kv_out", t.kv_bytes_out),
@@ -174,6 +203,7 @@ class ServerMetrics:
         self.kv_blocks_used.set(used)
         self.kv_blocks_total.set(stats.num_total_blocks)
         self.kv_usage.set(used / stats.num_total_blocks if stats.num_total_blocks else 0.0)
+        self.swap_tokens_used.set(stats.swap_tokens_used)
 
     def record_liveness(self, alive: bool) -> None:
         """Called when /metrics is read: a dead engine's last queue numbers are not left

@@ -27,11 +27,13 @@ from parashift.engine.routing import (Slot, check_fits, group_capacity, max_cont
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
 from parashift.engine.seesaw import PHASES, SeesawTier, make_tiers, seesaw_stats
 from parashift.engine.sequence import Sequence, SequenceStatus
+from parashift.engine.swap import PreemptionCounts, SwapSpace, swap_tokens
 from parashift.engine.transitions import (TransitionRecord, Transitions, changes_partition,
                                           check)
 from parashift.executor.multiproc import MultiprocExecutor
 from parashift.executor.uniproc import UniprocExecutor
 from parashift.kv.block_manager import BlockManager
+from parashift.kv.cpu_tier import TierShape
 from parashift.kv.views import tokens_per_block
 from parashift.loader.chat_template import load_chat_template
 from parashift.loader.generation_config import generation_defaults
@@ -67,6 +69,14 @@ class EngineStats:
     num_free_blocks: int
     num_total_blocks: int
     num_preemptions: int
+    # swap preemption: requests swapped each way, their KV bytes (the whole model's), the
+    # tokens the CPU tiers hold now; and the computed tokens recompute preemptions dropped
+    num_swapped_out: int = 0
+    num_swapped_in: int = 0
+    swap_bytes_out: int = 0
+    swap_bytes_in: int = 0
+    swap_tokens_used: int = 0
+    num_recompute_tokens: int = 0
 
 
 class LLMEngine:
@@ -109,6 +119,8 @@ class LLMEngine:
         self._scheduler_config = SchedulerConfig(
             config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
             config.long_prefill_token_threshold)
+        self._tier_shape = TierShape.of_model(hf_config, self.dtype)
+        self.swap_spaces: dict[tuple[int, ...], SwapSpace] = {}  # by ranks (swap preemption)
         self.replicas = [self._make_replica(group, size, offset)
                          for group, offset, size in self._start_replicas()]
         self._replica_of: dict[str, Replica] = {}
@@ -119,7 +131,7 @@ class LLMEngine:
         self._ready: list[RequestOutput] = []  # outputs taken from the processor, not returned
         self._parents: dict[str, ParentRequest] = {}  # requests with n or best_of > 1
         self._parent_of: dict[str, ParentRequest] = {}  # by child request id
-        self._num_preemptions = 0
+        self._preemptions = PreemptionCounts()
         self.steps_in_flight = 2 if _async_scheduling(config, self.policy_plans) else 1
         self._unplaced: dict[str, Sequence] = {}  # requests no group holds yet (routing.py)
         self._round_id = 0  # steps that coupled groups run together (SiDP's CaS)
@@ -174,7 +186,20 @@ class LLMEngine:
         config = dataclasses.replace(self._scheduler_config, max_model_len=holds)
         replica = Replica(blocks, config, self._eos_ids, block_offset, group, plan.ranks)
         replica.scheduler.gate = tier.gate if tier is not None else None
+        if self.config.preemption_mode == "swap":
+            replica.swap_space = self._swap_space(plan.ranks)
+            replica.scheduler.swap_slots = replica.swap_space.slots
         return replica
+
+    def _swap_space(self, ranks: tuple[int, ...]) -> SwapSpace:
+        """The CPU tier of the group on `ranks` (made with its first replica: at start-up for
+        the layout's groups), which its replicas share."""
+        key = tuple(sorted(ranks))
+        space = self.swap_spaces.get(key)
+        if space is None:
+            tokens = swap_tokens(self.config.swap_space, self._tier_shape)
+            space = self.swap_spaces[key] = SwapSpace(self._tier_shape, tokens)
+        return space
 
     def serving_replicas(self) -> list[Replica]:
         """The replicas of the layout's groups (those that admit requests)."""
@@ -229,9 +254,9 @@ class LLMEngine:
             restore_garbage_collector()
         self._finalizer()
         self._processor_finalizer()
-        for tier in self.seesaw.values():
+        for tier in [*self.seesaw.values(), *self.swap_spaces.values()]:
             tier.close()
-        self.seesaw = {}
+        self.seesaw, self.swap_spaces = {}, {}
         if self._timeline is not None:
             self._timeline.close()
             self._timeline = None
@@ -632,7 +657,7 @@ class LLMEngine:
             if replica.group in together:
                 continue
             sched = replica.scheduler.schedule()
-            self._num_preemptions += len(sched.preempted)
+            self._preemptions.add(sched, self._tier_shape.token_bytes)
             if sched.is_empty:
                 if replica.scheduler.gate is not None:  # its phase is stuck: the policy switches
                     replica.scheduler.gate.stalled = replica.scheduler.num_waiting > 0
@@ -653,7 +678,8 @@ class LLMEngine:
                 or not any(r.scheduler.has_unfinished() for r in replicas)):
             return False
         scheds = [r.scheduler.schedule() for r in replicas]
-        self._num_preemptions += sum(len(sched.preempted) for sched in scheds)
+        for sched in scheds:
+            self._preemptions.add(sched, self._tier_shape.token_bytes)
         if all(sched.is_empty for sched in scheds):
             return False
         self._round_id += 1
@@ -984,11 +1010,15 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         serving = self.serving_replicas()  # (replicas left behind share their blocks)
+        counts = self._preemptions
         return EngineStats(sum(r.scheduler.num_running for r in self.replicas),
                            sum(r.scheduler.num_waiting for r in self.replicas) + len(self._unplaced),
                            sum(r.block_manager.num_free_blocks for r in serving),
                            sum(r.block_manager.num_blocks for r in serving),
-                           self._num_preemptions)
+                           counts.preemptions, counts.swapped_out, counts.swapped_in,
+                           counts.swap_bytes_out, counts.swap_bytes_in,
+                           sum(s.slots.used_tokens for s in self.swap_spaces.values()),
+                           counts.recompute_tokens)
 
 
 def _step_tokens(sampling: list[Sequence], tokens: list[int], logprobs) -> StepTokens:

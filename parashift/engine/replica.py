@@ -4,9 +4,9 @@ from collections import deque
 
 from parashift.config import SchedulerConfig
 from parashift.engine.policy import GroupView
-from parashift.engine.scheduler import Scheduler, SchedulerOutput
+from parashift.engine.scheduler import Scheduler, SchedulerOutput, SwapOp
 from parashift.kv.block_manager import BlockManager
-from parashift.worker.step_batch import DeltaEncoder, StepBatch
+from parashift.worker.step_batch import DeltaEncoder, KVSwap, StepBatch
 
 ARRIVAL_WINDOW_S = 10.0  # the window of a group's arrival rate
 
@@ -34,6 +34,7 @@ class Replica:
         self.last_plan = ""
         self.encoder = DeltaEncoder(block_offset)  # what this replica's ranks already know
         self.num_structured = 0  # its unfinished requests with structured output
+        self.swap_space = None  # its group's CPU tier (engine/swap.py) under swap preemption
 
     @property
     def is_left_behind(self) -> bool:
@@ -86,7 +87,18 @@ class Replica:
                     prompts[seq.request_id] = seq.prompt_token_ids
             chunks.append(encoder.chunk(seq.request_id, s.token_ids(), s.start_pos,
                                         seq.block_table, s.samples))
-        return StepBatch(chunks, new_params, self.encoder.take_finished(), plan, prompts)
+        batch = StepBatch(chunks, new_params, self.encoder.take_finished(), plan, prompts)
+        if sched.swap_out or sched.swap_in:
+            batch.swap_out = [self._kv_swap(op) for op in sched.swap_out]
+            batch.swap_in = [self._kv_swap(op) for op in sched.swap_in]
+            batch.swap_tier_path, batch.swap_tier_tokens = self.swap_space.path, self.swap_space.tokens
+        return batch
+
+    def _kv_swap(self, op: SwapOp) -> KVSwap:
+        """A swap as the ranks see it: its blocks in their pool's ids."""
+        offset = self.encoder.block_offset
+        return KVSwap(op.request_id, [b + offset for b in op.block_ids], op.num_tokens,
+                      op.slot.start, op.slot.length)
 
 
 def combine_views(views: list[GroupView]) -> GroupView:

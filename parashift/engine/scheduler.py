@@ -4,8 +4,11 @@ One invariant: each sequence's num_computed_tokens catches up with its
 num_tokens. A step gives running sequences (decodes or prefill chunks) their
 tokens first, in running order, then admits waiting sequences by priority.
 When the block pool runs out, the lowest-priority running sequence is
-preempted by recompute: its blocks are freed and it goes back to waiting with
-all its tokens, to be computed again (often from the prefix cache).
+preempted: its blocks are freed and it goes back to waiting with all its tokens.
+By recompute, they are computed again (often from the prefix cache); by swap (a
+CPU tier's slots given), its computed tokens' KV is copied to a slot of the tier
+in the step that frees its blocks and back into new blocks in the step that
+resumes it, so it keeps its computed count (recompute when no slot fits).
 
 A step's computed tokens count as computed once it is scheduled, so with async
 scheduling the next step can be scheduled while this one runs: a sequence whose
@@ -18,8 +21,8 @@ from dataclasses import dataclass, field
 from parashift.config import SchedulerConfig
 from parashift.engine.sequence import Sequence, SequenceStatus
 from parashift.kv.block_manager import BlockManager
+from parashift.kv.tier_allocator import TierAllocator, TierSlot
 from parashift.worker.step_batch import PLACEHOLDER_TOKEN
-
 
 
 class ScheduledSeq:
@@ -40,10 +43,22 @@ class ScheduledSeq:
         return known + [PLACEHOLDER_TOKEN] * (self.num_new_tokens - len(known))
 
 
+@dataclass(frozen=True)
+class SwapOp:
+    """A request's first `num_tokens` tokens' KV between these blocks and its tier slot."""
+    request_id: str
+    block_ids: tuple[int, ...]
+    num_tokens: int
+    slot: TierSlot
+
+
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)  # running first, then admitted
     preempted: list[Sequence] = field(default_factory=list)
+    swap_out: list[SwapOp] = field(default_factory=list)  # of preempted sequences
+    swap_in: list[SwapOp] = field(default_factory=list)  # of admitted sequences
+    recompute_tokens: int = 0  # computed tokens that preemptions by recompute dropped
 
     @property
     def num_batched_tokens(self) -> int:
@@ -51,7 +66,8 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        """Nothing for the ranks to do (a step with swaps out only still runs them)."""
+        return not self.scheduled and not self.swap_out
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,8 @@ class Scheduler:
         # What a phase may admit and run (engine/seesaw.py's SeesawGate): admits(seq),
         # runs(seq), release(seq) when the sequence leaves. None: everything.
         self.gate = None
+        # The slots of the group's CPU tier that preempted sequences swap into; None: recompute.
+        self.swap_slots: TierAllocator | None = None
 
     @property
     def num_waiting(self) -> int:
@@ -147,8 +165,7 @@ class Scheduler:
         else:
             return
         self.block_manager.free(seq)
-        if self.gate is not None:
-            self.gate.release(seq)
+        self._release(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
@@ -163,8 +180,7 @@ class Scheduler:
         evicted = sorted(self._unfinished.values(), key=Sequence.sort_key)
         for seq in evicted:
             self.block_manager.free(seq)
-            if self.gate is not None:
-                self.gate.release(seq)
+            self._release(seq)
             if seq.num_computed_tokens or seq.status == SequenceStatus.RUNNING:
                 seq.num_preemptions += 1
             seq.num_computed_tokens = 0
@@ -174,12 +190,15 @@ class Scheduler:
 
     def evict_waiting(self) -> list[Sequence]:
         """Takes the waiting sequences out (they hold no blocks), in scheduling order; the
-        running ones stay. No step may be in flight."""
+        running ones stay. A swapped one leaves its KV behind (it is computed again). No
+        step may be in flight."""
         evicted = [seq for _, seq in sorted(self._waiting, key=lambda entry: entry[0])]
         if any(seq.num_pending_tokens for seq in evicted):
             raise RuntimeError("sequences leave a scheduler only when no step is in flight")
         for seq in evicted:
             del self._unfinished[seq.request_id]
+            if self._free_swap_slot(seq):
+                seq.num_computed_tokens = 0
         self._waiting = []
         return evicted
 
@@ -263,12 +282,13 @@ class Scheduler:
                 return
             if self.gate is not None and not self.gate.admits(seq):
                 return
-            computed_blocks, num_cached = self.block_manager.get_computed_blocks(seq)
+            computed_blocks, num_cached = self._resume_point(seq)
             num_new = self._num_new_tokens(seq, budget, num_cached)
             if not self.block_manager.allocate_slots(seq, num_new, computed_blocks):
                 return
             heapq.heappop(self._waiting)
             seq.num_computed_tokens = num_cached
+            self._swap_in(seq, out)
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
@@ -285,13 +305,56 @@ class Scheduler:
             if scheduled.seq is seq:
                 given_back = out.scheduled.pop(k).num_new_tokens
                 break
+        if not self._swap_out(seq, out):
+            out.recompute_tokens += seq.num_computed_tokens
+            seq.num_computed_tokens = 0
         self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         heapq.heappush(self._waiting, (seq.sort_key(), seq))
         out.preempted.append(seq)
         return given_back
+
+    def _resume_point(self, seq: Sequence) -> tuple[list[int], int]:
+        """The cached blocks a waiting sequence starts with and its computed tokens after
+        them: a swapped one's computed tokens (their pages come with its new blocks), else
+        its prefix-cache hit."""
+        if self.swap_slots is not None and seq.request_id in self.swap_slots.slots:
+            return [], seq.num_computed_tokens
+        return self.block_manager.get_computed_blocks(seq)
+
+    def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Takes a slot for a preempted sequence's computed tokens, whose KV this step copies
+        out of its blocks; False when there is no tier, nothing computed or no room."""
+        computed = seq.num_computed_tokens
+        if self.swap_slots is None or computed == 0:
+            return False
+        slot = self.swap_slots.allocate(seq.request_id, computed)
+        if slot is None:
+            return False
+        blocks = seq.block_table[:self.block_manager.num_blocks_for(computed)]
+        out.swap_out.append(SwapOp(seq.request_id, tuple(blocks), computed, slot))
+        return True
+
+    def _swap_in(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """A swapped sequence just admitted: this step copies its KV from its slot into its
+        new blocks, and the slot is free for the steps after it."""
+        slot = self.swap_slots.slots.get(seq.request_id) if self.swap_slots is not None else None
+        if slot is None:
+            return
+        computed = seq.num_computed_tokens
+        blocks = seq.block_table[:self.block_manager.num_blocks_for(computed)]
+        out.swap_in.append(SwapOp(seq.request_id, tuple(blocks), computed, slot))
+        self.swap_slots.free(seq.request_id)
+
+    def _free_swap_slot(self, seq: Sequence) -> bool:
+        return self.swap_slots is not None and self.swap_slots.free(seq.request_id) > 0
+
+    def _release(self, seq: Sequence) -> None:
+        """What a sequence holds besides its blocks, when it leaves."""
+        if self.gate is not None:
+            self.gate.release(seq)
+        self._free_swap_slot(seq)
 
     def _remove_waiting(self, seq: Sequence) -> None:
         self._waiting = [entry for entry in self._waiting if entry[1] is not seq]

@@ -129,9 +129,7 @@ def make_tiers(config, layout, pairs, hf_config, dtype, need) -> dict[tuple[int,
     """One tier per seesaw group, by its ranks (none without the seesaw policy)."""
     if config.parallel_policy != "seesaw":
         return {}
-    head_dim = getattr(hf_config, "head_dim", None) or (
-        hf_config.hidden_size // hf_config.num_attention_heads)
-    shape = TierShape(hf_config.num_hidden_layers, hf_config.num_key_value_heads, head_dim, dtype)
+    shape = TierShape.of_model(hf_config, dtype)
     tokens = shape.tokens_for(config.cpu_kv_tokens, config.cpu_kv_gib)
     tiers = {}
     try:

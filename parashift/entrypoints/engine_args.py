@@ -47,6 +47,13 @@ ENGINE_FLAGS = {
     "--seesaw-max-prefill-ms": ("seesaw_max_prefill_ms", float,
                                 "seesaw policy: a prefill phase ends after this long when "
                                 "there is something to decode (0: unbounded)"),
+    "--preemption-mode": ("preemption_mode", str, "a request preempted when the KV pool runs "
+                                                  "out: recompute (computed again when "
+                                                  "resumed) | swap (its KV kept in a CPU tier "
+                                                  "of --swap-space GiB and copied back; "
+                                                  "recompute when the tier is full)"),
+    "--swap-space": ("swap_space", float, "--preemption-mode swap: GiB of CPU memory per group "
+                                          "for swapped KV"),
     "--sidp-mode": ("sidp_mode", str, "shared FFN weights under the static policy: cas "
                                       "(tokens go to the owners' slices) | was (slices "
                                       "fetched into slots)"),

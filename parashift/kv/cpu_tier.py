@@ -25,6 +25,12 @@ class TierShape:
     head_dim: int
     dtype: torch.dtype
 
+    @classmethod
+    def of_model(cls, hf_config, dtype: torch.dtype) -> "TierShape":
+        head_dim = getattr(hf_config, "head_dim", None) or (
+            hf_config.hidden_size // hf_config.num_attention_heads)
+        return cls(hf_config.num_hidden_layers, hf_config.num_key_value_heads, head_dim, dtype)
+
     @property
     def token_bytes(self) -> int:
         """Bytes one token's K and V take over every layer and head."""
@@ -56,11 +62,12 @@ class CpuKVTier:
         return self.buffer.nbytes
 
     @classmethod
-    def create(cls, shape: TierShape, tokens: int, directory: str = SHM_DIR) -> "CpuKVTier":
+    def create(cls, shape: TierShape, tokens: int, directory: str = SHM_DIR,
+               advice: str = "; lower --cpu-kv-tokens or --cpu-kv-gib") -> "CpuKVTier":
         """A new zeroed buffer of `tokens` tokens; refuses when the host cannot hold it."""
         nbytes = tokens * shape.token_bytes
         check_host_memory({"CPU KV tier": nbytes}, shared=nbytes if directory == SHM_DIR else 0,
-                          advice="; lower --cpu-kv-tokens or --cpu-kv-gib")
+                          advice=advice)
         path = os.path.join(directory, f"parashift-kv-tier-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         tier = cls(path, shape, tokens, owner=True)
         logger.info("CPU KV tier: %d tokens, %.2f GiB in %s", tokens, nbytes / 2**30, path)

@@ -14,6 +14,7 @@ from parashift.attention.backend import get_backend
 from parashift.context import BASE_WEIGHTS, StepContext, use_context, use_state
 from parashift.deterministic.reduction import reduction_chunks
 from parashift.worker.cuda_graphs import DecodeGraphs
+from parashift.worker.kv_swap import KVSwapper
 from parashift.worker.step_batch import (PLACEHOLDER_TOKEN, ChunkDelta, RequestTables, SeqChunk,
                                          StepBatch)
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
@@ -22,6 +23,7 @@ from parashift.worker.step_check import StepStateCheck
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.worker.token_history import TokenHistoryStore
 from parashift.kv.cache import KVCache, attention_layers
+from parashift.kv.cpu_tier import TierShape
 from parashift.kv.views import kv_heads_per_rank, tokens_per_block, view_pool
 from parashift.layers.fused_moe import FusedExperts
 from parashift.layers.sampler import Sampler, position_seed
@@ -111,6 +113,7 @@ class ModelRunner:
         self.requests = RequestTables()
         self._check = StepStateCheck() if config.check_step_state else None
         self.history = TokenHistoryStore(device)  # tokens of the requests with penalties
+        self.swapper = KVSwapper(TierShape.of_model(hf_config, dtype))  # swap preemption
         self.groups: dict[tuple[int, ...], GroupSampling] = {}  # by the ranks of a step's plan
         self._group = self._group_of(self.state.plan.ranks)  # the running step's
         self._kv_views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -319,10 +322,13 @@ class ModelRunner:
         if self._check is not None:
             self._check.apply(batch, self.requests)
         plan = self.resources[batch.plan]
+        self.swapper.run(batch, plan, self.kv.k, self.kv.v)
         if self.shared_ffn is not None:
             self.shared_ffn.begin_step(batch.round_id)
             if not chunks:
                 return self._serve_ffn(plan, errors)
+        if not chunks:  # a step of swaps only
+            return self._no_tokens(plan, errors)
         group = self._group = self._group_of(plan.plan.ranks)
         self.history.record(chunks, group.prev_tokens, group.prev_index)
         if plan.block_size != self._bound_block_size:
@@ -351,6 +357,10 @@ class ModelRunner:
         together: this rank's slices serve the others'; nothing is sampled."""
         with use_context(plan.context()):
             self.shared_ffn.serve_idle()
+        return self._no_tokens(plan, errors)
+
+    @staticmethod
+    def _no_tokens(plan: PlanResources, errors: dict[str, str]) -> PendingStep:
         if not plan.is_output_rank:
             return PendingStep(None, None)
         return PendingStep(torch.empty(0, dtype=torch.int64), None, errors)

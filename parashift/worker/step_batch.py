@@ -23,6 +23,17 @@ class ChunkDelta:
     samples: bool              # a token is sampled after this chunk
 
 
+@dataclass(slots=True)
+class KVSwap:
+    """One request's KV between its pages and its slot of its group's CPU tier (swap
+    preemption): its first `num_tokens` tokens, in the pool's block ids."""
+    request_id: str
+    block_ids: list[int]
+    num_tokens: int
+    slot_start: int
+    slot_length: int
+
+
 @dataclass
 class StepBatch:
     chunks: list[ChunkDelta]
@@ -36,6 +47,13 @@ class StepBatch:
     # A step that every replica sharing FFN weights runs together (SiDP's Compute-as-a-
     # Service): the same id on all of them, asserted by the ranks; -1: a step of its own.
     round_id: int = -1
+    # Swap preemption, done at the start of the step's launch, outs before ins: KV gathered
+    # from pages about to be freed, and scattered into a resumed request's new pages, through
+    # the group's CPU tier (the file at swap_tier_path, of swap_tier_tokens tokens).
+    swap_out: list[KVSwap] = field(default_factory=list)
+    swap_in: list[KVSwap] = field(default_factory=list)
+    swap_tier_path: str = ""
+    swap_tier_tokens: int = 0
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 """A step message in a fixed binary layout, so that sending a step to the ranks costs
 a few bulk operations instead of pickling every chunk, list and request id.
 
-Layout (little-endian), version 4; the counts in the header size every section:
+Layout (little-endian), version 5; the counts in the header size every section:
   header          magic b"PSTB", u16 version, u16 reserved (0), then u32 counts:
                   C chunks, T token ids, K new block ids, N new requests, F finished
                   requests, S bytes of id text, B logit-bias entries, P prompt
@@ -25,6 +25,12 @@ Layout (little-endian), version 4; the counts in the header size every section:
   int32[M, W]     their bitmasks
   int64[1]        the round id of a step every replica sharing FFN weights runs together
                   (-1: none)
+  int64[5]        swap preemption: O swaps out, I swaps in, L block ids of them all, the
+                  CPU tier's tokens, X bytes of the text below
+  int64[4, O+I]   per swap (outs first): num_tokens, slot_start, slot_length, its block ids
+  int64[L]        every swap's block ids, in swap order
+  int32[O+I+1]    length in characters of each swap's request id, then of the tier's path
+  u8[X]           those ids and the path, concatenated, UTF-8
 
 A new request carries only the sampling fields a rank uses (greediness follows from
 temperature and top_k) and, where sent, its prompt; its other fields decode to their defaults,
@@ -42,9 +48,9 @@ import numpy as np
 
 from parashift.sampling_params import SEED_MAX as INT64_MAX, SamplingParams
 from parashift.structured.matchers import TokenMasks
-from parashift.worker.step_batch import ChunkDelta, StepBatch
+from parashift.worker.step_batch import ChunkDelta, KVSwap, StepBatch
 
-MAGIC, VERSION = b"PSTB", 4
+MAGIC, VERSION = b"PSTB", 5
 HEADER = struct.Struct("<4sHH8I")  # 40 bytes, so the int64 sections after it are aligned
 _CHUNK = attrgetter("request_id", "token_ids", "start_pos", "blocks_from", "new_blocks",
                     "samples")
@@ -103,7 +109,29 @@ def encode_step(batch: StepBatch) -> bytes:
         _packed(map(len, ids), np.int32, len(ids)),
         text,
         _encode_masks(batch.token_masks),
-        np.array([batch.round_id], np.int64).tobytes()))
+        np.array([batch.round_id], np.int64).tobytes(),
+        _encode_swaps(batch)))
+
+
+_NO_SWAPS = np.zeros(5, np.int64).tobytes() + np.zeros(1, np.int32).tobytes()
+
+
+def _encode_swaps(batch: StepBatch) -> bytes:
+    swaps = batch.swap_out + batch.swap_in
+    if not swaps and not batch.swap_tier_path:
+        return _NO_SWAPS
+    texts = [s.request_id for s in swaps] + [batch.swap_tier_path]
+    text = "".join(texts).encode("utf-8", "surrogatepass")
+    blocks = [b for s in swaps for b in s.block_ids]
+    return b"".join((
+        np.array([len(batch.swap_out), len(batch.swap_in), len(blocks), batch.swap_tier_tokens,
+                  len(text)], np.int64).tobytes(),
+        _packed(chain((s.num_tokens for s in swaps), (s.slot_start for s in swaps),
+                      (s.slot_length for s in swaps), (len(s.block_ids) for s in swaps)),
+                np.int64, 4 * len(swaps)),
+        _packed(blocks, np.int64, len(blocks)),
+        _packed(map(len, texts), np.int32, len(texts)),
+        text))
 
 
 def _encode_masks(masks: TokenMasks | None) -> bytes:
@@ -142,6 +170,12 @@ def decode_step(message: bytes) -> StepBatch:
     M, W = take(np.int32, 2).tolist()
     masks = TokenMasks(take(np.int32, M).tolist(), take(np.int32, M, W)) if M else None
     round_id = int(take(np.int64, 1)[0])
+    O, I, L, tier_tokens, X = take(np.int64, 5).tolist()
+    counts = take(np.int64, 4, O + I)
+    swap_blocks = take(np.int64, L).tolist()
+    text_lengths = take(np.int32, O + I + 1)
+    texts = _split(message[offset:offset + X].decode("utf-8", "surrogatepass"), text_lengths)
+    offset += X
     if offset != len(message):
         raise ValueError(f"a step message of {len(message)} bytes, expected {offset}")
     starts, froms, _, _, samples = columns.tolist()
@@ -154,5 +188,9 @@ def decode_step(message: bytes) -> StepBatch:
         logprobs=None if logprobs[i] < 0 else logprobs[i], max_tokens=None)
         for i, column, bias in zip(range(N), zip(*floats), biases)}
     prompted = [r for r, was_sent in zip(ids[C:C + N], sent.tolist()) if was_sent]
+    num_tokens, slot_starts, slot_lengths, _ = counts.tolist()
+    swaps = list(map(KVSwap, texts[:-1], _split(swap_blocks, counts[3]), num_tokens, slot_starts,
+                     slot_lengths))
     return StepBatch(chunks, new_params, ids[C + N:C + N + F], ids[-1],
-                     dict(zip(prompted, prompts)), masks, round_id)
+                     dict(zip(prompted, prompts)), masks, round_id, swaps[:O], swaps[O:],
+                     texts[-1], tier_tokens)

@@ -7,7 +7,7 @@ import pytest
 
 from parashift.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 from parashift.structured.matchers import TokenMasks
-from parashift.worker.step_batch import PLACEHOLDER_TOKEN, ChunkDelta, StepBatch
+from parashift.worker.step_batch import PLACEHOLDER_TOKEN, ChunkDelta, KVSwap, StepBatch
 from parashift.worker.step_codec import HEADER, decode_step, encode_step
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "greedy",
@@ -119,3 +119,17 @@ def test_rejects_other_messages():
     with pytest.raises(ValueError):
         decode_step(b"XXXX" + message[4:])
     assert HEADER.size % 8 == 0
+
+
+def test_swaps_out_and_in_with_their_tier():
+    batch = StepBatch([ChunkDelta("a", [1], 8, 0, [4, 5, 6], True)], plan="tp2",
+                      swap_out=[KVSwap("b", [7, 2**40], 20, 0, 20), KVSwap("é", [3], 1, 20, 1)],
+                      swap_in=[KVSwap("a", [4, 5], 8, 64, 8)],
+                      swap_tier_path="/dev/shm/tier-ü", swap_tier_tokens=2**33)
+    decoded = round_trip(batch)
+    assert decoded == batch
+
+
+def test_no_swaps_decode_as_none():
+    decoded = round_trip(StepBatch([ChunkDelta("a", [1], 0, 0, [0], True)]))
+    assert (decoded.swap_out, decoded.swap_in, decoded.swap_tier_path) == ([], [], "")
