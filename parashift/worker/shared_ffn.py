@@ -190,10 +190,11 @@ class FfnSlots:
             self.fetch(layer)
 
     def release(self, layer: int) -> None:
-        """After `layer`'s FFN: its slot takes the layer `len(slots)` ahead, on the copy
-        stream once this layer's kernels are done reading it (GPU)."""
+        """After `layer`'s FFN: its slot takes the layer `len(slots)` ahead (past the last
+        layer, the next step's first ones, where they use this slot), on the copy stream
+        once this layer's kernels are done reading it (GPU)."""
         k, ahead = layer % len(self.slots), (layer + len(self.slots)) % len(self.modules)
-        if self.held[k] == ahead:
+        if self.held[k] == ahead or ahead % len(self.slots) != k:
             return
         if self.copy_stream is None:
             self.fetch(ahead)
