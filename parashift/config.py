@@ -106,9 +106,10 @@ class EngineConfig:
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
     async_scheduling: bool | None = None     # schedule the next step while one runs; None = auto
     check_step_state: bool = False           # debug: every step's persistent inputs against a rebuild
-    # detokenization, stop strings and RequestOutputs: on a thread of their own (thread) or on
-    # the engine loop (inline); both give the same outputs (engine/output_processor.py)
-    output_processor: str = "thread"
+    # detokenization, stop strings and RequestOutputs: on the engine loop (inline) or on a
+    # thread of their own (thread: outputs come a step later; on an H100 the thread took the
+    # GIL from the loop and gained 0-5%, docs/benchmarks.md); the same outputs either way
+    output_processor: str = "inline"
     # batch- and plan-invariant kernels: the same tokens and logprobs whatever the batch,
     # the plan or a switch (parashift/deterministic/)
     deterministic: bool = False

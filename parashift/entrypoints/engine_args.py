@@ -27,9 +27,9 @@ ENGINE_FLAGS = {
     "--gpu-memory-utilization": ("gpu_memory_utilization", float,
                                  "fraction of GPU memory the engine may use"),
     "--attention-backend": ("attention_backend", str, "auto | torch | triton"),
-    "--output-processor": ("output_processor", str, "thread (detokenization, stop strings and "
-                                                    "outputs beside the engine loop) | inline "
-                                                    "(on it)"),
+    "--output-processor": ("output_processor", str, "inline (detokenization, stop strings and "
+                                                    "outputs on the engine loop, the default) | "
+                                                    "thread (beside it, a step later)"),
     "--load-format": ("load_format", str, "auto | dummy (random weights)"),
     "--parallel-policy": ("parallel_policy", str, "static | shift (SP base plan, TP for small "
                                                   "steps) | flying (DP replicas merge into one "
