@@ -648,7 +648,7 @@ class LLMEngine:
         if decision.transitions:
             self.transitions.request(decision.transitions, self.layout, self._plans_by_name)
             open_replicas = self._open_replicas()
-        coupled = coupled_groups([self._plans_by_name[name] for name in decision.plans])
+        coupled = coupled_groups([self._plans_by_name.get(name) for name in decision.plans])
         submitted = False
         for groups in coupled:
             submitted |= self._submit_together(groups, decision)

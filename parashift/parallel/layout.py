@@ -90,13 +90,14 @@ def describe_layout(layout: Layout, **shape) -> str:
     return "\n".join(lines)
 
 
-def coupled_groups(plans: list[Plan]) -> list[tuple[int, ...]]:
-    """Groups (by index in `plans`, each group's next plan) whose next steps must run as
-    one round: the replicas that share FFN weights in Compute-as-a-Service, where every rank
-    of each takes part in every step. All of them or none must be in that mode."""
+def coupled_groups(plans: list[Plan | None]) -> list[tuple[int, ...]]:
+    """Groups (by index in `plans`, each group's next plan; None: one not made, which the
+    caller refuses) whose next steps must run as one round: the replicas that share FFN
+    weights in Compute-as-a-Service, where every rank of each takes part in every step. All
+    of them or none must be in that mode."""
     rounds: dict[tuple[int, ...], list[int]] = {}
     for group, plan in enumerate(plans):
-        if plan.shared_ffn is not None and plan.shared_ffn[0] == "cas":
+        if plan is not None and plan.shared_ffn is not None and plan.shared_ffn[0] == "cas":
             rounds.setdefault(plan.shared_ffn[1], []).append(group)
     for ranks, groups in rounds.items():
         if len(groups) != plans[groups[0]].ffn_replicas:
