@@ -325,9 +325,9 @@ class ModelRunner:
         self.swapper.run(batch, plan, self.kv.k, self.kv.v)
         if self.shared_ffn is not None:
             self.shared_ffn.begin_step(batch.round_id)
-            if not chunks:
-                return self._serve_ffn(plan, errors)
-        if not chunks:  # a step of swaps only
+        if not chunks:  # a step of swaps only, or a round of replicas with none here
+            if batch.round_id >= 0:
+                self._serve_ffn(plan)
             return self._no_tokens(plan, errors)
         group = self._group = self._group_of(plan.plan.ranks)
         self.history.record(chunks, group.prev_tokens, group.prev_index)
@@ -352,12 +352,11 @@ class ModelRunner:
         return PendingStep(tokens, logprobs if any(lp is not None for lp in logprobs) else None,
                            errors)
 
-    def _serve_ffn(self, plan: PlanResources, errors: dict[str, str]) -> PendingStep:
+    def _serve_ffn(self, plan: PlanResources) -> None:
         """A step with no tokens here, in a round all replicas sharing FFN weights run
-        together: this rank's slices serve the others'; nothing is sampled."""
+        together: this rank's slices serve the others'."""
         with use_context(plan.context()):
             self.shared_ffn.serve_idle()
-        return self._no_tokens(plan, errors)
 
     @staticmethod
     def _no_tokens(plan: PlanResources, errors: dict[str, str]) -> PendingStep:
