@@ -1,9 +1,13 @@
 """Decode throughput at fixed batch sizes and context, beside the HBM floor.
 
 Usage (GPU): python3 benchmarks/decode_throughput.py --model benchmarks/shapes/llama-3.1-8b.json \
-    --batch-sizes 1 16 64 256 --context 1024 --decode-steps 32
+    --batch-sizes 1 16 64 256 --context 1024 --decode-steps 32 [--plan tp2|dp2|shift2|...]
 Random weights (speed only). Floor = (weight bytes + KV bytes read) / measured copy bandwidth;
-a mixture of experts' weight bytes count the experts a step touches (`weight_bytes_read`)."""
+a mixture of experts' weight bytes count the experts a step touches (`weight_bytes_read`).
+Under a plan of several GPUs (`--plan`, benchmarks/plans.py's names) the floor is one GPU's
+share, the busiest: a TP or SP group of t ranks reads weights / t (SP: the TP-layout decode of
+Shift; plain SP holds every weight) and KV / t; a DP replica reads every weight and its half of
+the KV. Dense models only there (weights counted from the config on the meta device)."""
 import argparse
 import contextlib
 import json
@@ -42,6 +46,19 @@ def weight_bytes_read(model, batch: int) -> float:
         touched = experts * (1 - (1 - layer.top_k / experts) ** batch)
         total -= expert_bytes * (1 - touched / experts)
     return total
+
+
+def plan_floor_bytes(model_path: str, plan: dict, batch: int, kv_bytes: float) -> float:
+    """One GPU's bytes read per decode step under a plan of several ranks (module docstring)."""
+    from transformers import AutoModelForCausalLM
+    from parashift.loader.source import load_hf_config, resolve_model
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(load_hf_config(resolve_model(model_path)))
+    weights = 2 * sum(p.numel() for p in model.parameters())  # bf16; tied weights once
+    group = plan.get("tensor_parallel_size", 1) * plan.get("sequence_parallel_size", 1)
+    replicas = plan.get("data_parallel_size", 1)
+    stages = plan.get("pipeline_parallel_size", 1)
+    return (weights / stages / group + kv_bytes / replicas / stages / group)
 
 
 def kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
@@ -178,8 +195,11 @@ def main():
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on where possible (CUDA, triton attention)")
     p.add_argument("--profile", action="store_true", help="add a GPU kernel breakdown per batch")
+    p.add_argument("--plan", default="single", help="benchmarks/plans.py's names: tp2, dp2, shift2")
     p.add_argument("--output", default=None)
     args = p.parse_args()
+    if args.plan != "single":
+        return main_plan(args)
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len or args.context + 1024,
               max_num_seqs=max(args.batch_sizes), skip_tokenizer_init=True,
               attention_backend=args.attention_backend, enable_prefix_caching=False,
@@ -204,6 +224,33 @@ def main():
                    skinny_gemm=skinny_gemm.chosen(), rows=rows)
     print(json.dumps({"skinny_gemm": summary["skinny_gemm"]}))
     print(json.dumps(summary, indent=1))
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+def main_plan(args):
+    """Decode steps under a plan of several ranks (no in-process runner: no kernel profile)."""
+    from plans import plan_options
+    from parashift.loader.source import load_hf_config, resolve_model
+    options = plan_options(args.plan)
+    llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len or args.context + 1024,
+              max_num_seqs=max(args.batch_sizes), skip_tokenizer_init=True,
+              enable_prefix_caching=False, cuda_graphs=args.cuda_graphs, **options)
+    cfg = load_hf_config(resolve_model(args.model))
+    bandwidth = copy_bandwidth(torch.device("cuda"))
+    rows = []
+    for batch in args.batch_sizes:
+        seconds, context, _ = measure(llm, batch, args.context, args.decode_steps, cfg.vocab_size)
+        kv = batch * context * kv_bytes_per_token(cfg, 2)
+        floor = plan_floor_bytes(args.model, options, batch, kv) / bandwidth
+        rows.append(dict(plan=args.plan, batch=batch, context=args.context, mean_context=context,
+                         step_ms=seconds * 1e3, tokens_per_s=batch / seconds, floor_ms=floor * 1e3,
+                         fraction_of_floor=floor / seconds))
+        print(json.dumps(rows[-1]), flush=True)
+    summary = dict(model=args.model, plan=args.plan, device=torch.cuda.get_device_name(),
+                   copy_bandwidth_tb_s=bandwidth / 1e12, rows=rows)
+    llm.llm_engine.shutdown()
     if args.output:
         with open(args.output, "w") as f:
             json.dump(summary, f, indent=1)

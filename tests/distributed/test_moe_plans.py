@@ -67,6 +67,7 @@ def test_each_rank_holds_its_experts(models, plan, placement):
     """Mixtral's 4 experts of width 32 (both layers alike): EP gives rank r of the SP x TP
     group (TP-major, Shift's order) expert r whole; TP gives every rank 1/t of each."""
     directory, _ = models["mixtral"]
+    skip_unless_enough_gpus(plan)
     llm = LLM(directory, **{**COMMON, **plan})
     try:
         layers = llm.llm_engine.executor.collective_rpc("expert_placement")

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The two-GPU runs still open (ninth session), by part; each part has its own time limit and
+# writes its log (and JSON where the benchmark writes one) to $OUT. From the repository root,
+# on nvidia-h100-x2 or nvidia-h200-x2, with the wheels of scripts/fetch_gpu_wheels.sh in .whl:
+#   OUT=dir bash scripts/gpu_x2_runs.sh env tests multinode p2p decode   # call 1
+#   OUT=dir bash scripts/gpu_x2_runs.sh seesaw seesaw_pcie              # call 2
+#   OUT=dir bash scripts/gpu_x2_runs.sh det moe                         # call 3
+# Parts: env (topology, /dev/shm), tests (MoE plans and Seesaw on NCCL, CUDA graphs),
+# multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: TP2, DP2, Shift at
+# batch 256 and 512), seesaw and seesaw_pcie (issue 16; NCCL_P2P_DISABLE=1 for the second),
+# det (issue 22: identical sequences per plan, tiny and 8B; cost under TP2 and Shift),
+# moe (issue 19: Qwen3-30B-A3B shape, TP2, SP2 and Shift, the Figure 9 view).
+set -u
+: "${OUT:?a folder for the results}"
+export PYTHONUNBUFFERED=1
+EIGHT_B=benchmarks/shapes/llama-3.1-8b.json
+
+part() {  # part NAME SECONDS COMMAND: the command's output to $OUT/NAME.log, time-limited
+  local name=$1 limit=$2 command=$3
+  echo "== $name (limit ${limit}s) $(date +%T)"
+  timeout -k 15 "$limit" bash -c "$command" > "$OUT/$name.log" 2>&1
+  echo "== $name exit $? $(date +%T)"
+  grep -E '^\{|passed|failed|error|Error' "$OUT/$name.log" | cut -c1-400 | tail -40
+}
+
+run_env() {
+  nvidia-smi --query-gpu=name,memory.total --format=csv; nvidia-smi topo -m | head -4
+  df -h /dev/shm; free -g | head -2
+}
+
+run_tests() {
+  PARASHIFT_TEST_DEVICE=cuda PARASHIFT_TEST_CUDA_GRAPHS=1 python3 -m pytest -q -p no:cacheprovider \
+    tests/distributed/test_moe_plans.py tests/distributed/test_seesaw.py
+}
+
+run_decode() {
+  for plan in tp2 dp2 shift2; do
+    python3 benchmarks/decode_throughput.py --model $EIGHT_B --plan $plan \
+      --batch-sizes 256 512 --context 1024 --decode-steps 32 --output "$OUT/decode_$plan.json"
+  done
+}
+
+run_seesaw() {
+  python3 benchmarks/seesaw.py --model $EIGHT_B --plans "$@" --workloads summarize chat \
+    --num-requests 128 --cpu-kv-gib 32
+}
+
+run_det() {  # every plan on the tiny shape; the 8B's matrix on the plans that split reductions
+  python3 benchmarks/deterministic.py --plans single tp2 sp2 pp2 dp2 shift --skip-cost \
+    --models benchmarks/shapes/tiny-llama.json --out "$OUT/det_tiny.jsonl"
+  python3 benchmarks/deterministic.py --plans single tp2 sp2 shift --cost-plans tp2 shift \
+    --models $EIGHT_B --out "$OUT/det_8b.jsonl"
+}
+
+export -f run_tests run_decode run_seesaw run_det
+export EIGHT_B
+for name in "$@"; do
+  case $name in
+    env) run_env ;;
+    tests) part tests 200 run_tests ;;
+    multinode) part multinode 200 "bash scripts/gpu_multinode_runs.sh" ;;
+    p2p) part p2p 90 "python3 benchmarks/sidp_probe.py --parts p2p --out $OUT/sidp_p2p.json" ;;
+    decode) part decode 240 run_decode ;;
+    seesaw) part seesaw 330 "run_seesaw tp2 pp2 dp2 seesaw:pp2-tp2" ;;
+    seesaw_pcie) part seesaw_pcie 230 "NCCL_P2P_DISABLE=1 run_seesaw tp2 pp2 seesaw:pp2-tp2" ;;
+    det) part det 420 run_det ;;
+    moe) part moe 240 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
+           --plans tp2 sp2 shift2 --interactive-requests 8 --batch-requests 64 --input-len 2048 \
+           --output-len 128 --cuda-graphs --output $OUT/moe_plans.json" ;;
+    *) echo "unknown part $name"; exit 2 ;;
+  esac
+done
