@@ -112,8 +112,8 @@ def start_decodes(engine, batch: int, context: int, vocab: int) -> list[str]:
     ids = [f"b{batch}-{i}" for i in range(batch)]
     for rid in ids:
         engine.add_request(rid, [rng.randrange(vocab) for _ in range(context)], params)
-    while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens
-                                          for s in engine.scheduler.running):
+    while any(r.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens
+                                         for s in r.scheduler.running) for r in engine.replicas):
         engine.step()
     for _ in range(3):
         engine.step()
@@ -143,9 +143,10 @@ def device_waits():
 
 
 def batch_state(engine) -> dict:
-    """What the timed steps ran on: a preempted sequence would shrink the batch."""
-    running = engine.scheduler.running
-    return dict(running=len(running), waiting=len(engine.scheduler.waiting),
+    """What the timed steps ran on (every replica's): a preempted sequence would shrink
+    the batch."""
+    running = [s for r in engine.replicas for s in r.scheduler.running]
+    return dict(running=len(running), waiting=sum(len(r.scheduler.waiting) for r in engine.replicas),
                 context_tokens=sum(s.num_computed_tokens for s in running))
 
 
