@@ -182,9 +182,6 @@ class EngineConfig:
                              f"0.2 s), got {self.worker_heartbeat_timeout_s}")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
-        if self.deterministic and self.parallel_policy == "flying":
-            raise ValueError("deterministic mode supports the static and shift policies; the "
-                             "flying policy's merged plans are not covered yet")
         self._check_hosts()
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")

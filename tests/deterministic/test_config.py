@@ -19,7 +19,6 @@ def test_flag_sets_the_config():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(parallel_policy="flying", data_parallel_size=2), "flying policy's merged plans"),
     (dict(deterministic="yes"), "deterministic must be true or false"),
 ])
 def test_unsupported_combinations_are_errors(options, message):
