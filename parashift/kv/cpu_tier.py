@@ -84,7 +84,8 @@ class CpuKVTier:
         """Maps the engine's buffer; page-locks the mapping when `device` is a CUDA device."""
         tier = cls(path, shape, tokens, owner=False)
         if device is not None and device.type == "cuda":
-            tier.page_lock()
+            with torch.cuda.device(device):
+                tier.page_lock()
         return tier
 
     @property
