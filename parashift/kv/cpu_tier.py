@@ -5,10 +5,14 @@ The buffer is a file in /dev/shm mapped by the engine and every worker of the no
 (`torch.from_file(..., shared=True)`), so the ranks of one plan write their slices of a
 request and the ranks of another read theirs without a message. The slots (token ranges
 per request) are accounted on the engine's side (kv/tier_allocator.py). The pool's bytes
-are moved as they are: K after RoPE, in the pool's dtype."""
+are moved as they are: K after RoPE, in the pool's dtype. A worker that copies between
+the tier and a GPU page-locks its mapping (`open(..., device)`), so the copies are DMA
+transfers instead of staged copies from pageable memory."""
 import logging
 import os
+import time
 import uuid
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +60,7 @@ class CpuKVTier:
         dims = (shape.num_layers, 2, shape.num_kv_heads, tokens, shape.head_dim)
         numel = dims[0] * dims[1] * dims[2] * dims[3] * dims[4]
         self.buffer = torch.from_file(path, shared=True, size=numel, dtype=shape.dtype).view(dims)
+        self._unlock = None  # set by page_lock: unregisters the mapping, once
 
     @property
     def nbytes(self) -> int:
@@ -74,11 +79,60 @@ class CpuKVTier:
         return tier
 
     @classmethod
-    def open(cls, path: str, shape: TierShape, tokens: int) -> "CpuKVTier":
-        return cls(path, shape, tokens, owner=False)
+    def open(cls, path: str, shape: TierShape, tokens: int,
+             device: torch.device | None = None) -> "CpuKVTier":
+        """Maps the engine's buffer; page-locks the mapping when `device` is a CUDA device."""
+        tier = cls(path, shape, tokens, owner=False)
+        if device is not None and device.type == "cuda":
+            with torch.cuda.device(device):
+                tier.page_lock()
+        return tier
+
+    @property
+    def pinned(self) -> bool:
+        return self._unlock is not None and self._unlock.alive
+
+    def page_lock(self) -> None:
+        """Registers the mapping with CUDA (cudaHostRegister), once; unregistered by close
+        or when this object is collected, before the mapping goes."""
+        if self.pinned:
+            return
+        start, ptr = time.perf_counter(), self.buffer.data_ptr()
+        error = int(torch.cuda.cudart().cudaHostRegister(ptr, self.nbytes, 0))
+        if error != 0:
+            raise RuntimeError(
+                f"cudaHostRegister of the CPU KV tier ({self.nbytes / 2**30:.2f} GiB in "
+                f"{self.path}) failed with CUDA error {error}: the host cannot page-lock that "
+                "much memory; lower --cpu-kv-tokens or --cpu-kv-gib, or free host memory")
+        self._unlock = weakref.finalize(self, torch.cuda.cudart().cudaHostUnregister, ptr)
+        logger.info("CPU KV tier page-locked: %.2f GiB in %.2f s", self.nbytes / 2**30,
+                    time.perf_counter() - start)
 
     def close(self) -> None:
-        """Drops this process's mapping; the creator also removes the file."""
+        """Drops this process's mapping (unregistered first where page-locked); the creator
+        also removes the file."""
+        if self._unlock is not None:
+            self._unlock()
         self.buffer = None
         if self.owner and os.path.exists(self.path):
             os.unlink(self.path)
+
+
+class TierMappings:
+    """A worker's mappings of the engine's tiers, by path: each opened once, page-locked
+    where the worker's device is a GPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._tiers: dict[str, CpuKVTier] = {}
+
+    def get(self, path: str, shape: TierShape, tokens: int) -> CpuKVTier:
+        tier = self._tiers.get(path)
+        if tier is None:
+            tier = self._tiers[path] = CpuKVTier.open(path, shape, tokens, self.device)
+        return tier
+
+    def close(self) -> None:
+        for tier in self._tiers.values():
+            tier.close()
+        self._tiers = {}

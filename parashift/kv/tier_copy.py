@@ -5,6 +5,7 @@ request's tokens of that slice out of the pages its block table names into its t
 slot; `scatter` copies them from the slot into pages of another plan's pool. The slices
 of a plan's ranks together cover the whole KV (ranks that replicate a head write the same
 bytes), so whatever the ranks of one plan gather, the ranks of any other can scatter."""
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -56,26 +57,66 @@ def _check(pool_k: torch.Tensor, kv_slice: KVSlice, slot: TierSlot, num_tokens: 
 def gather(pool_k: torch.Tensor, pool_v: torch.Tensor, block_table: list[int], num_tokens: int,
            kv_slice: KVSlice, tier: CpuKVTier, slot: TierSlot) -> int:
     """Copies a request's KV of this rank's slice from its pages into its tier slot
-    (pools: [layers, blocks, block_size, heads, head_dim]); returns the bytes moved."""
+    (pools: [layers, blocks, block_size, heads, head_dim]); returns the bytes moved. On a
+    CUDA pool the host copies are issued non-blocking: `wait_for_copies` before the tier
+    is read."""
     _check(pool_k, kv_slice, slot, num_tokens)
-    layers, blocks, block_size, heads, head_dim = pool_k.shape
-    index = token_slots(block_table, num_tokens, block_size, pool_k.device)
+    index = token_slots(block_table, num_tokens, pool_k.shape[2], pool_k.device)
+    staged = _tokens_in_tier_order(pool_k, pool_v, index)
     out = _tier_view(tier, kv_slice, slot, num_tokens)
-    for kv, pool in enumerate((pool_k, pool_v)):
-        tokens = pool.view(layers, blocks * block_size, heads, head_dim).index_select(1, index)
-        out[:, kv].copy_(tokens.transpose(1, 2))  # NHD -> HND (to the host)
-    return 2 * out[:, 0].numel() * out.element_size()
+    _copy_runs(out, staged, _contiguous_runs(out))
+    return out.nbytes
 
 
 def scatter(tier: CpuKVTier, slot: TierSlot, num_tokens: int, kv_slice: KVSlice,
             pool_k: torch.Tensor, pool_v: torch.Tensor, block_table: list[int]) -> int:
     """Copies a request's KV of this rank's slice from its tier slot into the pages of its
-    block table; returns the bytes moved."""
+    block table; returns the bytes moved. On a CUDA pool the host copies are issued
+    non-blocking: `wait_for_copies` before the slot is reused."""
     _check(pool_k, kv_slice, slot, num_tokens)
     layers, blocks, block_size, heads, head_dim = pool_k.shape
     index = token_slots(block_table, num_tokens, block_size, pool_k.device)
     src = _tier_view(tier, kv_slice, slot, num_tokens)
+    staged = torch.empty(src.shape, dtype=pool_k.dtype, device=pool_k.device)
+    _copy_runs(staged, src, _contiguous_runs(src))
     for kv, pool in enumerate((pool_k, pool_v)):
-        tokens = src[:, kv].transpose(1, 2).to(pool.device, non_blocking=True)  # HND -> NHD
+        tokens = staged[:, kv].transpose(1, 2)  # HND -> NHD
         pool.view(layers, blocks * block_size, heads, head_dim).index_copy_(1, index, tokens)
-    return 2 * src[:, 0].numel() * src.element_size()
+    return src.nbytes
+
+
+def wait_for_copies(device: torch.device) -> None:
+    """Waits for the host copies gather and scatter issued on `device` (once a transition
+    or step, not per request)."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def _tokens_in_tier_order(pool_k: torch.Tensor, pool_v: torch.Tensor,
+                          index: torch.Tensor) -> torch.Tensor:
+    """The pools' tokens at `index` as one contiguous [layers, 2, heads, tokens, head_dim]
+    tensor on the pools' device (the tier's order)."""
+    layers, blocks, block_size, heads, head_dim = pool_k.shape
+    staged = torch.empty(layers, 2, heads, len(index), head_dim, dtype=pool_k.dtype,
+                         device=pool_k.device)
+    for kv, pool in enumerate((pool_k, pool_v)):
+        tokens = pool.view(layers, blocks * block_size, heads, head_dim).index_select(1, index)
+        staged[:, kv].copy_(tokens.transpose(1, 2))  # NHD -> HND
+    return staged
+
+
+def _contiguous_runs(host: torch.Tensor) -> list[tuple[int, ...]]:
+    """The indices over `host`'s leading dimensions whose blocks are its fewest, largest
+    contiguous runs: per (layer, K/V, head) for a slot of part of the tier, larger where
+    the slot spans the whole tier."""
+    if host.numel() == 0:
+        return []
+    lead = next(n for n in range(host.dim() + 1) if host[(0,) * n].is_contiguous())
+    return list(itertools.product(*map(range, host.shape[:lead])))
+
+
+def _copy_runs(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, ...]]) -> None:
+    """dst <- src one contiguous run at a time: DMA copies between a device and a
+    page-locked host."""
+    for run in runs:
+        dst[run].copy_(src[run], non_blocking=True)

@@ -7,18 +7,18 @@ order on every rank, so a swap out sees every earlier step's KV writes and prece
 step's writes into the freed pages."""
 import torch
 
-from parashift.kv.cpu_tier import CpuKVTier, TierShape
+from parashift.kv.cpu_tier import TierMappings, TierShape
 from parashift.kv.tier_allocator import TierSlot
-from parashift.kv.tier_copy import gather, rank_kv_slice, scatter
+from parashift.kv.tier_copy import gather, rank_kv_slice, scatter, wait_for_copies
 from parashift.kv.views import view_pool
 from parashift.worker.plan_resources import PlanResources
 from parashift.worker.step_batch import StepBatch
 
 
 class KVSwapper:
-    def __init__(self, shape: TierShape):
+    def __init__(self, shape: TierShape, device: torch.device):
         self.shape = shape
-        self._tiers: dict[str, CpuKVTier] = {}  # mapped once, by path
+        self.tiers = TierMappings(device)
         self.bytes_out = self.bytes_in = 0  # this rank's slices moved, since start-up
 
     def run(self, batch: StepBatch, plan: PlanResources, pool_k: torch.Tensor,
@@ -26,7 +26,7 @@ class KVSwapper:
         """The step's swaps on this rank's pool (`pool_k`, `pool_v`: as it was allocated)."""
         if not batch.swap_out and not batch.swap_in:
             return
-        tier = self._tier(batch.swap_tier_path, batch.swap_tier_tokens)
+        tier = self.tiers.get(batch.swap_tier_path, self.shape, batch.swap_tier_tokens)
         kv_slice = rank_kv_slice(plan.plan, plan.state.rank, self.shape.num_layers,
                                  self.shape.num_kv_heads)
         k, v = (view_pool(pool, plan.block_size) for pool in (pool_k, pool_v))
@@ -36,14 +36,7 @@ class KVSwapper:
         for swap in batch.swap_in:
             self.bytes_in += scatter(tier, TierSlot(swap.slot_start, swap.slot_length),
                                      swap.num_tokens, kv_slice, k, v, swap.block_ids)
-
-    def _tier(self, path: str, tokens: int) -> CpuKVTier:
-        tier = self._tiers.get(path)
-        if tier is None:
-            tier = self._tiers[path] = CpuKVTier.open(path, self.shape, tokens)
-        return tier
+        wait_for_copies(pool_k.device)  # the engine reuses the slots swapped in
 
     def close(self) -> None:
-        for tier in self._tiers.values():
-            tier.close()
-        self._tiers = {}
+        self.tiers.close()

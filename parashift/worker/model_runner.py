@@ -113,7 +113,7 @@ class ModelRunner:
         self.requests = RequestTables()
         self._check = StepStateCheck() if config.check_step_state else None
         self.history = TokenHistoryStore(device)  # tokens of the requests with penalties
-        self.swapper = KVSwapper(TierShape.of_model(hf_config, dtype))  # swap preemption
+        self.swapper = KVSwapper(TierShape.of_model(hf_config, dtype), device)  # swap preemption
         self.groups: dict[tuple[int, ...], GroupSampling] = {}  # by the ranks of a step's plan
         self._group = self._group_of(self.state.plan.ranks)  # the running step's
         self._kv_views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}

@@ -11,9 +11,9 @@ import time
 import torch
 
 from parashift.kv.cache import KVCache, attention_layers
-from parashift.kv.cpu_tier import CpuKVTier
+from parashift.kv.cpu_tier import CpuKVTier, TierMappings
 from parashift.kv.tier_allocator import TierSlot
-from parashift.kv.tier_copy import gather, rank_kv_slice, scatter
+from parashift.kv.tier_copy import gather, rank_kv_slice, scatter, wait_for_copies
 from parashift.parallel.seesaw_weights import WeightArena
 from parashift.parallel.state import ParallelState
 
@@ -36,14 +36,14 @@ class SeesawRank:
     def __init__(self, models: dict[str, torch.nn.Module], states: dict[str, ParallelState],
                  num_layers: int, num_kv_heads: int, device: torch.device):
         """`models` and `states`: the prefill plan's first (the running one), by plan name."""
-        self.models, self.states = models, states
+        self.models, self.states, self.device = models, states, device
         self.slices = {name: rank_kv_slice(s.plan, s.rank, num_layers, num_kv_heads)
                        for name, s in states.items()}
         self.arena = WeightArena(models, device)
         self.active = next(iter(models))
         self.views: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.num_blocks = 0
-        self._tiers: dict[str, CpuKVTier] = {}  # mapped once, by path
+        self.tiers = TierMappings(device)
 
     @property
     def pinned_bytes(self) -> int:
@@ -67,6 +67,7 @@ class SeesawRank:
         tier, (k, v), kv_slice = self._tier(handle), self.views[self.active], self.slices[self.active]
         kv_bytes = sum(gather(k, v, list(m.block_table), m.num_tokens, kv_slice, tier,
                               TierSlot(m.slot_start, m.slot_length)) for m in moves)
+        wait_for_copies(self.device)  # the other plan's ranks read these slots next
         prefetched = self.arena.prefetch(target)
         return {"kv_bytes_out": kv_bytes, "prefetch_bytes": prefetched,
                 "out_s": time.perf_counter() - start}
@@ -78,14 +79,11 @@ class SeesawRank:
         tier, (k, v), kv_slice = self._tier(handle), self.views[target], self.slices[target]
         kv_bytes = sum(scatter(tier, TierSlot(m.slot_start, m.slot_length), m.num_tokens,
                                kv_slice, k, v, list(m.block_table)) for m in moves)
+        wait_for_copies(self.device)  # the engine frees these slots next
         switch = self.arena.activate(target)
         self.active = target
         return {"kv_bytes_in": kv_bytes, "weight_bytes": switch.bytes,
                 "weight_s": switch.seconds, "in_s": time.perf_counter() - start}
 
     def _tier(self, handle) -> CpuKVTier:
-        tier = self._tiers.get(handle.path)
-        if tier is None:
-            tier = self._tiers[handle.path] = CpuKVTier.open(handle.path, handle.shape,
-                                                             handle.tokens)
-        return tier
+        return self.tiers.get(handle.path, handle.shape, handle.tokens)

@@ -179,3 +179,47 @@ def test_a_pool_that_does_not_hold_the_slice_is_refused(tmp_path):
     with pytest.raises(ValueError, match="do not fit a CPU KV slot"):
         scatter(tier, slot, 9, rank_kv_slice(Plan(), 0, 4, 2), pool, pool, [0, 1, 0])
     tier.close()
+
+
+class _FakeCudart:
+    """cudaHostRegister / cudaHostUnregister as recorded calls (CI has no GPU)."""
+
+    def __init__(self, register_error: int):
+        self.register_error, self.registered, self.unregistered = register_error, [], []
+
+    def cudaHostRegister(self, ptr, nbytes, flags):
+        self.registered.append((ptr, nbytes, flags))
+        return self.register_error
+
+    def cudaHostUnregister(self, ptr):
+        self.unregistered.append(ptr)
+        return 0
+
+
+def test_page_locking_registers_the_mapping_once_and_close_unregisters_it(monkeypatch, tmp_path):
+    cudart = _FakeCudart(register_error=0)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    tier = CpuKVTier.create(TierShape(2, 2, 4, torch.float16), 8, directory=str(tmp_path))
+    tier.page_lock()
+    tier.page_lock()
+    assert cudart.registered == [(tier.buffer.data_ptr(), tier.nbytes, 0)] and tier.pinned
+    ptr = tier.buffer.data_ptr()
+    tier.close()
+    assert cudart.unregistered == [ptr] and not tier.pinned
+
+
+def test_a_failed_page_lock_names_the_size_and_the_remedy(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart(register_error=2))
+    tier = CpuKVTier.create(TierShape(2, 2, 4, torch.float16), 8, directory=str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"GiB .* CUDA error 2.*lower --cpu-kv-tokens"):
+        tier.page_lock()
+    assert not tier.pinned
+    tier.close()
+
+
+def test_a_tier_opened_for_a_cpu_device_is_not_page_locked(tmp_path):
+    tier = CpuKVTier.create(TierShape(2, 2, 4, torch.float16), 8, directory=str(tmp_path))
+    other = CpuKVTier.open(tier.path, tier.shape, 8, torch.device("cpu"))
+    assert not other.pinned
+    other.close()
+    tier.close()
