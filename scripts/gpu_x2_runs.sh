@@ -9,7 +9,8 @@
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: TP2, DP2, Shift at
 # batch 256 and 512), seesaw and seesaw_pcie (issue 16; NCCL_P2P_DISABLE=1 for the second),
 # det (issue 22: identical sequences per plan, tiny and 8B; cost under TP2 and Shift),
-# moe (issue 19: Qwen3-30B-A3B shape, TP2, SP2 and Shift, the Figure 9 view).
+# moe (issue 19: Qwen3-30B-A3B shape, TP2, SP2 and Shift, the Figure 9 view), tier (the CPU KV
+# tier's gather/scatter GB/s, page-locked and not, one GPU).
 set -u
 : "${OUT:?a folder for the results}"
 export PYTHONUNBUFFERED=1
@@ -67,6 +68,7 @@ for name in "$@"; do
     moe) part moe 240 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
            --plans tp2 sp2 shift2 --interactive-requests 8 --batch-requests 64 --input-len 2048 \
            --output-len 128 --cuda-graphs --output $OUT/moe_plans.json" ;;
+    tier) part tier 120 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     *) echo "unknown part $name"; exit 2 ;;
   esac
 done
