@@ -91,6 +91,9 @@ def main():
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--num-blocks", type=int, default=None, help="default: sized from memory")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="default: the engine's (on for one-stage static plans, off under "
+                        "seesaw); --cuda-graphs: seesaw's decode plan replays graphs too")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     rows = []
@@ -99,6 +102,7 @@ def main():
         llm = LLM(model=args.model, dtype=args.dtype, device=args.device, skip_tokenizer_init=True,
                   max_model_len=args.max_model_len, enable_prefix_caching=False,
                   max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
+                  cuda_graphs=args.cuda_graphs,
                   **engine_options(name, args))
         startup_s = time.perf_counter() - start
         for workload in args.workloads:

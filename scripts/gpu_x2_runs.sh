@@ -46,9 +46,9 @@ run_decode() {  # run_decode [PLAN...] (default: tp2 dp2 shift2)
   done
 }
 
-run_seesaw() {
-  python3 benchmarks/seesaw.py --model $EIGHT_B --plans "$@" --workloads summarize chat \
-    --num-requests 128 --cpu-kv-gib 32
+run_seesaw() {  # run_seesaw PLAN... [--cuda-graphs]
+  python3 benchmarks/seesaw.py --model $EIGHT_B --workloads summarize chat \
+    --num-requests 128 --cpu-kv-gib 32 --plans "$@"
 }
 
 run_det() {  # every plan on the tiny shape; the 8B's matrix on the plans that split reductions
@@ -67,7 +67,7 @@ for name in "$@"; do
     multinode) part multinode 200 "bash scripts/gpu_multinode_runs.sh" ;;
     p2p) part p2p 90 "python3 benchmarks/sidp_probe.py --parts p2p --out $OUT/sidp_p2p.json" ;;
     decode) part decode 150 "run_decode dp2" ;;
-    seesaw) part seesaw 240 "run_seesaw tp2 dp2 seesaw:pp2-tp2" ;;
+    seesaw) part seesaw 300 "run_seesaw tp2 dp2 seesaw:pp2-tp2 && run_seesaw seesaw:pp2-tp2 --cuda-graphs" ;;
     seesaw_pcie) part seesaw_pcie 170 "NCCL_P2P_DISABLE=1 run_seesaw tp2 seesaw:pp2-tp2" ;;
     det) part det 420 run_det ;;
     moe) part moe 240 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \

@@ -19,12 +19,13 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 
 
 
 class DecodeGraphs:
-    def __init__(self, model, backend, plans: list, bind_kv, max_model_len: int,
+    def __init__(self, model_for, backend, plans: list, bind_kv, max_model_len: int,
                  max_num_seqs: int, device: torch.device):
-        """`plans`: the PlanResources of every plan a step may run under; `bind_kv(plan)`
-        points the model at the KV pool as that plan reads it (each graph captures its
-        plan's view)."""
-        self.model, self.backend, self.bind_kv = model, backend, bind_kv
+        """`plans`: the PlanResources of every one-stage plan a step may run under;
+        `model_for(plan)` the model a plan's steps run (one for every plan, except under
+        Seesaw: one per plan); `bind_kv(plan)` points it at the KV pool as that plan reads
+        it (each graph captures its plan's view)."""
+        self.model_for, self.backend, self.bind_kv = model_for, backend, bind_kv
         self.max_model_len = max_model_len
         sp_sizes = {p.state.sp.size for p in plans}
         self.buckets = [b for b in DEFAULT_BUCKETS if b <= max_num_seqs
@@ -59,7 +60,7 @@ class DecodeGraphs:
     def _forward(self, plan, bucket: int) -> torch.Tensor:
         local = bucket // plan.state.sp.size
         with use_context(plan.context(self._metadata(bucket, plan.block_size), self.backend)):
-            return self.model(self.tokens[:local], self.positions[:local])
+            return self.model_for(plan)(self.tokens[:local], self.positions[:local])
 
     def _capture(self, plan, bucket: int):
         self.bind_kv(plan)

@@ -247,23 +247,35 @@ class ModelRunner:
     def _use_graphs(self, requested: bool | None) -> bool:
         """By default (None) wherever they work: CUDA, Triton attention, one stage; for a
         model with experts on one rank only (their graphs have run on one GPU; the
-        collectives of expert and tensor parallelism inside a graph have not yet)."""
+        collectives of expert and tensor parallelism inside a graph have not yet). Under
+        Seesaw only when asked: the decode plan's steps replay graphs (the prefill plan's
+        stages run eagerly), not yet run on GPUs."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
-                    and all(r.state.pp.size == 1 for r in self.resources.values())
-                    and self.shared_ffn is None)
+                    and bool(self._graph_plans()) and self.shared_ffn is None)
         if requested and not possible:
             raise ValueError("CUDA graphs need a CUDA device, the triton attention backend, "
-                             "no pipeline parallelism and no shared FFN weights (SiDP's "
+                             "a plan of one pipeline stage and no shared FFN weights (SiDP's "
                              "fetches and exchanges are not captured yet)")
         if requested is None:
+            one_stage = len(self._graph_plans()) == len({r.name for r in self.resources.values()})
             one_rank = all(r.state.plan.world_size == 1 for r in self.resources.values())
-            return possible and (one_rank or not self.expert_placement())
+            return (possible and one_stage and self.seesaw is None
+                    and (one_rank or not self.expert_placement()))
         return requested
 
+    def _graph_plans(self) -> list[PlanResources]:
+        """The plans whose decode steps graphs can replay: those of one pipeline stage."""
+        return [r for r in {r.name: r for r in self.resources.values()}.values()
+                if r.state.pp.size == 1]
+
     def _capture_graphs(self) -> DecodeGraphs:
-        plans = list({r.name: r for r in self.resources.values()}.values())
-        graphs = DecodeGraphs(self.model, self.backend, plans, self._bind_kv, self.max_model_len,
-                              self.config.max_num_seqs, self.device)
+        if self.seesaw is not None:  # each plan's model reads its own view, bound for good
+            return DecodeGraphs(lambda plan: self.seesaw.models[plan.name], self.backend,
+                                self._graph_plans(), lambda plan: None, self.max_model_len,
+                                self.config.max_num_seqs, self.device)
+        graphs = DecodeGraphs(lambda plan: self.model, self.backend, self._graph_plans(),
+                              self._bind_kv, self.max_model_len, self.config.max_num_seqs,
+                              self.device)
         self._bind_kv(self.resources[""])
         return graphs
 
