@@ -713,8 +713,19 @@ class LLMEngine:
         return plan
 
     def _steps_in_flight(self, replica: "Replica") -> int:
-        """A structured-output request's next mask needs its last token: one step at a time."""
-        return 1 if replica.num_structured else self.steps_in_flight
+        """A structured-output request's next mask needs its last token, and a pipeline's
+        first stage never sees the sampled tokens that fill the next step's inputs: one
+        step at a time for those (Seesaw's one-stage decode plan keeps two in flight)."""
+        if replica.num_structured or self._pipelined(replica):
+            return 1
+        return self.steps_in_flight
+
+    def _pipelined(self, replica: "Replica") -> bool:
+        """Whether the replica's steps run in a plan of several stages (its group's plan,
+        or the plan it was left behind in; a change of plan drains its steps first)."""
+        name = replica.left_plan if replica.is_left_behind else None
+        plan = self._plans_by_name[name] if name else self.layout.plans[replica.group]
+        return plan.pp > 1
 
     def _step_batch(self, replica: "Replica", sched: SchedulerOutput, plan: str):
         batch = replica.step_batch(sched, plan)
@@ -1053,15 +1064,15 @@ def _generation_defaults(source, setting: str) -> dict:
 
 
 def _async_scheduling(config: EngineConfig, plans: list[Plan]) -> bool:
-    """On by default; pipeline parallelism in any plan a group may run keeps one step per
-    replica in flight (its first stage never sees the sampled tokens that would fill the
-    next step's inputs)."""
-    pipelined = [plan.name() for plan in plans if plan.pp > 1]
+    """On by default for the plans of one stage (`_steps_in_flight`: a replica in a plan
+    of several runs one step at a time, since its first stage never sees the sampled tokens
+    that would fill the next step's inputs); asked for where every plan is pipelined, an
+    error."""
     if config.async_scheduling is None:
-        return not pipelined
-    if config.async_scheduling and pipelined:
+        return any(plan.pp == 1 for plan in plans)
+    if config.async_scheduling and all(plan.pp > 1 for plan in plans):
         raise ValueError(f"async_scheduling does not work with pipeline parallelism "
-                         f"(plan {pipelined[0]})")
+                         f"(plan {plans[0].name()})")
     return config.async_scheduling
 
 

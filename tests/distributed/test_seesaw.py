@@ -57,7 +57,11 @@ def test_tokens_equal_one_device_over_many_transitions_and_one(models, name, pre
         llm = seesaw_llm(dirs[name], prefill, decode, tier_tokens)
         engine = llm.llm_engine
         try:
+            overlapped = spy_on_overlaps(engine)
             assert_same(llm.generate(prompts(), PARAMS), refs[name])
+            # async scheduling in one-stage plans only: a pipeline's steps go one at a time
+            stages = {engine._plans_by_name[plan].pp for plan in overlapped}
+            assert stages == ({1} if "pp" not in decode else set())
             records = engine.take_transition_records()
             assert len(records) >= least and (most is None or len(records) <= most)
             assert all(r.kind == "reshard" for r in records)
@@ -74,6 +78,18 @@ def test_tokens_equal_one_device_over_many_transitions_and_one(models, name, pre
             assert tier.slots.used_tokens == 0 and tier.slots.largest_free() == tier_tokens
         finally:
             engine.shutdown()
+
+
+def spy_on_overlaps(engine) -> set[str]:
+    """The plans of the steps submitted while the replica had another in flight."""
+    overlapped, submit = set(), engine.executor.submit
+
+    def spying_submit(replica, ranks, output_rank, batch):
+        if replica.in_flight:
+            overlapped.add(batch.plan)
+        submit(replica, ranks, output_rank, batch)
+    engine.executor.submit = spying_submit
+    return overlapped
 
 
 def _step_until(engine, done, limit=200):

@@ -83,6 +83,8 @@ def test_abort_with_steps_in_flight_frees_everything(tiny_llama_dir):
 
 
 def test_async_is_the_default_except_with_pipeline_parallelism(tiny_llama_dir):
+    """(Seesaw's one-stage decode plan keeps two steps in flight beside its pipelined
+    prefill plan: tests/distributed/test_seesaw.py.)"""
     assert tiny_llm(tiny_llama_dir).llm_engine.steps_in_flight == 2
     with pytest.raises(ValueError, match="async_scheduling does not work with pipeline"):
         tiny_llm(tiny_llama_dir, async_scheduling=True, pipeline_parallel_size=2)
