@@ -170,7 +170,7 @@ class Score:
 
     def row(self) -> str:
         return (f"{self.name:>14} {self.total_s:10.3f} s  prefill {self.prefill_s:.3f}  decode "
-                f"{self.decode_s:.3f}  transitions {self.transitions:.1f} ({self.transition_s:.3f} s)")
+                f"{self.decode_s:.3f}  transitions {self.transitions:.3g} ({self.transition_s:.3f} s)")
 
 
 @dataclass(frozen=True)
@@ -263,18 +263,17 @@ def transitions_per_run(load: Workload, prompts_per_phase: int) -> float:
 def pair_score(shape: ModelShape, hw: Hardware, prefill: Plan, decode: Plan,
                load: Workload) -> Score:
     prompt = math.ceil(load.prompt_tokens)
-    per_phase = (load.tier_tokens or math.inf) // prompt
-    if per_phase < 1:
+    tier_prompts = math.inf if load.tier_tokens is None else load.tier_tokens // prompt
+    if tier_prompts < 1:
         raise ValueError(f"the CPU KV tier ({load.tier_tokens} tokens) holds no prompt of {prompt}")
-    per_phase = min(per_phase, load.num_requests or math.inf)
-    transitions = transitions_per_run(load, per_phase if per_phase < math.inf else 1)
-    if per_phase == math.inf:  # an unbounded tier, steady state: one phase of every request
-        transitions = 0.0
+    per_phase = min(tier_prompts, load.num_requests or math.inf)
+    # steady state with an unbounded tier: one phase for ever, no transition per request
+    transitions = 0.0 if per_phase == math.inf else transitions_per_run(load, int(per_phase))
     weights_s = (missing_weight_bytes(shape, prefill, decode)
                  + missing_weight_bytes(shape, decode, prefill)) / 2 / hw.host_to_device_bytes_per_s
     kv_s = (2 * load.requests * load.prompt_tokens * shape.kv_bytes_per_token
             / (hw.kv_tier_bytes_per_s * prefill.world_size))
-    most = None if per_phase == math.inf else int(per_phase)
+    most = None if per_phase == math.inf else int(per_phase)  # a phase decodes what it prefilled
     return Score(prefill, decode, prefill_seconds(shape, hw, prefill, load),
                  decode_seconds(shape, hw, decode, load, most),
                  transitions * weights_s + kv_s, transitions)
