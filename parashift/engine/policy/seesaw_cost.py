@@ -169,8 +169,8 @@ class Score:
         return self.prefill_s + self.decode_s + self.transition_s
 
     def row(self) -> str:
-        return (f"{self.name:>14} {self.total_s:10.3f} s  prefill {self.prefill_s:.3f}  decode "
-                f"{self.decode_s:.3f}  transitions {self.transitions:.3g} ({self.transition_s:.3f} s)")
+        return (f"{self.name:>14} {self.total_s:10.4g} s  prefill {self.prefill_s:.4g}  decode "
+                f"{self.decode_s:.4g}  transitions {self.transitions:.3g} ({self.transition_s:.4g} s)")
 
 
 @dataclass(frozen=True)
