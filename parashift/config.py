@@ -1,4 +1,5 @@
 """Engine configuration as validated dataclasses."""
+import re
 from dataclasses import dataclass, fields
 
 
@@ -20,6 +21,8 @@ class SchedulerConfig:
 
 PARALLEL_POLICIES = ("static", "shift", "flying", "seesaw", "sidp")
 SEESAW_FIELDS = ("prefill_plan", "decode_plan", "cpu_kv_tokens", "cpu_kv_gib")
+AUTO_PLAN_FIELDS = ("seesaw_mean_prompt_tokens", "seesaw_mean_output_tokens")
+AUTO_PLAN = re.compile(r"auto(?::([1-9][0-9]*))?")  # auto, or auto:<ranks per group>
 FLYING_PREEMPTIONS = ("auto", "soft", "hard", "recompute")
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -79,8 +82,13 @@ class EngineConfig:
     flying_preemption: str = "auto"
     # seesaw policy: each group prefills under prefill_plan and decodes under decode_plan (same
     # ranks), its KV moved between the two through a CPU tier of cpu_kv_tokens (or cpu_kv_gib)
-    prefill_plan: str | None = None          # e.g. pp2, pp2xtp2
+    # prefill_plan auto (or auto:<ranks per group>): the pair, or a static plan where no pair
+    # pays, chosen at start-up by policy/seesaw_cost.py for prompts and outputs of the mean
+    # lengths below (None: 1024 and 128, vLLM's benchmark lengths); decode_plan omitted or auto
+    prefill_plan: str | None = None          # e.g. pp2, pp2xtp2, auto
     decode_plan: str | None = None           # e.g. tp2
+    seesaw_mean_prompt_tokens: int | None = None
+    seesaw_mean_output_tokens: int | None = None
     cpu_kv_tokens: int | None = None
     cpu_kv_gib: float | None = None
     seesaw_max_prefill_ms: float = 0.0       # a prefill phase ends after this long (0: unbounded)
@@ -192,11 +200,9 @@ class EngineConfig:
             if given:
                 raise ValueError(f"{given[0]} is an option of the seesaw policy "
                                  "(parallel_policy='seesaw')")
+        self._check_seesaw_plans()
+        if self.parallel_policy != "seesaw":
             return
-        for name in ("prefill_plan", "decode_plan"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ValueError(f"the seesaw policy needs {name} (e.g. prefill_plan='pp2', "
-                                 "decode_plan='tp2')")
         if (self.cpu_kv_tokens is None) == (self.cpu_kv_gib is None):
             raise ValueError("the seesaw policy needs its CPU KV tier sized by one of "
                              "cpu_kv_tokens or cpu_kv_gib")
@@ -270,7 +276,7 @@ class EngineConfig:
                              f"{self.nnodes}), got {self.node_rank}")
         if not 0 < self.master_port < 65535:
             raise ValueError(f"master_port must be in 1-65534, got {self.master_port}")
-        if self.nnodes > 1 or self.gpus_per_node is not None:
+        if (self.nnodes > 1 or self.gpus_per_node is not None) and not self.auto_plans:
             self.topology.check_layout(self.node_layout, self.allow_cross_host_tp)
 
     @property
@@ -278,6 +284,33 @@ class EngineConfig:
         """Which ranks share a host."""
         from parashift.parallel.topology import Topology
         return Topology.for_world(self.node_layout.world_size, self.nnodes, self.gpus_per_node)
+
+    def _check_seesaw_plans(self) -> None:
+        auto = self.auto_plans
+        for name in AUTO_PLAN_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not auto:
+                raise ValueError(f"{name} is an option of prefill_plan='auto'")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.parallel_policy != "seesaw":
+            return
+        if auto:
+            if self.decode_plan not in (None, "auto"):
+                raise ValueError("prefill_plan='auto' chooses the decode plan too: omit "
+                                 f"decode_plan or give 'auto', got {self.decode_plan!r}")
+            return
+        for name in ("prefill_plan", "decode_plan"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"the seesaw policy needs {name} (e.g. prefill_plan='pp2', "
+                                 "decode_plan='tp2', or prefill_plan='auto')")
+            _check_plan_name(name, getattr(self, name))
+
+    @property
+    def auto_plans(self) -> bool:
+        """prefill_plan='auto': the seesaw plans are the cost model's choice, made at start-up."""
+        return isinstance(self.prefill_plan, str) and AUTO_PLAN.fullmatch(self.prefill_plan) is not None
 
     @property
     def plan(self):
@@ -290,6 +323,9 @@ class EngineConfig:
         """The node's starting layout: `layout`, or one group per DP replica of the plan."""
         from parashift.parallel.layout import Layout
         if self.parallel_policy == "seesaw":  # each group starts in its prefill plan
+            if self.auto_plans:
+                raise ValueError("prefill_plan='auto' is resolved at engine start-up "
+                                 "(engine/seesaw_auto.py) before the layout is made")
             return Layout.parse(",".join([self.prefill_plan] * self.data_parallel_size))
         if self.share_ffn:  # each replica's FFN slices shared with the others
             return Layout.of(self.plan).sharing_ffn(self.sidp_mode)
@@ -302,3 +338,13 @@ class EngineConfig:
         if unknown:
             raise ValueError(f"unknown engine option(s) {unknown}; known: {sorted(known)}")
         return cls(**kwargs)
+
+
+def _check_plan_name(field_name: str, value: str) -> None:
+    from parashift.parallel.plan import Plan
+    try:
+        Plan.parse(value)
+    except ValueError as e:
+        raise ValueError(f"{field_name} must be auto, auto:<ranks per group> (prefill_plan "
+                         "only) or a plan such as pp2, pp2xtp2 or tp2, got "
+                         f"{value!r} ({e})") from None

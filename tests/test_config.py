@@ -1,5 +1,5 @@
-"""EngineConfig's checks of the shared-FFN (SiDP) and swap preemption options, the layout
-they give, and their CLI flags."""
+"""EngineConfig's checks of the shared-FFN (SiDP), swap preemption and seesaw auto
+options, the layout they give, and their CLI flags."""
 import argparse
 
 import pytest
@@ -64,3 +64,38 @@ def test_swap_cli_flags():
     args = parser.parse_args(["--preemption-mode", "swap", "--swap-space", "2.5"])
     config = engine_config_from_args(args)
     assert (config.preemption_mode, config.swap_space) == ("swap", 2.5)
+
+
+@pytest.mark.parametrize("plans", [dict(prefill_plan="auto"), dict(prefill_plan="auto:2"),
+                                   dict(prefill_plan="auto", decode_plan="auto")])
+def test_seesaw_auto_is_accepted_and_resolved_before_the_layout(plans):
+    config = EngineConfig(parallel_policy="seesaw", cpu_kv_tokens=64, **plans,
+                          seesaw_mean_prompt_tokens=2000, seesaw_mean_output_tokens=200)
+    assert config.auto_plans
+    with pytest.raises(ValueError, match="resolved at engine start-up"):
+        config.node_layout
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(prefill_plan="automatic"), "must be auto, auto:<ranks per group> .* got 'automatic'"),
+    (dict(prefill_plan="auto:0"), "must be auto, auto:<ranks per group>"),
+    (dict(prefill_plan="pp2", decode_plan="auto"), "decode_plan must be auto, auto:<ranks"),
+    (dict(prefill_plan="auto", decode_plan="tp2"), "omit decode_plan or give 'auto'"),
+    (dict(prefill_plan="auto", seesaw_mean_prompt_tokens=0), "must be an integer >= 1"),
+    (dict(prefill_plan="pp2", decode_plan="tp2", seesaw_mean_output_tokens=10),
+     "is an option of prefill_plan='auto'"),
+])
+def test_bad_seesaw_auto_options_are_named(options, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(parallel_policy="seesaw", cpu_kv_tokens=64, **options)
+
+
+def test_seesaw_auto_cli_flags():
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--parallel-policy", "seesaw", "--prefill-plan", "auto",
+                              "--cpu-kv-gib", "4", "--seesaw-mean-prompt-tokens", "3000",
+                              "--seesaw-mean-output-tokens", "200"])
+    config = engine_config_from_args(args)
+    assert (config.prefill_plan, config.decode_plan) == ("auto", None)
+    assert (config.seesaw_mean_prompt_tokens, config.seesaw_mean_output_tokens) == (3000, 200)

@@ -25,6 +25,7 @@ from parashift.engine.request_outputs import (Failure, Forget, NewRequest, Proce
 from parashift.engine.routing import (Slot, check_fits, group_capacity, max_context_by_width,
                                       need, route)
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
+from parashift.engine.seesaw_auto import resolve_auto_plans
 from parashift.engine.seesaw import PHASES, SeesawTier, make_tiers, seesaw_stats
 from parashift.engine.sequence import Sequence, SequenceStatus
 from parashift.engine.swap import PreemptionCounts, SwapSpace, swap_tokens
@@ -94,6 +95,7 @@ class LLMEngine:
         self.max_model_len = _resolve_max_model_len(config, hf_config)
         self.config = config = _with_step_budget(config, self.device)
         self.dtype = _resolve_dtype(config.dtype, hf_config, self.device)
+        self.config = config = resolve_auto_plans(config, hf_config, self.dtype, self.device)
         self.layout = config.node_layout  # the starting layout: each rank's weights and KV
         self._hf_config = hf_config
         self.policy = make_policy(config, self.layout, hf_config)

@@ -37,9 +37,19 @@ ENGINE_FLAGS = {
                                                   "prefill, TP decode, KV through a CPU tier) "
                                                   "| sidp (DP replicas share FFN weights)"),
     "--prefill-plan": ("prefill_plan", str, "seesaw policy: each group's prefill plan, e.g. "
-                                            "pp2 or pp2xtp2 (-dp gives the groups)"),
+                                            "pp2 or pp2xtp2 (-dp gives the groups); auto "
+                                            "(every GPU) or auto:<ranks per group>: the pair, "
+                                            "or a static plan where no pair pays, from a "
+                                            "roofline cost model over probed rates"),
     "--decode-plan": ("decode_plan", str, "seesaw policy: each group's decode plan over the "
-                                          "same ranks, e.g. tp2"),
+                                          "same ranks, e.g. tp2 (omit or auto with "
+                                          "--prefill-plan auto)"),
+    "--seesaw-mean-prompt-tokens": ("seesaw_mean_prompt_tokens", int,
+                                    "--prefill-plan auto: the workload's mean prompt length "
+                                    "(default: 1024)"),
+    "--seesaw-mean-output-tokens": ("seesaw_mean_output_tokens", int,
+                                    "--prefill-plan auto: the workload's mean output length "
+                                    "(default: 128)"),
     "--cpu-kv-tokens": ("cpu_kv_tokens", int, "seesaw policy: tokens of the CPU KV tier (per "
                                               "group); a prefill phase ends when it is full"),
     "--cpu-kv-gib": ("cpu_kv_gib", float, "seesaw policy: the CPU KV tier in GiB (per group) "

@@ -143,3 +143,38 @@ def test_requests_the_tier_cannot_hold_and_bad_options_are_refused(models):
         EngineConfig(**seesaw, cpu_kv_tokens=10, tensor_parallel_size=2)
     with pytest.raises(ValueError, match="must each cover"):
         LLM(dirs["gqa8x4"], **{**COMMON, **seesaw, "decode_plan": "tp4", "cpu_kv_tokens": 10})
+
+
+@pytest.mark.parametrize("rates", ["probed", "nvlink", "pcie"])
+def test_auto_resolves_at_start_up_and_keeps_the_tokens(models, tmp_path, monkeypatch, rates):
+    """prefill_plan='auto:2' over this machine's probed rates, NVLink-like ones (a static
+    plan: the static policy runs it) or slow links and a memory that barely holds the
+    weights (the paper's regime, scaled to the tiny model: PP prefill, TP decode); the
+    engine starts and its tokens are one device's."""
+    import json
+    from dataclasses import asdict, replace
+
+    from tests.engine.policy.test_seesaw_cost import A10_PCIE, H100_NVLINK
+    if DEVICE == "cuda":
+        pytest.skip("auto:2 on the CPU's probe; on GPUs the cache file is named by the GPU")
+    dirs, refs = models
+    monkeypatch.setenv("PARASHIFT_CACHE_DIR", str(tmp_path))
+    tiny_pcie = replace(A10_PCIE, all_reduce_bus_bytes_per_s=1e8, hbm_bytes_per_s=1e8,
+                        matmul_flops=1e11, memory_bytes=2e6)
+    hardware = {"nvlink": H100_NVLINK, "pcie": tiny_pcie}.get(rates)
+    if hardware is not None:
+        (tmp_path / "probe-cpu.json").write_text(json.dumps(asdict(hardware)))
+    llm = LLM(dirs["gqa8x4"], **COMMON, parallel_policy="seesaw", prefill_plan="auto:2",
+              cpu_kv_tokens=LARGE_TIER, seesaw_mean_prompt_tokens=20, seesaw_mean_output_tokens=8)
+    engine = llm.llm_engine
+    try:
+        assert engine.layout.world_size == 2 and not engine.config.auto_plans
+        if rates == "nvlink":
+            assert engine.config.parallel_policy == "static" and engine.policy.name == "static"
+        if rates == "pcie":
+            assert (engine.config.prefill_plan, engine.config.decode_plan) == ("pp2", "tp2")
+        assert_same(llm.generate(prompts(), PARAMS), refs["gqa8x4"])
+        if rates == "pcie":
+            assert engine.take_transition_records()
+    finally:
+        engine.shutdown()

@@ -1,0 +1,74 @@
+"""prefill_plan='auto' at start-up: the hardware probe (quick on the CPU, cached as JSON
+that a later start reads back) and the config it resolves to: a seesaw pair, or a static
+plan under the static policy."""
+import json
+import time
+from dataclasses import asdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from parashift.config import EngineConfig
+from parashift.engine.hardware_probe import cache_dir, probe_hardware
+from parashift.engine.seesaw_auto import ranks_per_group, resolve_auto_plans
+from tests.engine.policy.test_seesaw_cost import A10_PCIE, H100_NVLINK
+
+CPU = torch.device("cpu")
+LLAMA_8B = SimpleNamespace(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+                           num_key_value_heads=8, intermediate_size=14336, vocab_size=128256)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARASHIFT_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_the_cpu_probe_is_quick_and_cached(cache):
+    start = time.perf_counter()
+    measured = probe_hardware(CPU)
+    assert time.perf_counter() - start < 1.0
+    assert cache_dir() == cache and measured.link == "cpu"
+    path = cache / "probe-cpu.json"
+    assert json.loads(path.read_text()) == asdict(measured)
+    path.write_text(json.dumps(asdict(A10_PCIE)))  # another machine's rates, by hand
+    assert probe_hardware(CPU) == A10_PCIE
+
+
+def seesaw_auto(**options) -> EngineConfig:
+    return EngineConfig(parallel_policy="seesaw", prefill_plan="auto:2", cpu_kv_tokens=400_000,
+                        max_num_batched_tokens=8192, gpu_memory_utilization=1.0,
+                        seesaw_mean_prompt_tokens=3000, seesaw_mean_output_tokens=200, **options)
+
+
+def resolve(config, hardware, cache):
+    (cache / "probe-cpu.json").write_text(json.dumps(asdict(hardware)))
+    return resolve_auto_plans(config, LLAMA_8B, torch.bfloat16, CPU)
+
+
+def test_nvlink_rates_resolve_to_a_static_plan_under_the_static_policy(cache):
+    config = resolve(seesaw_auto(data_parallel_size=2), H100_NVLINK, cache)
+    assert config.parallel_policy == "static" and not config.auto_plans
+    assert (config.prefill_plan, config.cpu_kv_tokens, config.seesaw_mean_prompt_tokens) == (
+        None, None, None)
+    # dp2 within each of the two groups: four replicas
+    assert config.data_parallel_size == 4
+    assert config.node_layout.name() == "single,single@1,single@2,single@3"
+
+
+def test_pcie_rates_resolve_to_a_seesaw_pair(cache):
+    config = resolve(seesaw_auto(), A10_PCIE, cache)
+    assert config.parallel_policy == "seesaw"
+    assert (config.prefill_plan, config.decode_plan) == ("pp2", "tp2")
+    assert config.cpu_kv_tokens == 400_000 and config.node_layout.name() == "pp2"
+
+
+def test_other_configs_are_left_alone_and_the_ranks_are_named_on_the_cpu():
+    plain = EngineConfig(parallel_policy="seesaw", prefill_plan="pp2", decode_plan="tp2",
+                         cpu_kv_tokens=64)
+    assert resolve_auto_plans(plain, LLAMA_8B, torch.bfloat16, CPU) is plain
+    assert ranks_per_group(seesaw_auto(), CPU) == 2
+    bare = EngineConfig(parallel_policy="seesaw", prefill_plan="auto", cpu_kv_tokens=64)
+    with pytest.raises(ValueError, match="prefill_plan='auto:2'"):
+        ranks_per_group(bare, CPU)
