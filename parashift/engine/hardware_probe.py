@@ -1,8 +1,8 @@
 """The rates the seesaw cost model reads (policy/seesaw_cost.py's Hardware), measured once per
 machine in a few seconds and cached as JSON: device copy bandwidth (HBM), a bf16 matmul's
-rate, pinned and pageable host->device copies (weights; the CPU KV tier is a shared-memory
-file, pageable) and, where two GPUs reach each other directly, one peer copy. An all-reduce
-is not run (it needs the ranks' process group): its bus bandwidth is the peer copy's rate,
+rate, pinned host->device copies (weights, and the CPU KV tier: workers page-lock its
+shared-memory file, kv/cpu_tier.py) and, where two GPUs reach each other directly, one peer
+copy. An all-reduce is not run (it needs the ranks' process group): its bus bandwidth is the peer copy's rate,
 or a default per link kind where there is none. On the CPU the sizes are tiny (well under
 a second) and the links are defaults.
 
@@ -109,13 +109,12 @@ def _measure_cuda(device: torch.device) -> Hardware:
     on_device = torch.empty(size, dtype=torch.uint8, device=device)
     copy = _copy_rate(on_device, torch.empty_like(on_device), sync)
     pinned = _copy_rate(torch.empty(size, dtype=torch.uint8, pin_memory=True), on_device, sync)
-    pageable = _copy_rate(torch.empty(size, dtype=torch.uint8), on_device, sync)
     link, peer = _peer_link(device, on_device, sync)
     return Hardware(hbm_bytes_per_s=copy, matmul_flops=_matmul_rate(8192, torch.bfloat16,
                                                                     device, sync),
                     memory_bytes=torch.cuda.get_device_properties(device).total_memory,
                     all_reduce_bus_bytes_per_s=peer, host_to_device_bytes_per_s=pinned,
-                    kv_tier_bytes_per_s=pageable, peer_bytes_per_s=peer, link=link)
+                    kv_tier_bytes_per_s=pinned, peer_bytes_per_s=peer, link=link)
 
 
 def _peer_link(device: torch.device, src: torch.Tensor, sync) -> tuple[str, float]:
