@@ -247,14 +247,17 @@ class ModelRunner:
     def _use_graphs(self, requested: bool | None) -> bool:
         """By default (None) wherever they work: CUDA, Triton attention, one stage; for a
         model with experts on one rank only (their graphs have run on one GPU; the
-        collectives of expert and tensor parallelism inside a graph have not yet)."""
+        collectives of expert and tensor parallelism inside a graph have not yet). Not for
+        experts in deterministic mode: they sync with the host on the routing."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
                     and all(r.state.pp.size == 1 for r in self.resources.values())
-                    and self.shared_ffn is None)
+                    and self.shared_ffn is None
+                    and not (self.config.deterministic and self.expert_placement()))
         if requested and not possible:
             raise ValueError("CUDA graphs need a CUDA device, the triton attention backend, "
-                             "no pipeline parallelism and no shared FFN weights (SiDP's "
-                             "fetches and exchanges are not captured yet)")
+                             "no pipeline parallelism, no shared FFN weights (SiDP's "
+                             "fetches and exchanges are not captured yet) and, in "
+                             "deterministic mode, no experts")
         if requested is None:
             one_rank = all(r.state.plan.world_size == 1 for r in self.resources.values())
             return possible and (one_rank or not self.expert_placement())
