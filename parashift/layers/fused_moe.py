@@ -26,8 +26,7 @@ from torch import nn
 
 from parashift.context import BASE_WEIGHTS, get_context
 from parashift.deterministic import matmul as invariant
-from parashift.deterministic.experts import slot_partials, weighted_slot_sum
-from parashift.deterministic.matmul import sum_chunks
+from parashift.deterministic.experts import slot_outputs, slot_partials, weighted_slot_sum
 from parashift.deterministic.reduction import chunks_held, sum_over_tp
 from parashift.kernels import use_triton
 from parashift.layers.activation import silu_and_mul_torch
@@ -173,7 +172,7 @@ class FusedExperts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         gate_up, down = self.active_weights()
         if self.reduction_chunks:
-            return weighted_slot_sum(self.slot_outputs(x, ids, gate_up, down), weights, x.dtype)
+            return weighted_slot_sum(self.deterministic_slots(x, ids, gate_up, down), weights, x.dtype)
         if self.mode == "tp":
             return get_context().tp.all_reduce(experts_forward(x, weights, ids, gate_up, down))
         ctx = get_context()
@@ -186,27 +185,24 @@ class FusedExperts(nn.Module):
         shares = experts_forward(*gathered, gate_up, down, self.first_expert)
         return sum(ep.all_to_all(list(shares.split(tokens))))
 
-    def slot_outputs(self, x: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                     down: torch.Tensor) -> torch.Tensor:
+    def deterministic_slots(self, x: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                            down: torch.Tensor) -> torch.Tensor:
         """Deterministic mode: every pair's expert output [T * k, H] in fp32, the down
         projection's chunks added in the canonical order (parashift/deterministic/experts.py)."""
-        if self.mode == "tp":
-            tp = get_context().tp
-            partials = slot_partials(x, ids, gate_up, down,
-                                     chunks_held(tp, self.reduction_chunks))
-            return sum_over_tp(partials, None, tp, torch.float32)
         ctx = get_context()
+        chunks = self.reduction_chunks
+        if self.mode == "tp" and ctx.tp.size > 1:
+            partials = slot_partials(x, ids, gate_up, down, chunks_held(ctx.tp, chunks))
+            return sum_over_tp(partials, None, ctx.tp, torch.float32)
+        if self.mode == "tp":  # one rank holding every chunk
+            return slot_outputs(x, ids, gate_up, down, chunks)
         ep = ctx.state.ep
-
-        def held_slots(x, ids):  # zero for the pairs of other ranks' experts
-            partials = slot_partials(x, ids, gate_up, down, self.reduction_chunks,
-                                     self.first_expert)
-            return sum_chunks(partials, None, torch.float32)
         # each slot is non-zero on the one rank holding its expert: summing over the ranks
         # adds zeros to it, exact in any order (an all-gather would move ep times the data)
         if ctx.sp.size == 1:
-            return ep.all_reduce(held_slots(x, ids))
-        slots = held_slots(ep.all_gather(x, dim=0), ep.all_gather(ids, dim=0))
+            return ep.all_reduce(slot_outputs(x, ids, gate_up, down, chunks, self.first_expert))
+        every_x, every_ids = ep.all_gather(x, dim=0), ep.all_gather(ids, dim=0)
+        slots = slot_outputs(every_x, every_ids, gate_up, down, chunks, self.first_expert)
         return sum(ep.all_to_all(list(slots.split(ids.numel()))))
 
 
