@@ -15,12 +15,21 @@ from parashift.parallel.state import GroupHandle
 MAX_TP = 8  # chunks serve every TP degree up to this that the model allows
 
 
+def mlp_widths(hf_config) -> list[int]:
+    """The contraction widths of the model's down projections: the dense MLP's and, for a
+    mixture of experts, the experts' (Qwen3-MoE's moe_intermediate_size; Mixtral's experts
+    are intermediate_size wide). One canonical order serves both moe_parallel modes, so the
+    experts' width must hold the chunks even where EP does not split it."""
+    moe_width = getattr(hf_config, "moe_intermediate_size", None)
+    return [hf_config.intermediate_size, *([moe_width] if moe_width else [])]
+
+
 def allowed_tp_degrees(hf_config, limit: int = MAX_TP) -> list[int]:
     """TP degrees up to `limit` the model splits into: its heads, its KV heads (split or
-    replicated) and its MLP width."""
+    replicated) and its MLP widths (experts' included)."""
     heads, kv_heads = hf_config.num_attention_heads, hf_config.num_key_value_heads
     return [d for d in range(1, limit + 1)
-            if heads % d == 0 and hf_config.intermediate_size % d == 0
+            if heads % d == 0 and all(width % d == 0 for width in mlp_widths(hf_config))
             and (kv_heads % d == 0 or d % kv_heads == 0)]
 
 
@@ -39,18 +48,31 @@ def check_plans(hf_config, plans) -> None:
             raise ValueError(
                 f"deterministic mode: plan {plan.name()} has tp = {plan.tp}, which does not "
                 f"divide the {chunks} K chunks of this model's canonical reduction order "
-                f"(TP degrees it allows: {allowed_tp_degrees(hf_config)})")
+                f"(TP degrees its heads, KV heads and MLP widths {mlp_widths(hf_config)} "
+                f"allow: {allowed_tp_degrees(hf_config)})")
 
 
 def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         tp: GroupHandle, chunks: int) -> torch.Tensor:
     """x [.., K/t] @ weight [N, K/t].T summed over the TP group in the canonical order,
     plus bias (added once, after the sum), in x's dtype."""
-    if chunks % tp.size:
-        raise ValueError(f"deterministic mode: tp = {tp.size} does not divide the "
-                         f"{chunks} K chunks")
     if tp.size == 1:
         return reduce_chunks(x, weight, bias, chunks)
     lead = x.shape[:-1]
-    partials = chunk_partials(x.reshape(-1, x.shape[-1]), weight, chunks // tp.size)
-    return sum_chunks(tp.all_gather(partials, dim=0), bias, x.dtype).unflatten(0, lead)
+    partials = chunk_partials(x.reshape(-1, x.shape[-1]), weight, chunks_held(tp, chunks))
+    return sum_over_tp(partials, bias, tp, x.dtype).unflatten(0, lead)
+
+
+def chunks_held(tp: GroupHandle, chunks: int) -> int:
+    """How many of the `chunks` K chunks each rank of the TP group holds."""
+    if chunks % tp.size:
+        raise ValueError(f"deterministic mode: tp = {tp.size} does not divide the "
+                         f"{chunks} K chunks")
+    return chunks // tp.size
+
+
+def sum_over_tp(partials: torch.Tensor, bias: torch.Tensor | None, tp: GroupHandle,
+                dtype: torch.dtype) -> torch.Tensor:
+    """This rank's chunk partials [chunks / t, rows, N] gathered over the TP group in
+    position order and added in chunk order, plus bias, in `dtype`."""
+    return sum_chunks(tp.all_gather(partials, dim=0), bias, dtype)

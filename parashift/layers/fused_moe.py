@@ -15,12 +15,19 @@ context when the layer is built):
 
 The computation (`expert_outputs`) sorts the token-expert pairs by expert and runs each
 expert's rows as two GEMMs: the CPU path and the reference of the Triton kernel
-(kernels/fused_moe.py: grouped GEMMs, no host sync) that CUDA tensors take."""
+(kernels/fused_moe.py: grouped GEMMs, no host sync) that CUDA tensors take.
+
+In deterministic mode the router and the experts run on the batch-invariant GEMMs, on CUDA
+too (the grouped kernel's tiles follow the batch), and the experts' outputs are reduced in
+one canonical order (parashift/deterministic/experts.py)."""
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from parashift.context import BASE_WEIGHTS, get_context
+from parashift.deterministic import matmul as invariant
+from parashift.deterministic.experts import slot_outputs, slot_partials, weighted_slot_sum
+from parashift.deterministic.reduction import chunks_held, sum_over_tp
 from parashift.kernels import use_triton
 from parashift.layers.activation import silu_and_mul_torch
 from parashift.lazy_tensor import as_tensor
@@ -84,9 +91,10 @@ class Router(nn.Module):
     def __init__(self, hidden_size: int, num_experts: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+        self.matmul = invariant.linear if get_context().reduction_chunks else F.linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return self.matmul(x, self.weight, None)
 
 
 class FusedExperts(nn.Module):
@@ -100,9 +108,9 @@ class FusedExperts(nn.Module):
         ctx = get_context()
         if mode not in MOE_PARALLEL_MODES:
             raise ValueError(f"moe_parallel must be one of {MOE_PARALLEL_MODES}, got {mode!r}")
-        if ctx.reduction_chunks:
-            raise ValueError("deterministic mode does not cover mixture-of-experts models yet")
         self.mode, self.num_experts = mode, num_experts
+        # deterministic mode: the down projections' intermediate width in this many chunks
+        self.reduction_chunks = ctx.reduction_chunks
         group = ctx.state.ep if mode == "ep" else ctx.tp
         self.shards = 1 if mode == "ep" else group.size  # of the intermediate dim
         self.num_local = num_experts // group.size if mode == "ep" else num_experts
@@ -163,6 +171,8 @@ class FusedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         gate_up, down = self.active_weights()
+        if self.reduction_chunks:
+            return weighted_slot_sum(self.deterministic_slots(x, ids, gate_up, down), weights, x.dtype)
         if self.mode == "tp":
             return get_context().tp.all_reduce(experts_forward(x, weights, ids, gate_up, down))
         ctx = get_context()
@@ -174,6 +184,26 @@ class FusedExperts(nn.Module):
         gathered = [ep.all_gather(t, dim=0) for t in (x, weights, ids)]
         shares = experts_forward(*gathered, gate_up, down, self.first_expert)
         return sum(ep.all_to_all(list(shares.split(tokens))))
+
+    def deterministic_slots(self, x: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                            down: torch.Tensor) -> torch.Tensor:
+        """Deterministic mode: every pair's expert output [T * k, H] in fp32, the down
+        projection's chunks added in the canonical order (parashift/deterministic/experts.py)."""
+        ctx = get_context()
+        chunks = self.reduction_chunks
+        if self.mode == "tp" and ctx.tp.size > 1:
+            partials = slot_partials(x, ids, gate_up, down, chunks_held(ctx.tp, chunks))
+            return sum_over_tp(partials, None, ctx.tp, torch.float32)
+        if self.mode == "tp":  # one rank holding every chunk
+            return slot_outputs(x, ids, gate_up, down, chunks)
+        ep = ctx.state.ep
+        # each slot is non-zero on the one rank holding its expert: summing over the ranks
+        # adds zeros to it, exact in any order (an all-gather would move ep times the data)
+        if ctx.sp.size == 1:
+            return ep.all_reduce(slot_outputs(x, ids, gate_up, down, chunks, self.first_expert))
+        every_x, every_ids = ep.all_gather(x, dim=0), ep.all_gather(ids, dim=0)
+        slots = slot_outputs(every_x, every_ids, gate_up, down, chunks, self.first_expert)
+        return sum(ep.all_to_all(list(slots.split(ids.numel()))))
 
 
 class FusedMoE(nn.Module):

@@ -249,13 +249,16 @@ class ModelRunner:
         model with experts on one rank only (their graphs have run on one GPU; the
         collectives of expert and tensor parallelism inside a graph have not yet). Under
         Seesaw only when asked: the decode plan's steps replay graphs (the prefill plan's
-        stages run eagerly), not yet run on GPUs."""
+        stages run eagerly), not yet run on GPUs. Not for experts in deterministic mode:
+        they sync with the host on the routing."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
-                    and bool(self._graph_plans()) and self.shared_ffn is None)
+                    and bool(self._graph_plans()) and self.shared_ffn is None
+                    and not (self.config.deterministic and self.expert_placement()))
         if requested and not possible:
             raise ValueError("CUDA graphs need a CUDA device, the triton attention backend, "
-                             "a plan of one pipeline stage and no shared FFN weights (SiDP's "
-                             "fetches and exchanges are not captured yet)")
+                             "a plan of one pipeline stage, no shared FFN weights (SiDP's "
+                             "fetches and exchanges are not captured yet) and, in "
+                             "deterministic mode, no experts")
         if requested is None:
             one_stage = len(self._graph_plans()) == len({r.name for r in self.resources.values()})
             one_rank = all(r.state.plan.world_size == 1 for r in self.resources.values())

@@ -33,9 +33,15 @@ def assert_identical(outputs, reference) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_alone_in_8_and_in_64(tiny_llama_dir, dtype):
+    assert_batch_invariant(tiny_llm(tiny_llama_dir, device=DEVICE, dtype=dtype,
+                                    deterministic=True, max_num_batched_tokens=64,
+                                    enable_prefix_caching=False))
+
+
+def assert_batch_invariant(llm) -> None:
+    """requests(64)'s first 8 alone, together and among all 64 give the same outputs; shuts
+    `llm` down."""
     prompts, params = requests(64)
-    llm = tiny_llm(tiny_llama_dir, device=DEVICE, dtype=dtype, deterministic=True,
-                   max_num_batched_tokens=64, enable_prefix_caching=False)
     try:
         alone = [llm.generate([p], [s])[0] for p, s in zip(prompts[:8], params[:8])]
         in_8 = llm.generate(prompts[:8], params[:8])

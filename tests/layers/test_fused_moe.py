@@ -30,8 +30,9 @@ def dense_reference(x, weights, ids, ckpt) -> torch.Tensor:
     return out
 
 
-def loaded_experts(ckpt, mode: str, size: int = 1, rank: int = 0) -> FusedExperts:
-    with use_state(tp_state(size, rank), moe_parallel=mode):
+def loaded_experts(ckpt, mode: str, size: int = 1, rank: int = 0,
+                   reduction_chunks: int | None = None) -> FusedExperts:
+    with use_state(tp_state(size, rank), moe_parallel=mode, reduction_chunks=reduction_chunks):
         experts = FusedExperts(E, H, I, mode)
     for (e, name), w in ckpt.items():
         param = experts.down_proj if name == "down" else experts.gate_up_proj
@@ -116,6 +117,17 @@ def test_bad_sizes_are_refused():
         FusedMoE(H, E, 7, I, renormalize=True)
     with pytest.raises(ValueError, match="moe_parallel"):
         FusedExperts(E, H, I, "dp")
-    with use_state(tp_state(1, 0), reduction_chunks=4):
-        with pytest.raises(ValueError, match="deterministic mode does not cover"):
-            FusedExperts(E, H, I, "tp")
+
+
+@pytest.mark.parametrize("mode", ["tp", "ep"])
+def test_deterministic_experts_match_dense_and_ignore_the_batch(mode):
+    """Deterministic mode (I = 12 in 4 chunks): the dense result, and each token's output
+    bit-identical alone and among the others."""
+    ckpt, x = checkpoint(), torch.randn(T, H)
+    weights, ids = routing(x, crowd=False)
+    experts = loaded_experts(ckpt, mode, reduction_chunks=4)
+    with use_state(tp_state(1, 0), moe_parallel=mode):
+        batch = experts(x, weights, ids)
+        alone = [experts(x[t:t + 1], weights[t:t + 1], ids[t:t + 1]) for t in range(T)]
+    assert torch.allclose(batch, dense_reference(x, weights, ids, ckpt), atol=1e-4)
+    assert torch.equal(torch.cat(alone), batch)
