@@ -48,17 +48,20 @@ def weight_bytes_read(model, batch: int) -> float:
     return total
 
 
-def plan_floor_bytes(model_path: str, plan: dict, batch: int, kv_bytes: float) -> float:
-    """One GPU's bytes read per decode step under a plan of several ranks (module docstring)."""
+def dense_weight_bytes(hf_config) -> int:
+    """Every parameter's bf16 bytes (tied weights once), counted on the meta device."""
     from transformers import AutoModelForCausalLM
-    from parashift.loader.source import load_hf_config, resolve_model
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(load_hf_config(resolve_model(model_path)))
-    weights = 2 * sum(p.numel() for p in model.parameters())  # bf16; tied weights once
+        model = AutoModelForCausalLM.from_config(hf_config)
+    return 2 * sum(p.numel() for p in model.parameters())
+
+
+def plan_floor_bytes(weights: int, plan: dict, kv_bytes: float) -> float:
+    """One GPU's bytes read per decode step under a plan of several ranks (module docstring)."""
     group = plan.get("tensor_parallel_size", 1) * plan.get("sequence_parallel_size", 1)
     replicas = plan.get("data_parallel_size", 1)
     stages = plan.get("pipeline_parallel_size", 1)
-    return (weights / stages / group + kv_bytes / replicas / stages / group)
+    return weights / stages / group + kv_bytes / replicas / stages / group
 
 
 def kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
@@ -239,12 +242,13 @@ def main_plan(args):
               max_num_seqs=max(args.batch_sizes), skip_tokenizer_init=True,
               enable_prefix_caching=False, cuda_graphs=args.cuda_graphs, **options)
     cfg = load_hf_config(resolve_model(args.model))
+    weights = dense_weight_bytes(cfg)
     bandwidth = copy_bandwidth(torch.device("cuda"))
     rows = []
     for batch in args.batch_sizes:
         seconds, context, _ = measure(llm, batch, args.context, args.decode_steps, cfg.vocab_size)
         kv = batch * context * kv_bytes_per_token(cfg, 2)
-        floor = plan_floor_bytes(args.model, options, batch, kv) / bandwidth
+        floor = plan_floor_bytes(weights, options, kv) / bandwidth
         rows.append(dict(plan=args.plan, batch=batch, context=args.context, mean_context=context,
                          step_ms=seconds * 1e3, tokens_per_s=batch / seconds, floor_ms=floor * 1e3,
                          fraction_of_floor=floor / seconds))
