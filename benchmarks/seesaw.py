@@ -8,7 +8,9 @@ Usage (2 GPUs, the issue's runs; from the repository root):
       --plans tp2 pp2 dp2 seesaw:pp2-tp2 --workloads summarize chat --cpu-kv-gib 64 \
       --output seesaw-h200x2.json
 A plan is `single` or degrees joined (tp2, dp2, pp2; benchmarks/plans.py), or
-`seesaw:PREFILL-DECODE` (seesaw:pp2-tp2, seesaw:pp2xtp2-tp4). `--length-scale` and
+`seesaw:PREFILL-DECODE` (seesaw:pp2-tp2, seesaw:pp2xtp2-tp4), or `auto` / `auto:N`
+(--prefill-plan auto: the cost model picks a pair or a static plan per workload, from the
+workload's mean lengths; the row names its choice). `--length-scale` and
 `--num-requests` shrink a workload (the CPU check below)."""
 import argparse
 import gc
@@ -23,22 +25,50 @@ from parashift.bench.workloads import WorkloadOptions, get_workload, sample_leng
 from plans import plan_options  # benchmarks/plans.py (this folder is on sys.path)
 
 
-def engine_options(name: str, args) -> dict:
-    """Engine options of a plan name; a seesaw plan takes the tier's size from the flags."""
-    if not name.startswith("seesaw:"):
+def is_auto(name: str) -> bool:
+    return name == "auto" or name.startswith("auto:")
+
+
+def engine_options(name: str, args, workload: str | None = None) -> dict:
+    """Engine options of a plan name; a seesaw plan takes the tier's size from the flags, auto
+    the workload's mean lengths too."""
+    if not name.startswith("seesaw:") and not is_auto(name):
         return plan_options(name)
-    prefill, _, decode = name.removeprefix("seesaw:").partition("-")
     tier = ({"cpu_kv_tokens": args.cpu_kv_tokens} if args.cpu_kv_tokens is not None
             else {"cpu_kv_gib": args.cpu_kv_gib})
-    return dict(parallel_policy="seesaw", prefill_plan=prefill, decode_plan=decode,
-                seesaw_max_prefill_ms=args.seesaw_max_prefill_ms, **tier)
+    seesaw = dict(parallel_policy="seesaw", seesaw_max_prefill_ms=args.seesaw_max_prefill_ms, **tier)
+    if is_auto(name):
+        prompt, output = mean_lengths(workload, args)
+        return dict(prefill_plan=name, seesaw_mean_prompt_tokens=prompt,
+                    seesaw_mean_output_tokens=output, **seesaw)
+    prefill, _, decode = name.removeprefix("seesaw:").partition("-")
+    return dict(prefill_plan=prefill, decode_plan=decode, **seesaw)
 
 
-def requests(workload: str, args, vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
+def mean_lengths(workload: str, args) -> tuple[int, int]:
+    lengths = workload_lengths(workload, args)
+    return (round(sum(inp for inp, _ in lengths) / len(lengths)),
+            round(sum(out for _, out in lengths) / len(lengths)))
+
+
+def workload_lengths(workload: str, args) -> list[tuple[int, int]]:
     options = WorkloadOptions(seed=0, num_requests=args.num_requests,
                               length_scale=args.length_scale)
     spec = get_workload(workload)
-    lengths = sample_lengths(spec, options.num_requests or spec.num_requests, options)
+    return [(int(inp), int(out)) for inp, out in
+            sample_lengths(spec, options.num_requests or spec.num_requests, options)]
+
+
+def chosen_plan(config) -> str:
+    """What an engine runs, after auto's choice."""
+    if config.parallel_policy == "seesaw":
+        return f"seesaw:{config.prefill_plan}-{config.decode_plan}"
+    return (f"dp{config.data_parallel_size}xpp{config.pipeline_parallel_size}"
+            f"xtp{config.tensor_parallel_size}")
+
+
+def requests(workload: str, args, vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    lengths = workload_lengths(workload, args)
     rng = random.Random(0)
     prompts = [[rng.randrange(vocab) for _ in range(inp)] for inp, _ in lengths]
     params = [SamplingParams(temperature=0, max_tokens=out, ignore_eos=True) for _, out in lengths]
@@ -98,22 +128,27 @@ def main():
     args = p.parse_args()
     rows = []
     for name in args.plans:
-        start = time.perf_counter()
-        llm = LLM(model=args.model, dtype=args.dtype, device=args.device, skip_tokenizer_init=True,
-                  max_model_len=args.max_model_len, enable_prefix_caching=False,
-                  max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
-                  cuda_graphs=args.cuda_graphs,
-                  **engine_options(name, args))
-        startup_s = time.perf_counter() - start
-        for workload in args.workloads:
-            row = dict(plan=name, startup_s=startup_s, **run(llm, workload, args))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        llm.llm_engine.shutdown()
-        del llm  # free this plan's memory before the next plan sizes its KV pool
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        # auto chooses from the workload's lengths: one engine per workload
+        batches = [[w] for w in args.workloads] if is_auto(name) else [args.workloads]
+        for workloads in batches:
+            start = time.perf_counter()
+            llm = LLM(model=args.model, dtype=args.dtype, device=args.device,
+                      skip_tokenizer_init=True, max_model_len=args.max_model_len,
+                      enable_prefix_caching=False,
+                      max_num_batched_tokens=args.max_num_batched_tokens,
+                      num_blocks=args.num_blocks, cuda_graphs=args.cuda_graphs,
+                      **engine_options(name, args, workloads[0]))
+            startup_s = time.perf_counter() - start
+            for workload in workloads:
+                row = dict(plan=name, runs=chosen_plan(llm.llm_engine.config),
+                           startup_s=startup_s, **run(llm, workload, args))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            llm.llm_engine.shutdown()
+            del llm  # free this plan's memory before the next plan sizes its KV pool
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     if args.output:
         with open(args.output, "w") as f:
             json.dump(dict(model=args.model, args=vars(args), rows=rows), f, indent=1)

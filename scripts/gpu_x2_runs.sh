@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
-# The two-GPU runs still open (ninth session), by part; each part has its own time limit and
+# The two-GPU runs still open (tenth session), by part; each part has its own time limit and
 # writes its log (and JSON where the benchmark writes one) to $OUT. From the repository root,
 # on nvidia-h100-x2 or nvidia-h200-x2, with the wheels of scripts/fetch_gpu_wheels.sh in .whl:
-#   OUT=dir bash scripts/gpu_x2_runs.sh env tier p2p decode moe      # call 1
-#   OUT=dir bash scripts/gpu_x2_runs.sh det                          # call 2
-#   OUT=dir bash scripts/gpu_x2_runs.sh seesaw seesaw_pcie tests     # call 3
+#   OUT=dir bash scripts/gpu_x2_runs.sh env tests_seesaw tier seesaw   # call 1
+#   OUT=dir bash scripts/gpu_x2_runs.sh det                            # call 2
+#   OUT=dir bash scripts/gpu_x2_runs.sh moe seesaw_pcie decode         # call 3
 # (Ninth session, two H100s: an engine start of the 8B shape on two ranks took 17-37 s, PP=2
-# ran `chat` in 84 s, the 4 plans of `seesaw` did not fit 330 s: PP=2 is left out of the
-# seesaw parts now, its rows are in docs/benchmarks.md.)
-# Parts: env (topology, /dev/shm), tests (MoE plans and Seesaw on NCCL, CUDA graphs),
-# multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: TP2, DP2, Shift at
-# batch 256 and 512), seesaw and seesaw_pcie (issue 16; NCCL_P2P_DISABLE=1 for the second),
-# det (issue 22: identical sequences per plan, tiny and 8B; cost under TP2 and Shift),
-# moe (issue 19: Qwen3-30B-A3B shape, TP2, SP2 and Shift, the Figure 9 view), tier (the CPU KV
-# tier's gather/scatter GB/s, page-locked and not, one GPU).
+# ran `chat` in 84 s: PP=2 is left out of the seesaw parts, its rows are in docs/benchmarks.md.)
+# Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
+# multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
+# 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
+# NCCL_P2P_DISABLE=1 for the second), det (issue 22: identical sequences per plan, tiny and 8B;
+# cost under TP2 and Shift), moe (issue 19: Qwen3-30B-A3B shape, TP2, SP2 and Shift, the
+# Figure 9 view), tier (the CPU KV tier's gather/scatter GB/s, page-locked and not, one GPU).
 set -u
 : "${OUT:?a folder for the results}"
 export PYTHONUNBUFFERED=1
@@ -32,9 +31,8 @@ run_env() {
   df -h /dev/shm; free -g | head -2
 }
 
-run_tests() {
-  PARASHIFT_TEST_DEVICE=cuda PARASHIFT_TEST_CUDA_GRAPHS=1 python3 -m pytest -q -p no:cacheprovider \
-    tests/distributed/test_moe_plans.py tests/distributed/test_seesaw.py
+run_tests() {  # run_tests TEST_FILE...
+  PARASHIFT_TEST_DEVICE=cuda PARASHIFT_TEST_CUDA_GRAPHS=1 python3 -m pytest -q -p no:cacheprovider "$@"
 }
 
 run_decode() {  # run_decode [PLAN...] (default: tp2 dp2 shift2)
@@ -63,17 +61,18 @@ export EIGHT_B
 for name in "$@"; do
   case $name in
     env) run_env ;;
-    tests) part tests 200 run_tests ;;
+    tests_seesaw) part tests_seesaw 140 "run_tests tests/distributed/test_seesaw.py" ;;
+    tests_moe) part tests_moe 200 "run_tests tests/distributed/test_moe_plans.py" ;;
     multinode) part multinode 200 "bash scripts/gpu_multinode_runs.sh" ;;
     p2p) part p2p 90 "python3 benchmarks/sidp_probe.py --parts p2p --out $OUT/sidp_p2p.json" ;;
     decode) part decode 150 "run_decode dp2" ;;
-    seesaw) part seesaw 300 "run_seesaw tp2 dp2 seesaw:pp2-tp2 && run_seesaw seesaw:pp2-tp2 --cuda-graphs" ;;
-    seesaw_pcie) part seesaw_pcie 170 "NCCL_P2P_DISABLE=1 run_seesaw tp2 seesaw:pp2-tp2" ;;
-    det) part det 420 run_det ;;
-    moe) part moe 240 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
+    seesaw) part seesaw 360 "run_seesaw tp2 dp2 auto && run_seesaw seesaw:pp2-tp2 --cuda-graphs" ;;
+    seesaw_pcie) part seesaw_pcie 210 "NCCL_P2P_DISABLE=1 run_seesaw tp2 auto seesaw:pp2-tp2 --cuda-graphs" ;;
+    det) part det 560 run_det ;;
+    moe) part moe 200 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
            --plans tp2 sp2 shift2 --interactive-requests 8 --batch-requests 64 --input-len 2048 \
            --output-len 128 --cuda-graphs --output $OUT/moe_plans.json" ;;
-    tier) part tier 120 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
+    tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     *) echo "unknown part $name"; exit 2 ;;
   esac
 done

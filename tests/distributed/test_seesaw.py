@@ -7,7 +7,7 @@ import random
 import pytest
 
 from parashift import LLM, SamplingParams
-from tests.distributed.test_plans import DEVICE, assert_same, skip_unless_enough_gpus
+from tests.distributed.test_plans import DEVICE, GRAPHS, assert_same, skip_unless_enough_gpus
 from tests.engine.conftest import save_tiny_llama
 
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
@@ -42,7 +42,8 @@ def seesaw_llm(model_dir, prefill, decode, tokens, **options):
     plan = dict(parallel_policy="seesaw", prefill_plan=prefill, decode_plan=decode,
                 cpu_kv_tokens=tokens)
     skip_unless_enough_gpus(plan)
-    return LLM(model_dir, **{**COMMON, **plan, **options})
+    graphs = {"cuda_graphs": True} if GRAPHS else {}  # GPU machine: the decode plan's graphs
+    return LLM(model_dir, **{**COMMON, **plan, **graphs, **options})
 
 
 def directions(records):
