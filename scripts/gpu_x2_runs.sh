@@ -4,7 +4,7 @@
 # on nvidia-h100-x2 or nvidia-h200-x2, with the wheels of scripts/fetch_gpu_wheels.sh in .whl:
 #   OUT=dir bash scripts/gpu_x2_runs.sh env tests_seesaw tier seesaw   # call 1
 #   OUT=dir bash scripts/gpu_x2_runs.sh det                            # call 2
-#   OUT=dir bash scripts/gpu_x2_runs.sh moe seesaw_pcie decode         # call 3
+#   OUT=dir bash scripts/gpu_x2_runs.sh moe seesaw_pcie det_cost       # call 3
 # (Ninth session, two H100s: an engine start of the 8B shape on two ranks took 17-37 s, PP=2
 # ran `chat` in 84 s: PP=2 is left out of the seesaw parts, its rows are in docs/benchmarks.md.)
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
@@ -67,9 +67,11 @@ for name in "$@"; do
     p2p) part p2p 90 "python3 benchmarks/sidp_probe.py --parts p2p --out $OUT/sidp_p2p.json" ;;
     decode) part decode 150 "run_decode dp2" ;;
     seesaw) part seesaw 360 "run_seesaw tp2 dp2 auto && run_seesaw seesaw:pp2-tp2 --cuda-graphs" ;;
-    seesaw_pcie) part seesaw_pcie 210 "NCCL_P2P_DISABLE=1 run_seesaw tp2 auto seesaw:pp2-tp2 --cuda-graphs" ;;
+    seesaw_pcie) part seesaw_pcie 180 "NCCL_P2P_DISABLE=1 run_seesaw tp2 auto seesaw:pp2-tp2 --cuda-graphs" ;;
     det) part det 560 run_det ;;
-    moe) part moe 200 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
+    det_cost) part det_cost 200 "python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 shift \
+           --models $EIGHT_B --out $OUT/det_cost.jsonl" ;;
+    moe) part moe 190 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
            --plans tp2 sp2 shift2 --interactive-requests 8 --batch-requests 64 --input-len 2048 \
            --output-len 128 --cuda-graphs --output $OUT/moe_plans.json" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
