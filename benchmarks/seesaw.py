@@ -10,11 +10,13 @@ Usage (2 GPUs, the issue's runs; from the repository root):
 A plan is `single` or degrees joined (tp2, dp2, pp2; benchmarks/plans.py), or
 `seesaw:PREFILL-DECODE` (seesaw:pp2-tp2, seesaw:pp2xtp2-tp4), or `auto` / `auto:N`
 (--prefill-plan auto: the cost model picks a pair or a static plan per workload, from the
-workload's mean lengths; the row names its choice). `--length-scale` and
+workload's mean lengths and its number of requests; the row names its choice, the log its
+table). `--length-scale` and
 `--num-requests` shrink a workload (the CPU check below)."""
 import argparse
 import gc
 import json
+import logging
 import random
 import time
 
@@ -40,7 +42,8 @@ def engine_options(name: str, args, workload: str | None = None) -> dict:
     if is_auto(name):
         prompt, output = mean_lengths(workload, args)
         return dict(prefill_plan=name, seesaw_mean_prompt_tokens=prompt,
-                    seesaw_mean_output_tokens=output, **seesaw)
+                    seesaw_mean_output_tokens=output,
+                    seesaw_num_requests=len(workload_lengths(workload, args)), **seesaw)
     prefill, _, decode = name.removeprefix("seesaw:").partition("-")
     return dict(prefill_plan=prefill, decode_plan=decode, **seesaw)
 
@@ -126,6 +129,8 @@ def main():
                         "seesaw); --cuda-graphs: seesaw's decode plan replays graphs too")
     p.add_argument("--output", default=None)
     args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("parashift.engine.seesaw_auto").setLevel(logging.INFO)  # auto's table
     rows = []
     for name in args.plans:
         # auto chooses from the workload's lengths: one engine per workload

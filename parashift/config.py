@@ -21,7 +21,7 @@ class SchedulerConfig:
 
 PARALLEL_POLICIES = ("static", "shift", "flying", "seesaw", "sidp")
 SEESAW_FIELDS = ("prefill_plan", "decode_plan", "cpu_kv_tokens", "cpu_kv_gib")
-AUTO_PLAN_FIELDS = ("seesaw_mean_prompt_tokens", "seesaw_mean_output_tokens")
+AUTO_PLAN_FIELDS = ("seesaw_mean_prompt_tokens", "seesaw_mean_output_tokens", "seesaw_num_requests")
 AUTO_PLAN = re.compile(r"auto(?::([1-9][0-9]*))?")  # auto, or auto:<ranks per group>
 FLYING_PREEMPTIONS = ("auto", "soft", "hard", "recompute")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -84,11 +84,14 @@ class EngineConfig:
     # ranks), its KV moved between the two through a CPU tier of cpu_kv_tokens (or cpu_kv_gib)
     # prefill_plan auto (or auto:<ranks per group>): the pair, or a static plan where no pair
     # pays, chosen at start-up by policy/seesaw_cost.py for prompts and outputs of the mean
-    # lengths below (None: 1024 and 128, vLLM's benchmark lengths); decode_plan omitted or auto
+    # lengths below (None: 1024 and 128, vLLM's benchmark lengths) and, given, the requests held
+    # at once (an offline batch, or the concurrency when serving; None: steady state, every
+    # replica at max_num_seqs), which bounds the decode batch; decode_plan omitted or auto
     prefill_plan: str | None = None          # e.g. pp2, pp2xtp2, auto
     decode_plan: str | None = None           # e.g. tp2
     seesaw_mean_prompt_tokens: int | None = None
     seesaw_mean_output_tokens: int | None = None
+    seesaw_num_requests: int | None = None
     cpu_kv_tokens: int | None = None
     cpu_kv_gib: float | None = None
     seesaw_max_prefill_ms: float = 0.0       # a prefill phase ends after this long (0: unbounded)

@@ -82,6 +82,7 @@ def test_seesaw_auto_is_accepted_and_resolved_before_the_layout(plans):
     (dict(prefill_plan="pp2", decode_plan="auto"), "decode_plan must be auto, auto:<ranks"),
     (dict(prefill_plan="auto", decode_plan="tp2"), "omit decode_plan or give 'auto'"),
     (dict(prefill_plan="auto", seesaw_mean_prompt_tokens=0), "must be an integer >= 1"),
+    (dict(prefill_plan="auto", seesaw_num_requests=-5), "seesaw_num_requests must be an integer"),
     (dict(prefill_plan="pp2", decode_plan="tp2", seesaw_mean_output_tokens=10),
      "is an option of prefill_plan='auto'"),
 ])
@@ -95,7 +96,8 @@ def test_seesaw_auto_cli_flags():
     add_engine_args(parser)
     args = parser.parse_args(["--parallel-policy", "seesaw", "--prefill-plan", "auto",
                               "--cpu-kv-gib", "4", "--seesaw-mean-prompt-tokens", "3000",
-                              "--seesaw-mean-output-tokens", "200"])
+                              "--seesaw-mean-output-tokens", "200", "--seesaw-num-requests", "128"])
     config = engine_config_from_args(args)
     assert (config.prefill_plan, config.decode_plan) == ("auto", None)
-    assert (config.seesaw_mean_prompt_tokens, config.seesaw_mean_output_tokens) == (3000, 200)
+    assert (config.seesaw_mean_prompt_tokens, config.seesaw_mean_output_tokens,
+            config.seesaw_num_requests) == (3000, 200, 128)

@@ -658,10 +658,10 @@ class LLMEngine:
         for replica in open_replicas:
             if replica.group in together:
                 continue
-            sched = replica.scheduler.schedule()
-            self._preemptions.add(sched, self._tier_shape.token_bytes)
+            sched = self._schedule(replica)
             if sched.is_empty:
-                if replica.scheduler.gate is not None:  # its phase is stuck: the policy switches
+                if replica.scheduler.gate is not None and not replica.in_flight:
+                    # its phase is stuck: the policy switches
                     replica.scheduler.gate.stalled = replica.scheduler.num_waiting > 0
                 continue
             plan = self._plan_for(replica, decision)
@@ -679,9 +679,7 @@ class LLMEngine:
         if (any(len(r.in_flight) >= self._steps_in_flight(r) for r in replicas)
                 or not any(r.scheduler.has_unfinished() for r in replicas)):
             return False
-        scheds = [r.scheduler.schedule() for r in replicas]
-        for sched in scheds:
-            self._preemptions.add(sched, self._tier_shape.token_bytes)
+        scheds = [self._schedule(r) for r in replicas]
         if all(sched.is_empty for sched in scheds):
             return False
         self._round_id += 1
@@ -714,20 +712,37 @@ class LLMEngine:
                              f"which runs on ranks {list(replica.ranks)}")
         return plan
 
+    def _schedule(self, replica: "Replica") -> SchedulerOutput:
+        """The replica's next step. A pipeline's first stage never sees the sampled tokens
+        that fill a step's placeholders: in a plan of several stages a sequence whose token
+        is on its way waits for it (its scheduler defers it)."""
+        replica.scheduler.defer_pending = self._stages(replica) > 1
+        sched = replica.scheduler.schedule()
+        self._preemptions.add(sched, self._tier_shape.token_bytes)
+        return sched
+
     def _steps_in_flight(self, replica: "Replica") -> int:
-        """A structured-output request's next mask needs its last token, and a pipeline's
-        first stage never sees the sampled tokens that fill the next step's inputs: one
-        step at a time for those (Seesaw's one-stage decode plan keeps two in flight)."""
-        if replica.num_structured or self._pipelined(replica):
+        """A structured-output request's next mask needs its last token: one step at a
+        time. A replica in a plan of several stages that is its group's only one (Seesaw's
+        prefill plan, or a static pipeline whose pool holds no replica per stage) keeps a
+        step per stage in flight, steps without placeholders (`_schedule`), so that each
+        stage has work; static pipelines run a replica per stage, one step each; one-stage
+        plans keep two in flight under async scheduling."""
+        if replica.num_structured:
             return 1
+        stages = self._stages(replica)
+        if stages > 1:
+            alone = replica.group is not None and sum(
+                r.group == replica.group for r in self.replicas) == 1
+            return stages if alone else 1
         return self.steps_in_flight
 
-    def _pipelined(self, replica: "Replica") -> bool:
-        """Whether the replica's steps run in a plan of several stages (its group's plan,
-        or the plan it was left behind in; a change of plan drains its steps first)."""
+    def _stages(self, replica: "Replica") -> int:
+        """The pipeline stages of the replica's plan (its group's plan, or the plan it was
+        left behind in; a change of plan drains its steps first)."""
         name = replica.left_plan if replica.is_left_behind else None
         plan = self._plans_by_name[name] if name else self.layout.plans[replica.group]
-        return plan.pp > 1
+        return plan.pp
 
     def _step_batch(self, replica: "Replica", sched: SchedulerOutput, plan: str):
         batch = replica.step_batch(sched, plan)
@@ -915,13 +930,17 @@ class LLMEngine:
 
     def _tier_counters(self, replica: Replica, view: GroupView) -> GroupView:
         """The view with its seesaw group's tier: its fill, the room for its next prompt and
-        the tokens that prompt's slot takes."""
+        the tokens that prompt's slot takes; and the prompt tokens its running requests
+        still compute."""
         tier = self.seesaw[tuple(sorted(replica.ranks))]
         waiting = replica.scheduler.waiting
         first = waiting[0] if waiting else None
+        left = sum(max(0, s.num_prompt_tokens - s.num_computed_tokens)
+                   for s in replica.scheduler.running)
         return dataclasses.replace(
             view, cpu_tier_fill=tier.slots.fill, cpu_tier_free_run=tier.free_run(first),
-            next_prompt_tokens=self._need(first) if first is not None else 0)
+            next_prompt_tokens=self._need(first) if first is not None else 0,
+            prompt_tokens_left=left)
 
     def set_policy(self, policy: Policy) -> None:
         """Replaces the policy (benchmarks, tests); it may pick only plans made at start-up."""
@@ -1066,10 +1085,10 @@ def _generation_defaults(source, setting: str) -> dict:
 
 
 def _async_scheduling(config: EngineConfig, plans: list[Plan]) -> bool:
-    """On by default for the plans of one stage (`_steps_in_flight`: a replica in a plan
-    of several runs one step at a time, since its first stage never sees the sampled tokens
-    that would fill the next step's inputs); asked for where every plan is pipelined, an
-    error."""
+    """On by default for the plans of one stage: their next step carries placeholders for
+    the tokens on their way. A pipeline's first stage never sees those tokens, so its steps
+    overlap only without placeholders (`_steps_in_flight`); asked for where every plan is
+    pipelined, an error."""
     if config.async_scheduling is None:
         return any(plan.pp == 1 for plan in plans)
     if config.async_scheduling and all(plan.pp > 1 for plan in plans):

@@ -113,4 +113,5 @@ def combine_views(views: list[GroupView]) -> GroupView:
         max(v.longest_context for v in views), sum(v.arrival_rate for v in views),
         max(v.cpu_tier_fill for v in views), *(max(getattr(v, name) for v in views) for name in (
             "kv_capacity", "longest_need", "longest_decode_left")),
-        sum(v.recompute_tokens for v in views), max(v.step_s for v in views))
+        sum(v.recompute_tokens for v in views), max(v.step_s for v in views),
+        sum(v.prompt_tokens_left for v in views))

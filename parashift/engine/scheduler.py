@@ -14,7 +14,9 @@ A step's computed tokens count as computed once it is scheduled, so with async
 scheduling the next step can be scheduled while this one runs: a sequence whose
 sampled token is still on its way holds it as a pending token, and its next
 chunk carries a placeholder for it (PLACEHOLDER_TOKEN) that the model runner
-fills from the previous step's samples on the device."""
+fills from the previous step's samples on the device. Where no placeholder can be
+filled (the first stage of a pipeline never sees the samples), `defer_pending` leaves
+such a sequence out until its token is known; its other steps may still be in flight."""
 import heapq
 from dataclasses import dataclass, field
 
@@ -99,6 +101,7 @@ class Scheduler:
         self.gate = None
         # The slots of the group's CPU tier that preempted sequences swap into; None: recompute.
         self.swap_slots: TierAllocator | None = None
+        self.defer_pending = False  # no placeholders: a sequence waits for its pending token
 
     @property
     def num_waiting(self) -> int:
@@ -239,7 +242,7 @@ class Scheduler:
 
     def _num_new_tokens(self, seq: Sequence, budget: int, num_computed: int) -> int:
         pending = seq.num_pending_tokens
-        if pending and self._pending_token_finishes(seq):
+        if pending and (self.defer_pending or self._pending_token_finishes(seq)):
             return 0
         num_new = len(seq.token_ids) + pending - num_computed
         if num_new > budget:

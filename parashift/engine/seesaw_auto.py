@@ -36,7 +36,7 @@ def workload_of(config: EngineConfig, hf_config, dtype: torch.dtype) -> Workload
     tier = TierShape.of_model(hf_config, dtype).tokens_for(config.cpu_kv_tokens, config.cpu_kv_gib)
     return Workload(config.seesaw_mean_prompt_tokens or DEFAULT_MEAN_PROMPT_TOKENS,
                     config.seesaw_mean_output_tokens or DEFAULT_MEAN_OUTPUT_TOKENS,
-                    max_num_seqs=config.max_num_seqs,
+                    num_requests=config.seesaw_num_requests, max_num_seqs=config.max_num_seqs,
                     step_tokens=config.max_num_batched_tokens or 8192, tier_tokens=tier)
 
 

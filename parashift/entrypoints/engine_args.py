@@ -50,6 +50,10 @@ ENGINE_FLAGS = {
     "--seesaw-mean-output-tokens": ("seesaw_mean_output_tokens", int,
                                     "--prefill-plan auto: the workload's mean output length "
                                     "(default: 128)"),
+    "--seesaw-num-requests": ("seesaw_num_requests", int,
+                              "--prefill-plan auto: requests held at once (an offline batch, or "
+                              "the concurrency when serving), which bounds the decode batch "
+                              "(default: every replica at --max-num-seqs)"),
     "--cpu-kv-tokens": ("cpu_kv_tokens", int, "seesaw policy: tokens of the CPU KV tier (per "
                                               "group); a prefill phase ends when it is full"),
     "--cpu-kv-gib": ("cpu_kv_gib", float, "seesaw policy: the CPU KV tier in GiB (per group) "

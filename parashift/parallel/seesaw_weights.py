@@ -37,7 +37,8 @@ class Region:
 
 @dataclass
 class Switch:
-    """One activation: the bytes copied from the pinned copy, and the seconds it took."""
+    """One activation: the bytes copied from the pinned copy, and the seconds until they
+    (and the prefetch's copies before them) were on the device."""
     plan: str
     bytes: int
     seconds: float
@@ -132,6 +133,8 @@ class WeightArena:
         what of its shard the arena does not hold; the other plan loses what it shared."""
         start = time.perf_counter()
         moved = self._copy(name, lambda *_: True)
+        if self.stream is not None:  # the copies' own time; the next step waits for them anyway
+            self.stream.synchronize()
         self._wait()
         for other, region in self.regions.items():
             if other != name and region.overlaps(self.regions[name]):

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from parashift import LLM, SamplingParams
+from parashift.worker.step_batch import PLACEHOLDER_TOKEN
 from tests.distributed.test_plans import DEVICE, GRAPHS, assert_same, skip_unless_enough_gpus
 from tests.engine.conftest import save_tiny_llama
 
@@ -60,9 +61,13 @@ def test_tokens_equal_one_device_over_many_transitions_and_one(models, name, pre
         try:
             overlapped = spy_on_overlaps(engine)
             assert_same(llm.generate(prompts(), PARAMS), refs[name])
-            # async scheduling in one-stage plans only: a pipeline's steps go one at a time
+            # a one-stage decode plan keeps two steps in flight (async scheduling); the
+            # prefill plan a step per stage, without placeholders, while prompts wait: in the
+            # large tier's first step() the second step admits the prompts the first left
             stages = {engine._plans_by_name[plan].pp for plan in overlapped}
-            assert stages == ({1} if "pp" not in decode else set())
+            assert (1 in stages) == ("pp" not in decode)
+            if tier_tokens == LARGE_TIER:
+                assert int(prefill.split("xtp")[0].removeprefix("pp")) in stages
             records = engine.take_transition_records()
             assert len(records) >= least and (most is None or len(records) <= most)
             assert all(r.kind == "reshard" for r in records)
@@ -82,12 +87,16 @@ def test_tokens_equal_one_device_over_many_transitions_and_one(models, name, pre
 
 
 def spy_on_overlaps(engine) -> set[str]:
-    """The plans of the steps submitted while the replica had another in flight."""
+    """The plans of the steps submitted while the replica had another in flight, checking
+    that a pipelined plan's step then carries no placeholder (its first stage could not
+    fill it)."""
     overlapped, submit = set(), engine.executor.submit
 
     def spying_submit(replica, ranks, output_rank, batch):
         if replica.in_flight:
             overlapped.add(batch.plan)
+            if engine._plans_by_name[batch.plan].pp > 1:
+                assert all(PLACEHOLDER_TOKEN not in chunk.token_ids for chunk in batch.chunks)
         submit(replica, ranks, output_rank, batch)
     engine.executor.submit = spying_submit
     return overlapped
@@ -103,7 +112,8 @@ def _step_until(engine, done, limit=200):
 
 def test_aborts_in_every_state_free_their_slots(models):
     dirs, _ = models
-    llm = seesaw_llm(dirs["gqa8x4"], "pp2", "tp2", SMALL_TIER)
+    # a small step budget: the prompts take several steps (two in flight) in the prefill plan
+    llm = seesaw_llm(dirs["gqa8x4"], "pp2", "tp2", SMALL_TIER, max_num_batched_tokens=16)
     engine = llm.llm_engine
     tier = next(iter(engine.seesaw.values()))
     try:

@@ -37,9 +37,10 @@ def test_the_cpu_probe_is_quick_and_cached(cache):
 
 
 def seesaw_auto(**options) -> EngineConfig:
+    lengths = dict(seesaw_mean_prompt_tokens=3000, seesaw_mean_output_tokens=200)
     return EngineConfig(parallel_policy="seesaw", prefill_plan="auto:2", cpu_kv_tokens=400_000,
                         max_num_batched_tokens=8192, gpu_memory_utilization=1.0,
-                        seesaw_mean_prompt_tokens=3000, seesaw_mean_output_tokens=200, **options)
+                        **{**lengths, **options})
 
 
 def resolve(config, hardware, cache):
@@ -62,6 +63,17 @@ def test_pcie_rates_resolve_to_a_seesaw_pair(cache):
     assert config.parallel_policy == "seesaw"
     assert (config.prefill_plan, config.decode_plan) == ("pp2", "tp2")
     assert config.cpu_kv_tokens == 400_000 and config.node_layout.name() == "pp2"
+
+
+def test_the_number_of_requests_reaches_the_cost_model(cache):
+    """Decode-heavy work on NVLink: steady state (every replica full) rates DP=2 first, 128
+    requests at once TP=2 (benchmarks/seesaw.py's `chat`, test_seesaw_cost.py)."""
+    chat = dict(seesaw_mean_prompt_tokens=592, seesaw_mean_output_tokens=571)
+    steady = resolve(seesaw_auto(**chat), H100_NVLINK, cache)
+    batch = resolve(seesaw_auto(**chat, seesaw_num_requests=128), H100_NVLINK, cache)
+    assert steady.node_layout.name() == "single,single@1"
+    assert batch.node_layout.name() == "tp2" and batch.parallel_policy == "static"
+    assert batch.seesaw_num_requests is None  # cleared with the other auto options
 
 
 def test_other_configs_are_left_alone_and_the_ranks_are_named_on_the_cpu():

@@ -63,12 +63,15 @@ class SeesawPolicy:
         return self.pairs[g][self.phases[g] == DECODE]
 
     def _switches(self, g: int, group: GroupView, now: float) -> bool:
-        """Prefill -> decode once no waiting prompt fits the tier (or none waits), or the
-        phase's time is up, when there is something to decode; decode -> prefill once the
-        tier is empty and a prompt waits."""
+        """Prefill -> decode once no waiting prompt fits the tier (or none waits) and the
+        admitted prompts are computed whole, or once the phase's time is up, when there is
+        something to decode; decode -> prefill once the tier is empty and a prompt waits.
+        A stalled prefill phase (no room left: free run 0) switches with prompts unfinished;
+        the decode plan computes the rest."""
         if self.phases[g] == DECODE:
             return group.cpu_tier_fill == 0 and group.num_waiting > 0
         to_decode = group.cpu_tier_fill > 0 or group.num_running > 0
         tier_full = group.num_waiting > 0 and group.next_prompt_tokens > group.cpu_tier_free_run
+        prompts_done = group.prompt_tokens_left == 0 or group.cpu_tier_free_run == 0
         timed_out = self.max_prefill_s > 0 and now - self.since[g] >= self.max_prefill_s
-        return to_decode and (group.num_waiting == 0 or tier_full or timed_out)
+        return to_decode and (timed_out or prompts_done and (group.num_waiting == 0 or tier_full))

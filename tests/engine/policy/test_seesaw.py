@@ -10,10 +10,11 @@ from parashift.parallel.plan import Plan
 
 
 def tier(fill: float, waiting: int = 0, prompt: int = 0, free_run: int = 0, running: int = 0,
-         t: float = 0.0, groups: int = 1) -> NodeView:
+         t: float = 0.0, groups: int = 1, prompt_left: int = 0) -> NodeView:
     g = GroupView("", num_waiting=waiting, num_running=running, tokens_waiting=waiting * prompt,
                   next_step_tokens=0, kv_blocks_used=0, kv_blocks_free=100, cpu_tier_fill=fill,
-                  cpu_tier_free_run=free_run, next_prompt_tokens=prompt)
+                  cpu_tier_free_run=free_run, next_prompt_tokens=prompt,
+                  prompt_tokens_left=prompt_left)
     return NodeView((g,) * groups, t)
 
 
@@ -39,6 +40,27 @@ def test_no_prompt_left_ends_prefill_and_decode_runs_to_the_end():
     assert policy.decide(tier(0.3, waiting=0)).plans == ("tp2",)
     for _ in range(3):  # an empty tier and no prompt: stay in decode
         assert policy.decide(tier(0.0, waiting=0, running=2)).transitions == ()
+
+
+def test_admitted_prompts_finish_their_prefill_under_the_prefill_plan():
+    policy = SeesawPolicy(Layout.of(Plan(pp=2)), "pp2", "tp2")
+    # the tier is full (or no prompt waits) but running prompts have chunks left: prefill on
+    for waiting, free in ((5, 50), (0, 300)):
+        decision = policy.decide(tier(0.9, waiting=waiting, prompt=100, free_run=free,
+                                      running=3, prompt_left=64))
+        assert decision.plans == ("pp2",) and decision.transitions == ()
+    # a stalled phase (no room: free run 0) switches with prompts unfinished
+    stalled = policy.decide(tier(0.9, waiting=5, prompt=100, free_run=0, running=3,
+                                 prompt_left=64))
+    assert stalled.plans == ("tp2",)
+    bounded = SeesawPolicy(Layout.of(Plan(pp=2)), "pp2", "tp2", max_prefill_ms=100)
+    bounded.decide(tier(0.5, waiting=5, prompt=100, free_run=50, running=3, prompt_left=64))
+    timed_out = bounded.decide(tier(0.5, waiting=5, prompt=100, free_run=50, running=3,
+                                    prompt_left=64, t=0.2))
+    assert timed_out.plans == ("tp2",)
+    fresh = SeesawPolicy(Layout.of(Plan(pp=2)), "pp2", "tp2")
+    done = fresh.decide(tier(0.9, waiting=5, prompt=100, free_run=50, running=3))
+    assert done.plans == ("tp2",) and done.transitions[0].target == ("tp2",)
 
 
 def test_an_idle_group_does_not_switch():

@@ -62,6 +62,20 @@ def test_decode_heavy_work_picks_tp():
     assert choose_plans(LLAMA_8B, H100_NVLINK, load, world_size=2).best.name == "tp2"
 
 
+def test_the_number_of_requests_bounds_the_decode_batch():
+    """Two H100s, 128 requests of each workload (mean lengths of benchmarks/seesaw.py's
+    `summarize` and `chat`; measured there, 2026-11-25: DP=2 9.06 s and TP=2 9.99 s on
+    summarize, TP=2 8.15 s and DP=2 9.58 s on chat). In steady state every replica decodes
+    max_num_seqs sequences and DP=2 reads no fewer weights per token than TP=2; 128 requests
+    give each DP replica 64, and TP=2 reads half the weights per step for all 128."""
+    summarize, chat = Workload(3064, 202, tier_tokens=262_144), Workload(592, 571,
+                                                                        tier_tokens=262_144)
+    assert choose_plans(LLAMA_8B, H100_NVLINK, chat, 2).best.name == "dp2"  # steady state
+    assert choose_plans(LLAMA_8B, H100_NVLINK, replace(chat, num_requests=128), 2).best.name == "tp2"
+    assert choose_plans(LLAMA_8B, H100_NVLINK, replace(summarize, num_requests=128),
+                        2).best.name == "dp2"
+
+
 def test_more_all_reduce_bandwidth_never_makes_tp_slower():
     totals = []
     for rate in (1e9, 10e9, 50e9, 150e9, 400e9):
