@@ -93,6 +93,8 @@ def main():
                    help="the weights of layout:merge... plans (default: the engine's, reorder)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on where possible (CUDA, triton attention)")
+    p.add_argument("--moe-parallel", choices=["tp", "ep"], default=None,
+                   help="a mixture of experts' split (default: the engine's, tp)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     plans = {name: plan_options(name) for name in args.plans}
@@ -103,6 +105,8 @@ def main():
                     options[name] = getattr(args, name)
         if "merge" in options.get("layout", "") and args.merge_weights is not None:
             options["merge_weights"] = args.merge_weights
+        if args.moe_parallel is not None:
+            options["moe_parallel"] = args.moe_parallel
     rows = []
     for name, options in plans.items():
         start = time.perf_counter()

@@ -5,6 +5,9 @@
 #   OUT=dir bash scripts/gpu_x2_runs.sh env tests_seesaw tier seesaw   # call 1
 #   OUT=dir bash scripts/gpu_x2_runs.sh det                            # call 2
 #   OUT=dir bash scripts/gpu_x2_runs.sh moe seesaw_pcie det_cost       # call 3
+# Eleventh session's candidates: moe_ep moe_eager tests_moe (issue 19: expert parallelism and
+# graphs against eager on two ranks, to choose the defaults), seesaw seesaw_pcie (issue 16:
+# the prefill plan's steps in flight, auto with --seesaw-num-requests), decode (issue 24).
 # (Ninth session, two H100s: an engine start of the 8B shape on two ranks took 17-37 s, PP=2
 # ran `chat` in 84 s: PP=2 is left out of the seesaw parts, its rows are in docs/benchmarks.md.)
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
@@ -12,7 +15,8 @@
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
 # NCCL_P2P_DISABLE=1 for the second), det (issue 22: identical sequences per plan, tiny and 8B;
 # cost under TP2 and Shift), moe (issue 19: Qwen3-30B-A3B shape, TP2, SP2 and Shift, the
-# Figure 9 view), tier (the CPU KV tier's gather/scatter GB/s, page-locked and not, one GPU).
+# Figure 9 view; moe_ep with expert parallelism, moe_eager without graphs), tier (the CPU KV
+# tier's gather/scatter GB/s, page-locked and not, one GPU).
 set -u
 : "${OUT:?a folder for the results}"
 export PYTHONUNBUFFERED=1
@@ -74,6 +78,12 @@ for name in "$@"; do
     moe) part moe 190 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
            --plans tp2 sp2 shift2 --interactive-requests 8 --batch-requests 64 --input-len 2048 \
            --output-len 128 --cuda-graphs --output $OUT/moe_plans.json" ;;
+    moe_ep) part moe_ep 190 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
+           --plans tp2 sp2 shift2 --interactive-requests 8 --batch-requests 64 --input-len 2048 \
+           --output-len 128 --cuda-graphs --moe-parallel ep --output $OUT/moe_plans_ep.json" ;;
+    moe_eager) part moe_eager 150 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
+           --plans tp2 shift2 --interactive-requests 8 --batch-requests 64 --input-len 2048 \
+           --output-len 128 --no-cuda-graphs --output $OUT/moe_plans_eager.json" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     *) echo "unknown part $name"; exit 2 ;;
   esac
