@@ -38,7 +38,8 @@ def engine_options(name: str, args, workload: str | None = None) -> dict:
         return plan_options(name)
     tier = ({"cpu_kv_tokens": args.cpu_kv_tokens} if args.cpu_kv_tokens is not None
             else {"cpu_kv_gib": args.cpu_kv_gib})
-    seesaw = dict(parallel_policy="seesaw", seesaw_max_prefill_ms=args.seesaw_max_prefill_ms, **tier)
+    seesaw = dict(parallel_policy="seesaw", seesaw_max_prefill_ms=args.seesaw_max_prefill_ms,
+                  seesaw_resident_weights=args.seesaw_resident_weights, **tier)
     if is_auto(name):
         prompt, output = mean_lengths(workload, args)
         return dict(prefill_plan=name, seesaw_mean_prompt_tokens=prompt,
@@ -118,6 +119,8 @@ def main():
     p.add_argument("--cpu-kv-gib", type=float, default=64.0)
     p.add_argument("--cpu-kv-tokens", type=int, default=None, help="instead of --cpu-kv-gib")
     p.add_argument("--seesaw-max-prefill-ms", type=float, default=0.0)
+    p.add_argument("--seesaw-resident-weights", action="store_true",
+                   help="seesaw plans keep both weight shards on the device (no weight copies)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="the step budget (chunked prefill size); default: the engine's")
     p.add_argument("--max-model-len", type=int, default=4096 + 1024 + 16)

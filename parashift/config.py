@@ -95,6 +95,9 @@ class EngineConfig:
     cpu_kv_tokens: int | None = None
     cpu_kv_gib: float | None = None
     seesaw_max_prefill_ms: float = 0.0       # a prefill phase ends after this long (0: unbounded)
+    # both plans' weight shards stay on the device (a transition copies no weights; the KV
+    # pool is smaller by the other plan's shard); False: one arena the larger shard's size
+    seesaw_resident_weights: bool = False
     # a request preempted when the KV pool runs out: recompute (its blocks freed, computed
     # again when resumed) | swap (its KV copied to a CPU tier of swap_space GiB per group and
     # back when resumed; recompute when the tier is full). vLLM v0's names.
@@ -199,6 +202,10 @@ class EngineConfig:
 
     def _check_seesaw(self) -> None:
         given = [name for name in SEESAW_FIELDS if getattr(self, name) is not None]
+        if not isinstance(self.seesaw_resident_weights, bool):
+            raise ValueError("seesaw_resident_weights must be true or false, got "
+                             f"{self.seesaw_resident_weights!r}")
+        given += ["seesaw_resident_weights"] if self.seesaw_resident_weights else []
         if self.parallel_policy != "seesaw":
             if given:
                 raise ValueError(f"{given[0]} is an option of the seesaw policy "

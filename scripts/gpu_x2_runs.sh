@@ -7,7 +7,8 @@
 #   OUT=dir bash scripts/gpu_x2_runs.sh moe seesaw_pcie det_cost       # call 3
 # Eleventh session's candidates: moe_ep moe_eager tests_moe (issue 19: expert parallelism and
 # graphs against eager on two ranks, to choose the defaults), seesaw seesaw_pcie (issue 16:
-# the prefill plan's steps in flight, auto with --seesaw-num-requests), decode (issue 24).
+# the prefill plan's steps in flight, auto with --seesaw-num-requests; seesaw_resident: no
+# weight copies), decode (issue 24).
 # (Ninth session, two H100s: an engine start of the 8B shape on two ranks took 17-37 s, PP=2
 # ran `chat` in 84 s: PP=2 is left out of the seesaw parts, its rows are in docs/benchmarks.md.)
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
@@ -71,6 +72,7 @@ for name in "$@"; do
     p2p) part p2p 90 "python3 benchmarks/sidp_probe.py --parts p2p --out $OUT/sidp_p2p.json" ;;
     decode) part decode 150 "run_decode dp2" ;;
     seesaw) part seesaw 360 "run_seesaw tp2 dp2 auto && run_seesaw seesaw:pp2-tp2 --cuda-graphs" ;;
+    seesaw_resident) part seesaw_resident 200 "run_seesaw seesaw:pp2-tp2 --cuda-graphs --seesaw-resident-weights" ;;
     seesaw_pcie) part seesaw_pcie 180 "NCCL_P2P_DISABLE=1 run_seesaw tp2 auto seesaw:pp2-tp2 --cuda-graphs" ;;
     det) part det 560 run_det ;;
     det_cost) part det_cost 200 "python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 shift \

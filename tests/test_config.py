@@ -96,8 +96,10 @@ def test_seesaw_auto_cli_flags():
     add_engine_args(parser)
     args = parser.parse_args(["--parallel-policy", "seesaw", "--prefill-plan", "auto",
                               "--cpu-kv-gib", "4", "--seesaw-mean-prompt-tokens", "3000",
-                              "--seesaw-mean-output-tokens", "200", "--seesaw-num-requests", "128"])
+                              "--seesaw-mean-output-tokens", "200", "--seesaw-num-requests", "128",
+                              "--seesaw-resident-weights"])
     config = engine_config_from_args(args)
     assert (config.prefill_plan, config.decode_plan) == ("auto", None)
     assert (config.seesaw_mean_prompt_tokens, config.seesaw_mean_output_tokens,
             config.seesaw_num_requests) == (3000, 200, 128)
+    assert config.seesaw_resident_weights

@@ -47,7 +47,8 @@ def choose_for(config: EngineConfig, hf_config, dtype: torch.dtype,
         hardware, memory_bytes=hardware.memory_bytes * config.gpu_memory_utilization)
     world = ranks_per_group(config, device)
     choice = choose_plans(ModelShape.of_hf(hf_config, dtype.itemsize), hardware,
-                          workload_of(config, hf_config, dtype), world)
+                          workload_of(config, hf_config, dtype), world,
+                          config.seesaw_resident_weights)
     logger.info("prefill_plan=auto over %d ranks per group (%s link), seconds per request:\n%s",
                 world, hardware.link, choice.report())
     return choice
@@ -68,5 +69,6 @@ def resolve_auto_plans(config: EngineConfig, hf_config, dtype: torch.dtype,
                 "policy runs it", best.name)
     return dataclasses.replace(
         config, parallel_policy="static", **cleared, **{name: None for name in SEESAW_FIELDS},
+        seesaw_resident_weights=False,
         data_parallel_size=config.data_parallel_size * best.prefill.dp,
         pipeline_parallel_size=best.prefill.pp, tensor_parallel_size=best.prefill.tp)

@@ -198,6 +198,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
     group.add_argument("--deterministic", action="store_true",
                        help="batch- and plan-invariant kernels: a request's tokens and logprobs "
                             "do not depend on its batch, the parallel plan or a switch (slower)")
+    group.add_argument("--seesaw-resident-weights", action="store_true",
+                       help="seesaw policy: keep both plans' weight shards on the device (no "
+                            "weight copies at a transition; less KV memory)")
     group.add_argument("--skip-tokenizer-init", action="store_true",
                        help="no tokenizer: prompts are token ids, outputs have no text")
     group.add_argument("--trust-remote-code", action="store_true",
@@ -209,7 +212,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     names = [name for name, _, _ in ENGINE_FLAGS.values()]
     names += ["model", "enable_prefix_caching", "skip_tokenizer_init", "trust_remote_code",
               "cuda_graphs",
-              "fast_all_reduce", "async_scheduling", "check_step_state", "deterministic", "share_ffn"]
+              "fast_all_reduce", "async_scheduling", "check_step_state", "deterministic", "share_ffn",
+              "seesaw_resident_weights"]
     names += [name for _, _, name in PARALLEL_FLAGS]
     names += ["gpus_per_node", "distributed_executor_backend", "allow_cross_host_tp"]
     return EngineConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)},

@@ -8,7 +8,8 @@ two sizes' sum both stay resident and a switch copies nothing (the rank keeps wh
 plans need); with the larger size (the least) they overlap and a switch re-shards, copying
 the new plan's shard from its pinned copy, layer by layer, on a copy stream where CUDA
 exists. `prefetch` copies the part of the new region that the running plan does not use
-(it may overlap the old phase's last steps); `activate` copies the rest after the drain."""
+(it may overlap the old phase's last steps); `activate` copies the rest after the drain.
+`--seesaw-resident-weights` asks for the sum: no copies, no host copies kept, less KV."""
 import logging
 import time
 from dataclasses import dataclass, field
@@ -74,9 +75,10 @@ def _place(model: nn.Module) -> tuple[list[tuple[nn.Parameter, int]], list[tuple
 
 class WeightArena:
     def __init__(self, models: dict[str, nn.Module], device: torch.device,
-                 arena_bytes: int | None = None, pin: bool | None = None):
+                 arena_bytes: int | None = None, pin: bool | None = None, resident: bool = False):
         """`models`: the two plans' models by plan name, loaded, the first running first;
-        `arena_bytes`: None is the least (the larger plan's bytes)."""
+        `arena_bytes`: None is the least (the larger plan's bytes), or the most (both plans'
+        sum: both resident) with `resident`."""
         if len(models) != 2:
             raise ValueError(f"a weight arena holds two plans, got {list(models)}")
         if any(getattr(m, "layouts", None) for model in models.values() for m in model.modules()):
@@ -85,13 +87,17 @@ class WeightArena:
         placements = {name: _place(model) for name, model in models.items()}
         sizes = [size for _, _, size in placements.values()]
         least, most = max(sizes), sum(sizes)
-        arena_bytes = least if arena_bytes is None else arena_bytes
+        if resident and arena_bytes is not None:
+            raise ValueError("give arena_bytes or resident, not both")
+        arena_bytes = (most if resident else least) if arena_bytes is None else arena_bytes
         if not least <= arena_bytes <= most:
             raise ValueError(f"the weight arena takes {least} to {most} bytes (the larger plan, "
                              f"or both resident), got {arena_bytes}")
-        pin = device.type == "cuda" if pin is None else pin
-        check_host_memory({"pinned weights": most},
-                          advice="; each rank pins its shard of both plans")
+        both = arena_bytes == most  # both resident: the host copies only stage the first fill
+        pin = (device.type == "cuda" if pin is None else pin) and not both
+        if not both:
+            check_host_memory({"pinned weights": most},
+                              advice="; each rank pins its shard of both plans")
         self.device, self.arena = device, torch.empty(arena_bytes, dtype=torch.uint8, device=device)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.regions: dict[str, Region] = {}
@@ -108,6 +114,11 @@ class WeightArena:
         for name in self.regions:  # the second first: where both fit it stays resident
             self.activate(name) if name == next(iter(self.regions)) else self.prefetch(name)
         self._wait()
+        if both:  # nothing is copied again
+            if self.stream is not None:
+                self.stream.synchronize()
+            for region in self.regions.values():
+                region.host = torch.empty(0, dtype=torch.uint8)
         logger.info("weight arena: %.2f GiB on the device (%s), pinned host copies %.2f GiB",
                     arena_bytes / 2**30, " + ".join(f"{n} {r.size / 2**30:.2f} GiB"
                                                    for n, r in self.regions.items()),

@@ -149,7 +149,7 @@ class ModelRunner:
         states = {self.state.plan.name(): self.state, others[0].plan.name(): others[0]}
         return SeesawRank({self.state.plan.name(): self.model, others[0].plan.name(): other},
                           states, hf_config.num_hidden_layers, hf_config.num_key_value_heads,
-                          self.device)
+                          self.device, self.config.seesaw_resident_weights)
 
     def seesaw_move(self, verb: str, plan_name: str, moves: list, tier) -> dict:
         """A seesaw transition's KV and weights on this rank (worker/seesaw.py): "out"

@@ -34,12 +34,14 @@ def pool_views(pool: torch.Tensor, shapes: dict[str, tuple[int, int]], block_siz
 
 class SeesawRank:
     def __init__(self, models: dict[str, torch.nn.Module], states: dict[str, ParallelState],
-                 num_layers: int, num_kv_heads: int, device: torch.device):
-        """`models` and `states`: the prefill plan's first (the running one), by plan name."""
+                 num_layers: int, num_kv_heads: int, device: torch.device,
+                 resident_weights: bool = False):
+        """`models` and `states`: the prefill plan's first (the running one), by plan name;
+        `resident_weights`: both plans' shards stay on the device (no weight copies)."""
         self.models, self.states, self.device = models, states, device
         self.slices = {name: rank_kv_slice(s.plan, s.rank, num_layers, num_kv_heads)
                        for name, s in states.items()}
-        self.arena = WeightArena(models, device)
+        self.arena = WeightArena(models, device, resident=resident_weights)
         self.active = next(iter(models))
         self.views: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.num_blocks = 0

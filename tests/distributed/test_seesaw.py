@@ -136,6 +136,21 @@ def test_aborts_in_every_state_free_their_slots(models):
         engine.shutdown()
 
 
+def test_resident_weights_switch_with_no_weight_copies(models):
+    """--seesaw-resident-weights: both plans' shards stay on each rank; the tokens are one
+    device's and no transition copies a weight byte (the KV still moves)."""
+    dirs, refs = models
+    llm = seesaw_llm(dirs["gqa8x4"], "pp2", "tp2", SMALL_TIER, seesaw_resident_weights=True)
+    engine = llm.llm_engine
+    try:
+        assert_same(llm.generate(prompts(), PARAMS), refs["gqa8x4"])
+        records = engine.take_transition_records()
+        assert len(records) >= 5 and all(r.weight_bytes == 0 for r in records)
+        assert any(r.kv_bytes_in > 0 for r in records)
+    finally:
+        engine.shutdown()
+
+
 def test_requests_the_tier_cannot_hold_and_bad_options_are_refused(models):
     dirs, _ = models
     llm = seesaw_llm(dirs["gqa8x4"], "pp2", "tp2", 16)
@@ -150,6 +165,10 @@ def test_requests_the_tier_cannot_hold_and_bad_options_are_refused(models):
         EngineConfig(**seesaw)
     with pytest.raises(ValueError, match="cpu_kv_tokens is an option of the seesaw policy"):
         EngineConfig(cpu_kv_tokens=10)
+    with pytest.raises(ValueError, match="seesaw_resident_weights is an option of the seesaw"):
+        EngineConfig(seesaw_resident_weights=True)
+    with pytest.raises(ValueError, match="seesaw_resident_weights must be true or false"):
+        EngineConfig(**seesaw, cpu_kv_tokens=10, seesaw_resident_weights="yes")
     with pytest.raises(ValueError, match="drop tensor_parallel_size"):
         EngineConfig(**seesaw, cpu_kv_tokens=10, tensor_parallel_size=2)
     with pytest.raises(ValueError, match="must each cover"):

@@ -76,7 +76,8 @@ def test_an_arena_of_both_plans_keeps_both_resident_and_copies_nothing(tiny_mode
     both = sum(WeightArena(  # the least arena first, to learn the two plans' sizes
         {n: build(tiny_model, n, 0) for n in models}, torch.device("cpu")).regions[n].size
         for n in models)
-    arena = WeightArena(models, torch.device("cpu"), arena_bytes=both)
+    arena = WeightArena(models, torch.device("cpu"), resident=True)
+    assert arena.arena.numel() == both and arena.pinned_bytes == 0  # no host copy kept
     for _ in range(3):
         for name in ("tp2", "pp2"):
             assert arena.prefetch(name) == 0 and arena.activate(name).bytes == 0
@@ -87,6 +88,8 @@ def test_bad_arenas_are_refused(tiny_model, monkeypatch):
     models = {name: build(tiny_model, name, 0) for name in ("pp2", "tp2")}
     with pytest.raises(ValueError, match="the weight arena takes"):
         WeightArena(models, torch.device("cpu"), arena_bytes=1)
+    with pytest.raises(ValueError, match="arena_bytes or resident"):
+        WeightArena(models, torch.device("cpu"), arena_bytes=1, resident=True)
     with pytest.raises(ValueError, match="holds two plans"):
         WeightArena({"pp2": models["pp2"]}, torch.device("cpu"))
     monkeypatch.setattr(host_memory, "mem_available_bytes", lambda: 1000)

@@ -27,7 +27,7 @@ Measured on 2 H100s over NVLink (Llama-3.1-8B shape, 128 requests of 2000-4000 p
 100-300 output tokens): TP=2 9.9 s, DP=2 9.1 s, PP=2 33.3 s, seesaw PP2->TP2 80.5 s with the
 KV moved at ~2.4 GB/s through an unpinned tier. On such links the choice is a static plan."""
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from parashift.parallel.plan import Plan
 
@@ -261,7 +261,9 @@ def transitions_per_run(load: Workload, prompts_per_phase: int) -> float:
 
 
 def pair_score(shape: ModelShape, hw: Hardware, prefill: Plan, decode: Plan,
-               load: Workload) -> Score:
+               load: Workload, resident_weights: bool = False) -> Score:
+    """With `resident_weights` each rank holds both plans' shards: no weight copies, and
+    each plan's KV has the memory less the other plan's shard too."""
     prompt = math.ceil(load.prompt_tokens)
     tier_prompts = math.inf if load.tier_tokens is None else load.tier_tokens // prompt
     if tier_prompts < 1:
@@ -271,6 +273,10 @@ def pair_score(shape: ModelShape, hw: Hardware, prefill: Plan, decode: Plan,
     transitions = 0.0 if per_phase == math.inf else transitions_per_run(load, int(per_phase))
     weights_s = (missing_weight_bytes(shape, prefill, decode)
                  + missing_weight_bytes(shape, decode, prefill)) / 2 / hw.host_to_device_bytes_per_s
+    if resident_weights:
+        weights_s = 0.0
+        other = shape.weight_bytes / (prefill.tp * prefill.pp)
+        hw = replace(hw, memory_bytes=max(1.0, hw.memory_bytes - other))
     kv_s = (2 * load.requests * load.prompt_tokens * shape.kv_bytes_per_token
             / (hw.kv_tier_bytes_per_s * prefill.world_size))
     most = None if per_phase == math.inf else int(per_phase)  # a phase decodes what it prefilled
@@ -303,9 +309,11 @@ def seesaw_pairs(world_size: int) -> list[tuple[Plan, Plan]]:
     return [(p, d) for p in plans if p.pp > 1 for d in plans if d != p]
 
 
-def choose_plans(shape: ModelShape, hw: Hardware, load: Workload, world_size: int) -> Choice:
+def choose_plans(shape: ModelShape, hw: Hardware, load: Workload, world_size: int,
+                 resident_weights: bool = False) -> Choice:
     """Every candidate scored, fastest first; the best pair only where it beats every
-    static plan (ties go to the static plan, and among those to fewer pipeline stages)."""
+    static plan (ties go to the static plan, and among those to fewer pipeline stages).
+    `resident_weights`: the pairs keep both shards on the device (no weight copies)."""
     scores, refused = [], {}
     candidates = [(p, p) for p in static_plans(world_size)] + seesaw_pairs(world_size)
     for prefill, decode in candidates:
@@ -314,7 +322,7 @@ def choose_plans(shape: ModelShape, hw: Hardware, load: Workload, world_size: in
             shape.check(prefill)
             shape.check(decode)
             scores.append(static_score(shape, hw, prefill, load) if prefill == decode
-                          else pair_score(shape, hw, prefill, decode, load))
+                          else pair_score(shape, hw, prefill, decode, load, resident_weights))
         except ValueError as e:
             refused[name] = str(e)
     if not any(s.static for s in scores):

@@ -76,6 +76,21 @@ def test_the_number_of_requests_bounds_the_decode_batch():
                         2).best.name == "dp2"
 
 
+def test_resident_weights_cost_no_transition_weights_but_kv_memory():
+    load = replace(SUMMARIZE, tier_tokens=20_000)  # many transitions
+    copied = choose_plans(LLAMA_8B, A10_PCIE, load, 2)
+    resident = choose_plans(LLAMA_8B, A10_PCIE, load, 2, resident_weights=True)
+    pair = {c: next(s for s in choice.table if s.name == "pp2->tp2")
+            for c, choice in (("copied", copied), ("resident", resident))}
+    assert pair["resident"].transition_s < pair["copied"].transition_s
+    assert pair["resident"].prefill_s == pair["copied"].prefill_s
+    # 16.1 GB a device: both 8B shards (16.06 GB) leave no KV room for decode: refused
+    assert "pp2->tp2" in choose_plans(LLAMA_8B, replace(A10_PCIE, memory_bytes=16.1e9), load, 2,
+                                      resident_weights=True).refused
+    static = {s.name: s.total_s for s in copied.table if s.static}
+    assert static == {s.name: s.total_s for s in resident.table if s.static}
+
+
 def test_more_all_reduce_bandwidth_never_makes_tp_slower():
     totals = []
     for rate in (1e9, 10e9, 50e9, 150e9, 400e9):
