@@ -358,6 +358,30 @@ def test_next_step_scheduled_before_results_carries_a_placeholder():
     assert sched.block_manager.num_free_blocks == 64
 
 
+def test_defer_pending_schedules_no_placeholder_and_keeps_chunking_the_others():
+    """A pipeline's steps in flight (defer_pending): a sequence whose token is on its way
+    waits for it; another's prompt chunks go on, and new requests are admitted."""
+    sched = make_scheduler(max_num_batched_tokens=8, long_prefill_token_threshold=4)
+    sched.defer_pending = True
+    a, b, c = make_seq("a", 3), make_seq("b", 10), make_seq("c", 2)
+    for seq in (a, b):
+        sched.add(seq)
+    first = sched.schedule()  # a whole (it samples), b's first chunk of 4
+    assert [(s.seq.request_id, s.num_new_tokens, s.start_pos, s.samples)
+            for s in first.scheduled] == [("a", 3, 0, True), ("b", 4, 0, False)]
+    sched.add(c)
+    second = sched.schedule()  # first in flight: a waits; b's next chunk; c admitted
+    assert [(s.seq.request_id, s.num_new_tokens, s.start_pos, s.samples)
+            for s in second.scheduled] == [("b", 4, 4, False), ("c", 2, 0, True)]
+    assert all(PLACEHOLDER_TOKEN not in s.token_ids() for s in (*first.scheduled,
+                                                                 *second.scheduled))
+    assert sched.update(first, {"a": 55}) == []
+    third = sched.schedule()  # a's token is known now: a decodes from it
+    assert [(s.seq.request_id, s.num_new_tokens, s.start_pos) for s in third.scheduled] == [
+        ("a", 1, 3), ("b", 2, 8)]
+    assert third.scheduled[0].token_ids() == [55]
+
+
 def test_step_after_a_stop_is_discarded():
     sched = make_scheduler()
     seq = make_seq("a", 3)
