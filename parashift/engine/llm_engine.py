@@ -48,6 +48,7 @@ from parashift.parallel.plan import Plan
 from parashift.sampling_params import SamplingParams
 from parashift.structured.matchers import StructuredOutputs
 from parashift.worker.model_runner import ModelRunner
+from parashift.worker.step_batch import KVSwap
 from parashift.worker.worker import WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -746,10 +747,23 @@ class LLMEngine:
 
     def _step_batch(self, replica: "Replica", sched: SchedulerOutput, plan: str):
         batch = replica.step_batch(sched, plan)
+        if self.seesaw and not replica.is_left_behind:
+            self._add_stashes(replica, sched, batch)
         if replica.num_structured:
             batch.token_masks = self.structured.masks(
                 [s.seq.request_id if s.samples else None for s in sched.scheduled])
         return batch
+
+    def _add_stashes(self, replica: "Replica", sched: SchedulerOutput, batch) -> None:
+        """A seesaw group's step in the prefill phase also writes the KV of the prompts its
+        earlier steps finished to the tier (its swaps out: seesaw takes no swap preemption)."""
+        tier = self.seesaw[tuple(sorted(replica.ranks))]
+        ready = tier.stashes(replica.scheduler.running,
+                             {s.seq.request_id for s in sched.scheduled})
+        if ready:
+            batch.swap_out = [KVSwap(seq.request_id, list(move.block_table), move.num_tokens,
+                                     move.slot_start, move.slot_length) for seq, move in ready]
+            batch.swap_tier_path, batch.swap_tier_tokens = tier.handle.path, tier.handle.tokens
 
     def _commit_drained_transitions(self) -> None:
         """Commits each pending transition whose groups' ranks have no step in flight (of
@@ -775,6 +789,7 @@ class LLMEngine:
         began = time.perf_counter()
         # the KV leaves the old plan's pools for the tier, and enters the new plan's
         outs = [s for g, tier in moving for s in self._seesaw_move(g, tier, "out", layout.plans[g])]
+        stashed = sum(tier.take_stashed_bytes() for _, tier in moving)
         prepare_s = self.executor.transition(ranks, "prepare", names, self._epoch)
         start = time.perf_counter()
         ins = [s for g, tier in moving for s in self._seesaw_move(g, tier, "in", layout.plans[g])]
@@ -790,7 +805,7 @@ class LLMEngine:
         record = TransitionRecord(time.time(), transition.kind, transition.groups,
                                   transition.target, drain_s, prepare_s,
                                   time.perf_counter() - start, moved, reprefilled, kept, stall_s,
-                                  **seesaw_stats(moving, outs, ins))
+                                  **seesaw_stats(moving, outs, ins, stashed))
         for _, tier in moving:
             tier.seconds["transition"] += stall_s
         if moving:
@@ -806,7 +821,7 @@ class LLMEngine:
     def _seesaw_move(self, group: int, tier: SeesawTier, verb: str, target: Plan) -> list[dict]:
         """One phase of a seesaw group's KV and weight moves to `target` on its ranks."""
         seqs = [seq for r in self.replicas if r.group == group for seq in r.scheduler.running]
-        moves = tier.moves(seqs)
+        moves = tier.moves(tier.to_move_out(seqs) if verb == "out" else seqs)
         if verb == "in":
             tier.enter(target)
         state = "stashed" if verb == "out" else "writing" if tier.gate.prefill else "loading"

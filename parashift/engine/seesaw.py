@@ -75,6 +75,11 @@ class SeesawTier:
         self.handle = TierHandle(self.buffer.path, shape, tokens)
         self.seconds = dict.fromkeys(PHASES, 0.0)  # since `since`; idle is the rest
         self.since = time.perf_counter()
+        # requests whose KV the prefill phase wrote to the tier before the transition, with
+        # (preemptions, computed tokens) then: still so at the transition, it moves in only
+        self.stashed: dict[str, tuple[int, int]] = {}
+        self.stashed_bytes = 0  # since the last move out
+        self.stashed_tokens = 0  # since start-up
 
     def take_seconds(self) -> dict[str, float]:
         """Seconds in each phase since the last call; idle: the wall time the others leave."""
@@ -88,6 +93,34 @@ class SeesawTier:
         """The group now runs `plan`; returns the phase's direction ("to_decode"/"to_prefill")."""
         self.gate.prefill, self.gate.stalled = plan == self.prefill, False
         return "to_prefill" if self.gate.prefill else "to_decode"
+
+    def stashes(self, running: list[Sequence], scheduled: set[str]) -> list[tuple[Sequence, KVMove]]:
+        """In the prefill phase, the running requests whose prompt is computed by a step
+        already submitted (not in this one: `scheduled`) and not yet in the tier: the next
+        step writes their KV to their slots beside its forward, off the transition."""
+        if not self.gate.prefill:
+            return []
+        ready = []
+        for seq in running:
+            key = (seq.num_preemptions, seq.num_computed_tokens)
+            if (seq.num_computed_tokens >= seq.num_prompt_tokens and not seq.num_pending_tokens
+                    and seq.block_table and seq.request_id not in scheduled
+                    and self.stashed.get(seq.request_id) != key):
+                self.stashed[seq.request_id] = key
+                self.stashed_bytes += seq.num_computed_tokens * self.handle.shape.token_bytes
+                self.stashed_tokens += seq.num_computed_tokens
+                ready.append((seq, self.moves([seq])[0]))
+        return ready
+
+    def to_move_out(self, seqs: list[Sequence]) -> list[Sequence]:
+        """The requests whose KV the tier does not hold as it is now."""
+        return [seq for seq in seqs if self.stashed.get(seq.request_id)
+                != (seq.num_preemptions, seq.num_computed_tokens)]
+
+    def take_stashed_bytes(self) -> int:
+        """The bytes the prefill phase wrote before this move out (the phase's stash ends)."""
+        moved, self.stashed_bytes, self.stashed = self.stashed_bytes, 0, {}
+        return moved
 
     def moves(self, seqs: list[Sequence]) -> list[KVMove]:
         """The KV moves of the requests that hold pages (their computed tokens)."""
@@ -113,15 +146,16 @@ class SeesawTier:
         self.buffer.close()
 
 
-def seesaw_stats(moving: list, outs: list[dict], ins: list[dict]) -> dict:
-    """A seesaw transition's record fields from its ranks' move stats (none: no seesaw)."""
+def seesaw_stats(moving: list, outs: list[dict], ins: list[dict], stashed: int = 0) -> dict:
+    """A seesaw transition's record fields from its ranks' move stats (none: no seesaw);
+    `stashed`: the KV bytes its prefill phase wrote to the tier before it (moved out too)."""
     if not moving:
         return {}
     return dict(direction="to_prefill" if moving[0][1].gate.prefill else "to_decode",
                 weight_bytes=sum(o["prefetch_bytes"] for o in outs)
                 + sum(i["weight_bytes"] for i in ins),
                 weight_s=max(i["weight_s"] for i in ins),
-                kv_bytes_out=sum(o["kv_bytes_out"] for o in outs),
+                kv_bytes_out=sum(o["kv_bytes_out"] for o in outs) + stashed,
                 kv_bytes_in=sum(i["kv_bytes_in"] for i in ins))
 
 

@@ -337,7 +337,10 @@ class ModelRunner:
         if self._check is not None:
             self._check.apply(batch, self.requests)
         plan = self.resources[batch.plan]
-        self.swapper.run(batch, plan, self.kv.k, self.kv.v)
+        if self.seesaw is not None:  # a prefill phase's finished prompts' KV to the tier
+            self.seesaw.stash(batch, self.swapper.shape)
+        else:
+            self.swapper.run(batch, plan, self.kv.k, self.kv.v)
         if self.shared_ffn is not None:
             self.shared_ffn.begin_step(batch.round_id)
         if not chunks:  # a step of swaps only, or a round of replicas with none here

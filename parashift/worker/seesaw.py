@@ -6,12 +6,13 @@ gathers every moving request's slice out of the running plan's view of the pool 
 tier (and prefetches the new plan's weights that the running plan does not use);
 `move_in`, once every rank of the group has moved out, scatters the new plan's slices
 from the tier into its view and activates its weights."""
+import contextlib
 import time
 
 import torch
 
 from parashift.kv.cache import KVCache, attention_layers
-from parashift.kv.cpu_tier import CpuKVTier, TierMappings
+from parashift.kv.cpu_tier import CpuKVTier, TierMappings, TierShape
 from parashift.kv.tier_allocator import TierSlot
 from parashift.kv.tier_copy import gather, rank_kv_slice, scatter, wait_for_copies
 from parashift.parallel.seesaw_weights import WeightArena
@@ -46,6 +47,10 @@ class SeesawRank:
         self.views: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.num_blocks = 0
         self.tiers = TierMappings(device)
+        # the prefill phase's KV writes to the tier run beside the step's forward; the next
+        # step (or a move) waits for them before any page is reused
+        self.stash_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._stashing = False
 
     @property
     def pinned_bytes(self) -> int:
@@ -62,9 +67,36 @@ class SeesawRank:
             for i, layer in enumerate(attention_layers(model)):
                 layer.k_cache, layer.v_cache = k[name][i], v[name][i]
 
+    def stash(self, batch, shape: TierShape) -> int:
+        """Writes the step's swaps out (the requests whose prompt the prefill phase
+        computed in earlier steps) from the running plan's view of the pool into their tier
+        slots, on a copy stream the step's forward does not wait for; returns the bytes."""
+        self._join_stash()
+        if not batch.swap_out:
+            return 0
+        with torch.inference_mode(False):  # the mapping outlives the step (moves run outside it)
+            tier = self.tiers.get(batch.swap_tier_path, shape, batch.swap_tier_tokens)
+        (k, v), kv_slice = self.views[self.active], self.slices[self.active]
+        stream = self.stash_stream
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))  # the KV is written
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            moved = sum(gather(k, v, swap.block_ids, swap.num_tokens, kv_slice, tier,
+                               TierSlot(swap.slot_start, swap.slot_length))
+                        for swap in batch.swap_out)
+        self._stashing = stream is not None
+        return moved
+
+    def _join_stash(self) -> None:
+        if self._stashing:
+            torch.cuda.current_stream(self.device).wait_stream(self.stash_stream)
+            self._stashing = False
+
     def move_out(self, target: str, moves: list, handle) -> dict:
-        """Gathers the moving requests' KV of the running plan into the tier, then
-        prefetches what of `target`'s weights the running plan does not use."""
+        """Gathers the moving requests' KV of the running plan into the tier (the prefill
+        phase's stashes done first), then prefetches what of `target`'s weights the running
+        plan does not use."""
+        self._join_stash()
         start = time.perf_counter()
         tier, (k, v), kv_slice = self._tier(handle), self.views[self.active], self.slices[self.active]
         kv_bytes = sum(gather(k, v, list(m.block_table), m.num_tokens, kv_slice, tier,
