@@ -199,6 +199,7 @@ def main():
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on where possible (CUDA, triton attention)")
     p.add_argument("--profile", action="store_true", help="add a GPU kernel breakdown per batch")
+    p.add_argument("--deterministic", action="store_true", help="batch- and plan-invariant kernels")
     p.add_argument("--plan", default="single", help="benchmarks/plans.py's names: tp2, dp2, shift2")
     p.add_argument("--output", default=None)
     args = p.parse_args()
@@ -207,7 +208,7 @@ def main():
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len or args.context + 1024,
               max_num_seqs=max(args.batch_sizes), skip_tokenizer_init=True,
               attention_backend=args.attention_backend, enable_prefix_caching=False,
-              cuda_graphs=args.cuda_graphs)
+              cuda_graphs=args.cuda_graphs, deterministic=args.deterministic)
     engine = llm.llm_engine
     cfg = engine.runner.model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
@@ -224,6 +225,7 @@ def main():
         print(json.dumps(rows[-1]), flush=True)
     summary = dict(model=args.model, device=torch.cuda.get_device_name(),
                    backend=engine.runner.backend.name, cuda_graphs=engine.runner.graphs is not None,
+                   deterministic=args.deterministic,
                    copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9,
                    skinny_gemm=skinny_gemm.chosen(), rows=rows)
     print(json.dumps({"skinny_gemm": summary["skinny_gemm"]}))
@@ -240,7 +242,8 @@ def main_plan(args):
     options = plan_options(args.plan)
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len or args.context + 1024,
               max_num_seqs=max(args.batch_sizes), skip_tokenizer_init=True,
-              enable_prefix_caching=False, cuda_graphs=args.cuda_graphs, **options)
+              enable_prefix_caching=False, cuda_graphs=args.cuda_graphs,
+              deterministic=args.deterministic, **options)
     cfg = load_hf_config(resolve_model(args.model))
     weights = dense_weight_bytes(cfg)
     bandwidth = copy_bandwidth(torch.device("cuda"))
@@ -254,6 +257,7 @@ def main_plan(args):
                          fraction_of_floor=floor / seconds))
         print(json.dumps(rows[-1]), flush=True)
     summary = dict(model=args.model, plan=args.plan, device=torch.cuda.get_device_name(),
+                   deterministic=args.deterministic,
                    copy_bandwidth_tb_s=bandwidth / 1e12, rows=rows)
     llm.llm_engine.shutdown()
     if args.output:

@@ -5,7 +5,8 @@
 #   OUT=dir bash scripts/gpu_x2_runs.sh env tests_seesaw tier seesaw   # call 1
 #   OUT=dir bash scripts/gpu_x2_runs.sh det                            # call 2
 #   OUT=dir bash scripts/gpu_x2_runs.sh moe seesaw_pcie det_cost       # call 3
-# Eleventh session's candidates: moe_ep moe_eager tests_moe (issue 19: expert parallelism and
+# Eleventh session: call 1 `env seesaw seesaw_resident`, call 2 `seesaw_pcie moe_ep det_profile`,
+# call 3 `decode tests_moe moe_eager`. Its candidates were: moe_ep moe_eager tests_moe (issue 19: expert parallelism and
 # graphs against eager on two ranks, to choose the defaults), seesaw seesaw_pcie (issue 16:
 # the prefill plan's steps in flight, auto with --seesaw-num-requests; seesaw_resident: no
 # weight copies), decode (issue 24).
@@ -61,7 +62,14 @@ run_det() {  # every plan on the tiny shape; the 8B's matrix on the plans that s
     --models $EIGHT_B --out "$OUT/det_8b.jsonl"
 }
 
-export -f run_tests run_decode run_seesaw run_det
+run_det_profile() {  # one GPU: the kernels of a decode step, default against deterministic
+  for mode in "" --deterministic; do
+    python3 benchmarks/decode_throughput.py --model $EIGHT_B --batch-sizes 64 256 --context 512 \
+      --decode-steps 16 --profile $mode --output "$OUT/det_profile${mode:+_det}.json"
+  done
+}
+
+export -f run_tests run_decode run_seesaw run_det run_det_profile
 export EIGHT_B
 for name in "$@"; do
   case $name in
@@ -73,7 +81,7 @@ for name in "$@"; do
     decode) part decode 150 "run_decode dp2" ;;
     seesaw) part seesaw 360 "run_seesaw tp2 dp2 auto && run_seesaw seesaw:pp2-tp2 --cuda-graphs" ;;
     seesaw_resident) part seesaw_resident 200 "run_seesaw seesaw:pp2-tp2 --cuda-graphs --seesaw-resident-weights" ;;
-    seesaw_pcie) part seesaw_pcie 180 "NCCL_P2P_DISABLE=1 run_seesaw tp2 auto seesaw:pp2-tp2 --cuda-graphs" ;;
+    seesaw_pcie) part seesaw_pcie 280 "NCCL_P2P_DISABLE=1 run_seesaw tp2 seesaw:pp2-tp2 --cuda-graphs" ;;
     det) part det 560 run_det ;;
     det_cost) part det_cost 200 "python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 shift \
            --models $EIGHT_B --out $OUT/det_cost.jsonl" ;;
@@ -86,6 +94,7 @@ for name in "$@"; do
     moe_eager) part moe_eager 150 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
            --plans tp2 shift2 --interactive-requests 8 --batch-requests 64 --input-len 2048 \
            --output-len 128 --no-cuda-graphs --output $OUT/moe_plans_eager.json" ;;
+    det_profile) part det_profile 200 "run_det_profile" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     *) echo "unknown part $name"; exit 2 ;;
   esac
