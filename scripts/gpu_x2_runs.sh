@@ -74,7 +74,7 @@ export EIGHT_B
 for name in "$@"; do
   case $name in
     env) run_env ;;
-    tests_seesaw) part tests_seesaw 140 "run_tests tests/distributed/test_seesaw.py" ;;
+    tests_seesaw) part tests_seesaw 220 "run_tests tests/distributed/test_seesaw.py" ;;
     tests_moe) part tests_moe 200 "run_tests tests/distributed/test_moe_plans.py" ;;
     multinode) part multinode 200 "bash scripts/gpu_multinode_runs.sh" ;;
     p2p) part p2p 90 "python3 benchmarks/sidp_probe.py --parts p2p --out $OUT/sidp_p2p.json" ;;

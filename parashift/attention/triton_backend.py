@@ -16,8 +16,11 @@ each summed from a fresh softmax state, and the partitions' states are merged in
 order by one arithmetic: a decode launch spreads them over programs (split-KV, any count)
 and a reduction merges them, a prefill program merges them itself, and a row's bits are the
 same either way. fp32 dots are IEEE. Decode batches compute the prefill configuration's
-query rows, most of them empty (PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M=64 takes fewer
-for every launch)."""
+query rows (128) in prefill; decode launches take a program of few rows (16) over the same
+KV tiles, with the softmax denominator summed on the tensor cores (ROW_SUM_BY_DOT) so that
+the row's bits do not follow the rows per program
+(PARASHIFT_DETERMINISTIC_DECODE_ATTENTION=prefill runs decodes in the prefill configuration;
+PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M=64 takes fewer rows for every launch)."""
 import bisect
 import math
 import os
@@ -50,6 +53,10 @@ INVARIANT_PARTITION = int(os.environ.get("PARASHIFT_DETERMINISTIC_ATTENTION_PART
 # bytes; above, each program merges its partitions in registers (a second accumulator: on an
 # H100 that spills, 8B batch 64 at 2048 tokens 20% slower)
 MAX_INVARIANT_PARTIAL_BYTES = 256 << 20
+# Deterministic mode: decode launches in a configuration of few query rows per program
+# ("small") or in the prefill one ("prefill", 128 rows of which a decode fills its group's)
+INVARIANT_DECODE = os.environ.get("PARASHIFT_DETERMINISTIC_DECODE_ATTENTION", "small")
+INVARIANT_DECODE_MODES = ("small", "prefill")
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,16 @@ def invariant_config(head_dim: int, group_p: int, elem_size: int,
                         num_stages=config.num_stages)
 
 
+def invariant_decode_config(head_dim: int, group_p: int, elem_size: int,
+                            block_m: int | None) -> KernelConfig:
+    """Batch-invariant decode launches: one query row per head of a KV head's group, over
+    the invariant configuration's KV tiles (the partitions and the tiles' dot chains stay
+    the same: only which program computes a row changes)."""
+    config = invariant_config(head_dim, group_p, elem_size, block_m)
+    return KernelConfig(min(config.block_m, max(16, group_p)), config.tile_n, num_warps=4,
+                        num_stages=config.num_stages)
+
+
 def choose_num_splits(num_programs: int, max_seq_len: int, partial_bytes_per_split: int,
                       num_sms: int) -> int:
     """Enough splits to give every SM work, none shorter than MIN_SPLIT_TOKENS;
@@ -105,7 +122,8 @@ class TritonAttentionBackend:
 
     def __init__(self, batch_invariant: bool = False,
                  invariant_block_m: int | None = INVARIANT_BLOCK_M,
-                 invariant_partition: int = INVARIANT_PARTITION):
+                 invariant_partition: int = INVARIANT_PARTITION,
+                 invariant_decode: str = INVARIANT_DECODE):
         if invariant_block_m is not None and (invariant_block_m < 16
                                               or invariant_block_m & (invariant_block_m - 1)):
             raise ValueError("the batch-invariant attention's query rows per program must be "
@@ -114,7 +132,11 @@ class TritonAttentionBackend:
             raise ValueError("the batch-invariant attention's partition must be a multiple of "
                              f"128 tokens (every configuration's KV tile), not "
                              f"{invariant_partition}")
+        if invariant_decode not in INVARIANT_DECODE_MODES:
+            raise ValueError(f"the batch-invariant decode attention is one of "
+                             f"{INVARIANT_DECODE_MODES}, not {invariant_decode!r}")
         self.batch_invariant = batch_invariant
+        self.invariant_decode = invariant_decode
         self.invariant_block_m = invariant_block_m
         self.invariant_partition = invariant_partition
 
@@ -192,7 +214,8 @@ class TritonAttentionBackend:
     def _plan(self, q, k_cache, meta, seqs, num_splits: int | None = None) -> "_Launch":
         if self.batch_invariant:
             return _plan_invariant_launch(q, k_cache, meta, seqs, num_splits,
-                                          self.invariant_block_m, self.invariant_partition)
+                                          self.invariant_block_m, self.invariant_partition,
+                                          small_decode=self.invariant_decode == "small")
         return _plan_launch(q, k_cache, meta, seqs, num_splits)
 
     def _split_counts(self) -> list[int]:
@@ -271,12 +294,14 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
 
 def _plan_invariant_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
                            num_splits: int | None, block_m: int | None,
-                           partition: int) -> _Launch:
-    """One configuration for every launch; a decode launch may spread each row's fixed
-    partitions over programs (a row's bits are the same either way)."""
+                           partition: int, small_decode: bool = False) -> _Launch:
+    """One configuration for every prefill launch, one of few rows for decodes (with
+    `small_decode`); a decode launch may spread each row's fixed partitions over programs
+    (a row's bits are the same either way)."""
     num_heads, head_dim, group, group_p = _shape(q, k_cache)
     elem_size = max(q.element_size(), k_cache.element_size())
-    config = invariant_config(head_dim, group_p, elem_size, block_m)
+    configure = invariant_decode_config if small_decode and seqs.decode else invariant_config
+    config = configure(head_dim, group_p, elem_size, block_m)
     block_q = max(1, config.block_m // group_p)
     num_q_blocks = seqs.num_tokens // block_q + seqs.end - seqs.first
     partitions = triton.cdiv(meta.max_seq_len, partition)

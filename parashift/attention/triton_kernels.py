@@ -90,9 +90,13 @@ def _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table_ptr,
                   stride_kb, stride_ks, stride_vb, stride_vs,
                   MASKED: tl.constexpr, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
+                  DOT_PRECISION: tl.constexpr, ROW_SUM_BY_DOT: tl.constexpr = False):
     """Online softmax over KV tiles [tile_lo, tile_hi). Unmasked tiles lie
-    wholly inside every row's causal window; MASKED ones need the check."""
+    wholly inside every row's causal window; MASKED ones need the check.
+    ROW_SUM_BY_DOT (batch-invariant): a row's softmax denominator is summed by a dot with
+    ones, the tensor cores' chain over the tile like the weighted values', instead of a
+    reduction whose order follows the register layout (which the query rows per program
+    and the warps change): then a decode program of few rows gives a prefill program's bits."""
     offs_n = tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM_P)
     d_ok = offs_d < HEAD_DIM
@@ -115,7 +119,12 @@ def _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table_ptr,
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        if ROW_SUM_BY_DOT:
+            ones = tl.full([TILE_N, 16], 1.0, q.dtype)
+            row_sum = tl.max(tl.dot(p.to(q.dtype), ones, input_precision=DOT_PRECISION), 1)
+        else:
+            row_sum = tl.sum(p, 1)
+        l_i = l_i * alpha + row_sum
         v_rows = v_base + block * stride_vb + in_block * stride_vs
         v = tl.load(v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
@@ -308,7 +317,7 @@ def _attend_partitions(part_acc_ptr, part_m_ptr, part_l_ptr, q, k_base, v_base, 
         acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, hi,
                                       kv_end, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
                                       stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
-                                      DOT_PRECISION)
+                                      DOT_PRECISION, ROW_SUM_BY_DOT=True)
         if SPLIT:
             _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i, row, row_head,
                            part, max_partitions, row_ok, io_mask, offs_d, GROUP, HEAD_DIM)

@@ -100,13 +100,14 @@ def attend(backend, seqs, q_lens, heads, kv_heads, block_size=16):
 
 
 def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, head_dim=32,
-                    block_m=None, partition=None, length=150):
+                    block_m=None, partition=None, length=150, decode="small"):
     forced = None
     if backend == "triton":
         from parashift.attention.triton_backend import TritonAttentionBackend
         rows = {"invariant_block_m": block_m} if block_m else {}  # else the default's
         if partition:
             rows["invariant_partition"] = partition
+        rows["invariant_decode"] = decode  # small: decodes in programs of 16 rows, not 128
         impl = TritonAttentionBackend(batch_invariant=True, **rows)
 
         class ForcedSplits(TritonAttentionBackend):
@@ -157,11 +158,12 @@ def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, 
     assert_exact(half, prefill[:, :heads // 2])
 
 
-# the default query rows per program (the prefill configuration's 128), and the selectable
-# PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M variants
-# partitions of 128 and 256 tokens: one and two KV tiles each, several per row
+# the default query rows per program (the prefill configuration's 128, decodes' 16), decodes
+# in the prefill configuration, and the selectable PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M
+# variants; partitions of 128 and 256 tokens: one and two KV tiles each, several per row
 test_attention_interpreted, test_attention_cuda = case_tests(
-    __name__, check_attention, [{}, {"block_m": 64}, {"block_m": 16}, {"partition": 128},
+    __name__, check_attention, [{}, {"decode": "prefill"}, {"block_m": 64}, {"block_m": 16},
+                                {"partition": 128},
                                 {"partition": 256, "length": 300, "block_m": 16}],
     uses_dot=True)
 
@@ -175,8 +177,8 @@ def test_attention_compiles_one_tile_loop_when_invariant(invariant, dtype):
     changed bits on an H200."""
     ttir = compile_prefill_attention(getattr(torch, dtype), invariant)
     # a tile loop holds two dots (scores, weighted values); invariant: one tile loop, nested
-    # in the loop over the context's fixed partitions
-    assert ttir.count("tt.dot") == (2 if invariant else 4)
+    # in the loop over the context's fixed partitions, with a third dot (the row sums)
+    assert ttir.count("tt.dot") == (3 if invariant else 4)
     assert ttir.count("scf.for") == 2
 
 
@@ -288,6 +290,26 @@ def test_chunks_serve_every_allowed_tp_degree():
     check_plans(six_heads, [Plan(tp=3), Plan(sp=2), Plan(tp=2, dp=2)])
     with pytest.raises(ValueError, match="tp = 4, which does not divide the 6 K chunks"):
         check_plans(six_heads, [Plan(tp=4)])
+
+
+def test_invariant_decode_attention_mode_is_checked():
+    from parashift.attention.triton_backend import TritonAttentionBackend
+    with pytest.raises(ValueError, match="decode attention is one of"):
+        TritonAttentionBackend(batch_invariant=True, invariant_decode="tiny")
+
+
+def test_invariant_decode_launch_takes_few_rows_over_the_same_tiles():
+    from parashift.attention import triton_backend as backend
+    q = torch.empty(3, 32, 128, dtype=torch.bfloat16)
+    k_cache = torch.empty(4, 16, 8, 128, dtype=torch.bfloat16)
+    meta = AttentionMetadata(None, None, None, None, [0, 1, 2, 3], [9, 9, 9], 1, 9, 16)
+    seqs = backend._SeqRange(0, 3, 0, 3, True)
+    small, prefill = (backend._plan_invariant_launch(q, k_cache, meta, seqs, 1, None, 1024,
+                                                     small_decode=small) for small in (True, False))
+    assert (small.config.block_m, small.config.num_warps) == (16, 4)
+    assert (prefill.config.block_m, prefill.config.num_warps) == (128, 8)
+    assert small.config.tile_n == prefill.config.tile_n == 128
+    assert small.partition_tiles == prefill.partition_tiles == 8
 
 
 def test_invariant_attention_rows_per_program_are_checked():
