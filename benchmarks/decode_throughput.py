@@ -70,9 +70,11 @@ def kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
 
 
 def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
-            profile: bool = False) -> tuple[float, float, dict | None]:
-    """Seconds per decode step with `batch` sequences at ~`context` tokens, their mean
-    context over the timed steps, and with `profile` the kernel breakdown of a few more."""
+            profile: bool = False) -> tuple[float, float, dict | None, float]:
+    """Seconds per engine step with `batch` sequences at ~`context` tokens, their mean
+    context over the timed steps, with `profile` the kernel breakdown of a few more, and the
+    tokens decoded per second (from the contexts' growth: an engine step of a DP plan steps
+    one replica, not the whole batch)."""
     engine = llm.llm_engine
     ids = start_decodes(engine, batch, context, vocab)
     torch.cuda.synchronize()
@@ -99,9 +101,10 @@ def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
     if not before["running"] == after["running"] == batch:
         raise RuntimeError(f"the batch changed while timed: {before} -> {after}")
     mean_context = (before["context_tokens"] + after["context_tokens"]) / 2 / batch
+    tokens_per_s = (after["context_tokens"] - before["context_tokens"]) / (elapsed * steps)
     for rid in ids:
         engine.abort_request(rid)
-    return elapsed, mean_context, breakdown
+    return elapsed, mean_context, breakdown, tokens_per_s
 
 
 def start_decodes(engine, batch: int, context: int, vocab: int) -> list[str]:
@@ -215,8 +218,8 @@ def main():
     bandwidth = copy_bandwidth(engine.device)
     rows = []
     for batch in args.batch_sizes:
-        seconds, context, breakdown = measure(llm, batch, args.context, args.decode_steps, cfg.vocab_size,
-                          profile=args.profile)
+        seconds, context, breakdown, _ = measure(llm, batch, args.context, args.decode_steps,
+                                                 cfg.vocab_size, profile=args.profile)
         kv = batch * context * kv_bytes_per_token(cfg, 2)
         floor = (weight_bytes_read(engine.runner.model, batch) + kv) / bandwidth
         rows.append(dict(batch=batch, context=args.context, mean_context=context, step_ms=seconds * 1e3,
@@ -249,12 +252,15 @@ def main_plan(args):
     bandwidth = copy_bandwidth(torch.device("cuda"))
     rows = []
     for batch in args.batch_sizes:
-        seconds, context, _ = measure(llm, batch, args.context, args.decode_steps, cfg.vocab_size)
+        seconds, context, _, tokens_per_s = measure(llm, batch, args.context, args.decode_steps,
+                                                    cfg.vocab_size)
         kv = batch * context * kv_bytes_per_token(cfg, 2)
+        # one step of every replica at once, each over its share of the batch
         floor = plan_floor_bytes(weights, options, kv) / bandwidth
         rows.append(dict(plan=args.plan, batch=batch, context=args.context, mean_context=context,
-                         step_ms=seconds * 1e3, tokens_per_s=batch / seconds, floor_ms=floor * 1e3,
-                         fraction_of_floor=floor / seconds))
+                         engine_step_ms=seconds * 1e3, tokens_per_s=tokens_per_s,
+                         floor_ms=floor * 1e3, floor_tokens_per_s=batch / floor,
+                         fraction_of_floor=tokens_per_s * floor / batch))
         print(json.dumps(rows[-1]), flush=True)
     summary = dict(model=args.model, plan=args.plan, device=torch.cuda.get_device_name(),
                    deterministic=args.deterministic,

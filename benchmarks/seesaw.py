@@ -128,8 +128,8 @@ def main():
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--num-blocks", type=int, default=None, help="default: sized from memory")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                   help="default: the engine's (on for one-stage static plans, off under "
-                        "seesaw); --cuda-graphs: seesaw's decode plan replays graphs too")
+                   help="default: the engine's (on for one-stage static plans and for "
+                        "seesaw's decode plan)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -758,6 +758,8 @@ class LLMEngine:
         """A seesaw group's step in the prefill phase also writes the KV of the prompts its
         earlier steps finished to the tier (its swaps out: seesaw takes no swap preemption)."""
         tier = self.seesaw[tuple(sorted(replica.ranks))]
+        if not tier.gate.prefill:
+            return
         ready = tier.stashes(replica.scheduler.running,
                              {s.seq.request_id for s in sched.scheduled})
         if ready:
@@ -946,12 +948,12 @@ class LLMEngine:
     def _tier_counters(self, replica: Replica, view: GroupView) -> GroupView:
         """The view with its seesaw group's tier: its fill, the room for its next prompt and
         the tokens that prompt's slot takes; and the prompt tokens its running requests
-        still compute."""
+        still compute (read in the prefill phase only)."""
         tier = self.seesaw[tuple(sorted(replica.ranks))]
         waiting = replica.scheduler.waiting
         first = waiting[0] if waiting else None
         left = sum(max(0, s.num_prompt_tokens - s.num_computed_tokens)
-                   for s in replica.scheduler.running)
+                   for s in replica.scheduler.running) if tier.gate.prefill else 0
         return dataclasses.replace(
             view, cpu_tier_fill=tier.slots.fill, cpu_tier_free_run=tier.free_run(first),
             next_prompt_tokens=self._need(first) if first is not None else 0,
