@@ -1,3 +1,9 @@
+#!/usr/bin/env bash
+# Deterministic mode's decode attention on one GPU (issue 22, eleventh session): the kernel
+# tests on CUDA (decodes bit-equal to prefill rows), the cost against the default mode, and
+# the decode step with decodes in the prefill configuration (before) beside the 16-row one.
+# From the repository root, with the wheels of scripts/fetch_gpu_wheels.sh on PYTHONPATH:
+#   OUT=dir bash scripts/gpu_det_decode.sh
 set -u
 E=benchmarks/shapes/llama-3.1-8b.json
 echo "== tests $(date +%T)"

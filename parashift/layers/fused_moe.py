@@ -123,9 +123,12 @@ class FusedExperts(nn.Module):
                                       requires_grad=False)
         self.gate_up_proj.weight_loader = self.weight_loader
         self.down_proj.weight_loader = self.weight_loader
-        # narrowed layouts (Shift's shift plan, merged plans) of TP-sharded experts, by key:
-        # (gate_up [E, 2, I / f, H], down [E, H, I / f]) views of the loaded shard
+        # narrowed layouts (Shift's shift plan, merged plans), by key: TP-sharded experts'
+        # (gate_up [E, 2, I / f, H], down [E, H, I / f]) views of the loaded shard; under EP
+        # the position-th 1/f of the experts held, ([E / f, 2 I, H], [E / f, H, I]), with the
+        # first expert's id
         self.layouts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.layout_first_expert: dict[str, int] = {}
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id) -> None:
         expert, half = shard_id
@@ -149,9 +152,17 @@ class FusedExperts(nn.Module):
         target.copy_(loaded)
 
     def make_narrowed_layout(self, key: str, factor: int, position: int) -> None:
-        """The position-th 1/factor slice of every expert's intermediate shard, as views
-        (under EP the experts keep one layout in every plan: nothing to make)."""
+        """The position-th 1/factor slice of every expert's intermediate shard, as views.
+        Under EP, the position-th 1/factor of the experts held, where they divide: a merged
+        plan's group computes each expert once, on the rank whose slice holds it (the
+        replicas' experts become one EP group, no byte moved); Shift's plan keeps the base
+        layout (its group is the EP group already)."""
         if self.mode == "ep":
+            if self.num_local % factor == 0:
+                step = self.num_local // factor
+                self.layouts[key] = (self.gate_up_proj.narrow(0, position * step, step),
+                                     self.down_proj.narrow(0, position * step, step))
+                self.layout_first_expert[key] = self.first_expert + position * step
             return
         if self.intermediate % factor:
             raise ValueError(f"the experts' intermediate shard {self.intermediate} cannot be "
@@ -169,7 +180,25 @@ class FusedExperts(nn.Module):
             raise RuntimeError(f"no expert weight layout {key!r}: it was not made at start-up")
         return self.layouts[key]
 
+    def merged_experts(self):
+        """Under EP in a merged plan (its TP group holds the same tokens and is wider than
+        the replica's EP group) with the experts divided: (gate_up, down, first expert) of
+        this rank's slice, to be summed over the TP group; else None."""
+        ctx = get_context()
+        if (self.mode != "ep" or ctx.sp.size != 1 or ctx.tp.size <= ctx.state.ep.size
+                or ctx.weights not in self.layouts):
+            return None
+        return (*self.layouts[ctx.weights], self.layout_first_expert[ctx.weights])
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        merged = self.merged_experts()
+        if merged is not None:
+            gate_up, down, first = merged
+            if self.reduction_chunks:  # each slot non-zero on one rank: exact in any order
+                slots = slot_outputs(x, ids, gate_up, down, self.reduction_chunks, first)
+                return weighted_slot_sum(get_context().tp.all_reduce(slots), weights, x.dtype)
+            return get_context().tp.all_reduce(experts_forward(x, weights, ids, gate_up, down,
+                                                               first))
         gate_up, down = self.active_weights()
         if self.reduction_chunks:
             return weighted_slot_sum(self.deterministic_slots(x, ids, gate_up, down), weights, x.dtype)

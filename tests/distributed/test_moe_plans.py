@@ -95,6 +95,22 @@ def test_shift_switches_match_single_device(models, mode, plan):
         llm.llm_engine.shutdown()
 
 
+@pytest.mark.parametrize("mode", ["tp", "ep"])
+def test_merges_and_splits_match_single_device(models, tmp_path, mode):
+    """Flying Serving over two replicas that each hold every expert: they merge into TP=2
+    and split again mid-generation. TP-sharded experts take their half of each expert's
+    width; under EP the merged group computes each expert once, on the rank whose half of
+    the experts holds it. No weight moves (the checksums are asserted by run_cycle)."""
+    from tests.distributed.test_merges import run_cycle
+    directory, _ = models["qwen3-moe"]
+    reference = generate(directory, prompts(n=8))[0]
+    outputs, records, *_ = run_cycle(directory, tmp_path, "single,single",
+                                     ["merge2-tp2", "single,single"], limit=4,
+                                     moe_parallel=mode)
+    assert_same(outputs, reference)
+    assert [r.kind for r in records][:2] == ["merge", "split"][:len(records)] and records
+
+
 def test_experts_that_do_not_split_are_refused(tmp_path):
     """Six experts over four EP ranks: refused at start-up, naming the valid degrees."""
     shape = tmp_path / "mixtral-6-experts.json"

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from parashift.context import StepContext, use_context, use_state
 from parashift.layers.fused_moe import FusedExperts, FusedMoE, expert_outputs, route
-from tests.helpers.fake_groups import tp_state
+from tests.helpers.fake_groups import FakeGroup, tp_state
 
 E, H, I, K, T = 6, 16, 12, 2, 10
 
@@ -110,6 +110,30 @@ def test_narrowed_layout_computes_its_slice():
         with use_context(StepContext(tp_state(1, 0), weights=f"n{position}")):
             parts += experts(x, weights, ids)
     assert torch.allclose(parts, whole, atol=1e-4)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_merged_plan_splits_the_replicas_experts(deterministic):
+    """EP: replicas of all E experts merge into a TP=2 group; each rank computes the experts
+    of its slice (its position's half), out of the weights it loaded, and the partial sums
+    (added by the group's all-reduce) give the replica's output. Shift's plan, whose group
+    is the EP group, keeps every expert."""
+    from dataclasses import replace
+    ckpt, x = checkpoint(), torch.randn(T, H)
+    weights, ids = routing(x, crowd=False)
+    chunks = 2 if deterministic else None
+    experts = loaded_experts(ckpt, "ep", reduction_chunks=chunks)  # a replica holds them all
+    whole = experts(x, weights, ids)
+    merged = replace(tp_state(2, 0), ep=FakeGroup((0,), 0))  # TP over both replicas
+    total = torch.zeros_like(x)
+    for position in range(2):
+        experts.make_narrowed_layout(f"merge{position}", 2, position)
+        assert experts.layout_first_expert[f"merge{position}"] == 3 * position
+        with use_context(StepContext(merged, weights=f"merge{position}")):
+            total += experts(x, weights, ids)
+    torch.testing.assert_close(total, whole, rtol=1e-5, atol=1e-5)
+    with use_context(StepContext(tp_state(1, 0), weights="merge1")):  # group = EP group
+        assert experts.merged_experts() is None
 
 
 def test_bad_sizes_are_refused():
