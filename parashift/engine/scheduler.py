@@ -42,7 +42,8 @@ class ScheduledSeq:
         if self.start_pos == len(self.seq.token_ids) and self.num_new_tokens == 1:
             return [PLACEHOLDER_TOKEN]  # a decode step under async scheduling
         known = self.seq.token_ids[self.start_pos:self.start_pos + self.num_new_tokens]
-        return known + [PLACEHOLDER_TOKEN] * (self.num_new_tokens - len(known))
+        missing = self.num_new_tokens - len(known)
+        return known + [PLACEHOLDER_TOKEN] * missing if missing else known
 
 
 @dataclass(frozen=True)
