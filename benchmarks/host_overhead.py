@@ -54,6 +54,8 @@ PARTS = [  # (owner, attribute, label)
     (LlamaForCausalLM, "forward", "model_forward"),
     (LlamaForCausalLM, "compute_logits", "model_logits"),
     (scheduler.Scheduler, "update", "scheduler_update"),
+    (llm_engine.LLMEngine, "_apply", "step_results"),  # holds scheduler_update and hand_off
+    (llm_engine.LLMEngine, "_submit_round", "submit_round"),  # holds schedule, launch
     (llm_engine.LLMEngine, "_detokenize", "detokenize"),  # before the output processor
     (llm_engine.LLMEngine, "_output", "request_outputs"),  # before the output processor
     (getattr(output_processor, "OutputProcessor", None), "submit", "hand_off"),
