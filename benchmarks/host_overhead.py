@@ -10,7 +10,10 @@ On the CPU (the default tiny shape) the parts are exact but the forward is CPU c
 on a GPU the parts are host time only (kernels run asynchronously), and `device_wait`
 is the time the host blocks on results. Each part's milliseconds per step are the sum
 over its calls; parts nest (`launch` holds `step_inputs`, `sample_rows` and the rest).
-One rank only: the parts of worker processes (plans of several ranks) are not timed."""
+`model_forward` and `model_logits` are the model's calls (the forward's kernels launched on a
+GPU, its compute on the CPU): `host_us_per_seq_outside_model` leaves them out, which on the CPU
+is the engine's own host work per sequence. One rank only: the parts of worker processes
+(plans of several ranks) are not timed."""
 import argparse
 import collections
 import contextlib
@@ -22,6 +25,7 @@ import time
 
 from parashift import LLM, SamplingParams
 from parashift.engine import llm_engine, replica, scheduler
+from parashift.models.llama import LlamaForCausalLM
 from parashift.worker import cuda_graphs, model_runner, step_batch
 
 
@@ -47,7 +51,11 @@ PARTS = [  # (owner, attribute, label)
     (model_runner.ModelRunner, "_fill_placeholders", "fill_placeholders"),
     (model_runner.ModelRunner, "_sample_rows", "sample_rows"),
     (model_runner.PendingStep, "result", "device_wait"),
+    (LlamaForCausalLM, "forward", "model_forward"),
+    (LlamaForCausalLM, "compute_logits", "model_logits"),
     (scheduler.Scheduler, "update", "scheduler_update"),
+    (llm_engine.LLMEngine, "_apply", "step_results"),  # holds scheduler_update and hand_off
+    (llm_engine.LLMEngine, "_submit_round", "submit_round"),  # holds schedule, launch
     (llm_engine.LLMEngine, "_detokenize", "detokenize"),  # before the output processor
     (llm_engine.LLMEngine, "_output", "request_outputs"),  # before the output processor
     (getattr(output_processor, "OutputProcessor", None), "submit", "hand_off"),
@@ -115,9 +123,12 @@ def measure(llm: LLM, batch: int, context: int, steps: int) -> dict:
         engine.abort_request(rid)
     parts = {label: round(s / steps * 1e3, 3) for label, s in seconds.most_common()}
     host = wall - seconds["device_wait"]
+    outside_model = host - seconds["model_forward"] - seconds["model_logits"]
     return dict(batch=batch, step_ms=round(wall / steps * 1e3, 3),
                 host_ms=round(host / steps * 1e3, 3),
-                host_us_per_seq=round(host / steps / batch * 1e6, 2), parts_ms=parts)
+                host_us_per_seq=round(host / steps / batch * 1e6, 2),
+                host_us_per_seq_outside_model=round(outside_model / steps / batch * 1e6, 2),
+                parts_ms=parts)
 
 
 def main():

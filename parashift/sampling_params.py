@@ -131,3 +131,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < _SAMPLING_EPS or self.top_k == 1
+
+    @property
+    def argmax_only(self) -> bool:
+        """The sampler's token is the argmax of the raw logits, and it returns nothing else:
+        greedy, with no logprobs, logit bias, penalties or structured output."""
+        return (self.greedy and self.logprobs is None and not self.logit_bias
+                and not self.uses_history and self.structured_outputs is None)

@@ -12,6 +12,8 @@ class IncrementalDetokenizer:
     """Decodes a window of recent token ids on each append: the text of
     ids[prefix_offset:] minus that of ids[prefix_offset:read_offset] is new. A trailing
     U+FFFD (a character whose UTF-8 bytes are not all generated yet) is held back."""
+    __slots__ = ("tokenizer", "backend", "params", "token_ids", "prefix_offset", "read_offset",
+                 "_text", "_sent", "_max_stop_len", "stop_reason")
 
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams):
         self.tokenizer = tokenizer
@@ -55,9 +57,18 @@ class IncrementalDetokenizer:
 
     def take_texts(self, prefix_text: str, full_text: str) -> str | None:
         """The decoded windows of `extend`; returns the stop string they completed, if any."""
+        if full_text.endswith(_REPLACEMENT_CHAR):  # held back: the window stays
+            return None
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
+        if full_text.startswith(prefix_text):
+            new_text = full_text[len(prefix_text):]
+        else:
+            new_text = full_text[_common_prefix_len(prefix_text, full_text):]
+        if not new_text:  # the text the last check saw: no stop string can end in it now
+            return None
         old_len = len(self._text)
-        self._text += self._advance(prefix_text, full_text, flush=False)
-        return self._check_stop(old_len)
+        self._text += new_text
+        return self._check_stop(old_len) if self._max_stop_len else None
 
     def take_delta(self, finished: bool = False) -> str:
         """Text new since the last call. Until `finished` (or a stop string matched), a
@@ -147,13 +158,31 @@ def rust_backend(tokenizer):
     return backend if isinstance(backend, Tokenizer) else None
 
 
-def append_all(detokenizers: list[IncrementalDetokenizer], tokens: list[int]
-               ) -> list[str | Exception | None]:
-    """`detokenizers[i].append([tokens[i]])` for every i, with every window decoded in two
-    batch calls per (tokenizer, skip_special_tokens) where the tokenizer has a Rust
-    backend; returns each one's stop string, or the exception its decoding raised (a
-    batch that fails is decoded again one request at a time, so one bad request fails
-    alone)."""
+class TokenTexts:
+    """Each token id's text decoded alone, per (Rust backend, skip_special_tokens), as the
+    steps decode them: a request's window before its new token is, from its second output
+    token on, its last token alone, so a step decodes one window per request, not two."""
+
+    def __init__(self):
+        self._texts: dict[tuple[int, bool], dict[int, str]] = {}
+        self._backends: list = []  # kept alive, so that their ids in the keys stay theirs
+
+    def of(self, backend, skip_special_tokens: bool) -> dict[int, str]:
+        key = (id(backend), skip_special_tokens)
+        texts = self._texts.get(key)
+        if texts is None:
+            texts = self._texts[key] = {}
+            self._backends.append(backend)
+        return texts
+
+
+def append_all(detokenizers: list[IncrementalDetokenizer], tokens: list[int],
+               token_texts: TokenTexts | None = None) -> list[str | Exception | None]:
+    """`detokenizers[i].append([tokens[i]])` for every i, with every window decoded in at
+    most two batch calls per (tokenizer, skip_special_tokens) where the tokenizer has a Rust
+    backend (one-token windows found in `token_texts` are not decoded again); returns each
+    one's stop string, or the exception its decoding raised (a batch that fails is decoded
+    again one request at a time, so one bad request fails alone)."""
     results: list[str | Exception | None] = [None] * len(detokenizers)
     pending: dict[tuple, list[tuple[int, tuple[list[int], list[int]]]]] = {}
     for i, (detok, token) in enumerate(zip(detokenizers, tokens)):
@@ -166,8 +195,9 @@ def append_all(detokenizers: list[IncrementalDetokenizer], tokens: list[int]
             pending.setdefault((detok.backend, detok.params.skip_special_tokens), []).append(
                 (i, windows))
     for (backend, skip), items in pending.items():
+        known = token_texts.of(backend, skip) if token_texts is not None else {}
         try:
-            prefixes = backend.decode_batch([w[0] for _, w in items], skip_special_tokens=skip)
+            prefixes = _decode_prefixes(backend, skip, [w[0] for _, w in items], known)
             fulls = backend.decode_batch([w[1] for _, w in items], skip_special_tokens=skip)
         except Exception:  # noqa: BLE001 - find which request's tokens it cannot decode
             for i, windows in items:
@@ -176,6 +206,21 @@ def append_all(detokenizers: list[IncrementalDetokenizer], tokens: list[int]
         for (i, _), prefix, full in zip(items, prefixes, fulls):
             results[i] = _take_decoded(detokenizers[i], prefix, full)
     return results
+
+
+def _decode_prefixes(backend, skip: bool, windows: list[list[int]], known: dict[int, str]
+                     ) -> list[str]:
+    """Each window's text: a one-token window's from `known` where it is there, the others
+    in one batch call; the one-token windows decoded are added to `known`."""
+    texts = [known.get(w[0]) if len(w) == 1 else None for w in windows]
+    missing = [k for k, text in enumerate(texts) if text is None]
+    if missing:
+        decoded = backend.decode_batch([windows[k] for k in missing], skip_special_tokens=skip)
+        for k, text in zip(missing, decoded):
+            texts[k] = text
+            if len(windows[k]) == 1:
+                known[windows[k][0]] = text
+    return texts
 
 
 def _take_one(detok: IncrementalDetokenizer, windows) -> str | Exception | None:

@@ -29,6 +29,7 @@ from parashift.engine.seesaw_auto import resolve_auto_plans
 from parashift.engine.seesaw import PHASES, SeesawTier, make_tiers, seesaw_stats
 from parashift.engine.sequence import Sequence, SequenceStatus
 from parashift.engine.swap import PreemptionCounts, SwapSpace, swap_tokens
+from parashift.engine.token_ints import TokenInts
 from parashift.engine.transitions import (TransitionRecord, Transitions, changes_partition,
                                           check)
 from parashift.executor.multiproc import MultiprocExecutor
@@ -119,6 +120,7 @@ class LLMEngine:
         self._finalizer = weakref.finalize(self, self.executor.shutdown)  # no orphan workers
         self._eos_ids = _eos_token_ids(hf_config, self.tokenizer, source)
         self.structured = StructuredOutputs(self.tokenizer, self.vocab_size, self._eos_ids)
+        self._token_ints = TokenInts(self.vocab_size)  # (before the collector freezes start-up)
         self._scheduler_config = SchedulerConfig(
             config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
             config.long_prefill_token_threshold)
@@ -996,6 +998,7 @@ class LLMEngine:
                logprobs, errors: dict[str, str]) -> None:
         """A step's results: its tokens go to the scheduler and, with the requests they
         ended, to the output processor. A request the ranks failed fails alone."""
+        tokens = self._token_ints.canonical(tokens)
         for scheduled in sched.scheduled if errors else ():
             seq = scheduled.seq
             if seq.request_id in errors and seq.request_id in self._replica_of:

@@ -5,7 +5,7 @@ touches no engine state."""
 import logging
 from dataclasses import dataclass, field
 
-from parashift.engine.detokenizer import IncrementalDetokenizer, append_all
+from parashift.engine.detokenizer import IncrementalDetokenizer, TokenTexts, append_all
 from parashift.engine.sequence import Sequence
 from parashift.outputs import CompletionOutput, RequestOutput
 
@@ -61,7 +61,12 @@ class Processed:
 
 
 class _RequestState:
-    __slots__ = ("seq", "detokenizer", "token_ids", "logprobs", "reports_every_step")
+    """What a request's outputs are made of. The request's fixed fields are copied here
+    (its first output copies those fixed once it has a token): a step touches this object
+    and its lists, not the Sequence the engine loop keeps changing."""
+    __slots__ = ("seq", "detokenizer", "token_ids", "logprobs", "reports_every_step",
+                 "request_id", "prompt", "prompt_token_ids", "wants_logprobs",
+                 "first_token_time", "num_cached_tokens")
 
     def __init__(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None,
                  reports_every_step: bool):
@@ -70,10 +75,21 @@ class _RequestState:
         self.token_ids: list[int] = []
         self.logprobs: list[dict[int, float]] = []
         self.reports_every_step = reports_every_step
+        self.request_id, self.prompt = seq.request_id, seq.prompt
+        self.prompt_token_ids = seq.prompt_token_ids
+        self.wants_logprobs = seq.params.logprobs is not None
+        self.first_token_time: float | None = None  # set with num_cached_tokens at 1st output
+        self.num_cached_tokens = 0
 
     @property
     def text(self) -> str:
         return self.detokenizer.text if self.detokenizer is not None else ""
+
+    def fix_first_token(self) -> None:
+        """Copies what the request's first token fixed (the engine set both before it
+        handed the token over)."""
+        self.first_token_time = self.seq.first_token_time
+        self.num_cached_tokens = self.seq.num_cached_tokens
 
 
 class RequestOutputs:
@@ -82,6 +98,7 @@ class RequestOutputs:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._states: dict[str, _RequestState] = {}
+        self._token_texts = TokenTexts()
 
     def process(self, message) -> Processed:
         if isinstance(message, StepTokens):
@@ -108,33 +125,35 @@ class RequestOutputs:
     def _take_step(self, step: StepTokens) -> Processed:
         """Appends each request's token; decodes every new token in one batch, except one
         that an EOS or a stop token id ended (it gets no text); builds the outputs."""
-        advanced, detokenizers, tokens, decoded = [], [], [], []
-        states, finished = self._states, step.finished
-        for i, request_id in enumerate(step.request_ids):
+        advanced, finishes, detokenizers, tokens, decoded = [], [], [], [], []
+        states, finished, logprobs = self._states, step.finished, step.logprobs
+        for i, (request_id, token) in enumerate(zip(step.request_ids, step.token_ids)):
             state = states.get(request_id)
             if state is None:  # ended here already, or aborted: its later tokens are dropped
                 continue
-            token, finish = step.token_ids[i], finished.get(request_id)
+            finish = finished.get(request_id) if finished else None
             state.token_ids.append(token)
-            if step.logprobs is not None and step.logprobs[i] is not None:
-                state.logprobs.append(step.logprobs[i])
+            if logprobs is not None and logprobs[i] is not None:
+                state.logprobs.append(logprobs[i])
             if state.detokenizer is not None and not (finish is not None and finish[0] == "stop"):
                 decoded.append(len(advanced))
                 detokenizers.append(state.detokenizer)
                 tokens.append(token)
-            advanced.append((state, finish))
+            advanced.append(state)
+            finishes.append(finish)
         stops = [None] * len(advanced)
-        for k, stop in zip(decoded, append_all(detokenizers, tokens) if detokenizers else ()):
-            stops[k] = stop
+        if detokenizers:
+            for k, stop in zip(decoded, append_all(detokenizers, tokens, self._token_texts)):
+                stops[k] = stop
         processed = Processed()
-        for (state, finish), stop in zip(advanced, stops):
+        for state, finish, stop in zip(advanced, finishes, stops):
             self._report(state, finish, stop, processed)
         return processed
 
     def _report(self, state: _RequestState, finish: Finish | None,
                 stop: str | Exception | None, processed: Processed) -> None:
         """A request whose output cannot be made (its text cannot be decoded) fails alone."""
-        request_id = state.seq.request_id
+        request_id = state.request_id
         try:
             if isinstance(stop, Exception):
                 raise stop
@@ -165,15 +184,15 @@ class RequestOutputs:
         reason, stop_reason = ("stop", stop) if stop is not None else finish or (None, None)
         if reason is None and not state.reports_every_step:
             return None
-        seq = state.seq
+        if state.first_token_time is None:
+            state.fix_first_token()
         completion = CompletionOutput(
-            0, state.text, list(state.token_ids),
-            list(state.logprobs) if seq.params.logprobs is not None else None,
-            reason, stop_reason)
+            0, state.text, state.token_ids[:],
+            state.logprobs[:] if state.wants_logprobs else None, reason, stop_reason)
         # a final-only request's one output still tells the server when its first token came
-        metrics = {"first_token_time": seq.first_token_time}
-        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
-                             reason is not None, seq.num_cached_tokens, metrics)
+        return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids,
+                             [completion], reason is not None, state.num_cached_tokens,
+                             {"first_token_time": state.first_token_time})
 
     def _error_output(self, failure: Failure) -> RequestOutput:
         """The request's last output, with finish reason "error"; its state goes."""

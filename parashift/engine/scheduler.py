@@ -42,7 +42,8 @@ class ScheduledSeq:
         if self.start_pos == len(self.seq.token_ids) and self.num_new_tokens == 1:
             return [PLACEHOLDER_TOKEN]  # a decode step under async scheduling
         known = self.seq.token_ids[self.start_pos:self.start_pos + self.num_new_tokens]
-        return known + [PLACEHOLDER_TOKEN] * (self.num_new_tokens - len(known))
+        missing = self.num_new_tokens - len(known)
+        return known + [PLACEHOLDER_TOKEN] * missing if missing else known
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,9 @@ class Scheduler:
             raise ValueError(f"prompt of {seq.num_tokens} tokens: must be 1 to "
                              f"max_model_len={self.config.max_model_len}")
         seq.status = SequenceStatus.WAITING
+        max_tokens, max_model_len = seq.params.max_tokens, self.config.max_model_len
+        seq.length_limit = max_model_len if max_tokens is None else \
+            min(max_model_len, seq.num_prompt_tokens + max_tokens)
         self._unfinished[seq.request_id] = seq
         heapq.heappush(self._waiting, (seq.sort_key(), seq))
 
@@ -220,14 +224,16 @@ class Scheduler:
     def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
         """Apply a step's results; return the sequences it finished. A sequence
         preempted since the step was scheduled still takes its sampled token."""
-        finished, cache_full_blocks = [], self.block_manager.cache_full_blocks
+        finished, block_manager = [], self.block_manager
+        cache_full_blocks = block_manager.cache_full_blocks
+        caching = block_manager.enable_prefix_caching
         running, done = SequenceStatus.RUNNING, SequenceStatus.FINISHED
         for scheduled in output.scheduled:
             seq = scheduled.seq
             status = seq.status
             if status is done:  # aborted (or stopped by an earlier step) while the step ran
                 continue
-            if status is running:
+            if caching and status is running:
                 cache_full_blocks(seq, min(scheduled.start_pos + scheduled.num_new_tokens,
                                            len(seq.token_ids)))
             if not scheduled.samples:
@@ -242,7 +248,8 @@ class Scheduler:
 
     def _num_new_tokens(self, seq: Sequence, budget: int, num_computed: int) -> int:
         pending = seq.num_pending_tokens
-        if pending and (self.defer_pending or self._pending_token_finishes(seq)):
+        # a pending token that reaches the length limit leaves nothing to compute after it
+        if pending and (self.defer_pending or len(seq.token_ids) + pending >= seq.length_limit):
             return 0
         num_new = len(seq.token_ids) + pending - num_computed
         if num_new > budget:
@@ -270,13 +277,6 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget
-
-    def _pending_token_finishes(self, seq: Sequence) -> bool:
-        """The pending token reaches max_tokens or max_model_len: nothing to compute after it."""
-        num_tokens = len(seq.token_ids) + seq.num_pending_tokens
-        max_tokens = seq.params.max_tokens
-        return ((max_tokens is not None and num_tokens - seq.num_prompt_tokens >= max_tokens)
-                or num_tokens >= self.config.max_model_len)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self._waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -364,14 +364,11 @@ class Scheduler:
         heapq.heapify(self._waiting)
 
     def _check_stop(self, seq: Sequence) -> tuple[str | None, int | None]:
-        token, num_tokens = seq.token_ids[-1], len(seq.token_ids)
-        params = seq.params
+        token, params = seq.token_ids[-1], seq.params
         if not params.ignore_eos and token in self.eos_token_ids:
             return "stop", None
         if params.stop_token_ids and token in params.stop_token_ids:
             return "stop", token
-        if params.max_tokens is not None and num_tokens - seq.num_prompt_tokens >= params.max_tokens:
-            return "length", None
-        if num_tokens >= self.config.max_model_len:
+        if len(seq.token_ids) >= seq.length_limit:  # max_tokens or max_model_len
             return "length", None
         return None, None

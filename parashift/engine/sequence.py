@@ -42,6 +42,9 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.first_token_time: float | None = None
+        # Tokens (prompt + output) at which it ends by length: max_tokens' or the model's
+        # length, whichever comes first (set by the scheduler that takes it)
+        self.length_limit = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -71,6 +71,12 @@ class Sampler:
         logprobs = _gather_logprobs(raw, params, token_ids) if with_logprobs else None
         return SamplerOutput(token_ids, logprobs)
 
+    @staticmethod
+    def argmax(logits: torch.Tensor) -> SamplerOutput:
+        """What __call__ returns for rows that are all `argmax_only` (SamplingParams): the
+        argmax of the raw logits, no logprobs."""
+        return SamplerOutput(logits.float().argmax(dim=-1), None)
+
     def _sample(self, logits: torch.Tensor, params: list[SamplingParams],
                 generators: list[torch.Generator | None], shared: torch.Generator) -> torch.Tensor:
         rows = _row_params(params, logits.shape[1], logits.device)

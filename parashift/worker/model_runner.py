@@ -425,8 +425,7 @@ class ModelRunner:
         if not state.is_last_stage:
             self._send(out, state)
             return None, None
-        sampling = [c for c in chunks if c.sampling is not None]
-        if not sampling:
+        if not inputs.sample_rows:
             return None, None
         hidden = self._sample_rows(out, inputs, sp)
         logits = self.model.compute_logits(hidden)
@@ -434,13 +433,21 @@ class ModelRunner:
             return None, None
         # With one stage every rank samples (the same tokens: same logits, same seeds), so
         # every rank can fill the next step's placeholders; only the output rank reports.
-        masks = [c.token_mask for c in sampling]
-        result = self.sampler(logits, [c.sampling for c in sampling],
-                              [self._generator(c) for c in sampling], self._group.generator,
-                              with_logprobs=plan.is_output_rank,
-                              history=self.history.batch(sampling),
-                              token_masks=masks if any(m is not None for m in masks) else None)
+        if self.requests.argmax_only[inputs.sample_table_rows].all():  # no pass over params
+            result = self.sampler.argmax(logits)
+        else:
+            result = self._sample(logits, [c for c in chunks if c.sampling is not None],
+                                  plan.is_output_rank)
         return result.token_ids, result.logprobs
+
+    def _sample(self, logits: torch.Tensor, sampling: list[SeqChunk], with_logprobs: bool):
+        masks = [c.token_mask for c in sampling]
+        generators = ([self._generator(c) for c in sampling] if self.generators
+                      else [None] * len(sampling))
+        return self.sampler(logits, [c.sampling for c in sampling], generators,
+                            self._group.generator, with_logprobs=with_logprobs,
+                            history=self.history.batch(sampling),
+                            token_masks=masks if any(m is not None for m in masks) else None)
 
     def _fill_placeholders(self, token_ids: torch.Tensor, chunks: list[SeqChunk],
                            inputs: StepInputs) -> None:

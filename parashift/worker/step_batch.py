@@ -75,11 +75,15 @@ class SeqChunk:
 class RequestTables:
     """A rank's copy of each running request's block table and sampling parameters, kept
     from step to step: a request holds one row of `tables` while it runs, and a step
-    writes only the block ids its message appends (once every block_size decode steps)."""
+    writes only the block ids its message appends (once every block_size decode steps).
+    `argmax_only[row]`: the request's token is the argmax of its logits (greedy, nothing
+    else asked), written when its parameters arrive, so that a step's sampler is chosen
+    with one array read instead of a pass over its requests' parameters."""
 
     def __init__(self, rows: int = 64, width: int = 64):
         self.tables = np.zeros((rows, width), np.int32)  # row -> block ids, 0-padded
         self.lengths = np.zeros(rows, np.int32)  # row -> its number of blocks
+        self.argmax_only = np.zeros(rows, bool)
         self.row_of: dict[str, int] = {}
         self.params: dict[str, SamplingParams] = {}
         self._free = list(range(rows - 1, -1, -1))
@@ -88,15 +92,21 @@ class RequestTables:
         for request_id in batch.finished_request_ids:
             self.forget(request_id)
         self.params.update(batch.new_params)
-        chunks, row_of, params = [], self.row_of, self.params
-        for d in batch.chunks:
-            row = row_of.get(d.request_id)
-            if row is None:
-                row = self._take_row(d.request_id)
-            if d.new_blocks or d.blocks_from != self.lengths[row]:
+        deltas, row_of, params = batch.chunks, self.row_of, self.params
+        for request_id in batch.new_params:  # of a request that kept its row (new: below)
+            if request_id in row_of:
+                self._mark_argmax_only(request_id, row_of[request_id])
+        rows = [row_of.get(d.request_id) for d in deltas]
+        if None in rows:
+            rows = [self._take_row(d.request_id) if row is None else row
+                    for d, row in zip(deltas, rows)]
+        lengths = self.lengths.tolist()  # (rows are taken: every row is in it)
+        for d, row in zip(deltas, rows):
+            if d.new_blocks or d.blocks_from != lengths[row]:
                 self._write(row, d.blocks_from, d.new_blocks)
-            chunks.append(SeqChunk(d.request_id, d.token_ids, d.start_pos, row,
-                                   params[d.request_id] if d.samples else None))
+        chunks = [SeqChunk(d.request_id, d.token_ids, d.start_pos, row,
+                           params[d.request_id] if d.samples else None)
+                  for d, row in zip(deltas, rows)]
         if batch.token_masks is not None:
             for i, mask in zip(batch.token_masks.chunks, batch.token_masks.bitmask):
                 chunks[i].token_mask = mask
@@ -108,10 +118,14 @@ class RequestTables:
         if row is not None:
             self.tables[row, :self.lengths[row]] = 0
             self.lengths[row] = 0
+            self.argmax_only[row] = False
             self._free.append(row)
 
     def table(self, row: int) -> list[int]:
         return self.tables[row, :self.lengths[row]].tolist()
+
+    def free_rows(self) -> list[int]:
+        return list(self._free)
 
     def _take_row(self, request_id: str) -> int:
         if not self._free:
@@ -119,7 +133,12 @@ class RequestTables:
             self._resize(2 * rows, self.tables.shape[1])
             self._free = list(range(2 * rows - 1, rows - 1, -1))
         row = self.row_of[request_id] = self._free.pop()
+        self._mark_argmax_only(request_id, row)
         return row
+
+    def _mark_argmax_only(self, request_id: str, row: int) -> None:
+        params = self.params.get(request_id)
+        self.argmax_only[row] = params is not None and params.argmax_only
 
     def _write(self, row: int, start: int, block_ids: list[int]) -> None:
         end = start + len(block_ids)
@@ -135,6 +154,8 @@ class RequestTables:
         self.tables[:tables.shape[0], :tables.shape[1]] = tables
         self.lengths = np.zeros(rows, np.int32)
         self.lengths[:len(lengths)] = lengths
+        self.argmax_only = np.resize(self.argmax_only, rows)
+        self.argmax_only[len(lengths):] = False
 
 
 class DeltaEncoder:

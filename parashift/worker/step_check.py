@@ -1,7 +1,8 @@
 """Debug mode (`--check-step-state`): each step's inputs, as the rank builds them from its
-persistent state (block-table rows updated by the step messages' deltas, the previous
-samples' index by row), against the same inputs rebuilt from scratch with plain Python
-lists: every request's block table kept as a list, every slot computed token by token."""
+persistent state (block-table rows updated by the step messages' deltas, the rows'
+argmax-only flags, the previous samples' index by row), against the same inputs rebuilt
+from scratch with plain Python lists: every request's block table kept as a list, every
+slot computed token by token, every flag from its request's parameters."""
 import numpy as np
 import torch
 
@@ -30,6 +31,14 @@ class StepStateCheck:
             _expect(persistent.table(row) == self.tables.get(request_id),
                     f"block table of {request_id}", persistent.table(row),
                     self.tables.get(request_id))
+            params = persistent.params.get(request_id)
+            argmax_only = params is not None and params.argmax_only
+            _expect(bool(persistent.argmax_only[row]) == argmax_only,
+                    f"argmax_only of {request_id}", bool(persistent.argmax_only[row]),
+                    argmax_only)
+        _expect(not persistent.argmax_only[persistent.free_rows()].any(),
+                "argmax_only of free rows", persistent.argmax_only[persistent.free_rows()],
+                "none set")
         _expect(set(persistent.row_of) >= {d.request_id for d in batch.chunks},
                 "requests with a row", sorted(persistent.row_of), batch.chunks)
 

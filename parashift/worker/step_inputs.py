@@ -21,6 +21,7 @@ class StepInputs:
     local_rows: range             # the whole-step rows this rank holds
     chunk_rows: np.ndarray        # each chunk's row in the block tables
     last_tokens: np.ndarray       # each chunk's last input token (PLACEHOLDER_TOKEN or not)
+    sample_table_rows: np.ndarray  # the block-table row of each chunk sampled, in order
 
 
 def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: int,
@@ -75,4 +76,4 @@ def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: in
     sampled = np.fromiter((c.sampling is not None for c in chunks), bool, n)
     return StepInputs(upload(tokens[local.start:local.stop], torch.int64, device),
                       upload(positions[local.start:local.stop], torch.int64, device), attn,
-                      (ends[sampled] - 1).tolist(), local, rows, tokens[ends - 1])
+                      (ends[sampled] - 1).tolist(), local, rows, tokens[ends - 1], rows[sampled])

@@ -223,3 +223,36 @@ def test_a_request_whose_tokens_cannot_be_decoded_fails_alone(tokenizer, prompt_
     results = append_all([good, bad], [tokenizer.encode("Hello")[0], -5])
     assert results[0] is None and isinstance(results[1], Exception)
     assert good.text == "Hello"
+
+
+def test_token_texts_decode_each_step_once_per_request_and_keep_exact_texts(tokenizer,
+                                                                           prompt_ids):
+    """With TokenTexts, a request's one-token window before its new token is taken from the
+    texts known (decoded alone once per token id), and every request gets the text and stop
+    string it gets without them; the texts kept are tokenizer.decode's of each id alone."""
+    from parashift.engine.detokenizer import TokenTexts, append_all, rust_backend
+    rng = random.Random(5)
+    outputs = [tokenizer.encode(text) for text in TEXTS] + \
+        [[rng.randrange(len(tokenizer)) for _ in range(20)] for _ in range(4)]
+    params = [SamplingParams(stop=[rng.choice(["a", "é", "😀", ", "])],
+                             skip_special_tokens=i % 2 == 0) for i in range(len(outputs))]
+    plain = [IncrementalDetokenizer(tokenizer, prompt_ids, p) for p in params]
+    cached = [IncrementalDetokenizer(tokenizer, prompt_ids, p) for p in params]
+    texts = TokenTexts()
+    stops_plain, stops_cached = [None] * len(outputs), [None] * len(outputs)
+    for step in range(max(map(len, outputs))):
+        live = [i for i, ids in enumerate(outputs) if step < len(ids) and stops_plain[i] is None]
+        step_tokens = [outputs[i][step] for i in live]
+        for i, stop in zip(live, append_all([plain[i] for i in live], step_tokens)):
+            stops_plain[i] = stop
+        for i, stop in zip(live, append_all([cached[i] for i in live], step_tokens, texts)):
+            stops_cached[i] = stop
+    assert stops_cached == stops_plain and any(stops_plain)
+    assert [d.text for d in cached] == [d.text for d in plain]
+    backend = rust_backend(tokenizer)
+    for skip in (True, False):
+        known = texts.of(backend, skip)
+        assert known  # every request's windows after its first token are one token long
+        assert known == {t: tokenizer.decode([t], skip_special_tokens=skip,
+                                             clean_up_tokenization_spaces=False)
+                         for t in known}

@@ -446,3 +446,19 @@ def test_evict_all_hands_every_request_over_with_its_blocks_freed():
     for seq in evicted:
         other.add(seq)
     assert step(other)[0] == [("b", 4, 0), ("c", 6, 0), ("a", 6, 0)]
+
+
+def test_the_length_limit_is_max_tokens_or_the_model_length_whichever_comes_first():
+    sched = make_scheduler(max_model_len=20)
+    seqs = [make_seq("a", 10, max_tokens=5), make_seq("b", 10, max_tokens=30),
+            make_seq("c", 10, max_tokens=None), make_seq("d", 10, max_tokens=10)]
+    for seq in seqs:
+        sched.add(seq)
+    assert [seq.length_limit for seq in seqs] == [15, 20, 20, 20]
+    finished_at = {}
+    for n in range(1, 12):
+        for seq in step(sched)[2]:
+            finished_at[seq] = n
+    assert finished_at == {"a": 5, "b": 10, "c": 10, "d": 10}
+    assert [seq.finish_reason for seq in seqs] == ["length"] * 4
+    assert [seq.num_output_tokens for seq in seqs] == [5, 10, 10, 10]

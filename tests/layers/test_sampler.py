@@ -38,6 +38,18 @@ def test_greedy_is_argmax():
     assert out.logprobs is None
 
 
+def test_argmax_gives_what_the_sampler_gives_argmax_only_rows():
+    """The model runner's shortcut for steps whose rows are all argmax_only (bf16 logits
+    too, with ties: both take the first maximum of the same float32 values)."""
+    params = [SamplingParams(temperature=0), SamplingParams(top_k=1, seed=5)] * 4
+    assert all(p.argmax_only for p in params)
+    for logits in (torch.randn(8, VOCAB), torch.randn(8, VOCAB).bfloat16(),
+                   torch.zeros(8, VOCAB)):
+        full, short = sample(logits, params), Sampler.argmax(logits)
+        assert torch.equal(short.token_ids, full.token_ids) and short.logprobs is None
+        assert short.token_ids.dtype == torch.int64
+
+
 def test_tiny_temperature_is_greedy_not_nan():
     logits = torch.randn(4, VOCAB) * 10
     out = sample(logits, [SamplingParams(temperature=1e-30)] * 4)

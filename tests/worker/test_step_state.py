@@ -67,3 +67,15 @@ def test_the_check_catches_a_lost_block_id(tiny_llama_dir, monkeypatch):
             llm.generate([list(range(1, 40))], SamplingParams(max_tokens=4))
     finally:
         llm.llm_engine.shutdown()
+
+
+def test_the_check_catches_a_wrong_argmax_only_flag(tiny_llama_dir, monkeypatch):
+    def marks_every_row(self, request_id, row):
+        self.argmax_only[row] = True
+    monkeypatch.setattr(step_batch.RequestTables, "_mark_argmax_only", marks_every_row)
+    llm = tiny_llm(tiny_llama_dir, block_size=8, check_step_state=True)
+    try:
+        with pytest.raises(StepStateMismatch, match="argmax_only"):
+            llm.generate([list(range(1, 40))], SamplingParams(max_tokens=4, temperature=0.8))
+    finally:
+        llm.llm_engine.shutdown()

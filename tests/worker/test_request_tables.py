@@ -1,0 +1,56 @@
+"""A rank's persistent request tables: block-table rows and argmax-only flags written by
+the step messages' deltas (added, finished and re-sent requests), checked value by value."""
+import numpy as np
+
+from parashift import SamplingParams
+from parashift.worker.step_batch import ChunkDelta, RequestTables, StepBatch
+
+GREEDY = SamplingParams(temperature=0)
+RANDOM = SamplingParams(temperature=0.8)
+
+
+def decode(request_id: str, start: int, sent: int = 0, new_blocks=()) -> ChunkDelta:
+    return ChunkDelta(request_id, [-1], start, sent, list(new_blocks), True)
+
+
+def test_rows_and_flags_follow_the_deltas():
+    tables = RequestTables(rows=2, width=2)
+    chunks = tables.apply(StepBatch(
+        [decode("a", 0, 0, [7]), decode("b", 0, 0, [3, 4]), decode("c", 0, 0, [5])],
+        new_params={"a": GREEDY, "b": RANDOM, "c": SamplingParams(temperature=0, logprobs=1)}))
+    assert [c.row for c in chunks] == [0, 1, 2]  # the third row made the tables grow
+    assert [c.sampling for c in chunks] == [GREEDY, RANDOM, tables.params["c"]]
+    assert tables.argmax_only.tolist() == [True, False, False, False]
+    assert tables.lengths.tolist() == [1, 2, 1, 0]
+    assert tables.tables[:3, :2].tolist() == [[7, 0], [3, 4], [5, 0]]
+    chunks = tables.apply(StepBatch([decode("a", 1, 1, [8]), decode("c", 1, 1)],
+                                    finished_request_ids=["b"]))
+    assert [c.row for c in chunks] == [0, 2]
+    assert tables.argmax_only.tolist() == [True, False, False, False]
+    assert tables.lengths.tolist() == [2, 0, 1, 0] and tables.table(0) == [7, 8]
+    assert tables.free_rows() == [3, 1]
+    # a new request takes the freed row; one sent again from block 0 (preempted) rewrites
+    chunks = tables.apply(StepBatch([decode("d", 0, 0, [9]), decode("a", 0, 0, [6])],
+                                    new_params={"d": GREEDY}))
+    assert [c.row for c in chunks] == [1, 0]
+    assert tables.argmax_only.tolist() == [True, True, False, False]
+    assert tables.table(0) == [6] and tables.table(1) == [9]
+    assert np.array_equal(tables.tables[0], [6, 0])
+
+
+def test_parameters_sent_again_rewrite_the_flag_of_a_kept_row():
+    tables = RequestTables()
+    tables.apply(StepBatch([decode("a", 0, 0, [1])], new_params={"a": GREEDY}))
+    assert tables.argmax_only[tables.row_of["a"]]
+    tables.apply(StepBatch([decode("a", 1, 1)], new_params={"a": RANDOM}))
+    assert not tables.argmax_only[tables.row_of["a"]]
+
+
+def test_argmax_only_means_nothing_but_the_argmax():
+    assert GREEDY.argmax_only and SamplingParams(top_k=1).argmax_only
+    assert SamplingParams(temperature=0, seed=3).argmax_only  # a greedy row ignores its seed
+    for params in (RANDOM, SamplingParams(temperature=0, logprobs=0),
+                   SamplingParams(temperature=0, logit_bias={1: 2.0}),
+                   SamplingParams(temperature=0, repetition_penalty=1.2),
+                   SamplingParams(temperature=0, presence_penalty=0.5)):
+        assert not params.argmax_only, params
