@@ -6,7 +6,8 @@
 #   OUT=dir bash scripts/gpu_x2_runs.sh det                            # call 2
 #   OUT=dir bash scripts/gpu_x2_runs.sh moe seesaw_pcie det_cost       # call 3
 # Eleventh session: call 1 `env seesaw seesaw_resident`, call 2 `seesaw_pcie moe_ep det_profile`,
-# call 3 `decode tests_moe moe_eager`. Its candidates were: moe_ep moe_eager tests_moe (issue 19: expert parallelism and
+# call 3 `decode tests_moe moe_eager`. Twelfth session: `det_chain` (issue 22: TP=2's chained
+# K-chunk sum against the gather, and the 8B matrix under the chain). Its candidates were: moe_ep moe_eager tests_moe (issue 19: expert parallelism and
 # graphs against eager on two ranks, to choose the defaults), seesaw seesaw_pcie (issue 16:
 # the prefill plan's steps in flight, auto with --seesaw-num-requests; seesaw_resident: no
 # weight copies), decode (issue 24).
@@ -69,7 +70,17 @@ run_det_profile() {  # one GPU: the kernels of a decode step, default against de
   done
 }
 
-export -f run_tests run_decode run_seesaw run_det run_det_profile
+run_det_chain() {  # TP=2's K-chunk sum gathered (default) and chained, then the chain's matrix
+  python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 --models $EIGHT_B \
+    --out "$OUT/det_cost_gather.jsonl"
+  export PARASHIFT_DETERMINISTIC_TP_SUM=chain
+  python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 shift --models $EIGHT_B \
+    --out "$OUT/det_cost_chain.jsonl"
+  python3 benchmarks/deterministic.py --plans single tp2 shift --skip-cost \
+    --models benchmarks/shapes/tiny-llama.json --out "$OUT/det_chain_tiny.jsonl"
+}
+
+export -f run_tests run_decode run_seesaw run_det run_det_profile run_det_chain
 export EIGHT_B
 for name in "$@"; do
   case $name in
@@ -85,6 +96,7 @@ for name in "$@"; do
     det) part det 560 run_det ;;
     det_cost) part det_cost 200 "python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 shift \
            --models $EIGHT_B --out $OUT/det_cost.jsonl" ;;
+    det_chain) part det_chain 420 "run_det_chain" ;;
     moe) part moe 190 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
            --plans tp2 sp2 shift2 --interactive-requests 8 --batch-requests 64 --input-len 2048 \
            --output-len 128 --cuda-graphs --output $OUT/moe_plans.json" ;;

@@ -44,21 +44,23 @@ def chunk_partials(x: torch.Tensor, weight: torch.Tensor, chunks: int) -> torch.
     return torch.bmm(xs, ws.transpose(1, 2))[:, :rows]
 
 
-def ordered_sum(partials: torch.Tensor) -> torch.Tensor:
-    """The sum over dim 0 added one partial after the other, from zero, in fp32."""
-    total = torch.zeros_like(partials[0])
+def ordered_sum(partials: torch.Tensor, init: torch.Tensor | None = None) -> torch.Tensor:
+    """The sum over dim 0 added one partial after the other, from zero (or from `init`, the
+    fp32 running sum of the partials before these), in fp32."""
+    total = torch.zeros_like(partials[0]) if init is None else init.clone()
     for partial in partials:
         total += partial
     return total
 
 
 def sum_chunks(partials: torch.Tensor, bias: torch.Tensor | None,
-               dtype: torch.dtype) -> torch.Tensor:
-    """The partials [chunks, rows, N] added in chunk order, plus bias, in `dtype`."""
+               dtype: torch.dtype, init: torch.Tensor | None = None) -> torch.Tensor:
+    """The partials [chunks, rows, N] added in chunk order (after `init`, the running sum of
+    the chunks before them, if given), plus bias, in `dtype`."""
     if use_triton(partials):
         from parashift.deterministic import triton_matmul
-        return triton_matmul.sum_chunks(partials, bias, dtype)
-    return finish(ordered_sum(partials), bias, dtype)
+        return triton_matmul.sum_chunks(partials, bias, dtype, init)
+    return finish(ordered_sum(partials, init), bias, dtype)
 
 
 def finish(total: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

@@ -4,8 +4,17 @@ K is cut into `chunks` equal chunks; a rank at position p of a TP group of size 
 input columns p·K/t .. (p+1)·K/t (its base shard, a shift plan's slice, alike), that is
 chunks p·chunks/t .. (p+1)·chunks/t - 1. It computes those chunks' partials, the group
 gathers them in position order, and every rank adds all of them in chunk order: the
-single-device run adds the same partials in the same order."""
+single-device run adds the same partials in the same order.
+
+PARASHIFT_DETERMINISTIC_TP_SUM=chain passes the running sum along the group instead: rank p
+adds its chunks, in order, to the fp32 sum of the chunks before them (rank p - 1's), and
+the last rank adds the bias and rounds; each hop and the result's return is an all-gather
+of one tensor per rank. The same additions in the same order (the same bits), t
+collectives of one partial instead of one of chunks / t partials per rank: fewer bytes
+where the rows are many, more latency where they are few. Read at each call (every rank
+of the engine reads the same environment)."""
 import math
+import os
 
 import torch
 
@@ -71,8 +80,36 @@ def chunks_held(tp: GroupHandle, chunks: int) -> int:
     return chunks // tp.size
 
 
+TP_SUM_MODES = ("gather", "chain")
+
+
+def tp_sum_mode() -> str:
+    mode = os.environ.get("PARASHIFT_DETERMINISTIC_TP_SUM", "gather")
+    if mode not in TP_SUM_MODES:
+        raise ValueError(f"PARASHIFT_DETERMINISTIC_TP_SUM must be one of {TP_SUM_MODES}, "
+                         f"got {mode!r}")
+    return mode
+
+
 def sum_over_tp(partials: torch.Tensor, bias: torch.Tensor | None, tp: GroupHandle,
                 dtype: torch.dtype) -> torch.Tensor:
-    """This rank's chunk partials [chunks / t, rows, N] gathered over the TP group in
-    position order and added in chunk order, plus bias, in `dtype`."""
+    """This rank's chunk partials [chunks / t, rows, N] added over the TP group in chunk
+    order, plus bias, in `dtype`: gathered and added on every rank, or in a chain."""
+    if tp_sum_mode() == "chain":
+        return chain_over_tp(partials, bias, tp, dtype)
     return sum_chunks(tp.all_gather(partials, dim=0), bias, dtype)
+
+
+def chain_over_tp(partials: torch.Tensor, bias: torch.Tensor | None, tp: GroupHandle,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """The chunk-order sum passed from rank to rank in position order; at each hop only
+    one rank's tensor is read (the others send a placeholder of its shape)."""
+    running = None
+    for hop in range(tp.size - 1):
+        mine = (sum_chunks(partials, None, torch.float32, running) if tp.rank == hop
+                else partials[0])
+        running = tp.all_gather(mine.unsqueeze(0), dim=0)[hop]
+    last = tp.size - 1
+    mine = (sum_chunks(partials, bias, dtype, running) if tp.rank == last
+            else partials.new_empty(partials.shape[1:], dtype=dtype))
+    return tp.all_gather(mine.unsqueeze(0), dim=0)[last]

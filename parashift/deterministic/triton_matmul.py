@@ -143,16 +143,21 @@ def invariant_matmul_kernel(out_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k, num_
 
 
 @triton.jit(**_generic)
-def sum_chunks_kernel(out_ptr, part_ptr, bias_ptr, M, N, num_chunks, stride_pc, stride_pm,
-                      stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr):
+def sum_chunks_kernel(out_ptr, part_ptr, bias_ptr, init_ptr, M, N, num_chunks, stride_pc,
+                      stride_pm, stride_om, stride_im, HAS_BIAS: tl.constexpr,
+                      HAS_INIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """out = (0 + partial 0 + partial 1 + ... + bias) in fp32, rounded once to out's dtype:
-    what the chunk loop of `invariant_matmul_kernel` computes."""
+    what the chunk loop of `invariant_matmul_kernel` computes; with HAS_INIT the sum starts
+    from the fp32 running sum of the chunks before these (another rank's)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     parts = part_ptr + offs_m[:, None].to(tl.int64) * stride_pm + offs_n[None, :]
-    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if HAS_INIT:
+        total = tl.load(init_ptr + offs_m[:, None].to(tl.int64) * stride_im + offs_n[None, :],
+                        mask=mask, other=0.0)
+    else:
+        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for _ in range(0, num_chunks):
         total += tl.load(parts, mask=mask, other=0.0)
         parts += stride_pc
@@ -201,16 +206,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 def sum_chunks(partials: torch.Tensor, bias: torch.Tensor | None,
-               dtype: torch.dtype) -> torch.Tensor:
-    """[chunks, M, N] fp32 partials added in chunk order, plus bias, in `dtype`."""
+               dtype: torch.dtype, init: torch.Tensor | None = None) -> torch.Tensor:
+    """[chunks, M, N] fp32 partials added in chunk order (after `init` [M, N] fp32, if
+    given), plus bias, in `dtype`."""
     partials = partials if partials.stride(-1) == 1 else partials.contiguous()
     chunks, m, n = partials.shape
+    if init is not None and init.stride(-1) != 1:
+        init = init.contiguous()
     out = torch.empty(m, n, dtype=dtype, device=partials.device)
     block_m, block_n, _, warps, _ = tiles_for(m)
     sum_chunks_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
-        out, partials, bias if bias is not None else out, m, n, chunks, partials.stride(0),
-        partials.stride(1), out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m,
-        BLOCK_N=block_n, num_warps=warps, enable_fp_fusion=False)
+        out, partials, bias if bias is not None else out, init if init is not None else out,
+        m, n, chunks, partials.stride(0), partials.stride(1), out.stride(0),
+        init.stride(0) if init is not None else 0, HAS_BIAS=bias is not None,
+        HAS_INIT=init is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+        enable_fp_fusion=False)
     return out
 
 

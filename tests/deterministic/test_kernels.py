@@ -47,6 +47,9 @@ def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
                            chunk_partials(x[:, cut:], w[:, cut:], chunks // 2)])
         assert_exact(matmul.finish(matmul.ordered_sum(parts), b, x.dtype), full)
         assert_exact(sum_chunks(parts, b, x.dtype), full)
+        # the chain: the second rank adds its chunks to the first rank's fp32 running sum
+        running = sum_chunks(parts[:chunks // 2], None, torch.float32)
+        assert_exact(sum_chunks(parts[chunks // 2:], b, x.dtype, running), full)
 
 
 test_matmul_interpreted, test_matmul_cuda = case_tests(__name__, check_matmul, MATMUL_CASES,
