@@ -7,20 +7,20 @@ Python ints, never from tensor values, so a step runs without host syncs and
 can be captured in a CUDA graph. A captured graph keeps the split count
 chosen at capture; it stays correct for any context length, only less tuned.
 
-Batch-invariant (deterministic mode): every launch takes the prefill configuration and
-the masked tile loop for every KV tile (MASK_EVERY_TILE), so a query row's tiles, their
-order, the tile shapes of its dots and the compiled code that runs them are the same in
-decode, prefill and chunked prefill, whatever the batch; tiles past its position are masked
-to exact no-ops. The context is cut into fixed partitions of INVARIANT_PARTITION tokens,
-each summed from a fresh softmax state, and the partitions' states are merged in position
-order by one arithmetic: a decode launch spreads them over programs (split-KV, any count)
-and a reduction merges them, a prefill program merges them itself, and a row's bits are the
-same either way. fp32 dots are IEEE. Decode batches compute the prefill configuration's
-query rows (128) in prefill; decode launches take a program of few rows (16) over the same
-KV tiles, with the softmax denominator summed on the tensor cores (ROW_SUM_BY_DOT) so that
-the row's bits do not follow the rows per program
+Batch-invariant (deterministic mode): every launch takes the prefill configuration's KV
+tile and the masked tile loop for every KV tile (MASK_EVERY_TILE), so a query row's tiles,
+their order, the tile shapes of its dots and the code that runs them are the same in decode,
+prefill and chunked prefill, whatever the batch; tiles past its position are masked to exact
+no-ops. Prefill launches take the prefill configuration's 128 query rows per program, decode
+launches 16 (`invariant_decode_config`): the softmax denominator is summed on the tensor
+cores (ROW_SUM_BY_DOT) so that a row's bits do not follow the rows per program
 (PARASHIFT_DETERMINISTIC_DECODE_ATTENTION=prefill runs decodes in the prefill configuration;
-PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M=64 takes fewer rows for every launch)."""
+PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M=64 takes fewer rows for every launch). The
+context is cut into fixed partitions of INVARIANT_PARTITION tokens, each summed from a fresh
+softmax state, and the partitions' states are merged in position order by one arithmetic: a
+decode launch spreads them over programs (split-KV, any count) and a reduction merges them,
+a prefill program merges them itself, and a row's bits are the same either way. fp32 dots
+are IEEE."""
 import bisect
 import math
 import os
