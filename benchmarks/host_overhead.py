@@ -100,7 +100,18 @@ def timed_parts():
             setattr(owner, name, original)
 
 
-def measure(llm: LLM, batch: int, context: int, steps: int) -> dict:
+def top_functions(profiler, count: int) -> list:
+    """The `count` functions with the most own time over the timed steps: (file:line name,
+    calls, own ms, ms including callees)."""
+    import pstats
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:count]
+    return [(f"{path.rsplit('/', 2)[-1] if '/' in path else path}:{line} {name}", calls,
+             round(own * 1e3, 2), round(cumulative * 1e3, 2))
+            for (path, line, name), (_, calls, own, cumulative, _) in rows]
+
+
+def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0) -> dict:
     engine, rng = llm.llm_engine, random.Random(batch)
     params = SamplingParams(temperature=0, max_tokens=engine.max_model_len - context,
                             ignore_eos=True)
@@ -112,7 +123,11 @@ def measure(llm: LLM, batch: int, context: int, steps: int) -> dict:
         engine.step()
     for _ in range(3):
         engine.step()
-    with timed_parts() as seconds:
+    profiler = None
+    if cprofile:
+        import cProfile
+        profiler = cProfile.Profile()
+    with timed_parts() as seconds, (profiler or contextlib.nullcontext()):
         start = time.perf_counter()
         for _ in range(steps):
             engine.step()
@@ -128,7 +143,8 @@ def measure(llm: LLM, batch: int, context: int, steps: int) -> dict:
                 host_ms=round(host / steps * 1e3, 3),
                 host_us_per_seq=round(host / steps / batch * 1e6, 2),
                 host_us_per_seq_outside_model=round(outside_model / steps / batch * 1e6, 2),
-                parts_ms=parts)
+                parts_ms=parts,
+                **({"top_functions": top_functions(profiler, cprofile)} if profiler else {}))
 
 
 def main():
@@ -147,6 +163,9 @@ def main():
                    help="where outputs are made (default: the engine's)")
     p.add_argument("--gc-threshold", type=int, nargs="+", default=None,
                    help="gc.set_threshold(...) after start-up (default: the engine's)")
+    p.add_argument("--cprofile", type=int, default=0, metavar="N",
+                   help="profile the timed steps with cProfile (slower: its figures are "
+                        "shares, not times) and report the N functions of most own time")
     args = p.parse_args()
     options = {} if args.output_processor is None else {"output_processor": args.output_processor}
     llm = LLM(model=args.model, device=args.device, dtype=args.dtype, **options,
@@ -158,7 +177,7 @@ def main():
         gc.set_threshold(*args.gc_threshold)
     rows = []
     for batch in args.batch_sizes:
-        rows.append(measure(llm, batch, args.context, args.decode_steps))
+        rows.append(measure(llm, batch, args.context, args.decode_steps, args.cprofile))
         print(json.dumps(rows[-1]), flush=True)
     llm.llm_engine.shutdown()
     if args.output:
