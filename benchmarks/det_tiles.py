@@ -14,7 +14,10 @@ import torch
 import parashift.deterministic.triton_matmul as tm
 
 CONFIGS = [(64, 64, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3),
-           (128, 64, 64, 4, 4), (16, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 4)]
+           (128, 64, 64, 4, 4), (16, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 4),
+           # narrower columns: more programs at decode batches without spreading the chunks
+           (64, 32, 64, 4, 4), (64, 32, 64, 2, 5), (32, 32, 64, 2, 5), (128, 32, 64, 4, 4),
+           (64, 16, 64, 2, 6), (32, 64, 64, 4, 4), (64, 64, 64, 4, 5), (128, 64, 64, 8, 4)]
 PROJECTIONS = [(6144, 4096, "qkv"), (4096, 4096, "o"), (28672, 4096, "gate_up"),
                (4096, 14336, "down")]
 
@@ -38,7 +41,10 @@ def timed_ms(fn, repeats: int = 10) -> float:
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256, 512, 4096])
+    p.add_argument("--configs", type=int, nargs="+", default=None, metavar="I",
+                   help="indices into CONFIGS (default: all)")
     args = p.parse_args()
+    configs = CONFIGS if args.configs is None else [CONFIGS[i] for i in args.configs]
     torch.manual_seed(0)
     for n, k, name in PROJECTIONS:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -47,7 +53,7 @@ def main():
             ref = run(x, w, CONFIGS[0], False)
             row = dict(projection=name, rows=m,
                        cublas_ms=timed_ms(lambda: torch.nn.functional.linear(x, w)))
-            for tiles in CONFIGS:
+            for tiles in configs:
                 label = "x".join(map(str, tiles))
                 variants = [("-n", False, False), ("-1", True, False)]
                 variants += [("-spread", True, True)] if m <= 512 else []

@@ -6,13 +6,16 @@ chunks p·chunks/t .. (p+1)·chunks/t - 1. It computes those chunks' partials, t
 gathers them in position order, and every rank adds all of them in chunk order: the
 single-device run adds the same partials in the same order.
 
-PARASHIFT_DETERMINISTIC_TP_SUM=chain passes the running sum along the group instead: rank p
-adds its chunks, in order, to the fp32 sum of the chunks before them (rank p - 1's), and
-the last rank adds the bias and rounds; each hop and the result's return is an all-gather
-of one tensor per rank. The same additions in the same order (the same bits), t
-collectives of one partial instead of one of chunks / t partials per rank: fewer bytes
-where the rows are many, more latency where they are few. Read at each call (every rank
-of the engine reads the same environment)."""
+A chain passes the running sum along the group instead: rank p adds its chunks, in order,
+to the fp32 sum of the chunks before them (rank p - 1's), and the last rank adds the bias and
+rounds; each hop and the result's return is an all-gather of one tensor per rank. The same
+additions in the same order (the same bits), t collectives of one partial instead of one of
+chunks / t partials per rank: fewer bytes where the rows are many, more latency where they
+are few. PARASHIFT_DETERMINISTIC_TP_SUM picks: `auto` (the default) chains from
+CHAIN_FROM_ROWS rows on, `gather` and `chain` always. On two H200s, 8B shape, TP=2
+(docs/benchmarks.md, twelfth session) the chain took 0.89x the gather's decode step at 64
+rows, 0.87x at 256 and 0.72x the prefill of 4096 tokens, and 1.14x at one row. Read at each
+call (every rank of the engine reads the same environment)."""
 import math
 import os
 
@@ -80,11 +83,12 @@ def chunks_held(tp: GroupHandle, chunks: int) -> int:
     return chunks // tp.size
 
 
-TP_SUM_MODES = ("gather", "chain")
+TP_SUM_MODES = ("auto", "gather", "chain")
+CHAIN_FROM_ROWS = 32  # between the measured 1 (gather faster) and 64 (chain faster)
 
 
 def tp_sum_mode() -> str:
-    mode = os.environ.get("PARASHIFT_DETERMINISTIC_TP_SUM", "gather")
+    mode = os.environ.get("PARASHIFT_DETERMINISTIC_TP_SUM", "auto")
     if mode not in TP_SUM_MODES:
         raise ValueError(f"PARASHIFT_DETERMINISTIC_TP_SUM must be one of {TP_SUM_MODES}, "
                          f"got {mode!r}")
@@ -95,7 +99,8 @@ def sum_over_tp(partials: torch.Tensor, bias: torch.Tensor | None, tp: GroupHand
                 dtype: torch.dtype) -> torch.Tensor:
     """This rank's chunk partials [chunks / t, rows, N] added over the TP group in chunk
     order, plus bias, in `dtype`: gathered and added on every rank, or in a chain."""
-    if tp_sum_mode() == "chain":
+    mode = tp_sum_mode()
+    if mode == "chain" or (mode == "auto" and partials.shape[1] >= CHAIN_FROM_ROWS):
         return chain_over_tp(partials, bias, tp, dtype)
     return sum_chunks(tp.all_gather(partials, dim=0), bias, dtype)
 

@@ -11,10 +11,11 @@ the K chunks itself, each into a fresh fp32 accumulator added to the total in ch
 partial is stored in fp32 for the TP group to gather and add in the same order.
 
 Both ways do the same arithmetic (each chunk's MMA loop, then fp32 adds from zero in chunk
-order, the bias, one rounding), so which one runs may depend on the number of rows: a grid
-of fewer output tiles than the device has SMs (decode batches) spreads its chunks over
-programs and `sum_chunks_kernel` adds them, instead of leaving most SMs idle
-(PARASHIFT_DETERMINISTIC_SPREAD=0 turns that off)."""
+order, the bias, one rounding), so which one runs may depend on the shape: a product of few
+output tiles and a long K (the down projection at decode batches) spreads its chunks over
+programs and `sum_chunks_kernel` adds them, instead of leaving most SMs on long loops
+(PARASHIFT_DETERMINISTIC_SPREAD: `auto`, the default; `1` whenever the tiles are fewer than
+SMs, the rule before the twelfth session's sweep; `0` never)."""
 import inspect
 import os
 
@@ -44,10 +45,11 @@ def tile_config(text: str) -> tuple[int, int, int, int, int]:
 # H200 (2026-11-23, docs/benchmarks.md) every one of those measured gave the same bits as 64x64
 # for the 8B shape's projections at 1 to 4096 rows, mma.sync (16 rows) and wgmma alike: the tile
 # changes which program computes an element, not the MMA chain that sums it. The 128-row tile
-# is 20-30% faster from 256 rows up. PARASHIFT_DETERMINISTIC_GEMM_TILES=m,n,k,warps,stages pins
-# one configuration for every shape.
+# is 20-30% faster from 256 rows up; 5 stages instead of 3 made the few-rows tile 1.0-1.9x
+# faster at 32-128 rows (twelfth session). PARASHIFT_DETERMINISTIC_GEMM_TILES=m,n,k,warps,stages
+# pins one configuration for every shape.
 BLOCK_K = 64
-FEW_ROWS_TILES = (64, 64, BLOCK_K, 4, 3)
+FEW_ROWS_TILES = (64, 64, BLOCK_K, 4, 5)
 MANY_ROWS_TILES = (128, 64, BLOCK_K, 4, 4)
 FEW_ROWS = 64  # at most this many rows take FEW_ROWS_TILES
 _PINNED = os.environ.get("PARASHIFT_DETERMINISTIC_GEMM_TILES")
@@ -61,7 +63,14 @@ def tiles_for(rows: int) -> tuple[int, int, int, int, int]:
     return FEW_ROWS_TILES if rows <= FEW_ROWS else MANY_ROWS_TILES
 
 
-SPREAD_CHUNKS = os.environ.get("PARASHIFT_DETERMINISTIC_SPREAD", "1") != "0"
+SPREAD_MODES = ("auto", "1", "0")
+SPREAD_MODE = os.environ.get("PARASHIFT_DETERMINISTIC_SPREAD", "auto")
+if SPREAD_MODE not in SPREAD_MODES:
+    raise ValueError(f"PARASHIFT_DETERMINISTIC_SPREAD must be one of {SPREAD_MODES}, "
+                     f"got {SPREAD_MODE!r}")
+# auto: on an H200 spreading paid only for K of 14336 at up to 128 rows (64 tiles); with K of
+# 4096, or 128 tiles, one program per tile was faster (docs/benchmarks.md, twelfth session)
+SPREAD_MIN_K = 8192
 # the in-program chunks in one K loop (`_chunk_sums_one_loop`); 0: a loop per chunk
 ONE_LOOP = os.environ.get("PARASHIFT_DETERMINISTIC_ONE_LOOP", "1") != "0"
 
@@ -194,10 +203,9 @@ def _launch(out, x, weight, bias, chunks, in_program: bool, chunk_k: int):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            chunks: int, spread: bool | None = None) -> torch.Tensor:
     """[M, K] @ [N, K].T + bias, K in `chunks` chunks summed in order, in x's dtype.
-    spread: the chunks over programs (None: when the output tiles are fewer than SMs)."""
+    spread: the chunks over programs (None: by PARASHIFT_DETERMINISTIC_SPREAD)."""
     if spread is None:
-        spread = (chunks > 1 and SPREAD_CHUNKS
-                  and _tiles(x.shape[0], weight.shape[0]) < num_sms(x.device))
+        spread = chunks > 1 and _spreads(x.shape[0], weight.shape[0], x.shape[1], x.device)
     if spread:
         return sum_chunks(chunk_partials(x, weight, chunks), bias, x.dtype)
     x, weight, chunk_k = _operands(x, weight, chunks)
@@ -222,6 +230,14 @@ def sum_chunks(partials: torch.Tensor, bias: torch.Tensor | None,
         HAS_INIT=init is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
         enable_fp_fusion=False)
     return out
+
+
+def _spreads(m: int, n: int, k: int, device: torch.device) -> bool:
+    if SPREAD_MODE == "0":
+        return False
+    if SPREAD_MODE == "1":
+        return _tiles(m, n) < num_sms(device)
+    return k >= SPREAD_MIN_K and 2 * _tiles(m, n) <= num_sms(device)
 
 
 def _tiles(m: int, n: int) -> int:

@@ -56,14 +56,16 @@ def test_plan_gives_single_device_logprobs(model_dirs, references, name, plan, d
     assert_identical(run(model_dirs[name], dtype, **plan), references[(name, dtype)])
 
 
+@pytest.mark.parametrize("mode", ["chain", "gather"])
 @pytest.mark.parametrize("name, plan, dtype", [
     ("gqa8x4", dict(tensor_parallel_size=2), "bfloat16"),
     ("gqa6x3", dict(tensor_parallel_size=3), "float32")], ids=["tp2-bfloat16", "tp3-float32"])
-def test_chained_tp_sums_give_single_device_logprobs(model_dirs, references, monkeypatch, name,
-                                                     plan, dtype):
-    """PARASHIFT_DETERMINISTIC_TP_SUM=chain: the running sum passed from rank to rank (two
-    hops over TP=3) adds the same chunks in the same order as one device."""
-    monkeypatch.setenv("PARASHIFT_DETERMINISTIC_TP_SUM", "chain")
+def test_each_tp_sum_gives_single_device_logprobs(model_dirs, references, monkeypatch, name,
+                                                  plan, dtype, mode):
+    """Every step's sums chained (the running sum passed from rank to rank, two hops over
+    TP=3) or gathered add the same chunks in the same order as one device (the default,
+    auto, mixes both by rows)."""
+    monkeypatch.setenv("PARASHIFT_DETERMINISTIC_TP_SUM", mode)
     assert_identical(run(model_dirs[name], dtype, **plan), references[(name, dtype)])
 
 
