@@ -3,7 +3,8 @@ configuration give the same bits as 64x64, and how fast is each, beside cuBLAS.
 
 Usage (CUDA): PYTHONPATH=. python3 benchmarks/det_tiles.py [--rows 1 64 256 512 4096]
 Prints one JSON line per (projection, rows): each configuration's (bit-equal to 64x64, ms) with
-its K chunks summed in a loop per chunk ("-n"), in one K loop ("-1") and spread over programs
+its K chunks summed in a loop per chunk ("-n"), in one K loop ("-1"), in one K loop loaded by
+TMA ("-tma") and spread over programs
 ("-spread", up to 512 rows). The 8B shape's projections, K in 8 chunks (the canonical order)."""
 import argparse
 import json
@@ -22,8 +23,8 @@ PROJECTIONS = [(6144, 4096, "qkv"), (4096, 4096, "o"), (28672, 4096, "gate_up"),
                (4096, 14336, "down")]
 
 
-def run(x, w, tiles, one_loop: bool, spread: bool = False):
-    tm.PINNED_TILES, tm.ONE_LOOP = tiles, one_loop
+def run(x, w, tiles, one_loop: bool, spread: bool = False, tma: bool = False):
+    tm.PINNED_TILES, tm.ONE_LOOP, tm.TMA = tiles, one_loop, "1" if tma else "0"
     return tm.linear(x, w, None, 8, spread=spread)
 
 
@@ -55,11 +56,13 @@ def main():
                        cublas_ms=timed_ms(lambda: torch.nn.functional.linear(x, w)))
             for tiles in configs:
                 label = "x".join(map(str, tiles))
-                variants = [("-n", False, False), ("-1", True, False)]
-                variants += [("-spread", True, True)] if m <= 512 else []
-                for suffix, one_loop, spread in variants:
-                    same = torch.equal(run(x, w, tiles, one_loop, spread), ref)
-                    row[label + suffix] = (same, timed_ms(lambda: run(x, w, tiles, one_loop, spread)))
+                variants = [("-n", False, False, False), ("-1", True, False, False),
+                            ("-tma", True, False, True)]
+                variants += [("-spread", True, True, False)] if m <= 512 else []
+                for suffix, one_loop, spread, tma in variants:
+                    same = torch.equal(run(x, w, tiles, one_loop, spread, tma), ref)
+                    row[label + suffix] = (same, timed_ms(
+                        lambda: run(x, w, tiles, one_loop, spread, tma)))
             print(json.dumps(row), flush=True)
 
 

@@ -52,6 +52,10 @@ BLOCK_K = 64
 FEW_ROWS_TILES = (64, 64, BLOCK_K, 4, 5)
 MANY_ROWS_TILES = (128, 64, BLOCK_K, 4, 4)
 FEW_ROWS = 64  # at most this many rows take FEW_ROWS_TILES
+# prefill chunks: 64x128 tiles loaded by TMA were 1.26x faster than 128x64 over the four
+# projections at 4096 rows (twelfth session), and slower at 256 rows
+LARGE_ROWS_TILES = (64, 128, BLOCK_K, 4, 4)
+LARGE_ROWS = 1024  # at least this many rows take LARGE_ROWS_TILES
 _PINNED = os.environ.get("PARASHIFT_DETERMINISTIC_GEMM_TILES")
 PINNED_TILES = tile_config(_PINNED) if _PINNED else None
 
@@ -60,7 +64,9 @@ def tiles_for(rows: int) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for a product with `rows` rows."""
     if PINNED_TILES is not None:
         return PINNED_TILES
-    return FEW_ROWS_TILES if rows <= FEW_ROWS else MANY_ROWS_TILES
+    if rows <= FEW_ROWS:
+        return FEW_ROWS_TILES
+    return MANY_ROWS_TILES if rows < LARGE_ROWS else LARGE_ROWS_TILES
 
 
 SPREAD_MODES = ("auto", "1", "0")
@@ -73,6 +79,14 @@ if SPREAD_MODE not in SPREAD_MODES:
 SPREAD_MIN_K = 8192
 # the in-program chunks in one K loop (`_chunk_sums_one_loop`); 0: a loop per chunk
 ONE_LOOP = os.environ.get("PARASHIFT_DETERMINISTIC_ONE_LOOP", "1") != "0"
+# that loop's tiles loaded by the tensor memory accelerator (`tma_matmul_kernel`; Hopper and
+# later, 16-bit operands with 16-byte aligned rows), the same MMA chain: `auto` (the default)
+# from LARGE_ROWS rows on, `1` wherever it can, `0` never (at one row, 1 made the decode step
+# 1.3x slower)
+TMA_MODES = ("auto", "1", "0")
+TMA = os.environ.get("PARASHIFT_DETERMINISTIC_GEMM_TMA", "auto")
+if TMA not in TMA_MODES:
+    raise ValueError(f"PARASHIFT_DETERMINISTIC_GEMM_TMA must be one of {TMA_MODES}, got {TMA!r}")
 
 _generic = {"do_not_specialize": ("M",)}
 if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
@@ -152,6 +166,32 @@ def invariant_matmul_kernel(out_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k, num_
 
 
 @triton.jit(**_generic)
+def tma_matmul_kernel(out_ptr, x_desc, w_desc, bias_ptr, M, N, chunk_k, num_chunks, stride_om,
+                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """`invariant_matmul_kernel` with its chunks in program and in one K loop, the tiles
+    loaded through tensor descriptors (rows past M or N read as zeros)."""
+    m0, n0 = tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_N
+    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    tiles_per_chunk = chunk_k // BLOCK_K
+    for tile in range(0, num_chunks * tiles_per_chunk):
+        a = x_desc.load([m0, tile * BLOCK_K])
+        b = w_desc.load([n0, tile * BLOCK_K])
+        acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
+        if (tile + 1) % tiles_per_chunk == 0:
+            total += acc
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
+             total.to(out_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit(**_generic)
 def sum_chunks_kernel(out_ptr, part_ptr, bias_ptr, init_ptr, M, N, num_chunks, stride_pc,
                       stride_pm, stride_om, stride_im, HAS_BIAS: tl.constexpr,
                       HAS_INIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -185,10 +225,27 @@ def _operands(x: torch.Tensor, weight: torch.Tensor, chunks: int):
     return x, weight, x.shape[1] // chunks
 
 
+def _takes_tma(x: torch.Tensor, weight: torch.Tensor, chunk_k: int, block_k: int) -> bool:
+    wanted = TMA == "1" or (TMA == "auto" and x.shape[0] >= LARGE_ROWS)
+    return (wanted and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+            and torch.cuda.get_device_capability(x.device)[0] >= 9 and chunk_k % block_k == 0
+            and all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
+                    for t in (x, weight)))
+
+
 def _launch(out, x, weight, bias, chunks, in_program: bool, chunk_k: int):
     m, n = x.shape[0], weight.shape[0]
     block_m, block_n, block_k, warps, stages = tiles_for(m)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), 1 if in_program else chunks)
+    if in_program and _takes_tma(x, weight, chunk_k, block_k):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        tma_matmul_kernel[grid](
+            out, TensorDescriptor.from_tensor(x, [block_m, block_k]),
+            TensorDescriptor.from_tensor(weight, [block_n, block_k]),
+            bias if bias is not None else out, m, n, chunk_k, chunks, out.stride(-2),
+            HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            DOT_PRECISION="tf32", num_warps=warps, num_stages=stages, enable_fp_fusion=False)
+        return out
     invariant_matmul_kernel[grid](
         out, x, weight, bias if bias is not None else out, m, n, chunk_k, chunks,
         x.stride(0), weight.stride(0), out.stride(0) if not in_program else 0,

@@ -11,7 +11,7 @@ from parashift.attention.metadata import AttentionMetadata
 from parashift.deterministic import matmul
 from parashift.deterministic.reduction import check_plans, reduction_chunks
 from parashift.parallel.plan import Plan
-from tests.kernels.common import assert_exact, case_tests, randn
+from tests.kernels.common import assert_exact, case_tests, cuda, randn
 
 MATMUL_CASES = [dict(m=5, n=96, k=192, chunks=4, bias=True),
                 dict(m=70, n=130, k=96, chunks=1, bias=False),
@@ -54,6 +54,16 @@ def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
 
 test_matmul_interpreted, test_matmul_cuda = case_tests(__name__, check_matmul, MATMUL_CASES,
                                                        uses_dot=True)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_matmul_of_prefill_rows_cuda(dtype):
+    """From LARGE_ROWS rows on the GEMM takes another tile, loaded by TMA on Hopper: its rows
+    keep the few-rows tile's bits."""
+    from parashift.deterministic.triton_matmul import LARGE_ROWS
+    check_matmul(m=LARGE_ROWS + 76, n=320, k=1024, chunks=8, bias=True, dtype=dtype,
+                 device="cuda")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
