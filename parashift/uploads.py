@@ -54,7 +54,7 @@ class StagingRing:
         dev = self.dev[slot]
         if self.on_cuda:
             dev[:total].copy_(self.host[slot][:total], non_blocking=True)
-            self.copied[slot].record()
+            self.copied[slot].record(torch.cuda.current_stream(self.device))
         return [dev[start:start + a.nbytes].view(dtype).view(a.shape)
                 for a, start, dtype in zip(arrays, offsets, dtypes)]
 

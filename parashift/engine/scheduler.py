@@ -20,6 +20,7 @@ such a sequence out until its token is known; its other steps may still be in fl
 import heapq
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from parashift.config import SchedulerConfig
 from parashift.engine.sequence import Sequence, SequenceStatus
@@ -50,6 +51,9 @@ class ScheduledSeq:
         return known + [PLACEHOLDER_TOKEN] * missing if missing else known
 
 
+_NUM_NEW_TOKENS = attrgetter("num_new_tokens")
+
+
 @dataclass(frozen=True)
 class SwapOp:
     """A request's first `num_tokens` tokens' KV between these blocks and its tier slot."""
@@ -69,7 +73,7 @@ class SchedulerOutput:
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        return sum(map(_NUM_NEW_TOKENS, self.scheduled))
 
     @property
     def is_empty(self) -> bool:
@@ -219,17 +223,18 @@ class Scheduler:
         # A seq preempted in this step must not be re-admitted in the same step.
         if not out.preempted:
             self._schedule_waiting(out, budget)
-        for scheduled in out.scheduled:
-            seq = scheduled.seq
-            seq.num_computed_tokens = scheduled.start_pos + scheduled.num_new_tokens
-            seq.num_pending_tokens += scheduled.samples
         return out
 
-    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
-        """Apply a step's results; return the sequences it finished. A sequence
+    def update(self, output: SchedulerOutput, sampled: list[int] | dict[str, int]
+               ) -> list[Sequence]:
+        """Apply a step's results (`sampled`: the token of each chunk that samples, in
+        order, or by request id); return the sequences it finished. A sequence
         preempted since the step was scheduled still takes its sampled token. Appending
         the token and the stop checks are inlined (this loop runs over every sequence
         each step); `_check_stop` runs only for a sequence that stops."""
+        if isinstance(sampled, dict):
+            sampled = [sampled.get(s.seq.request_id) for s in output.scheduled if s.samples]
+        tokens = iter(sampled)
         finished, block_manager = [], self.block_manager
         cache_full_blocks, block_size = block_manager.cache_full_blocks, block_manager.block_size
         caching = block_manager.enable_prefix_caching
@@ -238,6 +243,7 @@ class Scheduler:
         for scheduled in output.scheduled:
             seq = scheduled.seq
             status = seq.status
+            token = next(tokens) if scheduled.samples else None
             if status is done:  # aborted (or stopped by an earlier step) while the step ran
                 continue
             token_ids = seq.token_ids
@@ -248,7 +254,6 @@ class Scheduler:
             if not scheduled.samples:
                 continue
             seq.num_pending_tokens -= 1
-            token = sampled[seq.request_id]
             token_ids.append(token)
             if seq.first_token_time is None:
                 seq.first_token_time = now = now or time.time()
@@ -298,8 +303,9 @@ class Scheduler:
                     budget += self._preempt(victim, out)
                     if victim is seq:
                         return budget
-            scheduled.append(ScheduledSeq(seq, num_new, computed,
-                                          computed + num_new == known + pending))
+            samples = computed + num_new == known + pending
+            scheduled.append(ScheduledSeq(seq, num_new, computed, samples))
+            seq.num_computed_tokens, seq.num_pending_tokens = computed + num_new, pending + samples
             budget -= num_new
             i += 1
         return budget
@@ -322,7 +328,10 @@ class Scheduler:
                 seq.num_cached_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append(ScheduledSeq(seq, num_new, num_cached))
+            scheduled = ScheduledSeq(seq, num_new, num_cached)
+            out.scheduled.append(scheduled)
+            seq.num_computed_tokens = num_cached + num_new
+            seq.num_pending_tokens += scheduled.samples
             budget -= num_new
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
@@ -333,6 +342,8 @@ class Scheduler:
         for k, scheduled in enumerate(out.scheduled):
             if scheduled.seq is seq:
                 given_back = out.scheduled.pop(k).num_new_tokens
+                seq.num_computed_tokens = scheduled.start_pos  # as it was before this step
+                seq.num_pending_tokens -= scheduled.samples
                 break
         if not self._swap_out(seq, out):
             out.recompute_tokens += seq.num_computed_tokens

@@ -111,8 +111,10 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.generators: dict[str, torch.Generator] = {}  # of requests with a seed
         self.requests = RequestTables()
-        self.staging = StagingRing(device)  # a step's index arrays to the device in one copy
         self._check = StepStateCheck() if config.check_step_state else None
+        self.staging = StagingRing(device)  # a step's index arrays to the device in one copy
+        if self._check is not None:
+            self._check.watch_uploads(self.staging)
         self.history = TokenHistoryStore(device)  # tokens of the requests with penalties
         self.swapper = KVSwapper(TierShape.of_model(hf_config, dtype), device)  # swap preemption
         self.groups: dict[tuple[int, ...], GroupSampling] = {}  # by the ranks of a step's plan
@@ -358,6 +360,7 @@ class ModelRunner:
         group.remember(tokens, sampled_rows, len(self.requests.lengths))
         if self._check is not None:
             self._check.remember_samples(group, chunks)
+            self._check.verify_uploads()
         if not plan.is_output_rank:
             return PendingStep(None, None)
         logprobs = []
