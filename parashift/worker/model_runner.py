@@ -352,7 +352,11 @@ class ModelRunner:
             self._bind_kv(plan)
         with use_context(plan.context()):
             micro_batches = split_micro_batches(chunks, plan.state.pp.size)
-            results = [self._run_micro_batch(mb, plan) for mb in micro_batches]
+            results = []
+            for mb in micro_batches:
+                results.append(self._run_micro_batch(mb, plan))
+                if self._check is not None:  # its uploads as packed (the ring's slots
+                    self._check.verify_uploads()  # cover a micro-batch, not every stage's)
             self._wait_sends()
         sampled = [mb_tokens for mb_tokens, _ in results if mb_tokens is not None]
         tokens = torch.cat(sampled) if sampled else torch.empty(0, dtype=torch.int64)
@@ -360,7 +364,6 @@ class ModelRunner:
         group.remember(tokens, sampled_rows, len(self.requests.lengths))
         if self._check is not None:
             self._check.remember_samples(group, chunks)
-            self._check.verify_uploads()
         if not plan.is_output_rank:
             return PendingStep(None, None)
         logprobs = []

@@ -3,8 +3,8 @@ persistent state (block-table rows updated by the step messages' deltas, the row
 argmax-only flags, the previous samples' index by row, the staging ring's buffers), against
 the same inputs rebuilt from scratch with plain Python lists: every request's block table
 kept as a list, every slot computed token by token, every flag from its request's
-parameters, and, at the step's end, every array the step uploaded as it was packed (no
-later pack of the step overwrote it)."""
+parameters, and, at the end of each micro-batch, every array it uploaded as it was packed
+(no later pack of it overwrote it)."""
 import numpy as np
 import torch
 
@@ -21,10 +21,11 @@ class StepStateCheck:
     def __init__(self):
         self.tables: dict[str, list[int]] = {}  # request id -> its block table
         self.prev_rows: dict[tuple, dict[str, int]] = {}  # group -> request id -> sample index
-        self.uploads: list[list] = []  # this step's [tensor, its values as packed]
+        self.uploads: list[list] = []  # the micro-batch's [tensor, its values as packed]
 
     def watch_uploads(self, ring: StagingRing) -> None:
-        """Records every array the ring uploads, for `verify_uploads` at the step's end."""
+        """Records every array the ring uploads, for `verify_uploads` at the end of the
+        micro-batch."""
         upload = ring.upload
 
         def recorded(arrays):
@@ -34,8 +35,8 @@ class StepStateCheck:
         ring.upload = recorded
 
     def verify_uploads(self) -> None:
-        """Every tensor the step uploaded still holds what was packed into it (read on
-        the device's stream, after the step's kernels)."""
+        """Every tensor the micro-batch uploaded still holds what was packed into it (read
+        on the device's stream, after its kernels)."""
         for tensor, packed in self.uploads:
             got = tensor.cpu().tolist()
             _expect(got == packed, "an upload of this step", got, packed)
