@@ -1,7 +1,10 @@
 """Host lists to device tensors without stalling the host. A copy from pageable memory
 waits for the stream to drain, which would serialise the host with the step already
 running on the GPU (async scheduling); from pinned memory it is queued like a kernel."""
+import numpy as np
 import torch
+
+ALIGN = 8  # bytes: every array of a pack starts at a multiple of int64's size
 
 
 def upload(values, dtype: torch.dtype | None, device: torch.device) -> torch.Tensor:
@@ -9,3 +12,71 @@ def upload(values, dtype: torch.dtype | None, device: torch.device) -> torch.Ten
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t
+
+
+def upload_each(arrays: list[tuple[np.ndarray, torch.dtype]], device: torch.device
+                ) -> list[torch.Tensor]:
+    """What `StagingRing.upload` returns, one fresh tensor per array (tests, profiling)."""
+    return [upload(values, dtype, device) for values, dtype in arrays]
+
+
+class StagingRing:
+    """A step's host arrays to the device in one copy: packed into a persistent pinned
+    buffer and copied, non-blocking, into a persistent device buffer, of which the
+    returned tensors are views. `depth` slots (each a pinned and a device buffer) are
+    used in turn, so a pack never rewrites a pinned buffer whose copy may still be queued
+    behind the step in flight: its slot's event is waited on first (it has long passed
+    when the ring covers two steps' packs). The device buffer is rewritten by a copy on
+    the same stream as the kernels that read it, so after them. A view is valid until
+    its slot comes round again (`depth` packs later). Buffers grow (doubling) when a pack
+    does not fit. On the CPU the host buffer is the device buffer (no copy), so CPU runs
+    exercise the same packing (`--check-step-state` compares what it gives)."""
+
+    def __init__(self, device: torch.device, depth: int = 8, initial_bytes: int = 1 << 16):
+        self.device, self.on_cuda = device, device.type == "cuda"
+        self.depth, self.next_slot, self.initial_bytes = depth, 0, initial_bytes
+        self.host: list[torch.Tensor | None] = [None] * depth
+        self.host_bytes: list[np.ndarray | None] = [None] * depth  # numpy views of host
+        self.dev: list[torch.Tensor | None] = [None] * depth
+        self.copied: list[torch.cuda.Event | None] = [None] * depth
+
+    def upload(self, arrays: list[tuple[np.ndarray, torch.dtype]]) -> list[torch.Tensor]:
+        dtypes = [dtype for _, dtype in arrays]
+        arrays = [np.asarray(values, _NUMPY[dtype]) for values, dtype in arrays]
+        offsets, total = [], 0
+        for a in arrays:
+            offsets.append(total)
+            total += -(-a.nbytes // ALIGN) * ALIGN
+        slot = self._take_slot(max(total, ALIGN))
+        host = self.host_bytes[slot]
+        for a, start in zip(arrays, offsets):
+            host[start:start + a.nbytes].view(a.dtype)[:] = a.ravel()
+        dev = self.dev[slot]
+        if self.on_cuda:
+            dev[:total].copy_(self.host[slot][:total], non_blocking=True)
+            self.copied[slot].record(torch.cuda.current_stream(self.device))
+        return [dev[start:start + a.nbytes].view(dtype).view(a.shape)
+                for a, start, dtype in zip(arrays, offsets, dtypes)]
+
+    def _take_slot(self, nbytes: int) -> int:
+        slot = self.next_slot
+        self.next_slot = (slot + 1) % self.depth
+        if self.copied[slot] is not None:
+            self.copied[slot].synchronize()  # its last copy has left the pinned buffer
+        if self.host[slot] is None or self.host[slot].numel() < nbytes:
+            self._grow(slot, max(nbytes, self.initial_bytes,
+                                 2 * (0 if self.host[slot] is None else self.host[slot].numel())))
+        return slot
+
+    def _grow(self, slot: int, size: int) -> None:
+        self.host[slot] = torch.empty(size, dtype=torch.uint8, pin_memory=self.on_cuda)
+        self.host_bytes[slot] = self.host[slot].numpy()
+        if self.on_cuda:
+            self.dev[slot] = torch.empty(size, dtype=torch.uint8, device=self.device)
+            self.copied[slot] = torch.cuda.Event()
+        else:
+            self.dev[slot] = self.host[slot]
+
+
+_NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_,
+          torch.float32: np.float32}

@@ -1004,10 +1004,10 @@ class LLMEngine:
             if seq.request_id in errors and seq.request_id in self._replica_of:
                 self._fail(replica, seq, errors[seq.request_id])
         sampling = [s.seq for s in sched.scheduled if s.samples]
-        sampled = {seq.request_id: tok for seq, tok in zip(sampling, tokens)}
         step = _step_tokens(sampling, tokens, logprobs)  # before the scheduler ends any
-        finished = replica.scheduler.update(sched, sampled)
+        finished = replica.scheduler.update(sched, tokens)
         if replica.num_structured:
+            sampled = {seq.request_id: tok for seq, tok in zip(sampling, tokens)}
             finished += self._advance_grammars(replica, sampling, sampled)
         for seq in finished:
             step.finished[seq.request_id] = (seq.finish_reason, seq.stop_reason)

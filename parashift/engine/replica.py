@@ -6,7 +6,8 @@ from parashift.config import SchedulerConfig
 from parashift.engine.policy import GroupView
 from parashift.engine.scheduler import Scheduler, SchedulerOutput, SwapOp
 from parashift.kv.block_manager import BlockManager
-from parashift.worker.step_batch import DeltaEncoder, KVSwap, StepBatch
+from parashift.worker.step_batch import (PLACEHOLDER_TOKEN, ChunkDelta, DeltaEncoder, KVSwap,
+                                         StepBatch)
 
 ARRIVAL_WINDOW_S = 10.0  # the window of a group's arrival rate
 
@@ -79,14 +80,21 @@ class Replica:
             self.encoder.reset(seq.request_id)
         chunks, new_params, prompts = [], {}, {}
         encoder = self.encoder
+        sent_blocks, chunk = encoder.sent_blocks, encoder.chunk
         for s in sched.scheduled:
             seq = s.seq
-            if encoder.is_new(seq.request_id):
-                new_params[seq.request_id] = seq.params
+            request_id, block_table, start = seq.request_id, seq.block_table, s.start_pos
+            sent = sent_blocks.get(request_id)
+            if sent == len(block_table) and s.num_new_tokens == 1 \
+                    and start == len(seq.token_ids):  # most decode steps
+                chunks.append(ChunkDelta(request_id, [PLACEHOLDER_TOKEN], start, sent, [],
+                                         s.samples))
+                continue
+            if sent is None:
+                new_params[request_id] = seq.params
                 if seq.params.uses_history:
-                    prompts[seq.request_id] = seq.prompt_token_ids
-            chunks.append(encoder.chunk(seq.request_id, s.token_ids(), s.start_pos,
-                                        seq.block_table, s.samples))
+                    prompts[request_id] = seq.prompt_token_ids
+            chunks.append(chunk(request_id, s.token_ids(), start, block_table, s.samples))
         batch = StepBatch(chunks, new_params, self.encoder.take_finished(), plan, prompts)
         if sched.swap_out or sched.swap_in:
             batch.swap_out = [self._kv_swap(op) for op in sched.swap_out]

@@ -18,7 +18,9 @@ fills from the previous step's samples on the device. Where no placeholder can b
 filled (the first stage of a pipeline never sees the samples), `defer_pending` leaves
 such a sequence out until its token is known; its other steps may still be in flight."""
 import heapq
+import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from parashift.config import SchedulerConfig
 from parashift.engine.sequence import Sequence, SequenceStatus
@@ -33,9 +35,12 @@ class ScheduledSeq:
     sampled after them (the chunk reaches the last token, pending ones included)."""
     __slots__ = ("seq", "num_new_tokens", "start_pos", "samples")
 
-    def __init__(self, seq: Sequence, num_new_tokens: int, start_pos: int):
+    def __init__(self, seq: Sequence, num_new_tokens: int, start_pos: int,
+                 samples: bool | None = None):
         self.seq, self.num_new_tokens, self.start_pos = seq, num_new_tokens, start_pos
-        self.samples = start_pos + num_new_tokens == len(seq.token_ids) + seq.num_pending_tokens
+        if samples is None:
+            samples = start_pos + num_new_tokens == len(seq.token_ids) + seq.num_pending_tokens
+        self.samples = samples
 
     def token_ids(self) -> list[int]:
         """The chunk's input tokens, with a placeholder for a pending one."""
@@ -44,6 +49,9 @@ class ScheduledSeq:
         known = self.seq.token_ids[self.start_pos:self.start_pos + self.num_new_tokens]
         missing = self.num_new_tokens - len(known)
         return known + [PLACEHOLDER_TOKEN] * missing if missing else known
+
+
+_NUM_NEW_TOKENS = attrgetter("num_new_tokens")
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,7 @@ class SchedulerOutput:
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        return sum(map(_NUM_NEW_TOKENS, self.scheduled))
 
     @property
     def is_empty(self) -> bool:
@@ -215,33 +223,44 @@ class Scheduler:
         # A seq preempted in this step must not be re-admitted in the same step.
         if not out.preempted:
             self._schedule_waiting(out, budget)
-        for scheduled in out.scheduled:
-            seq = scheduled.seq
-            seq.num_computed_tokens = scheduled.start_pos + scheduled.num_new_tokens
-            seq.num_pending_tokens += scheduled.samples
         return out
 
-    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
-        """Apply a step's results; return the sequences it finished. A sequence
-        preempted since the step was scheduled still takes its sampled token."""
+    def update(self, output: SchedulerOutput, sampled: list[int] | dict[str, int]
+               ) -> list[Sequence]:
+        """Apply a step's results (`sampled`: the token of each chunk that samples, in
+        order, or by request id); return the sequences it finished. A sequence
+        preempted since the step was scheduled still takes its sampled token. Appending
+        the token and the stop checks are inlined (this loop runs over every sequence
+        each step); `_check_stop` runs only for a sequence that stops."""
+        if isinstance(sampled, dict):
+            sampled = [sampled.get(s.seq.request_id) for s in output.scheduled if s.samples]
+        tokens = iter(sampled)
         finished, block_manager = [], self.block_manager
-        cache_full_blocks = block_manager.cache_full_blocks
+        cache_full_blocks, block_size = block_manager.cache_full_blocks, block_manager.block_size
         caching = block_manager.enable_prefix_caching
         running, done = SequenceStatus.RUNNING, SequenceStatus.FINISHED
+        eos, now = self.eos_token_ids, None
         for scheduled in output.scheduled:
             seq = scheduled.seq
             status = seq.status
+            token = next(tokens) if scheduled.samples else None
             if status is done:  # aborted (or stopped by an earlier step) while the step ran
                 continue
+            token_ids = seq.token_ids
             if caching and status is running:
-                cache_full_blocks(seq, min(scheduled.start_pos + scheduled.num_new_tokens,
-                                           len(seq.token_ids)))
+                computed = min(scheduled.start_pos + scheduled.num_new_tokens, len(token_ids))
+                if computed // block_size > len(seq.block_hashes):  # a block filled up
+                    cache_full_blocks(seq, computed)
             if not scheduled.samples:
                 continue
             seq.num_pending_tokens -= 1
-            seq.append_token(sampled[seq.request_id])
-            reason, stop_reason = self._check_stop(seq)
-            if reason is not None:
+            token_ids.append(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now = now or time.time()
+            params = seq.params
+            if len(token_ids) >= seq.length_limit or (token in eos and not params.ignore_eos) \
+                    or (params.stop_token_ids and token in params.stop_token_ids):
+                reason, stop_reason = self._check_stop(seq)
                 self.finish(seq, reason, stop_reason)
                 finished.append(seq)
         return finished
@@ -258,22 +277,35 @@ class Scheduler:
         return num_new if threshold <= 0 or num_new <= threshold else threshold
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """`_num_new_tokens` and `allocate_slots`' room check inlined: this loop runs over
+        every running sequence each step."""
         i, running, scheduled = 0, self.running, out.scheduled
-        allocate = self.block_manager.allocate_slots
+        allocate, block_size = self.block_manager.allocate_slots, self.block_manager.block_size
+        threshold = self.config.long_prefill_token_threshold
+        defer, gate = self.defer_pending, self.gate
         while i < len(running) and budget > 0:
             seq = running[i]
-            num_new = self._num_new_tokens(seq, budget, seq.num_computed_tokens)
-            if num_new <= 0 or (self.gate is not None and not self.gate.runs(seq)):
+            computed, pending, known = (seq.num_computed_tokens, seq.num_pending_tokens,
+                                        len(seq.token_ids))
+            # a pending token that reaches the length limit leaves nothing to compute after it
+            num_new = min(known + pending - computed, budget)
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new <= 0 or (pending and (defer or known + pending >= seq.length_limit)) \
+                    or (gate is not None and not gate.runs(seq)):
                 i += 1
                 continue
-            while not allocate(seq, num_new):
-                victim = max(self.running, key=Sequence.sort_key)
-                if self.running.index(victim) < i:
-                    i -= 1
-                budget += self._preempt(victim, out)
-                if victim is seq:
-                    return budget
-            scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens))
+            if computed + num_new > len(seq.block_table) * block_size:
+                while not allocate(seq, num_new):
+                    victim = max(self.running, key=Sequence.sort_key)
+                    if self.running.index(victim) < i:
+                        i -= 1
+                    budget += self._preempt(victim, out)
+                    if victim is seq:
+                        return budget
+            samples = computed + num_new == known + pending
+            scheduled.append(ScheduledSeq(seq, num_new, computed, samples))
+            seq.num_computed_tokens, seq.num_pending_tokens = computed + num_new, pending + samples
             budget -= num_new
             i += 1
         return budget
@@ -296,7 +328,10 @@ class Scheduler:
                 seq.num_cached_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append(ScheduledSeq(seq, num_new, num_cached))
+            scheduled = ScheduledSeq(seq, num_new, num_cached)
+            out.scheduled.append(scheduled)
+            seq.num_computed_tokens = num_cached + num_new
+            seq.num_pending_tokens += scheduled.samples
             budget -= num_new
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
@@ -307,6 +342,8 @@ class Scheduler:
         for k, scheduled in enumerate(out.scheduled):
             if scheduled.seq is seq:
                 given_back = out.scheduled.pop(k).num_new_tokens
+                seq.num_computed_tokens = scheduled.start_pos  # as it was before this step
+                seq.num_pending_tokens -= scheduled.samples
                 break
         if not self._swap_out(seq, out):
             out.recompute_tokens += seq.num_computed_tokens

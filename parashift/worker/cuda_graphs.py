@@ -7,6 +7,8 @@ inside stay matched. Attention metadata is read from static buffers that each
 step refills; the split-KV grid was fixed at capture for max_model_len, which
 stays correct for any shorter context. On by default on CUDA (`--enforce-eager`
 turns them off); tests/engine/test_gpu_engine.py checks them against eager."""
+from operator import attrgetter
+
 import torch
 
 from parashift.attention.metadata import AttentionMetadata
@@ -15,6 +17,7 @@ from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.context import use_context
 from parashift.parallel.state import ParallelState
 
+_TOKENS = attrgetter("token_ids")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 
@@ -45,8 +48,8 @@ class DecodeGraphs:
                 self.graphs[(plan.graph_key, bucket)] = self._capture(plan, bucket)
 
     def bucket_for(self, chunks: list[SeqChunk], state: ParallelState) -> int | None:
-        if state.pp.size > 1 or any(len(c.token_ids) != 1 for c in chunks):
-            return None
+        if state.pp.size > 1 or sum(map(len, map(_TOKENS, chunks))) != len(chunks):
+            return None  # (every chunk holds a token: one each sums to the chunk count)
         return next((b for b in self.buckets if b >= len(chunks)), None)
 
     def _metadata(self, bucket: int, block_size: int) -> AttentionMetadata:
@@ -75,13 +78,15 @@ class DecodeGraphs:
             hidden = self._forward(plan, bucket)
         return graph, hidden
 
-    def run(self, chunks: list[SeqChunk], tables, plan, bucket: int, patch_tokens):
+    def run(self, chunks: list[SeqChunk], tables, plan, bucket: int, patch_tokens,
+            upload_all=None):
         """Replays the bucket's graph for this step; returns (hidden states, inputs).
         `tables` are the rank's block tables (by chunk.row);
-        `patch_tokens(tokens, chunks, inputs)` may rewrite the input tokens first."""
+        `patch_tokens(tokens, chunks, inputs)` may rewrite the input tokens first;
+        `upload_all` is build_step_inputs'."""
         sp = plan.state.sp
         inputs = build_step_inputs(chunks, tables, plan.block_size, self.tokens.device,
-                                   sp.size, sp.rank, pad_to=bucket)
+                                   sp.size, sp.rank, pad_to=bucket, upload_all=upload_all)
         self._fill(inputs, bucket)
         patch_tokens(self.tokens[:len(inputs.token_ids)], chunks, inputs)
         graph, hidden = self.graphs[(plan.graph_key, bucket)]

@@ -20,7 +20,7 @@ from parashift.worker.step_batch import (PLACEHOLDER_TOKEN, ChunkDelta, RequestT
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
 from parashift.worker.seesaw import SeesawRank
 from parashift.worker.step_check import StepStateCheck
-from parashift.worker.step_inputs import StepInputs, build_step_inputs
+from parashift.worker.step_inputs import StepInputs, build_step_inputs, sampled_table_rows
 from parashift.worker.token_history import TokenHistoryStore
 from parashift.kv.cache import KVCache, attention_layers
 from parashift.kv.cpu_tier import TierShape
@@ -34,7 +34,7 @@ from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_
 from parashift.worker.shared_ffn import SharedFfn
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
-from parashift.uploads import upload
+from parashift.uploads import StagingRing, upload
 
 logger = logging.getLogger(__name__)
 # Sampled tokens, their logprobs, and the requests this step failed (id -> reason).
@@ -112,6 +112,9 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}  # of requests with a seed
         self.requests = RequestTables()
         self._check = StepStateCheck() if config.check_step_state else None
+        self.staging = StagingRing(device)  # a step's index arrays to the device in one copy
+        if self._check is not None:
+            self._check.watch_uploads(self.staging)
         self.history = TokenHistoryStore(device)  # tokens of the requests with penalties
         self.swapper = KVSwapper(TierShape.of_model(hf_config, dtype), device)  # swap preemption
         self.groups: dict[tuple[int, ...], GroupSampling] = {}  # by the ranks of a step's plan
@@ -349,11 +352,15 @@ class ModelRunner:
             self._bind_kv(plan)
         with use_context(plan.context()):
             micro_batches = split_micro_batches(chunks, plan.state.pp.size)
-            results = [self._run_micro_batch(mb, plan) for mb in micro_batches]
+            results = []
+            for mb in micro_batches:
+                results.append(self._run_micro_batch(mb, plan))
+                if self._check is not None:  # its uploads as packed (the ring's slots
+                    self._check.verify_uploads()  # cover a micro-batch, not every stage's)
             self._wait_sends()
         sampled = [mb_tokens for mb_tokens, _ in results if mb_tokens is not None]
         tokens = torch.cat(sampled) if sampled else torch.empty(0, dtype=torch.int64)
-        sampled_rows = np.fromiter((c.row for c in chunks if c.sampling is not None), np.int64)
+        sampled_rows = sampled_table_rows(chunks)
         group.remember(tokens, sampled_rows, len(self.requests.lengths))
         if self._check is not None:
             self._check.remember_samples(group, chunks)
@@ -411,10 +418,11 @@ class ModelRunner:
         bucket = self.graphs.bucket_for(chunks, state) if self.graphs else None
         if bucket is not None:
             out, inputs = self.graphs.run(chunks, self.requests.tables, plan, bucket,
-                                          self._fill_placeholders)
+                                          self._fill_placeholders, self.staging.upload)
         else:
             inputs = build_step_inputs(chunks, self.requests.tables, plan.block_size,
-                                       self.device, sp.size, sp.rank)
+                                       self.device, sp.size, sp.rank,
+                                       upload_all=self.staging.upload)
             self._fill_placeholders(inputs.token_ids, chunks, inputs)
             intermediate = None if state.is_first_stage else self._recv(inputs, state)
             with use_context(plan.context(inputs.attn, self.backend)):
@@ -459,9 +467,9 @@ class ModelRunner:
             & (ends < local.stop)
         rows = sources = None
         if pending.any():
-            rows = upload(ends[pending] - local.start, torch.int64, self.device)
-            sources = upload(self._group.prev_index[inputs.chunk_rows[pending]], torch.int64,
-                             self.device)
+            rows, sources = self.staging.upload([
+                (ends[pending] - local.start, torch.int64),
+                (self._group.prev_index[inputs.chunk_rows[pending]], torch.int64)])
             token_ids.index_copy_(0, rows, self._group.prev_tokens.index_select(0, sources))
         if self._check is not None:
             self._check.verify_placeholders(self._group, chunks, inputs, rows, sources)
@@ -469,7 +477,7 @@ class ModelRunner:
     def _sample_rows(self, hidden: torch.Tensor, inputs: StepInputs, sp) -> torch.Tensor:
         """Hidden states of the sampled rows, gathered from the SP rank holding each."""
         if sp.size == 1:
-            rows = upload(inputs.sample_rows, torch.int64, self.device)
+            rows, = self.staging.upload([(inputs.sample_rows, torch.int64)])
             return hidden.index_select(0, rows)  # no host sync: async scheduling overlaps
         rows = torch.zeros(len(inputs.sample_rows), hidden.shape[-1], dtype=hidden.dtype,
                            device=self.device)

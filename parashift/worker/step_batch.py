@@ -4,12 +4,14 @@ runner sees it once the rank has applied it to what it already knows.
 The message carries deltas: a request's sampling parameters once, and only the
 block ids appended to its block table since the last step."""
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
 from parashift.sampling_params import SamplingParams
 from parashift.structured.matchers import TokenMasks
 
+_REQUEST_ID = attrgetter("request_id")
 PLACEHOLDER_TOKEN = -1  # a token sampled by the step in flight, not yet known to the engine
 
 
@@ -96,17 +98,17 @@ class RequestTables:
         for request_id in batch.new_params:  # of a request that kept its row (new: below)
             if request_id in row_of:
                 self._mark_argmax_only(request_id, row_of[request_id])
-        rows = [row_of.get(d.request_id) for d in deltas]
+        rows = list(map(row_of.get, map(_REQUEST_ID, deltas)))
         if None in rows:
             rows = [self._take_row(d.request_id) if row is None else row
                     for d, row in zip(deltas, rows)]
         lengths = self.lengths.tolist()  # (rows are taken: every row is in it)
+        chunks = []
         for d, row in zip(deltas, rows):
             if d.new_blocks or d.blocks_from != lengths[row]:
                 self._write(row, d.blocks_from, d.new_blocks)
-        chunks = [SeqChunk(d.request_id, d.token_ids, d.start_pos, row,
-                           params[d.request_id] if d.samples else None)
-                  for d, row in zip(deltas, rows)]
+            chunks.append(SeqChunk(d.request_id, d.token_ids, d.start_pos, row,
+                                   params[d.request_id] if d.samples else None))
         if batch.token_masks is not None:
             for i, mask in zip(batch.token_masks.chunks, batch.token_masks.bitmask):
                 chunks[i].token_mask = mask

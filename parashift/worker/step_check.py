@@ -1,11 +1,14 @@
 """Debug mode (`--check-step-state`): each step's inputs, as the rank builds them from its
 persistent state (block-table rows updated by the step messages' deltas, the rows'
-argmax-only flags, the previous samples' index by row), against the same inputs rebuilt
-from scratch with plain Python lists: every request's block table kept as a list, every
-slot computed token by token, every flag from its request's parameters."""
+argmax-only flags, the previous samples' index by row, the staging ring's buffers), against
+the same inputs rebuilt from scratch with plain Python lists: every request's block table
+kept as a list, every slot computed token by token, every flag from its request's
+parameters, and, at the end of each micro-batch, every array it uploaded as it was packed
+(no later pack of it overwrote it)."""
 import numpy as np
 import torch
 
+from parashift.uploads import StagingRing
 from parashift.worker.step_batch import PLACEHOLDER_TOKEN, RequestTables, SeqChunk, StepBatch
 from parashift.worker.step_inputs import StepInputs
 
@@ -18,6 +21,26 @@ class StepStateCheck:
     def __init__(self):
         self.tables: dict[str, list[int]] = {}  # request id -> its block table
         self.prev_rows: dict[tuple, dict[str, int]] = {}  # group -> request id -> sample index
+        self.uploads: list[list] = []  # the micro-batch's [tensor, its values as packed]
+
+    def watch_uploads(self, ring: StagingRing) -> None:
+        """Records every array the ring uploads, for `verify_uploads` at the end of the
+        micro-batch."""
+        upload = ring.upload
+
+        def recorded(arrays):
+            tensors = upload(arrays)
+            self.uploads += [[t, np.asarray(a).tolist()] for t, (a, _) in zip(tensors, arrays)]
+            return tensors
+        ring.upload = recorded
+
+    def verify_uploads(self) -> None:
+        """Every tensor the micro-batch uploaded still holds what was packed into it (read
+        on the device's stream, after its kernels)."""
+        for tensor, packed in self.uploads:
+            got = tensor.cpu().tolist()
+            _expect(got == packed, "an upload of this step", got, packed)
+        self.uploads = []
 
     def apply(self, batch: StepBatch, persistent: RequestTables) -> None:
         """Applies the message to the lists, then compares every live request's table."""
@@ -55,8 +78,12 @@ class StepStateCheck:
         _expect(positions == expected["positions"], "positions", positions,
                 expected["positions"])
         # placeholders are filled by then (verify_placeholders checks from where)
+        filled = inputs.token_ids.cpu().tolist()
+        for upload in self.uploads:  # its placeholders were filled in place, on purpose
+            if upload[0] is inputs.token_ids:
+                upload[1] = filled
         tokens = [t if want != PLACEHOLDER_TOKEN else want for t, want in
-                  zip(inputs.token_ids.cpu().tolist(), expected["token_ids"])]
+                  zip(filled, expected["token_ids"])]
         _expect(tokens == expected["token_ids"], "token_ids", tokens, expected["token_ids"])
         _expect(inputs.sample_rows == expected["sample_rows"], "sample_rows",
                 inputs.sample_rows, expected["sample_rows"])

@@ -2,14 +2,19 @@
 operations from the chunks and the rank's persistent block tables: a few Python
 attribute reads per chunk, no per-token Python work."""
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
+from operator import attrgetter, is_not, itemgetter
 
 import numpy as np
 import torch
 
 from parashift.attention.metadata import AttentionMetadata
 from parashift.worker.step_batch import SeqChunk
-from parashift.uploads import upload
+from parashift.uploads import upload_each
+
+# C-level readers of the chunks' fields (a map over them costs a fraction of a generator)
+_ROW, _START, _TOKENS = attrgetter("row"), attrgetter("start_pos"), attrgetter("token_ids")
+_SAMPLING, _FIRST = attrgetter("sampling"), itemgetter(0)
 
 
 @dataclass
@@ -26,18 +31,19 @@ class StepInputs:
 
 def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: int,
                       device: torch.device, sp_size: int = 1, sp_rank: int = 0,
-                      pad_to: int = 0) -> StepInputs:
+                      pad_to: int = 0, upload_all=None) -> StepInputs:
     """`tables` holds each chunk's block table in the row `chunk.row`. `pad_to` pads the
     step to that many sequences and rows (a CUDA graph's batch size): padding sequences
     hold no rows and no context, padding rows belong to no sequence; neither writes KV
-    nor affects the real rows."""
+    nor affects the real rows. `upload_all` takes [(array, dtype)] to device tensors in
+    one go (a `StagingRing`'s upload; by default a tensor each)."""
     n = len(chunks)
-    rows = np.fromiter((c.row for c in chunks), np.int64, n)
-    first = np.fromiter((c.start_pos for c in chunks), np.int64, n)
-    q_lens = np.fromiter((len(c.token_ids) for c in chunks), np.int64, n)
+    rows = np.fromiter(map(_ROW, chunks), np.int64, n)
+    first = np.fromiter(map(_START, chunks), np.int64, n)
+    q_lens = np.fromiter(map(len, map(_TOKENS, chunks)), np.int64, n)
     num_tokens = int(q_lens.sum())
     if num_tokens == n:  # a decode step: one token per chunk
-        tokens = np.fromiter((c.token_ids[0] for c in chunks), np.int64, n)
+        tokens = np.fromiter(map(_FIRST, map(_TOKENS, chunks)), np.int64, n)
         positions, owner = first, rows
     else:
         tokens = np.fromiter(chain.from_iterable(c.token_ids for c in chunks), np.int64,
@@ -63,17 +69,27 @@ def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: in
     positions = np.concatenate((positions, np.zeros(padding, np.int64)))
     slots = np.concatenate((slots, np.full(padding, -1, np.int64)))
     starts_cpu, seq_lens_cpu = query_start.tolist(), seq_lens.tolist()
-    attn = AttentionMetadata(
-        slot_mapping=upload(slots, torch.int64, device),
-        query_start_loc=upload(query_start, torch.int32, device),
-        seq_lens=upload(seq_lens, torch.int32, device),
-        block_tables=upload(block_tables, torch.int32, device),
-        query_start_loc_cpu=starts_cpu, seq_lens_cpu=seq_lens_cpu,
-        max_query_len=int(q_lens.max()), max_seq_len=max(seq_lens_cpu), block_size=block_size)
     per_rank = len(tokens) // sp_size
     local = range(sp_rank * per_rank, (sp_rank + 1) * per_rank)
+    if upload_all is None:
+        def upload_all(arrays):
+            return upload_each(arrays, device)
+    token_ids, positions_d, slot_mapping, starts_d, seq_lens_d, block_tables_d = upload_all([
+        (tokens[local.start:local.stop], torch.int64),
+        (positions[local.start:local.stop], torch.int64), (slots, torch.int64),
+        (query_start, torch.int32), (seq_lens, torch.int32), (block_tables, torch.int32)])
+    attn = AttentionMetadata(
+        slot_mapping=slot_mapping, query_start_loc=starts_d, seq_lens=seq_lens_d,
+        block_tables=block_tables_d, query_start_loc_cpu=starts_cpu, seq_lens_cpu=seq_lens_cpu,
+        max_query_len=int(q_lens.max()), max_seq_len=max(seq_lens_cpu), block_size=block_size)
     ends = query_start[1:n + 1]
-    sampled = np.fromiter((c.sampling is not None for c in chunks), bool, n)
-    return StepInputs(upload(tokens[local.start:local.stop], torch.int64, device),
-                      upload(positions[local.start:local.stop], torch.int64, device), attn,
-                      (ends[sampled] - 1).tolist(), local, rows, tokens[ends - 1], rows[sampled])
+    sampled = np.fromiter(map(is_not, map(_SAMPLING, chunks), repeat(None)), bool, n)
+    return StepInputs(token_ids, positions_d, attn, (ends[sampled] - 1).tolist(), local, rows,
+                      tokens[ends - 1], rows[sampled])
+
+
+def sampled_table_rows(chunks: list[SeqChunk]) -> np.ndarray:
+    """The block-table row of each chunk after which a token is sampled, in order."""
+    n = len(chunks)
+    rows = np.fromiter(map(_ROW, chunks), np.int64, n)
+    return rows[np.fromiter(map(is_not, map(_SAMPLING, chunks), repeat(None)), bool, n)]

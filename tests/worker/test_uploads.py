@@ -1,0 +1,34 @@
+"""The staging ring: every pack comes back as it was written, through growth and slot
+reuse, on the CPU and (where there is one) on a GPU, where the copies are queued
+behind other work."""
+import numpy as np
+import pytest
+import torch
+
+from parashift.uploads import StagingRing
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packs_come_back_intact_through_growth_and_reuse(device):
+    ring = StagingRing(torch.device(device), depth=3, initial_bytes=16)
+    kept = []
+    for k in range(40):
+        if device == "cuda":  # keep the stream busy so that copies queue behind it
+            torch.cuda._sleep(100_000)
+        a = np.arange(k * 7 % 13 + 50 * (k % 5 == 0)) + k
+        b = np.arange(6).reshape(2, 3) * k
+        x, y, z = ring.upload([(a, torch.int64), (b, torch.int32), ([k, k + 1], torch.int64)])
+        assert (x.dtype, y.dtype, tuple(y.shape)) == (torch.int64, torch.int32, (2, 3))
+        kept.append((a, x))
+        kept = kept[-ring.depth:]  # a view stays valid until its slot comes round again
+        for values, tensor in kept:
+            assert tensor.cpu().tolist() == values.tolist()
+        assert y.cpu().tolist() == b.tolist() and z.cpu().tolist() == [k, k + 1]
+
+
+def test_empty_arrays():
+    ring = StagingRing(torch.device("cpu"))
+    x, y = ring.upload([(np.zeros(0, np.int64), torch.int64), ([], torch.int32)])
+    assert x.numel() == 0 and y.numel() == 0 and y.dtype == torch.int32
