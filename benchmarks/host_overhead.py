@@ -2,9 +2,12 @@
 costs per sequence, apart from the device.
 
 Usage: python3 benchmarks/host_overhead.py --batch-sizes 64 256 512 [--model SHAPE]
-[--tokenizer DIR] [--output-processor thread|inline] (with a tokenizer the outputs are
-detokenized; `outputs_made` is the output processor's work, on its own thread unless inline,
-`hand_off` and `take_outputs` what the engine loop spends to give it tokens and take outputs)
+[--tokenizer DIR] [--output-processor thread|inline|process] [--output-kind final_only]
+(with a tokenizer the outputs are detokenized; `outputs_made` is the output processor's
+work, on its own thread unless inline, and not timed in process mode, where it runs in the
+child; `hand_off` and `take_outputs` what the engine loop spends to give it tokens and take
+outputs; in process mode `take_outputs` holds `answers_received` (reading and unpickling
+the child's answers) and `outputs_built` (the RequestOutputs assembled on the loop))
 On the CPU (the default tiny shape) the parts are exact but the forward is CPU compute;
 `gc` is the garbage collector's time (it runs inside whichever part allocates);
 on a GPU the parts are host time only (kernels run asynchronously), and `device_wait`
@@ -38,6 +41,7 @@ def _module_if_any(name: str):
 
 
 output_processor = _module_if_any("parashift.engine.output_processor")
+output_process = _module_if_any("parashift.engine.output_process")
 request_outputs = _module_if_any("parashift.engine.request_outputs")
 
 PARTS = [  # (owner, attribute, label)
@@ -59,7 +63,10 @@ PARTS = [  # (owner, attribute, label)
     (llm_engine.LLMEngine, "_detokenize", "detokenize"),  # before the output processor
     (llm_engine.LLMEngine, "_output", "request_outputs"),  # before the output processor
     (getattr(output_processor, "OutputProcessor", None), "submit", "hand_off"),
+    (getattr(output_process, "OutputProcess", None), "submit", "hand_off"),
     (llm_engine.LLMEngine, "_collect", "take_outputs"),
+    (getattr(output_process, "OutputProcess", None), "_receive", "answers_received"),
+    (getattr(output_process, "OutputProcess", None), "_processed", "outputs_built"),
     (getattr(request_outputs, "RequestOutputs", None), "_take_step", "outputs_made"),
 ]
 
@@ -111,10 +118,11 @@ def top_functions(profiler, count: int) -> list:
             for (path, line, name), (_, calls, own, cumulative, _) in rows]
 
 
-def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0) -> dict:
+def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0,
+            output_kind: str = "cumulative") -> dict:
     engine, rng = llm.llm_engine, random.Random(batch)
     params = SamplingParams(temperature=0, max_tokens=engine.max_model_len - context,
-                            ignore_eos=True)
+                            ignore_eos=True, output_kind=output_kind)
     ids = [f"b{batch}-{i}" for i in range(batch)]
     for rid in ids:
         engine.add_request(rid, [rng.randrange(engine.vocab_size) for _ in range(context)], params)
@@ -159,8 +167,10 @@ def main():
     p.add_argument("--tokenizer", default=None,
                    help="detokenize the outputs with this tokenizer (default: no tokenizer, "
                         "no text); a shape's random weights sample ids of its whole vocabulary")
-    p.add_argument("--output-processor", default=None, choices=["thread", "inline"],
+    p.add_argument("--output-processor", default=None, choices=["thread", "inline", "process"],
                    help="where outputs are made (default: the engine's)")
+    p.add_argument("--output-kind", default="cumulative", choices=["cumulative", "final_only"],
+                   help="the requests' outputs: every step (streaming) or the last only")
     p.add_argument("--gc-threshold", type=int, nargs="+", default=None,
                    help="gc.set_threshold(...) after start-up (default: the engine's)")
     p.add_argument("--cprofile", type=int, default=0, metavar="N",
@@ -177,7 +187,8 @@ def main():
         gc.set_threshold(*args.gc_threshold)
     rows = []
     for batch in args.batch_sizes:
-        rows.append(measure(llm, batch, args.context, args.decode_steps, args.cprofile))
+        rows.append(measure(llm, batch, args.context, args.decode_steps, args.cprofile,
+                            args.output_kind))
         print(json.dumps(rows[-1]), flush=True)
     llm.llm_engine.shutdown()
     if args.output:
