@@ -135,11 +135,14 @@ def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0,
     if cprofile:
         import cProfile
         profiler = cProfile.Profile()
+    num_outputs = 0
     with timed_parts() as seconds, (profiler or contextlib.nullcontext()):
         start = time.perf_counter()
         for _ in range(steps):
-            engine.step()
+            num_outputs += len(engine.step())
         wall = time.perf_counter() - start
+    # a processor that falls behind leaves messages unanswered (its outputs come later)
+    pending = getattr(engine.output_processor, "_num_pending", 0)
     if len(engine.scheduler.running) != batch:
         raise RuntimeError(f"{len(engine.scheduler.running)} of {batch} sequences ran to the end")
     for rid in ids:
@@ -151,6 +154,7 @@ def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0,
                 host_ms=round(host / steps * 1e3, 3),
                 host_us_per_seq=round(host / steps / batch * 1e6, 2),
                 host_us_per_seq_outside_model=round(outside_model / steps / batch * 1e6, 2),
+                outputs_per_step=round(num_outputs / steps, 1), messages_pending=pending,
                 parts_ms=parts,
                 **({"top_functions": top_functions(profiler, cprofile)} if profiler else {}))
 

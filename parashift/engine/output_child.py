@@ -5,6 +5,7 @@ engine needs to build its outputs: each output's text, token count, new logprobs
 finish, by row (the int the engine gave the request at NewRequest), not the outputs
 themselves, whose prompt and token lists the engine holds already."""
 import logging
+import os
 import queue
 import signal
 import sys
@@ -25,6 +26,9 @@ NEW, STEP, FAIL, FORGET = range(4)
 # finish_reason, stop_reason); (UNDECODABLE, row, text, num_tokens, request_id, error) for a
 # request whose text could not be made; (FAILED, row, text) for a FAIL message's request
 OUTPUT, UNDECODABLE, FAILED = range(3)
+# Below the engine loop's priority: on a busy host the loop's handing a step over does not
+# yield the core to the child, which need only keep up (its outputs are not on the loop)
+NICENESS = 10
 
 
 class _SeqView:
@@ -125,6 +129,7 @@ def run(inbox: Connection, outbox: Connection) -> None:
     that breaks the processor itself is answered by its traceback (a str). Ends on None or
     when the engine's end of `inbox` closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
+    os.nice(NICENESS)
     logging.getLogger("parashift").setLevel(logging.ERROR)  # the engine logs the failures
     try:
         tokenizer = inbox.recv()
