@@ -123,18 +123,18 @@ def prompt_tail(prompt_token_ids: list[int]) -> list[int]:
 
 
 def run(inbox: Connection, outbox: Connection) -> None:
-    """The process's loop: the first message is the tokenizer; each batch of messages from `inbox` gives a list with one answer
-    (or None) per message, sent on `outbox` by a thread of its own, so that a full pipe
-    back never stops this loop from reading (the engine may be blocked sending). A batch
-    that breaks the processor itself is answered by its traceback (a str). Ends on None or
-    when the engine's end of `inbox` closes."""
+    """The process's loop: the first message is the tokenizer; each batch of messages from
+    `inbox` gives a list with one answer (or None) per message, sent on `outbox` by a thread
+    of its own, so that a full pipe back never stops this loop from reading (the engine may
+    be blocked sending). A batch that breaks the processor itself is answered by its
+    traceback (a str). Ends on None or when the engine's end of `inbox` closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
-    os.nice(NICENESS)
     logging.getLogger("parashift").setLevel(logging.ERROR)  # the engine logs the failures
     try:
         tokenizer = inbox.recv()
     except (EOFError, OSError):
         return
+    os.nice(NICENESS)  # once started: a busy host does not hold its start-up back
     child, answers = ChildOutputs(tokenizer), queue.SimpleQueue()
     sender = threading.Thread(target=_send_answers, args=(answers, outbox), daemon=True)
     sender.start()
