@@ -44,9 +44,6 @@ class _Record:
 class OutputProcess:
     def __init__(self, tokenizer):
         self._process, self._to_child, self._from_child = _start_child()
-        # the tokenizer's Rust backend where it has one (the child need not import transformers)
-        self._to_child.send(rust_backend(tokenizer) or tokenizer if tokenizer is not None
-                            else None)
         self._next_row = itertools.count()
         self._rows: dict[str, int] = {}  # by request id, the requests handed over
         self._records: dict[int, _Record] = {}  # by row
@@ -56,6 +53,12 @@ class OutputProcess:
         self._num_pending = 0  # messages handed over whose answers have not been taken
         self._broken: str | None = None  # why the child can no longer be used
         self._handing_over = threading.Lock()  # a close (a finalizer's) against a submit
+        # the tokenizer's Rust backend where it has one (the child need not import transformers)
+        try:
+            self._to_child.send(rust_backend(tokenizer) or tokenizer if tokenizer is not None
+                                else None)
+        except OSError:  # it could not start
+            raise self._died() from None
 
     @property
     def is_busy(self) -> bool:
