@@ -1,6 +1,6 @@
 """The output processor in a process of its own (`output_processor="process"`), as vLLM v1
-keeps detokenization off its engine core: the child (output_child.py, started with spawn)
-holds the tokenizer and the RequestOutputs state, and the engine loop's share is a cheap
+keeps detokenization off its engine core: the child (output_child.py, a fresh interpreter,
+as spawn starts) holds the tokenizer and the RequestOutputs state, and the engine loop's share is a cheap
 hand-over and the outputs' assembly.
 
 A request gets a row (an int) at NewRequest; a step goes over as numpy arrays of rows and
