@@ -2,9 +2,12 @@
 costs per sequence, apart from the device.
 
 Usage: python3 benchmarks/host_overhead.py --batch-sizes 64 256 512 [--model SHAPE]
-[--tokenizer DIR] [--output-processor thread|inline] (with a tokenizer the outputs are
-detokenized; `outputs_made` is the output processor's work, on its own thread unless inline,
-`hand_off` and `take_outputs` what the engine loop spends to give it tokens and take outputs)
+[--tokenizer DIR] [--output-processor thread|inline|process] [--output-kind final_only]
+(with a tokenizer the outputs are detokenized; `outputs_made` is the output processor's
+work, on its own thread unless inline, and not timed in process mode, where it runs in the
+child; `hand_off` and `take_outputs` what the engine loop spends to give it tokens and take
+outputs; in process mode `take_outputs` holds `answers_received` (reading and unpickling
+the child's answers) and `outputs_built` (the RequestOutputs assembled on the loop))
 On the CPU (the default tiny shape) the parts are exact but the forward is CPU compute;
 `gc` is the garbage collector's time (it runs inside whichever part allocates);
 on a GPU the parts are host time only (kernels run asynchronously), and `device_wait`
@@ -38,6 +41,7 @@ def _module_if_any(name: str):
 
 
 output_processor = _module_if_any("parashift.engine.output_processor")
+output_process = _module_if_any("parashift.engine.output_process")
 request_outputs = _module_if_any("parashift.engine.request_outputs")
 
 PARTS = [  # (owner, attribute, label)
@@ -59,7 +63,10 @@ PARTS = [  # (owner, attribute, label)
     (llm_engine.LLMEngine, "_detokenize", "detokenize"),  # before the output processor
     (llm_engine.LLMEngine, "_output", "request_outputs"),  # before the output processor
     (getattr(output_processor, "OutputProcessor", None), "submit", "hand_off"),
+    (getattr(output_process, "OutputProcess", None), "submit", "hand_off"),
     (llm_engine.LLMEngine, "_collect", "take_outputs"),
+    (getattr(output_process, "OutputProcess", None), "_receive", "answers_received"),
+    (getattr(output_process, "OutputProcess", None), "_processed", "outputs_built"),
     (getattr(request_outputs, "RequestOutputs", None), "_take_step", "outputs_made"),
 ]
 
@@ -111,10 +118,11 @@ def top_functions(profiler, count: int) -> list:
             for (path, line, name), (_, calls, own, cumulative, _) in rows]
 
 
-def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0) -> dict:
+def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0,
+            output_kind: str = "cumulative") -> dict:
     engine, rng = llm.llm_engine, random.Random(batch)
     params = SamplingParams(temperature=0, max_tokens=engine.max_model_len - context,
-                            ignore_eos=True)
+                            ignore_eos=True, output_kind=output_kind)
     ids = [f"b{batch}-{i}" for i in range(batch)]
     for rid in ids:
         engine.add_request(rid, [rng.randrange(engine.vocab_size) for _ in range(context)], params)
@@ -123,15 +131,19 @@ def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0) -
         engine.step()
     for _ in range(3):
         engine.step()
+    engine._collect(wait=True)  # an output process still starting does not lag into the timing
     profiler = None
     if cprofile:
         import cProfile
         profiler = cProfile.Profile()
+    num_outputs = 0
     with timed_parts() as seconds, (profiler or contextlib.nullcontext()):
         start = time.perf_counter()
         for _ in range(steps):
-            engine.step()
+            num_outputs += len(engine.step())
         wall = time.perf_counter() - start
+    # a processor that falls behind leaves messages unanswered (its outputs come later)
+    pending = getattr(engine.output_processor, "_num_pending", 0)
     if len(engine.scheduler.running) != batch:
         raise RuntimeError(f"{len(engine.scheduler.running)} of {batch} sequences ran to the end")
     for rid in ids:
@@ -143,6 +155,7 @@ def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0) -
                 host_ms=round(host / steps * 1e3, 3),
                 host_us_per_seq=round(host / steps / batch * 1e6, 2),
                 host_us_per_seq_outside_model=round(outside_model / steps / batch * 1e6, 2),
+                outputs_per_step=round(num_outputs / steps, 1), messages_pending=pending,
                 parts_ms=parts,
                 **({"top_functions": top_functions(profiler, cprofile)} if profiler else {}))
 
@@ -159,8 +172,10 @@ def main():
     p.add_argument("--tokenizer", default=None,
                    help="detokenize the outputs with this tokenizer (default: no tokenizer, "
                         "no text); a shape's random weights sample ids of its whole vocabulary")
-    p.add_argument("--output-processor", default=None, choices=["thread", "inline"],
+    p.add_argument("--output-processor", default=None, choices=["thread", "inline", "process"],
                    help="where outputs are made (default: the engine's)")
+    p.add_argument("--output-kind", default="cumulative", choices=["cumulative", "final_only"],
+                   help="the requests' outputs: every step (streaming) or the last only")
     p.add_argument("--gc-threshold", type=int, nargs="+", default=None,
                    help="gc.set_threshold(...) after start-up (default: the engine's)")
     p.add_argument("--cprofile", type=int, default=0, metavar="N",
@@ -177,7 +192,8 @@ def main():
         gc.set_threshold(*args.gc_threshold)
     rows = []
     for batch in args.batch_sizes:
-        rows.append(measure(llm, batch, args.context, args.decode_steps, args.cprofile))
+        rows.append(measure(llm, batch, args.context, args.decode_steps, args.cprofile,
+                            args.output_kind))
         print(json.dumps(rows[-1]), flush=True)
     llm.llm_engine.shutdown()
     if args.output:

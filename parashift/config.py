@@ -27,7 +27,7 @@ FLYING_PREEMPTIONS = ("auto", "soft", "hard", "recompute")
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-OUTPUT_PROCESSORS = ("thread", "inline")
+OUTPUT_PROCESSORS = ("thread", "inline", "process")
 
 
 @dataclass
@@ -120,9 +120,10 @@ class EngineConfig:
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
     async_scheduling: bool | None = None     # schedule the next step while one runs; None = auto
     check_step_state: bool = False           # debug: every step's persistent inputs against a rebuild
-    # detokenization, stop strings and RequestOutputs: on the engine loop (inline) or on a
+    # detokenization, stop strings and RequestOutputs: on the engine loop (inline), on a
     # thread of their own (thread: outputs come a step later; on an H100 the thread took the
-    # GIL from the loop and gained 0-5%, docs/benchmarks.md); the same outputs either way
+    # GIL from the loop and gained 0-5%, docs/benchmarks.md) or in a process of their own
+    # (process: the loop hands tokens over and assembles the outputs); the same outputs
     output_processor: str = "inline"
     # batch- and plan-invariant kernels: the same tokens and logprobs whatever the batch,
     # the plan or a switch (parashift/deterministic/)

@@ -4,7 +4,7 @@ from parashift.sampling_params import SamplingParams
 
 # Prompt tokens decoded ahead of the output, so that tokenizers that drop the leading
 # space of the first decoded token (SentencePiece) still give the output's first space.
-_PROMPT_CONTEXT_TOKENS = 5
+PROMPT_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
 
 
@@ -19,7 +19,7 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.backend = rust_backend(tokenizer)
         self.params = params
-        self.token_ids = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
+        self.token_ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.token_ids)
         self._text = ""
@@ -154,6 +154,8 @@ def rust_backend(tokenizer):
         from tokenizers import Tokenizer
     except ImportError:
         return None
+    if isinstance(tokenizer, Tokenizer):  # the output process is given the backend alone
+        return tokenizer
     backend = getattr(tokenizer, "_tokenizer", None)
     return backend if isinstance(backend, Tokenizer) else None
 

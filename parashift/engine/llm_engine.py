@@ -13,7 +13,7 @@ from parashift.config import EngineConfig, SchedulerConfig
 from parashift.gc_tuning import restore_garbage_collector, tune_garbage_collector
 from parashift.engine.faults import (FaultReport, GroupDown, lost_ranks, policy_over,
                                      root_reason)
-from parashift.engine.output_processor import OutputProcessor
+from parashift.engine.output_processor import make_output_processor
 from parashift.engine.parallel_sampling import ParentRequest
 from parashift.engine.policy import GroupView, NodeView, Policy, make_policy
 from parashift.engine.policy.forced import ForcedWidth
@@ -129,7 +129,7 @@ class LLMEngine:
         self.replicas = [self._make_replica(group, size, offset)
                          for group, offset, size in self._start_replicas()]
         self._replica_of: dict[str, Replica] = {}
-        self.output_processor = OutputProcessor(self.tokenizer, config.output_processor)
+        self.output_processor = make_output_processor(self.tokenizer, config.output_processor)
         self._processor_finalizer = weakref.finalize(self, self.output_processor.close)
         self._owed: set[str] = set()  # requests handed to the processor, final output not taken
         self._aborted: set[str] = set()  # aborted requests the processor has yet to forget

@@ -4,13 +4,22 @@
 The engine loop hands over each step's sampled tokens (and new, failed and aborted
 requests) as messages; a thread of their own turns them into outputs, in the order
 handed over, while the loop goes on with the next step. The loop takes what is ready at
-its step boundaries. "inline" runs each message as it is handed over, on the loop."""
+its step boundaries. "inline" runs each message as it is handed over, on the loop;
+"process" runs them in a process of their own (output_process.py)."""
 import queue
 import threading
 
 from parashift.engine.request_outputs import Processed, RequestOutputs
 
 _STOP = object()
+
+
+def make_output_processor(tokenizer, mode: str):
+    """The output processor of `mode` (EngineConfig.output_processor)."""
+    if mode == "process":
+        from parashift.engine.output_process import OutputProcess
+        return OutputProcess(tokenizer)
+    return OutputProcessor(tokenizer, mode)
 
 
 class OutputProcessor:

@@ -29,7 +29,8 @@ ENGINE_FLAGS = {
     "--attention-backend": ("attention_backend", str, "auto | torch | triton"),
     "--output-processor": ("output_processor", str, "inline (detokenization, stop strings and "
                                                     "outputs on the engine loop, the default) | "
-                                                    "thread (beside it, a step later)"),
+                                                    "thread (beside it, a step later) | "
+                                                    "process (in a process of its own)"),
     "--load-format": ("load_format", str, "auto | dummy (random weights)"),
     "--parallel-policy": ("parallel_policy", str, "static | shift (SP base plan, TP for small "
                                                   "steps) | flying (DP replicas merge into one "

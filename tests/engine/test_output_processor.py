@@ -1,6 +1,7 @@
-"""The output processor on its own thread gives the outputs it gives inline (on the engine
-loop): stop strings, n > 1, final-only requests, logprobs, streams; a request whose text
-cannot be made fails alone; no output is lost when a generate call ends."""
+"""The output processor on its own thread and in its own process gives the outputs it gives
+inline (on the engine loop): stop strings, n > 1, final-only requests, logprobs, streams,
+aborts; a request whose text cannot be made fails alone; no output is lost when a generate
+call ends; a process that dies is a clear error."""
 import time
 
 import pytest
@@ -10,7 +11,9 @@ from parashift.engine.detokenizer import IncrementalDetokenizer
 from parashift.engine.request_outputs import RequestOutputs
 from tests.engine.conftest import tiny_llm
 
-MODES = ("inline", "thread")
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+MODES = ("inline", "thread", "process")
 QUESTION = [{"role": "user", "content": "Tell me a short story about a cat."}]
 
 
@@ -52,8 +55,9 @@ def stream(llm, requests) -> dict[str, list]:
 
 
 def same_in_both_modes(llms, requests) -> dict[str, list]:
-    inline, thread = (stream(llms[mode], requests) for mode in MODES)
-    assert thread == inline
+    """(in every mode)"""
+    inline, *others = (stream(llms[mode], requests) for mode in MODES)
+    assert all(other == inline for other in others)
     return inline
 
 
@@ -125,10 +129,10 @@ def test_generate_gives_the_same_outputs_in_both_modes(smollm2_by_mode, story):
               SamplingParams(temperature=0, max_tokens=3, logprobs=1)]
     outputs = {mode: [fields(o) for o in llm.generate([prompt] * 3, params)]
                for mode, llm in smollm2_by_mode.items()}
-    assert outputs["thread"] == outputs["inline"]
+    assert outputs["thread"] == outputs["inline"] == outputs["process"]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ("inline", "thread"))
 def test_a_request_whose_detokenizer_raises_fails_alone(smollm2_by_mode, monkeypatch, mode):
     real = IncrementalDetokenizer.take_texts
 
@@ -208,4 +212,4 @@ def test_an_aborted_request_reports_nothing_more(tiny_llama_dir, slow_processor)
 def test_output_processor_is_checked():
     from parashift.config import EngineConfig
     with pytest.raises(ValueError, match="output_processor"):
-        EngineConfig(output_processor="process")
+        EngineConfig(output_processor="processes")

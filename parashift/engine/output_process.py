@@ -1,0 +1,254 @@
+"""The output processor in a process of its own (`output_processor="process"`), as vLLM v1
+keeps detokenization off its engine core: the child (output_child.py, a fresh interpreter,
+as spawn starts) holds the tokenizer and the RequestOutputs state, and the engine loop's share is a cheap
+hand-over and the outputs' assembly.
+
+A request gets a row (an int) at NewRequest; a step goes over as numpy arrays of rows and
+token ids, its finishes by row and its logprobs, in one pipe message per step together with
+the messages handed over since the last one. The child answers each message with the
+outputs' texts, token counts, new logprobs and finishes, by row; the outputs are built here
+from the request's Sequence (its prompt and token lists, which this process holds already).
+The same interface as OutputProcessor: submit, take, is_busy, close."""
+import collections
+import itertools
+import os
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from parashift.engine import output_child
+from parashift.engine.detokenizer import rust_backend
+from parashift.engine.output_child import FAILED, OUTPUT, FAIL, FORGET, NEW, STEP
+from parashift.engine.request_outputs import (Failure, Forget, NewRequest, Processed,
+                                              StepTokens, logger)
+from parashift.engine.sequence import Sequence
+from parashift.outputs import CompletionOutput, RequestOutput
+
+_POLL_S = 1.0  # how often a blocked take checks that the child lives
+
+
+class _Record:
+    """What the outputs of a request with a row are built from."""
+    __slots__ = ("seq", "logprobs", "first_token_time", "num_cached_tokens")
+
+    def __init__(self, seq: Sequence):
+        self.seq = seq
+        self.logprobs: list = []
+        self.first_token_time: float | None = None  # fixed at its first output, as inline
+        self.num_cached_tokens = 0
+
+
+class OutputProcess:
+    def __init__(self, tokenizer):
+        self._process, self._to_child, self._from_child = _start_child()
+        self._next_row = itertools.count()
+        self._rows: dict[str, int] = {}  # by request id, the requests handed over
+        self._records: dict[int, _Record] = {}  # by row
+        self._failures: collections.deque[Failure] = collections.deque()  # FAILs unanswered
+        self._forgetting: collections.deque[int] = collections.deque()  # FORGETs' rows
+        self._unsent: list[tuple] = []
+        self._num_pending = 0  # messages handed over whose answers have not been taken
+        self._broken: str | None = None  # why the child can no longer be used
+        self._handing_over = threading.Lock()  # a close (a finalizer's) against a submit
+        # the tokenizer's Rust backend where it has one (the child need not import transformers)
+        try:
+            self._to_child.send(rust_backend(tokenizer) or tokenizer if tokenizer is not None
+                                else None)
+        except OSError:  # it could not start
+            raise self._died() from None
+
+    @property
+    def is_busy(self) -> bool:
+        """Messages were handed over whose results have not been taken."""
+        return self._num_pending > 0
+
+    def submit(self, message) -> None:
+        with self._handing_over:
+            self._check_usable()
+            self._unsent.append(self._encode(message))
+            self._num_pending += 1
+            if isinstance(message, StepTokens):
+                self._send()
+
+    def take(self, wait: bool = False) -> list[Processed]:
+        """The results ready, in the order their messages were handed over; with `wait`,
+        every message's. Raises what broke the processor, or that its process died."""
+        with self._handing_over:
+            self._check_usable()
+            if self._unsent:
+                self._send()
+        taken = []
+        while self._num_pending and (wait or self._from_child.poll()):
+            for answers in self._receive():
+                if isinstance(answers, str):
+                    self._broken = "the output processor failed"
+                    raise RuntimeError(f"the output processor failed:\n{answers}")
+                self._num_pending -= len(answers)
+                taken += [self._processed(answer) for answer in answers if answer is not None]
+        return taken
+
+    def close(self) -> None:
+        """Stops the child once it has answered what was handed over (the answers are
+        dropped) and joins it; an engine used after its shutdown gets a clear error."""
+        with self._handing_over:
+            if self._broken == "closed":
+                return
+            try:
+                self._to_child.send(None)
+            except OSError:
+                pass
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._to_child.close()
+            self._from_child.close()
+            self._broken = "closed"
+
+    # ---- the hand-over -------------------------------------------------------------
+    def _encode(self, message) -> tuple:
+        if isinstance(message, StepTokens):
+            return self._encode_step(message)
+        if isinstance(message, NewRequest):
+            seq = message.seq
+            row = self._rows.get(seq.request_id)
+            if row is None:
+                row = self._rows[seq.request_id] = next(self._next_row)
+                self._records[row] = _Record(seq)
+            return (NEW, row, seq.request_id, output_child.prompt_tail(seq.prompt_token_ids),
+                    seq.params, message.reports_every_step)
+        if isinstance(message, Failure):
+            self._failures.append(message)
+            return FAIL, message
+        if isinstance(message, Forget):
+            # its record goes with the answer (its outputs on their way are built first)
+            self._forgetting.append(self._rows.pop(message.request_id, -1))
+            return FORGET, message.request_id
+        raise TypeError(f"the output processor got a {type(message).__name__}")
+
+    def _encode_step(self, step: StepTokens) -> tuple:
+        rows, count = self._rows, len(step.request_ids)
+        row_ids = np.fromiter(map(rows.get, step.request_ids, itertools.repeat(-1, count)),
+                              np.int64, count)
+        finished = {rows.get(request_id, -1): finish
+                    for request_id, finish in step.finished.items()}
+        return (STEP, row_ids.tobytes(), np.array(step.token_ids, np.int64).tobytes(),
+                step.logprobs, finished)
+
+    def _send(self) -> None:
+        batch, self._unsent = self._unsent, []
+        try:
+            self._to_child.send(batch)
+        except OSError:
+            raise self._died() from None
+
+    def _receive(self) -> list:
+        try:
+            while not self._from_child.poll(_POLL_S):
+                if self._process.poll() is not None:
+                    raise EOFError
+            return self._from_child.recv()
+        except (EOFError, OSError):
+            raise self._died() from None
+
+    def _check_usable(self) -> None:
+        if self._broken == "closed":
+            raise RuntimeError("the output processor was closed (the engine was shut down)")
+        if self._broken is not None:
+            raise RuntimeError(self._broken)
+
+    def _died(self) -> RuntimeError:
+        try:
+            self._process.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+        self._broken = (f"the output processor's process died (exit code "
+                        f"{self._process.returncode}) with {self._num_pending} message(s) "
+                        "handed over unanswered")
+        return RuntimeError(self._broken)
+
+    # ---- the answers ---------------------------------------------------------------
+    def _processed(self, answer: tuple) -> Processed:
+        entries, ended, forgotten = answer
+        processed = Processed([self._output(*entry) for entry in entries], ended, forgotten)
+        for _ in forgotten:
+            self._records.pop(self._forgetting.popleft(), None)
+        return processed
+
+    def _output(self, kind: int, row: int, text: str, *rest) -> RequestOutput:
+        if kind == OUTPUT:
+            return self._built(row, text, *rest)
+        if kind == FAILED:
+            self._forget_row(row)
+            return _failed_output(self._failures.popleft(), text)
+        record = self._forget_row(row)
+        num_tokens, request_id, error = rest
+        seq = record.seq
+        return _error_output(request_id, seq.prompt, seq.prompt_token_ids,
+                             _output_tokens(seq, num_tokens), seq.num_cached_tokens, text, error)
+
+    def _built(self, row: int, text: str, num_tokens: int, new_logprobs: list | None,
+               reason: str | None, stop_reason) -> RequestOutput:
+        record = self._records[row]
+        seq = record.seq
+        if record.first_token_time is None:
+            record.first_token_time = seq.first_token_time
+            record.num_cached_tokens = seq.num_cached_tokens
+        logprobs = None
+        if new_logprobs is not None:
+            record.logprobs += new_logprobs
+            logprobs = record.logprobs[:]
+        completion = CompletionOutput(0, text, _output_tokens(seq, num_tokens), logprobs,
+                                      reason, stop_reason)
+        if reason is not None:
+            self._forget_row(row)
+        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
+                             reason is not None, record.num_cached_tokens,
+                             {"first_token_time": record.first_token_time})
+
+    def _forget_row(self, row: int) -> _Record | None:
+        record = self._records.pop(row, None)
+        if record is not None and self._rows.get(record.seq.request_id) == row:
+            del self._rows[record.seq.request_id]
+        return record
+
+
+def _start_child() -> tuple[subprocess.Popen, Connection, Connection]:
+    """A fresh interpreter (as multiprocessing's spawn: CUDA may be initialised here, and
+    nothing of this process is forked), started without importing this process's main
+    module; its pipes, and this process's import path."""
+    inbox, to_child = os.pipe()
+    from_child, outbox = os.pipe()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "parashift.engine.output_child", str(inbox), str(outbox)],
+        pass_fds=(inbox, outbox), env=env, stdin=subprocess.DEVNULL)
+    os.close(inbox)
+    os.close(outbox)  # the child's ends only: its death reads as the end of the pipe
+    return process, Connection(to_child, readable=False), Connection(from_child, writable=False)
+
+
+def _output_tokens(seq: Sequence, num_tokens: int) -> list[int]:
+    """The first `num_tokens` output tokens (the engine may have appended more since)."""
+    start = seq.num_prompt_tokens
+    return seq.token_ids[start:start + num_tokens]
+
+
+def _failed_output(failure: Failure, text: str) -> RequestOutput:
+    return _error_output(failure.request_id, failure.prompt, failure.prompt_token_ids,
+                         list(failure.output_token_ids), failure.num_cached_tokens, text,
+                         failure.reason)
+
+
+def _error_output(request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                  token_ids: list[int], num_cached_tokens: int, text: str,
+                  reason: str) -> RequestOutput:
+    """A request's last output, finish reason "error" (as RequestOutputs makes it)."""
+    logger.warning("request %s failed: %s", request_id, reason)
+    completion = CompletionOutput(0, text, token_ids, None, "error", None)
+    return RequestOutput(request_id, prompt, prompt_token_ids, [completion], True,
+                         num_cached_tokens, error=reason)
