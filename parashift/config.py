@@ -27,7 +27,7 @@ FLYING_PREEMPTIONS = ("auto", "soft", "hard", "recompute")
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-OUTPUT_PROCESSORS = ("thread", "inline", "process")
+OUTPUT_PROCESSORS = ("auto", "thread", "inline", "process")
 
 
 @dataclass
@@ -123,8 +123,9 @@ class EngineConfig:
     # detokenization, stop strings and RequestOutputs: on the engine loop (inline), on a
     # thread of their own (thread: outputs come a step later; on an H100 the thread took the
     # GIL from the loop and gained 0-5%, docs/benchmarks.md) or in a process of their own
-    # (process: the loop hands tokens over and assembles the outputs); the same outputs
-    output_processor: str = "inline"
+    # (process: the loop hands tokens over and assembles the outputs); the same outputs.
+    # auto: process on a GPU host with a tokenizer and 4+ cores, else inline
+    output_processor: str = "auto"
     # batch- and plan-invariant kernels: the same tokens and logprobs whatever the batch,
     # the plan or a switch (parashift/deterministic/)
     deterministic: bool = False

@@ -129,7 +129,8 @@ class LLMEngine:
         self.replicas = [self._make_replica(group, size, offset)
                          for group, offset, size in self._start_replicas()]
         self._replica_of: dict[str, Replica] = {}
-        self.output_processor = make_output_processor(self.tokenizer, config.output_processor)
+        self.output_processor = make_output_processor(self.tokenizer, config.output_processor,
+                                                      self.device.type)
         self._processor_finalizer = weakref.finalize(self, self.output_processor.close)
         self._owed: set[str] = set()  # requests handed to the processor, final output not taken
         self._aborted: set[str] = set()  # aborted requests the processor has yet to forget

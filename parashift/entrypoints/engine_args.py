@@ -27,8 +27,10 @@ ENGINE_FLAGS = {
     "--gpu-memory-utilization": ("gpu_memory_utilization", float,
                                  "fraction of GPU memory the engine may use"),
     "--attention-backend": ("attention_backend", str, "auto | torch | triton"),
-    "--output-processor": ("output_processor", str, "inline (detokenization, stop strings and "
-                                                    "outputs on the engine loop, the default) | "
+    "--output-processor": ("output_processor", str, "auto (process on a GPU host with a "
+                                                    "tokenizer, else inline; the default) | "
+                                                    "inline (detokenization, stop strings and "
+                                                    "outputs on the engine loop) | "
                                                     "thread (beside it, a step later) | "
                                                     "process (in a process of its own)"),
     "--load-format": ("load_format", str, "auto | dummy (random weights)"),

@@ -213,3 +213,19 @@ def test_output_processor_is_checked():
     from parashift.config import EngineConfig
     with pytest.raises(ValueError, match="output_processor"):
         EngineConfig(output_processor="processes")
+
+
+@pytest.mark.parametrize("tokenizer, device, cores, mode", [
+    (object(), "cuda", 16, "process"), (None, "cuda", 16, "inline"),
+    (object(), "cpu", 16, "inline"), (object(), "cuda", 2, "inline")])
+def test_auto_mode_takes_a_process_on_gpu_hosts_with_texts_to_make(tokenizer, device, cores,
+                                                                   mode):
+    from parashift.engine.output_processor import auto_mode
+    assert auto_mode(tokenizer, device, cores) == mode
+
+
+def test_auto_is_inline_on_the_cpu(smollm2):
+    from parashift.engine.output_processor import OutputProcessor
+    assert smollm2.llm_engine.config.output_processor == "auto"
+    processor = smollm2.llm_engine.output_processor
+    assert type(processor) is OutputProcessor and processor._thread is None
