@@ -45,8 +45,8 @@ def tile_config(text: str) -> tuple[int, int, int, int, int]:
 # H200 (2026-11-23, docs/benchmarks.md) every one of those measured gave the same bits as 64x64
 # for the 8B shape's projections at 1 to 4096 rows, mma.sync (16 rows) and wgmma alike: the tile
 # changes which program computes an element, not the MMA chain that sums it. The 128-row tile
-# is 20-30% faster from 256 rows up; 5 stages instead of 3 made the few-rows tile 1.0-1.9x
-# faster at 32-128 rows (twelfth session). PARASHIFT_DETERMINISTIC_GEMM_TILES=m,n,k,warps,stages
+# is 20-30% faster from 256 rows up; 5 stages instead of 3 made the few-rows tile up to 1.9x
+# faster at 32-64 rows for qkv and down, no faster for gate_up (twelfth session). PARASHIFT_DETERMINISTIC_GEMM_TILES=m,n,k,warps,stages
 # pins one configuration for every shape.
 BLOCK_K = 64
 FEW_ROWS_TILES = (64, 64, BLOCK_K, 4, 5)
