@@ -18,7 +18,6 @@ fills from the previous step's samples on the device. Where no placeholder can b
 filled (the first stage of a pipeline never sees the samples), `defer_pending` leaves
 such a sequence out until its token is known; its other steps may still be in flight."""
 import heapq
-import time
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -35,12 +34,9 @@ class ScheduledSeq:
     sampled after them (the chunk reaches the last token, pending ones included)."""
     __slots__ = ("seq", "num_new_tokens", "start_pos", "samples")
 
-    def __init__(self, seq: Sequence, num_new_tokens: int, start_pos: int,
-                 samples: bool | None = None):
+    def __init__(self, seq: Sequence, num_new_tokens: int, start_pos: int):
         self.seq, self.num_new_tokens, self.start_pos = seq, num_new_tokens, start_pos
-        if samples is None:
-            samples = start_pos + num_new_tokens == len(seq.token_ids) + seq.num_pending_tokens
-        self.samples = samples
+        self.samples = start_pos + num_new_tokens == len(seq.token_ids) + seq.num_pending_tokens
 
     def token_ids(self) -> list[int]:
         """The chunk's input tokens, with a placeholder for a pending one."""
@@ -229,9 +225,7 @@ class Scheduler:
                ) -> list[Sequence]:
         """Apply a step's results (`sampled`: the token of each chunk that samples, in
         order, or by request id); return the sequences it finished. A sequence
-        preempted since the step was scheduled still takes its sampled token. Appending
-        the token and the stop checks are inlined (this loop runs over every sequence
-        each step); `_check_stop` runs only for a sequence that stops."""
+        preempted since the step was scheduled still takes its sampled token."""
         if isinstance(sampled, dict):
             sampled = [sampled.get(s.seq.request_id) for s in output.scheduled if s.samples]
         tokens = iter(sampled)
@@ -239,28 +233,23 @@ class Scheduler:
         cache_full_blocks, block_size = block_manager.cache_full_blocks, block_manager.block_size
         caching = block_manager.enable_prefix_caching
         running, done = SequenceStatus.RUNNING, SequenceStatus.FINISHED
-        eos, now = self.eos_token_ids, None
         for scheduled in output.scheduled:
             seq = scheduled.seq
             status = seq.status
             token = next(tokens) if scheduled.samples else None
             if status is done:  # aborted (or stopped by an earlier step) while the step ran
                 continue
-            token_ids = seq.token_ids
             if caching and status is running:
-                computed = min(scheduled.start_pos + scheduled.num_new_tokens, len(token_ids))
+                computed = min(scheduled.start_pos + scheduled.num_new_tokens,
+                               len(seq.token_ids))
                 if computed // block_size > len(seq.block_hashes):  # a block filled up
                     cache_full_blocks(seq, computed)
             if not scheduled.samples:
                 continue
             seq.num_pending_tokens -= 1
-            token_ids.append(token)
-            if seq.first_token_time is None:
-                seq.first_token_time = now = now or time.time()
-            params = seq.params
-            if len(token_ids) >= seq.length_limit or (token in eos and not params.ignore_eos) \
-                    or (params.stop_token_ids and token in params.stop_token_ids):
-                reason, stop_reason = self._check_stop(seq)
+            seq.append_token(token)
+            reason, stop_reason = self._check_stop(seq)
+            if reason is not None:
                 self.finish(seq, reason, stop_reason)
                 finished.append(seq)
         return finished
@@ -277,22 +266,16 @@ class Scheduler:
         return num_new if threshold <= 0 or num_new <= threshold else threshold
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        """`_num_new_tokens` and `allocate_slots`' room check inlined: this loop runs over
-        every running sequence each step."""
+        """`allocate_slots` runs only for a sequence whose chunk needs another block: this
+        loop runs over every running sequence each step."""
         i, running, scheduled = 0, self.running, out.scheduled
         allocate, block_size = self.block_manager.allocate_slots, self.block_manager.block_size
-        threshold = self.config.long_prefill_token_threshold
-        defer, gate = self.defer_pending, self.gate
+        gate = self.gate
         while i < len(running) and budget > 0:
             seq = running[i]
-            computed, pending, known = (seq.num_computed_tokens, seq.num_pending_tokens,
-                                        len(seq.token_ids))
-            # a pending token that reaches the length limit leaves nothing to compute after it
-            num_new = min(known + pending - computed, budget)
-            if 0 < threshold < num_new:
-                num_new = threshold
-            if num_new <= 0 or (pending and (defer or known + pending >= seq.length_limit)) \
-                    or (gate is not None and not gate.runs(seq)):
+            computed = seq.num_computed_tokens
+            num_new = self._num_new_tokens(seq, budget, computed)
+            if num_new <= 0 or (gate is not None and not gate.runs(seq)):
                 i += 1
                 continue
             if computed + num_new > len(seq.block_table) * block_size:
@@ -303,9 +286,10 @@ class Scheduler:
                     budget += self._preempt(victim, out)
                     if victim is seq:
                         return budget
-            samples = computed + num_new == known + pending
-            scheduled.append(ScheduledSeq(seq, num_new, computed, samples))
-            seq.num_computed_tokens, seq.num_pending_tokens = computed + num_new, pending + samples
+            entry = ScheduledSeq(seq, num_new, computed)
+            scheduled.append(entry)
+            seq.num_computed_tokens = computed + num_new
+            seq.num_pending_tokens += entry.samples
             budget -= num_new
             i += 1
         return budget
