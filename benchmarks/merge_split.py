@@ -1,9 +1,11 @@
-"""Flying Serving's transitions on GPUs: two replicas under the flying policy merge into
-TP=2 when two requests run alone and split when a batch queues; prints each transition's
+"""Flying Serving's transitions on GPUs: replicas under the flying policy merge (into
+TP=2 from two, or as wide as the heads allow from four) when two requests run alone and
+split when a batch queues; prints each transition's
 drain, prepare and cutover times, the requests moved and computed again, and the
 decode TPOT of the light phase (merged) as JSON lines.
 
-    python benchmarks/merge_split.py --model benchmarks/shapes/llama-3.1-8b.json"""
+    python benchmarks/merge_split.py --model benchmarks/shapes/llama-3.1-8b.json
+    python benchmarks/merge_split.py --layout single,single,single,single   # four GPUs"""
 import argparse
 import json
 import random
@@ -24,8 +26,10 @@ def main():
     p.add_argument("--light-output-len", type=int, default=256)
     p.add_argument("--batch-requests", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--layout", default="single,single",
+                   help="the node's starting layout: one `single` per replica (DP)")
     args = p.parse_args()
-    llm = LLM(model=args.model, dtype="bfloat16", skip_tokenizer_init=True, layout="single,single",
+    llm = LLM(model=args.model, dtype="bfloat16", skip_tokenizer_init=True, layout=args.layout,
               parallel_policy="flying", flying_dwell_s=0.0, enable_prefix_caching=False,
               max_model_len=args.input_len + args.light_output_len + 16)
     engine, rng = llm.llm_engine, random.Random(0)
