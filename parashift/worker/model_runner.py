@@ -31,7 +31,7 @@ from parashift.loader.weights import load_model_weights
 from parashift.models.moe import check_plan
 from parashift.models.registry import model_class_for
 from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_narrow_weights
-from parashift.worker.shared_ffn import SharedFfn
+from parashift.worker.shared_ffn import PROFILE_ROUND, SharedFfn
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
 from parashift.uploads import StagingRing, upload
@@ -523,11 +523,27 @@ class ModelRunner:
     @torch.inference_mode()
     def _profile_peak_bytes(self, make_scratch) -> int:
         """Peak activation memory of a step of max_num_batched_tokens tokens."""
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self._run_profile_step(make_scratch)
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) - before
+
+    @torch.inference_mode()
+    def profile_step(self) -> None:
+        """The start-up profile's step run again, on every rank at once, over a scratch pool
+        shaped like the KV pool (then the pool is bound again)."""
+        layers, _, block_size, kv_heads, head_dim = self.kv.k.shape
+        self._run_profile_step(lambda blocks: KVCache(layers, blocks, block_size, kv_heads,
+                                                      head_dim, self.dtype, self.device))
+        self.kv.bind(self.model)
+
+    def _run_profile_step(self, make_scratch) -> None:
+        """max_num_batched_tokens dummy tokens through the model and its logits, over a
+        scratch pool of `make_scratch(num_blocks)`: what every rank runs at start-up."""
         chunks, tables = profile_chunks(self.config.max_num_batched_tokens,
                                         self.max_model_len, self.block_size)
         make_scratch(int(tables.lengths.sum())).bind(self.model)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        before = torch.cuda.memory_allocated(self.device)
         with use_state(self.state):
             sp = self.state.sp
             inputs = build_step_inputs(chunks, tables.tables, self.block_size, self.device,
@@ -537,12 +553,14 @@ class ModelRunner:
                 x = torch.zeros(len(inputs.local_rows), self.hidden_size, dtype=self.dtype, device=self.device)
                 intermediate = (x, x.clone())
             weights = weight_layout_of(self.state.plan, self.state.rank)
+            if self.shared_ffn is not None:  # every peer profiles at start-up: one CaS round
+                self.shared_ffn.begin_step(PROFILE_ROUND)
             with use_context(StepContext(self.state, weights, inputs.attn, self.backend)):
                 out = self.model(inputs.token_ids, inputs.positions, intermediate)
+            if self.shared_ffn is not None:
+                self.shared_ffn.begin_step(-1)
             if self.state.is_last_stage:
                 self.model.compute_logits(out[-min(len(out), self.config.max_num_seqs):])
-        torch.cuda.synchronize(self.device)
-        return torch.cuda.max_memory_allocated(self.device) - before
 
 
 def profile_chunks(num_tokens: int, max_model_len: int, block_size: int

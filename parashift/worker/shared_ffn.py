@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 WAS_WEIGHTS, CAS_WEIGHTS = "sidp-was", "sidp-cas"
 LAYOUT_OF_MODE = {"was": WAS_WEIGHTS, "cas": CAS_WEIGHTS}
+PROFILE_ROUND = 0  # the start-up memory profile's CaS round (the engine's count from 1)
 SHM_DIR = "/dev/shm"
 
 

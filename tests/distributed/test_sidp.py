@@ -77,6 +77,20 @@ def test_tokens_equal_the_reference(model, reference, dp, tp, mode):
         assert all(s["bytes_fetched"] == 0 for s in stats)  # activations move, not weights
 
 
+@pytest.mark.parametrize("mode", ["was", "cas"])
+def test_the_start_up_profile_step_runs_on_shared_weights(model, reference, mode):
+    """A GPU sizes its KV pool by a profiling step that every rank runs at start-up; under
+    CaS it exchanges tokens with the peers like a step of its own round. Run again on CPU
+    ranks, it passes on both modes and the engine still gives the reference's tokens."""
+    llm = LLM(model, **{**COMMON, "data_parallel_size": 2, "share_ffn": True,
+                        "sidp_mode": mode})
+    try:
+        assert llm.llm_engine.executor.collective_rpc("profile_step") == [None, None]
+        assert_same(llm.generate(prompts(n=8), PARAMS), reference)
+    finally:
+        llm.llm_engine.shutdown()
+
+
 def test_switches_every_7_steps(model, long_reference):
     """Forced WaS <-> CaS every 7 decisions, mid-generation: the tokens stay the reference's."""
     outputs, stats, policy = run(
