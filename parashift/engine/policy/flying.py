@@ -11,8 +11,9 @@ consecutive replicas merged, the replicas after the last whole group serving as 
 - a request that no group of a narrower width holds (prompt + max_tokens against
   `NodeView.max_context`) keeps the node at a width that holds it (the paper's use case 3);
 - otherwise the load: the widest width at or below `merge_running` running requests and
-  an empty queue, width 1 once a request waits or running requests pass twice that
-  (hysteresis), and otherwise the width it has.
+  an empty queue, width 1 once requests wait and running and waiting ones together pass
+  `merge_running`, or running ones pass twice that (hysteresis), and otherwise the width
+  it has.
 The first two act at once; a change the load asks for waits `dwell_s` after the previous
 one and happens only when its gain exceeds its cost (`cost.py`).
 
@@ -119,11 +120,15 @@ class FlyingPolicy:
         return min(holding, default=self.widest)
 
     def _width_for_load(self, view: NodeView) -> int:
+        """A queue splits only when the requests outnumber what a merge serves: the
+        requests a merge moves wait in the merged group until its next step admits them,
+        and splitting for those would undo every merge (a livelock under recompute)."""
         waiting = sum(g.num_waiting for g in view.groups)
         running = sum(g.num_running for g in view.groups)
         if waiting == 0 and running <= self.merge_running:
             return self.widest
-        if waiting > 0 or running > 2 * self.merge_running:
+        if (waiting > 0 and running + waiting > self.merge_running
+                or running > 2 * self.merge_running):
             return 1
         return self.width
 

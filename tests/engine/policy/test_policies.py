@@ -87,6 +87,23 @@ def test_flying_merges_under_light_load_and_splits_when_a_queue_builds():
     assert policy.decide(later).transitions == (Transition("split", (0,), REPLICAS, "soft"),)
 
 
+def test_flying_keeps_a_merge_whose_moved_requests_wait_for_their_first_step():
+    """A merge for light load moves the running requests (recompute): they wait in the
+    merged group until its next step. That is no queue: the node stays merged (splitting
+    for them, it merged and split again at every step and served nothing)."""
+    policy = flying(merge_running=4, dwell_s=0.0)
+    light = NodeView((group(1, num_running=1), group(1, num_running=1), group(0, num_running=0),
+                      group(0, num_running=0)), 1.0, REPLICAS)
+    assert policy.decide(light).transitions == (
+        Transition("merge", (0, 1, 2, 3), ("merge4-tp4",), "recompute"),)
+    moved = NodeView((group(0, num_running=0, num_waiting=2, tokens_waiting=64),), 1.1,
+                     ("merge4-tp4",))
+    assert policy.decide(moved).transitions == ()
+    burst = NodeView((group(40, num_running=2, num_waiting=3, tokens_waiting=96),), 1.2,
+                     ("merge4-tp4",))
+    assert policy.decide(burst).transitions == (Transition("split", (0,), REPLICAS, "soft"),)
+
+
 def test_flying_holds_between_its_thresholds():
     policy = flying(merge_running=4, dwell_s=0.0)
     busy = NodeView(tuple(group(8, num_running=2) for _ in range(4)), 1.0, REPLICAS)
@@ -180,13 +197,13 @@ def test_flying_cost_check_refuses_an_unprofitable_split():
     the split keeps them (auto: soft), the same queue splits."""
     kept = flying(dwell_s=0.0)
     kept.width = 4
-    small = NodeView((group(9, num_running=3, num_waiting=1, tokens_waiting=10,
+    small = NodeView((group(9, num_running=4, num_waiting=1, tokens_waiting=10,
                             recompute_tokens=40_000, step_s=0.02),), 1.0, ("merge4-tp4",))
     assert kept.decide(small).transitions == (Transition("split", (0,), REPLICAS, "soft"),)
     policy = flying(dwell_s=0.0, preemption="recompute")
     merged = ("merge4-tp4",)
     policy.width = 4  # as after a merge
-    small_queue = NodeView((group(9, num_running=3, num_waiting=1, tokens_waiting=10,
+    small_queue = NodeView((group(9, num_running=4, num_waiting=1, tokens_waiting=10,
                                   recompute_tokens=40_000),), 1.0, merged)
     assert policy.decide(small_queue).transitions == ()
     burst = NodeView((group(9, num_running=3, num_waiting=40, tokens_waiting=40_000,
