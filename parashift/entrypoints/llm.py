@@ -5,6 +5,7 @@
 (GPU memory included), so another `LLM` can start in the same process."""
 import gc
 import itertools
+import os
 
 from tqdm import tqdm
 
@@ -21,6 +22,7 @@ class LLM:
         self.llm_engine: LLMEngine | None = None  # set first: __del__ runs if the engine fails
         self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **engine_options))
         self._request_counter = itertools.count()
+        self._profiling = False
 
     def __enter__(self) -> "LLM":
         return self
@@ -66,6 +68,24 @@ class LLM:
         """Forces every aligned group of `width` replicas to merge (`None`: the parallel
         policy decides again); see `LLMEngine.set_layout`."""
         self._engine().set_layout(width)
+
+    def start_profile(self, trace_dir: str | None = None) -> None:
+        """Starts torch.profiler on every rank (vLLM's call). The traces go to `trace_dir`,
+        or to $PARASHIFT_TORCH_PROFILER_DIR where it is set, one per rank; with neither,
+        `stop_profile` only answers the time per operation."""
+        if self._profiling:
+            raise RuntimeError("a profile is already running: stop_profile first")
+        trace_dir = trace_dir or os.environ.get("PARASHIFT_TORCH_PROFILER_DIR")
+        self._engine().executor.collective_rpc("start_profile", trace_dir)
+        self._profiling = True
+
+    def stop_profile(self) -> list[dict]:
+        """Stops the profiler on every rank; per rank, its trace's path and its operations'
+        own time by name, most first (worker/profiler.py)."""
+        if not self._profiling:
+            raise RuntimeError("no profile is running: start_profile first")
+        self._profiling = False
+        return self._engine().executor.collective_rpc("stop_profile")
 
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,

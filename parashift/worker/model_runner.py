@@ -31,6 +31,7 @@ from parashift.loader.weights import load_model_weights
 from parashift.models.moe import check_plan
 from parashift.models.registry import model_class_for
 from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_narrow_weights
+from parashift.worker.profiler import RankProfiler
 from parashift.worker.shared_ffn import PROFILE_ROUND, SharedFfn
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
@@ -113,6 +114,7 @@ class ModelRunner:
         self.requests = RequestTables()
         self._check = StepStateCheck() if config.check_step_state else None
         self.staging = StagingRing(device)  # a step's index arrays to the device in one copy
+        self._profiler = None  # start_profile's (worker/profiler.py)
         if self._check is not None:
             self._check.watch_uploads(self.staging)
         self.history = TokenHistoryStore(device)  # tokens of the requests with penalties
@@ -384,6 +386,16 @@ class ModelRunner:
         if not plan.is_output_rank:
             return PendingStep(None, None)
         return PendingStep(torch.empty(0, dtype=torch.int64), None, errors)
+
+    def start_profile(self, trace_dir: str | None) -> None:
+        if self._profiler is None:
+            self._profiler = RankProfiler(self.state.rank, self.device)
+        self._profiler.start(trace_dir)
+
+    def stop_profile(self) -> dict:
+        if self._profiler is None:
+            raise RuntimeError(f"rank {self.state.rank}: no profile is running (start_profile first)")
+        return self._profiler.stop()
 
     def shared_ffn_stats(self) -> dict:
         return self.shared_ffn.stats() if self.shared_ffn is not None else {}

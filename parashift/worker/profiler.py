@@ -1,0 +1,50 @@
+"""torch.profiler on a rank, between `LLM.start_profile()` and `LLM.stop_profile()` (vLLM's
+calls): each rank writes a Chrome trace of its own (`rank<N>.trace.json` in the trace folder)
+and answers with the time of its operations by name, the device's where there is one (CUDA
+kernels, NCCL's included), the host's otherwise. A multi-rank plan's steps run in the worker
+processes, which a profiler in the engine's process does not see."""
+import os
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+class RankProfiler:
+    def __init__(self, rank: int, device: torch.device):
+        self.rank, self.device = rank, device
+        self._profile = None
+        self._trace_dir = None
+
+    def start(self, trace_dir: str | None) -> None:
+        if self._profile is not None:
+            raise RuntimeError(f"rank {self.rank}: a profile is already running")
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self._trace_dir = trace_dir
+        self._profile = profile(activities=activities)
+        self._profile.__enter__()
+
+    def stop(self, top: int = 30) -> dict:
+        """{"rank", "trace" (its path or None), "device_ms" | "host_ms": [(name, ms), ...]}
+        with the `top` operations by their own time, most first."""
+        if self._profile is None:
+            raise RuntimeError(f"rank {self.rank}: no profile is running (start_profile first)")
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        prof, self._profile = self._profile, None
+        prof.__exit__(None, None, None)
+        trace = None
+        if self._trace_dir is not None:
+            os.makedirs(self._trace_dir, exist_ok=True)
+            trace = os.path.join(self._trace_dir, f"rank{self.rank}.trace.json")
+            prof.export_chrome_trace(trace)
+        on_device = self.device.type == "cuda"
+        times = {}
+        for event in prof.key_averages():
+            us = event.self_device_time_total if on_device else event.self_cpu_time_total
+            if us > 0:
+                times[event.key] = times.get(event.key, 0.0) + us / 1e3
+        ranked = sorted(times.items(), key=lambda item: -item[1])[:top]
+        return {"rank": self.rank, "trace": trace,
+                "device_ms" if on_device else "host_ms": [(name, round(ms, 4)) for name, ms in ranked]}

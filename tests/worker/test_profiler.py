@@ -1,0 +1,50 @@
+"""LLM.start_profile / stop_profile: every rank profiles its own steps (the engine's process
+does not run a multi-rank plan's model) and answers its operations' time; traces per rank."""
+import json
+
+import pytest
+
+from parashift import SamplingParams
+from tests.engine.conftest import tiny_llama_dir, tiny_llm  # noqa: F401  (shared fixture)
+
+PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+def op_names(summary: dict) -> set[str]:
+    return {name for name, _ in summary["host_ms"]}
+
+
+def test_one_rank_answers_its_operations(tiny_llama_dir):
+    llm = tiny_llm(tiny_llama_dir)
+    try:
+        llm.start_profile()
+        llm.generate([[1, 2, 3, 4, 5]], PARAMS)
+        summary, = llm.stop_profile()
+        assert summary["rank"] == 0 and summary["trace"] is None
+        assert any("mm" in name or "linear" in name for name in op_names(summary))
+        assert all(ms > 0 for _, ms in summary["host_ms"])
+        with pytest.raises(RuntimeError, match="no profile is running"):
+            llm.stop_profile()
+    finally:
+        llm.shutdown()
+
+
+def test_each_rank_of_tp2_writes_its_trace(tiny_llama_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("PARASHIFT_TORCH_PROFILER_DIR", str(tmp_path))
+    llm = tiny_llm(tiny_llama_dir, tensor_parallel_size=2)
+    try:
+        llm.start_profile()
+        with pytest.raises(RuntimeError, match="already running"):
+            llm.start_profile()
+        llm.generate([[1, 2, 3, 4, 5], [6, 7, 8]], PARAMS)
+        summaries = llm.stop_profile()
+    finally:
+        llm.shutdown()
+    assert [s["rank"] for s in summaries] == [0, 1]
+    for summary in summaries:
+        assert summary["trace"] == str(tmp_path / f"rank{summary['rank']}.trace.json")
+        with open(summary["trace"]) as f:
+            assert json.load(f)["traceEvents"]
+        names = op_names(summary)
+        assert any("mm" in name or "linear" in name for name in names)
+        assert any("all_reduce" in name or "allreduce" in name for name in names), names
