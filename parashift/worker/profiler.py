@@ -26,8 +26,8 @@ class RankProfiler:
         self._profile.__enter__()
 
     def stop(self, top: int = 30) -> dict:
-        """{"rank", "trace" (its path or None), "device_ms" | "host_ms": [(name, ms), ...]}
-        with the `top` operations by their own time, most first."""
+        """{"rank", "trace" (its path or None), "device_ms" | "host_ms": [(name, ms, calls),
+        ...]} with the `top` operations by their own time, most first."""
         if self._profile is None:
             raise RuntimeError(f"rank {self.rank}: no profile is running (start_profile first)")
         if self.device.type == "cuda":
@@ -44,7 +44,9 @@ class RankProfiler:
         for event in prof.key_averages():
             us = event.self_device_time_total if on_device else event.self_cpu_time_total
             if us > 0:
-                times[event.key] = times.get(event.key, 0.0) + us / 1e3
-        ranked = sorted(times.items(), key=lambda item: -item[1])[:top]
+                ms, calls = times.get(event.key, (0.0, 0))
+                times[event.key] = (ms + us / 1e3, calls + event.count)
+        ranked = sorted(times.items(), key=lambda item: -item[1][0])[:top]
         return {"rank": self.rank, "trace": trace,
-                "device_ms" if on_device else "host_ms": [(name, round(ms, 4)) for name, ms in ranked]}
+                "device_ms" if on_device else "host_ms":
+                    [(name, round(ms, 4), calls) for name, (ms, calls) in ranked]}

@@ -11,7 +11,7 @@ PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
 
 def op_names(summary: dict) -> set[str]:
-    return {name for name, _ in summary["host_ms"]}
+    return {name for name, _, _ in summary["host_ms"]}
 
 
 def test_one_rank_answers_its_operations(tiny_llama_dir):
@@ -22,7 +22,7 @@ def test_one_rank_answers_its_operations(tiny_llama_dir):
         summary, = llm.stop_profile()
         assert summary["rank"] == 0 and summary["trace"] is None
         assert any("mm" in name or "linear" in name for name in op_names(summary))
-        assert all(ms > 0 for _, ms in summary["host_ms"])
+        assert all(ms > 0 and calls >= 1 for _, ms, calls in summary["host_ms"])
         with pytest.raises(RuntimeError, match="no profile is running"):
             llm.stop_profile()
     finally:
