@@ -125,9 +125,20 @@ class IncrementalDetokenizer:
         self.stop_reason = stop
         return stop
 
-    def _possible_stop_prefix_len(self) -> int:
-        """Length of the longest tail of the text that is a proper prefix of a stop string."""
-        longest = min(self._max_stop_len - 1, len(self._text) - self._sent)
+    def shown_text(self) -> str:
+        """The text a running request's output shows: without a tail that may still become
+        a stop string (it would be taken back once the stop string completes), so that
+        every output's text starts the next one's. The whole text once a stop matched."""
+        if self.stopped or not self._max_stop_len:
+            return self._text
+        held = self._possible_stop_prefix_len(since=0)
+        return self._text[:len(self._text) - held] if held else self._text
+
+    def _possible_stop_prefix_len(self, since: int | None = None) -> int:
+        """Length of the longest tail of the text after `since` (default: what take_delta
+        returned) that is a proper prefix of a stop string."""
+        since = self._sent if since is None else since
+        longest = min(self._max_stop_len - 1, len(self._text) - since)
         for n in range(longest, 0, -1):
             tail = self._text[-n:]
             if any(stop.startswith(tail) for stop in self.params.stop):

@@ -85,6 +85,11 @@ class _RequestState:
     def text(self) -> str:
         return self.detokenizer.text if self.detokenizer is not None else ""
 
+    @property
+    def shown_text(self) -> str:
+        """A running request's text: less a tail that may still become a stop string."""
+        return self.detokenizer.shown_text() if self.detokenizer is not None else ""
+
     def fix_first_token(self) -> None:
         """Copies what the request's first token fixed (the engine set both before it
         handed the token over)."""
@@ -186,8 +191,9 @@ class RequestOutputs:
             return None
         if state.first_token_time is None:
             state.fix_first_token()
+        text = state.text if reason is not None else state.shown_text
         completion = CompletionOutput(
-            0, state.text, state.token_ids[:],
+            0, text, state.token_ids[:],
             state.logprobs[:] if state.wants_logprobs else None, reason, stop_reason)
         # a final-only request's one output still tells the server when its first token came
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids,

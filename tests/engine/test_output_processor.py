@@ -87,6 +87,8 @@ def test_a_stop_string_spanning_tokens_ends_the_request_there(smollm2_by_mode, s
     assert final[1] == texts[num_tokens - 1][:texts[num_tokens - 1].find(stop)]
     assert len(final[2]) == num_tokens and final[4:] == ("stop", stop)
     assert len(seen) == num_tokens  # no output for the tokens computed after the stop
+    # a stream shows no part of the stop string: every output's text starts the final one
+    assert all(final[1].startswith(output[4][0][1]) for output in seen)
 
 
 def test_a_stop_string_on_the_last_allowed_token(smollm2_by_mode, story):
