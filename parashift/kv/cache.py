@@ -71,6 +71,16 @@ def _blocks_from_free_memory(cls, shape, dtype, device, config, block_bytes,
     budget = total * config.gpu_memory_utilization - (total - free) - peak
     logger.info("memory profile: activation peak %.2f GiB, free %.2f GiB of %.2f GiB",
                 peak / 2**30, free / 2**30, total / 2**30)
+    if budget < block_bytes:
+        gib = 2**30
+        raise ValueError(
+            f"no memory left for the KV cache on {device}: {config.gpu_memory_utilization} of "
+            f"its {total / gib:.1f} GiB is {total * config.gpu_memory_utilization / gib:.1f} "
+            f"GiB, and the weights and everything else already use {(total - free) / gib:.1f} "
+            f"GiB, activations {peak / gib:.2f} GiB more (one KV block takes {block_bytes} "
+            "bytes). Split the weights over more ranks (a plan with more tensor or pipeline "
+            "parallelism: sequence and data parallelism hold every weight on each rank) or "
+            "raise --gpu-memory-utilization")
     return int(budget // block_bytes)
 
 
