@@ -5,7 +5,9 @@ in process (no HTTP), random weights.
 Usage (2 GPUs): python3 benchmarks/plans.py --model benchmarks/shapes/llama-3.1-8b.json \
     --plans single tp2 dp2 sp2 pp2 shift2 --interactive-requests 20 --batch-requests 1000
 A plan is `single` or degrees joined, e.g. tp8, dp4tp2, sp4tp2; `shift-` before one runs
-the shift policy over it as base plan (shift-sp8, shift-sp4tp2; shift2 = shift-sp2)."""
+the shift policy over it as base plan (shift-sp8, shift-sp4tp2; shift2 = shift-sp2).
+A plan that fails (one whose weights do not fit, say) gets {"plan": ..., "error": ...} as its
+row, and the next plan runs."""
 import argparse
 import gc
 import json
@@ -79,6 +81,37 @@ def batch(llm: LLM, n: int, input_len: int, output_len: int, vocab: int) -> dict
                 combined_tokens_per_s=n * (input_len + output_len) / elapsed)
 
 
+def run_plan(name: str, options: dict, args) -> dict:
+    """One plan's row; a plan that fails (to start: its weights do not fit, say) gets its
+    error in its row (with what it measured before), and the next plan still runs."""
+    llm, row = None, dict(plan=name)
+    try:
+        start = time.perf_counter()
+        llm = LLM(model=args.model, dtype="bfloat16", skip_tokenizer_init=True,
+                  max_model_len=args.input_len + args.output_len + 16, max_num_seqs=256,
+                  enable_prefix_caching=False, device=args.device, **options,
+                  cuda_graphs=args.cuda_graphs)
+        row["startup_s"] = time.perf_counter() - start
+        vocab = llm.llm_engine.vocab_size
+        warm_up(llm, args.input_len, vocab)
+        row.update(interactive(llm, args.interactive_requests, args.input_len, args.output_len,
+                               vocab))
+        row.update(batch(llm, args.batch_requests, args.input_len, args.output_len, vocab))
+    except Exception as e:  # noqa: BLE001 - one plan must not lose the others
+        row["error"] = f"{type(e).__name__}: {e}"[:2000]
+    finally:
+        if llm is not None:
+            try:
+                llm.llm_engine.shutdown()
+            except Exception as e:  # noqa: BLE001 - its workers already gone
+                row.setdefault("error", f"shutdown: {type(e).__name__}: {e}"[:2000])
+        del llm  # free this plan's GPU memory before the next plan sizes its KV pool
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return row
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
@@ -95,6 +128,7 @@ def main():
                    help="default: on where possible (CUDA, triton attention)")
     p.add_argument("--moe-parallel", choices=["tp", "ep"], default=None,
                    help="a mixture of experts' split (default: the engine's, tp)")
+    p.add_argument("--device", default="auto", help="auto | cuda | cpu (the CPU check)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     plans = {name: plan_options(name) for name in args.plans}
@@ -109,19 +143,7 @@ def main():
             options["moe_parallel"] = args.moe_parallel
     rows = []
     for name, options in plans.items():
-        start = time.perf_counter()
-        llm = LLM(model=args.model, dtype="bfloat16", skip_tokenizer_init=True,
-                  max_model_len=args.input_len + args.output_len + 16, max_num_seqs=256,
-                  enable_prefix_caching=False, **options, cuda_graphs=args.cuda_graphs)
-        row = dict(plan=name, startup_s=time.perf_counter() - start)
-        vocab = llm.llm_engine.vocab_size
-        warm_up(llm, args.input_len, vocab)
-        row.update(interactive(llm, args.interactive_requests, args.input_len, args.output_len, vocab))
-        row.update(batch(llm, args.batch_requests, args.input_len, args.output_len, vocab))
-        llm.llm_engine.shutdown()
-        del llm  # free this plan's GPU memory before the next plan sizes its KV pool
-        gc.collect()
-        torch.cuda.empty_cache()
+        row = run_plan(name, options, args)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.output:

@@ -8,7 +8,8 @@ Usage (2 GPUs, the issue's runs; from the repository root):
       --plans tp2 pp2 dp2 seesaw:pp2-tp2 --workloads summarize chat --cpu-kv-gib 64 \
       --output seesaw-h200x2.json
 A plan is `single` or degrees joined (tp2, dp2, pp2; benchmarks/plans.py), or
-`seesaw:PREFILL-DECODE` (seesaw:pp2-tp2, seesaw:pp2xtp2-tp4), or `auto` / `auto:N`
+`seesaw:PREFILL-DECODE` (seesaw:pp2-tp2, seesaw:pp2xtp2-tp4; dpNx before it: N groups of
+it, e.g. dp2xseesaw:pp2-tp2 on four GPUs), or `auto` / `auto:N`
 (--prefill-plan auto: the cost model picks a pair or a static plan per workload, from the
 workload's mean lengths and its number of requests; the row names its choice, the log its
 table). `--length-scale` and
@@ -18,6 +19,7 @@ import gc
 import json
 import logging
 import random
+import re
 import time
 
 import torch
@@ -34,6 +36,10 @@ def is_auto(name: str) -> bool:
 def engine_options(name: str, args, workload: str | None = None) -> dict:
     """Engine options of a plan name; a seesaw plan takes the tier's size from the flags, auto
     the workload's mean lengths too."""
+    groups, _, pair = name.partition("xseesaw:")
+    if pair and re.fullmatch(r"dp\d+", groups):
+        return dict(engine_options(f"seesaw:{pair}", args, workload),
+                    data_parallel_size=int(groups[2:]))
     if not name.startswith("seesaw:") and not is_auto(name):
         return plan_options(name)
     tier = ({"cpu_kv_tokens": args.cpu_kv_tokens} if args.cpu_kv_tokens is not None
@@ -66,7 +72,8 @@ def workload_lengths(workload: str, args) -> list[tuple[int, int]]:
 def chosen_plan(config) -> str:
     """What an engine runs, after auto's choice."""
     if config.parallel_policy == "seesaw":
-        return f"seesaw:{config.prefill_plan}-{config.decode_plan}"
+        groups = f"dp{config.data_parallel_size}x" if config.data_parallel_size > 1 else ""
+        return f"{groups}seesaw:{config.prefill_plan}-{config.decode_plan}"
     return (f"dp{config.data_parallel_size}xpp{config.pipeline_parallel_size}"
             f"xtp{config.tensor_parallel_size}")
 

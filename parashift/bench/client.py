@@ -35,6 +35,8 @@ class Endpoint:
                 "stream_options": {"include_usage": True}, "temperature": self.temperature}
         if request.ignore_eos:
             body["ignore_eos"] = True
+        if request.priority:
+            body["priority"] = request.priority
         if self.kind == "chat":
             body["messages"] = [{"role": "user", "content": request.prompt}]
         else:
@@ -58,6 +60,7 @@ class RequestRecord:
     finish_reason: str | None = None
     success: bool = False
     error: str | None = None
+    priority: int = 0
 
     @property
     def ttft(self) -> float | None:
@@ -85,7 +88,8 @@ async def send_request(client: httpx.AsyncClient, endpoint: Endpoint, request: B
                        t0: float) -> RequestRecord:
     """Streams one request; never raises for server or network errors."""
     record = RequestRecord(request.index, request.input_len, request.output_len,
-                           request.arrival_s, start_s=time.perf_counter() - t0)
+                           request.arrival_s, start_s=time.perf_counter() - t0,
+                           priority=request.priority)
     try:
         async with client.stream("POST", endpoint.url, json=endpoint.payload(request),
                                  headers=endpoint.headers) as response:

@@ -65,6 +65,12 @@ def summarize(records: list[RequestRecord], duration_s: float, slo: SLO | None) 
         "e2el_ms": distribution_ms([r.e2e for r in done]),
         "errors": sorted({r.error for r in records if r.error})[:5],
     }
+    urgent = [r for r in done if r.priority < 0]
+    if any(r.priority < 0 for r in records):  # the `priority` workload: its urgent ones apart
+        summary["priority"] = {"completed": len(urgent),
+                               "ttft_ms": distribution_ms([r.ttft for r in urgent]),
+                               "tpot_ms": distribution_ms([r.tpot for r in urgent
+                                                           if r.tpot is not None])}
     if slo is not None:
         good = sum(slo.met_by(r) for r in records)
         summary["slo"] = {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms}
@@ -89,11 +95,13 @@ def format_summary(label: str, summary: dict) -> str:
     if "peak_output_throughput" in summary:
         lines.append(f"{'peak output tok/s':<28}{summary['peak_output_throughput']:.1f}")
     lines.append(f"{'(ms)':<10}{'mean':>10}{'median':>10}{'p90':>10}{'p99':>10}")
-    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
-        row = summary[key]
+    rows = [(key[:-3].upper(), summary[key]) for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")]
+    urgent = summary.get("priority", {})  # the priority requests' rows, when there are some
+    rows += [(f"prio {key[:-3].upper()}", urgent[key]) for key in ("ttft_ms", "tpot_ms") if urgent]
+    for name, row in rows:
         cells = "".join(f"{row[s]:>10.1f}" if row[s] is not None else f"{'-':>10}"
                         for s in ("mean", "median", "p90", "p99"))
-        lines.append(f"{key[:-3].upper():<10}{cells}")
+        lines.append(f"{name:<10}{cells}")
     for error in summary["errors"]:
         lines.append(f"error: {error}")
     return "\n".join(lines)

@@ -57,6 +57,7 @@ class Workload:
     rates: tuple[float, ...] = ()
     bursty: BurstyPattern | None = None
     ignore_eos: bool = True
+    priority_share: float = 0.0  # of the requests, carrying priority URGENT (seeded choice)
 
     def __post_init__(self):
         if self.arrivals not in ("t0", "sequential", "rates", "bursty"):
@@ -67,9 +68,15 @@ class Workload:
         return self.arrivals == "t0"
 
 
+URGENT = -1  # a priority request's `priority` (vLLM's order: lower runs first, default 0)
+
+
 def _one(input_len: Dist, output_len: Dist) -> tuple[LengthClass, ...]:
     return (LengthClass(1.0, input_len, output_len),)
 
+
+BURSTY_MIX = (LengthClass(0.7, uniform(1000, 4000), uniform(100, 500)),
+              LengthClass(0.3, uniform(200, 800), uniform(50, 250)))
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("interactive", 20, _one(fixed(4096), fixed(250)), "sequential",
@@ -80,14 +87,16 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              "offline throughput, balanced prefill and decode"),
     Workload("summarize", 500, _one(uniform(2000, 4000), uniform(100, 300)), "t0",
              "prefill-heavy offline throughput"),
-    Workload("bursty", 0, (LengthClass(0.7, uniform(1000, 4000), uniform(100, 500)),
-                           LengthClass(0.3, uniform(200, 800), uniform(50, 250))), "bursty",
+    Workload("bursty", 0, BURSTY_MIX, "bursty",
              "2 req/s with four 30 s bursts at 30 req/s (gamma, burstiness 0.5)",
              bursty=BurstyPattern()),
     Workload("rates", 200, _one(fixed(8192), fixed(250)), "rates",
              "completion time against Poisson arrival rate", rates=(0.5, 1, 2, 4, 8)),
     Workload("long", 4, _one(Dist("cycle", values=(32768, 65536, 131072)), fixed(100)),
              "sequential", "long context one at a time (32k, 64k, 128k, then 32k again)"),
+    Workload("priority", 2000, BURSTY_MIX, "rates",
+             "bursty's mix, 20% of it priority requests, Poisson at 3 and 5 req/s",
+             rates=(3, 5), priority_share=0.2),
     Workload("tail", 2000, _one(fixed(1024), Dist("lognormal", 200, 2000)), "t0",
              "long-tail decode: output lognormal, median 200, 5% over 2000"),
 )}
@@ -101,6 +110,7 @@ class BenchRequest:
     arrival_s: float
     ignore_eos: bool = True
     prompt: str | list[int] | None = field(default=None, repr=False)
+    priority: int = 0
 
 
 @dataclass
@@ -173,7 +183,9 @@ def build_phases(workload: Workload, options: WorkloadOptions) -> list[Phase]:
 
 def _requests(workload: Workload, times: np.ndarray, options: WorkloadOptions):
     lengths = sample_lengths(workload, len(times), options)
-    return [BenchRequest(i, inp, out, float(t), workload.ignore_eos)
+    urgent = np.random.default_rng([options.seed, 2]).random(len(times)) < workload.priority_share
+    return [BenchRequest(i, inp, out, float(t), workload.ignore_eos,
+                         priority=URGENT if urgent[i] else 0)
             for i, ((inp, out), t) in enumerate(zip(lengths, times))]
 
 

@@ -5,7 +5,7 @@ from parashift.bench.client import RequestRecord
 from parashift.bench.runner import PhaseResult
 from parashift.bench.report import build_timeline
 from parashift.bench.server_metrics import ServerSample, parse_sample, plan_per_interval
-from parashift.bench.stats import SLO, distribution_ms, summarize
+from parashift.bench.stats import SLO, distribution_ms, format_summary, summarize
 from parashift.bench.workloads import Phase
 
 
@@ -43,6 +43,19 @@ def test_summarize_and_goodput():
     assert summary["goodput"] == pytest.approx(0.25)
     assert summary["ttft_ms"]["median"] == pytest.approx(200)
     assert summary["errors"] == ["HTTP 500: boom"]
+
+
+def test_priority_requests_summarized_apart():
+    records = [record(0, 0.0, 0.1, 1.1, 11), record(1, 0.0, 0.9, 1.9, 11),
+               record(2, 0.0, 0.3, 0.8, 0, success=False)]
+    assert "priority" not in summarize(records, 2.0, None)
+    records[1].priority = records[2].priority = -1
+    summary = summarize(records, 2.0, None)
+    assert summary["priority"]["completed"] == 1  # the failed one is not counted
+    assert summary["priority"]["ttft_ms"]["median"] == pytest.approx(900)
+    assert summary["priority"]["tpot_ms"]["median"] == pytest.approx(100)
+    assert summary["ttft_ms"]["median"] == pytest.approx(500)
+    assert "prio TTFT" in format_summary("priority", summary)
 
 
 @pytest.mark.parametrize("text, expected", [("ttft:500,tpot:50", SLO(500, 50)),

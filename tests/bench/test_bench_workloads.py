@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 
 from parashift.bench.arrivals import BurstyPattern, gamma_arrivals
+from parashift.bench.client import Endpoint
 from parashift.bench.prompts import fill_text_prompts, fill_token_prompts
-from parashift.bench.workloads import (WORKLOADS, WorkloadOptions, build_phases, get_workload,
-                                       sample_lengths)
+from parashift.bench.workloads import (URGENT, WORKLOADS, WorkloadOptions, build_phases,
+                                       get_workload, sample_lengths)
 
 
 def lengths_of(name, **options):
@@ -104,3 +105,19 @@ def test_invalid_options(bad):
 def test_unknown_workload():
     with pytest.raises(ValueError, match="unknown workload"):
         get_workload("nope")
+
+
+def test_priority_mix_and_rates():
+    phases = build_phases(get_workload("priority"), WorkloadOptions())
+    assert [p.rate for p in phases] == [3, 5] and all(len(p.requests) == 2000 for p in phases)
+    for phase in phases:  # 20% urgent, seeded: the same requests on every system
+        urgent = [r.priority == URGENT for r in phase.requests]
+        assert 0.17 < np.mean(urgent) < 0.23
+        assert {r.priority for r in phase.requests} == {0, URGENT}
+    endpoint = Endpoint("http://x", "m")  # the request body carries it
+    assert endpoint.payload(next(r for r in phases[0].requests if r.priority))["priority"] == URGENT
+    assert "priority" not in endpoint.payload(next(r for r in phases[0].requests if not r.priority))
+    again = build_phases(get_workload("priority"), WorkloadOptions())
+    assert [r.priority for r in again[0].requests] == [r.priority for r in phases[0].requests]
+    assert {r.priority for r in build_phases(get_workload("bursty"),
+                                             WorkloadOptions(time_scale=0.05))[0].requests} == {0}
