@@ -5,11 +5,15 @@
 # lent rarely, so the calls are meant to run back to back. Run so far (thirteenth session): env
 # plans8b p2p sidp_capacity tests flying seesaw plans70b seesaw_pcie. The next session's calls
 # (seconds expected on 4 H200s; each call's limits add up to under 600):
-#   OUT=dir bash scripts/gpu_x4_runs.sh env flying flying70b max_context bursty          # ~470
+#   OUT=dir bash scripts/gpu_x4_runs.sh env prefill_profile flying bursty               # ~480
 #   OUT=dir bash scripts/gpu_x4_runs.sh plans70b flying_priority seesaw_more             # ~470
-#   OUT=dir bash scripts/gpu_x4_runs.sh sidp_capacity sidp_tail sidp_tail70b seesaw_chat # ~520
-#   then, if time is left: tests_rest (~200) plans70b_pp (~170) flying_tp2 (~65)
-# Parts: env (topology, memory); plans8b and plans70b (static plans and Shift, `interactive`
+#   OUT=dir bash scripts/gpu_x4_runs.sh flying70b sidp_capacity sidp_tail seesaw_chat    # ~420
+#   then, if time is left: max_context (~60) sidp_tail70b (~200) tests_rest (~200)
+#   plans70b_pp (~170) flying_tp2 (~65). Three calls of ~500 s and a machine's start fill the
+#   session's 1,800 s: keep the order.
+# Parts: env (topology, memory); prefill_profile (one prompt's prefill under one GPU, TP4,
+# SP4 and Shift SP4<->TP4 with every rank's kernel times: the thirteenth session's SP4 and
+# Shift TTFTs were 0.21 and 0.17 of their floors); plans8b and plans70b (static plans and Shift, `interactive`
 # TTFT/TPOT and `batch` throughput, benchmarks/plans.py; 70B: 2 and 32 requests, no SP4, which
 # does not fit; plans70b_pp its pipelined plans);
 # p2p (SiDP probe at d=4: incast and rotated peer reads); sidp_capacity (Qwen3-32B KV capacity,
@@ -35,7 +39,7 @@ SEVENTY_B=benchmarks/shapes/llama-3.1-70b.json
 QWEN32=benchmarks/shapes/qwen3-32b.json
 VOCAB=128256  # the token ids `bench serve` sends
 # appended to each tool's flags (the last value of a flag wins): empty but under SMOKE
-PLANS_ARGS="" SEESAW_ARGS="" SERVE_ARGS="" TAIL_ARGS="" MERGE_ARGS="" CONTEXT_ARGS=""
+PLANS_ARGS="" SEESAW_ARGS="" SERVE_ARGS="" TAIL_ARGS="" MERGE_ARGS="" CONTEXT_ARGS="" PREFILL_ARGS=""
 if [ "${SMOKE:-0}" = 1 ]; then
   python3 -c "import json; c = json.load(open('benchmarks/shapes/tiny-llama.json'))
 c.update(num_hidden_layers=4, num_key_value_heads=4, max_position_embeddings=16384)
@@ -48,6 +52,7 @@ json.dump(c, open('$OUT/tiny4.json', 'w'))"
   TAIL_ARGS="--num-requests 8 --length-scale 0.01"
   MERGE_ARGS="--input-len 32 --light-output-len 16 --batch-requests 8 --rounds 1"
   CONTEXT_ARGS="--max-model-len 16384"
+  PREFILL_ARGS="--prompt-lens 64 128 --repeats 1"
 fi
 
 part() {  # part NAME SECONDS COMMAND: the command's output to $OUT/NAME.log, time-limited
@@ -69,6 +74,13 @@ run_plans() {  # run_plans MODEL OUTPUT PLAN...; BATCH and INTERACTIVE: requests
   python3 benchmarks/plans.py --model "$model" --plans "$@" \
     --interactive-requests "${INTERACTIVE:-4}" --batch-requests "${BATCH:-256}" \
     --input-len 2048 --output-len 128 --output "$output" $PLANS_ARGS
+}
+
+run_prefill_profile() {  # one prompt's prefill step per plan, each rank's kernels
+  for plan in single tp4 sp4 shift-sp4; do
+    python3 benchmarks/prefill_throughput.py --model $EIGHT_B --plan $plan --prompt-lens 2048 8192 \
+      --repeats 3 --profile --output "$OUT/prefill_$plan.json" $PREFILL_ARGS
+  done
 }
 
 run_sidp_capacity() {
@@ -152,12 +164,13 @@ run_tests() {  # run_tests all|rest: the distributed cases on four ranks, on NCC
 }
 
 export -f run_plans run_sidp_capacity run_tail run_sidp_tail run_serve run_bursty run_priority \
-  run_max_context run_seesaw run_tests
+  run_max_context run_seesaw run_tests run_prefill_profile
 export EIGHT_B SEVENTY_B QWEN32 OUT VOCAB PLANS_ARGS SEESAW_ARGS SERVE_ARGS TAIL_ARGS MERGE_ARGS \
-  CONTEXT_ARGS SMOKE
+  CONTEXT_ARGS PREFILL_ARGS SMOKE
 for name in "$@"; do
   case $name in
     env) run_env ;;
+    prefill_profile) part prefill_profile 170 run_prefill_profile ;;
     plans8b) part plans8b 380 "run_plans $EIGHT_B $OUT/plans_8b.json \
            tp4 dp4 sp4 dp2tp2 sp2tp2 tp2pp2 shift-sp4 shift-sp2tp2 pp4" ;;
     # SP4 (and so shift-sp4) holds all 141 GB of 70B weights on each GPU: left out
