@@ -5,8 +5,8 @@ Usage (GPU): python3 benchmarks/prefill_throughput.py --model benchmarks/shapes/
 Random weights (speed only). Floor = FLOPs / (788 TFLOP/s x the GPUs one prompt spreads over,
 TP x SP), FLOPs = 2 x (matrix parameters excluding the embedding) x tokens + causal attention
 (2 x 2 x layers x heads x head_dim x tokens^2 / 2) + the LM head for the one sampled row.
-`--profile` adds, per rank, the device time of the operations of one more prefill step of
-each length (`LLM.start_profile`: NCCL's kernels included)."""
+`--profile` adds, per rank, the device time of the operations of one more prompt of each
+length (`LLM.start_profile`: NCCL's kernels included)."""
 import argparse
 import json
 import random
@@ -64,15 +64,15 @@ def time_prefill(llm: LLM, length: int, vocab: int, repeats: int) -> float:
 
 
 def profile_prefill(llm: LLM, length: int, vocab: int, top: int = 15) -> list[dict]:
-    """One more prefill step of `length` tokens under the profiler, on every rank."""
+    """One more prompt of `length` tokens under the profiler, on every rank: the steps until
+    its one token is out (no step may be in flight when the profile stops)."""
     engine, rng = llm.llm_engine, random.Random(-length)
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     engine.add_request(f"profile{length}", [rng.randrange(vocab) for _ in range(length)], params)
     llm.start_profile()
-    engine.step()
-    summaries = llm.stop_profile()
     while engine.has_unfinished_requests():
         engine.step()
+    summaries = llm.stop_profile()
     for summary in summaries:
         key = "device_ms" if "device_ms" in summary else "host_ms"
         summary[key] = summary[key][:top]

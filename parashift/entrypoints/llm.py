@@ -84,8 +84,9 @@ class LLM:
         own time by name, most first (worker/profiler.py)."""
         if not self._profiling:
             raise RuntimeError("no profile is running: start_profile first")
+        summaries = self._engine().executor.collective_rpc("stop_profile")
         self._profiling = False
-        return self._engine().executor.collective_rpc("stop_profile")
+        return summaries
 
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
