@@ -174,8 +174,10 @@ def main():
                         "no text); a shape's random weights sample ids of its whole vocabulary")
     p.add_argument("--output-processor", default=None, choices=["thread", "inline", "process"],
                    help="where outputs are made (default: the engine's)")
-    p.add_argument("--output-kind", default="cumulative", choices=["cumulative", "final_only"],
-                   help="the requests' outputs: every step (streaming) or the last only")
+    p.add_argument("--output-kind", default="cumulative",
+                   choices=["cumulative", "delta", "final_only"],
+                   help="the requests' outputs: every step (streaming: all so far, or what is "
+                        "new), or the last only")
     p.add_argument("--gc-threshold", type=int, nargs="+", default=None,
                    help="gc.set_threshold(...) after start-up (default: the engine's)")
     p.add_argument("--cprofile", type=int, default=0, metavar="N",

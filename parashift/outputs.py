@@ -1,4 +1,5 @@
 """What a request returns, in the shape of vLLM's RequestOutput."""
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -27,3 +28,18 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
     error: str | None = None  # why the request failed (finish reason "error")
+
+
+def join_deltas(first: RequestOutput, second: RequestOutput) -> RequestOutput:
+    """Two delta outputs of a request as one: each sample's text, tokens and logprobs
+    joined, the second's finish and state."""
+    joined = {c.index: c for c in first.outputs}
+    for c in second.outputs:
+        before = joined.get(c.index)
+        if before is not None:
+            logprobs = (before.logprobs or []) + c.logprobs if c.logprobs is not None \
+                else before.logprobs
+            c = dataclasses.replace(c, text=before.text + c.text,
+                                    token_ids=before.token_ids + c.token_ids, logprobs=logprobs)
+        joined[c.index] = c
+    return dataclasses.replace(second, outputs=[joined[i] for i in sorted(joined)])

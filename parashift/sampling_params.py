@@ -11,7 +11,7 @@ _SAMPLING_EPS = 1e-5
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
 
 
-OUTPUT_KINDS = ("cumulative", "final_only")
+OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 
 
 @dataclass
@@ -35,8 +35,10 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputsParams | None = None  # constrains the output
-    # "cumulative": an output every step (streaming); "final_only": one when the request ends
-    # (vLLM's RequestOutputKind; LLM.generate asks for it, which saves the per-step outputs)
+    # "cumulative": an output every step (streaming), each with all the text and tokens so far;
+    # "delta": an output every step with only what is new since the last one (no per-step
+    # copy of a growing output); "final_only": one when the request ends (vLLM's
+    # RequestOutputKind; LLM.generate asks for it, which saves the per-step outputs)
     output_kind: str = "cumulative"
 
     def __post_init__(self):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from parashift.executor.multiproc import WorkerFailure
-from parashift.outputs import RequestOutput
+from parashift.outputs import RequestOutput, join_deltas
 from parashift.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -47,22 +47,27 @@ class RequestStream:
     first_token_at: float | None = None
     num_output_tokens: int = 0
     finished: bool = False
+    delta: bool = False  # its outputs carry what is new only (output_kind "delta")
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     def put(self, item: RequestOutput | BaseException) -> None:
         self._queue.put_nowait(item)
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        """Yields cumulative outputs; when the reader lags, only the newest."""
+        """Yields the outputs; when the reader lags, those waiting as one: the newest
+        (cumulative) or their deltas joined."""
         while True:
             item = await self._queue.get()
             while not self._queue.empty() and not isinstance(item, BaseException):
-                item = self._queue.get_nowait()
+                newer = self._queue.get_nowait()
+                item = (join_deltas(item, newer) if self.delta and not isinstance(
+                    newer, BaseException) else newer)
             if isinstance(item, BaseException):
                 raise item
             yield item
             if item.finished:
                 return
+
 
 
 @dataclass
@@ -168,7 +173,8 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         n_prompt = num_prompt_tokens if num_prompt_tokens is not None else (
             len(prompt) if isinstance(prompt, list) else 0)
-        stream = RequestStream(request_id, n_prompt, loop.create_future())
+        stream = RequestStream(request_id, n_prompt, loop.create_future(),
+                               delta=params.output_kind == "delta")
         self._streams[request_id] = stream
         with self._count_lock:
             self._num_unsent_adds += 1
@@ -243,8 +249,9 @@ class AsyncLLMEngine:
                 del self._streams[output.request_id]
 
     def _account(self, stream: RequestStream, output: RequestOutput, now: float) -> None:
-        num_output_tokens = sum(len(c.token_ids) for c in output.outputs)  # all n samples
-        num_new = num_output_tokens - stream.num_output_tokens
+        tokens = sum(len(c.token_ids) for c in output.outputs)  # all n samples
+        num_new = tokens if stream.delta else tokens - stream.num_output_tokens
+        num_output_tokens = stream.num_output_tokens + num_new
         if num_new > 0 and stream.first_token_at is None:
             stream.first_token_at = _first_token_at(output, now)
         stream.num_output_tokens = num_output_tokens

@@ -43,7 +43,7 @@ from parashift.deterministic.reduction import check_plans
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.models.moe import check_plan
 from parashift.loader.tokenizer import load_tokenizer
-from parashift.outputs import RequestOutput
+from parashift.outputs import RequestOutput, join_deltas
 from parashift.parallel.layout import coupled_groups
 from parashift.parallel.plan import Plan
 from parashift.sampling_params import SamplingParams
@@ -628,7 +628,9 @@ class LLMEngine:
                 continue  # a sibling failed earlier in this step: the request has ended
             merged = parent.update(output)
             if merged is not None:
-                folded[parent.request_id] = merged
+                earlier = folded.get(parent.request_id)
+                folded[parent.request_id] = (join_deltas(earlier, merged) if earlier is not None
+                                             and parent.params.output_kind == "delta" else merged)
             if merged is not None and merged.finished:
                 self.abort_request(parent.request_id)  # ends children still running (an error)
         return [output for output in folded.values() if output is not None]

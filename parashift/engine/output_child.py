@@ -50,6 +50,7 @@ class ChildOutputs:
         self._ids: dict[int, str] = {}   # request id by row
         self._rows: dict[str, int] = {}  # row by request id
         self._logprobs_sent: dict[str, int] = {}  # logprobs already answered, by request id
+        self._delta: dict[str, bool] = {}  # the requests whose outputs are deltas
 
     def take(self, message: tuple):
         """The message's answer (outputs, ended, forgotten), or None where it has none."""
@@ -70,6 +71,8 @@ class ChildOutputs:
         if request_id in self._rows:  # placed again: it keeps its text (and its row)
             return
         self._ids[row], self._rows[request_id] = request_id, row
+        if params.output_kind == "delta":
+            self._delta[request_id] = True
         self.outputs.process(NewRequest(_SeqView(request_id, prompt_tail, params),
                                         reports_every_step))
 
@@ -96,9 +99,10 @@ class ChildOutputs:
         elif output.error is not None:
             entry = (UNDECODABLE, row, completion.text, len(completion.token_ids), request_id,
                      output.error)
-        else:
-            entry = (OUTPUT, row, completion.text, len(completion.token_ids),
-                     self._new_logprobs(request_id, completion.logprobs),
+        else:  # a delta output's logprobs are new already
+            logprobs = (completion.logprobs if self._delta.get(request_id)
+                        else self._new_logprobs(request_id, completion.logprobs))
+            entry = (OUTPUT, row, completion.text, len(completion.token_ids), logprobs,
                      completion.finish_reason, completion.stop_reason)
         if output.finished:
             self._drop(request_id)
@@ -115,6 +119,7 @@ class ChildOutputs:
         row = self._rows.pop(request_id, None)
         self._ids.pop(row, None)
         self._logprobs_sent.pop(request_id, None)
+        self._delta.pop(request_id, None)
 
 
 def prompt_tail(prompt_token_ids: list[int]) -> list[int]:

@@ -32,13 +32,16 @@ _POLL_S = 1.0  # how often a blocked take checks that the child lives
 
 class _Record:
     """What the outputs of a request with a row are built from."""
-    __slots__ = ("seq", "logprobs", "first_token_time", "num_cached_tokens")
+    __slots__ = ("seq", "logprobs", "first_token_time", "num_cached_tokens", "delta",
+                 "sent_tokens")
 
     def __init__(self, seq: Sequence):
         self.seq = seq
         self.logprobs: list = []
         self.first_token_time: float | None = None  # fixed at its first output, as inline
         self.num_cached_tokens = 0
+        self.delta = seq.params.output_kind == "delta"  # the child answers what is new only
+        self.sent_tokens = 0  # the output tokens its delta outputs gave so far
 
 
 class OutputProcess:
@@ -182,14 +185,15 @@ class OutputProcess:
     def _output(self, kind: int, row: int, text: str, *rest) -> RequestOutput:
         if kind == OUTPUT:
             return self._built(row, text, *rest)
-        if kind == FAILED:
-            self._forget_row(row)
-            return _failed_output(self._failures.popleft(), text)
         record = self._forget_row(row)
+        sent = record.sent_tokens if record is not None and record.delta else 0
+        if kind == FAILED:
+            return _failed_output(self._failures.popleft(), text, sent)
         num_tokens, request_id, error = rest
         seq = record.seq
         return _error_output(request_id, seq.prompt, seq.prompt_token_ids,
-                             _output_tokens(seq, num_tokens), seq.num_cached_tokens, text, error)
+                             _output_tokens(seq, num_tokens, sent), seq.num_cached_tokens, text,
+                             error)
 
     def _built(self, row: int, text: str, num_tokens: int, new_logprobs: list | None,
                reason: str | None, stop_reason) -> RequestOutput:
@@ -198,12 +202,17 @@ class OutputProcess:
         if record.first_token_time is None:
             record.first_token_time = seq.first_token_time
             record.num_cached_tokens = seq.num_cached_tokens
-        logprobs = None
-        if new_logprobs is not None:
-            record.logprobs += new_logprobs
-            logprobs = record.logprobs[:]
-        completion = CompletionOutput(0, text, _output_tokens(seq, num_tokens), logprobs,
-                                      reason, stop_reason)
+        if record.delta:
+            logprobs = new_logprobs
+            token_ids = _output_tokens(seq, num_tokens, record.sent_tokens)
+            record.sent_tokens += num_tokens
+        else:
+            logprobs = None
+            if new_logprobs is not None:
+                record.logprobs += new_logprobs
+                logprobs = record.logprobs[:]
+            token_ids = _output_tokens(seq, num_tokens)
+        completion = CompletionOutput(0, text, token_ids, logprobs, reason, stop_reason)
         if reason is not None:
             self._forget_row(row)
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
@@ -232,16 +241,18 @@ def _start_child() -> tuple[subprocess.Popen, Connection, Connection]:
     return process, Connection(to_child, readable=False), Connection(from_child, writable=False)
 
 
-def _output_tokens(seq: Sequence, num_tokens: int) -> list[int]:
-    """The first `num_tokens` output tokens (the engine may have appended more since)."""
-    start = seq.num_prompt_tokens
+def _output_tokens(seq: Sequence, num_tokens: int, skip: int = 0) -> list[int]:
+    """`num_tokens` output tokens after the first `skip` (the engine may have appended more
+    since)."""
+    start = seq.num_prompt_tokens + skip
     return seq.token_ids[start:start + num_tokens]
 
 
-def _failed_output(failure: Failure, text: str) -> RequestOutput:
+def _failed_output(failure: Failure, text: str, sent_tokens: int = 0) -> RequestOutput:
+    """`sent_tokens`: the output tokens a delta request's outputs gave already."""
     return _error_output(failure.request_id, failure.prompt, failure.prompt_token_ids,
-                         list(failure.output_token_ids), failure.num_cached_tokens, text,
-                         failure.reason)
+                         list(failure.output_token_ids[sent_tokens:]), failure.num_cached_tokens,
+                         text, failure.reason)
 
 
 def _error_output(request_id: str, prompt: str | None, prompt_token_ids: list[int],

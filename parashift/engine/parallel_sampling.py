@@ -20,7 +20,9 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
     logprobs = params.logprobs
     if logprobs is None and params.num_samples > params.n:
         logprobs = 0
-    return dataclasses.replace(params, n=1, best_of=None, seed=seed, logprobs=logprobs)
+    # children report cumulative outputs, which the parent folds (and cuts into deltas)
+    return dataclasses.replace(params, n=1, best_of=None, seed=seed, logprobs=logprobs,
+                               output_kind="cumulative")
 
 
 def cumulative_logprob(completion: CompletionOutput) -> float | None:
@@ -39,6 +41,7 @@ class ParentRequest:
         self.completions: dict[int, CompletionOutput] = {}
         self.num_cached_tokens: dict[int, int] = {}
         self._finished: set[int] = set()
+        self._sent: dict[int, tuple[int, int]] = {}  # delta outputs: chars, tokens given
         self.siblings_admitted = params.num_samples == 1
 
     def child(self, index: int, prompt_token_ids: list[int], prompt: str | None) -> Sequence:
@@ -59,11 +62,24 @@ class ParentRequest:
         ranked = self.params.num_samples > self.params.n
         if ranked and not finished:
             return None
-        chosen = self._best() if ranked and output.error is None else \
-            [self.completions[i] for i in sorted(self.completions)]
+        if ranked:  # its one output, once every child has finished
+            chosen = self._best() if output.error is None else \
+                [self.completions[i] for i in sorted(self.completions)]
+        elif self.params.output_kind == "delta":  # what is new in the sample that moved
+            chosen = [self._delta(index)]
+        else:
+            chosen = [self.completions[i] for i in sorted(self.completions)]
         return RequestOutput(self.request_id, output.prompt, output.prompt_token_ids, chosen,
                              finished, sum(self.num_cached_tokens.values()),
                              error=output.error)
+
+    def _delta(self, index: int) -> CompletionOutput:
+        completion = self.completions[index]
+        chars, tokens = self._sent.get(index, (0, 0))
+        self._sent[index] = len(completion.text), len(completion.token_ids)
+        logprobs = completion.logprobs[tokens:] if completion.logprobs is not None else None
+        return dataclasses.replace(completion, text=completion.text[chars:],
+                                   token_ids=completion.token_ids[tokens:], logprobs=logprobs)
 
     def _best(self) -> list[CompletionOutput]:
         """The n samples of highest cumulative logprob, best first, numbered 0 to n-1;

@@ -66,7 +66,7 @@ class _RequestState:
     and its lists, not the Sequence the engine loop keeps changing."""
     __slots__ = ("seq", "detokenizer", "token_ids", "logprobs", "reports_every_step",
                  "request_id", "prompt", "prompt_token_ids", "wants_logprobs",
-                 "first_token_time", "num_cached_tokens")
+                 "first_token_time", "num_cached_tokens", "delta", "sent_chars", "sent_tokens")
 
     def __init__(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None,
                  reports_every_step: bool):
@@ -80,6 +80,8 @@ class _RequestState:
         self.wants_logprobs = seq.params.logprobs is not None
         self.first_token_time: float | None = None  # set with num_cached_tokens at 1st output
         self.num_cached_tokens = 0
+        self.delta = seq.params.output_kind == "delta"  # outputs carry what is new only
+        self.sent_chars = self.sent_tokens = 0  # what its delta outputs gave so far
 
     @property
     def text(self) -> str:
@@ -89,6 +91,13 @@ class _RequestState:
     def shown_text(self) -> str:
         """A running request's text: less a tail that may still become a stop string."""
         return self.detokenizer.shown_text() if self.detokenizer is not None else ""
+
+    def take_delta(self, text: str) -> tuple[str, list[int], list | None]:
+        """The text, tokens and logprobs new since the last delta output."""
+        start, self.sent_tokens = self.sent_tokens, len(self.token_ids)
+        new_text, self.sent_chars = text[self.sent_chars:], len(text)
+        return (new_text, self.token_ids[start:],
+                self.logprobs[start:] if self.wants_logprobs else None)
 
     def fix_first_token(self) -> None:
         """Copies what the request's first token fixed (the engine set both before it
@@ -192,9 +201,12 @@ class RequestOutputs:
         if state.first_token_time is None:
             state.fix_first_token()
         text = state.text if reason is not None else state.shown_text
-        completion = CompletionOutput(
-            0, text, state.token_ids[:],
-            state.logprobs[:] if state.wants_logprobs else None, reason, stop_reason)
+        if state.delta:
+            completion = CompletionOutput(0, *state.take_delta(text), reason, stop_reason)
+        else:
+            completion = CompletionOutput(
+                0, text, state.token_ids[:],
+                state.logprobs[:] if state.wants_logprobs else None, reason, stop_reason)
         # a final-only request's one output still tells the server when its first token came
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids,
                              [completion], reason is not None, state.num_cached_tokens,
@@ -204,7 +216,9 @@ class RequestOutputs:
         """The request's last output, with finish reason "error"; its state goes."""
         logger.warning("request %s failed: %s", failure.request_id, failure.reason)
         state = self._states.pop(failure.request_id, None)
-        completion = CompletionOutput(0, state.text if state is not None else "",
-                                      list(failure.output_token_ids), None, "error", None)
+        text, token_ids = state.text if state is not None else "", list(failure.output_token_ids)
+        if state is not None and state.delta:  # what its outputs have not given yet
+            text, token_ids = text[state.sent_chars:], token_ids[state.sent_tokens:]
+        completion = CompletionOutput(0, text, token_ids, None, "error", None)
         return RequestOutput(failure.request_id, failure.prompt, failure.prompt_token_ids,
                              [completion], True, failure.num_cached_tokens, error=failure.reason)

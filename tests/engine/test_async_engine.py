@@ -45,6 +45,28 @@ def test_streams_cumulative_outputs_like_the_sync_engine(llm_engine, tiny_llama_
     assert last.finished and last.outputs[0].token_ids == expected
 
 
+def test_a_lagging_reader_of_delta_outputs_gets_them_joined(llm_engine, tiny_llama_dir):
+    """The reader sleeps between outputs, so several wait at each read: a delta stream
+    joins them (a cumulative one would give the newest); joined, they are the request's
+    tokens, and the metrics count each token once."""
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, output_kind="delta")
+    expected = tiny_llm(tiny_llama_dir).generate([[5, 6, 7]], params)[0].outputs[0].token_ids
+    metrics = ServerMetrics("tiny")
+
+    async def main():
+        async_engine = await started(llm_engine, metrics=metrics)
+        pieces = []
+        async for output in async_engine.generate("lag", [5, 6, 7], params):
+            pieces.append(output.outputs[0].token_ids)
+            await asyncio.sleep(0.05)
+        await async_engine.shutdown()
+        return pieces
+    pieces = run(main())
+    assert [t for piece in pieces for t in piece] == expected
+    assert len(pieces) < len(expected)  # some reads joined several outputs
+    assert metrics.generation_tokens._value.get() == len(expected)
+
+
 def test_concurrent_requests_and_metrics(llm_engine):
     metrics = ServerMetrics("tiny")
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)

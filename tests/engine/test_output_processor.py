@@ -2,6 +2,7 @@
 inline (on the engine loop): stop strings, n > 1, final-only requests, logprobs, streams,
 aborts; a request whose text cannot be made fails alone; no output is lost when a generate
 call ends; a process that dies is a clear error."""
+import dataclasses
 import time
 
 import pytest
@@ -55,9 +56,17 @@ def stream(llm, requests) -> dict[str, list]:
 
 
 def same_in_both_modes(llms, requests) -> dict[str, list]:
-    """(in every mode)"""
+    """(in every mode) Every output of a one-sample request; a request of several samples
+    folds its samples' outputs of one step into one, and which ones share a step depends on
+    when an output processor off the loop answers: its last output."""
     inline, *others = (stream(llms[mode], requests) for mode in MODES)
-    assert all(other == inline for other in others)
+    samples = {request_id: params.num_samples for request_id, _, params in requests}
+    for other in others:
+        for request_id, outputs in inline.items():
+            if samples[request_id] == 1:
+                assert other[request_id] == outputs, request_id
+            else:
+                assert other[request_id][-1] == outputs[-1], request_id
     return inline
 
 
@@ -121,6 +130,48 @@ def test_stop_strings_n_logprobs_and_final_only_together(smollm2_by_mode, story)
     assert [len(c[3]) for c in seen["final"][0][4]] == [len(seen["final"][0][4][0][2])]
     assert len(seen["n3"][-1][4]) == 3 and len(seen["best"][-1][4]) == 2
     assert all(output[1] for output in (seen[r][-1] for r in seen))
+
+
+def joined(outputs: list) -> dict[int, tuple]:
+    """Delta outputs' fields joined per sample: text, tokens, logprobs, finish."""
+    samples = {}
+    for output in outputs:
+        for index, text, token_ids, logprobs, reason, stop_reason in output[4]:
+            was = samples.get(index, ("", [], None, None, None))
+            logprobs = None if logprobs is None else (was[2] or []) + logprobs
+            samples[index] = (was[0] + text, was[1] + token_ids, logprobs, reason, stop_reason)
+    return samples
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_delta_outputs_join_into_the_cumulative_ones(smollm2_by_mode, story, mode):
+    """Each delta output carries what is new; joined, a request's deltas are its cumulative
+    final output, sample by sample (stop string, logprobs, n=3, best_of). Both kinds run in
+    one batch (logprobs within 1e-4: n > 1 admits siblings by timing outside inline mode)."""
+    prompt, texts = story
+    stop, _ = spanning_stop(texts)
+    cases = {"stop": SamplingParams(temperature=0, max_tokens=30, stop=[stop], logprobs=1),
+             "n3": SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12, logprobs=0),
+             "best": SamplingParams(n=2, best_of=3, temperature=1.0, seed=6, max_tokens=6)}
+    seen = stream(smollm2_by_mode[mode], [
+        (f"{kind}-{name}", prompt, dataclasses.replace(params, output_kind=kind))
+        for name, params in cases.items() for kind in ("cumulative", "delta")])
+    for name in cases:
+        final = {c[0]: c[1:] for c in seen[f"cumulative-{name}"][-1][4]}
+        deltas = joined(seen[f"delta-{name}"])
+        assert deltas.keys() == final.keys()
+        for index, (text, token_ids, logprobs, reason, stop_reason) in deltas.items():
+            assert (text, token_ids, reason, stop_reason) == (
+                final[index][0], final[index][1], final[index][3], final[index][4])
+            assert (logprobs is None) == (final[index][2] is None)
+            for got, want in zip(logprobs or [], final[index][2] or []):
+                assert got.keys() == want.keys()
+                assert all(abs(got[t] - want[t]) < 1e-4 for t in got)
+    steps = seen["delta-stop"]
+    assert len(steps) == len(seen["cumulative-stop"]) > 3
+    assert all(len(output[4][0][2]) == 1 for output in steps)  # one new token a step
+    # each output holds the samples that moved since the last, each with its new tokens
+    assert all(c[2] for output in seen["delta-n3"] for c in output[4])
 
 
 def test_generate_gives_the_same_outputs_in_both_modes(smollm2_by_mode, story):
