@@ -4,6 +4,7 @@ reading a size-limited body, aborting when the client goes away and ending what
 still runs when the shutdown timeout passes."""
 import asyncio
 import copy
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from parashift.engine.async_engine import (AsyncLLMEngine, EngineDeadError, Queu
 from parashift.entrypoints.openai.errors import APIError, bad_request, from_validation_error
 from parashift.entrypoints.openai.protocol import SamplingFields, UsageInfo
 from parashift.entrypoints.openai.shutdown import ShutdownDeadline, ShutdownTimeoutError
+from parashift.outputs import CompletionOutput
 from parashift.sampling_params import SamplingParams
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
@@ -257,6 +259,8 @@ async def respond(ctx: ServingContext, raw: Request, server, request, request_id
         async with ctx.deadline.bound():
             if not request.stream:  # answered once: the engine makes the last output only
                 params = params.final_only()
+            else:  # each output with what is new: the engine loop copies no growing output
+                params = dataclasses.replace(params, output_kind="delta")
             stream = await submit(ctx, request_id, prompt_ids, params, request.priority)
             if request.stream:
                 return StreamingResponse(server.stream(stream, request),
@@ -317,8 +321,11 @@ async def _output_events(stream: RequestStream, created: int, make_choice, make_
     client may see so far (tool calls held back)."""
     sent: dict[int, tuple[int, int]] = {}  # by choice index: chars and tokens sent
     finished: set[int] = set()
+    so_far: dict[int, CompletionOutput] = {}  # by choice index, the deltas joined
     async for output in stream:
         for completion in output.outputs:
+            if stream.delta:
+                completion = _joined(so_far, completion)
             index = completion.index
             sent_chars, sent_tokens = sent.get(index, (0, 0))
             done = output.finished or completion.finish_reason is not None
@@ -331,6 +338,24 @@ async def _output_events(stream: RequestStream, created: int, make_choice, make_
             sent[index] = len(text), len(completion.token_ids)
             if finish:
                 finished.add(index)
+
+
+def _joined(so_far: dict[int, CompletionOutput], delta: CompletionOutput) -> CompletionOutput:
+    """A sample's output so far, `delta` added (its lists grow in place: no copies)."""
+    whole = so_far.get(delta.index)
+    if whole is None:
+        whole = so_far[delta.index] = dataclasses.replace(
+            delta, token_ids=list(delta.token_ids),
+            logprobs=None if delta.logprobs is None else list(delta.logprobs))
+        return whole
+    whole.text += delta.text
+    whole.token_ids.extend(delta.token_ids)
+    if delta.logprobs is not None and whole.logprobs is None:
+        whole.logprobs = list(delta.logprobs)
+    elif delta.logprobs is not None:
+        whole.logprobs.extend(delta.logprobs)
+    whole.finish_reason, whole.stop_reason = delta.finish_reason, delta.stop_reason
+    return whole
 
 
 def sse_event(payload: BaseModel | dict) -> str:
