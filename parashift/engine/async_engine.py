@@ -21,6 +21,7 @@ from typing import AsyncIterator, Callable
 from parashift.executor.multiproc import WorkerFailure
 from parashift.outputs import RequestOutput, join_deltas
 from parashift.sampling_params import SamplingParams
+from parashift.structured.matchers import NO_CONTINUATION
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,11 @@ class EngineDeadError(RuntimeError):
 
 class RequestFailedError(RuntimeError):
     """The engine failed this one request (the others go on)."""
+
+
+class ConstraintFailedError(RequestFailedError):
+    """No token of the vocabulary continues the request's structured output: its
+    constraint asks for what the model cannot spell (the client's to fix)."""
 
 
 class QueueFullError(RuntimeError):
@@ -242,8 +248,7 @@ class AsyncLLMEngine:
             if stream is None:
                 continue  # aborted meanwhile
             self._account(stream, output, now)
-            stream.put(output if output.error is None else RequestFailedError(
-                f"the request failed: {output.error}"))
+            stream.put(output if output.error is None else _failure(output.error))
             if output.finished:
                 stream.finished = True
                 del self._streams[output.request_id]
@@ -440,6 +445,11 @@ def _dead_error(exc: BaseException) -> EngineDeadError:
                                "it cannot serve requests (see the server log)")
     return EngineDeadError(f"the engine failed ({type(exc).__name__}) and cannot serve "
                            "requests; see the server log")
+
+
+def _failure(reason: str) -> RequestFailedError:
+    kind = ConstraintFailedError if reason == NO_CONTINUATION else RequestFailedError
+    return kind(f"the request failed: {reason}")
 
 
 def _first_token_at(output: RequestOutput, now: float) -> float:

@@ -47,7 +47,7 @@ from parashift.outputs import RequestOutput, join_deltas
 from parashift.parallel.layout import coupled_groups
 from parashift.parallel.plan import Plan
 from parashift.sampling_params import SamplingParams
-from parashift.structured.matchers import StructuredOutputs
+from parashift.structured.matchers import NO_CONTINUATION, StructuredOutputs
 from parashift.worker.model_runner import ModelRunner
 from parashift.worker.step_batch import KVSwap
 from parashift.worker.worker import WorkerSpec
@@ -1041,8 +1041,10 @@ class LLMEngine:
             if not self.structured.tracks(request_id):
                 continue
             if not self.structured.accept(request_id, sampled[request_id]):
-                self._fail(replica, seq, f"the sampled token {sampled[request_id]} "
-                                         "does not follow its structured output")
+                # a refused token leaves the matcher where it was: was any token allowed?
+                self._fail(replica, seq, NO_CONTINUATION if not self.structured.can_continue(
+                    request_id) else f"the sampled token {sampled[request_id]} does not "
+                    "follow its structured output")
             elif self.structured.is_terminated(request_id) and not seq.is_finished:
                 replica.scheduler.finish(seq, "stop")
                 ended.append(seq)

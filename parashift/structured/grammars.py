@@ -40,10 +40,24 @@ class GrammarCompiler:
         kind, text = key
         with self._lock:
             try:
-                return self._compile(kind, text)
+                grammar = self._compile(kind, text)
             except (RuntimeError, ValueError, TypeError) as exc:
                 raise InvalidGrammarError(f"{LABELS[kind]} cannot be used for structured "
                                           f"output: {_reason(exc)}") from None
+            if not self._can_begin(grammar):
+                raise InvalidGrammarError(f"{LABELS[kind]} cannot be used for structured "
+                                          "output: no token of the model's vocabulary can "
+                                          "begin it")
+            return grammar
+
+    def _can_begin(self, grammar) -> bool:
+        """Whether some token (or the end, where the constraint accepts nothing at all) may
+        come first: else every sample would be refused (a character no token spells)."""
+        import xgrammar as xgr
+        matcher = xgr.GrammarMatcher(grammar)
+        bitmask = xgr.allocate_token_bitmask(1, self.info.vocab_size)
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        return bool(bitmask.ne(0).any())
 
     def _compile(self, kind: str, text: str):
         c = self._compiler

@@ -12,6 +12,10 @@ import numpy as np
 from parashift.structured.grammars import GrammarCompiler
 from parashift.structured.params import StructuredOutputsParams
 
+# A constrained request that no token of the vocabulary can continue fails with this reason:
+# its constraint, not the engine, is at fault (the server answers 400).
+NO_CONTINUATION = "no token of the model's vocabulary continues its structured output"
+
 
 @dataclass
 class TokenMasks:
@@ -49,6 +53,14 @@ class StructuredOutputs:
     def accept(self, request_id: str, token_id: int) -> bool:
         """Advances the request's matcher; False if the grammar refuses the token."""
         return self._matchers[request_id].accept_token(token_id)
+
+    def can_continue(self, request_id: str) -> bool:
+        """Whether any token (or the end) may come next: no token spells some characters
+        a constraint may ask for."""
+        import xgrammar as xgr
+        bitmask = xgr.allocate_token_bitmask(1, self.compiler.info.vocab_size)
+        self._matchers[request_id].fill_next_token_bitmask(bitmask, 0)
+        return bool(bitmask.ne(0).any())
 
     def is_terminated(self, request_id: str) -> bool:
         return self._matchers[request_id].is_terminated()

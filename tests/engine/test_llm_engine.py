@@ -220,4 +220,4 @@ def test_a_final_only_request_makes_one_output_and_generate_asks_for_it(tiny_lla
                                                       ignore_eos=True))
     assert generated[0].outputs[0].token_ids == seen["c"][-1].outputs[0].token_ids
     with pytest.raises(ValueError, match="output_kind"):
-        SamplingParams(output_kind="delta")
+        SamplingParams(output_kind="streaming")

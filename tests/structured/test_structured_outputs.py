@@ -7,6 +7,7 @@ import pytest
 
 from parashift import LLM, SamplingParams
 from parashift.structured import StructuredOutputsParams
+from parashift.structured.matchers import NO_CONTINUATION
 
 # Short and bounded, so that 40 tokens always hold a whole object.
 PERSON = {"type": "object",
@@ -82,11 +83,24 @@ def test_unconstrained_requests_alongside_are_unchanged(llm):
     (dict(json={"type": "objectx"}), "the JSON schema cannot be used"),
     (dict(regex="(ab"), "the regex cannot be used"),
     (dict(grammar="root ::= missing_rule"), "the grammar cannot be used"),
+    # a character no token of the vocabulary spells: every sample would be refused
+    (dict(regex="\U00040000"), "no token of the model's vocabulary can begin it"),
 ])
 def test_bad_constraints_are_refused_and_the_engine_goes_on(llm, constraint, message):
     with pytest.raises(ValueError, match=message):
         llm.generate(["x"], SamplingParams(structured_outputs=StructuredOutputsParams(**constraint)))
     assert llm.generate(["Hello"], SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+
+
+def test_a_constraint_no_token_can_continue_fails_its_request_alone(llm):
+    """"0" then a character no token spells: the first token is sampled, then none may
+    follow; the request fails naming that (the server answers 400), the other one ends."""
+    stuck = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(
+        regex="0\U00040000"))
+    outputs = llm.generate(["x", "Hello"], [stuck, SamplingParams(max_tokens=2)])
+    assert outputs[0].outputs[0].finish_reason == "error"
+    assert outputs[0].error == NO_CONTINUATION
+    assert outputs[1].outputs[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize("fields, message", [

@@ -13,8 +13,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from parashift.engine.async_engine import (AsyncLLMEngine, EngineDeadError, QueueFullError,
-                                           RequestFailedError, RequestStream)
+from parashift.engine.async_engine import (AsyncLLMEngine, ConstraintFailedError,
+                                           EngineDeadError, QueueFullError, RequestFailedError,
+                                           RequestStream)
 from parashift.entrypoints.openai.errors import APIError, bad_request, from_validation_error
 from parashift.entrypoints.openai.protocol import SamplingFields, UsageInfo
 from parashift.entrypoints.openai.shutdown import ShutdownDeadline, ShutdownTimeoutError
@@ -217,7 +218,9 @@ async def submit(ctx: ServingContext, request_id: str, prompt_ids: list[int],
 
 
 # How a request that was running ends when it cannot finish: (status, code).
-ENDINGS = {EngineDeadError: (500, "engine_dead"), RequestFailedError: (500, "request_failed"),
+ENDINGS = {EngineDeadError: (500, "engine_dead"),
+           ConstraintFailedError: (400, "invalid_structured_output"),
+           RequestFailedError: (500, "request_failed"),
            ShutdownTimeoutError: (503, "shutdown_timeout")}
 CUT_SHORT = tuple(ENDINGS)
 
