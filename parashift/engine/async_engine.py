@@ -75,7 +75,6 @@ class RequestStream:
                 return
 
 
-
 @dataclass
 class _Add:
     stream: RequestStream

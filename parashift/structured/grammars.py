@@ -44,20 +44,12 @@ class GrammarCompiler:
             except (RuntimeError, ValueError, TypeError) as exc:
                 raise InvalidGrammarError(f"{LABELS[kind]} cannot be used for structured "
                                           f"output: {_reason(exc)}") from None
-            if not self._can_begin(grammar):
+            import xgrammar as xgr
+            if not allows_any_token(xgr.GrammarMatcher(grammar), self.info.vocab_size):
                 raise InvalidGrammarError(f"{LABELS[kind]} cannot be used for structured "
                                           "output: no token of the model's vocabulary can "
                                           "begin it")
             return grammar
-
-    def _can_begin(self, grammar) -> bool:
-        """Whether some token (or the end, where the constraint accepts nothing at all) may
-        come first: else every sample would be refused (a character no token spells)."""
-        import xgrammar as xgr
-        matcher = xgr.GrammarMatcher(grammar)
-        bitmask = xgr.allocate_token_bitmask(1, self.info.vocab_size)
-        matcher.fill_next_token_bitmask(bitmask, 0)
-        return bool(bitmask.ne(0).any())
 
     def _compile(self, kind: str, text: str):
         c = self._compiler
@@ -78,3 +70,12 @@ def _reason(exc: Exception) -> str:
     """xgrammar's message without its '[time] path/file.cc:line: ' prefix."""
     message = str(exc).strip()
     return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", message).splitlines()[0][:300]
+
+
+def allows_any_token(matcher, vocab_size: int) -> bool:
+    """Whether the matcher lets some token (or the end) come next: no token spells some
+    characters a constraint may ask for, and then every sample would be refused."""
+    import xgrammar as xgr
+    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+    matcher.fill_next_token_bitmask(bitmask, 0)
+    return bool(bitmask.ne(0).any())

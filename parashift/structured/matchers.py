@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parashift.structured.grammars import GrammarCompiler
+from parashift.structured.grammars import GrammarCompiler, allows_any_token
 from parashift.structured.params import StructuredOutputsParams
 
 # A constrained request that no token of the vocabulary can continue fails with this reason:
@@ -55,12 +55,7 @@ class StructuredOutputs:
         return self._matchers[request_id].accept_token(token_id)
 
     def can_continue(self, request_id: str) -> bool:
-        """Whether any token (or the end) may come next: no token spells some characters
-        a constraint may ask for."""
-        import xgrammar as xgr
-        bitmask = xgr.allocate_token_bitmask(1, self.compiler.info.vocab_size)
-        self._matchers[request_id].fill_next_token_bitmask(bitmask, 0)
-        return bool(bitmask.ne(0).any())
+        return allows_any_token(self._matchers[request_id], self.compiler.info.vocab_size)
 
     def is_terminated(self, request_id: str) -> bool:
         return self._matchers[request_id].is_terminated()
