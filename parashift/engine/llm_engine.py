@@ -752,12 +752,29 @@ class LLMEngine:
 
     def _step_batch(self, replica: "Replica", sched: SchedulerOutput, plan: str):
         batch = replica.step_batch(sched, plan)
+        if batch.finished_request_ids and len(self.replicas) > 1:
+            batch.finished_request_ids = self._forgets_to_send(replica, batch)
         if self.seesaw and not replica.is_left_behind:
             self._add_stashes(replica, sched, batch)
         if replica.num_structured:
             batch.token_masks = self.structured.masks(
                 [s.seq.request_id if s.samples else None for s in sched.scheduled])
         return batch
+
+    def _forgets_to_send(self, replica: "Replica", batch) -> list[str]:
+        """The ids its ranks may forget now. A replica sends its queue of forgets only with
+        its next step, and a move queues one on every group it makes (a group left behind
+        can step long after): a forget of a request that a replica on some of the same
+        ranks has sent since waits in the queue until the request ends."""
+        ranks, send, wait = set(replica.ranks), [], []
+        for request_id in batch.finished_request_ids:
+            holder = self._replica_of.get(request_id)
+            stale = (holder is not None and request_id in holder.encoder.sent_blocks
+                     and not ranks.isdisjoint(holder.ranks)
+                     and not (holder is replica and request_id in batch.new_params))
+            (wait if stale else send).append(request_id)
+        replica.encoder.finished += wait
+        return send
 
     def _add_stashes(self, replica: "Replica", sched: SchedulerOutput, batch) -> None:
         """A seesaw group's step in the prefill phase also writes the KV of the prompts its
@@ -932,10 +949,24 @@ class LLMEngine:
             if replica.scheduler.gate is not None:
                 view = self._tier_counters(replica, view)
             views[replica.group].append(self._request_counters(replica, view) if requests else view)
-        return NodeView(tuple(combine_views(v) for v in views), now,
+        groups = [combine_views(v) for v in views]
+        for replica in self.replicas:
+            if replica.is_left_behind and replica.scheduler.num_running:
+                self._count_left_behind(replica, groups)
+        return NodeView(tuple(groups), now,
                         tuple(plan.name() for plan in self.layout.plans),
                         tuple(self.max_context.items()),
                         max(map(self._need, self._unplaced.values()), default=0))
+
+    def _count_left_behind(self, replica: Replica, groups: list[GroupView]) -> None:
+        """A replica left behind still runs its requests on its ranks: they count as the
+        running load of the group on its first rank (else a split that leaves them behind
+        shows the policy an idle node, which merges and splits again without end)."""
+        group = next((g for g, plan in enumerate(self.layout.plans)
+                      if replica.ranks[0] in plan.ranks), None)
+        if group is not None:
+            groups[group] = dataclasses.replace(
+                groups[group], num_running=groups[group].num_running + replica.scheduler.num_running)
 
     def _request_counters(self, replica: Replica, view: GroupView) -> GroupView:
         """The view with what the flying policy reads of its requests (a pass over them, for

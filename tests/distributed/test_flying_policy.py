@@ -118,3 +118,75 @@ def test_a_priority_request_binds_a_tp_group_at_once(model):
         assert_same([outputs[str(i)] for i in range(5)], expected)
     finally:
         engine.shutdown()
+
+
+def test_a_forget_queued_by_a_split_waits_while_a_merge_keeps_the_request(model):
+    """A runs merged; B arrives and a split moves it to the first replica, queueing a forget
+    of B on the second (which has no request, so no step to send it with). A merge under
+    hard preemption keeps B where it runs and hands that forget to the merged group: it
+    must not reach rank 0 while B lives there. While A is left behind by the split, the
+    policy sees it as running load."""
+    skip_unless_enough_gpus(FLYING)
+    long, short = list(range(1, 71)), list(range(5, 30))
+    expected = generate(model[0], [long, short])[0]
+    llm = LLM(model[0], **{**COMMON, **FLYING, "flying_preemption": "hard"})
+    engine = llm.llm_engine
+    outputs = {}
+
+    def step():
+        outputs.update((o.request_id, o) for o in engine.step())
+
+    def force(width, name):
+        llm.set_layout(width)
+        while engine.layout.name() != name:
+            step()
+    try:
+        engine.add_request("A", long, PARAMS)
+        force(2, "merge2-tp2")
+        step()  # A's first chunk takes the step's budget
+        engine.add_request("B", short, PARAMS)
+        force(1, "single,single@1")
+        assert [g.num_running for g in engine.view().groups] == [1, 0]  # A, left behind
+        step()  # B runs on rank 0
+        force(2, "merge2-tp2")
+        left_behind = [r for r in engine.replicas if r.is_left_behind]
+        assert [[s.request_id for s in r.scheduler.running] for r in left_behind] == [["B"]]
+        while engine.has_unfinished_requests():
+            step()
+        assert_same([outputs["A"], outputs["B"]], expected)
+    finally:
+        engine.shutdown()
+
+
+def test_random_arrivals_and_priorities_give_the_reference_tokens(model):
+    """Requests of random lengths arrive a few per step, one in four urgent, under the
+    policy's own merges and splits (no dwell): every request gives the single-device
+    tokens and the node does not flap between widths (a split that left its requests
+    behind once looked idle, and the policy merged and split again at every step)."""
+    skip_unless_enough_gpus(FLYING)
+    rng = random.Random(1)
+    batch = prompts(seed=1, n=40)
+    params = [SamplingParams(temperature=0, max_tokens=rng.randint(2, 20), ignore_eos=True)
+              for _ in batch]
+    expected = LLM(model[0], **COMMON)
+    try:
+        reference = [o.outputs[0].token_ids for o in expected.generate(batch, params)]
+    finally:
+        expected.llm_engine.shutdown()
+    llm = LLM(model[0], **{**COMMON, **FLYING, "flying_merge_running": 2})
+    engine = llm.llm_engine
+    outputs, records, added = {}, [], 0
+    try:
+        while added < len(batch) or engine.has_unfinished_requests():
+            for _ in range(rng.choice([0, 0, 1, 3])):
+                if added < len(batch):
+                    engine.add_request(str(added), batch[added], params[added],
+                                       priority=rng.choice([0, 0, 0, -1]))
+                    added += 1
+            outputs.update((o.request_id, o.outputs[0].token_ids) for o in engine.step())
+            records += engine.take_transition_records()
+            assert len(records) < 20, [r.kind for r in records]
+        assert [outputs[str(i)] for i in range(len(batch))] == reference
+        assert records  # the policy did merge and split
+    finally:
+        engine.shutdown()
