@@ -2,15 +2,15 @@
 # Issue 20's four-GPU runs, by part; each part has its own time limit and writes its log (and
 # JSON where the benchmark writes one) to $OUT. From the repository root on nvidia-h200-x4 or
 # nvidia-h100-x4, with the wheels of scripts/fetch_gpu_wheels.sh in .whl. A four-GPU machine is
-# lent rarely, so the calls are meant to run back to back. Run so far (thirteenth session): env
-# plans8b p2p sidp_capacity tests flying seesaw plans70b seesaw_pcie. The next session's calls
-# (seconds expected on 4 H200s; each call's limits add up to under 600):
-#   OUT=dir bash scripts/gpu_x4_runs.sh env prefill_profile flying bursty               # ~480
-#   OUT=dir bash scripts/gpu_x4_runs.sh plans70b flying_priority seesaw_more             # ~470
-#   OUT=dir bash scripts/gpu_x4_runs.sh flying70b sidp_capacity sidp_tail seesaw_chat    # ~420
-#   then, if time is left: max_context (~60) sidp_tail70b (~200) tests_rest (~200)
-#   plans70b_pp (~170) flying_tp2 (~65). Three calls of ~500 s and a machine's start fill the
-#   session's 1,800 s: keep the order.
+# lent rarely, so the calls are meant to run back to back. Run so far: thirteenth session env
+# plans8b p2p sidp_capacity tests flying seesaw plans70b seesaw_pcie; fourteenth prefill_profile
+# flying bursty plans70b flying_priority seesaw_more flying70b sidp_capacity sidp_tail
+# seesaw_chat max_context tests_rest (some cut by their limits: docs/benchmarks.md). The next
+# session's calls (seconds expected on 4 H200s; each call's limits add up to under 600; end each
+# with `trim`, else the results' file count runs over and logs are left behind):
+#   OUT=dir bash scripts/gpu_x4_runs.sh flying_priority bursty_flying seesaw_more trim   # ~520
+#   OUT=dir bash scripts/gpu_x4_runs.sh plans70b_pp sidp_tail seesaw_chat trim            # ~530
+#   then, if time is left: tests_rest (~240) sidp_tail70b (~230) flying_tp2 (~65).
 # Parts: env (topology, memory); prefill_profile (one prompt's prefill under one GPU, TP4,
 # SP4 and Shift SP4<->TP4 with every rank's kernel times: the thirteenth session's SP4 and
 # Shift TTFTs were 0.21 and 0.17 of their floors); plans8b and plans70b (static plans and Shift, `interactive`
@@ -200,8 +200,11 @@ for name in "$@"; do
     # the static rows `seesaw` left out, P4->T2P2 and DP2x(P2->T2)
     seesaw_more) part seesaw_more 200 "run_seesaw $OUT/seesaw_more.json summarize 128 \
            dp4 dp2tp2 pp4 tp2pp2 seesaw:pp4-pp2xtp2 dp2xseesaw:pp2-tp2" ;;
-    seesaw_chat) part seesaw_chat 110 "run_seesaw $OUT/seesaw_chat.json chat 128 \
+    seesaw_chat) part seesaw_chat 160 "run_seesaw $OUT/seesaw_chat.json chat 128 \
            tp4 auto:4 seesaw:pp4-tp4 --cuda-graphs" ;;
+    bursty_flying) part bursty_flying 100 \
+           "run_serve bursty_flying bursty '--time-scale 0.05' -dp 4 --parallel-policy flying" ;;
+    trim) find "$OUT" \( -name '*timeline.csv' -o -name '*-requests.json' \) -delete ;;
     *) echo "unknown part $name"; exit 2 ;;
   esac
 done
