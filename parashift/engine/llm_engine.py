@@ -838,6 +838,10 @@ class LLMEngine:
                         list(transition.groups), drain_s, record.weight_bytes / 2**20,
                         record.weight_s, record.kv_bytes_out / 2**20, record.kv_bytes_in / 2**20,
                         stall_s)
+        else:
+            logger.info("%s of group(s) %s to %s: %d request(s) moved (%d computed again), %d "
+                        "kept, stall %.3f s", transition.kind, list(transition.groups),
+                        ",".join(record.target), moved, reprefilled, kept, stall_s)
         self._transition_records.append(record)
         if self._timeline is not None:
             self._timeline.write(json.dumps({"transition": asdict(record)}) + "\n")
