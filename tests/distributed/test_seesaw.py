@@ -199,7 +199,7 @@ def test_auto_resolves_at_start_up_and_keeps_the_tokens(models, tmp_path, monkey
     if hardware is not None:
         (tmp_path / "probe-cpu.json").write_text(json.dumps(asdict(hardware)))
     llm = LLM(dirs["gqa8x4"], **COMMON, parallel_policy="seesaw", prefill_plan="auto:2",
-              cpu_kv_tokens=LARGE_TIER, seesaw_mean_prompt_tokens=20, seesaw_mean_output_tokens=8)
+              cpu_kv_tokens=LARGE_TIER, seesaw_mean_prompt_tokens=60, seesaw_mean_output_tokens=8)
     engine = llm.llm_engine
     try:
         assert engine.layout.world_size == 2 and not engine.config.auto_plans

@@ -59,7 +59,9 @@ def test_nvlink_rates_resolve_to_a_static_plan_under_the_static_policy(cache):
 
 
 def test_pcie_rates_resolve_to_a_seesaw_pair(cache):
-    config = resolve(seesaw_auto(), A10_PCIE, cache)
+    """1,000 output tokens: the pair beats PP2 by more than PAIR_MARGIN (200: by 2%)."""
+    assert resolve(seesaw_auto(), A10_PCIE, cache).parallel_policy == "static"
+    config = resolve(seesaw_auto(seesaw_mean_output_tokens=1000), A10_PCIE, cache)
     assert config.parallel_policy == "seesaw"
     assert (config.prefill_plan, config.decode_plan) == ("pp2", "tp2")
     assert config.cpu_kv_tokens == 400_000 and config.node_layout.name() == "pp2"
