@@ -969,8 +969,8 @@ class LLMEngine:
         group = next((g for g, plan in enumerate(self.layout.plans)
                       if replica.ranks[0] in plan.ranks), None)
         if group is not None:
-            groups[group] = dataclasses.replace(
-                groups[group], num_running=groups[group].num_running + replica.scheduler.num_running)
+            running = groups[group].num_running + replica.scheduler.num_running
+            groups[group] = dataclasses.replace(groups[group], num_running=running)
 
     def _request_counters(self, replica: Replica, view: GroupView) -> GroupView:
         """The view with what the flying policy reads of its requests (a pass over them, for
