@@ -965,12 +965,11 @@ class LLMEngine:
     def _count_left_behind(self, replica: Replica, groups: list[GroupView]) -> None:
         """A replica left behind still runs its requests on its ranks: they count as the
         running load of the group on its first rank (else a split that leaves them behind
-        shows the policy an idle node, which merges and splits again without end)."""
-        group = next((g for g, plan in enumerate(self.layout.plans)
-                      if replica.ranks[0] in plan.ranks), None)
-        if group is not None:
-            running = groups[group].num_running + replica.scheduler.num_running
-            groups[group] = dataclasses.replace(groups[group], num_running=running)
+        shows the policy an idle node, which merges and splits again without end). Its ranks
+        are in the layout: a lost rank's replicas lose their requests (`_evict_lost`)."""
+        group = self.layout.group_of_rank(replica.ranks[0])
+        running = groups[group].num_running + replica.scheduler.num_running
+        groups[group] = dataclasses.replace(groups[group], num_running=running)
 
     def _request_counters(self, replica: Replica, view: GroupView) -> GroupView:
         """The view with what the flying policy reads of its requests (a pass over them, for
