@@ -75,7 +75,7 @@ class EngineConfig:
     # split over the attention group's SP x TP ranks; vLLM's --enable-expert-parallel)
     moe_parallel: str = "tp"
     flying_merge_running: int = 4            # flying policy: merge at or below this many running
-    flying_dwell_s: float = 2.0              # flying policy: least seconds between transitions
+    flying_dwell_s: float = 2.0              # flying policy: least seconds from a transition to a merge
     # a merge or split's running requests: auto (as the policy's transition says) | soft
     # (finish in their old plan, interleaved with the new groups' steps) | hard (paused while
     # the new groups have requests) | recompute (moved, computed again)

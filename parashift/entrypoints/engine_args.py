@@ -89,8 +89,9 @@ ENGINE_FLAGS = {
     "--flying-merge-running": ("flying_merge_running", int, "flying policy: merge the replicas "
                                                             "at or below this many running "
                                                             "requests and none waiting"),
-    "--flying-dwell-s": ("flying_dwell_s", float, "flying policy: least seconds between "
-                                                  "transitions"),
+    "--flying-dwell-s": ("flying_dwell_s", float, "flying policy: least seconds from a "
+                                                  "transition to a merge (a queue splits at "
+                                                  "once)"),
     "--flying-preemption": ("flying_preemption", str, "running requests of a merge or split: "
                                                       "auto (the policy's choice per transition: "
                                                       "flying recomputes them in a merge for load, "

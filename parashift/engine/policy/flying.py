@@ -14,8 +14,10 @@ consecutive replicas merged, the replicas after the last whole group serving as 
   an empty queue, width 1 once requests wait and running and waiting ones together pass
   `merge_running`, or running ones pass twice that (hysteresis), and otherwise the width
   it has.
-The first two act at once; a change the load asks for waits `dwell_s` after the previous
-one and happens only when its gain exceeds its cost (`cost.py`).
+The first two act at once. A merge the load asks for waits `dwell_s` after the previous
+change; a split for load does not (every request a merged group admits meanwhile runs in
+it until it ends, between the replicas' steps once they split). Either happens only when its
+gain exceeds its cost (`cost.py`).
 
 The starting layout must be w plain replicas of one TP degree on consecutive ranks; the
 merged plans of every aligned width the model's heads allow are made at start-up (so
@@ -107,7 +109,8 @@ class FlyingPolicy:
         if self.width < floor:
             return self._change(floor, view.time)
         wanted = max(self._width_for_load(view), floor)
-        if wanted == self.width or view.time - self._last_change < self.dwell_s:
+        if wanted == self.width or (wanted > self.width
+                                    and view.time - self._last_change < self.dwell_s):
             return self.width
         return self._change(wanted, view.time) if self._pays(view, wanted) else self.width
 

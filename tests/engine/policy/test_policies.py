@@ -82,9 +82,24 @@ def test_flying_merges_under_light_load_and_splits_when_a_queue_builds():
     assert decision.transitions == (
         Transition("merge", (0, 1, 2, 3), ("merge4-tp4",), "recompute"),)
     queue = NodeView((group(40, num_running=2, num_waiting=3),), 11.0, ("merge4-tp4",))
-    assert policy.decide(queue).transitions == ()  # within the dwell
-    later = NodeView(queue.groups, 12.5, ("merge4-tp4",))
-    assert policy.decide(later).transitions == (Transition("split", (0,), REPLICAS, "soft"),)
+    assert policy.decide(queue).transitions == (Transition("split", (0,), REPLICAS, "soft"),)
+
+
+def test_flying_merges_only_after_the_dwell_but_splits_for_a_queue_at_once():
+    """A burst that reaches a group merged a moment ago splits it at once: every request
+    the merged group admitted would run in it, between the replicas' steps, until it ends.
+    A merge waits out the dwell after any change."""
+    policy = flying(merge_running=4, dwell_s=2.0)
+    light = NodeView(tuple(group(1, num_running=1) for _ in range(4)), 10.0, REPLICAS)
+    assert policy.decide(light).transitions != ()
+    burst = NodeView((group(40, num_running=1, num_waiting=6, tokens_waiting=6000),), 10.1,
+                     ("merge4-tp4",))
+    assert policy.decide(burst).transitions == (Transition("split", (0,), REPLICAS, "soft"),)
+    quiet = NodeView(tuple(group(1, num_running=1) for _ in range(4)), 11.0, REPLICAS)
+    assert policy.decide(quiet).transitions == ()  # within the dwell of the split
+    later = NodeView(quiet.groups, 12.2, REPLICAS)
+    assert policy.decide(later).transitions == (
+        Transition("merge", (0, 1, 2, 3), ("merge4-tp4",), "recompute"),)
 
 
 def test_flying_keeps_a_merge_whose_moved_requests_wait_for_their_first_step():
