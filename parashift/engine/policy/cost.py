@@ -8,7 +8,9 @@ Gain of a merge by `factor` (k groups into one): the running requests' remaining
 steps run on k times the ranks at `efficiency` (light load: decode is bound by memory
 bandwidth, which a merge adds up). Gain of a split: the queued prompt tokens are computed
 by k groups instead of one, each waiting request gets a seat a step sooner, and a batch
-grown past the merge threshold stops paying the merged group's communication."""
+grown past the merge threshold stops paying the merged group's communication. A split keeps
+its running requests in their merged plan only while their remaining steps cost less than
+computing them again (`keeping_pays`)."""
 from dataclasses import dataclass
 
 from parashift.engine.policy.protocol import NodeView
@@ -53,6 +55,14 @@ class SwitchCosts:
             steps = max((g.longest_decode_left for g in view.groups), default=0)
             gain += steps * step * (1 - self.efficiency)
         return gain
+
+    def keeping_pays(self, view: NodeView, factor: float) -> bool:
+        """Whether a split should keep its running requests where their KV was written: kept,
+        they take one merged step between the new replicas' steps on every rank until the
+        longest ends; moved, their tokens are computed again by `factor` groups."""
+        steps = max((g.longest_decode_left for g in view.groups), default=0)
+        recompute = sum(g.recompute_tokens for g in view.groups)
+        return steps * self.step_seconds(view) <= recompute / (self.prefill_tokens_per_s * factor)
 
     def merge_pays(self, view: NodeView, factor: float, moves_running: bool = True) -> bool:
         return self.merge_gain(view, factor, moves_running) >= self.cost(

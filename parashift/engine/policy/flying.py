@@ -86,20 +86,23 @@ class FlyingPolicy:
         transition = transition_towards(view.layout, self.layouts[self.width])
         if transition is None:
             return Decision(view.layout)
+        factor = len(transition.target) if transition.kind == "split" else 1
         return Decision(view.layout, (replace(transition, preemption=self._preempts(
-            transition.kind)),))
+            transition.kind, view, factor)),))
 
-    def _preempts(self, kind: str) -> str:
+    def _preempts(self, kind: str, view: NodeView, factor: float) -> str:
         """What a merge or split does with the running requests of its groups, under auto:
         a merge for a priority request pauses them (hard preemption: they resume, KV kept,
         once it is served), a merge for load moves them into the faster group (computed
-        again, as the paper's soft preemption does), a split keeps them where their KV was
-        written (they finish between the new replicas' steps)."""
+        again, as the paper's soft preemption does). A split into `factor` groups keeps them
+        where their KV was written (they finish in merged steps between the new replicas'
+        steps, on every rank), unless computing them again in the new groups costs less
+        than those extra steps."""
         if self.preemption != "auto":
             return self.preemption
         if kind == "merge":
             return "hard" if self._bound else "recompute"
-        return "soft"
+        return "soft" if self.costs.keeping_pays(view, factor) else "recompute"
 
     def _choose_width(self, view: NodeView) -> int:
         floor = self._narrowest_holding(view)
@@ -138,10 +141,11 @@ class FlyingPolicy:
     def _pays(self, view: NodeView, wanted: int) -> bool:
         if wanted > self.width:
             return self.costs.merge_pays(view, wanted / self.width,
-                                         self._preempts("merge") == "recompute")
+                                         self._preempts("merge", view, 1) == "recompute")
         overfull = sum(g.num_running for g in view.groups) > 2 * self.merge_running
-        return self.costs.split_pays(view, self.width / wanted, overfull,
-                                     self._preempts("split") == "recompute")
+        factor = self.width / wanted
+        return self.costs.split_pays(view, factor, overfull,
+                                     self._preempts("split", view, factor) == "recompute")
 
     def _change(self, width: int, now: float) -> int:
         if width != self.width:

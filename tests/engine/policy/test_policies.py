@@ -82,7 +82,7 @@ def test_flying_merges_under_light_load_and_splits_when_a_queue_builds():
     assert decision.transitions == (
         Transition("merge", (0, 1, 2, 3), ("merge4-tp4",), "recompute"),)
     queue = NodeView((group(40, num_running=2, num_waiting=3),), 11.0, ("merge4-tp4",))
-    assert policy.decide(queue).transitions == (Transition("split", (0,), REPLICAS, "soft"),)
+    assert policy.decide(queue).transitions == (Transition("split", (0,), REPLICAS, "recompute"),)
 
 
 def test_flying_merges_only_after_the_dwell_but_splits_for_a_queue_at_once():
@@ -94,7 +94,7 @@ def test_flying_merges_only_after_the_dwell_but_splits_for_a_queue_at_once():
     assert policy.decide(light).transitions != ()
     burst = NodeView((group(40, num_running=1, num_waiting=6, tokens_waiting=6000),), 10.1,
                      ("merge4-tp4",))
-    assert policy.decide(burst).transitions == (Transition("split", (0,), REPLICAS, "soft"),)
+    assert policy.decide(burst).transitions == (Transition("split", (0,), REPLICAS, "recompute"),)
     quiet = NodeView(tuple(group(1, num_running=1) for _ in range(4)), 11.0, REPLICAS)
     assert policy.decide(quiet).transitions == ()  # within the dwell of the split
     later = NodeView(quiet.groups, 12.2, REPLICAS)
@@ -116,7 +116,7 @@ def test_flying_keeps_a_merge_whose_moved_requests_wait_for_their_first_step():
     assert policy.decide(moved).transitions == ()
     burst = NodeView((group(40, num_running=2, num_waiting=3, tokens_waiting=96),), 1.2,
                      ("merge4-tp4",))
-    assert policy.decide(burst).transitions == (Transition("split", (0,), REPLICAS, "soft"),)
+    assert policy.decide(burst).transitions == (Transition("split", (0,), REPLICAS, "recompute"),)
 
 
 def test_flying_holds_between_its_thresholds():
@@ -138,7 +138,7 @@ def test_flying_merges_the_widest_aligned_group_and_leaves_the_rest():
         Transition("merge", (0, 1), ("merge2-tp2",), "recompute"),)
     queued = NodeView((group(9, num_waiting=2), group(1)), 2.0, ("merge2-tp2", "single@2"))
     assert policy.decide(queued).transitions == (
-        Transition("split", (0,), REPLICAS[:2], "soft"),)
+        Transition("split", (0,), REPLICAS[:2], "recompute"),)
 
 
 THREE = REPLICAS[:3]
@@ -160,7 +160,7 @@ def test_flying_priority_request_binds_the_widest_group_at_once():
     assert policy.decide(bound).transitions == ()  # bound while the request runs
     done = NodeView((group(9, num_waiting=5), group(9, num_waiting=2)), 70.0,
                     ("merge2-tp2", "single@2"))
-    assert policy.decide(done).transitions == (Transition("split", (0,), THREE[:2], "soft"),)
+    assert policy.decide(done).transitions == (Transition("split", (0,), THREE[:2], "recompute"),)
 
 
 def test_default_priority_requests_do_not_bind():
@@ -189,7 +189,7 @@ def test_flying_long_request_routes_wide():
     finished = NodeView((group(9, num_waiting=4, longest_need=500), group(9, num_waiting=4)),
                         101.0, ("merge2-tp2", "merge2-tp2@2-3"), CONTEXT)
     assert policy.decide(finished).transitions == (
-        Transition("split", (0,), ("single", "single@1"), "soft"),)
+        Transition("split", (0,), ("single", "single@1"), "recompute"),)
 
 
 def test_flying_cost_check_refuses_an_unprofitable_merge():
@@ -213,7 +213,8 @@ def test_flying_cost_check_refuses_an_unprofitable_split():
     kept = flying(dwell_s=0.0)
     kept.width = 4
     small = NodeView((group(9, num_running=4, num_waiting=1, tokens_waiting=10,
-                            recompute_tokens=40_000, step_s=0.02),), 1.0, ("merge4-tp4",))
+                            recompute_tokens=40_000, longest_decode_left=8, step_s=0.02),),
+                     1.0, ("merge4-tp4",))
     assert kept.decide(small).transitions == (Transition("split", (0,), REPLICAS, "soft"),)
     policy = flying(dwell_s=0.0, preemption="recompute")
     merged = ("merge4-tp4",)
@@ -225,6 +226,25 @@ def test_flying_cost_check_refuses_an_unprofitable_split():
                             recompute_tokens=40_000),), 2.0, merged)
     assert policy.decide(burst).transitions == (
         Transition("split", (0,), REPLICAS, "recompute"),)
+
+
+def test_flying_split_keeps_running_requests_only_while_keeping_costs_less():
+    """Kept, a merged group's running requests take a merged step on every rank between the
+    replicas' steps until the longest ends (here 200 steps of 20 ms, 4 s); moved, their
+    tokens are computed again by four replicas (8,192 tokens/s each)."""
+    policy = flying(dwell_s=0.0)
+    policy.width = 4
+
+    def burst(recompute_tokens: int) -> NodeView:
+        return NodeView((group(40, num_running=3, num_waiting=30, tokens_waiting=30_000,
+                               longest_decode_left=200, recompute_tokens=recompute_tokens),),
+                        1.0, ("merge4-tp4",))
+    assert policy.decide(burst(6_000)).transitions == (
+        Transition("split", (0,), REPLICAS, "recompute"),)  # 0.18 s computed again
+    assert policy.decide(burst(200_000)).transitions == (
+        Transition("split", (0,), REPLICAS, "soft"),)  # 6.1 s computed again
+    costs = SwitchCosts()
+    assert costs.keeping_pays(burst(131_072), 4) and not costs.keeping_pays(burst(131_071), 4)
 
 
 def test_flying_merges_that_keep_running_requests_gain_nothing_from_them():
@@ -283,7 +303,7 @@ def test_forced_width_moves_the_node_and_hands_back():
     assert forced.decide(there).transitions == ()  # held, though the policy would split
     forced.force(None)
     assert forced.decide(there).transitions == (
-        Transition("split", (0,), ("single", "single@1"), "soft"),)
+        Transition("split", (0,), ("single", "single@1"), "recompute"),)
     with pytest.raises(ValueError, match=r"widths: \[1, 2, 4\]"):
         forced.force(3)
 
