@@ -90,7 +90,9 @@ def run_plan(name: str, options: dict, args) -> dict:
         llm = LLM(model=args.model, dtype="bfloat16", skip_tokenizer_init=True,
                   max_model_len=args.input_len + args.output_len + 16, max_num_seqs=256,
                   enable_prefix_caching=False, device=args.device, **options,
-                  cuda_graphs=args.cuda_graphs)
+                  cuda_graphs=args.cuda_graphs,
+                  **({} if args.pp_micro_batch_tokens is None
+                     else dict(pp_micro_batch_tokens=args.pp_micro_batch_tokens)))
         row["startup_s"] = time.perf_counter() - start
         vocab = llm.llm_engine.vocab_size
         warm_up(llm, args.input_len, vocab)
@@ -128,6 +130,8 @@ def main():
                    help="default: on where possible (CUDA, triton attention)")
     p.add_argument("--moe-parallel", choices=["tp", "ep"], default=None,
                    help="a mixture of experts' split (default: the engine's, tp)")
+    p.add_argument("--pp-micro-batch-tokens", type=int, default=None,
+                   help="least tokens of a pipelined step's micro-batch (engine default)")
     p.add_argument("--device", default="auto", help="auto | cuda | cpu (the CPU check)")
     p.add_argument("--output", default=None)
     args = p.parse_args()

@@ -57,6 +57,7 @@ class EngineConfig:
     sequence_parallel_size: int = 1
     data_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    pp_micro_batch_tokens: int = 256         # least tokens of one pipeline micro-batch
     layout: str | None = None                # groups in rank order, e.g. "tp2,single,single"
     worker_timeout_s: float = 600.0          # a worker's start-up, or a transition, slower fails
     worker_step_timeout_s: float = 60.0      # a step slower than this loses its ranks (they hang)
@@ -149,7 +150,8 @@ class EngineConfig:
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
         for name in ("max_num_seqs", "block_size", "tensor_parallel_size",
-                     "sequence_parallel_size", "data_parallel_size", "pipeline_parallel_size"):
+                     "sequence_parallel_size", "data_parallel_size", "pipeline_parallel_size",
+                     "pp_micro_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:

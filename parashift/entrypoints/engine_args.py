@@ -14,6 +14,9 @@ ENGINE_FLAGS = {
     "--max-num-seqs": ("max_num_seqs", int, "most sequences in one step"),
     "--max-num-batched-tokens": ("max_num_batched_tokens", int, "token budget of one step "
                                  "(default: 8192 on GPUs, 512 on the CPU)"),
+    "--pp-micro-batch-tokens": ("pp_micro_batch_tokens", int, "least tokens of one micro-batch "
+                                "of a pipelined step (a step of fewer runs whole: a stage "
+                                "reads its weights once per micro-batch)"),
     "--long-prefill-token-threshold": ("long_prefill_token_threshold", int,
                                        "cap on one request's prefill chunk (0: none; "
                                        "default: half the step budget)"),

@@ -353,7 +353,8 @@ class ModelRunner:
         if plan.block_size != self._bound_block_size:
             self._bind_kv(plan)
         with use_context(plan.context()):
-            micro_batches = split_micro_batches(chunks, plan.state.pp.size)
+            micro_batches = split_micro_batches(chunks, plan.state.pp.size,
+                                                self.config.pp_micro_batch_tokens)
             results = []
             for mb in micro_batches:
                 results.append(self._run_micro_batch(mb, plan))
@@ -591,21 +592,43 @@ def profile_chunks(num_tokens: int, max_model_len: int, block_size: int
     return tables.apply(StepBatch(deltas)), tables
 
 
-def split_micro_batches(chunks: list[SeqChunk], count: int) -> list[list[SeqChunk]]:
-    """Consecutive groups of chunks with about equal token counts (at most `count`)."""
-    if count == 1 or len(chunks) == 1:
-        return [chunks]
+def split_micro_batches(chunks: list[SeqChunk], stages: int,
+                        min_tokens: int) -> list[list[SeqChunk]]:
+    """A pipelined step's chunks as consecutive micro-batches of about equal token counts:
+    one per stage at most, and none of fewer than `min_tokens` (a stage reads its weights
+    once per micro-batch, so a step of decodes runs whole). A chunk across a boundary is
+    cut: each stage runs its parts in order, a later part attending to the KV the earlier
+    wrote, and only the last part samples."""
     total = sum(len(c.token_ids) for c in chunks)
+    count = min(stages, total // min_tokens)
+    if count <= 1:
+        return [chunks]
+    ends = [total * (k + 1) // count for k in range(count)]  # each micro-batch's last token
     groups, current, filled = [], [], 0
-    for c in chunks:
-        current.append(c)
-        filled += len(c.token_ids)
-        if filled >= total * (len(groups) + 1) / count and len(groups) < count - 1:
-            groups.append(current)
-            current = []
-    if current:
-        groups.append(current)
+    for chunk in chunks:
+        while chunk is not None:
+            room = ends[len(groups)] - filled
+            if len(chunk.token_ids) > room and len(groups) < count - 1:
+                head, chunk = cut_chunk(chunk, room)
+                current.append(head)
+                filled += room
+            else:
+                current.append(chunk)
+                filled += len(chunk.token_ids)
+                chunk = None
+            if filled == ends[len(groups)] and len(groups) < count - 1:
+                groups.append(current)
+                current = []
+    groups.append(current)
     return groups
+
+
+def cut_chunk(chunk: SeqChunk, size: int) -> tuple[SeqChunk, SeqChunk]:
+    """The chunk's first `size` tokens (sampling nothing) and the rest."""
+    head = SeqChunk(chunk.request_id, chunk.token_ids[:size], chunk.start_pos, chunk.row, None)
+    tail = SeqChunk(chunk.request_id, chunk.token_ids[size:], chunk.start_pos + size, chunk.row,
+                    chunk.sampling, chunk.token_mask)
+    return head, tail
 
 
 def graphs_by_default(possible: bool, one_stage: bool, seesaw: bool) -> bool:

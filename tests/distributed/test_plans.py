@@ -13,10 +13,12 @@ from tests.engine.conftest import save_tiny_llama
 PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=4)
 DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")  # "cuda": NCCL on the GPU machine
 GRAPHS = os.environ.get("PARASHIFT_TEST_CUDA_GRAPHS") == "1"  # GPU machine: decode as graphs
-# a small token budget: prefill chunks mixed with decodes; with GRAPHS, graphs wherever the
-# plan allows them (a pipeline's steps run eager), else none
+# a small token budget: prefill chunks mixed with decodes, a pipeline's steps of 16 tokens
+# or more in micro-batches (prompts cut across them); with GRAPHS, graphs wherever the plan
+# allows them (a pipeline's steps run eager), else none
 COMMON = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, num_blocks=96,
-              max_num_batched_tokens=40, cuda_graphs=None if GRAPHS else False)
+              max_num_batched_tokens=40, pp_micro_batch_tokens=8,
+              cuda_graphs=None if GRAPHS else False)
 
 
 def prompts(seed=0, n=5, vocab=512):
