@@ -5,12 +5,17 @@
 # lent rarely, so the calls are meant to run back to back. Run so far: thirteenth session env
 # plans8b p2p sidp_capacity tests flying seesaw plans70b seesaw_pcie; fourteenth prefill_profile
 # flying bursty plans70b flying_priority seesaw_more flying70b sidp_capacity sidp_tail
-# seesaw_chat max_context tests_rest (some cut by their limits: docs/benchmarks.md). The next
-# session's calls (seconds expected on 4 H200s; each call's limits add up to under 600; end each
-# with `trim`, else the results' file count runs over and logs are left behind):
-#   OUT=dir bash scripts/gpu_x4_runs.sh flying_priority bursty_flying seesaw_more trim   # ~520
-#   OUT=dir bash scripts/gpu_x4_runs.sh plans70b_pp sidp_tail seesaw_chat trim            # ~530
-#   then, if time is left: tests_rest (~240) sidp_tail70b (~230) flying_tp2 (~65).
+# seesaw_chat max_context tests_rest; fifteenth flying_priority bursty_flying seesaw_more
+# plans70b_pp sidp_tail seesaw_chat tests_rest sidp_tail70b flying_tp2 (some cut by their
+# limits, the last three on H100s: docs/benchmarks.md). The next session's calls (seconds
+# expected on 4 H200s; each call's limits add up to under 600; end each with `trim`, else the
+# results' file count runs over and logs are left behind):
+#   OUT=dir bash scripts/gpu_x4_runs.sh bursty_flying flying_priority seesaw_more trim   # ~470
+#     (Flying's immediate splits and moved requests; priority's DP4 row; PP4 and TP2xPP2
+#     with micro-batches by tokens)
+#   OUT=dir bash scripts/gpu_x4_runs.sh plans70b_pp sidp_tail70b trim                     # ~430
+#     (on H200s only: the 70B SiDP does not fit an H100)
+#   then, if time is left: tests_rest (~240; TP4 of gqa8x2 stalled on H100s).
 # Parts: env (topology, memory); prefill_profile (one prompt's prefill under one GPU, TP4,
 # SP4 and Shift SP4<->TP4 with every rank's kernel times: the thirteenth session's SP4 and
 # Shift TTFTs were 0.21 and 0.17 of their floors); plans8b and plans70b (static plans and Shift, `interactive`
