@@ -15,7 +15,8 @@
 #     with micro-batches by tokens)
 #   OUT=dir bash scripts/gpu_x4_runs.sh plans70b_pp sidp_tail70b trim                     # ~430
 #     (on H200s only: the 70B SiDP does not fit an H100)
-#   then, if time is left: tests_rest (~240; TP4 of gqa8x2 stalled on H100s).
+#   then, if time is left: sidp_modes (~150: is SiDP's 0.16x on `tail` CaS's?) and
+#   tests_rest (~240; TP4 of gqa8x2 stalled on H100s).
 # Parts: env (topology, memory); prefill_profile (one prompt's prefill under one GPU, TP4,
 # SP4 and Shift SP4<->TP4 with every rank's kernel times: the thirteenth session's SP4 and
 # Shift TTFTs were 0.21 and 0.17 of their floors); plans8b and plans70b (static plans and Shift, `interactive`
@@ -23,7 +24,8 @@
 # does not fit; plans70b_pp its pipelined plans);
 # p2p (SiDP probe at d=4: incast and rotated peer reads); sidp_capacity (Qwen3-32B KV capacity,
 # SiDP against DP4 and DP2xTP2); sidp_tail and sidp_tail70b (`tail`, in process, --share-ffn
-# against plain DP for Qwen3-32B and the 70B shape, at the default and 0.6 memory utilization);
+# against plain DP for Qwen3-32B and the 70B shape, at the default and 0.6 memory utilization;
+# sidp_modes: Qwen3-32B's --share-ffn under WaS and under the sidp policy);
 # tests (the distributed suite on NCCL, 4-rank cases included; tests_rest those the first run
 # did not reach or failed, and SiDP and Flying at 4 ranks); flying (DP4 merging to wider TP
 # groups and back, benchmarks/merge_split.py; flying_tp2 from two TP=2 groups, flying70b the
@@ -186,6 +188,9 @@ for name in "$@"; do
     p2p) part p2p 60 "python3 benchmarks/sidp_probe.py --parts p2p --out $OUT/sidp_p2p.json" ;;
     sidp_capacity) part sidp_capacity 80 run_sidp_capacity ;;
     sidp_tail) part sidp_tail 170 "run_sidp_tail $QWEN32 qwen32b '-dp 4' '-dp 4'" ;;
+    sidp_modes) part sidp_modes 170 "run_tail $QWEN32 qwen32b_was -dp 4 --share-ffn \
+           --sidp-mode was; run_tail $QWEN32 qwen32b_policy -dp 4 --share-ffn \
+           --parallel-policy sidp" ;;
     sidp_tail70b) part sidp_tail70b 230 "run_sidp_tail $SEVENTY_B 70b '-dp 2 -tp 2' '-dp 4'" ;;
     tests) part tests 220 "run_tests all" ;;
     tests_rest) part tests_rest 240 "run_tests rest" ;;
