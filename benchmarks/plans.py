@@ -90,9 +90,7 @@ def run_plan(name: str, options: dict, args) -> dict:
         llm = LLM(model=args.model, dtype="bfloat16", skip_tokenizer_init=True,
                   max_model_len=args.input_len + args.output_len + 16, max_num_seqs=256,
                   enable_prefix_caching=False, device=args.device, **options,
-                  cuda_graphs=args.cuda_graphs,
-                  **({} if args.pp_micro_batch_tokens is None
-                     else dict(pp_micro_batch_tokens=args.pp_micro_batch_tokens)))
+                  cuda_graphs=args.cuda_graphs)
         row["startup_s"] = time.perf_counter() - start
         vocab = llm.llm_engine.vocab_size
         warm_up(llm, args.input_len, vocab)
@@ -141,6 +139,8 @@ def main():
             for name in ("shift_threshold", "shift_weights"):
                 if getattr(args, name) is not None:
                     options[name] = getattr(args, name)
+        if args.pp_micro_batch_tokens is not None:
+            options["pp_micro_batch_tokens"] = args.pp_micro_batch_tokens
         if "merge" in options.get("layout", "") and args.merge_weights is not None:
             options["merge_weights"] = args.merge_weights
         if args.moe_parallel is not None:
