@@ -599,6 +599,8 @@ def split_micro_batches(chunks: list[SeqChunk], stages: int,
     once per micro-batch, so a step of decodes runs whole). A chunk across a boundary is
     cut: each stage runs its parts in order, a later part attending to the KV the earlier
     wrote, and only the last part samples."""
+    if stages == 1:  # every one-stage step: no pass over its chunks
+        return [chunks]
     total = sum(len(c.token_ids) for c in chunks)
     count = min(stages, total // min_tokens)
     if count <= 1:
