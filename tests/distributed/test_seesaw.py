@@ -43,7 +43,8 @@ def seesaw_llm(model_dir, prefill, decode, tokens, **options):
     plan = dict(parallel_policy="seesaw", prefill_plan=prefill, decode_plan=decode,
                 cpu_kv_tokens=tokens)
     skip_unless_enough_gpus(plan)
-    graphs = {"cuda_graphs": True} if GRAPHS else {}  # GPU machine: the decode plan's graphs
+    # GPU machine: the decode plan's graphs, where it has one stage (a pipeline runs eagerly)
+    graphs = {"cuda_graphs": "pp" not in decode} if GRAPHS else {}
     return LLM(model_dir, **{**COMMON, **plan, **graphs, **options})
 
 
