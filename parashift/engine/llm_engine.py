@@ -142,6 +142,7 @@ class LLMEngine:
         self._unplaced: dict[str, Sequence] = {}  # requests no group holds yet (routing.py)
         self._round_id = 0  # steps that coupled groups run together (SiDP's CaS)
         self._last_step_s: dict[str, float] = {}  # each plan's last step
+        self._prefill_rate: dict[str, float] = {}  # each plan's prompt tokens/s per rank
         self.layouts_by_width = layouts_by_width(base_replicas(self.layout),
                                                  set(self._plans_by_name))
         self.max_context = self._max_context()
@@ -569,8 +570,7 @@ class LLMEngine:
         while True:
             for replica, result in self.executor.wait_any():
                 sched, plan, seconds = replica.finish()
-                self._record_step(self.replicas.index(replica), plan, sched.num_batched_tokens,
-                                  seconds)
+                self._record_step(self.replicas.index(replica), plan, sched, seconds)
                 self._apply(replica, sched, *result)
             # once no request is left to compute, no step stays in flight (e.g. one of a
             # replica that had nothing to run, in a round of replicas that step together)
@@ -975,14 +975,15 @@ class LLMEngine:
         """The view with what the flying policy reads of its requests (a pass over them, for
         policies with `reads_requests` only). `recompute_tokens`: what its running requests
         would compute again if a merge or split moved them."""
-        running = replica.scheduler.running
+        running, plan = replica.scheduler.running, self.layout.plans[replica.group].name()
         needs = [self._need(seq) for seq in [*running, *replica.scheduler.waiting]]
         return dataclasses.replace(
             view, kv_capacity=replica.scheduler.config.max_model_len,
             longest_need=max(needs, default=0),
             longest_decode_left=max((self._need(s) - s.num_tokens for s in running), default=0),
             recompute_tokens=sum(s.num_computed_tokens for s in running),
-            step_s=self._last_step_s.get(self.layout.plans[replica.group].name(), 0.0))
+            step_s=self._last_step_s.get(plan, 0.0),
+            prefill_tokens_per_s=self._prefill_rate.get(plan, 0.0))
 
     def _tier_counters(self, replica: Replica, view: GroupView) -> GroupView:
         """The view with its seesaw group's tier: its fill, the room for its next prompt and
@@ -1006,8 +1007,13 @@ class LLMEngine:
             raise ValueError(f"plans {unknown} were not made at start-up (made: {sorted(made)})")
         self.policy = policy
 
-    def _record_step(self, replica: int, plan: str, num_tokens: int, seconds: float) -> None:
+    def _record_step(self, replica: int, plan: str, sched: SchedulerOutput,
+                     seconds: float) -> None:
+        num_tokens = sched.num_batched_tokens
         record = StepRecord(time.time(), replica, plan, num_tokens, seconds)
+        if num_tokens - len(sched.scheduled) >= PREFILL_RATE_MIN_TOKENS and seconds > 0:
+            ranks = len(self._plans_by_name[plan].ranks) if plan in self._plans_by_name else 1
+            self._prefill_rate[plan] = num_tokens / seconds / ranks
         tier = self.seesaw.get(tuple(sorted(self.replicas[replica].ranks))) if self.seesaw else None
         if tier is not None:
             tier.seconds["prefill" if plan == tier.prefill.name() else "decode"] += seconds
@@ -1155,6 +1161,10 @@ def _async_scheduling(config: EngineConfig, plans: list[Plan]) -> bool:
                          f"(plan {plans[0].name()})")
     return config.async_scheduling
 
+
+# A step's prompt tokens (beyond one token per sequence) from which its time measures the
+# plan's prefill rate for the switch costs: shorter steps are mostly fixed cost.
+PREFILL_RATE_MIN_TOKENS = 256
 
 # A step's token budget by device, when not given. On the CPU a long prompt's step blocks every
 # other request for its whole duration: SmolLM2 prefill steps of 512 tokens took 1-2.5 s on two

@@ -110,16 +110,17 @@ class Replica:
 
 
 def combine_views(views: list[GroupView]) -> GroupView:
-    """One group's view from the views of its replicas."""
+    """One group's view from the views of its replicas: counts and rates added up, sizes
+    and times the most of one, its measured prompt rate the least of one."""
     if len(views) == 1:
         return views[0]
-    return GroupView(
-        views[0].plan, *(sum(getattr(v, name) for v in views) for name in (
-            "num_waiting", "num_running", "tokens_waiting", "next_step_tokens",
-            "kv_blocks_used", "kv_blocks_free")),
-        tuple(sorted({p for v in views for p in v.priorities})),
-        max(v.longest_context for v in views), sum(v.arrival_rate for v in views),
-        max(v.cpu_tier_fill for v in views), *(max(getattr(v, name) for v in views) for name in (
-            "kv_capacity", "longest_need", "longest_decode_left")),
-        sum(v.recompute_tokens for v in views), max(v.step_s for v in views),
-        sum(v.prompt_tokens_left for v in views))
+    added = {name: sum(getattr(v, name) for v in views) for name in (
+        "num_waiting", "num_running", "tokens_waiting", "next_step_tokens", "kv_blocks_used",
+        "kv_blocks_free", "arrival_rate", "recompute_tokens", "prompt_tokens_left")}
+    most = {name: max(getattr(v, name) for v in views) for name in (
+        "longest_context", "cpu_tier_fill", "cpu_tier_free_run", "next_prompt_tokens",
+        "kv_capacity", "longest_need", "longest_decode_left", "step_s")}
+    rates = [v.prefill_tokens_per_s for v in views if v.prefill_tokens_per_s > 0]
+    return GroupView(views[0].plan, **added, **most,
+                     priorities=tuple(sorted({p for v in views for p in v.priorities})),
+                     prefill_tokens_per_s=min(rates, default=0.0))

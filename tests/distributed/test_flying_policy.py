@@ -196,3 +196,25 @@ def test_random_arrivals_and_priorities_give_the_reference_tokens(model, monkeyp
         assert any(r.kind == "split" and r.reprefilled for r in records), records
     finally:
         engine.shutdown()
+
+
+def test_the_view_carries_the_prompt_rate_its_plan_measured(model):
+    """A long prompt's step measures its plan's prompt tokens a second per rank, which the
+    switch costs read (before: a fixed 8,192 a replica, whatever the device)."""
+    skip_unless_enough_gpus(FLYING)
+    llm = LLM(model[0], **{**COMMON, **FLYING, "max_num_batched_tokens": 1024})
+    engine = llm.llm_engine
+    try:
+        llm.set_layout(1)  # the replicas stay: their view is there to read after the run
+        assert all(g.prefill_tokens_per_s == 0 for g in engine.view().groups)
+        engine.add_request("long", [1 + i % 500 for i in range(300)], PARAMS)
+        while engine.has_unfinished_requests():
+            engine.step()
+        prompt_step = next(r for r in engine.take_step_records() if r.num_tokens == 300)
+        ranks = len(engine._plans_by_name[prompt_step.plan].ranks)
+        groups = [g for g, plan in zip(engine.view().groups, engine.layout.plans)
+                  if plan.name() == prompt_step.plan]
+        assert groups and all(g.prefill_tokens_per_s == pytest.approx(
+            300 / prompt_step.seconds / ranks) for g in groups)
+    finally:
+        engine.shutdown()

@@ -3,7 +3,8 @@ its expected gain exceeds its cost, both in seconds and both read off the node v
 
 Cost: the drain (the step in flight of a group with running requests finishes first: one
 step) plus the tokens its requests compute again in their new groups
-(`GroupView.recompute_tokens`; zero where requests keep their KV across the switch).
+(`GroupView.recompute_tokens`; zero where requests keep their KV across the switch), at the
+prompt rate the groups' plans measured (`prefill_rate`).
 Gain of a merge by `factor` (k groups into one): the running requests' remaining decode
 steps run on k times the ranks at `efficiency` (light load: decode is bound by memory
 bandwidth, which a merge adds up). Gain of a split: the queued prompt tokens are computed
@@ -18,7 +19,7 @@ from parashift.engine.policy.protocol import NodeView
 
 @dataclass(frozen=True)
 class SwitchCosts:
-    prefill_tokens_per_s: float = 8192.0  # one replica's prompt throughput
+    prefill_tokens_per_s: float = 8192.0  # one replica's prompt throughput, until measured
     efficiency: float = 0.8   # a k-wide merged group steps k * efficiency times as fast
     step_s: float = 0.02      # a decode step, until the view has measured one
 
@@ -31,12 +32,18 @@ class SwitchCosts:
         measured = [g.step_s for g in view.groups if g.step_s > 0]
         return max(measured) if measured else self.step_s
 
+    def prefill_rate(self, view: NodeView) -> float:
+        """One replica's prompt tokens a second: the slowest group's measured rate per rank
+        (a merged group's rate is its ranks' together), or the default before any."""
+        measured = [g.prefill_tokens_per_s for g in view.groups if g.prefill_tokens_per_s > 0]
+        return min(measured) if measured else self.prefill_tokens_per_s
+
     def cost(self, view: NodeView, factor: float, moves_running: bool = True) -> float:
         """Seconds a switch costs: drain, and, where it moves the running requests, their
         recompute spread over `factor` replicas' worth of ranks."""
         drain = self.step_seconds(view) if any(g.num_running for g in view.groups) else 0.0
         recompute = sum(g.recompute_tokens for g in view.groups) if moves_running else 0
-        return drain + recompute / (self.prefill_tokens_per_s * factor)
+        return drain + recompute / (self.prefill_rate(view) * factor)
 
     def merge_gain(self, view: NodeView, factor: float, moves_running: bool = True) -> float:
         """The running requests' decode time saved, where the merge moves them (requests
@@ -49,7 +56,7 @@ class SwitchCosts:
     def split_gain(self, view: NodeView, factor: float, overfull: bool) -> float:
         step = self.step_seconds(view)
         waiting = sum(g.num_waiting for g in view.groups)
-        queued = sum(g.tokens_waiting for g in view.groups) / self.prefill_tokens_per_s
+        queued = sum(g.tokens_waiting for g in view.groups) / self.prefill_rate(view)
         gain = queued * (1 - 1 / factor) + waiting * step
         if overfull:
             steps = max((g.longest_decode_left for g in view.groups), default=0)
@@ -62,7 +69,7 @@ class SwitchCosts:
         longest ends; moved, their tokens are computed again by `factor` groups."""
         steps = max((g.longest_decode_left for g in view.groups), default=0)
         recompute = sum(g.recompute_tokens for g in view.groups)
-        return steps * self.step_seconds(view) <= recompute / (self.prefill_tokens_per_s * factor)
+        return steps * self.step_seconds(view) <= recompute / (self.prefill_rate(view) * factor)
 
     def merge_pays(self, view: NodeView, factor: float, moves_running: bool = True) -> bool:
         return self.merge_gain(view, factor, moves_running) >= self.cost(

@@ -31,6 +31,9 @@ class GroupView:
     longest_decode_left: int = 0  # tokens its running requests may still generate, the most of one
     recompute_tokens: int = 0  # tokens its requests compute again if they move to another group
     step_s: float = 0.0        # seconds of its last step (0: none yet)
+    # prompt tokens a second per rank of its plan, in its last step long enough to tell (0:
+    # none yet); the switch costs read it as one replica's rate
+    prefill_tokens_per_s: float = 0.0
     prompt_tokens_left: int = 0  # prompt tokens its running requests still compute (seesaw)
 
 

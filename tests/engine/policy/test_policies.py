@@ -266,6 +266,14 @@ def test_switch_costs_follow_the_view():
     busy = NodeView((group(0, num_running=2, recompute_tokens=3000, step_s=0.05),))
     assert costs.cost(busy, 2) == pytest.approx(0.05 + 1.5)
     assert costs.merge_gain(busy, 4) == pytest.approx(64 * 0.05 * 0.5)
+    # a measured prompt rate replaces the default: the slowest group's
+    measured = NodeView((group(0, num_running=2, recompute_tokens=3000, step_s=0.05,
+                               prefill_tokens_per_s=6000.0),
+                         group(0, prefill_tokens_per_s=0.0)))
+    assert costs.prefill_rate(measured) == 6000.0
+    assert costs.cost(measured, 2) == pytest.approx(0.05 + 0.25)
+    assert costs.prefill_rate(NodeView((group(0, prefill_tokens_per_s=6000.0),
+                                        group(0, prefill_tokens_per_s=2000.0)))) == 2000.0
     with pytest.raises(ValueError, match="efficiency"):
         SwitchCosts(efficiency=0.0)
 
