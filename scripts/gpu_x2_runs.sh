@@ -13,6 +13,9 @@
 # weight copies), decode (issue 24).
 # (Ninth session, two H100s: an engine start of the 8B shape on two ranks took 17-37 s, PP=2
 # ran `chat` in 84 s: PP=2 is left out of the seesaw parts, its rows are in docs/benchmarks.md.)
+# Sixteenth session wrote, without a GPU, CUDA graphs for pipelined plans' stages (asked for
+# with --cuda-graphs): the next two-GPU call runs `pp_graphs` first (the PP plan tests on NCCL
+# with their stages' graphs, then PP2's 8B rows eager and with graphs, in one call).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -107,6 +110,10 @@ for name in "$@"; do
            --plans tp2 shift2 --interactive-requests 8 --batch-requests 64 --input-len 2048 \
            --output-len 128 --no-cuda-graphs --output $OUT/moe_plans_eager.json" ;;
     det_profile) part det_profile 200 "run_det_profile" ;;
+    pp_graphs) part pp_graphs 300 "run_tests 'tests/distributed/test_plans.py::test_plan_matches_single_device' \
+           -k 'pp'; for g in --no-cuda-graphs --cuda-graphs; do python3 benchmarks/plans.py \
+           --model $EIGHT_B --plans pp2 --interactive-requests 3 --batch-requests 64 \
+           --input-len 2048 --output-len 128 \$g; done" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     *) echo "unknown part $name"; exit 2 ;;
   esac

@@ -3,7 +3,9 @@
 A pure-decode step of B sequences runs as the graph of the smallest bucket >= B,
 padded (see build_step_inputs). The bucket is a function of the step message
 alone, so every rank of a replica replays the same graph and the collectives
-inside stay matched. Attention metadata is read from static buffers that each
+inside stay matched. A pipelined plan's graph holds its stage's layers: a later
+stage receives the previous one's hidden states into static buffers before the
+replay, and the send and receive stay outside the graphs. Attention metadata is read from static buffers that each
 step refills; the split-KV grid was fixed at capture for max_model_len, which
 stays correct for any shorter context. On by default on CUDA (`--enforce-eager`
 turns them off); tests/engine/test_gpu_engine.py checks them against eager."""
@@ -15,7 +17,6 @@ from parashift.attention.metadata import AttentionMetadata
 from parashift.worker.step_batch import SeqChunk
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.context import use_context
-from parashift.parallel.state import ParallelState
 
 _TOKENS = attrgetter("token_ids")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -23,11 +24,13 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 
 
 class DecodeGraphs:
     def __init__(self, model_for, backend, plans: list, bind_kv, max_model_len: int,
-                 max_num_seqs: int, device: torch.device):
-        """`plans`: the PlanResources of every one-stage plan a step may run under;
+                 max_num_seqs: int, device: torch.device,
+                 hidden: tuple[int, torch.dtype] | None = None):
+        """`plans`: the PlanResources of every plan whose decode steps replay graphs;
         `model_for(plan)` the model a plan's steps run (one for every plan, except under
         Seesaw: one per plan); `bind_kv(plan)` points it at the KV pool as that plan reads
-        it (each graph captures its plan's view)."""
+        it (each graph captures its plan's view); `hidden`: the hidden size and dtype of
+        the states a later pipeline stage receives (needed only with such a stage)."""
         self.model_for, self.backend, self.bind_kv = model_for, backend, bind_kv
         self.max_model_len = max_model_len
         sp_sizes = {p.state.sp.size for p in plans}
@@ -41,14 +44,20 @@ class DecodeGraphs:
         self.starts = torch.zeros(largest + 1, dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(largest, dtype=torch.int32, device=device)
         self.tables = torch.zeros(largest, max_blocks, dtype=torch.int32, device=device)
+        self.received = None  # a later pipeline stage's (hidden states, residual)
+        if any(not p.state.is_first_stage for p in plans):
+            size, dtype = hidden
+            self.received = tuple(torch.zeros(largest, size, dtype=dtype, device=device)
+                                  for _ in range(2))
         self.graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
         for plan in sorted(plans, key=lambda p: p.graph_key):  # same order on every rank
             for bucket in reversed(self.buckets):
                 self.graphs[(plan.graph_key, bucket)] = self._capture(plan, bucket)
 
-    def bucket_for(self, chunks: list[SeqChunk], state: ParallelState) -> int | None:
-        if state.pp.size > 1 or sum(map(len, map(_TOKENS, chunks))) != len(chunks):
+    def bucket_for(self, chunks: list[SeqChunk], plan) -> int | None:
+        if (plan.graph_key, self.buckets[-1]) not in self.graphs \
+                or sum(map(len, map(_TOKENS, chunks))) != len(chunks):
             return None  # (every chunk holds a token: one each sums to the chunk count)
         return next((b for b in self.buckets if b >= len(chunks)), None)
 
@@ -62,8 +71,10 @@ class DecodeGraphs:
 
     def _forward(self, plan, bucket: int) -> torch.Tensor:
         local = bucket // plan.state.sp.size
+        received = (None if plan.state.is_first_stage
+                    else tuple(t[:local] for t in self.received))
         with use_context(plan.context(self._metadata(bucket, plan.block_size), self.backend)):
-            return self.model_for(plan)(self.tokens[:local], self.positions[:local])
+            return self.model_for(plan)(self.tokens[:local], self.positions[:local], received)
 
     def _capture(self, plan, bucket: int):
         self.bind_kv(plan)
@@ -79,16 +90,20 @@ class DecodeGraphs:
         return graph, hidden
 
     def run(self, chunks: list[SeqChunk], tables, plan, bucket: int, patch_tokens,
-            upload_all=None):
-        """Replays the bucket's graph for this step; returns (hidden states, inputs).
+            upload_all=None, receive=None):
+        """Replays the bucket's graph for this step; returns (its output: the hidden
+        states, or a stage's (hidden states, residual) before the last, and the inputs).
         `tables` are the rank's block tables (by chunk.row);
         `patch_tokens(tokens, chunks, inputs)` may rewrite the input tokens first;
-        `upload_all` is build_step_inputs'."""
+        `upload_all` is build_step_inputs'; `receive(hidden, residual)` fills a later
+        pipeline stage's inputs from the stage before (the bucket's rows)."""
         sp = plan.state.sp
         inputs = build_step_inputs(chunks, tables, plan.block_size, self.tokens.device,
                                    sp.size, sp.rank, pad_to=bucket, upload_all=upload_all)
         self._fill(inputs, bucket)
         patch_tokens(self.tokens[:len(inputs.token_ids)], chunks, inputs)
+        if receive is not None:
+            receive(*(t[:len(inputs.token_ids)] for t in self.received))
         graph, hidden = self.graphs[(plan.graph_key, bucket)]
         graph.replay()
         return hidden, inputs

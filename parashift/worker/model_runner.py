@@ -5,6 +5,7 @@ output rank."""
 import hashlib
 import logging
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -253,24 +254,28 @@ class ModelRunner:
         """By default (None) wherever they work: CUDA, Triton attention, no shared FFN
         weights, every plan of one stage or a Seesaw pair (its decode plan replays graphs,
         its prefill plan's stages run eagerly). Not for experts in deterministic mode: they
-        sync with the host on the routing."""
+        sync with the host on the routing. Asked for (True), pipelined plans replay them
+        too, each stage its layers (not yet the default: not yet run on GPUs)."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
                     and bool(self._graph_plans()) and self.shared_ffn is None
                     and not (self.config.deterministic and self.expert_placement()))
         if requested and not possible:
             raise ValueError("CUDA graphs need a CUDA device, the triton attention backend, "
-                             "a plan of one pipeline stage, no shared FFN weights (SiDP's "
-                             "fetches and exchanges are not captured yet) and, in "
-                             "deterministic mode, no experts")
+                             "under Seesaw a decode plan of one pipeline stage, no shared FFN "
+                             "weights (SiDP's fetches and exchanges are not captured yet) "
+                             "and, in deterministic mode, no experts")
         if requested is None:
             one_stage = len(self._graph_plans()) == len({r.name for r in self.resources.values()})
             return graphs_by_default(possible, one_stage, self.seesaw is not None)
         return requested
 
     def _graph_plans(self) -> list[PlanResources]:
-        """The plans whose decode steps graphs can replay: those of one pipeline stage."""
+        """The plans whose decode steps graphs replay: those of one pipeline stage, and
+        pipelined ones where graphs were asked for (a Seesaw prefill plan's stages run
+        eagerly: its weights are not resident while the decode plan runs)."""
+        pipelines = self.config.cuda_graphs is True and self.seesaw is None
         return [r for r in {r.name: r for r in self.resources.values()}.values()
-                if r.state.pp.size == 1]
+                if r.state.pp.size == 1 or pipelines]
 
     def _capture_graphs(self) -> DecodeGraphs:
         if self.seesaw is not None:  # each plan's model reads its own view, bound for good
@@ -279,7 +284,7 @@ class ModelRunner:
                                 self.config.max_num_seqs, self.device)
         graphs = DecodeGraphs(lambda plan: self.model, self.backend, self._graph_plans(),
                               self._bind_kv, self.max_model_len, self.config.max_num_seqs,
-                              self.device)
+                              self.device, (self.hidden_size, self.dtype))
         self._bind_kv(self.resources[""])
         return graphs
 
@@ -428,10 +433,14 @@ class ModelRunner:
         on this rank) and their logprobs."""
         state = plan.state
         sp = state.sp
-        bucket = self.graphs.bucket_for(chunks, state) if self.graphs else None
+        bucket = self.graphs.bucket_for(chunks, plan) if self.graphs else None
         if bucket is not None:
+            receive = None if state.is_first_stage else partial(self._recv_into, state)
             out, inputs = self.graphs.run(chunks, self.requests.tables, plan, bucket,
-                                          self._fill_placeholders, self.staging.upload)
+                                          self._fill_placeholders, self.staging.upload,
+                                          receive)
+            if not state.is_last_stage:  # the next replay overwrites the graph's output
+                out = tuple(t.clone() for t in out)
         else:
             inputs = build_step_inputs(chunks, self.requests.tables, plan.block_size,
                                        self.device, sp.size, sp.rank,
@@ -510,14 +519,17 @@ class ModelRunner:
             self._pending_sends.append((dist.isend(t.contiguous(), peer), t))
 
     def _recv(self, inputs: StepInputs, state: ParallelState) -> tuple[torch.Tensor, torch.Tensor]:
-        pp = state.pp
-        peer = pp.peer(pp.rank - 1)
         shape = (len(inputs.local_rows), self.hidden_size)
         x = torch.empty(shape, dtype=self.dtype, device=self.device)
         residual = torch.empty_like(x)
+        self._recv_into(state, x, residual)
+        return x, residual
+
+    @staticmethod
+    def _recv_into(state: ParallelState, x: torch.Tensor, residual: torch.Tensor) -> None:
+        peer = state.pp.peer(state.pp.rank - 1)
         dist.recv(x, peer)
         dist.recv(residual, peer)
-        return x, residual
 
     def _wait_sends(self) -> None:
         for work, _ in getattr(self, "_pending_sends", []):
