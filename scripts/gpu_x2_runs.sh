@@ -15,7 +15,9 @@
 # ran `chat` in 84 s: PP=2 is left out of the seesaw parts, its rows are in docs/benchmarks.md.)
 # Sixteenth session wrote, without a GPU, CUDA graphs for pipelined plans' stages (asked for
 # with --cuda-graphs): the next two-GPU call runs `pp_graphs` first (the PP plan tests on NCCL
-# with their stages' graphs, then PP2's 8B rows eager and with graphs, in one call).
+# with their stages' graphs, then PP2's 8B rows eager and with graphs, in one call), and
+# SiDP's CaS steps in graphs: `sidp_graphs` (its CaS tests on NCCL with graphs, then `tail`
+# on the 8B: plain DP2, SiDP with graphs, SiDP eager).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -114,6 +116,10 @@ for name in "$@"; do
            -k 'pp'; for g in --no-cuda-graphs --cuda-graphs; do python3 benchmarks/plans.py \
            --model $EIGHT_B --plans pp2 --interactive-requests 3 --batch-requests 64 \
            --input-len 2048 --output-len 128 \$g; done" ;;
+    sidp_graphs) part sidp_graphs 280 "run_tests tests/distributed/test_sidp.py -k 'cas'; \
+           for flags in '-dp 2' '-dp 2 --share-ffn --cuda-graphs' '-dp 2 --share-ffn'; do \
+           python3 -m parashift.bench throughput --workload tail --num-requests 1000 \
+           --length-scale 0.05 --model $EIGHT_B --dtype bfloat16 --max-model-len 2048 \$flags; done" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     *) echo "unknown part $name"; exit 2 ;;
   esac

@@ -15,7 +15,9 @@
 #   OUT=dir bash scripts/gpu_x4_runs.sh bursty_flying priority_dp4 tests_rest trim  # ~400
 #     (Flying's immediate splits on `bursty`, whose 100-s limit cut it before the load;
 #     priority's DP4 row; the three 4-rank tests not yet passed on NCCL)
-#   then, if time is left: bursty (DP4, TP4, Shift beside Flying in one call, ~290).
+#   then, if time is left: sidp_graphs (~300: SiDP's CaS steps in CUDA graphs, written
+#   without a GPU, against eager and plain DP4 on `tail`; first `pp_graphs sidp_graphs` of
+#   gpu_x2_runs.sh where two GPUs come first), bursty (DP4, TP4, Shift beside Flying, ~290).
 # Parts: env (topology, memory); prefill_profile (one prompt's prefill under one GPU, TP4,
 # SP4 and Shift SP4<->TP4 with every rank's kernel times: the thirteenth session's SP4 and
 # Shift TTFTs were 0.21 and 0.17 of their floors); plans8b and plans70b (static plans and Shift, `interactive`
@@ -24,7 +26,8 @@
 # p2p (SiDP probe at d=4: incast and rotated peer reads); sidp_capacity (Qwen3-32B KV capacity,
 # SiDP against DP4 and DP2xTP2); sidp_tail and sidp_tail70b (`tail`, in process, --share-ffn
 # against plain DP for Qwen3-32B and the 70B shape, at the default and 0.6 memory utilization;
-# sidp_modes: Qwen3-32B's --share-ffn under WaS and under the sidp policy);
+# sidp_modes: Qwen3-32B's --share-ffn under WaS and under the sidp policy; sidp_graphs: its
+# CaS with --cuda-graphs against eager and plain DP4);
 # tests (the distributed suite on NCCL, 4-rank cases included; tests_rest those the first run
 # did not reach or failed, and SiDP and Flying at 4 ranks); flying (DP4 merging to wider TP
 # groups and back, benchmarks/merge_split.py; flying_tp2 from two TP=2 groups, flying70b the
@@ -180,6 +183,9 @@ for name in "$@"; do
     p2p) part p2p 60 "python3 benchmarks/sidp_probe.py --parts p2p --out $OUT/sidp_p2p.json" ;;
     sidp_capacity) part sidp_capacity 80 run_sidp_capacity ;;
     sidp_tail) part sidp_tail 170 "run_sidp_tail $QWEN32 qwen32b '-dp 4' '-dp 4'" ;;
+    sidp_graphs) part sidp_graphs 300 "run_tail $QWEN32 qwen32b_plain -dp 4; \
+           run_tail $QWEN32 qwen32b_cas_graphs -dp 4 --share-ffn --cuda-graphs; \
+           run_tail $QWEN32 qwen32b_cas_eager -dp 4 --share-ffn" ;;
     sidp_modes) part sidp_modes 170 "run_tail $QWEN32 qwen32b_was -dp 4 --share-ffn \
            --sidp-mode was; run_tail $QWEN32 qwen32b_policy -dp 4 --share-ffn \
            --parallel-policy sidp" ;;

@@ -689,10 +689,11 @@ class LLMEngine:
         if all(sched.is_empty for sched in scheds):
             return False
         self._round_id += 1
+        rows = decode_round_rows(scheds)
         for replica, sched in zip(replicas, scheds):
             plan = self._plan_for(replica, decision)
             batch = self._step_batch(replica, sched, plan.name())
-            batch.round_id = self._round_id
+            batch.round_id, batch.round_rows = self._round_id, rows
             self.executor.submit(replica, plan.ranks, plan.output_rank(), batch)
             replica.start(sched, plan.name())
         return True
@@ -1147,6 +1148,15 @@ def _generation_defaults(source, setting: str) -> dict:
         logger.info("Request defaults from the model's generation config (unset fields of a "
                     "request take them; --generation-config vllm ignores it): %s", defaults)
     return defaults
+
+
+def decode_round_rows(scheds: list[SchedulerOutput]) -> int:
+    """A CaS round's rows per replica where every replica decodes (a token per sequence,
+    no swaps): the most sequences of one; else 0."""
+    if any(sched.swap_out or sched.swap_in or sched.num_batched_tokens != len(sched.scheduled)
+           for sched in scheds):
+        return 0
+    return max(len(sched.scheduled) for sched in scheds)
 
 
 def _async_scheduling(config: EngineConfig, plans: list[Plan]) -> bool:

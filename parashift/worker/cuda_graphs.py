@@ -25,12 +25,15 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 
 class DecodeGraphs:
     def __init__(self, model_for, backend, plans: list, bind_kv, max_model_len: int,
                  max_num_seqs: int, device: torch.device,
-                 hidden: tuple[int, torch.dtype] | None = None):
+                 hidden: tuple[int, torch.dtype] | None = None, before_capture=None):
         """`plans`: the PlanResources of every plan whose decode steps replay graphs;
         `model_for(plan)` the model a plan's steps run (one for every plan, except under
         Seesaw: one per plan); `bind_kv(plan)` points it at the KV pool as that plan reads
         it (each graph captures its plan's view); `hidden`: the hidden size and dtype of
-        the states a later pipeline stage receives (needed only with such a stage)."""
+        the states a later pipeline stage receives (needed only with such a stage);
+        `before_capture(plan, bucket)` readies what the capture needs (shared FFN weights'
+        exchanges padded to the bucket)."""
+        self.before_capture = before_capture
         self.model_for, self.backend, self.bind_kv = model_for, backend, bind_kv
         self.max_model_len = max_model_len
         sp_sizes = {p.state.sp.size for p in plans}
@@ -55,11 +58,16 @@ class DecodeGraphs:
             for bucket in reversed(self.buckets):
                 self.graphs[(plan.graph_key, bucket)] = self._capture(plan, bucket)
 
-    def bucket_for(self, chunks: list[SeqChunk], plan) -> int | None:
+    def bucket_for(self, chunks: list[SeqChunk], plan, at_least: int = 0) -> int | None:
+        """The graph bucket of a decode step of `chunks` (padded to `at_least` rows: a
+        shared-FFN round's), or None where none was captured."""
         if (plan.graph_key, self.buckets[-1]) not in self.graphs \
                 or sum(map(len, map(_TOKENS, chunks))) != len(chunks):
             return None  # (every chunk holds a token: one each sums to the chunk count)
-        return next((b for b in self.buckets if b >= len(chunks)), None)
+        return self.bucket_of(max(len(chunks), at_least))
+
+    def bucket_of(self, rows: int) -> int | None:
+        return next((b for b in self.buckets if b >= rows), None)
 
     def _metadata(self, bucket: int, block_size: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -78,6 +86,8 @@ class DecodeGraphs:
 
     def _capture(self, plan, bucket: int):
         self.bind_kv(plan)
+        if self.before_capture is not None:
+            self.before_capture(plan, bucket)
         self.slots.fill_(-1)
         self.seq_lens.zero_()
         self.starts.zero_()

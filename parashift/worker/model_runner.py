@@ -33,7 +33,7 @@ from parashift.models.moe import check_plan
 from parashift.models.registry import model_class_for
 from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_narrow_weights
 from parashift.worker.profiler import RankProfiler
-from parashift.worker.shared_ffn import PROFILE_ROUND, SharedFfn
+from parashift.worker.shared_ffn import CAS_WEIGHTS, PROFILE_ROUND, SharedFfn
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
 from parashift.uploads import StagingRing, upload
@@ -255,15 +255,16 @@ class ModelRunner:
         weights, every plan of one stage or a Seesaw pair (its decode plan replays graphs,
         its prefill plan's stages run eagerly). Not for experts in deterministic mode: they
         sync with the host on the routing. Asked for (True), pipelined plans replay them
-        too, each stage its layers (not yet the default: not yet run on GPUs)."""
+        too, each stage its layers, and so do shared FFN weights' CaS plans (neither is the
+        default yet: not yet run on GPUs)."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
-                    and bool(self._graph_plans()) and self.shared_ffn is None
+                    and bool(self._graph_plans())
                     and not (self.config.deterministic and self.expert_placement()))
         if requested and not possible:
             raise ValueError("CUDA graphs need a CUDA device, the triton attention backend, "
-                             "under Seesaw a decode plan of one pipeline stage, no shared FFN "
-                             "weights (SiDP's fetches and exchanges are not captured yet) "
-                             "and, in deterministic mode, no experts")
+                             "under Seesaw a decode plan of one pipeline stage, with shared "
+                             "FFN weights Compute-as-a-Service (WaS's fetches are not "
+                             "captured) and, in deterministic mode, no experts")
         if requested is None:
             one_stage = len(self._graph_plans()) == len({r.name for r in self.resources.values()})
             return graphs_by_default(possible, one_stage, self.seesaw is not None)
@@ -273,9 +274,10 @@ class ModelRunner:
         """The plans whose decode steps graphs replay: those of one pipeline stage, and
         pipelined ones where graphs were asked for (a Seesaw prefill plan's stages run
         eagerly: its weights are not resident while the decode plan runs)."""
-        pipelines = self.config.cuda_graphs is True and self.seesaw is None
+        asked = self.config.cuda_graphs is True
         return [r for r in {r.name: r for r in self.resources.values()}.values()
-                if r.state.pp.size == 1 or pipelines]
+                if (r.state.pp.size == 1 or (asked and self.seesaw is None))
+                and (self.shared_ffn is None or (asked and r.weights == CAS_WEIGHTS))]
 
     def _capture_graphs(self) -> DecodeGraphs:
         if self.seesaw is not None:  # each plan's model reads its own view, bound for good
@@ -284,7 +286,8 @@ class ModelRunner:
                                 self.config.max_num_seqs, self.device)
         graphs = DecodeGraphs(lambda plan: self.model, self.backend, self._graph_plans(),
                               self._bind_kv, self.max_model_len, self.config.max_num_seqs,
-                              self.device, (self.hidden_size, self.dtype))
+                              self.device, (self.hidden_size, self.dtype),
+                              self._pad_shared_ffn if self.shared_ffn is not None else None)
         self._bind_kv(self.resources[""])
         return graphs
 
@@ -348,7 +351,7 @@ class ModelRunner:
         else:
             self.swapper.run(batch, plan, self.kv.k, self.kv.v)
         if self.shared_ffn is not None:
-            self.shared_ffn.begin_step(batch.round_id)
+            self.shared_ffn.begin_step(batch.round_id, self._round_rows(batch.round_rows))
         if not chunks:  # a step of swaps only, or a round of replicas with none here
             if batch.round_id >= 0:
                 self._serve_ffn(plan)
@@ -380,6 +383,15 @@ class ModelRunner:
             logprobs += mb_logprobs or [None] * count
         return PendingStep(tokens, logprobs if any(lp is not None for lp in logprobs) else None,
                            errors)
+
+    def _round_rows(self, rows: int) -> int:
+        """A decode round's rows per replica: its graph bucket where graphs hold one (every
+        peer picks the same), else as sent."""
+        return (self.graphs.bucket_of(rows) or rows) if rows and self.graphs else rows
+
+    def _pad_shared_ffn(self, plan: PlanResources, bucket: int) -> None:
+        """Before a CaS graph's capture: its exchanges take the bucket's rows."""
+        self.shared_ffn.begin_step(PROFILE_ROUND, bucket)
 
     def _serve_ffn(self, plan: PlanResources) -> None:
         """A step with no tokens here, in a round all replicas sharing FFN weights run
@@ -433,7 +445,8 @@ class ModelRunner:
         on this rank) and their logprobs."""
         state = plan.state
         sp = state.sp
-        bucket = self.graphs.bucket_for(chunks, plan) if self.graphs else None
+        rows = self.shared_ffn.rows if self.shared_ffn is not None else 0
+        bucket = self.graphs.bucket_for(chunks, plan, rows) if self.graphs else None
         if bucket is not None:
             receive = None if state.is_first_stage else partial(self._recv_into, state)
             out, inputs = self.graphs.run(chunks, self.requests.tables, plan, bucket,

@@ -224,7 +224,8 @@ class SharedFfn:
         for index, module in enumerate(self.modules):
             module.register_forward_pre_hook(self._before(index))
             module.register_forward_hook(self._after(index))
-        self.round_id, self._counts = -1, None
+        self.round_id, self._counts, self.rows, self._local_rows = -1, None, 0, 0
+        self.rounds = {"padded": 0, "counted": 0}  # CaS steps by how their rows were known
         self._state = state
 
     def _install_layouts(self, model: nn.Module) -> None:
@@ -253,8 +254,12 @@ class SharedFfn:
                     kv_bytes / 2**20)
 
     # ---- a step --------------------------------------------------------------
-    def begin_step(self, round_id: int) -> None:
-        self.round_id, self._counts = round_id, None
+    def begin_step(self, round_id: int, rows: int = 0) -> None:
+        """`rows`: every peer's FFN rows in a decode round (each pads to them: one shape,
+        known to all, no exchange of counts; a CUDA graph replays it); 0: counts exchanged."""
+        self.round_id, self._counts, self.rows = round_id, None, rows
+        if round_id > PROFILE_ROUND:
+            self.rounds["padded" if rows else "counted"] += 1
 
     def serve_idle(self) -> None:
         """A CaS step of a replica with no tokens: its slices still serve the others."""
@@ -298,6 +303,8 @@ class SharedFfn:
         return self._counts
 
     def _gather(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rows:
+            return self.peers.all_gather(self._padded(x), dim=0)
         counts = self._step_counts(x.shape[0])
         longest = max(counts)
         padded = x.new_zeros(longest, x.shape[1])
@@ -305,7 +312,18 @@ class SharedFfn:
         parts = self.peers.all_gather(padded, dim=0).unflatten(0, (len(counts), longest))
         return torch.cat([part[:n] for part, n in zip(parts, counts)])
 
+    def _padded(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > self.rows:
+            raise RuntimeError(f"a shared-FFN decode round of {self.rows} rows per replica got "
+                               f"{x.shape[0]} rows on rank {self._state.rank}")
+        self._local_rows = x.shape[0]
+        if x.shape[0] == self.rows:  # a graph's bucket: no copy
+            return x
+        return torch.cat((x, x.new_zeros(self.rows - x.shape[0], x.shape[1])))
+
     def _scatter(self, y: torch.Tensor) -> torch.Tensor:
+        if self.rows:
+            return self.peers.reduce_scatter(y)[:self._local_rows]
         counts = self._counts
         longest = max(counts)
         padded = y.new_zeros(len(counts), longest, y.shape[1])
@@ -319,7 +337,8 @@ class SharedFfn:
     # ---- checks and counters -------------------------------------------------
     def stats(self) -> dict:
         return {"bytes_fetched": self.slots.bytes_fetched, "owned_bytes": self.owners.nbytes,
-                "slot_bytes": self.slots.nbytes}
+                "slot_bytes": self.slots.nbytes, "padded_rounds": self.rounds["padded"],
+                "counted_rounds": self.rounds["counted"]}
 
     def slot_checksums(self) -> dict:
         """sha256 of this rank's own slices, and of each piece fetched into a slot (from

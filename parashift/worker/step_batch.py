@@ -56,6 +56,11 @@ class StepBatch:
     swap_in: list[KVSwap] = field(default_factory=list)
     swap_tier_path: str = ""
     swap_tier_tokens: int = 0
+    # A round whose replicas all decode (a token per sequence): the most sequences one of
+    # them runs, to which every replica pads its shared FFN blocks' rows, so that the
+    # round's exchanges have one shape the ranks know without asking (and CUDA graphs can
+    # replay them); 0: counts exchanged at the step's first FFN block.
+    round_rows: int = 0
 
 
 @dataclass(slots=True)

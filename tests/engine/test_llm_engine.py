@@ -221,3 +221,16 @@ def test_a_final_only_request_makes_one_output_and_generate_asks_for_it(tiny_lla
     assert generated[0].outputs[0].token_ids == seen["c"][-1].outputs[0].token_ids
     with pytest.raises(ValueError, match="output_kind"):
         SamplingParams(output_kind="streaming")
+
+
+def test_a_cas_round_pads_to_its_longest_decode_only_where_every_replica_decodes():
+    from types import SimpleNamespace
+
+    from parashift.engine.llm_engine import decode_round_rows
+
+    def sched(tokens_per_seq: list[int], swaps: list = ()):
+        return SimpleNamespace(scheduled=tokens_per_seq, num_batched_tokens=sum(tokens_per_seq),
+                               swap_out=list(swaps), swap_in=[])
+    assert decode_round_rows([sched([1, 1, 1]), sched([1]), sched([])]) == 3
+    assert decode_round_rows([sched([1, 1]), sched([5, 1])]) == 0  # a prompt's chunk
+    assert decode_round_rows([sched([1, 1]), sched([1], swaps=["out"])]) == 0

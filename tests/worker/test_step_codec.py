@@ -48,6 +48,12 @@ def test_chunks_with_placeholders_and_new_blocks():
         finished_request_ids=["x", "y"], plan="tp2"))
 
 
+def test_a_shared_ffn_round():
+    batch = round_trip(StepBatch([ChunkDelta("a", [1], 0, 0, [0], True)], round_id=7,
+                                 round_rows=24))
+    assert (batch.round_id, batch.round_rows) == (7, 24)
+
+
 def test_token_masks():
     rng = np.random.default_rng(0)
     bitmask = rng.integers(-2**31, 2**31, size=(2, 1536), dtype=np.int32)
