@@ -141,7 +141,9 @@ class LLMEngine:
         self.steps_in_flight = 2 if _async_scheduling(config, self.policy_plans) else 1
         self._unplaced: dict[str, Sequence] = {}  # requests no group holds yet (routing.py)
         self._round_id = 0  # steps that coupled groups run together (SiDP's CaS)
-        self._last_step_s: dict[str, float] = {}  # each plan's last step
+        # each plan's last decode step (a token per sequence), or its last step before one
+        self._last_step_s: dict[str, float] = {}
+        self._decoded: set[str] = set()  # plans with a decode step measured
         self._prefill_rate: dict[str, float] = {}  # each plan's prompt tokens/s per rank
         self.layouts_by_width = layouts_by_width(base_replicas(self.layout),
                                                  set(self._plans_by_name))
@@ -1018,7 +1020,10 @@ class LLMEngine:
         tier = self.seesaw.get(tuple(sorted(self.replicas[replica].ranks))) if self.seesaw else None
         if tier is not None:
             tier.seconds["prefill" if plan == tier.prefill.name() else "decode"] += seconds
-        self._last_step_s[plan] = seconds
+        decode = num_tokens == len(sched.scheduled)
+        if decode or plan not in self._decoded:
+            self._last_step_s[plan] = seconds
+            self._decoded.update([plan] if decode else [])
         self._step_records.append(record)
         if self._timeline is not None:
             self._timeline.write(json.dumps(asdict(record)) + "\n")

@@ -200,21 +200,30 @@ def test_random_arrivals_and_priorities_give_the_reference_tokens(model, monkeyp
 
 def test_the_view_carries_the_prompt_rate_its_plan_measured(model):
     """A long prompt's step measures its plan's prompt tokens a second per rank, which the
-    switch costs read (before: a fixed 8,192 a replica, whatever the device)."""
+    switch costs read (before: a fixed 8,192 a replica, whatever the device), and its decode
+    steps the step time (a prompt's step no longer counts as one once a decode step has)."""
     skip_unless_enough_gpus(FLYING)
     llm = LLM(model[0], **{**COMMON, **FLYING, "max_num_batched_tokens": 1024})
     engine = llm.llm_engine
     try:
         llm.set_layout(1)  # the replicas stay: their view is there to read after the run
         assert all(g.prefill_tokens_per_s == 0 for g in engine.view().groups)
-        engine.add_request("long", [1 + i % 500 for i in range(300)], PARAMS)
+        engine.add_request("long", list(range(1, 301)), PARAMS)
         while engine.has_unfinished_requests():
             engine.step()
-        prompt_step = next(r for r in engine.take_step_records() if r.num_tokens == 300)
-        ranks = len(engine._plans_by_name[prompt_step.plan].ranks)
-        groups = [g for g, plan in zip(engine.view().groups, engine.layout.plans)
-                  if plan.name() == prompt_step.plan]
-        assert groups and all(g.prefill_tokens_per_s == pytest.approx(
-            300 / prompt_step.seconds / ranks) for g in groups)
+        one_token = SamplingParams(temperature=0, max_tokens=1)
+        engine.add_request("last", [2 + i * 7 % 400 for i in range(300)], one_token)
+        while engine.has_unfinished_requests():
+            engine.step()
+        records = engine.take_step_records()
+        views = dict(zip((p.name() for p in engine.layout.plans), engine.view().groups))
+        last_prompt = records[-1]  # "last": a prompt step after "long"'s decode steps
+        assert last_prompt.num_tokens == 300
+        ranks = len(engine._plans_by_name[last_prompt.plan].ranks)
+        view = views[last_prompt.plan]
+        assert view.prefill_tokens_per_s == pytest.approx(300 / last_prompt.seconds / ranks)
+        # the decode step time is the plan's last decode step's, not its last prompt's
+        decodes = [r for r in records if r.plan == last_prompt.plan and r.num_tokens == 1]
+        assert decodes and view.step_s == decodes[-1].seconds
     finally:
         engine.shutdown()

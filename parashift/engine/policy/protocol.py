@@ -30,7 +30,7 @@ class GroupView:
     longest_need: int = 0      # the most tokens one of its requests may reach (prompt + max_tokens)
     longest_decode_left: int = 0  # tokens its running requests may still generate, the most of one
     recompute_tokens: int = 0  # tokens its requests compute again if they move to another group
-    step_s: float = 0.0        # seconds of its last step (0: none yet)
+    step_s: float = 0.0        # seconds of its last decode step, or last step before one (0: none)
     # prompt tokens a second per rank of its plan, in its last step long enough to tell (0:
     # none yet); the switch costs read it as one replica's rate
     prefill_tokens_per_s: float = 0.0
