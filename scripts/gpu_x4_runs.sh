@@ -17,12 +17,13 @@
 #     priority's DP4 row; the three 4-rank tests not yet passed on NCCL)
 #   then, if time is left: sidp_graphs (~300: SiDP's CaS steps in CUDA graphs, written
 #   without a GPU, against eager and plain DP4 on `tail`; first `pp_graphs sidp_graphs` of
-#   gpu_x2_runs.sh where two GPUs come first), bursty (DP4, TP4, Shift beside Flying, ~290).
+#   gpu_x2_runs.sh where two GPUs come first), pp_graphs70b (~130: the 70B's TP2xPP2 and
+#   PP4 with their stages' graphs, against this session's eager rows), bursty (~290).
 # Parts: env (topology, memory); prefill_profile (one prompt's prefill under one GPU, TP4,
 # SP4 and Shift SP4<->TP4 with every rank's kernel times: the thirteenth session's SP4 and
 # Shift TTFTs were 0.21 and 0.17 of their floors); plans8b and plans70b (static plans and Shift, `interactive`
 # TTFT/TPOT and `batch` throughput, benchmarks/plans.py; 70B: 2 and 32 requests, no SP4, which
-# does not fit; plans70b_pp its pipelined plans);
+# does not fit; plans70b_pp its pipelined plans, pp_graphs70b the same with --cuda-graphs);
 # p2p (SiDP probe at d=4: incast and rotated peer reads); sidp_capacity (Qwen3-32B KV capacity,
 # SiDP against DP4 and DP2xTP2); sidp_tail and sidp_tail70b (`tail`, in process, --share-ffn
 # against plain DP for Qwen3-32B and the 70B shape, at the default and 0.6 memory utilization;
@@ -183,6 +184,8 @@ for name in "$@"; do
     p2p) part p2p 60 "python3 benchmarks/sidp_probe.py --parts p2p --out $OUT/sidp_p2p.json" ;;
     sidp_capacity) part sidp_capacity 80 run_sidp_capacity ;;
     sidp_tail) part sidp_tail 170 "run_sidp_tail $QWEN32 qwen32b '-dp 4' '-dp 4'" ;;
+    pp_graphs70b) part pp_graphs70b 200 "INTERACTIVE=2 BATCH=32 run_plans $SEVENTY_B \
+           $OUT/plans_70b_pp_graphs.json tp2pp2 pp4 --cuda-graphs" ;;
     sidp_graphs) part sidp_graphs 300 "run_tail $QWEN32 qwen32b_plain -dp 4; \
            run_tail $QWEN32 qwen32b_cas_graphs -dp 4 --share-ffn --cuda-graphs; \
            run_tail $QWEN32 qwen32b_cas_eager -dp 4 --share-ffn" ;;
