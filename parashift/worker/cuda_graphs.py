@@ -5,10 +5,11 @@ padded (see build_step_inputs). The bucket is a function of the step message
 alone, so every rank of a replica replays the same graph and the collectives
 inside stay matched. A pipelined plan's graph holds its stage's layers: a later
 stage receives the previous one's hidden states into static buffers before the
-replay, and the send and receive stay outside the graphs. Attention metadata is read from static buffers that each
-step refills; the split-KV grid was fixed at capture for max_model_len, which
-stays correct for any shorter context. On by default on CUDA (`--enforce-eager`
-turns them off); tests/engine/test_gpu_engine.py checks them against eager."""
+replay, and the send and receive stay outside the graphs. Attention metadata is
+read from static buffers that each step refills; the split-KV grid was fixed at
+capture for max_model_len, which stays correct for any shorter context. On by
+default on CUDA (`--enforce-eager` turns them off); tests/engine/test_gpu_engine.py
+checks them against eager."""
 from operator import attrgetter
 
 import torch

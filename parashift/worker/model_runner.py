@@ -384,6 +384,17 @@ class ModelRunner:
         return PendingStep(tokens, logprobs if any(lp is not None for lp in logprobs) else None,
                            errors)
 
+    def _bucket(self, chunks: list[SeqChunk], plan: PlanResources) -> int | None:
+        """The graph bucket this micro-batch replays, if any. Sharing FFN weights, only in
+        a round whose rows every peer knows: a peer of a counted round runs eagerly, and
+        the exchanges' shapes must match."""
+        if self.graphs is None:
+            return None
+        if self.shared_ffn is None:
+            return self.graphs.bucket_for(chunks, plan)
+        rows = self.shared_ffn.rows
+        return self.graphs.bucket_for(chunks, plan, rows) if rows else None
+
     def _round_rows(self, rows: int) -> int:
         """A decode round's rows per replica: its graph bucket where graphs hold one (every
         peer picks the same), else as sent."""
@@ -445,8 +456,7 @@ class ModelRunner:
         on this rank) and their logprobs."""
         state = plan.state
         sp = state.sp
-        rows = self.shared_ffn.rows if self.shared_ffn is not None else 0
-        bucket = self.graphs.bucket_for(chunks, plan, rows) if self.graphs else None
+        bucket = self._bucket(chunks, plan)
         if bucket is not None:
             receive = None if state.is_first_stage else partial(self._recv_into, state)
             out, inputs = self.graphs.run(chunks, self.requests.tables, plan, bucket,
