@@ -1021,9 +1021,10 @@ class LLMEngine:
         if tier is not None:
             tier.seconds["prefill" if plan == tier.prefill.name() else "decode"] += seconds
         decode = num_tokens == len(sched.scheduled)
+        if decode:
+            self._decoded.add(plan)
         if decode or plan not in self._decoded:
             self._last_step_s[plan] = seconds
-            self._decoded.update([plan] if decode else [])
         self._step_records.append(record)
         if self._timeline is not None:
             self._timeline.write(json.dumps(asdict(record)) + "\n")

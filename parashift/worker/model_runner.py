@@ -273,7 +273,8 @@ class ModelRunner:
     def _graph_plans(self) -> list[PlanResources]:
         """The plans whose decode steps graphs replay: those of one pipeline stage, and
         pipelined ones where graphs were asked for (a Seesaw prefill plan's stages run
-        eagerly: its weights are not resident while the decode plan runs)."""
+        eagerly: its weights are not resident while the decode plan runs); sharing FFN
+        weights, only the CaS plans, and only where asked for."""
         asked = self.config.cuda_graphs is True
         return [r for r in {r.name: r for r in self.resources.values()}.values()
                 if (r.state.pp.size == 1 or (asked and self.seesaw is None))
