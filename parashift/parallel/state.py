@@ -64,8 +64,10 @@ class GroupHandle:
             dist.all_reduce(parts, group=self.group)
             return parts[self.rank]
         by_torch_rank = sorted(range(self.size), key=self._torch_index.__getitem__)
+        if by_torch_rank != list(range(self.size)):  # slices, not an index tensor: a host
+            x = torch.cat([parts[i] for i in by_torch_rank])  # copy breaks graph capture
         out = torch.empty_like(parts[0])
-        dist.reduce_scatter_tensor(out, parts[by_torch_rank].flatten(0, 1), group=self.group)
+        dist.reduce_scatter_tensor(out, x, group=self.group)
         return out
 
     def all_gather_object(self, obj) -> list:

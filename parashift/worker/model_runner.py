@@ -251,12 +251,11 @@ class ModelRunner:
         return time.perf_counter() - start
 
     def _use_graphs(self, requested: bool | None) -> bool:
-        """By default (None) wherever they work: CUDA, Triton attention, no shared FFN
-        weights, every plan of one stage or a Seesaw pair (its decode plan replays graphs,
+        """By default (None) wherever they work: CUDA, Triton attention, and every plan
+        replays them (see `_graph_plans`), or a Seesaw pair (its decode plan replays graphs,
         its prefill plan's stages run eagerly). Not for experts in deterministic mode: they
-        sync with the host on the routing. Asked for (True), pipelined plans replay them
-        too, each stage its layers, and so do shared FFN weights' CaS plans (neither is the
-        default yet: not yet run on GPUs)."""
+        sync with the host on the routing. Asked for (True), the plans that can replay them
+        do, the others (WaS's) run eagerly."""
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
                     and bool(self._graph_plans())
                     and not (self.config.deterministic and self.expert_placement()))
@@ -266,19 +265,18 @@ class ModelRunner:
                              "FFN weights Compute-as-a-Service (WaS's fetches are not "
                              "captured) and, in deterministic mode, no experts")
         if requested is None:
-            one_stage = len(self._graph_plans()) == len({r.name for r in self.resources.values()})
-            return graphs_by_default(possible, one_stage, self.seesaw is not None)
+            every_plan = len(self._graph_plans()) == len({r.name for r in self.resources.values()})
+            return graphs_by_default(possible, every_plan, self.seesaw is not None)
         return requested
 
     def _graph_plans(self) -> list[PlanResources]:
-        """The plans whose decode steps graphs replay: those of one pipeline stage, and
-        pipelined ones where graphs were asked for (a Seesaw prefill plan's stages run
-        eagerly: its weights are not resident while the decode plan runs); sharing FFN
-        weights, only the CaS plans, and only where asked for."""
-        asked = self.config.cuda_graphs is True
+        """The plans whose decode steps graphs replay: every plan, each pipeline stage its
+        own layers, except a Seesaw prefill plan (its weights are not resident while the
+        decode plan runs) and, sharing FFN weights, the WaS plans (their fetches are not
+        captured)."""
         return [r for r in {r.name: r for r in self.resources.values()}.values()
-                if (r.state.pp.size == 1 or (asked and self.seesaw is None))
-                and (self.shared_ffn is None or (asked and r.weights == CAS_WEIGHTS))]
+                if (r.state.pp.size == 1 or self.seesaw is None)
+                and (self.shared_ffn is None or r.weights == CAS_WEIGHTS)]
 
     def _capture_graphs(self) -> DecodeGraphs:
         if self.seesaw is not None:  # each plan's model reads its own view, bound for good
@@ -669,10 +667,10 @@ def cut_chunk(chunk: SeqChunk, size: int) -> tuple[SeqChunk, SeqChunk]:
     return head, tail
 
 
-def graphs_by_default(possible: bool, one_stage: bool, seesaw: bool) -> bool:
+def graphs_by_default(possible: bool, every_plan: bool, seesaw: bool) -> bool:
     """Decode graphs unless asked otherwise, wherever they are possible and every plan
-    replays them (one stage), or under Seesaw (the decode plan replays them). Measured on
-    two H200s (docs/benchmarks.md, eleventh session): Qwen3-30B-A3B's TPOT under TP=2 was
-    4.7 ms with graphs and 49.3 ms eager; Seesaw's and the experts' graphs passed the
-    distributed tests on NCCL."""
-    return possible and (one_stage or seesaw)
+    replays them, or under Seesaw (the decode plan replays them). Measured on two H200s
+    (docs/benchmarks.md): Qwen3-30B-A3B's TPOT under TP=2 was 4.7 ms with graphs and 49.3 ms
+    eager (eleventh session); the 8B's under PP=2, 6.7 ms against 18.4, and SiDP CaS's
+    `tail`, 264 req/s against 40 (seventeenth session)."""
+    return possible and (every_plan or seesaw)

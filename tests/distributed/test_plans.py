@@ -15,7 +15,7 @@ DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")  # "cuda": NCCL on the G
 GRAPHS = os.environ.get("PARASHIFT_TEST_CUDA_GRAPHS") == "1"  # GPU machine: decode as graphs
 # a small token budget: prefill chunks mixed with decodes, a pipeline's steps of 16 tokens
 # or more in micro-batches (prompts cut across them); with GRAPHS, graphs wherever the plan
-# allows them by default, and asked of pipelined plans, else none
+# allows them by default (pipelined plans' stages too), else none
 COMMON = dict(device=DEVICE, dtype="float32", skip_tokenizer_init=True, num_blocks=96,
               max_num_batched_tokens=40, pp_micro_batch_tokens=8,
               cuda_graphs=None if GRAPHS else False)
@@ -34,9 +34,7 @@ def skip_unless_enough_gpus(plan: dict) -> None:
 
 def generate(model_dir, prompt_list, **plan):
     skip_unless_enough_gpus(plan)
-    pipelined = plan.get("pipeline_parallel_size", 1) > 1 or "pp" in plan.get("layout", "")
-    graphs = {"cuda_graphs": True} if GRAPHS and pipelined else {}  # its stages' graphs
-    llm = LLM(model_dir, **{**COMMON, **graphs, **plan})
+    llm = LLM(model_dir, **{**COMMON, **plan})
     try:
         return llm.generate(prompt_list, PARAMS), llm.llm_engine.stats()
     finally:

@@ -5,12 +5,12 @@ import pytest
 from parashift.worker.model_runner import graphs_by_default
 
 
-@pytest.mark.parametrize("possible, one_stage, seesaw, expected", [
-    (True, True, False, True),     # static one-stage plans, experts or not, any rank count
-    (True, False, False, False),   # a static pipeline: its stages run eagerly
+@pytest.mark.parametrize("possible, every_plan, seesaw, expected", [
+    (True, True, False, True),     # static plans, pipelined or not, experts or not; SiDP CaS
+    (True, False, False, False),   # SiDP switching WaS <-> CaS: WaS's steps run eagerly
     (True, False, True, True),     # Seesaw: the decode plan replays graphs
-    (False, True, False, False),   # CPU, torch attention, shared FFN weights
+    (False, True, False, False),   # CPU, torch attention
     (False, False, True, False),
 ])
-def test_graphs_by_default(possible, one_stage, seesaw, expected):
-    assert graphs_by_default(possible, one_stage, seesaw) is expected
+def test_graphs_by_default(possible, every_plan, seesaw, expected):
+    assert graphs_by_default(possible, every_plan, seesaw) is expected
