@@ -188,9 +188,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
                        action="store_false", help="turn prefix caching off")
     group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                        help="run decode steps as CUDA graphs (default: on where possible: "
-                            "CUDA, triton attention, no pipeline parallelism, no shared "
-                            "FFN weights; given, pipelined plans' stages and SiDP's CaS "
-                            "steps too, not yet run on GPUs)")
+                            "CUDA, triton attention, every plan able to replay them or a "
+                            "Seesaw pair; given, SiDP's CaS steps also under the sidp "
+                            "policy, its WaS steps eager)")
     group.add_argument("--enforce-eager", dest="cuda_graphs", action="store_const", const=False,
                        help="no CUDA graphs (as vLLM's flag; same as --no-cuda-graphs)")
     group.add_argument("--disable-fast-all-reduce", dest="fast_all_reduce", action="store_false",
