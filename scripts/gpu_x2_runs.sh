@@ -117,7 +117,7 @@ for name in "$@"; do
            --model $EIGHT_B --plans pp2 --interactive-requests 3 --batch-requests 64 \
            --input-len 2048 --output-len 128 \$g; done" ;;
     sidp_graphs) part sidp_graphs 420 "run_tests tests/distributed/test_sidp.py -k 'cas'; \
-           for flags in '-dp 2' '-dp 2 --share-ffn --cuda-graphs' '-dp 2 --share-ffn'; do \
+           for flags in '-dp 2' '-dp 2 --share-ffn --cuda-graphs' '-dp 2 --share-ffn --no-cuda-graphs'; do \
            python3 -m parashift.bench throughput --workload tail --num-requests 1000 \
            --length-scale 0.05 --model $EIGHT_B --dtype bfloat16 --max-model-len 2048 \$flags; done" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;

@@ -9,16 +9,16 @@
 # plans70b_pp sidp_tail seesaw_chat tests_rest sidp_tail70b flying_tp2 (some cut by their
 # limits, the last three on H100s); sixteenth bursty_flying flying_priority seesaw_more
 # plans70b_pp sidp_tail70b sidp_modes tests_rest and 4-rank SiDP/Flying/Seesaw tests
-# (docs/benchmarks.md). The next session's calls (seconds expected on 4 H200s; each call's
-# limits add up to under 600; end each with `trim`, else the results' file count runs over
-# and logs are left behind):
-#   OUT=dir bash scripts/gpu_x4_runs.sh bursty_flying priority_dp4 tests_rest trim  # ~400
-#     (Flying's immediate splits on `bursty`, whose 100-s limit cut it before the load;
-#     priority's DP4 row; the three 4-rank tests not yet passed on NCCL)
-#   then, if time is left: sidp_graphs (~300: SiDP's CaS steps in CUDA graphs, written
-#   without a GPU, against eager and plain DP4 on `tail`; first `pp_graphs sidp_graphs` of
-#   gpu_x2_runs.sh where two GPUs come first), pp_graphs70b (~130: the 70B's TP2xPP2 and
-#   PP4 with their stages' graphs, against this session's eager rows), bursty (~290).
+# (docs/benchmarks.md). The seventeenth session ran, on two H200s, the stages' graphs of PP2
+# and SiDP's CaS graphs, which are now the default. The next session's calls (seconds expected
+# on 4 H200s; each call's limits add up to under 600; end each with `trim`, else the results'
+# file count runs over and logs are left behind):
+#   OUT=dir bash scripts/gpu_x4_runs.sh tests_rest pp_graphs70b trim  # ~500
+#     (the 4-rank tests, PP4 and PP2xTP2 now replaying their stages' graphs by default; the
+#     70B's TP2xPP2 and PP4 with their stages' graphs against the sixteenth session's eager rows)
+#   OUT=dir bash scripts/gpu_x4_runs.sh sidp_graphs bursty_flying trim  # ~470
+#     (Qwen3-32B `tail`: plain DP4, SiDP's CaS with graphs and eager; Flying's immediate
+#     splits on `bursty`), then priority_dp4 and bursty.
 # Parts: env (topology, memory); prefill_profile (one prompt's prefill under one GPU, TP4,
 # SP4 and Shift SP4<->TP4 with every rank's kernel times: the thirteenth session's SP4 and
 # Shift TTFTs were 0.21 and 0.17 of their floors); plans8b and plans70b (static plans and Shift, `interactive`
@@ -28,7 +28,7 @@
 # SiDP against DP4 and DP2xTP2); sidp_tail and sidp_tail70b (`tail`, in process, --share-ffn
 # against plain DP for Qwen3-32B and the 70B shape, at the default and 0.6 memory utilization;
 # sidp_modes: Qwen3-32B's --share-ffn under WaS and under the sidp policy; sidp_graphs: its
-# CaS with --cuda-graphs against eager and plain DP4);
+# CaS with graphs against eager and plain DP4);
 # tests (the distributed suite on NCCL, 4-rank cases included; tests_rest those the first run
 # did not reach or failed, and SiDP and Flying at 4 ranks); flying (DP4 merging to wider TP
 # groups and back, benchmarks/merge_split.py; flying_tp2 from two TP=2 groups, flying70b the
@@ -154,9 +154,14 @@ run_tests() {  # run_tests all|rest: the distributed cases on four ranks, on NCC
   local first=("$plans[gqa8x4-tp4]" "$plans[gqa8x4-sp4]" "$plans[gqa8x4-dp4]"
     "$plans[gqa8x4-sp2-tp2]" "$plans[gqa8x4-dp2-tp2]" "$plans[gqa8x4-lptp2,single,single]"
     "$plans[gqa8x4-lpsp2,tp2]")
-  # not reached in the runs so far, or failed in the sixteenth session's (a test's own doing)
+  # not reached in the runs so far, or failed in the sixteenth session's (a test's own doing);
+  # pipelined plans' stages and SiDP's CaS at four ranks, in graphs by default since the
+  # seventeenth session
   local rest=("$shift[gqa8x4-sp2-tp2]" "$seesaw[pp4-pp2xtp2]"
-    tests/distributed/test_flying_policy.py::test_random_arrivals_and_priorities_give_the_reference_tokens)
+    tests/distributed/test_flying_policy.py::test_random_arrivals_and_priorities_give_the_reference_tokens
+    "$plans[gqa8x4-pp4]" "$plans[gqa8x4-pp2-tp2]" "$plans[gqa8x4-pp3]"
+    "$plans[gqa8x4-lpsingle,pp2,single]" "$sidp::test_tokens_equal_the_reference[cas-4-1]"
+    "$sidp::test_tokens_equal_the_reference[cas-2-2]")
   local cases=("${first[@]}" "${rest[@]}")
   [ "$1" = rest ] && cases=("${rest[@]}")
   if [ "${SMOKE:-0}" = 1 ]; then  # on the CPU: the ids only
@@ -188,13 +193,13 @@ for name in "$@"; do
            $OUT/plans_70b_pp_graphs.json tp2pp2 pp4 --cuda-graphs" ;;
     sidp_graphs) part sidp_graphs 300 "run_tail $QWEN32 qwen32b_plain -dp 4; \
            run_tail $QWEN32 qwen32b_cas_graphs -dp 4 --share-ffn --cuda-graphs; \
-           run_tail $QWEN32 qwen32b_cas_eager -dp 4 --share-ffn" ;;
+           run_tail $QWEN32 qwen32b_cas_eager -dp 4 --share-ffn --no-cuda-graphs" ;;
     sidp_modes) part sidp_modes 170 "run_tail $QWEN32 qwen32b_was -dp 4 --share-ffn \
            --sidp-mode was; run_tail $QWEN32 qwen32b_policy -dp 4 --share-ffn \
            --parallel-policy sidp" ;;
     sidp_tail70b) part sidp_tail70b 230 "run_sidp_tail $SEVENTY_B 70b '-dp 2 -tp 2' '-dp 4'" ;;
     tests) part tests 220 "run_tests all" ;;
-    tests_rest) part tests_rest 240 "run_tests rest" ;;
+    tests_rest) part tests_rest 300 "run_tests rest" ;;
     flying) part flying 100 "python3 benchmarks/merge_split.py --model $EIGHT_B \
            --layout single,single,single,single --rounds 2 $MERGE_ARGS" ;;
     flying_tp2) part flying_tp2 100 "python3 benchmarks/merge_split.py --model $EIGHT_B \
