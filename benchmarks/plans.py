@@ -67,7 +67,8 @@ def interactive(llm: LLM, n: int, input_len: int, output_len: int, vocab: int) -
         ttfts.append(first - start)
         tpots.append((end - first) / (output_len - 1))
     return dict(ttft_ms_median=1e3 * statistics.median(ttfts),
-                tpot_ms_median=1e3 * statistics.median(tpots))
+                tpot_ms_median=1e3 * statistics.median(tpots),
+                ttft_ms=[round(1e3 * t, 2) for t in ttfts])
 
 
 def batch(llm: LLM, n: int, input_len: int, output_len: int, vocab: int) -> dict:
