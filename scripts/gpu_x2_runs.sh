@@ -17,7 +17,10 @@
 # with --cuda-graphs): the next two-GPU call runs `pp_graphs` first (the PP plan tests on NCCL
 # with their stages' graphs, then PP2's 8B rows eager and with graphs, in one call), and
 # SiDP's CaS steps in graphs: `sidp_graphs` (its CaS tests on NCCL with graphs, then `tail`
-# on the 8B: plain DP2, SiDP with graphs, SiDP eager).
+# on the 8B: plain DP2, SiDP with graphs, SiDP eager). Seventeenth session: both ran and are
+# now the default; next `sidp_policy` (the switching tests with the CaS plans in graphs, and
+# `tail` under the sidp policy eager, its default, and with --cuda-graphs: whether graphs
+# should be the default where WaS plans run eagerly beside them).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -120,6 +123,11 @@ for name in "$@"; do
            for flags in '-dp 2' '-dp 2 --share-ffn --cuda-graphs' '-dp 2 --share-ffn --no-cuda-graphs'; do \
            python3 -m parashift.bench throughput --workload tail --num-requests 1000 \
            --length-scale 0.05 --model $EIGHT_B --dtype bfloat16 --max-model-len 2048 \$flags; done" ;;
+    sidp_policy) part sidp_policy 420 "run_tests tests/distributed/test_sidp.py -k \
+           'switches or policy or random or bit_identical'; for flags in '' '--cuda-graphs'; do \
+           python3 -m parashift.bench throughput --workload tail --num-requests 1000 \
+           --length-scale 0.05 --model $EIGHT_B --dtype bfloat16 --max-model-len 2048 -dp 2 \
+           --share-ffn --parallel-policy sidp \$flags; done" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     *) echo "unknown part $name"; exit 2 ;;
   esac

@@ -13,14 +13,17 @@ import pytest
 from parashift import LLM, SamplingParams
 from parashift.engine.policy import SidpPolicy
 from parashift.executor.multiproc import WorkerFailure
-from tests.distributed.test_plans import (COMMON, PARAMS, assert_same, prompts,
+from tests.distributed.test_plans import (COMMON, GRAPHS, PARAMS, assert_same, prompts,
                                           skip_unless_enough_gpus)
 from tests.engine.conftest import save_tiny_llama
 from tests.helpers.policies import FfnModeSchedule
 
 LONG = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=4)
+# on a GPU, under the sidp policy, the CaS plans replay graphs (asked for: not the default
+# while its WaS plans run eagerly)
+CAS_GRAPHS = {"cuda_graphs": True} if GRAPHS else {}
 # both modes' plans made at start-up (the sidp policy's), the switches scripted by the test
-SWITCHABLE = dict(parallel_policy="sidp", sidp_batch_threshold=10**9)
+SWITCHABLE = dict(parallel_policy="sidp", sidp_batch_threshold=10**9, **CAS_GRAPHS)
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +170,7 @@ def test_the_sidp_policy_switches_by_step_size(model):
     steps (a token per request, at most 4 requests a replica) back to CaS."""
     outputs, _, policy = run(model, prompts(n=8), LONG, parallel_policy="sidp",
                              data_parallel_size=2, sidp_batch_threshold=10,
-                             sidp_min_dwell_steps=2)
+                             sidp_min_dwell_steps=2, **CAS_GRAPHS)
     assert isinstance(policy, SidpPolicy) and policy.switches >= 2
     reference = run(model, prompts(n=8), LONG)[0]
     assert_same(outputs, reference)
