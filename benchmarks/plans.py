@@ -54,8 +54,9 @@ def interactive(llm: LLM, n: int, input_len: int, output_len: int, vocab: int) -
     """One request at a time; TTFT and mean time per output token after the first."""
     engine, rng = llm.llm_engine, random.Random(0)
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    ttfts, tpots = [], []
+    ttfts, tpots, prompt_steps = [], [], []
     for i in range(n):
+        engine.take_step_records()
         start = time.perf_counter()
         engine.add_request(f"i{i}", random_prompt(rng, input_len, vocab), params)
         first = None
@@ -64,11 +65,14 @@ def interactive(llm: LLM, n: int, input_len: int, output_len: int, vocab: int) -
                 if first is None and out.outputs[0].token_ids:
                     first = time.perf_counter()
         end = time.perf_counter()
+        # the prompt's steps' own seconds (every step with more tokens than sequences)
+        prompt_steps.append(sum(r.seconds for r in engine.take_step_records() if r.num_tokens > 1))
         ttfts.append(first - start)
         tpots.append((end - first) / (output_len - 1))
     return dict(ttft_ms_median=1e3 * statistics.median(ttfts),
                 tpot_ms_median=1e3 * statistics.median(tpots),
-                ttft_ms=[round(1e3 * t, 2) for t in ttfts])
+                ttft_ms=[round(1e3 * t, 2) for t in ttfts],
+                prompt_step_ms=[round(1e3 * t, 2) for t in prompt_steps])
 
 
 def batch(llm: LLM, n: int, input_len: int, output_len: int, vocab: int) -> dict:
