@@ -125,8 +125,9 @@ def test_an_idle_replica_moves_nothing_in_was_and_serves_in_cas(model, reference
 def test_every_slot_holds_its_owners_bytes(model):
     """TP = 2 inside each of two replicas: each rank's slots hold, piece by piece, the bytes
     of the slices its peers (the other replica's rank at its TP position) own."""
-    llm = LLM(model, **COMMON, data_parallel_size=2, tensor_parallel_size=2, share_ffn=True,
-              sidp_mode="was")
+    options = dict(data_parallel_size=2, tensor_parallel_size=2, share_ffn=True, sidp_mode="was")
+    skip_unless_enough_gpus(options)
+    llm = LLM(model, **COMMON, **options)
     try:
         sums = llm.llm_engine.executor.collective_rpc("shared_ffn_checksums")
     finally:
