@@ -7,8 +7,6 @@ import weakref
 from collections import deque
 from dataclasses import asdict, dataclass
 
-import torch
-
 from parashift.config import EngineConfig, SchedulerConfig
 from parashift.gc_tuning import restore_garbage_collector, tune_garbage_collector
 from parashift.engine.faults import (FaultReport, GroupDown, lost_ranks, policy_over,
@@ -28,6 +26,9 @@ from parashift.engine.scheduler import Scheduler, SchedulerOutput
 from parashift.engine.seesaw_auto import resolve_auto_plans
 from parashift.engine.seesaw import PHASES, SeesawTier, make_tiers, seesaw_stats
 from parashift.engine.sequence import Sequence, SequenceStatus
+from parashift.engine.startup import (eos_token_ids, make_tokenizer, request_defaults,
+                                      resolve_device, resolve_dtype, resolve_max_model_len,
+                                      with_step_budget)
 from parashift.engine.swap import PreemptionCounts, SwapSpace, swap_tokens
 from parashift.engine.token_ints import TokenInts
 from parashift.engine.transitions import (TransitionRecord, Transitions, changes_partition,
@@ -37,12 +38,9 @@ from parashift.executor.uniproc import UniprocExecutor
 from parashift.kv.block_manager import BlockManager
 from parashift.kv.cpu_tier import TierShape
 from parashift.kv.views import tokens_per_block
-from parashift.loader.chat_template import load_chat_template
-from parashift.loader.generation_config import generation_defaults
 from parashift.deterministic.reduction import check_plans
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.models.moe import check_plan
-from parashift.loader.tokenizer import load_tokenizer
 from parashift.outputs import RequestOutput, join_deltas
 from parashift.parallel.layout import coupled_groups
 from parashift.parallel.plan import Plan
@@ -88,15 +86,15 @@ class LLMEngine:
         started = time.perf_counter()
         source = resolve_model(config.model, config.load_format)
         self.model_name = source.name
-        self.device = _resolve_device(config.device)
+        self.device = resolve_device(config.device)
         hf_config = load_hf_config(source, config.trust_remote_code)
-        self.tokenizer = _tokenizer(config, source)
-        self.default_sampling = _generation_defaults(source, config.generation_config)
+        self.tokenizer = make_tokenizer(config, source)
+        self.default_sampling = request_defaults(source, config.generation_config)
         logger.info("Loading %s on %s ...", source.describe(), self.device)  # the slow part
         self.vocab_size = hf_config.vocab_size
-        self.max_model_len = _resolve_max_model_len(config, hf_config)
-        self.config = config = _with_step_budget(config, self.device)
-        self.dtype = _resolve_dtype(config.dtype, hf_config, self.device)
+        self.max_model_len = resolve_max_model_len(config, hf_config)
+        self.config = config = with_step_budget(config, self.device)
+        self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
         self.config = config = resolve_auto_plans(config, hf_config, self.dtype, self.device)
         self.layout = config.node_layout  # the starting layout: each rank's weights and KV
         self._hf_config = hf_config
@@ -118,7 +116,7 @@ class LLMEngine:
         self._step_records: deque[StepRecord] = deque(maxlen=10_000)
         self.executor = self._start_executor(hf_config, source)
         self._finalizer = weakref.finalize(self, self.executor.shutdown)  # no orphan workers
-        self._eos_ids = _eos_token_ids(hf_config, self.tokenizer, source)
+        self._eos_ids = eos_token_ids(hf_config, self.tokenizer, source)
         self.structured = StructuredOutputs(self.tokenizer, self.vocab_size, self._eos_ids)
         self._token_ints = TokenInts(self.vocab_size)  # (before the collector freezes start-up)
         self._scheduler_config = SchedulerConfig(
@@ -1136,26 +1134,6 @@ def _step_tokens(sampling: list[Sequence], tokens: list[int], logprobs) -> StepT
                       None if logprobs is None else [logprobs[i] for i in kept], {})
 
 
-def _tokenizer(config: EngineConfig, source):
-    if config.skip_tokenizer_init:
-        if config.chat_template is not None:
-            raise ValueError("chat_template needs a tokenizer; drop skip_tokenizer_init")
-        return None
-    tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
-    if config.chat_template is not None:
-        tokenizer.chat_template = load_chat_template(config.chat_template)
-    return tokenizer
-
-
-def _generation_defaults(source, setting: str) -> dict:
-    """Request defaults from the generation config; logged once, as vLLM does."""
-    defaults = generation_defaults(source, setting)
-    if defaults:
-        logger.info("Request defaults from the model's generation config (unset fields of a "
-                    "request take them; --generation-config vllm ignores it): %s", defaults)
-    return defaults
-
-
 def decode_round_rows(scheds: list[SchedulerOutput]) -> int:
     """A CaS round's rows per replica where every replica decodes (a token per sequence,
     no swaps): the most sequences of one; else 0."""
@@ -1181,63 +1159,3 @@ def _async_scheduling(config: EngineConfig, plans: list[Plan]) -> bool:
 # A step's prompt tokens (beyond one token per sequence) from which its time measures the
 # plan's prefill rate for the switch costs: shorter steps are mostly fixed cost.
 PREFILL_RATE_MIN_TOKENS = 256
-
-# A step's token budget by device, when not given. On the CPU a long prompt's step blocks every
-# other request for its whole duration: SmolLM2 prefill steps of 512 tokens took 1-2.5 s on two
-# busy cores, one of 4096 tokens 18 s (2026-11-23). GPUs: 8192 (docs/benchmarks.md).
-DEFAULT_STEP_TOKENS = {"cpu": 512, "cuda": 8192}
-
-
-def _with_step_budget(config: EngineConfig, device: torch.device) -> EngineConfig:
-    """The budget, and a per-request cap of half of it by default, so that one long prompt
-    leaves half of every step to the requests behind it (they wait one step, not its whole
-    prefill)."""
-    budget = config.max_num_batched_tokens or DEFAULT_STEP_TOKENS.get(device.type, 8192)
-    cap = config.long_prefill_token_threshold
-    return dataclasses.replace(config, max_num_batched_tokens=budget,
-                               long_prefill_token_threshold=max(1, budget // 2) if cap is None else cap)
-
-
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but no CUDA device is available")
-    return torch.device(device)
-
-
-def _resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
-    if dtype != "auto":
-        return getattr(torch, dtype)
-    if device.type == "cpu":
-        return torch.float32
-    declared = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
-    return torch.float16 if declared in (torch.float16, "float16") else torch.bfloat16
-
-
-def _resolve_max_model_len(config: EngineConfig, hf_config) -> int:
-    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
-    window = getattr(hf_config, "sliding_window", None)
-    uses_window = getattr(hf_config, "use_sliding_window", True)
-    if window and uses_window and window < limit:
-        limit = window  # beyond the window the model needs sliding-window attention
-    if config.max_model_len is None:
-        return limit
-    if config.max_model_len > limit:
-        raise ValueError(f"max_model_len={config.max_model_len} exceeds what the model supports ({limit})")
-    return config.max_model_len
-
-
-def _eos_token_ids(hf_config, tokenizer, source) -> set[int]:
-    ids: set[int] = set()
-    for value in (getattr(hf_config, "eos_token_id", None),
-                  getattr(tokenizer, "eos_token_id", None) if tokenizer else None):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(value)
-    if source.kind == "hf" and (source.path / "generation_config.json").exists():
-        from transformers import GenerationConfig
-        eos = GenerationConfig.from_pretrained(source.path).eos_token_id
-        ids.update([eos] if isinstance(eos, int) else (eos or []))
-    return ids

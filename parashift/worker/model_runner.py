@@ -266,6 +266,9 @@ class ModelRunner:
                              "captured) and, in deterministic mode, no experts")
         if requested is None:
             every_plan = len(self._graph_plans()) == len({r.name for r in self.resources.values()})
+            if possible and not every_plan and self.seesaw is None and self.state.rank == 0:
+                logger.info("decode steps run eagerly: the WaS plans cannot replay CUDA graphs; "
+                            "--cuda-graphs replays them for the CaS plans")
             return graphs_by_default(possible, every_plan, self.seesaw is not None)
         return requested
 

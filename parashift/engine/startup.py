@@ -1,0 +1,95 @@
+"""What the engine resolves at start-up from its config and the model: the device, the
+dtype, the context limit, the step budget, the tokenizer, the request defaults and the end
+tokens."""
+import dataclasses
+import logging
+
+import torch
+
+from parashift.config import EngineConfig
+from parashift.loader.chat_template import load_chat_template
+from parashift.loader.generation_config import generation_defaults as model_generation_defaults
+from parashift.loader.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def make_tokenizer(config: EngineConfig, source):
+    if config.skip_tokenizer_init:
+        if config.chat_template is not None:
+            raise ValueError("chat_template needs a tokenizer; drop skip_tokenizer_init")
+        return None
+    tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
+    if config.chat_template is not None:
+        tokenizer.chat_template = load_chat_template(config.chat_template)
+    return tokenizer
+
+
+def request_defaults(source, setting: str) -> dict:
+    """Request defaults from the generation config; logged once, as vLLM does."""
+    defaults = model_generation_defaults(source, setting)
+    if defaults:
+        logger.info("Request defaults from the model's generation config (unset fields of a "
+                    "request take them; --generation-config vllm ignores it): %s", defaults)
+    return defaults
+
+
+# A step's token budget by device, when not given. On the CPU a long prompt's step blocks every
+# other request for its whole duration: SmolLM2 prefill steps of 512 tokens took 1-2.5 s on two
+# busy cores, one of 4096 tokens 18 s (2026-11-23). GPUs: 8192 (docs/benchmarks.md).
+DEFAULT_STEP_TOKENS = {"cpu": 512, "cuda": 8192}
+
+
+def with_step_budget(config: EngineConfig, device: torch.device) -> EngineConfig:
+    """The budget, and a per-request cap of half of it by default, so that one long prompt
+    leaves half of every step to the requests behind it (they wait one step, not its whole
+    prefill)."""
+    budget = config.max_num_batched_tokens or DEFAULT_STEP_TOKENS.get(device.type, 8192)
+    cap = config.long_prefill_token_threshold
+    return dataclasses.replace(config, max_num_batched_tokens=budget,
+                               long_prefill_token_threshold=max(1, budget // 2) if cap is None else cap)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but no CUDA device is available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if device.type == "cpu":
+        return torch.float32
+    declared = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+    return torch.float16 if declared in (torch.float16, "float16") else torch.bfloat16
+
+
+def resolve_max_model_len(config: EngineConfig, hf_config) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    window = getattr(hf_config, "sliding_window", None)
+    uses_window = getattr(hf_config, "use_sliding_window", True)
+    if window and uses_window and window < limit:
+        limit = window  # beyond the window the model needs sliding-window attention
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise ValueError(f"max_model_len={config.max_model_len} exceeds what the model supports ({limit})")
+    return config.max_model_len
+
+
+def eos_token_ids(hf_config, tokenizer, source) -> set[int]:
+    ids: set[int] = set()
+    for value in (getattr(hf_config, "eos_token_id", None),
+                  getattr(tokenizer, "eos_token_id", None) if tokenizer else None):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(value)
+    if source.kind == "hf" and (source.path / "generation_config.json").exists():
+        from transformers import GenerationConfig
+        eos = GenerationConfig.from_pretrained(source.path).eos_token_id
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return ids
