@@ -25,6 +25,9 @@ class GroupHandle:
         self.fast = fast
         order = sorted(ranks)
         self._torch_index = [order.index(r) for r in ranks]  # our position -> torch's
+        by_torch_rank = sorted(range(self.size), key=self._torch_index.__getitem__)
+        # our positions in torch's order; None where the orders are the same
+        self._by_torch_rank = None if by_torch_rank == list(range(self.size)) else by_torch_rank
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of `x` over the group (may be `x` itself, reduced in place)."""
@@ -63,9 +66,8 @@ class GroupHandle:
         if not x.is_cuda:
             dist.all_reduce(parts, group=self.group)
             return parts[self.rank]
-        by_torch_rank = sorted(range(self.size), key=self._torch_index.__getitem__)
-        if by_torch_rank != list(range(self.size)):  # slices, not an index tensor: a host
-            x = torch.cat([parts[i] for i in by_torch_rank])  # copy breaks graph capture
+        if self._by_torch_rank is not None:  # slices, not an index tensor: a host copy
+            x = torch.cat([parts[i] for i in self._by_torch_rank])  # breaks graph capture
         out = torch.empty_like(parts[0])
         dist.reduce_scatter_tensor(out, x, group=self.group)
         return out

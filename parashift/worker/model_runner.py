@@ -256,8 +256,9 @@ class ModelRunner:
         its prefill plan's stages run eagerly). Not for experts in deterministic mode: they
         sync with the host on the routing. Asked for (True), the plans that can replay them
         do, the others (WaS's) run eagerly."""
+        graph_plans = self._graph_plans()
         possible = (self.device.type == "cuda" and self.backend.name == "triton"
-                    and bool(self._graph_plans())
+                    and bool(graph_plans)
                     and not (self.config.deterministic and self.expert_placement()))
         if requested and not possible:
             raise ValueError("CUDA graphs need a CUDA device, the triton attention backend, "
@@ -265,7 +266,7 @@ class ModelRunner:
                              "FFN weights Compute-as-a-Service (WaS's fetches are not "
                              "captured) and, in deterministic mode, no experts")
         if requested is None:
-            every_plan = len(self._graph_plans()) == len({r.name for r in self.resources.values()})
+            every_plan = len(graph_plans) == len({r.name for r in self.resources.values()})
             if possible and not every_plan and self.seesaw is None and self.state.rank == 0:
                 logger.info("decode steps run eagerly: the WaS plans cannot replay CUDA graphs; "
                             "--cuda-graphs replays them for the CaS plans")
