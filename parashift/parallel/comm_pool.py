@@ -49,12 +49,16 @@ class CommunicatorPool:
 
     def enable_fast_all_reduce(self, device: torch.device,
                                max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        """Sets up a symmetric-memory all-reduce for every group of this rank. Every rank
-        calls this after start-up, before any handle is made; the groups are taken in
-        creation order, the same on every rank, since each set-up is a collective."""
-        for key, group in self._groups.items():
+        """Sets up a symmetric-memory all-reduce for the groups of this rank that
+        `rendezvous_order` can order. Every rank calls this after start-up, before any
+        handle is made."""
+        order, left_out = rendezvous_order(list(self._groups))
+        if left_out and self.rank == 0:
+            logger.warning("small all-reduces of groups %s go to NCCL: no rendezvous order "
+                           "puts each at one position on all its ranks", left_out)
+        for key in order:
             if self.rank in key:
-                fast = FastAllReduce(group, device, max_bytes)
+                fast = FastAllReduce(self._groups[key], device, max_bytes)
                 if fast.available:
                     self._fast[key] = fast
 
@@ -81,6 +85,24 @@ class CommunicatorPool:
             state.ffn = h("ffn")
             state.ffn_shard = GroupHandle(plan.ffn_shard_ranks(), self.rank)
         return state
+
+
+def rendezvous_order(groups: list[tuple[int, ...]]) -> tuple[list[tuple[int, ...]], list]:
+    """The order in which ranks set up their groups' symmetric memory, and the groups left
+    out. A rank's k-th rendezvous meets its peers' k-th (torch counts them per process, not
+    per group: two groups met in different positions wait on each other forever), so a
+    group is taken only when each of its ranks has taken as many groups before it; the
+    first such group in `groups` goes next, until none can. Every rank computes the same."""
+    taken = {rank: 0 for group in groups for rank in group}
+    order, waiting = [], [g for g in groups if len(g) > 1]
+    while True:
+        ready = next((g for g in waiting if len({taken[r] for r in g}) == 1), None)
+        if ready is None:
+            return order, waiting
+        waiting.remove(ready)
+        order.append(ready)
+        for rank in ready:
+            taken[rank] += 1
 
 
 def _host_rss_bytes() -> int:

@@ -1,5 +1,6 @@
 """One worker process per rank: joins the process groups, builds its shard of
 the model and KV pool under its plan, then runs steps sent by the executor."""
+import faulthandler
 import gc
 import os
 import pickle
@@ -43,6 +44,7 @@ def worker_main(rank: int, spec: WorkerSpec, conn, heartbeats) -> None:
     system-wide): this rank stamps its slot until the process ends or stops."""
     threading.Thread(target=_beat, args=(heartbeats, rank), name="parashift-heartbeat",
                      daemon=True).start()
+    _dump_stacks_later()
     try:
         runner = _start(rank, spec)
         tune_garbage_collector()
@@ -51,6 +53,14 @@ def worker_main(rank: int, spec: WorkerSpec, conn, heartbeats) -> None:
         conn.send(("error", traceback.format_exc()))
         return
     _serve(runner, conn)
+
+
+def _dump_stacks_later() -> None:
+    """PARASHIFT_DUMP_STACKS_AFTER_S=N: every thread's Python stack goes to stderr N seconds
+    after the rank starts (and every N seconds after): where a hung rank waits."""
+    seconds = float(os.environ.get("PARASHIFT_DUMP_STACKS_AFTER_S", "0") or 0)
+    if seconds > 0:
+        faulthandler.dump_traceback_later(seconds, repeat=True)
 
 
 def _beat(heartbeats, rank: int) -> None:
