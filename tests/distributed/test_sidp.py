@@ -146,7 +146,7 @@ def test_100_random_switch_schedules(model):
     pool = prompts(seed=3, n=6)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in run(model, pool, params)[0]]
-    llm = LLM(model, **COMMON, data_parallel_size=2, **SWITCHABLE)
+    llm = LLM(model, **{**COMMON, "data_parallel_size": 2, **SWITCHABLE})
     engine = llm.llm_engine
     rng = random.Random(0)
     try:
