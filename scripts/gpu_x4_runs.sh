@@ -10,15 +10,13 @@
 # limits, the last three on H100s); sixteenth bursty_flying flying_priority seesaw_more
 # plans70b_pp sidp_tail70b sidp_modes tests_rest and 4-rank SiDP/Flying/Seesaw tests
 # (docs/benchmarks.md). The seventeenth session ran, on two H200s, the stages' graphs of PP2
-# and SiDP's CaS graphs, which are now the default. The next session's calls (seconds expected
-# on 4 H200s; each call's limits add up to under 600; end each with `trim`, else the results'
-# file count runs over and logs are left behind):
-#   OUT=dir bash scripts/gpu_x4_runs.sh tests_rest pp_graphs70b trim  # ~500
-#     (the 4-rank tests, PP4 and PP2xTP2 now replaying their stages' graphs by default; the
-#     70B's TP2xPP2 and PP4 with their stages' graphs against the sixteenth session's eager rows)
-#   OUT=dir bash scripts/gpu_x4_runs.sh sidp_graphs bursty_flying trim  # ~470
-#     (Qwen3-32B `tail`: plain DP4, SiDP's CaS with graphs and eager; Flying's immediate
-#     splits on `bursty`), then priority_dp4 and bursty.
+# and SiDP's CaS graphs, which are now the default; the eighteenth tests_rest pp_graphs70b
+# sidp_graphs bursty_flying priority_dp4 and the SiDP tests at 2x2 (a start-up hang, fixed).
+# The next session's calls (seconds expected on 4 H200s; each call's limits add up to under
+# 600; end each with `trim`, else the results' file count runs over and logs are left behind):
+#   OUT=dir bash scripts/gpu_x4_runs.sh bursty trim  # ~320 (Flying, DP4, TP4, Shift in one run)
+#   OUT=dir bash scripts/gpu_x4_runs.sh sidp_tail70b flying_priority trim  # ~500
+#     (the 70B `tail` with CaS graphs by default; Flying, TP4, DP4 on `priority` in one run)
 # Parts: env (topology, memory); prefill_profile (one prompt's prefill under one GPU, TP4,
 # SP4 and Shift SP4<->TP4 with every rank's kernel times: the thirteenth session's SP4 and
 # Shift TTFTs were 0.21 and 0.17 of their floors); plans8b and plans70b (static plans and Shift, `interactive`
@@ -208,7 +206,7 @@ for name in "$@"; do
            --layout tp2,tp2 --rounds 2 $MERGE_ARGS" ;;
     max_context) part max_context 80 run_max_context ;;
     bursty) part bursty 290 run_bursty ;;
-    flying_priority) part flying_priority 170 run_priority ;;
+    flying_priority) part flying_priority 270 run_priority ;;
     seesaw) part seesaw 230 "run_seesaw $OUT/seesaw.json summarize 128 \
            tp4 auto:4 seesaw:pp4-tp4 --cuda-graphs" ;;
     seesaw_pcie) part seesaw_pcie 200 "NCCL_P2P_DISABLE=1 run_seesaw $OUT/seesaw_pcie.json \
