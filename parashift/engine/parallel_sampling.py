@@ -25,10 +25,13 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
                                output_kind="cumulative")
 
 
-def cumulative_logprob(completion: CompletionOutput) -> float | None:
+def cumulative_logprob(completion: CompletionOutput, start: int = 0,
+                       total: float = 0.0) -> float | None:
+    """The sampled tokens' logprobs summed in order; `total` the sum of the first `start`."""
     if completion.logprobs is None:
         return None
-    return sum(lp[token] for token, lp in zip(completion.token_ids, completion.logprobs))
+    pairs = zip(completion.token_ids[start:], completion.logprobs[start:])
+    return sum((lp[token] for token, lp in pairs), total)
 
 
 class ParentRequest:
@@ -42,6 +45,7 @@ class ParentRequest:
         self.num_cached_tokens: dict[int, int] = {}
         self._finished: set[int] = set()
         self._sent: dict[int, tuple[int, int]] = {}  # delta outputs: chars, tokens given
+        self._summed: dict[int, tuple[int, float]] = {}  # tokens in the logprob sum, the sum
         self.siblings_admitted = params.num_samples == 1
 
     def child(self, index: int, prompt_token_ids: list[int], prompt: str | None) -> Sequence:
@@ -54,7 +58,7 @@ class ParentRequest:
         index = self._index[output.request_id]
         completion = output.outputs[0]
         self.completions[index] = dataclasses.replace(
-            completion, index=index, cumulative_logprob=cumulative_logprob(completion))
+            completion, index=index, cumulative_logprob=self._logprob_sum(index, completion))
         self.num_cached_tokens[index] = output.num_cached_tokens
         if output.finished:
             self._finished.add(index)
@@ -72,6 +76,17 @@ class ParentRequest:
         return RequestOutput(self.request_id, output.prompt, output.prompt_token_ids, chosen,
                              finished, sum(self.num_cached_tokens.values()),
                              error=output.error)
+
+    def _logprob_sum(self, index: int, completion: CompletionOutput) -> float | None:
+        """A child's cumulative logprob, adding only the tokens new since its last output
+        (its outputs are cumulative: each extends the one before)."""
+        start, total = self._summed.get(index, (0, 0.0))
+        if start > len(completion.token_ids):  # a shorter output than the last: sum anew
+            start, total = 0, 0.0
+        result = cumulative_logprob(completion, start, total)
+        if result is not None:
+            self._summed[index] = len(completion.token_ids), result
+        return result
 
     def _delta(self, index: int) -> CompletionOutput:
         completion = self.completions[index]
