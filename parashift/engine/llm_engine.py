@@ -690,10 +690,13 @@ class LLMEngine:
             return False
         self._round_id += 1
         rows = decode_round_rows(scheds)
+        tokens = {} if rows else {rank: sched.num_batched_tokens
+                                  for replica, sched in zip(replicas, scheds)
+                                  for rank in replica.ranks}
         for replica, sched in zip(replicas, scheds):
             plan = self._plan_for(replica, decision)
             batch = self._step_batch(replica, sched, plan.name())
-            batch.round_id, batch.round_rows = self._round_id, rows
+            batch.round_id, batch.round_rows, batch.round_tokens = self._round_id, rows, tokens
             self.executor.submit(replica, plan.ranks, plan.output_rank(), batch)
             replica.start(sched, plan.name())
         return True

@@ -354,7 +354,8 @@ class ModelRunner:
         else:
             self.swapper.run(batch, plan, self.kv.k, self.kv.v)
         if self.shared_ffn is not None:
-            self.shared_ffn.begin_step(batch.round_id, self._round_rows(batch.round_rows))
+            self.shared_ffn.begin_step(batch.round_id, self._round_rows(batch.round_rows),
+                                       batch.round_tokens)
         if not chunks:  # a step of swaps only, or a round of replicas with none here
             if batch.round_id >= 0:
                 self._serve_ffn(plan)

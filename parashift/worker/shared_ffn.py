@@ -225,7 +225,9 @@ class SharedFfn:
             module.register_forward_pre_hook(self._before(index))
             module.register_forward_hook(self._after(index))
         self.round_id, self._counts, self.rows, self._local_rows = -1, None, 0, 0
-        self.rounds = {"padded": 0, "counted": 0}  # CaS steps by how their rows were known
+        # CaS steps by how their rows were known: padded to the round's, or counted (given
+        # by the engine, or exchanged among the peers: the start-up profile's alone)
+        self.rounds = {"padded": 0, "counted": 0, "exchanged": 0}
         self._state = state
 
     def _install_layouts(self, model: nn.Module) -> None:
@@ -254,10 +256,14 @@ class SharedFfn:
                     kv_bytes / 2**20)
 
     # ---- a step --------------------------------------------------------------
-    def begin_step(self, round_id: int, rows: int = 0) -> None:
+    def begin_step(self, round_id: int, rows: int = 0,
+                   tokens_by_rank: dict[int, int] | None = None) -> None:
         """`rows`: every peer's FFN rows in a decode round (each pads to them: one shape,
-        known to all, no exchange of counts; a CUDA graph replays it); 0: counts exchanged."""
-        self.round_id, self._counts, self.rows = round_id, None, rows
+        known to all, no exchange of counts; a CUDA graph replays it); 0: each peer's rows
+        from `tokens_by_rank` (the engine's, by rank), else exchanged at the first block."""
+        self.round_id, self.rows = round_id, rows
+        self._counts = ([tokens_by_rank[rank] for rank in self.peers.ranks]
+                        if tokens_by_rank and not rows else None)
         if round_id > PROFILE_ROUND:
             self.rounds["padded" if rows else "counted"] += 1
 
@@ -288,18 +294,22 @@ class SharedFfn:
         return hook
 
     def _step_counts(self, tokens: int) -> list[int]:
-        """Each peer's tokens this step, exchanged at the step's first FFN block; the
-        peers must all be running the same round."""
+        """Each peer's tokens this step: the engine's, or exchanged at the step's first FFN
+        block (the peers must all be running the same round)."""
         if self._counts is None:
             mine = torch.tensor([[tokens, self.round_id]], dtype=torch.int64)
             if self.device.type == "cuda":
                 mine = mine.to(self.device)
             both = self.peers.all_gather(mine, dim=0).tolist()
+            self.rounds["exchanged"] += self.round_id > PROFILE_ROUND
             rounds = [r for _, r in both]
             if self.round_id < 0 or len(set(rounds)) != 1:
                 raise RuntimeError(f"SiDP peers {list(self.peers.ranks)} are not running one "
                                    f"Compute-as-a-Service round: their rounds are {rounds}")
             self._counts = [n for n, _ in both]
+        elif self._counts[self.peers.rank] != tokens:
+            raise RuntimeError(f"rank {self._state.rank} runs {tokens} FFN rows in a Compute-"
+                               f"as-a-Service round that gives it {self._counts[self.peers.rank]}")
         return self._counts
 
     def _gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -338,7 +348,8 @@ class SharedFfn:
     def stats(self) -> dict:
         return {"bytes_fetched": self.slots.bytes_fetched, "owned_bytes": self.owners.nbytes,
                 "slot_bytes": self.slots.nbytes, "padded_rounds": self.rounds["padded"],
-                "counted_rounds": self.rounds["counted"]}
+                "counted_rounds": self.rounds["counted"],
+                "exchanged_rounds": self.rounds["exchanged"]}
 
     def slot_checksums(self) -> dict:
         """sha256 of this rank's own slices, and of each piece fetched into a slot (from

@@ -61,6 +61,10 @@ class StepBatch:
     # round's exchanges have one shape the ranks know without asking (and CUDA graphs can
     # replay them); 0: counts exchanged at the step's first FFN block.
     round_rows: int = 0
+    # A round of another kind: each rank of its replicas with its replica's tokens this
+    # step, the FFN rows the peers exchange (known without asking: no exchange of counts,
+    # no wait for the device inside the forward); empty: counts exchanged.
+    round_tokens: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -50,7 +50,7 @@ from parashift.sampling_params import SEED_MAX as INT64_MAX, SamplingParams
 from parashift.structured.matchers import TokenMasks
 from parashift.worker.step_batch import ChunkDelta, KVSwap, StepBatch
 
-MAGIC, VERSION = b"PSTB", 6
+MAGIC, VERSION = b"PSTB", 7
 HEADER = struct.Struct("<4sHH8I")  # 40 bytes, so the int64 sections after it are aligned
 _CHUNK = attrgetter("request_id", "token_ids", "start_pos", "blocks_from", "new_blocks",
                     "samples")
@@ -111,7 +111,9 @@ def encode_step(batch: StepBatch) -> bytes:
         _encode_masks(batch.token_masks),
         np.array([batch.round_id], np.int64).tobytes(),
         _encode_swaps(batch),
-        np.array([batch.round_rows], np.int64).tobytes()))
+        np.array([batch.round_rows, len(batch.round_tokens)], np.int64).tobytes(),
+        _packed(chain(batch.round_tokens, batch.round_tokens.values()), np.int64,
+                2 * len(batch.round_tokens))))
 
 
 _NO_SWAPS = np.zeros(5, np.int64).tobytes() + np.zeros(1, np.int32).tobytes()
@@ -177,7 +179,8 @@ def decode_step(message: bytes) -> StepBatch:
     text_lengths = take(np.int32, O + I + 1)
     texts = _split(message[offset:offset + X].decode("utf-8", "surrogatepass"), text_lengths)
     offset += X
-    round_rows = int(take(np.int64, 1)[0])
+    round_rows, R = take(np.int64, 2).tolist()
+    round_ranks, round_counts = take(np.int64, 2, R).tolist()
     if offset != len(message):
         raise ValueError(f"a step message of {len(message)} bytes, expected {offset}")
     starts, froms, _, _, samples = columns.tolist()
@@ -195,4 +198,4 @@ def decode_step(message: bytes) -> StepBatch:
                      slot_lengths))
     return StepBatch(chunks, new_params, ids[C + N:C + N + F], ids[-1],
                      dict(zip(prompted, prompts)), masks, round_id, swaps[:O], swaps[O:],
-                     texts[-1], tier_tokens, round_rows)
+                     texts[-1], tier_tokens, round_rows, dict(zip(round_ranks, round_counts)))

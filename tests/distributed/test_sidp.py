@@ -81,8 +81,10 @@ def test_tokens_equal_the_reference(model, reference, dp, tp, mode):
     assert len(owned) == 1 and len(stats) == dp * tp
     if mode == "cas":
         assert all(s["bytes_fetched"] == 0 for s in stats)  # activations move, not weights
-        # prompts' rounds exchange their counts; decode rounds pad to one known shape
+        # prompts' rounds take their counts from the engine (no exchange); decode rounds pad
+        # to one known shape
         assert all(s["counted_rounds"] > 0 and s["padded_rounds"] > 0 for s in stats)
+        assert all(s["exchanged_rounds"] == 0 for s in stats)
 
 
 @pytest.mark.parametrize("mode", ["was", "cas"])

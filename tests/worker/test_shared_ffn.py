@@ -73,3 +73,19 @@ def test_slots_hold_the_whole_shard_and_refill_ahead(device):
     assert slots.held == [0, 1]  # the next step's first layers, fetched during this one's tail
     per_fetch = 2 * (2 * ROWS * HIDDEN + HIDDEN * ROWS) * 4  # two peers' slices, fp32
     assert slots.bytes_fetched == per_fetch * (2 * LAYERS + 2)  # each layer once a step
+
+
+def test_counts_from_the_engine_are_checked_against_the_rows_run():
+    """A counted CaS round takes each peer's rows from the engine (no exchange): a rank
+    whose forward runs other rows than the engine's count for it stops with both."""
+    from parashift.worker.shared_ffn import SharedFfn
+    ffn = SimpleNamespace(peers=SimpleNamespace(ranks=(1, 3), rank=1),
+                          _state=SimpleNamespace(rank=3), round_id=5, rows=0,
+                          rounds={"padded": 0, "counted": 0})
+    SharedFfn.begin_step(ffn, 5, 0, {0: 7, 1: 7, 2: 4, 3: 4})
+    assert ffn._counts == [7, 4]
+    assert SharedFfn._step_counts(ffn, 4) == [7, 4]
+    with pytest.raises(RuntimeError, match="rank 3 runs 5 FFN rows .* gives it 4"):
+        SharedFfn._step_counts(ffn, 5)
+    SharedFfn.begin_step(ffn, 6, 8, {0: 7, 1: 7, 2: 4, 3: 4})  # a padded round: no counts
+    assert ffn._counts is None and ffn.rows == 8

@@ -52,6 +52,9 @@ def test_a_shared_ffn_round():
     batch = round_trip(StepBatch([ChunkDelta("a", [1], 0, 0, [0], True)], round_id=7,
                                  round_rows=24))
     assert (batch.round_id, batch.round_rows) == (7, 24)
+    counted = round_trip(StepBatch([ChunkDelta("a", [1, 2, 3], 0, 0, [0], True)], round_id=8,
+                                   round_tokens={2: 3, 3: 3, 0: 0, 1: 0}))
+    assert counted.round_tokens == {2: 3, 3: 3, 0: 0, 1: 0} and counted.round_rows == 0
 
 
 def test_token_masks():
