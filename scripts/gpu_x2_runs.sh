@@ -20,7 +20,10 @@
 # on the 8B: plain DP2, SiDP with graphs, SiDP eager). Seventeenth session: both ran and are
 # now the default; next `sidp_policy` (the switching tests with the CaS plans in graphs, and
 # `tail` under the sidp policy eager, its default, and with --cuda-graphs: whether graphs
-# should be the default where WaS plans run eagerly beside them).
+# should be the default where WaS plans run eagerly beside them). Eighteenth session: CaS's
+# counted rounds take their rows from the engine (no exchange inside the forward):
+# `cas_counts` runs the 8B `tail` with CaS before and after, interleaved, the earlier tree
+# unpacked with `git archive f0b8c50 | tar -x -C .before` (carry .before and .whl).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -128,6 +131,10 @@ for name in "$@"; do
            python3 -m parashift.bench throughput --workload tail --num-requests 1000 \
            --length-scale 0.05 --model $EIGHT_B --dtype bfloat16 --max-model-len 2048 -dp 2 \
            --share-ffn --parallel-policy sidp \$flags; done" ;;
+    cas_counts) part cas_counts 300 "for tree in .before . .before .; do (cd \$tree && \
+           PYTHONPATH=/tmp/site:. python3 -m parashift.bench throughput --workload tail \
+           --num-requests 1000 --length-scale 0.05 --model $PWD/$EIGHT_B --dtype bfloat16 \
+           --max-model-len 2048 -dp 2 --share-ffn); done" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     *) echo "unknown part $name"; exit 2 ;;
   esac
