@@ -44,8 +44,8 @@ def worker_main(rank: int, spec: WorkerSpec, conn, heartbeats) -> None:
     system-wide): this rank stamps its slot until the process ends or stops."""
     threading.Thread(target=_beat, args=(heartbeats, rank), name="parashift-heartbeat",
                      daemon=True).start()
-    _dump_stacks_later()
     try:
+        _dump_stacks_later()
         runner = _start(rank, spec)
         tune_garbage_collector()
         conn.send(("ready", runner.num_blocks, runner.load_seconds))
@@ -58,7 +58,11 @@ def worker_main(rank: int, spec: WorkerSpec, conn, heartbeats) -> None:
 def _dump_stacks_later() -> None:
     """PARASHIFT_DUMP_STACKS_AFTER_S=N: every thread's Python stack goes to stderr N seconds
     after the rank starts (and every N seconds after): where a hung rank waits."""
-    seconds = float(os.environ.get("PARASHIFT_DUMP_STACKS_AFTER_S", "0") or 0)
+    value = os.environ.get("PARASHIFT_DUMP_STACKS_AFTER_S", "")
+    try:
+        seconds = float(value or 0)
+    except ValueError:
+        raise ValueError(f"PARASHIFT_DUMP_STACKS_AFTER_S must be seconds, got {value!r}") from None
     if seconds > 0:
         faulthandler.dump_traceback_later(seconds, repeat=True)
 
