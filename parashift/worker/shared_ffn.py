@@ -225,6 +225,7 @@ class SharedFfn:
             module.register_forward_pre_hook(self._before(index))
             module.register_forward_hook(self._after(index))
         self.round_id, self._counts, self.rows, self._local_rows = -1, None, 0, 0
+        self._token_index: torch.Tensor | None = None  # the step's `_token_rows`
         # CaS steps by how their rows were known: padded to the round's, or counted (given
         # by the engine, or exchanged among the peers: the start-up profile's alone)
         self.rounds = {"padded": 0, "counted": 0, "exchanged": 0}
@@ -261,7 +262,7 @@ class SharedFfn:
         """`rows`: every peer's FFN rows in a decode round (each pads to them: one shape,
         known to all, no exchange of counts; a CUDA graph replays it); 0: each peer's rows
         from `tokens_by_rank` (the engine's, by rank), else exchanged at the first block."""
-        self.round_id, self.rows = round_id, rows
+        self.round_id, self.rows, self._token_index = round_id, rows, None
         self._counts = ([tokens_by_rank[rank] for rank in self.peers.ranks]
                         if tokens_by_rank and not rows else None)
         if round_id > PROFILE_ROUND:
@@ -316,33 +317,33 @@ class SharedFfn:
         if self.rows:
             return self.peers.all_gather(self._padded(x), dim=0)
         counts = self._step_counts(x.shape[0])
-        longest = max(counts)
-        padded = x.new_zeros(longest, x.shape[1])
-        padded[:x.shape[0]] = x
-        parts = self.peers.all_gather(padded, dim=0).unflatten(0, (len(counts), longest))
-        return torch.cat([part[:n] for part, n in zip(parts, counts)])
+        gathered = self.peers.all_gather(_pad_rows(x, max(counts)), dim=0)
+        return gathered.index_select(0, self._token_rows(counts, x.device))
 
     def _padded(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.rows:
             raise RuntimeError(f"a shared-FFN decode round of {self.rows} rows per replica got "
                                f"{x.shape[0]} rows on rank {self._state.rank}")
         self._local_rows = x.shape[0]
-        if x.shape[0] == self.rows:  # a graph's bucket: no copy
-            return x
-        return torch.cat((x, x.new_zeros(self.rows - x.shape[0], x.shape[1])))
+        return _pad_rows(x, self.rows)  # a graph's bucket: no copy
 
     def _scatter(self, y: torch.Tensor) -> torch.Tensor:
         if self.rows:
             return self.peers.reduce_scatter(y)[:self._local_rows]
         counts = self._counts
-        longest = max(counts)
-        padded = y.new_zeros(len(counts), longest, y.shape[1])
-        start = 0
-        for p, n in enumerate(counts):
-            padded[p, :n] = y[start:start + n]
-            start += n
-        mine = self.peers.reduce_scatter(padded.flatten(0, 1))
-        return mine[:counts[self.peers.rank]]
+        padded = y.new_zeros(len(counts) * max(counts), y.shape[1])
+        padded.index_copy_(0, self._token_rows(counts, y.device), y)
+        return self.peers.reduce_scatter(padded)[:counts[self.peers.rank]]
+
+    def _token_rows(self, counts: list[int], device: torch.device) -> torch.Tensor:
+        """Where the peers' tokens sit among their blocks padded to the longest, in peer
+        order: made on the device once a step, used by every layer's gather and scatter."""
+        if self._token_index is None:
+            longest = max(counts)
+            self._token_index = torch.cat([torch.arange(p * longest, p * longest + n,
+                                                        device=device)
+                                           for p, n in enumerate(counts)])
+        return self._token_index
 
     # ---- checks and counters -------------------------------------------------
     def stats(self) -> dict:
@@ -364,6 +365,11 @@ class SharedFfn:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         return {"own": own, "fetched": fetched, "peers": list(self.peers.ranks)}
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """`x` with zero rows added up to `rows` (itself where it has them)."""
+    return x if x.shape[0] == rows else torch.nn.functional.pad(x, (0, 0, 0, rows - x.shape[0]))
 
 
 def _piece_in_slot(slot: FfnSlice, p: int, s: int) -> list[torch.Tensor]:
