@@ -23,7 +23,9 @@
 # should be the default where WaS plans run eagerly beside them). Eighteenth session: CaS's
 # counted rounds take their rows from the engine (no exchange inside the forward):
 # `cas_counts` runs the 8B `tail` with CaS before and after, interleaved, the earlier tree
-# unpacked with `git archive f0b8c50 | tar -x -C .before` (carry .before and .whl).
+# unpacked with `git archive f0b8c50 | tar -x -C .before` (carry .before and .whl). Next
+# calls: `cas_counts sidp_policy` (~720 s: two calls), then `pp_graphs` (the PP2 TTFT gap with
+# graphs, now with each request's TTFT and prompt step time).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
