@@ -121,6 +121,11 @@ def top_functions(profiler, count: int) -> list:
 def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0,
             output_kind: str = "cumulative") -> dict:
     engine, rng = llm.llm_engine, random.Random(batch)
+    pool = engine.scheduler.block_manager
+    needed = batch * pool.num_blocks_for(engine.max_model_len)
+    if needed > pool.num_blocks:  # preemptions would leave fewer running than the batch
+        raise RuntimeError(f"batch {batch} needs up to {needed} KV blocks of "
+                           f"{pool.block_size} tokens, the pool has {pool.num_blocks}")
     params = SamplingParams(temperature=0, max_tokens=engine.max_model_len - context,
                             ignore_eos=True, output_kind=output_kind)
     ids = [f"b{batch}-{i}" for i in range(batch)]

@@ -22,4 +22,6 @@ python3 -m parashift.cli bench serve --base-url http://127.0.0.1:$port \
   --workload "$workload" --vocab-size 128256 --output-dir "$out" $bench_args
 status=$?
 kill -TERM $server; wait $server
+# the layout changes, on stdout: a run's folder may not come back, its log does
+grep -F 'of group(s)' "$out/server.log" | sed 's/^INFO [0-9-]* //' | tail -n 40
 exit $status

@@ -59,18 +59,23 @@ class KVCache:
 def _blocks_from_free_memory(cls, shape, dtype, device, config, block_bytes,
                              profile_peak_bytes) -> int:
     """`profile_peak_bytes(make_scratch)` runs a profiling step on a scratch pool of the
-    size it asks `make_scratch(num_blocks)` for, and returns its activation peak."""
+    size it asks `make_scratch(num_blocks)` for, and returns its memory peak. The scratch
+    pool stands in for blocks of the real pool, so its bytes are not activations."""
     num_layers, block_size, kv_heads, head_dim = shape
+    scratch_blocks = 0
 
     def make_scratch(num_blocks: int) -> "KVCache":
+        nonlocal scratch_blocks
+        scratch_blocks += num_blocks
         return cls(num_layers, num_blocks, block_size, kv_heads, head_dim, dtype, device)
 
-    peak = profile_peak_bytes(make_scratch)
+    peak = profile_peak_bytes(make_scratch) - scratch_blocks * block_bytes
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     budget = total * config.gpu_memory_utilization - (total - free) - peak
-    logger.info("memory profile: activation peak %.2f GiB, free %.2f GiB of %.2f GiB",
-                peak / 2**30, free / 2**30, total / 2**30)
+    logger.info("memory profile: activation peak %.2f GiB (beside a scratch KV pool of %.2f "
+                "GiB), free %.2f GiB of %.2f GiB", peak / 2**30,
+                scratch_blocks * block_bytes / 2**30, free / 2**30, total / 2**30)
     if budget < block_bytes:
         gib = 2**30
         raise ValueError(
