@@ -79,7 +79,7 @@ class EngineConfig:
     flying_dwell_s: float = 2.0              # flying policy: least seconds from a transition to a merge
     # a merge or split's running requests: auto (as the policy's transition says) | soft
     # (finish in their old plan, interleaved with the new groups' steps) | hard (paused while
-    # the new groups have requests) | recompute (moved, computed again)
+    # the new groups have more urgent requests) | recompute (moved, computed again)
     flying_preemption: str = "auto"
     # seesaw policy: each group prefills under prefill_plan and decodes under decode_plan (same
     # ranks), its KV moved between the two through a CPU tier of cpu_kv_tokens (or cpu_kv_gib)

@@ -704,13 +704,28 @@ class LLMEngine:
     def _open_replicas(self) -> list[Replica]:
         """Replicas with work and room for a step, none of whose ranks a pending transition
         is draining. Under hard preemption a replica left behind waits while a group on its
-        ranks has requests."""
+        ranks has a request more urgent than all of its own."""
         paused = {r for g in self.transitions.paused_groups() for r in self.layout.plans[g].ranks}
-        busy = {rank for r in self.serving_replicas() if r.scheduler.has_unfinished()
-                for rank in r.ranks}
+        urgency = self._urgency_by_rank() if any(r.yields for r in self.replicas) else {}
         return [r for r in self.replicas
                 if len(r.in_flight) < self._steps_in_flight(r) and r.scheduler.has_unfinished()
-                and paused.isdisjoint(r.ranks) and not (r.yields and busy.intersection(r.ranks))]
+                and paused.isdisjoint(r.ranks) and not (r.yields and self._outranked(r, urgency))]
+
+    def _urgency_by_rank(self) -> dict[int, int]:
+        """Each rank's most urgent request priority among the serving groups on it."""
+        urgency = {}
+        for replica in self.serving_replicas():
+            priority = replica.scheduler.most_urgent()
+            for rank in replica.ranks if priority is not None else ():
+                urgency[rank] = min(priority, urgency.get(rank, priority))
+        return urgency
+
+    @staticmethod
+    def _outranked(replica: Replica, urgency: dict[int, int]) -> bool:
+        """Whether a group on the replica's ranks has a request more urgent than its own
+        (a paused replica would otherwise wait as long as requests keep arriving)."""
+        own = replica.scheduler.most_urgent()
+        return own is not None and any(urgency.get(rank, own) < own for rank in replica.ranks)
 
     def _plan_for(self, replica: Replica, decision) -> "Plan":
         """The plan of the replica's next step: the policy's for its group, or the plan its
@@ -875,7 +890,7 @@ class LLMEngine:
         """The merged or split groups' replicas leave the layout. Their waiting requests
         move to the groups that replace them; their running ones stay where their KV was
         written and finish there in their old plan (the KV adaptor), interleaved with the
-        new groups' steps (soft preemption) or paused while those have requests (hard);
+        new groups' steps (soft preemption) or paused while those have more urgent ones (hard);
         under `recompute` they move too and are computed again. A new group whose plan
         and ranks are those of replicas left behind takes them back. Returns (requests
         moved, requests computed again, requests kept in their old plan)."""

@@ -27,7 +27,7 @@ class Replica:
         self.group = group  # its group in the node layout; None once left behind
         self.ranks = ranks
         self.left_plan: str | None = None  # the plan it runs once left behind
-        self.yields = False  # left behind, it waits while a group on its ranks has requests
+        self.yields = False  # left behind, it waits while its ranks serve more urgent requests
         self.scheduler = Scheduler(config, block_manager, eos_ids)
         self.in_flight: deque[tuple[SchedulerOutput, str, float]] = deque()  # oldest first
         self._last_finish = 0.0
@@ -43,7 +43,8 @@ class Replica:
 
     def leave(self, plan: str, yields: bool) -> None:
         """Its group merged or split: it finishes its requests under `plan`, between the
-        new groups' steps, or (`yields`: hard preemption) while they have none."""
+        new groups' steps, or (`yields`: hard preemption) while they have no request more
+        urgent than its own."""
         self.group, self.left_plan, self.yields = None, plan, yields
 
     def rejoin(self, group: int) -> None:

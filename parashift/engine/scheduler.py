@@ -124,6 +124,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._unfinished)
 
+    def most_urgent(self) -> int | None:
+        """The lowest priority value among the unfinished requests (None: there are none)."""
+        return min((seq.priority for seq in self._unfinished.values()), default=None)
+
     def counters(self) -> SchedulerCounters:
         """What a policy sees of this scheduler, with no state changes. The next step's
         tokens are an estimate: no preemption, no prefix-cache hits, no per-request cap."""

@@ -104,7 +104,7 @@ ENGINE_FLAGS = {
                                                       "soft (finish where their KV was written, "
                                                       "interleaved with the new groups' steps) | "
                                                       "hard (paused while the new groups have "
-                                                      "requests) | recompute (moved, computed "
+                                                      "more urgent requests) | recompute (moved, computed "
                                                       "again)"),
     "--shift-threshold": ("shift_threshold", int, "shift policy: steps of at most this many "
                                                  "tokens run under full TP"),

@@ -227,3 +227,53 @@ def test_the_view_carries_the_prompt_rate_its_plan_measured(model):
         assert decodes and view.step_s == decodes[-1].seconds
     finally:
         engine.shutdown()
+
+
+def test_requests_paused_for_a_priority_request_resume_once_it_ends(model):
+    """A and B run on the two replicas; a forced merge under hard preemption leaves them
+    behind, paused while the merged group serves the urgent U. Once U ends they run again,
+    beside C (default priority) in the merged group, instead of waiting for that group to
+    empty (under steady arrivals it never does)."""
+    skip_unless_enough_gpus(FLYING)
+    batch = prompts(seed=3, n=4)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=4)
+              for n in (24, 24, 3, 30)]
+    names = ["A", "B", "U", "C"]
+    expected = LLM(model[0], **COMMON)
+    try:
+        reference = expected.generate(batch, params)
+    finally:
+        expected.llm_engine.shutdown()
+    llm = LLM(model[0], **{**COMMON, **FLYING, "flying_preemption": "hard"})
+    engine = llm.llm_engine
+    outputs = {}
+
+    def step():
+        outputs.update((o.request_id, o) for o in engine.step())
+
+    def generated(request_id):
+        return next(s.num_output_tokens for r in engine.replicas
+                    for s in (*r.scheduler.running, *r.scheduler.waiting)
+                    if s.request_id == request_id)
+    try:
+        for name, prompt, p in zip(names[:2], batch, params):
+            engine.add_request(name, prompt, p)
+        while min(generated("A"), generated("B")) == 0:
+            step()
+        llm.set_layout(2)
+        while engine.layout.name() != "merge2-tp2":
+            step()
+        engine.add_request("U", batch[2], params[2], priority=-1)
+        engine.add_request("C", batch[3], params[3])
+        paused = generated("A"), generated("B")
+        while "U" not in outputs or not outputs["U"].finished:
+            step()
+            assert (generated("A"), generated("B")) == paused  # U's group outranks them
+        while generated("A") == paused[0]:
+            step()
+        assert generated("C") < params[3].max_tokens  # A ran while C still did
+        while engine.has_unfinished_requests():
+            step()
+        assert_same([outputs[name] for name in names], reference)
+    finally:
+        engine.shutdown()

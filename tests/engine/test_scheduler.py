@@ -139,6 +139,17 @@ def test_waiting_sequences_are_admitted_by_priority_then_arrival():
     assert step(sched)[0] == [("high_first", 2, 0), ("high_second", 2, 0)]
 
 
+def test_most_urgent_is_the_lowest_priority_value_of_the_unfinished():
+    sched = make_scheduler(max_num_seqs=1)
+    assert sched.most_urgent() is None
+    sched.add(make_seq("default", 2))
+    sched.add(make_seq("urgent", 2, priority=-1))
+    step(sched)  # admits one: the urgent; the other still waits and counts
+    assert sched.most_urgent() == -1
+    sched.abort("urgent")
+    assert sched.most_urgent() == 0
+
+
 def test_prefix_cache_hit_starts_after_cached_blocks():
     sched = make_scheduler()
     prompt = list(range(1, 11))
