@@ -12,11 +12,12 @@
 # (docs/benchmarks.md). The seventeenth session ran, on two H200s, the stages' graphs of PP2
 # and SiDP's CaS graphs, which are now the default; the eighteenth tests_rest pp_graphs70b
 # sidp_graphs bursty_flying priority_dp4 and the SiDP tests at 2x2 (a start-up hang, fixed).
+# The nineteenth ran bursty (Shift cut), sidp_graphs, flying_priority, sidp_tail70b.
 # The next session's calls (seconds expected on 4 H200s; each call's limits add up to under
-# 600; end each with `trim`, else the results' file count runs over and logs are left behind):
-#   OUT=dir bash scripts/gpu_x4_runs.sh bursty trim  # ~320 (Flying, DP4, TP4, Shift in one run)
-#   OUT=dir bash scripts/gpu_x4_runs.sh sidp_tail70b flying_priority trim  # ~500
-#     (the 70B `tail` with CaS graphs by default; Flying, TP4, DP4 on `priority` in one run)
+# 600; end each with `trim`, else the results' file count runs over and logs are left behind;
+# a call returns 8 files, so the transitions are printed into the part's log):
+#   OUT=dir bash scripts/gpu_x4_runs.sh flying_priority trim  # ~280 (hard preemption changed)
+#   OUT=dir bash scripts/gpu_x4_runs.sh bursty70b trim  # ~460 (Flying's own setting: the 70B)
 # Parts: env (topology, memory); prefill_profile (one prompt's prefill under one GPU, TP4,
 # SP4 and Shift SP4<->TP4 with every rank's kernel times: the thirteenth session's SP4 and
 # Shift TTFTs were 0.21 and 0.17 of their floors); plans8b and plans70b (static plans and Shift, `interactive`
@@ -33,7 +34,8 @@
 # 70B shape from two TP=2 groups); max_context (benchmarks/max_context.py: KV tokens and longest
 # context per width of Flying's layouts, the 8B from DP4, the 70B from 2xTP2); bursty and flying_priority (`parashift bench serve` against a server:
 # Flying -dp 4 against static DP4, TP4 and Shift SP4<->TP4, and the `priority` mix against DP4
-# and TP4; priority_dp4 its DP4 row alone); seesaw and seesaw_pcie (summarize, TP4 and PP4->TP4 and auto; NCCL_P2P_DISABLE=1
+# and TP4; priority_dp4 its DP4 row alone; bursty70b: the 70B, Flying from 2xTP2 against
+# static 2xTP2 and TP4); seesaw and seesaw_pcie (summarize, TP4 and PP4->TP4 and auto; NCCL_P2P_DISABLE=1
 # for the second; auto:4 is auto on four GPUs, and runs on the CPU too); seesaw_more (the static rows and the other pairs on summarize) and
 # seesaw_chat (`chat`).
 # SMOKE=1 runs the parts on the CPU with a 4-layer tiny shape at tiny scale: a check of every
@@ -114,9 +116,9 @@ run_sidp_tail() {  # run_sidp_tail MODEL NAME PLAIN-FLAGS SIDP-FLAGS: each at 0.
 }
 
 run_serve() {  # run_serve NAME WORKLOAD "BENCH ARGS" ENGINE FLAGS...: a server of the 8B shape
-  local name=$1 workload=$2 bench=$3; shift 3
+  local name=$1 workload=$2 bench=$3; shift 3  # (of $SERVE_MODEL where set)
   bash benchmarks/serve_workload.sh "$OUT/$name" "$workload" \
-    "$bench --vocab-size $VOCAB $SERVE_ARGS" "$EIGHT_B" --max-model-len 8192 "$@"
+    "$bench --vocab-size $VOCAB $SERVE_ARGS" "${SERVE_MODEL:-$EIGHT_B}" --max-model-len 8192 "$@"
 }
 
 run_bursty() {  # bursty over 30 s, four 1.5 s bursts at 30 req/s (about 230 requests)
@@ -124,6 +126,13 @@ run_bursty() {  # bursty over 30 s, four 1.5 s bursts at 30 req/s (about 230 req
   run_serve bursty_dp4 bursty "--time-scale 0.05" -dp 4
   run_serve bursty_tp4 bursty "--time-scale 0.05" -tp 4
   run_serve bursty_shift bursty "--time-scale 0.05" -sp 4 --parallel-policy shift
+}
+
+run_bursty70b() {  # the 70B: Flying from two TP2 groups against them and TP4 (the paper's
+  export SERVE_MODEL=$SEVENTY_B  # setting: a replica's prefill is slow, so TP pays at light load)
+  run_serve bursty70b_flying bursty "--time-scale 0.05" -dp 2 -tp 2 --parallel-policy flying
+  run_serve bursty70b_dp2tp2 bursty "--time-scale 0.05" -dp 2 -tp 2
+  run_serve bursty70b_tp4 bursty "--time-scale 0.05" -tp 4
 }
 
 run_priority() {  # the priority mix: 80 requests at 4 req/s (the middle of its 3-5), 20% urgent
@@ -169,7 +178,8 @@ run_tests() {  # run_tests all|rest: the distributed cases on four ranks, on NCC
     "${cases[@]}"
 }
 
-export -f run_plans run_sidp_capacity run_tail run_sidp_tail run_serve run_bursty run_priority \
+export -f run_plans run_sidp_capacity run_tail run_sidp_tail run_serve run_bursty run_bursty70b \
+  run_priority \
   run_max_context run_seesaw run_tests run_prefill_profile
 export EIGHT_B SEVENTY_B QWEN32 OUT VOCAB PLANS_ARGS SEESAW_ARGS SERVE_ARGS TAIL_ARGS MERGE_ARGS \
   CONTEXT_ARGS PREFILL_ARGS SMOKE
@@ -207,6 +217,7 @@ for name in "$@"; do
     max_context) part max_context 80 run_max_context ;;
     bursty) part bursty 290 run_bursty ;;
     flying_priority) part flying_priority 270 run_priority ;;
+    bursty70b) part bursty70b 450 run_bursty70b ;;
     seesaw) part seesaw 230 "run_seesaw $OUT/seesaw.json summarize 128 \
            tp4 auto:4 seesaw:pp4-tp4 --cuda-graphs" ;;
     seesaw_pcie) part seesaw_pcie 200 "NCCL_P2P_DISABLE=1 run_seesaw $OUT/seesaw_pcie.json \
