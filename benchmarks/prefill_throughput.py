@@ -6,7 +6,9 @@ Random weights (speed only). Floor = FLOPs / (788 TFLOP/s x the GPUs one prompt 
 TP x SP), FLOPs = 2 x (matrix parameters excluding the embedding) x tokens + causal attention
 (2 x 2 x layers x heads x head_dim x tokens^2 / 2) + the LM head for the one sampled row.
 `--profile` adds, per rank, the device time of the operations of one more prompt of each
-length (`LLM.start_profile`: NCCL's kernels included)."""
+length (`LLM.start_profile`: NCCL's kernels included) and `busy_ms`: the profile's span and
+how long the host and the device (with and without collectives) were busy in it; a rank
+whose host is busy for most of the span launches slower than its kernels run."""
 import argparse
 import json
 import random

@@ -6,6 +6,7 @@ processes, which a profiler in the engine's process does not see."""
 import os
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -27,7 +28,8 @@ class RankProfiler:
 
     def stop(self, top: int = 30) -> dict:
         """{"rank", "trace" (its path or None), "device_ms" | "host_ms": [(name, ms, calls),
-        ...]} with the `top` operations by their own time, most first."""
+        ...] with the `top` operations by their own time, most first, "busy_ms": the
+        profile's span and the time the host and the device were busy in it}."""
         if self._profile is None:
             raise RuntimeError(f"rank {self.rank}: no profile is running (start_profile first)")
         if self.device.type == "cuda":
@@ -49,4 +51,40 @@ class RankProfiler:
         ranked = sorted(times.items(), key=lambda item: -item[1][0])[:top]
         return {"rank": self.rank, "trace": trace,
                 "device_ms" if on_device else "host_ms":
-                    [(name, round(ms, 4), calls) for name, (ms, calls) in ranked]}
+                    [(name, round(ms, 4), calls) for name, (ms, calls) in ranked],
+                "busy_ms": busy_times(prof.events())}
+
+
+def busy_times(events) -> dict:
+    """The span from the first operation to the last, and the time the host (its operator
+    calls) and the device (its kernels; and without the collectives', which wait for the
+    slowest rank) were busy in it, ms. A step whose host is busy about as long as the
+    device's span is bound by its launches, not by its kernels."""
+    host, device, compute = [], [], []
+    for event in events:
+        interval = (event.time_range.start, event.time_range.end)
+        if event.device_type == DeviceType.CPU:
+            host.append(interval)
+        else:
+            device.append(interval)
+            if not any(word in event.name.lower() for word in COLLECTIVE_WORDS):
+                compute.append(interval)
+    everything = host + device
+    span = max(e for _, e in everything) - min(s for s, _ in everything) if everything else 0
+    return {"span": round(span / 1e3, 3), "host": round(covered_us(host) / 1e3, 3),
+            "device": round(covered_us(device) / 1e3, 3),
+            "device_without_collectives": round(covered_us(compute) / 1e3, 3)}
+
+
+COLLECTIVE_WORDS = ("nccl", "all_reduce", "allreduce", "all_gather", "allgather",
+                    "reduce_scatter", "all_to_all", "alltoall", "multimem")
+
+
+def covered_us(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of the (start, end) intervals."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered

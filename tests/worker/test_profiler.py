@@ -5,6 +5,7 @@ import json
 import pytest
 
 from parashift import SamplingParams
+from parashift.worker.profiler import covered_us
 from tests.engine.conftest import tiny_llama_dir, tiny_llm  # noqa: F401  (shared fixture)
 
 PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -23,6 +24,8 @@ def test_one_rank_answers_its_operations(tiny_llama_dir):
         assert summary["rank"] == 0 and summary["trace"] is None
         assert any("mm" in name or "linear" in name for name in op_names(summary))
         assert all(ms > 0 and calls >= 1 for _, ms, calls in summary["host_ms"])
+        busy = summary["busy_ms"]
+        assert 0 < busy["host"] <= busy["span"] and busy["device"] == 0  # no device on a CPU
         with pytest.raises(RuntimeError, match="no profile is running"):
             llm.stop_profile()
     finally:
@@ -48,3 +51,9 @@ def test_each_rank_of_tp2_writes_its_trace(tiny_llama_dir, tmp_path, monkeypatch
         names = op_names(summary)
         assert any("mm" in name or "linear" in name for name in names)
         assert any("all_reduce" in name or "allreduce" in name for name in names), names
+
+
+def test_covered_time_is_the_union_of_the_intervals():
+    assert covered_us([]) == 0
+    assert covered_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17  # 0-12 and 20-25
+    assert covered_us([(20, 25), (0, 10)]) == 15
