@@ -18,6 +18,8 @@
 # a call returns 8 files, so the transitions are printed into the part's log):
 #   OUT=dir bash scripts/gpu_x4_runs.sh flying_priority trim  # ~280 (hard preemption changed)
 #   OUT=dir bash scripts/gpu_x4_runs.sh bursty70b trim  # ~460 (Flying's own setting: the 70B)
+#   OUT=dir bash scripts/gpu_x4_runs.sh prefill_profile trim  # ~180 (busy_ms per rank: is
+#     TP4's prefill bound by its launches? TP4 and Shift TTFTs trail DP4's when serving)
 # Parts: env (topology, memory); prefill_profile (one prompt's prefill under one GPU, TP4,
 # SP4 and Shift SP4<->TP4 with every rank's kernel times: the thirteenth session's SP4 and
 # Shift TTFTs were 0.21 and 0.17 of their floors); plans8b and plans70b (static plans and Shift, `interactive`
