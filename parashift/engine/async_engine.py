@@ -9,7 +9,8 @@ If a step raises, the engine is dead: every pending request fails with
 `EngineDeadError` and new ones are refused (the server's /health turns 503).
 While idle the thread checks the engine's health (its worker processes) on every
 wake-up, at least every `IDLE_WAKE_S`, so a rank that dies with no request in
-flight kills the engine within about a second too."""
+flight kills the engine within about a second too; and it lets a policy that acts
+when idle change the layout then (`LLMEngine.idle_turn`)."""
 import asyncio
 import logging
 import queue
@@ -302,6 +303,8 @@ class AsyncLLMEngine:
                 if idle:
                     self.engine.check_health()  # a dead worker is noticed with no step to fail
                     self._record_faults()
+                    if self.engine.idle_turn():  # the policy's layout for an idle node
+                        self._after_step([])
                 if not self.engine.has_unfinished_requests():
                     continue
                 outputs = self.engine.step()

@@ -581,6 +581,23 @@ class LLMEngine:
         self._commit_drained_transitions()
         return self._take_outputs()
 
+    def idle_turn(self) -> bool:
+        """With nothing to run, a policy that acts when idle may change the layout now, so
+        that the next request does not wait for the change in its time to first token (the
+        flying policy merges an idle node before the queue builds; a forced width applies
+        at once). True if the layout changed."""
+        if (not getattr(self.policy, "acts_when_idle", False) or self.has_unfinished_requests()
+                or any(r.in_flight for r in self.replicas)):
+            return False
+        before = self.layout
+        for _ in range(len(self.layout.plans)):  # one merge or split a decision
+            decision = self.policy.decide(self.view())
+            if not decision.transitions:
+                break
+            self.transitions.request(decision.transitions, self.layout, self._plans_by_name)
+            self._commit_drained_transitions()
+        return self.layout is not before
+
     def _take_outputs(self) -> list[RequestOutput]:
         outputs, self._ready = self._ready, []
         return self._fold_children(outputs) if self._parent_of else outputs

@@ -277,3 +277,55 @@ def test_requests_paused_for_a_priority_request_resume_once_it_ends(model):
         assert_same([outputs[name] for name in names], reference)
     finally:
         engine.shutdown()
+
+
+def test_an_idle_node_merges_before_the_next_request(model, reference):
+    """With nothing to run the policy is asked anyway (`idle_turn`): the replicas merge
+    with no request to carry the change, so the next one meets the merged group instead
+    of waiting for the merge. A static node never changes."""
+    skip_unless_enough_gpus(FLYING)
+    llm = LLM(model[0], **{**COMMON, **FLYING})
+    engine = llm.llm_engine
+    try:
+        assert engine.layout.name() == "single,single@1"
+        assert engine.idle_turn()
+        assert engine.layout.name() == "merge2-tp2"
+        records = engine.take_transition_records()
+        assert [(r.kind, r.target, r.moved) for r in records] == [("merge", ("merge2-tp2",), 0)]
+        assert not engine.idle_turn()  # already the idle node's layout
+        assert_same(llm.generate(prompts(n=8), PARAMS), reference)
+    finally:
+        engine.shutdown()
+    static = LLM(model[0], **{**COMMON, "data_parallel_size": 2})
+    try:
+        assert not static.llm_engine.idle_turn()
+        assert static.llm_engine.layout.name() == "single,single@1"
+    finally:
+        static.llm_engine.shutdown()
+
+
+def test_a_server_merges_an_idle_node_within_a_second(model):
+    """The server's engine thread gives the policy its idle turn while it waits."""
+    import asyncio
+    import time
+
+    from parashift.engine.async_engine import AsyncLLMEngine
+    skip_unless_enough_gpus(FLYING)
+    llm = LLM(model[0], **{**COMMON, **FLYING})
+    engine = llm.llm_engine
+
+    async def main():
+        async_engine = AsyncLLMEngine(engine)
+        async_engine.start()
+        try:
+            deadline = time.monotonic() + 5
+            while engine.layout.name() != "merge2-tp2" and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return engine.layout.name(), time.monotonic() - (deadline - 5)
+        finally:
+            await async_engine.shutdown()
+    try:
+        name, seconds = asyncio.run(main())
+        assert name == "merge2-tp2" and seconds < 1.0
+    finally:
+        engine.shutdown()

@@ -53,6 +53,7 @@ def merged_plans(replicas: list[Plan], num_heads: int, num_kv_heads: int,
 class FlyingPolicy:
     name = "flying"
     reads_requests = True  # the view's needs, decode left and recompute tokens
+    acts_when_idle = True  # an idle node merges before the next request, not in its TTFT
 
     def __init__(self, layout: Layout, num_heads: int, num_kv_heads: int,
                  merge_running: int = 4, dwell_s: float = 2.0,

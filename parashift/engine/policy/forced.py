@@ -16,6 +16,10 @@ class ForcedWidth:
         self.reads_requests = getattr(policy, "reads_requests", False)
         self.width: int | None = None
 
+    @property
+    def acts_when_idle(self) -> bool:  # a forced width applies at once
+        return self.width is not None or getattr(self.policy, "acts_when_idle", False)
+
     def force(self, width: int | None) -> None:
         if width is not None and width not in self.layouts:
             raise ValueError(f"width {width} is not one this node can take; widths: "

@@ -77,6 +77,10 @@ class Policy(Protocol):
     # True where decide() reads the view's per-request fields (longest_need, longest_decode_left,
     # recompute_tokens): the engine then walks every request, waiting ones too, to fill them.
     reads_requests: bool
+    # True where decide() may change the layout of an idle node (the engine then asks it
+    # between requests, `LLMEngine.idle_turn`). Policies without the attribute are asked
+    # only when a step runs.
+    acts_when_idle: bool
 
     def decide(self, view: NodeView) -> Decision: ...
 
