@@ -141,6 +141,7 @@ class LLMEngine:
         self._round_id = 0  # steps that coupled groups run together (SiDP's CaS)
         # each plan's last decode step (a token per sequence), or its last step before one
         self._last_step_s: dict[str, float] = {}
+        self._fastest_decode_s: dict[str, float] = {}  # each plan's, for the flying policy
         self._decoded: set[str] = set()  # plans with a decode step measured
         self._prefill_rate: dict[str, float] = {}  # each plan's prompt tokens/s per rank
         self.layouts_by_width = layouts_by_width(base_replicas(self.layout),
@@ -996,7 +997,8 @@ class LLMEngine:
         return NodeView(tuple(groups), now,
                         tuple(plan.name() for plan in self.layout.plans),
                         tuple(self.max_context.items()),
-                        max(map(self._need, self._unplaced.values()), default=0))
+                        max(map(self._need, self._unplaced.values()), default=0),
+                        tuple(sorted(self._fastest_decode_s.items())))
 
     def _count_left_behind(self, replica: Replica, groups: list[GroupView]) -> None:
         """A replica left behind still runs its requests on its ranks: they count as the
@@ -1056,6 +1058,7 @@ class LLMEngine:
         decode = num_tokens == len(sched.scheduled)
         if decode:
             self._decoded.add(plan)
+            self._fastest_decode_s[plan] = min(seconds, self._fastest_decode_s.get(plan, seconds))
         if decode or plan not in self._decoded:
             self._last_step_s[plan] = seconds
         self._step_records.append(record)

@@ -164,10 +164,13 @@ def test_random_arrivals_and_priorities_give_the_reference_tokens(model, monkeyp
     policy's own merges and splits (no dwell): every request gives the single-device
     tokens and the node does not flap between widths (a split that left its requests
     behind once looked idle, and the policy merged and split again at every step).
-    The policy's step time is pinned: measured, it made the decisions differ by device
-    (on four H200s a graph-capturing merge and millisecond steps left no split to check)."""
+    The policy's step time and merge speedup are pinned: measured, they made the decisions
+    differ by device (on four H200s a graph-capturing merge and millisecond steps left no
+    split to check)."""
     skip_unless_enough_gpus(FLYING)
     monkeypatch.setattr(SwitchCosts, "step_seconds", lambda self, view: 0.05)
+    monkeypatch.setattr(SwitchCosts, "speedup",  # the assumed one (measured, it is the device's)
+                        lambda self, view, factor, merged=(): factor * self.efficiency)
     rng = random.Random(1)
     batch = prompts(seed=1, n=40)
     params = [SamplingParams(temperature=0, max_tokens=rng.randint(2, 20), ignore_eos=True)

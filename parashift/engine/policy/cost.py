@@ -6,9 +6,12 @@ step) plus the tokens its requests compute again in their new groups
 (`GroupView.recompute_tokens`; zero where requests keep their KV across the switch), at the
 prompt rate the groups' plans measured (`prefill_rate`).
 Gain of a merge by `factor` (k groups into one): the running requests' remaining decode
-steps run on k times the ranks at `efficiency` (light load: decode is bound by memory
-bandwidth, which a merge adds up). Gain of a split: the queued prompt tokens are computed
-by k groups instead of one, each waiting request gets a seat a step sooner, and a batch
+steps run `speedup` times as fast: the merged plan's fastest decode step against the
+groups' once both have run one (`NodeView.fastest_decode_s`), else k times at `efficiency`
+(light load: decode is bound by memory bandwidth, which a merge adds up). A merge whose
+measured speedup is not above 1 never pays, not even on an idle node.
+Gain of a split: the queued prompt tokens are computed by k groups instead of one, each
+waiting request gets a seat a step sooner, and a batch
 grown past the merge threshold stops paying the merged group's communication. A split keeps
 its running requests in their merged plan only while their remaining steps cost less than
 computing them again (`keeping_pays`)."""
@@ -45,13 +48,26 @@ class SwitchCosts:
         recompute = sum(g.recompute_tokens for g in view.groups) if moves_running else 0
         return drain + recompute / (self.prefill_rate(view) * factor)
 
-    def merge_gain(self, view: NodeView, factor: float, moves_running: bool = True) -> float:
+    def speedup(self, view: NodeView, factor: float, merged: tuple[str, ...] = ()) -> float:
+        """How many times faster a light-load decode step of the `merged` plans runs than
+        one of the layout's other plans: measured where both sides ran one (the slowest
+        plan of each), else `factor * efficiency`."""
+        measured = dict(view.fastest_decode_s)
+        merged_s = [measured[p] for p in merged if measured.get(p, 0) > 0]
+        group_s = [measured[p] for p in view.layout
+                   if p not in merged and measured.get(p, 0) > 0]
+        if merged_s and group_s:
+            return max(group_s) / max(merged_s)
+        return factor * self.efficiency
+
+    def merge_gain(self, view: NodeView, factor: float, moves_running: bool = True,
+                   merged: tuple[str, ...] = ()) -> float:
         """The running requests' decode time saved, where the merge moves them (requests
         that keep their KV where it was written keep their speed)."""
         if not moves_running:
             return 0.0
         steps = max((g.longest_decode_left for g in view.groups), default=0)
-        return steps * self.step_seconds(view) * (1 - 1 / (factor * self.efficiency))
+        return steps * self.step_seconds(view) * (1 - 1 / self.speedup(view, factor, merged))
 
     def split_gain(self, view: NodeView, factor: float, overfull: bool) -> float:
         step = self.step_seconds(view)
@@ -71,8 +87,10 @@ class SwitchCosts:
         recompute = sum(g.recompute_tokens for g in view.groups)
         return steps * self.step_seconds(view) <= recompute / (self.prefill_rate(view) * factor)
 
-    def merge_pays(self, view: NodeView, factor: float, moves_running: bool = True) -> bool:
-        return self.merge_gain(view, factor, moves_running) >= self.cost(
+    def merge_pays(self, view: NodeView, factor: float, moves_running: bool = True,
+                   merged: tuple[str, ...] = ()) -> bool:
+        return self.speedup(view, factor, merged) > 1 and self.merge_gain(
+            view, factor, moves_running, merged) >= self.cost(
             view, factor * self.efficiency, moves_running)
 
     def split_pays(self, view: NodeView, factor: float, overfull: bool,

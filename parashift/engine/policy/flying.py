@@ -142,7 +142,8 @@ class FlyingPolicy:
     def _pays(self, view: NodeView, wanted: int) -> bool:
         if wanted > self.width:
             return self.costs.merge_pays(view, wanted / self.width,
-                                         self._preempts("merge", view, 1) == "recompute")
+                                         self._preempts("merge", view, 1) == "recompute",
+                                         self.layouts[wanted])
         overfull = sum(g.num_running for g in view.groups) > 2 * self.merge_running
         factor = self.width / wanted
         return self.costs.split_pays(view, factor, overfull,

@@ -262,7 +262,8 @@ def test_flying_merges_that_keep_running_requests_gain_nothing_from_them():
 def test_switch_costs_follow_the_view():
     costs = SwitchCosts(prefill_tokens_per_s=1000.0, efficiency=0.5, step_s=0.1)
     idle = NodeView((group(0, num_running=0, step_s=0.0),))
-    assert costs.cost(idle, 2) == 0.0 and costs.merge_pays(idle, 2)
+    assert costs.cost(idle, 2) == 0.0 and costs.merge_pays(idle, 4)
+    assert not costs.merge_pays(idle, 2)  # 2 x 0.5: no faster, so no merge even when idle
     busy = NodeView((group(0, num_running=2, recompute_tokens=3000, step_s=0.05),))
     assert costs.cost(busy, 2) == pytest.approx(0.05 + 1.5)
     assert costs.merge_gain(busy, 4) == pytest.approx(64 * 0.05 * 0.5)
@@ -276,6 +277,32 @@ def test_switch_costs_follow_the_view():
                                         group(0, prefill_tokens_per_s=2000.0)))) == 2000.0
     with pytest.raises(ValueError, match="efficiency"):
         SwitchCosts(efficiency=0.0)
+
+
+def test_a_merge_reads_the_measured_speedup_of_the_merged_plan():
+    """Once the merged plan and the replicas have each run a decode step, the merge's gain
+    uses their fastest steps' ratio instead of factor x efficiency; a merged plan measured
+    no faster than the replicas is not merged into, not even when the node is idle."""
+    costs = SwitchCosts(efficiency=0.8)
+    light = (group(1, num_running=1, longest_decode_left=500, step_s=0.005),) * 4
+
+    def view(measured, groups=light):
+        return NodeView(groups, 1.0, REPLICAS, fastest_decode_s=tuple(measured.items()))
+    unmeasured = view({"single": 0.005})
+    assert costs.speedup(unmeasured, 4, ("merge4-tp4",)) == pytest.approx(3.2)
+    faster = view({"single": 0.005, "single@2": 0.006, "merge4-tp4": 0.002})
+    assert costs.speedup(faster, 4, ("merge4-tp4",)) == pytest.approx(3.0)  # the slowest: 6 ms
+    assert costs.merge_gain(faster, 4, merged=("merge4-tp4",)) == pytest.approx(
+        500 * 0.005 * (1 - 1 / 3))
+    slower = view({"single": 0.005, "merge4-tp4": 0.0055})
+    assert not costs.merge_pays(slower, 4, merged=("merge4-tp4",))
+    idle = view({"single": 0.005, "merge4-tp4": 0.0055},
+                tuple(group(0, num_running=0) for _ in range(4)))
+    assert not costs.merge_pays(idle, 4, merged=("merge4-tp4",))
+    policy = flying(dwell_s=0.0)
+    assert policy.decide(slower).transitions == ()
+    assert policy.decide(faster).transitions == (
+        Transition("merge", (0, 1, 2, 3), ("merge4-tp4",), "recompute"),)
 
 
 def test_layouts_by_width_and_the_transitions_between_them():
