@@ -7,7 +7,8 @@ merge or split at a time, to that width's layout: every aligned group of that ma
 consecutive replicas merged, the replicas after the last whole group serving as they are
 (`widths.py`). What it picks, first rule first:
 - a request more urgent than the default (priority < 0, vLLM's order: lower is more
-  urgent) binds the widest group at once, while replicas outside it keep serving;
+  urgent) binds the widest group at once, while replicas outside it keep serving (unless
+  that group's plan was measured to decode no faster, `cost.py`);
 - a request that no group of a narrower width holds (prompt + max_tokens against
   `NodeView.max_context`) keeps the node at a width that holds it (the paper's use case 3);
 - otherwise the load: the widest width at or below `merge_running` running requests and
@@ -107,7 +108,9 @@ class FlyingPolicy:
 
     def _choose_width(self, view: NodeView) -> int:
         floor = self._narrowest_holding(view)
-        self._bound = any(g.priorities and g.priorities[0] < 0 for g in view.groups)
+        urgent = any(g.priorities and g.priorities[0] < 0 for g in view.groups)
+        self._bound = urgent and self.costs.speedup(
+            view, self.widest, self.layouts[self.widest]) > 1  # against a replica
         if self._bound:
             return self._change(self.widest, view.time)
         if self.width < floor:

@@ -305,6 +305,18 @@ def test_a_merge_reads_the_measured_speedup_of_the_merged_plan():
         Transition("merge", (0, 1, 2, 3), ("merge4-tp4",), "recompute"),)
 
 
+def test_a_priority_request_does_not_bind_a_group_measured_slower():
+    policy = flying(dwell_s=600.0)
+    urgent = (group(1, num_running=2, priorities=(-1, 0)),) + (group(1, num_running=1),) * 3
+    slower = NodeView(urgent, 1.0, REPLICAS,
+                      fastest_decode_s=(("merge4-tp4", 0.006), ("single", 0.005)))
+    assert policy.decide(slower).transitions == ()
+    faster = NodeView(urgent, 1.0, REPLICAS,
+                      fastest_decode_s=(("merge4-tp4", 0.003), ("single", 0.005)))
+    assert policy.decide(faster).transitions == (
+        Transition("merge", (0, 1, 2, 3), ("merge4-tp4",), "hard"),)
+
+
 def test_layouts_by_width_and_the_transitions_between_them():
     replicas = list(Layout.of(Plan(dp=4)).plans)
     made = {p.name() for p in flying().plans}
