@@ -40,6 +40,10 @@ def run_throughput_benchmark(config: ThroughputConfig) -> dict:
     outputs = llm.generate([r.prompt for r in requests], params)
     elapsed = time.perf_counter() - start
     result = _result(config, requests, outputs, elapsed)
+    if llm.llm_engine.config.share_ffn:  # SiDP: its rounds (a round waits for every replica)
+        result["shared_ffn_rounds"] = {key: value for key, value in llm.llm_engine.executor
+                                       .collective_rpc("shared_ffn_stats")[0].items()
+                                       if key.endswith("_rounds")}
     print(_format(result), flush=True)
     if config.output_json:
         Path(config.output_json).write_text(json.dumps(result, indent=2))
@@ -63,4 +67,6 @@ def _format(result: dict) -> str:
     return (f"{result['workload']}: {result['num_requests']} requests in "
             f"{result['elapsed_s']:.2f} s: {result['request_throughput']:.2f} req/s, "
             f"{result['total_token_throughput']:.1f} tok/s total "
-            f"({result['input_throughput']:.1f} in, {result['output_throughput']:.1f} out)")
+            f"({result['input_throughput']:.1f} in, {result['output_throughput']:.1f} out)"
+            + "".join(f", {key.replace('_', ' ')} {value}"
+                      for key, value in result.get("shared_ffn_rounds", {}).items()))

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import logging
+import statistics
 import time
 import weakref
 from collections import deque
@@ -141,7 +142,8 @@ class LLMEngine:
         self._round_id = 0  # steps that coupled groups run together (SiDP's CaS)
         # each plan's last decode step (a token per sequence), or its last step before one
         self._last_step_s: dict[str, float] = {}
-        self._fastest_decode_s: dict[str, float] = {}  # each plan's, for the flying policy
+        # each plan's last decode steps' seconds (the flying policy reads their median)
+        self._decode_s: dict[str, deque] = {}
         self._decoded: set[str] = set()  # plans with a decode step measured
         self._prefill_rate: dict[str, float] = {}  # each plan's prompt tokens/s per rank
         self.layouts_by_width = layouts_by_width(base_replicas(self.layout),
@@ -998,7 +1000,8 @@ class LLMEngine:
                         tuple(plan.name() for plan in self.layout.plans),
                         tuple(self.max_context.items()),
                         max(map(self._need, self._unplaced.values()), default=0),
-                        tuple(sorted(self._fastest_decode_s.items())))
+                        tuple((plan, statistics.median(steps))
+                              for plan, steps in sorted(self._decode_s.items())))
 
     def _count_left_behind(self, replica: Replica, groups: list[GroupView]) -> None:
         """A replica left behind still runs its requests on its ranks: they count as the
@@ -1058,7 +1061,7 @@ class LLMEngine:
         decode = num_tokens == len(sched.scheduled)
         if decode:
             self._decoded.add(plan)
-            self._fastest_decode_s[plan] = min(seconds, self._fastest_decode_s.get(plan, seconds))
+            self._decode_s.setdefault(plan, deque(maxlen=DECODE_STEPS_KEPT)).append(seconds)
         if decode or plan not in self._decoded:
             self._last_step_s[plan] = seconds
         self._step_records.append(record)
@@ -1197,3 +1200,6 @@ def _async_scheduling(config: EngineConfig, plans: list[Plan]) -> bool:
 # A step's prompt tokens (beyond one token per sequence) from which its time measures the
 # plan's prefill rate for the switch costs: shorter steps are mostly fixed cost.
 PREFILL_RATE_MIN_TOKENS = 256
+# A plan's decode step time is the median of its last this many (a step collected together
+# with the one before it is timed from that one's end: near zero)
+DECODE_STEPS_KEPT = 16

@@ -297,6 +297,9 @@ def test_an_idle_node_merges_before_the_next_request(model, reference):
         assert [(r.kind, r.target, r.moved) for r in records] == [("merge", ("merge2-tp2",), 0)]
         assert not engine.idle_turn()  # already the idle node's layout
         assert_same(llm.generate(prompts(n=8), PARAMS), reference)
+        measured = dict(engine.view().decode_step_s)  # each plan that decoded, its median
+        assert measured and set(measured) <= {"single", "single@1", "merge2-tp2"}
+        assert all(0 < seconds < 60 for seconds in measured.values())
     finally:
         engine.shutdown()
     static = LLM(model[0], **{**COMMON, "data_parallel_size": 2})
@@ -305,6 +308,23 @@ def test_an_idle_node_merges_before_the_next_request(model, reference):
         assert static.llm_engine.layout.name() == "single,single@1"
     finally:
         static.llm_engine.shutdown()
+
+
+def test_an_idle_node_stays_apart_where_the_merged_plan_decodes_slower(model):
+    """The decode steps the engine measured reach the policy: with the merged plan's
+    steps slower than the replicas', an idle node does not merge; faster, it does."""
+    from collections import deque
+    skip_unless_enough_gpus(FLYING)
+    llm = LLM(model[0], **{**COMMON, **FLYING})
+    engine = llm.llm_engine
+    try:
+        steps = {"single": 0.004, "single@1": 0.005}
+        engine._decode_s = {plan: deque([s]) for plan, s in {**steps, "merge2-tp2": 0.006}.items()}
+        assert not engine.idle_turn() and engine.layout.name() == "single,single@1"
+        engine._decode_s["merge2-tp2"] = deque([0.003, 0.002, 0.1])  # median 3 ms
+        assert engine.idle_turn() and engine.layout.name() == "merge2-tp2"
+    finally:
+        engine.shutdown()
 
 
 def test_a_server_merges_an_idle_node_within_a_second(model):

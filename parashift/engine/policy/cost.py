@@ -6,8 +6,8 @@ step) plus the tokens its requests compute again in their new groups
 (`GroupView.recompute_tokens`; zero where requests keep their KV across the switch), at the
 prompt rate the groups' plans measured (`prefill_rate`).
 Gain of a merge by `factor` (k groups into one): the running requests' remaining decode
-steps run `speedup` times as fast: the merged plan's fastest decode step against the
-groups' once both have run one (`NodeView.fastest_decode_s`), else k times at `efficiency`
+steps run `speedup` times as fast: the merged plan's measured decode step against the
+groups' once both have run one (`NodeView.decode_step_s`), else k times at `efficiency`
 (light load: decode is bound by memory bandwidth, which a merge adds up). A merge whose
 measured speedup is not above 1 never pays, not even on an idle node.
 Gain of a split: the queued prompt tokens are computed by k groups instead of one, each
@@ -49,10 +49,10 @@ class SwitchCosts:
         return drain + recompute / (self.prefill_rate(view) * factor)
 
     def speedup(self, view: NodeView, factor: float, merged: tuple[str, ...] = ()) -> float:
-        """How many times faster a light-load decode step of the `merged` plans runs than
-        one of the layout's other plans: measured where both sides ran one (the slowest
-        plan of each), else `factor * efficiency`."""
-        measured = dict(view.fastest_decode_s)
+        """How many times faster a decode step of the `merged` plans runs than one of the
+        layout's other plans: measured where both sides ran one (the slowest plan of each),
+        else `factor * efficiency`."""
+        measured = dict(view.decode_step_s)
         merged_s = [measured[p] for p in merged if measured.get(p, 0) > 0]
         group_s = [measured[p] for p in view.layout
                    if p not in merged and measured.get(p, 0) > 0]

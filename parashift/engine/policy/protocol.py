@@ -45,10 +45,10 @@ class NodeView:
     # The longest context one group holds, per width (replicas merged) the node can take.
     max_context: tuple[tuple[int, int], ...] = ()
     unplaced_need: int = 0  # tokens the longest request no group holds yet needs (0: none)
-    # Each plan's fastest decode step in seconds (its light-load step, bound by reading its
-    # weights), of the plans that ran one, any group, any time: what a merge's cost check
-    # reads of the merged plan before the node runs it.
-    fastest_decode_s: tuple[tuple[str, float], ...] = ()
+    # Each plan's decode step in seconds (the median of its last few), of the plans that ran
+    # one, any group, any time: what a merge's cost check reads of the merged plan before
+    # the node runs it.
+    decode_step_s: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -281,13 +281,13 @@ def test_switch_costs_follow_the_view():
 
 def test_a_merge_reads_the_measured_speedup_of_the_merged_plan():
     """Once the merged plan and the replicas have each run a decode step, the merge's gain
-    uses their fastest steps' ratio instead of factor x efficiency; a merged plan measured
+    uses their measured steps' ratio instead of factor x efficiency; a merged plan measured
     no faster than the replicas is not merged into, not even when the node is idle."""
     costs = SwitchCosts(efficiency=0.8)
     light = (group(1, num_running=1, longest_decode_left=500, step_s=0.005),) * 4
 
     def view(measured, groups=light):
-        return NodeView(groups, 1.0, REPLICAS, fastest_decode_s=tuple(measured.items()))
+        return NodeView(groups, 1.0, REPLICAS, decode_step_s=tuple(measured.items()))
     unmeasured = view({"single": 0.005})
     assert costs.speedup(unmeasured, 4, ("merge4-tp4",)) == pytest.approx(3.2)
     faster = view({"single": 0.005, "single@2": 0.006, "merge4-tp4": 0.002})
@@ -309,10 +309,10 @@ def test_a_priority_request_does_not_bind_a_group_measured_slower():
     policy = flying(dwell_s=600.0)
     urgent = (group(1, num_running=2, priorities=(-1, 0)),) + (group(1, num_running=1),) * 3
     slower = NodeView(urgent, 1.0, REPLICAS,
-                      fastest_decode_s=(("merge4-tp4", 0.006), ("single", 0.005)))
+                      decode_step_s=(("merge4-tp4", 0.006), ("single", 0.005)))
     assert policy.decide(slower).transitions == ()
     faster = NodeView(urgent, 1.0, REPLICAS,
-                      fastest_decode_s=(("merge4-tp4", 0.003), ("single", 0.005)))
+                      decode_step_s=(("merge4-tp4", 0.003), ("single", 0.005)))
     assert policy.decide(faster).transitions == (
         Transition("merge", (0, 1, 2, 3), ("merge4-tp4",), "hard"),)
 
