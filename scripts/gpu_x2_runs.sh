@@ -25,7 +25,9 @@
 # `cas_counts` runs the 8B `tail` with CaS before and after, interleaved, the earlier tree
 # unpacked with `git archive f0b8c50 | tar -x -C .before` (carry .before and .whl). Next
 # calls: `cas_counts sidp_policy` (~720 s: two calls), then `pp_graphs` (the PP2 TTFT gap with
-# graphs, now with each request's TTFT and prompt step time).
+# graphs, now with each request's TTFT and prompt step time). Nineteenth session:
+# `prefill_busy` (one prompt's prefill under one GPU, TP2 and Shift with each rank's
+# `busy_ms`: is a TP prefill bound by its ranks' launches?).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -138,6 +140,9 @@ for name in "$@"; do
            --num-requests 1000 --length-scale 0.05 --model $PWD/$EIGHT_B --dtype bfloat16 \
            --max-model-len 2048 -dp 2 --share-ffn); done" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
+    prefill_busy) part prefill_busy 200 "for plan in single tp2 shift-sp2; do \
+           python3 benchmarks/prefill_throughput.py --model $EIGHT_B --plan \$plan \
+           --prompt-lens 2048 8192 --repeats 3 --profile --output $OUT/prefill_\$plan.json; done" ;;
     *) echo "unknown part $name"; exit 2 ;;
   esac
 done
