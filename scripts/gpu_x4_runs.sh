@@ -37,7 +37,8 @@
 # context per width of Flying's layouts, the 8B from DP4, the 70B from 2xTP2); bursty and flying_priority (`parashift bench serve` against a server:
 # Flying -dp 4 against static DP4, TP4 and Shift SP4<->TP4, and the `priority` mix against DP4
 # and TP4; priority_dp4 its DP4 row alone; bursty70b: the 70B, Flying from 2xTP2 against
-# static 2xTP2 and TP4); seesaw and seesaw_pcie (summarize, TP4 and PP4->TP4 and auto; NCCL_P2P_DISABLE=1
+# static 2xTP2 and TP4); seesaw and seesaw_pcie (summarize, TP4 and PP4->TP4 and auto;
+# NCCL_P2P_DISABLE=1
 # for the second; auto:4 is auto on four GPUs, and runs on the CPU too); seesaw_more (the static rows and the other pairs on summarize) and
 # seesaw_chat (`chat`).
 # SMOKE=1 runs the parts on the CPU with a 4-layer tiny shape at tiny scale: a check of every

@@ -104,8 +104,8 @@ ENGINE_FLAGS = {
                                                       "soft (finish where their KV was written, "
                                                       "interleaved with the new groups' steps) | "
                                                       "hard (paused while the new groups have "
-                                                      "more urgent requests) | recompute (moved, computed "
-                                                      "again)"),
+                                                      "more urgent requests) | recompute "
+                                                      "(moved, computed again)"),
     "--shift-threshold": ("shift_threshold", int, "shift policy: steps of at most this many "
                                                  "tokens run under full TP"),
     "--shift-weights": ("shift_weights", str, "shift policy: reorder (default: base rows "

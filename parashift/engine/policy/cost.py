@@ -11,10 +11,10 @@ groups' once both have run one (`NodeView.decode_step_s`), else k times at `effi
 (light load: decode is bound by memory bandwidth, which a merge adds up). A merge whose
 measured speedup is not above 1 never pays, not even on an idle node.
 Gain of a split: the queued prompt tokens are computed by k groups instead of one, each
-waiting request gets a seat a step sooner, and a batch
-grown past the merge threshold stops paying the merged group's communication. A split keeps
-its running requests in their merged plan only while their remaining steps cost less than
-computing them again (`keeping_pays`)."""
+waiting request gets a seat a step sooner, and a batch grown past the merge threshold stops
+paying the merged group's communication. A split keeps its running requests in their merged
+plan only while their remaining steps cost less than computing them again
+(`keeping_pays`)."""
 from dataclasses import dataclass
 
 from parashift.engine.policy.protocol import NodeView

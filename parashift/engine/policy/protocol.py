@@ -58,9 +58,9 @@ class Transition:
     groups: tuple[int, ...]
     target: str  # the plan the groups run once it commits
     # a merge or split's running requests: "soft" (they finish where their KV was written,
-    # between the new groups' steps), "hard" (paused while the new groups have more urgent requests) or
-    # "recompute" (moved, computed again); None: soft. `--flying-preemption` other than auto
-    # overrides it.
+    # between the new groups' steps), "hard" (paused while the new groups have more urgent
+    # requests) or "recompute" (moved, computed again); None: soft. `--flying-preemption`
+    # other than auto overrides it.
     preemption: str | None = None
 
 
