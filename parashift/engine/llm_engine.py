@@ -144,7 +144,6 @@ class LLMEngine:
         self._last_step_s: dict[str, float] = {}
         # each plan's last decode steps' seconds (the flying policy reads their median)
         self._decode_s: dict[str, deque] = {}
-        self._decoded: set[str] = set()  # plans with a decode step measured
         self._prefill_rate: dict[str, float] = {}  # each plan's prompt tokens/s per rank
         self.layouts_by_width = layouts_by_width(base_replicas(self.layout),
                                                  set(self._plans_by_name))
@@ -1060,9 +1059,8 @@ class LLMEngine:
             tier.seconds["prefill" if plan == tier.prefill.name() else "decode"] += seconds
         decode = num_tokens == len(sched.scheduled)
         if decode:
-            self._decoded.add(plan)
             self._decode_s.setdefault(plan, deque(maxlen=DECODE_STEPS_KEPT)).append(seconds)
-        if decode or plan not in self._decoded:
+        if decode or plan not in self._decode_s:
             self._last_step_s[plan] = seconds
         self._step_records.append(record)
         if self._timeline is not None:
