@@ -88,6 +88,8 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on where possible (CUDA, triton attention)")
+    p.add_argument("--mixed-step-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="with graphs, steps that prefill (up to 2,048 tokens) replay graphs too")
     p.add_argument("--plan", default="single", help="benchmarks/plans.py's names: tp4, sp4, shift-sp4")
     p.add_argument("--profile", action="store_true",
                    help="per rank, the device time of each operation of one prefill step")
@@ -100,7 +102,8 @@ def main():
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=longest + 16,
               max_num_batched_tokens=longest, long_prefill_token_threshold=0,
               skip_tokenizer_init=True,
-              enable_prefix_caching=False, cuda_graphs=args.cuda_graphs, **options)
+              enable_prefix_caching=False, cuda_graphs=args.cuda_graphs,
+              mixed_step_graphs=args.mixed_step_graphs, **options)
     runner = getattr(llm.llm_engine, "runner", None)  # in this process: one rank only
     cfg = load_hf_config(resolve_model(args.model))
     gpus = options.get("tensor_parallel_size", 1) * options.get("sequence_parallel_size", 1)
@@ -110,7 +113,8 @@ def main():
         flops = (prefill_flops(runner.model, length) if runner is not None
                  else config_prefill_flops(cfg, length))
         floor = flops / (BF16_MATRIX_RATE * gpus)
-        rows.append(dict(plan=args.plan, prompt_len=length, step_ms=seconds * 1e3,
+        rows.append(dict(plan=args.plan, mixed_step_graphs=args.mixed_step_graphs,
+                         prompt_len=length, step_ms=seconds * 1e3,
                          tokens_per_s=length / seconds, floor_ms=floor * 1e3,
                          fraction_of_floor=floor / seconds))
         if args.profile:

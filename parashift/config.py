@@ -118,6 +118,9 @@ class EngineConfig:
     sidp_min_dwell_steps: int = 8            # sidp policy: least steps between switches
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
     cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible
+    # with them, steps that prefill too (<= 2,048 rows, <= 64 sequences; single-stage plans,
+    # not in deterministic mode nor with shared FFN weights or Seesaw)
+    mixed_step_graphs: bool = True
     fast_all_reduce: bool = True             # CUDA: small all-reduces over symmetric memory
     async_scheduling: bool | None = None     # schedule the next step while one runs; None = auto
     check_step_state: bool = False           # debug: every step's persistent inputs against a rebuild

@@ -96,6 +96,15 @@ run_prefill_profile() {  # one prompt's prefill step per plan, each rank's kerne
   done
 }
 
+run_mixed_graphs() {  # one prompt's prefill per plan, steps that prefill in graphs and eager
+  for plan in single tp4 sp4 shift-sp4; do
+    for graphs in --mixed-step-graphs --no-mixed-step-graphs; do
+      python3 benchmarks/prefill_throughput.py --model $EIGHT_B --plan $plan \
+        --prompt-lens 256 1024 2048 --repeats 5 $graphs $PREFILL_ARGS 2>&1 | grep '^{'
+    done
+  done
+}
+
 run_sidp_capacity() {
   python3 benchmarks/sidp_capacity.py --model $QWEN32 -dp 4 --gpu-memory-utilization 0.9 \
     --out "$OUT/sidp_capacity_dp4.json"
@@ -172,8 +181,14 @@ run_tests() {  # run_tests all|rest: the distributed cases on four ranks, on NCC
     "$plans[gqa8x4-pp4]" "$plans[gqa8x4-pp2-tp2]" "$plans[gqa8x4-pp3]"
     "$plans[gqa8x4-lpsingle,pp2,single]" "$sidp::test_tokens_equal_the_reference[cas-4-1]"
     "$sidp::test_tokens_equal_the_reference[cas-2-2]")
+  # steps that prefill replay graphs (mixed buckets) under every single-stage plan and switch
+  local mixed=("$plans[gqa8x4-tp4]" "$plans[gqa8x4-sp4]" "$plans[gqa8x4-dp2-tp2]"
+    "$shift[gqa8x4-sp2-tp2]"
+    tests/distributed/test_flying_policy.py::test_random_arrivals_and_priorities_give_the_reference_tokens
+    tests/engine/test_gpu_engine.py)
   local cases=("${first[@]}" "${rest[@]}")
   [ "$1" = rest ] && cases=("${rest[@]}")
+  [ "$1" = mixed ] && cases=("${mixed[@]}")
   if [ "${SMOKE:-0}" = 1 ]; then  # on the CPU: the ids only
     python3 -m pytest -q --collect-only -p no:cacheprovider "${cases[@]}"; return
   fi
@@ -190,6 +205,8 @@ for name in "$@"; do
   case $name in
     env) run_env ;;
     prefill_profile) part prefill_profile 170 run_prefill_profile ;;
+    mixed_graphs) part mixed_graphs 360 run_mixed_graphs ;;
+    tests_mixed) part tests_mixed 200 "run_tests mixed" ;;
     plans8b) part plans8b 380 "run_plans $EIGHT_B $OUT/plans_8b.json \
            tp4 dp4 sp4 dp2tp2 sp2tp2 tp2pp2 shift-sp4 shift-sp2tp2 pp4" ;;
     # SP4 (and so shift-sp4) holds all 141 GB of 70B weights on each GPU: left out

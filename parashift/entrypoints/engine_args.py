@@ -193,6 +193,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
                             "policy, its WaS steps eager)")
     group.add_argument("--enforce-eager", dest="cuda_graphs", action="store_const", const=False,
                        help="no CUDA graphs (as vLLM's flag; same as --no-cuda-graphs)")
+    group.add_argument("--no-mixed-step-graphs", dest="mixed_step_graphs", action="store_false",
+                       help="steps that prefill run eagerly (by default, with CUDA graphs, those "
+                            "of up to 2,048 tokens and 64 sequences replay graphs too)")
     group.add_argument("--disable-fast-all-reduce", dest="fast_all_reduce", action="store_false",
                        help="all-reduce through NCCL only (no symmetric-memory one-shot path)")
     group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
@@ -221,7 +224,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     names = [name for name, _, _ in ENGINE_FLAGS.values()]
     names += ["model", "enable_prefix_caching", "skip_tokenizer_init", "trust_remote_code",
-              "cuda_graphs",
+              "cuda_graphs", "mixed_step_graphs",
               "fast_all_reduce", "async_scheduling", "check_step_state", "deterministic", "share_ffn",
               "seesaw_resident_weights"]
     names += [name for _, _, name in PARALLEL_FLAGS]

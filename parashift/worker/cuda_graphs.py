@@ -1,7 +1,13 @@
-"""CUDA graphs for decode steps, one per (plan, batch-size bucket).
+"""CUDA graphs for steps, one per (plan, bucket).
 
-A pure-decode step of B sequences runs as the graph of the smallest bucket >= B,
-padded (see build_step_inputs). The bucket is a function of the step message
+A pure-decode step of B sequences runs as the graph of the smallest decode bucket >= B,
+padded (see build_step_inputs). A step that prefills (alone or beside decodes) of at most
+MIXED_SEQS sequences and R <= the largest MIXED_ROWS token rows runs as the graph of the
+smallest mixed bucket >= R, its sequences padded to MIXED_SEQS: its attention is one
+launch in the prefill configuration over a grid fixed by the bucket. Mixed graphs take a
+short prefill's host launches (hundreds a step, longer than the kernels below ~2,048 rows
+at four ranks) off the critical path; single-stage plans only, not in deterministic mode,
+nor with shared FFN weights or Seesaw. The bucket is a function of the step message
 alone, so every rank of a replica replays the same graph and the collectives
 inside stay matched. A pipelined plan's graph holds its stage's layers: a later
 stage receives the previous one's hidden states into static buffers before the
@@ -10,6 +16,7 @@ read from static buffers that each step refills; the split-KV grid was fixed at
 capture for max_model_len, which stays correct for any shorter context. On by
 default on CUDA (`--enforce-eager` turns them off); tests/engine/test_gpu_engine.py
 checks them against eager."""
+from dataclasses import dataclass
 from operator import attrgetter
 
 import torch
@@ -21,74 +28,123 @@ from parashift.context import use_context
 
 _TOKENS = attrgetter("token_ids")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+MIXED_ROWS = (256, 512, 1024, 2048)  # token rows of the graphs of steps that prefill
+MIXED_SEQS = 64  # the sequences such a graph holds
 
 
-class DecodeGraphs:
+@dataclass(frozen=True)
+class Bucket:
+    """A graph's padded shape: token rows and sequences (equal for decode)."""
+    rows: int
+    seqs: int
+
+    @property
+    def decode(self) -> bool:
+        return self.rows == self.seqs
+
+
+class GraphSizes:
+    """The buckets a runner captures, and the one a step replays."""
+
+    def __init__(self, max_num_seqs: int, sp_sizes: set[int], max_mixed_rows: int = 0):
+        self.decode = [b for b in DEFAULT_BUCKETS if b <= max_num_seqs
+                       and all(b % sp == 0 for sp in sp_sizes)]
+        self.mixed_seqs = min(MIXED_SEQS, max_num_seqs)
+        self.mixed_rows = [r for r in MIXED_ROWS if self.mixed_seqs < r <= max_mixed_rows
+                           and all(r % sp == 0 for sp in sp_sizes)]
+
+    def captured(self, single_stage: bool) -> list[Bucket]:
+        """A plan's buckets, largest first (mixed ones for a plan of one stage)."""
+        mixed = reversed(self.mixed_rows) if single_stage else ()
+        return [*(Bucket(r, self.mixed_seqs) for r in mixed),
+                *(Bucket(b, b) for b in reversed(self.decode))]
+
+    def decode_rows(self, rows: int) -> int | None:
+        """The decode bucket of `rows` sequences."""
+        return next((b for b in self.decode if b >= rows), None)
+
+    def for_step(self, rows: int, seqs: int, at_least: int = 0) -> Bucket | None:
+        """The bucket of a step of `rows` token rows over `seqs` sequences (a decode step's
+        padded to `at_least` rows: a shared-FFN round's), or None where none fits."""
+        if rows == seqs:
+            size = self.decode_rows(max(rows, at_least))
+            return None if size is None else Bucket(size, size)
+        if at_least or seqs > self.mixed_seqs:
+            return None
+        size = next((r for r in self.mixed_rows if r >= rows), None)
+        return None if size is None else Bucket(size, self.mixed_seqs)
+
+
+class StepGraphs:
     def __init__(self, model_for, backend, plans: list, bind_kv, max_model_len: int,
                  max_num_seqs: int, device: torch.device,
-                 hidden: tuple[int, torch.dtype] | None = None, before_capture=None):
+                 hidden: tuple[int, torch.dtype] | None = None, before_capture=None,
+                 max_mixed_rows: int = 0):
         """`plans`: the PlanResources of every plan whose decode steps replay graphs;
         `model_for(plan)` the model a plan's steps run (one for every plan, except under
         Seesaw: one per plan); `bind_kv(plan)` points it at the KV pool as that plan reads
         it (each graph captures its plan's view); `hidden`: the hidden size and dtype of
         the states a later pipeline stage receives (needed only with such a stage);
         `before_capture(plan, bucket)` readies what the capture needs (shared FFN weights'
-        exchanges padded to the bucket)."""
+        exchanges padded to the bucket); `max_mixed_rows`: the most token rows of a step that
+        prefills (the step budget), 0 for no mixed graphs; single-stage plans capture them."""
         self.before_capture = before_capture
         self.model_for, self.backend, self.bind_kv = model_for, backend, bind_kv
         self.max_model_len = max_model_len
-        sp_sizes = {p.state.sp.size for p in plans}
-        self.buckets = [b for b in DEFAULT_BUCKETS if b <= max_num_seqs
-                        and all(b % sp == 0 for sp in sp_sizes)]
-        largest = self.buckets[-1]
+        self.sizes = GraphSizes(max_num_seqs, {p.state.sp.size for p in plans}, max_mixed_rows)
+        largest = self.sizes.decode[-1]
+        rows = max([largest, *self.sizes.mixed_rows])
+        seqs = max(largest, self.sizes.mixed_seqs)
         max_blocks = -(-max_model_len // min(p.block_size for p in plans))
-        self.tokens = torch.zeros(largest, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(largest, dtype=torch.int64, device=device)
-        self.slots = torch.full((largest,), -1, dtype=torch.int64, device=device)
-        self.starts = torch.zeros(largest + 1, dtype=torch.int32, device=device)
-        self.seq_lens = torch.zeros(largest, dtype=torch.int32, device=device)
-        self.tables = torch.zeros(largest, max_blocks, dtype=torch.int32, device=device)
+        self.tokens = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.slots = torch.full((rows,), -1, dtype=torch.int64, device=device)
+        self.starts = torch.zeros(seqs + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(seqs, dtype=torch.int32, device=device)
+        self.tables = torch.zeros(seqs, max_blocks, dtype=torch.int32, device=device)
         self.received = None  # a later pipeline stage's (hidden states, residual)
         if any(not p.state.is_first_stage for p in plans):
             size, dtype = hidden
             self.received = tuple(torch.zeros(largest, size, dtype=dtype, device=device)
                                   for _ in range(2))
-        self.graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[str, Bucket], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
         for plan in sorted(plans, key=lambda p: p.graph_key):  # same order on every rank
-            for bucket in reversed(self.buckets):
+            for bucket in self.sizes.captured(plan.state.pp.size == 1):
                 self.graphs[(plan.graph_key, bucket)] = self._capture(plan, bucket)
 
-    def bucket_for(self, chunks: list[SeqChunk], plan, at_least: int = 0) -> int | None:
-        """The graph bucket of a decode step of `chunks` (padded to `at_least` rows: a
-        shared-FFN round's), or None where none was captured."""
-        if (plan.graph_key, self.buckets[-1]) not in self.graphs \
-                or sum(map(len, map(_TOKENS, chunks))) != len(chunks):
-            return None  # (every chunk holds a token: one each sums to the chunk count)
-        return self.bucket_of(max(len(chunks), at_least))
+    def bucket_for(self, chunks: list[SeqChunk], plan, at_least: int = 0) -> Bucket | None:
+        """The graph bucket of a step of `chunks` (a decode step's padded to `at_least` rows:
+        a shared-FFN round's), or None where this plan captured none."""
+        bucket = self.sizes.for_step(sum(map(len, map(_TOKENS, chunks))), len(chunks), at_least)
+        return bucket if (plan.graph_key, bucket) in self.graphs else None
 
     def bucket_of(self, rows: int) -> int | None:
-        return next((b for b in self.buckets if b >= rows), None)
+        """The decode bucket of `rows` sequences."""
+        return self.sizes.decode_rows(rows)
 
-    def _metadata(self, bucket: int, block_size: int) -> AttentionMetadata:
+    def _metadata(self, bucket: Bucket, block_size: int) -> AttentionMetadata:
+        rows, seqs = bucket.rows, bucket.seqs
+        # the host lists only steer the launch: decodes alone, or one prefill launch
+        starts = list(range(seqs + 1)) if bucket.decode else [0] + [rows] * seqs
         return AttentionMetadata(
-            slot_mapping=self.slots[:bucket], query_start_loc=self.starts[:bucket + 1],
-            seq_lens=self.seq_lens[:bucket], block_tables=self.tables[:bucket],
-            query_start_loc_cpu=list(range(bucket + 1)),
-            seq_lens_cpu=[self.max_model_len] * bucket, max_query_len=1, max_seq_len=self.max_model_len, block_size=block_size,
-            static_shape=True)
+            slot_mapping=self.slots[:rows], query_start_loc=self.starts[:seqs + 1],
+            seq_lens=self.seq_lens[:seqs], block_tables=self.tables[:seqs],
+            query_start_loc_cpu=starts, seq_lens_cpu=[self.max_model_len] * seqs,
+            max_query_len=1 if bucket.decode else rows, max_seq_len=self.max_model_len,
+            block_size=block_size, static_shape=True)
 
-    def _forward(self, plan, bucket: int) -> torch.Tensor:
-        local = bucket // plan.state.sp.size
+    def _forward(self, plan, bucket: Bucket) -> torch.Tensor:
+        local = bucket.rows // plan.state.sp.size
         received = (None if plan.state.is_first_stage
                     else tuple(t[:local] for t in self.received))
         with use_context(plan.context(self._metadata(bucket, plan.block_size), self.backend)):
             return self.model_for(plan)(self.tokens[:local], self.positions[:local], received)
 
-    def _capture(self, plan, bucket: int):
+    def _capture(self, plan, bucket: Bucket):
         self.bind_kv(plan)
         if self.before_capture is not None:
-            self.before_capture(plan, bucket)
+            self.before_capture(plan, bucket.rows)
         self.slots.fill_(-1)
         self.seq_lens.zero_()
         self.starts.zero_()
@@ -100,7 +156,7 @@ class DecodeGraphs:
             hidden = self._forward(plan, bucket)
         return graph, hidden
 
-    def run(self, chunks: list[SeqChunk], tables, plan, bucket: int, patch_tokens,
+    def run(self, chunks: list[SeqChunk], tables, plan, bucket: Bucket, patch_tokens,
             upload_all=None, receive=None):
         """Replays the bucket's graph for this step; returns (its output: the hidden
         states, or a stage's (hidden states, residual) before the last, and the inputs).
@@ -110,7 +166,8 @@ class DecodeGraphs:
         pipeline stage's inputs from the stage before (the bucket's rows)."""
         sp = plan.state.sp
         inputs = build_step_inputs(chunks, tables, plan.block_size, self.tokens.device,
-                                   sp.size, sp.rank, pad_to=bucket, upload_all=upload_all)
+                                   sp.size, sp.rank, pad_to=bucket.rows, pad_seqs=bucket.seqs,
+                                   upload_all=upload_all)
         self._fill(inputs, bucket)
         patch_tokens(self.tokens[:len(inputs.token_ids)], chunks, inputs)
         if receive is not None:
@@ -119,12 +176,12 @@ class DecodeGraphs:
         graph.replay()
         return hidden, inputs
 
-    def _fill(self, inputs: StepInputs, bucket: int) -> None:
+    def _fill(self, inputs: StepInputs, bucket: Bucket) -> None:
         local = len(inputs.token_ids)
         self.tokens[:local].copy_(inputs.token_ids)
         self.positions[:local].copy_(inputs.positions)
-        attn = inputs.attn
-        self.slots[:bucket].copy_(attn.slot_mapping)
-        self.starts[:bucket + 1].copy_(attn.query_start_loc)
-        self.seq_lens[:bucket].copy_(attn.seq_lens)
-        self.tables[:bucket, :attn.block_tables.shape[1]].copy_(attn.block_tables)
+        attn, seqs = inputs.attn, bucket.seqs
+        self.slots[:bucket.rows].copy_(attn.slot_mapping)
+        self.starts[:seqs + 1].copy_(attn.query_start_loc)
+        self.seq_lens[:seqs].copy_(attn.seq_lens)
+        self.tables[:seqs, :attn.block_tables.shape[1]].copy_(attn.block_tables)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from parashift.attention.backend import get_backend
 from parashift.context import BASE_WEIGHTS, StepContext, use_context, use_state
 from parashift.deterministic.reduction import reduction_chunks
-from parashift.worker.cuda_graphs import DecodeGraphs
+from parashift.worker.cuda_graphs import Bucket, StepGraphs
 from parashift.worker.kv_swap import KVSwapper
 from parashift.worker.step_batch import (PLACEHOLDER_TOKEN, ChunkDelta, RequestTables, SeqChunk,
                                          StepBatch)
@@ -282,15 +282,18 @@ class ModelRunner:
                 if (r.state.pp.size == 1 or self.seesaw is None)
                 and (self.shared_ffn is None or r.weights == CAS_WEIGHTS)]
 
-    def _capture_graphs(self) -> DecodeGraphs:
+    def _capture_graphs(self) -> StepGraphs:
         if self.seesaw is not None:  # each plan's model reads its own view, bound for good
-            return DecodeGraphs(lambda plan: self.seesaw.models[plan.name], self.backend,
-                                self._graph_plans(), lambda plan: None, self.max_model_len,
-                                self.config.max_num_seqs, self.device)
-        graphs = DecodeGraphs(lambda plan: self.model, self.backend, self._graph_plans(),
-                              self._bind_kv, self.max_model_len, self.config.max_num_seqs,
-                              self.device, (self.hidden_size, self.dtype),
-                              self._pad_shared_ffn if self.shared_ffn is not None else None)
+            return StepGraphs(lambda plan: self.seesaw.models[plan.name], self.backend,
+                              self._graph_plans(), lambda plan: None, self.max_model_len,
+                              self.config.max_num_seqs, self.device)
+        mixed = (self.shared_ffn is None and not self.config.deterministic
+                 and self.config.mixed_step_graphs)
+        graphs = StepGraphs(lambda plan: self.model, self.backend, self._graph_plans(),
+                            self._bind_kv, self.max_model_len, self.config.max_num_seqs,
+                            self.device, (self.hidden_size, self.dtype),
+                            self._pad_shared_ffn if self.shared_ffn is not None else None,
+                            self.config.max_num_batched_tokens if mixed else 0)
         self._bind_kv(self.resources[""])
         return graphs
 
@@ -388,7 +391,7 @@ class ModelRunner:
         return PendingStep(tokens, logprobs if any(lp is not None for lp in logprobs) else None,
                            errors)
 
-    def _bucket(self, chunks: list[SeqChunk], plan: PlanResources) -> int | None:
+    def _bucket(self, chunks: list[SeqChunk], plan: PlanResources) -> Bucket | None:
         """The graph bucket this micro-batch replays, if any. Sharing FFN weights, only in
         a round whose rows every peer knows: a peer of a counted round runs eagerly, and
         the exchanges' shapes must match."""
@@ -478,7 +481,7 @@ class ModelRunner:
                 out = self.model(inputs.token_ids, inputs.positions, intermediate)
         if self._check is not None:
             self._check.verify_inputs(chunks, inputs, plan.block_size, sp.size, sp.rank,
-                                      bucket or 0)
+                                      *((bucket.rows, bucket.seqs) if bucket else (0,)))
         if not state.is_last_stage:
             self._send(out, state)
             return None, None

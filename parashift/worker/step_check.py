@@ -66,8 +66,9 @@ class StepStateCheck:
                 "requests with a row", sorted(persistent.row_of), batch.chunks)
 
     def verify_inputs(self, chunks: list[SeqChunk], inputs: StepInputs, block_size: int,
-                      sp_size: int, sp_rank: int, pad_to: int) -> None:
-        expected = rebuild(chunks, self.tables, block_size, sp_size, sp_rank, pad_to)
+                      sp_size: int, sp_rank: int, pad_to: int,
+                      pad_seqs: int | None = None) -> None:
+        expected = rebuild(chunks, self.tables, block_size, sp_size, sp_rank, pad_to, pad_seqs)
         attn, want = inputs.attn, expected["attn"]
         for name in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
             got = getattr(attn, name).cpu().tolist()
@@ -107,7 +108,7 @@ class StepStateCheck:
 
 
 def rebuild(chunks: list[SeqChunk], tables: dict[str, list[int]], block_size: int,
-            sp_size: int, sp_rank: int, pad_to: int) -> dict:
+            sp_size: int, sp_rank: int, pad_to: int, pad_seqs: int | None = None) -> dict:
     """A step's inputs from scratch, as lists (the layout build_step_inputs promises)."""
     token_ids, positions, slots, starts = [], [], [], [0]
     for c in chunks:
@@ -122,7 +123,7 @@ def rebuild(chunks: list[SeqChunk], tables: dict[str, list[int]], block_size: in
     token_ids += [0] * padding
     positions += [0] * padding
     slots += [-1] * padding
-    num_seqs = max(len(chunks), pad_to)
+    num_seqs = max(len(chunks), pad_to if pad_seqs is None else pad_seqs)
     starts += [starts[-1]] * (num_seqs - len(chunks))
     seq_lens = [c.seq_len for c in chunks] + [0] * (num_seqs - len(chunks))
     width = -(-max(seq_lens) // block_size)

@@ -31,11 +31,11 @@ class StepInputs:
 
 def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: int,
                       device: torch.device, sp_size: int = 1, sp_rank: int = 0,
-                      pad_to: int = 0, upload_all=None) -> StepInputs:
+                      pad_to: int = 0, upload_all=None, pad_seqs: int | None = None) -> StepInputs:
     """`tables` holds each chunk's block table in the row `chunk.row`. `pad_to` pads the
-    step to that many sequences and rows (a CUDA graph's batch size): padding sequences
-    hold no rows and no context, padding rows belong to no sequence; neither writes KV
-    nor affects the real rows. `upload_all` takes [(array, dtype)] to device tensors in
+    step to that many rows and sequences (a CUDA graph's batch size; `pad_seqs` sequences
+    instead where given): padding sequences hold no rows and no context, padding rows
+    belong to no sequence; neither writes KV nor affects the real rows. `upload_all` takes [(array, dtype)] to device tensors in
     one go (a `StagingRing`'s upload; by default a tensor each)."""
     n = len(chunks)
     rows = np.fromiter(map(_ROW, chunks), np.int64, n)
@@ -56,7 +56,7 @@ def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: in
         + positions % block_size
     num_rows = max(num_tokens, pad_to)
     padding = num_rows - num_tokens + (-num_rows % sp_size)  # rows of no sequence
-    num_seqs = max(n, pad_to)
+    num_seqs = max(n, pad_to if pad_seqs is None else pad_seqs)
     query_start = np.zeros(num_seqs + 1, np.int64)
     np.cumsum(q_lens, out=query_start[1:n + 1])
     query_start[n + 1:] = num_tokens

@@ -34,8 +34,16 @@ def test_triton_matches_torch_backend(engines):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_graphs_and_async_scheduling_give_the_eager_tokens(dtype):
-    """Fast path (CUDA graphs, async scheduling) against eager, one step at a time."""
+@pytest.mark.parametrize("step_tokens", [None, 512])
+def test_graphs_and_async_scheduling_give_the_eager_tokens(dtype, step_tokens, monkeypatch):
+    """Fast path (CUDA graphs, async scheduling) against eager, one step at a time; steps
+    that prefill replay mixed graphs (with a 512-token budget, chunks of long prompts beside
+    decodes)."""
+    from parashift.worker.cuda_graphs import StepGraphs
+    replayed = []
+    run = StepGraphs.run
+    monkeypatch.setattr(StepGraphs, "run", lambda self, chunks, tables, plan, bucket, *a, **k:
+                        replayed.append(bucket) or run(self, chunks, tables, plan, bucket, *a, **k))
     rng = random.Random(1)
     prompts = [[rng.randrange(49152) for _ in range(rng.randint(1, 300))] for _ in range(13)]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -43,12 +51,13 @@ def test_graphs_and_async_scheduling_give_the_eager_tokens(dtype):
     for fast in (False, True):
         # a fixed KV pool: the module's other engines already hold most of the memory budget
         llm = LLM(device="cuda", dtype=dtype, kv_cache_memory=1 << 30, cuda_graphs=fast,
-                  async_scheduling=fast, max_num_seqs=16)
+                  async_scheduling=fast, max_num_seqs=16, max_num_batched_tokens=step_tokens)
         outs[fast] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         if fast:
             assert len(llm.llm_engine.runner.graphs.graphs) > 0
         del llm
     assert outs[True] == outs[False]
+    assert any(b.decode for b in replayed) and any(not b.decode for b in replayed)
 
 
 def test_penalties_bias_and_samples_on_gpu_give_the_cpu_tokens(tmp_path):

@@ -1,10 +1,18 @@
-"""When decode steps replay CUDA graphs unless the user says (the default's rule; the graphs
-themselves run on GPUs only: tests/engine/test_gpu_engine.py and the NCCL tests)."""
+"""When steps replay CUDA graphs unless the user says (the default's rule), which bucket a
+step takes and how it is padded (the graphs themselves run on GPUs only:
+tests/engine/test_gpu_engine.py and the NCCL tests)."""
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import torch
 
+from parashift.sampling_params import SamplingParams
+from parashift.worker.cuda_graphs import Bucket, GraphSizes
 from parashift.worker.model_runner import ModelRunner, graphs_by_default
+from parashift.worker.step_batch import SeqChunk
+from parashift.worker.step_check import rebuild
+from parashift.worker.step_inputs import build_step_inputs
 from parashift.worker.shared_ffn import CAS_WEIGHTS, WAS_WEIGHTS
 
 
@@ -37,3 +45,57 @@ def test_which_plans_replay_graphs():
     assert _graph_plan_names([_plan("pp2", pp=2), _plan("tp2")], seesaw=object()) == ["tp2"]
     assert _graph_plan_names([_plan("was", weights=WAS_WEIGHTS), _plan("cas", weights=CAS_WEIGHTS)],
                              shared_ffn=object()) == ["cas"]
+
+
+def test_decode_steps_take_the_smallest_bucket_that_holds_them():
+    sizes = GraphSizes(max_num_seqs=64, sp_sizes={1})
+    assert sizes.decode == [1, 2, 4, 8, 16, 24, 32, 48, 64]
+    assert sizes.for_step(rows=5, seqs=5) == Bucket(8, 8)
+    assert sizes.for_step(rows=5, seqs=5, at_least=20) == Bucket(24, 24)  # a CaS round's rows
+    assert sizes.for_step(rows=65, seqs=65) is None
+    assert sizes.mixed_rows == []  # not asked for: every step that prefills runs eagerly
+    assert sizes.for_step(rows=40, seqs=2) is None
+
+
+def test_steps_that_prefill_take_a_mixed_bucket_of_enough_rows():
+    sizes = GraphSizes(max_num_seqs=256, sp_sizes={1, 2}, max_mixed_rows=8192)
+    assert sizes.mixed_rows == [256, 512, 1024, 2048] and sizes.mixed_seqs == 64
+    assert sizes.for_step(rows=7, seqs=3) == Bucket(256, 64)  # a short prefill beside decodes
+    assert sizes.for_step(rows=300, seqs=3) == Bucket(512, 64)
+    assert sizes.for_step(rows=2048, seqs=1) == Bucket(2048, 64)
+    assert not Bucket(2048, 64).decode and Bucket(64, 64).decode
+    assert sizes.for_step(rows=2049, seqs=1) is None      # above the largest: eager
+    assert sizes.for_step(rows=300, seqs=65) is None      # more sequences than a graph holds
+    assert sizes.for_step(rows=300, seqs=3, at_least=4) is None  # CaS rounds are decodes
+
+
+def test_mixed_buckets_follow_the_step_budget_the_sequence_cap_and_sp():
+    assert GraphSizes(256, {1}, max_mixed_rows=1000).mixed_rows == [256, 512]
+    small = GraphSizes(16, {1}, max_mixed_rows=4096)
+    assert small.mixed_seqs == 16 and small.for_step(rows=100, seqs=16) == Bucket(256, 16)
+    assert GraphSizes(256, {3}, max_mixed_rows=4096).mixed_rows == []  # no row count splits in 3
+    captured = GraphSizes(8, {1}, max_mixed_rows=512).captured
+    assert captured(single_stage=True) == [Bucket(512, 8), Bucket(256, 8), Bucket(8, 8),
+                                           Bucket(4, 4), Bucket(2, 2), Bucket(1, 1)]
+    assert captured(single_stage=False) == [Bucket(8, 8), Bucket(4, 4), Bucket(2, 2),
+                                            Bucket(1, 1)]  # a pipeline stage: decodes only
+
+
+def test_a_mixed_step_padded_to_its_bucket_matches_the_rebuild():
+    """Rows and sequences padded apart (a mixed graph's shape): padding rows write no KV,
+    padding sequences hold no rows and no context."""
+    tables = np.zeros((4, 8), np.int32)
+    tables[0, :3], tables[2, :2] = [5, 6, 7], [9, 3]
+    chunks = [SeqChunk("a", [11, 12, 13, 14, 15], 4, 0, SamplingParams(max_tokens=1)),
+              SeqChunk("b", [21], 6, 2, SamplingParams(max_tokens=1))]
+    inputs = build_step_inputs(chunks, tables, 4, torch.device("cpu"), pad_to=16, pad_seqs=8)
+    want = rebuild(chunks, {"a": [5, 6, 7], "b": [9, 3]}, 4, 1, 0, 16, 8)
+    attn = inputs.attn
+    assert attn.query_start_loc.tolist() == [0, 5, 6, 6, 6, 6, 6, 6, 6]
+    assert attn.seq_lens.tolist() == [9, 7, 0, 0, 0, 0, 0, 0]
+    assert attn.slot_mapping.tolist() == [24, 25, 26, 27, 28, 14] + [-1] * 10
+    for name, value in want["attn"].items():
+        got = getattr(attn, name)
+        assert (got.tolist() if isinstance(got, torch.Tensor) else got) == value, name
+    assert inputs.token_ids.tolist() == want["token_ids"] and len(want["token_ids"]) == 16
+    assert inputs.sample_rows == want["sample_rows"] == [4, 5]
