@@ -198,7 +198,7 @@ run_tests() {  # run_tests all|rest: the distributed cases on four ranks, on NCC
 
 export -f run_plans run_sidp_capacity run_tail run_sidp_tail run_serve run_bursty run_bursty70b \
   run_priority \
-  run_max_context run_seesaw run_tests run_prefill_profile
+  run_max_context run_seesaw run_tests run_prefill_profile run_mixed_graphs
 export EIGHT_B SEVENTY_B QWEN32 OUT VOCAB PLANS_ARGS SEESAW_ARGS SERVE_ARGS TAIL_ARGS MERGE_ARGS \
   CONTEXT_ARGS PREFILL_ARGS SMOKE
 for name in "$@"; do

@@ -35,23 +35,28 @@ def test_triton_matches_torch_backend(engines):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("step_tokens", [None, 512])
-def test_graphs_and_async_scheduling_give_the_eager_tokens(dtype, step_tokens, monkeypatch):
+def test_graphs_and_async_scheduling_give_the_eager_tokens(dtype, step_tokens, monkeypatch,
+                                                          tmp_path):
     """Fast path (CUDA graphs, async scheduling) against eager, one step at a time; steps
     that prefill replay mixed graphs (with a 512-token budget, chunks of long prompts beside
-    decodes)."""
+    decodes). A tiny random model: no download, nothing to carry."""
     from parashift.worker.cuda_graphs import StepGraphs
+    from tests.engine.conftest import save_tiny_llama
+    model_dir = save_tiny_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2,
+                                hidden_size=256, intermediate_size=512, num_hidden_layers=4)
     replayed = []
     run = StepGraphs.run
     monkeypatch.setattr(StepGraphs, "run", lambda self, chunks, tables, plan, bucket, *a, **k:
                         replayed.append(bucket) or run(self, chunks, tables, plan, bucket, *a, **k))
     rng = random.Random(1)
-    prompts = [[rng.randrange(49152) for _ in range(rng.randint(1, 300))] for _ in range(13)]
+    prompts = [[rng.randrange(512) for _ in range(rng.randint(1, 300))] for _ in range(13)]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = {}
     for fast in (False, True):
-        # a fixed KV pool: the module's other engines already hold most of the memory budget
-        llm = LLM(device="cuda", dtype=dtype, kv_cache_memory=1 << 30, cuda_graphs=fast,
-                  async_scheduling=fast, max_num_seqs=16, max_num_batched_tokens=step_tokens)
+        # a fixed KV pool: the module's other engines may hold most of the memory budget
+        llm = LLM(model_dir, device="cuda", dtype=dtype, skip_tokenizer_init=True,
+                  kv_cache_memory=1 << 30, cuda_graphs=fast, async_scheduling=fast,
+                  max_num_seqs=16, max_num_batched_tokens=step_tokens)
         outs[fast] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         if fast:
             assert len(llm.llm_engine.runner.graphs.graphs) > 0
