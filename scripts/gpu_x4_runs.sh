@@ -12,15 +12,18 @@
 # (docs/benchmarks.md). The seventeenth session ran, on two H200s, the stages' graphs of PP2
 # and SiDP's CaS graphs, which are now the default; the eighteenth tests_rest pp_graphs70b
 # sidp_graphs bursty_flying priority_dp4 and the SiDP tests at 2x2 (a start-up hang, fixed).
-# The nineteenth ran bursty (Shift cut), sidp_graphs, flying_priority, sidp_tail70b.
+# The nineteenth ran bursty (Shift cut), sidp_graphs, flying_priority, sidp_tail70b; the
+# twentieth flying_priority prefill_profile bursty70b, then mixed_graphs and tests_mixed (steps
+# that prefill as CUDA graphs, built that session).
 # The next session's calls (seconds expected on 4 H200s; each call's limits add up to under
 # 600; end each with `trim`, else the results' file count runs over and logs are left behind;
 # a call returns 8 files, so the transitions are printed into the part's log):
-#   OUT=dir bash scripts/gpu_x4_runs.sh flying_priority trim  # ~280 (hard preemption changed)
-#   OUT=dir bash scripts/gpu_x4_runs.sh bursty70b trim  # ~460 (Flying's own setting: the 70B)
-#   OUT=dir bash scripts/gpu_x4_runs.sh prefill_profile trim  # ~180 (busy_ms per rank: is
-#     TP4's prefill bound by its launches? TP4 and Shift TTFTs trail DP4's when serving)
-# Parts: env (topology, memory); prefill_profile (one prompt's prefill under one GPU, TP4,
+#   OUT=dir bash scripts/gpu_x4_runs.sh bursty trim  # ~380 (TP4, Shift and Flying TTFT with
+#     mixed-step graphs: did their gap to DP4 close?)
+#   OUT=dir bash scripts/gpu_x4_runs.sh flying_priority trim  # ~280 (the same for `priority`)
+# Parts: env (topology, memory); mixed_graphs (one prompt's prefill per plan, steps that
+# prefill in CUDA graphs against eager); tests_mixed (the NCCL tests of single-stage plans,
+# Shift and Flying, and the one-GPU graph tests); prefill_profile (one prompt's prefill under one GPU, TP4,
 # SP4 and Shift SP4<->TP4 with every rank's kernel times: the thirteenth session's SP4 and
 # Shift TTFTs were 0.21 and 0.17 of their floors); plans8b and plans70b (static plans and Shift, `interactive`
 # TTFT/TPOT and `batch` throughput, benchmarks/plans.py; 70B: 2 and 32 requests, no SP4, which
@@ -235,7 +238,7 @@ for name in "$@"; do
     flying70b) part flying70b 120 "python3 benchmarks/merge_split.py --model $SEVENTY_B \
            --layout tp2,tp2 --rounds 2 $MERGE_ARGS" ;;
     max_context) part max_context 80 run_max_context ;;
-    bursty) part bursty 290 run_bursty ;;
+    bursty) part bursty 400 run_bursty ;;
     flying_priority) part flying_priority 270 run_priority ;;
     bursty70b) part bursty70b 450 run_bursty70b ;;
     seesaw) part seesaw 230 "run_seesaw $OUT/seesaw.json summarize 128 \
