@@ -23,19 +23,25 @@ CASES = [
     dict(q_lens=[1, 1, 1], seq_lens=[40, 300, 7], pad_tokens=5, static=True, num_splits=1),
     dict(q_lens=[1, 9], seq_lens=[33, 60], num_heads=8, num_kv_heads=1),
     dict(q_lens=[2, 1], seq_lens=[80, 19], num_heads=6, num_kv_heads=2, block_size=32),
+    # a mixed-step graph's metadata: sequences padded apart from rows, one prefill launch
+    dict(q_lens=[1, 1, 7, 20], seq_lens=[40, 300, 7, 50], pad_tokens=35, mixed_seqs=8),
+    dict(q_lens=[1, 1, 7, 20], seq_lens=[40, 300, 7, 50], pad_tokens=35, mixed_seqs=8,
+         num_splits=4),
 ]
 DTYPES = ("float32", "float16")
 TOLERANCE = {"float32": 1e-4, "float16": 2e-3}
 
 
 def check(q_lens, seq_lens, dtype, num_heads=4, num_kv_heads=2, block_size=16, pad_tokens=0,
-          static=False, num_splits=None):
+          static=False, num_splits=None, mixed_seqs=0):
     step = make_step(q_lens, seq_lens, num_heads, num_kv_heads, head_dim=32,
                      block_size=block_size, dtype=getattr(torch, dtype), pad_tokens=pad_tokens,
                      device="cpu")
     expected = run(TorchAttentionBackend(), step)
     if static:
         step.meta = AttentionMetadata(**{**step.meta.__dict__, "static_shape": True})
+    if mixed_seqs:
+        step.meta = mixed_graph_metadata(step.meta, len(step.q), mixed_seqs)
     chooser = triton_backend.choose_num_splits
     if num_splits is not None:
         triton_backend.choose_num_splits = lambda *args: num_splits
@@ -44,6 +50,23 @@ def check(q_lens, seq_lens, dtype, num_heads=4, num_kv_heads=2, block_size=16, p
     finally:
         triton_backend.choose_num_splits = chooser
     torch.testing.assert_close(actual, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+def mixed_graph_metadata(meta: AttentionMetadata, rows: int, seqs: int,
+                         max_model_len: int = 512) -> AttentionMetadata:
+    """`meta` as a mixed-step graph holds it (parashift/worker/cuda_graphs.py): padding
+    sequences of no rows and no context, host lists that describe the bucket, not the step."""
+    pad = seqs - meta.num_seqs
+    tables = meta.block_tables
+    tables = torch.cat((tables, tables.new_zeros(pad, tables.shape[1])))
+    return AttentionMetadata(
+        slot_mapping=meta.slot_mapping,
+        query_start_loc=torch.cat((meta.query_start_loc,
+                                   meta.query_start_loc[-1:].repeat(pad))),
+        seq_lens=torch.cat((meta.seq_lens, meta.seq_lens.new_zeros(pad))), block_tables=tables,
+        query_start_loc_cpu=[0] + [rows] * seqs, seq_lens_cpu=[max_model_len] * seqs,
+        max_query_len=rows, max_seq_len=max_model_len, block_size=meta.block_size,
+        static_shape=True)
 
 
 def check_warm_up(dtype):
