@@ -27,7 +27,9 @@
 # calls: `cas_counts sidp_policy` (~720 s: two calls), then `pp_graphs` (the PP2 TTFT gap with
 # graphs, now with each request's TTFT and prompt step time). Nineteenth session:
 # `prefill_busy` (one prompt's prefill under one GPU, TP2 and Shift with each rank's
-# `busy_ms`: is a TP prefill bound by its ranks' launches?).
+# `busy_ms`: is a TP prefill bound by its ranks' launches?). Twentieth session (on four
+# H200s: yes, and steps that prefill now replay CUDA graphs): `mixed_graphs` (one prompt's
+# prefill under TP2, SP2 and Shift with mixed-step graphs and without; ~300 s).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -143,6 +145,10 @@ for name in "$@"; do
     prefill_busy) part prefill_busy 200 "for plan in single tp2 shift-sp2; do \
            python3 benchmarks/prefill_throughput.py --model $EIGHT_B --plan \$plan \
            --prompt-lens 2048 8192 --repeats 3 --profile --output $OUT/prefill_\$plan.json; done" ;;
+    mixed_graphs) part mixed_graphs 330 "for plan in tp2 sp2 shift-sp2; do \
+           for graphs in --mixed-step-graphs --no-mixed-step-graphs; do \
+           python3 benchmarks/prefill_throughput.py --model $EIGHT_B --plan \$plan \
+           --prompt-lens 256 1024 2048 --repeats 5 \$graphs; done; done" ;;
     *) echo "unknown part $name"; exit 2 ;;
   esac
 done
