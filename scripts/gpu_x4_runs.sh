@@ -21,6 +21,8 @@
 #   OUT=dir bash scripts/gpu_x4_runs.sh bursty trim  # ~380 (TP4, Shift and Flying TTFT with
 #     mixed-step graphs: did their gap to DP4 close?)
 #   OUT=dir bash scripts/gpu_x4_runs.sh flying_priority trim  # ~280 (the same for `priority`)
+#   OUT=dir bash scripts/gpu_x4_runs.sh bursty70b trim  # ~350 (at a quarter of the rates: the
+#     8B's overloaded every 70B server)
 # Parts: env (topology, memory); mixed_graphs (one prompt's prefill per plan, steps that
 # prefill in CUDA graphs against eager); tests_mixed (the NCCL tests of single-stage plans,
 # Shift and Flying, and the one-GPU graph tests); prefill_profile (one prompt's prefill under one GPU, TP4,
@@ -144,10 +146,14 @@ run_bursty() {  # bursty over 30 s, four 1.5 s bursts at 30 req/s (about 230 req
 }
 
 run_bursty70b() {  # the 70B: Flying from two TP2 groups against them and TP4 (the paper's
-  export SERVE_MODEL=$SEVENTY_B  # setting: a replica's prefill is slow, so TP pays at light load)
-  run_serve bursty70b_flying bursty "--time-scale 0.05" -dp 2 -tp 2 --parallel-policy flying
-  run_serve bursty70b_dp2tp2 bursty "--time-scale 0.05" -dp 2 -tp 2
-  run_serve bursty70b_tp4 bursty "--time-scale 0.05" -tp 4
+  # setting: a replica's prefill is slow, so TP pays at light load). At the 8B's rates every
+  # server queued for seconds (twentieth session): a quarter of them, over 60 s, gives steady
+  # stretches at 0.5 req/s and four 3-s bursts at 7.5 req/s (~115 requests)
+  export SERVE_MODEL=$SEVENTY_B
+  local scale="--time-scale 0.1 --rate-scale 0.25"
+  run_serve bursty70b_flying bursty "$scale" -dp 2 -tp 2 --parallel-policy flying
+  run_serve bursty70b_dp2tp2 bursty "$scale" -dp 2 -tp 2
+  run_serve bursty70b_tp4 bursty "$scale" -tp 4
 }
 
 run_priority() {  # the priority mix: 80 requests at 4 req/s (the middle of its 3-5), 20% urgent

@@ -36,10 +36,12 @@ class BurstyPattern:
         if self.num_bursts * self.burst_s > self.duration_s:
             raise ValueError("the bursts do not fit in the duration")
 
-    def scaled(self, time_scale: float) -> "BurstyPattern":
-        """The same shape over `time_scale` times the duration (rates unchanged)."""
-        return BurstyPattern(self.duration_s * time_scale, self.base_rate, self.burst_rate,
-                             self.num_bursts, self.burst_s * time_scale, self.burstiness)
+    def scaled(self, time_scale: float, rate_scale: float = 1.0) -> "BurstyPattern":
+        """The same shape over `time_scale` times the duration, at `rate_scale` times the
+        steady and the burst rates (a larger model serves fewer requests a second)."""
+        return BurstyPattern(self.duration_s * time_scale, self.base_rate * rate_scale,
+                             self.burst_rate * rate_scale, self.num_bursts,
+                             self.burst_s * time_scale, self.burstiness)
 
     def burst_windows(self) -> list[tuple[float, float]]:
         """Bursts centred at 1/8, 3/8, 5/8, 7/8 of the run (for four bursts)."""

@@ -49,6 +49,9 @@ def _add_serve_parser(kinds) -> None:
                    help="gamma shape of inter-arrival times (1: Poisson, <1: burstier)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="stretch or shrink the bursty pattern's duration")
+    p.add_argument("--rate-scale", type=float, default=1.0,
+                   help="scale the bursty pattern's steady and burst rates (e.g. 0.3 for a "
+                        "model that serves a third as many requests a second)")
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--slo", default=None, help="goodput limits, e.g. ttft:500,tpot:50 (ms)")
     p.add_argument("--prompt-format", default=None, choices=("ids", "text"),
@@ -125,6 +128,7 @@ def workload_options(args) -> WorkloadOptions:
     return WorkloadOptions(seed=args.seed, num_requests=args.num_requests,
                            length_scale=args.length_scale,
                            time_scale=getattr(args, "time_scale", 1.0),
+                           rate_scale=getattr(args, "rate_scale", 1.0),
                            request_rates=parse_rates(getattr(args, "request_rate", None)),
                            burstiness=getattr(args, "burstiness", 1.0))
 

@@ -128,12 +128,13 @@ class WorkloadOptions:
     num_requests: int | None = None
     length_scale: float = 1.0
     time_scale: float = 1.0
+    rate_scale: float = 1.0  # the bursty pattern's rates
     request_rates: tuple[float, ...] = ()  # overrides the workload's arrivals
     burstiness: float = 1.0
 
     def __post_init__(self):
-        if self.length_scale <= 0 or self.time_scale <= 0 or self.burstiness <= 0:
-            raise ValueError("length_scale, time_scale and burstiness must be > 0")
+        if min(self.length_scale, self.time_scale, self.rate_scale, self.burstiness) <= 0:
+            raise ValueError("length_scale, time_scale, rate_scale and burstiness must be > 0")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if any(r <= 0 for r in self.request_rates):
@@ -164,7 +165,7 @@ def build_phases(workload: Workload, options: WorkloadOptions) -> list[Phase]:
     """The runs a workload makes: one, or one per rate of a sweep."""
     arrival_rng = np.random.default_rng([options.seed, 1])
     if workload.arrivals == "bursty" and not options.request_rates:
-        pattern = workload.bursty.scaled(options.time_scale)
+        pattern = workload.bursty.scaled(options.time_scale, options.rate_scale)
         times = pattern.arrivals(arrival_rng)[:options.num_requests]
         return [Phase("bursty", None, _requests(workload, times, options))]
     n = options.num_requests or workload.num_requests

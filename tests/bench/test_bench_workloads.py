@@ -77,6 +77,22 @@ def test_bursty_pattern():
     assert max(r.arrival_s for r in short.requests) < 60
 
 
+def test_bursty_rates_scale_apart_from_its_duration():
+    """A third of the rates over the same windows: about a third of the requests, the
+    bursts still 30 s long and 15 times the steady rate."""
+    slow = BurstyPattern().scaled(time_scale=1.0, rate_scale=1 / 3)
+    assert (slow.base_rate, slow.burst_rate, slow.burst_s) == (2 / 3, 10.0, 30.0)
+    times = slow.arrivals(np.random.default_rng(0))
+    assert 1300 < len(times) < 1800 and times.max() < 600  # ~1,520 expected
+    in_burst = sum(any(lo <= t < hi for lo, hi in slow.burst_windows()) for t in times)
+    assert 1000 < in_burst < 1400  # 4 x 30 s x 10 req/s
+    phase = build_phases(get_workload("bursty"),
+                         WorkloadOptions(time_scale=0.1, rate_scale=0.5))[0]
+    assert 180 < len(phase.requests) < 300  # about half of the 0.1-scale run's 493
+    with pytest.raises(ValueError, match="rate_scale"):
+        WorkloadOptions(rate_scale=0)
+
+
 def test_gamma_burstiness():
     rng = np.random.default_rng(0)
     even = np.diff(gamma_arrivals(rng, 5000, 10.0, burstiness=8.0))
