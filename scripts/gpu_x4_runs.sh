@@ -23,6 +23,8 @@
 #   OUT=dir bash scripts/gpu_x4_runs.sh flying_priority trim  # ~280 (the same for `priority`)
 #   OUT=dir bash scripts/gpu_x4_runs.sh bursty70b trim  # ~350 (at a quarter of the rates: the
 #     8B's overloaded every 70B server)
+#   OUT=dir bash scripts/gpu_x4_runs.sh bursty_seqs trim  # ~200 (TP4 and Shift with mixed
+#     graphs of 256 sequences instead of 64: bursts run steps of more than 64, eagerly)
 # Parts: env (topology, memory); mixed_graphs (one prompt's prefill per plan, steps that
 # prefill in CUDA graphs against eager); tests_mixed (the NCCL tests of single-stage plans,
 # Shift and Flying, and the one-GPU graph tests); prefill_profile (one prompt's prefill under one GPU, TP4,
@@ -245,6 +247,9 @@ for name in "$@"; do
            --layout tp2,tp2 --rounds 2 $MERGE_ARGS" ;;
     max_context) part max_context 80 run_max_context ;;
     bursty) part bursty 400 run_bursty ;;
+    bursty_seqs) part bursty_seqs 260 "PARASHIFT_MIXED_GRAPH_SEQS=256 run_serve bursty_tp4_256 \
+      bursty '--time-scale 0.05' -tp 4; PARASHIFT_MIXED_GRAPH_SEQS=256 run_serve \
+      bursty_shift_256 bursty '--time-scale 0.05' -sp 4 --parallel-policy shift" ;;
     flying_priority) part flying_priority 270 run_priority ;;
     bursty70b) part bursty70b 450 run_bursty70b ;;
     seesaw) part seesaw 230 "run_seesaw $OUT/seesaw.json summarize 128 \

@@ -16,6 +16,7 @@ read from static buffers that each step refills; the split-KV grid was fixed at
 capture for max_model_len, which stays correct for any shorter context. On by
 default on CUDA (`--enforce-eager` turns them off); tests/engine/test_gpu_engine.py
 checks them against eager."""
+import os
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -29,7 +30,10 @@ from parashift.context import use_context
 _TOKENS = attrgetter("token_ids")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 MIXED_ROWS = (256, 512, 1024, 2048)  # token rows of the graphs of steps that prefill
-MIXED_SEQS = 64  # the sequences such a graph holds
+# the sequences such a graph holds: its decodes attend in the prefill configuration (more
+# compute per decode than eager's own launch), so a step of more runs eagerly (a tuning
+# knob, not an option: on four H200s eager TP4 steps are host-bound near 50 ms)
+MIXED_SEQS = int(os.environ.get("PARASHIFT_MIXED_GRAPH_SEQS", "64"))
 
 
 @dataclass(frozen=True)
