@@ -117,7 +117,7 @@ class EngineConfig:
     sidp_probe_file: str | None = None       # sidp policy: B_th from sidp_probe.py's JSON instead
     sidp_min_dwell_steps: int = 8            # sidp policy: least steps between switches
     timeline_file: str | None = None         # JSONL: one line per step (plan, tokens, seconds)
-    cuda_graphs: bool | None = None          # decode steps as CUDA graphs; None = where possible
+    cuda_graphs: bool | None = None          # steps as CUDA graphs; None = where possible
     # with them, steps that prefill too (<= 2,048 rows, <= 64 sequences; single-stage plans,
     # not in deterministic mode nor with shared FFN weights or Seesaw)
     mixed_step_graphs: bool = True

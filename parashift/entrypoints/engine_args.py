@@ -187,7 +187,8 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
     group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                        action="store_false", help="turn prefix caching off")
     group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                       help="run decode steps as CUDA graphs (default: on where possible: "
+                       help="run decode steps, and steps that prefill up to 2,048 tokens, as "
+                            "CUDA graphs (default: on where possible: "
                             "CUDA, triton attention, every plan able to replay them or a "
                             "Seesaw pair; given, SiDP's CaS steps also under the sidp "
                             "policy, its WaS steps eager)")
