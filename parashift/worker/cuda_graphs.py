@@ -51,6 +51,8 @@ class GraphSizes:
     """The buckets a runner captures, and the one a step replays."""
 
     def __init__(self, max_num_seqs: int, sp_sizes: set[int], max_mixed_rows: int = 0):
+        if MIXED_SEQS < 1:
+            raise ValueError(f"PARASHIFT_MIXED_GRAPH_SEQS must be at least 1, got {MIXED_SEQS}")
         self.decode = [b for b in DEFAULT_BUCKETS if b <= max_num_seqs
                        and all(b % sp == 0 for sp in sp_sizes)]
         self.mixed_seqs = min(MIXED_SEQS, max_num_seqs)

@@ -31,12 +31,14 @@ class StepInputs:
 
 def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: int,
                       device: torch.device, sp_size: int = 1, sp_rank: int = 0,
-                      pad_to: int = 0, upload_all=None, pad_seqs: int | None = None) -> StepInputs:
+                      pad_to: int = 0, upload_all=None,
+                      pad_seqs: int | None = None) -> StepInputs:
     """`tables` holds each chunk's block table in the row `chunk.row`. `pad_to` pads the
     step to that many rows and sequences (a CUDA graph's batch size; `pad_seqs` sequences
     instead where given): padding sequences hold no rows and no context, padding rows
-    belong to no sequence; neither writes KV nor affects the real rows. `upload_all` takes [(array, dtype)] to device tensors in
-    one go (a `StagingRing`'s upload; by default a tensor each)."""
+    belong to no sequence; neither writes KV nor affects the real rows. `upload_all` takes
+    [(array, dtype)] to device tensors in one go (a `StagingRing`'s upload; by default a
+    tensor each)."""
     n = len(chunks)
     rows = np.fromiter(map(_ROW, chunks), np.int64, n)
     first = np.fromiter(map(_START, chunks), np.int64, n)
