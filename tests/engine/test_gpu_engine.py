@@ -33,6 +33,22 @@ def test_triton_matches_torch_backend(engines):
             assert max(abs(got[t] - want[t]) for t in got.keys() & want.keys()) < 2e-3
 
 
+def _eager_and_graph_tokens(vocab: int, **engine_options) -> dict[bool, list[list[int]]]:
+    """13 prompts of 1-300 random ids, 16 greedy tokens each, eager (False) and with CUDA
+    graphs and async scheduling (True); a fixed KV pool (the module's other engines may
+    hold most of the memory budget)."""
+    rng = random.Random(1)
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, 300))] for _ in range(13)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = {}
+    for fast in (False, True):
+        llm = LLM(device="cuda", kv_cache_memory=1 << 30, cuda_graphs=fast,
+                  async_scheduling=fast, max_num_seqs=16, **engine_options)
+        outs[fast] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        del llm
+    return outs
+
+
 @pytest.mark.parametrize("step_tokens", [None, 512])
 def test_graphs_and_async_scheduling_give_the_eager_tokens(step_tokens, monkeypatch, tmp_path):
     """Fast path (CUDA graphs, async scheduling) against eager, one step at a time; steps
@@ -40,7 +56,6 @@ def test_graphs_and_async_scheduling_give_the_eager_tokens(step_tokens, monkeypa
     decodes). A tiny random model: no download, nothing to carry. In float32: in bfloat16
     a graph's padded rows change the GEMMs' kernels and this model's near ties flip (decode
     graphs alone: 11 of 13 sequences equal eager's; docs/benchmarks.md)."""
-    dtype = "float32"
     from parashift.worker.cuda_graphs import StepGraphs
     from tests.engine.conftest import save_tiny_llama
     model_dir = save_tiny_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2,
@@ -49,19 +64,8 @@ def test_graphs_and_async_scheduling_give_the_eager_tokens(step_tokens, monkeypa
     run = StepGraphs.run
     monkeypatch.setattr(StepGraphs, "run", lambda self, chunks, tables, plan, bucket, *a, **k:
                         replayed.append(bucket) or run(self, chunks, tables, plan, bucket, *a, **k))
-    rng = random.Random(1)
-    prompts = [[rng.randrange(512) for _ in range(rng.randint(1, 300))] for _ in range(13)]
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    outs = {}
-    for fast in (False, True):
-        # a fixed KV pool: the module's other engines may hold most of the memory budget
-        llm = LLM(model_dir, device="cuda", dtype=dtype, skip_tokenizer_init=True,
-                  kv_cache_memory=1 << 30, cuda_graphs=fast, async_scheduling=fast,
-                  max_num_seqs=16, max_num_batched_tokens=step_tokens)
-        outs[fast] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        if fast:
-            assert len(llm.llm_engine.runner.graphs.graphs) > 0
-        del llm
+    outs = _eager_and_graph_tokens(512, model=model_dir, dtype="float32",
+                                   skip_tokenizer_init=True, max_num_batched_tokens=step_tokens)
     assert outs[True] == outs[False]
     assert any(b.decode for b in replayed) and any(not b.decode for b in replayed)
 
@@ -71,15 +75,7 @@ def test_graphs_give_the_eager_tokens_on_the_default_model(dtype):
     """The same on SmolLM2 (its GGUF carried: README, "GPU runs"), in both dtypes: its
     logits are far from the near ties of a random model (passed with decode graphs before
     steps that prefill replayed graphs too; not yet run since)."""
-    rng = random.Random(1)
-    prompts = [[rng.randrange(49152) for _ in range(rng.randint(1, 300))] for _ in range(13)]
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    outs = {}
-    for fast in (False, True):
-        llm = LLM(device="cuda", dtype=dtype, kv_cache_memory=1 << 30, cuda_graphs=fast,
-                  async_scheduling=fast, max_num_seqs=16)
-        outs[fast] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        del llm
+    outs = _eager_and_graph_tokens(49152, dtype=dtype)
     assert outs[True] == outs[False]
 
 
