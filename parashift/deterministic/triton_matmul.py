@@ -42,31 +42,40 @@ def tile_config(text: str) -> tuple[int, int, int, int, int]:
 
 
 # The tile by row count. Every configuration shares BLOCK_K and walks K the same way, and on an
-# H200 (2026-11-23, docs/benchmarks.md) every one of those measured gave the same bits as 64x64
-# for the 8B shape's projections at 1 to 4096 rows, mma.sync (16 rows) and wgmma alike: the tile
-# changes which program computes an element, not the MMA chain that sums it. The 128-row tile
-# is 20-30% faster from 256 rows up; 5 stages instead of 3 made the few-rows tile up to 1.9x
-# faster at 32-64 rows for qkv and down, no faster for gate_up (twelfth session). PARASHIFT_DETERMINISTIC_GEMM_TILES=m,n,k,warps,stages
-# pins one configuration for every shape.
+# H200 every one of those measured gave the same bits as 64x64 for the 8B shape's projections
+# at 1 to 4096 rows, mma.sync (16 rows) and wgmma alike, 128x256 tiles included (2026-11-23 and
+# the twenty-first session, docs/benchmarks.md): the tile changes which program computes an
+# element, not the MMA chain that sums it. 5 stages instead of 3 made the few-rows tile up to
+# 1.9x faster at 32-64 rows for qkv and down (twelfth session). With the chunk and tile loops
+# flattened into one pipeline (twenty-first session), the four projections per layer took,
+# against cuBLAS: 0.275 against 0.185 ms at 256 rows with 128x64 tiles, 0.407 against 0.300 at
+# 512 with 64x128 tiles loaded by TMA, 2.51 against 2.24 at 4096 with 128x256 tiles (8 warps)
+# loaded by TMA (64x128 with TMA: 3.51).
+# PARASHIFT_DETERMINISTIC_GEMM_TILES=m,n,k,warps,stages pins one configuration for every shape.
 BLOCK_K = 64
 FEW_ROWS_TILES = (64, 64, BLOCK_K, 4, 5)
 MANY_ROWS_TILES = (128, 64, BLOCK_K, 4, 4)
 FEW_ROWS = 64  # at most this many rows take FEW_ROWS_TILES
-# prefill chunks: 64x128 tiles loaded by TMA were 1.26x faster than 128x64 over the four
-# projections at 4096 rows (twelfth session), and slower at 256 rows
-LARGE_ROWS_TILES = (64, 128, BLOCK_K, 4, 4)
-LARGE_ROWS = 1024  # at least this many rows take LARGE_ROWS_TILES
+# from MID_ROWS rows on the tiles are loaded by TMA where it can (`_takes_tma`): 64x128 tiles,
+# then 128x256 from LARGE_ROWS; loaded by pointers (the TP partials, or no TMA) they were
+# 4-5x slower than that at 4096 rows, so those keep 128x64, then 64x128
+MID_ROWS, LARGE_ROWS = 512, 1024
+TMA_TILES = {MID_ROWS: (64, 128, BLOCK_K, 4, 4), LARGE_ROWS: (128, 256, BLOCK_K, 8, 3)}
+POINTER_TILES = {MID_ROWS: MANY_ROWS_TILES, LARGE_ROWS: (64, 128, BLOCK_K, 4, 4)}
 _PINNED = os.environ.get("PARASHIFT_DETERMINISTIC_GEMM_TILES")
 PINNED_TILES = tile_config(_PINNED) if _PINNED else None
 
 
-def tiles_for(rows: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for a product with `rows` rows."""
+def tiles_for(rows: int, tma: bool = False) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for a product with `rows` rows, its tiles
+    loaded by TMA or not."""
     if PINNED_TILES is not None:
         return PINNED_TILES
     if rows <= FEW_ROWS:
         return FEW_ROWS_TILES
-    return MANY_ROWS_TILES if rows < LARGE_ROWS else LARGE_ROWS_TILES
+    if rows < MID_ROWS:
+        return MANY_ROWS_TILES
+    return (TMA_TILES if tma else POINTER_TILES)[MID_ROWS if rows < LARGE_ROWS else LARGE_ROWS]
 
 
 SPREAD_MODES = ("auto", "1", "0")
@@ -81,7 +90,7 @@ SPREAD_MIN_K = 8192
 ONE_LOOP = os.environ.get("PARASHIFT_DETERMINISTIC_ONE_LOOP", "1") != "0"
 # that loop's tiles loaded by the tensor memory accelerator (`tma_matmul_kernel`; Hopper and
 # later, 16-bit operands with 16-byte aligned rows), the same MMA chain: `auto` (the default)
-# from LARGE_ROWS rows on, `1` wherever it can, `0` never (at one row, 1 made the decode step
+# from MID_ROWS rows on, `1` wherever it can, `0` never (at one row, 1 made the decode step
 # 1.3x slower)
 TMA_MODES = ("auto", "1", "0")
 TMA = os.environ.get("PARASHIFT_DETERMINISTIC_GEMM_TMA", "auto")
@@ -111,26 +120,26 @@ def _chunk_sum(x_ptr, w_ptr, offs_m, offs_n, chunk, M, N, chunk_k, stride_xm, st
 
 
 @triton.jit
-def _chunk_sums_one_loop(x_ptr, w_ptr, offs_m, offs_n, M, N, chunk_k, num_chunks, stride_xm,
-                         stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _chunk_sums_one_loop(x_ptr, w_ptr, offs_m, offs_n, M, N, num_chunks, stride_xm, stride_wn,
+                         TILES_PER_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr):
     """What the chunk loop over `_chunk_sum` computes (each chunk's MMA chain from a zero
-    accumulator, added to the total in chunk order), in one loop over K's tiles, so the
-    loads stay pipelined across chunk boundaries; chunk_k a multiple of BLOCK_K."""
+    accumulator, added to the total in chunk order), its two loops flattened into one
+    pipeline, so the loads stay pipelined across chunk boundaries; chunk_k a multiple of
+    BLOCK_K."""
     total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     offs_k = tl.arange(0, BLOCK_K)
-    tiles_per_chunk = chunk_k // BLOCK_K
-    for tile in range(0, num_chunks * tiles_per_chunk):
-        cols = (tile * BLOCK_K + offs_k).to(tl.int64)
-        a = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + cols[None, :],
-                    mask=offs_m[:, None] < M, other=0.0)
-        b = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + cols[None, :],
-                    mask=offs_n[:, None] < N, other=0.0)
-        acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
-        if (tile + 1) % tiles_per_chunk == 0:
-            total += acc
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for chunk in tl.range(0, num_chunks, flatten=True):
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for t in range(0, TILES_PER_CHUNK):
+            cols = ((chunk * TILES_PER_CHUNK + t) * BLOCK_K + offs_k).to(tl.int64)
+            a = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + cols[None, :],
+                        mask=offs_m[:, None] < M, other=0.0)
+            b = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + cols[None, :],
+                        mask=offs_n[:, None] < N, other=0.0)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
+        total += acc
     return total
 
 
@@ -138,7 +147,7 @@ def _chunk_sums_one_loop(x_ptr, w_ptr, offs_m, offs_n, M, N, chunk_k, num_chunks
 def invariant_matmul_kernel(out_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k, num_chunks,
                             stride_xm, stride_wn, stride_oc, stride_om,
                             CHUNKS_IN_PROGRAM: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                            HAS_BIAS: tl.constexpr,
+                            TILES_PER_CHUNK: tl.constexpr, HAS_BIAS: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -146,9 +155,9 @@ def invariant_matmul_kernel(out_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k, num_
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     if CHUNKS_IN_PROGRAM and WHOLE_TILES:
-        total = _chunk_sums_one_loop(x_ptr, w_ptr, offs_m, offs_n, M, N, chunk_k, num_chunks,
-                                     stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                     DOT_PRECISION)
+        total = _chunk_sums_one_loop(x_ptr, w_ptr, offs_m, offs_n, M, N, num_chunks,
+                                     stride_xm, stride_wn, TILES_PER_CHUNK, BLOCK_M, BLOCK_N,
+                                     BLOCK_K, DOT_PRECISION)
     elif CHUNKS_IN_PROGRAM:
         total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for chunk in range(0, num_chunks):
@@ -166,22 +175,21 @@ def invariant_matmul_kernel(out_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k, num_
 
 
 @triton.jit(**_generic)
-def tma_matmul_kernel(out_ptr, x_desc, w_desc, bias_ptr, M, N, chunk_k, num_chunks, stride_om,
-                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """`invariant_matmul_kernel` with its chunks in program and in one K loop, the tiles
-    loaded through tensor descriptors (rows past M or N read as zeros)."""
+def tma_matmul_kernel(out_ptr, x_desc, w_desc, bias_ptr, M, N, num_chunks, stride_om,
+                      TILES_PER_CHUNK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
+    """`invariant_matmul_kernel` with its chunks in program and in one (flattened) K loop,
+    the tiles loaded through tensor descriptors (rows past M or N read as zeros)."""
     m0, n0 = tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_N
     total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    tiles_per_chunk = chunk_k // BLOCK_K
-    for tile in range(0, num_chunks * tiles_per_chunk):
-        a = x_desc.load([m0, tile * BLOCK_K])
-        b = w_desc.load([n0, tile * BLOCK_K])
-        acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
-        if (tile + 1) % tiles_per_chunk == 0:
-            total += acc
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for chunk in tl.range(0, num_chunks, flatten=True):
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for t in range(0, TILES_PER_CHUNK):
+            k = (chunk * TILES_PER_CHUNK + t) * BLOCK_K
+            acc = tl.dot(x_desc.load([m0, k]), tl.trans(w_desc.load([n0, k])), acc,
+                         input_precision=DOT_PRECISION)
+        total += acc
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     if HAS_BIAS:
@@ -225,32 +233,43 @@ def _operands(x: torch.Tensor, weight: torch.Tensor, chunks: int):
     return x, weight, x.shape[1] // chunks
 
 
+def _flattens(chunk_k: int, block_k: int) -> bool:
+    """The chunk and tile loops may be flattened into one: whole tiles, two or more per chunk
+    (with one tile per chunk the flattened loop gave other bits than the loop per chunk on an
+    H200; the cause was not looked into)."""
+    return chunk_k % block_k == 0 and chunk_k >= 2 * block_k
+
+
 def _takes_tma(x: torch.Tensor, weight: torch.Tensor, chunk_k: int, block_k: int) -> bool:
-    wanted = TMA == "1" or (TMA == "auto" and x.shape[0] >= LARGE_ROWS)
+    wanted = TMA == "1" or (TMA == "auto" and x.shape[0] >= MID_ROWS)
     return (wanted and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-            and torch.cuda.get_device_capability(x.device)[0] >= 9 and chunk_k % block_k == 0
+            and torch.cuda.get_device_capability(x.device)[0] >= 9 and _flattens(chunk_k, block_k)
             and all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
                     for t in (x, weight)))
 
 
 def _launch(out, x, weight, bias, chunks, in_program: bool, chunk_k: int):
     m, n = x.shape[0], weight.shape[0]
-    block_m, block_n, block_k, warps, stages = tiles_for(m)
+    tma = in_program and _takes_tma(x, weight, chunk_k, tiles_for(m)[2])
+    block_m, block_n, block_k, warps, stages = tiles_for(m, tma)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), 1 if in_program else chunks)
-    if in_program and _takes_tma(x, weight, chunk_k, block_k):
+    if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
         tma_matmul_kernel[grid](
             out, TensorDescriptor.from_tensor(x, [block_m, block_k]),
             TensorDescriptor.from_tensor(weight, [block_n, block_k]),
-            bias if bias is not None else out, m, n, chunk_k, chunks, out.stride(-2),
-            HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            bias if bias is not None else out, m, n, chunks, out.stride(-2),
+            TILES_PER_CHUNK=chunk_k // block_k, HAS_BIAS=bias is not None, BLOCK_M=block_m,
+            BLOCK_N=block_n, BLOCK_K=block_k,
             DOT_PRECISION="tf32", num_warps=warps, num_stages=stages, enable_fp_fusion=False)
         return out
+    whole_tiles = in_program and ONE_LOOP and _flattens(chunk_k, block_k)
     invariant_matmul_kernel[grid](
         out, x, weight, bias if bias is not None else out, m, n, chunk_k, chunks,
         x.stride(0), weight.stride(0), out.stride(0) if not in_program else 0,
         out.stride(-2), CHUNKS_IN_PROGRAM=in_program,
-        WHOLE_TILES=ONE_LOOP and chunk_k % block_k == 0, HAS_BIAS=bias is not None,
+        WHOLE_TILES=whole_tiles, TILES_PER_CHUNK=chunk_k // block_k if whole_tiles else 0,
+        HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=warps, num_stages=stages, enable_fp_fusion=False)

@@ -32,13 +32,13 @@ _POLL_S = 1.0  # how often a blocked take checks that the child lives
 
 class _Record:
     """What the outputs of a request with a row are built from."""
-    __slots__ = ("seq", "logprobs", "first_token_time", "num_cached_tokens", "delta",
+    __slots__ = ("seq", "row", "logprobs", "metrics", "num_cached_tokens", "delta",
                  "sent_tokens")
 
-    def __init__(self, seq: Sequence):
-        self.seq = seq
+    def __init__(self, seq: Sequence, row: int):
+        self.seq, self.row = seq, row
         self.logprobs: list = []
-        self.first_token_time: float | None = None  # fixed at its first output, as inline
+        self.metrics: dict | None = None  # its first token's time, fixed at its first output
         self.num_cached_tokens = 0
         self.delta = seq.params.output_kind == "delta"  # the child answers what is new only
         self.sent_tokens = 0  # the output tokens its delta outputs gave so far
@@ -121,7 +121,7 @@ class OutputProcess:
             row = self._rows.get(seq.request_id)
             if row is None:
                 row = self._rows[seq.request_id] = next(self._next_row)
-                self._records[row] = _Record(seq)
+                self._records[row] = _Record(seq, row)
             return (NEW, row, seq.request_id, output_child.prompt_tail(seq.prompt_token_ids),
                     seq.params, message.reports_every_step)
         if isinstance(message, Failure):
@@ -177,14 +177,19 @@ class OutputProcess:
     # ---- the answers ---------------------------------------------------------------
     def _processed(self, answer: tuple) -> Processed:
         entries, ended, forgotten = answer
-        processed = Processed([self._output(*entry) for entry in entries], ended, forgotten)
+        records, built, outputs = self._records, self._built, []
+        append = outputs.append
+        for entry in entries:
+            record = records.get(entry[1]) if entry[0] == OUTPUT else None
+            append(built(record, *entry[2:]) if record is not None else self._output(*entry))
+        processed = Processed(outputs, ended, forgotten)
         for _ in forgotten:
             self._records.pop(self._forgetting.popleft(), None)
         return processed
 
     def _output(self, kind: int, row: int, text: str, *rest) -> RequestOutput:
         if kind == OUTPUT:
-            return self._built(row, text, *rest)
+            return self._built(self._records[row], text, *rest)
         record = self._forget_row(row)
         sent = record.sent_tokens if record is not None and record.delta else 0
         if kind == FAILED:
@@ -195,29 +200,28 @@ class OutputProcess:
                              _output_tokens(seq, num_tokens, sent), seq.num_cached_tokens, text,
                              error)
 
-    def _built(self, row: int, text: str, num_tokens: int, new_logprobs: list | None,
+    def _built(self, record: _Record, text: str, num_tokens: int, new_logprobs: list | None,
                reason: str | None, stop_reason) -> RequestOutput:
-        record = self._records[row]
         seq = record.seq
-        if record.first_token_time is None:
-            record.first_token_time = seq.first_token_time
+        if record.metrics is None:  # its first output: what is fixed from now on
+            record.metrics = {"first_token_time": seq.first_token_time}
             record.num_cached_tokens = seq.num_cached_tokens
+        start = seq.num_prompt_tokens
         if record.delta:
-            logprobs = new_logprobs
-            token_ids = _output_tokens(seq, num_tokens, record.sent_tokens)
+            start += record.sent_tokens
             record.sent_tokens += num_tokens
+            logprobs = new_logprobs
         else:
             logprobs = None
             if new_logprobs is not None:
                 record.logprobs += new_logprobs
                 logprobs = record.logprobs[:]
-            token_ids = _output_tokens(seq, num_tokens)
-        completion = CompletionOutput(0, text, token_ids, logprobs, reason, stop_reason)
+        completion = CompletionOutput(0, text, seq.token_ids[start:start + num_tokens], logprobs,
+                                      reason, stop_reason)
         if reason is not None:
-            self._forget_row(row)
-        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
-                             reason is not None, record.num_cached_tokens,
-                             {"first_token_time": record.first_token_time})
+            self._forget_row(record.row)
+        return RequestOutput(seq.request_id, seq.prompt, seq._prompt_token_ids, [completion],
+                             reason is not None, record.num_cached_tokens, record.metrics.copy())
 
     def _forget_row(self, row: int) -> _Record | None:
         record = self._records.pop(row, None)

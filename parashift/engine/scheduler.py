@@ -34,9 +34,11 @@ class ScheduledSeq:
     sampled after them (the chunk reaches the last token, pending ones included)."""
     __slots__ = ("seq", "num_new_tokens", "start_pos", "samples")
 
-    def __init__(self, seq: Sequence, num_new_tokens: int, start_pos: int):
+    def __init__(self, seq: Sequence, num_new_tokens: int, start_pos: int,
+                 samples: bool | None = None):
         self.seq, self.num_new_tokens, self.start_pos = seq, num_new_tokens, start_pos
-        self.samples = start_pos + num_new_tokens == len(seq.token_ids) + seq.num_pending_tokens
+        self.samples = (start_pos + num_new_tokens == len(seq.token_ids) + seq.num_pending_tokens
+                        if samples is None else samples)
 
     def token_ids(self) -> list[int]:
         """The chunk's input tokens, with a placeholder for a pending one."""
@@ -271,14 +273,24 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """`allocate_slots` runs only for a sequence whose chunk needs another block: this
-        loop runs over every running sequence each step."""
+        loop runs over every running sequence each step (`_num_new_tokens` inlined)."""
         i, running, scheduled = 0, self.running, out.scheduled
         allocate, block_size = self.block_manager.allocate_slots, self.block_manager.block_size
-        gate = self.gate
+        gate, defer = self.gate, self.defer_pending
+        threshold = self.config.long_prefill_token_threshold
         while i < len(running) and budget > 0:
             seq = running[i]
-            computed = seq.num_computed_tokens
-            num_new = self._num_new_tokens(seq, budget, computed)
+            computed, pending = seq.num_computed_tokens, seq.num_pending_tokens
+            num_tokens = len(seq.token_ids) + pending
+            # a pending token that reaches the length limit leaves nothing to compute after it
+            if pending and (defer or num_tokens >= seq.length_limit):
+                i += 1
+                continue
+            num_new = num_tokens - computed
+            if num_new > budget:
+                num_new = budget
+            if 0 < threshold < num_new:
+                num_new = threshold
             if num_new <= 0 or (gate is not None and not gate.runs(seq)):
                 i += 1
                 continue
@@ -290,10 +302,10 @@ class Scheduler:
                     budget += self._preempt(victim, out)
                     if victim is seq:
                         return budget
-            entry = ScheduledSeq(seq, num_new, computed)
-            scheduled.append(entry)
+            samples = computed + num_new == num_tokens
+            scheduled.append(ScheduledSeq(seq, num_new, computed, samples))
             seq.num_computed_tokens = computed + num_new
-            seq.num_pending_tokens += entry.samples
+            seq.num_pending_tokens = pending + samples
             budget -= num_new
             i += 1
         return budget

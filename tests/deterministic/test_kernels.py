@@ -58,12 +58,13 @@ test_matmul_interpreted, test_matmul_cuda = case_tests(__name__, check_matmul, M
 
 @cuda
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_matmul_of_prefill_rows_cuda(dtype):
-    """From LARGE_ROWS rows on the GEMM takes another tile, loaded by TMA on Hopper: its rows
-    keep the few-rows tile's bits."""
-    from parashift.deterministic.triton_matmul import LARGE_ROWS
-    check_matmul(m=LARGE_ROWS + 76, n=320, k=1024, chunks=8, bias=True, dtype=dtype,
-                 device="cuda")
+@pytest.mark.parametrize("rows", ["MID_ROWS", "LARGE_ROWS"])
+def test_matmul_of_prefill_rows_cuda(dtype, rows):
+    """From MID_ROWS and from LARGE_ROWS rows on the GEMM takes other tiles, loaded by TMA on
+    Hopper: their rows keep the few-rows tile's bits."""
+    from parashift.deterministic import triton_matmul
+    check_matmul(m=getattr(triton_matmul, rows) + 76, n=320, k=1024, chunks=8, bias=True,
+                 dtype=dtype, device="cuda")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -253,6 +254,7 @@ def test_spread_chunks_compile_to_the_same_mma_chain(whole_tiles, rows):
 
     def mma_lines(in_program: bool) -> list[str]:
         constants = dict(CHUNKS_IN_PROGRAM=in_program, WHOLE_TILES=whole_tiles,
+                         TILES_PER_CHUNK=8 if whole_tiles and in_program else 0,
                          HAS_BIAS=False, BLOCK_M=block_m,
                          BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION="tf32")
         pointers = {"out_ptr": "bf16" if in_program else "fp32", "x_ptr": "bf16",
