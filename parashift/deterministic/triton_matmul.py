@@ -62,15 +62,22 @@ FEW_ROWS = 64  # at most this many rows take FEW_ROWS_TILES
 MID_ROWS, LARGE_ROWS = 512, 1024
 TMA_TILES = {MID_ROWS: (64, 128, BLOCK_K, 4, 4), LARGE_ROWS: (128, 256, BLOCK_K, 8, 3)}
 POINTER_TILES = {MID_ROWS: MANY_ROWS_TILES, LARGE_ROWS: (64, 128, BLOCK_K, 4, 4)}
+# decode batches of 256-511 rows: the widest and the longest products load by TMA too (the
+# 8B shape's gate_up, N 28672: 128x256 tiles 0.115 ms against 128x64's 0.137; its down, K
+# 14336: 64x64 tiles 0.070 against 0.081; twenty-first session)
+DECODE_TMA_ROWS, WIDE_N, LONG_K = 256, 16384, 8192
 _PINNED = os.environ.get("PARASHIFT_DETERMINISTIC_GEMM_TILES")
 PINNED_TILES = tile_config(_PINNED) if _PINNED else None
 
 
-def tiles_for(rows: int, tma: bool = False) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for a product with `rows` rows, its tiles
-    loaded by TMA or not."""
+def tiles_for(rows: int, tma: bool = False, n: int = 0, k: int = 0
+              ) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for a product of `rows` rows, `n` output
+    columns and `k` input columns, its tiles loaded by TMA or not."""
     if PINNED_TILES is not None:
         return PINNED_TILES
+    if tma and DECODE_TMA_ROWS <= rows < MID_ROWS and (n >= WIDE_N or k >= LONG_K):
+        return TMA_TILES[LARGE_ROWS] if n >= WIDE_N else FEW_ROWS_TILES
     if rows <= FEW_ROWS:
         return FEW_ROWS_TILES
     if rows < MID_ROWS:
@@ -241,7 +248,9 @@ def _flattens(chunk_k: int, block_k: int) -> bool:
 
 
 def _takes_tma(x: torch.Tensor, weight: torch.Tensor, chunk_k: int, block_k: int) -> bool:
-    wanted = TMA == "1" or (TMA == "auto" and x.shape[0] >= MID_ROWS)
+    rows, n, k = x.shape[0], weight.shape[0], x.shape[1]
+    wanted = TMA == "1" or (TMA == "auto" and (rows >= MID_ROWS or (
+        rows >= DECODE_TMA_ROWS and (n >= WIDE_N or k >= LONG_K))))
     return (wanted and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
             and torch.cuda.get_device_capability(x.device)[0] >= 9 and _flattens(chunk_k, block_k)
             and all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
@@ -251,7 +260,7 @@ def _takes_tma(x: torch.Tensor, weight: torch.Tensor, chunk_k: int, block_k: int
 def _launch(out, x, weight, bias, chunks, in_program: bool, chunk_k: int):
     m, n = x.shape[0], weight.shape[0]
     tma = in_program and _takes_tma(x, weight, chunk_k, tiles_for(m)[2])
-    block_m, block_n, block_k, warps, stages = tiles_for(m, tma)
+    block_m, block_n, block_k, warps, stages = tiles_for(m, tma, n, x.shape[1])
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), 1 if in_program else chunks)
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor

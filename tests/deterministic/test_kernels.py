@@ -58,13 +58,17 @@ test_matmul_interpreted, test_matmul_cuda = case_tests(__name__, check_matmul, M
 
 @cuda
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("rows", ["MID_ROWS", "LARGE_ROWS"])
-def test_matmul_of_prefill_rows_cuda(dtype, rows):
+@pytest.mark.parametrize("rows,n,k", [("MID_ROWS", 320, 1024), ("LARGE_ROWS", 320, 1024),
+                                      ("DECODE_TMA_ROWS", "WIDE_N", 1024),
+                                      ("DECODE_TMA_ROWS", 320, "LONG_K")])
+def test_matmul_of_many_rows_cuda(dtype, rows, n, k):
     """From MID_ROWS and from LARGE_ROWS rows on the GEMM takes other tiles, loaded by TMA on
-    Hopper: their rows keep the few-rows tile's bits."""
+    Hopper, as do the widest and the longest products from DECODE_TMA_ROWS: their rows keep
+    the few-rows tile's bits."""
     from parashift.deterministic import triton_matmul
-    check_matmul(m=getattr(triton_matmul, rows) + 76, n=320, k=1024, chunks=8, bias=True,
-                 dtype=dtype, device="cuda")
+    size = {name: getattr(triton_matmul, name) for name in ("WIDE_N", "LONG_K")}
+    check_matmul(m=getattr(triton_matmul, rows) + 76, n=size.get(n, n), k=size.get(k, k),
+                 chunks=8, bias=True, dtype=dtype, device="cuda")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
