@@ -45,6 +45,12 @@ MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
 # (fewer wasted rows on decode batches, a slower prefill)
 INVARIANT_BLOCK_M = int(os.environ.get("PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M", "0")) or None
+# Deterministic mode: the KV tile (tokens) of every launch, when set, instead of the prefill
+# configuration's (a tuning knob: a decode reads its context in whole tiles)
+INVARIANT_TILE_N = int(os.environ.get("PARASHIFT_DETERMINISTIC_ATTENTION_TILE_N", "0")) or None
+if INVARIANT_TILE_N is not None and (INVARIANT_TILE_N < 16 or 128 % INVARIANT_TILE_N):
+    raise ValueError("PARASHIFT_DETERMINISTIC_ATTENTION_TILE_N must be 16, 32, 64 or 128, not "
+                     f"{INVARIANT_TILE_N}")
 # Deterministic mode: the context's fixed partitions (tokens; a multiple of every
 # configuration's KV tile), each a fresh softmax state, merged in order: decode launches
 # may then spread a row's partitions over programs (split-KV) without changing its bits
@@ -88,8 +94,12 @@ def prefill_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
 def invariant_config(head_dim: int, group_p: int, elem_size: int,
                      block_m: int | None) -> KernelConfig:
     """The one configuration of every batch-invariant launch, decode and prefill alike: the
-    prefill one, its query rows per program capped at block_m if given."""
+    prefill one, its query rows per program capped at block_m if given, its KV tile
+    INVARIANT_TILE_N tokens if set."""
     config = prefill_config(head_dim, group_p, elem_size)
+    if INVARIANT_TILE_N is not None:
+        config = KernelConfig(config.block_m, INVARIANT_TILE_N, config.num_warps,
+                              config.num_stages)
     if block_m is None or block_m >= config.block_m:
         return config
     return KernelConfig(max(block_m, group_p), config.tile_n, num_warps=4,

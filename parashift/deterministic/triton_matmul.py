@@ -93,6 +93,10 @@ if SPREAD_MODE not in SPREAD_MODES:
 # auto: on an H200 spreading paid only for K of 14336 at up to 128 rows (64 tiles); with K of
 # 4096, or 128 tiles, one program per tile was faster (docs/benchmarks.md, twelfth session)
 SPREAD_MIN_K = 8192
+# the chunk sums' tile: an element's sum does not depend on it. With the GEMM's 64x64 tile at
+# 64 rows the sums of the down projection's spread chunks ran on 64 programs and took 0.72 ms
+# of a 7.6 ms decode step (twenty-first session); this gives 4x as many.
+SUM_TILE = (16, 64)
 # the in-program chunks in one K loop (`_chunk_sums_one_loop`); 0: a loop per chunk
 ONE_LOOP = os.environ.get("PARASHIFT_DETERMINISTIC_ONE_LOOP", "1") != "0"
 # that loop's tiles loaded by the tensor memory accelerator (`tma_matmul_kernel`; Hopper and
@@ -307,12 +311,12 @@ def sum_chunks(partials: torch.Tensor, bias: torch.Tensor | None,
     if init is not None and init.stride(-1) != 1:
         init = init.contiguous()
     out = torch.empty(m, n, dtype=dtype, device=partials.device)
-    block_m, block_n, _, warps, _ = tiles_for(m)
+    block_m, block_n = SUM_TILE
     sum_chunks_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
         out, partials, bias if bias is not None else out, init if init is not None else out,
         m, n, chunks, partials.stride(0), partials.stride(1), out.stride(0),
         init.stride(0) if init is not None else 0, HAS_BIAS=bias is not None,
-        HAS_INIT=init is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+        HAS_INIT=init is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4,
         enable_fp_fusion=False)
     return out
 
