@@ -3,6 +3,7 @@ costs per sequence, apart from the device.
 
 Usage: python3 benchmarks/host_overhead.py --batch-sizes 64 256 512 [--model SHAPE]
 [--tokenizer DIR] [--output-processor thread|inline|process] [--output-kind final_only]
+[--warmup N]
 (with a tokenizer the outputs are detokenized; `outputs_made` is the output processor's
 work, on its own thread unless inline, and not timed in process mode, where it runs in the
 child; `hand_off` and `take_outputs` what the engine loop spends to give it tokens and take
@@ -186,6 +187,9 @@ def main():
                         "new), or the last only")
     p.add_argument("--gc-threshold", type=int, nargs="+", default=None,
                    help="gc.set_threshold(...) after start-up (default: the engine's)")
+    p.add_argument("--warmup", type=int, default=1, metavar="N",
+                   help="untimed rounds over the batch sizes first (default 1: on GPU "
+                        "hosts a fresh process's first batch ran slower in every part)")
     p.add_argument("--cprofile", type=int, default=0, metavar="N",
                    help="profile the timed steps with cProfile (slower: its figures are "
                         "shares, not times) and report the N functions of most own time")
@@ -198,6 +202,9 @@ def main():
               max_num_batched_tokens=max(8192, args.context * max(args.batch_sizes) // 4))
     if args.gc_threshold:
         gc.set_threshold(*args.gc_threshold)
+    for _ in range(args.warmup):
+        for batch in args.batch_sizes:
+            measure(llm, batch, args.context, min(args.decode_steps, 8), 0, args.output_kind)
     rows = []
     for batch in args.batch_sizes:
         rows.append(measure(llm, batch, args.context, args.decode_steps, args.cprofile,
