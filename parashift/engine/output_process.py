@@ -220,7 +220,7 @@ class OutputProcess:
                                       reason, stop_reason)
         if reason is not None:
             self._forget_row(record.row)
-        return RequestOutput(seq.request_id, seq.prompt, seq._prompt_token_ids, [completion],
+        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
                              reason is not None, record.num_cached_tokens, record.metrics.copy())
 
     def _forget_row(self, row: int) -> _Record | None:

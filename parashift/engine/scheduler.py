@@ -18,6 +18,7 @@ fills from the previous step's samples on the device. Where no placeholder can b
 filled (the first stage of a pipeline never sees the samples), `defer_pending` leaves
 such a sequence out until its token is known; its other steps may still be in flight."""
 import heapq
+import time
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -34,11 +35,9 @@ class ScheduledSeq:
     sampled after them (the chunk reaches the last token, pending ones included)."""
     __slots__ = ("seq", "num_new_tokens", "start_pos", "samples")
 
-    def __init__(self, seq: Sequence, num_new_tokens: int, start_pos: int,
-                 samples: bool | None = None):
+    def __init__(self, seq: Sequence, num_new_tokens: int, start_pos: int):
         self.seq, self.num_new_tokens, self.start_pos = seq, num_new_tokens, start_pos
-        self.samples = (start_pos + num_new_tokens == len(seq.token_ids) + seq.num_pending_tokens
-                        if samples is None else samples)
+        self.samples = start_pos + num_new_tokens == len(seq.token_ids) + seq.num_pending_tokens
 
     def token_ids(self) -> list[int]:
         """The chunk's input tokens, with a placeholder for a pending one."""
@@ -237,7 +236,7 @@ class Scheduler:
         tokens = iter(sampled)
         finished, block_manager = [], self.block_manager
         cache_full_blocks, block_size = block_manager.cache_full_blocks, block_manager.block_size
-        caching = block_manager.enable_prefix_caching
+        caching, eos = block_manager.enable_prefix_caching, self.eos_token_ids
         running, done = SequenceStatus.RUNNING, SequenceStatus.FINISHED
         for scheduled in output.scheduled:
             seq = scheduled.seq
@@ -245,19 +244,23 @@ class Scheduler:
             token = next(tokens) if scheduled.samples else None
             if status is done:  # aborted (or stopped by an earlier step) while the step ran
                 continue
+            token_ids = seq.token_ids
             if caching and status is running:
-                computed = min(scheduled.start_pos + scheduled.num_new_tokens,
-                               len(seq.token_ids))
+                computed = min(scheduled.start_pos + scheduled.num_new_tokens, len(token_ids))
                 if computed // block_size > len(seq.block_hashes):  # a block filled up
                     cache_full_blocks(seq, computed)
             if not scheduled.samples:
                 continue
             seq.num_pending_tokens -= 1
-            seq.append_token(token)
-            reason, stop_reason = self._check_stop(seq)
-            if reason is not None:
-                self.finish(seq, reason, stop_reason)
-                finished.append(seq)
+            token_ids.append(token)  # Sequence.append_token, inlined
+            if seq.first_token_time is None:
+                seq.first_token_time = time.time()
+            # the checks of _check_stop, which tells the reason once one holds
+            if len(token_ids) >= seq.length_limit or token in eos or seq.params.stop_token_ids:
+                reason, stop_reason = self._check_stop(seq)
+                if reason is not None:
+                    self.finish(seq, reason, stop_reason)
+                    finished.append(seq)
         return finished
 
     def _num_new_tokens(self, seq: Sequence, budget: int, num_computed: int) -> int:
@@ -273,24 +276,14 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """`allocate_slots` runs only for a sequence whose chunk needs another block: this
-        loop runs over every running sequence each step (`_num_new_tokens` inlined)."""
+        loop runs over every running sequence each step."""
         i, running, scheduled = 0, self.running, out.scheduled
         allocate, block_size = self.block_manager.allocate_slots, self.block_manager.block_size
-        gate, defer = self.gate, self.defer_pending
-        threshold = self.config.long_prefill_token_threshold
+        gate = self.gate
         while i < len(running) and budget > 0:
             seq = running[i]
-            computed, pending = seq.num_computed_tokens, seq.num_pending_tokens
-            num_tokens = len(seq.token_ids) + pending
-            # a pending token that reaches the length limit leaves nothing to compute after it
-            if pending and (defer or num_tokens >= seq.length_limit):
-                i += 1
-                continue
-            num_new = num_tokens - computed
-            if num_new > budget:
-                num_new = budget
-            if 0 < threshold < num_new:
-                num_new = threshold
+            computed = seq.num_computed_tokens
+            num_new = self._num_new_tokens(seq, budget, computed)
             if num_new <= 0 or (gate is not None and not gate.runs(seq)):
                 i += 1
                 continue
@@ -302,10 +295,10 @@ class Scheduler:
                     budget += self._preempt(victim, out)
                     if victim is seq:
                         return budget
-            samples = computed + num_new == num_tokens
-            scheduled.append(ScheduledSeq(seq, num_new, computed, samples))
+            entry = ScheduledSeq(seq, num_new, computed)
+            scheduled.append(entry)
             seq.num_computed_tokens = computed + num_new
-            seq.num_pending_tokens = pending + samples
+            seq.num_pending_tokens += entry.samples
             budget -= num_new
             i += 1
         return budget

@@ -118,7 +118,15 @@ def attend(backend, seqs, q_lens, heads, kv_heads, block_size=16):
 
 
 def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, head_dim=32,
-                    block_m=None, partition=None, length=150, decode="small"):
+                    block_m=None, partition=None, length=150, decode="small", tile_n=None):
+    if tile_n is not None:  # PARASHIFT_DETERMINISTIC_ATTENTION_TILE_N, read at import
+        from parashift.attention import triton_backend
+        saved, triton_backend.INVARIANT_TILE_N = triton_backend.INVARIANT_TILE_N, tile_n
+        try:
+            return check_attention(dtype, device, backend, heads, kv_heads, head_dim, block_m,
+                                   partition, length, decode)
+        finally:
+            triton_backend.INVARIANT_TILE_N = saved
     forced = None
     if backend == "triton":
         from parashift.attention.triton_backend import TritonAttentionBackend
@@ -178,11 +186,13 @@ def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, 
 
 # the default query rows per program (the prefill configuration's 128, decodes' 16), decodes
 # in the prefill configuration, and the selectable PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M
-# variants; partitions of 128 and 256 tokens: one and two KV tiles each, several per row
+# variants; partitions of 128 and 256 tokens: one and two KV tiles each, several per row;
+# KV tiles of 64 and 32 tokens (PARASHIFT_DETERMINISTIC_ATTENTION_TILE_N)
 test_attention_interpreted, test_attention_cuda = case_tests(
     __name__, check_attention, [{}, {"decode": "prefill"}, {"block_m": 64}, {"block_m": 16},
                                 {"partition": 128},
-                                {"partition": 256, "length": 300, "block_m": 16}],
+                                {"partition": 256, "length": 300, "block_m": 16},
+                                {"tile_n": 64}, {"tile_n": 32, "partition": 128}],
     uses_dot=True)
 
 
