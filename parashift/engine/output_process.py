@@ -180,16 +180,15 @@ class OutputProcess:
         records, built, outputs = self._records, self._built, []
         append = outputs.append
         for entry in entries:
-            record = records.get(entry[1]) if entry[0] == OUTPUT else None
-            append(built(record, *entry[2:]) if record is not None else self._output(*entry))
+            append(built(records[entry[1]], *entry[2:]) if entry[0] == OUTPUT
+                   else self._ended_output(*entry))
         processed = Processed(outputs, ended, forgotten)
         for _ in forgotten:
             self._records.pop(self._forgetting.popleft(), None)
         return processed
 
-    def _output(self, kind: int, row: int, text: str, *rest) -> RequestOutput:
-        if kind == OUTPUT:
-            return self._built(self._records[row], text, *rest)
+    def _ended_output(self, kind: int, row: int, text: str, *rest) -> RequestOutput:
+        """The last output of a request that failed (FAILED) or whose text could not be made."""
         record = self._forget_row(row)
         sent = record.sent_tokens if record is not None and record.delta else 0
         if kind == FAILED:

@@ -18,7 +18,6 @@ fills from the previous step's samples on the device. Where no placeholder can b
 filled (the first stage of a pipeline never sees the samples), `defer_pending` leaves
 such a sequence out until its token is known; its other steps may still be in flight."""
 import heapq
-import time
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -236,7 +235,7 @@ class Scheduler:
         tokens = iter(sampled)
         finished, block_manager = [], self.block_manager
         cache_full_blocks, block_size = block_manager.cache_full_blocks, block_manager.block_size
-        caching, eos = block_manager.enable_prefix_caching, self.eos_token_ids
+        caching = block_manager.enable_prefix_caching
         running, done = SequenceStatus.RUNNING, SequenceStatus.FINISHED
         for scheduled in output.scheduled:
             seq = scheduled.seq
@@ -244,23 +243,19 @@ class Scheduler:
             token = next(tokens) if scheduled.samples else None
             if status is done:  # aborted (or stopped by an earlier step) while the step ran
                 continue
-            token_ids = seq.token_ids
             if caching and status is running:
-                computed = min(scheduled.start_pos + scheduled.num_new_tokens, len(token_ids))
+                computed = min(scheduled.start_pos + scheduled.num_new_tokens,
+                               len(seq.token_ids))
                 if computed // block_size > len(seq.block_hashes):  # a block filled up
                     cache_full_blocks(seq, computed)
             if not scheduled.samples:
                 continue
             seq.num_pending_tokens -= 1
-            token_ids.append(token)  # Sequence.append_token, inlined
-            if seq.first_token_time is None:
-                seq.first_token_time = time.time()
-            # the checks of _check_stop, which tells the reason once one holds
-            if len(token_ids) >= seq.length_limit or token in eos or seq.params.stop_token_ids:
-                reason, stop_reason = self._check_stop(seq)
-                if reason is not None:
-                    self.finish(seq, reason, stop_reason)
-                    finished.append(seq)
+            seq.append_token(token)
+            reason, stop_reason = self._check_stop(seq)
+            if reason is not None:
+                self.finish(seq, reason, stop_reason)
+                finished.append(seq)
         return finished
 
     def _num_new_tokens(self, seq: Sequence, budget: int, num_computed: int) -> int:
