@@ -5,10 +5,10 @@ rounded once to x's dtype.
 
 The down projection's contraction (the expert's intermediate width) is the one that TP
 splits: it is cut into the model's canonical K chunks, each rank computes the chunks it
-holds and the TP group gathers and adds them in chunk order, as a row-parallel projection
-does (`reduction.py`); one device holds every chunk. Under EP each pair is computed whole on
-the one rank holding its expert and is zero elsewhere, so summing the ranks' slot outputs
-adds one value to zeros, exactly.
+holds and the TP group gathers and adds them in the canonical order, as a row-parallel
+projection does (`reduction.py`); one device holds every chunk. Under EP each pair is
+computed whole on the one rank holding its expert and is zero elsewhere, so summing the
+ranks' slot outputs adds one value to zeros, exactly.
 
 The cost: one pass of the batch-invariant GEMMs per expert that has tokens (a host sync for
 the routing), fp32 slot outputs [T, k, H] (gathered over TP as chunks, or summed over EP)
@@ -19,6 +19,7 @@ import torch
 
 from parashift.deterministic.elementwise import silu_and_mul
 from parashift.deterministic.matmul import chunk_partials, linear, ordered_sum, sum_chunks
+from parashift.deterministic.reduction import row_groups
 
 
 def slot_partials(x: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
@@ -35,12 +36,13 @@ def slot_partials(x: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
 
 def slot_outputs(x: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                  chunks: int, first_expert: int = 0) -> torch.Tensor:
-    """[T * k, H] fp32: slot_partials added in chunk order (every chunk held here), one
-    expert at a time: 1/chunks of the memory, the same sums."""
+    """[T * k, H] fp32: slot_partials added in the canonical order (every chunk held here),
+    one expert at a time: 1/chunks of the memory, the same sums."""
     slots = x.new_zeros((ids.numel(), down.shape[1]), dtype=torch.float32)
     for pairs, expert_partials in held_pair_partials(x, ids, gate_up, down, chunks,
                                                      first_expert):
-        slots[pairs] = sum_chunks(expert_partials, None, torch.float32)
+        slots[pairs] = sum_chunks(expert_partials, None, torch.float32,
+                                  groups=row_groups(chunks))
     return slots
 
 

@@ -32,21 +32,39 @@ def pad_rows(x: torch.Tensor, dim: int = -2) -> torch.Tensor:
 def chunk_partials(x: torch.Tensor, weight: torch.Tensor, chunks: int) -> torch.Tensor:
     """[chunks, rows, N] fp32: partial c is x[:, K_c] @ weight[:, K_c].T over the c-th of
     `chunks` equal slices K_c of the input dimension; x is [rows, K], weight [N, K]."""
+    return fold_chunks(x, weight, chunks, chunks)
+
+
+def fold_chunks(x: torch.Tensor, weight: torch.Tensor, chunks: int, blocks: int
+                ) -> torch.Tensor:
+    """[blocks, rows, N] fp32: block b is the chunk partials of the b-th of `blocks` equal
+    runs of the `chunks` K chunks added in chunk order from zero (one block per chunk: the
+    partials themselves)."""
     rows, k = x.shape
-    if k % chunks:
-        raise ValueError(f"the input width {k} does not split into {chunks} chunks")
+    if k % chunks or chunks % blocks:
+        raise ValueError(f"the input width {k} does not split into {chunks} chunks in "
+                         f"{blocks} blocks")
     if use_triton(x):
         from parashift.deterministic import triton_matmul
-        return triton_matmul.chunk_partials(x, weight, chunks)
+        return triton_matmul.fold_chunks(x, weight, chunks, blocks)
     width = k // chunks
     xs = pad_rows(x.float()).unflatten(1, (chunks, width)).transpose(0, 1).contiguous()
     ws = weight.float().unflatten(1, (chunks, width)).transpose(0, 1).contiguous()
-    return torch.bmm(xs, ws.transpose(1, 2))[:, :rows]
+    partials = torch.bmm(xs, ws.transpose(1, 2))[:, :rows]
+    if blocks == chunks:
+        return partials
+    return torch.stack([ordered_sum(run) for run in partials.chunk(blocks)])
 
 
-def ordered_sum(partials: torch.Tensor, init: torch.Tensor | None = None) -> torch.Tensor:
+def ordered_sum(partials: torch.Tensor, init: torch.Tensor | None = None,
+                groups: int = 1) -> torch.Tensor:
     """The sum over dim 0 added one partial after the other, from zero (or from `init`, the
-    fp32 running sum of the partials before these), in fp32."""
+    fp32 running sum of the partials before these), in fp32. With `groups`, the partials
+    fall in that many equal runs, each run is summed so from zero, then the runs' sums."""
+    if groups > 1:
+        if init is not None:
+            raise ValueError("a grouped sum starts from zero")
+        return ordered_sum(torch.stack([ordered_sum(run) for run in partials.chunk(groups)]))
     total = torch.zeros_like(partials[0]) if init is None else init.clone()
     for partial in partials:
         total += partial
@@ -54,13 +72,17 @@ def ordered_sum(partials: torch.Tensor, init: torch.Tensor | None = None) -> tor
 
 
 def sum_chunks(partials: torch.Tensor, bias: torch.Tensor | None,
-               dtype: torch.dtype, init: torch.Tensor | None = None) -> torch.Tensor:
+               dtype: torch.dtype, init: torch.Tensor | None = None,
+               groups: int = 1) -> torch.Tensor:
     """The partials [chunks, rows, N] added in chunk order (after `init`, the running sum of
-    the chunks before them, if given), plus bias, in `dtype`."""
+    the chunks before them, if given; in `groups` runs as `ordered_sum`), plus bias, in
+    `dtype`."""
+    if partials.shape[0] % groups:
+        raise ValueError(f"{partials.shape[0]} partials do not fall in {groups} groups")
     if use_triton(partials):
         from parashift.deterministic import triton_matmul
-        return triton_matmul.sum_chunks(partials, bias, dtype, init)
-    return finish(ordered_sum(partials, init), bias, dtype)
+        return triton_matmul.sum_chunks(partials, bias, dtype, init, groups)
+    return finish(ordered_sum(partials, init, groups), bias, dtype)
 
 
 def finish(total: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -70,15 +92,16 @@ def finish(total: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -
 
 
 def reduce_chunks(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  chunks: int) -> torch.Tensor:
-    """x @ weight.T + bias with K in `chunks` chunks summed in order (one device holding
-    every chunk), in x's dtype; x of any leading shape."""
+                  chunks: int, groups: int = 1) -> torch.Tensor:
+    """x @ weight.T + bias with K in `chunks` chunks summed in order (in `groups` runs, as
+    `ordered_sum`; one device holding every chunk), in x's dtype; x of any leading shape."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if use_triton(x2):
         from parashift.deterministic import triton_matmul
-        return triton_matmul.linear(x2, weight, bias, chunks).unflatten(0, lead)
-    return sum_chunks(chunk_partials(x2, weight, chunks), bias, x.dtype).unflatten(0, lead)
+        return triton_matmul.linear(x2, weight, bias, chunks, groups=groups).unflatten(0, lead)
+    return sum_chunks(chunk_partials(x2, weight, chunks), bias, x.dtype,
+                      groups=groups).unflatten(0, lead)
 
 
 def column_chunks(k: int) -> int:

@@ -1,27 +1,24 @@
 """The canonical order of a row-parallel projection's contraction, the same on every plan.
 
-K is cut into `chunks` equal chunks; a rank at position p of a TP group of size t holds
-input columns p·K/t .. (p+1)·K/t (its base shard, a shift plan's slice, alike), that is
-chunks p·chunks/t .. (p+1)·chunks/t - 1. It computes those chunks' partials, the group
-gathers them in position order, and every rank adds all of them in chunk order: the
-single-device run adds the same partials in the same order.
+K is cut into `chunks` equal chunks in `row_groups(chunks)` groups (two halves where chunks
+is even): each chunk's partial is added in chunk order from zero within its group, then the
+groups' sums from zero, plus the bias, rounded once. A rank at position p of a TP group of
+size t holds input columns p·K/t .. (p+1)·K/t (its base shard, a shift plan's slice,
+alike), that is chunks p·chunks/t .. (p+1)·chunks/t - 1.
 
-A chain passes the running sum along the group instead: rank p adds its chunks, in order,
-to the fp32 sum of the chunks before them (rank p - 1's), and the last rank adds the bias and
-rounds; each hop and the result's return is an all-gather of one tensor per rank. The same
-additions in the same order (the same bits), t collectives of one partial instead of one of
-chunks / t partials per rank: fewer bytes where the rows are many, more latency where they
-are few. PARASHIFT_DETERMINISTIC_TP_SUM picks: `auto` (the default) chains from
-CHAIN_FROM_ROWS rows on, `gather` and `chain` always. On two H200s, 8B shape, TP=2
-(docs/benchmarks.md, twelfth session) the chain took 0.89x the gather's decode step at 64
-rows, 0.87x at 256 and 0.72x the prefill of 4096 tokens, and 1.14x at one row. Read at each
-call (every rank of the engine reads the same environment)."""
+Each rank sends terms (`TermLayout`): a run of its chunks that begins a group is summed in
+the rank's own GEMM program into one term; a chunk after the start of a group another rank
+began is its own term. One all-gather of one tensor per term, then every rank adds the
+terms in the canonical order. Under TP=2 each rank holds a half: one fp32 term per rank, one
+collective, nothing waiting on another rank's sum (it replaced a chain that passed the
+running sum from rank to rank, two dependent collectives per projection under TP=2)."""
+import functools
 import math
-import os
+from dataclasses import dataclass
 
 import torch
 
-from parashift.deterministic.matmul import chunk_partials, reduce_chunks, sum_chunks
+from parashift.deterministic.matmul import fold_chunks, reduce_chunks, sum_chunks
 from parashift.parallel.state import GroupHandle
 
 MAX_TP = 8  # chunks serve every TP degree up to this that the model allows
@@ -64,15 +61,34 @@ def check_plans(hf_config, plans) -> None:
                 f"allow: {allowed_tp_degrees(hf_config)})")
 
 
+def row_groups(chunks: int) -> int:
+    """The groups of a row-parallel contraction's canonical order: halves, where they hold
+    whole chunks."""
+    return 2 if chunks % 2 == 0 else 1
+
+
 def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         tp: GroupHandle, chunks: int) -> torch.Tensor:
     """x [.., K/t] @ weight [N, K/t].T summed over the TP group in the canonical order,
     plus bias (added once, after the sum), in x's dtype."""
     if tp.size == 1:
-        return reduce_chunks(x, weight, bias, chunks)
+        return reduce_chunks(x, weight, bias, chunks, row_groups(chunks))
     lead = x.shape[:-1]
-    partials = chunk_partials(x.reshape(-1, x.shape[-1]), weight, chunks_held(tp, chunks))
-    return sum_over_tp(partials, bias, tp, x.dtype).unflatten(0, lead)
+    layout = term_layout(chunks, tp.size)
+    terms = rank_terms(x.reshape(-1, x.shape[-1]), weight, layout, tp.rank)
+    return sum_over_tp(terms, bias, tp, x.dtype, layout).unflatten(0, lead)
+
+
+def rank_terms(x: torch.Tensor, weight: torch.Tensor, layout: "TermLayout", rank: int
+               ) -> torch.Tensor:
+    """[terms, rows, N] fp32: the terms of `rank`'s chunks of x [rows, K/t] @ weight.T, a
+    folded run summed in its GEMM programs."""
+    runs = layout.runs[rank]
+    width = x.shape[-1] // sum(n for _, n, _ in runs)
+    terms = [fold_chunks(x[:, start * width:(start + n) * width],
+                         weight[:, start * width:(start + n) * width], n, 1 if folded else n)
+             for start, n, folded in runs]
+    return torch.cat(terms) if len(terms) > 1 else terms[0]
 
 
 def chunks_held(tp: GroupHandle, chunks: int) -> int:
@@ -83,38 +99,69 @@ def chunks_held(tp: GroupHandle, chunks: int) -> int:
     return chunks // tp.size
 
 
-TP_SUM_MODES = ("auto", "gather", "chain")
-CHAIN_FROM_ROWS = 32  # between the measured 1 (gather faster) and 64 (chain faster)
+@dataclass(frozen=True)
+class TermLayout:
+    """The terms of a TP group's canonical sum. runs[p]: rank p's chunks (local index of
+    the first, count, folded) in order, a folded run one term and an unfolded run one term
+    per chunk; groups[g]: group g's terms as (rank, term index), its first a folded run."""
+    runs: tuple[tuple[tuple[int, int, bool], ...], ...]
+    groups: tuple[tuple[tuple[int, int], ...], ...]
+
+    @property
+    def width(self) -> int:
+        """Terms per rank in the all-gather (the most any rank has)."""
+        return max(sum(1 if folded else n for _, n, folded in runs) for runs in self.runs)
 
 
-def tp_sum_mode() -> str:
-    mode = os.environ.get("PARASHIFT_DETERMINISTIC_TP_SUM", "auto")
-    if mode not in TP_SUM_MODES:
-        raise ValueError(f"PARASHIFT_DETERMINISTIC_TP_SUM must be one of {TP_SUM_MODES}, "
-                         f"got {mode!r}")
-    return mode
+@functools.cache
+def term_layout(chunks: int, tp: int) -> TermLayout:
+    if chunks % tp:
+        raise ValueError(f"deterministic mode: tp = {tp} does not divide the {chunks} K chunks")
+    held, group_size = chunks // tp, chunks // row_groups(chunks)
+    runs, groups = [], [[] for _ in range(row_groups(chunks))]
+    for rank in range(tp):
+        rank_runs, term = [], 0
+        for first in range(rank * held, (rank + 1) * held):
+            group = first // group_size
+            if first != rank * held and first % group_size:
+                continue  # inside the run begun before it
+            length = min((group + 1) * group_size, (rank + 1) * held) - first
+            folded = first % group_size == 0
+            rank_runs.append((first - rank * held, length, folded))
+            for _ in range(1 if folded else length):
+                groups[group].append((rank, term))
+                term += 1
+        runs.append(tuple(rank_runs))
+    return TermLayout(tuple(runs), tuple(tuple(g) for g in groups))
 
 
-def sum_over_tp(partials: torch.Tensor, bias: torch.Tensor | None, tp: GroupHandle,
-                dtype: torch.dtype) -> torch.Tensor:
-    """This rank's chunk partials [chunks / t, rows, N] added over the TP group in chunk
-    order, plus bias, in `dtype`: gathered and added on every rank, or in a chain."""
-    mode = tp_sum_mode()
-    if mode == "chain" or (mode == "auto" and partials.shape[1] >= CHAIN_FROM_ROWS):
-        return chain_over_tp(partials, bias, tp, dtype)
-    return sum_chunks(tp.all_gather(partials, dim=0), bias, dtype)
+def terms_of_partials(partials: torch.Tensor, layout: TermLayout, rank: int) -> torch.Tensor:
+    """A rank's terms from its chunk partials [held, rows, N]: each folded run summed."""
+    return torch.cat([sum_chunks(partials[start:start + n], None, torch.float32).unsqueeze(0)
+                      if folded else partials[start:start + n]
+                      for start, n, folded in layout.runs[rank]])
 
 
-def chain_over_tp(partials: torch.Tensor, bias: torch.Tensor | None, tp: GroupHandle,
-                  dtype: torch.dtype) -> torch.Tensor:
-    """The chunk-order sum passed from rank to rank in position order; at each hop only
-    one rank's tensor is read (the others send a placeholder of its shape)."""
-    running = None
-    for hop in range(tp.size - 1):
-        mine = (sum_chunks(partials, None, torch.float32, running) if tp.rank == hop
-                else partials[0])
-        running = tp.all_gather(mine.unsqueeze(0), dim=0)[hop]
-    last = tp.size - 1
-    mine = (sum_chunks(partials, bias, dtype, running) if tp.rank == last
-            else partials.new_empty(partials.shape[1:], dtype=dtype))
-    return tp.all_gather(mine.unsqueeze(0), dim=0)[last]
+def sum_over_tp(terms: torch.Tensor, bias: torch.Tensor | None, tp: GroupHandle,
+                dtype: torch.dtype, layout: TermLayout) -> torch.Tensor:
+    """This rank's terms [n, rows, N] gathered over the TP group and added in the canonical
+    order, plus bias, in `dtype`."""
+    if terms.shape[0] < layout.width:
+        terms = torch.cat([terms, terms.new_empty((layout.width - terms.shape[0],
+                                                   *terms.shape[1:]))])
+    return add_terms(tp.all_gather(terms.unsqueeze(0), dim=0), bias, dtype, layout)
+
+
+def add_terms(every: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+              layout: TermLayout) -> torch.Tensor:
+    """Every rank's terms [t, width, rows, N] added in the canonical order, plus bias."""
+    if layout.groups == tuple(((rank, 0),) for rank in range(every.shape[0])):
+        return sum_chunks(every[:, 0], bias, dtype)  # a term per group, a group per rank
+    if len(layout.groups) == 1:  # one group: its terms after its first, then the bias
+        (first, *rest), = layout.groups
+        return sum_chunks(torch.stack([every[term] for term in rest]), bias, dtype, every[first])
+    group_sums = [every[group[0]] if len(group) == 1 else
+                  sum_chunks(torch.stack([every[term] for term in group[1:]]), None,
+                             torch.float32, every[group[0]])
+                  for group in layout.groups]
+    return sum_chunks(torch.stack(group_sums), bias, dtype)

@@ -4,11 +4,12 @@ the chunking of K, never on how many rows or columns run with it (the CUDA-graph
 the batch, the TP shard's width); the output tile's size may follow the row count
 (`tiles_for`).
 
-A program owns one [BLOCK_M, BLOCK_N] tile of the output. With CHUNKS_IN_PROGRAM it sums
-the K chunks itself, each into a fresh fp32 accumulator added to the total in chunk order
-(the single-device row-parallel projection and every column-parallel one, in
-`matmul.column_chunks`), adds the bias and stores x's dtype; otherwise grid axis 2 is the chunk and each
-partial is stored in fp32 for the TP group to gather and add in the same order.
+A program owns one [BLOCK_M, BLOCK_N] tile of the output and one block (grid axis 2): a run
+of consecutive K chunks, each summed into a fresh fp32 accumulator added to the block's
+total in chunk order. One block holding every chunk adds the bias and stores x's dtype (the
+column-parallel projections, `matmul.column_chunks`); several store fp32 totals for
+`sum_chunks_kernel` to add: one per chunk (the partials), or one per group of a grouped sum
+(a row-parallel projection's two halves, `reduction.py`), or a TP rank's own run.
 
 Both ways do the same arithmetic (each chunk's MMA loop, then fp32 adds from zero in chunk
 order, the bias, one rounding), so which one runs may depend on the shape: a product of few
@@ -93,6 +94,17 @@ if SPREAD_MODE not in SPREAD_MODES:
 # auto: on an H200 spreading paid only for K of 14336 at up to 128 rows (64 tiles); with K of
 # 4096, or 128 tiles, one program per tile was faster (docs/benchmarks.md, twelfth session)
 SPREAD_MIN_K = 8192
+# a grouped sum in program holds three fp32 tiles (the chunk's, its group's, the total): at
+# most this many elements of each per thread, else GROUPED_LARGE_TILES (the 128x256 tiles'
+# 128 would spill)
+GROUPED_TILE_ELEMENTS = 64
+GROUPED_LARGE_TILES = (128, 128, BLOCK_K, 8, 3)
+# from this many rows a grouped sum runs its groups in programs of their own and adds them in
+# `sum_chunks_kernel` instead, keeping the 128x256 tiles: the 8B shape's prefill of 4096
+# tokens on one H200 took 1.066x the plain chunk order's time so, 1.10x in program (two
+# machines, each against the plain order on it; twenty-second session); decode batches of
+# 256 took 1.024x in program, 1.039x so
+GROUPS_OVER_PROGRAMS_ROWS = LARGE_ROWS
 # the chunk sums' tile: an element's sum does not depend on it. With the GEMM's 64x64 tile at
 # 64 rows the sums of the down projection's spread chunks ran on 64 programs and took 0.72 ms
 # of a 7.6 ms decode step (twenty-first session); this gives 4x as many.
@@ -154,53 +166,84 @@ def _chunk_sums_one_loop(x_ptr, w_ptr, offs_m, offs_n, M, N, num_chunks, stride_
     return total
 
 
-@triton.jit(**_generic)
-def invariant_matmul_kernel(out_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k, num_chunks,
-                            stride_xm, stride_wn, stride_oc, stride_om,
-                            CHUNKS_IN_PROGRAM: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                            TILES_PER_CHUNK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    if CHUNKS_IN_PROGRAM and WHOLE_TILES:
+@triton.jit
+def _run_sum(x_ptr, w_ptr, offs_m, offs_n, M, N, chunk_k, num_chunks, stride_xm, stride_wn,
+             WHOLE_TILES: tl.constexpr, TILES_PER_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The first `num_chunks` chunks from x_ptr and w_ptr summed in chunk order from zero."""
+    if WHOLE_TILES:
         total = _chunk_sums_one_loop(x_ptr, w_ptr, offs_m, offs_n, M, N, num_chunks,
                                      stride_xm, stride_wn, TILES_PER_CHUNK, BLOCK_M, BLOCK_N,
                                      BLOCK_K, DOT_PRECISION)
-    elif CHUNKS_IN_PROGRAM:
+    else:
         total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for chunk in range(0, num_chunks):
             total += _chunk_sum(x_ptr, w_ptr, offs_m, offs_n, chunk, M, N, chunk_k, stride_xm,
                                 stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
-    if CHUNKS_IN_PROGRAM:
-        if HAS_BIAS:
-            total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        chunk = tl.program_id(2)
-        acc = _chunk_sum(x_ptr, w_ptr, offs_m, offs_n, chunk, M, N, chunk_k, stride_xm,
-                         stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
-        tl.store(out_ptr + chunk.to(tl.int64) * stride_oc + out_offs, acc, mask=out_mask)
+    return total
 
 
 @triton.jit(**_generic)
-def tma_matmul_kernel(out_ptr, x_desc, w_desc, bias_ptr, M, N, num_chunks, stride_om,
-                      TILES_PER_CHUNK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr):
-    """`invariant_matmul_kernel` with its chunks in program and in one (flattened) K loop,
-    the tiles loaded through tensor descriptors (rows past M or N read as zeros)."""
+def invariant_matmul_kernel(out_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k, num_chunks,
+                            stride_xm, stride_wn, stride_ob, stride_om,
+                            WHOLE_TILES: tl.constexpr, TILES_PER_CHUNK: tl.constexpr,
+                            GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Grid axis 2 is the block: a run of `num_chunks` chunks, summed in the program (in
+    GROUPS equal runs, each from zero, then the runs' sums) and stored at out[block]."""
+    block = tl.program_id(2).to(tl.int64)
+    k_start = block * num_chunks * chunk_k
+    x_ptr += k_start
+    w_ptr += k_start
+    out_ptr += block * stride_ob
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GROUPS == 1:
+        total = _run_sum(x_ptr, w_ptr, offs_m, offs_n, M, N, chunk_k, num_chunks, stride_xm,
+                         stride_wn, WHOLE_TILES, TILES_PER_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K,
+                         DOT_PRECISION)
+    else:
+        per_group = num_chunks // GROUPS
+        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for group in tl.static_range(GROUPS):
+            shift = group * per_group * chunk_k
+            total += _run_sum(x_ptr + shift, w_ptr + shift, offs_m, offs_n, M, N, chunk_k,
+                              per_group, stride_xm, stride_wn, WHOLE_TILES, TILES_PER_CHUNK,
+                              BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
+             total.to(out_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit(**_generic)
+def tma_matmul_kernel(out_ptr, x_desc, w_desc, bias_ptr, M, N, num_chunks, stride_ob,
+                      stride_om, TILES_PER_CHUNK: tl.constexpr, GROUPS: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """`invariant_matmul_kernel` with its chunks in one (flattened) K loop per group, the
+    tiles loaded through tensor descriptors (rows past M or N read as zeros)."""
     m0, n0 = tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_N
+    block = tl.program_id(2)
+    out_ptr += block.to(tl.int64) * stride_ob
+    per_group = num_chunks // GROUPS
     total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for chunk in tl.range(0, num_chunks, flatten=True):
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for t in range(0, TILES_PER_CHUNK):
-            k = (chunk * TILES_PER_CHUNK + t) * BLOCK_K
-            acc = tl.dot(x_desc.load([m0, k]), tl.trans(w_desc.load([n0, k])), acc,
-                         input_precision=DOT_PRECISION)
-        total += acc
+    for group in tl.static_range(GROUPS):
+        first_tile = (block * num_chunks + group * per_group) * TILES_PER_CHUNK
+        run = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for chunk in tl.range(0, per_group, flatten=True):
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for t in range(0, TILES_PER_CHUNK):
+                k = (first_tile + chunk * TILES_PER_CHUNK + t) * BLOCK_K
+                acc = tl.dot(x_desc.load([m0, k]), tl.trans(w_desc.load([n0, k])), acc,
+                             input_precision=DOT_PRECISION)
+            run += acc
+        if GROUPS == 1:
+            total = run
+        else:
+            total += run
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     if HAS_BIAS:
@@ -211,12 +254,14 @@ def tma_matmul_kernel(out_ptr, x_desc, w_desc, bias_ptr, M, N, num_chunks, strid
 
 
 @triton.jit(**_generic)
-def sum_chunks_kernel(out_ptr, part_ptr, bias_ptr, init_ptr, M, N, num_chunks, stride_pc,
-                      stride_pm, stride_om, stride_im, HAS_BIAS: tl.constexpr,
-                      HAS_INIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def sum_chunks_kernel(out_ptr, part_ptr, bias_ptr, init_ptr, M, N, num_chunks, groups,
+                      stride_pc, stride_pm, stride_om, stride_im, HAS_BIAS: tl.constexpr,
+                      HAS_INIT: tl.constexpr, GROUPED: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
     """out = (0 + partial 0 + partial 1 + ... + bias) in fp32, rounded once to out's dtype:
     what the chunk loop of `invariant_matmul_kernel` computes; with HAS_INIT the sum starts
-    from the fp32 running sum of the chunks before these (another rank's)."""
+    from the fp32 running sum of the chunks before these (another rank's); GROUPED: the
+    partials in `groups` equal runs, each summed from zero, then the runs' sums."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -226,9 +271,17 @@ def sum_chunks_kernel(out_ptr, part_ptr, bias_ptr, init_ptr, M, N, num_chunks, s
                         mask=mask, other=0.0)
     else:
         total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for _ in range(0, num_chunks):
-        total += tl.load(parts, mask=mask, other=0.0)
-        parts += stride_pc
+    if GROUPED:
+        for _ in range(0, groups):
+            run = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for _ in range(0, num_chunks // groups):
+                run += tl.load(parts, mask=mask, other=0.0)
+                parts += stride_pc
+            total += run
+    else:
+        for _ in range(0, num_chunks):
+            total += tl.load(parts, mask=mask, other=0.0)
+            parts += stride_pc
     if HAS_BIAS:
         total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
@@ -261,28 +314,34 @@ def _takes_tma(x: torch.Tensor, weight: torch.Tensor, chunk_k: int, block_k: int
                     for t in (x, weight)))
 
 
-def _launch(out, x, weight, bias, chunks, in_program: bool, chunk_k: int):
+def _launch(out, x, weight, bias, chunks: int, blocks: int, chunk_k: int, groups: int = 1):
+    """out [blocks, M, N] (or [M, N] for one block): each block's run of chunks / blocks
+    chunks summed in program (in `groups` runs, then their sums)."""
     m, n = x.shape[0], weight.shape[0]
-    tma = in_program and _takes_tma(x, weight, chunk_k, tiles_for(m)[2])
+    per_block = chunks // blocks
+    tma = _takes_tma(x, weight, chunk_k, tiles_for(m)[2])
     block_m, block_n, block_k, warps, stages = tiles_for(m, tma, n, x.shape[1])
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), 1 if in_program else chunks)
+    if groups > 1 and block_m * block_n > GROUPED_TILE_ELEMENTS * 32 * warps:
+        block_m, block_n, block_k, warps, stages = GROUPED_LARGE_TILES
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), blocks)
+    stride_ob = out.stride(0) if blocks > 1 else 0
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
         tma_matmul_kernel[grid](
             out, TensorDescriptor.from_tensor(x, [block_m, block_k]),
             TensorDescriptor.from_tensor(weight, [block_n, block_k]),
-            bias if bias is not None else out, m, n, chunks, out.stride(-2),
-            TILES_PER_CHUNK=chunk_k // block_k, HAS_BIAS=bias is not None, BLOCK_M=block_m,
+            bias if bias is not None else out, m, n, per_block, stride_ob, out.stride(-2),
+            TILES_PER_CHUNK=chunk_k // block_k, GROUPS=groups, HAS_BIAS=bias is not None,
+            BLOCK_M=block_m,
             BLOCK_N=block_n, BLOCK_K=block_k,
             DOT_PRECISION="tf32", num_warps=warps, num_stages=stages, enable_fp_fusion=False)
         return out
-    whole_tiles = in_program and ONE_LOOP and _flattens(chunk_k, block_k)
+    whole_tiles = ONE_LOOP and _flattens(chunk_k, block_k)
     invariant_matmul_kernel[grid](
-        out, x, weight, bias if bias is not None else out, m, n, chunk_k, chunks,
-        x.stride(0), weight.stride(0), out.stride(0) if not in_program else 0,
-        out.stride(-2), CHUNKS_IN_PROGRAM=in_program,
+        out, x, weight, bias if bias is not None else out, m, n, chunk_k, per_block,
+        x.stride(0), weight.stride(0), stride_ob, out.stride(-2),
         WHOLE_TILES=whole_tiles, TILES_PER_CHUNK=chunk_k // block_k if whole_tiles else 0,
-        HAS_BIAS=bias is not None,
+        GROUPS=groups, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=warps, num_stages=stages, enable_fp_fusion=False)
@@ -290,22 +349,28 @@ def _launch(out, x, weight, bias, chunks, in_program: bool, chunk_k: int):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           chunks: int, spread: bool | None = None) -> torch.Tensor:
-    """[M, K] @ [N, K].T + bias, K in `chunks` chunks summed in order, in x's dtype.
+           chunks: int, spread: bool | None = None, groups: int = 1) -> torch.Tensor:
+    """[M, K] @ [N, K].T + bias, K in `chunks` chunks summed in order (in `groups` runs,
+    each from zero, then the runs' sums: `matmul.ordered_sum`), in x's dtype.
     spread: the chunks over programs (None: by PARASHIFT_DETERMINISTIC_SPREAD)."""
     if spread is None:
         spread = chunks > 1 and _spreads(x.shape[0], weight.shape[0], x.shape[1], x.device)
     if spread:
-        return sum_chunks(chunk_partials(x, weight, chunks), bias, x.dtype)
+        return sum_chunks(chunk_partials(x, weight, chunks), bias, x.dtype, groups=groups)
+    if groups > 1 and x.shape[0] >= GROUPS_OVER_PROGRAMS_ROWS:
+        return sum_chunks(fold_chunks(x, weight, chunks, groups), bias, x.dtype)
     x, weight, chunk_k = _operands(x, weight, chunks)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    return _launch(out, x, weight, bias, chunks, True, chunk_k)
+    return _launch(out, x, weight, bias, chunks, 1, chunk_k, groups)
 
 
 def sum_chunks(partials: torch.Tensor, bias: torch.Tensor | None,
-               dtype: torch.dtype, init: torch.Tensor | None = None) -> torch.Tensor:
+               dtype: torch.dtype, init: torch.Tensor | None = None,
+               groups: int = 1) -> torch.Tensor:
     """[chunks, M, N] fp32 partials added in chunk order (after `init` [M, N] fp32, if
-    given), plus bias, in `dtype`."""
+    given; in `groups` runs, as `matmul.ordered_sum`), plus bias, in `dtype`."""
+    if groups > 1 and init is not None:
+        raise ValueError("a grouped sum starts from zero")
     partials = partials if partials.stride(-1) == 1 else partials.contiguous()
     chunks, m, n = partials.shape
     if init is not None and init.stride(-1) != 1:
@@ -314,10 +379,10 @@ def sum_chunks(partials: torch.Tensor, bias: torch.Tensor | None,
     block_m, block_n = SUM_TILE
     sum_chunks_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
         out, partials, bias if bias is not None else out, init if init is not None else out,
-        m, n, chunks, partials.stride(0), partials.stride(1), out.stride(0),
+        m, n, chunks, groups, partials.stride(0), partials.stride(1), out.stride(0),
         init.stride(0) if init is not None else 0, HAS_BIAS=bias is not None,
-        HAS_INIT=init is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4,
-        enable_fp_fusion=False)
+        HAS_INIT=init is not None, GROUPED=groups > 1, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=4, enable_fp_fusion=False)
     return out
 
 
@@ -336,7 +401,20 @@ def _tiles(m: int, n: int) -> int:
 
 def chunk_partials(x: torch.Tensor, weight: torch.Tensor, chunks: int) -> torch.Tensor:
     """[chunks, M, N] fp32 partial products, one per K chunk."""
+    return fold_chunks(x, weight, chunks, chunks)
+
+
+def fold_chunks(x: torch.Tensor, weight: torch.Tensor, chunks: int, blocks: int
+                ) -> torch.Tensor:
+    """[blocks, M, N] fp32: each of `blocks` equal runs of the K chunks summed in chunk
+    order from zero (`matmul.fold_chunks`). One block of fewer output tiles than SMs (a TP
+    rank's run at decode batches) spreads its chunks over programs whatever its K: on two
+    H200s, 8B shape, TP=2 (twenty-second session) that took its decode step at 1 row from
+    4.98 to 4.43 ms and at 64 from 6.48 to 6.03 (PARASHIFT_DETERMINISTIC_SPREAD=0: never)."""
+    if (blocks == 1 < chunks and SPREAD_MODE != "0"
+            and _tiles(x.shape[0], weight.shape[0]) < num_sms(x.device)):
+        return sum_chunks(chunk_partials(x, weight, chunks), None, torch.float32).unsqueeze(0)
     x, weight, chunk_k = _operands(x, weight, chunks)
-    out = torch.empty(chunks, x.shape[0], weight.shape[0], dtype=torch.float32,
+    out = torch.empty(blocks, x.shape[0], weight.shape[0], dtype=torch.float32,
                       device=x.device)
-    return _launch(out, x, weight, None, chunks, False, chunk_k)
+    return _launch(out, x, weight, None, chunks, blocks, chunk_k)

@@ -27,7 +27,8 @@ from torch import nn
 from parashift.context import BASE_WEIGHTS, get_context
 from parashift.deterministic import matmul as invariant
 from parashift.deterministic.experts import slot_outputs, slot_partials, weighted_slot_sum
-from parashift.deterministic.reduction import chunks_held, sum_over_tp
+from parashift.deterministic.reduction import (chunks_held, sum_over_tp, term_layout,
+                                               terms_of_partials)
 from parashift.kernels import use_triton
 from parashift.layers.activation import silu_and_mul_torch
 from parashift.lazy_tensor import as_tensor
@@ -222,7 +223,9 @@ class FusedExperts(nn.Module):
         chunks = self.reduction_chunks
         if self.mode == "tp" and ctx.tp.size > 1:
             partials = slot_partials(x, ids, gate_up, down, chunks_held(ctx.tp, chunks))
-            return sum_over_tp(partials, None, ctx.tp, torch.float32)
+            layout = term_layout(chunks, ctx.tp.size)
+            return sum_over_tp(terms_of_partials(partials, layout, ctx.tp.rank), None, ctx.tp,
+                               torch.float32, layout)
         if self.mode == "tp":  # one rank holding every chunk
             return slot_outputs(x, ids, gate_up, down, chunks)
         ep = ctx.state.ep

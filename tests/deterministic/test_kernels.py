@@ -24,15 +24,15 @@ def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
     x, w = randn((m + 20, k), dtype, device, seed=1), randn((n, k), dtype, device, seed=2)
     b = randn((n,), dtype, device, seed=3) if bias else None
     if triton:
-        from parashift.deterministic.triton_matmul import chunk_partials, linear, sum_chunks
+        from parashift.deterministic.triton_matmul import fold_chunks, linear, sum_chunks
         full = linear(x, w, b, chunks, spread=False)  # the chunks summed in one program
         # the chunks spread over programs and added by the sum kernel (decode batches)
         assert_exact(linear(x, w, b, chunks, spread=True), full)
     else:
-        chunk_partials, sum_chunks = matmul.chunk_partials, matmul.sum_chunks
+        fold_chunks, sum_chunks = matmul.fold_chunks, matmul.sum_chunks
 
-        def linear(x, w, b, c):
-            return matmul.reduce_chunks(x, w, b, c)
+        def linear(x, w, b, c, groups=1):
+            return matmul.reduce_chunks(x, w, b, c, groups)
         full = linear(x, w, b, chunks)
     ref = x.double() @ w.double().T + (b.double() if bias else 0)
     tol = 1e-4 if dtype == "float32" else 3e-2
@@ -41,15 +41,22 @@ def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
         assert_exact(linear(x[:rows], w, b, chunks), full[:rows])
     half = n // 2  # a TP shard's output columns
     assert_exact(linear(x, w[:half], b[:half] if bias else None, chunks), full[:, :half])
-    if chunks % 2 == 0:  # two ranks' partials, gathered in order and summed
+    parts = fold_chunks(x, w, chunks, chunks)
+    assert_exact(sum_chunks(parts, b, x.dtype), full)
+    if chunks % 2 == 0:  # a row-parallel projection's order: two halves, then their sum
+        grouped = linear(x, w, b, chunks, groups=2)
+        assert_exact(matmul.finish(matmul.ordered_sum(parts.cpu(), groups=2), b.cpu()
+                                   if bias else None, x.dtype), grouped.cpu())
+        assert_exact(sum_chunks(parts, b, x.dtype, groups=2), grouped)
+        for rows in (1, 2):
+            assert_exact(linear(x[:rows], w, b, chunks, groups=2), grouped[:rows])
+        if triton:
+            assert_exact(linear(x, w, b, chunks, spread=True, groups=2), grouped)
+        # two TP ranks: each sums its half in its GEMM programs, one all-gather, one add
         cut = k // 2
-        parts = torch.cat([chunk_partials(x[:, :cut], w[:, :cut], chunks // 2),
-                           chunk_partials(x[:, cut:], w[:, cut:], chunks // 2)])
-        assert_exact(matmul.finish(matmul.ordered_sum(parts), b, x.dtype), full)
-        assert_exact(sum_chunks(parts, b, x.dtype), full)
-        # the chain: the second rank adds its chunks to the first rank's fp32 running sum
-        running = sum_chunks(parts[:chunks // 2], None, torch.float32)
-        assert_exact(sum_chunks(parts[chunks // 2:], b, x.dtype, running), full)
+        halves = torch.cat([fold_chunks(x[:, :cut], w[:, :cut], chunks // 2, 1),
+                            fold_chunks(x[:, cut:], w[:, cut:], chunks // 2, 1)])
+        assert_exact(sum_chunks(halves, b, x.dtype), grouped)
 
 
 test_matmul_interpreted, test_matmul_cuda = case_tests(__name__, check_matmul, MATMUL_CASES,
@@ -258,29 +265,27 @@ def compile_sm90(kernel, constants: dict, pointers: dict, floats=(), **options) 
 @pytest.mark.parametrize("rows", [1, 256])
 @pytest.mark.parametrize("whole_tiles", [False, True])
 def test_spread_chunks_compile_to_the_same_mma_chain(whole_tiles, rows):
-    """The spread GEMM's bits equal the in-program one's only if each chunk's K loop issues
-    the same tensor-core instructions in the same order: checked on sm_90's PTX (bf16), for
-    the tiles of few rows and of many."""
+    """The spread GEMM's bits (fp32 blocks) equal the in-program one's only if each chunk's
+    K loop issues the same tensor-core instructions in the same order: checked on sm_90's
+    PTX (bf16), for the tiles of few rows and of many."""
     import re
 
     from parashift.deterministic import triton_matmul as tm
     block_m, block_n, block_k, warps, stages = tm.tiles_for(rows)
 
-    def mma_lines(in_program: bool) -> list[str]:
-        constants = dict(CHUNKS_IN_PROGRAM=in_program, WHOLE_TILES=whole_tiles,
-                         TILES_PER_CHUNK=8 if whole_tiles and in_program else 0,
-                         HAS_BIAS=False, BLOCK_M=block_m,
+    def mma_lines(out_dtype: str) -> list[str]:
+        constants = dict(WHOLE_TILES=whole_tiles, TILES_PER_CHUNK=8 if whole_tiles else 0,
+                         GROUPS=1, HAS_BIAS=False, BLOCK_M=block_m,
                          BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION="tf32")
-        pointers = {"out_ptr": "bf16" if in_program else "fp32", "x_ptr": "bf16",
-                    "w_ptr": "bf16"}
+        pointers = {"out_ptr": out_dtype, "x_ptr": "bf16", "w_ptr": "bf16"}
         ptx = compile_sm90(tm.invariant_matmul_kernel, constants, pointers,
                            num_warps=warps, num_stages=stages,
                            enable_fp_fusion=False)["ptx"]
         return [re.sub(r"%[a-z]+\d+", "%r", line.strip()) for line in ptx.splitlines()
                 if "mma" in line]
-    lines = mma_lines(True)
+    lines = mma_lines("bf16")  # one block: the sum rounded to x's dtype
     assert any("mma_async" in line or "mma.sync" in line for line in lines)
-    assert mma_lines(False) == lines
+    assert mma_lines("fp32") == lines  # blocks (partials, groups) stored in fp32
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

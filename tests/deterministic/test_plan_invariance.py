@@ -56,26 +56,6 @@ def test_plan_gives_single_device_logprobs(model_dirs, references, name, plan, d
     assert_identical(run(model_dirs[name], dtype, **plan), references[(name, dtype)])
 
 
-@pytest.mark.parametrize("mode", ["chain", "gather"])
-@pytest.mark.parametrize("name, plan, dtype", [
-    ("gqa8x4", dict(tensor_parallel_size=2), "bfloat16"),
-    ("gqa6x3", dict(tensor_parallel_size=3), "float32")], ids=["tp2-bfloat16", "tp3-float32"])
-def test_each_tp_sum_gives_single_device_logprobs(model_dirs, references, monkeypatch, name,
-                                                  plan, dtype, mode):
-    """Every step's sums chained (the running sum passed from rank to rank, two hops over
-    TP=3) or gathered add the same chunks in the same order as one device (the default,
-    auto, mixes both by rows)."""
-    monkeypatch.setenv("PARASHIFT_DETERMINISTIC_TP_SUM", mode)
-    assert_identical(run(model_dirs[name], dtype, **plan), references[(name, dtype)])
-
-
-def test_tp_sum_mode_is_checked(monkeypatch):
-    from parashift.deterministic.reduction import tp_sum_mode
-    monkeypatch.setenv("PARASHIFT_DETERMINISTIC_TP_SUM", "ring")
-    with pytest.raises(ValueError, match="must be one of"):
-        tp_sum_mode()
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_shift_switches_give_single_device_logprobs(model_dirs, references, dtype):
     """Shift over 2 ranks, each step on SP=2 or on TP=2 over SP_TP at random."""
