@@ -8,8 +8,9 @@ Two rules make that hold:
 - plan invariance: every contraction a plan splits has one canonical order. The K dimension
   of a row-parallel projection is cut into `reduction_chunks(hf_config)` chunks (a multiple
   of every TP degree up to MAX_TP the model allows); each chunk's partial is computed the
-  same way on every plan, and the partials are gathered and summed in chunk order
-  (`reduction.py`) instead of all-reduced. Heads (SP, TP) and layers (PP) are split without
+  same way on every plan, and the partials are summed in chunk order within two halves,
+  then the halves' sums (`reduction.py`): a TP rank's share of a half is summed where it is
+  computed and the shares are gathered instead of all-reduced. Heads (SP, TP) and layers (PP) are split without
   any reduction across ranks, so batch invariance covers them.
 
 Layers learn the mode when they are built (`StepContext.reduction_chunks`); the default
