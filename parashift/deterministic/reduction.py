@@ -115,6 +115,7 @@ class TermLayout:
 
 @functools.cache
 def term_layout(chunks: int, tp: int) -> TermLayout:
+    """The terms of `chunks` canonical chunks over a TP group of `tp` ranks."""
     if chunks % tp:
         raise ValueError(f"deterministic mode: tp = {tp} does not divide the {chunks} K chunks")
     held, group_size = chunks // tp, chunks // row_groups(chunks)
