@@ -32,7 +32,8 @@
 # prefill under TP2, SP2 and Shift with mixed-step graphs and without; ~300 s). Twenty-second:
 # `det_tests det_halves` and `det_before` (issue 22: the row-parallel sums in two halves, one
 # all-gather under TP=2, against the chain of `git archive 4f71b13` in .before); Shift's cost
-# with the final rule is still to run (`det_halves`).
+# with the final rule is still to run (`det_halves`), and TP=2's halves added by the
+# all-reduce (`det_all_reduce`, PARASHIFT_DETERMINISTIC_TP_SUM=all_reduce; not yet measured).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -95,6 +96,13 @@ run_det_halves() {  # issue 22: the deterministic cost with TP sums in halves (~
     --cost-plans single tp2 shift --models $EIGHT_B --out "$OUT/det_cost.jsonl"
 }
 
+run_det_all_reduce() {  # TP=2's halves added by the one-shot all-reduce instead (~180 s)
+  PARASHIFT_DETERMINISTIC_TP_SUM=all_reduce python3 benchmarks/deterministic.py --skip-matrix \
+    --decode-steps 16 --cost-plans tp2 shift --models $EIGHT_B --out "$OUT/det_cost_ar.jsonl"
+  PARASHIFT_DETERMINISTIC_TP_SUM=all_reduce python3 benchmarks/deterministic.py --plans single \
+    tp2 shift --skip-cost --models benchmarks/shapes/tiny-llama.json --out "$OUT/det_ar_tiny.jsonl"
+}
+
 run_det_tests() {  # the deterministic GEMM and reduction tests on CUDA (~120 s)
   PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
     tests/deterministic/test_reduction.py tests/deterministic/test_batch_invariance.py \
@@ -107,7 +115,7 @@ run_det_before() {  # the same cost on the tree unpacked in .before (git archive
     --out "$OUT/det_cost_before.jsonl"
 }
 
-export -f run_tests run_decode run_seesaw run_det run_det_profile run_det_halves run_det_tests run_det_before
+export -f run_tests run_decode run_seesaw run_det run_det_profile run_det_halves run_det_all_reduce run_det_tests run_det_before
 export EIGHT_B
 for name in "$@"; do
   case $name in
@@ -125,6 +133,7 @@ for name in "$@"; do
            --models $EIGHT_B --out $OUT/det_cost.jsonl" ;;
     det_halves) part det_halves 330 "run_det_halves" ;;
     det_tests) part det_tests 180 "run_det_tests" ;;
+    det_all_reduce) part det_all_reduce 300 "run_det_all_reduce" ;;
     det_before) part det_before 420 "run_det_before" ;;
     moe) part moe 190 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
            --plans tp2 sp2 shift2 --interactive-requests 8 --batch-requests 64 --input-len 2048 \

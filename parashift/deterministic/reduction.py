@@ -11,9 +11,17 @@ the rank's own GEMM program into one term; a chunk after the start of a group an
 began is its own term. One all-gather of one tensor per term, then every rank adds the
 terms in the canonical order. Under TP=2 each rank holds a half: one fp32 term per rank, one
 collective, nothing waiting on another rank's sum (it replaced a chain that passed the
-running sum from rank to rank, two dependent collectives per projection under TP=2)."""
+running sum from rank to rank, two dependent collectives per projection under TP=2).
+
+Two ranks of one term each may sum them by any all-reduce instead (`paired`): an fp32 sum
+of two operands is one addition, the same bits in either order, and starting the bias's
+sum from zero afterwards gives the canonical order's signed zeros too.
+PARASHIFT_DETERMINISTIC_TP_SUM picks: `gather` (the default) or `all_reduce` (such pairs
+by the group's all-reduce, the one-shot kernel on NVLink; others still gather). Read at
+each call (every rank of the engine reads the same environment)."""
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -108,6 +116,11 @@ class TermLayout:
     groups: tuple[tuple[tuple[int, int], ...], ...]
 
     @property
+    def paired(self) -> bool:
+        """Two ranks, each one group's one term: their sum is one fp32 addition."""
+        return self.groups == (((0, 0),), ((1, 0),))
+
+    @property
     def width(self) -> int:
         """Terms per rank in the all-gather (the most any rank has)."""
         return max(sum(1 if folded else n for _, n, folded in runs) for runs in self.runs)
@@ -147,10 +160,29 @@ def sum_over_tp(terms: torch.Tensor, bias: torch.Tensor | None, tp: GroupHandle,
                 dtype: torch.dtype, layout: TermLayout) -> torch.Tensor:
     """This rank's terms [n, rows, N] gathered over the TP group and added in the canonical
     order, plus bias, in `dtype`."""
+    if layout.paired and tp_sum_mode() == "all_reduce":
+        return add_pair(tp.all_reduce(terms[0]), bias, dtype)
     if terms.shape[0] < layout.width:
         terms = torch.cat([terms, terms.new_empty((layout.width - terms.shape[0],
                                                    *terms.shape[1:]))])
     return add_terms(tp.all_gather(terms.unsqueeze(0), dim=0), bias, dtype, layout)
+
+
+TP_SUM_MODES = ("gather", "all_reduce")
+
+
+def tp_sum_mode() -> str:
+    mode = os.environ.get("PARASHIFT_DETERMINISTIC_TP_SUM", "gather")
+    if mode not in TP_SUM_MODES:
+        raise ValueError(f"PARASHIFT_DETERMINISTIC_TP_SUM must be one of {TP_SUM_MODES}, "
+                         f"got {mode!r}")
+    return mode
+
+
+def add_pair(total: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """A paired layout's two terms summed in fp32 (in either order), plus bias, in `dtype`:
+    what `add_terms` gives them."""
+    return sum_chunks(total.unsqueeze(0), bias, dtype)
 
 
 def add_terms(every: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,

@@ -57,6 +57,16 @@ def test_plan_gives_single_device_logprobs(model_dirs, references, name, plan, d
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_tp2_halves_added_by_all_reduce_give_single_device_logprobs(model_dirs, references,
+                                                                    monkeypatch, dtype):
+    """PARASHIFT_DETERMINISTIC_TP_SUM=all_reduce: TP=2's two halves added by the group's
+    all-reduce instead of gathered."""
+    monkeypatch.setenv("PARASHIFT_DETERMINISTIC_TP_SUM", "all_reduce")
+    assert_identical(run(model_dirs["gqa8x4"], dtype, tensor_parallel_size=2),
+                     references[("gqa8x4", dtype)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_shift_switches_give_single_device_logprobs(model_dirs, references, dtype):
     """Shift over 2 ranks, each step on SP=2 or on TP=2 over SP_TP at random."""
     rng = random.Random(0)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from parashift.deterministic import matmul
-from parashift.deterministic.reduction import (add_terms, rank_terms, row_groups,
+from parashift.deterministic.reduction import (add_pair, add_terms, rank_terms, row_groups,
                                                term_layout)
 from tests.kernels.common import assert_exact, cuda, randn
 
@@ -60,3 +60,29 @@ def test_the_order_shows_in_the_bits():
     x, w = randn((5, 1024), "float32", "cpu", seed=1), randn((24, 1024), "float32", "cpu", seed=2)
     assert not torch.equal(matmul.reduce_chunks(x, w, None, 8, 2),
                            matmul.reduce_chunks(x, w, None, 8, 1))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_pair_added_by_all_reduce_gives_the_canonical_bits(dtype):
+    """Two ranks' terms added by any all-reduce (an fp32 addition in either order), then the
+    bias from zero: the canonical bits, signed zeros included."""
+    layout = term_layout(8, 2)
+    assert layout.paired and not term_layout(8, 4).paired and not term_layout(3, 3).paired
+    x, w = randn((5, 1024), dtype, "cpu", seed=1), randn((24, 1024), dtype, "cpu", seed=2)
+    b = randn((24,), dtype, "cpu", seed=3)
+    halves = [rank_terms(x[:, r * 512:(r + 1) * 512], w[:, r * 512:(r + 1) * 512], layout, r)[0]
+              for r in range(2)]
+    halves[0][0, :4], halves[1][0, :4] = -0.0, torch.tensor([-0.0, 0.0, 1.0, -1.0])
+    for bias in (b, None):
+        canonical = add_terms(torch.stack(halves).unsqueeze(1), bias, x.dtype, layout)
+        for total in (halves[0] + halves[1], halves[1] + halves[0]):
+            out = add_pair(total, bias, x.dtype)
+            assert_exact(out, canonical)
+            assert torch.equal(out.float().signbit(), canonical.float().signbit())
+
+
+def test_tp_sum_mode_is_checked(monkeypatch):
+    from parashift.deterministic.reduction import tp_sum_mode
+    monkeypatch.setenv("PARASHIFT_DETERMINISTIC_TP_SUM", "chain")
+    with pytest.raises(ValueError, match="must be one of"):
+        tp_sum_mode()
