@@ -11,7 +11,7 @@ computed whole on the one rank holding its expert and is zero elsewhere, so summ
 ranks' slot outputs adds one value to zeros, exactly.
 
 The cost: one pass of the batch-invariant GEMMs per expert that has tokens (a host sync for
-the routing), fp32 slot outputs [T, k, H] (gathered over TP as chunks, or summed over EP)
+the routing), fp32 slot outputs [T, k, H] (gathered over TP as terms, or summed over EP)
 instead of the grouped kernel's outputs; no CUDA graphs."""
 from collections.abc import Iterator
 

@@ -188,8 +188,8 @@ def add_pair(total: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype)
 def add_terms(every: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
               layout: TermLayout) -> torch.Tensor:
     """Every rank's terms [t, width, rows, N] added in the canonical order, plus bias."""
-    if layout.groups == tuple(((rank, 0),) for rank in range(every.shape[0])):
-        return sum_chunks(every[:, 0], bias, dtype)  # a term per group, a group per rank
+    if layout.paired:
+        return sum_chunks(every[:, 0], bias, dtype)
     if len(layout.groups) == 1:  # one group: its terms after its first, then the bias
         (first, *rest), = layout.groups
         return sum_chunks(torch.stack([every[term] for term in rest]), bias, dtype, every[first])
