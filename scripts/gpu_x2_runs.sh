@@ -133,6 +133,7 @@ for name in "$@"; do
            --models $EIGHT_B --out $OUT/det_cost.jsonl" ;;
     det_halves) part det_halves 330 "run_det_halves" ;;
     det_tests) part det_tests 180 "run_det_tests" ;;
+    det_tp_sum) part det_tp_sum 150 "python3 benchmarks/det_tp_sum.py" ;;
     det_all_reduce) part det_all_reduce 300 "run_det_all_reduce" ;;
     det_before) part det_before 420 "run_det_before" ;;
     moe) part moe 190 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \

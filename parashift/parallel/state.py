@@ -10,6 +10,10 @@ import torch.distributed as dist
 from parashift.parallel.plan import Plan
 
 
+# torch 2.13 renamed all_gather_into_tensor (the GPU image's 2.11 has only the old name)
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 class GroupHandle:
     """A process group seen from one rank. `ranks` is the group's own order (which
     may differ from torch's sorted order, e.g. the SP_TP group); `rank` is this
@@ -39,8 +43,14 @@ class GroupHandle:
         return x
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Every position's `x` concatenated along `dim`, in the group's order. Along dim 0
+        in torch's order the parts land in one tensor; otherwise a list, then a copy."""
         if self.size == 1:
             return x
+        if dim % x.dim() == 0 and self._by_torch_rank is None:
+            out = x.new_empty((self.size * x.shape[0], *x.shape[1:]))
+            _all_gather_single(out, x.contiguous(), group=self.group)
+            return out
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat([parts[i] for i in self._torch_index], dim=dim)
