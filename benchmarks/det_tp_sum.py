@@ -93,8 +93,8 @@ def worker(rank: int, args):
                 gather=lambda: tp.all_gather(term.unsqueeze(0), dim=0),
                 gather_list=lambda: gather_list(world, term),
                 add=lambda: add_terms(gathered, None, torch.bfloat16, layout),
-                all_reduce=lambda: tp.all_reduce(term),
-                add_pair=lambda: add_pair(term, None, torch.bfloat16))
+                all_reduce=lambda: tp.all_reduce(term[0]),
+                add_pair=lambda: add_pair(term[0], None, torch.bfloat16))
             row = dict(projection=name, rows=m, n=n, k_per_rank=k // 2)
             for label, fn in parts.items():
                 row[label] = graph_ms(fn, args.repeats)
