@@ -8,7 +8,10 @@ row-parallel projections (o: K 4096, down: K 14336; N 4096), each rank holding h
 prints one JSON line per (projection, rows) from rank 0, ms per call:
   default        bf16 GEMM + the one-shot all-reduce (the default mode's projection)
   det_gather     the deterministic projection, halves all-gathered (PARASHIFT_DETERMINISTIC_TP_SUM=gather)
-  det_all_reduce the same, halves added by the one-shot all-reduce (=all_reduce)
+  det_all_reduce the same, halves added by the one-shot all-reduce (=all_reduce, no pair
+                 exchange)
+  det_pair       the same, each half stored by its GEMM here and in the peer's memory, then
+                 one barrier and the add (=all_reduce with the pair exchange: the engine's)
   terms          the rank's fp32 half alone (its GEMM)
   gather         the all-gather of the halves alone (into one tensor)
   gather_list    the same into a list, then torch.cat (GroupHandle.all_gather before)
@@ -72,9 +75,14 @@ def worker(rank: int, args):
     from parashift.deterministic.reduction import (add_pair, add_terms, rank_terms,
                                                    row_parallel_linear, term_layout)
     from parashift.parallel.fast_all_reduce import FastAllReduce
+    from parashift.parallel.pair_exchange import PairExchange
     from parashift.parallel.state import GroupHandle
     world = dist.group.WORLD
-    tp = GroupHandle((0, 1), rank, group=world, fast=FastAllReduce(world, torch.device("cuda")))
+    fast = FastAllReduce(world, torch.device("cuda"))
+    tp = GroupHandle((0, 1), rank, group=world, fast=fast)
+    paired = GroupHandle((0, 1), rank, group=world, fast=fast,
+                         pair=PairExchange(world, torch.device("cuda")))
+    assert paired.pair.available, "no symmetric memory"
     layout = term_layout(CHUNKS, 2)
     torch.manual_seed(rank)
     for n, k, name in PROJECTIONS:
@@ -89,6 +97,8 @@ def worker(rank: int, args):
                                                                            CHUNKS)),
                 det_all_reduce=with_mode("all_reduce", lambda: row_parallel_linear(
                     x, w, None, tp, CHUNKS)),
+                det_pair=with_mode("all_reduce", lambda: row_parallel_linear(
+                    x, w, None, paired, CHUNKS)),
                 terms=lambda: rank_terms(x, w, layout, rank),
                 gather=lambda: tp.all_gather(term.unsqueeze(0), dim=0),
                 gather_list=lambda: gather_list(world, term),
@@ -96,6 +106,10 @@ def worker(rank: int, args):
                 all_reduce=lambda: tp.all_reduce(term[0]),
                 add_pair=lambda: add_pair(term[0], None, torch.bfloat16))
             row = dict(projection=name, rows=m, n=n, k_per_rank=k // 2)
+            expected = with_mode("gather", lambda: row_parallel_linear(x, w, None, tp, CHUNKS))()
+            row["pair_bits_equal"] = bool(torch.equal(
+                with_mode("all_reduce", lambda: row_parallel_linear(x, w, None, paired,
+                                                                    CHUNKS))(), expected))
             for label, fn in parts.items():
                 row[label] = graph_ms(fn, args.repeats)
             if rank == 0:

@@ -35,18 +35,29 @@ def chunk_partials(x: torch.Tensor, weight: torch.Tensor, chunks: int) -> torch.
     return fold_chunks(x, weight, chunks, chunks)
 
 
-def fold_chunks(x: torch.Tensor, weight: torch.Tensor, chunks: int, blocks: int
+def fold_chunks(x: torch.Tensor, weight: torch.Tensor, chunks: int, blocks: int,
+                out: torch.Tensor | None = None, mirror: torch.Tensor | None = None
                 ) -> torch.Tensor:
     """[blocks, rows, N] fp32: block b is the chunk partials of the b-th of `blocks` equal
     runs of the `chunks` K chunks added in chunk order from zero (one block per chunk: the
-    partials themselves)."""
+    partials themselves); stored in `out` and `mirror` too, where given."""
     rows, k = x.shape
     if k % chunks or chunks % blocks:
         raise ValueError(f"the input width {k} does not split into {chunks} chunks in "
                          f"{blocks} blocks")
     if use_triton(x):
         from parashift.deterministic import triton_matmul
-        return triton_matmul.fold_chunks(x, weight, chunks, blocks)
+        return triton_matmul.fold_chunks(x, weight, chunks, blocks, out, mirror)
+    folded = _fold_chunks_torch(x, weight, chunks, blocks)
+    for target in (out, mirror):
+        if target is not None:
+            target.copy_(folded)
+    return folded if out is None else out
+
+
+def _fold_chunks_torch(x: torch.Tensor, weight: torch.Tensor, chunks: int, blocks: int
+                       ) -> torch.Tensor:
+    rows, k = x.shape
     width = k // chunks
     xs = pad_rows(x.float()).unflatten(1, (chunks, width)).transpose(0, 1).contiguous()
     ws = weight.float().unflatten(1, (chunks, width)).transpose(0, 1).contiguous()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from parashift.context import get_context
 from parashift.deterministic.matmul import fold_chunks, reduce_chunks, sum_chunks
 from parashift.parallel.state import GroupHandle
 
@@ -83,18 +84,30 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         return reduce_chunks(x, weight, bias, chunks, row_groups(chunks))
     lead = x.shape[:-1]
     layout = term_layout(chunks, tp.size)
-    terms = rank_terms(x.reshape(-1, x.shape[-1]), weight, layout, tp.rank)
+    x = x.reshape(-1, x.shape[-1])
+    if layout.paired and tp_sum_mode() == "all_reduce" and tp.pair is not None \
+            and tp.pair.fits(x.shape[0], weight.shape[0]):
+        both, mine, mirror = tp.pair.slot(x.shape[0], weight.shape[0], tp.rank, get_context())
+        rank_terms(x, weight, layout, tp.rank, out=mine, mirror=mirror)
+        tp.pair.exchange()
+        return add_terms(both.unsqueeze(1), bias, x.dtype, layout).unflatten(0, lead)
+    terms = rank_terms(x, weight, layout, tp.rank)
     return sum_over_tp(terms, bias, tp, x.dtype, layout).unflatten(0, lead)
 
 
-def rank_terms(x: torch.Tensor, weight: torch.Tensor, layout: "TermLayout", rank: int
+def rank_terms(x: torch.Tensor, weight: torch.Tensor, layout: "TermLayout", rank: int,
+               out: torch.Tensor | None = None, mirror: torch.Tensor | None = None
                ) -> torch.Tensor:
     """[terms, rows, N] fp32: the terms of `rank`'s chunks of x [rows, K/t] @ weight.T, a
-    folded run summed in its GEMM programs."""
+    folded run summed in its GEMM programs. A rank of one term may store it in `out` (and
+    `mirror`, of out's strides, a peer's: parallel/pair_exchange.py)."""
     runs = layout.runs[rank]
     width = x.shape[-1] // sum(n for _, n, _ in runs)
+    if out is not None and len(runs) != 1:
+        raise ValueError(f"a rank of {len(runs)} runs has no single term to store")
     terms = [fold_chunks(x[:, start * width:(start + n) * width],
-                         weight[:, start * width:(start + n) * width], n, 1 if folded else n)
+                         weight[:, start * width:(start + n) * width], n, 1 if folded else n,
+                         out, mirror)
              for start, n, folded in runs]
     return torch.cat(terms) if len(terms) > 1 else terms[0]
 
@@ -172,7 +185,7 @@ TP_SUM_MODES = ("gather", "all_reduce")
 
 
 def tp_sum_mode() -> str:
-    mode = os.environ.get("PARASHIFT_DETERMINISTIC_TP_SUM", "gather")
+    mode = os.environ.get("PARASHIFT_DETERMINISTIC_TP_SUM", "all_reduce")
     if mode not in TP_SUM_MODES:
         raise ValueError(f"PARASHIFT_DETERMINISTIC_TP_SUM must be one of {TP_SUM_MODES}, "
                          f"got {mode!r}")

@@ -183,20 +183,31 @@ def _run_sum(x_ptr, w_ptr, offs_m, offs_n, M, N, chunk_k, num_chunks, stride_xm,
     return total
 
 
+@triton.jit
+def _store(out_ptr, mirror_ptr, total, offs_m, offs_n, M, N, stride_om, MIRROR: tl.constexpr):
+    offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+    if MIRROR:
+        tl.store(mirror_ptr + offs, total.to(mirror_ptr.dtype.element_ty), mask=mask)
+
+
 @triton.jit(**_generic)
-def invariant_matmul_kernel(out_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k, num_chunks,
-                            stride_xm, stride_wn, stride_ob, stride_om,
+def invariant_matmul_kernel(out_ptr, mirror_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k,
+                            num_chunks, stride_xm, stride_wn, stride_ob, stride_om,
                             WHOLE_TILES: tl.constexpr, TILES_PER_CHUNK: tl.constexpr,
-                            GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, MIRROR: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Grid axis 2 is the block: a run of `num_chunks` chunks, summed in the program (in
-    GROUPS equal runs, each from zero, then the runs' sums) and stored at out[block]."""
+    GROUPS equal runs, each from zero, then the runs' sums) and stored at out[block]; with
+    MIRROR at mirror[block] too (another tensor of out's strides: a peer's, pair_exchange.py)."""
     block = tl.program_id(2).to(tl.int64)
     k_start = block * num_chunks * chunk_k
     x_ptr += k_start
     w_ptr += k_start
     out_ptr += block * stride_ob
+    mirror_ptr += block * stride_ob
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if GROUPS == 1:
@@ -213,21 +224,20 @@ def invariant_matmul_kernel(out_ptr, x_ptr, w_ptr, bias_ptr, M, N, chunk_k, num_
                               BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
     if HAS_BIAS:
         total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
-             total.to(out_ptr.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    _store(out_ptr, mirror_ptr, total, offs_m, offs_n, M, N, stride_om, MIRROR)
 
 
 @triton.jit(**_generic)
-def tma_matmul_kernel(out_ptr, x_desc, w_desc, bias_ptr, M, N, num_chunks, stride_ob,
-                      stride_om, TILES_PER_CHUNK: tl.constexpr, GROUPS: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def tma_matmul_kernel(out_ptr, mirror_ptr, x_desc, w_desc, bias_ptr, M, N, num_chunks,
+                      stride_ob, stride_om, TILES_PER_CHUNK: tl.constexpr, GROUPS: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, MIRROR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """`invariant_matmul_kernel` with its chunks in one (flattened) K loop per group, the
     tiles loaded through tensor descriptors (rows past M or N read as zeros)."""
     m0, n0 = tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_N
     block = tl.program_id(2)
     out_ptr += block.to(tl.int64) * stride_ob
+    mirror_ptr += block.to(tl.int64) * stride_ob
     per_group = num_chunks // GROUPS
     total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for group in tl.static_range(GROUPS):
@@ -248,16 +258,14 @@ def tma_matmul_kernel(out_ptr, x_desc, w_desc, bias_ptr, M, N, num_chunks, strid
     offs_n = n0 + tl.arange(0, BLOCK_N)
     if HAS_BIAS:
         total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
-             total.to(out_ptr.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    _store(out_ptr, mirror_ptr, total, offs_m, offs_n, M, N, stride_om, MIRROR)
 
 
 @triton.jit(**_generic)
-def sum_chunks_kernel(out_ptr, part_ptr, bias_ptr, init_ptr, M, N, num_chunks, groups,
-                      stride_pc, stride_pm, stride_om, stride_im, HAS_BIAS: tl.constexpr,
-                      HAS_INIT: tl.constexpr, GROUPED: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr):
+def sum_chunks_kernel(out_ptr, mirror_ptr, part_ptr, bias_ptr, init_ptr, M, N, num_chunks,
+                      groups, stride_pc, stride_pm, stride_om, stride_im, HAS_BIAS: tl.constexpr,
+                      HAS_INIT: tl.constexpr, GROUPED: tl.constexpr, MIRROR: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """out = (0 + partial 0 + partial 1 + ... + bias) in fp32, rounded once to out's dtype:
     what the chunk loop of `invariant_matmul_kernel` computes; with HAS_INIT the sum starts
     from the fp32 running sum of the chunks before these (another rank's); GROUPED: the
@@ -284,8 +292,7 @@ def sum_chunks_kernel(out_ptr, part_ptr, bias_ptr, init_ptr, M, N, num_chunks, g
             parts += stride_pc
     if HAS_BIAS:
         total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+    _store(out_ptr, mirror_ptr, total, offs_m, offs_n, M, N, stride_om, MIRROR)
 
 
 def _operands(x: torch.Tensor, weight: torch.Tensor, chunks: int):
@@ -314,9 +321,11 @@ def _takes_tma(x: torch.Tensor, weight: torch.Tensor, chunk_k: int, block_k: int
                     for t in (x, weight)))
 
 
-def _launch(out, x, weight, bias, chunks: int, blocks: int, chunk_k: int, groups: int = 1):
+def _launch(out, x, weight, bias, chunks: int, blocks: int, chunk_k: int, groups: int = 1,
+            mirror: torch.Tensor | None = None):
     """out [blocks, M, N] (or [M, N] for one block): each block's run of chunks / blocks
-    chunks summed in program (in `groups` runs, then their sums)."""
+    chunks summed in program (in `groups` runs, then their sums); stored in `mirror` (out's
+    shape and strides) too, where given."""
     m, n = x.shape[0], weight.shape[0]
     per_block = chunks // blocks
     tma = _takes_tma(x, weight, chunk_k, tiles_for(m)[2])
@@ -328,20 +337,20 @@ def _launch(out, x, weight, bias, chunks: int, blocks: int, chunk_k: int, groups
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
         tma_matmul_kernel[grid](
-            out, TensorDescriptor.from_tensor(x, [block_m, block_k]),
+            out, out if mirror is None else mirror, TensorDescriptor.from_tensor(x, [block_m, block_k]),
             TensorDescriptor.from_tensor(weight, [block_n, block_k]),
             bias if bias is not None else out, m, n, per_block, stride_ob, out.stride(-2),
             TILES_PER_CHUNK=chunk_k // block_k, GROUPS=groups, HAS_BIAS=bias is not None,
-            BLOCK_M=block_m,
+            MIRROR=mirror is not None, BLOCK_M=block_m,
             BLOCK_N=block_n, BLOCK_K=block_k,
             DOT_PRECISION="tf32", num_warps=warps, num_stages=stages, enable_fp_fusion=False)
         return out
     whole_tiles = ONE_LOOP and _flattens(chunk_k, block_k)
     invariant_matmul_kernel[grid](
-        out, x, weight, bias if bias is not None else out, m, n, chunk_k, per_block,
+        out, out if mirror is None else mirror, x, weight, bias if bias is not None else out, m, n, chunk_k, per_block,
         x.stride(0), weight.stride(0), stride_ob, out.stride(-2),
         WHOLE_TILES=whole_tiles, TILES_PER_CHUNK=chunk_k // block_k if whole_tiles else 0,
-        GROUPS=groups, HAS_BIAS=bias is not None,
+        GROUPS=groups, HAS_BIAS=bias is not None, MIRROR=mirror is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=warps, num_stages=stages, enable_fp_fusion=False)
@@ -366,22 +375,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 def sum_chunks(partials: torch.Tensor, bias: torch.Tensor | None,
                dtype: torch.dtype, init: torch.Tensor | None = None,
-               groups: int = 1) -> torch.Tensor:
+               groups: int = 1, out: torch.Tensor | None = None,
+               mirror: torch.Tensor | None = None) -> torch.Tensor:
     """[chunks, M, N] fp32 partials added in chunk order (after `init` [M, N] fp32, if
-    given; in `groups` runs, as `matmul.ordered_sum`), plus bias, in `dtype`."""
+    given; in `groups` runs, as `matmul.ordered_sum`), plus bias, in `dtype`; into `out`
+    (and `mirror`, of out's strides) where given."""
     if groups > 1 and init is not None:
         raise ValueError("a grouped sum starts from zero")
     partials = partials if partials.stride(-1) == 1 else partials.contiguous()
     chunks, m, n = partials.shape
     if init is not None and init.stride(-1) != 1:
         init = init.contiguous()
-    out = torch.empty(m, n, dtype=dtype, device=partials.device)
+    out = torch.empty(m, n, dtype=dtype, device=partials.device) if out is None else out
     block_m, block_n = SUM_TILE
     sum_chunks_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
-        out, partials, bias if bias is not None else out, init if init is not None else out,
+        out, out if mirror is None else mirror, partials, bias if bias is not None else out, init if init is not None else out,
         m, n, chunks, groups, partials.stride(0), partials.stride(1), out.stride(0),
         init.stride(0) if init is not None else 0, HAS_BIAS=bias is not None,
-        HAS_INIT=init is not None, GROUPED=groups > 1, BLOCK_M=block_m, BLOCK_N=block_n,
+        HAS_INIT=init is not None, GROUPED=groups > 1, MIRROR=mirror is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=4, enable_fp_fusion=False)
     return out
 
@@ -404,17 +416,22 @@ def chunk_partials(x: torch.Tensor, weight: torch.Tensor, chunks: int) -> torch.
     return fold_chunks(x, weight, chunks, chunks)
 
 
-def fold_chunks(x: torch.Tensor, weight: torch.Tensor, chunks: int, blocks: int
+def fold_chunks(x: torch.Tensor, weight: torch.Tensor, chunks: int, blocks: int,
+                out: torch.Tensor | None = None, mirror: torch.Tensor | None = None
                 ) -> torch.Tensor:
     """[blocks, M, N] fp32: each of `blocks` equal runs of the K chunks summed in chunk
     order from zero (`matmul.fold_chunks`). One block of fewer output tiles than SMs (a TP
     rank's run at decode batches) spreads its chunks over programs whatever its K: on two
     H200s, 8B shape, TP=2 (twenty-second session) that took its decode step at 1 row from
-    4.98 to 4.43 ms and at 64 from 6.48 to 6.03 (PARASHIFT_DETERMINISTIC_SPREAD=0: never)."""
+    4.98 to 4.43 ms and at 64 from 6.48 to 6.03 (PARASHIFT_DETERMINISTIC_SPREAD=0: never).
+    Into `out` [blocks, M, N] fp32 (and `mirror`, of out's strides) where given."""
     if (blocks == 1 < chunks and SPREAD_MODE != "0"
             and _tiles(x.shape[0], weight.shape[0]) < num_sms(x.device)):
-        return sum_chunks(chunk_partials(x, weight, chunks), None, torch.float32).unsqueeze(0)
+        return sum_chunks(chunk_partials(x, weight, chunks), None, torch.float32,
+                          out=None if out is None else out[0],
+                          mirror=None if mirror is None else mirror[0]).unsqueeze(0)
     x, weight, chunk_k = _operands(x, weight, chunks)
-    out = torch.empty(blocks, x.shape[0], weight.shape[0], dtype=torch.float32,
-                      device=x.device)
-    return _launch(out, x, weight, None, chunks, blocks, chunk_k)
+    if out is None:
+        out = torch.empty(blocks, x.shape[0], weight.shape[0], dtype=torch.float32,
+                          device=x.device)
+    return _launch(out, x, weight, None, chunks, blocks, chunk_k, mirror=mirror)

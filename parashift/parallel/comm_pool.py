@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from parashift.parallel.fast_all_reduce import DEFAULT_MAX_BYTES, FastAllReduce
+from parashift.parallel.pair_exchange import PairExchange
 from parashift.parallel.plan import GROUP_KINDS, Plan
 from parashift.parallel.state import GroupHandle, ParallelState
 from parashift.parallel.topology import Topology
@@ -26,6 +27,9 @@ class CommunicatorPool:
             topology.check_plans(plans, allow_cross_host)
         self._groups: dict[tuple[int, ...], object] = {}
         self._fast: dict[tuple[int, ...], FastAllReduce] = {}
+        self._pairs: dict[tuple[int, ...], PairExchange] = {}
+        self._tp_pairs = {tuple(sorted(ranks)) for plan in plans for ranks in plan.groups("tp")
+                          if len(ranks) == 2}
         start, rss_before = time.perf_counter(), _host_rss_bytes()
         for plan in plans:
             if max(plan.ranks) >= world_size:
@@ -47,12 +51,16 @@ class CommunicatorPool:
             # every rank calls new_group for every group, in the same order
             self._groups[key] = dist.new_group(list(key), backend=backend)
 
-    def enable_fast_all_reduce(self, device: torch.device,
-                               max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def enable_fast_all_reduce(self, device: torch.device, max_bytes: int = DEFAULT_MAX_BYTES,
+                               pair_exchange: bool = False) -> None:
         """Sets up a symmetric-memory all-reduce for the groups of this rank that
-        `rendezvous_order` can order. Every rank calls this after start-up, before any
-        handle is made."""
-        order, left_out = rendezvous_order(list(self._groups))
+        `rendezvous_order` can order and, with `pair_exchange`, deterministic mode's
+        exchange of fp32 halves (parallel/pair_exchange.py) for its TP groups of two ranks
+        (a second rendezvous of the same group). Every rank calls this after start-up,
+        before any handle is made."""
+        pairs = self._tp_pairs if pair_exchange else set()
+        order, left_out = rendezvous_order(list(self._groups),
+                                           lambda group: 2 if group in pairs else 1)
         if left_out and self.rank == 0:
             logger.warning("small all-reduces of groups %s go to NCCL: no rendezvous order "
                            "puts each at one position on all its ranks", left_out)
@@ -61,6 +69,10 @@ class CommunicatorPool:
                 fast = FastAllReduce(self._groups[key], device, max_bytes)
                 if fast.available:
                     self._fast[key] = fast
+                if key in pairs:
+                    pair = PairExchange(self._groups[key], device)
+                    if pair.available:
+                        self._pairs[key] = pair
 
     @property
     def num_groups(self) -> int:
@@ -71,7 +83,7 @@ class CommunicatorPool:
         group = self._groups.get(key) if len(ranks) > 1 else None
         if len(ranks) > 1 and group is None:
             raise KeyError(f"no process group for ranks {ranks}: not created at start-up")
-        return GroupHandle(ranks, self.rank, group, self._fast.get(key))
+        return GroupHandle(ranks, self.rank, group, self._fast.get(key), self._pairs.get(key))
 
     def state_for(self, plan: Plan) -> ParallelState:
         """This rank's view of `plan`, a plan over this rank (for a shift plan, TP runs
@@ -87,12 +99,14 @@ class CommunicatorPool:
         return state
 
 
-def rendezvous_order(groups: list[tuple[int, ...]]) -> tuple[list[tuple[int, ...]], list]:
+def rendezvous_order(groups: list[tuple[int, ...]], rendezvous=lambda group: 1
+                     ) -> tuple[list[tuple[int, ...]], list]:
     """The order in which ranks set up their groups' symmetric memory, and the groups left
     out. A rank's k-th rendezvous meets its peers' k-th (torch counts them per process, not
     per group: two groups met in different positions wait on each other forever), so a
-    group is taken only when each of its ranks has taken as many groups before it; the
-    first such group in `groups` goes next, until none can. Every rank computes the same."""
+    group is taken only when each of its ranks has made as many rendezvous before it (a
+    group makes `rendezvous(group)` of them); the first such group in `groups` goes next,
+    until none can. Every rank computes the same."""
     taken = {rank: 0 for group in groups for rank in group}
     order, waiting = [], [g for g in groups if len(g) > 1]
     while True:
@@ -102,7 +116,7 @@ def rendezvous_order(groups: list[tuple[int, ...]]) -> tuple[list[tuple[int, ...
         waiting.remove(ready)
         order.append(ready)
         for rank in ready:
-            taken[rank] += 1
+            taken[rank] += rendezvous(ready)
 
 
 def _host_rss_bytes() -> int:

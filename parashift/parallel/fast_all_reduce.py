@@ -37,7 +37,8 @@ class FastAllReduce:
 
     def __init__(self, group, device: torch.device, max_bytes: int = DEFAULT_MAX_BYTES):
         self.group = group
-        self.buffer = _symmetric_buffer(group, torch.device(device), max_bytes)
+        rendezvoused = symmetric_buffer(group, torch.device(device), max_bytes)
+        self.buffer = None if rendezvoused is None else rendezvoused[0]
 
     @property
     def available(self) -> bool:
@@ -54,8 +55,9 @@ class FastAllReduce:
         return torch.ops.symm_mem.one_shot_all_reduce(staged, "sum", self.group.group_name)
 
 
-def _symmetric_buffer(group, device: torch.device, max_bytes: int) -> torch.Tensor | None:
-    """A rendezvoused uint8 buffer of `max_bytes`, or None (logged) where unavailable."""
+def symmetric_buffer(group, device: torch.device, max_bytes: int):
+    """A rendezvoused uint8 buffer of `max_bytes` and its symmetric-memory handle, or None
+    (logged) where unavailable. A collective of the group."""
     reason = _unavailable_reason(group, device)
     if reason is not None:
         _log_once(reason)
@@ -63,16 +65,16 @@ def _symmetric_buffer(group, device: torch.device, max_bytes: int) -> torch.Tens
     # the one-shot kernel reads peers' memory directly: keep rendezvous from setting up
     # NVLink multicast (which it would where the device supports it)
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    buffer, error = None, None
+    buffer, handle, error = None, None, None
     try:
         buffer = symm_mem.empty(max_bytes, dtype=torch.uint8, device=device)
-        symm_mem.rendezvous(buffer, group.group_name)
+        handle = symm_mem.rendezvous(buffer, group.group_name)
     except Exception as e:  # any failure: fall back, on every rank
         error = e
     if not _all_ranks_agree(error is None, group, device):
         _log_once(f"symmetric-memory rendezvous failed: {error or 'on another rank'}")
         return None
-    return buffer
+    return buffer, handle
 
 
 def _unavailable_reason(group, device: torch.device) -> str | None:

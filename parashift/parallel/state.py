@@ -18,15 +18,16 @@ class GroupHandle:
     """A process group seen from one rank. `ranks` is the group's own order (which
     may differ from torch's sorted order, e.g. the SP_TP group); `rank` is this
     process's position in it, and gathers return parts in that order. `fast` is the
-    group's symmetric-memory all-reduce (FastAllReduce), where one was set up."""
+    group's symmetric-memory all-reduce (FastAllReduce), where one was set up; `pair` its
+    PairExchange (deterministic mode's TP=2 sums), where one was set up."""
 
     def __init__(self, ranks: tuple[int, ...] = (0,), global_rank: int = 0, group=None,
-                 fast=None):
+                 fast=None, pair=None):
         self.ranks = tuple(ranks)
         self.size = len(ranks)
         self.rank = self.ranks.index(global_rank)
         self.group = group
-        self.fast = fast
+        self.fast, self.pair = fast, pair
         order = sorted(ranks)
         self._torch_index = [order.index(r) for r in ranks]  # our position -> torch's
         by_torch_rank = sorted(range(self.size), key=self._torch_index.__getitem__)

@@ -95,7 +95,7 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     pool = CommunicatorPool(rank, world, plans, topology=spec.config.topology,
                             allow_cross_host=spec.config.allow_cross_host_tp)
     if spec.config.fast_all_reduce:
-        pool.enable_fast_all_reduce(device)
+        pool.enable_fast_all_reduce(device, pair_exchange=spec.config.deterministic)
     base = spec.layout.plans[spec.layout.group_of_rank(rank)]
     state = pool.state_for(base.loaded_plan(rank))
     others = tuple(pool.state_for(plan) for plan in plans

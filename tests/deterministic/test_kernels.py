@@ -57,6 +57,11 @@ def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
         halves = torch.cat([fold_chunks(x[:, :cut], w[:, :cut], chunks // 2, 1),
                             fold_chunks(x[:, cut:], w[:, cut:], chunks // 2, 1)])
         assert_exact(sum_chunks(halves, b, x.dtype), grouped)
+        # a pair exchange's store (parallel/pair_exchange.py): the term here and in the mirror
+        out, mirror = torch.empty_like(halves[:1]), torch.empty_like(halves[:1])
+        fold_chunks(x[:, :cut], w[:, :cut], chunks // 2, 1, out, mirror)
+        assert_exact(out, halves[:1])
+        assert_exact(mirror, halves[:1])
 
 
 test_matmul_interpreted, test_matmul_cuda = case_tests(__name__, check_matmul, MATMUL_CASES,

@@ -48,3 +48,17 @@ def test_random_groups_always_agree():
         order, left_out = rendezvous_order(groups)
         positions_agree(order)
         assert sorted(order + left_out) == sorted(groups)
+
+
+def test_groups_of_two_rendezvous_count_twice():
+    """Deterministic mode rendezvouses a TP pair twice (the all-reduce's buffer, then the
+    pair exchange's): DP=2 x TP=2 of (0,1), (2,3) and the rank pairs (0,2), (1,3) of FFN
+    peers. (0,2) may follow (0,1) and (2,3) as before, since both pairs count two."""
+    pairs = {(0, 1), (2, 3)}
+    order, left_out = rendezvous_order([(0, 1), (0, 2), (1, 3), (2, 3)],
+                                       lambda group: 2 if group in pairs else 1)
+    assert order == [(0, 1), (2, 3), (0, 2), (1, 3)] and left_out == []
+    # only (0, 1) counts twice: rank 2 must not meet (0, 2) while rank 0 is a rendezvous on
+    order, left_out = rendezvous_order([(0, 1), (0, 2), (1, 2), (2, 3)],
+                                       lambda group: 2 if group == (0, 1) else 1)
+    assert order == [(0, 1), (2, 3)] and left_out == [(0, 2), (1, 2)]
