@@ -31,9 +31,9 @@
 # H200s: yes, and steps that prefill now replay CUDA graphs): `mixed_graphs` (one prompt's
 # prefill under TP2, SP2 and Shift with mixed-step graphs and without; ~300 s). Twenty-second:
 # `det_tests det_halves` and `det_before` (issue 22: the row-parallel sums in two halves, one
-# all-gather under TP=2, against the chain of `git archive 4f71b13` in .before); Shift's cost
-# with the final rule is still to run (`det_halves`), and TP=2's halves added by the
-# all-reduce (`det_all_reduce`, PARASHIFT_DETERMINISTIC_TP_SUM=all_reduce; not yet measured).
+# all-gather under TP=2, against the chain of `git archive 4f71b13` in .before). Twenty-third:
+# `det_tp_sum` (one projection by part: gather, one-shot all-reduce, pair exchange),
+# `det_cost` (the default: TP=2's halves exchanged) and `det_gather` (gathered instead).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -96,11 +96,11 @@ run_det_halves() {  # issue 22: the deterministic cost with TP sums in halves (~
     --cost-plans single tp2 shift --models $EIGHT_B --out "$OUT/det_cost.jsonl"
 }
 
-run_det_all_reduce() {  # TP=2's halves added by the one-shot all-reduce instead (~180 s)
-  PARASHIFT_DETERMINISTIC_TP_SUM=all_reduce python3 benchmarks/deterministic.py --skip-matrix \
-    --decode-steps 16 --cost-plans tp2 shift --models $EIGHT_B --out "$OUT/det_cost_ar.jsonl"
-  PARASHIFT_DETERMINISTIC_TP_SUM=all_reduce python3 benchmarks/deterministic.py --plans single \
-    tp2 shift --skip-cost --models benchmarks/shapes/tiny-llama.json --out "$OUT/det_ar_tiny.jsonl"
+run_det_gather() {  # TP=2's halves gathered instead of exchanged (~180 s)
+  PARASHIFT_DETERMINISTIC_TP_SUM=gather python3 benchmarks/deterministic.py --skip-matrix \
+    --decode-steps 16 --cost-plans tp2 shift --models $EIGHT_B --out "$OUT/det_cost_gather.jsonl"
+  PARASHIFT_DETERMINISTIC_TP_SUM=gather python3 benchmarks/deterministic.py --plans single \
+    tp2 shift --skip-cost --models benchmarks/shapes/tiny-llama.json --out "$OUT/det_gather_tiny.jsonl"
 }
 
 run_det_tests() {  # the deterministic GEMM and reduction tests on CUDA (~120 s)
@@ -115,7 +115,7 @@ run_det_before() {  # the same cost on the tree unpacked in .before (git archive
     --out "$OUT/det_cost_before.jsonl"
 }
 
-export -f run_tests run_decode run_seesaw run_det run_det_profile run_det_halves run_det_all_reduce run_det_tests run_det_before
+export -f run_tests run_decode run_seesaw run_det run_det_profile run_det_halves run_det_gather run_det_tests run_det_before
 export EIGHT_B
 for name in "$@"; do
   case $name in
@@ -134,7 +134,7 @@ for name in "$@"; do
     det_halves) part det_halves 330 "run_det_halves" ;;
     det_tests) part det_tests 180 "run_det_tests" ;;
     det_tp_sum) part det_tp_sum 150 "python3 benchmarks/det_tp_sum.py" ;;
-    det_all_reduce) part det_all_reduce 300 "run_det_all_reduce" ;;
+    det_gather) part det_gather 300 "run_det_gather" ;;
     det_before) part det_before 420 "run_det_before" ;;
     moe) part moe 190 "python3 benchmarks/plans.py --model benchmarks/shapes/qwen3-30b-a3b.json \
            --plans tp2 sp2 shift2 --interactive-requests 8 --batch-requests 64 --input-len 2048 \
