@@ -57,11 +57,11 @@ def test_plan_gives_single_device_logprobs(model_dirs, references, name, plan, d
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_tp2_halves_added_by_all_reduce_give_single_device_logprobs(model_dirs, references,
-                                                                    monkeypatch, dtype):
-    """PARASHIFT_DETERMINISTIC_TP_SUM=all_reduce: TP=2's two halves added by the group's
-    all-reduce instead of gathered."""
-    monkeypatch.setenv("PARASHIFT_DETERMINISTIC_TP_SUM", "all_reduce")
+def test_tp2_halves_gathered_give_single_device_logprobs(model_dirs, references,
+                                                        monkeypatch, dtype):
+    """PARASHIFT_DETERMINISTIC_TP_SUM=gather: TP=2's two halves gathered and added in order
+    instead of added by the all-reduce (on CUDA: the pair exchange), the default."""
+    monkeypatch.setenv("PARASHIFT_DETERMINISTIC_TP_SUM", "gather")
     assert_identical(run(model_dirs["gqa8x4"], dtype, tensor_parallel_size=2),
                      references[("gqa8x4", dtype)])
 
