@@ -80,7 +80,7 @@ def test_an_arena_of_both_plans_keeps_both_resident_and_copies_nothing(tiny_mode
     assert arena.arena.numel() == both and arena.pinned_bytes == 0  # no host copy kept
     for _ in range(3):
         for name in ("tp2", "pp2"):
-            assert arena.prefetch(name) == 0 and arena.activate(name).bytes == 0
+            assert arena.prefetch(name).bytes == 0 and arena.activate(name).bytes == 0
             assert all(checksum(models[n]) == fresh[n] for n in models)
 
 
