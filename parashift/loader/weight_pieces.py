@@ -146,7 +146,8 @@ def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in iterate_safetensors(path)}
 
 
-def parameter_pieces(model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> dict[str, list[Piece]]:
+def parameter_pieces(model: nn.Module,
+                     shapes: dict[str, tuple[int, ...]]) -> dict[str, list[Piece]]:
     """Each parameter's pieces (by name, tied parameters once), as loading a checkpoint of
     these tensor shapes into `model` would fill it (the model may be on the meta device).
     Raises ValueError where a loader does what a probe cannot follow, or a parameter is

@@ -349,7 +349,8 @@ def _break_cycles(transfers: list[Transfer], edges: dict[int, list[int]], stagin
     return done
 
 
-def _rounds(transfers: list[Transfer], staging_bytes: int, cycle: dict[int, int]) -> list[list[Transfer]]:
+def _rounds(transfers: list[Transfer], staging_bytes: int,
+            cycle: dict[int, int]) -> list[list[Transfer]]:
     """Rounds in which no transfer reads bytes an earlier round wrote, each within the
     staging bound (see the module's docstring)."""
     transfers = list(transfers)

@@ -129,8 +129,9 @@ class ParallelState:
         structure (or load it alone), not to run it."""
         def handle(ranks):
             return GroupHandle(ranks, rank)
-        state = cls(plan, rank, *(handle(plan.group_of(kind, rank)) for kind in ("tp", "sp", "pp", "dp")),
-                    handle(plan.vocab_group_of(rank)), handle(plan.ep_group_of(rank)))
+        groups = (handle(plan.group_of(kind, rank)) for kind in ("tp", "sp", "pp", "dp"))
+        state = cls(plan, rank, *groups, handle(plan.vocab_group_of(rank)),
+                    handle(plan.ep_group_of(rank)))
         if plan.shared_ffn is not None:
             state.ffn = handle(plan.group_of("ffn", rank))
             state.ffn_shard = handle(plan.ffn_shard_ranks())

@@ -76,7 +76,8 @@ def agree(group, device: torch.device, usable: bool) -> bool:
 
 
 def load_group_weights(hf_config, source, plans: list[Plan], dtype: torch.dtype,
-                       max_model_len: int, moe_parallel: str = "tp") -> dict[int, RankWeights] | None:
+                       max_model_len: int,
+                       moe_parallel: str = "tp") -> dict[int, RankWeights] | None:
     """`group_weights` from the checkpoint's shapes; None (and a warning) where a loader
     does what the weight probes cannot follow."""
     try:

@@ -103,7 +103,8 @@ def test_no_destination_is_written_before_its_reads(tiny, prefill, decode, back,
     for transfers in schedule.phase1:  # clear of the running region: it overwrites no source
         for t in transfers:
             w = ranks[t.dst.rank]
-            assert not overlaps(*t.dst.extent(), w.offsets[old], w.offsets[old] + w.layouts[old].size)
+            old_start = w.offsets[old]
+            assert not overlaps(*t.dst.extent(), old_start, old_start + w.layouts[old].size)
     round_of = {}
     for k, transfers in enumerate(schedule.phase2):
         send, recv = staging_demand(transfers)
@@ -121,7 +122,8 @@ def test_no_destination_is_written_before_its_reads(tiny, prefill, decode, back,
     for rank, w in ranks.items():
         layout = w.layouts[new]
         filled = sum(t.nbytes for t in schedule.transfers() if t.dst.rank == rank)
-        needed = sum(p.nbytes for c in schedule.needed[rank] for p in layout.params_in(layout.chunks[c]))
+        needed = sum(p.nbytes for c in schedule.needed[rank]
+                     for p in layout.params_in(layout.chunks[c]))
         assert filled <= needed
         host = schedule.bytes_into(rank)["host"]
         assert host == schedule.unheld[rank] + schedule.cycle[rank]
@@ -143,7 +145,8 @@ def test_pieces_follow_the_layers_sharding(tiny):
     assert qkv["k_proj"].full == ((HD, 2 * HD), (0, H)) and qkv["k_proj"].at == ((16, 32), (0, H))
     assert qkv["v_proj"].at == ((32, 48), (0, H))
     embed = pieces["model.embed_tokens.weight"]
-    assert Piece("model.embed_tokens.weight", ((384, 510), (0, H)), ((0, 126), (0, H)), (0, 1)) in embed
+    assert Piece("model.embed_tokens.weight", ((384, 510), (0, H)), ((0, 126), (0, H)),
+                 (0, 1)) in embed
     assert Piece(None, (), ((126, 128), (0, H)), ()) in embed
     down = pieces["model.layers.2.mlp.down_proj.weight"]
     assert down == [Piece("model.layers.2.mlp.down_proj.weight", ((0, H), (96, 128)),
