@@ -151,3 +151,13 @@ def test_pieces_follow_the_layers_sharding(tiny):
     down = pieces["model.layers.2.mlp.down_proj.weight"]
     assert down == [Piece("model.layers.2.mlp.down_proj.weight", ((0, H), (96, 128)),
                           ((0, H), (0, 32)), (0, 1))]
+
+
+def test_what_no_rank_holds_comes_from_the_host_copy(tiny):
+    """Rank 0 alone (its peer left out): TP2 rank 0's half of layers 2-3, the final norm
+    and the LM head are held by no rank's PP2 stage, so they are read from its host copy."""
+    ranks = {0: weights_of(tiny, "pp2", "tp2")[0]}
+    schedule = reshard_schedule(ranks, "pp2", "tp2", staging_bytes=2**30)
+    from_host = {t.tensor for t in schedule.transfers() if t.kind == "host"}
+    assert from_host == {name for name in tiny[1] if pp2_holder(name) == 1}
+    assert schedule.unheld[0] == schedule.bytes_into(0)["host"] > 0 and schedule.cycle[0] == 0
