@@ -2,7 +2,9 @@
 least arena, after 20 round trips every rank's parameters under each plan equal a fresh
 load of that plan (checksum), at the same addresses; bytes came over the peer links, and
 what came from the pinned host copies is exactly what the schedule reads there (what no
-rank holds, and the pieces that break cycles too large for the staging)."""
+rank holds, and the pieces that break cycles too large for the staging). On the GPU
+machine (PARASHIFT_TEST_DEVICE=cuda) the ranks are GPUs and the transfers go over NCCL."""
+import hashlib
 import socket
 
 import pytest
@@ -14,8 +16,9 @@ from parashift.loader.source import load_hf_config, resolve_model
 from parashift.parallel.plan import Plan
 from parashift.parallel.seesaw_weights import PeerGroup, WeightArena
 from parashift.worker.peer_weights import load_group_weights
+from tests.distributed.test_plans import DEVICE
 from tests.engine.conftest import save_tiny_llama
-from tests.parallel.test_seesaw_weights import addresses, build, checksum
+from tests.parallel.test_seesaw_weights import addresses, build
 
 ROUND_TRIPS = 20
 LARGE, SMALL = 2**30, 32 * 2**10  # staging bytes: every switch in one round, or many rounds
@@ -28,19 +31,31 @@ def model_dir(tmp_path_factory):
                            num_key_value_heads=2, vocab_size=510)
 
 
+def checksum(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        raw = param.detach().cpu().flatten().view(torch.uint8).numpy().tobytes()
+        digest.update(name.encode() + raw)
+    return digest.hexdigest()
+
+
 def _rank(rank: int, port: int, world: int, model_dir: str, prefill: str, decode: str,
           staging: int) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    device = torch.device(DEVICE, rank) if DEVICE == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
+        dist.all_reduce(torch.zeros(1, device=device))  # NCCL: the group's first op, every rank
         source = resolve_model(model_dir)
         tiny = (source, load_hf_config(source))
         plans = [Plan.parse(prefill), Plan.parse(decode)]
         fresh = {p: checksum(build(tiny, p, rank)) for p in (prefill, decode)}
         weights = load_group_weights(tiny[1], source, plans, torch.float32, 64)
-        models = {p: build(tiny, p, rank) for p in (prefill, decode)}
-        arena = WeightArena(models, torch.device("cpu"),
+        models = {p: build(tiny, p, rank).to(device) for p in (prefill, decode)}
+        arena = WeightArena(models, device,
                             peers=PeerGroup(dist.group.WORLD, rank, weights, staging))
         fixed = {p: addresses(m) for p, m in models.items()}
         for _ in range(ROUND_TRIPS):
@@ -66,6 +81,8 @@ def _rank(rank: int, port: int, world: int, model_dir: str, prefill: str, decode
 
 
 def spawn(world: int, *args) -> None:
+    if DEVICE == "cuda" and world > torch.cuda.device_count():
+        pytest.skip(f"needs {world} GPUs")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
