@@ -94,8 +94,10 @@ class ServerMetrics:
             [*labels, "kind", "fate"], registry=self.registry)
         self.seesaw_bytes = Counter(
             f"{PREFIX}_seesaw_transition_bytes",
-            "Seesaw transitions: weight bytes copied from the pinned host copies (weights), KV "
-            "bytes written to the CPU tier (kv_out) and read back (kv_in), by direction.",
+            "Seesaw transitions: weight bytes written into the ranks' arenas (weights), of "
+            "those received from peer ranks (weights_from_peers) and read from the pinned host "
+            "copies (weights_from_host), KV bytes written to the CPU tier (kv_out) and read "
+            "back (kv_in), by direction.",
             [*labels, "direction", "what"], registry=self.registry)
         self.seesaw_weight_seconds = Counter(
             f"{PREFIX}_seesaw_weight_seconds", "Seesaw transitions: seconds copying weights "
@@ -168,8 +170,10 @@ class ServerMetrics:
             counter.inc(delta)
 
     def _record_seesaw(self, t) -> None:
-        for what, count in (("weights", t.weight_bytes), ("kv_out", t.kv_bytes_out),
-                            ("kv_in", t.kv_bytes_in)):
+        for what, count in (("weights", t.weight_bytes),
+                            ("weights_from_peers", t.weight_peer_bytes),
+                            ("weights_from_host", t.weight_host_bytes),
+                            ("kv_out", t.kv_bytes_out), ("kv_in", t.kv_bytes_in)):
             self.seesaw_bytes.labels(direction=t.direction, what=what, **self._labels).inc(count)
         self.seesaw_weight_seconds.labels(direction=t.direction, **self._labels).inc(t.weight_s)
 

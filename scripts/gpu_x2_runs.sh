@@ -127,6 +127,10 @@ for name in "$@"; do
     decode) part decode 150 "run_decode dp2" ;;
     seesaw) part seesaw 360 "run_seesaw tp2 dp2 auto && run_seesaw seesaw:pp2-tp2 --cuda-graphs" ;;
     seesaw_resident) part seesaw_resident 200 "run_seesaw seesaw:pp2-tp2 --cuda-graphs --seesaw-resident-weights" ;;
+    # issue 16 item 2: weights re-sharded from the peer over NCCL (never run on GPUs yet):
+    # bit-identical after 20 round trips, then seconds per switch, peers against host copies
+    seesaw_peers) part seesaw_peers 300 "run_tests tests/distributed/test_seesaw_peer_weights.py \
+           && python3 benchmarks/seesaw_weights.py --output $OUT/seesaw_weights.json" ;;
     seesaw_pcie) part seesaw_pcie 280 "NCCL_P2P_DISABLE=1 run_seesaw tp2 seesaw:pp2-tp2 --cuda-graphs" ;;
     det) part det 560 run_det ;;
     det_cost) part det_cost 200 "python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 shift \

@@ -871,11 +871,12 @@ class LLMEngine:
         for _, tier in moving:
             tier.seconds["transition"] += stall_s
         if moving:
-            logger.info("seesaw %s of group(s) %s: drain %.3f s, weights %.1f MiB in %.3f s, KV "
-                        "%.1f MiB out / %.1f MiB in, stall %.3f s", record.direction,
-                        list(transition.groups), drain_s, record.weight_bytes / 2**20,
-                        record.weight_s, record.kv_bytes_out / 2**20, record.kv_bytes_in / 2**20,
-                        stall_s)
+            logger.info("seesaw %s of group(s) %s: drain %.3f s, weights %.1f MiB (%.1f from "
+                        "peers, %.1f from host) in %.3f s, KV %.1f MiB out / %.1f MiB in, stall "
+                        "%.3f s", record.direction, list(transition.groups), drain_s,
+                        record.weight_bytes / 2**20, record.weight_peer_bytes / 2**20,
+                        record.weight_host_bytes / 2**20, record.weight_s,
+                        record.kv_bytes_out / 2**20, record.kv_bytes_in / 2**20, stall_s)
         else:
             logger.info("%s of group(s) %s to %s: %d request(s) moved (%d computed again), %d "
                         "kept, stall %.3f s", transition.kind, list(transition.groups),

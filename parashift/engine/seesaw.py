@@ -154,6 +154,10 @@ def seesaw_stats(moving: list, outs: list[dict], ins: list[dict], stashed: int =
     return dict(direction="to_prefill" if moving[0][1].gate.prefill else "to_decode",
                 weight_bytes=sum(o["prefetch_bytes"] for o in outs)
                 + sum(i["weight_bytes"] for i in ins),
+                weight_peer_bytes=sum(o["prefetch_peer_bytes"] for o in outs)
+                + sum(i["weight_peer_bytes"] for i in ins),
+                weight_host_bytes=sum(o["prefetch_host_bytes"] for o in outs)
+                + sum(i["weight_host_bytes"] for i in ins),
                 weight_s=max(i["weight_s"] for i in ins),
                 kv_bytes_out=sum(o["kv_bytes_out"] for o in outs) + stashed,
                 kv_bytes_in=sum(i["kv_bytes_in"] for i in ins))

@@ -32,14 +32,17 @@ class TransitionRecord:
     reprefilled: int   # of those, requests computed again in their new group
     kept: int = 0      # requests that stayed where their KV was written (the KV adaptor)
     stall_s: float = 0.0  # exposed stall: from the drain's end until the groups step again
-    # a seesaw re-shard's (else empty): to_decode or to_prefill; the weight bytes copied from
-    # the pinned host copies on all its ranks and the slowest rank's seconds for them; the KV
-    # bytes its ranks wrote to the CPU tier and read back
+    # a seesaw re-shard's (else empty): to_decode or to_prefill; the weight bytes written into
+    # its ranks' arenas and the slowest rank's seconds for them, and of those bytes the ones
+    # received from peer ranks and the ones read from the pinned host copies (the rest: device
+    # copies within a rank); the KV bytes its ranks wrote to the CPU tier and read back
     direction: str = ""
     weight_bytes: int = 0
     weight_s: float = 0.0
     kv_bytes_out: int = 0
     kv_bytes_in: int = 0
+    weight_peer_bytes: int = 0
+    weight_host_bytes: int = 0
 
 
 @dataclass

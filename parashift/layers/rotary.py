@@ -24,7 +24,9 @@ def inverse_frequencies(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
     if rope_type not in STATIC_ROPE_TYPES:
         raise ValueError(f"RoPE type {rope_type!r} is not supported; supported: {STATIC_ROPE_TYPES}")
     if rope_type == "default":
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim
+        # on the CPU whatever the default device (a table is made there, then moved; a
+        # structure-only build on the meta device has no values to move)
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float, device="cpu") / head_dim
         return 1.0 / (params["rope_theta"] ** exponents), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")

@@ -39,8 +39,11 @@ def checkpoint_names(model: nn.Module) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    params = dict(model.named_parameters())
+def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                 params: dict | None = None) -> None:
+    """`params`: what to load into, by parameter name (default the model's parameters;
+    loader/weight_pieces.py passes probes that record where each tensor goes)."""
+    params = dict(model.named_parameters()) if params is None else params
     tied = getattr(model.config, "tie_word_embeddings", False)
     loaded: set[str] = set()
     for name, tensor in weights:

@@ -19,9 +19,11 @@ logger = logging.getLogger(__name__)
 
 class CommunicatorPool:
     def __init__(self, rank: int, world_size: int, plans: list[Plan], backend: str | None = None,
-                 topology: Topology | None = None, allow_cross_host: bool = False):
+                 topology: Topology | None = None, allow_cross_host: bool = False,
+                 spans: list[tuple[int, ...]] = ()):
         """With a `topology`, a TP or SP group across hosts is refused unless
-        `allow_cross_host`."""
+        `allow_cross_host`. `spans`: rank sets that get a group too, after the plans' (a
+        seesaw group's, whose ranks exchange weight shards)."""
         self.rank, self.world_size = rank, world_size
         if topology is not None:
             topology.check_plans(plans, allow_cross_host)
@@ -37,6 +39,8 @@ class CommunicatorPool:
             for kind in GROUP_KINDS:
                 for ranks in plan.groups(kind):
                     self._create(ranks, backend)
+        for ranks in spans:
+            self._create(ranks, backend)
         self.startup_seconds = time.perf_counter() - start
         self.startup_host_bytes = _host_rss_bytes() - rss_before
         if rank == 0:

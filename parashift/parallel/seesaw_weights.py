@@ -2,14 +2,21 @@
 decode plan (e.g. TP: every layer, a shard) hold different parameters, of about the same
 bytes. Both plans' models are built at start-up and their parameters placed in one device
 arena, each at a fixed address for the life of the engine (a CUDA graph captured under a
-plan stays valid), and each plan's shard is kept in pinned host memory. The first plan's
-region starts at the arena's start, the second's ends at its end: with an arena of the
-two sizes' sum both stay resident and a switch copies nothing (the rank keeps what both
-plans need); with the larger size (the least) they overlap and a switch re-shards, copying
-the new plan's shard from its pinned copy, layer by layer, on a copy stream where CUDA
-exists. `prefetch` copies the part of the new region that the running plan does not use
-(it may overlap the old phase's last steps); `activate` copies the rest after the drain.
-`--seesaw-resident-weights` asks for the sum: no copies, no host copies kept, less KV."""
+plan stays valid; parallel/arena_layout.py), and each plan's shard is kept in pinned host
+memory. The first plan's region starts at the arena's start, the second's ends at its end:
+with an arena of the two sizes' sum both stay resident and a switch copies nothing (the
+rank keeps what both plans need); with the larger size (the least) they overlap and a
+switch re-shards, layer by layer. `prefetch` fills what of the new region the running plan
+does not use (it may overlap the old phase's last steps); `activate` the rest after the
+drain. `--seesaw-resident-weights` asks for the sum: no copies, no host copies kept, less KV.
+
+Where the new shard comes from: with a `PeerGroup` (the seesaw group's process group and
+every rank's arena layout), from the ranks whose running plan holds those bytes: this
+rank's own old region (a device copy) or a peer's, over NVLink or the gloo test group
+(parallel/reshard_schedule.py plans it, parallel/peer_reshard.py runs it); the pinned
+host copy serves what no rank holds and the pieces that break a cycle too large to stage.
+Without one, everything comes from the pinned host copy, on a copy stream where CUDA
+exists. The first fill is always from the host copies."""
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,9 +25,11 @@ import torch
 from torch import nn
 
 from parashift.host_memory import check_host_memory
+from parashift.parallel.arena_layout import place, region_offsets, unique_parameters
+from parashift.parallel.peer_reshard import PeerReshard
+from parashift.parallel.reshard_schedule import RankWeights, Schedule, reshard_schedule
 
 logger = logging.getLogger(__name__)
-ALIGN = 256  # bytes: every parameter starts aligned, whatever its dtype
 
 
 @dataclass
@@ -37,58 +46,59 @@ class Region:
 
 
 @dataclass
-class Switch:
-    """One activation: the bytes copied from the pinned copy, and the seconds until they
-    (and the prefetch's copies before them) were on the device."""
-    plan: str
-    bytes: int
-    seconds: float
+class Moved:
+    """Bytes written into the arena: all of them, and of those the ones received from
+    peer ranks and the ones read from the pinned host copy (the rest: device copies on
+    this rank, and zeroed padding)."""
+    bytes: int = 0
+    peer_bytes: int = 0
+    host_bytes: int = 0
+
+    def add(self, written: dict[str, int]) -> None:
+        self.bytes += sum(written.values())
+        self.peer_bytes += written.get("peer", 0)
+        self.host_bytes += written.get("host", 0)
 
 
-def _unique_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    seen, out = set(), []
-    for name, param in model.named_parameters():  # tied weights appear once
-        if id(param) not in seen:
-            seen.add(id(param))
-            out.append((name, param))
-    return out
+@dataclass
+class Switch(Moved):
+    """One activation: its bytes (`Moved`), and the seconds until they (and the
+    prefetch's copies before them) were on the device."""
+    plan: str = ""
+    seconds: float = 0.0
 
 
-def _layer_of(name: str) -> str:
-    """The layer a parameter belongs to ('model.layers.3' or the module above it)."""
-    parts = name.split(".")
-    return ".".join(parts[:3]) if parts[1:2] == ["layers"] else ".".join(parts[:-1])
-
-
-def _place(model: nn.Module) -> tuple[list[tuple[nn.Parameter, int]], list[tuple[int, int]], int]:
-    """Each parameter's offset in a region, the per-layer chunks, and the region's size."""
-    placed, chunks, offset, layer = [], [], 0, None
-    for name, param in _unique_parameters(model):
-        if layer != _layer_of(name):
-            layer = _layer_of(name)
-            chunks.append((offset, offset))
-        placed.append((param, offset))
-        offset += -(-param.nbytes // ALIGN) * ALIGN
-        chunks[-1] = (chunks[-1][0], offset)
-    return placed, chunks, offset
+@dataclass
+class PeerGroup:
+    """The seesaw group as the peer path sees it: its process group, this rank's global
+    rank, every rank's arena at its least size (`RankWeights`, the same on every rank)
+    and the staging bound per rank and direction."""
+    group: object
+    rank: int
+    ranks: dict[int, RankWeights]
+    staging_bytes: int
 
 
 class WeightArena:
     def __init__(self, models: dict[str, nn.Module], device: torch.device,
-                 arena_bytes: int | None = None, pin: bool | None = None, resident: bool = False):
+                 arena_bytes: int | None = None, pin: bool | None = None, resident: bool = False,
+                 peers: PeerGroup | None = None):
         """`models`: the two plans' models by plan name, loaded, the first running first;
         `arena_bytes`: None is the least (the larger plan's bytes), or the most (both plans'
-        sum: both resident) with `resident`."""
+        sum: both resident) with `resident`; `peers`: re-shard from the group's ranks."""
         if len(models) != 2:
             raise ValueError(f"a weight arena holds two plans, got {list(models)}")
         if any(getattr(m, "layouts", None) for model in models.values() for m in model.modules()):
             raise ValueError("a weight arena takes models before narrowed weight layouts (they "
                              "hold views of the parameters it moves)")
-        placements = {name: _place(model) for name, model in models.items()}
-        sizes = [size for _, _, size in placements.values()]
+        layouts = {name: place(model) for name, model in models.items()}
+        sizes = [layout.size for layout in layouts.values()]
         least, most = max(sizes), sum(sizes)
         if resident and arena_bytes is not None:
             raise ValueError("give arena_bytes or resident, not both")
+        if peers is not None and arena_bytes is not None:
+            raise ValueError("the peer path lays out every rank's arena at its least size: "
+                             "give no arena_bytes with peers")
         arena_bytes = (most if resident else least) if arena_bytes is None else arena_bytes
         if not least <= arena_bytes <= most:
             raise ValueError(f"the weight arena takes {least} to {most} bytes (the larger plan, "
@@ -101,16 +111,20 @@ class WeightArena:
         self.device, self.arena = device, torch.empty(arena_bytes, dtype=torch.uint8, device=device)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.regions: dict[str, Region] = {}
-        for i, (name, (placed, chunks, size)) in enumerate(placements.items()):
-            host = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
-            offset = 0 if i == 0 else arena_bytes - size
-            for param, at in placed:
+        offsets = region_offsets(sizes, arena_bytes)
+        for (name, layout), offset in zip(layouts.items(), offsets):
+            host = torch.empty(layout.size, dtype=torch.uint8, pin_memory=pin)
+            params = dict(unique_parameters(models[name]))
+            for placed in layout.params:
+                param = params[placed.name]
                 raw = param.detach().reshape(-1).view(torch.uint8)
-                host[at:at + raw.numel()].copy_(raw)
-                start = offset + at
+                host[placed.offset:placed.offset + raw.numel()].copy_(raw)
+                start = offset + placed.offset
                 param.data = self.arena[start:start + raw.numel()].view(param.dtype).view(param.shape)
-            self.regions[name] = Region(offset, size, host, chunks)
+            self.regions[name] = Region(offset, layout.size, host, list(layout.chunks))
         self.active: str | None = None
+        self.peers = self.schedules = None  # none until the first fill is done
+        self._prefetched: str | None = None  # the plan whose phase 1 ran
         for name in self.regions:  # the second first: where both fit it stays resident
             self.activate(name) if name == next(iter(self.regions)) else self.prefetch(name)
         self._wait()
@@ -119,10 +133,32 @@ class WeightArena:
                 self.stream.synchronize()
             for region in self.regions.values():
                 region.host = torch.empty(0, dtype=torch.uint8)
+        elif peers is not None:
+            self._join(peers, layouts, dict(zip(layouts, offsets)))
         logger.info("weight arena: %.2f GiB on the device (%s), pinned host copies %.2f GiB",
                     arena_bytes / 2**30, " + ".join(f"{n} {r.size / 2**30:.2f} GiB"
                                                    for n, r in self.regions.items()),
                     self.pinned_bytes / 2**30)
+
+    def _join(self, peers: PeerGroup, layouts, offsets) -> None:
+        """Takes the peer path: every switch's schedule, planned now (every rank plans
+        the same), and the staging buffers."""
+        mine = peers.ranks[peers.rank]
+        if mine.layouts != layouts or mine.offsets != offsets:
+            raise ValueError(f"rank {peers.rank}'s arena is not laid out as the group's plan "
+                             "of it says (the structure-only models differ from the loaded ones)")
+        first, second = self.regions
+        self.schedules = {(old, new): reshard_schedule(peers.ranks, old, new, peers.staging_bytes)
+                          for old, new in ((first, second), (second, first))}
+        self.peers = PeerReshard(peers.group, peers.rank, self.device, peers.staging_bytes)
+        for (old, new), schedule in self.schedules.items():
+            into = schedule.bytes_into(peers.rank)
+            logger.info("weight arena, %s -> %s on rank %d: %.1f MiB from peers, %.1f MiB on "
+                        "the device, %.1f MiB from the host copy (%.1f MiB no rank holds), "
+                        "%d + %d rounds", old, new, peers.rank, into["peer"] / 2**20,
+                        into["local"] / 2**20, into["host"] / 2**20,
+                        schedule.unheld[peers.rank] / 2**20, len(schedule.phase1),
+                        len(schedule.phase2))
 
     @property
     def pinned_bytes(self) -> int:
@@ -132,29 +168,64 @@ class WeightArena:
         region = self.regions[name]
         return len(region.copied) == len(region.chunks)
 
-    def prefetch(self, name: str) -> int:
-        """Copies the layers of `name` that the running plan's region does not cover;
-        returns the bytes queued (on the copy stream where there is one)."""
+    def prefetch(self, name: str) -> Moved:
+        """Fills what of `name`'s region lies clear of the running plan's region: from
+        peers (the schedule's phase 1), then from the host copy (chunks never filled)."""
+        moved = Moved()
+        schedule = self._schedule(name)
+        if schedule is not None:
+            moved.add(self._run(schedule.phase1, name))
+            self._prefetched = name
         running = self.regions.get(self.active) if self.active not in (None, name) else None
-        return self._copy(name, lambda start, stop: running is None or not self._covers(
-            running, self.regions[name].offset + start, self.regions[name].offset + stop))
+        host = self._copy(name, lambda start, stop: running is None or not self._covers(
+            running, self.regions[name].offset + start, self.regions[name].offset + stop),
+            after_current=schedule is not None)
+        moved.add({"host": host})
+        return moved
 
     def activate(self, name: str) -> Switch:
-        """Makes `name` the running plan (after the old plan's steps have drained): copies
+        """Makes `name` the running plan (after the old plan's steps have drained): fills
         what of its shard the arena does not hold; the other plan loses what it shared."""
         start = time.perf_counter()
-        moved = self._copy(name, lambda *_: True)
+        moved = Moved()
+        schedule = self._schedule(name)
+        if schedule is not None:
+            if self._prefetched != name:
+                moved.add(self._run(schedule.phase1, name))
+            moved.add(self._run(schedule.phase2, name))
+            self.regions[name].copied.update(schedule.needed[self.peers.rank])
+        self._prefetched = None
+        moved.add({"host": self._copy(name, lambda *_: True, after_current=schedule is not None)})
         if self.stream is not None:  # the copies' own time; the next step waits for them anyway
             self.stream.synchronize()
+        if self.device.type == "cuda" and schedule is not None:
+            torch.cuda.current_stream(self.device).synchronize()
         self._wait()
         for other, region in self.regions.items():
             if other != name and region.overlaps(self.regions[name]):
                 self._invalidate(region, self.regions[name])
         self.active = name
-        return Switch(name, moved, time.perf_counter() - start)
+        return Switch(moved.bytes, moved.peer_bytes, moved.host_bytes, name,
+                      time.perf_counter() - start)
 
-    def _copy(self, name: str, wanted) -> int:
+    def _schedule(self, name: str) -> Schedule | None:
+        """The peer path's schedule from the running plan to `name` (None: no peer path,
+        or nothing to switch)."""
+        if self.schedules is None or self.active in (None, name):
+            return None
+        return self.schedules[(self.active, name)]
+
+    def _run(self, rounds, name: str) -> dict[str, int]:
+        region = self.regions[name]
+        return self.peers.run(rounds, self.arena, region.host, region.offset)
+
+    def _copy(self, name: str, wanted, after_current: bool = False) -> int:
+        """Copies the wanted chunks not held from the host copy; `after_current`: on the
+        copy stream only once the current stream's work (a peer path's reads of the bytes
+        these overwrite) is done."""
         region, moved = self.regions[name], 0
+        if self.stream is not None and after_current:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
         for i, (start, stop) in enumerate(region.chunks):
             if i in region.copied or not wanted(start, stop):
                 continue

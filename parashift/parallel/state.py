@@ -124,6 +124,20 @@ class ParallelState:
     def single(cls) -> "ParallelState":
         return cls(Plan(), 0, GroupHandle(), GroupHandle(), GroupHandle(), GroupHandle())
 
+    @classmethod
+    def unconnected(cls, plan: Plan, rank: int) -> "ParallelState":
+        """`rank`'s view of `plan` with no process group: enough to build its model's
+        structure (or load it alone), not to run it."""
+        def handle(ranks):
+            return GroupHandle(ranks, rank)
+        groups = (handle(plan.group_of(kind, rank)) for kind in ("tp", "sp", "pp", "dp"))
+        state = cls(plan, rank, *groups, handle(plan.vocab_group_of(rank)),
+                    handle(plan.ep_group_of(rank)))
+        if plan.shared_ffn is not None:
+            state.ffn = handle(plan.group_of("ffn", rank))
+            state.ffn_shard = handle(plan.ffn_shard_ranks())
+        return state
+
     @property
     def is_first_stage(self) -> bool:
         return self.pp.rank == 0

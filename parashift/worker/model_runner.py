@@ -19,6 +19,7 @@ from parashift.worker.kv_swap import KVSwapper
 from parashift.worker.step_batch import (PLACEHOLDER_TOKEN, ChunkDelta, RequestTables, SeqChunk,
                                          StepBatch)
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
+from parashift.worker.peer_weights import peer_group
 from parashift.worker.seesaw import SeesawRank
 from parashift.worker.step_check import StepStateCheck
 from parashift.worker.step_inputs import StepInputs, build_step_inputs, sampled_table_rows
@@ -93,9 +94,10 @@ class GroupSampling:
 class ModelRunner:
     def __init__(self, config, hf_config, source, device: torch.device, dtype: torch.dtype,
                  max_model_len: int, state: ParallelState | None = None, agree_num_blocks=None,
-                 other_states: tuple[ParallelState, ...] = ()):
+                 other_states: tuple[ParallelState, ...] = (), seesaw_group=None):
         """`state` is the base plan's (weights and KV layout); `other_states` are the
-        plans a step may switch to (e.g. Shift Parallelism's shift plan)."""
+        plans a step may switch to (e.g. Shift Parallelism's shift plan); `seesaw_group`:
+        the GroupHandle of this rank's seesaw group (its weight exchange), if any."""
         self.config, self.device, self.dtype = config, device, dtype
         self.state = state or ParallelState.single()
         self.block_size = config.block_size
@@ -106,7 +108,8 @@ class ModelRunner:
         with use_state(self.state, reduction_chunks=chunks, moe_parallel=config.moe_parallel):
             self.model = self._build_model(hf_config, source, max_model_len)
         # Seesaw: the other plan's model too, both in one weight arena (before narrowed layouts)
-        self.seesaw = (self._make_seesaw(hf_config, source, max_model_len, other_states)
+        self.seesaw = (self._make_seesaw(hf_config, source, max_model_len, other_states,
+                                         seesaw_group)
                        if config.parallel_policy == "seesaw" else None)
         self.load_seconds = time.perf_counter() - start
         self.backend = get_backend(config.attention_backend, device, config.deterministic)
@@ -143,9 +146,10 @@ class ModelRunner:
         self.graphs = self._capture_graphs() if self._use_graphs(config.cuda_graphs) else None
 
     def _make_seesaw(self, hf_config, source, max_model_len: int,
-                     other_states: tuple[ParallelState, ...]) -> SeesawRank:
+                     other_states: tuple[ParallelState, ...], group=None) -> SeesawRank:
         """This rank under both seesaw plans: the running one's model, and the other's
-        (the one other plan over the same ranks) built and loaded."""
+        (the one other plan over the same ranks) built and loaded; a switch re-shards from
+        the group's ranks where `group` (its GroupHandle) can carry it."""
         others = [s for s in other_states if sorted(s.plan.ranks) == sorted(self.state.plan.ranks)]
         if len(others) != 1:
             raise ValueError(f"a seesaw rank runs two plans over its group's ranks, got "
@@ -153,9 +157,13 @@ class ModelRunner:
         with use_state(others[0], moe_parallel=self.config.moe_parallel):
             other = self._build_model(hf_config, source, max_model_len)
         states = {self.state.plan.name(): self.state, others[0].plan.name(): others[0]}
+        resident = self.config.seesaw_resident_weights
+        peers = None if resident or group is None else peer_group(
+            group, self.device, hf_config, source, [self.state.plan, others[0].plan], self.dtype,
+            max_model_len, self.config.moe_parallel)
         return SeesawRank({self.state.plan.name(): self.model, others[0].plan.name(): other},
                           states, hf_config.num_hidden_layers, hf_config.num_key_value_heads,
-                          self.device, self.config.seesaw_resident_weights)
+                          self.device, resident, peers)
 
     def seesaw_move(self, verb: str, plan_name: str, moves: list, tier) -> dict:
         """A seesaw transition's KV and weights on this rank (worker/seesaw.py): "out"

@@ -15,7 +15,7 @@ from parashift.kv.cache import KVCache, attention_layers
 from parashift.kv.cpu_tier import CpuKVTier, TierMappings, TierShape
 from parashift.kv.tier_allocator import TierSlot
 from parashift.kv.tier_copy import gather, rank_kv_slice, scatter, wait_for_copies
-from parashift.parallel.seesaw_weights import WeightArena
+from parashift.parallel.seesaw_weights import PeerGroup, WeightArena
 from parashift.parallel.state import ParallelState
 
 
@@ -36,13 +36,15 @@ def pool_views(pool: torch.Tensor, shapes: dict[str, tuple[int, int]], block_siz
 class SeesawRank:
     def __init__(self, models: dict[str, torch.nn.Module], states: dict[str, ParallelState],
                  num_layers: int, num_kv_heads: int, device: torch.device,
-                 resident_weights: bool = False):
+                 resident_weights: bool = False, peers: PeerGroup | None = None):
         """`models` and `states`: the prefill plan's first (the running one), by plan name;
-        `resident_weights`: both plans' shards stay on the device (no weight copies)."""
+        `resident_weights`: both plans' shards stay on the device (no weight copies);
+        `peers`: a switch fills the new shard from the group's ranks (parallel/
+        seesaw_weights.py), not only from the pinned host copies."""
         self.models, self.states, self.device = models, states, device
         self.slices = {name: rank_kv_slice(s.plan, s.rank, num_layers, num_kv_heads)
                        for name, s in states.items()}
-        self.arena = WeightArena(models, device, resident=resident_weights)
+        self.arena = WeightArena(models, device, resident=resident_weights, peers=peers)
         self.active = next(iter(models))
         self.views: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.num_blocks = 0
@@ -103,8 +105,9 @@ class SeesawRank:
                               TierSlot(m.slot_start, m.slot_length)) for m in moves)
         wait_for_copies(self.device)  # the other plan's ranks read these slots next
         prefetched = self.arena.prefetch(target)
-        return {"kv_bytes_out": kv_bytes, "prefetch_bytes": prefetched,
-                "out_s": time.perf_counter() - start}
+        return {"kv_bytes_out": kv_bytes, "prefetch_bytes": prefetched.bytes,
+                "prefetch_peer_bytes": prefetched.peer_bytes,
+                "prefetch_host_bytes": prefetched.host_bytes, "out_s": time.perf_counter() - start}
 
     def move_in(self, target: str, moves: list, handle) -> dict:
         """Scatters the moving requests' KV from the tier into `target`'s view of the pool
@@ -117,6 +120,7 @@ class SeesawRank:
         switch = self.arena.activate(target)
         self.active = target
         return {"kv_bytes_in": kv_bytes, "weight_bytes": switch.bytes,
+                "weight_peer_bytes": switch.peer_bytes, "weight_host_bytes": switch.host_bytes,
                 "weight_s": switch.seconds, "in_s": time.perf_counter() - start}
 
     def _tier(self, handle) -> CpuKVTier:

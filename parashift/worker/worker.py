@@ -92,8 +92,11 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     # Every plan of every rank's weights (a merged group's ranks load their replica's).
     loaded = [plan.loaded_plan(r) for plan in spec.layout.plans for r in plan.ranks]
     plans = list(dict.fromkeys([*spec.layout.plans, *loaded, *spec.other_plans]))
+    # a seesaw group's ranks exchange weight shards at a switch: a group over all of them
+    seesaw = spec.config.parallel_policy == "seesaw"
+    spans = [plan.ranks for plan in spec.layout.plans] if seesaw else []
     pool = CommunicatorPool(rank, world, plans, topology=spec.config.topology,
-                            allow_cross_host=spec.config.allow_cross_host_tp)
+                            allow_cross_host=spec.config.allow_cross_host_tp, spans=spans)
     if spec.config.fast_all_reduce:
         pool.enable_fast_all_reduce(device, pair_exchange=spec.config.deterministic)
     base = spec.layout.plans[spec.layout.group_of_rank(rank)]
@@ -107,7 +110,8 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
         return int(t.item())
 
     runner = ModelRunner(spec.config, spec.hf_config, spec.source, device, spec.dtype,
-                         spec.max_model_len, state, agree, others)
+                         spec.max_model_len, state, agree, others,
+                         pool.handle(base.ranks) if seesaw else None)
     if base != state.plan:  # it starts in a merged plan
         runner.transition("commit", base.name())
     return runner

@@ -225,7 +225,7 @@ def test_seesaw_transitions_and_phase_seconds_reach_the_metrics():
     from parashift.engine.transitions import TransitionRecord
     metrics = ServerMetrics("tiny")
     record = TransitionRecord(0.0, "reshard", (0,), ("tp2",), 0.01, 0.02, 0.03, 2, 0, 0, 0.05,
-                              "to_decode", 1000, 0.004, 300, 300)
+                              "to_decode", 1000, 0.004, 300, 300, 600, 100)
     metrics.record_step(EngineStats(0, 0, 8, 8, 0), [], [record])
     metrics.record_phase_seconds({"prefill": 1.5, "decode": 2.0, "transition": 0.05, "idle": 0.0})
     lines = metrics.render()[0].decode().splitlines()
@@ -235,6 +235,8 @@ def test_seesaw_transitions_and_phase_seconds_reach_the_metrics():
         assert len(found) == 1, (prefix, labels, found)
         return float(found[0].split()[-1])
     assert value("parashift_seesaw_transition_bytes_total", 'what="weights"', "to_decode") == 1000
+    assert value("parashift_seesaw_transition_bytes_total", 'what="weights_from_peers"') == 600
+    assert value("parashift_seesaw_transition_bytes_total", 'what="weights_from_host"') == 100
     assert value("parashift_seesaw_transition_bytes_total", 'what="kv_out"') == 300
     assert value("parashift_seesaw_transition_bytes_total", 'what="kv_in"') == 300
     assert value("parashift_seesaw_weight_seconds_total") == 0.004

@@ -12,7 +12,7 @@ from parashift.loader.source import load_hf_config, resolve_model
 from parashift.loader.weights import load_model_weights
 from parashift.models.registry import model_class_for
 from parashift.parallel.plan import Plan
-from parashift.parallel.seesaw_weights import WeightArena
+from parashift.parallel.seesaw_weights import PeerGroup, WeightArena
 from parashift.parallel.state import GroupHandle, ParallelState
 from tests.engine.conftest import save_tiny_llama
 
@@ -80,7 +80,7 @@ def test_an_arena_of_both_plans_keeps_both_resident_and_copies_nothing(tiny_mode
     assert arena.arena.numel() == both and arena.pinned_bytes == 0  # no host copy kept
     for _ in range(3):
         for name in ("tp2", "pp2"):
-            assert arena.prefetch(name) == 0 and arena.activate(name).bytes == 0
+            assert arena.prefetch(name).bytes == 0 and arena.activate(name).bytes == 0
             assert all(checksum(models[n]) == fresh[n] for n in models)
 
 
@@ -90,6 +90,8 @@ def test_bad_arenas_are_refused(tiny_model, monkeypatch):
         WeightArena(models, torch.device("cpu"), arena_bytes=1)
     with pytest.raises(ValueError, match="arena_bytes or resident"):
         WeightArena(models, torch.device("cpu"), arena_bytes=1, resident=True)
+    with pytest.raises(ValueError, match="give no arena_bytes with peers"):
+        WeightArena(models, torch.device("cpu"), arena_bytes=1, peers=PeerGroup(None, 0, {}, 1))
     with pytest.raises(ValueError, match="holds two plans"):
         WeightArena({"pp2": models["pp2"]}, torch.device("cpu"))
     monkeypatch.setattr(host_memory, "mem_available_bytes", lambda: 1000)

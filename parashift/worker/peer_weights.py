@@ -1,0 +1,108 @@
+"""What Seesaw's peer re-shard needs to know of its group, on every rank alike: every
+rank's arena under both plans (parallel/arena_layout.py) and the checkpoint boxes each
+parameter holds (loader/weight_pieces.py), from models built on the meta device (their
+structure, no bytes) for each (plan, rank); and whether the peer path may run at all."""
+import logging
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parashift.context import use_state
+from parashift.loader.weight_pieces import checkpoint_shapes, parameter_pieces
+from parashift.models.registry import model_class_for
+from parashift.parallel.arena_layout import place, region_offsets
+from parashift.parallel.plan import Plan
+from parashift.parallel.reshard_schedule import RankWeights
+from parashift.parallel.seesaw_weights import PeerGroup
+from parashift.parallel.state import GroupHandle, ParallelState
+
+logger = logging.getLogger(__name__)
+STAGING_BYTES = 64 * 2**20  # per rank and direction: a round's staged sends, its receives
+
+
+def structure(hf_config, plan: Plan, rank: int, dtype: torch.dtype, max_model_len: int,
+              moe_parallel: str = "tp") -> nn.Module:
+    """`rank`'s model under `plan` on the meta device: its parameters' names, shapes,
+    dtypes and loaders, no storage."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with use_state(ParallelState.unconnected(plan, rank), moe_parallel=moe_parallel), \
+                torch.device("meta"):
+            return model_class_for(hf_config)(hf_config, max_model_len)
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def group_weights(hf_config, shapes: dict[str, tuple[int, ...]], plans: list[Plan],
+                  dtype: torch.dtype, max_model_len: int,
+                  moe_parallel: str = "tp") -> dict[int, RankWeights]:
+    """Every rank's arena (its least size: the larger plan's bytes) under the two seesaw
+    `plans` (over the same ranks, the first at the arena's start)."""
+    out = {}
+    for rank in sorted(plans[0].ranks):
+        layouts, pieces = {}, {}
+        for plan in plans:
+            model = structure(hf_config, plan, rank, dtype, max_model_len, moe_parallel)
+            layouts[plan.name()] = place(model)
+            pieces[plan.name()] = parameter_pieces(model, shapes)
+        sizes = [layout.size for layout in layouts.values()]
+        out[rank] = RankWeights(layouts, dict(zip(layouts, region_offsets(sizes, max(sizes)))),
+                                pieces)
+    return out
+
+
+def peer_weights_usable(group, device: torch.device, source, peer_devices: list[int]) -> bool:
+    """Whether this rank can take the peer path: its weights are slices of a safetensors
+    checkpoint (random weights differ by plan; GGUF tensors are transformed on load), and
+    its device reaches every peer's directly (CUDA P2P: NVLink or PCIe peer access) or is
+    a CPU (gloo, for tests). The caller agrees with the group on it."""
+    if group is None or source.kind != "hf":
+        return False
+    if device.type == "cpu":
+        return True
+    return device.type == "cuda" and all(
+        peer == device.index or torch.cuda.can_device_access_peer(device.index, peer)
+        for peer in peer_devices)
+
+
+def agree(group, device: torch.device, usable: bool) -> bool:
+    """True only where every rank of `group` says `usable` (the group's first collective
+    on NCCL, which its later point-to-point batches need)."""
+    flag = torch.tensor([int(usable)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
+def load_group_weights(hf_config, source, plans: list[Plan], dtype: torch.dtype,
+                       max_model_len: int,
+                       moe_parallel: str = "tp") -> dict[int, RankWeights] | None:
+    """`group_weights` from the checkpoint's shapes; None (and a warning) where a loader
+    does what the weight probes cannot follow."""
+    try:
+        return group_weights(hf_config, checkpoint_shapes(source.path), plans, dtype,
+                             max_model_len, moe_parallel)
+    except (ValueError, TypeError, IndexError, NotImplementedError) as e:
+        logger.warning("seesaw weights re-shard from the pinned host copies only: %s", e)
+        return None
+
+
+def peer_group(group: GroupHandle, device: torch.device, hf_config, source, plans: list[Plan],
+               dtype: torch.dtype, max_model_len: int, moe_parallel: str = "tp",
+               staging_bytes: int = STAGING_BYTES) -> PeerGroup | None:
+    """The peer path of this rank's seesaw group (`group`, over both `plans`' ranks) where
+    every rank of it can take the path (they agree), else None: host copies only."""
+    if group.size == 1:
+        return None
+    weights = (load_group_weights(hf_config, source, plans, dtype, max_model_len, moe_parallel)
+               if source.kind == "hf" else None)
+    # the worker puts rank r on device r % count
+    devices = [r % torch.cuda.device_count() for r in group.ranks] if device.type == "cuda" else []
+    usable = weights is not None and peer_weights_usable(group.group, device, source, devices)
+    if not agree(group.group, device, usable):
+        if group.rank == 0:
+            logger.warning("seesaw group %s re-shards its weights from the pinned host copies "
+                           "(not every rank can take the peer path)", list(group.ranks))
+        return None
+    return PeerGroup(group.group, group.ranks[group.rank], weights, staging_bytes)
