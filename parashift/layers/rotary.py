@@ -29,7 +29,8 @@ def inverse_frequencies(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
         exponents = torch.arange(0, head_dim, 2, dtype=torch.float, device="cpu") / head_dim
         return 1.0 / (params["rope_theta"] ** exponents), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    with torch.device("cpu"):  # its tensors too, under a meta default device
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
     return inv_freq.float(), float(scale)
 
 
