@@ -149,7 +149,8 @@ class ModelRunner:
                      other_states: tuple[ParallelState, ...], group=None) -> SeesawRank:
         """This rank under both seesaw plans: the running one's model, and the other's
         (the one other plan over the same ranks) built and loaded; a switch re-shards from
-        the group's ranks where `group` (its GroupHandle) can carry it."""
+        the group's ranks where `group` (its GroupHandle, given with
+        --seesaw-weight-source peers) can carry it."""
         others = [s for s in other_states if sorted(s.plan.ranks) == sorted(self.state.plan.ranks)]
         if len(others) != 1:
             raise ValueError(f"a seesaw rank runs two plans over its group's ranks, got "
@@ -157,13 +158,12 @@ class ModelRunner:
         with use_state(others[0], moe_parallel=self.config.moe_parallel):
             other = self._build_model(hf_config, source, max_model_len)
         states = {self.state.plan.name(): self.state, others[0].plan.name(): others[0]}
-        resident = self.config.seesaw_resident_weights
-        peers = None if resident or group is None else peer_group(
+        peers = None if group is None else peer_group(
             group, self.device, hf_config, source, [self.state.plan, others[0].plan], self.dtype,
             max_model_len, self.config.moe_parallel)
         return SeesawRank({self.state.plan.name(): self.model, others[0].plan.name(): other},
                           states, hf_config.num_hidden_layers, hf_config.num_key_value_heads,
-                          self.device, resident, peers)
+                          self.device, self.config.seesaw_resident_weights, peers)
 
     def seesaw_move(self, verb: str, plan_name: str, moves: list, tier) -> dict:
         """A seesaw transition's KV and weights on this rank (worker/seesaw.py): "out"

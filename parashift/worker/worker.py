@@ -93,8 +93,9 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     loaded = [plan.loaded_plan(r) for plan in spec.layout.plans for r in plan.ranks]
     plans = list(dict.fromkeys([*spec.layout.plans, *loaded, *spec.other_plans]))
     # a seesaw group's ranks exchange weight shards at a switch: a group over all of them
-    seesaw = spec.config.parallel_policy == "seesaw"
-    spans = [plan.ranks for plan in spec.layout.plans] if seesaw else []
+    seesaw_peers = (spec.config.parallel_policy == "seesaw"
+                    and spec.config.seesaw_weight_source == "peers")
+    spans = [plan.ranks for plan in spec.layout.plans] if seesaw_peers else []
     pool = CommunicatorPool(rank, world, plans, topology=spec.config.topology,
                             allow_cross_host=spec.config.allow_cross_host_tp, spans=spans)
     if spec.config.fast_all_reduce:
@@ -111,7 +112,7 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
 
     runner = ModelRunner(spec.config, spec.hf_config, spec.source, device, spec.dtype,
                          spec.max_model_len, state, agree, others,
-                         pool.handle(base.ranks) if seesaw else None)
+                         pool.handle(base.ranks) if seesaw_peers else None)
     if base != state.plan:  # it starts in a merged plan
         runner.transition("commit", base.name())
     return runner

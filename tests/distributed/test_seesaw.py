@@ -56,8 +56,9 @@ def directions(records):
                          ids=[f"{p}-{d}" for _, p, d in PAIRS])
 def test_tokens_equal_one_device_over_many_transitions_and_one(models, name, prefill, decode):
     dirs, refs = models
-    for tier_tokens, least, most in ((SMALL_TIER, 5, None), (LARGE_TIER, 1, 1)):
-        llm = seesaw_llm(dirs[name], prefill, decode, tier_tokens)
+    for tier_tokens, least, most, source in ((SMALL_TIER, 5, None, "peers"),
+                                             (LARGE_TIER, 1, 1, "host")):
+        llm = seesaw_llm(dirs[name], prefill, decode, tier_tokens, seesaw_weight_source=source)
         engine = llm.llm_engine
         try:
             overlapped = spy_on_overlaps(engine)
@@ -81,9 +82,13 @@ def test_tokens_equal_one_device_over_many_transitions_and_one(models, name, pre
             assert [r.direction for r in records] == ["to_decode", "to_prefill"] * (
                 len(records) // 2) + ["to_decode"] * (len(records) % 2)
             assert all(r.weight_bytes > 0 and r.stall_s > 0 for r in records)
-            # the gloo group re-shards from peers: a rank lacks what another's old plan holds,
-            # and both plans hold the whole model, so the host copies serve nothing
-            assert all(r.weight_peer_bytes > 0 and r.weight_host_bytes == 0 for r in records)
+            # from peers: a rank lacks what another's old plan holds, and both plans hold the
+            # whole model, so the host copies serve nothing; from host: everything
+            if source == "peers":
+                assert all(r.weight_peer_bytes > 0 and r.weight_host_bytes == 0 for r in records)
+            else:
+                assert all(r.weight_peer_bytes == 0 and r.weight_host_bytes == r.weight_bytes
+                           for r in records)
             assert all(r.kv_bytes_out == r.kv_bytes_in > 0 for r in records
                        if r.direction == "to_decode")
             phases = engine.take_phase_seconds()
@@ -177,6 +182,13 @@ def test_requests_the_tier_cannot_hold_and_bad_options_are_refused(models):
         EngineConfig(seesaw_resident_weights=True)
     with pytest.raises(ValueError, match="seesaw_resident_weights must be true or false"):
         EngineConfig(**seesaw, cpu_kv_tokens=10, seesaw_resident_weights="yes")
+    with pytest.raises(ValueError, match="seesaw_weight_source must be one of"):
+        EngineConfig(**seesaw, cpu_kv_tokens=10, seesaw_weight_source="nvlink")
+    with pytest.raises(ValueError, match="seesaw_weight_source is an option of the seesaw"):
+        EngineConfig(seesaw_weight_source="peers")
+    with pytest.raises(ValueError, match="give one"):
+        EngineConfig(**seesaw, cpu_kv_tokens=10, seesaw_weight_source="peers",
+                     seesaw_resident_weights=True)
     with pytest.raises(ValueError, match="drop tensor_parallel_size"):
         EngineConfig(**seesaw, cpu_kv_tokens=10, tensor_parallel_size=2)
     with pytest.raises(ValueError, match="must each cover"):
