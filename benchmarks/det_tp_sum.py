@@ -97,8 +97,9 @@ def worker(rank: int, args):
                                                                            CHUNKS)),
                 det_all_reduce=with_mode("all_reduce", lambda: row_parallel_linear(
                     x, w, None, tp, CHUNKS)),
+                # one step token for the whole run: the parts are apart (synchronized)
                 det_pair=with_mode("all_reduce", lambda: row_parallel_linear(
-                    x, w, None, paired, CHUNKS)),
+                    x, w, None, paired, CHUNKS, step=paired)),
                 terms=lambda: rank_terms(x, w, layout, rank),
                 gather=lambda: tp.all_gather(term.unsqueeze(0), dim=0),
                 gather_list=lambda: gather_list(world, term),
@@ -109,7 +110,8 @@ def worker(rank: int, args):
             expected = with_mode("gather", lambda: row_parallel_linear(x, w, None, tp, CHUNKS))()
             row["pair_bits_equal"] = bool(torch.equal(
                 with_mode("all_reduce", lambda: row_parallel_linear(x, w, None, paired,
-                                                                    CHUNKS))(), expected))
+                                                                    CHUNKS, step=paired))(),
+                expected))
             for label, fn in parts.items():
                 row[label] = graph_ms(fn, args.repeats)
             if rank == 0:

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import torch
 
-from parashift.context import get_context
 from parashift.deterministic.matmul import fold_chunks, reduce_chunks, sum_chunks
 from parashift.parallel.state import GroupHandle
 
@@ -81,17 +80,18 @@ def row_groups(chunks: int) -> int:
 
 
 def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                        tp: GroupHandle, chunks: int) -> torch.Tensor:
+                        tp: GroupHandle, chunks: int, step: object = None) -> torch.Tensor:
     """x [.., K/t] @ weight [N, K/t].T summed over the TP group in the canonical order,
-    plus bias (added once, after the sum), in x's dtype."""
+    plus bias (added once, after the sum), in x's dtype. `step`: the forward step's
+    context, which a TP pair's exchange needs (none: no exchange)."""
     if tp.size == 1:
         return reduce_chunks(x, weight, bias, chunks, row_groups(chunks))
     lead = x.shape[:-1]
     layout = term_layout(chunks, tp.size)
     x = x.reshape(-1, x.shape[-1])
     if layout.paired and tp_sum_mode() == "all_reduce" and tp.pair is not None \
-            and tp.pair.fits(x.shape[0], weight.shape[0]):
-        both, mine, mirror = tp.pair.slot(x.shape[0], weight.shape[0], tp.rank, get_context())
+            and step is not None and tp.pair.fits(x.shape[0], weight.shape[0]):
+        both, mine, mirror = tp.pair.slot(x.shape[0], weight.shape[0], tp.rank, step)
         rank_terms(x, weight, layout, tp.rank, out=mine, mirror=mirror)
         tp.pair.exchange()
         return add_terms(both.unsqueeze(1), bias, x.dtype, layout).unflatten(0, lead)

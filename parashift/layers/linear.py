@@ -220,9 +220,10 @@ class RowParallelLinear(LinearBase):
         super().weight_loader(param, loaded, shard_id)
 
     def forward(self, x):
-        tp = get_context().tp
+        ctx = get_context()
+        tp = ctx.tp
         weight, bias = self._active_parts()[0]
         if self.reduction_chunks:
-            return row_parallel_linear(x, weight, bias, tp, self.reduction_chunks)
+            return row_parallel_linear(x, weight, bias, tp, self.reduction_chunks, ctx)
         y = linear(x, weight, bias if tp.rank == 0 else None)
         return tp.all_reduce(y)

@@ -7,7 +7,7 @@ matrix, KV heads replicated past the KV head count, a vocabulary shard's padding
 stage's layers and tied embeddings come out as the layers define them, with no model
 named here. Nothing is read from the checkpoint but its tensors' shapes.
 
-A `Piece` is one such copy: the box `full` of checkpoint tensor `tensor` is the box `at`
+A `Piece` (parallel/pieces.py) is one such copy: the box `full` of checkpoint tensor `tensor` is the box `at`
 of the parameter (the parameter's `dims` match the tensor's dims in order; a parameter dim
 not among them is indexed, one wide: an expert's slot of stacked experts). A piece whose
 `tensor` is None is zeros (a vocabulary shard's rows past the vocabulary)."""
@@ -19,32 +19,7 @@ from torch import nn
 
 from parashift.lazy_tensor import LazySlice
 from parashift.loader.weights import iterate_safetensors, load_weights
-
-Box = tuple[tuple[int, int], ...]  # per dim: [start, stop)
-
-
-@dataclass(frozen=True)
-class Piece:
-    tensor: str | None
-    full: Box
-    at: Box
-    dims: tuple[int, ...]
-
-    def to_param(self, full: Box) -> Box:
-        """The box of the parameter that holds `full` (inside this piece's `full`)."""
-        at = list(self.at)
-        for (start, stop), (lo, _), dim in zip(full, self.full, self.dims):
-            base = self.at[dim][0] - lo
-            at[dim] = (base + start, base + stop)
-        return tuple(at)
-
-
-def volume(box: Box) -> int:
-    n = 1
-    for start, stop in box:
-        n *= max(0, stop - start)
-    return n
-
+from parashift.parallel.pieces import Box, Piece, intersect, volume
 
 class _Read:
     """What a probe checkpoint tensor gives when a loader reads it: its name and box."""
@@ -135,10 +110,6 @@ class _ProbeParam:
         loader = getattr(param, "weight_loader", None)
         if loader is not None:
             self.weight_loader = loader
-
-
-def intersect(a: Box, b: Box) -> Box:
-    return tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
 
 
 def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:

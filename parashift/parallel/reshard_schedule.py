@@ -35,7 +35,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
-from parashift.loader.weight_pieces import Box, Piece, intersect, volume
+from parashift.parallel.pieces import Box, Piece, intersect, volume
 from parashift.parallel.arena_layout import PlacedParam, PlanLayout, overlaps
 
 KINDS = ("peer", "local", "host", "zero")

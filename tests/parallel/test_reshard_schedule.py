@@ -8,7 +8,8 @@ import torch
 
 from parashift.context import use_state
 from parashift.loader.source import load_hf_config, resolve_model
-from parashift.loader.weight_pieces import Piece, checkpoint_shapes, parameter_pieces
+from parashift.loader.weight_pieces import checkpoint_shapes, parameter_pieces
+from parashift.parallel.pieces import Piece
 from parashift.models.registry import model_class_for
 from parashift.parallel.arena_layout import overlaps
 from parashift.parallel.plan import Plan
