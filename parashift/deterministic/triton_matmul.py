@@ -230,8 +230,9 @@ def invariant_matmul_kernel(out_ptr, mirror_ptr, x_ptr, w_ptr, bias_ptr, M, N, c
 @triton.jit(**_generic)
 def tma_matmul_kernel(out_ptr, mirror_ptr, x_desc, w_desc, bias_ptr, M, N, num_chunks,
                       stride_ob, stride_om, TILES_PER_CHUNK: tl.constexpr, GROUPS: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, MIRROR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                      HAS_BIAS: tl.constexpr, MIRROR: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
     """`invariant_matmul_kernel` with its chunks in one (flattened) K loop per group, the
     tiles loaded through tensor descriptors (rows past M or N read as zeros)."""
     m0, n0 = tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_N
@@ -337,7 +338,8 @@ def _launch(out, x, weight, bias, chunks: int, blocks: int, chunk_k: int, groups
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
         tma_matmul_kernel[grid](
-            out, out if mirror is None else mirror, TensorDescriptor.from_tensor(x, [block_m, block_k]),
+            out, out if mirror is None else mirror,
+            TensorDescriptor.from_tensor(x, [block_m, block_k]),
             TensorDescriptor.from_tensor(weight, [block_n, block_k]),
             bias if bias is not None else out, m, n, per_block, stride_ob, out.stride(-2),
             TILES_PER_CHUNK=chunk_k // block_k, GROUPS=groups, HAS_BIAS=bias is not None,
@@ -347,7 +349,8 @@ def _launch(out, x, weight, bias, chunks: int, blocks: int, chunk_k: int, groups
         return out
     whole_tiles = ONE_LOOP and _flattens(chunk_k, block_k)
     invariant_matmul_kernel[grid](
-        out, out if mirror is None else mirror, x, weight, bias if bias is not None else out, m, n, chunk_k, per_block,
+        out, out if mirror is None else mirror, x, weight, bias if bias is not None else out,
+        m, n, chunk_k, per_block,
         x.stride(0), weight.stride(0), stride_ob, out.stride(-2),
         WHOLE_TILES=whole_tiles, TILES_PER_CHUNK=chunk_k // block_k if whole_tiles else 0,
         GROUPS=groups, HAS_BIAS=bias is not None, MIRROR=mirror is not None,
@@ -389,7 +392,8 @@ def sum_chunks(partials: torch.Tensor, bias: torch.Tensor | None,
     out = torch.empty(m, n, dtype=dtype, device=partials.device) if out is None else out
     block_m, block_n = SUM_TILE
     sum_chunks_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
-        out, out if mirror is None else mirror, partials, bias if bias is not None else out, init if init is not None else out,
+        out, out if mirror is None else mirror, partials, bias if bias is not None else out,
+        init if init is not None else out,
         m, n, chunks, groups, partials.stride(0), partials.stride(1), out.stride(0),
         init.stride(0) if init is not None else 0, HAS_BIAS=bias is not None,
         HAS_INIT=init is not None, GROUPED=groups > 1, MIRROR=mirror is not None,

@@ -7,11 +7,11 @@ matrix, KV heads replicated past the KV head count, a vocabulary shard's padding
 stage's layers and tied embeddings come out as the layers define them, with no model
 named here. Nothing is read from the checkpoint but its tensors' shapes.
 
-A `Piece` (parallel/pieces.py) is one such copy: the box `full` of checkpoint tensor `tensor` is the box `at`
-of the parameter (the parameter's `dims` match the tensor's dims in order; a parameter dim
-not among them is indexed, one wide: an expert's slot of stacked experts). A piece whose
-`tensor` is None is zeros (a vocabulary shard's rows past the vocabulary)."""
-from dataclasses import dataclass
+A `Piece` (parallel/pieces.py) is one such copy: the box `full` of checkpoint tensor
+`tensor` is the box `at` of the parameter (the parameter's `dims` match the tensor's dims
+in order; a parameter dim not among them is indexed, one wide: an expert's slot of stacked
+experts). A piece whose `tensor` is None is zeros (a vocabulary shard's rows past the
+vocabulary)."""
 from pathlib import Path
 
 import torch
