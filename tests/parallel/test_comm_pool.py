@@ -58,7 +58,8 @@ def test_groups_of_two_rendezvous_count_twice():
     order, left_out = rendezvous_order([(0, 1), (0, 2), (1, 3), (2, 3)],
                                        lambda group: 2 if group in pairs else 1)
     assert order == [(0, 1), (2, 3), (0, 2), (1, 3)] and left_out == []
-    # only (0, 1) counts twice: rank 2 must not meet (0, 2) while rank 0 is a rendezvous on
+    # only (0, 1) counts twice: ranks 0 and 1 are then two rendezvous in, rank 2 one,
+    # so (0, 2) and (1, 2) never line up
     order, left_out = rendezvous_order([(0, 1), (0, 2), (1, 2), (2, 3)],
                                        lambda group: 2 if group == (0, 1) else 1)
     assert order == [(0, 1), (2, 3)] and left_out == [(0, 2), (1, 2)]
