@@ -25,13 +25,13 @@ CPU (a smoke run: tiny model, gloo ranks):
 import argparse
 import gc
 import json
-import os
 import random
 import time
 
 import torch
 
 from benchmarks.decode_throughput import start_decodes
+from benchmarks.random_checkpoint import random_checkpoint
 from parashift import LLM, SamplingParams
 
 PLANS = {  # name -> engine options
@@ -51,32 +51,6 @@ def ranks_of(plan: str) -> int:
     options = PLANS[plan]
     return (options.get("tensor_parallel_size", 1) * options.get("sequence_parallel_size", 1)
             * options.get("pipeline_parallel_size", 1) * options.get("data_parallel_size", 1))
-
-
-def random_checkpoint(shape: str, root: str, dtype: str) -> str:
-    """An HF directory of random weights at `shape` (normal(0, 0.02), norms 1; each tensor
-    drawn from a generator seeded by its index), written once and reused."""
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-    directory = os.path.join(root, f"{os.path.basename(shape).removesuffix('.json')}-{dtype}")
-    if os.path.exists(os.path.join(directory, "config.json")):
-        return directory
-    config = AutoConfig.from_pretrained(shape)
-    with torch.device("meta"):
-        names = [(n, p.shape) for n, p in AutoModelForCausalLM.from_config(config).named_parameters()]
-    os.makedirs(directory, exist_ok=True)
-    shard, shard_bytes, index = {}, 0, 0
-    for i, (name, size) in enumerate(names):
-        gen = torch.Generator().manual_seed(i)
-        tensor = (torch.ones(size) if name.endswith("norm.weight")
-                  else torch.randn(size, generator=gen) * 0.02).to(getattr(torch, dtype))
-        shard[name], shard_bytes = tensor, shard_bytes + tensor.nbytes
-        if shard_bytes > 2 << 30 or i == len(names) - 1:
-            save_file(shard, os.path.join(directory, f"model-{index:05d}.safetensors"),
-                      metadata={"format": "pt"})
-            shard, shard_bytes, index = {}, 0, index + 1
-    config.save_pretrained(directory)  # last: its presence marks a complete checkpoint
-    return directory
 
 
 def free_device_memory() -> None:

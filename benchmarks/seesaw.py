@@ -13,7 +13,10 @@ it, e.g. dp2xseesaw:pp2-tp2 on four GPUs), or `auto` / `auto:N`
 (--prefill-plan auto: the cost model picks a pair or a static plan per workload, from the
 workload's mean lengths and its number of requests; the row names its choice, the log its
 table). `--length-scale` and
-`--num-requests` shrink a workload (the CPU check below)."""
+`--num-requests` shrink a workload (the CPU check below). `--random-checkpoint DIR` writes
+the shape's random weights there once as safetensors and runs from them: the engine's own
+random init draws each plan's shards apart, so only a checkpoint lets a switch take its
+weights from peers (`--seesaw-weight-source`, default auto)."""
 import argparse
 import gc
 import json
@@ -27,6 +30,7 @@ import torch
 from parashift import LLM, SamplingParams
 from parashift.bench.workloads import WorkloadOptions, get_workload, sample_lengths
 from plans import plan_options  # benchmarks/plans.py (this folder is on sys.path)
+from random_checkpoint import random_checkpoint
 
 
 def is_auto(name: str) -> bool:
@@ -45,7 +49,8 @@ def engine_options(name: str, args, workload: str | None = None) -> dict:
     tier = ({"cpu_kv_tokens": args.cpu_kv_tokens} if args.cpu_kv_tokens is not None
             else {"cpu_kv_gib": args.cpu_kv_gib})
     seesaw = dict(parallel_policy="seesaw", seesaw_max_prefill_ms=args.seesaw_max_prefill_ms,
-                  seesaw_resident_weights=args.seesaw_resident_weights, **tier)
+                  seesaw_resident_weights=args.seesaw_resident_weights,
+                  seesaw_weight_source=args.seesaw_weight_source, **tier)
     if is_auto(name):
         prompt, output = mean_lengths(workload, args)
         return dict(prefill_plan=name, seesaw_mean_prompt_tokens=prompt,
@@ -91,6 +96,8 @@ def transition_costs(records) -> dict:
     return dict(transitions=len(records),
                 weight_gib=sum(r.weight_bytes for r in seesaw) / 2**30,
                 weight_s=sum(r.weight_s for r in seesaw),
+                weight_peer_gib=sum(r.weight_peer_bytes for r in seesaw) / 2**30,
+                weight_host_gib=sum(r.weight_host_bytes for r in seesaw) / 2**30,
                 kv_out_gib=sum(r.kv_bytes_out for r in seesaw) / 2**30,
                 kv_in_gib=sum(r.kv_bytes_in for r in seesaw) / 2**30,
                 drain_s=sum(r.drain_s for r in records), stall_s=sum(r.stall_s for r in records))
@@ -128,6 +135,9 @@ def main():
     p.add_argument("--seesaw-max-prefill-ms", type=float, default=0.0)
     p.add_argument("--seesaw-resident-weights", action="store_true",
                    help="seesaw plans keep both weight shards on the device (no weight copies)")
+    p.add_argument("--seesaw-weight-source", default="auto", choices=["auto", "host", "peers"])
+    p.add_argument("--random-checkpoint", default=None, metavar="DIR",
+                   help="run from the shape's random weights written to DIR as safetensors")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="the step budget (chunked prefill size); default: the engine's")
     p.add_argument("--max-model-len", type=int, default=4096 + 1024 + 16)
@@ -141,13 +151,15 @@ def main():
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("parashift.engine.seesaw_auto").setLevel(logging.INFO)  # auto's table
+    model = (random_checkpoint(args.model, args.random_checkpoint, args.dtype)
+             if args.random_checkpoint else args.model)
     rows = []
     for name in args.plans:
         # auto chooses from the workload's lengths: one engine per workload
         batches = [[w] for w in args.workloads] if is_auto(name) else [args.workloads]
         for workloads in batches:
             start = time.perf_counter()
-            llm = LLM(model=args.model, dtype=args.dtype, device=args.device,
+            llm = LLM(model=model, dtype=args.dtype, device=args.device,
                       skip_tokenizer_init=True, max_model_len=args.max_model_len,
                       enable_prefix_caching=False,
                       max_num_batched_tokens=args.max_num_batched_tokens,

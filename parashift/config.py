@@ -21,7 +21,7 @@ class SchedulerConfig:
 
 PARALLEL_POLICIES = ("static", "shift", "flying", "seesaw", "sidp")
 SEESAW_FIELDS = ("prefill_plan", "decode_plan", "cpu_kv_tokens", "cpu_kv_gib")
-SEESAW_WEIGHT_SOURCES = ("host", "peers")
+SEESAW_WEIGHT_SOURCES = ("auto", "host", "peers")
 AUTO_PLAN_FIELDS = ("seesaw_mean_prompt_tokens", "seesaw_mean_output_tokens", "seesaw_num_requests")
 AUTO_PLAN = re.compile(r"auto(?::([1-9][0-9]*))?")  # auto, or auto:<ranks per group>
 FLYING_PREEMPTIONS = ("auto", "soft", "hard", "recompute")
@@ -102,8 +102,9 @@ class EngineConfig:
     seesaw_resident_weights: bool = False
     # where a transition's missing weight shards come from: "host" (the pinned host copies)
     # | "peers" (the group's ranks whose old plan holds them, host copies for the rest;
-    # parallel/reshard_schedule.py). On two H200s "peers" was slower (see docs/benchmarks.md)
-    seesaw_weight_source: str = "host"
+    # parallel/reshard_schedule.py) | "auto": peers where every GPU of the group reaches the
+    # others directly (on two H200s 2-3x faster than host copies, docs/benchmarks.md), else host
+    seesaw_weight_source: str = "auto"
     # a request preempted when the KV pool runs out: recompute (its blocks freed, computed
     # again when resumed) | swap (its KV copied to a CPU tier of swap_space GiB per group and
     # back when resumed; recompute when the tier is full). vLLM v0's names.
@@ -221,7 +222,7 @@ class EngineConfig:
         if self.seesaw_weight_source not in SEESAW_WEIGHT_SOURCES:
             raise ValueError(f"seesaw_weight_source must be one of {SEESAW_WEIGHT_SOURCES}, "
                              f"got {self.seesaw_weight_source!r}")
-        if self.seesaw_weight_source != "host":
+        if self.seesaw_weight_source == "peers":
             given.append("seesaw_weight_source")
             if self.seesaw_resident_weights:
                 raise ValueError("seesaw_weight_source='peers' re-shards weights, "

@@ -69,6 +69,6 @@ def resolve_auto_plans(config: EngineConfig, hf_config, dtype: torch.dtype,
                 "policy runs it", best.name)
     return dataclasses.replace(
         config, parallel_policy="static", **cleared, **{name: None for name in SEESAW_FIELDS},
-        seesaw_resident_weights=False, seesaw_weight_source="host",
+        seesaw_resident_weights=False, seesaw_weight_source="auto",
         data_parallel_size=config.data_parallel_size * best.prefill.dp,
         pipeline_parallel_size=best.prefill.pp, tensor_parallel_size=best.prefill.tp)

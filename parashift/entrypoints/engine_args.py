@@ -215,10 +215,11 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
     group.add_argument("--seesaw-resident-weights", action="store_true",
                        help="seesaw policy: keep both plans' weight shards on the device (no "
                             "weight copies at a transition; less KV memory)")
-    group.add_argument("--seesaw-weight-source", choices=SEESAW_WEIGHT_SOURCES, default="host",
+    group.add_argument("--seesaw-weight-source", choices=SEESAW_WEIGHT_SOURCES, default="auto",
                        help="seesaw policy: a transition's missing weight shards from the pinned "
                             "host copies, or from the group's ranks that hold them (NCCL "
-                            "point-to-point; host copies for the rest)")
+                            "point-to-point; host copies for the rest); auto (default): peers "
+                            "where the group's GPUs reach each other directly")
     group.add_argument("--skip-tokenizer-init", action="store_true",
                        help="no tokenizer: prompts are token ids, outputs have no text")
     group.add_argument("--trust-remote-code", action="store_true",

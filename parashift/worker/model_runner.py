@@ -149,8 +149,8 @@ class ModelRunner:
                      other_states: tuple[ParallelState, ...], group=None) -> SeesawRank:
         """This rank under both seesaw plans: the running one's model, and the other's
         (the one other plan over the same ranks) built and loaded; a switch re-shards from
-        the group's ranks where `group` (its GroupHandle, given with
-        --seesaw-weight-source peers) can carry it."""
+        the group's ranks where `group` (its GroupHandle, given where the rank asks for
+        the peer path: peer_weights.asks_peer_path) can carry it."""
         others = [s for s in other_states if sorted(s.plan.ranks) == sorted(self.state.plan.ranks)]
         if len(others) != 1:
             raise ValueError(f"a seesaw rank runs two plans over its group's ranks, got "
@@ -160,7 +160,8 @@ class ModelRunner:
         states = {self.state.plan.name(): self.state, others[0].plan.name(): others[0]}
         peers = None if group is None else peer_group(
             group, self.device, hf_config, source, [self.state.plan, others[0].plan], self.dtype,
-            max_model_len, self.config.moe_parallel)
+            max_model_len, self.config.moe_parallel,
+            asked=self.config.seesaw_weight_source == "peers")
         return SeesawRank({self.state.plan.name(): self.model, others[0].plan.name(): other},
                           states, hf_config.num_hidden_layers, hf_config.num_key_value_heads,
                           self.device, self.config.seesaw_resident_weights, peers)

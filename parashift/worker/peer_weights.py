@@ -53,6 +53,14 @@ def group_weights(hf_config, shapes: dict[str, tuple[int, ...]], plans: list[Pla
     return out
 
 
+def asks_peer_path(config, device: torch.device) -> bool:
+    """Whether a seesaw rank asks its group for the peer path: asked for ("peers"), or by
+    default ("auto") on GPUs; never with both plans resident (no weights move)."""
+    source = config.seesaw_weight_source
+    return not config.seesaw_resident_weights and (
+        source == "peers" or (source == "auto" and device.type == "cuda"))
+
+
 def peer_weights_usable(group, device: torch.device, source, peer_devices: list[int]) -> bool:
     """Whether this rank can take the peer path: its weights are slices of a safetensors
     checkpoint (random weights differ by plan; GGUF tensors are transformed on load), and
@@ -90,9 +98,10 @@ def load_group_weights(hf_config, source, plans: list[Plan], dtype: torch.dtype,
 
 def peer_group(group: GroupHandle, device: torch.device, hf_config, source, plans: list[Plan],
                dtype: torch.dtype, max_model_len: int, moe_parallel: str = "tp",
-               staging_bytes: int = STAGING_BYTES) -> PeerGroup | None:
+               staging_bytes: int = STAGING_BYTES, asked: bool = True) -> PeerGroup | None:
     """The peer path of this rank's seesaw group (`group`, over both `plans`' ranks) where
-    every rank of it can take the path (they agree), else None: host copies only."""
+    every rank of it can take the path (they agree), else None: host copies only (a
+    warning where the path was `asked` for, not just the default)."""
     if group.size == 1:
         return None
     weights = (load_group_weights(hf_config, source, plans, dtype, max_model_len, moe_parallel)
@@ -102,7 +111,8 @@ def peer_group(group: GroupHandle, device: torch.device, hf_config, source, plan
     usable = weights is not None and peer_weights_usable(group.group, device, source, devices)
     if not agree(group.group, device, usable):
         if group.rank == 0:
-            logger.warning("seesaw group %s re-shards its weights from the pinned host copies "
-                           "(not every rank can take the peer path)", list(group.ranks))
+            log = logger.warning if asked else logger.info
+            log("seesaw group %s re-shards its weights from the pinned host copies (not "
+                "every rank can take the peer path)", list(group.ranks))
         return None
     return PeerGroup(group.group, group.ranks[group.rank], weights, staging_bytes)

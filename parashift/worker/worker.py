@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from parashift.gc_tuning import tune_garbage_collector
 from parashift.worker.model_runner import ModelRunner
+from parashift.worker.peer_weights import asks_peer_path
 from parashift.parallel.comm_pool import CommunicatorPool
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
@@ -94,7 +95,7 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     plans = list(dict.fromkeys([*spec.layout.plans, *loaded, *spec.other_plans]))
     # a seesaw group's ranks exchange weight shards at a switch: a group over all of them
     seesaw_peers = (spec.config.parallel_policy == "seesaw"
-                    and spec.config.seesaw_weight_source == "peers")
+                    and asks_peer_path(spec.config, device))
     spans = [plan.ranks for plan in spec.layout.plans] if seesaw_peers else []
     pool = CommunicatorPool(rank, world, plans, topology=spec.config.topology,
                             allow_cross_host=spec.config.allow_cross_host_tp, spans=spans)

@@ -1,0 +1,65 @@
+"""One rank's rounds (parallel/peer_reshard.py) on a group of itself: host reads of
+strided boxes (a column shard of a row-major matrix) land through the send buffer, split
+along the first dim when their byte extent exceeds it, and write exactly the box; local
+copies go through the send buffer; zeros zero. No peer, so no process group is asked."""
+import pytest
+import torch
+
+from parashift.parallel.arena_layout import PlacedParam
+from parashift.parallel.peer_reshard import PeerReshard, side_view
+from parashift.parallel.reshard_schedule import Side, Transfer
+
+ROWS, COLS = 12, 10
+PARAM = PlacedParam("w", 0, (ROWS, COLS), 2)
+HOST_BASE = 4096  # arena byte of the host copy's first byte
+OLD_BASE = 1024  # where the "old plan" keeps a copy of the same matrix
+
+
+def host_copy() -> torch.Tensor:
+    values = torch.arange(ROWS * COLS, dtype=torch.int16).reshape(ROWS, COLS) * 3 + 1
+    host = torch.zeros(PARAM.nbytes + 512, dtype=torch.uint8)
+    host[:PARAM.nbytes].view(torch.int16).copy_(values.flatten())
+    return host
+
+
+def run(transfers, staging_bytes: int):
+    arena = torch.zeros(8192, dtype=torch.uint8)
+    host = host_copy()
+    arena[OLD_BASE:OLD_BASE + PARAM.nbytes].copy_(host[:PARAM.nbytes])
+    written = PeerReshard(None, 0, torch.device("cpu"), staging_bytes).run(
+        [transfers], arena, host, HOST_BASE)
+    return arena, host, written
+
+
+def matrix(storage: torch.Tensor, base: int) -> torch.Tensor:
+    return storage[base:base + PARAM.nbytes].view(torch.int16).view(ROWS, COLS)
+
+
+@pytest.mark.parametrize("staging_bytes", [4096, 64, 24])
+def test_strided_host_reads_write_their_box_only(staging_bytes):
+    """Columns 3..7 of rows 2..11 from the host copy: 10 rows of 20-byte extent rows, so a
+    64-byte buffer takes them in parts of 3 rows and a 24-byte one a row at a time."""
+    box = ((2, 11), (3, 7))
+    side = Side(0, PARAM, HOST_BASE, box)
+    assert not side.contiguous()
+    arena, host, written = run([Transfer("w", box, side, None)], staging_bytes)
+    got, want = matrix(arena, HOST_BASE), matrix(host, 0)
+    expected = torch.zeros_like(want)
+    expected[2:11, 3:7] = want[2:11, 3:7]
+    assert torch.equal(got, expected)
+    assert written["host"] == 9 * 4 * 2
+    assert torch.equal(side_view(arena, side), want[2:11, 3:7])
+
+
+def test_local_zero_and_contiguous_host_in_one_round():
+    local = Transfer("w", ((0, 4), (0, 5)), Side(0, PARAM, HOST_BASE, ((0, 4), (0, 5))),
+                     Side(0, PARAM, OLD_BASE, ((0, 4), (5, 10))))
+    rows = Transfer("w", ((6, 8), (0, 10)), Side(0, PARAM, HOST_BASE, ((6, 8), (0, 10))), None)
+    zero = Transfer(None, (), Side(0, PARAM, HOST_BASE, ((10, 12), (0, 10))), None)
+    arena, host, written = run([local, rows, zero], 4096)
+    got, want = matrix(arena, HOST_BASE), matrix(host, 0)
+    assert torch.equal(got[0:4, 0:5], want[0:4, 5:10])  # read from the old copy's columns
+    assert torch.equal(got[6:8], want[6:8])
+    assert torch.equal(got[10:12], torch.zeros(2, COLS, dtype=torch.int16))
+    assert torch.equal(got[4:6], torch.zeros(2, COLS, dtype=torch.int16))  # untouched
+    assert written == {"peer": 0, "local": 40, "host": 40, "zero": 40}
