@@ -21,7 +21,7 @@ def test_a_plan_that_fails_to_start_gets_its_error_as_its_row(monkeypatch):
 def test_seesaw_groups_of_a_pair():
     seesaw = load_benchmark("seesaw")
     args = SimpleNamespace(cpu_kv_tokens=None, cpu_kv_gib=1.0, seesaw_max_prefill_ms=0.0,
-                           seesaw_resident_weights=False)
+                           seesaw_resident_weights=False, seesaw_weight_source="auto")
     options = seesaw.engine_options("dp2xseesaw:pp2-tp2", args)
     assert options == {**seesaw.engine_options("seesaw:pp2-tp2", args), "data_parallel_size": 2}
     assert options["prefill_plan"] == "pp2" and options["decode_plan"] == "tp2"
