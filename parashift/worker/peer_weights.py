@@ -53,12 +53,14 @@ def group_weights(hf_config, shapes: dict[str, tuple[int, ...]], plans: list[Pla
     return out
 
 
-def asks_peer_path(config, device: torch.device) -> bool:
+def asks_peer_path(config, device: torch.device, source) -> bool:
     """Whether a seesaw rank asks its group for the peer path: asked for ("peers"), or by
-    default ("auto") on GPUs; never with both plans resident (no weights move)."""
-    source = config.seesaw_weight_source
-    return not config.seesaw_resident_weights and (
-        source == "peers" or (source == "auto" and device.type == "cuda"))
+    default ("auto") on GPUs where the weights come from a safetensors checkpoint (the
+    engine's random weights differ by plan, GGUF's are transformed on load); never with
+    both plans resident (no weights move)."""
+    wanted = config.seesaw_weight_source
+    return not config.seesaw_resident_weights and (wanted == "peers" or (
+        wanted == "auto" and device.type == "cuda" and source.kind == "hf"))
 
 
 def peer_weights_usable(group, device: torch.device, source, peer_devices: list[int]) -> bool:

@@ -95,7 +95,7 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     plans = list(dict.fromkeys([*spec.layout.plans, *loaded, *spec.other_plans]))
     # a seesaw group's ranks exchange weight shards at a switch: a group over all of them
     seesaw_peers = (spec.config.parallel_policy == "seesaw"
-                    and asks_peer_path(spec.config, device))
+                    and asks_peer_path(spec.config, device, spec.source))
     spans = [plan.ranks for plan in spec.layout.plans] if seesaw_peers else []
     pool = CommunicatorPool(rank, world, plans, topology=spec.config.topology,
                             allow_cross_host=spec.config.allow_cross_host_tp, spans=spans)

@@ -1,5 +1,8 @@
-"""Which seesaw ranks ask their group for the peer path (worker/peer_weights.py): asked
-for by name anywhere, by default only on GPUs, never with both plans resident."""
+"""Which seesaw ranks ask their group for the peer path (worker/peer_weights.py): asked for
+by name anywhere, by default only on GPUs with a safetensors checkpoint, never with both
+plans resident."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -8,20 +11,22 @@ from parashift.worker.peer_weights import asks_peer_path
 
 SEESAW = dict(parallel_policy="seesaw", prefill_plan="pp2", decode_plan="tp2", cpu_kv_tokens=10)
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
+CHECKPOINT, RANDOM = SimpleNamespace(kind="hf"), SimpleNamespace(kind="random")
 
 
-@pytest.mark.parametrize("source, resident, device, asks", [
-    ("auto", False, GPU, True),
-    ("auto", False, CPU, False),
-    ("peers", False, CPU, True),
-    ("peers", False, GPU, True),
-    ("host", False, GPU, False),
-    ("auto", True, GPU, False),
+@pytest.mark.parametrize("wanted, resident, device, source, asks", [
+    ("auto", False, GPU, CHECKPOINT, True),
+    ("auto", False, GPU, RANDOM, False),
+    ("auto", False, CPU, CHECKPOINT, False),
+    ("peers", False, CPU, CHECKPOINT, True),
+    ("peers", False, GPU, CHECKPOINT, True),
+    ("host", False, GPU, CHECKPOINT, False),
+    ("auto", True, GPU, CHECKPOINT, False),
 ])
-def test_asks_peer_path(source, resident, device, asks):
-    config = EngineConfig(**SEESAW, seesaw_weight_source=source,
+def test_asks_peer_path(wanted, resident, device, source, asks):
+    config = EngineConfig(**SEESAW, seesaw_weight_source=wanted,
                           seesaw_resident_weights=resident)
-    assert asks_peer_path(config, device) is asks
+    assert asks_peer_path(config, device, source) is asks
 
 
 def test_default_is_auto_and_resident_weights_take_it():
