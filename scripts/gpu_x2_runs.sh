@@ -34,6 +34,10 @@
 # all-gather under TP=2, against the chain of `git archive 4f71b13` in .before). Twenty-third:
 # `det_tp_sum` (one projection by part: gather, one-shot all-reduce, pair exchange),
 # `det_cost` (the default: TP=2's halves exchanged) and `det_gather` (gathered instead).
+# Twenty-fourth: `seesaw_peers` (after the peer re-shard's host reads went off the host),
+# `seesaw_ckpt` (the engine on `summarize` from a random safetensors checkpoint, peers against
+# host copies, and DP2) and `seesaw_budgets` (TP2 and DP2 at step budgets 8,192, 16,384 and
+# 2,048, auto and PP2: each static plan at its best chunked-prefill size, as issue 16 asks).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -103,6 +107,27 @@ run_det_gather() {  # TP=2's halves gathered instead of exchanged (~180 s)
     tp2 shift --skip-cost --models benchmarks/shapes/tiny-llama.json --out "$OUT/det_gather_tiny.jsonl"
 }
 
+run_seesaw_ckpt() {  # the engine's transitions from peers and from host copies (~330 s)
+  for source in auto host; do
+    python3 benchmarks/seesaw.py --random-checkpoint /tmp/ckpt --plans seesaw:pp2-tp2 \
+      --workloads summarize --num-requests 128 --cpu-kv-gib 32 --cuda-graphs \
+      --seesaw-weight-source $source --output "$OUT/seesaw_$source.json"
+  done
+  python3 benchmarks/seesaw.py --random-checkpoint /tmp/ckpt --plans dp2 --workloads summarize \
+    --num-requests 128 --cuda-graphs --output "$OUT/seesaw_dp2.json"
+}
+
+run_seesaw_budgets() {  # static plans at three step budgets, then auto and PP2 (~460 s)
+  for budget in 8192 16384 2048; do
+    python3 benchmarks/seesaw.py --plans tp2 dp2 --workloads summarize chat --num-requests 128 \
+      --max-num-batched-tokens $budget --output "$OUT/seesaw_budget_$budget.json"
+  done
+  python3 benchmarks/seesaw.py --plans auto --workloads summarize chat --num-requests 128 \
+    --cpu-kv-gib 32 --output "$OUT/seesaw_auto.json"
+  python3 benchmarks/seesaw.py --plans pp2 --workloads summarize chat --num-requests 128 \
+    --output "$OUT/seesaw_pp2.json"
+}
+
 run_det_tests() {  # the deterministic GEMM and reduction tests on CUDA (~120 s)
   PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
     tests/deterministic/test_reduction.py tests/deterministic/test_batch_invariance.py \
@@ -115,7 +140,7 @@ run_det_before() {  # the same cost on the tree unpacked in .before (git archive
     --out "$OUT/det_cost_before.jsonl"
 }
 
-export -f run_tests run_decode run_seesaw run_det run_det_profile run_det_halves run_det_gather run_det_tests run_det_before
+export -f run_tests run_decode run_seesaw run_seesaw_ckpt run_seesaw_budgets run_det run_det_profile run_det_halves run_det_gather run_det_tests run_det_before
 export EIGHT_B
 for name in "$@"; do
   case $name in
@@ -131,6 +156,8 @@ for name in "$@"; do
     # bit-identical after 20 round trips, then seconds per switch, peers against host copies
     seesaw_peers) part seesaw_peers 300 "run_tests tests/distributed/test_seesaw_peer_weights.py \
            && python3 benchmarks/seesaw_weights.py --output $OUT/seesaw_weights.json" ;;
+    seesaw_ckpt) part seesaw_ckpt 400 run_seesaw_ckpt ;;
+    seesaw_budgets) part seesaw_budgets 560 run_seesaw_budgets ;;
     seesaw_pcie) part seesaw_pcie 280 "NCCL_P2P_DISABLE=1 run_seesaw tp2 seesaw:pp2-tp2 --cuda-graphs" ;;
     det) part det 560 run_det ;;
     det_cost) part det_cost 200 "python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 shift \
