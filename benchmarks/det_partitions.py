@@ -19,8 +19,8 @@ def measure(model: str, device: str, deterministic: bool, batch_sizes: list[int]
     from benchmarks.deterministic import decode_seconds, prefill_seconds
     from parashift import LLM
     args = types.SimpleNamespace(device=device, decode_steps=steps)
-    llm = LLM(model=model, device=device, dtype="bfloat16" if device == "cuda" else "float32", max_model_len=max(prefill, context + steps) + 64,
-              max_num_seqs=max(batch_sizes), skip_tokenizer_init=True,
+    llm = LLM(model=model, device=device, dtype="bfloat16" if device == "cuda" else "float32",
+              max_model_len=max(prefill, context + steps) + 64, max_num_seqs=max(batch_sizes), skip_tokenizer_init=True,
               enable_prefix_caching=False, deterministic=deterministic)
     vocab = llm.llm_engine.vocab_size
     row = dict(prefill_ms=1e3 * prefill_seconds(args, llm, vocab, prefill))
@@ -38,8 +38,8 @@ def run_setting(args, setting: str | None) -> dict:
         env.update(PARASHIFT_DETERMINISTIC_ATTENTION_PARTITION=partition,
                    PARASHIFT_DETERMINISTIC_ATTENTION_TILE_N=tile)
     command = [sys.executable, __file__, "--child", "det" if setting else "default",
-               "--model", args.model, "--device", args.device, "--context", str(args.context), "--prefill",
-               str(args.prefill), "--decode-steps", str(args.decode_steps),
+               "--model", args.model, "--device", args.device, "--context", str(args.context),
+               "--prefill", str(args.prefill), "--decode-steps", str(args.decode_steps),
                "--batch-sizes", *map(str, args.batch_sizes)]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     rows = [line for line in out.stdout.splitlines() if line.startswith("{")]
