@@ -20,8 +20,8 @@ def measure(model: str, device: str, deterministic: bool, batch_sizes: list[int]
     from parashift import LLM
     args = types.SimpleNamespace(device=device, decode_steps=steps)
     llm = LLM(model=model, device=device, dtype="bfloat16" if device == "cuda" else "float32",
-              max_model_len=max(prefill, context + steps) + 64, max_num_seqs=max(batch_sizes), skip_tokenizer_init=True,
-              enable_prefix_caching=False, deterministic=deterministic)
+              max_model_len=max(prefill, context + steps) + 64, max_num_seqs=max(batch_sizes),
+              skip_tokenizer_init=True, enable_prefix_caching=False, deterministic=deterministic)
     vocab = llm.llm_engine.vocab_size
     row = dict(prefill_ms=1e3 * prefill_seconds(args, llm, vocab, prefill))
     for batch in batch_sizes:
