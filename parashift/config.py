@@ -103,8 +103,8 @@ class EngineConfig:
     # where a transition's missing weight shards come from: "host" (the pinned host copies)
     # | "peers" (the group's ranks whose old plan holds them, host copies for the rest;
     # parallel/reshard_schedule.py) | "auto": peers from a safetensors checkpoint where every GPU
-    # of the group reaches the others directly (on two H200s 2-3x faster than host copies,
-    # docs/benchmarks.md), else host
+    # of the group reaches the others directly inside one host (on two H200s 2-3x faster than
+    # host copies, docs/benchmarks.md), else host
     seesaw_weight_source: str = "auto"
     # a request preempted when the KV pool runs out: recompute (its blocks freed, computed
     # again when resumed) | swap (its KV copied to a CPU tier of swap_space GiB per group and

@@ -56,11 +56,16 @@ def group_weights(hf_config, shapes: dict[str, tuple[int, ...]], plans: list[Pla
 def asks_peer_path(config, device: torch.device, source) -> bool:
     """Whether a seesaw rank asks its group for the peer path: asked for ("peers"), or by
     default ("auto") on GPUs where the weights come from a safetensors checkpoint (the
-    engine's random weights differ by plan, GGUF's are transformed on load); never with
-    both plans resident (no weights move)."""
+    engine's random weights differ by plan, GGUF's are transformed on load) and every
+    seesaw group sits in one host (measured over NVLink only); never with both plans
+    resident (no weights move). Every rank decides alike: the groups are made together."""
     wanted = config.seesaw_weight_source
-    return not config.seesaw_resident_weights and (wanted == "peers" or (
-        wanted == "auto" and device.type == "cuda" and source.kind == "hf"))
+    if config.seesaw_resident_weights or wanted == "host":
+        return False
+    if wanted == "peers":
+        return True
+    return device.type == "cuda" and source.kind == "hf" and all(
+        config.topology.within_host(plan.ranks) for plan in config.node_layout.plans)
 
 
 def peer_weights_usable(group, device: torch.device, source, peer_devices: list[int]) -> bool:

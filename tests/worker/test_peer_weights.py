@@ -32,3 +32,11 @@ def test_asks_peer_path(wanted, resident, device, source, asks):
 def test_default_is_auto_and_resident_weights_take_it():
     assert EngineConfig().seesaw_weight_source == "auto"
     assert EngineConfig(**SEESAW, seesaw_resident_weights=True).seesaw_resident_weights
+
+
+def test_auto_keeps_host_copies_for_a_group_across_hosts():
+    across = EngineConfig(**SEESAW, nnodes=2, gpus_per_node=1, allow_cross_host_tp=True)
+    assert not asks_peer_path(across, GPU, CHECKPOINT)
+    assert asks_peer_path(EngineConfig(**SEESAW, nnodes=2, gpus_per_node=1,
+                                       allow_cross_host_tp=True, seesaw_weight_source="peers"),
+                          GPU, CHECKPOINT)
