@@ -3,8 +3,8 @@ seesaw group's process group: each round stages the sources this rank reads (for
 peers and for itself) into a contiguous send buffer, exchanges the staged bytes with
 `batch_isend_irecv` (NCCL on GPUs, gloo on CPUs), one message per peer and direction,
 then writes every destination of this rank: from the receive buffer, the send buffer
-(its own pieces), the pinned host copy, or zeros. Both buffers are allocated once, of
-the schedule's staging bound. Bytes are copied as integers of the parameter's element
+(its own pieces), the pinned host copy, or zeros. The send and receive buffers (and the
+landing below) are allocated once, of the schedule's staging bound. Bytes are copied as integers of the parameter's element
 size, so a copy is exact whatever the dtype. Every rank of the group runs every round
 (a rank with nothing to send or receive in one only waits its turn), in schedule order,
 so each pair's sends and receives match without a word exchanged.
