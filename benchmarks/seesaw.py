@@ -28,6 +28,7 @@ import time
 import torch
 
 from parashift import LLM, SamplingParams
+from parashift.config import SEESAW_WEIGHT_SOURCES
 from parashift.bench.workloads import WorkloadOptions, get_workload, sample_lengths
 from plans import plan_options  # benchmarks/plans.py (this folder is on sys.path)
 from random_checkpoint import random_checkpoint
@@ -135,7 +136,7 @@ def main():
     p.add_argument("--seesaw-max-prefill-ms", type=float, default=0.0)
     p.add_argument("--seesaw-resident-weights", action="store_true",
                    help="seesaw plans keep both weight shards on the device (no weight copies)")
-    p.add_argument("--seesaw-weight-source", default="auto", choices=["auto", "host", "peers"])
+    p.add_argument("--seesaw-weight-source", default="auto", choices=SEESAW_WEIGHT_SOURCES)
     p.add_argument("--random-checkpoint", default=None, metavar="DIR",
                    help="run from the shape's random weights written to DIR as safetensors")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
