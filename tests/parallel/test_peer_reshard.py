@@ -1,6 +1,6 @@
 """One rank's rounds (parallel/peer_reshard.py) on a group of itself: host reads of
-strided boxes (a column shard of a row-major matrix) land through the send buffer, split
-along the first dim when their byte extent exceeds it, and write exactly the box; local
+strided boxes (a column shard of a row-major matrix) land through the landing buffer,
+split along the first dim when their byte extent exceeds it, and write exactly the box; local
 copies go through the send buffer; zeros zero. No peer, so no process group is asked."""
 import pytest
 import torch
@@ -37,8 +37,9 @@ def matrix(storage: torch.Tensor, base: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("staging_bytes", [4096, 64, 24])
 def test_strided_host_reads_write_their_box_only(staging_bytes):
-    """Columns 3..7 of rows 2..11 from the host copy: 10 rows of 20-byte extent rows, so a
-    64-byte buffer takes them in parts of 3 rows and a 24-byte one a row at a time."""
+    """Columns 3..6 of rows 2..10 from the host copy (a 168-byte extent): a 64-byte buffer
+    takes it in halves of halves (2-3 rows), a 24-byte one a row at a time (a row's box is
+    contiguous, so it goes straight in)."""
     box = ((2, 11), (3, 7))
     side = Side(0, PARAM, HOST_BASE, box)
     assert not side.contiguous()
