@@ -168,7 +168,9 @@ def main():
                       **engine_options(name, args, workloads[0]))
             startup_s = time.perf_counter() - start
             for workload in workloads:
-                row = dict(plan=name, runs=chosen_plan(llm.llm_engine.config),
+                config = llm.llm_engine.config
+                row = dict(plan=name, runs=chosen_plan(config),
+                           step_tokens=config.max_num_batched_tokens,
                            startup_s=startup_s, **run(llm, workload, args))
                 rows.append(row)
                 print(json.dumps(row), flush=True)

@@ -38,6 +38,9 @@
 # `seesaw_ckpt` (the engine on `summarize` from a random safetensors checkpoint, peers against
 # host copies, and DP2) and `seesaw_budgets` (TP2 and DP2 at step budgets 8,192, 16,384 and
 # 2,048, auto and PP2: each static plan at its best chunked-prefill size, as issue 16 asks).
+# Twenty-fifth: `seesaw_default` (the offline LLM's budget is now 16,384 on large GPUs: TP2
+# and DP2 there, auto at that default and at the old 8,192, and seesaw's raw ratio), then
+# `seesaw_repeat` (three runs of each best static plan and of auto, for the spread).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -128,6 +131,26 @@ run_seesaw_budgets() {  # static plans at three step budgets, then auto and PP2 
     --output "$OUT/seesaw_pp2.json"
 }
 
+run_seesaw_default() {  # the offline LLM's default budget, 16,384 on large GPUs (~330 s)
+  python3 benchmarks/seesaw.py --plans tp2 dp2 --workloads summarize chat --num-requests 128 \
+    --max-num-batched-tokens 16384 --output "$OUT/seesaw_static_16384.json"
+  python3 benchmarks/seesaw.py --plans auto --workloads summarize chat --num-requests 128 \
+    --cpu-kv-gib 32 --output "$OUT/seesaw_auto_default.json"
+  python3 benchmarks/seesaw.py --plans auto --workloads summarize chat --num-requests 128 \
+    --cpu-kv-gib 32 --max-num-batched-tokens 8192 --output "$OUT/seesaw_auto_8192.json"
+  python3 benchmarks/seesaw.py --plans seesaw:pp2-tp2 --workloads summarize chat \
+    --num-requests 128 --cpu-kv-gib 32 --cuda-graphs --output "$OUT/seesaw_raw_default.json"
+}
+
+run_seesaw_repeat() {  # three runs each: the best static plans at 16,384 against auto (~330 s)
+  python3 benchmarks/seesaw.py --plans tp2 --workloads chat chat chat --num-requests 128 \
+    --max-num-batched-tokens 16384 --output "$OUT/seesaw_repeat_tp2.json"
+  python3 benchmarks/seesaw.py --plans dp2 --workloads summarize summarize summarize \
+    --num-requests 128 --max-num-batched-tokens 16384 --output "$OUT/seesaw_repeat_dp2.json"
+  python3 benchmarks/seesaw.py --plans auto --workloads chat summarize chat summarize chat \
+    summarize --num-requests 128 --cpu-kv-gib 32 --output "$OUT/seesaw_repeat_auto.json"
+}
+
 run_det_tests() {  # the deterministic GEMM and reduction tests on CUDA (~120 s)
   PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
     tests/deterministic/test_reduction.py tests/deterministic/test_batch_invariance.py \
@@ -140,7 +163,7 @@ run_det_before() {  # the same cost on the tree unpacked in .before (git archive
     --out "$OUT/det_cost_before.jsonl"
 }
 
-export -f run_tests run_decode run_seesaw run_seesaw_ckpt run_seesaw_budgets run_det run_det_profile run_det_halves run_det_gather run_det_tests run_det_before
+export -f run_tests run_decode run_seesaw run_seesaw_ckpt run_seesaw_budgets run_seesaw_default run_seesaw_repeat run_det run_det_profile run_det_halves run_det_gather run_det_tests run_det_before
 export EIGHT_B
 for name in "$@"; do
   case $name in
@@ -158,6 +181,8 @@ for name in "$@"; do
            && python3 benchmarks/seesaw_weights.py --output $OUT/seesaw_weights.json" ;;
     seesaw_ckpt) part seesaw_ckpt 400 run_seesaw_ckpt ;;
     seesaw_budgets) part seesaw_budgets 560 run_seesaw_budgets ;;
+    seesaw_default) part seesaw_default 560 run_seesaw_default ;;
+    seesaw_repeat) part seesaw_repeat 560 run_seesaw_repeat ;;
     seesaw_pcie) part seesaw_pcie 280 "NCCL_P2P_DISABLE=1 run_seesaw tp2 seesaw:pp2-tp2 --cuda-graphs" ;;
     det) part det 560 run_det ;;
     det_cost) part det_cost 200 "python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 shift \

@@ -82,7 +82,9 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, offline: bool = False):
+        """`offline`: driven by the `LLM` class rather than a server (a larger default step
+        budget on large GPUs, as vLLM gives its `LLM`)."""
         self.config = config
         started = time.perf_counter()
         source = resolve_model(config.model, config.load_format)
@@ -94,7 +96,7 @@ class LLMEngine:
         logger.info("Loading %s on %s ...", source.describe(), self.device)  # the slow part
         self.vocab_size = hf_config.vocab_size
         self.max_model_len = resolve_max_model_len(config, hf_config)
-        self.config = config = with_step_budget(config, self.device)
+        self.config = config = with_step_budget(config, self.device, offline)
         self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
         self.config = config = resolve_auto_plans(config, hf_config, self.dtype, self.device)
         self.layout = config.node_layout  # the starting layout: each rank's weights and KV

@@ -34,17 +34,39 @@ def request_defaults(source, setting: str) -> dict:
     return defaults
 
 
-# A step's token budget by device, when not given. On the CPU a long prompt's step blocks every
-# other request for its whole duration: SmolLM2 prefill steps of 512 tokens took 1-2.5 s on two
-# busy cores, one of 4096 tokens 18 s (2026-11-23). GPUs: 8192 (docs/benchmarks.md).
-DEFAULT_STEP_TOKENS = {"cpu": 512, "cuda": 8192}
+# A step's token budget, when not given. On the CPU a long prompt's step blocks every other
+# request for its whole duration: SmolLM2 prefill steps of 512 tokens took 1-2.5 s on two busy
+# cores, one of 4096 tokens 18 s (2026-11-23). GPUs: 8192, and vLLM's 16384 for the offline
+# `LLM` on GPUs of >= 70 GiB other than the A100 (its EngineArgs.get_batch_defaults): on two
+# H200s TP=2 ran `chat` 4% faster at 16384 than at 8192, DP=2 `summarize` as fast
+# (docs/benchmarks.md). A server keeps 8192: its steps bound every stream's inter-token time.
+CPU_STEP_TOKENS, GPU_STEP_TOKENS, LARGE_GPU_OFFLINE_STEP_TOKENS = 512, 8192, 16384
+LARGE_GPU_BYTES = 70 * 2**30
 
 
-def with_step_budget(config: EngineConfig, device: torch.device) -> EngineConfig:
-    """The budget, and a per-request cap of half of it by default, so that one long prompt
-    leaves half of every step to the requests behind it (they wait one step, not its whole
-    prefill)."""
-    budget = config.max_num_batched_tokens or DEFAULT_STEP_TOKENS.get(device.type, 8192)
+def default_step_tokens(device: torch.device, offline: bool) -> int:
+    if device.type == "cpu":
+        return CPU_STEP_TOKENS
+    if device.type == "cuda" and offline and is_large_gpu(*gpu_name_and_bytes(device)):
+        return LARGE_GPU_OFFLINE_STEP_TOKENS
+    return GPU_STEP_TOKENS
+
+
+def is_large_gpu(name: str, total_bytes: int) -> bool:
+    return total_bytes >= LARGE_GPU_BYTES and "A100" not in name.upper()
+
+
+def gpu_name_and_bytes(device: torch.device) -> tuple[str, int]:
+    properties = torch.cuda.get_device_properties(device)
+    return properties.name, properties.total_memory
+
+
+def with_step_budget(config: EngineConfig, device: torch.device,
+                     offline: bool = False) -> EngineConfig:
+    """The budget (`offline`: for the `LLM` class, not a server), and a per-request cap of
+    half of it by default, so that one long prompt leaves half of every step to the requests
+    behind it (they wait one step, not its whole prefill)."""
+    budget = config.max_num_batched_tokens or default_step_tokens(device, offline)
     cap = config.long_prefill_token_threshold
     return dataclasses.replace(config, max_num_batched_tokens=budget,
                                long_prefill_token_threshold=max(1, budget // 2) if cap is None else cap)

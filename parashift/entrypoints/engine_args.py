@@ -13,7 +13,8 @@ ENGINE_FLAGS = {
     "--max-model-len": ("max_model_len", int, "context window (default: the model's)"),
     "--max-num-seqs": ("max_num_seqs", int, "most sequences in one step"),
     "--max-num-batched-tokens": ("max_num_batched_tokens", int, "token budget of one step "
-                                 "(default: 8192 on GPUs, 512 on the CPU)"),
+                                 "(default: 8192 on GPUs, 16384 for the offline "
+                                 "LLM on GPUs of >= 70 GiB but the A100, 512 on the CPU)"),
     "--pp-micro-batch-tokens": ("pp_micro_batch_tokens", int, "least tokens of one micro-batch "
                                 "of a pipelined step (a step of fewer runs whole: a stage "
                                 "reads its weights once per micro-batch)"),

@@ -20,7 +20,8 @@ Prompt = str | list[int]
 class LLM:
     def __init__(self, model: str | None = None, **engine_options):
         self.llm_engine: LLMEngine | None = None  # set first: __del__ runs if the engine fails
-        self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **engine_options))
+        self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **engine_options),
+                                    offline=True)
         self._request_counter = itertools.count()
         self._profiling = False
 

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from parashift.config import EngineConfig
-from parashift.engine.startup import (resolve_device, resolve_dtype, resolve_max_model_len,
-                                      with_step_budget)
+from parashift.engine import startup
+from parashift.engine.startup import (is_large_gpu, resolve_device, resolve_dtype,
+                                      resolve_max_model_len, with_step_budget)
 
 
 def test_the_context_limit_is_the_models_or_its_sliding_window():
@@ -25,9 +26,31 @@ def test_the_step_budget_by_device_and_half_of_it_per_request():
     assert (cpu.max_num_batched_tokens, cpu.long_prefill_token_threshold) == (512, 256)
     cuda = with_step_budget(EngineConfig(), torch.device("cuda"))
     assert (cuda.max_num_batched_tokens, cuda.long_prefill_token_threshold) == (8192, 4096)
+    assert with_step_budget(EngineConfig(), torch.device("cpu"), offline=True).max_num_batched_tokens == 512
     given = with_step_budget(EngineConfig(max_num_batched_tokens=100,
                                           long_prefill_token_threshold=0), torch.device("cpu"))
     assert (given.max_num_batched_tokens, given.long_prefill_token_threshold) == (100, 0)
+
+
+@pytest.mark.parametrize("gpu, offline, budget", [
+    (("NVIDIA H200", 140 * 2**30), True, 16384),
+    (("NVIDIA H200", 140 * 2**30), False, 8192),  # a server keeps its inter-token bound
+    (("NVIDIA H100 80GB HBM3", 79 * 2**30), True, 16384),
+    (("NVIDIA A100-SXM4-80GB", 79 * 2**30), True, 8192),
+    (("NVIDIA L40S", 44 * 2**30), True, 8192),
+])
+def test_the_offline_llm_takes_a_larger_budget_on_large_gpus(monkeypatch, gpu, offline, budget):
+    monkeypatch.setattr(startup, "gpu_name_and_bytes", lambda device: gpu)
+    config = with_step_budget(EngineConfig(), torch.device("cuda"), offline)
+    assert (config.max_num_batched_tokens, config.long_prefill_token_threshold) == (budget, budget // 2)
+    given = with_step_budget(EngineConfig(max_num_batched_tokens=4096), torch.device("cuda"), offline)
+    assert given.max_num_batched_tokens == 4096
+
+
+def test_a_large_gpu_is_70_gib_and_not_an_a100():
+    assert is_large_gpu("NVIDIA H100", 70 * 2**30)
+    assert not is_large_gpu("NVIDIA H100", 70 * 2**30 - 1)
+    assert not is_large_gpu("nvidia a100 80gb", 80 * 2**30)
 
 
 def test_auto_dtype_follows_the_device_and_the_model():
