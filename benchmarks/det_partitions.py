@@ -1,11 +1,12 @@
 """Deterministic attention's fixed partition and KV tile against the default mode: prefill
 of one prompt and decode at a few batch sizes, each setting in a fresh process (the
-settings are read at import: PARASHIFT_DETERMINISTIC_ATTENTION_PARTITION and
-PARASHIFT_DETERMINISTIC_ATTENTION_TILE_N), the default mode first and last. A row's bits
+settings are read at import: PARASHIFT_DETERMINISTIC_ATTENTION_PARTITION,
+PARASHIFT_DETERMINISTIC_ATTENTION_TILE_N and, where given, PARASHIFT_DETERMINISTIC_UNSPLIT_MERGE), the default mode first and last. A row's bits
 follow the partition, so one size serves every batch: this shows what each costs where.
 
 Usage (one GPU, from the repository root):
-  PYTHONPATH=. python3 benchmarks/det_partitions.py --settings 1024:128 128:128 128:64"""
+  PYTHONPATH=. python3 benchmarks/det_partitions.py --settings 1024:128 128:128 128:64
+  ... --settings 1024:128:reduction 1024:128:program"""
 import argparse
 import json
 import os
@@ -31,12 +32,14 @@ def measure(model: str, device: str, deterministic: bool, batch_sizes: list[int]
 
 
 def run_setting(args, setting: str | None) -> dict:
-    """`setting` "PARTITION:TILE" in deterministic mode, None for the default mode."""
+    """`setting` "PARTITION:TILE[:MERGE]" in deterministic mode, None for the default mode."""
     env = dict(os.environ)
     if setting is not None:
-        partition, tile = setting.split(":")
+        partition, tile, *merge = setting.split(":")
         env.update(PARASHIFT_DETERMINISTIC_ATTENTION_PARTITION=partition,
                    PARASHIFT_DETERMINISTIC_ATTENTION_TILE_N=tile)
+        if merge:
+            env.update(PARASHIFT_DETERMINISTIC_UNSPLIT_MERGE=merge[0])
     command = [sys.executable, __file__, "--child", "det" if setting else "default",
                "--model", args.model, "--device", args.device, "--context", str(args.context),
                "--prefill", str(args.prefill), "--decode-steps", str(args.decode_steps),
@@ -52,7 +55,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
     p.add_argument("--settings", nargs="+", default=["1024:128", "128:128"],
-                   metavar="PARTITION:TILE")
+                   metavar="PARTITION:TILE[:MERGE]")
     p.add_argument("--device", default="cuda", help="cpu: a smoke check of the script")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
     p.add_argument("--context", type=int, default=512)

@@ -182,6 +182,15 @@ def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, 
     for splits in (1, 2, 3, 4) if forced else ():
         decode, _, _ = attend(forced(splits), [target, short, long], [1, 1, 1], heads, kv_heads)
         assert_exact(decode, prefill[-1:])
+    if forced:  # one program per row: its partitions merged by the reduction all the same
+        from parashift.attention import triton_backend
+        saved, triton_backend.INVARIANT_UNSPLIT_MERGE = \
+            triton_backend.INVARIANT_UNSPLIT_MERGE, "reduction"
+        try:
+            decode, _, _ = attend(forced(1), [target, short, long], [1, 1, 1], heads, kv_heads)
+        finally:
+            triton_backend.INVARIANT_UNSPLIT_MERGE = saved
+        assert_exact(decode, prefill[-1:])
     if forced:  # partials too large to store: each program merges its partitions itself
         from parashift.attention import triton_backend
         saved, triton_backend.MAX_INVARIANT_PARTIAL_BYTES = \
@@ -349,6 +358,27 @@ def test_invariant_decode_launch_takes_few_rows_over_the_same_tiles():
     assert (prefill.config.block_m, prefill.config.num_warps) == (128, 8)
     assert small.config.tile_n == prefill.config.tile_n == 128
     assert small.partition_tiles == prefill.partition_tiles == 8
+
+
+def test_an_unsplit_decode_launch_merges_its_partitions_in_program(monkeypatch):
+    """Partial states are stored for a reduction only where a row's partitions are spread
+    over programs, or with PARASHIFT_DETERMINISTIC_UNSPLIT_MERGE=reduction."""
+    from parashift.attention import triton_backend as backend
+    q = torch.empty(256, 32, 128, dtype=torch.bfloat16)
+    k_cache = torch.empty(4, 16, 8, 128, dtype=torch.bfloat16)
+    meta = AttentionMetadata(None, None, None, None, list(range(257)), [4000] * 256, 1, 4000, 16)
+    decodes = backend._SeqRange(0, 256, 0, 256, True)
+
+    def stores(splits=None, seqs=decodes):
+        launch = backend._plan_invariant_launch(q, k_cache, meta, seqs, splits, None, 1024,
+                                                small_decode=True)
+        return launch.num_splits, launch.partials
+
+    assert stores() == (1, False)  # 256 rows fill the device (132 SMs on the CPU) unsplit
+    assert stores(2) == (2, True)
+    assert stores(seqs=backend._SeqRange(0, 1, 0, 1, True)) == (4, True)  # one row: split
+    monkeypatch.setattr(backend, "INVARIANT_UNSPLIT_MERGE", "reduction")
+    assert stores() == (1, True)
 
 
 def test_invariant_attention_rows_per_program_are_checked():
