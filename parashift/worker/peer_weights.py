@@ -53,27 +53,32 @@ def group_weights(hf_config, shapes: dict[str, tuple[int, ...]], plans: list[Pla
     return out
 
 
+def holds_checkpoint_slices(source) -> bool:
+    """Whether every plan's parameters are slices of the same checkpoint tensors, so that a
+    peer's shard can fill this rank's: a safetensors checkpoint. The engine's random weights
+    are drawn per plan, and GGUF tensors are transformed on load."""
+    return source.kind == "hf"
+
+
 def asks_peer_path(config, device: torch.device, source) -> bool:
     """Whether a seesaw rank asks its group for the peer path: asked for ("peers"), or by
-    default ("auto") on GPUs where the weights come from a safetensors checkpoint (the
-    engine's random weights differ by plan, GGUF's are transformed on load) and every
-    seesaw group sits in one host (measured over NVLink only); never with both plans
+    default ("auto") on GPUs where `holds_checkpoint_slices` and every seesaw group sits in
+    one host (measured over NVLink only); never with both plans
     resident (no weights move). Every rank decides alike: the groups are made together."""
     wanted = config.seesaw_weight_source
     if config.seesaw_resident_weights or wanted == "host":
         return False
     if wanted == "peers":
         return True
-    return device.type == "cuda" and source.kind == "hf" and all(
+    return device.type == "cuda" and holds_checkpoint_slices(source) and all(
         config.topology.within_host(plan.ranks) for plan in config.node_layout.plans)
 
 
 def peer_weights_usable(group, device: torch.device, source, peer_devices: list[int]) -> bool:
-    """Whether this rank can take the peer path: its weights are slices of a safetensors
-    checkpoint (random weights differ by plan; GGUF tensors are transformed on load), and
-    its device reaches every peer's directly (CUDA P2P: NVLink or PCIe peer access) or is
-    a CPU (gloo, for tests). The caller agrees with the group on it."""
-    if group is None or source.kind != "hf":
+    """Whether this rank can take the peer path: `holds_checkpoint_slices`, and its device
+    reaches every peer's directly (CUDA P2P: NVLink or PCIe peer access) or is a CPU (gloo,
+    for tests). The caller agrees with the group on it."""
+    if group is None or not holds_checkpoint_slices(source):
         return False
     if device.type == "cpu":
         return True
@@ -82,9 +87,18 @@ def peer_weights_usable(group, device: torch.device, source, peer_devices: list[
         for peer in peer_devices)
 
 
+def group_devices(group, device: torch.device) -> list[int]:
+    """The CUDA device index of every rank of `group`, in group order (the group's first
+    collective on NCCL, which its later point-to-point batches need); [] on the CPU."""
+    if device.type != "cuda":
+        return []
+    indices = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(indices, torch.tensor([device.index], device=device), group=group)
+    return indices.tolist()
+
+
 def agree(group, device: torch.device, usable: bool) -> bool:
-    """True only where every rank of `group` says `usable` (the group's first collective
-    on NCCL, which its later point-to-point batches need)."""
+    """True only where every rank of `group` says `usable`."""
     flag = torch.tensor([int(usable)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
@@ -112,9 +126,8 @@ def peer_group(group: GroupHandle, device: torch.device, hf_config, source, plan
     if group.size == 1:
         return None
     weights = (load_group_weights(hf_config, source, plans, dtype, max_model_len, moe_parallel)
-               if source.kind == "hf" else None)
-    # the worker puts rank r on device r % count
-    devices = [r % torch.cuda.device_count() for r in group.ranks] if device.type == "cuda" else []
+               if holds_checkpoint_slices(source) else None)
+    devices = group_devices(group.group, device)
     usable = weights is not None and peer_weights_usable(group.group, device, source, devices)
     if not agree(group.group, device, usable):
         if group.rank == 0:
