@@ -185,7 +185,7 @@ for name in "$@"; do
     seesaw_repeat) part seesaw_repeat 560 run_seesaw_repeat ;;
     seesaw_pcie) part seesaw_pcie 280 "NCCL_P2P_DISABLE=1 run_seesaw tp2 seesaw:pp2-tp2 --cuda-graphs" ;;
     det) part det 560 run_det ;;
-    det_cost) part det_cost 200 "python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 shift \
+    det_cost) part det_cost 260 "python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 shift \
            --models $EIGHT_B --out $OUT/det_cost.jsonl" ;;
     det_halves) part det_halves 330 "run_det_halves" ;;
     det_tests) part det_tests 180 "run_det_tests" ;;
