@@ -3,7 +3,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)  # slots: a decode step builds one of each per running request
 class CompletionOutput:
     index: int
     text: str
@@ -18,7 +18,7 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     request_id: str
     prompt: str | None
