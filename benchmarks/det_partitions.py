@@ -1,8 +1,9 @@
 """Deterministic attention's fixed partition and KV tile against the default mode: prefill
 of one prompt and decode at a few batch sizes, each setting in a fresh process (the
 settings are read at import: PARASHIFT_DETERMINISTIC_ATTENTION_PARTITION,
-PARASHIFT_DETERMINISTIC_ATTENTION_TILE_N and, where given, PARASHIFT_DETERMINISTIC_UNSPLIT_MERGE), the default mode first and last. A row's bits
-follow the partition, so one size serves every batch: this shows what each costs where.
+PARASHIFT_DETERMINISTIC_ATTENTION_TILE_N and, where given,
+PARASHIFT_DETERMINISTIC_UNSPLIT_MERGE), the default mode first and last. A row's bits follow
+the partition, so one size serves every batch: this shows what each costs where.
 
 Usage (one GPU, from the repository root):
   PYTHONPATH=. python3 benchmarks/det_partitions.py --settings 1024:128 128:128 128:64

@@ -4,6 +4,8 @@ output columns computed beside it, the canonical K-chunk sum gives the same bits
 sequence's chunking (prefill, chunked prefill, decode), the other sequences of the step,
 or the heads a rank holds. The Triton kernels run under the interpreter on the CPU (the
 compiled ones on CUDA), the torch paths directly."""
+from unittest import mock
+
 import pytest
 import torch
 
@@ -182,24 +184,16 @@ def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, 
     for splits in (1, 2, 3, 4) if forced else ():
         decode, _, _ = attend(forced(splits), [target, short, long], [1, 1, 1], heads, kv_heads)
         assert_exact(decode, prefill[-1:])
-    if forced:  # one program per row: its partitions merged by the reduction all the same
+    if forced:
         from parashift.attention import triton_backend
-        saved, triton_backend.INVARIANT_UNSPLIT_MERGE = \
-            triton_backend.INVARIANT_UNSPLIT_MERGE, "reduction"
-        try:
-            decode, _, _ = attend(forced(1), [target, short, long], [1, 1, 1], heads, kv_heads)
-        finally:
-            triton_backend.INVARIANT_UNSPLIT_MERGE = saved
-        assert_exact(decode, prefill[-1:])
-    if forced:  # partials too large to store: each program merges its partitions itself
-        from parashift.attention import triton_backend
-        saved, triton_backend.MAX_INVARIANT_PARTIAL_BYTES = \
-            triton_backend.MAX_INVARIANT_PARTIAL_BYTES, 0
-        try:
-            decode, _, _ = attend(impl, [target, short, long], [1, 1, 1], heads, kv_heads)
-        finally:
-            triton_backend.MAX_INVARIANT_PARTIAL_BYTES = saved
-        assert_exact(decode, prefill[-1:])
+        # one program per row with its partitions merged by the reduction all the same; and
+        # partials too large to store, so that each program merges its partitions itself
+        for name, value, launcher in (("INVARIANT_UNSPLIT_MERGE", "reduction", forced(1)),
+                                      ("MAX_INVARIANT_PARTIAL_BYTES", 0, impl)):
+            with mock.patch.object(triton_backend, name, value):
+                decode, _, _ = attend(launcher, [target, short, long], [1, 1, 1], heads,
+                                      kv_heads)
+            assert_exact(decode, prefill[-1:])
     # a rank holding half the heads (SP=2 or TP=2): the same rows for its heads
     half, = attend(impl, [target], [length], heads // 2, kv_heads // 2)
     assert_exact(half, prefill[:, :heads // 2])

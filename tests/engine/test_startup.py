@@ -26,7 +26,8 @@ def test_the_step_budget_by_device_and_half_of_it_per_request():
     assert (cpu.max_num_batched_tokens, cpu.long_prefill_token_threshold) == (512, 256)
     cuda = with_step_budget(EngineConfig(), torch.device("cuda"))
     assert (cuda.max_num_batched_tokens, cuda.long_prefill_token_threshold) == (8192, 4096)
-    assert with_step_budget(EngineConfig(), torch.device("cpu"), offline=True).max_num_batched_tokens == 512
+    offline_cpu = with_step_budget(EngineConfig(), torch.device("cpu"), offline=True)
+    assert offline_cpu.max_num_batched_tokens == 512
     given = with_step_budget(EngineConfig(max_num_batched_tokens=100,
                                           long_prefill_token_threshold=0), torch.device("cpu"))
     assert (given.max_num_batched_tokens, given.long_prefill_token_threshold) == (100, 0)
@@ -41,9 +42,11 @@ def test_the_step_budget_by_device_and_half_of_it_per_request():
 ])
 def test_the_offline_llm_takes_a_larger_budget_on_large_gpus(monkeypatch, gpu, offline, budget):
     monkeypatch.setattr(startup, "gpu_name_and_bytes", lambda device: gpu)
-    config = with_step_budget(EngineConfig(), torch.device("cuda"), offline)
-    assert (config.max_num_batched_tokens, config.long_prefill_token_threshold) == (budget, budget // 2)
-    given = with_step_budget(EngineConfig(max_num_batched_tokens=4096), torch.device("cuda"), offline)
+    cuda = torch.device("cuda")
+    config = with_step_budget(EngineConfig(), cuda, offline)
+    assert (config.max_num_batched_tokens, config.long_prefill_token_threshold) == \
+        (budget, budget // 2)
+    given = with_step_budget(EngineConfig(max_num_batched_tokens=4096), cuda, offline)
     assert given.max_num_batched_tokens == 4096
 
 
