@@ -137,6 +137,10 @@ class EngineConfig:
     # (process: the loop hands tokens over and assembles the outputs); the same outputs.
     # auto: process on a GPU host with a tokenizer and 4+ cores, else inline
     output_processor: str = "auto"
+    # the engine core (scheduler, executor) in a process of its own, as vLLM v1 runs it: the
+    # caller's process makes the outputs (detokenization, stop strings, RequestOutputs).
+    # None: on for the server on a GPU host of 4+ cores, off otherwise (core_client.py)
+    engine_core_process: bool | None = None
     # batch- and plan-invariant kernels: the same tokens and logprobs whatever the batch,
     # the plan or a switch (parashift/deterministic/)
     deterministic: bool = False
@@ -208,6 +212,12 @@ class EngineConfig:
         if not self.worker_heartbeat_timeout_s >= 1.0:  # NaN fails too
             raise ValueError("worker_heartbeat_timeout_s must be >= 1 (workers beat every "
                              f"0.2 s), got {self.worker_heartbeat_timeout_s}")
+        if not (self.engine_core_process is None or isinstance(self.engine_core_process, bool)):
+            raise ValueError("engine_core_process must be true, false or None (auto), got "
+                             f"{self.engine_core_process!r}")
+        if self.engine_core_process and self.output_processor not in ("auto", "inline"):
+            raise ValueError("with engine_core_process the outputs are made in the caller's "
+                             f"process: output_processor {self.output_processor!r} does not apply")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
         self._check_hosts()

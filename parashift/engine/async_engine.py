@@ -321,42 +321,51 @@ class AsyncLLMEngine:
                        else self._commands.get_nowait())
         except queue.Empty:
             return not self._stopping
-        while True:
+        commands = [command]
+        while commands[-1] is not _STOP:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                break
+        adds: list[_Add] = []  # one hand-over for the adds in a row (one message to a core)
+        for command in commands:
+            if isinstance(command, _Add):
+                adds.append(command)
+                continue
+            self._add(adds)
+            adds = []
             if command is _STOP:
                 return False
             self._apply(command)
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                break
+        self._add(adds)
         self._refresh_waiting()
         return True
 
     def _apply(self, command) -> None:
         if isinstance(command, _Call):
             self._run_call(command)
+        elif command.request_id in self._engine_request_ids:  # an _Abort
+            self._engine_request_ids.discard(command.request_id)
+            self.engine.abort_request(command.request_id)
+
+    def _add(self, adds: list[_Add]) -> None:
+        if not adds:
             return
-        if isinstance(command, _Abort):
-            if command.request_id in self._engine_request_ids:
-                self._engine_request_ids.discard(command.request_id)
-                self.engine.abort_request(command.request_id)
-            return
-        stream = command.stream
-        error = None
-        try:
-            self.engine.add_request(stream.request_id, command.prompt, command.params,
-                                    priority=command.priority)
-            self._engine_request_ids.add(stream.request_id)
-        except ValueError as exc:
-            error = exc
-        except Exception as exc:  # noqa: BLE001 - one bad request must not kill the engine
-            logger.exception("add_request failed for %s", stream.request_id)
-            error = RuntimeError(f"the engine could not take the request ({type(exc).__name__})")
+        errors = self.engine.add_requests([(a.stream.request_id, a.prompt, a.params,
+                                            a.priority) for a in adds])
+        for add, error in zip(adds, errors):
+            if error is None:
+                self._engine_request_ids.add(add.stream.request_id)
+            elif not isinstance(error, ValueError):  # one bad request must not kill the engine
+                logger.error("add_request failed for %s", add.stream.request_id,
+                             exc_info=error)
+                error = RuntimeError("the engine could not take the request "
+                                     f"({type(error).__name__})")
+            self._loop.call_soon_threadsafe(self._accept, add.stream, error)
         num_waiting = self.engine.stats().num_waiting
         with self._count_lock:  # counted as unsent or as waiting, never as neither
-            self._num_unsent_adds -= 1
+            self._num_unsent_adds -= len(adds)
             self._engine_num_waiting = num_waiting
-        self._loop.call_soon_threadsafe(self._accept, stream, error)
 
     def _run_call(self, command: _Call) -> None:
         try:

@@ -13,7 +13,7 @@ from parashift.gc_tuning import restore_garbage_collector, tune_garbage_collecto
 from parashift.engine.faults import (FaultReport, GroupDown, lost_ranks, policy_over,
                                      root_reason)
 from parashift.engine.output_processor import make_output_processor
-from parashift.engine.parallel_sampling import ParentRequest
+from parashift.engine.parallel_sampling import ParentRequest, fold_children
 from parashift.engine.policy import GroupView, NodeView, Policy, make_policy
 from parashift.engine.policy.forced import ForcedWidth
 from parashift.engine.policy.widths import (base_replicas, layout_report, layouts_by_width,
@@ -42,7 +42,7 @@ from parashift.kv.views import tokens_per_block
 from parashift.deterministic.reduction import check_plans
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.models.moe import check_plan
-from parashift.outputs import RequestOutput, join_deltas
+from parashift.outputs import RequestOutput
 from parashift.parallel.layout import coupled_groups
 from parashift.parallel.plan import Plan
 from parashift.sampling_params import SamplingParams
@@ -82,9 +82,10 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, offline: bool = False):
+    def __init__(self, config: EngineConfig, offline: bool = False, output_processor=None):
         """`offline`: driven by the `LLM` class rather than a server (a larger default step
-        budget on large GPUs, as vLLM gives its `LLM`)."""
+        budget on large GPUs, as vLLM gives its `LLM`). `output_processor`: one to use instead
+        of the config's (an engine core's, which hands its outputs to its caller)."""
         self.config = config
         started = time.perf_counter()
         source = resolve_model(config.model, config.load_format)
@@ -130,8 +131,8 @@ class LLMEngine:
         self.replicas = [self._make_replica(group, size, offset)
                          for group, offset, size in self._start_replicas()]
         self._replica_of: dict[str, Replica] = {}
-        self.output_processor = make_output_processor(self.tokenizer, config.output_processor,
-                                                      self.device.type)
+        self.output_processor = output_processor or make_output_processor(
+            self.tokenizer, config.output_processor, self.device.type)
         self._processor_finalizer = weakref.finalize(self, self.output_processor.close)
         self._owed: set[str] = set()  # requests handed to the processor, final output not taken
         self._aborted: set[str] = set()  # aborted requests the processor has yet to forget
@@ -297,6 +298,25 @@ class LLMEngine:
         self._add_sequence(parent.child(0, token_ids, prompt_text))
         if not self.config.enable_prefix_caching:  # the siblings would gain nothing by waiting
             self._admit_siblings(parent, token_ids, prompt_text)
+
+    def add_requests(self, requests: list[tuple], atomic: bool = False
+                     ) -> list[Exception | None]:
+        """Adds requests `(request_id, prompt, params, priority)`; each one's error (None:
+        taken). `atomic`: the first error aborts those added before it and ends the list."""
+        errors, added = [], []
+        for request_id, prompt, params, priority in requests:
+            try:
+                self.add_request(request_id, prompt, params, priority)
+            except Exception as exc:  # noqa: BLE001 - the request's, handed to its caller
+                errors.append(exc)
+                if atomic:
+                    for earlier in added:
+                        self.abort_request(earlier)
+                    break
+            else:
+                added.append(request_id)
+                errors.append(None)
+        return errors
 
     def _check_tier_fits(self, tokens: int) -> None:
         """Under seesaw a request's KV passes through its group's CPU tier whole."""
@@ -626,6 +646,8 @@ class LLMEngine:
             self._ready.append(output)
         if processed.forgotten:
             aborted.difference_update(processed.forgotten)
+        if processed.done:
+            self._owed.difference_update(processed.done)
 
     def _end_request(self, request_id: str, reason: str, stop_reason: str | None) -> None:
         """Ends a request that the output processor ended (a stop string, or its text
@@ -638,23 +660,7 @@ class LLMEngine:
             self._release(replica, request_id)
 
     def _fold_children(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
-        """Children's outputs folded into their requests' (one output per request)."""
-        folded: dict[str, RequestOutput | None] = {}
-        parents = [self._parent_of.get(output.request_id) for output in outputs]
-        for output, parent in zip(outputs, parents):
-            if parent is None:
-                folded[output.request_id] = output
-                continue
-            if parent.request_id not in self._parents:
-                continue  # a sibling failed earlier in this step: the request has ended
-            merged = parent.update(output)
-            if merged is not None:
-                earlier = folded.get(parent.request_id)
-                folded[parent.request_id] = (join_deltas(earlier, merged) if earlier is not None
-                                             and parent.params.output_kind == "delta" else merged)
-            if merged is not None and merged.finished:
-                self.abort_request(parent.request_id)  # ends children still running (an error)
-        return [output for output in folded.values() if output is not None]
+        return fold_children(outputs, self._parent_of, self._parents, self.abort_request)
 
     def _admit_siblings(self, parent: ParentRequest, token_ids: list[int],
                         prompt_text: str | None) -> None:

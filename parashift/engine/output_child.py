@@ -31,7 +31,7 @@ OUTPUT, UNDECODABLE, FAILED = range(3)
 NICENESS = 10
 
 
-class _SeqView:
+class SeqView:
     """The fields of a request's Sequence that RequestOutputs reads (the engine rebuilds
     what the others give)."""
     __slots__ = ("request_id", "prompt", "prompt_token_ids", "params", "first_token_time",
@@ -73,7 +73,7 @@ class ChildOutputs:
         self._ids[row], self._rows[request_id] = request_id, row
         if params.output_kind == "delta":
             self._delta[request_id] = True
-        self.outputs.process(NewRequest(_SeqView(request_id, prompt_tail, params),
+        self.outputs.process(NewRequest(SeqView(request_id, prompt_tail, params),
                                         reports_every_step))
 
     def _step(self, rows: bytes, tokens: bytes, logprobs, finished: dict):

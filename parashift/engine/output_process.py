@@ -11,23 +11,19 @@ from the request's Sequence (its prompt and token lists, which this process hold
 The same interface as OutputProcessor: submit, take, is_busy, close."""
 import collections
 import itertools
-import os
 import subprocess
-import sys
 import threading
-from multiprocessing.connection import Connection
 
 import numpy as np
 
 from parashift.engine import output_child
+from parashift.engine.child_process import receive, start_child, stop_child
 from parashift.engine.detokenizer import rust_backend
 from parashift.engine.output_child import FAILED, OUTPUT, FAIL, FORGET, NEW, STEP
 from parashift.engine.request_outputs import (Failure, Forget, NewRequest, Processed,
                                               StepTokens, logger)
 from parashift.engine.sequence import Sequence
 from parashift.outputs import CompletionOutput, RequestOutput
-
-_POLL_S = 1.0  # how often a blocked take checks that the child lives
 
 
 class _Record:
@@ -46,7 +42,8 @@ class _Record:
 
 class OutputProcess:
     def __init__(self, tokenizer):
-        self._process, self._to_child, self._from_child = _start_child()
+        self._process, self._to_child, self._from_child = start_child(
+            "parashift.engine.output_child")
         self._next_row = itertools.count()
         self._rows: dict[str, int] = {}  # by request id, the requests handed over
         self._records: dict[int, _Record] = {}  # by row
@@ -103,11 +100,7 @@ class OutputProcess:
                 self._to_child.send(None)
             except OSError:
                 pass
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            stop_child(self._process, timeout=10)
             self._to_child.close()
             self._from_child.close()
             self._broken = "closed"
@@ -151,11 +144,8 @@ class OutputProcess:
 
     def _receive(self) -> list:
         try:
-            while not self._from_child.poll(_POLL_S):
-                if self._process.poll() is not None:
-                    raise EOFError
-            return self._from_child.recv()
-        except (EOFError, OSError):
+            return receive(self._process, self._from_child)
+        except EOFError:
             raise self._died() from None
 
     def _check_usable(self) -> None:
@@ -227,21 +217,6 @@ class OutputProcess:
         if record is not None and self._rows.get(record.seq.request_id) == row:
             del self._rows[record.seq.request_id]
         return record
-
-
-def _start_child() -> tuple[subprocess.Popen, Connection, Connection]:
-    """A fresh interpreter (as multiprocessing's spawn: CUDA may be initialised here, and
-    nothing of this process is forked), started without importing this process's main
-    module; its pipes, and this process's import path."""
-    inbox, to_child = os.pipe()
-    from_child, outbox = os.pipe()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "parashift.engine.output_child", str(inbox), str(outbox)],
-        pass_fds=(inbox, outbox), env=env, stdin=subprocess.DEVNULL)
-    os.close(inbox)
-    os.close(outbox)  # the child's ends only: its death reads as the end of the pipe
-    return process, Connection(to_child, readable=False), Connection(from_child, writable=False)
 
 
 def _output_tokens(seq: Sequence, num_tokens: int, skip: int = 0) -> list[int]:

@@ -7,7 +7,7 @@ instead of computing them again."""
 import dataclasses
 
 from parashift.engine.sequence import Sequence
-from parashift.outputs import CompletionOutput, RequestOutput
+from parashift.outputs import CompletionOutput, RequestOutput, join_deltas
 from parashift.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 
 
@@ -54,7 +54,8 @@ class ParentRequest:
 
     def update(self, output: RequestOutput) -> RequestOutput | None:
         """Folds in a child's output; returns the request's, or None while best_of's
-        choice is still open (it is made once every child has finished)."""
+        choice is still open (it is made once every child has finished) or while a
+        final-only request runs."""
         index = self._index[output.request_id]
         completion = output.outputs[0]
         self.completions[index] = dataclasses.replace(
@@ -64,7 +65,7 @@ class ParentRequest:
             self._finished.add(index)
         finished = output.error is not None or len(self._finished) == len(self.child_ids)
         ranked = self.params.num_samples > self.params.n
-        if ranked and not finished:
+        if (ranked or self.params.output_kind == "final_only") and not finished:
             return None
         if ranked:  # its one output, once every child has finished
             chosen = self._best() if output.error is None else \
@@ -104,3 +105,26 @@ class ParentRequest:
         keep_logprobs = self.params.logprobs is not None
         return [dataclasses.replace(c, index=i, logprobs=c.logprobs if keep_logprobs else None)
                 for i, c in enumerate(ranked)]
+
+
+def fold_children(outputs: list[RequestOutput], parent_of: dict[str, ParentRequest],
+                  parents: dict[str, ParentRequest], end) -> list[RequestOutput]:
+    """Children's outputs folded into their requests' (one output per request). `end` is
+    called with a request's id once its folded output is its last: it ends the children
+    still running (an error) and forgets the request."""
+    folded: dict[str, RequestOutput | None] = {}
+    for output in outputs:
+        parent = parent_of.get(output.request_id)
+        if parent is None:
+            folded[output.request_id] = output
+            continue
+        if parent.request_id not in parents:
+            continue  # a sibling failed earlier in this step: the request has ended
+        merged = parent.update(output)
+        if merged is not None:
+            earlier = folded.get(parent.request_id)
+            folded[parent.request_id] = (join_deltas(earlier, merged) if earlier is not None
+                                         and parent.params.output_kind == "delta" else merged)
+        if merged is not None and merged.finished:
+            end(parent.request_id)
+    return [output for output in folded.values() if output is not None]

@@ -53,11 +53,13 @@ class Forget:
 @dataclass
 class Processed:
     """What one message gave: outputs, the requests ended here while the engine still runs
-    them (by request id: ("stop", the stop string) or ("error", None)), and the aborted
-    requests forgotten."""
+    them (by request id: ("stop", the stop string) or ("error", None)), the aborted
+    requests forgotten, and the requests whose last output was made in another process
+    (an engine core's, whose outputs its caller makes: core_process.py)."""
     outputs: list[RequestOutput] = field(default_factory=list)
     ended: dict[str, Finish] = field(default_factory=dict)
     forgotten: list[str] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)
 
 
 class _RequestState:

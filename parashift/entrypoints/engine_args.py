@@ -221,6 +221,11 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
                             "host copies, or from the group's ranks that hold them (NCCL "
                             "point-to-point; host copies for the rest); auto (default): peers "
                             "where the group's GPUs reach each other directly")
+    group.add_argument("--engine-core-process", action=argparse.BooleanOptionalAction,
+                       default=None,
+                       help="the engine core (scheduler, executor) in a process of its own; "
+                            "this process makes the outputs, as vLLM v1 (default: on for "
+                            "serve on a GPU host of 4+ cores, off otherwise)")
     group.add_argument("--skip-tokenizer-init", action="store_true",
                        help="no tokenizer: prompts are token ids, outputs have no text")
     group.add_argument("--trust-remote-code", action="store_true",
@@ -233,7 +238,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     names += ["model", "enable_prefix_caching", "skip_tokenizer_init", "trust_remote_code",
               "cuda_graphs", "mixed_step_graphs",
               "fast_all_reduce", "async_scheduling", "check_step_state", "deterministic", "share_ffn",
-              "seesaw_resident_weights"]
+              "seesaw_resident_weights", "engine_core_process"]
     names += [name for _, _, name in PARALLEL_FLAGS]
     names += ["gpus_per_node", "distributed_executor_backend", "allow_cross_host_tp"]
     return EngineConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)},

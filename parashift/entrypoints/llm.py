@@ -10,6 +10,7 @@ import os
 from tqdm import tqdm
 
 from parashift.config import EngineConfig
+from parashift.engine.core_client import make_engine
 from parashift.engine.llm_engine import LLMEngine
 from parashift.outputs import RequestOutput
 from parashift.sampling_params import SamplingParams
@@ -20,8 +21,8 @@ Prompt = str | list[int]
 class LLM:
     def __init__(self, model: str | None = None, **engine_options):
         self.llm_engine: LLMEngine | None = None  # set first: __del__ runs if the engine fails
-        self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **engine_options),
-                                    offline=True)
+        self.llm_engine = make_engine(EngineConfig.from_kwargs(model=model, **engine_options),
+                                      offline=True)
         self._request_counter = itertools.count()
         self._profiling = False
 
@@ -109,17 +110,13 @@ class LLM:
 
     def _add_all(self, prompts, params, priority) -> list[str]:
         engine = self._engine()
-        request_ids = []
-        try:  # validate everything before anything runs: a bad prompt leaves no stray requests
-            for prompt, p, prio in zip(prompts, params, priority):
-                request_id = str(next(self._request_counter))
-                engine.add_request(request_id, prompt, p.final_only(), prio)
-                request_ids.append(request_id)
-        except Exception:
-            for request_id in request_ids:
-                engine.abort_request(request_id)
-            raise
-        return request_ids
+        requests = [(str(next(self._request_counter)), prompt, p.final_only(), prio)
+                    for prompt, p, prio in zip(prompts, params, priority)]
+        # validated before anything runs: a bad prompt leaves no stray requests
+        errors = engine.add_requests(requests, atomic=True)
+        if errors and errors[-1] is not None:
+            raise errors[-1]
+        return [request_id for request_id, *_ in requests]
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         pending = set(request_ids)

@@ -60,7 +60,10 @@ MODELS = {  # name -> (heads, kv heads, plans)
                       dict(pipeline_parallel_size=2, tensor_parallel_size=2),
                       # node layouts whose groups run different plans
                       dict(layout="tp2,single"), dict(layout="tp2,single,single"),
-                      dict(layout="sp2,tp2"), dict(layout="single,pp2,single")]),
+                      dict(layout="sp2,tp2"), dict(layout="single,pp2,single"),
+                      # the engine core (and its ranks) in a process of its own
+                      dict(tensor_parallel_size=2, engine_core_process=True),
+                      dict(pipeline_parallel_size=2, engine_core_process=True)]),
     # fewer KV heads than SP (and TP) ranks: KV heads are replicated
     "gqa8x2": (8, 2, [dict(sequence_parallel_size=4), dict(tensor_parallel_size=4),
                       dict(sequence_parallel_size=2, tensor_parallel_size=2)]),

@@ -77,7 +77,7 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def run_serve(args: argparse.Namespace, engine_config_from_args=None) -> None:
-    from parashift.engine.llm_engine import LLMEngine
+    from parashift.engine.core_client import make_engine
     from parashift.entrypoints.openai.api_server import build_app
     from parashift.entrypoints.openai.launcher import run_server
 
@@ -90,7 +90,7 @@ def run_serve(args: argparse.Namespace, engine_config_from_args=None) -> None:
         sys.exit(run_node_agent(engine_config.nnodes, engine_config.node_rank,
                                 engine_config.master_addr, engine_config.master_port,
                                 engine_config.worker_timeout_s))
-    engine = LLMEngine(engine_config)
+    engine = make_engine(engine_config)
     app = build_app(engine, config)
     auth = "an API key required" if config.api_key else "no API key"
     _say(f"serving {engine.model_name} on http://{config.host}:{config.port} ({auth}; "
