@@ -2,13 +2,16 @@
 costs per sequence, apart from the device.
 
 Usage: python3 benchmarks/host_overhead.py --batch-sizes 64 256 512 [--model SHAPE]
-[--tokenizer DIR] [--output-processor thread|inline|process] [--output-kind final_only]
+[--tokenizer DIR] [--output-processor thread|inline|process|core] [--output-kind final_only]
 [--warmup N]
 (with a tokenizer the outputs are detokenized; `outputs_made` is the output processor's
 work, on its own thread unless inline, and not timed in process mode, where it runs in the
 child; `hand_off` and `take_outputs` what the engine loop spends to give it tokens and take
 outputs; in process mode `take_outputs` holds `answers_received` (reading and unpickling
-the child's answers) and `outputs_built` (the RequestOutputs assembled on the loop))
+the child's answers) and `outputs_built` (the RequestOutputs assembled on the loop); in core
+mode the loop is the engine core's (`engine_core_process`): `hand_off` is its forwarding,
+`core_state` and `core_send` the state and pickling of each step's message, and `frontend`
+the outputs made from it, left out of the host work (they are the caller's process's))
 On the CPU (the default tiny shape) the parts are exact but the forward is CPU compute;
 `gc` is the garbage collector's time (it runs inside whichever part allocates);
 on a GPU the parts are host time only (kernels run asynchronously), and `device_wait`
@@ -24,6 +27,7 @@ import contextlib
 import gc
 import importlib
 import json
+import pickle
 import random
 import time
 
@@ -44,6 +48,7 @@ def _module_if_any(name: str):
 output_processor = _module_if_any("parashift.engine.output_processor")
 output_process = _module_if_any("parashift.engine.output_process")
 request_outputs = _module_if_any("parashift.engine.request_outputs")
+core_process = _module_if_any("parashift.engine.core_process")
 
 PARTS = [  # (owner, attribute, label)
     (scheduler.Scheduler, "schedule", "schedule"),
@@ -66,6 +71,8 @@ PARTS = [  # (owner, attribute, label)
     (llm_engine.LLMEngine, "_output", "request_outputs"),  # before the output processor
     (getattr(output_processor, "OutputProcessor", None), "submit", "hand_off"),
     (getattr(output_process, "OutputProcess", None), "submit", "hand_off"),
+    (getattr(core_process, "OutputForwarder", None), "submit", "hand_off"),
+    (getattr(core_process, "EngineCore", None), "_state", "core_state"),
     (llm_engine.LLMEngine, "_collect", "take_outputs"),
     (getattr(output_process, "OutputProcess", None), "_receive", "answers_received"),
     (getattr(output_process, "OutputProcess", None), "_processed", "outputs_built"),
@@ -120,9 +127,50 @@ def top_functions(profiler, count: int) -> list:
             for (path, line, name), (_, calls, own, cumulative, _) in rows]
 
 
-def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0,
+class CoreInThisProcess:
+    """The engine core's loop (core_process.EngineCore) run here on the engine: its output
+    processor forwards, and each step's messages and state are pickled as the core sends
+    them. The caller's share, the outputs made from them (core_client.CoreOutputs), is timed
+    apart as `frontend` and left out of the host work: with `engine_core_process` it runs
+    in another process."""
+
+    def __init__(self, engine):
+        from parashift.engine.core_client import CoreOutputs
+        from parashift.engine.core_process import EngineCore, OutputForwarder
+        engine.output_processor.close()
+        engine.output_processor = forwarder = OutputForwarder()
+        self.engine, self._sent = engine, None
+        self.frontend_s = self.send_s = 0.0
+        self._core = EngineCore(engine, forwarder, inbox=None, outbox=self)
+        self._outputs = CoreOutputs(engine.tokenizer, lambda command: None)
+
+    def send(self, message) -> None:  # the core's outbox
+        start = time.perf_counter()
+        self._sent = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self.send_s += time.perf_counter() - start
+
+    def step(self) -> list:
+        self._core.step()
+        start = time.perf_counter()
+        outputs = self._outputs.make(pickle.loads(self._sent)[1])
+        self.frontend_s += time.perf_counter() - start
+        return outputs
+
+    def add_request(self, request_id, prompt, params) -> None:
+        self.engine.add_request(request_id, prompt, params)
+        self._outputs.added(request_id, params, 0)
+
+    def abort_request(self, request_id) -> None:
+        self._outputs.forget(request_id)
+        self.engine.abort_request(request_id)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def measure(engine, batch: int, context: int, steps: int, cprofile: int = 0,
             output_kind: str = "cumulative") -> dict:
-    engine, rng = llm.llm_engine, random.Random(batch)
+    rng = random.Random(batch)
     pool = engine.scheduler.block_manager
     needed = batch * pool.num_blocks_for(engine.max_model_len)
     if needed > pool.num_blocks:  # preemptions would leave fewer running than the batch
@@ -144,11 +192,15 @@ def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0,
         import cProfile
         profiler = cProfile.Profile()
     num_outputs = 0
+    frontend_before, send_before = (getattr(engine, name, 0.0) for name in ("frontend_s",
+                                                                            "send_s"))
     with timed_parts() as seconds, (profiler or contextlib.nullcontext()):
         start = time.perf_counter()
         for _ in range(steps):
             num_outputs += len(engine.step())
         wall = time.perf_counter() - start
+    seconds["frontend"] = getattr(engine, "frontend_s", 0.0) - frontend_before
+    seconds["core_send"] = getattr(engine, "send_s", 0.0) - send_before
     # a processor that falls behind leaves messages unanswered (its outputs come later)
     pending = getattr(engine.output_processor, "_num_pending", 0)
     if len(engine.scheduler.running) != batch:
@@ -156,7 +208,7 @@ def measure(llm: LLM, batch: int, context: int, steps: int, cprofile: int = 0,
     for rid in ids:
         engine.abort_request(rid)
     parts = {label: round(s / steps * 1e3, 3) for label, s in seconds.most_common()}
-    host = wall - seconds["device_wait"]
+    host = wall - seconds["device_wait"] - seconds["frontend"]
     outside_model = host - seconds["model_forward"] - seconds["model_logits"]
     return dict(batch=batch, step_ms=round(wall / steps * 1e3, 3),
                 host_ms=round(host / steps * 1e3, 3),
@@ -179,8 +231,10 @@ def main():
     p.add_argument("--tokenizer", default=None,
                    help="detokenize the outputs with this tokenizer (default: no tokenizer, "
                         "no text); a shape's random weights sample ids of its whole vocabulary")
-    p.add_argument("--output-processor", default=None, choices=["thread", "inline", "process"],
-                   help="where outputs are made (default: the engine's)")
+    p.add_argument("--output-processor", default=None,
+                   choices=["thread", "inline", "process", "core"],
+                   help="where outputs are made (default: the engine's); core: the engine "
+                        "core's loop (engine_core_process), the outputs made apart")
     p.add_argument("--output-kind", default="cumulative",
                    choices=["cumulative", "delta", "final_only"],
                    help="the requests' outputs: every step (streaming: all so far, or what is "
@@ -194,7 +248,8 @@ def main():
                    help="profile the timed steps with cProfile (slower: its figures are "
                         "shares, not times) and report the N functions of most own time")
     args = p.parse_args()
-    options = {} if args.output_processor is None else {"output_processor": args.output_processor}
+    options = {} if args.output_processor in (None, "core") else {
+        "output_processor": args.output_processor}
     llm = LLM(model=args.model, device=args.device, dtype=args.dtype, **options,
               tokenizer=args.tokenizer, skip_tokenizer_init=args.tokenizer is None,
               max_model_len=args.context + args.decode_steps + 64,
@@ -202,12 +257,15 @@ def main():
               max_num_batched_tokens=max(8192, args.context * max(args.batch_sizes) // 4))
     if args.gc_threshold:
         gc.set_threshold(*args.gc_threshold)
+    engine = llm.llm_engine
+    if args.output_processor == "core":
+        engine = CoreInThisProcess(engine)
     for _ in range(args.warmup):
         for batch in args.batch_sizes:
-            measure(llm, batch, args.context, min(args.decode_steps, 8), 0, args.output_kind)
+            measure(engine, batch, args.context, min(args.decode_steps, 8), 0, args.output_kind)
     rows = []
     for batch in args.batch_sizes:
-        rows.append(measure(llm, batch, args.context, args.decode_steps, args.cprofile,
+        rows.append(measure(engine, batch, args.context, args.decode_steps, args.cprofile,
                             args.output_kind))
         print(json.dumps(rows[-1]), flush=True)
     llm.llm_engine.shutdown()
