@@ -20,6 +20,7 @@ from parashift.engine.parallel_sampling import ParentRequest, fold_children
 from parashift.engine.request_outputs import (Forget, NewRequest, Processed, RequestOutputs,
                                               StepTokens)
 from parashift.engine.startup import resolve_device
+from parashift.gc_tuning import restore_garbage_collector, tune_garbage_collector
 from parashift.outputs import RequestOutput
 from parashift.sampling_params import SamplingParams
 
@@ -143,6 +144,7 @@ class CoreOutputs:
 
 class EngineCoreClient:
     def __init__(self, config: EngineConfig, offline: bool = False):
+        self._collector_tuned = False
         self._process, self._to_core, self._from_core = start_child(
             "parashift.engine.core_process")
         self._finalizer = weakref.finalize(self, _stop_core, self._process, self._to_core,
@@ -168,6 +170,9 @@ class EngineCoreClient:
         self._step_records = collections.deque(maxlen=RECORDS_KEPT)
         self._transition_records = collections.deque(maxlen=RECORDS_KEPT)
         self._phase_seconds: collections.Counter = collections.Counter()
+        # this process makes an output per request and step: the collector as the engine's
+        tune_garbage_collector()
+        self._collector_tuned = True
 
     # ---- requests ------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -343,6 +348,9 @@ class EngineCoreClient:
         if self._broken is None:
             self._broken = "the engine was shut down"
         self._finalizer()
+        if self._collector_tuned:
+            self._collector_tuned = False
+            restore_garbage_collector()
 
 
 def _stop_core(process, to_core, from_core) -> None:

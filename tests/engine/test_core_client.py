@@ -4,6 +4,7 @@ fail alone; the engine's other attributes are asked of the core; a core that die
 clear error, not a hang; shutdown stops it; the server's asyncio front streams through it
 (the outputs' equivalence with the other output processors: test_output_processor.py)."""
 import asyncio
+import gc
 import os
 import signal
 
@@ -13,6 +14,7 @@ from parashift import LLM, SamplingParams
 from parashift.config import EngineConfig
 from parashift.engine.async_engine import AsyncLLMEngine
 from parashift.engine.core_client import CoreOutputs, EngineCoreClient, wants_core_process
+from parashift.gc_tuning import GC_THRESHOLDS
 from tests.engine.conftest import tiny_llm
 from tests.engine.test_output_process import run_aborts
 
@@ -111,6 +113,20 @@ def test_shutdown_stops_the_core_and_later_use_is_an_error(tiny_llama_dir):
     assert engine._process.returncode == 0
     with pytest.raises(RuntimeError, match="shut down"):
         engine.add_request("late", [1], GREEDY)
+
+
+def test_this_process_collector_is_tuned_while_it_makes_the_outputs(tiny_llama_dir):
+    """An output per request and step is made here: the collector runs as rarely as in the
+    engine's process (gc_tuning.py), and as before once the core has stopped."""
+    outer = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        llm = tiny_llm(tiny_llama_dir, engine_core_process=True)
+        assert gc.get_threshold() == GC_THRESHOLDS
+        llm.shutdown()
+        assert gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*outer)
 
 
 def test_the_asyncio_front_streams_through_the_core(tiny_core, tiny_llama_dir):
