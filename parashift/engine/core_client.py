@@ -186,25 +186,14 @@ class EngineCoreClient:
         """Hands requests `(request_id, prompt, params, priority)` over in one message; each
         one's error (None: taken). `atomic`: the first error takes back those before it, and
         the list ends there."""
-        errors: list[Exception | None] = [
-            None if isinstance(params, SamplingParams) else ValueError(
-                f"sampling params must be a SamplingParams, got {type(params).__name__}")
-            for _, _, params, _ in requests]
-        if atomic and any(errors):
-            return errors[:next(i for i, e in enumerate(errors) if e is not None) + 1]
-        sendable = [request for request, error in zip(requests, errors) if error is None]
-        ticket = self._send_ticketed("add", sendable, atomic)
+        ticket = self._send_ticketed("add", requests, atomic)
         _, _, answers, self._stats = self._wait_for("added", ticket)
-        taken_back = atomic and any(answer is not None for answer in answers)
-        for request, answer in zip(sendable, answers):
-            if answer is None and not taken_back:
-                self._outputs.added(request[0], request[2], request[3])
-        answered = iter(answers)
-        for index, error in enumerate(errors):
-            if error is None:
-                answer = next(answered, None)
-                errors[index] = None if answer is None else rebuilt_error(answer)
-        return errors if not atomic else errors[:len(answers)]
+        errors = [None if answer is None else rebuilt_error(answer) for answer in answers]
+        if not (atomic and any(errors)):  # (atomic: the core took back those before)
+            for (request_id, _, params, priority), error in zip(requests, errors):
+                if error is None:
+                    self._outputs.added(request_id, params, priority)
+        return errors
 
     def abort_request(self, request_id: str) -> None:
         """No output of the request comes after this call."""

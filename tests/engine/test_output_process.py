@@ -98,14 +98,19 @@ def test_a_child_that_dies_is_a_clear_error(tiny_llama_dir):
     engine.add_request("r", [1, 2, 3], SamplingParams(temperature=0, max_tokens=50,
                                                       ignore_eos=True))
     engine.step()
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
+    assert_a_killed_process_is_a_clear_error(engine, child.pid)
+    llm.shutdown()
+
+
+def assert_a_killed_process_is_a_clear_error(engine, pid: int) -> None:
+    """Kills the engine's helper process `pid`: the engine's next steps raise an error that
+    names its exit code (no hang), and it stays broken."""
+    os.kill(pid, signal.SIGKILL)
     with pytest.raises(RuntimeError, match=r"process died \(exit code -9\)"):
         while engine.has_unfinished_requests():
             engine.step()
-    with pytest.raises(RuntimeError, match="process died"):  # and stays broken
+    with pytest.raises(RuntimeError, match="process died"):
         engine.step()
-    llm.shutdown()
 
 
 def test_shutdown_joins_the_child_and_later_use_is_an_error(tiny_llama_dir):
