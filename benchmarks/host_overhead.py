@@ -31,6 +31,8 @@ import pickle
 import random
 import time
 
+import torch
+
 from parashift import LLM, SamplingParams
 from parashift.engine import llm_engine, replica, scheduler
 from parashift.models.llama import LlamaForCausalLM
@@ -59,6 +61,9 @@ PARTS = [  # (owner, attribute, label)
     (cuda_graphs, "build_step_inputs", "step_inputs"),
     (getattr(cuda_graphs, "StepGraphs", None) or getattr(cuda_graphs, "DecodeGraphs", None),
      "_fill", "graph_fill"),
+    (torch.cuda.CUDAGraph, "replay", "graph_replay"),
+    (model_runner.ModelRunner, "_run_micro_batch", "micro_batch"),
+    (getattr(model_runner, "GroupSampling", None), "remember", "remember_samples"),
     (model_runner.ModelRunner, "_fill_placeholders", "fill_placeholders"),
     (model_runner.ModelRunner, "_sample_rows", "sample_rows"),
     (model_runner.PendingStep, "result", "device_wait"),

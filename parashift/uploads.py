@@ -20,6 +20,15 @@ def upload_each(arrays: list[tuple[np.ndarray, torch.dtype]], device: torch.devi
     return [upload(values, dtype, device) for values, dtype in arrays]
 
 
+def pack_offsets(sizes: list[int]) -> tuple[list[int], int]:
+    """Where arrays of these byte sizes start in a pack, and the pack's bytes."""
+    offsets, total = [], 0
+    for size in sizes:
+        offsets.append(total)
+        total += -(-size // ALIGN) * ALIGN
+    return offsets, total
+
+
 class StagingRing:
     """A step's host arrays to the device in one copy: packed into a persistent pinned
     buffer and copied, non-blocking, into a persistent device buffer, of which the
@@ -40,20 +49,23 @@ class StagingRing:
         self.dev: list[torch.Tensor | None] = [None] * depth
         self.copied: list[torch.cuda.Event | None] = [None] * depth
 
-    def upload(self, arrays: list[tuple[np.ndarray, torch.dtype]]) -> list[torch.Tensor]:
+    def upload(self, arrays: list[tuple[np.ndarray, torch.dtype]],
+               into: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """`into`: a device buffer of bytes (a CUDA graph's inputs) that the pack is copied
+        to instead of the slot's, laid out as `pack_offsets` says."""
         dtypes = [dtype for _, dtype in arrays]
         arrays = [np.asarray(values, _NUMPY[dtype]) for values, dtype in arrays]
-        offsets, total = [], 0
-        for a in arrays:
-            offsets.append(total)
-            total += -(-a.nbytes // ALIGN) * ALIGN
+        offsets, total = pack_offsets([a.nbytes for a in arrays])
         slot = self._take_slot(max(total, ALIGN))
         host = self.host_bytes[slot]
         for a, start in zip(arrays, offsets):
             host[start:start + a.nbytes].view(a.dtype)[:] = a.ravel()
-        dev = self.dev[slot]
-        if self.on_cuda:
+        dev = self.dev[slot] if into is None else into
+        if into is not None and total > into.numel():
+            raise ValueError(f"a pack of {total} bytes does not fit the {into.numel()} given")
+        if self.on_cuda or into is not None:
             dev[:total].copy_(self.host[slot][:total], non_blocking=True)
+        if self.on_cuda:
             self.copied[slot].record(torch.cuda.current_stream(self.device))
         return [dev[start:start + a.nbytes].view(dtype).view(a.shape)
                 for a, start, dtype in zip(arrays, offsets, dtypes)]

@@ -18,6 +18,7 @@ fills from the previous step's samples on the device. Where no placeholder can b
 filled (the first stage of a pipeline never sees the samples), `defer_pending` leaves
 such a sequence out until its token is known; its other steps may still be in flight."""
 import heapq
+import time
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -237,6 +238,7 @@ class Scheduler:
         cache_full_blocks, block_size = block_manager.cache_full_blocks, block_manager.block_size
         caching = block_manager.enable_prefix_caching
         running, done = SequenceStatus.RUNNING, SequenceStatus.FINISHED
+        eos_token_ids = self.eos_token_ids
         for scheduled in output.scheduled:
             seq = scheduled.seq
             status = seq.status
@@ -251,7 +253,14 @@ class Scheduler:
             if not scheduled.samples:
                 continue
             seq.num_pending_tokens -= 1
-            seq.append_token(token)
+            token_ids = seq.token_ids
+            token_ids.append(token)  # Sequence.append_token, inlined (every sequence, every step)
+            if seq.first_token_time is None:
+                seq.first_token_time = time.time()
+            params = seq.params
+            if len(token_ids) < seq.length_limit and not params.stop_token_ids \
+                    and (params.ignore_eos or token not in eos_token_ids):
+                continue  # _check_stop's common answer, without the call
             reason, stop_reason = self._check_stop(seq)
             if reason is not None:
                 self.finish(seq, reason, stop_reason)

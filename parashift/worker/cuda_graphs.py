@@ -18,11 +18,13 @@ default on CUDA (`--enforce-eager` turns them off); tests/engine/test_gpu_engine
 checks them against eager."""
 import os
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter
 
 import torch
 
 from parashift.attention.metadata import AttentionMetadata
+from parashift.uploads import pack_offsets
 from parashift.worker.step_batch import SeqChunk
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.context import use_context
@@ -81,6 +83,17 @@ class GraphSizes:
         return None if size is None else Bucket(size, self.mixed_seqs)
 
 
+def input_layout(bucket: Bucket, sp_size: int) -> list[tuple[int, int, torch.dtype]]:
+    """(byte offset, length, dtype) of a graph's tokens and positions (an SP rank's rows),
+    slots, query starts and sequence lengths in the pack of a step padded to `bucket`
+    (build_step_inputs' arrays in its order, packed by StagingRing.upload)."""
+    local = bucket.rows // sp_size
+    shapes = [(local, torch.int64), (local, torch.int64), (bucket.rows, torch.int64),
+              (bucket.seqs + 1, torch.int32), (bucket.seqs, torch.int32)]
+    offsets, _ = pack_offsets([n * dtype.itemsize for n, dtype in shapes])
+    return [(start, n, dtype) for start, (n, dtype) in zip(offsets, shapes)]
+
+
 class StepGraphs:
     def __init__(self, model_for, backend, plans: list, bind_kv, max_model_len: int,
                  max_num_seqs: int, device: torch.device,
@@ -102,11 +115,14 @@ class StepGraphs:
         rows = max([largest, *self.sizes.mixed_rows])
         seqs = max(largest, self.sizes.mixed_seqs)
         max_blocks = -(-max_model_len // min(p.block_size for p in plans))
-        self.tokens = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.slots = torch.full((rows,), -1, dtype=torch.int64, device=device)
-        self.starts = torch.zeros(seqs + 1, dtype=torch.int32, device=device)
-        self.seq_lens = torch.zeros(seqs, dtype=torch.int32, device=device)
+        # Every graph's inputs but its block tables are views of this buffer, where a step's
+        # pack lands in one copy (StagingRing.upload(into=)): where each view starts is a
+        # function of the plan's SP size and the bucket (`_inputs`), as in the pack of a
+        # step padded to the bucket. The pack's block tables (last) are copied from it.
+        self.packed = torch.zeros(pack_offsets([rows * 8] * 3 + [(seqs + 1) * 4, seqs * 4,
+                                                seqs * max_blocks * 4])[1],
+                                  dtype=torch.uint8, device=device)
+        self._views: dict[tuple[int, Bucket], list[torch.Tensor]] = {}
         self.tables = torch.zeros(seqs, max_blocks, dtype=torch.int32, device=device)
         self.received = None  # a later pipeline stage's (hidden states, residual)
         if any(not p.state.is_first_stage for p in plans):
@@ -129,31 +145,39 @@ class StepGraphs:
         """The decode bucket of `rows` sequences."""
         return self.sizes.decode_rows(rows)
 
-    def _metadata(self, bucket: Bucket, block_size: int) -> AttentionMetadata:
+    def _inputs(self, plan, bucket: Bucket) -> list[torch.Tensor]:
+        """The graph's tokens and positions (its SP rank's rows), slots, query starts and
+        sequence lengths: views of `packed`, where build_step_inputs' pack puts them."""
+        key = (plan.state.sp.size, bucket)
+        if key not in self._views:
+            self._views[key] = [self.packed[start:start + n * dtype.itemsize].view(dtype)
+                                for start, n, dtype in input_layout(bucket, *key[:1])]
+        return self._views[key]
+
+    def _metadata(self, plan, bucket: Bucket) -> AttentionMetadata:
         rows, seqs = bucket.rows, bucket.seqs
+        _, _, slots, starts_d, seq_lens = self._inputs(plan, bucket)
         # the host lists only steer the launch: decodes alone, or one prefill launch
         starts = list(range(seqs + 1)) if bucket.decode else [0] + [rows] * seqs
         return AttentionMetadata(
-            slot_mapping=self.slots[:rows], query_start_loc=self.starts[:seqs + 1],
-            seq_lens=self.seq_lens[:seqs], block_tables=self.tables[:seqs],
-            query_start_loc_cpu=starts, seq_lens_cpu=[self.max_model_len] * seqs,
-            max_query_len=1 if bucket.decode else rows, max_seq_len=self.max_model_len,
-            block_size=block_size, static_shape=True)
+            slot_mapping=slots, query_start_loc=starts_d, seq_lens=seq_lens,
+            block_tables=self.tables[:seqs], query_start_loc_cpu=starts,
+            seq_lens_cpu=[self.max_model_len] * seqs, max_query_len=1 if bucket.decode else rows,
+            max_seq_len=self.max_model_len, block_size=plan.block_size, static_shape=True)
 
     def _forward(self, plan, bucket: Bucket) -> torch.Tensor:
-        local = bucket.rows // plan.state.sp.size
+        tokens, positions = self._inputs(plan, bucket)[:2]
         received = (None if plan.state.is_first_stage
-                    else tuple(t[:local] for t in self.received))
-        with use_context(plan.context(self._metadata(bucket, plan.block_size), self.backend)):
-            return self.model_for(plan)(self.tokens[:local], self.positions[:local], received)
+                    else tuple(t[:len(tokens)] for t in self.received))
+        with use_context(plan.context(self._metadata(plan, bucket), self.backend)):
+            return self.model_for(plan)(tokens, positions, received)
 
     def _capture(self, plan, bucket: Bucket):
         self.bind_kv(plan)
         if self.before_capture is not None:
             self.before_capture(plan, bucket.rows)
-        self.slots.fill_(-1)
-        self.seq_lens.zero_()
-        self.starts.zero_()
+        self.packed.zero_()
+        self._inputs(plan, bucket)[2].fill_(-1)  # no slots: warm-up writes no KV
         for _ in range(2):  # warm up (Triton compilation, allocator) outside the graph
             self._forward(plan, bucket)
         torch.cuda.synchronize()
@@ -163,31 +187,29 @@ class StepGraphs:
         return graph, hidden
 
     def run(self, chunks: list[SeqChunk], tables, plan, bucket: Bucket, patch_tokens,
-            upload_all=None, receive=None):
+            upload_all, receive=None):
         """Replays the bucket's graph for this step; returns (its output: the hidden
         states, or a stage's (hidden states, residual) before the last, and the inputs).
         `tables` are the rank's block tables (by chunk.row);
         `patch_tokens(tokens, chunks, inputs)` may rewrite the input tokens first;
-        `upload_all` is build_step_inputs'; `receive(hidden, residual)` fills a later
-        pipeline stage's inputs from the stage before (the bucket's rows)."""
+        `upload_all(arrays, into=)` is a StagingRing's upload; `receive(hidden, residual)`
+        fills a later pipeline stage's inputs from the stage before (the bucket's rows)."""
         sp = plan.state.sp
-        inputs = build_step_inputs(chunks, tables, plan.block_size, self.tokens.device,
+        inputs = build_step_inputs(chunks, tables, plan.block_size, self.packed.device,
                                    sp.size, sp.rank, pad_to=bucket.rows, pad_seqs=bucket.seqs,
-                                   upload_all=upload_all)
-        self._fill(inputs, bucket)
-        patch_tokens(self.tokens[:len(inputs.token_ids)], chunks, inputs)
+                                   upload_all=partial(upload_all, into=self.packed))
+        self._fill(inputs, plan, bucket)
+        patch_tokens(inputs.token_ids, chunks, inputs)
         if receive is not None:
             receive(*(t[:len(inputs.token_ids)] for t in self.received))
         graph, hidden = self.graphs[(plan.graph_key, bucket)]
         graph.replay()
         return hidden, inputs
 
-    def _fill(self, inputs: StepInputs, bucket: Bucket) -> None:
-        local = len(inputs.token_ids)
-        self.tokens[:local].copy_(inputs.token_ids)
-        self.positions[:local].copy_(inputs.positions)
+    def _fill(self, inputs: StepInputs, plan, bucket: Bucket) -> None:
+        """The block tables into the graph's; the rest of the pack already is its inputs."""
         attn, seqs = inputs.attn, bucket.seqs
-        self.slots[:bucket.rows].copy_(attn.slot_mapping)
-        self.starts[:seqs + 1].copy_(attn.query_start_loc)
-        self.seq_lens[:seqs].copy_(attn.seq_lens)
+        if attn.seq_lens.data_ptr() != self._inputs(plan, bucket)[4].data_ptr():
+            raise RuntimeError(f"a step's pack is not laid out as the graph of {bucket} "
+                               f"reads it")
         self.tables[:seqs, :attn.block_tables.shape[1]].copy_(attn.block_tables)

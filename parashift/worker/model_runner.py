@@ -386,19 +386,21 @@ class ModelRunner:
                     self._check.verify_uploads()  # cover a micro-batch, not every stage's)
             self._wait_sends()
         sampled = [mb_tokens for mb_tokens, _ in results if mb_tokens is not None]
-        tokens = torch.cat(sampled) if sampled else torch.empty(0, dtype=torch.int64)
+        tokens = (sampled[0] if len(sampled) == 1 else torch.cat(sampled) if sampled
+                  else torch.empty(0, dtype=torch.int64))
         sampled_rows = sampled_table_rows(chunks)
         group.remember(tokens, sampled_rows, len(self.requests.lengths))
         if self._check is not None:
             self._check.remember_samples(group, chunks)
         if not plan.is_output_rank:
             return PendingStep(None, None)
-        logprobs = []
-        for mb_tokens, mb_logprobs in results:
-            count = 0 if mb_tokens is None else len(mb_tokens)
-            logprobs += mb_logprobs or [None] * count
-        return PendingStep(tokens, logprobs if any(lp is not None for lp in logprobs) else None,
-                           errors)
+        logprobs = None
+        if any(mb_logprobs for _, mb_logprobs in results):
+            logprobs = []
+            for mb_tokens, mb_logprobs in results:
+                count = 0 if mb_tokens is None else len(mb_tokens)
+                logprobs += mb_logprobs or [None] * count
+        return PendingStep(tokens, logprobs, errors)
 
     def _bucket(self, chunks: list[SeqChunk], plan: PlanResources) -> Bucket | None:
         """The graph bucket this micro-batch replays, if any. Sharing FFN weights, only in
@@ -522,22 +524,34 @@ class ModelRunner:
                            inputs: StepInputs) -> None:
         """Writes the previous step's samples over this step's placeholder tokens (async
         scheduling), in the rows this rank holds."""
-        local = inputs.local_rows
-        ends = np.asarray(inputs.attn.query_start_loc_cpu[1:len(chunks) + 1]) - 1
-        pending = (inputs.last_tokens == PLACEHOLDER_TOKEN) & (ends >= local.start) \
-            & (ends < local.stop)
+        local, ends = inputs.local_rows, inputs.last_rows
+        pending = inputs.last_tokens == PLACEHOLDER_TOKEN
+        if local.start or (len(ends) and local.stop <= ends[-1]):  # an SP rank's rows only
+            pending &= (ends >= local.start) & (ends < local.stop)
         rows = sources = None
         if pending.any():
-            rows, sources = self.staging.upload([
-                (ends[pending] - local.start, torch.int64),
-                (self._group.prev_index[inputs.chunk_rows[pending]], torch.int64)])
-            token_ids.index_copy_(0, rows, self._group.prev_tokens.index_select(0, sources))
+            targets = ends[pending] - local.start
+            origins = self._group.prev_index[inputs.chunk_rows[pending]]
+            count = len(targets)
+            if targets[-1] == count - 1 and np.array_equal(origins, np.arange(count)):
+                # the first rows, from the first samples in order: a decode step after one
+                # of the same requests (rows strictly increase, so the last tells them all)
+                token_ids[:count].copy_(self._group.prev_tokens[:count])
+                if self._check is not None:
+                    rows = sources = torch.arange(count)
+            else:
+                rows, sources = self.staging.upload([(targets, torch.int64),
+                                                     (origins, torch.int64)])
+                token_ids.index_copy_(0, rows, self._group.prev_tokens.index_select(0, sources))
         if self._check is not None:
             self._check.verify_placeholders(self._group, chunks, inputs, rows, sources)
 
     def _sample_rows(self, hidden: torch.Tensor, inputs: StepInputs, sp) -> torch.Tensor:
         """Hidden states of the sampled rows, gathered from the SP rank holding each."""
         if sp.size == 1:
+            count = len(inputs.sample_rows)
+            if inputs.sample_rows[-1] == count - 1:  # the first rows (rows strictly increase)
+                return hidden[:count]
             rows, = self.staging.upload([(inputs.sample_rows, torch.int64)])
             return hidden.index_select(0, rows)  # no host sync: async scheduling overlaps
         rows = torch.zeros(len(inputs.sample_rows), hidden.shape[-1], dtype=hidden.dtype,

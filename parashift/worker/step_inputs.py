@@ -25,6 +25,7 @@ class StepInputs:
     sample_rows: list[int]        # rows (of the whole step) whose logits are sampled
     local_rows: range             # the whole-step rows this rank holds
     chunk_rows: np.ndarray        # each chunk's row in the block tables
+    last_rows: np.ndarray         # each chunk's last row (of the whole step)
     last_tokens: np.ndarray       # each chunk's last input token (PLACEHOLDER_TOKEN or not)
     sample_table_rows: np.ndarray  # the block-table row of each chunk sampled, in order
 
@@ -84,10 +85,10 @@ def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: in
         slot_mapping=slot_mapping, query_start_loc=starts_d, seq_lens=seq_lens_d,
         block_tables=block_tables_d, query_start_loc_cpu=starts_cpu, seq_lens_cpu=seq_lens_cpu,
         max_query_len=int(q_lens.max()), max_seq_len=max(seq_lens_cpu), block_size=block_size)
-    ends = query_start[1:n + 1]
+    last_rows = query_start[1:n + 1] - 1
     sampled = np.fromiter(map(is_not, map(_SAMPLING, chunks), repeat(None)), bool, n)
-    return StepInputs(token_ids, positions_d, attn, (ends[sampled] - 1).tolist(), local, rows,
-                      tokens[ends - 1], rows[sampled])
+    return StepInputs(token_ids, positions_d, attn, last_rows[sampled].tolist(), local, rows,
+                      last_rows, tokens[last_rows], rows[sampled])
 
 
 def sampled_table_rows(chunks: list[SeqChunk]) -> np.ndarray:

@@ -1,6 +1,7 @@
 """When steps replay CUDA graphs unless the user says (the default's rule), which bucket a
 step takes and how it is padded (the graphs themselves run on GPUs only:
 tests/engine/test_gpu_engine.py and the NCCL tests)."""
+import functools
 from types import SimpleNamespace
 
 import numpy as np
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from parashift.sampling_params import SamplingParams
-from parashift.worker.cuda_graphs import Bucket, GraphSizes
+from parashift.uploads import StagingRing
+from parashift.worker.cuda_graphs import Bucket, GraphSizes, input_layout
 from parashift.worker.model_runner import ModelRunner, graphs_by_default
 from parashift.worker.step_batch import SeqChunk
 from parashift.worker.step_check import rebuild
@@ -99,3 +101,41 @@ def test_a_mixed_step_padded_to_its_bucket_matches_the_rebuild():
         assert (got.tolist() if isinstance(got, torch.Tensor) else got) == value, name
     assert inputs.token_ids.tolist() == want["token_ids"] and len(want["token_ids"]) == 16
     assert inputs.sample_rows == want["sample_rows"] == [4, 5]
+
+
+@pytest.mark.parametrize("bucket, sp_size, sp_rank", [
+    (Bucket(8, 8), 1, 0), (Bucket(16, 8), 1, 0), (Bucket(8, 8), 2, 1)])
+def test_a_step_packed_into_the_graph_buffer_lands_where_its_graph_reads(bucket, sp_size,
+                                                                         sp_rank):
+    """The pack of a step padded to its bucket, copied into a graph's input buffer, puts
+    each array at `input_layout`'s offset (the views the graph was captured with), with the
+    values build_step_inputs gives without the buffer; its block tables come last."""
+    tables = np.zeros((4, 8), np.int32)
+    tables[0, :3], tables[2, :2] = [5, 6, 7], [9, 3]
+    params = SamplingParams(max_tokens=1)
+    chunks = [SeqChunk("a", [11], 9, 0, params), SeqChunk("b", [21], 6, 2, params)]
+    if not bucket.decode:
+        chunks[0] = SeqChunk("a", [11, 12, 13], 7, 0, params)
+    packed = torch.zeros(1 << 12, dtype=torch.uint8)
+    ring = StagingRing(torch.device("cpu"))
+    args = (chunks, tables, 4, torch.device("cpu"), sp_size, sp_rank)
+    inputs = build_step_inputs(*args, pad_to=bucket.rows, pad_seqs=bucket.seqs,
+                               upload_all=functools.partial(ring.upload, into=packed))
+    plain = build_step_inputs(*args, pad_to=bucket.rows, pad_seqs=bucket.seqs)
+    got = [inputs.token_ids, inputs.positions, inputs.attn.slot_mapping,
+           inputs.attn.query_start_loc, inputs.attn.seq_lens]
+    want = [plain.token_ids, plain.positions, plain.attn.slot_mapping,
+            plain.attn.query_start_loc, plain.attn.seq_lens]
+    for tensor, expected, (start, length, dtype) in zip(got, want,
+                                                        input_layout(bucket, sp_size)):
+        assert tensor.data_ptr() - packed.data_ptr() == start
+        assert (len(tensor), tensor.dtype) == (length, dtype)
+        assert packed[start:start + length * dtype.itemsize].view(dtype).tolist() \
+            == expected.tolist()
+    end = max(start + length * dtype.itemsize for start, length, dtype in
+              input_layout(bucket, sp_size))
+    assert inputs.attn.block_tables.data_ptr() - packed.data_ptr() >= end
+    assert inputs.attn.block_tables.tolist() == plain.attn.block_tables.tolist()
+    with pytest.raises(ValueError, match="does not fit"):
+        build_step_inputs(*args, pad_to=bucket.rows, pad_seqs=bucket.seqs,
+                          upload_all=functools.partial(ring.upload, into=packed[:64]))

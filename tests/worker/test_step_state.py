@@ -82,11 +82,12 @@ def test_the_check_catches_a_wrong_argmax_only_flag(tiny_llama_dir, monkeypatch)
 
 
 def test_the_check_catches_a_staging_slot_reused_too_soon(tiny_llama_dir, monkeypatch):
-    """Two slots for a step's three packs: the sampled rows' pack overwrites the step's
-    inputs (after they were read here; on a GPU, before a later kernel might read them)."""
+    """One slot for a prefill step's two packs: the sampled rows' pack overwrites the
+    step's inputs (after they were read here; on a GPU, before a later kernel might read
+    them)."""
     from parashift.uploads import StagingRing
     from parashift.worker import model_runner
-    monkeypatch.setattr(model_runner, "StagingRing", lambda device: StagingRing(device, depth=2))
+    monkeypatch.setattr(model_runner, "StagingRing", lambda device: StagingRing(device, depth=1))
     llm = tiny_llm(tiny_llama_dir, block_size=8, check_step_state=True)
     try:
         with pytest.raises(StepStateMismatch, match="an upload of this step"):
