@@ -45,30 +45,41 @@ class StagingRing:
         self.device, self.on_cuda = device, device.type == "cuda"
         self.depth, self.next_slot, self.initial_bytes = depth, 0, initial_bytes
         self.host: list[torch.Tensor | None] = [None] * depth
-        self.host_bytes: list[np.ndarray | None] = [None] * depth  # numpy views of host
         self.dev: list[torch.Tensor | None] = [None] * depth
+        # each buffer viewed as every dtype a pack holds, made once (a view costs as much as
+        # the copy of a small array): numpy views of the host's, tensors of the device's
+        self.host_as: list[dict | None] = [None] * depth
+        self.dev_as: list[dict | None] = [None] * depth
+        self.into_as: tuple[torch.Tensor | None, dict] = (None, {})
         self.copied: list[torch.cuda.Event | None] = [None] * depth
 
     def upload(self, arrays: list[tuple[np.ndarray, torch.dtype]],
                into: torch.Tensor | None = None) -> list[torch.Tensor]:
         """`into`: a device buffer of bytes (a CUDA graph's inputs) that the pack is copied
         to instead of the slot's, laid out as `pack_offsets` says."""
-        dtypes = [dtype for _, dtype in arrays]
-        arrays = [np.asarray(values, _NUMPY[dtype]) for values, dtype in arrays]
-        offsets, total = pack_offsets([a.nbytes for a in arrays])
+        arrays = [(np.asarray(values, _NUMPY[dtype]), dtype) for values, dtype in arrays]
+        offsets, total = pack_offsets([a.nbytes for a, _ in arrays])
         slot = self._take_slot(max(total, ALIGN))
-        host = self.host_bytes[slot]
-        for a, start in zip(arrays, offsets):
-            host[start:start + a.nbytes].view(a.dtype)[:] = a.ravel()
-        dev = self.dev[slot] if into is None else into
-        if into is not None and total > into.numel():
-            raise ValueError(f"a pack of {total} bytes does not fit the {into.numel()} given")
+        host_as = self.host_as[slot]
+        for (a, _), start in zip(arrays, offsets):
+            first = start // a.itemsize
+            host_as[a.dtype][first:first + a.size] = a.reshape(-1)
+        if into is None:
+            dev, dev_as = self.dev[slot], self.dev_as[slot]
+        else:
+            if total > into.numel():
+                raise ValueError(f"a pack of {total} bytes does not fit the {into.numel()} given")
+            dev, dev_as = into, self._views_of(into)
         if self.on_cuda or into is not None:
             dev[:total].copy_(self.host[slot][:total], non_blocking=True)
         if self.on_cuda:
             self.copied[slot].record(torch.cuda.current_stream(self.device))
-        return [dev[start:start + a.nbytes].view(dtype).view(a.shape)
-                for a, start, dtype in zip(arrays, offsets, dtypes)]
+        views = []
+        for (a, dtype), start in zip(arrays, offsets):
+            first = start // a.itemsize
+            view = dev_as[dtype][first:first + a.size]
+            views.append(view if a.ndim == 1 else view.view(a.shape))
+        return views
 
     def _take_slot(self, nbytes: int) -> int:
         slot = self.next_slot
@@ -81,13 +92,24 @@ class StagingRing:
         return slot
 
     def _grow(self, slot: int, size: int) -> None:
+        size = -(-size // ALIGN) * ALIGN
         self.host[slot] = torch.empty(size, dtype=torch.uint8, pin_memory=self.on_cuda)
-        self.host_bytes[slot] = self.host[slot].numpy()
+        host_bytes = self.host[slot].numpy()
+        self.host_as[slot] = {np.dtype(t): host_bytes.view(t) for t in _NUMPY.values()}
         if self.on_cuda:
             self.dev[slot] = torch.empty(size, dtype=torch.uint8, device=self.device)
             self.copied[slot] = torch.cuda.Event()
         else:
             self.dev[slot] = self.host[slot]
+        self.dev_as[slot] = {dtype: self.dev[slot].view(dtype) for dtype in _NUMPY}
+
+    def _views_of(self, into: torch.Tensor) -> dict:
+        if self.into_as[0] is not into:
+            if into.numel() % ALIGN:
+                raise ValueError(f"a buffer to pack into holds a multiple of {ALIGN} bytes, "
+                                 f"not {into.numel()}")
+            self.into_as = (into, {dtype: into.view(dtype) for dtype in _NUMPY})
+        return self.into_as[1]
 
 
 _NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_,

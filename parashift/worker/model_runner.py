@@ -22,7 +22,7 @@ from parashift.worker.plan_resources import PlanResources, make_resources, weigh
 from parashift.worker.peer_weights import peer_group
 from parashift.worker.seesaw import SeesawRank
 from parashift.worker.step_check import StepStateCheck
-from parashift.worker.step_inputs import StepInputs, build_step_inputs, sampled_table_rows
+from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.worker.token_history import TokenHistoryStore
 from parashift.kv.cache import KVCache, attention_layers
 from parashift.kv.cpu_tier import TierShape
@@ -385,19 +385,20 @@ class ModelRunner:
                 if self._check is not None:  # its uploads as packed (the ring's slots
                     self._check.verify_uploads()  # cover a micro-batch, not every stage's)
             self._wait_sends()
-        sampled = [mb_tokens for mb_tokens, _ in results if mb_tokens is not None]
+        sampled = [mb_tokens for mb_tokens, _, _ in results if mb_tokens is not None]
         tokens = (sampled[0] if len(sampled) == 1 else torch.cat(sampled) if sampled
                   else torch.empty(0, dtype=torch.int64))
-        sampled_rows = sampled_table_rows(chunks)
+        sampled_rows = (results[0][2] if len(results) == 1 else
+                        np.concatenate([np.empty(0, np.int64), *(r for _, _, r in results)]))
         group.remember(tokens, sampled_rows, len(self.requests.lengths))
         if self._check is not None:
             self._check.remember_samples(group, chunks)
         if not plan.is_output_rank:
             return PendingStep(None, None)
         logprobs = None
-        if any(mb_logprobs for _, mb_logprobs in results):
+        if any(mb_logprobs for _, mb_logprobs, _ in results):
             logprobs = []
-            for mb_tokens, mb_logprobs in results:
+            for mb_tokens, mb_logprobs, _ in results:
                 count = 0 if mb_tokens is None else len(mb_tokens)
                 logprobs += mb_logprobs or [None] * count
         return PendingStep(tokens, logprobs, errors)
@@ -471,7 +472,7 @@ class ModelRunner:
 
     def _run_micro_batch(self, chunks: list[SeqChunk], plan: PlanResources):
         """Returns the sampled tokens on the device (None where nothing is sampled
-        on this rank) and their logprobs."""
+        on this rank), their logprobs, and the block-table rows of the chunks sampled."""
         state = plan.state
         sp = state.sp
         bucket = self._bucket(chunks, plan)
@@ -495,13 +496,13 @@ class ModelRunner:
                                       *((bucket.rows, bucket.seqs) if bucket else (0,)))
         if not state.is_last_stage:
             self._send(out, state)
-            return None, None
+            return None, None, inputs.sample_table_rows
         if not inputs.sample_rows:
-            return None, None
+            return None, None, inputs.sample_table_rows
         hidden = self._sample_rows(out, inputs, sp)
         logits = self.model.compute_logits(hidden)
         if state.pp.size > 1 and not plan.is_output_rank:
-            return None, None
+            return None, None, inputs.sample_table_rows
         # With one stage every rank samples (the same tokens: same logits, same seeds), so
         # every rank can fill the next step's placeholders; only the output rank reports.
         if self.requests.argmax_only[inputs.sample_table_rows].all():  # no pass over params
@@ -509,7 +510,7 @@ class ModelRunner:
         else:
             result = self._sample(logits, [c for c in chunks if c.sampling is not None],
                                   plan.is_output_rank)
-        return result.token_ids, result.logprobs
+        return result.token_ids, result.logprobs, inputs.sample_table_rows
 
     def _sample(self, logits: torch.Tensor, sampling: list[SeqChunk], with_logprobs: bool):
         masks = [c.token_mask for c in sampling]

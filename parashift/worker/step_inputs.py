@@ -90,9 +90,3 @@ def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: in
     return StepInputs(token_ids, positions_d, attn, last_rows[sampled].tolist(), local, rows,
                       last_rows, tokens[last_rows], rows[sampled])
 
-
-def sampled_table_rows(chunks: list[SeqChunk]) -> np.ndarray:
-    """The block-table row of each chunk after which a token is sampled, in order."""
-    n = len(chunks)
-    rows = np.fromiter(map(_ROW, chunks), np.int64, n)
-    return rows[np.fromiter(map(is_not, map(_SAMPLING, chunks), repeat(None)), bool, n)]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from parashift.uploads import StagingRing
+from parashift.uploads import StagingRing, pack_offsets
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -32,3 +32,21 @@ def test_empty_arrays():
     ring = StagingRing(torch.device("cpu"))
     x, y = ring.upload([(np.zeros(0, np.int64), torch.int64), ([], torch.int32)])
     assert x.numel() == 0 and y.numel() == 0 and y.dtype == torch.int32
+
+
+def test_a_pack_into_a_given_buffer_lands_at_its_offsets():
+    """`into`: the pack is copied to the caller's buffer, each array where `pack_offsets`
+    puts it, and the returned tensors are views of that buffer; a pack that does not fit
+    is refused."""
+    ring = StagingRing(torch.device("cpu"))
+    into = torch.zeros(256, dtype=torch.uint8)
+    a, b, c = np.arange(3), np.arange(6, dtype=np.int32).reshape(2, 3), [True, False]
+    x, y, z = ring.upload([(a, torch.int64), (b, torch.int32), (c, torch.bool)], into=into)
+    offsets, total = pack_offsets([24, 24, 2])
+    assert (offsets, total) == ([0, 24, 48], 56)
+    for tensor, start in zip((x, y, z), offsets):
+        assert tensor.data_ptr() - into.data_ptr() == start
+    assert into[:24].view(torch.int64).tolist() == [0, 1, 2]
+    assert y.tolist() == b.tolist() and z.tolist() == c
+    with pytest.raises(ValueError, match="does not fit"):
+        ring.upload([(np.arange(40), torch.int64)], into=into)
