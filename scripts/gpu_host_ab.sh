@@ -2,14 +2,15 @@
 # Issue 24: host work per decode step through the engine core's loop (--output-processor
 # core, streamed outputs), this tree against the one in $BEFORE, interleaved, ROUNDS times
 # (default 2), JSON to $OUT. Both trees run this tree's benchmarks/host_overhead.py.
-# Usage: OUT=dir BEFORE=.before TOKENIZER=.tok [ROUNDS=2] bash scripts/gpu_host_ab.sh
+# Usage: OUT=dir BEFORE=.before TOKENIZER=.tok [ROUNDS=2] [BATCHES="256 1024"] \
+#   bash scripts/gpu_host_ab.sh (1,024 sequences of context 512 need an H200)
 set -u
 here=$(pwd); before=${BEFORE:?the earlier tree}; tok=${TOKENIZER:?a tokenizer directory}
 for round in $(seq "${ROUNDS:-2}"); do
   for tree in before after; do
     dir=$here; [ $tree = before ] && dir=$here/$before
     (cd "$dir" && PYTHONPATH="$dir" python3 "$here/benchmarks/host_overhead.py" \
-      --model "$here/benchmarks/shapes/llama-3.1-8b.json" --batch-sizes 256 1024 \
+      --model "$here/benchmarks/shapes/llama-3.1-8b.json" --batch-sizes ${BATCHES:-256 1024} \
       --context 512 --decode-steps 40 --tokenizer "$here/$tok" --output-processor core \
       --output-kind delta --output "$OUT/host_${tree}_$round.json" 2>&1 \
       | grep -E '^\{|Error' | cut -c1-400 | sed "s/^/[$tree $round] /")
