@@ -35,9 +35,11 @@ class ScheduledSeq:
     sampled after them (the chunk reaches the last token, pending ones included)."""
     __slots__ = ("seq", "num_new_tokens", "start_pos", "samples")
 
-    def __init__(self, seq: Sequence, num_new_tokens: int, start_pos: int):
+    def __init__(self, seq: Sequence, num_new_tokens: int, start_pos: int,
+                 samples: bool | None = None):
         self.seq, self.num_new_tokens, self.start_pos = seq, num_new_tokens, start_pos
-        self.samples = start_pos + num_new_tokens == len(seq.token_ids) + seq.num_pending_tokens
+        self.samples = (start_pos + num_new_tokens == len(seq.token_ids) + seq.num_pending_tokens
+                        if samples is None else samples)
 
     def token_ids(self) -> list[int]:
         """The chunk's input tokens, with a placeholder for a pending one."""
@@ -280,14 +282,21 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """`allocate_slots` runs only for a sequence whose chunk needs another block: this
-        loop runs over every running sequence each step."""
+        loop runs over every running sequence each step. A decode (one token to compute,
+        the last: computed + 1 == tokens + pending) is told apart without the calls a
+        chunk of a prompt makes."""
         i, running, scheduled = 0, self.running, out.scheduled
         allocate, block_size = self.block_manager.allocate_slots, self.block_manager.block_size
-        gate = self.gate
+        gate, defer = self.gate, self.defer_pending
         while i < len(running) and budget > 0:
             seq = running[i]
             computed = seq.num_computed_tokens
-            num_new = self._num_new_tokens(seq, budget, computed)
+            pending = seq.num_pending_tokens
+            end = len(seq.token_ids) + pending  # the tokens this step may reach
+            if end == computed + 1 and not (pending and (defer or end >= seq.length_limit)):
+                num_new, samples = 1, True  # _num_new_tokens' answer for a decode
+            else:
+                num_new, samples = self._num_new_tokens(seq, budget, computed), None
             if num_new <= 0 or (gate is not None and not gate.runs(seq)):
                 i += 1
                 continue
@@ -299,7 +308,7 @@ class Scheduler:
                     budget += self._preempt(victim, out)
                     if victim is seq:
                         return budget
-            entry = ScheduledSeq(seq, num_new, computed)
+            entry = ScheduledSeq(seq, num_new, computed, samples)
             scheduled.append(entry)
             seq.num_computed_tokens = computed + num_new
             seq.num_pending_tokens += entry.samples

@@ -473,3 +473,35 @@ def test_the_length_limit_is_max_tokens_or_the_model_length_whichever_comes_firs
     assert finished_at == {"a": 5, "b": 10, "c": 10, "d": 10}
     assert [seq.finish_reason for seq in seqs] == ["length"] * 4
     assert [seq.num_output_tokens for seq in seqs] == [5, 10, 10, 10]
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_each_running_chunk_is_what_num_new_tokens_says_with_steps_in_flight(defer):
+    """The running loop tells decodes apart without `_num_new_tokens`: with a budget that
+    never binds, every running sequence gets that method's answer (as asked before the
+    step), and samples exactly when its chunk reaches its last token, pending ones included:
+    random prompts, length limits and a prefill threshold, two steps in flight."""
+    rng = random.Random(3)
+    sched = make_scheduler(num_blocks=512, max_num_batched_tokens=4096,
+                           long_prefill_token_threshold=8)
+    sched.defer_pending = defer
+    for i in range(10):
+        sched.add(make_seq(f"s{i}", rng.randint(1, 30), max_tokens=rng.randint(1, 7)))
+    in_flight, decodes = [], 0
+    for _ in range(40):
+        asked = {seq.request_id: (sched._num_new_tokens(seq, 4096, seq.num_computed_tokens),
+                                  len(seq.token_ids) + seq.num_pending_tokens)
+                 for seq in sched.running}
+        out = sched.schedule()
+        for s in out.scheduled:
+            if s.seq.request_id not in asked:  # admitted in this step
+                continue
+            num_new, end = asked.pop(s.seq.request_id)
+            assert (s.num_new_tokens, s.samples) == (num_new, s.start_pos + num_new == end)
+            decodes += s.num_new_tokens == 1 and s.samples
+        assert all(num_new <= 0 for num_new, _ in asked.values())  # the ones left out
+        in_flight.append(out)
+        if len(in_flight) == 2 or not out.scheduled:
+            done = in_flight.pop(0)
+            sched.update(done, [7] * sum(s.samples for s in done.scheduled))
+    assert decodes > 20
