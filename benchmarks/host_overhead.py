@@ -15,7 +15,8 @@ the outputs made from it, left out of the host work (they are the caller's proce
 On the CPU (the default tiny shape) the parts are exact but the forward is CPU compute;
 `gc` is the garbage collector's time (it runs inside whichever part allocates);
 on a GPU the parts are host time only (kernels run asynchronously), and `device_wait`
-is the time the host blocks on results. Each part's milliseconds per step are the sum
+is the time the host blocks on results. `host_us_per_seq_median` is the median step's host
+time per sequence (a noisy host's slow steps move the mean, not it). Each part's milliseconds per step are the sum
 over its calls; parts nest (`launch` holds `step_inputs`, `sample_rows` and the rest).
 `model_forward` and `model_logits` are the model's calls (the forward's kernels launched on a
 GPU, its compute on the CPU): `host_us_per_seq_outside_model` leaves them out, which on the CPU
@@ -29,6 +30,7 @@ import importlib
 import json
 import pickle
 import random
+import statistics
 import time
 
 import torch
@@ -199,10 +201,15 @@ def measure(engine, batch: int, context: int, steps: int, cprofile: int = 0,
     num_outputs = 0
     frontend_before, send_before = (getattr(engine, name, 0.0) for name in ("frontend_s",
                                                                             "send_s"))
+    step_hosts = []  # each step's host seconds: its wall time less its waits and frontend
     with timed_parts() as seconds, (profiler or contextlib.nullcontext()):
         start = time.perf_counter()
         for _ in range(steps):
+            step_start = time.perf_counter()
+            outside = seconds["device_wait"] + getattr(engine, "frontend_s", 0.0)
             num_outputs += len(engine.step())
+            step_hosts.append(time.perf_counter() - step_start - seconds["device_wait"]
+                              - getattr(engine, "frontend_s", 0.0) + outside)
         wall = time.perf_counter() - start
     seconds["frontend"] = getattr(engine, "frontend_s", 0.0) - frontend_before
     seconds["core_send"] = getattr(engine, "send_s", 0.0) - send_before
@@ -218,6 +225,8 @@ def measure(engine, batch: int, context: int, steps: int, cprofile: int = 0,
     return dict(batch=batch, step_ms=round(wall / steps * 1e3, 3),
                 host_ms=round(host / steps * 1e3, 3),
                 host_us_per_seq=round(host / steps / batch * 1e6, 2),
+                # the middle step's: robust to a few slow steps (a noisy host, a collector pass)
+                host_us_per_seq_median=round(statistics.median(step_hosts) / batch * 1e6, 2),
                 host_us_per_seq_outside_model=round(outside_model / steps / batch * 1e6, 2),
                 outputs_per_step=round(num_outputs / steps, 1), messages_pending=pending,
                 parts_ms=parts,
