@@ -1,10 +1,13 @@
 """Host lists to device tensors without stalling the host. A copy from pageable memory
 waits for the stream to drain, which would serialise the host with the step already
 running on the GPU (async scheduling); from pinned memory it is queued like a kernel."""
+import math
+
 import numpy as np
 import torch
 
 ALIGN = 8  # bytes: every array of a pack starts at a multiple of int64's size
+MAX_LAYOUTS = 256  # a slot's layouts kept with their views (more: forgotten, made again)
 
 
 def upload(values, dtype: torch.dtype | None, device: torch.device) -> torch.Tensor:
@@ -18,6 +21,36 @@ def upload_each(arrays: list[tuple[np.ndarray, torch.dtype]], device: torch.devi
                 ) -> list[torch.Tensor]:
     """What `StagingRing.upload` returns, one fresh tensor per array (tests, profiling)."""
     return [upload(values, dtype, device) for values, dtype in arrays]
+
+
+_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def current_stream(device: torch.device) -> torch.cuda.Stream:
+    """torch.cuda.current_stream(device), found by the raw stream's handle (a C call)
+    instead of through the device-index checks that cost tens of microseconds a step."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    handle = torch._C._cuda_getCurrentRawStream(index)
+    stream = _STREAMS.get(handle)
+    if stream is None or stream.device_index != index:
+        stream = _STREAMS[handle] = torch.cuda.current_stream(index)
+    return stream
+
+
+class FreshUploads:
+    """A StagingRing's `reserve` and `send` with fresh arrays and a tensor each (tests,
+    profiling, callers without a ring)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.pending = device, None
+
+    def reserve(self, shapes, into=None) -> tuple[list[np.ndarray], None]:
+        self.pending = [(np.zeros(shape, _NUMPY[dtype]), dtype) for shape, dtype in shapes]
+        return [a for a, _ in self.pending], None
+
+    def send(self) -> list[torch.Tensor]:
+        arrays, self.pending = self.pending, None
+        return upload_each(arrays, self.device)
 
 
 def pack_offsets(sizes: list[int]) -> tuple[list[int], int]:
@@ -51,6 +84,9 @@ class StagingRing:
         self.host_as: list[dict | None] = [None] * depth
         self.dev_as: list[dict | None] = [None] * depth
         self.into_as: tuple[torch.Tensor | None, dict] = (None, {})
+        self.layouts: dict[tuple, tuple[list[int], int]] = {}  # (shapes, into) -> offsets
+        self.views: list[dict] = [{} for _ in range(depth)]  # per slot: layout -> views
+        self.pending = None  # the pack reserved and not yet sent
         self.copied: list[torch.cuda.Event | None] = [None] * depth
 
     def upload(self, arrays: list[tuple[np.ndarray, torch.dtype]],
@@ -58,28 +94,58 @@ class StagingRing:
         """`into`: a device buffer of bytes (a CUDA graph's inputs) that the pack is copied
         to instead of the slot's, laid out as `pack_offsets` says."""
         arrays = [(np.asarray(values, _NUMPY[dtype]), dtype) for values, dtype in arrays]
-        offsets, total = pack_offsets([a.nbytes for a, _ in arrays])
+        host, _ = self.reserve([(a.shape, dtype) for a, dtype in arrays], into)
+        for (a, _), target in zip(arrays, host):
+            target[...] = a
+        return self.send()
+
+    def reserve(self, shapes: list[tuple[tuple[int, ...], torch.dtype]],
+                into: torch.Tensor | None = None
+                ) -> tuple[list[np.ndarray], list[torch.Tensor]]:
+        """A pack of arrays of these shapes, to be written in place: their host views (in
+        the slot's pinned buffer) and the device tensors they become once `send` copies
+        them (views of the slot's device buffer, or of `into`). The same layout in the same
+        slot gives the same views, made once."""
+        shapes = tuple(shapes)
+        key = (shapes, None if into is None else (into.data_ptr(), into.numel()))
+        layout = self.layouts.get(key)
+        if layout is None:
+            layout = self.layouts[key] = pack_offsets(
+                [math.prod(shape) * dtype.itemsize for shape, dtype in shapes])
+        offsets, total = layout
         slot = self._take_slot(max(total, ALIGN))
-        host_as = self.host_as[slot]
-        for (a, _), start in zip(arrays, offsets):
-            first = start // a.itemsize
-            host_as[a.dtype][first:first + a.size] = a.reshape(-1)
-        if into is None:
-            dev, dev_as = self.dev[slot], self.dev_as[slot]
-        else:
-            if total > into.numel():
-                raise ValueError(f"a pack of {total} bytes does not fit the {into.numel()} given")
-            dev, dev_as = into, self._views_of(into)
+        if into is not None and total > into.numel():
+            raise ValueError(f"a pack of {total} bytes does not fit the {into.numel()} given")
+        views = self.views[slot].get(key)
+        if views is None:
+            if len(self.views[slot]) > MAX_LAYOUTS:
+                self.views[slot].clear()
+            views = self.views[slot][key] = self._views(slot, shapes, offsets, into)
+        self.pending = (slot, total, into, views)
+        return views
+
+    def send(self) -> list[torch.Tensor]:
+        """Copies the pack last reserved to the device (queued on the current stream);
+        returns its device tensors."""
+        slot, total, into, (_, views) = self.pending
+        self.pending = None
+        dev = self.dev[slot] if into is None else into
         if self.on_cuda or into is not None:
             dev[:total].copy_(self.host[slot][:total], non_blocking=True)
         if self.on_cuda:
-            self.copied[slot].record(torch.cuda.current_stream(self.device))
-        views = []
-        for (a, dtype), start in zip(arrays, offsets):
-            first = start // a.itemsize
-            view = dev_as[dtype][first:first + a.size]
-            views.append(view if a.ndim == 1 else view.view(a.shape))
+            self.copied[slot].record(current_stream(self.device))
         return views
+
+    def _views(self, slot: int, shapes: tuple, offsets: list[int], into: torch.Tensor | None
+               ) -> tuple[list[np.ndarray], list[torch.Tensor]]:
+        host_as = self.host_as[slot]
+        dev_as = self.dev_as[slot] if into is None else self._views_of(into)
+        host, dev = [], []
+        for (shape, dtype), start in zip(shapes, offsets):
+            first, count = start // dtype.itemsize, math.prod(shape)
+            host.append(host_as[dtype][first:first + count].reshape(shape))
+            dev.append(dev_as[dtype][first:first + count].view(shape))
+        return host, dev
 
     def _take_slot(self, nbytes: int) -> int:
         slot = self.next_slot
@@ -94,8 +160,9 @@ class StagingRing:
     def _grow(self, slot: int, size: int) -> None:
         size = -(-size // ALIGN) * ALIGN
         self.host[slot] = torch.empty(size, dtype=torch.uint8, pin_memory=self.on_cuda)
+        self.views[slot].clear()
         host_bytes = self.host[slot].numpy()
-        self.host_as[slot] = {np.dtype(t): host_bytes.view(t) for t in _NUMPY.values()}
+        self.host_as[slot] = {dtype: host_bytes.view(t) for dtype, t in _NUMPY.items()}
         if self.on_cuda:
             self.dev[slot] = torch.empty(size, dtype=torch.uint8, device=self.device)
             self.copied[slot] = torch.cuda.Event()

@@ -6,8 +6,7 @@ from parashift.config import SchedulerConfig
 from parashift.engine.policy import GroupView
 from parashift.engine.scheduler import Scheduler, SchedulerOutput, SwapOp
 from parashift.kv.block_manager import BlockManager
-from parashift.worker.step_batch import (PLACEHOLDER_TOKEN, ChunkDelta, DeltaEncoder, KVSwap,
-                                         StepBatch)
+from parashift.worker.step_batch import DeltaEncoder, KVSwap, StepBatch
 
 ARRIVAL_WINDOW_S = 10.0  # the window of a group's arrival rate
 
@@ -77,26 +76,36 @@ class Replica:
         return sched, plan, seconds
 
     def step_batch(self, sched: SchedulerOutput, plan: str) -> StepBatch:
+        """The step's message. Its plain decodes go first, in columns (StepBatch), and
+        `sched.scheduled` is put in the message's order, that of the sampled tokens."""
         for seq in sched.preempted:
             self.encoder.reset(seq.request_id)
-        chunks, new_params, prompts = [], {}, {}
+        chunks, new_params, prompts, others = [], {}, {}, []
+        decode_ids, decode_starts, decode_blocks, decode_new = [], [], [], {}
         encoder = self.encoder
         sent_blocks, chunk = encoder.sent_blocks, encoder.chunk
-        for s in sched.scheduled:
+        for i, s in enumerate(sched.scheduled):
             seq = s.seq
             request_id, block_table, start = seq.request_id, seq.block_table, s.start_pos
             sent = sent_blocks.get(request_id)
-            if sent == len(block_table) and s.num_new_tokens == 1 \
-                    and start == len(seq.token_ids):  # most decode steps
-                chunks.append(ChunkDelta(request_id, [PLACEHOLDER_TOKEN], start, sent, [],
-                                         s.samples))
+            if s.num_new_tokens == 1 and start == len(seq.token_ids) and sent is not None:
+                if sent != len(block_table):  # a decode that starts a block (they sample)
+                    decode_new[len(decode_ids)] = encoder.new_blocks(request_id, block_table)
+                decode_ids.append(request_id)
+                decode_starts.append(start)
+                decode_blocks.append(sent)
                 continue
             if sent is None:
                 new_params[request_id] = seq.params
                 if seq.params.uses_history:
                     prompts[request_id] = seq.prompt_token_ids
             chunks.append(chunk(request_id, s.token_ids(), start, block_table, s.samples))
-        batch = StepBatch(chunks, new_params, self.encoder.take_finished(), plan, prompts)
+            others.append(i)
+        if others and others[0] != len(decode_ids):  # a chunk before a plain decode
+            _decodes_first(sched, others)
+        batch = StepBatch(chunks, new_params, self.encoder.take_finished(), plan, prompts,
+                          decode_ids=decode_ids, decode_starts=decode_starts,
+                          decode_blocks=decode_blocks, decode_new_blocks=decode_new)
         if sched.swap_out or sched.swap_in:
             batch.swap_out = [self._kv_swap(op) for op in sched.swap_out]
             batch.swap_in = [self._kv_swap(op) for op in sched.swap_in]
@@ -108,6 +117,14 @@ class Replica:
         offset = self.encoder.block_offset
         return KVSwap(op.request_id, [b + offset for b in op.block_ids], op.num_tokens,
                       op.slot.start, op.slot.length)
+
+
+def _decodes_first(sched: SchedulerOutput, others: list[int]) -> None:
+    """Reorders the scheduled sequences: the plain decodes, then the others (at these
+    indices), each in its order."""
+    scheduled, other = sched.scheduled, set(others)
+    sched.scheduled = [s for i, s in enumerate(scheduled) if i not in other] + \
+        [scheduled[i] for i in others]
 
 
 def combine_views(views: list[GroupView]) -> GroupView:

@@ -75,7 +75,7 @@ class Sampler:
     def argmax(logits: torch.Tensor) -> SamplerOutput:
         """What __call__ returns for rows that are all `argmax_only` (SamplingParams): the
         argmax of the raw logits, no logprobs."""
-        return SamplerOutput(logits.float().argmax(dim=-1), None)
+        return SamplerOutput(logits.argmax(dim=-1), None)  # exact in any float dtype
 
     def _sample(self, logits: torch.Tensor, params: list[SamplingParams],
                 generators: list[torch.Generator | None], shared: torch.Generator) -> torch.Tensor:

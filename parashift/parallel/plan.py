@@ -162,6 +162,13 @@ class Plan:
         return self.sp * self.tp
 
     def name(self) -> str:
+        name = self.__dict__.get("_name")  # made once: every step names its plan
+        if name is None:
+            name = self._make_name()
+            object.__setattr__(self, "_name", name)
+        return name
+
+    def _make_name(self) -> str:
         name = "x".join(f"{k}{getattr(self, k)}" for k in ("dp", "pp", "sp", "tp")
                         if getattr(self, k) > 1) or "single"
         name = f"shift-{name}" if self.shift_base else name

@@ -18,14 +18,13 @@ default on CUDA (`--enforce-eager` turns them off); tests/engine/test_gpu_engine
 checks them against eager."""
 import os
 from dataclasses import dataclass
-from functools import partial
 from operator import attrgetter
 
 import torch
 
 from parashift.attention.metadata import AttentionMetadata
 from parashift.uploads import pack_offsets
-from parashift.worker.step_batch import SeqChunk
+from parashift.worker.step_batch import DecodeChunks, SeqChunk
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.context import use_context
 
@@ -86,7 +85,7 @@ class GraphSizes:
 def input_layout(bucket: Bucket, sp_size: int) -> list[tuple[int, int, torch.dtype]]:
     """(byte offset, length, dtype) of a graph's tokens and positions (an SP rank's rows),
     slots, query starts and sequence lengths in the pack of a step padded to `bucket`
-    (build_step_inputs' arrays in its order, packed by StagingRing.upload)."""
+    (build_step_inputs' arrays in its order, packed by StagingRing.reserve)."""
     local = bucket.rows // sp_size
     shapes = [(local, torch.int64), (local, torch.int64), (bucket.rows, torch.int64),
               (bucket.seqs + 1, torch.int32), (bucket.seqs, torch.int32)]
@@ -116,7 +115,7 @@ class StepGraphs:
         seqs = max(largest, self.sizes.mixed_seqs)
         max_blocks = -(-max_model_len // min(p.block_size for p in plans))
         # Every graph's inputs but its block tables are views of this buffer, where a step's
-        # pack lands in one copy (StagingRing.upload(into=)): where each view starts is a
+        # pack lands in one copy (StagingRing.reserve(into=)): where each view starts is a
         # function of the plan's SP size and the bucket (`_inputs`), as in the pack of a
         # step padded to the bucket. The pack's block tables (last) are copied from it.
         self.packed = torch.zeros(pack_offsets([rows * 8] * 3 + [(seqs + 1) * 4, seqs * 4,
@@ -138,7 +137,9 @@ class StepGraphs:
     def bucket_for(self, chunks: list[SeqChunk], plan, at_least: int = 0) -> Bucket | None:
         """The graph bucket of a step of `chunks` (a decode step's padded to `at_least` rows:
         a shared-FFN round's), or None where this plan captured none."""
-        bucket = self.sizes.for_step(sum(map(len, map(_TOKENS, chunks))), len(chunks), at_least)
+        rows = (len(chunks) if isinstance(chunks, DecodeChunks)
+                else sum(map(len, map(_TOKENS, chunks))))
+        bucket = self.sizes.for_step(rows, len(chunks), at_least)
         return bucket if (plan.graph_key, bucket) in self.graphs else None
 
     def bucket_of(self, rows: int) -> int | None:
@@ -187,17 +188,18 @@ class StepGraphs:
         return graph, hidden
 
     def run(self, chunks: list[SeqChunk], tables, plan, bucket: Bucket, patch_tokens,
-            upload_all, receive=None):
+            staging, receive=None):
         """Replays the bucket's graph for this step; returns (its output: the hidden
         states, or a stage's (hidden states, residual) before the last, and the inputs).
         `tables` are the rank's block tables (by chunk.row);
         `patch_tokens(tokens, chunks, inputs)` may rewrite the input tokens first;
-        `upload_all(arrays, into=)` is a StagingRing's upload; `receive(hidden, residual)`
+        `staging` is a StagingRing (the pack is reserved into the graph's inputs);
+        `receive(hidden, residual)`
         fills a later pipeline stage's inputs from the stage before (the bucket's rows)."""
         sp = plan.state.sp
         inputs = build_step_inputs(chunks, tables, plan.block_size, self.packed.device,
                                    sp.size, sp.rank, pad_to=bucket.rows, pad_seqs=bucket.seqs,
-                                   upload_all=partial(upload_all, into=self.packed))
+                                   staging=staging, into=self.packed)
         self._fill(inputs, plan, bucket)
         patch_tokens(inputs.token_ids, chunks, inputs)
         if receive is not None:

@@ -37,7 +37,7 @@ from parashift.worker.profiler import RankProfiler
 from parashift.worker.shared_ffn import CAS_WEIGHTS, PROFILE_ROUND, SharedFfn
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
-from parashift.uploads import StagingRing, upload
+from parashift.uploads import StagingRing, current_stream, upload
 
 logger = logging.getLogger(__name__)
 # Sampled tokens, their logprobs, and the requests this step failed (id -> reason).
@@ -46,17 +46,22 @@ StepResult = tuple[list[int], list[dict[int, float] | None] | None, dict[str, st
 
 class PendingStep:
     """A launched step's sampled tokens, copied to the host behind the step's
-    kernels: result() waits for this step only, not for steps launched after it."""
+    kernels: result() waits for this step only, not for steps launched after it.
+    `pinned` lends the pinned host buffer the copy lands in (taken back by result())."""
 
     def __init__(self, tokens: torch.Tensor | None, logprobs: list | None,
-                 errors: dict[str, str] | None = None):
+                 errors: dict[str, str] | None = None, pinned: "PinnedBuffers | None" = None):
         self.logprobs, self.errors, self._event = logprobs, errors or {}, None
-        self._tokens = tokens
+        self._tokens, self._buffer, self._pinned = tokens, None, pinned
         if tokens is not None and tokens.is_cuda:
-            self._tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            if pinned is not None and tokens.dtype == torch.int64:
+                self._buffer = pinned.take(len(tokens))
+                self._tokens = self._buffer[:len(tokens)]
+            else:
+                self._tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             self._tokens.copy_(tokens, non_blocking=True)
             self._event = torch.cuda.Event()
-            self._event.record()
+            self._event.record(current_stream(tokens.device))
 
     def done(self) -> bool:
         return self._event is None or self._event.query()
@@ -66,7 +71,30 @@ class PendingStep:
             return None
         if self._event is not None:
             self._event.synchronize()
-        return self._tokens.tolist(), self.logprobs, self.errors
+        if not isinstance(self._tokens, list):
+            self._tokens = self._tokens.tolist()
+            if self._buffer is not None:  # read: the buffer may take another step's tokens
+                self._pinned.give(self._buffer)
+                self._buffer = None
+        return self._tokens, self.logprobs, self.errors
+
+
+class PinnedBuffers:
+    """Pinned int64 host buffers that steps' sampled tokens are copied into, reused
+    (pinning a fresh one costs tens of microseconds a step)."""
+
+    def __init__(self, size: int = 1024):
+        self.size, self.free = size, []
+
+    def take(self, count: int) -> torch.Tensor:
+        while self.free:
+            buffer = self.free.pop()
+            if len(buffer) >= count:
+                return buffer
+        return torch.empty(max(count, self.size), dtype=torch.int64, pin_memory=True)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        self.free.append(buffer)
 
 
 class GroupSampling:
@@ -118,6 +146,7 @@ class ModelRunner:
         self.requests = RequestTables()
         self._check = StepStateCheck() if config.check_step_state else None
         self.staging = StagingRing(device)  # a step's index arrays to the device in one copy
+        self.pinned = PinnedBuffers()  # where sampled tokens land on the host
         self._profiler = None  # start_profile's (worker/profiler.py)
         if self._check is not None:
             self._check.watch_uploads(self.staging)
@@ -401,7 +430,7 @@ class ModelRunner:
             for mb_tokens, mb_logprobs, _ in results:
                 count = 0 if mb_tokens is None else len(mb_tokens)
                 logprobs += mb_logprobs or [None] * count
-        return PendingStep(tokens, logprobs, errors)
+        return PendingStep(tokens, logprobs, errors, self.pinned)
 
     def _bucket(self, chunks: list[SeqChunk], plan: PlanResources) -> Bucket | None:
         """The graph bucket this micro-batch replays, if any. Sharing FFN weights, only in
@@ -479,14 +508,14 @@ class ModelRunner:
         if bucket is not None:
             receive = None if state.is_first_stage else partial(self._recv_into, state)
             out, inputs = self.graphs.run(chunks, self.requests.tables, plan, bucket,
-                                          self._fill_placeholders, self.staging.upload,
+                                          self._fill_placeholders, self.staging,
                                           receive)
             if not state.is_last_stage:  # the next replay overwrites the graph's output
                 out = tuple(t.clone() for t in out)
         else:
             inputs = build_step_inputs(chunks, self.requests.tables, plan.block_size,
                                        self.device, sp.size, sp.rank,
-                                       upload_all=self.staging.upload)
+                                       staging=self.staging)
             self._fill_placeholders(inputs.token_ids, chunks, inputs)
             intermediate = None if state.is_first_stage else self._recv(inputs, state)
             with use_context(plan.context(inputs.attn, self.backend)):

@@ -4,6 +4,7 @@ runner sees it once the rank has applied it to what it already knows.
 The message carries deltas: a request's sampling parameters once, and only the
 block ids appended to its block table since the last step."""
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter
 
 import numpy as np
@@ -13,6 +14,8 @@ from parashift.structured.matchers import TokenMasks
 
 _REQUEST_ID = attrgetter("request_id")
 PLACEHOLDER_TOKEN = -1  # a token sampled by the step in flight, not yet known to the engine
+# The input of every plain decode's chunk on a rank: one list, shared (read, never written)
+PLACEHOLDER_ONLY = [PLACEHOLDER_TOKEN]
 
 
 @dataclass(slots=True)
@@ -38,6 +41,11 @@ class KVSwap:
 
 @dataclass
 class StepBatch:
+    """A step's chunks are its plain decodes, in columns (`decode_ids`, `decode_starts`,
+    `decode_blocks`: one placeholder token at that position, a token sampled; the block
+    table keeps its first `decode_blocks` ids, followed by `decode_new_blocks[i]` where the
+    i-th has new ones), then `chunks`, in that order: the order of its rows and of its
+    sampled tokens."""
     chunks: list[ChunkDelta]
     new_params: dict[str, SamplingParams] = field(default_factory=dict)
     finished_request_ids: list[str] = field(default_factory=list)
@@ -65,6 +73,19 @@ class StepBatch:
     # step, the FFN rows the peers exchange (known without asking: no exchange of counts,
     # no wait for the device inside the forward); empty: counts exchanged.
     round_tokens: dict[int, int] = field(default_factory=dict)
+    decode_ids: list[str] = field(default_factory=list)
+    decode_starts: list[int] = field(default_factory=list)
+    decode_blocks: list[int] = field(default_factory=list)
+    decode_new_blocks: dict[int, list[int]] = field(default_factory=dict)
+
+    def all_chunks(self) -> list[ChunkDelta]:
+        """Every chunk of the step in its order, the plain decodes as ChunkDeltas too."""
+        if not self.decode_ids:
+            return self.chunks
+        new = self.decode_new_blocks
+        return [ChunkDelta(request_id, [PLACEHOLDER_TOKEN], start, blocks, new.get(i, []), True)
+                for i, (request_id, start, blocks) in enumerate(zip(
+                    self.decode_ids, self.decode_starts, self.decode_blocks))] + self.chunks
 
 
 @dataclass(slots=True)
@@ -81,6 +102,17 @@ class SeqChunk:
     @property
     def seq_len(self) -> int:
         return self.start_pos + len(self.token_ids)
+
+
+class DecodeChunks(list):
+    """The chunks of a step of plain decodes only (one placeholder token each, a token
+    sampled), with their block-table rows and start positions as arrays, which
+    build_step_inputs reads instead of passing over the chunks."""
+
+    def __init__(self, chunks: list[SeqChunk], rows: list[int], starts: list[int]):
+        super().__init__(chunks)
+        self.rows = np.array(rows, np.int64)
+        self.starts = np.array(starts, np.int64)
 
 
 class RequestTables:
@@ -100,6 +132,8 @@ class RequestTables:
         self._free = list(range(rows - 1, -1, -1))
 
     def apply(self, batch: StepBatch) -> list[SeqChunk]:
+        """The step's chunks, its rows and parameters resolved (DecodeChunks for a step of
+        plain decodes only)."""
         for request_id in batch.finished_request_ids:
             self.forget(request_id)
         self.params.update(batch.new_params)
@@ -107,12 +141,19 @@ class RequestTables:
         for request_id in batch.new_params:  # of a request that kept its row (new: below)
             if request_id in row_of:
                 self._mark_argmax_only(request_id, row_of[request_id])
+        ids = batch.decode_ids  # requests with a row, and their parameters, already
+        decode_rows = list(map(row_of.__getitem__, ids))
+        for i, block_ids in batch.decode_new_blocks.items():
+            self._write(decode_rows[i], batch.decode_blocks[i], block_ids)
+        chunks = list(map(SeqChunk, ids, repeat(PLACEHOLDER_ONLY), batch.decode_starts,
+                          decode_rows, map(params.__getitem__, ids)))
+        if not deltas and batch.token_masks is None:
+            return DecodeChunks(chunks, decode_rows, batch.decode_starts)
         rows = list(map(row_of.get, map(_REQUEST_ID, deltas)))
         if None in rows:
             rows = [self._take_row(d.request_id) if row is None else row
                     for d, row in zip(deltas, rows)]
         lengths = self.lengths.tolist()  # (rows are taken: every row is in it)
-        chunks = []
         for d, row in zip(deltas, rows):
             if d.new_blocks or d.blocks_from != lengths[row]:
                 self._write(row, d.blocks_from, d.new_blocks)
@@ -180,14 +221,18 @@ class DeltaEncoder:
     def chunk(self, request_id: str, token_ids: list[int], start_pos: int,
               block_table: list[int], samples: bool) -> ChunkDelta:
         sent = self.sent_blocks.get(request_id, 0)
+        return ChunkDelta(request_id, token_ids, start_pos, sent,
+                          self.new_blocks(request_id, block_table), samples)
+
+    def new_blocks(self, request_id: str, block_table: list[int]) -> list[int]:
+        """The block ids the ranks do not have yet (in their pool's ids), now sent."""
+        sent = self.sent_blocks.get(request_id, 0)
         count = self.sent_blocks[request_id] = len(block_table)
         if sent == count:  # most decode steps
-            new_blocks = []
-        elif self.block_offset:
-            new_blocks = [b + self.block_offset for b in block_table[sent:]]
-        else:
-            new_blocks = block_table[sent:]
-        return ChunkDelta(request_id, token_ids, start_pos, sent, new_blocks, samples)
+            return []
+        if self.block_offset:
+            return [b + self.block_offset for b in block_table[sent:]]
+        return block_table[sent:]
 
     def is_new(self, request_id: str) -> bool:
         return request_id not in self.sent_blocks

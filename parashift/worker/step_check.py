@@ -24,15 +24,17 @@ class StepStateCheck:
         self.uploads: list[list] = []  # the micro-batch's [tensor, its values as packed]
 
     def watch_uploads(self, ring: StagingRing) -> None:
-        """Records every array the ring uploads, for `verify_uploads` at the end of the
-        micro-batch."""
-        upload = ring.upload
+        """Records every array the ring sends (its uploads and the packs written in place),
+        for `verify_uploads` at the end of the micro-batch."""
+        send = ring.send
 
-        def recorded(arrays, **where):
-            tensors = upload(arrays, **where)
-            self.uploads += [[t, np.asarray(a).tolist()] for t, (a, _) in zip(tensors, arrays)]
+        def recorded():
+            host = ring.pending[-1][0]
+            values = [a.tolist() for a in host]
+            tensors = send()
+            self.uploads += [[t, v] for t, v in zip(tensors, values)]
             return tensors
-        ring.upload = recorded
+        ring.send = recorded
 
     def verify_uploads(self) -> None:
         """Every tensor the micro-batch uploaded still holds what was packed into it (read
@@ -46,7 +48,7 @@ class StepStateCheck:
         """Applies the message to the lists, then compares every live request's table."""
         for request_id in batch.finished_request_ids:
             self.tables.pop(request_id, None)
-        for d in batch.chunks:
+        for d in batch.all_chunks():
             table = self.tables.setdefault(d.request_id, [])
             del table[d.blocks_from:]
             table += d.new_blocks
@@ -62,8 +64,8 @@ class StepStateCheck:
         _expect(not persistent.argmax_only[persistent.free_rows()].any(),
                 "argmax_only of free rows", persistent.argmax_only[persistent.free_rows()],
                 "none set")
-        _expect(set(persistent.row_of) >= {d.request_id for d in batch.chunks},
-                "requests with a row", sorted(persistent.row_of), batch.chunks)
+        _expect(set(persistent.row_of) >= {d.request_id for d in batch.all_chunks()},
+                "requests with a row", sorted(persistent.row_of), batch.all_chunks())
 
     def verify_inputs(self, chunks: list[SeqChunk], inputs: StepInputs, block_size: int,
                       sp_size: int, sp_rank: int, pad_to: int,

@@ -1,11 +1,14 @@
 """A step message in a fixed binary layout, so that sending a step to the ranks costs
 a few bulk operations instead of pickling every chunk, list and request id.
 
-Layout (little-endian), version 5; the counts in the header size every section:
+Layout (little-endian), version 8; the counts in the header size every section:
   header          magic b"PSTB", u16 version, u16 reserved (0), then u32 counts:
                   C chunks, T token ids, K new block ids, N new requests, F finished
                   requests, S bytes of id text, B logit-bias entries, P prompt
-                  tokens                                                     (40 bytes)
+                  tokens, D plain decodes, E new block ids of plain decodes  (48 bytes)
+  int64[3, D]     per plain decode (StepBatch.decode_ids): its start, the blocks it keeps,
+                  its number of new blocks
+  int64[E]        the plain decodes' new block ids, in order
   int64[T]        every chunk's token ids, in chunk order (PLACEHOLDER_TOKEN as it is)
   int64[K]        every chunk's new block ids, in chunk order
   int64[5, N]     per new request: top_k, logprobs (-1 = None), has_seed, seed (0 = None),
@@ -17,8 +20,9 @@ Layout (little-endian), version 5; the counts in the header size every section:
   float64[B]      their biases
   int32[5, C]     per chunk: start_pos, blocks_from, len(token_ids), len(new_blocks), samples
   int32[N]        per new request: its number of logit-bias entries
-  int32[C+N+F+1]  length in characters of each id: the chunks' request ids, the new
-                  requests' ids, the finished ones, then the plan name
+  int32[D+C+N+F+1]  length in characters of each id: the plain decodes' request ids,
+                  the chunks', the new requests' ids, the finished ones, then the plan
+                  name
   u8[S]           those ids and the plan name, concatenated, UTF-8
   int32[2]        M chunks with a structured-output token mask, W words per mask
   int32[M]        their indices among the chunks
@@ -50,8 +54,8 @@ from parashift.sampling_params import SEED_MAX as INT64_MAX, SamplingParams
 from parashift.structured.matchers import TokenMasks
 from parashift.worker.step_batch import ChunkDelta, KVSwap, StepBatch
 
-MAGIC, VERSION = b"PSTB", 7
-HEADER = struct.Struct("<4sHH8I")  # 40 bytes, so the int64 sections after it are aligned
+MAGIC, VERSION = b"PSTB", 8
+HEADER = struct.Struct("<4sHH10I")  # 48 bytes, so the int64 sections after it are aligned
 _CHUNK = attrgetter("request_id", "token_ids", "start_pos", "blocks_from", "new_blocks",
                     "samples")
 _PARAM_INTS = attrgetter("top_k", "logprobs", "seed")
@@ -84,8 +88,8 @@ def encode_step(batch: StepBatch) -> bytes:
     ids, tokens, starts, froms, blocks, samples = \
         zip(*map(_CHUNK, batch.chunks)) if C else ((),) * 6
     num_tokens, num_blocks = list(map(len, tokens)), list(map(len, blocks))
-    T, K, N = sum(num_tokens), sum(num_blocks), len(new)
-    ids = [*ids, *new, *finished, batch.plan]
+    T, K, N, D = sum(num_tokens), sum(num_blocks), len(new), len(batch.decode_ids)
+    ids = [*batch.decode_ids, *ids, *new, *finished, batch.plan]
     text = "".join(ids).encode("utf-8", "surrogatepass")
     top_k, logprobs, seeds = zip(*map(_PARAM_INTS, new.values())) if N else ((),) * 3
     prompts = [batch.prompts.get(request_id) for request_id in new]
@@ -93,7 +97,9 @@ def encode_step(batch: StepBatch) -> bytes:
     biases = [p.logit_bias or {} for p in new.values()]
     B = sum(map(len, biases))
     return b"".join((
-        HEADER.pack(MAGIC, VERSION, 0, C, T, K, N, len(finished), len(text), B, P),
+        HEADER.pack(MAGIC, VERSION, 0, C, T, K, N, len(finished), len(text), B, P, D,
+                    sum(map(len, batch.decode_new_blocks.values()))),
+        _encode_decodes(batch),
         _packed(chain.from_iterable(tokens), np.int64, T),
         _packed(chain.from_iterable(blocks), np.int64, K),
         _packed(chain((min(k, INT64_MAX) for k in top_k),
@@ -114,6 +120,16 @@ def encode_step(batch: StepBatch) -> bytes:
         np.array([batch.round_rows, len(batch.round_tokens)], np.int64).tobytes(),
         _packed(chain(batch.round_tokens, batch.round_tokens.values()), np.int64,
                 2 * len(batch.round_tokens))))
+
+
+def _encode_decodes(batch: StepBatch) -> bytes:
+    D, new = len(batch.decode_ids), batch.decode_new_blocks
+    counts = np.zeros(D, np.int64)
+    counts[list(new)] = list(map(len, new.values()))
+    return b"".join((_packed(chain(batch.decode_starts, batch.decode_blocks), np.int64, 2 * D),
+                     counts.tobytes(),
+                     _packed(chain.from_iterable(new[i] for i in sorted(new)), np.int64,
+                             int(counts.sum()))))
 
 
 _NO_SWAPS = np.zeros(5, np.int64).tobytes() + np.zeros(1, np.int32).tobytes()
@@ -147,7 +163,7 @@ def _encode_masks(masks: TokenMasks | None) -> bytes:
 
 
 def decode_step(message: bytes) -> StepBatch:
-    magic, version, _, C, T, K, N, F, S, B, P = HEADER.unpack_from(message)
+    magic, version, _, C, T, K, N, F, S, B, P, D, E = HEADER.unpack_from(message)
     if magic != MAGIC or version != VERSION:
         raise ValueError(f"not a step message of version {VERSION}: {magic!r} v{version}")
     offset = HEADER.size
@@ -158,6 +174,11 @@ def decode_step(message: bytes) -> StepBatch:
         offset += array.nbytes
         return array.reshape(shape)
 
+    decode_starts, decode_blocks, decode_counts = take(np.int64, 3, D)
+    counted = np.flatnonzero(decode_counts).tolist()
+    decode_new = dict(zip(counted, _split(take(np.int64, E).tolist(),
+                                          decode_counts[counted])))
+    decode_starts, decode_blocks = decode_starts.tolist(), decode_blocks.tolist()
     tokens, blocks = take(np.int64, T).tolist(), take(np.int64, K).tolist()
     top_k, logprobs, has_seed, seeds, prompt_lens = take(np.int64, 5, N)
     sent = prompt_lens >= 0
@@ -167,8 +188,9 @@ def decode_step(message: bytes) -> StepBatch:
     bias_ids, bias_values = take(np.int64, B).tolist(), take(np.float64, B).tolist()
     columns = take(np.int32, 5, C)
     bias_counts = take(np.int32, N)
-    id_lengths = take(np.int32, C + N + F + 1)
+    id_lengths = take(np.int32, D + C + N + F + 1)
     ids = _split(message[offset:offset + S].decode("utf-8", "surrogatepass"), id_lengths)
+    decode_ids, ids = ids[:D], ids[D:]
     offset += S
     M, W = take(np.int32, 2).tolist()
     masks = TokenMasks(take(np.int32, M).tolist(), take(np.int32, M, W)) if M else None
@@ -198,4 +220,5 @@ def decode_step(message: bytes) -> StepBatch:
                      slot_lengths))
     return StepBatch(chunks, new_params, ids[C + N:C + N + F], ids[-1],
                      dict(zip(prompted, prompts)), masks, round_id, swaps[:O], swaps[O:],
-                     texts[-1], tier_tokens, round_rows, dict(zip(round_ranks, round_counts)))
+                     texts[-1], tier_tokens, round_rows, dict(zip(round_ranks, round_counts)),
+                     decode_ids, decode_starts, decode_blocks, decode_new)

@@ -109,7 +109,7 @@ def spy_on_overlaps(engine) -> set[str]:
         if replica.in_flight:
             overlapped.add(batch.plan)
             if engine._plans_by_name[batch.plan].pp > 1:
-                assert all(PLACEHOLDER_TOKEN not in chunk.token_ids for chunk in batch.chunks)
+                assert all(PLACEHOLDER_TOKEN not in chunk.token_ids for chunk in batch.all_chunks())
         submit(replica, ranks, output_rank, batch)
     engine.executor.submit = spying_submit
     return overlapped

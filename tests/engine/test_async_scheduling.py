@@ -30,7 +30,7 @@ def spy_on_steps(llm: LLM) -> dict:
 
     def counting_submit(replica, ranks, output_rank, batch):
         seen["overlapped"] += bool(replica.in_flight)
-        seen["placeholders"] += sum(PLACEHOLDER_TOKEN in c.token_ids for c in batch.chunks)
+        seen["placeholders"] += sum(PLACEHOLDER_TOKEN in c.token_ids for c in batch.all_chunks())
         submit(replica, ranks, output_rank, batch)
     engine.executor.submit = counting_submit
     return seen

@@ -1,7 +1,6 @@
 """When steps replay CUDA graphs unless the user says (the default's rule), which bucket a
 step takes and how it is padded (the graphs themselves run on GPUs only:
 tests/engine/test_gpu_engine.py and the NCCL tests)."""
-import functools
 from types import SimpleNamespace
 
 import numpy as np
@@ -120,7 +119,7 @@ def test_a_step_packed_into_the_graph_buffer_lands_where_its_graph_reads(bucket,
     ring = StagingRing(torch.device("cpu"))
     args = (chunks, tables, 4, torch.device("cpu"), sp_size, sp_rank)
     inputs = build_step_inputs(*args, pad_to=bucket.rows, pad_seqs=bucket.seqs,
-                               upload_all=functools.partial(ring.upload, into=packed))
+                               staging=ring, into=packed)
     plain = build_step_inputs(*args, pad_to=bucket.rows, pad_seqs=bucket.seqs)
     got = [inputs.token_ids, inputs.positions, inputs.attn.slot_mapping,
            inputs.attn.query_start_loc, inputs.attn.seq_lens]
@@ -138,4 +137,4 @@ def test_a_step_packed_into_the_graph_buffer_lands_where_its_graph_reads(bucket,
     assert inputs.attn.block_tables.tolist() == plain.attn.block_tables.tolist()
     with pytest.raises(ValueError, match="does not fit"):
         build_step_inputs(*args, pad_to=bucket.rows, pad_seqs=bucket.seqs,
-                          upload_all=functools.partial(ring.upload, into=packed[:64]))
+                          staging=ring, into=packed[:64])

@@ -1,9 +1,11 @@
 """A rank's persistent request tables: block-table rows and argmax-only flags written by
 the step messages' deltas (added, finished and re-sent requests), checked value by value."""
 import numpy as np
+import torch
 
 from parashift import SamplingParams
-from parashift.worker.step_batch import ChunkDelta, RequestTables, StepBatch
+from parashift.worker.step_batch import ChunkDelta, DecodeChunks, RequestTables, StepBatch
+from parashift.worker.step_inputs import build_step_inputs
 
 GREEDY = SamplingParams(temperature=0)
 RANDOM = SamplingParams(temperature=0.8)
@@ -38,6 +40,19 @@ def test_rows_and_flags_follow_the_deltas():
     assert np.array_equal(tables.tables[0], [6, 0])
 
 
+def test_plain_decodes_in_columns_come_first_and_write_only_their_new_blocks():
+    tables = RequestTables(rows=4, width=2)
+    tables.apply(StepBatch([decode("a", 0, 0, [7]), decode("b", 0, 0, [3, 4])],
+                           new_params={"a": GREEDY, "b": RANDOM}))
+    chunks = tables.apply(StepBatch(
+        [decode("c", 0, 0, [5])], new_params={"c": GREEDY}, decode_ids=["b", "a"],
+        decode_starts=[8, 4], decode_blocks=[2, 1], decode_new_blocks={1: [9, 6]}))
+    assert [(c.request_id, c.token_ids, c.start_pos, c.row, c.sampling) for c in chunks] == [
+        ("b", [-1], 8, 1, RANDOM), ("a", [-1], 4, 0, GREEDY), ("c", [-1], 0, 2, GREEDY)]
+    assert tables.table(0) == [7, 9, 6] and tables.table(1) == [3, 4]
+    assert tables.lengths.tolist()[:3] == [3, 2, 1]
+
+
 def test_parameters_sent_again_rewrite_the_flag_of_a_kept_row():
     tables = RequestTables()
     tables.apply(StepBatch([decode("a", 0, 0, [1])], new_params={"a": GREEDY}))
@@ -54,3 +69,29 @@ def test_argmax_only_means_nothing_but_the_argmax():
                    SamplingParams(temperature=0, repetition_penalty=1.2),
                    SamplingParams(temperature=0, presence_penalty=0.5)):
         assert not params.argmax_only, params
+
+
+def test_a_step_of_plain_decodes_only_gives_its_rows_and_starts_as_arrays():
+    """DecodeChunks: the arrays build_step_inputs reads instead of the chunks, with the
+    inputs it builds from the chunks one by one (padded to a graph's bucket)."""
+    tables = RequestTables(rows=4, width=4)
+    tables.apply(StepBatch([decode("a", 0, 0, [7]), decode("b", 0, 0, [3, 4])],
+                           new_params={"a": GREEDY, "b": RANDOM}))
+    chunks = tables.apply(StepBatch([], decode_ids=["b", "a"], decode_starts=[5, 4],
+                                    decode_blocks=[2, 1], decode_new_blocks={1: [9]}))
+    assert isinstance(chunks, DecodeChunks)
+    assert chunks.rows.tolist() == [1, 0] and chunks.starts.tolist() == [5, 4]
+    assert [(c.request_id, c.start_pos, c.row) for c in chunks] == [("b", 5, 1), ("a", 4, 0)]
+    fast = build_step_inputs(chunks, tables.tables, 4, torch.device("cpu"), pad_to=4)
+    plain = build_step_inputs(list(chunks), tables.tables, 4, torch.device("cpu"), pad_to=4)
+    assert fast.attn.slot_mapping.tolist() == [17, 36, -1, -1]  # b: block 4; a: block 9
+    for name in ("token_ids", "positions"):
+        assert getattr(fast, name).tolist() == getattr(plain, name).tolist()
+    for name in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
+        assert getattr(fast.attn, name).tolist() == getattr(plain.attn, name).tolist()
+    assert fast.attn.query_start_loc_cpu == plain.attn.query_start_loc_cpu
+    assert (fast.sample_rows, fast.last_rows.tolist(), fast.sample_table_rows.tolist()) == \
+        (plain.sample_rows, plain.last_rows.tolist(), plain.sample_table_rows.tolist())
+    assert not isinstance(tables.apply(StepBatch([decode("a", 6, 2)], decode_ids=["b"],
+                                                 decode_starts=[6], decode_blocks=[2])),
+                          DecodeChunks)

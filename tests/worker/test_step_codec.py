@@ -17,6 +17,9 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs",
 def round_trip(batch: StepBatch) -> StepBatch:
     decoded = decode_step(encode_step(batch))
     assert decoded.chunks == batch.chunks
+    assert (decoded.decode_ids, decoded.decode_starts, decoded.decode_blocks,
+            decoded.decode_new_blocks) == (batch.decode_ids, batch.decode_starts,
+                                           batch.decode_blocks, batch.decode_new_blocks)
     assert all(type(c.samples) is bool for c in decoded.chunks)
     assert decoded.finished_request_ids == batch.finished_request_ids
     assert decoded.plan == batch.plan
@@ -46,6 +49,18 @@ def test_chunks_with_placeholders_and_new_blocks():
          ChunkDelta("c", [], 3, 1, [], False),
          ChunkDelta("d", [1, PLACEHOLDER_TOKEN], 17, 0, [2**40, 0, 3], True)],
         finished_request_ids=["x", "y"], plan="tp2"))
+
+
+def test_plain_decodes_in_columns_before_the_chunks():
+    batch = round_trip(StepBatch(
+        [ChunkDelta("c", [5, 6], 9, 1, [4], True)], finished_request_ids=["x"],
+        decode_ids=["a", "bé", "d"], decode_starts=[40, 2**33, 7], decode_blocks=[3, 0, 2],
+        decode_new_blocks={2: [11, 2**40], 1: [6]}))
+    assert [(c.request_id, c.token_ids, c.start_pos, c.blocks_from, c.new_blocks, c.samples)
+            for c in batch.all_chunks()] == [("a", [PLACEHOLDER_TOKEN], 40, 3, [], True),
+                                             ("bé", [PLACEHOLDER_TOKEN], 2**33, 0, [6], True),
+                                             ("d", [PLACEHOLDER_TOKEN], 7, 2, [11, 2**40], True),
+                                             ("c", [5, 6], 9, 1, [4], True)]
 
 
 def test_a_shared_ffn_round():
