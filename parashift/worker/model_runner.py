@@ -562,17 +562,20 @@ class ModelRunner:
         if pending.any():
             targets = ends[pending] - local.start
             origins = self._group.prev_index[inputs.chunk_rows[pending]]
-            count = len(targets)
-            if targets[-1] == count - 1 and np.array_equal(origins, np.arange(count)):
-                # the first rows, from the first samples in order: a decode step after one
-                # of the same requests (rows strictly increase, so the last tells them all)
-                token_ids[:count].copy_(self._group.prev_tokens[:count])
-                if self._check is not None:
-                    rows = sources = torch.arange(count)
-            else:
+            count, prev = len(targets), self._group.prev_tokens
+            if targets[-1] != count - 1:  # rows strictly increase: the last tells them all
                 rows, sources = self.staging.upload([(targets, torch.int64),
                                                      (origins, torch.int64)])
-                token_ids.index_copy_(0, rows, self._group.prev_tokens.index_select(0, sources))
+                token_ids.index_copy_(0, rows, prev.index_select(0, sources))
+            elif np.array_equal(origins, np.arange(count)):
+                # the first rows, from the first samples in order: a decode step after one
+                # of the same requests
+                token_ids[:count].copy_(prev[:count])
+            else:  # the first rows, from samples out of order (requests ended or joined)
+                sources, = self.staging.upload([(origins, torch.int64)])
+                torch.index_select(prev, 0, sources, out=token_ids[:count])
+            if rows is None and self._check is not None:
+                rows, sources = torch.arange(count), torch.as_tensor(origins)
         if self._check is not None:
             self._check.verify_placeholders(self._group, chunks, inputs, rows, sources)
 
