@@ -110,6 +110,8 @@ class StagingRing:
         key = (shapes, None if into is None else (into.data_ptr(), into.numel()))
         layout = self.layouts.get(key)
         if layout is None:
+            if len(self.layouts) > MAX_LAYOUTS * 16:  # eager steps' shapes vary without end
+                self.layouts.clear()
             layout = self.layouts[key] = pack_offsets(
                 [math.prod(shape) * dtype.itemsize for shape, dtype in shapes])
         offsets, total = layout

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from parashift.uploads import StagingRing, pack_offsets
+from parashift.uploads import MAX_LAYOUTS, StagingRing, pack_offsets
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -50,3 +50,21 @@ def test_a_pack_into_a_given_buffer_lands_at_its_offsets():
     assert y.tolist() == b.tolist() and z.tolist() == c
     with pytest.raises(ValueError, match="does not fit"):
         ring.upload([(np.arange(40), torch.int64)], into=into)
+
+
+def test_layouts_and_their_views_are_made_once_and_kept_bounded():
+    """The same layout in the same slot gives the same views; layouts of ever new shapes
+    (eager steps) do not accumulate without end."""
+    ring = StagingRing(torch.device("cpu"), depth=2)
+    first, _ = ring.reserve([((3,), torch.int64), ((2, 2), torch.int32)])
+    ring.send()
+    ring.reserve([((5,), torch.int64)])
+    ring.send()
+    again, _ = ring.reserve([((3,), torch.int64), ((2, 2), torch.int32)])
+    ring.send()
+    assert all(a is b for a, b in zip(first, again))
+    for n in range(20 * MAX_LAYOUTS):
+        ring.reserve([((n,), torch.int64)])
+        ring.send()
+    assert len(ring.layouts) <= 16 * MAX_LAYOUTS + 1
+    assert all(len(views) <= MAX_LAYOUTS + 1 for views in ring.views)
