@@ -1,0 +1,85 @@
+"""Host time of single calls on a decode step's launch path, alone in a hot loop (no engine):
+the step inputs of 256 plain decodes through the staging ring on the GPU and on the CPU, the
+ring's reserve and send, the head's GEMM, the argmax, small copies and events; then numpy
+writes into pinned against pageable memory. One GPU. Usage: python3 benchmarks/launch_costs.py
+[--rows 256]. (Figures inside the engine are higher: its caches are cold between calls.)"""
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from parashift.uploads import StagingRing, current_stream
+from parashift.worker.step_batch import DecodeChunks
+from parashift.worker.step_inputs import build_step_inputs
+
+
+def timed(label: str, fn, calls: int = 300) -> None:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    spent = time.perf_counter() - start
+    torch.cuda.synchronize()
+    print(f"{label:44s} {spent / calls * 1e6:8.1f} us")
+
+
+def launch_path(n: int, device: torch.device) -> None:
+    rows, starts = list(range(n)), [500 + i % 17 for i in range(n)]
+    tables = np.random.randint(0, 1000, (1024, 300)).astype(np.int32)
+    ring, cpu_ring = StagingRing(device), StagingRing(torch.device("cpu"))
+    into = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
+    timed(f"build_step_inputs {n}, ring on the GPU", lambda: build_step_inputs(
+        DecodeChunks([None] * n, rows, starts), tables, 16, device, pad_to=n, pad_seqs=n,
+        staging=ring, into=into))
+    timed(f"build_step_inputs {n}, ring on the CPU", lambda: build_step_inputs(
+        DecodeChunks([None] * n, rows, starts), tables, 16, torch.device("cpu"), pad_to=n,
+        pad_seqs=n, staging=cpu_ring))
+    shapes = [((n,), torch.int64)] * 3 + [((n + 1,), torch.int32), ((n,), torch.int32),
+                                          ((n, 40), torch.int32)]
+    timed("ring.reserve + send (6 arrays)", lambda: (ring.reserve(shapes, into), ring.send()))
+    hidden = torch.randn(n, 4096, device=device, dtype=torch.bfloat16)
+    head = torch.randn(128256, 4096, device=device, dtype=torch.bfloat16)
+    logits = F.linear(hidden, head)
+    tokens = torch.zeros(n, dtype=torch.int64, device=device)
+    pinned = torch.empty(1024, dtype=torch.int64, pin_memory=True)
+    event = torch.cuda.Event()
+    event.record()
+    timed(f"F.linear {n}x4096 @ 128256x4096", lambda: F.linear(hidden, head))
+    timed(f"argmax of {n} rows", lambda: logits.argmax(dim=-1))
+    timed(f"clone int64[{n}]", tokens.clone)
+    timed("copy to pinned host memory", lambda: pinned[:n].copy_(tokens, non_blocking=True))
+    timed("Event() and record", lambda: torch.cuda.Event().record(current_stream(device)))
+    timed("synchronize a passed event", event.synchronize)
+    timed(f"device copy_ of int64[{n}]", lambda: tokens[:n].copy_(tokens))
+
+
+def pinned_writes(n: int) -> None:
+    tables = np.random.randint(0, 1000, (1024, 300)).astype(np.int32)
+    source = tables[:n, :40].copy()
+    pinned = torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True).numpy().view(np.int32)
+    pageable = np.empty(1 << 18, np.int32)
+    for name, buffer in (("pinned", pinned), ("pageable", pageable)):
+        view = buffer[:n * 40].reshape(n, 40)
+        timed(f"{name}: table rows gathered into {n}x40",
+              lambda: view.__setitem__(slice(None), tables[np.arange(n), :40]))
+        timed(f"{name}: copyto {n}x40", lambda: np.copyto(view, source))
+        timed(f"{name}: 10 fills of 256", lambda: [
+            buffer.__setitem__(slice(i * 256, i * 256 + 256), i) for i in range(10)])
+        timed(f"{name}: cumsum into", lambda: np.cumsum(source[:, 0], out=buffer[:n]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=256)
+    args = parser.parse_args()
+    print("numpy", np.__version__, "torch", torch.__version__)
+    launch_path(args.rows, torch.device("cuda"))
+    pinned_writes(args.rows)
+
+
+if __name__ == "__main__":
+    main()
