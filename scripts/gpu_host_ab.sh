@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Issue 24: host work per decode step through the engine core's loop (--output-processor
 # core, streamed outputs), this tree against the one in $BEFORE, interleaved, ROUNDS times
-# (default 2), JSON to $OUT. Both trees run this tree's benchmarks/host_overhead.py.
+# (default 2; even rounds run this tree first), JSON to $OUT. Both trees run this tree's
+# benchmarks/host_overhead.py.
 # Usage: OUT=dir BEFORE=.before TOKENIZER=.tok [ROUNDS=2] [BATCHES="256 1024"] \
 #   bash scripts/gpu_host_ab.sh (1,024 sequences of context 512 need an H200)
 set -u
 here=$(pwd); before=${BEFORE:?the earlier tree}; tok=${TOKENIZER:?a tokenizer directory}
 for round in $(seq "${ROUNDS:-2}"); do
-  for tree in before after; do
+  order="before after"; [ $((round % 2)) = 0 ] && order="after before"  # no tree always second
+  for tree in $order; do
     dir=$here; [ $tree = before ] && dir=$here/$before
     (cd "$dir" && PYTHONPATH="$dir" python3 "$here/benchmarks/host_overhead.py" \
       --model "$here/benchmarks/shapes/llama-3.1-8b.json" --batch-sizes ${BATCHES:-256 1024} \
