@@ -46,14 +46,19 @@ def make_step(q_lens, seq_lens):
     return q, k_cache, v_cache, meta
 
 
-def time_attend(q, k_cache, v_cache, meta) -> float:
+def time_attend(q, k_cache, v_cache, meta, invariant: bool = False) -> float:
     """Milliseconds per call, replayed from a CUDA graph."""
-    backend = TritonAttentionBackend()
+    return time_and_output(q, k_cache, v_cache, meta, invariant)[0]
+
+
+def time_and_output(q, k_cache, v_cache, meta, invariant: bool):
+    """(milliseconds per call replayed from a CUDA graph, the output)."""
+    backend = TritonAttentionBackend(batch_invariant=invariant)
     scale = HEAD_DIM ** -0.5
     fn = lambda: backend.attend(q, k_cache, v_cache, meta, scale)  # noqa: E731
-    fn()
+    out = fn()
     torch.cuda.synchronize()
-    return triton.testing.do_bench_cudagraph(fn, rep=100)
+    return triton.testing.do_bench_cudagraph(fn, rep=100), out
 
 
 def copy_bandwidth() -> float:
@@ -126,10 +131,44 @@ def run_sweeps() -> None:
     sweep("prefill_config", prefill, lambda: bench_prefill(4096).split(":")[1])
 
 
+def invariant_decode_sweep() -> None:
+    """Batch-invariant decode launches in other warp and stage counts (a row's bits must
+    not move: checked against the current configuration's output), beside the default."""
+    configs = [KernelConfig(16, 128, w, s) for w, s in ((4, 3), (4, 2), (4, 1), (8, 3),
+                                                        (8, 2), (2, 2))]
+    original = triton_backend.invariant_decode_config
+    for batch, ctx in ((1, 1024), (64, 1024), (256, 512), (256, 1024)):
+        step = make_step([1] * batch, [ctx] * batch)
+        default_ms = time_attend(*step)
+        reference = None
+        print(f"invariant decode batch {batch} ctx {ctx}: default {default_ms * 1e3:.1f} us",
+              flush=True)
+        for config in configs:
+            triton_backend.invariant_decode_config = lambda *args, cfg=config: cfg
+            try:
+                ms, out = time_and_output(*step, invariant=True)
+            except Exception as exc:  # out of resources and the like
+                print(f"  {config}: failed ({type(exc).__name__})", flush=True)
+                continue
+            finally:
+                triton_backend.invariant_decode_config = original
+            reference = out if reference is None else reference
+            same = torch.equal(out, reference)
+            print(f"  warps {config.num_warps} stages {config.num_stages}: {ms * 1e3:8.1f} us "
+                  f"({ms / default_ms:.2f}x the default), bits "
+                  f"{'the same' if same else 'DIFFERENT'}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--invariant-sweep", action="store_true",
+                        help="only the batch-invariant decode launch's warps and stages")
     args = parser.parse_args()
+    if args.invariant_sweep:
+        torch.manual_seed(0)
+        invariant_decode_sweep()
+        return
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()}  copy {copy_bandwidth() / 1e12:.2f} TB/s (read+write)")
     print(f"{NUM_HEADS} q heads, {NUM_KV_HEADS} kv heads, head_dim {HEAD_DIM}, {DTYPE}, "

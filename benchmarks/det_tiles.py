@@ -42,12 +42,60 @@ def timed_ms(fn, repeats: int = 10) -> float:
     return round((time.perf_counter() - start) / repeats * 1e3, 4)
 
 
+def cuda_ms(fn, weights: list[torch.Tensor], repeats: int = 50) -> float:
+    """ms per call of fn(w), the weights taken in turn (as the layers are: not from L2)."""
+    for w in weights:
+        fn(w)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(repeats):
+        fn(weights[i % len(weights)])
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def wave_check(rows: int) -> None:
+    """The engine's deterministic GEMM (its own tiles) at each projection's width and at
+    the widths that make whole waves of output tiles over the SMs: if the time follows the
+    waves, not the work, a last partial wave is what it loses (and what a stream-K split
+    at the K chunks' edges would win back)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n, k, name in PROJECTIONS:
+        block_m, block_n = tm.tiles_for(rows, tma=True, n=n, k=k)[:2]
+        row_tiles = -(-rows // block_m)
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        out = dict(projection=name, rows=rows, tile=(block_m, block_n))
+        waves = row_tiles * (n // block_n) / sms
+        for whole in sorted({max(1, int(waves)), int(waves) + 1}):
+            width = whole * sms // row_tiles * block_n
+            for label, width_n in ((f"n{n}", n), (f"n{width}", width)):
+                if label in out:
+                    continue
+                weights = [torch.randn(width_n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+                           for _ in range(max(2, (256 << 20) // (width_n * k * 2)))]
+                det = cuda_ms(lambda w: tm.linear(x, w, None, 8), weights)
+                blas = cuda_ms(lambda w: torch.nn.functional.linear(x, w), weights)
+                tiles = row_tiles * -(-width_n // block_n)
+                out[label] = dict(waves=round(tiles / sms, 2), det_ms=round(det, 4),
+                                  cublas_ms=round(blas, 4),
+                                  det_us_per_wave=round(det * 1e3 / -(-tiles // sms), 2))
+                del weights
+        print(json.dumps(out), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256, 512, 4096])
     p.add_argument("--configs", type=int, nargs="+", default=None, metavar="I",
                    help="indices into CONFIGS (default: all)")
+    p.add_argument("--wave-check", action="store_true",
+                   help="only the engine's tiles at whole and partial waves (wave_check)")
     args = p.parse_args()
+    if args.wave_check:
+        for rows in args.rows:
+            wave_check(rows)
+        return
     configs = CONFIGS if args.configs is None else [CONFIGS[i] for i in args.configs]
     torch.manual_seed(0)
     for n, k, name in PROJECTIONS:

@@ -123,10 +123,12 @@ def invariant_decode_config(head_dim: int, group_p: int, elem_size: int,
                             block_m: int | None) -> KernelConfig:
     """Batch-invariant decode launches: one query row per head of a KV head's group, over
     the invariant configuration's KV tiles (the partitions and the tiles' dot chains stay
-    the same: only which program computes a row changes)."""
+    the same: only which program computes a row changes). Two stages, not the prefill's
+    three: on an H200 (8B heads, batch 256, context 1,024) 265 against 271 µs, the same
+    bits (`benchmarks/attention_kernels.py --invariant-sweep`, thirtieth session)."""
     config = invariant_config(head_dim, group_p, elem_size, block_m)
     return KernelConfig(min(config.block_m, max(16, group_p)), config.tile_n, num_warps=4,
-                        num_stages=config.num_stages)
+                        num_stages=min(2, config.num_stages))
 
 
 def choose_num_splits(num_programs: int, max_seq_len: int, partial_bytes_per_split: int,
