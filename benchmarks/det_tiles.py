@@ -84,6 +84,24 @@ def wave_check(rows: int) -> None:
         print(json.dumps(out), flush=True)
 
 
+def chunk_check(rows: int) -> None:
+    """The column-parallel projections (K unsplit by any plan) with K in 8 chunks (the
+    engine's `column_chunks(4096)`) against one, beside cuBLAS; weights from HBM."""
+    shapes = [(6144, 4096, "qkv"), (28672, 4096, "gate_up"), (128256, 4096, "head")]
+    for n, k, name in shapes:
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+                   for _ in range(max(2, (512 << 20) // (n * k * 2)))]
+        out = dict(projection=name, rows=rows,
+                   cublas_ms=round(cuda_ms(lambda w: torch.nn.functional.linear(x, w),
+                                           weights), 4))
+        for chunks in (8, 1):
+            out[f"chunks{chunks}_ms"] = round(cuda_ms(lambda w: tm.linear(x, w, None, chunks),
+                                                      weights), 4)
+        del weights
+        print(json.dumps(out), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256, 512, 4096])
@@ -91,7 +109,13 @@ def main():
                    help="indices into CONFIGS (default: all)")
     p.add_argument("--wave-check", action="store_true",
                    help="only the engine's tiles at whole and partial waves (wave_check)")
+    p.add_argument("--chunk-check", action="store_true",
+                   help="only K in 8 chunks against one for the column-parallel projections")
     args = p.parse_args()
+    if args.chunk_check:
+        for rows in args.rows:
+            chunk_check(rows)
+        return
     if args.wave_check:
         for rows in args.rows:
             wave_check(rows)

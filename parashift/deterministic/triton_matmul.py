@@ -16,7 +16,8 @@ order, the bias, one rounding), so which one runs may depend on the shape: a pro
 output tiles and a long K (the down projection at decode batches) spreads its chunks over
 programs and `sum_chunks_kernel` adds them, instead of leaving most SMs on long loops
 (PARASHIFT_DETERMINISTIC_SPREAD: `auto`, the default; `1` whenever the tiles are fewer than
-SMs, the rule before the twelfth session's sweep; `0` never)."""
+SMs, the rule before the twelfth session's sweep; `0` never). A product of one chunk (a
+column-parallel one of K below `matmul.SPREAD_MIN_K`) has nothing to spread."""
 import inspect
 import os
 
@@ -24,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from parashift.deterministic.matmul import SPREAD_MIN_K
 from parashift.kernels import num_sms
 
 
@@ -91,9 +93,8 @@ SPREAD_MODE = os.environ.get("PARASHIFT_DETERMINISTIC_SPREAD", "auto")
 if SPREAD_MODE not in SPREAD_MODES:
     raise ValueError(f"PARASHIFT_DETERMINISTIC_SPREAD must be one of {SPREAD_MODES}, "
                      f"got {SPREAD_MODE!r}")
-# auto: on an H200 spreading paid only for K of 14336 at up to 128 rows (64 tiles); with K of
-# 4096, or 128 tiles, one program per tile was faster (docs/benchmarks.md, twelfth session)
-SPREAD_MIN_K = 8192
+# auto: from SPREAD_MIN_K (`matmul.py`: the column-parallel products below it come in one
+# chunk, so they cannot spread whatever the mode)
 # a grouped sum in program holds three fp32 tiles (the chunk's, its group's, the total): at
 # most this many elements of each per thread, else GROUPED_LARGE_TILES (the 128x256 tiles'
 # 128 would spill)

@@ -320,7 +320,9 @@ def test_gemm_tile_configuration_is_checked():
 
 
 def test_column_chunks_are_whole_tiles():
-    assert [matmul.column_chunks(k) for k in (4096, 576, 96, 64, 100)] == [8, 3, 1, 1, 1]
+    # chunks from SPREAD_MIN_K only (below, nothing spreads them); each of whole 64-wide tiles
+    assert [matmul.column_chunks(k) for k in (8192, 14336, 8192 + 192, 9 * 1024, 4096, 576)] \
+        == [8, 8, 1, 8, 1, 1]
 
 
 def test_chunks_serve_every_allowed_tp_degree():
