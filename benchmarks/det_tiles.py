@@ -5,7 +5,9 @@ Usage (CUDA): PYTHONPATH=. python3 benchmarks/det_tiles.py [--rows 1 64 256 512 
 Prints one JSON line per (projection, rows): each configuration's (bit-equal to 64x64, ms) with
 its K chunks summed in a loop per chunk ("-n"), in one K loop ("-1"), in one K loop loaded by
 TMA ("-tma") and spread over programs
-("-spread", up to 512 rows). The 8B shape's projections, K in 8 chunks (the canonical order)."""
+("-spread", up to 512 rows). The 8B shape's projections, K in 8 chunks (the canonical order).
+--wave-check: the engine's tiles at whole and partial waves over the SMs; --chunk-check: the
+column-parallel projections with K in 8 chunks against one (weights from HBM in both)."""
 import argparse
 import json
 import time
