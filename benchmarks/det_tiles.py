@@ -15,6 +15,7 @@ import time
 import torch
 
 import parashift.deterministic.triton_matmul as tm
+from gemm_backends import rotating_ms, weight_copies  # benchmarks/ (this folder is on sys.path)
 
 CONFIGS = [(64, 64, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3),
            (128, 64, 64, 4, 4), (16, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 4),
@@ -44,19 +45,6 @@ def timed_ms(fn, repeats: int = 10) -> float:
     return round((time.perf_counter() - start) / repeats * 1e3, 4)
 
 
-def cuda_ms(fn, weights: list[torch.Tensor], repeats: int = 50) -> float:
-    """ms per call of fn(w), the weights taken in turn (as the layers are: not from L2)."""
-    for w in weights:
-        fn(w)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(repeats):
-        fn(weights[i % len(weights)])
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
-
-
 def wave_check(rows: int) -> None:
     """The engine's deterministic GEMM (its own tiles) at each projection's width and at
     the widths that make whole waves of output tiles over the SMs: if the time follows the
@@ -74,10 +62,9 @@ def wave_check(rows: int) -> None:
             for label, width_n in ((f"n{n}", n), (f"n{width}", width)):
                 if label in out:
                     continue
-                weights = [torch.randn(width_n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-                           for _ in range(max(2, (256 << 20) // (width_n * k * 2)))]
-                det = cuda_ms(lambda w: tm.linear(x, w, None, 8), weights)
-                blas = cuda_ms(lambda w: torch.nn.functional.linear(x, w), weights)
+                weights = weight_copies(width_n, k, max(2, (256 << 20) // (width_n * k * 2)))
+                det = rotating_ms(lambda w: tm.linear(x, w, None, 8), weights, 50)
+                blas = rotating_ms(lambda w: torch.nn.functional.linear(x, w), weights, 50)
                 tiles = row_tiles * -(-width_n // block_n)
                 out[label] = dict(waves=round(tiles / sms, 2), det_ms=round(det, 4),
                                   cublas_ms=round(blas, 4),
@@ -92,14 +79,12 @@ def chunk_check(rows: int) -> None:
     shapes = [(6144, 4096, "qkv"), (28672, 4096, "gate_up"), (128256, 4096, "head")]
     for n, k, name in shapes:
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-                   for _ in range(max(2, (512 << 20) // (n * k * 2)))]
-        out = dict(projection=name, rows=rows,
-                   cublas_ms=round(cuda_ms(lambda w: torch.nn.functional.linear(x, w),
-                                           weights), 4))
+        weights = weight_copies(n, k, max(2, (512 << 20) // (n * k * 2)))
+        out = dict(projection=name, rows=rows, cublas_ms=round(
+            rotating_ms(lambda w: torch.nn.functional.linear(x, w), weights, 50), 4))
         for chunks in (8, 1):
-            out[f"chunks{chunks}_ms"] = round(cuda_ms(lambda w: tm.linear(x, w, None, chunks),
-                                                      weights), 4)
+            out[f"chunks{chunks}_ms"] = round(
+                rotating_ms(lambda w: tm.linear(x, w, None, chunks), weights, 50), 4)
         del weights
         print(json.dumps(out), flush=True)
 

@@ -27,15 +27,22 @@ def projections(cfg, tp: int) -> dict[str, tuple[int, int]]:
             "head": (cfg.vocab_size // tp, hidden)}
 
 
-def time_gemm(x: torch.Tensor, weights: list[torch.Tensor], reps: int) -> float:
-    """ms per product, the weights taken in turn."""
+def weight_copies(n: int, k: int, copies: int) -> list[torch.Tensor]:
+    """`copies` random bf16 [n, k] weights, to take in turn: together past L2, as a step's
+    layers are."""
+    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+            for _ in range(copies)]
+
+
+def rotating_ms(fn, weights: list[torch.Tensor], reps: int) -> float:
+    """ms per call of fn(w), the weights taken in turn."""
     for w in weights:
-        x @ w.T
+        fn(w)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
     for i in range(reps):
-        x @ weights[i % len(weights)].T
+        fn(weights[i % len(weights)])
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / reps
@@ -44,11 +51,10 @@ def time_gemm(x: torch.Tensor, weights: list[torch.Tensor], reps: int) -> float:
 def measure(shapes, rows_list, reps: int, copies: int) -> dict:
     out = {}
     for name, (n, k) in shapes.items():
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-                   for _ in range(copies)]
+        weights = weight_copies(n, k, copies)
         for rows in rows_list:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-            ms = time_gemm(x, weights, reps)
+            ms = rotating_ms(lambda w: x @ w.T, weights, reps)
             out[f"{name}@{rows}"] = {"ms": round(ms, 4),
                                      "tflops": round(2 * rows * n * k / ms / 1e9, 1)}
         del weights
