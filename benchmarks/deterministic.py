@@ -200,6 +200,8 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=4096, help="prefill: prompt tokens")
     parser.add_argument("--skip-matrix", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument("--modes", nargs="+", default=["deterministic", "default"],
+                        choices=["deterministic", "default"], help="the matrix's modes")
     parser.add_argument("--out", help="write every row as a JSON line here")
     parser.add_argument("--checkpoints", default="/tmp/parashift-deterministic",
                         help="where the random checkpoints are written (8B: 16 GB)")
@@ -210,8 +212,8 @@ def main() -> None:
     rows = []
     for model in args.models:
         if not args.skip_matrix:
-            for deterministic in (True, False):  # the mode under test first
-                rows += matrix(args, model, deterministic, available)
+            for mode in args.modes:
+                rows += matrix(args, model, mode == "deterministic", available)
         for plan in [] if args.skip_cost else args.cost_plans:
             if ranks_of(plan) <= available:
                 rows += cost(args, model, plan)

@@ -41,6 +41,8 @@
 # Twenty-fifth: `seesaw_default` (the offline LLM's budget is now 16,384 on large GPUs: TP2
 # and DP2 there, auto at that default and at the old 8,192, and seesaw's raw ratio), then
 # `seesaw_repeat` (three runs of each best static plan and of auto, for the spread).
+# Thirty-first: `det_halves` (the cost on one GPU, TP2 and Shift after the one-K-chunk
+# change), then `det_matrix` (the tiny shape's matrix, the 8B's in deterministic mode only).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -89,6 +91,13 @@ run_det() {  # every plan on the tiny shape; the 8B's matrix on the plans that s
     --models benchmarks/shapes/tiny-llama.json --out "$OUT/det_tiny.jsonl"
   python3 benchmarks/deterministic.py --plans single tp2 sp2 shift --cost-plans tp2 shift \
     --models $EIGHT_B --out "$OUT/det_8b.jsonl"
+}
+
+run_det_matrix() {  # every plan on the tiny shape; the 8B's in deterministic mode only
+  python3 benchmarks/deterministic.py --plans single tp2 sp2 pp2 dp2 shift --skip-cost \
+    --models benchmarks/shapes/tiny-llama.json --out "$OUT/det_tiny.jsonl"
+  python3 benchmarks/deterministic.py --plans single tp2 sp2 shift pp2 dp2 --skip-cost \
+    --modes deterministic --models $EIGHT_B --out "$OUT/det_8b.jsonl"
 }
 
 run_det_profile() {  # one GPU: the kernels of a decode step, default against deterministic
@@ -163,7 +172,7 @@ run_det_before() {  # the same cost on the tree unpacked in .before (git archive
     --out "$OUT/det_cost_before.jsonl"
 }
 
-export -f run_tests run_decode run_seesaw run_seesaw_ckpt run_seesaw_budgets run_seesaw_default run_seesaw_repeat run_det run_det_profile run_det_halves run_det_gather run_det_tests run_det_before
+export -f run_tests run_decode run_seesaw run_seesaw_ckpt run_seesaw_budgets run_seesaw_default run_seesaw_repeat run_det run_det_matrix run_det_profile run_det_halves run_det_gather run_det_tests run_det_before
 export EIGHT_B
 for name in "$@"; do
   case $name in
@@ -185,6 +194,7 @@ for name in "$@"; do
     seesaw_repeat) part seesaw_repeat 560 run_seesaw_repeat ;;
     seesaw_pcie) part seesaw_pcie 280 "NCCL_P2P_DISABLE=1 run_seesaw tp2 seesaw:pp2-tp2 --cuda-graphs" ;;
     det) part det 560 run_det ;;
+    det_matrix) part det_matrix 570 run_det_matrix ;;
     det_cost) part det_cost 260 "python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 shift \
            --models $EIGHT_B --out $OUT/det_cost.jsonl" ;;
     det_halves) part det_halves 330 "run_det_halves" ;;
