@@ -7,7 +7,9 @@ its K chunks summed in a loop per chunk ("-n"), in one K loop ("-1"), in one K l
 TMA ("-tma") and spread over programs
 ("-spread", up to 512 rows). The 8B shape's projections, K in 8 chunks (the canonical order).
 --wave-check: the engine's tiles at whole and partial waves over the SMs; --chunk-check: the
-column-parallel projections with K in 8 chunks against one (weights from HBM in both)."""
+column-parallel projections with K in 8 chunks against one (weights from HBM in both);
+--column-check: the column-parallel projections in one K chunk, whole and as a TP=2 rank's
+half, under each tile configuration loaded by pointers and by TMA (weights from HBM)."""
 import argparse
 import json
 import time
@@ -29,9 +31,10 @@ PROJECTIONS = [(6144, 4096, "qkv"), (4096, 4096, "o"), (28672, 4096, "gate_up"),
                (4096, 14336, "down")]
 
 
-def run(x, w, tiles, one_loop: bool, spread: bool = False, tma: bool = False):
+def run(x, w, tiles, one_loop: bool, spread: bool = False, tma: bool = False,
+        chunks: int = 8):
     tm.PINNED_TILES, tm.ONE_LOOP, tm.TMA = tiles, one_loop, "1" if tma else "0"
-    return tm.linear(x, w, None, 8, spread=spread)
+    return tm.linear(x, w, None, chunks, spread=spread)
 
 
 def timed_ms(fn, repeats: int = 10) -> float:
@@ -89,6 +92,47 @@ def chunk_check(rows: int) -> None:
         print(json.dumps(out), flush=True)
 
 
+COLUMN_CONFIGS = [(128, 64, 64, 4, 4), (64, 64, 64, 4, 5), (64, 128, 64, 4, 4),
+                  (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 256, 64, 8, 3),
+                  (128, 128, 64, 4, 4), (64, 32, 64, 4, 4), (128, 32, 64, 4, 4),
+                  (256, 64, 64, 8, 3), (256, 128, 64, 8, 3)]
+
+
+def column_check(rows: int) -> None:
+    """Each column-parallel projection (one K chunk) whole and as one of two TP ranks' halves:
+    the engine's own choice, cuBLAS, and every COLUMN_CONFIGS tile by pointers and by TMA,
+    each (bits equal to the engine's, ms)."""
+    shapes = [(6144, 4096, "qkv"), (28672, 4096, "gate_up"), (128256, 4096, "head")]
+    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    for n, k, name in shapes:
+        for tp in (1, 2):
+            width = n // tp
+            weights = weight_copies(width, k, max(2, (512 << 20) // (width * k * 2)))
+            tm.PINNED_TILES, tm.ONE_LOOP, tm.TMA = None, True, "auto"
+            ref = tm.linear(x, weights[0], None, 1)
+            out = dict(projection=name, tp=tp, n=width, rows=rows,
+                       engine=(tm.tiles_for(rows, tm._takes_tma(x, weights[0], k, 64), width,
+                                            k)[:2], round(rotating_ms(
+                                   lambda w: tm.linear(x, w, None, 1), weights, 50), 4)),
+                       cublas_ms=round(rotating_ms(
+                           lambda w: torch.nn.functional.linear(x, w), weights, 50), 4))
+            for tiles in COLUMN_CONFIGS:
+                for tma in (False, True):
+                    try:
+                        same = torch.equal(run(x, weights[0], tiles, True, tma=tma, chunks=1),
+                                           ref)
+                        ms = rotating_ms(lambda w: run(x, w, tiles, True, tma=tma, chunks=1),
+                                         weights, 50)
+                    except Exception as error:  # a tile that does not fit shared memory
+                        out["x".join(map(str, tiles)) + ("-tma" if tma else "")] = str(error)[:60]
+                        continue
+                    out["x".join(map(str, tiles)) + ("-tma" if tma else "")] = (same,
+                                                                                round(ms, 4))
+            tm.PINNED_TILES, tm.TMA = None, "auto"
+            del weights
+            print(json.dumps(out), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256, 512, 4096])
@@ -98,7 +142,13 @@ def main():
                    help="only the engine's tiles at whole and partial waves (wave_check)")
     p.add_argument("--chunk-check", action="store_true",
                    help="only K in 8 chunks against one for the column-parallel projections")
+    p.add_argument("--column-check", action="store_true",
+                   help="only the column-parallel projections, whole and a TP=2 rank's half")
     args = p.parse_args()
+    if args.column_check:
+        for rows in args.rows:
+            column_check(rows)
+        return
     if args.chunk_check:
         for rows in args.rows:
             chunk_check(rows)

@@ -69,6 +69,17 @@ POINTER_TILES = {MID_ROWS: MANY_ROWS_TILES, LARGE_ROWS: (64, 128, BLOCK_K, 4, 4)
 # 8B shape's gate_up, N 28672: 128x256 tiles 0.115 ms against 128x64's 0.137; its down, K
 # 14336: 64x64 tiles 0.070 against 0.081; twenty-first session)
 DECODE_TMA_ROWS, WIDE_N, LONG_K = 256, 16384, 8192
+# and products of 8,192 to 16,383 columns (a TP=2 rank's half of gate_up, N 14336) take
+# 128x128 tiles of 8 warps, loaded by pointers: 0.054 ms against 128x64's 0.065 and 128x256
+# by TMA's 0.059 at 256 rows (`det_tiles.py --column-check`, thirty-first session)
+MID_N, MID_N_TILES = 8192, (128, 128, BLOCK_K, 8, 3)
+# a TP rank's run of the K chunks at 256-511 rows, of fewer output tiles than SMs and K below
+# SHORT_RUN_K (TP=2's half of the 8B's o projection, K 2048), stays in program in small tiles
+# instead of spreading its chunks: the pair-exchanged projection took 0.029 ms so against
+# 0.037 spread (`det_tp_sum.py --rows 256` with PARASHIFT_DETERMINISTIC_GEMM_TILES and
+# PARASHIFT_DETERMINISTIC_SPREAD=0, thirty-first session); the down projection's half (K 7168)
+# kept its spread (0.058 against 0.059-0.067 in program)
+SHORT_RUN_K, FILL_TILES = 4096, (64, 32, BLOCK_K, 4, 4)
 _PINNED = os.environ.get("PARASHIFT_DETERMINISTIC_GEMM_TILES")
 PINNED_TILES = tile_config(_PINNED) if _PINNED else None
 
@@ -81,6 +92,8 @@ def tiles_for(rows: int, tma: bool = False, n: int = 0, k: int = 0
         return PINNED_TILES
     if tma and DECODE_TMA_ROWS <= rows < MID_ROWS and (n >= WIDE_N or k >= LONG_K):
         return TMA_TILES[LARGE_ROWS] if n >= WIDE_N else FEW_ROWS_TILES
+    if DECODE_TMA_ROWS <= rows < MID_ROWS and MID_N <= n < WIDE_N:
+        return MID_N_TILES
     if rows <= FEW_ROWS:
         return FEW_ROWS_TILES
     if rows < MID_ROWS:
@@ -324,14 +337,15 @@ def _takes_tma(x: torch.Tensor, weight: torch.Tensor, chunk_k: int, block_k: int
 
 
 def _launch(out, x, weight, bias, chunks: int, blocks: int, chunk_k: int, groups: int = 1,
-            mirror: torch.Tensor | None = None):
+            mirror: torch.Tensor | None = None, tiles: tuple | None = None):
     """out [blocks, M, N] (or [M, N] for one block): each block's run of chunks / blocks
     chunks summed in program (in `groups` runs, then their sums); stored in `mirror` (out's
-    shape and strides) too, where given."""
+    shape and strides) too, where given. tiles: loaded by pointers in these (else
+    `tiles_for`)."""
     m, n = x.shape[0], weight.shape[0]
     per_block = chunks // blocks
-    tma = _takes_tma(x, weight, chunk_k, tiles_for(m)[2])
-    block_m, block_n, block_k, warps, stages = tiles_for(m, tma, n, x.shape[1])
+    tma = tiles is None and _takes_tma(x, weight, chunk_k, tiles_for(m)[2])
+    block_m, block_n, block_k, warps, stages = tiles or tiles_for(m, tma, n, x.shape[1])
     if groups > 1 and block_m * block_n > GROUPED_TILE_ELEMENTS * 32 * warps:
         block_m, block_n, block_k, warps, stages = GROUPED_LARGE_TILES
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), blocks)
@@ -429,14 +443,21 @@ def fold_chunks(x: torch.Tensor, weight: torch.Tensor, chunks: int, blocks: int,
     rank's run at decode batches) spreads its chunks over programs whatever its K: on two
     H200s, 8B shape, TP=2 (twenty-second session) that took its decode step at 1 row from
     4.98 to 4.43 ms and at 64 from 6.48 to 6.03 (PARASHIFT_DETERMINISTIC_SPREAD=0: never).
-    Into `out` [blocks, M, N] fp32 (and `mirror`, of out's strides) where given."""
+    Into `out` [blocks, M, N] fp32 (and `mirror`, of out's strides) where given.
+    A short run (K below SHORT_RUN_K) of DECODE_TMA_ROWS to MID_ROWS rows stays in program,
+    in FILL_TILES."""
+    tiles = None
     if (blocks == 1 < chunks and SPREAD_MODE != "0"
             and _tiles(x.shape[0], weight.shape[0]) < num_sms(x.device)):
-        return sum_chunks(chunk_partials(x, weight, chunks), None, torch.float32,
-                          out=None if out is None else out[0],
-                          mirror=None if mirror is None else mirror[0]).unsqueeze(0)
+        if (PINNED_TILES is None and DECODE_TMA_ROWS <= x.shape[0] < MID_ROWS
+                and x.shape[1] < SHORT_RUN_K):
+            tiles = FILL_TILES
+        else:
+            return sum_chunks(chunk_partials(x, weight, chunks), None, torch.float32,
+                              out=None if out is None else out[0],
+                              mirror=None if mirror is None else mirror[0]).unsqueeze(0)
     x, weight, chunk_k = _operands(x, weight, chunks)
     if out is None:
         out = torch.empty(blocks, x.shape[0], weight.shape[0], dtype=torch.float32,
                           device=x.device)
-    return _launch(out, x, weight, None, chunks, blocks, chunk_k, mirror=mirror)
+    return _launch(out, x, weight, None, chunks, blocks, chunk_k, mirror=mirror, tiles=tiles)
