@@ -19,7 +19,8 @@ MATMUL_CASES = [dict(m=5, n=96, k=192, chunks=4, bias=True),
                 dict(m=70, n=130, k=96, chunks=1, bias=False),
                 dict(m=1, n=64, k=384, chunks=6, bias=False),
                 dict(m=3, n=80, k=512, chunks=4, bias=True),  # two K tiles per chunk
-                dict(m=300, n=192, k=1024, chunks=8, bias=False)]  # many rows' tiles
+                # many rows' tiles; a TP half's short run in program in FILL_TILES
+                dict(m=300, n=192, k=1024, chunks=8, bias=False)]
 
 
 def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
@@ -74,13 +75,14 @@ test_matmul_interpreted, test_matmul_cuda = case_tests(__name__, check_matmul, M
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("rows,n,k", [("MID_ROWS", 320, 1024), ("LARGE_ROWS", 320, 1024),
                                       ("DECODE_TMA_ROWS", "WIDE_N", 1024),
-                                      ("DECODE_TMA_ROWS", 320, "LONG_K")])
+                                      ("DECODE_TMA_ROWS", 320, "LONG_K"),
+                                      ("DECODE_TMA_ROWS", "MID_N", 1024)])
 def test_matmul_of_many_rows_cuda(dtype, rows, n, k):
     """From MID_ROWS and from LARGE_ROWS rows on the GEMM takes other tiles, loaded by TMA on
-    Hopper, as do the widest and the longest products from DECODE_TMA_ROWS: their rows keep
-    the few-rows tile's bits."""
+    Hopper, as do the widest and the longest products from DECODE_TMA_ROWS, and products of
+    MID_N columns take MID_N_TILES: their rows keep the few-rows tile's bits."""
     from parashift.deterministic import triton_matmul
-    size = {name: getattr(triton_matmul, name) for name in ("WIDE_N", "LONG_K")}
+    size = {name: getattr(triton_matmul, name) for name in ("WIDE_N", "LONG_K", "MID_N")}
     check_matmul(m=getattr(triton_matmul, rows) + 76, n=size.get(n, n), k=size.get(k, k),
                  chunks=8, bias=True, dtype=dtype, device="cuda")
 
