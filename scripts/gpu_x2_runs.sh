@@ -43,6 +43,8 @@
 # `seesaw_repeat` (three runs of each best static plan and of auto, for the spread).
 # Thirty-first: `det_halves` (the cost on one GPU, TP2 and Shift after the one-K-chunk
 # change), then `det_matrix` (the tiny shape's matrix, the 8B's in deterministic mode only).
+# Next: `det_close` (issue 22's last rows: the cost on one GPU, TP2 and Shift with the
+# thirty-first session's tiles, then the CUDA GEMM tests with the new MID_N case; ~400 s).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -195,6 +197,7 @@ for name in "$@"; do
     seesaw_pcie) part seesaw_pcie 280 "NCCL_P2P_DISABLE=1 run_seesaw tp2 seesaw:pp2-tp2 --cuda-graphs" ;;
     det) part det 560 run_det ;;
     det_matrix) part det_matrix 570 run_det_matrix ;;
+    det_close) part det_close 330 run_det_halves; part det_tests 180 run_det_tests ;;
     det_cost) part det_cost 260 "python3 benchmarks/deterministic.py --skip-matrix --cost-plans tp2 shift \
            --models $EIGHT_B --out $OUT/det_cost.jsonl" ;;
     det_halves) part det_halves 330 "run_det_halves" ;;
