@@ -445,12 +445,12 @@ def fold_chunks(x: torch.Tensor, weight: torch.Tensor, chunks: int, blocks: int,
     4.98 to 4.43 ms and at 64 from 6.48 to 6.03 (PARASHIFT_DETERMINISTIC_SPREAD=0: never).
     Into `out` [blocks, M, N] fp32 (and `mirror`, of out's strides) where given.
     A short run (K below SHORT_RUN_K) of DECODE_TMA_ROWS to MID_ROWS rows stays in program,
-    in FILL_TILES."""
+    in FILL_TILES (with the spread mode `auto` and no pinned tiles)."""
     tiles = None
     if (blocks == 1 < chunks and SPREAD_MODE != "0"
             and _tiles(x.shape[0], weight.shape[0]) < num_sms(x.device)):
-        if (PINNED_TILES is None and DECODE_TMA_ROWS <= x.shape[0] < MID_ROWS
-                and x.shape[1] < SHORT_RUN_K):
+        if (SPREAD_MODE == "auto" and PINNED_TILES is None
+                and DECODE_TMA_ROWS <= x.shape[0] < MID_ROWS and x.shape[1] < SHORT_RUN_K):
             tiles = FILL_TILES
         else:
             return sum_chunks(chunk_partials(x, weight, chunks), None, torch.float32,
