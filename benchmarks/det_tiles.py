@@ -9,7 +9,8 @@ TMA ("-tma") and spread over programs
 --wave-check: the engine's tiles at whole and partial waves over the SMs; --chunk-check: the
 column-parallel projections with K in 8 chunks against one (weights from HBM in both);
 --column-check: the column-parallel projections in one K chunk, whole and as a TP=2 rank's
-half, under each tile configuration loaded by pointers and by TMA (weights from HBM)."""
+half, under each tile configuration loaded by pointers and by TMA (weights from HBM);
+--split-check: the same, K in 1, 2 and 4 chunks, in program and spread over programs."""
 import argparse
 import json
 import time
@@ -133,6 +134,46 @@ def column_check(rows: int) -> None:
             print(json.dumps(out), flush=True)
 
 
+def graphed_ms(fn, weights: list[torch.Tensor], reps: int = 40) -> float:
+    """ms per call of fn(w), the weights taken in turn, `reps` calls captured in one CUDA
+    graph (as the engine's decode steps run: no launch gaps)."""
+    for w in weights:
+        fn(w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            fn(weights[i % len(weights)])
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def split_check(rows: int) -> None:
+    """Each column-parallel projection of K 4,096, whole and as a TP=2 rank's half, with K in
+    1, 2 and 4 chunks, summed in program and spread over programs, beside cuBLAS (ms, in
+    CUDA graphs)."""
+    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    for n, k, name in [(6144, 4096, "qkv"), (28672, 4096, "gate_up")]:
+        for tp in (1, 2):
+            width = n // tp
+            weights = weight_copies(width, k, max(2, (512 << 20) // (width * k * 2)))
+            tm.PINNED_TILES, tm.ONE_LOOP, tm.TMA = None, True, "auto"
+            out = dict(projection=name, tp=tp, n=width, rows=rows, cublas_ms=round(
+                graphed_ms(lambda w: torch.nn.functional.linear(x, w), weights), 4))
+            for chunks in (1, 2, 4):
+                for spread in (False, True)[:1 + (chunks > 1)]:
+                    out[f"chunks{chunks}" + ("-spread" if spread else "")] = round(graphed_ms(
+                        lambda w: tm.linear(x, w, None, chunks, spread=spread), weights), 4)
+            del weights
+            print(json.dumps(out), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256, 512, 4096])
@@ -144,7 +185,13 @@ def main():
                    help="only K in 8 chunks against one for the column-parallel projections")
     p.add_argument("--column-check", action="store_true",
                    help="only the column-parallel projections, whole and a TP=2 rank's half")
+    p.add_argument("--split-check", action="store_true",
+                   help="only K 4,096's column-parallel products in 1, 2 and 4 chunks")
     args = p.parse_args()
+    if args.split_check:
+        for rows in args.rows:
+            split_check(rows)
+        return
     if args.column_check:
         for rows in args.rows:
             column_check(rows)
