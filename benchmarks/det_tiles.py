@@ -102,7 +102,7 @@ COLUMN_CONFIGS = [(128, 64, 64, 4, 4), (64, 64, 64, 4, 5), (64, 128, 64, 4, 4),
 def column_check(rows: int) -> None:
     """Each column-parallel projection (one K chunk) whole and as one of two TP ranks' halves:
     the engine's own choice, cuBLAS, and every COLUMN_CONFIGS tile by pointers and by TMA,
-    each (bits equal to the engine's, ms)."""
+    each (bits equal to the engine's, ms in CUDA graphs)."""
     shapes = [(6144, 4096, "qkv"), (28672, 4096, "gate_up"), (128256, 4096, "head")]
     x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
     for n, k, name in shapes:
@@ -113,17 +113,17 @@ def column_check(rows: int) -> None:
             ref = tm.linear(x, weights[0], None, 1)
             out = dict(projection=name, tp=tp, n=width, rows=rows,
                        engine=(tm.tiles_for(rows, tm._takes_tma(x, weights[0], k, 64), width,
-                                            k)[:2], round(rotating_ms(
-                                   lambda w: tm.linear(x, w, None, 1), weights, 50), 4)),
-                       cublas_ms=round(rotating_ms(
-                           lambda w: torch.nn.functional.linear(x, w), weights, 50), 4))
+                                            k)[:2], round(graphed_ms(
+                                   lambda w: tm.linear(x, w, None, 1), weights), 4)),
+                       cublas_ms=round(graphed_ms(
+                           lambda w: torch.nn.functional.linear(x, w), weights), 4))
             for tiles in COLUMN_CONFIGS:
                 for tma in (False, True):
                     try:
                         same = torch.equal(run(x, weights[0], tiles, True, tma=tma, chunks=1),
                                            ref)
-                        ms = rotating_ms(lambda w: run(x, w, tiles, True, tma=tma, chunks=1),
-                                         weights, 50)
+                        ms = graphed_ms(lambda w: run(x, w, tiles, True, tma=tma, chunks=1),
+                                        weights)
                     except Exception as error:  # a tile that does not fit shared memory
                         out["x".join(map(str, tiles)) + ("-tma" if tma else "")] = str(error)[:60]
                         continue

@@ -2,7 +2,10 @@
 the step inputs of 256 plain decodes through the staging ring on the GPU and on the CPU, the
 ring's reserve and send, the head's GEMM, the argmax, small copies and events; then numpy
 writes into pinned against pageable memory. One GPU. Usage: python3 benchmarks/launch_costs.py
-[--rows 256]. (Figures inside the engine are higher: its caches are cold between calls.)"""
+[--rows 256] [--after-graph]. (Figures inside the engine are higher: its caches are cold
+between calls.) --after-graph: only the head's GEMM launched right after a CUDA graph's
+replay, against alone, for graphs of 200 to 2,000 kernels (the median of 20 calls, each
+from an idle device), and the replay itself."""
 import argparse
 import time
 
@@ -72,10 +75,47 @@ def pinned_writes(n: int) -> None:
         timed(f"{name}: cumsum into", lambda: np.cumsum(source[:, 0], out=buffer[:n]))
 
 
+def median_host_us(fn, before=None, calls: int = 20) -> float:
+    """Median host time of fn(), each call from an idle device, after before() if given."""
+    spent = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        if before is not None:
+            before()
+        start = time.perf_counter()
+        fn()
+        spent.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return sorted(spent)[calls // 2] * 1e6
+
+
+def after_graph(rows: int) -> None:
+    """The head's GEMM launched alone and right after a graph replay: the replay returns
+    before the driver has submitted the graph's kernels, and the next launch waits."""
+    device = torch.device("cuda")
+    head = torch.randn(128256, 4096, device=device, dtype=torch.bfloat16)
+    x = torch.randn(rows, 4096, device=device, dtype=torch.bfloat16)
+    print(f"head GEMM of {rows} rows, alone: {median_host_us(lambda: F.linear(x, head)):.1f} us")
+    work = torch.randn(256, 4096, device=device, dtype=torch.bfloat16)
+    for kernels in (200, 600, 1200, 2000):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(kernels):
+                work.mul_(1.0001)
+        after = median_host_us(lambda: F.linear(x, head), graph.replay)
+        print(f"graph of {kernels} kernels: replay {median_host_us(graph.replay):.1f} us, "
+              f"head GEMM after it {after:.1f} us")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--after-graph", action="store_true",
+                        help="only the head's GEMM after a graph replay (after_graph)")
     args = parser.parse_args()
+    if args.after_graph:
+        after_graph(args.rows)
+        return
     print("numpy", np.__version__, "torch", torch.__version__)
     launch_path(args.rows, torch.device("cuda"))
     pinned_writes(args.rows)

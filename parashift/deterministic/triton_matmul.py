@@ -73,6 +73,10 @@ DECODE_TMA_ROWS, WIDE_N, LONG_K = 256, 16384, 8192
 # 128x128 tiles of 8 warps, loaded by pointers: 0.054 ms against 128x64's 0.065 and 128x256
 # by TMA's 0.059 at 256 rows (`det_tiles.py --column-check`, thirty-first session)
 MID_N, MID_N_TILES = 8192, (128, 128, BLOCK_K, 8, 3)
+# and the narrow ones (a TP=2 rank's half of qkv, N 3072) load 64x64 tiles of 5 stages by
+# TMA: 0.0177 ms against 128x64's 0.0223 by pointers at 256 rows, in CUDA graphs with weights
+# from HBM (`det_tiles.py --column-check`, thirty-second session)
+NARROW_N = 4096
 # a TP rank's run of the K chunks at 256-511 rows, of fewer output tiles than SMs and K below
 # SHORT_RUN_K (TP=2's half of the 8B's o projection, K 2048), stays in program in small tiles
 # instead of spreading its chunks: the pair-exchanged projection took 0.029 ms so against
@@ -90,7 +94,8 @@ def tiles_for(rows: int, tma: bool = False, n: int = 0, k: int = 0
     columns and `k` input columns, its tiles loaded by TMA or not."""
     if PINNED_TILES is not None:
         return PINNED_TILES
-    if tma and DECODE_TMA_ROWS <= rows < MID_ROWS and (n >= WIDE_N or k >= LONG_K):
+    if tma and DECODE_TMA_ROWS <= rows < MID_ROWS and (n >= WIDE_N or k >= LONG_K
+                                                       or n < NARROW_N):
         return TMA_TILES[LARGE_ROWS] if n >= WIDE_N else FEW_ROWS_TILES
     if DECODE_TMA_ROWS <= rows < MID_ROWS and MID_N <= n < WIDE_N:
         return MID_N_TILES
@@ -329,7 +334,7 @@ def _flattens(chunk_k: int, block_k: int) -> bool:
 def _takes_tma(x: torch.Tensor, weight: torch.Tensor, chunk_k: int, block_k: int) -> bool:
     rows, n, k = x.shape[0], weight.shape[0], x.shape[1]
     wanted = TMA == "1" or (TMA == "auto" and (rows >= MID_ROWS or (
-        rows >= DECODE_TMA_ROWS and (n >= WIDE_N or k >= LONG_K))))
+        rows >= DECODE_TMA_ROWS and (n >= WIDE_N or k >= LONG_K or n < NARROW_N))))
     return (wanted and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
             and torch.cuda.get_device_capability(x.device)[0] >= 9 and _flattens(chunk_k, block_k)
             and all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0

@@ -76,11 +76,13 @@ test_matmul_interpreted, test_matmul_cuda = case_tests(__name__, check_matmul, M
 @pytest.mark.parametrize("rows,n,k", [("MID_ROWS", 320, 1024), ("LARGE_ROWS", 320, 1024),
                                       ("DECODE_TMA_ROWS", "WIDE_N", 1024),
                                       ("DECODE_TMA_ROWS", 320, "LONG_K"),
-                                      ("DECODE_TMA_ROWS", "MID_N", 1024)])
+                                      ("DECODE_TMA_ROWS", "MID_N", 1024),
+                                      ("DECODE_TMA_ROWS", 320, 1024)])
 def test_matmul_of_many_rows_cuda(dtype, rows, n, k):
     """From MID_ROWS and from LARGE_ROWS rows on the GEMM takes other tiles, loaded by TMA on
-    Hopper, as do the widest and the longest products from DECODE_TMA_ROWS, and products of
-    MID_N columns take MID_N_TILES: their rows keep the few-rows tile's bits."""
+    Hopper, as do the widest, the longest and the narrowest products from DECODE_TMA_ROWS,
+    and products of MID_N columns take MID_N_TILES: their rows keep the few-rows tile's
+    bits."""
     from parashift.deterministic import triton_matmul
     size = {name: getattr(triton_matmul, name) for name in ("WIDE_N", "LONG_K", "MID_N")}
     check_matmul(m=getattr(triton_matmul, rows) + 76, n=size.get(n, n), k=size.get(k, k),
