@@ -770,6 +770,8 @@ class LLMEngine:
         is on its way waits for it (its scheduler defers it)."""
         replica.scheduler.defer_pending = self._stages(replica) > 1
         sched = replica.scheduler.schedule()
+        if self.config.check_step_state:
+            replica.scheduler.check_table()
         self._preemptions.add(sched, self._tier_shape.token_bytes)
         return sched
 
@@ -1060,13 +1062,13 @@ class LLMEngine:
                      seconds: float) -> None:
         num_tokens = sched.num_batched_tokens
         record = StepRecord(time.time(), replica, plan, num_tokens, seconds)
-        if num_tokens - len(sched.scheduled) >= PREFILL_RATE_MIN_TOKENS and seconds > 0:
+        if num_tokens - sched.num_chunks >= PREFILL_RATE_MIN_TOKENS and seconds > 0:
             ranks = len(self._plans_by_name[plan].ranks) if plan in self._plans_by_name else 1
             self._prefill_rate[plan] = num_tokens / seconds / ranks
         tier = self.seesaw.get(tuple(sorted(self.replicas[replica].ranks))) if self.seesaw else None
         if tier is not None:
             tier.seconds["prefill" if plan == tier.prefill.name() else "decode"] += seconds
-        decode = num_tokens == len(sched.scheduled)
+        decode = num_tokens == sched.num_chunks
         if decode:
             self._decode_s.setdefault(plan, deque(maxlen=DECODE_STEPS_KEPT)).append(seconds)
         if decode or plan not in self._decode_s:
@@ -1099,9 +1101,13 @@ class LLMEngine:
             seq = scheduled.seq
             if seq.request_id in errors and seq.request_id in self._replica_of:
                 self._fail(replica, seq, errors[seq.request_id])
-        sampling = [s.seq for s in sched.scheduled if s.samples]
+        sampling = [s.seq for s in sched.chunks if s.samples]
+        if sched.decodes:
+            sampling = sched.decodes.seqs + sampling
         step = _step_tokens(sampling, tokens, logprobs)  # before the scheduler ends any
         finished = replica.scheduler.update(sched, tokens)
+        if self.config.check_step_state:
+            replica.scheduler.check_table()
         if replica.num_structured:
             sampled = {seq.request_id: tok for seq, tok in zip(sampling, tokens)}
             finished += self._advance_grammars(replica, sampling, sampled)
@@ -1185,10 +1191,10 @@ def _step_tokens(sampling: list[Sequence], tokens: list[int], logprobs) -> StepT
 def decode_round_rows(scheds: list[SchedulerOutput]) -> int:
     """A CaS round's rows per replica where every replica decodes (a token per sequence,
     no swaps): the most sequences of one; else 0."""
-    if any(sched.swap_out or sched.swap_in or sched.num_batched_tokens != len(sched.scheduled)
+    if any(sched.swap_out or sched.swap_in or sched.num_batched_tokens != sched.num_chunks
            for sched in scheds):
         return 0
-    return max(len(sched.scheduled) for sched in scheds)
+    return max(sched.num_chunks for sched in scheds)
 
 
 def _async_scheduling(config: EngineConfig, plans: list[Plan]) -> bool:

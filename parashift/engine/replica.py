@@ -1,12 +1,17 @@
 """One replica as the engine sees it, and its view for policies."""
 import time
 from collections import deque
+from operator import attrgetter
+
+import numpy as np
 
 from parashift.config import SchedulerConfig
 from parashift.engine.policy import GroupView
 from parashift.engine.scheduler import Scheduler, SchedulerOutput, SwapOp
 from parashift.kv.block_manager import BlockManager
 from parashift.worker.step_batch import DeltaEncoder, KVSwap, StepBatch
+
+_REQUEST_ID = attrgetter("request_id")
 
 ARRIVAL_WINDOW_S = 10.0  # the window of a group's arrival rate
 
@@ -76,15 +81,16 @@ class Replica:
         return sched, plan, seconds
 
     def step_batch(self, sched: SchedulerOutput, plan: str) -> StepBatch:
-        """The step's message. Its plain decodes go first, in columns (StepBatch), and
-        `sched.scheduled` is put in the message's order, that of the sampled tokens."""
+        """The step's message. Its decodes go first, in columns (StepBatch): the
+        scheduler's (`sched.decodes`), then those among its other chunks, and
+        `sched.chunks` is put in the message's order, that of the sampled tokens."""
         for seq in sched.preempted:
             self.encoder.reset(seq.request_id)
+        decode_ids, decode_starts, decode_blocks, decode_new = self._decode_columns(sched)
         chunks, new_params, prompts, others = [], {}, {}, []
-        decode_ids, decode_starts, decode_blocks, decode_new = [], [], [], {}
         encoder = self.encoder
         sent_blocks, chunk = encoder.sent_blocks, encoder.chunk
-        for i, s in enumerate(sched.scheduled):
+        for i, s in enumerate(sched.chunks):
             seq = s.seq
             request_id, block_table, start = seq.request_id, seq.block_table, s.start_pos
             sent = sent_blocks.get(request_id)
@@ -101,7 +107,7 @@ class Replica:
                     prompts[request_id] = seq.prompt_token_ids
             chunks.append(chunk(request_id, s.token_ids(), start, block_table, s.samples))
             others.append(i)
-        if others and others[0] != len(decode_ids):  # a chunk before a plain decode
+        if others and others[0] != len(decode_ids) - sched.num_decodes:  # a chunk first
             _decodes_first(sched, others)
         batch = StepBatch(chunks, new_params, self.encoder.take_finished(), plan, prompts,
                           decode_ids=decode_ids, decode_starts=decode_starts,
@@ -111,6 +117,24 @@ class Replica:
             batch.swap_in = [self._kv_swap(op) for op in sched.swap_in]
             batch.swap_tier_path, batch.swap_tier_tokens = self.swap_space.path, self.swap_space.tokens
         return batch
+
+    def _decode_columns(self, sched: SchedulerOutput):
+        """The message's columns of the scheduler's decodes: request ids, start positions,
+        the blocks the ranks hold of each and the new ones of those that took a block. A
+        decode whose request the ranks do not know (moved here) goes as a chunk."""
+        decodes = sched.decodes
+        if not decodes:
+            return [], [], [], {}
+        ids = list(map(_REQUEST_ID, decodes.seqs))
+        sent = list(map(self.encoder.sent_blocks.get, ids))
+        if None in sent:
+            sched.chunks[:0] = decodes.as_scheduled()
+            sched.decodes = None
+            return [], [], [], {}
+        blocks = self.scheduler.table.blocks[decodes.slots]
+        new = {i: self.encoder.new_blocks(ids[i], decodes.seqs[i].block_table)
+               for i in np.flatnonzero(blocks != np.array(sent)).tolist()}
+        return ids, decodes.starts.tolist(), sent, new
 
     def _kv_swap(self, op: SwapOp) -> KVSwap:
         """A swap as the ranks see it: its blocks in their pool's ids."""
@@ -122,8 +146,8 @@ class Replica:
 def _decodes_first(sched: SchedulerOutput, others: list[int]) -> None:
     """Reorders the scheduled sequences: the plain decodes, then the others (at these
     indices), each in its order."""
-    scheduled, other = sched.scheduled, set(others)
-    sched.scheduled = [s for i, s in enumerate(scheduled) if i not in other] + \
+    scheduled, other = sched.chunks, set(others)
+    sched.chunks = [s for i, s in enumerate(scheduled) if i not in other] + \
         [scheduled[i] for i in others]
 
 

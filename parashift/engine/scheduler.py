@@ -19,14 +19,20 @@ filled (the first stage of a pipeline never sees the samples), `defer_pending` l
 such a sequence out until its token is known; its other steps may still be in flight."""
 import heapq
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter
 
+import numpy as np
+
 from parashift.config import SchedulerConfig
+from parashift.engine.running_table import RunningTable
 from parashift.engine.sequence import Sequence, SequenceStatus
 from parashift.kv.block_manager import BlockManager
 from parashift.kv.tier_allocator import TierAllocator, TierSlot
 from parashift.worker.step_batch import PLACEHOLDER_TOKEN
+from parashift.worker.step_check import StepStateMismatch
 
 
 class ScheduledSeq:
@@ -51,6 +57,7 @@ class ScheduledSeq:
 
 
 _NUM_NEW_TOKENS = attrgetter("num_new_tokens")
+_TOKEN_IDS = attrgetter("token_ids")
 
 
 @dataclass(frozen=True)
@@ -63,21 +70,55 @@ class SwapOp:
 
 
 @dataclass
+class DecodeColumns:
+    """A step's decodes in columns: each of `seqs` computes one token, a placeholder for
+    its pending one, at `starts` (its token count when scheduled), and samples; `slots`
+    and `serials` are the running-table slots they held when scheduled."""
+    seqs: list[Sequence]
+    starts: np.ndarray
+    slots: np.ndarray
+    serials: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def as_scheduled(self) -> list[ScheduledSeq]:
+        return list(map(ScheduledSeq, self.seqs, repeat(1), self.starts.tolist(), repeat(True)))
+
+
+@dataclass
 class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)  # running first, then admitted
+    """A step: its decodes in columns (`decodes`), then its other chunks (`chunks`), in
+    that order (the order of its rows and of its sampled tokens)."""
+    chunks: list[ScheduledSeq] = field(default_factory=list)  # running first, then admitted
     preempted: list[Sequence] = field(default_factory=list)
     swap_out: list[SwapOp] = field(default_factory=list)  # of preempted sequences
     swap_in: list[SwapOp] = field(default_factory=list)  # of admitted sequences
     recompute_tokens: int = 0  # computed tokens that preemptions by recompute dropped
+    decodes: DecodeColumns | None = None
+
+    @property
+    def scheduled(self) -> list[ScheduledSeq]:
+        """Every chunk of the step in its order, the decodes as ScheduledSeqs too (made
+        at each call)."""
+        return self.decodes.as_scheduled() + self.chunks if self.decodes else self.chunks
+
+    @property
+    def num_decodes(self) -> int:
+        return len(self.decodes) if self.decodes else 0
+
+    @property
+    def num_chunks(self) -> int:
+        return self.num_decodes + len(self.chunks)
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(map(_NUM_NEW_TOKENS, self.scheduled))
+        return self.num_decodes + sum(map(_NUM_NEW_TOKENS, self.chunks))
 
     @property
     def is_empty(self) -> bool:
         """Nothing for the ranks to do (a step with swaps out only still runs them)."""
-        return not self.scheduled and not self.swap_out
+        return not self.num_chunks and not self.swap_out
 
 
 @dataclass(frozen=True)
@@ -102,6 +143,8 @@ class Scheduler:
         self.block_manager = block_manager
         self.eos_token_ids = set(eos_token_ids)
         self.running: list[Sequence] = []
+        self.table = RunningTable()  # the running sequences' counters
+        self._slots = np.zeros(0, np.int64)  # their slots, in running order
         self._waiting: list[tuple[tuple, Sequence]] = []  # heap by sort_key
         self._unfinished: dict[str, Sequence] = {}
         # What a phase may admit and run (engine/seesaw.py's SeesawGate): admits(seq),
@@ -134,11 +177,11 @@ class Scheduler:
     def counters(self) -> SchedulerCounters:
         """What a policy sees of this scheduler, with no state changes. The next step's
         tokens are an estimate: no preemption, no prefix-cache hits, no per-request cap."""
-        budget, running = self.config.max_num_batched_tokens, self.running
-        # Two plain passes (it runs every step): what running sequences still need.
-        tokens = min(budget, sum(s.num_tokens + s.num_pending_tokens - s.num_computed_tokens
-                                 for s in running))
-        longest = max((s.num_tokens for s in running), default=0)
+        budget, table, slots = self.config.max_num_batched_tokens, self.table, self._slots
+        # (it runs every step) what running sequences still need
+        tokens = min(budget, int((table.tokens[slots] + table.pending[slots]
+                                  - table.computed[slots]).sum()))
+        longest = int(table.tokens[slots].max()) if len(slots) else 0
         waiting = [seq for _, seq in self._waiting]
         seats = max(0, self.config.max_num_seqs - len(self.running))
         for _, seq in heapq.nsmallest(seats, self._waiting, key=lambda entry: entry[0]):
@@ -177,7 +220,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
         if seq.status == SequenceStatus.RUNNING:
-            self.running.remove(seq)
+            self._stop_running(seq)
         elif seq.status == SequenceStatus.WAITING:
             self._remove_waiting(seq)
         else:
@@ -196,6 +239,9 @@ class Scheduler:
         if any(seq.num_pending_tokens for seq in self._unfinished.values()):
             raise RuntimeError("sequences leave a scheduler only when no step is in flight")
         evicted = sorted(self._unfinished.values(), key=Sequence.sort_key)
+        for seq in self.running:
+            self.table.detach(seq)
+        self._slots = self._slots[:0]
         for seq in evicted:
             self.block_manager.free(seq)
             self._release(seq)
@@ -222,7 +268,9 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        budget = self.config.max_num_batched_tokens
+        left = self._schedule_in_columns(out, budget)
+        budget = self._schedule_running(out, budget) if left is None else left
         # A seq preempted in this step must not be re-admitted in the same step.
         if not out.preempted:
             self._schedule_waiting(out, budget)
@@ -235,39 +283,90 @@ class Scheduler:
         preempted since the step was scheduled still takes its sampled token."""
         if isinstance(sampled, dict):
             sampled = [sampled.get(s.seq.request_id) for s in output.scheduled if s.samples]
-        tokens = iter(sampled)
-        finished, block_manager = [], self.block_manager
-        cache_full_blocks, block_size = block_manager.cache_full_blocks, block_manager.block_size
-        caching = block_manager.enable_prefix_caching
-        running, done = SequenceStatus.RUNNING, SequenceStatus.FINISHED
-        eos_token_ids = self.eos_token_ids
-        for scheduled in output.scheduled:
-            seq = scheduled.seq
-            status = seq.status
-            token = next(tokens) if scheduled.samples else None
-            if status is done:  # aborted (or stopped by an earlier step) while the step ran
+        n, finished = output.num_decodes, []
+        if n:
+            self._update_decodes(output.decodes, sampled[:n], finished)
+        tokens = iter(sampled[n:] if n else sampled)
+        for scheduled in output.chunks:
+            self._take_result(scheduled, next(tokens) if scheduled.samples else None, finished)
+        return finished
+
+    def _take_result(self, scheduled: ScheduledSeq, token: int | None,
+                     finished: list[Sequence]) -> None:
+        """One chunk's result: its computed blocks cached, its token appended (if it
+        sampled), the sequence finished (into `finished`) if the token stops it."""
+        seq = scheduled.seq
+        status = seq.status
+        if status is SequenceStatus.FINISHED:  # aborted (or stopped) while the step ran
+            return
+        running = status is SequenceStatus.RUNNING
+        block_manager = self.block_manager
+        if running and block_manager.enable_prefix_caching:
+            computed = min(scheduled.start_pos + scheduled.num_new_tokens, len(seq.token_ids))
+            if computed // block_manager.block_size > len(seq.block_hashes):  # a block filled
+                block_manager.cache_full_blocks(seq, computed)
+                self.table.hashed[seq.slot] = len(seq.block_hashes)
+        if not scheduled.samples:
+            return
+        seq.num_pending_tokens -= 1
+        seq.token_ids.append(token)
+        if running:
+            self.table.tokens[seq.slot] += 1
+            self.table.has_first[seq.slot] = True
+        if seq.first_token_time is None:
+            seq.first_token_time = time.time()
+        params = seq.params
+        if len(seq.token_ids) < seq.length_limit and not params.stop_token_ids \
+                and (params.ignore_eos or token not in self.eos_token_ids):
+            return  # _check_stop's common answer, without the call
+        reason, stop_reason = self._check_stop(seq)
+        if reason is not None:
+            self.finish(seq, reason, stop_reason)
+            finished.append(seq)
+
+    def _update_decodes(self, decodes: DecodeColumns, sampled: list[int],
+                        finished: list[Sequence]) -> None:
+        """`update` of a step's decodes with array operations. Python runs for a block that
+        filled up, a first token, a sequence its token may stop, and one that no longer
+        holds its slot (finished or preempted while the step ran: `_take_result`)."""
+        table, block_manager = self.table, self.block_manager
+        held = table.serial[decodes.slots] == decodes.serials
+        rows = np.flatnonzero(held)
+        every = len(rows) == len(held)
+        seqs = decodes.seqs if every else [decodes.seqs[i] for i in rows.tolist()]
+        taken = sampled if every else [sampled[i] for i in rows.tolist()]  # (the int objects)
+        slots, tokens = decodes.slots[rows], np.array(taken, np.int64)
+        if block_manager.enable_prefix_caching:
+            computed = np.minimum(decodes.starts[rows] + 1, table.tokens[slots])
+            for i in np.flatnonzero(computed // block_manager.block_size
+                                    > table.hashed[slots]).tolist():
+                block_manager.cache_full_blocks(seqs[i], int(computed[i]))
+                table.hashed[slots[i]] = len(seqs[i].block_hashes)
+        table.pending[slots] -= 1
+        table.tokens[slots] += 1
+        deque(map(list.append, map(_TOKEN_IDS, seqs), taken), maxlen=0)
+        firsts = np.flatnonzero(~table.has_first[slots])
+        if len(firsts):
+            now = time.time()
+            for i in firsts.tolist():
+                seqs[i].first_token_time = now
+            table.has_first[slots[firsts]] = True
+        may_stop = (table.tokens[slots] >= table.limit[slots]) | table.watches[slots]
+        if self.eos_token_ids:
+            may_stop |= np.isin(tokens, list(self.eos_token_ids))
+        visits = rows[may_stop].tolist()
+        if len(rows) < len(held):
+            visits = sorted(visits + np.flatnonzero(~held).tolist())
+        for i in visits:
+            seq = decodes.seqs[i]
+            if not held[i]:
+                self._take_result(ScheduledSeq(seq, 1, int(decodes.starts[i]), True),
+                                  sampled[i], finished)
                 continue
-            if caching and status is running:
-                computed = min(scheduled.start_pos + scheduled.num_new_tokens,
-                               len(seq.token_ids))
-                if computed // block_size > len(seq.block_hashes):  # a block filled up
-                    cache_full_blocks(seq, computed)
-            if not scheduled.samples:
-                continue
-            seq.num_pending_tokens -= 1
-            token_ids = seq.token_ids
-            token_ids.append(token)  # Sequence.append_token, inlined (every sequence, every step)
-            if seq.first_token_time is None:
-                seq.first_token_time = time.time()
-            params = seq.params
-            if len(token_ids) < seq.length_limit and not params.stop_token_ids \
-                    and (params.ignore_eos or token not in eos_token_ids):
-                continue  # _check_stop's common answer, without the call
             reason, stop_reason = self._check_stop(seq)
             if reason is not None:
                 self.finish(seq, reason, stop_reason)
                 finished.append(seq)
-        return finished
 
     def _num_new_tokens(self, seq: Sequence, budget: int, num_computed: int) -> int:
         pending = seq.num_pending_tokens
@@ -280,12 +379,91 @@ class Scheduler:
         threshold = self.config.long_prefill_token_threshold
         return num_new if threshold <= 0 or num_new <= threshold else threshold
 
+    def _schedule_in_columns(self, out: SchedulerOutput, budget: int) -> int | None:
+        """The running sequences' step with array operations where the budget and the free
+        blocks cover every one of them (so that no allocation fails and no chunk is cut
+        short: what `_schedule_running`'s loop gives, block ids included). Decodes (one
+        token, a placeholder for the pending one) go in columns; Python runs only for a
+        chunk of another kind and a decode that takes a block, in running order. Returns
+        the budget left, or None where the loop must run (a gate, too little room)."""
+        running = self.running
+        if self.gate is not None or not running:
+            return None
+        table, slots, block_size = self.table, self._slots, self.block_manager.block_size
+        computed, pending, tokens = table.computed[slots], table.pending[slots], table.tokens[slots]
+        blocks = table.blocks[slots]
+        end = tokens + pending  # the tokens this step may reach
+        waits = (pending > 0) & (self.defer_pending | (end >= table.limit[slots]))
+        decodes = ~waits & (end == computed + 1) & (computed == tokens)
+        others = np.flatnonzero(~waits & ~decodes & (end > computed)).tolist()
+        takes_block = decodes & (computed >= blocks * block_size)
+        needs, fresh = {}, int(takes_block.sum())
+        for i in others:  # each chunk as the loop would cut it with the budget to spare
+            needs[i] = num_new = self._num_new_tokens(running[i], budget, int(computed[i]))
+            fresh += max(0, self.block_manager.num_blocks_for(int(computed[i]) + num_new)
+                         - int(blocks[i]))
+        count = int(decodes.sum())
+        spent = count + sum(needs.values())
+        if spent > budget or fresh > self.block_manager.num_free_blocks:
+            return None
+        allocate = self.block_manager.allocate_slots
+        for i in sorted(others + np.flatnonzero(takes_block).tolist()):
+            seq, num_new = running[i], needs.get(i, 1)
+            if computed[i] + num_new > blocks[i] * block_size:
+                allocate(seq, num_new)  # cannot fail: the free blocks were counted
+                table.blocks[slots[i]] = len(seq.block_table)
+            if i in needs:
+                entry = ScheduledSeq(seq, num_new, int(computed[i]))
+                out.chunks.append(entry)
+                seq.num_computed_tokens = int(computed[i]) + num_new
+                seq.num_pending_tokens += entry.samples
+        if count:
+            rows = np.flatnonzero(decodes)
+            taken = slots[rows]
+            table.computed[taken] += 1
+            table.pending[taken] += 1
+            seqs = list(running) if count == len(running) else \
+                list(map(running.__getitem__, rows.tolist()))
+            out.decodes = DecodeColumns(seqs, computed[rows], taken, table.serial[taken])
+        return budget - spent
+
+    def check_table(self) -> None:
+        """Debug (`check_step_state`): the running table's columns against the values the
+        running sequences give, from scratch."""
+        table = self.table
+        if len(self._slots) != len(self.running):
+            raise StepStateMismatch(f"running table: {len(self._slots)} slots for "
+                                    f"{len(self.running)} running sequences")
+        for seq, slot in zip(self.running, self._slots.tolist()):
+            if seq.table is not table or seq.slot != slot:
+                raise StepStateMismatch(f"running table: request {seq.request_id!r} holds "
+                                        f"slot {seq.slot}, the running order slot {slot}")
+            expected = {"tokens": len(seq.token_ids), "blocks": len(seq.block_table),
+                        "hashed": len(seq.block_hashes), "limit": seq.length_limit,
+                        "watches": bool(seq.params.stop_token_ids),
+                        "has_first": seq.first_token_time is not None}
+            held = {name: getattr(table, name)[slot].item() for name in expected}
+            if held != expected:
+                raise StepStateMismatch(f"running table of request {seq.request_id!r}: "
+                                        f"{held} held, {expected} from its sequence")
+
+    def _start_running(self, seq: Sequence) -> None:
+        self.running.append(seq)
+        self.table.attach(seq)
+        self._slots = np.append(self._slots, seq.slot)
+
+    def _stop_running(self, seq: Sequence) -> None:
+        index = self.running.index(seq)
+        del self.running[index]
+        self._slots = np.delete(self._slots, index)
+        self.table.detach(seq)
+
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """`allocate_slots` runs only for a sequence whose chunk needs another block: this
         loop runs over every running sequence each step. A decode (one token to compute,
         the last: computed + 1 == tokens + pending) is told apart without the calls a
         chunk of a prompt makes."""
-        i, running, scheduled = 0, self.running, out.scheduled
+        i, running, scheduled = 0, self.running, out.chunks
         allocate, block_size = self.block_manager.allocate_slots, self.block_manager.block_size
         gate, defer = self.gate, self.defer_pending
         while i < len(running) and budget > 0:
@@ -308,6 +486,7 @@ class Scheduler:
                     budget += self._preempt(victim, out)
                     if victim is seq:
                         return budget
+                self.table.blocks[seq.slot] = len(seq.block_table)
             entry = ScheduledSeq(seq, num_new, computed, samples)
             scheduled.append(entry)
             seq.num_computed_tokens = computed + num_new
@@ -333,9 +512,9 @@ class Scheduler:
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self._start_running(seq)
             scheduled = ScheduledSeq(seq, num_new, num_cached)
-            out.scheduled.append(scheduled)
+            out.chunks.append(scheduled)
             seq.num_computed_tokens = num_cached + num_new
             seq.num_pending_tokens += scheduled.samples
             budget -= num_new
@@ -343,11 +522,11 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
         """Send a running seq back to waiting; return the budget it gives back
         if it was already scheduled in this step."""
-        self.running.remove(seq)
+        self._stop_running(seq)
         given_back = 0
-        for k, scheduled in enumerate(out.scheduled):
+        for k, scheduled in enumerate(out.chunks):
             if scheduled.seq is seq:
-                given_back = out.scheduled.pop(k).num_new_tokens
+                given_back = out.chunks.pop(k).num_new_tokens
                 seq.num_computed_tokens = scheduled.start_pos  # as it was before this step
                 seq.num_pending_tokens -= scheduled.samples
                 break

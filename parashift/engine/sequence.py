@@ -32,8 +32,10 @@ class Sequence:
         # ~3 µs per sequence at a 4096-token prompt.
         self._prompt_token_ids = self.token_ids[:]
         self.num_prompt_tokens = len(prompt_token_ids)
-        self.num_computed_tokens = 0
-        self.num_pending_tokens = 0  # sampled by steps in flight, not yet appended
+        # While it runs, its counters live in its scheduler's RunningTable, at `slot`
+        self.table, self.slot = None, -1
+        self._computed = 0
+        self._pending = 0  # sampled by steps in flight, not yet appended
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first schedule
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of this sequence's full blocks, in order
@@ -48,6 +50,29 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return self._computed if self.table is None else int(self.table.computed[self.slot])
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        if self.table is None:
+            self._computed = value
+        else:
+            self.table.computed[self.slot] = value
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens sampled by steps in flight, not yet appended."""
+        return self._pending if self.table is None else int(self.table.pending[self.slot])
+
+    @num_pending_tokens.setter
+    def num_pending_tokens(self, value: int) -> None:
+        if self.table is None:
+            self._pending = value
+        else:
+            self.table.pending[self.slot] = value
 
     @property
     def num_tokens(self) -> int:
@@ -73,6 +98,9 @@ class Sequence:
         self.token_ids.append(token_id)
         if self.first_token_time is None:
             self.first_token_time = time.time()
+        if self.table is not None:
+            self.table.tokens[self.slot] += 1
+            self.table.has_first[self.slot] = True
 
     def sort_key(self) -> tuple:
         """Scheduling order: lower priority value first, then arrival (FCFS)."""

@@ -229,7 +229,8 @@ def test_a_cas_round_pads_to_its_longest_decode_only_where_every_replica_decodes
     from parashift.engine.llm_engine import decode_round_rows
 
     def sched(tokens_per_seq: list[int], swaps: list = ()):
-        return SimpleNamespace(scheduled=tokens_per_seq, num_batched_tokens=sum(tokens_per_seq),
+        return SimpleNamespace(num_chunks=len(tokens_per_seq),
+                               num_batched_tokens=sum(tokens_per_seq),
                                swap_out=list(swaps), swap_in=[])
     assert decode_round_rows([sched([1, 1, 1]), sched([1]), sched([])]) == 3
     assert decode_round_rows([sched([1, 1]), sched([5, 1])]) == 0  # a prompt's chunk

@@ -12,9 +12,10 @@ from parashift.worker.step_batch import PLACEHOLDER_TOKEN
 
 
 def test_plain_decodes_go_first_in_columns_and_the_schedule_follows_the_message():
-    """A prompt's chunk ahead of decodes in the running order: the message holds the
-    decodes (columns, one with the block it starts), then the chunk, and the scheduled
-    sequences (whose order the sampled tokens follow) are put in that order."""
+    """A prompt's chunk ahead of decodes in the running order: the scheduler gives the
+    decodes in columns, then the chunk (blocks taken in the running order), and the message
+    holds them in that order (the decodes in columns, one with the block it starts): the
+    order the sampled tokens follow."""
     replica = Replica(BlockManager(64, 4), SchedulerConfig(
         max_model_len=64, max_num_batched_tokens=14, long_prefill_token_threshold=8), {0})
     params = SamplingParams(max_tokens=20)
@@ -25,7 +26,8 @@ def test_plain_decodes_go_first_in_columns_and_the_schedule_follows_the_message(
     assert batch.decode_ids == [] and [c.request_id for c in batch.chunks] == ["long", "a", "b"]
     sched = replica.scheduler.schedule()  # a's and b's tokens on their way (async)
     assert [(s.seq.request_id, s.start_pos) for s in sched.scheduled] == [
-        ("long", 8), ("a", 4), ("b", 2)]
+        ("a", 4), ("b", 2), ("long", 8)]
+    assert sched.num_decodes == 2 and sched.scheduled[2].seq.block_table == [0, 1, 4, 5]
     batch = replica.step_batch(sched, "single")
     a, b, long = (s.seq for s in sched.scheduled)
     assert [seq.request_id for seq in (a, b, long)] == ["a", "b", "long"]

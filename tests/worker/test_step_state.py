@@ -1,6 +1,6 @@
-"""The ranks' persistent step state (block-table rows updated by deltas, the previous
-samples' index by row) against a from-scratch rebuild every step (`check_step_state`),
-under random adds, aborts, preemptions and finishes."""
+"""The persistent step state (the ranks' block-table rows updated by deltas, the previous
+samples' index by row; the scheduler's running table) against a from-scratch rebuild every
+step (`check_step_state`), under random adds, aborts, preemptions and finishes."""
 import random
 
 import pytest
@@ -65,6 +65,24 @@ def test_the_check_catches_a_lost_block_id(tiny_llama_dir, monkeypatch):
     try:
         with pytest.raises(StepStateMismatch, match="block table"):
             llm.generate([list(range(1, 40))], SamplingParams(max_tokens=4))
+    finally:
+        llm.llm_engine.shutdown()
+
+
+def test_the_check_catches_a_running_table_column_left_behind(tiny_llama_dir, monkeypatch):
+    """The scheduler's running table, as if a decode's token were appended without its
+    count: the check names the column."""
+    from parashift.engine import scheduler
+    update = scheduler.Scheduler._update_decodes
+
+    def loses_a_count(self, decodes, sampled, finished):
+        update(self, decodes, sampled, finished)
+        self.table.tokens[decodes.slots[0]] -= 1
+    monkeypatch.setattr(scheduler.Scheduler, "_update_decodes", loses_a_count)
+    llm = tiny_llm(tiny_llama_dir, block_size=8, check_step_state=True)
+    try:
+        with pytest.raises(StepStateMismatch, match="running table.*tokens"):
+            llm.generate([list(range(1, 40)), list(range(3, 30))], SamplingParams(max_tokens=6))
     finally:
         llm.llm_engine.shutdown()
 
