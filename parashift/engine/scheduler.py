@@ -330,34 +330,38 @@ class Scheduler:
         filled up, a first token, a sequence its token may stop, and one that no longer
         holds its slot (finished or preempted while the step ran: `_take_result`)."""
         table, block_manager = self.table, self.block_manager
-        held = table.serial[decodes.slots] == decodes.serials
-        rows = np.flatnonzero(held)
-        every = len(rows) == len(held)
-        seqs = decodes.seqs if every else [decodes.seqs[i] for i in rows.tolist()]
-        taken = sampled if every else [sampled[i] for i in rows.tolist()]  # (the int objects)
-        slots, tokens = decodes.slots[rows], np.array(taken, np.int64)
+        slots, starts, seqs, taken = decodes.slots, decodes.starts, decodes.seqs, sampled
+        held = table.serial[slots] == decodes.serials
+        rows = None if held.all() else np.flatnonzero(held)
+        if rows is not None:
+            kept = rows.tolist()
+            seqs, taken = [seqs[i] for i in kept], [sampled[i] for i in kept]  # (the ints)
+            slots, starts = slots[rows], starts[rows]
+        counts = table.tokens[slots]  # before this step's tokens
         if block_manager.enable_prefix_caching:
-            computed = np.minimum(decodes.starts[rows] + 1, table.tokens[slots])
-            for i in np.flatnonzero(computed // block_manager.block_size
-                                    > table.hashed[slots]).tolist():
+            computed = np.minimum(starts + 1, counts)
+            filled = np.flatnonzero(computed // block_manager.block_size > table.hashed[slots])
+            for i in filled.tolist():
                 block_manager.cache_full_blocks(seqs[i], int(computed[i]))
                 table.hashed[slots[i]] = len(seqs[i].block_hashes)
         table.pending[slots] -= 1
-        table.tokens[slots] += 1
+        counts += 1
+        table.tokens[slots] = counts
         deque(map(list.append, map(_TOKEN_IDS, seqs), taken), maxlen=0)
-        firsts = np.flatnonzero(~table.has_first[slots])
-        if len(firsts):
+        has_first = table.has_first[slots]
+        if not has_first.all():
             now = time.time()
-            for i in firsts.tolist():
+            for i in np.flatnonzero(~has_first).tolist():
                 seqs[i].first_token_time = now
-            table.has_first[slots[firsts]] = True
-        may_stop = (table.tokens[slots] >= table.limit[slots]) | table.watches[slots]
-        if self.eos_token_ids:
-            may_stop |= np.isin(tokens, list(self.eos_token_ids))
-        visits = rows[may_stop].tolist()
-        if len(rows) < len(held):
-            visits = sorted(visits + np.flatnonzero(~held).tolist())
-        for i in visits:
+            table.has_first[slots] = True
+        may_stop = (counts >= table.limit[slots]) | table.watches[slots]
+        tokens = np.array(taken, np.int64)
+        for eos in self.eos_token_ids:
+            may_stop |= tokens == eos
+        visits = np.flatnonzero(may_stop)
+        if rows is not None:
+            visits = sorted(rows[visits].tolist() + np.flatnonzero(~held).tolist())
+        for i in visits if rows is not None else visits.tolist():
             seq = decodes.seqs[i]
             if not held[i]:
                 self._take_result(ScheduledSeq(seq, 1, int(decodes.starts[i]), True),
