@@ -188,22 +188,13 @@ def main():
     p.add_argument("--split-check", action="store_true",
                    help="only K 4,096's column-parallel products in 1, 2 and 4 chunks")
     args = p.parse_args()
-    if args.split_check:
-        for rows in args.rows:
-            split_check(rows)
-        return
-    if args.column_check:
-        for rows in args.rows:
-            column_check(rows)
-        return
-    if args.chunk_check:
-        for rows in args.rows:
-            chunk_check(rows)
-        return
-    if args.wave_check:
-        for rows in args.rows:
-            wave_check(rows)
-        return
+    checks = {"split_check": split_check, "column_check": column_check,
+              "chunk_check": chunk_check, "wave_check": wave_check}
+    for name, check in checks.items():
+        if getattr(args, name):
+            for rows in args.rows:
+                check(rows)
+            return
     configs = CONFIGS if args.configs is None else [CONFIGS[i] for i in args.configs]
     torch.manual_seed(0)
     for n, k, name in PROJECTIONS:
