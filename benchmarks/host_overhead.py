@@ -3,7 +3,7 @@ costs per sequence, apart from the device.
 
 Usage: python3 benchmarks/host_overhead.py --batch-sizes 64 256 512 [--model SHAPE]
 [--tokenizer DIR] [--output-processor thread|inline|process|core] [--output-kind final_only]
-[--warmup N]
+[--frontend here|process] [--warmup N]
 (with a tokenizer the outputs are detokenized; `outputs_made` is the output processor's
 work, on its own thread unless inline, and not timed in process mode, where it runs in the
 child; `hand_off` and `take_outputs` what the engine loop spends to give it tokens and take
@@ -28,6 +28,7 @@ import contextlib
 import gc
 import importlib
 import json
+import multiprocessing
 import pickle
 import random
 import statistics
@@ -137,42 +138,95 @@ def top_functions(profiler, count: int) -> list:
 class CoreInThisProcess:
     """The engine core's loop (core_process.EngineCore) run here on the engine: its output
     processor forwards, and each step's messages and state are pickled as the core sends
-    them. The caller's share, the outputs made from them (core_client.CoreOutputs), is timed
-    apart as `frontend` and left out of the host work: with `engine_core_process` it runs
-    in another process."""
+    them. The caller's share, the outputs made from them (core_client.CoreOutputs), is
+    left out of the host work: with `engine_core_process` it runs in another process.
+    `frontend="here"` makes them on this thread, timed apart as `frontend` (between steps,
+    so that the core's next step finds its caches filled by the frontend's work);
+    `frontend="process"` sends the messages, as the core does (core_process.Sender), to a
+    child process that makes them, so that the core's steps follow one another here as in
+    `engine_core_process`."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, frontend: str = "here"):
         from parashift.engine.core_client import CoreOutputs
-        from parashift.engine.core_process import EngineCore, OutputForwarder
+        from parashift.engine.core_process import EngineCore, OutputForwarder, Sender
         engine.output_processor.close()
         engine.output_processor = forwarder = OutputForwarder()
-        self.engine, self._sent = engine, None
+        self.engine, self._sent, self._child = engine, None, None
         self.frontend_s = self.send_s = 0.0
         self._core = EngineCore(engine, forwarder, inbox=None, outbox=self)
-        self._outputs = CoreOutputs(engine.tokenizer, lambda command: None)
+        if frontend == "process":
+            context = multiprocessing.get_context("spawn")
+            self._pipe, there = context.Pipe()
+            self._child = context.Process(target=make_outputs_apart,
+                                          args=(there, engine.tokenizer), daemon=True)
+            self._child.start()
+            self._sender = Sender(self._pipe)
+        else:
+            self._outputs = CoreOutputs(engine.tokenizer, lambda command: None)
 
     def send(self, message) -> None:  # the core's outbox
         start = time.perf_counter()
-        self._sent = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if self._child is not None:
+            self._sender.send(message)
+        else:
+            self._sent = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         self.send_s += time.perf_counter() - start
 
     def step(self) -> list:
         self._core.step()
+        if self._child is not None:
+            return []  # made in the child: `outputs_made_apart` counts them
         start = time.perf_counter()
         outputs = self._outputs.make(pickle.loads(self._sent)[1])
         self.frontend_s += time.perf_counter() - start
         return outputs
 
+    def outputs_made_apart(self) -> int:
+        """The outputs the child made since the last call, once it has caught up."""
+        self._sender.send(("count",))
+        return self._pipe.recv()
+
     def add_request(self, request_id, prompt, params) -> None:
         self.engine.add_request(request_id, prompt, params)
-        self._outputs.added(request_id, params, 0)
+        self._tell_frontend("added", request_id, params, 0)
 
     def abort_request(self, request_id) -> None:
-        self._outputs.forget(request_id)
+        self._tell_frontend("forget", request_id)
         self.engine.abort_request(request_id)
+
+    def _tell_frontend(self, command: str, *args) -> None:
+        if self._child is not None:
+            self._sender.send((command, *args))
+        else:
+            getattr(self._outputs, command)(*args)
+
+    def close(self) -> None:
+        if self._child is not None:
+            self._sender.send(("stop",))
+            self._sender.close()
+            self._child.join(30)
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
+
+
+def make_outputs_apart(pipe, tokenizer) -> None:
+    """The child of `CoreInThisProcess(frontend="process")`: the caller's share of the
+    core's messages (its step messages made into outputs, its requests added and
+    forgotten), in order; answers "count" with the outputs made since the last."""
+    from parashift.engine.core_client import CoreOutputs
+    outputs, made = CoreOutputs(tokenizer, lambda command: None), 0
+    while True:
+        message = pickle.loads(pipe.recv_bytes())
+        if message[0] == "step":
+            made += len(outputs.make(message[1]))
+        elif message[0] == "count":
+            pipe.send(made)
+            made = 0
+        elif message[0] == "stop":
+            return
+        else:
+            getattr(outputs, message[0])(*message[1:])
 
 
 def measure(engine, batch: int, context: int, steps: int, cprofile: int = 0,
@@ -194,6 +248,8 @@ def measure(engine, batch: int, context: int, steps: int, cprofile: int = 0,
     for _ in range(3):
         engine.step()
     engine._collect(wait=True)  # an output process still starting does not lag into the timing
+    if getattr(engine, "_child", None) is not None:
+        engine.outputs_made_apart()  # (the child has caught up; its count starts here)
     profiler = None
     if cprofile:
         import cProfile
@@ -211,6 +267,8 @@ def measure(engine, batch: int, context: int, steps: int, cprofile: int = 0,
             step_hosts.append(time.perf_counter() - step_start - seconds["device_wait"]
                               - getattr(engine, "frontend_s", 0.0) + outside)
         wall = time.perf_counter() - start
+    if getattr(engine, "_child", None) is not None:
+        num_outputs += engine.outputs_made_apart()
     seconds["frontend"] = getattr(engine, "frontend_s", 0.0) - frontend_before
     seconds["core_send"] = getattr(engine, "send_s", 0.0) - send_before
     # a processor that falls behind leaves messages unanswered (its outputs come later)
@@ -249,6 +307,10 @@ def main():
                    choices=["thread", "inline", "process", "core"],
                    help="where outputs are made (default: the engine's); core: the engine "
                         "core's loop (engine_core_process), the outputs made apart")
+    p.add_argument("--frontend", default="here", choices=["here", "process"],
+                   help="with --output-processor core: where the outputs are made from the "
+                        "core's messages (here: on this thread between steps, timed apart; "
+                        "process: in a child process, as with engine_core_process)")
     p.add_argument("--output-kind", default="cumulative",
                    choices=["cumulative", "delta", "final_only"],
                    help="the requests' outputs: every step (streaming: all so far, or what is "
@@ -273,7 +335,7 @@ def main():
         gc.set_threshold(*args.gc_threshold)
     engine = llm.llm_engine
     if args.output_processor == "core":
-        engine = CoreInThisProcess(engine)
+        engine = CoreInThisProcess(engine, args.frontend)
     for _ in range(args.warmup):
         for batch in args.batch_sizes:
             measure(engine, batch, args.context, min(args.decode_steps, 8), 0, args.output_kind)
@@ -282,6 +344,8 @@ def main():
         rows.append(measure(engine, batch, args.context, args.decode_steps, args.cprofile,
                             args.output_kind))
         print(json.dumps(rows[-1]), flush=True)
+    if args.output_processor == "core":
+        engine.close()
     llm.llm_engine.shutdown()
     if args.output:
         with open(args.output, "w") as f:

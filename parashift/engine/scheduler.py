@@ -355,9 +355,9 @@ class Scheduler:
                 seqs[i].first_token_time = now
             table.has_first[slots] = True
         may_stop = (counts >= table.limit[slots]) | table.watches[slots]
-        tokens = np.array(taken, np.int64)
         for eos in self.eos_token_ids:
-            may_stop |= tokens == eos
+            if taken.count(eos):  # (a C loop: most steps sample no eos)
+                may_stop |= np.array(taken) == eos
         visits = np.flatnonzero(may_stop)
         if rows is not None:
             visits = sorted(rows[visits].tolist() + np.flatnonzero(~held).tolist())
