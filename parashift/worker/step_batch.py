@@ -3,6 +3,7 @@ runner sees it once the rank has applied it to what it already knows.
 
 The message carries deltas: a request's sampling parameters once, and only the
 block ids appended to its block table since the last step."""
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
@@ -104,15 +105,33 @@ class SeqChunk:
         return self.start_pos + len(self.token_ids)
 
 
-class DecodeChunks(list):
+class DecodeChunks(Sequence):
     """The chunks of a step of plain decodes only (one placeholder token each, a token
     sampled), with their block-table rows and start positions as arrays, which
-    build_step_inputs reads instead of passing over the chunks."""
+    build_step_inputs reads instead of passing over the chunks. The SeqChunks themselves
+    are made when something first reads them (a sampler other than the argmax, penalties,
+    the step check): a step of greedy decodes makes none."""
 
-    def __init__(self, chunks: list[SeqChunk], rows: list[int], starts: list[int]):
-        super().__init__(chunks)
+    def __init__(self, request_ids: list[str], rows: list[int], starts: list[int],
+                 params: list[SamplingParams]):
+        self._made, self._fields = None, (request_ids, starts, rows, params)
         self.rows = np.array(rows, np.int64)
         self.starts = np.array(starts, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return self._chunks()[index]
+
+    def __iter__(self):
+        return iter(self._chunks())
+
+    def _chunks(self) -> list[SeqChunk]:
+        if self._made is None:
+            ids, starts, rows, params = self._fields
+            self._made = list(map(SeqChunk, ids, repeat(PLACEHOLDER_ONLY), starts, rows, params))
+        return self._made
 
 
 class RequestTables:
@@ -145,10 +164,11 @@ class RequestTables:
         decode_rows = list(map(row_of.__getitem__, ids))
         for i, block_ids in batch.decode_new_blocks.items():
             self._write(decode_rows[i], batch.decode_blocks[i], block_ids)
-        chunks = list(map(SeqChunk, ids, repeat(PLACEHOLDER_ONLY), batch.decode_starts,
-                          decode_rows, map(params.__getitem__, ids)))
+        decode_params = list(map(params.__getitem__, ids))
         if not deltas and batch.token_masks is None:
-            return DecodeChunks(chunks, decode_rows, batch.decode_starts)
+            return DecodeChunks(ids, decode_rows, batch.decode_starts, decode_params)
+        chunks = list(map(SeqChunk, ids, repeat(PLACEHOLDER_ONLY), batch.decode_starts,
+                          decode_rows, decode_params))
         rows = list(map(row_of.get, map(_REQUEST_ID, deltas)))
         if None in rows:
             rows = [self._take_row(d.request_id) if row is None else row
