@@ -95,3 +95,21 @@ def test_a_step_of_plain_decodes_only_gives_its_rows_and_starts_as_arrays():
     assert not isinstance(tables.apply(StepBatch([decode("a", 6, 2)], decode_ids=["b"],
                                                  decode_starts=[6], decode_blocks=[2])),
                           DecodeChunks)
+
+
+def test_a_step_of_decodes_read_after_its_requests_finished_keeps_their_parameters():
+    """DecodeChunks makes its SeqChunks when first read: what they hold is the step's, even
+    when the read comes after a later message finished a request (a sampler or the step
+    check reading the step once the next one was applied)."""
+    tables = RequestTables(rows=4, width=4)
+    tables.apply(StepBatch([decode("a", 0, 0, [7]), decode("b", 0, 0, [3])],
+                           new_params={"a": GREEDY, "b": RANDOM}))
+    chunks = tables.apply(StepBatch([], decode_ids=["a", "b"], decode_starts=[3, 5],
+                                    decode_blocks=[1, 1]))
+    tables.apply(StepBatch([], decode_ids=["a"], decode_starts=[4], decode_blocks=[1],
+                           finished_request_ids=["b"]))
+    assert "b" not in tables.params
+    assert len(chunks) == 2 and bool(chunks)
+    assert [(c.request_id, c.start_pos, c.row, c.sampling) for c in chunks] == \
+        [("a", 3, 0, GREEDY), ("b", 5, 1, RANDOM)]
+    assert chunks[1].request_id == "b" and [c.request_id for c in chunks[:1]] == ["a"]
