@@ -35,11 +35,12 @@ def launch_path(n: int, device: torch.device) -> None:
     tables = np.random.randint(0, 1000, (1024, 300)).astype(np.int32)
     ring, cpu_ring = StagingRing(device), StagingRing(torch.device("cpu"))
     into = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
-    decodes = DecodeChunks([None] * n, rows, starts, [None] * n)  # (ids, params unread)
+    def decodes():  # made in each call, as the rank's apply makes them (ids, params unread)
+        return DecodeChunks([None] * n, rows, starts, [None] * n)
     timed(f"build_step_inputs {n}, ring on the GPU", lambda: build_step_inputs(
-        decodes, tables, 16, device, pad_to=n, pad_seqs=n, staging=ring, into=into))
+        decodes(), tables, 16, device, pad_to=n, pad_seqs=n, staging=ring, into=into))
     timed(f"build_step_inputs {n}, ring on the CPU", lambda: build_step_inputs(
-        decodes, tables, 16, torch.device("cpu"), pad_to=n, pad_seqs=n, staging=cpu_ring))
+        decodes(), tables, 16, torch.device("cpu"), pad_to=n, pad_seqs=n, staging=cpu_ring))
     shapes = [((n,), torch.int64)] * 3 + [((n + 1,), torch.int32), ((n,), torch.int32),
                                           ((n, 40), torch.int32)]
     timed("ring.reserve + send (6 arrays)", lambda: (ring.reserve(shapes, into), ring.send()))
