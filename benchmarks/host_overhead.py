@@ -140,8 +140,7 @@ class CoreInThisProcess:
     processor forwards, and each step's messages and state are pickled as the core sends
     them. The caller's share, the outputs made from them (core_client.CoreOutputs), is
     left out of the host work: with `engine_core_process` it runs in another process.
-    `frontend="here"` makes them on this thread, timed apart as `frontend` (between steps,
-    so that the core's next step finds its caches filled by the frontend's work);
+    `frontend="here"` makes them on this thread between steps, timed apart as `frontend`;
     `frontend="process"` sends the messages, as the core does (core_process.Sender), to a
     child process that makes them, so that the core's steps follow one another here as in
     `engine_core_process`."""
@@ -324,6 +323,8 @@ def main():
                    help="profile the timed steps with cProfile (slower: its figures are "
                         "shares, not times) and report the N functions of most own time")
     args = p.parse_args()
+    if args.frontend != "here" and args.output_processor != "core":
+        p.error("--frontend places the outputs of --output-processor core only")
     options = {} if args.output_processor in (None, "core") else {
         "output_processor": args.output_processor}
     llm = LLM(model=args.model, device=args.device, dtype=args.dtype, **options,
