@@ -355,9 +355,8 @@ class Scheduler:
                 seqs[i].first_token_time = now
             table.has_first[slots] = True
         may_stop = (counts >= table.limit[slots]) | table.watches[slots]
-        for eos in self.eos_token_ids:
-            if taken.count(eos):  # (a C loop: most steps sample no eos)
-                may_stop |= np.array(taken) == eos
+        if not self.eos_token_ids.isdisjoint(taken):  # (one C pass: most steps sample none)
+            may_stop |= np.isin(np.array(taken), list(self.eos_token_ids))
         visits = np.flatnonzero(may_stop)
         if rows is not None:
             visits = sorted(rows[visits].tolist() + np.flatnonzero(~held).tolist())
