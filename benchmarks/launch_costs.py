@@ -2,10 +2,10 @@
 the step inputs of 256 plain decodes through the staging ring on the GPU and on the CPU, the
 ring's reserve and send, the head's GEMM, the argmax, small copies and events; then numpy
 writes into pinned against pageable memory. One GPU. Usage: python3 benchmarks/launch_costs.py
-[--rows 256] [--after-graph]. (Figures inside the engine are higher: its caches are cold
-between calls.) --after-graph: only the head's GEMM launched right after a CUDA graph's
-replay, against alone, for graphs of 200 to 2,000 kernels (the median of 20 calls, each
-from an idle device), and the replay itself."""
+[--rows 256] [--after-graph] [--cold]. (Figures inside the engine are higher: its caches
+are cold between calls; --cold measures by how much.) --after-graph: only the head's GEMM
+launched right after a CUDA graph's replay, against alone, for graphs of 200 to 2,000
+kernels (the median of 20 calls, each from an idle device), and the replay itself."""
 import argparse
 import time
 
@@ -107,12 +107,66 @@ def after_graph(rows: int) -> None:
               f"head GEMM after it {after:.1f} us")
 
 
+def cold_calls(n: int) -> None:
+    """Single calls of the step's launch path in a hot loop, right after a wait on the
+    device (a ~10 ms kernel, as a step's result), after an idle sleep of 10 ms, and after
+    a pass over 64 MB and 20,000 dicts: the median of 300 of each, in µs."""
+    device = torch.device("cuda")
+    stream = current_stream(device)
+    rows, starts = list(range(n)), [500 + i % 17 for i in range(n)]
+    tables = np.random.randint(0, 1000, (1024, 300)).astype(np.int32)
+    ring, cpu_ring = StagingRing(device), StagingRing(torch.device("cpu"))
+    into = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
+    host = torch.empty(1 << 16, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(1 << 16, dtype=torch.uint8, device=device)
+    junk, big = [dict(a=i) for i in range(20000)], np.zeros(8 << 20)
+
+    def device_wait():
+        torch.cuda._sleep(10_000_000)  # clock cycles: several milliseconds
+        event = torch.cuda.Event()
+        event.record(stream)
+        event.synchronize()
+    waits = {"hot": None, "after a device wait": device_wait,
+             "after 10 ms asleep": lambda: time.sleep(0.01),
+             "after a pass over 64 MB": lambda: (big.sum(), sum(map(len, junk)))}
+    calls = {
+        f"build_step_inputs {n}, ring on the GPU": lambda: build_step_inputs(
+            DecodeChunks([None] * n, rows, starts, [None] * n), tables, 16, device,
+            pad_to=n, pad_seqs=n, staging=ring, into=into),
+        f"build_step_inputs {n}, ring on the CPU": lambda: build_step_inputs(
+            DecodeChunks([None] * n, rows, starts, [None] * n), tables, 16,
+            torch.device("cpu"), pad_to=n, pad_seqs=n, staging=cpu_ring),
+        "a tensor's slice": lambda: host[:40000],
+        "copy_ of 40 kB to the device": lambda: dev[:40000].copy_(host[:40000],
+                                                                  non_blocking=True),
+        f"numpy max of {n}": lambda: tables[0, :n].max(),
+    }
+    print(f"{'call':44s}" + "".join(f"{name:>26s}" for name in waits))
+    for label, fn in calls.items():
+        figures = []
+        for before in waits.values():
+            spent = []
+            for _ in range(2000 if before is None else 300):
+                if before is not None:
+                    before()
+                start = time.perf_counter()
+                fn()
+                spent.append(time.perf_counter() - start)
+            figures.append(sorted(spent)[len(spent) // 2] * 1e6)
+        print(f"{label:44s}" + "".join(f"{f:26.1f}" for f in figures))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--after-graph", action="store_true",
                         help="only the head's GEMM after a graph replay (after_graph)")
+    parser.add_argument("--cold", action="store_true",
+                        help="only single calls hot and after waits (cold_calls)")
     args = parser.parse_args()
+    if args.cold:
+        cold_calls(args.rows)
+        return
     if args.after_graph:
         after_graph(args.rows)
         return

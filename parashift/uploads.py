@@ -122,24 +122,26 @@ class StagingRing:
         if views is None:
             if len(self.views[slot]) > MAX_LAYOUTS:
                 self.views[slot].clear()
-            views = self.views[slot][key] = self._views(slot, shapes, offsets, into)
-        self.pending = (slot, total, into, views)
-        return views
+            views = self.views[slot][key] = self._views(slot, shapes, offsets, into, total)
+        self.pending = (slot, views)
+        return views[0], views[1]
 
     def send(self) -> list[torch.Tensor]:
         """Copies the pack last reserved to the device (queued on the current stream);
         returns its device tensors."""
-        slot, total, into, (_, views) = self.pending
+        slot, (_, views, copy) = self.pending
         self.pending = None
-        dev = self.dev[slot] if into is None else into
-        if self.on_cuda or into is not None:
-            dev[:total].copy_(self.host[slot][:total], non_blocking=True)
+        if copy is not None:
+            copy[0].copy_(copy[1], non_blocking=True)
         if self.on_cuda:
             self.copied[slot].record(current_stream(self.device))
         return views
 
-    def _views(self, slot: int, shapes: tuple, offsets: list[int], into: torch.Tensor | None
-               ) -> tuple[list[np.ndarray], list[torch.Tensor]]:
+    def _views(self, slot: int, shapes: tuple, offsets: list[int], into: torch.Tensor | None,
+               total: int) -> tuple[list[np.ndarray], list[torch.Tensor], tuple | None]:
+        """The pack's host views, its device views, and the (device, host) bytes that
+        `send` copies (None: the host's are the device's), each made once per layout: on
+        a step's cold caches a tensor's slicing costs as much as the copy."""
         host_as = self.host_as[slot]
         dev_as = self.dev_as[slot] if into is None else self._views_of(into)
         host, dev = [], []
@@ -147,7 +149,11 @@ class StagingRing:
             first, count = start // dtype.itemsize, math.prod(shape)
             host.append(host_as[dtype][first:first + count].reshape(shape))
             dev.append(dev_as[dtype][first:first + count].view(shape))
-        return host, dev
+        copy = None
+        if self.on_cuda or into is not None:
+            target = self.dev[slot] if into is None else into
+            copy = (target[:total], self.host[slot][:total])
+        return host, dev, copy
 
     def _take_slot(self, nbytes: int) -> int:
         slot = self.next_slot

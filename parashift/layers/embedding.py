@@ -58,4 +58,4 @@ class ParallelLMHead(VocabParallelEmbedding):
                                                None))
         else:
             logits = vocab.all_gather(self.matmul(hidden, self.weight, None), dim=-1)
-        return logits[..., :self.vocab_size]
+        return logits if logits.shape[-1] == self.vocab_size else logits[..., :self.vocab_size]

@@ -123,6 +123,8 @@ class StepGraphs:
                                   dtype=torch.uint8, device=device)
         self._views: dict[tuple[int, Bucket], list[torch.Tensor]] = {}
         self.tables = torch.zeros(seqs, max_blocks, dtype=torch.int32, device=device)
+        # (bucket sequences, a step's table width) -> the part of `tables` it fills
+        self._table_views: dict[tuple[int, int], torch.Tensor] = {}
         self.received = None  # a later pipeline stage's (hidden states, residual)
         if any(not p.state.is_first_stage for p in plans):
             size, dtype = hidden
@@ -214,4 +216,8 @@ class StepGraphs:
         if attn.seq_lens.data_ptr() != self._inputs(plan, bucket)[4].data_ptr():
             raise RuntimeError(f"a step's pack is not laid out as the graph of {bucket} "
                                f"reads it")
-        self.tables[:seqs, :attn.block_tables.shape[1]].copy_(attn.block_tables)
+        width = attn.block_tables.shape[1]
+        target = self._table_views.get((seqs, width))
+        if target is None:
+            target = self._table_views[(seqs, width)] = self.tables[:seqs, :width]
+        target.copy_(attn.block_tables)

@@ -16,13 +16,13 @@ from parashift.context import BASE_WEIGHTS, StepContext, use_context, use_state
 from parashift.deterministic.reduction import reduction_chunks
 from parashift.worker.cuda_graphs import Bucket, StepGraphs
 from parashift.worker.kv_swap import KVSwapper
-from parashift.worker.step_batch import (PLACEHOLDER_TOKEN, ChunkDelta, RequestTables, SeqChunk,
-                                         StepBatch)
+from parashift.worker.step_batch import (PLACEHOLDER_TOKEN, ChunkDelta, DecodeChunks,
+                                         RequestTables, SeqChunk, StepBatch)
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
 from parashift.worker.peer_weights import peer_group
 from parashift.worker.seesaw import SeesawRank
 from parashift.worker.step_check import StepStateCheck
-from parashift.worker.step_inputs import StepInputs, build_step_inputs
+from parashift.worker.step_inputs import StepInputs, build_step_inputs, counting
 from parashift.worker.token_history import TokenHistoryStore
 from parashift.kv.cache import KVCache, attention_layers
 from parashift.kv.cpu_tier import TierShape
@@ -55,8 +55,7 @@ class PendingStep:
         self._tokens, self._buffer, self._pinned = tokens, None, pinned
         if tokens is not None and tokens.is_cuda:
             if pinned is not None and tokens.dtype == torch.int64:
-                self._buffer = pinned.take(len(tokens))
-                self._tokens = self._buffer[:len(tokens)]
+                self._buffer, self._tokens = pinned.take(len(tokens))
             else:
                 self._tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             self._tokens.copy_(tokens, non_blocking=True)
@@ -81,20 +80,34 @@ class PendingStep:
 
 class PinnedBuffers:
     """Pinned int64 host buffers that steps' sampled tokens are copied into, reused
-    (pinning a fresh one costs tens of microseconds a step)."""
+    (pinning a fresh one costs tens of microseconds a step), each with its views of the
+    first `count` elements made once (on a step's cold caches a tensor's slicing costs
+    as much as the copy)."""
 
     def __init__(self, size: int = 1024):
-        self.size, self.free = size, []
+        self.size = size
+        self.buffers: list[torch.Tensor] = []
+        self.views: list[dict[int, torch.Tensor]] = []  # per buffer: count -> its view
+        self.free: list[int] = []  # indices of buffers not lent
 
-    def take(self, count: int) -> torch.Tensor:
+    def take(self, count: int) -> tuple[int, torch.Tensor]:
+        """A buffer's index and its first `count` elements, lent until `give(index)`."""
         while self.free:
-            buffer = self.free.pop()
-            if len(buffer) >= count:
-                return buffer
-        return torch.empty(max(count, self.size), dtype=torch.int64, pin_memory=True)
+            index = self.free.pop()
+            if len(self.buffers[index]) >= count:
+                break
+        else:
+            index = len(self.buffers)
+            self.buffers.append(torch.empty(max(count, self.size), dtype=torch.int64,
+                                            pin_memory=True))
+            self.views.append({})
+        view = self.views[index].get(count)
+        if view is None:
+            view = self.views[index][count] = self.buffers[index][:count]
+        return index, view
 
-    def give(self, buffer: torch.Tensor) -> None:
-        self.free.append(buffer)
+    def give(self, index: int) -> None:
+        self.free.append(index)
 
 
 class GroupSampling:
@@ -116,7 +129,7 @@ class GroupSampling:
             self.prev_index = np.full(num_rows, -1, np.int64)
         else:
             self.prev_index.fill(-1)
-        self.prev_index[rows] = np.arange(len(rows))
+        self.prev_index[rows] = counting(len(rows))
 
 
 class ModelRunner:
@@ -555,25 +568,30 @@ class ModelRunner:
         """Writes the previous step's samples over this step's placeholder tokens (async
         scheduling), in the rows this rank holds."""
         local, ends = inputs.local_rows, inputs.last_rows
-        pending = inputs.last_tokens == PLACEHOLDER_TOKEN
-        if local.start or (len(ends) and local.stop <= ends[-1]):  # an SP rank's rows only
-            pending &= (ends >= local.start) & (ends < local.stop)
         rows = sources = None
-        if pending.any():
-            targets = ends[pending] - local.start
-            origins = self._group.prev_index[inputs.chunk_rows[pending]]
+        if isinstance(chunks, DecodeChunks) and not local.start and local.stop >= len(ends):
+            # every row is a placeholder, and this rank holds them all
+            targets, table_rows = ends, inputs.chunk_rows
+        else:
+            pending = inputs.last_tokens == PLACEHOLDER_TOKEN
+            if local.start or (len(ends) and local.stop <= ends[-1]):  # an SP rank's rows
+                pending &= (ends >= local.start) & (ends < local.stop)
+            targets, table_rows = ends[pending] - local.start, inputs.chunk_rows[pending]
+        if len(targets):
+            origins = self._group.prev_index[table_rows]
             count, prev = len(targets), self._group.prev_tokens
             if targets[-1] != count - 1:  # rows strictly increase: the last tells them all
                 rows, sources = self.staging.upload([(targets, torch.int64),
                                                      (origins, torch.int64)])
                 token_ids.index_copy_(0, rows, prev.index_select(0, sources))
-            elif np.array_equal(origins, np.arange(count)):
+            elif (origins == counting(count)).all():
                 # the first rows, from the first samples in order: a decode step after one
-                # of the same requests
-                token_ids[:count].copy_(prev[:count])
+                # of the same requests (whole tensors where they are the rows: on a step's
+                # cold caches each slicing costs as much as the copy)
+                _first(token_ids, count).copy_(_first(prev, count))
             else:  # the first rows, from samples out of order (requests ended or joined)
                 sources, = self.staging.upload([(origins, torch.int64)])
-                torch.index_select(prev, 0, sources, out=token_ids[:count])
+                torch.index_select(prev, 0, sources, out=_first(token_ids, count))
             if rows is None and self._check is not None:
                 rows, sources = torch.arange(count), torch.as_tensor(origins)
         if self._check is not None:
@@ -584,7 +602,7 @@ class ModelRunner:
         if sp.size == 1:
             count = len(inputs.sample_rows)
             if inputs.sample_rows[-1] == count - 1:  # the first rows (rows strictly increase)
-                return hidden[:count]
+                return _first(hidden, count)
             rows, = self.staging.upload([(inputs.sample_rows, torch.int64)])
             return hidden.index_select(0, rows)  # no host sync: async scheduling overlaps
         rows = torch.zeros(len(inputs.sample_rows), hidden.shape[-1], dtype=hidden.dtype,
@@ -672,6 +690,11 @@ class ModelRunner:
                 self.shared_ffn.begin_step(-1)
             if self.state.is_last_stage:
                 self.model.compute_logits(out[-min(len(out), self.config.max_num_seqs):])
+
+
+def _first(tensor: torch.Tensor, count: int) -> torch.Tensor:
+    """The first `count` rows of `tensor`: itself where it has no more."""
+    return tensor if len(tensor) == count else tensor[:count]
 
 
 def profile_chunks(num_tokens: int, max_model_len: int, block_size: int

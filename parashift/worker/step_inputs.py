@@ -40,19 +40,17 @@ def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: in
     belong to no sequence; neither writes KV nor affects the real rows. The arrays are
     written in place into a pack that `staging` (a StagingRing; by default fresh arrays,
     a tensor each) reserves, into `into` where given (a CUDA graph's inputs)."""
+    if isinstance(chunks, DecodeChunks):
+        return _decode_step_inputs(chunks, tables, block_size, device, sp_size, sp_rank,
+                                   pad_to, staging, into, pad_seqs)
     n = len(chunks)
-    if isinstance(chunks, DecodeChunks):  # no pass over the chunks
-        rows, first, q_lens = chunks.rows, chunks.starts, np.ones(n, np.int64)
-        tokens, num_tokens, sampled = np.full(n, PLACEHOLDER_TOKEN, np.int64), n, slice(None)
-    else:
-        rows = np.fromiter(map(_ROW, chunks), np.int64, n)
-        first = np.fromiter(map(_START, chunks), np.int64, n)
-        q_lens = np.fromiter(map(len, map(_TOKENS, chunks)), np.int64, n)
-        tokens, num_tokens = None, int(q_lens.sum())
-        sampled = np.fromiter(map(is_not, map(_SAMPLING, chunks), repeat(None)), bool, n)
+    rows = np.fromiter(map(_ROW, chunks), np.int64, n)
+    first = np.fromiter(map(_START, chunks), np.int64, n)
+    q_lens = np.fromiter(map(len, map(_TOKENS, chunks)), np.int64, n)
+    num_tokens = int(q_lens.sum())
+    sampled = np.fromiter(map(is_not, map(_SAMPLING, chunks), repeat(None)), bool, n)
     if num_tokens == n:  # a decode step: one token per chunk
-        if tokens is None:
-            tokens = np.fromiter(map(_FIRST, map(_TOKENS, chunks)), np.int64, n)
+        tokens = np.fromiter(map(_FIRST, map(_TOKENS, chunks)), np.int64, n)
         positions, owner, max_query_len = first, rows, 1
     else:
         tokens = np.fromiter(chain.from_iterable(c.token_ids for c in chunks), np.int64,
@@ -63,17 +61,10 @@ def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: in
         owner, max_query_len = rows[chunk_of_token], int(q_lens.max())
     seq_lens = first + q_lens
     max_seq_len = int(seq_lens.max())
-    num_rows = max(num_tokens, pad_to)
-    num_rows += -num_rows % sp_size  # the rows past num_tokens belong to no sequence
-    num_seqs = max(n, pad_to if pad_seqs is None else pad_seqs)
     width = -(-max_seq_len // block_size)
-    per_rank = num_rows // sp_size
-    local = range(sp_rank * per_rank, (sp_rank + 1) * per_rank)
     staging = staging or FreshUploads(device)
-    host, _ = staging.reserve([((per_rank,), torch.int64), ((per_rank,), torch.int64),
-                               ((num_rows,), torch.int64), ((num_seqs + 1,), torch.int32),
-                               ((num_seqs,), torch.int32), ((num_seqs, width), torch.int32)],
-                              into)
+    host, local, num_seqs = _reserve(staging, into, n, num_tokens, width, sp_size, sp_rank,
+                                     pad_to, pad_seqs)
     tokens_h, positions_h, slots_h, query_start, seq_lens_h, tables_h = host
     _write_local(tokens_h, tokens, local)
     _write_local(positions_h, positions, local)
@@ -97,6 +88,91 @@ def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: in
     last_rows = np.cumsum(q_lens) - 1
     return StepInputs(token_ids, positions_d, attn, last_rows[sampled].tolist(), local, rows,
                       last_rows, tokens[last_rows], rows[sampled])
+
+
+def _decode_step_inputs(chunks: DecodeChunks, tables: np.ndarray, block_size: int,
+                        device: torch.device, sp_size: int, sp_rank: int, pad_to: int,
+                        staging, into: torch.Tensor | None, pad_seqs: int | None
+                        ) -> StepInputs:
+    """build_step_inputs of plain decodes (a placeholder token each, every one sampled):
+    the same pack from the chunks' row and start arrays, in as few array operations as the
+    pack allows. A step runs right after the host's wait for the device, with its caches
+    cold, where each array operation costs several times what it does in a loop."""
+    n, rows, starts = len(chunks), chunks.rows, chunks.starts
+    max_seq_len = int(starts.max()) + 1
+    width = -(-max_seq_len // block_size)
+    staging = staging or FreshUploads(device)
+    host, local, num_seqs = _reserve(staging, into, n, n, width, sp_size, sp_rank, pad_to,
+                                     pad_seqs)
+    tokens_h, positions_h, slots_h, query_start, seq_lens_h, tables_h = host
+    held = max(0, min(n, local.stop) - local.start)
+    tokens_h[:held] = PLACEHOLDER_TOKEN
+    per_rank, num_rows = len(local), len(slots_h)
+    _write_local(positions_h, starts, local)
+    blocks, offsets = np.divmod(starts, block_size)
+    slots = slots_h[:n]
+    np.multiply(tables[rows, blocks], block_size, out=slots, dtype=np.int64)
+    slots += offsets
+    np.minimum(counting(num_seqs + 1), n, out=query_start, dtype=np.int32, casting="unsafe")
+    np.add(starts, 1, out=seq_lens_h[:n], casting="unsafe")
+    tables_h[:n] = tables[rows, :width]
+    if held < per_rank:
+        tokens_h[held:] = 0
+    if n < num_rows:
+        slots_h[n:] = -1
+    if n < num_seqs:
+        seq_lens_h[n:] = 0
+        tables_h[n:] = 0
+    starts_cpu = list(range(n + 1))
+    starts_cpu += [n] * (num_seqs - n)
+    seq_lens_cpu = seq_lens_h.tolist()
+    token_ids, positions_d, slot_mapping, starts_d, seq_lens_d, block_tables_d = staging.send()
+    attn = AttentionMetadata(
+        slot_mapping=slot_mapping, query_start_loc=starts_d, seq_lens=seq_lens_d,
+        block_tables=block_tables_d, query_start_loc_cpu=starts_cpu, seq_lens_cpu=seq_lens_cpu,
+        max_query_len=1, max_seq_len=max_seq_len, block_size=block_size)
+    return StepInputs(token_ids, positions_d, attn, starts_cpu[:n], local, rows, counting(n),
+                      placeholders(n), rows)
+
+
+def _reserve(staging, into: torch.Tensor | None, num_chunks: int, num_tokens: int, width: int,
+             sp_size: int, sp_rank: int, pad_to: int, pad_seqs: int | None
+             ) -> tuple[list[np.ndarray], range, int]:
+    """The step's pack, reserved: its arrays (tokens and positions of this rank's rows,
+    slots, query starts, sequence lengths, block tables), the rows of the whole step this
+    rank holds, and the sequences, padding included."""
+    num_rows = max(num_tokens, pad_to)
+    num_rows += -num_rows % sp_size  # the rows past num_tokens belong to no sequence
+    num_seqs = max(num_chunks, pad_to if pad_seqs is None else pad_seqs)
+    per_rank = num_rows // sp_size
+    host, _ = staging.reserve([((per_rank,), torch.int64), ((per_rank,), torch.int64),
+                               ((num_rows,), torch.int64), ((num_seqs + 1,), torch.int32),
+                               ((num_seqs,), torch.int32), ((num_seqs, width), torch.int32)],
+                              into)
+    return host, range(sp_rank * per_rank, (sp_rank + 1) * per_rank), num_seqs
+
+
+_COUNTING = np.arange(0)
+_PLACEHOLDERS = np.full(0, PLACEHOLDER_TOKEN)
+
+
+def counting(n: int) -> np.ndarray:
+    """0, 1, ..., n - 1 (int64), a read-only view of an array made once."""
+    global _COUNTING
+    if len(_COUNTING) < n:
+        _COUNTING = np.arange(max(n, 2 * len(_COUNTING), 1024), dtype=np.int64)
+        _COUNTING.flags.writeable = False
+    return _COUNTING[:n]
+
+
+def placeholders(n: int) -> np.ndarray:
+    """n placeholder tokens (int64), a read-only view of an array made once."""
+    global _PLACEHOLDERS
+    if len(_PLACEHOLDERS) < n:
+        _PLACEHOLDERS = np.full(max(n, 2 * len(_PLACEHOLDERS), 1024), PLACEHOLDER_TOKEN,
+                                np.int64)
+        _PLACEHOLDERS.flags.writeable = False
+    return _PLACEHOLDERS[:n]
 
 
 def _write_local(target: np.ndarray, values: np.ndarray, local: range) -> None:
