@@ -420,15 +420,20 @@ class Scheduler:
                 out.chunks.append(entry)
                 seq.num_computed_tokens = int(computed[i]) + num_new
                 seq.num_pending_tokens += entry.samples
-        if count:
+        if count == len(running):  # every one decodes (`slots` is replaced, never written)
+            self._take_decodes(out, list(running), computed, slots)
+        elif count:
             rows = np.flatnonzero(decodes)
-            taken = slots[rows]
-            table.computed[taken] += 1
-            table.pending[taken] += 1
-            seqs = list(running) if count == len(running) else \
-                list(map(running.__getitem__, rows.tolist()))
-            out.decodes = DecodeColumns(seqs, computed[rows], taken, table.serial[taken])
+            self._take_decodes(out, list(map(running.__getitem__, rows.tolist())),
+                               computed[rows], slots[rows])
         return budget - spent
+
+    def _take_decodes(self, out: SchedulerOutput, seqs: list[Sequence], starts: np.ndarray,
+                      slots: np.ndarray) -> None:
+        table = self.table
+        table.computed[slots] += 1
+        table.pending[slots] += 1
+        out.decodes = DecodeColumns(seqs, starts, slots, table.serial[slots])
 
     def check_table(self) -> None:
         """Debug (`check_step_state`): the running table's columns against the values the
