@@ -105,9 +105,9 @@ def _decode_step_inputs(chunks: DecodeChunks, tables: np.ndarray, block_size: in
     host, local, num_seqs = _reserve(staging, into, n, n, width, sp_size, sp_rank, pad_to,
                                      pad_seqs)
     tokens_h, positions_h, slots_h, query_start, seq_lens_h, tables_h = host
-    held = max(0, min(n, local.stop) - local.start)
-    tokens_h[:held] = PLACEHOLDER_TOKEN
     per_rank, num_rows = len(local), len(slots_h)
+    held = max(0, min(n, local.stop) - local.start)  # this rank's real rows
+    tokens_h[:held] = PLACEHOLDER_TOKEN
     _write_local(positions_h, starts, local)
     blocks, offsets = np.divmod(starts, block_size)
     slots = slots_h[:n]
