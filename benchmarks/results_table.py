@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 RESULTS_MD = ROOT / "docs" / "results.md"
 README = ROOT / "README.md"
-README_BEGIN = "<!-- results table: made by benchmarks/results_table.py; edit the JSON, not this -->"
+README_BEGIN = ("<!-- results table: made by benchmarks/results_table.py; "
+                "edit the JSON, not this -->")
 README_END = "<!-- end of results table -->"
 
 REQUIRED = ("id", "claim", "device", "shape", "workload", "plan", "metric", "unit", "better",
@@ -58,7 +59,8 @@ def problems(record: dict) -> list[str]:
     if "ratio" in record and isinstance(record.get("figure"), (int, float)):
         expected = record["figure"] / record["baseline"]
         if abs(record["ratio"] - expected) > RATIO_TOLERANCE * max(1.0, expected):
-            found.append(f"{name}: ratio {record['ratio']} is not figure / baseline ({expected:.3f})")
+            found.append(f"{name}: ratio {record['ratio']} is not figure / baseline "
+                         f"({expected:.3f})")
     return found
 
 
@@ -106,66 +108,73 @@ def baseline_cell(record: dict) -> str:
 
 
 def measured_at(record: dict) -> str:
-    return record["date"] + (f", `{record['commit']}`" if record.get("commit") else f", {record['session']}")
+    where = f"`{record['commit']}`" if record.get("commit") else record["session"]
+    return f"{record['date']}, {where}"
 
 
-def escape(text: str) -> str:
-    return text.replace("|", "\\|")
+def table_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
 
-def claim_rows(group: dict) -> list[str]:
-    rows = []
-    for r in group["claims"]:
-        ratio = f"{r['ratio']:.3f}" if r.get("baseline") is not None else "–"
-        figure = f"{number(r['figure'])} {r['unit']}"
-        notes = "; ".join(x for x in (r.get("goal") and f"goal: {r['goal']}", r.get("note")) if x)
-        cells = [r["claim"], r["device"], f"`{r['shape']}`", r["workload"], r["plan"],
-                 f"{r['metric']} ({r['better']} is better)", figure, baseline_cell(r), ratio,
-                 verdict(r), floor_cell(r), measured_at(r), f"`{r['command']}`", notes]
-        rows.append("| " + " | ".join(escape(c) for c in cells) + " |")
-    return rows
+def claim_row(r: dict) -> str:
+    ratio = f"{r['ratio']:.3f}" if r.get("baseline") is not None else "–"
+    notes = [f"goal: {r['goal']}"] if r.get("goal") else []
+    notes += [r["note"]] if r.get("note") else []
+    metric = f"{r['metric']} ({r['better']} is better)"
+    return table_row([r["claim"], r["device"], f"`{r['shape']}`", r["workload"], r["plan"], metric,
+                      f"{number(r['figure'])} {r['unit']}", baseline_cell(r), ratio, verdict(r),
+                      floor_cell(r), measured_at(r), f"`{r['command']}`", "; ".join(notes)])
+
+
+RESULTS_INTRO = """# Results: the current figure of every claim
+
+Made by `benchmarks/results_table.py` from `benchmarks/results/*.json`; do not edit by hand.
+Each row is a claim's latest measurement in the dated log (`docs/benchmark_log.md`, in the
+section the JSON names). The baseline is the best static plan where a policy is claimed
+(DP included), else what the row names. Ratio = figure ÷ baseline; the verdict reads it in
+the metric's direction (on par: within 2%). † marks a baseline from another call or commit
+than the figure's. Floor: the roofline bound the log gives (bytes at the copy rate, FLOPs at
+the matrix rate), with the fraction of it reached. Shapes are `benchmarks/shapes/*.json` with
+random bf16 weights.
+"""
+RESULTS_COLUMNS = ("claim", "device", "shape", "workload", "plan", "metric", "figure", "baseline",
+                   "ratio", "verdict", "floor (fraction)", "measured", "command", "notes")
+README_COLUMNS = ("design", "claim", "plan: figure", "baseline (same call unless †) or floor",
+                  "ratio, verdict", "device", "date")
+
+
+def header(columns: tuple[str, ...]) -> list[str]:
+    return [table_row(list(columns)), "|" + "---|" * len(columns)]
 
 
 def render_results(groups: list[dict], skipped: list[str]) -> str:
-    lines = [
-        "# Results: the current figure of every claim",
-        "",
-        "Made by `benchmarks/results_table.py` from `benchmarks/results/*.json`; do not edit by hand.",
-        "Each row is a claim's latest measurement in the dated log (`docs/benchmark_log.md`, in the",
-        "section the JSON names). The baseline is the best static plan where a policy is claimed",
-        "(DP included), else what the row names. Ratio = figure ÷ baseline; the verdict reads it in",
-        "the metric's direction (on par: within 2%). † marks a baseline from another call or commit",
-        "than the figure's. Floor: the roofline bound the log gives (bytes at the copy rate, FLOPs at",
-        "the matrix rate), with the fraction of it reached. Shapes are `benchmarks/shapes/*.json` with",
-        "random bf16 weights.",
-        "",
-    ]
-    header = ("| claim | device | shape | workload | plan | metric | figure | baseline | ratio | verdict "
-              "| floor (fraction) | measured | command | notes |")
+    lines = [RESULTS_INTRO]
     for group in groups:
         lines += [f"## {group['title']}", "", f"From `benchmarks/results/{group['file']}`.", "",
-                  header, "|" + "---|" * 14, *claim_rows(group), ""]
+                  *header(RESULTS_COLUMNS), *map(claim_row, group["claims"]), ""]
     if skipped:
-        lines += ["Files in `benchmarks/results/` with no claim records (raw outputs, not rows here): "
-                  + ", ".join(f"`{name}`" for name in skipped) + ".", ""]
+        names = ", ".join(f"`{name}`" for name in skipped)
+        lines += [f"Files in `benchmarks/results/` with no claim records (raw outputs, not rows "
+                  f"here): {names}.", ""]
     return "\n".join(lines)
 
 
+def headline_row(design: str, r: dict) -> str:
+    if r.get("baseline") is None:
+        compared = f"floor {number(r['floor'])} {r['unit']} (fraction {fraction_of_floor(r):.2f})"
+        judged = "–"
+    else:
+        compared = f"{baseline_cell(r)} {r['unit']}"
+        judged = f"{r['ratio']:.3f}, {verdict(r)}"
+    figure = f"{r['plan']}: {number(r['figure'])} {r['unit']} {r['metric']}"
+    return table_row([design, r["claim"], figure, compared, judged, r["device"], r["date"]])
+
+
 def render_readme_table(groups: list[dict]) -> str:
-    lines = ["| design | claim | plan: figure | baseline (same call unless †) or floor "
-             "| ratio, verdict | device | date |", "|---|---|---|---|---|---|---|"]
+    lines = header(README_COLUMNS)
     for group in groups:
-        for r in (r for r in group["claims"] if r.get("headline")):
-            if r.get("baseline") is None:
-                compared = f"floor {number(r['floor'])} {r['unit']} (fraction {fraction_of_floor(r):.2f})"
-                judged = "–"
-            else:
-                compared = f"{baseline_cell(r)} {r['unit']}"
-                judged = f"{r['ratio']:.3f}, {verdict(r)}"
-            cells = [group["title"].split(" (")[0].split(":")[0], r["claim"],
-                     f"{r['plan']}: {number(r['figure'])} {r['unit']} {r['metric']}",
-                     compared, judged, r["device"], r["date"]]
-            lines.append("| " + " | ".join(escape(c) for c in cells) + " |")
+        design = group["title"].split(" (")[0].split(":")[0]
+        lines += [headline_row(design, r) for r in group["claims"] if r.get("headline")]
     return "\n".join(lines)
 
 
@@ -179,7 +188,8 @@ def with_readme_table(readme: str, table: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the docs differ from the JSON")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if the docs differ from the JSON")
     args = parser.parse_args(argv)
     groups, skipped = load_groups()
     found = all_problems(groups)

@@ -29,14 +29,16 @@ def test_docs_results_md_is_generated_from_the_json(loaded):
     groups, skipped = loaded
     wanted = results_table.render_results(groups, skipped)
     assert results_table.RESULTS_MD.read_text() == wanted, (
-        "docs/results.md differs from benchmarks/results/*.json: run python3 benchmarks/results_table.py")
+        "docs/results.md differs from benchmarks/results/*.json: "
+        "run python3 benchmarks/results_table.py")
 
 
 def test_readme_table_is_generated_from_the_json(loaded):
     groups, _ = loaded
     readme = results_table.README.read_text()
     wanted = results_table.with_readme_table(readme, results_table.render_readme_table(groups))
-    assert readme == wanted, "README.md's results table differs: run python3 benchmarks/results_table.py"
+    assert readme == wanted, (
+        "README.md's results table differs: run python3 benchmarks/results_table.py")
 
 
 def test_the_check_passes(loaded):
@@ -45,7 +47,8 @@ def test_the_check_passes(loaded):
 
 def a_record(loaded) -> dict:
     groups, _ = loaded
-    return copy.deepcopy(next(r for g in groups for r in g["claims"] if r.get("baseline") is not None))
+    with_baseline = (r for g in groups for r in g["claims"] if r.get("baseline") is not None)
+    return copy.deepcopy(next(with_baseline))
 
 
 @pytest.mark.parametrize("field", [*results_table.REQUIRED, *results_table.WITH_BASELINE])
@@ -79,4 +82,5 @@ def test_the_verdict_reads_the_metric_direction():
     faster = {"baseline": 10.0, "figure": 8.0, "ratio": 0.8, "better": "lower"}
     assert results_table.verdict(faster) == "better"
     assert results_table.verdict(faster | {"better": "higher"}) == "worse"
-    assert results_table.verdict({"baseline": 10.0, "figure": 10.1, "ratio": 1.01, "better": "lower"}) == "on par"
+    close = {"baseline": 10.0, "figure": 10.1, "ratio": 1.01, "better": "lower"}
+    assert results_table.verdict(close) == "on par"
