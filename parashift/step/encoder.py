@@ -1,5 +1,4 @@
-"""The engine's side of the step message: what each replica's ranks already know, so
-that a step sends only what is new."""
+"""The engine's side of the step message's deltas."""
 from parashift.step.message import ChunkDelta
 
 

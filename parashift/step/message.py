@@ -13,8 +13,8 @@ PLACEHOLDER_ONLY = [PLACEHOLDER_TOKEN]
 
 
 class StepStateMismatch(AssertionError):
-    """The state a step was built from differs from what its sender or receiver holds
-    (`--check-step-state`)."""
+    """`--check-step-state`: the persistent state of a step's either side (the scheduler's
+    running table, a rank's block tables and uploads) differs from its rebuild from scratch."""
 
 
 @dataclass(slots=True)
