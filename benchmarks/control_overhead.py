@@ -1,5 +1,5 @@
 """Per-step control-channel cost: pickle against the binary step codec
-(`parashift/worker/step_codec.py`).
+(`parashift/step/codec.py`).
 
 A run of decode steps at a fixed batch (each chunk one token, uuid request ids, a block
 appended to a request's table every 16th position, the first step admitting every
@@ -23,8 +23,9 @@ import time
 import uuid
 
 from parashift.sampling_params import SamplingParams
-from parashift.worker.step_batch import DeltaEncoder, StepBatch
-from parashift.worker.step_codec import decode_step, encode_step
+from parashift.step.codec import decode_step, encode_step
+from parashift.step.encoder import DeltaEncoder
+from parashift.step.message import StepBatch
 
 CODECS = {"pickle": (pickle.dumps, pickle.loads), "binary": (encode_step, decode_step)}
 BLOCK_SIZE, VOCAB = 16, 128_256

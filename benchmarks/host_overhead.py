@@ -39,7 +39,7 @@ import torch
 from parashift import LLM, SamplingParams
 from parashift.engine import llm_engine, replica, scheduler
 from parashift.models.llama import LlamaForCausalLM
-from parashift.worker import cuda_graphs, model_runner, step_batch
+from parashift.worker import cuda_graphs, model_runner
 
 
 def _module_if_any(name: str):
@@ -54,11 +54,14 @@ output_processor = _module_if_any("parashift.engine.output_processor")
 output_process = _module_if_any("parashift.engine.output_process")
 request_outputs = _module_if_any("parashift.engine.request_outputs")
 core_process = _module_if_any("parashift.engine.core_process")
+# the rank's request tables (worker/step_batch.py in a tree before issue 58)
+step_chunks = (_module_if_any("parashift.worker.step_chunks")
+               or _module_if_any("parashift.worker.step_batch"))
 
 PARTS = [  # (owner, attribute, label)
     (scheduler.Scheduler, "schedule", "schedule"),
     (replica.Replica, "step_batch", "step_message"),
-    (step_batch.RequestTables, "apply", "apply_message"),
+    (step_chunks.RequestTables, "apply", "apply_message"),
     (model_runner.ModelRunner, "launch", "launch"),
     (model_runner, "build_step_inputs", "step_inputs"),
     (cuda_graphs, "build_step_inputs", "step_inputs"),

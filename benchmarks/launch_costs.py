@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from parashift.uploads import StagingRing, current_stream
-from parashift.worker.step_batch import DecodeChunks
+from parashift.worker.step_chunks import DecodeChunks
 from parashift.worker.step_inputs import build_step_inputs
 
 

@@ -114,7 +114,7 @@ def channel_latency(transport: str, receivers: int, batch: int, steps: int) -> d
     """Median microseconds from encoding a decode step to the last receiver's answer."""
     from benchmarks.control_overhead import decode_steps, receiver
     from parashift.executor.node_link import accept_ranks
-    from parashift.worker.step_codec import encode_step
+    from parashift.step.codec import encode_step
     ctx, conns, procs = mp.get_context("spawn"), [], []
     if transport == "pipe":
         for _ in range(receivers):

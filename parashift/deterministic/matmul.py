@@ -10,17 +10,10 @@ made fp32 and contiguous in one canonical layout, and each K chunk is one matrix
 batched product."""
 import torch
 
+from parashift.deterministic.k_chunks import column_chunks
 from parashift.kernels import use_triton
 
 ROW_TILE = 16
-# K chunks of a contraction no plan splits: at most this many, each whole 64-wide tiles
-MAX_K_CHUNKS = 8
-K_TILE = 64
-# ... and from this K on only: on an H200, spreading a product's chunks over programs paid
-# for K of 14,336 at up to 128 rows, never for K of 4,096 (twelfth session); below it one chunk
-# (one MMA chain, no fold of chunk totals) took the 8B shape's qkv, gate_up and LM head 6-11%
-# less time at 256 rows and 13-16% less at 4,096, the same at 1 and 64 rows (thirtieth session)
-SPREAD_MIN_K = 8192
 
 
 def pad_rows(x: torch.Tensor, dim: int = -2) -> torch.Tensor:
@@ -118,16 +111,6 @@ def reduce_chunks(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return triton_matmul.linear(x2, weight, bias, chunks, groups=groups).unflatten(0, lead)
     return sum_chunks(chunk_partials(x2, weight, chunks), bias, x.dtype,
                       groups=groups).unflatten(0, lead)
-
-
-def column_chunks(k: int) -> int:
-    """The K chunks of a contraction that no plan splits (column-parallel projections, the
-    LM head): a function of K alone, so every batch and plan sums the same chunks. From
-    SPREAD_MIN_K, more than one lets a decode's few output tiles spread over the device
-    (`triton_matmul`); below, one."""
-    if k < SPREAD_MIN_K:
-        return 1
-    return next((c for c in range(MAX_K_CHUNKS, 1, -1) if k % (c * K_TILE) == 0), 1)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -7,7 +7,7 @@ the batch, the TP shard's width); the output tile's size may follow the row coun
 A program owns one [BLOCK_M, BLOCK_N] tile of the output and one block (grid axis 2): a run
 of consecutive K chunks, each summed into a fresh fp32 accumulator added to the block's
 total in chunk order. One block holding every chunk adds the bias and stores x's dtype (the
-column-parallel projections, `matmul.column_chunks`); several store fp32 totals for
+column-parallel projections, `k_chunks.column_chunks`); several store fp32 totals for
 `sum_chunks_kernel` to add: one per chunk (the partials), or one per group of a grouped sum
 (a row-parallel projection's two halves, `reduction.py`), or a TP rank's own run.
 
@@ -17,7 +17,7 @@ output tiles and a long K (the down projection at decode batches) spreads its ch
 programs and `sum_chunks_kernel` adds them, instead of leaving most SMs on long loops
 (PARASHIFT_DETERMINISTIC_SPREAD: `auto`, the default; `1` whenever the tiles are fewer than
 SMs, the rule before the twelfth session's sweep; `0` never). A product of one chunk (a
-column-parallel one of K below `matmul.SPREAD_MIN_K`) has nothing to spread."""
+column-parallel one of K below `k_chunks.SPREAD_MIN_K`) has nothing to spread."""
 import inspect
 import os
 
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.deterministic.matmul import SPREAD_MIN_K
+from parashift.deterministic.k_chunks import SPREAD_MIN_K
 from parashift.kernels import num_sms
 
 
@@ -111,7 +111,7 @@ SPREAD_MODE = os.environ.get("PARASHIFT_DETERMINISTIC_SPREAD", "auto")
 if SPREAD_MODE not in SPREAD_MODES:
     raise ValueError(f"PARASHIFT_DETERMINISTIC_SPREAD must be one of {SPREAD_MODES}, "
                      f"got {SPREAD_MODE!r}")
-# auto: from SPREAD_MIN_K (`matmul.py`: the column-parallel products below it come in one
+# auto: from SPREAD_MIN_K (`k_chunks.py`: the column-parallel products below it come in one
 # chunk, so they cannot spread whatever the mode)
 # a grouped sum in program holds three fp32 tiles (the chunk's, its group's, the total): at
 # most this many elements of each per thread, else GROUPED_LARGE_TILES (the 128x256 tiles'

@@ -46,9 +46,9 @@ from parashift.outputs import RequestOutput
 from parashift.parallel.layout import coupled_groups
 from parashift.parallel.plan import Plan
 from parashift.sampling_params import SamplingParams
+from parashift.step.message import KVSwap
 from parashift.structured.matchers import NO_CONTINUATION, StructuredOutputs
 from parashift.worker.model_runner import ModelRunner
-from parashift.worker.step_batch import KVSwap
 from parashift.worker.worker import WorkerSpec
 
 logger = logging.getLogger(__name__)

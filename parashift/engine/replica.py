@@ -9,7 +9,8 @@ from parashift.config import SchedulerConfig
 from parashift.engine.policy import GroupView
 from parashift.engine.scheduler import Scheduler, SchedulerOutput, SwapOp
 from parashift.kv.block_manager import BlockManager
-from parashift.worker.step_batch import DeltaEncoder, KVSwap, StepBatch
+from parashift.step.encoder import DeltaEncoder
+from parashift.step.message import KVSwap, StepBatch
 
 _REQUEST_ID = attrgetter("request_id")
 

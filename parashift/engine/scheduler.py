@@ -31,8 +31,7 @@ from parashift.engine.running_table import RunningTable
 from parashift.engine.sequence import Sequence, SequenceStatus
 from parashift.kv.block_manager import BlockManager
 from parashift.kv.tier_allocator import TierAllocator, TierSlot
-from parashift.worker.step_batch import PLACEHOLDER_TOKEN
-from parashift.worker.step_check import StepStateMismatch
+from parashift.step.message import PLACEHOLDER_TOKEN, StepStateMismatch
 
 
 class ScheduledSeq:

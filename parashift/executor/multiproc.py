@@ -17,9 +17,9 @@ from multiprocessing.connection import wait
 
 from parashift.executor.node_link import NodeLink, accept_nodes
 from parashift.executor.ray_ranks import RayRanks, start_ray_ranks
+from parashift.step.codec import encode_step
+from parashift.step.message import StepBatch
 from parashift.worker.model_runner import ModelRunner
-from parashift.worker.step_batch import StepBatch
-from parashift.worker.step_codec import encode_step
 from parashift.worker.worker import CONTROL_PREFIX, WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)

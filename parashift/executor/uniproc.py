@@ -3,8 +3,8 @@ once, so with async scheduling the host prepares the next step while the
 device runs this one."""
 from collections import deque
 
+from parashift.step.message import StepBatch
 from parashift.worker.model_runner import ModelRunner, PendingStep
-from parashift.worker.step_batch import StepBatch
 
 
 class UniprocExecutor:

@@ -24,7 +24,7 @@ import torch
 
 from parashift.attention.metadata import AttentionMetadata
 from parashift.uploads import pack_offsets
-from parashift.worker.step_batch import DecodeChunks, SeqChunk
+from parashift.worker.step_chunks import DecodeChunks, SeqChunk
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.context import use_context
 

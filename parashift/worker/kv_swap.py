@@ -11,8 +11,8 @@ from parashift.kv.cpu_tier import TierMappings, TierShape
 from parashift.kv.tier_allocator import TierSlot
 from parashift.kv.tier_copy import gather, rank_kv_slice, scatter, wait_for_copies
 from parashift.kv.views import view_pool
+from parashift.step.message import StepBatch
 from parashift.worker.plan_resources import PlanResources
-from parashift.worker.step_batch import StepBatch
 
 
 class KVSwapper:

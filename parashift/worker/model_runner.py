@@ -16,8 +16,8 @@ from parashift.context import BASE_WEIGHTS, StepContext, use_context, use_state
 from parashift.deterministic.reduction import reduction_chunks
 from parashift.worker.cuda_graphs import Bucket, StepGraphs
 from parashift.worker.kv_swap import KVSwapper
-from parashift.worker.step_batch import (PLACEHOLDER_TOKEN, ChunkDelta, DecodeChunks,
-                                         RequestTables, SeqChunk, StepBatch)
+from parashift.step.message import PLACEHOLDER_TOKEN, ChunkDelta, StepBatch
+from parashift.worker.step_chunks import DecodeChunks, RequestTables, SeqChunk
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
 from parashift.worker.peer_weights import peer_group
 from parashift.worker.seesaw import SeesawRank

@@ -8,13 +8,10 @@ parameters, and, at the end of each micro-batch, every array it uploaded as it w
 import numpy as np
 import torch
 
+from parashift.step.message import PLACEHOLDER_TOKEN, StepBatch, StepStateMismatch
 from parashift.uploads import StagingRing
-from parashift.worker.step_batch import PLACEHOLDER_TOKEN, RequestTables, SeqChunk, StepBatch
+from parashift.worker.step_chunks import RequestTables, SeqChunk
 from parashift.worker.step_inputs import StepInputs
-
-
-class StepStateMismatch(AssertionError):
-    pass
 
 
 class StepStateCheck:

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from parashift.attention.metadata import AttentionMetadata
-from parashift.worker.step_batch import PLACEHOLDER_TOKEN, DecodeChunks, SeqChunk
+from parashift.step.message import PLACEHOLDER_TOKEN
+from parashift.worker.step_chunks import DecodeChunks, SeqChunk
 from parashift.uploads import FreshUploads
 
 # C-level readers of the chunks' fields (a map over them costs a fraction of a generator)

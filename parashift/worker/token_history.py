@@ -8,8 +8,9 @@ skip what the prefix cache holds."""
 import torch
 
 from parashift.layers.penalties import PADDING_TOKEN, TokenHistory
+from parashift.step.message import PLACEHOLDER_TOKEN
 from parashift.uploads import upload
-from parashift.worker.step_batch import PLACEHOLDER_TOKEN, SeqChunk
+from parashift.worker.step_chunks import SeqChunk
 
 
 class TokenHistoryStore:

@@ -19,7 +19,7 @@ from parashift.worker.peer_weights import asks_peer_path
 from parashift.parallel.comm_pool import CommunicatorPool
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
-from parashift.worker.step_codec import decode_step
+from parashift.step.codec import decode_step
 
 
 @dataclass

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from parashift.attention.metadata import AttentionMetadata
-from parashift.deterministic import matmul
+from parashift.deterministic import k_chunks, matmul
 from parashift.deterministic.reduction import check_plans, reduction_chunks
 from parashift.parallel.plan import Plan
 from tests.kernels.common import assert_exact, case_tests, cuda, randn
@@ -325,7 +325,7 @@ def test_gemm_tile_configuration_is_checked():
 
 def test_column_chunks_are_whole_tiles():
     # chunks from SPREAD_MIN_K only (below, nothing spreads them); each of whole 64-wide tiles
-    assert [matmul.column_chunks(k) for k in (8192, 14336, 8192 + 192, 9 * 1024, 4096, 576)] \
+    assert [k_chunks.column_chunks(k) for k in (8192, 14336, 8192 + 192, 9 * 1024, 4096, 576)] \
         == [8, 8, 1, 8, 1, 1]
 
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from parashift import LLM, SamplingParams
-from parashift.worker.step_batch import PLACEHOLDER_TOKEN
+from parashift.step.message import PLACEHOLDER_TOKEN
 from tests.distributed.test_plans import DEVICE, GRAPHS, assert_same, skip_unless_enough_gpus
 from tests.engine.conftest import save_tiny_llama
 

@@ -8,7 +8,7 @@ from parashift.engine.replica import Replica, combine_views
 from parashift.engine.sequence import Sequence
 from parashift.kv.block_manager import BlockManager
 from parashift.sampling_params import SamplingParams
-from parashift.worker.step_batch import PLACEHOLDER_TOKEN
+from parashift.step.message import PLACEHOLDER_TOKEN
 
 
 def test_plain_decodes_go_first_in_columns_and_the_schedule_follows_the_message():

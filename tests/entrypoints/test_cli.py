@@ -123,7 +123,7 @@ def test_version_is_the_installed_one_or_pyproject(monkeypatch):
         raise metadata.PackageNotFoundError(name)
     monkeypatch.setattr(metadata, "version", not_installed)
     with open(pathlib.Path(parashift.__file__).parent.parent / "pyproject.toml", "rb") as f:
-        assert parashift._version() == tomllib.load(f)["project"]["version"]
+        assert parashift.version.read_version() == tomllib.load(f)["project"]["version"]
 
 
 def test_worker_heartbeat_timeout_flag_and_its_range():

@@ -11,7 +11,7 @@ from parashift.sampling_params import SamplingParams
 from parashift.uploads import StagingRing
 from parashift.worker.cuda_graphs import Bucket, GraphSizes, input_layout
 from parashift.worker.model_runner import ModelRunner, graphs_by_default
-from parashift.worker.step_batch import SeqChunk
+from parashift.worker.step_chunks import SeqChunk
 from parashift.worker.step_check import rebuild
 from parashift.worker.step_inputs import build_step_inputs
 from parashift.worker.shared_ffn import CAS_WEIGHTS, WAS_WEIGHTS

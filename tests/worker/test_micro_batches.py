@@ -1,7 +1,7 @@
 """How a pipelined step's chunks become micro-batches."""
 from parashift.sampling_params import SamplingParams
 from parashift.worker.model_runner import split_micro_batches
-from parashift.worker.step_batch import SeqChunk
+from parashift.worker.step_chunks import SeqChunk
 
 GREEDY = SamplingParams(temperature=0)
 

@@ -4,7 +4,8 @@ import numpy as np
 import torch
 
 from parashift import SamplingParams
-from parashift.worker.step_batch import ChunkDelta, DecodeChunks, RequestTables, StepBatch
+from parashift.step.message import ChunkDelta, StepBatch
+from parashift.worker.step_chunks import DecodeChunks, RequestTables
 from parashift.worker.step_inputs import build_step_inputs
 
 GREEDY = SamplingParams(temperature=0)

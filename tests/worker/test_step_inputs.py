@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from parashift.sampling_params import SamplingParams
+from parashift.step.message import PLACEHOLDER_ONLY
 from parashift.uploads import StagingRing
-from parashift.worker.step_batch import PLACEHOLDER_ONLY, DecodeChunks, SeqChunk
+from parashift.worker.step_chunks import DecodeChunks, SeqChunk
 from parashift.worker.step_inputs import build_step_inputs, counting, placeholders
 
 CPU = torch.device("cpu")

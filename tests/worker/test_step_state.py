@@ -6,8 +6,8 @@ import random
 import pytest
 
 from parashift import SamplingParams
-from parashift.worker import step_batch
-from parashift.worker.step_check import StepStateMismatch
+from parashift.step.message import StepStateMismatch
+from parashift.worker import step_chunks
 from tests.engine.conftest import tiny_llama_dir, tiny_llm  # noqa: F401 (a fixture)
 
 
@@ -56,11 +56,11 @@ def test_persistent_state_equals_a_rebuild_over_500_random_steps(tiny_llama_dir)
 
 
 def test_the_check_catches_a_lost_block_id(tiny_llama_dir, monkeypatch):
-    write = step_batch.RequestTables._write
+    write = step_chunks.RequestTables._write
 
     def drops_the_last_block(self, row, start, block_ids):
         write(self, row, start, block_ids[:-1] if len(block_ids) > 1 else block_ids)
-    monkeypatch.setattr(step_batch.RequestTables, "_write", drops_the_last_block)
+    monkeypatch.setattr(step_chunks.RequestTables, "_write", drops_the_last_block)
     llm = tiny_llm(tiny_llama_dir, block_size=8, check_step_state=True)
     try:
         with pytest.raises(StepStateMismatch, match="block table"):
@@ -90,7 +90,7 @@ def test_the_check_catches_a_running_table_column_left_behind(tiny_llama_dir, mo
 def test_the_check_catches_a_wrong_argmax_only_flag(tiny_llama_dir, monkeypatch):
     def marks_every_row(self, request_id, row):
         self.argmax_only[row] = True
-    monkeypatch.setattr(step_batch.RequestTables, "_mark_argmax_only", marks_every_row)
+    monkeypatch.setattr(step_chunks.RequestTables, "_mark_argmax_only", marks_every_row)
     llm = tiny_llm(tiny_llama_dir, block_size=8, check_step_state=True)
     try:
         with pytest.raises(StepStateMismatch, match="argmax_only"):

@@ -5,7 +5,8 @@ import torch
 
 from parashift.layers.penalties import PADDING_TOKEN
 from parashift.sampling_params import SamplingParams
-from parashift.worker.step_batch import PLACEHOLDER_TOKEN, SeqChunk
+from parashift.step.message import PLACEHOLDER_TOKEN
+from parashift.worker.step_chunks import SeqChunk
 from parashift.worker.token_history import TokenHistoryStore
 
 PENALIZED = SamplingParams(repetition_penalty=1.2)

@@ -4,7 +4,7 @@ import contextlib
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse, Response
 
-import parashift
+from parashift import version as package_version
 from parashift.engine.async_engine import AsyncLLMEngine
 from parashift.entrypoints.openai.auth import make_auth_dependency
 from parashift.entrypoints.openai.errors import APIError, install_error_handlers
@@ -68,7 +68,7 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
 
 def server_version() -> str:
     """What /version and /openapi.json give: parashift.__version__."""
-    return parashift.__version__
+    return package_version.__version__
 
 
 def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIRouter:

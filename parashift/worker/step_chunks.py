@@ -1,92 +1,16 @@
-"""One step as it travels from the engine to every rank, and as the model
-runner sees it once the rank has applied it to what it already knows.
-
-The message carries deltas: a request's sampling parameters once, and only the
-block ids appended to its block table since the last step."""
+"""A step's chunks as the model runner sees them, once the rank has applied the step
+message to what it already knows: each request's block-table row and sampling parameters."""
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter
 
 import numpy as np
 
 from parashift.sampling_params import SamplingParams
-from parashift.structured.matchers import TokenMasks
+from parashift.step.message import PLACEHOLDER_ONLY, StepBatch
 
 _REQUEST_ID = attrgetter("request_id")
-PLACEHOLDER_TOKEN = -1  # a token sampled by the step in flight, not yet known to the engine
-# The input of every plain decode's chunk on a rank: one list, shared (read, never written)
-PLACEHOLDER_ONLY = [PLACEHOLDER_TOKEN]
-
-
-@dataclass(slots=True)
-class ChunkDelta:
-    request_id: str
-    token_ids: list[int]       # the tokens computed this step
-    start_pos: int             # position of token_ids[0]
-    blocks_from: int           # new_blocks replace the block table from this index on
-    new_blocks: list[int]
-    samples: bool              # a token is sampled after this chunk
-
-
-@dataclass(slots=True)
-class KVSwap:
-    """One request's KV between its pages and its slot of its group's CPU tier (swap
-    preemption): its first `num_tokens` tokens, in the pool's block ids."""
-    request_id: str
-    block_ids: list[int]
-    num_tokens: int
-    slot_start: int
-    slot_length: int
-
-
-@dataclass
-class StepBatch:
-    """A step's chunks are its plain decodes, in columns (`decode_ids`, `decode_starts`,
-    `decode_blocks`: one placeholder token at that position, a token sampled; the block
-    table keeps its first `decode_blocks` ids, followed by `decode_new_blocks[i]` where the
-    i-th has new ones), then `chunks`, in that order: the order of its rows and of its
-    sampled tokens."""
-    chunks: list[ChunkDelta]
-    new_params: dict[str, SamplingParams] = field(default_factory=dict)
-    finished_request_ids: list[str] = field(default_factory=list)
-    plan: str = ""  # name of the plan this step runs under ("" = the base plan)
-    # The prompt of each new request whose sampling reads its tokens (penalties): chunks
-    # skip what the prefix cache holds, and the prompt tells the output tokens apart.
-    prompts: dict[str, list[int]] = field(default_factory=dict)
-    token_masks: TokenMasks | None = None  # structured output's masks of sampling chunks
-    # A step that every replica sharing FFN weights runs together (SiDP's Compute-as-a-
-    # Service): the same id on all of them, asserted by the ranks; -1: a step of its own.
-    round_id: int = -1
-    # Swap preemption, done at the start of the step's launch, outs before ins: KV gathered
-    # from pages about to be freed, and scattered into a resumed request's new pages, through
-    # the group's CPU tier (the file at swap_tier_path, of swap_tier_tokens tokens).
-    swap_out: list[KVSwap] = field(default_factory=list)
-    swap_in: list[KVSwap] = field(default_factory=list)
-    swap_tier_path: str = ""
-    swap_tier_tokens: int = 0
-    # A round whose replicas all decode (a token per sequence): the most sequences one of
-    # them runs, to which every replica pads its shared FFN blocks' rows, so that the
-    # round's exchanges have one shape the ranks know without asking (and CUDA graphs can
-    # replay them); 0: counts exchanged at the step's first FFN block.
-    round_rows: int = 0
-    # A round of another kind: each rank of its replicas with its replica's tokens this
-    # step, the FFN rows the peers exchange (known without asking: no exchange of counts,
-    # no wait for the device inside the forward); empty: counts exchanged.
-    round_tokens: dict[int, int] = field(default_factory=dict)
-    decode_ids: list[str] = field(default_factory=list)
-    decode_starts: list[int] = field(default_factory=list)
-    decode_blocks: list[int] = field(default_factory=list)
-    decode_new_blocks: dict[int, list[int]] = field(default_factory=dict)
-
-    def all_chunks(self) -> list[ChunkDelta]:
-        """Every chunk of the step in its order, the plain decodes as ChunkDeltas too."""
-        if not self.decode_ids:
-            return self.chunks
-        new = self.decode_new_blocks
-        return [ChunkDelta(request_id, [PLACEHOLDER_TOKEN], start, blocks, new.get(i, []), True)
-                for i, (request_id, start, blocks) in enumerate(zip(
-                    self.decode_ids, self.decode_starts, self.decode_blocks))] + self.chunks
 
 
 @dataclass(slots=True)
@@ -228,48 +152,3 @@ class RequestTables:
         self.lengths[:len(lengths)] = lengths
         self.argmax_only = np.resize(self.argmax_only, rows)
         self.argmax_only[len(lengths):] = False
-
-
-class DeltaEncoder:
-    """The engine's side: remembers what each replica's ranks already know."""
-
-    def __init__(self, block_offset: int = 0):
-        self.block_offset = block_offset  # where this replica's block ids start in the pool
-        self.sent_blocks: dict[str, int] = {}
-        self.finished: list[str] = []
-
-    def chunk(self, request_id: str, token_ids: list[int], start_pos: int,
-              block_table: list[int], samples: bool) -> ChunkDelta:
-        sent = self.sent_blocks.get(request_id, 0)
-        return ChunkDelta(request_id, token_ids, start_pos, sent,
-                          self.new_blocks(request_id, block_table), samples)
-
-    def new_blocks(self, request_id: str, block_table: list[int]) -> list[int]:
-        """The block ids the ranks do not have yet (in their pool's ids), now sent."""
-        sent = self.sent_blocks.get(request_id, 0)
-        count = self.sent_blocks[request_id] = len(block_table)
-        if sent == count:  # most decode steps
-            return []
-        if self.block_offset:
-            return [b + self.block_offset for b in block_table[sent:]]
-        return block_table[sent:]
-
-    def is_new(self, request_id: str) -> bool:
-        return request_id not in self.sent_blocks
-
-    def reset(self, request_id: str) -> None:
-        """The request's blocks were freed (preempted): resend its table from scratch."""
-        if request_id in self.sent_blocks:
-            self.sent_blocks[request_id] = 0
-
-    def drop(self, request_id: str) -> None:
-        """The request moved to another replica, which tells the ranks to forget it."""
-        self.sent_blocks.pop(request_id, None)
-
-    def forget(self, request_id: str) -> None:
-        if self.sent_blocks.pop(request_id, None) is not None:
-            self.finished.append(request_id)
-
-    def take_finished(self) -> list[str]:
-        finished, self.finished = self.finished, []
-        return finished

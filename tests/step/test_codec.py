@@ -7,8 +7,8 @@ import pytest
 
 from parashift.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 from parashift.structured.matchers import TokenMasks
-from parashift.worker.step_batch import PLACEHOLDER_TOKEN, ChunkDelta, KVSwap, StepBatch
-from parashift.worker.step_codec import HEADER, decode_step, encode_step
+from parashift.step.codec import HEADER, decode_step, encode_step
+from parashift.step.message import PLACEHOLDER_TOKEN, ChunkDelta, KVSwap, StepBatch
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "greedy",
                    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")

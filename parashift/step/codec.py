@@ -51,8 +51,8 @@ from operator import attrgetter
 import numpy as np
 
 from parashift.sampling_params import SEED_MAX as INT64_MAX, SamplingParams
+from parashift.step.message import ChunkDelta, KVSwap, StepBatch
 from parashift.structured.matchers import TokenMasks
-from parashift.worker.step_batch import ChunkDelta, KVSwap, StepBatch
 
 MAGIC, VERSION = b"PSTB", 8
 HEADER = struct.Struct("<4sHH10I")  # 48 bytes, so the int64 sections after it are aligned
