@@ -25,9 +25,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parashift.context import get_context
+from parashift.context import get_context, use_context
 from parashift.layers.linear import LinearBase, MergedColumnParallelLinear, RowParallelLinear
 from parashift.parallel.state import GroupHandle, ParallelState
+from parashift.worker.rank_hooks import RankHooks, RankSetup
 
 logger = logging.getLogger(__name__)
 
@@ -207,9 +208,17 @@ class FfnSlots:
             self.ready_events[k].record()
 
 
-class SharedFfn:
+def rank_hooks_for(setup: RankSetup) -> "SharedFfn | None":
+    """SiDP where the rank's plan shares its FFN weights (the sidp policy, or share_ffn)."""
+    if setup.state.plan.shared_ffn is None:
+        return None
+    return SharedFfn(setup.model, setup.state, setup.config.sidp_slots, setup.device)
+
+
+class SharedFfn(RankHooks):
     """SiDP on this rank: its owned slices, its slots, and the hooks that run each FFN
     block in the step plan's mode (its weight layout key)."""
+    mixed_step_graphs = False
 
     def __init__(self, model: nn.Module, state: ParallelState, slots: int, device: torch.device):
         self.modules = ffn_modules(model)
@@ -346,6 +355,48 @@ class SharedFfn:
         return self._token_index
 
     # ---- checks and counters -------------------------------------------------
+    # ---- the rank hooks (worker/rank_hooks.py) ----------------------------------
+    @staticmethod
+    def replays_graphs(plan) -> bool:
+        """CaS plans only: WaS's fetches are not captured."""
+        return plan.weights == CAS_WEIGHTS
+
+    def before_capture(self, plan, rows: int) -> None:
+        """A CaS graph's exchanges take the bucket's rows."""
+        self.begin_step(PROFILE_ROUND, rows)
+
+    def graph_rows(self) -> int | None:
+        """Only a round whose rows every peer knows replays a graph: a peer of a counted
+        round runs eagerly, and the exchanges' shapes must match."""
+        return self.rows or None
+
+    def before_step(self, batch, graphs) -> None:
+        """The step's round: a decode round's rows per replica are its graph bucket where
+        graphs hold one (every peer picks the same), else as sent."""
+        rows = batch.round_rows
+        if rows and graphs is not None:
+            rows = graphs.bucket_of(rows) or rows
+        self.begin_step(batch.round_id, rows, batch.round_tokens)
+
+    def step_without_tokens(self, batch, plan) -> None:
+        """In a round all replicas sharing FFN weights run together, this rank's slices
+        serve the others'."""
+        if batch.round_id >= 0:
+            with use_context(plan.context()):
+                self.serve_idle()
+
+    def before_profile_step(self) -> None:
+        self.begin_step(PROFILE_ROUND)  # every peer profiles at start-up: one CaS round
+
+    def after_profile_step(self) -> None:
+        self.begin_step(-1)
+
+    def report_memory(self, kv_bytes: int) -> None:
+        self.log_memory(kv_bytes)
+
+    def checksums(self) -> dict:
+        return self.slot_checksums()
+
     def stats(self) -> dict:
         return {"bytes_fetched": self.slots.bytes_fetched, "owned_bytes": self.owners.nbytes,
                 "slot_bytes": self.slots.nbytes, "padded_rounds": self.rounds["padded"],
