@@ -4,10 +4,8 @@ import functools
 from dataclasses import dataclass, field, fields
 
 from parashift.designs import DESIGNS, flat_design_options, nest_design_options
-from parashift.designs.flying import FLYING_PREEMPTIONS  # noqa: F401 (re-exported)
 from parashift.designs.flying import FlyingConfig
-from parashift.designs.seesaw import (AUTO_PLAN, AUTO_PLAN_FIELDS, SEESAW_FIELDS,  # noqa: F401
-                                      SEESAW_WEIGHT_SOURCES, SeesawConfig)
+from parashift.designs.seesaw import SEESAW_WEIGHT_SOURCES, SeesawConfig  # noqa: F401
 from parashift.designs.shift import ShiftConfig
 from parashift.designs.sidp import SidpConfig
 

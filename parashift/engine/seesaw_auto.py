@@ -6,7 +6,8 @@ import logging
 
 import torch
 
-from parashift.config import AUTO_PLAN, AUTO_PLAN_FIELDS, EngineConfig, SeesawConfig
+from parashift.config import EngineConfig
+from parashift.designs.seesaw import AUTO_PLAN, AUTO_PLAN_FIELDS, SeesawConfig
 from parashift.engine.hardware_probe import probe_hardware
 from parashift.engine.policy.seesaw_cost import Choice, ModelShape, Workload, choose_plans
 from parashift.kv.cpu_tier import TierShape
