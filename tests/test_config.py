@@ -103,3 +103,29 @@ def test_seesaw_auto_cli_flags():
     assert (config.seesaw_mean_prompt_tokens, config.seesaw_mean_output_tokens,
             config.seesaw_num_requests) == (3000, 200, 128)
     assert config.seesaw_resident_weights
+
+
+def test_design_options_nest_under_their_design_and_keep_their_flat_keywords():
+    import dataclasses
+
+    from parashift.config import SeesawConfig, option_defaults
+    config = EngineConfig(parallel_policy="seesaw", prefill_plan="pp2", decode_plan="tp2",
+                          cpu_kv_tokens=64, seesaw_max_prefill_ms=5.0)
+    assert config.seesaw == SeesawConfig(prefill_plan="pp2", decode_plan="tp2",
+                                         cpu_kv_tokens=64, max_prefill_ms=5.0)
+    assert EngineConfig(parallel_policy="seesaw", seesaw=config.seesaw) == config
+    assert dataclasses.replace(config, decode_plan="pp2").seesaw.decode_plan == "pp2"
+    assert EngineConfig(**config.as_options()) == config
+    defaults = option_defaults()
+    assert (defaults["shift_threshold"], defaults["sidp_slots"], defaults["flying_preemption"]) \
+        == (256, 2, "auto")
+    assert "seesaw" not in defaults
+
+
+def test_unknown_options_are_named():
+    with pytest.raises(ValueError, match=r"unknown engine option\(s\) \['seesaw_plan'\]"):
+        EngineConfig.from_kwargs(seesaw_plan="pp2")
+    with pytest.raises(TypeError, match="seesaw_plan"):
+        EngineConfig(seesaw_plan="pp2")
+    with pytest.raises(ValueError, match="seesaw must be a SeesawConfig"):
+        EngineConfig(seesaw={"prefill_plan": "pp2"})

@@ -166,7 +166,7 @@ def _run_serve(args) -> None:
 def _run_throughput(args) -> None:
     from parashift.bench.throughput import ThroughputConfig, run_throughput_benchmark
     from parashift.entrypoints.engine_args import engine_config_from_args
-    engine_options = vars(engine_config_from_args(args))
+    engine_options = engine_config_from_args(args).as_options()
     config = ThroughputConfig(workload=args.workload, engine_options=engine_options,
                               options=workload_options(args), temperature=args.temperature,
                               output_json=args.output_json)

@@ -6,7 +6,8 @@ import logging
 
 import torch
 
-from parashift.config import AUTO_PLAN, AUTO_PLAN_FIELDS, SEESAW_FIELDS, EngineConfig
+from parashift.config import EngineConfig
+from parashift.designs.seesaw import AUTO_PLAN, AUTO_PLAN_FIELDS, SeesawConfig
 from parashift.engine.hardware_probe import probe_hardware
 from parashift.engine.policy.seesaw_cost import Choice, ModelShape, Workload, choose_plans
 from parashift.kv.cpu_tier import TierShape
@@ -33,7 +34,8 @@ def ranks_per_group(config: EngineConfig, device: torch.device) -> int:
 
 
 def workload_of(config: EngineConfig, hf_config, dtype: torch.dtype) -> Workload:
-    tier = TierShape.of_model(hf_config, dtype).tokens_for(config.cpu_kv_tokens, config.cpu_kv_gib)
+    tier = TierShape.of_model(hf_config, dtype).tokens_for(config.cpu_kv_tokens,
+                                                           config.cpu_kv_gib)
     return Workload(config.seesaw_mean_prompt_tokens or DEFAULT_MEAN_PROMPT_TOKENS,
                     config.seesaw_mean_output_tokens or DEFAULT_MEAN_OUTPUT_TOKENS,
                     num_requests=config.seesaw_num_requests, max_num_seqs=config.max_num_seqs,
@@ -63,12 +65,12 @@ def resolve_auto_plans(config: EngineConfig, hf_config, dtype: torch.dtype,
     cleared = {name: None for name in AUTO_PLAN_FIELDS}
     if not best.static:
         logger.info("prefill_plan=auto: seesaw %s", best.name)
-        return dataclasses.replace(config, prefill_plan=best.prefill.name(),
-                                   decode_plan=best.decode.name(), **cleared)
+        return dataclasses.replace(config, seesaw=dataclasses.replace(
+            config.seesaw, prefill_plan=best.prefill.name(), decode_plan=best.decode.name(),
+            **cleared))
     logger.info("prefill_plan=auto: the static plan %s (no seesaw pair beats it); the static "
                 "policy runs it", best.name)
     return dataclasses.replace(
-        config, parallel_policy="static", **cleared, **{name: None for name in SEESAW_FIELDS},
-        seesaw_resident_weights=False, seesaw_weight_source="auto",
+        config, parallel_policy="static", seesaw=SeesawConfig(),
         data_parallel_size=config.data_parallel_size * best.prefill.dp,
         pipeline_parallel_size=best.prefill.pp, tensor_parallel_size=best.prefill.tp)

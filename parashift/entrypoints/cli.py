@@ -79,7 +79,7 @@ def run_generate(args) -> None:
     from parashift.entrypoints.llm import LLM
     requests = _load_requests(args)
     config = engine_config_from_args(args)
-    llm = LLM(**vars(config))
+    llm = LLM(**config.as_options())
     params = sampling_params_from_args(args, llm.llm_engine.default_sampling)
     prompts = [_to_prompt(llm.llm_engine, r, args.use_chat_template) for r in requests]
     outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1)

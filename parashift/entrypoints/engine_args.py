@@ -1,8 +1,7 @@
 """Engine flags shared by every CLI command, named as in vLLM."""
 import argparse
-from dataclasses import fields
 
-from parashift.config import SEESAW_WEIGHT_SOURCES, EngineConfig
+from parashift.config import SEESAW_WEIGHT_SOURCES, EngineConfig, option_defaults
 from parashift.entrypoints.launch_env import launch_values
 
 # flag -> (EngineConfig field, type, help); defaults come from EngineConfig
@@ -165,7 +164,7 @@ PARALLEL_FLAGS = [
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) -> None:
-    defaults = {f.name: f.default for f in fields(EngineConfig)}
+    defaults = option_defaults()
     group = parser.add_argument_group("engine")
     if model_flag:
         group.add_argument("--model", default=None,

@@ -19,8 +19,7 @@ from parashift.worker.kv_swap import KVSwapper
 from parashift.step.message import PLACEHOLDER_TOKEN, ChunkDelta, StepBatch
 from parashift.worker.step_chunks import DecodeChunks, RequestTables, SeqChunk
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
-from parashift.worker.peer_weights import peer_group
-from parashift.worker.seesaw import SeesawRank
+from parashift.worker.rank_hooks import RankHooks, RankSetup, hooks_for_rank
 from parashift.worker.step_check import StepStateCheck
 from parashift.worker.step_inputs import StepInputs, build_step_inputs, counting
 from parashift.worker.token_history import TokenHistoryStore
@@ -34,7 +33,6 @@ from parashift.models.moe import check_plan
 from parashift.models.registry import model_class_for
 from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_narrow_weights
 from parashift.worker.profiler import RankProfiler
-from parashift.worker.shared_ffn import CAS_WEIGHTS, PROFILE_ROUND, SharedFfn
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
 from parashift.uploads import StagingRing, current_stream, upload
@@ -135,10 +133,10 @@ class GroupSampling:
 class ModelRunner:
     def __init__(self, config, hf_config, source, device: torch.device, dtype: torch.dtype,
                  max_model_len: int, state: ParallelState | None = None, agree_num_blocks=None,
-                 other_states: tuple[ParallelState, ...] = (), seesaw_group=None):
+                 other_states: tuple[ParallelState, ...] = (), group=None):
         """`state` is the base plan's (weights and KV layout); `other_states` are the
-        plans a step may switch to (e.g. Shift Parallelism's shift plan); `seesaw_group`:
-        the GroupHandle of this rank's seesaw group (its weight exchange), if any."""
+        plans a step may switch to (e.g. Shift Parallelism's shift plan); `group`: the
+        GroupHandle of this rank's group where a design exchanges in it (Seesaw's weights)."""
         self.config, self.device, self.dtype = config, device, dtype
         self.state = state or ParallelState.single()
         self.block_size = config.block_size
@@ -148,10 +146,11 @@ class ModelRunner:
         chunks = reduction_chunks(hf_config) if config.deterministic else None
         with use_state(self.state, reduction_chunks=chunks, moe_parallel=config.moe_parallel):
             self.model = self._build_model(hf_config, source, max_model_len)
-        # Seesaw: the other plan's model too, both in one weight arena (before narrowed layouts)
-        self.seesaw = (self._make_seesaw(hf_config, source, max_model_len, other_states,
-                                         seesaw_group)
-                       if config.parallel_policy == "seesaw" else None)
+        # the designs' hooks on this rank (before narrowed layouts and the KV pool): Seesaw's
+        # other plan's model, SiDP's owned FFN slices shared with the peers and its slots
+        self.hooks: list[RankHooks] = hooks_for_rank(self._rank_setup(
+            hf_config, source, max_model_len, other_states, group))
+        self._views_per_plan = any(hook.kv_views_per_plan for hook in self.hooks)
         self.load_seconds = time.perf_counter() - start
         self.backend = get_backend(config.attention_backend, device, config.deterministic)
         self.sampler = Sampler(device, config.seed)
@@ -171,56 +170,45 @@ class ModelRunner:
         self._bound_block_size = self.block_size
         # Narrower weight layouts (Shift, merges) before the KV pool takes what memory is left.
         self.shift_weight_bytes = self._make_narrow_weights(other_states, config.shift_weights)
-        # SiDP: owned FFN slices shared with the peers, and slots, before the KV pool too
-        self.shared_ffn = (SharedFfn(self.model, self.state, config.sidp_slots, device)
-                           if self.state.plan.shared_ffn is not None else None)
         self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
-        if self.shared_ffn is not None:
-            self.shared_ffn.log_memory(self.kv.nbytes)
+        for hook in self.hooks:
+            hook.report_memory(self.kv.nbytes)
         self.resources = self._make_resources([self.state, *other_states],
                                               hf_config.num_key_value_heads)
         self._report_kv_replication(hf_config.num_key_value_heads)
         self._warm_up_attention()
-        if self.seesaw is not None:
-            self.seesaw.bind_kv(self.kv)
+        for hook in self.hooks:
+            hook.bind_kv(self.kv)
         self.graphs = self._capture_graphs() if self._use_graphs(config.cuda_graphs) else None
 
-    def _make_seesaw(self, hf_config, source, max_model_len: int,
-                     other_states: tuple[ParallelState, ...], group=None) -> SeesawRank:
-        """This rank under both seesaw plans: the running one's model, and the other's
-        (the one other plan over the same ranks) built and loaded; a switch re-shards from
-        the group's ranks where `group` (its GroupHandle, given where the rank asks for
-        the peer path: peer_weights.asks_peer_path) can carry it."""
-        others = [s for s in other_states if sorted(s.plan.ranks) == sorted(self.state.plan.ranks)]
-        if len(others) != 1:
-            raise ValueError(f"a seesaw rank runs two plans over its group's ranks, got "
-                             f"{[self.state.plan.name(), *(s.plan.name() for s in others)]}")
-        with use_state(others[0], moe_parallel=self.config.moe_parallel):
-            other = self._build_model(hf_config, source, max_model_len)
-        states = {self.state.plan.name(): self.state, others[0].plan.name(): others[0]}
-        peers = None if group is None else peer_group(
-            group, self.device, hf_config, source, [self.state.plan, others[0].plan], self.dtype,
-            max_model_len, self.config.moe_parallel,
-            asked=self.config.seesaw_weight_source == "peers")
-        return SeesawRank({self.state.plan.name(): self.model, others[0].plan.name(): other},
-                          states, hf_config.num_hidden_layers, hf_config.num_key_value_heads,
-                          self.device, self.config.seesaw_resident_weights, peers)
+    def _rank_setup(self, hf_config, source, max_model_len: int,
+                    other_states: tuple[ParallelState, ...], group) -> RankSetup:
+        def build_model(state: ParallelState):
+            with use_state(state, moe_parallel=self.config.moe_parallel):
+                return self._build_model(hf_config, source, max_model_len)
+        return RankSetup(self.config, hf_config, source, self.device, self.dtype, max_model_len,
+                         self.state, other_states, self.model, build_model, group)
 
     def seesaw_move(self, verb: str, plan_name: str, moves: list, tier) -> dict:
-        """A seesaw transition's KV and weights on this rank (worker/seesaw.py): "out"
-        gathers the moving requests' KV into the tier; "in" scatters it into `plan_name`'s
-        view of the pool and makes that plan's model the one steps run."""
-        if self.seesaw is None:
-            raise ValueError("seesaw moves need --parallel-policy seesaw")
-        if verb == "out":
-            return self.seesaw.move_out(plan_name, moves, tier)
-        if verb != "in":
-            raise ValueError(f"unknown seesaw move {verb!r}")
-        stats = self.seesaw.move_in(plan_name, moves, tier)
-        self.model = self.seesaw.models[plan_name]
-        return stats
+        """A transition's move on this rank (Seesaw's: worker/seesaw.py), by the hooks of
+        the design it is for; the model steps run may change with it."""
+        for hook in self.hooks:
+            stats = hook.move(verb, plan_name, moves, tier)
+            if stats is not None:
+                running = hook.running_model()
+                self.model = self.model if running is None else running
+                return stats
+        raise ValueError("seesaw moves need --parallel-policy seesaw")
+
+    def _model_of(self, plan) -> torch.nn.Module:
+        """The model steps of `plan` run: a design's where it holds one per plan."""
+        for hook in self.hooks:
+            model = hook.model_for(plan.name)
+            if model is not None:
+                return model
+        return self.model
 
     def _make_narrow_weights(self, states: tuple[ParallelState, ...], shift_mode: str) -> int:
         """Each (factor, position) slice of the loaded weights a plan uses, once: the shift
@@ -257,7 +245,7 @@ class ModelRunner:
         loaded = self.state.plan
 
         def kv_view_of(plan):
-            if self.seesaw is not None:  # each plan reads the pool in its own shape
+            if self._views_per_plan:  # each plan reads the pool in its own shape
                 return kv_heads_per_rank(plan, total_kv_heads), self.block_size
             return (kv_heads_per_rank(plan, total_kv_heads),
                     tokens_per_block(plan, loaded, total_kv_heads, self.block_size))
@@ -318,35 +306,36 @@ class ModelRunner:
                              "captured) and, in deterministic mode, no experts")
         if requested is None:
             every_plan = len(graph_plans) == len({r.name for r in self.resources.values()})
-            if possible and not every_plan and self.seesaw is None and self.state.rank == 0:
+            some_plans = any(hook.graphs_for_some_plans for hook in self.hooks)
+            if possible and not every_plan and not some_plans and self.state.rank == 0:
                 logger.info("decode steps run eagerly: the WaS plans cannot replay CUDA graphs; "
                             "--cuda-graphs replays them for the CaS plans")
-            return graphs_by_default(possible, every_plan, self.seesaw is not None)
+            return graphs_by_default(possible, every_plan, some_plans)
         return requested
 
     def _graph_plans(self) -> list[PlanResources]:
         """The plans whose decode steps graphs replay: every plan, each pipeline stage its
-        own layers, except a Seesaw prefill plan (its weights are not resident while the
-        decode plan runs) and, sharing FFN weights, the WaS plans (their fetches are not
-        captured)."""
+        own layers, but those a design's hooks rule out (a Seesaw prefill plan, SiDP's WaS
+        plans)."""
         return [r for r in {r.name: r for r in self.resources.values()}.values()
-                if (r.state.pp.size == 1 or self.seesaw is None)
-                and (self.shared_ffn is None or r.weights == CAS_WEIGHTS)]
+                if all(hook.replays_graphs(r) for hook in self.hooks)]
 
     def _capture_graphs(self) -> StepGraphs:
-        if self.seesaw is not None:  # each plan's model reads its own view, bound for good
-            return StepGraphs(lambda plan: self.seesaw.models[plan.name], self.backend,
-                              self._graph_plans(), lambda plan: None, self.max_model_len,
-                              self.config.max_num_seqs, self.device)
-        mixed = (self.shared_ffn is None and not self.config.deterministic
-                 and self.config.mixed_step_graphs)
-        graphs = StepGraphs(lambda plan: self.model, self.backend, self._graph_plans(),
-                            self._bind_kv, self.max_model_len, self.config.max_num_seqs,
-                            self.device, (self.hidden_size, self.dtype),
-                            self._pad_shared_ffn if self.shared_ffn is not None else None,
+        mixed = (all(hook.mixed_step_graphs for hook in self.hooks)
+                 and not self.config.deterministic and self.config.mixed_step_graphs)
+        # where each plan reads its own view of the pool, bound for good, none is bound here
+        bind_kv = (lambda plan: None) if self._views_per_plan else self._bind_kv
+        graphs = StepGraphs(self._model_of, self.backend, self._graph_plans(), bind_kv,
+                            self.max_model_len, self.config.max_num_seqs, self.device,
+                            (self.hidden_size, self.dtype),
+                            self._before_capture if self.hooks else None,
                             self.config.max_num_batched_tokens if mixed else 0)
-        self._bind_kv(self.resources[""])
+        bind_kv(self.resources[""])
         return graphs
+
+    def _before_capture(self, plan: PlanResources, rows: int) -> None:
+        for hook in self.hooks:
+            hook.before_capture(plan, rows)
 
     def _warm_up_attention(self) -> None:
         """Compiles the attention kernels' variants before any request can wait for them,
@@ -385,7 +374,8 @@ class ModelRunner:
 
     @property
     def num_blocks(self) -> int:
-        return self.seesaw.num_blocks if self.seesaw is not None else self.kv.num_blocks
+        views = [hook.num_blocks for hook in self.hooks if hook.num_blocks is not None]
+        return min(views, default=self.kv.num_blocks)
 
 
     # ---- one step ------------------------------------------------------------
@@ -403,16 +393,12 @@ class ModelRunner:
         if self._check is not None:
             self._check.apply(batch, self.requests)
         plan = self.resources[batch.plan]
-        if self.seesaw is not None:  # a prefill phase's finished prompts' KV to the tier
-            self.seesaw.stash(batch, self.swapper.shape)
-        else:
-            self.swapper.run(batch, plan, self.kv.k, self.kv.v)
-        if self.shared_ffn is not None:
-            self.shared_ffn.begin_step(batch.round_id, self._round_rows(batch.round_rows),
-                                       batch.round_tokens)
+        self._swap(batch, plan)
+        for hook in self.hooks:
+            hook.before_step(batch, self.graphs)
         if not chunks:  # a step of swaps only, or a round of replicas with none here
-            if batch.round_id >= 0:
-                self._serve_ffn(plan)
+            for hook in self.hooks:
+                hook.step_without_tokens(batch, plan)
             return self._no_tokens(plan, errors)
         group = self._group = self._group_of(plan.plan.ranks)
         self.history.record(chunks, group.prev_tokens, group.prev_index)
@@ -445,31 +431,26 @@ class ModelRunner:
                 logprobs += mb_logprobs or [None] * count
         return PendingStep(tokens, logprobs, errors, self.pinned)
 
+    def _swap(self, batch: StepBatch, plan: PlanResources) -> None:
+        """The step's swaps: by a design that moves KV itself (Seesaw's stash), else by
+        swap preemption."""
+        for hook in self.hooks:
+            if hook.take_swaps(batch, self.swapper.shape):
+                return
+        self.swapper.run(batch, plan, self.kv.k, self.kv.v)
+
     def _bucket(self, chunks: list[SeqChunk], plan: PlanResources) -> Bucket | None:
-        """The graph bucket this micro-batch replays, if any. Sharing FFN weights, only in
-        a round whose rows every peer knows: a peer of a counted round runs eagerly, and
-        the exchanges' shapes must match."""
+        """The graph bucket this micro-batch replays, if any (at least the rows the hooks
+        ask for; none where a hook runs the step eagerly)."""
         if self.graphs is None:
             return None
-        if self.shared_ffn is None:
-            return self.graphs.bucket_for(chunks, plan)
-        rows = self.shared_ffn.rows
-        return self.graphs.bucket_for(chunks, plan, rows) if rows else None
-
-    def _round_rows(self, rows: int) -> int:
-        """A decode round's rows per replica: its graph bucket where graphs hold one (every
-        peer picks the same), else as sent."""
-        return (self.graphs.bucket_of(rows) or rows) if rows and self.graphs else rows
-
-    def _pad_shared_ffn(self, plan: PlanResources, bucket: int) -> None:
-        """Before a CaS graph's capture: its exchanges take the bucket's rows."""
-        self.shared_ffn.begin_step(PROFILE_ROUND, bucket)
-
-    def _serve_ffn(self, plan: PlanResources) -> None:
-        """A step with no tokens here, in a round all replicas sharing FFN weights run
-        together: this rank's slices serve the others'."""
-        with use_context(plan.context()):
-            self.shared_ffn.serve_idle()
+        at_least = 0
+        for hook in self.hooks:
+            rows = hook.graph_rows()
+            if rows is None:
+                return None
+            at_least = max(at_least, rows)
+        return self.graphs.bucket_for(chunks, plan, at_least)
 
     @staticmethod
     def _no_tokens(plan: PlanResources, errors: dict[str, str]) -> PendingStep:
@@ -487,11 +468,15 @@ class ModelRunner:
             raise RuntimeError(f"rank {self.state.rank}: no profile is running (start_profile first)")
         return self._profiler.stop()
 
-    def shared_ffn_stats(self) -> dict:
-        return self.shared_ffn.stats() if self.shared_ffn is not None else {}
+    def design_stats(self) -> dict:
+        """What the designs' hooks count on this rank (SiDP's rounds)."""
+        return {key: value for hook in self.hooks for key, value in hook.stats().items()}
 
-    def shared_ffn_checksums(self) -> dict:
-        return self.shared_ffn.slot_checksums()
+    def design_checksums(self) -> dict:
+        """The designs' checksums of what they hold (SiDP's slots)."""
+        return {key: value for hook in self.hooks for key, value in hook.checksums().items()}
+
+    shared_ffn_stats, shared_ffn_checksums = design_stats, design_checksums  # rpc names
 
     def _admit(self, new_params: dict) -> dict[str, str]:
         """Makes what a new request needs on this rank (its seeded generator). A request
@@ -682,12 +667,12 @@ class ModelRunner:
                 x = torch.zeros(len(inputs.local_rows), self.hidden_size, dtype=self.dtype, device=self.device)
                 intermediate = (x, x.clone())
             weights = weight_layout_of(self.state.plan, self.state.rank)
-            if self.shared_ffn is not None:  # every peer profiles at start-up: one CaS round
-                self.shared_ffn.begin_step(PROFILE_ROUND)
+            for hook in self.hooks:
+                hook.before_profile_step()
             with use_context(StepContext(self.state, weights, inputs.attn, self.backend)):
                 out = self.model(inputs.token_ids, inputs.positions, intermediate)
-            if self.shared_ffn is not None:
-                self.shared_ffn.begin_step(-1)
+            for hook in self.hooks:
+                hook.after_profile_step()
             if self.state.is_last_stage:
                 self.model.compute_logits(out[-min(len(out), self.config.max_num_seqs):])
 
@@ -754,10 +739,10 @@ def cut_chunk(chunk: SeqChunk, size: int) -> tuple[SeqChunk, SeqChunk]:
     return head, tail
 
 
-def graphs_by_default(possible: bool, every_plan: bool, seesaw: bool) -> bool:
+def graphs_by_default(possible: bool, every_plan: bool, some_plans: bool) -> bool:
     """Decode graphs unless asked otherwise, wherever they are possible and every plan
-    replays them, or under Seesaw (the decode plan replays them). Measured on two H200s
+    replays them, or some do where a design asks (Seesaw: the decode plan replays them). Measured on two H200s
     (docs/benchmarks.md): Qwen3-30B-A3B's TPOT under TP=2 was 4.7 ms with graphs and 49.3 ms
     eager (eleventh session); the 8B's under PP=2, 6.7 ms against 18.4, and SiDP CaS's
     `tail`, 264 req/s against 40 (seventeenth session)."""
-    return possible and (every_plan or seesaw)
+    return possible and (every_plan or some_plans)

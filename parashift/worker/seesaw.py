@@ -17,6 +17,8 @@ from parashift.kv.tier_allocator import TierSlot
 from parashift.kv.tier_copy import gather, rank_kv_slice, scatter, wait_for_copies
 from parashift.parallel.seesaw_weights import PeerGroup, WeightArena
 from parashift.parallel.state import ParallelState
+from parashift.worker.peer_weights import peer_group
+from parashift.worker.rank_hooks import RankHooks, RankSetup
 
 
 def pool_views(pool: torch.Tensor, shapes: dict[str, tuple[int, int]], block_size: int,
@@ -33,7 +35,36 @@ def pool_views(pool: torch.Tensor, shapes: dict[str, tuple[int, int]], block_siz
     return views, blocks
 
 
-class SeesawRank:
+def rank_hooks_for(setup: RankSetup) -> "SeesawRank | None":
+    """This rank under both seesaw plans: the running one's model, and the other's (the one
+    other plan over the same ranks) built and loaded; a switch re-shards from the group's
+    ranks where `setup.group` (given where the rank asks for the peer path:
+    peer_weights.asks_peer_path) can carry it."""
+    config, state = setup.config, setup.state
+    if config.parallel_policy != "seesaw":
+        return None
+    others = [s for s in setup.other_states if sorted(s.plan.ranks) == sorted(state.plan.ranks)]
+    if len(others) != 1:
+        raise ValueError(f"a seesaw rank runs two plans over its group's ranks, got "
+                         f"{[state.plan.name(), *(s.plan.name() for s in others)]}")
+    other = setup.build_model(others[0])
+    peers = None if setup.group is None else peer_group(
+        setup.group, setup.device, setup.hf_config, setup.source,
+        [state.plan, others[0].plan], setup.dtype, setup.max_model_len, config.moe_parallel,
+        asked=config.seesaw_weight_source == "peers")
+    return SeesawRank({state.plan.name(): setup.model, others[0].plan.name(): other},
+                      {state.plan.name(): state, others[0].plan.name(): others[0]},
+                      setup.hf_config.num_hidden_layers, setup.hf_config.num_key_value_heads,
+                      setup.device, config.seesaw_resident_weights, peers)
+
+
+class SeesawRank(RankHooks):
+    # each plan's model reads its own view of the pool, bound for good; the decode plan
+    # replays graphs, the prefill plan's stages run eagerly
+    kv_views_per_plan = True
+    graphs_for_some_plans = True
+    mixed_step_graphs = False
+
     def __init__(self, models: dict[str, torch.nn.Module], states: dict[str, ParallelState],
                  num_layers: int, num_kv_heads: int, device: torch.device,
                  resident_weights: bool = False, peers: PeerGroup | None = None):
@@ -125,3 +156,30 @@ class SeesawRank:
 
     def _tier(self, handle) -> CpuKVTier:
         return self.tiers.get(handle.path, handle.shape, handle.tokens)
+
+    # ---- the rank hooks (worker/rank_hooks.py) ----------------------------------
+    def model_for(self, plan_name: str) -> torch.nn.Module | None:
+        return self.models.get(plan_name)
+
+    def running_model(self) -> torch.nn.Module:
+        return self.models[self.active]
+
+    @staticmethod
+    def replays_graphs(plan) -> bool:
+        """Not a prefill plan's stages: their weights leave the device while the decode
+        plan runs."""
+        return plan.state.pp.size == 1
+
+    def take_swaps(self, batch, swap_shape) -> bool:
+        """A prefill phase's finished prompts' KV to the tier."""
+        self.stash(batch, swap_shape)
+        return True
+
+    def move(self, verb: str, plan_name: str, moves: list, tier) -> dict:
+        """"out" gathers the moving requests' KV into the tier; "in" scatters it into
+        `plan_name`'s view of the pool and makes that plan's model the running one."""
+        if verb == "out":
+            return self.move_out(plan_name, moves, tier)
+        if verb != "in":
+            raise ValueError(f"unknown seesaw move {verb!r}")
+        return self.move_in(plan_name, moves, tier)

@@ -17,199 +17,34 @@ Peers read a rank's slices from a file in /dev/shm that every peer maps on the C
 through CUDA IPC handles on GPUs. The mode is the step plan's weight layout key."""
 import hashlib
 import logging
-import os
-import uuid
-from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from parashift.context import get_context
-from parashift.layers.linear import LinearBase, MergedColumnParallelLinear, RowParallelLinear
-from parashift.parallel.state import GroupHandle, ParallelState
+from parashift.context import get_context, use_context
+from parashift.layers.linear import LinearBase
+from parashift.parallel.state import ParallelState
+from parashift.worker.ffn_slices import (CAS_WEIGHTS, WAS_WEIGHTS, FfnSlice, FfnSlots,
+                                         OwnedSlices, ffn_modules)
+from parashift.worker.rank_hooks import RankHooks, RankSetup
 
 logger = logging.getLogger(__name__)
 
-WAS_WEIGHTS, CAS_WEIGHTS = "sidp-was", "sidp-cas"
 LAYOUT_OF_MODE = {"was": WAS_WEIGHTS, "cas": CAS_WEIGHTS}
 PROFILE_ROUND = 0  # the start-up memory profile's CaS round (the engine's count from 1)
-SHM_DIR = "/dev/shm"
 
 
-@dataclass
-class FfnSlice:
-    """One layer's slice: gate and up rows ([gate | up], 2 s rows), down columns (s)."""
-    gate_up: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
-
-    @property
-    def rows(self) -> int:
-        return self.down.shape[1]
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.gate_up, self.gate_up_bias, self.down) if t is not None]
+def rank_hooks_for(setup: RankSetup) -> "SharedFfn | None":
+    """SiDP where the rank's plan shares its FFN weights (the sidp policy, or share_ffn)."""
+    if setup.state.plan.shared_ffn is None:
+        return None
+    return SharedFfn(setup.model, setup.state, setup.config.sidp_slots, setup.device)
 
 
-def ffn_modules(model: nn.Module) -> list[nn.Module]:
-    """The model's dense FFN blocks (gate_up and down projections), in layer order."""
-    return [m for m in model.modules()
-            if isinstance(getattr(m, "gate_up_proj", None), MergedColumnParallelLinear)
-            and isinstance(getattr(m, "down_proj", None), RowParallelLinear)]
-
-
-def _slice_of(module: nn.Module) -> FfnSlice:
-    return FfnSlice(module.gate_up_proj.weight.data, _data(module.gate_up_proj.bias),
-                    module.down_proj.weight.data)
-
-
-def _data(param) -> torch.Tensor | None:
-    return None if param is None else param.data
-
-
-def _carve(buffer: torch.Tensor, like: list[FfnSlice]) -> list[FfnSlice]:
-    """Views of `buffer` shaped as `like`'s tensors, one after another."""
-    offset, carved = 0, []
-    for piece in like:
-        views = []
-        for t in (piece.gate_up, piece.gate_up_bias, piece.down):
-            if t is None:
-                views.append(None)
-                continue
-            views.append(buffer[offset:offset + t.numel()].view(t.shape))
-            offset += t.numel()
-        carved.append(FfnSlice(*views))
-    return carved
-
-
-class OwnedSlices:
-    """This rank's slices of every FFN layer, moved into one buffer that its peers map
-    (the parameters become views of it), and the peers' buffers, by position."""
-
-    def __init__(self, modules: list[nn.Module], peers: GroupHandle, device: torch.device):
-        own = [_slice_of(m) for m in modules]
-        numel = sum(t.numel() for piece in own for t in piece.tensors())
-        dtype = own[0].down.dtype
-        path = None
-        if device.type == "cuda":
-            buffer = torch.empty(numel, dtype=dtype, device=device)
-        else:
-            path = os.path.join(SHM_DIR, f"parashift-sidp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            buffer = torch.from_file(path, shared=True, size=numel, dtype=dtype)
-        self.local = _carve(buffer, own)
-        for module, piece, old in zip(modules, self.local, own):
-            for new_t, old_t in zip(piece.tensors(), old.tensors()):
-                new_t.copy_(old_t)
-            module.gate_up_proj.weight.data = piece.gate_up
-            if piece.gate_up_bias is not None:
-                module.gate_up_proj.bias.data = piece.gate_up_bias
-            module.down_proj.weight.data = piece.down
-        self.nbytes = buffer.nbytes
-        buffers = _peer_buffers(buffer, path, numel, peers)
-        self.by_peer = [_carve(b, own) for b in buffers]
-
-
-def _peer_buffers(buffer: torch.Tensor, path: str | None, numel: int,
-                  peers: GroupHandle) -> list[torch.Tensor]:
-    """Every peer's buffer, by position (this rank's own at its position): the CPU maps
-    each peer's file, then each rank removes its own (the mappings stay); a GPU opens each
-    peer's CUDA IPC handle."""
-    if buffer.is_cuda:
-        from torch.multiprocessing.reductions import reduce_tensor
-        handles = peers.all_gather_object(reduce_tensor(buffer))
-        return [buffer if p == peers.rank else rebuild(*args)
-                for p, (rebuild, args) in enumerate(handles)]
-    paths = peers.all_gather_object(path)
-    mapped = [buffer if p == peers.rank else
-              torch.from_file(other, shared=True, size=numel, dtype=buffer.dtype)
-              for p, other in enumerate(paths)]
-    dist.barrier(group=peers.group)
-    os.unlink(path)
-    return mapped
-
-
-class FfnSlots:
-    """A few slots, each one FFN layer's whole TP shard, filled from the owners' slices
-    (layer i in slot i % count); each layer's WaS layout reads its slot."""
-
-    def __init__(self, modules: list[nn.Module], owners: OwnedSlices, position: int, count: int,
-                 device: torch.device):
-        shapes = {tuple(t.shape for t in piece.tensors()) for piece in owners.local}
-        if len(shapes) != 1:
-            raise ValueError("shared FFN weights need every layer's FFN of one shape")
-        self.owners, self.position, self.modules = owners, position, modules
-        d, piece = len(owners.by_peer), owners.local[0]
-        rows, hidden = piece.rows, piece.down.shape[0]
-        dtype = piece.down.dtype
-        self.slots = [FfnSlice(
-            torch.empty(2 * d * rows, hidden, dtype=dtype, device=device),
-            None if piece.gate_up_bias is None else torch.empty(2 * d * rows, dtype=dtype,
-                                                                device=device),
-            torch.empty(hidden, d * rows, dtype=dtype, device=device)) for _ in range(count)]
-        self.nbytes = sum(t.nbytes for slot in self.slots for t in slot.tensors())
-        self.held = [-1] * count  # the layer each slot holds
-        self.bytes_fetched = 0  # from peers (this rank's own slice is a local copy)
-        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.ready_events: dict[int, torch.cuda.Event] = {}  # slot -> its fetch's end
-        for index, module in enumerate(modules):
-            slot = self.slots[index % count]
-            module.gate_up_proj.set_layout(WAS_WEIGHTS, [(slot.gate_up, slot.gate_up_bias)],
-                                           separate=False, split=(1, [d * rows] * 2))
-            module.down_proj.set_layout(WAS_WEIGHTS, [(slot.down, _data(module.down_proj.bias))],
-                                        separate=False)
-
-    def fetch(self, layer: int) -> None:
-        """Copies every owner's slice of `layer` into its slot."""
-        k = layer % len(self.slots)
-        slot = self.slots[k]
-        half = slot.gate_up.shape[0] // 2
-        for p, owner in enumerate(self.owners.by_peer):
-            piece = owner[layer]
-            s = piece.rows
-            rows = slice(p * s, (p + 1) * s)
-            slot.gate_up[rows].copy_(piece.gate_up[:s], non_blocking=True)
-            slot.gate_up[half + p * s:half + (p + 1) * s].copy_(piece.gate_up[s:],
-                                                                  non_blocking=True)
-            if piece.gate_up_bias is not None:
-                slot.gate_up_bias[rows].copy_(piece.gate_up_bias[:s], non_blocking=True)
-                slot.gate_up_bias[half + p * s:half + (p + 1) * s].copy_(piece.gate_up_bias[s:],
-                                                                          non_blocking=True)
-            slot.down[:, rows].copy_(piece.down, non_blocking=True)
-            if p != self.position:
-                self.bytes_fetched += sum(t.nbytes for t in piece.tensors())
-        self.held[k] = layer
-
-    def ready(self, layer: int) -> None:
-        """Before `layer`'s FFN: its slot holds it (waiting for its prefetch, or fetching
-        it now)."""
-        k = layer % len(self.slots)
-        event = self.ready_events.pop(k, None)
-        if event is not None:
-            torch.cuda.current_stream().wait_event(event)
-        if self.held[k] != layer:
-            self.fetch(layer)
-
-    def release(self, layer: int) -> None:
-        """After `layer`'s FFN: its slot takes the layer `len(slots)` ahead (past the last
-        layer, the next step's first ones, where they use this slot), on the copy stream
-        once this layer's kernels are done reading it (GPU)."""
-        k, ahead = layer % len(self.slots), (layer + len(self.slots)) % len(self.modules)
-        if self.held[k] == ahead or ahead % len(self.slots) != k:
-            return
-        if self.copy_stream is None:
-            self.fetch(ahead)
-            return
-        self.copy_stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.copy_stream):
-            self.fetch(ahead)
-            self.ready_events[k] = torch.cuda.Event()
-            self.ready_events[k].record()
-
-
-class SharedFfn:
+class SharedFfn(RankHooks):
     """SiDP on this rank: its owned slices, its slots, and the hooks that run each FFN
     block in the step plan's mode (its weight layout key)."""
+    mixed_step_graphs = False
 
     def __init__(self, model: nn.Module, state: ParallelState, slots: int, device: torch.device):
         self.modules = ffn_modules(model)
@@ -346,6 +181,48 @@ class SharedFfn:
         return self._token_index
 
     # ---- checks and counters -------------------------------------------------
+    # ---- the rank hooks (worker/rank_hooks.py) ----------------------------------
+    @staticmethod
+    def replays_graphs(plan) -> bool:
+        """CaS plans only: WaS's fetches are not captured."""
+        return plan.weights == CAS_WEIGHTS
+
+    def before_capture(self, plan, rows: int) -> None:
+        """A CaS graph's exchanges take the bucket's rows."""
+        self.begin_step(PROFILE_ROUND, rows)
+
+    def graph_rows(self) -> int | None:
+        """Only a round whose rows every peer knows replays a graph: a peer of a counted
+        round runs eagerly, and the exchanges' shapes must match."""
+        return self.rows or None
+
+    def before_step(self, batch, graphs) -> None:
+        """The step's round: a decode round's rows per replica are its graph bucket where
+        graphs hold one (every peer picks the same), else as sent."""
+        rows = batch.round_rows
+        if rows and graphs is not None:
+            rows = graphs.bucket_of(rows) or rows
+        self.begin_step(batch.round_id, rows, batch.round_tokens)
+
+    def step_without_tokens(self, batch, plan) -> None:
+        """In a round all replicas sharing FFN weights run together, this rank's slices
+        serve the others'."""
+        if batch.round_id >= 0:
+            with use_context(plan.context()):
+                self.serve_idle()
+
+    def before_profile_step(self) -> None:
+        self.begin_step(PROFILE_ROUND)  # every peer profiles at start-up: one CaS round
+
+    def after_profile_step(self) -> None:
+        self.begin_step(-1)
+
+    def report_memory(self, kv_bytes: int) -> None:
+        self.log_memory(kv_bytes)
+
+    def checksums(self) -> dict:
+        return self.slot_checksums()
+
     def stats(self) -> dict:
         return {"bytes_fetched": self.slots.bytes_fetched, "owned_bytes": self.owners.nbytes,
                 "slot_bytes": self.slots.nbytes, "padded_rounds": self.rounds["padded"],

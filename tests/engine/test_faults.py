@@ -28,11 +28,11 @@ def test_the_fault_report_names_the_groups_down():
 def test_the_policy_over_the_groups_left_picks_only_their_plans():
     from types import SimpleNamespace
 
+    from parashift.designs.flying import FlyingConfig
     from parashift.engine.faults import policy_over
     from parashift.engine.policy import FlyingPolicy, StaticPolicy
     from parashift.parallel.layout import Layout
-    config = SimpleNamespace(parallel_policy="flying", flying_merge_running=4, flying_dwell_s=2.0,
-                             flying_preemption="auto")
+    config = SimpleNamespace(parallel_policy="flying", flying=FlyingConfig())
     heads = SimpleNamespace(num_attention_heads=8, num_key_value_heads=4)
     start = Layout.parse("single,single,single")
     made = {plan.name() for plan in FlyingPolicy(start, 8, 4).plans}

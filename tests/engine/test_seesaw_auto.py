@@ -51,8 +51,8 @@ def resolve(config, hardware, cache):
 def test_nvlink_rates_resolve_to_a_static_plan_under_the_static_policy(cache):
     config = resolve(seesaw_auto(data_parallel_size=2), H100_NVLINK, cache)
     assert config.parallel_policy == "static" and not config.auto_plans
-    assert (config.prefill_plan, config.cpu_kv_tokens, config.seesaw_mean_prompt_tokens) == (
-        None, None, None)
+    assert (config.prefill_plan, config.cpu_kv_tokens,
+            config.seesaw_mean_prompt_tokens) == (None, None, None)
     # dp2 within each of the two groups: four replicas
     assert config.data_parallel_size == 4
     assert config.node_layout.name() == "single,single@1,single@2,single@3"

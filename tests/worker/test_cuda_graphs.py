@@ -14,7 +14,8 @@ from parashift.worker.model_runner import ModelRunner, graphs_by_default
 from parashift.worker.step_chunks import SeqChunk
 from parashift.worker.step_check import rebuild
 from parashift.worker.step_inputs import build_step_inputs
-from parashift.worker.shared_ffn import CAS_WEIGHTS, WAS_WEIGHTS
+from parashift.worker.seesaw import SeesawRank
+from parashift.worker.shared_ffn import CAS_WEIGHTS, WAS_WEIGHTS, SharedFfn
 
 
 @pytest.mark.parametrize("possible, every_plan, seesaw, expected", [
@@ -33,9 +34,8 @@ def _plan(name, pp=1, weights=None):
                            weights=weights)
 
 
-def _graph_plan_names(resources, seesaw=None, shared_ffn=None):
-    runner = SimpleNamespace(resources={r.name: r for r in resources}, seesaw=seesaw,
-                             shared_ffn=shared_ffn)
+def _graph_plan_names(resources, hooks=()):
+    runner = SimpleNamespace(resources={r.name: r for r in resources}, hooks=list(hooks))
     return [r.name for r in ModelRunner._graph_plans(runner)]
 
 
@@ -43,9 +43,9 @@ def test_which_plans_replay_graphs():
     """Pipelined plans replay their stages' graphs, except a Seesaw prefill plan (its
     weights leave the device while the decode plan runs); sharing FFN weights, only CaS."""
     assert _graph_plan_names([_plan("tp2"), _plan("pp2", pp=2)]) == ["tp2", "pp2"]
-    assert _graph_plan_names([_plan("pp2", pp=2), _plan("tp2")], seesaw=object()) == ["tp2"]
+    assert _graph_plan_names([_plan("pp2", pp=2), _plan("tp2")], hooks=[SeesawRank]) == ["tp2"]
     assert _graph_plan_names([_plan("was", weights=WAS_WEIGHTS), _plan("cas", weights=CAS_WEIGHTS)],
-                             shared_ffn=object()) == ["cas"]
+                             hooks=[SharedFfn]) == ["cas"]
 
 
 def test_decode_steps_take_the_smallest_bucket_that_holds_them():

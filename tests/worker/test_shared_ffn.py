@@ -12,7 +12,7 @@ import torch
 from parashift.context import StepContext, use_context
 from parashift.models.llama import LlamaMLP
 from parashift.parallel.state import ParallelState
-from parashift.worker.shared_ffn import WAS_WEIGHTS, FfnSlice, FfnSlots, _slice_of
+from parashift.worker.ffn_slices import WAS_WEIGHTS, FfnSlice, FfnSlots, _slice_of
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 HIDDEN, ROWS, OWNERS, LAYERS = 32, 8, 3, 4  # each owner's slice: 8 of 24 intermediate rows

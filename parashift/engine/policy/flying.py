@@ -156,3 +156,10 @@ class FlyingPolicy:
         if width != self.width:
             self._last_change = now
         return width
+
+
+def policy_from_config(config, layout: Layout, hf_config) -> FlyingPolicy:
+    return FlyingPolicy(layout, hf_config.num_attention_heads, hf_config.num_key_value_heads,
+                        config.flying_merge_running, config.flying_dwell_s,
+                        preemption=config.flying_preemption,
+                        topology=getattr(config, "topology", None))

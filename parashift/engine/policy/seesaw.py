@@ -75,3 +75,8 @@ class SeesawPolicy:
         prompts_done = group.prompt_tokens_left == 0 or group.cpu_tier_free_run == 0
         timed_out = self.max_prefill_s > 0 and now - self.since[g] >= self.max_prefill_s
         return to_decode and (timed_out or prompts_done and (group.num_waiting == 0 or tier_full))
+
+
+def policy_from_config(config, layout: Layout, hf_config) -> SeesawPolicy:
+    return SeesawPolicy(layout, config.prefill_plan, config.decode_plan,
+                        config.seesaw_max_prefill_ms)

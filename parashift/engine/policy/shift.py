@@ -23,3 +23,7 @@ class ShiftPolicy:
         return Decision(tuple(
             (shift if group.next_step_tokens <= self.threshold else base).name()
             for base, shift, group in zip(self.bases, self.shifts, view.groups)))
+
+
+def policy_from_config(config, layout: Layout, hf_config) -> ShiftPolicy:
+    return ShiftPolicy(layout, config.shift_threshold)

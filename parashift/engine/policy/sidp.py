@@ -59,3 +59,12 @@ class SidpPolicy:
             self.mode, self.since_switch = target, 0
             self.switches += 1
         return Decision(tuple(plan.name() for plan in self.by_mode[self.mode]))
+
+
+def policy_from_config(config, layout: Layout, hf_config) -> SidpPolicy:
+    """The threshold given, or probed for this model and shape (sidp_probe_file)."""
+    threshold = config.sidp_batch_threshold
+    if config.sidp_probe_file is not None:
+        threshold = probed_threshold(config.sidp_probe_file, config.model or "",
+                                     layout.plans[0].ffn_replicas, layout.plans[0].tp)
+    return SidpPolicy(layout, threshold, config.sidp_min_dwell_steps)

@@ -1,0 +1,21 @@
+"""Shift Parallelism's options (policy: engine/policy/shift.py; its second weight layout:
+parallel/shift_weights.py)."""
+from dataclasses import dataclass
+
+from parashift.designs.options import DesignOptions
+
+SHIFT_WEIGHTS_MODES = ("reorder", "slice", "separate")
+
+
+@dataclass
+class ShiftConfig(DesignOptions):
+    prefix = "shift_"
+    threshold: int = 256     # steps of at most this many tokens use TP
+    # (256: the crossover measured on 2xH200, docs/benchmarks.md: for the 8B shape the shift
+    # plan wins decode steps up to 256 sequences and loses at 512; Qwen3-32B's wins to 1024)
+    weights: str = "reorder"  # reorder | slice | separate
+
+    def __post_init__(self):
+        if self.weights not in SHIFT_WEIGHTS_MODES:
+            raise ValueError("shift_weights must be reorder, slice or separate, "
+                             f"got {self.weights!r}")
