@@ -5,7 +5,6 @@ asks; the node changes here only, in `Node` and the three files its methods hand
 node_view.py (the policy's view), node_transitions.py (merges, splits, re-shards) and
 node_faults.py (losses). None of them calls the engine back: what the engine must still do
 with a request (queue it with its outputs, or fail it) is returned to it."""
-import dataclasses
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from parashift.config import SchedulerConfig
 from parashift.deterministic.reduction import check_plans
 from parashift.engine import node_faults, node_transitions
 from parashift.engine.faults import FaultReport
+from parashift.engine.node_replicas import make_replica, replica_pools
 from parashift.engine.node_view import node_view
 from parashift.engine.policy import Decision, NodeView, Policy, make_policy
 from parashift.engine.policy.forced import ForcedWidth
@@ -23,11 +23,8 @@ from parashift.engine.replica import Replica
 from parashift.engine.routing import Slot, group_capacity, max_context_by_width, need, route
 from parashift.engine.seesaw import make_tiers
 from parashift.engine.sequence import Sequence
-from parashift.engine.swap import SwapSpace, swap_tokens
 from parashift.engine.transitions import TransitionRecord, Transitions
-from parashift.kv.block_manager import BlockManager
 from parashift.kv.cpu_tier import TierShape
-from parashift.kv.views import tokens_per_block
 from parashift.parallel.layout import coupled_groups
 from parashift.parallel.plan import Plan
 
@@ -65,7 +62,7 @@ class Node:
         self.epoch = 0  # transitions committed
         self.steps_in_flight = 2 if async_scheduling(config, self.policy_plans) else 1
         self.tier_shape = TierShape.of_model(hf_config, dtype)
-        self.swap_spaces: dict[tuple[int, ...], SwapSpace] = {}  # by ranks (swap preemption)
+        self.swap_spaces: dict = {}  # by ranks: each group's CPU tier (swap preemption)
         self.replicas: list[Replica] = []
         self.replica_of: dict[str, Replica] = {}  # where each placed request is
         self.unplaced: dict[str, Sequence] = {}  # requests no group holds yet (routing.py)
@@ -83,13 +80,13 @@ class Node:
     def start(self, executor, eos_ids: set[int]) -> None:
         """The replicas over the pools the executor's ranks report; the longest context of
         each width (refuses a max_model_len that no layout holds)."""
-        self.executor, self._eos_ids = executor, eos_ids
+        self.executor, self.eos_ids = executor, eos_ids
         config = self.config
-        self._scheduler_config = SchedulerConfig(
+        self.scheduler_config = SchedulerConfig(
             config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
             config.long_prefill_token_threshold)
-        self.replicas = [self.make_replica(group, size, offset)
-                         for group, offset, size in self._replica_pools()]
+        self.replicas = [make_replica(self, group, size, offset)
+                         for group, offset, size in replica_pools(self)]
         self.max_context = self.max_context_by_width()
 
     def close(self) -> None:
@@ -98,50 +95,6 @@ class Node:
         self.seesaw, self.swap_spaces = {}, {}
 
     # ---- replicas ---------------------------------------------------------------
-    def _replica_pools(self) -> list[tuple[int, int, int]]:
-        """(group, first block id, number of blocks) of each replica: a group serves one,
-        or, with pipeline parallelism, one per stage when each part of its ranks' pool still
-        fits a whole sequence (while stage 1 runs one replica's step, stage 0 runs the next
-        one's)."""
-        replicas = []
-        for group, plan in enumerate(self.layout.plans):
-            blocks = min(self.executor.rank_blocks[r] for r in plan.ranks)
-            fits = (blocks // plan.pp) * self.config.block_size >= self.max_model_len
-            parts = plan.pp if fits and not self.seesaw else 1  # seesaw: its plans change PP
-            replicas += [(group, k * (blocks // parts), blocks // parts) for k in range(parts)]
-        return replicas
-
-    def make_replica(self, group: int, num_blocks: int, block_offset: int) -> Replica:
-        """A replica of `group` over its ranks' pool, in the blocks its plan reads; it
-        shares the blocks of its ranks with the replicas that hold requests there."""
-        plan = self.layout.plans[group]
-        block_size = tokens_per_block(plan, self.loaded[plan.ranks[0]], self.kv_heads,
-                                      self.config.block_size)
-        tier = self.seesaw.get(tuple(sorted(plan.ranks)))
-        # (under seesaw a cached block may hold the other plan's layout: no prefix caching)
-        blocks = BlockManager(num_blocks, block_size,
-                              self.config.enable_prefix_caching and tier is None,
-                              plan.ranks, block_offset)
-        blocks.share([r.block_manager for r in self.replicas])
-        holds = min(self.max_model_len, num_blocks * block_size)  # the layout's others may hold more
-        config = dataclasses.replace(self._scheduler_config, max_model_len=holds)
-        replica = Replica(blocks, config, self._eos_ids, block_offset, group, plan.ranks)
-        replica.scheduler.gate = tier.gate if tier is not None else None
-        if self.config.preemption_mode == "swap":
-            replica.swap_space = self._swap_space(plan.ranks)
-            replica.scheduler.swap_slots = replica.swap_space.slots
-        return replica
-
-    def _swap_space(self, ranks: tuple[int, ...]) -> SwapSpace:
-        """The CPU tier of the group on `ranks` (made with its first replica: at start-up for
-        the layout's groups), which its replicas share."""
-        key = tuple(sorted(ranks))
-        space = self.swap_spaces.get(key)
-        if space is None:
-            tokens = swap_tokens(self.config.swap_space, self.tier_shape)
-            space = self.swap_spaces[key] = SwapSpace(self.tier_shape, tokens)
-        return space
-
     def serving_replicas(self) -> list[Replica]:
         """The replicas of the layout's groups (those that admit requests)."""
         return [r for r in self.replicas if not r.is_left_behind]

@@ -5,6 +5,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from parashift.engine.node_replicas import make_replica
 from parashift.engine.replica import Replica
 from parashift.engine.seesaw import SeesawTier, seesaw_stats
 from parashift.engine.sequence import Sequence
@@ -163,6 +164,6 @@ def _replica_for_group(node: "Node", group: int) -> Replica:
             replica.rejoin(group)
             return replica
     size = min(node.executor.rank_blocks[r] for r in plan.ranks)
-    replica = node.make_replica(group, size, 0)
+    replica = make_replica(node, group, size, 0)
     node.replicas.append(replica)
     return replica
