@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
-from parashift.executor.multiproc import WorkerFailure
+from parashift.executor import WorkerFailure
 from parashift.outputs import RequestOutput, join_deltas
 from parashift.sampling_params import SamplingParams
 from parashift.structured.matchers import NO_CONTINUATION

@@ -6,7 +6,7 @@ hangs or fails, and ranks run their steps in order. So every group of the layout
 a lost rank is lost whole, and so is every rank of a replica left behind by a merge or
 split (the KV adaptor) that has a step in flight on a lost rank. The engine then takes
 those groups out of the layout and re-queues their requests on the groups that serve
-(`LLMEngine._isolate`)."""
+(`Node.take_losses`, node_faults.py)."""
 from dataclasses import dataclass
 
 from parashift.engine.policy import FlyingPolicy, Policy, StaticPolicy, make_policy

@@ -7,7 +7,7 @@ What a rank does in each phase is `ModelRunner.transition`. A no-op or a re-shar
 each group's ranks: its requests stay with their block tables. A merge or a split
 changes the partition: the new groups read their ranks' KV pool in their plan's view,
 the groups' waiting requests move to them, and the running ones stay where their KV was
-written, finishing in their old plan (`LLMEngine._regroup`; under `recompute` they move
+written, finishing in their old plan (`node_transitions._regroup`; under `recompute` they move
 and are computed again, counted in the record)."""
 import time
 from dataclasses import dataclass

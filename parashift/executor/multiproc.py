@@ -15,18 +15,14 @@ import socket
 import time
 from multiprocessing.connection import wait
 
+from parashift.executor.base import WorkerFailure
 from parashift.executor.node_link import NodeLink, accept_nodes
-from parashift.executor.ray_ranks import RayRanks, start_ray_ranks
 from parashift.step.codec import encode_step
 from parashift.step.message import StepBatch
 from parashift.worker.model_runner import ModelRunner
 from parashift.worker.worker import CONTROL_PREFIX, WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)
-
-
-class WorkerFailure(RuntimeError):
-    pass
 
 
 HEALTH_CHECK_S = 0.2  # while waiting for a worker, how often to check every rank's health
@@ -51,13 +47,14 @@ class MultiprocExecutor:
         # each rank's last heartbeat (time.monotonic()); 0 until its thread first beats
         self.heartbeats = ctx.RawArray("d", self.layout.world_size)
         self.procs, self.conns = [], []  # by rank; another host's: RemoteRank, TCP
-        if spec.config.distributed_executor_backend == "ray":
-            self.links = [self._start_on_ray(spec)]
-        else:
-            self.links = self._start_processes(ctx, spec)
+        self.links = self._start_ranks(ctx, spec)
         # by output rank: (tag, the step's ranks, when it was sent)
         self.pending = [deque() for _ in range(self.layout.world_size)]
         self.rank_blocks, self.load_seconds = self._await_ready()
+
+    def _start_ranks(self, ctx, spec: WorkerSpec) -> list:
+        """Every rank started (RayExecutor: as Ray actors); the links to drive them by."""
+        return self._start_processes(ctx, spec)
 
     def _start_processes(self, ctx, spec: WorkerSpec) -> list[NodeLink]:
         """This host's ranks as child processes, then the other hosts' (their agents')."""
@@ -78,17 +75,6 @@ class MultiprocExecutor:
             self.procs.append(proc)
             self.conns.append(parent)
         return self._connect_hosts(spec, topology) if topology.nnodes > 1 else []
-
-    def _start_on_ray(self, spec: WorkerSpec) -> RayRanks:
-        """Every rank a Ray actor (ray_ranks.py), driven over TCP like another host's."""
-        try:
-            ray_ranks, conns = start_ray_ranks(spec, self.timeout_s)
-        except (TimeoutError, OSError, ValueError) as e:
-            self.failure = WorkerFailure(f"the Ray ranks did not start: {e}")
-            raise self.failure from e
-        self.procs = [ray_ranks.ranks[rank] for rank in range(self.layout.world_size)]
-        self.conns = [conns[rank] for rank in range(self.layout.world_size)]
-        return ray_ranks
 
     def _connect_hosts(self, spec: WorkerSpec, topology) -> list[NodeLink]:
         """Every other host's ranks, driven over TCP (node_link.py) as the local ones are
@@ -117,6 +103,11 @@ class MultiprocExecutor:
     @property
     def alive(self) -> list[int]:
         return [rank for rank in range(len(self.procs)) if rank not in self.lost]
+
+    @property
+    def local_runner(self) -> None:
+        """None: the model runs in the ranks' processes."""
+        return None
 
     def check_health(self) -> None:
         """Loses each rank whose process has ended, or whose heartbeat is older than

@@ -222,7 +222,7 @@ def test_the_view_carries_the_prompt_rate_its_plan_measured(model):
         views = dict(zip((p.name() for p in engine.layout.plans), engine.view().groups))
         last_prompt = records[-1]  # "last": a prompt step after "long"'s decode steps
         assert last_prompt.num_tokens == 300
-        ranks = len(engine._plans_by_name[last_prompt.plan].ranks)
+        ranks = len(engine.node.plans_by_name[last_prompt.plan].ranks)
         view = views[last_prompt.plan]
         assert view.prefill_tokens_per_s == pytest.approx(300 / last_prompt.seconds / ranks)
         # the decode step time is the plan's last decode step's, not its last prompt's
@@ -319,9 +319,10 @@ def test_an_idle_node_stays_apart_where_the_merged_plan_decodes_slower(model):
     engine = llm.llm_engine
     try:
         steps = {"single": 0.004, "single@1": 0.005}
-        engine._decode_s = {plan: deque([s]) for plan, s in {**steps, "merge2-tp2": 0.006}.items()}
+        engine.node.decode_s = {plan: deque([s])
+                                for plan, s in {**steps, "merge2-tp2": 0.006}.items()}
         assert not engine.idle_turn() and engine.layout.name() == "single,single@1"
-        engine._decode_s["merge2-tp2"] = deque([0.003, 0.002, 0.1])  # median 3 ms
+        engine.node.decode_s["merge2-tp2"] = deque([0.003, 0.002, 0.1])  # median 3 ms
         assert engine.idle_turn() and engine.layout.name() == "merge2-tp2"
     finally:
         engine.shutdown()

@@ -66,7 +66,7 @@ def test_tokens_equal_one_device_over_many_transitions_and_one(models, name, pre
             # a one-stage decode plan keeps two steps in flight (async scheduling); the
             # prefill plan a step per stage, without placeholders, while prompts wait: in the
             # large tier's first step() the second step admits the prompts the first left
-            stages = {engine._plans_by_name[plan].pp for plan in overlapped}
+            stages = {engine.node.plans_by_name[plan].pp for plan in overlapped}
             assert (1 in stages) == ("pp" not in decode)
             if tier_tokens == LARGE_TIER:
                 assert int(prefill.split("xtp")[0].removeprefix("pp")) in stages
@@ -108,7 +108,7 @@ def spy_on_overlaps(engine) -> set[str]:
     def spying_submit(replica, ranks, output_rank, batch):
         if replica.in_flight:
             overlapped.add(batch.plan)
-            if engine._plans_by_name[batch.plan].pp > 1:
+            if engine.node.plans_by_name[batch.plan].pp > 1:
                 assert all(PLACEHOLDER_TOKEN not in chunk.token_ids for chunk in batch.all_chunks())
         submit(replica, ranks, output_rank, batch)
     engine.executor.submit = spying_submit

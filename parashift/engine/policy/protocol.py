@@ -1,7 +1,7 @@
 """The policy protocol: `decide(view) -> decision`, called before each round of scheduling.
 
-This file and `LLMEngine._submit_round` (engine/llm_engine.py), which carries a decision to
-the workers, are where a plan switch is decided and carried; `ModelRunner.launch`
+This file and `Node.next_round` (engine/node.py), whose decision `LLMEngine._submit_round`
+carries to the workers, are where a plan switch is decided and carried; `ModelRunner.launch`
 (worker/model_runner.py) applies it. Policies are pure functions of the view: no
 tensors, no engine objects, so each is unit-tested on recorded views."""
 from dataclasses import dataclass, field
