@@ -79,7 +79,7 @@ def chosen_plan(config) -> str:
     """What an engine runs, after auto's choice."""
     if config.parallel_policy == "seesaw":
         groups = f"dp{config.data_parallel_size}x" if config.data_parallel_size > 1 else ""
-        return f"{groups}seesaw:{config.prefill_plan}-{config.decode_plan}"
+        return f"{groups}seesaw:{config.seesaw.prefill_plan}-{config.seesaw.decode_plan}"
     return (f"dp{config.data_parallel_size}xpp{config.pipeline_parallel_size}"
             f"xtp{config.tensor_parallel_size}")
 

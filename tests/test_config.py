@@ -12,7 +12,7 @@ def test_share_ffn_gives_replicas_of_one_sharing_group():
     config = EngineConfig(data_parallel_size=2, tensor_parallel_size=2, share_ffn=True,
                           sidp_mode="was")
     assert config.node_layout.name() == "tp2+was/0-3,tp2@2-3+was/0-3"
-    assert EngineConfig(parallel_policy="sidp", data_parallel_size=2).share_ffn
+    assert EngineConfig(parallel_policy="sidp", data_parallel_size=2).sidp.share_ffn
 
 
 @pytest.mark.parametrize("options, message", [
@@ -34,7 +34,7 @@ def test_sidp_cli_flags():
     args = parser.parse_args(["-dp", "2", "--share-ffn", "--parallel-policy", "sidp",
                               "--sidp-batch-threshold", "512", "--sidp-slots", "3"])
     config = engine_config_from_args(args)
-    assert (config.share_ffn, config.sidp_batch_threshold, config.sidp_slots) == (True, 512, 3)
+    assert (config.sidp.share_ffn, config.sidp.batch_threshold, config.sidp.slots) == (True, 512, 3)
 
 
 def test_recompute_is_the_default():
@@ -99,10 +99,10 @@ def test_seesaw_auto_cli_flags():
                               "--seesaw-mean-output-tokens", "200", "--seesaw-num-requests", "128",
                               "--seesaw-resident-weights"])
     config = engine_config_from_args(args)
-    assert (config.prefill_plan, config.decode_plan) == ("auto", None)
-    assert (config.seesaw_mean_prompt_tokens, config.seesaw_mean_output_tokens,
-            config.seesaw_num_requests) == (3000, 200, 128)
-    assert config.seesaw_resident_weights
+    assert (config.seesaw.prefill_plan, config.seesaw.decode_plan) == ("auto", None)
+    assert (config.seesaw.mean_prompt_tokens, config.seesaw.mean_output_tokens,
+            config.seesaw.num_requests) == (3000, 200, 128)
+    assert config.seesaw.resident_weights
 
 
 def test_design_options_nest_under_their_design_and_keep_their_flat_keywords():

@@ -40,7 +40,7 @@ def run_throughput_benchmark(config: ThroughputConfig) -> dict:
     outputs = llm.generate([r.prompt for r in requests], params)
     elapsed = time.perf_counter() - start
     result = _result(config, requests, outputs, elapsed)
-    if llm.llm_engine.config.share_ffn:  # SiDP: its rounds (a round waits for every replica)
+    if llm.llm_engine.config.sidp.share_ffn:  # SiDP: its rounds (a round waits for every replica)
         result["shared_ffn_rounds"] = {key: value for key, value in llm.llm_engine.executor
                                        .collective_rpc("shared_ffn_stats")[0].items()
                                        if key.endswith("_rounds")}

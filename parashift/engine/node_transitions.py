@@ -105,8 +105,8 @@ def add_stashes(node: "Node", replica: Replica, sched, batch) -> None:
 def _preemption(node: "Node", transition) -> str:
     """How a merge or split treats its running requests: `--flying-preemption`, or
     under auto the transition's own (soft when it names none)."""
-    if node.config.flying_preemption != "auto":
-        return node.config.flying_preemption
+    if node.config.flying.preemption != "auto":
+        return node.config.flying.preemption
     return transition.preemption or "soft"
 
 

@@ -168,7 +168,7 @@ def make_tiers(config, layout, pairs, hf_config, dtype, need) -> dict[tuple[int,
     if config.parallel_policy != "seesaw":
         return {}
     shape = TierShape.of_model(hf_config, dtype)
-    tokens = shape.tokens_for(config.cpu_kv_tokens, config.cpu_kv_gib)
+    tokens = shape.tokens_for(config.seesaw.cpu_kv_tokens, config.seesaw.cpu_kv_gib)
     tiers = {}
     try:
         for plan, (prefill, decode) in zip(layout.plans, pairs):

@@ -20,7 +20,7 @@ DEFAULT_MEAN_OUTPUT_TOKENS = 128
 
 def ranks_per_group(config: EngineConfig, device: torch.device) -> int:
     """auto:<N>'s N, or every GPU of the node split among the data-parallel groups."""
-    named = AUTO_PLAN.fullmatch(config.prefill_plan).group(1)
+    named = AUTO_PLAN.fullmatch(config.seesaw.prefill_plan).group(1)
     if named is not None:
         return int(named)
     if device.type != "cuda":
@@ -34,11 +34,11 @@ def ranks_per_group(config: EngineConfig, device: torch.device) -> int:
 
 
 def workload_of(config: EngineConfig, hf_config, dtype: torch.dtype) -> Workload:
-    tier = TierShape.of_model(hf_config, dtype).tokens_for(config.cpu_kv_tokens,
-                                                           config.cpu_kv_gib)
-    return Workload(config.seesaw_mean_prompt_tokens or DEFAULT_MEAN_PROMPT_TOKENS,
-                    config.seesaw_mean_output_tokens or DEFAULT_MEAN_OUTPUT_TOKENS,
-                    num_requests=config.seesaw_num_requests, max_num_seqs=config.max_num_seqs,
+    tier = TierShape.of_model(hf_config, dtype).tokens_for(config.seesaw.cpu_kv_tokens,
+                                                           config.seesaw.cpu_kv_gib)
+    return Workload(config.seesaw.mean_prompt_tokens or DEFAULT_MEAN_PROMPT_TOKENS,
+                    config.seesaw.mean_output_tokens or DEFAULT_MEAN_OUTPUT_TOKENS,
+                    num_requests=config.seesaw.num_requests, max_num_seqs=config.max_num_seqs,
                     step_tokens=config.max_num_batched_tokens or 8192, tier_tokens=tier)
 
 
@@ -50,7 +50,7 @@ def choose_for(config: EngineConfig, hf_config, dtype: torch.dtype,
     world = ranks_per_group(config, device)
     choice = choose_plans(ModelShape.of_hf(hf_config, dtype.itemsize), hardware,
                           workload_of(config, hf_config, dtype), world,
-                          config.seesaw_resident_weights)
+                          config.seesaw.resident_weights)
     logger.info("prefill_plan=auto over %d ranks per group (%s link), seconds per request:\n%s",
                 world, hardware.link, choice.report())
     return choice

@@ -169,7 +169,7 @@ class ModelRunner:
         self._kv_views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._bound_block_size = self.block_size
         # Narrower weight layouts (Shift, merges) before the KV pool takes what memory is left.
-        self.shift_weight_bytes = self._make_narrow_weights(other_states, config.shift_weights)
+        self.shift_weight_bytes = self._make_narrow_weights(other_states, config.shift.weights)
         self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)

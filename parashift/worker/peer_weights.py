@@ -65,8 +65,8 @@ def asks_peer_path(config, device: torch.device, source) -> bool:
     default ("auto") on GPUs where `holds_checkpoint_slices` and every seesaw group sits in
     one host (measured over NVLink only); never with both plans
     resident (no weights move). Every rank decides alike: the groups are made together."""
-    wanted = config.seesaw_weight_source
-    if config.seesaw_resident_weights or wanted == "host":
+    wanted = config.seesaw.weight_source
+    if config.seesaw.resident_weights or wanted == "host":
         return False
     if wanted == "peers":
         return True

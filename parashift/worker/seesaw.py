@@ -51,11 +51,11 @@ def rank_hooks_for(setup: RankSetup) -> "SeesawRank | None":
     peers = None if setup.group is None else peer_group(
         setup.group, setup.device, setup.hf_config, setup.source,
         [state.plan, others[0].plan], setup.dtype, setup.max_model_len, config.moe_parallel,
-        asked=config.seesaw_weight_source == "peers")
+        asked=config.seesaw.weight_source == "peers")
     return SeesawRank({state.plan.name(): setup.model, others[0].plan.name(): other},
                       {state.plan.name(): state, others[0].plan.name(): others[0]},
                       setup.hf_config.num_hidden_layers, setup.hf_config.num_key_value_heads,
-                      setup.device, config.seesaw_resident_weights, peers)
+                      setup.device, config.seesaw.resident_weights, peers)
 
 
 class SeesawRank(RankHooks):

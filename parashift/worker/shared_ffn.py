@@ -38,7 +38,7 @@ def rank_hooks_for(setup: RankSetup) -> "SharedFfn | None":
     """SiDP where the rank's plan shares its FFN weights (the sidp policy, or share_ffn)."""
     if setup.state.plan.shared_ffn is None:
         return None
-    return SharedFfn(setup.model, setup.state, setup.config.sidp_slots, setup.device)
+    return SharedFfn(setup.model, setup.state, setup.config.sidp.slots, setup.device)
 
 
 class SharedFfn(RankHooks):

@@ -222,8 +222,8 @@ def test_auto_resolves_at_start_up_and_keeps_the_tokens(models, tmp_path, monkey
         if rates == "nvlink":
             assert engine.config.parallel_policy == "static" and engine.policy.name == "static"
         if rates == "pcie":
-            assert (engine.config.prefill_plan,
-                    engine.config.decode_plan) == ("pp2", "tp2")
+            assert (engine.config.seesaw.prefill_plan,
+                    engine.config.seesaw.decode_plan) == ("pp2", "tp2")
         assert_same(llm.generate(prompts(), PARAMS), refs["gqa8x4"])
         if rates == "pcie":
             assert engine.take_transition_records()

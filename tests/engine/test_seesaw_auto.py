@@ -51,8 +51,8 @@ def resolve(config, hardware, cache):
 def test_nvlink_rates_resolve_to_a_static_plan_under_the_static_policy(cache):
     config = resolve(seesaw_auto(data_parallel_size=2), H100_NVLINK, cache)
     assert config.parallel_policy == "static" and not config.auto_plans
-    assert (config.prefill_plan, config.cpu_kv_tokens,
-            config.seesaw_mean_prompt_tokens) == (None, None, None)
+    assert (config.seesaw.prefill_plan, config.seesaw.cpu_kv_tokens,
+            config.seesaw.mean_prompt_tokens) == (None, None, None)
     # dp2 within each of the two groups: four replicas
     assert config.data_parallel_size == 4
     assert config.node_layout.name() == "single,single@1,single@2,single@3"
@@ -63,8 +63,8 @@ def test_pcie_rates_resolve_to_a_seesaw_pair(cache):
     assert resolve(seesaw_auto(), A10_PCIE, cache).parallel_policy == "static"
     config = resolve(seesaw_auto(seesaw_mean_output_tokens=1000), A10_PCIE, cache)
     assert config.parallel_policy == "seesaw"
-    assert (config.prefill_plan, config.decode_plan) == ("pp2", "tp2")
-    assert config.cpu_kv_tokens == 400_000 and config.node_layout.name() == "pp2"
+    assert (config.seesaw.prefill_plan, config.seesaw.decode_plan) == ("pp2", "tp2")
+    assert config.seesaw.cpu_kv_tokens == 400_000 and config.node_layout.name() == "pp2"
 
 
 def test_the_number_of_requests_reaches_the_cost_model(cache):
@@ -75,7 +75,7 @@ def test_the_number_of_requests_reaches_the_cost_model(cache):
     batch = resolve(seesaw_auto(**chat, seesaw_num_requests=128), H100_NVLINK, cache)
     assert steady.node_layout.name() == "single,single@1"
     assert batch.node_layout.name() == "tp2" and batch.parallel_policy == "static"
-    assert batch.seesaw_num_requests is None  # cleared with the other auto options
+    assert batch.seesaw.num_requests is None  # cleared with the other auto options
 
 
 def test_other_configs_are_left_alone_and_the_ranks_are_named_on_the_cpu():

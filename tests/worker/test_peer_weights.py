@@ -30,8 +30,8 @@ def test_asks_peer_path(wanted, resident, device, source, asks):
 
 
 def test_default_is_auto_and_resident_weights_take_it():
-    assert EngineConfig().seesaw_weight_source == "auto"
-    assert EngineConfig(**SEESAW, seesaw_resident_weights=True).seesaw_resident_weights
+    assert EngineConfig().seesaw.weight_source == "auto"
+    assert EngineConfig(**SEESAW, seesaw_resident_weights=True).seesaw.resident_weights
 
 
 def test_auto_keeps_host_copies_for_a_group_across_hosts():

@@ -160,6 +160,6 @@ class FlyingPolicy:
 
 def policy_from_config(config, layout: Layout, hf_config) -> FlyingPolicy:
     return FlyingPolicy(layout, hf_config.num_attention_heads, hf_config.num_key_value_heads,
-                        config.flying_merge_running, config.flying_dwell_s,
-                        preemption=config.flying_preemption,
+                        config.flying.merge_running, config.flying.dwell_s,
+                        preemption=config.flying.preemption,
                         topology=getattr(config, "topology", None))

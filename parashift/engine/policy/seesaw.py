@@ -78,5 +78,5 @@ class SeesawPolicy:
 
 
 def policy_from_config(config, layout: Layout, hf_config) -> SeesawPolicy:
-    return SeesawPolicy(layout, config.prefill_plan, config.decode_plan,
-                        config.seesaw_max_prefill_ms)
+    return SeesawPolicy(layout, config.seesaw.prefill_plan, config.seesaw.decode_plan,
+                        config.seesaw.max_prefill_ms)

@@ -26,4 +26,4 @@ class ShiftPolicy:
 
 
 def policy_from_config(config, layout: Layout, hf_config) -> ShiftPolicy:
-    return ShiftPolicy(layout, config.shift_threshold)
+    return ShiftPolicy(layout, config.shift.threshold)

@@ -63,8 +63,8 @@ class SidpPolicy:
 
 def policy_from_config(config, layout: Layout, hf_config) -> SidpPolicy:
     """The threshold given, or probed for this model and shape (sidp_probe_file)."""
-    threshold = config.sidp_batch_threshold
-    if config.sidp_probe_file is not None:
-        threshold = probed_threshold(config.sidp_probe_file, config.model or "",
+    threshold = config.sidp.batch_threshold
+    if config.sidp.probe_file is not None:
+        threshold = probed_threshold(config.sidp.probe_file, config.model or "",
                                      layout.plans[0].ffn_replicas, layout.plans[0].tp)
-    return SidpPolicy(layout, threshold, config.sidp_min_dwell_steps)
+    return SidpPolicy(layout, threshold, config.sidp.min_dwell_steps)
