@@ -3,7 +3,7 @@
 For each projection of a shape (per rank under --tp) and each row count, the time of
 `x @ w.T` in bf16 with several weight copies in turn (each larger than L2 together, as
 the layers are in a step), and the matrix rate it reaches. The decode step's GEMMs at
-256 rows run at ~0.8 of the matrix rate (docs/benchmarks.md, twelfth session).
+256 rows run at ~0.8 of the matrix rate (docs/benchmark_log.md, twelfth session).
 
     python3 benchmarks/gemm_backends.py --model benchmarks/shapes/llama-3.1-8b.json \
         --rows 64 256 512 --tp 1 2

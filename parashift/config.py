@@ -108,7 +108,7 @@ class EngineConfig:
     check_step_state: bool = False           # debug: every step's persistent inputs against a rebuild
     # detokenization, stop strings and RequestOutputs: on the engine loop (inline), on a
     # thread of their own (thread: outputs come a step later; on an H100 the thread took the
-    # GIL from the loop and gained 0-5%, docs/benchmarks.md) or in a process of their own
+    # GIL from the loop and gained 0-5%, docs/benchmark_log.md) or in a process of their own
     # (process: the loop hands tokens over and assembles the outputs); the same outputs.
     # auto: process on a GPU host with a tokenizer and 4+ cores, else inline
     output_processor: str = "auto"

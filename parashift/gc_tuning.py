@@ -3,7 +3,7 @@ import gc
 
 # The collector's thresholds while serving. Python's (700, 10, 10) ran a full collection every
 # few decode steps at 512-1024 running sequences: 4.3-7.0 ms per step on average (8B shape, one
-# H200, docs/benchmarks.md); with (100,000, 50, 1,000) no pass ran in 60 steps. Cycles are
+# H200, docs/benchmark_log.md); with (100,000, 50, 1,000) no pass ran in 60 steps. Cycles are
 # still collected: a young pass after 100,000 net allocations of tracked objects, a full one
 # after 100,000 x 50 x 100.
 GC_THRESHOLDS = (100_000, 50, 100)

@@ -12,7 +12,7 @@
 # the prefill plan's steps in flight, auto with --seesaw-num-requests; seesaw_resident: no
 # weight copies), decode (issue 24).
 # (Ninth session, two H100s: an engine start of the 8B shape on two ranks took 17-37 s, PP=2
-# ran `chat` in 84 s: PP=2 is left out of the seesaw parts, its rows are in docs/benchmarks.md.)
+# ran `chat` in 84 s: PP=2 is left out of the seesaw parts, its rows are in docs/benchmark_log.md.)
 # Sixteenth session wrote, without a GPU, CUDA graphs for pipelined plans' stages (asked for
 # with --cuda-graphs): the next two-GPU call runs `pp_graphs` first (the PP plan tests on NCCL
 # with their stages' graphs, then PP2's 8B rows eager and with graphs, in one call), and

@@ -9,7 +9,7 @@
 # plans70b_pp sidp_tail seesaw_chat tests_rest sidp_tail70b flying_tp2 (some cut by their
 # limits, the last three on H100s); sixteenth bursty_flying flying_priority seesaw_more
 # plans70b_pp sidp_tail70b sidp_modes tests_rest and 4-rank SiDP/Flying/Seesaw tests
-# (docs/benchmarks.md). The seventeenth session ran, on two H200s, the stages' graphs of PP2
+# (docs/benchmark_log.md). The seventeenth session ran, on two H200s, the stages' graphs of PP2
 # and SiDP's CaS graphs, which are now the default; the eighteenth tests_rest pp_graphs70b
 # sidp_graphs bursty_flying priority_dp4 and the SiDP tests at 2x2 (a start-up hang, fixed).
 # The nineteenth ran bursty (Shift cut), sidp_graphs, flying_priority, sidp_tail70b; the

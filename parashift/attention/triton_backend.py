@@ -57,7 +57,7 @@ if INVARIANT_TILE_N is not None and (INVARIANT_TILE_N < 16 or 128 % INVARIANT_TI
 # an H200 (8B shape, context 512, unsplit rows merged in program) 128 tokens
 # took the decode step to 1.10x / 1.14x / 1.20x the default mode at batch 1 / 64 / 256,
 # against 1,024's 1.16x / 1.11x / 1.22x; prefill 4,096 1.23x against 1.20x (twenty-fifth
-# session, docs/benchmarks.md)
+# session, docs/benchmark_log.md)
 INVARIANT_PARTITION = int(os.environ.get("PARASHIFT_DETERMINISTIC_ATTENTION_PARTITION", "128"))
 # ... whose partial states a decode launch stores (and a reduction merges) up to this many
 # bytes; above, each program merges its partitions in registers (a second accumulator: on an

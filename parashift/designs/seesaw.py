@@ -37,7 +37,7 @@ class SeesawConfig(DesignOptions):
     # | "peers" (the group's ranks whose old plan holds them, host copies for the rest;
     # parallel/reshard_schedule.py) | "auto": peers from a safetensors checkpoint where every GPU
     # of the group reaches the others directly inside one host (on two H200s 2-3x faster than
-    # host copies, docs/benchmarks.md), else host
+    # host copies, docs/benchmark_log.md), else host
     weight_source: str = "auto"
 
     def __post_init__(self):

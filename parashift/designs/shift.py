@@ -11,7 +11,7 @@ SHIFT_WEIGHTS_MODES = ("reorder", "slice", "separate")
 class ShiftConfig(DesignOptions):
     prefix = "shift_"
     threshold: int = 256     # steps of at most this many tokens use TP
-    # (256: the crossover measured on 2xH200, docs/benchmarks.md: for the 8B shape the shift
+    # (256: the crossover measured on 2xH200, docs/benchmark_log.md: for the 8B shape the shift
     # plan wins decode steps up to 256 sequences and loses at 512; Qwen3-32B's wins to 1024)
     weights: str = "reorder"  # reorder | slice | separate
 

@@ -47,7 +47,7 @@ def tile_config(text: str) -> tuple[int, int, int, int, int]:
 # The tile by row count. Every configuration shares BLOCK_K and walks K the same way, and on an
 # H200 every one of those measured gave the same bits as 64x64 for the 8B shape's projections
 # at 1 to 4096 rows, mma.sync (16 rows) and wgmma alike, 128x256 tiles included (2026-11-23 and
-# the twenty-first session, docs/benchmarks.md): the tile changes which program computes an
+# the twenty-first session, docs/benchmark_log.md): the tile changes which program computes an
 # element, not the MMA chain that sums it. 5 stages instead of 3 made the few-rows tile up to
 # 1.9x faster at 32-64 rows for qkv and down (twelfth session). With the chunk and tile loops
 # flattened into one pipeline (twenty-first session), the four projections per layer took,

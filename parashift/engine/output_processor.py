@@ -28,7 +28,7 @@ def make_output_processor(tokenizer, mode: str, device_type: str = "cpu"):
 def auto_mode(tokenizer, device_type: str, cores: int) -> str:
     """A process of its own where there are texts to make, a core to spare for it and a GPU
     step to hide it behind: on an H200 host it cut the loop's host work per sequence from
-    12.8 to 7.7 µs at 1024 sequences and from 12.5 to 9.2 at 256 (docs/benchmarks.md,
+    12.8 to 7.7 µs at 1024 sequences and from 12.5 to 9.2 at 256 (docs/benchmark_log.md,
     twelfth session); on two busy CPU cores it lost at 64 and 256."""
     return "process" if tokenizer is not None and device_type == "cuda" and cores >= 4 else "inline"
 

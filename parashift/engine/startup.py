@@ -39,7 +39,7 @@ def request_defaults(source, setting: str) -> dict:
 # cores, one of 4096 tokens 18 s (2026-11-23). GPUs: 8192, and vLLM's 16384 for the offline
 # `LLM` on GPUs of >= 70 GiB other than the A100 (its EngineArgs.get_batch_defaults): on two
 # H200s TP=2 ran `chat` 4% faster at 16384 than at 8192, DP=2 `summarize` as fast
-# (docs/benchmarks.md). A server keeps 8192: its steps bound every stream's inter-token time.
+# (docs/benchmark_log.md). A server keeps 8192: its steps bound every stream's inter-token time.
 CPU_STEP_TOKENS, GPU_STEP_TOKENS, LARGE_GPU_OFFLINE_STEP_TOKENS = 512, 8192, 16384
 LARGE_GPU_BYTES = 70 * 2**30
 

@@ -1,5 +1,5 @@
 """A decode step's MoE routing in two launches per layer instead of ~25 small torch ops (each
-~3-5 µs inside a CUDA graph: most of a Qwen3-30B-A3B batch-1 step, docs/benchmarks.md).
+~3-5 µs inside a CUDA graph: most of a Qwen3-30B-A3B batch-1 step, docs/benchmark_log.md).
 
 `route`: one program per token: fp32 softmax over the experts, the top k (the lowest expert id
 first among equal probabilities), renormalized when asked; what layers.fused_moe.route

@@ -742,7 +742,7 @@ def cut_chunk(chunk: SeqChunk, size: int) -> tuple[SeqChunk, SeqChunk]:
 def graphs_by_default(possible: bool, every_plan: bool, some_plans: bool) -> bool:
     """Decode graphs unless asked otherwise, wherever they are possible and every plan
     replays them, or some do where a design asks (Seesaw: the decode plan replays them). Measured on two H200s
-    (docs/benchmarks.md): Qwen3-30B-A3B's TPOT under TP=2 was 4.7 ms with graphs and 49.3 ms
+    (docs/benchmark_log.md): Qwen3-30B-A3B's TPOT under TP=2 was 4.7 ms with graphs and 49.3 ms
     eager (eleventh session); the 8B's under PP=2, 6.7 ms against 18.4, and SiDP CaS's
     `tail`, 264 req/s against 40 (seventeenth session)."""
     return possible and (every_plan or some_plans)

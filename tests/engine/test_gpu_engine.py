@@ -55,7 +55,7 @@ def test_graphs_and_async_scheduling_give_the_eager_tokens(step_tokens, monkeypa
     that prefill replay mixed graphs (with a 512-token budget, chunks of long prompts beside
     decodes). A tiny random model: no download, nothing to carry. In float32: in bfloat16
     a graph's padded rows change the GEMMs' kernels and this model's near ties flip (decode
-    graphs alone: 11 of 13 sequences equal eager's; docs/benchmarks.md)."""
+    graphs alone: 11 of 13 sequences equal eager's; docs/benchmark_log.md)."""
     from parashift.worker.cuda_graphs import StepGraphs
     from tests.engine.conftest import save_tiny_llama
     model_dir = save_tiny_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2,

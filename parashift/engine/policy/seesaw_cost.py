@@ -314,7 +314,7 @@ def seesaw_pairs(world_size: int) -> list[tuple[Plan, Plan]]:
 # Measured, the pairs ran 10-25% slower than predicted against the static plans: on two
 # H100s, chat PP2->TP2 predicted 0.96x TP2, ran 0.86x, and summarize predicted 0.86x DP2,
 # ran 0.65x; on four H200s, chat PP4->TP4 predicted 1.01x TP4, ran 0.86x
-# (docs/benchmarks.md, tenth and fourteenth sessions).
+# (docs/benchmark_log.md, tenth and fourteenth sessions).
 PAIR_MARGIN = 0.10
 
 
