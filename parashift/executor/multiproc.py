@@ -7,7 +7,6 @@ rank runs the steps it is sent in order: steps of plans that share ranks (a merg
 group's and the requests its ranks wrote before the merge) interleave, and two
 collective steps meet every rank they share in the same order."""
 import logging
-import multiprocessing as mp
 from collections import deque
 import pickle
 import signal
@@ -17,6 +16,7 @@ from multiprocessing.connection import wait
 
 from parashift.executor.base import WorkerFailure
 from parashift.executor.node_link import NodeLink, accept_nodes
+from parashift.executor.process_start import worker_context, worker_process
 from parashift.step.codec import encode_step
 from parashift.step.message import StepBatch
 from parashift.worker.model_runner import ModelRunner
@@ -43,7 +43,7 @@ class MultiprocExecutor:
         self.failure: WorkerFailure | None = None
         self.lost: dict[int, str] = {}  # rank -> why, in the order they were lost
         self._unreported: dict[int, str] = {}  # lost since the engine last took them
-        ctx = mp.get_context("spawn")
+        ctx = worker_context()
         # each rank's last heartbeat (time.monotonic()); 0 until its thread first beats
         self.heartbeats = ctx.RawArray("d", self.layout.world_size)
         self.procs, self.conns = [], []  # by rank; another host's: RemoteRank, TCP
@@ -68,8 +68,8 @@ class MultiprocExecutor:
             spec.master_port = _free_port()
         for rank in topology.ranks_of(0):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(rank, spec, child, self.heartbeats),
-                               daemon=True, name=f"parashift-worker-{rank}")
+            proc = worker_process(ctx, worker_main, (rank, spec, child, self.heartbeats),
+                                  name=f"parashift-worker-{rank}")
             proc.start()
             child.close()
             self.procs.append(proc)

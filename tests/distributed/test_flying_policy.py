@@ -8,7 +8,7 @@ import pytest
 
 from parashift import LLM, SamplingParams
 from parashift.engine.policy.cost import SwitchCosts
-from tests.distributed.test_plans import (COMMON, PARAMS, assert_same, generate, prompts,
+from tests.distributed.test_plans import (COMMON, PARAMS, assert_same, prompts,
                                           skip_unless_enough_gpus)
 from tests.distributed.test_transitions import model  # noqa: F401 - the module's model
 
@@ -25,15 +25,16 @@ def run_until_done(engine, outputs: dict, records: list, on_step=None) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(model):
-    return generate(model[0], prompts(n=8))[0]
+def reference(one_device):
+    return one_device.generate(prompts(n=8), PARAMS)
 
 
-def test_forced_width_merges_while_requests_run_and_the_policy_splits_after(model, reference):
+def test_forced_width_merges_while_requests_run_and_the_policy_splits_after(model, reference,
+                                                                            one_device):
     """Once the width is handed back, a queue (8 more requests) makes the policy split."""
     skip_unless_enough_gpus(FLYING)
     later = prompts(seed=1, n=8)
-    later_reference = generate(model[0], later)[0]
+    later_reference = one_device.generate(later, PARAMS)
     # merge_running 0: with requests running the policy itself keeps the replicas apart
     llm = LLM(model[0], **{**COMMON, **FLYING, "flying_merge_running": 0})
     engine = llm.llm_engine
@@ -68,7 +69,7 @@ def test_forced_width_merges_while_requests_run_and_the_policy_splits_after(mode
 LONG = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=4)
 
 
-def test_a_request_one_replica_cannot_hold_waits_for_a_merge(model):
+def test_a_request_one_replica_cannot_hold_waits_for_a_merge(model, one_device):
     """Each replica holds 20 blocks of 16 tokens (320); merged, 20 blocks of 32 (640, capped
     at max_model_len 512): a 400-token prompt with max_tokens 12 needs 412, which only the
     merged group holds. The other requests run beside it."""
@@ -76,11 +77,7 @@ def test_a_request_one_replica_cannot_hold_waits_for_a_merge(model):
     rng = random.Random(1)
     long_prompt = [rng.randrange(512) for _ in range(400)]
     batch = [long_prompt, *prompts(n=3)]
-    expected = LLM(model[0], **COMMON)
-    try:
-        reference = expected.generate(batch, LONG)
-    finally:
-        expected.llm_engine.shutdown()
+    reference = one_device.generate(batch, LONG)
     llm = LLM(model[0], **{**COMMON, **FLYING, "num_blocks": 20, "flying_merge_running": 0})
     engine = llm.llm_engine
     try:
@@ -102,7 +99,7 @@ def test_a_priority_request_binds_a_tp_group_at_once(model):
     passed); a request of priority -1 merges the replicas at once."""
     skip_unless_enough_gpus(FLYING)
     batch = prompts(n=5)
-    expected = generate(model[0], batch)[0]
+    expected = model[1]  # the module's reference: prompts(n=5) on one device
     llm = LLM(model[0], **{**COMMON, **FLYING, "flying_merge_running": 0,
                            "flying_dwell_s": 600.0})
     engine = llm.llm_engine
@@ -121,7 +118,7 @@ def test_a_priority_request_binds_a_tp_group_at_once(model):
         engine.shutdown()
 
 
-def test_a_forget_queued_by_a_split_waits_while_a_merge_keeps_the_request(model):
+def test_a_forget_queued_by_a_split_waits_while_a_merge_keeps_the_request(model, one_device):
     """A runs merged; B arrives and a split moves it to the first replica, queueing a forget
     of B on the second (which has no request, so no step to send it with). A merge under
     hard preemption keeps B where it runs and hands that forget to the merged group: it
@@ -129,7 +126,7 @@ def test_a_forget_queued_by_a_split_waits_while_a_merge_keeps_the_request(model)
     policy sees it as running load."""
     skip_unless_enough_gpus(FLYING)
     long, short = list(range(1, 71)), list(range(5, 30))
-    expected = generate(model[0], [long, short])[0]
+    expected = one_device.generate([long, short], PARAMS)
     llm = LLM(model[0], **{**COMMON, **FLYING, "flying_preemption": "hard"})
     engine = llm.llm_engine
     outputs = {}
@@ -159,7 +156,7 @@ def test_a_forget_queued_by_a_split_waits_while_a_merge_keeps_the_request(model)
         engine.shutdown()
 
 
-def test_random_arrivals_and_priorities_give_the_reference_tokens(model, monkeypatch):
+def test_random_arrivals_and_priorities_give_the_reference_tokens(model, one_device, monkeypatch):
     """Requests of random lengths arrive a few per step, one in four urgent, under the
     policy's own merges and splits (no dwell): every request gives the single-device
     tokens and the node does not flap between widths (a split that left its requests
@@ -175,11 +172,7 @@ def test_random_arrivals_and_priorities_give_the_reference_tokens(model, monkeyp
     batch = prompts(seed=1, n=40)
     params = [SamplingParams(temperature=0, max_tokens=rng.randint(2, 20), ignore_eos=True)
               for _ in batch]
-    expected = LLM(model[0], **COMMON)
-    try:
-        reference = [o.outputs[0].token_ids for o in expected.generate(batch, params)]
-    finally:
-        expected.llm_engine.shutdown()
+    reference = [o.outputs[0].token_ids for o in one_device.generate(batch, params)]
     llm = LLM(model[0], **{**COMMON, **FLYING, "flying_merge_running": 2})
     engine = llm.llm_engine
     outputs, records, added = {}, [], 0
@@ -232,7 +225,7 @@ def test_the_view_carries_the_prompt_rate_its_plan_measured(model):
         engine.shutdown()
 
 
-def test_requests_paused_for_a_priority_request_resume_once_it_ends(model):
+def test_requests_paused_for_a_priority_request_resume_once_it_ends(model, one_device):
     """A and B run on the two replicas; a forced merge under hard preemption leaves them
     behind, paused while the merged group serves the urgent U. Once U ends they run again,
     beside C (default priority) in the merged group, instead of waiting for that group to
@@ -242,11 +235,7 @@ def test_requests_paused_for_a_priority_request_resume_once_it_ends(model):
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=4)
               for n in (24, 24, 3, 30)]
     names = ["A", "B", "U", "C"]
-    expected = LLM(model[0], **COMMON)
-    try:
-        reference = expected.generate(batch, params)
-    finally:
-        expected.llm_engine.shutdown()
+    reference = one_device.generate(batch, params)
     llm = LLM(model[0], **{**COMMON, **FLYING, "flying_preemption": "hard"})
     engine = llm.llm_engine
     outputs = {}

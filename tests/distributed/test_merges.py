@@ -48,18 +48,14 @@ def run_cycle(model_dir, tmp_path, start: str, cycle: list[str], limit: int, eve
 
 
 @pytest.fixture(scope="module")
-def reference(model):
-    return generate(model[0], prompts(n=8))[0]
+def reference(one_device):
+    return one_device.generate(prompts(n=8), PARAMS)
 
 
 @pytest.fixture(scope="module")
-def loaded_checksum(model):
+def loaded_checksum(one_device):
     """The single-device replica's checksum, rows in loading order."""
-    llm = LLM(model[0], **COMMON)
-    try:
-        return checksums(llm.llm_engine)[0]
-    finally:
-        llm.llm_engine.shutdown()
+    return checksums(one_device.llm_engine)[0]
 
 
 MODES = ["view", "materialize", "reorder"]
@@ -67,13 +63,9 @@ LONG = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=4)
 
 
 @pytest.fixture(scope="module")
-def long_reference(model):
+def long_reference(one_device):
     """Longer requests: room for four merges and splits before they finish."""
-    llm = LLM(model[0], **COMMON)
-    try:
-        return llm.generate(prompts(n=8), LONG)
-    finally:
-        llm.llm_engine.shutdown()
+    return one_device.generate(prompts(n=8), LONG)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -205,15 +197,12 @@ MIXED = [SamplingParams(max_tokens=16, ignore_eos=True, logprobs=2,
 
 
 @pytest.mark.parametrize("preemption", ["soft", "recompute"])
-def test_seeded_samples_are_the_reference_across_merges_and_splits(model, tmp_path, preemption):
+def test_seeded_samples_are_the_reference_across_merges_and_splits(model, one_device, tmp_path,
+                                                                   preemption):
     """A mixed batch, greedy and seeded sampling: a seeded request draws as a function of its
     seed and position, so neither a merge (its steps now on two ranks), a split, nor being
     computed again changes its tokens."""
-    llm = LLM(model[0], **COMMON)
-    try:
-        reference = llm.generate(prompts(n=8), MIXED)
-    finally:
-        llm.llm_engine.shutdown()
+    reference = one_device.generate(prompts(n=8), MIXED)
     outputs, records, *_ = run_cycle(model[0], tmp_path, "single,single",
                                      ["merge2-tp2", "single,single"], limit=4, params=MIXED,
                                      flying_preemption=preemption)

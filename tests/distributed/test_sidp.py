@@ -58,13 +58,26 @@ def long_reference(model):
     return run(model, prompts(n=8), LONG)[0]
 
 
-def test_was_is_bit_identical_to_plain_dp(model):
+@pytest.fixture(scope="module")
+def two_sharing_replicas(model):
+    """mode -> (outputs, stats) of prompts(n=8) on two replicas that share FFN weights
+    (dp 2, tp 1) in that mode, each engine started once for the module's tests that run it."""
+    runs = {}
+
+    def outputs_and_stats(mode):
+        if mode not in runs:
+            runs[mode] = run(model, prompts(n=8), data_parallel_size=2, share_ffn=True,
+                             sidp_mode=mode)[:2]
+        return runs[mode]
+    return outputs_and_stats
+
+
+def test_was_is_bit_identical_to_plain_dp(model, two_sharing_replicas):
     """The same per-replica batches: WaS runs the very GEMMs plain DP runs (the slots hold
     the whole shard, rows in loading order); both eager (a graph pads its batch to a bucket,
     and a GEMM of other rows may sum in another order)."""
     plain = run(model, prompts(n=8), data_parallel_size=2, cuda_graphs=False)[0]
-    shared, stats, _ = run(model, prompts(n=8), data_parallel_size=2, share_ffn=True,
-                           sidp_mode="was")
+    shared, stats = two_sharing_replicas("was")
     for got, want in zip(shared, plain):
         assert got.outputs[0].token_ids == want.outputs[0].token_ids
         assert got.outputs[0].logprobs == want.outputs[0].logprobs  # exactly
@@ -73,9 +86,12 @@ def test_was_is_bit_identical_to_plain_dp(model):
 
 @pytest.mark.parametrize("dp, tp", [(2, 1), (4, 1), (2, 2)])
 @pytest.mark.parametrize("mode", ["was", "cas"])
-def test_tokens_equal_the_reference(model, reference, dp, tp, mode):
-    outputs, stats, _ = run(model, prompts(n=8), data_parallel_size=dp, tensor_parallel_size=tp,
-                            share_ffn=True, sidp_mode=mode)  # GPU: CaS's graphs by default
+def test_tokens_equal_the_reference(model, reference, two_sharing_replicas, dp, tp, mode):
+    if (dp, tp) == (2, 1):
+        outputs, stats = two_sharing_replicas(mode)
+    else:  # GPU: CaS's graphs by default
+        outputs, stats, _ = run(model, prompts(n=8), data_parallel_size=dp,
+                                tensor_parallel_size=tp, share_ffn=True, sidp_mode=mode)
     assert_same(outputs, reference)
     owned = {s["owned_bytes"] for s in stats}
     assert len(owned) == 1 and len(stats) == dp * tp
@@ -168,15 +184,14 @@ def test_100_random_switch_schedules(model):
         engine.shutdown()
 
 
-def test_the_sidp_policy_switches_by_step_size(model):
+def test_the_sidp_policy_switches_by_step_size(model, long_reference):
     """B_th = 10 tokens per busy replica: prefill steps (up to 40 tokens) go to WaS, decode
     steps (a token per request, at most 4 requests a replica) back to CaS."""
     outputs, _, policy = run(model, prompts(n=8), LONG, parallel_policy="sidp",
                              data_parallel_size=2, sidp_batch_threshold=10,
                              sidp_min_dwell_steps=2, **CAS_GRAPHS)
     assert isinstance(policy, SidpPolicy) and policy.switches >= 2
-    reference = run(model, prompts(n=8), LONG)[0]
-    assert_same(outputs, reference)
+    assert_same(outputs, long_reference)
 
 
 def test_a_dead_rank_fails_the_sharing_group_fast(model):

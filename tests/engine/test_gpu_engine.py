@@ -6,22 +6,25 @@ import pytest
 import torch
 
 from parashift import LLM, SamplingParams
+from tests.conftest import requires_smollm2
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def engines():
+def engines():  # SmolLM2: every test that takes these is marked requires_smollm2
     return {backend: LLM(device="cuda", dtype="float32", attention_backend=backend,
                          gpu_memory_utilization=0.3) for backend in ("torch", "triton")}
 
 
+@requires_smollm2
 def test_default_model_answers_on_gpu(engines):
     out = engines["triton"].chat(QUESTION, SamplingParams(temperature=0, max_tokens=32))
     assert out[0].outputs[0].text == "The capital of France is Paris."
 
 
+@requires_smollm2
 def test_triton_matches_torch_backend(engines):
     rng = random.Random(0)
     prompts = [[rng.randrange(49152) for _ in range(rng.randint(1, 700))] for _ in range(24)]
@@ -70,6 +73,7 @@ def test_graphs_and_async_scheduling_give_the_eager_tokens(step_tokens, monkeypa
     assert any(b.decode for b in replayed) and any(not b.decode for b in replayed)
 
 
+@requires_smollm2
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graphs_give_the_eager_tokens_on_the_default_model(dtype):
     """The same on SmolLM2 (its GGUF carried: README, "GPU runs"), in both dtypes: its
