@@ -327,13 +327,22 @@ def test_a_stream_fails_within_seconds_when_its_worker_stops(tmp_path):
 
 
 def worker_pids(server: subprocess.Popen) -> list[int]:
-    """The server's spawned worker processes (not multiprocessing's resource tracker),
-    read from Linux's /proc."""
+    """The server's worker processes in the order they started, read from Linux's /proc:
+    children of its multiprocessing fork server (executor/process_start.py), or spawned
+    ones; not multiprocessing's resource tracker."""
     from pathlib import Path
-    children = [int(pid) for task in Path(f"/proc/{server.pid}/task").iterdir()
-                for pid in (task / "children").read_text().split()]
-    return [pid for pid in children
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+    def children(pid: int) -> list[int]:
+        return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                for child in (task / "children").read_text().split()]
+
+    def cmdline(pid: int) -> bytes:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+    direct = children(server.pid)
+    forked = [pid for server_pid in direct if b"forkserver" in cmdline(server_pid)
+              for pid in children(server_pid)]
+    return sorted(forked + [pid for pid in direct if b"spawn_main" in cmdline(pid)])
 
 
 def test_serve_exits_non_zero_when_a_worker_dies(tmp_path):
