@@ -3,8 +3,9 @@ step in a round and under which plan, what the policy sees, the transitions it c
 the groups it takes out of service when a rank is lost. The engine's loop (llm_engine.py)
 asks; the node changes here only, in `Node` and the files it hands work over to:
 node_replicas.py (replicas over the ranks' pools), node_view.py (the policy's view),
-node_transitions.py (merges, splits, re-shards) and node_faults.py (losses). None of them calls the engine back: what the engine must still do
-with a request (queue it with its outputs, or fail it) is returned to it."""
+node_transitions.py (merges, splits, re-shards) and node_faults.py (losses). None of them
+calls the engine back: what the engine must still do with a request (queue it with its
+outputs, or fail it) is returned to it."""
 import logging
 from collections import deque
 from dataclasses import dataclass
