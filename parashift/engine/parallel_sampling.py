@@ -109,22 +109,29 @@ class ParentRequest:
 
 def fold_children(outputs: list[RequestOutput], parent_of: dict[str, ParentRequest],
                   parents: dict[str, ParentRequest], end) -> list[RequestOutput]:
-    """Children's outputs folded into their requests' (one output per request). `end` is
+    """Children's outputs folded into their requests' (one output per request of several
+    samples, in the place of its first); a request of one sample keeps every output as it
+    came (two delta outputs of one step, taken together, are both what is new). `end` is
     called with a request's id once its folded output is its last: it ends the children
     still running (an error) and forgets the request."""
-    folded: dict[str, RequestOutput | None] = {}
+    folded: list[RequestOutput] = []
+    place: dict[str, int] = {}  # where each request of several samples has its output
     for output in outputs:
         parent = parent_of.get(output.request_id)
         if parent is None:
-            folded[output.request_id] = output
+            folded.append(output)
             continue
         if parent.request_id not in parents:
             continue  # a sibling failed earlier in this step: the request has ended
         merged = parent.update(output)
         if merged is not None:
-            earlier = folded.get(parent.request_id)
-            folded[parent.request_id] = (join_deltas(earlier, merged) if earlier is not None
-                                         and parent.params.output_kind == "delta" else merged)
+            at = place.setdefault(parent.request_id, len(folded))
+            if at == len(folded):
+                folded.append(merged)
+            elif parent.params.output_kind == "delta":
+                folded[at] = join_deltas(folded[at], merged)
+            else:
+                folded[at] = merged
         if merged is not None and merged.finished:
             end(parent.request_id)
-    return [output for output in folded.values() if output is not None]
+    return folded

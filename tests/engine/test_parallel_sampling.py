@@ -2,7 +2,7 @@
 logprob is summed as its output grows, equal to the sum over the whole list."""
 import random
 
-from parashift.engine.parallel_sampling import ParentRequest, cumulative_logprob
+from parashift.engine.parallel_sampling import ParentRequest, cumulative_logprob, fold_children
 from parashift.outputs import CompletionOutput, RequestOutput
 from parashift.sampling_params import SamplingParams
 
@@ -44,3 +44,18 @@ def test_without_logprobs_there_is_no_sum():
     out = parent.update(RequestOutput(parent.child_ids[1], None, [1], [
         CompletionOutput(0, "", [3, 4], None)]))
     assert out.outputs[0].cumulative_logprob is None
+
+
+def test_folding_keeps_every_output_of_a_request_of_one_sample():
+    """Two delta outputs of a plain request taken in one step (an output process that
+    answered two steps at once) both reach the caller, in order, beside a folded parent."""
+    parent = ParentRequest("p", SamplingParams(n=2, max_tokens=4, output_kind="delta"))
+    first, second = (RequestOutput("plain", None, [1], [CompletionOutput(0, text, [t])])
+                     for text, t in (("One", 5), (" day", 6)))
+    children = [child_output(child, [7], []) for child in parent.child_ids]
+    folded = fold_children([first, children[0], second, children[1]],
+                           {child: parent for child in parent.child_ids}, {"p": parent},
+                           end=lambda request_id: None)
+    assert [o.request_id for o in folded] == ["plain", "p", "plain"]
+    assert [o.outputs[0].text for o in folded if o.request_id == "plain"] == ["One", " day"]
+    assert sorted(c.index for c in folded[1].outputs) == [0, 1]  # both samples, joined
