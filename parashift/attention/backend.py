@@ -24,9 +24,13 @@ class AttentionBackend(Protocol):
 
 
 def get_backend(name: str, device: torch.device, deterministic: bool = False) -> AttentionBackend:
-    """`deterministic`: the batch-invariant variant (parashift/deterministic/)."""
+    """`deterministic`: the batch-invariant variant (parashift/deterministic/). `auto` on
+    CUDA: `cudnn` (the Triton kernels, long prompts through cuDNN) where cuDNN runs, else
+    `triton`; `triton` alone in deterministic mode."""
     if name == "auto":
         name = "triton" if device.type == "cuda" and _triton_available() else "torch"
+        if name == "triton" and not deterministic and _cudnn_available(device):
+            name = "cudnn"
     if name == "torch":
         if deterministic and device.type == "cuda":
             raise ValueError("deterministic mode on CUDA needs the triton attention backend "
@@ -41,7 +45,21 @@ def get_backend(name: str, device: torch.device, deterministic: bool = False) ->
             raise ValueError("attention backend 'triton' needs a CUDA device")
         from parashift.attention.triton_backend import TritonAttentionBackend
         return TritonAttentionBackend(batch_invariant=deterministic)
-    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or triton")
+    if name == "cudnn":
+        if deterministic:
+            raise ValueError("attention backend 'cudnn' is not batch-invariant; deterministic "
+                             "mode needs 'triton' (or 'auto')")
+        if not _cudnn_available(device):
+            raise ValueError("attention backend 'cudnn' needs a CUDA device of compute "
+                             "capability 8.0 or more with cuDNN")
+        from parashift.attention.cudnn_prefill import CudnnPrefillAttentionBackend
+        return CudnnPrefillAttentionBackend()
+    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch, triton or cudnn")
+
+
+def _cudnn_available(device: torch.device) -> bool:
+    from parashift.attention.cudnn_prefill import cudnn_attention_available
+    return cudnn_attention_available(device)
 
 
 def _triton_available() -> bool:

@@ -208,6 +208,16 @@ class TritonAttentionBackend:
             _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs, launch)
         return out
 
+    def attend_seqs(self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                    first: int, end: int) -> None:
+        """Writes the rows of sequences [first, end) of an eager step (not a CUDA graph's)
+        into `out`; q's last dimension contiguous."""
+        _check_cache(k_cache, v_cache)
+        for seqs in _split_decodes(meta, meta.query_start_loc_cpu[-1], first, end):
+            _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs,
+                              self._plan(q, k_cache, meta, seqs))
+
     def warm_up(self, num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 dtype: torch.dtype) -> int:
         """Compiles every attention variant a step can launch over this cache with
@@ -259,20 +269,30 @@ class _SeqRange:
     decode: bool
 
 
-def _split_decodes(meta: AttentionMetadata, num_tokens: int) -> list[_SeqRange]:
-    """Leading one-token sequences (decodes) run with the small-M decode
-    config, the rest with the prefill config. Any split is correct; this one
-    is fast when the scheduler puts decodes first."""
-    starts, num_seqs = meta.query_start_loc_cpu, meta.num_seqs
+def _split_decodes(meta: AttentionMetadata, num_tokens: int, first: int = 0,
+                   end: int | None = None) -> list[_SeqRange]:
+    """Sequences [first, end) (all by default; the last one's rows run to `num_tokens`):
+    leading one-token sequences (decodes) run with the small-M decode config, the rest
+    with the prefill config. Any split is correct; this one is fast when the scheduler
+    puts decodes first."""
+    starts = meta.query_start_loc_cpu
+    end = meta.num_seqs if end is None else end
+    last_row = num_tokens if end == meta.num_seqs else starts[end]
     if meta.max_query_len <= 1:
-        return [_SeqRange(0, num_seqs, 0, num_tokens, decode=True)]
-    # starts[i] - i stays 0 while every sequence so far has one query row
-    num_decodes = bisect.bisect_right(range(num_seqs + 1), 0, key=lambda i: starts[i] - i) - 1
-    prefill = _SeqRange(num_decodes, num_seqs, starts[num_decodes],
-                        num_tokens - starts[num_decodes], decode=False)
-    if num_decodes == 0:
+        return [_SeqRange(first, end, starts[first], last_row - starts[first], decode=True)]
+    # starts[i] - i stays starts[first] - first while every sequence so far has one query row
+    offset = starts[first] - first
+    decodes_end = bisect.bisect_right(range(first, end + 1), offset,
+                                      key=lambda i: starts[i] - i) - 1 + first
+    decodes = _SeqRange(first, decodes_end, starts[first], starts[decodes_end] - starts[first],
+                        decode=True)
+    if decodes_end == end:
+        return [decodes]
+    prefill = _SeqRange(decodes_end, end, starts[decodes_end], last_row - starts[decodes_end],
+                        decode=False)
+    if decodes_end == first:
         return [prefill]
-    return [_SeqRange(0, num_decodes, 0, starts[num_decodes], decode=True), prefill]
+    return [decodes, prefill]
 
 
 @dataclass(frozen=True)

@@ -296,7 +296,7 @@ class ModelRunner:
         sync with the host on the routing. Asked for (True), the plans that can replay them
         do, the others (WaS's) run eagerly."""
         graph_plans = self._graph_plans()
-        possible = (self.device.type == "cuda" and self.backend.name == "triton"
+        possible = (self.device.type == "cuda" and self.backend.name in ("triton", "cudnn")
                     and bool(graph_plans)
                     and not (self.config.deterministic and self.expert_placement()))
         if requested and not possible:

@@ -1,0 +1,75 @@
+"""The cuDNN prefill route: which sequences take it (host logic, any device), and its output
+against the torch reference and the Triton kernel on a CUDA device."""
+import pytest
+import torch
+
+from parashift.attention.metadata import AttentionMetadata
+
+pytest.importorskip("triton")
+from parashift.attention import triton_backend  # noqa: E402
+from parashift.attention.cudnn_prefill import CudnnPrefillAttentionBackend  # noqa: E402
+from parashift.attention.torch_ref import TorchAttentionBackend  # noqa: E402
+
+
+def host_meta(q_lens, seq_lens) -> AttentionMetadata:
+    starts = [0]
+    for q_len in q_lens:
+        starts.append(starts[-1] + q_len)
+    empty = torch.zeros(0)
+    return AttentionMetadata(slot_mapping=empty, query_start_loc=empty, seq_lens=empty,
+                             block_tables=empty, query_start_loc_cpu=starts,
+                             seq_lens_cpu=list(seq_lens), max_query_len=max(q_lens),
+                             max_seq_len=max(seq_lens), block_size=16)
+
+
+def test_only_long_prompts_without_cached_context_take_cudnn():
+    meta = host_meta([1, 1, 5000, 4096, 6000, 4095, 1], [700, 9, 5000, 4096, 7000, 4095, 2])
+    # 6000 new tokens after 1000 cached and a prompt one token short stay with Triton
+    assert CudnnPrefillAttentionBackend()._long_prompts(meta) == [2, 3]
+    assert CudnnPrefillAttentionBackend(long_prefill_tokens=4095)._long_prompts(meta) == [2, 3, 5]
+
+
+def ranges(meta, num_tokens, first=0, end=None):
+    return [(r.first, r.end, r.token_offset, r.num_tokens, r.decode)
+            for r in triton_backend._split_decodes(meta, num_tokens, first, end)]
+
+
+def test_split_decodes_of_a_part_of_the_batch():
+    meta = host_meta([1, 1, 300, 1, 77, 1, 1], [5, 9, 300, 40, 100, 3, 4])
+    # the whole batch: leading decodes, then the rest (padding rows to the last)
+    assert ranges(meta, 390) == [(0, 2, 0, 2, True), (2, 7, 2, 388, False)]
+    # a part: its own leading decodes, rows up to the next part's first
+    assert ranges(meta, 390, 3, 5) == [(3, 4, 302, 1, True), (4, 5, 303, 77, False)]
+    assert ranges(meta, 390, 5, 7) == [(5, 7, 380, 2, True)]
+    assert ranges(meta, 390, 4, 7) == [(4, 7, 303, 87, False)]
+    assert ranges(meta, 390, 0, 1) == [(0, 1, 0, 1, True)]
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(32, 8, 128), (8, 8, 64),
+                                                             (12, 4, 128)])
+def test_mixed_batch_matches_the_reference(num_heads, num_kv_heads, head_dim):
+    from tests.attention.test_triton_backend import TOLERANCE, make_step, run
+    q_lens = [1, 1, 4200, 300, 1, 5000, 700, 4097]
+    seq_lens = [900, 7000, 4200, 1300, 1, 5000, 700, 4097 + 64]
+    step = make_step(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, pad_tokens=3)
+    backend = CudnnPrefillAttentionBackend()
+    assert backend._long_prompts(step.meta) == [2, 5]
+    expected = run(TorchAttentionBackend(), step)
+    actual = run(backend, step)
+    tol = TOLERANCE[step.q.dtype]
+    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
+    assert actual[sum(q_lens):].eq(0).all()
+
+
+@cuda
+def test_a_batch_of_only_long_prompts():
+    from tests.attention.test_triton_backend import TOLERANCE, make_step, run
+    step = make_step([4096, 4603], [4096, 4603], 16, 4)
+    expected = run(TorchAttentionBackend(), step)
+    actual = run(CudnnPrefillAttentionBackend(long_prefill_tokens=4096), step)
+    tol = TOLERANCE[step.q.dtype]
+    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
