@@ -300,7 +300,8 @@ class ModelRunner:
                     and bool(graph_plans)
                     and not (self.config.deterministic and self.expert_placement()))
         if requested and not possible:
-            raise ValueError("CUDA graphs need a CUDA device, the triton attention backend, "
+            raise ValueError("CUDA graphs need a CUDA device, the triton or cudnn attention "
+                             "backend, "
                              "under Seesaw a decode plan of one pipeline stage, with shared "
                              "FFN weights Compute-as-a-Service (WaS's fetches are not "
                              "captured) and, in deterministic mode, no experts")
