@@ -1,0 +1,193 @@
+"""y = x (W * s)^T + b with W in FP8 E4M3 and one scale per output row, on CUDA.
+
+Decode reads the weight and little else, so at up to MAX_ROWS rows a Triton kernel reads
+the FP8 bytes, widens them to the activations' dtype in registers and multiplies with the
+activations as they are (no per-token quantization kernel); each program owns BLOCK_N
+output rows over all of K, so there is no reduction. cuBLASLt's FP8 GEMM
+(`torch._scaled_mm`, rowwise scales, activations quantized per token) measured no faster
+than bf16 at 1-64 rows on an H200 (issue 60) and wins above. A shape takes whichever
+measured faster on the device, like `skinny_gemm.linear`."""
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+logger = logging.getLogger(__name__)
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+MAX_ROWS = 64
+# The Triton kernel must beat cuBLASLt by this factor to be chosen (few-µs timings are noisy).
+MARGIN = 0.97
+
+
+@dataclass(frozen=True)
+class Config:
+    kernel: str
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1  # programs per output tile, each over a part of K, summed atomically
+
+
+# (kernel, block_n, block_k, warps, stages): "w8" widens the FP8 weight to the activations'
+# dtype; "w8a8" quantizes the activations per token (one kernel) and multiplies FP8 by FP8
+CONFIGS = tuple(Config(kernel, *shape) for kernel in ("w8", "w8a8") for shape in (
+    (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 4, 2), (64, 256, 4, 3), (64, 512, 8, 2),
+    (128, 256, 8, 2), (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (64, 256, 4, 3, 2)))
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
+                          FP8_MAX: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One row per program: its scale (largest magnitude / FP8_MAX) and its E4M3 values."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / FP8_MAX
+    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+    tl.store(q_ptr + row * stride_qm + k, q.to(q_ptr.dtype.element_ty), mask=k < K)
+    tl.store(s_ptr + row, scale)
+
+
+@triton.jit
+def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm,
+                       stride_wn, stride_ym, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       SPLIT_K: tl.constexpr):
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = offs_m < M, offs_n < N
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    split = tl.program_id(2)
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_end = tl.minimum(K, (split + 1) * k_per_split)
+    for k0 in range(split * k_per_split, k_end, BLOCK_K):
+        k = k0 + offs_k
+        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0)
+        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k[None, :] < K), other=0.0)
+        if FP8_X:
+            acc = tl.dot(x, tl.trans(w), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+    acc *= tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    if FP8_X:
+        acc *= tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
+    if HAS_BIAS:
+        if split == 0:
+            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        tl.atomic_add(y, acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
+
+
+def block_m(rows: int) -> int:
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (E4M3 [M, K], fp32 scale [M, 1]) in one kernel."""
+    q = torch.empty(x.shape, dtype=FP8, device=x.device)
+    scale = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
+    _quantize_rows_kernel[(x.shape[0],)](x, q, scale, x.shape[1], x.stride(0), q.stride(0),
+                                         FP8_MAX=FP8_MAX,
+                                         BLOCK_K=triton.next_power_of_2(x.shape[1]))
+    return q, scale
+
+
+def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                      bias: torch.Tensor | None, config: Config) -> torch.Tensor:
+    """x [M, K] (bf16/fp16), weight [N, K] E4M3 with unit stride along K, scale [N] or
+    [N, 1] fp32, bias [N] or None."""
+    if x.dim() != 2 or weight.dtype != FP8 or weight.stride(1) != 1:
+        raise ValueError(f"fp8_weight_linear takes 2-D x and an E4M3 weight contiguous "
+                         f"along K, got x {tuple(x.shape)} and a {weight.dtype} weight")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    (m, k), n = x.shape, weight.shape[0]
+    split = config.split_k
+    y = (torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1
+         else torch.zeros(m, n, dtype=torch.float32, device=x.device))
+    fp8_x = config.kernel == "w8a8"
+    xq, x_scale = quantize_rows(x) if fp8_x else (x, scale)
+    bm = block_m(m)
+    _fp8_weight_kernel[(triton.cdiv(n, config.block_n), triton.cdiv(m, bm), split)](
+        xq, x_scale, weight, scale.reshape(-1), bias if bias is not None else scale, y, m, n,
+        k, xq.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
+        FP8_X=fp8_x, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SPLIT_K=split, num_warps=config.num_warps, num_stages=config.num_stages)
+    return y if split == 1 else y.to(x.dtype)
+
+
+def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+    """cuBLASLt's FP8 GEMM: x quantized per token, the weight's scale per output row."""
+    xq, x_scale = quantize_rows(x if x.stride(1) == 1 else x.contiguous())
+    return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=scale.reshape(1, -1),
+                            bias=bias, out_dtype=x.dtype)
+
+
+_choices: dict[tuple, Config | None] = {}
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+           bias: torch.Tensor | None) -> torch.Tensor:
+    """The faster of the Triton kernel and cuBLASLt for this shape (measured on its first
+    call outside a CUDA-graph capture; during a capture an unmeasured shape takes
+    cuBLASLt). Rows are bucketed to the kernel's query tile."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] > MAX_ROWS or weight.stride(1) != 1:
+        return scaled_mm_linear(rows, weight, scale, bias).reshape(*x.shape[:-1], -1)
+    key = (block_m(rows.shape[0]), tuple(weight.shape), weight.stride(0), x.dtype, x.device,
+           bias is not None)
+    if key not in _choices:
+        if torch.cuda.is_current_stream_capturing():
+            return scaled_mm_linear(rows, weight, scale, bias).reshape(*x.shape[:-1], -1)
+        _choices[key] = choose(timings_ms(rows, weight, scale, bias))
+        logger.info("FP8 GEMM, %d rows x %s: %s", rows.shape[0], tuple(weight.shape),
+                    _choices[key] or "cuBLASLt")
+    config = _choices[key]
+    y = (scaled_mm_linear(rows, weight, scale, bias) if config is None
+         else fp8_weight_linear(rows, weight, scale, bias, config))
+    return y.reshape(*x.shape[:-1], -1)
+
+
+def chosen() -> list[dict]:
+    """What `linear` chose for each shape measured in this process."""
+    return [{"rows_up_to": key[0], "weight": list(key[1]), "kernel": "cuBLASLt"
+             if config is None else f"triton {config.kernel} {config.block_n}x{config.block_k}"
+             f" split {config.split_k}"}
+            for key, config in _choices.items()]
+
+
+def choose(timings: dict[Config | None, float]) -> Config | None:
+    best = min((c for c in timings if c is not None), key=timings.__getitem__, default=None)
+    if best is None or timings[best] > MARGIN * timings[None]:
+        return None
+    return best
+
+
+def timings_ms(x, weight, scale, bias) -> dict[Config | None, float]:
+    """Median milliseconds per call of cuBLASLt (None) and each config, L2 flushed between;
+    a config this device cannot compile or run is left out."""
+    bench = functools.partial(triton.testing.do_bench, warmup=5, rep=30, return_mode="median")
+    timings = {None: bench(lambda: scaled_mm_linear(x, weight, scale, bias))}
+    for config in CONFIGS:
+        if config.block_n > triton.next_power_of_2(weight.shape[0]):
+            continue
+        try:
+            timings[config] = bench(lambda c=config: fp8_weight_linear(x, weight, scale,
+                                                                       bias, c))
+        except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
+            logger.warning("FP8 GEMM config %s failed on %s: %s", config,
+                           tuple(weight.shape), exc)
+    return timings
