@@ -16,13 +16,13 @@ import triton
 import triton.language as tl
 import triton.testing
 
+from parashift.kernels.skinny_gemm import choose
+
 logger = logging.getLogger(__name__)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
 MAX_ROWS = 64
-# The Triton kernel must beat cuBLASLt by this factor to be chosen (few-µs timings are noisy).
-MARGIN = 0.97
 
 
 @dataclass(frozen=True)
@@ -167,13 +167,6 @@ def chosen() -> list[dict]:
              if config is None else f"triton {config.kernel} {config.block_n}x{config.block_k}"
              f" split {config.split_k}"}
             for key, config in _choices.items()]
-
-
-def choose(timings: dict[Config | None, float]) -> Config | None:
-    best = min((c for c in timings if c is not None), key=timings.__getitem__, default=None)
-    if best is None or timings[best] > MARGIN * timings[None]:
-        return None
-    return best
 
 
 def timings_ms(x, weight, scale, bias) -> dict[Config | None, float]:
