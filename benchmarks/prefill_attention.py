@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from parashift.attention.cudnn_prefill import CudnnPrefillAttentionBackend
 from parashift.attention.triton_backend import TritonAttentionBackend
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
@@ -95,6 +96,7 @@ def split_prefix_variant(q, k_cache, v_cache, meta):
 
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--backends", default=None, help="comma-separated names; default: all")
     p.add_argument("--cases", default="1024:0,2048:0,4096:0,8192:0,16384:0,32768:0,8192:8192,8192:24576,2048:30720")
     p.add_argument("--output", default=None)
     p.add_argument("--first-calls", action="store_true", help="cuDNN's per-shape build cost")
@@ -106,7 +108,7 @@ def main():
         q_len, prefix = map(int, case.split(":"))
         q, k_cache, v_cache, meta = make_case(q_len, prefix)
         flops = causal_flops(q_len, prefix)
-        triton_be = TritonAttentionBackend()
+        triton_be, cudnn_be = TritonAttentionBackend(), CudnnPrefillAttentionBackend()
         ref = triton_be.attend(q, k_cache, v_cache, meta, HEAD_DIM ** -0.5)
         variants = {"triton_paged": lambda: triton_be.attend(q, k_cache, v_cache, meta,
                                                                HEAD_DIM ** -0.5)}
@@ -117,7 +119,11 @@ def main():
                                                               gqa, lower_right=True)
         if prefix:
             variants["cudnn_split_lse"] = split_prefix_variant(q, k_cache, v_cache, meta)
+        variants["cudnn_backend"] = lambda: cudnn_be.attend(q, k_cache, v_cache, meta,
+                                                            HEAD_DIM ** -0.5)
         for name, fn in variants.items():
+            if args.backends and name not in args.backends.split(","):
+                continue
             row = {"q_len": q_len, "prefix": prefix, "backend": name}
             try:
                 out = fn()

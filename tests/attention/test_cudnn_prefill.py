@@ -7,6 +7,7 @@ from parashift.attention.metadata import AttentionMetadata
 
 pytest.importorskip("triton")
 from parashift.attention import triton_backend  # noqa: E402
+from parashift.attention import cudnn_chunk  # noqa: E402
 from parashift.attention.cudnn_prefill import CudnnPrefillAttentionBackend  # noqa: E402
 from parashift.attention.torch_ref import TorchAttentionBackend  # noqa: E402
 
@@ -22,11 +23,24 @@ def host_meta(q_lens, seq_lens) -> AttentionMetadata:
                              max_seq_len=max(seq_lens), block_size=16)
 
 
-def test_only_long_prompts_without_cached_context_take_cudnn():
-    meta = host_meta([1, 1, 5000, 4096, 6000, 4095, 1], [700, 9, 5000, 4096, 7000, 4095, 2])
-    # 6000 new tokens after 1000 cached and a prompt one token short stay with Triton
-    assert CudnnPrefillAttentionBackend()._long_prompts(meta) == [2, 3]
-    assert CudnnPrefillAttentionBackend(long_prefill_tokens=4095)._long_prompts(meta) == [2, 3, 5]
+def routes(backend, meta) -> dict[int, str]:
+    return {seq: route.__name__ for seq, route in backend._routes(meta, torch.device("cpu")).items()}
+
+
+@pytest.mark.parametrize("chunks_run", [True, False])
+def test_long_prompts_and_long_chunks_of_long_contexts_take_cudnn(monkeypatch, chunks_run):
+    monkeypatch.setattr(cudnn_chunk, "available", lambda device_index: chunks_run)
+    meta = host_meta([1, 1, 5000, 4096, 6000, 4095, 2048, 2047, 3000, 1],
+                     [700, 9, 5000, 4096, 7000, 4095, 8192, 9000, 12000, 2])
+    # a prompt one token short, a chunk one token short and a chunk of a context under
+    # 8,192 tokens stay with Triton; chunks only where cuDNN's call with its LSE runs
+    chunks = {6: "_chunk_after_prefix", 8: "_chunk_after_prefix"} if chunks_run else {}
+    assert routes(CudnnPrefillAttentionBackend(), meta) == {
+        2: "_causal_prompt", 3: "_causal_prompt"} | chunks
+    assert routes(CudnnPrefillAttentionBackend(long_prefill_tokens=4095), meta) == {
+        2: "_causal_prompt", 3: "_causal_prompt", 5: "_causal_prompt"} | chunks
+    assert routes(CudnnPrefillAttentionBackend(chunk_tokens=1), host_meta([1], [9000])) == (
+        {0: "_chunk_after_prefix"} if chunks_run else {})
 
 
 def ranges(meta, num_tokens, first=0, end=None):
@@ -53,16 +67,31 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
                                                              (12, 4, 128)])
 def test_mixed_batch_matches_the_reference(num_heads, num_kv_heads, head_dim):
     from tests.attention.test_triton_backend import TOLERANCE, make_step, run
-    q_lens = [1, 1, 4200, 300, 1, 5000, 700, 4097]
-    seq_lens = [900, 7000, 4200, 1300, 1, 5000, 700, 4097 + 64]
+    q_lens = [1, 1, 4200, 300, 1, 5000, 700, 4097, 2100, 2048, 1]
+    seq_lens = [900, 7000, 4200, 1300, 1, 5000, 700, 4097 + 64, 2100 + 8000, 8192 + 2048, 9]
     step = make_step(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, pad_tokens=3)
     backend = CudnnPrefillAttentionBackend()
-    assert backend._long_prompts(step.meta) == [2, 5]
+    assert {s: r.__name__ for s, r in backend._routes(step.meta, step.q.device).items()} == {
+        2: "_causal_prompt", 5: "_causal_prompt", 8: "_chunk_after_prefix",
+        9: "_chunk_after_prefix"}
     expected = run(TorchAttentionBackend(), step)
     actual = run(backend, step)
     tol = TOLERANCE[step.q.dtype]
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
     assert actual[sum(q_lens):].eq(0).all()
+
+
+@cuda
+@pytest.mark.parametrize("q_len,prefix", [(2048, 8192), (2500, 6000), (3000, 512 * 13 + 7),
+                                          (2100, 300)])
+def test_a_chunk_after_a_prefix(q_len, prefix):
+    """The cut below the prefix's end at 8,192, 5,632, 6,656 and 0 keys (rem 0, 368, 7, 300)."""
+    from tests.attention.test_triton_backend import TOLERANCE, make_step, run
+    step = make_step([q_len], [prefix + q_len], 32, 8)
+    expected = run(TorchAttentionBackend(), step)
+    actual = run(CudnnPrefillAttentionBackend(chunk_context=1), step)
+    tol = TOLERANCE[step.q.dtype]
+    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
 
 
 @cuda
