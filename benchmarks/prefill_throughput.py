@@ -93,6 +93,8 @@ def main():
     p.add_argument("--plan", default="single", help="benchmarks/plans.py's names: tp4, sp4, shift-sp4")
     p.add_argument("--profile", action="store_true",
                    help="per rank, the device time of each operation of one prefill step")
+    p.add_argument("--step-tokens", type=int, default=None,
+                   help="the step's token budget (default: the longest prompt, one step each)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     from plans import plan_options
@@ -100,7 +102,7 @@ def main():
     options = plan_options(args.plan)
     longest = max(args.prompt_lens)
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=longest + 16,
-              max_num_batched_tokens=longest, long_prefill_token_threshold=0,
+              max_num_batched_tokens=args.step_tokens or longest, long_prefill_token_threshold=0,
               skip_tokenizer_init=True,
               enable_prefix_caching=False, cuda_graphs=args.cuda_graphs,
               mixed_step_graphs=args.mixed_step_graphs, **options)
@@ -114,6 +116,7 @@ def main():
                  else config_prefill_flops(cfg, length))
         floor = flops / (BF16_MATRIX_RATE * gpus)
         rows.append(dict(plan=args.plan, mixed_step_graphs=args.mixed_step_graphs,
+                         step_tokens=args.step_tokens or longest,
                          prompt_len=length, step_ms=seconds * 1e3,
                          tokens_per_s=length / seconds, floor_ms=floor * 1e3,
                          fraction_of_floor=floor / seconds))
