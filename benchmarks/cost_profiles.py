@@ -102,8 +102,9 @@ def link2() -> LinkProfile:
                              "209 GB/s at 16 MiB and 301 GB/s at 256 MiB",
                "all_to_all": "SP's fused q/k/v exchange by bytes per rank; 282 GB/s at 256 MiB",
                "all_gather": "not measured: taken as the all-to-all (same traffic per rank)",
-               "send_recv, peer_copy": "224 GB/s GPU-to-GPU copy; small-message latency taken "
-                                       "as the all-to-all's (not measured)",
+               "send_recv, peer_copy": "224 GB/s GPU-to-GPU copy (one GPU copying; two at "
+                                       "once not measured); small-message latency taken as "
+                                       "the all-to-all's (not measured)",
                "kv_tier_bytes_per_s": f"{FOUR_FIRST}: Seesaw's 48 GiB of KV out and in over four "
                                       "ranks in 0.82 s of stalls"})
 
@@ -123,8 +124,11 @@ def link4(small_factor: float) -> LinkProfile:
         # SP4 prefill 8192: 64 all-to-alls of ~21 MB per rank in ~5.5 ms
         scaled["all_to_all"][mode] = [p for p in scaled["all_to_all"][mode] if p[0] < 16 * MiB] + [
             [21e6, 5.5e-3 / 64], [256 * MiB, 256 * MiB / 21e6 * 5.5e-3 / 64]]
-    scaled["send_recv"] = scaled["peer_copy"] = {"graph": [
+    scaled["send_recv"] = {"graph": [
         [12 * KiB, 11.5e-6], [1 * MiB, 1 * MiB / 212e9 + 11.5e-6], [1024 * MiB, 1024 * MiB / 212e9]]}
+    # every GPU reading the next at once (what a re-shard or a SiDP fetch does): 75.6 GB/s each
+    scaled["peer_copy"] = {"graph": [
+        [12 * KiB, 11.5e-6], [1 * MiB, 1 * MiB / 75.6e9 + 11.5e-6], [1024 * MiB, 1024 * MiB / 75.6e9]]}
     return replace(two, ranks=4, collectives=scaled,
                    source=f"derived from docs/benchmark_log.md ({COLLECTIVES_2}; {FOUR_FIRST}; "
                           f"{FOUR_SECOND}) by benchmarks/cost_profiles.py; to be refreshed by "
@@ -134,7 +138,9 @@ def link4(small_factor: float) -> LinkProfile:
                                             f"(fitted to TP4's TPOT, {FOUR_FIRST}); 64 MiB: TP4 "
                                             f"prefill's all-reduces ({FOUR_SECOND})",
                           "all_to_all (4)": f"SP4 prefill 8192's all-to-alls ({FOUR_SECOND})",
-                          "send_recv, peer_copy (4)": f"212 GB/s one-stream copy ({FOUR_FIRST})"})
+                          "send_recv (4)": f"212 GB/s one-stream copy ({FOUR_FIRST})",
+                          "peer_copy (4)": f"75.6 GB/s each, every GPU reading the next at "
+                                           f"once ({FOUR_FIRST}, SiDP's p2p probe)"})
 
 
 # ---- fits -----------------------------------------------------------------------------

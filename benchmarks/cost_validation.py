@@ -43,7 +43,10 @@ SECTIONS = {
     "see2": "Two H200s: Seesaw's peer re-shard without host waits, now the default (issue 16; "
             "twenty-fourth session, 2026-11-27)",
     "maxctx": "Max context per layout (issue 15, the paper's Table 2; 2026-11-23)",
-    "sidp4": "Four H200s, the second window (issue 20; fourteenth session, 2026-11-26)",
+    "probe": "SiDP probe: step time against the FFN fetch (issue 17; 2026-11-23, one nvidia-h200)",
+    "sidp2": "Two H200s: CUDA graphs for pipelined stages and SiDP's CaS; deterministic cost "
+             "(seventeenth session, 2026-11-26)",
+    "sidp4": "Four H200s, the sixth window (issue 20; nineteenth session, 2026-11-27)",
 }
 
 
@@ -67,6 +70,15 @@ MISS_NOTES = {
         "this run's Shift SP4<->TP4 batch was 0.74x SP4's (the log: plan switches paced by "
         "the hosts, as its TTFT); the model has no per-switch host cost, so it predicts the "
         "better of the two plans' steps"),
+    "2gpu-sidp-tail-llama-3.1-8b-dp2": (
+        "the wave model: a wave's seats wait for its longest output, and `tail`'s lognormal "
+        "outputs (5% past 20x the median) leave most seats idle; the engine refills seats as "
+        "sequences end (parashift plan --simulate runs the real scheduler instead)"),
+    "4gpu-sidp-tail-qwen3-32b-dp4": (
+        "host work: four replicas' steps of ~51-token prompts and few-token outputs issued by "
+        "one in-process engine loop, eager (no --cuda-graphs); the model adds one replica's "
+        "graph-step host time and overlaps the replicas (the log: the spread of this run, "
+        "83.8-85.2 req/s plain, 40-62 under CaS, is not explained)"),
 }
 
 
@@ -184,8 +196,39 @@ def rows() -> list[Row]:
                  S["moe2"], lambda: batch_tok_s(moe, 2, "tp2", 64, 2048, 128)))
     r.append(Row("2gpu-moe-batch-shift", "MoE", 2, moe, "batch 64 x 2048/128, Shift SP2<->TP2",
                  "tok/s", 39593, S["moe2"], lambda: batch_tok_s(moe, 2, "shift-sp2", 64, 2048, 128)))
-    r += figure9_two(d8) + figure9_four(d8) + seesaw_rows(d8) + flying_rows(d8)
+    r += figure9_two(d8) + figure9_four(d8) + seesaw_rows(d8) + flying_rows(d8) + sidp_rows(d8)
     return r
+
+
+def sidp_rows(d8: str) -> list[Row]:
+    """The probe's one-GPU decode steps of the 32B and 70B shapes, the DP baselines of
+    SiDP's `tail` runs and the KV pools with and without shared FFN weights."""
+    S, r = SECTIONS, []
+    probe = {"qwen3-32b": (17.73, 23.58, 50.44, 95.92, 187.91),
+             "llama-3.1-70b": (34.01, 44.90, 86.48, 160.26, 320.52)}
+    for shape, times in probe.items():
+        for b, ms in zip((1, 64, 256, 512, 1024), times):
+            r.append(Row(f"1gpu-probe-{shape}-b{b}", "SiDP", 1, shape,
+                         f"decode step, batch {b}, context 1024 (probe)", "ms", ms, S["probe"],
+                         lambda s=shape, b=b: step_ms(s, 1, Plan(), StepBatch.decode(b, 1024))))
+    for shape, gpus, plan, rate, sec in ((d8, 2, "dp2", 263.7, "sidp2"),
+                                         ("qwen3-32b", 4, "dp4", 83.8, "sidp4")):
+        r.append(Row(f"{gpus}gpu-sidp-tail-{shape}-{plan}", "SiDP", gpus, shape,
+                     f"tail, 1000 requests, length scale 0.05, {plan}", "req/s", rate, S[sec],
+                     lambda s=shape, g=gpus, p=plan: _tail_rate(s, g, p)))
+    for owners, tokens in ((1, 239_840), (4, 366_496)):
+        r.append(Row(f"4gpu-sidp-kv-owners{owners}", "SiDP", 4, "qwen3-32b",
+                     f"KV tokens a replica, FFN shared by {owners}", "tokens", tokens, S["x4b"],
+                     lambda o=owners: (model("qwen3-32b", 4).kv_tokens(
+                         Plan(), ffn_owners=o, ffn_slots=2 if o > 1 else 0), {})))
+    return r
+
+
+def _tail_rate(shape: str, gpus: int, plan: str):
+    reqs = sample_lengths(get_workload("tail"), 1000,
+                          WorkloadOptions(num_requests=1000, length_scale=0.05))
+    seconds = offline_s(model(shape, gpus), served_of(plan), reqs, Engine())
+    return len(reqs) / seconds, {}
 
 
 def figure9_table(prefix: str, group: str, gpus: int, shape: str, table: dict, section: str,

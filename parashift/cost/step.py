@@ -202,21 +202,26 @@ class StepModel:
         return kernels * c.eager_launch_s * plan.pp
 
     # ---- memory ----------------------------------------------------------------------
-    def weight_bytes_per_rank(self, plan: Plan, extra_shift_copy: bool = False) -> float:
+    def weight_bytes_per_rank(self, plan: Plan, extra_shift_copy: bool = False,
+                              ffn_owners: int = 1, ffn_slots: int = 0) -> float:
+        """`ffn_owners`: SiDP replicas sharing the FFN weights (each holds 1/owners of every
+        layer's), with `ffn_slots` layers' worth of slots for fetched slices."""
         s = self.shape
-        layers = s.num_layers * s.layer_params / (plan.tp * plan.pp)
+        mlp = s.mlp_params * (s.num_layers / ffn_owners + ffn_slots * (ffn_owners - 1) / ffn_owners)
+        layers = (s.num_layers * s.attention_params + mlp) / (plan.tp * plan.pp)
         embeddings = s.embedding_params / (plan.sp * plan.tp)
         held = (layers + embeddings) * s.dtype_bytes
         if extra_shift_copy and plan.sp > 1:
             held += s.num_layers * s.layer_params / (plan.sp * plan.tp * plan.pp) * s.dtype_bytes
         return held
 
-    def kv_tokens(self, plan: Plan, extra_shift_copy: bool = False) -> int:
+    def kv_tokens(self, plan: Plan, extra_shift_copy: bool = False, ffn_owners: int = 1,
+                  ffn_slots: int = 0) -> int:
         """KV tokens the node holds under `plan`: each replica's pool (its ranks hold the same
         tokens, different heads or layers), times the replicas."""
         s, c = self.shape, self.compute
         free = (c.memory_bytes * c.memory_utilization - c.activation_bytes
-                - self.weight_bytes_per_rank(plan, extra_shift_copy))
+                - self.weight_bytes_per_rank(plan, extra_shift_copy, ffn_owners, ffn_slots))
         kv_heads = max(1.0, s.num_kv_heads / (plan.sp * plan.tp))
         per_token = 2 * (s.num_layers / plan.pp) * kv_heads * s.head_dim * s.dtype_bytes
         if free <= 0:

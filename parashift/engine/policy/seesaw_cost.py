@@ -55,6 +55,20 @@ class Hardware:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"hardware {f} must be a number > 0, got {value!r}")
 
+    @classmethod
+    def from_profiles(cls, compute, link) -> "Hardware":
+        """The rates of a compute and a link profile (cost/profile.py): the copy and matrix
+        rates at the GEMMs' fitted efficiencies, NCCL's bus bandwidth at 64 MiB, the peer
+        rate of a 1 GiB copy."""
+        size = 64 * 2 ** 20
+        ring = 2 * (link.ranks - 1) / link.ranks
+        bus = ring * size / link.seconds("all_reduce", size, link.ranks, graph=False)
+        return cls(compute.hbm_bytes_per_s * compute.gemm.bw_eff,
+                   compute.matmul_flops * compute.gemm.flops_eff,
+                   compute.memory_bytes * compute.memory_utilization - compute.activation_bytes,
+                   bus, link.host_to_device_bytes_per_s, link.kv_tier_bytes_per_s,
+                   2 ** 30 / link.seconds("peer_copy", 2 ** 30, 2), link.link)
+
     def all_reduce_bytes_per_s(self, tp: int) -> float:
         """B_ar(TP) of a ring all-reduce: falls as TP grows (2(TP-1)/TP of the data per link)."""
         return self.all_reduce_bus_bytes_per_s * tp / (2 * (tp - 1))
