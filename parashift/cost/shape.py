@@ -93,12 +93,11 @@ def load_shape(model: str) -> ModelShape:
     """`model`: a committed shape's name (benchmarks/shapes/<name>.json), a config.json, or
     a model folder holding one."""
     path = Path(model)
-    candidates = [SHAPES / f"{model}.json", path, path / "config.json"]
-    for candidate in candidates:
+    names = {SHAPES / f"{model}.json": model, path: path.name.removesuffix(".json"),
+             path / "config.json": path.name}
+    for candidate, name in names.items():
         if candidate.is_file():
-            return ModelShape.of_config(json.loads(candidate.read_text()),
-                                        path.stem if candidate != path / "config.json"
-                                        else path.name)
+            return ModelShape.of_config(json.loads(candidate.read_text()), name)
     known = ", ".join(sorted(p.stem for p in SHAPES.glob("*.json")))
     raise ValueError(f"unknown model {model!r}: not a shape in benchmarks/shapes ({known}), "
                      "a config.json, nor a folder with one")

@@ -8,6 +8,14 @@ def add_planner_args(p) -> None:
     p.set_defaults(func=lambda args: run_planner(args) if planner_asked(args) else print_plans(args))
     p.add_argument("--recommend", action="store_true",
                    help="rank the plans and policies of --gpus for --workload by the cost model")
+    p.add_argument("--simulate", action="store_true",
+                   help="run --workload through the engine (scheduler, policy) on the cost model "
+                        "instead of GPUs, under the plan the degrees give (-tp, -sp, -dp, -pp) "
+                        "and --parallel-policy; report what `bench serve` reports")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="--simulate: the workload's arrival pattern over this fraction of its time")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="--simulate: the step token budget (the server's default on GPUs)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs in all (with --recommend)")
     p.add_argument("--gpu-kind", default="h200", help="the GPU kind whose profiles to use")
     p.add_argument("--workload", default=None, help="a bench workload: chat, batch, bursty, "
@@ -19,10 +27,13 @@ def add_planner_args(p) -> None:
 
 
 def planner_asked(args) -> bool:
-    return bool(getattr(args, "recommend", False))
+    return bool(getattr(args, "recommend", False) or getattr(args, "simulate", False))
 
 
 def run_planner(args) -> None:
+    if args.simulate:
+        from parashift.planner.simulate_cli import run_simulate
+        return run_simulate(args)
     import json
 
     from parashift.bench.workloads import WorkloadOptions
