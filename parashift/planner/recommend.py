@@ -197,6 +197,7 @@ def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
                              f"{max(kv, 0):,} tokens a replica; the longest request needs {longest:,}")
             continue
         ranked.append(_predict(model, cand, name, reqs, rate, engine))
+    ranked += flying_predictions(model, ranked, reqs, rate, engine, per_node)
     if not ranked:
         raise ValueError(f"no plan of {gpus} GPUs fits {model_name}: "
                          + "; ".join(f"{k}: {v}" for k, v in refused.items()))
@@ -213,6 +214,33 @@ def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
         notes.append(f"{per_node} GPUs a host: collectives scaled from the {model.link.ranks}-GPU "
                      "link profile by ring traffic (not measured at this size)")
     return Recommendation(model_name, gpus, nnodes, workload_name, ranked, refused, notes)
+
+
+FLYING_MERGE_RUNNING = 4  # FlyingConfig.merge_running's default
+
+
+def flying_predictions(model: StepModel, ranked: list[Prediction], reqs: list, rate: float,
+                       engine: Engine, per_node: int) -> list[Prediction]:
+    """Flying over each DP layout of plain TP replicas: the width its load rule picks. An
+    offline queue splits at once (the DP layout's figures); online, a load whose requests in
+    flight stay at or below merge_running runs merged (one TP group over every replica),
+    else split."""
+    out = []
+    for dp_pred in [p for p in ranked if p.kind == "static"]:
+        plan = Plan.parse(dp_pred.name)
+        width = plan.dp * plan.tp
+        if plan.dp < 2 or plan.pp > 1 or plan.sp > 1 or width > per_node:
+            continue
+        chosen, merged = dp_pred, None
+        if not math.isinf(rate):
+            merged = predict_online(model, Served(Plan(tp=width)), reqs, rate, engine)
+            in_flight = dp_pred.detail.get("decode_batch", 0) * plan.dp
+            if not dp_pred.overloaded and in_flight <= FLYING_MERGE_RUNNING:
+                chosen = merged
+        out.append(Prediction(f"flying-{dp_pred.name}", "flying", chosen.ttft_s, chosen.tpot_s,
+                              chosen.throughput, dp_pred.kv_tokens, chosen.overloaded,
+                              {"runs": "merged" if chosen is merged else "split"}))
+    return out
 
 
 def _predict(model, cand, name, reqs, rate, engine) -> Prediction:

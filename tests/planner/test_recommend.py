@@ -64,3 +64,13 @@ def test_a_plan_that_does_not_fit_is_refused_with_why():
         assert name not in {p.name for p in rec.ranked}
         assert rec.refused[name].startswith("does not fit: ")
     assert "141.1 GB of weights per GPU" in rec.refused["dp2"]
+
+
+def test_flying_runs_split_offline_and_merged_under_light_load():
+    chat = {p.name: p for p in recommend("llama-3.1-8b", 4, "chat").ranked}
+    assert chat["flying-dp4"].throughput == chat["dp4"].throughput
+    assert chat["flying-dp4"].detail == {"runs": "split"}
+    light = {p.name: p for p in recommend("llama-3.1-8b", 4, "priority").ranked}
+    assert light["flying-dp4"].detail == {"runs": "merged"}
+    assert light["flying-dp4"].ttft_s == light["tp4"].ttft_s
+    assert light["flying-dp4"].kv_tokens == light["dp4"].kv_tokens
