@@ -35,6 +35,8 @@ FIT_ROWS = {
     "eager_launch_s": ("llama-3.1-8b", "prefill 512, eager", 18.1e-3, GPU_FAST_PATH),
     "moe.launch_s": ("qwen3-30b-a3b", "decode b1 ctx 1024", 4.6e-3, MOE),
     "activation_bytes": ("llama-3.1-8b", "KV tokens on one H200 at 0.9", 886_048, MAX_CONTEXT),
+    "sp_kernels_per_layer": ("llama-3.1-8b", "SP4 prefill 2048, eager (host-paced)", 38.8e-3,
+                             FOUR_SECOND),
     "link4.all_reduce small-message factor": ("llama-3.1-8b", "TP4 TPOT, 2048 in / 128 out",
                                               2.762e-3, FOUR_FIRST),
 }
@@ -183,7 +185,11 @@ def fitted() -> tuple[ComputeProfile, LinkProfile, LinkProfile]:
     c = _rounded(c)
     factor = _solve(lambda f: StepModel(dense, c, link4(f)).step_s(
         Plan(tp=4), StepBatch.decode(1, 2048 + 64)), 2.762e-3, 0.5, 8.0)
-    return c, link2(), link4(round(factor, 4))
+    four = link4(round(factor, 4))
+    extra = _solve(lambda k: StepModel(dense, replace(c, sp_kernels_per_layer=int(round(k))),
+                                       four, graphs=False).step_s(Plan(sp=4), StepBatch.prefill(2048)),
+                   38.8e-3, 0.0, 200.0)
+    return replace(c, sp_kernels_per_layer=int(round(extra))), link2(), four
 
 
 def _rounded(c: ComputeProfile) -> ComputeProfile:

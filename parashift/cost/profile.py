@@ -89,6 +89,10 @@ class ComputeProfile:
     eager_launch_s: float          # host time to launch one kernel without a graph
     kernels_per_layer: int         # kernels an eager layer launches
     host_to_device_bytes_per_s: float
+    # kernels an eager layer launches beyond kernels_per_layer under SP (the exchanges and
+    # their packing) and under TP (the all-reduces)
+    sp_kernels_per_layer: int = 0
+    tp_kernels_per_layer: int = 2
     schema_version: int = SCHEMA_VERSION
     kind: str = "compute"
     notes: dict = field(default_factory=dict)

@@ -198,7 +198,9 @@ class StepModel:
         c = self.compute
         if graph:
             return c.host_step_s
-        kernels = c.kernels_per_layer * self.shape.num_layers / plan.pp * micro + 10
+        per_layer = (c.kernels_per_layer + (c.sp_kernels_per_layer if plan.sp > 1 else 0)
+                     + (c.tp_kernels_per_layer if plan.tp > 1 else 0))
+        kernels = per_layer * self.shape.num_layers / plan.pp * micro + 10
         return kernels * c.eager_launch_s * plan.pp
 
     # ---- memory ----------------------------------------------------------------------

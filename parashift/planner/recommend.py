@@ -9,9 +9,10 @@ replica: the replica is busy prefilling a share rho of the time, its decode batc
 requests in flight (Little's law), a prompt waits rho / (1 - rho) of a prefill; past
 rho >= 1 the plan is overloaded (its TTFT grows without bound)."""
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from parashift.bench.workloads import Workload, WorkloadOptions, build_phases, get_workload
+from parashift.cost.advisor import Advisor
 from parashift.cost.profile import load
 from parashift.cost.runs import Engine, Served, offline_s, prefill_s, step_s
 from parashift.cost.seesaw_run import seesaw_s
@@ -185,6 +186,9 @@ def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
     reqs, rate = workload_requests(workload, options)
     engine = Engine()
     chosen, refused = candidates(shape, gpus, per_node, workload.offline)
+    advisor = Advisor(model, max_seqs=engine.max_num_seqs)  # Shift at the model's crossover
+    chosen = [replace(c, threshold=advisor.shift_threshold(c.plan))
+              if isinstance(c, Served) and c.decode is not None else c for c in chosen]
     ranked = []
     longest = max(i + o for i, o in reqs)
     for cand in chosen:

@@ -32,8 +32,8 @@ def group(tokens: int, plan: str = "single", **counters) -> GroupView:
     return GroupView(plan, next_step_tokens=tokens, **{**values, **counters})
 
 
-@pytest.mark.parametrize("base,threshold", [(Plan(sp=2), 1150), (Plan(sp=4), 1903),
-                                            (Plan(sp=2, tp=2), 2051)])
+@pytest.mark.parametrize("base,threshold", [(Plan(sp=2), 2521), (Plan(sp=4), 4005),
+                                            (Plan(sp=2, tp=2), 4256)])
 def test_shift_runs_each_step_under_the_plan_the_model_predicts_faster(base, threshold):
     options = config(shift=SimpleNamespace(threshold=256))
     policy = shift.policy_from_config(options, Layout.of(base), LLAMA_8B)
