@@ -62,3 +62,18 @@ def test_the_simulator_schedules_what_the_engine_schedules(model_dir):
     assert len(real) > 10 and {s[0] for s in real} == {"sp2", "shift-tp2"}
     assert simulated == real
     assert [r["tokens"] for r in sim.requests] == [o for _, o in LENGTHS]
+
+
+def test_an_engine_with_a_cost_profile_runs_shift_at_the_models_crossover(model_dir):
+    options = {k: v for k, v in OPTIONS.items() if k != "shift_threshold"}
+    llm = LLM(model_dir, cost_profile=str(PROFILES / "h200_compute.json"), **options)
+    try:
+        from parashift.cost.advisor import advisor_for
+        from parashift.parallel.plan import Plan
+        engine = llm.llm_engine
+        advisor = advisor_for(engine.config, engine._hf_config, 2)
+        assert engine.policy.threshold == advisor.shift_threshold(Plan(sp=2)) > 0
+        outputs = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=4, ignore_eos=True))
+        assert len(outputs[0].outputs[0].token_ids) == 4
+    finally:
+        llm.llm_engine.shutdown()
