@@ -80,15 +80,6 @@ MISS_NOTES = {
         "this run's Shift SP4<->TP4 batch was 0.74x SP4's (the log: plan switches paced by "
         "the hosts, as its TTFT); the model has no per-switch host cost, so it predicts the "
         "better of the two plans' steps"),
-    "2gpu-sidp-tail-llama-3.1-8b-dp2": (
-        "the wave model: a wave's seats wait for its longest output, and `tail`'s lognormal "
-        "outputs (5% past 20x the median) leave most seats idle; the engine refills seats as "
-        "sequences end (parashift plan --simulate runs the real scheduler instead)"),
-    "4gpu-sidp-tail-qwen3-32b-dp4": (
-        "host work: four replicas' steps of ~51-token prompts and few-token outputs issued by "
-        "one in-process engine loop, eager (no --cuda-graphs); the model adds one replica's "
-        "graph-step host time and overlaps the replicas (the log: the spread of this run, "
-        "83.8-85.2 req/s plain, 40-62 under CaS, is not explained)"),
 }
 
 

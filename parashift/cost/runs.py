@@ -1,10 +1,11 @@
 """What a run of many steps takes under a plan or a Shift pair, from the step model:
 `interactive` TTFT and TPOT (one request at a time) and offline throughput (all requests at
-t=0, in waves of the scheduler's seats, prompts chunked by the step's token budget).
+t=0, continuous batching over the scheduler's seats, prompts chunked by the step's budget).
 
 A plan here is what serves: `Served(plan)` for a static plan, `Served(base, decode=shift
 plan, threshold)` for Shift (steps of more tokens than the threshold run the base plan)."""
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from parashift.cost.step import Seq, StepBatch, StepModel, replica_plan
@@ -70,42 +71,60 @@ def interactive(model: StepModel, served: Served, prompt: int, output: int,
 def offline_s(model: StepModel, served: Served, requests: list[tuple[int, int]],
               engine: Engine = Engine()) -> float:
     """Seconds to serve `requests` (input, output) all at t=0: the DP replicas share them
-    evenly; each replica admits up to max_num_seqs (or what its KV holds) at a time, prefills
-    their prompts in steps of the budget, then decodes them together; a sequence that ends
-    frees its seat for the next wave (waves by sorted output length)."""
+    evenly (the slowest replica's time); each admits up to max_num_seqs (or what its KV
+    holds), prefills the admitted prompts in steps of the budget with its running decodes
+    riding along, decodes until a sequence ends, and refills the seat it frees (continuous
+    batching, event by event)."""
     plan = served.plan
-    dp = plan.dp
     kv = model.kv_tokens(replica_plan(plan))
     if kv <= 0:
         raise ValueError(f"{served.name}: the weights leave no memory for the KV cache")
-    mine = requests[::dp]
-    mean_len = sum(i + o for i, o in mine) / len(mine)
+    shares = [requests[d::plan.dp] for d in range(plan.dp)]
+    mean_len = sum(i + o for i, o in requests) / len(requests)
     seats = max(1, min(engine.max_num_seqs, int(kv // mean_len)))
+    return max(_replica_s(model, served, share, engine, seats) for share in shares if share)
+
+
+def _replica_s(model: StepModel, served: Served, requests: list[tuple[int, int]],
+               engine: Engine, seats: int) -> float:
+    queue = deque(requests)
+    running: list[list[int]] = []  # [output tokens left, context]
     total = 0.0
-    for start in range(0, len(mine), seats):
-        total += _wave_s(model, served, mine[start:start + seats], engine)
+    while queue or running:
+        admitted = [queue.popleft() for _ in range(min(len(queue), seats - len(running)))]
+        if admitted:
+            total += _prefill_steps_s(model, served, admitted, running, engine)
+            running += [[o - 1, i + 1] for i, o in admitted]
+        running = [r for r in running if r[0] > 0]
+        if not running:
+            continue
+        steps = min(r[0] for r in running)
+        context = sum(r[1] for r in running) // len(running) + steps // 2
+        total += steps * step_s(model, served, StepBatch.decode(len(running), context))
+        for r in running:
+            r[0] -= steps
+            r[1] += steps
+        running = [r for r in running if r[0] > 0]
     return total
 
 
-def _wave_s(model: StepModel, served: Served, wave: list[tuple[int, int]],
-            engine: Engine) -> float:
-    prompt_tokens = sum(i for i, _ in wave)
-    mean_prompt = prompt_tokens / len(wave)
-    budget = engine.max_num_batched_tokens
+def _prefill_steps_s(model: StepModel, served: Served, admitted: list[tuple[int, int]],
+                     running: list[list[int]], engine: Engine) -> float:
+    """The admitted prompts in steps of the budget left after the running decodes, which
+    each take a token of every such step."""
+    prompt_tokens = sum(i for i, _ in admitted)
+    mean_prompt = prompt_tokens / len(admitted)
+    budget = max(1, engine.max_num_batched_tokens - len(running))
     steps = math.ceil(prompt_tokens / budget)
     chunk = prompt_tokens / steps
     per_seq = max(1, round(chunk / mean_prompt))
-    seqs = StepBatch(tuple(_seq(round(chunk / per_seq), mean_prompt) for _ in range(per_seq)))
-    total = steps * step_s(model, served, seqs)
-    outputs = sorted(o for _, o in wave)
-    previous = 0
-    for k, out in enumerate(outputs):  # the batch shrinks as sequences end
-        if out > previous:
-            mid = int(mean_prompt + (previous + out) / 2)
-            total += (out - previous) * step_s(model, served,
-                                               StepBatch.decode(len(outputs) - k, mid))
-            previous = out
-    return total
+    context = sum(r[1] for r in running) // max(1, len(running))
+    seqs = tuple(_seq(round(chunk / per_seq), mean_prompt) for _ in range(per_seq))
+    seqs += (Seq(1, context),) * len(running)
+    for r in running:
+        r[0] -= min(r[0], steps)
+        r[1] += steps
+    return steps * step_s(model, served, StepBatch(seqs))
 
 
 def _seq(query: int, mean_prompt: float) -> Seq:

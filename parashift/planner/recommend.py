@@ -3,8 +3,8 @@ plan with SP, and Seesaw's pairs (offline workloads), each predicted from the co
 a bench workload: TTFT, TPOT, throughput and KV capacity; ranked by what the workload
 measures (offline: throughput; online: a request's latency, TTFT + its output's TPOTs).
 
-Offline workloads (all requests at t=0) run through the wave model (runs.offline_s); their
-TTFT is a prompt's on an idle node. Online workloads (arrivals at a rate) are a queue per
+Offline workloads (all requests at t=0) run through continuous batching by events
+(runs.offline_s); their TTFT is a prompt's on an idle node. Online workloads (arrivals at a rate) are a queue per
 replica: the replica is busy prefilling a share rho of the time, its decode batch is the
 requests in flight (Little's law), a prompt waits rho / (1 - rho) of a prefill; past
 rho >= 1 the plan is overloaded (its TTFT grows without bound)."""
@@ -117,7 +117,7 @@ def workload_requests(workload: Workload, options: WorkloadOptions) -> tuple[lis
     """(input, output) of a sample of the workload's requests, and their arrival rate
     (inf: all at t=0)."""
     phase = build_phases(workload, options)[0]
-    # offline runs go in waves of the scheduler's seats: their count matters, take them all
+    # offline runs refill the scheduler's seats as requests end: their count matters, take all
     keep = len(phase.requests) if workload.offline else SAMPLE
     lengths = [(r.input_len, r.output_len) for r in phase.requests[:keep]]
     if workload.offline:
@@ -209,7 +209,8 @@ def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
     ranked.sort(key=lambda p: (p.score(workload.offline, mean_out), p.name))
     notes = [f"predicted from {len(reqs)} requests of `{workload_name}` (seed {options.seed}); "
              f"profiles: {model.compute.source.split(' by ')[0]}",
-             "offline: throughput from the wave model; TTFT of a mean prompt on an idle node"
+             "offline: throughput from continuous batching by events; TTFT of a mean prompt on "
+             "an idle node"
              if workload.offline else f"online at {rate:.3g} req/s: a queue per replica"]
     if nnodes > 1:
         notes.append("across hosts only PP and DP; no inter-host link profile is committed, so "
