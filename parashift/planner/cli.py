@@ -15,7 +15,7 @@ def add_planner_args(p) -> None:
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="--simulate: the workload's arrival pattern over this fraction of its time")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
-                   help="--simulate: the step token budget (the server's default on GPUs)")
+                   help="--simulate: the step token budget (the server's on GPUs)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs in all (with --recommend)")
     p.add_argument("--gpu-kind", default="h200", help="the GPU kind whose profiles to use")
     p.add_argument("--workload", default=None, help="a bench workload: chat, batch, bursty, "
