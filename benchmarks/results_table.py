@@ -36,7 +36,7 @@ def load_groups(folder: Path = RESULTS) -> tuple[list[dict], list[str]]:
         doc = json.loads(path.read_text())
         if isinstance(doc, dict) and "claims" in doc:
             groups.append(doc | {"file": path.name})
-        else:
+        elif not (isinstance(doc, dict) and "validation" in doc):
             skipped.append(path.name)
     rank = {name: i for i, name in enumerate(GROUP_ORDER)}
     groups.sort(key=lambda g: (rank.get(g["group"], len(rank)), g["group"]))
@@ -147,11 +147,41 @@ def header(columns: tuple[str, ...]) -> list[str]:
     return [table_row(list(columns)), "|" + "---|" * len(columns)]
 
 
-def render_results(groups: list[dict], skipped: list[str]) -> str:
+def load_validations(folder: Path = RESULTS) -> list[dict]:
+    """Files of predictions beside measurements ("validation" rows: the cost model's)."""
+    docs = [json.loads(path.read_text()) | {"file": path.name}
+            for path in sorted(folder.glob("*.json"))]
+    return [doc for doc in docs if "validation" in doc]
+
+
+VALIDATION_COLUMNS = ("row", "GPUs", "shape", "what", "measured", "predicted", "error",
+                      "held out", "log section")
+
+
+def validation_row(r: dict) -> str:
+    return table_row([f"`{r['id']}`", str(r["gpus"]), f"`{r['shape']}`", r["what"],
+                      f"{number(r['measured'])} {r['unit']}", f"{number(r['predicted'])}",
+                      f"{100 * r['error']:+.1f}%", "fit" if r["fit"] else "yes",
+                      r["log_section"]])
+
+
+def render_validation(doc: dict) -> list[str]:
+    summary = doc["summary"]
+    notes = [f"- {k.replace('_', ' ')}: {v}" for k, v in summary.items() if k != "notes"]
+    notes += [f"- {row_id}: {why}" for row_id, why in summary.get("notes", {}).items()]
+    return [f"## {doc['title']}", "", f"From `benchmarks/results/{doc['file']}` "
+            f"({doc['source']}).", "", *notes, "", *header(VALIDATION_COLUMNS),
+            *map(validation_row, doc["validation"]), ""]
+
+
+def render_results(groups: list[dict], skipped: list[str],
+                   validations: list[dict] | None = None) -> str:
     lines = [RESULTS_INTRO]
     for group in groups:
         lines += [f"## {group['title']}", "", f"From `benchmarks/results/{group['file']}`.", "",
                   *header(RESULTS_COLUMNS), *map(claim_row, group["claims"]), ""]
+    for doc in load_validations() if validations is None else validations:
+        lines += render_validation(doc)
     if skipped:
         names = ", ".join(f"`{name}`" for name in skipped)
         lines += [f"Files in `benchmarks/results/` with no claim records (raw outputs, not rows "

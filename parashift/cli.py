@@ -4,7 +4,9 @@ import contextlib
 import logging
 import sys
 
+from parashift.cost.cli import add_profile_args
 from parashift.entrypoints.cli import add_generate_args, add_plan_args
+from parashift.planner.cli import add_planner_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -12,6 +14,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_generate_args(subparsers)
     add_plan_args(subparsers)
+    add_planner_args(subparsers.choices["plan"])
+    add_profile_args(subparsers)
     _add_optional_commands(subparsers)
     return parser
 

@@ -1,6 +1,7 @@
 """Engine configuration as validated dataclasses; each design's options in its own
 (parashift/designs/), nested under the design's name and given by their flat keywords."""
 import functools
+import os
 from dataclasses import dataclass, field, fields
 
 from parashift.designs import DESIGNS, flat_design_options, nest_design_options
@@ -83,6 +84,9 @@ class EngineConfig:
     # A worker the kernel shows stopped (SIGSTOP) is dead after 1 s of silence:
     # executor/multiproc.py's STOPPED_TIMEOUT_S.)
     parallel_policy: str = "static"          # static | shift | flying | seesaw | sidp
+    # the cost model's profiles the policies decide from (parashift/cost/advisor.py): "auto"
+    # (the committed ones of this GPU kind), a compute profile's JSON, or None (fixed thresholds)
+    cost_profile: str | None = None
     merge_weights: str = "reorder"           # merged plans: reorder | view | materialize
     # mixture-of-experts models: tp (each expert's width split over TP) | ep (whole experts
     # split over the attention group's SP x TP ranks; vLLM's --enable-expert-parallel)
@@ -153,6 +157,10 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.cost_profile is not None and self.cost_profile != "auto" and not os.path.isfile(
+                self.cost_profile):
+            raise ValueError(f"cost_profile must be 'auto' or a compute profile's JSON file, got "
+                             f"{self.cost_profile!r} (no such file)")
         if self.parallel_policy not in PARALLEL_POLICIES:
             raise ValueError(f"parallel_policy must be one of {PARALLEL_POLICIES}, got "
                              f"{self.parallel_policy!r}")

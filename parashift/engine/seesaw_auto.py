@@ -7,9 +7,11 @@ import logging
 import torch
 
 from parashift.config import EngineConfig
+from parashift.cost.advisor import load_profiles
 from parashift.designs.seesaw import AUTO_PLAN, AUTO_PLAN_FIELDS, SeesawConfig
 from parashift.engine.hardware_probe import probe_hardware
-from parashift.engine.policy.seesaw_cost import Choice, ModelShape, Workload, choose_plans
+from parashift.engine.policy.seesaw_cost import (Choice, Hardware, ModelShape, Workload,
+                                                  choose_plans)
 from parashift.kv.cpu_tier import TierShape
 
 logger = logging.getLogger(__name__)
@@ -44,10 +46,14 @@ def workload_of(config: EngineConfig, hf_config, dtype: torch.dtype) -> Workload
 
 def choose_for(config: EngineConfig, hf_config, dtype: torch.dtype,
                device: torch.device) -> Choice:
-    hardware = probe_hardware(device)
-    hardware = dataclasses.replace(
-        hardware, memory_bytes=hardware.memory_bytes * config.gpu_memory_utilization)
+    """Over the cost model's profiles (`cost_profile`), else over rates probed here."""
     world = ranks_per_group(config, device)
+    if config.cost_profile is not None and world > 1:
+        hardware = Hardware.from_profiles(*load_profiles(config.cost_profile, world))
+    else:
+        hardware = probe_hardware(device)
+        hardware = dataclasses.replace(
+            hardware, memory_bytes=hardware.memory_bytes * config.gpu_memory_utilization)
     choice = choose_plans(ModelShape.of_hf(hf_config, dtype.itemsize), hardware,
                           workload_of(config, hf_config, dtype), world,
                           config.seesaw.resident_weights)

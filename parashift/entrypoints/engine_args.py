@@ -42,6 +42,11 @@ ENGINE_FLAGS = {
                                                   "TP group under light load) | seesaw (PP "
                                                   "prefill, TP decode, KV through a CPU tier) "
                                                   "| sidp (DP replicas share FFN weights)"),
+    "--cost-profile": ("cost_profile", str, "the cost model's profiles the policies decide "
+                                            "from: auto (the committed ones of this GPU "
+                                            "kind) or a compute profile's JSON "
+                                            "(`parashift profile --output`); default: none, "
+                                            "the policies' fixed thresholds"),
     "--prefill-plan": ("prefill_plan", str, "seesaw policy: each group's prefill plan, e.g. "
                                             "pp2 or pp2xtp2 (-dp gives the groups); auto "
                                             "(every GPU) or auto:<ranks per group>: the pair, "

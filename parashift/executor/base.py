@@ -60,3 +60,22 @@ class Executor(Protocol):
 
     def shutdown(self) -> None:
         """Stops every rank."""
+
+
+class RanksNeverLost:
+    """What an executor whose ranks cannot be lost answers (one device in the engine's
+    process, a simulation): no health to watch, no losses; `fail` still stops it."""
+    failure: WorkerFailure | None = None
+
+    def check_health(self) -> None:
+        """Nothing to watch."""
+
+    def take_lost(self) -> dict[int, str]:
+        return {}
+
+    def retire(self, ranks, reason: str) -> None:
+        """No rank is ever lost."""
+
+    def fail(self, message: str) -> NoReturn:
+        self.failure = WorkerFailure(message)
+        raise self.failure

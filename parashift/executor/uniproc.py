@@ -2,14 +2,13 @@
 once, so with async scheduling the host prepares the next step while the
 device runs this one."""
 from collections import deque
-from typing import NoReturn
 
-from parashift.executor.base import WorkerFailure
+from parashift.executor.base import RanksNeverLost, WorkerFailure
 from parashift.step.message import StepBatch
 from parashift.worker.model_runner import ModelRunner, PendingStep
 
 
-class UniprocExecutor:
+class UniprocExecutor(RanksNeverLost):
     """The one rank: it is never lost (an error in a step is the engine's own)."""
 
     def __init__(self, config, hf_config, source, device, dtype, max_model_len: int):
@@ -35,19 +34,6 @@ class UniprocExecutor:
         """The oldest launched step's (tag, result)."""
         tag, step = self._pending.popleft()
         return [(tag, step.result())]
-
-    def check_health(self) -> None:
-        """Nothing to watch: the device runs in this process."""
-
-    def take_lost(self) -> dict[int, str]:
-        return {}
-
-    def retire(self, ranks, reason: str) -> None:
-        """No rank but the one, which is never lost."""
-
-    def fail(self, message: str) -> NoReturn:
-        self.failure = WorkerFailure(message)
-        raise self.failure
 
     def transition(self, ranks: list[int], verb: str, plan_names: list[str],
                    epoch: int = 0) -> float:

@@ -15,9 +15,10 @@ waiting request gets a seat a step sooner, and a batch grown past the merge thre
 paying the merged group's communication. A split keeps its running requests in their merged
 plan only while their remaining steps cost less than computing them again
 (`keeping_pays`)."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from parashift.engine.policy.protocol import NodeView
+from parashift.parallel.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class SwitchCosts:
     prefill_tokens_per_s: float = 8192.0  # one replica's prompt throughput, until measured
     efficiency: float = 0.8   # a k-wide merged group steps k * efficiency times as fast
     step_s: float = 0.02      # a decode step, until the view has measured one
+    # the cost model (cost/advisor.py): where set, what the view has not measured is
+    # predicted from the profiles instead of the three defaults above
+    advisor: object = field(default=None, compare=False)
 
     def __post_init__(self):
         if not (self.prefill_tokens_per_s > 0 and 0 < self.efficiency <= 1 and self.step_s > 0):
@@ -33,13 +37,23 @@ class SwitchCosts:
 
     def step_seconds(self, view: NodeView) -> float:
         measured = [g.step_s for g in view.groups if g.step_s > 0]
-        return max(measured) if measured else self.step_s
+        if measured:
+            return max(measured)
+        if self.advisor is not None and view.layout:
+            return max(self.advisor.decode_step_s(Plan.parse(name), _running(view))
+                       for name in view.layout)
+        return self.step_s
 
     def prefill_rate(self, view: NodeView) -> float:
         """One replica's prompt tokens a second: the slowest group's measured rate per rank
-        (a merged group's rate is its ranks' together), or the default before any."""
+        (a merged group's rate is its ranks' together), or predicted, or the default."""
         measured = [g.prefill_tokens_per_s for g in view.groups if g.prefill_tokens_per_s > 0]
-        return min(measured) if measured else self.prefill_tokens_per_s
+        if measured:
+            return min(measured)
+        if self.advisor is not None and view.layout:
+            return min(self.advisor.prefill_tokens_per_s(Plan.parse(name)) / Plan.parse(
+                name).world_size for name in view.layout)
+        return self.prefill_tokens_per_s
 
     def cost(self, view: NodeView, factor: float, moves_running: bool = True) -> float:
         """Seconds a switch costs: drain, and, where it moves the running requests, their
@@ -58,7 +72,19 @@ class SwitchCosts:
                    if p not in merged and measured.get(p, 0) > 0]
         if merged_s and group_s:
             return max(group_s) / max(merged_s)
+        if self.advisor is not None and merged:
+            return self._predicted_speedup(view, merged)
         return factor * self.efficiency
+
+    def _predicted_speedup(self, view: NodeView, merged: tuple[str, ...]) -> float:
+        """The layout's slowest decode step of the running requests against the merged
+        plans' (each of those runs all of them, the replicas their share)."""
+        running = _running(view)
+        others = [n for n in view.layout if n not in merged] or list(view.layout)
+        group_s = max(self.advisor.decode_step_s(Plan.parse(n), -(-running // len(others)))
+                      for n in others)
+        merged_s = max(self.advisor.decode_step_s(Plan.parse(n), running) for n in merged)
+        return group_s / merged_s
 
     def merge_gain(self, view: NodeView, factor: float, moves_running: bool = True,
                    merged: tuple[str, ...] = ()) -> float:
@@ -96,3 +122,7 @@ class SwitchCosts:
     def split_pays(self, view: NodeView, factor: float, overfull: bool,
                    moves_running: bool = False) -> bool:
         return self.split_gain(view, factor, overfull) >= self.cost(view, factor, moves_running)
+
+
+def _running(view: NodeView) -> int:
+    return max(1, sum(g.num_running for g in view.groups))

@@ -25,6 +25,7 @@ merged plans of every aligned width the model's heads allow are made at start-up
 their communicators are pre-built)."""
 from dataclasses import replace
 
+from parashift.cost.advisor import advisor_for
 from parashift.engine.policy.cost import SwitchCosts
 from parashift.engine.policy.protocol import Decision, NodeView
 from parashift.engine.policy.widths import layouts_by_width, transition_towards
@@ -159,7 +160,10 @@ class FlyingPolicy:
 
 
 def policy_from_config(config, layout: Layout, hf_config) -> FlyingPolicy:
+    """With `cost_profile`, what a merge or split gains and costs is predicted where the
+    node has not measured it (cost.py)."""
+    costs = SwitchCosts(advisor=advisor_for(config, hf_config, layout.world_size))
     return FlyingPolicy(layout, hf_config.num_attention_heads, hf_config.num_key_value_heads,
-                        config.flying.merge_running, config.flying.dwell_s,
+                        config.flying.merge_running, config.flying.dwell_s, costs=costs,
                         preemption=config.flying.preemption,
                         topology=getattr(config, "topology", None))

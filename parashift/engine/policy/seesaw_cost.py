@@ -30,6 +30,7 @@ KV moved at ~2.4 GB/s through an unpinned tier. On such links the choice is a st
 import math
 from dataclasses import dataclass, field, replace
 
+from parashift.cost.switch import missing_weight_bytes
 from parashift.parallel.plan import Plan
 
 PER_REQUEST = None  # Workload.num_requests for steady state: costs per request
@@ -53,6 +54,20 @@ class Hardware:
             value = getattr(self, f)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"hardware {f} must be a number > 0, got {value!r}")
+
+    @classmethod
+    def from_profiles(cls, compute, link) -> "Hardware":
+        """The rates of a compute and a link profile (cost/profile.py): the copy and matrix
+        rates at the GEMMs' fitted efficiencies, NCCL's bus bandwidth at 64 MiB, the peer
+        rate of a 1 GiB copy."""
+        size = 64 * 2 ** 20
+        ring = 2 * (link.ranks - 1) / link.ranks
+        bus = ring * size / link.seconds("all_reduce", size, link.ranks, graph=False)
+        return cls(compute.hbm_bytes_per_s * compute.gemm.bw_eff,
+                   compute.matmul_flops * compute.gemm.flops_eff,
+                   compute.memory_bytes * compute.memory_utilization - compute.activation_bytes,
+                   bus, link.host_to_device_bytes_per_s, link.kv_tier_bytes_per_s,
+                   2 ** 30 / link.seconds("peer_copy", 2 ** 30, 2), link.link)
 
     def all_reduce_bytes_per_s(self, tp: int) -> float:
         """B_ar(TP) of a ring all-reduce: falls as TP grows (2(TP-1)/TP of the data per link)."""
@@ -237,23 +252,6 @@ def decode_seconds(shape: ModelShape, hw: Hardware, plan: Plan, load: Workload,
 
 
 # ---- transitions ---------------------------------------------------------------------
-def _shard(plan: Plan, rank: int, num_layers: int) -> tuple[range, float, float]:
-    c = plan.coords(rank)
-    return plan.stage_layers(num_layers, c.pp), c.tp / plan.tp, (c.tp + 1) / plan.tp
-
-
-def missing_weight_bytes(shape: ModelShape, source: Plan, target: Plan) -> float:
-    """The most bytes of its `target` shard one rank does not hold under `source`."""
-    most = 0.0
-    for rank in target.ranks:
-        layers, low, high = _shard(target, rank, shape.num_layers)
-        held_layers, held_low, held_high = _shard(source, rank, shape.num_layers)
-        overlap = max(0.0, min(high, held_high) - max(low, held_low))
-        shared = len(set(layers) & set(held_layers)) * overlap
-        most = max(most, (len(layers) * (high - low) - shared) * shape.layer_bytes)
-    return most
-
-
 def transitions_per_run(load: Workload, prompts_per_phase: int) -> float:
     """Two per prefill phase, less the last one's return (steady state: per request)."""
     if load.num_requests is None:

@@ -1,8 +1,13 @@
 """Shift Parallelism: each group with sequence parallelism runs its base (SP, TP) plan
 for large steps and full TP over its SP_TP ranks for small ones (arXiv 2509.16495,
 Algorithm 3); groups without SP keep their plan."""
+import logging
+
+from parashift.cost.advisor import advisor_for
 from parashift.engine.policy.protocol import Decision, NodeView
 from parashift.parallel.layout import Layout
+
+logger = logging.getLogger(__name__)
 
 
 class ShiftPolicy:
@@ -26,4 +31,12 @@ class ShiftPolicy:
 
 
 def policy_from_config(config, layout: Layout, hf_config) -> ShiftPolicy:
-    return ShiftPolicy(layout, config.shift.threshold)
+    """The threshold given, or with `cost_profile` the cost model's crossover: the largest
+    step the shift plan runs no slower than the base plan (the smallest over the groups)."""
+    advisor = advisor_for(config, hf_config, layout.world_size)
+    if advisor is None:
+        return ShiftPolicy(layout, config.shift.threshold)
+    threshold = min(advisor.shift_threshold(plan) for plan in layout.plans if plan.sp > 1)
+    logger.info("shift threshold %d tokens, from the cost model (%s)", threshold,
+                advisor.model.compute.source)
+    return ShiftPolicy(layout, threshold)

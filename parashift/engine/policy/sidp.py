@@ -6,6 +6,7 @@ sidp_probe.py), with hysteresis and a least dwell. All the sharing replicas take
 import json
 import os
 
+from parashift.cost.advisor import advisor_for
 from parashift.engine.policy.protocol import Decision, NodeView
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import FFN_MODES
@@ -62,9 +63,14 @@ class SidpPolicy:
 
 
 def policy_from_config(config, layout: Layout, hf_config) -> SidpPolicy:
-    """The threshold given, or probed for this model and shape (sidp_probe_file)."""
+    """The threshold given, probed for this model and shape (sidp_probe_file), or with
+    `cost_profile` the cost model's B_th."""
     threshold = config.sidp.batch_threshold
+    replicas, tp = layout.plans[0].ffn_replicas, layout.plans[0].tp
+    advisor = advisor_for(config, hf_config, layout.world_size)
     if config.sidp.probe_file is not None:
-        threshold = probed_threshold(config.sidp.probe_file, config.model or "",
-                                     layout.plans[0].ffn_replicas, layout.plans[0].tp)
+        threshold = probed_threshold(config.sidp.probe_file, config.model or "", replicas, tp)
+    elif advisor is not None:  # the fetch at the link profile's measured peer rate
+        modelled = advisor.sidp_threshold(tp, replicas)
+        threshold = NEVER if modelled is None else modelled
     return SidpPolicy(layout, threshold, config.sidp.min_dwell_steps)

@@ -1,0 +1,430 @@
+"""The cost model's predictions beside what was measured, row by row: one H200's decode and
+prefill steps, the Figure 9 tables at two and four H200s, Seesaw's static and paired runs,
+Flying's merged decode, SiDP's and MoE's rows; writes benchmarks/results/cost_validation.json
+(docs/results.md shows it through benchmarks/results_table.py).
+
+Rows marked `fit` were used to derive the profiles (benchmarks/cost_profiles.py FIT_ROWS, or
+the kernel breakdown the one-GPU profile reads); the medians are over the held-out rows.
+
+Usage: python3 benchmarks/cost_validation.py [--served] [--check]   (--served: the served
+rows through the simulator, minutes; without it they keep their last values)"""
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from parashift.bench.workloads import WorkloadOptions, get_workload, sample_lengths
+from parashift.cost.profile import load
+from parashift.cost.runs import Engine, Served, interactive, offline_s, prefill_s
+from parashift.cost.seesaw_run import seesaw_s
+from parashift.cost.shape import load_shape
+from parashift.cost.step import StepBatch, StepModel, replica_plan
+from parashift.parallel.plan import Plan
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILES = ROOT / "benchmarks" / "results" / "profiles"
+OUT = ROOT / "benchmarks" / "results" / "cost_validation.json"
+COMPUTE = load(PROFILES / "h200_compute.json")
+LINKS = {1: None, 2: load(PROFILES / "h200x2_link.json"), 4: load(PROFILES / "h200x4_link.json")}
+SECTIONS = {
+    "fast": "GPU fast path, one GPU (issue 6; 2026-11-22)",
+    "substrate": "Switching substrate: before and after on one machine (issue 14; 2026-11-23)",
+    "det": "Deterministic mode's cost: one GPU, TP=2 and Shift, and narrow products by TMA "
+           "(issue 22; thirty-second session, 2026-11-28)",
+    "i58": "Issue 58: the restructured engine against the tree before it (2026-11-29)",
+    "x4a": "Four H200s: the first runs (issue 20; thirteenth session, 2026-11-26)",
+    "x4b": "Four H200s, the second window (issue 20; fourteenth session, 2026-11-26)",
+    "x4c": "Four GPUs, the third window (issue 20; fifteenth session, 2026-11-26)",
+    "x4g": "Four H200s, the seventh window (issue 20; twentieth session, 2026-11-27)",
+    "moe": "Mixtures of experts (issue 19; 2026-11-23): first GPU run",
+    "moe2": "Two H200s: Seesaw's bar, expert and graph defaults, deterministic decode "
+            "attention (eleventh session, 2026-11-26)",
+    "see2": "Two H200s: Seesaw's peer re-shard without host waits, now the default (issue 16; "
+            "twenty-fourth session, 2026-11-27)",
+    "maxctx": "Max context per layout (issue 15, the paper's Table 2; 2026-11-23)",
+    "probe": "SiDP probe: step time against the FFN fetch (issue 17; 2026-11-23, one nvidia-h200)",
+    "sidp2": "Two H200s: CUDA graphs for pipelined stages and SiDP's CaS; deterministic cost "
+             "(seventeenth session, 2026-11-26)",
+    "sidp4": "Four H200s, the sixth window (issue 20; nineteenth session, 2026-11-27)",
+    "x4f": "Four H200s, the sixth window (issue 20; nineteenth session, 2026-11-27)",
+}
+
+
+HOST_SKEW = ("host launch: an eager prefill of 2,048 tokens on four ranks is paced by the "
+             "slowest rank's host (the log's prefill_profile: three ranks wait 15-66 ms in their "
+             "collectives for the fourth); the model counts one host's launches and the "
+             "collectives' own time, not ranks arriving late")
+EAGER_PP = ("pipelined plans decode eagerly: the model adds the stages' device time in turn and "
+            "one host's launches for all stages; the stages' hosts launch in parallel (PP4 "
+            "measured below the sum) and NCCL's eager all-reduces inside TP2xPP2 stages cost "
+            "more than the in-graph curve; micro-batches are modelled as pp equal parts, "
+            "not the engine's by-token split")
+SERVED = ("served TTFT through the simulator: it leaves out the server's own path (HTTP, the "
+          "output process, the async front end; DP4 is 20% under), and where the plan has "
+          "several ranks a prefill's pace set by the slowest rank's host beyond the eager "
+          "launches the profile counts (the four-rank TTFT rows above miss the same way)")
+MISS_NOTES = {
+    "4gpu-fig9-tp4-ttft": HOST_SKEW, "4gpu-fig9-sp4-ttft": HOST_SKEW,
+    "4gpu-fig9-sp2xtp2-ttft": HOST_SKEW, "4gpu-fig9-shift-sp4-ttft": HOST_SKEW,
+    "4gpu-fig9-shift-sp2xtp2-ttft": HOST_SKEW, "4gpu-prefill-sp4-2048": HOST_SKEW,
+    "4gpu-prefill-shift-sp4-2048": HOST_SKEW,
+    "4gpu-served-bursty-tp4-ttft": SERVED, "4gpu-served-bursty-flying-ttft": SERVED,
+    "4gpu-served-bursty-shift-sp4-ttft": SERVED, "4gpu-served-priority-tp4-ttft": SERVED,
+    "4gpu-served-priority-flying-ttft": SERVED, "4gpu-served-priority-dp4-ttft": SERVED,
+    "4gpu-served-bursty-dp4-ttft": SERVED,
+    "4gpu-fig9-pp2xtp2-batch": EAGER_PP, "4gpu-fig9-pp4-tpot": EAGER_PP,
+    "4gpu-fig9-pp4-batch": EAGER_PP,
+    "4gpu-fig9-shift-sp4-batch": (
+        "this run's Shift SP4<->TP4 batch was 0.74x SP4's (the log: plan switches paced by "
+        "the hosts, as its TTFT); the model has no per-switch host cost, so it predicts the "
+        "better of the two plans' steps"),
+}
+
+
+@dataclass
+class Row:
+    id: str
+    group: str
+    gpus: int
+    shape: str
+    what: str
+    unit: str
+    measured: float
+    section: str
+    predict: object  # () -> (value, parts)
+    fit: bool = False
+    served: bool = False  # predicted by the simulator (minutes): only with --served
+
+
+def model(shape: str, gpus: int, prefill_graphs: bool = False) -> StepModel:
+    return StepModel(load_shape(shape), COMPUTE, LINKS[gpus], prefill_graphs=prefill_graphs)
+
+
+def step_ms(shape, gpus, plan, batch, prefill_graphs=False):
+    m = model(shape, gpus, prefill_graphs)
+    b = m.step(replica_plan(plan), batch)
+    return b.total * 1e3, b.parts
+
+
+def served_of(name: str) -> Served:
+    if name.startswith("shift-"):
+        return Served.shift(Plan.parse(name.removeprefix("shift-")), threshold=256)
+    return Served(Plan.parse(name))
+
+
+def ttft_ms(shape, gpus, name, prompt, budget=8192):
+    m = model(shape, gpus)
+    return prefill_s(m, served_of(name), prompt, Engine(max_num_batched_tokens=budget)) * 1e3, {}
+
+
+def tpot_ms(shape, gpus, name, prompt, out):
+    return interactive(model(shape, gpus), served_of(name), prompt, out)[1] * 1e3, {}
+
+
+def batch_tok_s(shape, gpus, name, n, prompt, out, budget=8192):
+    reqs = [(prompt, out)] * n
+    seconds = offline_s(model(shape, gpus), served_of(name), reqs,
+                        Engine(max_num_batched_tokens=budget))
+    return n * (prompt + out) / seconds, {}
+
+
+def workload_requests(name: str, n: int, scale: float = 1.0):
+    return sample_lengths(get_workload(name), n, WorkloadOptions(num_requests=n,
+                                                                 length_scale=scale))
+
+
+def wall_s(shape, gpus, name, workload, n, budget=16384):
+    reqs = workload_requests(workload, n)
+    return offline_s(model(shape, gpus), served_of(name), reqs,
+                     Engine(max_num_batched_tokens=budget)), {}
+
+
+def tok_s(shape, gpus, name, workload, n, budget=8192):
+    reqs = workload_requests(workload, n)
+    seconds = offline_s(model(shape, gpus), served_of(name), reqs,
+                        Engine(max_num_batched_tokens=budget))
+    return sum(i + o for i, o in reqs) / seconds, {}
+
+
+def seesaw_wall(shape, gpus, prefill, decode, workload, n, tier_gib, budget):
+    reqs = workload_requests(workload, n)
+    seconds, parts = seesaw_s(model(shape, gpus), Plan.parse(prefill), Plan.parse(decode), reqs,
+                              tier_gib * 2 ** 30, Engine(max_num_batched_tokens=budget))
+    return seconds, parts
+
+
+def kv_tokens(shape, gpus, plan):
+    return model(shape, gpus).kv_tokens(Plan.parse(plan)), {}
+
+
+def rows() -> list[Row]:
+    S = SECTIONS
+    d8, r = "llama-3.1-8b", []
+    for b, ms, fit in ((1, 4.91, True), (16, 5.67, False), (64, 7.38, False), (256, 17.02, False)):
+        r.append(Row(f"1gpu-decode-b{b}-ctx1024", "one GPU", 1, d8, f"decode step, batch {b}, "
+                     "context 1024", "ms", ms, S["fast"],
+                     lambda b=b: step_ms(d8, 1, Plan(), StepBatch.decode(b, 1024)), fit))
+    for b, ms in ((1, 4.69), (64, 7.247), (256, 16.555)):
+        r.append(Row(f"1gpu-decode-b{b}-ctx1024-i58", "one GPU", 1, d8,
+                     f"decode step, batch {b}, context 1024 (latest)", "ms", ms, S["i58"],
+                     lambda b=b: step_ms(d8, 1, Plan(), StepBatch.decode(b, 1024))))
+    for b, ms in ((1, 4.67), (64, 6.3), (256, 12.14)):
+        r.append(Row(f"1gpu-decode-b{b}-ctx512", "one GPU", 1, d8,
+                     f"decode step, batch {b}, context 512", "ms", ms, S["det"],
+                     lambda b=b: step_ms(d8, 1, Plan(), StepBatch.decode(b, 512))))
+    for t, ms, fit, sec in ((512, 18.1, True, "fast"), (2048, 49.7, True, "x4b"),
+                            (4096, 106.8, False, "fast"), (8192, 227.4, True, "x4b")):
+        r.append(Row(f"1gpu-prefill-{t}", "one GPU", 1, d8, f"prefill step, {t} tokens, eager",
+                     "ms", ms, S[sec], lambda t=t: step_ms(d8, 1, Plan(), StepBatch.prefill(t)),
+                     fit))
+    r.append(Row("1gpu-prefill-4096-det", "one GPU", 1, d8, "prefill, 4096 tokens (latest)", "ms",
+                 101, S["det"], lambda: step_ms(d8, 1, Plan(), StepBatch.prefill(4096))))
+    for t, ms in ((256, 8.4), (2048, 51.1)):
+        r.append(Row(f"1gpu-prefill-{t}-graphs", "one GPU", 1, d8,
+                     f"prefill step, {t} tokens, mixed-step graphs", "ms", ms, S["x4g"],
+                     lambda t=t: step_ms(d8, 1, Plan(), StepBatch.prefill(t), True)))
+    r.append(Row("1gpu-kv-tokens", "one GPU", 1, d8, "KV tokens at 0.9 of memory", "tokens",
+                 886_048, S["maxctx"], lambda: kv_tokens(d8, 1, "single"), True))
+    moe = "qwen3-30b-a3b"
+    r.append(Row("1gpu-moe-decode-b1", "MoE", 1, moe, "decode step, batch 1, context 1024", "ms",
+                 4.6, S["moe"], lambda: step_ms(moe, 1, Plan(), StepBatch.decode(1, 1024)), True))
+    r.append(Row("1gpu-moe-decode-b64", "MoE", 1, moe, "decode step, batch 64, context 1024",
+                 "ms", 18.51, S["moe"], lambda: step_ms(moe, 1, Plan(), StepBatch.decode(64, 1024))))
+    r.append(Row("1gpu-moe-prefill-4096", "MoE", 1, moe, "prefill, 4096 tokens, eager", "ms",
+                 90.1, S["moe"], lambda: step_ms(moe, 1, Plan(), StepBatch.prefill(4096))))
+    r.append(Row("2gpu-moe-batch-tp2", "MoE", 2, moe, "batch 64 x 2048/128, TP=2", "tok/s", 36197,
+                 S["moe2"], lambda: batch_tok_s(moe, 2, "tp2", 64, 2048, 128)))
+    r.append(Row("2gpu-moe-batch-shift", "MoE", 2, moe, "batch 64 x 2048/128, Shift SP2<->TP2",
+                 "tok/s", 39593, S["moe2"], lambda: batch_tok_s(moe, 2, "shift-sp2", 64, 2048, 128)))
+    r += figure9_two(d8) + figure9_four(d8) + seesaw_rows(d8) + flying_rows(d8) + sidp_rows(d8)
+    return r + served_rows(d8)
+
+
+SIMULATED: dict = {}
+
+
+def simulated(shape: str, gpus: int, policy: str, degrees: dict, workload: str,
+              options: WorkloadOptions) -> dict:
+    """`bench serve`'s summary of the simulated run (planner/simulate.py), made once."""
+    key = (shape, gpus, policy, tuple(sorted(degrees.items())), workload, options)
+    if key not in SIMULATED:
+        from parashift.bench.stats import summarize
+        from parashift.bench.workloads import build_phases
+        from parashift.config import EngineConfig
+        from parashift.planner.simulate import bench_records, simulate
+        from parashift.cost.shape import SHAPES as shapes
+        config = EngineConfig(model=str(shapes / f"{shape}.json"), device="cpu",
+                              parallel_policy=policy, max_num_batched_tokens=8192,
+                              max_model_len=8192, **degrees)
+        requests = build_phases(get_workload(workload), options)[0].requests
+        sim = simulate(config, model(shape, gpus), requests)
+        SIMULATED[key] = summarize(bench_records(sim), sim.duration_s, None)
+    return SIMULATED[key]
+
+
+def served_rows(d8: str) -> list[Row]:
+    """Served runs (`bench serve` against `parashift serve`) through the simulator."""
+    S = SECTIONS
+    bursty = WorkloadOptions(time_scale=0.05)
+    priority = WorkloadOptions(num_requests=80, request_rates=(4.0,))
+    runs = [("dp4", "static", {"data_parallel_size": 4}, "bursty", bursty, "ttft", 72.6, "x4f"),
+            ("tp4", "static", {"tensor_parallel_size": 4}, "bursty", bursty, "ttft", 124.1, "x4f"),
+            ("flying", "flying", {"data_parallel_size": 4}, "bursty", bursty, "ttft", 93.5, "x4f"),
+            ("flying", "flying", {"data_parallel_size": 4}, "bursty", bursty, "tpot", 6.9, "x4f"),
+            ("dp4", "static", {"data_parallel_size": 4}, "bursty", bursty, "tpot", 6.5, "x4f"),
+            ("shift-sp4", "shift", {"sequence_parallel_size": 4}, "bursty", bursty, "ttft",
+             179.0, "x4f"),
+            ("dp4", "static", {"data_parallel_size": 4}, "priority", priority, "ttft", 74.5, "x4g"),
+            ("tp4", "static", {"tensor_parallel_size": 4}, "priority", priority, "ttft", 80.1,
+             "x4g"),
+            ("flying", "flying", {"data_parallel_size": 4}, "priority", priority, "ttft", 87.4,
+             "x4g"),
+            ("flying", "flying", {"data_parallel_size": 4}, "priority", priority, "tpot", 3.8,
+             "x4g")]
+    rows = []
+    for name, policy, degrees, workload, options, metric, ms, sec in runs:
+        rows.append(Row(f"4gpu-served-{workload}-{name}-{metric}", "Served (simulated)", 4, d8,
+                        f"{workload} served, {name}: {metric.upper()} mean", "ms", ms, S[sec],
+                        lambda p=policy, d=degrees, w=workload, o=options, m=metric: (
+                            simulated(d8, 4, p, d, w, o)[f"{m}_ms"]["mean"], {}), served=True))
+    return rows
+
+
+def sidp_rows(d8: str) -> list[Row]:
+    """The probe's one-GPU decode steps of the 32B and 70B shapes, the DP baselines of
+    SiDP's `tail` runs and the KV pools with and without shared FFN weights."""
+    S, r = SECTIONS, []
+    probe = {"qwen3-32b": (17.73, 23.58, 50.44, 95.92, 187.91),
+             "llama-3.1-70b": (34.01, 44.90, 86.48, 160.26, 320.52)}
+    for shape, times in probe.items():
+        for b, ms in zip((1, 64, 256, 512, 1024), times):
+            r.append(Row(f"1gpu-probe-{shape}-b{b}", "SiDP", 1, shape,
+                         f"decode step, batch {b}, context 1024 (probe)", "ms", ms, S["probe"],
+                         lambda s=shape, b=b: step_ms(s, 1, Plan(), StepBatch.decode(b, 1024))))
+    for shape, gpus, plan, rate, sec in ((d8, 2, "dp2", 263.7, "sidp2"),
+                                         ("qwen3-32b", 4, "dp4", 83.8, "sidp4")):
+        r.append(Row(f"{gpus}gpu-sidp-tail-{shape}-{plan}", "SiDP", gpus, shape,
+                     f"tail, 1000 requests, length scale 0.05, {plan}", "req/s", rate, S[sec],
+                     lambda s=shape, g=gpus, p=plan: _tail_rate(s, g, p)))
+    for owners, tokens in ((1, 239_840), (4, 366_496)):
+        r.append(Row(f"4gpu-sidp-kv-owners{owners}", "SiDP", 4, "qwen3-32b",
+                     f"KV tokens a replica, FFN shared by {owners}", "tokens", tokens, S["x4b"],
+                     lambda o=owners: (model("qwen3-32b", 4).kv_tokens(
+                         Plan(), ffn_owners=o, ffn_slots=2 if o > 1 else 0), {})))
+    return r
+
+
+def _tail_rate(shape: str, gpus: int, plan: str):
+    reqs = sample_lengths(get_workload("tail"), 1000,
+                          WorkloadOptions(num_requests=1000, length_scale=0.05))
+    seconds = offline_s(model(shape, gpus), served_of(plan), reqs, Engine())
+    return len(reqs) / seconds, {}
+
+
+def figure9_table(prefix: str, group: str, gpus: int, shape: str, table: dict, section: str,
+                  prompt: int, output: int, batch: int, fit: tuple[str, ...] = ()) -> list[Row]:
+    """A Figure 9 table's rows: per plan TTFT, TPOT and the batch's combined throughput."""
+    r = []
+    for name, (ttft, tpot, tput) in table.items():
+        r += [Row(f"{prefix}-{name}-ttft", group, gpus, shape, f"{name} TTFT, {prompt} in", "ms",
+                  ttft, section, lambda n=name: ttft_ms(shape, gpus, n, prompt)),
+              Row(f"{prefix}-{name}-tpot", group, gpus, shape,
+                  f"{name} TPOT, {prompt} in / {output} out", "ms", tpot, section,
+                  lambda n=name: tpot_ms(shape, gpus, n, prompt, output), name in fit),
+              Row(f"{prefix}-{name}-batch", group, gpus, shape,
+                  f"{name} batch {batch} x {prompt}/{output}, combined", "tok/s", tput, section,
+                  lambda n=name: batch_tok_s(shape, gpus, n, batch, prompt, output))]
+    return r
+
+
+def figure9_two(d8: str) -> list[Row]:
+    S = SECTIONS
+    table = {"tp2": (63.9, 3.649, 45106), "sp2": (58.8, 5.731, 42727),
+             "dp2": (105.7, 4.831, 48073), "shift-sp2": (59.7, 3.768, 45922)}
+    r = figure9_table("2gpu-fig9", "Figure 9, 2 GPUs", 2, d8, table, S["substrate"], 4096, 250, 64)
+    for plan, b, ms in (("tp2", 1, 3.43), ("tp2", 64, 4.49), ("tp2", 256, 8.03)):
+        r.append(Row(f"2gpu-decode-{plan}-b{b}", "Figure 9, 2 GPUs", 2, d8,
+                     f"{plan} decode step, batch {b}, context 512", "ms", ms, S["det"],
+                     lambda b=b: step_ms(d8, 2, Plan(tp=2), StepBatch.decode(b, 512))))
+    return r
+
+
+def figure9_four(d8: str) -> list[Row]:
+    S = SECTIONS
+    table = {"tp4": (35.4, 2.762, 89886), "dp4": (48.1, 4.824, 119494),
+             "sp4": (52.2, 5.764, 100614), "dp2xtp2": (32.8, 3.543, 107465),
+             "sp2xtp2": (76.2, 4.422, 89228), "pp2xtp2": (34.2, 22.308, 31679),
+             "pp4": (48.5, 11.2, 21538), "shift-sp4": (64.9, 2.864, 74633),
+             "shift-sp2xtp2": (44.2, 2.826, 95387)}
+    r = figure9_table("4gpu-fig9", "Figure 9, 4 GPUs", 4, d8, table, S["x4a"], 2048, 128, 256,
+                      fit=("tp4",))
+    table70 = {"tp4": (142.5, 12.567, 10552), "sp2xtp2": (137.2, 22.42, 8881),
+               "shift-sp2xtp2": (171.4, 13.055, 10886), "dp2xtp2": (247.1, 20.62, 9531)}
+    r += figure9_table("4gpu-70b", "Figure 9, 4 GPUs, 70B", 4, "llama-3.1-70b", table70,
+                       S["x4b"], 2048, 128, 32)
+    for name, ms in (("tp4", 25.2), ("sp4", 38.8), ("shift-sp4", 35.4)):
+        r.append(Row(f"4gpu-prefill-{name}-2048", "Figure 9, 4 GPUs", 4, d8,
+                     f"{name} prefill step, 2048 tokens, eager", "ms", ms, S["x4b"],
+                     lambda n=name: ttft_ms(d8, 4, n, 2048), fit=name == "sp4"))
+    for name, ms in (("tp4", 84.5), ("sp4", 68.9), ("shift-sp4", 69.6)):
+        r.append(Row(f"4gpu-prefill-{name}-8192", "Figure 9, 4 GPUs", 4, d8,
+                     f"{name} prefill step, 8192 tokens, eager", "ms", ms, S["x4b"],
+                     lambda n=name: ttft_ms(d8, 4, n, 8192)))
+    return r
+
+
+def seesaw_rows(d8: str) -> list[Row]:
+    S, r = SECTIONS, []
+    for name, workload, secs in (("tp2", "summarize", 8.50), ("dp2", "summarize", 7.92),
+                                 ("tp2", "chat", 6.84), ("dp2", "chat", 7.43)):
+        r.append(Row(f"2gpu-seesaw-{workload}-{name}", "Seesaw", 2, d8,
+                     f"{workload}, 128 requests, {name}, budget 16384", "s", secs, S["see2"],
+                     lambda n=name, w=workload: wall_s(d8, 2, n, w, 128)))
+    for workload, secs in (("summarize", 11.10), ("chat", 8.08)):
+        r.append(Row(f"2gpu-seesaw-{workload}-pp2-tp2", "Seesaw", 2, d8,
+                     f"{workload}, 128 requests, seesaw PP2->TP2", "s", secs, S["see2"],
+                     lambda w=workload: seesaw_wall(d8, 2, "pp2", "tp2", w, 128, 32, 16384)))
+    for name, tput in (("tp4", 75777), ("dp2xtp2", 84998)):
+        r.append(Row(f"4gpu-seesaw-summarize-{name}", "Seesaw", 4, d8,
+                     f"summarize, 128 requests, {name}", "tok/s", tput, S["x4a"],
+                     lambda n=name: tok_s(d8, 4, n, "summarize", 128)))
+    r.append(Row("4gpu-seesaw-summarize-pp4-tp4", "Seesaw", 4, d8,
+                 "summarize, 128 requests, seesaw PP4->TP4", "tok/s", 60560, S["x4a"],
+                 lambda: _tok_s_of_wall(seesaw_wall(d8, 4, "pp4", "tp4", "summarize", 128, 32,
+                                                    8192), "summarize")))
+    r.append(Row("4gpu-seesaw-chat-tp4", "Seesaw", 4, d8, "chat, 128 requests, TP4", "tok/s",
+                 29093, S["x4c"], lambda: tok_s(d8, 4, "tp4", "chat", 128)))
+    return r
+
+
+def _tok_s_of_wall(result, workload):
+    seconds, parts = result
+    reqs = workload_requests(workload, 128)
+    return sum(i + o for i, o in reqs) / seconds, parts
+
+
+def flying_rows(d8: str) -> list[Row]:
+    S = SECTIONS
+    merged = Plan.merged([Plan().on((i,)) for i in range(4)])
+    return [Row("4gpu-flying-merged-decode", "Flying", 4, d8,
+                "DP4 merged to TP4: decode step (light phase, 2 requests)", "ms", 2.748, S["x4b"],
+                lambda: step_ms(d8, 4, Plan(tp=merged.tp), StepBatch.decode(2, 1024)))]
+
+
+def evaluate(served: bool = False) -> dict:
+    """Every row's prediction; the served rows' (the simulator's, minutes each) only with
+    `served`, else as the last run with `--served` wrote them."""
+    before = {}
+    if not served and OUT.exists():
+        before = {r["id"]: r for r in json.loads(OUT.read_text())["validation"]}
+    out = []
+    for row in rows():
+        if row.served and not served:
+            if row.id in before:
+                out.append(before[row.id])
+            continue
+        value, parts = row.predict()
+        error = (value - row.measured) / row.measured
+        out.append({"id": row.id, "group": row.group, "gpus": row.gpus, "shape": row.shape,
+                    "what": row.what, "unit": row.unit, "measured": row.measured,
+                    "predicted": round(value, 4 if value < 100 else 1),
+                    "error": round(error, 4), "fit": row.fit, "served": row.served,
+                    "log_section": row.section,
+                    "parts_ms": {k: round(v * 1e3, 3) for k, v in parts.items() if v}})
+    held = [abs(r["error"]) for r in out if not r["fit"]]
+    one_gpu = [abs(r["error"]) for r in out if not r["fit"] and r["gpus"] == 1
+               and r["unit"] == "ms"]
+    return {"title": "Cost model: predicted against measured",
+            "source": "benchmarks/cost_validation.py over benchmarks/results/profiles/*.json",
+            "summary": {"rows": len(out), "held_out": len(held),
+                        "median_abs_error_held_out": round(statistics.median(held), 4),
+                        "median_abs_error_all": round(statistics.median(
+                            abs(r["error"]) for r in out), 4),
+                        "one_gpu_steps_within_5pct": f"{sum(e <= 0.05 for e in one_gpu)} of "
+                                                     f"{len(one_gpu)}",
+                        "misses_over_25pct": [r["id"] for r in out if abs(r["error"]) > 0.25],
+                        "notes": {r["id"]: MISS_NOTES.get(r["id"], "not yet explained")
+                                  for r in out if abs(r["error"]) > 0.25}},
+            "validation": out}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--served", action="store_true",
+                        help="run the served rows through the simulator too (minutes)")
+    args = parser.parse_args(argv)
+    text = json.dumps(evaluate(args.served), indent=1) + "\n"
+    if args.check:
+        if not OUT.exists() or OUT.read_text() != text:
+            print("benchmarks/results/cost_validation.json is stale", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

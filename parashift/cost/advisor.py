@@ -1,0 +1,128 @@
+"""The cost model's answers to the policies' questions, for one model on one node:
+- Shift: up to how many tokens a step runs faster under the shift plan (TP over SP_TP)
+  than under its base plan (the threshold; SP and TP share the KV, so a switch costs
+  nothing and the faster plan of each step is the choice);
+- SiDP: B_th, the tokens per replica from which fetching a layer's FFN slices from their
+  owners (Weight-as-a-Service) hides under the step's own compute of that layer, at the
+  link profile's measured peer-copy rate;
+- Flying: a decode step's and a prompt's seconds under any plan, before the node has run
+  that plan (what its gain-against-cost check reads where the view has no measurement).
+
+`EngineConfig.cost_profile` names the profiles: "auto" (the committed profile of this
+device kind, benchmarks/results/profiles/), or a compute profile's JSON path (its link
+profile beside it, `<name>_link.json`, else the committed one of the node's width)."""
+from pathlib import Path
+
+from parashift.cost.profile import ComputeProfile, LinkProfile, load
+from parashift.cost.shape import SHAPES, ModelShape
+from parashift.cost.step import StepBatch, StepModel, replica_plan
+from parashift.parallel.plan import Plan
+
+PROFILES = SHAPES.parent / "results" / "profiles"
+DEVICE_KINDS = {"h200": "h200"}  # a device name's word -> the committed profiles' prefix
+
+
+class Advisor:
+    def __init__(self, model: StepModel, context: int = 1024, max_seqs: int = 256):
+        self.model, self.context, self.max_seqs = model, context, max_seqs
+
+    # ---- steps -----------------------------------------------------------------------
+    def decode_step_s(self, plan: Plan, batch: int, context: int | None = None) -> float:
+        return self.model.step_s(replica_plan(plan),
+                                 StepBatch.decode(max(1, batch), context or self.context))
+
+    def tokens_step_s(self, plan: Plan, tokens: int) -> float:
+        """A step of `tokens`: that many decodes up to the scheduler's seats, one prompt
+        chunk beyond."""
+        if tokens <= self.max_seqs:
+            return self.decode_step_s(plan, tokens)
+        return self.model.step_s(replica_plan(plan), StepBatch.prefill(tokens))
+
+    def prefill_tokens_per_s(self, plan: Plan, tokens: int = 4096) -> float:
+        """One replica's prompt tokens a second."""
+        return tokens / self.model.step_s(replica_plan(plan), StepBatch.prefill(tokens))
+
+    # ---- Shift ---------------------------------------------------------------------------
+    def shift_threshold(self, base: Plan, most: int = 16384) -> int:
+        """The largest step size (tokens) up to which the shift plan is no slower than the
+        base plan, scanning powers of two then bisecting the first loss (0: never faster)."""
+        shift = base.shift_plan()
+
+        def shift_wins(tokens: int) -> bool:
+            return self.tokens_step_s(shift, tokens) <= self.tokens_step_s(base, tokens)
+        if not shift_wins(1):
+            return 0
+        low, high = 1, 2
+        while high <= most and shift_wins(high):
+            low, high = high, high * 2
+        if high > most:
+            return most
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if shift_wins(mid) else (low, mid)
+        return low
+
+    # ---- SiDP ------------------------------------------------------------------------
+    def sidp_threshold(self, tp: int, replicas: int, most: int = 4096) -> int | None:
+        """B_th: the fewest decodes per replica (at the advisor's context) whose step
+        computes a layer for at least as long as fetching that layer's FFN slices from the
+        other owners takes; None where no step up to `most` hides it."""
+        link = self.model.link
+        if link is None:
+            raise ValueError("SiDP's B_th needs a link profile (peer copies)")
+        s = self.model.shape
+        fetch = link.seconds("peer_copy", s.mlp_params * s.dtype_bytes / tp
+                             * (replicas - 1) / replicas, 2)
+        plan = Plan(tp=tp)
+
+        def hides(batch: int) -> bool:
+            return self.decode_step_s(plan, batch) / s.num_layers >= fetch
+        if not hides(most):
+            return None
+        low, high = 0, most
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (low, mid) if hides(mid) else (mid, high)
+        return high
+
+
+def advisor_for(config, hf_config, world_size: int) -> Advisor | None:
+    """The advisor `config.cost_profile` asks for (None: the policies' fixed thresholds)."""
+    if getattr(config, "cost_profile", None) is None:
+        return None
+    compute, link = load_profiles(config.cost_profile, world_size)
+    shape = ModelShape.of_config(hf_config.to_dict() if hasattr(hf_config, "to_dict")
+                                 else dict(vars(hf_config)), "model")
+    return Advisor(StepModel(shape, compute, link), max_seqs=config.max_num_seqs)
+
+
+def load_profiles(spec: str, world_size: int) -> tuple[ComputeProfile, LinkProfile | None]:
+    if spec == "auto":
+        spec = str(PROFILES / f"{_device_kind()}_compute.json")
+    path = Path(spec)
+    compute = load(path)
+    if not isinstance(compute, ComputeProfile):
+        raise ValueError(f"cost_profile {spec}: not a compute profile")
+    if world_size < 2:
+        return compute, None
+    prefix = path.stem.removesuffix("_compute")
+    named = [path.with_name(f"{prefix}_link.json")]
+    found = {p for folder in (path.parent, PROFILES) for p in folder.glob(f"{prefix}x*_link.json")}
+    links = [load(p) for p in named + sorted(found) if p.exists()]
+    if not links:
+        raise ValueError(f"no link profile of {prefix} beside {spec} or in {PROFILES}: measure "
+                         "one with `parashift profile` on the node's GPUs")
+    wide_enough = [link for link in links if link.ranks >= world_size]
+    return compute, (min(wide_enough, key=lambda link: link.ranks) if wide_enough
+                     else max(links, key=lambda link: link.ranks))
+
+
+def _device_kind() -> str:
+    import torch
+    name = torch.cuda.get_device_name(0).lower() if torch.cuda.is_available() else "cpu"
+    for word, prefix in DEVICE_KINDS.items():
+        if word in name:
+            return prefix
+    raise ValueError(f"cost_profile='auto': no committed profile for {name!r} (known: "
+                     f"{', '.join(DEVICE_KINDS)}); measure one with `parashift profile "
+                     "--output FILE` and give its path")

@@ -1,0 +1,222 @@
+"""Measured costs as data: a compute profile (one device's kernels) and a link profile
+(collectives and copies between a node's devices), each a JSON file with a schema version,
+the device, and where its numbers came from (a command at a commit, or a section of
+docs/benchmark_log.md they were derived from).
+
+A kernel's time is a roofline fit: max(bytes / (peak bandwidth * bw_eff),
+flops / (peak matrix rate * flops_eff)) + launch. A collective's time is read off its
+measured points (bytes -> seconds), piecewise linear in log-log space between them; below
+the smallest point it costs the smallest point's time (latency), above the largest the
+largest point's bandwidth carries on."""
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+COLLECTIVES = ("all_reduce", "all_gather", "all_to_all", "send_recv", "peer_copy")
+MODES = ("graph", "eager")
+
+
+def _positive(owner: str, **values: float) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{owner}: {name} must be a number > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Seconds by bytes from measured points, interpolated in log-log space."""
+    points: tuple[tuple[float, float], ...]
+
+    def __post_init__(self):
+        pts = tuple(sorted((float(b), float(s)) for b, s in self.points))
+        if not pts or any(b <= 0 or s <= 0 for b, s in pts):
+            raise ValueError(f"a curve needs points of bytes > 0 and seconds > 0, got {self.points}")
+        if len({b for b, _ in pts}) != len(pts):
+            raise ValueError(f"a curve has two points at one size: {pts}")
+        object.__setattr__(self, "points", pts)
+
+    def __call__(self, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        pts = self.points
+        if nbytes <= pts[0][0]:
+            return pts[0][1]
+        if nbytes >= pts[-1][0]:
+            return pts[-1][1] * nbytes / pts[-1][0]
+        for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
+            if nbytes <= b1:
+                f = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
+                return math.exp(math.log(s0) + f * (math.log(s1) - math.log(s0)))
+        raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A kernel family's fit: efficiencies against the device's peaks, and a fixed cost."""
+    bw_eff: float
+    flops_eff: float
+    launch_s: float
+
+    def __post_init__(self):
+        _positive("roofline", bw_eff=self.bw_eff, flops_eff=self.flops_eff)
+        if not self.launch_s >= 0:
+            raise ValueError(f"roofline launch_s must be >= 0, got {self.launch_s}")
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    """One device's rates and kernel fits. Kernel families: gemm (dense projections and the
+    LM head), decode_attention (reads each sequence's KV), prefill_attention (causal FLOPs),
+    elementwise (norms, rotary, activation, KV writes: bytes per token), moe (expert GEMMs:
+    weights of the experts the batch touches), sampler (per sampled row)."""
+    device: str
+    source: str
+    hbm_bytes_per_s: float
+    matmul_flops: float
+    memory_bytes: float            # one device's memory in all
+    memory_utilization: float      # the share the engine takes (--gpu-memory-utilization)
+    activation_bytes: float        # what a step's activations and graphs keep from the KV pool
+    gemm: Roofline
+    decode_attention: Roofline
+    prefill_attention: Roofline
+    elementwise: Roofline
+    moe: Roofline
+    sampler_s: float               # per step
+    sampler_row_s: float           # per sampled row
+    host_step_s: float             # host time a step adds where it is not overlapped (graphs)
+    eager_launch_s: float          # host time to launch one kernel without a graph
+    kernels_per_layer: int         # kernels an eager layer launches
+    host_to_device_bytes_per_s: float
+    # kernels an eager layer launches beyond kernels_per_layer under SP (the exchanges and
+    # their packing) and under TP (the all-reduces)
+    sp_kernels_per_layer: int = 0
+    tp_kernels_per_layer: int = 2
+    schema_version: int = SCHEMA_VERSION
+    kind: str = "compute"
+    notes: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        _positive(f"compute profile {self.device}", hbm_bytes_per_s=self.hbm_bytes_per_s,
+                  matmul_flops=self.matmul_flops, memory_bytes=self.memory_bytes,
+                  host_to_device_bytes_per_s=self.host_to_device_bytes_per_s)
+        if not 0 < self.memory_utilization <= 1:
+            raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
+        _check_header(self, "compute")
+
+    def roofline_s(self, fit: Roofline, nbytes: float, flops: float) -> float:
+        return max(nbytes / (self.hbm_bytes_per_s * fit.bw_eff),
+                   flops / (self.matmul_flops * fit.flops_eff)) + fit.launch_s
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """Collectives over `ranks` devices of one node: seconds by bytes per rank (the tensor
+    one rank holds before the call), measured inside CUDA graphs and eagerly; copies
+    between the host and devices and to the CPU KV tier."""
+    device: str
+    source: str
+    ranks: int
+    collectives: dict              # name -> mode -> Curve
+    host_to_device_bytes_per_s: float
+    kv_tier_bytes_per_s: float
+    link: str = "nvlink"
+    schema_version: int = SCHEMA_VERSION
+    kind: str = "link"
+    notes: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        _check_header(self, "link")
+        if not isinstance(self.ranks, int) or self.ranks < 2:
+            raise ValueError(f"a link profile covers >= 2 ranks, got {self.ranks!r}")
+        unknown = set(self.collectives) - set(COLLECTIVES)
+        if unknown:
+            raise ValueError(f"link profile: unknown collectives {sorted(unknown)}; "
+                             f"known: {', '.join(COLLECTIVES)}")
+        curves = {}
+        for name, modes in self.collectives.items():
+            if set(modes) - set(MODES) or not modes:
+                raise ValueError(f"link profile {name}: modes must be among {MODES}, got {list(modes)}")
+            curves[name] = {m: c if isinstance(c, Curve) else Curve(tuple(map(tuple, c)))
+                            for m, c in modes.items()}
+        object.__setattr__(self, "collectives", curves)
+
+    def seconds(self, name: str, nbytes: float, ranks: int, graph: bool = True) -> float:
+        """One call of collective `name` on `nbytes` per rank among `ranks` of this node's
+        devices; a group smaller than the profile's scales by the ring's traffic."""
+        if ranks <= 1 or nbytes <= 0:
+            return 0.0
+        if name not in self.collectives:
+            raise ValueError(f"link profile of {self.ranks} {self.device} has no {name}; "
+                             f"it has {', '.join(self.collectives)}")
+        modes = self.collectives[name]
+        curve = modes.get("graph" if graph else "eager") or next(iter(modes.values()))
+        scale = _ring_share(name, ranks) / _ring_share(name, self.ranks)
+        return curve(nbytes * scale)
+
+
+def _ring_share(name: str, ranks: int) -> float:
+    """The bytes one rank sends per byte it holds, in a ring (all-reduce 2(n-1)/n, gathers
+    and all-to-all (n-1)/n, a point-to-point copy 1)."""
+    if name in ("send_recv", "peer_copy"):
+        return 1.0
+    share = (ranks - 1) / ranks
+    return 2 * share if name == "all_reduce" else share
+
+
+def _check_header(profile, kind: str) -> None:
+    if profile.schema_version != SCHEMA_VERSION:
+        raise ValueError(f"{kind} profile schema_version {profile.schema_version}; this "
+                         f"parashift reads {SCHEMA_VERSION}")
+    if profile.kind != kind:
+        raise ValueError(f"expected a {kind} profile, got kind {profile.kind!r}")
+    if not profile.device or not profile.source:
+        raise ValueError(f"a {kind} profile names its device and its source")
+
+
+ROOFLINES = ("gemm", "decode_attention", "prefill_attention", "elementwise", "moe")
+
+
+def compute_from_dict(doc: dict) -> ComputeProfile:
+    known = {f.name for f in fields(ComputeProfile)}
+    unknown = set(doc) - known
+    if unknown:
+        raise ValueError(f"compute profile: unknown fields {sorted(unknown)}")
+    doc = dict(doc)
+    for name in ROOFLINES:
+        if name not in doc:
+            raise ValueError(f"compute profile: no {name}")
+        doc[name] = Roofline(**doc[name])
+    return ComputeProfile(**doc)
+
+
+def link_from_dict(doc: dict) -> LinkProfile:
+    known = {f.name for f in fields(LinkProfile)}
+    unknown = set(doc) - known
+    if unknown:
+        raise ValueError(f"link profile: unknown fields {sorted(unknown)}")
+    return LinkProfile(**doc)
+
+
+def to_dict(profile) -> dict:
+    doc = asdict(profile)
+    if isinstance(profile, LinkProfile):
+        doc["collectives"] = {name: {m: [list(p) for p in c.points] for m, c in modes.items()}
+                              for name, modes in profile.collectives.items()}
+    return doc
+
+
+def load(path: str | Path):
+    """A compute or link profile from its JSON file (its `kind` says which)."""
+    doc = json.loads(Path(path).read_text())
+    kind = doc.get("kind")
+    if kind == "compute":
+        return compute_from_dict(doc)
+    if kind == "link":
+        return link_from_dict(doc)
+    raise ValueError(f"{path}: not a profile (kind {kind!r}; expected compute or link)")
+
+
+def save(profile, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(to_dict(profile), indent=1) + "\n")

@@ -1,0 +1,139 @@
+"""What a run of many steps takes under a plan or a Shift pair, from the step model:
+`interactive` TTFT and TPOT (one request at a time) and offline throughput (all requests at
+t=0, continuous batching over the scheduler's seats, prompts chunked by the step's budget).
+
+A plan here is what serves: `Served(plan)` for a static plan, `Served(base, decode=shift
+plan, threshold)` for Shift (steps of more tokens than the threshold run the base plan)."""
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from parashift.cost.step import Seq, StepBatch, StepModel, replica_plan
+from parashift.parallel.plan import Plan
+
+
+@dataclass(frozen=True)
+class Served:
+    plan: Plan
+    decode: Plan | None = None   # Shift's shift plan, for steps of <= threshold tokens
+    threshold: int = 512
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        if self.label:
+            return self.label
+        if self.decode is None:
+            return self.plan.name()
+        return f"shift-{self.plan.name()}"
+
+    def plan_for(self, tokens: int) -> Plan:
+        if self.decode is not None and tokens <= self.threshold:
+            return self.decode
+        return self.plan
+
+    @classmethod
+    def shift(cls, base: Plan, threshold: int = 512) -> "Served":
+        return cls(base, base.shift_plan(), threshold)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The scheduler's limits that shape a run."""
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 16384
+
+
+def step_s(model: StepModel, served: Served, batch: StepBatch) -> float:
+    plan = served.plan_for(batch.tokens)
+    return model.step_s(replica_plan(plan), batch)
+
+
+def prefill_s(model: StepModel, served: Served, prompt: int, engine: Engine) -> float:
+    """One prompt alone, in chunks of the step budget."""
+    total, done = 0.0, 0
+    while done < prompt:
+        chunk = min(engine.max_num_batched_tokens, prompt - done)
+        total += step_s(model, served, StepBatch.prefill(chunk, done))
+        done += chunk
+    return total
+
+
+def interactive(model: StepModel, served: Served, prompt: int, output: int,
+                engine: Engine = Engine()) -> tuple[float, float]:
+    """(TTFT, TPOT) of one request on an idle node: its prefill, then its decode steps at
+    their mean context."""
+    ttft = prefill_s(model, served, prompt, engine)
+    tpot = step_s(model, served, StepBatch.decode(1, prompt + output // 2))
+    return ttft, tpot
+
+
+def offline_s(model: StepModel, served: Served, requests: list[tuple[int, int]],
+              engine: Engine = Engine()) -> float:
+    """Seconds to serve `requests` (input, output) all at t=0: the DP replicas share them
+    evenly (the slowest replica's time); each admits up to max_num_seqs (or what its KV
+    holds), prefills the admitted prompts in steps of the budget with its running decodes
+    riding along, decodes until a sequence ends, and refills the seat it frees (continuous
+    batching, event by event)."""
+    plan = served.plan
+    kv = model.kv_tokens(replica_plan(plan))
+    if kv <= 0:
+        raise ValueError(f"{served.name}: the weights leave no memory for the KV cache")
+    shares = [requests[d::plan.dp] for d in range(plan.dp)]
+    mean_len = sum(i + o for i, o in requests) / len(requests)
+    seats = max(1, min(engine.max_num_seqs, int(kv // mean_len)))
+    return max(_replica_s(model, served, share, engine, seats) for share in shares if share)
+
+
+def _replica_s(model: StepModel, served: Served, requests: list[tuple[int, int]],
+               engine: Engine, seats: int) -> float:
+    queue = deque(requests)
+    running: list[list[int]] = []  # [output tokens left, context]
+    total = 0.0
+    while queue or running:
+        admitted = [queue.popleft() for _ in range(min(len(queue), seats - len(running)))]
+        if admitted:
+            total += _prefill_steps_s(model, served, admitted, running, engine)
+            running += [[o - 1, i + 1] for i, o in admitted]
+        running = [r for r in running if r[0] > 0]
+        if not running:
+            continue
+        steps = min(r[0] for r in running)
+        context = sum(r[1] for r in running) // len(running) + steps // 2
+        total += steps * step_s(model, served, StepBatch.decode(len(running), context))
+        for r in running:
+            r[0] -= steps
+            r[1] += steps
+        running = [r for r in running if r[0] > 0]
+    return total
+
+
+def _prefill_steps_s(model: StepModel, served: Served, admitted: list[tuple[int, int]],
+                     running: list[list[int]], engine: Engine) -> float:
+    """The admitted prompts in steps of the budget left after the running decodes, which
+    each take a token of every such step."""
+    prompt_tokens = sum(i for i, _ in admitted)
+    mean_prompt = prompt_tokens / len(admitted)
+    budget = max(1, engine.max_num_batched_tokens - len(running))
+    steps = math.ceil(prompt_tokens / budget)
+    chunk = prompt_tokens / steps
+    per_seq = max(1, round(chunk / mean_prompt))
+    context = sum(r[1] for r in running) // max(1, len(running))
+    seqs = tuple(_seq(round(chunk / per_seq), mean_prompt) for _ in range(per_seq))
+    seqs += (Seq(1, context),) * len(running)
+    for r in running:
+        r[0] -= min(r[0], steps)
+        r[1] += steps
+    return steps * step_s(model, served, StepBatch(seqs))
+
+
+def _seq(query: int, mean_prompt: float) -> Seq:
+    """A prompt chunk, at the mean context a chunk of a prompt of this length starts at."""
+    return Seq(max(1, query), int(max(0.0, mean_prompt - query) / 2))
+
+
+def throughput(model: StepModel, served: Served, requests: list[tuple[int, int]],
+               engine: Engine = Engine()) -> float:
+    """Combined (input + output) tokens a second."""
+    tokens = sum(i + o for i, o in requests)
+    return tokens / offline_s(model, served, requests, engine)

@@ -1,0 +1,231 @@
+"""The time of one forward step of one group under a plan: the kernels each rank runs (from
+the compute profile) plus its collectives (from the link profile) plus host work, part by
+part, so that a prediction that misses says which part missed.
+
+A step's batch is its sequences, each (query tokens, context before them). Under SP the
+step's tokens are split over the SP ranks (padded to a multiple); under TP every rank
+computes every token with its weight shard; attention runs on all tokens for the heads a
+rank holds (SP x TP splits the heads); under PP each stage runs its layers in turn, the
+activations sent between stages. A DP plan's replicas step apart: the caller gives each
+replica's batch (`replica_plan`)."""
+import math
+from dataclasses import dataclass, field
+
+from parashift.cost.profile import ComputeProfile, LinkProfile
+from parashift.cost.shape import ModelShape
+from parashift.parallel.plan import Plan
+
+ELEMENTWISE_KERNELS = 6  # two norms, rotary with the KV write, SiLU-mul, two residual adds
+
+
+@dataclass(frozen=True)
+class Seq:
+    query: int
+    context: int = 0  # tokens before this step's query tokens
+
+    def __post_init__(self):
+        if self.query < 1 or self.context < 0:
+            raise ValueError(f"a step's sequence needs query >= 1 and context >= 0, got {self}")
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    seqs: tuple[Seq, ...]
+
+    @classmethod
+    def decode(cls, batch: int, context: int) -> "StepBatch":
+        return cls((Seq(1, context),) * batch)
+
+    @classmethod
+    def prefill(cls, tokens: int, context: int = 0) -> "StepBatch":
+        return cls((Seq(tokens, context),))
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.query for s in self.seqs)
+
+    @property
+    def is_decode(self) -> bool:
+        return all(s.query == 1 for s in self.seqs)
+
+
+@dataclass
+class Breakdown:
+    """Seconds of a step by part; `total` is what the step takes (wall)."""
+    parts: dict = field(default_factory=dict)
+    total: float = 0.0
+
+    def add(self, part: str, seconds: float) -> None:
+        self.parts[part] = self.parts.get(part, 0.0) + seconds
+
+
+def replica_plan(plan: Plan) -> Plan:
+    """The plan one DP replica of `plan` runs (degrees only)."""
+    return Plan(pp=plan.pp, sp=plan.sp, tp=plan.tp, shift_base=plan.shift_base)
+
+
+class StepModel:
+    """Step times of one model on one kind of node. `graphs`: decode steps of one-stage plans
+    run as CUDA graphs (collectives at their in-graph cost, host work overlapped); `prefill_graphs`:
+    mixed steps too."""
+
+    def __init__(self, shape: ModelShape, compute: ComputeProfile,
+                 link: LinkProfile | None = None, graphs: bool = True,
+                 prefill_graphs: bool = False):
+        self.shape, self.compute, self.link = shape, compute, link
+        self.graphs, self.prefill_graphs = graphs, prefill_graphs
+
+    # ---- the step ------------------------------------------------------------------------
+    def step(self, plan: Plan, batch: StepBatch) -> Breakdown:
+        """One replica's step (plan's dp ignored: give each replica its own batch)."""
+        if plan.world_size // plan.dp > 1 and self.link is None:
+            raise ValueError(f"plan {plan.name()} needs a link profile (collectives)")
+        graph = self.graphs and plan.pp == 1 and (batch.is_decode or self.prefill_graphs)
+        out = Breakdown()
+        micro = self._micro_batches(plan, batch)
+        stage = Breakdown()
+        for part in micro:
+            self._stage(plan, part, graph, stage)
+        layers_per_stage = self.shape.num_layers / plan.pp
+        for name, seconds in stage.parts.items():
+            out.add(name, seconds * layers_per_stage)
+        if plan.pp > 1:
+            # m micro-batches through pp stages take m + pp - 1 stage times; m counted above
+            out.add("pipeline_fill", sum(out.parts.values()) * (plan.pp - 1) / len(micro))
+            out.add("send_recv", (plan.pp - 1) * self._collective(
+                "send_recv", batch.tokens * self.shape.hidden * self.shape.dtype_bytes, 2, graph))
+        self._head(plan, batch, graph, out)
+        device = sum(out.parts.values())
+        host = self._host_s(plan, graph, len(micro))
+        out.parts["host"] = host if graph else 0.0
+        out.total = device + host if graph else max(device, host)
+        if not graph:
+            out.parts["host_launch_excess"] = max(0.0, host - device)
+        return out
+
+    def step_s(self, plan: Plan, batch: StepBatch) -> float:
+        return self.step(plan, batch).total
+
+    def _micro_batches(self, plan: Plan, batch: StepBatch) -> list[StepBatch]:
+        if plan.pp == 1 or len(batch.seqs) < 2:
+            return [batch]
+        m = min(plan.pp, len(batch.seqs))
+        return [StepBatch(batch.seqs[i::m]) for i in range(m)]
+
+    def _stage(self, plan: Plan, batch: StepBatch, graph: bool, out: Breakdown) -> None:
+        """One layer's parts for one (micro-)batch, added to `out`."""
+        s, c = self.shape, self.compute
+        sp, tp = plan.sp, plan.tp
+        attn = sp * tp
+        rows = math.ceil(batch.tokens / sp)
+        b = s.dtype_bytes
+        out.add("gemm", self._gemm(rows, (s.q_width + 2 * s.kv_width) // tp, s.hidden)
+                + self._gemm(rows, s.hidden, s.q_width // tp))
+        if s.moe:
+            out.add("moe", self._moe(rows, tp))
+        else:
+            out.add("gemm", self._gemm(rows, 2 * s.intermediate // tp, s.hidden)
+                    + self._gemm(rows, s.hidden, s.intermediate // tp))
+        out.add("attention", self._attention(batch, attn))
+        token_bytes = b * (8 * s.hidden + 2 * (s.q_width + 2 * s.kv_width) // attn
+                           + 3 * (s.expert_intermediate * s.top_k if s.moe else s.intermediate)
+                           // tp)
+        out.add("elementwise", c.roofline_s(c.elementwise, rows * token_bytes, 0.0))
+        if tp > 1:
+            out.add("all_reduce", 2 * self._collective(
+                "all_reduce", rows * s.hidden * b, tp, graph))
+        if sp > 1:
+            out.add("all_to_all", self._collective(
+                "all_to_all", rows * (s.q_width + 2 * s.kv_width) // tp * b, sp, graph)
+                + self._collective("all_to_all", rows * s.q_width // tp * b, sp, graph))
+
+    def _gemm(self, rows: int, n: int, k: int) -> float:
+        b = self.shape.dtype_bytes
+        return self.compute.roofline_s(self.compute.gemm, b * (n * k + rows * (n + k)),
+                                       2.0 * rows * n * k)
+
+    def _moe(self, rows: int, tp: int) -> float:
+        """Experts split by TP (each rank a 1/tp slice of every expert): the experts the batch
+        touches stream their slices; the router is a small GEMM."""
+        s, c = self.shape, self.compute
+        picks = rows * s.top_k
+        touched = s.num_experts * (1 - (1 - 1 / s.num_experts) ** picks)
+        width = s.expert_intermediate / tp
+        nbytes = touched * 3 * s.hidden * width * s.dtype_bytes
+        flops = 2.0 * picks * 3 * s.hidden * width
+        return c.roofline_s(c.moe, nbytes, flops) + self._gemm(rows, s.num_experts, s.hidden)
+
+    def _attention(self, batch: StepBatch, attn: int) -> float:
+        s, c = self.shape, self.compute
+        heads = s.num_heads / attn
+        kv_heads = max(1.0, s.num_kv_heads / attn)
+        b, d = s.dtype_bytes, s.head_dim
+        dec_bytes = dec_flops = pre_bytes = pre_flops = 0.0
+        for seq in batch.seqs:
+            total = seq.context + seq.query
+            kv_read = total * 2 * kv_heads * d * b
+            if seq.query == 1:
+                dec_bytes += kv_read + heads * d * 2 * b
+                dec_flops += 4.0 * heads * d * total
+            else:
+                pre_bytes += kv_read + seq.query * heads * d * 2 * b
+                pre_flops += 4.0 * heads * d * seq.query * (seq.context + seq.query / 2)
+        seconds = 0.0
+        if dec_bytes:
+            seconds += c.roofline_s(c.decode_attention, dec_bytes, dec_flops)
+        if pre_bytes:
+            seconds += c.roofline_s(c.prefill_attention, pre_bytes, pre_flops)
+        return seconds
+
+    def _head(self, plan: Plan, batch: StepBatch, graph: bool, out: Breakdown) -> None:
+        """The LM head over the sampled rows (vocabulary split over SP x TP), its gather, and
+        the sampler."""
+        s, c = self.shape, self.compute
+        rows = len(batch.seqs)
+        shards = plan.sp * plan.tp
+        out.add("lm_head", self._gemm(rows, s.vocab // shards, s.hidden))
+        if shards > 1:
+            out.add("all_gather", self._collective(
+                "all_gather", rows * s.vocab // shards * 4, shards, graph))
+        out.add("sampler", c.sampler_s + rows * c.sampler_row_s)
+
+    def _collective(self, name: str, nbytes: float, ranks: int, graph: bool) -> float:
+        if ranks <= 1:
+            return 0.0
+        return self.link.seconds(name, nbytes, ranks, graph)
+
+    def _host_s(self, plan: Plan, graph: bool, micro: int) -> float:
+        c = self.compute
+        if graph:
+            return c.host_step_s
+        per_layer = (c.kernels_per_layer + (c.sp_kernels_per_layer if plan.sp > 1 else 0)
+                     + (c.tp_kernels_per_layer if plan.tp > 1 else 0))
+        kernels = per_layer * self.shape.num_layers / plan.pp * micro + 10
+        return kernels * c.eager_launch_s * plan.pp
+
+    # ---- memory ----------------------------------------------------------------------
+    def weight_bytes_per_rank(self, plan: Plan, extra_shift_copy: bool = False,
+                              ffn_owners: int = 1, ffn_slots: int = 0) -> float:
+        """`ffn_owners`: SiDP replicas sharing the FFN weights (each holds 1/owners of every
+        layer's), with `ffn_slots` layers' worth of slots for fetched slices."""
+        s = self.shape
+        mlp = s.mlp_params * (s.num_layers / ffn_owners + ffn_slots * (ffn_owners - 1) / ffn_owners)
+        layers = (s.num_layers * s.attention_params + mlp) / (plan.tp * plan.pp)
+        embeddings = s.embedding_params / (plan.sp * plan.tp)
+        held = (layers + embeddings) * s.dtype_bytes
+        if extra_shift_copy and plan.sp > 1:
+            held += s.num_layers * s.layer_params / (plan.sp * plan.tp * plan.pp) * s.dtype_bytes
+        return held
+
+    def kv_tokens(self, plan: Plan, extra_shift_copy: bool = False, ffn_owners: int = 1,
+                  ffn_slots: int = 0) -> int:
+        """KV tokens the node holds under `plan`: each replica's pool (its ranks hold the same
+        tokens, different heads or layers), times the replicas."""
+        s, c = self.shape, self.compute
+        free = (c.memory_bytes * c.memory_utilization - c.activation_bytes
+                - self.weight_bytes_per_rank(plan, extra_shift_copy, ffn_owners, ffn_slots))
+        kv_heads = max(1.0, s.num_kv_heads / (plan.sp * plan.tp))
+        per_token = 2 * (s.num_layers / plan.pp) * kv_heads * s.head_dim * s.dtype_bytes
+        if free <= 0:
+            return 0
+        return plan.dp * int(free // per_token)

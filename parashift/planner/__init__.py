@@ -1,0 +1,1 @@
+"""The planner: `parashift plan --recommend` and `--simulate`, from the cost model (cost/)."""

@@ -1,0 +1,96 @@
+"""An executor without devices: each step the engine submits takes the time the cost model
+predicts for its batch under its plan, on a virtual clock; a replica's ranks are busy until
+its step ends, and `wait_any` returns the step that ends first (a discrete-event run).
+Sampled tokens are a constant (the simulated requests ignore EOS).
+
+Transitions cost what the engine itself does around them (drains, recomputed prompts run
+as steps); their prepare and commit phases are views here (Flying's zero-copy weights) and
+take no time. Seesaw's KV and weight moves are not simulated."""
+import heapq
+import itertools
+from typing import NoReturn
+
+from parashift.cost.step import Seq, StepBatch, StepModel, replica_plan
+from parashift.executor.base import RanksNeverLost, WorkerFailure
+from parashift.parallel.plan import Plan
+
+SAMPLED_TOKEN = 7
+
+
+class VirtualClock:
+    """time.time / monotonic / perf_counter for the engine's modules while it runs."""
+
+    def __init__(self, start: float = 0.0):
+        self.now = start
+
+    def time(self) -> float:
+        return self.now
+
+    monotonic = perf_counter = time
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+
+class SimulatedExecutor(RanksNeverLost):
+    def __init__(self, model: StepModel, clock: VirtualClock, plans: list[Plan],
+                 layout_plans: list[Plan], block_size: int, num_blocks: int | None = None):
+        self.model, self.clock = model, clock
+        self.plans = {plan.name(): plan for plan in plans}
+        world = max(r for plan in layout_plans for r in plan.ranks) + 1
+        self.rank_blocks = [0] * world
+        for plan in layout_plans:
+            tokens = model.kv_tokens(replica_plan(plan)) if num_blocks is None else None
+            for rank in plan.ranks:
+                self.rank_blocks[rank] = num_blocks if tokens is None else tokens // block_size
+        self.load_seconds = 0.0
+        self.failure: WorkerFailure | None = None
+        self.lost: dict[int, str] = {}
+        self.busy_until = [0.0] * world
+        self._events: list = []
+        self._order = itertools.count()
+        self.steps: list[dict] = []  # every step: replica tag's index, plan, tokens, times
+
+    @property
+    def alive(self) -> list[int]:
+        return list(range(len(self.rank_blocks)))
+
+    @property
+    def local_runner(self):
+        return None
+
+    def step_seconds(self, plan_name: str, batch) -> float:
+        seqs = [Seq(1, start) for start in batch.decode_starts]
+        seqs += [Seq(len(c.token_ids), c.start_pos) for c in batch.chunks]
+        plan = self.plans[plan_name] if plan_name in self.plans else Plan.parse(plan_name)
+        return self.model.step_s(replica_plan(plan), StepBatch(tuple(seqs)))
+
+    def submit(self, tag, ranks: tuple[int, ...], output_rank: int, batch) -> None:
+        seconds = self.step_seconds(batch.plan, batch)
+        start = max([self.clock.now] + [self.busy_until[r] for r in ranks])
+        end = start + seconds
+        for rank in ranks:
+            self.busy_until[rank] = end
+        sampled = len(batch.decode_ids) + sum(1 for c in batch.chunks if c.samples)
+        self.steps.append({"ranks": list(ranks), "plan": batch.plan, "start_s": start,
+                           "end_s": end, "decodes": len(batch.decode_ids),
+                           "chunks": [(c.request_id, len(c.token_ids), c.start_pos)
+                                      for c in batch.chunks]})
+        heapq.heappush(self._events, (end, next(self._order), tag, [SAMPLED_TOKEN] * sampled))
+
+    def wait_any(self) -> list[tuple[object, object]]:
+        end, _, tag, tokens = heapq.heappop(self._events)
+        self.clock.now = max(self.clock.now, end)
+        return [(tag, (tokens, None, {}))]
+
+    def transition(self, ranks, verb: str, plan_names, epoch: int = 0) -> float:
+        return 0.0
+
+    def seesaw_move(self, ranks, verb, plan_names, moves, tier) -> NoReturn:
+        raise ValueError("the simulator does not run Seesaw's KV and weight moves")
+
+    def collective_rpc(self, method: str, *args) -> list:
+        return [None] * len(self.rank_blocks)
+
+    def shutdown(self) -> None:
+        self._events.clear()

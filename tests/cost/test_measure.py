@@ -1,0 +1,16 @@
+"""`parashift profile` on the CPU: small sizes, a whole compute profile that loads back, and
+the committed link profiles left as they are (one device)."""
+from parashift.cli import main
+from parashift.cost.profile import ComputeProfile, load
+
+
+def test_profile_measures_the_cpu_and_writes_a_loadable_profile(tmp_path, capsys):
+    out = tmp_path / "cpu.json"
+    main(["profile", "--output", str(out), "--device", "cpu"])
+    printed = capsys.readouterr().out
+    profile = load(out)
+    assert isinstance(profile, ComputeProfile) and profile.device == "cpu"
+    assert profile.source.startswith("measured by `parashift profile` at commit")
+    assert profile.hbm_bytes_per_s > 0 and profile.matmul_flops > 0
+    assert 0 < profile.gemm.bw_eff <= 1 and profile.gemm.launch_s >= 0
+    assert "link profile is left as committed" in printed

@@ -1,0 +1,91 @@
+"""The step model's arithmetic on small hand-made profiles (exact), and on the committed
+H200 profiles (pinned predictions, so a change to the model shows in its diff)."""
+import math
+
+import pytest
+
+from parashift.cost.profile import ComputeProfile, Roofline, load
+from parashift.cost.shape import ModelShape, load_shape
+from parashift.cost.step import StepBatch, StepModel
+from parashift.parallel.plan import Plan
+from tests.cost.test_profile import PROFILES, link
+
+SHAPE = ModelShape("toy", num_layers=2, hidden=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                   intermediate=128, vocab=256)
+FLAT = Roofline(1.0, 1.0, 0.0)
+
+
+def compute(**changes) -> ComputeProfile:
+    fields = dict(device="test", source="this test", hbm_bytes_per_s=1e9, matmul_flops=1e12,
+                  memory_bytes=1e9, memory_utilization=0.5, activation_bytes=1e6, gemm=FLAT,
+                  decode_attention=FLAT, prefill_attention=FLAT, elementwise=FLAT, moe=FLAT,
+                  sampler_s=0.0, sampler_row_s=0.0, host_step_s=0.0, eager_launch_s=0.0,
+                  kernels_per_layer=1, host_to_device_bytes_per_s=1e9)
+    return ComputeProfile(**(fields | changes))
+
+
+def gemm_bytes(rows, n, k):
+    return 2 * (n * k + rows * (n + k))
+
+
+def test_a_single_gpu_decode_step_is_its_kernels_bytes_at_the_copy_rate():
+    model = StepModel(SHAPE, compute())
+    parts = model.step(Plan(), StepBatch.decode(1, 9)).parts
+    per_layer = (gemm_bytes(1, 128, 64) + gemm_bytes(1, 64, 64) + gemm_bytes(1, 256, 64)
+                 + gemm_bytes(1, 64, 128))
+    assert math.isclose(parts["gemm"], 2 * per_layer / 1e9, rel_tol=1e-12)
+    kv = 10 * 2 * 2 * 16 * 2 + 4 * 16 * 2 * 2   # 10 tokens' K and V, 2 heads; q and out
+    assert math.isclose(parts["attention"], 2 * kv / 1e9, rel_tol=1e-12)
+    assert math.isclose(parts["lm_head"], gemm_bytes(1, 256, 64) / 1e9, rel_tol=1e-12)
+
+
+def test_tensor_parallel_halves_the_weights_and_adds_two_all_reduces_a_layer():
+    one = StepModel(SHAPE, compute()).step(Plan(), StepBatch.decode(1, 9)).parts
+    two = StepModel(SHAPE, compute(), link()).step(Plan(tp=2), StepBatch.decode(1, 9)).parts
+    assert two["gemm"] < one["gemm"]
+    assert math.isclose(two["all_reduce"], 2 * 2 * 1e-5, rel_tol=1e-12)  # 128 B: latency
+
+
+def test_sequence_parallel_splits_the_tokens_and_exchanges_them():
+    links = link(names=("all_to_all", "all_gather"))
+    model = StepModel(SHAPE, compute(), links, graphs=False)
+    sp = model.step(Plan(sp=2), StepBatch.prefill(8)).parts
+    one = StepModel(SHAPE, compute(), graphs=False).step(Plan(), StepBatch.prefill(4)).parts
+    assert math.isclose(sp["gemm"], one["gemm"], rel_tol=1e-12)  # 4 rows a rank, whole weights
+    curve = links.collectives["all_to_all"]["graph"]
+    exchange = curve(4 * (64 + 2 * 32) * 2) + curve(4 * 64 * 2)  # q/k/v in, output back
+    assert math.isclose(sp["all_to_all"], 2 * exchange, rel_tol=1e-12)
+    with pytest.raises(ValueError, match="has no all_to_all"):
+        StepModel(SHAPE, compute(), link()).step(Plan(sp=2), StepBatch.prefill(8))
+
+
+def test_a_multi_rank_plan_needs_a_link_profile():
+    with pytest.raises(ValueError, match="needs a link profile"):
+        StepModel(SHAPE, compute()).step(Plan(tp=2), StepBatch.decode(1, 1))
+
+
+def test_kv_tokens_are_the_free_memory_over_each_token_bytes():
+    model = StepModel(SHAPE, compute())
+    free = 0.5e9 - 1e6 - SHAPE.weight_bytes
+    assert model.kv_tokens(Plan()) == int(free // SHAPE.kv_bytes_per_token)
+    assert model.kv_tokens(Plan(dp=2)) == 2 * model.kv_tokens(Plan())
+
+
+def test_unknown_model_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown model 'no-such'.*llama-3.1-8b"):
+        load_shape("no-such")
+
+
+# Predictions of the committed profiles, pinned: a change to the model or a profile moves them.
+PINNED = [("single", StepBatch.decode(1, 1024), 1, 4.945657),
+          ("single", StepBatch.decode(256, 1024), 1, 16.566238),
+          ("single", StepBatch.prefill(4096), 1, 103.497563),
+          ("tp2", StepBatch.decode(64, 512), 2, 4.613994),
+          ("tp4", StepBatch.decode(1, 2112), 4, 2.761999)]
+
+
+@pytest.mark.parametrize("plan,batch,gpus,ms", PINNED)
+def test_pinned_predictions_of_the_committed_h200_profiles(plan, batch, gpus, ms):
+    links = {1: None, 2: load(PROFILES / "h200x2_link.json"), 4: load(PROFILES / "h200x4_link.json")}
+    model = StepModel(load_shape("llama-3.1-8b"), load(PROFILES / "h200_compute.json"), links[gpus])
+    assert math.isclose(model.step_s(Plan.parse(plan), batch) * 1e3, ms, rel_tol=1e-5)

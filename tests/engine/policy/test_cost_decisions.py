@@ -1,0 +1,95 @@
+"""Each policy's decisions on recorded views with the cost model (`cost_profile`) of the
+committed H200 profiles: Shift's threshold is the model's crossover, SiDP's B_th its fetch
+against the step, Flying's unmeasured gain its predicted speedup, Seesaw's `auto` its rates.
+The values are pinned: a change to the model or the profiles shows here."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from parashift.cost.advisor import advisor_for, load_profiles
+from parashift.cost.shape import SHAPES
+from parashift.engine.policy import shift, sidp
+from parashift.engine.policy.cost import SwitchCosts
+from parashift.engine.policy.protocol import GroupView, NodeView
+from parashift.engine.policy.seesaw_cost import Hardware, ModelShape, Workload, choose_plans
+from parashift.engine.policy.sidp import SidpPolicy
+from parashift.parallel.layout import Layout
+from parashift.parallel.plan import Plan
+
+PROFILE = str(SHAPES.parent / "results" / "profiles" / "h200_compute.json")
+LLAMA_8B = SimpleNamespace(**json.loads((SHAPES / "llama-3.1-8b.json").read_text()))
+REPLICAS = ("single", "single@1", "single@2", "single@3")
+
+
+def config(**options) -> SimpleNamespace:
+    return SimpleNamespace(cost_profile=PROFILE, max_num_seqs=256, **options)
+
+
+def group(tokens: int, plan: str = "single", **counters) -> GroupView:
+    values = dict(num_waiting=0, num_running=1, tokens_waiting=0, kv_blocks_used=10,
+                  kv_blocks_free=90, longest_decode_left=500)
+    return GroupView(plan, next_step_tokens=tokens, **{**values, **counters})
+
+
+@pytest.mark.parametrize("base,threshold", [(Plan(sp=2), 2521), (Plan(sp=4), 4005),
+                                            (Plan(sp=2, tp=2), 4256)])
+def test_shift_runs_each_step_under_the_plan_the_model_predicts_faster(base, threshold):
+    options = config(shift=SimpleNamespace(threshold=256))
+    policy = shift.policy_from_config(options, Layout.of(base), LLAMA_8B)
+    assert policy.threshold == threshold
+    shift_name, base_name = base.shift_plan().name(), base.name()
+    assert policy.decide(NodeView((group(threshold),))).plans == (shift_name,)
+    assert policy.decide(NodeView((group(threshold + 1),))).plans == (base_name,)
+
+
+def test_without_a_cost_profile_shift_keeps_its_given_threshold():
+    options = SimpleNamespace(cost_profile=None, shift=SimpleNamespace(threshold=256))
+    assert shift.policy_from_config(options, Layout.of(Plan(sp=2)), LLAMA_8B).threshold == 256
+
+
+def test_sidp_takes_b_th_from_the_link_profiles_peer_rate():
+    layout = Layout.of(Plan(dp=2))
+    shared = Layout(tuple(p.sharing_ffn("cas", (0, 1)) for p in layout.plans))
+    options = config(sidp=SimpleNamespace(batch_threshold=600, probe_file=None,
+                                          min_dwell_steps=1), model="llama-3.1-8b")
+    policy = sidp.policy_from_config(options, shared, LLAMA_8B)
+    assert policy.threshold == 560  # 224 GB/s between two H200s (the x2 link profile)
+    assert isinstance(policy, SidpPolicy)
+    view = NodeView((group(700), group(700)))
+    assert policy.decide(view).plans[0].endswith("+was/0-1")  # 700 > 560 x 1.2
+    assert policy.decide(NodeView((group(400), group(400)))).plans[0].endswith("+cas/0-1")
+
+
+def test_four_replicas_fetch_at_the_rate_every_gpu_reading_at_once_measured():
+    advisor = advisor_for(config(), LLAMA_8B, 4)
+    assert advisor.model.link.ranks == 4
+    assert advisor.sidp_threshold(1, 4) == 2089  # 75.6 GB/s each: the fetch hides later
+    assert advisor.sidp_threshold(1, 2) == 1436
+
+
+def test_flying_predicts_an_unmeasured_merge_and_merges_light_load_only():
+    costs = SwitchCosts(advisor=advisor_for(config(), LLAMA_8B, 4))
+    light = NodeView((group(1),) * 4, 1.0, REPLICAS)
+    assert costs.speedup(light, 4, ("merge4-tp4",)) == pytest.approx(1.73375917, rel=1e-6)
+    assert costs.step_seconds(light) == pytest.approx(0.00506237, rel=1e-5)
+    assert costs.merge_pays(light, 4, merged=("merge4-tp4",))
+    heavy = NodeView((group(64, num_running=64, longest_decode_left=20),) * 4, 1.0, REPLICAS)
+    assert costs.speedup(heavy, 4, ("merge4-tp4",)) == pytest.approx(1.04354343, rel=1e-6)
+    assert not costs.merge_pays(heavy, 4, merged=("merge4-tp4",))
+    # measured steps still win over the model
+    measured = NodeView((group(1),) * 4, 1.0, REPLICAS,
+                        decode_step_s=(("single", 0.005), ("merge4-tp4", 0.006)))
+    assert costs.speedup(measured, 4, ("merge4-tp4",)) == pytest.approx(0.005 / 0.006)
+
+
+def test_seesaw_auto_over_the_profiles_rates_picks_a_static_plan_on_nvlink():
+    """On four H200s over NVLink `summarize` ran DP4 86,330, DP2xTP2 84,998, TP4 75,777 and
+    PP4->TP4 60,560 tok/s (benchmarks/results/seesaw.json): the pair is not chosen."""
+    hardware = Hardware.from_profiles(*load_profiles(PROFILE, 4))
+    shape = ModelShape(32, 4096, 32, 8, 128, 14336, 128256)
+    choice = choose_plans(shape, hardware, Workload(3000, 200, num_requests=128,
+                                                    tier_tokens=250_000), 4)
+    assert choice.best.name == "dp4"  # the measured DP4 ran 86,330 tok/s, the best row
+    assert [s.name for s in choice.table[:3]] == ["dp4", "dp2xpp2", "dp2xtp2"]
+    assert choice.table[6].name == "pp4->tp4"

@@ -1,0 +1,76 @@
+"""`parashift plan --recommend`: the ranked plans and policies, their JSON, and its errors."""
+import json
+
+import pytest
+
+from parashift.cli import main
+from parashift.planner.recommend import recommend, static_plans
+
+
+def run(capsys, *argv) -> str:
+    main(["plan", "--recommend", *argv])
+    return capsys.readouterr().out
+
+
+def test_offline_workloads_rank_by_throughput_and_online_ones_by_latency():
+    chat = recommend("llama-3.1-8b", 4, "chat")
+    assert [p.throughput for p in chat.ranked] == sorted(
+        (p.throughput for p in chat.ranked), reverse=True)
+    assert {"dp4", "tp4", "shift-sp4", "seesaw-pp4-tp4"} <= {p.name for p in chat.ranked}
+    bursty = recommend("llama-3.1-8b", 4, "bursty")
+    scores = [p.score(False, 1.0) for p in bursty.ranked]
+    assert scores[0] < float("inf")
+    outputs = [p.ttft_s + p.tpot_s for p in bursty.ranked]
+    assert all(p.kind != "seesaw" for p in bursty.ranked)  # pairs for offline work only
+    assert len(outputs) == len({p.name for p in bursty.ranked})
+
+
+def test_the_table_and_the_json(capsys):
+    table = run(capsys, "--model", "llama-3.1-8b", "--gpus", "2", "--workload", "tail")
+    assert "llama-3.1-8b on 2 GPUs" in table and " dp2 " in table and "KV tokens" in table
+    doc = json.loads(run(capsys, "--model", "llama-3.1-8b", "--gpus", "2", "--workload", "tail",
+                         "--json"))
+    first = doc["ranked"][0]
+    assert set(first) >= {"name", "ttft_ms", "tpot_ms", "throughput_tok_s", "kv_tokens"}
+    assert doc["workload"] == "tail" and doc["gpus"] == 2
+
+
+def test_tp_and_sp_groups_stay_inside_a_host():
+    plans = static_plans(8, 4)
+    assert plans and all(p.sp * p.tp <= 4 for p in plans)
+    assert any(p.pp == 2 and p.tp == 4 for p in plans)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--model", "no-such-model", "--gpus", "2", "--workload", "chat"), "unknown model"),
+    (("--model", "llama-3.1-70b", "--gpus", "1", "--workload", "chat"),
+     "no plan of 1 GPUs fits llama-3.1-70b: single: does not fit"),
+    (("--model", "llama-3.1-8b", "--gpus", "2", "--workload", "nope"), "unknown workload"),
+    (("--model", "llama-3.1-8b", "--gpus", "2", "--workload", "chat", "--gpu-kind", "a100"),
+     "no profile of GPU kind 'a100'"),
+    (("--model", "llama-3.1-8b", "--gpus", "3", "--nnodes", "2", "--workload", "chat"),
+     "multiple of the hosts"),
+    (("--model", "llama-3.1-8b", "--workload", "chat"), "needs --gpus"),
+])
+def test_errors_are_clear(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["plan", "--recommend", *argv])
+
+
+def test_a_plan_that_does_not_fit_is_refused_with_why():
+    rec = recommend("llama-3.1-70b", 2, "chat")
+    assert {"tp2", "pp2"} <= {p.name for p in rec.ranked}
+    for name in ("dp2", "sp2"):  # a whole 70B replica on each H200
+        assert name not in {p.name for p in rec.ranked}
+        assert rec.refused[name].startswith("does not fit: ")
+    assert "141.1 GB of weights per GPU" in rec.refused["dp2"]
+
+
+def test_flying_runs_split_offline_and_merged_under_light_load():
+    chat = {p.name: p for p in recommend("llama-3.1-8b", 4, "chat").ranked}
+    assert chat["flying-dp4"].throughput == chat["dp4"].throughput
+    assert chat["flying-dp4"].detail == {"runs": "split"}
+    light = {p.name: p for p in recommend("llama-3.1-8b", 4, "priority").ranked}
+    assert light["flying-dp4"].detail == {"runs": "merged"}
+    assert light["flying-dp4"].ttft_s == light["tp4"].ttft_s
+    assert light["flying-dp4"].kv_tokens == light["dp4"].kv_tokens

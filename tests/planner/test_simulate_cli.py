@@ -1,0 +1,27 @@
+"""`parashift plan --simulate`: a workload through the simulated engine, reported as
+`bench serve` reports it; its errors."""
+import json
+
+import pytest
+
+from parashift.cli import main
+
+
+def test_a_small_workload_completes_and_reports_like_bench_serve(capsys):
+    main(["plan", "--simulate", "--model", "llama-3.2-1b", "-dp", "2", "--workload", "chat",
+          "--num-requests", "6", "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["completed"] == 6 and summary["failed"] == 0
+    assert summary["ttft_ms"]["mean"] > 0 and summary["tpot_ms"]["mean"] > 0
+    assert set(summary["steps_by_plan"]) == {"single", "single@1"}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--model", "llama-3.2-1b"), "needs --model and --workload"),
+    (("--model", "nope", "--workload", "chat"), "unknown model 'nope'"),
+    (("--model", "llama-3.2-1b", "--workload", "chat", "--gpu-kind", "a100"),
+     "no profile of GPU kind 'a100'"),
+])
+def test_errors_are_clear(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["plan", "--simulate", *argv])
