@@ -16,6 +16,7 @@ from parashift.entrypoints.openai.protocol import (ChatCompletionRequest,
                                                    LayoutResponse, ModelCard, ModelList,
                                                    TokenizeRequest, TokenizeResponse,
                                                    VersionResponse)
+from parashift.entrypoints.openai.request_log import request_log
 from parashift.entrypoints.openai.readiness import Readiness, not_ready_reason, server_load
 from parashift.entrypoints.openai.server_config import ServerConfig
 from parashift.entrypoints.openai.serving_base import ServingContext
@@ -37,7 +38,10 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
     ctx = ServingContext.from_engine(async_engine, config.served_model_names,
                                      config.max_request_bytes, deadline,
                                      tool_call_parser=config.tool_call_parser,
-                                     enable_auto_tool_choice=config.enable_auto_tool_choice)
+                                     enable_auto_tool_choice=config.enable_auto_tool_choice,
+                                     response_role=config.response_role,
+                                     scheduling_policy=config.scheduling_policy,
+                                     request_log=request_log(config))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -47,8 +51,11 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
         finally:
             await async_engine.shutdown()
 
+    docs = not config.disable_fastapi_docs
     app = FastAPI(title="parashift", version=server_version(), lifespan=lifespan,
-                  docs_url="/docs", redoc_url=None)
+                  docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
+    add_cors(app, config)
     app.state.async_engine = async_engine
     app.state.metrics = metrics
     app.state.serving = ctx
@@ -64,6 +71,17 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
     publish_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
                           DetokenizeRequest, LayoutRequest])
     return app
+
+
+def add_cors(app: FastAPI, config: ServerConfig) -> None:
+    """CORS headers for the origins of --allowed-origins (none given: no CORS)."""
+    if config.allowed_origins is None:
+        return
+    from fastapi.middleware.cors import CORSMiddleware
+    app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins,
+                       allow_methods=config.allowed_methods,
+                       allow_headers=config.allowed_headers,
+                       allow_credentials=config.allow_credentials)
 
 
 def server_version() -> str:

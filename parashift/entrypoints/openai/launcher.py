@@ -20,9 +20,15 @@ SHUTDOWN_GRACE_S = 5.0
 
 
 def uvicorn_config(app, config: ServerConfig, **overrides) -> uvicorn.Config:
-    options = dict(host=config.host, port=config.port, log_level=config.log_level,
+    options = dict(host=config.host, port=config.port,
+                   log_level=config.uvicorn_log_level or config.log_level,
                    access_log=config.access_log, lifespan="on",
-                   timeout_graceful_shutdown=config.shutdown_timeout + SHUTDOWN_GRACE_S)
+                   timeout_graceful_shutdown=config.shutdown_timeout + SHUTDOWN_GRACE_S,
+                   root_path=config.root_path, uds=config.uds,
+                   ssl_keyfile=config.ssl_keyfile, ssl_certfile=config.ssl_certfile,
+                   ssl_ca_certs=config.ssl_ca_certs, ssl_cert_reqs=config.ssl_cert_reqs)
+    if config.log_config_file is not None:
+        options["log_config"] = config.log_config_file
     options.update(overrides)
     return uvicorn.Config(app, **options)
 

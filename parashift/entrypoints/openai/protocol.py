@@ -70,7 +70,7 @@ class SamplingFields(StructuredFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0)  # at most --max-logprobs
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1, le=MAX_SAMPLES_PER_REQUEST)
     suffix: str | None = None
@@ -118,7 +118,7 @@ class ChatCompletionRequest(ToolFields, SamplingFields):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0)  # at most --max-logprobs
 
     @model_validator(mode="after")
     def _check_chat_fields(self):
@@ -211,7 +211,7 @@ class ChatLogprobs(BaseModel):
 
 
 class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
+    role: str = "assistant"  # --response-role
     content: str | None
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
@@ -233,7 +233,7 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
+    role: str | None = None  # the first chunk's: --response-role
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 

@@ -20,7 +20,7 @@ from parashift.entrypoints.openai.errors import APIError, bad_request, from_vali
 from parashift.entrypoints.openai.protocol import SamplingFields, UsageInfo
 from parashift.entrypoints.openai.shutdown import ShutdownDeadline, ShutdownTimeoutError
 from parashift.outputs import CompletionOutput
-from parashift.sampling_params import SamplingParams
+from parashift.sampling_params import SamplingParams, check_max_logprobs
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                    "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "n",
@@ -45,6 +45,10 @@ class ServingContext:
     sampling_defaults: dict = field(default_factory=dict)  # the model's generation config
     tool_call_parser: str | None = None  # --tool-call-parser
     enable_auto_tool_choice: bool = False
+    response_role: str = "assistant"  # --response-role
+    scheduling_policy: str = "priority"  # fcfs: a request's priority must be 0
+    request_log: object = None  # a RequestLog with --enable-log-requests
+    max_logprobs: int = 20  # the engine's: more per token is a 400
 
     @classmethod
     def from_engine(cls, async_engine: AsyncLLMEngine, served_model_names: list[str] | None,
@@ -58,6 +62,7 @@ class ServingContext:
                    max_request_bytes=max_request_bytes, deadline=deadline,
                    model_path=getattr(getattr(llm, "config", None), "model", None),
                    sampling_defaults=dict(getattr(llm, "default_sampling", {})),
+                   max_logprobs=getattr(getattr(llm, "config", None), "max_logprobs", 20),
                    **tool_options)
 
     @property
@@ -81,6 +86,15 @@ class ServingContext:
         if not token_ids:
             raise bad_request("the prompt is empty", param="prompt", code="empty_prompt")
         self.check_vocabulary(token_ids, "prompt")
+
+    def check_logprobs(self, params: SamplingParams) -> None:
+        """400 naming the field when the request asks for more logprobs per token than
+        --max-logprobs."""
+        try:
+            check_max_logprobs(params, self.max_logprobs)
+        except ValueError as exc:
+            raise bad_request(str(exc), param=str(exc).split(" ", 1)[0],
+                              code="invalid_sampling_params") from None
 
     def check_vocabulary(self, token_ids: list[int], param: str) -> None:
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
@@ -203,6 +217,13 @@ def build_sampling_params(request: SamplingFields, max_tokens: int | None,
 async def submit(ctx: ServingContext, request_id: str, prompt_ids: list[int],
                  params: SamplingParams, priority: int) -> RequestStream:
     """Hands the request to the engine, mapping its refusals to HTTP errors."""
+    if priority and ctx.scheduling_policy == "fcfs":
+        raise bad_request(f"priority {priority}: this server schedules first come, first "
+                          "served (--scheduling-policy fcfs); send priority 0 or start it "
+                          "with --scheduling-policy priority", param="priority")
+    ctx.check_logprobs(params)
+    if ctx.request_log is not None:
+        ctx.request_log.log(request_id, prompt_ids, params)
     try:
         return await ctx.engine.add_request(request_id, prompt_ids, params, priority,
                                             num_prompt_tokens=len(prompt_ids))
