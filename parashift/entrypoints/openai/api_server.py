@@ -17,12 +17,14 @@ from parashift.entrypoints.openai.protocol import (ChatCompletionRequest,
                                                    TokenizeRequest, TokenizeResponse,
                                                    VersionResponse)
 from parashift.entrypoints.openai.request_log import request_log
+from parashift.entrypoints.openai.protocol_responses import ResponseObject, ResponsesRequest
 from parashift.entrypoints.openai.readiness import Readiness, not_ready_reason, server_load
 from parashift.entrypoints.openai.server_config import ServerConfig
 from parashift.entrypoints.openai.serving_base import ServingContext
 from parashift.entrypoints.openai.serving_chat import ChatServer
 from parashift.entrypoints.openai.serving_completions import CompletionServer
 from parashift.entrypoints.openai.serving_layout import LayoutServer
+from parashift.entrypoints.openai.serving_responses import ResponsesServer
 from parashift.entrypoints.openai.serving_tokens import TokenServer
 from parashift.entrypoints.openai.shutdown import ShutdownDeadline
 from parashift.metrics import ServerMetrics
@@ -68,8 +70,8 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
     app.include_router(_v1_routes(ctx), dependencies=auth)
     app.include_router(_token_routes(ctx), dependencies=auth)
     app.include_router(_layout_routes(ctx, metrics), dependencies=auth)
-    publish_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
-                          DetokenizeRequest, LayoutRequest])
+    publish_schemas(app, [CompletionRequest, ChatCompletionRequest, ResponsesRequest,
+                          TokenizeRequest, DetokenizeRequest, LayoutRequest])
     return app
 
 
@@ -148,6 +150,8 @@ def _v1_routes(ctx: ServingContext) -> APIRouter:
                   CompletionResponse, "create_completion")
     add_json_post(router, "/chat/completions", chat.create, ChatCompletionRequest,
                   ChatCompletionResponse, "create_chat_completion")
+    add_json_post(router, "/responses", ResponsesServer(ctx).create, ResponsesRequest,
+                  ResponseObject, "create_response")
     return router
 
 
