@@ -2,13 +2,14 @@
 import contextlib
 
 from fastapi import APIRouter, Depends, FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from parashift import version as package_version
 from parashift.engine.async_engine import AsyncLLMEngine
 from parashift.entrypoints.openai.auth import make_auth_dependency
 from parashift.entrypoints.openai.errors import APIError, install_error_handlers
-from parashift.entrypoints.openai.openapi import add_json_post, publish_schemas
+from parashift.entrypoints.openai.openapi import (add_json_post, error_responses,
+                                                  publish_schemas)
 from parashift.entrypoints.openai.protocol import (ChatCompletionRequest,
                                                    ChatCompletionResponse, CompletionRequest,
                                                    CompletionResponse, DetokenizeRequest,
@@ -94,7 +95,7 @@ def server_version() -> str:
 def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/health")
+    @router.get("/health", responses=error_responses(503))
     async def health() -> JSONResponse:
         if async_engine.is_running:
             faults = async_engine.faults
@@ -112,7 +113,8 @@ def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIR
     async def version() -> JSONResponse:
         return JSONResponse({"version": server_version()})
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=PlainTextResponse,
+                responses={200: {"description": "Prometheus' text format"}})
     async def prometheus_metrics() -> Response:
         metrics.record_liveness(async_engine.is_running)
         body, content_type = metrics.render()
@@ -125,7 +127,7 @@ def _readiness_routes(async_engine: AsyncLLMEngine, readiness: Readiness) -> API
     """`/ready` for readiness probes and balancers (readiness.py)."""
     router = APIRouter()
 
-    @router.get("/ready")
+    @router.get("/ready", responses=error_responses(503))
     async def ready() -> JSONResponse:
         reason = not_ready_reason(async_engine, readiness)
         if reason is None:
@@ -140,7 +142,7 @@ def _v1_routes(ctx: ServingContext) -> APIRouter:
     router = APIRouter(prefix="/v1")
     completions, chat = CompletionServer(ctx), ChatServer(ctx)
 
-    @router.get("/models", response_model=ModelList)
+    @router.get("/models", response_model=ModelList, responses=error_responses(401))
     async def list_models() -> JSONResponse:
         cards = [ModelCard(id=name, max_model_len=ctx.max_model_len)
                  for name in ctx.model_names]
@@ -172,6 +174,6 @@ def _layout_routes(ctx: ServingContext, metrics: ServerMetrics) -> APIRouter:
     router = APIRouter(prefix="/v1/parallel")
     layout = LayoutServer(ctx, metrics)
     router.add_api_route("/layout", layout.show, methods=["GET"], response_model=LayoutResponse,
-                         name="show_layout")
+                         name="show_layout", responses=error_responses(401))
     add_json_post(router, "/layout", layout.force, LayoutRequest, LayoutResponse, "set_layout")
     return router

@@ -4,7 +4,8 @@
 and the engine flags (from `parashift.entrypoints.engine_args`); adding the
 engine flags again is harmless (conflicts resolve to the last definition).
 `run_serve(args)` builds the engine and serves until SIGTERM/SIGINT, or until the
-engine dies (a worker died or stopped answering): then it exits with code 1."""
+engine dies (a worker died or stopped answering): then it exits with code 1. After a
+SIGTERM it exits 0 once every request has finished, 1 if --shutdown-timeout ended some."""
 import argparse
 import json
 import logging
@@ -168,6 +169,10 @@ def run_serve(args: argparse.Namespace, engine_config_from_args=None) -> None:
     dead = app.state.async_engine.dead_error
     if dead is not None:
         _say(f"exiting: {dead}")
+        sys.exit(1)
+    if app.state.shutdown_deadline.passed:
+        _say(f"exiting: the shutdown timeout ({config.shutdown_timeout:g} s) ended requests "
+             "still running")
         sys.exit(1)
 
 

@@ -20,6 +20,11 @@ SHUTDOWN_GRACE_S = 5.0
 
 
 def uvicorn_config(app, config: ServerConfig, **overrides) -> uvicorn.Config:
+    return uvicorn.Config(app, **uvicorn_options(config, **overrides))
+
+
+def uvicorn_options(config: ServerConfig, **overrides) -> dict:
+    """uvicorn.Config's keywords for `config` (vLLM's server flags among them)."""
     options = dict(host=config.host, port=config.port,
                    log_level=config.uvicorn_log_level or config.log_level,
                    access_log=config.access_log, lifespan="on",
@@ -29,8 +34,7 @@ def uvicorn_config(app, config: ServerConfig, **overrides) -> uvicorn.Config:
                    ssl_ca_certs=config.ssl_ca_certs, ssl_cert_reqs=config.ssl_cert_reqs)
     if config.log_config_file is not None:
         options["log_config"] = config.log_config_file
-    options.update(overrides)
-    return uvicorn.Config(app, **options)
+    return {**options, **overrides}
 
 
 def make_server(app, config: ServerConfig, **overrides) -> DrainingServer:

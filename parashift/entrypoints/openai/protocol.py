@@ -10,7 +10,8 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, field
                       model_validator)
 
 from parashift.entrypoints.openai.structured_fields import StructuredFields
-from parashift.entrypoints.openai.tool_fields import DeltaToolCall, ToolCall, ToolFields
+from parashift.entrypoints.openai.tool_fields import (ChatTool, DeltaToolCall, ToolCall,
+                                                     ToolFields)
 from parashift.sampling_params import SEED_MAX, SEED_MIN
 
 # /v1/completions without max_tokens (absent or null) generates this many, as OpenAI's
@@ -142,6 +143,7 @@ class TokenizeRequest(StrictModel):
     add_generation_prompt: bool = True
     add_special_tokens: bool = True
     return_token_strs: bool = False
+    tools: list[ChatTool] | None = None  # with messages: rendered as chat requests do
 
     @model_validator(mode="after")
     def _one_form(self):
@@ -150,6 +152,8 @@ class TokenizeRequest(StrictModel):
         fields = self.model_fields_set
         if self.prompt is not None and "add_generation_prompt" in fields:
             raise ValueError("add_generation_prompt goes with messages, not prompt")
+        if self.prompt is not None and self.tools is not None:
+            raise ValueError("tools go with messages, not prompt")
         if self.messages is not None and "add_special_tokens" in fields:
             raise ValueError("add_special_tokens goes with prompt; the chat template "
                              "places the special tokens of messages")

@@ -6,6 +6,7 @@ import asyncio
 import copy
 import dataclasses
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ PARAM_NAMES = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "max_to
                "logprobs", "n", "stop_token_ids", "best_of", "presence_penalty",
                "frequency_penalty", "repetition_penalty", "logit_bias"}
 QUEUE_FULL_RETRY_AFTER_S = 1
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,6 +51,7 @@ class ServingContext:
     scheduling_policy: str = "priority"  # fcfs: a request's priority must be 0
     request_log: object = None  # a RequestLog with --enable-log-requests
     max_logprobs: int = 20  # the engine's: more per token is a 400
+    template_ignores_tools: bool | None = None  # None: not known until tools are given
 
     @classmethod
     def from_engine(cls, async_engine: AsyncLLMEngine, served_model_names: list[str] | None,
@@ -153,7 +156,19 @@ class ServingContext:
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> list[int]:
-        """Prompt ids of a conversation, by default with the assistant's turn opened."""
+        """Prompt ids of a conversation, by default with the assistant's turn opened; the
+        first time `tools` are given, a warning if the template leaves them out."""
+        ids = self._render(messages, add_generation_prompt, tools)
+        if tools and self.template_ignores_tools is None:
+            self.template_ignores_tools = ids == self._render(messages, add_generation_prompt)
+            if self.template_ignores_tools:
+                logger.warning("the chat template does not render `tools`: the model is not "
+                               "shown the tools a request gives, so it will not call them; "
+                               "serve it with a --chat-template that renders them")
+        return ids
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool,
+                tools: list[dict] | None = None) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise bad_request("this model has no chat template; use /v1/completions",
                               param="messages")
