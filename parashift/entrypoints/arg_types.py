@@ -25,3 +25,8 @@ DTYPE_NAMES = {"half": "float16", "float": "float32", "bf16": "bfloat16"}
 def vllm_dtype(text: str) -> str:
     """--dtype in vLLM's spellings too (half, float)."""
     return DTYPE_NAMES.get(text, text)
+
+
+def model_len(text: str) -> int | None:
+    """--max-model-len as vLLM takes it: a size (32k), or auto / -1 for the model's own."""
+    return None if text.strip().lower() in ("auto", "-1") else human_int(text)

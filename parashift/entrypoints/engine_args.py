@@ -2,7 +2,7 @@
 import argparse
 
 from parashift.config import SEESAW_WEIGHT_SOURCES, EngineConfig, option_defaults
-from parashift.entrypoints.arg_types import human_int, vllm_dtype
+from parashift.entrypoints.arg_types import human_int, model_len, vllm_dtype
 from parashift.entrypoints.launch_env import launch_values
 
 # flag -> (EngineConfig field, type, help); defaults come from EngineConfig
@@ -10,8 +10,8 @@ ENGINE_FLAGS = {
     "--tokenizer": ("tokenizer", str, "tokenizer directory (default: the model's)"),
     "--device": ("device", str, "auto | cpu | cuda"),
     "--dtype": ("dtype", vllm_dtype, "auto | float32 (float) | bfloat16 | float16 (half)"),
-    "--max-model-len": ("max_model_len", human_int, "context window, e.g. 4096 or 32k "
-                                                    "(default: the model's)"),
+    "--max-model-len": ("max_model_len", model_len, "context window, e.g. 4096 or 32k "
+                                                    "(default or auto: the model's)"),
     "--max-logprobs": ("max_logprobs", int, "most logprobs a request may ask for per token "
                                             "(-1: no cap)"),
     "--max-num-seqs": ("max_num_seqs", int, "most sequences in one step"),

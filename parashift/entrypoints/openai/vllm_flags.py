@@ -155,15 +155,15 @@ def apply_vllm_flags(args: argparse.Namespace) -> list[str]:
     for flag, spec in REFUSED.items():
         if _given(getattr(args, _dest(flag)), spec):
             raise ValueError(f"{flag} is not supported here: {spec.why}")
-    notices = [f"{flag}: accepted, no effect here ({spec.why})"
+    notices = [f"{flag}: accepted with no effect: {spec.why}"
                for flag, spec in NO_EFFECT.items() if _given(getattr(args, _dest(flag)), spec)]
     for flag, (dest, value, notice) in TAKEN_AS.items():
         if getattr(args, _dest(flag)):
             setattr(args, dest, value)
             notices.append(f"{flag}: {notice}")
     if getattr(args, "swap_space", None) is not None and args.preemption_mode != "swap":
-        notices.append("--swap-space: accepted, no effect here (it sizes the CPU tier of "
-                       "--preemption-mode swap; preemption recomputes, as in vLLM v1)")
+        notices.append("--swap-space: accepted with no effect: it sizes the CPU tier of "
+                       "--preemption-mode swap; preemption recomputes, as in vLLM v1")
         args.swap_space = None
     for (flag, dest), names in VALUE_NAMES.items():
         value = getattr(args, dest, None)

@@ -35,6 +35,8 @@ FLAG_WALK = [
     ("--dtype bfloat16", ENGINE, "dtype", "bfloat16"),
     ("--max-model-len 32k", ENGINE, "max_model_len", 32000),
     ("--max-model-len 2K", ENGINE, "max_model_len", 2048),
+    ("--max-model-len auto", ENGINE, "max_model_len", None),
+    ("--max-model-len -1", ENGINE, "max_model_len", None),
     ("--generation-config vllm", ENGINE, "generation_config", "vllm"),
     ("--chat-template /t.jinja", ENGINE, "chat_template", "/t.jinja"),
     ("--distributed-executor-backend ray", ENGINE, "distributed_executor_backend", "ray"),
@@ -156,6 +158,7 @@ FLAG_WALK = [
     ("--no-enable-chunked-prefill --long-prefill-token-threshold 64", ERROR,
      "enable_chunked_prefill"),
     ("--max-logprobs -2", ERROR, "max_logprobs"),
+    ("--max-model-len 0", ERROR, "max_model_len"),
     ("--ssl-keyfile k.pem", ERROR, "ssl_certfile"),
     ("--enable-auto-tool-choice", ERROR, "tool_call_parser"),
 ]
