@@ -78,11 +78,11 @@ def add_vllm_server_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--disable-uvicorn-access-log", dest="access_log", action="store_false",
                        default=argparse.SUPPRESS, help="no access log (the default)")
     group.add_argument("--enable-log-requests", action="store_true",
-                       help="log one line per request: its id, prompt and sampling options")
+                       help="log one line per request: its id, prompt token ids and sampling options")
     group.add_argument("--disable-log-requests", dest="enable_log_requests",
                        action="store_false", help="no request log (the default)")
     group.add_argument("--max-log-len", type=int, default=None,
-                       help="prompt characters or ids a logged request shows (default: all)")
+                       help="prompt token ids a logged request shows (default: all)")
     group.add_argument("--disable-fastapi-docs", action="store_true",
                        help="serve no /docs, /redoc nor /openapi.json")
     for name in ("origins", "methods", "headers"):

@@ -1,5 +1,5 @@
 """`--enable-log-requests`: one log line per request the server hands to the engine (its
-id, prompt and sampling options), the prompt cut to `--max-log-len` characters or ids."""
+id, prompt token ids and sampling options), the prompt cut to `--max-log-len` ids."""
 import logging
 
 from parashift.sampling_params import SamplingParams
@@ -11,13 +11,10 @@ class RequestLog:
     def __init__(self, max_log_len: int | None = None):
         self.max_log_len = max_log_len
 
-    def log(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-            prompt_text: str | None = None) -> None:
-        cut = self.max_log_len
-        shown_ids = prompt_ids if cut is None else prompt_ids[:cut]
-        text = prompt_text if prompt_text is None or cut is None else prompt_text[:cut]
-        logger.info("Received request %s: prompt: %r, prompt_token_ids: %s, params: %s",
-                    request_id, text, shown_ids, params)
+    def log(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        shown = prompt_ids if self.max_log_len is None else prompt_ids[:self.max_log_len]
+        logger.info("Received request %s: prompt_token_ids: %s (%d tokens), params: %s",
+                    request_id, shown, len(prompt_ids), params)
 
 
 def request_log(config) -> RequestLog | None:

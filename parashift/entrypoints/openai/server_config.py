@@ -24,7 +24,7 @@ class ServerConfig:
     # vLLM's server options (its flags' names)
     uvicorn_log_level: str | None = None  # None: log_level
     enable_log_requests: bool = False     # one log line per request taken
-    max_log_len: int | None = None        # prompt characters or ids a logged request shows
+    max_log_len: int | None = None        # prompt token ids a logged request shows
     disable_fastapi_docs: bool = False    # no /docs, /redoc nor /openapi.json
     allowed_origins: list[str] | None = None  # CORS (None: no CORS headers)
     allowed_methods: list[str] = field(default_factory=lambda: ["*"])

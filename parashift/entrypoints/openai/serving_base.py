@@ -19,9 +19,10 @@ from parashift.engine.async_engine import (AsyncLLMEngine, ConstraintFailedError
                                            RequestStream)
 from parashift.entrypoints.openai.errors import APIError, bad_request, from_validation_error
 from parashift.entrypoints.openai.protocol import SamplingFields, UsageInfo
+from parashift.entrypoints.openai.request_checks import check_admission
 from parashift.entrypoints.openai.shutdown import ShutdownDeadline, ShutdownTimeoutError
 from parashift.outputs import CompletionOutput
-from parashift.sampling_params import SamplingParams, check_max_logprobs
+from parashift.sampling_params import SamplingParams
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                    "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "n",
@@ -89,15 +90,6 @@ class ServingContext:
         if not token_ids:
             raise bad_request("the prompt is empty", param="prompt", code="empty_prompt")
         self.check_vocabulary(token_ids, "prompt")
-
-    def check_logprobs(self, params: SamplingParams) -> None:
-        """400 naming the field when the request asks for more logprobs per token than
-        --max-logprobs."""
-        try:
-            check_max_logprobs(params, self.max_logprobs)
-        except ValueError as exc:
-            raise bad_request(str(exc), param=str(exc).split(" ", 1)[0],
-                              code="invalid_sampling_params") from None
 
     def check_vocabulary(self, token_ids: list[int], param: str) -> None:
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
@@ -232,13 +224,7 @@ def build_sampling_params(request: SamplingFields, max_tokens: int | None,
 async def submit(ctx: ServingContext, request_id: str, prompt_ids: list[int],
                  params: SamplingParams, priority: int) -> RequestStream:
     """Hands the request to the engine, mapping its refusals to HTTP errors."""
-    if priority and ctx.scheduling_policy == "fcfs":
-        raise bad_request(f"priority {priority}: this server schedules first come, first "
-                          "served (--scheduling-policy fcfs); send priority 0 or start it "
-                          "with --scheduling-policy priority", param="priority")
-    ctx.check_logprobs(params)
-    if ctx.request_log is not None:
-        ctx.request_log.log(request_id, prompt_ids, params)
+    check_admission(ctx, request_id, prompt_ids, params, priority)
     try:
         return await ctx.engine.add_request(request_id, prompt_ids, params, priority,
                                             num_prompt_tokens=len(prompt_ids))
