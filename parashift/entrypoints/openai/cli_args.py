@@ -96,6 +96,7 @@ def add_vllm_server_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(f"--ssl-{name}", default=None, help=f"HTTPS: the {name} file")
     group.add_argument("--ssl-cert-reqs", type=int, default=0,
                        help="HTTPS: 0 no client certificate, 1 optional, 2 required")
+    group.add_argument("--ssl-ciphers", default=None, help="HTTPS: OpenSSL's cipher list")
     group.add_argument("--log-config-file", default=None,
                        help="uvicorn's logging configuration (JSON or YAML file)")
     group.add_argument("--response-role", default="assistant", help="the role of chat replies")
@@ -133,7 +134,7 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
 VLLM_SERVER_OPTIONS = ("uvicorn_log_level", "enable_log_requests", "max_log_len",
                        "disable_fastapi_docs", "allowed_origins", "allow_credentials",
                        "root_path", "uds", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs",
-                       "ssl_cert_reqs", "log_config_file", "response_role", "scheduling_policy")
+                       "ssl_cert_reqs", "ssl_ciphers", "log_config_file", "response_role", "scheduling_policy")
 
 
 def serve_configs(args: argparse.Namespace, engine_config_from_args=None):

@@ -34,6 +34,8 @@ def uvicorn_options(config: ServerConfig, **overrides) -> dict:
                    ssl_ca_certs=config.ssl_ca_certs, ssl_cert_reqs=config.ssl_cert_reqs)
     if config.log_config_file is not None:
         options["log_config"] = config.log_config_file
+    if config.ssl_ciphers is not None:
+        options["ssl_ciphers"] = config.ssl_ciphers
     return {**options, **overrides}
 
 

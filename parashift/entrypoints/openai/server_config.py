@@ -36,6 +36,7 @@ class ServerConfig:
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: int = 0                # ssl.CERT_NONE; 2: clients must show a certificate
+    ssl_ciphers: str | None = None        # OpenSSL's cipher list (None: uvicorn's)
     log_config_file: str | None = None    # logging configuration (JSON or YAML) for uvicorn
     response_role: str = "assistant"      # the role of chat replies
     # priority: a request's `priority` orders the queue (lower first); fcfs: arrival order,

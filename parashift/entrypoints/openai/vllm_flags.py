@@ -80,6 +80,54 @@ NO_EFFECT = {
                                            "prefill together"),
     "--max-long-partial-prefills": VllmFlag("the step budget decides how many prompts "
                                             "prefill together"),
+    "--ignore-patterns": VllmFlag("models load from a local path (no hub download)"),
+    "--use-tqdm-on-load": VllmFlag("loading logs what it loads and how long it took",
+                                   takes_value=False),
+    "--model-loader-extra-config": VllmFlag("the loader reads the model's files as they are"),
+    "--pt-load-map-location": VllmFlag("weights load onto each rank's device"),
+    "--config-format": VllmFlag("the model's config.json (or GGUF metadata) is read",
+                                neutral=("auto", "hf")),
+    "--model-impl": VllmFlag("the models are parashift's own", neutral=("auto", "vllm")),
+    "--disable-async-output-proc": VllmFlag("outputs are made as --output-processor says",
+                                            takes_value=False),
+    "--num-lookahead-slots": VllmFlag("no lookahead slots here"),
+    "--scheduler-delay-factor": VllmFlag("the scheduler admits requests at once"),
+    "--disable-hybrid-kv-cache-manager": VllmFlag("one KV cache manager here",
+                                                  takes_value=False),
+    "--api-server-count": VllmFlag("one API server process here", neutral=("1",)),
+    "--exclude-tools-when-tool-choice-none": VllmFlag(
+        "tools are shown to the template with tool_choice none, as vLLM's default",
+        takes_value=False),
+    "--trust-request-chat-template": VllmFlag("requests cannot bring a chat template here",
+                                              takes_value=False),
+    "--enable-tokenizer-info-endpoint": VllmFlag("no /tokenizer_info endpoint here",
+                                                 takes_value=False),
+    "--h11-max-incomplete-event-size": VllmFlag("uvicorn's limits apply; bodies are capped "
+                                                "by --max-request-bytes"),
+    "--h11-max-header-count": VllmFlag("uvicorn's limits apply"),
+    "--log-error-stack": VllmFlag("unexpected errors are logged with their stack; clients "
+                                  "never see one", takes_value=False),
+    "--enable-ssl-refresh": VllmFlag("restart the server to take new certificates",
+                                     takes_value=False),
+    "--disable-access-log-for-endpoints": VllmFlag("the access log is off unless "
+                                                   "--access-log"),
+    "--kv-events-config": VllmFlag("no KV cache events are published here"),
+    "--show-hidden-metrics-for-version": VllmFlag("/metrics has parashift's own metrics"),
+    "--collect-detailed-traces": VllmFlag("no OpenTelemetry traces here"),
+    "--enable-reasoning": VllmFlag("no reasoning parsers here: a model's reasoning stays "
+                                   "in the reply's content", takes_value=False),
+    "--disable-chunked-mm-input": VllmFlag("text-only models here: no multimodal inputs",
+                                           takes_value=False),
+    "--mm-processor-cache-gb": VllmFlag("text-only models here: no multimodal inputs"),
+    "--allowed-local-media-path": VllmFlag("text-only models here: no multimodal inputs"),
+    "--media-io-kwargs": VllmFlag("text-only models here: no multimodal inputs"),
+    "--override-pooler-config": VllmFlag("parashift serves text generation only (no pooling)"),
+    "--ray-workers-use-nsight": VllmFlag("profile with llm.start_profile() instead",
+                                         takes_value=False),
+    "--multi-step-stream-outputs": VllmFlag("one step per schedule (vLLM v1 dropped it too)",
+                                            takes_value=False),
+    "--use-v2-block-manager": VllmFlag("the block manager is parashift's own",
+                                       takes_value=False),
 }
 
 REFUSED = {
@@ -112,6 +160,29 @@ REFUSED = {
     "--override-generation-config": VllmFlag("give --generation-config a folder holding the "
                                              "generation_config.json you want"),
     "--enable-prompt-embeds": VllmFlag("prompts are text or token ids", takes_value=False),
+    "--rope-scaling": VllmFlag("edit the model directory's config.json instead"),
+    "--rope-theta": VllmFlag("edit the model directory's config.json instead"),
+    "--hf-config-path": VllmFlag("the config.json in the model directory is read"),
+    "--default-chat-template-kwargs": VllmFlag("the template is rendered with messages, tools "
+                                               "and add_generation_prompt only: edit it and "
+                                               "give it with --chat-template"),
+    "--tool-server": VllmFlag("built-in tools are not supported: give tools as functions in "
+                              "/v1/chat/completions"),
+    "--tokens-only": VllmFlag("every endpoint is served", takes_value=False),
+    "--kv-transfer-config": VllmFlag("no KV transfer between instances here (disaggregated "
+                                     "prefill): Seesaw moves KV between plans on one node "
+                                     "(--parallel-policy seesaw)"),
+    "--enable-lora-bias": VllmFlag("LoRA adapters are not supported", takes_value=False),
+    "--fully-sharded-loras": VllmFlag("LoRA adapters are not supported", takes_value=False),
+    "--max-cpu-loras": VllmFlag("LoRA adapters are not supported"),
+    "--lora-dtype": VllmFlag("LoRA adapters are not supported", neutral=("auto",)),
+    "--data-parallel-hybrid-lb": VllmFlag("one server balances its replicas itself; to span "
+                                          "hosts give --nnodes / --node-rank",
+                                          takes_value=False),
+    "--data-parallel-external-lb": VllmFlag("one server balances its replicas itself; to "
+                                            "span hosts give --nnodes / --node-rank",
+                                            takes_value=False),
+    "--config": VllmFlag("no YAML config file here: give the flags on the command line"),
 }
 
 # vLLM's names of parashift's own flags: flag -> (destination, type)

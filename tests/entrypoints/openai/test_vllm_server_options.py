@@ -105,13 +105,15 @@ def test_chat_top_logprobs_above_the_cap_is_a_400(client, model_name):
 def test_uvicorn_is_given_the_vllm_options():
     config = ServerConfig(uvicorn_log_level="debug", root_path="/api", uds="/tmp/p.sock",
                           ssl_keyfile="k.pem", ssl_certfile="c.pem", ssl_ca_certs="ca.pem",
-                          ssl_cert_reqs=2, log_config_file="log.json")
+                          ssl_cert_reqs=2, ssl_ciphers="ECDHE-RSA-AES256-GCM-SHA384",
+                          log_config_file="log.json")
     given = uvicorn_options(config)
     assert {key: given[key] for key in ("log_level", "root_path", "uds", "ssl_keyfile",
                                         "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs",
-                                        "log_config")} == {
+                                        "ssl_ciphers", "log_config")} == {
         "log_level": "debug", "root_path": "/api", "uds": "/tmp/p.sock", "ssl_keyfile": "k.pem",
         "ssl_certfile": "c.pem", "ssl_ca_certs": "ca.pem", "ssl_cert_reqs": 2,
-        "log_config": "log.json"}
+        "ssl_ciphers": "ECDHE-RSA-AES256-GCM-SHA384", "log_config": "log.json"}
     plain = uvicorn_options(ServerConfig(log_level="warning"))
     assert plain["log_level"] == "warning" and "log_config" not in plain
+    assert "ssl_ciphers" not in plain
