@@ -203,21 +203,27 @@ VALUE_NAMES = {
 
 def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "vLLM's flags", "Accepted with a one-line notice (no effect here): "
-        + ", ".join(NO_EFFECT) + ". Refused, with what to use instead: "
-        + ", ".join(REFUSED) + ".")
-    for flag, spec in {**NO_EFFECT, **REFUSED}.items():
-        if spec.takes_value:
-            group.add_argument(flag, dest=_dest(flag), default=None, metavar="VALUE",
-                               nargs=spec.nargs, help=argparse.SUPPRESS)
-        else:
-            group.add_argument(flag, dest=_dest(flag), default=None,
-                               action=argparse.BooleanOptionalAction, help=argparse.SUPPRESS)
+        "vLLM's flags", "vLLM's names of parashift's options, and vLLM's flags that change "
+        "nothing here (accepted with a one-line notice) or that it cannot honour (refused, "
+        "naming what to use instead)")
+    for flag, spec in NO_EFFECT.items():
+        _add_vllm_flag(group, flag, spec, f"no effect here: {spec.why}")
+    for flag, spec in REFUSED.items():
+        _add_vllm_flag(group, flag, spec, f"refused: {spec.why}")
     for flag, (dest, type_) in ALIASES.items():
         group.add_argument(flag, dest=dest, type=type_, default=argparse.SUPPRESS,
                            help=f"vLLM's name of --{dest.replace('_', '-')}")
     for flag, (dest, _, notice) in TAKEN_AS.items():
         group.add_argument(flag, dest=_dest(flag), action="store_true", help=notice)
+
+
+def _add_vllm_flag(group, flag: str, spec: VllmFlag, help_: str) -> None:
+    if spec.takes_value:
+        group.add_argument(flag, dest=_dest(flag), default=None, metavar="VALUE",
+                           nargs=spec.nargs, help=help_)
+    else:
+        group.add_argument(flag, dest=_dest(flag), default=None,
+                           action=argparse.BooleanOptionalAction, help=help_)
 
 
 def apply_vllm_flags(args: argparse.Namespace) -> list[str]:
