@@ -17,10 +17,16 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192  # token budget of one step
     max_model_len: int = 8192
     long_prefill_token_threshold: int = 0  # cap on one request's tokens per step; 0 = none
+    enable_chunked_prefill: bool = True  # False: a prompt's prefill runs whole in one step
 
     def __post_init__(self):
         minimum = {"long_prefill_token_threshold": 0}
+        if not isinstance(self.enable_chunked_prefill, bool):
+            raise ValueError("enable_chunked_prefill must be true or false, got "
+                             f"{self.enable_chunked_prefill!r}")
         for f in fields(self):
+            if f.name == "enable_chunked_prefill":
+                continue
             value = getattr(self, f.name)
             low = minimum.get(f.name, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -59,6 +65,9 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None       # step token budget; None: by device
     long_prefill_token_threshold: int | None = None  # one request's cap per step; None: budget/2
     enable_prefix_caching: bool = True
+    # False: a prompt is prefilled whole in one step (the step budget must hold the longest)
+    enable_chunked_prefill: bool = True
+    max_logprobs: int = 20                   # most logprobs a request may ask for; -1: no cap
     seed: int = 0
     block_size: int = 16
     num_blocks: int | None = None            # KV pool size in blocks; overrides the memory sizing
@@ -150,6 +159,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        self._check_prefill_and_logprobs()
         if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0: no cap), got "
                              f"{self.long_prefill_token_threshold}")
@@ -205,6 +215,23 @@ class EngineConfig:
         self._check_hosts()
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+    def _check_prefill_and_logprobs(self) -> None:
+        if not isinstance(self.enable_chunked_prefill, bool):
+            raise ValueError("enable_chunked_prefill must be true or false, got "
+                             f"{self.enable_chunked_prefill!r}")
+        if not self.enable_chunked_prefill and self.long_prefill_token_threshold:
+            raise ValueError("long_prefill_token_threshold caps a prompt's chunk: it needs "
+                             "enable_chunked_prefill")
+        budget, longest = self.max_num_batched_tokens, self.max_model_len
+        if not self.enable_chunked_prefill and budget and longest and budget < longest:
+            raise ValueError(f"max_num_batched_tokens ({budget}) is smaller than max_model_len "
+                             f"({longest}): without chunked prefill a step must hold a whole "
+                             "prompt")
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \
+                or self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be an integer >= -1 (-1: no cap), got "
+                             f"{self.max_logprobs!r}")
 
     def _check_swap(self) -> None:
         if self.preemption_mode not in PREEMPTION_MODES:

@@ -140,3 +140,16 @@ class SamplingParams:
         greedy, with no logprobs, logit bias, penalties or structured output."""
         return (self.greedy and self.logprobs is None and not self.logit_bias
                 and not self.uses_history and self.structured_outputs is None)
+
+
+def check_max_logprobs(params: SamplingParams, max_logprobs: int) -> None:
+    """ValueError naming the field when a request asks for more logprobs per token than the
+    engine's max_logprobs (vLLM's --max-logprobs; -1: no cap)."""
+    if max_logprobs < 0:
+        return
+    for name in ("logprobs", "prompt_logprobs"):
+        asked = getattr(params, name, None)
+        if asked is not None and asked > max_logprobs:
+            raise ValueError(f"{name} {asked} is more than this engine's max_logprobs "
+                             f"({max_logprobs}); ask for fewer, or start it with a higher "
+                             "--max-logprobs")

@@ -36,9 +36,16 @@ def _add_serve_parser(kinds) -> None:
                          formatter_class=DefaultsOnceFormatter)
     _add_workload_args(p, required=False)
     _add_dataset_args(p)
-    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server")
-    p.add_argument("--endpoint", default="completions", choices=("completions", "chat"),
-                   help="the API to call")
+    p.add_argument("--base-url", default=None,
+                   help="the server (default: http://--host:--port)")
+    p.add_argument("--host", default=None, help="the server's host (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="the server's port (default 8000)")
+    p.add_argument("--backend", default=None, choices=BACKENDS,
+                   help="vLLM's: openai (or vllm) calls /v1/completions, openai-chat "
+                        "/v1/chat/completions (default: as --endpoint says)")
+    p.add_argument("--endpoint", default=None,
+                   help="the API path, e.g. /v1/chat/completions (vLLM's), or completions | "
+                        "chat (default: completions)")
     p.add_argument("--model", default=None, help="default: the first of /v1/models")
     p.add_argument("--api-key", default=None,
                    help="default: env PARASHIFT_API_KEY or OPENAI_API_KEY")
@@ -67,6 +74,35 @@ def _add_serve_parser(kinds) -> None:
     p.add_argument("--metrics-interval", type=float, default=0.5,
                    help="seconds between /metrics samples")
     p.add_argument("--plot", action="store_true", help="write PNG plots")
+
+
+# vLLM's --backend names of the two APIs
+BACKENDS = {"openai": "completions", "vllm": "completions", "openai-chat": "chat"}
+API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def bench_target(args) -> tuple[str, str, str]:
+    """(base URL, API kind, path) from --base-url or --host/--port, and --backend and
+    --endpoint as vLLM's `bench serve` takes them (or parashift's --endpoint chat)."""
+    if args.base_url is not None and (args.host is not None or args.port is not None):
+        raise ValueError("give --base-url or --host/--port, not both")
+    base_url = args.base_url or f"http://{args.host or '127.0.0.1'}:{args.port or 8000}"
+    endpoint = args.endpoint
+    if endpoint in API_PATHS:  # parashift's names of the APIs
+        kind, path = endpoint, API_PATHS[endpoint]
+    elif endpoint is not None:
+        if not endpoint.startswith("/"):
+            raise ValueError(f"--endpoint must be a path such as /v1/completions, or "
+                             f"completions or chat; got {endpoint!r}")
+        kind, path = ("chat" if endpoint.rstrip("/").endswith("chat/completions")
+                      else "completions"), endpoint
+    else:
+        kind = BACKENDS.get(args.backend, "completions")
+        path = API_PATHS[kind]
+    if args.backend is not None and BACKENDS[args.backend] != kind:
+        raise ValueError(f"--backend {args.backend} calls the {BACKENDS[args.backend]} API, "
+                         f"but --endpoint {endpoint} is the {kind} one")
+    return base_url, kind, path
 
 
 def _add_dataset_args(parser: argparse.ArgumentParser) -> None:
@@ -147,9 +183,10 @@ def _run_serve(args) -> None:
     api_key = args.api_key or os.environ.get("PARASHIFT_API_KEY") or \
         os.environ.get("OPENAI_API_KEY")
     dataset = dataset_from_args(args)
+    base_url, kind, path = bench_target(args)
     config = ServeBenchConfig(
         workload=None if dataset else args.workload, dataset=dataset,
-        base_url=args.base_url, endpoint=args.endpoint,
+        base_url=base_url, endpoint=kind, endpoint_path=path,
         model=args.model, api_key=api_key, options=workload_options(args),
         max_concurrency=args.max_concurrency, slo=SLO.parse(args.slo),
         prompt_format=args.prompt_format, vocab_size=args.vocab_size,

@@ -16,6 +16,7 @@ class Endpoint:
     api_key: str | None = None
     temperature: float = 0.0
     extra_body: dict = field(default_factory=dict)
+    path: str | None = None  # the API's path (vLLM's --endpoint); None: the kind's /v1 one
 
     def __post_init__(self):
         if self.kind not in ("completions", "chat"):
@@ -23,7 +24,7 @@ class Endpoint:
 
     @property
     def url(self) -> str:
-        path = "/v1/chat/completions" if self.kind == "chat" else "/v1/completions"
+        path = self.path or ("/v1/chat/completions" if self.kind == "chat" else "/v1/completions")
         return self.base_url.rstrip("/") + path
 
     @property

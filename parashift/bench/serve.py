@@ -21,6 +21,7 @@ class ServeBenchConfig:
     workload: str | None = None  # a workload's name, or None with a dataset
     base_url: str = "http://127.0.0.1:8000"
     endpoint: str = "completions"  # completions | chat
+    endpoint_path: str | None = None  # the API's path; None: the endpoint's /v1 one
     model: str | None = None  # None: the first of /v1/models
     api_key: str | None = None
     options: WorkloadOptions = field(default_factory=WorkloadOptions)
@@ -73,7 +74,7 @@ async def _bench(config: ServeBenchConfig) -> list[dict]:
     listed = await discover_model(config.base_url, config.api_key)  # fails early without a server
     model = config.model or listed
     endpoint = Endpoint(config.base_url, model, config.endpoint, config.api_key,
-                        config.temperature, config.extra_body)
+                        config.temperature, config.extra_body, config.endpoint_path)
     workload = config.dataset.workload if config.dataset else get_workload(config.workload)
     phases = build_phases(workload, config.options)
     out_dir = Path(config.output_dir)

@@ -32,7 +32,7 @@ from parashift.engine.transitions import TransitionRecord
 from parashift.kv.block_manager import BlockManager
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.outputs import RequestOutput
-from parashift.sampling_params import SamplingParams
+from parashift.sampling_params import SamplingParams, check_max_logprobs
 from parashift.structured.matchers import NO_CONTINUATION, StructuredOutputs
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class LLMEngine:
         logger.info("Loading %s on %s ...", source.describe(), self.device)  # the slow part
         self.vocab_size = hf_config.vocab_size
         self.max_model_len = resolve_max_model_len(config, hf_config)
-        self.config = config = with_step_budget(config, self.device, offline)
+        self.config = config = with_step_budget(config, self.device, offline, self.max_model_len)
         self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
         self.config = config = resolve_auto_plans(config, hf_config, self.dtype, self.device)
         self._hf_config = hf_config
@@ -204,6 +204,7 @@ class LLMEngine:
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.verify()  # it may have been changed since it was built
         self._validate_logit_bias(params)
+        check_max_logprobs(params, self.config.max_logprobs)
         prompt_text, token_ids = self._tokenize(prompt)
         self._validate_prompt(token_ids)
         check_fits(need(len(token_ids), params.max_tokens, self.max_model_len), len(token_ids),

@@ -85,7 +85,7 @@ class Node:
         config = self.config
         self.scheduler_config = SchedulerConfig(
             config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-            config.long_prefill_token_threshold)
+            config.long_prefill_token_threshold, config.enable_chunked_prefill)
         self.replicas = [make_replica(self, group, size, offset)
                          for group, offset, size in replica_pools(self)]
         self.max_context = self.max_context_by_width()

@@ -376,8 +376,8 @@ class Scheduler:
         if pending and (self.defer_pending or len(seq.token_ids) + pending >= seq.length_limit):
             return 0
         num_new = len(seq.token_ids) + pending - num_computed
-        if num_new > budget:
-            num_new = budget
+        if num_new > budget:  # without chunked prefill, a prompt waits for a step that holds it
+            num_new = budget if self.config.enable_chunked_prefill else 0
         threshold = self.config.long_prefill_token_threshold
         return num_new if threshold <= 0 or num_new <= threshold else threshold
 
@@ -511,6 +511,8 @@ class Scheduler:
                 return
             computed_blocks, num_cached = self._resume_point(seq)
             num_new = self._num_new_tokens(seq, budget, num_cached)
+            if num_new <= 0:
+                return
             if not self.block_manager.allocate_slots(seq, num_new, computed_blocks):
                 return
             heapq.heappop(self._waiting)

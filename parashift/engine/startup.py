@@ -62,14 +62,32 @@ def gpu_name_and_bytes(device: torch.device) -> tuple[str, int]:
 
 
 def with_step_budget(config: EngineConfig, device: torch.device,
-                     offline: bool = False) -> EngineConfig:
+                     offline: bool = False, max_model_len: int | None = None) -> EngineConfig:
     """The budget (`offline`: for the `LLM` class, not a server), and a per-request cap of
     half of it by default, so that one long prompt leaves half of every step to the requests
-    behind it (they wait one step, not its whole prefill)."""
+    behind it (they wait one step, not its whole prefill). Without chunked prefill a step
+    holds the longest prompt whole, and no cap."""
+    if not config.enable_chunked_prefill:
+        return whole_prefill_budget(config, device, offline, max_model_len)
     budget = config.max_num_batched_tokens or default_step_tokens(device, offline)
     cap = config.long_prefill_token_threshold
     return dataclasses.replace(config, max_num_batched_tokens=budget,
                                long_prefill_token_threshold=max(1, budget // 2) if cap is None else cap)
+
+
+def whole_prefill_budget(config: EngineConfig, device: torch.device, offline: bool,
+                         max_model_len: int | None) -> EngineConfig:
+    """enable_chunked_prefill=False (vLLM's --no-enable-chunked-prefill): the budget holds a
+    prompt of max_model_len tokens (by default the larger of the two), and no prompt is cut."""
+    longest = max_model_len or config.max_model_len or 0
+    budget = config.max_num_batched_tokens or max(longest, default_step_tokens(device, offline))
+    if budget < longest:
+        raise ValueError(f"max_num_batched_tokens ({budget}) is smaller than max_model_len "
+                         f"({longest}): without chunked prefill a step must hold a whole "
+                         "prompt; raise --max-num-batched-tokens, lower --max-model-len or "
+                         "enable chunked prefill")
+    return dataclasses.replace(config, max_num_batched_tokens=budget,
+                               long_prefill_token_threshold=0)
 
 
 def resolve_device(device: str) -> torch.device:

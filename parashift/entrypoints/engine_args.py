@@ -2,16 +2,20 @@
 import argparse
 
 from parashift.config import SEESAW_WEIGHT_SOURCES, EngineConfig, option_defaults
+from parashift.entrypoints.arg_types import human_int, model_len, vllm_dtype
 from parashift.entrypoints.launch_env import launch_values
 
 # flag -> (EngineConfig field, type, help); defaults come from EngineConfig
 ENGINE_FLAGS = {
     "--tokenizer": ("tokenizer", str, "tokenizer directory (default: the model's)"),
     "--device": ("device", str, "auto | cpu | cuda"),
-    "--dtype": ("dtype", str, "auto | float32 | bfloat16 | float16"),
-    "--max-model-len": ("max_model_len", int, "context window (default: the model's)"),
+    "--dtype": ("dtype", vllm_dtype, "auto | float32 (float) | bfloat16 | float16 (half)"),
+    "--max-model-len": ("max_model_len", model_len, "context window, e.g. 4096 or 32k "
+                                                    "(default or auto: the model's)"),
+    "--max-logprobs": ("max_logprobs", int, "most logprobs a request may ask for per token "
+                                            "(-1: no cap)"),
     "--max-num-seqs": ("max_num_seqs", int, "most sequences in one step"),
-    "--max-num-batched-tokens": ("max_num_batched_tokens", int, "token budget of one step "
+    "--max-num-batched-tokens": ("max_num_batched_tokens", human_int, "token budget of one step "
                                  "(default: 8192 on GPUs, 16384 for the offline "
                                  "LLM on GPUs of >= 70 GiB but the A100, 512 on the CPU)"),
     "--pp-micro-batch-tokens": ("pp_micro_batch_tokens", int, "least tokens of one micro-batch "
@@ -189,8 +193,14 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
     for flag, short, name in PARALLEL_FLAGS:
         group.add_argument(flag, short, dest=name, type=int, default=defaults[name],
                            help=name.replace('_', ' '))
-    group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
-                       action="store_false", help="turn prefix caching off")
+    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=defaults["enable_prefix_caching"],
+                       help="reuse the KV of a prompt's cached prefix blocks")
+    group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                       default=defaults["enable_chunked_prefill"],
+                       help="cut a long prompt's prefill over several steps (off: each "
+                            "prompt prefills whole in one step; the step budget holds "
+                            "--max-model-len tokens)")
     group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                        help="run decode steps, and steps that prefill up to 2,048 tokens, as "
                             "CUDA graphs (default: on where possible: "
@@ -239,7 +249,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     names = [name for name, _, _ in ENGINE_FLAGS.values()]
-    names += ["model", "enable_prefix_caching", "skip_tokenizer_init", "trust_remote_code",
+    names += ["model", "enable_prefix_caching", "enable_chunked_prefill", "skip_tokenizer_init", "trust_remote_code",
               "cuda_graphs", "mixed_step_graphs",
               "fast_all_reduce", "async_scheduling", "check_step_state", "deterministic", "share_ffn",
               "seesaw_resident_weights", "engine_core_process"]

@@ -13,6 +13,7 @@ import signal
 import socket
 import time
 from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
 
 from parashift.executor.base import WorkerFailure
 from parashift.executor.node_link import NodeLink, accept_nodes
@@ -150,6 +151,7 @@ class MultiprocExecutor:
         """Kills `rank` for good (a stopped one too) and drops the steps it owed."""
         logger.error("%s; its group is taken out of service", reason.splitlines()[0])
         self.procs[rank].kill()
+        _reap(self.procs[rank])
         self.lost[rank] = reason
         self.pending[rank].clear()
         if report:
@@ -361,6 +363,13 @@ class MultiprocExecutor:
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []
+
+
+def _reap(proc) -> None:
+    """Waits for a killed process of this host (a child left unwaited stays a zombie for
+    as long as the server runs); another host's rank is its agent's to wait for."""
+    if isinstance(proc, BaseProcess):
+        proc.join(timeout=1)
 
 
 def _is_stopped(pid: int) -> bool:

@@ -132,3 +132,20 @@ def test_cli_sharegpt_dataset_counts_lengths_with_the_model_s_tokenizer(server, 
     tokenizer = bench_tokenizer(None)
     assert summary["completed"] == 2
     assert summary["input_tokens"] == sum(len(tokenizer.encode(q)) for q, _ in turns)
+
+
+@pytest.mark.parametrize("backend, endpoint, workload", [
+    ("openai", "/v1/completions", ["--dataset-name", "random", "--num-prompts", "2",
+                                   "--random-input-len", "8", "--random-output-len", "3"]),
+    ("openai-chat", "/v1/chat/completions", ["--workload", "interactive", "--num-requests",
+                                             "2", "--length-scale", "0.005"])])
+def test_cli_takes_vllm_s_backend_host_port_and_endpoint(server, tmp_path, backend, endpoint,
+                                                         workload):
+    """`vllm bench serve --backend openai-chat --host H --port P --endpoint /v1/chat/...`."""
+    host, port = server.base_url.removeprefix("http://").split(":")
+    bench_main(["serve", "--backend", backend, "--host", host, "--port", port,
+                "--endpoint", endpoint, *workload, "--vocab-size",
+                str(shared_engine().vocab_size), "--output-dir", str(tmp_path)])
+    (summary_file,) = tmp_path.glob("*-summary.json")
+    summary = json.loads(summary_file.read_text())["phases"][0]["summary"]
+    assert summary["completed"] == 2 and summary["failed"] == 0

@@ -235,3 +235,18 @@ def test_a_cas_round_pads_to_its_longest_decode_only_where_every_replica_decodes
     assert decode_round_rows([sched([1, 1, 1]), sched([1]), sched([])]) == 3
     assert decode_round_rows([sched([1, 1]), sched([5, 1])]) == 0  # a prompt's chunk
     assert decode_round_rows([sched([1, 1]), sched([1], swaps=["out"])]) == 0
+
+
+def test_without_chunked_prefill_prompts_prefill_whole_with_the_same_tokens(tiny_llama_dir,
+                                                                            reference):
+    """vLLM's --no-enable-chunked-prefill: the step budget holds max_model_len, no cap; the
+    greedy tokens are the reference's. max_logprobs bounds a request's logprobs."""
+    prompts, expected = reference
+    llm = tiny_llm(tiny_llama_dir, enable_chunked_prefill=False, max_model_len=128,
+                   enable_prefix_caching=False, max_logprobs=2)
+    config = llm.llm_engine.config
+    assert config.max_num_batched_tokens >= 128 and config.long_prefill_token_threshold == 0
+    assert token_ids(llm.generate(prompts[:6], GREEDY)) == expected[:6]
+    with pytest.raises(ValueError, match="logprobs 3 is more than this engine's max_logprobs"):
+        llm.generate([prompts[0]], SamplingParams(max_tokens=2, logprobs=3))
+    assert llm.generate([prompts[0]], SamplingParams(max_tokens=2, logprobs=2))

@@ -505,3 +505,20 @@ def test_each_running_chunk_is_what_num_new_tokens_says_with_steps_in_flight(def
             done = in_flight.pop(0)
             sched.update(done, [7] * sum(s.samples for s in done.scheduled))
     assert decodes > 20
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_holds_it_whole():
+    chunked = make_scheduler(max_num_batched_tokens=16, max_model_len=16)
+    whole = make_scheduler(max_num_batched_tokens=16, max_model_len=16,
+                           enable_chunked_prefill=False)
+    for sched in (chunked, whole):
+        sched.add(make_seq("a", 10))
+        sched.add(make_seq("b", 10, base=2000))
+    assert step(chunked)[0] == [("a", 10, 0), ("b", 6, 0)]  # b's prompt cut
+    assert step(whole)[0] == [("a", 10, 0)]  # b waits: 6 tokens of budget left
+    assert step(whole)[0] == [("a", 1, 10), ("b", 10, 0)]
+
+
+def test_scheduler_config_takes_chunked_prefill_as_a_boolean():
+    with pytest.raises(ValueError, match="enable_chunked_prefill"):
+        SchedulerConfig(enable_chunked_prefill=1)

@@ -2,13 +2,14 @@
 import contextlib
 
 from fastapi import APIRouter, Depends, FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from parashift import version as package_version
 from parashift.engine.async_engine import AsyncLLMEngine
 from parashift.entrypoints.openai.auth import make_auth_dependency
 from parashift.entrypoints.openai.errors import APIError, install_error_handlers
-from parashift.entrypoints.openai.openapi import add_json_post, publish_schemas
+from parashift.entrypoints.openai.openapi import (add_json_post, error_responses,
+                                                  publish_schemas)
 from parashift.entrypoints.openai.protocol import (ChatCompletionRequest,
                                                    ChatCompletionResponse, CompletionRequest,
                                                    CompletionResponse, DetokenizeRequest,
@@ -16,12 +17,15 @@ from parashift.entrypoints.openai.protocol import (ChatCompletionRequest,
                                                    LayoutResponse, ModelCard, ModelList,
                                                    TokenizeRequest, TokenizeResponse,
                                                    VersionResponse)
+from parashift.entrypoints.openai.request_log import request_log
+from parashift.entrypoints.openai.protocol_responses import ResponseObject, ResponsesRequest
 from parashift.entrypoints.openai.readiness import Readiness, not_ready_reason, server_load
 from parashift.entrypoints.openai.server_config import ServerConfig
 from parashift.entrypoints.openai.serving_base import ServingContext
 from parashift.entrypoints.openai.serving_chat import ChatServer
 from parashift.entrypoints.openai.serving_completions import CompletionServer
 from parashift.entrypoints.openai.serving_layout import LayoutServer
+from parashift.entrypoints.openai.serving_responses import ResponsesServer
 from parashift.entrypoints.openai.serving_tokens import TokenServer
 from parashift.entrypoints.openai.shutdown import ShutdownDeadline
 from parashift.metrics import ServerMetrics
@@ -37,7 +41,10 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
     ctx = ServingContext.from_engine(async_engine, config.served_model_names,
                                      config.max_request_bytes, deadline,
                                      tool_call_parser=config.tool_call_parser,
-                                     enable_auto_tool_choice=config.enable_auto_tool_choice)
+                                     enable_auto_tool_choice=config.enable_auto_tool_choice,
+                                     response_role=config.response_role,
+                                     scheduling_policy=config.scheduling_policy,
+                                     request_log=request_log(config))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -47,8 +54,11 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
         finally:
             await async_engine.shutdown()
 
+    docs = not config.disable_fastapi_docs
     app = FastAPI(title="parashift", version=server_version(), lifespan=lifespan,
-                  docs_url="/docs", redoc_url=None)
+                  docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
+    add_cors(app, config)
     app.state.async_engine = async_engine
     app.state.metrics = metrics
     app.state.serving = ctx
@@ -61,9 +71,20 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
     app.include_router(_v1_routes(ctx), dependencies=auth)
     app.include_router(_token_routes(ctx), dependencies=auth)
     app.include_router(_layout_routes(ctx, metrics), dependencies=auth)
-    publish_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
-                          DetokenizeRequest, LayoutRequest])
+    publish_schemas(app, [CompletionRequest, ChatCompletionRequest, ResponsesRequest,
+                          TokenizeRequest, DetokenizeRequest, LayoutRequest])
     return app
+
+
+def add_cors(app: FastAPI, config: ServerConfig) -> None:
+    """CORS headers for the origins of --allowed-origins (none given: no CORS)."""
+    if config.allowed_origins is None:
+        return
+    from fastapi.middleware.cors import CORSMiddleware
+    app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins,
+                       allow_methods=config.allowed_methods,
+                       allow_headers=config.allowed_headers,
+                       allow_credentials=config.allow_credentials)
 
 
 def server_version() -> str:
@@ -74,7 +95,7 @@ def server_version() -> str:
 def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/health")
+    @router.get("/health", responses=error_responses(503))
     async def health() -> JSONResponse:
         if async_engine.is_running:
             faults = async_engine.faults
@@ -92,7 +113,8 @@ def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIR
     async def version() -> JSONResponse:
         return JSONResponse({"version": server_version()})
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=PlainTextResponse,
+                responses={200: {"description": "Prometheus' text format"}})
     async def prometheus_metrics() -> Response:
         metrics.record_liveness(async_engine.is_running)
         body, content_type = metrics.render()
@@ -105,7 +127,7 @@ def _readiness_routes(async_engine: AsyncLLMEngine, readiness: Readiness) -> API
     """`/ready` for readiness probes and balancers (readiness.py)."""
     router = APIRouter()
 
-    @router.get("/ready")
+    @router.get("/ready", responses=error_responses(503))
     async def ready() -> JSONResponse:
         reason = not_ready_reason(async_engine, readiness)
         if reason is None:
@@ -120,7 +142,7 @@ def _v1_routes(ctx: ServingContext) -> APIRouter:
     router = APIRouter(prefix="/v1")
     completions, chat = CompletionServer(ctx), ChatServer(ctx)
 
-    @router.get("/models", response_model=ModelList)
+    @router.get("/models", response_model=ModelList, responses=error_responses(401))
     async def list_models() -> JSONResponse:
         cards = [ModelCard(id=name, max_model_len=ctx.max_model_len)
                  for name in ctx.model_names]
@@ -130,6 +152,8 @@ def _v1_routes(ctx: ServingContext) -> APIRouter:
                   CompletionResponse, "create_completion")
     add_json_post(router, "/chat/completions", chat.create, ChatCompletionRequest,
                   ChatCompletionResponse, "create_chat_completion")
+    add_json_post(router, "/responses", ResponsesServer(ctx).create, ResponsesRequest,
+                  ResponseObject, "create_response")
     return router
 
 
@@ -150,6 +174,6 @@ def _layout_routes(ctx: ServingContext, metrics: ServerMetrics) -> APIRouter:
     router = APIRouter(prefix="/v1/parallel")
     layout = LayoutServer(ctx, metrics)
     router.add_api_route("/layout", layout.show, methods=["GET"], response_model=LayoutResponse,
-                         name="show_layout")
+                         name="show_layout", responses=error_responses(401))
     add_json_post(router, "/layout", layout.force, LayoutRequest, LayoutResponse, "set_layout")
     return router

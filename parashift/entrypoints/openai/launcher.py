@@ -20,11 +20,23 @@ SHUTDOWN_GRACE_S = 5.0
 
 
 def uvicorn_config(app, config: ServerConfig, **overrides) -> uvicorn.Config:
-    options = dict(host=config.host, port=config.port, log_level=config.log_level,
+    return uvicorn.Config(app, **uvicorn_options(config, **overrides))
+
+
+def uvicorn_options(config: ServerConfig, **overrides) -> dict:
+    """uvicorn.Config's keywords for `config` (vLLM's server flags among them)."""
+    options = dict(host=config.host, port=config.port,
+                   log_level=config.uvicorn_log_level or config.log_level,
                    access_log=config.access_log, lifespan="on",
-                   timeout_graceful_shutdown=config.shutdown_timeout + SHUTDOWN_GRACE_S)
-    options.update(overrides)
-    return uvicorn.Config(app, **options)
+                   timeout_graceful_shutdown=config.shutdown_timeout + SHUTDOWN_GRACE_S,
+                   root_path=config.root_path, uds=config.uds,
+                   ssl_keyfile=config.ssl_keyfile, ssl_certfile=config.ssl_certfile,
+                   ssl_ca_certs=config.ssl_ca_certs, ssl_cert_reqs=config.ssl_cert_reqs)
+    if config.log_config_file is not None:
+        options["log_config"] = config.log_config_file
+    if config.ssl_ciphers is not None:
+        options["ssl_ciphers"] = config.ssl_ciphers
+    return {**options, **overrides}
 
 
 def make_server(app, config: ServerConfig, **overrides) -> DrainingServer:

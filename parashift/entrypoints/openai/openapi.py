@@ -8,7 +8,23 @@ from fastapi import APIRouter, FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from parashift.entrypoints.openai.protocol import ErrorResponse
+
 REF_TEMPLATE = "#/components/schemas/{model}"
+
+# The errors an API route may answer, each with OpenAI's error object (errors.py)
+ERRORS = {400: "invalid request: the error names the field (`param`)",
+          401: "missing or invalid API key (with --api-key)",
+          404: "no such model",
+          413: "the body is larger than --max-request-bytes",
+          500: "the engine failed, or the request could not be completed",
+          503: "overloaded (Retry-After), shutting down, or the engine is dead"}
+
+
+def error_responses(*statuses: int) -> dict:
+    """FastAPI's `responses` for these statuses (default: all of ERRORS)."""
+    return {status: {"model": ErrorResponse, "description": ERRORS[status]}
+            for status in statuses or ERRORS}
 
 
 def json_body(model: type[BaseModel]) -> dict:
@@ -21,9 +37,10 @@ def json_body(model: type[BaseModel]) -> dict:
 def add_json_post(router: APIRouter, path: str, handle, body: type[BaseModel],
                   response: type[BaseModel], name: str) -> None:
     """POST `path`, answered by `handle(request)`, which reads a `body` itself and
-    answers a `response` (both documented)."""
+    answers a `response` or an error (all documented)."""
     router.add_api_route(path, handle, methods=["POST"], name=name,
-                         openapi_extra=json_body(body), response_model=response)
+                         openapi_extra=json_body(body), response_model=response,
+                         responses=error_responses())
 
 
 def publish_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:

@@ -10,7 +10,8 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, field
                       model_validator)
 
 from parashift.entrypoints.openai.structured_fields import StructuredFields
-from parashift.entrypoints.openai.tool_fields import DeltaToolCall, ToolCall, ToolFields
+from parashift.entrypoints.openai.tool_fields import (ChatTool, DeltaToolCall, ToolCall,
+                                                     ToolFields)
 from parashift.sampling_params import SEED_MAX, SEED_MIN
 
 # /v1/completions without max_tokens (absent or null) generates this many, as OpenAI's
@@ -70,7 +71,7 @@ class SamplingFields(StructuredFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0)  # at most --max-logprobs
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1, le=MAX_SAMPLES_PER_REQUEST)
     suffix: str | None = None
@@ -118,7 +119,7 @@ class ChatCompletionRequest(ToolFields, SamplingFields):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0)  # at most --max-logprobs
 
     @model_validator(mode="after")
     def _check_chat_fields(self):
@@ -142,6 +143,7 @@ class TokenizeRequest(StrictModel):
     add_generation_prompt: bool = True
     add_special_tokens: bool = True
     return_token_strs: bool = False
+    tools: list[ChatTool] | None = None  # with messages: rendered as chat requests do
 
     @model_validator(mode="after")
     def _one_form(self):
@@ -150,6 +152,8 @@ class TokenizeRequest(StrictModel):
         fields = self.model_fields_set
         if self.prompt is not None and "add_generation_prompt" in fields:
             raise ValueError("add_generation_prompt goes with messages, not prompt")
+        if self.prompt is not None and self.tools is not None:
+            raise ValueError("tools go with messages, not prompt")
         if self.messages is not None and "add_special_tokens" in fields:
             raise ValueError("add_special_tokens goes with prompt; the chat template "
                              "places the special tokens of messages")
@@ -211,7 +215,7 @@ class ChatLogprobs(BaseModel):
 
 
 class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
+    role: str = "assistant"  # --response-role
     content: str | None
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
@@ -233,7 +237,7 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
+    role: str | None = None  # the first chunk's: --response-role
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 

@@ -6,6 +6,7 @@ import asyncio
 import copy
 import dataclasses
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from parashift.engine.async_engine import (AsyncLLMEngine, ConstraintFailedError
                                            RequestStream)
 from parashift.entrypoints.openai.errors import APIError, bad_request, from_validation_error
 from parashift.entrypoints.openai.protocol import SamplingFields, UsageInfo
+from parashift.entrypoints.openai.request_checks import check_admission
 from parashift.entrypoints.openai.shutdown import ShutdownDeadline, ShutdownTimeoutError
 from parashift.outputs import CompletionOutput
 from parashift.sampling_params import SamplingParams
@@ -29,6 +31,7 @@ PARAM_NAMES = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "max_to
                "logprobs", "n", "stop_token_ids", "best_of", "presence_penalty",
                "frequency_penalty", "repetition_penalty", "logit_bias"}
 QUEUE_FULL_RETRY_AFTER_S = 1
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,6 +48,11 @@ class ServingContext:
     sampling_defaults: dict = field(default_factory=dict)  # the model's generation config
     tool_call_parser: str | None = None  # --tool-call-parser
     enable_auto_tool_choice: bool = False
+    response_role: str = "assistant"  # --response-role
+    scheduling_policy: str = "priority"  # fcfs: a request's priority must be 0
+    request_log: object = None  # a RequestLog with --enable-log-requests
+    max_logprobs: int = 20  # the engine's: more per token is a 400
+    template_ignores_tools: bool | None = None  # None: not known until tools are given
 
     @classmethod
     def from_engine(cls, async_engine: AsyncLLMEngine, served_model_names: list[str] | None,
@@ -58,6 +66,7 @@ class ServingContext:
                    max_request_bytes=max_request_bytes, deadline=deadline,
                    model_path=getattr(getattr(llm, "config", None), "model", None),
                    sampling_defaults=dict(getattr(llm, "default_sampling", {})),
+                   max_logprobs=getattr(getattr(llm, "config", None), "max_logprobs", 20),
                    **tool_options)
 
     @property
@@ -139,7 +148,19 @@ class ServingContext:
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> list[int]:
-        """Prompt ids of a conversation, by default with the assistant's turn opened."""
+        """Prompt ids of a conversation, by default with the assistant's turn opened; the
+        first time `tools` are given, a warning if the template leaves them out."""
+        ids = self._render(messages, add_generation_prompt, tools)
+        if tools and self.template_ignores_tools is None:
+            self.template_ignores_tools = ids == self._render(messages, add_generation_prompt)
+            if self.template_ignores_tools:
+                logger.warning("the chat template does not render `tools`: the model is not "
+                               "shown the tools a request gives, so it will not call them; "
+                               "serve it with a --chat-template that renders them")
+        return ids
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool,
+                tools: list[dict] | None = None) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise bad_request("this model has no chat template; use /v1/completions",
                               param="messages")
@@ -203,6 +224,7 @@ def build_sampling_params(request: SamplingFields, max_tokens: int | None,
 async def submit(ctx: ServingContext, request_id: str, prompt_ids: list[int],
                  params: SamplingParams, priority: int) -> RequestStream:
     """Hands the request to the engine, mapping its refusals to HTTP errors."""
+    check_admission(ctx, request_id, prompt_ids, params, priority)
     try:
         return await ctx.engine.add_request(request_id, prompt_ids, params, priority,
                                             num_prompt_tokens=len(prompt_ids))

@@ -124,12 +124,12 @@ class ChatServer(Handler):
 
     async def collect(self, stream: RequestStream, request: ChatCompletionRequest):
         outputs = (await final_output(self.ctx, stream)).outputs
-        choices = []
+        choices, role = [], self.ctx.response_role
         for c in outputs:
             content, calls, finish = self.reply(request, c.text, c.finish_reason)
-            choices.append(ChatChoice(index=c.index,
-                                      message=AssistantMessage(content=content, tool_calls=calls),
-                                      finish_reason=finish, logprobs=self.logprobs(request, c, 0)))
+            message = AssistantMessage(role=role, content=content, tool_calls=calls)
+            choices.append(ChatChoice(index=c.index, message=message, finish_reason=finish,
+                                      logprobs=self.logprobs(request, c, 0)))
         usage = UsageInfo.of(stream.num_prompt_tokens, sum(len(c.token_ids) for c in outputs))
         return ChatCompletionResponse(id=stream.request_id, model=self.ctx.model_name,
                                       choices=choices, usage=usage)
@@ -147,8 +147,8 @@ class ChatServer(Handler):
 
         def chunk(created, choices, usage=None):
             return self.chunk(stream, created, choices, usage)
-        opening = tuple(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
-                        for i in range(request.n or 1))
+        first = DeltaMessage(role=self.ctx.response_role, content="")
+        opening = tuple(ChatStreamChoice(index=i, delta=first) for i in range(request.n or 1))
         shown = None if request.tool_mode == "none" else (
             lambda completion, finished: self.shown(request, completion, finished))
         return stream_events(self.ctx, stream, request.include_usage, choice, chunk, opening,

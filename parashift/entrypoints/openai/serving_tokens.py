@@ -7,6 +7,7 @@ from parashift.entrypoints.openai.protocol import (DetokenizeRequest, Detokenize
                                                    TokenizeRequest, TokenizeResponse)
 from parashift.entrypoints.openai.serving_base import Handler, parse_body
 from parashift.entrypoints.openai.serving_chat import ChatServer
+from parashift.entrypoints.openai.tool_fields import template_tools
 
 
 class TokenServer(Handler):
@@ -25,7 +26,7 @@ class TokenServer(Handler):
         if request.messages is None:
             return self.ctx.encode(request.prompt, request.add_special_tokens)
         return self.ctx.render_chat(ChatServer.conversation(request),
-                                    request.add_generation_prompt)
+                                    request.add_generation_prompt, template_tools(request.tools))
 
     async def detokenize(self, raw: Request) -> JSONResponse:
         ctx = self.ctx

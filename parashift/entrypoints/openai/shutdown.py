@@ -8,6 +8,7 @@ the deadline passes, each stream still open gets an error event and `[DONE]`,
 and each request still waiting for its reply a JSON 503 (`shutdown_timeout`)."""
 import asyncio
 import contextlib
+import signal
 from typing import Callable
 
 import uvicorn
@@ -85,6 +86,16 @@ class DrainingServer(uvicorn.Server):
             return super().handle_exit(sig, frame)
         self.readiness.start_draining(self.drain_delay,
                                       lambda: super(DrainingServer, self).handle_exit(sig, frame))
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """As uvicorn's, except that a SIGTERM the server has drained for is not raised
+        again once it has stopped: the process exits 0, as a supervisor's stop expects
+        (uvicorn's re-raise makes it 143). Ctrl-C (SIGINT) still ends it as one."""
+        with super().capture_signals():
+            yield
+            self._captured_signals = [sig for sig in self._captured_signals
+                                      if sig != signal.SIGTERM]
 
     async def shutdown(self, sockets=None) -> None:
         if self.deadline is not None:

@@ -87,9 +87,7 @@ class ToolFields(_Strict):
 
     def template_tools(self) -> list[dict] | None:
         """The tools as the chat template's `tools` argument takes them."""
-        if not self.tools:
-            return None
-        return [tool.model_dump(exclude_none=True) for tool in self.tools]
+        return template_tools(self.tools)
 
     def forced_call_schema(self) -> dict | None:
         """The JSON schema the output must follow when a call is forced: the named
@@ -107,3 +105,10 @@ class ToolFields(_Strict):
     def _parameters(self, name: str) -> dict:
         tool = next(t for t in self.tools if t.function.name == name)
         return tool.function.parameters or {"type": "object"}
+
+
+def template_tools(tools: list[ChatTool] | None) -> list[dict] | None:
+    """`tools` as the chat template's `tools` argument takes them (None: no tools)."""
+    if not tools:
+        return None
+    return [tool.model_dump(exclude_none=True) for tool in tools]
