@@ -15,8 +15,11 @@ class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device):
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # No kernel reads a slot before it is written (past a sequence's length they mask
+        # or slice). On the CPU the pool is left untouched, so only the pages of blocks in
+        # use are ever faulted in: zeroing 1 GiB took a rank's start-up about a second
+        self.k = _pool(shape, dtype, device)
+        self.v = _pool(shape, dtype, device)
         self.num_blocks, self.block_size = num_blocks, block_size
 
     @property
@@ -54,6 +57,11 @@ class KVCache:
         logger.info("KV cache: %d blocks of %d tokens, %.2f GiB", num_blocks, block_size,
                     cache.nbytes / 2**30)
         return cache
+
+
+def _pool(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    allocate = torch.empty if device.type == "cpu" else torch.zeros
+    return allocate(shape, dtype=dtype, device=device)
 
 
 def _blocks_from_free_memory(cls, shape, dtype, device, config, block_bytes,
