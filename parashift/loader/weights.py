@@ -12,6 +12,7 @@ from parashift.lazy_tensor import LazySlice, as_tensor
 from parashift.loader.source import ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+HF_FP8_SCALE = ".weight_scale_inv"
 # one expert's matrix ("<module>.experts.<id>.<leaf>.weight") or all experts' stacked (GGUF)
 EXPERT_NAME = re.compile(r"(?P<module>.+\.experts)\.(?:(?P<expert>[0-9]+)\.)?(?P<leaf>\w+)\.weight")
 
@@ -25,7 +26,9 @@ def checkpoint_names(model: nn.Module) -> list[str]:
     for ckpt, target in model.expert_modules_mapping.items():
         stacked_from.setdefault(target, ckpt)
     names = []
-    for name, _ in model.named_parameters(remove_duplicate=False):
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if getattr(param, "filled_by_weight", False):  # made at load (FP8 scales)
+            continue
         module, _, suffix = name.rpartition(".")
         if module.endswith(".experts"):  # all experts stacked, by their HF leaf names
             names += [f"{module}.{ckpt}.weight" for (param, _), ckpt in stacked_from.items()
@@ -59,7 +62,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
             raise ValueError(f"checkpoint tensor {name!r} matches no parameter of the model")
         _load(params[target], tensor, shard_id)
         loaded.add(target)
-    missing = set(params) - loaded
+    missing = {name for name in set(params) - loaded
+               if not getattr(params[name], "filled_by_weight", False)}
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
 
@@ -84,6 +88,8 @@ def _load(param: nn.Parameter, tensor, shard_id) -> None:
 
 
 def _target_of(model: nn.Module, name: str) -> tuple[str, object]:
+    if name.endswith(HF_FP8_SCALE):  # HF fp8's name of the weight's dequantizing scale
+        name = name.removesuffix("_inv")
     for spelled, ours in model.checkpoint_renames.items():
         name = name.replace(spelled, ours)
     expert = EXPERT_NAME.fullmatch(name)

@@ -29,6 +29,7 @@ from parashift.kv.views import kv_heads_per_rank, tokens_per_block, view_pool
 from parashift.layers.fused_moe import FusedExperts
 from parashift.layers.sampler import Sampler, position_seed
 from parashift.loader.weights import load_model_weights
+from parashift.quantization.scheme import weight_quant
 from parashift.models.moe import check_plan
 from parashift.models.registry import model_class_for
 from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_narrow_weights
@@ -144,7 +145,9 @@ class ModelRunner:
         self.max_model_len = max_model_len
         start = time.perf_counter()
         chunks = reduction_chunks(hf_config) if config.deterministic else None
-        with use_state(self.state, reduction_chunks=chunks, moe_parallel=config.moe_parallel):
+        self.quant = weight_quant(config.quantization, hf_config)
+        with use_state(self.state, reduction_chunks=chunks, moe_parallel=config.moe_parallel,
+                       quantization=self.quant):
             self.model = self._build_model(hf_config, source, max_model_len)
         # the designs' hooks on this rank (before narrowed layouts and the KV pool): Seesaw's
         # other plan's model, SiDP's owned FFN slices shared with the peers and its slots
@@ -186,7 +189,7 @@ class ModelRunner:
     def _rank_setup(self, hf_config, source, max_model_len: int,
                     other_states: tuple[ParallelState, ...], group) -> RankSetup:
         def build_model(state: ParallelState):
-            with use_state(state, moe_parallel=self.config.moe_parallel):
+            with use_state(state, moe_parallel=self.config.moe_parallel, quantization=self.quant):
                 return self._build_model(hf_config, source, max_model_len)
         return RankSetup(self.config, hf_config, source, self.device, self.dtype, max_model_len,
                          self.state, other_states, self.model, build_model, group)
