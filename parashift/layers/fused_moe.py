@@ -109,6 +109,9 @@ class FusedExperts(nn.Module):
         ctx = get_context()
         if mode not in MOE_PARALLEL_MODES:
             raise ValueError(f"moe_parallel must be one of {MOE_PARALLEL_MODES}, got {mode!r}")
+        if ctx.quantization is not None:
+            raise ValueError("FP8 weights for MoE experts are not supported yet: serve this "
+                             "mixture-of-experts model without quantization")
         self.mode, self.num_experts = mode, num_experts
         # deterministic mode: the down projections' intermediate width in this many chunks
         self.reduction_chunks = ctx.reduction_chunks

@@ -13,6 +13,12 @@ from parashift.loader.source import ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 HF_FP8_SCALE = ".weight_scale_inv"
+# an FP8 KV cache's scales as checkpoints name them -> the attention layer's parameters
+KV_SCALE_NAMES = {"self_attn.k_scale": "self_attn.attn.k_scale",
+                  "self_attn.v_scale": "self_attn.attn.v_scale",
+                  "self_attn.k_proj.output_scale": "self_attn.attn.k_scale",
+                  "self_attn.v_proj.output_scale": "self_attn.attn.v_scale"}
+KV_SCALES = tuple(KV_SCALE_NAMES)
 # one expert's matrix ("<module>.experts.<id>.<leaf>.weight") or all experts' stacked (GGUF)
 EXPERT_NAME = re.compile(r"(?P<module>.+\.experts)\.(?:(?P<expert>[0-9]+)\.)?(?P<leaf>\w+)\.weight")
 
@@ -27,7 +33,7 @@ def checkpoint_names(model: nn.Module) -> list[str]:
         stacked_from.setdefault(target, ckpt)
     names = []
     for name, param in model.named_parameters(remove_duplicate=False):
-        if getattr(param, "filled_by_weight", False):  # made at load (FP8 scales)
+        if _optional(param):  # made at load (FP8 scales), or defaulted (KV scales)
             continue
         module, _, suffix = name.rpartition(".")
         if module.endswith(".experts"):  # all experts stacked, by their HF leaf names
@@ -57,15 +63,20 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
             _load(params["lm_head.weight"], tensor, None)  # last stage without the embedding
             loaded.add("lm_head.weight")
         if target not in params:
-            if _lands_on_missing_layer(model, target) or (tied and name == "lm_head.weight"):
+            if _lands_on_missing_layer(model, target) or (tied and name == "lm_head.weight") \
+                    or name.endswith(KV_SCALES):  # an FP8 KV cache's, unused by this pool
                 continue
             raise ValueError(f"checkpoint tensor {name!r} matches no parameter of the model")
         _load(params[target], tensor, shard_id)
         loaded.add(target)
     missing = {name for name in set(params) - loaded
-               if not getattr(params[name], "filled_by_weight", False)}
+               if not _optional(params[name])}
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+
+
+def _optional(param) -> bool:
+    return getattr(param, "filled_by_weight", False) or getattr(param, "checkpoint_optional", False)
 
 
 def _lands_on_missing_layer(model: nn.Module, name: str) -> bool:
@@ -90,6 +101,9 @@ def _load(param: nn.Parameter, tensor, shard_id) -> None:
 def _target_of(model: nn.Module, name: str) -> tuple[str, object]:
     if name.endswith(HF_FP8_SCALE):  # HF fp8's name of the weight's dequantizing scale
         name = name.removesuffix("_inv")
+    for spelled, ours in KV_SCALE_NAMES.items():  # an FP8 KV cache's scales
+        if name.endswith(spelled):
+            return name.removesuffix(spelled) + ours, None
     for spelled, ours in model.checkpoint_renames.items():
         name = name.replace(spelled, ours)
     expert = EXPERT_NAME.fullmatch(name)

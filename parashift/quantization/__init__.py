@@ -16,3 +16,9 @@ def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported; supported: "
                          f"{list(KV_CACHE_DTYPES)}")
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype):
+    """The KV pool's element type: E4M3 for fp8, else the model's."""
+    import torch
+    return torch.float8_e4m3fn if kv_cache_dtype in ("fp8", "fp8_e4m3") else model_dtype

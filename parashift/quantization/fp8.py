@@ -28,6 +28,11 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
     return (weight.float() * scale).to(dtype)
 
 
+def to_fp8_range(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """x / scale, saturated to E4M3's range (a cast past it is NaN), still in x's dtype."""
+    return (x if scale == 1.0 else x / scale).clamp(-FP8_MAX, FP8_MAX)
+
+
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic activation scales: one per token (row)."""
     return quantize_rows(x)
