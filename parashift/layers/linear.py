@@ -116,9 +116,11 @@ class LinearBase(nn.Module):
             self.register_parameter("weight_scale", None)
             self.register_parameter("input_scale", None)
             return
-        self.weight_scale = nn.Parameter(torch.ones(output_size, 1, dtype=torch.float32),
+        # NaN until loaded: a packed matrix whose checkpoint lacks one part's scale is caught
+        self.weight_scale = nn.Parameter(torch.full((output_size, 1), math.nan, dtype=torch.float32),
                                          requires_grad=False)
         self.weight_scale.weight_loader = self._load_scale
+        self.weight_scale.nan_until_loaded = True
         if not quant.serialized:  # filled by the weight's loader
             self.weight_scale.filled_by_weight = True
         if quant.static_activations:

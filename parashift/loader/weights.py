@@ -73,6 +73,11 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                if not _optional(params[name])}
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+    unfilled = [name for name, p in params.items() if getattr(p, "nan_until_loaded", False)
+                and isinstance(p, torch.Tensor) and p.device.type != "meta" and p.isnan().any()]
+    if unfilled:
+        raise ValueError(f"checkpoint lacks scales of part of {unfilled[:3]} (e.g. the q, k or v "
+                         "part of a packed matrix)")
 
 
 def _optional(param) -> bool:
