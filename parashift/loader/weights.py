@@ -20,7 +20,9 @@ KV_SCALE_NAMES = {"self_attn.k_scale": "self_attn.attn.k_scale",
                   "self_attn.v_proj.output_scale": "self_attn.attn.v_scale"}
 KV_SCALES = tuple(KV_SCALE_NAMES)
 # one expert's matrix ("<module>.experts.<id>.<leaf>.weight") or all experts' stacked (GGUF)
-EXPERT_NAME = re.compile(r"(?P<module>.+\.experts)\.(?:(?P<expert>[0-9]+)\.)?(?P<leaf>\w+)\.weight")
+# (or its FP8 scale, loaded into the stacked parameter's "<param>_scale")
+EXPERT_NAME = re.compile(r"(?P<module>.+\.experts)\.(?:(?P<expert>[0-9]+)\.)?(?P<leaf>\w+)"
+                         r"\.weight(?P<scale>_scale)?")
 
 
 def checkpoint_names(model: nn.Module) -> list[str]:
@@ -115,7 +117,7 @@ def _target_of(model: nn.Module, name: str) -> tuple[str, object]:
     if expert and expert["leaf"] in model.expert_modules_mapping:
         param, half = model.expert_modules_mapping[expert["leaf"]]
         index = int(expert["expert"]) if expert["expert"] is not None else None
-        return f"{expert['module']}.{param}", (index, half)
+        return f"{expert['module']}.{param}{expert['scale'] or ''}", (index, half)
     module, _, suffix = name.rpartition(".")
     parent, _, leaf = module.rpartition(".")
     if leaf in model.packed_modules_mapping:

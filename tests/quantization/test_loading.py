@@ -12,9 +12,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from parashift import LLM
+from parashift.layers.fused_moe import FusedExperts
 from parashift.quantization.fp8 import FP8, dequantize, quantize_rows
 from tests.engine.conftest import tiny_llama_dir, tiny_llm  # noqa: F401  (shared fixture)
 from tests.engine.test_llm_engine import GREEDY, random_prompts, token_ids
+from tests.helpers.tiny_configs import save_tiny_checkpoint
 
 FP8_CT = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
           "config_groups": {"group_0": {"targets": ["Linear"],
@@ -160,3 +162,26 @@ def test_missing_scales_and_other_schemes_are_clear_errors(tiny_llama_dir, tmp_p
     (dense / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="fp8, but a linear weight is stored as F32"):
         tiny_llm(str(dense))
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoints(tmp_path_factory):
+    """A tiny Qwen3-MoE (router kept dense), its FP8 checkpoint and its dense twin."""
+    root = tmp_path_factory.mktemp("fp8_moe")
+    save_tiny_checkpoint("qwen3-moe", root / "dense")
+    return {"dense": str(root / "dense"),
+            "fp8": write_checkpoint(str(root / "dense"), root / "fp8"),
+            "qdq": write_checkpoint(str(root / "dense"), root / "qdq", qdq=True)}
+
+
+def test_fp8_experts_quantized_at_load_or_loaded_run_their_e4m3_rows(moe_checkpoints, prompts):
+    prompts = prompts[:2]
+    expected, _ = generate(moe_checkpoints["qdq"], prompts)
+    for directory, options in ((moe_checkpoints["dense"], dict(quantization="fp8")),
+                               (moe_checkpoints["fp8"], {})):
+        tokens, model = generate(directory, prompts, **options)
+        assert tokens == expected
+        experts = [m for m in model.modules() if isinstance(m, FusedExperts)]
+        assert experts and all(e.gate_up_proj.dtype == e.down_proj.dtype == torch.float8_e4m3fn
+                               for e in experts)
+        assert experts[0].down_proj_scale.shape[1:] == (64, 1)
