@@ -190,7 +190,7 @@ class FusedExperts(nn.Module):
                 loaded = loaded.narrow(0, self.first_expert, self.num_local)
             target = param.data
         rows_dim = target.dim() - 2 if half is not None else target.dim() - 1
-        if self.shards > 1 and target.shape[rows_dim] != loaded.shape[rows_dim]:
+        if self.shards > 1 and not target.shape[rows_dim] == loaded.shape[rows_dim] == 1:
             loaded = loaded.narrow(rows_dim, self.shard_rank * self.intermediate,
                                    self.intermediate)
         if half is not None:
@@ -231,14 +231,17 @@ class FusedExperts(nn.Module):
         return self.gate_up_proj, self.down_proj, self.gate_up_proj_scale, self.down_proj_scale
 
     @staticmethod
-    def _dense(layout: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gate_up, down) to compute with: FP8 experts dequantized to `dtype`."""
+    def _dense(layout: tuple, dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up, down) to compute with: FP8 experts dequantized to `dtype` (None: the
+        default dtype)."""
         gate_up, down, gate_up_scale, down_scale = layout
         if gate_up_scale is None:
             return gate_up, down
+        dtype = dtype or torch.get_default_dtype()
         return (dequantize(gate_up, gate_up_scale, dtype), dequantize(down, down_scale, dtype))
 
-    def active_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def active_weights(self, dtype: torch.dtype | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
         key = get_context().weights
         if key == BASE_WEIGHTS or self.mode == "ep":
             return self._dense(self._stacked(), dtype)
@@ -246,7 +249,7 @@ class FusedExperts(nn.Module):
             raise RuntimeError(f"no expert weight layout {key!r}: it was not made at start-up")
         return self._dense(self.layouts[key], dtype)
 
-    def merged_experts(self, dtype: torch.dtype):
+    def merged_experts(self, dtype: torch.dtype | None = None):
         """Under EP in a merged plan (its TP group holds the same tokens and is wider than
         the replica's EP group) with the experts divided: (gate_up, down, first expert) of
         this rank's slice, to be summed over the TP group; else None."""

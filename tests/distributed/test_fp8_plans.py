@@ -10,6 +10,7 @@ from parashift import LLM
 from tests.distributed.test_merges import run_cycle
 from tests.distributed.test_plans import COMMON, PARAMS, assert_same, generate, plan_id, prompts
 from tests.engine.conftest import save_tiny_llama
+from tests.helpers.tiny_configs import save_tiny_checkpoint
 
 FP8 = dict(quantization="fp8", kv_cache_dtype="fp8")
 PLANS = [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2),
@@ -46,3 +47,20 @@ def test_fp8_merges_and_splits_keep_weights_and_tokens(model, tmp_path):
                                           ["merge2-tp2", "single,single"], limit=4, **FP8)
     assert_same(outputs, model[1])
     assert records and records[0].kind == "merge"
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory):
+    """A tiny Qwen3-MoE (8 experts, top-2), its FP8 outputs on one device."""
+    directory = tmp_path_factory.mktemp("fp8_qwen3_moe")
+    save_tiny_checkpoint("qwen3-moe", directory)
+    return str(directory), generate(directory, prompts(n=4), **FP8)[0]
+
+
+@pytest.mark.parametrize("moe_parallel", ["tp", "ep"])
+def test_fp8_experts_under_tp2_match_one_device(moe_model, moe_parallel):
+    """tp: each expert's rows (and their scales) split, the down projection's scales whole;
+    ep: whole experts with their scales."""
+    outputs, _ = generate(moe_model[0], prompts(n=4), **FP8, tensor_parallel_size=2,
+                          moe_parallel=moe_parallel)
+    assert_same(outputs, moe_model[1])
