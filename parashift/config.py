@@ -9,6 +9,7 @@ from parashift.designs.flying import FlyingConfig
 from parashift.designs.seesaw import SEESAW_WEIGHT_SOURCES, SeesawConfig  # noqa: F401
 from parashift.designs.shift import ShiftConfig
 from parashift.designs.sidp import SidpConfig
+from parashift.quantization import check_kv_cache_dtype, check_quantization
 
 
 @dataclass
@@ -100,6 +101,11 @@ class EngineConfig:
     # mixture-of-experts models: tp (each expert's width split over TP) | ep (whole experts
     # split over the attention group's SP x TP ranks; vLLM's --enable-expert-parallel)
     moe_parallel: str = "tp"
+    # weights: fp8 (E4M3, per-channel scales, quantized at load; an FP8 checkpoint loads as
+    # it is whatever this says) | None (the checkpoint's own scheme). KV cache: auto (the
+    # model's dtype) | fp8 | fp8_e4m3 (parashift/quantization/)
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     # a request preempted when the KV pool runs out: recompute (its blocks freed, computed
     # again when resumed) | swap (its KV copied to a CPU tier of swap_space GiB per group and
     # back when resumed; recompute when the tier is full). vLLM v0's names.
@@ -189,6 +195,8 @@ class EngineConfig:
                              f"{self.output_processor!r}")
         if self.moe_parallel not in ("tp", "ep"):
             raise ValueError(f"moe_parallel must be tp or ep, got {self.moe_parallel!r}")
+        check_quantization(self.quantization)
+        check_kv_cache_dtype(self.kv_cache_dtype)
         degrees = ("tensor_parallel_size", "sequence_parallel_size", "data_parallel_size",
                    "pipeline_parallel_size")
         if self.layout is not None and any(getattr(self, name) != 1 for name in degrees):

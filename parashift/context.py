@@ -25,6 +25,10 @@ class StepContext:
     # How mixture-of-experts layers split their experts: "tp" | "ep" (layers/fused_moe.py).
     # Read by layers when they are built.
     moe_parallel: str = "tp"
+    # FP8 weights (parashift/quantization/scheme.py's WeightQuant), None: the model's dtype.
+    # Read by layers when they are built.
+    quantization: object | None = None
+    kv_fp8: bool = False  # the KV pool is FP8: attention layers take its scales at load
 
     @property
     def tp(self) -> GroupHandle:
@@ -74,7 +78,9 @@ def ffn_sharding():
 
 
 def use_state(state: ParallelState, weights: str = BASE_WEIGHTS,
-              reduction_chunks: int | None = None, moe_parallel: str = "tp"):
+              reduction_chunks: int | None = None, moe_parallel: str = "tp",
+              quantization=None, kv_fp8: bool = False):
     """A context with `state`'s groups and no step (building a model, loading weights)."""
     return use_context(StepContext(state, weights, reduction_chunks=reduction_chunks,
-                                   moe_parallel=moe_parallel))
+                                   moe_parallel=moe_parallel, quantization=quantization,
+                                   kv_fp8=kv_fp8))

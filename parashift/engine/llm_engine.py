@@ -31,6 +31,7 @@ from parashift.engine.token_ints import TokenInts
 from parashift.engine.transitions import TransitionRecord
 from parashift.kv.block_manager import BlockManager
 from parashift.loader.source import load_hf_config, resolve_model
+from parashift.quantization.scheme import weight_quant
 from parashift.outputs import RequestOutput
 from parashift.sampling_params import SamplingParams, check_max_logprobs
 from parashift.structured.matchers import NO_CONTINUATION, StructuredOutputs
@@ -85,6 +86,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
         self.config = config = resolve_auto_plans(config, hf_config, self.dtype, self.device)
         self._hf_config = hf_config
+        weight_quant(config.quantization, hf_config)  # a scheme not supported fails here
         self.node = Node(config, hf_config, self.dtype, self.max_model_len)
         self._transition_records: deque[TransitionRecord] = deque(maxlen=10_000)
         self._timeline = open(config.timeline_file, "a") if config.timeline_file else None

@@ -26,6 +26,7 @@ from parashift.engine.seesaw import make_tiers
 from parashift.engine.sequence import Sequence
 from parashift.engine.transitions import TransitionRecord, Transitions
 from parashift.kv.cpu_tier import TierShape
+from parashift.quantization import kv_cache_torch_dtype
 from parashift.parallel.layout import coupled_groups
 from parashift.parallel.plan import Plan
 
@@ -57,12 +58,13 @@ class Node:
         self.loaded = {r: plan.loaded_plan(r) for plan in self.layout.plans for r in plan.ranks}
         self.kv_heads = hf_config.num_key_value_heads
         # seesaw: each group's CPU KV tier, by its ranks; its re-shards change pipeline stages
+        kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, dtype)  # the pool's, moved as is
         self.seesaw = make_tiers(config, self.layout, getattr(self.policy, "pairs", ()),
-                                 hf_config, dtype, self.need)
+                                 hf_config, kv_dtype, self.need)
         self.transitions = Transitions(stage_changes=bool(self.seesaw))
         self.epoch = 0  # transitions committed
         self.steps_in_flight = 2 if async_scheduling(config, self.policy_plans) else 1
-        self.tier_shape = TierShape.of_model(hf_config, dtype)
+        self.tier_shape = TierShape.of_model(hf_config, kv_dtype)
         self.swap_spaces: dict = {}  # by ranks: each group's CPU tier (swap preemption)
         self.replicas: list[Replica] = []
         self.replica_of: dict[str, Replica] = {}  # where each placed request is

@@ -13,6 +13,7 @@ from parashift.engine.hardware_probe import probe_hardware
 from parashift.engine.policy.seesaw_cost import (Choice, Hardware, ModelShape, Workload,
                                                   choose_plans)
 from parashift.kv.cpu_tier import TierShape
+from parashift.quantization import kv_cache_torch_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +37,8 @@ def ranks_per_group(config: EngineConfig, device: torch.device) -> int:
 
 
 def workload_of(config: EngineConfig, hf_config, dtype: torch.dtype) -> Workload:
-    tier = TierShape.of_model(hf_config, dtype).tokens_for(config.seesaw.cpu_kv_tokens,
-                                                           config.seesaw.cpu_kv_gib)
+    shape = TierShape.of_model(hf_config, kv_cache_torch_dtype(config.kv_cache_dtype, dtype))
+    tier = shape.tokens_for(config.seesaw.cpu_kv_tokens, config.seesaw.cpu_kv_gib)
     return Workload(config.seesaw.mean_prompt_tokens or DEFAULT_MEAN_PROMPT_TOKENS,
                     config.seesaw.mean_output_tokens or DEFAULT_MEAN_OUTPUT_TOKENS,
                     num_requests=config.seesaw.num_requests, max_num_seqs=config.max_num_seqs,

@@ -128,6 +128,11 @@ ENGINE_FLAGS = {
     "--moe-parallel": ("moe_parallel", str, "mixture-of-experts models: tp (default: every rank "
                                             "holds 1/tp of each expert) | ep (whole experts "
                                             "split over the SP x TP ranks)"),
+    "--quantization": ("quantization", str, "fp8: linear weights in FP8 E4M3, quantized at "
+                                            "load (default: the checkpoint's own scheme; FP8 "
+                                            "checkpoints load as they are)"),
+    "--kv-cache-dtype": ("kv_cache_dtype", str, "auto (the model's dtype) | fp8 | fp8_e4m3: "
+                                                "KV pages in E4M3, twice the tokens"),
     "--layout": ("layout", str, "the node's groups in rank order instead of the parallel sizes, "
                                 "e.g. tp2,single,single (ranks 0-1 as TP=2, ranks 2 and 3 alone)"),
     "--timeline-file": ("timeline_file", str, "write one JSON line per step (plan, tokens, time)"),

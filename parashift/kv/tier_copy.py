@@ -61,9 +61,10 @@ def gather(pool_k: torch.Tensor, pool_v: torch.Tensor, block_table: list[int], n
     CUDA pool the host copies are issued non-blocking: `wait_for_copies` before the tier
     is read."""
     _check(pool_k, kv_slice, slot, num_tokens)
+    pool_k, pool_v = _bytes(pool_k), _bytes(pool_v)
     index = token_slots(block_table, num_tokens, pool_k.shape[2], pool_k.device)
     staged = _tokens_in_tier_order(pool_k, pool_v, index)
-    out = _tier_view(tier, kv_slice, slot, num_tokens)
+    out = _bytes(_tier_view(tier, kv_slice, slot, num_tokens))
     _copy_runs(out, staged, _contiguous_runs(out))
     return out.nbytes
 
@@ -74,15 +75,21 @@ def scatter(tier: CpuKVTier, slot: TierSlot, num_tokens: int, kv_slice: KVSlice,
     block table; returns the bytes moved. On a CUDA pool the host copies are issued
     non-blocking: `wait_for_copies` before the slot is reused."""
     _check(pool_k, kv_slice, slot, num_tokens)
+    pool_k, pool_v = _bytes(pool_k), _bytes(pool_v)
     layers, blocks, block_size, heads, head_dim = pool_k.shape
     index = token_slots(block_table, num_tokens, block_size, pool_k.device)
-    src = _tier_view(tier, kv_slice, slot, num_tokens)
+    src = _bytes(_tier_view(tier, kv_slice, slot, num_tokens))
     staged = torch.empty(src.shape, dtype=pool_k.dtype, device=pool_k.device)
     _copy_runs(staged, src, _contiguous_runs(src))
     for kv, pool in enumerate((pool_k, pool_v)):
         tokens = staged[:, kv].transpose(1, 2)  # HND -> NHD
         pool.view(layers, blocks * block_size, heads, head_dim).index_copy_(1, index, tokens)
     return src.nbytes
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """An FP8 pool or tier moved as its bytes (index copies take no float8 on the CPU)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
 def wait_for_copies(device: torch.device) -> None:

@@ -20,6 +20,8 @@ expert's rows as two GEMMs: the CPU path and the reference of the Triton kernel
 In deterministic mode the router and the experts run on the batch-invariant GEMMs, on CUDA
 too (the grouped kernel's tiles follow the batch), and the experts' outputs are reduced in
 one canonical order (parashift/deterministic/experts.py)."""
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,6 +34,8 @@ from parashift.deterministic.reduction import (chunks_held, sum_over_tp, term_la
 from parashift.kernels import use_triton
 from parashift.layers.activation import silu_and_mul_torch
 from parashift.lazy_tensor import as_tensor
+from parashift.quantization.fp8 import FP8, dequantize, quantize_rows
+from parashift.quantization.loading import check_serialized, scale_rows
 
 MOE_PARALLEL_MODES = ("tp", "ep")
 
@@ -118,32 +122,77 @@ class FusedExperts(nn.Module):
         self.first_expert = group.rank * self.num_local if mode == "ep" else 0
         self.shard_rank = group.rank
         self.intermediate = intermediate_size // self.shards
+        self.quant = ctx.quantization  # FP8: E4M3 experts, a scale per output row
+        dtype = FP8 if self.quant else None
         self.gate_up_proj = nn.Parameter(torch.empty(self.num_local, 2 * self.intermediate,
-                                                     hidden_size), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(self.num_local, hidden_size, self.intermediate),
-                                      requires_grad=False)
+                                                     hidden_size, dtype=dtype), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(self.num_local, hidden_size, self.intermediate,
+                                                  dtype=dtype), requires_grad=False)
         self.gate_up_proj.weight_loader = self.weight_loader
         self.down_proj.weight_loader = self.weight_loader
+        self.gate_up_proj_scale = self.down_proj_scale = None
+        if self.quant:
+            self._make_scales(hidden_size, intermediate_size)
         # narrowed layouts (Shift's shift plan, merged plans), by key: TP-sharded experts'
         # (gate_up [E, 2, I / f, H], down [E, H, I / f]) views of the loaded shard; under EP
         # the position-th 1/f of the experts held, ([E / f, 2 I, H], [E / f, H, I]), with the
         # first expert's id
-        self.layouts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.layouts: dict[str, tuple] = {}  # (gate_up, down, their FP8 scales or None)
         self.layout_first_expert: dict[str, int] = {}
 
+    def _make_scales(self, hidden_size: int, intermediate_size: int) -> None:
+        """Per output row, [E, 2 I, 1] and [E, H, 1]: the down projection's rows are whole
+        (its shard is of its input), so their scales are too."""
+        self.full_rows = {0: intermediate_size, 1: intermediate_size, None: hidden_size}
+        for name, rows in (("gate_up_proj_scale", 2 * self.intermediate),
+                           ("down_proj_scale", hidden_size)):
+            param = nn.Parameter(torch.full((self.num_local, rows, 1), math.nan,
+                                            dtype=torch.float32), requires_grad=False)
+            param.weight_loader = self._load_scale
+            param.nan_until_loaded = True
+            if not self.quant.serialized:
+                param.filled_by_weight = True
+            setattr(self, name, param)
+
+    def _scale_of(self, param):
+        return self.gate_up_proj_scale if param is self.gate_up_proj else self.down_proj_scale
+
     def weight_loader(self, param: nn.Parameter, loaded, shard_id) -> None:
-        expert, half = shard_id
+        if self.quant is not None and (param is self.gate_up_proj or param is self.down_proj):
+            if self.quant.serialized:
+                check_serialized(loaded)
+            else:  # whole rows quantized, then placed as the weight is, scales beside
+                expert = shard_id[0]
+                if expert is None:
+                    loaded = loaded.narrow(0, self.first_expert, self.num_local)
+                q, scale = quantize_rows(as_tensor(loaded))
+                shard_id = (expert, shard_id[1], expert is None)
+                self._place(self._scale_of(param), scale, shard_id)
+                loaded = q
+        self._place(param, loaded, shard_id)
+
+    def _load_scale(self, param: nn.Parameter, loaded, shard_id) -> None:
+        rows = self.full_rows[shard_id[1]]
+        self._place(param, scale_rows(loaded, rows), shard_id)
+
+    def _place(self, param: nn.Parameter, loaded, shard_id) -> None:
+        """Copies this rank's part of one expert's matrix (shard_id (expert, half)) or of
+        all experts' stacked (expert None; a third True: narrowed to this rank's already).
+        A scale's one column is never sharded."""
+        expert, half = shard_id[:2]
         if expert is not None:
             local = expert - self.first_expert
             if not 0 <= local < self.num_local:
                 return  # another rank's expert
             target = param.data[local]
         else:  # all experts stacked: this rank's
-            loaded = loaded.narrow(0, self.first_expert, self.num_local)
+            if len(shard_id) < 3:
+                loaded = loaded.narrow(0, self.first_expert, self.num_local)
             target = param.data
         rows_dim = target.dim() - 2 if half is not None else target.dim() - 1
-        loaded = loaded.narrow(rows_dim, self.shard_rank * self.intermediate, self.intermediate) \
-            if self.shards > 1 else loaded
+        if self.shards > 1 and not target.shape[rows_dim] == loaded.shape[rows_dim] == 1:
+            loaded = loaded.narrow(rows_dim, self.shard_rank * self.intermediate,
+                                   self.intermediate)
         if half is not None:
             target = target.narrow(rows_dim, half * self.intermediate, self.intermediate)
         loaded = as_tensor(loaded)
@@ -161,27 +210,46 @@ class FusedExperts(nn.Module):
         if self.mode == "ep":
             if self.num_local % factor == 0:
                 step = self.num_local // factor
-                self.layouts[key] = (self.gate_up_proj.narrow(0, position * step, step),
-                                     self.down_proj.narrow(0, position * step, step))
+                self.layouts[key] = tuple(None if t is None else t.narrow(0, position * step, step)
+                                          for t in self._stacked())
                 self.layout_first_expert[key] = self.first_expert + position * step
             return
         if self.intermediate % factor:
             raise ValueError(f"the experts' intermediate shard {self.intermediate} cannot be "
                              f"narrowed 1/{factor}")
         step = self.intermediate // factor
-        gate_up = self.gate_up_proj.unflatten(1, (2, self.intermediate))
-        self.layouts[key] = (gate_up.narrow(2, position * step, step),
-                             self.down_proj.narrow(2, position * step, step))
+        gate_up, down, gate_up_scale, down_scale = self._stacked()
+        gate_up = gate_up.unflatten(1, (2, self.intermediate))
+        self.layouts[key] = (
+            gate_up.narrow(2, position * step, step), down.narrow(2, position * step, step),
+            None if gate_up_scale is None else
+            gate_up_scale.unflatten(1, (2, self.intermediate)).narrow(2, position * step, step),
+            down_scale)  # the down projection's rows are whole
 
-    def active_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _stacked(self) -> tuple:
+        """(gate_up, down, their scales or None): the loaded experts."""
+        return self.gate_up_proj, self.down_proj, self.gate_up_proj_scale, self.down_proj_scale
+
+    @staticmethod
+    def _dense(layout: tuple, dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up, down) to compute with: FP8 experts dequantized to `dtype` (None: the
+        default dtype)."""
+        gate_up, down, gate_up_scale, down_scale = layout
+        if gate_up_scale is None:
+            return gate_up, down
+        dtype = dtype or torch.get_default_dtype()
+        return (dequantize(gate_up, gate_up_scale, dtype), dequantize(down, down_scale, dtype))
+
+    def active_weights(self, dtype: torch.dtype | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
         key = get_context().weights
         if key == BASE_WEIGHTS or self.mode == "ep":
-            return self.gate_up_proj, self.down_proj
+            return self._dense(self._stacked(), dtype)
         if key not in self.layouts:
             raise RuntimeError(f"no expert weight layout {key!r}: it was not made at start-up")
-        return self.layouts[key]
+        return self._dense(self.layouts[key], dtype)
 
-    def merged_experts(self):
+    def merged_experts(self, dtype: torch.dtype | None = None):
         """Under EP in a merged plan (its TP group holds the same tokens and is wider than
         the replica's EP group) with the experts divided: (gate_up, down, first expert) of
         this rank's slice, to be summed over the TP group; else None."""
@@ -189,10 +257,11 @@ class FusedExperts(nn.Module):
         if (self.mode != "ep" or ctx.sp.size != 1 or ctx.tp.size <= ctx.state.ep.size
                 or ctx.weights not in self.layouts):
             return None
-        return (*self.layouts[ctx.weights], self.layout_first_expert[ctx.weights])
+        return (*self._dense(self.layouts[ctx.weights], dtype),
+                self.layout_first_expert[ctx.weights])
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        merged = self.merged_experts()
+        merged = self.merged_experts(x.dtype)
         if merged is not None:
             gate_up, down, first = merged
             if self.reduction_chunks:  # each slot non-zero on one rank: exact in any order
@@ -200,7 +269,7 @@ class FusedExperts(nn.Module):
                 return weighted_slot_sum(get_context().tp.all_reduce(slots), weights, x.dtype)
             return get_context().tp.all_reduce(experts_forward(x, weights, ids, gate_up, down,
                                                                first))
-        gate_up, down = self.active_weights()
+        gate_up, down = self.active_weights(x.dtype)
         if self.reduction_chunks:
             return weighted_slot_sum(self.deterministic_slots(x, ids, gate_up, down), weights, x.dtype)
         if self.mode == "tp":

@@ -3,6 +3,7 @@
 Each parameter carries a `weight_loader(param, loaded_weight, shard_id)` that
 copies this rank's slice of a full (unsharded) checkpoint tensor."""
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,8 @@ from parashift.deterministic.reduction import row_parallel_linear
 from parashift.kernels import use_triton
 from parashift.lazy_tensor import as_tensor
 from parashift.context import BASE_WEIGHTS, get_context
+from parashift.quantization.fp8 import FP8, dequantize, fp8_linear
+from parashift.quantization.loading import QuantizingTarget, check_serialized, scale_rows
 
 
 def _divide(n: int, d: int, what: str) -> int:
@@ -26,6 +29,35 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         from parashift.kernels import skinny_gemm
         return skinny_gemm.linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+class WeightPart(NamedTuple):
+    """One GEMM's weight: the matrix, its bias and, for an FP8 matrix, its scale per output
+    row ([rows, 1]). Rows are sliced together; input columns leave bias and scale whole."""
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    scale: torch.Tensor | None = None
+
+    def rows(self, offset: int, size: int) -> "WeightPart":
+        return WeightPart(*(None if t is None else t.narrow(0, offset, size) for t in self))
+
+    def columns(self, offset: int, size: int) -> "WeightPart":
+        return WeightPart(self.weight.narrow(1, offset, size), self.bias, self.scale)
+
+    def dense(self, dtype: torch.dtype) -> "WeightPart":
+        """The part with its weight dequantized (for GEMMs that take no FP8)."""
+        if self.scale is None:
+            return self
+        return WeightPart(dequantize(self.weight, self.scale, dtype), self.bias)
+
+    @staticmethod
+    def cat(parts: list["WeightPart"]) -> "WeightPart":
+        return WeightPart(*(None if ts[0] is None else torch.cat(ts) for ts in zip(*parts)))
+
+
+def _load_max(param: nn.Parameter, loaded, shard_id=None) -> None:
+    """A static activation scale of packed matrices: the largest of theirs."""
+    param.data.copy_(torch.maximum(param.data, as_tensor(loaded).float().reshape(1)))
 
 
 def _permute_units(t: torch.Tensor, sources: list[int], unit: int) -> None:
@@ -56,13 +88,16 @@ class LinearBase(nn.Module):
         # deterministic mode: batch-invariant GEMMs, row-parallel K in this many chunks
         self.reduction_chunks = ctx.reduction_chunks
         self.matmul = invariant.linear if ctx.reduction_chunks else linear
-        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        self.quant = quant = ctx.quantization  # FP8 weights with scales per output row
+        self.weight = nn.Parameter(torch.empty(output_size, input_size,
+                                               dtype=FP8 if quant else None), requires_grad=False)
+        self.weight.weight_loader = self._load_weight
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self._make_scales(output_size)
         # Weight layouts other plans use, by key (e.g. the shift plan's finer shard):
         # each a list of (weight, bias) parts whose outputs are concatenated. A layout
         # builder (parallel/shift_weights.py) makes them; the layer knows no plan.
@@ -72,28 +107,69 @@ class LinearBase(nn.Module):
         # order, one block of output_segments()' widths.
         self.splits: dict[str, tuple[int, list[int]]] = {}
 
-    def _active_parts(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    def _make_scales(self, output_size: int) -> None:
+        """An FP8 layer's scales: per output row (from the checkpoint, or made with the
+        weight when it is quantized at load), and a static activation scale where the
+        checkpoint has one."""
+        quant = self.quant
+        if quant is None:
+            self.register_parameter("weight_scale", None)
+            self.register_parameter("input_scale", None)
+            return
+        # NaN until loaded: a packed matrix whose checkpoint lacks one part's scale is caught
+        self.weight_scale = nn.Parameter(torch.full((output_size, 1), math.nan, dtype=torch.float32),
+                                         requires_grad=False)
+        self.weight_scale.weight_loader = self._load_scale
+        self.weight_scale.nan_until_loaded = True
+        if not quant.serialized:  # filled by the weight's loader
+            self.weight_scale.filled_by_weight = True
+        if quant.static_activations:
+            self.input_scale = nn.Parameter(torch.zeros(1, dtype=torch.float32),
+                                            requires_grad=False)
+            self.input_scale.weight_loader = _load_max
+        else:
+            self.register_parameter("input_scale", None)
+
+    def part(self) -> WeightPart:
+        """The loaded shard as one GEMM's weight."""
+        return WeightPart(self.weight, self.bias, self.weight_scale)
+
+    def rows(self, offset: int, size: int) -> WeightPart:
+        return self.part().rows(offset, size)
+
+    def columns(self, offset: int, size: int) -> WeightPart:
+        return self.part().columns(offset, size)
+
+    def _active_parts(self) -> list[WeightPart]:
         """This rank's weights under the active plan's layout."""
         key = get_context().weights
         if key == BASE_WEIGHTS:
-            return [(self.weight, self.bias)]
+            return [self.part()]
         if key not in self.layouts:
             raise RuntimeError(f"no weight layout {key!r}: it was not made at start-up")
         return self.layouts[key]
+
+    def _gemm(self, x: torch.Tensor, part: WeightPart) -> torch.Tensor:
+        if part.scale is None:
+            return self.matmul(x, part.weight, part.bias)
+        return fp8_linear(x, part.weight, part.scale, part.bias, self.matmul, linear,
+                          self.input_scale)
 
     def set_layout(self, key: str, parts, separate: bool,
                    split: tuple[int, list[int]] | None = None) -> int:
         """Keeps a layout as views of the base shard or as one contiguous copy
         (separate), its output laid out as `split` (see `splits`); returns the bytes
-        the copy takes."""
+        the copy takes. A part is a `WeightPart` (or a (weight, bias) pair)."""
+        parts = [WeightPart(*p) for p in parts]
+        if self.quant is not None and any(p.scale is None for p in parts):
+            raise ValueError(f"weight layout {key!r} has FP8 weights without their scales "
+                             "(this design does not run FP8 weights yet)")
         if separate:
-            weight = torch.cat([w for w, _ in parts]).contiguous()
-            bias = torch.cat([b for _, b in parts]) if parts[0][1] is not None else None
-            parts = [(weight, bias)]
+            parts = [WeightPart.cat(parts)]
         self.layouts[key] = parts
         if split is not None:
             self.splits[key] = split
-        return sum(w.nbytes + (b.nbytes if b is not None else 0) for w, b in parts) if separate else 0
+        return sum(t.nbytes for p in parts for t in p if t is not None) if separate else 0
 
     def output_segments(self) -> list[tuple[str, int, int]]:
         """(name, offset, size) of the segments of the loaded shard's output (dim 0 of the
@@ -123,7 +199,7 @@ class LinearBase(nn.Module):
             raise ValueError("rows to reorder are not a permutation of the shard's rows")
         unit = math.gcd(*(n for _, n in rows))
         sources = [o // unit + k for o, n in rows for k in range(n // unit)]
-        for param in (self.weight, self.bias):
+        for param in (self.weight, self.bias, self.weight_scale):
             if param is not None:
                 _permute_units(param.data, sources, unit)
         self.splits[BASE_WEIGHTS] = split
@@ -133,9 +209,29 @@ class LinearBase(nn.Module):
         return loaded.narrow(dim, self.tp_rank * size, size)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        if self.tp_dim is not None and self.tp_size > 1 and loaded.dim() > self.tp_dim:
-            loaded = self._shard(loaded, self.tp_dim)
+        if self.tp_dim is not None and self.tp_size > 1 and loaded.dim() > self.tp_dim \
+                and param.shape[self.tp_dim] != loaded.shape[self.tp_dim]:
+            loaded = self._shard(loaded, self.tp_dim)  # (a row-parallel scale stays whole)
         param.data.copy_(as_tensor(loaded))
+
+    def _load_weight(self, param, loaded, shard_id=None) -> None:
+        """The weight's loader: an FP8 layer's weight is quantized here (its rows and their
+        scales written together) unless the checkpoint holds it in FP8 already."""
+        if param is self.weight and self.quant is not None:
+            if self.quant.serialized:
+                check_serialized(loaded)
+            else:
+                param = QuantizingTarget(self.weight.data, self.weight_scale.data)
+        self.weight_loader(param, loaded, *(() if shard_id is None else (shard_id,)))
+
+    def _load_scale(self, param, loaded, shard_id=None) -> None:
+        """A checkpoint's scale, per row or one for the whole matrix (repeated per row)."""
+        loaded = scale_rows(loaded, self._checkpoint_rows(shard_id))
+        self.weight_loader(param, loaded, *(() if shard_id is None else (shard_id,)))
+
+    def _checkpoint_rows(self, shard_id) -> int:
+        """Rows of the checkpoint matrix loaded as `shard_id`."""
+        return self.weight.shape[0] * (self.tp_size if self.tp_dim == 0 else 1)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -146,8 +242,8 @@ class ColumnParallelLinear(LinearBase):
     def forward(self, x):
         parts = self._active_parts()
         if len(parts) == 1:
-            return self.matmul(x, *parts[0])
-        return torch.cat([self.matmul(x, w, b) for w, b in parts], dim=-1)
+            return self._gemm(x, parts[0])
+        return torch.cat([self._gemm(x, part) for part in parts], dim=-1)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -160,6 +256,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def output_segments(self) -> list[tuple[str, int, int]]:
         sizes = [n // self.tp_size for n in self.output_sizes]
         return [(str(i), sum(sizes[:i]), size) for i, size in enumerate(sizes)]
+
+    def _checkpoint_rows(self, shard_id) -> int:
+        return self.output_sizes[shard_id or 0]
 
     def weight_loader(self, param, loaded, shard_id: int = 0):
         shard_size = self.output_sizes[shard_id] // self.tp_size
@@ -195,6 +294,11 @@ class QKVParallelLinear(ColumnParallelLinear):
             return self.tp_rank * self.num_kv_heads
         return self.tp_rank // (self.tp_size // self.total_num_kv_heads)
 
+    def _checkpoint_rows(self, shard_id) -> int:
+        heads = self.num_heads * self.tp_size if shard_id in (None, "q") \
+            else self.total_num_kv_heads
+        return heads * self.head_dim
+
     def weight_loader(self, param, loaded, shard_id: str = "q"):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if shard_id == "q":
@@ -217,13 +321,18 @@ class RowParallelLinear(LinearBase):
         if loaded.dim() == 1:  # bias: added once, after the reduction
             param.data.copy_(as_tensor(loaded))
             return
+        if isinstance(param, QuantizingTarget):  # scales of whole rows, then the shard
+            param.copy_sharded(as_tensor(loaded), self.tp_rank, self.tp_size)
+            return
         super().weight_loader(param, loaded, shard_id)
 
     def forward(self, x):
         ctx = get_context()
         tp = ctx.tp
-        weight, bias = self._active_parts()[0]
+        part = self._active_parts()[0]
         if self.reduction_chunks:
+            weight, bias, _ = part.dense(x.dtype)
             return row_parallel_linear(x, weight, bias, tp, self.reduction_chunks, ctx)
-        y = linear(x, weight, bias if tp.rank == 0 else None)
-        return tp.all_reduce(y)
+        if tp.rank != 0:
+            part = part._replace(bias=None)
+        return tp.all_reduce(self._gemm(x, part))

@@ -12,8 +12,17 @@ from parashift.lazy_tensor import LazySlice, as_tensor
 from parashift.loader.source import ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+HF_FP8_SCALE = ".weight_scale_inv"
+# an FP8 KV cache's scales as checkpoints name them -> the attention layer's parameters
+KV_SCALE_NAMES = {"self_attn.k_scale": "self_attn.attn.k_scale",
+                  "self_attn.v_scale": "self_attn.attn.v_scale",
+                  "self_attn.k_proj.output_scale": "self_attn.attn.k_scale",
+                  "self_attn.v_proj.output_scale": "self_attn.attn.v_scale"}
+KV_SCALES = tuple(KV_SCALE_NAMES)
 # one expert's matrix ("<module>.experts.<id>.<leaf>.weight") or all experts' stacked (GGUF)
-EXPERT_NAME = re.compile(r"(?P<module>.+\.experts)\.(?:(?P<expert>[0-9]+)\.)?(?P<leaf>\w+)\.weight")
+# (or its FP8 scale, loaded into the stacked parameter's "<param>_scale")
+EXPERT_NAME = re.compile(r"(?P<module>.+\.experts)\.(?:(?P<expert>[0-9]+)\.)?(?P<leaf>\w+)"
+                         r"\.weight(?P<scale>_scale)?")
 
 
 def checkpoint_names(model: nn.Module) -> list[str]:
@@ -25,7 +34,9 @@ def checkpoint_names(model: nn.Module) -> list[str]:
     for ckpt, target in model.expert_modules_mapping.items():
         stacked_from.setdefault(target, ckpt)
     names = []
-    for name, _ in model.named_parameters(remove_duplicate=False):
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if _optional(param):  # made at load (FP8 scales), or defaulted (KV scales)
+            continue
         module, _, suffix = name.rpartition(".")
         if module.endswith(".experts"):  # all experts stacked, by their HF leaf names
             names += [f"{module}.{ckpt}.weight" for (param, _), ckpt in stacked_from.items()
@@ -54,14 +65,25 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
             _load(params["lm_head.weight"], tensor, None)  # last stage without the embedding
             loaded.add("lm_head.weight")
         if target not in params:
-            if _lands_on_missing_layer(model, target) or (tied and name == "lm_head.weight"):
+            if _lands_on_missing_layer(model, target) or (tied and name == "lm_head.weight") \
+                    or name.endswith(KV_SCALES):  # an FP8 KV cache's, unused by this pool
                 continue
             raise ValueError(f"checkpoint tensor {name!r} matches no parameter of the model")
         _load(params[target], tensor, shard_id)
         loaded.add(target)
-    missing = set(params) - loaded
+    missing = {name for name in set(params) - loaded
+               if not _optional(params[name])}
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+    unfilled = [name for name, p in params.items() if getattr(p, "nan_until_loaded", False)
+                and isinstance(p, torch.Tensor) and p.device.type != "meta" and p.isnan().any()]
+    if unfilled:
+        raise ValueError(f"checkpoint lacks scales of part of {unfilled[:3]} (e.g. the q, k or v "
+                         "part of a packed matrix)")
+
+
+def _optional(param) -> bool:
+    return getattr(param, "filled_by_weight", False) or getattr(param, "checkpoint_optional", False)
 
 
 def _lands_on_missing_layer(model: nn.Module, name: str) -> bool:
@@ -84,13 +106,18 @@ def _load(param: nn.Parameter, tensor, shard_id) -> None:
 
 
 def _target_of(model: nn.Module, name: str) -> tuple[str, object]:
+    if name.endswith(HF_FP8_SCALE):  # HF fp8's name of the weight's dequantizing scale
+        name = name.removesuffix("_inv")
+    for spelled, ours in KV_SCALE_NAMES.items():  # an FP8 KV cache's scales
+        if name.endswith(spelled):
+            return name.removesuffix(spelled) + ours, None
     for spelled, ours in model.checkpoint_renames.items():
         name = name.replace(spelled, ours)
     expert = EXPERT_NAME.fullmatch(name)
     if expert and expert["leaf"] in model.expert_modules_mapping:
         param, half = model.expert_modules_mapping[expert["leaf"]]
         index = int(expert["expert"]) if expert["expert"] is not None else None
-        return f"{expert['module']}.{param}", (index, half)
+        return f"{expert['module']}.{param}{expert['scale'] or ''}", (index, half)
     module, _, suffix = name.rpartition(".")
     parent, _, leaf = module.rpartition(".")
     if leaf in model.packed_modules_mapping:

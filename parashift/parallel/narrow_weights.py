@@ -21,7 +21,8 @@ moves no byte, so every plan reads the same resident rows.
 
 Layers are found by duck typing (this folder does not import `layers`): a parallel
 linear layer has `tp_dim` (0: output rows sharded, 1: input columns), `output_segments()`,
-`set_layout()` and `permute_rows()`."""
+`rows()` and `columns()` (its weight parts: weight, bias and an FP8 weight's scales, sliced
+together), `set_layout()` and `permute_rows()`."""
 import logging
 from dataclasses import dataclass
 
@@ -50,8 +51,8 @@ class Narrowing:
 
 
 def _views(layer, rows: Rows):
-    return [(layer.weight.narrow(0, o, n),
-             layer.bias.narrow(0, o, n) if layer.bias is not None else None) for o, n in rows]
+    """The layer's weight parts (weight, bias, FP8 scales) of the row ranges."""
+    return [layer.rows(o, n) for o, n in rows]
 
 
 def moved_rows(rows: Rows, order: Rows | None) -> Rows:
@@ -100,7 +101,7 @@ def make_layer_layouts(layer, needs: dict[str, Narrowing]) -> tuple[int, dict[st
         extra = 0
         for key, need in needs.items():
             step = divide(layer.weight.shape[1], need.factor, "shard columns")
-            parts = [(layer.weight.narrow(1, need.position * step, step), layer.bias)]
+            parts = [layer.columns(need.position * step, step)]
             extra += layer.set_layout(key, parts, need.mode == "materialize")
         return extra, {key: need.mode for key, need in needs.items()}
     finest, order = _finest_width(layer, _reorder_widths(needs))

@@ -29,6 +29,8 @@ from parashift.kv.views import kv_heads_per_rank, tokens_per_block, view_pool
 from parashift.layers.fused_moe import FusedExperts
 from parashift.layers.sampler import Sampler, position_seed
 from parashift.loader.weights import load_model_weights
+from parashift.quantization import kv_cache_torch_dtype
+from parashift.quantization.scheme import weight_quant
 from parashift.models.moe import check_plan
 from parashift.models.registry import model_class_for
 from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_narrow_weights
@@ -144,7 +146,10 @@ class ModelRunner:
         self.max_model_len = max_model_len
         start = time.perf_counter()
         chunks = reduction_chunks(hf_config) if config.deterministic else None
-        with use_state(self.state, reduction_chunks=chunks, moe_parallel=config.moe_parallel):
+        self.quant = weight_quant(config.quantization, hf_config)
+        self.kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, dtype)
+        with use_state(self.state, reduction_chunks=chunks, moe_parallel=config.moe_parallel,
+                       quantization=self.quant, kv_fp8=self.kv_dtype != dtype):
             self.model = self._build_model(hf_config, source, max_model_len)
         # the designs' hooks on this rank (before narrowed layouts and the KV pool): Seesaw's
         # other plan's model, SiDP's owned FFN slices shared with the peers and its slots
@@ -163,14 +168,15 @@ class ModelRunner:
         if self._check is not None:
             self._check.watch_uploads(self.staging)
         self.history = TokenHistoryStore(device)  # tokens of the requests with penalties
-        self.swapper = KVSwapper(TierShape.of_model(hf_config, dtype), device)  # swap preemption
+        self.swapper = KVSwapper(TierShape.of_model(hf_config, self.kv_dtype), device)  # swap preemption
         self.groups: dict[tuple[int, ...], GroupSampling] = {}  # by the ranks of a step's plan
         self._group = self._group_of(self.state.plan.ranks)  # the running step's
         self._kv_views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._bound_block_size = self.block_size
         # Narrower weight layouts (Shift, merges) before the KV pool takes what memory is left.
         self.shift_weight_bytes = self._make_narrow_weights(other_states, config.shift.weights)
-        self.kv = KVCache.for_model(self.model, config, device, dtype, self._profile_peak_bytes,
+        self.kv = KVCache.for_model(self.model, config, device, self.kv_dtype,
+                                    self._profile_peak_bytes,
                                     max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
         for hook in self.hooks:
@@ -186,7 +192,8 @@ class ModelRunner:
     def _rank_setup(self, hf_config, source, max_model_len: int,
                     other_states: tuple[ParallelState, ...], group) -> RankSetup:
         def build_model(state: ParallelState):
-            with use_state(state, moe_parallel=self.config.moe_parallel):
+            with use_state(state, moe_parallel=self.config.moe_parallel, quantization=self.quant,
+                           kv_fp8=self.kv_dtype != self.dtype):
                 return self._build_model(hf_config, source, max_model_len)
         return RankSetup(self.config, hf_config, source, self.device, self.dtype, max_model_len,
                          self.state, other_states, self.model, build_model, group)
@@ -650,7 +657,7 @@ class ModelRunner:
         shaped like the KV pool (then the pool is bound again)."""
         layers, _, block_size, kv_heads, head_dim = self.kv.k.shape
         self._run_profile_step(lambda blocks: KVCache(layers, blocks, block_size, kv_heads,
-                                                      head_dim, self.dtype, self.device))
+                                                      head_dim, self.kv_dtype, self.device))
         self.kv.bind(self.model)
 
     def _run_profile_step(self, make_scratch) -> None:

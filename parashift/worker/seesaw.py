@@ -48,7 +48,10 @@ def rank_hooks_for(setup: RankSetup) -> "SeesawRank | None":
         raise ValueError(f"a seesaw rank runs two plans over its group's ranks, got "
                          f"{[state.plan.name(), *(s.plan.name() for s in others)]}")
     other = setup.build_model(others[0])
-    peers = None if setup.group is None else peer_group(
+    # the peer path moves checkpoint pieces, and FP8 weights' scales are none (made at load,
+    # or spread per tensor): FP8 weights move from the host copies, scales with them
+    fp8 = any(p.dtype == torch.float8_e4m3fn for p in setup.model.parameters())
+    peers = None if setup.group is None or fp8 else peer_group(
         setup.group, setup.device, setup.hf_config, setup.source,
         [state.plan, others[0].plan], setup.dtype, setup.max_model_len, config.moe_parallel,
         asked=config.seesaw.weight_source == "peers")

@@ -48,6 +48,9 @@ class SharedFfn(RankHooks):
 
     def __init__(self, model: nn.Module, state: ParallelState, slots: int, device: torch.device):
         self.modules = ffn_modules(model)
+        if any(m.down_proj.weight_scale is not None for m in self.modules):
+            raise ValueError("shared FFN weights (SiDP) do not run FP8 weights yet: serve the "
+                             "model without quantization, or without share_ffn")
         if not self.modules:
             raise ValueError("shared FFN weights (SiDP) need a model with dense FFN blocks")
         self.peers = state.ffn

@@ -173,3 +173,18 @@ def test_moe_parallel_flags(flags, expected):
     assert engine_config_from_args(parser.parse_args(flags)).moe_parallel == expected
     with pytest.raises(ValueError, match="moe_parallel must be tp or ep, got 'dp'"):
         EngineConfig(moe_parallel="dp")
+
+
+@pytest.mark.parametrize("flags, expected", [([], (None, "auto")),
+                                             (["--quantization", "fp8", "--kv-cache-dtype", "fp8"],
+                                              ("fp8", "fp8"))])
+def test_quantization_flags(flags, expected):
+    import argparse
+
+    from parashift.entrypoints.engine_args import add_engine_args, engine_config_from_args
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    config = engine_config_from_args(parser.parse_args(flags))
+    assert (config.quantization, config.kv_cache_dtype) == expected
+    with pytest.raises(ValueError, match="quantization 'gptq' is not supported"):
+        engine_config_from_args(parser.parse_args(["--quantization", "gptq"]))

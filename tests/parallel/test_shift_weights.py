@@ -115,12 +115,12 @@ def test_shift_view_is_one_contiguous_view_equal_to_the_slice_parts(heads, kv, t
             sliced, reordered = make(bias), make(bias)
             assert make_layer_shift_weights(sliced, sp, sp_rank, "slice") == (0, "slice")
             assert make_layer_shift_weights(reordered, sp, sp_rank, "reorder") == (0, "reorder")
-            [(weight, b)] = reordered.layouts[SHIFT_WEIGHTS]
+            [(weight, b, _)] = reordered.layouts[SHIFT_WEIGHTS]
             assert weight.is_contiguous() and b.is_contiguous()
             # a view of the base weight: same storage, no extra bytes
             assert weight.untyped_storage().data_ptr() == reordered.weight.untyped_storage().data_ptr()
-            assert torch.equal(weight, torch.cat([w for w, _ in sliced.layouts[SHIFT_WEIGHTS]]))
-            assert torch.equal(b, torch.cat([b for _, b in sliced.layouts[SHIFT_WEIGHTS]]))
+            assert torch.equal(weight, torch.cat([p.weight for p in sliced.layouts[SHIFT_WEIGHTS]]))
+            assert torch.equal(b, torch.cat([p.bias for p in sliced.layouts[SHIFT_WEIGHTS]]))
             with _shift_context(state):
                 assert torch.allclose(reordered(x), sliced(x), atol=1e-5)
                 assert reordered.output_split() == sliced.output_split()
@@ -185,7 +185,7 @@ def test_row_parallel_shift_view_is_the_column_slice():
         layer = RowParallelLinear(48, HIDDEN)
     layer.weight_loader(layer.weight, torch.randn(HIDDEN, 48))
     assert make_layer_shift_weights(layer, 2, 1, "reorder") == (0, "reorder")
-    [(weight, _)] = layer.layouts[SHIFT_WEIGHTS]
+    [(weight, _, _)] = layer.layouts[SHIFT_WEIGHTS]
     assert torch.equal(weight, layer.weight[:, 12:])
 
 

@@ -1,0 +1,66 @@
+"""FP8 weights and an FP8 KV cache under every kind of plan give one device's FP8 tokens:
+scales sharded with their rows (TP's column-parallel shards), kept whole (row-parallel),
+reordered with Shift's rows and moved by its switches, in Flying's merged views, under PP
+stages and node layouts of several groups (gloo, one process per rank)."""
+import json
+
+import pytest
+
+from parashift import LLM
+from tests.distributed.test_merges import run_cycle
+from tests.distributed.test_plans import COMMON, PARAMS, assert_same, generate, plan_id, prompts
+from tests.engine.conftest import save_tiny_llama
+from tests.helpers.tiny_configs import save_tiny_checkpoint
+
+FP8 = dict(quantization="fp8", kv_cache_dtype="fp8")
+PLANS = [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2),
+         dict(layout="tp2,single"),
+         dict(sequence_parallel_size=2, parallel_policy="shift", shift_threshold=8)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """8 heads over 2 KV heads: Shift's SP=2 reorders every fused layer's rows."""
+    model_dir = save_tiny_llama(tmp_path_factory.mktemp("fp8_gqa8x2"), num_attention_heads=8,
+                                num_key_value_heads=2, hidden_size=96, intermediate_size=192,
+                                num_hidden_layers=3)
+    llm = LLM(model_dir, **{**COMMON, **FP8})
+    try:
+        return model_dir, llm.generate(prompts(n=8), PARAMS)
+    finally:
+        llm.llm_engine.shutdown()
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=plan_id)
+def test_fp8_plan_matches_fp8_on_one_device(model, plan, tmp_path):
+    timeline = tmp_path / "timeline.jsonl"
+    outputs, _ = generate(model[0], prompts(n=8), **FP8, **plan, timeline_file=str(timeline))
+    assert_same(outputs, model[1])
+    if plan.get("parallel_policy") == "shift":  # both plans ran
+        assert {json.loads(line)["plan"] for line in open(timeline)} == {"sp2", "shift-tp2"}
+
+
+def test_fp8_merges_and_splits_keep_weights_and_tokens(model, tmp_path):
+    """Flying's reorder mode permutes each fused shard's rows (and their scales) at load;
+    the merged plan reads them through views."""
+    outputs, records, _, _, _ = run_cycle(model[0], tmp_path, "single,single",
+                                          ["merge2-tp2", "single,single"], limit=4, **FP8)
+    assert_same(outputs, model[1])
+    assert records and records[0].kind == "merge"
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory):
+    """A tiny Qwen3-MoE (8 experts, top-2), its FP8 outputs on one device."""
+    directory = tmp_path_factory.mktemp("fp8_qwen3_moe")
+    save_tiny_checkpoint("qwen3-moe", directory)
+    return str(directory), generate(directory, prompts(n=4), **FP8)[0]
+
+
+@pytest.mark.parametrize("moe_parallel", ["tp", "ep"])
+def test_fp8_experts_under_tp2_match_one_device(moe_model, moe_parallel):
+    """tp: each expert's rows (and their scales) split, the down projection's scales whole;
+    ep: whole experts with their scales."""
+    outputs, _ = generate(moe_model[0], prompts(n=4), **FP8, tensor_parallel_size=2,
+                          moe_parallel=moe_parallel)
+    assert_same(outputs, moe_model[1])
