@@ -112,6 +112,8 @@ class EngineConfig:
     # (process: the loop hands tokens over and assembles the outputs); the same outputs.
     # auto: process on a GPU host with a tokenizer and 4+ cores, else inline
     output_processor: str = "auto"
+    # the most logprobs (sampled and prompt) a request may ask for; -1: no limit (vLLM's)
+    max_logprobs: int = 20
     # the engine core (scheduler, executor) in a process of its own, as vLLM v1 runs it: the
     # caller's process makes the outputs (detokenization, stop strings, RequestOutputs).
     # None: on for the server on a GPU host of 4+ cores, off otherwise (core_client.py)
