@@ -302,6 +302,17 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
+class TokenizerInfoResponse(BaseModel):
+    """GET /tokenizer_info: the tokenizer's special tokens and chat template (vLLM's)."""
+    tokenizer_class: str
+    eos_token: str | None = None
+    bos_token: str | None = None
+    pad_token: str | None = None
+    unk_token: str | None = None
+    chat_template: str | None = None
+    model_max_length: int
+
+
 class VersionResponse(BaseModel):
     version: str
 
