@@ -195,6 +195,10 @@ class EngineConfig:
                              f"process: output_processor {self.output_processor!r} does not apply")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
+        if (isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int)
+                or self.max_logprobs < -1):
+            raise ValueError("max_logprobs must be an integer >= 0, or -1 for no limit, got "
+                             f"{self.max_logprobs!r}")
         self._check_hosts()
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")

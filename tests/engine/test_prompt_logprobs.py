@@ -8,6 +8,7 @@ from parashift import LLM, SamplingParams
 from parashift.loader.source import embedded_gguf_path
 from parashift.outputs import Logprob
 from tests.conftest import requires_smollm2
+from tests.engine.conftest import tiny_llama_dir, tiny_llm  # noqa: F401  (shared fixture)
 
 pytestmark = [requires_smollm2, pytest.mark.usefixtures("single_torch_thread")]
 PROMPTS = ["The quick brown fox jumps over the lazy dog because it was tired of running",
@@ -95,3 +96,64 @@ def test_bad_values_are_errors(llm, value):
     with pytest.raises(ValueError, match="prompt_logprobs"):
         scored(llm, PROMPTS[1:], k=value)
     assert scored(llm, PROMPTS[1:], k=1)[0].prompt_logprobs is not None  # the engine goes on
+
+
+def run_engine(engine, prompts, params) -> dict[str, list]:
+    """Every output of each request, by request id, stepping the engine by hand."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    outputs: dict[str, list] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            outputs.setdefault(output.request_id, []).append(output)
+    return outputs
+
+
+TINY_PROMPTS = [list(range(1, 30)), [5], [7, 8, 9]]
+
+
+def assert_close(got, want):
+    """The same entries (another batch may round the last bits differently)."""
+    assert len(got) == len(want) and got[0] is want[0] is None
+    for got_entry, want_entry in zip(got[1:], want[1:]):
+        assert list(got_entry) == list(want_entry)
+        for token, lp in want_entry.items():
+            assert got_entry[token].logprob == pytest.approx(lp.logprob, abs=1e-5)
+            assert got_entry[token].rank == lp.rank
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_llama_dir):
+    """The inline output processor's outputs of TINY_PROMPTS."""
+    llm = tiny_llm(tiny_llama_dir, max_num_batched_tokens=16)
+    try:
+        return llm.generate(TINY_PROMPTS, SamplingParams(temperature=0, max_tokens=3,
+                                                         ignore_eos=True, prompt_logprobs=2))
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("mode", [dict(output_processor="process"),
+                                  dict(engine_core_process=True),
+                                  dict(output_processor="thread")],
+                         ids=["output-process", "engine-core-process", "output-thread"])
+def test_every_output_path_carries_them(tiny_llama_dir, tiny_reference, mode):
+    """Cumulative outputs carry them in each output, delta ones once, through the output
+    processor's process and thread and an engine core's process."""
+    cumulative = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, prompt_logprobs=2)
+    delta = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, prompt_logprobs=2,
+                           output_kind="delta")
+    want = tiny_reference
+    llm = tiny_llm(tiny_llama_dir, max_num_batched_tokens=16, **mode)
+    try:
+        got = run_engine(llm.llm_engine, TINY_PROMPTS, cumulative)
+        for i, expected in enumerate(want):
+            for output in got[str(i)]:
+                assert_close(output.prompt_logprobs, expected.prompt_logprobs)
+        got = run_engine(llm.llm_engine, TINY_PROMPTS, delta)
+        for i, expected in enumerate(want):
+            carrying = [o.prompt_logprobs for o in got[str(i)] if o.prompt_logprobs]
+            assert len(carrying) == 1
+            assert_close(carrying[0], expected.prompt_logprobs)
+    finally:
+        llm.shutdown()
