@@ -68,7 +68,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # False: a prompt is prefilled whole in one step (the step budget must hold the longest)
     enable_chunked_prefill: bool = True
-    max_logprobs: int = 20                   # most logprobs a request may ask for; -1: no cap
+    max_logprobs: int = 20                   # most logprobs (sampled or prompt) a request asks; -1: no cap
     seed: int = 0
     block_size: int = 16
     num_blocks: int | None = None            # KV pool size in blocks; overrides the memory sizing

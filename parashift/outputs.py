@@ -19,6 +19,20 @@ class CompletionOutput:
 
 
 @dataclass(slots=True)
+class Logprob:
+    """A prompt token's logprob, its rank in the model's distribution (1: the most likely)
+    and its text (vLLM's Logprob)."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per prompt token: None for the first, then {token id: Logprob} of the prompt token and
+# the top alternatives (SamplingParams.prompt_logprobs).
+PromptLogprobs = list[dict[int, Logprob] | None]
+
+
+@dataclass(slots=True)
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -28,6 +42,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
     error: str | None = None  # why the request failed (finish reason "error")
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 def join_deltas(first: RequestOutput, second: RequestOutput) -> RequestOutput:
@@ -42,4 +57,5 @@ def join_deltas(first: RequestOutput, second: RequestOutput) -> RequestOutput:
             c = dataclasses.replace(c, text=before.text + c.text,
                                     token_ids=before.token_ids + c.token_ids, logprobs=logprobs)
         joined[c.index] = c
-    return dataclasses.replace(second, outputs=[joined[i] for i in sorted(joined)])
+    return dataclasses.replace(second, outputs=[joined[i] for i in sorted(joined)],
+                               prompt_logprobs=second.prompt_logprobs or first.prompt_logprobs)

@@ -129,3 +129,13 @@ def test_unknown_options_are_named():
         EngineConfig(seesaw_plan="pp2")
     with pytest.raises(ValueError, match="seesaw must be a SeesawConfig"):
         EngineConfig(seesaw={"prefill_plan": "pp2"})
+
+
+@pytest.mark.parametrize("value", [-2, 1.5, True, "20"])
+def test_bad_max_logprobs_is_named(value):
+    with pytest.raises(ValueError, match="max_logprobs"):
+        EngineConfig(max_logprobs=value)
+
+
+def test_max_logprobs_defaults_to_vllms():
+    assert EngineConfig().max_logprobs == 20 and EngineConfig(max_logprobs=-1).max_logprobs == -1

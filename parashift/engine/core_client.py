@@ -98,14 +98,14 @@ class CoreOutputs:
     def _made(self, message: tuple) -> list[RequestOutput]:
         kind = message[0]
         if kind == "step":
-            _, request_ids, token_ids, logprobs, finished, firsts = message
+            _, request_ids, token_ids, logprobs, finished, firsts, *prompt_logprobs = message
             for request_id, (first_token_time, num_cached_tokens) in firsts.items():
                 seq = self._fresh.pop(request_id, None)
                 if seq is not None:
                     seq.first_token_time, seq.num_cached_tokens = first_token_time, \
                         num_cached_tokens
             processed = self._outputs.process(StepTokens(request_ids, token_ids, logprobs,
-                                                         finished))
+                                                         finished, *prompt_logprobs))
         elif kind == "new":
             _, request_id, prompt, prompt_token_ids, params, every_step = message
             if not self._is_live(request_id):

@@ -51,7 +51,8 @@ class OutputForwarder:
     def submit(self, message) -> None:
         if isinstance(message, StepTokens):
             self.unsent.append(("step", message.request_ids, message.token_ids,
-                                message.logprobs, message.finished, self._firsts()))
+                                message.logprobs, message.finished, self._firsts(),
+                                message.prompt_logprobs))
             self._done += message.finished
         elif isinstance(message, NewRequest):
             seq = message.seq

@@ -15,6 +15,7 @@ from parashift.engine.node import Node
 from parashift.engine.output_processor import make_output_processor
 from parashift.engine.parallel_sampling import ParentRequest, fold_children
 from parashift.engine.policy import NodeView, Policy
+from parashift.engine.prompt_logprobs import PromptLogprobsCollector
 from parashift.engine.replica import Replica
 from parashift.engine.request_outputs import (Failure, Forget, NewRequest, Processed,
                                              StepTokens)
@@ -108,6 +109,7 @@ class LLMEngine:
         self._parents: dict[str, ParentRequest] = {}  # requests with n or best_of > 1
         self._parent_of: dict[str, ParentRequest] = {}  # by child request id
         self._preemptions = PreemptionCounts()
+        self._prompt_logprobs = PromptLogprobsCollector()
         tune_garbage_collector()
         logger.info("Loaded %s in %.1f s", self.model_name, time.perf_counter() - started)
 
@@ -205,6 +207,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.verify()  # it may have been changed since it was built
+        self._validate_logprobs(params)
         self._validate_logit_bias(params)
         check_max_logprobs(params, self.config.max_logprobs)
         prompt_text, token_ids = self._tokenize(prompt)
@@ -257,6 +260,8 @@ class LLMEngine:
             self.structured.add(request_id, params.structured_outputs)
             replica.num_structured += 1
         self.node.admit(seq, replica, time.monotonic())
+        if params.prompt_logprobs is not None:
+            self._prompt_logprobs.expect(request_id)
         # a child of a request with n > 1 reports every step: its parent folds the outputs
         every_step = params.output_kind != "final_only" or request_id in self._parent_of
         self.output_processor.submit(NewRequest(seq, every_step))
@@ -270,6 +275,14 @@ class LLMEngine:
             self._add_sequence(seq, replica)
         if self.node.unplaced:
             self.node.decide_now()
+
+    def _validate_logprobs(self, params: SamplingParams) -> None:
+        limit = self.config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and limit >= 0 and value > limit:
+                raise ValueError(f"{name} must be at most {limit} (the engine's max_logprobs), "
+                                 f"got {value}")
 
     def _validate_logit_bias(self, params: SamplingParams) -> None:
         bad = [t for t in params.logit_bias or {} if t >= self.vocab_size]
@@ -551,9 +564,12 @@ class LLMEngine:
         return records
 
     def _apply(self, replica: "Replica", sched: SchedulerOutput, tokens: list[int],
-               logprobs, errors: dict[str, str]) -> None:
+               logprobs, errors: dict[str, str], prompt_spans: list | None = None) -> None:
         """A step's results: its tokens go to the scheduler and, with the requests they
-        ended, to the output processor. A request the ranks failed fails alone."""
+        ended (and the prompt logprobs of those whose prompt is computed), to the output
+        processor. A request the ranks failed fails alone."""
+        if prompt_spans:
+            self._prompt_logprobs.add(prompt_spans)
         tokens = self._token_ints.canonical(tokens)
         for scheduled in sched.scheduled if errors else ():
             seq = scheduled.seq
@@ -563,6 +579,8 @@ class LLMEngine:
         if sched.decodes:
             sampling = sched.decodes.seqs + sampling
         step = _step_tokens(sampling, tokens, logprobs)  # before the scheduler ends any
+        if self._prompt_logprobs.expected:
+            step.prompt_logprobs = self._prompt_logprobs.take_computed(sampling)
         finished = replica.scheduler.update(sched, tokens)
         if self.config.check_step_state:
             replica.scheduler.check_table()
@@ -610,12 +628,14 @@ class LLMEngine:
     def _fail(self, replica: "Replica", seq: Sequence, reason: str) -> None:
         """Ends one request with finish reason "error"; its blocks are freed."""
         replica.scheduler.finish(seq, "error")
+        self._prompt_logprobs.forget(seq.request_id)
         if self.structured.tracks(seq.request_id):
             replica.num_structured -= 1
         replica.encoder.forget(seq.request_id)
         self._report_failure(seq, reason)
 
     def _release(self, replica: "Replica", request_id: str) -> None:
+        self._prompt_logprobs.forget(request_id)
         if self.structured.tracks(request_id):
             self.structured.remove(request_id)
             replica.num_structured -= 1

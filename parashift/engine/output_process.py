@@ -20,6 +20,7 @@ from parashift.engine import output_child
 from parashift.engine.child_process import receive, start_child, stop_child
 from parashift.engine.detokenizer import rust_backend
 from parashift.engine.output_child import FAILED, OUTPUT, FAIL, FORGET, NEW, STEP
+from parashift.engine.prompt_logprobs import make_prompt_logprobs, token_texts_of
 from parashift.engine.request_outputs import (Failure, Forget, NewRequest, Processed,
                                               StepTokens, logger)
 from parashift.engine.sequence import Sequence
@@ -29,7 +30,7 @@ from parashift.outputs import CompletionOutput, RequestOutput
 class _Record:
     """What the outputs of a request with a row are built from."""
     __slots__ = ("seq", "row", "logprobs", "metrics", "num_cached_tokens", "delta",
-                 "sent_tokens")
+                 "sent_tokens", "prompt_logprobs")
 
     def __init__(self, seq: Sequence, row: int):
         self.seq, self.row = seq, row
@@ -38,6 +39,7 @@ class _Record:
         self.num_cached_tokens = 0
         self.delta = seq.params.output_kind == "delta"  # the child answers what is new only
         self.sent_tokens = 0  # the output tokens its delta outputs gave so far
+        self.prompt_logprobs = None  # made here once its prompt is computed
 
 
 class OutputProcess:
@@ -53,6 +55,7 @@ class OutputProcess:
         self._num_pending = 0  # messages handed over whose answers have not been taken
         self._broken: str | None = None  # why the child can no longer be used
         self._handing_over = threading.Lock()  # a close (a finalizer's) against a submit
+        self._tokenizer = tokenizer  # the prompt logprobs' texts are made here
         # the tokenizer's Rust backend where it has one (the child need not import transformers)
         try:
             self._to_child.send(rust_backend(tokenizer) or tokenizer if tokenizer is not None
@@ -127,6 +130,8 @@ class OutputProcess:
         raise TypeError(f"the output processor got a {type(message).__name__}")
 
     def _encode_step(self, step: StepTokens) -> tuple:
+        if step.prompt_logprobs:
+            self._make_prompt_logprobs(step.prompt_logprobs)
         rows, count = self._rows, len(step.request_ids)
         row_ids = np.fromiter(map(rows.get, step.request_ids, itertools.repeat(-1, count)),
                               np.int64, count)
@@ -134,6 +139,14 @@ class OutputProcess:
                     for request_id, finish in step.finished.items()}
         return (STEP, row_ids.tobytes(), np.array(step.token_ids, np.int64).tobytes(),
                 step.logprobs, finished)
+
+    def _make_prompt_logprobs(self, computed: dict[str, list]) -> None:
+        decode = token_texts_of(self._tokenizer)
+        for request_id, raw in computed.items():
+            record = self._records.get(self._rows.get(request_id, -1))
+            if record is not None:
+                record.prompt_logprobs = make_prompt_logprobs(record.seq.prompt_token_ids, raw,
+                                                              decode)
 
     def _send(self) -> None:
         batch, self._unsent = self._unsent, []
@@ -209,8 +222,12 @@ class OutputProcess:
                                       reason, stop_reason)
         if reason is not None:
             self._forget_row(record.row)
+        prompt_logprobs = record.prompt_logprobs
+        if record.delta:  # given once
+            record.prompt_logprobs = None
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion],
-                             reason is not None, record.num_cached_tokens, record.metrics.copy())
+                             reason is not None, record.num_cached_tokens, record.metrics.copy(),
+                             prompt_logprobs=prompt_logprobs)
 
     def _forget_row(self, row: int) -> _Record | None:
         record = self._records.pop(row, None)

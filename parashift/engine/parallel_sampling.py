@@ -14,7 +14,9 @@ from parashift.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 def child_params(params: SamplingParams, index: int) -> SamplingParams:
     """One sample's options. Its seed is the request's plus its index (wrapped to 64
     bits): siblings differ, and the same request gives the same samples again. best_of
-    ranks by cumulative logprob, so its children always report the sampled token's."""
+    ranks by cumulative logprob, so its children always report the sampled token's. The
+    first child alone computes the prompt's logprobs (the others take its blocks from the
+    prefix cache)."""
     seed = None if params.seed is None else (
         (params.seed + index - SEED_MIN) % (SEED_MAX - SEED_MIN + 1) + SEED_MIN)
     logprobs = params.logprobs
@@ -22,7 +24,8 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
         logprobs = 0
     # children report cumulative outputs, which the parent folds (and cuts into deltas)
     return dataclasses.replace(params, n=1, best_of=None, seed=seed, logprobs=logprobs,
-                               output_kind="cumulative")
+                               output_kind="cumulative",
+                               prompt_logprobs=params.prompt_logprobs if index == 0 else None)
 
 
 def cumulative_logprob(completion: CompletionOutput, start: int = 0,
@@ -47,6 +50,8 @@ class ParentRequest:
         self._sent: dict[int, tuple[int, int]] = {}  # delta outputs: chars, tokens given
         self._summed: dict[int, tuple[int, float]] = {}  # tokens in the logprob sum, the sum
         self.siblings_admitted = params.num_samples == 1
+        self.prompt_logprobs = None  # the first child's, once it has them
+        self._prompt_logprobs_sent = False  # delta outputs give them once
 
     def child(self, index: int, prompt_token_ids: list[int], prompt: str | None) -> Sequence:
         return Sequence(self.child_ids[index], prompt_token_ids,
@@ -61,6 +66,8 @@ class ParentRequest:
         self.completions[index] = dataclasses.replace(
             completion, index=index, cumulative_logprob=self._logprob_sum(index, completion))
         self.num_cached_tokens[index] = output.num_cached_tokens
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
         if output.finished:
             self._finished.add(index)
         finished = output.error is not None or len(self._finished) == len(self.child_ids)
@@ -76,7 +83,15 @@ class ParentRequest:
             chosen = [self.completions[i] for i in sorted(self.completions)]
         return RequestOutput(self.request_id, output.prompt, output.prompt_token_ids, chosen,
                              finished, sum(self.num_cached_tokens.values()),
-                             error=output.error)
+                             error=output.error, prompt_logprobs=self._take_prompt_logprobs())
+
+    def _take_prompt_logprobs(self):
+        if self.params.output_kind != "delta":
+            return self.prompt_logprobs
+        if self._prompt_logprobs_sent or self.prompt_logprobs is None:
+            return None
+        self._prompt_logprobs_sent = True
+        return self.prompt_logprobs
 
     def _logprob_sum(self, index: int, completion: CompletionOutput) -> float | None:
         """A child's cumulative logprob, adding only the tokens new since its last output

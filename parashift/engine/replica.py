@@ -104,7 +104,7 @@ class Replica:
                 continue
             if sent is None:
                 new_params[request_id] = seq.params
-                if seq.params.uses_history:
+                if seq.params.uses_history or seq.params.prompt_logprobs is not None:
                     prompts[request_id] = seq.prompt_token_ids
             chunks.append(chunk(request_id, s.token_ids(), start, block_table, s.samples))
             others.append(i)

@@ -5,6 +5,7 @@ touches no engine state."""
 import logging
 from dataclasses import dataclass, field
 
+from parashift.engine.prompt_logprobs import make_prompt_logprobs, token_texts_of
 from parashift.engine.detokenizer import IncrementalDetokenizer, TokenTexts, append_all
 from parashift.engine.sequence import Sequence
 from parashift.outputs import CompletionOutput, RequestOutput
@@ -31,6 +32,9 @@ class StepTokens:
     token_ids: list[int]
     logprobs: list | None
     finished: dict[str, Finish]
+    # the prompt logprobs of the requests whose prompt this step computed, by request id
+    # (engine/prompt_logprobs.py's raw entries)
+    prompt_logprobs: dict[str, list] | None = None
 
 
 @dataclass
@@ -68,7 +72,8 @@ class _RequestState:
     and its lists, not the Sequence the engine loop keeps changing."""
     __slots__ = ("seq", "detokenizer", "token_ids", "logprobs", "reports_every_step",
                  "request_id", "prompt", "prompt_token_ids", "wants_logprobs",
-                 "first_token_time", "num_cached_tokens", "delta", "sent_chars", "sent_tokens")
+                 "first_token_time", "num_cached_tokens", "delta", "sent_chars", "sent_tokens",
+                 "prompt_logprobs")
 
     def __init__(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None,
                  reports_every_step: bool):
@@ -84,6 +89,14 @@ class _RequestState:
         self.num_cached_tokens = 0
         self.delta = seq.params.output_kind == "delta"  # outputs carry what is new only
         self.sent_chars = self.sent_tokens = 0  # what its delta outputs gave so far
+        self.prompt_logprobs = None  # vLLM's shape, once its prompt is computed
+
+    def take_prompt_logprobs(self):
+        """Every output's prompt logprobs; a delta output's only once."""
+        logprobs = self.prompt_logprobs
+        if self.delta:
+            self.prompt_logprobs = None
+        return logprobs
 
     @property
     def text(self) -> str:
@@ -143,6 +156,8 @@ class RequestOutputs:
         that an EOS or a stop token id ended (it gets no text); builds the outputs."""
         advanced, finishes, detokenizers, tokens, decoded = [], [], [], [], []
         states, finished, logprobs = self._states, step.finished, step.logprobs
+        if step.prompt_logprobs:
+            self._take_prompt_logprobs(step.prompt_logprobs)
         for i, (request_id, token) in enumerate(zip(step.request_ids, step.token_ids)):
             state = states.get(request_id)
             if state is None:  # ended here already, or aborted: its later tokens are dropped
@@ -165,6 +180,13 @@ class RequestOutputs:
         for state, finish, stop in zip(advanced, finishes, stops):
             self._report(state, finish, stop, processed)
         return processed
+
+    def _take_prompt_logprobs(self, computed: dict[str, list]) -> None:
+        decode = token_texts_of(self.tokenizer)
+        for request_id, raw in computed.items():
+            state = self._states.get(request_id)
+            if state is not None:
+                state.prompt_logprobs = make_prompt_logprobs(state.prompt_token_ids, raw, decode)
 
     def _report(self, state: _RequestState, finish: Finish | None,
                 stop: str | Exception | None, processed: Processed) -> None:
@@ -212,7 +234,8 @@ class RequestOutputs:
         # a final-only request's one output still tells the server when its first token came
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids,
                              [completion], reason is not None, state.num_cached_tokens,
-                             {"first_token_time": state.first_token_time})
+                             {"first_token_time": state.first_token_time},
+                             prompt_logprobs=state.take_prompt_logprobs())
 
     def _error_output(self, failure: Failure) -> RequestOutput:
         """The request's last output, with finish reason "error"; its state goes."""

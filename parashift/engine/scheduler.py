@@ -552,9 +552,11 @@ class Scheduler:
     def _resume_point(self, seq: Sequence) -> tuple[list[int], int]:
         """The cached blocks a waiting sequence starts with and its computed tokens after
         them: a swapped one's computed tokens (their pages come with its new blocks), else
-        its prefix-cache hit."""
+        its prefix-cache hit (none for one that asks for prompt logprobs, as vLLM)."""
         if self.swap_slots is not None and seq.request_id in self.swap_slots.slots:
             return [], seq.num_computed_tokens
+        if seq.params.prompt_logprobs is not None:  # every prompt position is computed
+            return [], 0
         return self.block_manager.get_computed_blocks(seq)
 
     def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:

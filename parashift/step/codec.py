@@ -35,6 +35,9 @@ Layout (little-endian), version 8; the counts in the header size every section:
   int64[L]        every swap's block ids, in swap order
   int32[O+I+1]    length in characters of each swap's request id, then of the tier's path
   u8[X]           those ids and the path, concatenated, UTF-8
+  int64[2]        round_rows, R ranks of round_tokens
+  int64[2, R]     round_tokens: its ranks, their token counts
+  int64[N]        per new request: prompt_logprobs (-1 = None)
 
 A new request carries only the sampling fields a rank uses (greediness follows from
 temperature and top_k) and, where sent, its prompt; its other fields decode to their defaults,
@@ -54,7 +57,7 @@ from parashift.sampling_params import SEED_MAX as INT64_MAX, SamplingParams
 from parashift.step.message import ChunkDelta, KVSwap, StepBatch
 from parashift.structured.matchers import TokenMasks
 
-MAGIC, VERSION = b"PSTB", 8
+MAGIC, VERSION = b"PSTB", 9
 HEADER = struct.Struct("<4sHH10I")  # 48 bytes, so the int64 sections after it are aligned
 _CHUNK = attrgetter("request_id", "token_ids", "start_pos", "blocks_from", "new_blocks",
                     "samples")
@@ -119,7 +122,9 @@ def encode_step(batch: StepBatch) -> bytes:
         _encode_swaps(batch),
         np.array([batch.round_rows, len(batch.round_tokens)], np.int64).tobytes(),
         _packed(chain(batch.round_tokens, batch.round_tokens.values()), np.int64,
-                2 * len(batch.round_tokens))))
+                2 * len(batch.round_tokens)),
+        _packed((-1 if p.prompt_logprobs is None else min(p.prompt_logprobs, INT64_MAX)
+                 for p in new.values()), np.int64, N)))
 
 
 def _encode_decodes(batch: StepBatch) -> bytes:
@@ -203,6 +208,7 @@ def decode_step(message: bytes) -> StepBatch:
     offset += X
     round_rows, R = take(np.int64, 2).tolist()
     round_ranks, round_counts = take(np.int64, 2, R).tolist()
+    prompt_logprobs = take(np.int64, N).tolist()
     if offset != len(message):
         raise ValueError(f"a step message of {len(message)} bytes, expected {offset}")
     starts, froms, _, _, samples = columns.tolist()
@@ -212,7 +218,8 @@ def decode_step(message: bytes) -> StepBatch:
     new_params = {ids[C + i]: SamplingParams(
         **dict(zip(_PARAM_FLOATS_NAMES, column)), top_k=top_k[i],
         seed=seeds[i] if has_seed[i] else None, logit_bias=bias or None,
-        logprobs=None if logprobs[i] < 0 else logprobs[i], max_tokens=None)
+        logprobs=None if logprobs[i] < 0 else logprobs[i], max_tokens=None,
+        prompt_logprobs=None if prompt_logprobs[i] < 0 else prompt_logprobs[i])
         for i, column, bias in zip(range(N), zip(*floats), biases)}
     prompted = [r for r, was_sent in zip(ids[C:C + N], sent.tolist()) if was_sent]
     num_tokens, slot_starts, slot_lengths, _ = counts.tolist()

@@ -18,6 +18,8 @@ from parashift.worker.cuda_graphs import Bucket, StepGraphs
 from parashift.worker.kv_swap import KVSwapper
 from parashift.step.message import PLACEHOLDER_TOKEN, ChunkDelta, StepBatch
 from parashift.worker.step_chunks import DecodeChunks, RequestTables, SeqChunk
+from parashift.worker.prompt_logprobs import (PromptLogprobRequests, gather_rows,
+                                              prompt_logprobs)
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
 from parashift.worker.rank_hooks import RankHooks, RankSetup, hooks_for_rank
 from parashift.worker.step_check import StepStateCheck
@@ -37,11 +39,13 @@ from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_
 from parashift.worker.profiler import RankProfiler
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
-from parashift.uploads import StagingRing, current_stream, upload
+from parashift.uploads import StagingRing, current_stream
 
 logger = logging.getLogger(__name__)
-# Sampled tokens, their logprobs, and the requests this step failed (id -> reason).
-StepResult = tuple[list[int], list[dict[int, float] | None] | None, dict[str, str]]
+# Sampled tokens, their logprobs, the requests this step failed (id -> reason), and the
+# prompt logprobs computed (worker/prompt_logprobs.py's spans, or None).
+StepResult = tuple[list[int], list[dict[int, float] | None] | None, dict[str, str],
+                   list | None]
 
 
 class PendingStep:
@@ -50,8 +54,10 @@ class PendingStep:
     `pinned` lends the pinned host buffer the copy lands in (taken back by result())."""
 
     def __init__(self, tokens: torch.Tensor | None, logprobs: list | None,
-                 errors: dict[str, str] | None = None, pinned: "PinnedBuffers | None" = None):
+                 errors: dict[str, str] | None = None, pinned: "PinnedBuffers | None" = None,
+                 prompt_logprobs: list | None = None):
         self.logprobs, self.errors, self._event = logprobs, errors or {}, None
+        self.prompt_logprobs = prompt_logprobs
         self._tokens, self._buffer, self._pinned = tokens, None, pinned
         if tokens is not None and tokens.is_cuda:
             if pinned is not None and tokens.dtype == torch.int64:
@@ -75,7 +81,7 @@ class PendingStep:
             if self._buffer is not None:  # read: the buffer may take another step's tokens
                 self._pinned.give(self._buffer)
                 self._buffer = None
-        return self._tokens, self.logprobs, self.errors
+        return self._tokens, self.logprobs, self.errors, self.prompt_logprobs
 
 
 class PinnedBuffers:
@@ -168,6 +174,7 @@ class ModelRunner:
         if self._check is not None:
             self._check.watch_uploads(self.staging)
         self.history = TokenHistoryStore(device)  # tokens of the requests with penalties
+        self.prompt_requests = PromptLogprobRequests()  # those asking for prompt logprobs
         self.swapper = KVSwapper(TierShape.of_model(hf_config, self.kv_dtype), device)  # swap preemption
         self.groups: dict[tuple[int, ...], GroupSampling] = {}  # by the ranks of a step's plan
         self._group = self._group_of(self.state.plan.ranks)  # the running step's
@@ -395,7 +402,9 @@ class ModelRunner:
         for request_id in batch.finished_request_ids:
             self.generators.pop(request_id, None)
             self.history.forget(request_id)
+            self.prompt_requests.forget(request_id)
         errors = self._admit(batch.new_params)
+        self.prompt_requests.admit(batch.new_params, batch.prompts)
         self._track_history(batch)
         chunks = self.requests.apply(batch)
         if self._check is not None:
@@ -421,23 +430,24 @@ class ModelRunner:
                 if self._check is not None:  # its uploads as packed (the ring's slots
                     self._check.verify_uploads()  # cover a micro-batch, not every stage's)
             self._wait_sends()
-        sampled = [mb_tokens for mb_tokens, _, _ in results if mb_tokens is not None]
+        sampled = [mb_tokens for mb_tokens, _, _, _ in results if mb_tokens is not None]
         tokens = (sampled[0] if len(sampled) == 1 else torch.cat(sampled) if sampled
                   else torch.empty(0, dtype=torch.int64))
         sampled_rows = (results[0][2] if len(results) == 1 else
-                        np.concatenate([np.empty(0, np.int64), *(r for _, _, r in results)]))
+                        np.concatenate([np.empty(0, np.int64), *(r for _, _, r, _ in results)]))
         group.remember(tokens, sampled_rows, len(self.requests.lengths))
         if self._check is not None:
             self._check.remember_samples(group, chunks)
         if not plan.is_output_rank:
             return PendingStep(None, None)
         logprobs = None
-        if any(mb_logprobs for _, mb_logprobs, _ in results):
+        if any(mb_logprobs for _, mb_logprobs, _, _ in results):
             logprobs = []
-            for mb_tokens, mb_logprobs, _ in results:
+            for mb_tokens, mb_logprobs, _, _ in results:
                 count = 0 if mb_tokens is None else len(mb_tokens)
                 logprobs += mb_logprobs or [None] * count
-        return PendingStep(tokens, logprobs, errors, self.pinned)
+        spans = [span for *_, mb_spans in results for span in mb_spans or ()]
+        return PendingStep(tokens, logprobs, errors, self.pinned, spans or None)
 
     def _swap(self, batch: StepBatch, plan: PlanResources) -> None:
         """The step's swaps: by a design that moves KV itself (Seesaw's stash), else by
@@ -507,10 +517,12 @@ class ModelRunner:
 
     def _run_micro_batch(self, chunks: list[SeqChunk], plan: PlanResources):
         """Returns the sampled tokens on the device (None where nothing is sampled
-        on this rank), their logprobs, and the block-table rows of the chunks sampled."""
+        on this rank), their logprobs, the block-table rows of the chunks sampled, and the
+        prompt logprobs computed (on the output rank)."""
         state = plan.state
         sp = state.sp
-        bucket = self._bucket(chunks, plan)
+        prompt_rows = self.prompt_requests.rows_of(chunks)
+        bucket = self._bucket(chunks, plan) if prompt_rows is None else None
         if bucket is not None:
             receive = None if state.is_first_stage else partial(self._recv_into, state)
             out, inputs = self.graphs.run(chunks, self.requests.tables, plan, bucket,
@@ -531,13 +543,16 @@ class ModelRunner:
                                       *((bucket.rows, bucket.seqs) if bucket else (0,)))
         if not state.is_last_stage:
             self._send(out, state)
-            return None, None, inputs.sample_table_rows
+            return None, None, inputs.sample_table_rows, None
+        spans = None if prompt_rows is None else prompt_logprobs(
+            self.model.compute_logits, out, prompt_rows, inputs.local_rows, sp,
+            plan.is_output_rank)
         if not inputs.sample_rows:
-            return None, None, inputs.sample_table_rows
+            return None, None, inputs.sample_table_rows, spans
         hidden = self._sample_rows(out, inputs, sp)
         logits = self.model.compute_logits(hidden)
         if state.pp.size > 1 and not plan.is_output_rank:
-            return None, None, inputs.sample_table_rows
+            return None, None, inputs.sample_table_rows, spans
         # With one stage every rank samples (the same tokens: same logits, same seeds), so
         # every rank can fill the next step's placeholders; only the output rank reports.
         if self.requests.argmax_only[inputs.sample_table_rows].all():  # no pass over params
@@ -545,7 +560,7 @@ class ModelRunner:
         else:
             result = self._sample(logits, [c for c in chunks if c.sampling is not None],
                                   plan.is_output_rank)
-        return result.token_ids, result.logprobs, inputs.sample_table_rows
+        return result.token_ids, result.logprobs, inputs.sample_table_rows, spans
 
     def _sample(self, logits: torch.Tensor, sampling: list[SeqChunk], with_logprobs: bool):
         masks = [c.token_mask for c in sampling]
@@ -598,14 +613,7 @@ class ModelRunner:
                 return _first(hidden, count)
             rows, = self.staging.upload([(inputs.sample_rows, torch.int64)])
             return hidden.index_select(0, rows)  # no host sync: async scheduling overlaps
-        rows = torch.zeros(len(inputs.sample_rows), hidden.shape[-1], dtype=hidden.dtype,
-                           device=self.device)
-        local = inputs.local_rows
-        pairs = [(i, row - local.start) for i, row in enumerate(inputs.sample_rows) if row in local]
-        if pairs:  # one gather and one scatter, not a copy kernel per row
-            dst, src = (upload(v, torch.int64, self.device) for v in zip(*pairs))
-            rows.index_copy_(0, dst, hidden.index_select(0, src))
-        return sp.all_reduce(rows)  # each row is non-zero on exactly one rank
+        return gather_rows(hidden, inputs.sample_rows, inputs.local_rows, sp)
 
     # ---- pipeline hand-off -----------------------------------------------------
     def _send(self, out: tuple[torch.Tensor, torch.Tensor], state: ParallelState) -> None:

@@ -10,7 +10,8 @@ from parashift.structured.matchers import TokenMasks
 from parashift.step.codec import HEADER, decode_step, encode_step
 from parashift.step.message import PLACEHOLDER_TOKEN, ChunkDelta, KVSwap, StepBatch
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "greedy",
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "logprobs",
+                   "prompt_logprobs", "greedy",
                    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")
 
 
@@ -108,6 +109,13 @@ def test_penalties_logit_bias_and_prompts():
               "both": SamplingParams(repetition_penalty=0.7, logit_bias={3: 1.0})}
     round_trip(StepBatch([ChunkDelta(r, [3], 0, 0, [0], True) for r in params], params,
                          prompts={"plain": [1], "penalized": list(range(4000)), "both": []}))
+
+
+def test_prompt_logprobs_and_their_prompts():
+    params = {"none": SamplingParams(), "zero": SamplingParams(prompt_logprobs=0),
+              "five": SamplingParams(prompt_logprobs=5, logprobs=2)}
+    round_trip(StepBatch([ChunkDelta(r, [3, 4], 0, 0, [0], True) for r in params], params,
+                         prompts={"zero": [3, 4, 5], "five": [3, 4]}))
 
 
 def test_top_k_past_int64_is_clamped():

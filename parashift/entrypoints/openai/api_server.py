@@ -14,6 +14,7 @@ from parashift.entrypoints.openai.protocol import (ChatCompletionRequest,
                                                    ChatCompletionResponse, CompletionRequest,
                                                    CompletionResponse, DetokenizeRequest,
                                                    DetokenizeResponse, LayoutRequest,
+                                                   TokenizerInfoResponse,
                                                    LayoutResponse, ModelCard, ModelList,
                                                    TokenizeRequest, TokenizeResponse,
                                                    VersionResponse)
@@ -158,7 +159,8 @@ def _v1_routes(ctx: ServingContext) -> APIRouter:
 
 
 def _token_routes(ctx: ServingContext) -> APIRouter:
-    """vLLM's /tokenize and /detokenize (at the root, as vLLM serves them)."""
+    """vLLM's /tokenize, /detokenize and /tokenizer_info (at the root, as vLLM serves
+    them; lm-evaluation-harness tokenizes through them)."""
     router = APIRouter()
     tokens = TokenServer(ctx)
 
@@ -166,6 +168,8 @@ def _token_routes(ctx: ServingContext) -> APIRouter:
                   "tokenize")
     add_json_post(router, "/detokenize", tokens.detokenize, DetokenizeRequest,
                   DetokenizeResponse, "detokenize")
+    router.add_api_route("/tokenizer_info", tokens.tokenizer_info, methods=["GET"],
+                         response_model=TokenizerInfoResponse, name="tokenizer_info")
     return router
 
 

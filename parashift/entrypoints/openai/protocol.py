@@ -56,6 +56,8 @@ class SamplingFields(StructuredFields):
     frequency_penalty: float | None = _finite_float()
     repetition_penalty: float | None = _finite_float()
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
+    # vLLM's extra field: the prompt tokens' logprobs with this many alternatives
+    prompt_logprobs: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _check_unsupported(self):
@@ -69,7 +71,8 @@ class SamplingFields(StructuredFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+    # one prompt (text or token ids), or a batch of them (completion_prompts.py)
+    prompt: str | list[StrictInt] | list[str | list[StrictInt]]
     max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS
     logprobs: int | None = Field(default=None, ge=0)  # at most --max-logprobs
     echo: bool = False
@@ -83,9 +86,6 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _check_completion_fields(self):
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs is not supported (the prompt's logprobs "
-                             "are not computed): ask for one of the two")
         if self.stream and self.best_of is not None and self.best_of > (self.n or 1):
             raise ValueError("best_of greater than n cannot be streamed: the best samples "
                              "are known only once all have finished")
@@ -184,11 +184,23 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """A prompt token's logprob in vLLM's response shape."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# per prompt token: null for the first, then {token id: its logprob} (vLLM's shape)
+PromptLogprobsField = list[dict[str, PromptLogprob] | None] | None
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    prompt_logprobs: PromptLogprobsField = None
 
 
 class CompletionResponse(BaseModel):
@@ -234,6 +246,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobsField = None
 
 
 class DeltaMessage(BaseModel):
@@ -291,6 +304,17 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
+
+
+class TokenizerInfoResponse(BaseModel):
+    """GET /tokenizer_info: the tokenizer's special tokens and chat template (vLLM's)."""
+    tokenizer_class: str
+    eos_token: str | None = None
+    bos_token: str | None = None
+    pad_token: str | None = None
+    unk_token: str | None = None
+    chat_template: str | None = None
+    model_max_length: int
 
 
 class VersionResponse(BaseModel):

@@ -28,7 +28,7 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "st
                    "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "n",
                    "presence_penalty", "frequency_penalty", "repetition_penalty")
 PARAM_NAMES = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "max_tokens",
-               "logprobs", "n", "stop_token_ids", "best_of", "presence_penalty",
+               "logprobs", "prompt_logprobs", "n", "stop_token_ids", "best_of", "presence_penalty",
                "frequency_penalty", "repetition_penalty", "logit_bias"}
 QUEUE_FULL_RETRY_AFTER_S = 1
 logger = logging.getLogger(__name__)
@@ -234,7 +234,9 @@ async def submit(ctx: ServingContext, request_id: str, prompt_ids: list[int],
     except EngineDeadError as exc:
         raise api_error(exc) from None
     except ValueError as exc:
-        raise bad_request(str(exc), param="prompt") from None
+        first_word = str(exc).split(" ", 1)[0]
+        raise bad_request(str(exc), param=first_word if first_word in PARAM_NAMES
+                          else "prompt") from None
     except RuntimeError as exc:
         raise APIError(500, str(exc), code="engine_error") from None
 
@@ -278,24 +280,74 @@ def too_large(limit: int) -> APIError:
 
 async def respond(ctx: ServingContext, raw: Request, server, request, request_id: str,
                   prompt_ids: list[int], params: SamplingParams) -> Response:
-    """Submits the request, then streams it (SSE) or answers once it is done; a JSON 503
-    if the shutdown timeout passes first."""
+    """Submits the request, then streams it (SSE) or answers once it is done
+    (`server.stream` / `server.collect` of its stream and the request)."""
+    return await respond_batch(ctx, raw, _OnePrompt(server), request, request_id,
+                               [(prompt_ids, params)])
+
+
+@dataclass
+class _OnePrompt:
+    """A handler of one prompt a request as respond_batch calls it."""
+    server: object
+
+    def stream(self, streams: list[RequestStream], request, request_id: str):
+        return self.server.stream(streams[0], request)
+
+    def collect(self, streams: list[RequestStream], request, request_id: str):
+        return self.server.collect(streams[0], request)
+
+
+async def respond_batch(ctx: ServingContext, raw: Request, server, request, request_id: str,
+                        prompts: list[tuple[list[int], SamplingParams]]) -> Response:
+    """Submits the request's prompts (one engine request each: `request_id`, or
+    `request_id-i` for a batch), then streams them (SSE) or answers once all are done
+    (`server.stream` / `server.collect` of the streams, the request and its id); a JSON
+    503 if the shutdown timeout passes first."""
     try:
         async with ctx.deadline.bound():
-            if not request.stream:  # answered once: the engine makes the last output only
-                params = params.final_only()
-            else:  # each output with what is new: the engine loop copies no growing output
-                params = dataclasses.replace(params, output_kind="delta")
-            stream = await submit(ctx, request_id, prompt_ids, params, request.priority)
+            streams = await submit_all(ctx, request_id, prompts, request.stream,
+                                       request.priority)
             if request.stream:
-                return StreamingResponse(server.stream(stream, request),
+                return StreamingResponse(server.stream(streams, request, request_id),
                                          media_type="text/event-stream")
-            response = await until_disconnect(raw, server.collect(stream, request))
+            response = await until_disconnect(raw, server.collect(streams, request,
+                                                                  request_id))
     except ShutdownTimeoutError as exc:
         raise api_error(exc) from None
     if response is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     return JSONResponse(response.model_dump())
+
+
+async def submit_all(ctx: ServingContext, request_id: str,
+                     prompts: list[tuple[list[int], SamplingParams]], stream: bool,
+                     priority: int) -> list[RequestStream]:
+    """Hands every prompt to the engine; a refusal aborts those handed over before it."""
+    streams = []
+    try:
+        for i, (prompt_ids, params) in enumerate(prompts):
+            if not stream:  # answered once: the engine makes the last output only
+                params = params.final_only()
+            else:  # each output with what is new: the engine loop copies no growing output
+                params = dataclasses.replace(params, output_kind="delta")
+            one_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            streams.append(await submit(ctx, one_id, prompt_ids, params, priority))
+    except BaseException:
+        for earlier in streams:
+            ctx.engine.abort(earlier.request_id)
+        raise
+    return streams
+
+
+async def final_outputs(ctx: ServingContext, streams: list[RequestStream]) -> list:
+    """Every stream's last output, in order; the others are aborted if one fails."""
+    tasks = [asyncio.ensure_future(final_output(ctx, stream)) for stream in streams]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def final_output(ctx: ServingContext, stream: RequestStream):
@@ -314,30 +366,80 @@ async def final_output(ctx: ServingContext, stream: RequestStream):
 
 async def stream_events(ctx: ServingContext, stream: RequestStream, include_usage: bool,
                         make_choice, make_chunk, opening: tuple = (), shown=None):
-    """SSE events of one streamed request: the chunks, then the usage (when asked) and
-    [DONE]; a request cut short (engine dead, request failed, shutdown timeout) ends
-    with an error event and [DONE]. A client that goes away aborts the request.
-    make_choice(delta, finish, completion, sent_tokens, sent_chars) builds a choice;
-    make_chunk(created, choices, usage=None) a chunk; shown(completion, finished) the text
-    shown so far (all of it by default; a tool call's text is held back)."""
+    """stream_batch_events of one stream, whose make_choice takes no output."""
+    def choice(delta, finish, completion, sent_tokens, sent_chars, output):
+        return make_choice(delta, finish, completion, sent_tokens, sent_chars)
+    async for event in stream_batch_events(ctx, [(stream, choice)], include_usage, make_chunk,
+                                           opening, shown):
+        yield event
+
+
+async def stream_batch_events(ctx: ServingContext, sources: list[tuple[RequestStream, object]],
+                              include_usage: bool, make_chunk, opening: tuple = (),
+                              shown=None):
+    """SSE events of streamed requests (a batch's prompts, their chunks interleaved as
+    they come): the chunks, then the usage (when asked, summed) and [DONE]; a request
+    cut short (engine dead, request failed, shutdown timeout) ends the response with an
+    error event and [DONE]. A client that goes away aborts the requests.
+    `sources`: each stream with its make_choice(delta, finish, completion, sent_tokens,
+    sent_chars, output), which builds a choice; make_chunk(created, choices, usage=None) a chunk;
+    shown(completion, finished) the text shown so far (all of it by default; a tool
+    call's text is held back)."""
     created = int(time.time())
+    streams = [stream for stream, _ in sources]
     for choice in opening:
         yield sse_event(make_chunk(created, [choice]))
     try:
-        with ctx.deadline.watch(lambda: stream.put(ctx.deadline.error())):
-            async for event in _output_events(stream, created, make_choice, make_chunk, shown):
+        with ctx.deadline.watch(lambda: [s.put(ctx.deadline.error()) for s in streams]):
+            async for event in merged([_output_events(stream, created, make_choice, make_chunk,
+                                                      shown) for stream, make_choice in sources]):
                 yield event
     except CUT_SHORT as exc:
         yield sse_event(api_error(exc).body())
         yield SSE_DONE
         return
     finally:
-        if not stream.finished:
-            ctx.engine.abort(stream.request_id)
+        for stream in streams:
+            if not stream.finished:
+                ctx.engine.abort(stream.request_id)
     if include_usage:
-        usage = UsageInfo.of(stream.num_prompt_tokens, stream.num_output_tokens)
+        usage = UsageInfo.of(sum(s.num_prompt_tokens for s in streams),
+                             sum(s.num_output_tokens for s in streams))
         yield sse_event(make_chunk(created, [], usage))
     yield SSE_DONE
+
+
+async def merged(generators: list):
+    """The items of several async generators as they come (one: as it is)."""
+    if len(generators) == 1:
+        async for item in generators[0]:
+            yield item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(generator):
+        try:
+            async for item in generator:
+                queue.put_nowait(item)
+        except Exception as exc:  # noqa: BLE001 - raised where the items are read
+            queue.put_nowait(exc)
+        finally:
+            queue.put_nowait(done)
+    tasks = [asyncio.ensure_future(pump(g)) for g in generators]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is done:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def _output_events(stream: RequestStream, created: int, make_choice, make_chunk, shown):
@@ -358,7 +460,7 @@ async def _output_events(stream: RequestStream, created: int, make_choice, make_
             delta = text[sent_chars:]
             finish = completion.finish_reason if index not in finished else None
             if delta or finish or len(completion.token_ids) > sent_tokens:
-                choice = make_choice(delta, finish, completion, sent_tokens, sent_chars)
+                choice = make_choice(delta, finish, completion, sent_tokens, sent_chars, output)
                 yield sse_event(make_chunk(created, [choice]))
             sent[index] = len(text), len(completion.token_ids)
             if finish:

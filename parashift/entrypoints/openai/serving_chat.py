@@ -7,7 +7,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from parashift.engine.async_engine import RequestStream
-from parashift.entrypoints.openai.logprobs import chat_logprobs
+from parashift.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_field
 from parashift.entrypoints.openai.protocol import (AssistantMessage, ChatChoice,
                                                    ChatCompletionChunk, ChatCompletionRequest,
                                                    ChatCompletionResponse, ChatStreamChoice,
@@ -34,7 +34,8 @@ class ChatServer(Handler):
         requested = ctx.default_max_tokens(request.requested_max_tokens, None)
         params = build_sampling_params(request, requested, self.num_logprobs(request),
                                        ctx.sampling_defaults,
-                                       logit_bias=ctx.logit_bias(request.logit_bias))
+                                       logit_bias=ctx.logit_bias(request.logit_bias),
+                                       prompt_logprobs=request.prompt_logprobs)
         await ctx.check_structured(params, self.force_tool_call(request, params))
         params.max_tokens = ctx.fit_max_tokens(len(prompt_ids), requested)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -123,7 +124,8 @@ class ChatServer(Handler):
                              completion.logprobs[first:], request.top_logprobs or 0)
 
     async def collect(self, stream: RequestStream, request: ChatCompletionRequest):
-        outputs = (await final_output(self.ctx, stream)).outputs
+        final = await final_output(self.ctx, stream)
+        outputs = final.outputs
         choices, role = [], self.ctx.response_role
         for c in outputs:
             content, calls, finish = self.reply(request, c.text, c.finish_reason)
@@ -132,7 +134,9 @@ class ChatServer(Handler):
                                       logprobs=self.logprobs(request, c, 0)))
         usage = UsageInfo.of(stream.num_prompt_tokens, sum(len(c.token_ids) for c in outputs))
         return ChatCompletionResponse(id=stream.request_id, model=self.ctx.model_name,
-                                      choices=choices, usage=usage)
+                                      choices=choices, usage=usage,
+                                      prompt_logprobs=prompt_logprobs_field(
+                                          final.prompt_logprobs))
 
     def stream(self, stream: RequestStream, request: ChatCompletionRequest):
         def choice(delta, finish, completion, sent_tokens, sent_chars):

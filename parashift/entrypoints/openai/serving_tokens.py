@@ -1,10 +1,11 @@
 """POST /tokenize and /detokenize, in vLLM's shapes: the token ids the server would
-give the engine for a prompt or a chat, and the text of token ids."""
+give the engine for a prompt or a chat, and the text of token ids; GET /tokenizer_info."""
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from parashift.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse,
-                                                   TokenizeRequest, TokenizeResponse)
+                                                   TokenizeRequest, TokenizeResponse,
+                                                   TokenizerInfoResponse)
 from parashift.entrypoints.openai.serving_base import Handler, parse_body
 from parashift.entrypoints.openai.serving_chat import ChatServer
 from parashift.entrypoints.openai.tool_fields import template_tools
@@ -34,3 +35,15 @@ class TokenServer(Handler):
         ctx.check_model(request.model)
         ctx.check_vocabulary(request.tokens, "tokens")
         return JSONResponse(DetokenizeResponse(prompt=ctx.decode(request.tokens)).model_dump())
+
+    async def tokenizer_info(self) -> JSONResponse:
+        ctx = self.ctx
+        ctx.require_tokenizer("tokenizer")
+        tokenizer = ctx.tokenizer
+        info = TokenizerInfoResponse(
+            tokenizer_class=type(tokenizer).__name__,
+            **{name: getattr(tokenizer, name, None)
+               for name in ("eos_token", "bos_token", "pad_token", "unk_token")},
+            chat_template=getattr(tokenizer, "chat_template", None),
+            model_max_length=ctx.max_model_len)
+        return JSONResponse(info.model_dump())

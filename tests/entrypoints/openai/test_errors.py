@@ -81,7 +81,9 @@ def test_schema_violations(http, model_name, fields, param):
     ({"logit_bias": {"5": 101}}, "logit_bias"),
     ({"logit_bias": {"five": 1}}, "logit_bias"),
     ({"logit_bias": {"100000000": 1}}, "logit_bias"),
-    ({"echo": True, "logprobs": 1}, "echo"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs"),   # past the engine's max_logprobs
+    ({"prompt_logprobs": -1}, "prompt_logprobs"),
+    ({"echo": True, "logprobs": 21}, "logprobs"),
     ({"best_of": 3, "stream": True}, "best_of"),
     ({"logprobs": 21}, "logprobs"),
 ])
