@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from parashift.kernels import fp8_gemm
+
 from parashift import LLM, SamplingParams
 from parashift.kernels import skinny_gemm
 
@@ -204,6 +206,7 @@ def main():
     p.add_argument("--profile", action="store_true", help="add a GPU kernel breakdown per batch")
     p.add_argument("--deterministic", action="store_true", help="batch- and plan-invariant kernels")
     p.add_argument("--plan", default="single", help="benchmarks/plans.py's names: tp2, dp2, shift2")
+    p.add_argument("--quantization", default=None, help="fp8: FP8 weights (quantized at load)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     if args.plan != "single":
@@ -211,7 +214,8 @@ def main():
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len or args.context + 1024,
               max_num_seqs=max(args.batch_sizes), skip_tokenizer_init=True,
               attention_backend=args.attention_backend, enable_prefix_caching=False,
-              cuda_graphs=args.cuda_graphs, deterministic=args.deterministic)
+              cuda_graphs=args.cuda_graphs, deterministic=args.deterministic,
+              quantization=args.quantization)
     engine = llm.llm_engine
     cfg = engine.runner.model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
@@ -227,6 +231,7 @@ def main():
                          fraction_of_floor=floor / seconds, profile=breakdown))
         print(json.dumps(rows[-1]), flush=True)
     summary = dict(model=args.model, device=torch.cuda.get_device_name(),
+                   quantization=args.quantization, fp8_gemm=fp8_gemm.chosen(),
                    backend=engine.runner.backend.name, cuda_graphs=engine.runner.graphs is not None,
                    deterministic=args.deterministic,
                    copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9,

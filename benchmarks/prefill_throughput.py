@@ -93,6 +93,7 @@ def main():
     p.add_argument("--plan", default="single", help="benchmarks/plans.py's names: tp4, sp4, shift-sp4")
     p.add_argument("--profile", action="store_true",
                    help="per rank, the device time of each operation of one prefill step")
+    p.add_argument("--quantization", default=None, help="fp8: FP8 weights (quantized at load)")
     p.add_argument("--step-tokens", type=int, default=None,
                    help="the step's token budget (default: the longest prompt, one step each)")
     p.add_argument("--output", default=None)
@@ -103,7 +104,7 @@ def main():
     longest = max(args.prompt_lens)
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=longest + 16,
               max_num_batched_tokens=args.step_tokens or longest, long_prefill_token_threshold=0,
-              skip_tokenizer_init=True,
+              skip_tokenizer_init=True, quantization=args.quantization,
               enable_prefix_caching=False, cuda_graphs=args.cuda_graphs,
               mixed_step_graphs=args.mixed_step_graphs, **options)
     runner = getattr(llm.llm_engine, "runner", None)  # in this process: one rank only

@@ -175,15 +175,43 @@ def iterate_safetensors(directory: Path) -> Iterator[tuple[str, LazySlice]]:
 
 
 def init_random_weights(model: nn.Module, seed: int = 0) -> None:
-    """Random weights at real shapes, for speed work (never for quality)."""
+    """Random weights at real shapes, for speed work (never for quality). An FP8 weight is
+    drawn in fp32 and quantized by rows, its scales (`<name>_scale` or `weight_scale`)
+    written with it."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    for name, param in model.named_parameters():
+    params = dict(model.named_parameters())
+    scales = {name: _scale_of(params, name) for name, param in params.items()
+              if param.dtype == torch.float8_e4m3fn}
+    written_with_weights = {id(scale) for scale in scales.values()}
+    for name, param in params.items():
+        if id(param) in written_with_weights:
+            continue
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
+        elif name in scales:
+            _random_fp8(param, scales[name], gen)
         elif param.device.type == "cpu":
             param.data.normal_(0.0, 0.02, generator=gen)
         else:
             param.data.normal_(0.0, 0.02)
+
+
+def _scale_of(params: dict, name: str) -> nn.Parameter:
+    for candidate in (name + "_scale", name.removesuffix("weight") + "weight_scale"):
+        if candidate in params:
+            return params[candidate]
+    raise ValueError(f"FP8 weight {name} has no scale parameter")
+
+
+def _random_fp8(param: nn.Parameter, scale: nn.Parameter, gen: torch.Generator) -> None:
+    from parashift.quantization.fp8 import quantize_rows
+    for i in range(param.shape[0]) if param.dim() == 3 else [None]:  # stacked experts by one
+        rows = torch.empty(param.shape[-2:]).normal_(0.0, 0.02, generator=gen)
+        q, row_scales = quantize_rows(rows)
+        target, target_scale = (param.data, scale.data) if i is None else (param.data[i],
+                                                                          scale.data[i])
+        target.copy_(q)
+        target_scale.copy_(row_scales.reshape(target_scale.shape))
 
 
 def load_model_weights(model: nn.Module, source: ModelSource, seed: int = 0) -> None:

@@ -1,7 +1,8 @@
 """FP8 E4M3 weights with one scale per output channel (row), and the GEMM that reads them.
 
 `fp8_linear` is the one place the FP8 GEMM is chosen: on CUDA (default mode) activations
-are quantized per token at run time and `torch._scaled_mm` multiplies with rowwise scales;
+are quantized per token at run time and `kernels/fp8_gemm.py` multiplies (a Triton kernel
+up to 64 rows where it measured faster, else `torch._scaled_mm` with rowwise scales);
 elsewhere (the CPU, deterministic mode) the weight is dequantized to the activations'
 dtype and the layer's own GEMM runs, so the stored bytes stay FP8 and every plan and
 batch computes the same function."""
@@ -62,5 +63,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     `input_scale`: a static activation scale (None: per token, at run time)."""
     if x.is_cuda and matmul is dense_matmul and weight.shape[0] % 16 == 0 \
             and weight.shape[1] % 16 == 0:
+        if input_scale is None:
+            from parashift.kernels import fp8_gemm
+            return fp8_gemm.linear(x, weight, scale, bias)
         return _scaled_mm_linear(x, weight, scale, bias, input_scale)
     return matmul(x, dequantize(weight, scale, x.dtype), bias)

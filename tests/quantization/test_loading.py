@@ -185,3 +185,19 @@ def test_fp8_experts_quantized_at_load_or_loaded_run_their_e4m3_rows(moe_checkpo
         assert experts and all(e.gate_up_proj.dtype == e.down_proj.dtype == torch.float8_e4m3fn
                                for e in experts)
         assert experts[0].down_proj_scale.shape[1:] == (64, 1)
+
+
+def test_random_weights_of_a_shape_are_fp8_rows_with_their_scales():
+    """A shape without weights (speed work) in FP8: every linear weight is E4M3, drawn and
+    quantized by rows, its scales the rows' (not drawn at random themselves)."""
+    shape = Path(__file__).resolve().parents[2] / "benchmarks" / "shapes" / "tiny-llama.json"
+    llm = LLM(model=str(shape), dtype="float32", quantization="fp8", skip_tokenizer_init=True,
+              num_blocks=32, max_model_len=64)
+    params = dict(llm.llm_engine.runner.model.named_parameters())
+    fp8 = {name: p for name, p in params.items() if p.dtype == FP8}
+    assert fp8 and all(name.endswith("proj.weight") for name in fp8)
+    for name, weight in fp8.items():
+        scale = params[name.removesuffix("weight") + "weight_scale"]
+        assert (scale > 0).all()
+        assert weight.float().abs().amax(-1).eq(torch.finfo(FP8).max).all()
+    llm.llm_engine.shutdown()
