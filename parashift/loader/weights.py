@@ -206,7 +206,8 @@ def _scale_of(params: dict, name: str) -> nn.Parameter:
 def _random_fp8(param: nn.Parameter, scale: nn.Parameter, gen: torch.Generator) -> None:
     from parashift.quantization.fp8 import quantize_rows
     for i in range(param.shape[0]) if param.dim() == 3 else [None]:  # stacked experts by one
-        rows = torch.empty(param.shape[-2:]).normal_(0.0, 0.02, generator=gen)
+        rows = torch.empty(param.shape[-2:], device=param.device)
+        rows.normal_(0.0, 0.02, **({"generator": gen} if param.device.type == "cpu" else {}))
         q, row_scales = quantize_rows(rows)
         target, target_scale = (param.data, scale.data) if i is None else (param.data[i],
                                                                           scale.data[i])
