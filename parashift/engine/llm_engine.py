@@ -23,6 +23,7 @@ from parashift.engine.scheduler import Scheduler, SchedulerOutput
 from parashift.engine.seesaw_auto import resolve_auto_plans
 from parashift.engine.seesaw import PHASES
 from parashift.engine.sequence import Sequence, SequenceStatus
+from parashift.engine.spec_steps import VerifiedStep
 from parashift.engine.startup import (eos_token_ids, make_tokenizer, request_defaults,
                                       resolve_device, resolve_dtype, resolve_max_model_len,
                                       with_step_budget)
@@ -33,6 +34,7 @@ from parashift.kv.block_manager import BlockManager
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.outputs import RequestOutput
 from parashift.sampling_params import SamplingParams
+from parashift.spec_decode import make_speculator
 from parashift.structured.matchers import NO_CONTINUATION, StructuredOutputs
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,11 @@ class EngineStats:
     swap_bytes_in: int = 0
     swap_tokens_used: int = 0
     num_recompute_tokens: int = 0
+    # speculative decoding (vLLM's names): verifications of a sequence's draft, draft
+    # tokens, the accepted ones
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 class LLMEngine:
@@ -106,6 +113,8 @@ class LLMEngine:
         self._parents: dict[str, ParentRequest] = {}  # requests with n or best_of > 1
         self._parent_of: dict[str, ParentRequest] = {}  # by child request id
         self._preemptions = PreemptionCounts()
+        # speculative decoding's proposer and counts (None: off)
+        self.speculator = make_speculator(config.speculative_config, config, self.tokenizer)
         tune_garbage_collector()
         logger.info("Loaded %s in %.1f s", self.model_name, time.perf_counter() - started)
 
@@ -489,11 +498,18 @@ class LLMEngine:
         that fill a step's placeholders: in a plan of several stages a sequence whose token
         is on its way waits for it (its scheduler defers it)."""
         replica.scheduler.defer_pending = self.node.stages(replica) > 1
+        if self.speculator is not None:
+            self.speculator.propose(replica.scheduler, self._can_draft)
         sched = replica.scheduler.schedule()
         if self.config.check_step_state:
             replica.scheduler.check_table()
         self._preemptions.add(sched, self.node.tier_shape.token_bytes)
         return sched
+
+    def _can_draft(self, seq: Sequence) -> bool:
+        """Speculation is off for a request whose sampling reads its history (penalties:
+        a drafted position's would need the draft in it) or follows a grammar."""
+        return not seq.params.uses_history and not self.structured.tracks(seq.request_id)
 
     def _step_batch(self, replica: Replica, sched: SchedulerOutput, plan: str):
         batch = replica.step_batch(sched, plan)
@@ -559,7 +575,11 @@ class LLMEngine:
         sampling = [s.seq for s in sched.chunks if s.samples]
         if sched.decodes:
             sampling = sched.decodes.seqs + sampling
-        step = _step_tokens(sampling, tokens, logprobs)  # before the scheduler ends any
+        if self.speculator is not None and len(tokens) > len(sampling):  # verifications
+            tokens, logprobs = self.speculator.verify(sched, tokens, logprobs)
+            step = VerifiedStep(sampling)  # before the scheduler ends any
+        else:
+            step = _step_tokens(sampling, tokens, logprobs)
         finished = replica.scheduler.update(sched, tokens)
         if self.config.check_step_state:
             replica.scheduler.check_table()
@@ -568,10 +588,13 @@ class LLMEngine:
             finished += self._advance_grammars(replica, sampling, sampled)
         for seq in finished:
             step.finished[seq.request_id] = (seq.finish_reason, seq.stop_reason)
+            if self.speculator is not None:
+                self.speculator.finish(seq.request_id, seq.output_token_ids)
             self._release(replica, seq.request_id)
         if self._parent_of:
             self._admit_waiting_siblings(sampling)
-        self.output_processor.submit(step)
+        for message in step.messages(logprobs) if not isinstance(step, StepTokens) else (step,):
+            self.output_processor.submit(message)
         self._collect()
 
     def _admit_waiting_siblings(self, sampling: list[Sequence]) -> None:
@@ -613,6 +636,8 @@ class LLMEngine:
         self._report_failure(seq, reason)
 
     def _release(self, replica: "Replica", request_id: str) -> None:
+        if self.speculator is not None:
+            self.speculator.finish(request_id)
         if self.structured.tracks(request_id):
             self.structured.remove(request_id)
             replica.num_structured -= 1
@@ -629,7 +654,17 @@ class LLMEngine:
                            counts.preemptions, counts.swapped_out, counts.swapped_in,
                            counts.swap_bytes_out, counts.swap_bytes_in,
                            sum(s.slots.used_tokens for s in self.node.swap_spaces.values()),
-                           counts.recompute_tokens)
+                           counts.recompute_tokens, *self._spec_counts())
+
+    def _spec_counts(self) -> tuple[int, int, int]:
+        if self.speculator is None:
+            return 0, 0, 0
+        stats = self.speculator.stats
+        return stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens
+
+    def spec_decode_stats(self):
+        """Speculative decoding's counts since start-up (SpecDecodeStats; None: off)."""
+        return None if self.speculator is None else self.speculator.stats
 
 
 def _step_tokens(sampling: list[Sequence], tokens: list[int], logprobs) -> StepTokens:

@@ -17,7 +17,7 @@ from parashift.deterministic.reduction import reduction_chunks
 from parashift.worker.cuda_graphs import Bucket, StepGraphs
 from parashift.worker.kv_swap import KVSwapper
 from parashift.step.message import PLACEHOLDER_TOKEN, ChunkDelta, StepBatch
-from parashift.worker.step_chunks import DecodeChunks, RequestTables, SeqChunk
+from parashift.worker.step_chunks import DecodeChunks, RequestTables, SeqChunk, sample_rows_of
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
 from parashift.worker.rank_hooks import RankHooks, RankSetup, hooks_for_rank
 from parashift.worker.step_check import StepStateCheck
@@ -535,8 +535,7 @@ class ModelRunner:
         if self.requests.argmax_only[inputs.sample_table_rows].all():  # no pass over params
             result = self.sampler.argmax(logits)
         else:
-            result = self._sample(logits, [c for c in chunks if c.sampling is not None],
-                                  plan.is_output_rank)
+            result = self._sample(logits, sample_rows_of(chunks), plan.is_output_rank)
         return result.token_ids, result.logprobs, inputs.sample_table_rows
 
     def _sample(self, logits: torch.Tensor, sampling: list[SeqChunk], with_logprobs: bool):
@@ -732,10 +731,14 @@ def split_micro_batches(chunks: list[SeqChunk], stages: int,
 
 
 def cut_chunk(chunk: SeqChunk, size: int) -> tuple[SeqChunk, SeqChunk]:
-    """The chunk's first `size` tokens (sampling nothing) and the rest."""
-    head = SeqChunk(chunk.request_id, chunk.token_ids[:size], chunk.start_pos, chunk.row, None)
+    """The chunk's first `size` tokens and the rest; the head samples only the rows of a
+    verification (speculative decoding) that fall in it."""
+    tail_len = len(chunk.token_ids) - size
+    in_head = max(0, chunk.num_samples - tail_len) if chunk.sampling is not None else 0
+    head = SeqChunk(chunk.request_id, chunk.token_ids[:size], chunk.start_pos, chunk.row,
+                    chunk.sampling if in_head else None, chunk.token_mask, in_head or 1)
     tail = SeqChunk(chunk.request_id, chunk.token_ids[size:], chunk.start_pos + size, chunk.row,
-                    chunk.sampling, chunk.token_mask)
+                    chunk.sampling, chunk.token_mask, min(chunk.num_samples, tail_len))
     return head, tail
 
 
