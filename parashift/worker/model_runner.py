@@ -540,8 +540,8 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, sampling: list[SeqChunk], with_logprobs: bool):
         masks = [c.token_mask for c in sampling]
-        generators = ([self._generator(c) for c in sampling] if self.generators
-                      else [None] * len(sampling))
+        generators = ([self._generator(c, p) for c, p in zip(sampling, [None, *sampling])]
+                      if self.generators else [None] * len(sampling))
         return self.sampler(logits, [c.sampling for c in sampling], generators,
                             self._group.generator, with_logprobs=with_logprobs,
                             history=self.history.batch(sampling),
@@ -624,11 +624,16 @@ class ModelRunner:
             work.wait()
         self._pending_sends = []
 
-    def _generator(self, chunk: SeqChunk) -> torch.Generator | None:
+    def _generator(self, chunk: SeqChunk, previous: SeqChunk | None = None
+                   ) -> torch.Generator | None:
         """A seeded request's generator, seeded for the position it samples: its tokens
-        depend on (seed, position) only, on every rank, across preemption and transitions."""
+        depend on (seed, position) only, on every rank, across preemption and transitions.
+        A verification's later positions (`previous`: the row before, of the same request)
+        each take a generator of their own."""
         generator = self.generators.get(chunk.request_id)
         if generator is not None:
+            if previous is not None and previous.request_id == chunk.request_id:
+                generator = Sampler.make_generator(0, self.device)
             generator.manual_seed(position_seed(chunk.sampling.seed, chunk.seq_len))
         return generator
 
