@@ -114,7 +114,7 @@ class LLMEngine:
         self._parent_of: dict[str, ParentRequest] = {}  # by child request id
         self._preemptions = PreemptionCounts()
         # speculative decoding's proposer and counts (None: off)
-        self.speculator = make_speculator(config.speculative_config, config, self.tokenizer)
+        self.speculator = make_speculator(config.speculative_config, self)
         tune_garbage_collector()
         logger.info("Loaded %s in %.1f s", self.model_name, time.perf_counter() - started)
 

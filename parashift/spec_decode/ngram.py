@@ -3,6 +3,7 @@ prompt_lookup_min) found earlier in the prompt or output; the tokens that follow
 latest earlier occurrence are the draft. Each request keeps an index from each n-gram to
 where it last ended, extended by the tokens appended since its last draft (O(1) a token)."""
 from parashift.spec_decode.config import SpeculativeConfig
+from parashift.spec_decode.proposer import Proposer
 
 
 class _NgramIndex:
@@ -13,7 +14,7 @@ class _NgramIndex:
         self.indexed = 0  # n-grams ending before this position are in `ends`
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
 
     def __init__(self, config: SpeculativeConfig):
         self.min_n, self.max_n = config.prompt_lookup_min, config.prompt_lookup_max
@@ -40,6 +41,3 @@ class NgramProposer:
 
     def finish(self, request_id: str, output_token_ids: list[int]) -> None:
         self._indexes.pop(request_id, None)
-
-    def restart(self, request_id: str) -> None:
-        """The request's tokens may be cut back (none are here: kept as is)."""

@@ -51,7 +51,7 @@ class Speculator:
         """Drafts for the scheduler's running sequences that decode next (no token on its
         way; `can_draft(seq)`: nothing rules speculation out for it), at most k tokens and
         never past the sequence's length limit."""
-        any_draft = False
+        drafting, items = [], []
         for seq in scheduler.running:
             seq.spec_token_ids = []
             tokens = seq.token_ids
@@ -59,7 +59,10 @@ class Speculator:
             if (room <= 0 or seq.num_pending_tokens or seq.num_computed_tokens != len(tokens) - 1
                     or not can_draft(seq) or self._backing_off(seq.request_id)):
                 continue
-            draft = self.proposer.propose(seq.request_id, tokens, room)
+            drafting.append(seq)
+            items.append((seq.request_id, tokens, room))
+        any_draft = False
+        for seq, (_, _, room), draft in zip(drafting, items, self.proposer.propose_all(items)):
             if draft:
                 seq.spec_token_ids = list(draft[:room])
                 any_draft = True

@@ -8,6 +8,7 @@ frequency says it pays, and empty (a plain decode) where nothing matches well en
 from collections import OrderedDict
 
 from parashift.spec_decode.config import SpeculativeConfig
+from parashift.spec_decode.proposer import Proposer
 
 
 class _Node:
@@ -93,7 +94,7 @@ class _RequestTrie:
         self.trie, self.open_nodes, self.inserted = SuffixTrie(depth), [], 0
 
 
-class SuffixProposer:
+class SuffixProposer(Proposer):
 
     def __init__(self, config: SpeculativeConfig):
         self.depth = config.suffix_decoding_max_tree_depth
@@ -133,6 +134,3 @@ class SuffixProposer:
         while len(self._cached) > self.max_cached:
             _, old = self._cached.popitem(last=False)
             self.global_trie.remove(old)
-
-    def restart(self, request_id: str) -> None:
-        """Nothing to undo: the request's trie holds only tokens that stay."""

@@ -115,3 +115,30 @@ def test_preemption_and_chunked_prefill(tiny_llama_dir, method):
 def test_speculation_and_async_scheduling_is_a_config_error(tiny_llama_dir):
     with pytest.raises(ValueError, match="async_scheduling"):
         tiny_llm(tiny_llama_dir, async_scheduling=True, speculative_config=spec("ngram"))
+
+
+def test_draft_model_greedy_is_the_plain_output(plain, tiny_llama_dir, tmp_path):
+    """The target itself as its draft (every draft accepted) and another tiny model of the
+    same vocabulary (few accepted): the plain output either way."""
+    from tests.engine.conftest import save_tiny_llama
+    other = save_tiny_llama(tmp_path / "other", num_hidden_layers=1, hidden_size=32,
+                            intermediate_size=64)
+    want = token_ids(plain.generate(PROMPTS, GREEDY))
+    for draft, all_accepted in ((tiny_llama_dir, True), (other, False)):
+        llm = tiny_llm(tiny_llama_dir, deterministic=True, max_num_batched_tokens=64,
+                       speculative_config={"method": "draft_model", "model": draft,
+                                           "num_speculative_tokens": 3})
+        try:
+            assert token_ids(llm.generate(PROMPTS, GREEDY)) == want
+            stats = llm.llm_engine.spec_decode_stats()
+            assert stats.num_drafts > 0
+            assert (stats.acceptance_rate == 1.0) == all_accepted
+        finally:
+            llm.llm_engine.shutdown()
+
+
+def test_a_draft_model_of_another_tokenizer_is_an_error(tiny_llama_dir, tmp_path):
+    from tests.engine.conftest import save_tiny_llama
+    other = save_tiny_llama(tmp_path / "other_vocab", vocab_size=256)
+    with pytest.raises(ValueError, match="does not share the target's tokenizer"):
+        tiny_llm(tiny_llama_dir, speculative_config={"method": "draft_model", "model": other})
