@@ -7,7 +7,6 @@ and samples the first draft token, then k - 1 one-token steps sample the others.
 import logging
 import math
 
-from parashift.config import EngineConfig
 from parashift.executor.uniproc import UniprocExecutor
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.loader.tokenizer import load_tokenizer
@@ -55,7 +54,7 @@ class DraftModelProposer(Proposer):
         self.max_model_len = min(engine.max_model_len,
                                  getattr(hf_config, "max_position_embeddings", None)
                                  or engine.max_model_len)
-        draft = EngineConfig(
+        draft = type(target)(  # an EngineConfig of the draft on the engine's device
             model=config.model, device=target.device, dtype=target.dtype, seed=target.seed,
             max_num_seqs=target.max_num_seqs, block_size=target.block_size,
             max_num_batched_tokens=target.max_num_batched_tokens,
