@@ -7,7 +7,7 @@ from pathlib import Path
 
 from parashift.bench.client import Endpoint
 from parashift.bench.datasets import Dataset
-from parashift.bench.prompts import fill_text_prompts, fill_token_prompts
+from parashift.bench.prompts import fill_repeat_prompts, fill_text_prompts, fill_token_prompts
 from parashift.bench.report import (build_timeline, peak_output_throughput,
                                     write_requests_json, write_summary_json,
                                     write_timeline_csv)
@@ -101,6 +101,8 @@ async def _bench(config: ServeBenchConfig) -> list[dict]:
 def _fill_prompts(config: ServeBenchConfig, requests) -> None:
     if config.dataset is not None and config.dataset.prompts is not None:
         config.dataset.fill_prompts(requests)
+    elif config.workload and get_workload(config.workload).prompts == "repeat":
+        fill_repeat_prompts(requests, config.options.seed)  # text: the code to repeat
     elif config.prompt_format == "text":
         fill_text_prompts(requests, config.options.seed)
     else:
