@@ -453,7 +453,11 @@ class LLMEngine:
 
     def _submit_round(self) -> bool:
         """Asks the policy for every group's next plan (before scheduling), then schedules
-        and submits one step on each replica with room; False once none was submitted."""
+        and submits one step on each replica with room; False once none was submitted.
+        Drafts (speculative decoding) come first: the policy sees their tokens."""
+        if self.speculator is not None:
+            for replica in self.replicas:
+                self.speculator.propose(replica.scheduler, self._can_draft)
         round_ = self.node.next_round()
         if round_ is None:
             return False
@@ -498,8 +502,6 @@ class LLMEngine:
         that fill a step's placeholders: in a plan of several stages a sequence whose token
         is on its way waits for it (its scheduler defers it)."""
         replica.scheduler.defer_pending = self.node.stages(replica) > 1
-        if self.speculator is not None:
-            self.speculator.propose(replica.scheduler, self._can_draft)
         sched = replica.scheduler.schedule()
         if self.config.check_step_state:
             replica.scheduler.check_table()

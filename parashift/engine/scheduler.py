@@ -168,7 +168,7 @@ class Scheduler:
         # The slots of the group's CPU tier that preempted sequences swap into; None: recompute.
         self.swap_slots: TierAllocator | None = None
         self.defer_pending = False  # no placeholders: a sequence waits for its pending token
-        self.has_drafts = False  # a running sequence holds draft tokens for the next step
+        self.draft_tokens = 0  # running sequences' draft tokens for the next step
 
     @property
     def num_waiting(self) -> int:
@@ -194,9 +194,10 @@ class Scheduler:
         """What a policy sees of this scheduler, with no state changes. The next step's
         tokens are an estimate: no preemption, no prefix-cache hits, no per-request cap."""
         budget, table, slots = self.config.max_num_batched_tokens, self.table, self._slots
+        # (a verification's drafts count: the policy sees the step's scheduled tokens)
         # (it runs every step) what running sequences still need
         tokens = min(budget, int((table.tokens[slots] + table.pending[slots]
-                                  - table.computed[slots]).sum()))
+                                  - table.computed[slots]).sum()) + self.draft_tokens)
         longest = int(table.tokens[slots].max()) if len(slots) else 0
         waiting = [seq for _, seq in self._waiting]
         seats = max(0, self.config.max_num_seqs - len(self.running))
@@ -287,7 +288,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         left = self._schedule_in_columns(out, budget)
         budget = self._schedule_running(out, budget) if left is None else left
-        self.has_drafts = False
+        self.draft_tokens = 0
         # A seq preempted in this step must not be re-admitted in the same step.
         if not out.preempted:
             self._schedule_waiting(out, budget)
@@ -446,7 +447,7 @@ class Scheduler:
         chunk of another kind and a decode that takes a block, in running order. Returns
         the budget left, or None where the loop must run (a gate, too little room)."""
         running = self.running
-        if self.gate is not None or not running or self.has_drafts:
+        if self.gate is not None or not running or self.draft_tokens:
             return None
         table, slots, block_size = self.table, self._slots, self.block_manager.block_size
         computed, pending, tokens = table.computed[slots], table.pending[slots], table.tokens[slots]

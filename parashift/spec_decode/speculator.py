@@ -61,12 +61,13 @@ class Speculator:
                 continue
             drafting.append(seq)
             items.append((seq.request_id, tokens, room))
-        any_draft = False
-        for seq, (_, _, room), draft in zip(drafting, items, self.proposer.propose_all(items)):
+        drafted = 0
+        for seq, (_, _, room), draft in zip(drafting, items,
+                                            self.proposer.propose_all(items) if items else ()):
             if draft:
                 seq.spec_token_ids = list(draft[:room])
-                any_draft = True
-        scheduler.has_drafts = any_draft
+                drafted += len(seq.spec_token_ids)
+        scheduler.draft_tokens = drafted
 
     def _backing_off(self, request_id: str) -> bool:
         backoff = self._backoff.get(request_id)

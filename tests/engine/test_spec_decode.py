@@ -142,3 +142,24 @@ def test_a_draft_model_of_another_tokenizer_is_an_error(tiny_llama_dir, tmp_path
     other = save_tiny_llama(tmp_path / "other_vocab", vocab_size=256)
     with pytest.raises(ValueError, match="does not share the target's tokenizer"):
         tiny_llm(tiny_llama_dir, speculative_config={"method": "draft_model", "model": other})
+
+
+def test_stop_string_inside_an_accepted_draft(smollm2):
+    """SmolLM2 repeats a code (its drafts are accepted): a stop string that ends inside a
+    verification's accepted tokens ends the text there, as without speculation."""
+    from parashift import LLM
+    code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n" \
+           "def mul(a, b):\n    return a * b\n"
+    prompt = f"Repeat this code exactly:\n{code}\nRepeated:\n"
+    params = SamplingParams(temperature=0, max_tokens=48, stop=["a - b"], logprobs=1)
+    want = smollm2.generate([prompt], params)[0].outputs[0]
+    llm = LLM(device="cpu", dtype="float32", speculative_config=spec("ngram"))
+    try:
+        got = llm.generate([prompt], params)[0].outputs[0]
+        stats = llm.llm_engine.spec_decode_stats()
+    finally:
+        llm.llm_engine.shutdown()
+    assert (got.text, got.token_ids, got.finish_reason, got.stop_reason) == \
+        (want.text, want.token_ids, "stop", "a - b")
+    assert len(got.logprobs) == len(got.token_ids)
+    assert stats.num_accepted_tokens > 0
