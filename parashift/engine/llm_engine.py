@@ -457,7 +457,7 @@ class LLMEngine:
         Drafts (speculative decoding) come first: the policy sees their tokens."""
         if self.speculator is not None:
             for replica in self.replicas:
-                self.speculator.propose(replica.scheduler, self._can_draft)
+                self.speculator.propose(replica.scheduler, self._can_draft, self._allowed_draft)
         round_ = self.node.next_round()
         if round_ is None:
             return False
@@ -510,8 +510,14 @@ class LLMEngine:
 
     def _can_draft(self, seq: Sequence) -> bool:
         """Speculation is off for a request whose sampling reads its history (penalties:
-        a drafted position's would need the draft in it) or follows a grammar."""
-        return not seq.params.uses_history and not self.structured.tracks(seq.request_id)
+        a drafted position's would need the draft in it)."""
+        return not seq.params.uses_history
+
+    def _allowed_draft(self, seq: Sequence, draft: list[int]) -> list[int]:
+        """A structured request's draft up to the first token its grammar refuses."""
+        if self.structured.tracks(seq.request_id):
+            return self.structured.allowed_draft(seq.request_id, draft)
+        return draft
 
     def _step_batch(self, replica: Replica, sched: SchedulerOutput, plan: str):
         batch = replica.step_batch(sched, plan)
@@ -521,8 +527,10 @@ class LLMEngine:
         if self.node.seesaw and not replica.is_left_behind:
             self.node.add_stashes(replica, sched, batch)
         if replica.num_structured:
+            scheduled = sched.scheduled
             batch.token_masks = self.structured.masks(
-                [s.seq.request_id if s.samples else None for s in sched.scheduled])
+                [s.seq.request_id if s.samples else None for s in scheduled],
+                [s.draft for s in scheduled] if self.speculator is not None else None)
         return batch
 
     def _commit_drained_transitions(self) -> None:
@@ -610,23 +618,28 @@ class LLMEngine:
                 self._admit_siblings(parent, seq.prompt_token_ids, seq.prompt)
 
     def _advance_grammars(self, replica: "Replica", sampling: list[Sequence],
-                          sampled: dict[str, int]) -> list[Sequence]:
-        """Feeds each constrained request its new token; one whose grammar refused it
-        fails, one whose grammar has ended is finished (also under ignore_eos). Returns
-        the latter."""
+                          sampled: dict[str, int | list[int]]) -> list[Sequence]:
+        """Feeds each constrained request its new token (a verification's accepted ones in
+        order); one whose grammar refused one fails, one whose grammar has ended is
+        finished (also under ignore_eos). Returns the latter."""
         ended = []
         for seq in sampling:
             request_id = seq.request_id
             if not self.structured.tracks(request_id):
                 continue
-            if not self.structured.accept(request_id, sampled[request_id]):
-                # a refused token leaves the matcher where it was: was any token allowed?
-                self._fail(replica, seq, NO_CONTINUATION if not self.structured.can_continue(
-                    request_id) else f"the sampled token {sampled[request_id]} does not "
-                    "follow its structured output")
-            elif self.structured.is_terminated(request_id) and not seq.is_finished:
-                replica.scheduler.finish(seq, "stop")
-                ended.append(seq)
+            tokens = sampled[request_id]
+            for token in tokens if isinstance(tokens, list) else (tokens,):
+                if not self.structured.accept(request_id, token):
+                    # a refused token leaves the matcher where it was: was any allowed?
+                    self._fail(replica, seq, NO_CONTINUATION if not self.structured
+                               .can_continue(request_id) else f"the sampled token {token} "
+                               "does not follow its structured output")
+                    break
+                if self.structured.is_terminated(request_id):
+                    if not seq.is_finished:
+                        replica.scheduler.finish(seq, "stop")
+                        ended.append(seq)
+                    break
         return ended
 
     def _fail(self, replica: "Replica", seq: Sequence, reason: str) -> None:

@@ -47,10 +47,11 @@ class Speculator:
         self.stats = SpecDecodeStats(config.method, accepted_per_position=[0] * self.k)
         self._backoff: dict[str, _Backoff] = {}
 
-    def propose(self, scheduler, can_draft) -> None:
+    def propose(self, scheduler, can_draft, allowed) -> None:
         """Drafts for the scheduler's running sequences that decode next (no token on its
         way; `can_draft(seq)`: nothing rules speculation out for it), at most k tokens and
-        never past the sequence's length limit."""
+        never past the sequence's length limit; `allowed(seq, draft)`: the draft cut where
+        the request's constraints (a grammar) refuse it."""
         drafting, items = [], []
         for seq in scheduler.running:
             seq.spec_token_ids = []
@@ -65,7 +66,7 @@ class Speculator:
         for seq, (_, _, room), draft in zip(drafting, items,
                                             self.proposer.propose_all(items) if items else ()):
             if draft:
-                seq.spec_token_ids = list(draft[:room])
+                seq.spec_token_ids = allowed(seq, list(draft[:room]))
                 drafted += len(seq.spec_token_ids)
         scheduler.draft_tokens = drafted
 

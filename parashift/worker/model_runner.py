@@ -740,10 +740,15 @@ def cut_chunk(chunk: SeqChunk, size: int) -> tuple[SeqChunk, SeqChunk]:
     verification (speculative decoding) that fall in it."""
     tail_len = len(chunk.token_ids) - size
     in_head = max(0, chunk.num_samples - tail_len) if chunk.sampling is not None else 0
+    masks = head_masks = chunk.token_mask
+    if masks is not None and chunk.num_samples > 1:  # a verification's, a row per position
+        head_masks, masks = masks[:max(1, in_head)], masks[in_head:]
+        masks = masks if len(masks) > 1 else masks[0]
+        head_masks = head_masks if in_head > 1 else head_masks[0]
     head = SeqChunk(chunk.request_id, chunk.token_ids[:size], chunk.start_pos, chunk.row,
-                    chunk.sampling if in_head else None, chunk.token_mask, in_head or 1)
+                    chunk.sampling if in_head else None, head_masks, in_head or 1)
     tail = SeqChunk(chunk.request_id, chunk.token_ids[size:], chunk.start_pos + size, chunk.row,
-                    chunk.sampling, chunk.token_mask, min(chunk.num_samples, tail_len))
+                    chunk.sampling, masks, min(chunk.num_samples, tail_len))
     return head, tail
 
 

@@ -40,9 +40,10 @@ def sample_rows_of(chunks: list[SeqChunk]) -> list[SeqChunk]:
         if chunk.num_samples == 1:
             rows.append(chunk)
             continue
-        end = len(chunk.token_ids)
+        end, masks = len(chunk.token_ids), chunk.token_mask
         rows += [SeqChunk(chunk.request_id, chunk.token_ids[:end - back], chunk.start_pos,
-                          chunk.row, chunk.sampling, chunk.token_mask)
+                          chunk.row, chunk.sampling,
+                          None if masks is None else masks[chunk.num_samples - 1 - back])
                  for back in range(chunk.num_samples - 1, -1, -1)]
     return rows
 
@@ -123,8 +124,13 @@ class RequestTables:
                                    params[d.request_id] if d.samples else None, None,
                                    d.samples or 1))
         if batch.token_masks is not None:
-            for i, mask in zip(batch.token_masks.chunks, batch.token_masks.bitmask):
-                chunks[i].token_mask = mask
+            masks = batch.token_masks
+            for k, (i, mask) in enumerate(zip(masks.chunks, masks.bitmask)):
+                if chunks[i].num_samples > 1:  # a verification: a row per position
+                    if k == 0 or masks.chunks[k - 1] != i:
+                        chunks[i].token_mask = masks.bitmask[k:k + chunks[i].num_samples]
+                else:
+                    chunks[i].token_mask = mask
         return chunks
 
     def forget(self, request_id: str) -> None:

@@ -144,22 +144,41 @@ def test_a_draft_model_of_another_tokenizer_is_an_error(tiny_llama_dir, tmp_path
         tiny_llm(tiny_llama_dir, speculative_config={"method": "draft_model", "model": other})
 
 
-def test_stop_string_inside_an_accepted_draft(smollm2):
+CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n" \
+       "def mul(a, b):\n    return a * b\n"
+REPEAT = f"Repeat this code exactly:\n{CODE}\nRepeated:\n"
+
+
+@pytest.fixture(scope="module")
+def smollm2_ngram():
+    from parashift import LLM
+    llm = LLM(device="cpu", dtype="float32", speculative_config=spec("ngram"))
+    yield llm
+    llm.llm_engine.shutdown()
+
+
+def test_stop_string_inside_an_accepted_draft(smollm2, smollm2_ngram):
     """SmolLM2 repeats a code (its drafts are accepted): a stop string that ends inside a
     verification's accepted tokens ends the text there, as without speculation."""
-    from parashift import LLM
-    code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n" \
-           "def mul(a, b):\n    return a * b\n"
-    prompt = f"Repeat this code exactly:\n{code}\nRepeated:\n"
     params = SamplingParams(temperature=0, max_tokens=48, stop=["a - b"], logprobs=1)
-    want = smollm2.generate([prompt], params)[0].outputs[0]
-    llm = LLM(device="cpu", dtype="float32", speculative_config=spec("ngram"))
-    try:
-        got = llm.generate([prompt], params)[0].outputs[0]
-        stats = llm.llm_engine.spec_decode_stats()
-    finally:
-        llm.llm_engine.shutdown()
+    want = smollm2.generate([REPEAT], params)[0].outputs[0]
+    before = smollm2_ngram.llm_engine.spec_decode_stats().num_accepted_tokens
+    got = smollm2_ngram.generate([REPEAT], params)[0].outputs[0]
     assert (got.text, got.token_ids, got.finish_reason, got.stop_reason) == \
         (want.text, want.token_ids, "stop", "a - b")
     assert len(got.logprobs) == len(got.token_ids)
-    assert stats.num_accepted_tokens > 0
+    assert smollm2_ngram.llm_engine.spec_decode_stats().num_accepted_tokens > before
+
+
+def test_structured_output_masks_each_drafted_position(smollm2, smollm2_ngram):
+    """A draft is cut at the first token the grammar refuses, and each verified position
+    samples under the grammar's mask after the draft before it: the plain output."""
+    from parashift.structured import StructuredOutputsParams
+    constraint = StructuredOutputsParams(regex=r"(def [a-z]+\(a, b\):\n    return a [-+*] b\n\n)+")
+    params = SamplingParams(temperature=0, max_tokens=40, structured_outputs=constraint)
+    want = smollm2.generate([REPEAT], params)[0].outputs[0]
+    before = smollm2_ngram.llm_engine.spec_decode_stats().num_accepted_tokens
+    got = smollm2_ngram.generate([REPEAT], params)[0].outputs[0]
+    assert (got.text, got.token_ids) == (want.text, want.token_ids)
+    assert got.text.startswith("def add(a, b):")
+    assert smollm2_ngram.llm_engine.spec_decode_stats().num_accepted_tokens > before
