@@ -12,6 +12,7 @@ from parashift.bench.report import (build_timeline, peak_output_throughput,
                                     write_requests_json, write_summary_json,
                                     write_timeline_csv)
 from parashift.bench.runner import PhaseResult, discover_model, run_phase, warm_up
+from parashift.bench.server_metrics import spec_decode_summary
 from parashift.bench.stats import SLO, format_summary, summarize
 from parashift.bench.workloads import WorkloadOptions, build_phases, get_workload
 
@@ -114,6 +115,9 @@ def _report_phase(config: ServeBenchConfig, result: PhaseResult, out_dir: Path) 
     summary = summarize(result.records, result.duration_s, config.slo)
     rows = build_timeline(result, config.timeline_interval_s)
     summary["peak_output_throughput"] = peak_output_throughput(rows)
+    spec = spec_decode_summary(result.server_samples)
+    if spec is not None:
+        summary["spec_decode"] = spec
     files = {"requests": out_dir / f"{stem}-requests.json",
              "timeline": out_dir / f"{stem}-timeline.csv"}
     write_requests_json(result, files["requests"])

@@ -51,3 +51,26 @@ def test_the_cli_flag():
     config = engine_config_from_args(args).speculative_config
     assert (config.method, config.num_speculative_tokens) == ("suffix", 6)
     assert engine_config_from_args(parser.parse_args([])).speculative_config is None
+
+
+def test_the_bench_reads_acceptance_from_the_servers_metrics():
+    from parashift.bench.server_metrics import parse_sample, spec_decode_summary
+    from parashift.metrics import ServerMetrics
+    from prometheus_client import generate_latest
+    from types import SimpleNamespace
+
+    metrics = ServerMetrics("m")
+    stats = SimpleNamespace(num_preemptions=0, num_swapped_out=0, num_swapped_in=0,
+                            swap_bytes_out=0, swap_bytes_in=0, num_recompute_tokens=0,
+                            num_running=0, num_waiting=0, num_free_blocks=1,
+                            num_total_blocks=1, swap_tokens_used=0, spec_decode_num_drafts=2,
+                            spec_decode_num_draft_tokens=8, spec_decode_num_accepted_tokens=4)
+    metrics.record_step(stats, [])
+    first = parse_sample(generate_latest(metrics.registry).decode(), 0.0)
+    stats.spec_decode_num_drafts, stats.spec_decode_num_draft_tokens = 12, 48
+    stats.spec_decode_num_accepted_tokens = 34
+    metrics.record_step(stats, [])
+    last = parse_sample(generate_latest(metrics.registry).decode(), 1.0)
+    summary = spec_decode_summary([first, last])
+    assert summary == {"num_drafts": 10, "num_draft_tokens": 40, "num_accepted_tokens": 30,
+                       "acceptance_rate": 0.75, "mean_accepted_length": 4.0}
