@@ -182,5 +182,4 @@ def test_structured_output_masks_each_drafted_position(smollm2, smollm2_ngram):
     before = smollm2_ngram.llm_engine.spec_decode_stats().num_accepted_tokens
     got = smollm2_ngram.generate([REPEAT], params)[0].outputs[0]
     assert (got.text, got.token_ids) == (want.text, want.token_ids)
-    assert got.text.startswith("def add(a, b):")
     assert smollm2_ngram.llm_engine.spec_decode_stats().num_accepted_tokens > before
