@@ -10,6 +10,7 @@ from parashift.designs.seesaw import SEESAW_WEIGHT_SOURCES, SeesawConfig  # noqa
 from parashift.designs.shift import ShiftConfig
 from parashift.designs.sidp import SidpConfig
 from parashift.quantization import check_kv_cache_dtype, check_quantization
+from parashift.spec_decode.config import SpeculativeConfig
 
 
 @dataclass
@@ -147,6 +148,9 @@ class EngineConfig:
     master_port: int = 29500                 # rendezvous port (torchrun's default); control: + 1
     distributed_executor_backend: str = "mp"  # mp (processes; TCP to other hosts) | ray
     allow_cross_host_tp: bool = False        # let a TP or SP group span hosts
+    # speculative decoding (parashift/spec_decode/): vLLM's dict or its JSON, e.g.
+    # {"method": "ngram", "num_speculative_tokens": 4}; None: off
+    speculative_config: SpeculativeConfig | dict | str | None = None
 
     def __post_init__(self):
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
@@ -221,6 +225,7 @@ class EngineConfig:
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
         self._check_hosts()
+        self._check_speculation()
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
@@ -253,6 +258,13 @@ class EngineConfig:
                 or not self.swap_space > 0:
             raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of CPU memory "
                              f"per group for the swapped KV), got {self.swap_space!r}")
+
+    def _check_speculation(self) -> None:
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if self.speculative_config is not None and self.async_scheduling:
+            raise ValueError("speculative_config does not compose with async_scheduling: a "
+                             "step's drafts come from the tokens the step before accepted "
+                             "(leave async_scheduling unset: it is off with speculation)")
 
     def _check_hosts(self) -> None:
         if self.distributed_executor_backend not in ("mp", "ray"):

@@ -19,6 +19,10 @@ STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 
 SWAP_STATS = {"num_swapped_out": ("swaps", "out"), "num_swapped_in": ("swaps", "in"),
               "swap_bytes_out": ("swap_bytes", "out"), "swap_bytes_in": ("swap_bytes", "in"),
               "num_recompute_tokens": ("recompute_tokens", None)}
+# EngineStats fields of speculative decoding -> their counters (vLLM's names)
+SPEC_STATS = {"spec_decode_num_drafts": "Verifications of a sequence's draft tokens.",
+              "spec_decode_num_draft_tokens": "Draft tokens verified.",
+              "spec_decode_num_accepted_tokens": "Draft tokens accepted."}
 
 
 class ServerMetrics:
@@ -32,6 +36,7 @@ class ServerMetrics:
         self._build_histograms(labels)
         self._last_preemptions = 0
         self._last_swaps = dict.fromkeys(SWAP_STATS, 0)
+        self._last_spec = dict.fromkeys(SPEC_STATS, 0)
         self._last_requeued = 0
         self._current_plan: str | None = None
 
@@ -76,6 +81,7 @@ class ServerMetrics:
                                   "preemption.", [*labels, "direction"], registry=self.registry)
         self.recompute_tokens = counter("recompute_tokens", "Computed tokens that preemptions "
                                         "by recompute dropped (computed again when resumed).")
+        self.spec_decode = {name: counter(name, doc) for name, doc in SPEC_STATS.items()}
         self.requests_aborted = counter("requests_aborted",
                                         "Requests aborted (client gone, or shut down).")
         self.requests_requeued = counter("requests_requeued", "Requests of a lost group queued "
@@ -131,6 +137,7 @@ class ServerMetrics:
         """The engine's state when this server starts (an engine may outlive a server)."""
         self._last_preemptions = stats.num_preemptions
         self._last_swaps = {name: getattr(stats, name) for name in SWAP_STATS}
+        self._last_spec = {name: getattr(stats, name) for name in SPEC_STATS}
         self.record_queue(stats)
 
     def record_step(self, stats, steps, transitions=()) -> None:
@@ -152,6 +159,7 @@ class ServerMetrics:
             self.preemptions.inc(delta)
         self._last_preemptions = stats.num_preemptions
         self._record_swaps(stats)
+        self._record_spec_decode(stats)
         for step in steps:
             plan = step.plan or "none"
             self.steps.labels(plan=plan, **self._labels).inc()
@@ -168,6 +176,13 @@ class ServerMetrics:
             counter = getattr(self, what)
             counter = counter.labels(direction=direction, **self._labels) if direction else counter
             counter.inc(delta)
+
+    def _record_spec_decode(self, stats) -> None:
+        for name, counter in self.spec_decode.items():
+            delta = getattr(stats, name) - self._last_spec[name]
+            self._last_spec[name] = getattr(stats, name)
+            if delta > 0:
+                counter.inc(delta)
 
     def _record_seesaw(self, t) -> None:
         for what, count in (("weights", t.weight_bytes),

@@ -33,3 +33,35 @@ def fill_text_prompts(requests: list[BenchRequest], seed: int) -> None:
     for request in requests:
         picks = rng.integers(0, len(WORDS), size=request.input_len)
         request.prompt = " ".join(WORDS[i] for i in picks)
+
+
+REPEAT_INSTRUCTION = "Repeat the following Python code exactly as it is, with nothing else:\n\n"
+_FUNCTION = """def {name}(values, {arg}):
+    total = {start}
+    for value in values:
+        if value > {limit}:
+            total += value * {arg}
+        else:
+            total -= {limit}
+    return total
+
+"""
+
+
+def repeat_text(rng: np.random.Generator, num_tokens: int) -> str:
+    """A code of about `num_tokens` tokens (~45 a function) to be repeated: functions named
+    from common words."""
+    functions = []
+    for _ in range(max(1, num_tokens // 45)):
+        first, second, arg = (WORDS[i] for i in rng.integers(0, len(WORDS), size=3))
+        functions.append(_FUNCTION.format(name=f"{first}_{second}", arg=f"{arg}_rate",
+                                          start=int(rng.integers(0, 100)),
+                                          limit=int(rng.integers(1, 1000))))
+    return REPEAT_INSTRUCTION + "".join(functions)
+
+
+def fill_repeat_prompts(requests: list[BenchRequest], seed: int) -> None:
+    """The `repeat` workload's text prompts (the server's chat template applies)."""
+    rng = np.random.default_rng([seed, 4])
+    for request in requests:
+        request.prompt = repeat_text(rng, request.input_len)

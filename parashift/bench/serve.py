@@ -7,11 +7,12 @@ from pathlib import Path
 
 from parashift.bench.client import Endpoint
 from parashift.bench.datasets import Dataset
-from parashift.bench.prompts import fill_text_prompts, fill_token_prompts
+from parashift.bench.prompts import fill_repeat_prompts, fill_text_prompts, fill_token_prompts
 from parashift.bench.report import (build_timeline, peak_output_throughput,
                                     write_requests_json, write_summary_json,
                                     write_timeline_csv)
 from parashift.bench.runner import PhaseResult, discover_model, run_phase, warm_up
+from parashift.bench.server_metrics import spec_decode_summary
 from parashift.bench.stats import SLO, format_summary, summarize
 from parashift.bench.workloads import WorkloadOptions, build_phases, get_workload
 
@@ -102,6 +103,8 @@ async def _bench(config: ServeBenchConfig) -> list[dict]:
 def _fill_prompts(config: ServeBenchConfig, requests) -> None:
     if config.dataset is not None and config.dataset.prompts is not None:
         config.dataset.fill_prompts(requests)
+    elif config.workload and get_workload(config.workload).prompts == "repeat":
+        fill_repeat_prompts(requests, config.options.seed)  # text: the code to repeat
     elif config.prompt_format == "text":
         fill_text_prompts(requests, config.options.seed)
     else:
@@ -113,6 +116,9 @@ def _report_phase(config: ServeBenchConfig, result: PhaseResult, out_dir: Path) 
     summary = summarize(result.records, result.duration_s, config.slo)
     rows = build_timeline(result, config.timeline_interval_s)
     summary["peak_output_throughput"] = peak_output_throughput(rows)
+    spec = spec_decode_summary(result.server_samples)
+    if spec is not None:
+        summary["spec_decode"] = spec
     files = {"requests": out_dir / f"{stem}-requests.json",
              "timeline": out_dir / f"{stem}-timeline.csv"}
     write_requests_json(result, files["requests"])

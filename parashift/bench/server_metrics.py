@@ -11,6 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 STEPS = "parashift_steps_total"
 TRANSITIONS = "parashift_transition_duration_seconds"
+# speculative decoding's counters (parashift/metrics.py SPEC_STATS) -> ServerSample fields
+SPEC_COUNTERS = {"parashift_spec_decode_num_drafts_total": "spec_drafts",
+                 "parashift_spec_decode_num_draft_tokens_total": "spec_draft_tokens",
+                 "parashift_spec_decode_num_accepted_tokens_total": "spec_accepted_tokens"}
 GAUGES = {"parashift_num_requests_running": "running",
           "parashift_num_requests_waiting": "waiting",
           "parashift_kv_cache_usage_ratio": "kv_usage"}
@@ -25,6 +29,9 @@ class ServerSample:
     kv_usage: float | None = None
     transitions: float = 0.0    # layout transitions committed so far
     transition_s: float = 0.0   # their drain + prepare + cutover seconds so far
+    spec_drafts: float = 0.0    # speculative decoding: verifications, draft tokens, accepted
+    spec_draft_tokens: float = 0.0
+    spec_accepted_tokens: float = 0.0
 
 
 def parse_sample(text: str, t: float) -> ServerSample:
@@ -36,6 +43,8 @@ def parse_sample(text: str, t: float) -> ServerSample:
                 sample.steps_by_plan[plan] = sample.steps_by_plan.get(plan, 0.0) + s.value
             elif s.name in GAUGES:
                 setattr(sample, GAUGES[s.name], s.value)
+            elif s.name in SPEC_COUNTERS:
+                setattr(sample, SPEC_COUNTERS[s.name], s.value)
             elif s.name == TRANSITIONS + "_count" and s.labels.get("phase") == "cutover":
                 sample.transitions += s.value
             elif s.name == TRANSITIONS + "_sum":
@@ -102,3 +111,19 @@ def _last_at_or_before(samples: list[ServerSample], t: float) -> ServerSample | 
             break
         found = sample
     return found
+
+
+def spec_decode_summary(samples: list[ServerSample]) -> dict | None:
+    """Speculative decoding over a run (its first to last sample): acceptance rate and mean
+    accepted length; None where the server drafted nothing."""
+    if len(samples) < 2:
+        return None
+    first, last = samples[0], samples[-1]
+    drafts = last.spec_drafts - first.spec_drafts
+    drafted = last.spec_draft_tokens - first.spec_draft_tokens
+    accepted = last.spec_accepted_tokens - first.spec_accepted_tokens
+    if not drafts:
+        return None
+    return {"num_drafts": drafts, "num_draft_tokens": drafted, "num_accepted_tokens": accepted,
+            "acceptance_rate": round(accepted / drafted, 4),
+            "mean_accepted_length": round(1 + accepted / drafts, 3)}

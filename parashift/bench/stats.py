@@ -94,6 +94,10 @@ def format_summary(label: str, summary: dict) -> str:
                      f"({summary['goodput_fraction']:.1%} within SLO)")
     if "peak_output_throughput" in summary:
         lines.append(f"{'peak output tok/s':<28}{summary['peak_output_throughput']:.1f}")
+    if "spec_decode" in summary:  # the server's speculative decoding, from its /metrics
+        spec = summary["spec_decode"]
+        lines.append(f"{'spec acceptance / length':<28}{spec['acceptance_rate']:.1%} / "
+                     f"{spec['mean_accepted_length']:.2f} tokens a verification")
     lines.append(f"{'(ms)':<10}{'mean':>10}{'median':>10}{'p90':>10}{'p99':>10}")
     rows = [(key[:-3].upper(), summary[key]) for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")]
     urgent = summary.get("priority", {})  # the priority requests' rows, when there are some

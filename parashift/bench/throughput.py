@@ -2,10 +2,10 @@
 process, no HTTP. Reports requests/s and input, output and total tokens/s."""
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 
-from parashift.bench.prompts import fill_token_prompts
+from parashift.bench.prompts import fill_repeat_prompts, fill_token_prompts
 from parashift.bench.workloads import WorkloadOptions, build_phases, get_workload
 
 
@@ -31,8 +31,14 @@ def run_throughput_benchmark(config: ThroughputConfig) -> dict:
     from parashift.sampling_params import SamplingParams
 
     llm = LLM(**config.engine_options)
-    requests = build_phases(get_workload(config.workload), config.options)[0].requests
-    fill_token_prompts(requests, config.options.seed, llm.llm_engine.vocab_size)
+    workload = get_workload(config.workload)
+    requests = build_phases(workload, config.options)[0].requests
+    if workload.prompts == "repeat":  # the code to repeat, in the model's chat template
+        fill_repeat_prompts(requests, config.options.seed)
+        for r in requests:
+            r.prompt = llm.llm_engine.apply_chat_template([{"role": "user", "content": r.prompt}])
+    else:
+        fill_token_prompts(requests, config.options.seed, llm.llm_engine.vocab_size)
     params = [SamplingParams(temperature=config.temperature, max_tokens=r.output_len,
                              ignore_eos=r.ignore_eos, seed=config.options.seed + r.index)
               for r in requests]
@@ -40,6 +46,13 @@ def run_throughput_benchmark(config: ThroughputConfig) -> dict:
     outputs = llm.generate([r.prompt for r in requests], params)
     elapsed = time.perf_counter() - start
     result = _result(config, requests, outputs, elapsed)
+    spec = llm.llm_engine.spec_decode_stats()
+    if spec is not None:  # speculative decoding's acceptance
+        result["spec_decode"] = {"method": spec.method, "num_drafts": spec.num_drafts,
+                                 "num_draft_tokens": spec.num_draft_tokens,
+                                 "num_accepted_tokens": spec.num_accepted_tokens,
+                                 "acceptance_rate": round(spec.acceptance_rate, 4),
+                                 "mean_accepted_length": round(spec.mean_accepted_length, 3)}
     if llm.llm_engine.config.sidp.share_ffn:  # SiDP: its rounds (a round waits for every replica)
         result["shared_ffn_rounds"] = {key: value for key, value in llm.llm_engine.executor
                                        .collective_rpc("shared_ffn_stats")[0].items()
@@ -60,7 +73,9 @@ def _result(config: ThroughputConfig, requests, outputs, elapsed: float) -> dict
             "input_throughput": input_tokens / elapsed,
             "output_throughput": output_tokens / elapsed,
             "total_token_throughput": (input_tokens + output_tokens) / elapsed,
-            "options": vars(config.options), "engine_options": config.engine_options}
+            "options": vars(config.options),
+            "engine_options": {key: asdict(value) if is_dataclass(value) else value
+                               for key, value in config.engine_options.items()}}
 
 
 def _format(result: dict) -> str:
@@ -69,4 +84,6 @@ def _format(result: dict) -> str:
             f"{result['total_token_throughput']:.1f} tok/s total "
             f"({result['input_throughput']:.1f} in, {result['output_throughput']:.1f} out)"
             + "".join(f", {key.replace('_', ' ')} {value}"
-                      for key, value in result.get("shared_ffn_rounds", {}).items()))
+                      for key, value in result.get("shared_ffn_rounds", {}).items())
+            + "".join(f", {key.replace('_', ' ')} {value}"
+                      for key, value in result.get("spec_decode", {}).items()))

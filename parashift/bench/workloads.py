@@ -58,6 +58,9 @@ class Workload:
     bursty: BurstyPattern | None = None
     ignore_eos: bool = True
     priority_share: float = 0.0  # of the requests, carrying priority URGENT (seeded choice)
+    # "random": prompts of random tokens or words (bench/prompts.py); "repeat": a given code
+    # to repeat (its output copies its input, and asks for input_len + 20% + 32 tokens)
+    prompts: str = "random"
 
     def __post_init__(self):
         if self.arrivals not in ("t0", "sequential", "rates", "bursty"):
@@ -99,6 +102,9 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              rates=(3, 5), priority_share=0.2),
     Workload("tail", 2000, _one(fixed(1024), Dist("lognormal", 200, 2000)), "t0",
              "long-tail decode: output lognormal, median 200, 5% over 2000"),
+    Workload("repeat", 200, _one(uniform(300, 1500), uniform(300, 1500)), "t0",
+             "outputs that copy their input (a given code to repeat): speculative decoding",
+             ignore_eos=False, prompts="repeat"),
 )}
 
 
@@ -184,6 +190,8 @@ def build_phases(workload: Workload, options: WorkloadOptions) -> list[Phase]:
 
 def _requests(workload: Workload, times: np.ndarray, options: WorkloadOptions):
     lengths = sample_lengths(workload, len(times), options)
+    if workload.prompts == "repeat":  # out ~ in: the model stops where its copy ends
+        lengths = [(inp, inp + inp // 5 + 32) for inp, _ in lengths]
     urgent = np.random.default_rng([options.seed, 2]).random(len(times)) < workload.priority_share
     return [BenchRequest(i, inp, out, float(t), workload.ignore_eos,
                          priority=URGENT if urgent[i] else 0)

@@ -24,6 +24,7 @@ from parashift.engine.scheduler import Scheduler, SchedulerOutput
 from parashift.engine.seesaw_auto import resolve_auto_plans
 from parashift.engine.seesaw import PHASES
 from parashift.engine.sequence import Sequence, SequenceStatus
+from parashift.engine.spec_steps import VerifiedStep
 from parashift.engine.startup import (eos_token_ids, make_tokenizer, request_defaults,
                                       resolve_device, resolve_dtype, resolve_max_model_len,
                                       with_step_budget)
@@ -35,6 +36,7 @@ from parashift.loader.source import load_hf_config, resolve_model
 from parashift.quantization.scheme import weight_quant
 from parashift.outputs import RequestOutput
 from parashift.sampling_params import SamplingParams, check_max_logprobs
+from parashift.spec_decode import make_speculator
 from parashift.structured.matchers import NO_CONTINUATION, StructuredOutputs
 
 logger = logging.getLogger(__name__)
@@ -65,6 +67,11 @@ class EngineStats:
     swap_bytes_in: int = 0
     swap_tokens_used: int = 0
     num_recompute_tokens: int = 0
+    # speculative decoding (vLLM's names): verifications of a sequence's draft, draft
+    # tokens, the accepted ones
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 class LLMEngine:
@@ -110,6 +117,8 @@ class LLMEngine:
         self._parent_of: dict[str, ParentRequest] = {}  # by child request id
         self._preemptions = PreemptionCounts()
         self._prompt_logprobs = PromptLogprobsCollector()
+        # speculative decoding's proposer and counts (None: off)
+        self.speculator = make_speculator(config.speculative_config, self)
         tune_garbage_collector()
         logger.info("Loaded %s in %.1f s", self.model_name, time.perf_counter() - started)
 
@@ -460,7 +469,11 @@ class LLMEngine:
 
     def _submit_round(self) -> bool:
         """Asks the policy for every group's next plan (before scheduling), then schedules
-        and submits one step on each replica with room; False once none was submitted."""
+        and submits one step on each replica with room; False once none was submitted.
+        Drafts (speculative decoding) come first: the policy sees their tokens."""
+        if self.speculator is not None:
+            for replica in self.replicas:
+                self.speculator.propose(replica.scheduler, self._can_draft, self._allowed_draft)
         round_ = self.node.next_round()
         if round_ is None:
             return False
@@ -511,6 +524,17 @@ class LLMEngine:
         self._preemptions.add(sched, self.node.tier_shape.token_bytes)
         return sched
 
+    def _can_draft(self, seq: Sequence) -> bool:
+        """Speculation is off for a request whose sampling reads its history (penalties:
+        a drafted position's would need the draft in it)."""
+        return not seq.params.uses_history
+
+    def _allowed_draft(self, seq: Sequence, draft: list[int]) -> list[int]:
+        """A structured request's draft up to the first token its grammar refuses."""
+        if self.structured.tracks(seq.request_id):
+            return self.structured.allowed_draft(seq.request_id, draft)
+        return draft
+
     def _step_batch(self, replica: Replica, sched: SchedulerOutput, plan: str):
         batch = replica.step_batch(sched, plan)
         if batch.finished_request_ids and len(self.node.replicas) > 1:
@@ -519,8 +543,10 @@ class LLMEngine:
         if self.node.seesaw and not replica.is_left_behind:
             self.node.add_stashes(replica, sched, batch)
         if replica.num_structured:
+            scheduled = sched.scheduled
             batch.token_masks = self.structured.masks(
-                [s.seq.request_id if s.samples else None for s in sched.scheduled])
+                [s.seq.request_id if s.samples else None for s in scheduled],
+                [s.draft for s in scheduled] if self.speculator is not None else None)
         return batch
 
     def _commit_drained_transitions(self) -> None:
@@ -578,7 +604,11 @@ class LLMEngine:
         sampling = [s.seq for s in sched.chunks if s.samples]
         if sched.decodes:
             sampling = sched.decodes.seqs + sampling
-        step = _step_tokens(sampling, tokens, logprobs)  # before the scheduler ends any
+        if self.speculator is not None and len(tokens) > len(sampling):  # verifications
+            tokens, logprobs = self.speculator.verify(sched, tokens, logprobs)
+            step = VerifiedStep(sampling)  # before the scheduler ends any
+        else:
+            step = _step_tokens(sampling, tokens, logprobs)
         if self._prompt_logprobs.expected:
             step.prompt_logprobs = self._prompt_logprobs.take_computed(sampling)
         finished = replica.scheduler.update(sched, tokens)
@@ -589,10 +619,13 @@ class LLMEngine:
             finished += self._advance_grammars(replica, sampling, sampled)
         for seq in finished:
             step.finished[seq.request_id] = (seq.finish_reason, seq.stop_reason)
+            if self.speculator is not None:
+                self.speculator.finish(seq.request_id, seq.output_token_ids)
             self._release(replica, seq.request_id)
         if self._parent_of:
             self._admit_waiting_siblings(sampling)
-        self.output_processor.submit(step)
+        for message in step.messages(logprobs) if not isinstance(step, StepTokens) else (step,):
+            self.output_processor.submit(message)
         self._collect()
 
     def _admit_waiting_siblings(self, sampling: list[Sequence]) -> None:
@@ -606,23 +639,28 @@ class LLMEngine:
                 self._admit_siblings(parent, seq.prompt_token_ids, seq.prompt)
 
     def _advance_grammars(self, replica: "Replica", sampling: list[Sequence],
-                          sampled: dict[str, int]) -> list[Sequence]:
-        """Feeds each constrained request its new token; one whose grammar refused it
-        fails, one whose grammar has ended is finished (also under ignore_eos). Returns
-        the latter."""
+                          sampled: dict[str, int | list[int]]) -> list[Sequence]:
+        """Feeds each constrained request its new token (a verification's accepted ones in
+        order); one whose grammar refused one fails, one whose grammar has ended is
+        finished (also under ignore_eos). Returns the latter."""
         ended = []
         for seq in sampling:
             request_id = seq.request_id
             if not self.structured.tracks(request_id):
                 continue
-            if not self.structured.accept(request_id, sampled[request_id]):
-                # a refused token leaves the matcher where it was: was any token allowed?
-                self._fail(replica, seq, NO_CONTINUATION if not self.structured.can_continue(
-                    request_id) else f"the sampled token {sampled[request_id]} does not "
-                    "follow its structured output")
-            elif self.structured.is_terminated(request_id) and not seq.is_finished:
-                replica.scheduler.finish(seq, "stop")
-                ended.append(seq)
+            tokens = sampled[request_id]
+            for token in tokens if isinstance(tokens, list) else (tokens,):
+                if not self.structured.accept(request_id, token):
+                    # a refused token leaves the matcher where it was: was any allowed?
+                    self._fail(replica, seq, NO_CONTINUATION if not self.structured
+                               .can_continue(request_id) else f"the sampled token {token} "
+                               "does not follow its structured output")
+                    break
+                if self.structured.is_terminated(request_id):
+                    if not seq.is_finished:
+                        replica.scheduler.finish(seq, "stop")
+                        ended.append(seq)
+                    break
         return ended
 
     def _fail(self, replica: "Replica", seq: Sequence, reason: str) -> None:
@@ -636,6 +674,8 @@ class LLMEngine:
 
     def _release(self, replica: "Replica", request_id: str) -> None:
         self._prompt_logprobs.forget(request_id)
+        if self.speculator is not None:
+            self.speculator.finish(request_id)
         if self.structured.tracks(request_id):
             self.structured.remove(request_id)
             replica.num_structured -= 1
@@ -652,7 +692,17 @@ class LLMEngine:
                            counts.preemptions, counts.swapped_out, counts.swapped_in,
                            counts.swap_bytes_out, counts.swap_bytes_in,
                            sum(s.slots.used_tokens for s in self.node.swap_spaces.values()),
-                           counts.recompute_tokens)
+                           counts.recompute_tokens, *self._spec_counts())
+
+    def _spec_counts(self) -> tuple[int, int, int]:
+        if self.speculator is None:
+            return 0, 0, 0
+        stats = self.speculator.stats
+        return stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens
+
+    def spec_decode_stats(self):
+        """Speculative decoding's counts since start-up (SpecDecodeStats; None: off)."""
+        return None if self.speculator is None else self.speculator.stats
 
 
 def _step_tokens(sampling: list[Sequence], tokens: list[int], logprobs) -> StepTokens:

@@ -387,8 +387,8 @@ def async_scheduling(config, plans: list[Plan]) -> bool:
     the tokens on their way. A pipeline's first stage never sees those tokens, so its steps
     overlap only without placeholders (`steps_in_flight_of`); asked for where every plan is
     pipelined, an error."""
-    if config.async_scheduling is None:
-        return any(plan.pp == 1 for plan in plans)
+    if config.async_scheduling is None:  # (off with speculation: drafts need the tokens)
+        return config.speculative_config is None and any(plan.pp == 1 for plan in plans)
     if config.async_scheduling and all(plan.pp > 1 for plan in plans):
         raise ValueError(f"async_scheduling does not work with pipeline parallelism "
                          f"(plan {plans[0].name()})")

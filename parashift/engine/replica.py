@@ -106,7 +106,7 @@ class Replica:
                 new_params[request_id] = seq.params
                 if seq.params.uses_history or seq.params.prompt_logprobs is not None:
                     prompts[request_id] = seq.prompt_token_ids
-            chunks.append(chunk(request_id, s.token_ids(), start, block_table, s.samples))
+            chunks.append(chunk(request_id, s.token_ids(), start, block_table, s.num_samples))
             others.append(i)
         if others and others[0] != len(decode_ids) - sched.num_decodes:  # a chunk first
             _decodes_first(sched, others)

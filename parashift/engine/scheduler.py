@@ -37,17 +37,27 @@ from parashift.step.message import PLACEHOLDER_TOKEN, StepStateMismatch
 class ScheduledSeq:
     """One sequence's part of a step: `num_new_tokens` tokens from `start_pos` (its
     num_computed_tokens when scheduled, after any prefix-cache hit); `samples`: a token is
-    sampled after them (the chunk reaches the last token, pending ones included)."""
-    __slots__ = ("seq", "num_new_tokens", "start_pos", "samples")
+    sampled after them (the chunk reaches the last token, pending ones included).
+    `draft`: a verification step's draft tokens (speculative decoding), computed after the
+    sequence's last token: a token is sampled at each of its 1 + len(draft) positions."""
+    __slots__ = ("seq", "num_new_tokens", "start_pos", "samples", "draft")
 
     def __init__(self, seq: Sequence, num_new_tokens: int, start_pos: int,
-                 samples: bool | None = None):
+                 samples: bool | None = None, draft: list[int] | None = None):
         self.seq, self.num_new_tokens, self.start_pos = seq, num_new_tokens, start_pos
         self.samples = (start_pos + num_new_tokens == len(seq.token_ids) + seq.num_pending_tokens
                         if samples is None else samples)
+        self.draft = draft
+
+    @property
+    def num_samples(self) -> int:
+        """Tokens sampled after this chunk: one at each verified position."""
+        return (1 + len(self.draft) if self.draft else 1) if self.samples else 0
 
     def token_ids(self) -> list[int]:
         """The chunk's input tokens, with a placeholder for a pending one."""
+        if self.draft:
+            return self.seq.token_ids[self.start_pos:] + self.draft
         if self.start_pos == len(self.seq.token_ids) and self.num_new_tokens == 1:
             return [PLACEHOLDER_TOKEN]  # a decode step under async scheduling
         known = self.seq.token_ids[self.start_pos:self.start_pos + self.num_new_tokens]
@@ -115,6 +125,12 @@ class SchedulerOutput:
         return self.num_decodes + sum(map(_NUM_NEW_TOKENS, self.chunks))
 
     @property
+    def num_sampled_rows(self) -> int:
+        """Tokens the ranks sample for this step: one per sampling chunk, one per verified
+        position of a verification (speculative decoding)."""
+        return self.num_decodes + sum(s.num_samples for s in self.chunks)
+
+    @property
     def is_empty(self) -> bool:
         """Nothing for the ranks to do (a step with swaps out only still runs them)."""
         return not self.num_chunks and not self.swap_out
@@ -152,6 +168,7 @@ class Scheduler:
         # The slots of the group's CPU tier that preempted sequences swap into; None: recompute.
         self.swap_slots: TierAllocator | None = None
         self.defer_pending = False  # no placeholders: a sequence waits for its pending token
+        self.draft_tokens = 0  # running sequences' draft tokens for the next step
 
     @property
     def num_waiting(self) -> int:
@@ -177,9 +194,10 @@ class Scheduler:
         """What a policy sees of this scheduler, with no state changes. The next step's
         tokens are an estimate: no preemption, no prefix-cache hits, no per-request cap."""
         budget, table, slots = self.config.max_num_batched_tokens, self.table, self._slots
+        # (a verification's drafts count: the policy sees the step's scheduled tokens)
         # (it runs every step) what running sequences still need
         tokens = min(budget, int((table.tokens[slots] + table.pending[slots]
-                                  - table.computed[slots]).sum()))
+                                  - table.computed[slots]).sum()) + self.draft_tokens)
         longest = int(table.tokens[slots].max()) if len(slots) else 0
         waiting = [seq for _, seq in self._waiting]
         seats = max(0, self.config.max_num_seqs - len(self.running))
@@ -270,6 +288,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         left = self._schedule_in_columns(out, budget)
         budget = self._schedule_running(out, budget) if left is None else left
+        self.draft_tokens = 0
         # A seq preempted in this step must not be re-admitted in the same step.
         if not out.preempted:
             self._schedule_waiting(out, budget)
@@ -278,8 +297,9 @@ class Scheduler:
     def update(self, output: SchedulerOutput, sampled: list[int] | dict[str, int]
                ) -> list[Sequence]:
         """Apply a step's results (`sampled`: the token of each chunk that samples, in
-        order, or by request id); return the sequences it finished. A sequence
-        preempted since the step was scheduled still takes its sampled token."""
+        order (a list of accepted tokens where the chunk verified a draft), or by request
+        id); return the sequences it finished. A sequence preempted since the step was
+        scheduled still takes its sampled tokens."""
         if isinstance(sampled, dict):
             sampled = [sampled.get(s.seq.request_id) for s in output.scheduled if s.samples]
         n, finished = output.num_decodes, []
@@ -287,8 +307,46 @@ class Scheduler:
             self._update_decodes(output.decodes, sampled[:n], finished)
         tokens = iter(sampled[n:] if n else sampled)
         for scheduled in output.chunks:
-            self._take_result(scheduled, next(tokens) if scheduled.samples else None, finished)
+            if scheduled.draft:
+                self._take_verified(scheduled, next(tokens), finished)
+            else:
+                self._take_result(scheduled, next(tokens) if scheduled.samples else None,
+                                  finished)
         return finished
+
+    def _take_verified(self, scheduled: ScheduledSeq, tokens: list[int],
+                       finished: list[Sequence]) -> None:
+        """A verification's accepted tokens (the accepted draft and the target's next),
+        appended one by one until one stops the sequence. Its computed tokens fall back to
+        the positions whose inputs were accepted: the rejected drafts' KV slots are written
+        over by the next step, and only blocks of verified tokens are cached."""
+        seq = scheduled.seq
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        running = seq.status is SequenceStatus.RUNNING
+        seq.num_pending_tokens -= 1
+        table = self.table
+        for token in tokens:
+            seq.token_ids.append(token)
+            if running:
+                table.tokens[seq.slot] += 1
+            reason, stop_reason = self._check_stop(seq)
+            if reason is not None:
+                break
+        if seq.first_token_time is None:
+            seq.first_token_time = time.time()
+        verified = len(seq.token_ids) - 1
+        if seq.num_computed_tokens > verified:
+            seq.num_computed_tokens = verified
+        if running:
+            table.has_first[seq.slot] = True
+            if self.block_manager.enable_prefix_caching and \
+                    verified // self.block_manager.block_size > len(seq.block_hashes):
+                self.block_manager.cache_full_blocks(seq, verified)
+                table.hashed[seq.slot] = len(seq.block_hashes)
+            if reason is not None:
+                self.finish(seq, reason, stop_reason)
+                finished.append(seq)
 
     def _take_result(self, scheduled: ScheduledSeq, token: int | None,
                      finished: list[Sequence]) -> None:
@@ -389,7 +447,7 @@ class Scheduler:
         chunk of another kind and a decode that takes a block, in running order. Returns
         the budget left, or None where the loop must run (a gate, too little room)."""
         running = self.running
-        if self.gate is not None or not running:
+        if self.gate is not None or not running or self.draft_tokens:
             return None
         table, slots, block_size = self.table, self._slots, self.block_manager.block_size
         computed, pending, tokens = table.computed[slots], table.pending[slots], table.tokens[slots]
@@ -478,8 +536,12 @@ class Scheduler:
             computed = seq.num_computed_tokens
             pending = seq.num_pending_tokens
             end = len(seq.token_ids) + pending  # the tokens this step may reach
+            draft = None
             if end == computed + 1 and not (pending and (defer or end >= seq.length_limit)):
                 num_new, samples = 1, True  # _num_new_tokens' answer for a decode
+                if seq.spec_token_ids and not pending:  # a verification: the draft's too
+                    draft, seq.spec_token_ids = seq.spec_token_ids[:budget - 1], []
+                    num_new += len(draft)
             else:
                 num_new, samples = self._num_new_tokens(seq, budget, computed), None
             if num_new <= 0 or (gate is not None and not gate.runs(seq)):
@@ -494,7 +556,7 @@ class Scheduler:
                     if victim is seq:
                         return budget
                 self.table.blocks[seq.slot] = len(seq.block_table)
-            entry = ScheduledSeq(seq, num_new, computed, samples)
+            entry = ScheduledSeq(seq, num_new, computed, samples, draft)
             scheduled.append(entry)
             seq.num_computed_tokens = computed + num_new
             seq.num_pending_tokens += entry.samples

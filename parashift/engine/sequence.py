@@ -47,6 +47,9 @@ class Sequence:
         # Tokens (prompt + output) at which it ends by length: max_tokens' or the model's
         # length, whichever comes first (set by the scheduler that takes it)
         self.length_limit = 0
+        # Draft tokens a proposer made for its next step (speculative decoding,
+        # parashift/spec_decode/): the scheduler takes them into that step's chunk
+        self.spec_token_ids: list[int] = []
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -148,6 +148,11 @@ ENGINE_FLAGS = {
                                      "exits non-zero)"),
     "--chat-template": ("chat_template", str, "a Jinja chat template: a file, or the template "
                                               "itself (default: the tokenizer's)"),
+    "--speculative-config": ("speculative_config", str,
+                             "speculative decoding as vLLM's JSON, e.g. '{\"method\": "
+                             "\"ngram\", \"num_speculative_tokens\": 4}'; methods: ngram "
+                             "(prompt_lookup_min/max), suffix (suffix_decoding_*), "
+                             "draft_model (model); see docs/speculative_decoding.md"),
     "--generation-config": ("generation_config", str,
                             "request defaults (temperature, top_p, top_k, min_p, "
                             "repetition_penalty, max_tokens): auto = the model's "

@@ -213,7 +213,7 @@ def decode_step(message: bytes) -> StepBatch:
         raise ValueError(f"a step message of {len(message)} bytes, expected {offset}")
     starts, froms, _, _, samples = columns.tolist()
     chunks = list(map(ChunkDelta, ids[:C], _split(tokens, columns[2]), starts, froms,
-                      _split(blocks, columns[3]), map(bool, samples)))
+                      _split(blocks, columns[3]), samples))
     biases = map(dict, map(zip, _split(bias_ids, bias_counts), _split(bias_values, bias_counts)))
     new_params = {ids[C + i]: SamplingParams(
         **dict(zip(_PARAM_FLOATS_NAMES, column)), top_k=top_k[i],

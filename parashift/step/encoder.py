@@ -11,7 +11,7 @@ class DeltaEncoder:
         self.finished: list[str] = []
 
     def chunk(self, request_id: str, token_ids: list[int], start_pos: int,
-              block_table: list[int], samples: bool) -> ChunkDelta:
+              block_table: list[int], samples: int) -> ChunkDelta:
         sent = self.sent_blocks.get(request_id, 0)
         return ChunkDelta(request_id, token_ids, start_pos, sent,
                           self.new_blocks(request_id, block_table), samples)

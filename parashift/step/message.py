@@ -24,7 +24,8 @@ class ChunkDelta:
     start_pos: int             # position of token_ids[0]
     blocks_from: int           # new_blocks replace the block table from this index on
     new_blocks: list[int]
-    samples: bool              # a token is sampled after this chunk
+    samples: int               # tokens sampled at its last positions: 0, 1, or 1 + k
+                              # (a verification of k draft tokens, speculative decoding)
 
 
 @dataclass(slots=True)

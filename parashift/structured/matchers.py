@@ -60,14 +60,41 @@ class StructuredOutputs:
     def is_terminated(self, request_id: str) -> bool:
         return self._matchers[request_id].is_terminated()
 
-    def masks(self, request_ids: list[str | None]) -> TokenMasks | None:
+    def allowed_draft(self, request_id: str, draft: list[int]) -> list[int]:
+        """The draft up to the first token the request's grammar refuses (speculative
+        decoding); the matcher is left where it was."""
+        matcher = self._matchers[request_id]
+        count = 0
+        for token in draft:
+            if matcher.is_terminated() or not matcher.accept_token(token):
+                break
+            count += 1
+        if count:
+            matcher.rollback(count)
+        return draft[:count]
+
+    def masks(self, request_ids: list[str | None],
+              drafts: list[list[int] | None] | None = None) -> TokenMasks | None:
         """Masks for the positions of `request_ids` (None: a chunk that does not sample)
-        whose request is constrained; None if there is none."""
+        whose request is constrained; None if there is none. A chunk with a draft
+        (`drafts[i]`, speculative decoding) has a mask for each verified position: the
+        grammar's state after each prefix of its draft (a row each, in order)."""
         import xgrammar as xgr
-        rows = [i for i, r in enumerate(request_ids) if r is not None and r in self._matchers]
-        if not rows:
+        chunks = [i for i, r in enumerate(request_ids) if r is not None and r in self._matchers]
+        if not chunks:
             return None
-        bitmask = xgr.allocate_token_bitmask(len(rows), self.compiler.info.vocab_size)
-        for j, i in enumerate(rows):
-            self._matchers[request_ids[i]].fill_next_token_bitmask(bitmask, j)
+        counts = [1 + len(drafts[i] or ()) if drafts else 1 for i in chunks]
+        bitmask = xgr.allocate_token_bitmask(sum(counts), self.compiler.info.vocab_size)
+        row = 0
+        for i, count in zip(chunks, counts):
+            matcher = self._matchers[request_ids[i]]
+            matcher.fill_next_token_bitmask(bitmask, row)
+            for token in drafts[i][:count - 1] if count > 1 else ():
+                row += 1
+                matcher.accept_token(token)  # (allowed: allowed_draft cut the draft)
+                matcher.fill_next_token_bitmask(bitmask, row)
+            if count > 1:
+                matcher.rollback(count - 1)
+            row += 1
+        rows = [i for i, count in zip(chunks, counts) for _ in range(count)]
         return TokenMasks(rows, bitmask.numpy())

@@ -17,7 +17,7 @@ from parashift.deterministic.reduction import reduction_chunks
 from parashift.worker.cuda_graphs import Bucket, StepGraphs
 from parashift.worker.kv_swap import KVSwapper
 from parashift.step.message import PLACEHOLDER_TOKEN, ChunkDelta, StepBatch
-from parashift.worker.step_chunks import DecodeChunks, RequestTables, SeqChunk
+from parashift.worker.step_chunks import DecodeChunks, RequestTables, SeqChunk, sample_rows_of
 from parashift.worker.prompt_logprobs import (PromptLogprobRequests, gather_rows,
                                               prompt_logprobs)
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
@@ -558,14 +558,13 @@ class ModelRunner:
         if self.requests.argmax_only[inputs.sample_table_rows].all():  # no pass over params
             result = self.sampler.argmax(logits)
         else:
-            result = self._sample(logits, [c for c in chunks if c.sampling is not None],
-                                  plan.is_output_rank)
+            result = self._sample(logits, sample_rows_of(chunks), plan.is_output_rank)
         return result.token_ids, result.logprobs, inputs.sample_table_rows, spans
 
     def _sample(self, logits: torch.Tensor, sampling: list[SeqChunk], with_logprobs: bool):
         masks = [c.token_mask for c in sampling]
-        generators = ([self._generator(c) for c in sampling] if self.generators
-                      else [None] * len(sampling))
+        generators = ([self._generator(c, p) for c, p in zip(sampling, [None, *sampling])]
+                      if self.generators else [None] * len(sampling))
         return self.sampler(logits, [c.sampling for c in sampling], generators,
                             self._group.generator, with_logprobs=with_logprobs,
                             history=self.history.batch(sampling),
@@ -641,11 +640,16 @@ class ModelRunner:
             work.wait()
         self._pending_sends = []
 
-    def _generator(self, chunk: SeqChunk) -> torch.Generator | None:
+    def _generator(self, chunk: SeqChunk, previous: SeqChunk | None = None
+                   ) -> torch.Generator | None:
         """A seeded request's generator, seeded for the position it samples: its tokens
-        depend on (seed, position) only, on every rank, across preemption and transitions."""
+        depend on (seed, position) only, on every rank, across preemption and transitions.
+        A verification's later positions (`previous`: the row before, of the same request)
+        each take a generator of their own."""
         generator = self.generators.get(chunk.request_id)
         if generator is not None:
+            if previous is not None and previous.request_id == chunk.request_id:
+                generator = Sampler.make_generator(0, self.device)
             generator.manual_seed(position_seed(chunk.sampling.seed, chunk.seq_len))
         return generator
 
@@ -748,10 +752,19 @@ def split_micro_batches(chunks: list[SeqChunk], stages: int,
 
 
 def cut_chunk(chunk: SeqChunk, size: int) -> tuple[SeqChunk, SeqChunk]:
-    """The chunk's first `size` tokens (sampling nothing) and the rest."""
-    head = SeqChunk(chunk.request_id, chunk.token_ids[:size], chunk.start_pos, chunk.row, None)
+    """The chunk's first `size` tokens and the rest; the head samples only the rows of a
+    verification (speculative decoding) that fall in it."""
+    tail_len = len(chunk.token_ids) - size
+    in_head = max(0, chunk.num_samples - tail_len) if chunk.sampling is not None else 0
+    masks = head_masks = chunk.token_mask
+    if masks is not None and chunk.num_samples > 1:  # a verification's, a row per position
+        head_masks, masks = masks[:max(1, in_head)], masks[in_head:]
+        masks = masks if len(masks) > 1 else masks[0]
+        head_masks = head_masks if in_head > 1 else head_masks[0]
+    head = SeqChunk(chunk.request_id, chunk.token_ids[:size], chunk.start_pos, chunk.row,
+                    chunk.sampling if in_head else None, head_masks, in_head or 1)
     tail = SeqChunk(chunk.request_id, chunk.token_ids[size:], chunk.start_pos + size, chunk.row,
-                    chunk.sampling, chunk.token_mask)
+                    chunk.sampling, masks, min(chunk.num_samples, tail_len))
     return head, tail
 
 

@@ -23,10 +23,29 @@ class SeqChunk:
     row: int                   # the request's row in RequestTables.tables
     sampling: SamplingParams | None  # set when a token is sampled after this chunk
     token_mask: np.ndarray | None = None  # the tokens its sample may take (structured output)
+    num_samples: int = 1  # tokens sampled at its last positions (1 + k: a verification)
 
     @property
     def seq_len(self) -> int:
         return self.start_pos + len(self.token_ids)
+
+
+def sample_rows_of(chunks: list[SeqChunk]) -> list[SeqChunk]:
+    """The chunks that sample, one per sampled row: a verification's (1 + k rows) as one
+    chunk per verified position, each ending at its position (its seed's position)."""
+    rows = []
+    for chunk in chunks:
+        if chunk.sampling is None:
+            continue
+        if chunk.num_samples == 1:
+            rows.append(chunk)
+            continue
+        end, masks = len(chunk.token_ids), chunk.token_mask
+        rows += [SeqChunk(chunk.request_id, chunk.token_ids[:end - back], chunk.start_pos,
+                          chunk.row, chunk.sampling,
+                          None if masks is None else masks[chunk.num_samples - 1 - back])
+                 for back in range(chunk.num_samples - 1, -1, -1)]
+    return rows
 
 
 class DecodeChunks(Sequence):
@@ -102,10 +121,16 @@ class RequestTables:
             if d.new_blocks or d.blocks_from != lengths[row]:
                 self._write(row, d.blocks_from, d.new_blocks)
             chunks.append(SeqChunk(d.request_id, d.token_ids, d.start_pos, row,
-                                   params[d.request_id] if d.samples else None))
+                                   params[d.request_id] if d.samples else None, None,
+                                   d.samples or 1))
         if batch.token_masks is not None:
-            for i, mask in zip(batch.token_masks.chunks, batch.token_masks.bitmask):
-                chunks[i].token_mask = mask
+            masks = batch.token_masks
+            for k, (i, mask) in enumerate(zip(masks.chunks, masks.bitmask)):
+                if chunks[i].num_samples > 1:  # a verification: a row per position
+                    if k == 0 or masks.chunks[k - 1] != i:
+                        chunks[i].token_mask = masks.bitmask[k:k + chunks[i].num_samples]
+                else:
+                    chunks[i].token_mask = mask
         return chunks
 
     def forget(self, request_id: str) -> None:

@@ -16,6 +16,7 @@ from parashift.uploads import FreshUploads
 # C-level readers of the chunks' fields (a map over them costs a fraction of a generator)
 _ROW, _START, _TOKENS = attrgetter("row"), attrgetter("start_pos"), attrgetter("token_ids")
 _SAMPLING, _FIRST = attrgetter("sampling"), itemgetter(0)
+_NUM_SAMPLES = attrgetter("num_samples")
 
 
 @dataclass
@@ -87,8 +88,21 @@ def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: in
         block_tables=block_tables_d, query_start_loc_cpu=starts_cpu, seq_lens_cpu=seq_lens_cpu,
         max_query_len=max_query_len, max_seq_len=max_seq_len, block_size=block_size)
     last_rows = np.cumsum(q_lens) - 1
-    return StepInputs(token_ids, positions_d, attn, last_rows[sampled].tolist(), local, rows,
-                      last_rows, tokens[last_rows], rows[sampled])
+    sample_rows, sample_table_rows = _sampled_rows(chunks, sampled, last_rows, rows)
+    return StepInputs(token_ids, positions_d, attn, sample_rows, local, rows,
+                      last_rows, tokens[last_rows], sample_table_rows)
+
+
+def _sampled_rows(chunks: list[SeqChunk], sampled: np.ndarray, last_rows: np.ndarray,
+                  rows: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """The step's rows sampled (the last of each sampling chunk; a verification's last
+    1 + k) and the block-table row of each."""
+    counts = np.fromiter(map(_NUM_SAMPLES, chunks), np.int64, len(chunks)) * sampled
+    if not len(counts) or counts.max() <= 1:
+        return last_rows[sampled].tolist(), rows[sampled]
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    back = np.repeat(counts, counts) - 1 - within
+    return (np.repeat(last_rows, counts) - back).tolist(), np.repeat(rows, counts)
 
 
 def _decode_step_inputs(chunks: DecodeChunks, tables: np.ndarray, block_size: int,

@@ -21,7 +21,7 @@ def round_trip(batch: StepBatch) -> StepBatch:
     assert (decoded.decode_ids, decoded.decode_starts, decoded.decode_blocks,
             decoded.decode_new_blocks) == (batch.decode_ids, batch.decode_starts,
                                            batch.decode_blocks, batch.decode_new_blocks)
-    assert all(type(c.samples) is bool for c in decoded.chunks)
+    assert all(type(c.samples) is int for c in decoded.chunks)  # rows sampled: 0, 1, 1 + k
     assert decoded.finished_request_ids == batch.finished_request_ids
     assert decoded.plan == batch.plan
     assert (decoded.token_masks is None) == (batch.token_masks is None)
@@ -50,6 +50,13 @@ def test_chunks_with_placeholders_and_new_blocks():
          ChunkDelta("c", [], 3, 1, [], False),
          ChunkDelta("d", [1, PLACEHOLDER_TOKEN], 17, 0, [2**40, 0, 3], True)],
         finished_request_ids=["x", "y"], plan="tp2"))
+
+
+def test_a_verification_samples_its_draft_positions():
+    """A verification of 3 draft tokens: its last token and the drafts, 4 rows sampled."""
+    batch = round_trip(StepBatch([ChunkDelta("v", [9, 1, 2, 3], 12, 1, [], 4),
+                                  ChunkDelta("w", [5], 7, 0, [], 1)]))
+    assert [c.samples for c in batch.chunks] == [4, 1]
 
 
 def test_plain_decodes_in_columns_before_the_chunks():
