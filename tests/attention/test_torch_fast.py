@@ -61,3 +61,15 @@ def test_backend_names():
     assert type(get_backend("torch-ref", cpu)) is TorchAttentionBackend
     with pytest.raises(ValueError, match="not batch-invariant"):
         get_backend("torch-ref", cpu, deterministic=True)
+
+
+def test_write_kv_fills_the_same_slots_as_the_reference():
+    batch = make_batch([3, 1, 5], [10, 20, 5], pad_tokens=4)
+    pools = []
+    for backend in (TorchAttentionBackend(), FastTorchAttentionBackend()):
+        k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+        backend.write_kv(batch.k_new, batch.v_new, k_cache, v_cache, batch.meta)
+        pools.append((k_cache, v_cache))
+    for ref, fast in zip(*pools):
+        assert torch.equal(ref.isnan(), fast.isnan())
+        assert torch.equal(ref.nan_to_num(), fast.nan_to_num())
