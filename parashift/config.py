@@ -75,7 +75,7 @@ class EngineConfig:
     num_blocks: int | None = None            # KV pool size in blocks; overrides the memory sizing
     kv_cache_memory: int | None = None       # KV pool size in bytes
     gpu_memory_utilization: float = 0.9
-    attention_backend: str = "auto"          # auto | torch | triton | cudnn
+    attention_backend: str = "auto"          # auto | torch | torch-ref | triton | cudnn
     load_format: str = "auto"                # auto | dummy (random weights)
     skip_tokenizer_init: bool = False
     trust_remote_code: bool = False          # transformers may run the model's own config code
@@ -157,9 +157,9 @@ class EngineConfig:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.attention_backend not in ("auto", "torch", "triton", "cudnn"):
-            raise ValueError("attention_backend must be auto, torch, triton or cudnn, got "
-                             f"{self.attention_backend!r}")
+        if self.attention_backend not in ("auto", "torch", "torch-ref", "triton", "cudnn"):
+            raise ValueError("attention_backend must be auto, torch, torch-ref, triton or "
+                             f"cudnn, got {self.attention_backend!r}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
         for name in ("max_num_seqs", "block_size", "tensor_parallel_size",

@@ -26,11 +26,15 @@ class AttentionBackend(Protocol):
 def get_backend(name: str, device: torch.device, deterministic: bool = False) -> AttentionBackend:
     """`deterministic`: the batch-invariant variant (parashift/deterministic/). `auto` on
     CUDA: `cudnn` (the Triton kernels, long prompts through cuDNN) where cuDNN runs, else
-    `triton`; `triton` alone in deterministic mode."""
+    `triton`; `triton` alone in deterministic mode. `torch`: every sequence of a step in one
+    call (torch_fast); `torch-ref`: the per-sequence reference (torch_ref)."""
     if name == "auto":
         name = "triton" if device.type == "cuda" and _triton_available() else "torch"
         if name == "triton" and not deterministic and _cudnn_available(device):
             name = "cudnn"
+    if name == "torch-ref" and deterministic:
+        raise ValueError("attention backend 'torch-ref' is not batch-invariant; deterministic "
+                         "mode on the CPU needs 'torch' (or 'auto')")
     if name == "torch":
         if deterministic and device.type == "cuda":
             raise ValueError("deterministic mode on CUDA needs the triton attention backend "
@@ -38,6 +42,9 @@ def get_backend(name: str, device: torch.device, deterministic: bool = False) ->
         if deterministic:
             from parashift.attention.torch_invariant import InvariantTorchAttentionBackend
             return InvariantTorchAttentionBackend()
+        from parashift.attention.torch_fast import FastTorchAttentionBackend
+        return FastTorchAttentionBackend()
+    if name == "torch-ref":
         from parashift.attention.torch_ref import TorchAttentionBackend
         return TorchAttentionBackend()
     if name == "triton":
@@ -54,7 +61,7 @@ def get_backend(name: str, device: torch.device, deterministic: bool = False) ->
                              "capability 8.0 or more with cuDNN")
         from parashift.attention.cudnn_prefill import CudnnPrefillAttentionBackend
         return CudnnPrefillAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch, triton or cudnn")
+    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch, torch-ref, triton or cudnn")
 
 
 def _cudnn_available(device: torch.device) -> bool:

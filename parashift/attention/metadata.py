@@ -1,5 +1,5 @@
 """Per-step attention metadata, built once per step by the model runner."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,8 @@ class AttentionMetadata:
     # CUDA-graph steps: the host lists describe the captured bucket (every sequence one
     # row), not the step; the device tensors hold the truth, padding rows included.
     static_shape: bool = False
+    # what a backend derives from the step once and reuses in every layer (its own keys)
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:

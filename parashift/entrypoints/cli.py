@@ -1,10 +1,13 @@
 """The `generate` and `plan` commands of the `parashift` command line (parashift/cli.py)."""
 import argparse
+import dataclasses
 import json
+import logging
 
 from parashift.entrypoints.engine_args import add_engine_args, engine_config_from_args
 from parashift.entrypoints.help_format import DefaultsOnceFormatter
 
+logger = logging.getLogger(__name__)
 
 # What `generate` uses for a sampling option given neither on the command line nor by the
 # model's generation config (SamplingParams' own defaults for the others).
@@ -78,7 +81,7 @@ def _to_prompt(engine, request: dict, chat_template: bool):
 def run_generate(args) -> None:
     from parashift.entrypoints.llm import LLM
     requests = _load_requests(args)
-    config = engine_config_from_args(args)
+    config = _with_cpu_dtype(engine_config_from_args(args))
     llm = LLM(**config.as_options())
     params = sampling_params_from_args(args, llm.llm_engine.default_sampling)
     prompts = [_to_prompt(llm.llm_engine, r, args.use_chat_template) for r in requests]
@@ -94,6 +97,17 @@ def run_generate(args) -> None:
             print(completion.text)
     if out:
         out.close()
+
+
+def _with_cpu_dtype(config):
+    """`--dtype auto` on a CPU: the faster of bf16 and fp32 on this CPU, said on stderr."""
+    from parashift.engine.cpu_dtype import cpu_dtype_choice
+    from parashift.engine.startup import resolve_device
+    if config.dtype != "auto" or resolve_device(config.device).type != "cpu":
+        return config
+    dtype, why = cpu_dtype_choice()
+    logger.info("dtype %s (%s; --dtype float32 or bfloat16 to choose)", dtype, why)
+    return dataclasses.replace(config, dtype=dtype)
 
 
 def add_plan_args(subparsers) -> None:

@@ -33,7 +33,7 @@ ENGINE_FLAGS = {
                                                   "on GPUs)"),
     "--gpu-memory-utilization": ("gpu_memory_utilization", float,
                                  "fraction of GPU memory the engine may use"),
-    "--attention-backend": ("attention_backend", str, "auto | torch | triton | cudnn"),
+    "--attention-backend": ("attention_backend", str, "auto | torch | torch-ref | triton | cudnn"),
     "--output-processor": ("output_processor", str, "auto (process on a GPU host with a "
                                                     "tokenizer, else inline; the default) | "
                                                     "inline (detokenization, stop strings and "

@@ -19,6 +19,7 @@ def test_generate_reads_jsonl_and_writes_results(tmp_path, capsys):
     results = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["text"] for r in results] == ["The capital of France is Paris."] * 2
     assert all(r["finish_reason"] == "stop" for r in results)
+    assert "dtype " in capsys.readouterr().err  # the dtype `auto` chose on this CPU, and why
 
 
 def test_plan_prints_layout_and_groups(capsys):

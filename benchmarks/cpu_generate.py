@@ -1,0 +1,128 @@
+"""The CPU path beside transformers: parashift `LLM.generate` and transformers `generate` on
+the embedded SmolLM2 (the same GGUF, dequantized by both), same prompts, same threads.
+
+Usage: python3 benchmarks/cpu_generate.py [--threads 2] [--batches 1 16] [--dtypes float32
+bfloat16] [--backends torch torch-ref] [--prompt-len 64] [--new-tokens 64] [--repeats 3]
+[--output out.json]
+Every batch is --prompt-len random token ids per prompt (no padding for transformers) and
+every request makes exactly --new-tokens tokens (greedy, no EOS stop). `tokens_per_s`:
+batch x new tokens over the whole `generate` call (prompt included); `first_token_ms`: a
+`generate` of one new token. The runs of one (batch, dtype) are interleaved, their order
+rotated each repeat (the machine is shared), and each figure is the median of --repeats.
+`--backends torch-ref` measures the per-sequence reference attention (the engine before
+torch_fast) in the same call. `greedy_match`: the share of parashift's tokens equal to
+transformers' (1.0 expected in fp32; bf16 rounding may part them)."""
+import argparse
+import json
+import random
+import statistics
+import time
+
+import torch
+
+from parashift import LLM, SamplingParams
+from parashift.loader.source import embedded_gguf_path
+
+
+def prompts_of(batch: int, length: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 10_000) for _ in range(length)] for _ in range(batch)]
+
+
+def parashift_run(llm: LLM):
+    def run(prompts, new_tokens):
+        params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return [o.outputs[0].token_ids for o in outs]
+    return run
+
+
+def transformers_run(model):
+    @torch.inference_mode()
+    def run(prompts, new_tokens):
+        ids = torch.tensor(prompts)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             pad_token_id=0, temperature=None, top_p=None, top_k=None)
+        return out[:, ids.shape[1]:].tolist()
+    return run
+
+
+def load_transformers(dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+    path = embedded_gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                 attn_implementation="sdpa")
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def timed(run, prompts, new_tokens) -> tuple[float, list]:
+    start = time.perf_counter()
+    tokens = run(prompts, new_tokens)
+    return time.perf_counter() - start, tokens
+
+
+def measure(runs: dict, prompts, new_tokens: int, repeats: int) -> dict:
+    """name -> medians of tokens/s and first-token ms over interleaved, rotated repeats."""
+    names = list(runs)
+    for name in names:  # warm-up: first calls allocate and pick kernels
+        runs[name](prompts, 4)
+    rates, firsts, tokens = {n: [] for n in names}, {n: [] for n in names}, {}
+    for r in range(repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            first, _ = timed(runs[name], prompts, 1)
+            seconds, tokens[name] = timed(runs[name], prompts, new_tokens)
+            firsts[name].append(first * 1e3)
+            rates[name].append(len(prompts) * new_tokens / seconds)
+    reference = tokens["transformers"]
+    return {n: {"tokens_per_s": round(statistics.median(rates[n]), 1),
+                "first_token_ms": round(statistics.median(firsts[n]), 1),
+                "tokens_per_s_runs": [round(x, 1) for x in rates[n]],
+                "first_token_ms_runs": [round(x, 1) for x in firsts[n]],
+                "greedy_match": _match(tokens[n], reference)} for n in names}
+
+
+def _match(ours: list[list[int]], theirs: list[list[int]]) -> float:
+    same = sum(a == b for x, y in zip(ours, theirs) for a, b in zip(x, y))
+    return round(same / sum(len(y) for y in theirs), 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--backends", nargs="+", default=["torch", "torch-ref"])
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results = []
+    for dtype in args.dtypes:
+        runs = {"transformers": transformers_run(load_transformers(getattr(torch, dtype)))}
+        for backend in args.backends:
+            llm = LLM(device="cpu", dtype=dtype, attention_backend=backend,
+                      enable_prefix_caching=False, max_model_len=1024,
+                      max_num_seqs=max(args.batches))
+            runs[f"parashift/{backend}"] = parashift_run(llm)
+        for batch in args.batches:
+            prompts = prompts_of(batch, args.prompt_len)
+            row = {"dtype": dtype, "batch": batch,
+                   **measure(runs, prompts, args.new_tokens, args.repeats)}
+            print(json.dumps(row), flush=True)
+            results.append(row)
+    doc = {"threads": args.threads, "torch": torch.__version__,
+           "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+           "repeats": args.repeats, "results": results}
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

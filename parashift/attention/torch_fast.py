@@ -1,0 +1,128 @@
+"""Attention in plain PyTorch, fast on the CPU: all the sequences of a step in one SDPA call
+per layer (`torch_ref` is the per-sequence reference it is tested against).
+
+The step's contexts are gathered from the paged pool padded to the longest
+([seqs, kv_heads, context_len, d]); its queries padded to the longest query and laid out
+per KV head ([seqs, kv_heads, group * max_query_len, d]: the heads sharing a KV head side
+by side, so GQA needs no expanded K/V); one additive mask says which positions each query
+sees. A padded key position reads its own sequence's first slot (masked out; never another
+request's data, which could hold anything). The slots, indices and mask depend only on the
+step, so the first layer builds them and the others reuse them from the metadata."""
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from parashift.attention.metadata import AttentionMetadata
+
+
+@dataclass
+class StepLayout:
+    """Where a step's queries and keys sit in the padded batch."""
+    seqs: int
+    max_query_len: int
+    key_slots: torch.Tensor | None     # [seqs * context_len] pool slot of each padded key
+    seen: torch.Tensor | None          # [seqs, 1, group * max_query_len, context_len] bool
+    query_rows: torch.Tensor | None    # [seqs * max_query_len] row of q of each padded query
+    out_rows: torch.Tensor | None      # rows of the output the real padded queries fill
+    out_select: torch.Tensor | None    # and which padded queries they are
+    masks: dict = field(default_factory=dict)  # dtype -> `seen` as 0 / -inf
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        if self.seen is None:
+            return None
+        if dtype not in self.masks:
+            zeros = torch.zeros(self.seen.shape, dtype=dtype, device=self.seen.device)
+            self.masks[dtype] = zeros.masked_fill_(~self.seen, float("-inf"))
+        return self.masks[dtype]
+
+
+@dataclass
+class SlotWrites:
+    rows: torch.Tensor | None  # rows of k/v that have a slot (None: all of them)
+    slots: torch.Tensor
+
+
+class FastTorchAttentionBackend:
+    name = "torch"
+
+    def write_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        if "torch_fast_writes" not in meta.derived:
+            meta.derived["torch_fast_writes"] = slot_writes(meta.slot_mapping)
+        writes = meta.derived["torch_fast_writes"]
+        if writes.rows is not None:
+            k, v = k.index_select(0, writes.rows), v.index_select(0, writes.rows)
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, writes.slots, k.to(k_cache.dtype))
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, writes.slots, v.to(v_cache.dtype))
+
+    def attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+        group = q.shape[1] // kv_heads
+        key = ("torch_fast", group)
+        if key not in meta.derived:
+            meta.derived[key] = step_layout(meta, group, q.shape[0], q.device)
+        layout = meta.derived[key]
+        if layout.seqs == 0:
+            return torch.zeros_like(q)
+        seqs, q_len = layout.seqs, layout.max_query_len
+        k, v = (gather_contexts(cache, layout, seqs).to(q.dtype) for cache in (k_cache, v_cache))
+        padded = q if layout.query_rows is None else q.index_select(0, layout.query_rows)
+        # [seqs * q_len, kv_heads * group, d] -> [seqs, kv_heads, group * q_len, d]
+        qg = padded.view(seqs, q_len, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+        o = F.scaled_dot_product_attention(qg.reshape(seqs, kv_heads, group * q_len, head_dim),
+                                           k, v, attn_mask=layout.mask(q.dtype), scale=scale)
+        o = o.view(seqs, kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
+        o = o.reshape(seqs * q_len, q.shape[1], head_dim)
+        if layout.out_rows is None:
+            return o
+        out = torch.zeros_like(q)
+        return out.index_copy_(0, layout.out_rows, o.index_select(0, layout.out_select))
+
+
+def gather_contexts(cache: torch.Tensor, layout: StepLayout, seqs: int) -> torch.Tensor:
+    """[seqs, kv_heads, context_len, d] of the step's contexts."""
+    rows = cache.view(-1, *cache.shape[2:]).index_select(0, layout.key_slots)
+    return rows.view(seqs, -1, *cache.shape[2:]).transpose(1, 2)
+
+
+def slot_writes(slot_mapping: torch.Tensor) -> SlotWrites:
+    valid = slot_mapping >= 0
+    if bool(valid.all()):
+        return SlotWrites(None, slot_mapping.long())
+    rows = valid.nonzero().flatten()
+    return SlotWrites(rows, slot_mapping.long()[rows])
+
+
+def step_layout(meta: AttentionMetadata, group: int, num_tokens: int,
+                device: torch.device) -> StepLayout:
+    starts, seq_lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
+    live = [i for i in range(len(seq_lens)) if starts[i + 1] > starts[i]]
+    if not live:
+        return StepLayout(0, 0, *(None,) * 5)
+    q_lens = [starts[i + 1] - starts[i] for i in live]
+    lens = torch.tensor([seq_lens[i] for i in live], device=device)
+    max_q, context_len = max(q_lens), max(seq_lens[i] for i in live)
+    key_pos = torch.arange(context_len, device=device)
+    query_pos = torch.arange(max_q, device=device)
+    q_lens_t = torch.tensor(q_lens, device=device)
+    in_context = key_pos[None, :] < lens[:, None]
+    tables = meta.block_tables[live].long() if len(live) < len(seq_lens) else \
+        meta.block_tables.long()
+    slots = tables[:, key_pos // meta.block_size] * meta.block_size + key_pos % meta.block_size
+    key_slots = torch.where(in_context, slots, slots[:, :1]).flatten()
+    seen = None
+    if max_q > 1 or not bool(in_context.all()):
+        # padded queries sit past their context's end: they see all of it, nothing else
+        position = (lens - q_lens_t)[:, None] + query_pos  # [seqs, max_q]
+        causal = key_pos[None, None, :] <= position[:, :, None]
+        seen = (causal & in_context[:, None, :])[:, None].repeat(1, 1, group, 1)
+    identity = all(q == max_q for q in q_lens) and num_tokens == len(live) * max_q and all(
+        starts[i] == j * max_q for j, i in enumerate(live))
+    if identity:
+        return StepLayout(len(live), max_q, key_slots, seen, None, None, None)
+    padded_rows = torch.tensor([starts[i] for i in live], device=device)[:, None] + query_pos
+    is_real = (query_pos[None, :] < q_lens_t[:, None]).flatten()
+    out_select = is_real.nonzero().flatten()
+    return StepLayout(len(live), max_q, key_slots, seen,
+                      padded_rows.clamp(max=num_tokens - 1).flatten(),
+                      padded_rows.flatten()[out_select], out_select)

@@ -1,0 +1,75 @@
+"""The batched CPU backend against the per-sequence reference (torch_ref) on the same
+paged steps: decodes of unequal lengths, prompts, chunked prefill against a cached prefix,
+mixed steps, padding rows, GQA ratios, block sizes and dtypes."""
+import pytest
+import torch
+
+from parashift.attention.backend import get_backend
+from parashift.attention.torch_fast import FastTorchAttentionBackend
+from parashift.attention.torch_ref import TorchAttentionBackend
+from tests.attention.test_torch_ref import CASES, make_batch
+
+MORE_CASES = {
+    "equal_decodes": ([1, 1, 1], [40, 40, 40]),
+    "equal_prompts": ([12, 12], [12, 12]),
+    "one_prompt": ([29], [29]),
+    "empty_sequence": ([3, 0, 1], [3, 7, 9]),
+}
+
+
+def attend(backend, batch, scale):
+    """The backend's output on a fresh copy of the batch's pool."""
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    backend.write_kv(batch.k_new, batch.v_new, k_cache, v_cache, batch.meta)
+    return backend.attend(batch.q, k_cache, v_cache, batch.meta, scale)
+
+
+@pytest.mark.parametrize("case", {**CASES, **MORE_CASES})
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2), (9, 3)])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_matches_reference(case, num_heads, num_kv_heads, block_size):
+    q_lens, seq_lens = {**CASES, **MORE_CASES}[case]
+    batch = make_batch(q_lens, seq_lens, num_heads, num_kv_heads, block_size=block_size)
+    expected = attend(TorchAttentionBackend(), batch, 0.125)
+    got = attend(FastTorchAttentionBackend(), batch, 0.125)
+    assert not got.isnan().any()  # the pool's unused slots are NaN: none may be read
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_matches_reference(dtype):
+    batch = make_batch(*CASES["mixed"], 6, 2, dtype=dtype)
+    torch.testing.assert_close(attend(FastTorchAttentionBackend(), batch, 0.125),
+                               attend(TorchAttentionBackend(), batch, 0.125),
+                               atol=2e-2, rtol=2e-2)
+
+
+def test_padding_rows_give_zeros_and_every_layer_reuses_the_step_layout():
+    batch = make_batch([3, 1], [10, 20], pad_tokens=4)
+    backend = FastTorchAttentionBackend()
+    first = attend(backend, batch, 0.125)
+    assert torch.equal(first[-4:], torch.zeros_like(first[-4:]))
+    layout = batch.meta.derived[("torch_fast", 2)]
+    assert torch.equal(attend(backend, batch, 0.125), first)
+    assert batch.meta.derived[("torch_fast", 2)] is layout
+
+
+def test_backend_names():
+    cpu = torch.device("cpu")
+    assert isinstance(get_backend("torch", cpu), FastTorchAttentionBackend)
+    assert isinstance(get_backend("auto", cpu), FastTorchAttentionBackend)
+    assert type(get_backend("torch-ref", cpu)) is TorchAttentionBackend
+    with pytest.raises(ValueError, match="not batch-invariant"):
+        get_backend("torch-ref", cpu, deterministic=True)
+
+
+def test_write_kv_fills_the_same_slots_as_the_reference():
+    batch = make_batch([3, 1, 5], [10, 20, 5], pad_tokens=4)
+    pools = []
+    for backend in (TorchAttentionBackend(), FastTorchAttentionBackend()):
+        k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+        backend.write_kv(batch.k_new, batch.v_new, k_cache, v_cache, batch.meta)
+        pools.append((k_cache, v_cache))
+    for ref, fast in zip(*pools):
+        assert torch.equal(ref.isnan(), fast.isnan())
+        assert torch.equal(ref.nan_to_num(), fast.nan_to_num())
