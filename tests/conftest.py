@@ -37,10 +37,19 @@ def single_torch_thread():
     torch.set_num_threads(saved)
 
 
+def _interpreted(item) -> bool:
+    return hasattr(getattr(item, "function", None), "interpreted_check")
+
+
+def pytest_collection_modifyitems(items):
+    """The tests of interpreted kernel checks (tests/kernels/common.py) come last, in their
+    order: their checks run in the background meanwhile, on the core the others leave idle."""
+    items[:] = sorted(items, key=_interpreted)  # stable: each part keeps its order
+
+
 def pytest_collection_finish(session):
     """The interpreted kernel checks of the tests collected start in the background."""
-    if any(hasattr(getattr(item, "function", None), "interpreted_check")
-           for item in session.items):
+    if any(map(_interpreted, session.items)):
         from tests.kernels.common import start_in_background
         start_in_background(session.items)
 
