@@ -223,9 +223,12 @@ def _run_jobs(folder: Path) -> None:
     """The background child: each [index, module, check, cases] of stdin's list in order,
     case i's result (None, or its traceback) written whole to folder/<index>-<i>.json."""
     os.nice(19)  # the tests running meanwhile come first
+    session = os.getppid()
     for index, module, check, cases in json.load(sys.stdin):
         fn = getattr(importlib.import_module(module), check)
         for i, case in enumerate(cases):
+            if os.getppid() != session:  # the session was killed
+                return
             part = folder / f"{index}-{i}.part"
             part.write_text(json.dumps(_run_case(fn, case)))
             part.rename(folder / f"{index}-{i}.json")
