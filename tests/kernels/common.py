@@ -5,6 +5,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -162,7 +163,7 @@ class _Background:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.kernels.common", "--into", str(self.folder)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            text=True, cwd=ROOT, env={**os.environ, **INTERPRETER_ENV})
+            text=True, cwd=ROOT, env={**os.environ, **INTERPRETER_ENV}, start_new_session=True)
         self.process.stdin.write(json.dumps(jobs))
         self.process.stdin.close()
 
@@ -181,7 +182,7 @@ class _Background:
     def _stop_process(self) -> None:
         if self.process is not None:
             if self.process.poll() is None:
-                self.process.kill()
+                os.killpg(self.process.pid, signal.SIGKILL)  # its check's process too
             self.process.wait()
             self.process = None
 
@@ -221,22 +222,34 @@ def _run_case(fn, case: dict) -> str | None:
 
 def _run_jobs(folder: Path) -> None:
     """The background child: each [index, module, check, cases] of stdin's list in order,
-    case i's result (None, or its traceback) written whole to folder/<index>-<i>.json."""
+    each in a process of its own (as run_interpreted runs one: a check's module state does
+    not reach the next), case i's result written to folder/<index>-<i>.json."""
     os.nice(19)  # the tests running meanwhile come first
     session = os.getppid()
     for index, module, check, cases in json.load(sys.stdin):
-        fn = getattr(importlib.import_module(module), check)
-        for i, case in enumerate(cases):
-            if os.getppid() != session:  # the session was killed
-                return
-            part = folder / f"{index}-{i}.part"
-            part.write_text(json.dumps(_run_case(fn, case)))
-            part.rename(folder / f"{index}-{i}.json")
+        if os.getppid() != session:  # the session was killed
+            return
+        subprocess.run([sys.executable, "-m", "tests.kernels.common", "--job", str(folder),
+                        str(index), module, check], input=json.dumps(cases), text=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _run_job(folder: Path, index: str, module: str, check: str) -> None:
+    fn = getattr(importlib.import_module(module), check)
+    driver = os.getppid()
+    for i, case in enumerate(json.load(sys.stdin)):
+        if os.getppid() != driver:  # the background was stopped
+            return
+        part = folder / f"{index}-{i}.part"
+        part.write_text(json.dumps(_run_case(fn, case)))
+        part.rename(folder / f"{index}-{i}.json")
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--into":
         _run_jobs(Path(sys.argv[2]))
+    elif sys.argv[1] == "--job":
+        _run_job(Path(sys.argv[2]), *sys.argv[3:])
     else:
         fn = getattr(importlib.import_module(sys.argv[1]), sys.argv[2])
         print(json.dumps([_run_case(fn, case) for case in json.load(sys.stdin)]))
