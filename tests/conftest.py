@@ -1,6 +1,7 @@
 """Shared test helpers."""
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -34,3 +35,26 @@ def single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+def _interpreted(item) -> bool:
+    return hasattr(getattr(item, "function", None), "interpreted_check")
+
+
+def pytest_collection_modifyitems(items):
+    """The tests of interpreted kernel checks (tests/kernels/common.py) come last, in their
+    order: their checks run in the background meanwhile, on the core the others leave idle."""
+    items[:] = sorted(items, key=_interpreted)  # stable: each part keeps its order
+
+
+def pytest_collection_finish(session):
+    """The interpreted kernel checks of the tests collected start in the background."""
+    if any(map(_interpreted, session.items)):
+        from tests.kernels.common import start_in_background
+        start_in_background(session.items)
+
+
+def pytest_sessionfinish(session):
+    common = sys.modules.get("tests.kernels.common")
+    if common:
+        common.stop_background()

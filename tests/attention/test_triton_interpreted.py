@@ -8,7 +8,8 @@ from parashift.attention import triton_backend
 from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.torch_ref import TorchAttentionBackend
 from tests.attention.test_triton_backend import make_step, run
-from tests.kernels.common import case_id, interpreter_runs_dot, run_interpreted
+from tests.kernels.common import (case_id, interpreted, interpreted_result,
+                                  interpreter_runs_dot)
 
 pytestmark = interpreter_runs_dot
 
@@ -77,21 +78,16 @@ def check_warm_up(dtype):
 
 
 ALL = [{**case, "dtype": dtype} for dtype in DTYPES for case in CASES]
-_results: dict[str, list] = {}
 
 
-def _result(check_name: str, cases: list[dict], i: int):
-    if check_name not in _results:  # one child process runs every case of a check
-        _results[check_name] = run_interpreted(__name__, check_name, cases)
-    if _results[check_name][i] is not None:
-        pytest.fail(_results[check_name][i], pytrace=False)
-
-
+# one child process runs every case of a check (in the background from the session's start)
 @pytest.mark.parametrize("i", range(len(ALL)), ids=[case_id(c) for c in ALL])
+@interpreted(__name__, "check", ALL)
 def test_matches_reference(i):
-    _result("check", ALL, i)
+    interpreted_result(__name__, "check", i)
 
 
 @pytest.mark.parametrize("i", range(len(DTYPES)), ids=DTYPES)
+@interpreted(__name__, "check_warm_up", [{"dtype": d} for d in DTYPES])
 def test_warm_up_launches_every_variant(i):
-    _result("check_warm_up", [{"dtype": d} for d in DTYPES], i)
+    interpreted_result(__name__, "check_warm_up", i)

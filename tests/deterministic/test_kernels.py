@@ -105,7 +105,7 @@ def attend(backend, seqs, q_lens, heads, kv_heads, block_size=16):
     k_cache = torch.zeros(pool, dtype=dtype, device=device)
     v_cache = torch.zeros_like(k_cache)
     tables = torch.zeros(len(seqs), max(blocks), dtype=torch.int32, device=device)
-    slots, qs, ks, vs, used = [], [], [], [], 1
+    slots, qs, used = [], [], 1
     for i, ((q, k, v), q_len) in enumerate(zip(seqs, q_lens)):
         table = torch.arange(used + blocks[i] - 1, used - 1, -1, device=device)
         used += blocks[i]
@@ -113,12 +113,11 @@ def attend(backend, seqs, q_lens, heads, kv_heads, block_size=16):
         pos = torch.arange(len(q), device=device)
         seq_slots = table[pos // block_size] * block_size + pos % block_size
         cached = len(q) - q_len
-        k_cache.view(-1, kv_heads, d)[seq_slots[:cached]] = k[:cached, :kv_heads]
-        v_cache.view(-1, kv_heads, d)[seq_slots[:cached]] = v[:cached, :kv_heads]
+        # the new tokens' too, as write_kv would (its kernel is tests/kernels/test_rotary's)
+        k_cache.view(-1, kv_heads, d)[seq_slots] = k[:, :kv_heads]
+        v_cache.view(-1, kv_heads, d)[seq_slots] = v[:, :kv_heads]
         slots.append(seq_slots[cached:])
         qs.append(q[cached:, :heads])
-        ks.append(k[cached:, :kv_heads])
-        vs.append(v[cached:, :kv_heads])
     starts = [0]
     for q_len in q_lens:
         starts.append(starts[-1] + q_len)
@@ -129,9 +128,7 @@ def attend(backend, seqs, q_lens, heads, kv_heads, block_size=16):
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         block_tables=tables, query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
         max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_size=block_size)
-    q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
-    backend.write_kv(k, v, k_cache, v_cache, meta)
-    out = backend.attend(q.contiguous(), k_cache, v_cache, meta, d ** -0.5)
+    out = backend.attend(torch.cat(qs).contiguous(), k_cache, v_cache, meta, d ** -0.5)
     return list(out.split(q_lens))
 
 

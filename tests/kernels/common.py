@@ -4,8 +4,12 @@ import importlib
 import json
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -76,16 +80,12 @@ def case_tests(module: str, check, cases: list[dict], uses_dot: bool = False):
     fp16 and fp32 on CUDA. A test module binds them at module level:
     `test_interpreted, test_cuda = case_tests(__name__, check, CASES)`."""
     cpu_cases = [{**case, "dtype": dtype} for dtype in ("float32", "float16") for case in cases]
-    interpreted_results = {}
 
     @(interpreter_runs_dot if uses_dot else lambda test: test)
     @pytest.mark.parametrize("i", range(len(cpu_cases)), ids=[case_id(c) for c in cpu_cases])
+    @interpreted(module, check.__name__, cpu_cases)
     def test_interpreted(i):
-        if not interpreted_results:  # one child process runs every case of the module
-            interpreted_results.update(enumerate(run_interpreted(module, check.__name__,
-                                                                 cpu_cases)))
-        if interpreted_results[i] is not None:
-            pytest.fail(interpreted_results[i], pytrace=False)
+        interpreted_result(module, check.__name__, i)
 
     @cuda
     @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -104,6 +104,31 @@ INTERPRETER_ENV = {"TRITON_INTERPRET": "1", "OPENBLAS_CORETYPE": "Prescott",
                    "OPENBLAS_NUM_THREADS": "1"}
 
 
+def interpreted(module: str, check: str, cases: list[dict]):
+    """Marks a test whose case i is `interpreted_result(module, check, i)`: the session
+    runs these checks in the background from its start (start_in_background)."""
+    _CASES[module, check] = cases
+
+    def mark(test):
+        test.interpreted_check = (module, check)
+        return test
+    return mark
+
+
+def interpreted_result(module: str, check: str, i: int) -> None:
+    """Fails the test if case i of module.check failed under the interpreter."""
+    key = (module, check)
+    if key not in _results:
+        _results[key] = (_background.take(key) if _background and key in _background.keys
+                         else run_interpreted(module, check, _CASES[key]))
+    if _results[key][i] is not None:
+        pytest.fail(_results[key][i], pytrace=False)
+
+
+_CASES: dict[tuple[str, str], list[dict]] = {}  # the checks' cases, as the tests named them
+_results: dict[tuple[str, str], list[str | None]] = {}  # per case: None, or its traceback
+
+
 def run_interpreted(module: str, check: str, cases: list[dict]) -> list[str | None]:
     """Calls module.check(**case) for each case under the Triton interpreter,
     on the CPU, in a child process: TRITON_INTERPRET must be set before
@@ -116,17 +141,115 @@ def run_interpreted(module: str, check: str, cases: list[dict]) -> list[str | No
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def _run_cases(module: str, check: str) -> None:
+class _Background:
+    """A child process, at the lowest priority, running the interpreted checks of the
+    session's tests in the order the tests come: the Triton interpreter is slow and single-
+    threaded, and this way it uses the core the other tests leave idle. Each case's result
+    goes to a file of its own. A test whose check is not done by then takes over: the
+    background stops, the test runs the cases left at full priority, and a new background
+    goes on with the later checks."""
+
+    def __init__(self, keys: list[tuple[str, str]]):
+        self.keys = keys
+        self.folder = Path(tempfile.mkdtemp(prefix="interpreted-"))
+        self.process = None
+        self._start(0)
+
+    def _start(self, first: int) -> None:
+        jobs = [[index, module, check, _CASES[module, check]]
+                for index, (module, check) in enumerate(self.keys) if index >= first]
+        if not jobs:
+            return
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.kernels.common", "--into", str(self.folder)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            text=True, cwd=ROOT, env={**os.environ, **INTERPRETER_ENV}, start_new_session=True)
+        self.process.stdin.write(json.dumps(jobs))
+        self.process.stdin.close()
+
+    def take(self, key: tuple[str, str]) -> list[str | None]:
+        index = self.keys.index(key)
+        cases = _CASES[key]
+        paths = [self.folder / f"{index}-{i}.json" for i in range(len(cases))]
+        if not paths[-1].exists():
+            self._stop_process()
+            left = [i for i, path in enumerate(paths) if not path.exists()]
+            for i, result in zip(left, run_interpreted(*key, [cases[i] for i in left])):
+                paths[i].write_text(json.dumps(result))
+            self._start(index + 1)
+        return [json.loads(path.read_text()) for path in paths]
+
+    def _stop_process(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)  # its check's process too
+            self.process.wait()
+            self.process = None
+
+    def stop(self) -> None:
+        self._stop_process()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_background: _Background | None = None
+
+
+def start_in_background(items) -> None:
+    """From the session's collected tests: starts their interpreted checks (conftest.py)."""
+    global _background
+    keys = []
+    for item in items:
+        key = getattr(getattr(item, "function", None), "interpreted_check", None)
+        skipped = any(mark.args and mark.args[0] is True for mark in item.iter_markers("skipif"))
+        if key and key not in keys and not skipped:
+            keys.append(key)
+    if keys:
+        _background = _Background(keys)
+
+
+def stop_background() -> None:
+    if _background:
+        _background.stop()
+
+
+def _run_case(fn, case: dict) -> str | None:
+    try:
+        fn(**case)
+    except Exception:
+        return traceback.format_exc()
+    return None
+
+
+def _run_jobs(folder: Path) -> None:
+    """The background child: each [index, module, check, cases] of stdin's list in order,
+    each in a process of its own (as run_interpreted runs one: a check's module state does
+    not reach the next), case i's result written to folder/<index>-<i>.json."""
+    os.nice(19)  # the tests running meanwhile come first
+    session = os.getppid()
+    for index, module, check, cases in json.load(sys.stdin):
+        if os.getppid() != session:  # the session was killed
+            return
+        subprocess.run([sys.executable, "-m", "tests.kernels.common", "--job", str(folder),
+                        str(index), module, check], input=json.dumps(cases), text=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _run_job(folder: Path, index: str, module: str, check: str) -> None:
     fn = getattr(importlib.import_module(module), check)
-    results = []
-    for case in json.load(sys.stdin):
-        try:
-            fn(**case)
-            results.append(None)
-        except Exception:
-            results.append(traceback.format_exc())
-    print(json.dumps(results))
+    driver = os.getppid()
+    for i, case in enumerate(json.load(sys.stdin)):
+        if os.getppid() != driver:  # the background was stopped
+            return
+        part = folder / f"{index}-{i}.part"
+        part.write_text(json.dumps(_run_case(fn, case)))
+        part.rename(folder / f"{index}-{i}.json")
 
 
 if __name__ == "__main__":
-    _run_cases(*sys.argv[1:])
+    if sys.argv[1] == "--into":
+        _run_jobs(Path(sys.argv[2]))
+    elif sys.argv[1] == "--job":
+        _run_job(Path(sys.argv[2]), *sys.argv[3:])
+    else:
+        fn = getattr(importlib.import_module(sys.argv[1]), sys.argv[2])
+        print(json.dumps([_run_case(fn, case) for case in json.load(sys.stdin)]))

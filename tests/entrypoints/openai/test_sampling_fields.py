@@ -18,18 +18,28 @@ def token_ids(engine, text: str) -> list[int]:
     return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
+def chat_request(model_name) -> dict:
+    return dict(model=model_name, messages=CHAT, temperature=0, max_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def unpenalized(client, model_name):
+    """The greedy completion and chat answer without penalties (the same for each penalty)."""
+    return (complete(client, model_name, max_tokens=24, ignore_eos=True),
+            client.chat.completions.create(**chat_request(model_name)))
+
+
 @pytest.mark.parametrize("field, value", [("presence_penalty", 2.0),
                                           ("frequency_penalty", 2.0),
                                           ("repetition_penalty", 3.0)])
-def test_penalties_change_a_repetitive_completion(client, model_name, engine, field, value):
-    plain = complete(client, model_name, max_tokens=24, ignore_eos=True)
+def test_penalties_change_a_repetitive_completion(client, model_name, engine, unpenalized,
+                                                  field, value):
+    plain, plain_chat = unpenalized
     penalized = complete(client, model_name, max_tokens=24, ignore_eos=True, **{field: value})
     ids = token_ids(engine, plain.choices[0].text)
     assert len(set(ids)) < len(ids), "the greedy completion should repeat a token"
     assert penalized.choices[0].text != plain.choices[0].text
-    chat = dict(model=model_name, messages=CHAT, temperature=0, max_tokens=24)
-    plain_chat = client.chat.completions.create(**chat)
-    penalized_chat = client.chat.completions.create(**chat, **(
+    penalized_chat = client.chat.completions.create(**chat_request(model_name), **(
         {"extra_body": {field: value}} if field == "repetition_penalty" else {field: value}))
     assert penalized_chat.choices[0].message.content != plain_chat.choices[0].message.content
 
