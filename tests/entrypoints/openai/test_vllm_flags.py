@@ -8,6 +8,7 @@ import pytest
 
 from parashift.entrypoints.openai.cli_args import add_serve_args, serve_configs
 from parashift.entrypoints.openai.vllm_flags import NO_EFFECT, REFUSED
+from parashift.spec_decode.config import SpeculativeConfig
 
 ENGINE, SERVER, NOTICE, ERROR = "engine", "server", "notice", "error"
 
@@ -56,8 +57,14 @@ FLAG_WALK = [
     ("--cpu-offload-gb 0", ENGINE, "model", None),  # its neutral value asks for nothing
     ("--tokenizer-mode auto", ENGINE, "model", None),
     ("--task generate", ENGINE, "model", None),
-    # ---- merge point: the lead adds the fp8 helper's --quantization and --kv-cache-dtype
-    # ---- and the spec helper's --speculative-config rows here
+    ("--quantization fp8", ENGINE, "quantization", "fp8"),
+    ("--quantization gptq", ERROR, "gptq"),
+    ("--kv-cache-dtype fp8", ENGINE, "kv_cache_dtype", "fp8"),
+    ("--kv-cache-dtype fp8_e4m3", ENGINE, "kv_cache_dtype", "fp8_e4m3"),
+    ("--kv-cache-dtype int8", ERROR, "int8"),
+    ("""--speculative-config '{"method": "ngram", "num_speculative_tokens": 3}'""", ENGINE,
+     "speculative_config", SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 3})),
+    ("""--speculative-config '{"method": "eagle9"}'""", ERROR, "eagle9"),
     # the server's options
     ("--host 0.0.0.0", SERVER, "host", "0.0.0.0"),
     ("--port 9000", SERVER, "port", 9000),
