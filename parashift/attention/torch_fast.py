@@ -52,8 +52,11 @@ class FastTorchAttentionBackend:
         writes = meta.derived["torch_fast_writes"]
         if writes.rows is not None:
             k, v = k.index_select(0, writes.rows), v.index_select(0, writes.rows)
-        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, writes.slots, k.to(k_cache.dtype))
-        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, writes.slots, v.to(v_cache.dtype))
+        for new, cache in ((k, k_cache), (v, v_cache)):
+            new, rows = new.to(cache.dtype), cache.view(-1, *cache.shape[2:])
+            if cache.element_size() == 1:  # FP8: the CPU copies its bytes (no float8 kernel)
+                new, rows = new.view(torch.uint8), rows.view(torch.uint8)
+            rows.index_copy_(0, writes.slots, new)
 
     def attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]

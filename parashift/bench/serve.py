@@ -14,7 +14,7 @@ from parashift.bench.report import (build_timeline, peak_output_throughput,
 from parashift.bench.runner import PhaseResult, discover_model, run_phase, warm_up
 from parashift.bench.server_metrics import spec_decode_summary
 from parashift.bench.stats import SLO, format_summary, summarize
-from parashift.bench.workloads import WorkloadOptions, build_phases, get_workload
+from parashift.bench.workloads import WORKLOADS, WorkloadOptions, build_phases, get_workload
 
 
 @dataclass
@@ -103,7 +103,7 @@ async def _bench(config: ServeBenchConfig) -> list[dict]:
 def _fill_prompts(config: ServeBenchConfig, requests) -> None:
     if config.dataset is not None and config.dataset.prompts is not None:
         config.dataset.fill_prompts(requests)
-    elif config.workload and get_workload(config.workload).prompts == "repeat":
+    elif config.workload in WORKLOADS and get_workload(config.workload).prompts == "repeat":
         fill_repeat_prompts(requests, config.options.seed)  # text: the code to repeat
     elif config.prompt_format == "text":
         fill_text_prompts(requests, config.options.seed)

@@ -216,7 +216,6 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.verify()  # it may have been changed since it was built
-        self._validate_logprobs(params)
         self._validate_logit_bias(params)
         check_max_logprobs(params, self.config.max_logprobs)
         prompt_text, token_ids = self._tokenize(prompt)
@@ -284,14 +283,6 @@ class LLMEngine:
             self._add_sequence(seq, replica)
         if self.node.unplaced:
             self.node.decide_now()
-
-    def _validate_logprobs(self, params: SamplingParams) -> None:
-        limit = self.config.max_logprobs
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is not None and limit >= 0 and value > limit:
-                raise ValueError(f"{name} must be at most {limit} (the engine's max_logprobs), "
-                                 f"got {value}")
 
     def _validate_logit_bias(self, params: SamplingParams) -> None:
         bad = [t for t in params.logit_bias or {} if t >= self.vocab_size]

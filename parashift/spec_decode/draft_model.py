@@ -138,7 +138,8 @@ class DraftModelProposer(Proposer):
     def _launch(self, chunks, new_params) -> list[int]:
         batch = StepBatch(chunks, new_params, self.encoder.take_finished())
         self.executor.submit(None, (0,), 0, batch)
-        (_, (tokens, _, errors)), = self.executor.wait_any()
+        (_, result), = self.executor.wait_any()
+        tokens, errors = result[0], result[2]
         if errors:
             raise RuntimeError(f"the draft model failed: {errors}")
         return tokens
