@@ -190,7 +190,7 @@ def test_a_long_step_keeps_the_heartbeat(tmp_path):
     """A step longer than the heartbeat timeout (a 2048-token prefill, 4-8 s on a busy 2-core
     CPU): the worker's heartbeat thread beats through it, so the step is not failed."""
     model = save_tiny_llama(tmp_path / "wide", hidden_size=768, intermediate_size=3072,
-                            num_hidden_layers=4, num_attention_heads=12, num_key_value_heads=4,
+                            num_hidden_layers=8, num_attention_heads=12, num_key_value_heads=4,
                             max_position_embeddings=LONG_PROMPT + 16)
     llm = LLM(model, device="cpu", dtype="float32", skip_tokenizer_init=True, num_blocks=160,
               tensor_parallel_size=2, worker_heartbeat_timeout_s=1,
