@@ -207,6 +207,7 @@ def main():
     p.add_argument("--deterministic", action="store_true", help="batch- and plan-invariant kernels")
     p.add_argument("--plan", default="single", help="benchmarks/plans.py's names: tp2, dp2, shift2")
     p.add_argument("--quantization", default=None, help="fp8: FP8 weights (quantized at load)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="fp8: E4M3 KV pages")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     if args.plan != "single":
@@ -215,23 +216,26 @@ def main():
               max_num_seqs=max(args.batch_sizes), skip_tokenizer_init=True,
               attention_backend=args.attention_backend, enable_prefix_caching=False,
               cuda_graphs=args.cuda_graphs, deterministic=args.deterministic,
-              quantization=args.quantization)
+              quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
     engine = llm.llm_engine
     cfg = engine.runner.model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
     bandwidth = copy_bandwidth(engine.device)
+    kv_dtype_bytes = 1 if args.kv_cache_dtype.startswith("fp8") else 2
+    kv_capacity = sum(r.block_manager.num_blocks * r.block_manager.block_size for r in engine.replicas)
     rows = []
     for batch in args.batch_sizes:
         seconds, context, breakdown, _ = measure(llm, batch, args.context, args.decode_steps,
                                                  cfg.vocab_size, profile=args.profile)
-        kv = batch * context * kv_bytes_per_token(cfg, 2)
+        kv = batch * context * kv_bytes_per_token(cfg, kv_dtype_bytes)
         floor = (weight_bytes_read(engine.runner.model, batch) + kv) / bandwidth
         rows.append(dict(batch=batch, context=args.context, mean_context=context, step_ms=seconds * 1e3,
                          tokens_per_s=batch / seconds, floor_ms=floor * 1e3,
                          fraction_of_floor=floor / seconds, profile=breakdown))
         print(json.dumps(rows[-1]), flush=True)
     summary = dict(model=args.model, device=torch.cuda.get_device_name(),
-                   quantization=args.quantization, fp8_gemm=fp8_gemm.chosen(),
+                   quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+                   kv_capacity_tokens=kv_capacity, fp8_gemm=fp8_gemm.chosen(),
                    backend=engine.runner.backend.name, cuda_graphs=engine.runner.graphs is not None,
                    deterministic=args.deterministic,
                    copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9,

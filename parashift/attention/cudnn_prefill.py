@@ -90,15 +90,17 @@ class CudnnPrefillAttentionBackend(TritonAttentionBackend):
 
 def _chunk_after_prefix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
-    k, v = (_context(cache, block_table, seq_len) for cache in (k_cache, v_cache))
+    k, v = (_context(cache, block_table, seq_len, q.dtype) for cache in (k_cache, v_cache))
     return cudnn_chunk.chunk_attention(q, k, v, scale)
 
 
-def _context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+def _context(cache: torch.Tensor, block_table: torch.Tensor, length: int,
+             dtype: torch.dtype) -> torch.Tensor:
     """The first `length` tokens of a sequence in a [blocks, block_size, kv_heads, d] pool
-    -> [length, kv_heads, d]."""
+    -> [length, kv_heads, d] in `dtype` (an FP8 pool's values cast; its scales are applied
+    to the scores and the output by the caller)."""
     blocks = block_table[:-(-length // cache.shape[1])]
-    return cache[blocks].flatten(0, 1)[:length]
+    return cache[blocks].flatten(0, 1)[:length].to(dtype)
 
 
 def _causal_prompt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -106,7 +108,7 @@ def _causal_prompt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     """q: [n, heads, d], the whole context's queries -> [n, heads, d]."""
     length = q.shape[0]
     padded = -(-length // PAD_TOKENS) * PAD_TOKENS
-    k, v = (F.pad(_context(cache, block_table, length), (0, 0, 0, 0, 0, padded - length))
+    k, v = (F.pad(_context(cache, block_table, length, q.dtype), (0, 0, 0, 0, 0, padded - length))
             .transpose(0, 1).unsqueeze(0) for cache in (k_cache, v_cache))
     q = F.pad(q, (0, 0, 0, 0, 0, padded - length)).transpose(0, 1).unsqueeze(0)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

@@ -31,10 +31,11 @@ def block_rows(num_pairs: int, num_local: int) -> int:
 
 @triton.jit
 def _grouped_gemm_kernel(out_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, weight_ptr,
-                         num_pairs, num_experts, n_out, k_in, a_row_div, part_rows,
+                         scale_ptr, num_pairs, num_experts, n_out, k_in, a_row_div, part_rows,
                          stride_a, stride_we, stride_wp, stride_wn, stride_out,
+                         stride_se, stride_sp, stride_sn,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         MUL_WEIGHT: tl.constexpr, IEEE: tl.constexpr):
+                         MUL_WEIGHT: tl.constexpr, IEEE: tl.constexpr, W_SCALED: tl.constexpr):
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block)
     if expert >= num_experts:
@@ -54,10 +55,17 @@ def _grouped_gemm_kernel(out_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, weig
                     mask=valid[:, None] & (ks[None, :] < k_in), other=0.0)
         w = tl.load(w_base + w_rows[None, :] + ks[:, None],
                     mask=(cols[None, :] < n_out) & (ks[:, None] < k_in), other=0.0)
+        if W_SCALED:  # E4M3 weights: exact in the activations' dtype, scaled after the sum
+            w = w.to(a_ptr.dtype.element_ty)
         if IEEE:  # fp32 inputs: no TF32
             acc = tl.dot(a, w, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, w, acc)
+    if W_SCALED:
+        col_scale = tl.load(scale_ptr + expert.to(tl.int64) * stride_se
+                            + (cols // part_rows) * stride_sp + (cols % part_rows) * stride_sn,
+                            mask=cols < n_out, other=0.0)
+        acc = acc * col_scale[None, :]
     if MUL_WEIGHT:
         scale = tl.load(weight_ptr + pairs, mask=valid, other=0.0)
         acc = acc.to(out_ptr.dtype.element_ty).to(tl.float32) * scale.to(tl.float32)[:, None]
@@ -103,15 +111,20 @@ def sort_pairs_torch(ids: torch.Tensor, num_local: int, first_expert: int,
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, pair_of_row: torch.Tensor,
                  block_expert: torch.Tensor, num_pairs: int, a_row_div: int,
-                 weights: torch.Tensor | None = None, tiles: tuple | None = None
-                 ) -> torch.Tensor:
+                 weights: torch.Tensor | None = None, tiles: tuple | None = None,
+                 w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """[num_pairs, n] with row p = a[p // a_row_div] @ w[expert of p]^T (times weights[p]);
     rows of pairs with no expert here are zero. w is [E, n, k], or [E, parts, n / parts, k]
-    (a narrowed layout's gate and up slices: a strided view, read in place)."""
+    (a narrowed layout's gate and up slices: a strided view, read in place). FP8 weights
+    come with `w_scale`, one per output row: [E, n, 1] or [E, parts, n / parts, 1]."""
     if w.dim() == 3:
         w = w.unsqueeze(1)
+        w_scale = None if w_scale is None else w_scale.unsqueeze(1)
     if w.stride(3) != 1:
         w = w.contiguous()
+    if (w_scale is not None) != (w.dtype != a.dtype):
+        raise ValueError(f"weights in {w.dtype} for activations in {a.dtype} need a scale "
+                         "per output row (FP8), and only they")
     part_rows, k_in = w.shape[2], w.shape[3]
     n_out = w.shape[1] * part_rows
     a = a.contiguous()
@@ -119,11 +132,14 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, pair_of_row: torch.Tensor,
     block_m = pair_of_row.numel() // block_expert.numel()
     block_n, block_k, warps, stages = tiles or gemm_tiles(block_m, n_out, k_in)
     grid = (block_expert.numel(), triton.cdiv(n_out, block_n))
+    scale_strides = (0, 0, 0) if w_scale is None else w_scale.stride()[:3]
     _grouped_gemm_kernel[grid](
         out, a, w, pair_of_row, block_expert, weights if weights is not None else out,
+        w_scale if w_scale is not None else out,
         num_pairs, w.shape[0], n_out, k_in, a_row_div, part_rows, a.stride(0), w.stride(0),
-        w.stride(1), w.stride(2), out.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        MUL_WEIGHT=weights is not None, IEEE=a.dtype == torch.float32, num_warps=warps,
+        w.stride(1), w.stride(2), out.stride(0), *scale_strides, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, MUL_WEIGHT=weights is not None,
+        IEEE=a.dtype == torch.float32, W_SCALED=w_scale is not None, num_warps=warps,
         num_stages=stages)
     return out
 
@@ -141,15 +157,18 @@ def gemm_tiles(block_m: int, n_out: int, k_in: int) -> tuple[int, int, int, int]
 
 
 def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                  gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0
-                  ) -> torch.Tensor:
-    """expert_outputs(x, weights, ids, gate_up, down, first_expert) on the device."""
+                  gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
+                  scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """expert_outputs(x, weights, ids, gate_up, down, first_expert) on the device; FP8
+    experts read as they are stored, with `scales` (gate_up's, down's) per output row."""
+    gate_up_scale, down_scale = scales or (None, None)
     from parashift.kernels.silu_mul import silu_and_mul
     tokens, top_k = ids.shape
     num_pairs = ids.numel()
     pair_of_row, block_expert = sort_pairs(ids, gate_up.shape[0], first_expert,
                                            block_rows(num_pairs, gate_up.shape[0]))
-    h = silu_and_mul(grouped_gemm(x, gate_up, pair_of_row, block_expert, num_pairs, top_k))
+    h = silu_and_mul(grouped_gemm(x, gate_up, pair_of_row, block_expert, num_pairs, top_k,
+                                  w_scale=gate_up_scale))
     y = grouped_gemm(h, down, pair_of_row, block_expert, num_pairs, 1,
-                     weights.flatten().contiguous())
+                     weights.flatten().contiguous(), w_scale=down_scale)
     return y.view(tokens, top_k, -1).sum(dim=1)

@@ -57,12 +57,15 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool
 
 
 def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                    gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0
-                    ) -> torch.Tensor:
-    """The kernel on CUDA, else the PyTorch path."""
+                    gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
+                    scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """The kernel on CUDA (FP8 experts read as stored, `scales` per output row), else the
+    PyTorch path (FP8 experts dequantized)."""
     if use_triton(x):
         from parashift.kernels.fused_moe import fused_experts
-        return fused_experts(x, weights, ids, gate_up, down, first_expert)
+        return fused_experts(x, weights, ids, gate_up, down, first_expert, scales)
+    if scales is not None:
+        gate_up, down = (dequantize(w, s, x.dtype) for w, s in zip((gate_up, down), scales))
     return expert_outputs(x, weights, ids, gate_up, down, first_expert)
 
 
@@ -240,48 +243,55 @@ class FusedExperts(nn.Module):
         dtype = dtype or torch.get_default_dtype()
         return (dequantize(gate_up, gate_up_scale, dtype), dequantize(down, down_scale, dtype))
 
-    def active_weights(self, dtype: torch.dtype | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    def active_layout(self) -> tuple:
+        """(gate_up, down, their FP8 scales or None) of the step's weights, as stored."""
         key = get_context().weights
         if key == BASE_WEIGHTS or self.mode == "ep":
-            return self._dense(self._stacked(), dtype)
+            return self._stacked()
         if key not in self.layouts:
             raise RuntimeError(f"no expert weight layout {key!r}: it was not made at start-up")
-        return self._dense(self.layouts[key], dtype)
+        return self.layouts[key]
 
-    def merged_experts(self, dtype: torch.dtype | None = None):
+    def active_weights(self, dtype: torch.dtype | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._dense(self.active_layout(), dtype)
+
+    def merged_layout(self):
         """Under EP in a merged plan (its TP group holds the same tokens and is wider than
-        the replica's EP group) with the experts divided: (gate_up, down, first expert) of
-        this rank's slice, to be summed over the TP group; else None."""
+        the replica's EP group) with the experts divided: (gate_up, down, their scales or
+        None, first expert) of this rank's slice, to be summed over the TP group; else None."""
         ctx = get_context()
         if (self.mode != "ep" or ctx.sp.size != 1 or ctx.tp.size <= ctx.state.ep.size
                 or ctx.weights not in self.layouts):
             return None
-        return (*self._dense(self.layouts[ctx.weights], dtype),
-                self.layout_first_expert[ctx.weights])
+        return (*self.layouts[ctx.weights], self.layout_first_expert[ctx.weights])
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        merged = self.merged_experts(x.dtype)
+        merged = self.merged_layout()
         if merged is not None:
-            gate_up, down, first = merged
+            *layout, first = merged
             if self.reduction_chunks:  # each slot non-zero on one rank: exact in any order
+                gate_up, down = self._dense(tuple(layout), x.dtype)
                 slots = slot_outputs(x, ids, gate_up, down, self.reduction_chunks, first)
                 return weighted_slot_sum(get_context().tp.all_reduce(slots), weights, x.dtype)
-            return get_context().tp.all_reduce(experts_forward(x, weights, ids, gate_up, down,
-                                                               first))
-        gate_up, down = self.active_weights(x.dtype)
+            gate_up, down, scales = _with_scales(layout)
+            return get_context().tp.all_reduce(
+                experts_forward(x, weights, ids, gate_up, down, first, scales))
         if self.reduction_chunks:
+            gate_up, down = self.active_weights(x.dtype)
             return weighted_slot_sum(self.deterministic_slots(x, ids, gate_up, down), weights, x.dtype)
+        gate_up, down, scales = _with_scales(self.active_layout())
         if self.mode == "tp":
-            return get_context().tp.all_reduce(experts_forward(x, weights, ids, gate_up, down))
+            return get_context().tp.all_reduce(experts_forward(x, weights, ids, gate_up, down,
+                                                               scales=scales))
         ctx = get_context()
         ep = ctx.state.ep
         if ctx.sp.size == 1:  # every rank of the group holds these tokens
             return ep.all_reduce(experts_forward(x, weights, ids, gate_up, down,
-                                                 self.first_expert))
+                                                 self.first_expert, scales))
         tokens = x.shape[0]
         gathered = [ep.all_gather(t, dim=0) for t in (x, weights, ids)]
-        shares = experts_forward(*gathered, gate_up, down, self.first_expert)
+        shares = experts_forward(*gathered, gate_up, down, self.first_expert, scales)
         return sum(ep.all_to_all(list(shares.split(tokens))))
 
     def deterministic_slots(self, x: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
@@ -305,6 +315,12 @@ class FusedExperts(nn.Module):
         every_x, every_ids = ep.all_gather(x, dim=0), ep.all_gather(ids, dim=0)
         slots = slot_outputs(every_x, every_ids, gate_up, down, chunks, self.first_expert)
         return sum(ep.all_to_all(list(slots.split(ids.numel()))))
+
+
+def _with_scales(layout) -> tuple:
+    """(gate_up, down, scales): an FP8 layout's scales as one pair, else None."""
+    gate_up, down, gate_up_scale, down_scale = layout
+    return gate_up, down, None if gate_up_scale is None else (gate_up_scale, down_scale)
 
 
 class FusedMoE(nn.Module):

@@ -102,3 +102,18 @@ def test_a_batch_of_only_long_prompts():
     actual = run(CudnnPrefillAttentionBackend(long_prefill_tokens=4096), step)
     tol = TOLERANCE[step.q.dtype]
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
+
+
+@cuda
+def test_an_fp8_pool_matches_the_triton_kernel():
+    """kv_cache_dtype fp8: the cuDNN routes read the E4M3 pool as the Triton kernel does."""
+    from parashift.attention.triton_backend import TritonAttentionBackend
+    from tests.attention.test_triton_backend import TOLERANCE, make_step, run
+    step = make_step([4200, 1, 300, 2048], [4200, 900, 1300, 8192 + 2048], 32, 8)
+    pools = [c.to(torch.float8_e4m3fn) for c in (step.k_cache, step.v_cache)]
+    backend = CudnnPrefillAttentionBackend()
+    assert sorted(backend._routes(step.meta, step.q.device)) == [0, 3]
+    expected = run(TritonAttentionBackend(), step, *(p.clone() for p in pools))
+    actual = run(backend, step, *(p.clone() for p in pools))
+    tol = TOLERANCE[step.q.dtype]
+    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)

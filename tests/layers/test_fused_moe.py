@@ -133,7 +133,7 @@ def test_merged_plan_splits_the_replicas_experts(deterministic):
             total += experts(x, weights, ids)
     torch.testing.assert_close(total, whole, rtol=1e-5, atol=1e-5)
     with use_context(StepContext(tp_state(1, 0), weights="merge1")):  # group = EP group
-        assert experts.merged_experts() is None
+        assert experts.merged_layout() is None
 
 
 def test_bad_sizes_are_refused():
