@@ -35,6 +35,10 @@ MIXED_ROWS = (256, 512, 1024, 2048)  # token rows of the graphs of steps that pr
 # compute per decode than eager's own launch), so a step of more runs eagerly (a tuning
 # knob, not an option: on four H200s eager TP4 steps are host-bound near 50 ms)
 MIXED_SEQS = int(os.environ.get("PARASHIFT_MIXED_GRAPH_SEQS", "64"))
+# With speculative decoding, smaller mixed buckets for verification steps (k + 1 rows a
+# sequence, at least 2): padded to 256 rows, a batch-1 verification of the 8B shape on an
+# H200 took 8.1 ms against a 5.0 ms decode (2026-11-29)
+VERIFY_ROWS = (8, 16, 32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,8 @@ class Bucket:
 class GraphSizes:
     """The buckets a runner captures, and the one a step replays."""
 
-    def __init__(self, max_num_seqs: int, sp_sizes: set[int], max_mixed_rows: int = 0):
+    def __init__(self, max_num_seqs: int, sp_sizes: set[int], max_mixed_rows: int = 0,
+                 verify_rows: bool = False):
         if MIXED_SEQS < 1:
             raise ValueError(f"PARASHIFT_MIXED_GRAPH_SEQS must be at least 1, got {MIXED_SEQS}")
         self.decode = [b for b in DEFAULT_BUCKETS if b <= max_num_seqs
@@ -59,12 +64,17 @@ class GraphSizes:
         self.mixed_seqs = min(MIXED_SEQS, max_num_seqs)
         self.mixed_rows = [r for r in MIXED_ROWS if self.mixed_seqs < r <= max_mixed_rows
                            and all(r % sp == 0 for sp in sp_sizes)]
+        small = [r for r in VERIFY_ROWS if verify_rows and r <= max_mixed_rows
+                 and all(r % sp == 0 for sp in sp_sizes)]
+        # smallest first: (rows, sequences) of every mixed graph
+        self.mixed = sorted({Bucket(r, min(self.mixed_seqs, r // 2)) for r in small}
+                            | {Bucket(r, self.mixed_seqs) for r in self.mixed_rows},
+                            key=lambda b: (b.rows, b.seqs))
 
     def captured(self, single_stage: bool) -> list[Bucket]:
         """A plan's buckets, largest first (mixed ones for a plan of one stage)."""
-        mixed = reversed(self.mixed_rows) if single_stage else ()
-        return [*(Bucket(r, self.mixed_seqs) for r in mixed),
-                *(Bucket(b, b) for b in reversed(self.decode))]
+        mixed = reversed(self.mixed) if single_stage else ()
+        return [*mixed, *(Bucket(b, b) for b in reversed(self.decode))]
 
     def decode_rows(self, rows: int) -> int | None:
         """The decode bucket of `rows` sequences."""
@@ -76,10 +86,9 @@ class GraphSizes:
         if rows == seqs:
             size = self.decode_rows(max(rows, at_least))
             return None if size is None else Bucket(size, size)
-        if at_least or seqs > self.mixed_seqs:
+        if at_least:
             return None
-        size = next((r for r in self.mixed_rows if r >= rows), None)
-        return None if size is None else Bucket(size, self.mixed_seqs)
+        return next((b for b in self.mixed if b.rows >= rows and b.seqs >= seqs), None)
 
 
 def input_layout(bucket: Bucket, sp_size: int) -> list[tuple[int, int, torch.dtype]]:
@@ -97,7 +106,7 @@ class StepGraphs:
     def __init__(self, model_for, backend, plans: list, bind_kv, max_model_len: int,
                  max_num_seqs: int, device: torch.device,
                  hidden: tuple[int, torch.dtype] | None = None, before_capture=None,
-                 max_mixed_rows: int = 0):
+                 max_mixed_rows: int = 0, verify_rows: bool = False):
         """`plans`: the PlanResources of every plan whose decode steps replay graphs;
         `model_for(plan)` the model a plan's steps run (one for every plan, except under
         Seesaw: one per plan); `bind_kv(plan)` points it at the KV pool as that plan reads
@@ -105,13 +114,15 @@ class StepGraphs:
         the states a later pipeline stage receives (needed only with such a stage);
         `before_capture(plan, bucket)` readies what the capture needs (shared FFN weights'
         exchanges padded to the bucket); `max_mixed_rows`: the most token rows of a step that
-        prefills (the step budget), 0 for no mixed graphs; single-stage plans capture them."""
+        prefills (the step budget), 0 for no mixed graphs; single-stage plans capture them;
+        `verify_rows`: smaller mixed graphs for speculative decoding's verification steps."""
         self.before_capture = before_capture
         self.model_for, self.backend, self.bind_kv = model_for, backend, bind_kv
         self.max_model_len = max_model_len
-        self.sizes = GraphSizes(max_num_seqs, {p.state.sp.size for p in plans}, max_mixed_rows)
+        self.sizes = GraphSizes(max_num_seqs, {p.state.sp.size for p in plans}, max_mixed_rows,
+                                verify_rows)
         largest = self.sizes.decode[-1]
-        rows = max([largest, *self.sizes.mixed_rows])
+        rows = max([largest, *(b.rows for b in self.sizes.mixed)])
         seqs = max(largest, self.sizes.mixed_seqs)
         max_blocks = -(-max_model_len // min(p.block_size for p in plans))
         # Every graph's inputs but its block tables are views of this buffer, where a step's

@@ -344,7 +344,8 @@ class ModelRunner:
                             self.max_model_len, self.config.max_num_seqs, self.device,
                             (self.hidden_size, self.dtype),
                             self._before_capture if self.hooks else None,
-                            self.config.max_num_batched_tokens if mixed else 0)
+                            self.config.max_num_batched_tokens if mixed else 0,
+                            verify_rows=self.config.speculative_config is not None)
         bind_kv(self.resources[""])
         return graphs
 

@@ -102,3 +102,43 @@ def test_penalties_bias_and_samples_on_gpu_give_the_cpu_tokens(tmp_path):
     for cpu, gpu in zip(outs["cpu"], outs["cuda"]):
         assert [c.token_ids for c in gpu.outputs] == [c.token_ids for c in cpu.outputs]
         assert all(7 not in c.token_ids for c in gpu.outputs)
+
+
+def test_verification_steps_replay_small_graphs_with_the_plain_tokens(monkeypatch, tmp_path):
+    """Speculative decoding with CUDA graphs: verification steps (k + 1 rows a sequence)
+    replay the small mixed buckets and give the tokens of eager decoding without
+    speculation. The drafts are the eager tokens with every third one wrong, so steps
+    accept some and reject some (a random model's output gives an n-gram lookup nothing)."""
+    from parashift.worker.cuda_graphs import StepGraphs
+    from tests.engine.conftest import save_tiny_llama
+    model_dir = save_tiny_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2,
+                                hidden_size=256, intermediate_size=512, num_hidden_layers=4)
+    replayed = []
+    run = StepGraphs.run
+    monkeypatch.setattr(StepGraphs, "run", lambda self, chunks, tables, plan, bucket, *a, **k:
+                        replayed.append(bucket) or run(self, chunks, tables, plan, bucket, *a, **k))
+    rng = random.Random(2)
+    prompts = [[rng.randrange(512) for _ in range(rng.randint(3, 200))] for _ in range(9)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    common = dict(model=model_dir, dtype="float32", skip_tokenizer_init=True, device="cuda",
+                  kv_cache_memory=1 << 30, max_num_seqs=16)
+    llm = LLM(cuda_graphs=False, **common)
+    eager = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    del llm
+    full = [list(p) + list(out) for p, out in zip(prompts, eager)]
+
+    def draft(tokens, room):
+        ref = next(f for f, p in zip(full, prompts) if list(tokens[:len(p)]) == p)
+        ahead = ref[len(tokens):len(tokens) + room]
+        return [t if (len(tokens) + i) % 3 else (t + 1) % 512 for i, t in enumerate(ahead)]
+
+    llm = LLM(cuda_graphs=True, **common,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    proposer = llm.llm_engine.speculator.proposer
+    proposer.propose_all = lambda items: [draft(tokens, room) for _, tokens, room in items]
+    spec = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    stats = llm.llm_engine.spec_decode_stats()
+    del llm
+    assert spec == eager
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert any(not b.decode and b.rows <= 128 for b in replayed)

@@ -82,6 +82,25 @@ def test_mixed_buckets_follow_the_step_budget_the_sequence_cap_and_sp():
                                             Bucket(1, 1)]  # a pipeline stage: decodes only
 
 
+def test_verification_steps_take_small_mixed_buckets_with_speculation():
+    sizes = GraphSizes(256, {1}, max_mixed_rows=8192, verify_rows=True)
+    assert [(b.rows, b.seqs) for b in sizes.mixed] == [
+        (8, 4), (16, 8), (32, 16), (64, 32), (128, 64), (256, 64), (512, 64), (1024, 64),
+        (2048, 64)]
+    assert sizes.for_step(rows=5, seqs=1) == Bucket(8, 4)      # batch 1, k = 4
+    assert sizes.for_step(rows=9, seqs=3) == Bucket(16, 8)     # batch 3, k = 2
+    assert sizes.for_step(rows=36, seqs=4) == Bucket(64, 32)   # batch 4, k = 8
+    assert sizes.for_step(rows=40, seqs=20) == Bucket(64, 32)  # more sequences than (32, 16)
+    assert sizes.for_step(rows=200, seqs=40) == Bucket(256, 64)
+    assert GraphSizes(256, {1}, max_mixed_rows=8192).for_step(rows=5, seqs=1) == Bucket(256, 64)
+    assert [b.rows for b in GraphSizes(256, {2, 4}, 8192, verify_rows=True).mixed][:3] == [8, 16, 32]
+    assert GraphSizes(256, {1}, 0, verify_rows=True).mixed == []  # no mixed graphs at all
+    captured = GraphSizes(4, {1}, max_mixed_rows=256, verify_rows=True).captured
+    assert captured(single_stage=True) == [Bucket(256, 4), Bucket(128, 4), Bucket(64, 4),
+                                           Bucket(32, 4), Bucket(16, 4), Bucket(8, 4),
+                                           Bucket(4, 4), Bucket(2, 2), Bucket(1, 1)]
+
+
 def test_a_mixed_step_padded_to_its_bucket_matches_the_rebuild():
     """Rows and sequences padded apart (a mixed graph's shape): padding rows write no KV,
     padding sequences hold no rows and no context."""
