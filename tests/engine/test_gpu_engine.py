@@ -36,6 +36,15 @@ def test_triton_matches_torch_backend(engines):
             assert max(abs(got[t] - want[t]) for t in got.keys() & want.keys()) < 2e-3
 
 
+def _record_replays(monkeypatch) -> list:
+    """The buckets of the graphs replayed from here on, in order."""
+    from parashift.worker.cuda_graphs import StepGraphs
+    replayed, run = [], StepGraphs.run
+    monkeypatch.setattr(StepGraphs, "run", lambda self, chunks, tables, plan, bucket, *a, **k:
+                        replayed.append(bucket) or run(self, chunks, tables, plan, bucket, *a, **k))
+    return replayed
+
+
 def _eager_and_graph_tokens(vocab: int, **engine_options) -> dict[bool, list[list[int]]]:
     """13 prompts of 1-300 random ids, 16 greedy tokens each, eager (False) and with CUDA
     graphs and async scheduling (True); a fixed KV pool (the module's other engines may
@@ -59,14 +68,10 @@ def test_graphs_and_async_scheduling_give_the_eager_tokens(step_tokens, monkeypa
     decodes). A tiny random model: no download, nothing to carry. In float32: in bfloat16
     a graph's padded rows change the GEMMs' kernels and this model's near ties flip (decode
     graphs alone: 11 of 13 sequences equal eager's; docs/benchmark_log.md)."""
-    from parashift.worker.cuda_graphs import StepGraphs
     from tests.engine.conftest import save_tiny_llama
     model_dir = save_tiny_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2,
                                 hidden_size=256, intermediate_size=512, num_hidden_layers=4)
-    replayed = []
-    run = StepGraphs.run
-    monkeypatch.setattr(StepGraphs, "run", lambda self, chunks, tables, plan, bucket, *a, **k:
-                        replayed.append(bucket) or run(self, chunks, tables, plan, bucket, *a, **k))
+    replayed = _record_replays(monkeypatch)
     outs = _eager_and_graph_tokens(512, model=model_dir, dtype="float32",
                                    skip_tokenizer_init=True, max_num_batched_tokens=step_tokens)
     assert outs[True] == outs[False]
@@ -109,14 +114,10 @@ def test_verification_steps_replay_small_graphs_with_the_plain_tokens(monkeypatc
     replay the small mixed buckets and give the tokens of eager decoding without
     speculation. The drafts are the eager tokens with every third one wrong, so steps
     accept some and reject some (a random model's output gives an n-gram lookup nothing)."""
-    from parashift.worker.cuda_graphs import StepGraphs
     from tests.engine.conftest import save_tiny_llama
     model_dir = save_tiny_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2,
                                 hidden_size=256, intermediate_size=512, num_hidden_layers=4)
-    replayed = []
-    run = StepGraphs.run
-    monkeypatch.setattr(StepGraphs, "run", lambda self, chunks, tables, plan, bucket, *a, **k:
-                        replayed.append(bucket) or run(self, chunks, tables, plan, bucket, *a, **k))
+    replayed = _record_replays(monkeypatch)
     rng = random.Random(2)
     prompts = [[rng.randrange(512) for _ in range(rng.randint(3, 200))] for _ in range(9)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
