@@ -93,6 +93,7 @@ class ComputeProfile:
     # their packing) and under TP (the all-reduces)
     sp_kernels_per_layer: int = 0
     tp_kernels_per_layer: int = 2
+    host_seq_s: float = 0.0        # host time a step adds per sequence it runs
     schema_version: int = SCHEMA_VERSION
     kind: str = "compute"
     notes: dict = field(default_factory=dict)

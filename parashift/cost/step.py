@@ -96,7 +96,7 @@ class StepModel:
                 "send_recv", batch.tokens * self.shape.hidden * self.shape.dtype_bytes, 2, graph))
         self._head(plan, batch, graph, out)
         device = sum(out.parts.values())
-        host = self._host_s(plan, graph, len(micro))
+        host = self._host_s(plan, graph, len(micro)) + len(batch.seqs) * self.compute.host_seq_s
         out.parts["host"] = host if graph else 0.0
         out.total = device + host if graph else max(device, host)
         if not graph:

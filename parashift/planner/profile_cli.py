@@ -16,18 +16,26 @@ def add_profile_args(subparsers) -> None:
     p.add_argument("--link-output", default=None,
                    help="the link profile's JSON file (default: OUTPUT with _link before .json)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer sizes (a few minutes on a GPU instead of several)")
     p.set_defaults(func=run_profile)
 
 
 def run_profile(args) -> None:
+    import time
+
     import torch
 
-    from parashift.cost.measure import current_commit, measure_compute
+    from parashift.cost.measure import Sweep, current_commit, measure_compute
+    from parashift.planner.measure_host import measure_host
+    started = time.perf_counter()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     commit = current_commit()
-    compute = measure_compute(device, commit)
+    compute = measure_compute(device, commit, quick=args.quick)
+    compute = measure_host(compute, device, Sweep.for_device(device, args.quick).host_batches)
     save(compute, args.output)
-    print(f"compute profile of {compute.device} -> {args.output}")
+    print(f"compute profile of {compute.device} -> {args.output} "
+          f"({time.perf_counter() - started:.0f} s)")
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     if gpus < 2:
         print("one device: the link profile is left as committed "
