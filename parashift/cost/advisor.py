@@ -71,7 +71,7 @@ class Advisor:
         if link is None:
             raise ValueError("SiDP's B_th needs a link profile (peer copies)")
         s = self.model.shape
-        fetch = link.seconds("peer_copy", s.mlp_params * s.dtype_bytes / tp
+        fetch = link.seconds("peer_copy", s.mlp_params * s.linear_bytes / tp
                              * (replicas - 1) / replicas, 2)
         plan = Plan(tp=tp)
 

@@ -17,7 +17,8 @@ import torch
 
 from parashift.cost import fit
 from parashift.cost.measure_kernels import (Timer, attention_seconds, eager_launch_s,
-                                            gemm_points, norm_points, sampler_points)
+                                            fp8_gemm_points, gemm_points, norm_points,
+                                            sampler_points)
 from parashift.cost.profile import ComputeProfile, Roofline
 from parashift.cost.step import ELEMENTWISE_KERNELS
 
@@ -62,7 +63,9 @@ def measure_compute(device: torch.device, commit: str = "", quick: bool = False
     size = torch.tensor([], dtype=dtype).element_size()
     timer = Timer(device, sweep.repeats)
     hbm = _copy_rate(timer, sweep.copy_bytes, dtype)
-    gemm, matmul = _gemm_fit(timer, sweep, dtype, size, hbm)
+    gemm, matmul = _gemm_fit(timer, sweep, dtype, size, hbm, gemm_points)
+    fp8 = (_gemm_fit(timer, sweep, dtype, size, hbm, fp8_gemm_points, weight_size=1)
+           if _fp8_gemm_runs(device) else (None, 0.0))
     decode, prefill = _attention_fits(timer, sweep, dtype, size, hbm, matmul, gemm)
     elementwise = fit.roofline(norm_points(timer, sweep.norm_hidden, sweep.norm_rows, dtype),
                                [], hbm, matmul, launch_scale=ELEMENTWISE_KERNELS)
@@ -78,6 +81,7 @@ def measure_compute(device: torch.device, commit: str = "", quick: bool = False
         sampler_s=sampler_s, sampler_row_s=sampler_row_s, host_step_s=0.0,
         eager_launch_s=eager_launch_s(device, sweep.norm_hidden, dtype), kernels_per_layer=14,
         host_to_device_bytes_per_s=_to_device_rate(device, sweep.copy_bytes),
+        fp8_gemm=fp8[0], fp8_matmul_flops=fp8[1],
         notes={"sweep": asdict(sweep), "dtype": str(dtype), "quick": quick,
                "moe": "the dense GEMM's fit (the expert kernels are not timed apart)",
                "decode_attention.flops_eff": "the prefill attention's (decode is bound by bytes)",
@@ -97,13 +101,20 @@ def _to_device_rate(device: torch.device, nbytes: int) -> float:
     return nbytes / Timer(device, 3)(lambda: src.copy_(pinned))
 
 
-def _gemm_fit(timer: Timer, sweep: Sweep, dtype, size: int, hbm: float
-              ) -> tuple[Roofline, float]:
-    """The GEMM roofline and the device's matrix rate (the best of the large GEMMs)."""
-    small = gemm_points(timer, sweep.gemm_shapes, sweep.gemm_rows_bytes, dtype)
-    large = gemm_points(timer, sweep.gemm_shapes, sweep.gemm_rows_flops, dtype)
+def _fp8_gemm_runs(device: torch.device) -> bool:
+    """FP8 GEMMs need CUDA of compute capability 8.9 or more (Ada, Hopper)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _gemm_fit(timer: Timer, sweep: Sweep, dtype, size: int, hbm: float, points,
+              weight_size: int | None = None) -> tuple[Roofline, float]:
+    """A GEMM family's roofline and its matrix rate (the best of its large GEMMs);
+    `weight_size`: bytes of a weight element where not the activations' (FP8)."""
+    small = points(timer, sweep.gemm_shapes, sweep.gemm_rows_bytes, dtype)
+    large = points(timer, sweep.gemm_shapes, sweep.gemm_rows_flops, dtype)
     matmul = max(2.0 * r * n * k / s for r, n, k, s in large)
-    bytes_points = [(size * (n * k + r * (n + k)), s) for r, n, k, s in small]
+    bytes_points = [((weight_size or size) * n * k + size * r * (n + k), s)
+                    for r, n, k, s in small]
     flops_points = [(2.0 * r * n * k, s) for r, n, k, s in large]
     return fit.roofline(bytes_points, flops_points, hbm, matmul), matmul
 

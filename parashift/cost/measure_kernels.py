@@ -83,6 +83,20 @@ def gemm_points(timer: Timer, shapes, rows_list, dtype) -> list[tuple[int, int, 
     return out
 
 
+def fp8_gemm_points(timer: Timer, shapes, rows_list, dtype) -> list[tuple[int, int, int, float]]:
+    """(rows, n, k, seconds) of the engine's FP8-weight GEMM (kernels/fp8_gemm.py: E4M3
+    weights, one scale a row) per shape."""
+    from parashift.kernels import fp8_gemm
+    from parashift.quantization.fp8 import quantize_rows
+    out = []
+    for n, k in shapes:
+        w, scale = quantize_rows(torch.randn(n, k, dtype=dtype, device=timer.device))
+        for rows in rows_list:
+            x = torch.randn(rows, k, dtype=dtype, device=timer.device)
+            out.append((rows, n, k, timer(lambda: fp8_gemm.linear(x, w, scale, None))))
+    return out
+
+
 def paged_step(device, dtype, heads: int, kv_heads: int, head_dim: int,
                q_lens: list[int], seq_lens: list[int], block_size: int = 16,
                shuffled: bool = False):

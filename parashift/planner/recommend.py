@@ -175,11 +175,11 @@ def predict_online(model: StepModel, served: Served, reqs: list, rate: float,
 
 
 def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
-              gpu_kind: str = "h200", options: WorkloadOptions = WorkloadOptions()
-              ) -> Recommendation:
+              gpu_kind: str = "h200", options: WorkloadOptions = WorkloadOptions(),
+              quantization: str | None = None, kv_cache_dtype: str = "auto") -> Recommendation:
     if gpus < 1 or nnodes < 1 or gpus % nnodes:
         raise ValueError(f"--gpus {gpus} over --nnodes {nnodes}: give a multiple of the hosts")
-    shape = load_shape(model_name)
+    shape = load_shape(model_name).quantized(quantization, kv_cache_dtype)
     workload = get_workload(workload_name)
     per_node = gpus // nnodes
     model = node_model(shape, per_node, gpu_kind)
@@ -212,6 +212,10 @@ def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
              "offline: throughput from continuous batching by events; TTFT of a mean prompt on "
              "an idle node"
              if workload.offline else f"online at {rate:.3g} req/s: a queue per replica"]
+    if shape.fp8_weights or shape.kv_elem_bytes == 1:
+        weights = "E4M3 linear weights" if shape.fp8_weights else "weights in the model's dtype"
+        kv = "E4M3" if shape.kv_elem_bytes == 1 else "the model's dtype"
+        notes.append(f"FP8: {weights} (the profile's FP8 GEMM fit); KV cache in {kv}")
     if nnodes > 1:
         notes.append("across hosts only PP and DP; no inter-host link profile is committed, so "
                      "a PP stage boundary between hosts is costed at the intra-host rate")
