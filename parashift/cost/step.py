@@ -124,8 +124,7 @@ class StepModel:
         if s.moe:
             out.add("moe", self._moe(rows, tp))
         else:
-            out.add("gemm", self._gemm(rows, 2 * s.intermediate // tp, s.hidden)
-                    + self._gemm(rows, s.hidden, s.intermediate // tp))
+            out.add("gemm", self.mlp_s(rows, tp))
         out.add("attention", self._attention(batch, attn))
         token_bytes = b * (8 * s.hidden + 2 * (s.q_width + 2 * s.kv_width) // attn
                            + 3 * (s.expert_intermediate * s.top_k if s.moe else s.intermediate)
@@ -138,6 +137,12 @@ class StepModel:
             out.add("all_to_all", self._collective(
                 "all_to_all", rows * (s.q_width + 2 * s.kv_width) // tp * b, sp, graph)
                 + self._collective("all_to_all", rows * s.q_width // tp * b, sp, graph))
+
+    def mlp_s(self, rows: int, shards: int) -> float:
+        """A dense MLP's GEMMs (gate_up, down) over `rows`, its width split `shards` ways."""
+        s = self.shape
+        return (self._gemm(rows, 2 * s.intermediate // shards, s.hidden)
+                + self._gemm(rows, s.hidden, s.intermediate // shards))
 
     def _gemm(self, rows: int, n: int, k: int, dense: bool = False) -> float:
         """A linear layer's GEMM (its weights FP8 where the shape's are, unless `dense`:

@@ -87,3 +87,13 @@ def test_fp8_weights_fit_a_70b_on_one_h200_where_bf16_does_not(capsys):
     with pytest.raises(SystemExit, match="MoE experts refuse FP8"):
         main(["plan", "--recommend", "--model", "qwen3-30b-a3b", "--gpus", "2", "--workload",
               "chat", "--quantization", "fp8"])
+
+
+def test_sidp_is_ranked_with_b_th_from_the_link_profile_and_fits_where_dp_does_not():
+    rec = recommend("llama-3.1-70b", 2, "tail")
+    sidp = {p.name: p for p in rec.ranked}["sidp-dp2"]
+    advisor_b_th = sidp.detail["b_th"]
+    assert sidp.kind == "sidp" and isinstance(advisor_b_th, int) and advisor_b_th > 0
+    assert rec.refused["dp2"].startswith("does not fit: ") and sidp.kv_tokens > 0
+    fp8 = recommend("llama-3.1-8b", 2, "tail", quantization="fp8")
+    assert "no FP8 weights" in fp8.refused["sidp-dp2"]
