@@ -416,13 +416,18 @@ def main(argv=None) -> int:
     parser.add_argument("--served", action="store_true",
                         help="run the served rows through the simulator too (minutes)")
     args = parser.parse_args(argv)
-    text = json.dumps(evaluate(args.served), indent=1) + "\n"
-    if args.check:
-        if not OUT.exists() or OUT.read_text() != text:
-            print("benchmarks/results/cost_validation.json is stale", file=sys.stderr)
+    return write_or_check(OUT, evaluate(args.served), args.check)
+
+
+def write_or_check(path, doc: dict, check: bool) -> int:
+    """Writes `doc` as `path`'s JSON, or with `check` returns 1 where the file differs."""
+    text = json.dumps(doc, indent=1) + "\n"
+    if check:
+        if not path.exists() or path.read_text() != text:
+            print(f"benchmarks/results/{path.name} is stale", file=sys.stderr)
             return 1
         return 0
-    OUT.write_text(text)
+    path.write_text(text)
     return 0
 
 
