@@ -6,7 +6,9 @@ for the fits of cost/fit.py.
 Device time on CUDA: CUDA events around repeated calls, after warm-up; a kernel of less than
 `GRAPH_BELOW_S` is captured `repeats` times in a CUDA graph and replayed, so that its launch
 (host) time is left out, as in the engine's graphs. On the CPU: the least wall time (a
-loaded host's other work only ever adds to it)."""
+loaded host's other work only ever adds to it). What a step reads once (weights, KV) is
+rotated over copies of at least `rotation_bytes` in all, so repeated calls do not find it
+in the L2 cache; activations are not (a step's stay there too)."""
 import statistics
 import time
 
@@ -14,6 +16,21 @@ import torch
 
 GRAPH_BELOW_S = 200e-6
 ROUNDS = 3
+MAX_COPIES = 64
+
+
+def rotation_bytes(device: torch.device) -> int:
+    """Past the last-level cache: an H200's L2 is 50 MB, a CPU's L3 tens of MB."""
+    return (256 << 20) if device.type == "cuda" else (32 << 20)
+
+
+def rotated(timer: "Timer", make, nbytes: int):
+    """A function that hands out copies of what `make()` returns in turn, enough of them to
+    pass the cache, and a timer that calls it at least once per copy."""
+    count = max(1, min(MAX_COPIES, -(-rotation_bytes(timer.device) // max(nbytes, 1))))
+    copies = [make() for _ in range(count)]
+    turn = iter(range(1 << 62))
+    return (lambda: copies[next(turn) % count]), Timer(timer.device, max(timer.repeats, count))
 
 
 class Timer:
@@ -75,11 +92,13 @@ class Timer:
 def gemm_points(timer: Timer, shapes, rows_list, dtype) -> list[tuple[int, int, int, float]]:
     """(rows, n, k, seconds) of x[rows, k] @ w[k, n] (the engine's F.linear) per shape."""
     out = []
+    size = torch.tensor([], dtype=dtype).element_size()
     for n, k in shapes:
-        w = torch.randn(n, k, dtype=dtype, device=timer.device)
+        weight, timed = rotated(timer, lambda: torch.randn(n, k, dtype=dtype,
+                                                           device=timer.device), n * k * size)
         for rows in rows_list:
             x = torch.randn(rows, k, dtype=dtype, device=timer.device)
-            out.append((rows, n, k, timer(lambda: torch.nn.functional.linear(x, w))))
+            out.append((rows, n, k, timed(lambda: torch.nn.functional.linear(x, weight()))))
     return out
 
 
@@ -90,10 +109,11 @@ def fp8_gemm_points(timer: Timer, shapes, rows_list, dtype) -> list[tuple[int, i
     from parashift.quantization.fp8 import quantize_rows
     out = []
     for n, k in shapes:
-        w, scale = quantize_rows(torch.randn(n, k, dtype=dtype, device=timer.device))
+        weight, timed = rotated(timer, lambda: quantize_rows(
+            torch.randn(n, k, dtype=dtype, device=timer.device)), n * k)
         for rows in rows_list:
             x = torch.randn(rows, k, dtype=dtype, device=timer.device)
-            out.append((rows, n, k, timer(lambda: fp8_gemm.linear(x, w, scale, None))))
+            out.append((rows, n, k, timed(lambda: fp8_gemm.linear(x, *weight(), None))))
     return out
 
 
@@ -131,9 +151,11 @@ def attention_seconds(timer: Timer, dtype, heads: int, kv_heads: int, head_dim: 
     """One `attend` of the engine's attention backend for this device."""
     from parashift.attention.backend import get_backend
     backend = get_backend("auto", timer.device)
-    q, k_cache, v_cache, meta = paged_step(timer.device, dtype, heads, kv_heads, head_dim,
-                                           q_lens, seq_lens)
-    return timer(lambda: backend.attend(q, k_cache, v_cache, meta, head_dim ** -0.5))
+    size = torch.tensor([], dtype=dtype).element_size()
+    kv_bytes = 2 * sum(seq_lens) * kv_heads * head_dim * size
+    step, timed = rotated(timer, lambda: paged_step(timer.device, dtype, heads, kv_heads,
+                                                    head_dim, q_lens, seq_lens), kv_bytes)
+    return timed(lambda: backend.attend(*step(), head_dim ** -0.5))
 
 
 def norm_points(timer: Timer, hidden: int, rows_list, dtype) -> list[tuple[int, float]]:
