@@ -64,8 +64,13 @@ def measure_compute(device: torch.device, commit: str = "", quick: bool = False
     timer = Timer(device, sweep.repeats)
     hbm = _copy_rate(timer, sweep.copy_bytes, dtype)
     gemm, matmul = _retried(lambda: _gemm_fit(timer, sweep, dtype, size, hbm, gemm_points))
-    fp8 = (_retried(lambda: _gemm_fit(timer, sweep, dtype, size, hbm, fp8_gemm_points, 1))
-           if _fp8_gemm_runs(device) else (None, 0.0))
+    fp8, fp8_note = (None, 0.0), "not timed: needs CUDA of compute capability 8.9 or more"
+    if _fp8_gemm_runs(device):
+        try:
+            fp8 = _retried(lambda: _gemm_fit(timer, sweep, dtype, size, hbm, fp8_gemm_points, 1))
+            fp8_note = "the engine's FP8-weight GEMM (kernels/fp8_gemm.py)"
+        except Exception as e:  # noqa: BLE001  the rest of the profile stands without it
+            fp8_note = f"not timed: {type(e).__name__}: {e}"
     decode, prefill = _retried(lambda: _attention_fits(timer, sweep, dtype, size, hbm, matmul))
     elementwise = _retried(lambda: fit.roofline(
         norm_points(timer, sweep.norm_hidden, sweep.norm_rows, dtype), [], hbm, matmul,
@@ -86,7 +91,7 @@ def measure_compute(device: torch.device, commit: str = "", quick: bool = False
         notes={"sweep": asdict(sweep), "dtype": str(dtype), "quick": quick,
                "moe": "the dense GEMM's fit (the expert kernels are not timed apart)",
                "decode_attention.flops_eff": "the prefill attention's (decode is bound by bytes)",
-               "activation_bytes": "3% of memory (assumed)"})
+               "activation_bytes": "3% of memory (assumed)", "fp8_gemm": fp8_note})
 
 
 def _retried(measure, attempts: int = 3):
