@@ -2,7 +2,8 @@
 from dataclasses import replace
 from pathlib import Path
 
-from parashift.cost.profile import ROOFLINES, ComputeProfile, save
+from parashift.cost.advisor import DEVICE_KINDS
+from parashift.cost.profile import ROOFLINES, ComputeProfile, load, save
 from parashift.cost.shape import SHAPES
 
 PROFILES = SHAPES.parent / "results" / "profiles"
@@ -20,6 +21,23 @@ def add_profile_args(subparsers) -> None:
     p.add_argument("--quick", action="store_true",
                    help="fewer sizes (a few minutes on a GPU instead of several)")
     p.set_defaults(func=run_profile)
+
+
+UNTIMED = ("activation_bytes", "kernels_per_layer", "sp_kernels_per_layer",
+           "tp_kernels_per_layer")
+
+
+def with_untimed(c: ComputeProfile) -> ComputeProfile:
+    """What `parashift profile` does not time (fitted to logged runs) carried over from the
+    committed profile of this device kind, where there is one."""
+    kinds = [word for word in DEVICE_KINDS if word in c.device.lower()]
+    path = PROFILES / f"{DEVICE_KINDS[kinds[0]]}_compute.json" if kinds else None
+    if path is None or not path.is_file():
+        return c
+    committed = load(path)
+    notes = dict(c.notes, carried_over=f"{', '.join(UNTIMED)} from {path.name} ("
+                 f"{committed.source.split(' by ')[0]})")
+    return replace(c, notes=notes, **{name: getattr(committed, name) for name in UNTIMED})
 
 
 def summary(c: ComputeProfile) -> str:
@@ -53,6 +71,7 @@ def run_profile(args) -> None:
     except Exception as e:  # noqa: BLE001  the kernels' profile stands; say what is missing
         compute = replace(compute, notes=dict(compute.notes, host=f"not measured: "
                                               f"{type(e).__name__}: {e}"))
+    compute = with_untimed(compute)
     save(compute, args.output)
     print(f"compute profile of {compute.device} -> {args.output} "
           f"({time.perf_counter() - started:.0f} s)")
