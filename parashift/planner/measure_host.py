@@ -4,6 +4,7 @@ at a few batch sizes, each step's wall time less its device time as the profile 
 measured predicts it (small: the step is mostly the engine's host work), fitted as per step
 + batch x per sequence (fit.host_line). On CUDA also eager steps of two depths: the host
 time the extra layers' kernels add, per kernel (eager_launch_s)."""
+import gc
 import json
 import tempfile
 import time
@@ -25,6 +26,7 @@ PROBE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_s
          "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
 PROMPT, WARM, TIMED = 16, 3, 24
 EAGER_DEPTHS = (2, 8)
+POOL_SHARE = 0.3  # of the device's memory for the probe's engine (it needs little)
 
 
 def measure_host(profile: ComputeProfile, device: torch.device, batches: tuple
@@ -72,6 +74,7 @@ def _walls(device: torch.device, config: dict, batches: tuple, cuda_graphs: bool
            ) -> list[tuple[int, float]]:
     """(batch, median wall seconds of a decode step) on an engine of `config`'s shape."""
     from parashift.entrypoints.llm import LLM
+    _release(device)  # what the kernels' timing cached, before the engine sizes its pool
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "host-probe.json"
         path.write_text(json.dumps(config))
@@ -79,11 +82,20 @@ def _walls(device: torch.device, config: dict, batches: tuple, cuda_graphs: bool
                   dtype="bfloat16" if device.type == "cuda" else "float32",
                   max_model_len=PROMPT + WARM + TIMED + 8, max_num_seqs=max(batches),
                   enable_prefix_caching=False, cuda_graphs=cuda_graphs,
+                  gpu_memory_utilization=POOL_SHARE,
                   max_num_batched_tokens=max(2048, PROMPT * max(batches)))
         try:
             return [(batch, _decode_step_s(llm.llm_engine, batch)) for batch in batches]
         finally:
             llm.llm_engine.shutdown()
+            del llm
+            _release(device)
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _decode_step_s(engine, batch: int) -> float:
