@@ -94,6 +94,11 @@ class ComputeProfile:
     sp_kernels_per_layer: int = 0
     tp_kernels_per_layer: int = 2
     host_seq_s: float = 0.0        # host time a step adds per sequence it runs
+    # how a graph step's host terms combine with its device time: False: they add (the part
+    # a step does not overlap, as fitted to logged steps); True: they are the host's whole
+    # work, which async scheduling overlaps with the device (max), as `parashift profile`
+    # measures them
+    host_overlapped: bool = False
     # FP8-weight GEMMs (kernels/fp8_gemm.py): bytes of E4M3 weights, FLOPs at fp8_matmul_flops
     fp8_gemm: Roofline | None = None
     fp8_matmul_flops: float = 0.0

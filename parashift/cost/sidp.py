@@ -32,7 +32,7 @@ def sidp_step(model: StepModel, plan: Plan, batch: StepBatch, owners: int, mode:
     s = model.shape
     out = model.step(replica_plan(plan), batch)
     if mode == "was":
-        device = out.total - out.parts.get("host", 0.0)
+        device = sum(v for k, v in out.parts.items() if not k.startswith("host"))
         extra = s.num_layers * max(0.0, sidp_fetch_s(model, plan.tp, owners)
                                    - device / s.num_layers)
         name = "ffn_fetch_exposed"

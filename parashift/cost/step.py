@@ -97,10 +97,12 @@ class StepModel:
         self._head(plan, batch, graph, out)
         device = sum(out.parts.values())
         host = self._host_s(plan, graph, len(micro)) + len(batch.seqs) * self.compute.host_seq_s
-        out.parts["host"] = host if graph else 0.0
-        out.total = device + host if graph else max(device, host)
-        if not graph:
-            out.parts["host_launch_excess"] = max(0.0, host - device)
+        overlapped = not graph or self.compute.host_overlapped
+        out.total = max(device, host) if overlapped else device + host
+        if overlapped:
+            out.parts["host_excess" if graph else "host_launch_excess"] = max(0.0, host - device)
+        else:
+            out.parts["host"] = host
         return out
 
     def step_s(self, plan: Plan, batch: StepBatch) -> float:

@@ -40,7 +40,7 @@ def measure_host(profile: ComputeProfile, device: torch.device, batches: tuple
     per_step, per_seq = host_line(points)
     notes = {"how": "decode steps of a 2-layer model on the engine: wall less the predicted "
                     "device time", "points": [[b, round(s, 9)] for b, s in points]}
-    changes = {"host_step_s": per_step, "host_seq_s": per_seq}
+    changes = {"host_step_s": per_step, "host_seq_s": per_seq, "host_overlapped": cuda}
     if cuda:
         changes["eager_launch_s"], notes["eager"] = _eager_launch_s(profile, device)
     return replace(profile, **changes, notes=dict(profile.notes, host=notes))
