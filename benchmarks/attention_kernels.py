@@ -13,8 +13,8 @@ import triton
 import triton.testing
 
 from parashift.attention import triton_backend
-from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.triton_backend import KernelConfig, TritonAttentionBackend
+from parashift.cost.measure_kernels import paged_step
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -22,28 +22,8 @@ DTYPE = torch.bfloat16
 
 def make_step(q_lens, seq_lens):
     """q, pools and metadata; block tables are a random permutation of the pool."""
-    dev = torch.device("cuda")
-    blocks = [triton.cdiv(s, BLOCK_SIZE) for s in seq_lens]
-    perm = torch.randperm(sum(blocks), device=dev).int()
-    tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32, device=dev)
-    used = 0
-    for i, n in enumerate(blocks):
-        tables[i, :n] = perm[used:used + n]
-        used += n
-    shape = (sum(blocks), BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    k_cache = torch.randn(shape, device=dev, dtype=DTYPE)
-    v_cache = torch.randn(shape, device=dev, dtype=DTYPE)
-    starts = [0]
-    for q_len in q_lens:
-        starts.append(starts[-1] + q_len)
-    meta = AttentionMetadata(
-        slot_mapping=torch.zeros(starts[-1], dtype=torch.int64, device=dev),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev), block_tables=tables,
-        query_start_loc_cpu=starts, seq_lens_cpu=list(seq_lens), max_query_len=max(q_lens),
-        max_seq_len=max(seq_lens), block_size=BLOCK_SIZE)
-    q = torch.randn(starts[-1], NUM_HEADS, HEAD_DIM, device=dev, dtype=DTYPE)
-    return q, k_cache, v_cache, meta
+    return paged_step(torch.device("cuda"), DTYPE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, q_lens,
+                      seq_lens, BLOCK_SIZE, shuffled=True)
 
 
 def time_attend(q, k_cache, v_cache, meta, invariant: bool = False) -> float:

@@ -14,6 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from parashift.cost import fit
 from parashift.cost.profile import ComputeProfile, LinkProfile, Roofline, to_dict
 from parashift.cost.shape import load_shape
 from parashift.cost.step import StepBatch, StepModel
@@ -29,6 +30,9 @@ MOE = "Mixtures of experts (issue 19; 2026-11-23): first GPU run"
 FOUR_FIRST = "Four H200s: the first runs (issue 20; thirteenth session, 2026-11-26)"
 FOUR_SECOND = "Four H200s, the second window (issue 20; fourteenth session, 2026-11-26)"
 CEILINGS = "the workloads notes' ceilings (two H200s, 2026-11-21)"
+FP8_GEMM_RAW = ROOT / "benchmarks" / "results" / "raw" / "issue60_fp8_gemm" / "fp8_gemm_first_w8a8.json"
+FP8_GEMM = ("FP8-weight GEMMs of the 8B shape on one H200 (issue 60), "
+            "benchmarks/results/raw/issue60_fp8_gemm/fp8_gemm_first_w8a8.json")
 
 # (what is fitted, the row it is fitted to: shape, what, measured seconds, section)
 FIT_ROWS = {
@@ -191,7 +195,27 @@ def fitted() -> tuple[ComputeProfile, LinkProfile, LinkProfile]:
     extra = _solve(lambda k: StepModel(dense, replace(c, sp_kernels_per_layer=int(round(k))),
                                        four, graphs=False).step_s(Plan(sp=4), StepBatch.prefill(2048)),
                    38.8e-3, 0.0, 200.0)
-    return replace(c, sp_kernels_per_layer=int(round(extra))), link2(), four
+    return replace(fp8_gemm(c), sp_kernels_per_layer=int(round(extra))), link2(), four
+
+
+def fp8_gemm(c: ComputeProfile) -> ComputeProfile:
+    """The FP8 GEMM's roofline from issue 60's timings (the faster of the Triton kernel and
+    cuBLASLt a shape and row count): bytes (E4M3 weights, bf16 activations) at up to 64
+    rows, FLOPs at 4,096, against the best 4,096-row rate."""
+    rows = json.loads(FP8_GEMM_RAW.read_text())["rows"]
+
+    def seconds(r):
+        return min(t for t in (r.get("triton_us"), r.get("scaled_mm_us")) if t) * 1e-6
+    small = [(r["n"] * r["k"] + 2 * r["rows"] * (r["n"] + r["k"]), seconds(r))
+             for r in rows if r["rows"] <= 64]
+    large = [(2.0 * r["rows"] * r["n"] * r["k"], seconds(r)) for r in rows if r["rows"] >= 4096]
+    peak = max(f / s for f, s in large)
+    line = fit.roofline(small, large, c.hbm_bytes_per_s, peak)
+    notes = dict(c.notes, fp8_gemm=f"{FP8_GEMM}: fitted by cost/fit.py (bytes at 1-64 rows, "
+                 "FLOPs at 4096 rows; fp8_matmul_flops the best 4096-row rate)")
+    return replace(c, fp8_gemm=Roofline(round(line.bw_eff, 4), round(line.flops_eff, 4),
+                                        round(line.launch_s, 9)),
+                   fp8_matmul_flops=float(round(peak, -9)), notes=notes)
 
 
 def _rounded(c: ComputeProfile) -> ComputeProfile:

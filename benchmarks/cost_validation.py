@@ -7,7 +7,9 @@ Rows marked `fit` were used to derive the profiles (benchmarks/cost_profiles.py 
 the kernel breakdown the one-GPU profile reads); the medians are over the held-out rows.
 
 Usage: python3 benchmarks/cost_validation.py [--served] [--check]   (--served: the served
-rows through the simulator, minutes; without it they keep their last values)"""
+rows through the simulator, minutes; without it they keep their last values)
+       python3 benchmarks/cost_validation.py --compute FILE   (a measured compute profile's
+rows beside the committed one's, printed; nothing written)"""
 import argparse
 import json
 import statistics
@@ -415,14 +417,40 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--served", action="store_true",
                         help="run the served rows through the simulator too (minutes)")
+    parser.add_argument("--compute", default=None, metavar="FILE",
+                        help="predict with this compute profile instead (one `parashift "
+                             "profile` measured): print the summary and the one-GPU rows; "
+                             "writes nothing")
     args = parser.parse_args(argv)
-    text = json.dumps(evaluate(args.served), indent=1) + "\n"
-    if args.check:
-        if not OUT.exists() or OUT.read_text() != text:
-            print("benchmarks/results/cost_validation.json is stale", file=sys.stderr)
+    if args.compute:
+        return compare(args.compute)
+    return write_or_check(OUT, evaluate(args.served), args.check)
+
+
+def compare(path: str) -> int:
+    """The rows under another compute profile, beside the committed one's errors."""
+    global COMPUTE
+    committed = {r["id"]: r for r in evaluate()["validation"]}
+    COMPUTE = load(path)
+    doc = evaluate()
+    print(json.dumps({k: v for k, v in doc["summary"].items() if k != "notes"}, indent=1))
+    for r in doc["validation"]:
+        if r["gpus"] == 1:
+            print(f"{r['id']:<36} measured {r['measured']:>10} predicted {r['predicted']:>10} "
+                  f"error {100 * r['error']:+6.1f}% (committed profile "
+                  f"{100 * committed[r['id']]['error']:+6.1f}%)  {r['parts_ms']}")
+    return 0
+
+
+def write_or_check(path, doc: dict, check: bool) -> int:
+    """Writes `doc` as `path`'s JSON, or with `check` returns 1 where the file differs."""
+    text = json.dumps(doc, indent=1) + "\n"
+    if check:
+        if not path.exists() or path.read_text() != text:
+            print(f"benchmarks/results/{path.name} is stale", file=sys.stderr)
             return 1
         return 0
-    OUT.write_text(text)
+    path.write_text(text)
     return 0
 
 

@@ -4,9 +4,9 @@ import contextlib
 import logging
 import sys
 
-from parashift.cost.cli import add_profile_args
 from parashift.entrypoints.cli import add_generate_args, add_plan_args
 from parashift.planner.cli import add_planner_args
+from parashift.planner.profile_cli import add_profile_args
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -71,7 +71,7 @@ class Advisor:
         if link is None:
             raise ValueError("SiDP's B_th needs a link profile (peer copies)")
         s = self.model.shape
-        fetch = link.seconds("peer_copy", s.mlp_params * s.dtype_bytes / tp
+        fetch = link.seconds("peer_copy", s.mlp_params * s.linear_bytes / tp
                              * (replicas - 1) / replicas, 2)
         plan = Plan(tp=tp)
 
@@ -93,6 +93,9 @@ def advisor_for(config, hf_config, world_size: int) -> Advisor | None:
     compute, link = load_profiles(config.cost_profile, world_size)
     shape = ModelShape.of_config(hf_config.to_dict() if hasattr(hf_config, "to_dict")
                                  else dict(vars(hf_config)), "model")
+    if not shape.moe:  # the engine refuses FP8 experts before this is asked
+        fp8 = getattr(config, "quantization", None) == "fp8"
+        shape = shape.quantized("fp8" if fp8 else None, getattr(config, "kv_cache_dtype", "auto"))
     return Advisor(StepModel(shape, compute, link), max_seqs=config.max_num_seqs)
 
 

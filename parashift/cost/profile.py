@@ -93,6 +93,15 @@ class ComputeProfile:
     # their packing) and under TP (the all-reduces)
     sp_kernels_per_layer: int = 0
     tp_kernels_per_layer: int = 2
+    host_seq_s: float = 0.0        # host time a step adds per sequence it runs
+    # how a graph step's host terms combine with its device time: False: they add (the part
+    # a step does not overlap, as fitted to logged steps); True: they are the host's whole
+    # work, which async scheduling overlaps with the device (max), as `parashift profile`
+    # measures them
+    host_overlapped: bool = False
+    # FP8-weight GEMMs (kernels/fp8_gemm.py): bytes of E4M3 weights, FLOPs at fp8_matmul_flops
+    fp8_gemm: Roofline | None = None
+    fp8_matmul_flops: float = 0.0
     schema_version: int = SCHEMA_VERSION
     kind: str = "compute"
     notes: dict = field(default_factory=dict)
@@ -105,9 +114,17 @@ class ComputeProfile:
             raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
         _check_header(self, "compute")
 
-    def roofline_s(self, fit: Roofline, nbytes: float, flops: float) -> float:
+    def roofline_s(self, fit: Roofline, nbytes: float, flops: float,
+                   matmul_flops: float | None = None) -> float:
         return max(nbytes / (self.hbm_bytes_per_s * fit.bw_eff),
-                   flops / (self.matmul_flops * fit.flops_eff)) + fit.launch_s
+                   flops / ((matmul_flops or self.matmul_flops) * fit.flops_eff)) + fit.launch_s
+
+    def fp8_gemm_s(self, nbytes: float, flops: float) -> float:
+        if self.fp8_gemm is None or not self.fp8_matmul_flops > 0:
+            raise ValueError(f"compute profile of {self.device} has no FP8 GEMM fit "
+                             "(fp8_gemm, fp8_matmul_flops): measure one with `parashift "
+                             "profile` on a GPU with FP8")
+        return self.roofline_s(self.fp8_gemm, nbytes, flops, self.fp8_matmul_flops)
 
 
 @dataclass(frozen=True)
@@ -188,6 +205,8 @@ def compute_from_dict(doc: dict) -> ComputeProfile:
         if name not in doc:
             raise ValueError(f"compute profile: no {name}")
         doc[name] = Roofline(**doc[name])
+    if doc.get("fp8_gemm") is not None:
+        doc["fp8_gemm"] = Roofline(**doc["fp8_gemm"])
     return ComputeProfile(**doc)
 
 

@@ -8,6 +8,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from parashift.cost.sidp import SLOTS, sidp_mode, sidp_step
 from parashift.cost.step import Seq, StepBatch, StepModel, replica_plan
 from parashift.parallel.plan import Plan
 
@@ -18,6 +19,8 @@ class Served:
     decode: Plan | None = None   # Shift's shift plan, for steps of <= threshold tokens
     threshold: int = 512
     label: str = ""
+    ffn_owners: int = 1              # SiDP: replicas sharing FFN weights (1: none)
+    ffn_threshold: int | None = None  # SiDP: B_th, tokens a replica from which WaS runs
 
     @property
     def name(self) -> str:
@@ -36,6 +39,12 @@ class Served:
     def shift(cls, base: Plan, threshold: int = 512) -> "Served":
         return cls(base, base.shift_plan(), threshold)
 
+    @classmethod
+    def sidp(cls, plan: Plan, threshold: int | None) -> "Served":
+        """The sidp policy over `plan`'s DP replicas (plain TP), all sharing FFN weights."""
+        return cls(plan, label=f"sidp-{plan.name()}", ffn_owners=plan.dp,
+                   ffn_threshold=threshold)
+
 
 @dataclass(frozen=True)
 class Engine:
@@ -46,7 +55,17 @@ class Engine:
 
 def step_s(model: StepModel, served: Served, batch: StepBatch) -> float:
     plan = served.plan_for(batch.tokens)
+    if served.ffn_owners > 1:
+        mode = sidp_mode(batch.tokens, served.ffn_threshold)
+        return sidp_step(model, plan, batch, served.ffn_owners, mode).total
     return model.step_s(replica_plan(plan), batch)
+
+
+def kv_tokens(model: StepModel, served: Served) -> int:
+    """KV tokens one replica holds (more where it shares its FFN weights)."""
+    shared = served.ffn_owners > 1
+    return model.kv_tokens(replica_plan(served.plan), ffn_owners=served.ffn_owners,
+                           ffn_slots=SLOTS if shared else 0)
 
 
 def prefill_s(model: StepModel, served: Served, prompt: int, engine: Engine) -> float:
@@ -76,7 +95,7 @@ def offline_s(model: StepModel, served: Served, requests: list[tuple[int, int]],
     riding along, decodes until a sequence ends, and refills the seat it frees (continuous
     batching, event by event)."""
     plan = served.plan
-    kv = model.kv_tokens(replica_plan(plan))
+    kv = kv_tokens(model, served)
     if kv <= 0:
         raise ValueError(f"{served.name}: the weights leave no memory for the KV cache")
     shares = [requests[d::plan.dp] for d in range(plan.dp)]

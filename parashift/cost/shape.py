@@ -2,7 +2,7 @@
 bytes per token; read from a Hugging Face config (a dict, a config.json, a model folder, or
 the name of a committed shape in benchmarks/shapes/)."""
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 SHAPES = Path(__file__).resolve().parents[2] / "benchmarks" / "shapes"
@@ -23,6 +23,8 @@ class ModelShape:
     expert_intermediate: int = 0
     dtype_bytes: int = 2
     tied_embeddings: bool = False
+    weight_dtype_bytes: int = 0   # the linear layers' weights (1: FP8); 0: dtype_bytes
+    kv_dtype_bytes: int = 0       # the KV cache's (1: FP8); 0: dtype_bytes
 
     def __post_init__(self):
         for f in ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "vocab",
@@ -32,6 +34,32 @@ class ModelShape:
         if self.num_experts and not (0 < self.top_k <= self.num_experts
                                      and self.expert_intermediate > 0):
             raise ValueError(f"model shape {self.name}: experts need top_k and their width")
+
+    def quantized(self, quantization: str | None = None, kv_cache_dtype: str = "auto"
+                  ) -> "ModelShape":
+        """This shape served with `--quantization` and `--kv-cache-dtype` (the engine's
+        values): FP8 linear weights (embeddings, LM head and norms keep the model's dtype),
+        an FP8 KV cache."""
+        if quantization not in (None, "fp8"):
+            raise ValueError(f"quantization {quantization!r}: the cost model knows fp8 or none")
+        if kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
+            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: choose auto, fp8 or fp8_e4m3")
+        if quantization and self.moe:
+            raise ValueError(f"{self.name}: MoE experts refuse FP8 weights (as the engine does)")
+        return replace(self, weight_dtype_bytes=1 if quantization else self.weight_dtype_bytes,
+                       kv_dtype_bytes=1 if kv_cache_dtype != "auto" else self.kv_dtype_bytes)
+
+    @property
+    def linear_bytes(self) -> int:
+        return self.weight_dtype_bytes or self.dtype_bytes
+
+    @property
+    def kv_elem_bytes(self) -> int:
+        return self.kv_dtype_bytes or self.dtype_bytes
+
+    @property
+    def fp8_weights(self) -> bool:
+        return self.linear_bytes == 1
 
     @classmethod
     def of_config(cls, cfg: dict, name: str = "model") -> "ModelShape":
@@ -74,7 +102,7 @@ class ModelShape:
 
     @property
     def layer_bytes(self) -> int:
-        return self.layer_params * self.dtype_bytes
+        return self.layer_params * self.linear_bytes
 
     @property
     def embedding_params(self) -> int:
@@ -82,11 +110,11 @@ class ModelShape:
 
     @property
     def weight_bytes(self) -> int:
-        return (self.num_layers * self.layer_params + self.embedding_params) * self.dtype_bytes
+        return self.num_layers * self.layer_bytes + self.embedding_params * self.dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.kv_width * self.dtype_bytes
+        return 2 * self.num_layers * self.kv_width * self.kv_elem_bytes
 
 
 def load_shape(model: str) -> ModelShape:

@@ -96,11 +96,13 @@ class StepModel:
                 "send_recv", batch.tokens * self.shape.hidden * self.shape.dtype_bytes, 2, graph))
         self._head(plan, batch, graph, out)
         device = sum(out.parts.values())
-        host = self._host_s(plan, graph, len(micro))
-        out.parts["host"] = host if graph else 0.0
-        out.total = device + host if graph else max(device, host)
-        if not graph:
-            out.parts["host_launch_excess"] = max(0.0, host - device)
+        host = self._host_s(plan, graph, len(micro)) + len(batch.seqs) * self.compute.host_seq_s
+        overlapped = not graph or self.compute.host_overlapped
+        out.total = max(device, host) if overlapped else device + host
+        if overlapped:
+            out.parts["host_excess" if graph else "host_launch_excess"] = max(0.0, host - device)
+        else:
+            out.parts["host"] = host
         return out
 
     def step_s(self, plan: Plan, batch: StepBatch) -> float:
@@ -124,8 +126,7 @@ class StepModel:
         if s.moe:
             out.add("moe", self._moe(rows, tp))
         else:
-            out.add("gemm", self._gemm(rows, 2 * s.intermediate // tp, s.hidden)
-                    + self._gemm(rows, s.hidden, s.intermediate // tp))
+            out.add("gemm", self.mlp_s(rows, tp))
         out.add("attention", self._attention(batch, attn))
         token_bytes = b * (8 * s.hidden + 2 * (s.q_width + 2 * s.kv_width) // attn
                            + 3 * (s.expert_intermediate * s.top_k if s.moe else s.intermediate)
@@ -139,10 +140,21 @@ class StepModel:
                 "all_to_all", rows * (s.q_width + 2 * s.kv_width) // tp * b, sp, graph)
                 + self._collective("all_to_all", rows * s.q_width // tp * b, sp, graph))
 
-    def _gemm(self, rows: int, n: int, k: int) -> float:
-        b = self.shape.dtype_bytes
-        return self.compute.roofline_s(self.compute.gemm, b * (n * k + rows * (n + k)),
-                                       2.0 * rows * n * k)
+    def mlp_s(self, rows: int, shards: int) -> float:
+        """A dense MLP's GEMMs (gate_up, down) over `rows`, its width split `shards` ways."""
+        s = self.shape
+        return (self._gemm(rows, 2 * s.intermediate // shards, s.hidden)
+                + self._gemm(rows, s.hidden, s.intermediate // shards))
+
+    def _gemm(self, rows: int, n: int, k: int, dense: bool = False) -> float:
+        """A linear layer's GEMM (its weights FP8 where the shape's are, unless `dense`:
+        the LM head and the router keep the model's dtype)."""
+        s, c = self.shape, self.compute
+        fp8 = s.fp8_weights and not dense
+        nbytes = n * k * (1 if fp8 else s.dtype_bytes) + rows * (n + k) * s.dtype_bytes
+        if fp8:
+            return c.fp8_gemm_s(nbytes, 2.0 * rows * n * k)
+        return c.roofline_s(c.gemm, nbytes, 2.0 * rows * n * k)
 
     def _moe(self, rows: int, tp: int) -> float:
         """Experts split by TP (each rank a 1/tp slice of every expert): the experts the batch
@@ -153,17 +165,18 @@ class StepModel:
         width = s.expert_intermediate / tp
         nbytes = touched * 3 * s.hidden * width * s.dtype_bytes
         flops = 2.0 * picks * 3 * s.hidden * width
-        return c.roofline_s(c.moe, nbytes, flops) + self._gemm(rows, s.num_experts, s.hidden)
+        return (c.roofline_s(c.moe, nbytes, flops)
+                + self._gemm(rows, s.num_experts, s.hidden, dense=True))
 
     def _attention(self, batch: StepBatch, attn: int) -> float:
         s, c = self.shape, self.compute
         heads = s.num_heads / attn
         kv_heads = max(1.0, s.num_kv_heads / attn)
-        b, d = s.dtype_bytes, s.head_dim
+        b, kb, d = s.dtype_bytes, s.kv_elem_bytes, s.head_dim
         dec_bytes = dec_flops = pre_bytes = pre_flops = 0.0
         for seq in batch.seqs:
             total = seq.context + seq.query
-            kv_read = total * 2 * kv_heads * d * b
+            kv_read = total * 2 * kv_heads * d * kb
             if seq.query == 1:
                 dec_bytes += kv_read + heads * d * 2 * b
                 dec_flops += 4.0 * heads * d * total
@@ -183,7 +196,7 @@ class StepModel:
         s, c = self.shape, self.compute
         rows = len(batch.seqs)
         shards = plan.sp * plan.tp
-        out.add("lm_head", self._gemm(rows, s.vocab // shards, s.hidden))
+        out.add("lm_head", self._gemm(rows, s.vocab // shards, s.hidden, dense=True))
         if shards > 1:
             out.add("all_gather", self._collective(
                 "all_gather", rows * s.vocab // shards * 4, shards, graph))
@@ -212,9 +225,9 @@ class StepModel:
         mlp = s.mlp_params * (s.num_layers / ffn_owners + ffn_slots * (ffn_owners - 1) / ffn_owners)
         layers = (s.num_layers * s.attention_params + mlp) / (plan.tp * plan.pp)
         embeddings = s.embedding_params / (plan.sp * plan.tp)
-        held = (layers + embeddings) * s.dtype_bytes
+        held = layers * s.linear_bytes + embeddings * s.dtype_bytes
         if extra_shift_copy and plan.sp > 1:
-            held += s.num_layers * s.layer_params / (plan.sp * plan.tp * plan.pp) * s.dtype_bytes
+            held += s.num_layers * s.layer_bytes / (plan.sp * plan.tp * plan.pp)
         return held
 
     def kv_tokens(self, plan: Plan, extra_shift_copy: bool = False, ffn_owners: int = 1,
@@ -225,7 +238,7 @@ class StepModel:
         free = (c.memory_bytes * c.memory_utilization - c.activation_bytes
                 - self.weight_bytes_per_rank(plan, extra_shift_copy, ffn_owners, ffn_slots))
         kv_heads = max(1.0, s.num_kv_heads / (plan.sp * plan.tp))
-        per_token = 2 * (s.num_layers / plan.pp) * kv_heads * s.head_dim * s.dtype_bytes
+        per_token = 2 * (s.num_layers / plan.pp) * kv_heads * s.head_dim * s.kv_elem_bytes
         if free <= 0:
             return 0
         return plan.dp * int(free // per_token)

@@ -69,5 +69,5 @@ def kv_move_s(model: StepModel, tokens: int, ranks: int) -> float:
 def sidp_fetch_s(model: StepModel, tp: int, owners: int) -> float:
     """Weight-as-a-Service: one layer's FFN slice a rank fetches from its owner."""
     s = model.shape
-    nbytes = s.mlp_params * s.dtype_bytes / tp * (owners - 1) / owners
+    nbytes = s.mlp_params * s.linear_bytes / tp * (owners - 1) / owners
     return model.link.seconds("peer_copy", nbytes, 2)

@@ -55,7 +55,10 @@ def choose_for(config: EngineConfig, hf_config, dtype: torch.dtype,
         hardware = probe_hardware(device)
         hardware = dataclasses.replace(
             hardware, memory_bytes=hardware.memory_bytes * config.gpu_memory_utilization)
-    choice = choose_plans(ModelShape.of_hf(hf_config, dtype.itemsize), hardware,
+    kv_bytes = kv_cache_torch_dtype(config.kv_cache_dtype, dtype).itemsize
+    shape = ModelShape.of_hf(hf_config, dtype.itemsize, 1 if config.quantization == "fp8" else 0,
+                             kv_bytes)
+    choice = choose_plans(shape, hardware,
                           workload_of(config, hf_config, dtype), world,
                           config.seesaw.resident_weights)
     logger.info("prefill_plan=auto over %d ranks per group (%s link), seconds per request:\n%s",

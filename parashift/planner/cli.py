@@ -23,6 +23,10 @@ def add_planner_args(p) -> None:
     p.add_argument("--num-requests", type=int, default=None,
                    help="requests drawn from the workload (default: the workload's)")
     p.add_argument("--seed", type=int, default=0, help="the workload's seed")
+    p.add_argument("--quantization", default=None, choices=["fp8"],
+                   help="--recommend/--simulate: FP8 linear weights (as the engine's flag)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+                   help="--recommend/--simulate: the KV cache's dtype (as the engine's flag)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -44,7 +48,8 @@ def run_planner(args) -> None:
         raise SystemExit(f"parashift plan --recommend needs {', '.join(missing)}")
     try:
         rec = recommend(args.model, args.gpus, args.workload, args.nnodes, args.gpu_kind,
-                        WorkloadOptions(seed=args.seed, num_requests=args.num_requests))
+                        WorkloadOptions(seed=args.seed, num_requests=args.num_requests),
+                        args.quantization, args.kv_cache_dtype)
     except ValueError as e:
         raise SystemExit(f"parashift plan --recommend: {e}") from None
     print(json.dumps(rec.as_dict(), indent=1) if args.json else render(rec))

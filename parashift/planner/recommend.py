@@ -1,5 +1,6 @@
 """`parashift plan --recommend`: every static plan of the node's GPUs, Shift over every base
-plan with SP, and Seesaw's pairs (offline workloads), each predicted from the cost model on
+plan with SP, SiDP over every DP layout of plain TP replicas inside a host, Flying over the
+same layouts, and Seesaw's pairs (offline workloads), each predicted from the cost model on
 a bench workload: TTFT, TPOT, throughput and KV capacity; ranked by what the workload
 measures (offline: throughput; online: a request's latency, TTFT + its output's TPOTs).
 
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from parashift.bench.workloads import Workload, WorkloadOptions, build_phases, get_workload
 from parashift.cost.advisor import Advisor
 from parashift.cost.profile import load
-from parashift.cost.runs import Engine, Served, offline_s, prefill_s, step_s
+from parashift.cost.runs import Engine, Served, kv_tokens, offline_s, prefill_s, step_s
+from parashift.cost.sidp import SLOTS
 from parashift.cost.seesaw_run import seesaw_s
 from parashift.cost.shape import SHAPES, ModelShape, load_shape
 from parashift.cost.step import StepBatch, StepModel, replica_plan
@@ -105,6 +107,13 @@ def candidates(shape: ModelShape, gpus: int, gpus_per_node: int, offline: bool
         chosen.append(Served(plan))
         if plan.sp > 1:
             chosen.append(Served.shift(plan))
+        if plan.dp > 1 and plan.pp == plan.sp == 1 and plan.world_size <= gpus_per_node:
+            sidp = Served.sidp(plan, None)
+            if shape.moe or shape.fp8_weights:
+                refused[sidp.name] = ("SiDP shares dense FFN weights in the model's dtype "
+                                      "(no MoE experts, no FP8 weights)")
+            else:
+                chosen.append(sidp)
     if offline:
         for pp in _divisors(gpus)[1:]:
             prefill, decode = Plan(pp=pp, tp=gpus // pp), Plan(tp=gpus)
@@ -129,16 +138,38 @@ def workload_requests(workload: Workload, options: WorkloadOptions) -> tuple[lis
     return lengths, (len(times) - 1) / span if span > 0 else math.inf
 
 
+def _with_threshold(advisor: Advisor, cand):
+    """Shift at the model's crossover; SiDP at the model's B_th (the link profile's peer
+    copies against the step's compute)."""
+    if not isinstance(cand, Served):
+        return cand
+    if cand.decode is not None:
+        return replace(cand, threshold=advisor.shift_threshold(cand.plan))
+    if cand.ffn_owners > 1:
+        return replace(cand, ffn_threshold=advisor.sidp_threshold(cand.plan.tp, cand.ffn_owners))
+    return cand
+
+
+def kind_of(served: Served) -> str:
+    return "shift" if served.decode else "sidp" if served.ffn_owners > 1 else "static"
+
+
+def _detail(served: Served) -> dict:
+    if served.ffn_owners > 1:
+        return {"b_th": served.ffn_threshold}
+    return {}
+
+
 def predict_offline(model: StepModel, served: Served, reqs: list, engine: Engine) -> Prediction:
     seconds = offline_s(model, served, reqs, engine)
     mean_in = sum(i for i, _ in reqs) / len(reqs)
     plan = replica_plan(served.plan)
     seats = max(1, min(engine.max_num_seqs, len(reqs) // served.plan.dp))
     tpot = step_s(model, served, StepBatch.decode(seats, int(mean_in)))
-    return Prediction(served.name, "shift" if served.decode else "static",
+    return Prediction(served.name, kind_of(served),
                       prefill_s(model, served, int(mean_in), engine), tpot,
                       sum(i + o for i, o in reqs) / seconds,
-                      model.kv_tokens(plan) * served.plan.dp)
+                      kv_tokens(model, served) * served.plan.dp, detail=_detail(served))
 
 
 def predict_online(model: StepModel, served: Served, reqs: list, rate: float,
@@ -153,7 +184,7 @@ def predict_online(model: StepModel, served: Served, reqs: list, rate: float,
     per_replica = rate / dp
     rho = per_replica * prefill
     context = int(mean_in + mean_out / 2)
-    kv = model.kv_tokens(replica_plan(served.plan))
+    kv = kv_tokens(model, served)
     batch, step = 1, step_s(model, served, StepBatch.decode(1, context))
     for _ in range(30):
         if rho >= 1:
@@ -169,17 +200,17 @@ def predict_online(model: StepModel, served: Served, reqs: list, rate: float,
         served_rate = rate
         ttft = prefill * (1 + rho / (2 * (1 - rho))) + step / 2
     tpot = step / (1 - min(rho, 0.999))
-    return Prediction(served.name, "shift" if served.decode else "static", ttft, tpot,
+    return Prediction(served.name, kind_of(served), ttft, tpot,
                       served_rate * (mean_in + mean_out), kv * dp, overloaded,
-                      {"prefill_share": round(rho, 3), "decode_batch": batch})
+                      {"prefill_share": round(rho, 3), "decode_batch": batch, **_detail(served)})
 
 
 def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
-              gpu_kind: str = "h200", options: WorkloadOptions = WorkloadOptions()
-              ) -> Recommendation:
+              gpu_kind: str = "h200", options: WorkloadOptions = WorkloadOptions(),
+              quantization: str | None = None, kv_cache_dtype: str = "auto") -> Recommendation:
     if gpus < 1 or nnodes < 1 or gpus % nnodes:
         raise ValueError(f"--gpus {gpus} over --nnodes {nnodes}: give a multiple of the hosts")
-    shape = load_shape(model_name)
+    shape = load_shape(model_name).quantized(quantization, kv_cache_dtype)
     workload = get_workload(workload_name)
     per_node = gpus // nnodes
     model = node_model(shape, per_node, gpu_kind)
@@ -187,16 +218,17 @@ def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
     engine = Engine()
     chosen, refused = candidates(shape, gpus, per_node, workload.offline)
     advisor = Advisor(model, max_seqs=engine.max_num_seqs)  # Shift at the model's crossover
-    chosen = [replace(c, threshold=advisor.shift_threshold(c.plan))
-              if isinstance(c, Served) and c.decode is not None else c for c in chosen]
+    chosen = [_with_threshold(advisor, c) for c in chosen]
     ranked = []
     longest = max(i + o for i, o in reqs)
     for cand in chosen:
         name = cand.name if isinstance(cand, Served) else f"seesaw-{cand[0].name()}-{cand[1].name()}"
-        plan = cand.plan if isinstance(cand, Served) else cand[1]
-        kv = model.kv_tokens(replica_plan(plan))
+        served = cand if isinstance(cand, Served) else Served(cand[1])
+        kv = kv_tokens(model, served)
         if kv < longest:
-            weights = model.weight_bytes_per_rank(replica_plan(plan)) / 1e9
+            weights = model.weight_bytes_per_rank(
+                replica_plan(served.plan), ffn_owners=served.ffn_owners,
+                ffn_slots=SLOTS if served.ffn_owners > 1 else 0) / 1e9
             refused[name] = (f"does not fit: {weights:.1f} GB of weights per GPU leave KV for "
                              f"{max(kv, 0):,} tokens a replica; the longest request needs {longest:,}")
             continue
@@ -212,6 +244,10 @@ def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
              "offline: throughput from continuous batching by events; TTFT of a mean prompt on "
              "an idle node"
              if workload.offline else f"online at {rate:.3g} req/s: a queue per replica"]
+    if shape.fp8_weights or shape.kv_elem_bytes == 1:
+        weights = "E4M3 linear weights" if shape.fp8_weights else "weights in the model's dtype"
+        kv = "E4M3" if shape.kv_elem_bytes == 1 else "the model's dtype"
+        notes.append(f"FP8: {weights} (the profile's FP8 GEMM fit); KV cache in {kv}")
     if nnodes > 1:
         notes.append("across hosts only PP and DP; no inter-host link profile is committed, so "
                      "a PP stage boundary between hosts is costed at the intra-host rate")

@@ -29,7 +29,7 @@ def run_simulate(args) -> None:
         raise SystemExit(f"parashift plan --simulate reports as `bench serve` does, which needs "
                          f"the serve extra ({e.name} is missing): pip install 'parashift[serve]'")
     try:
-        shape = load_shape(args.model)
+        shape = load_shape(args.model).quantized(args.quantization, args.kv_cache_dtype)
         workload = get_workload(args.workload)
         config = engine_config(args, _shape_file(args.model))
         gpus = config.node_layout.world_size

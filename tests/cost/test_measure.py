@@ -6,11 +6,15 @@ from parashift.cost.profile import ComputeProfile, load
 
 def test_profile_measures_the_cpu_and_writes_a_loadable_profile(tmp_path, capsys):
     out = tmp_path / "cpu.json"
-    main(["profile", "--output", str(out), "--device", "cpu"])
+    main(["profile", "--output", str(out), "--device", "cpu", "--quick"])
     printed = capsys.readouterr().out
     profile = load(out)
     assert isinstance(profile, ComputeProfile) and profile.device == "cpu"
     assert profile.source.startswith("measured by `parashift profile` at commit")
     assert profile.hbm_bytes_per_s > 0 and profile.matmul_flops > 0
     assert 0 < profile.gemm.bw_eff <= 1 and profile.gemm.launch_s >= 0
+    assert 0 < profile.decode_attention.bw_eff <= 1 and 0 < profile.elementwise.bw_eff <= 1
+    # host work from the engine's own decode steps, per step and per sequence
+    assert [b for b, _ in profile.notes["host"]["points"]] == [1, 8]
+    assert profile.host_step_s >= 0 and profile.host_seq_s >= 0
     assert "link profile is left as committed" in printed

@@ -89,3 +89,15 @@ def test_pinned_predictions_of_the_committed_h200_profiles(plan, batch, gpus, ms
     links = {1: None, 2: load(PROFILES / "h200x2_link.json"), 4: load(PROFILES / "h200x4_link.json")}
     model = StepModel(load_shape("llama-3.1-8b"), load(PROFILES / "h200_compute.json"), links[gpus])
     assert math.isclose(model.step_s(Plan.parse(plan), batch) * 1e3, ms, rel_tol=1e-5)
+
+
+def test_host_work_adds_to_a_graph_step_or_overlaps_it_as_the_profile_says():
+    batch = StepBatch.decode(4, 9)
+    added = StepModel(SHAPE, compute(host_step_s=1e-3, host_seq_s=1e-4)).step(Plan(), batch)
+    device = sum(v for k, v in added.parts.items() if k != "host")
+    assert added.parts["host"] == pytest.approx(1.4e-3) and added.total == pytest.approx(
+        device + 1.4e-3)
+    overlapped = StepModel(SHAPE, compute(host_step_s=1e-3, host_seq_s=1e-4,
+                                          host_overlapped=True)).step(Plan(), batch)
+    assert overlapped.total == pytest.approx(max(device, 1.4e-3))
+    assert overlapped.parts["host_excess"] == pytest.approx(max(0.0, 1.4e-3 - device))

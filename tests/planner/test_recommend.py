@@ -74,3 +74,26 @@ def test_flying_runs_split_offline_and_merged_under_light_load():
     assert light["flying-dp4"].detail == {"runs": "merged"}
     assert light["flying-dp4"].ttft_s == light["tp4"].ttft_s
     assert light["flying-dp4"].kv_tokens == light["dp4"].kv_tokens
+
+
+def test_fp8_weights_fit_a_70b_on_one_h200_where_bf16_does_not(capsys):
+    rec = recommend("llama-3.1-70b", 1, "chat", quantization="fp8", kv_cache_dtype="fp8")
+    assert [p.name for p in rec.ranked] == ["single"]
+    assert any(note.startswith("FP8: E4M3 linear weights") for note in rec.notes)
+    bf16 = recommend("llama-3.1-8b", 2, "chat").ranked
+    fp8 = recommend("llama-3.1-8b", 2, "chat", quantization="fp8", kv_cache_dtype="fp8").ranked
+    tp2 = [{p.name: p for p in r}["tp2"] for r in (bf16, fp8)]
+    assert tp2[1].tpot_s < tp2[0].tpot_s and tp2[1].kv_tokens > 2 * tp2[0].kv_tokens
+    with pytest.raises(SystemExit, match="MoE experts refuse FP8"):
+        main(["plan", "--recommend", "--model", "qwen3-30b-a3b", "--gpus", "2", "--workload",
+              "chat", "--quantization", "fp8"])
+
+
+def test_sidp_is_ranked_with_b_th_from_the_link_profile_and_fits_where_dp_does_not():
+    rec = recommend("llama-3.1-70b", 2, "tail")
+    sidp = {p.name: p for p in rec.ranked}["sidp-dp2"]
+    advisor_b_th = sidp.detail["b_th"]
+    assert sidp.kind == "sidp" and isinstance(advisor_b_th, int) and advisor_b_th > 0
+    assert rec.refused["dp2"].startswith("does not fit: ") and sidp.kv_tokens > 0
+    fp8 = recommend("llama-3.1-8b", 2, "tail", quantization="fp8")
+    assert "no FP8 weights" in fp8.refused["sidp-dp2"]

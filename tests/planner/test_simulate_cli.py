@@ -25,3 +25,14 @@ def test_a_small_workload_completes_and_reports_like_bench_serve(capsys):
 def test_errors_are_clear(argv, message):
     with pytest.raises(SystemExit, match=message):
         main(["plan", "--simulate", *argv])
+
+
+def test_fp8_weights_and_kv_step_faster_than_bf16(capsys):
+    def tpot(*extra):
+        main(["plan", "--simulate", "--model", "llama-3.2-1b", "--workload", "chat",
+              "--num-requests", "4", "--json", *extra])
+        return json.loads(capsys.readouterr().out)["tpot_ms"]["mean"]
+    assert tpot("--quantization", "fp8", "--kv-cache-dtype", "fp8") < tpot()
+    with pytest.raises(SystemExit, match="MoE experts refuse FP8"):
+        main(["plan", "--simulate", "--model", "qwen3-30b-a3b", "--workload", "chat",
+              "--quantization", "fp8"])

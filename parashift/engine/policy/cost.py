@@ -12,7 +12,9 @@ groups' once both have run one (`NodeView.decode_step_s`), else k times at `effi
 measured speedup is not above 1 never pays, not even on an idle node.
 Gain of a split: the queued prompt tokens are computed by k groups instead of one, each
 waiting request gets a seat a step sooner, and a batch grown past the merge threshold stops
-paying the merged group's communication. A split keeps its running requests in their merged
+paying the merged group's communication. With the cost model (`advisor`) the share of k
+times a replica's pace a merged group keeps (`efficiency`) is predicted for the plans at
+hand (`merged_efficiency`) instead of the fixed default. A split keeps its running requests in their merged
 plan only while their remaining steps cost less than computing them again
 (`keeping_pays`)."""
 from dataclasses import dataclass, field
@@ -95,14 +97,29 @@ class SwitchCosts:
         steps = max((g.longest_decode_left for g in view.groups), default=0)
         return steps * self.step_seconds(view) * (1 - 1 / self.speedup(view, factor, merged))
 
-    def split_gain(self, view: NodeView, factor: float, overfull: bool) -> float:
+    def merged_efficiency(self, view: NodeView, factor: float, merged: tuple[str, ...] = (),
+                          replicas: tuple[str, ...] = ()) -> float:
+        """The share of `factor` times a replica's pace a merged group keeps: with the cost
+        model, the `replicas`' predicted decode step of their share of the running requests
+        against the `merged` plans' step of all of them, over `factor`; else `efficiency`."""
+        if self.advisor is None or not merged or not replicas:
+            return self.efficiency
+        running = _running(view)
+        group_s = max(self.advisor.decode_step_s(Plan.parse(n), -(-running // len(replicas)))
+                      for n in replicas)
+        merged_s = max(self.advisor.decode_step_s(Plan.parse(n), running) for n in merged)
+        return min(1.0, group_s / merged_s / factor)
+
+    def split_gain(self, view: NodeView, factor: float, overfull: bool,
+                   target: tuple[str, ...] = ()) -> float:
         step = self.step_seconds(view)
         waiting = sum(g.num_waiting for g in view.groups)
         queued = sum(g.tokens_waiting for g in view.groups) / self.prefill_rate(view)
         gain = queued * (1 - 1 / factor) + waiting * step
         if overfull:
             steps = max((g.longest_decode_left for g in view.groups), default=0)
-            gain += steps * step * (1 - self.efficiency)
+            kept = self.merged_efficiency(view, factor, tuple(view.layout), target)
+            gain += steps * step * (1 - kept)
         return gain
 
     def keeping_pays(self, view: NodeView, factor: float) -> bool:
@@ -115,13 +132,15 @@ class SwitchCosts:
 
     def merge_pays(self, view: NodeView, factor: float, moves_running: bool = True,
                    merged: tuple[str, ...] = ()) -> bool:
+        replicas = tuple(n for n in view.layout if n not in merged)
+        kept = self.merged_efficiency(view, factor, merged, replicas)
         return self.speedup(view, factor, merged) > 1 and self.merge_gain(
-            view, factor, moves_running, merged) >= self.cost(
-            view, factor * self.efficiency, moves_running)
+            view, factor, moves_running, merged) >= self.cost(view, factor * kept, moves_running)
 
     def split_pays(self, view: NodeView, factor: float, overfull: bool,
-                   moves_running: bool = False) -> bool:
-        return self.split_gain(view, factor, overfull) >= self.cost(view, factor, moves_running)
+                   moves_running: bool = False, target: tuple[str, ...] = ()) -> bool:
+        return self.split_gain(view, factor, overfull, target) >= self.cost(
+            view, factor, moves_running)
 
 
 def _running(view: NodeView) -> int:

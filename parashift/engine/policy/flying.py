@@ -151,7 +151,8 @@ class FlyingPolicy:
         overfull = sum(g.num_running for g in view.groups) > 2 * self.merge_running
         factor = self.width / wanted
         return self.costs.split_pays(view, factor, overfull,
-                                     self._preempts("split", view, factor) == "recompute")
+                                     self._preempts("split", view, factor) == "recompute",
+                                     self.layouts[wanted])
 
     def _change(self, width: int, now: float) -> int:
         if width != self.width:

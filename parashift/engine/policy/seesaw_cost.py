@@ -88,6 +88,8 @@ class ModelShape:
     vocab: int
     dtype_bytes: int = 2
     tied_embeddings: bool = False
+    weight_dtype_bytes: int = 0   # the linear layers' weights (1: FP8); 0: dtype_bytes
+    kv_dtype_bytes: int = 0       # the KV cache's (1: FP8); 0: dtype_bytes
 
     def __post_init__(self):
         for f in ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim",
@@ -96,7 +98,8 @@ class ModelShape:
                 raise ValueError(f"model shape {f} must be an integer >= 1, got {getattr(self, f)!r}")
 
     @classmethod
-    def of_hf(cls, hf_config, dtype_bytes: int = 2) -> "ModelShape":
+    def of_hf(cls, hf_config, dtype_bytes: int = 2, weight_dtype_bytes: int = 0,
+              kv_dtype_bytes: int = 0) -> "ModelShape":
         experts = [a for a in MOE_ATTRIBUTES if (getattr(hf_config, a, 0) or 0) > 0]
         if experts:
             raise ValueError("the seesaw cost model (prefill_plan='auto') covers dense models; "
@@ -106,7 +109,8 @@ class ModelShape:
         return cls(hf_config.num_hidden_layers, hf_config.hidden_size,
                    hf_config.num_attention_heads, hf_config.num_key_value_heads, head_dim,
                    hf_config.intermediate_size, hf_config.vocab_size, dtype_bytes,
-                   bool(getattr(hf_config, "tie_word_embeddings", False)))
+                   bool(getattr(hf_config, "tie_word_embeddings", False)),
+                   weight_dtype_bytes, kv_dtype_bytes)
 
     @property
     def layer_params(self) -> int:
@@ -117,7 +121,7 @@ class ModelShape:
 
     @property
     def layer_bytes(self) -> int:
-        return self.layer_params * self.dtype_bytes
+        return self.layer_params * (self.weight_dtype_bytes or self.dtype_bytes)
 
     @property
     def weight_bytes(self) -> int:
@@ -126,7 +130,8 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * (
+            self.kv_dtype_bytes or self.dtype_bytes)
 
     def check(self, plan: Plan) -> None:
         """The engine's own start-up check of the split (heads, KV heads, layers, MLP)."""
@@ -213,7 +218,7 @@ def seconds_per_sequence(shape: ModelShape, hw: Hardware, plan: Plan, batch: flo
         attn_bytes = shape.dtype_bytes * batch * seq_tokens * (hq + 2 * hkv) * d
         attn_flops = 2 * batch * hq * seq_tokens ** 2 * d
     else:
-        attn_bytes = 2 * shape.dtype_bytes * batch * seq_tokens * hkv * d
+        attn_bytes = 2 * (shape.kv_dtype_bytes or shape.dtype_bytes) * batch * seq_tokens * hkv * d
         attn_flops = 4 * batch * hq * seq_tokens * d
     attn_s = max(attn_bytes / hw.hbm_bytes_per_s, attn_flops / hw.matmul_flops)
     network_s = 0.0

@@ -93,3 +93,25 @@ def test_seesaw_auto_over_the_profiles_rates_picks_a_static_plan_on_nvlink():
     assert choice.best.name == "dp4"  # the measured DP4 ran 86,330 tok/s, the best row
     assert [s.name for s in choice.table[:3]] == ["dp4", "dp2xpp2", "dp2xtp2"]
     assert choice.table[6].name == "pp4->tp4"
+
+
+def test_flying_takes_a_merged_groups_efficiency_from_the_model_not_the_default():
+    """With the cost model the share of k times a replica's pace a merged group keeps is the
+    plans' predicted steps' (the default 0.8 is for a node without a profile): four 8B
+    replicas merged keep 0.43 of 4x at one request each and 0.26 at 64 each."""
+    costs = SwitchCosts(advisor=advisor_for(config(), LLAMA_8B, 4))
+    light = NodeView((group(1),) * 4, 1.0, REPLICAS)
+    assert costs.merged_efficiency(light, 4, ("merge4-tp4",), REPLICAS) == pytest.approx(
+        0.43343979, rel=1e-6)
+    assert costs.merged_efficiency(light, 4, ("merge4-tp4",), REPLICAS) == pytest.approx(
+        costs.speedup(light, 4, ("merge4-tp4",)) / 4, rel=1e-9)
+    heavy = NodeView((group(64, num_running=64, longest_decode_left=20),) * 4, 1.0, REPLICAS)
+    assert costs.merged_efficiency(heavy, 4, ("merge4-tp4",), REPLICAS) == pytest.approx(
+        0.26088586, rel=1e-6)
+    assert SwitchCosts().merged_efficiency(heavy, 4, ("merge4-tp4",), REPLICAS) == 0.8
+    merged = NodeView((group(256, plan="merge4-tp4", num_running=256, longest_decode_left=200,
+                             num_waiting=4, tokens_waiting=4000),), 1.0, ("merge4-tp4",))
+    kept = costs.merged_efficiency(merged, 4, ("merge4-tp4",), REPLICAS)
+    queued = 4000 / costs.prefill_rate(merged) * 0.75 + 4 * costs.step_seconds(merged)
+    assert costs.split_gain(merged, 4, True, REPLICAS) == pytest.approx(
+        queued + 200 * costs.step_seconds(merged) * (1 - kept), rel=1e-12)

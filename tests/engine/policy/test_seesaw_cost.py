@@ -150,3 +150,14 @@ def test_the_report_names_every_candidate():
     choice = choose_plans(LLAMA_8B, A10_PCIE, replace(SUMMARIZE, tier_tokens=2000), 2)
     report = choice.report()
     assert all(name in report for name in ("tp2", "dp2", "pp2", "pp2->tp2 refused"))
+
+
+def test_fp8_weights_and_kv_halve_the_bytes_the_seesaw_model_moves_and_holds():
+    from parashift.engine.policy.seesaw_cost import ModelShape as SeesawShape
+    bf16 = SeesawShape(32, 4096, 32, 8, 128, 14336, 128256)
+    fp8 = SeesawShape(32, 4096, 32, 8, 128, 14336, 128256, weight_dtype_bytes=1,
+                      kv_dtype_bytes=1)
+    assert fp8.layer_bytes * 2 == bf16.layer_bytes
+    assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
+    embeddings = 2 * 128256 * 4096 * 2
+    assert fp8.weight_bytes == (bf16.weight_bytes - embeddings) // 2 + embeddings

@@ -1,0 +1,50 @@
+"""SiDP's step (arXiv 2605.28095; worker/shared_ffn.py): d DP replicas of TP = t whose ranks
+each hold one 1/d slice of every FFN layer of their TP shard.
+
+- Weight-as-a-Service (`was`): before a layer's FFN a rank copies the d - 1 slices it lacks
+  from its peers into a slot, during the layers before it: a layer takes the longer of its
+  own compute and its fetch (the fetch is exposed where the step is short).
+- Compute-as-a-Service (`cas`): the replicas' tokens are gathered on every rank, each
+  applies its slice (1/d of the FFN width) to all of them, and the sums are reduce-scattered
+  back: the FFN runs d times the rows at 1/d of the width, plus the two exchanges, a layer.
+
+The mode of a step: `was` from B_th tokens a replica (the sidp policy's rule, its
+hysteresis left out), else `cas`."""
+from parashift.cost.step import Breakdown, StepBatch, StepModel, replica_plan
+from parashift.cost.switch import sidp_fetch_s
+from parashift.parallel.plan import Plan
+
+SLOTS = 2  # SidpConfig.slots' default: layers' worth of fetched slices a rank holds
+
+
+def sidp_mode(tokens: int, threshold: int | None) -> str:
+    return "was" if threshold is not None and tokens >= threshold else "cas"
+
+
+def sidp_step(model: StepModel, plan: Plan, batch: StepBatch, owners: int, mode: str
+              ) -> Breakdown:
+    """One replica's step of `plan` (plain TP) whose FFN weights `owners` replicas share."""
+    if model.link is None:
+        raise ValueError("SiDP's steps need a link profile (peer copies, exchanges)")
+    if model.shape.moe or model.shape.fp8_weights:
+        raise ValueError("SiDP shares dense FFN weights in the model's dtype (the engine "
+                         "refuses MoE experts and FP8 weights)")
+    s = model.shape
+    out = model.step(replica_plan(plan), batch)
+    if mode == "was":
+        device = sum(v for k, v in out.parts.items() if not k.startswith("host"))
+        extra = s.num_layers * max(0.0, sidp_fetch_s(model, plan.tp, owners)
+                                   - device / s.num_layers)
+        name = "ffn_fetch_exposed"
+    elif mode == "cas":
+        graph = model.graphs and batch.is_decode
+        exchange = 2 * model.link.seconds("all_gather", batch.tokens * s.hidden * s.dtype_bytes,
+                                          owners, graph)
+        shared = model.mlp_s(batch.tokens * owners, plan.tp * owners)
+        extra = s.num_layers * (shared + exchange - model.mlp_s(batch.tokens, plan.tp))
+        name = "ffn_cas"
+    else:
+        raise ValueError(f"a SiDP mode is was or cas, got {mode!r}")
+    out.add(name, extra)
+    out.total += extra
+    return out
