@@ -43,6 +43,15 @@ def check_same_tokenizer(target_tokenizer, target_vocab: int, draft_source,
                          "target's tokenizer (their vocabularies map tokens to other ids)")
 
 
+def draft_memory_share(target_share: float) -> float:
+    """The draft's --gpu-memory-utilization on the target's device: the target's pool
+    already took `target_share` of it, so the draft's weights and KV take half of what is
+    left (0.9 -> 0.95), the other half staying the two models' activation headroom. Where
+    its pool runs out a request drafts nothing (no error); a lower share for the target
+    leaves the draft more."""
+    return target_share + (1.0 - target_share) / 2
+
+
 class DraftModelProposer(Proposer):
 
     def __init__(self, config: SpeculativeConfig, engine):
@@ -59,6 +68,7 @@ class DraftModelProposer(Proposer):
             max_num_seqs=target.max_num_seqs, block_size=target.block_size,
             max_num_batched_tokens=target.max_num_batched_tokens,
             num_blocks=target.num_blocks, kv_cache_memory=target.kv_cache_memory,
+            gpu_memory_utilization=draft_memory_share(target.gpu_memory_utilization),
             load_format=target.load_format, attention_backend=target.attention_backend,
             deterministic=target.deterministic, cuda_graphs=False,
             skip_tokenizer_init=True, trust_remote_code=target.trust_remote_code)

@@ -1,4 +1,5 @@
 """The n-gram (prompt lookup) and suffix proposers."""
+import pytest
 from parashift.spec_decode.config import SpeculativeConfig
 from parashift.spec_decode.ngram import NgramProposer
 from parashift.spec_decode.suffix import SuffixProposer, SuffixTrie, best_path
@@ -61,3 +62,10 @@ def test_suffix_draft_length_follows_the_match_length():
     proposer = SuffixProposer(config)
     tokens = list(range(20)) + [30] + list(range(8))
     assert proposer.propose("a", tokens, 10) == [8, 9, 10, 11]  # 8 matched -> 4 drafted
+
+
+def test_the_draft_model_takes_half_the_memory_the_target_leaves():
+    from parashift.spec_decode.draft_model import draft_memory_share
+    assert draft_memory_share(0.9) == pytest.approx(0.95)
+    assert draft_memory_share(0.5) == pytest.approx(0.75)
+    assert draft_memory_share(1.0) == 1.0
