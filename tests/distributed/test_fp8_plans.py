@@ -4,8 +4,12 @@ reordered with Shift's rows and moved by its switches, in Flying's merged views,
 stages and node layouts of several groups, in SiDP's owned slices and slots (gloo, one
 process per rank)."""
 import json
+import shutil
+from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from parashift import LLM
 from tests.distributed.test_merges import run_cycle
@@ -49,6 +53,35 @@ def test_fp8_merges_and_splits_keep_weights_and_tokens(model, tmp_path):
                                           ["merge2-tp2", "single,single"], limit=4, **FP8)
     assert_same(outputs, model[1])
     assert records and records[0].kind == "merge"
+
+
+@pytest.fixture(scope="module")
+def head_scales(model, tmp_path_factory):
+    """The model's checkpoint with KV scales per head (2 KV heads, each its own), and its
+    FP8 outputs on one device."""
+    directory = tmp_path_factory.mktemp("fp8_head_scales")
+    tensors = load_file(f"{model[0]}/model.safetensors")
+    for layer in range(3):
+        for name, scale in (("k", [0.37, 0.81]), ("v", [0.6, 0.29])):
+            tensors[f"model.layers.{layer}.self_attn.{name}_scale"] = torch.tensor(scale)
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(Path(model[0], "config.json"), directory / "config.json")
+    return str(directory), generate(directory, prompts(n=8), **FP8)[0]
+
+
+@pytest.mark.parametrize("plan", [dict(tensor_parallel_size=2),
+                                  dict(sequence_parallel_size=2)], ids=plan_id)
+def test_kv_scales_per_head_under_tp_and_sp_match_one_device(head_scales, plan):
+    """TP: each rank's KV head with its own scales; SP: the scaled heads exchanged."""
+    outputs, _ = generate(head_scales[0], prompts(n=8), **FP8, **plan)
+    assert_same(outputs, head_scales[1])
+
+
+def test_kv_scales_per_head_refused_where_a_plan_splits_the_shard(head_scales):
+    """Shift's TP plan runs a part of the SP plan's heads: a clear error at start-up."""
+    with pytest.raises(Exception, match=r"KV cache scales are per head.*\['shift-tp2'\]"):
+        generate(head_scales[0], prompts(n=2), **FP8, sequence_parallel_size=2,
+                 parallel_policy="shift", shift_threshold=8)
 
 
 @pytest.fixture(scope="module")
