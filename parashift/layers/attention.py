@@ -32,6 +32,7 @@ class Attention(nn.Module):
         # An FP8 pool's scales (stored = value / scale): 1.0, or the checkpoint's per tensor
         # (floats), or per KV head (fp32 tensors over this shard's KV heads)
         self.kv_scales: list = [1.0, 1.0]
+        self._head_scales: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}  # by slice
         if get_context().kv_fp8:
             for i, name in enumerate(("k_scale", "v_scale")):
                 param = nn.Parameter(torch.ones(1, dtype=torch.float32), requires_grad=False)
@@ -56,6 +57,7 @@ class Attention(nn.Module):
         if self.scales_per_head:  # both as tensors over this shard's KV heads
             self.kv_scales = [torch.full((self.num_kv_heads,), s, device=param.device)
                               if isinstance(s, float) else s for s in self.kv_scales]
+            self._slice_head_scales()
 
     @property
     def scales_per_head(self) -> bool:
@@ -95,25 +97,45 @@ class Attention(nn.Module):
         o = ulysses.gather_heads(sp, o) if sp.size > 1 else o
         return self._out_of_head_scales(o) if fp8 and self.scales_per_head else o
 
-    def _per_query_head(self, scale: torch.Tensor) -> torch.Tensor:
-        return scale.repeat_interleave(self.num_heads // self.num_kv_heads).view(1, -1, 1)
+    def _step_head_scales(self, query_heads: int) -> tuple[torch.Tensor, ...]:
+        """(k, v) scales of the KV heads this step's plan runs and (k, v) of each of its
+        query heads: the loaded shard's, or the slice of them that a plan narrowing the
+        shard (Shift's TP plan, Flying's merges) runs."""
+        key = (1, 0)
+        if query_heads != self.num_heads:
+            state = get_context().state
+            key = state.plan.narrowing(state.rank) or key
+            if self.num_heads // key[0] != query_heads:
+                raise RuntimeError(f"a step of {query_heads} query heads on a shard of "
+                                   f"{self.num_heads}: no slice of KV scales per head fits")
+        return self._head_scales[key]
 
-    def _check_shard_heads(self, q: torch.Tensor) -> None:
-        if q.shape[1] != self.num_heads:
-            raise RuntimeError(
-                f"KV cache scales per head need each rank to run its loaded TP shard's "
-                f"{self.num_heads} heads; this plan runs {q.shape[1]} (Shift's TP plan and "
-                "Flying's merged plans split them further): use per-tensor KV scales there")
+    def _slice_head_scales(self) -> None:
+        """`_step_head_scales` for every slice a plan may run (made at load: no copy to
+        the device in a step): the `position`-th of `factor` blocks of query heads, and
+        their KV heads as `shift_weights.shift_rows` cuts them."""
+        group = self.num_heads // self.num_kv_heads
+        k_scale, v_scale = (s.float().cpu() for s in self.kv_scales)
+        device = self.kv_scales[0].device
+        self._head_scales = {}
+        for factor in (f for f in range(1, self.num_heads + 1) if self.num_heads % f == 0):
+            width = self.num_heads // factor
+            for position in range(factor):
+                kv = ulysses.kv_heads_for_block(position, factor, self.num_heads,
+                                                self.num_kv_heads)
+                by_query = [h // group for h in range(position * width, (position + 1) * width)]
+                self._head_scales[factor, position] = tuple(
+                    t.to(device).view(1, -1, 1) for t in (k_scale[kv], v_scale[kv],
+                                                         k_scale[by_query], v_scale[by_query]))
 
     def _into_head_scales(self, q, k, v):
         """k / k_scale and v / v_scale per KV head, q * k_scale of its KV head: the scores
         are unchanged and the pool holds the scaled k and v."""
-        self._check_shard_heads(q)
-        k_scale, v_scale = self.kv_scales
-        k = (k.float() / k_scale.view(1, -1, 1)).to(k.dtype)
-        v = (v.float() / v_scale.view(1, -1, 1)).to(v.dtype)
-        return (q.float() * self._per_query_head(k_scale)).to(q.dtype), k, v
+        k_scale, v_scale, q_scale, _ = self._step_head_scales(q.shape[1])
+        k = (k.float() / k_scale).to(k.dtype)
+        v = (v.float() / v_scale).to(v.dtype)
+        return (q.float() * q_scale).to(q.dtype), k, v
 
     def _out_of_head_scales(self, o: torch.Tensor) -> torch.Tensor:
         """The output of v / v_scale, times v_scale of each query head's KV head."""
-        return (o.float() * self._per_query_head(self.kv_scales[1])).to(o.dtype)
+        return (o.float() * self._step_head_scales(o.shape[1])[3]).to(o.dtype)

@@ -20,8 +20,7 @@ from parashift.step.message import PLACEHOLDER_TOKEN, ChunkDelta, StepBatch
 from parashift.worker.step_chunks import DecodeChunks, RequestTables, SeqChunk, sample_rows_of
 from parashift.worker.prompt_logprobs import (PromptLogprobRequests, gather_rows,
                                               prompt_logprobs)
-from parashift.worker.plan_resources import (PlanResources, check_kv_head_scales, make_resources,
-                                             weight_layout_of)
+from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
 from parashift.worker.rank_hooks import RankHooks, RankSetup, hooks_for_rank
 from parashift.worker.step_check import StepStateCheck
 from parashift.worker.step_inputs import StepInputs, build_step_inputs, counting
@@ -191,7 +190,6 @@ class ModelRunner:
             hook.report_memory(self.kv.nbytes)
         self.resources = self._make_resources([self.state, *other_states],
                                               hf_config.num_key_value_heads)
-        check_kv_head_scales(self.resources, attention_layers(self.model))
         self._report_kv_replication(hf_config.num_key_value_heads)
         self._warm_up_attention()
         for hook in self.hooks:

@@ -59,13 +59,3 @@ def make_resources(states: list[ParallelState], kv_view_of) -> dict[str, PlanRes
     return {s.plan.name(): PlanResources(s, weight_layout_of(s.plan, s.rank), *kv_view_of(s.plan),
                                          s.plan.narrowing(s.rank))
             for s in states}
-
-
-def check_kv_head_scales(resources: dict[str, PlanResources], attention_layers) -> None:
-    """KV scales per head apply on the loaded TP shard's heads: a plan that splits them
-    further (Shift's TP plan, Flying's merged plans) cannot run with them."""
-    narrowing = sorted(r.name for r in resources.values() if r.narrowing is not None)
-    if narrowing and any(layer.scales_per_head for layer in attention_layers):
-        raise ValueError(f"the checkpoint's KV cache scales are per head, which plans "
-                         f"{narrowing} cannot apply (they split the loaded TP shard's heads "
-                         "further): serve without them, or with per-tensor KV scales")

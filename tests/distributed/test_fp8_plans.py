@@ -19,9 +19,9 @@ from tests.engine.conftest import save_tiny_llama
 from tests.helpers.tiny_configs import save_tiny_checkpoint
 
 FP8 = dict(quantization="fp8", kv_cache_dtype="fp8")
+SHIFT = dict(sequence_parallel_size=2, parallel_policy="shift", shift_threshold=8)
 PLANS = [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2),
-         dict(layout="tp2,single"),
-         dict(sequence_parallel_size=2, parallel_policy="shift", shift_threshold=8)]
+         dict(layout="tp2,single"), SHIFT]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_fp8_plan_matches_fp8_on_one_device(model, plan, tmp_path):
     timeline = tmp_path / "timeline.jsonl"
     outputs, _ = generate(model[0], prompts(n=8), **FP8, **plan, timeline_file=str(timeline))
     assert_same(outputs, model[1])
-    if plan.get("parallel_policy") == "shift":  # both plans ran
+    if plan is SHIFT:  # both plans ran
         assert {json.loads(line)["plan"] for line in open(timeline)} == {"sp2", "shift-tp2"}
 
 
@@ -69,19 +69,24 @@ def head_scales(model, tmp_path_factory):
     return str(directory), generate(directory, prompts(n=8), **FP8)[0]
 
 
-@pytest.mark.parametrize("plan", [dict(tensor_parallel_size=2),
-                                  dict(sequence_parallel_size=2)], ids=plan_id)
-def test_kv_scales_per_head_under_tp_and_sp_match_one_device(head_scales, plan):
-    """TP: each rank's KV head with its own scales; SP: the scaled heads exchanged."""
-    outputs, _ = generate(head_scales[0], prompts(n=8), **FP8, **plan)
+@pytest.mark.parametrize("plan", [dict(tensor_parallel_size=2), SHIFT], ids=plan_id)
+def test_kv_scales_per_head_under_tp_and_shift_match_one_device(head_scales, plan, tmp_path):
+    """TP: each rank's KV head with its own scales; Shift: the SP plan's scaled heads
+    exchanged, the shift TP plan's slice of the shard's heads with theirs."""
+    timeline = tmp_path / "timeline.jsonl"
+    outputs, _ = generate(head_scales[0], prompts(n=8), **FP8, **plan,
+                          timeline_file=str(timeline))
     assert_same(outputs, head_scales[1])
+    if plan is SHIFT:
+        assert {json.loads(line)["plan"] for line in open(timeline)} == {"sp2", "shift-tp2"}
 
 
-def test_kv_scales_per_head_refused_where_a_plan_splits_the_shard(head_scales):
-    """Shift's TP plan runs a part of the SP plan's heads: a clear error at start-up."""
-    with pytest.raises(Exception, match=r"KV cache scales are per head.*\['shift-tp2'\]"):
-        generate(head_scales[0], prompts(n=2), **FP8, sequence_parallel_size=2,
-                 parallel_policy="shift", shift_threshold=8)
+def test_kv_scales_per_head_through_merges_and_splits(head_scales, tmp_path):
+    """Flying's merged plan runs half of each replica's heads with their scales."""
+    outputs, records, _, _, _ = run_cycle(head_scales[0], tmp_path, "single,single",
+                                          ["merge2-tp2", "single,single"], limit=4, **FP8)
+    assert_same(outputs, head_scales[1])
+    assert records and records[0].kind == "merge"
 
 
 @pytest.fixture(scope="module")
