@@ -2,9 +2,9 @@
 fixed English text (tests/quantization/quality_text.txt) and greedy agreement over 32 new
 tokens on 20 prompts, for FP8 weights and FP8 weights + FP8 KV against bf16. The CPU runs
 FP8 weights dequantized (weight-only rounding; the GPU's `_scaled_mm` also rounds the
-activations per token). Writes benchmarks/results/fp8_quality.json.
+activations per token). Writes benchmarks/results/fp8_quality_cpu.json.
 
-    python benchmarks/fp8_quality.py [--out benchmarks/results/fp8_quality.json]
+    PYTHONPATH=. python benchmarks/fp8_quality.py [--out benchmarks/results/fp8_quality_cpu.json]
 """
 import argparse
 import json
@@ -20,8 +20,11 @@ from parashift import LLM, SamplingParams
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ROOT / "tests" / "quantization" / "quality_text.txt"
 NEW_TOKENS = 32
+DEVICE = "shared 2-core CPU, 1 thread"
+# float32 beside: how far bf16 rounding alone moves greedy tokens on this model
 CONFIGS = {"bf16": {}, "fp8 weights": dict(quantization="fp8"),
-           "fp8 weights + fp8 KV": dict(quantization="fp8", kv_cache_dtype="fp8")}
+           "fp8 weights + fp8 KV": dict(quantization="fp8", kv_cache_dtype="fp8"),
+           "float32": dict(dtype="float32")}
 PROMPTS = [
     "The capital of France is", "Three primary colors are", "Water boils at",
     "The best way to learn a new language is", "Once upon a time, in a small village,",
@@ -36,9 +39,9 @@ PROMPTS = [
 
 
 def load(**options) -> LLM:
-    return LLM(device="cpu", dtype="bfloat16", max_model_len=1024, num_blocks=96,
-               attention_backend="torch", enable_prefix_caching=False,
-               generation_config="vllm", **options)
+    return LLM(**{**dict(device="cpu", dtype="bfloat16", max_model_len=2048, num_blocks=160,
+                         attention_backend="torch", enable_prefix_caching=False,
+                         generation_config="vllm"), **options})
 
 
 @torch.inference_mode()
@@ -94,9 +97,10 @@ def measure() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fp8_quality.json"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"
+                                             / "fp8_quality_cpu.json"))
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(1)  # DEVICE
     results = measure()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=ROOT).stdout.strip()
@@ -104,11 +108,17 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(claims(results, commit), indent=1) + "\n")
 
 
+def agreement_note(row: dict) -> str:
+    return (f"token agreement {row['token_agreement']}, prefix {row['prefix_agreement']}, "
+            f"{row['identical_prompts']}/{len(PROMPTS)} identical")
+
+
 def claims(results: dict, commit: str) -> dict:
     """The results as benchmarks/results_table.py's claim records."""
     date = time.strftime("%Y-%m-%d")
-    common = dict(device="CPU", shape="smollm2-135m (embedded GGUF)", unit="", commit=commit,
-                  date=date, command="python benchmarks/fp8_quality.py",
+    common = dict(device=DEVICE, shape="SmolLM2-135M-Instruct (embedded GGUF, dequantized)",
+                  commit=commit,
+                  date=date, command="PYTHONPATH=. python benchmarks/fp8_quality.py",
                   log_section="FP8 quality on SmolLM2 (issue 60)", baseline_other_call=False,
                   baseline_plan="bf16")
     records = []
@@ -117,18 +127,21 @@ def claims(results: dict, commit: str) -> dict:
         records.append({**common, "id": f"fp8-{key}-perplexity",
                         "claim": f"{name}: perplexity on a fixed English text against bf16",
                         "workload": f"{TEXT.name}, one forward", "plan": name,
-                        "metric": "perplexity", "better": "lower", "figure": row["perplexity"],
+                        "metric": "perplexity", "unit": "ppl", "better": "lower",
+                        "figure": row["perplexity"],
                         "baseline": results["bf16"]["perplexity"],
                         "ratio": row["perplexity_ratio"], "goal": "within 3% of bf16",
                         "headline": name == "fp8 weights"})
         records.append({**common, "id": f"fp8-{key}-greedy",
                         "claim": f"{name}: greedy tokens equal to bf16's",
                         "workload": f"{len(PROMPTS)} prompts x {NEW_TOKENS} new tokens",
-                        "plan": name, "metric": "token agreement", "better": "higher",
+                        "plan": name, "metric": "token agreement", "unit": "of tokens",
+                        "better": "higher",
                         "figure": row["token_agreement"], "baseline": 1.0,
                         "ratio": row["token_agreement"],
                         "note": f"prefix agreement {row['prefix_agreement']}, "
-                                f"{row['identical_prompts']}/{len(PROMPTS)} prompts identical"})
+                                f"{row['identical_prompts']}/{len(PROMPTS)} prompts identical; "
+                                f"float32 against bf16: {agreement_note(results['float32'])}"})
     return {"group": "fp8", "title": "FP8 quality (SmolLM2-135M, CPU)",
             "source": "benchmarks/fp8_quality.py", "claims": records}
 

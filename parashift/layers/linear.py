@@ -289,7 +289,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         return [("q", 0, q_size), ("k", q_size, kv_size), ("v", q_size + kv_size, kv_size)]
 
-    def _kv_head_start(self) -> int:
+    def kv_head_start(self) -> int:
         if self.total_num_kv_heads >= self.tp_size:
             return self.tp_rank * self.num_kv_heads
         return self.tp_rank // (self.tp_size // self.total_num_kv_heads)
@@ -305,7 +305,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             offset, size, start = 0, q_size, self.tp_rank * q_size
         else:
             offset = q_size if shard_id == "k" else q_size + kv_size
-            size, start = kv_size, self._kv_head_start() * self.head_dim
+            size, start = kv_size, self.kv_head_start() * self.head_dim
         param.data.narrow(0, offset, size).copy_(as_tensor(loaded.narrow(0, start, size)))
 
 

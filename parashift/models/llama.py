@@ -29,7 +29,9 @@ class LlamaAttention(nn.Module):
         heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
         self.attn = Attention(heads, kv_heads, head_dim, scale=head_dim ** -0.5,
-                              rotary_emb=get_rotary_embedding(cfg, head_dim, max_position))
+                              rotary_emb=get_rotary_embedding(cfg, head_dim, max_position),
+                              kv_head_start=self.qkv_proj.kv_head_start(),
+                              total_kv_heads=cfg.num_key_value_heads)
         if cfg.model_type in ("qwen3", "qwen3_moe"):
             self.q_norm = RMSNorm(head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, cfg.rms_norm_eps)

@@ -38,7 +38,8 @@ def rank_hooks_for(setup: RankSetup) -> "SharedFfn | None":
     """SiDP where the rank's plan shares its FFN weights (the sidp policy, or share_ffn)."""
     if setup.state.plan.shared_ffn is None:
         return None
-    return SharedFfn(setup.model, setup.state, setup.config.sidp.slots, setup.device)
+    return SharedFfn(setup.model, setup.state, setup.config.sidp.slots, setup.device,
+                     setup.dtype)
 
 
 class SharedFfn(RankHooks):
@@ -46,18 +47,17 @@ class SharedFfn(RankHooks):
     block in the step plan's mode (its weight layout key)."""
     mixed_step_graphs = False
 
-    def __init__(self, model: nn.Module, state: ParallelState, slots: int, device: torch.device):
+    def __init__(self, model: nn.Module, state: ParallelState, slots: int, device: torch.device,
+                 dtype: torch.dtype):
+        """`dtype`: the activations' (the FFN weights' may be FP8)."""
         self.modules = ffn_modules(model)
-        if any(m.down_proj.weight_scale is not None for m in self.modules):
-            raise ValueError("shared FFN weights (SiDP) do not run FP8 weights yet: serve the "
-                             "model without quantization, or without share_ffn")
         if not self.modules:
             raise ValueError("shared FFN weights (SiDP) need a model with dense FFN blocks")
         self.peers = state.ffn
         self.owners = OwnedSlices(self.modules, self.peers, device)
         self.slots = FfnSlots(self.modules, self.owners, self.peers.rank, slots, device)
         self.hidden_size = self.owners.local[0].down.shape[0]
-        self.dtype, self.device = self.owners.local[0].down.dtype, device
+        self.dtype, self.device = dtype, device
         self._install_layouts(model)
         for index, module in enumerate(self.modules):
             module.register_forward_pre_hook(self._before(index))
@@ -75,14 +75,14 @@ class SharedFfn(RankHooks):
         ffn_linears = set()
         for module in self.modules:
             gate_up, down = module.gate_up_proj, module.down_proj
-            gate_up.set_layout(CAS_WEIGHTS, [(gate_up.weight, gate_up.bias)], separate=False)
+            gate_up.set_layout(CAS_WEIGHTS, [gate_up.part()], separate=False)
             bias = down.bias if self.peers.rank == 0 else None
-            down.set_layout(CAS_WEIGHTS, [(down.weight, bias)], separate=False)
+            down.set_layout(CAS_WEIGHTS, [down.part()._replace(bias=bias)], separate=False)
             ffn_linears.update((gate_up, down))
         for layer in model.modules():
             if isinstance(layer, LinearBase) and layer not in ffn_linears:
                 for key in (WAS_WEIGHTS, CAS_WEIGHTS):
-                    layer.set_layout(key, [(layer.weight, layer.bias)], separate=False)
+                    layer.set_layout(key, [layer.part()], separate=False)
 
     def log_memory(self, kv_bytes: int) -> None:
         """The start-up line: what this rank owns, its slots, and the KV pool they left."""
@@ -253,11 +253,15 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _piece_in_slot(slot: FfnSlice, p: int, s: int) -> list[torch.Tensor]:
-    half = slot.gate_up.shape[0] // 2
-    gate_up = torch.cat([slot.gate_up[p * s:(p + 1) * s], slot.gate_up[half + p * s:half + (p + 1) * s]])
-    bias = None if slot.gate_up_bias is None else torch.cat(
-        [slot.gate_up_bias[p * s:(p + 1) * s], slot.gate_up_bias[half + p * s:half + (p + 1) * s]])
-    return [t for t in (gate_up, bias, slot.down[:, p * s:(p + 1) * s].contiguous()) if t is not None]
+    """Owner `p`'s slice as it lies in `slot`, its tensors in `FfnSlice.tensors`' order."""
+    def rows_of(t):
+        half = t.shape[0] // 2
+        return torch.cat([t[p * s:(p + 1) * s], t[half + p * s:half + (p + 1) * s]])
+    piece = FfnSlice(rows_of(slot.gate_up),
+                     None if slot.gate_up_bias is None else rows_of(slot.gate_up_bias),
+                     slot.down[:, p * s:(p + 1) * s].contiguous(),
+                     None if slot.gate_up_scale is None else rows_of(slot.gate_up_scale))
+    return piece.tensors()
 
 
 def _digest(tensors: list[torch.Tensor]) -> str:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from parashift import LLM
+from parashift import LLM, SamplingParams
 from parashift.layers.fused_moe import FusedExperts
 from parashift.quantization.fp8 import FP8, dequantize, quantize_rows
 from tests.engine.conftest import tiny_llama_dir, tiny_llm  # noqa: F401  (shared fixture)
@@ -201,3 +201,53 @@ def test_random_weights_of_a_shape_are_fp8_rows_with_their_scales():
         assert (scale > 0).all()
         assert weight.float().abs().amax(-1).eq(torch.finfo(FP8).max).all()
     llm.llm_engine.shutdown()
+
+
+GREEDY_LOGPROBS = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
+
+
+def kv_scale_tensors(layers: int, k, v) -> dict:
+    return {f"model.layers.{i}.self_attn.{name}_scale": value
+            for i in range(layers) for name, value in (("k", k), ("v", v))}
+
+
+def logprobs_and_tokens(model_dir, prompt_list, **options):
+    llm = tiny_llm(model_dir, kv_cache_dtype="fp8", **options)
+    try:
+        outputs = llm.generate(prompt_list, GREEDY_LOGPROBS)
+        attn = llm.llm_engine.runner.model.model.layers[1].self_attn.attn
+        return outputs, [s.tolist() if isinstance(s, torch.Tensor) else s
+                         for s in attn.kv_scales]
+    finally:
+        llm.llm_engine.shutdown()
+
+
+def largest_logprob_gap(outputs, reference) -> float:
+    """Between the greedy tokens' logprobs, where the tokens are the same."""
+    assert token_ids(outputs) == token_ids(reference)
+    return max(abs(got[token] - want[token]) for out, ref in zip(outputs, reference)
+               for token, got, want in zip(out.outputs[0].token_ids, out.outputs[0].logprobs,
+                                           ref.outputs[0].logprobs))
+
+
+def test_kv_scales_per_head_are_read_and_applied(tiny_llama_dir, checkpoints, tmp_path, prompts):
+    """Per KV head ([kv_heads], llm-compressor's attention-head strategy): the pool holds
+    k / k_scale and v / v_scale of each head, each query head's q and output are scaled by
+    its KV head's. One scale for every head computes what that scale per tensor does; scales
+    of powers of two round as scale 1.0 does (but for E4M3's subnormals), so they keep the
+    tokens; a query head scaled by another KV head's scale would not."""
+    def with_scales(name, k, v):
+        return write_checkpoint(tiny_llama_dir, tmp_path / name,
+                                kv_scales=kv_scale_tensors(2, k, v))
+    base, scales = logprobs_and_tokens(checkpoints["channel"], prompts)
+    assert scales == [1.0, 1.0]
+    tensor, _ = logprobs_and_tokens(with_scales("tensor", 0.37, 0.37), prompts)
+    same, scales = logprobs_and_tokens(with_scales("same", [0.37] * 2, [0.37] * 2), prompts)
+    assert scales == [[pytest.approx(0.37)] * 2] * 2
+    assert largest_logprob_gap(same, tensor) < 1e-4
+    two, scales = logprobs_and_tokens(with_scales("two", [0.5, 2.0], [2.0, 0.25]), prompts)
+    assert scales == [[0.5, 2.0], [2.0, 0.25]]
+    assert largest_logprob_gap(two, base) < 0.1  # measured 0.026
+    with pytest.raises(ValueError, match=r"KV cache scale of shape \(3,\) is neither per tensor "
+                                         r"nor per KV head \(2 heads\)"):
+        tiny_llm(with_scales("three", [0.5] * 3, 1.0), kv_cache_dtype="fp8")

@@ -8,11 +8,12 @@ from tests.conftest import requires_smollm2
 
 pytestmark = [requires_smollm2, pytest.mark.usefixtures("single_torch_thread")]
 # The CPU rounds the weights only (the GPU's FP8 GEMM rounds activations too); SmolLM2's
-# weights come from a Q4_1 GGUF, re-rounded to E4M3 per channel. Issue 60 asks for 3%; this
-# 135M model measures 1.044x with FP8 weights (bf16 29.11 -> 30.40) and 1.058x with FP8
-# weights + FP8 KV, so the test holds bounds just above the measured figures and the 3%
-# goal stays open (docs/quantization.md).
-BOUNDS = {"fp8 weights": 1.05, "fp8 weights + fp8 KV": 1.07}
+# weights come from a Q4_1 GGUF, re-rounded to E4M3 per channel. Measured on this text
+# (1,267 tokens; bf16 18.33): FP8 weights 1.018x, FP8 weights + FP8 KV (scales 1.0) 1.027x.
+# Issue 60 asks for 3%: the bounds are the measured figures plus a small margin. (On the
+# text's first 289 tokens alone, equally good roundings scattered 1.004x-1.044x: too
+# short a text to tell 3%; docs/quantization.md.)
+BOUNDS = {"fp8 weights": 1.025, "fp8 weights + fp8 KV": 1.03}
 
 
 @pytest.fixture(scope="module")
