@@ -15,6 +15,15 @@ class WorkerFailure(RuntimeError):
     """No group of the node can serve any more (raised by every later use)."""
 
 
+class TransitionAborted(RuntimeError):
+    """A rank of a transition was lost while it was prepared or committed: every rank of
+    it is lost (the engine takes their groups out); the layout stays as it was."""
+
+
+def first_line(reason: str) -> str:
+    return reason.splitlines()[0].rstrip(":")
+
+
 class Executor(Protocol):
     rank_blocks: list[int]  # each rank's KV blocks
     load_seconds: float  # the slowest rank's loading

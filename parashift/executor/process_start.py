@@ -11,6 +11,7 @@ they are imported: where one differs from what the server imported under, a work
 instead (as before the server existed), so it imports under the environment it is given."""
 import multiprocessing as mp
 import os
+import signal
 from multiprocessing.reduction import DupFd
 
 PRELOAD = ("parashift.executor.fork_server_imports",)  # what a worker imports
@@ -69,3 +70,20 @@ class _StandardStream:
 
 def _detach(duplicate) -> int:
     return duplicate.detach()
+
+
+def exit_status(proc) -> str:
+    """How a worker's process ended. Its pipe (or sentinel) closes a moment before the
+    process can be reaped, when `exitcode` still reads None: join it briefly first."""
+    proc.join(timeout=1)
+    if getattr(proc, "lost_reason", ""):  # another host's rank, with its host
+        return proc.lost_reason
+    code = proc.exitcode
+    if code is None:
+        return "still running 1 s after its pipe closed"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
