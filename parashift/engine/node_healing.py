@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from parashift.engine.faults import GroupDown
+from parashift.executor.base import HostDown
 from parashift.engine.node_faults import narrow_policy
 from parashift.engine.node_replicas import make_replica, replica_pools
 from parashift.parallel.layout import Layout
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 WINDOW_S = 3600.0  # max_worker_restarts counts the attempts of the last hour
 BACKOFF_S, BACKOFF_MAX_S = 1.0, 60.0
+HOST_POLL_S = 0.5  # how often to look for a lost host's agent to come back
 
 
 @dataclass
@@ -86,12 +88,17 @@ class Healing:
         if len(lost.attempts) >= self.max_restarts:
             return self._give_up(lost, f"{len(lost.attempts)} restarts within the hour "
                                        f"(max_worker_restarts {self.max_restarts}) failed")
-        lost.attempts.append(now)
-        self.restarts += 1
         try:
             self.node.executor.replace(tuple(sorted(lost.ranks)))
+        except HostDown as e:  # not an attempt: asked again in a while
+            if lost.next_try == lost.lost_at:
+                logger.warning("ranks %s wait for their host: %s", sorted(lost.ranks), e)
+            lost.next_try = now + HOST_POLL_S
+            return
         except (ValueError, AttributeError, OSError) as e:
             return self._give_up(lost, f"cannot start replacements: {e}")
+        lost.attempts.append(now)
+        self.restarts += 1
         lost.starting = True
         self._report()
 

@@ -15,6 +15,10 @@ class WorkerFailure(RuntimeError):
     """No group of the node can serve any more (raised by every later use)."""
 
 
+class HostDown(RuntimeError):
+    """A replacement needs a host that is lost and has not come back yet (its agent)."""
+
+
 class TransitionAborted(RuntimeError):
     """A rank of a transition was lost while it was prepared or committed: every rank of
     it is lost (the engine takes their groups out); the layout stays as it was."""

@@ -17,7 +17,7 @@ from parashift.executor.base import TransitionAborted, WorkerFailure, first_line
 from parashift.executor.node_link import NodeLink, accept_nodes
 from parashift.executor.process_start import exit_status as _exit_status
 from parashift.executor.process_start import worker_context, worker_process
-from parashift.executor.replacement import Outcome, Replacements, host_store
+from parashift.executor.replacement import Hosts, Outcome, Replacements, host_store
 from parashift.step.codec import encode_step
 from parashift.step.message import StepBatch
 from parashift.worker.model_runner import ModelRunner
@@ -51,6 +51,9 @@ class MultiprocExecutor:
         self._host_store(spec)
         self.links = self._start_ranks(ctx, spec)
         self.replacements = Replacements(ctx, spec, self.heartbeats, timeout_s)
+        self.hosts = (Hosts(self.links, spec.config.topology, self.heartbeats,
+                            ("", spec.config.master_port + 1))
+                      if self.links and isinstance(self.links[0], NodeLink) else None)
         self._replaced: list[Outcome] = []  # attempts ended since the engine last took them
         # by output rank: (tag, the step's ranks, when it was sent)
         self.pending = [deque() for _ in range(self.layout.world_size)]
@@ -147,10 +150,12 @@ class MultiprocExecutor:
         """Starts new processes for lost `ranks` (every rank of the groups lost), which
         meet at a new rendezvous (replacement.py); `take_replaced` says how it ended."""
         remote = [r for r in ranks if not isinstance(self.procs[r], BaseProcess)]
-        if remote:
-            raise ValueError(f"ranks {remote} run on another host or as Ray actors: "
-                             "replacing them is not supported")
-        self.replacements.start(tuple(ranks))
+        if remote and self.hosts is None:
+            raise ValueError(f"ranks {remote} run as Ray actors: replacing them is not "
+                             "supported")
+        if self.hosts is not None:
+            self.hosts.check_up(ranks)  # HostDown: the engine asks again later
+        self.replacements.start(tuple(ranks), self.hosts)
 
     def take_replaced(self) -> list[Outcome]:
         """The replacements that ended since the last call; those whose ranks all started
@@ -399,8 +404,11 @@ class MultiprocExecutor:
                     pass
         if hasattr(self, "replacements"):
             self.replacements.shutdown()
-        for link in getattr(self, "links", ()):  # their agents end their ranks
-            link.shutdown(grace_s)
+        hosts = getattr(self, "hosts", None)
+        for link in hosts.links.values() if hosts else getattr(self, "links", ()):
+            link.shutdown(grace_s)  # their agents end their ranks
+        if hosts is not None:
+            hosts.shutdown()
         for proc in self.procs:
             proc.join(timeout=grace_s)
             if proc.is_alive():

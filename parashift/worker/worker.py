@@ -134,7 +134,7 @@ def _join_world(rank: int, spec: WorkerSpec, backend: str) -> set[int]:
     timeout = timedelta(seconds=spec.config.worker_timeout_s)
     store = dist.TCPStore(spec.master_addr, spec.master_port, is_master=False, timeout=timeout)
     dist.init_process_group(backend, store=dist.PrefixStore(f"generation{spec.generation}", store),
-                            rank=members.index(rank), world_size=len(members), timeout=timeout)
+                            rank=members.index(rank), world_size=len(members))
     set_world_ranks(members)
     return set(members)
 

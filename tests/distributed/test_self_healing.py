@@ -126,8 +126,8 @@ def test_a_worker_that_dies_at_every_start_is_given_up(tiny_llama_dir):
     replacements = engine.executor.replacements
     start = replacements.start
 
-    def start_and_kill(ranks):
-        start(ranks)
+    def start_and_kill(ranks, hosts=None):
+        start(ranks, hosts)
         for proc, _ in replacements.attempts[-1].workers.values():
             os.kill(proc.pid, signal.SIGKILL)
     replacements.start = start_and_kill
