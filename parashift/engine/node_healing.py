@@ -52,6 +52,7 @@ class Healing:
     def __init__(self, node: "Node", max_restarts: int):
         self.node, self.max_restarts = node, max_restarts
         self.waiting: list[LostRanks] = []
+        self.attempts: dict[frozenset, deque] = {}  # start times of the last hour's, by ranks
         self.given_up: tuple[GroupDown, ...] = ()
         self.restarts = 0  # attempts started
         self.recovery_s: float | None = None  # the last group's, from loss to serving
@@ -64,8 +65,11 @@ class Healing:
         """Ranks just taken out of the layout (node_faults.isolate)."""
         if not self.active or not ranks:
             return
-        now = time.monotonic()
-        self.waiting.append(LostRanks(frozenset(ranks), now, reason, next_try=now))
+        now, ranks = time.monotonic(), frozenset(ranks)
+        # the attempts count for the ranks, across losses: a group that keeps dying after
+        # it started is given up too
+        attempts = self.attempts.setdefault(ranks, deque())
+        self.waiting.append(LostRanks(ranks, now, reason, attempts, next_try=now))
 
     def tick(self) -> None:
         """Starts the attempts that are due, and takes those that ended."""
@@ -95,7 +99,7 @@ class Healing:
                 logger.warning("ranks %s wait for their host: %s", sorted(lost.ranks), e)
             lost.next_try = now + HOST_POLL_S
             return
-        except (ValueError, AttributeError, OSError) as e:
+        except (ValueError, OSError) as e:
             return self._give_up(lost, f"cannot start replacements: {e}")
         lost.attempts.append(now)
         self.restarts += 1

@@ -68,6 +68,13 @@ class Executor(Protocol):
     def retire(self, ranks, reason: str) -> None:
         """Loses live `ranks` on the engine's word (their group lost another rank)."""
 
+    def replace(self, ranks: tuple[int, ...]) -> None:
+        """Starts new processes for lost `ranks` (self-healing); ValueError where it
+        cannot, HostDown while a host of theirs is lost."""
+
+    def take_replaced(self) -> list:
+        """The replacements that ended since the last call (replacement.Outcome)."""
+
     def fail(self, message: str) -> NoReturn:
         """Stops every rank and raises WorkerFailure (as every later use does)."""
 
@@ -88,6 +95,12 @@ class RanksNeverLost:
 
     def retire(self, ranks, reason: str) -> None:
         """No rank is ever lost."""
+
+    def replace(self, ranks: tuple[int, ...]) -> None:
+        raise ValueError("this executor's ranks cannot be replaced")
+
+    def take_replaced(self) -> list:
+        return []
 
     def fail(self, message: str) -> NoReturn:
         self.failure = WorkerFailure(message)

@@ -16,6 +16,7 @@ from multiprocessing.process import BaseProcess
 from parashift.executor.base import TransitionAborted, WorkerFailure, first_line
 from parashift.executor.node_link import NodeLink, accept_nodes
 from parashift.executor.process_start import exit_status as _exit_status
+from parashift.executor.process_start import is_stopped as _is_stopped, reap as _reap
 from parashift.executor.process_start import worker_context, worker_process
 from parashift.executor.replacement import Hosts, Outcome, Replacements, host_store
 from parashift.step.codec import encode_step
@@ -417,20 +418,3 @@ class MultiprocExecutor:
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []
-
-
-def _reap(proc) -> None:
-    """Waits for a killed process of this host (a child left unwaited stays a zombie for
-    as long as the server runs); another host's rank is its agent's to wait for."""
-    if isinstance(proc, BaseProcess):
-        proc.join(timeout=1)
-
-
-def _is_stopped(pid: int) -> bool:
-    """Whether the kernel has the process stopped (SIGSTOP, a debugger): Linux's
-    /proc/<pid>/stat state "T" or "t"; False where it cannot tell."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
-    except (OSError, IndexError):
-        return False

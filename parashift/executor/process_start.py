@@ -12,6 +12,7 @@ instead (as before the server existed), so it imports under the environment it i
 import multiprocessing as mp
 import os
 import signal
+from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import DupFd
 
 PRELOAD = ("parashift.executor.fork_server_imports",)  # what a worker imports
@@ -87,3 +88,20 @@ def exit_status(proc) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def reap(proc) -> None:
+    """Waits for a killed process of this host (a child left unwaited stays a zombie for
+    as long as the server runs); another host's rank is its agent's to wait for."""
+    if isinstance(proc, BaseProcess):
+        proc.join(timeout=1)
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether the kernel has the process stopped (SIGSTOP, a debugger): Linux's
+    /proc/<pid>/stat state "T" or "t"; False where it cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False

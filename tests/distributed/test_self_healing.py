@@ -119,8 +119,9 @@ def test_a_rank_lost_during_a_merge_aborts_it(tiny_llama_dir, requests, referenc
 
 
 def test_a_worker_that_dies_at_every_start_is_given_up(tiny_llama_dir):
-    """Every replacement of rank 1 is killed as it starts: after max_worker_restarts (2)
-    attempts, backed off, rank 1 stays out, named; rank 0 serves on."""
+    """max_worker_restarts 2: rank 1 killed comes back (attempt 1); killed again, every
+    replacement is killed as it starts: after attempt 2 (the count holds across losses),
+    rank 1 stays out, named with why; rank 0 serves on."""
     llm = LLM(tiny_llama_dir, data_parallel_size=2, **{**COMMON, "max_worker_restarts": 2})
     engine = llm.llm_engine
     replacements = engine.executor.replacements
@@ -130,8 +131,10 @@ def test_a_worker_that_dies_at_every_start_is_given_up(tiny_llama_dir):
         start(ranks, hosts)
         for proc, _ in replacements.attempts[-1].workers.values():
             os.kill(proc.pid, signal.SIGKILL)
-    replacements.start = start_and_kill
     try:
+        os.kill(engine.executor.procs[1].pid, signal.SIGKILL)
+        wait_recovered(engine, world=2)
+        replacements.start = start_and_kill
         os.kill(engine.executor.procs[1].pid, signal.SIGKILL)
         started = time.monotonic()
         while not engine.faults.given_up:
@@ -146,5 +149,6 @@ def test_a_worker_that_dies_at_every_start_is_given_up(tiny_llama_dir):
         time.sleep(1.5)
         engine.check_health()
         assert engine.faults.worker_restarts == 2  # no more attempts
+        assert [p.ranks for p in engine.layout.plans] == [(0,)]
     finally:
         llm.shutdown()
