@@ -70,12 +70,19 @@ def test_a_killed_replica_comes_back(dp2, requests, reference, rank):  # noqa: F
     assert dp2.executor.procs[rank].is_alive()
 
 
-def test_a_killed_tp_rank_brings_its_group_back(tiny_llama_dir, requests, reference):  # noqa: F811
-    """-dp 2 -tp 2: rank 1 killed takes out ranks 0-1; both come back as one TP group."""
-    llm = LLM(tiny_llama_dir, data_parallel_size=2, tensor_parallel_size=2, **HEALING)
+@pytest.mark.parametrize("degrees, rank, plans", [
+    ({"tensor_parallel_size": 2}, 1, ["tp2", "tp2@2-3"]),
+    ({"pipeline_parallel_size": 2}, 3, ["pp2", "pp2@2-3"])], ids=["tp2-rank1", "pp2-rank3"])
+def test_a_killed_rank_brings_its_group_back(tiny_llama_dir, requests, reference,  # noqa: F811
+                                             degrees, rank, plans):
+    """-dp 2 -tp 2: rank 1 killed takes out ranks 0-1; both come back as one TP group.
+    -dp 2 -pp 2: rank 3 killed; ranks 2-3 come back, their stages handing over in a world
+    of their own (torch ranks 0-1)."""
+    llm = LLM(tiny_llama_dir, data_parallel_size=2, **degrees, **HEALING)
     try:
-        kill_mid_decode_and_recover(llm.llm_engine, requests, reference, 1, world=4, groups=2)
-        assert [p.name() for p in llm.llm_engine.layout.plans] == ["tp2", "tp2@2-3"]
+        kill_mid_decode_and_recover(llm.llm_engine, requests, reference, rank, world=4,
+                                    groups=2)
+        assert [p.name() for p in llm.llm_engine.layout.plans] == plans
     finally:
         llm.shutdown()
 
