@@ -91,7 +91,7 @@ class Healing:
             lost.attempts.popleft()
         if len(lost.attempts) >= self.max_restarts:
             return self._give_up(lost, f"{len(lost.attempts)} restarts within the hour "
-                                       f"(max_worker_restarts {self.max_restarts}) failed")
+                                       f"(max_worker_restarts {self.max_restarts}) were used")
         try:
             self.node.executor.replace(tuple(sorted(lost.ranks)))
         except HostDown as e:  # not an attempt: asked again in a while
