@@ -90,6 +90,7 @@ class EngineConfig:
     worker_timeout_s: float = 600.0          # a worker's start-up, or a transition, slower fails
     worker_step_timeout_s: float = 60.0      # a step slower than this loses its ranks (they hang)
     worker_heartbeat_timeout_s: float = 10.0  # a running worker silent this long is dead (frozen)
+    max_worker_restarts: int = 3  # replacements of a lost group per hour (0: it stays out)
     # (a worker beats every 0.2 s from a thread of its own, through long steps too: torch ops
     # release the GIL; 10 s leaves room for a kernel compile that holds it for a few seconds.
     # A worker the kernel shows stopped (SIGSTOP) is dead after 1 s of silence:
@@ -213,6 +214,9 @@ class EngineConfig:
             raise ValueError(f"worker_timeout_s must be > 0, got {self.worker_timeout_s}")
         if not self.worker_step_timeout_s > 0:
             raise ValueError(f"worker_step_timeout_s must be > 0, got {self.worker_step_timeout_s}")
+        if not (isinstance(self.max_worker_restarts, int) and self.max_worker_restarts >= 0):
+            raise ValueError("max_worker_restarts must be an integer >= 0, got "
+                             f"{self.max_worker_restarts!r}")
         if not self.worker_heartbeat_timeout_s >= 1.0:  # NaN fails too
             raise ValueError("worker_heartbeat_timeout_s must be >= 1 (workers beat every "
                              f"0.2 s), got {self.worker_heartbeat_timeout_s}")

@@ -38,6 +38,7 @@ class ServerMetrics:
         self._last_swaps = dict.fromkeys(SWAP_STATS, 0)
         self._last_spec = dict.fromkeys(SPEC_STATS, 0)
         self._last_requeued = 0
+        self._last_restarts = 0
         self._current_plan: str | None = None
 
     def _build_gauges(self, labels: dict) -> None:
@@ -62,6 +63,8 @@ class ServerMetrics:
         self.ranks_alive = gauge("ranks_alive", "Worker ranks alive (a lost rank's group is out "
                                  "of the layout).")
         self.groups_serving = gauge("groups_serving", "Groups of the node layout that serve.")
+        self.worker_recovery_seconds = gauge("worker_recovery_seconds", "The last group "
+                                             "brought back: seconds from its loss to serving.")
         self.swap_tokens_used = gauge("kv_swap_tokens_used", "Tokens of swapped requests' KV "
                                       "the CPU tiers hold (--preemption-mode swap).")
         self._labels = labels
@@ -86,6 +89,8 @@ class ServerMetrics:
                                         "Requests aborted (client gone, or shut down).")
         self.requests_requeued = counter("requests_requeued", "Requests of a lost group queued "
                                          "again on a surviving group (computed again there).")
+        self.worker_restarts = counter("worker_restarts", "Replacement workers started for "
+                                       "a lost group (--max-worker-restarts).")
         self.requests_finished = Counter(f"{PREFIX}_request_success", "Finished requests.",
                                          [*labels, "finish_reason"], registry=self.registry)
         self.steps = Counter(f"{PREFIX}_steps", "Engine steps, by parallel plan.",
@@ -214,6 +219,10 @@ class ServerMetrics:
         self.groups_serving.set(faults.groups_serving)
         self.requests_requeued.inc(faults.requests_requeued - self._last_requeued)
         self._last_requeued = faults.requests_requeued
+        self.worker_restarts.inc(faults.worker_restarts - self._last_restarts)
+        self._last_restarts = faults.worker_restarts
+        if faults.recovery_seconds is not None:
+            self.worker_recovery_seconds.set(faults.recovery_seconds)
 
     def record_queue(self, stats) -> None:
         self.num_running.set(stats.num_running)

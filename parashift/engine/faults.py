@@ -10,6 +10,7 @@ those groups out of the layout and re-queues their requests on the groups that s
 from dataclasses import dataclass
 
 from parashift.engine.policy import FlyingPolicy, Policy, StaticPolicy, make_policy
+from parashift.executor.base import first_line
 from parashift.engine.policy.widths import base_replicas
 from parashift.parallel.layout import Layout
 
@@ -29,12 +30,18 @@ class FaultReport:
     groups_serving: int
     groups_down: tuple[GroupDown, ...] = ()
     requests_requeued: int = 0  # requests moved off a lost group, computed again elsewhere
+    worker_restarts: int = 0  # replacements started (engine/node_healing.py)
+    recovery_seconds: float | None = None  # the last group back: from its loss to serving
+    given_up: tuple[GroupDown, ...] = ()  # ranks left out after max_worker_restarts
 
     def as_json(self) -> dict:
+        def groups(down):
+            return [{"plan": g.plan, "ranks": list(g.ranks), "reason": g.reason} for g in down]
         return {"ranks_alive": self.ranks_alive, "groups_serving": self.groups_serving,
-                "groups_down": [{"plan": g.plan, "ranks": list(g.ranks), "reason": g.reason}
-                                for g in self.groups_down],
-                "requests_requeued": self.requests_requeued}
+                "groups_down": groups(self.groups_down),
+                "requests_requeued": self.requests_requeued,
+                "worker_restarts": self.worker_restarts,
+                "recovery_seconds": self.recovery_seconds, "given_up": groups(self.given_up)}
 
 
 def lost_ranks(dead: set[int], stepping: list[tuple[int, ...]]) -> set[int]:
@@ -49,10 +56,6 @@ def lost_ranks(dead: set[int], stepping: list[tuple[int, ...]]) -> set[int]:
                 lost.update(ranks)
                 grown = True
     return lost
-
-
-def first_line(reason: str) -> str:
-    return reason.splitlines()[0].rstrip(":")
 
 
 def root_reason(lost: dict[int, str]) -> str:

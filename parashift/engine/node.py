@@ -14,6 +14,7 @@ from parashift.config import SchedulerConfig
 from parashift.deterministic.reduction import check_plans
 from parashift.engine import node_faults, node_transitions
 from parashift.engine.faults import FaultReport
+from parashift.engine.node_healing import Healing
 from parashift.engine.node_replicas import make_replica, replica_pools
 from parashift.engine.node_view import node_view
 from parashift.engine.policy import Decision, NodeView, Policy, make_policy
@@ -25,6 +26,7 @@ from parashift.engine.routing import Slot, group_capacity, max_context_by_width,
 from parashift.engine.seesaw import make_tiers
 from parashift.engine.sequence import Sequence
 from parashift.engine.transitions import TransitionRecord, Transitions
+from parashift.executor.base import TransitionAborted
 from parashift.kv.cpu_tier import TierShape
 from parashift.quantization import kv_cache_torch_dtype
 from parashift.parallel.layout import coupled_groups
@@ -77,6 +79,9 @@ class Node:
         self.layouts_by_width = layouts_by_width(base_replicas(self.layout),
                                                  set(self.plans_by_name))
         self.faults = FaultReport(self.layout.world_size, len(self.layout.plans))
+        # rank sets that share communicators: all, until a lost group is replaced
+        self.worlds = [frozenset(range(self.layout.world_size))]
+        self.healing = Healing(self, config.max_worker_restarts)
         self.max_context: dict[int, int] = {}
         self.executor = None
 
@@ -358,21 +363,29 @@ class Node:
         any replica): its ranks prepare, then commit at this step boundary."""
         busy = {rank for r in self.replicas if r.in_flight for rank in r.ranks}
         in_flight = {g for g, plan in enumerate(self.layout.plans) if busy.intersection(plan.ranks)}
-        return [node_transitions.commit(self, pending)
-                for pending in self.transitions.take_drained(in_flight)]
+        records = []
+        for pending in self.transitions.take_drained(in_flight):
+            try:
+                records.append(node_transitions.commit(self, pending))
+            except TransitionAborted as e:  # its ranks are lost: take_losses isolates them
+                logger.error("%s of group(s) %s aborted: %s", pending.transition.kind,
+                             list(pending.transition.groups), e)
+        return records
 
     def add_stashes(self, replica: Replica, sched, batch) -> None:
         """A seesaw group's prompts done, written to its tier with its step (node_transitions)."""
         node_transitions.add_stashes(self, replica, sched, batch)
 
     def take_losses(self) -> list[tuple[Sequence, str]]:
-        """Takes the groups of the ranks the executor lost out of service (node_faults.py);
-        the requests that no group left can hold, with why, for the engine to fail. Raises
+        """Takes the groups of the ranks the executor lost out of service (node_faults.py)
+        and brings back those replaced (node_healing.py); the requests that no group left can hold, with why, for the engine to fail. Raises
         WorkerFailure once the executor has failed."""
         if self.executor.failure is not None:
             raise self.executor.failure
         lost = self.executor.take_lost()
-        return node_faults.isolate(self, lost) if lost else []
+        failed = node_faults.isolate(self, lost) if lost else []
+        self.healing.tick()  # node_healing.py: lost groups replaced
+        return failed
 
 
 def _outranked(replica: Replica, urgency: dict[int, int]) -> bool:

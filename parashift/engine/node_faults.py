@@ -6,7 +6,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
-from parashift.engine.faults import FaultReport, GroupDown, lost_ranks, policy_over, root_reason
+from parashift.engine.faults import GroupDown, lost_ranks, policy_over, root_reason
 from parashift.engine.policy.widths import base_replicas, layouts_by_width
 from parashift.engine.replica import Replica
 from parashift.engine.sequence import Sequence
@@ -41,12 +41,14 @@ def isolate(node: "Node", lost: dict[int, str]) -> list[tuple[Sequence, str]]:
     node.drop_finished_left_behind()
     logger.error("groups %s lost (%s); %d group(s) serve on ranks %s", [g.plan for g in down],
                  root, len(node.layout.plans), sorted(executor.alive))
-    node.faults = FaultReport(len(executor.alive), len(node.layout.plans),
-                              node.faults.groups_down + down, node.faults.requests_requeued)
+    node.faults = dataclasses.replace(node.faults, ranks_alive=len(executor.alive),
+                                      groups_serving=len(node.layout.plans),
+                                      groups_down=node.faults.groups_down + down)
     if not node.layout.plans:
         executor.fail(f"{root}; no group of the node is left to serve\n"
                       + "\n".join(executor.lost.values()))
-    _narrow_policy(node)
+    node.healing.note_lost(gone, root)
+    narrow_policy(node)
     failed = [(seq, f"{root}: no group left holds its {node.need(seq)} tokens")
               for seq in sorted(seqs, key=Sequence.sort_key) if not _requeue(node, seq)]
     return failed + _take_unholdable(node, root)
@@ -97,12 +99,14 @@ def _take_unholdable(node: "Node", root: str) -> list[tuple[Sequence, str]]:
     return [(seq, f"{root}: no group left holds its {node.need(seq)} tokens") for seq in failed]
 
 
-def _narrow_policy(node: "Node") -> None:
-    """A policy over the groups left (a forced width is dropped), and the widths and
-    context they can take."""
-    made = set(node.plans_by_name)
+def narrow_policy(node: "Node") -> None:
+    """A policy over the groups of the layout (a forced width is dropped), and the widths
+    and context they can take: with the plans whose ranks share communicators (all, until
+    a group is replaced: node_healing.py)."""
+    made = {name for name, plan in node.plans_by_name.items()
+            if any(world.issuperset(plan.ranks) for world in node.worlds)}
     node.policy = policy_over(node.layout, node.config, node.hf_config, made)
     node.layouts_by_width = layouts_by_width(base_replicas(node.layout), made)
     node.max_context = node.max_context_by_width(check=False)
-    logger.warning("policy over the groups left: %s (layout %s)", node.policy.name,
+    logger.warning("policy over the groups serving: %s (layout %s)", node.policy.name,
                    node.layout.name())

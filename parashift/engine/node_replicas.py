@@ -12,13 +12,15 @@ if TYPE_CHECKING:
     from parashift.engine.node import Node
 
 
-def replica_pools(node: "Node") -> list[tuple[int, int, int]]:
-    """(group, first block id, number of blocks) of each replica: a group serves one,
-    or, with pipeline parallelism, one per stage when each part of its ranks' pool still
-    fits a whole sequence (while stage 1 runs one replica's step, stage 0 runs the next
-    one's)."""
+def replica_pools(node: "Node", groups=None) -> list[tuple[int, int, int]]:
+    """(group, first block id, number of blocks) of each replica of `groups` (all):
+    a group serves one, or, with pipeline parallelism, one per stage when each part of
+    its ranks' pool still fits a whole sequence (while stage 1 runs one replica's step,
+    stage 0 runs the next one's)."""
     replicas = []
     for group, plan in enumerate(node.layout.plans):
+        if groups is not None and group not in groups:
+            continue
         blocks = min(node.executor.rank_blocks[r] for r in plan.ranks)
         fits = (blocks // plan.pp) * node.config.block_size >= node.max_model_len
         parts = plan.pp if fits and not node.seesaw else 1  # seesaw: its plans change PP

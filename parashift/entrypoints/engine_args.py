@@ -146,6 +146,10 @@ ENGINE_FLAGS = {
                                      "(a stopped one after 1 s): its group leaves the "
                                      "layout; with none left the engine fails (a server "
                                      "exits non-zero)"),
+    "--max-worker-restarts": ("max_worker_restarts", int,
+                              "replacements of a lost group's workers per hour; past them "
+                              "its ranks stay out, named in /health (0: none, a loss is "
+                              "for good)"),
     "--chat-template": ("chat_template", str, "a Jinja chat template: a file, or the template "
                                               "itself (default: the tokenizer's)"),
     "--speculative-config": ("speculative_config", str,

@@ -15,6 +15,19 @@ class WorkerFailure(RuntimeError):
     """No group of the node can serve any more (raised by every later use)."""
 
 
+class HostDown(RuntimeError):
+    """A replacement needs a host that is lost and has not come back yet (its agent)."""
+
+
+class TransitionAborted(RuntimeError):
+    """A rank of a transition was lost while it was prepared or committed: every rank of
+    it is lost (the engine takes their groups out); the layout stays as it was."""
+
+
+def first_line(reason: str) -> str:
+    return reason.splitlines()[0].rstrip(":")
+
+
 class Executor(Protocol):
     rank_blocks: list[int]  # each rank's KV blocks
     load_seconds: float  # the slowest rank's loading
@@ -55,6 +68,13 @@ class Executor(Protocol):
     def retire(self, ranks, reason: str) -> None:
         """Loses live `ranks` on the engine's word (their group lost another rank)."""
 
+    def replace(self, ranks: tuple[int, ...]) -> None:
+        """Starts new processes for lost `ranks` (self-healing); ValueError where it
+        cannot, HostDown while a host of theirs is lost."""
+
+    def take_replaced(self) -> list:
+        """The replacements that ended since the last call (replacement.Outcome)."""
+
     def fail(self, message: str) -> NoReturn:
         """Stops every rank and raises WorkerFailure (as every later use does)."""
 
@@ -75,6 +95,12 @@ class RanksNeverLost:
 
     def retire(self, ranks, reason: str) -> None:
         """No rank is ever lost."""
+
+    def replace(self, ranks: tuple[int, ...]) -> None:
+        raise ValueError("this executor's ranks cannot be replaced")
+
+    def take_replaced(self) -> list:
+        return []
 
     def fail(self, message: str) -> NoReturn:
         self.failure = WorkerFailure(message)

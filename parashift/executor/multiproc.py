@@ -9,15 +9,16 @@ collective steps meet every rank they share in the same order."""
 import logging
 from collections import deque
 import pickle
-import signal
-import socket
 import time
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 
-from parashift.executor.base import WorkerFailure
+from parashift.executor.base import TransitionAborted, WorkerFailure, first_line
 from parashift.executor.node_link import NodeLink, accept_nodes
+from parashift.executor.process_start import exit_status as _exit_status
+from parashift.executor.process_start import is_stopped as _is_stopped, reap as _reap
 from parashift.executor.process_start import worker_context, worker_process
+from parashift.executor.replacement import Hosts, Outcome, Replacements, host_store
 from parashift.step.codec import encode_step
 from parashift.step.message import StepBatch
 from parashift.worker.model_runner import ModelRunner
@@ -48,7 +49,13 @@ class MultiprocExecutor:
         # each rank's last heartbeat (time.monotonic()); 0 until its thread first beats
         self.heartbeats = ctx.RawArray("d", self.layout.world_size)
         self.procs, self.conns = [], []  # by rank; another host's: RemoteRank, TCP
+        self._host_store(spec)
         self.links = self._start_ranks(ctx, spec)
+        self.replacements = Replacements(ctx, spec, self.heartbeats, timeout_s)
+        self.hosts = (Hosts(self.links, spec.config.topology, self.heartbeats,
+                            ("", spec.config.master_port + 1))
+                      if self.links and isinstance(self.links[0], NodeLink) else None)
+        self._replaced: list[Outcome] = []  # attempts ended since the engine last took them
         # by output rank: (tag, the step's ranks, when it was sent)
         self.pending = [deque() for _ in range(self.layout.world_size)]
         self.rank_blocks, self.load_seconds = self._await_ready()
@@ -63,10 +70,6 @@ class MultiprocExecutor:
             raise ValueError(f"node_rank {spec.config.node_rank} runs no engine: start it "
                              "with `parashift serve`, which runs only that host's ranks")
         topology = spec.config.topology
-        if topology.nnodes > 1:  # every host's ranks meet at node 0's rendezvous
-            spec.master_addr, spec.master_port = spec.config.master_addr, spec.config.master_port
-        else:
-            spec.master_port = _free_port()
         for rank in topology.ranks_of(0):
             parent, child = ctx.Pipe()
             proc = worker_process(ctx, worker_main, (rank, spec, child, self.heartbeats),
@@ -76,6 +79,14 @@ class MultiprocExecutor:
             self.procs.append(proc)
             self.conns.append(parent)
         return self._connect_hosts(spec, topology) if topology.nnodes > 1 else []
+
+    def _host_store(self, spec: WorkerSpec) -> None:
+        """The rendezvous store, in this process (replacement.py): on node 0's master port
+        across hosts, else on a free one."""
+        if spec.config.topology.nnodes > 1:  # every host's ranks meet at node 0's store
+            spec.master_addr, spec.master_port = spec.config.master_addr, spec.config.master_port
+        self.store = host_store(spec.master_addr, spec.master_port, self.timeout_s)
+        spec.master_port = self.store.port
 
     def _connect_hosts(self, spec: WorkerSpec, topology) -> list[NodeLink]:
         """Every other host's ranks, driven over TCP (node_link.py) as the local ones are
@@ -135,6 +146,32 @@ class MultiprocExecutor:
         """The ranks lost since the last call, with why."""
         lost, self._unreported = self._unreported, {}
         return lost
+
+    def replace(self, ranks: tuple[int, ...]) -> None:
+        """Starts new processes for lost `ranks` (every rank of the groups lost), which
+        meet at a new rendezvous (replacement.py); `take_replaced` says how it ended."""
+        remote = [r for r in ranks if not isinstance(self.procs[r], BaseProcess)]
+        if remote and self.hosts is None:
+            raise ValueError(f"ranks {remote} run as Ray actors: replacing them is not "
+                             "supported")
+        if self.hosts is not None:
+            self.hosts.check_up(ranks)  # HostDown: the engine asks again later
+        self.replacements.start(tuple(ranks), self.hosts)
+
+    def take_replaced(self) -> list[Outcome]:
+        """The replacements that ended since the last call; those whose ranks all started
+        serve again (alive, steps go to them)."""
+        for attempt, outcome in self.replacements.take():
+            if outcome.ok:
+                for rank, (proc, conn) in attempt.workers.items():
+                    self.conns[rank].close()
+                    self.procs[rank], self.conns[rank] = proc, conn
+                    self.rank_blocks[rank] = outcome.blocks[rank]
+                    self.pending[rank].clear()
+                    del self.lost[rank]
+            self._replaced.append(outcome)
+        replaced, self._replaced = self._replaced, []
+        return replaced
 
     def retire(self, ranks, reason: str) -> None:
         """Loses live `ranks` on the engine's word (their group lost another rank: a
@@ -204,25 +241,36 @@ class MultiprocExecutor:
 
     def _control(self, ranks: list[int], messages: list[tuple], what: str) -> list:
         """Sends rank i messages[i] (a control message) and waits for every answer. A rank
-        of these lost meanwhile fails the engine (a transition half made on its group)."""
+        of these lost meanwhile (dead, failed, hung) aborts it: every one of `ranks` is lost
+        (a transition half made on their groups) and TransitionAborted is raised."""
         if self.failure is not None:
             raise self.failure
         for rank, message in zip(ranks, messages):
-            self.conns[rank].send_bytes(CONTROL_PREFIX + pickle.dumps(message))
+            try:
+                self.conns[rank].send_bytes(CONTROL_PREFIX + pickle.dumps(message))
+            except OSError:
+                self._lose(rank, self._death(rank))
         answers, deadline = [], time.monotonic() + self.timeout_s
         for rank in ranks:
-            ready = self._wait([self.conns[rank]], deadline)
-            if rank in self.lost:
-                self.fail(f"{self.lost[rank]} (during {what})")
-            if not ready:
-                self.fail(f"worker rank {rank} did not finish {what} within "
-                          f"{self.timeout_s:.0f} s: a worker hung")
-            message = self._read(rank)
+            ready = self._wait([self.conns[rank]], deadline, watch=ranks)
+            message = self._read(rank) if ready and rank not in self.lost else None
             if message is None or message[0] == "error":
-                self.fail(self.lost.get(rank) or f"worker rank {rank} failed in {what}:\n"
-                                                 f"{message[1]}")
+                culprit = next((r for r in ranks if r in self.lost), rank)
+                self._abort(ranks, culprit, what, message, bool(ready) or culprit != rank)
             answers.append(message[1])
         return answers
+
+    def _abort(self, ranks: list[int], rank: int, what: str, message, answered: bool):
+        why = (self.lost.get(rank) or (f"worker rank {rank} failed in {what}:\n{message[1]}"
+                                       if answered else f"worker rank {rank} did not finish "
+                                       f"{what} within {self.timeout_s:.0f} s: a worker hung"))
+        if rank not in self.lost:
+            self._lose(rank, why)
+        for other in ranks:
+            if other not in self.lost:
+                self._lose(other, f"worker rank {other} taken out: {what} aborted "
+                                  f"({first_line(why)})")
+        raise TransitionAborted(f"{first_line(why)} (during {what})")
 
     def wait_any(self) -> list[tuple[object, object]]:
         """(tag, result) of steps in flight: waits until at least one is ready or a rank is
@@ -239,16 +287,18 @@ class MultiprocExecutor:
                 results.append(result)
         return results
 
-    def _wait(self, conns: list, deadline: float | None, until_lost: bool = False) -> list:
+    def _wait(self, conns: list, deadline: float | None, until_lost: bool = False,
+              watch=()) -> list:
         """The conns ready to read ([] past the deadline, or `until_lost`, once a rank was
-        lost). Waits in
+        lost, or once a rank of `watch` is). Waits in
         slices of HEALTH_CHECK_S, checking every rank's health and the age of every step
         between them: a step whose worker died or stopped ends the wait within a second."""
         while True:
             self.check_health()
             self._time_out_steps()
             remaining = float("inf") if deadline is None else deadline - time.monotonic()
-            if remaining <= 0 or (until_lost and self._unreported):
+            if (remaining <= 0 or (until_lost and self._unreported)
+                    or any(rank in self.lost for rank in watch)):
                 return []
             ready = wait(conns, timeout=min(HEALTH_CHECK_S, remaining))
             if ready:
@@ -353,8 +403,13 @@ class MultiprocExecutor:
                     conn.send_bytes(b"shutdown")
                 except OSError:
                     pass
-        for link in getattr(self, "links", ()):  # their agents end their ranks
-            link.shutdown(grace_s)
+        if hasattr(self, "replacements"):
+            self.replacements.shutdown()
+        hosts = getattr(self, "hosts", None)
+        for link in hosts.links.values() if hosts else getattr(self, "links", ()):
+            link.shutdown(grace_s)  # their agents end their ranks
+        if hosts is not None:
+            hosts.shutdown()
         for proc in self.procs:
             proc.join(timeout=grace_s)
             if proc.is_alive():
@@ -363,43 +418,3 @@ class MultiprocExecutor:
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []
-
-
-def _reap(proc) -> None:
-    """Waits for a killed process of this host (a child left unwaited stays a zombie for
-    as long as the server runs); another host's rank is its agent's to wait for."""
-    if isinstance(proc, BaseProcess):
-        proc.join(timeout=1)
-
-
-def _is_stopped(pid: int) -> bool:
-    """Whether the kernel has the process stopped (SIGSTOP, a debugger): Linux's
-    /proc/<pid>/stat state "T" or "t"; False where it cannot tell."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
-    except (OSError, IndexError):
-        return False
-
-
-def _exit_status(proc) -> str:
-    """How a worker's process ended. Its pipe (or sentinel) closes a moment before the
-    process can be reaped, when `exitcode` still reads None: join it briefly first."""
-    proc.join(timeout=1)
-    if getattr(proc, "lost_reason", ""):  # another host's rank, with its host
-        return proc.lost_reason
-    code = proc.exitcode
-    if code is None:
-        return "still running 1 s after its pipe closed"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -26,43 +26,81 @@ def run_node_agent(nnodes: int, node_rank: int, master_addr: str, master_port: i
     (0 after node 0's shutdown, 1 once node 0 is lost)."""
     address = (master_addr, master_port + 1)
     link = connect(address, ("agent", node_rank), timeout_s)
-    spec = link.recv()
-    topology = Topology.for_world(spec.layout.world_size, nnodes, spec.config.gpus_per_node)
-    ranks = list(topology.ranks_of(node_rank))
-    ctx = mp.get_context("spawn")
-    heartbeats = ctx.RawArray("d", spec.layout.world_size)
-    procs = {rank: ctx.Process(target=remote_worker_main,
-                               args=(rank, spec, address, heartbeats, os.getpid()),
-                               daemon=True, name=f"parashift-worker-{rank}")
-             for rank in ranks}
-    for proc in procs.values():
-        proc.start()
-    logger.warning("node %d: ranks %s started, driven by %s:%d", node_rank, ranks, *address)
+    agent = _Agent(link, address)  # it reports (nothing yet) while the spec is read
     try:
-        return _report(link, procs, heartbeats)
+        spec = link.recv()  # a host that rejoins gets a replacement's (generation, members)
+        topology = Topology.for_world(spec.layout.world_size, nnodes, spec.config.gpus_per_node)
+        ranks = [r for r in topology.ranks_of(node_rank) if r in (spec.members or (r,))]
+        agent.heartbeats = agent.ctx.RawArray("d", spec.layout.world_size)
+        agent.start(spec, ranks)
+        logger.warning("node %d: ranks %s started, driven by %s:%d", node_rank, ranks, *address)
+        return agent.report()
     finally:
-        _stop(procs, grace_s=1.0)
+        agent.gone.set()
+        _stop(agent.procs, grace_s=1.0)
 
 
-def _report(link, procs: dict, heartbeats) -> int:
-    """Beats for every local rank until node 0 says shut down (0) or is gone (1)."""
-    while True:
-        now = time.monotonic()
-        report = {rank: (proc.exitcode, now - heartbeats[rank] if heartbeats[rank] else None)
-                  for rank, proc in procs.items()}
-        try:
-            link.send(("beat", report))
-            if not link.poll(HEARTBEAT_INTERVAL_S):
-                continue
-            kind, argument = link.recv()
-        except (EOFError, OSError):
-            logger.error("node 0 is gone: stopping this host's ranks")
-            return 1
-        if kind == "kill":
-            procs[argument].kill()
-        elif kind == "shutdown":
-            _stop(procs, grace_s=argument)
-            return 0
+class _Agent:
+    """This host's worker processes by rank, each with the rendezvous generation it joined
+    (node 0 tells a report of a replaced process from its replacement's by it). A thread
+    reports while processes start (a spawn takes seconds under load: node 0 would take the
+    silence for a lost host)."""
+
+    def __init__(self, link, address):
+        self.link, self.address, self.ctx = link, address, mp.get_context("spawn")
+        self.heartbeats = None  # one slot per rank of the world, once the spec says how many
+        self.procs, self.generations = {}, {}
+        self._lock = threading.Lock()  # the procs, and sends on the link
+        self.gone = threading.Event()  # node 0 is gone
+        threading.Thread(target=self._beat, daemon=True, name="parashift-agent-beat").start()
+
+    def start(self, spec, ranks) -> None:
+        started = {}
+        for rank in ranks:
+            started[rank] = self.ctx.Process(
+                target=remote_worker_main,
+                args=(rank, spec, self.address, self.heartbeats, os.getpid()),
+                daemon=True, name=f"parashift-worker-{rank}")
+            started[rank].start()
+        with self._lock:
+            for rank, proc in started.items():
+                self.heartbeats[rank] = 0.0
+                self.procs[rank], self.generations[rank] = proc, spec.generation
+
+    def _beat(self) -> None:
+        while not self.gone.is_set():
+            now, beats = time.monotonic(), self.heartbeats
+            with self._lock:
+                report = {rank: (proc.exitcode, now - beats[rank] if beats[rank] else None,
+                                 self.generations[rank]) for rank, proc in self.procs.items()}
+                try:
+                    self.link.send(("beat", report))
+                except (EOFError, OSError):
+                    self.gone.set()
+            time.sleep(HEARTBEAT_INTERVAL_S)
+
+    def report(self) -> int:
+        """Until node 0 says shut down (0) or is gone (1); starts the replacements node 0
+        asks for."""
+        while True:
+            try:
+                if not self.link.poll(HEARTBEAT_INTERVAL_S):
+                    if self.gone.is_set():
+                        raise EOFError
+                    continue
+                kind, argument = self.link.recv()
+            except (EOFError, OSError):
+                logger.error("node 0 is gone: stopping this host's ranks")
+                return 1
+            if kind == "kill":
+                self.procs[argument].kill()
+            elif kind == "start":  # (spec, ranks): replacements
+                _stop({r: self.procs[r] for r in argument[1] if r in self.procs}, grace_s=0.0)
+                self.start(*argument)
+            elif kind == "shutdown":
+                self.gone.set()
+                _stop(self.procs, grace_s=argument)
+                return 0
 
 
 def _stop(procs: dict, grace_s: float) -> None:

@@ -40,8 +40,8 @@ class RemoteRank:
     """A rank's process on another host, as the executor watches a local one (the names
     of multiprocessing.Process it uses)."""
 
-    def __init__(self, rank: int, node: int, link: "NodeLink"):
-        self.rank, self.node, self.link = rank, node, link
+    def __init__(self, rank: int, node: int, link: "NodeLink", generation: int = 0):
+        self.rank, self.node, self.link, self.generation = rank, node, link, generation
         self.pid = None  # not a local process: never read as stopped from /proc
         self.exitcode: int | None = None
         self.lost_reason = ""
@@ -104,9 +104,12 @@ class NodeLink:
                 self._take_beat(report)
 
     def _take_beat(self, report: dict) -> None:
-        """{rank: (exit code or None, seconds since its last heartbeat)}."""
+        """{rank: (exit code or None, seconds since its last heartbeat, its generation)};
+        a replaced process's last reports are not its replacement's."""
         now = time.monotonic()
-        for rank, (exitcode, age) in report.items():
+        for rank, (exitcode, age, generation) in report.items():
+            if generation != self.ranks[rank].generation:
+                continue
             if exitcode is not None:
                 self.ranks[rank].end(exitcode)
             elif age is not None:
@@ -118,6 +121,18 @@ class NodeLink:
         for remote in self.ranks.values():
             remote.end(NODE_LOST, reason)
         self.conn.close()
+
+    def start_ranks(self, spec, ranks) -> list[RemoteRank]:
+        """Replacement processes for `ranks` of this host (its agent starts them at the
+        spec's generation); each connects to node 0 as at start-up (`Rejoins`)."""
+        for rank in ranks:
+            self.ranks[rank] = RemoteRank(rank, self.node, self, spec.generation)
+        self.send(("start", (spec, list(ranks))))
+        return [self.ranks[rank] for rank in ranks]
+
+    @property
+    def lost(self) -> bool:
+        return not self._thread.is_alive() and self._thread.ident is not None
 
     def shutdown(self, grace_s: float) -> None:
         self._closing = True
@@ -165,6 +180,54 @@ def accept_ranks(address: tuple[str, int], ranks: set[int], timeout_s: float,
     for link in links.values():
         link.start()
     return links, conns
+
+
+class Rejoins:
+    """After start-up, node 0's control port stays open (a thread): a host that comes back
+    (its agent) and the replacement ranks that any agent starts connect here; the
+    executor takes them (`take_agent`, `take_rank`)."""
+
+    def __init__(self, address: tuple[str, int]):
+        self.agents: dict[int, Connection] = {}
+        self.ranks: dict[int, Connection] = {}
+        self._lock, self._closed = threading.Lock(), False
+        self._server = socket.create_server(address)
+        self._server.settimeout(HANDSHAKE_POLL_S)
+        threading.Thread(target=self._accept_all, daemon=True, name="parashift-rejoins").start()
+
+    def _accept_all(self) -> None:
+        while not self._closed:
+            try:
+                conn = _accept(self._server)
+            except OSError:  # closed
+                return
+            if conn is None:
+                continue
+            if not conn.poll(HELLO_TIMEOUT_S):
+                conn.close()
+                continue
+            kind, index = conn.recv()
+            with self._lock:
+                found = self.agents if kind == "agent" else self.ranks if kind == "rank" else None
+                if found is None:
+                    conn.close()
+                    continue
+                if index in found:
+                    found[index].close()  # an older one that was never taken
+                found[index] = conn
+            logger.warning("control connection from %s %s", kind, index)
+
+    def take_agent(self, node: int) -> Connection | None:
+        with self._lock:
+            return self.agents.pop(node, None)
+
+    def take_rank(self, rank: int) -> Connection | None:
+        with self._lock:
+            return self.ranks.pop(rank, None)
+
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
 
 
 HANDSHAKE_POLL_S = 0.5

@@ -11,6 +11,8 @@ they are imported: where one differs from what the server imported under, a work
 instead (as before the server existed), so it imports under the environment it is given."""
 import multiprocessing as mp
 import os
+import signal
+from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import DupFd
 
 PRELOAD = ("parashift.executor.fork_server_imports",)  # what a worker imports
@@ -69,3 +71,37 @@ class _StandardStream:
 
 def _detach(duplicate) -> int:
     return duplicate.detach()
+
+
+def exit_status(proc) -> str:
+    """How a worker's process ended. Its pipe (or sentinel) closes a moment before the
+    process can be reaped, when `exitcode` still reads None: join it briefly first."""
+    proc.join(timeout=1)
+    if getattr(proc, "lost_reason", ""):  # another host's rank, with its host
+        return proc.lost_reason
+    code = proc.exitcode
+    if code is None:
+        return "still running 1 s after its pipe closed"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def reap(proc) -> None:
+    """Waits for a killed process of this host (a child left unwaited stays a zombie for
+    as long as the server runs); another host's rank is its agent's to wait for."""
+    if isinstance(proc, BaseProcess):
+        proc.join(timeout=1)
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether the kernel has the process stopped (SIGSTOP, a debugger): Linux's
+    /proc/<pid>/stat state "T" or "t"; False where it cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False

@@ -30,12 +30,6 @@ def ray_module():
 class RankActor:
     """One rank's process (made a Ray actor class by `RayRanks`)."""
 
-    def rendezvous(self) -> tuple[str, int]:
-        """This node's address and a free port on it (rank 0 hosts torch's store)."""
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return ray_module().util.get_node_ip_address(), sock.getsockname()[1]
-
     def run(self, rank: int, spec, address) -> int:
         from parashift.worker.worker import worker_main
         heartbeats = [0.0] * spec.layout.world_size  # beaten locally; Ray watches the actor
@@ -67,9 +61,6 @@ class RayRanks:
         self.ranks = {rank: RemoteRank(rank, host, self)
                       for rank, (_, host) in enumerate(_host_numbers(order))}
         self.runs: dict = {}
-
-    def rendezvous(self) -> tuple[str, int]:
-        return self.ray.get(self.actors[0].rendezvous.remote())
 
     def start(self, spec, address) -> None:
         """Starts every rank's worker; a thread ends a rank once its run call ends."""
@@ -106,11 +97,12 @@ class RayRanks:
 
 def start_ray_ranks(spec, timeout_s: float) -> tuple[RayRanks, dict]:
     """Every rank of `spec`'s layout started as a Ray actor and connected; the actors and
-    each rank's step connection. Sets the spec's rendezvous (on rank 0's node)."""
+    each rank's step connection. The spec's rendezvous store is the engine's (on its
+    master port): the actors reach it at this node's address."""
     world, ray_ranks = spec.layout.world_size, None
     try:
         ray_ranks = RayRanks(world, spec.device_type, spec.config.topology, timeout_s)
-        spec.master_addr, spec.master_port = ray_ranks.rendezvous()
+        spec.master_addr = ray_ranks.ray.util.get_node_ip_address()
         with socket.socket() as sock:  # a free port for the actors' connections
             sock.bind(("", 0))
             port = sock.getsockname()[1]

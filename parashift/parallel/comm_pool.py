@@ -13,6 +13,7 @@ from parashift.parallel.pair_exchange import PairExchange
 from parashift.parallel.plan import GROUP_KINDS, Plan
 from parashift.parallel.state import GroupHandle, ParallelState
 from parashift.parallel.topology import Topology
+from parashift.parallel.world import world_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class CommunicatorPool:
         key = tuple(sorted(ranks))
         if len(key) > 1 and key not in self._groups:
             # every rank calls new_group for every group, in the same order
-            self._groups[key] = dist.new_group(list(key), backend=backend)
+            self._groups[key] = dist.new_group(world_ranks(key), backend=backend)
 
     def enable_fast_all_reduce(self, device: torch.device, max_bytes: int = DEFAULT_MAX_BYTES,
                                pair_exchange: bool = False) -> None:

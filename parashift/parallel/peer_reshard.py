@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from parashift.parallel.reshard_schedule import KINDS, Side, Transfer
+from parashift.parallel.world import world_rank
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -175,10 +176,10 @@ class PeerReshard:
                 continue  # its own pieces stay in the send buffer
             if peer in sends:
                 start, stop = sends[peer]
-                ops.append(dist.P2POp(dist.isend, self.send[start:stop], peer, self.group))
+                ops.append(dist.P2POp(dist.isend, self.send[start:stop], world_rank(peer), self.group))
             if peer in receives:
                 start, stop = receives[peer]
-                ops.append(dist.P2POp(dist.irecv, self.recv[start:stop], peer, self.group))
+                ops.append(dist.P2POp(dist.irecv, self.recv[start:stop], world_rank(peer), self.group))
         if ops:
             for request in dist.batch_isend_irecv(ops):
                 request.wait()

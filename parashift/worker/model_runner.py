@@ -39,6 +39,7 @@ from parashift.parallel.narrow_weights import SHIFT_MODE_NAMES, Narrowing, make_
 from parashift.worker.profiler import RankProfiler
 from parashift.parallel.shift_weights import SHIFT_WEIGHTS
 from parashift.parallel.state import ParallelState
+from parashift.parallel.world import world_rank
 from parashift.uploads import StagingRing, current_stream
 
 logger = logging.getLogger(__name__)
@@ -621,7 +622,7 @@ class ModelRunner:
         peer = pp.peer(pp.rank + 1)
         self._pending_sends = getattr(self, "_pending_sends", [])
         for t in out:
-            self._pending_sends.append((dist.isend(t.contiguous(), peer), t))
+            self._pending_sends.append((dist.isend(t.contiguous(), world_rank(peer)), t))
 
     def _recv(self, inputs: StepInputs, state: ParallelState) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (len(inputs.local_rows), self.hidden_size)
@@ -632,7 +633,7 @@ class ModelRunner:
 
     @staticmethod
     def _recv_into(state: ParallelState, x: torch.Tensor, residual: torch.Tensor) -> None:
-        peer = state.pp.peer(state.pp.rank - 1)
+        peer = world_rank(state.pp.peer(state.pp.rank - 1))
         dist.recv(x, peer)
         dist.recv(residual, peer)
 

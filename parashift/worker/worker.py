@@ -9,6 +9,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,7 @@ from parashift.worker.peer_weights import asks_peer_path
 from parashift.parallel.comm_pool import CommunicatorPool
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
+from parashift.parallel.world import set_world_ranks, world_ranks
 from parashift.step.codec import decode_step
 
 
@@ -34,7 +36,11 @@ class WorkerSpec:
     max_model_len: int
     master_port: int
     other_plans: tuple[Plan, ...] = ()  # plans a step may switch to (besides the layout's)
-    master_addr: str = "127.0.0.1"  # the rendezvous host (node 0's address across hosts)
+    master_addr: str = "127.0.0.1"  # the rendezvous store's host (the engine's: node 0's)
+    # a replacement's: the rendezvous generation and the ranks of its world (None: every
+    # rank, generation 0). Replaced ranks meet in a world of their own (executor/replacement.py)
+    generation: int = 0
+    members: tuple[int, ...] | None = None
 
 
 HEARTBEAT_INTERVAL_S = 0.2
@@ -84,19 +90,21 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
-                            rank=rank, world_size=world)
+    members = _join_world(rank, spec, backend)
     # Each group agrees on its own KV block count (its ranks may hold other shards than
     # another group's); every rank makes every group's control group, in layout order.
-    controls = [dist.new_group(list(plan.ranks), backend="gloo") for plan in spec.layout.plans]
-    control = controls[spec.layout.group_of_rank(rank)]
+    groups = [plan for plan in spec.layout.plans if members.issuperset(plan.ranks)]
+    controls = {plan.ranks: dist.new_group(world_ranks(plan.ranks), backend="gloo")
+                for plan in groups}
+    control = controls[spec.layout.plans[spec.layout.group_of_rank(rank)].ranks]
     # Every plan of every rank's weights (a merged group's ranks load their replica's).
-    loaded = [plan.loaded_plan(r) for plan in spec.layout.plans for r in plan.ranks]
-    plans = list(dict.fromkeys([*spec.layout.plans, *loaded, *spec.other_plans]))
+    loaded = [plan.loaded_plan(r) for plan in groups for r in plan.ranks]
+    plans = [plan for plan in dict.fromkeys([*groups, *loaded, *spec.other_plans])
+             if members.issuperset(plan.ranks)]
     # a seesaw group's ranks exchange weight shards at a switch: a group over all of them
     seesaw_peers = (spec.config.parallel_policy == "seesaw"
                     and asks_peer_path(spec.config, device, spec.source))
-    spans = [plan.ranks for plan in spec.layout.plans] if seesaw_peers else []
+    spans = [plan.ranks for plan in groups] if seesaw_peers else []
     pool = CommunicatorPool(rank, world, plans, topology=spec.config.topology,
                             allow_cross_host=spec.config.allow_cross_host_tp, spans=spans)
     if spec.config.fast_all_reduce:
@@ -117,6 +125,18 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     if base != state.plan:  # it starts in a merged plan
         runner.transition("commit", base.name())
     return runner
+
+
+def _join_world(rank: int, spec: WorkerSpec, backend: str) -> set[int]:
+    """Joins the rendezvous of `spec`'s generation through the engine's store (the engine
+    hosts it: no rank's death takes it away); the ranks of this world."""
+    members = spec.members or tuple(range(spec.layout.world_size))
+    timeout = timedelta(seconds=spec.config.worker_timeout_s)
+    store = dist.TCPStore(spec.master_addr, spec.master_port, is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"generation{spec.generation}", store),
+                            rank=members.index(rank), world_size=len(members))
+    set_world_ranks(members)
+    return set(members)
 
 
 POLL_S = 1e-4  # while a step runs, how often to check for it to end

@@ -15,7 +15,7 @@ from tests.distributed.test_plans import prompts
 
 PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 COMMON = dict(device="cpu", dtype="float32", skip_tokenizer_init=True, num_blocks=128,
-              worker_timeout_s=300)
+              worker_timeout_s=300, max_worker_restarts=0)  # losses for good (no healing)
 
 
 @pytest.fixture(scope="module")

@@ -37,13 +37,16 @@ def _serve(node_rank: int, master_port: int, http_port: int, flags, log) -> subp
 
 @contextlib.contextmanager
 def two_nodes(tmp_path, *flags):
-    """Node 1 first (it waits for node 0), then node 0; yields both processes, node 0's
-    URL once it is healthy, and each node's stderr file."""
+    """Node 1 first (it waits for node 0), then node 0; yields both processes (a list:
+    `nodes.restart_node_1()` starts node 1 again in it), node 0's URL once it is healthy,
+    and each node's stderr file."""
     master_port, http_port = _port_pair(), free_port()
     logs = [tmp_path / f"node{i}.log" for i in range(2)]
     files = [open(log, "w") for log in logs]
-    nodes = [None, _serve(1, master_port, http_port, flags, files[1])]
+    nodes = _Nodes([None, _serve(1, master_port, http_port, flags, files[1])])
     nodes[0] = _serve(0, master_port, http_port, flags, files[0])
+    nodes.restart_node_1 = lambda: nodes.__setitem__(
+        1, _serve(1, master_port, http_port, flags, files[1]))
     url = f"http://127.0.0.1:{http_port}"
     try:
         def healthy():
@@ -61,6 +64,10 @@ def two_nodes(tmp_path, *flags):
                 node.wait()
         for file in files:
             file.close()
+
+
+class _Nodes(list):
+    restart_node_1 = None
 
 
 def _complete(url: str, prompt: str) -> str:
@@ -115,3 +122,51 @@ def test_a_lost_node_takes_its_replica_out_and_the_other_serves(tmp_path):
         assert "node 1 lost" in health["groups_down"][0]["reason"]
         after = httpx.post(f"{url}/v1/completions", json=request, timeout=60).json()
         assert after["choices"][0]["text"] == before["choices"][0]["text"]
+
+
+def test_a_lost_worker_or_host_comes_back(tmp_path):
+    """DP=2 over two nodes: node 1's worker killed is replaced through its agent; node 1's
+    process killed, then started again: its rank rejoins (a new rendezvous generation) and
+    /health is "ok" with both ranks; both groups give the tokens they gave before."""
+    from tests.entrypoints.openai.test_lifecycle import worker_pids
+    model = save_tiny_llama(tmp_path / "tiny")
+    with two_nodes(tmp_path, "--model", model, "-dp", "2", "--skip-tokenizer-init",
+                   "--num-blocks", "64") as (nodes, url, logs):
+        before = _completions_on_both(url)
+        (worker,) = worker_pids(nodes[1])
+        os.kill(worker, signal.SIGKILL)
+        _wait_recovered(url, restarts=1)
+        assert _completions_on_both(url) == before
+
+        nodes[1].send_signal(signal.SIGKILL)
+        nodes[1].wait()
+        assert wait_until(lambda: httpx.get(f"{url}/health").json()["status"] == "degraded",
+                          timeout=5.0, interval=0.05)
+        time.sleep(2)  # node 0 waits for the host, counting no attempt
+        assert httpx.get(f"{url}/health").json()["worker_restarts"] == 1
+        nodes.restart_node_1()
+        _wait_recovered(url, restarts=2)
+        assert _completions_on_both(url) == before
+        log = logs[0].read_text()
+        assert "node 1 lost" in log and "node 1 is back" in log
+
+
+def _completions_on_both(url: str) -> list:
+    """Greedy completions of a few prompts sent together (both groups take some)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def complete(prompt):
+        response = httpx.post(f"{url}/v1/completions", timeout=120, json={
+            "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 0})
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["logprobs"]["tokens"]
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(complete, [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11]]))
+
+
+def _wait_recovered(url: str, restarts: int) -> None:
+    def ok():
+        body = httpx.get(f"{url}/health").json()
+        return body["status"] == "ok" and body.get("worker_restarts") == restarts
+    assert wait_until(ok, timeout=60, interval=0.2), httpx.get(f"{url}/health").json()
+    assert httpx.get(f"{url}/health").json()["ranks_alive"] == 2

@@ -24,7 +24,7 @@ class FakeExecutor:
     def __init__(self, world_size: int, blocks: int = 64):
         self.rank_blocks = [blocks] * world_size
         self.failure, self.lost, self._unreported = None, {}, {}
-        self.retired = []
+        self.retired, self.replacing, self.replaced = [], [], []
 
     @property
     def alive(self) -> list[int]:
@@ -39,6 +39,18 @@ class FakeExecutor:
 
     def retire(self, ranks, reason: str) -> None:
         self.retired += list(ranks)
+
+    def replace(self, ranks) -> None:
+        self.replacing.append(tuple(ranks))
+
+    def take_replaced(self) -> list:
+        """What the test put in `replaced` (replacement.Outcome); those ok serve again."""
+        done, self.replaced = self.replaced, []
+        for outcome in done:
+            for rank in outcome.ranks if outcome.ok else ():
+                del self.lost[rank]
+                self.rank_blocks[rank] = outcome.blocks[rank]
+        return done
 
     def fail(self, message: str):
         self.failure = WorkerFailure(message)

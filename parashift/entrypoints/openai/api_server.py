@@ -101,8 +101,9 @@ def _health_routes(async_engine: AsyncLLMEngine, metrics: ServerMetrics) -> APIR
         if async_engine.is_running:
             faults = async_engine.faults
             load = server_load(async_engine)
-            if faults is None or not faults.groups_down:
-                return JSONResponse({"status": "ok", "load": load})
+            if faults is None or not faults.groups_down:  # (after a recovery: the report)
+                report = faults.as_json() if faults is not None and faults.worker_restarts else {}
+                return JSONResponse({"status": "ok", "load": load, **report})
             return JSONResponse({"status": "degraded", "load": load, **faults.as_json()})
         message = str(async_engine.dead_error or "the engine is not running")
         return APIError(503, message, code="engine_dead").response()
