@@ -40,12 +40,12 @@ CONFIGS = tuple(Config(kernel, *shape) for kernel in ("w8", "w8a8") for shape in
     (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 4, 2), (64, 256, 4, 3), (64, 512, 8, 2),
     (128, 256, 8, 2), (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (64, 256, 4, 3, 2)))
 # "gemv" (fp8_gemv.py), at most fp8_gemv.MAX_ROWS rows: BLOCK_K bytes of each of BLOCK_N
-# weight rows a step (4-16 KB a program in flight; 64 fp32 registers a thread for the tile);
-# narrow BLOCK_N or split K where N gives too few programs for the SMs (split K costs a
-# zeroing and a cast kernel)
+# weight rows a step, BLOCK_K >= 8 * 32 * warps (the tile's K spans every thread, so the loop
+# needs no shuffles or shared memory: checked in sm_90 PTX); narrow BLOCK_N or split K where N
+# gives too few programs for the SMs (split K costs a zeroing and a cast kernel)
 GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
-    (4, 2048, 4, 1), (8, 1024, 4, 2), (8, 2048, 8, 1), (16, 512, 4, 3), (16, 1024, 8, 2),
-    (32, 512, 8, 2), (8, 512, 4, 3, 2), (16, 1024, 8, 2, 2)))
+    (2, 2048, 4, 1), (4, 1024, 4, 1), (4, 2048, 4, 1), (8, 1024, 4, 1), (8, 2048, 8, 1),
+    (2, 4096, 8, 1), (4, 2048, 4, 1, 2), (8, 1024, 4, 1, 2)))
 
 
 @triton.jit
