@@ -32,17 +32,23 @@ def weight_copies(weight: torch.Tensor) -> list[torch.Tensor]:
     return copies
 
 
-def _graph(calls: list[Callable[[], object]]) -> torch.cuda.CUDAGraph:
+def _graph(calls: list[Callable[[], object]], pool) -> torch.cuda.CUDAGraph:
+    """The calls captured on a side stream (torch.cuda.graph's context would also collect
+    garbage and empty the allocator's cache for each of hundreds of candidates)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # compiles and warms up outside the capture
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        for call in calls:
+    with torch.cuda.stream(stream):
+        for call in calls:  # compiles and warms up outside the capture
             call()
+        stream.synchronize()
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            for call in calls:
+                call()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
     return graph
 
 
@@ -60,10 +66,11 @@ def replayed_timings_ms(candidates: dict[Hashable, Callable[[int], object]], cop
     """Median ms per call of each candidate; candidate(i) runs on weight copy i. A candidate
     that fails to compile, run or be captured is left out (logged)."""
     calls = [i % copies for i in range(max(CALLS_PER_REPLAY, copies))]
+    pool = torch.cuda.graph_pool_handle()  # one for all: the outputs are never read
     graphs = {}
     for key, run in candidates.items():
         try:
-            graphs[key] = _graph([lambda i=i, run=run: run(i) for i in calls])
+            graphs[key] = _graph([lambda i=i, run=run: run(i) for i in calls], pool)
         except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
             logger.warning("GEMM candidate %s failed: %s", key, exc)
     for graph in graphs.values():
