@@ -37,6 +37,16 @@ for path in sorted(glob.glob(f"{out}/decode_*.json")):
     if "after" in path:
         print("   chosen:", "; ".join(f"{c['rows_up_to']}x{c['weight']}: {c['kernel']}"
                                       for c in doc.get("fp8_gemm", []) if c["rows_up_to"] <= 4))
+step = {}  # (tree, batch) -> step ms of each round
+for path in glob.glob(f"{out}/decode_*.json"):
+    tree = os.path.basename(path).split("_")[1]
+    for r in json.load(open(path))["rows"]:
+        step.setdefault((tree, r["batch"]), []).append(r["step_ms"])
+for batch in sorted({b for _, b in step}):
+    b, a = step.get(("before", batch)), step.get(("after", batch))
+    if a and b:
+        print(f"b{batch}: before {min(b):.3f} ms, after {min(a):.3f} ms (best of rounds): "
+              f"{min(b) / min(a):.3f}x")
 log = f"{out}/fp8_gemm_rows_1_4.log"
 if os.path.exists(log):
     for line in open(log):
