@@ -4,9 +4,10 @@ Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm.py [--rows 1 4 16 64 256 4
 Per projection and row count, each candidate's time per call replayed from a CUDA graph (as
 decode runs) over COPIES weights in turn, so no weight stays in L2: bf16 (`skinny_gemm.linear`:
 the skinny kernel where it wins, else cuBLAS), cuBLASLt FP8 (`torch._scaled_mm`, activations
-quantized per token by one kernel, counted) and every Triton FP8 config; each as a fraction of
-its bytes floor (weight + activation + output bytes over the measured copy bandwidth), and
-what `fp8_gemm.linear` picks (its own timing flushes L2 instead)."""
+quantized per token by one kernel, counted) and every Triton FP8 config (the GEMV ones at 1-4
+rows, best of them also apart: `gemv_us`); each as a fraction of its bytes floor (weight +
+activation + output bytes over the measured copy bandwidth), and what `fp8_gemm.linear`
+picks (its own timing: kernels/gemm_timing.py)."""
 import argparse
 import json
 
@@ -65,7 +66,7 @@ def measure(name, n, k, m, bandwidth) -> dict:
                                      for w, s in zip(w8, scales)])}
     if m <= fp8_gemm.MAX_ROWS:
         triton_us = {}
-        for config in fp8_gemm.CONFIGS:
+        for config in fp8_gemm.candidates(m, n):
             try:
                 fp8_gemm.fp8_weight_linear(x, w8[0], scales[0], None, config)
                 triton_us[config] = graph_us([
@@ -77,6 +78,10 @@ def measure(name, n, k, m, bandwidth) -> dict:
         out = fp8_gemm.fp8_weight_linear(x, w8[0], scales[0], None, best)
         row.update(triton_us=triton_us[best], triton_config=str(best),
                    triton_rel_err=float((out.float() - ref).norm() / ref.norm()))
+        gemv = [c for c in triton_us if c.kernel == "gemv"]
+        if gemv:
+            best_gemv = min(gemv, key=triton_us.__getitem__)
+            row.update(gemv_us=triton_us[best_gemv], gemv_config=str(best_gemv))
     chosen = fp8_gemm.linear(x, w8[0], scales[0], None)
     row["chosen_rel_err"] = float((chosen.float() - ref).norm() / ref.norm())
     best_us = min(row.get("triton_us", float("inf")), row["scaled_mm_us"])

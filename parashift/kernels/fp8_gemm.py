@@ -2,20 +2,19 @@
 
 Decode reads the weight and little else, so at up to MAX_ROWS rows a Triton kernel reads
 the FP8 bytes, widens them to the activations' dtype in registers and multiplies with the
-activations as they are (no per-token quantization kernel); each program owns BLOCK_N
-output rows over all of K, so there is no reduction. cuBLASLt's FP8 GEMM
+activations as they are (no per-token quantization kernel); at one to four rows a GEMV
+(`fp8_gemv.py`) does the same without a 16-row tl.dot. cuBLASLt's FP8 GEMM
 (`torch._scaled_mm`, rowwise scales, activations quantized per token) measured no faster
 than bf16 at 1-64 rows on an H200 (issue 60) and wins above. A shape takes whichever
-measured faster on the device, like `skinny_gemm.linear`."""
-import functools
+measured faster on the device (`gemm_timing.py`), like `skinny_gemm.linear`."""
 import logging
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
-import triton.testing
 
+from parashift.kernels import fp8_gemv, gemm_timing
 from parashift.kernels.skinny_gemm import choose
 
 logger = logging.getLogger(__name__)
@@ -40,6 +39,13 @@ class Config:
 CONFIGS = tuple(Config(kernel, *shape) for kernel in ("w8", "w8a8") for shape in (
     (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 4, 2), (64, 256, 4, 3), (64, 512, 8, 2),
     (128, 256, 8, 2), (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (64, 256, 4, 3, 2)))
+# "gemv" (fp8_gemv.py), at most fp8_gemv.MAX_ROWS rows: BLOCK_K bytes of each of BLOCK_N
+# weight rows a step, BLOCK_K >= 8 * 32 * warps (the tile's K spans every thread, so the loop
+# needs no shuffles or shared memory: checked in sm_90 PTX); narrow BLOCK_N or split K where N
+# gives too few programs for the SMs (split K costs a zeroing and a cast kernel)
+GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
+    (2, 2048, 4, 1), (4, 1024, 4, 1), (4, 2048, 4, 1), (8, 1024, 4, 1), (8, 2048, 8, 1),
+    (2, 4096, 8, 1), (4, 2048, 4, 1, 2), (8, 1024, 4, 1, 2)))
 
 
 @triton.jit
@@ -112,6 +118,9 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     if x.dim() != 2 or weight.dtype != FP8 or weight.stride(1) != 1:
         raise ValueError(f"fp8_weight_linear takes 2-D x and an E4M3 weight contiguous "
                          f"along K, got x {tuple(x.shape)} and a {weight.dtype} weight")
+    if config.kernel == "gemv":
+        return fp8_gemv.fp8_gemv(x, weight, scale, bias, config.block_n, config.block_k,
+                                 config.num_warps, config.num_stages, config.split_k)
     x = x if x.stride(1) == 1 else x.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     split = config.split_k
@@ -139,22 +148,29 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
 _choices: dict[tuple, Config | None] = {}
 
 
+def row_bucket(rows: int) -> int:
+    """Rows that share a measured choice: each count up to the GEMV's, then query tiles."""
+    return rows if rows <= fp8_gemv.MAX_ROWS else block_m(rows)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
            bias: torch.Tensor | None) -> torch.Tensor:
-    """The faster of the Triton kernel and cuBLASLt for this shape (measured on its first
+    """The fastest of the Triton kernels and cuBLASLt for this shape (measured on its first
     call outside a CUDA-graph capture; during a capture an unmeasured shape takes
-    cuBLASLt). Rows are bucketed to the kernel's query tile."""
+    cuBLASLt). Rows are bucketed by `row_bucket`."""
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] > MAX_ROWS or weight.stride(1) != 1:
         return scaled_mm_linear(rows, weight, scale, bias).reshape(*x.shape[:-1], -1)
-    key = (block_m(rows.shape[0]), tuple(weight.shape), weight.stride(0), x.dtype, x.device,
-           bias is not None)
+    key = (row_bucket(rows.shape[0]), tuple(weight.shape), weight.stride(0), x.dtype,
+           x.device, bias is not None)
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return scaled_mm_linear(rows, weight, scale, bias).reshape(*x.shape[:-1], -1)
-        _choices[key] = choose(timings_ms(rows, weight, scale, bias))
-        logger.info("FP8 GEMM, %d rows x %s: %s", rows.shape[0], tuple(weight.shape),
-                    _choices[key] or "cuBLASLt")
+        timings = timings_ms(rows, weight, scale, bias)
+        _choices[key] = choose(timings)
+        logger.info("FP8 GEMM, %d rows x %s: %s (%.2f µs; cuBLASLt %.2f µs)", rows.shape[0],
+                    tuple(weight.shape), _choices[key] or "cuBLASLt",
+                    1e3 * timings[_choices[key]], 1e3 * timings[None])
     config = _choices[key]
     y = (scaled_mm_linear(rows, weight, scale, bias) if config is None
          else fp8_weight_linear(rows, weight, scale, bias, config))
@@ -169,18 +185,27 @@ def chosen() -> list[dict]:
             for key, config in _choices.items()]
 
 
+def candidates(rows: int, n: int) -> list[Config]:
+    """The Triton configs measured for `rows` rows of an N-row weight."""
+    configs = CONFIGS + (GEMV_CONFIGS if rows <= fp8_gemv.MAX_ROWS else ())
+    return [c for c in configs if c.block_n <= triton.next_power_of_2(n)]
+
+
 def timings_ms(x, weight, scale, bias) -> dict[Config | None, float]:
-    """Median milliseconds per call of cuBLASLt (None) and each config, L2 flushed between;
-    a config this device cannot compile or run is left out."""
-    bench = functools.partial(triton.testing.do_bench, warmup=5, rep=30, return_mode="median")
-    timings = {None: bench(lambda: scaled_mm_linear(x, weight, scale, bias))}
-    for config in CONFIGS:
-        if config.block_n > triton.next_power_of_2(weight.shape[0]):
-            continue
-        try:
-            timings[config] = bench(lambda c=config: fp8_weight_linear(x, weight, scale,
-                                                                       bias, c))
-        except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
-            logger.warning("FP8 GEMM config %s failed on %s: %s", config,
-                           tuple(weight.shape), exc)
-    return timings
+    """Milliseconds per call of cuBLASLt (None) and each Triton config, replayed from CUDA
+    graphs over copies of the weight (`gemm_timing`), or with L2 flushed where a graph
+    cannot be captured; a config this device cannot compile or run is left out."""
+    configs = candidates(x.shape[0], weight.shape[0])
+    try:
+        weights = gemm_timing.weight_copies(weight)
+        runs = {None: lambda i: scaled_mm_linear(x, weights[i], scale, bias)}
+        runs.update({c: lambda i, c=c: fp8_weight_linear(x, weights[i], scale, bias, c)
+                     for c in configs})
+        timings = gemm_timing.replayed_timings_ms(runs, len(weights))
+        if None in timings:
+            return timings
+    except Exception as exc:  # noqa: BLE001  graphs not capturable here: flush instead
+        logger.warning("FP8 GEMM timing in CUDA graphs failed (%s); flushing L2 instead", exc)
+    runs = {None: lambda: scaled_mm_linear(x, weight, scale, bias)}
+    runs.update({c: lambda c=c: fp8_weight_linear(x, weight, scale, bias, c) for c in configs})
+    return gemm_timing.flushed_timings_ms(runs)

@@ -1,10 +1,10 @@
-"""The FP8-weight GEMM against a dequantized reference (CUDA; Triton's interpreter has no
-FP8 casts)."""
+"""The FP8-weight GEMM against a dequantized reference (CUDA), and which configs a shape
+measures (CPU). The GEMV it runs at 1-4 rows is tested on its own in test_fp8_gemv.py."""
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-fp8_gemm = pytest.importorskip("parashift.kernels.fp8_gemm")
+from parashift.kernels import fp8_gemm, gemm_timing
+from tests.kernels.common import cuda
 
 
 def quantized(n, k, seed=0):
@@ -14,6 +14,7 @@ def quantized(n, k, seed=0):
     return (w / scale).to(fp8_gemm.FP8), scale
 
 
+@cuda
 @pytest.mark.parametrize("m", [1, 3, 16, 17, 64])
 @pytest.mark.parametrize("n,k", [(96, 256), (200, 320), (64, 1000)])
 @pytest.mark.parametrize("config", [c for c in fp8_gemm.CONFIGS if c.block_n <= 32])
@@ -32,7 +33,8 @@ def test_triton_kernel_matches_dequantized(m, n, k, config, bias):
     assert relative < (1e-2 if config.kernel == "w8" else 5e-2)
 
 
-@pytest.mark.parametrize("m", [1, 40, 300])
+@cuda
+@pytest.mark.parametrize("m", [1, 2, 4, 40, 300])
 def test_linear_picks_a_kernel_that_matches(m):
     w, scale = quantized(512, 1024)
     x = torch.randn(2, m, 1024, device="cuda", dtype=torch.bfloat16)
@@ -43,6 +45,7 @@ def test_linear_picks_a_kernel_that_matches(m):
     assert (actual.float() - expected).norm() / expected.norm() < 5e-2
 
 
+@cuda
 def test_rows_quantized_in_one_kernel_match_torch():
     x = torch.randn(5, 1000, device="cuda", dtype=torch.bfloat16) * 3
     x[2] = 0
@@ -50,3 +53,40 @@ def test_rows_quantized_in_one_kernel_match_torch():
     expected_scale = x.float().abs().amax(1, keepdim=True).clamp(min=1e-12) / fp8_gemm.FP8_MAX
     torch.testing.assert_close(scale, expected_scale)
     torch.testing.assert_close(q.float(), (x.float() / expected_scale).to(fp8_gemm.FP8).float())
+
+
+def test_gemv_configs_are_measured_up_to_four_rows_only():
+    for rows in (1, 4):
+        assert set(fp8_gemm.GEMV_CONFIGS) <= set(fp8_gemm.candidates(rows, 4096))
+    assert not {c.kernel for c in fp8_gemm.candidates(5, 4096)} & {"gemv"}
+    assert all(c.block_n <= 16 for c in fp8_gemm.candidates(1, 10))
+
+
+def test_rows_share_a_choice_per_count_up_to_four_then_per_query_tile():
+    assert [fp8_gemm.row_bucket(r) for r in (1, 2, 3, 4, 5, 16, 17, 64)] == \
+        [1, 2, 3, 4, 16, 16, 32, 64]
+
+
+@cuda
+def test_chosen_gemv_matches_on_a_row_slice_of_a_wider_weight():
+    wide, scale = quantized(256, 1024 + 64)
+    w = wide[:, :1024]
+    x = torch.randn(3, 1024, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    expected = torch.nn.functional.linear(x.float(), w.float() * scale, bias.float())
+    for config in fp8_gemm.GEMV_CONFIGS:
+        actual = fp8_gemm.fp8_weight_linear(x, w, scale, bias, config)
+        torch.testing.assert_close(actual.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+@cuda
+def test_replayed_timings_cover_every_candidate_on_copies_of_a_strided_weight():
+    wide, scale = quantized(512, 1024 + 64)
+    w = wide[:, :1024]
+    copies = gemm_timing.weight_copies(w)
+    assert len(copies) >= 2 and all(c.stride() == w.stride() and torch.equal(c, w)
+                                    for c in copies)
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    timings = fp8_gemm.timings_ms(x, w, scale, None)
+    assert set(timings) == {None, *fp8_gemm.candidates(1, 512)}
+    assert all(t > 0 for t in timings.values())

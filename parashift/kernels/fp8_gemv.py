@@ -1,0 +1,111 @@
+"""y = x (W * s)^T + b for one to four rows of x, W in FP8 E4M3 with one scale per output
+row: a GEMV that streams W once (decode at batch 1-4).
+
+A 16-row tl.dot wastes most of its tile at one row and spends registers and shuffles on
+the operands' layouts; here each program reads a [BLOCK_N, BLOCK_K] FP8 tile per step (a
+wide K step keeps many bytes in flight), widens it to fp32 and multiplies it by each of the
+ROWS activation rows. A thread reads VEC = 8 weight bytes at a time, the width of its 16-byte
+load of 16-bit activations, so the two share a layout (no shared-memory exchange in the
+loop), and keeps the sums of its VEC products per row in registers, summed over threads
+once after the loop (no shuffles in it). The scale (and bias) are applied at the end.
+SPLIT_K > 1 gives small-N shapes more programs: each sums a part of K into an fp32 output
+with atomic adds."""
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 4
+VEC = 8  # weight bytes a thread loads at once; BLOCK_K must be a multiple
+
+
+@triton.jit
+def _row_sums(w, x_row_ptr, k, k_ok, EVEN_K: tl.constexpr, VEC: tl.constexpr):
+    """The tile times one activation row, summed over each VEC consecutive K (the bytes a
+    thread loads at once, so the sums stay in a thread's registers):
+    [BLOCK_N, BLOCK_K // VEC] fp32."""
+    # loaded as [1, BLOCK_K]: in the tile's layout, where a [BLOCK_K] load would be moved
+    # through shared memory every step
+    if EVEN_K:
+        x = tl.load(x_row_ptr + k[None, :])
+    else:
+        x = tl.load(x_row_ptr + k[None, :], mask=k_ok[None, :], other=0.0)
+    prod = w * x.to(tl.float32)
+    return tl.sum(tl.reshape(prod, (prod.shape[0], prod.shape[1] // VEC, VEC)), axis=2)
+
+
+@triton.jit
+def _store_row(y_row_ptr, acc, scale, bias, offs_n, n_ok, SPLIT_K: tl.constexpr):
+    out = tl.sum(acc, axis=1) * scale + bias
+    if SPLIT_K == 1:
+        tl.store(y_row_ptr + offs_n, out.to(y_row_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        tl.atomic_add(y_row_ptr + offs_n, out, mask=n_ok, sem="relaxed")
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_ym,
+                     HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, EVEN_K: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                     VEC: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    # rows past N read row N-1 (in bounds, so the loads need no row mask); not stored
+    w_rows = w_ptr + (offs_n % N)[:, None].to(tl.int64) * stride_wn
+    offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
+    acc0 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    split = tl.program_id(1)
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_end = tl.minimum(K, (split + 1) * k_per_split)
+    for k0 in range(split * k_per_split, k_end, BLOCK_K):
+        k = k0 + offs_k
+        k_ok = k < K
+        if EVEN_K:
+            w = tl.load(w_rows + k[None, :]).to(tl.float32)
+        else:
+            w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+        acc0 += _row_sums(w, x_ptr, k, k_ok, EVEN_K, VEC)
+        if ROWS > 1:
+            acc1 += _row_sums(w, x_ptr + stride_xm, k, k_ok, EVEN_K, VEC)
+        if ROWS > 2:
+            acc2 += _row_sums(w, x_ptr + 2 * stride_xm, k, k_ok, EVEN_K, VEC)
+        if ROWS > 3:
+            acc3 += _row_sums(w, x_ptr + 3 * stride_xm, k, k_ok, EVEN_K, VEC)
+    scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
+    bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if HAS_BIAS:
+        if split == 0:
+            bias = tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    _store_row(y_ptr, acc0, scale, bias, offs_n, n_ok, SPLIT_K)
+    if ROWS > 1:
+        _store_row(y_ptr + stride_ym, acc1, scale, bias, offs_n, n_ok, SPLIT_K)
+    if ROWS > 2:
+        _store_row(y_ptr + 2 * stride_ym, acc2, scale, bias, offs_n, n_ok, SPLIT_K)
+    if ROWS > 3:
+        _store_row(y_ptr + 3 * stride_ym, acc3, scale, bias, offs_n, n_ok, SPLIT_K)
+
+
+def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+             bias: torch.Tensor | None, block_n: int, block_k: int, num_warps: int,
+             num_stages: int, split_k: int = 1) -> torch.Tensor:
+    """x [M <= 4, K] (bf16/fp16/fp32), weight [N, K] E4M3 with unit stride along K (row
+    slices of a wider buffer are fine), scale [N] or [N, 1] fp32, bias [N] or None."""
+    if block_k % VEC:
+        raise ValueError(f"fp8_gemv's block_k must be a multiple of {VEC}, got {block_k}")
+    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"fp8_gemv takes 2-D x of 1 to {MAX_ROWS} rows, got {tuple(x.shape)}")
+    if weight.dim() != 2 or weight.stride(1) != 1 or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"fp8_gemv needs a weight [N, {x.shape[1]}] contiguous along K, "
+                         f"got {tuple(weight.shape)} with strides {weight.stride()}")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    (m, k), n = x.shape, weight.shape[0]
+    y = (torch.empty(m, n, dtype=x.dtype, device=x.device) if split_k == 1
+         else torch.zeros(m, n, dtype=torch.float32, device=x.device))
+    _fp8_gemv_kernel[(triton.cdiv(n, block_n), split_k)](
+        x, weight, scale.reshape(-1), bias if bias is not None else scale, y, n, k,
+        x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, ROWS=m,
+        EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, VEC=VEC,
+        num_warps=num_warps, num_stages=num_stages)
+    return y if split_k == 1 else y.to(x.dtype)

@@ -1,0 +1,67 @@
+"""The FP8 GEMV (one to four rows) against an fp64 product of the dequantized weight: under
+the Triton interpreter on the CPU (float32, float16) and compiled on CUDA."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from parashift.kernels import fp8_gemm
+from parashift.kernels.fp8_gemv import MAX_ROWS, fp8_gemv
+from tests.kernels.common import case_tests, randn
+
+FP8 = torch.float8_e4m3fn
+# (block_n, block_k, warps, stages, split_k): small tiles, so that the cases cover several
+# programs, a partial last K step, and K split over programs
+SMALL = ((16, 64, 4, 1, 1), (8, 32, 2, 1, 3))
+# n not a multiple of block_n, k not of block_k; padded: the weight's rows are a column
+# slice of a wider buffer (stride(0) > k), as a shift-plan slice can be
+CASES = [
+    dict(m=1, n=64, k=128),
+    dict(m=2, n=40, k=130, padded=True),
+    dict(m=3, n=100, k=200, bias=True),
+    dict(m=4, n=48, k=96, bias=True),
+    dict(m=4, n=17, k=1000, padded=True, strided_x=True),
+    dict(m=1, n=16, k=64, bias=True, padded=True),
+]
+
+
+def quantized(n, k, padded, device, seed=2):
+    """(E4M3 weight [n, k], fp32 scale [n, 1]); padded: rows of a [n, k + 16] buffer."""
+    wide = randn((n, k + 16 if padded else k), "float32", device, seed=seed, scale=k ** -0.5)
+    scale = wide.abs().amax(1, keepdim=True) / torch.finfo(FP8).max
+    return (wide / scale).to(FP8)[:, :k], scale
+
+
+def check(m, n, k, bias=False, padded=False, strided_x=False, dtype="float32", device="cpu",
+          configs=SMALL):
+    weight, scale = quantized(n, k, padded, device)
+    x = randn((m, k), dtype, device, seed=1, strided=strided_x)
+    b = randn((n,), dtype, device, seed=3) if bias else None
+    ref = F.linear(x.double(), weight.double() * scale.double(), b.double() if bias else None)
+    eps = torch.finfo(getattr(torch, dtype)).eps
+    tol = 2 * eps * (k ** 0.5 if dtype == "float32" else 1)
+    for config in configs:
+        out = fp8_gemv(x, weight, scale, b, *config)
+        assert out.shape == (m, n) and out.dtype == x.dtype
+        torch.testing.assert_close(out.double(), ref, rtol=tol, atol=2 * tol)
+
+
+def check_on_cuda(**case):
+    check(**case, configs=[(c.block_n, c.block_k, c.num_warps, c.num_stages, c.split_k)
+                           for c in fp8_gemm.GEMV_CONFIGS])
+
+
+test_interpreted, _ = case_tests(__name__, check, CASES)
+_, test_cuda = case_tests(__name__, check_on_cuda, CASES)
+
+
+@pytest.mark.parametrize("rows", [0, MAX_ROWS + 1])
+def test_rejects_rows_it_does_not_serve(rows):
+    weight = torch.zeros(16, 32, dtype=FP8)
+    with pytest.raises(ValueError, match="1 to 4 rows"):
+        fp8_gemv(torch.zeros(rows, 32), weight, torch.ones(16), None, *SMALL[0])
+
+
+def test_rejects_a_weight_strided_along_k():
+    weight = torch.zeros(32, 16, dtype=FP8).t()
+    with pytest.raises(ValueError, match="contiguous along K"):
+        fp8_gemv(torch.zeros(1, 32), weight, torch.ones(16), None, *SMALL[0])
