@@ -37,6 +37,15 @@ def single_torch_thread():
     torch.set_num_threads(saved)
 
 
+def pytest_configure(config):
+    """One torch thread in the test process. The CI's 2 cores are shared with the workers
+    of multi-rank tests and the background interpreter checks (below): a second thread
+    then mostly waits for its peer at each op's barrier (SmolLM2's decode steps ran 6x
+    slower on two threads than on one on a busy machine). Workers set their own threads."""
+    import torch
+    torch.set_num_threads(1)
+
+
 def _interpreted(item) -> bool:
     return hasattr(getattr(item, "function", None), "interpreted_check")
 
