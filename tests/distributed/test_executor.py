@@ -7,6 +7,7 @@ import time
 import pytest
 
 from parashift import LLM, SamplingParams
+from parashift.executor import process_start
 from parashift.executor.multiproc import WorkerFailure, _exit_status
 from tests.engine.conftest import save_tiny_llama
 
@@ -216,10 +217,9 @@ def close_pipe_then_exit(conn) -> None:
 def test_the_exit_code_of_a_worker_whose_pipe_closed_first():
     """A failure reported as the pipe closes named "exit code None": the process was not
     yet reaped. It is joined briefly first."""
-    import multiprocessing as mp
-    ctx = mp.get_context("spawn")
+    ctx = process_start.worker_context()  # how the executor starts its workers
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=close_pipe_then_exit, args=(child,))
+    proc = process_start.worker_process(ctx, close_pipe_then_exit, (child,), name="exit-3")
     proc.start()
     child.close()
     with pytest.raises(EOFError):

@@ -5,12 +5,10 @@ what came from the pinned host copies is exactly what the schedule reads there (
 rank holds, and the pieces that break cycles too large for the staging). On the GPU
 machine (PARASHIFT_TEST_DEVICE=cuda) the ranks are GPUs and the transfers go over NCCL."""
 import hashlib
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from parashift.loader.source import load_hf_config, resolve_model
 from parashift.parallel.plan import Plan
@@ -18,6 +16,7 @@ from parashift.parallel.seesaw_weights import PeerGroup, WeightArena
 from parashift.worker.peer_weights import load_group_weights
 from tests.distributed.test_plans import DEVICE
 from tests.engine.conftest import save_tiny_llama
+from tests.helpers.ranks import free_port, run_ranks
 from tests.parallel.test_seesaw_weights import addresses, build
 
 ROUND_TRIPS = 20
@@ -83,10 +82,7 @@ def _rank(rank: int, port: int, world: int, model_dir: str, prefill: str, decode
 def spawn(world: int, *args) -> None:
     if DEVICE == "cuda" and world > torch.cuda.device_count():
         pytest.skip(f"needs {world} GPUs")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(port, world, *args), nprocs=world)
+    run_ranks(_rank, world, free_port(), world, *args)
 
 
 @pytest.mark.parametrize("prefill, decode, world, staging", [

@@ -3,17 +3,16 @@ back to dist.all_reduce (CPU, a 2-process gloo group), and, on 2 GPUs, that both
 sum like dist.all_reduce, eagerly and replayed from a CUDA graph."""
 import logging
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from parashift.parallel import fast_all_reduce
 from parashift.parallel.comm_pool import CommunicatorPool
 from parashift.parallel.fast_all_reduce import DEFAULT_MAX_BYTES, FastAllReduce, fits
 from parashift.parallel.plan import Plan
+from tests.helpers.ranks import free_port, run_ranks
 
 DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")  # "cuda": the GPU machine
 TWO_GPUS = DEVICE == "cuda" and torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -24,10 +23,7 @@ GPU_ROWS = [1, 16, 256, 1024, 1025]
 
 def spawn_pair(fn, *args) -> None:
     """Runs fn(rank, port, *args) in 2 processes; raises if either fails."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(fn, args=(port, *args), nprocs=2)
+    run_ranks(fn, 2, free_port(), *args)
 
 
 def init_group(rank: int, port: int, backend: str) -> None:

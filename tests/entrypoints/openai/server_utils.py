@@ -19,10 +19,16 @@ MAX_MODEL_LEN = 512
 MAX_NUM_SEQS = 4
 
 
+def server_engine(**options) -> LLMEngine:
+    """An engine with the shared one's options (the embedded SmolLM2 unless `model`)."""
+    return LLMEngine(EngineConfig(**{**dict(device="cpu", dtype="float32", seed=0,
+                                            max_model_len=MAX_MODEL_LEN, num_blocks=256,
+                                            max_num_seqs=MAX_NUM_SEQS), **options}))
+
+
 @functools.lru_cache(maxsize=None)
 def shared_engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN,
-                                  max_num_seqs=MAX_NUM_SEQS, num_blocks=256, seed=0))
+    return server_engine()
 
 
 @contextlib.contextmanager

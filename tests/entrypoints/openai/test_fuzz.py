@@ -12,7 +12,7 @@ does not implement), so that drawn sampling parameters reach the engine.
 The run is repeatable (hypothesis derandomized, no example database) and bounded:
 EXAMPLES_PER_ROUTE bodies per route, at least MIN_REQUESTS in all, each generating
 at most SMALL_MAX_TOKENS tokens (16, OpenAI's default, where a completion's
-max_tokens is null): about a minute and a half on a 2-core CPU. schemathesis and
+max_tokens is null), on a tiny random model with SmolLM2's tokenizer. schemathesis and
 hypothesis come with the `test` extra."""
 import json
 
@@ -22,7 +22,8 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.entrypoints.openai.server_utils import MAX_MODEL_LEN, wait_engine_idle
+from tests.entrypoints.openai.server_utils import MAX_MODEL_LEN, server_engine, wait_engine_idle
+from tests.helpers.tiny_smollm2 import save_tiny_smollm2
 
 GENERATING = ("/v1/completions", "/v1/chat/completions")
 ROUTES = (*GENERATING, "/tokenize", "/detokenize")
@@ -38,6 +39,15 @@ TOKEN_FIELDS = ("prompt", "tokens", "stop_token_ids")
 FUZZ_SETTINGS = settings(max_examples=EXAMPLES_PER_ROUTE, derandomize=True, database=None,
                          deadline=None, phases=[Phase.explicit, Phase.generate, Phase.shrink],
                          suppress_health_check=list(HealthCheck), print_blob=False)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """The shared engine's options on a tiny random model that speaks SmolLM2's tokens: the
+    fuzz tests the server, where a generated token of SmolLM2 cost ~100 times as much."""
+    engine = server_engine(model=save_tiny_smollm2(tmp_path_factory.mktemp("tiny_smollm2")))
+    yield engine
+    engine.shutdown()
 
 
 def keep_short(route: str, body) -> None:
