@@ -58,8 +58,10 @@ def workload_options(name: str) -> WorkloadOptions:
     return WorkloadOptions(length_scale=LENGTH_SCALE, num_requests=count)
 
 
-def contenders(shape_name: str, gpus: int) -> dict[str, dict]:
-    """name -> EngineConfig keywords: the static plans (pp = 1) that fit, then the policies."""
+def contenders(shape_name: str, gpus: int, workload: str, requests) -> dict[str, dict]:
+    """name -> EngineConfig keywords: the static plans (pp = 1) that fit, then the policies
+    (Seesaw's `auto` told the workload's mean lengths and, offline, its request count, as
+    its options let a user tell it)."""
     shape = load_shape(shape_name).quantized(SHAPE_SET[shape_name])
     out = {}
     for plan in static_plans(gpus, gpus):
@@ -74,8 +76,11 @@ def contenders(shape_name: str, gpus: int) -> dict[str, dict]:
                                 tensor_parallel_size=plan.tp, parallel_policy="static")
     out["shift"] = dict(sequence_parallel_size=gpus, parallel_policy="shift")
     out["flying"] = dict(data_parallel_size=gpus, parallel_policy="flying")
-    out["seesaw-auto"] = dict(parallel_policy="seesaw", prefill_plan=f"auto:{gpus}",
-                              cpu_kv_gib=64.0)
+    out["seesaw-auto"] = dict(
+        parallel_policy="seesaw", prefill_plan=f"auto:{gpus}", cpu_kv_gib=64.0,
+        seesaw_mean_prompt_tokens=round(statistics.mean(r.input_len for r in requests)),
+        seesaw_mean_output_tokens=round(statistics.mean(r.output_len for r in requests)),
+        seesaw_num_requests=len(requests) if workload in OFFLINE else None)
     if SHAPE_SET[shape_name] is None:
         out["sidp"] = dict(data_parallel_size=gpus, parallel_policy="sidp")
     return out
@@ -111,7 +116,7 @@ def ratio(policy: dict, best: dict, metric: str) -> float:
 def compare(shape_name: str, gpus: int, workload: str) -> list[dict]:
     requests = build_phases(get_workload(workload), workload_options(workload))[0].requests
     runs, errors = {}, {}
-    for name, keywords in contenders(shape_name, gpus).items():
+    for name, keywords in contenders(shape_name, gpus, workload, requests).items():
         started = time.time()
         try:
             runs[name] = run_one(shape_name, gpus, keywords, requests)

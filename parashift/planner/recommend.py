@@ -146,7 +146,7 @@ def _with_threshold(advisor: Advisor, cand):
     if cand.decode is not None:
         return replace(cand, threshold=advisor.shift_threshold(cand.plan))
     if cand.ffn_owners > 1:
-        return replace(cand, ffn_threshold=advisor.sidp_threshold(cand.plan.tp, cand.ffn_owners))
+        return replace(cand, ffn_threshold=advisor.sidp_crossover(cand.plan.tp, cand.ffn_owners))
     return cand
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from parashift.cost.advisor import advisor_for, load_profiles
 from parashift.cost.shape import SHAPES
+from parashift.cost.sidp import sidp_step
+from parashift.cost.step import StepBatch
 from parashift.engine.policy import shift, sidp
 from parashift.engine.policy.cost import SwitchCosts
 from parashift.engine.policy.flying import FlyingPolicy
@@ -55,11 +57,31 @@ def test_sidp_takes_b_th_from_the_link_profiles_peer_rate():
     options = config(sidp=SimpleNamespace(batch_threshold=600, probe_file=None,
                                           min_dwell_steps=1), model="llama-3.1-8b")
     policy = sidp.policy_from_config(options, shared, LLAMA_8B)
-    assert policy.threshold == 560  # 224 GB/s between two H200s (the x2 link profile)
+    # where WaS's predicted step (the fetch at 224 GB/s between two H200s, the x2 link
+    # profile, less the compute hiding it) is no slower than CaS's
+    assert policy.threshold == 1304
     assert isinstance(policy, SidpPolicy)
-    view = NodeView((group(700), group(700)))
-    assert policy.decide(view).plans[0].endswith("+was/0-1")  # 700 > 560 x 1.2
+    view = NodeView((group(1600), group(1600)))
+    assert policy.decide(view).plans[0].endswith("+was/0-1")  # 1600 > 1304 x 1.2
     assert policy.decide(NodeView((group(400), group(400)))).plans[0].endswith("+cas/0-1")
+
+
+def test_sidp_crossover_is_where_the_was_step_stops_being_slower_than_the_cas_step():
+    """The fetch hides under a 1436-sequence decode step at d = 2 (the paper's B_th), but a
+    CaS step of 1024 tokens is still predicted faster than a WaS one: the policy switches
+    at the steps' crossover, 1304 tokens (a prompt chunk), 4698 at d = 4."""
+    advisor = advisor_for(config(), LLAMA_8B, 2)
+    plan, crossover = Plan(), advisor.sidp_crossover(1, 2)
+    assert crossover == 1304
+
+    def steps(tokens):
+        batch = StepBatch.prefill(tokens)
+        return [sidp_step(advisor.model, plan, batch, 2, mode).total for mode in ("was", "cas")]
+    was, cas = steps(crossover)
+    assert was <= cas
+    was, cas = steps(crossover - 1)
+    assert was > cas
+    assert advisor_for(config(), LLAMA_8B, 4).sidp_crossover(1, 4) == 4698
 
 
 def test_four_replicas_fetch_at_the_rate_every_gpu_reading_at_once_measured():
