@@ -175,7 +175,7 @@ def render_validation(doc: dict) -> list[str]:
 
 
 COMPARISON_COLUMNS = ("row", "GPUs", "shape", "workload", "policy", "deciding metric",
-                      "ratio", "throughput / TTFT / TPOT ratios", "best static", "policy's plans")
+                      "ratio", "throughput / E2E / TTFT / TPOT ratios", "best static", "policy's plans")
 
 
 def load_comparisons(folder: Path = RESULTS) -> list[dict]:
@@ -190,7 +190,7 @@ def comparison_row(r: dict) -> str:
         return table_row([f"`{r['id']}`", str(r["gpus"]), f"`{r['shape']}`", r["workload"],
                           r["policy"], r["metric"], "not run", r["not_run"], r["best_static"],
                           "–"])
-    ratios = " / ".join(f"{r['ratios'][m]:.3f}" for m in ("throughput", "ttft_ms", "tpot_ms"))
+    ratios = " / ".join(f"{r['ratios'][m]:.3f}" for m in ("throughput", "e2el_ms", "ttft_ms", "tpot_ms"))
     mark = "" if r["passes"] else " (below the bar)"
     return table_row([f"`{r['id']}`", str(r["gpus"]), f"`{r['shape']}`", r["workload"],
                       r["policy"], r["metric"], f"{r['ratio']:.3f}{mark}", ratios,
