@@ -36,7 +36,7 @@ def load_groups(folder: Path = RESULTS) -> tuple[list[dict], list[str]]:
         doc = json.loads(path.read_text())
         if isinstance(doc, dict) and "claims" in doc:
             groups.append(doc | {"file": path.name})
-        elif not (isinstance(doc, dict) and "validation" in doc):
+        elif not (isinstance(doc, dict) and ("validation" in doc or "comparison" in doc)):
             skipped.append(path.name)
     rank = {name: i for i, name in enumerate(GROUP_ORDER)}
     groups.sort(key=lambda g: (rank.get(g["group"], len(rank)), g["group"]))
@@ -174,6 +174,36 @@ def render_validation(doc: dict) -> list[str]:
             *map(validation_row, doc["validation"]), ""]
 
 
+COMPARISON_COLUMNS = ("row", "GPUs", "shape", "workload", "policy", "deciding metric",
+                      "ratio", "throughput / E2E / TTFT / TPOT ratios", "best static", "policy's plans")
+
+
+def load_comparisons(folder: Path = RESULTS) -> list[dict]:
+    """Files of policies against the best static plan ("comparison" rows: the simulator's)."""
+    docs = [json.loads(path.read_text()) | {"file": path.name}
+            for path in sorted(folder.glob("*.json"))]
+    return [doc for doc in docs if isinstance(doc, dict) and "comparison" in doc]
+
+
+def comparison_row(r: dict) -> str:
+    if "ratio" not in r:
+        return table_row([f"`{r['id']}`", str(r["gpus"]), f"`{r['shape']}`", r["workload"],
+                          r["policy"], r["metric"], "not run", r["not_run"], r["best_static"],
+                          "–"])
+    ratios = " / ".join(f"{r['ratios'][m]:.3f}" for m in ("throughput", "e2el_ms", "ttft_ms", "tpot_ms"))
+    mark = "" if r["passes"] else " (below the bar)"
+    return table_row([f"`{r['id']}`", str(r["gpus"]), f"`{r['shape']}`", r["workload"],
+                      r["policy"], r["metric"], f"{r['ratio']:.3f}{mark}", ratios,
+                      r["best_static"], ", ".join(r["policy_figures"]["plans"][:4])])
+
+
+def render_comparison(doc: dict) -> list[str]:
+    notes = [f"- {k.replace('_', ' ')}: {v}" for k, v in {**doc["scale"], **doc["summary"]}.items()]
+    return [f"## {doc['title']}", "", f"From `benchmarks/results/{doc['file']}` "
+            f"({doc['source']}).", "", *notes, "", *header(COMPARISON_COLUMNS),
+            *map(comparison_row, doc["comparison"]), ""]
+
+
 def render_results(groups: list[dict], skipped: list[str],
                    validations: list[dict] | None = None) -> str:
     lines = [RESULTS_INTRO]
@@ -182,6 +212,8 @@ def render_results(groups: list[dict], skipped: list[str],
                   *header(RESULTS_COLUMNS), *map(claim_row, group["claims"]), ""]
     for doc in load_validations() if validations is None else validations:
         lines += render_validation(doc)
+    for doc in load_comparisons():
+        lines += render_comparison(doc)
     if skipped:
         names = ", ".join(f"`{name}`" for name in skipped)
         lines += [f"Files in `benchmarks/results/` with no claim records (raw outputs, not rows "

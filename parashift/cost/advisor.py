@@ -15,6 +15,7 @@ from pathlib import Path
 
 from parashift.cost.profile import ComputeProfile, LinkProfile, load
 from parashift.cost.shape import SHAPES, ModelShape
+from parashift.cost.sidp import sidp_step
 from parashift.cost.step import StepBatch, StepModel, replica_plan
 from parashift.parallel.plan import Plan
 
@@ -48,19 +49,10 @@ class Advisor:
         base plan, scanning powers of two then bisecting the first loss (0: never faster)."""
         shift = base.shift_plan()
 
-        def shift_wins(tokens: int) -> bool:
-            return self.tokens_step_s(shift, tokens) <= self.tokens_step_s(base, tokens)
-        if not shift_wins(1):
-            return 0
-        low, high = 1, 2
-        while high <= most and shift_wins(high):
-            low, high = high, high * 2
-        if high > most:
-            return most
-        while high - low > 1:
-            mid = (low + high) // 2
-            low, high = (mid, high) if shift_wins(mid) else (low, mid)
-        return low
+        def shift_loses(tokens: int) -> bool:
+            return self.tokens_step_s(shift, tokens) > self.tokens_step_s(base, tokens)
+        first_loss = _fewest(shift_loses, most)
+        return most if first_loss is None else first_loss - 1
 
     # ---- SiDP ------------------------------------------------------------------------
     def sidp_threshold(self, tp: int, replicas: int, most: int = 4096) -> int | None:
@@ -84,6 +76,25 @@ class Advisor:
             mid = (low + high) // 2
             low, high = (low, mid) if hides(mid) else (mid, high)
         return high
+
+
+    def sidp_crossover(self, tp: int, replicas: int, most: int = 16384) -> int | None:
+        """The fewest tokens a replica's step holds (decodes up to the scheduler's seats, a
+        prompt chunk beyond) from which the predicted Weight-as-a-Service step is no slower
+        than the Compute-as-a-Service one (cost/sidp.py: the exposed fetch against the
+        exchanges and the d-times-taller FFN); None where CaS stays faster up to `most`."""
+        plan = Plan(tp=tp)
+
+        def batch(tokens: int) -> StepBatch:
+            return (StepBatch.decode(tokens, self.context) if tokens <= self.max_seqs
+                    else StepBatch.prefill(tokens))
+
+        def was_wins(tokens: int) -> bool:
+            b = batch(tokens)
+            return (sidp_step(self.model, plan, b, replicas, "was").total
+                    <= sidp_step(self.model, plan, b, replicas, "cas").total)
+        return _fewest(was_wins, most)
+
 
 
 def advisor_for(config, hf_config, world_size: int) -> Advisor | None:
@@ -129,3 +140,19 @@ def _device_kind() -> str:
     raise ValueError(f"cost_profile='auto': no committed profile for {name!r} (known: "
                      f"{', '.join(DEVICE_KINDS)}); measure one with `parashift profile "
                      "--output FILE` and give its path")
+
+
+def _fewest(holds, most: int) -> int | None:
+    """The fewest n in [1, most] where `holds(n)` (false below it, true from it on), scanning
+    powers of two then bisecting; None where it does not hold at any power up to `most`."""
+    if holds(1):
+        return 1
+    low, high = 1, 2
+    while high <= most and not holds(high):
+        low, high = high, high * 2
+    if high > most:
+        return None
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if holds(mid) else (mid, high)
+    return high

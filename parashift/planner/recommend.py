@@ -139,14 +139,14 @@ def workload_requests(workload: Workload, options: WorkloadOptions) -> tuple[lis
 
 
 def _with_threshold(advisor: Advisor, cand):
-    """Shift at the model's crossover; SiDP at the model's B_th (the link profile's peer
-    copies against the step's compute)."""
+    """Shift at the model's crossover; SiDP at the model's B_th (where the predicted WaS
+    step, its fetch at the link profile's peer rate, stops being slower than CaS's)."""
     if not isinstance(cand, Served):
         return cand
     if cand.decode is not None:
         return replace(cand, threshold=advisor.shift_threshold(cand.plan))
     if cand.ffn_owners > 1:
-        return replace(cand, ffn_threshold=advisor.sidp_threshold(cand.plan.tp, cand.ffn_owners))
+        return replace(cand, ffn_threshold=advisor.sidp_crossover(cand.plan.tp, cand.ffn_owners))
     return cand
 
 

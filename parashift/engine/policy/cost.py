@@ -16,7 +16,10 @@ paying the merged group's communication. With the cost model (`advisor`) the sha
 times a replica's pace a merged group keeps (`efficiency`) is predicted for the plans at
 hand (`merged_efficiency`) instead of the fixed default. A split keeps its running requests in their merged
 plan only while their remaining steps cost less than computing them again
-(`keeping_pays`)."""
+(`keeping_pays`).
+With the cost model the policy's load rule and check are the model's own: the width whose
+layout finishes the requests in hand soonest (`fastest_width`, `work_s`), and a switch only
+where that saving covers the drain and the moved requests' recompute (`switch_pays`)."""
 from dataclasses import dataclass, field
 
 from parashift.engine.policy.protocol import NodeView
@@ -136,6 +139,41 @@ class SwitchCosts:
         kept = self.merged_efficiency(view, factor, merged, replicas)
         return self.speedup(view, factor, merged) > 1 and self.merge_gain(
             view, factor, moves_running, merged) >= self.cost(view, factor * kept, moves_running)
+
+    def fastest_width(self, view: NodeView, layouts: dict[int, tuple[str, ...]]) -> int:
+        """With the cost model: the width whose layout is predicted to finish the work in
+        hand soonest (`work_s`); on a tie (an idle node) the widest."""
+        return min(layouts, key=lambda width: (self.work_s(view, layouts[width]), -width))
+
+    def work_s(self, view: NodeView, layout: tuple[str, ...]) -> float:
+        """Predicted seconds `layout` takes for the node's requests in hand: the queued
+        prompt tokens at its groups' prompt rates together, then the longest decode left
+        (a waiting request's: the longest need less the mean
+        queued prompt) in steps of those requests spread
+        evenly over its groups, a round of steps per `max_seqs` seats a group."""
+        plans = [Plan.parse(name) for name in layout]
+        prompts = sum(g.tokens_waiting for g in view.groups)
+        prefill = prompts / sum(self.advisor.prefill_tokens_per_s(p) for p in plans)
+        in_hand = sum(g.num_running + g.num_waiting for g in view.groups)
+        if in_hand == 0:
+            return prefill
+        steps = max(max(g.longest_decode_left, g.longest_need - g.tokens_waiting // g.num_waiting
+                        if g.num_waiting else 0) for g in view.groups)
+        seats = self.advisor.max_seqs
+        share = -(-in_hand // len(plans))
+        rounds = -(-share // seats)
+        step = max(self.advisor.decode_step_s(p, min(share, seats)) for p in plans)
+        return prefill + rounds * steps * step
+
+    def switch_pays(self, view: NodeView, target: tuple[str, ...], moves_running: bool) -> bool:
+        """With the cost model: whether moving the node to `target` saves at least what it
+        costs, both predicted for the work in hand (`work_s` under each layout; the drain,
+        and the moved requests' tokens computed again at the target's prompt rate)."""
+        gain = self.work_s(view, view.layout) - self.work_s(view, target)
+        drain = self.step_seconds(view) if any(g.num_running for g in view.groups) else 0.0
+        moved = sum(g.recompute_tokens for g in view.groups) if moves_running else 0
+        rate = sum(self.advisor.prefill_tokens_per_s(Plan.parse(name)) for name in target)
+        return gain >= drain + moved / rate
 
     def split_pays(self, view: NodeView, factor: float, overfull: bool,
                    moves_running: bool = False, target: tuple[str, ...] = ()) -> bool:

@@ -11,14 +11,16 @@ consecutive replicas merged, the replicas after the last whole group serving as 
   that group's plan was measured to decode no faster, `cost.py`);
 - a request that no group of a narrower width holds (prompt + max_tokens against
   `NodeView.max_context`) keeps the node at a width that holds it (the paper's use case 3);
-- otherwise the load: the widest width at or below `merge_running` running requests and
-  an empty queue, width 1 once requests wait and running and waiting ones together pass
-  `merge_running`, or running ones pass twice that (hysteresis), and otherwise the width
-  it has.
+- otherwise the load: with the cost model (`cost_profile`), the width whose layout is
+  predicted to finish the requests in hand soonest (`SwitchCosts.fastest_width`); without
+  it, the widest width at or below `merge_running` running requests and an empty queue,
+  width 1 once requests wait and running and waiting ones together pass `merge_running`,
+  or running ones pass twice that (hysteresis), and otherwise the width it has.
 The first two act at once. A merge the load asks for waits `dwell_s` after the previous
 change; a split for load does not (every request a merged group admits meanwhile runs in
 it until it ends, between the replicas' steps once they split). Either happens only when its
-gain exceeds its cost (`cost.py`).
+gain exceeds its cost (`cost.py`; with the cost model the gain is the predicted time the
+new layout saves on the work in hand, `SwitchCosts.switch_pays`).
 
 The starting layout must be w plain replicas of one TP degree on consecutive ranks; the
 merged plans of every aligned width the model's heads allow are made at start-up (so
@@ -134,6 +136,8 @@ class FlyingPolicy:
         """A queue splits only when the requests outnumber what a merge serves: the
         requests a merge moves wait in the merged group until its next step admits them,
         and splitting for those would undo every merge (a livelock under recompute)."""
+        if self.costs.advisor is not None:
+            return self.costs.fastest_width(view, self.layouts)
         waiting = sum(g.num_waiting for g in view.groups)
         running = sum(g.num_running for g in view.groups)
         if waiting == 0 and running <= self.merge_running:
@@ -144,6 +148,11 @@ class FlyingPolicy:
         return self.width
 
     def _pays(self, view: NodeView, wanted: int) -> bool:
+        if self.costs.advisor is not None:
+            kind = "merge" if wanted > self.width else "split"
+            factor = max(wanted, self.width) / min(wanted, self.width)
+            moves = self._preempts(kind, view, factor) == "recompute"
+            return self.costs.switch_pays(view, self.layouts[wanted], moves)
         if wanted > self.width:
             return self.costs.merge_pays(view, wanted / self.width,
                                          self._preempts("merge", view, 1) == "recompute",

@@ -70,7 +70,7 @@ def policy_from_config(config, layout: Layout, hf_config) -> SidpPolicy:
     advisor = advisor_for(config, hf_config, layout.world_size)
     if config.sidp.probe_file is not None:
         threshold = probed_threshold(config.sidp.probe_file, config.model or "", replicas, tp)
-    elif advisor is not None:  # the fetch at the link profile's measured peer rate
-        modelled = advisor.sidp_threshold(tp, replicas)
+    elif advisor is not None:  # where WaS is predicted no slower than CaS
+        modelled = advisor.sidp_crossover(tp, replicas)
         threshold = NEVER if modelled is None else modelled
     return SidpPolicy(layout, threshold, config.sidp.min_dwell_steps)

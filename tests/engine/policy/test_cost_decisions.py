@@ -9,8 +9,11 @@ import pytest
 
 from parashift.cost.advisor import advisor_for, load_profiles
 from parashift.cost.shape import SHAPES
+from parashift.cost.sidp import sidp_step
+from parashift.cost.step import StepBatch
 from parashift.engine.policy import shift, sidp
 from parashift.engine.policy.cost import SwitchCosts
+from parashift.engine.policy.flying import FlyingPolicy
 from parashift.engine.policy.protocol import GroupView, NodeView
 from parashift.engine.policy.seesaw_cost import Hardware, ModelShape, Workload, choose_plans
 from parashift.engine.policy.sidp import SidpPolicy
@@ -54,11 +57,31 @@ def test_sidp_takes_b_th_from_the_link_profiles_peer_rate():
     options = config(sidp=SimpleNamespace(batch_threshold=600, probe_file=None,
                                           min_dwell_steps=1), model="llama-3.1-8b")
     policy = sidp.policy_from_config(options, shared, LLAMA_8B)
-    assert policy.threshold == 560  # 224 GB/s between two H200s (the x2 link profile)
+    # where WaS's predicted step (the fetch at 224 GB/s between two H200s, the x2 link
+    # profile, less the compute hiding it) is no slower than CaS's
+    assert policy.threshold == 1304
     assert isinstance(policy, SidpPolicy)
-    view = NodeView((group(700), group(700)))
-    assert policy.decide(view).plans[0].endswith("+was/0-1")  # 700 > 560 x 1.2
+    view = NodeView((group(1600), group(1600)))
+    assert policy.decide(view).plans[0].endswith("+was/0-1")  # 1600 > 1304 x 1.2
     assert policy.decide(NodeView((group(400), group(400)))).plans[0].endswith("+cas/0-1")
+
+
+def test_sidp_crossover_is_where_the_was_step_stops_being_slower_than_the_cas_step():
+    """The fetch hides under a 1436-sequence decode step at d = 2 (the paper's B_th), but a
+    CaS step of 1024 tokens is still predicted faster than a WaS one: the policy switches
+    at the steps' crossover, 1304 tokens (a prompt chunk), 4698 at d = 4."""
+    advisor = advisor_for(config(), LLAMA_8B, 2)
+    plan, crossover = Plan(), advisor.sidp_crossover(1, 2)
+    assert crossover == 1304
+
+    def steps(tokens):
+        batch = StepBatch.prefill(tokens)
+        return [sidp_step(advisor.model, plan, batch, 2, mode).total for mode in ("was", "cas")]
+    was, cas = steps(crossover)
+    assert was <= cas
+    was, cas = steps(crossover - 1)
+    assert was > cas
+    assert advisor_for(config(), LLAMA_8B, 4).sidp_crossover(1, 4) == 4698
 
 
 def test_four_replicas_fetch_at_the_rate_every_gpu_reading_at_once_measured():
@@ -115,3 +138,65 @@ def test_flying_takes_a_merged_groups_efficiency_from_the_model_not_the_default(
     queued = 4000 / costs.prefill_rate(merged) * 0.75 + 4 * costs.step_seconds(merged)
     assert costs.split_gain(merged, 4, True, REPLICAS) == pytest.approx(
         queued + 200 * costs.step_seconds(merged) * (1 - kept), rel=1e-12)
+
+
+def flying_costs_2gpu():
+    costs = SwitchCosts(advisor=advisor_for(config(), LLAMA_8B, 2))
+    return costs, FlyingPolicy(Layout.of(Plan(dp=2)), 32, 8, costs=costs)
+
+
+def queued(waiting: int, prompt: int, need: int, plan: str, running: int = 0,
+           decode_left: int = 0, recompute: int = 0) -> GroupView:
+    return GroupView(plan, num_waiting=waiting, num_running=running,
+                     tokens_waiting=waiting * prompt, next_step_tokens=0, kv_blocks_used=0,
+                     kv_blocks_free=100, longest_need=need, longest_decode_left=decode_left,
+                     recompute_tokens=recompute)
+
+
+TWO = ("single", "single@1")
+
+
+def test_flying_with_the_model_picks_the_width_that_finishes_the_work_in_hand_first():
+    """64 queued requests on two 8B replicas: 1024-token prompts with 62 tokens out (the
+    simulator's scaled `batch`) finish sooner split, 300-token prompts with 1024 out (`chat`)
+    sooner merged; the predicted seconds are the prompts at the plans' prompt rates plus the
+    longest decode in steps of the requests spread over the groups."""
+    costs, policy = flying_costs_2gpu()
+    advisor, single, merged = costs.advisor, Plan(), Plan.parse("merge2-tp2")
+    prefill_heavy = NodeView((queued(32, 1024, 1086, "single"),
+                              queued(32, 1024, 1086, "single@1")), 0.0, TWO)
+    split_s = 65536 / (2 * advisor.prefill_tokens_per_s(single)) + 62 * advisor.decode_step_s(
+        single, 32)
+    merged_s = 65536 / advisor.prefill_tokens_per_s(merged) + 62 * advisor.decode_step_s(
+        merged, 64)
+    assert costs.work_s(prefill_heavy, TWO) == pytest.approx(split_s, rel=1e-12)
+    assert costs.work_s(prefill_heavy, ("merge2-tp2",)) == pytest.approx(merged_s, rel=1e-12)
+    assert (split_s, merged_s) == pytest.approx((1.20938597, 1.32819417), rel=1e-6)
+    assert costs.fastest_width(prefill_heavy, policy.layouts) == 1
+    assert policy.decide(prefill_heavy).transitions == ()
+    decode_heavy = NodeView((queued(32, 300, 1324, "single"),
+                             queued(32, 300, 1324, "single@1")), 0.0, TWO)
+    assert costs.fastest_width(decode_heavy, policy.layouts) == 2
+    (merge,) = policy.decide(decode_heavy).transitions
+    assert (merge.kind, merge.target) == ("merge", ("merge2-tp2",))
+
+
+def test_flying_with_the_model_merges_only_when_the_gain_covers_the_recompute():
+    """Mid-run, 24 running (1024 tokens computed each) and 8 queued per replica: merged the
+    rest would finish 16 ms sooner, but moving the running requests recomputes 49,152
+    tokens (about 0.76 s at TP2's prompt rate): no merge; kept where they are, it pays."""
+    costs, policy = flying_costs_2gpu()
+    mid = NodeView((queued(8, 1024, 1086, "single", 24, 62, 24 * 1024),
+                    queued(8, 1024, 1086, "single@1", 24, 62, 24 * 1024)), 0.6, TWO)
+    gain = costs.work_s(mid, TWO) - costs.work_s(mid, ("merge2-tp2",))
+    assert gain == pytest.approx(0.01581697, rel=1e-5)
+    assert not costs.switch_pays(mid, ("merge2-tp2",), moves_running=True)
+    assert costs.switch_pays(mid, ("merge2-tp2",), moves_running=False)
+    assert policy.decide(mid).transitions == ()  # a load merge moves them (recompute)
+
+
+def test_flying_with_the_model_merges_an_idle_node():
+    _, policy = flying_costs_2gpu()
+    idle = NodeView((queued(0, 0, 0, "single"), queued(0, 0, 0, "single@1")), 0.0, TWO)
+    (merge,) = policy.decide(idle).transitions
+    assert merge.target == ("merge2-tp2",)
