@@ -57,9 +57,9 @@ def render(record: dict) -> str:
                        for c in verdict["checks"])
     return "\n\n".join([
         f"soak of {' '.join(record['command'][3:])}\nhealing: {record['heal']}; "
-        f"{record.get('soak_s', '?')} s in all ({record['config']['warmup_s']:.0f} s warm-up, "
-        f"{record['config']['duration_s']:.0f} s soak); {record.get('tracebacks_in_log')} "
-        "tracebacks in the server log",
+        f"{record['config']['warmup_s']:.0f} s warm-up, {record['config']['duration_s']:.0f} s "
+        f"soak; seconds from the start: {record['phases']}; "
+        f"{record.get('tracebacks_in_log')} tracebacks in the server log",
         "requests (warm-up and soak)\n" + requests_table(record["outcomes"]),
         "kills\n" + kills_table(record["kills"]),
         "processes (after the warm-up -> at the end, both idle)\n"

@@ -29,8 +29,8 @@ async def fill_kv_pools(base_url: str, config: SoakConfig, rng: random.Random) -
     if not (config.num_blocks and config.max_model_len):
         return 0
     length = config.max_model_len - 8
-    per_group = -(-config.num_blocks * BLOCK_TOKENS // length) + 1
-    count = 2 * per_group * config.data_parallel  # routing need not split them evenly
+    per_group = -(-config.num_blocks * BLOCK_TOKENS // length)
+    count = (per_group + 1) * config.data_parallel  # routing need not split them evenly
     async with httpx.AsyncClient(base_url=base_url, timeout=config.request_timeout_s) as client:
         async def one() -> None:
             prompt = [rng.randrange(100, 40000) for _ in range(length)]
@@ -111,17 +111,24 @@ def run_soak(config: SoakConfig) -> dict:
     server = Server(config.serve_flags(heal), os.path.join(config.out_dir, "server.log"))
     record = {"config": config.as_dict(), "command": server.command, "heal": heal,
               "outcomes": [], "series": [], "events": [], "kills": []}
+    phases = record["phases"] = {}
+    started = time.monotonic()
+    mark = lambda name: phases.__setitem__(name, round(time.monotonic() - started, 1))
     try:
         server.wait_healthy(config.start_timeout_s)
+        mark("started")
         t0, rng = time.monotonic(), random.Random(config.seed)
         record["kv_fill_requests"] = asyncio.run(fill_kv_pools(server.base_url, config, rng))
+        mark("kv_filled")
         asyncio.run(drive(server.base_url, config, rng, config.warmup_s, t0,
                           record["outcomes"]))
         record["warmup_requests"] = len(record["outcomes"])
         record["metrics_baseline"] = settle(server)
         baseline = sample_tree(server.pid)
         slots = Slots(baseline)
+        mark("warmed_up")
         asyncio.run(soak_phase(server, config, heal, slots, rng, t0, record))
+        mark("soaked")
         record["metrics_final"] = settle(server)
         record["health_final"] = server.health()
         final = sample_tree(server.pid)
@@ -130,11 +137,12 @@ def run_soak(config: SoakConfig) -> dict:
         record["leaks"] = [row.as_dict() for row in compare(slots, baseline, final,
                                                             config.rss_tolerance)]
         record["zombies_final"] = zombies(final)
-        record["soak_s"] = round(time.monotonic() - t0, 1)
+        mark("checked")
     except Exception as exc:  # reported as the failed check "soak ran to its end"
         record["aborted"] = f"{type(exc).__name__}: {exc}"
     finally:
         record["stop"] = server.stop()
+        mark("stopped")
     record["outcomes"] = [outcome.as_dict() for outcome in record["outcomes"]]
     with open(server.log_path, errors="replace") as log:
         record["tracebacks_in_log"] = log.read().count("Traceback (most recent call last)")
