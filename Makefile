@@ -29,7 +29,7 @@ test: setup
 	$(PY) -m pytest -q tests
 
 # A CPU server under mixed traffic and worker kills, then leak checks (docs/reliability.md,
-# "Soak"): `make soak SOAK_MINUTES=10 SOAK_ARGS="-tp 2"`; the report goes to soak-out/.
+# "Soak"): `make soak SOAK_MINUTES=10 SOAK_ARGS="-tp 3"`; the report goes to soak-out/.
 SOAK_MINUTES ?= 30
 SOAK_ARGS ?=
 soak: setup

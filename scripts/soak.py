@@ -21,7 +21,8 @@ def parse(argv: list[str]) -> SoakConfig:
                         "(default 6)")
     parser.add_argument("-dp", "--data-parallel-size", type=int, default=2, help="default 2")
     parser.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
-                        help="default 1 (2 with -dp 2: four ranks)")
+                        help="default 1 (SmolLM2's 9 heads split over 3, not 2: -tp 3 for "
+                        "six ranks; -tp 2 with a --model whose heads split in two)")
     parser.add_argument("--kill-every-minutes", type=float, default=3.0,
                         help="a worker SIGKILLed this often; 0: never (default 3)")
     parser.add_argument("--max-kills", type=int, default=None, help="default: as many as fit")
