@@ -90,6 +90,21 @@ def settle(server: Server, timeout_s: float = 180) -> dict:
     return {**server.metrics(), "probe_status": probe.status_code}
 
 
+def quiet_tree(server: Server, tries: int = 5) -> dict:
+    """The process tree once the harness's own last connections are closed on the server's
+    side too: two samples a second apart with the same descriptor counts."""
+    counts = lambda tree: {pid: (p.fds, p.threads) for pid, p in tree.items()}
+    time.sleep(1)
+    tree = sample_tree(server.pid)
+    for _ in range(tries):
+        time.sleep(1)
+        again = sample_tree(server.pid)
+        if counts(again) == counts(tree):
+            break
+        tree = again
+    return again
+
+
 async def soak_phase(server: Server, config: SoakConfig, heal: bool, slots: Slots,
                      rng: random.Random, t0: float, record: dict) -> None:
     stop = asyncio.Event()
@@ -124,14 +139,14 @@ def run_soak(config: SoakConfig) -> dict:
                           record["outcomes"]))
         record["warmup_requests"] = len(record["outcomes"])
         record["metrics_baseline"] = settle(server)
-        baseline = sample_tree(server.pid)
+        baseline = quiet_tree(server)
         slots = Slots(baseline)
         mark("warmed_up")
         asyncio.run(soak_phase(server, config, heal, slots, rng, t0, record))
         mark("soaked")
         record["metrics_final"] = settle(server)
         record["health_final"] = server.health()
-        final = sample_tree(server.pid)
+        final = quiet_tree(server)
         record["events"].extend({"at_s": round(time.monotonic() - t0, 1), "event": change}
                                 for change in slots.follow(final))
         record["leaks"] = [row.as_dict() for row in compare(slots, baseline, final,
