@@ -1,8 +1,8 @@
 """Which process holds which place of the server (its slots), and what each slot holds at
 the end against its figures after the warm-up: resident memory grown by less than a
-tolerance, file descriptors and threads not grown, no zombie. A worker killed and replaced keeps its slot
-(the replacement is held to the killed one's figures); one killed and never replaced is
-`lost` and only reported."""
+tolerance, file descriptors and threads not grown, no zombie. A worker killed and replaced
+keeps its slot (the replacement is held to the killed one's figures); one killed and never
+replaced is `lost` and only reported."""
 from dataclasses import asdict, dataclass, field
 
 from parashift.bench.soak.processes import ProcessSample, worker_pids
