@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 # build, which brings CUDA's libraries. PyPI's when this index cannot be reached.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup run test gpu-wheels clean
+.PHONY: setup run test soak gpu-wheels clean
 
 # A line per step, and pip's own download progress for the large ones (minutes on a fresh machine).
 $(VENV)/.installed: pyproject.toml
@@ -37,6 +37,13 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q tests
+
+# A CPU server under mixed traffic and worker kills, then leak checks (docs/reliability.md,
+# "Soak"): `make soak SOAK_MINUTES=10 SOAK_ARGS="-tp 3"`; the report goes to soak-out/.
+SOAK_MINUTES ?= 30
+SOAK_ARGS ?=
+soak: setup
+	$(PY) scripts/soak.py --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
 gpu-wheels:
 	bash scripts/fetch_gpu_wheels.sh

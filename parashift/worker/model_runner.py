@@ -179,6 +179,7 @@ class ModelRunner:
         self.swapper = KVSwapper(TierShape.of_model(hf_config, self.kv_dtype), device)  # swap preemption
         self.groups: dict[tuple[int, ...], GroupSampling] = {}  # by the ranks of a step's plan
         self._group = self._group_of(self.state.plan.ranks)  # the running step's
+        self._step_masked = False  # the running step carries structured output's masks
         self._kv_views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._bound_block_size = self.block_size
         # Narrower weight layouts (Shift, merges) before the KV pool takes what memory is left.
@@ -409,6 +410,9 @@ class ModelRunner:
         self.prompt_requests.admit(batch.new_params, batch.prompts)
         self._track_history(batch)
         chunks = self.requests.apply(batch)
+        # structured output's masks: the ranks' parameters come without the grammar, so
+        # their argmax-only flags do not see it
+        self._step_masked = batch.token_masks is not None
         if self._check is not None:
             self._check.apply(batch, self.requests)
         plan = self.resources[batch.plan]
@@ -557,7 +561,7 @@ class ModelRunner:
             return None, None, inputs.sample_table_rows, spans
         # With one stage every rank samples (the same tokens: same logits, same seeds), so
         # every rank can fill the next step's placeholders; only the output rank reports.
-        if self.requests.argmax_only[inputs.sample_table_rows].all():  # no pass over params
+        if not self._step_masked and self.requests.argmax_only[inputs.sample_table_rows].all():
             result = self.sampler.argmax(logits)
         else:
             result = self._sample(logits, sample_rows_of(chunks), plan.is_output_rank)

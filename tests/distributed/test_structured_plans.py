@@ -35,3 +35,14 @@ def test_two_ranks_follow_the_schema(greedy_reference, plan):
     for out in outputs:
         assert out.outputs[0].finish_reason == "stop"
         jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
+
+
+def test_greedy_requests_alone_follow_the_schema(greedy_reference):
+    """A step whose rows are all greedy still applies the masks: the ranks' parameters come
+    without the grammar (the step message carries masks), so they must not take the plain
+    argmax for such a step (the soak's 500s "the sampled token ... does not follow")."""
+    with LLM(device="cpu", dtype="float32", data_parallel_size=2) as llm:
+        outputs = llm.chat([ASK] * 2, params(None, 0))
+    for out in outputs:
+        assert out.outputs[0].token_ids == greedy_reference
+        jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
