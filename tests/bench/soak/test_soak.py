@@ -14,8 +14,8 @@ from tests.conftest import requires_smollm2
 @requires_smollm2
 def test_a_short_soak_leaves_nothing_behind(tmp_path):
     heal = can_heal()
-    config = SoakConfig(duration_s=40, warmup_s=15, concurrency=4, num_blocks=32,
-                        max_model_len=512, kill_every_s=15 if heal else 0, max_kills=1,
+    config = SoakConfig(duration_s=30, warmup_s=8, concurrency=4, num_blocks=32,
+                        max_model_len=512, kill_every_s=12 if heal else 0, max_kills=1,
                         request_timeout_s=120, sample_every_s=5, out_dir=str(tmp_path))
     record = run_soak(config)
     report = render(record)
