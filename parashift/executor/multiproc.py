@@ -152,8 +152,8 @@ class MultiprocExecutor:
         meet at a new rendezvous (replacement.py); `take_replaced` says how it ended."""
         remote = [r for r in ranks if not isinstance(self.procs[r], BaseProcess)]
         if remote and self.hosts is None:
-            raise ValueError(f"ranks {remote} run as Ray actors: replacing them is not "
-                             "supported")
+            raise ValueError(f"ranks {remote} are not this host's and no agent can start "
+                             "them")
         if self.hosts is not None:
             self.hosts.check_up(ranks)  # HostDown: the engine asks again later
         self.replacements.start(tuple(ranks), self.hosts)
@@ -409,7 +409,7 @@ class MultiprocExecutor:
         for link in hosts.links.values() if hosts else getattr(self, "links", ()):
             link.shutdown(grace_s)  # their agents end their ranks
         if hosts is not None:
-            hosts.shutdown()
+            hosts.shutdown(grace_s)
         for proc in self.procs:
             proc.join(timeout=grace_s)
             if proc.is_alive():

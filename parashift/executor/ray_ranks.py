@@ -7,7 +7,8 @@ packed host by host; ranks are numbered in bundle order grouped by host, the eng
 host first, so TP groups land inside a host as with torchrun-style launches. Each actor
 opens a TCP connection to the engine and serves steps on it exactly as a remote worker
 does (node_link.py): the executor drives Ray ranks through the same `RemoteRank`s and
-messages. An actor that dies ends its rank (its run call fails, its connection closes)."""
+messages. An actor that dies ends its rank (its run call fails, its connection closes).
+A lost rank's replacement is a new actor on the same bundle (`restart`: ray_replacement.py)."""
 import logging
 import socket
 import threading
@@ -44,7 +45,6 @@ class RayRanks:
     def __init__(self, world_size: int, device_type: str, topology, timeout_s: float):
         ray = self.ray = ray_module()
         from ray.util.placement_group import placement_group, placement_group_table
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         ray.init(ignore_reinit_error=True, log_to_driver=False)
         resource = {"GPU": 1} if device_type == "cuda" else {"CPU": 1}
         self.group = placement_group([resource] * world_size, strategy="PACK")
@@ -53,31 +53,48 @@ class RayRanks:
         order = _bundles_by_host(placement_group_table(self.group)["bundles_to_node_id"],
                                  ray.get_runtime_context().get_node_id())
         _check_hosts(order, topology)
-        actor = ray.remote(RankActor)
-        self.actors = [actor.options(
-            num_cpus=resource.get("CPU", 0), num_gpus=resource.get("GPU", 0),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, bundle))
-            .remote() for bundle, _ in order]
+        self.actor_class, self.resource = ray.remote(RankActor), resource
+        self.bundles = [bundle for bundle, _ in order]  # by rank
+        self.actors = [self._new_actor(bundle) for bundle in self.bundles]
         self.ranks = {rank: RemoteRank(rank, host, self)
                       for rank, (_, host) in enumerate(_host_numbers(order))}
-        self.runs: dict = {}
+        self.address: tuple[str, int] | None = None  # the engine's port the actors connect to
+
+    def _new_actor(self, bundle: int):
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        return self.actor_class.options(
+            num_cpus=self.resource.get("CPU", 0), num_gpus=self.resource.get("GPU", 0),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, bundle)).remote()
 
     def start(self, spec, address) -> None:
         """Starts every rank's worker; a thread ends a rank once its run call ends."""
-        self.runs = {actor.run.remote(rank, spec, address): rank
-                     for rank, actor in enumerate(self.actors)}
-        threading.Thread(target=self._watch, daemon=True, name="parashift-ray-ranks").start()
+        self.address = address
+        self._watch({actor.run.remote(rank, spec, address): self.ranks[rank]
+                     for rank, actor in enumerate(self.actors)})
 
-    def _watch(self) -> None:
-        pending = list(self.runs)
+    def restart(self, rank: int, spec) -> RemoteRank:
+        """A new actor for lost `rank` on its bundle (so its node), running a worker from
+        `spec` (a replacement's generation); it connects to `address` as at start-up."""
+        self.actors[rank] = self._new_actor(self.bundles[rank])
+        remote = self.ranks[rank] = RemoteRank(rank, self.ranks[rank].node, self,
+                                               spec.generation)
+        self._watch({self.actors[rank].run.remote(rank, spec, self.address): remote})
+        return remote
+
+    def _watch(self, runs: dict) -> None:
+        """A thread ends each rank of `runs` (run call -> its RemoteRank) once its call ends
+        (an older actor's call ending later ends only its own RemoteRank)."""
+        threading.Thread(target=self._wait_runs, args=(runs,), daemon=True,
+                         name="parashift-ray-ranks").start()
+
+    def _wait_runs(self, runs: dict) -> None:
+        pending = list(runs)
         while pending:
             done, pending = self.ray.wait(pending, num_returns=1)
-            rank = self.runs[done[0]]
             try:
-                code = self.ray.get(done[0])
-                self.ranks[rank].end(code)
+                runs[done[0]].end(self.ray.get(done[0]))
             except Exception as e:  # the actor died (killed, its node lost) or its run failed
-                self.ranks[rank].end(-9, f"its Ray actor ended: {str(e).splitlines()[0]}")
+                runs[done[0]].end(-9, f"its Ray actor ended: {str(e).splitlines()[0]}")
 
     def send(self, message) -> None:
         kind, argument = message

@@ -1,6 +1,8 @@
 """`--distributed-executor-backend ray`: the ranks as Ray actors on a local Ray head that
-this test starts, driven over the same TCP control channel as another host's ranks."""
+this test starts, driven over the same TCP control channel as another host's ranks; a
+lost rank comes back as a new actor on its bundle (issue 64)."""
 import os
+import signal
 import time
 
 import pytest
@@ -8,6 +10,11 @@ import pytest
 from parashift import LLM, SamplingParams
 from parashift.executor.multiproc import WorkerFailure
 from tests.distributed.conftest import MAX_TOKENS, PROMPTS
+from tests.distributed.test_fault_isolation import (
+    add_all, assert_as_on_one_device, reference, requests, run_to_the_end,  # noqa: F401
+    step_until_decoding)
+from tests.distributed.test_self_healing import (
+    HEALING, assert_serves_on_every_group, wait_recovered)
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'parashift[ray]'")
 
@@ -44,3 +51,39 @@ def test_pp2_tp3_as_ray_actors_matches_one_device(ray_head, smollm2_reference):
         assert time.monotonic() - started < 2.0
     finally:
         engine.shutdown()
+
+
+def actor_process(actor) -> tuple[int, str]:
+    """The pid and node id of a Ray actor's process (from Ray's actor table)."""
+    from ray._private.state import actors
+    info = actors(actor_id=actor._actor_id.hex())
+    return info["Pid"], info["Address"]["NodeID"]
+
+
+def test_a_killed_actor_is_replaced_on_its_bundle(ray_head, tiny_llama_dir, requests,  # noqa: F811
+                                                  reference):  # noqa: F811
+    """-dp 2 under Ray: rank 1's actor process SIGKILLed mid-decode. Every request ends as
+    on one device, a new actor on the lost one's bundle (its node) rejoins at a new
+    rendezvous, and requests afterwards run on both groups with one device's tokens."""
+    llm = LLM(tiny_llama_dir, data_parallel_size=2, distributed_executor_backend="ray",
+              **HEALING)
+    engine = llm.llm_engine
+    try:
+        ray_ranks = engine.executor.links[0]
+        lost = ray_ranks.actors[1]
+        pid, node = actor_process(lost)
+        ids = add_all(engine, requests, prefix="ray-")
+        finished: dict = {}
+        step_until_decoding(engine, finished)
+        os.kill(pid, signal.SIGKILL)
+        run_to_the_end(engine, finished)
+        assert_as_on_one_device(finished, ids, reference)
+        wait_recovered(engine, world=2, timeout=180)
+        faults = engine.faults
+        assert (faults.ranks_alive, faults.groups_serving, faults.worker_restarts) == (2, 2, 1)
+        new_pid, new_node = actor_process(ray_ranks.actors[1])
+        assert ray_ranks.actors[1] is not lost and new_pid != pid and new_node == node
+        assert engine.executor.procs[1].is_alive() and engine.executor.procs[1].generation == 1
+        assert_serves_on_every_group(engine, requests, reference)
+    finally:
+        llm.shutdown()
