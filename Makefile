@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	@if command -v nvidia-smi >/dev/null 2>&1; then \
 	  $(PIP) install --progress-bar on $(TORCH); \
 	else \
-	  $(PIP) install --progress-bar on --retries 2 --index-url $(TORCH_CPU_INDEX) $(TORCH) \
+	  $(PIP) install --progress-bar on --retries 0 --timeout 5 --index-url $(TORCH_CPU_INDEX) $(TORCH) \
 	  || { echo "setup 3/5: $(TORCH_CPU_INDEX) failed: PyTorch from PyPI"; \
 	       $(PIP) install --progress-bar on $(TORCH); }; \
 	fi
