@@ -464,7 +464,7 @@ class LLMEngine:
         Drafts (speculative decoding) come first: the policy sees their tokens."""
         if self.speculator is not None:
             for replica in self.replicas:
-                self.speculator.propose(replica.scheduler, self._can_draft, self._allowed_draft)
+                self.speculator.propose(replica.scheduler, self._allowed_draft)
         round_ = self.node.next_round()
         if round_ is None:
             return False
@@ -514,11 +514,6 @@ class LLMEngine:
             replica.scheduler.check_table()
         self._preemptions.add(sched, self.node.tier_shape.token_bytes)
         return sched
-
-    def _can_draft(self, seq: Sequence) -> bool:
-        """Speculation is off for a request whose sampling reads its history (penalties:
-        a drafted position's would need the draft in it)."""
-        return not seq.params.uses_history
 
     def _allowed_draft(self, seq: Sequence, draft: list[int]) -> list[int]:
         """A structured request's draft up to the first token its grammar refuses."""

@@ -47,18 +47,17 @@ class Speculator:
         self.stats = SpecDecodeStats(config.method, accepted_per_position=[0] * self.k)
         self._backoff: dict[str, _Backoff] = {}
 
-    def propose(self, scheduler, can_draft, allowed) -> None:
+    def propose(self, scheduler, allowed) -> None:
         """Drafts for the scheduler's running sequences that decode next (no token on its
-        way; `can_draft(seq)`: nothing rules speculation out for it), at most k tokens and
-        never past the sequence's length limit; `allowed(seq, draft)`: the draft cut where
-        the request's constraints (a grammar) refuse it."""
+        way), at most k tokens and never past the sequence's length limit; `allowed(seq,
+        draft)`: the draft cut where the request's constraints (a grammar) refuse it."""
         drafting, items = [], []
         for seq in scheduler.running:
             seq.spec_token_ids = []
             tokens = seq.token_ids
             room = min(self.k, seq.length_limit - len(tokens) - 1)
             if (room <= 0 or seq.num_pending_tokens or seq.num_computed_tokens != len(tokens) - 1
-                    or not can_draft(seq) or self._backing_off(seq.request_id)):
+                    or self._backing_off(seq.request_id)):
                 continue
             drafting.append(seq)
             items.append((seq.request_id, tokens, room))

@@ -22,7 +22,6 @@ class TokenHistoryStore:
         self.buffer = torch.full((0, 0), PADDING_TOKEN, dtype=torch.int64, device=device)
         self.slots: dict[str, int] = {}
         self.prompt_lens: dict[str, int] = {}
-        self.lengths: dict[str, int] = {}
         self._free: list[int] = []
 
     def admit(self, request_id: str, prompt_token_ids: list[int]) -> None:
@@ -33,7 +32,7 @@ class TokenHistoryStore:
         self._fit(len(prompt_token_ids))
         slot = self._free.pop()
         self.slots[request_id] = slot
-        self.prompt_lens[request_id] = self.lengths[request_id] = len(prompt_token_ids)
+        self.prompt_lens[request_id] = len(prompt_token_ids)
         self.buffer[slot, :len(prompt_token_ids)] = upload(prompt_token_ids, torch.int64,
                                                            self.device)
 
@@ -41,14 +40,14 @@ class TokenHistoryStore:
         slot = self.slots.pop(request_id, None)
         if slot is not None:
             self._free.append(slot)
-            del self.prompt_lens[request_id], self.lengths[request_id]
+            del self.prompt_lens[request_id]
 
     def record(self, chunks: list[SeqChunk], prev_tokens: torch.Tensor | None,
                prev_index) -> None:
         """Writes the tracked requests' chunk tokens at their positions; a placeholder
         comes from the previous step's samples (`prev_index`: a block-table row -> its
-        index in prev_tokens). A recomputed (preempted) request
-        writes the same tokens again, and its length is its latest chunk's end."""
+        index in prev_tokens). A recomputed (preempted) request writes the same tokens
+        again; tokens past a sampled row's end (rejected drafts) are never read."""
         tracked = [c for c in chunks if c.request_id in self.slots] if self.slots else []
         if not tracked:
             return
@@ -64,7 +63,6 @@ class TokenHistoryStore:
             known_at[0].extend([slot] * len(tokens))
             known_at[1].extend(range(c.start_pos, c.start_pos + len(tokens)))
             known_tokens += tokens
-            self.lengths[c.request_id] = max(c.seq_len, self.prompt_lens[c.request_id])
         if known_tokens:
             self._write(known_at, upload(known_tokens, torch.int64, self.device))
         if sources:
@@ -72,17 +70,20 @@ class TokenHistoryStore:
                 0, upload(sources, torch.int64, self.device)))
 
     def batch(self, sampling: list[SeqChunk]) -> TokenHistory | None:
-        """The histories of the sampled chunks whose requests are tracked; None if none is."""
+        """The histories of the sampled rows whose requests are tracked; None if none is.
+        A row's history ends at its own last token: a verification's row at drafted
+        position j sees the draft's tokens before j (sampled as if they were accepted)."""
         if not self.slots:  # no request with penalties: the common case
             return None
         rows = [j for j, c in enumerate(sampling) if c.request_id in self.slots]
         if not rows:
             return None
         ids = [sampling[j].request_id for j in rows]
-        lengths = upload([self.lengths[r] for r in ids], torch.int64, self.device).unsqueeze(1)
+        ends = [sampling[j].seq_len for j in rows]
+        lengths = upload(ends, torch.int64, self.device).unsqueeze(1)
         prompt_lens = upload([self.prompt_lens[r] for r in ids], torch.int64,
                              self.device).unsqueeze(1)
-        width = max(self.lengths[r] for r in ids)
+        width = max(ends)
         slots = upload([self.slots[r] for r in ids], torch.int64, self.device)
         tokens = self.buffer.index_select(0, slots)[:, :width]
         position = torch.arange(width, device=self.device).unsqueeze(0)

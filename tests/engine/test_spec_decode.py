@@ -1,8 +1,8 @@
 """Speculative decoding in the engine (one device, a tiny random Llama): greedy output is
 the output without speculation token for token (bit-identical logprobs in deterministic
 mode), seeded sampling draws the same tokens (a request's draw depends on its seed and
-position only), and stops, max_tokens, n > 1, penalties, structured output, prefix caching,
-chunked prefill and preemption compose."""
+position only), and stops, max_tokens, n > 1, penalties (over the drafts), structured
+output, prefix caching, chunked prefill and preemption compose."""
 import pytest
 
 from parashift import SamplingParams
@@ -80,16 +80,28 @@ def test_stop_token_inside_a_draft(plain, speculative):
         assert out.outputs[0].finish_reason == "stop"
 
 
-def test_penalties_and_prefix_caching(plain, speculative):
-    """A request with penalties decodes plainly (its drafted positions would need the draft
-    in their history); a prompt served again from the prefix cache gives the same."""
-    params = SamplingParams(temperature=0, max_tokens=24, repetition_penalty=1.3,
-                            presence_penalty=0.5)
-    want = token_ids(plain.generate(PROMPTS, params))
+PENALTIES = dict(repetition_penalty=1.1, frequency_penalty=0.1, presence_penalty=0.1)
+
+
+def penalized(seeds=None, max_tokens=24) -> list[SamplingParams]:
+    """Greedy (no seeds) or seeded sampling with every penalty, for each prompt."""
+    if seeds is None:
+        return [SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                               **PENALTIES)] * len(PROMPTS)
+    return [SamplingParams(temperature=0.8, seed=s, max_tokens=max_tokens, ignore_eos=True,
+                           **PENALTIES) for s in seeds]
+
+
+def test_penalties_over_drafts_and_prefix_caching(plain, speculative):
+    """A drafted position's penalties count the draft's tokens before it (its row is
+    sampled as if they were accepted): greedy and seeded output is the plain one, drafts
+    accepted; a prompt served again from the prefix cache gives the same."""
+    greedy, seeded = penalized(), penalized(range(len(PROMPTS)))
+    want = [token_ids(plain.generate(PROMPTS, p)) for p in (greedy, seeded)]
+    before = speculative.llm_engine.spec_decode_stats().num_accepted_tokens
     for _ in range(2):  # the second from the prefix cache (only verified blocks cached)
-        assert token_ids(speculative.generate(PROMPTS, params)) == want
-        assert token_ids(speculative.generate(PROMPTS, GREEDY)) == \
-            token_ids(plain.generate(PROMPTS, GREEDY))
+        assert [token_ids(speculative.generate(PROMPTS, p)) for p in (greedy, seeded)] == want
+    assert speculative.llm_engine.spec_decode_stats().num_accepted_tokens > before
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -119,11 +131,13 @@ def test_speculation_and_async_scheduling_is_a_config_error(tiny_llama_dir):
 
 def test_draft_model_greedy_is_the_plain_output(plain, tiny_llama_dir, tmp_path):
     """The target itself as its draft (every draft accepted) and another tiny model of the
-    same vocabulary (few accepted): the plain output either way."""
+    same vocabulary (few accepted): the plain output either way, also with penalties (the
+    draft drafts without them: the target's penalized samples decide)."""
     from tests.engine.conftest import save_tiny_llama
     other = save_tiny_llama(tmp_path / "other", num_hidden_layers=1, hidden_size=32,
                             intermediate_size=64)
     want = token_ids(plain.generate(PROMPTS, GREEDY))
+    want_penalized = token_ids(plain.generate(PROMPTS, penalized()))
     for draft, all_accepted in ((tiny_llama_dir, True), (other, False)):
         llm = tiny_llm(tiny_llama_dir, deterministic=True, max_num_batched_tokens=64,
                        speculative_config={"method": "draft_model", "model": draft,
@@ -133,6 +147,10 @@ def test_draft_model_greedy_is_the_plain_output(plain, tiny_llama_dir, tmp_path)
             stats = llm.llm_engine.spec_decode_stats()
             assert stats.num_drafts > 0
             assert (stats.acceptance_rate == 1.0) == all_accepted
+            accepted = stats.num_accepted_tokens
+            assert token_ids(llm.generate(PROMPTS, penalized())) == want_penalized
+            if all_accepted:  # the penalized target still takes many of its own drafts
+                assert llm.llm_engine.spec_decode_stats().num_accepted_tokens > accepted
         finally:
             llm.llm_engine.shutdown()
 

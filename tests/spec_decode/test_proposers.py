@@ -69,3 +69,18 @@ def test_the_draft_model_takes_half_the_memory_the_target_leaves():
     assert draft_memory_share(0.9) == pytest.approx(0.95)
     assert draft_memory_share(0.5) == pytest.approx(0.75)
     assert draft_memory_share(1.0) == 1.0
+
+
+@pytest.mark.parametrize("target_graphs, draft_graphs", [(None, None), (True, None),
+                                                         (False, False)])
+def test_the_draft_model_replays_graphs_unless_the_target_is_eager(target_graphs,
+                                                                    draft_graphs):
+    """None: where they work (CUDA; eager on this CPU); --enforce-eager holds for both."""
+    from parashift.config import EngineConfig
+    from parashift.spec_decode.draft_model import draft_engine_config
+    target = EngineConfig(device="cpu", cuda_graphs=target_graphs, deterministic=True,
+                          max_num_seqs=7, gpu_memory_utilization=0.8)
+    draft = draft_engine_config(target, "draft-dir")
+    assert (draft.model, draft.cuda_graphs, draft.max_num_seqs) == ("draft-dir", draft_graphs, 7)
+    assert draft.deterministic and draft.skip_tokenizer_init
+    assert draft.gpu_memory_utilization == pytest.approx(0.9)

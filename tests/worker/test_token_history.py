@@ -1,12 +1,13 @@
 """A rank's token history of the requests with penalties: prompt chunks, placeholders
-filled from the previous step's samples, recompute after preemption."""
+filled from the previous step's samples, recompute after preemption, a verification's
+rows (each sees the draft before its position)."""
 import numpy as np
 import torch
 
 from parashift.layers.penalties import PADDING_TOKEN
 from parashift.sampling_params import SamplingParams
 from parashift.step.message import PLACEHOLDER_TOKEN
-from parashift.worker.step_chunks import SeqChunk
+from parashift.worker.step_chunks import SeqChunk, sample_rows_of
 from parashift.worker.token_history import TokenHistoryStore
 
 PENALIZED = SamplingParams(repetition_penalty=1.2)
@@ -36,16 +37,16 @@ def test_prompt_chunks_then_placeholders_from_the_previous_samples():
     store = TokenHistoryStore(torch.device("cpu"))
     store.admit("a", [1, 2, 3, 4, 5])
     store.admit("b", [7, 8])
-    assert store.batch([chunk("b", [], 0)]).token_ids.tolist() == [[7, 8]]  # from the message
     store.record([chunk("a", [3], 2, samples=False), chunk("b", [8], 1)], None,
                  prev({}))  # cached
-    assert store.batch([chunk("b", [], 0)]).token_ids.tolist() == [[7, 8]]
+    assert store.batch([chunk("b", [8], 1)]).token_ids.tolist() == [[7, 8]]  # from the message
     store.record([chunk("a", [4, 5], 3), chunk("b", [PLACEHOLDER_TOKEN], 2)],
                  torch.tensor([40]), prev({"b": 0}))
     sampled = torch.tensor([11, 22])  # this step sampled 11 for a, 22 for b
-    store.record([chunk("b", [PLACEHOLDER_TOKEN], 3), chunk("untracked", [9], 0),
-                  chunk("a", [PLACEHOLDER_TOKEN], 5)], sampled, prev({"a": 0, "b": 1}))
-    sampling = [chunk("x", [], 0), chunk("a", [], 0), chunk("b", [], 0)]
+    step = [chunk("b", [PLACEHOLDER_TOKEN], 3), chunk("untracked", [9], 0),
+            chunk("a", [PLACEHOLDER_TOKEN], 5)]
+    store.record(step, sampled, prev({"a": 0, "b": 1}))
+    sampling = [chunk("x", [], 0), step[2], step[0]]
     history = store.batch(sampling)
     assert history.rows == [1, 2]
     assert rows_of(history) == [[1, 2, 3, 4, 5, 11], [7, 8, 40, 22]]
@@ -57,8 +58,9 @@ def test_recompute_overwrites_and_forget_frees_the_slot():
     store = TokenHistoryStore(torch.device("cpu"))
     store.admit("a", [1, 2])
     store.record([chunk("a", [1, 2, 3, 4], 0)], None, prev({}))
-    store.record([chunk("a", [5], 2)], None, prev({}))  # preempted, recomputed from the cache
-    assert rows_of(store.batch([chunk("a", [], 0)])) == [[1, 2, 5]]
+    recomputed = chunk("a", [5], 2)  # preempted, recomputed from the cache
+    store.record([recomputed], None, prev({}))
+    assert rows_of(store.batch([recomputed])) == [[1, 2, 5]]
     slot = store.slots["a"]
     store.forget("a")
     assert store.batch([chunk("a", [], 0)]) is None
@@ -71,6 +73,25 @@ def test_buffer_grows_past_its_capacity_and_slots():
     for i in range(20):
         store.admit(f"r{i}", [i])
     long = list(range(3000))
-    store.record([chunk("r0", [5], 1), chunk("r19", long, 0)], None, prev({}))
-    history = store.batch([chunk("r19", [], 0), chunk("r0", [], 0)])
+    step = [chunk("r0", [5], 1), chunk("r19", long, 0)]
+    store.record(step, None, prev({}))
+    history = store.batch([step[1], step[0]])
     assert rows_of(history) == [long, [0, 5]]
+
+
+def test_a_verifications_rows_see_the_draft_before_their_position():
+    """A verification of [t, d0, d1] samples three rows; the row after d0 sees the prompt,
+    the output and d0 (as if accepted), not d1. After a rejection the next step's chunk
+    writes over the rejected draft."""
+    store = TokenHistoryStore(torch.device("cpu"))
+    store.admit("v", [1, 2])
+    verification = chunk("v", [3, 4, 5], 2)  # 3: the last sampled token, 4 5: its draft
+    verification.num_samples = 3
+    store.record([verification], None, prev({}))
+    history = store.batch(sample_rows_of([verification]))
+    assert history.rows == [0, 1, 2]
+    assert rows_of(history) == [[1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 4, 5]]
+    assert history.is_output.tolist()[1] == [False, False, True, True, False]
+    after = chunk("v", [9], 4)  # 4 accepted, then 9 sampled instead of 5
+    store.record([after], None, prev({}))
+    assert rows_of(store.batch([after])) == [[1, 2, 3, 4, 9]]
