@@ -52,11 +52,15 @@ def draft_memory_share(target_share: float) -> float:
     return target_share + (1.0 - target_share) / 2
 
 
+# the draft's own CUDA graphs (where the target's are on): off until measured on a GPU
+DRAFT_GRAPHS = False
+
+
 def draft_engine_config(target, model: str):
-    """The EngineConfig of the draft on the engine's device. Its steps replay CUDA graphs
-    where they can unless the target's are turned off (--enforce-eager): its one-token
-    steps are decode buckets, its catch-up steps mixed ones (a draft step is launch-bound
-    eagerly: 1B on an H200, ~10 ms against the 8B target's ~5 ms graph step)."""
+    """The EngineConfig of the draft on the engine's device. Eager: a draft step is
+    launch-bound so (1B on an H200, ~10 ms against the 8B target's ~5 ms graph step), and
+    its one-token steps would take decode buckets and its catch-ups mixed ones, but a draft
+    replaying graphs beside the target's has not run on a GPU yet (DRAFT_GRAPHS)."""
     return type(target)(
         model=model, device=target.device, dtype=target.dtype, seed=target.seed,
         max_num_seqs=target.max_num_seqs, block_size=target.block_size,
@@ -65,7 +69,7 @@ def draft_engine_config(target, model: str):
         gpu_memory_utilization=draft_memory_share(target.gpu_memory_utilization),
         load_format=target.load_format, attention_backend=target.attention_backend,
         deterministic=target.deterministic,
-        cuda_graphs=None if target.cuda_graphs is not False else False,
+        cuda_graphs=(None if DRAFT_GRAPHS and target.cuda_graphs is not False else False),
         skip_tokenizer_init=True, trust_remote_code=target.trust_remote_code)
 
 

@@ -71,13 +71,16 @@ def test_the_draft_model_takes_half_the_memory_the_target_leaves():
     assert draft_memory_share(1.0) == 1.0
 
 
-@pytest.mark.parametrize("target_graphs, draft_graphs", [(None, None), (True, None),
-                                                         (False, False)])
-def test_the_draft_model_replays_graphs_unless_the_target_is_eager(target_graphs,
-                                                                    draft_graphs):
-    """None: where they work (CUDA; eager on this CPU); --enforce-eager holds for both."""
+@pytest.mark.parametrize("switch, target_graphs, draft_graphs", [
+    (True, None, None), (True, True, None), (True, False, False), (False, None, False)])
+def test_the_draft_model_replays_graphs_unless_the_target_is_eager(
+        monkeypatch, switch, target_graphs, draft_graphs):
+    """With DRAFT_GRAPHS, None: where they work (CUDA; eager on this CPU); --enforce-eager
+    holds for both. Without it (today's default) the draft is eager."""
     from parashift.config import EngineConfig
+    from parashift.spec_decode import draft_model
     from parashift.spec_decode.draft_model import draft_engine_config
+    monkeypatch.setattr(draft_model, "DRAFT_GRAPHS", switch)
     target = EngineConfig(device="cpu", cuda_graphs=target_graphs, deterministic=True,
                           max_num_seqs=7, gpu_memory_utilization=0.8)
     draft = draft_engine_config(target, "draft-dir")
