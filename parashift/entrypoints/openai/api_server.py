@@ -54,6 +54,7 @@ def build_app(engine, config: ServerConfig) -> FastAPI:
             yield
         finally:
             await async_engine.shutdown()
+            ctx.compile_threads.close()
 
     docs = not config.disable_fastapi_docs
     app = FastAPI(title="parashift", version=server_version(), lifespan=lifespan,

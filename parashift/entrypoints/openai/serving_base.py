@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from parashift.engine.async_engine import (AsyncLLMEngine, ConstraintFailedError,
                                            EngineDeadError, QueueFullError, RequestFailedError,
                                            RequestStream)
+from parashift.entrypoints.openai.compile_threads import CompileThreads
 from parashift.entrypoints.openai.errors import APIError, bad_request, from_validation_error
 from parashift.entrypoints.openai.protocol import SamplingFields, UsageInfo
 from parashift.entrypoints.openai.request_checks import check_admission
@@ -53,6 +54,7 @@ class ServingContext:
     request_log: object = None  # a RequestLog with --enable-log-requests
     max_logprobs: int = 20  # the engine's: more per token is a 400
     template_ignores_tools: bool | None = None  # None: not known until tools are given
+    compile_threads: CompileThreads = field(default_factory=CompileThreads, repr=False)
 
     @classmethod
     def from_engine(cls, async_engine: AsyncLLMEngine, served_model_names: list[str] | None,
@@ -180,7 +182,7 @@ class ServingContext:
             return
         try:
             compiler = self.engine.engine.structured.compiler
-            await asyncio.to_thread(compiler.grammar_for, params.structured_outputs)
+            await self.compile_threads.run(compiler.grammar_for, params.structured_outputs)
         except ValueError as exc:
             raise bad_request(str(exc), param=param, code="invalid_structured_output") from None
 
