@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_throughput import batch_state, start_decodes  # noqa: E402
 
 from parashift import LLM  # noqa: E402
+from parashift.spec_decode import draft_model  # noqa: E402
 
 
 def fixed_drafts(speculator, k: int | None) -> None:
@@ -67,8 +68,12 @@ def main():
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--draft-cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="the draft model's own CUDA graphs (default: spec_decode.draft_model's)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
+    if args.draft_cuda_graphs is not None:
+        draft_model.DRAFT_GRAPHS = args.draft_cuda_graphs
     spec = ({"method": "draft_model", "model": args.draft_model} if args.draft_model
             else {"method": "ngram"})
     spec["num_speculative_tokens"] = max(args.ks)
@@ -97,6 +102,7 @@ def main():
             engine.abort_request(rid)
         engine.step()
     summary = dict(model=args.model, draft_model=args.draft_model, context=args.context,
+                   draft_cuda_graphs=draft_model.DRAFT_GRAPHS,
                    device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                    rows=rows)
     print(json.dumps(summary, indent=1))

@@ -52,15 +52,14 @@ def draft_memory_share(target_share: float) -> float:
     return target_share + (1.0 - target_share) / 2
 
 
-# the draft's own CUDA graphs (where the target's are on): off until measured on a GPU
-DRAFT_GRAPHS = False
+# the draft's own CUDA graphs where the target's are on (measured on an H200: b1 k=1 22.1 -> 7.1 ms)
+DRAFT_GRAPHS = True
 
 
 def draft_engine_config(target, model: str):
-    """The EngineConfig of the draft on the engine's device. Eager: a draft step is
-    launch-bound so (1B on an H200, ~10 ms against the 8B target's ~5 ms graph step), and
-    its one-token steps would take decode buckets and its catch-ups mixed ones, but a draft
-    replaying graphs beside the target's has not run on a GPU yet (DRAFT_GRAPHS)."""
+    """The EngineConfig of the draft on the engine's device. With its own CUDA graphs (a
+    one-token draft step of a 1B model is launch-bound: ~10 ms eager on an H200, beside
+    the 8B target's ~5 ms graph step); eager where the target is."""
     return type(target)(
         model=model, device=target.device, dtype=target.dtype, seed=target.seed,
         max_num_seqs=target.max_num_seqs, block_size=target.block_size,

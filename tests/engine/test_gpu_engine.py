@@ -143,3 +143,37 @@ def test_verification_steps_replay_small_graphs_with_the_plain_tokens(monkeypatc
     assert spec == eager
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert any(not b.decode and b.rows <= 128 for b in replayed)
+
+
+def test_draft_model_graphs_give_the_eager_drafts(monkeypatch, tmp_path):
+    """A draft model replaying its own CUDA graphs beside the target's: it proposes what
+    it proposes eagerly, and the output is the eager output without speculation. The
+    draft is the target's own model, so most drafts are accepted (a broken graph would
+    show as rejections)."""
+    from parashift.spec_decode import draft_model
+    from tests.engine.conftest import save_tiny_llama
+    model_dir = save_tiny_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2,
+                                hidden_size=256, intermediate_size=512, num_hidden_layers=4)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(512) for _ in range(rng.randint(3, 200))] for _ in range(9)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    common = dict(model=model_dir, dtype="float32", skip_tokenizer_init=True, device="cuda",
+                  kv_cache_memory=1 << 30, max_num_seqs=16, gpu_memory_utilization=0.3)
+    with LLM(cuda_graphs=False, **common) as llm:
+        plain = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    runs = {}
+    for graphs in (False, True):
+        monkeypatch.setattr(draft_model, "DRAFT_GRAPHS", graphs)
+        llm = LLM(cuda_graphs=True, **common, speculative_config={
+            "method": "draft_model", "model": model_dir, "num_speculative_tokens": 3})
+        proposer = llm.llm_engine.speculator.proposer
+        assert (proposer.executor.runner.graphs is not None) == graphs
+        proposals, propose_all = [], proposer.propose_all
+        proposer.propose_all = lambda items: proposals.append(propose_all(items)) or proposals[-1]
+        outputs = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        runs[graphs] = (outputs, proposals, llm.llm_engine.spec_decode_stats())
+        del llm
+    for outputs, _, stats in runs.values():
+        assert outputs == plain
+        assert stats.num_accepted_tokens > 0.8 * stats.num_draft_tokens
+    assert runs[True][1] == runs[False][1]
