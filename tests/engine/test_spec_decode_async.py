@@ -10,7 +10,8 @@ from parashift import LLM, SamplingParams
 from parashift.step.message import PLACEHOLDER_TOKEN
 from tests.engine.conftest import tiny_llm, tiny_llama_dir  # noqa: F401  (shared fixture)
 from tests.engine.test_llm_engine import random_prompts
-from tests.engine.test_spec_decode import GREEDY, METHODS, PROMPTS, REPEAT, spec, token_ids
+from tests.engine.test_spec_decode import (GREEDY, METHODS, PROMPTS, REPEAT, penalized, spec,
+                                          token_ids)
 
 # repeating prompts (drafts found) and random ones (drafts back off: their decodes pipeline)
 MIXED = PROMPTS + random_prompts(4, seed=5, lengths=(3, 30))
@@ -96,6 +97,30 @@ def test_seeded_sampling_n_samples_and_stop_tokens(one_at_a_time, async_spec):
     got = async_spec.generate(PROMPTS, stops)
     assert token_ids(got) == token_ids(one_at_a_time.generate(PROMPTS, stops))
     assert all(out.outputs[0].finish_reason == "stop" for out in got)
+
+
+def test_penalties_preemption_and_chunked_prefill(one_at_a_time, tiny_llama_dir):
+    """Penalties read each drafted row's history (placeholders filled from the rows
+    sampled before); a pool too small for every sequence preempts, a small budget cuts
+    prompts and drafts: the output of one step at a time without speculation."""
+    options = dict(num_blocks=24, block_size=8, max_num_batched_tokens=24, max_num_seqs=8,
+                   max_model_len=160)
+    prompts = [p * 2 for p in PROMPTS]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    plain = tiny_llm(tiny_llama_dir, async_scheduling=False, **options)
+    want = token_ids(plain.generate(prompts, params))
+    plain.llm_engine.shutdown()
+    llm = tiny_llm(tiny_llama_dir, async_scheduling=True, speculative_config=spec("ngram", 6),
+                   **options)
+    try:
+        assert token_ids(llm.generate(prompts, params)) == want
+        stats = llm.llm_engine.stats()
+        assert stats.num_preemptions > 0 and stats.spec_decode_num_accepted_tokens > 0
+        for params in (penalized(), penalized(range(len(MIXED)))[:len(PROMPTS)]):
+            assert token_ids(llm.generate(PROMPTS, params)) == \
+                token_ids(one_at_a_time.generate(PROMPTS, params))
+    finally:
+        llm.llm_engine.shutdown()
 
 
 def test_a_draft_model_that_is_always_right(one_at_a_time, tiny_llama_dir):
