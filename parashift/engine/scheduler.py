@@ -198,10 +198,11 @@ class Scheduler:
         """What a policy sees of this scheduler, with no state changes. The next step's
         tokens are an estimate: no preemption, no prefix-cache hits, no per-request cap."""
         budget, table, slots = self.config.max_num_batched_tokens, self.table, self._slots
-        # (a verification's drafts count: the policy sees the step's scheduled tokens)
-        # (it runs every step) what running sequences still need
+        # (a verification's drafts count: the policy sees the step's scheduled tokens; a
+        # deferred sequence's decode does not) (it runs every step) what running ones need
         tokens = min(budget, int((table.tokens[slots] + table.pending[slots]
-                                  - table.computed[slots]).sum()) + self.draft_tokens)
+                                  - table.computed[slots]).sum()) + self.draft_tokens
+                     - len(self.deferred))
         longest = int(table.tokens[slots].max()) if len(slots) else 0
         waiting = [seq for _, seq in self._waiting]
         seats = max(0, self.config.max_num_seqs - len(self.running))

@@ -536,6 +536,7 @@ def test_a_deferred_sequence_waits_for_its_token_to_draft_while_others_decode_ah
         sched.add(seq)
     first = sched.schedule()
     sched.deferred = {a}
+    assert sched.counters().next_step_tokens == 2  # what the policy sees: b's and c's
     second = sched.schedule()  # first in flight: a waits, b and c decode ahead
     assert [(s.seq.request_id, s.start_pos, s.token_ids()) for s in second.scheduled] == [
         ("b", 5, [PLACEHOLDER_TOKEN]), ("c", 5, [PLACEHOLDER_TOKEN])]
