@@ -2,6 +2,8 @@
 the embedded SmolLM2, on the `repeat` workload (outputs copy their inputs) and on `chat`.
 
 Usage: python3 benchmarks/spec_decode_cpu.py --repeats 3 --output out.json
+(--with-async adds each method under async scheduling, which is off with speculation
+unless asked for: a drafting sequence waits for its tokens, the others decode ahead.)
 One engine per method, made once; the runs interleave (each repeat runs every method on
 every workload in turn), so that a machine shared with other work slows them alike; the
 figure of each is the median. Greedy: every method gives the same tokens (checked)."""
@@ -59,14 +61,20 @@ def main():
     p.add_argument("--length-scale", nargs="+", type=float, default=[0.1, 0.05],
                    help="per workload, in --workloads' order")
     p.add_argument("--output", default=None)
+    p.add_argument("--with-async", action="store_true",
+                   help="also each method with async_scheduling=True (named METHOD+async)")
     args = p.parse_args()
     engines = {name: LLM(device="cpu", dtype="float32", speculative_config=spec)
                for name, spec in METHODS.items()}
+    if args.with_async:
+        engines.update({f"{name}+async": LLM(device="cpu", dtype="float32",
+                                             speculative_config=spec, async_scheduling=True)
+                        for name, spec in METHODS.items() if spec is not None})
     work = {w: requests_of(engines["none"], w, WorkloadOptions(
         num_requests=args.num_requests, length_scale=scale))
         for w, scale in zip(args.workloads, args.length_scale)}
-    rates = {(w, m): [] for w in work for m in METHODS}
-    spec_counts = {(w, m): [0, 0, 0] for w in work for m in METHODS}
+    rates = {(w, m): [] for w in work for m in engines}
+    spec_counts = {(w, m): [0, 0, 0] for w in work for m in engines}
     reference = {}
     for repeat in range(args.repeats):
         for w, (prompts, params) in work.items():

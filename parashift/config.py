@@ -265,10 +265,6 @@ class EngineConfig:
 
     def _check_speculation(self) -> None:
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
-        if self.speculative_config is not None and self.async_scheduling:
-            raise ValueError("speculative_config does not compose with async_scheduling: a "
-                             "step's drafts come from the tokens the step before accepted "
-                             "(leave async_scheduling unset: it is off with speculation)")
 
     def _check_hosts(self) -> None:
         if self.distributed_executor_backend not in ("mp", "ray"):

@@ -461,10 +461,14 @@ class LLMEngine:
     def _submit_round(self) -> bool:
         """Asks the policy for every group's next plan (before scheduling), then schedules
         and submits one step on each replica with room; False once none was submitted.
-        Drafts (speculative decoding) come first: the policy sees their tokens."""
+        Drafts (speculative decoding) come first, on the replicas with room for a step:
+        the policy sees their tokens."""
         if self.speculator is not None:
+            node = self.node
             for replica in self.replicas:
-                self.speculator.propose(replica.scheduler, self._allowed_draft)
+                if len(replica.in_flight) < node.steps_in_flight_of(replica):
+                    self.speculator.propose(replica.scheduler, self._allowed_draft,
+                                            node.schedules_ahead(replica))
         round_ = self.node.next_round()
         if round_ is None:
             return False

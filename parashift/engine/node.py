@@ -318,6 +318,11 @@ class Node:
             return stages if alone else 1
         return self.steps_in_flight
 
+    def schedules_ahead(self, replica: Replica) -> bool:
+        """Whether its next step may be scheduled while one runs, with placeholders for
+        the tokens on their way (async scheduling in a plan of one stage)."""
+        return self.steps_in_flight_of(replica) > 1 and self.stages(replica) == 1
+
     def stages(self, replica: Replica) -> int:
         """The pipeline stages of the replica's plan (its group's plan, or the plan it was
         left behind in; a change of plan drains its steps first)."""
@@ -400,7 +405,8 @@ def async_scheduling(config, plans: list[Plan]) -> bool:
     the tokens on their way. A pipeline's first stage never sees those tokens, so its steps
     overlap only without placeholders (`steps_in_flight_of`); asked for where every plan is
     pipelined, an error."""
-    if config.async_scheduling is None:  # (off with speculation: drafts need the tokens)
+    if config.async_scheduling is None:  # off with speculation: a drafting sequence waits
+        # for its tokens (Speculator.propose), so it would step every other step
         return config.speculative_config is None and any(plan.pp == 1 for plan in plans)
     if config.async_scheduling and all(plan.pp > 1 for plan in plans):
         raise ValueError(f"async_scheduling does not work with pipeline parallelism "

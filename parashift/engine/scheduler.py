@@ -16,7 +16,9 @@ sampled token is still on its way holds it as a pending token, and its next
 chunk carries a placeholder for it (PLACEHOLDER_TOKEN) that the model runner
 fills from the previous step's samples on the device. Where no placeholder can be
 filled (the first stage of a pipeline never sees the samples), `defer_pending` leaves
-such a sequence out until its token is known; its other steps may still be in flight."""
+such a sequence out until its token is known; its other steps may still be in flight.
+Speculative decoding drafts from known tokens only: a sequence that drafts next is left
+out the same way, alone (`deferred`), while the others' decodes keep their placeholders."""
 import heapq
 import time
 from collections import deque
@@ -169,6 +171,8 @@ class Scheduler:
         self.swap_slots: TierAllocator | None = None
         self.defer_pending = False  # no placeholders: a sequence waits for its pending token
         self.draft_tokens = 0  # running sequences' draft tokens for the next step
+        # running sequences that wait for their pending tokens to draft (the speculator's)
+        self.deferred: set[Sequence] = set()
 
     @property
     def num_waiting(self) -> int:
@@ -194,10 +198,11 @@ class Scheduler:
         """What a policy sees of this scheduler, with no state changes. The next step's
         tokens are an estimate: no preemption, no prefix-cache hits, no per-request cap."""
         budget, table, slots = self.config.max_num_batched_tokens, self.table, self._slots
-        # (a verification's drafts count: the policy sees the step's scheduled tokens)
-        # (it runs every step) what running sequences still need
+        # (a verification's drafts count: the policy sees the step's scheduled tokens; a
+        # deferred sequence's decode does not) (it runs every step) what running ones need
         tokens = min(budget, int((table.tokens[slots] + table.pending[slots]
-                                  - table.computed[slots]).sum()) + self.draft_tokens)
+                                  - table.computed[slots]).sum()) + self.draft_tokens
+                     - len(self.deferred))
         longest = int(table.tokens[slots].max()) if len(slots) else 0
         waiting = [seq for _, seq in self._waiting]
         seats = max(0, self.config.max_num_seqs - len(self.running))
@@ -289,6 +294,8 @@ class Scheduler:
         left = self._schedule_in_columns(out, budget)
         budget = self._schedule_running(out, budget) if left is None else left
         self.draft_tokens = 0
+        if self.deferred:
+            self.deferred = set()
         # A seq preempted in this step must not be re-admitted in the same step.
         if not out.preempted:
             self._schedule_waiting(out, budget)
@@ -431,7 +438,8 @@ class Scheduler:
     def _num_new_tokens(self, seq: Sequence, budget: int, num_computed: int) -> int:
         pending = seq.num_pending_tokens
         # a pending token that reaches the length limit leaves nothing to compute after it
-        if pending and (self.defer_pending or len(seq.token_ids) + pending >= seq.length_limit):
+        if pending and (self.defer_pending or len(seq.token_ids) + pending >= seq.length_limit
+                        or seq in self.deferred):
             return 0
         num_new = len(seq.token_ids) + pending - num_computed
         if num_new > budget:  # without chunked prefill, a prompt waits for a step that holds it
@@ -454,6 +462,8 @@ class Scheduler:
         blocks = table.blocks[slots]
         end = tokens + pending  # the tokens this step may reach
         waits = (pending > 0) & (self.defer_pending | (end >= table.limit[slots]))
+        if self.deferred:
+            waits |= np.isin(slots, [seq.slot for seq in self.deferred if seq.table is table])
         decodes = ~waits & (end == computed + 1) & (computed == tokens)
         others = np.flatnonzero(~waits & ~decodes & (end > computed)).tolist()
         takes_block = decodes & (computed >= blocks * block_size)
@@ -530,14 +540,15 @@ class Scheduler:
         chunk of a prompt makes."""
         i, running, scheduled = 0, self.running, out.chunks
         allocate, block_size = self.block_manager.allocate_slots, self.block_manager.block_size
-        gate, defer = self.gate, self.defer_pending
+        gate, defer, deferred = self.gate, self.defer_pending, self.deferred
         while i < len(running) and budget > 0:
             seq = running[i]
             computed = seq.num_computed_tokens
             pending = seq.num_pending_tokens
             end = len(seq.token_ids) + pending  # the tokens this step may reach
             draft = None
-            if end == computed + 1 and not (pending and (defer or end >= seq.length_limit)):
+            if end == computed + 1 and not (pending and (defer or end >= seq.length_limit
+                                                         or seq in deferred)):
                 num_new, samples = 1, True  # _num_new_tokens' answer for a decode
                 if seq.spec_token_ids and not pending:  # a verification: the draft's too
                     draft, seq.spec_token_ids = seq.spec_token_ids[:budget - 1], []

@@ -229,7 +229,8 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
     group.add_argument("--disable-fast-all-reduce", dest="fast_all_reduce", action="store_false",
                        help="all-reduce through NCCL only (no symmetric-memory one-shot path)")
     group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                       help="schedule the next step while one runs (default: on for one rank)")
+                       help="schedule the next step while one runs (default: on for one rank; "
+                            "off with --speculative-config unless asked for)")
     group.add_argument("--check-step-state", action="store_true",
                        help="debug: check every step's inputs, built from the ranks' persistent "
                             "state, against a rebuild from scratch (slow)")

@@ -102,8 +102,13 @@ class StepStateCheck:
         _expect(got == pairs, "placeholder rows and their samples", got, pairs)
 
     def remember_samples(self, group: tuple, chunks: list[SeqChunk]) -> None:
-        self.prev_rows[group] = {c.request_id: j for j, c in
-                                 enumerate(c for c in chunks if c.sampling is not None)}
+        """Each sampling request's last sampled row (a verification samples 1 + k)."""
+        rows, last = {}, -1
+        for c in chunks:
+            if c.sampling is not None:
+                last += c.num_samples
+                rows[c.request_id] = last
+        self.prev_rows[group] = rows
 
 
 def rebuild(chunks: list[SeqChunk], tables: dict[str, list[int]], block_size: int,
@@ -136,7 +141,9 @@ def rebuild(chunks: list[SeqChunk], tables: dict[str, list[int]], block_size: in
                   seq_lens_cpu=seq_lens, max_query_len=max(len(c.token_ids) for c in chunks),
                   max_seq_len=max(seq_lens)),
         token_ids=token_ids[local.start:local.stop], positions=positions[local.start:local.stop],
-        sample_rows=[starts[i + 1] - 1 for i, c in enumerate(chunks) if c.sampling is not None],
+        # a sampling chunk's last num_samples rows (1 + k: a verification's)
+        sample_rows=[row for i, c in enumerate(chunks) if c.sampling is not None
+                     for row in range(starts[i + 1] - c.num_samples, starts[i + 1])],
         local_rows=local)
 
 

@@ -2,7 +2,8 @@
 under TP, SP and PP groups (gloo, one engine of three groups) and under Shift (the policy
 sees each step's scheduled tokens, drafts included) give the single-device tokens of the
 engine without speculation, also with penalties (each drafted position's history holds
-the draft before it, on every rank that samples)."""
+the draft before it, on every rank that samples), and under async scheduling on a TP
+group."""
 import json
 
 import pytest
@@ -64,3 +65,25 @@ def test_shift_sees_the_verification_tokens(model, tmp_path):
     # some step of few sequences carried drafts: more tokens than sequences
     assert any(step["num_tokens"] > len(PROMPTS) * 2 for step in steps
                if step["plan"] == "shift-tp2")
+
+
+def test_async_scheduling_under_tp(model):
+    """Async scheduling with speculation on a TP group: drafting sequences wait for their
+    tokens, the others decode ahead with placeholders filled on every rank (each samples
+    the same tokens; a verification before them sampled 1 + k rows, checked on the ranks):
+    the single-device tokens without speculation."""
+    from tests.engine.test_spec_decode_async import StepSpy
+    path, reference, _ = model
+    options = dict(layout="tp2", async_scheduling=True, check_step_state=True,
+                   speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    skip_unless_enough_gpus(options)
+    llm = LLM(path, **{**COMMON, **options})
+    try:
+        spy = StepSpy(llm)
+        outputs = llm.generate(PROMPTS * 2, PARAMS)
+        assert_same(outputs, reference)
+        assert llm.llm_engine.spec_decode_stats().num_accepted_tokens > 0
+        assert spy.verifications > 0 and spy.placeholders > 0
+        spy.assert_verified_real_tokens(outputs, PROMPTS * 2)
+    finally:
+        llm.llm_engine.shutdown()

@@ -522,3 +522,37 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_holds_it_whole()
 def test_scheduler_config_takes_chunked_prefill_as_a_boolean():
     with pytest.raises(ValueError, match="enable_chunked_prefill"):
         SchedulerConfig(enable_chunked_prefill=1)
+
+
+def test_a_deferred_sequence_waits_for_its_token_to_draft_while_others_decode_ahead():
+    """Async scheduling with speculation: a sequence the speculator defers (it drafts
+    next) is left out of the step scheduled ahead, while the others' decodes take their
+    placeholders (in columns, and in the loop of a step with drafts); once its token is
+    known its verification starts from it, and while the verification runs the sequence
+    is not scheduled (its 1..k+1 tokens are unknown)."""
+    sched = make_scheduler()
+    a, b, c = make_seq("a", 5), make_seq("b", 5, base=2000), make_seq("c", 5, base=3000)
+    for seq in (a, b, c):
+        sched.add(seq)
+    first = sched.schedule()
+    sched.deferred = {a}
+    assert sched.counters().next_step_tokens == 2  # what the policy sees: b's and c's
+    second = sched.schedule()  # first in flight: a waits, b and c decode ahead
+    assert [(s.seq.request_id, s.start_pos, s.token_ids()) for s in second.scheduled] == [
+        ("b", 5, [PLACEHOLDER_TOKEN]), ("c", 5, [PLACEHOLDER_TOKEN])]
+    assert not sched.deferred  # taken by the step
+    assert sched.update(first, {"a": 55, "b": 66, "c": 76}) == []
+    a.spec_token_ids, sched.draft_tokens, sched.deferred = [7, 8], 2, {c}
+    third = sched.schedule()  # second in flight: a verifies from its own token, c waits
+    assert [(s.seq.request_id, s.start_pos, s.token_ids(), s.num_samples)
+            for s in third.scheduled] == [("a", 5, [55, 7, 8], 3),
+                                          ("b", 6, [PLACEHOLDER_TOKEN], 1)]
+    sched.deferred = {b, c}
+    assert sched.schedule().is_empty  # a's verification in flight, b and c wait
+    assert sched.update(second, {"b": 67, "c": 77}) == []
+    assert sched.update(third, {"a": [7, 8, 60], "b": 68}) == []
+    assert a.output_token_ids == [55, 7, 8, 60] and b.output_token_ids == [66, 67, 68]
+    assert (a.num_computed_tokens, a.num_pending_tokens) == (len(a.token_ids) - 1, 0)
+    fourth = sched.schedule()
+    assert [(s.seq.request_id, s.token_ids()) for s in fourth.scheduled] == [
+        ("a", [60]), ("b", [68]), ("c", [77])]

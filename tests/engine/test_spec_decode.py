@@ -124,11 +124,6 @@ def test_preemption_and_chunked_prefill(tiny_llama_dir, method):
         llm.llm_engine.shutdown()
 
 
-def test_speculation_and_async_scheduling_is_a_config_error(tiny_llama_dir):
-    with pytest.raises(ValueError, match="async_scheduling"):
-        tiny_llm(tiny_llama_dir, async_scheduling=True, speculative_config=spec("ngram"))
-
-
 def test_draft_model_greedy_is_the_plain_output(plain, tiny_llama_dir, tmp_path):
     """The target itself as its draft (every draft accepted) and another tiny model of the
     same vocabulary (few accepted): the plain output either way, also with penalties (the

@@ -37,10 +37,16 @@ def test_bad_configs_are_errors(given, message):
         EngineConfig(speculative_config=given)
 
 
-def test_async_scheduling_asked_for_is_an_error():
-    with pytest.raises(ValueError, match="async_scheduling"):
-        EngineConfig(speculative_config={"method": "ngram"}, async_scheduling=True)
-    EngineConfig(speculative_config={"method": "ngram"}, async_scheduling=False)
+def test_async_scheduling_composes():
+    """Asked for, it runs with speculation (a drafting sequence waits for its tokens:
+    tests/engine/test_spec_decode_async.py); left unset, it is off with speculation."""
+    from parashift.engine.node import async_scheduling
+    from parashift.parallel.plan import Plan
+    plans = [Plan.parse("tp1")]
+    for asked, expected in ((True, True), (False, False), (None, False)):
+        config = EngineConfig(speculative_config={"method": "ngram"}, async_scheduling=asked)
+        assert config.speculative_config.method == "ngram"
+        assert async_scheduling(config, plans) is expected
 
 
 def test_the_cli_flag():
