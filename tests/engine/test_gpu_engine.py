@@ -109,10 +109,12 @@ def test_penalties_bias_and_samples_on_gpu_give_the_cpu_tokens(tmp_path):
         assert all(7 not in c.token_ids for c in gpu.outputs)
 
 
-def test_verification_steps_replay_small_graphs_with_the_plain_tokens(monkeypatch, tmp_path):
-    """Speculative decoding with CUDA graphs: verification steps (k + 1 rows a sequence)
-    replay the small mixed buckets and give the tokens of eager decoding without
-    speculation. The drafts are the eager tokens with every third one wrong, so steps
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_verification_steps_replay_small_graphs_with_the_plain_tokens(monkeypatch, tmp_path,
+                                                                       async_scheduling):
+    """Speculative decoding with CUDA graphs, one step at a time and scheduled ahead:
+    verification steps (k + 1 rows a sequence) replay the small mixed buckets and give the
+    tokens of eager decoding without speculation. The drafts are the eager tokens with every third one wrong, so steps
     accept some and reject some (a random model's output gives an n-gram lookup nothing)."""
     from tests.engine.conftest import save_tiny_llama
     model_dir = save_tiny_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2,
@@ -133,7 +135,7 @@ def test_verification_steps_replay_small_graphs_with_the_plain_tokens(monkeypatc
         ahead = ref[len(tokens):len(tokens) + room]
         return [t if (len(tokens) + i) % 3 else (t + 1) % 512 for i, t in enumerate(ahead)]
 
-    llm = LLM(cuda_graphs=True, **common,
+    llm = LLM(cuda_graphs=True, **common, async_scheduling=async_scheduling,
               speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     proposer = llm.llm_engine.speculator.proposer
     proposer.propose_all = lambda items: [draft(tokens, room) for _, tokens, room in items]
