@@ -5,7 +5,7 @@ cpu_kv_tokens (or cpu_kv_gib)."""
 import re
 from dataclasses import dataclass
 
-from parashift.designs.options import DesignOptions, check_positive_int
+from parashift.designs.options import DesignOptions, check_positive_int, check_positive_number
 
 SEESAW_FIELDS = ("prefill_plan", "decode_plan", "cpu_kv_tokens", "cpu_kv_gib")
 SEESAW_WEIGHT_SOURCES = ("auto", "host", "peers")
@@ -27,6 +27,9 @@ class SeesawConfig(DesignOptions):
     mean_prompt_tokens: int | None = None
     mean_output_tokens: int | None = None
     num_requests: int | None = None
+    # online arrivals a second (given: the choice ranks by a request's latency, as `plan
+    # --recommend` ranks online plans; with cost_profile)
+    request_rate: float | None = None
     cpu_kv_tokens: int | None = None
     cpu_kv_gib: float | None = None
     max_prefill_ms: float = 0.0              # a prefill phase ends after this long (0: unbounded)
@@ -57,6 +60,10 @@ class SeesawConfig(DesignOptions):
                 raise ValueError(f"seesaw_{name} is an option of prefill_plan='auto'")
             if value is not None:
                 check_positive_int(f"seesaw_{name}", value)
+        if self.request_rate is not None:
+            if not self.auto_plans:
+                raise ValueError("seesaw_request_rate is an option of prefill_plan='auto'")
+            check_positive_number("seesaw_request_rate", self.request_rate)
 
     @property
     def auto_plans(self) -> bool:

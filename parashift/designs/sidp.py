@@ -5,7 +5,9 @@ Compute-as-a-Service ("cas": tokens sent to the slices). The sidp policy switche
 batch_threshold; under the static policy `mode` holds."""
 from dataclasses import dataclass
 
-from parashift.designs.options import DesignOptions, check_positive_int
+from parashift.designs.options import DesignOptions, check_positive_int, check_positive_number
+
+HINT_FIELDS = ("mean_prompt_tokens", "mean_output_tokens", "num_requests", "request_rate")
 
 
 @dataclass
@@ -20,12 +22,30 @@ class SidpConfig(DesignOptions):
     batch_threshold: int = 600
     probe_file: str | None = None       # sidp policy: B_th from sidp_probe.py's JSON instead
     min_dwell_steps: int = 8            # sidp policy: least steps between switches
+    # sidp policy with cost_profile: the workload told (mean lengths; an offline batch's
+    # request count, or the online arrival rate a second), the start-up compares SiDP with
+    # every static plan of the same GPUs (cost/plan_choice.py) and, where a static plan is
+    # predicted to win, runs that one under the static policy (engine/sidp_fallback.py)
+    mean_prompt_tokens: int | None = None
+    mean_output_tokens: int | None = None
+    num_requests: int | None = None
+    request_rate: float | None = None
 
     def __post_init__(self):
         if self.mode not in ("cas", "was"):
             raise ValueError(f"sidp_mode must be cas or was, got {self.mode!r}")
         for name in ("slots", "batch_threshold", "min_dwell_steps"):
             check_positive_int(f"sidp_{name}", getattr(self, name))
+        for name in HINT_FIELDS[:3]:
+            if getattr(self, name) is not None:
+                check_positive_int(f"sidp_{name}", getattr(self, name))
+        if self.request_rate is not None:
+            check_positive_number("sidp_request_rate", self.request_rate)
+
+    @property
+    def hinted(self) -> bool:
+        """The workload was told: the start-up may fall back to a static plan."""
+        return any(getattr(self, name) is not None for name in HINT_FIELDS)
 
     def check(self, engine) -> None:
         if engine.parallel_policy == "sidp":
@@ -35,6 +55,10 @@ class SidpConfig(DesignOptions):
         if self.probe_file is not None and engine.parallel_policy != "sidp":
             raise ValueError("sidp_probe_file is an option of the sidp policy "
                              "(parallel_policy='sidp')")
+        if self.hinted and (engine.parallel_policy != "sidp" or engine.cost_profile is None):
+            given = next(name for name in HINT_FIELDS if getattr(self, name) is not None)
+            raise ValueError(f"sidp_{given} is an option of the sidp policy with cost_profile "
+                             "(the cost model compares SiDP with the static plans)")
         if not self.share_ffn:
             return
         if engine.data_parallel_size < 2:

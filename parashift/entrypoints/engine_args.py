@@ -69,6 +69,10 @@ ENGINE_FLAGS = {
                               "--prefill-plan auto: requests held at once (an offline batch, or "
                               "the concurrency when serving), which bounds the decode batch "
                               "(default: every replica at --max-num-seqs)"),
+    "--seesaw-request-rate": ("seesaw_request_rate", float,
+                              "--prefill-plan auto with --cost-profile: the online arrival "
+                              "rate (requests/s); plans are then ranked by a request's "
+                              "latency (default: offline, by throughput)"),
     "--cpu-kv-tokens": ("cpu_kv_tokens", int, "seesaw policy: tokens of the CPU KV tier (per "
                                               "group); a prefill phase ends when it is full"),
     "--cpu-kv-gib": ("cpu_kv_gib", float, "seesaw policy: the CPU KV tier in GiB (per group) "
@@ -98,6 +102,19 @@ ENGINE_FLAGS = {
                           "sidp_probe_h200.json) instead of --sidp-batch-threshold"),
     "--sidp-min-dwell-steps": ("sidp_min_dwell_steps", int,
                                "sidp policy: least steps between two switches"),
+    "--sidp-mean-prompt-tokens": ("sidp_mean_prompt_tokens", int,
+                                  "sidp policy with --cost-profile: the workload's mean prompt "
+                                  "length; told (this or the three below), the start-up runs "
+                                  "the best static plan instead where the cost model predicts "
+                                  "it beats SiDP (default: 1024)"),
+    "--sidp-mean-output-tokens": ("sidp_mean_output_tokens", int,
+                                  "sidp policy with --cost-profile: the workload's mean output "
+                                  "length (default: 128)"),
+    "--sidp-num-requests": ("sidp_num_requests", int,
+                            "sidp policy with --cost-profile: an offline batch's requests"),
+    "--sidp-request-rate": ("sidp_request_rate", float,
+                            "sidp policy with --cost-profile: the online arrival rate "
+                            "(requests/s; plans then ranked by a request's latency)"),
     "--flying-merge-running": ("flying_merge_running", int, "flying policy: merge the replicas "
                                                             "at or below this many running "
                                                             "requests and none waiting"),

@@ -66,6 +66,24 @@ def test_sidp_takes_b_th_from_the_link_profiles_peer_rate():
     assert policy.decide(NodeView((group(400), group(400)))).plans[0].endswith("+cas/0-1")
 
 
+def test_with_the_cost_model_sidp_takes_the_faster_mode_each_round():
+    """No hysteresis, no dwell (a switch moves no weight): 1400 tokens a replica (past 1304,
+    inside the hand-set 20% band) runs WaS at once, and the next round's 1200 CaS, though the
+    dwell given is 8 rounds."""
+    layout = Layout.of(Plan(dp=2))
+    shared = Layout(tuple(p.sharing_ffn("cas", (0, 1)) for p in layout.plans))
+    options = config(sidp=SimpleNamespace(batch_threshold=600, probe_file=None,
+                                          min_dwell_steps=8), model="llama-3.1-8b")
+    policy = sidp.policy_from_config(options, shared, LLAMA_8B)
+    assert (policy.threshold, policy.hysteresis, policy.dwell) == (1304, 0.0, 1)
+    assert policy.decide(NodeView((group(1400), group(1400)))).plans[0].endswith("+was/0-1")
+    assert policy.decide(NodeView((group(1200), group(1200)))).plans[0].endswith("+cas/0-1")
+    assert policy.switches == 2
+    by_hand = SimpleNamespace(cost_profile=None, max_num_seqs=256, sidp=options.sidp, model="x")
+    hand_set = sidp.policy_from_config(by_hand, shared, LLAMA_8B)
+    assert (hand_set.threshold, hand_set.hysteresis, hand_set.dwell) == (600, 0.2, 8)
+
+
 def test_sidp_crossover_is_where_the_was_step_stops_being_slower_than_the_cas_step():
     """The fetch hides under a 1436-sequence decode step at d = 2 (the paper's B_th), but a
     CaS step of 1024 tokens is still predicted faster than a WaS one: the policy switches
