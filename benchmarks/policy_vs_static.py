@@ -9,9 +9,9 @@ design's policy with `--cost-profile` (the committed H200 profile):
 - Shift: SP over all GPUs, shifting to TP at the cost model's crossover;
 - Flying: DP over all GPUs, merging and splitting by its cost check;
 - Seesaw `--prefill-plan auto`: the pair or static plan the cost model picks at start-up;
-- SiDP: DP over all GPUs sharing FFN weights, CaS/WaS by B_th, told the workload as
-  Seesaw is (its start-up runs the best static plan where the model predicts SiDP loses;
-  bf16 dense only: not 70B FP8).
+- SiDP: DP over all GPUs sharing FFN weights, CaS/WaS by the model's B_th; told the
+  workload as Seesaw is, its start-up runs the best static plan where the model predicts
+  SiDP loses (bf16 dense only: not 70B FP8).
 
 The deciding metric per workload: combined throughput (input + output tokens / s) for the
 offline workloads (batch, chat, summarize, tail); for the online ones (bursty, priority) a
@@ -31,6 +31,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,8 +64,8 @@ def workload_options(name: str) -> WorkloadOptions:
 
 def contenders(shape_name: str, gpus: int, workload: str, requests) -> dict[str, dict]:
     """name -> EngineConfig keywords: the static plans (pp = 1) that fit, then the policies
-    (Seesaw's `auto` told the workload's mean lengths and, offline, its request count,
-    online its mean arrival rate, as its options let a user tell it)."""
+    (Seesaw's `auto` and SiDP told the requests' lengths and, online, their mean arrival
+    rate, as their options let a user tell them)."""
     shape = load_shape(shape_name).quantized(SHAPE_SET[shape_name])
     out = {}
     for plan in static_plans(gpus, gpus):
@@ -79,9 +80,7 @@ def contenders(shape_name: str, gpus: int, workload: str, requests) -> dict[str,
                                 tensor_parallel_size=plan.tp, parallel_policy="static")
     out["shift"] = dict(sequence_parallel_size=gpus, parallel_policy="shift")
     out["flying"] = dict(data_parallel_size=gpus, parallel_policy="flying")
-    hint = dict(mean_prompt_tokens=round(statistics.mean(r.input_len for r in requests)),
-                mean_output_tokens=round(statistics.mean(r.output_len for r in requests)),
-                num_requests=len(requests) if workload in OFFLINE else None,
+    hint = dict(workload_file=lengths_file(workload, requests),
                 request_rate=None if workload in OFFLINE else arrival_rate(requests))
     out["seesaw-auto"] = dict(parallel_policy="seesaw", prefill_plan=f"auto:{gpus}",
                               cpu_kv_gib=64.0, **{f"seesaw_{k}": v for k, v in hint.items()})
@@ -89,6 +88,14 @@ def contenders(shape_name: str, gpus: int, workload: str, requests) -> dict[str,
         out["sidp"] = dict(data_parallel_size=gpus, parallel_policy="sidp",
                            **{f"sidp_{k}": v for k, v in hint.items()})
     return out
+
+
+def lengths_file(workload: str, requests) -> str:
+    """The requests' [prompt, output] lengths as a JSON file (what the policies' start-up
+    choices are told: `seesaw_workload_file`, `sidp_workload_file`)."""
+    path = Path(tempfile.gettempdir()) / f"policy_vs_static_{workload}_lengths.json"
+    path.write_text(json.dumps([[r.input_len, r.output_len] for r in requests]))
+    return str(path)
 
 
 def arrival_rate(requests) -> float:

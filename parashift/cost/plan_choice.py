@@ -3,44 +3,14 @@ candidates and every static plan of the same ranks, predicted by the one cost mo
 (cost/forecast.py over cost/step.py) on the workload the user describes, best first. The
 design runs only where the model puts it ahead of the best static plan (by `margin`, the
 share it must win by); else the engine runs that static plan under the static policy."""
-import math
 from dataclasses import dataclass
 
 from parashift.cost.forecast import Candidate, Prediction, predict_all, ranked
 from parashift.cost.runs import Engine, Served
 from parashift.cost.shape import ModelShape
 from parashift.cost.step import StepModel
+from parashift.cost.workload_hint import WorkloadHint
 from parashift.parallel.plan import Plan
-
-STEADY_SEATS = 2  # no count, no rate: this many full batches a rank (steady throughput)
-
-
-@dataclass(frozen=True)
-class WorkloadHint:
-    """What the user tells of the load: mean lengths, and an offline batch's request count
-    or the online arrival rate (neither: steady state, every replica's seats full)."""
-    prompt_tokens: int
-    output_tokens: int
-    num_requests: int | None = None
-    request_rate: float | None = None  # requests a second
-
-    def __post_init__(self):
-        if self.prompt_tokens < 1 or self.output_tokens < 1:
-            raise ValueError("a workload's mean prompt and output tokens must be >= 1, got "
-                             f"{self.prompt_tokens} and {self.output_tokens}")
-        if self.request_rate is not None and not self.request_rate > 0:
-            raise ValueError(f"a workload's request rate must be > 0, got {self.request_rate}")
-
-    @property
-    def offline(self) -> bool:
-        return self.request_rate is None
-
-    def requests(self, world_size: int, engine: Engine) -> tuple[list[tuple[int, int]], float]:
-        """(input, output) per request and their rate (inf: all at t=0)."""
-        count = self.num_requests or STEADY_SEATS * engine.max_num_seqs * world_size
-        rate = math.inf if self.request_rate is None else self.request_rate
-        return [(self.prompt_tokens, self.output_tokens)] * count, rate
-
 
 @dataclass(frozen=True)
 class PlanChoice:

@@ -32,3 +32,23 @@ def check_positive_int(name: str, value) -> None:
 def check_positive_number(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be a number > 0, got {value!r}")
+
+
+# What a design's start-up choice is told of the load (cost/workload_hint.py), by field name
+HINT_FIELDS = ("mean_prompt_tokens", "mean_output_tokens", "num_requests", "request_rate",
+               "workload_file")
+
+
+def check_workload_hint(prefix: str, options) -> None:
+    """Lengths and counts integers >= 1, a rate > 0; a workload file gives the lengths and
+    the count itself."""
+    for name in HINT_FIELDS[:3]:
+        if getattr(options, name) is not None:
+            check_positive_int(prefix + name, getattr(options, name))
+    if options.request_rate is not None:
+        check_positive_number(prefix + "request_rate", options.request_rate)
+    if options.workload_file is not None:
+        given = [name for name in HINT_FIELDS[:3] if getattr(options, name) is not None]
+        if given:
+            raise ValueError(f"{prefix}workload_file gives the requests' lengths and count: "
+                             f"drop {prefix}{given[0]}")

@@ -5,9 +5,8 @@ Compute-as-a-Service ("cas": tokens sent to the slices). The sidp policy switche
 batch_threshold; under the static policy `mode` holds."""
 from dataclasses import dataclass
 
-from parashift.designs.options import DesignOptions, check_positive_int, check_positive_number
-
-HINT_FIELDS = ("mean_prompt_tokens", "mean_output_tokens", "num_requests", "request_rate")
+from parashift.designs.options import (HINT_FIELDS, DesignOptions, check_positive_int,
+                                       check_workload_hint)
 
 
 @dataclass
@@ -25,22 +24,20 @@ class SidpConfig(DesignOptions):
     # sidp policy with cost_profile: the workload told (mean lengths; an offline batch's
     # request count, or the online arrival rate a second), the start-up compares SiDP with
     # every static plan of the same GPUs (cost/plan_choice.py) and, where a static plan is
-    # predicted to win, runs that one under the static policy (engine/sidp_fallback.py)
+    # predicted to win, runs that one under the static policy (engine/sidp_fallback.py);
+    # workload_file: the lengths, a JSON list of [prompt, output] pairs, instead of the means
     mean_prompt_tokens: int | None = None
     mean_output_tokens: int | None = None
     num_requests: int | None = None
     request_rate: float | None = None
+    workload_file: str | None = None
 
     def __post_init__(self):
         if self.mode not in ("cas", "was"):
             raise ValueError(f"sidp_mode must be cas or was, got {self.mode!r}")
         for name in ("slots", "batch_threshold", "min_dwell_steps"):
             check_positive_int(f"sidp_{name}", getattr(self, name))
-        for name in HINT_FIELDS[:3]:
-            if getattr(self, name) is not None:
-                check_positive_int(f"sidp_{name}", getattr(self, name))
-        if self.request_rate is not None:
-            check_positive_number("sidp_request_rate", self.request_rate)
+        check_workload_hint("sidp_", self)
 
     @property
     def hinted(self) -> bool:

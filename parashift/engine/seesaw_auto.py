@@ -11,7 +11,8 @@ import torch
 from parashift.config import EngineConfig
 from parashift.cost.advisor import step_model_for
 from parashift.cost.forecast import candidate_name
-from parashift.cost.plan_choice import WorkloadHint, choose
+from parashift.cost.plan_choice import choose
+from parashift.cost.workload_hint import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, hint_of
 from parashift.cost.runs import Engine
 from parashift.designs.seesaw import AUTO_PLAN, AUTO_PLAN_FIELDS, SeesawConfig
 from parashift.engine.hardware_probe import probe_hardware
@@ -22,8 +23,8 @@ from parashift.quantization import kv_cache_torch_dtype
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MEAN_PROMPT_TOKENS = 1024  # vLLM's benchmark lengths
-DEFAULT_MEAN_OUTPUT_TOKENS = 128
+DEFAULT_MEAN_PROMPT_TOKENS = DEFAULT_PROMPT_TOKENS  # vLLM's benchmark lengths
+DEFAULT_MEAN_OUTPUT_TOKENS = DEFAULT_OUTPUT_TOKENS
 
 
 def ranks_per_group(config: EngineConfig, device: torch.device) -> int:
@@ -78,10 +79,7 @@ def choose_from_profile(config: EngineConfig, hf_config, dtype: torch.dtype,
     PAIR_MARGIN; online (`seesaw_request_rate`) by a request's latency over the static plans."""
     heads = ModelShape.of_hf(hf_config)  # refuses a mixture of experts, as the roofline does
     model = step_model_for(config, hf_config, world)
-    options = config.seesaw
-    hint = WorkloadHint(options.mean_prompt_tokens or DEFAULT_MEAN_PROMPT_TOKENS,
-                        options.mean_output_tokens or DEFAULT_MEAN_OUTPUT_TOKENS,
-                        options.num_requests, options.request_rate)
+    hint = hint_of(config.seesaw)
     pairs = {}
     for pp in (d for d in range(2, world + 1) if world % d == 0 and hint.offline):
         prefill, decode = Plan(pp=pp, tp=world // pp), Plan(tp=world)
@@ -110,7 +108,7 @@ def resolve_auto_plans(config: EngineConfig, hf_config, dtype: torch.dtype,
     if config.parallel_policy != "seesaw" or not config.auto_plans:
         return config
     prefill, decode = choose_for(config, hf_config, dtype, device)
-    cleared = {name: None for name in AUTO_PLAN_FIELDS + ("request_rate",)}
+    cleared = {name: None for name in AUTO_PLAN_FIELDS}
     if prefill != decode:
         logger.info("prefill_plan=auto: seesaw %s->%s", prefill.name(), decode.name())
         return dataclasses.replace(config, seesaw=dataclasses.replace(

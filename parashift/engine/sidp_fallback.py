@@ -8,26 +8,21 @@ import logging
 
 from parashift.config import EngineConfig
 from parashift.cost.advisor import step_model_for
-from parashift.cost.plan_choice import PlanChoice, WorkloadHint, choose
+from parashift.cost.plan_choice import PlanChoice, choose
 from parashift.cost.runs import Engine, Served
+from parashift.cost.workload_hint import hint_of
 from parashift.designs.sidp import SidpConfig
 from parashift.engine.policy.sidp import threshold_for
 from parashift.parallel.plan import Plan
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MEAN_PROMPT_TOKENS = 1024  # vLLM's benchmark lengths, as Seesaw's `auto`
-DEFAULT_MEAN_OUTPUT_TOKENS = 128
-
 
 def sidp_choice(config: EngineConfig, hf_config) -> PlanChoice:
     """SiDP over the configured replicas against every static plan of their GPUs."""
     replicas, tp = config.data_parallel_size, config.tensor_parallel_size
     world = replicas * tp
-    options = config.sidp
-    hint = WorkloadHint(options.mean_prompt_tokens or DEFAULT_MEAN_PROMPT_TOKENS,
-                        options.mean_output_tokens or DEFAULT_MEAN_OUTPUT_TOKENS,
-                        options.num_requests, options.request_rate)
+    hint = hint_of(config.sidp)
     sidp = Served.sidp(Plan(dp=replicas, tp=tp), threshold_for(config, hf_config, replicas, tp))
     return choose(step_model_for(config, hf_config, world), [sidp], hint, world,
                   Engine(config.max_num_seqs, config.max_num_batched_tokens or 8192))

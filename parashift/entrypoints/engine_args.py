@@ -73,6 +73,10 @@ ENGINE_FLAGS = {
                               "--prefill-plan auto with --cost-profile: the online arrival "
                               "rate (requests/s); plans are then ranked by a request's "
                               "latency (default: offline, by throughput)"),
+    "--seesaw-workload-file": ("seesaw_workload_file", str,
+                               "--prefill-plan auto with --cost-profile: the requests' "
+                               "lengths, a JSON list of [prompt_tokens, output_tokens] pairs "
+                               "(instead of the means and count)"),
     "--cpu-kv-tokens": ("cpu_kv_tokens", int, "seesaw policy: tokens of the CPU KV tier (per "
                                               "group); a prefill phase ends when it is full"),
     "--cpu-kv-gib": ("cpu_kv_gib", float, "seesaw policy: the CPU KV tier in GiB (per group) "
@@ -115,6 +119,10 @@ ENGINE_FLAGS = {
     "--sidp-request-rate": ("sidp_request_rate", float,
                             "sidp policy with --cost-profile: the online arrival rate "
                             "(requests/s; plans then ranked by a request's latency)"),
+    "--sidp-workload-file": ("sidp_workload_file", str,
+                             "sidp policy with --cost-profile: the requests' lengths, a JSON "
+                             "list of [prompt_tokens, output_tokens] pairs (instead of the "
+                             "means and count)"),
     "--flying-merge-running": ("flying_merge_running", int, "flying policy: merge the replicas "
                                                             "at or below this many running "
                                                             "requests and none waiting"),

@@ -6,10 +6,11 @@ from dataclasses import replace
 import pytest
 
 from parashift.cost.advisor import Advisor
-from parashift.cost.plan_choice import WorkloadHint, choose, static_candidates
+from parashift.cost.plan_choice import choose, static_candidates
 from parashift.cost.runs import Engine, Served
 from parashift.cost.shape import load_shape
 from parashift.cost.step import StepModel
+from parashift.cost.workload_hint import WorkloadHint
 from parashift.parallel.plan import Plan
 from parashift.planner.recommend import node_model
 

@@ -128,3 +128,16 @@ def test_the_request_rate_is_an_auto_option_and_positive():
                      cpu_kv_tokens=64, seesaw_request_rate=1.0)
     with pytest.raises(ValueError, match="seesaw_request_rate must be a number > 0"):
         with_profile(seesaw_request_rate=0)
+
+
+def test_the_workload_file_and_the_rate_need_the_cost_model(tmp_path):
+    lengths = tmp_path / "lengths.json"
+    lengths.write_text(json.dumps([[3000, 200]] * 8))
+    told = dict(seesaw_mean_prompt_tokens=None, seesaw_mean_output_tokens=None,
+                seesaw_workload_file=str(lengths))
+    config = resolve_auto_plans(with_profile(**told), LLAMA_8B_SHAPE, torch.bfloat16, CPU)
+    assert config.parallel_policy == "static" and config.seesaw.workload_file is None
+    with pytest.raises(ValueError, match="seesaw_workload_file is read by the cost model"):
+        seesaw_auto(**told)
+    with pytest.raises(ValueError, match="drop seesaw_mean_prompt_tokens"):
+        with_profile(seesaw_workload_file=str(lengths))

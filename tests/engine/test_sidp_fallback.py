@@ -45,3 +45,28 @@ def test_untold_it_is_left_alone_and_the_hints_need_the_cost_model():
         sidp(sidp_num_requests=0)
     with pytest.raises(ValueError, match="sidp_request_rate must be a number > 0"):
         sidp(sidp_request_rate=-1.0)
+
+
+def test_a_workload_file_shows_the_tail_that_means_hide(tmp_path):
+    """255 requests of 500 + 100 tokens and one of 500 + 8000: the means (131 output tokens)
+    put SiDP first; the lengths themselves TP4, whose single request decodes fastest."""
+    lengths = tmp_path / "lengths.json"
+    lengths.write_text(json.dumps([[500, 100]] * 255 + [[500, 8000]]))
+    told = sidp(sidp_workload_file=str(lengths))
+    assert resolve_sidp_fallback(told, LLAMA_8B).node_layout.name() == "tp4"
+    means = sidp(sidp_mean_prompt_tokens=500, sidp_mean_output_tokens=131,
+                 sidp_num_requests=256)
+    assert resolve_sidp_fallback(means, LLAMA_8B) is means
+
+
+def test_workload_file_errors_are_named(tmp_path):
+    lengths = tmp_path / "lengths.json"
+    lengths.write_text("[[500, 100]]")
+    with pytest.raises(ValueError, match="sidp_workload_file gives the requests' lengths and "
+                                         "count: drop sidp_num_requests"):
+        sidp(sidp_workload_file=str(lengths), sidp_num_requests=3)
+    lengths.write_text("[[500, 0]]")
+    with pytest.raises(ValueError, match=r"give a non-empty JSON list of \[prompt_tokens"):
+        sidp_choice(sidp(sidp_workload_file=str(lengths)), LLAMA_8B)
+    with pytest.raises(ValueError, match="workload file .*missing.json"):
+        sidp_choice(sidp(sidp_workload_file=str(tmp_path / "missing.json")), LLAMA_8B)
