@@ -172,6 +172,8 @@ def compare(shape_name: str, gpus: int, workload: str) -> list[dict]:
 
 
 POLICIES = ("shift", "flying", "seesaw-auto", "sidp")
+# Why a row stays below the bar (the cause found, with its numbers), by row id
+BELOW_BAR: dict[str, str] = {}
 
 
 def _rounded(figures: dict) -> dict:
@@ -209,8 +211,13 @@ def document(rows: list[dict]) -> dict:
                       "max_num_batched_tokens": MAX_BATCHED_TOKENS},
             "summary": {"rows": len(rows), "ran": len(ran),
                         "at_or_above_bar": sum(r["passes"] for r in ran), "bar": BAR,
+                        "by_policy": {p: f"{sum(r['passes'] for r in ran if r['policy'] == p)}/"
+                                         f"{sum(r['policy'] == p for r in ran)}"
+                                      for p in POLICIES},
                         "deciding_metric": "throughput for chat, batch, summarize, tail; "
-                                           "median end-to-end latency for bursty, priority"},
+                                           "median end-to-end latency for bursty, priority",
+                        "notes": {r["id"]: BELOW_BAR[r["id"]] for r in ran
+                                  if not r["passes"] and r["id"] in BELOW_BAR}},
             "comparison": rows}
 
 

@@ -1,6 +1,6 @@
 """An executor without devices: each step the engine submits takes the time the cost model
 predicts for its batch under its plan, on a virtual clock; a replica's ranks are busy until
-its step ends, and `wait_any` returns the step that ends first (a discrete-event run).
+its step ends, and `wait_any` returns the steps that end first (a discrete-event run).
 Sampled tokens are a constant (the simulated requests ignore EOS).
 
 Transitions cost what the engine itself does around them (drains, recomputed prompts run
@@ -106,9 +106,15 @@ class SimulatedExecutor(RanksNeverLost):
         return self._round_starts[batch.round_id]
 
     def wait_any(self) -> list[tuple[object, object]]:
+        """Every step ended by the first end (as the real executors return every result
+        ready, not one of steps that end together)."""
         end, _, tag, tokens = heapq.heappop(self._events)
         self.clock.now = max(self.clock.now, end)
-        return [(tag, (tokens, None, {}))]
+        done = [(tag, (tokens, None, {}))]
+        while self._events and self._events[0][0] <= self.clock.now:
+            _, _, tag, tokens = heapq.heappop(self._events)
+            done.append((tag, (tokens, None, {})))
+        return done
 
     def transition(self, ranks, verb: str, plan_names, epoch: int = 0) -> float:
         return 0.0

@@ -52,3 +52,16 @@ def test_a_cas_round_starts_once_every_sharing_rank_is_free(model):
     run.busy_until[1] = 9.0
     run.submit("c", first.ranks, first.ranks[0], decodes(first, 4))  # no round: its own ranks
     assert run.steps[-1]["start_s"] == run.steps[0]["end_s"]
+
+
+def test_steps_that_end_together_come_back_together(model):
+    """As the real executors return every result ready: two replicas' equal steps end at
+    once and one wait returns both; a later one waits for the next wait."""
+    run = executor(model, "was")
+    first, second = run.plans.values()
+    run.submit("a", first.ranks, first.ranks[0], decodes(first, 4))
+    run.submit("b", second.ranks, second.ranks[0], decodes(second, 4))
+    run.submit("c", first.ranks, first.ranks[0], decodes(first, 4))
+    assert [tag for tag, _ in run.wait_any()] == ["a", "b"]
+    assert [tag for tag, _ in run.wait_any()] == ["c"]
+    assert run.clock.now == run.steps[-1]["end_s"]
