@@ -218,3 +218,22 @@ def test_flying_with_the_model_merges_an_idle_node():
     idle = NodeView((queued(0, 0, 0, "single"), queued(0, 0, 0, "single@1")), 0.0, TWO)
     (merge,) = policy.decide(idle).transitions
     assert merge.target == ("merge2-tp2",)
+
+
+def test_flying_counts_a_waiting_requests_output_by_its_max_tokens():
+    """64 queued summaries (786-token prompts, 50 output tokens, the longest need 3000): with
+    the view's `waiting_decode_most` the work in hand is mostly prompt, and one replica per
+    GPU finishes it first; without it (a recorded view), need less the mean prompt stands in
+    for the output, 2214 decode steps, and the widest group wins."""
+    costs = SwitchCosts(advisor=advisor_for(config(), LLAMA_8B, 4))
+    layouts = {1: REPLICAS, 2: ("merge2-tp2", "merge2-tp2@2-3"), 4: ("merge4-tp4",)}
+
+    def view(waiting_decode_most: int) -> NodeView:
+        queued = GroupView("merge4-tp4", num_waiting=64, num_running=0, tokens_waiting=64 * 786,
+                           next_step_tokens=8192, kv_blocks_used=0, kv_blocks_free=1000,
+                           longest_need=3000, waiting_decode_most=waiting_decode_most)
+        return NodeView((queued,), 0.0, ("merge4-tp4",))
+    told = {w: costs.work_s(view(50), layout) for w, layout in layouts.items()}
+    assert told == pytest.approx({1: 0.5942, 2: 0.5960, 4: 0.6741}, abs=1e-4)
+    assert costs.fastest_width(view(50), layouts) == 1
+    assert costs.fastest_width(view(0), layouts) == 4
