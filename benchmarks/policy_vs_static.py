@@ -6,7 +6,8 @@ profiles; eight GPUs use the four-GPU link profile scaled by ring traffic), ever
 workload runs under every static plan of pp = 1 that fits (DP included) and under each
 design's policy with `--cost-profile` (the committed H200 profile):
 
-- Shift: SP over all GPUs, shifting to TP at the cost model's crossover;
+- Shift: SP over all GPUs, shifting to TP at the cost model's crossover; told the workload
+  as Seesaw is, its start-up runs the best static plan where the model predicts Shift loses;
 - Flying: DP over all GPUs, merging and splitting by its cost check;
 - Seesaw `--prefill-plan auto`: the pair or static plan the cost model picks at start-up;
 - SiDP: DP over all GPUs sharing FFN weights, CaS/WaS by the model's B_th; told the
@@ -64,8 +65,8 @@ def workload_options(name: str) -> WorkloadOptions:
 
 def contenders(shape_name: str, gpus: int, workload: str, requests) -> dict[str, dict]:
     """name -> EngineConfig keywords: the static plans (pp = 1) that fit, then the policies
-    (Seesaw's `auto` and SiDP told the requests' lengths and, online, their mean arrival
-    rate, as their options let a user tell them)."""
+    (Shift, Seesaw's `auto` and SiDP told the requests' lengths and, online, their mean
+    arrival rate, as their options let a user tell them)."""
     shape = load_shape(shape_name).quantized(SHAPE_SET[shape_name])
     out = {}
     for plan in static_plans(gpus, gpus):
@@ -78,10 +79,11 @@ def contenders(shape_name: str, gpus: int, workload: str, requests) -> dict[str,
             continue
         out[plan.name()] = dict(data_parallel_size=plan.dp, sequence_parallel_size=plan.sp,
                                 tensor_parallel_size=plan.tp, parallel_policy="static")
-    out["shift"] = dict(sequence_parallel_size=gpus, parallel_policy="shift")
-    out["flying"] = dict(data_parallel_size=gpus, parallel_policy="flying")
     hint = dict(workload_file=lengths_file(workload, requests),
                 request_rate=None if workload in OFFLINE else arrival_rate(requests))
+    out["shift"] = dict(sequence_parallel_size=gpus, parallel_policy="shift",
+                        **{f"shift_{k}": v for k, v in hint.items()})
+    out["flying"] = dict(data_parallel_size=gpus, parallel_policy="flying")
     out["seesaw-auto"] = dict(parallel_policy="seesaw", prefill_plan=f"auto:{gpus}",
                               cpu_kv_gib=64.0, **{f"seesaw_{k}": v for k, v in hint.items()})
     if SHAPE_SET[shape_name] is None:

@@ -39,6 +39,19 @@ HINT_FIELDS = ("mean_prompt_tokens", "mean_output_tokens", "num_requests", "requ
                "workload_file")
 
 
+def hinted(options) -> bool:
+    """Whether the load was told (a design's start-up may then fall back to a static plan)."""
+    return any(getattr(options, name) is not None for name in HINT_FIELDS)
+
+
+def check_hint_use(prefix: str, options, engine, policy: str) -> None:
+    """The hint fields are the `policy`'s, read by the cost model (`cost_profile`)."""
+    if hinted(options) and (engine.parallel_policy != policy or engine.cost_profile is None):
+        given = next(name for name in HINT_FIELDS if getattr(options, name) is not None)
+        raise ValueError(f"{prefix}{given} is an option of the {policy} policy with "
+                         "cost_profile (the cost model compares it with the static plans)")
+
+
 def check_workload_hint(prefix: str, options) -> None:
     """Lengths and counts integers >= 1, a rate > 0; a workload file gives the lengths and
     the count itself."""

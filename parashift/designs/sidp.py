@@ -5,7 +5,7 @@ Compute-as-a-Service ("cas": tokens sent to the slices). The sidp policy switche
 batch_threshold; under the static policy `mode` holds."""
 from dataclasses import dataclass
 
-from parashift.designs.options import (HINT_FIELDS, DesignOptions, check_positive_int,
+from parashift.designs.options import (DesignOptions, check_hint_use, check_positive_int,
                                        check_workload_hint)
 
 
@@ -24,7 +24,7 @@ class SidpConfig(DesignOptions):
     # sidp policy with cost_profile: the workload told (mean lengths; an offline batch's
     # request count, or the online arrival rate a second), the start-up compares SiDP with
     # every static plan of the same GPUs (cost/plan_choice.py) and, where a static plan is
-    # predicted to win, runs that one under the static policy (engine/sidp_fallback.py);
+    # predicted to win, runs that one under the static policy (engine/static_fallback.py);
     # workload_file: the lengths, a JSON list of [prompt, output] pairs, instead of the means
     mean_prompt_tokens: int | None = None
     mean_output_tokens: int | None = None
@@ -39,11 +39,6 @@ class SidpConfig(DesignOptions):
             check_positive_int(f"sidp_{name}", getattr(self, name))
         check_workload_hint("sidp_", self)
 
-    @property
-    def hinted(self) -> bool:
-        """The workload was told: the start-up may fall back to a static plan."""
-        return any(getattr(self, name) is not None for name in HINT_FIELDS)
-
     def check(self, engine) -> None:
         if engine.parallel_policy == "sidp":
             self.share_ffn = True
@@ -52,10 +47,7 @@ class SidpConfig(DesignOptions):
         if self.probe_file is not None and engine.parallel_policy != "sidp":
             raise ValueError("sidp_probe_file is an option of the sidp policy "
                              "(parallel_policy='sidp')")
-        if self.hinted and (engine.parallel_policy != "sidp" or engine.cost_profile is None):
-            given = next(name for name in HINT_FIELDS if getattr(self, name) is not None)
-            raise ValueError(f"sidp_{given} is an option of the sidp policy with cost_profile "
-                             "(the cost model compares SiDP with the static plans)")
+        check_hint_use("sidp_", self, engine, "sidp")
         if not self.share_ffn:
             return
         if engine.data_parallel_size < 2:

@@ -146,6 +146,21 @@ ENGINE_FLAGS = {
                                               "permuted so each shift shard is one view) | "
                                               "slice (views of the base shard) | separate "
                                               "(contiguous copy)"),
+    "--shift-mean-prompt-tokens": ("shift_mean_prompt_tokens", int,
+                                   "shift policy with --cost-profile: the workload's mean prompt "
+                                   "length; told (this or the four below), the start-up runs the "
+                                   "best static plan instead where the cost model predicts it "
+                                   "beats Shift (as --sidp-mean-prompt-tokens)"),
+    "--shift-mean-output-tokens": ("shift_mean_output_tokens", int,
+                                   "shift policy with --cost-profile: the mean output length"),
+    "--shift-num-requests": ("shift_num_requests", int,
+                             "shift policy with --cost-profile: an offline batch's requests"),
+    "--shift-request-rate": ("shift_request_rate", float,
+                             "shift policy with --cost-profile: the online arrival rate "
+                             "(requests/s)"),
+    "--shift-workload-file": ("shift_workload_file", str,
+                              "shift policy with --cost-profile: the requests' lengths, a JSON "
+                              "list of [prompt_tokens, output_tokens] pairs"),
     "--merge-weights": ("merge_weights", str, "merged plans (Flying Serving): reorder (default: "
                                               "rows permuted once at load so each width's shard "
                                               "is one view) | view (slices of the replica) | "
