@@ -12,8 +12,8 @@ from parashift.config import EngineConfig
 from parashift.cost.advisor import step_model_for
 from parashift.cost.forecast import candidate_name
 from parashift.cost.plan_choice import choose
-from parashift.cost.workload_hint import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, hint_of
 from parashift.cost.runs import Engine
+from parashift.cost.workload_hint import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, hint_of
 from parashift.designs.seesaw import AUTO_PLAN, AUTO_PLAN_FIELDS, SeesawConfig
 from parashift.engine.hardware_probe import probe_hardware
 from parashift.engine.policy.seesaw_cost import PAIR_MARGIN, ModelShape, Workload, choose_plans
