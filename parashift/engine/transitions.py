@@ -56,8 +56,9 @@ def check(transition: Transition, layout: Layout, plans_by_name: dict,
     """The layout once the transition commits; refuses one this engine cannot make,
     naming why. Its target plans must have been made at start-up and cover exactly the
     ranks of its groups: the same groups for a no-op or a re-shard, one group for every two
-    or more of a merge's (disjoint merges at once), several for a split's one. A re-shard keeps a group's pipeline stages unless
-    the engine moves its KV between the plans (`stage_changes`: seesaw's CPU tier)."""
+    or more of a merge's (disjoint merges at once), several for a split's one. A re-shard
+    keeps a group's pipeline stages unless the engine moves its KV between the plans
+    (`stage_changes`: seesaw's CPU tier)."""
     if transition.kind not in KINDS:
         raise ValueError(f"unknown transition kind {transition.kind!r}; kinds: {KINDS}")
     groups, target = transition.groups, transition.target
