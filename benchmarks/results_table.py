@@ -165,10 +165,14 @@ def validation_row(r: dict) -> str:
                       r["log_section"]])
 
 
-def render_validation(doc: dict) -> list[str]:
-    summary = doc["summary"]
+def summary_notes(summary: dict) -> list[str]:
+    """A summary's items, then its notes (row id: why) one a line."""
     notes = [f"- {k.replace('_', ' ')}: {v}" for k, v in summary.items() if k != "notes"]
-    notes += [f"- {row_id}: {why}" for row_id, why in summary.get("notes", {}).items()]
+    return notes + [f"- {row_id}: {why}" for row_id, why in summary.get("notes", {}).items()]
+
+
+def render_validation(doc: dict) -> list[str]:
+    notes = summary_notes(doc["summary"])
     return [f"## {doc['title']}", "", f"From `benchmarks/results/{doc['file']}` "
             f"({doc['source']}).", "", *notes, "", *header(VALIDATION_COLUMNS),
             *map(validation_row, doc["validation"]), ""]
@@ -198,7 +202,7 @@ def comparison_row(r: dict) -> str:
 
 
 def render_comparison(doc: dict) -> list[str]:
-    notes = [f"- {k.replace('_', ' ')}: {v}" for k, v in {**doc["scale"], **doc["summary"]}.items()]
+    notes = summary_notes({**doc["scale"], **doc["summary"]})
     return [f"## {doc['title']}", "", f"From `benchmarks/results/{doc['file']}` "
             f"({doc['source']}).", "", *notes, "", *header(COMPARISON_COLUMNS),
             *map(comparison_row, doc["comparison"]), ""]

@@ -99,6 +99,13 @@ class Advisor:
 
 def advisor_for(config, hf_config, world_size: int) -> Advisor | None:
     """The advisor `config.cost_profile` asks for (None: the policies' fixed thresholds)."""
+    model = step_model_for(config, hf_config, world_size)
+    return None if model is None else Advisor(model, max_seqs=config.max_num_seqs)
+
+
+def step_model_for(config, hf_config, world_size: int) -> StepModel | None:
+    """The step model of `config.cost_profile` for this model over `world_size` ranks (its
+    quantization and KV dtype); None without a profile."""
     if getattr(config, "cost_profile", None) is None:
         return None
     compute, link = load_profiles(config.cost_profile, world_size)
@@ -107,7 +114,7 @@ def advisor_for(config, hf_config, world_size: int) -> Advisor | None:
     if not shape.moe:  # the engine refuses FP8 experts before this is asked
         fp8 = getattr(config, "quantization", None) == "fp8"
         shape = shape.quantized("fp8" if fp8 else None, getattr(config, "kv_cache_dtype", "auto"))
-    return Advisor(StepModel(shape, compute, link), max_seqs=config.max_num_seqs)
+    return StepModel(shape, compute, link)
 
 
 def load_profiles(spec: str, world_size: int) -> tuple[ComputeProfile, LinkProfile | None]:

@@ -5,11 +5,11 @@ cpu_kv_tokens (or cpu_kv_gib)."""
 import re
 from dataclasses import dataclass
 
-from parashift.designs.options import DesignOptions, check_positive_int
+from parashift.designs.options import HINT_FIELDS, DesignOptions, check_workload_hint
 
 SEESAW_FIELDS = ("prefill_plan", "decode_plan", "cpu_kv_tokens", "cpu_kv_gib")
 SEESAW_WEIGHT_SOURCES = ("auto", "host", "peers")
-AUTO_PLAN_FIELDS = ("mean_prompt_tokens", "mean_output_tokens", "num_requests")
+AUTO_PLAN_FIELDS = HINT_FIELDS  # read by prefill_plan='auto' only, cleared once it chose
 AUTO_PLAN = re.compile(r"auto(?::([1-9][0-9]*))?")  # auto, or auto:<ranks per group>
 
 
@@ -27,6 +27,11 @@ class SeesawConfig(DesignOptions):
     mean_prompt_tokens: int | None = None
     mean_output_tokens: int | None = None
     num_requests: int | None = None
+    # with cost_profile: online arrivals a second (the choice then ranks by a request's
+    # latency, as `plan --recommend` ranks online plans), and the requests' lengths from a
+    # JSON list of [prompt, output] pairs instead of the means and count
+    request_rate: float | None = None
+    workload_file: str | None = None
     cpu_kv_tokens: int | None = None
     cpu_kv_gib: float | None = None
     max_prefill_ms: float = 0.0              # a prefill phase ends after this long (0: unbounded)
@@ -51,12 +56,10 @@ class SeesawConfig(DesignOptions):
             raise ValueError("seesaw_weight_source='peers' re-shards weights, "
                              "seesaw_resident_weights keeps both plans' shards resident: "
                              "give one")
-        for name in AUTO_PLAN_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not self.auto_plans:
+        for name in HINT_FIELDS:
+            if getattr(self, name) is not None and not self.auto_plans:
                 raise ValueError(f"seesaw_{name} is an option of prefill_plan='auto'")
-            if value is not None:
-                check_positive_int(f"seesaw_{name}", value)
+        check_workload_hint("seesaw_", self)
 
     @property
     def auto_plans(self) -> bool:
@@ -77,6 +80,9 @@ class SeesawConfig(DesignOptions):
                                  "(parallel_policy='seesaw')")
             return
         self._check_plans()
+        modelled = [n for n in ("request_rate", "workload_file") if getattr(self, n) is not None]
+        if modelled and engine.cost_profile is None:
+            raise ValueError(f"seesaw_{modelled[0]} is read by the cost model: give cost_profile")
         if (self.cpu_kv_tokens is None) == (self.cpu_kv_gib is None):
             raise ValueError("the seesaw policy needs its CPU KV tier sized by one of "
                              "cpu_kv_tokens or cpu_kv_gib")

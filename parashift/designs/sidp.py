@@ -5,7 +5,8 @@ Compute-as-a-Service ("cas": tokens sent to the slices). The sidp policy switche
 batch_threshold; under the static policy `mode` holds."""
 from dataclasses import dataclass
 
-from parashift.designs.options import DesignOptions, check_positive_int
+from parashift.designs.options import (DesignOptions, check_hint_use, check_positive_int,
+                                       check_workload_hint)
 
 
 @dataclass
@@ -20,12 +21,23 @@ class SidpConfig(DesignOptions):
     batch_threshold: int = 600
     probe_file: str | None = None       # sidp policy: B_th from sidp_probe.py's JSON instead
     min_dwell_steps: int = 8            # sidp policy: least steps between switches
+    # sidp policy with cost_profile: the workload told (mean lengths; an offline batch's
+    # request count, or the online arrival rate a second), the start-up compares SiDP with
+    # every static plan of the same GPUs (cost/plan_choice.py) and, where a static plan is
+    # predicted to win, runs that one under the static policy (engine/static_fallback.py);
+    # workload_file: the lengths, a JSON list of [prompt, output] pairs, instead of the means
+    mean_prompt_tokens: int | None = None
+    mean_output_tokens: int | None = None
+    num_requests: int | None = None
+    request_rate: float | None = None
+    workload_file: str | None = None
 
     def __post_init__(self):
         if self.mode not in ("cas", "was"):
             raise ValueError(f"sidp_mode must be cas or was, got {self.mode!r}")
         for name in ("slots", "batch_threshold", "min_dwell_steps"):
             check_positive_int(f"sidp_{name}", getattr(self, name))
+        check_workload_hint("sidp_", self)
 
     def check(self, engine) -> None:
         if engine.parallel_policy == "sidp":
@@ -35,6 +47,7 @@ class SidpConfig(DesignOptions):
         if self.probe_file is not None and engine.parallel_policy != "sidp":
             raise ValueError("sidp_probe_file is an option of the sidp policy "
                              "(parallel_policy='sidp')")
+        check_hint_use("sidp_", self, engine, "sidp")
         if not self.share_ffn:
             return
         if engine.data_parallel_size < 2:

@@ -22,6 +22,7 @@ from parashift.engine.request_outputs import (Failure, Forget, NewRequest, Proce
 from parashift.engine.routing import check_fits, need
 from parashift.engine.scheduler import Scheduler, SchedulerOutput
 from parashift.engine.seesaw_auto import resolve_auto_plans
+from parashift.engine.static_fallback import resolve_static_fallback
 from parashift.engine.seesaw import PHASES
 from parashift.engine.sequence import Sequence, SequenceStatus
 from parashift.engine.spec_steps import VerifiedStep
@@ -93,6 +94,7 @@ class LLMEngine:
         self.config = config = with_step_budget(config, self.device, offline, self.max_model_len)
         self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
         self.config = config = resolve_auto_plans(config, hf_config, self.dtype, self.device)
+        self.config = config = resolve_static_fallback(config, hf_config)
         self._hf_config = hf_config
         weight_quant(config.quantization, hf_config)  # a scheme not supported fails here
         self.node = Node(config, hf_config, self.dtype, self.max_model_len)

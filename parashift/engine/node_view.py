@@ -55,6 +55,8 @@ def _request_counters(node: "Node", replica: Replica, view: GroupView) -> GroupV
         view, kv_capacity=replica.scheduler.config.max_model_len,
         longest_need=max(needs, default=0),
         longest_decode_left=max((node.need(s) - s.num_tokens for s in running), default=0),
+        waiting_decode_most=max((node.need(s) - s.num_prompt_tokens
+                                 for s in replica.scheduler.waiting), default=0),
         recompute_tokens=sum(s.num_computed_tokens for s in running),
         step_s=node.last_step_s.get(plan, 0.0),
         prefill_tokens_per_s=node.prefill_rate.get(plan, 0.0))

@@ -162,7 +162,7 @@ def combine_views(views: list[GroupView]) -> GroupView:
         "kv_blocks_free", "arrival_rate", "recompute_tokens", "prompt_tokens_left")}
     most = {name: max(getattr(v, name) for v in views) for name in (
         "longest_context", "cpu_tier_fill", "cpu_tier_free_run", "next_prompt_tokens",
-        "kv_capacity", "longest_need", "longest_decode_left", "step_s")}
+        "kv_capacity", "longest_need", "longest_decode_left", "step_s", "waiting_decode_most")}
     rates = [v.prefill_tokens_per_s for v in views if v.prefill_tokens_per_s > 0]
     return GroupView(views[0].plan, **added, **most,
                      priorities=tuple(sorted({p for v in views for p in v.priorities})),

@@ -55,9 +55,10 @@ def check(transition: Transition, layout: Layout, plans_by_name: dict,
           stage_changes: bool = False) -> Layout:
     """The layout once the transition commits; refuses one this engine cannot make,
     naming why. Its target plans must have been made at start-up and cover exactly the
-    ranks of its groups: the same groups for a no-op or a re-shard, one group for a merge's
-    several, several for a split's one. A re-shard keeps a group's pipeline stages unless
-    the engine moves its KV between the plans (`stage_changes`: seesaw's CPU tier)."""
+    ranks of its groups: the same groups for a no-op or a re-shard, one group for every two
+    or more of a merge's (disjoint merges at once), several for a split's one. A re-shard
+    keeps a group's pipeline stages unless the engine moves its KV between the plans
+    (`stage_changes`: seesaw's CPU tier)."""
     if transition.kind not in KINDS:
         raise ValueError(f"unknown transition kind {transition.kind!r}; kinds: {KINDS}")
     groups, target = transition.groups, transition.target
@@ -69,8 +70,9 @@ def check(transition: Transition, layout: Layout, plans_by_name: dict,
     if unknown:
         raise ValueError(f"transition target {unknown[0]} was not made at start-up")
     plans = [plans_by_name[name] for name in target]
-    if transition.kind == "merge":
-        fits = len(groups) >= 2 and len(plans) == 1
+    if transition.kind == "merge":  # one or more disjoint merges, each of two groups or more
+        fits = bool(plans) and all(
+            sum(set(layout.plans[g].ranks) <= set(p.ranks) for g in groups) >= 2 for p in plans)
     elif transition.kind == "split":
         fits = len(groups) == 1 and len(plans) >= 2
     else:
@@ -78,7 +80,7 @@ def check(transition: Transition, layout: Layout, plans_by_name: dict,
     if not fits:
         raise ValueError(f"a {transition.kind} of groups {list(groups)} cannot end in "
                          f"{list(target)}: a no-op or re-shard keeps each group's ranks, a "
-                         "merge makes one group of several, a split several of one")
+                         "merge makes one group of each two or more, a split several of one")
     if transition.kind in ("merge", "split") and any(
             p.pp > 1 for p in [*plans, *(layout.plans[g] for g in groups)]):
         raise ValueError("groups with pipeline parallelism do not merge or split")

@@ -69,6 +69,14 @@ ENGINE_FLAGS = {
                               "--prefill-plan auto: requests held at once (an offline batch, or "
                               "the concurrency when serving), which bounds the decode batch "
                               "(default: every replica at --max-num-seqs)"),
+    "--seesaw-request-rate": ("seesaw_request_rate", float,
+                              "--prefill-plan auto with --cost-profile: the online arrival "
+                              "rate (requests/s); plans are then ranked by a request's "
+                              "latency (default: offline, by throughput)"),
+    "--seesaw-workload-file": ("seesaw_workload_file", str,
+                               "--prefill-plan auto with --cost-profile: the requests' "
+                               "lengths, a JSON list of [prompt_tokens, output_tokens] pairs "
+                               "(instead of the means and count)"),
     "--cpu-kv-tokens": ("cpu_kv_tokens", int, "seesaw policy: tokens of the CPU KV tier (per "
                                               "group); a prefill phase ends when it is full"),
     "--cpu-kv-gib": ("cpu_kv_gib", float, "seesaw policy: the CPU KV tier in GiB (per group) "
@@ -98,6 +106,23 @@ ENGINE_FLAGS = {
                           "sidp_probe_h200.json) instead of --sidp-batch-threshold"),
     "--sidp-min-dwell-steps": ("sidp_min_dwell_steps", int,
                                "sidp policy: least steps between two switches"),
+    "--sidp-mean-prompt-tokens": ("sidp_mean_prompt_tokens", int,
+                                  "sidp policy with --cost-profile: the workload's mean prompt "
+                                  "length; told (this or the three below), the start-up runs "
+                                  "the best static plan instead where the cost model predicts "
+                                  "it beats SiDP (default: 1024)"),
+    "--sidp-mean-output-tokens": ("sidp_mean_output_tokens", int,
+                                  "sidp policy with --cost-profile: the workload's mean output "
+                                  "length (default: 128)"),
+    "--sidp-num-requests": ("sidp_num_requests", int,
+                            "sidp policy with --cost-profile: an offline batch's requests"),
+    "--sidp-request-rate": ("sidp_request_rate", float,
+                            "sidp policy with --cost-profile: the online arrival rate "
+                            "(requests/s; plans then ranked by a request's latency)"),
+    "--sidp-workload-file": ("sidp_workload_file", str,
+                             "sidp policy with --cost-profile: the requests' lengths, a JSON "
+                             "list of [prompt_tokens, output_tokens] pairs (instead of the "
+                             "means and count)"),
     "--flying-merge-running": ("flying_merge_running", int, "flying policy: merge the replicas "
                                                             "at or below this many running "
                                                             "requests and none waiting"),
@@ -121,6 +146,21 @@ ENGINE_FLAGS = {
                                               "permuted so each shift shard is one view) | "
                                               "slice (views of the base shard) | separate "
                                               "(contiguous copy)"),
+    "--shift-mean-prompt-tokens": ("shift_mean_prompt_tokens", int,
+                                   "shift policy with --cost-profile: the workload's mean prompt "
+                                   "length; told (this or the four below), the start-up runs the "
+                                   "best static plan instead where the cost model predicts it "
+                                   "beats Shift (as --sidp-mean-prompt-tokens)"),
+    "--shift-mean-output-tokens": ("shift_mean_output_tokens", int,
+                                   "shift policy with --cost-profile: the mean output length"),
+    "--shift-num-requests": ("shift_num_requests", int,
+                             "shift policy with --cost-profile: an offline batch's requests"),
+    "--shift-request-rate": ("shift_request_rate", float,
+                             "shift policy with --cost-profile: the online arrival rate "
+                             "(requests/s)"),
+    "--shift-workload-file": ("shift_workload_file", str,
+                              "shift policy with --cost-profile: the requests' lengths, a JSON "
+                              "list of [prompt_tokens, output_tokens] pairs"),
     "--merge-weights": ("merge_weights", str, "merged plans (Flying Serving): reorder (default: "
                                               "rows permuted once at load so each width's shard "
                                               "is one view) | view (slices of the replica) | "

@@ -4,49 +4,23 @@ same layouts, and Seesaw's pairs (offline workloads), each predicted from the co
 a bench workload: TTFT, TPOT, throughput and KV capacity; ranked by what the workload
 measures (offline: throughput; online: a request's latency, TTFT + its output's TPOTs).
 
-Offline workloads (all requests at t=0) run through continuous batching by events
-(runs.offline_s); their TTFT is a prompt's on an idle node. Online workloads (arrivals at a rate) are a queue per
-replica: the replica is busy prefilling a share rho of the time, its decode batch is the
-requests in flight (Little's law), a prompt waits rho / (1 - rho) of a prefill; past
-rho >= 1 the plan is overloaded (its TTFT grows without bound)."""
+The predictions and their order: cost/forecast.py."""
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from parashift.bench.workloads import Workload, WorkloadOptions, build_phases, get_workload
 from parashift.cost.advisor import Advisor
+from parashift.cost.forecast import Prediction, predict_all, predict_online, ranked
+from parashift.cost.plan_choice import fitting_plans, static_plans  # noqa: F401 (re-exported)
 from parashift.cost.profile import load
-from parashift.cost.runs import Engine, Served, kv_tokens, offline_s, prefill_s, step_s
-from parashift.cost.sidp import SLOTS
-from parashift.cost.seesaw_run import seesaw_s
+from parashift.cost.runs import Engine, Served
 from parashift.cost.shape import SHAPES, ModelShape, load_shape
-from parashift.cost.step import StepBatch, StepModel, replica_plan
+from parashift.cost.step import StepModel
 from parashift.parallel.plan import Plan
 
 PROFILES = SHAPES.parent / "results" / "profiles"
 GPU_KINDS = {"h200": "h200"}
 SAMPLE = 256  # requests drawn from an online workload for their lengths
-
-
-@dataclass
-class Prediction:
-    name: str
-    kind: str                       # static | shift | seesaw
-    ttft_s: float
-    tpot_s: float
-    throughput: float               # combined tokens a second
-    kv_tokens: int
-    overloaded: bool = False
-    detail: dict = field(default_factory=dict)
-
-    def score(self, offline: bool, mean_output: float) -> float:
-        if offline:
-            return -self.throughput
-        return math.inf if self.overloaded else self.ttft_s + mean_output * self.tpot_s
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "ttft_ms": round(self.ttft_s * 1e3, 2),
-                "tpot_ms": round(self.tpot_s * 1e3, 3), "throughput_tok_s": round(self.throughput),
-                "kv_tokens": self.kv_tokens, "overloaded": self.overloaded, **self.detail}
 
 
 @dataclass
@@ -78,32 +52,15 @@ def node_model(shape: ModelShape, gpus_per_node: int, gpu_kind: str) -> StepMode
     return StepModel(shape, compute, link)
 
 
-def static_plans(gpus: int, gpus_per_node: int) -> list[Plan]:
-    """Every dp x pp x sp x tp plan of the GPUs whose SP x TP group stays inside a host."""
-    plans = []
-    for dp in _divisors(gpus):
-        for pp in _divisors(gpus // dp):
-            for sp in _divisors(gpus // (dp * pp)):
-                tp = gpus // (dp * pp * sp)
-                if sp * tp <= gpus_per_node:
-                    plans.append(Plan(dp=dp, pp=pp, sp=sp, tp=tp))
-    return plans
-
-
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def candidates(shape: ModelShape, gpus: int, gpus_per_node: int, offline: bool
                ) -> tuple[list[Served | tuple[Plan, Plan]], dict[str, str]]:
-    chosen, refused = [], {}
-    for plan in static_plans(gpus, gpus_per_node):
-        try:
-            plan.check_model(shape.num_heads, shape.num_kv_heads, shape.num_layers,
-                             shape.intermediate or None)
-        except ValueError as e:
-            refused[plan.name()] = str(e)
-            continue
+    chosen = []
+    plans, refused = fitting_plans(shape, gpus, gpus_per_node)
+    for plan in plans:
         chosen.append(Served(plan))
         if plan.sp > 1:
             chosen.append(Served.shift(plan))
@@ -150,61 +107,6 @@ def _with_threshold(advisor: Advisor, cand):
     return cand
 
 
-def kind_of(served: Served) -> str:
-    return "shift" if served.decode else "sidp" if served.ffn_owners > 1 else "static"
-
-
-def _detail(served: Served) -> dict:
-    if served.ffn_owners > 1:
-        return {"b_th": served.ffn_threshold}
-    return {}
-
-
-def predict_offline(model: StepModel, served: Served, reqs: list, engine: Engine) -> Prediction:
-    seconds = offline_s(model, served, reqs, engine)
-    mean_in = sum(i for i, _ in reqs) / len(reqs)
-    plan = replica_plan(served.plan)
-    seats = max(1, min(engine.max_num_seqs, len(reqs) // served.plan.dp))
-    tpot = step_s(model, served, StepBatch.decode(seats, int(mean_in)))
-    return Prediction(served.name, kind_of(served),
-                      prefill_s(model, served, int(mean_in), engine), tpot,
-                      sum(i + o for i, o in reqs) / seconds,
-                      kv_tokens(model, served) * served.plan.dp, detail=_detail(served))
-
-
-def predict_online(model: StepModel, served: Served, reqs: list, rate: float,
-                   engine: Engine) -> Prediction:
-    """A replica prefills a share rho = rate x prefill of its time and decodes the rest;
-    its decode batch holds what is in flight (Little's law) and is interrupted by prompts
-    (TPOT = step / (1 - rho)); a prompt waits for the prompts ahead (M/D/1) and half a step."""
-    mean_in = sum(i for i, _ in reqs) / len(reqs)
-    mean_out = sum(o for _, o in reqs) / len(reqs)
-    dp = served.plan.dp
-    prefill = prefill_s(model, served, int(mean_in), engine)
-    per_replica = rate / dp
-    rho = per_replica * prefill
-    context = int(mean_in + mean_out / 2)
-    kv = kv_tokens(model, served)
-    batch, step = 1, step_s(model, served, StepBatch.decode(1, context))
-    for _ in range(30):
-        if rho >= 1:
-            break
-        batch = max(1, math.ceil(per_replica * mean_out * step / (1 - rho)))
-        step = step_s(model, served, StepBatch.decode(min(batch, engine.max_num_seqs), context))
-    overloaded = rho >= 1 or batch > engine.max_num_seqs or batch * context > kv
-    if overloaded:
-        seats = min(engine.max_num_seqs, max(1, kv // context))
-        served_rate = dp * min(1 / prefill, seats / (mean_out * step + prefill))
-        ttft = math.inf
-    else:
-        served_rate = rate
-        ttft = prefill * (1 + rho / (2 * (1 - rho))) + step / 2
-    tpot = step / (1 - min(rho, 0.999))
-    return Prediction(served.name, kind_of(served), ttft, tpot,
-                      served_rate * (mean_in + mean_out), kv * dp, overloaded,
-                      {"prefill_share": round(rho, 3), "decode_batch": batch, **_detail(served)})
-
-
 def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
               gpu_kind: str = "h200", options: WorkloadOptions = WorkloadOptions(),
               quantization: str | None = None, kv_cache_dtype: str = "auto") -> Recommendation:
@@ -219,26 +121,13 @@ def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
     chosen, refused = candidates(shape, gpus, per_node, workload.offline)
     advisor = Advisor(model, max_seqs=engine.max_num_seqs)  # Shift at the model's crossover
     chosen = [_with_threshold(advisor, c) for c in chosen]
-    ranked = []
-    longest = max(i + o for i, o in reqs)
-    for cand in chosen:
-        name = cand.name if isinstance(cand, Served) else f"seesaw-{cand[0].name()}-{cand[1].name()}"
-        served = cand if isinstance(cand, Served) else Served(cand[1])
-        kv = kv_tokens(model, served)
-        if kv < longest:
-            weights = model.weight_bytes_per_rank(
-                replica_plan(served.plan), ffn_owners=served.ffn_owners,
-                ffn_slots=SLOTS if served.ffn_owners > 1 else 0) / 1e9
-            refused[name] = (f"does not fit: {weights:.1f} GB of weights per GPU leave KV for "
-                             f"{max(kv, 0):,} tokens a replica; the longest request needs {longest:,}")
-            continue
-        ranked.append(_predict(model, cand, name, reqs, rate, engine))
-    ranked += flying_predictions(model, ranked, reqs, rate, engine, per_node)
-    if not ranked:
+    predictions, unfit = predict_all(model, chosen, reqs, rate, engine)
+    refused.update(unfit)
+    predictions += flying_predictions(model, predictions, reqs, rate, engine, per_node)
+    if not predictions:
         raise ValueError(f"no plan of {gpus} GPUs fits {model_name}: "
                          + "; ".join(f"{k}: {v}" for k, v in refused.items()))
-    mean_out = sum(o for _, o in reqs) / len(reqs)
-    ranked.sort(key=lambda p: (p.score(workload.offline, mean_out), p.name))
+    ranked_ = ranked(predictions, workload.offline, reqs)
     notes = [f"predicted from {len(reqs)} requests of `{workload_name}` (seed {options.seed}); "
              f"profiles: {model.compute.source.split(' by ')[0]}",
              "offline: throughput from continuous batching by events; TTFT of a mean prompt on "
@@ -254,7 +143,7 @@ def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
     if model.link is not None and model.link.ranks < per_node:
         notes.append(f"{per_node} GPUs a host: collectives scaled from the {model.link.ranks}-GPU "
                      "link profile by ring traffic (not measured at this size)")
-    return Recommendation(model_name, gpus, nnodes, workload_name, ranked, refused, notes)
+    return Recommendation(model_name, gpus, nnodes, workload_name, ranked_, refused, notes)
 
 
 FLYING_MERGE_RUNNING = 4  # FlyingConfig.merge_running's default
@@ -282,20 +171,6 @@ def flying_predictions(model: StepModel, ranked: list[Prediction], reqs: list, r
                               chosen.throughput, dp_pred.kv_tokens, chosen.overloaded,
                               {"runs": "merged" if chosen is merged else "split"}))
     return out
-
-
-def _predict(model, cand, name, reqs, rate, engine) -> Prediction:
-    if isinstance(cand, tuple):
-        seconds, parts = seesaw_s(model, cand[0], cand[1], reqs, 32 * 2 ** 30, engine)
-        mean_in = sum(i for i, _ in reqs) / len(reqs)
-        return Prediction(name, "seesaw", prefill_s(model, Served(cand[0]), int(mean_in), engine),
-                          parts["decode"] / max(1, max(o for _, o in reqs)),
-                          sum(i + o for i, o in reqs) / seconds,
-                          model.kv_tokens(replica_plan(cand[1])),
-                          detail={"switch_s": round(parts["switch"], 3)})
-    if math.isinf(rate):
-        return predict_offline(model, cand, reqs, engine)
-    return predict_online(model, cand, reqs, rate, engine)
 
 
 def render(rec: Recommendation) -> str:

@@ -1,20 +1,32 @@
 """An executor without devices: each step the engine submits takes the time the cost model
 predicts for its batch under its plan, on a virtual clock; a replica's ranks are busy until
-its step ends, and `wait_any` returns the step that ends first (a discrete-event run).
+its step ends, and `wait_any` returns the steps that end first (a discrete-event run).
 Sampled tokens are a constant (the simulated requests ignore EOS).
 
 Transitions cost what the engine itself does around them (drains, recomputed prompts run
 as steps); their prepare and commit phases are views here (Flying's zero-copy weights) and
-take no time. Seesaw's KV and weight moves are not simulated."""
+take no time. Seesaw's KV and weight moves are not simulated. A SiDP plan's step is the cost
+model's SiDP step (cost/sidp.py: CaS exchanges, WaS fetches), and a CaS step starts once every
+sharing replica's ranks are free, with the round's other steps (its FFN exchanges run on
+all of them)."""
 import heapq
 import itertools
 from typing import NoReturn
 
+from parashift.cost.sidp import SLOTS, sidp_step
 from parashift.cost.step import Seq, StepBatch, StepModel, replica_plan
 from parashift.executor.base import RanksNeverLost, WorkerFailure
 from parashift.parallel.plan import Plan
 
 SAMPLED_TOKEN = 7
+
+
+def replica_kv_tokens(model: StepModel, plan: Plan) -> int:
+    """KV tokens one replica of `plan` holds (a SiDP replica: beside 1/d of the FFN weights
+    and the slots' share, as cost/forecast.py counts it)."""
+    if plan.shared_ffn is None:
+        return model.kv_tokens(replica_plan(plan))
+    return model.kv_tokens(replica_plan(plan), ffn_owners=plan.ffn_replicas, ffn_slots=SLOTS)
 
 
 class VirtualClock:
@@ -40,7 +52,7 @@ class SimulatedExecutor(RanksNeverLost):
         world = max(r for plan in layout_plans for r in plan.ranks) + 1
         self.rank_blocks = [0] * world
         for plan in layout_plans:
-            tokens = model.kv_tokens(replica_plan(plan)) if num_blocks is None else None
+            tokens = replica_kv_tokens(model, plan) if num_blocks is None else None
             for rank in plan.ranks:
                 self.rank_blocks[rank] = num_blocks if tokens is None else tokens // block_size
         self.load_seconds = 0.0
@@ -49,6 +61,7 @@ class SimulatedExecutor(RanksNeverLost):
         self.busy_until = [0.0] * world
         self._events: list = []
         self._order = itertools.count()
+        self._round_starts: dict[int, float] = {}  # the round in flight's start
         self.steps: list[dict] = []  # every step: replica tag's index, plan, tokens, times
 
     @property
@@ -63,11 +76,14 @@ class SimulatedExecutor(RanksNeverLost):
         seqs = [Seq(1, start) for start in batch.decode_starts]
         seqs += [Seq(len(c.token_ids), c.start_pos) for c in batch.chunks]
         plan = self.plans[plan_name] if plan_name in self.plans else Plan.parse(plan_name)
+        if plan.shared_ffn is not None:
+            return sidp_step(self.model, plan, StepBatch(tuple(seqs)), plan.ffn_replicas,
+                             plan.shared_ffn[0]).total
         return self.model.step_s(replica_plan(plan), StepBatch(tuple(seqs)))
 
     def submit(self, tag, ranks: tuple[int, ...], output_rank: int, batch) -> None:
         seconds = self.step_seconds(batch.plan, batch)
-        start = max([self.clock.now] + [self.busy_until[r] for r in ranks])
+        start = self._start_of(batch, ranks)
         end = start + seconds
         for rank in ranks:
             self.busy_until[rank] = end
@@ -78,10 +94,27 @@ class SimulatedExecutor(RanksNeverLost):
                                       for c in batch.chunks]})
         heapq.heappush(self._events, (end, next(self._order), tag, [SAMPLED_TOKEN] * sampled))
 
+    def _start_of(self, batch, ranks: tuple[int, ...]) -> float:
+        """When a step starts: once its ranks are free; a round's steps (SiDP's CaS, whose
+        FFN exchanges run on every sharing replica) together, once all their ranks are."""
+        plan = self.plans.get(batch.plan)
+        if batch.round_id < 0 or plan is None or plan.shared_ffn is None:
+            return max([self.clock.now] + [self.busy_until[r] for r in ranks])
+        if batch.round_id not in self._round_starts:
+            self._round_starts = {batch.round_id: max(
+                [self.clock.now] + [self.busy_until[r] for r in plan.shared_ffn[1]])}
+        return self._round_starts[batch.round_id]
+
     def wait_any(self) -> list[tuple[object, object]]:
+        """Every step ended by the first end (as the real executors return every result
+        ready, not one of steps that end together)."""
         end, _, tag, tokens = heapq.heappop(self._events)
         self.clock.now = max(self.clock.now, end)
-        return [(tag, (tokens, None, {}))]
+        done = [(tag, (tokens, None, {}))]
+        while self._events and self._events[0][0] <= self.clock.now:
+            _, _, tag, tokens = heapq.heappop(self._events)
+            done.append((tag, (tokens, None, {})))
+        return done
 
     def transition(self, ranks, verb: str, plan_names, epoch: int = 0) -> float:
         return 0.0

@@ -24,7 +24,7 @@ def checksums(engine) -> list[str]:
 
 
 def run_cycle(model_dir, tmp_path, start: str, cycle: list[str], limit: int, every: int = 2,
-              params=PARAMS, **options):
+              params=PARAMS, at_once: bool = False, **options):
     """Generates under a LayoutCycle. How many of its `limit` transitions happen before the
     requests finish depends on which replica's step ends first: tests assert a prefix.
     Asserts that no rank's weights changed and returns their checksums."""
@@ -35,7 +35,8 @@ def run_cycle(model_dir, tmp_path, start: str, cycle: list[str], limit: int, eve
     engine = llm.llm_engine
     try:
         before = checksums(engine)
-        engine.set_policy(LayoutCycle(engine, [Layout.parse(spec) for spec in cycle], every, limit))
+        engine.set_policy(LayoutCycle(engine, [Layout.parse(spec) for spec in cycle], every, limit,
+                                      at_once))
         outputs = llm.generate(prompts(n=8), params)
         records = engine.take_transition_records()
         free = [r.block_manager.num_free_blocks == r.block_manager.num_blocks
@@ -137,6 +138,22 @@ def test_four_replicas_merge_at_once_and_split_in_two(model, reference, tmp_path
     assert_same(outputs, reference)
     assert [r.target for r in records] == [("merge4-tp4",), ("merge2-tp2", "merge2-tp2@2-3")]
     assert records[0].groups == (0, 1, 2, 3) and all(free)
+
+
+@pytest.mark.parametrize("mode", ["soft", "recompute"])
+def test_four_replicas_merge_pairwise_in_one_transition_mid_generation(model, long_reference,
+                                                                        tmp_path, mode):
+    """Both pairs merge at once (Flying's way to a width: one transition, groups renumbered
+    once), mid-generation, then split back a pair at a time."""
+    outputs, records, _, free, _ = run_cycle(
+        model[0], tmp_path, "single,single,single,single",
+        ["merge2-tp2,merge2-tp2", "single,single,single,single"], limit=3, every=3,
+        params=LONG, at_once=True, flying_preemption=mode)
+    assert_same(outputs, long_reference)
+    assert records and (records[0].kind, records[0].groups, records[0].target) == (
+        "merge", (0, 1, 2, 3), ("merge2-tp2", "merge2-tp2@2-3"))
+    assert [r.kind for r in records[1:]] == ["split", "split"][:len(records) - 1]
+    assert all(free)
 
 
 def test_tp_replicas_merge_into_a_wider_tp_group(model, reference, tmp_path):

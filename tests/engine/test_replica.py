@@ -54,13 +54,13 @@ def test_a_group_view_adds_counts_and_takes_the_most_of_sizes_and_times():
         kv_blocks_used=6, kv_blocks_free=7, priorities=(-1, 0), longest_context=900,
         arrival_rate=0.5, cpu_tier_fill=0.25, cpu_tier_free_run=64, next_prompt_tokens=30,
         kv_capacity=4096, longest_need=800, longest_decode_left=70, recompute_tokens=500,
-        step_s=0.02, prefill_tokens_per_s=3000.0, prompt_tokens_left=9)
+        step_s=0.02, prefill_tokens_per_s=3000.0, prompt_tokens_left=9, waiting_decode_most=60)
     assert combine_views([first, second]) == GroupView(
         "pp2", num_waiting=3, num_running=4, tokens_waiting=41, next_step_tokens=6,
         kv_blocks_used=7, kv_blocks_free=8, priorities=(-1, 0), longest_context=900,
         arrival_rate=1.5, cpu_tier_fill=1.0, cpu_tier_free_run=64, next_prompt_tokens=30,
         kv_capacity=4096, longest_need=800, longest_decode_left=70, recompute_tokens=501,
-        step_s=1.0, prefill_tokens_per_s=1.0, prompt_tokens_left=10)
+        step_s=1.0, prefill_tokens_per_s=1.0, prompt_tokens_left=10, waiting_decode_most=60)
     unmeasured = dataclasses.replace(first, prefill_tokens_per_s=0.0)
     assert combine_views([unmeasured, second]).prefill_tokens_per_s == 3000.0
     assert combine_views([second]) is second

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from parashift.config import EngineConfig
+from parashift.cost.shape import SHAPES
+from parashift.engine import seesaw_auto as seesaw_auto_module
 from parashift.engine.hardware_probe import cache_dir, probe_hardware
 from parashift.engine.seesaw_auto import ranks_per_group, resolve_auto_plans
 from tests.engine.policy.test_seesaw_cost import A10_PCIE, H100_NVLINK
@@ -37,10 +39,11 @@ def test_the_cpu_probe_is_quick_and_cached(cache):
 
 
 def seesaw_auto(**options) -> EngineConfig:
-    lengths = dict(seesaw_mean_prompt_tokens=3000, seesaw_mean_output_tokens=200)
-    return EngineConfig(parallel_policy="seesaw", prefill_plan="auto:2", cpu_kv_tokens=400_000,
+    defaults = dict(seesaw_mean_prompt_tokens=3000, seesaw_mean_output_tokens=200,
+                    prefill_plan="auto:2")
+    return EngineConfig(parallel_policy="seesaw", cpu_kv_tokens=400_000,
                         max_num_batched_tokens=8192, gpu_memory_utilization=1.0,
-                        **{**lengths, **options})
+                        **{**defaults, **options})
 
 
 def resolve(config, hardware, cache):
@@ -86,3 +89,55 @@ def test_other_configs_are_left_alone_and_the_ranks_are_named_on_the_cpu():
     bare = EngineConfig(parallel_policy="seesaw", prefill_plan="auto", cpu_kv_tokens=64)
     with pytest.raises(ValueError, match="prefill_plan='auto:2'"):
         ranks_per_group(bare, CPU)
+
+
+PROFILE = str(SHAPES.parent / "results" / "profiles" / "h200_compute.json")
+LLAMA_8B_SHAPE = SimpleNamespace(**json.loads((SHAPES / "llama-3.1-8b.json").read_text()))
+
+
+def with_profile(**options) -> EngineConfig:
+    return seesaw_auto(prefill_plan="auto:4", cost_profile=PROFILE, **options)
+
+
+def test_with_a_cost_profile_the_step_model_chooses_online_by_latency_offline_by_throughput():
+    """The planner's predictions (cost/forecast.py), not the roofline: 2 req/s of 3000-token
+    prompts runs TP4 (a request's latency), 128 at once DP4 (throughput), and with 2000
+    output tokens each TP4 (its KV holds the batch); no pair wins by PAIR_MARGIN."""
+    chosen = {}
+    for name, options in (("online", dict(seesaw_request_rate=2.0)),
+                          ("offline", dict(seesaw_num_requests=128)),
+                          ("long", dict(seesaw_num_requests=128, seesaw_mean_output_tokens=2000))):
+        config = resolve_auto_plans(with_profile(**options), LLAMA_8B_SHAPE, torch.bfloat16, CPU)
+        assert config.parallel_policy == "static" and config.seesaw.request_rate is None
+        chosen[name] = config.node_layout.name()
+    assert chosen == {"online": "tp4", "offline": "single,single@1,single@2,single@3",
+                      "long": "tp4"}
+
+
+def test_with_a_cost_profile_a_pair_that_wins_by_the_margin_runs(monkeypatch):
+    monkeypatch.setattr(seesaw_auto_module, "PAIR_MARGIN", -10.0)  # any pair wins
+    config = resolve_auto_plans(with_profile(seesaw_num_requests=128), LLAMA_8B_SHAPE,
+                                torch.bfloat16, CPU)
+    assert config.parallel_policy == "seesaw" and config.seesaw.decode_plan == "tp4"
+    assert config.seesaw.prefill_plan in ("pp2xtp2", "pp4")
+
+
+def test_the_request_rate_is_an_auto_option_and_positive():
+    with pytest.raises(ValueError, match="seesaw_request_rate is an option of prefill_plan='auto'"):
+        EngineConfig(parallel_policy="seesaw", prefill_plan="pp2", decode_plan="tp2",
+                     cpu_kv_tokens=64, seesaw_request_rate=1.0)
+    with pytest.raises(ValueError, match="seesaw_request_rate must be a number > 0"):
+        with_profile(seesaw_request_rate=0)
+
+
+def test_the_workload_file_and_the_rate_need_the_cost_model(tmp_path):
+    lengths = tmp_path / "lengths.json"
+    lengths.write_text(json.dumps([[3000, 200]] * 8))
+    told = dict(seesaw_mean_prompt_tokens=None, seesaw_mean_output_tokens=None,
+                seesaw_workload_file=str(lengths))
+    config = resolve_auto_plans(with_profile(**told), LLAMA_8B_SHAPE, torch.bfloat16, CPU)
+    assert config.parallel_policy == "static" and config.seesaw.workload_file is None
+    with pytest.raises(ValueError, match="seesaw_workload_file is read by the cost model"):
+        seesaw_auto(**told)
+    with pytest.raises(ValueError, match="drop seesaw_mean_prompt_tokens"):
+        with_profile(seesaw_workload_file=str(lengths))

@@ -26,9 +26,11 @@ class TransitionScript:
         return Decision(plans, (Transition(self.kind, (self.group,), (target,)),))
 
 
-def transition_between(current: tuple[str, ...], target: Layout) -> Transition | None:
-    """One merge or split that moves the layout named `current` towards `target`."""
-    return transition_towards(current, tuple(plan.name() for plan in target.plans))
+def transition_between(current: tuple[str, ...], target: Layout,
+                       at_once: bool = False) -> Transition | None:
+    """One merge or split (`at_once`: every merge) that moves the layout named `current`
+    towards `target`."""
+    return transition_towards(current, tuple(plan.name() for plan in target.plans), at_once)
 
 
 class LayoutCycle:
@@ -38,9 +40,10 @@ class LayoutCycle:
     faster than that would never finish them.)"""
     name = "layout-cycle"
 
-    def __init__(self, engine, layouts: list[Layout], every: int, limit: int):
+    def __init__(self, engine, layouts: list[Layout], every: int, limit: int,
+                 at_once: bool = False):
         self.plans = engine.policy_plans
-        self.layouts, self.every, self.limit = layouts, every, limit
+        self.layouts, self.every, self.limit, self.at_once = layouts, every, limit, at_once
         self.calls = self.reached = self.asked = 0
 
     def decide(self, view: NodeView) -> Decision:
@@ -49,11 +52,12 @@ class LayoutCycle:
             return Decision(view.layout)
         self.asked += 1
         target = self.layouts[self.reached % len(self.layouts)]
-        transition = transition_between(view.layout, target)
+        transition = transition_between(view.layout, target, self.at_once)
         if transition is None:  # reached: on to the next one
             self.reached += 1
             transition = transition_between(view.layout,
-                                            self.layouts[self.reached % len(self.layouts)])
+                                            self.layouts[self.reached % len(self.layouts)],
+                                            self.at_once)
         return Decision(view.layout, (transition,) if transition else ())
 
 

@@ -148,8 +148,7 @@ class SwitchCosts:
     def work_s(self, view: NodeView, layout: tuple[str, ...]) -> float:
         """Predicted seconds `layout` takes for the node's requests in hand: the queued
         prompt tokens at its groups' prompt rates together, then the longest decode left
-        (a waiting request's: the longest need less the mean
-        queued prompt) in steps of those requests spread
+        (a waiting request's: its max_tokens) in steps of those requests spread
         evenly over its groups, a round of steps per `max_seqs` seats a group."""
         plans = [Plan.parse(name) for name in layout]
         prompts = sum(g.tokens_waiting for g in view.groups)
@@ -157,8 +156,7 @@ class SwitchCosts:
         in_hand = sum(g.num_running + g.num_waiting for g in view.groups)
         if in_hand == 0:
             return prefill
-        steps = max(max(g.longest_decode_left, g.longest_need - g.tokens_waiting // g.num_waiting
-                        if g.num_waiting else 0) for g in view.groups)
+        steps = max(max(g.longest_decode_left, _waiting_decode(g)) for g in view.groups)
         seats = self.advisor.max_seqs
         share = -(-in_hand // len(plans))
         rounds = -(-share // seats)
@@ -179,6 +177,14 @@ class SwitchCosts:
                    moves_running: bool = False, target: tuple[str, ...] = ()) -> bool:
         return self.split_gain(view, factor, overfull, target) >= self.cost(
             view, factor, moves_running)
+
+
+def _waiting_decode(group) -> int:
+    """The most tokens a waiting request may generate: its max_tokens where the view
+    carries it, else its need less the mean queued prompt (a recorded view's estimate)."""
+    if group.waiting_decode_most or not group.num_waiting:
+        return group.waiting_decode_most
+    return group.longest_need - group.tokens_waiting // group.num_waiting
 
 
 def _running(view: NodeView) -> int:

@@ -2,8 +2,8 @@
 into tensor-parallel groups when the load is light (one request then runs on every GPU's
 bandwidth); a queue splits them again.
 
-The policy picks a width (how many replicas one group merges) and moves the node, one
-merge or split at a time, to that width's layout: every aligned group of that many
+The policy picks a width (how many replicas one group merges) and moves the node, its
+merges at once, a split at a time, to that width's layout: every aligned group of that many
 consecutive replicas merged, the replicas after the last whole group serving as they are
 (`widths.py`). What it picks, first rule first:
 - a request more urgent than the default (priority < 0, vLLM's order: lower is more
@@ -22,6 +22,8 @@ it until it ends, between the replicas' steps once they split). Either happens o
 gain exceeds its cost (`cost.py`; with the cost model the gain is the predicted time the
 new layout saves on the work in hand, `SwitchCosts.switch_pays`).
 
+The merges a width needs happen together, as one transition (a node of 8 replicas moving
+to width 2 makes its 4 pairs at once: none prefills alone for the work to be recomputed).
 The starting layout must be w plain replicas of one TP degree on consecutive ranks; the
 merged plans of every aligned width the model's heads allow are made at start-up (so
 their communicators are pre-built)."""
@@ -88,7 +90,7 @@ class FlyingPolicy:
 
     def decide(self, view: NodeView) -> Decision:
         self.width = self._choose_width(view)
-        transition = transition_towards(view.layout, self.layouts[self.width])
+        transition = transition_towards(view.layout, self.layouts[self.width], at_once=True)
         if transition is None:
             return Decision(view.layout)
         factor = len(transition.target) if transition.kind == "split" else 1

@@ -35,6 +35,7 @@ class GroupView:
     # none yet); the switch costs read it as one replica's rate
     prefill_tokens_per_s: float = 0.0
     prompt_tokens_left: int = 0  # prompt tokens its running requests still compute (seesaw)
+    waiting_decode_most: int = 0  # tokens a waiting request may generate, the most of one
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 Compute-as-a-Service for small steps (their tokens go to the slices: no weight moves) and
 Weight-as-a-Service for large ones (each fetches the slices it lacks into slots, hidden
 under its own step), by B_th, the step size from which a fetch hides (benchmarks/
-sidp_probe.py), with hysteresis and a least dwell. All the sharing replicas take one mode."""
+sidp_probe.py), with hysteresis and a least dwell; with the cost model, B_th is where its
+WaS step stops being slower than its CaS step and each round takes the faster mode. All the
+sharing replicas take one mode."""
 import json
 import os
 
@@ -30,7 +32,8 @@ def probed_threshold(path: str, model: str, replicas: int, tp: int) -> int:
 class SidpPolicy:
     name = "sidp"
 
-    def __init__(self, layout: Layout, threshold: int, dwell_steps: int):
+    def __init__(self, layout: Layout, threshold: int, dwell_steps: int,
+                 hysteresis: float = HYSTERESIS):
         if any(plan.shared_ffn is None for plan in layout.plans):
             raise ValueError("the sidp policy needs replicas that share FFN weights "
                              f"(--share-ffn with -dp >= 2), got {layout.name()}")
@@ -39,15 +42,15 @@ class SidpPolicy:
         self.plans = list(layout.plans) + [p for mode in FFN_MODES for p in self.by_mode[mode]
                                            if p not in layout.plans]
         self.mode = layout.plans[0].shared_ffn[0]
-        self.threshold, self.dwell = threshold, dwell_steps
+        self.threshold, self.dwell, self.hysteresis = threshold, dwell_steps, hysteresis
         self.since_switch = dwell_steps  # the first switch may come at once
         self.switches = 0
 
     def target(self, tokens_per_replica: float) -> str:
         """The mode the load asks for, with hysteresis around the threshold."""
-        if self.mode == "cas" and tokens_per_replica > self.threshold * (1 + HYSTERESIS):
+        if self.mode == "cas" and tokens_per_replica > self.threshold * (1 + self.hysteresis):
             return "was"
-        if self.mode == "was" and tokens_per_replica < self.threshold * (1 - HYSTERESIS):
+        if self.mode == "was" and tokens_per_replica < self.threshold * (1 - self.hysteresis):
             return "cas"
         return self.mode
 
@@ -63,14 +66,23 @@ class SidpPolicy:
 
 
 def policy_from_config(config, layout: Layout, hf_config) -> SidpPolicy:
-    """The threshold given, probed for this model and shape (sidp_probe_file), or with
-    `cost_profile` the cost model's B_th."""
-    threshold = config.sidp.batch_threshold
+    """With the cost model's B_th (`cost_profile`, no probe file) each round takes the mode
+    predicted faster for its tokens: a switch moves no weight and drains nothing, so no
+    hysteresis or dwell (they guard a threshold set by hand)."""
     replicas, tp = layout.plans[0].ffn_replicas, layout.plans[0].tp
-    advisor = advisor_for(config, hf_config, layout.world_size)
-    if config.sidp.probe_file is not None:
-        threshold = probed_threshold(config.sidp.probe_file, config.model or "", replicas, tp)
-    elif advisor is not None:  # where WaS is predicted no slower than CaS
-        modelled = advisor.sidp_crossover(tp, replicas)
-        threshold = NEVER if modelled is None else modelled
+    threshold = threshold_for(config, hf_config, replicas, tp)
+    if config.sidp.probe_file is None and getattr(config, "cost_profile", None) is not None:
+        return SidpPolicy(layout, threshold, dwell_steps=1, hysteresis=0.0)
     return SidpPolicy(layout, threshold, config.sidp.min_dwell_steps)
+
+
+def threshold_for(config, hf_config, replicas: int, tp: int) -> int:
+    """B_th: the threshold given, probed for this model and shape (sidp_probe_file), or with
+    `cost_profile` the cost model's."""
+    if config.sidp.probe_file is not None:
+        return probed_threshold(config.sidp.probe_file, config.model or "", replicas, tp)
+    advisor = advisor_for(config, hf_config, replicas * tp)
+    if advisor is not None:  # where WaS is predicted no slower than CaS
+        modelled = advisor.sidp_crossover(tp, replicas)
+        return NEVER if modelled is None else modelled
+    return config.sidp.batch_threshold

@@ -38,17 +38,25 @@ def layouts_by_width(replicas: list[Plan], made: set[str]) -> dict[int, tuple[st
     return layouts
 
 
-def transition_towards(current: tuple[str, ...], target: tuple[str, ...]) -> Transition | None:
-    """One merge or split that moves the layout named `current` towards `target` (None once
-    there): first a merge of current groups inside one target group, else a split of a
-    current group no target group contains, into the target groups inside it (or into its
-    replicas where those do not cover it)."""
+def transition_towards(current: tuple[str, ...], target: tuple[str, ...],
+                       at_once: bool = False) -> Transition | None:
+    """One transition that moves the layout named `current` towards `target` (None once
+    there): first a merge of current groups inside a target group (`at_once`: every such
+    merge, as one transition, so that no group steps alone in between to be computed
+    again), else a split of a current group no target group contains, into the target
+    groups inside it (or into its replicas where those do not cover it)."""
     plans = [Plan.parse(name) for name in current]
     goal = [Plan.parse(name) for name in target]
+    merges = {}
     for plan in goal:
         covered = [g for g, group in enumerate(plans) if set(group.ranks) <= set(plan.ranks)]
         if len(covered) > 1:
-            return Transition("merge", tuple(covered), (plan.name(),))
+            merges[plan.name()] = covered
+            if not at_once:
+                break
+    if merges:
+        return Transition("merge", tuple(sorted(g for gs in merges.values() for g in gs)),
+                          tuple(merges))
     for g, group in enumerate(plans):
         ranks = set(group.ranks)
         if any(ranks <= set(plan.ranks) for plan in goal):

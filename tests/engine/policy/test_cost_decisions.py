@@ -66,6 +66,24 @@ def test_sidp_takes_b_th_from_the_link_profiles_peer_rate():
     assert policy.decide(NodeView((group(400), group(400)))).plans[0].endswith("+cas/0-1")
 
 
+def test_with_the_cost_model_sidp_takes_the_faster_mode_each_round():
+    """No hysteresis, no dwell (a switch moves no weight): 1400 tokens a replica (past 1304,
+    inside the hand-set 20% band) runs WaS at once, and the next round's 1200 CaS, though the
+    dwell given is 8 rounds."""
+    layout = Layout.of(Plan(dp=2))
+    shared = Layout(tuple(p.sharing_ffn("cas", (0, 1)) for p in layout.plans))
+    options = config(sidp=SimpleNamespace(batch_threshold=600, probe_file=None,
+                                          min_dwell_steps=8), model="llama-3.1-8b")
+    policy = sidp.policy_from_config(options, shared, LLAMA_8B)
+    assert (policy.threshold, policy.hysteresis, policy.dwell) == (1304, 0.0, 1)
+    assert policy.decide(NodeView((group(1400), group(1400)))).plans[0].endswith("+was/0-1")
+    assert policy.decide(NodeView((group(1200), group(1200)))).plans[0].endswith("+cas/0-1")
+    assert policy.switches == 2
+    by_hand = SimpleNamespace(cost_profile=None, max_num_seqs=256, sidp=options.sidp, model="x")
+    hand_set = sidp.policy_from_config(by_hand, shared, LLAMA_8B)
+    assert (hand_set.threshold, hand_set.hysteresis, hand_set.dwell) == (600, 0.2, 8)
+
+
 def test_sidp_crossover_is_where_the_was_step_stops_being_slower_than_the_cas_step():
     """The fetch hides under a 1436-sequence decode step at d = 2 (the paper's B_th), but a
     CaS step of 1024 tokens is still predicted faster than a WaS one: the policy switches
@@ -200,3 +218,22 @@ def test_flying_with_the_model_merges_an_idle_node():
     idle = NodeView((queued(0, 0, 0, "single"), queued(0, 0, 0, "single@1")), 0.0, TWO)
     (merge,) = policy.decide(idle).transitions
     assert merge.target == ("merge2-tp2",)
+
+
+def test_flying_counts_a_waiting_requests_output_by_its_max_tokens():
+    """64 queued summaries (786-token prompts, 50 output tokens, the longest need 3000): with
+    the view's `waiting_decode_most` the work in hand is mostly prompt, and one replica per
+    GPU finishes it first; without it (a recorded view), need less the mean prompt stands in
+    for the output, 2214 decode steps, and the widest group wins."""
+    costs = SwitchCosts(advisor=advisor_for(config(), LLAMA_8B, 4))
+    layouts = {1: REPLICAS, 2: ("merge2-tp2", "merge2-tp2@2-3"), 4: ("merge4-tp4",)}
+
+    def view(waiting_decode_most: int) -> NodeView:
+        queued = GroupView("merge4-tp4", num_waiting=64, num_running=0, tokens_waiting=64 * 786,
+                           next_step_tokens=8192, kv_blocks_used=0, kv_blocks_free=1000,
+                           longest_need=3000, waiting_decode_most=waiting_decode_most)
+        return NodeView((queued,), 0.0, ("merge4-tp4",))
+    told = {w: costs.work_s(view(50), layout) for w, layout in layouts.items()}
+    assert told == pytest.approx({1: 0.5942, 2: 0.5960, 4: 0.6741}, abs=1e-4)
+    assert costs.fastest_width(view(50), layouts) == 1
+    assert costs.fastest_width(view(0), layouts) == 4

@@ -172,13 +172,14 @@ def test_default_priority_requests_do_not_bind():
 
 def test_flying_long_request_routes_wide():
     """A request of 3000 tokens that no replica holds: the node merges to width 2 (the
-    narrowest that holds it) at once, pair by pair, though a queue would keep it apart; it
-    does not split below width 2 while the request is there, and goes back to width 1 after."""
+    narrowest that holds it) at once, both pairs in one transition, though a queue would keep
+    it apart; it does not split below width 2 while the request is there, and goes back to
+    width 1 after. (A node half-way there, another policy's doing, makes the pair left.)"""
     policy = flying(dwell_s=60.0)
     view = NodeView(tuple(group(9, num_waiting=2) for _ in range(4)), 1.0, REPLICAS,
                     CONTEXT, unplaced_need=3000)
     assert policy.decide(view).transitions == (
-        Transition("merge", (0, 1), ("merge2-tp2",), "recompute"),)
+        Transition("merge", (0, 1, 2, 3), ("merge2-tp2", "merge2-tp2@2-3"), "recompute"),)
     half = NodeView(tuple(group(9, num_waiting=2) for _ in range(3)), 2.0,
                     ("merge2-tp2", "single@2", "single@3"), CONTEXT, unplaced_need=3000)
     assert policy.decide(half).transitions == (
@@ -328,6 +329,10 @@ def test_layouts_by_width_and_the_transitions_between_them():
         "merge", (0, 1), ("merge4-tp4",))
     assert transition_towards(layouts[4], layouts[2]) == Transition(
         "split", (0,), ("merge2-tp2", "merge2-tp2@2-3"))
+    assert transition_towards(REPLICAS, layouts[2], at_once=True) == Transition(
+        "merge", (0, 1, 2, 3), ("merge2-tp2", "merge2-tp2@2-3"))
+    assert transition_towards(REPLICAS, layouts[2]) == Transition(
+        "merge", (0, 1), ("merge2-tp2",))
     # groups that no target group contains and whose parts do not cover it: into replicas
     three = ("merge3-tp3", "single@3")
     assert transition_towards(layouts[2], three) == Transition(

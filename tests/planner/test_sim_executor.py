@@ -1,0 +1,67 @@
+"""The simulator's executor on SiDP plans: a step of a plan sharing FFN weights takes the cost
+model's SiDP step (CaS exchanges, WaS fetches), not a plain replica's, its KV pool is the one
+beside 1/d of the FFN, and a CaS round's steps start together once every sharing rank is
+free."""
+from types import SimpleNamespace
+
+import pytest
+
+from parashift.cost.shape import load_shape
+from parashift.cost.sidp import SLOTS, sidp_step
+from parashift.cost.step import Seq, StepBatch, replica_plan
+from parashift.parallel.layout import Layout
+from parashift.parallel.plan import Plan
+from parashift.planner.recommend import node_model
+from parashift.planner.sim_executor import SimulatedExecutor, VirtualClock
+
+
+@pytest.fixture(scope="module")
+def model():
+    return node_model(load_shape("llama-3.1-8b"), 2, "h200")
+
+
+def executor(model, mode: str) -> SimulatedExecutor:
+    plans = list(Layout.of(Plan(dp=2)).sharing_ffn(mode).plans)
+    return SimulatedExecutor(model, VirtualClock(), plans, plans, block_size=16)
+
+
+def decodes(plan: Plan, count: int, round_id: int = -1):
+    return SimpleNamespace(plan=plan.name(), decode_starts=[1000] * count, chunks=[],
+                           decode_ids=list(range(count)), round_id=round_id)
+
+
+@pytest.mark.parametrize("mode", ["cas", "was"])
+def test_a_shared_ffn_step_is_the_models_sidp_step(model, mode):
+    run = executor(model, mode)
+    plan = next(iter(run.plans.values()))
+    seconds = run.step_seconds(plan.name(), decodes(plan, 8))
+    want = sidp_step(model, plan, StepBatch((Seq(1, 1000),) * 8), 2, mode).total
+    assert seconds == want
+    assert seconds != model.step_s(replica_plan(plan), StepBatch((Seq(1, 1000),) * 8))
+    held = model.kv_tokens(replica_plan(plan), ffn_owners=2, ffn_slots=SLOTS)
+    assert run.rank_blocks == [held // 16] * 2 and held > model.kv_tokens(replica_plan(plan))
+
+
+def test_a_cas_round_starts_once_every_sharing_rank_is_free(model):
+    run = executor(model, "cas")
+    first, second = run.plans.values()
+    run.busy_until = [0.5, 0.0]  # rank 0 still busy with the last round
+    run.submit("a", first.ranks, first.ranks[0], decodes(first, 4, round_id=1))
+    run.submit("b", second.ranks, second.ranks[0], decodes(second, 4, round_id=1))
+    assert [step["start_s"] for step in run.steps] == [0.5, 0.5]
+    run.busy_until[1] = 9.0
+    run.submit("c", first.ranks, first.ranks[0], decodes(first, 4))  # no round: its own ranks
+    assert run.steps[-1]["start_s"] == run.steps[0]["end_s"]
+
+
+def test_steps_that_end_together_come_back_together(model):
+    """As the real executors return every result ready: two replicas' equal steps end at
+    once and one wait returns both; a later one waits for the next wait."""
+    run = executor(model, "was")
+    first, second = run.plans.values()
+    run.submit("a", first.ranks, first.ranks[0], decodes(first, 4))
+    run.submit("b", second.ranks, second.ranks[0], decodes(second, 4))
+    run.submit("c", first.ranks, first.ranks[0], decodes(first, 4))
+    assert [tag for tag, _ in run.wait_any()] == ["a", "b"]
+    assert [tag for tag, _ in run.wait_any()] == ["c"]
+    assert run.clock.now == run.steps[-1]["end_s"]
