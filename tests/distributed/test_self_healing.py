@@ -159,3 +159,73 @@ def test_a_worker_that_dies_at_every_start_is_given_up(tiny_llama_dir):
         assert [p.ranks for p in engine.layout.plans] == [(0,)]
     finally:
         llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def flying_dp2(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, data_parallel_size=2, parallel_policy="flying",
+              flying_dwell_s=0.0, flying_merge_running=0, **HEALING)
+    yield llm
+    llm.shutdown()
+
+
+def heal_and_merge(llm, requests, reference, reforms: int) -> None:  # noqa: F811
+    """Waits for every rank to serve in one re-formed world, then forces the merge of
+    ranks 0-1 (tp2 over a replaced rank and a surviving one): one device's tokens."""
+    engine = llm.llm_engine
+    wait_recovered(engine, world=2)
+    started = time.monotonic()
+    while engine.node.reforming.reforms < reforms:
+        assert time.monotonic() - started < RECOVERY_S, engine.node.worlds
+        engine.check_health()
+        time.sleep(0.05)
+    assert engine.node.worlds == [frozenset({0, 1})]
+    ids = add_all(engine, requests, prefix=f"merged{reforms}-")
+    finished: dict = {}
+    llm.set_layout(2)
+    run_to_the_end(engine, finished)
+    assert engine.layout.name() == "merge2-tp2"
+    assert_as_on_one_device(finished, ids, reference)
+    llm.set_layout(1)  # split again for the next loss
+    while engine.layout.name() != "single,single@1":
+        engine.idle_turn() or engine.check_health()
+
+
+def test_a_restored_group_merges_with_another(flying_dp2, requests, reference):  # noqa: F811
+    """-dp 2 (flying): rank 1 killed comes back in a world of its own; the node then
+    re-forms one world over ranks 0-1, so the merge of the restored group with the
+    surviving one (tp2 over ranks 0 and 1) runs, with one device's tokens."""
+    engine = flying_dp2.llm_engine
+    flying_dp2.set_layout(1)
+    os.kill(engine.executor.procs[1].pid, signal.SIGKILL)
+    heal_and_merge(flying_dp2, requests, reference, reforms=1)
+    assert engine.faults.worker_restarts == 1 and engine.executor.failure is None
+
+
+def test_a_rank_lost_while_the_world_reforms(flying_dp2, requests, reference):  # noqa: F811
+    """Rank 1 killed again, and once more as the node starts to re-form: the re-forming is
+    called off (rank 0 keeps its world and serves), rank 1 is replaced again, the node
+    re-forms, and the merge over ranks 0-1 runs with one device's tokens."""
+    engine = flying_dp2.llm_engine
+    executor = engine.executor
+    reform, killed = executor.reform, []
+
+    def kill_then_reform(members):
+        if not killed:
+            killed.append(executor.procs[1].pid)
+            os.kill(executor.procs[1].pid, signal.SIGKILL)
+        return reform(members)
+    executor.reform = kill_then_reform
+    try:
+        restarts = engine.faults.worker_restarts
+        os.kill(executor.procs[1].pid, signal.SIGKILL)
+        wait_recovered(engine, world=2)  # the first replacement serves
+        started = time.monotonic()
+        while engine.faults.worker_restarts < restarts + 2:  # the reform lost it again
+            assert time.monotonic() - started < RECOVERY_S, engine.faults
+            engine.check_health()
+            time.sleep(0.05)
+        assert killed and engine.executor.failure is None
+        heal_and_merge(flying_dp2, requests, reference, reforms=2)
+    finally:
+        executor.reform = reform
