@@ -29,6 +29,7 @@ class Reforming:
     def __init__(self, node: "Node"):
         self.node = node
         self.reforms = 0  # worlds re-formed
+        self.seconds: float | None = None  # the last one's
         self.next_try = 0.0
 
     @property
@@ -52,7 +53,7 @@ class Reforming:
             self.next_try = time.monotonic() + RETRY_S
             return
         node.worlds = [frozenset(members)]
-        self.reforms += 1
+        self.reforms, self.seconds = self.reforms + 1, time.monotonic() - start
         logger.warning("ranks %s re-formed one world in %.2f s: every plan over them is made",
-                       list(members), time.monotonic() - start)
+                       list(members), self.seconds)
         narrow_policy(node)
