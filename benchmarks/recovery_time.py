@@ -55,7 +55,8 @@ def main():
             after = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
             print(json.dumps({"dp": args.dp, "tp": args.tp, "rank": rank, "lost_seen_s": seen,
                               "serving_again_s": back, "one_world_s": one_world,
-                              "reform_s": llm.llm_engine.node.reforming.seconds, "same_tokens": after == before,
+                              "reform_s": llm.llm_engine.node.reforming.seconds,
+                              "same_tokens": after == before,
                               "recovery_seconds": llm.llm_engine.faults.recovery_seconds}),
                   flush=True)
     finally:
