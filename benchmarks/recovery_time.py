@@ -1,6 +1,7 @@
 """Self-healing's time to recover: a worker of an idle engine SIGKILLed, then the seconds
-until its loss is seen and until its group serves again, and whether greedy tokens are the
-same as before the kill; one JSON line per kill.
+until its loss is seen, until its group serves again and until the node is one torch world
+again (re-formed: engine/node_reform.py), and whether greedy tokens are the same as before
+the kill; one JSON line per kill.
 
     python benchmarks/recovery_time.py --device cpu --dp 2 --tp 1          # embedded SmolLM2
     python benchmarks/recovery_time.py --model benchmarks/shapes/llama-3.1-8b.json --dp 2 --tp 4"""
@@ -13,8 +14,9 @@ import time
 from parashift import LLM, SamplingParams
 
 
-def kill_and_wait(engine, rank: int) -> tuple[float, float]:
-    """Seconds from the kill until the group is out, and until it serves again."""
+def kill_and_wait(engine, rank: int) -> tuple[float, float, float]:
+    """Seconds from the kill until the group is out, until it serves again, and until the
+    node is one world again."""
     os.kill(engine.executor.procs[rank].pid, signal.SIGKILL)
     killed = time.monotonic()
     while not engine.faults.groups_down:
@@ -24,7 +26,11 @@ def kill_and_wait(engine, rank: int) -> tuple[float, float]:
     while engine.faults.groups_down or engine.faults.ranks_alive < engine.layout.world_size:
         engine.check_health()
         time.sleep(0.01)
-    return seen, time.monotonic() - killed
+    back = time.monotonic() - killed
+    while len(engine.node.worlds) > 1 and getattr(engine.executor, "can_reform", False):
+        engine.check_health()
+        time.sleep(0.01)
+    return seen, back, time.monotonic() - killed
 
 
 def main():
@@ -45,10 +51,12 @@ def main():
     before = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
     try:
         for rank in args.ranks:
-            seen, back = kill_and_wait(llm.llm_engine, rank)
+            seen, back, one_world = kill_and_wait(llm.llm_engine, rank)
             after = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
             print(json.dumps({"dp": args.dp, "tp": args.tp, "rank": rank, "lost_seen_s": seen,
-                              "serving_again_s": back, "same_tokens": after == before,
+                              "serving_again_s": back, "one_world_s": one_world,
+                              "reform_s": llm.llm_engine.node.reforming.seconds,
+                              "same_tokens": after == before,
                               "recovery_seconds": llm.llm_engine.faults.recovery_seconds}),
                   flush=True)
     finally:

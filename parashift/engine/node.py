@@ -15,6 +15,7 @@ from parashift.deterministic.reduction import check_plans
 from parashift.engine import node_faults, node_transitions
 from parashift.engine.faults import FaultReport
 from parashift.engine.node_healing import Healing
+from parashift.engine.node_reform import Reforming
 from parashift.engine.node_replicas import make_replica, replica_pools
 from parashift.engine.node_view import node_view
 from parashift.engine.policy import Decision, NodeView, Policy, make_policy
@@ -82,6 +83,7 @@ class Node:
         # rank sets that share communicators: all, until a lost group is replaced
         self.worlds = [frozenset(range(self.layout.world_size))]
         self.healing = Healing(self, config.max_worker_restarts)
+        self.reforming = Reforming(self)
         self.max_context: dict[int, int] = {}
         self.executor = None
 
@@ -276,7 +278,10 @@ class Node:
     def _open_replicas(self) -> list[Replica]:
         """Replicas with work and room for a step, none of whose ranks a pending transition
         is draining. Under hard preemption a replica left behind waits while a group on its
-        ranks has a request more urgent than all of its own."""
+        ranks has a request more urgent than all of its own. None while the node re-forms
+        one world (node_reform.py)."""
+        if self.reforming.wanted:
+            return []
         paused = {r for g in self.transitions.paused_groups() for r in self.layout.plans[g].ranks}
         urgency = self._urgency_by_rank() if any(r.yields for r in self.replicas) else {}
         return [r for r in self.replicas
@@ -390,6 +395,7 @@ class Node:
         lost = self.executor.take_lost()
         failed = node_faults.isolate(self, lost) if lost else []
         self.healing.tick()  # node_healing.py: lost groups replaced
+        self.reforming.tick()  # node_reform.py: their worlds joined again
         return failed
 
 

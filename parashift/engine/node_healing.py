@@ -11,8 +11,8 @@ loss is for good, as before), a failed attempt waits before the next (1 s, doubl
 most a minute). A set that keeps failing is given up: it stays out, named in /health.
 
 Replaced ranks make the communicators of the plans over their own ranks only: a plan over
-ranks of two such worlds (a merge of a restored group with another) is not made, and the
-policy works without it (`worlds`)."""
+ranks of two such worlds (a merge of a restored group with another) is left out of the
+policy (`worlds`) until the node re-forms one world (node_reform.py)."""
 import dataclasses
 import logging
 import time

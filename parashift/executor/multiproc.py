@@ -19,6 +19,7 @@ from parashift.executor.process_start import exit_status as _exit_status
 from parashift.executor.process_start import is_stopped as _is_stopped, reap as _reap
 from parashift.executor.process_start import worker_context, worker_process
 from parashift.executor.replacement import Hosts, Outcome, Replacements, host_store
+from parashift.executor.world_reform import reform_world
 from parashift.step.codec import encode_step
 from parashift.step.message import StepBatch
 from parashift.worker.model_runner import ModelRunner
@@ -172,6 +173,18 @@ class MultiprocExecutor:
             self._replaced.append(outcome)
         replaced, self._replaced = self._replaced, []
         return replaced
+
+    @property
+    def can_reform(self) -> bool:
+        """One host's processes re-form one world once replaced ranks serve (world_reform.py);
+        other hosts' ranks and Ray actors keep the worlds they were started in."""
+        return self.hosts is None and not self.links
+
+    def reform(self, members: tuple[int, ...]) -> bool:
+        """Every rank of `members` (no step in flight) leaves its torch world and joins one
+        new world with the others; False if a rank was lost meanwhile (the others keep
+        their worlds; `take_lost` says which)."""
+        return reform_world(self, members)
 
     def retire(self, ranks, reason: str) -> None:
         """Loses live `ranks` on the engine's word (their group lost another rank: a

@@ -1,5 +1,6 @@
 """One worker process per rank: joins the process groups, builds its shard of
 the model and KV pool under its plan, then runs steps sent by the executor."""
+import dataclasses
 import faulthandler
 import gc
 import os
@@ -17,10 +18,11 @@ import torch.distributed as dist
 from parashift.gc_tuning import tune_garbage_collector
 from parashift.worker.model_runner import ModelRunner
 from parashift.worker.peer_weights import asks_peer_path
-from parashift.parallel.comm_pool import CommunicatorPool
+from parashift.worker.world_reform import WorldSetup, join_world, make_pool, reform
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
-from parashift.parallel.world import set_world_ranks, world_ranks
+from parashift.parallel.state import ParallelState
+from parashift.parallel.world import world_ranks
 from parashift.step.codec import decode_step
 
 
@@ -53,13 +55,13 @@ def worker_main(rank: int, spec: WorkerSpec, conn, heartbeats) -> None:
                      daemon=True).start()
     try:
         _dump_stacks_later()
-        runner = _start(rank, spec)
+        runner, setup = _start(rank, spec)
         tune_garbage_collector()
         conn.send(("ready", runner.num_blocks, runner.load_seconds))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         return
-    _serve(runner, conn)
+    _serve(runner, conn, setup)
 
 
 def _dump_stacks_later() -> None:
@@ -82,7 +84,7 @@ def _beat(heartbeats, rank: int) -> None:
         time.sleep(HEARTBEAT_INTERVAL_S)
 
 
-def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
+def _start(rank: int, spec: WorkerSpec) -> tuple[ModelRunner, WorldSetup]:
     world = spec.layout.world_size
     if spec.device_type == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -90,29 +92,34 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         device, backend = torch.device("cpu"), "gloo"
-    members = _join_world(rank, spec, backend)
+    setup = WorldSetup(rank, spec, _store(spec), backend, device, [], [])
+    members = spec.members or tuple(range(world))
+    join_world(setup, spec.generation, members)
     # Each group agrees on its own KV block count (its ranks may hold other shards than
     # another group's); every rank makes every group's control group, in layout order.
-    groups = [plan for plan in spec.layout.plans if members.issuperset(plan.ranks)]
+    groups = [plan for plan in spec.layout.plans if set(members).issuperset(plan.ranks)]
     controls = {plan.ranks: dist.new_group(world_ranks(plan.ranks), backend="gloo")
                 for plan in groups}
     control = controls[spec.layout.plans[spec.layout.group_of_rank(rank)].ranks]
     # Every plan of every rank's weights (a merged group's ranks load their replica's).
-    loaded = [plan.loaded_plan(r) for plan in groups for r in plan.ranks]
-    plans = [plan for plan in dict.fromkeys([*groups, *loaded, *spec.other_plans])
-             if members.issuperset(plan.ranks)]
+    loaded = [plan.loaded_plan(r) for plan in spec.layout.plans for r in plan.ranks]
+    setup.plans = list(dict.fromkeys([*spec.layout.plans, *loaded, *spec.other_plans]))
     # a seesaw group's ranks exchange weight shards at a switch: a group over all of them
     seesaw_peers = (spec.config.parallel_policy == "seesaw"
                     and asks_peer_path(spec.config, device, spec.source))
-    spans = [plan.ranks for plan in groups] if seesaw_peers else []
-    pool = CommunicatorPool(rank, world, plans, topology=spec.config.topology,
-                            allow_cross_host=spec.config.allow_cross_host_tp, spans=spans)
-    if spec.config.fast_all_reduce:
-        pool.enable_fast_all_reduce(device, pair_exchange=spec.config.deterministic)
+    setup.spans = [plan.ranks for plan in spec.layout.plans] if seesaw_peers else []
+    # a replaced rank's world makes the plans over its own ranks; the others are built
+    # unconnected, and get their groups when the node re-forms one world (world_reform.py)
+    in_world = [plan for plan in setup.plans if set(members).issuperset(plan.ranks)]
+    pool = make_pool(dataclasses.replace(setup, spans=[s for s in setup.spans
+                                                       if set(members).issuperset(s)]),
+                     in_world)
     base = spec.layout.plans[spec.layout.group_of_rank(rank)]
     state = pool.state_for(base.loaded_plan(rank))
-    others = tuple(pool.state_for(plan) for plan in plans
+    others = tuple(pool.state_for(plan) if plan in in_world
+                   else ParallelState.unconnected(plan, rank) for plan in setup.plans
                    if rank in plan.ranks and plan != state.plan)
+    setup.seesaw_group = pool.handle(base.ranks) if seesaw_peers else None
 
     def agree(num_blocks: int) -> int:
         t = torch.tensor([num_blocks])
@@ -120,23 +127,16 @@ def _start(rank: int, spec: WorkerSpec) -> ModelRunner:
         return int(t.item())
 
     runner = ModelRunner(spec.config, spec.hf_config, spec.source, device, spec.dtype,
-                         spec.max_model_len, state, agree, others,
-                         pool.handle(base.ranks) if seesaw_peers else None)
+                         spec.max_model_len, state, agree, others, setup.seesaw_group)
     if base != state.plan:  # it starts in a merged plan
         runner.transition("commit", base.name())
-    return runner
+    return runner, setup
 
 
-def _join_world(rank: int, spec: WorkerSpec, backend: str) -> set[int]:
-    """Joins the rendezvous of `spec`'s generation through the engine's store (the engine
-    hosts it: no rank's death takes it away); the ranks of this world."""
-    members = spec.members or tuple(range(spec.layout.world_size))
-    timeout = timedelta(seconds=spec.config.worker_timeout_s)
-    store = dist.TCPStore(spec.master_addr, spec.master_port, is_master=False, timeout=timeout)
-    dist.init_process_group(backend, store=dist.PrefixStore(f"generation{spec.generation}", store),
-                            rank=members.index(rank), world_size=len(members))
-    set_world_ranks(members)
-    return set(members)
+def _store(spec: WorkerSpec) -> dist.TCPStore:
+    """The engine's rendezvous store (the engine hosts it: no rank's death takes it away)."""
+    return dist.TCPStore(spec.master_addr, spec.master_port, is_master=False,
+                         timeout=timedelta(seconds=spec.config.worker_timeout_s))
 
 
 POLL_S = 1e-4  # while a step runs, how often to check for it to end
@@ -149,11 +149,14 @@ def _finish(runner: ModelRunner, conn, step) -> None:
         conn.send_bytes(pickle.dumps(("result", result)))
 
 
-def _control(runner: ModelRunner, message: tuple) -> tuple[str, object]:
+def _control(runner: ModelRunner, setup: WorldSetup, message: tuple) -> tuple[str, object]:
     """A control message: ("transition", verb, plan name, epoch), answered with its seconds,
-    ("seesaw", verb, plan name, moves, tier), answered with its stats, or ("rpc", method,
+    ("seesaw", verb, plan name, moves, tier), answered with its stats, ("reform",
+    generation, members), answered with how it ended (world_reform.py), or ("rpc", method,
     args), answered with `runner.<method>(*args)`."""
     kind, *args = message
+    if kind == "reform":
+        return kind, reform(setup, runner, *args)
     if kind == "transition":
         return kind, runner.transition(*args)
     if kind == "seesaw":
@@ -164,7 +167,7 @@ def _control(runner: ModelRunner, message: tuple) -> tuple[str, object]:
     raise ValueError(f"unknown control message {kind!r}")
 
 
-def _serve(runner: ModelRunner, conn) -> None:
+def _serve(runner: ModelRunner, conn, setup: WorldSetup) -> None:
     """Runs steps in arrival order. A step is launched as soon as it arrives, so with
     async scheduling the next step's host work overlaps the device running this one;
     the oldest step is finished (its result sent) once the device is done with it or
@@ -189,7 +192,7 @@ def _serve(runner: ModelRunner, conn) -> None:
             if message.startswith(CONTROL_PREFIX):  # steps in flight end first
                 while pending:
                     _finish(runner, conn, pending.popleft())
-                reply = _control(runner, pickle.loads(message[len(CONTROL_PREFIX):]))
+                reply = _control(runner, setup, pickle.loads(message[len(CONTROL_PREFIX):]))
                 conn.send_bytes(pickle.dumps(reply))
                 continue
             pending.append(runner.launch(decode_step(message)))

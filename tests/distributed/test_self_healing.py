@@ -159,3 +159,94 @@ def test_a_worker_that_dies_at_every_start_is_given_up(tiny_llama_dir):
         assert [p.ranks for p in engine.layout.plans] == [(0,)]
     finally:
         llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def flying_dp2(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, data_parallel_size=2, parallel_policy="flying",
+              flying_dwell_s=0.0, flying_merge_running=0, **HEALING)
+    yield llm
+    llm.shutdown()
+
+
+def heal_and_merge(llm, requests, reference, reforms: int, world: int = 2,  # noqa: F811
+                   merged: str = "merge2-tp2", split: str = "single,single@1") -> None:
+    """Waits for every rank to serve in one re-formed world, then forces the merge of the
+    two groups (over replaced ranks and surviving ones): one device's tokens."""
+    engine, started = llm.llm_engine, time.monotonic()
+    while not engine.faults.groups_down and engine.node.reforming.reforms < reforms:
+        assert time.monotonic() - started < RECOVERY_S, "the kill was not seen"
+        engine.check_health()
+    wait_recovered(engine, world=world)
+    while engine.node.reforming.reforms < reforms:
+        assert time.monotonic() - started < RECOVERY_S, engine.node.worlds
+        engine.check_health()
+        time.sleep(0.05)
+    assert engine.node.worlds == [frozenset(range(world))]
+    ids = add_all(engine, requests, prefix=f"merged{reforms}-")
+    finished: dict = {}
+    llm.set_layout(2)
+    run_to_the_end(engine, finished)
+    assert engine.layout.name() == merged
+    assert_as_on_one_device(finished, ids, reference)
+    llm.set_layout(1)  # split again for the next loss
+    started = time.monotonic()
+    while engine.layout.name() != split:
+        assert time.monotonic() - started < RECOVERY_S, engine.layout.name()
+        engine.idle_turn() or engine.check_health()
+
+
+def test_a_restored_group_merges_with_another(flying_dp2, requests, reference):  # noqa: F811
+    """-dp 2 (flying): rank 1 killed comes back in a world of its own; the node then
+    re-forms one world over ranks 0-1, so the merge of the restored group with the
+    surviving one (tp2 over ranks 0 and 1) runs, with one device's tokens."""
+    engine = flying_dp2.llm_engine
+    flying_dp2.set_layout(1)
+    os.kill(engine.executor.procs[1].pid, signal.SIGKILL)
+    heal_and_merge(flying_dp2, requests, reference, reforms=1)
+    assert engine.faults.worker_restarts == 1 and engine.executor.failure is None
+
+
+def test_a_rank_lost_while_the_world_reforms(flying_dp2, requests, reference):  # noqa: F811
+    """Rank 1 killed again, and once more as the node starts to re-form: the re-forming is
+    called off (rank 0 keeps its world and serves), rank 1 is replaced again, the node
+    re-forms, and the merge over ranks 0-1 runs with one device's tokens."""
+    engine = flying_dp2.llm_engine
+    executor = engine.executor
+    reform, killed = executor.reform, []
+
+    def kill_then_reform(members):
+        if not killed:
+            killed.append(executor.procs[1].pid)
+            os.kill(executor.procs[1].pid, signal.SIGKILL)
+        return reform(members)
+    executor.reform = kill_then_reform
+    try:
+        restarts, rank0 = engine.faults.worker_restarts, executor.procs[0].pid
+        os.kill(executor.procs[1].pid, signal.SIGKILL)
+        started = time.monotonic()
+        while engine.faults.worker_restarts < restarts + 2:  # the reform lost it again
+            assert time.monotonic() - started < RECOVERY_S, engine.faults
+            engine.check_health()
+            time.sleep(0.05)
+        assert killed and engine.executor.failure is None
+        heal_and_merge(flying_dp2, requests, reference, reforms=2)
+        assert executor.procs[0].pid == rank0  # rank 0 kept its world: never replaced
+    finally:
+        executor.reform = reform
+
+
+def test_a_restored_tp_group_merges_across_worlds(tiny_llama_dir, requests,  # noqa: F811
+                                                  reference):
+    """-dp 2 -tp 2 (flying): rank 1 killed takes out ranks 0-1, which come back as one TP
+    group in a world of their own; after the re-forming the merge to tp4 over all four
+    ranks runs, with one device's tokens."""
+    llm = LLM(tiny_llama_dir, data_parallel_size=2, tensor_parallel_size=2,
+              parallel_policy="flying", flying_dwell_s=0.0, flying_merge_running=0, **HEALING)
+    try:
+        llm.set_layout(1)
+        os.kill(llm.llm_engine.executor.procs[1].pid, signal.SIGKILL)
+        heal_and_merge(llm, requests, reference, reforms=1, world=4, merged="merge2-tp4",
+                       split="tp2,tp2@2-3")
+    finally:
+        llm.shutdown()
