@@ -35,8 +35,10 @@ setup: $(VENV)/.installed
 run: setup
 	$(VENV)/bin/parashift generate "$(PROMPT)"
 
+# Two pytest-xdist workers: the tests that start processes run one at a time on one of them
+# (tests/xdist_groups.py), the in-process tests on the other.
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 # A CPU server under mixed traffic and worker kills, then leak checks (docs/reliability.md,
 # "Soak"): `make soak SOAK_MINUTES=10 SOAK_ARGS="-tp 3"`; the report goes to soak-out/.

@@ -46,6 +46,10 @@ def pytest_configure(config):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     torch.set_num_threads(1)
+    from tests.xdist_groups import ProcessGuard, SchedulerPlugin
+    config.pluginmanager.register(ProcessGuard())
+    if config.pluginmanager.hasplugin("xdist"):  # how `-n 2` shares the tests
+        config.pluginmanager.register(SchedulerPlugin())
 
 
 def _interpreted(item) -> bool:
@@ -59,8 +63,9 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_collection_finish(session):
-    """The interpreted kernel checks of the tests collected start in the background."""
-    if any(map(_interpreted, session.items)):
+    """The interpreted kernel checks of the tests collected start in the background, where
+    one core is left idle: not under pytest-xdist, whose workers fill both."""
+    if any(map(_interpreted, session.items)) and "PYTEST_XDIST_WORKER" not in os.environ:
         from tests.kernels.common import start_in_background
         start_in_background(session.items)
 

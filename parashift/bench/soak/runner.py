@@ -14,7 +14,7 @@ from parashift.bench.soak.killer import Killer
 from parashift.bench.soak.leaks import Slots, compare, zombies
 from parashift.bench.soak.outcomes import Outcome
 from parashift.bench.soak.processes import sample_tree
-from parashift.bench.soak.requests import draw
+from parashift.bench.soak.requests import MIX, draw
 from parashift.bench.soak.server import Server, can_heal
 from parashift.bench.soak.verdict import judge
 
@@ -56,6 +56,16 @@ async def drive(base_url: str, config: SoakConfig, rng: random.Random, seconds: 
                                               t0))
         await asyncio.gather(*(lane(random.Random(rng.random()))
                                for _ in range(config.concurrency)))
+
+
+async def one_of_each(base_url: str, config: SoakConfig, rng: random.Random, t0: float,
+                      outcomes: list[Outcome]) -> None:
+    """A request of every kind of the mix, one after the other: what a kind starts on first
+    use (the grammar compile threads) is up before the baseline, however slow the machine
+    (a timed warm-up alone may not reach every kind)."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(None)) as client:
+        for _, make in MIX.values():
+            outcomes.append(await perform(client, make(rng), config.request_timeout_s, t0))
 
 
 async def sample_while(server: Server, slots: Slots, every_s: float, stop: asyncio.Event,
@@ -135,6 +145,7 @@ def run_soak(config: SoakConfig) -> dict:
         t0, rng = time.monotonic(), random.Random(config.seed)
         record["kv_fill_requests"] = asyncio.run(fill_kv_pools(server.base_url, config, rng))
         mark("kv_filled")
+        asyncio.run(one_of_each(server.base_url, config, rng, t0, record["outcomes"]))
         asyncio.run(drive(server.base_url, config, rng, config.warmup_s, t0,
                           record["outcomes"]))
         record["warmup_requests"] = len(record["outcomes"])
