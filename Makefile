@@ -38,7 +38,7 @@ run: setup
 # Two pytest-xdist workers: the tests that start processes run one at a time on one of them
 # (tests/xdist_groups.py), the in-process tests on the other.
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+	$(PY) -m pytest -q -n 2 tests
 
 # A CPU server under mixed traffic and worker kills, then leak checks (docs/reliability.md,
 # "Soak"): `make soak SOAK_MINUTES=10 SOAK_ARGS="-tp 3"`; the report goes to soak-out/.
