@@ -40,15 +40,19 @@ def main():
     p.add_argument("--dp", type=int, default=2)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 0], help="the ranks to kill")
+    p.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant kernels: tokens may not depend on how requests batch")
     args = p.parse_args()
     options = dict(data_parallel_size=args.dp, tensor_parallel_size=args.tp,
-                   skip_tokenizer_init=args.model is not None)
+                   skip_tokenizer_init=args.model is not None, deterministic=args.deterministic)
     if args.device:
         options["device"] = args.device
     llm = LLM(args.model, **options)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     prompts = [[1 + i, 2 + i, 3 + i] for i in range(4 * args.dp)]
     before = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
+    # without a kill: are the tokens stable from run to run (batching can differ)?
+    again = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
     try:
         for rank in args.ranks:
             seen, back, one_world = kill_and_wait(llm.llm_engine, rank)
@@ -57,6 +61,9 @@ def main():
                               "serving_again_s": back, "one_world_s": one_world,
                               "reform_s": llm.llm_engine.node.reforming.seconds,
                               "same_tokens": after == before,
+                              "prompts_differing": sum(a != b for a, b in zip(after, before)),
+                              "same_tokens_without_kill": again == before,
+                              "deterministic": args.deterministic,
                               "recovery_seconds": llm.llm_engine.faults.recovery_seconds}),
                   flush=True)
     finally:

@@ -45,6 +45,11 @@
 # change), then `det_matrix` (the tiny shape's matrix, the 8B's in deterministic mode only).
 # Next: `det_close` (issue 22's last rows: the cost on one GPU, TP2 and Shift with the
 # thirty-first session's tiles, then the CUDA GEMM tests with the new MID_N case; ~400 s).
+# Thirty-ninth session (issue 65, the two-GPU parts): `env recover_idle sidp_capacity2
+# seesaw_pcie65` (self-healing's kill of an idle 8B -dp 2 on GPUs, the re-forming's NCCL path
+# included; SiDP's KV capacity at d=2; Seesaw PCIe-like with DP2 in the same call, three runs each).
+# Then `recover_det seesaw70_pcie` (the kill of an idle engine in deterministic mode and not, each
+# with a run repeated without a kill; Seesaw on the 70B shape, which needs both GPUs, PCIe-like).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -232,6 +237,19 @@ for name in "$@"; do
            PYTHONPATH=/tmp/site:. python3 -m parashift.bench throughput --workload tail \
            --num-requests 1000 --length-scale 0.05 --model $PWD/$EIGHT_B --dtype bfloat16 \
            --max-model-len 2048 -dp 2 --share-ffn); done" ;;
+    recover_idle) part recover_idle 200 "python3 benchmarks/recovery_time.py --model $EIGHT_B --dp 2" ;;
+    sidp_capacity2) part sidp_capacity2 150 "python3 benchmarks/sidp_capacity.py \
+           --model benchmarks/shapes/qwen3-32b.json -dp 2 --gpu-memory-utilization 0.9 \
+           --out $OUT/sidp_capacity_dp2.json" ;;
+    seesaw_pcie65) part seesaw_pcie65 330 "NCCL_P2P_DISABLE=1 python3 benchmarks/seesaw.py \
+           --model $EIGHT_B --plans dp2 tp2 seesaw:pp2-tp2 --workloads summarize chat summarize \
+           chat summarize chat --num-requests 128 --cpu-kv-gib 32 --output $OUT/seesaw_pcie_8b.json" ;;
+    recover_det) part recover_det 170 "python3 benchmarks/recovery_time.py --model $EIGHT_B --dp 2 \
+           --deterministic && python3 benchmarks/recovery_time.py --model $EIGHT_B --dp 2 --ranks 1" ;;
+    seesaw70_pcie) part seesaw70_pcie 400 "NCCL_P2P_DISABLE=1 python3 benchmarks/seesaw.py \
+           --model benchmarks/shapes/llama-3.1-70b.json --plans tp2 pp2 seesaw:pp2-tp2 \
+           --workloads summarize summarize --num-requests 48 --cpu-kv-gib 32 \
+           --output $OUT/seesaw_pcie_70b.json" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     prefill_busy) part prefill_busy 200 "for plan in single tp2 shift-sp2; do \
            python3 benchmarks/prefill_throughput.py --model $EIGHT_B --plan \$plan \

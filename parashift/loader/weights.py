@@ -177,8 +177,16 @@ def iterate_safetensors(directory: Path) -> Iterator[tuple[str, LazySlice]]:
 def init_random_weights(model: nn.Module, seed: int = 0) -> None:
     """Random weights at real shapes, for speed work (never for quality). An FP8 weight is
     drawn in fp32 and quantized by rows, its scales (`<name>_scale` or `weight_scale`)
-    written with it."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    written with it. The draws come from generators seeded here, one per device, so a
+    process draws the same weights whatever it ran before (a replacement worker draws its
+    replica's weights)."""
+    generators: dict[torch.device, torch.Generator] = {}
+
+    def generator(device: torch.device) -> torch.Generator:
+        if device not in generators:
+            generators[device] = torch.Generator(device=device).manual_seed(seed)
+        return generators[device]
+
     params = dict(model.named_parameters())
     scales = {name: _scale_of(params, name) for name, param in params.items()
               if param.dtype == torch.float8_e4m3fn}
@@ -189,11 +197,9 @@ def init_random_weights(model: nn.Module, seed: int = 0) -> None:
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
         elif name in scales:
-            _random_fp8(param, scales[name], gen)
-        elif param.device.type == "cpu":
-            param.data.normal_(0.0, 0.02, generator=gen)
+            _random_fp8(param, scales[name], generator(param.device))
         else:
-            param.data.normal_(0.0, 0.02)
+            param.data.normal_(0.0, 0.02, generator=generator(param.device))
 
 
 def _scale_of(params: dict, name: str) -> nn.Parameter:
@@ -207,7 +213,7 @@ def _random_fp8(param: nn.Parameter, scale: nn.Parameter, gen: torch.Generator) 
     from parashift.quantization.fp8 import quantize_rows
     for i in range(param.shape[0]) if param.dim() == 3 else [None]:  # stacked experts by one
         rows = torch.empty(param.shape[-2:], device=param.device)
-        rows.normal_(0.0, 0.02, **({"generator": gen} if param.device.type == "cpu" else {}))
+        rows.normal_(0.0, 0.02, generator=gen)
         q, row_scales = quantize_rows(rows)
         target, target_scale = (param.data, scale.data) if i is None else (param.data[i],
                                                                           scale.data[i])
