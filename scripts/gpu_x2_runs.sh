@@ -50,6 +50,9 @@
 # included; SiDP's KV capacity at d=2; Seesaw PCIe-like with DP2 in the same call, three runs each).
 # Then `recover_det seesaw70_pcie` (the kill of an idle engine in deterministic mode and not, each
 # with a run repeated without a kill; Seesaw on the 70B shape, which needs both GPUs, PCIe-like).
+# Then `weights_test recover_det1 sidp_tail2` (the seeded random weights on the GPU: the kill's rerun
+# in deterministic mode; SiDP on `tail` at full length where KV binds, Qwen3-32B at 0.75 of memory:
+# plain DP=2, the sidp policy over shared FFN weights, TP=2; one run each).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -250,6 +253,14 @@ for name in "$@"; do
            --model benchmarks/shapes/llama-3.1-70b.json --plans tp2 pp2 seesaw:pp2-tp2 \
            --workloads summarize summarize --num-requests 48 --cpu-kv-gib 32 \
            --output $OUT/seesaw_pcie_70b.json" ;;
+    weights_test) part weights_test 60 "run_tests tests/loader/test_random_weights.py" ;;
+    recover_det1) part recover_det1 120 "python3 benchmarks/recovery_time.py --model $EIGHT_B --dp 2 \
+           --deterministic" ;;
+    sidp_tail2) part sidp_tail2 560 "for flags in '-dp 2' '-dp 2 --share-ffn --parallel-policy sidp' \
+           '-tp 2'; do timeout 185 python3 -m parashift.bench throughput --workload tail \
+           --num-requests 300 --model benchmarks/shapes/qwen3-32b.json --dtype bfloat16 \
+           --max-model-len 8192 --gpu-memory-utilization 0.75 \$flags \
+           --output-json $OUT/tail_\$(echo \$flags | tr -d ' -').json; done" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     prefill_busy) part prefill_busy 200 "for plan in single tp2 shift-sp2; do \
            python3 benchmarks/prefill_throughput.py --model $EIGHT_B --plan \$plan \
