@@ -60,19 +60,23 @@ class FaultWatcher:
 
 
 def placement(engine) -> dict[str, tuple[int, ...]]:
-    return engine.node.placement()  # in the core's process: asked of it
+    return engine.placement()  # an engine core in a process of its own is asked
 
 
-def worker_pid(engine, rank: int) -> int:
+def worker_pid(engine, rank: int, world: int) -> int:
     if isinstance(engine, LLMEngine):
         return engine.executor.procs[rank].pid
-    return worker_pids(sample_tree(os.getpid()))[rank]  # the core's workers, in rank order
+    pids = worker_pids(sample_tree(os.getpid()))  # the core's workers, in rank order
+    if len(pids) != world:
+        raise RuntimeError(f"found {len(pids)} worker processes below this one, not the "
+                           f"{world} ranks: {pids}")
+    return pids[rank]
 
 
-def kill_rank(engine, rank: int) -> tuple[float, int, dict]:
+def kill_rank(engine, rank: int, world: int) -> tuple[float, int, dict]:
     """Run on the engine thread between steps: where each request is, then the kill."""
     where = placement(engine)
-    pid = worker_pid(engine, rank)
+    pid = worker_pid(engine, rank, world)
     os.kill(pid, signal.SIGKILL)
     return time.monotonic(), pid, where
 
@@ -96,14 +100,15 @@ async def stream(aengine: AsyncLLMEngine, trace: Trace, prompt: list[int],
         trace.status = "completed" if trace.num_tokens == trace.max_tokens else "short"
 
 
-async def kill_when_due(aengine, args, progress: list[int], sent_at: float, total: int):
+async def kill_when_due(aengine, args, progress: list[int], sent_at: float, total: int,
+                        world: int):
     tokens = args.kill_after_tokens
     if tokens is None and args.kill_after is None:
         tokens = total // 4
     while not ((tokens is not None and progress[0] >= tokens) or
                (args.kill_after is not None and time.monotonic() - sent_at >= args.kill_after)):
         await asyncio.sleep(0.005)
-    return await aengine.call(lambda engine: kill_rank(engine, args.kill_rank))
+    return await aengine.call(lambda engine: kill_rank(engine, args.kill_rank, world))
 
 
 async def probe(aengine, watcher: FaultWatcher, killed: asyncio.Future, world: int,
@@ -132,7 +137,7 @@ async def drive(aengine, engine, args, requests) -> dict:
     tasks = [asyncio.create_task(stream(aengine, t, r.prompt, progress))
              for t, r in zip(traces, requests)]
     killer = asyncio.create_task(kill_when_due(aengine, args, progress, sent_at,
-                                               sum(t.max_tokens for t in traces)))
+                                               sum(t.max_tokens for t in traces), world))
     prober = asyncio.create_task(probe(aengine, watcher, killer, world, engine.vocab_size))
     _, pending = await asyncio.wait(tasks, timeout=args.timeout_s)
     for trace, task in zip(traces, tasks):
@@ -207,6 +212,19 @@ def summary(report: dict) -> str:
     return "\n".join(lines)
 
 
+def headline(report: dict) -> dict:
+    """The figures of the issue's row, for a one-line JSON in a log."""
+    r, windows = report["requests"], report["throughput"]
+    return {"dp": report["setup"]["dp"], "tp": report["setup"]["tp"],
+            "kill_rank": report["killed_rank"], "completed": r["completed"],
+            "failed": r["failed"], "other": r["other"], "detection_s": report["detection_s"],
+            "serving_again_s": report["serving_again_s"],
+            "replaced_serving_s": report["replaced_serving_s"],
+            "stall_s": report["survivors_longest_stall_s"],
+            "tok_s": [None if windows[k] is None else windows[k]["output_tokens_per_s"]
+                      for k in ("before", "during", "after")]}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -242,6 +260,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     report = asyncio.run(run(args))
     print(summary(report), flush=True)
+    print(json.dumps(headline(report)), flush=True)
     if args.output:
         with open(args.output, "w") as f:
             json.dump(report, f, indent=2)

@@ -45,6 +45,8 @@
 # change), then `det_matrix` (the tiny shape's matrix, the 8B's in deterministic mode only).
 # Next: `det_close` (issue 22's last rows: the cost on one GPU, TP2 and Shift with the
 # thirty-first session's tiles, then the CUDA GEMM tests with the new MID_N case; ~400 s).
+# Next (issue 65 part 5, ~250 s): `faults` (a worker SIGKILLed under the `chat` load, -dp 2:
+# rank 1, then rank 0 in a fresh engine; benchmarks/recovery_under_load.py).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -232,6 +234,10 @@ for name in "$@"; do
            PYTHONPATH=/tmp/site:. python3 -m parashift.bench throughput --workload tail \
            --num-requests 1000 --length-scale 0.05 --model $PWD/$EIGHT_B --dtype bfloat16 \
            --max-model-len 2048 -dp 2 --share-ffn); done" ;;
+    # issue 65 part 5: the 8B at -dp 2 under `chat` (400 requests), rank 1's worker
+    # SIGKILLed, then in a fresh engine rank 0's (scripts/gpu_faults.sh; ~100 s a run)
+    faults) part faults 300 "bash scripts/gpu_faults.sh dp2_rank1 1 140 -dp 2; \
+           bash scripts/gpu_faults.sh dp2_rank0 0 140 -dp 2" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     prefill_busy) part prefill_busy 200 "for plan in single tp2 shift-sp2; do \
            python3 benchmarks/prefill_throughput.py --model $EIGHT_B --plan \$plan \

@@ -150,6 +150,10 @@ class LLMEngine:
     def faults(self):
         return self.node.faults
 
+    def placement(self) -> dict[str, tuple[int, ...]]:
+        """The ranks of each placed request's replica (benchmarks: which group serves it)."""
+        return {request_id: replica.ranks for request_id, replica in self.node.replica_of.items()}
+
     @property
     def transitions(self):
         return self.node.transitions

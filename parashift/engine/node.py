@@ -166,10 +166,6 @@ class Node:
     def holds(self, request_id: str) -> bool:
         return request_id in self.replica_of or request_id in self.unplaced
 
-    def placement(self) -> dict[str, tuple[int, ...]]:
-        """The ranks of each placed request's replica (benchmarks: which group serves it)."""
-        return {request_id: replica.ranks for request_id, replica in self.replica_of.items()}
-
     def route(self, seq: Sequence) -> Replica | None:
         """The serving replica that takes `seq` (routing.py); None while no group holds it."""
         serving = self.serving_replicas()
