@@ -20,6 +20,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 
 from parashift.bench.prompts import fill_token_prompts
 from parashift.bench.recovery import FaultSample, Trace, analyse, loss_seen, serving_again
@@ -82,15 +83,16 @@ def kill_rank(engine, rank: int, world: int) -> tuple[float, int, dict]:
 
 
 async def stream(aengine: AsyncLLMEngine, trace: Trace, prompt: list[int],
-                 progress: list[int]) -> None:
+                 progress: list[int], slots: asyncio.Semaphore) -> None:
     params = SamplingParams(temperature=0, max_tokens=trace.max_tokens, ignore_eos=True)
     finish = None
     try:
-        async for output in aengine.generate(trace.request_id, prompt, params):
-            count, finish = len(output.outputs[0].token_ids), output.outputs[0].finish_reason
-            if count > trace.num_tokens:
-                progress[0] += count - trace.num_tokens
-                trace.token_times.append((time.monotonic(), count))
+        async with slots:
+            async for output in aengine.generate(trace.request_id, prompt, params):
+                count, finish = len(output.outputs[0].token_ids), output.outputs[0].finish_reason
+                if count > trace.num_tokens:
+                    progress[0] += count - trace.num_tokens
+                    trace.token_times.append((time.monotonic(), count))
     except Exception as exc:  # noqa: BLE001 - the request's outcome, reported
         trace.status, trace.error = "failed", f"{type(exc).__name__}: {exc}"[:500]
         return
@@ -113,14 +115,17 @@ async def kill_when_due(aengine, args, progress: list[int], sent_at: float, tota
 
 async def probe(aengine, watcher: FaultWatcher, killed: asyncio.Future, world: int,
                 vocab_size: int) -> dict:
-    """Once every group serves again, one request; when its first token came and where."""
+    """Once every group serves again: the requests each group holds (by its ranks), then one
+    request more; when its first token came and where."""
     kill_at = (await killed)[0]
     while serving_again(watcher.samples, loss_seen(watcher.samples, kill_at), world) is None:
         await asyncio.sleep(0.005)
+    groups = Counter(",".join(map(str, ranks)) for ranks in
+                     (await aengine.call(placement)).values())
     sent = time.monotonic()
     prompt = [(7 * i + 11) % vocab_size for i in range(PROBE_PROMPT_TOKENS)]
     params = SamplingParams(temperature=0, max_tokens=PROBE_TOKENS, ignore_eos=True)
-    result = {"sent_s": round(sent - kill_at, 3)}
+    result = {"requests_by_group_when_back": dict(groups), "sent_s": round(sent - kill_at, 3)}
     async for output in aengine.generate(PROBE_ID, prompt, params):
         if "first_token_s" not in result:
             result["first_token_s"] = round(time.monotonic() - kill_at, 3)
@@ -134,7 +139,8 @@ async def drive(aengine, engine, args, requests) -> dict:
     world = engine.faults.ranks_alive
     watcher, progress = FaultWatcher(engine), [0]
     sent_at = time.monotonic()
-    tasks = [asyncio.create_task(stream(aengine, t, r.prompt, progress))
+    slots = asyncio.Semaphore(args.max_concurrency or len(requests))
+    tasks = [asyncio.create_task(stream(aengine, t, r.prompt, progress, slots))
              for t, r in zip(traces, requests)]
     killer = asyncio.create_task(kill_when_due(aengine, args, progress, sent_at,
                                                sum(t.max_tokens for t in traces), world))
@@ -183,7 +189,8 @@ async def run(args) -> dict:
         engine.shutdown()
     setup = {"model": args.model, "dp": args.data_parallel_size,
              "tp": args.tensor_parallel_size, "workload": args.workload,
-             "num_requests": len(requests), "length_scale": args.length_scale,
+             "num_requests": len(requests), "max_concurrency": args.max_concurrency,
+             "length_scale": args.length_scale,
              "kill_rank": args.kill_rank, "kill_after_s": args.kill_after,
              "kill_after_tokens": args.kill_after_tokens}
     return {"setup": setup, **report}
@@ -202,9 +209,11 @@ def summary(report: dict) -> str:
         f"kill rank {report['killed_rank']} at {report['kill_at_s']} s: loss seen after "
         f"{report['detection_s']} s (ranks {report['lost_ranks']}), every group serving after "
         f"{report['serving_again_s']} s, the replaced group's first token after "
-        f"{report['replaced_serving_s']} s",
+        f"{report['replaced_serving_s']} s; requests by group then "
+        f"{report['probe'].get('requests_by_group_when_back')}",
         f"surviving groups' longest stall {report['survivors_longest_stall_s']} s "
-        f"(longest gap before the kill {report['survivors_longest_gap_before_s']} s); "
+        f"(longest gap before the kill {report['survivors_longest_gap_before_s']} s, after "
+        f"{report['survivors_longest_gap_after_s']} s); "
         f"the lost group's requests' longest gap {report['lost_group_longest_gap_s']} s",
         f"throughput before {rate(tp['before'])}, during {rate(tp['during'])}, "
         f"after {rate(tp['after'])}"]
@@ -235,6 +244,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--num-requests", type=int, default=400)
     g.add_argument("--length-scale", type=float, default=1.0,
                    help="multiply the workload's lengths (e.g. 0.05 on a CPU)")
+    g.add_argument("--max-concurrency", type=int, default=None,
+                   help="requests in flight at most: each that ends lets the next go (default: "
+                        "all sent at once)")
     g.add_argument("--kill-rank", type=int, default=1)
     g.add_argument("--kill-after", type=float, default=None,
                    help="seconds after the requests were sent")

@@ -102,6 +102,7 @@ def analyse(traces: list[Trace], samples: list[FaultSample], kill_at: float, kil
     width = window_s if window_s is not None else kill_at - first
     stall, stalled = longest_gap(survivors, kill_at, recovered)
     usual, _ = longest_gap(survivors, max(first, kill_at - width), kill_at)
+    later, _ = longest_gap(survivors, recovered, recovered + width)  # the re-forming's, if any
     lost_gap, _ = longest_gap(on_lost, kill_at, last)
 
     def since(at):
@@ -125,6 +126,7 @@ def analyse(traces: list[Trace], samples: list[FaultSample], kill_at: float, kil
                                  and t.token_times[-1][0] <= kill_at for t in traces),
         "survivors_longest_stall_s": round(stall, 3), "survivors_stalled_request": stalled,
         "survivors_longest_gap_before_s": round(usual, 3),
+        "survivors_longest_gap_after_s": round(later, 3) if back else None,
         "lost_group_longest_gap_s": round(lost_gap, 3),
         "throughput": windows,
     }

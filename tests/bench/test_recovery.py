@@ -48,6 +48,7 @@ def test_analysis_splits_survivors_from_the_lost_group():
     assert report["ended_before_kill"] == 1
     assert report["survivors_longest_stall_s"] == 1.3  # 11.2 -> 12.5, in [10, 12]
     assert report["survivors_longest_gap_before_s"] == 0.5
+    assert report["survivors_longest_gap_after_s"] == 1.3  # 11.2 -> 12.5 again, in [12, 14]
     assert report["lost_group_longest_gap_s"] == 3.7
     tp = report["throughput"]
     assert (tp["before"]["start_s"], tp["before"]["end_s"]) == (0.5, 2.0)  # from the first token
@@ -61,4 +62,5 @@ def test_analysis_without_recovery_has_no_after_window():
     survivor = trace("s", (0,), [9.0, 10.5, 11.0])
     report = analyse([survivor], SAMPLES[:2], kill_at=10.0, killed_rank=1, world=2, start=8.0)
     assert report["serving_again_s"] is None and report["throughput"]["after"] is None
+    assert report["survivors_longest_gap_after_s"] is None
     assert report["throughput"]["during"]["end_s"] == 3.0  # to the last token

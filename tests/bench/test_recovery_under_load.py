@@ -38,6 +38,7 @@ def test_kill_under_load_loses_no_request(tmp_path, rank, core):
     assert 0 < report["detection_s"] < report["serving_again_s"]
     assert report["replaced_serving_s"] >= report["serving_again_s"]
     assert report["probe"]["ranks"] is not None
+    assert set(report["probe"]["requests_by_group_when_back"]) <= {"0", "1"}
     windows = report["throughput"]
     assert windows["before"]["output_tokens"] > 0 and windows["during"]["seconds"] > 0
     assert report["survivors_longest_stall_s"] >= 0
