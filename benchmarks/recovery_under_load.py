@@ -24,11 +24,9 @@ from collections import Counter
 
 from parashift.bench.prompts import fill_token_prompts
 from parashift.bench.recovery import FaultSample, Trace, analyse, loss_seen, serving_again
-from parashift.bench.soak.processes import sample_tree, worker_pids
 from parashift.bench.workloads import WORKLOADS, WorkloadOptions, build_phases, get_workload
 from parashift.engine.async_engine import AsyncLLMEngine
 from parashift.engine.core_client import make_engine
-from parashift.engine.llm_engine import LLMEngine
 from parashift.entrypoints.engine_args import add_engine_args, engine_config_from_args
 from parashift.sampling_params import SamplingParams
 
@@ -64,20 +62,13 @@ def placement(engine) -> dict[str, tuple[int, ...]]:
     return engine.placement()  # an engine core in a process of its own is asked
 
 
-def worker_pid(engine, rank: int, world: int) -> int:
-    if isinstance(engine, LLMEngine):
-        return engine.executor.procs[rank].pid
-    pids = worker_pids(sample_tree(os.getpid()))  # the core's workers, in rank order
-    if len(pids) != world:
-        raise RuntimeError(f"found {len(pids)} worker processes below this one, not the "
-                           f"{world} ranks: {pids}")
-    return pids[rank]
-
-
-def kill_rank(engine, rank: int, world: int) -> tuple[float, int, dict]:
+def kill_rank(engine, rank: int) -> tuple[float, int, dict]:
     """Run on the engine thread between steps: where each request is, then the kill."""
     where = placement(engine)
-    pid = worker_pid(engine, rank, world)
+    pids = engine.worker_pids()
+    if rank >= len(pids) or pids[rank] is None:
+        raise RuntimeError(f"rank {rank} has no worker process on this host: {pids}")
+    pid = pids[rank]
     os.kill(pid, signal.SIGKILL)
     return time.monotonic(), pid, where
 
@@ -102,15 +93,14 @@ async def stream(aengine: AsyncLLMEngine, trace: Trace, prompt: list[int],
         trace.status = "completed" if trace.num_tokens == trace.max_tokens else "short"
 
 
-async def kill_when_due(aengine, args, progress: list[int], sent_at: float, total: int,
-                        world: int):
+async def kill_when_due(aengine, args, progress: list[int], sent_at: float, total: int):
     tokens = args.kill_after_tokens
     if tokens is None and args.kill_after is None:
         tokens = total // 4
     while not ((tokens is not None and progress[0] >= tokens) or
                (args.kill_after is not None and time.monotonic() - sent_at >= args.kill_after)):
         await asyncio.sleep(0.005)
-    return await aengine.call(lambda engine: kill_rank(engine, args.kill_rank, world))
+    return await aengine.call(lambda engine: kill_rank(engine, args.kill_rank))
 
 
 async def probe(aengine, watcher: FaultWatcher, killed: asyncio.Future, world: int,
@@ -143,7 +133,7 @@ async def drive(aengine, engine, args, requests) -> dict:
     tasks = [asyncio.create_task(stream(aengine, t, r.prompt, progress, slots))
              for t, r in zip(traces, requests)]
     killer = asyncio.create_task(kill_when_due(aengine, args, progress, sent_at,
-                                               sum(t.max_tokens for t in traces), world))
+                                               sum(t.max_tokens for t in traces)))
     prober = asyncio.create_task(probe(aengine, watcher, killer, world, engine.vocab_size))
     _, pending = await asyncio.wait(tasks, timeout=args.timeout_s)
     for trace, task in zip(traces, tasks):
