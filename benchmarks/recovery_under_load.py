@@ -1,10 +1,11 @@
 """A worker SIGKILLed under load (issue 65 part 5): an offline workload's requests (`chat`,
 400, all sent at once) streamed through the engine as `parashift serve` runs it (its core in
 a process of its own where the server's would be; real worker processes), one rank killed
-mid-run; then how each request ended (completed, failed with its error, or neither), the
-seconds until the engine saw the loss and until every group served again, the longest wait
-between streamed tokens of requests on the groups that survived, and output tokens/s
-before, during and after the recovery (parashift/bench/recovery.py). Once the engine says
+mid-run (by default once a quarter of the output tokens came); then how each request ended
+(completed, failed with its error, or neither), the seconds until the engine saw the loss
+and until every group served again, the longest wait between streamed tokens of requests
+on the groups that survived, and output tokens/s before, during and after the recovery
+(parashift/bench/recovery.py). Once the engine says
 every group serves, one probe request is sent: the router gives it the idle, replaced group,
 and its first token is when that group served again. One JSON report (--output) and a
 summary.
@@ -96,7 +97,7 @@ async def stream(aengine: AsyncLLMEngine, trace: Trace, prompt: list[int],
 async def kill_when_due(aengine, args, progress: list[int], sent_at: float, total: int):
     tokens = args.kill_after_tokens
     if tokens is None and args.kill_after is None:
-        tokens = total // 4
+        tokens = int(total * args.kill_at_share)
     while not ((tokens is not None and progress[0] >= tokens) or
                (args.kill_after is not None and time.monotonic() - sent_at >= args.kill_after)):
         await asyncio.sleep(0.005)
@@ -182,7 +183,7 @@ async def run(args) -> dict:
              "num_requests": len(requests), "max_concurrency": args.max_concurrency,
              "length_scale": args.length_scale,
              "kill_rank": args.kill_rank, "kill_after_s": args.kill_after,
-             "kill_after_tokens": args.kill_after_tokens}
+             "kill_after_tokens": args.kill_after_tokens, "kill_at_share": args.kill_at_share}
     return {"setup": setup, **report}
 
 
@@ -241,8 +242,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--kill-after", type=float, default=None,
                    help="seconds after the requests were sent")
     g.add_argument("--kill-after-tokens", type=int, default=None,
-                   help="once this many output tokens were streamed (default, without "
-                        "--kill-after: a quarter of the workload's)")
+                   help="once this many output tokens were streamed")
+    g.add_argument("--kill-at-share", type=float, default=0.25,
+                   help="without --kill-after(-tokens): once this share of the workload's "
+                        "output tokens were streamed")
     g.add_argument("--window-s", type=float, default=None,
                    help="the throughput windows before and after (default: kill time)")
     g.add_argument("--timeout-s", type=float, default=600,
@@ -255,6 +258,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     world = args.data_parallel_size * args.tensor_parallel_size * args.pipeline_parallel_size
     if not 0 <= args.kill_rank < world:
         p.error(f"--kill-rank {args.kill_rank} is not a rank of the {world} ranks")
+    if not 0 <= args.kill_at_share < 1:
+        p.error(f"--kill-at-share must be in [0, 1), got {args.kill_at_share}")
     return args
 
 
