@@ -139,7 +139,7 @@ async def drive(aengine, engine, args, requests) -> dict:
     _, pending = await asyncio.wait(tasks, timeout=args.timeout_s)
     for trace, task in zip(traces, tasks):
         if task in pending:
-            trace.status, trace.error = "hung", f"not ended within {args.timeout_s:.0f} s"
+            trace.status, trace.error = "hung", f"not ended within {args.timeout_s:g} s"
             task.cancel()
     if not killer.done():
         killer.cancel()
@@ -150,7 +150,7 @@ async def drive(aengine, engine, args, requests) -> dict:
     try:
         probed = await asyncio.wait_for(prober, args.recovery_wait_s)
     except asyncio.TimeoutError:
-        probed = {"error": f"every group was not serving again {args.recovery_wait_s:.0f} s "
+        probed = {"error": f"not every group served again within {args.recovery_wait_s:.0f} s "
                            "after the requests ended"}
     watcher.stop()
     for trace in traces:

@@ -110,7 +110,7 @@ def analyse(traces: list[Trace], samples: list[FaultSample], kill_at: float, kil
     windows = {"before": window(traces, max(first, kill_at - width), kill_at),
                "during": window(traces, kill_at, recovered),
                "after": window(traces, recovered, min(recovered + width, last))
-               if back else None}
+               if back and last > recovered else None}
     for part in filter(None, windows.values()):
         part["start_s"], part["end_s"] = since(part["start_s"]), since(part["end_s"])
     return {

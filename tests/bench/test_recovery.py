@@ -63,4 +63,7 @@ def test_analysis_without_recovery_has_no_after_window():
     report = analyse([survivor], SAMPLES[:2], kill_at=10.0, killed_rank=1, world=2, start=8.0)
     assert report["serving_again_s"] is None and report["throughput"]["after"] is None
     assert report["survivors_longest_gap_after_s"] is None
+    # back after the last token: no window after
+    ended = analyse([survivor], SAMPLES, kill_at=10.0, killed_rank=1, world=2, start=8.0)
+    assert ended["serving_again_s"] == 2.0 and ended["throughput"]["after"] is None
     assert report["throughput"]["during"]["end_s"] == 3.0  # to the last token
