@@ -117,11 +117,14 @@ async def probe(aengine, watcher: FaultWatcher, killed: asyncio.Future, world: i
     prompt = [(7 * i + 11) % vocab_size for i in range(PROBE_PROMPT_TOKENS)]
     params = SamplingParams(temperature=0, max_tokens=PROBE_TOKENS, ignore_eos=True)
     result = {"requests_by_group_when_back": dict(groups), "sent_s": round(sent - kill_at, 3)}
-    async for output in aengine.generate(PROBE_ID, prompt, params):
-        if "first_token_s" not in result:
-            result["first_token_s"] = round(time.monotonic() - kill_at, 3)
-            ranks = (await aengine.call(placement)).get(PROBE_ID)
-            result["ranks"] = None if ranks is None else list(ranks)
+    try:
+        async for _ in aengine.generate(PROBE_ID, prompt, params):
+            if "first_token_s" not in result:
+                result["first_token_s"] = round(time.monotonic() - kill_at, 3)
+                ranks = (await aengine.call(placement)).get(PROBE_ID)
+                result["ranks"] = None if ranks is None else list(ranks)
+    except Exception as exc:  # noqa: BLE001 - reported with the rest
+        result["error"] = f"{type(exc).__name__}: {exc}"[:500]
     return result
 
 
@@ -144,6 +147,7 @@ async def drive(aengine, engine, args, requests) -> dict:
     if not killer.done():
         killer.cancel()
         prober.cancel()
+        watcher.stop()
         raise SystemExit("every request ended before the kill: kill earlier (--kill-after "
                          "or --kill-after-tokens)")
     kill_at, pid, where = killer.result()
