@@ -53,6 +53,8 @@
 # Then `weights_test recover_det1 sidp_tail2` (the seeded random weights on the GPU: the kill's rerun
 # in deterministic mode; SiDP on `tail` at full length where KV binds, Qwen3-32B at 0.75 of memory:
 # plain DP=2, the sidp policy over shared FFN weights, TP=2; one run each).
+# Next (issue 65 part 5, ~250 s): `faults` (a worker SIGKILLed under the `chat` load, -dp 2:
+# rank 1, then rank 0 in a fresh engine; benchmarks/recovery_under_load.py).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -261,6 +263,10 @@ for name in "$@"; do
            --num-requests 300 --model benchmarks/shapes/qwen3-32b.json --dtype bfloat16 \
            --max-model-len 8192 --gpu-memory-utilization 0.75 \$flags \
            --output-json $OUT/tail_\$(echo \$flags | tr -d ' -').json; done" ;;
+    # issue 65 part 5: the 8B at -dp 2 under `chat` (400 requests), rank 1's worker
+    # SIGKILLed, then in a fresh engine rank 0's (scripts/gpu_faults.sh; ~100 s a run)
+    faults) part faults 300 "bash scripts/gpu_faults.sh dp2_rank1 1 140 -dp 2; \
+           bash scripts/gpu_faults.sh dp2_rank0 0 140 -dp 2" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     prefill_busy) part prefill_busy 200 "for plan in single tp2 shift-sp2; do \
            python3 benchmarks/prefill_throughput.py --model $EIGHT_B --plan \$plan \

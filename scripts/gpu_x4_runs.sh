@@ -23,6 +23,8 @@
 #   OUT=dir bash scripts/gpu_x4_runs.sh flying_priority trim  # ~280 (the same for `priority`)
 #   OUT=dir bash scripts/gpu_x4_runs.sh bursty70b trim  # ~350 (at a quarter of the rates: the
 #     8B's overloaded every 70B server)
+#   OUT=dir bash scripts/gpu_x4_runs.sh faults trim  # ~450 (issue 65 part 5: a worker SIGKILLed
+#     under `chat`, 400 requests: -dp 4 and -dp 2 -tp 2, rank 1 then rank 0, a fresh engine each)
 #   OUT=dir bash scripts/gpu_x4_runs.sh bursty_seqs trim  # ~200 (TP4 and Shift with mixed
 #     graphs of 256 sequences instead of 64: bursts run steps of more than 64, eagerly)
 # Parts: env (topology, memory); mixed_graphs (one prompt's prefill per plan, steps that
@@ -60,6 +62,7 @@ QWEN32=benchmarks/shapes/qwen3-32b.json
 VOCAB=128256  # the token ids `bench serve` sends
 # appended to each tool's flags (the last value of a flag wins): empty but under SMOKE
 PLANS_ARGS="" SEESAW_ARGS="" SERVE_ARGS="" TAIL_ARGS="" MERGE_ARGS="" CONTEXT_ARGS="" PREFILL_ARGS=""
+FAULTS_ARGS=""
 if [ "${SMOKE:-0}" = 1 ]; then
   python3 -c "import json; c = json.load(open('benchmarks/shapes/tiny-llama.json'))
 c.update(num_hidden_layers=4, num_key_value_heads=4, max_position_embeddings=16384)
@@ -73,6 +76,7 @@ json.dump(c, open('$OUT/tiny4.json', 'w'))"
   MERGE_ARGS="--input-len 32 --light-output-len 16 --batch-requests 8 --rounds 1"
   CONTEXT_ARGS="--max-model-len 16384"
   PREFILL_ARGS="--prompt-lens 64 128 --repeats 1"
+  FAULTS_ARGS="--dtype float32 --num-requests 16 --length-scale 0.1 --max-model-len 512"
 fi
 
 part() {  # part NAME SECONDS COMMAND: the command's output to $OUT/NAME.log, time-limited
@@ -207,11 +211,20 @@ run_tests() {  # run_tests all|rest: the distributed cases on four ranks, on NCC
     "${cases[@]}"
 }
 
-export -f run_plans run_sidp_capacity run_tail run_sidp_tail run_serve run_bursty run_bursty70b \
+run_faults() {  # -dp 4 and -dp 2 -tp 2: rank 1's worker, then rank 0's in a fresh engine
+  for layout in "dp4:-dp 4" "dp2tp2:-dp 2 -tp 2"; do
+    for rank in 1 0; do
+      FAULTS_MODEL=$EIGHT_B bash scripts/gpu_faults.sh "${layout%%:*}_rank$rank" $rank 135 \
+        ${layout#*:}
+    done
+  done
+}
+
+export -f run_faults run_plans run_sidp_capacity run_tail run_sidp_tail run_serve run_bursty run_bursty70b \
   run_priority \
   run_max_context run_seesaw run_tests run_prefill_profile run_mixed_graphs
 export EIGHT_B SEVENTY_B QWEN32 OUT VOCAB PLANS_ARGS SEESAW_ARGS SERVE_ARGS TAIL_ARGS MERGE_ARGS \
-  CONTEXT_ARGS PREFILL_ARGS SMOKE
+  CONTEXT_ARGS PREFILL_ARGS FAULTS_ARGS SMOKE
 for name in "$@"; do
   case $name in
     env) run_env ;;
@@ -265,6 +278,8 @@ for name in "$@"; do
            "run_serve bursty_flying bursty '--time-scale 0.05' -dp 4 --parallel-policy flying" ;;
     priority_dp4) part priority_dp4 120 "run_serve priority_dp4 priority \
            '--request-rate 4 --num-requests 80' -dp 4" ;;
+    # issue 65 part 5 (scripts/gpu_faults.sh): 400 `chat` requests, one worker SIGKILLed
+    faults) part faults 570 run_faults ;;
     trim) find "$OUT" \( -name '*timeline.csv' -o -name '*-requests.json' \) -delete ;;
     *) echo "unknown part $name"; exit 2 ;;
   esac

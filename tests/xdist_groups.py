@@ -22,6 +22,7 @@ PROCESS_PATHS = (
     "tests/executor/",
     "tests/bench/soak/",
     "tests/bench/test_bench_live.py",
+    "tests/bench/test_recovery_under_load.py",
     "tests/bench/test_shift_crossover.py",
     "tests/bench/test_shift_serving.py",
     "tests/deterministic/test_flying_invariance.py",

@@ -150,6 +150,14 @@ class LLMEngine:
     def faults(self):
         return self.node.faults
 
+    def placement(self) -> dict[str, tuple[int, ...]]:
+        """The ranks of each placed request's replica (benchmarks: which group serves it)."""
+        return {request_id: replica.ranks for request_id, replica in self.node.replica_of.items()}
+
+    def worker_pids(self) -> list[int | None]:
+        """Each rank's worker process id (None: not a process of this host; benchmarks)."""
+        return [getattr(proc, "pid", None) for proc in getattr(self.executor, "procs", [])]
+
     @property
     def transitions(self):
         return self.node.transitions

@@ -119,6 +119,17 @@ def test_priority_orders_admission(tiny_llama_dir):
     assert finished == ["r1", "r2", "r0"]
 
 
+def test_placement_names_each_placed_requests_ranks(tiny_llama_dir):
+    engine = tiny_llm(tiny_llama_dir).llm_engine
+    for i in range(2):
+        engine.add_request(f"p{i}", [1, 2, 3], SamplingParams(temperature=0, max_tokens=2))
+    assert engine.placement() == {"p0": (0,), "p1": (0,)}
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.placement() == {}
+    assert engine.worker_pids() == []  # one device: no worker process
+
+
 def test_smollm2_answers_and_stop_strings(smollm2):
     question = [{"role": "user", "content": "What is the capital of France?"}]
     out = smollm2.chat(question, SamplingParams(temperature=0, max_tokens=32))[0].outputs[0]
