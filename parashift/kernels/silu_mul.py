@@ -14,9 +14,9 @@ MAX_FP8_BLOCK = 4096  # a row's columns per step of silu_and_mul_fp8's loop
 
 
 @triton.jit
-def _silu_mul(gate_ptrs, mask, half, out_dtype: tl.constexpr, LIBDEVICE: tl.constexpr):
-    """silu(gate) * up of the gates at `gate_ptrs` (their ups `half` further), rounded to
-    out_dtype."""
+def _silu_mul(gate_ptrs, mask, half, LIBDEVICE: tl.constexpr):
+    """silu(gate) * up in fp32 (for the caller to round) of the gates at `gate_ptrs`, their
+    ups `half` further."""
     gate = tl.load(gate_ptrs, mask=mask, other=0.0)
     up = tl.load(gate_ptrs + half, mask=mask, other=0.0)
     g = gate.to(tl.float32)
@@ -27,7 +27,7 @@ def _silu_mul(gate_ptrs, mask, half, out_dtype: tl.constexpr, LIBDEVICE: tl.cons
     else:
         e = tl.exp(-g)
     silu = tl.math.div_rn(g, 1.0 + e).to(gate.dtype)
-    return (silu.to(tl.float32) * up.to(tl.float32)).to(out_dtype)
+    return silu.to(tl.float32) * up.to(tl.float32)
 
 
 @triton.jit
@@ -36,21 +36,21 @@ def _silu_and_mul_kernel(out_ptr, x_ptr, stride_x, d, BLOCK: tl.constexpr,
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
-    out = _silu_mul(x_ptr + row * stride_x + cols, mask, d, out_ptr.dtype.element_ty, LIBDEVICE)
-    tl.store(out_ptr + row * d + cols, out, mask=mask)
+    out = _silu_mul(x_ptr + row * stride_x + cols, mask, d, LIBDEVICE)
+    tl.store(out_ptr + row * d + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _fp8_row_block(x_row, start, d, half, out_dtype: tl.constexpr, BLOCK: tl.constexpr,
-                   BLOCKED: tl.constexpr, LIBDEVICE: tl.constexpr):
+def _fp8_row_block(x_row, start, d, half, BLOCK: tl.constexpr, BLOCKED: tl.constexpr,
+                   LIBDEVICE: tl.constexpr):
     """Output columns start..start + BLOCK of a row of `d`, from [gate | up] blocks of
-    2 * half (one block unless BLOCKED): (the columns, their mask, their values)."""
+    2 * half (one block unless BLOCKED): (the columns, their mask, their fp32 values)."""
     cols = start + tl.arange(0, BLOCK)
     gate_cols = cols
     if BLOCKED:
         gate_cols = cols // half * (2 * half) + cols % half
     mask = cols < d
-    return cols, mask, _silu_mul(x_row + gate_cols, mask, half, out_dtype, LIBDEVICE)
+    return cols, mask, _silu_mul(x_row + gate_cols, mask, half, LIBDEVICE)
 
 
 @triton.jit
@@ -62,15 +62,15 @@ def _silu_and_mul_fp8_kernel(out_ptr, q_ptr, s_ptr, x_ptr, stride_x, d, half,
     are then in L2, and no thread reads what another wrote."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
-    out_dtype: tl.constexpr = out_ptr.dtype.element_ty
     largest = tl.zeros((BLOCK,), dtype=tl.float32)
     for start in range(0, d, BLOCK):
-        _, _, out = _fp8_row_block(x_row, start, d, half, out_dtype, BLOCK, BLOCKED, LIBDEVICE)
+        _, _, prod = _fp8_row_block(x_row, start, d, half, BLOCK, BLOCKED, LIBDEVICE)
+        out = prod.to(out_ptr.dtype.element_ty)
         largest = tl.maximum(largest, tl.abs(out.to(tl.float32)))
     scale = tl.maximum(tl.max(largest, axis=0), 1e-12) / FP8_MAX
     for start in range(0, d, BLOCK):
-        cols, mask, out = _fp8_row_block(x_row, start, d, half, out_dtype, BLOCK, BLOCKED,
-                                         LIBDEVICE)
+        cols, mask, prod = _fp8_row_block(x_row, start, d, half, BLOCK, BLOCKED, LIBDEVICE)
+        out = prod.to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + row * d + cols, out, mask=mask)
         q = tl.clamp(out.to(tl.float32) / scale, -FP8_MAX, FP8_MAX)
         tl.store(q_ptr + row * d + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
