@@ -36,18 +36,18 @@ def check(shape, strided=False, scale=3.0, dtype="float32", device="cpu"):
 
 test_interpreted, test_cuda = case_tests(__name__, check, CASES)
 
-# blocks: [gate_i | up_i] blocks, as a layer whose rows Shift reordered holds them; d = 5000
-# and 8200 take two and three steps of the row loop, the last partly masked
+# blocks: [gate_i | up_i] blocks, as a layer whose rows Shift reordered holds them; d = 14336
+# (the 8B layer's) and 2 x 8200 take two and three steps of the row loop, the last partly masked
 FP8_CASES = [
     dict(shape=(1, 200)),
     dict(shape=(7, 1152)),
-    dict(shape=(3, 10000)),
+    dict(shape=(3, 2 * 14336)),
     dict(shape=(2, 3, 3072)),
     dict(shape=(4, 1152), strided=True),
     dict(shape=(3, 1152), scale=30.0),
     dict(shape=(5, 2 * 2 * 96), blocks=2),
     dict(shape=(3, 4 * 2 * 40), blocks=4),
-    dict(shape=(2, 2 * 2 * 4100), blocks=2),
+    dict(shape=(2, 2 * 2 * 8200), blocks=2),
 ]
 
 
