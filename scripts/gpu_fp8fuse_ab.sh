@@ -9,6 +9,9 @@
 #    against the unfused pairs (benchmarks/fp8_fused_input.py).
 # A step is skipped once it would pass BUDGET_S (default 300) seconds; a summary at the end.
 # JSON and logs to $OUT/<step>.{json,log}.
+# From the repository root, $BEFORE an earlier tree unpacked inside it (e.g. `git archive
+# <main's commit> | tar -x -C .before`, carried with it), wheels of scripts/fetch_gpu_wheels.sh
+# on PYTHONPATH where the image lacks one:
 # Usage: OUT=dir BEFORE=.before [BUDGET_S=300] bash scripts/gpu_fp8fuse_ab.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
@@ -20,7 +23,8 @@ step() {  # name, tree (before|after), seconds it needs, then the command
   local dir=$here start=$SECONDS limit=$((budget - SECONDS))
   [ "$tree" = before ] && dir=$here/$before
   [ $limit -gt $((2 * need)) ] && limit=$((2 * need))  # a hung step leaves time to the others
-  (cd "$dir" && PYTHONPATH="$dir" timeout $limit "$@" > "$OUT/$name.log" 2>&1)
+  (cd "$dir" && PYTHONPATH="$dir${PYTHONPATH:+:$PYTHONPATH}" timeout $limit "$@" \
+    > "$OUT/$name.log" 2>&1)
   echo "[$name: rc=$? $((SECONDS - start)) s] $(tail -1 "$OUT/$name.log" | cut -c1-160)"
 }
 tests="tests/kernels/test_rmsnorm.py tests/kernels/test_silu_mul.py tests/layers/test_fp8_input.py

@@ -67,8 +67,8 @@ def _silu_and_mul_fp8_kernel(out_ptr, q_ptr, s_ptr, x_ptr, stride_x, d, half,
     x_row = x_ptr + row * stride_x
     largest = tl.zeros((BLOCK,), dtype=tl.float32)
     for start in range(0, d, BLOCK):
-        _, _, prod = _fp8_row_block(x_row, start, d, half, BLOCK, BLOCKED, LIBDEVICE)
-        out = prod.to(out_ptr.dtype.element_ty)
+        cols, mask, prod = _fp8_row_block(x_row, start, d, half, BLOCK, BLOCKED, LIBDEVICE)
+        out = prod.to(out_ptr.dtype.element_ty)  # masked columns are 0
         largest = tl.maximum(largest, tl.abs(out.to(tl.float32)))
     scale = tl.maximum(tl.max(largest, axis=0), 1e-12) / FP8_MAX
     for start in range(0, d, BLOCK):
