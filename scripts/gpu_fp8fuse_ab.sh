@@ -7,15 +7,16 @@
 #    this one, interleaved (decode before, after; prefill after, before);
 # 3. if time is left: bf16 prefill 4096 (this tree; the FP8 / bf16 ratio), and the fused kernels
 #    against the unfused pairs (benchmarks/fp8_fused_input.py).
-# A step is skipped once it would pass BUDGET_S (default 300) seconds; a summary at the end.
+# A step is skipped where its usual time would pass BUDGET_S (default 330) seconds (tests ~90,
+# a decode run ~75, a prefill run ~50); a summary at the end.
 # JSON and logs to $OUT/<step>.{json,log}.
 # From the repository root, $BEFORE an earlier tree unpacked inside it (e.g. `git archive
 # <main's commit> | tar -x -C .before`, carried with it), wheels of scripts/fetch_gpu_wheels.sh
 # on PYTHONPATH where the image lacks one:
-# Usage: OUT=dir BEFORE=.before [BUDGET_S=300] bash scripts/gpu_fp8fuse_ab.sh
+# Usage: OUT=dir BEFORE=.before [BUDGET_S=330] bash scripts/gpu_fp8fuse_ab.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-here=$(pwd); before=${BEFORE:?the earlier tree}; budget=${BUDGET_S:-300}
+here=$(pwd); before=${BEFORE:?the earlier tree}; budget=${BUDGET_S:-330}
 S=$here/benchmarks/shapes
 step() {  # name, tree (before|after), seconds it needs, then the command
   local name=$1 tree=$2 need=$3; shift 3
@@ -31,15 +32,16 @@ tests="tests/kernels/test_rmsnorm.py tests/kernels/test_silu_mul.py tests/layers
   tests/kernels/test_fp8_gemm.py::test_rows_quantized_before_are_taken_where_the_choice_quantizes"
 step gpu_tests after 90 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   -k "not interpreted" $tests
-decode() { step "decode_$1" "$1" 90 python3 benchmarks/decode_throughput.py \
+decode() { step "decode_$1" "$1" 75 python3 benchmarks/decode_throughput.py \
   --model "$S/llama-3.1-8b.json" --batch-sizes 1 64 --context 1024 --decode-steps 32 \
   --quantization fp8 --profile --output "$OUT/decode_$1.json"; }
-prefill() { step "prefill_$1" "$2" 60 python3 benchmarks/prefill_throughput.py \
+prefill() { step "prefill_$1" "$2" 50 python3 benchmarks/prefill_throughput.py \
   --model "$S/llama-3.1-8b.json" --prompt-lens 4096 --repeats 3 $3 --output "$OUT/prefill_$1.json"; }
-decode before
-decode after
-prefill after after "--quantization fp8"
-prefill before before "--quantization fp8"
+fits() { [ $((SECONDS + $1)) -le "$budget" ] || { echo "[$2 skipped: $SECONDS s used]"; false; }; }
+if fits 150 "decode pair"; then decode before; decode after; fi
+if fits 100 "prefill pair"; then
+  prefill after after "--quantization fp8"; prefill before before "--quantization fp8"
+fi
 prefill bf16 after ""
 step fused_kernels after 30 python3 benchmarks/fp8_fused_input.py --output "$OUT/fused_kernels.json"
 python3 - "$OUT" <<'PY'
