@@ -17,12 +17,13 @@ from parashift.layers.fp8_input import (FP8Handoff, QuantizingRMSNorm, Quantizin
 from parashift.layers.layernorm import RMSNorm, add_rms_norm_torch
 from parashift.layers.linear import LinearBase
 from parashift.models.llama import LlamaForCausalLM
+from parashift.models.moe import MoeForCausalLM
 from parashift.parallel.state import ParallelState
 from parashift.quantization import fp8
 from parashift.quantization.scheme import WeightQuant
 from tests.deterministic.test_batch_invariance import GREEDY, assert_identical, requests
 from tests.engine.conftest import tiny_llama_dir, tiny_llm  # noqa: F401  (shared fixture)
-from tests.helpers.tiny_configs import TINY
+from tests.helpers.tiny_configs import TINY, tiny_config
 
 DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")  # "cuda": the GPU kernels, graphs
 
@@ -54,6 +55,16 @@ def test_fp8_llama_hands_its_norms_and_activations_outputs_to_the_layers_after(m
     plain = build()
     assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.named_parameters()]
     assert len(list(model.modules())) == len(list(plain.modules()))  # no consumer as a child
+
+
+def test_a_mixture_of_experts_fuses_its_attention_input_and_its_dense_layer():
+    """The experts' input stays bf16 (the router reads it; the grouped GEMM widens FP8)."""
+    cfg = tiny_config("qwen3-moe")  # layer 1 dense, the others experts
+    with use_state(ParallelState.single(), quantization=WeightQuant()):
+        model = MoeForCausalLM(cfg, 64)
+    expected = {f"model.layers.{i}.input_layernorm" for i in range(cfg.num_hidden_layers)}
+    expected |= {"model.layers.1.mlp.act", "model.layers.1.post_attention_layernorm"}
+    assert cfg.num_hidden_layers > 2 and set(producers(model)) == expected
 
 
 def test_only_dynamic_fp8_in_the_default_mode_is_fused(monkeypatch):
