@@ -112,9 +112,11 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                      bias: torch.Tensor | None, config: Config) -> torch.Tensor:
+                      bias: torch.Tensor | None, config: Config,
+                      x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [M, K] (bf16/fp16), weight [N, K] E4M3 with unit stride along K, scale [N] or
-    [N, 1] fp32, bias [N] or None."""
+    [N, 1] fp32, bias [N] or None; x_fp8: `quantize_rows(x)` made already (by the op
+    before, e.g. `rmsnorm.rms_norm_fp8`), for the configs that multiply FP8 by FP8."""
     if x.dim() != 2 or weight.dtype != FP8 or weight.stride(1) != 1:
         raise ValueError(f"fp8_weight_linear takes 2-D x and an E4M3 weight contiguous "
                          f"along K, got x {tuple(x.shape)} and a {weight.dtype} weight")
@@ -127,7 +129,7 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     y = (torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1
          else torch.zeros(m, n, dtype=torch.float32, device=x.device))
     fp8_x = config.kernel == "w8a8"
-    xq, x_scale = quantize_rows(x) if fp8_x else (x, scale)
+    xq, x_scale = (x, scale) if not fp8_x else x_fp8 or quantize_rows(x)
     bm = block_m(m)
     _fp8_weight_kernel[(triton.cdiv(n, config.block_n), triton.cdiv(m, bm), split)](
         xq, x_scale, weight, scale.reshape(-1), bias if bias is not None else scale, y, m, n,
@@ -138,9 +140,11 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
 
 
 def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                     bias: torch.Tensor | None) -> torch.Tensor:
-    """cuBLASLt's FP8 GEMM: x quantized per token, the weight's scale per output row."""
-    xq, x_scale = quantize_rows(x if x.stride(1) == 1 else x.contiguous())
+                     bias: torch.Tensor | None,
+                     x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """cuBLASLt's FP8 GEMM: x quantized per token (x_fp8, where made already), the weight's
+    scale per output row."""
+    xq, x_scale = x_fp8 or quantize_rows(x if x.stride(1) == 1 else x.contiguous())
     return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=scale.reshape(1, -1),
                             bias=bias, out_dtype=x.dtype)
 
@@ -153,28 +157,48 @@ def row_bucket(rows: int) -> int:
     return rows if rows <= fp8_gemv.MAX_ROWS else block_m(rows)
 
 
+def _key(rows: int, weight: torch.Tensor, dtype: torch.dtype, device: torch.device,
+         has_bias: bool) -> tuple:
+    return (row_bucket(rows), tuple(weight.shape), weight.stride(0), dtype, device, has_bias)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-           bias: torch.Tensor | None) -> torch.Tensor:
+           bias: torch.Tensor | None,
+           x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The fastest of the Triton kernels and cuBLASLt for this shape (measured on its first
     call outside a CUDA-graph capture; during a capture an unmeasured shape takes
-    cuBLASLt). Rows are bucketed by `row_bucket`."""
+    cuBLASLt). Rows are bucketed by `row_bucket`. x_fp8: x's rows quantized already
+    (`quantize_rows` of x [-1, K]), taken by the kernels that quantize them."""
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] > MAX_ROWS or weight.stride(1) != 1:
-        return scaled_mm_linear(rows, weight, scale, bias).reshape(*x.shape[:-1], -1)
-    key = (row_bucket(rows.shape[0]), tuple(weight.shape), weight.stride(0), x.dtype,
-           x.device, bias is not None)
+        return scaled_mm_linear(rows, weight, scale, bias, x_fp8).reshape(*x.shape[:-1], -1)
+    key = _key(rows.shape[0], weight, x.dtype, x.device, bias is not None)
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
-            return scaled_mm_linear(rows, weight, scale, bias).reshape(*x.shape[:-1], -1)
+            return scaled_mm_linear(rows, weight, scale, bias, x_fp8).reshape(*x.shape[:-1], -1)
         timings = timings_ms(rows, weight, scale, bias)
         _choices[key] = choose(timings)
         logger.info("FP8 GEMM, %d rows x %s: %s (%.2f µs; cuBLASLt %.2f µs)", rows.shape[0],
                     tuple(weight.shape), _choices[key] or "cuBLASLt",
                     1e3 * timings[_choices[key]], 1e3 * timings[None])
     config = _choices[key]
-    y = (scaled_mm_linear(rows, weight, scale, bias) if config is None
-         else fp8_weight_linear(rows, weight, scale, bias, config))
+    y = (scaled_mm_linear(rows, weight, scale, bias, x_fp8) if config is None
+         else fp8_weight_linear(rows, weight, scale, bias, config, x_fp8))
     return y.reshape(*x.shape[:-1], -1)
+
+
+def quantizes_activations(rows: int, weight: torch.Tensor, dtype: torch.dtype,
+                          device: torch.device, has_bias: bool) -> bool:
+    """Whether `linear` of `rows` rows quantizes them per token (cuBLASLt or a w8a8
+    config) as far as is known before the call: a shape not yet measured says no unless a
+    CUDA graph is being captured (then cuBLASLt takes it)."""
+    if rows > MAX_ROWS or weight.stride(1) != 1:
+        return True
+    key = _key(rows, weight, dtype, device, has_bias)
+    if key not in _choices:
+        return torch.cuda.is_current_stream_capturing()
+    config = _choices[key]
+    return config is None or config.kernel == "w8a8"
 
 
 def chosen() -> list[dict]:

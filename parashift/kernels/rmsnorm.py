@@ -1,16 +1,21 @@
 """RMSNorm over the last dim, optionally fused with the residual add; one
 program per row. Rounds like parashift.layers.layernorm.rms_norm_torch: the
 add in the input dtype, the normalisation in fp32 rounded to that dtype, then
-the product with the weight rounded again."""
+the product with the weight rounded again. `rms_norm_fp8` also writes each
+row in E4M3 with its scale, as `fp8_gemm.quantize_rows` makes them of the
+output (the next FP8 linear layer's activations, without a kernel of their own)."""
 import torch
 import triton
 import triton.language as tl
 
+from parashift.kernels.fp8_gemm import FP8, FP8_MAX
+
 
 @triton.jit
-def _rms_norm_kernel(out_ptr, new_x_ptr, x_ptr, residual_ptr, weight_ptr, eps,
+def _rms_norm_kernel(out_ptr, new_x_ptr, q_ptr, s_ptr, x_ptr, residual_ptr, weight_ptr, eps,
                      stride_xr, stride_xh, stride_rr, stride_rh,
-                     N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+                     N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                     QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     cols = tl.arange(0, BLOCK)
@@ -26,7 +31,14 @@ def _rms_norm_kernel(out_ptr, new_x_ptr, x_ptr, residual_ptr, weight_ptr, eps,
     rstd = tl.math.rsqrt(tl.sum(xf * xf, 0) * (1.0 / N) + eps)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + out_offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+    out = (w * normed).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + out_offs, out, mask=mask)
+    if QUANT:  # one head a row: the row's scale and E4M3 values, as _quantize_rows_kernel's
+        y = out.to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / FP8_MAX
+        q = tl.clamp(y / scale, -FP8_MAX, FP8_MAX)
+        tl.store(q_ptr + out_offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(s_ptr + row, scale)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -37,23 +49,38 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual) in one pass."""
-    return _launch(x, residual, weight, eps)
+    return _launch(x, residual, weight, eps)[:2]
 
 
-def _launch(x, residual, weight, eps):
+def rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, x + residual (x without one), E4M3 [rows, n], fp32 scale [rows, 1]) in one
+    pass: out as `rms_norm`/`add_rms_norm` give it, its rows (x's last dim) quantized as
+    `fp8_gemm.quantize_rows(out)` quantizes them."""
+    return _launch(x, residual, weight, eps, quant=True)
+
+
+def _launch(x, residual, weight, eps, quant=False):
     dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
     new_x = x if residual is None else torch.empty(x.shape, dtype=dtype, device=x.device)
     out = torch.empty(x.shape, dtype=torch.promote_types(dtype, weight.dtype), device=x.device)
     xs = _as_3d(x)
     rs = xs if residual is None else _as_3d(residual)
     rows, heads, n = xs.shape
+    if quant and heads != 1:
+        raise ValueError(f"rms_norm_fp8 quantizes whole rows: x {tuple(x.shape)} has "
+                         "several heads a row")
+    q, scale = out, out  # unused without quant (and no E4M3 in the kernel's signature)
+    if quant:
+        q = torch.empty(rows, n, dtype=FP8, device=x.device)
+        scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(n)
     _rms_norm_kernel[(rows, heads)](
-        out, new_x, xs, rs, weight.contiguous(), eps,
+        out, new_x, q, scale, xs, rs, weight.contiguous(), eps,
         xs.stride(0), xs.stride(1), rs.stride(0), rs.stride(1),
-        N=n, BLOCK=block, HAS_RESIDUAL=residual is not None,
+        N=n, BLOCK=block, HAS_RESIDUAL=residual is not None, QUANT=quant, FP8_MAX=FP8_MAX,
         num_warps=min(max(block // 256, 1), 8), enable_fp_fusion=False)
-    return out, new_x
+    return out, new_x, q, scale
 
 
 def _as_3d(x: torch.Tensor) -> torch.Tensor:

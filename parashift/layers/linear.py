@@ -14,7 +14,7 @@ from parashift.deterministic.reduction import row_parallel_linear
 from parashift.kernels import use_triton
 from parashift.lazy_tensor import as_tensor
 from parashift.context import BASE_WEIGHTS, get_context
-from parashift.quantization.fp8 import FP8, dequantize, fp8_linear
+from parashift.quantization.fp8 import FP8, dequantize, fp8_linear, quantizes_per_token
 from parashift.quantization.loading import QuantizingTarget, check_serialized, scale_rows
 
 
@@ -98,6 +98,9 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
         self._make_scales(output_size)
+        # where the op before hands this layer its input quantized (layers/fp8_input.py): the
+        # FP8Handoff it fills
+        self.fp8_input = None
         # Weight layouts other plans use, by key (e.g. the shift plan's finer shard):
         # each a list of (weight, bias) parts whose outputs are concatenated. A layout
         # builder (parallel/shift_weights.py) makes them; the layer knows no plan.
@@ -149,11 +152,21 @@ class LinearBase(nn.Module):
             raise RuntimeError(f"no weight layout {key!r}: it was not made at start-up")
         return self.layouts[key]
 
-    def _gemm(self, x: torch.Tensor, part: WeightPart) -> torch.Tensor:
+    def _gemm(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor:
         if part.scale is None:
             return self.matmul(x, part.weight, part.bias)
         return fp8_linear(x, part.weight, part.scale, part.bias, self.matmul, linear,
-                          self.input_scale)
+                          self.input_scale, x_fp8)
+
+    def _fp8_rows(self, x: torch.Tensor):
+        """x's rows in E4M3 and their scales where the op before made them with x, or None."""
+        return None if self.fp8_input is None else self.fp8_input.take(x)
+
+    def quantizes_input(self, rows: int, dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether this layer's GEMMs under the active layout would quantize an input of
+        `rows` rows per token (fp8.quantizes_per_token)."""
+        return any(quantizes_per_token(rows, dtype, device, part.weight, part.bias,
+                                       self.matmul, linear) for part in self._active_parts())
 
     def set_layout(self, key: str, parts, separate: bool,
                    split: tuple[int, list[int]] | None = None) -> int:
@@ -240,10 +253,10 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, _divide(output_size, tp_size, "output size"), bias, tp_dim=0)
 
     def forward(self, x):
-        parts = self._active_parts()
+        parts, x_fp8 = self._active_parts(), self._fp8_rows(x)
         if len(parts) == 1:
-            return self._gemm(x, parts[0])
-        return torch.cat([self._gemm(x, part) for part in parts], dim=-1)
+            return self._gemm(x, parts[0], x_fp8)
+        return torch.cat([self._gemm(x, part, x_fp8) for part in parts], dim=-1)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -329,10 +342,10 @@ class RowParallelLinear(LinearBase):
     def forward(self, x):
         ctx = get_context()
         tp = ctx.tp
-        part = self._active_parts()[0]
+        part, x_fp8 = self._active_parts()[0], self._fp8_rows(x)
         if self.reduction_chunks:
             weight, bias, _ = part.dense(x.dtype)
             return row_parallel_linear(x, weight, bias, tp, self.reduction_chunks, ctx)
         if tp.rank != 0:
             part = part._replace(bias=None)
-        return tp.all_reduce(self._gemm(x, part))
+        return tp.all_reduce(self._gemm(x, part, x_fp8))

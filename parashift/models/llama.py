@@ -6,6 +6,7 @@ from torch import nn
 from parashift.layers.activation import SiluAndMul
 from parashift.layers.attention import Attention
 from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from parashift.layers.fp8_input import hand_over_fp8_inputs
 from parashift.layers.layernorm import RMSNorm
 from parashift.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from parashift.layers.missing import MissingLayer
@@ -55,6 +56,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
+    # (op, FP8 linear layer it feeds): the op may quantize its output (layers/fp8_input.py)
+    fp8_input_pairs = (("act", "down_proj"),)
+
     def __init__(self, cfg):
         super().__init__()
         bias = getattr(cfg, "mlp_bias", False)
@@ -69,6 +73,9 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    fp8_input_pairs = (("input_layernorm", "self_attn.qkv_proj"),
+                       ("post_attention_layernorm", "mlp.gate_up_proj"))
+
     def __init__(self, cfg, max_position: int, mlp: nn.Module):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, max_position)
@@ -143,6 +150,7 @@ class LlamaForCausalLM(nn.Module):
                         if self.model.last else MissingLayer())
         if getattr(cfg, "tie_word_embeddings", False) and self.model.first and self.model.last:
             self.lm_head.weight = self.model.embed_tokens.weight
+        hand_over_fp8_inputs(self)
 
     @staticmethod
     def make_mlp(cfg, layer_index: int) -> nn.Module:

@@ -56,6 +56,29 @@ def assert_last_bits(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert flips <= 1 + out.numel() // 1000, f"{flips} of {out.numel()} differ"
 
 
+def assert_fp8_rows(q: torch.Tensor, scale: torch.Tensor,
+                    reference: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> None:
+    """A fused kernel's E4M3 rows of `out` and their scales are the reference kernel's bit for
+    bit (`fp8_gemm.quantize_rows(out)`) and, on CUDA, torch's quantization of `out` (the
+    interpreter's E4M3 cast rounds some values that carry into the next binade wrongly, alike
+    in both kernels)."""
+    rows = out.reshape(-1, out.shape[-1])
+    assert q.dtype == torch.float8_e4m3fn and q.shape == rows.shape
+    assert scale.dtype == torch.float32 and scale.shape == (rows.shape[0], 1)
+    assert torch.equal(q.view(torch.uint8), reference[0].view(torch.uint8))
+    assert_exact(scale, reference[1])
+    if q.is_cuda:
+        expected = rows.float().abs().amax(1, keepdim=True).clamp(min=1e-12) / 448.0
+        torch.testing.assert_close(scale, expected, rtol=1e-6, atol=0)
+        torch.testing.assert_close(q.float(), (rows.float() / scale).to(q.dtype).float(),
+                                   rtol=0.125, atol=2 ** -9)
+
+
+def as_bytes(tensors) -> torch.Tensor:
+    """The tensors' bytes, one after the other (outputs of several dtypes compared at once)."""
+    return torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
+
+
 def assert_graph_replays(fn, inputs: list[torch.Tensor]) -> None:
     """fn() captured in a CUDA graph, replayed on new values of `inputs`, gives
     what it gives run eagerly."""

@@ -55,6 +55,29 @@ def test_rows_quantized_in_one_kernel_match_torch():
     torch.testing.assert_close(q.float(), (x.float() / expected_scale).to(fp8_gemm.FP8).float())
 
 
+@cuda
+@pytest.mark.parametrize("m", [3, 40, 300])
+def test_rows_quantized_before_are_taken_where_the_choice_quantizes(m):
+    """`linear` given rows quantized already (of another x here, to tell them apart)
+    multiplies those where its kernel quantizes activations, as `quantizes_activations`
+    says before the call, and x itself where it reads bf16 (the GEMV, w8)."""
+    w, scale = quantized(512, 1024)
+    x, other = torch.randn(2, m, 1024, device="cuda", dtype=torch.bfloat16)
+    fp8_gemm.linear(x, w, scale, None)  # measures the shape's choice
+    quantizes = fp8_gemm.quantizes_activations(m, w, x.dtype, x.device, False)
+    assert quantizes or m <= fp8_gemm.MAX_ROWS
+    got = fp8_gemm.linear(x, w, scale, None, fp8_gemm.quantize_rows(other))
+    expected = fp8_gemm.linear(other if quantizes else x, w, scale, None)
+    # a split-K choice sums with atomics, in any order: not bit for bit
+    torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
+    for config in [c for c in fp8_gemm.CONFIGS if c.kernel == "w8a8"][:2]:
+        assert torch.equal(
+            fp8_gemm.fp8_weight_linear(x, w, scale, None, config, fp8_gemm.quantize_rows(other)),
+            fp8_gemm.fp8_weight_linear(other, w, scale, None, config))
+    assert torch.equal(fp8_gemm.scaled_mm_linear(x, w, scale, None, fp8_gemm.quantize_rows(other)),
+                       fp8_gemm.scaled_mm_linear(other, w, scale, None))
+
+
 def test_gemv_configs_are_measured_up_to_four_rows_only():
     for rows in (1, 4):
         assert set(fp8_gemm.GEMV_CONFIGS) <= set(fp8_gemm.candidates(rows, 4096))

@@ -1,12 +1,14 @@
 """The RMSNorm kernels against the torch path they replace: under the Triton
 interpreter on the CPU (float32, float16; it has no bfloat16) and compiled on
-CUDA (bfloat16 too)."""
+CUDA (bfloat16 too). The FP8 variant against the kernels it stands for (the plain
+norm, then `fp8_gemm.quantize_rows`), bit for bit."""
 import pytest
+import torch
 
-from parashift.kernels import rmsnorm
+from parashift.kernels import fp8_gemm, rmsnorm
 from parashift.layers.layernorm import RMSNorm, add_rms_norm_torch, rms_norm_torch
-from tests.kernels.common import (assert_exact, assert_graph_replays, assert_last_bits, case_tests,
-                                  cuda, randn)
+from tests.kernels.common import (as_bytes, assert_exact, assert_fp8_rows, assert_graph_replays,
+                                  assert_last_bits, case_tests, cuda, randn)
 
 EPS = 1e-6
 # heads: x is [rows, heads, n], as Qwen3's q_norm/k_norm see it; strided: x is
@@ -39,6 +41,41 @@ def check(rows, n, heads=None, residual=False, strided=False, dtype="float32", d
 
 test_interpreted, test_cuda = case_tests(__name__, check, CASES)
 
+# odd row counts and widths; zero_row: an all-zero row (its scale the smallest)
+FP8_CASES = [
+    dict(rows=1, n=100),
+    dict(rows=7, n=576, residual=True),
+    dict(rows=33, n=4096, residual=True),
+    dict(rows=3, n=1000, residual=True, strided=True),
+    dict(rows=5, n=96, zero_row=True),
+]
+
+
+def check_fp8(rows, n, residual=False, strided=False, zero_row=False, dtype="float32",
+              device="cpu"):
+    x = randn((rows, n), dtype, device, strided=strided)
+    if zero_row:
+        x[rows // 2] = 0
+    weight = 1 + 0.1 * randn((n,), dtype, device, seed=1)
+    r = randn((rows, n), dtype, device, seed=2) if residual else None
+    out, new_x, q, scale = rmsnorm.rms_norm_fp8(x, r, weight, EPS)
+    if residual:
+        plain_out, plain_new_x = rmsnorm.add_rms_norm(x, r, weight, EPS)
+        assert_exact(new_x, plain_new_x)
+    else:
+        plain_out = rmsnorm.rms_norm(x, weight, EPS)
+        assert new_x is x
+    assert_exact(out, plain_out)
+    assert_fp8_rows(q, scale, fp8_gemm.quantize_rows(out), out)
+
+
+test_fp8_interpreted, test_fp8_cuda = case_tests(__name__, check_fp8, FP8_CASES)
+
+
+def test_fp8_refuses_rows_of_several_heads():
+    with pytest.raises(ValueError, match="several heads"):
+        rmsnorm.rms_norm_fp8(torch.zeros(2, 3, 16), None, torch.ones(16), EPS)
+
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
 def test_layer_runs_kernels_on_cuda_only(monkeypatch, device):
@@ -57,3 +94,4 @@ def test_cuda_graph_capture():
     x, r = randn((4, 4096), "bfloat16", "cuda"), randn((4, 4096), "bfloat16", "cuda", seed=1)
     weight = randn((4096,), "bfloat16", "cuda", seed=2)
     assert_graph_replays(lambda: rmsnorm.add_rms_norm(x, r, weight, EPS), [x, r])
+    assert_graph_replays(lambda: as_bytes(rmsnorm.rms_norm_fp8(x, r, weight, EPS)), [x, r])

@@ -1,12 +1,13 @@
 """silu_and_mul against the torch path it replaces: under the Triton
 interpreter on the CPU (float32, float16; it has no bfloat16) and compiled on
-CUDA (bfloat16 too)."""
+CUDA (bfloat16 too). The FP8 variant against the kernels it stands for (the plain
+kernel, then `fp8_gemm.quantize_rows`), bit for bit."""
 import pytest
 
-from parashift.kernels import silu_mul
+from parashift.kernels import fp8_gemm, silu_mul
 from parashift.layers.activation import SiluAndMul, silu_and_mul_torch
-from tests.kernels.common import (assert_exact, assert_graph_replays, assert_last_bits, case_tests,
-                                  cuda, randn)
+from tests.kernels.common import (as_bytes, assert_exact, assert_fp8_rows, assert_graph_replays,
+                                  assert_last_bits, case_tests, cuda, randn)
 
 # shape is [.., 2 * d]; scale 30 reaches exp's overflow; strided: x is a view
 # into a wider buffer
@@ -35,6 +36,30 @@ def check(shape, strided=False, scale=3.0, dtype="float32", device="cpu"):
 
 test_interpreted, test_cuda = case_tests(__name__, check, CASES)
 
+# blocks: [gate_i | up_i] blocks, as a layer whose rows Shift reordered holds them; d = 14336
+# (the 8B layer's) and 2 x 8200 take two and three steps of the row loop, the last partly masked
+FP8_CASES = [
+    dict(shape=(1, 200)),
+    dict(shape=(7, 1152)),
+    dict(shape=(3, 2 * 14336)),
+    dict(shape=(2, 3, 3072)),
+    dict(shape=(4, 1152), strided=True),
+    dict(shape=(3, 1152), scale=30.0),
+    dict(shape=(5, 2 * 2 * 96), blocks=2),
+    dict(shape=(3, 4 * 2 * 40), blocks=4),
+    dict(shape=(2, 2 * 2 * 8200), blocks=2),
+]
+
+
+def check_fp8(shape, blocks=1, strided=False, scale=3.0, dtype="float32", device="cpu"):
+    x = randn(shape, dtype, device, strided=strided, scale=scale)
+    out, q, scales = silu_mul.silu_and_mul_fp8(x, blocks)
+    assert_exact(out, silu_mul.silu_and_mul(x.unflatten(-1, (blocks, -1))).flatten(-2))
+    assert_fp8_rows(q, scales, fp8_gemm.quantize_rows(out.reshape(-1, out.shape[-1])), out)
+
+
+test_fp8_interpreted, test_fp8_cuda = case_tests(__name__, check_fp8, FP8_CASES)
+
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
 def test_layer_runs_kernel_on_cuda_only(monkeypatch, device):
@@ -49,3 +74,4 @@ def test_layer_runs_kernel_on_cuda_only(monkeypatch, device):
 def test_cuda_graph_capture():
     x = randn((4, 2 * 11008), "bfloat16", "cuda")
     assert_graph_replays(lambda: silu_mul.silu_and_mul(x), [x])
+    assert_graph_replays(lambda: as_bytes(silu_mul.silu_and_mul_fp8(x)), [x])
