@@ -16,6 +16,7 @@
 # Usage: OUT=dir BEFORE=.before [BUDGET_S=330] bash scripts/gpu_fp8fuse_ab.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+export PARASHIFT_FP8_FUSED_INPUT=1  # the current tree's fusion (off by default until measured)
 here=$(pwd); before=${BEFORE:?the earlier tree}; budget=${BUDGET_S:-330}
 S=$here/benchmarks/shapes
 step() {  # name, tree (before|after), seconds it needs, then the command

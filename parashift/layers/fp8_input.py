@@ -14,8 +14,9 @@ default mode. At run time the twin quantizes only on the GPU and where the consu
 for that many rows quantizes (`LinearBase.quantizes_input`); else it is the plain op. The
 consumer takes the rows only if it is called with the very tensor the producer returned
 (a design changing the tensor in between, e.g. SiDP's gather, gives another one: the
-layer then quantizes its input itself). PARASHIFT_FP8_FUSED_INPUT=0 keeps every op plain,
-=norm fuses the RMSNorms only (for before/after measurements)."""
+layer then quantizes its input itself). Off until its before/after on a GPU is measured:
+PARASHIFT_FP8_FUSED_INPUT=1 fuses, =norm fuses the RMSNorms only, 0 (the default) keeps
+every op plain."""
 import os
 
 import torch
@@ -26,7 +27,7 @@ from parashift.layers.activation import SiluAndMul
 from parashift.layers.layernorm import RMSNorm
 from parashift.layers.linear import LinearBase
 
-MODES = ("1", "0", "norm")  # PARASHIFT_FP8_FUSED_INPUT's values
+MODES = ("0", "1", "norm")  # PARASHIFT_FP8_FUSED_INPUT's values
 
 
 class FP8Handoff:
@@ -99,7 +100,7 @@ QUANTIZING = {RMSNorm: QuantizingRMSNorm, SiluAndMul: QuantizingSiluAndMul}
 
 
 def fused_input_mode() -> str:
-    mode = os.environ.get("PARASHIFT_FP8_FUSED_INPUT", "1")
+    mode = os.environ.get("PARASHIFT_FP8_FUSED_INPUT", "0")
     if mode not in MODES:
         raise ValueError(f"PARASHIFT_FP8_FUSED_INPUT={mode!r}: expected one of {list(MODES)}")
     return mode

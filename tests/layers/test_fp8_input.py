@@ -40,6 +40,17 @@ def producers(model) -> dict[str, type]:
             if isinstance(m, (QuantizingRMSNorm, QuantizingSiluAndMul))}
 
 
+@pytest.fixture(autouse=True)
+def fused(monkeypatch):
+    """The fusion is off by default until measured on a GPU; these tests switch it on."""
+    monkeypatch.setenv("PARASHIFT_FP8_FUSED_INPUT", "1")
+
+
+def test_the_fusion_is_off_by_default(monkeypatch):
+    monkeypatch.delenv("PARASHIFT_FP8_FUSED_INPUT")
+    assert not producers(build())
+
+
 def test_fp8_llama_hands_its_norms_and_activations_outputs_to_the_layers_after(monkeypatch):
     model = build()
     for layer in model.model.layers:
