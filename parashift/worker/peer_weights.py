@@ -9,7 +9,8 @@ import torch.distributed as dist
 from torch import nn
 
 from parashift.context import use_state
-from parashift.loader.weight_pieces import checkpoint_shapes, parameter_pieces
+from parashift.loader.weight_pieces import (checkpoint_shapes, config_checkpoint_shapes,
+                                            parameter_pieces)
 from parashift.models.registry import model_class_for
 from parashift.parallel.arena_layout import place, region_offsets
 from parashift.parallel.plan import Plan
@@ -54,10 +55,13 @@ def group_weights(hf_config, shapes: dict[str, tuple[int, ...]], plans: list[Pla
 
 
 def holds_checkpoint_slices(source) -> bool:
-    """Whether every plan's parameters are slices of the same checkpoint tensors, so that a
-    peer's shard can fill this rank's: a safetensors checkpoint. The engine's random weights
-    are drawn per plan, and GGUF tensors are transformed on load."""
-    return source.kind == "hf"
+    """Whether a peer's shard can fill this rank's: every plan's parameters are slices of
+    the same checkpoint tensors (a safetensors checkpoint), or random weights (for speed
+    runs only: each plan draws its own, and the running plan's draw then stands for the
+    checkpoint a switch re-shards, the other plan's layers clear of the running plan's
+    region keeping theirs; so a rank need not pin both plans' shards). GGUF tensors are
+    transformed on load."""
+    return source.kind in ("hf", "random")
 
 
 def asks_peer_path(config, device: torch.device, source) -> bool:
@@ -65,8 +69,8 @@ def asks_peer_path(config, device: torch.device, source) -> bool:
     default ("auto") on GPUs where `holds_checkpoint_slices` and every seesaw group sits in
     one host, NCCL_P2P_DISABLE=1 included (NCCL then moves the bytes through host shared
     memory; the host copies shrink to what no rank holds all the same); never with both
-    plans resident (no weights move). Random weights (no checkpoint) never take it: each
-    plan draws its own. Every rank decides alike: the groups are made together."""
+    plans resident (no weights move). Every rank decides alike: the groups are made
+    together."""
     wanted = config.seesaw.weight_source
     if config.seesaw.resident_weights or wanted == "host":
         return False
@@ -97,12 +101,14 @@ def agree(group, device: torch.device, usable: bool) -> bool:
 def load_group_weights(hf_config, source, plans: list[Plan], dtype: torch.dtype,
                        max_model_len: int,
                        moe_parallel: str = "tp") -> dict[int, RankWeights] | None:
-    """`group_weights` from the checkpoint's shapes; None (and a warning) where a loader
-    does what the weight probes cannot follow."""
+    """`group_weights` from the checkpoint's shapes (random weights: those of the config's
+    checkpoint); None (and a warning) where a loader does what the weight probes cannot
+    follow."""
     try:
-        return group_weights(hf_config, checkpoint_shapes(source.path), plans, dtype,
-                             max_model_len, moe_parallel)
-    except (ValueError, TypeError, IndexError, NotImplementedError) as e:
+        shapes = (config_checkpoint_shapes(hf_config) if source.kind == "random"
+                  else checkpoint_shapes(source.path))
+        return group_weights(hf_config, shapes, plans, dtype, max_model_len, moe_parallel)
+    except (ValueError, TypeError, IndexError, KeyError, NotImplementedError) as e:
         logger.warning("seesaw weights re-shard from the pinned host copies only: %s", e)
         return None
 
