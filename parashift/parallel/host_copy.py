@@ -3,7 +3,11 @@ byte ranges of its arena region, or all of it, packed in one host buffer. Withou
 group a switch reads the whole region from it; with one, only the pieces the re-shard
 schedule reads from the host (what no rank holds, cycle breakers), so the rest of a plan
 costs no host memory. Ranges are widened to the arena's alignment, so a parameter's box
-viewed in the buffer keeps its element alignment."""
+viewed in the buffer keeps its element alignment.
+
+Pinned copies are allocated at their size: torch's host allocator rounds a pinned buffer
+up to a power of two (a 44 GiB copy would pin 64 GiB) unless told a threshold above which
+it does not (and, so that no larger cached block is handed out, does not cache either)."""
 from bisect import bisect_right
 from itertools import accumulate
 
@@ -12,6 +16,22 @@ import torch
 from parashift.parallel.arena_layout import ALIGN
 
 INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+EXACT_PINNED_MB = 64  # pinned buffers above this are neither rounded up nor cached
+
+
+def pin_exactly() -> None:
+    """Tells torch's host allocator to pin buffers above EXACT_PINNED_MB at their size,
+    where this torch has the setting and nothing set it already."""
+    get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    set_ = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if get is None or set_ is None:
+        return
+    current = get()
+    if "pinned_max_round_threshold_mb" in current:
+        return
+    exact = (f"pinned_max_round_threshold_mb:{EXACT_PINNED_MB},"
+             f"pinned_max_cached_size_mb:{EXACT_PINNED_MB}")
+    set_(f"{current},{exact}" if current else exact)
 
 
 def merge_extents(extents, size: int) -> list[tuple[int, int]]:
@@ -34,7 +54,10 @@ class HostCopy:
         self.extents = merge_extents(extents, size)
         self.starts = [start for start, _ in self.extents]
         self.at = [0, *accumulate(stop - start for start, stop in self.extents)]
-        self.storage = torch.empty(self.at[-1], dtype=torch.uint8, pin_memory=pin)
+        if pin:
+            pin_exactly()
+        self.pinned = pin and self.at[-1] > 0
+        self.storage = torch.empty(self.at[-1], dtype=torch.uint8, pin_memory=self.pinned)
 
     @classmethod
     def whole(cls, size: int, pin: bool = False) -> "HostCopy":
@@ -73,7 +96,16 @@ class HostCopy:
 
     def kept(self, extents, pin: bool) -> "HostCopy":
         """A new copy of only `extents` (each held here), filled from this one."""
-        out = HostCopy(extents, self.size, pin)
+        return HostCopy._filled(extents, self.size, pin, self.get)
+
+    @staticmethod
+    def of(region: torch.Tensor, extents, pin: bool) -> "HostCopy":
+        """A copy of `extents` of `region` (uint8, all of a region's bytes: in the arena)."""
+        return HostCopy._filled(extents, region.numel(), pin, lambda a, b: region[a:b])
+
+    @staticmethod
+    def _filled(extents, size: int, pin: bool, read) -> "HostCopy":
+        out = HostCopy(extents, size, pin)
         for (start, stop), at in zip(out.extents, out.at):
-            out.storage[at:at + stop - start].copy_(self.get(start, stop))
+            out.storage[at:at + stop - start].copy_(read(start, stop))
         return out

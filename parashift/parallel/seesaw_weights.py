@@ -95,7 +95,8 @@ class WeightArena:
         `arena_bytes`: None is the least (the larger plan's bytes), or the most (both plans'
         sum: both resident) with `resident`; `peers`: re-shard from the group's ranks;
         `staged`: the host copies of models already moved out of device memory (`stage`,
-        whole; the others are staged here, before the arena is allocated)."""
+        whole; taken: the dict is emptied, so each copy is freed once the arena is filled
+        from it; the others are staged here, before the arena is allocated)."""
         if len(models) != 2:
             raise ValueError(f"a weight arena holds two plans, got {list(models)}")
         if any(getattr(m, "layouts", None) for model in models.values() for m in model.modules()):
@@ -118,7 +119,7 @@ class WeightArena:
         offsets = dict(zip(layouts, region_offsets(sizes, arena_bytes)))
         schedules = None if both or peers is None else self._plan(peers, layouts, offsets)
         keep = self._kept(layouts, offsets, schedules, peers, both)
-        staged = self._stage(models, layouts, offsets, keep, pin, dict(staged or {}))
+        hosts = self._stage(models, layouts, offsets, keep, pin, staged if staged is not None else {})
         self.device = device
         self.arena = self._allocate(arena_bytes)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -130,7 +131,7 @@ class WeightArena:
                 param = params[placed.name]
                 param.data = (self.arena[start:start + placed.nbytes].view(param.dtype)
                               .view(placed.shape))
-            self.regions[name] = Region(offsets[name], layout.size, staged[name],
+            self.regions[name] = Region(offsets[name], layout.size, hosts.pop(name),
                                         list(layout.chunks))
         self.active: str | None = None
         self.peers = self.schedules = None  # none until the first fill is done
@@ -142,7 +143,7 @@ class WeightArena:
             self.stream.synchronize()
         for name, region in self.regions.items():  # only what later switches read
             if keep[name] is not None:
-                region.host = region.host.kept(keep[name], pin)
+                self._keep(region, keep[name], pin)
         if schedules is not None:
             self.schedules = schedules
             self.peers = PeerReshard(peers.group, peers.rank, self.device, peers.staging_bytes)
@@ -150,6 +151,18 @@ class WeightArena:
                     arena_bytes / 2**30, " + ".join(f"{n} {r.size / 2**30:.2f} GiB"
                                                    for n, r in self.regions.items()),
                     self.pinned_bytes / 2**30)
+
+    def _keep(self, region: Region, extents: list[tuple[int, int]], pin: bool) -> None:
+        """Keeps only `extents` of the region's host copy: read back from the arena where
+        it holds the whole region (its staging freed first, so the two never coexist),
+        else from the staging."""
+        if len(region.copied) == len(region.chunks):
+            region.host = HostCopy.empty()
+            region.host = HostCopy.of(self.arena[region.offset:region.offset + region.size],
+                                      extents, pin)
+        elif region.host.extents != merge_extents(extents, region.size) or (
+                pin and not region.host.pinned):
+            region.host = region.host.kept(extents, pin)
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
         """The arena, once every model's parameters have left the device."""
@@ -181,17 +194,19 @@ class WeightArena:
         def size(name, extents):
             return layouts[name].size if extents is None else sum(
                 b - a for a, b in merge_extents(extents, layouts[name].size))
+        # what stays pinned (of a copy `staged` already whole, nothing more), and what the
+        # copies staged here hold at once before each shrinks to what it keeps
         kept = sum(size(n, keep[n]) for n in layouts if keep[n] is not None or n not in staged)
-        transient = sum(size(n, wanted[n]) for n in layouts
-                        if keep[n] is not None and n not in staged)
-        check_host_memory({"pinned weights": kept, "staged weights": transient},
+        peak = sum(size(n, wanted[n]) for n in layouts if n not in staged)
+        check_host_memory({"pinned weights": kept, "staged weights": max(0, peak - kept)},
                           advice="; each rank pins its shard of both plans (with a peer group "
                                  "only what a switch reads from the host)")
+        hosts = {}
         for name in layouts:
-            if name not in staged:
-                staged[name] = stage(models[name], layouts[name], wanted[name],
-                                     pin and keep[name] is None)
-        return staged
+            hosts[name] = staged.pop(name) if name in staged else stage(
+                models[name], layouts[name], wanted[name],
+                pin and (keep[name] is None or name != first))
+        return hosts
 
     def _plan(self, peers: PeerGroup, layouts, offsets) -> dict:
         """The peer path's schedules, every switch's, planned now (every rank plans the

@@ -45,3 +45,20 @@ def test_bytes_not_kept_are_refused():
         sparse.get(ALIGN, 2 * ALIGN + 1)
     with pytest.raises(KeyError, match="not bytes"):
         sparse.get(0, 10)
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("", "pinned_max_round_threshold_mb:64,pinned_max_cached_size_mb:64"),
+    ("pinned_max_round_threshold_mb:8", "pinned_max_round_threshold_mb:8")])
+def test_pinned_copies_ask_torch_for_exact_sizes_unless_told_otherwise(given, expected):
+    """In a fresh process (the setting is the process's): torch's host allocator is told
+    not to round pinned buffers above 64 MiB up to a power of two, unless the user said."""
+    import os
+    import subprocess
+    import sys
+    code = ("import torch; from parashift.parallel.host_copy import pin_exactly; pin_exactly(); "
+            "print(torch._C._accelerator_getAllocatorSettings())")
+    env = {**os.environ, "PYTORCH_ALLOC_CONF": given}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == expected
