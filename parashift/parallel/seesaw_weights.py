@@ -119,20 +119,12 @@ class WeightArena:
         offsets = dict(zip(layouts, region_offsets(sizes, arena_bytes)))
         schedules = None if both or peers is None else self._plan(peers, layouts, offsets)
         keep = self._kept(layouts, offsets, schedules, peers, both)
-        hosts = self._stage(models, layouts, offsets, keep, pin, staged if staged is not None else {})
+        hosts = self._stage(models, layouts, offsets, keep, pin, {} if staged is None else staged)
         self.device = device
         self.arena = self._allocate(arena_bytes)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.regions: dict[str, Region] = {}
-        for name, layout in layouts.items():
-            params = dict(unique_parameters(models[name]))
-            for placed in layout.params:
-                start = offsets[name] + placed.offset
-                param = params[placed.name]
-                param.data = (self.arena[start:start + placed.nbytes].view(param.dtype)
-                              .view(placed.shape))
-            self.regions[name] = Region(offsets[name], layout.size, hosts.pop(name),
-                                        list(layout.chunks))
+        self.regions = {name: self._place(models[name], layout, offsets[name], hosts.pop(name))
+                        for name, layout in layouts.items()}
         self.active: str | None = None
         self.peers = self.schedules = None  # none until the first fill is done
         self._prefetched: str | None = None  # the plan whose phase 1 ran
@@ -151,6 +143,16 @@ class WeightArena:
                     arena_bytes / 2**30, " + ".join(f"{n} {r.size / 2**30:.2f} GiB"
                                                    for n, r in self.regions.items()),
                     self.pinned_bytes / 2**30)
+
+    def _place(self, model: nn.Module, layout, offset: int, host: HostCopy) -> Region:
+        """Points `model`'s parameters at their bytes in the arena (not yet filled)."""
+        params = dict(unique_parameters(model))
+        for placed in layout.params:
+            start = offset + placed.offset
+            param = params[placed.name]
+            raw = self.arena[start:start + placed.nbytes]
+            param.data = raw.view(param.dtype).view(placed.shape)
+        return Region(offset, layout.size, host, list(layout.chunks))
 
     def _keep(self, region: Region, extents: list[tuple[int, int]], pin: bool) -> None:
         """Keeps only `extents` of the region's host copy: read back from the arena where

@@ -11,7 +11,7 @@ from torch import nn
 
 from parashift.host_memory import check_host_memory
 from parashift.parallel.arena_layout import PlanLayout, overlaps, unique_parameters
-from parashift.parallel.host_copy import HostCopy
+from parashift.parallel.host_copy import HostCopy, merge_extents
 from parashift.parallel.reshard_schedule import Schedule
 
 
@@ -21,9 +21,11 @@ def stage(model: nn.Module, layout: PlanLayout, extents: list[tuple[int, int]] |
     `extents` of its region (None: all) into a host copy; each parameter then points at its
     bytes there where the copy holds them all, else at an empty tensor until the arena
     places it. Frees the device memory the parameters held (CUDA's cache emptied)."""
-    size = sum(stop - start for start, stop in (extents or [(0, layout.size)]))
+    size = sum(stop - start for start, stop in
+               ([(0, layout.size)] if extents is None else merge_extents(extents, layout.size)))
     check_host_memory({"staged weights": size}, advice="; each rank stages its shard of a plan")
-    host = HostCopy.whole(layout.size, pin) if extents is None else HostCopy(extents, layout.size, pin)
+    host = (HostCopy.whole(layout.size, pin) if extents is None
+            else HostCopy(extents, layout.size, pin))
     params = dict(unique_parameters(model))
     for placed in layout.params:
         _stage_param(params[placed.name], placed.offset, host)

@@ -121,5 +121,6 @@ def test_the_arena_is_allocated_after_every_model_left_the_device(tiny_model, mo
     monkeypatch.setattr(WeightArena, "_allocate", watched)
     arena = WeightArena(models, torch.device("cpu"), resident=resident)
     assert seen == [{"pp2": set(), "tp2": set()}]
-    assert all(s == {arena.arena.untyped_storage().data_ptr()} for s in map(storages, models.values()))
+    in_arena = {arena.arena.untyped_storage().data_ptr()}
+    assert all(storages(m) == in_arena for m in models.values())
     del held
