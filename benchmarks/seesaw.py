@@ -14,9 +14,10 @@ it, e.g. dp2xseesaw:pp2-tp2 on four GPUs), or `auto` / `auto:N`
 workload's mean lengths and its number of requests; the row names its choice, the log its
 table). `--length-scale` and
 `--num-requests` shrink a workload (the CPU check below). `--random-checkpoint DIR` writes
-the shape's random weights there once as safetensors and runs from them: the engine's own
-random init draws each plan's shards apart, so only a checkpoint lets a switch take its
-weights from peers (`--seesaw-weight-source`, default auto)."""
+the shape's random weights there once as safetensors and runs from them (the same weights
+under every plan). Without it a switch still takes its weights from peers
+(`--seesaw-weight-source`, default auto): the running plan's random draw stands for the
+checkpoint (worker/peer_weights.py)."""
 import argparse
 import gc
 import json

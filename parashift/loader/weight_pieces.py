@@ -117,6 +117,16 @@ def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in iterate_safetensors(path)}
 
 
+def config_checkpoint_shapes(hf_config) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes a Hugging Face checkpoint of `hf_config` holds (transformers' own
+    model of it on the meta device): the checkpoint random weights stand for."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    # tied weights once, by name as a safetensors file lists them
+    return {name: tuple(p.shape) for name, p in sorted(model.named_parameters())}
+
+
 def parameter_pieces(model: nn.Module,
                      shapes: dict[str, tuple[int, ...]]) -> dict[str, list[Piece]]:
     """Each parameter's pieces (by name, tied parameters once), as loading a checkpoint of

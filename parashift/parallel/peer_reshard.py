@@ -22,17 +22,17 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 
+from parashift.parallel.host_copy import INT_OF_SIZE, HostCopy
 from parashift.parallel.reshard_schedule import KINDS, Side, Transfer
 from parashift.parallel.world import world_rank
 
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def side_view(storage: torch.Tensor, side: Side, base: int = 0) -> torch.Tensor:
-    """The box of `side` in `storage` (uint8; the arena, or a host copy whose first byte
-    is arena byte `base`), as integers of the parameter's element size."""
-    p, start = side.param, side.base - base
-    whole = storage[start:start + p.nbytes].view(_INT_OF_SIZE[p.itemsize]).view(p.shape)
+def side_view(storage: torch.Tensor, side: Side) -> torch.Tensor:
+    """The box of `side` in `storage` (uint8, the arena), as integers of the parameter's
+    element size."""
+    p, start = side.param, side.base
+    whole = storage[start:start + p.nbytes].view(INT_OF_SIZE[p.itemsize]).view(p.shape)
     return whole[tuple(slice(a, b) for a, b in side.box)]
 
 
@@ -69,7 +69,7 @@ class PeerReshard:
     def nbytes(self) -> int:
         return self.send.nbytes + self.recv.nbytes + self.landing.nbytes
 
-    def run(self, rounds: list[list[Transfer]], arena: torch.Tensor, host: torch.Tensor,
+    def run(self, rounds: list[list[Transfer]], arena: torch.Tensor, host: HostCopy,
             host_base: int) -> dict[str, int]:
         """Runs `rounds` (the new plan's pinned host copy `host` holds arena bytes from
         `host_base`) on the current stream; returns the bytes this rank wrote, by kind
@@ -87,7 +87,7 @@ class PeerReshard:
             torch.cuda.current_stream(self.host_stream.device).wait_stream(self.host_stream)
         return written
 
-    def _compile(self, transfers: list[Transfer], arena: torch.Tensor, host: torch.Tensor,
+    def _compile(self, transfers: list[Transfer], arena: torch.Tensor, host: HostCopy,
                  host_base: int) -> _Round:
         me, step = self.rank, _Round()
         outgoing = sorted((t for t in transfers if t.src is not None and t.src.rank == me),
@@ -122,11 +122,11 @@ class PeerReshard:
                 step.writes.append((target, _segment(buffer, staged[id(t)], target)))
         return step
 
-    def _add_host(self, step: _Round, arena: torch.Tensor, host: torch.Tensor, side: Side,
+    def _add_host(self, step: _Round, arena: torch.Tensor, host: HostCopy, side: Side,
                   base: int) -> None:
         """A host read into `side`: straight in where its box is contiguous, else its
         byte extent through the landing buffer (split along the first dim to fit)."""
-        target, source = side_view(arena, side), side_view(host, side, base)
+        target, source = side_view(arena, side), host.box(side, base)
         if source.is_contiguous():
             step.host.append((target, source))
             return
@@ -142,7 +142,7 @@ class PeerReshard:
             return
         landing = self.landing[:stop - start]
         staged = landing.view(source.dtype).as_strided(source.shape, source.stride(), 0)
-        step.rows.append((target, landing, host[start - base:stop - base], staged))
+        step.rows.append((target, landing, host.get(start - base, stop - base), staged))
 
     def _run_round(self, step: _Round) -> None:
         for segment, source in step.stage:

@@ -16,7 +16,13 @@ rank's own old region (a device copy) or a peer's, over NVLink or the gloo test 
 (parallel/reshard_schedule.py plans it, parallel/peer_reshard.py runs it); the pinned
 host copy serves what no rank holds and the pieces that break a cycle too large to stage.
 Without one, everything comes from the pinned host copy, on a copy stream where CUDA
-exists. The first fill is always from the host copies."""
+exists.
+
+Start-up (parallel/weight_staging.py): each model's parameters move out of device memory
+into a host copy before the arena is allocated (the device holds one model, then the
+arena, never both plans' models beside it), and the first fill reads those copies. With a
+peer group a host copy then keeps only what the schedules read from the host, so a rank
+pins a little, not both plans' shards."""
 import logging
 import time
 from dataclasses import dataclass, field
@@ -26,8 +32,10 @@ from torch import nn
 
 from parashift.host_memory import check_host_memory
 from parashift.parallel.arena_layout import place, region_offsets, unique_parameters
+from parashift.parallel.host_copy import HostCopy, merge_extents
 from parashift.parallel.peer_reshard import PeerReshard
 from parashift.parallel.reshard_schedule import RankWeights, Schedule, reshard_schedule
+from parashift.parallel.weight_staging import clear_chunks, host_reads, stage
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +45,7 @@ class Region:
     """One plan's parameters: their byte ranges in its region and in its host copy."""
     offset: int
     size: int
-    host: torch.Tensor
+    host: HostCopy  # the bytes a switch may read from the host (all, without peers)
     chunks: list[tuple[int, int]]  # (start, stop) byte ranges, one per layer, in order
     copied: set[int] = field(default_factory=set)  # chunks the arena holds now
 
@@ -82,10 +90,13 @@ class PeerGroup:
 class WeightArena:
     def __init__(self, models: dict[str, nn.Module], device: torch.device,
                  arena_bytes: int | None = None, pin: bool | None = None, resident: bool = False,
-                 peers: PeerGroup | None = None):
+                 peers: PeerGroup | None = None, staged: dict[str, HostCopy] | None = None):
         """`models`: the two plans' models by plan name, loaded, the first running first;
         `arena_bytes`: None is the least (the larger plan's bytes), or the most (both plans'
-        sum: both resident) with `resident`; `peers`: re-shard from the group's ranks."""
+        sum: both resident) with `resident`; `peers`: re-shard from the group's ranks;
+        `staged`: the host copies of models already moved out of device memory (`stage`,
+        whole; taken: the dict is emptied, so each copy is freed once the arena is filled
+        from it; the others are staged here, before the arena is allocated)."""
         if len(models) != 2:
             raise ValueError(f"a weight arena holds two plans, got {list(models)}")
         if any(getattr(m, "layouts", None) for model in models.values() for m in model.modules()):
@@ -105,53 +116,111 @@ class WeightArena:
                              f"or both resident), got {arena_bytes}")
         both = arena_bytes == most  # both resident: the host copies only stage the first fill
         pin = (device.type == "cuda" if pin is None else pin) and not both
-        if not both:
-            check_host_memory({"pinned weights": most},
-                              advice="; each rank pins its shard of both plans")
-        self.device, self.arena = device, torch.empty(arena_bytes, dtype=torch.uint8, device=device)
+        offsets = dict(zip(layouts, region_offsets(sizes, arena_bytes)))
+        schedules = None if both or peers is None else self._plan(peers, layouts, offsets)
+        keep = self._kept(layouts, offsets, schedules, peers, both)
+        hosts = self._stage(models, layouts, offsets, keep, pin, {} if staged is None else staged)
+        self.device = device
+        self.arena = self._allocate(arena_bytes)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.regions: dict[str, Region] = {}
-        offsets = region_offsets(sizes, arena_bytes)
-        for (name, layout), offset in zip(layouts.items(), offsets):
-            host = torch.empty(layout.size, dtype=torch.uint8, pin_memory=pin)
-            params = dict(unique_parameters(models[name]))
-            for placed in layout.params:
-                param = params[placed.name]
-                raw = param.detach().reshape(-1).view(torch.uint8)
-                host[placed.offset:placed.offset + raw.numel()].copy_(raw)
-                start = offset + placed.offset
-                param.data = self.arena[start:start + raw.numel()].view(param.dtype).view(param.shape)
-            self.regions[name] = Region(offset, layout.size, host, list(layout.chunks))
+        self.regions = {name: self._place(models[name], layout, offsets[name], hosts.pop(name))
+                        for name, layout in layouts.items()}
         self.active: str | None = None
         self.peers = self.schedules = None  # none until the first fill is done
         self._prefetched: str | None = None  # the plan whose phase 1 ran
         for name in self.regions:  # the second first: where both fit it stays resident
             self.activate(name) if name == next(iter(self.regions)) else self.prefetch(name)
         self._wait()
-        if both:  # nothing is copied again
-            if self.stream is not None:
-                self.stream.synchronize()
-            for region in self.regions.values():
-                region.host = torch.empty(0, dtype=torch.uint8)
-        elif peers is not None:
-            self._join(peers, layouts, dict(zip(layouts, offsets)))
+        if self.stream is not None:
+            self.stream.synchronize()
+        for name, region in self.regions.items():  # only what later switches read
+            if keep[name] is not None:
+                self._keep(region, keep[name], pin)
+        if schedules is not None:
+            self.schedules = schedules
+            self.peers = PeerReshard(peers.group, peers.rank, self.device, peers.staging_bytes)
         logger.info("weight arena: %.2f GiB on the device (%s), pinned host copies %.2f GiB",
                     arena_bytes / 2**30, " + ".join(f"{n} {r.size / 2**30:.2f} GiB"
                                                    for n, r in self.regions.items()),
                     self.pinned_bytes / 2**30)
 
-    def _join(self, peers: PeerGroup, layouts, offsets) -> None:
-        """Takes the peer path: every switch's schedule, planned now (every rank plans
-        the same), and the staging buffers."""
+    def _place(self, model: nn.Module, layout, offset: int, host: HostCopy) -> Region:
+        """Points `model`'s parameters at their bytes in the arena (not yet filled)."""
+        params = dict(unique_parameters(model))
+        for placed in layout.params:
+            start = offset + placed.offset
+            param = params[placed.name]
+            raw = self.arena[start:start + placed.nbytes]
+            param.data = raw.view(param.dtype).view(placed.shape)
+        return Region(offset, layout.size, host, list(layout.chunks))
+
+    def _keep(self, region: Region, extents: list[tuple[int, int]], pin: bool) -> None:
+        """Keeps only `extents` of the region's host copy: read back from the arena where
+        it holds the whole region (its staging freed first, so the two never coexist),
+        else from the staging."""
+        if len(region.copied) == len(region.chunks):
+            region.host = HostCopy.empty()
+            region.host = HostCopy.of(self.arena[region.offset:region.offset + region.size],
+                                      extents, pin)
+        elif region.host.extents != merge_extents(extents, region.size) or (
+                pin and not region.host.pinned):
+            region.host = region.host.kept(extents, pin)
+
+    def _allocate(self, nbytes: int) -> torch.Tensor:
+        """The arena, once every model's parameters have left the device."""
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    @staticmethod
+    def _kept(layouts, offsets, schedules, peers, both) -> dict[str, list | None]:
+        """Per plan, the region bytes its host copy keeps after the first fill: all (None)
+        without peers, what the schedules read from the host with them, none if both
+        stay resident."""
+        if both:
+            return dict.fromkeys(layouts, [])
+        if schedules is None:
+            return dict.fromkeys(layouts, None)
+        return {new: host_reads(schedules[(old, new)], peers.rank, offsets[new])
+                for old, new in schedules}
+
+    @staticmethod
+    def _stage(models, layouts, offsets, keep, pin, staged) -> dict[str, HostCopy]:
+        """Every model's host copy, the ones not `staged` moved out here (one at a time,
+        the running one first): whole where kept whole or first filled from it, else what
+        the first fill (the layers clear of the first plan's region) and later switches
+        read. Refuses first where the host cannot hold them with the copies kept."""
+        first, second = layouts
+        wanted = {first: None, second: None if keep[second] is None else
+                  clear_chunks(layouts[second], offsets[second], layouts[first], offsets[first])
+                  + keep[second]}
+
+        def size(name, extents):
+            return layouts[name].size if extents is None else sum(
+                b - a for a, b in merge_extents(extents, layouts[name].size))
+        # what stays pinned (of a copy `staged` already whole, nothing more), and what the
+        # copies staged here hold at once before each shrinks to what it keeps
+        kept = sum(size(n, keep[n]) for n in layouts if keep[n] is not None or n not in staged)
+        peak = sum(size(n, wanted[n]) for n in layouts if n not in staged)
+        check_host_memory({"pinned weights": kept, "staged weights": max(0, peak - kept)},
+                          advice="; each rank pins its shard of both plans (with a peer group "
+                                 "only what a switch reads from the host)")
+        hosts = {}
+        for name in layouts:
+            hosts[name] = staged.pop(name) if name in staged else stage(
+                models[name], layouts[name], wanted[name],
+                pin and (keep[name] is None or name != first))
+        return hosts
+
+    def _plan(self, peers: PeerGroup, layouts, offsets) -> dict:
+        """The peer path's schedules, every switch's, planned now (every rank plans the
+        same)."""
         mine = peers.ranks[peers.rank]
         if mine.layouts != layouts or mine.offsets != offsets:
             raise ValueError(f"rank {peers.rank}'s arena is not laid out as the group's plan "
                              "of it says (the structure-only models differ from the loaded ones)")
-        first, second = self.regions
-        self.schedules = {(old, new): reshard_schedule(peers.ranks, old, new, peers.staging_bytes)
-                          for old, new in ((first, second), (second, first))}
-        self.peers = PeerReshard(peers.group, peers.rank, self.device, peers.staging_bytes)
-        for (old, new), schedule in self.schedules.items():
+        first, second = layouts
+        schedules = {(old, new): reshard_schedule(peers.ranks, old, new, peers.staging_bytes)
+                     for old, new in ((first, second), (second, first))}
+        for (old, new), schedule in schedules.items():
             into = schedule.bytes_into(peers.rank)
             logger.info("weight arena, %s -> %s on rank %d: %.1f MiB from peers, %.1f MiB on "
                         "the device, %.1f MiB from the host copy (%.1f MiB no rank holds), "
@@ -159,6 +228,7 @@ class WeightArena:
                         into["local"] / 2**20, into["host"] / 2**20,
                         schedule.unheld[peers.rank] / 2**20, len(schedule.phase1),
                         len(schedule.phase2))
+        return schedules
 
     @property
     def pinned_bytes(self) -> int:
@@ -232,9 +302,9 @@ class WeightArena:
             target = self.arena[region.offset + start:region.offset + stop]
             if self.stream is not None:
                 with torch.cuda.stream(self.stream):
-                    target.copy_(region.host[start:stop], non_blocking=True)
+                    target.copy_(region.host.get(start, stop), non_blocking=True)
             else:
-                target.copy_(region.host[start:stop])
+                target.copy_(region.host.get(start, stop))
             region.copied.add(i)
             moved += stop - start
         return moved

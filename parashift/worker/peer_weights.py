@@ -9,7 +9,8 @@ import torch.distributed as dist
 from torch import nn
 
 from parashift.context import use_state
-from parashift.loader.weight_pieces import checkpoint_shapes, parameter_pieces
+from parashift.loader.weight_pieces import (checkpoint_shapes, config_checkpoint_shapes,
+                                            parameter_pieces)
 from parashift.models.registry import model_class_for
 from parashift.parallel.arena_layout import place, region_offsets
 from parashift.parallel.plan import Plan
@@ -54,17 +55,22 @@ def group_weights(hf_config, shapes: dict[str, tuple[int, ...]], plans: list[Pla
 
 
 def holds_checkpoint_slices(source) -> bool:
-    """Whether every plan's parameters are slices of the same checkpoint tensors, so that a
-    peer's shard can fill this rank's: a safetensors checkpoint. The engine's random weights
-    are drawn per plan, and GGUF tensors are transformed on load."""
-    return source.kind == "hf"
+    """Whether a peer's shard can fill this rank's: every plan's parameters are slices of
+    the same checkpoint tensors (a safetensors checkpoint), or random weights (for speed
+    runs only: each plan draws its own, and the running plan's draw then stands for the
+    checkpoint a switch re-shards, the other plan's layers clear of the running plan's
+    region keeping theirs; so a rank need not pin both plans' shards). GGUF tensors are
+    transformed on load."""
+    return source.kind in ("hf", "random")
 
 
 def asks_peer_path(config, device: torch.device, source) -> bool:
     """Whether a seesaw rank asks its group for the peer path: asked for ("peers"), or by
     default ("auto") on GPUs where `holds_checkpoint_slices` and every seesaw group sits in
-    one host (measured over NVLink only); never with both plans
-    resident (no weights move). Every rank decides alike: the groups are made together."""
+    one host, NCCL_P2P_DISABLE=1 included (NCCL then moves the bytes through host shared
+    memory; the host copies shrink to what no rank holds all the same); never with both
+    plans resident (no weights move). Every rank decides alike: the groups are made
+    together."""
     wanted = config.seesaw.weight_source
     if config.seesaw.resident_weights or wanted == "host":
         return False
@@ -74,27 +80,15 @@ def asks_peer_path(config, device: torch.device, source) -> bool:
         config.topology.within_host(plan.ranks) for plan in config.node_layout.plans)
 
 
-def peer_weights_usable(group, device: torch.device, source, peer_devices: list[int]) -> bool:
-    """Whether this rank can take the peer path: `holds_checkpoint_slices`, and its device
-    reaches every peer's directly (CUDA P2P: NVLink or PCIe peer access) or is a CPU (gloo,
-    for tests). The caller agrees with the group on it."""
+def peer_weights_usable(group, device: torch.device, source) -> bool:
+    """Whether this rank can take the peer path: `holds_checkpoint_slices`, on a GPU (NCCL)
+    or a CPU (gloo, for tests). CUDA peer access is not asked for: the transfers are NCCL
+    sends and receives, which cross NVLink or PCIe P2P where they may and otherwise go
+    through host shared memory (NCCL_P2P_DISABLE=1, GPUs without peer access), still
+    without a host copy's pinned bytes. The caller agrees with the group on it."""
     if group is None or not holds_checkpoint_slices(source):
         return False
-    if device.type == "cpu":
-        return True
-    return device.type == "cuda" and all(
-        peer == device.index or torch.cuda.can_device_access_peer(device.index, peer)
-        for peer in peer_devices)
-
-
-def group_devices(group, device: torch.device) -> list[int]:
-    """The CUDA device index of every rank of `group`, in group order (the group's first
-    collective on NCCL, which its later point-to-point batches need); [] on the CPU."""
-    if device.type != "cuda":
-        return []
-    indices = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(indices, torch.tensor([device.index], device=device), group=group)
-    return indices.tolist()
+    return device.type in ("cuda", "cpu")
 
 
 def agree(group, device: torch.device, usable: bool) -> bool:
@@ -107,12 +101,14 @@ def agree(group, device: torch.device, usable: bool) -> bool:
 def load_group_weights(hf_config, source, plans: list[Plan], dtype: torch.dtype,
                        max_model_len: int,
                        moe_parallel: str = "tp") -> dict[int, RankWeights] | None:
-    """`group_weights` from the checkpoint's shapes; None (and a warning) where a loader
-    does what the weight probes cannot follow."""
+    """`group_weights` from the checkpoint's shapes (random weights: those of the config's
+    checkpoint); None (and a warning) where a loader does what the weight probes cannot
+    follow."""
     try:
-        return group_weights(hf_config, checkpoint_shapes(source.path), plans, dtype,
-                             max_model_len, moe_parallel)
-    except (ValueError, TypeError, IndexError, NotImplementedError) as e:
+        shapes = (config_checkpoint_shapes(hf_config) if source.kind == "random"
+                  else checkpoint_shapes(source.path))
+        return group_weights(hf_config, shapes, plans, dtype, max_model_len, moe_parallel)
+    except (ValueError, TypeError, IndexError, KeyError, NotImplementedError) as e:
         logger.warning("seesaw weights re-shard from the pinned host copies only: %s", e)
         return None
 
@@ -127,8 +123,8 @@ def peer_group(group: GroupHandle, device: torch.device, hf_config, source, plan
         return None
     weights = (load_group_weights(hf_config, source, plans, dtype, max_model_len, moe_parallel)
                if holds_checkpoint_slices(source) else None)
-    devices = group_devices(group.group, device)
-    usable = weights is not None and peer_weights_usable(group.group, device, source, devices)
+    usable = weights is not None and peer_weights_usable(group.group, device, source)
+    # the group's first collective (NCCL's point-to-point batches need one before them)
     if not agree(group.group, device, usable):
         if group.rank == 0:
             log = logger.warning if asked else logger.info

@@ -15,7 +15,10 @@ from parashift.kv.cache import KVCache, attention_layers
 from parashift.kv.cpu_tier import CpuKVTier, TierMappings, TierShape
 from parashift.kv.tier_allocator import TierSlot
 from parashift.kv.tier_copy import gather, rank_kv_slice, scatter, wait_for_copies
+from parashift.parallel.arena_layout import place
+from parashift.parallel.host_copy import HostCopy
 from parashift.parallel.seesaw_weights import PeerGroup, WeightArena
+from parashift.parallel.weight_staging import stage
 from parashift.parallel.state import ParallelState
 from parashift.worker.peer_weights import peer_group
 from parashift.worker.rank_hooks import RankHooks, RankSetup
@@ -47,7 +50,6 @@ def rank_hooks_for(setup: RankSetup) -> "SeesawRank | None":
     if len(others) != 1:
         raise ValueError(f"a seesaw rank runs two plans over its group's ranks, got "
                          f"{[state.plan.name(), *(s.plan.name() for s in others)]}")
-    other = setup.build_model(others[0])
     # the peer path moves checkpoint pieces, and FP8 weights' scales are none (made at load,
     # or spread per tensor): FP8 weights move from the host copies, scales with them
     fp8 = any(p.dtype == torch.float8_e4m3fn for p in setup.model.parameters())
@@ -55,10 +57,15 @@ def rank_hooks_for(setup: RankSetup) -> "SeesawRank | None":
         setup.group, setup.device, setup.hf_config, setup.source,
         [state.plan, others[0].plan], setup.dtype, setup.max_model_len, config.moe_parallel,
         asked=config.seesaw.weight_source == "peers")
+    # the running model leaves the device before the other is built: never both on it
+    resident = config.seesaw.resident_weights
+    staged = stage(setup.model, place(setup.model),
+                   pin=setup.device.type == "cuda" and peers is None and not resident)
+    other = setup.build_model(others[0])
     return SeesawRank({state.plan.name(): setup.model, others[0].plan.name(): other},
                       {state.plan.name(): state, others[0].plan.name(): others[0]},
                       setup.hf_config.num_hidden_layers, setup.hf_config.num_key_value_heads,
-                      setup.device, config.seesaw.resident_weights, peers)
+                      setup.device, resident, peers, {state.plan.name(): staged})
 
 
 class SeesawRank(RankHooks):
@@ -70,15 +77,18 @@ class SeesawRank(RankHooks):
 
     def __init__(self, models: dict[str, torch.nn.Module], states: dict[str, ParallelState],
                  num_layers: int, num_kv_heads: int, device: torch.device,
-                 resident_weights: bool = False, peers: PeerGroup | None = None):
+                 resident_weights: bool = False, peers: PeerGroup | None = None,
+                 staged: dict[str, HostCopy] | None = None):
         """`models` and `states`: the prefill plan's first (the running one), by plan name;
         `resident_weights`: both plans' shards stay on the device (no weight copies);
         `peers`: a switch fills the new shard from the group's ranks (parallel/
-        seesaw_weights.py), not only from the pinned host copies."""
+        seesaw_weights.py), not only from the pinned host copies; `staged`: the models
+        already moved out of device memory (parallel/weight_staging.py)."""
         self.models, self.states, self.device = models, states, device
         self.slices = {name: rank_kv_slice(s.plan, s.rank, num_layers, num_kv_heads)
                        for name, s in states.items()}
-        self.arena = WeightArena(models, device, resident=resident_weights, peers=peers)
+        self.arena = WeightArena(models, device, resident=resident_weights, peers=peers,
+                                 staged=staged)
         self.active = next(iter(models))
         self.views: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.num_blocks = 0

@@ -229,3 +229,23 @@ def test_auto_resolves_at_start_up_and_keeps_the_tokens(models, tmp_path, monkey
             assert engine.take_transition_records()
     finally:
         engine.shutdown()
+
+
+def test_random_weights_switch_from_peers_and_pin_nothing(tmp_path):
+    """Random weights (no checkpoint) take the peer path too: the running plan's draw
+    stands for the checkpoint, so a switch reads nothing from the host copies."""
+    shape = tmp_path / "tiny.json"
+    shape.write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"], '
+                     '"vocab_size": 512, "hidden_size": 96, "intermediate_size": 192, '
+                     '"num_hidden_layers": 4, "num_attention_heads": 8, '
+                     '"num_key_value_heads": 4, "tie_word_embeddings": false}')
+    llm = seesaw_llm(str(shape), "pp2", "tp2", SMALL_TIER, seesaw_weight_source="peers")
+    engine = llm.llm_engine
+    try:
+        outputs = llm.generate(prompts(), PARAMS)
+        assert all(len(o.outputs[0].token_ids) == PARAMS.max_tokens for o in outputs)
+        records = engine.take_transition_records()
+        assert len(records) >= 2
+        assert all(r.weight_peer_bytes > 0 and r.weight_host_bytes == 0 for r in records)
+    finally:
+        engine.shutdown()

@@ -2,7 +2,8 @@
 least arena, after 20 round trips every rank's parameters under each plan equal a fresh
 load of that plan (checksum), at the same addresses; bytes came over the peer links, and
 what came from the pinned host copies is exactly what the schedule reads there (what no
-rank holds, and the pieces that break cycles too large for the staging). On the GPU
+rank holds, and the pieces that break cycles too large for the staging), and the host
+copies keep only those bytes (none where every cycle fits the staging). On the GPU
 machine (PARASHIFT_TEST_DEVICE=cuda) the ranks are GPUs and the transfers go over NCCL."""
 import hashlib
 
@@ -11,8 +12,10 @@ import torch
 import torch.distributed as dist
 
 from parashift.loader.source import load_hf_config, resolve_model
+from parashift.parallel.host_copy import merge_extents
 from parashift.parallel.plan import Plan
 from parashift.parallel.seesaw_weights import PeerGroup, WeightArena
+from parashift.parallel.weight_staging import host_reads
 from parashift.worker.peer_weights import load_group_weights
 from tests.distributed.test_plans import DEVICE
 from tests.engine.conftest import save_tiny_llama
@@ -57,6 +60,13 @@ def _rank(rank: int, port: int, world: int, model_dir: str, prefill: str, decode
         arena = WeightArena(models, device,
                             peers=PeerGroup(dist.group.WORLD, rank, weights, staging))
         fixed = {p: addresses(m) for p, m in models.items()}
+        reads = {new: merge_extents(host_reads(schedule, rank, arena.regions[new].offset),
+                                    arena.regions[new].size)
+                 for (_, new), schedule in arena.schedules.items()}
+        regions = sum(r.size for r in arena.regions.values())
+        assert arena.pinned_bytes == sum(b - a for r in reads.values() for a, b in r), (
+            arena.pinned_bytes, reads)
+        assert arena.pinned_bytes < regions // 2, (arena.pinned_bytes, regions)  # < one plan
         for _ in range(ROUND_TRIPS):
             for old, new in ((prefill, decode), (decode, prefill)):
                 schedule = arena.schedules[(old, new)]
@@ -72,6 +82,7 @@ def _rank(rank: int, port: int, world: int, model_dir: str, prefill: str, decode
                 assert into["peer"] > 0  # every rank of these pairs lacks what a peer holds
                 if staging == LARGE:  # every cycle staged: the host copy serves none
                     assert into["host"] == 0 and schedule.unheld[rank] == 0
+                    assert arena.pinned_bytes == 0
                 else:
                     assert len(schedule.phase2) > 1
         dist.barrier()

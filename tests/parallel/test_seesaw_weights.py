@@ -97,3 +97,30 @@ def test_bad_arenas_are_refused(tiny_model, monkeypatch):
     monkeypatch.setattr(host_memory, "mem_available_bytes", lambda: 1000)
     with pytest.raises(ValueError, match="host memory cannot hold pinned weights"):
         WeightArena(models, torch.device("cpu"))
+
+
+def storages(model) -> set[int]:
+    return {p.untyped_storage().data_ptr() for p in model.parameters() if p.numel()}
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_the_arena_is_allocated_after_every_model_left_the_device(tiny_model, monkeypatch,
+                                                                  resident):
+    """At the arena's allocation no parameter of either model holds the bytes it was
+    loaded into (each points into its host copy), so the device never holds a model and
+    the arena at once; after it, every parameter lies in the arena."""
+    models = {name: build(tiny_model, name, 0) for name in ("pp2", "tp2")}
+    loaded = set().union(*(storages(m) for m in models.values()))
+    held = [p.detach() for m in models.values() for p in m.parameters()]  # no address reused
+    seen = []
+    allocate = WeightArena._allocate
+
+    def watched(self, nbytes):
+        seen.append({name: storages(m) & loaded for name, m in models.items()})
+        return allocate(self, nbytes)
+    monkeypatch.setattr(WeightArena, "_allocate", watched)
+    arena = WeightArena(models, torch.device("cpu"), resident=resident)
+    assert seen == [{"pp2": set(), "tp2": set()}]
+    in_arena = {arena.arena.untyped_storage().data_ptr()}
+    assert all(storages(m) == in_arena for m in models.values())
+    del held

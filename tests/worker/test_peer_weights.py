@@ -1,6 +1,7 @@
 """Which seesaw ranks ask their group for the peer path (worker/peer_weights.py): asked for
-by name anywhere, by default only on GPUs with a safetensors checkpoint, never with both
-plans resident."""
+by name anywhere, by default only on GPUs with a safetensors checkpoint or random weights,
+never with both plans resident; random weights lay out their group's arenas as a
+checkpoint of their config would."""
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,7 @@ CHECKPOINT, RANDOM = SimpleNamespace(kind="hf"), SimpleNamespace(kind="random")
 
 @pytest.mark.parametrize("wanted, resident, device, source, asks", [
     ("auto", False, GPU, CHECKPOINT, True),
-    ("auto", False, GPU, RANDOM, False),
+    ("auto", False, GPU, RANDOM, True),
     ("auto", False, CPU, CHECKPOINT, False),
     ("peers", False, CPU, CHECKPOINT, True),
     ("peers", False, GPU, CHECKPOINT, True),
@@ -40,3 +41,20 @@ def test_auto_keeps_host_copies_for_a_group_across_hosts():
     assert asks_peer_path(EngineConfig(**SEESAW, nnodes=2, gpus_per_node=1,
                                        allow_cross_host_tp=True, seesaw_weight_source="peers"),
                           GPU, CHECKPOINT)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_random_weights_lay_out_their_group_as_a_checkpoint_of_their_config(tmp_path, tied):
+    from parashift.loader.source import ModelSource, load_hf_config, resolve_model
+    from parashift.loader.weight_pieces import checkpoint_shapes, config_checkpoint_shapes
+    from parashift.parallel.plan import Plan
+    from parashift.worker.peer_weights import load_group_weights
+    from tests.engine.conftest import save_tiny_llama
+    path = save_tiny_llama(tmp_path, num_hidden_layers=4, tie_word_embeddings=tied)
+    source = resolve_model(path)
+    hf_config = load_hf_config(source)
+    assert config_checkpoint_shapes(hf_config) == checkpoint_shapes(source.path)
+    plans = [Plan.parse("pp2"), Plan.parse("tp2")]
+    random = ModelSource("random", source.path, "tiny")
+    assert load_group_weights(hf_config, random, plans, torch.float32, 64) == \
+        load_group_weights(hf_config, source, plans, torch.float32, 64)

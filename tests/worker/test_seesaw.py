@@ -1,0 +1,45 @@
+"""Seesaw's rank hooks (worker/seesaw.py) at start-up: the running plan's model leaves the
+device (into its host copy) before the other plan's model is built, and both are in the
+arena after it, equal to fresh loads."""
+from types import SimpleNamespace
+
+import torch
+
+from parashift.parallel.plan import Plan
+from parashift.parallel.state import GroupHandle, ParallelState
+from parashift.worker.rank_hooks import RankSetup
+from parashift.worker.seesaw import rank_hooks_for
+from tests.parallel.test_seesaw_weights import build, checksum, storages, tiny_model  # noqa: F401
+
+
+def state_of(plan_name: str, rank: int) -> ParallelState:
+    plan = Plan.parse(plan_name)
+
+    def handle(kind):
+        return GroupHandle(plan.group_of(kind, rank), rank)
+    return ParallelState(plan, rank, handle("tp"), handle("sp"), handle("pp"), handle("dp"))
+
+
+def test_the_other_plan_is_built_once_the_running_one_left_the_device(tiny_model):
+    source, hf_config = tiny_model
+    running = build(tiny_model, "pp2", 0)
+    fresh = {name: checksum(build(tiny_model, name, 0)) for name in ("pp2", "tp2")}
+    loaded = storages(running)
+    held = [p.detach() for p in running.parameters()]  # no address reused
+    at_build = []
+
+    def build_model(state):
+        at_build.append(storages(running) & loaded)
+        return build(tiny_model, state.plan.name(), state.rank)
+    config = SimpleNamespace(parallel_policy="seesaw", moe_parallel="tp", seesaw=SimpleNamespace(
+        weight_source="auto", resident_weights=False))
+    setup = RankSetup(config, hf_config, source, torch.device("cpu"), torch.float32, 64,
+                      state_of("pp2", 0), (state_of("tp2", 0),), running, build_model, None)
+    hooks = rank_hooks_for(setup)
+    assert at_build == [set()]
+    assert hooks.arena.regions["pp2"].offset == 0 and hooks.running_model() is running
+    assert checksum(running) == fresh["pp2"]
+    hooks.arena.prefetch("tp2")
+    hooks.arena.activate("tp2")
+    assert checksum(hooks.model_for("tp2")) == fresh["tp2"]
+    del held
