@@ -2,7 +2,8 @@
 SiDP's fallback: cost/plan_choice.py): mean lengths, or the lengths themselves from a file
 (a sample, or an offline batch's every request: a tail of long requests or a spread of
 prompts changes which plan finishes first, which means alone cannot show), and an offline
-batch's request count or the online arrival rate."""
+batch's request count or the online arrival rate, or the arrival times themselves (a trace
+whose bursts the forecast sees: cost/forecast_trace.py)."""
 import json
 import math
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ DEFAULT_PROMPT_TOKENS, DEFAULT_OUTPUT_TOKENS = 1024, 128  # vLLM's benchmark len
 class WorkloadHint:
     """Mean lengths, and an offline batch's request count or the online arrival rate
     (neither: steady state, every replica's seats full); `lengths`, where given, are the
-    requests (prompt, output) themselves."""
+    requests (prompt, output) themselves, and `arrivals` their arrival times (online)."""
     prompt_tokens: int
     output_tokens: int
     num_requests: int | None = None
