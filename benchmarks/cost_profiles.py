@@ -33,13 +33,29 @@ CEILINGS = "the workloads notes' ceilings (two H200s, 2026-11-21)"
 FP8_GEMM_RAW = ROOT / "benchmarks" / "results" / "raw" / "issue60_fp8_gemm" / "fp8_gemm_first_w8a8.json"
 FP8_GEMM = ("FP8-weight GEMMs of the 8B shape on one H200 (issue 60), "
             "benchmarks/results/raw/issue60_fp8_gemm/fp8_gemm_first_w8a8.json")
+GEMM_RAWS = (FP8_GEMM_RAW, FP8_GEMM_RAW.with_name("fp8_gemm_rows_1_16_64_256.json"))
+BF16_GEMM = ("bf16 GEMMs (cuBLAS) of the 8B shape's projections on one H200 beside issue 60's "
+             "FP8 ones, benchmarks/results/raw/issue60_fp8_gemm/*.json")
+PROBE = "SiDP probe: step time against the FFN fetch (issue 17; 2026-11-23, one nvidia-h200)"
+PROBE_RAW = ROOT / "benchmarks" / "results" / "sidp_probe_h200.json"
+QUICK_RAW = ROOT / "benchmarks" / "results" / "raw" / "cost_profile_h200_quick" / "h200_compute.json"
+QUICK = ("`parashift profile --quick` on one H200, "
+         "benchmarks/results/raw/cost_profile_h200_quick/h200_compute.json")
+# the grouped expert GEMMs, profiled (MOE): 64 tokens 181 + 95 us against floors of 188 + 94
+# us at the copy rate; 4,096 tokens 35.5 ms
+MOE_GROUPED_BW_EFF = min(1.0, (188 + 94) / (181 + 95))
+MOE_GROUPED_4096_S = 35.5e-3
 
 # (what is fitted, the row it is fitted to: shape, what, measured seconds, section)
 FIT_ROWS = {
     "gemm.flops_eff": ("llama-3.1-8b", "prefill 8192, eager", 227.4e-3, FOUR_SECOND),
     "prefill_attention.flops_eff": ("llama-3.1-8b", "prefill 2048, eager", 49.7e-3, FOUR_SECOND),
     "eager_launch_s": ("llama-3.1-8b", "prefill 512, eager", 18.1e-3, GPU_FAST_PATH),
+    "gemm.overlap": ("qwen3-32b, llama-3.1-70b", "decode b128 ctx 1024, where neither the "
+                     "weights' bytes nor the FLOPs dominate (the probe's, not in the "
+                     "validation; their mean error nil)", "29.58e-3, 55.07e-3", PROBE),
     "moe.launch_s": ("qwen3-30b-a3b", "decode b1 ctx 1024", 4.6e-3, MOE),
+    "moe_kernels_per_layer": ("qwen3-30b-a3b", "prefill 512, eager (host-bound)", 92.8e-3, MOE),
     "activation_bytes": ("llama-3.1-8b", "KV tokens on one H200 at 0.9", 886_048, MAX_CONTEXT),
     "sp_kernels_per_layer": ("llama-3.1-8b", "SP4 prefill 2048, eager (host-paced)", 38.8e-3,
                              FOUR_SECOND),
@@ -48,35 +64,64 @@ FIT_ROWS = {
 }
 
 
+def bf16_gemm_points() -> list[tuple[int, int, int, float]]:
+    """(rows, n, k, seconds) of the bf16 GEMMs timed beside issue 60's FP8 ones."""
+    return [(r["rows"], r["n"], r["k"], r["bf16_us"] * 1e-6)
+            for path in GEMM_RAWS for r in json.loads(path.read_text())["rows"]]
+
+
+def gemv_line(hbm_bytes_per_s: float) -> tuple[float, float]:
+    """(launch, bw_eff) of the GEMMs of 1-4 rows: bound by the weights' bytes, which a GEMV
+    only reads (so it streams them faster than the copy that defines the peak)."""
+    points = [(2 * (n * k + rows * (n + k)), s) for rows, n, k, s in bf16_gemm_points()
+              if rows <= 4]
+    return fit.bytes_line(points, hbm_bytes_per_s, reads_only=True)
+
+
+def moe_flops_eff(matmul_flops: float) -> float:
+    """The grouped expert GEMMs' rate at 4,096 tokens (MOE's profile) against the peak."""
+    s = load_shape("qwen3-30b-a3b")
+    flops = 2.0 * 4096 * s.top_k * 3 * s.hidden * s.expert_intermediate * s.num_layers
+    return flops / MOE_GROUPED_4096_S / matmul_flops
+
+
 def base_compute() -> ComputeProfile:
-    gemm_s_b1, gemm_count, weight_bytes = 4.07e-3, 129, 15.01e9
-    launch = 3e-6
+    launch, bw_eff = gemv_line(4.27e12)
+    quick = json.loads(QUICK_RAW.read_text())
     return ComputeProfile(
         device="H200", source=f"derived from docs/benchmark_log.md ({GPU_FAST_PATH}; {MOE}; "
         f"{MAX_CONTEXT}; {FOUR_SECOND}) by benchmarks/cost_profiles.py; to be refreshed by "
         "`parashift profile` on an H200",
         hbm_bytes_per_s=4.27e12, matmul_flops=788e12, memory_bytes=150.75e9,
         memory_utilization=0.9, activation_bytes=3.5e9,
-        gemm=Roofline(round(weight_bytes / (4.27e12 * (gemm_s_b1 - gemm_count * launch)), 3),
-                      0.8, launch),
+        gemm=Roofline(round(bw_eff, 4), 0.8, round(launch, 9)),
         decode_attention=Roofline(0.90, 0.5, round(0.29e-3 / 32 - 4.19e6 / (0.9 * 4.27e12), 7)),
         prefill_attention=Roofline(0.8, 0.5, 10e-6),
         elementwise=Roofline(0.8, 1.0, round(0.34e-3 / 32, 7)),
-        moe=Roofline(0.8, 0.5, 50e-6),
-        sampler_s=0.03e-3, sampler_row_s=1e-6, host_step_s=0.21e-3, eager_launch_s=4e-6,
+        moe=Roofline(round(MOE_GROUPED_BW_EFF, 4), round(moe_flops_eff(788e12), 4), 50e-6),
+        sampler_s=round(quick["sampler_s"], 9), sampler_row_s=round(quick["sampler_row_s"], 12),
+        host_step_s=0.21e-3, eager_launch_s=4e-6,
         kernels_per_layer=14, host_to_device_bytes_per_s=55e9,
         notes={
             "hbm_bytes_per_s, matmul_flops, host_to_device": CEILINGS,
             "memory_bytes": "an H200's 143,771 MiB",
-            "gemm.bw_eff, gemm.launch_s": f"{GPU_FAST_PATH}: batch-1 GEMMs 4.07 ms for 15.01 GB "
-                                          "(129 GEMMs, 3 us each beyond their bytes)",
+            "gemm.bw_eff, gemm.launch_s": f"{BF16_GEMM}: the line through the 1-4-row "
+                                          "GEMMs' seconds by bytes (a GEMV reads its weights "
+                                          "at 1.07x the copy rate, plus a fixed cost); "
+                                          f"{GPU_FAST_PATH}: batch-1 GEMMs 4.07 ms, as the "
+                                          "line gives",
+            "moe.bw_eff, moe.flops_eff": f"{MOE}: the grouped expert GEMMs at 64 tokens (181 + "
+                                         "95 us against 188 + 94 us of bytes) and at 4,096 "
+                                         "tokens (35.5 ms)",
             "decode_attention": f"{GPU_FAST_PATH}: batch 256 attention at 90% of the copy rate; "
                                 "batch 1, context 1024: 0.29 ms over 32 layers",
             "elementwise.launch_s": f"{GPU_FAST_PATH}: batch 1 norms, rotary, SiLU, KV write and "
                                     "fill 0.34 ms over 32 layers",
-            "sampler_s": f"{GPU_FAST_PATH}: sampling 0.03 ms at batch 1",
+            "sampler_s, sampler_row_s": f"{QUICK}: the sampler timed at 1-256 rows (the "
+                                        f"rest of that profile is not adopted); {GPU_FAST_PATH}: "
+                                        "sampling 0.03 ms at batch 1",
             "host_step_s": f"{GPU_FAST_PATH}: batch 1 wall 4.91 ms against 4.70 ms of kernels",
-            "sampler_row_s, prefill_attention.bw_eff, elementwise.bw_eff, moe.bw_eff":
+            "prefill_attention.bw_eff, elementwise.bw_eff":
                 "assumed (no measurement isolates them)",
             "fitted": {k: f"{v[0]} {v[1]} = {v[2]} ({v[3]})" for k, v in FIT_ROWS.items()},
         })
@@ -182,9 +227,16 @@ def fitted() -> tuple[ComputeProfile, LinkProfile, LinkProfile]:
         c = with_effs(c, _solve(lambda e: eager(with_effs(c, e), 2048), 49.7e-3, 0.35, 1.0))
         c = replace(c, eager_launch_s=_solve(
             lambda x: eager(replace(c, eager_launch_s=x), 512), 18.1e-3, 1e-7, 1e-4))
+        c = replace(c, gemm=replace(c.gemm, overlap=_solve(
+            lambda a: ridge_error(replace(c, gemm=replace(c.gemm, overlap=a))),
+            0.0, 0.0, 1.0)))
     c = replace(c, moe=replace(c.moe, launch_s=_solve(
         lambda x: StepModel(moe, replace(c, moe=replace(c.moe, launch_s=x))).step_s(
             single, StepBatch.decode(1, 1024)), 4.6e-3, 0.0, 1e-3)))
+    moe_eager = _solve(lambda k: StepModel(moe, replace(c, moe_kernels_per_layer=int(round(k))),
+                                           graphs=False).step_s(single, StepBatch.prefill(512)),
+                       92.8e-3, 0.0, 200.0)
+    c = replace(c, moe_kernels_per_layer=int(round(moe_eager)))
     per_token = dense.kv_bytes_per_token
     c = replace(c, activation_bytes=c.memory_bytes * c.memory_utilization - dense.weight_bytes
                 - 886_048 * per_token)
@@ -196,6 +248,21 @@ def fitted() -> tuple[ComputeProfile, LinkProfile, LinkProfile]:
                                        four, graphs=False).step_s(Plan(sp=4), StepBatch.prefill(2048)),
                    38.8e-3, 0.0, 200.0)
     return replace(fp8_gemm(c), sp_kernels_per_layer=int(round(extra))), link2(), four
+
+
+def ridge_steps() -> list[tuple[str, int, float]]:
+    """(shape, batch, seconds) of recorded decode steps (context 1024) near the GEMMs'
+    ridge whose configuration the validation does not list: the probe's batch 128 of its
+    two shapes."""
+    probe = json.loads(PROBE_RAW.read_text())["step"]
+    return [(Path(shape).stem, 128, row["step_ms"]["128"] * 1e-3) for shape, row in probe.items()]
+
+
+def ridge_error(c: ComputeProfile) -> float:
+    """The mean relative error of `c`'s predictions of the ridge steps."""
+    errors = [StepModel(load_shape(shape), c).step_s(Plan(), StepBatch.decode(batch, 1024))
+              / seconds - 1 for shape, batch, seconds in ridge_steps()]
+    return sum(errors) / len(errors)
 
 
 def fp8_gemm(c: ComputeProfile) -> ComputeProfile:
@@ -220,7 +287,8 @@ def fp8_gemm(c: ComputeProfile) -> ComputeProfile:
 
 def _rounded(c: ComputeProfile) -> ComputeProfile:
     def r(fit):
-        return Roofline(round(fit.bw_eff, 4), round(fit.flops_eff, 4), round(fit.launch_s, 9))
+        return Roofline(round(fit.bw_eff, 4), round(fit.flops_eff, 4), round(fit.launch_s, 9),
+                        round(fit.overlap, 4))
     return replace(c, gemm=r(c.gemm), prefill_attention=r(c.prefill_attention), moe=r(c.moe),
                    eager_launch_s=round(c.eager_launch_s, 9),
                    activation_bytes=float(round(c.activation_bytes, -6)))

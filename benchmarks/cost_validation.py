@@ -67,7 +67,21 @@ SERVED = ("served TTFT through the simulator: it leaves out the server's own pat
           "output process, the async front end; DP4 is 20% under), and where the plan has "
           "several ranks a prefill's pace set by the slowest rank's host beyond the eager "
           "launches the profile counts (the four-rank TTFT rows above miss the same way)")
+PER_SEQUENCE = ("the 32B and 70B shapes' decode cost per sequence from 512 to 1,024 "
+                "sequences is 7% above the model's (the probe: 92.0 ms more for 32B against "
+                "85.8 predicted, 160.3 for 70B against 150.3): the GEMMs' FLOPs rate (fitted to "
+                "the 8B shape's 8,192-token prefill) and KV read at 0.9 of the copy (the 8B "
+                "shape's batch 256) under-price these shapes' work a sequence; the 8B rows do "
+                "not show it")
+RIDGE_8B = ("gemm: the overlap near the ridge (fitted to the 32B and 70B shapes' batch-128 "
+            "steps: 27% of the shorter of the bytes and FLOPs times) over-prices the 8B "
+            "shape's projections at 64-256 rows: timed alone at 256 rows (issue 60's bf16 "
+            "timings) they take 177 us a layer where the profile predicts 208; the shapes pay "
+            "the ridge differently, which one overlap cannot hold (the 8B rows of other "
+            "sessions, 7.38 and 17.02 ms, are within 5%)")
 MISS_NOTES = {
+    "1gpu-probe-qwen3-32b-b1024": PER_SEQUENCE, "1gpu-decode-b64-ctx1024-i58": RIDGE_8B,
+    "1gpu-decode-b256-ctx512": RIDGE_8B,
     "4gpu-fig9-tp4-ttft": HOST_SKEW, "4gpu-fig9-sp4-ttft": HOST_SKEW,
     "4gpu-fig9-sp2xtp2-ttft": HOST_SKEW, "4gpu-fig9-shift-sp4-ttft": HOST_SKEW,
     "4gpu-fig9-shift-sp2xtp2-ttft": HOST_SKEW, "4gpu-prefill-sp4-2048": HOST_SKEW,
@@ -396,19 +410,22 @@ def evaluate(served: bool = False) -> dict:
                     "log_section": row.section,
                     "parts_ms": {k: round(v * 1e3, 3) for k, v in parts.items() if v}})
     held = [abs(r["error"]) for r in out if not r["fit"]]
-    one_gpu = [abs(r["error"]) for r in out if not r["fit"] and r["gpus"] == 1
-               and r["unit"] == "ms"]
+    one_gpu = [r for r in out if not r["fit"] and r["gpus"] == 1 and r["unit"] == "ms"]
+    explained = [r["id"] for r in out if abs(r["error"]) > 0.25] + [
+        r["id"] for r in one_gpu if 0.05 < abs(r["error"]) <= 0.25]
     return {"title": "Cost model: predicted against measured",
             "source": "benchmarks/cost_validation.py over benchmarks/results/profiles/*.json",
             "summary": {"rows": len(out), "held_out": len(held),
                         "median_abs_error_held_out": round(statistics.median(held), 4),
                         "median_abs_error_all": round(statistics.median(
                             abs(r["error"]) for r in out), 4),
-                        "one_gpu_steps_within_5pct": f"{sum(e <= 0.05 for e in one_gpu)} of "
-                                                     f"{len(one_gpu)}",
+                        "one_gpu_steps_within_5pct": f"{sum(abs(r['error']) <= 0.05 for r in one_gpu)}"
+                                                     f" of {len(one_gpu)}",
+                        "one_gpu_steps_over_5pct": [r["id"] for r in one_gpu
+                                                    if abs(r["error"]) > 0.05],
                         "misses_over_25pct": [r["id"] for r in out if abs(r["error"]) > 0.25],
-                        "notes": {r["id"]: MISS_NOTES.get(r["id"], "not yet explained")
-                                  for r in out if abs(r["error"]) > 0.25}},
+                        "notes": {row_id: MISS_NOTES.get(row_id, "not yet explained")
+                                  for row_id in explained}},
             "validation": out}
 
 

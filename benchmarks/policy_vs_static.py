@@ -8,7 +8,8 @@ design's policy with `--cost-profile` (the committed H200 profile):
 
 - Shift: SP over all GPUs, shifting to TP at the cost model's crossover; told the workload
   as Seesaw is, its start-up runs the best static plan where the model predicts Shift loses;
-- Flying: DP over all GPUs, merging and splitting by its cost check;
+- Flying: DP over all GPUs, merging and splitting by its cost check; told the workload as
+  Seesaw is, it merges no wider than the width of the layout the model predicts best;
 - Seesaw `--prefill-plan auto`: the pair or static plan the cost model picks at start-up;
 - SiDP: DP over all GPUs sharing FFN weights, CaS/WaS by the model's B_th; told the
   workload as Seesaw is, its start-up runs the best static plan where the model predicts
@@ -79,11 +80,12 @@ def contenders(shape_name: str, gpus: int, workload: str, requests) -> dict[str,
             continue
         out[plan.name()] = dict(data_parallel_size=plan.dp, sequence_parallel_size=plan.sp,
                                 tensor_parallel_size=plan.tp, parallel_policy="static")
-    hint = dict(workload_file=lengths_file(workload, requests),
+    hint = dict(workload_file=lengths_file(workload, requests, workload not in OFFLINE),
                 request_rate=None if workload in OFFLINE else arrival_rate(requests))
     out["shift"] = dict(sequence_parallel_size=gpus, parallel_policy="shift",
                         **{f"shift_{k}": v for k, v in hint.items()})
-    out["flying"] = dict(data_parallel_size=gpus, parallel_policy="flying")
+    out["flying"] = dict(data_parallel_size=gpus, parallel_policy="flying",
+                         **{f"flying_{k}": v for k, v in hint.items()})
     out["seesaw-auto"] = dict(parallel_policy="seesaw", prefill_plan=f"auto:{gpus}",
                               cpu_kv_gib=64.0, **{f"seesaw_{k}": v for k, v in hint.items()})
     if SHAPE_SET[shape_name] is None:
@@ -92,11 +94,13 @@ def contenders(shape_name: str, gpus: int, workload: str, requests) -> dict[str,
     return out
 
 
-def lengths_file(workload: str, requests) -> str:
-    """The requests' [prompt, output] lengths as a JSON file (what the policies' start-up
-    choices are told: `seesaw_workload_file`, `sidp_workload_file`)."""
+def lengths_file(workload: str, requests, online: bool) -> str:
+    """The requests' [prompt, output] lengths, online with their arrival times, as a JSON
+    file (what the policies' start-up choices are told: `seesaw_workload_file`,
+    `sidp_workload_file`, `shift_workload_file`)."""
     path = Path(tempfile.gettempdir()) / f"policy_vs_static_{workload}_lengths.json"
-    path.write_text(json.dumps([[r.input_len, r.output_len] for r in requests]))
+    path.write_text(json.dumps([[r.input_len, r.output_len] + ([r.arrival_s] if online else [])
+                                for r in requests]))
     return str(path)
 
 
@@ -174,23 +178,10 @@ def compare(shape_name: str, gpus: int, workload: str) -> list[dict]:
 
 
 POLICIES = ("shift", "flying", "seesaw-auto", "sidp")
-# Why a row stays below the bar (the cause found, with its numbers), by row id
-_BURSTY_8B = ("the start-up choices (and Flying's width) take TP8: the online forecast "
-              "(cost/forecast.py, a queue at the mean arrival rate) puts its latency at "
-              "196 ms against DP2xTP4's 206 ms, but bursts batch more requests than the mean "
-              "rate, and there TP8's 8-rank all-reduces (the 4-GPU link profile scaled) cost "
-              "more: simulated median E2E TP8 212.5 ms, DP2xTP4 208.1 ms (TPOT 3.30 against "
-              "3.23 ms); 2% apart, a near tie the mean-rate model cannot split")
-_BURSTY_70B = ("the start-up choice takes DP2xTP4: the online forecast puts its TTFT "
-               "ahead (two queues at the mean rate), but in the simulated bursts TP8's faster "
-               "steps win: median E2E TP8 863.1 ms, DP2xTP4 883.3 ms (TTFT 74.0 against 59.2 "
-               "ms, TPOT 13.38 against 13.86 ms); 2.3% apart, a near tie the mean-rate model "
-               "cannot split (Flying, whose width follows the load in hand, takes TP8)")
-BELOW_BAR: dict[str, str] = {
-    **{f"llama-3.1-8b-8gpu-bursty-{p}": _BURSTY_8B
-       for p in ("shift", "flying", "seesaw-auto", "sidp")},
-    **{f"llama-3.1-70b-8gpu-bursty-{p}": _BURSTY_70B for p in ("shift", "seesaw-auto")},
-}
+# Why a row stays below the bar (the cause found, with its numbers), by row id: none since
+# the start-up choices and Flying's widest merge forecast online workloads from their arrival
+# trace (cost/forecast_trace.py; the mean rate had put TP8 ahead on eight GPUs under `bursty`)
+BELOW_BAR: dict[str, str] = {}
 
 
 def _rounded(figures: dict) -> dict:

@@ -34,17 +34,20 @@ def robust_line(xs: list[float], ys: list[float]) -> Line:
     return Line(statistics.median(y - slope * x for x, y in zip(xs, ys)), slope)
 
 
-def bytes_line(points: list[tuple[float, float]], hbm_bytes_per_s: float
-               ) -> tuple[float, float]:
+def bytes_line(points: list[tuple[float, float]], hbm_bytes_per_s: float,
+               reads_only: bool = False) -> tuple[float, float]:
     """(launch seconds, bw_eff) of points (bytes, seconds) bound by bytes; the intercept
-    kept >= 0 and the efficiency in (0, 1] (a kernel never beats the measured copy)."""
+    kept >= 0 and the efficiency in (0, 1] (a kernel never beats the measured copy), unless
+    `reads_only`: a kernel that only reads its bytes (a GEMV's weights) may stream them
+    faster than a copy that reads and writes them."""
     line = robust_line([b for b, _ in points], [s for _, s in points])
     if line.slope <= 0:
         raise ValueError(f"seconds do not grow with bytes over {points}: time more sizes")
     launch = max(line.intercept, 0.0)
     if line.intercept < 0:  # refit the slope through the origin
         line = Line(0.0, sum(b * s for b, s in points) / sum(b * b for b, _ in points))
-    return launch, min(1.0, 1.0 / (line.slope * hbm_bytes_per_s))
+    bw_eff = 1.0 / (line.slope * hbm_bytes_per_s)
+    return launch, bw_eff if reads_only else min(1.0, bw_eff)
 
 
 def flops_eff(points: list[tuple[float, float]], matmul_flops: float, launch_s: float) -> float:

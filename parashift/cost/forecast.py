@@ -12,6 +12,7 @@ prefill; past rho >= 1 the plan is overloaded (its TTFT grows without bound)."""
 import math
 from dataclasses import dataclass, field
 
+from parashift.cost.forecast_trace import trace_figures
 from parashift.cost.runs import Engine, Served, kv_tokens, offline_s, prefill_s, step_s
 from parashift.cost.seesaw_run import seesaw_s
 from parashift.cost.sidp import SLOTS
@@ -30,11 +31,16 @@ class Prediction:
     kv_tokens: int
     overloaded: bool = False
     detail: dict = field(default_factory=dict)
+    latency_s: float | None = None  # online from a trace: its requests' median latency
 
     def score(self, offline: bool, mean_output: float) -> float:
         if offline:
             return -self.throughput
-        return math.inf if self.overloaded else self.ttft_s + mean_output * self.tpot_s
+        if self.overloaded:
+            return math.inf
+        if self.latency_s is not None:
+            return self.latency_s
+        return self.ttft_s + mean_output * self.tpot_s
 
     def as_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "ttft_ms": round(self.ttft_s * 1e3, 2),
@@ -62,6 +68,18 @@ def predict_offline(model: StepModel, served: Served, reqs: list, engine: Engine
                       prefill_s(model, served, int(mean_in), engine), tpot,
                       sum(i + o for i, o in reqs) / seconds,
                       kv_tokens(model, served) * served.plan.dp, detail=_detail(served))
+
+
+def predict_trace(model: StepModel, served: Served, reqs: list, arrivals: tuple,
+                  engine: Engine) -> Prediction:
+    """Online, from the requests' arrival times (cost/forecast_trace.py)."""
+    f = trace_figures(model, served, reqs, arrivals, engine)
+    mean_tokens = sum(i + o for i, o in reqs) / len(reqs)
+    return Prediction(served.name, kind_of(served), math.inf if f.overloaded else f.ttft_s,
+                      f.tpot_s, f.rate * mean_tokens, kv_tokens(model, served) * served.plan.dp,
+                      f.overloaded, {"prefill_share": round(f.prefill_share, 3),
+                                     "decode_batch": round(f.decode_batch, 1), "trace": True,
+                                     **_detail(served)}, f.latency_s)
 
 
 def predict_online(model: StepModel, served: Served, reqs: list, rate: float,
@@ -105,8 +123,9 @@ def candidate_name(cand: Candidate) -> str:
 
 
 def predict(model: StepModel, cand: Candidate, reqs: list, rate: float, engine: Engine,
-            tier_bytes: float = SEESAW_TIER_BYTES) -> Prediction:
-    """`cand` on requests `reqs` ((input, output) each) arriving at `rate` (inf: offline)."""
+            tier_bytes: float = SEESAW_TIER_BYTES, arrivals: tuple = ()) -> Prediction:
+    """`cand` on requests `reqs` ((input, output) each) arriving at `rate` (inf: offline),
+    or online at `arrivals` (their times, where known)."""
     name = candidate_name(cand)
     if isinstance(cand, tuple):
         seconds, parts = seesaw_s(model, cand[0], cand[1], reqs, tier_bytes, engine)
@@ -118,11 +137,13 @@ def predict(model: StepModel, cand: Candidate, reqs: list, rate: float, engine: 
                           detail={"switch_s": round(parts["switch"], 3)})
     if math.isinf(rate):
         return predict_offline(model, cand, reqs, engine)
+    if arrivals:
+        return predict_trace(model, cand, reqs, arrivals, engine)
     return predict_online(model, cand, reqs, rate, engine)
 
 
 def predict_all(model: StepModel, chosen: list[Candidate], reqs: list, rate: float,
-                engine: Engine, tier_bytes: float = SEESAW_TIER_BYTES
+                engine: Engine, tier_bytes: float = SEESAW_TIER_BYTES, arrivals: tuple = ()
                 ) -> tuple[list[Prediction], dict[str, str]]:
     """Each candidate predicted, or refused (named, with why) where the longest request's
     KV does not fit one of its replicas."""
@@ -139,7 +160,7 @@ def predict_all(model: StepModel, chosen: list[Candidate], reqs: list, rate: flo
             refused[name] = (f"does not fit: {weights:.1f} GB of weights per GPU leave KV for "
                              f"{max(kv, 0):,} tokens a replica; the longest request needs {longest:,}")
             continue
-        predicted.append(predict(model, cand, reqs, rate, engine, tier_bytes))
+        predicted.append(predict(model, cand, reqs, rate, engine, tier_bytes, arrivals))
     return predicted, refused
 
 

@@ -60,7 +60,9 @@ def choose(model: StepModel, design: list[Candidate], hint: WorkloadHint, world_
     statics, refused = static_candidates(model, world_size)
     reqs, rate = hint.requests(world_size, engine)
     extra = {} if tier_bytes is None else {"tier_bytes": tier_bytes}
-    predictions, unfit = predict_all(model, statics + design, reqs, rate, engine, **extra)
+    arrivals = () if hint.offline else hint.arrivals
+    predictions, unfit = predict_all(model, statics + design, reqs, rate, engine, **extra,
+                                     arrivals=arrivals)
     refused.update(unfit)
     static_names = {s.name for s in statics}
     table = ranked(predictions, hint.offline, reqs)
@@ -72,6 +74,18 @@ def choose(model: StepModel, design: list[Candidate], hint: WorkloadHint, world_
     wins = best_design is not None and _beats(best_design, best_static, hint, margin)
     best = best_design if wins else best_static
     return PlanChoice(best, not wins, tuple(table), refused)
+
+
+def best_of(model: StepModel, plans: list[Plan], hint: WorkloadHint, world_size: int,
+            engine: Engine) -> Prediction:
+    """The best of `plans`, each served as it is, on the workload told."""
+    reqs, rate = hint.requests(world_size, engine)
+    predictions, refused = predict_all(model, [Served(p) for p in plans], reqs, rate, engine,
+                                       arrivals=() if hint.offline else hint.arrivals)
+    if not predictions:
+        raise ValueError("no plan fits this model: " + "; ".join(
+            f"{k}: {v}" for k, v in refused.items()))
+    return ranked(predictions, hint.offline, reqs)[0]
 
 
 def _beats(design: Prediction, static: Prediction, hint: WorkloadHint, margin: float) -> bool:

@@ -3,8 +3,9 @@
 the device, and where its numbers came from (a command at a commit, or a section of
 docs/benchmark_log.md they were derived from).
 
-A kernel's time is a roofline fit: max(bytes / (peak bandwidth * bw_eff),
-flops / (peak matrix rate * flops_eff)) + launch. A collective's time is read off its
+A kernel's time is a roofline fit: the longer of bytes / (peak bandwidth * bw_eff) and
+flops / (peak matrix rate * flops_eff), plus `overlap` times the shorter (near the ridge a
+kernel does not hide all of its loads behind its math), plus launch. A collective's time is read off its
 measured points (bytes -> seconds), piecewise linear in log-log space between them; below
 the smallest point it costs the smallest point's time (latency), above the largest the
 largest point's bandwidth carries on."""
@@ -54,15 +55,19 @@ class Curve:
 
 @dataclass(frozen=True)
 class Roofline:
-    """A kernel family's fit: efficiencies against the device's peaks, and a fixed cost."""
+    """A kernel family's fit: efficiencies against the device's peaks, a fixed cost, and the
+    share of the shorter of its bytes and FLOPs times that the longer does not hide."""
     bw_eff: float
     flops_eff: float
     launch_s: float
+    overlap: float = 0.0
 
     def __post_init__(self):
         _positive("roofline", bw_eff=self.bw_eff, flops_eff=self.flops_eff)
         if not self.launch_s >= 0:
             raise ValueError(f"roofline launch_s must be >= 0, got {self.launch_s}")
+        if not 0 <= self.overlap <= 1:
+            raise ValueError(f"roofline overlap must be in [0, 1], got {self.overlap}")
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,9 @@ class ComputeProfile:
     sp_kernels_per_layer: int = 0
     tp_kernels_per_layer: int = 2
     host_seq_s: float = 0.0        # host time a step adds per sequence it runs
+    # kernels an eager MoE layer launches beyond kernels_per_layer (routing, the pair sort,
+    # the grouped GEMMs and their sum)
+    moe_kernels_per_layer: int = 0
     # how a graph step's host terms combine with its device time: False: they add (the part
     # a step does not overlap, as fitted to logged steps); True: they are the host's whole
     # work, which async scheduling overlaps with the device (max), as `parashift profile`
@@ -116,8 +124,9 @@ class ComputeProfile:
 
     def roofline_s(self, fit: Roofline, nbytes: float, flops: float,
                    matmul_flops: float | None = None) -> float:
-        return max(nbytes / (self.hbm_bytes_per_s * fit.bw_eff),
-                   flops / ((matmul_flops or self.matmul_flops) * fit.flops_eff)) + fit.launch_s
+        by_bytes = nbytes / (self.hbm_bytes_per_s * fit.bw_eff)
+        by_flops = flops / ((matmul_flops or self.matmul_flops) * fit.flops_eff)
+        return (max(by_bytes, by_flops) + fit.overlap * min(by_bytes, by_flops)) + fit.launch_s
 
     def fp8_gemm_s(self, nbytes: float, flops: float) -> float:
         if self.fp8_gemm is None or not self.fp8_matmul_flops > 0:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 SHAPES = Path(__file__).resolve().parents[2] / "benchmarks" / "shapes"
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")  # as models/llama.py's attention
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class ModelShape:
     tied_embeddings: bool = False
     weight_dtype_bytes: int = 0   # the linear layers' weights (1: FP8); 0: dtype_bytes
     kv_dtype_bytes: int = 0       # the KV cache's (1: FP8); 0: dtype_bytes
+    qk_norm: bool = False         # RMSNorm over each query and key head (Qwen3)
 
     def __post_init__(self):
         for f in ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "vocab",
@@ -72,7 +74,8 @@ class ModelShape:
                    cfg.get("num_experts_per_tok", 0) if experts else 0,
                    cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size", 0)
                                                         if experts else 0),
-                   tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+                   tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                   qk_norm=cfg.get("model_type") in QK_NORM_MODEL_TYPES)
 
     @property
     def moe(self) -> bool:

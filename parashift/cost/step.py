@@ -16,6 +16,7 @@ from parashift.cost.shape import ModelShape
 from parashift.parallel.plan import Plan
 
 ELEMENTWISE_KERNELS = 6  # two norms, rotary with the KV write, SiLU-mul, two residual adds
+QK_NORM_KERNELS = 2      # a query and a key head norm (Qwen3)
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ class StepModel:
         token_bytes = b * (8 * s.hidden + 2 * (s.q_width + 2 * s.kv_width) // attn
                            + 3 * (s.expert_intermediate * s.top_k if s.moe else s.intermediate)
                            // tp)
-        out.add("elementwise", c.roofline_s(c.elementwise, rows * token_bytes, 0.0))
+        out.add("elementwise", self._elementwise(rows, token_bytes, attn))
         if tp > 1:
             out.add("all_reduce", 2 * self._collective(
                 "all_reduce", rows * s.hidden * b, tp, graph))
@@ -139,6 +140,17 @@ class StepModel:
             out.add("all_to_all", self._collective(
                 "all_to_all", rows * (s.q_width + 2 * s.kv_width) // tp * b, sp, graph)
                 + self._collective("all_to_all", rows * s.q_width // tp * b, sp, graph))
+
+    def _elementwise(self, rows: int, token_bytes: float, attn: int) -> float:
+        """A layer's norms, rotary, activation and adds over `rows`; a shape with head norms
+        reads and writes its query and key heads once more, in two more kernels."""
+        s, c = self.shape, self.compute
+        seconds = c.roofline_s(c.elementwise, rows * token_bytes, 0.0)
+        if s.qk_norm:
+            qk_bytes = 2 * s.dtype_bytes * (s.q_width + s.kv_width) // attn
+            seconds += (c.elementwise.launch_s * QK_NORM_KERNELS / ELEMENTWISE_KERNELS
+                        + rows * qk_bytes / (c.hbm_bytes_per_s * c.elementwise.bw_eff))
+        return seconds
 
     def mlp_s(self, rows: int, shards: int) -> float:
         """A dense MLP's GEMMs (gate_up, down) over `rows`, its width split `shards` ways."""
@@ -212,7 +224,8 @@ class StepModel:
         if graph:
             return c.host_step_s
         per_layer = (c.kernels_per_layer + (c.sp_kernels_per_layer if plan.sp > 1 else 0)
-                     + (c.tp_kernels_per_layer if plan.tp > 1 else 0))
+                     + (c.tp_kernels_per_layer if plan.tp > 1 else 0)
+                     + (c.moe_kernels_per_layer if self.shape.moe else 0))
         kernels = per_layer * self.shape.num_layers / plan.pp * micro + 10
         return kernels * c.eager_launch_s * plan.pp
 

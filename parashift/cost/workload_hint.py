@@ -2,7 +2,8 @@
 SiDP's fallback: cost/plan_choice.py): mean lengths, or the lengths themselves from a file
 (a sample, or an offline batch's every request: a tail of long requests or a spread of
 prompts changes which plan finishes first, which means alone cannot show), and an offline
-batch's request count or the online arrival rate."""
+batch's request count or the online arrival rate, or the arrival times themselves (a trace
+whose bursts the forecast sees: cost/forecast_trace.py)."""
 import json
 import math
 from dataclasses import dataclass
@@ -17,12 +18,13 @@ DEFAULT_PROMPT_TOKENS, DEFAULT_OUTPUT_TOKENS = 1024, 128  # vLLM's benchmark len
 class WorkloadHint:
     """Mean lengths, and an offline batch's request count or the online arrival rate
     (neither: steady state, every replica's seats full); `lengths`, where given, are the
-    requests (prompt, output) themselves."""
+    requests (prompt, output) themselves, and `arrivals` their arrival times (online)."""
     prompt_tokens: int
     output_tokens: int
     num_requests: int | None = None
     request_rate: float | None = None  # requests a second
     lengths: tuple[tuple[int, int], ...] = ()
+    arrivals: tuple[float, ...] = ()   # the requests' arrival times (s), where known
 
     def __post_init__(self):
         if self.prompt_tokens < 1 or self.output_tokens < 1:
@@ -30,6 +32,9 @@ class WorkloadHint:
                              f"{self.prompt_tokens} and {self.output_tokens}")
         if self.request_rate is not None and not self.request_rate > 0:
             raise ValueError(f"a workload's request rate must be > 0, got {self.request_rate}")
+        if self.arrivals and len(self.arrivals) != len(self.lengths):
+            raise ValueError(f"a workload's arrival times go with its lengths, one a request: "
+                             f"{len(self.arrivals)} times for {len(self.lengths)} requests")
 
     @property
     def offline(self) -> bool:
@@ -44,20 +49,25 @@ class WorkloadHint:
         return [(self.prompt_tokens, self.output_tokens)] * count, rate
 
 
-def load_lengths(path: str) -> tuple[tuple[int, int], ...]:
-    """A JSON list of [prompt tokens, output tokens] pairs, one a request."""
+def load_lengths(path: str) -> tuple[tuple[tuple[int, int], ...], tuple[float, ...]]:
+    """A JSON list of [prompt tokens, output tokens] pairs, one a request, or of
+    [prompt tokens, output tokens, arrival seconds] triples (an online trace: the forecast
+    then sees its bursts, not only its mean rate); the lengths and the arrival times."""
     try:
         with open(path) as f:
-            pairs = json.load(f)
+            rows = json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"workload file {path}: {e}") from None
-    ok = isinstance(pairs, list) and pairs and all(
-        isinstance(p, list) and len(p) == 2 and all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in p) for p in pairs)
+    ok = isinstance(rows, list) and rows and all(
+        isinstance(r, list) and len(r) == len(rows[0]) in (2, 3) and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in r[:2])
+        and all(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0
+                for t in r[2:]) for r in rows)
     if not ok:
         raise ValueError(f"workload file {path}: give a non-empty JSON list of "
-                         "[prompt_tokens, output_tokens] pairs of integers >= 1")
-    return tuple((p, o) for p, o in pairs)
+                         "[prompt_tokens, output_tokens] pairs of integers >= 1, or of "
+                         "[prompt_tokens, output_tokens, arrival_s] triples (arrival_s >= 0)")
+    return tuple((r[0], r[1]) for r in rows), tuple(float(r[2]) for r in rows if len(r) == 3)
 
 
 def hint_of(options) -> WorkloadHint:
@@ -67,7 +77,11 @@ def hint_of(options) -> WorkloadHint:
         return WorkloadHint(options.mean_prompt_tokens or DEFAULT_PROMPT_TOKENS,
                             options.mean_output_tokens or DEFAULT_OUTPUT_TOKENS,
                             options.num_requests, options.request_rate)
-    lengths = load_lengths(options.workload_file)
+    lengths, arrivals = load_lengths(options.workload_file)
+    span = max(arrivals, default=0.0) - min(arrivals, default=0.0)
+    if span <= 0:  # no trace, or every request at t=0
+        arrivals = ()
+    rate = options.request_rate or ((len(arrivals) - 1) / span if arrivals else None)
     return WorkloadHint(round(sum(p for p, _ in lengths) / len(lengths)),
                         round(sum(o for _, o in lengths) / len(lengths)), len(lengths),
-                        options.request_rate, lengths)
+                        rate, lengths, arrivals)

@@ -26,6 +26,7 @@ class SidpConfig(DesignOptions):
     # every static plan of the same GPUs (cost/plan_choice.py) and, where a static plan is
     # predicted to win, runs that one under the static policy (engine/static_fallback.py);
     # workload_file: the lengths, a JSON list of [prompt, output] pairs, instead of the means
+    # (or [prompt, output, arrival_s] triples: an online trace, cost/forecast_trace.py)
     mean_prompt_tokens: int | None = None
     mean_output_tokens: int | None = None
     num_requests: int | None = None

@@ -76,7 +76,8 @@ ENGINE_FLAGS = {
     "--seesaw-workload-file": ("seesaw_workload_file", str,
                                "--prefill-plan auto with --cost-profile: the requests' "
                                "lengths, a JSON list of [prompt_tokens, output_tokens] pairs "
-                               "(instead of the means and count)"),
+                               "(instead of the means and count), or of [prompt_tokens, "
+                               "output_tokens, arrival_s] triples (an online trace)"),
     "--cpu-kv-tokens": ("cpu_kv_tokens", int, "seesaw policy: tokens of the CPU KV tier (per "
                                               "group); a prefill phase ends when it is full"),
     "--cpu-kv-gib": ("cpu_kv_gib", float, "seesaw policy: the CPU KV tier in GiB (per group) "
@@ -122,7 +123,25 @@ ENGINE_FLAGS = {
     "--sidp-workload-file": ("sidp_workload_file", str,
                              "sidp policy with --cost-profile: the requests' lengths, a JSON "
                              "list of [prompt_tokens, output_tokens] pairs (instead of the "
-                             "means and count)"),
+                             "means and count), or of [prompt_tokens, output_tokens, "
+                             "arrival_s] triples (an online trace: its bursts, not only its "
+                             "mean rate)"),
+    "--flying-mean-prompt-tokens": ("flying_mean_prompt_tokens", int,
+                                    "flying policy with --cost-profile: the workload's mean "
+                                    "prompt length; told (this or the four below), the policy "
+                                    "merges no wider than the width whose layout the cost "
+                                    "model predicts serves it best"),
+    "--flying-mean-output-tokens": ("flying_mean_output_tokens", int,
+                                    "flying policy with --cost-profile: the mean output length"),
+    "--flying-num-requests": ("flying_num_requests", int,
+                              "flying policy with --cost-profile: an offline batch's requests"),
+    "--flying-request-rate": ("flying_request_rate", float,
+                              "flying policy with --cost-profile: the online arrival rate "
+                              "(requests/s)"),
+    "--flying-workload-file": ("flying_workload_file", str,
+                               "flying policy with --cost-profile: the requests' lengths, a "
+                               "JSON list of [prompt_tokens, output_tokens] pairs, or of "
+                               "[prompt_tokens, output_tokens, arrival_s] triples"),
     "--flying-merge-running": ("flying_merge_running", int, "flying policy: merge the replicas "
                                                             "at or below this many running "
                                                             "requests and none waiting"),
@@ -160,7 +179,8 @@ ENGINE_FLAGS = {
                              "(requests/s)"),
     "--shift-workload-file": ("shift_workload_file", str,
                               "shift policy with --cost-profile: the requests' lengths, a JSON "
-                              "list of [prompt_tokens, output_tokens] pairs"),
+                              "list of [prompt_tokens, output_tokens] pairs, or of "
+                              "[prompt_tokens, output_tokens, arrival_s] triples"),
     "--merge-weights": ("merge_weights", str, "merged plans (Flying Serving): reorder (default: "
                                               "rows permuted once at load so each width's shard "
                                               "is one view) | view (slices of the replica) | "

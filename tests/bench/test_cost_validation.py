@@ -15,10 +15,20 @@ def test_the_validation_json_is_current():
     assert cost_validation.main(["--check"]) == 0
 
 
-def test_every_large_miss_is_explained():
+def test_every_large_miss_and_one_gpu_step_off_by_5pct_is_explained():
     summary = cost_validation.evaluate()["summary"]
-    assert set(summary["notes"]) == set(summary["misses_over_25pct"])
+    assert set(summary["notes"]) == (set(summary["misses_over_25pct"])
+                                     | set(summary["one_gpu_steps_over_5pct"]))
     assert "not yet explained" not in summary["notes"].values()
+
+
+def test_the_gemm_overlap_is_fitted_to_the_ridge_steps_the_table_does_not_list():
+    compute = cost_validation.COMPUTE
+    assert compute.gemm.overlap > 0
+    assert abs(cost_profiles.ridge_error(compute)) < 1e-3  # nil, but for the profile's rounding
+    listed = {(r.shape, r.what) for r in cost_validation.rows()}
+    for shape, batch, _ in cost_profiles.ridge_steps():
+        assert not any(s == shape and f"batch {batch}," in what for s, what in listed)
 
 
 def test_fitted_rows_are_marked():

@@ -39,6 +39,10 @@ def test_bytes_line_recovers_the_launch_and_bandwidth_of_gemv_points():
 def test_a_bandwidth_above_the_copy_is_capped_and_a_negative_intercept_refit():
     launch, bw = bytes_line([(1e9, 1e9 / (2 * HBM)), (2e9, 2e9 / (2 * HBM))], HBM)
     assert bw == 1.0 and launch == 0.0
+    # a GEMV only reads its weights: it may beat the copy (read and write) that sets the peak
+    launch, bw = bytes_line([(1e9, 1e9 / (2 * HBM)), (2e9, 2e9 / (2 * HBM))], HBM,
+                            reads_only=True)
+    assert math.isclose(bw, 2.0, rel_tol=1e-9) and launch == 0.0
     launch, bw = bytes_line([(1e9, 0.2e-3), (2e9, 0.5e-3)], HBM)  # intercept -0.1 ms
     assert launch == 0.0 and 0 < bw <= 1.0
     with pytest.raises(ValueError, match="do not grow with bytes"):

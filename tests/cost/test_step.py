@@ -1,6 +1,7 @@
 """The step model's arithmetic on small hand-made profiles (exact), and on the committed
 H200 profiles (pinned predictions, so a change to the model shows in its diff)."""
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -77,11 +78,11 @@ def test_unknown_model_is_a_clear_error():
 
 
 # Predictions of the committed profiles, pinned: a change to the model or a profile moves them.
-PINNED = [("single", StepBatch.decode(1, 1024), 1, 4.945657),
-          ("single", StepBatch.decode(256, 1024), 1, 16.566238),
-          ("single", StepBatch.prefill(4096), 1, 103.497563),
-          ("tp2", StepBatch.decode(64, 512), 2, 4.613994),
-          ("tp4", StepBatch.decode(1, 2112), 4, 2.761999)]
+PINNED = [("single", StepBatch.decode(1, 1024), 1, 4.897812),
+          ("single", StepBatch.decode(256, 1024), 1, 17.361178),
+          ("single", StepBatch.prefill(4096), 1, 102.935572),
+          ("tp2", StepBatch.decode(64, 512), 2, 4.878525),
+          ("tp4", StepBatch.decode(1, 2112), 4, 2.762008)]
 
 
 @pytest.mark.parametrize("plan,batch,gpus,ms", PINNED)
@@ -101,3 +102,34 @@ def test_host_work_adds_to_a_graph_step_or_overlaps_it_as_the_profile_says():
                                           host_overlapped=True)).step(Plan(), batch)
     assert overlapped.total == pytest.approx(max(device, 1.4e-3))
     assert overlapped.parts["host_excess"] == pytest.approx(max(0.0, 1.4e-3 - device))
+
+
+def test_near_the_ridge_a_kernel_pays_the_overlap_share_of_its_shorter_bound():
+    fit = Roofline(0.5, 0.25, 1e-6, overlap=0.2)
+    c = compute(gemm=fit)
+    # 1e6 bytes at 0.5 x 1e9 B/s: 2 ms; 1e8 FLOPs at 0.25 x 1e12: 0.4 ms
+    assert math.isclose(c.roofline_s(fit, 1e6, 1e8), 2e-3 + 0.2 * 0.4e-3 + 1e-6, rel_tol=1e-12)
+    assert math.isclose(c.roofline_s(fit, 1e5, 1e9), 4e-3 + 0.2 * 0.2e-3 + 1e-6, rel_tol=1e-12)
+    assert math.isclose(c.roofline_s(FLAT, 1e6, 1e8), 1e-3, rel_tol=1e-12)  # no overlap: max
+    with pytest.raises(ValueError, match="overlap must be in"):
+        Roofline(1.0, 1.0, 0.0, overlap=1.5)
+
+
+def test_head_norms_read_and_write_the_query_and_key_heads_in_two_more_kernels():
+    c = compute(elementwise=Roofline(1.0, 1.0, 6e-6))
+    plain = StepModel(SHAPE, c).step(Plan(), StepBatch.prefill(4)).parts["elementwise"]
+    normed = StepModel(replace(SHAPE, qk_norm=True), c).step(Plan(), StepBatch.prefill(4))
+    qk_bytes = 4 * 2 * 2 * (64 + 32)  # 4 rows, read and written, 2-byte q (4x16) and k (2x16)
+    assert math.isclose(normed.parts["elementwise"] - plain, 2 * (2e-6 + qk_bytes / 1e9),
+                        rel_tol=1e-12)  # two layers; the 6 kernels' launch is 6 us
+    assert load_shape("qwen3-32b").qk_norm and load_shape("qwen3-30b-a3b").qk_norm
+    assert not load_shape("llama-3.1-8b").qk_norm
+
+
+def test_an_eager_moe_layer_launches_its_routing_and_expert_kernels_too():
+    moe = replace(SHAPE, num_experts=4, top_k=2, expert_intermediate=32)
+    c = compute(eager_launch_s=1e-3, kernels_per_layer=3, moe_kernels_per_layer=5)
+    eager = StepModel(moe, c, graphs=False).step(Plan(), StepBatch.prefill(4))
+    assert math.isclose(eager.total, ((3 + 5) * 2 + 10) * 1e-3, rel_tol=1e-12)  # host-bound
+    dense = StepModel(SHAPE, c, graphs=False).step(Plan(), StepBatch.prefill(4))
+    assert math.isclose(dense.total, (3 * 2 + 10) * 1e-3, rel_tol=1e-12)

@@ -22,20 +22,31 @@ it until it ends, between the replicas' steps once they split). Either happens o
 gain exceeds its cost (`cost.py`; with the cost model the gain is the predicted time the
 new layout saves on the work in hand, `SwitchCosts.switch_pays`).
 
+Told the workload with the cost model (`flying_request_rate`, `flying_workload_file`, ...),
+it merges no wider than the width whose layout the model predicts serves that workload best
+(an arrival trace's bursts included: cost/forecast_trace.py).
+
 The merges a width needs happen together, as one transition (a node of 8 replicas moving
 to width 2 makes its 4 pairs at once: none prefills alone for the work to be recomputed).
 The starting layout must be w plain replicas of one TP degree on consecutive ranks; the
 merged plans of every aligned width the model's heads allow are made at start-up (so
 their communicators are pre-built)."""
+import logging
 from dataclasses import replace
 
 from parashift.cost.advisor import advisor_for
+from parashift.cost.plan_choice import best_of
+from parashift.cost.runs import Engine
+from parashift.cost.workload_hint import hint_of
+from parashift.designs.options import hinted
 from parashift.engine.policy.cost import SwitchCosts
 from parashift.engine.policy.protocol import Decision, NodeView
 from parashift.engine.policy.widths import layouts_by_width, transition_towards
 from parashift.parallel.layout import Layout
 from parashift.parallel.plan import Plan
 from parashift.parallel.topology import Topology
+
+logger = logging.getLogger(__name__)
 
 
 def merged_plans(replicas: list[Plan], num_heads: int, num_kv_heads: int,
@@ -173,9 +184,30 @@ class FlyingPolicy:
 
 def policy_from_config(config, layout: Layout, hf_config) -> FlyingPolicy:
     """With `cost_profile`, what a merge or split gains and costs is predicted where the
-    node has not measured it (cost.py)."""
-    costs = SwitchCosts(advisor=advisor_for(config, hf_config, layout.world_size))
-    return FlyingPolicy(layout, hf_config.num_attention_heads, hf_config.num_key_value_heads,
-                        config.flying.merge_running, config.flying.dwell_s, costs=costs,
-                        preemption=config.flying.preemption,
-                        topology=getattr(config, "topology", None))
+    node has not measured it (cost.py); told the workload (`flying_request_rate`,
+    `flying_workload_file`, ...), the policy merges no wider than the width whose layout
+    the model predicts serves it best."""
+    advisor = advisor_for(config, hf_config, layout.world_size)
+    policy = FlyingPolicy(layout, hf_config.num_attention_heads, hf_config.num_key_value_heads,
+                          config.flying.merge_running, config.flying.dwell_s,
+                          costs=SwitchCosts(advisor=advisor),
+                          preemption=config.flying.preemption,
+                          topology=getattr(config, "topology", None))
+    if advisor is None or not hinted(config.flying):
+        return policy
+    width = told_width(policy, advisor.model, hint_of(config.flying), config)
+    logger.info("flying: merges no wider than %d replicas (the cost model's best layout for "
+                "the workload told)", width)
+    policy.layouts = {w: names for w, names in policy.layouts.items() if w <= width}
+    policy.widest = width
+    return policy
+
+
+def told_width(policy: FlyingPolicy, model, hint, config) -> int:
+    """The width whose layout (its replicas merged in groups of that width) is predicted to
+    serve the workload best, among the widths that divide the node."""
+    replicas, tp = len(policy.replicas), policy.replicas[0].tp
+    plans = {w: Plan(dp=replicas // w, tp=w * tp) for w in policy.layouts if replicas % w == 0}
+    best = best_of(model, list(plans.values()), hint, replicas * tp,
+                   Engine(config.max_num_seqs, config.max_num_batched_tokens or 8192))
+    return next(w for w, plan in plans.items() if plan.name() == best.name)
