@@ -55,6 +55,9 @@
 # plain DP=2, the sidp policy over shared FFN weights, TP=2; one run each).
 # Next (issue 65 part 5, ~250 s): `faults` (a worker SIGKILLed under the `chat` load, -dp 2:
 # rank 1, then rank 0 in a fresh engine; benchmarks/recovery_under_load.py).
+# Last call of the thirty-ninth session (device time nearly spent): `faults1 seesaw70_seesaw` (one
+# kill under load, rank 1, after the returned group's rebalance; Seesaw alone on the 70B PCIe-like
+# after the start-up memory fix, its static rows from `seesaw70_pcie`'s call).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -267,6 +270,10 @@ for name in "$@"; do
     # SIGKILLed, then in a fresh engine rank 0's (scripts/gpu_faults.sh; ~100 s a run)
     faults) part faults 300 "bash scripts/gpu_faults.sh dp2_rank1 1 140 -dp 2; \
            bash scripts/gpu_faults.sh dp2_rank0 0 140 -dp 2" ;;
+    faults1) part faults1 125 "bash scripts/gpu_faults.sh dp2_rank1 1 110 -dp 2" ;;
+    seesaw70_seesaw) part seesaw70_seesaw 200 "NCCL_P2P_DISABLE=1 python3 benchmarks/seesaw.py \
+           --model benchmarks/shapes/llama-3.1-70b.json --plans seesaw:pp2-tp2 --workloads summarize \
+           --num-requests 48 --cpu-kv-gib 32 --output $OUT/seesaw_pcie_70b_seesaw.json" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     prefill_busy) part prefill_busy 200 "for plan in single tp2 shift-sp2; do \
            python3 benchmarks/prefill_throughput.py --model $EIGHT_B --plan \$plan \
