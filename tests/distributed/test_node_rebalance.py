@@ -1,0 +1,88 @@
+"""A group back in service takes its share of the waiting requests (engine/node_rebalance.py):
+CPU ranks over gloo, a tiny random Llama, -dp 2 with 4 sequences a group at most, so that
+most of 30 requests wait. Rank 1 is SIGKILLed after a few steps; its requests are queued on
+rank 0 behind those waiting there. Once rank 1 serves again (the node re-forms its world at
+a step boundary with nothing in flight), it takes the head of rank 0's queue until the two
+hold as many requests (within one); every request ends once with one device's tokens."""
+import os
+import signal
+import time
+from collections import Counter
+
+import pytest
+
+from parashift import LLM
+from tests.distributed.test_fault_isolation import (  # noqa: F401 (fixtures)
+    add_all, reference, requests)
+from tests.distributed.test_self_healing import HEALING, RECOVERY_S, wait_recovered
+
+MAX_NUM_SEQS = 4
+STEPS_BEFORE_KILL = 3
+
+
+@pytest.fixture(scope="module")
+def dp2(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, data_parallel_size=2, max_num_seqs=MAX_NUM_SEQS, **HEALING)
+    yield llm.llm_engine
+    llm.shutdown()
+
+
+def spy_on_moves(node) -> list[dict]:
+    """Each rebalancing that moved requests: every serving replica's (running, waiting)
+    just before and just after it."""
+    moves, tick = [], node.rebalancing.tick
+
+    def counts():
+        return [(r.scheduler.num_running, r.scheduler.num_waiting)
+                for r in node.serving_replicas()]
+
+    def ticking():
+        before, moved = counts(), node.rebalancing.moved
+        tick()
+        if node.rebalancing.moved != moved:
+            moves.append({"before": before, "after": counts(),
+                          "moved": node.rebalancing.moved - moved})
+    node.rebalancing.tick = ticking
+    return moves
+
+
+def run_counting_ends(engine, ends: Counter, finished: dict, limit: int = 100_000) -> None:
+    for _ in range(limit):
+        if not engine.has_unfinished_requests():
+            return
+        for output in engine.step():
+            if output.finished:
+                ends[output.request_id] += 1
+                finished[output.request_id] = output
+    raise AssertionError("requests still running")
+
+
+def test_the_returned_group_takes_its_share_of_the_queue(dp2, requests, reference):  # noqa: F811
+    engine = dp2
+    moves = spy_on_moves(engine.node)
+    ids = add_all(engine, requests, prefix="share-")
+    ends, finished = Counter(), {}
+    for _ in range(STEPS_BEFORE_KILL):
+        for output in engine.step():
+            assert not output.finished
+    os.kill(engine.executor.procs[1].pid, signal.SIGKILL)
+    started = time.monotonic()
+    while not engine.faults.groups_down:  # health checks only: rank 0's queue waits
+        assert time.monotonic() - started < RECOVERY_S, "the kill was not seen"
+        engine.check_health()
+        time.sleep(0.01)
+    wait_recovered(engine, world=2)
+    assert not moves  # (rank 0's steps in flight end first)
+    run_counting_ends(engine, ends, finished)
+    (move,) = moves
+    (running, waiting), back = move["before"][0], move["before"][1]
+    assert back == (0, 0) and running <= MAX_NUM_SEQS and waiting > running
+    expected = min(waiting, (running + waiting) // 2)  # loads within one, waiting ones only
+    assert move["moved"] == expected
+    assert move["after"] == [(running, waiting - expected), (0, expected)]
+    assert engine.faults.requests_rebalanced == expected
+    assert sorted(ends) == sorted(ids) and set(ends.values()) == {1}  # each ended once
+    for request_id, want in zip(ids, reference):
+        output = finished[request_id]
+        assert output.error is None, output.error
+        assert output.outputs[0].token_ids == want, request_id
