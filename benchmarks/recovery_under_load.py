@@ -107,7 +107,8 @@ async def kill_when_due(aengine, args, progress: list[int], sent_at: float, tota
 async def probe(aengine, watcher: FaultWatcher, killed: asyncio.Future, world: int,
                 vocab_size: int) -> dict:
     """Once every group serves again: the requests each group holds (by its ranks), then one
-    request more; when its first token came and where."""
+    request more; when its first token came and where, and the requests each group held
+    then (the returned group's share of the queue moved to it meanwhile)."""
     kill_at = (await killed)[0]
     while serving_again(watcher.samples, loss_seen(watcher.samples, kill_at), world) is None:
         await asyncio.sleep(0.005)
@@ -121,8 +122,12 @@ async def probe(aengine, watcher: FaultWatcher, killed: asyncio.Future, world: i
         async for _ in aengine.generate(PROBE_ID, prompt, params):
             if "first_token_s" not in result:
                 result["first_token_s"] = round(time.monotonic() - kill_at, 3)
-                ranks = (await aengine.call(placement)).get(PROBE_ID)
+                where = await aengine.call(placement)
+                ranks = where.get(PROBE_ID)
                 result["ranks"] = None if ranks is None else list(ranks)
+                result["requests_by_group_at_first_token"] = dict(Counter(
+                    ",".join(map(str, r)) for r in where.values()))
+                result["placement_at_first_token"] = where
     except Exception as exc:  # noqa: BLE001 - reported with the rest
         result["error"] = f"{type(exc).__name__}: {exc}"[:500]
     return result
@@ -157,8 +162,10 @@ async def drive(aengine, engine, args, requests) -> dict:
         probed = {"error": f"not every group served again within {args.recovery_wait_s:.0f} s "
                            "after the requests ended"}
     watcher.stop()
+    after = probed.pop("placement_at_first_token", {})
     for trace in traces:
         trace.ranks = where.get(trace.request_id)
+        trace.ranks_after = after.get(trace.request_id)
     report = analyse(traces, watcher.samples, kill_at, args.kill_rank, world, sent_at,
                      args.window_s)
     faults = engine.faults
@@ -205,7 +212,10 @@ def summary(report: dict) -> str:
         f"{report['detection_s']} s (ranks {report['lost_ranks']}), every group serving after "
         f"{report['serving_again_s']} s, the replaced group's first token after "
         f"{report['replaced_serving_s']} s; requests by group then "
-        f"{report['probe'].get('requests_by_group_when_back')}",
+        f"{report['probe'].get('requests_by_group_when_back')}, at the probe's first token "
+        f"{report['probe'].get('requests_by_group_at_first_token')} "
+        f"({report['engine_faults'].get('requests_rebalanced')} moved to the returned group; "
+        f"its first output after {report['returned_group_first_output_s']} s)",
         f"surviving groups' longest stall {report['survivors_longest_stall_s']} s "
         f"(longest gap before the kill {report['survivors_longest_gap_before_s']} s, after "
         f"{report['survivors_longest_gap_after_s']} s); "
