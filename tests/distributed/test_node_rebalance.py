@@ -3,7 +3,8 @@ CPU ranks over gloo, a tiny random Llama, -dp 2 with 4 sequences a group at most
 most of 30 requests wait. Rank 1 is SIGKILLed after a few steps; its requests are queued on
 rank 0 behind those waiting there. Once rank 1 serves again (the node re-forms its world at
 a step boundary with nothing in flight), it takes the head of rank 0's queue until the two
-hold as many requests (within one); every request ends once with one device's tokens."""
+hold as many requests (within one); every request ends once with one device's tokens.
+Rank 0 the same way."""
 import os
 import signal
 import time
@@ -27,9 +28,9 @@ def dp2(tiny_llama_dir):
     llm.shutdown()
 
 
-def spy_on_moves(node) -> list[dict]:
+def spy_on_moves(node, monkeypatch) -> list[dict]:
     """Each rebalancing that moved requests: every serving replica's (running, waiting)
-    just before and just after it."""
+    just before and just after it (the returned group's replica is the last)."""
     moves, tick = [], node.rebalancing.tick
 
     def counts():
@@ -42,7 +43,7 @@ def spy_on_moves(node) -> list[dict]:
         if node.rebalancing.moved != moved:
             moves.append({"before": before, "after": counts(),
                           "moved": node.rebalancing.moved - moved})
-    node.rebalancing.tick = ticking
+    monkeypatch.setattr(node.rebalancing, "tick", ticking)
     return moves
 
 
@@ -57,15 +58,19 @@ def run_counting_ends(engine, ends: Counter, finished: dict, limit: int = 100_00
     raise AssertionError("requests still running")
 
 
-def test_the_returned_group_takes_its_share_of_the_queue(dp2, requests, reference):  # noqa: F811
+@pytest.mark.parametrize("rank", [1, 0], ids=["rank1", "rank0"])
+def test_the_returned_group_takes_its_share_of_the_queue(dp2, requests, reference,  # noqa: F811
+                                                         rank, monkeypatch):
+    """Rank 1, then rank 0 (the engine's first group), killed after a few steps."""
     engine = dp2
-    moves = spy_on_moves(engine.node)
-    ids = add_all(engine, requests, prefix="share-")
+    moves = spy_on_moves(engine.node, monkeypatch)
+    rebalanced = engine.faults.requests_rebalanced  # (by the module's earlier tests)
+    ids = add_all(engine, requests, prefix=f"share{rank}-")
     ends, finished = Counter(), {}
     for _ in range(STEPS_BEFORE_KILL):
         for output in engine.step():
             assert not output.finished
-    os.kill(engine.executor.procs[1].pid, signal.SIGKILL)
+    os.kill(engine.executor.procs[rank].pid, signal.SIGKILL)
     started = time.monotonic()
     while not engine.faults.groups_down:  # health checks only: rank 0's queue waits
         assert time.monotonic() - started < RECOVERY_S, "the kill was not seen"
@@ -80,7 +85,7 @@ def test_the_returned_group_takes_its_share_of_the_queue(dp2, requests, referenc
     expected = min(waiting, (running + waiting) // 2)  # loads within one, waiting ones only
     assert move["moved"] == expected
     assert move["after"] == [(running, waiting - expected), (0, expected)]
-    assert engine.faults.requests_rebalanced == expected
+    assert engine.faults.requests_rebalanced == rebalanced + expected
     assert sorted(ends) == sorted(ids) and set(ends.values()) == {1}  # each ended once
     for request_id, want in zip(ids, reference):
         output = finished[request_id]
