@@ -16,6 +16,7 @@ each one it gave, so neither a more urgent nor an older request falls behind one
 was behind it."""
 import dataclasses
 import logging
+from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 from parashift.engine.replica import Replica
@@ -75,23 +76,26 @@ def shares(donors: list[Replica], receivers: list[Replica],
     """(donor, receiver, its requests in scheduling order) of each move: the least-loaded
     receiver takes, one at a time, the head of the most-loaded donor's movable queue that
     it holds, while that donor holds more than one request more than it."""
-    queues = {id(d): d.scheduler.movable_waiting() for d in donors}
-    load = {id(r): r.load for r in [*donors, *receivers]}
-    taken: dict[tuple[int, int], tuple[Replica, Replica, list[Sequence]]] = {}
+    queues = {d: deque(d.scheduler.movable_waiting()) for d in donors}
+    load = {r: r.load for r in [*donors, *receivers]}
+    taken: dict[tuple[Replica, Replica], list[Sequence]] = {}
     while True:
-        receiver = min(receivers, key=lambda r: load[id(r)])
+        receiver = min(receivers, key=load.get)
         offers = [(d, seq) for d in donors
-                  if (seq := next((s for s in queues[id(d)] if fits(s, receiver)), None))]
+                  if (seq := next((s for s in queues[d] if fits(s, receiver)), None))]
         if not offers:
             break
-        donor, seq = max(offers, key=lambda offer: load[id(offer[0])])
-        if load[id(donor)] - load[id(receiver)] <= 1:
+        donor, seq = max(offers, key=lambda offer: load[offer[0]])
+        if load[donor] - load[receiver] <= 1:
             break
-        queues[id(donor)].remove(seq)
-        load[id(donor)] -= 1
-        load[id(receiver)] += 1
-        taken.setdefault((id(donor), id(receiver)), (donor, receiver, []))[2].append(seq)
-    return list(taken.values())
+        if queues[donor][0] is seq:  # mostly
+            queues[donor].popleft()
+        else:
+            queues[donor].remove(seq)
+        load[donor] -= 1
+        load[receiver] += 1
+        taken.setdefault((donor, receiver), []).append(seq)
+    return [(donor, receiver, seqs) for (donor, receiver), seqs in taken.items()]
 
 
 def _move(node: "Node", donor: Replica, receiver: Replica, seqs: list[Sequence]) -> None:
