@@ -24,11 +24,12 @@ as that writer or an earlier one. These constraints form a graph (reader -> writ
 the bytes' rank); its strongly connected components (cycles: rank 0 overwrites what rank
 1 still reads while rank 1 overwrites what rank 0 reads) must each fit one round, whose
 staging is bounded by `staging_bytes` per rank and direction. A component that does not
-fit is broken by reading some of its pieces from the pinned host copy instead (a host
-read touches no arena byte, so it removes that piece's read edges): the piece whose read
-the most writes wait on first, until every component fits. Staging through a larger
-device buffer would keep those pieces on the peer links but costs device memory for the
-engine's life; the host copy is already there and each piece so read crosses PCIe once.
+fit is broken (parallel/transfer_graph.py) by reading some of its pieces from the pinned
+host copy instead (a host read touches no arena byte, so it removes that piece's read
+edges): the piece whose read the most writes wait on first, until every component fits.
+Staging through a larger device buffer would keep those pieces on the peer links but
+costs device memory for the engine's life; the host copy is already there and each piece
+so read crosses PCIe once.
 Components are packed into rounds in topological order, greedily, up to the bound."""
 import heapq
 from bisect import bisect_left, bisect_right
