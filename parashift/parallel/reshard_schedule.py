@@ -24,19 +24,21 @@ as that writer or an earlier one. These constraints form a graph (reader -> writ
 the bytes' rank); its strongly connected components (cycles: rank 0 overwrites what rank
 1 still reads while rank 1 overwrites what rank 0 reads) must each fit one round, whose
 staging is bounded by `staging_bytes` per rank and direction. A component that does not
-fit is broken by reading some of its pieces from the pinned host copy instead (a host
-read touches no arena byte, so it removes that piece's read edges): the piece whose read
-the most writes wait on first, until every component fits. Staging through a larger
-device buffer would keep those pieces on the peer links but costs device memory for the
-engine's life; the host copy is already there and each piece so read crosses PCIe once.
+fit is broken (parallel/transfer_graph.py) by reading some of its pieces from the pinned
+host copy instead (a host read touches no arena byte, so it removes that piece's read
+edges): the piece whose read the most writes wait on first, until every component fits.
+Staging through a larger device buffer would keep those pieces on the peer links but
+costs device memory for the engine's life; the host copy is already there and each piece
+so read crosses PCIe once.
 Components are packed into rounds in topological order, greedily, up to the bound."""
 import heapq
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import accumulate
 
 from parashift.parallel.pieces import Box, Piece, intersect, volume
 from parashift.parallel.arena_layout import PlacedParam, PlanLayout, overlaps
+from parashift.parallel.transfer_graph import break_cycles
 
 KINDS = ("peer", "local", "host", "zero")
 
@@ -290,72 +292,13 @@ def read_before_write(transfers: list[Transfer]) -> dict[int, list[int]]:
     return edges
 
 
-def components(nodes: list[int], edges: dict[int, list[int]]) -> list[list[int]]:
-    """Strongly connected components of the graph over `nodes` (Tarjan's, iterative)."""
-    inside = set(nodes)
-    successors = {i: [j for j in edges[i] if j in inside] for i in nodes}
-    index, low, on_stack, stack, out, counter = {}, {}, set(), [], [], 0
-    for root in nodes:
-        if root in index:
-            continue
-        work = [(root, 0)]
-        while work:
-            node, child = work.pop()
-            if child == 0:
-                index[node] = low[node] = counter
-                counter += 1
-                stack.append(node)
-                on_stack.add(node)
-            if child < len(successors[node]):
-                work.append((node, child + 1))
-                nxt = successors[node][child]
-                if nxt not in index:
-                    work.append((nxt, 0))
-                elif nxt in on_stack:
-                    low[node] = min(low[node], index[nxt])
-                continue
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                out.append(sorted(component))
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-    return out
-
-
-def _break_cycles(transfers: list[Transfer], edges: dict[int, list[int]], staging_bytes: int,
-                  cycle: dict[int, int]) -> list[list[int]]:
-    """The components once every one fits a round, reading pieces of those that do not
-    from the host copy (the piece whose read the most writes of its component wait on)."""
-    pending, done = components(list(range(len(transfers))), edges), []
-    while pending:
-        component = pending.pop()
-        if _fits([transfers[i] for i in component], staging_bytes):
-            done.append(component)
-            continue
-        members = set(component)
-        victim = max(component, key=lambda i: (sum(j in members for j in edges[i]), -i))
-        t = transfers[victim]
-        transfers[victim] = replace(t, src=None)
-        cycle[t.dst.rank] += t.nbytes
-        edges[victim] = []
-        pending += components(component, edges)
-    return done
-
-
 def _rounds(transfers: list[Transfer], staging_bytes: int,
             cycle: dict[int, int]) -> list[list[Transfer]]:
     """Rounds in which no transfer reads bytes an earlier round wrote, each within the
     staging bound (see the module's docstring)."""
     transfers = list(transfers)
     edges = read_before_write(transfers)
-    parts = _break_cycles(transfers, edges, staging_bytes, cycle)
+    parts = break_cycles(transfers, edges, staging_bytes, cycle)
     part_of = {i: p for p, members in enumerate(parts) for i in members}
     after = {p: set() for p in range(len(parts))}
     waits = [0] * len(parts)
