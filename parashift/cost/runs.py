@@ -57,6 +57,8 @@ def step_s(model: StepModel, served: Served, batch: StepBatch) -> float:
     plan = served.plan_for(batch.tokens)
     if served.ffn_owners > 1:
         mode = sidp_mode(batch.tokens, served.ffn_threshold)
+        if served.ffn_threshold is not None:  # the sidp policy's plans: WaS's hold graphs off
+            model = model.eager()
         return sidp_step(model, plan, batch, served.ffn_owners, mode).total
     return model.step_s(replica_plan(plan), batch)
 
