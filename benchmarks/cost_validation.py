@@ -73,8 +73,10 @@ SIDP_D4 = ("CaS with graphs at d=4 measured 0.61-0.77x of plain DP (this command
            "req/s across sessions); the model puts CaS ahead of plain DP4 (a rank reads a "
            "quarter of the FFN weights a decode step), and at d=2 (8B, within 7%) it agrees "
            "with the runs: what four ranks meeting at every layer's exchange cost (their "
-           "skew, the rounds padded to the largest replica's bucket) is not in the model and "
-           "no CaS round has been profiled")
+           "skew, the rounds padded to the largest replica's bucket, and a replica without "
+           "work serving its slices eagerly, shared_ffn.serve_idle, which the simulator "
+           "prices as an empty graph step) is not in the model and no CaS round has been "
+           "profiled")
 SERVED = ("served TTFT through the simulator: it leaves out the server's own path (HTTP, the "
           "output process, the async front end; DP4 is 20% under), and where the plan has "
           "several ranks a prefill's pace set by the slowest rank's host beyond the eager "
