@@ -6,9 +6,10 @@ mid-run (by default once a quarter of the output tokens came); then how each req
 and until every group served again, the longest wait between streamed tokens of requests
 on the groups that survived, and output tokens/s before, during and after the recovery
 (parashift/bench/recovery.py). Once the engine says
-every group serves, one probe request is sent: the router gives it the idle, replaced group,
-and its first token is when that group served again. One JSON report (--output) and a
-summary.
+every group serves, one probe request is sent: the router gives it the idle, replaced group;
+the group's first output (the probe's first token, or that of a request of its share of the
+waiting queue, which moves to it at once and goes before the probe) is when it served
+again. One JSON report (--output) and a summary.
 
     python benchmarks/recovery_under_load.py --device cpu -dp 2 --num-requests 16 \\
         --length-scale 0.05 --kill-rank 1 --kill-after-tokens 100        # embedded SmolLM2
@@ -107,7 +108,8 @@ async def kill_when_due(aengine, args, progress: list[int], sent_at: float, tota
 async def probe(aengine, watcher: FaultWatcher, killed: asyncio.Future, world: int,
                 vocab_size: int) -> dict:
     """Once every group serves again: the requests each group holds (by its ranks), then one
-    request more; when its first token came and where."""
+    request more; when its first token came and where, and the requests each group held
+    then (the returned group's share of the queue moved to it meanwhile)."""
     kill_at = (await killed)[0]
     while serving_again(watcher.samples, loss_seen(watcher.samples, kill_at), world) is None:
         await asyncio.sleep(0.005)
@@ -121,8 +123,12 @@ async def probe(aengine, watcher: FaultWatcher, killed: asyncio.Future, world: i
         async for _ in aengine.generate(PROBE_ID, prompt, params):
             if "first_token_s" not in result:
                 result["first_token_s"] = round(time.monotonic() - kill_at, 3)
-                ranks = (await aengine.call(placement)).get(PROBE_ID)
+                where = await aengine.call(placement)
+                ranks = where.get(PROBE_ID)
                 result["ranks"] = None if ranks is None else list(ranks)
+                result["requests_by_group_at_first_token"] = dict(Counter(
+                    ",".join(map(str, r)) for r in where.values()))
+                result["placement_at_first_token"] = where
     except Exception as exc:  # noqa: BLE001 - reported with the rest
         result["error"] = f"{type(exc).__name__}: {exc}"[:500]
     return result
@@ -157,13 +163,16 @@ async def drive(aengine, engine, args, requests) -> dict:
         probed = {"error": f"not every group served again within {args.recovery_wait_s:.0f} s "
                            "after the requests ended"}
     watcher.stop()
+    after = probed.pop("placement_at_first_token", {})
     for trace in traces:
         trace.ranks = where.get(trace.request_id)
+        trace.ranks_after = after.get(trace.request_id)
     report = analyse(traces, watcher.samples, kill_at, args.kill_rank, world, sent_at,
                      args.window_s)
     faults = engine.faults
     return {**report, "killed_pid": pid, "world_size": world, "probe": probed,
-            "replaced_serving_s": probed.get("first_token_s"),
+            "replaced_serving_s": first_of(probed.get("first_token_s"),
+                                           report["returned_group_first_output_s"]),
             "engine_faults": faults.as_json(), "elapsed_s": round(time.monotonic() - sent_at, 3)}
 
 
@@ -191,6 +200,12 @@ async def run(args) -> dict:
     return {"setup": setup, **report}
 
 
+def first_of(*seconds: float | None) -> float | None:
+    """The replaced group's first output: the probe's first token, or one of its share of
+    the queue (moved to it once back, older than the probe: they go first)."""
+    return min((s for s in seconds if s is not None), default=None)
+
+
 def summary(report: dict) -> str:
     r, tp = report["requests"], report["throughput"]
 
@@ -203,9 +218,12 @@ def summary(report: dict) -> str:
         f"{report['engine_faults']['requests_requeued']} re-queued)",
         f"kill rank {report['killed_rank']} at {report['kill_at_s']} s: loss seen after "
         f"{report['detection_s']} s (ranks {report['lost_ranks']}), every group serving after "
-        f"{report['serving_again_s']} s, the replaced group's first token after "
-        f"{report['replaced_serving_s']} s; requests by group then "
-        f"{report['probe'].get('requests_by_group_when_back')}",
+        f"{report['serving_again_s']} s, the replaced group's first output after "
+        f"{report['replaced_serving_s']} s (the probe's {report['probe'].get('first_token_s')} s)"
+        f"; requests by group then "
+        f"{report['probe'].get('requests_by_group_when_back')}, at the probe's first token "
+        f"{report['probe'].get('requests_by_group_at_first_token')} "
+        f"({report['engine_faults'].get('requests_rebalanced')} moved to the returned group)",
         f"surviving groups' longest stall {report['survivors_longest_stall_s']} s "
         f"(longest gap before the kill {report['survivors_longest_gap_before_s']} s, after "
         f"{report['survivors_longest_gap_after_s']} s); "

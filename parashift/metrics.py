@@ -39,6 +39,7 @@ class ServerMetrics:
         self._last_spec = dict.fromkeys(SPEC_STATS, 0)
         self._last_requeued = 0
         self._last_restarts = 0
+        self._last_rebalanced = 0
         self._current_plan: str | None = None
 
     def _build_gauges(self, labels: dict) -> None:
@@ -91,6 +92,8 @@ class ServerMetrics:
                                          "again on a surviving group (computed again there).")
         self.worker_restarts = counter("worker_restarts", "Replacement workers started for "
                                        "a lost group (--max-worker-restarts).")
+        self.requests_rebalanced = counter("requests_rebalanced", "Waiting requests moved to "
+                                           "a group back in service (its share of the queue).")
         self.requests_finished = Counter(f"{PREFIX}_request_success", "Finished requests.",
                                          [*labels, "finish_reason"], registry=self.registry)
         self.steps = Counter(f"{PREFIX}_steps", "Engine steps, by parallel plan.",
@@ -221,6 +224,8 @@ class ServerMetrics:
         self._last_requeued = faults.requests_requeued
         self.worker_restarts.inc(faults.worker_restarts - self._last_restarts)
         self._last_restarts = faults.worker_restarts
+        self.requests_rebalanced.inc(faults.requests_rebalanced - self._last_rebalanced)
+        self._last_rebalanced = faults.requests_rebalanced
         if faults.recovery_seconds is not None:
             self.worker_recovery_seconds.set(faults.recovery_seconds)
 

@@ -270,8 +270,8 @@ for name in "$@"; do
     # SIGKILLed, then in a fresh engine rank 0's (scripts/gpu_faults.sh; ~100 s a run)
     faults) part faults 300 "bash scripts/gpu_faults.sh dp2_rank1 1 140 -dp 2; \
            bash scripts/gpu_faults.sh dp2_rank0 0 140 -dp 2" ;;
-    faults1) part faults1 125 "bash scripts/gpu_faults.sh dp2_rank1 1 110 -dp 2" ;;
-    seesaw70_seesaw) part seesaw70_seesaw 200 "NCCL_P2P_DISABLE=1 python3 benchmarks/seesaw.py \
+    faults1) part faults1 115 "bash scripts/gpu_faults.sh dp2_rank1 1 110 -dp 2" ;;
+    seesaw70_seesaw) part seesaw70_seesaw 150 "NCCL_P2P_DISABLE=1 python3 benchmarks/seesaw.py \
            --model benchmarks/shapes/llama-3.1-70b.json --plans seesaw:pp2-tp2 --workloads summarize \
            --num-requests 48 --cpu-kv-gib 32 --output $OUT/seesaw_pcie_70b_seesaw.json" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;

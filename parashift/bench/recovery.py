@@ -16,6 +16,7 @@ class Trace:
     token_times: list[tuple[float, int]] = field(default_factory=list)  # (time, tokens so far)
     status: str = "pending"  # completed | failed | short (finished early) | hung
     error: str = ""
+    ranks_after: tuple[int, ...] | None = None  # its group's once every group served again
 
     @property
     def num_tokens(self) -> int:
@@ -128,5 +129,17 @@ def analyse(traces: list[Trace], samples: list[FaultSample], kill_at: float, kil
         "survivors_longest_gap_before_s": round(usual, 3),
         "survivors_longest_gap_after_s": round(later, 3) if back else None,
         "lost_group_longest_gap_s": round(lost_gap, 3),
+        **returned_group(traces, lost, back, kill_at),
         "throughput": windows,
     }
+
+
+def returned_group(traces: list[Trace], lost: set[int], back: FaultSample | None,
+                   kill_at: float) -> dict:
+    """The requests the replaced group held once it served again (`ranks_after`: its share
+    of the queue, and the probe), and its first streamed output after that, from the kill."""
+    held = [t for t in traces if t.ranks_after is not None and not lost.isdisjoint(t.ranks_after)]
+    first = min((at for t in held for at, _ in t.token_times if back and at > back.time),
+                default=None)
+    return {"requests_on_returned_group": len(held),
+            "returned_group_first_output_s": None if first is None else round(first - kill_at, 3)}

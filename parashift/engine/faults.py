@@ -33,6 +33,7 @@ class FaultReport:
     worker_restarts: int = 0  # replacements started (engine/node_healing.py)
     recovery_seconds: float | None = None  # the last group back: from its loss to serving
     given_up: tuple[GroupDown, ...] = ()  # ranks left out after max_worker_restarts
+    requests_rebalanced: int = 0  # waiting requests moved to a group back in service
 
     def as_json(self) -> dict:
         def groups(down):
@@ -41,7 +42,8 @@ class FaultReport:
                 "groups_down": groups(self.groups_down),
                 "requests_requeued": self.requests_requeued,
                 "worker_restarts": self.worker_restarts,
-                "recovery_seconds": self.recovery_seconds, "given_up": groups(self.given_up)}
+                "recovery_seconds": self.recovery_seconds, "given_up": groups(self.given_up),
+                "requests_rebalanced": self.requests_rebalanced}
 
 
 def lost_ranks(dead: set[int], stepping: list[tuple[int, ...]]) -> set[int]:

@@ -15,6 +15,7 @@ from parashift.deterministic.reduction import check_plans
 from parashift.engine import node_faults, node_transitions
 from parashift.engine.faults import FaultReport
 from parashift.engine.node_healing import Healing
+from parashift.engine.node_rebalance import Rebalancing
 from parashift.engine.node_reform import Reforming
 from parashift.engine.node_replicas import make_replica, replica_pools
 from parashift.engine.node_view import node_view
@@ -84,6 +85,7 @@ class Node:
         self.worlds = [frozenset(range(self.layout.world_size))]
         self.healing = Healing(self, config.max_worker_restarts)
         self.reforming = Reforming(self)
+        self.rebalancing = Rebalancing(self)
         self.max_context: dict[int, int] = {}
         self.executor = None
 
@@ -279,8 +281,9 @@ class Node:
         """Replicas with work and room for a step, none of whose ranks a pending transition
         is draining. Under hard preemption a replica left behind waits while a group on its
         ranks has a request more urgent than all of its own. None while the node re-forms
-        one world (node_reform.py)."""
-        if self.reforming.wanted:
+        one world (node_reform.py) or shares the waiting requests with a group back in
+        service (node_rebalance.py)."""
+        if self.reforming.wanted or self.rebalancing.wanted:
             return []
         paused = {r for g in self.transitions.paused_groups() for r in self.layout.plans[g].ranks}
         urgency = self._urgency_by_rank() if any(r.yields for r in self.replicas) else {}
@@ -396,6 +399,7 @@ class Node:
         failed = node_faults.isolate(self, lost) if lost else []
         self.healing.tick()  # node_healing.py: lost groups replaced
         self.reforming.tick()  # node_reform.py: their worlds joined again
+        self.rebalancing.tick()  # node_rebalance.py: the waiting requests shared with them
         return failed
 
 

@@ -141,8 +141,10 @@ class Healing:
         for replica in node.serving_replicas():
             replica.group = node.layout.group_of_rank(replica.ranks[0])
         groups = [node.layout.group_of_rank(min(p.ranks)) for p in plans]
-        node.replicas += [make_replica(node, group, size, offset)
-                          for group, offset, size in replica_pools(node, groups)]
+        restored = [make_replica(node, group, size, offset)
+                    for group, offset, size in replica_pools(node, groups)]
+        node.replicas += restored
+        node.rebalancing.note_returned(restored)  # node_rebalance.py: their share of the queue
         self.recovery_s = now - lost.lost_at
         narrow_policy(node)
         logger.warning("groups %s back in service on ranks %s, %.1f s after they were lost "

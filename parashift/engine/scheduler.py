@@ -288,6 +288,23 @@ class Scheduler:
         self._waiting = []
         return evicted
 
+    def movable_waiting(self) -> list[Sequence]:
+        """The waiting sequences another replica may take, in scheduling order: those with
+        no token on its way that hold no KV (not started, or preempted with their blocks
+        freed; not one in a CPU tier slot)."""
+        tiers = [t for t in (self.swap_slots, getattr(self.gate, "slots", None)) if t is not None]
+        return [seq for seq in self.waiting if not seq.num_pending_tokens
+                and not any(seq.request_id in tier.slots for tier in tiers)]
+
+    def take_waiting(self, seqs: list[Sequence]) -> None:
+        """Takes these waiting sequences (of `movable_waiting`) out: another replica
+        queues them."""
+        ids = {seq.request_id for seq in seqs}
+        self._waiting = [entry for entry in self._waiting if entry[1].request_id not in ids]
+        heapq.heapify(self._waiting)
+        for request_id in ids:
+            del self._unfinished[request_id]
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens

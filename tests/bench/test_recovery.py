@@ -67,3 +67,13 @@ def test_analysis_without_recovery_has_no_after_window():
     ended = analyse([survivor], SAMPLES, kill_at=10.0, killed_rank=1, world=2, start=8.0)
     assert ended["serving_again_s"] == 2.0 and ended["throughput"]["after"] is None
     assert report["throughput"]["during"]["end_s"] == 3.0  # to the last token
+
+
+def test_the_returned_group_is_read_from_where_requests_were_once_it_served():
+    moved = trace("m", (0,), [9.0, 11.5, 12.4, 12.6])  # moved to rank 1 when it came back
+    moved.ranks_after = (1,)
+    stayed = trace("s", (0,), [9.0, 12.2])
+    stayed.ranks_after = (0,)
+    report = analyse([moved, stayed], SAMPLES, kill_at=10.0, killed_rank=1, world=2, start=8.0)
+    assert report["requests_on_returned_group"] == 1
+    assert report["returned_group_first_output_s"] == 2.4  # 12.4: the first after 12.0

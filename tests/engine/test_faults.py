@@ -23,7 +23,8 @@ def test_the_fault_report_names_the_groups_down():
     assert report.as_json() == {
         "ranks_alive": 2, "groups_serving": 1, "requests_requeued": 3,
         "groups_down": [{"plan": "tp2", "ranks": [0, 1], "reason": "worker rank 1 died"}],
-        "worker_restarts": 0, "recovery_seconds": None, "given_up": []}
+        "worker_restarts": 0, "recovery_seconds": None, "given_up": [],
+        "requests_rebalanced": 0}
 
 
 def test_the_policy_over_the_groups_left_picks_only_their_plans():

@@ -64,6 +64,8 @@ def test_a_killed_worker_is_replaced_and_serves_again(tmp_path, flags, world, ra
         assert 0 < metric_value(base_url, "parashift_worker_recovery_seconds") < RECOVERY_S
         assert metric_value(base_url, "parashift_ranks_alive") == world
         assert metric_value(base_url, "parashift_requests_requeued_total") > 0
+        assert metric_value(base_url, "parashift_requests_rebalanced_total") == \
+            body["requests_rebalanced"]  # (6 streams run at once: none waits to move)
         assert len(worker_pids(proc)) == world
         assert completions(base_url) == before
         proc.send_signal(signal.SIGTERM)
