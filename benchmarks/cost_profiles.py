@@ -14,8 +14,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from parashift.bench.workloads import WorkloadOptions, get_workload, sample_lengths
 from parashift.cost import fit
 from parashift.cost.profile import ComputeProfile, LinkProfile, Roofline, to_dict
+from parashift.cost.runs import Served, offline_s
 from parashift.cost.shape import load_shape
 from parashift.cost.step import StepBatch, StepModel
 from parashift.parallel.plan import Plan
@@ -36,6 +38,7 @@ FP8_GEMM = ("FP8-weight GEMMs of the 8B shape on one H200 (issue 60), "
 GEMM_RAWS = (FP8_GEMM_RAW, FP8_GEMM_RAW.with_name("fp8_gemm_rows_1_16_64_256.json"))
 BF16_GEMM = ("bf16 GEMMs (cuBLAS) of the 8B shape's projections on one H200 beside issue 60's "
              "FP8 ones, benchmarks/results/raw/issue60_fp8_gemm/*.json")
+SIXTEENTH = "Four H200s, the fourth window (issue 20; sixteenth session, 2026-11-26)"
 PROBE = "SiDP probe: step time against the FFN fetch (issue 17; 2026-11-23, one nvidia-h200)"
 PROBE_RAW = ROOT / "benchmarks" / "results" / "sidp_probe_h200.json"
 QUICK_RAW = ROOT / "benchmarks" / "results" / "raw" / "cost_profile_h200_quick" / "h200_compute.json"
@@ -61,6 +64,8 @@ FIT_ROWS = {
                              FOUR_SECOND),
     "link4.all_reduce small-message factor": ("llama-3.1-8b", "TP4 TPOT, 2048 in / 128 out",
                                               2.762e-3, FOUR_FIRST),
+    "cas_kernels_per_peer": ("llama-3.1-70b", "SiDP CaS -dp 4 eager, tail 1000 requests at "
+                             "length scale 0.05 (req/s)", 10.7, SIXTEENTH),
 }
 
 
@@ -247,7 +252,19 @@ def fitted() -> tuple[ComputeProfile, LinkProfile, LinkProfile]:
     extra = _solve(lambda k: StepModel(dense, replace(c, sp_kernels_per_layer=int(round(k))),
                                        four, graphs=False).step_s(Plan(sp=4), StepBatch.prefill(2048)),
                    38.8e-3, 0.0, 200.0)
-    return replace(fp8_gemm(c), sp_kernels_per_layer=int(round(extra))), link2(), four
+    c = replace(fp8_gemm(c), sp_kernels_per_layer=int(round(extra)))
+    cas = _solve(lambda k: eager_cas_rate(replace(c, cas_kernels_per_peer=int(round(k))), four),
+                 10.7, 0.0, 100.0)
+    return replace(c, cas_kernels_per_peer=int(round(cas))), link2(), four
+
+
+def eager_cas_rate(c: ComputeProfile, four: LinkProfile) -> float:
+    """Requests a second of the 70B's eager CaS at d=4 on `tail` (1,000 requests, length
+    scale 0.05), as cost/runs.py's offline run predicts them."""
+    requests = sample_lengths(get_workload("tail"), 1000,
+                              WorkloadOptions(num_requests=1000, length_scale=0.05))
+    model = StepModel(load_shape("llama-3.1-70b"), c, four, graphs=False)
+    return len(requests) / offline_s(model, Served.sidp(Plan(dp=4), None), requests)
 
 
 def ridge_steps() -> list[tuple[str, int, float]]:

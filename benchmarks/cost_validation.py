@@ -51,6 +51,10 @@ SECTIONS = {
              "(seventeenth session, 2026-11-26)",
     "sidp4": "Four H200s, the sixth window (issue 20; nineteenth session, 2026-11-27)",
     "x4f": "Four H200s, the sixth window (issue 20; nineteenth session, 2026-11-27)",
+    "x4d": "Four H200s, the fourth window (issue 20; sixteenth session, 2026-11-26)",
+    "x4e": "Four H200s, the fifth window (issue 20; eighteenth session, 2026-11-26)",
+    "x2i65": "Two H200s for issue 65: Seesaw PCIe-like, SiDP capacity at d=2, self-healing on "
+             "GPUs (thirty-ninth session, 2026-11-29)",
 }
 
 
@@ -58,11 +62,21 @@ HOST_SKEW = ("host launch: an eager prefill of 2,048 tokens on four ranks is pac
              "slowest rank's host (the log's prefill_profile: three ranks wait 15-66 ms in their "
              "collectives for the fourth); the model counts one host's launches and the "
              "collectives' own time, not ranks arriving late")
-EAGER_PP = ("pipelined plans decode eagerly: the model adds the stages' device time in turn and "
-            "one host's launches for all stages; the stages' hosts launch in parallel (PP4 "
-            "measured below the sum) and NCCL's eager all-reduces inside TP2xPP2 stages cost "
-            "more than the in-graph curve; micro-batches are modelled as pp equal parts, "
-            "not the engine's by-token split")
+EAGER_PP = ("the thirteenth session's pipelines decoded eagerly with prompts whole, and the "
+            "model runs them so, each stage's host launching its own layers beside the "
+            "others'; TP2xPP2's decode is under (NCCL's eager all-reduces inside its stages "
+            "cost more than the link profile's curve), and the batch rows are over: "
+            "cost/runs.py runs a pipeline's requests as one replica of whole-latency steps, "
+            "not yet as the engine's replica per stage (the simulator does, "
+            "2gpu-served-summarize-70b-pp2)")
+SIDP_D4 = ("CaS with graphs at d=4 measured 0.61-0.77x of plain DP (this command ranged 40-62 "
+           "req/s across sessions); the model puts CaS ahead of plain DP4 (a rank reads a "
+           "quarter of the FFN weights a decode step), and at d=2 (8B, within 7%) it agrees "
+           "with the runs: what four ranks meeting at every layer's exchange cost (their "
+           "skew, the rounds padded to the largest replica's bucket, and a replica without "
+           "work serving its slices eagerly, shared_ffn.serve_idle, which the simulator "
+           "prices as an empty graph step) is not in the model and no CaS round has been "
+           "profiled")
 SERVED = ("served TTFT through the simulator: it leaves out the server's own path (HTTP, the "
           "output process, the async front end; DP4 is 20% under), and where the plan has "
           "several ranks a prefill's pace set by the slowest rank's host beyond the eager "
@@ -91,12 +105,17 @@ MISS_NOTES = {
     "4gpu-served-priority-flying-ttft": SERVED, "4gpu-served-priority-dp4-ttft": SERVED,
     "4gpu-served-bursty-dp4-ttft": SERVED,
     "4gpu-fig9-pp2xtp2-batch": EAGER_PP, "4gpu-fig9-pp4-tpot": EAGER_PP,
-    "4gpu-fig9-pp4-batch": EAGER_PP,
+    "4gpu-fig9-pp4-batch": EAGER_PP, "4gpu-fig9-pp2xtp2-tpot": EAGER_PP,
+    "4gpu-sidp-tail-qwen3-32b-cas-graphs": SIDP_D4,
+    "4gpu-sidp-tail-llama-3.1-70b-cas-graphs": SIDP_D4,
     "4gpu-fig9-shift-sp4-batch": (
         "this run's Shift SP4<->TP4 batch was 0.74x SP4's (the log: plan switches paced by "
         "the hosts, as its TTFT); the model has no per-switch host cost, so it predicts the "
         "better of the two plans' steps"),
 }
+
+
+UNCUT = 10 ** 9  # micro_batch_tokens of an engine that did not cut prompts into micro-batches
 
 
 @dataclass
@@ -112,10 +131,17 @@ class Row:
     predict: object  # () -> (value, parts)
     fit: bool = False
     served: bool = False  # predicted by the simulator (minutes): only with --served
+    lower_bound: bool = False  # the run was cut: it took at least `measured`
 
 
-def model(shape: str, gpus: int, prefill_graphs: bool = False) -> StepModel:
-    return StepModel(load_shape(shape), COMPUTE, LINKS[gpus], prefill_graphs=prefill_graphs)
+def model(shape: str, gpus: int, prefill_graphs: bool = False, graphs: bool = True
+          ) -> StepModel:
+    """`graphs=False`: as the pipelines of the thirteenth session ran, eagerly and with a
+    prompt whole (the stages' graphs and the cut prompts came in the sixteenth and
+    seventeenth)."""
+    return StepModel(load_shape(shape), COMPUTE, LINKS[gpus], graphs=graphs,
+                     prefill_graphs=prefill_graphs,
+                     micro_batch_tokens=256 if graphs else UNCUT)
 
 
 def step_ms(shape, gpus, plan, batch, prefill_graphs=False):
@@ -130,18 +156,19 @@ def served_of(name: str) -> Served:
     return Served(Plan.parse(name))
 
 
-def ttft_ms(shape, gpus, name, prompt, budget=8192):
-    m = model(shape, gpus)
+def ttft_ms(shape, gpus, name, prompt, budget=8192, graphs=True):
+    m = model(shape, gpus, graphs=graphs)
     return prefill_s(m, served_of(name), prompt, Engine(max_num_batched_tokens=budget)) * 1e3, {}
 
 
-def tpot_ms(shape, gpus, name, prompt, out):
-    return interactive(model(shape, gpus), served_of(name), prompt, out)[1] * 1e3, {}
+def tpot_ms(shape, gpus, name, prompt, out, graphs=True):
+    m = model(shape, gpus, graphs=graphs)
+    return interactive(m, served_of(name), prompt, out)[1] * 1e3, {}
 
 
-def batch_tok_s(shape, gpus, name, n, prompt, out, budget=8192):
+def batch_tok_s(shape, gpus, name, n, prompt, out, budget=8192, graphs=True):
     reqs = [(prompt, out)] * n
-    seconds = offline_s(model(shape, gpus), served_of(name), reqs,
+    seconds = offline_s(model(shape, gpus, graphs=graphs), served_of(name), reqs,
                         Engine(max_num_batched_tokens=budget))
     return n * (prompt + out) / seconds, {}
 
@@ -215,25 +242,29 @@ def rows() -> list[Row]:
     r.append(Row("2gpu-moe-batch-shift", "MoE", 2, moe, "batch 64 x 2048/128, Shift SP2<->TP2",
                  "tok/s", 39593, S["moe2"], lambda: batch_tok_s(moe, 2, "shift-sp2", 64, 2048, 128)))
     r += figure9_two(d8) + figure9_four(d8) + seesaw_rows(d8) + flying_rows(d8) + sidp_rows(d8)
-    return r + served_rows(d8)
+    return r + served_rows(d8) + issue59_rows()
 
 
 SIMULATED: dict = {}
 
 
 def simulated(shape: str, gpus: int, policy: str, degrees: dict, workload: str,
-              options: WorkloadOptions) -> dict:
+              options: WorkloadOptions, budget: int = 8192, max_model_len: int | None = 8192,
+              share_ffn: bool = False, cuda_graphs: bool | None = None) -> dict:
     """`bench serve`'s summary of the simulated run (planner/simulate.py), made once."""
-    key = (shape, gpus, policy, tuple(sorted(degrees.items())), workload, options)
+    key = (shape, gpus, policy, tuple(sorted(degrees.items())), workload, options, budget,
+           max_model_len, share_ffn, cuda_graphs)
     if key not in SIMULATED:
         from parashift.bench.stats import summarize
         from parashift.bench.workloads import build_phases
         from parashift.config import EngineConfig
         from parashift.planner.simulate import bench_records, simulate
         from parashift.cost.shape import SHAPES as shapes
+        from parashift.designs.sidp import SidpConfig
         config = EngineConfig(model=str(shapes / f"{shape}.json"), device="cpu",
-                              parallel_policy=policy, max_num_batched_tokens=8192,
-                              max_model_len=8192, **degrees)
+                              parallel_policy=policy, max_num_batched_tokens=budget,
+                              max_model_len=max_model_len, sidp=SidpConfig(share_ffn=share_ffn),
+                              cuda_graphs=cuda_graphs, **degrees)
         requests = build_phases(get_workload(workload), options)[0].requests
         sim = simulate(config, model(shape, gpus), requests)
         SIMULATED[key] = summarize(bench_records(sim), sim.duration_s, None)
@@ -268,6 +299,41 @@ def served_rows(d8: str) -> list[Row]:
     return rows
 
 
+def issue59_rows() -> list[Row]:
+    """Runs through the simulator (seconds each): the thirty-ninth session's two-H200 rows
+    (the 70B's PP=2 `summarize`, PCIe-like, where PP sends little; Qwen3-32B `tail` at d=2)
+    and SiDP's CaS `tail` runs with and without graphs (`-dp d --share-ffn`)."""
+    S, r = SECTIONS, []
+    r.append(Row("2gpu-served-summarize-70b-pp2", "Simulated runs", 2, "llama-3.1-70b",
+                 "summarize, 48 requests, PP=2, budget 16384 (PCIe-like)", "s", 30.8, S["x2i65"],
+                 lambda: (simulated("llama-3.1-70b", 2, "static", {"pipeline_parallel_size": 2},
+                                    "summarize", WorkloadOptions(num_requests=48), 16384,
+                                    None)["duration_s"], {}), served=True))
+    tail300 = WorkloadOptions(num_requests=300)
+    for name, policy, degrees, secs in (
+            ("dp2", "static", {"data_parallel_size": 2}, 97.2),
+            ("tp2", "static", {"tensor_parallel_size": 2}, 76.0),
+            ("sidp-dp2", "sidp", {"data_parallel_size": 2}, 150.0)):
+        r.append(Row(f"2gpu-served-tail-qwen3-32b-{name}", "Simulated runs", 2, "qwen3-32b",
+                     f"tail, 300 requests, {name} ({policy} policy), budget 8192", "s", secs,
+                     S["x2i65"], lambda p=policy, d=degrees: (simulated(
+                         "qwen3-32b", 2, p, d, "tail", tail300)["duration_s"], {}),
+                     served=True, lower_bound=policy == "sidp"))
+    tail = WorkloadOptions(num_requests=1000, length_scale=0.05)
+    for shape, gpus, graphs, rate, sec in (
+            ("llama-3.1-8b", 2, True, 264.2, "sidp2"), ("llama-3.1-8b", 2, False, 39.9, "sidp2"),
+            ("qwen3-32b", 4, True, 50.9, "sidp4"), ("qwen3-32b", 4, False, 15.0, "x4e"),
+            ("llama-3.1-70b", 4, True, 40.8, "sidp4"), ("llama-3.1-70b", 4, False, 10.7, "x4d")):
+        mode = "graphs" if graphs else "eager"
+        r.append(Row(f"{gpus}gpu-sidp-tail-{shape}-cas-{mode}", "SiDP", gpus, shape,
+                     f"tail, 1000 requests, length scale 0.05, -dp {gpus} --share-ffn, {mode}",
+                     "req/s", rate, S[sec], lambda s=shape, g=gpus, c=graphs: (simulated(
+                         s, g, "static", {"data_parallel_size": g}, "tail", tail, 8192, 2048,
+                         True, c)["request_throughput"], {}),
+                     fit=(shape, graphs) == ("llama-3.1-70b", False), served=True))
+    return r
+
+
 def sidp_rows(d8: str) -> list[Row]:
     """The probe's one-GPU decode steps of the 32B and 70B shapes, the DP baselines of
     SiDP's `tail` runs and the KV pools with and without shared FFN weights."""
@@ -300,18 +366,22 @@ def _tail_rate(shape: str, gpus: int, plan: str):
 
 
 def figure9_table(prefix: str, group: str, gpus: int, shape: str, table: dict, section: str,
-                  prompt: int, output: int, batch: int, fit: tuple[str, ...] = ()) -> list[Row]:
-    """A Figure 9 table's rows: per plan TTFT, TPOT and the batch's combined throughput."""
+                  prompt: int, output: int, batch: int, fit: tuple[str, ...] = (),
+                  eager: tuple[str, ...] = ()) -> list[Row]:
+    """A Figure 9 table's rows: per plan TTFT, TPOT and the batch's combined throughput
+    (`eager`: plans that ran without CUDA graphs then)."""
     r = []
     for name, (ttft, tpot, tput) in table.items():
+        g = name not in eager
         r += [Row(f"{prefix}-{name}-ttft", group, gpus, shape, f"{name} TTFT, {prompt} in", "ms",
-                  ttft, section, lambda n=name: ttft_ms(shape, gpus, n, prompt)),
+                  ttft, section, lambda n=name, g=g: ttft_ms(shape, gpus, n, prompt, graphs=g)),
               Row(f"{prefix}-{name}-tpot", group, gpus, shape,
                   f"{name} TPOT, {prompt} in / {output} out", "ms", tpot, section,
-                  lambda n=name: tpot_ms(shape, gpus, n, prompt, output), name in fit),
+                  lambda n=name, g=g: tpot_ms(shape, gpus, n, prompt, output, g), name in fit),
               Row(f"{prefix}-{name}-batch", group, gpus, shape,
                   f"{name} batch {batch} x {prompt}/{output}, combined", "tok/s", tput, section,
-                  lambda n=name: batch_tok_s(shape, gpus, n, batch, prompt, output))]
+                  lambda n=name, g=g: batch_tok_s(shape, gpus, n, batch, prompt, output,
+                                                  graphs=g))]
     return r
 
 
@@ -334,8 +404,9 @@ def figure9_four(d8: str) -> list[Row]:
              "sp2xtp2": (76.2, 4.422, 89228), "pp2xtp2": (34.2, 22.308, 31679),
              "pp4": (48.5, 11.2, 21538), "shift-sp4": (64.9, 2.864, 74633),
              "shift-sp2xtp2": (44.2, 2.826, 95387)}
+    # the thirteenth session's pipelines ran eagerly, prompts whole (model())
     r = figure9_table("4gpu-fig9", "Figure 9, 4 GPUs", 4, d8, table, S["x4a"], 2048, 128, 256,
-                      fit=("tp4",))
+                      fit=("tp4",), eager=("pp2xtp2", "pp4"))
     table70 = {"tp4": (142.5, 12.567, 10552), "sp2xtp2": (137.2, 22.42, 8881),
                "shift-sp2xtp2": (171.4, 13.055, 10886), "dp2xtp2": (247.1, 20.62, 9531)}
     r += figure9_table("4gpu-70b", "Figure 9, 4 GPUs, 70B", 4, "llama-3.1-70b", table70,
@@ -403,12 +474,15 @@ def evaluate(served: bool = False) -> dict:
             continue
         value, parts = row.predict()
         error = (value - row.measured) / row.measured
+        if row.lower_bound:  # any prediction past a cut run's time agrees with it
+            error = min(0.0, error)
         out.append({"id": row.id, "group": row.group, "gpus": row.gpus, "shape": row.shape,
                     "what": row.what, "unit": row.unit, "measured": row.measured,
                     "predicted": round(value, 4 if value < 100 else 1),
                     "error": round(error, 4), "fit": row.fit, "served": row.served,
                     "log_section": row.section,
-                    "parts_ms": {k: round(v * 1e3, 3) for k, v in parts.items() if v}})
+                    "parts_ms": {k: round(v * 1e3, 3) for k, v in parts.items() if v},
+                    **({"measured_is": "a lower bound (cut)"} if row.lower_bound else {})})
     held = [abs(r["error"]) for r in out if not r["fit"]]
     one_gpu = [r for r in out if not r["fit"] and r["gpus"] == 1 and r["unit"] == "ms"]
     explained = [r["id"] for r in out if abs(r["error"]) > 0.25] + [

@@ -159,8 +159,9 @@ VALIDATION_COLUMNS = ("row", "GPUs", "shape", "what", "measured", "predicted", "
 
 
 def validation_row(r: dict) -> str:
+    bound = "> " if r.get("measured_is") else ""  # a cut run: it took at least this
     return table_row([f"`{r['id']}`", str(r["gpus"]), f"`{r['shape']}`", r["what"],
-                      f"{number(r['measured'])} {r['unit']}", f"{number(r['predicted'])}",
+                      f"{bound}{number(r['measured'])} {r['unit']}", f"{number(r['predicted'])}",
                       f"{100 * r['error']:+.1f}%", "fit" if r["fit"] else "yes",
                       r["log_section"]])
 

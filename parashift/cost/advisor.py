@@ -78,12 +78,16 @@ class Advisor:
         return high
 
 
-    def sidp_crossover(self, tp: int, replicas: int, most: int = 16384) -> int | None:
+    def sidp_crossover(self, tp: int, replicas: int, most: int = 16384,
+                       cas_graphs: bool = False) -> int | None:
         """The fewest tokens a replica's step holds (decodes up to the scheduler's seats, a
         prompt chunk beyond) from which the predicted Weight-as-a-Service step is no slower
         than the Compute-as-a-Service one (cost/sidp.py: the exposed fetch against the
-        exchanges and the d-times-taller FFN); None where CaS stays faster up to `most`."""
+        exchanges and the d-times-taller FFN); None where CaS stays faster up to `most`.
+        Both modes' plans made, the engine replays no graphs unless asked (`cas_graphs`:
+        --cuda-graphs, for the CaS plans)."""
         plan = Plan(tp=tp)
+        model = self.model if cas_graphs else self.model.eager()
 
         def batch(tokens: int) -> StepBatch:
             return (StepBatch.decode(tokens, self.context) if tokens <= self.max_seqs
@@ -91,8 +95,8 @@ class Advisor:
 
         def was_wins(tokens: int) -> bool:
             b = batch(tokens)
-            return (sidp_step(self.model, plan, b, replicas, "was").total
-                    <= sidp_step(self.model, plan, b, replicas, "cas").total)
+            return (sidp_step(model, plan, b, replicas, "was").total
+                    <= sidp_step(model, plan, b, replicas, "cas").total)
         return _fewest(was_wins, most)
 
 

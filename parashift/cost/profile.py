@@ -102,6 +102,9 @@ class ComputeProfile:
     # kernels an eager MoE layer launches beyond kernels_per_layer (routing, the pair sort,
     # the grouped GEMMs and their sum)
     moe_kernels_per_layer: int = 0
+    # kernels (host work in their measure) an eager SiDP CaS layer adds per replica sharing
+    # its FFN: the exchanges, the hooks' row packing, the peers' waits on each other's launches
+    cas_kernels_per_peer: int = 0
     # how a graph step's host terms combine with its device time: False: they add (the part
     # a step does not overlap, as fitted to logged steps); True: they are the host's whole
     # work, which async scheduling overlaps with the device (max), as `parashift profile`

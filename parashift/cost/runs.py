@@ -21,6 +21,7 @@ class Served:
     label: str = ""
     ffn_owners: int = 1              # SiDP: replicas sharing FFN weights (1: none)
     ffn_threshold: int | None = None  # SiDP: B_th, tokens a replica from which WaS runs
+    cas_graphs: bool = False         # the sidp policy with --cuda-graphs: CaS decodes replay
 
     @property
     def name(self) -> str:
@@ -40,10 +41,11 @@ class Served:
         return cls(base, base.shift_plan(), threshold)
 
     @classmethod
-    def sidp(cls, plan: Plan, threshold: int | None) -> "Served":
-        """The sidp policy over `plan`'s DP replicas (plain TP), all sharing FFN weights."""
+    def sidp(cls, plan: Plan, threshold: int | None, cas_graphs: bool = False) -> "Served":
+        """The sidp policy over `plan`'s DP replicas (plain TP), all sharing FFN weights
+        (threshold None: CaS alone, `--share-ffn`, whose decodes replay graphs)."""
         return cls(plan, label=f"sidp-{plan.name()}", ffn_owners=plan.dp,
-                   ffn_threshold=threshold)
+                   ffn_threshold=threshold, cas_graphs=cas_graphs)
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ def step_s(model: StepModel, served: Served, batch: StepBatch) -> float:
     plan = served.plan_for(batch.tokens)
     if served.ffn_owners > 1:
         mode = sidp_mode(batch.tokens, served.ffn_threshold)
+        if served.ffn_threshold is not None and not served.cas_graphs:
+            model = model.eager()  # the sidp policy's WaS plans hold graphs off
         return sidp_step(model, plan, batch, served.ffn_owners, mode).total
     return model.step_s(replica_plan(plan), batch)
 

@@ -30,7 +30,8 @@ def sidp_step(model: StepModel, plan: Plan, batch: StepBatch, owners: int, mode:
         raise ValueError("SiDP shares dense FFN weights in the model's dtype (the engine "
                          "refuses MoE experts and FP8 weights)")
     s = model.shape
-    out = model.step(replica_plan(plan), batch)
+    # WaS's fetches are not captured: its steps run eagerly (worker/shared_ffn.py)
+    out = (model.eager() if mode == "was" else model).step(replica_plan(plan), batch)
     if mode == "was":
         device = sum(v for k, v in out.parts.items() if not k.startswith("host"))
         extra = s.num_layers * max(0.0, sidp_fetch_s(model, plan.tp, owners)
@@ -43,8 +44,26 @@ def sidp_step(model: StepModel, plan: Plan, batch: StepBatch, owners: int, mode:
         shared = model.mlp_s(batch.tokens * owners, plan.tp * owners)
         extra = s.num_layers * (shared + exchange - model.mlp_s(batch.tokens, plan.tp))
         name = "ffn_cas"
+        if not graph:  # the exchanges' launches and the hooks' packing, from the host
+            return _eager_cas(model, plan, batch, out, extra, owners)
     else:
         raise ValueError(f"a SiDP mode is was or cas, got {mode!r}")
     out.add(name, extra)
     out.total += extra
+    return out
+
+
+def _eager_cas(model: StepModel, plan: Plan, batch: StepBatch, out: Breakdown,
+               extra: float, owners: int) -> Breakdown:
+    """An eager CaS step: its device time with the exchanges against its host's launches
+    with the exchanges' (`cas_kernels_per_peer` more a layer for each sharing replica); the peers wait on each
+    other's launches at every layer, so the longer of the two is the step."""
+    c = model.compute
+    device = sum(v for k, v in out.parts.items() if not k.startswith("host")) + extra
+    host = (model.host_s(replica_plan(plan), batch, False)
+            + model.shape.num_layers * c.cas_kernels_per_peer * owners * c.eager_launch_s)
+    out.parts.pop("host_launch_excess", None)
+    out.add("ffn_cas", extra)
+    out.parts["host_launch_excess"] = max(0.0, host - device)
+    out.total = max(device, host)
     return out

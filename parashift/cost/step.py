@@ -55,6 +55,8 @@ class Breakdown:
     """Seconds of a step by part; `total` is what the step takes (wall)."""
     parts: dict = field(default_factory=dict)
     total: float = 0.0
+    stage_s: float = 0.0  # how long one stage's ranks are busy with the step
+    lag_s: float = 0.0    # under PP: after a stage starts the step, when the next can
 
     def add(self, part: str, seconds: float) -> None:
         self.parts[part] = self.parts.get(part, 0.0) + seconds
@@ -66,22 +68,29 @@ def replica_plan(plan: Plan) -> Plan:
 
 
 class StepModel:
-    """Step times of one model on one kind of node. `graphs`: decode steps of one-stage plans
-    run as CUDA graphs (collectives at their in-graph cost, host work overlapped); `prefill_graphs`:
-    mixed steps too."""
+    """Step times of one model on one kind of node. `graphs`: decode steps run as CUDA graphs
+    (collectives at their in-graph cost, host work overlapped); `prefill_graphs`: mixed steps
+    of one-stage plans too."""
 
     def __init__(self, shape: ModelShape, compute: ComputeProfile,
                  link: LinkProfile | None = None, graphs: bool = True,
-                 prefill_graphs: bool = False):
+                 prefill_graphs: bool = False, micro_batch_tokens: int = 256):
         self.shape, self.compute, self.link = shape, compute, link
         self.graphs, self.prefill_graphs = graphs, prefill_graphs
+        self.micro_batch_tokens = micro_batch_tokens  # EngineConfig.pp_micro_batch_tokens
+
+    def eager(self) -> "StepModel":
+        """The same model with every step eager (no CUDA graphs)."""
+        return StepModel(self.shape, self.compute, self.link, graphs=False,
+                         micro_batch_tokens=self.micro_batch_tokens)
 
     # ---- the step ------------------------------------------------------------------------
     def step(self, plan: Plan, batch: StepBatch) -> Breakdown:
         """One replica's step (plan's dp ignored: give each replica its own batch)."""
         if plan.world_size // plan.dp > 1 and self.link is None:
             raise ValueError(f"plan {plan.name()} needs a link profile (collectives)")
-        graph = self.graphs and plan.pp == 1 and (batch.is_decode or self.prefill_graphs)
+        # pipeline stages capture decode graphs only (worker/cuda_graphs.py)
+        graph = self.graphs and (batch.is_decode or (self.prefill_graphs and plan.pp == 1))
         out = Breakdown()
         micro = self._micro_batches(plan, batch)
         stage = Breakdown()
@@ -91,29 +100,71 @@ class StepModel:
         for name, seconds in stage.parts.items():
             out.add(name, seconds * layers_per_stage)
         if plan.pp > 1:
-            # m micro-batches through pp stages take m + pp - 1 stage times; m counted above
-            out.add("pipeline_fill", sum(out.parts.values()) * (plan.pp - 1) / len(micro))
-            out.add("send_recv", (plan.pp - 1) * self._collective(
-                "send_recv", batch.tokens * self.shape.hidden * self.shape.dtype_bytes, 2, graph))
+            self._pipeline(plan, batch, graph, len(micro), out)
+        else:
+            self._head(plan, batch, graph, out)
+            device = sum(out.parts.values())
+            host = self.host_s(plan, batch, graph)
+            self._finish(graph, device, host, out)
+            out.stage_s = out.total
+        return out
+
+    def _pipeline(self, plan: Plan, batch: StepBatch, graph: bool, micro: int,
+                  out: Breakdown) -> None:
+        """A pipelined step: each stage runs its layers over the step's `micro` micro-batches
+        (its launches from its own rank's host, beside the other stages') and sends them on;
+        the next stage starts one micro-batch later (`lag_s`), the last adds the head."""
+        stage_device = sum(out.parts.values())
+        send = self._collective("send_recv",
+                                batch.tokens * self.shape.hidden * self.shape.dtype_bytes, 2, graph)
+        out.add("send_recv", send)
+        host = self._host_s(plan, graph, micro)
+        busy = stage_device + send
+        out.lag_s = busy / micro  # every stage's host launches at once: a later stage's
+        if not graph:             # kernels wait queued for its input, not for its host
+            out.parts["host_launch_excess"] = max(0.0, host - busy)
+            busy = max(busy, host)
+        out.stage_s = busy
+        out.add("pipeline_fill", (plan.pp - 1) * out.lag_s)
         self._head(plan, batch, graph, out)
-        device = sum(out.parts.values())
-        host = self._host_s(plan, graph, len(micro)) + len(batch.seqs) * self.compute.host_seq_s
+        device = sum(v for k, v in out.parts.items() if not k.startswith("host"))
+        seq_host = len(batch.seqs) * self.compute.host_seq_s
+        if graph:
+            self._finish(graph, device, host + seq_host, out)
+        else:
+            out.total = max(device + out.parts["host_launch_excess"], seq_host)
+
+    def _finish(self, graph: bool, device: float, host: float, out: Breakdown) -> None:
         overlapped = not graph or self.compute.host_overlapped
         out.total = max(device, host) if overlapped else device + host
         if overlapped:
             out.parts["host_excess" if graph else "host_launch_excess"] = max(0.0, host - device)
         else:
             out.parts["host"] = host
-        return out
 
     def step_s(self, plan: Plan, batch: StepBatch) -> float:
         return self.step(plan, batch).total
 
     def _micro_batches(self, plan: Plan, batch: StepBatch) -> list[StepBatch]:
-        if plan.pp == 1 or len(batch.seqs) < 2:
+        """The step's micro-batches as the model runner cuts them (split_micro_batches):
+        consecutive, of about equal tokens, one per stage at most, none under
+        `micro_batch_tokens` (so a step of decodes runs whole)."""
+        count = min(plan.pp, batch.tokens // self.micro_batch_tokens)
+        if count <= 1:
             return [batch]
-        m = min(plan.pp, len(batch.seqs))
-        return [StepBatch(batch.seqs[i::m]) for i in range(m)]
+        ends = [batch.tokens * (k + 1) // count for k in range(count)]
+        groups, current, filled = [], [], 0
+        for seq in batch.seqs:
+            query, context = seq.query, seq.context
+            while query:
+                take = min(query, ends[len(groups)] - filled)
+                current.append(Seq(take, context))
+                query, context, filled = query - take, context + take, filled + take
+                if filled == ends[len(groups)] and len(groups) < count - 1:
+                    groups.append(StepBatch(tuple(current)))
+                    current = []
+        groups.append(StepBatch(tuple(current)))
+        return groups
 
     def _stage(self, plan: Plan, batch: StepBatch, graph: bool, out: Breakdown) -> None:
         """One layer's parts for one (micro-)batch, added to `out`."""
@@ -219,6 +270,10 @@ class StepModel:
             return 0.0
         return self.link.seconds(name, nbytes, ranks, graph)
 
+    def host_s(self, plan: Plan, batch: StepBatch, graph: bool) -> float:
+        """A one-stage step's host work: its launches (a graph's replay) and its sequences'."""
+        return self._host_s(plan, graph, 1) + len(batch.seqs) * self.compute.host_seq_s
+
     def _host_s(self, plan: Plan, graph: bool, micro: int) -> float:
         c = self.compute
         if graph:
@@ -227,7 +282,7 @@ class StepModel:
                      + (c.tp_kernels_per_layer if plan.tp > 1 else 0)
                      + (c.moe_kernels_per_layer if self.shape.moe else 0))
         kernels = per_layer * self.shape.num_layers / plan.pp * micro + 10
-        return kernels * c.eager_launch_s * plan.pp
+        return kernels * c.eager_launch_s  # a stage's: each stage's rank launches its own
 
     # ---- memory ----------------------------------------------------------------------
     def weight_bytes_per_rank(self, plan: Plan, extra_shift_copy: bool = False,

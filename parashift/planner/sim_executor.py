@@ -14,7 +14,7 @@ import itertools
 from typing import NoReturn
 
 from parashift.cost.sidp import SLOTS, sidp_step
-from parashift.cost.step import Seq, StepBatch, StepModel, replica_plan
+from parashift.cost.step import Breakdown, Seq, StepBatch, StepModel, replica_plan
 from parashift.executor.base import RanksNeverLost, WorkerFailure
 from parashift.parallel.plan import Plan
 
@@ -27,6 +27,19 @@ def replica_kv_tokens(model: StepModel, plan: Plan) -> int:
     if plan.shared_ffn is None:
         return model.kv_tokens(replica_plan(plan))
     return model.kv_tokens(replica_plan(plan), ffn_owners=plan.ffn_replicas, ffn_slots=SLOTS)
+
+
+def replays_graphs(plans: list[Plan], requested: bool | None) -> bool:
+    """Whether the engine's decode steps replay CUDA graphs (worker/model_runner.py
+    `graphs_by_default`): as asked, else only where every plan can (SiDP's WaS plans
+    cannot, so under the sidp policy every step runs eagerly unless --cuda-graphs)."""
+    if requested is not None:
+        return requested
+    return not any(_is_was(plan) for plan in plans)
+
+
+def _is_was(plan: Plan) -> bool:
+    return plan.shared_ffn is not None and plan.shared_ffn[0] == "was"
 
 
 class VirtualClock:
@@ -46,9 +59,12 @@ class VirtualClock:
 
 class SimulatedExecutor(RanksNeverLost):
     def __init__(self, model: StepModel, clock: VirtualClock, plans: list[Plan],
-                 layout_plans: list[Plan], block_size: int, num_blocks: int | None = None):
+                 layout_plans: list[Plan], block_size: int, num_blocks: int | None = None,
+                 cuda_graphs: bool | None = None):
         self.model, self.clock = model, clock
         self.plans = {plan.name(): plan for plan in plans}
+        self.eager_model = model.eager()
+        self.graphs = replays_graphs(plans, cuda_graphs)
         world = max(r for plan in layout_plans for r in plan.ranks) + 1
         self.rank_blocks = [0] * world
         for plan in layout_plans:
@@ -73,26 +89,53 @@ class SimulatedExecutor(RanksNeverLost):
         return None
 
     def step_seconds(self, plan_name: str, batch) -> float:
+        return self.step_breakdown(plan_name, batch).total
+
+    def step_breakdown(self, plan_name: str, batch) -> Breakdown:
         seqs = [Seq(1, start) for start in batch.decode_starts]
         seqs += [Seq(len(c.token_ids), c.start_pos) for c in batch.chunks]
         plan = self.plans[plan_name] if plan_name in self.plans else Plan.parse(plan_name)
+        model = self.model if self.graphs and not _is_was(plan) else self.eager_model
         if plan.shared_ffn is not None:
-            return sidp_step(self.model, plan, StepBatch(tuple(seqs)), plan.ffn_replicas,
-                             plan.shared_ffn[0]).total
-        return self.model.step_s(replica_plan(plan), StepBatch(tuple(seqs)))
+            return sidp_step(model, plan, StepBatch(tuple(seqs)), plan.ffn_replicas,
+                             plan.shared_ffn[0])
+        return model.step(replica_plan(plan), StepBatch(tuple(seqs)))
 
     def submit(self, tag, ranks: tuple[int, ...], output_rank: int, batch) -> None:
-        seconds = self.step_seconds(batch.plan, batch)
-        start = self._start_of(batch, ranks)
-        end = start + seconds
-        for rank in ranks:
-            self.busy_until[rank] = end
+        step = self.step_breakdown(batch.plan, batch)
+        plan = self.plans.get(batch.plan)
+        if plan is not None and plan.pp > 1:
+            start, end = self._pipelined(step, ranks, plan.pp)
+        else:
+            start = self._start_of(batch, ranks)
+            end = start + step.total
+            for rank in ranks:
+                self.busy_until[rank] = end
         sampled = len(batch.decode_ids) + sum(1 for c in batch.chunks if c.samples)
         self.steps.append({"ranks": list(ranks), "plan": batch.plan, "start_s": start,
                            "end_s": end, "decodes": len(batch.decode_ids),
                            "chunks": [(c.request_id, len(c.token_ids), c.start_pos)
                                       for c in batch.chunks]})
         heapq.heappush(self._events, (end, next(self._order), tag, [SAMPLED_TOKEN] * sampled))
+
+    def _pipelined(self, step: Breakdown, ranks: tuple[int, ...], stages: int
+                   ) -> tuple[float, float]:
+        """A pipelined step's start and end: each stage's ranks take it once free and one
+        micro-batch after the stage before (so a replica per stage keeps every stage busy);
+        the last stage holds it to the step's end (its head)."""
+        width = len(ranks) // stages
+        start = previous = self.clock.now
+        for k in range(stages):
+            stage_ranks = ranks[k * width:(k + 1) * width]
+            begin = max([previous + (step.lag_s if k else 0.0)]
+                        + [self.busy_until[r] for r in stage_ranks])
+            start = begin if k == 0 else start
+            last = k == stages - 1
+            until = begin + (step.total - (stages - 1) * step.lag_s if last else step.stage_s)
+            for rank in stage_ranks:
+                self.busy_until[rank] = until
+            previous = begin
+        return start, until
 
     def _start_of(self, batch, ranks: tuple[int, ...]) -> float:
         """When a step starts: once its ranks are free; a round's steps (SiDP's CaS, whose

@@ -38,7 +38,7 @@ def simulated_engine(config: EngineConfig, model: StepModel):
 
     def make(config, hf_config, source, layout, plans, device, dtype, max_model_len):
         made.append(SimulatedExecutor(model, clock, list(plans), list(layout.plans),
-                                      config.block_size, config.num_blocks))
+                                      config.block_size, config.num_blocks, config.cuda_graphs))
         return made[-1]
     for m in modules:
         m.time = clock

@@ -125,10 +125,13 @@ def test_under_sidp_any_replicas_prefill_holds_the_round():
 
 def test_on_four_gpus_the_bursts_keep_tp4_ahead_of_sidp(bursty_8b):
     """Simulated: median E2E TP4 241.5 ms, SiDP over DP4 315.5 ms (its CaS rounds wait for
-    every replica's prefill): the trace ranks TP4 first and SiDP behind DP2xTP2."""
+    every replica's prefill): the trace ranks TP4 first and SiDP behind DP2xTP2 and, with
+    its eager prompt rounds' exchanges priced (cas_kernels_per_peer), behind plain DP4."""
     _, (prompt, output), lengths, arrivals, rate = bursty_8b
     model = node_model(load_shape("llama-3.1-8b"), 4, "h200")
     sidp = Served.sidp(Plan(dp=4), Advisor(model).sidp_crossover(1, 4))
     hint = WorkloadHint(prompt, output, len(lengths), rate, lengths, arrivals)
     choice = choose(model, [sidp], hint, 4, Engine(max_num_batched_tokens=8192))
-    assert choice.static and [p.name for p in choice.table[:3]] == ["tp4", "dp2xtp2", "sidp-dp4"]
+    names = [p.name for p in choice.table]
+    assert choice.static and names[:3] == ["tp4", "dp2xtp2", "dp4"]
+    assert names.index("sidp-dp4") > names.index("dp4")

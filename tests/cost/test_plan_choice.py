@@ -34,24 +34,34 @@ def test_every_static_plan_the_heads_allow(model):
     assert refused == {}
 
 
-def test_a_light_online_load_runs_the_static_tp_plan_a_heavy_one_sidp(model, sidp):
+def test_a_light_online_load_runs_the_static_tp_plan_a_heavy_one_dp(model, sidp):
     light = choose(model, [sidp], WorkloadHint(1024, 128, request_rate=4.0), 4, ENGINE)
     assert (light.best.name, light.static) == ("tp4", True)
     assert [p.name for p in light.table[:2]] == ["tp4", "dp2xtp2"]
     heavy = choose(model, [sidp], WorkloadHint(1024, 128, request_rate=60.0), 4, ENGINE)
-    assert (heavy.best.name, heavy.static) == ("sidp-dp4", False)
+    # SiDP's prompt rounds run eagerly, each layer's exchanges launched from every peer's
+    # host (cas_kernels_per_peer, fitted to the 70B's eager CaS run): at 60 requests a
+    # second its 67k tok/s fall short of the 69k asked, as CaS measured 0.61-0.77x of DP4
+    assert (heavy.best.name, heavy.static) == ("dp4", True)
+    assert next(p for p in heavy.table if p.name == "sidp-dp4").overloaded
 
 
 def test_offline_by_throughput_and_a_margin_keeps_the_static_plan(model, sidp):
     batch = WorkloadHint(1024, 64, num_requests=64)
-    chosen = choose(model, [sidp], batch, 4, ENGINE)
+    # the sidp policy's rounds run eagerly (its WaS plans hold graphs off): behind DP4
+    policy = choose(model, [sidp], batch, 4, ENGINE)
+    assert (policy.best.name, policy.static) == ("dp2xtp2", True)
+    names = [p.name for p in policy.table]
+    assert names.index("sidp-dp4") > names.index("dp4")
+    cas = Served.sidp(Plan(dp=4), None)  # static CaS (`--share-ffn`): its decodes in graphs
+    chosen = choose(model, [cas], batch, 4, ENGINE)
     assert (chosen.best.name, chosen.static) == ("sidp-dp4", False)
     throughputs = [p.throughput for p in chosen.table]
     assert throughputs == sorted(throughputs, reverse=True)
-    # predicted 10% ahead of the best static plan (DP2xTP2, DP4 0.3% behind): a 20% margin
+    # predicted 6% ahead of the best static plan (DP2xTP2, DP4 0.3% behind): a 10% margin
     # keeps it
-    assert chosen.table[0].throughput / chosen.table[1].throughput == pytest.approx(1.10, abs=0.01)
-    kept = choose(model, [sidp], batch, 4, ENGINE, margin=0.2)
+    assert chosen.table[0].throughput / chosen.table[1].throughput == pytest.approx(1.064, abs=0.01)
+    kept = choose(model, [cas], batch, 4, ENGINE, margin=0.1)
     assert (kept.best.name, kept.static) == ("dp2xtp2", True)
     assert "sidp-dp4" in kept.report() and "dp2xtp2" in kept.report()
 

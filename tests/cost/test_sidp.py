@@ -57,3 +57,20 @@ def test_what_sidp_cannot_share_is_an_error():
         sidp_step(fp8, Plan(dp=2), StepBatch.decode(1, 9), 2, "cas")
     with pytest.raises(ValueError, match="was or cas"):
         sidp_step(StepModel(SHAPE, compute(), LINKS), Plan(dp=2), StepBatch.decode(1, 9), 2, "x")
+
+
+def test_an_eager_cas_step_launches_its_exchanges_from_every_peers_host():
+    c = compute(eager_launch_s=1e-3, kernels_per_layer=3, cas_kernels_per_peer=4)
+    model = StepModel(SHAPE, c, LINKS, graphs=False)
+    batch = StepBatch.decode(4, 9)
+    cas = sidp_step(model, Plan(dp=2), batch, 2, "cas")
+    host = (3 * SHAPE.num_layers + 10) * 1e-3 + SHAPE.num_layers * 4 * 2 * 1e-3
+    assert math.isclose(cas.total, host, rel_tol=1e-12)  # host-bound: launches, not kernels
+    graphs = sidp_step(StepModel(SHAPE, c, LINKS), Plan(dp=2), batch, 2, "cas")
+    assert graphs.total < host / 10  # a decode round in graphs launches nothing
+
+
+def test_was_steps_run_eagerly_though_the_model_replays_graphs():
+    c = compute(eager_launch_s=1e-3, kernels_per_layer=3)
+    was = sidp_step(StepModel(SHAPE, c, LINKS), Plan(dp=2), StepBatch.decode(4, 9), 2, "was")
+    assert was.total >= (3 * SHAPE.num_layers + 10) * 1e-3

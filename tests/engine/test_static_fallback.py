@@ -28,7 +28,11 @@ def test_a_light_online_load_falls_back_to_tp(caplog):
 
 
 def test_where_sidp_is_predicted_ahead_it_runs():
-    told = sidp(sidp_mean_prompt_tokens=1024, sidp_mean_output_tokens=64, sidp_num_requests=64)
+    """Only with --cuda-graphs: the policy's WaS plans hold graphs off otherwise, and its
+    eager CaS rounds (each layer's exchanges launched from every peer's host) lose."""
+    hint = dict(sidp_mean_prompt_tokens=1024, sidp_mean_output_tokens=64, sidp_num_requests=64)
+    assert resolve_static_fallback(sidp(**hint), LLAMA_8B).node_layout.name() == "tp2,tp2@2-3"
+    told = sidp(**hint, cuda_graphs=True)
     assert resolve_static_fallback(told, LLAMA_8B) is told
     choice = design_choice(told, LLAMA_8B)
     assert choice.best.name == "sidp-dp4" and not choice.static
@@ -49,13 +53,14 @@ def test_untold_it_is_left_alone_and_the_hints_need_the_cost_model():
 
 def test_a_workload_file_shows_the_tail_that_means_hide(tmp_path):
     """255 requests of 500 + 100 tokens and one of 500 + 8000: the means (131 output tokens)
-    put SiDP first; the lengths themselves TP4, whose single request decodes fastest."""
+    put SiDP first (its CaS decodes in graphs); the lengths themselves TP4, whose single
+    request decodes fastest."""
     lengths = tmp_path / "lengths.json"
     lengths.write_text(json.dumps([[500, 100]] * 255 + [[500, 8000]]))
-    told = sidp(sidp_workload_file=str(lengths))
+    told = sidp(sidp_workload_file=str(lengths), cuda_graphs=True)
     assert resolve_static_fallback(told, LLAMA_8B).node_layout.name() == "tp4"
     means = sidp(sidp_mean_prompt_tokens=500, sidp_mean_output_tokens=131,
-                 sidp_num_requests=256)
+                 sidp_num_requests=256, cuda_graphs=True)
     assert resolve_static_fallback(means, LLAMA_8B) is means
 
 

@@ -35,7 +35,10 @@ def test_a_shared_ffn_step_is_the_models_sidp_step(model, mode):
     run = executor(model, mode)
     plan = next(iter(run.plans.values()))
     seconds = run.step_seconds(plan.name(), decodes(plan, 8))
-    want = sidp_step(model, plan, StepBatch((Seq(1, 1000),) * 8), 2, mode).total
+    # a layout with WaS plans replays no graphs (worker/model_runner.graphs_by_default)
+    assert run.graphs == (mode == "cas")
+    want = sidp_step(model if mode == "cas" else model.eager(), plan,
+                     StepBatch((Seq(1, 1000),) * 8), 2, mode).total
     assert seconds == want
     assert seconds != model.step_s(replica_plan(plan), StepBatch((Seq(1, 1000),) * 8))
     held = model.kv_tokens(replica_plan(plan), ffn_owners=2, ffn_slots=SLOTS)
@@ -65,3 +68,19 @@ def test_steps_that_end_together_come_back_together(model):
     assert [tag for tag, _ in run.wait_any()] == ["a", "b"]
     assert [tag for tag, _ in run.wait_any()] == ["c"]
     assert run.clock.now == run.steps[-1]["end_s"]
+
+
+def test_a_replica_per_stage_keeps_both_stages_of_a_pipeline_busy():
+    """Static PP=2 runs a replica per stage on the same ranks: the second replica's step
+    enters stage 0 once the first's leaves it, not once the first's step ends."""
+    model = node_model(load_shape("llama-3.1-8b"), 2, "h200")
+    plan = Plan(pp=2)
+    run = SimulatedExecutor(model, VirtualClock(), [plan], [plan], block_size=16)
+    run.submit("a", plan.ranks, 1, decodes(plan, 8))
+    run.submit("b", plan.ranks, 1, decodes(plan, 8))
+    a, b = run.steps
+    step = model.step(plan, StepBatch((Seq(1, 1000),) * 8))
+    assert a["end_s"] - a["start_s"] == pytest.approx(step.total)
+    assert b["start_s"] == pytest.approx(step.stage_s) and b["start_s"] < a["end_s"]
+    # the last stage holds a step from its first micro-batch to its head
+    assert b["end_s"] - a["end_s"] == pytest.approx(step.total - step.lag_s)
