@@ -58,6 +58,10 @@
 # Last call of the thirty-ninth session (device time nearly spent): `faults1 seesaw70_seesaw` (one
 # kill under load, rank 1, after the returned group's rebalance; Seesaw alone on the 70B PCIe-like
 # after the start-up memory fix, its static rows from `seesaw70_pcie`'s call).
+# Next session on two GPUs (issue 65), each a call of its own: `seesaw70_pcie` (the 70B after the
+# start-up memory fix and the fast re-shard schedule: TP2, PP2 and Seesaw in one call), `sidp_tail2g`
+# (tail at full length with the sidp policy's CaS steps in graphs: its default runs them eagerly),
+# `faults` (both kills under load). On one GPU: scripts/gpu_fp8fuse_ab.sh (issue 60).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -274,6 +278,11 @@ for name in "$@"; do
     seesaw70_seesaw) part seesaw70_seesaw 150 "NCCL_P2P_DISABLE=1 python3 benchmarks/seesaw.py \
            --model benchmarks/shapes/llama-3.1-70b.json --plans seesaw:pp2-tp2 --workloads summarize \
            --num-requests 48 --cpu-kv-gib 32 --output $OUT/seesaw_pcie_70b_seesaw.json" ;;
+    sidp_tail2g) part sidp_tail2g 560 "for flags in '-dp 2 --share-ffn --parallel-policy sidp --cuda-graphs' \
+           '-dp 2 --share-ffn' '-tp 2' '-dp 2'; do timeout 135 python3 -m parashift.bench throughput \
+           --workload tail --num-requests 300 --model benchmarks/shapes/qwen3-32b.json --dtype bfloat16 \
+           --max-model-len 8192 --gpu-memory-utilization 0.75 \$flags \
+           --output-json $OUT/tail_\$(echo \$flags | tr -d ' -').json; done" ;;
     tier) part tier 60 "python3 benchmarks/tier_copy.py --output $OUT/tier_copy.json" ;;
     prefill_busy) part prefill_busy 200 "for plan in single tp2 shift-sp2; do \
            python3 benchmarks/prefill_throughput.py --model $EIGHT_B --plan \$plan \
