@@ -278,8 +278,8 @@ for name in "$@"; do
     seesaw70_seesaw) part seesaw70_seesaw 150 "NCCL_P2P_DISABLE=1 python3 benchmarks/seesaw.py \
            --model benchmarks/shapes/llama-3.1-70b.json --plans seesaw:pp2-tp2 --workloads summarize \
            --num-requests 48 --cpu-kv-gib 32 --output $OUT/seesaw_pcie_70b_seesaw.json" ;;
-    sidp_tail2g) part sidp_tail2g 560 "for flags in '-dp 2 --share-ffn --parallel-policy sidp --cuda-graphs' \
-           '-dp 2 --share-ffn' '-tp 2' '-dp 2'; do timeout 135 python3 -m parashift.bench throughput \
+    sidp_tail2g) part sidp_tail2g 575 "for flags in '-dp 2 --share-ffn --parallel-policy sidp --cuda-graphs' \
+           '-dp 2 --share-ffn' '-tp 2' '-dp 2'; do timeout 140 python3 -m parashift.bench throughput \
            --workload tail --num-requests 300 --model benchmarks/shapes/qwen3-32b.json --dtype bfloat16 \
            --max-model-len 8192 --gpu-memory-utilization 0.75 \$flags \
            --output-json $OUT/tail_\$(echo \$flags | tr -d ' -').json; done" ;;
