@@ -192,7 +192,7 @@ def init_random_weights(model: nn.Module, seed: int = 0) -> None:
               if param.dtype == torch.float8_e4m3fn}
     written_with_weights = {id(scale) for scale in scales.values()}
     for name, param in params.items():
-        if id(param) in written_with_weights:
+        if id(param) in written_with_weights or param.is_meta:  # meta: nothing to draw into
             continue
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)

@@ -37,3 +37,10 @@ def test_random_weights_follow_the_seed():
     init_random_weights(model, 0)
     assert (model.proj.weight.std() - 0.02).abs() < 0.005
     assert torch.equal(model.norm.weight, torch.ones_like(model.norm.weight))
+
+
+def test_a_model_on_the_meta_device_is_left_as_it_is():
+    with torch.device("meta"):
+        model = nn.Linear(8, 4)
+    init_random_weights(model, 0)
+    assert model.weight.is_meta
