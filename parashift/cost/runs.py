@@ -67,8 +67,9 @@ def step_s(model: StepModel, served: Served, batch: StepBatch) -> float:
 
 
 def stage_replicas(served: Served) -> int:
-    """Replicas a group of the plan serves: one per pipeline stage (engine/node_replicas.py,
-    where each part of the pool holds a whole sequence), else one."""
+    """Replicas a group of the plan serves: one per pipeline stage (engine/node_replicas.py;
+    where a part of the pool would not hold a whole sequence the engine keeps one replica
+    with a step per stage in flight instead, which this counts the same), else one."""
     return served.plan.pp if served.stage_replicas and served.ffn_owners == 1 else 1
 
 
@@ -113,8 +114,8 @@ def offline_s(model: StepModel, served: Served, requests: list[tuple[int, int]],
               engine: Engine = Engine()) -> float:
     """Seconds to serve `requests` (input, output) all at t=0: the replicas (DP's, and a
     pipelined group's one per stage, each over its part of the pool and stepping at
-    `cycle_s`) share them evenly (the slowest replica's time); each admits up to max_num_seqs (or what its KV
-    holds), prefills the admitted prompts in steps of the budget with its running decodes
+    `cycle_s`) share them evenly (the slowest replica's time); each admits up to
+    max_num_seqs (or what its KV holds), prefills the admitted prompts in steps of the budget with its running decodes
     riding along, decodes until a sequence ends, and refills the seat it frees (continuous
     batching, event by event)."""
     plan = served.plan
