@@ -64,11 +64,14 @@ HOST_SKEW = ("host launch: an eager prefill of 2,048 tokens on four ranks is pac
              "collectives' own time, not ranks arriving late")
 EAGER_PP = ("the thirteenth session's pipelines decoded eagerly with prompts whole, and the "
             "model runs them so, each stage's host launching its own layers beside the "
-            "others'; TP2xPP2's decode is under (NCCL's eager all-reduces inside its stages "
-            "cost more than the link profile's curve), and the batch rows are over: "
-            "cost/runs.py runs a pipeline's requests as one replica of whole-latency steps, "
-            "not yet as the engine's replica per stage (the simulator does, "
-            "2gpu-served-summarize-70b-pp2)")
+            "others'; their decode is under (TP2xPP2 22.3 ms against 13.1, PP4 11.2 against "
+            "8.5) and the batch rows over. cost/runs.py runs a pipelined group as the "
+            "engine's replica per stage, stepping as the simulator schedules stages (the "
+            "70B's PP=2 summarize, 2gpu-served-summarize-70b-pp2: 28.4 s by runs.py, 30.8 "
+            "measured, 37.3 as one replica), which puts these rows at 2.8x and 4.7x; with "
+            "the replicas' steps one after another they would still be 1.4-1.55x, so what is "
+            "wrong is that engine's eager pipelined step (its stages' hosts and eager sends "
+            "and all-reduces), not the overlap; not re-measured since the stages replay graphs")
 SIDP_D4 = ("CaS with graphs at d=4 measured 0.61-0.77x of plain DP (this command ranged 40-62 "
            "req/s across sessions); the model puts CaS ahead of plain DP4 (a rank reads a "
            "quarter of the FFN weights a decode step), and at d=2 (8B, within 7%) it agrees "

@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass, field
 
 from parashift.cost.forecast_trace import trace_figures
-from parashift.cost.runs import Engine, Served, kv_tokens, offline_s, prefill_s, step_s
+from parashift.cost.runs import (Engine, Served, cycle_s, kv_tokens, offline_s, prefill_s,
+                                 stage_replicas, step_s)
 from parashift.cost.seesaw_run import seesaw_s
 from parashift.cost.sidp import SLOTS
 from parashift.cost.step import StepBatch, StepModel, replica_plan
@@ -62,8 +63,9 @@ def predict_offline(model: StepModel, served: Served, reqs: list, engine: Engine
     seconds = offline_s(model, served, reqs, engine)
     mean_in = sum(i for i, _ in reqs) / len(reqs)
     plan = replica_plan(served.plan)
-    seats = max(1, min(engine.max_num_seqs, len(reqs) // served.plan.dp))
-    tpot = step_s(model, served, StepBatch.decode(seats, int(mean_in)))
+    replicas = served.plan.dp * stage_replicas(served)
+    seats = max(1, min(engine.max_num_seqs, len(reqs) // replicas))
+    tpot = cycle_s(model, served, StepBatch.decode(seats, int(mean_in)))
     return Prediction(served.name, kind_of(served),
                       prefill_s(model, served, int(mean_in), engine), tpot,
                       sum(i + o for i, o in reqs) / seconds,

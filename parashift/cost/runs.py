@@ -22,6 +22,7 @@ class Served:
     ffn_owners: int = 1              # SiDP: replicas sharing FFN weights (1: none)
     ffn_threshold: int | None = None  # SiDP: B_th, tokens a replica from which WaS runs
     cas_graphs: bool = False         # the sidp policy with --cuda-graphs: CaS decodes replay
+    stage_replicas: bool = True      # a pipelined group serves a replica per stage (not Seesaw)
 
     @property
     def name(self) -> str:
@@ -65,6 +66,24 @@ def step_s(model: StepModel, served: Served, batch: StepBatch) -> float:
     return model.step_s(replica_plan(plan), batch)
 
 
+def stage_replicas(served: Served) -> int:
+    """Replicas a group of the plan serves: one per pipeline stage (engine/node_replicas.py;
+    where a part of the pool would not hold a whole sequence the engine keeps one replica
+    with a step per stage in flight instead, which this counts the same), else one."""
+    return served.plan.pp if served.stage_replicas and served.ffn_owners == 1 else 1
+
+
+def cycle_s(model: StepModel, served: Served, batch: StepBatch) -> float:
+    """How often one of a pipelined group's stage replicas steps while the others keep every
+    stage busy (planner/sim_executor.py's rule): its step's latency, or each stage busy
+    with the step of every replica in turn, whichever is longer."""
+    plan = served.plan_for(batch.tokens)
+    if stage_replicas(served) == 1 or plan.pp == 1:
+        return step_s(model, served, batch)
+    step = model.step(replica_plan(plan), batch)
+    return max(step.total, plan.pp * step.stage_s)
+
+
 def kv_tokens(model: StepModel, served: Served) -> int:
     """KV tokens one replica holds (more where it shares its FFN weights)."""
     shared = served.ffn_owners > 1
@@ -93,18 +112,20 @@ def interactive(model: StepModel, served: Served, prompt: int, output: int,
 
 def offline_s(model: StepModel, served: Served, requests: list[tuple[int, int]],
               engine: Engine = Engine()) -> float:
-    """Seconds to serve `requests` (input, output) all at t=0: the DP replicas share them
-    evenly (the slowest replica's time); each admits up to max_num_seqs (or what its KV
-    holds), prefills the admitted prompts in steps of the budget with its running decodes
+    """Seconds to serve `requests` (input, output) all at t=0: the replicas (DP's, and a
+    pipelined group's one per stage, each over its part of the pool and stepping at
+    `cycle_s`) share them evenly (the slowest replica's time); each admits up to
+    max_num_seqs (or what its KV holds), prefills the admitted prompts in steps of the budget with its running decodes
     riding along, decodes until a sequence ends, and refills the seat it frees (continuous
     batching, event by event)."""
     plan = served.plan
     kv = kv_tokens(model, served)
     if kv <= 0:
         raise ValueError(f"{served.name}: the weights leave no memory for the KV cache")
-    shares = [requests[d::plan.dp] for d in range(plan.dp)]
+    parts = stage_replicas(served)
+    shares = [requests[d::plan.dp * parts] for d in range(plan.dp * parts)]
     mean_len = sum(i + o for i, o in requests) / len(requests)
-    seats = max(1, min(engine.max_num_seqs, int(kv // mean_len)))
+    seats = max(1, min(engine.max_num_seqs, int(kv // parts // mean_len)))
     return max(_replica_s(model, served, share, engine, seats) for share in shares if share)
 
 
@@ -123,7 +144,7 @@ def _replica_s(model: StepModel, served: Served, requests: list[tuple[int, int]]
             continue
         steps = min(r[0] for r in running)
         context = sum(r[1] for r in running) // len(running) + steps // 2
-        total += steps * step_s(model, served, StepBatch.decode(len(running), context))
+        total += steps * cycle_s(model, served, StepBatch.decode(len(running), context))
         for r in running:
             r[0] -= steps
             r[1] += steps
@@ -147,7 +168,7 @@ def _prefill_steps_s(model: StepModel, served: Served, admitted: list[tuple[int,
     for r in running:
         r[0] -= min(r[0], steps)
         r[1] += steps
-    return steps * step_s(model, served, StepBatch(seqs))
+    return steps * cycle_s(model, served, StepBatch(seqs))
 
 
 def _seq(query: int, mean_prompt: float) -> Seq:

@@ -23,7 +23,8 @@ def seesaw_s(model: StepModel, prefill: Plan, decode: Plan, requests: list[tuple
     parts = {"prefill": 0.0, "decode": 0.0, "switch": 0.0}
     for k, phase in enumerate(phases):
         prompts = [(i, 1) for i, _ in phase]  # (counts one decode step: the first token)
-        parts["prefill"] += offline_s(model, Served(prefill), prompts, engine)
+        parts["prefill"] += offline_s(model, Served(prefill, stage_replicas=False), prompts,
+                                      engine)  # Seesaw's group serves one replica
         parts["decode"] += offline_s(model, Served(decode), [(i, o) for i, o in phase], engine) \
             - offline_s(model, Served(decode), [(i, 1) for i, _ in phase], engine)
         moved = sum(i for i, _ in phase)
