@@ -12,11 +12,12 @@ import signal
 import time
 
 from parashift import LLM, SamplingParams
+from parashift.engine.node_reform import needs_one_world
 
 
 def kill_and_wait(engine, rank: int) -> tuple[float, float, float]:
     """Seconds from the kill until the group is out, until it serves again, and until the
-    node is one world again."""
+    node is one world again (where a plan of its policy needs that)."""
     os.kill(engine.executor.procs[rank].pid, signal.SIGKILL)
     killed = time.monotonic()
     while not engine.faults.groups_down:
@@ -27,7 +28,8 @@ def kill_and_wait(engine, rank: int) -> tuple[float, float, float]:
         engine.check_health()
         time.sleep(0.01)
     back = time.monotonic() - killed
-    while len(engine.node.worlds) > 1 and getattr(engine.executor, "can_reform", False):
+    while (len(engine.node.worlds) > 1 and needs_one_world(engine.node)
+           and getattr(engine.executor, "can_reform", False)):
         engine.check_health()
         time.sleep(0.01)
     return seen, back, time.monotonic() - killed

@@ -7,10 +7,11 @@ transition is pending, the node stops scheduling, and at the first step boundary
 step in flight every live rank leaves its world and joins one new world with all the
 others (executor.reform; requests and KV caches stay where they are): node rank = torch
 rank again, every plan's communicators are made, and the policy gets its full plan set
-back. A rank lost during it calls it off: the others keep their worlds, and the lost rank
-is taken like any other (its groups out, replaced, then re-formed again). Only one
-host's processes re-form (`executor.can_reform`); others keep split worlds until a
-restart."""
+back. Only where a plan of the policy spans two worlds: a static policy's plans each keep
+to one group, so its node never stops for this. A rank lost during it calls it off: the
+others keep their worlds, and the lost rank is taken like any other (its groups out,
+replaced, then re-formed again). Only one host's processes re-form
+(`executor.can_reform`); others keep split worlds until a restart."""
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -34,9 +35,10 @@ class Reforming:
 
     @property
     def wanted(self) -> bool:
-        """The node has split worlds that can become one now (steps stop meanwhile)."""
+        """The node has split worlds that a plan of its policy needs as one, and they can
+        become one now (steps stop meanwhile)."""
         node = self.node
-        return (len(node.worlds) > 1 and not node.healing.waiting
+        return (len(node.worlds) > 1 and needs_one_world(node) and not node.healing.waiting
                 and not node.transitions.pending and time.monotonic() >= self.next_try
                 and getattr(node.executor, "can_reform", False))
 
@@ -57,3 +59,10 @@ class Reforming:
         logger.warning("ranks %s re-formed one world in %.2f s: every plan over them is made",
                        list(members), self.seconds)
         narrow_policy(node)
+
+
+def needs_one_world(node: "Node") -> bool:
+    """Whether a plan of the policy spans ranks of two worlds (e.g. Flying's merge of a
+    restored group with another)."""
+    return any(not any(world.issuperset(plan.ranks) for world in node.worlds)
+               for plan in node.policy_plans)

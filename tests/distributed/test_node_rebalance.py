@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 from parashift import LLM
+from parashift.engine import node_reform
 from tests.distributed.test_fault_isolation import (  # noqa: F401 (fixtures)
     add_all, reference, requests)
 from tests.distributed.test_self_healing import HEALING, RECOVERY_S, wait_recovered
@@ -61,12 +62,16 @@ def run_counting_ends(engine, ends: Counter, finished: dict, limit: int = 100_00
                          ids=["rank1", "rank0", "rank1-no-reforming"])
 def test_the_returned_group_takes_its_share_of_the_queue(dp2, requests, reference,  # noqa: F811
                                                          rank, reforms, monkeypatch):
-    """Rank 1, then rank 0 (the engine's first group), killed after a few steps; then
-    rank 1 where the node does not re-form its world (as Ray actors or over several hosts:
-    scheduling stops until no step is in flight, then the requests move)."""
+    """Rank 1, then rank 0 (the engine's first group), killed after a few steps, where a
+    plan of the policy needs one world again (as Flying's merges do: forced here, so that
+    the static policy's queues stay exact) and the requests move at the re-forming's quiet
+    point; then rank 1 under the static policy as it is: its plans keep to one group each,
+    so the node does not re-form (nor over several hosts or as Ray actors): scheduling
+    stops until no step is in flight, then the requests move."""
     engine = dp2
-    if not reforms:
-        monkeypatch.setattr(type(engine.executor), "can_reform", property(lambda self: False))
+    reforms_before = engine.node.reforming.reforms
+    if reforms:
+        monkeypatch.setattr(node_reform, "needs_one_world", lambda node: True)
     moves = spy_on_moves(engine.node, monkeypatch)
     rebalanced = engine.faults.requests_rebalanced  # (by the module's earlier tests)
     ids = add_all(engine, requests, prefix=f"share{rank}-")
@@ -90,6 +95,7 @@ def test_the_returned_group_takes_its_share_of_the_queue(dp2, requests, referenc
     assert move["after"] == [(running, waiting - expected), (0, expected)]
     assert engine.faults.requests_rebalanced == rebalanced + expected
     assert len(engine.node.worlds) == (1 if reforms else 2)
+    assert engine.node.reforming.reforms == reforms_before + reforms
     assert sorted(ends) == sorted(ids) and set(ends.values()) == {1}  # each ended once
     for request_id, want in zip(ids, reference):
         output = finished[request_id]
