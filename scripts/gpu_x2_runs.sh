@@ -62,6 +62,11 @@
 # start-up memory fix and the fast re-shard schedule: TP2, PP2 and Seesaw in one call), `sidp_tail2g`
 # (tail at full length with the sidp policy's CaS steps in graphs: its default runs them eagerly),
 # `faults` (both kills under load). On one GPU: scripts/gpu_fp8fuse_ab.sh (issue 60).
+# Fortieth session ran `seesaw70_pcie` (Seesaw's start-up took the part's time: Seesaw alone then
+# ran 41.9 s against PP2's 31.2), the rank-0 kill of `faults`, `sidp_tail2g` and the FP8 A/B.
+# Next on two GPUs: `faults` again (a static policy no longer re-forms the world: the survivors'
+# stall was that, 1.26-2.64 s), `seesaw70_seesaw` (with the start-up's phase times in its log) and
+# `sidp_tail2` (the sidp policy's default now replays CaS graphs: no --cuda-graphs needed).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
