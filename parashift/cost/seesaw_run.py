@@ -8,10 +8,13 @@ from parashift.parallel.plan import Plan
 
 
 def seesaw_s(model: StepModel, prefill: Plan, decode: Plan, requests: list[tuple[int, int]],
-             tier_bytes: float, engine: Engine = Engine()) -> tuple[float, dict]:
-    """(seconds, parts): the phases' prefill, decode and switch time."""
+             tier_bytes: float, engine: Engine = Engine(), from_peers: bool = True
+             ) -> tuple[float, dict]:
+    """(seconds, parts): the phases' prefill, decode and switch time; `from_peers`: the
+    weights a switch needs come from the peers (the link's peer copies), else from the
+    pinned host copies."""
     per_token = model.shape.kv_bytes_per_token
-    phase_tokens = tier_bytes * prefill.world_size / per_token  # every rank's tier share
+    phase_tokens = tier_bytes / per_token  # the group's one tier (engine/seesaw.py make_tiers)
     phases, current, tokens = [], [], 0
     for req in requests:
         if current and tokens + req[0] > phase_tokens:
@@ -28,9 +31,9 @@ def seesaw_s(model: StepModel, prefill: Plan, decode: Plan, requests: list[tuple
         parts["decode"] += offline_s(model, Served(decode), [(i, o) for i, o in phase], engine) \
             - offline_s(model, Served(decode), [(i, 1) for i, _ in phase], engine)
         moved = sum(i for i, _ in phase)
-        parts["switch"] += reshard_s(model, prefill, decode) + kv_move_s(
+        parts["switch"] += reshard_s(model, prefill, decode, from_peers) + kv_move_s(
             model, moved, prefill.world_size)
         if k < len(phases) - 1:
-            parts["switch"] += reshard_s(model, decode, prefill)
+            parts["switch"] += reshard_s(model, decode, prefill, from_peers)
     return sum(parts.values()), parts
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from parashift.bench.workloads import Workload, WorkloadOptions, build_phases, get_workload
 from parashift.cost.advisor import Advisor
 from parashift.cost.forecast import Prediction, predict_all, predict_online, ranked
+from parashift.cost.links import choose_link
 from parashift.cost.plan_choice import fitting_plans, static_plans  # noqa: F401 (re-exported)
 from parashift.cost.profile import load
 from parashift.cost.runs import Engine, Served
@@ -39,17 +40,15 @@ class Recommendation:
                 "refused": self.refused, "notes": self.notes}
 
 
-def node_model(shape: ModelShape, gpus_per_node: int, gpu_kind: str) -> StepModel:
+def node_model(shape: ModelShape, gpus_per_node: int, gpu_kind: str,
+               link: str = "nvlink") -> StepModel:
+    """`link`: nvlink, pcie or a link profile's JSON file (cost/links.py)."""
     if gpu_kind not in GPU_KINDS:
         raise ValueError(f"no profile of GPU kind {gpu_kind!r}; known: {', '.join(GPU_KINDS)} "
                          "(measure one with `parashift profile --output FILE`)")
     compute = load(PROFILES / f"{GPU_KINDS[gpu_kind]}_compute.json")
-    links = sorted(PROFILES.glob(f"{GPU_KINDS[gpu_kind]}x*_link.json"))
-    link = None
-    if gpus_per_node > 1 and links:
-        fitting = [p for p in links if int(p.stem.split("x")[1].split("_")[0]) >= gpus_per_node]
-        link = load(fitting[0] if fitting else links[-1])
-    return StepModel(shape, compute, link)
+    return StepModel(shape, compute, choose_link(PROFILES, GPU_KINDS[gpu_kind], gpus_per_node,
+                                                 link))
 
 
 def _divisors(n: int) -> list[int]:
@@ -109,13 +108,14 @@ def _with_threshold(advisor: Advisor, cand):
 
 def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
               gpu_kind: str = "h200", options: WorkloadOptions = WorkloadOptions(),
-              quantization: str | None = None, kv_cache_dtype: str = "auto") -> Recommendation:
+              quantization: str | None = None, kv_cache_dtype: str = "auto",
+              link: str = "nvlink") -> Recommendation:
     if gpus < 1 or nnodes < 1 or gpus % nnodes:
         raise ValueError(f"--gpus {gpus} over --nnodes {nnodes}: give a multiple of the hosts")
     shape = load_shape(model_name).quantized(quantization, kv_cache_dtype)
     workload = get_workload(workload_name)
     per_node = gpus // nnodes
-    model = node_model(shape, per_node, gpu_kind)
+    model = node_model(shape, per_node, gpu_kind, link)
     reqs, rate = workload_requests(workload, options)
     engine = Engine()
     chosen, refused = candidates(shape, gpus, per_node, workload.offline)
@@ -140,6 +140,8 @@ def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
     if nnodes > 1:
         notes.append("across hosts only PP and DP; no inter-host link profile is committed, so "
                      "a PP stage boundary between hosts is costed at the intra-host rate")
+    if model.link is not None and model.link.link != "nvlink":
+        notes.append(f"link: {model.link.link} ({model.link.source.split(':')[0]})")
     if model.link is not None and model.link.ranks < per_node:
         notes.append(f"{per_node} GPUs a host: collectives scaled from the {model.link.ranks}-GPU "
                      "link profile by ring traffic (not measured at this size)")

@@ -97,3 +97,22 @@ def test_sidp_is_ranked_with_b_th_from_the_link_profile_and_fits_where_dp_does_n
     assert rec.refused["dp2"].startswith("does not fit: ") and sidp.kv_tokens > 0
     fp8 = recommend("llama-3.1-8b", 2, "tail", quantization="fp8")
     assert "no FP8 weights" in fp8.refused["sidp-dp2"]
+
+
+def test_the_pcie_like_link_prices_tp_above_pp_for_a_70b(capsys):
+    nvlink = {p.name: p for p in recommend("llama-3.1-70b", 2, "summarize").ranked}
+    pcie = recommend("llama-3.1-70b", 2, "summarize", link="pcie")
+    ranked = {p.name: p for p in pcie.ranked}
+    assert ranked["tp2"].throughput < nvlink["tp2"].throughput
+    assert ranked["pp2"].throughput > ranked["tp2"].throughput  # measured: 30.97 s against 36.29
+    assert any(n.startswith("link: pcie-like") for n in pcie.notes)
+    table = run(capsys, "--model", "llama-3.1-70b", "--gpus", "2", "--workload", "summarize",
+                "--link-profile", "pcie")
+    assert "note: link: pcie-like" in table
+
+
+def test_an_unknown_link_profile_is_a_clear_error():
+    with pytest.raises(SystemExit, match="unknown link profile 'infiniband': give one of "
+                                         "nvlink, pcie or a link profile's JSON file"):
+        main(["plan", "--recommend", "--model", "llama-3.1-8b", "--gpus", "2", "--workload",
+              "chat", "--link-profile", "infiniband"])
