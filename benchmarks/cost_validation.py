@@ -346,7 +346,7 @@ SESSION_40 = ("benchmarks/results/raw/issue65_x2_s40_call1/seesaw70_pcie.log, "
 def pcie_rows(d8: str) -> list[Row]:
     """Runs with NCCL_P2P_DISABLE=1 ("PCIe-like") under the PCIe-like link profiles: the 8B's
     and the 70B's static plans and Seesaw on two H200s (thirty-ninth and fortieth sessions;
-    the twenty-fourth's engine too), and the four-H200 TP4 and Seesaw of the thirteenth."""
+    the eleventh's too), and the four-H200 TP4 and Seesaw of the thirteenth."""
     S, r, d70 = SECTIONS, [], "llama-3.1-70b"
     runs = (  # shape, requests, workload, plan (prefill-decode: seesaw), seconds, section
         (d8, 128, "summarize", "dp2", 8.08, "x2i65"), (d8, 128, "summarize", "tp2", 14.59, "x2i65"),
@@ -354,16 +354,17 @@ def pcie_rows(d8: str) -> list[Row]:
         (d8, 128, "chat", "tp2", 8.16, "x2i65"), (d8, 128, "chat", "pp2-tp2", 8.19, "x2i65"),
         (d70, 48, "summarize", "tp2", 36.29, "x2i65"), (d70, 48, "summarize", "pp2", 30.97, "x2i65"),
         (d70, 48, "summarize", "pp2-tp2", 41.88, "s40"),
-        (d8, 128, "summarize", "tp2", 15.34, "see2"), (d8, 128, "chat", "tp2", 8.25, "see2"),
-        (d8, 128, "summarize", "pp2-tp2", 13.34, "see2"), (d8, 128, "chat", "pp2-tp2", 8.37, "see2"))
+        (d8, 128, "summarize", "tp2", 15.34, "moe2"), (d8, 128, "chat", "tp2", 8.25, "moe2"),
+        (d8, 128, "summarize", "pp2-tp2", 13.34, "moe2"), (d8, 128, "chat", "pp2-tp2", 8.37, "moe2"))
     for shape, n, workload, plan, secs, sec in runs:
+        budget = 8192 if sec == "moe2" else 16384  # the eleventh session's default budget
         name = "seesaw-" + plan if "-" in plan else plan
         size = "70b-" if shape == d70 else ""
         r.append(Row(f"2gpu-pcie-{workload}-{size}{name}-{sec}", "PCIe-like", 2, shape,
-                     f"{workload}, {n} requests, {name}, budget 16384, NCCL_P2P_DISABLE=1", "s",
+                     f"{workload}, {n} requests, {name}, budget {budget}, NCCL_P2P_DISABLE=1", "s",
                      secs, SESSION_40 if sec == "s40" else S[sec],
-                     lambda s=shape, n=n, w=workload, p=plan, sec=sec: _pcie_wall(
-                         s, 2, n, w, p, 16384, 32, from_peers=sec == "s40"),
+                     lambda s=shape, n=n, w=workload, p=plan, b=budget, sec=sec: _pcie_wall(
+                         s, 2, n, w, p, b, 32, from_peers=sec == "s40"),
                      fit=(shape, workload, plan, sec) == (d8, "summarize", "tp2", "x2i65")))
     reqs = workload_requests("summarize", 128)
     tokens = sum(i + o for i, o in reqs)
