@@ -387,7 +387,7 @@ def _pcie_wall(shape, gpus, n, workload, plan, budget, tier_gib, from_peers=Fals
         return offline_s(m, served_of(plan), reqs, engine), {}
     prefill, decode = plan.split("-")
     return seesaw_s(m, Plan.parse(prefill), Plan.parse(decode), reqs, tier_gib * 2 ** 30, engine,
-                    from_peers)
+                    from_peers, starts_in_decode=True)  # the runs' transitions: 2 a phase
 
 
 def sidp_rows(d8: str) -> list[Row]:

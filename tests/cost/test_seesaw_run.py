@@ -48,3 +48,14 @@ def test_weights_from_the_host_or_the_pcie_like_peers(model):
     _, peers = seesaw_s(model, PREFILL, DECODE, reqs, tier)
     assert host["switch"] - peers["switch"] == pytest.approx(3 * (
         reshard_s(model, PREFILL, DECODE, False) - reshard_s(model, PREFILL, DECODE)), rel=1e-9)
+
+
+def test_a_run_that_starts_in_the_decode_plan_switches_to_prefill_first(model):
+    """benchmarks/seesaw.py's runs follow one another on one engine: each logs two
+    transitions a phase, the first back to the prefill plan."""
+    reqs, tier = [(600, 4)] * 2, 1000 * model.shape.kv_bytes_per_token
+    _, fresh = seesaw_s(model, PREFILL, DECODE, reqs, tier)
+    _, again = seesaw_s(model, PREFILL, DECODE, reqs, tier, starts_in_decode=True)
+    assert again["switch"] - fresh["switch"] == pytest.approx(
+        reshard_s(model, DECODE, PREFILL), rel=1e-12)
+    assert (again["prefill"], again["decode"]) == (fresh["prefill"], fresh["decode"])
