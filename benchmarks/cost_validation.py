@@ -245,7 +245,7 @@ def rows() -> list[Row]:
     r.append(Row("2gpu-moe-batch-shift", "MoE", 2, moe, "batch 64 x 2048/128, Shift SP2<->TP2",
                  "tok/s", 39593, S["moe2"], lambda: batch_tok_s(moe, 2, "shift-sp2", 64, 2048, 128)))
     r += figure9_two(d8) + figure9_four(d8) + seesaw_rows(d8) + flying_rows(d8) + sidp_rows(d8)
-    return r + served_rows(d8) + issue59_rows()
+    return r + served_rows(d8) + issue59_rows() + pcie_rows(d8)
 
 
 SIMULATED: dict = {}
@@ -335,6 +335,59 @@ def issue59_rows() -> list[Row]:
                          True, c)["request_throughput"], {}),
                      fit=(shape, graphs) == ("llama-3.1-70b", False), served=True))
     return r
+
+
+PCIE_LINKS = {2: load(PROFILES / "h200x2_pcie_link.json"),
+              4: load(PROFILES / "h200x4_pcie_link.json")}
+SESSION_40 = ("benchmarks/results/raw/issue65_x2_s40_call1/seesaw70_pcie.log, "
+              "issue65_x2_s40_call4/seesaw70.json (fortieth session, 2026-11-29)")
+
+
+def pcie_rows(d8: str) -> list[Row]:
+    """Runs with NCCL_P2P_DISABLE=1 ("PCIe-like") under the PCIe-like link profiles: the 8B's
+    and the 70B's static plans and Seesaw on two H200s (thirty-ninth and fortieth sessions;
+    the eleventh's too), and the four-H200 TP4 and Seesaw of the thirteenth."""
+    S, r, d70 = SECTIONS, [], "llama-3.1-70b"
+    runs = (  # shape, requests, workload, plan (prefill-decode: seesaw), seconds, section
+        (d8, 128, "summarize", "dp2", 8.08, "x2i65"), (d8, 128, "summarize", "tp2", 14.59, "x2i65"),
+        (d8, 128, "summarize", "pp2-tp2", 11.25, "x2i65"), (d8, 128, "chat", "dp2", 7.49, "x2i65"),
+        (d8, 128, "chat", "tp2", 8.16, "x2i65"), (d8, 128, "chat", "pp2-tp2", 8.19, "x2i65"),
+        (d70, 48, "summarize", "tp2", 36.29, "x2i65"), (d70, 48, "summarize", "pp2", 30.97, "x2i65"),
+        (d70, 48, "summarize", "pp2-tp2", 41.88, "s40"),
+        (d8, 128, "summarize", "tp2", 15.34, "moe2"), (d8, 128, "chat", "tp2", 8.25, "moe2"),
+        (d8, 128, "summarize", "pp2-tp2", 13.34, "moe2"), (d8, 128, "chat", "pp2-tp2", 8.37, "moe2"))
+    for shape, n, workload, plan, secs, sec in runs:
+        budget = 8192 if sec == "moe2" else 16384  # the eleventh session's default budget
+        name = "seesaw-" + plan if "-" in plan else plan
+        size = "70b-" if shape == d70 else ""
+        r.append(Row(f"2gpu-pcie-{workload}-{size}{name}-{sec}", "PCIe-like", 2, shape,
+                     f"{workload}, {n} requests, {name}, budget {budget}, NCCL_P2P_DISABLE=1", "s",
+                     secs, SESSION_40 if sec == "s40" else S[sec],
+                     lambda s=shape, n=n, w=workload, p=plan, b=budget, sec=sec: _pcie_wall(
+                         s, 2, n, w, p, b, 32, from_peers=sec == "s40"),
+                     fit=(shape, workload, plan, sec) == (d8, "summarize", "tp2", "x2i65")))
+    reqs = workload_requests("summarize", 128)
+    tokens = sum(i + o for i, o in reqs)
+    for plan, tput in (("tp4", 26643), ("pp4-tp4", 54446)):
+        name = "seesaw-" + plan if "-" in plan else plan
+        r.append(Row(f"4gpu-pcie-summarize-{name}", "PCIe-like", 4, d8,
+                     f"summarize, 128 requests, {name}, NCCL_P2P_DISABLE=1", "tok/s", tput,
+                     S["x4a"], lambda p=plan: (lambda v: (tokens / v[0], v[1]))(
+                         _pcie_wall(d8, 4, 128, "summarize", p, 8192, 32))))
+    return r
+
+
+def _pcie_wall(shape, gpus, n, workload, plan, budget, tier_gib, from_peers=False):
+    """Seconds of `n` requests of `workload` under `plan` (or Seesaw's "prefill-decode"),
+    offline, under the PCIe-like link profile of `gpus`; `from_peers`: Seesaw's weights from
+    the peers (the fortieth session's run), else from the host copies (weight_peer_gib 0)."""
+    m = StepModel(load_shape(shape), COMPUTE, PCIE_LINKS[gpus])
+    reqs, engine = workload_requests(workload, n), Engine(max_num_batched_tokens=budget)
+    if "-" not in plan:
+        return offline_s(m, served_of(plan), reqs, engine), {}
+    prefill, decode = plan.split("-")
+    return seesaw_s(m, Plan.parse(prefill), Plan.parse(decode), reqs, tier_gib * 2 ** 30, engine,
+                    from_peers, starts_in_decode=True)  # the runs' transitions: 2 a phase
 
 
 def sidp_rows(d8: str) -> list[Row]:

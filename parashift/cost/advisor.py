@@ -13,6 +13,7 @@ device kind, benchmarks/results/profiles/), or a compute profile's JSON path (it
 profile beside it, `<name>_link.json`, else the committed one of the node's width)."""
 from pathlib import Path
 
+from parashift.cost.links import committed_links
 from parashift.cost.profile import ComputeProfile, LinkProfile, load
 from parashift.cost.shape import SHAPES, ModelShape
 from parashift.cost.sidp import sidp_step
@@ -132,7 +133,8 @@ def load_profiles(spec: str, world_size: int) -> tuple[ComputeProfile, LinkProfi
         return compute, None
     prefix = path.stem.removesuffix("_compute")
     named = [path.with_name(f"{prefix}_link.json")]
-    found = {p for folder in (path.parent, PROFILES) for p in folder.glob(f"{prefix}x*_link.json")}
+    found = {p for folder in (path.parent, PROFILES)
+             for p in committed_links(folder, prefix).values()}
     links = [load(p) for p in named + sorted(found) if p.exists()]
     if not links:
         raise ValueError(f"no link profile of {prefix} beside {spec} or in {PROFILES}: measure "

@@ -20,7 +20,7 @@ from parashift.cost.sidp import SLOTS
 from parashift.cost.step import StepBatch, StepModel, replica_plan
 from parashift.parallel.plan import Plan
 
-SEESAW_TIER_BYTES = 32 * 2 ** 30  # the CPU KV tier a rank, where none is given
+SEESAW_TIER_BYTES = 32 * 2 ** 30  # a Seesaw group's CPU KV tier, where none is given
 
 @dataclass
 class Prediction:

@@ -97,7 +97,14 @@ def measure_link(commit: str = "") -> LinkProfile:
     end.record()
     torch.cuda.synchronize()
     to_device = (1 << 30) / (start.elapsed_time(end) / 1e3)
+    notes = {"kv_tier_bytes_per_s": "the pinned host-to-device rate"}
+    pcie_like = os.environ.get("NCCL_P2P_DISABLE", "0") not in ("", "0")
+    if pcie_like:
+        notes["NCCL_P2P_DISABLE=1"] = (
+            "every collective timed through NCCL's host path; the engine's one-shot all-reduce "
+            "(to 4 MiB) still reads peer memory: take those points from an NVLink profile "
+            "(benchmarks/cost_profiles_pcie.py)")
     return LinkProfile(device=torch.cuda.get_device_name(0), ranks=world, collectives=points,
                        source=f"measured by `parashift profile` at commit {commit or 'unknown'}",
                        host_to_device_bytes_per_s=to_device, kv_tier_bytes_per_s=to_device,
-                       notes={"kv_tier_bytes_per_s": "the pinned host-to-device rate"})
+                       link="pcie-like" if pcie_like else "nvlink", notes=notes)

@@ -18,6 +18,13 @@ def add_planner_args(p) -> None:
                    help="--simulate: the step token budget (the server's on GPUs)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs in all (with --recommend)")
     p.add_argument("--gpu-kind", default="h200", help="the GPU kind whose profiles to use")
+    p.add_argument("--link-profile", default="nvlink",
+                   help="--recommend/--simulate: the GPUs' link: nvlink (the committed NVLink "
+                        "profile), pcie (the committed PCIe-like one: NCCL through host "
+                        "memory) or a link profile's JSON file")
+    p.add_argument("--forecast", default="trace", choices=["trace", "rate"],
+                   help="--recommend, online workloads: from the workload's arrival trace "
+                        "(default) or from its mean rate")
     p.add_argument("--workload", default=None, help="a bench workload: chat, batch, bursty, "
                                                     "summarize, priority, tail, ...")
     p.add_argument("--num-requests", type=int, default=None,
@@ -49,7 +56,8 @@ def run_planner(args) -> None:
     try:
         rec = recommend(args.model, args.gpus, args.workload, args.nnodes, args.gpu_kind,
                         WorkloadOptions(seed=args.seed, num_requests=args.num_requests),
-                        args.quantization, args.kv_cache_dtype)
+                        args.quantization, args.kv_cache_dtype, args.link_profile,
+                        args.forecast == "trace")
     except ValueError as e:
         raise SystemExit(f"parashift plan --recommend: {e}") from None
     print(json.dumps(rec.as_dict(), indent=1) if args.json else render(rec))

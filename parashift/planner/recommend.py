@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 
 from parashift.bench.workloads import Workload, WorkloadOptions, build_phases, get_workload
 from parashift.cost.advisor import Advisor
-from parashift.cost.forecast import Prediction, predict_all, predict_online, ranked
+from parashift.cost.forecast import Prediction, predict, predict_all, ranked
+from parashift.cost.links import choose_link
 from parashift.cost.plan_choice import fitting_plans, static_plans  # noqa: F401 (re-exported)
 from parashift.cost.profile import load
 from parashift.cost.runs import Engine, Served
@@ -39,17 +40,15 @@ class Recommendation:
                 "refused": self.refused, "notes": self.notes}
 
 
-def node_model(shape: ModelShape, gpus_per_node: int, gpu_kind: str) -> StepModel:
+def node_model(shape: ModelShape, gpus_per_node: int, gpu_kind: str,
+               link: str = "nvlink") -> StepModel:
+    """`link`: nvlink, pcie or a link profile's JSON file (cost/links.py)."""
     if gpu_kind not in GPU_KINDS:
         raise ValueError(f"no profile of GPU kind {gpu_kind!r}; known: {', '.join(GPU_KINDS)} "
                          "(measure one with `parashift profile --output FILE`)")
     compute = load(PROFILES / f"{GPU_KINDS[gpu_kind]}_compute.json")
-    links = sorted(PROFILES.glob(f"{GPU_KINDS[gpu_kind]}x*_link.json"))
-    link = None
-    if gpus_per_node > 1 and links:
-        fitting = [p for p in links if int(p.stem.split("x")[1].split("_")[0]) >= gpus_per_node]
-        link = load(fitting[0] if fitting else links[-1])
-    return StepModel(shape, compute, link)
+    return StepModel(shape, compute, choose_link(PROFILES, GPU_KINDS[gpu_kind], gpus_per_node,
+                                                 link))
 
 
 def _divisors(n: int) -> list[int]:
@@ -95,6 +94,14 @@ def workload_requests(workload: Workload, options: WorkloadOptions) -> tuple[lis
     return lengths, (len(times) - 1) / span if span > 0 else math.inf
 
 
+def workload_arrivals(workload: Workload, options: WorkloadOptions) -> tuple[float, ...]:
+    """The arrival times of `workload_requests`' sample, one a request (its trace), or ()
+    where the workload has none to read: offline (all at t=0) or sequential."""
+    if workload.offline or workload.arrivals == "sequential":
+        return ()
+    return tuple(r.arrival_s for r in build_phases(workload, options)[0].requests[:SAMPLE])
+
+
 def _with_threshold(advisor: Advisor, cand):
     """Shift at the model's crossover; SiDP at the model's B_th (where the predicted WaS
     step, its fetch at the link profile's peer rate, stops being slower than CaS's)."""
@@ -109,21 +116,26 @@ def _with_threshold(advisor: Advisor, cand):
 
 def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
               gpu_kind: str = "h200", options: WorkloadOptions = WorkloadOptions(),
-              quantization: str | None = None, kv_cache_dtype: str = "auto") -> Recommendation:
+              quantization: str | None = None, kv_cache_dtype: str = "auto",
+              link: str = "nvlink", trace: bool = True) -> Recommendation:
+    """`trace`: an online workload is forecast from its requests' arrival times
+    (cost/forecast_trace.py; ranked by their median latency), else from its mean rate."""
     if gpus < 1 or nnodes < 1 or gpus % nnodes:
         raise ValueError(f"--gpus {gpus} over --nnodes {nnodes}: give a multiple of the hosts")
     shape = load_shape(model_name).quantized(quantization, kv_cache_dtype)
     workload = get_workload(workload_name)
     per_node = gpus // nnodes
-    model = node_model(shape, per_node, gpu_kind)
+    model = node_model(shape, per_node, gpu_kind, link)
     reqs, rate = workload_requests(workload, options)
+    arrivals = workload_arrivals(workload, options) if trace else ()
     engine = Engine()
     chosen, refused = candidates(shape, gpus, per_node, workload.offline)
     advisor = Advisor(model, max_seqs=engine.max_num_seqs)  # Shift at the model's crossover
     chosen = [_with_threshold(advisor, c) for c in chosen]
-    predictions, unfit = predict_all(model, chosen, reqs, rate, engine)
+    predictions, unfit = predict_all(model, chosen, reqs, rate, engine, arrivals=arrivals)
     refused.update(unfit)
-    predictions += flying_predictions(model, predictions, reqs, rate, engine, per_node)
+    predictions += flying_predictions(model, predictions, reqs, rate, engine, per_node,
+                                      arrivals)
     if not predictions:
         raise ValueError(f"no plan of {gpus} GPUs fits {model_name}: "
                          + "; ".join(f"{k}: {v}" for k, v in refused.items()))
@@ -132,7 +144,10 @@ def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
              f"profiles: {model.compute.source.split(' by ')[0]}",
              "offline: throughput from continuous batching by events; TTFT of a mean prompt on "
              "an idle node"
-             if workload.offline else f"online at {rate:.3g} req/s: a queue per replica"]
+             if workload.offline else
+             f"online from the arrival trace of {len(arrivals)} requests ({rate:.3g} req/s on "
+             "average): ranked by their median latency" if arrivals else
+             f"online at {rate:.3g} req/s: a queue per replica"]
     if shape.fp8_weights or shape.kv_elem_bytes == 1:
         weights = "E4M3 linear weights" if shape.fp8_weights else "weights in the model's dtype"
         kv = "E4M3" if shape.kv_elem_bytes == 1 else "the model's dtype"
@@ -140,6 +155,8 @@ def recommend(model_name: str, gpus: int, workload_name: str, nnodes: int = 1,
     if nnodes > 1:
         notes.append("across hosts only PP and DP; no inter-host link profile is committed, so "
                      "a PP stage boundary between hosts is costed at the intra-host rate")
+    if model.link is not None and model.link.link != "nvlink":
+        notes.append(f"link: {model.link.link} ({model.link.source.split(':')[0]})")
     if model.link is not None and model.link.ranks < per_node:
         notes.append(f"{per_node} GPUs a host: collectives scaled from the {model.link.ranks}-GPU "
                      "link profile by ring traffic (not measured at this size)")
@@ -150,7 +167,8 @@ FLYING_MERGE_RUNNING = 4  # FlyingConfig.merge_running's default
 
 
 def flying_predictions(model: StepModel, ranked: list[Prediction], reqs: list, rate: float,
-                       engine: Engine, per_node: int) -> list[Prediction]:
+                       engine: Engine, per_node: int, arrivals: tuple = ()
+                       ) -> list[Prediction]:
     """Flying over each DP layout of plain TP replicas: the width its load rule picks. An
     offline queue splits at once (the DP layout's figures); online, a load whose requests in
     flight stay at or below merge_running runs merged (one TP group over every replica),
@@ -163,13 +181,15 @@ def flying_predictions(model: StepModel, ranked: list[Prediction], reqs: list, r
             continue
         chosen, merged = dp_pred, None
         if not math.isinf(rate):
-            merged = predict_online(model, Served(Plan(tp=width)), reqs, rate, engine)
+            merged = predict(model, Served(Plan(tp=width)), reqs, rate, engine,
+                             arrivals=arrivals)
             in_flight = dp_pred.detail.get("decode_batch", 0) * plan.dp
             if not dp_pred.overloaded and in_flight <= FLYING_MERGE_RUNNING:
                 chosen = merged
         out.append(Prediction(f"flying-{dp_pred.name}", "flying", chosen.ttft_s, chosen.tpot_s,
                               chosen.throughput, dp_pred.kv_tokens, chosen.overloaded,
-                              {"runs": "merged" if chosen is merged else "split"}))
+                              {"runs": "merged" if chosen is merged else "split"},
+                              chosen.latency_s))
     return out
 
 

@@ -33,7 +33,7 @@ def run_simulate(args) -> None:
         workload = get_workload(args.workload)
         config = engine_config(args, _shape_file(args.model))
         gpus = config.node_layout.world_size
-        model = node_model(shape, gpus // args.nnodes, args.gpu_kind)
+        model = node_model(shape, gpus // args.nnodes, args.gpu_kind, args.link_profile)
         phase = build_phases(workload, WorkloadOptions(
             seed=args.seed, num_requests=args.num_requests, time_scale=args.time_scale))[0]
         sim = simulate(config, model, phase.requests)

@@ -70,8 +70,13 @@ def test_flying_runs_split_offline_and_merged_under_light_load():
     chat = {p.name: p for p in recommend("llama-3.1-8b", 4, "chat").ranked}
     assert chat["flying-dp4"].throughput == chat["dp4"].throughput
     assert chat["flying-dp4"].detail == {"runs": "split"}
-    light = {p.name: p for p in recommend("llama-3.1-8b", 4, "priority").ranked}
+    # at the mean rate a DP4 replica decodes one request (4 in flight: merged); the trace's
+    # requests, arriving together at times, see 1.3 a replica (5.2: split)
+    light = {p.name: p for p in recommend("llama-3.1-8b", 4, "priority", trace=False).ranked}
     assert light["flying-dp4"].detail == {"runs": "merged"}
+    traced = {p.name: p for p in recommend("llama-3.1-8b", 4, "priority").ranked}
+    assert traced["flying-dp4"].detail == {"runs": "split"}
+    assert traced["dp4"].detail["decode_batch"] * 4 > 4
     assert light["flying-dp4"].ttft_s == light["tp4"].ttft_s
     assert light["flying-dp4"].kv_tokens == light["dp4"].kv_tokens
 
@@ -97,3 +102,43 @@ def test_sidp_is_ranked_with_b_th_from_the_link_profile_and_fits_where_dp_does_n
     assert rec.refused["dp2"].startswith("does not fit: ") and sidp.kv_tokens > 0
     fp8 = recommend("llama-3.1-8b", 2, "tail", quantization="fp8")
     assert "no FP8 weights" in fp8.refused["sidp-dp2"]
+
+
+def test_the_pcie_like_link_prices_tp_above_pp_for_a_70b(capsys):
+    nvlink = {p.name: p for p in recommend("llama-3.1-70b", 2, "summarize").ranked}
+    pcie = recommend("llama-3.1-70b", 2, "summarize", link="pcie")
+    ranked = {p.name: p for p in pcie.ranked}
+    assert ranked["tp2"].throughput < nvlink["tp2"].throughput
+    assert ranked["pp2"].throughput > ranked["tp2"].throughput  # measured: 30.97 s against 36.29
+    assert any(n.startswith("link: pcie-like") for n in pcie.notes)
+    table = run(capsys, "--model", "llama-3.1-70b", "--gpus", "2", "--workload", "summarize",
+                "--link-profile", "pcie")
+    assert "note: link: pcie-like" in table
+
+
+def test_an_unknown_link_profile_is_a_clear_error():
+    with pytest.raises(SystemExit, match="unknown link profile 'infiniband': give one of "
+                                         "nvlink, pcie or a link profile's JSON file"):
+        main(["plan", "--recommend", "--model", "llama-3.1-8b", "--gpus", "2", "--workload",
+              "chat", "--link-profile", "infiniband"])
+
+
+def test_online_workloads_are_forecast_from_their_arrival_trace(capsys):
+    from parashift.bench.workloads import WorkloadOptions, build_phases, get_workload
+    from parashift.planner.recommend import SAMPLE, workload_arrivals
+    bursty = get_workload("bursty")
+    arrivals = workload_arrivals(bursty, WorkloadOptions())
+    phase = build_phases(bursty, WorkloadOptions())[0]
+    assert arrivals == tuple(r.arrival_s for r in phase.requests[:SAMPLE])
+    assert workload_arrivals(get_workload("summarize"), WorkloadOptions()) == ()
+    traced = recommend("llama-3.1-8b", 2, "bursty")
+    assert all(p.latency_s is not None for p in traced.ranked)
+    assert all(p.detail.get("trace") for p in traced.ranked if p.kind != "flying")
+    scores = [p.score(False, 1.0) for p in traced.ranked]  # the median latency, inf overloaded
+    assert scores == sorted(scores) and scores[0] == traced.ranked[0].latency_s
+    assert any("arrival trace of 256 requests" in n for n in traced.notes)
+    by_rate = recommend("llama-3.1-8b", 2, "bursty", trace=False)
+    assert all(p.latency_s is None for p in by_rate.ranked)
+    doc = json.loads(run(capsys, "--model", "llama-3.1-8b", "--gpus", "2", "--workload",
+                         "bursty", "--forecast", "rate", "--json"))
+    assert [p["name"] for p in doc["ranked"]] == [p.name for p in by_rate.ranked]
