@@ -6,8 +6,9 @@ No collective was timed with peer paths off, so the profile is one number fitted
 run: every NCCL call costs LATENCY_S (assumed) plus its bytes per rank over `bytes_per_s`
 (eagerly no less than the NVLink profile's eager launch floor), fitted to the 8B's
 `summarize` under TP=2 (its prefills' large all-reduces). The engine's one-shot all-reduce
-(up to 4 MiB: every decode's) and the host copies (weights, the CPU KV tier) do not go
-through NCCL and keep the NVLink profile's curve and rates. The 8B's `chat`, the 70B's
+(up to 4 MiB: every decode's) and the host copies (weights, the CPU KV tier) did not go
+through NCCL in those runs and keep the NVLink profile's curve and rates (since session 40
+NCCL_P2P_DISABLE=1 turns the one-shot path off: later runs need the NCCL line throughout). The 8B's `chat`, the 70B's
 rows and every Seesaw row are held out (benchmarks/cost_validation.py).
 
 Usage: python3 benchmarks/cost_profiles_pcie.py [--check]   (a profile `parashift profile`
@@ -67,9 +68,12 @@ def pcie_link(nvlink: LinkProfile, latency_s: float, bytes_per_s: float) -> Link
                f"{latency_s * 1e6:.1f} us + bytes per rank at {bytes_per_s / 1e9:.2f} GB/s "
                f"(through host shared memory); eager no less than {eager_floor * 1e6:.1f} us "
                "(the NVLink profile's eager launch)",
-               "all-reduce to 4 MiB": "the NVLink profile's: the engine's one-shot all-reduce "
-                                      "over symmetric memory (CUDA peer access) runs with "
-                                      "NCCL_P2P_DISABLE=1 too",
+               "all-reduce to 4 MiB": "the NVLink profile's: in the runs fitted and held out "
+                                      "(sessions 11-40) the engine's one-shot all-reduce over "
+                                      "symmetric memory (CUDA peer access) ran with "
+                                      "NCCL_P2P_DISABLE=1 too; since session 40 that flag "
+                                      "turns it off (parallel/fast_all_reduce.py), so a run "
+                                      "after it takes the NCCL line at every size",
                "fit": "; ".join(f"{k}: {v[0]} {v[1]} {v[2]} on two H200s, {v[3]} s measured"
                                 for k, v in FIT_ROWS.items())
                + ("" if nvlink.ranks == 2 else f"; at {nvlink.ranks} ranks the same rate "

@@ -79,6 +79,10 @@ def symmetric_buffer(group, device: torch.device, max_bytes: int):
 
 def _unavailable_reason(group, device: torch.device) -> str | None:
     """Why the fast path cannot run here; the same answer on every rank of the group."""
+    if os.environ.get("NCCL_P2P_DISABLE", "0") not in ("", "0"):
+        # the ranks are told not to read each other's memory (GPUs without peer links, or
+        # PCIe-like runs on NVLink GPUs, whose one-shot reads would still use NVLink)
+        return "NCCL_P2P_DISABLE is set"
     if device.type != "cuda":
         return f"device is {device.type}, not CUDA"
     if symm_mem is None or not hasattr(torch.ops.symm_mem, "one_shot_all_reduce"):

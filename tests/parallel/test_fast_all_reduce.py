@@ -70,6 +70,16 @@ def test_skipped_off_cuda_and_logged_once(monkeypatch, caplog):
     assert "not CUDA" in caplog.records[0].getMessage()
 
 
+@pytest.mark.parametrize("value, off", [("1", True), ("0", False), ("", False)])
+def test_nccl_p2p_disable_turns_it_off(monkeypatch, value, off):
+    """PCIe-like runs on NVLink GPUs (NCCL_P2P_DISABLE=1): one-shot reads of the peer's
+    memory would still cross NVLink, so every all-reduce goes to NCCL."""
+    monkeypatch.setenv("NCCL_P2P_DISABLE", value)
+    reason = fast_all_reduce._unavailable_reason(None, torch.device("cpu"))
+    assert (reason == "NCCL_P2P_DISABLE is set") == off
+    assert off or "not CUDA" in reason
+
+
 # ---- a real 2-process gloo group ----------------------------------------------------
 def _gloo_worker(rank: int, port: int) -> None:
     torch.set_num_threads(1)
