@@ -168,6 +168,8 @@ def _row_tickets(device: torch.device) -> torch.Tensor | None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
         _tickets[device] = torch.zeros(num_sms(device), dtype=torch.int32, device=device)
+        if device.type == "cuda":  # zero before any stream's launch
+            torch.cuda.synchronize(device)
     return _tickets[device]
 
 
