@@ -9,15 +9,16 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from parashift.kernels import num_sms
 from parashift.kernels.fp8_gemm import FP8, FP8_MAX, row_scale, to_fp8
 
 MAX_BLOCK = 1024
-# silu_and_mul_fp8 below num_sms rows (decode): SPLIT_BLOCK columns a program (8 a thread),
-# the row's last program quantizing it SPLIT_QUANT_BLOCK columns a step (32 a thread); from
-# num_sms rows, a program a row, ROW_BLOCK columns a step (16 a thread)
-SPLIT_BLOCK, SPLIT_QUANT_BLOCK, SPLIT_WARPS, ROW_BLOCK, ROW_WARPS = 2048, 8192, 8, 2048, 4
-_tickets: dict[torch.device, torch.Tensor] = {}  # per device: num_sms row counters, all 0
+# silu_and_mul_fp8 below SPLIT_ROWS rows: SPLIT_BLOCK columns a program (8 a thread), the
+# row's last program quantizing it SPLIT_QUANT_BLOCK columns a step (64 a thread: 14336 in
+# one); from SPLIT_ROWS rows (prefill: programs enough), a program a row, ROW_BLOCK columns a
+# step (16 a thread). 40 and 72 registers on sm_90 (ptxas), no spills
+SPLIT_BLOCK, SPLIT_QUANT_BLOCK, SPLIT_WARPS, ROW_BLOCK, ROW_WARPS = 2048, 16384, 8, 2048, 4
+SPLIT_ROWS, MAX_SPLIT_ROWS = 1024, 4096  # split by default below; counters for up to
+_tickets: dict[torch.device, torch.Tensor] = {}  # per device: MAX_SPLIT_ROWS counters, all 0
 
 
 @triton.jit
@@ -132,14 +133,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def silu_and_mul_fp8(x: torch.Tensor, blocks: int = 1, split: bool = True
+def silu_and_mul_fp8(x: torch.Tensor, blocks: int = 1, split: bool | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, out's rows in E4M3 [rows, d], fp32 scale [rows, 1]) in one kernel, quantized
     as `fp8_gemm.quantize_rows(out)` quantizes them. out [.., d]: silu_and_mul(x), or with
     `blocks` [gate_i | up_i] blocks on x's last dim the outputs [out_0 | out_1 | ..] (as
-    `layers.activation.SiluAndMul` lays them out). Below num_sms rows each row is split
-    over several programs (unless `split` is False, or the device's counters are not made
-    yet in a CUDA graph capture)."""
+    `layers.activation.SiluAndMul` lays them out). split: each row over several programs
+    (by default below SPLIT_ROWS rows; never above MAX_SPLIT_ROWS, nor in a CUDA graph
+    capture before the device's counters are made) or one program a row."""
     rows, out = _rows_and_output(x)
     (m, d), half = out.reshape(-1, out.shape[-1]).shape, out.shape[-1] // blocks
     if d % blocks:
@@ -150,7 +151,8 @@ def silu_and_mul_fp8(x: torch.Tensor, blocks: int = 1, split: bool = True
                 half=half, FP8_MAX=FP8_MAX, BLOCKED=blocks > 1, LIBDEVICE=x.is_cuda,
                 enable_fp_fusion=False)
     tickets = _row_tickets(x.device)
-    if tickets is None or not split or m >= num_sms(x.device):
+    if tickets is None or not (m < SPLIT_ROWS if split is None else split) \
+            or m > MAX_SPLIT_ROWS:
         _silu_and_mul_fp8_row_kernel[(m,)](**args, BLOCK=ROW_BLOCK, num_warps=ROW_WARPS)
         return out, q, scale
     parts = triton.cdiv(d, SPLIT_BLOCK)
@@ -167,7 +169,7 @@ def _row_tickets(device: torch.device) -> torch.Tensor | None:
     if device not in _tickets:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        _tickets[device] = torch.zeros(num_sms(device), dtype=torch.int32, device=device)
+        _tickets[device] = torch.zeros(MAX_SPLIT_ROWS, dtype=torch.int32, device=device)
         if device.type == "cuda":  # zero before any stream's launch
             torch.cuda.synchronize(device)
     return _tickets[device]
