@@ -58,7 +58,8 @@ for mode, doc in decode.items():
 for mode in ("norm", "1"):
     if decode["0"] and decode[mode]:
         for b, a in zip(decode["0"]["rows"], decode[mode]["rows"]):
-            print(f"decode b{a['batch']}: step 0/{mode} {b['step_ms'] / a['step_ms']:.3f}x")
+            print(f"decode b{a['batch']}: step of 0 / of {mode} {b['step_ms'] / a['step_ms']:.3f}x"
+                  " (> 1: fused faster)")
 prefill = {mode: load(f"prefill_{mode}") for mode in MODES}
 for mode, doc in prefill.items():
     for r in (doc or {}).get("rows", []):
@@ -66,7 +67,7 @@ for mode, doc in prefill.items():
 for mode in ("norm", "1"):
     if prefill["0"] and prefill[mode]:
         a, b = (prefill[m]["rows"][0]["tokens_per_s"] for m in (mode, "0"))
-        print(f"prefill {mode}/0: {a / b:.3f}x")
+        print(f"prefill tokens/s of {mode} / of 0: {a / b:.3f}x (> 1: fused faster)")
 for r in (load("fused_kernels") or {}).get("rows", []):
     print("kernels", json.dumps(r))
 PY
