@@ -6,7 +6,8 @@ Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_fused_input.py [--rows 1 4 16 6
 Per row count, µs per call replayed from a CUDA graph (kernels/gemm_timing.py, medians of
 interleaved rounds; inputs stay in L2, as a step's activations do): the residual-add RMSNorm
 of hidden 4096 alone, then `fp8_gemm.quantize_rows` of its output, and `rms_norm_fp8`; SiLU-
-and-mul of 2 x 14336 alone, then `quantize_rows`, and `silu_and_mul_fp8`."""
+and-mul of 2 x 14336 alone, then `quantize_rows`, and `silu_and_mul_fp8` (as the row count
+chooses, split over programs, one program a row)."""
 import argparse
 import json
 
@@ -30,6 +31,9 @@ def candidates(rows: int) -> dict:
         "silu": lambda i: silu_mul.silu_and_mul(gate_up),
         "silu_then_quantize": lambda i: fp8_gemm.quantize_rows(silu_mul.silu_and_mul(gate_up)),
         "silu_fp8": lambda i: silu_mul.silu_and_mul_fp8(gate_up),
+        # each row over several programs (the default below silu_mul.SPLIT_ROWS), or one
+        "silu_fp8_split": lambda i: silu_mul.silu_and_mul_fp8(gate_up, split=True),
+        "silu_fp8_rows": lambda i: silu_mul.silu_and_mul_fp8(gate_up, split=False),
     }
 
 

@@ -49,15 +49,28 @@ GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
 
 
 @triton.jit
+def row_scale(largest, FP8_MAX: tl.constexpr):
+    """A row's scale from its largest magnitude (fp32); the fused kernels call this and
+    `to_fp8` as _quantize_rows_kernel does, so their rows are its bit for bit."""
+    return tl.maximum(largest, 1e-12) / FP8_MAX
+
+
+@triton.jit
+def to_fp8(x, scale, q_ptrs, mask, FP8_MAX: tl.constexpr):
+    """Stores x (fp32) / scale in E4M3 at q_ptrs."""
+    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+    tl.store(q_ptrs, q.to(q_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
                           FP8_MAX: tl.constexpr, BLOCK_K: tl.constexpr):
     """One row per program: its scale (largest magnitude / FP8_MAX) and its E4M3 values."""
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / FP8_MAX
-    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
-    tl.store(q_ptr + row * stride_qm + k, q.to(q_ptr.dtype.element_ty), mask=k < K)
+    scale = row_scale(tl.max(tl.abs(x), axis=0), FP8_MAX)
+    to_fp8(x, scale, q_ptr + row * stride_qm + k, k < K, FP8_MAX)
     tl.store(s_ptr + row, scale)
 
 

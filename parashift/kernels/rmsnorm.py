@@ -3,22 +3,27 @@ program per row. Rounds like parashift.layers.layernorm.rms_norm_torch: the
 add in the input dtype, the normalisation in fp32 rounded to that dtype, then
 the product with the weight rounded again. `rms_norm_fp8` also writes each
 row in E4M3 with its scale, as `fp8_gemm.quantize_rows` makes them of the
-output (the next FP8 linear layer's activations, without a kernel of their own)."""
+output (the next FP8 linear layer's activations, without a kernel of their own).
+
+Every load and store of a row moves VEC elements a thread (16 bytes of the widest dtype):
+Triton lays a row out by its memory ops, and the E4M3 store alone would take 16 a thread,
+so the FP8 variant would sum the squares in another order than the plain kernel (fp32
+results 1 ulp apart, issue 60) without the cap."""
 import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels.fp8_gemm import FP8, FP8_MAX
+from parashift.kernels.fp8_gemm import FP8, FP8_MAX, row_scale, to_fp8
 
 
 @triton.jit
 def _rms_norm_kernel(out_ptr, new_x_ptr, q_ptr, s_ptr, x_ptr, residual_ptr, weight_ptr, eps,
                      stride_xr, stride_xh, stride_rr, stride_rh,
                      N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                     QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
+                     QUANT: tl.constexpr, FP8_MAX: tl.constexpr, VEC: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    cols = tl.arange(0, BLOCK)
+    cols = tl.max_contiguous(tl.arange(0, BLOCK), VEC)
     mask = cols < N
     out_offs = (row * tl.num_programs(1) + head) * N + cols
     x = tl.load(x_ptr + row * stride_xr + head * stride_xh + cols, mask=mask, other=0.0)
@@ -35,9 +40,8 @@ def _rms_norm_kernel(out_ptr, new_x_ptr, q_ptr, s_ptr, x_ptr, residual_ptr, weig
     tl.store(out_ptr + out_offs, out, mask=mask)
     if QUANT:  # one head a row: the row's scale and E4M3 values, as _quantize_rows_kernel's
         y = out.to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / FP8_MAX
-        q = tl.clamp(y / scale, -FP8_MAX, FP8_MAX)
-        tl.store(q_ptr + out_offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+        scale = row_scale(tl.max(tl.abs(y), axis=0), FP8_MAX)
+        to_fp8(y, scale, q_ptr + out_offs, mask, FP8_MAX)
         tl.store(s_ptr + row, scale)
 
 
@@ -79,8 +83,18 @@ def _launch(x, residual, weight, eps, quant=False):
         out, new_x, q, scale, xs, rs, weight.contiguous(), eps,
         xs.stride(0), xs.stride(1), rs.stride(0), rs.stride(1),
         N=n, BLOCK=block, HAS_RESIDUAL=residual is not None, QUANT=quant, FP8_MAX=FP8_MAX,
-        num_warps=min(max(block // 256, 1), 8), enable_fp_fusion=False)
+        VEC=vector_width(x, residual, weight, out), num_warps=num_warps(block),
+        enable_fp_fusion=False)
     return out, new_x, q, scale
+
+
+def num_warps(block: int) -> int:
+    return min(max(block // 256, 1), 8)
+
+
+def vector_width(*tensors: torch.Tensor | None) -> int:
+    """Elements a thread moves per load or store: 16 bytes of the widest of the dtypes."""
+    return 16 // max(t.element_size() for t in tensors if t is not None)
 
 
 def _as_3d(x: torch.Tensor) -> torch.Tensor:

@@ -1,19 +1,24 @@
 """silu(gate) * up for x = [.., 2 * d] holding [gate | up]. Rounds like
 parashift.layers.activation.silu_and_mul_torch: silu in fp32 rounded to x's
 dtype, then the product rounded again. `silu_and_mul_fp8` also writes each row
-in E4M3 with its scale, as `fp8_gemm.quantize_rows` makes them of the output."""
+in E4M3 with its scale, as `fp8_gemm.quantize_rows` makes them of the output: each
+product computed once and stored, the row's largest magnitude found, then the stored
+row read back from L2 and quantized (by the row's last program where several share it)."""
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from parashift.kernels.fp8_gemm import FP8, FP8_MAX
+from parashift.kernels.fp8_gemm import FP8, FP8_MAX, row_scale, to_fp8
 
 MAX_BLOCK = 1024
-# a row's columns per step of silu_and_mul_fp8's loop, 16 a thread: 8192 at 16 warps keeps
-# 32 KiB of a row's inputs in flight in 100 registers (sm_90, no spills); the rows are few
-# at decode, one program each
-MAX_FP8_BLOCK = 8192
+# silu_and_mul_fp8 below SPLIT_ROWS rows: SPLIT_BLOCK columns a program (8 a thread), the
+# row's last program quantizing it SPLIT_QUANT_BLOCK columns a step (64 a thread: 14336 in
+# one); from SPLIT_ROWS rows (prefill: programs enough), a program a row, ROW_BLOCK columns a
+# step (16 a thread). 40 and 72 registers on sm_90 (ptxas), no spills
+SPLIT_BLOCK, SPLIT_QUANT_BLOCK, SPLIT_WARPS, ROW_BLOCK, ROW_WARPS = 2048, 16384, 8, 2048, 4
+SPLIT_ROWS, MAX_SPLIT_ROWS = 1024, 4096  # split by default below; counters for up to
+_tickets: dict[torch.device, torch.Tensor] = {}  # per device: MAX_SPLIT_ROWS counters, all 0
 
 
 @triton.jit
@@ -57,26 +62,63 @@ def _fp8_row_block(x_row, start, d, half, BLOCK: tl.constexpr, BLOCKED: tl.const
 
 
 @triton.jit
-def _silu_and_mul_fp8_kernel(out_ptr, q_ptr, s_ptr, x_ptr, stride_x, d, half,
-                             FP8_MAX: tl.constexpr, BLOCK: tl.constexpr,
-                             BLOCKED: tl.constexpr, LIBDEVICE: tl.constexpr):
-    """One row per program: its largest magnitude over a first pass, then the output and
-    its E4M3 values (as _quantize_rows_kernel's) recomputed in a second: the row's inputs
-    are then in L2, and no thread reads what another wrote."""
+def _quantize_stored_row(out_row, q_row, d, scale, FP8_MAX: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """The E4M3 values of a row of the output, read back from L2 (its stores came from
+    other threads, before a barrier or a ticket), as _quantize_rows_kernel's."""
+    for start in range(0, d, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        out = tl.load(out_row + cols, mask=cols < d, other=0.0, cache_modifier=".cg")
+        to_fp8(out.to(tl.float32), scale, q_row + cols, cols < d, FP8_MAX)
+
+
+@triton.jit
+def _silu_and_mul_fp8_split_kernel(out_ptr, q_ptr, s_ptr, x_ptr, part_max_ptr, ticket_ptr,
+                                   stride_x, d, half, FP8_MAX: tl.constexpr,
+                                   BLOCK: tl.constexpr, QUANT_BLOCK: tl.constexpr,
+                                   PARTS: tl.constexpr, BLOCKED: tl.constexpr,
+                                   LIBDEVICE: tl.constexpr):
+    """Program (row, part): the part's output and its largest magnitude stored; the row's
+    last program to take a ticket (the counter then set back to 0 for the next launch)
+    has them all, and quantizes the row."""
+    row, part = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    parts = tl.num_programs(1)
+    out_row = out_ptr + row * d
+    cols, mask, prod = _fp8_row_block(x_ptr + row * stride_x, part * BLOCK, d, half, BLOCK,
+                                      BLOCKED, LIBDEVICE)
+    out = prod.to(out_ptr.dtype.element_ty)  # masked columns are 0
+    tl.store(out_row + cols, out, mask=mask)
+    tl.store(part_max_ptr + row * parts + part, tl.max(tl.abs(out.to(tl.float32)), axis=0))
+    tl.debug_barrier()  # every thread's stores before the ticket (released with it)
+    if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == parts - 1:
+        tl.atomic_xchg(ticket_ptr + row, 0, sem="relaxed")
+        tl.debug_barrier()  # the ticket's acquire before any thread's loads
+        p = tl.arange(0, PARTS)
+        part_max = tl.load(part_max_ptr + row * parts + p, mask=p < parts, other=0.0,
+                           cache_modifier=".cg")
+        scale = row_scale(tl.max(part_max, axis=0), FP8_MAX)
+        _quantize_stored_row(out_row, q_ptr + row * d, d, scale, FP8_MAX, QUANT_BLOCK)
+        tl.store(s_ptr + row, scale)
+
+
+@triton.jit
+def _silu_and_mul_fp8_row_kernel(out_ptr, q_ptr, s_ptr, x_ptr, stride_x, d, half,
+                                 FP8_MAX: tl.constexpr, BLOCK: tl.constexpr,
+                                 BLOCKED: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """One row per program, each product computed once: the output stored, and its largest
+    magnitude kept, over a first pass; after a barrier, its E4M3 values in a second."""
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
+    out_row = out_ptr + row * d
     largest = tl.zeros((BLOCK,), dtype=tl.float32)
     for start in range(0, d, BLOCK):
-        cols, mask, prod = _fp8_row_block(x_row, start, d, half, BLOCK, BLOCKED, LIBDEVICE)
+        cols, mask, prod = _fp8_row_block(x_ptr + row * stride_x, start, d, half, BLOCK,
+                                          BLOCKED, LIBDEVICE)
         out = prod.to(out_ptr.dtype.element_ty)  # masked columns are 0
+        tl.store(out_row + cols, out, mask=mask)
         largest = tl.maximum(largest, tl.abs(out.to(tl.float32)))
-    scale = tl.maximum(tl.max(largest, axis=0), 1e-12) / FP8_MAX
-    for start in range(0, d, BLOCK):
-        cols, mask, prod = _fp8_row_block(x_row, start, d, half, BLOCK, BLOCKED, LIBDEVICE)
-        out = prod.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + row * d + cols, out, mask=mask)
-        q = tl.clamp(out.to(tl.float32) / scale, -FP8_MAX, FP8_MAX)
-        tl.store(q_ptr + row * d + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    scale = row_scale(tl.max(largest, axis=0), FP8_MAX)
+    tl.debug_barrier()
+    _quantize_stored_row(out_row, q_ptr + row * d, d, scale, FP8_MAX, BLOCK)
     tl.store(s_ptr + row, scale)
 
 
@@ -91,24 +133,46 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def silu_and_mul_fp8(x: torch.Tensor, blocks: int = 1
+def silu_and_mul_fp8(x: torch.Tensor, blocks: int = 1, split: bool | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, out's rows in E4M3 [rows, d], fp32 scale [rows, 1]) in one kernel, quantized
     as `fp8_gemm.quantize_rows(out)` quantizes them. out [.., d]: silu_and_mul(x), or with
     `blocks` [gate_i | up_i] blocks on x's last dim the outputs [out_0 | out_1 | ..] (as
-    `layers.activation.SiluAndMul` lays them out)."""
+    `layers.activation.SiluAndMul` lays them out). split: each row over several programs
+    (by default below SPLIT_ROWS rows; never above MAX_SPLIT_ROWS, nor in a CUDA graph
+    capture before the device's counters are made) or one program a row."""
     rows, out = _rows_and_output(x)
-    d = out.shape[-1]
+    (m, d), half = out.reshape(-1, out.shape[-1]).shape, out.shape[-1] // blocks
     if d % blocks:
         raise ValueError(f"silu_and_mul_fp8: {x.shape[-1]} columns are not {blocks} blocks")
-    q = torch.empty(rows.shape[0], d, dtype=FP8, device=x.device)
-    scale = torch.empty(rows.shape[0], 1, dtype=torch.float32, device=x.device)
-    block = min(triton.next_power_of_2(d), MAX_FP8_BLOCK)
-    _silu_and_mul_fp8_kernel[(rows.shape[0],)](
-        out, q, scale, rows, rows.stride(0), d, d // blocks, FP8_MAX=FP8_MAX, BLOCK=block,
-        BLOCKED=blocks > 1, LIBDEVICE=x.is_cuda, num_warps=min(max(block // 512, 1), 16),
-        enable_fp_fusion=False)
+    q = torch.empty(m, d, dtype=FP8, device=x.device)
+    scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    args = dict(out_ptr=out, q_ptr=q, s_ptr=scale, x_ptr=rows, stride_x=rows.stride(0), d=d,
+                half=half, FP8_MAX=FP8_MAX, BLOCKED=blocks > 1, LIBDEVICE=x.is_cuda,
+                enable_fp_fusion=False)
+    tickets = _row_tickets(x.device)
+    if tickets is None or not (m < SPLIT_ROWS if split is None else split) \
+            or m > MAX_SPLIT_ROWS:
+        _silu_and_mul_fp8_row_kernel[(m,)](**args, BLOCK=ROW_BLOCK, num_warps=ROW_WARPS)
+        return out, q, scale
+    parts = triton.cdiv(d, SPLIT_BLOCK)
+    _silu_and_mul_fp8_split_kernel[(m, parts)](
+        **args, part_max_ptr=torch.empty(m, parts, dtype=torch.float32, device=x.device),
+        ticket_ptr=tickets, BLOCK=SPLIT_BLOCK, PARTS=triton.next_power_of_2(parts),
+        QUANT_BLOCK=min(triton.next_power_of_2(d), SPLIT_QUANT_BLOCK), num_warps=SPLIT_WARPS)
     return out, q, scale
+
+
+def _row_tickets(device: torch.device) -> torch.Tensor | None:
+    """The device's row counters for the split kernel (each back at 0 after a launch), made
+    at the first call outside a CUDA graph capture (CUDA graphs warm up first); None before."""
+    if device not in _tickets:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        _tickets[device] = torch.zeros(MAX_SPLIT_ROWS, dtype=torch.int32, device=device)
+        if device.type == "cuda":  # zero before any stream's launch
+            torch.cuda.synchronize(device)
+    return _tickets[device]
 
 
 def _rows_and_output(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

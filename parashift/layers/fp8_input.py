@@ -15,8 +15,8 @@ for that many rows quantizes (`LinearBase.quantizes_input`); else it is the plai
 consumer takes the rows only if it is called with the very tensor the producer returned
 (a design changing the tensor in between, e.g. SiDP's gather, gives another one: the
 layer then quantizes its input itself). Off until its before/after on a GPU is measured:
-PARASHIFT_FP8_FUSED_INPUT=1 fuses, =norm fuses the RMSNorms only, 0 (the default) keeps
-every op plain."""
+PARASHIFT_FP8_FUSED_INPUT=1 fuses both kinds, =norm the RMSNorms only, =silu the SiLU-and-muls
+only (=norm,silu: both), 0 (the default) keeps every op plain."""
 import os
 
 import torch
@@ -26,8 +26,6 @@ from parashift.kernels import use_triton
 from parashift.layers.activation import SiluAndMul
 from parashift.layers.layernorm import RMSNorm
 from parashift.layers.linear import LinearBase
-
-MODES = ("0", "1", "norm")  # PARASHIFT_FP8_FUSED_INPUT's values
 
 
 class FP8Handoff:
@@ -97,13 +95,18 @@ class QuantizingSiluAndMul(_Producer, SiluAndMul):
 
 
 QUANTIZING = {RMSNorm: QuantizingRMSNorm, SiluAndMul: QuantizingSiluAndMul}
+# PARASHIFT_FP8_FUSED_INPUT's names of the twins, for a comma-separated list; 1 is all of them
+TWIN_NAMES = {"norm": QuantizingRMSNorm, "silu": QuantizingSiluAndMul}
 
 
-def fused_input_mode() -> str:
+def fused_twins() -> set[type]:
+    """The quantizing twins PARASHIFT_FP8_FUSED_INPUT switches on (none by default)."""
     mode = os.environ.get("PARASHIFT_FP8_FUSED_INPUT", "0")
-    if mode not in MODES:
-        raise ValueError(f"PARASHIFT_FP8_FUSED_INPUT={mode!r}: expected one of {list(MODES)}")
-    return mode
+    names = {"0": [], "1": list(TWIN_NAMES)}.get(mode, mode.split(","))
+    if not set(names) <= set(TWIN_NAMES):
+        raise ValueError(f"PARASHIFT_FP8_FUSED_INPUT={mode!r}: expected 0, 1 or a "
+                         f"comma-separated list of {list(TWIN_NAMES)}")
+    return {TWIN_NAMES[name] for name in names}
 
 
 def takes_fp8_input(layer: nn.Module) -> bool:
@@ -116,14 +119,14 @@ def takes_fp8_input(layer: nn.Module) -> bool:
 def hand_over_fp8_inputs(model: nn.Module) -> int:
     """Replaces each producer of the model's `fp8_input_pairs` whose consumer takes FP8
     input by its quantizing twin; returns how many were replaced."""
-    mode, replaced = fused_input_mode(), 0
-    if mode == "0":
+    twins, replaced = fused_twins(), 0
+    if not twins:
         return 0
     for module in list(model.modules()):
         for producer_name, consumer_path in getattr(module, "fp8_input_pairs", ()):
             producer = getattr(module, producer_name, None)
             twin = QUANTIZING.get(type(producer))
-            if twin is None or (mode == "norm" and twin is not QuantizingRMSNorm):
+            if twin not in twins:
                 continue
             try:
                 consumer = module.get_submodule(consumer_path)

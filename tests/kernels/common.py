@@ -4,6 +4,7 @@ import importlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -72,6 +73,35 @@ def assert_fp8_rows(q: torch.Tensor, scale: torch.Tensor,
         torch.testing.assert_close(scale, expected, rtol=1e-6, atol=0)
         torch.testing.assert_close(q.float(), (rows.float() / scale).to(q.dtype).float(),
                                    rtol=0.125, atol=2 ** -9)
+
+
+TRITON_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+                torch.float8_e4m3fn: "fp8e4nv"}
+
+
+def sm90_ttgir(kernel, args: dict, constexprs: dict, num_warps: int) -> str:
+    """The kernel compiled for an H100/H200 (no GPU needed: Triton ships ptxas) as Triton's
+    GPU IR, where the layouts it chose show. args: name -> a torch.dtype (a pointer to it,
+    16-byte aligned), "fp32" or "i32" (a scalar); constexprs: name -> value."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    signature = {name: f"*{TRITON_TYPES[t]}" if isinstance(t, torch.dtype) else t
+                 for name, t in args.items()}
+    signature.update({name: "constexpr" for name in constexprs})
+    aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(args.values())
+               if isinstance(t, torch.dtype)}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps, "enable_fp_fusion": False})
+    return compiled.asm["ttgir"]
+
+
+def reduction_layouts(ttgir: str) -> list[str]:
+    """The layout of each tt.reduce's operand, in the IR's order (a thread's elements are
+    added in order, then across threads: the layout fixes a sum's order)."""
+    aliases = dict(re.findall(r"^(#\w+) = (.*)$", ttgir, re.M))
+    operands = re.findall(r'"tt\.reduce"\(.*?\}\) : \(tensor<[^,]+, (#\w+)>', ttgir, re.S)
+    return [aliases.get(layout, layout) for layout in operands]
 
 
 def as_bytes(tensors) -> torch.Tensor:

@@ -4,11 +4,13 @@ CUDA (bfloat16 too). The FP8 variant against the kernels it stands for (the plai
 norm, then `fp8_gemm.quantize_rows`), bit for bit."""
 import pytest
 import torch
+import triton
 
 from parashift.kernels import fp8_gemm, rmsnorm
 from parashift.layers.layernorm import RMSNorm, add_rms_norm_torch, rms_norm_torch
 from tests.kernels.common import (as_bytes, assert_exact, assert_fp8_rows, assert_graph_replays,
-                                  assert_last_bits, case_tests, cuda, randn)
+                                  assert_last_bits, case_tests, cuda, randn, reduction_layouts,
+                                  sm90_ttgir)
 
 EPS = 1e-6
 # heads: x is [rows, heads, n], as Qwen3's q_norm/k_norm see it; strided: x is
@@ -70,6 +72,28 @@ def check_fp8(rows, n, residual=False, strided=False, zero_row=False, dtype="flo
 
 
 test_fp8_interpreted, test_fp8_cuda = case_tests(__name__, check_fp8, FP8_CASES)
+
+
+@pytest.mark.parametrize("dtype, n, residual", [
+    (torch.float32, 576, True), (torch.bfloat16, 4096, True), (torch.float16, 100, False)])
+def test_fp8_variant_sums_the_squares_in_the_plain_kernels_order(dtype, n, residual):
+    """The interpreter adds in one order whatever the kernel: on CUDA the order is the
+    compiled layout's, which the E4M3 store must not change (an fp32 sum's last bit did,
+    on an H200)."""
+    x = torch.empty(1, n, dtype=dtype)
+    block = triton.next_power_of_2(n)
+    args = dict(out_ptr=dtype, new_x_ptr=dtype, q_ptr=torch.float8_e4m3fn,
+                s_ptr=torch.float32, x_ptr=dtype, residual_ptr=dtype, weight_ptr=dtype,
+                eps="fp32", stride_xr="i32", stride_xh="i32", stride_rr="i32",
+                stride_rh="i32")
+    layouts = {}
+    for quant in (False, True):
+        constexprs = dict(N=n, BLOCK=block, HAS_RESIDUAL=residual, QUANT=quant,
+                          FP8_MAX=fp8_gemm.FP8_MAX, VEC=rmsnorm.vector_width(x, x, x, x))
+        ir = sm90_ttgir(rmsnorm._rms_norm_kernel, args, constexprs, rmsnorm.num_warps(block))
+        layouts[quant] = reduction_layouts(ir)
+    assert len(layouts[True]) == 2  # the sum of squares, then the largest magnitude
+    assert layouts[True][0] == layouts[False][0]
 
 
 def test_fp8_refuses_rows_of_several_heads():

@@ -37,28 +37,49 @@ def check(shape, strided=False, scale=3.0, dtype="float32", device="cpu"):
 test_interpreted, test_cuda = case_tests(__name__, check, CASES)
 
 # blocks: [gate_i | up_i] blocks, as a layer whose rows Shift reordered holds them; d = 14336
-# (the 8B layer's) and 2 x 8200 take two and three steps of the row loop, the last partly masked
+# (the 8B layer's) and 2 x 8200 take several programs a row (split, as below SPLIT_ROWS rows)
+# and several steps of the row loops (split=False, as from SPLIT_ROWS rows), the last partly
+# masked
 FP8_CASES = [
     dict(shape=(1, 200)),
     dict(shape=(7, 1152)),
     dict(shape=(3, 2 * 14336)),
+    dict(shape=(3, 2 * 14336), split=False),
     dict(shape=(2, 3, 3072)),
     dict(shape=(4, 1152), strided=True),
     dict(shape=(3, 1152), scale=30.0),
     dict(shape=(5, 2 * 2 * 96), blocks=2),
     dict(shape=(3, 4 * 2 * 40), blocks=4),
     dict(shape=(2, 2 * 2 * 8200), blocks=2),
+    dict(shape=(2, 2 * 2 * 8200), blocks=2, split=False),
 ]
 
 
-def check_fp8(shape, blocks=1, strided=False, scale=3.0, dtype="float32", device="cpu"):
+def check_fp8(shape, blocks=1, strided=False, scale=3.0, split=None, dtype="float32",
+              device="cpu"):
     x = randn(shape, dtype, device, strided=strided, scale=scale)
-    out, q, scales = silu_mul.silu_and_mul_fp8(x, blocks)
+    out, q, scales = silu_mul.silu_and_mul_fp8(x, blocks, split)
     assert_exact(out, silu_mul.silu_and_mul(x.unflatten(-1, (blocks, -1))).flatten(-2))
     assert_fp8_rows(q, scales, fp8_gemm.quantize_rows(out.reshape(-1, out.shape[-1])), out)
+    if split is None:  # split: the row counters are back at 0 for the next launch
+        assert not silu_mul._tickets[x.device].any()
 
 
 test_fp8_interpreted, test_fp8_cuda = case_tests(__name__, check_fp8, FP8_CASES)
+
+
+@cuda
+def test_fp8_rows_split_over_programs_again_and_again():
+    """The row's last program reads what the others stored (behind their tickets): launch
+    after launch, at decode's row counts and up to the counters' (beyond: a program a row),
+    the pair's bytes."""
+    cases = [(rows, None) for rows in (1, 2, 7, 16, 64, 131, 300)] * 8
+    cases += [(silu_mul.MAX_SPLIT_ROWS, True), (silu_mul.MAX_SPLIT_ROWS + 1, True)]
+    for i, (rows, split) in enumerate(cases):
+        x = randn((rows, 2 * 14336), "bfloat16", "cuda", seed=i)
+        out, q, scales = silu_mul.silu_and_mul_fp8(x, split=split)
+        assert_exact(out, silu_mul.silu_and_mul(x))
+        assert_fp8_rows(q, scales, fp8_gemm.quantize_rows(out), out)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])

@@ -85,11 +85,14 @@ def test_only_dynamic_fp8_in_the_default_mode_is_fused(monkeypatch):
                                                         static_activations=True)))
     monkeypatch.setenv("PARASHIFT_FP8_FUSED_INPUT", "0")
     assert not producers(build())
-    monkeypatch.setenv("PARASHIFT_FP8_FUSED_INPUT", "norm")
-    assert set(producers(build()).values()) == {QuantizingRMSNorm}
-    monkeypatch.setenv("PARASHIFT_FP8_FUSED_INPUT", "yes")
-    with pytest.raises(ValueError, match="PARASHIFT_FP8_FUSED_INPUT='yes'"):
-        build()
+    for mode, twins in [("norm", {QuantizingRMSNorm}), ("silu", {QuantizingSiluAndMul}),
+                        ("norm,silu", {QuantizingRMSNorm, QuantizingSiluAndMul})]:
+        monkeypatch.setenv("PARASHIFT_FP8_FUSED_INPUT", mode)
+        assert set(producers(build()).values()) == twins
+    for mode in ("yes", "norm,gelu", ""):
+        monkeypatch.setenv("PARASHIFT_FP8_FUSED_INPUT", mode)
+        with pytest.raises(ValueError, match=f"PARASHIFT_FP8_FUSED_INPUT='{mode}'"):
+            build()
 
 
 def test_a_handoff_gives_its_rows_once_and_only_for_their_tensor():
