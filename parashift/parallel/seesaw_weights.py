@@ -37,7 +37,7 @@ from parashift.parallel.host_copy import HostCopy, merge_extents
 from parashift.parallel.peer_reshard import PeerReshard
 from parashift.parallel.reshard_schedule import RankWeights, Schedule, reshard_schedule
 from parashift.parallel.weight_staging import clear_chunks, host_reads, stage
-from parashift.worker.startup_phases import StartupPhases
+from parashift.startup_phases import StartupPhases
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from parashift.worker.prompt_logprobs import (PromptLogprobRequests, gather_rows
                                               prompt_logprobs)
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
 from parashift.worker.rank_hooks import RankHooks, RankSetup, hooks_for_rank
-from parashift.worker.startup_phases import StartupPhases
+from parashift.startup_phases import StartupPhases
 from parashift.worker.step_check import StepStateCheck
 from parashift.worker.step_inputs import StepInputs, build_step_inputs, counting
 from parashift.worker.token_history import TokenHistoryStore

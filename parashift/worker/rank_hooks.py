@@ -10,7 +10,7 @@ import torch
 
 from parashift.designs import DESIGNS
 from parashift.parallel.state import GroupHandle, ParallelState
-from parashift.worker.startup_phases import StartupPhases
+from parashift.startup_phases import StartupPhases
 
 
 @dataclass

@@ -22,7 +22,7 @@ from parashift.parallel.weight_staging import release, stage
 from parashift.parallel.state import ParallelState
 from parashift.worker.peer_weights import peer_group
 from parashift.worker.rank_hooks import RankHooks, RankSetup
-from parashift.worker.startup_phases import StartupPhases
+from parashift.startup_phases import StartupPhases
 
 
 def pool_views(pool: torch.Tensor, shapes: dict[str, tuple[int, int]], block_size: int,

@@ -1,8 +1,8 @@
-"""Where a rank's start-up time goes: the model runner and the designs' hooks time their
-phases (model build, a design's weight staging, the KV pool, warm-up, graph capture) and the
-rank logs them once it is ready, one line per phase. The first rank also sums them in one
-line, a warning where start-up took longer than SLOW_STARTUP_S (workers log at warning
-level unless configured; a slow start is worth one)."""
+"""Where a rank's start-up time goes: the model runner (worker/) and the designs' hooks
+time their phases (model build, a design's weight staging, the KV pool, warm-up, graph
+capture) and the rank logs them once it is ready, one line per phase. The first rank also
+lists them in one line, a warning where start-up took longer than SLOW_STARTUP_S (workers
+log at warning level unless configured; a slow start is worth one)."""
 import contextlib
 import logging
 import time
@@ -14,7 +14,7 @@ SLOW_STARTUP_S = 30.0
 class StartupPhases:
     def __init__(self, rank: int = 0):
         self.rank = rank
-        self.seconds: dict[str, float] = {}  # phase -> seconds, in the order first timed
+        self.seconds: dict[str, float] = {}  # phase -> seconds
         self.outer: set[str] = set()  # the phases timed inside no other
         self._depth = 0
         self._start = time.perf_counter()
@@ -25,6 +25,7 @@ class StartupPhases:
         another is a part of it (its line says "of" the outer one's)."""
         if not self._depth:
             self.outer.add(name)
+        self.seconds.setdefault(name, 0.0)  # listed in the order started
         self._depth += 1
         start = time.perf_counter()
         try:
