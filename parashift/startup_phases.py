@@ -50,4 +50,5 @@ class StartupPhases:
         log = logger.warning if total > SLOW_STARTUP_S else logger.info
         rest = total - sum(s for name, s in self.seconds.items() if name in self.outer)
         log("rank 0 start-up %.1f s: %s, other %.2f s", total,
-            ", ".join(f"{name} {s:.2f} s" for name, s in self.seconds.items()), rest)
+            ", ".join(f"{'' if name in self.outer else 'of which '}{name} {s:.2f} s"
+                      for name, s in self.seconds.items()), rest)

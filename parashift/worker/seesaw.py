@@ -59,13 +59,13 @@ def rank_hooks_for(setup: RankSetup) -> "SeesawRank | None":
             setup.group, setup.device, setup.hf_config, setup.source,
             [state.plan, others[0].plan], setup.dtype, setup.max_model_len,
             config.moe_parallel, asked=config.seesaw.weight_source == "peers")
-    # the running model leaves the device before the other is built: never both on it. Its
-    # loader can write it into the arena anew (not FP8: scales are made at load), so its
-    # bytes need not go to the host and back: only what switches read is copied out after
+    # the running model leaves the device before the other is built: never both on it.
+    # Where `loads_into_arena`, its loader writes it into the arena anew (not FP8: scales
+    # are made at load), and only what switches read is copied out after
     resident = config.seesaw.resident_weights
     name = state.plan.name()
-    reload = {} if fp8 or setup.reload_weights is None else {
-        name: lambda: setup.reload_weights(setup.model)}
+    reload = {} if fp8 or setup.reload_weights is None or not loads_into_arena(setup.device) \
+        else {name: lambda: setup.reload_weights(setup.model)}
     with setup.phases.phase("seesaw running model off the device"):
         if reload:
             release(setup.model)
@@ -78,6 +78,13 @@ def rank_hooks_for(setup: RankSetup) -> "SeesawRank | None":
                       {name: state, others[0].plan.name(): others[0]},
                       setup.hf_config.num_hidden_layers, setup.hf_config.num_key_value_heads,
                       setup.device, resident, peers, staged, reload, setup.phases)
+
+
+def loads_into_arena(device: torch.device) -> bool:
+    """Whether the running plan's weights are loaded again into the arena rather than
+    staged through the host: on a GPU (its shard would cross PCIe twice through pageable
+    memory), not on a CPU (a copy costs less than a second load)."""
+    return device.type == "cuda"
 
 
 class SeesawRank(RankHooks):
