@@ -126,7 +126,8 @@ class WeightArena:
         pin = (device.type == "cuda" if pin is None else pin) and not both
         offsets = dict(zip(layouts, region_offsets(sizes, arena_bytes)))
         if set(reload) - {next(iter(models))}:
-            raise ValueError(f"only the running plan's weights load into the arena, got {list(reload)}")
+            raise ValueError("only the running plan's weights load into the arena, got "
+                             f"{list(reload)}")
         with phases.phase("seesaw re-shard schedules"):
             schedules = None if both or peers is None else self._plan(peers, layouts, offsets)
         keep = self._kept(layouts, offsets, schedules, peers, both)
@@ -244,9 +245,12 @@ class WeightArena:
                                  "only what a switch reads from the host)")
         hosts = {}
         for name in layouts:
-            hosts[name] = HostCopy.empty() if name in reloaded else staged.pop(name) if name in staged else stage(
-                models[name], layouts[name], wanted[name],
-                pin and (keep[name] is None or name != first))
+            if name in reloaded:
+                hosts[name] = HostCopy.empty()
+            else:
+                hosts[name] = staged.pop(name) if name in staged else stage(
+                    models[name], layouts[name], wanted[name],
+                    pin and (keep[name] is None or name != first))
         return hosts
 
     def _plan(self, peers: PeerGroup, layouts, offsets) -> dict:

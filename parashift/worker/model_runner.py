@@ -154,12 +154,9 @@ class ModelRunner:
         self.max_model_len = max_model_len
         start = time.perf_counter()
         self.phases = StartupPhases(self.state.rank)
-        chunks = reduction_chunks(hf_config) if config.deterministic else None
         self.quant = weight_quant(config.quantization, hf_config)
         self.kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, dtype)
-        with use_state(self.state, reduction_chunks=chunks, moe_parallel=config.moe_parallel,
-                       quantization=self.quant, kv_fp8=self.kv_dtype != dtype), \
-                self.phases.phase("model build and load"):
+        with self._base_state(hf_config), self.phases.phase("model build and load"):
             self.model = self._build_model(hf_config, source, max_model_len)
         # the designs' hooks on this rank (before narrowed layouts and the KV pool): Seesaw's
         # other plan's model, SiDP's owned FFN slices shared with the peers and its slots
@@ -213,15 +210,20 @@ class ModelRunner:
             with use_state(state, moe_parallel=self.config.moe_parallel, quantization=self.quant,
                            kv_fp8=self.kv_dtype != self.dtype):
                 return self._build_model(hf_config, source, max_model_len)
+
         def reload_weights(model):
-            chunks = reduction_chunks(hf_config) if self.config.deterministic else None
-            with use_state(self.state, reduction_chunks=chunks,
-                           moe_parallel=self.config.moe_parallel, quantization=self.quant,
-                           kv_fp8=self.kv_dtype != self.dtype):
+            with self._base_state(hf_config):
                 load_model_weights(model, source, self.config.seed)
         return RankSetup(self.config, hf_config, source, self.device, self.dtype, max_model_len,
                          self.state, other_states, self.model, build_model, group,
                          reload_weights, self.phases)
+
+    def _base_state(self, hf_config):
+        """The context the base plan's model is built and loaded in."""
+        chunks = reduction_chunks(hf_config) if self.config.deterministic else None
+        return use_state(self.state, reduction_chunks=chunks,
+                         moe_parallel=self.config.moe_parallel, quantization=self.quant,
+                         kv_fp8=self.kv_dtype != self.dtype)
 
     def seesaw_move(self, verb: str, plan_name: str, moves: list, tier) -> dict:
         """A transition's move on this rank (Seesaw's: worker/seesaw.py), by the hooks of
