@@ -1,8 +1,8 @@
 """Where a rank's start-up time goes: the model runner (worker/) and the designs' hooks
 time their phases (model build, a design's weight staging, the KV pool, warm-up, graph
-capture) and the rank logs them once it is ready, one line per phase. The first rank also
-lists them in one line, a warning where start-up took longer than SLOW_STARTUP_S (workers
-log at warning level unless configured; a slow start is worth one)."""
+capture) and the rank logs them once it is ready, one line per phase, then all of them in
+one line: a warning where start-up took longer than SLOW_STARTUP_S (workers log at warning
+level unless configured; a slow start is worth one line a rank)."""
 import contextlib
 import logging
 import time
@@ -39,16 +39,14 @@ class StartupPhases:
         return time.perf_counter() - self._start
 
     def report(self) -> None:
-        """One info line per phase, and on rank 0 all of them in one line with the untimed
-        rest (the phases inside others listed, not summed twice)."""
+        """One info line per phase, then all of them in one line with the untimed rest (the
+        phases inside others listed, not summed twice)."""
         total = self.total_s
         for name, seconds in self.seconds.items():
             logger.info("rank %d start-up, %s%s: %.2f s", self.rank,
                         "" if name in self.outer else "  of which ", name, seconds)
-        if self.rank != 0:
-            return
         log = logger.warning if total > SLOW_STARTUP_S else logger.info
         rest = total - sum(s for name, s in self.seconds.items() if name in self.outer)
-        log("rank 0 start-up %.1f s: %s, other %.2f s", total,
+        log("rank %d start-up %.1f s: %s, other %.2f s", self.rank, total,
             ", ".join(f"{'' if name in self.outer else 'of which '}{name} {s:.2f} s"
                       for name, s in self.seconds.items()), rest)
