@@ -67,6 +67,9 @@
 # Next on two GPUs: `faults` again (a static policy no longer re-forms the world: the survivors'
 # stall was that, 1.26-2.64 s), `seesaw70_seesaw` (with the start-up's phase times in its log) and
 # `sidp_tail2` (the sidp policy's default now replays CaS graphs: no --cuda-graphs needed).
+# Issue 65 part 3 (helper seesawstart): `tests_seesaw_weights seesaw70_seesaw` (the running plan
+# loaded into its arena and the peer-first cycle breaking on NCCL, then the 70B's start-up, whose
+# log now has each rank's "rank N start-up ... s: <phases>" line).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
@@ -203,6 +206,8 @@ for name in "$@"; do
     env) run_env ;;
     tests_seesaw) part tests_seesaw 220 "run_tests tests/distributed/test_seesaw.py" ;;
     tests_moe) part tests_moe 200 "run_tests tests/distributed/test_moe_plans.py" ;;
+    tests_seesaw_weights) part tests_seesaw_weights 150 "run_tests \
+           tests/distributed/test_seesaw_peer_weights.py tests/worker/test_seesaw.py" ;;
     multinode) part multinode 200 "bash scripts/gpu_multinode_runs.sh" ;;
     p2p) part p2p 90 "python3 benchmarks/sidp_probe.py --parts p2p --out $OUT/sidp_p2p.json" ;;
     decode) part decode 150 "run_decode dp2" ;;

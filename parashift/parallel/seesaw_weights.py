@@ -26,6 +26,7 @@ pins a little, not both plans' shards."""
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
@@ -36,6 +37,7 @@ from parashift.parallel.host_copy import HostCopy, merge_extents
 from parashift.parallel.peer_reshard import PeerReshard
 from parashift.parallel.reshard_schedule import RankWeights, Schedule, reshard_schedule
 from parashift.parallel.weight_staging import clear_chunks, host_reads, stage
+from parashift.startup_phases import StartupPhases
 
 logger = logging.getLogger(__name__)
 
@@ -90,13 +92,19 @@ class PeerGroup:
 class WeightArena:
     def __init__(self, models: dict[str, nn.Module], device: torch.device,
                  arena_bytes: int | None = None, pin: bool | None = None, resident: bool = False,
-                 peers: PeerGroup | None = None, staged: dict[str, HostCopy] | None = None):
+                 peers: PeerGroup | None = None, staged: dict[str, HostCopy] | None = None,
+                 reload: dict[str, Callable[[], None]] | None = None,
+                 phases: StartupPhases | None = None):
         """`models`: the two plans' models by plan name, loaded, the first running first;
         `arena_bytes`: None is the least (the larger plan's bytes), or the most (both plans'
         sum: both resident) with `resident`; `peers`: re-shard from the group's ranks;
         `staged`: the host copies of models already moved out of device memory (`stage`,
         whole; taken: the dict is emptied, so each copy is freed once the arena is filled
-        from it; the others are staged here, before the arena is allocated)."""
+        from it; the others are staged here, before the arena is allocated); `reload`: the
+        plans whose weights their loader writes straight into the arena (the model's
+        parameters already off the device: nothing staged, no round trip through the host);
+        `phases`: the rank's start-up timing."""
+        reload, phases = reload or {}, phases or StartupPhases()
         if len(models) != 2:
             raise ValueError(f"a weight arena holds two plans, got {list(models)}")
         if any(getattr(m, "layouts", None) for model in models.values() for m in model.modules()):
@@ -117,9 +125,15 @@ class WeightArena:
         both = arena_bytes == most  # both resident: the host copies only stage the first fill
         pin = (device.type == "cuda" if pin is None else pin) and not both
         offsets = dict(zip(layouts, region_offsets(sizes, arena_bytes)))
-        schedules = None if both or peers is None else self._plan(peers, layouts, offsets)
+        if set(reload) - {next(iter(models))}:
+            raise ValueError("only the running plan's weights load into the arena, got "
+                             f"{list(reload)}")
+        with phases.phase("seesaw re-shard schedules"):
+            schedules = None if both or peers is None else self._plan(peers, layouts, offsets)
         keep = self._kept(layouts, offsets, schedules, peers, both)
-        hosts = self._stage(models, layouts, offsets, keep, pin, {} if staged is None else staged)
+        with phases.phase("seesaw host copies staged"):
+            hosts = self._stage(models, layouts, offsets, keep, pin,
+                                {} if staged is None else staged, set(reload))
         self.device = device
         self.arena = self._allocate(arena_bytes)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -128,14 +142,14 @@ class WeightArena:
         self.active: str | None = None
         self.peers = self.schedules = None  # none until the first fill is done
         self._prefetched: str | None = None  # the plan whose phase 1 ran
-        for name in self.regions:  # the second first: where both fit it stays resident
-            self.activate(name) if name == next(iter(self.regions)) else self.prefetch(name)
-        self._wait()
-        if self.stream is not None:
-            self.stream.synchronize()
-        for name, region in self.regions.items():  # only what later switches read
-            if keep[name] is not None:
-                self._keep(region, keep[name], pin)
+        self._models = {name: models[name] for name in reload}
+        with phases.phase("seesaw arena filled"):
+            self._fill(reload)
+        with phases.phase("seesaw host copies kept"):
+            for name, region in self.regions.items():  # only what later switches read
+                if keep[name] is not None or name in reload:
+                    self._keep(region, [(0, region.size)] if keep[name] is None else keep[name],
+                               pin)
         if schedules is not None:
             self.schedules = schedules
             self.peers = PeerReshard(peers.group, peers.rank, self.device, peers.staging_bytes)
@@ -143,6 +157,30 @@ class WeightArena:
                     arena_bytes / 2**30, " + ".join(f"{n} {r.size / 2**30:.2f} GiB"
                                                    for n, r in self.regions.items()),
                     self.pinned_bytes / 2**30)
+
+    def _fill(self, reload: dict[str, Callable[[], None]]) -> None:
+        """The first fill: the running plan's region (by its loader, or from its host copy),
+        then what of the other's lies clear of it."""
+        first = next(iter(self.regions))
+        if first in reload:
+            reload[first]()
+            self._check_placed(first, self._models.pop(first))
+            region = self.regions[first]
+            region.copied.update(range(len(region.chunks)))
+        for name in self.regions:  # the second first: where both fit it stays resident
+            self.activate(name) if name == first else self.prefetch(name)
+        self._wait()
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def _check_placed(self, name: str, model: nn.Module) -> None:
+        """Refuses where a loader gave a parameter new storage instead of writing its bytes
+        in the arena."""
+        region, base = self.regions[name], self.arena.data_ptr()
+        for _, param in unique_parameters(model):
+            at = param.data_ptr() - base
+            if param.numel() and not region.offset <= at < region.offset + region.size:
+                raise RuntimeError(f"{name}'s weight loader moved a parameter out of the arena")
 
     def _place(self, model: nn.Module, layout, offset: int, host: HostCopy) -> Region:
         """Points `model`'s parameters at their bytes in the arena (not yet filled)."""
@@ -183,13 +221,15 @@ class WeightArena:
                 for old, new in schedules}
 
     @staticmethod
-    def _stage(models, layouts, offsets, keep, pin, staged) -> dict[str, HostCopy]:
+    def _stage(models, layouts, offsets, keep, pin, staged, reloaded) -> dict[str, HostCopy]:
         """Every model's host copy, the ones not `staged` moved out here (one at a time,
         the running one first): whole where kept whole or first filled from it, else what
         the first fill (the layers clear of the first plan's region) and later switches
-        read. Refuses first where the host cannot hold them with the copies kept."""
+        read; none of a `reloaded` plan (its loader fills the arena, its copy is read back
+        from there). Refuses first where the host cannot hold them with the copies kept."""
         first, second = layouts
-        wanted = {first: None, second: None if keep[second] is None else
+        wanted = {first: [] if first in reloaded else None,
+                  second: None if keep[second] is None else
                   clear_chunks(layouts[second], offsets[second], layouts[first], offsets[first])
                   + keep[second]}
 
@@ -205,9 +245,12 @@ class WeightArena:
                                  "only what a switch reads from the host)")
         hosts = {}
         for name in layouts:
-            hosts[name] = staged.pop(name) if name in staged else stage(
-                models[name], layouts[name], wanted[name],
-                pin and (keep[name] is None or name != first))
+            if name in reloaded:
+                hosts[name] = HostCopy.empty()
+            else:
+                hosts[name] = staged.pop(name) if name in staged else stage(
+                    models[name], layouts[name], wanted[name],
+                    pin and (keep[name] is None or name != first))
         return hosts
 
     def _plan(self, peers: PeerGroup, layouts, offsets) -> dict:

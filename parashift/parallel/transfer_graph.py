@@ -2,8 +2,14 @@
 as arrays, and the breaking of its cycles that do not fit one round's staging.
 
 `break_cycles` peels a strongly connected component that does not fit by reading its
-piece whose read the most writes of the component wait on (lowest index on a tie) from
-the host copy, then splits what is left into its components again, until every one fits.
+piece whose read the most writes of the component wait on (lowest index on a tie; a
+piece read from a peer before one copied on its own rank) from the host copy, then splits
+what is left into its components again, until every one fits. A peer's piece read from the
+host instead crosses the receiver's PCIe link once as it would have crossed its peer link
+(the same link under NCCL_P2P_DISABLE=1), where a local piece so read would cross PCIe
+besides a device copy: on the 70B's PP2 -> TP2 this keeps every local byte local (the
+host reads 24 GiB a switch instead of 26-32, and no rank receives more than the half it
+lacks).
 A 70B's phase has ~10^4 transfers in one component that loses ~10^3 pieces so, one at a
 time: each step is a few array operations and a compiled strongly-connected-components
 pass (scipy's), not a Python walk of the component."""
@@ -87,8 +93,13 @@ def break_cycles(transfers: list, edges: dict[int, list[int]], staging_bytes: in
             done.append(nodes.tolist())
             continue
         sources, targets = graph.inner_edges(nodes)
-        # the member whose read the most members' writes wait on (the first on a tie)
-        chosen = int(np.argmax(np.bincount(sources, minlength=len(nodes))))
+        # a peer's read first, the member whose read the most members' writes wait on (the
+        # first on a tie): a local copy the host then serves would cross PCIe besides
+        waiting = np.bincount(sources, minlength=len(nodes))
+        src = graph.src_rank[nodes]
+        peer = (src >= 0) & (src != graph.dst_rank[nodes])
+        chosen = int(np.argmax(np.where(peer, waiting, -1) if (peer & (waiting > 0)).any()
+                               else waiting))
         victim = int(nodes[chosen])
         t = transfers[victim]
         transfers[victim] = replace(t, src=None)

@@ -5,7 +5,10 @@ arena alone, never both plans' models and the arena. Which bytes a host copy hol
 of the plan's region without a peer group (a switch reads it whole from the host); with
 one, what the first fill needs (all of the running plan, the other plan's layers clear of
 the running plan's region) and what the re-shard schedules read from the host (pieces no
-rank holds, cycle breakers), the latter only kept once the arena is filled."""
+rank holds, cycle breakers), the latter only kept once the arena is filled. Where the
+running plan's loader can write it again (`release`, then `WeightArena(reload=...)`), it
+holds none of that plan: its weights are loaded into the arena, and what switches read of
+them is copied out from there."""
 import torch
 from torch import nn
 
@@ -32,6 +35,16 @@ def stage(model: nn.Module, layout: PlanLayout, extents: list[tuple[int, int]] |
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the arena then gets its bytes in one allocation
     return host
+
+
+def release(model: nn.Module) -> None:
+    """Frees `model`'s parameters' device memory, keeping their shapes and dtypes (each a
+    one-element tensor's expanded view until the arena places it and a loader fills it)."""
+    with torch.no_grad():
+        for _, param in unique_parameters(model):
+            param.data = torch.empty(1, dtype=param.dtype, device=param.device).expand(param.shape)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the arena then gets its bytes in one allocation
 
 
 def _stage_param(param: nn.Parameter, offset: int, host: HostCopy) -> None:

@@ -22,6 +22,7 @@ from parashift.worker.prompt_logprobs import (PromptLogprobRequests, gather_rows
                                               prompt_logprobs)
 from parashift.worker.plan_resources import PlanResources, make_resources, weight_layout_of
 from parashift.worker.rank_hooks import RankHooks, RankSetup, hooks_for_rank
+from parashift.startup_phases import StartupPhases
 from parashift.worker.step_check import StepStateCheck
 from parashift.worker.step_inputs import StepInputs, build_step_inputs, counting
 from parashift.worker.token_history import TokenHistoryStore
@@ -152,16 +153,16 @@ class ModelRunner:
         self.hidden_size = hf_config.hidden_size
         self.max_model_len = max_model_len
         start = time.perf_counter()
-        chunks = reduction_chunks(hf_config) if config.deterministic else None
+        self.phases = StartupPhases(self.state.rank)
         self.quant = weight_quant(config.quantization, hf_config)
         self.kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, dtype)
-        with use_state(self.state, reduction_chunks=chunks, moe_parallel=config.moe_parallel,
-                       quantization=self.quant, kv_fp8=self.kv_dtype != dtype):
+        with self._base_state(hf_config), self.phases.phase("model build and load"):
             self.model = self._build_model(hf_config, source, max_model_len)
         # the designs' hooks on this rank (before narrowed layouts and the KV pool): Seesaw's
         # other plan's model, SiDP's owned FFN slices shared with the peers and its slots
-        self.hooks: list[RankHooks] = hooks_for_rank(self._rank_setup(
-            hf_config, source, max_model_len, other_states, group))
+        with self.phases.phase("design hooks"):
+            self.hooks: list[RankHooks] = hooks_for_rank(self._rank_setup(
+                hf_config, source, max_model_len, other_states, group))
         self._views_per_plan = any(hook.kv_views_per_plan for hook in self.hooks)
         self.load_seconds = time.perf_counter() - start
         self.backend = get_backend(config.attention_backend, device, config.deterministic)
@@ -183,20 +184,25 @@ class ModelRunner:
         self._kv_views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._bound_block_size = self.block_size
         # Narrower weight layouts (Shift, merges) before the KV pool takes what memory is left.
-        self.shift_weight_bytes = self._make_narrow_weights(other_states, config.shift.weights)
-        self.kv = KVCache.for_model(self.model, config, device, self.kv_dtype,
-                                    self._profile_peak_bytes,
-                                    max_model_len, self.state.sp.size, agree_num_blocks)
+        with self.phases.phase("narrowed weight layouts"):
+            self.shift_weight_bytes = self._make_narrow_weights(other_states, config.shift.weights)
+        with self.phases.phase("KV pool (memory profile)"):
+            self.kv = KVCache.for_model(self.model, config, device, self.kv_dtype,
+                                        self._profile_peak_bytes,
+                                        max_model_len, self.state.sp.size, agree_num_blocks)
         self.kv.bind(self.model)
         for hook in self.hooks:
             hook.report_memory(self.kv.nbytes)
         self.resources = self._make_resources([self.state, *other_states],
                                               hf_config.num_key_value_heads)
         self._report_kv_replication(hf_config.num_key_value_heads)
-        self._warm_up_attention()
-        for hook in self.hooks:
-            hook.bind_kv(self.kv)
-        self.graphs = self._capture_graphs() if self._use_graphs(config.cuda_graphs) else None
+        with self.phases.phase("attention warm-up"):
+            self._warm_up_attention()
+            for hook in self.hooks:
+                hook.bind_kv(self.kv)
+        with self.phases.phase("CUDA graphs"):
+            self.graphs = self._capture_graphs() if self._use_graphs(config.cuda_graphs) else None
+        self.phases.report()
 
     def _rank_setup(self, hf_config, source, max_model_len: int,
                     other_states: tuple[ParallelState, ...], group) -> RankSetup:
@@ -204,8 +210,20 @@ class ModelRunner:
             with use_state(state, moe_parallel=self.config.moe_parallel, quantization=self.quant,
                            kv_fp8=self.kv_dtype != self.dtype):
                 return self._build_model(hf_config, source, max_model_len)
+
+        def reload_weights(model):
+            with self._base_state(hf_config):
+                load_model_weights(model, source, self.config.seed)
         return RankSetup(self.config, hf_config, source, self.device, self.dtype, max_model_len,
-                         self.state, other_states, self.model, build_model, group)
+                         self.state, other_states, self.model, build_model, group,
+                         reload_weights, self.phases)
+
+    def _base_state(self, hf_config):
+        """The context the base plan's model is built and loaded in."""
+        chunks = reduction_chunks(hf_config) if self.config.deterministic else None
+        return use_state(self.state, reduction_chunks=chunks,
+                         moe_parallel=self.config.moe_parallel, quantization=self.quant,
+                         kv_fp8=self.kv_dtype != self.dtype)
 
     def seesaw_move(self, verb: str, plan_name: str, moves: list, tier) -> dict:
         """A transition's move on this rank (Seesaw's: worker/seesaw.py), by the hooks of

@@ -3,13 +3,14 @@ order over the rank's hooks (worker/seesaw.py's SeesawRank, worker/shared_ffn.py
 SharedFfn); every default does nothing. A design registers the factory of its hooks in
 parashift/designs/ (`rank_hooks`): `factory(setup) -> RankHooks | None`, None where the
 design does not run on this rank."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from parashift.designs import DESIGNS
 from parashift.parallel.state import GroupHandle, ParallelState
+from parashift.startup_phases import StartupPhases
 
 
 @dataclass
@@ -26,6 +27,10 @@ class RankSetup:
     model: torch.nn.Module              # the base plan's, loaded
     build_model: Callable[[ParallelState], torch.nn.Module]  # another plan's, loaded
     group: GroupHandle | None           # this rank's group, where a design exchanges in it
+    # loads the base plan's weights again into `model` (the base model, its parameters
+    # moved): where a design can place them anew instead of keeping a copy (None: cannot)
+    reload_weights: Callable[[torch.nn.Module], None] | None = None
+    phases: StartupPhases = field(default_factory=StartupPhases)  # the rank's start-up timing
 
 
 class RankHooks:

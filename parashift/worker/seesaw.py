@@ -18,10 +18,11 @@ from parashift.kv.tier_copy import gather, rank_kv_slice, scatter, wait_for_copi
 from parashift.parallel.arena_layout import place
 from parashift.parallel.host_copy import HostCopy
 from parashift.parallel.seesaw_weights import PeerGroup, WeightArena
-from parashift.parallel.weight_staging import stage
+from parashift.parallel.weight_staging import release, stage
 from parashift.parallel.state import ParallelState
 from parashift.worker.peer_weights import peer_group
 from parashift.worker.rank_hooks import RankHooks, RankSetup
+from parashift.startup_phases import StartupPhases
 
 
 def pool_views(pool: torch.Tensor, shapes: dict[str, tuple[int, int]], block_size: int,
@@ -53,19 +54,37 @@ def rank_hooks_for(setup: RankSetup) -> "SeesawRank | None":
     # the peer path moves checkpoint pieces, and FP8 weights' scales are none (made at load,
     # or spread per tensor): FP8 weights move from the host copies, scales with them
     fp8 = any(p.dtype == torch.float8_e4m3fn for p in setup.model.parameters())
-    peers = None if setup.group is None or fp8 else peer_group(
-        setup.group, setup.device, setup.hf_config, setup.source,
-        [state.plan, others[0].plan], setup.dtype, setup.max_model_len, config.moe_parallel,
-        asked=config.seesaw.weight_source == "peers")
-    # the running model leaves the device before the other is built: never both on it
+    with setup.phases.phase("seesaw peer group"):
+        peers = None if setup.group is None or fp8 else peer_group(
+            setup.group, setup.device, setup.hf_config, setup.source,
+            [state.plan, others[0].plan], setup.dtype, setup.max_model_len,
+            config.moe_parallel, asked=config.seesaw.weight_source == "peers")
+    # the running model leaves the device before the other is built: never both on it.
+    # Where `loads_into_arena`, its loader writes it into the arena anew (not FP8: scales
+    # are made at load), and only what switches read is copied out after
     resident = config.seesaw.resident_weights
-    staged = stage(setup.model, place(setup.model),
-                   pin=setup.device.type == "cuda" and peers is None and not resident)
-    other = setup.build_model(others[0])
-    return SeesawRank({state.plan.name(): setup.model, others[0].plan.name(): other},
-                      {state.plan.name(): state, others[0].plan.name(): others[0]},
+    name = state.plan.name()
+    reload = {} if fp8 or setup.reload_weights is None or not loads_into_arena(setup.device) \
+        else {name: lambda: setup.reload_weights(setup.model)}
+    with setup.phases.phase("seesaw running model off the device"):
+        if reload:
+            release(setup.model)
+        staged = {} if reload else {name: stage(
+            setup.model, place(setup.model),
+            pin=setup.device.type == "cuda" and peers is None and not resident)}
+    with setup.phases.phase("seesaw other plan's model build and load"):
+        other = setup.build_model(others[0])
+    return SeesawRank({name: setup.model, others[0].plan.name(): other},
+                      {name: state, others[0].plan.name(): others[0]},
                       setup.hf_config.num_hidden_layers, setup.hf_config.num_key_value_heads,
-                      setup.device, resident, peers, {state.plan.name(): staged})
+                      setup.device, resident, peers, staged, reload, setup.phases)
+
+
+def loads_into_arena(device: torch.device) -> bool:
+    """Whether the running plan's weights are loaded again into the arena rather than
+    staged through the host: on a GPU (its shard would cross PCIe twice through pageable
+    memory), not on a CPU (a copy costs less than a second load)."""
+    return device.type == "cuda"
 
 
 class SeesawRank(RankHooks):
@@ -78,17 +97,19 @@ class SeesawRank(RankHooks):
     def __init__(self, models: dict[str, torch.nn.Module], states: dict[str, ParallelState],
                  num_layers: int, num_kv_heads: int, device: torch.device,
                  resident_weights: bool = False, peers: PeerGroup | None = None,
-                 staged: dict[str, HostCopy] | None = None):
+                 staged: dict[str, HostCopy] | None = None, reload: dict | None = None,
+                 phases: StartupPhases | None = None):
         """`models` and `states`: the prefill plan's first (the running one), by plan name;
         `resident_weights`: both plans' shards stay on the device (no weight copies);
         `peers`: a switch fills the new shard from the group's ranks (parallel/
         seesaw_weights.py), not only from the pinned host copies; `staged`: the models
-        already moved out of device memory (parallel/weight_staging.py)."""
+        already moved out of device memory (parallel/weight_staging.py); `reload`: the
+        plans whose loader fills the arena instead (`WeightArena`)."""
         self.models, self.states, self.device = models, states, device
         self.slices = {name: rank_kv_slice(s.plan, s.rank, num_layers, num_kv_heads)
                        for name, s in states.items()}
         self.arena = WeightArena(models, device, resident=resident_weights, peers=peers,
-                                 staged=staged)
+                                 staged=staged, reload=reload, phases=phases)
         self.active = next(iter(models))
         self.views: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.num_blocks = 0

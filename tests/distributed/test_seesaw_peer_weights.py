@@ -15,7 +15,8 @@ from parashift.loader.source import load_hf_config, resolve_model
 from parashift.parallel.host_copy import merge_extents
 from parashift.parallel.plan import Plan
 from parashift.parallel.seesaw_weights import PeerGroup, WeightArena
-from parashift.parallel.weight_staging import host_reads
+from parashift.loader.weights import load_model_weights
+from parashift.parallel.weight_staging import host_reads, release
 from parashift.worker.peer_weights import load_group_weights
 from tests.distributed.test_plans import DEVICE
 from tests.engine.conftest import save_tiny_llama
@@ -42,7 +43,7 @@ def checksum(model: torch.nn.Module) -> str:
 
 
 def _rank(rank: int, port: int, world: int, model_dir: str, prefill: str, decode: str,
-          staging: int) -> None:
+          staging: int, reload: bool) -> None:
     torch.set_num_threads(1)
     device = torch.device(DEVICE, rank) if DEVICE == "cuda" else torch.device("cpu")
     if device.type == "cuda":
@@ -57,8 +58,13 @@ def _rank(rank: int, port: int, world: int, model_dir: str, prefill: str, decode
         fresh = {p: checksum(build(tiny, p, rank)) for p in (prefill, decode)}
         weights = load_group_weights(tiny[1], source, plans, torch.float32, 64)
         models = {p: build(tiny, p, rank).to(device) for p in (prefill, decode)}
+        if reload:  # the running plan's loader fills the arena: nothing of it staged
+            release(models[prefill])
         arena = WeightArena(models, device,
-                            peers=PeerGroup(dist.group.WORLD, rank, weights, staging))
+                            peers=PeerGroup(dist.group.WORLD, rank, weights, staging),
+                            reload={prefill: lambda: load_model_weights(models[prefill], source)}
+                            if reload else None)
+        assert checksum(models[prefill]) == fresh[prefill]
         fixed = {p: addresses(m) for p, m in models.items()}
         reads = {new: merge_extents(host_reads(schedule, rank, arena.regions[new].offset),
                                     arena.regions[new].size)
@@ -96,9 +102,12 @@ def spawn(world: int, *args) -> None:
     run_ranks(_rank, world, free_port(), world, *args)
 
 
-@pytest.mark.parametrize("prefill, decode, world, staging", [
-    ("pp2", "tp2", 2, LARGE), ("pp2", "tp2", 2, SMALL), ("pp2xtp2", "tp4", 4, LARGE),
-    ("pp4", "pp2xtp2", 4, SMALL)])
+@pytest.mark.parametrize("prefill, decode, world, staging, reload", [
+    ("pp2", "tp2", 2, LARGE, False), ("pp2", "tp2", 2, SMALL, False),
+    ("pp2xtp2", "tp4", 4, LARGE, False), ("pp4", "pp2xtp2", 4, SMALL, False),
+    ("pp2", "tp2", 2, SMALL, True)])
 def test_round_trips_from_peers_leave_each_plan_equal_to_a_fresh_load(model_dir, prefill, decode,
-                                                                     world, staging):
-    spawn(world, model_dir, prefill, decode, staging)
+                                                                     world, staging, reload):
+    """`reload`: the running plan's loader fills its region in the arena (the engine's
+    way where the loader can), its host copy then read back from the arena."""
+    spawn(world, model_dir, prefill, decode, staging, reload)

@@ -162,3 +162,21 @@ def test_what_no_rank_holds_comes_from_the_host_copy(tiny):
     from_host = {t.tensor for t in schedule.transfers() if t.kind == "host"}
     assert from_host == {name for name in tiny[1] if pp2_holder(name) == 1}
     assert schedule.unheld[0] == schedule.bytes_into(0)["host"] > 0 and schedule.cycle[0] == 0
+
+
+@pytest.mark.parametrize("prefill, decode", [("pp2", "tp2"), ("pp2xtp2", "tp4"),
+                                              ("pp4", "pp2xtp2")])
+@pytest.mark.parametrize("back", [False, True], ids=["to_decode", "to_prefill"])
+def test_cycles_too_large_to_stage_keep_local_copies_local(tiny, prefill, decode, back):
+    """A cycle is broken by reading a peer's piece from the host, never a piece the rank
+    copies from its own old shard: each rank copies on the device all it would with every
+    cycle staged, and receives (from peers or its host copy) no more than it lacks."""
+    ranks = weights_of(tiny, prefill, decode)
+    old, new = (decode, prefill) if back else (prefill, decode)
+    staged = reshard_schedule(ranks, old, new, 2**30)
+    broken = reshard_schedule(ranks, old, new, 12 * 2**10)
+    assert sum(broken.cycle.values()) > 0
+    for rank in ranks:
+        whole, cut = staged.bytes_into(rank), broken.bytes_into(rank)
+        assert cut["local"] == whole["local"]
+        assert cut["peer"] + cut["host"] == whole["peer"]

@@ -14,6 +14,7 @@ from parashift.models.registry import model_class_for
 from parashift.parallel.plan import Plan
 from parashift.parallel.seesaw_weights import PeerGroup, WeightArena
 from parashift.parallel.state import GroupHandle, ParallelState
+from parashift.parallel.weight_staging import release
 from tests.engine.conftest import save_tiny_llama
 
 
@@ -51,13 +52,28 @@ def addresses(model):
     return [p.data_ptr() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("prefill,decode,rank", [("pp2", "tp2", 0), ("pp2", "tp2", 1),
-                                                 ("pp2xtp2", "tp4", 3), ("pp4", "pp2xtp2", 2)])
-def test_twenty_round_trips_leave_each_plan_equal_to_a_fresh_load(tiny_model, prefill, decode, rank):
+def reloading(tiny_model, model: torch.nn.Module) -> dict:
+    """`model` released (its parameters off their storage) and its loader as the arena's
+    `reload`, under `name`."""
+    release(model)
+    return lambda: load_model_weights(model, tiny_model[0])
+
+
+@pytest.mark.parametrize("prefill,decode,rank,reload", [
+    ("pp2", "tp2", 0, False), ("pp2", "tp2", 1, False), ("pp2xtp2", "tp4", 3, False),
+    ("pp4", "pp2xtp2", 2, False), ("pp2", "tp2", 1, True), ("pp2xtp2", "tp4", 3, True)])
+def test_twenty_round_trips_leave_each_plan_equal_to_a_fresh_load(tiny_model, prefill, decode, rank,
+                                                                 reload):
+    """With `reload` the running plan's loader fills its region in the arena (nothing of
+    it staged), and its host copy is read back from there."""
     fresh = {name: checksum(build(tiny_model, name, rank)) for name in (prefill, decode)}
     models = {name: build(tiny_model, name, rank) for name in (prefill, decode)}
-    arena = WeightArena(models, torch.device("cpu"))
+    loaders = {prefill: reloading(tiny_model, models[prefill])} if reload else None
+    arena = WeightArena(models, torch.device("cpu"), reload=loaders)
     fixed = {name: addresses(m) for name, m in models.items()}
+    base = arena.arena.data_ptr()
+    assert all(base <= a < base + arena.arena.nbytes for m in models.values()
+               for a in addresses(m))
     assert arena.pinned_bytes == sum(r.size for r in arena.regions.values())
     assert checksum(models[prefill]) == fresh[prefill]
     for _ in range(20):
@@ -124,3 +140,16 @@ def test_the_arena_is_allocated_after_every_model_left_the_device(tiny_model, mo
     in_arena = {arena.arena.untyped_storage().data_ptr()}
     assert all(storages(m) == in_arena for m in models.values())
     del held
+
+
+def test_a_reload_that_leaves_the_arena_or_is_not_the_running_plans_is_refused(tiny_model):
+    models = {name: build(tiny_model, name, 0) for name in ("pp2", "tp2")}
+    with pytest.raises(ValueError, match="only the running plan's"):
+        WeightArena(models, torch.device("cpu"), reload={"tp2": lambda: None})
+    release(models["pp2"])
+    first = next(models["pp2"].parameters())
+
+    def moving():
+        first.data = torch.zeros(first.shape, dtype=first.dtype)
+    with pytest.raises(RuntimeError, match="moved a parameter out of the arena"):
+        WeightArena(models, torch.device("cpu"), reload={"pp2": moving})

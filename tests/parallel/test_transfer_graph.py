@@ -48,7 +48,13 @@ def reference_break_cycles(transfers, edges, staging_bytes, cycle):
             done.append(component)
             continue
         members = set(component)
-        victim = max(component, key=lambda i: (sum(j in members for j in edges[i]), -i))
+
+        def waiting(i):
+            return sum(j in members for j in edges[i])
+        # a peer's read first (it crosses the receiver's link whether from the peer or the
+        # host), the one the most writes wait on, the first on a tie
+        victim = max(component, key=lambda i: (
+            transfers[i].kind == "peer" and waiting(i) > 0, waiting(i), -i))
         t = transfers[victim]
         transfers[victim] = replace(t, src=None)
         cycle[t.dst.rank] += t.nbytes
