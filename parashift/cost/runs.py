@@ -21,7 +21,7 @@ class Served:
     label: str = ""
     ffn_owners: int = 1              # SiDP: replicas sharing FFN weights (1: none)
     ffn_threshold: int | None = None  # SiDP: B_th, tokens a replica from which WaS runs
-    cas_graphs: bool = False         # the sidp policy with --cuda-graphs: CaS decodes replay
+    cas_graphs: bool = True          # SiDP's CaS decodes replay graphs (False: --no-cuda-graphs)
     stage_replicas: bool = True      # a pipelined group serves a replica per stage (not Seesaw)
 
     @property
@@ -42,9 +42,10 @@ class Served:
         return cls(base, base.shift_plan(), threshold)
 
     @classmethod
-    def sidp(cls, plan: Plan, threshold: int | None, cas_graphs: bool = False) -> "Served":
+    def sidp(cls, plan: Plan, threshold: int | None, cas_graphs: bool = True) -> "Served":
         """The sidp policy over `plan`'s DP replicas (plain TP), all sharing FFN weights
-        (threshold None: CaS alone, `--share-ffn`, whose decodes replay graphs)."""
+        (threshold None: CaS alone, `--share-ffn`); its CaS decodes replay graphs, its WaS
+        steps run eagerly (`cas_graphs` False: every step eagerly, --no-cuda-graphs)."""
         return cls(plan, label=f"sidp-{plan.name()}", ffn_owners=plan.dp,
                    ffn_threshold=threshold, cas_graphs=cas_graphs)
 
@@ -60,8 +61,8 @@ def step_s(model: StepModel, served: Served, batch: StepBatch) -> float:
     plan = served.plan_for(batch.tokens)
     if served.ffn_owners > 1:
         mode = sidp_mode(batch.tokens, served.ffn_threshold)
-        if served.ffn_threshold is not None and not served.cas_graphs:
-            model = model.eager()  # the sidp policy's WaS plans hold graphs off
+        if not served.cas_graphs:
+            model = model.eager()
         return sidp_step(model, plan, batch, served.ffn_owners, mode).total
     return model.step_s(replica_plan(plan), batch)
 

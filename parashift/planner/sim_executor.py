@@ -29,15 +29,6 @@ def replica_kv_tokens(model: StepModel, plan: Plan) -> int:
     return model.kv_tokens(replica_plan(plan), ffn_owners=plan.ffn_replicas, ffn_slots=SLOTS)
 
 
-def replays_graphs(plans: list[Plan], requested: bool | None) -> bool:
-    """Whether the engine's decode steps replay CUDA graphs (worker/model_runner.py
-    `graphs_by_default`): as asked, else only where every plan can (SiDP's WaS plans
-    cannot, so under the sidp policy every step runs eagerly unless --cuda-graphs)."""
-    if requested is not None:
-        return requested
-    return not any(_is_was(plan) for plan in plans)
-
-
 def _is_was(plan: Plan) -> bool:
     return plan.shared_ffn is not None and plan.shared_ffn[0] == "was"
 
@@ -64,7 +55,9 @@ class SimulatedExecutor(RanksNeverLost):
         self.model, self.clock = model, clock
         self.plans = {plan.name(): plan for plan in plans}
         self.eager_model = model.eager()
-        self.graphs = replays_graphs(plans, cuda_graphs)
+        # decode steps replay CUDA graphs unless --no-cuda-graphs (worker/model_runner.py
+        # `graphs_by_default`); SiDP's WaS plans run eagerly beside them (`step_breakdown`)
+        self.graphs = cuda_graphs is not False
         world = max(r for plan in layout_plans for r in plan.ranks) + 1
         self.rank_blocks = [0] * world
         for plan in layout_plans:
