@@ -55,6 +55,8 @@ SECTIONS = {
     "x4e": "Four H200s, the fifth window (issue 20; eighteenth session, 2026-11-26)",
     "x2i65": "Two H200s for issue 65: Seesaw PCIe-like, SiDP capacity at d=2, self-healing on "
              "GPUs (thirty-ninth session, 2026-11-29)",
+    "x2s40": "Two H200s, session 40: issue 65's runs (2026-11-29; raw in "
+             "benchmarks/results/raw/issue65_x2_s40_call2/)",
 }
 
 
@@ -245,7 +247,7 @@ def rows() -> list[Row]:
     r.append(Row("2gpu-moe-batch-shift", "MoE", 2, moe, "batch 64 x 2048/128, Shift SP2<->TP2",
                  "tok/s", 39593, S["moe2"], lambda: batch_tok_s(moe, 2, "shift-sp2", 64, 2048, 128)))
     r += figure9_two(d8) + figure9_four(d8) + seesaw_rows(d8) + flying_rows(d8) + sidp_rows(d8)
-    return r + served_rows(d8) + issue59_rows()
+    return r + served_rows(d8) + issue59_rows() + tail_x2s40_rows()
 
 
 SIMULATED: dict = {}
@@ -304,8 +306,9 @@ def served_rows(d8: str) -> list[Row]:
 
 def issue59_rows() -> list[Row]:
     """Runs through the simulator (seconds each): the thirty-ninth session's two-H200 rows
-    (the 70B's PP=2 `summarize`, PCIe-like, where PP sends little; Qwen3-32B `tail` at d=2)
-    and SiDP's CaS `tail` runs with and without graphs (`-dp d --share-ffn`)."""
+    (the 70B's PP=2 `summarize`, PCIe-like, where PP sends little; Qwen3-32B `tail` at d=2,
+    the sidp policy then without graphs, its default) and SiDP's CaS `tail` runs with and
+    without graphs (`-dp d --share-ffn`)."""
     S, r = SECTIONS, []
     r.append(Row("2gpu-served-summarize-70b-pp2", "Simulated runs", 2, "llama-3.1-70b",
                  "summarize, 48 requests, PP=2, budget 16384 (PCIe-like)", "s", 30.8, S["x2i65"],
@@ -313,14 +316,15 @@ def issue59_rows() -> list[Row]:
                                     "summarize", WorkloadOptions(num_requests=48), 16384,
                                     None)["duration_s"], {}), served=True))
     tail300 = WorkloadOptions(num_requests=300)
-    for name, policy, degrees, secs in (
-            ("dp2", "static", {"data_parallel_size": 2}, 97.2),
-            ("tp2", "static", {"tensor_parallel_size": 2}, 76.0),
-            ("sidp-dp2", "sidp", {"data_parallel_size": 2}, 150.0)):
+    for name, policy, degrees, secs, graphs in (
+            ("dp2", "static", {"data_parallel_size": 2}, 97.2, None),
+            ("tp2", "static", {"tensor_parallel_size": 2}, 76.0, None),
+            ("sidp-dp2", "sidp", {"data_parallel_size": 2}, 150.0, False)):
+        eager = ", eager: then its default" if graphs is False else ""
         r.append(Row(f"2gpu-served-tail-qwen3-32b-{name}", "Simulated runs", 2, "qwen3-32b",
-                     f"tail, 300 requests, {name} ({policy} policy), budget 8192", "s", secs,
-                     S["x2i65"], lambda p=policy, d=degrees: (simulated(
-                         "qwen3-32b", 2, p, d, "tail", tail300)["duration_s"], {}),
+                     f"tail, 300 requests, {name} ({policy} policy{eager}), budget 8192", "s",
+                     secs, S["x2i65"], lambda p=policy, d=degrees, g=graphs: (simulated(
+                         "qwen3-32b", 2, p, d, "tail", tail300, cuda_graphs=g)["duration_s"], {}),
                      served=True, lower_bound=policy == "sidp"))
     tail = WorkloadOptions(num_requests=1000, length_scale=0.05)
     for shape, gpus, graphs, rate, sec in (
@@ -334,6 +338,27 @@ def issue59_rows() -> list[Row]:
                          s, g, "static", {"data_parallel_size": g}, "tail", tail, 8192, 2048,
                          True, c)["request_throughput"], {}),
                      fit=(shape, graphs) == ("llama-3.1-70b", False), served=True))
+    return r
+
+
+def tail_x2s40_rows() -> list[Row]:
+    """The fortieth session's `tail` at full length on two H200s, one call
+    (scripts/gpu_x2_runs.sh sidp_tail2g: 300 requests, Qwen3-32B shape, --max-model-len
+    8192, --gpu-memory-utilization 0.75; the profile's 0.9 predicts the same times): the sidp
+    policy with its CaS plans' graphs (now its default), CaS alone, and the static plans."""
+    tail300, r = WorkloadOptions(num_requests=300), []
+    for name, policy, degrees, share_ffn, secs, what in (
+            ("sidp-dp2", "sidp", {"data_parallel_size": 2}, True, 85.69,
+             "-dp 2 --share-ffn --parallel-policy sidp --cuda-graphs"),
+            ("cas-dp2", "static", {"data_parallel_size": 2}, True, 85.14, "-dp 2 --share-ffn"),
+            ("tp2", "static", {"tensor_parallel_size": 2}, False, 76.63, "-tp 2"),
+            ("dp2", "static", {"data_parallel_size": 2}, False, 99.32, "-dp 2")):
+        r.append(Row(f"2gpu-served-tail-qwen3-32b-{name}-x2s40", "Simulated runs", 2,
+                     "qwen3-32b", f"tail, 300 requests, {what}", "s", secs, SECTIONS["x2s40"],
+                     lambda p=policy, d=degrees, f=share_ffn: (simulated(
+                         "qwen3-32b", 2, p, d, "tail", tail300, share_ffn=f,
+                         cuda_graphs=True if p == "sidp" else None)["duration_s"], {}),
+                     served=True))
     return r
 
 
