@@ -76,12 +76,15 @@ EAGER_PP = ("the thirteenth session's pipelines decoded eagerly with prompts who
             "and all-reduces), not the overlap; not re-measured since the stages replay graphs")
 SIDP_D4 = ("CaS with graphs at d=4 measured 0.61-0.77x of plain DP (this command ranged 40-62 "
            "req/s across sessions); the model puts CaS ahead of plain DP4 (a rank reads a "
-           "quarter of the FFN weights a decode step), and at d=2 (8B, within 7%) it agrees "
-           "with the runs: what four ranks meeting at every layer's exchange cost (their "
-           "skew, the rounds padded to the largest replica's bucket, and a replica without "
-           "work serving its slices eagerly, shared_ffn.serve_idle, which the simulator "
-           "prices as an empty graph step) is not in the model and no CaS round has been "
-           "profiled")
+           "quarter of the FFN weights a decode step), and at d=2 (8B, within 2%) it agrees "
+           "with the runs. Found: a replica without work serves its slices eagerly "
+           "(shared_ffn.serve_idle), and at d=4 364 of this run's 559 rounds hold one (19 of "
+           "559 at d=2); the simulator priced it as an empty graph step, which put these rows "
+           "at +160% (32B) and +84% (70B); priced as its eager exchanges "
+           "(cost/sidp.py idle_cas_step: cas_kernels_per_peer launches a layer, no new fit) "
+           "they are at +52% and +33%. The rest is four ranks meeting at every layer's "
+           "exchange (their skew, the rounds padded to the largest replica's bucket), not "
+           "in the model; no CaS round has been profiled")
 SERVED = ("served TTFT through the simulator: it leaves out the server's own path (HTTP, the "
           "output process, the async front end; DP4 is 20% under), and where the plan has "
           "several ranks a prefill's pace set by the slowest rank's host beyond the eager "

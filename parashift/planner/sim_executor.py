@@ -8,12 +8,13 @@ as steps); their prepare and commit phases are views here (Flying's zero-copy we
 take no time. Seesaw's KV and weight moves are not simulated. A SiDP plan's step is the cost
 model's SiDP step (cost/sidp.py: CaS exchanges, WaS fetches), and a CaS step starts once every
 sharing replica's ranks are free, with the round's other steps (its FFN exchanges run on
-all of them)."""
+all of them); a replica with no tokens in the round serves its slices eagerly
+(`idle_cas_step`)."""
 import heapq
 import itertools
 from typing import NoReturn
 
-from parashift.cost.sidp import SLOTS, sidp_step
+from parashift.cost.sidp import SLOTS, idle_cas_step, sidp_step
 from parashift.cost.step import Breakdown, Seq, StepBatch, StepModel, replica_plan
 from parashift.executor.base import RanksNeverLost, WorkerFailure
 from parashift.parallel.plan import Plan
@@ -89,6 +90,8 @@ class SimulatedExecutor(RanksNeverLost):
         seqs += [Seq(len(c.token_ids), c.start_pos) for c in batch.chunks]
         plan = self.plans[plan_name] if plan_name in self.plans else Plan.parse(plan_name)
         model = self.model if self.graphs and not _is_was(plan) else self.eager_model
+        if plan.shared_ffn is not None and not seqs and plan.shared_ffn[0] == "cas":
+            return idle_cas_step(model)
         if plan.shared_ffn is not None:
             return sidp_step(model, plan, StepBatch(tuple(seqs)), plan.ffn_replicas,
                              plan.shared_ffn[0])

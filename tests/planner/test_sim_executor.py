@@ -60,6 +60,17 @@ def test_the_sidp_policys_cas_decodes_replay_graphs_unless_told_not_to(model, cu
     assert (run.step_seconds(cas.name(), decodes(cas, 8)) < eager) is (cuda_graphs is not False)
 
 
+def test_a_replica_without_tokens_in_a_cas_round_serves_its_slices_eagerly(model):
+    """worker/shared_ffn.py serve_idle: no graph holds an empty step, so the replica's FFN
+    exchanges are launched from its host layer by layer (`cas_kernels_per_peer` each)."""
+    run = executor(model, "cas")
+    plan = next(iter(run.plans.values()))
+    c = model.compute
+    idle = run.step_seconds(plan.name(), decodes(plan, 0, round_id=1))
+    assert idle == model.shape.num_layers * c.cas_kernels_per_peer * c.eager_launch_s
+    assert idle > sidp_step(model, plan, StepBatch(()), 2, "cas").total  # the graph's
+
+
 def test_a_cas_round_starts_once_every_sharing_rank_is_free(model):
     run = executor(model, "cas")
     first, second = run.plans.values()
