@@ -55,6 +55,8 @@ SECTIONS = {
     "x4e": "Four H200s, the fifth window (issue 20; eighteenth session, 2026-11-26)",
     "x2i65": "Two H200s for issue 65: Seesaw PCIe-like, SiDP capacity at d=2, self-healing on "
              "GPUs (thirty-ninth session, 2026-11-29)",
+    "x2s40": "Two H200s, session 40: Seesaw on the 70B, rank 0 killed under load, SiDP's tail "
+             "with CaS graphs, FP8 input fusion (issues 65, 60; 2026-11-29)",
 }
 
 
@@ -74,12 +76,15 @@ EAGER_PP = ("the thirteenth session's pipelines decoded eagerly with prompts who
             "and all-reduces), not the overlap; not re-measured since the stages replay graphs")
 SIDP_D4 = ("CaS with graphs at d=4 measured 0.61-0.77x of plain DP (this command ranged 40-62 "
            "req/s across sessions); the model puts CaS ahead of plain DP4 (a rank reads a "
-           "quarter of the FFN weights a decode step), and at d=2 (8B, within 7%) it agrees "
-           "with the runs: what four ranks meeting at every layer's exchange cost (their "
-           "skew, the rounds padded to the largest replica's bucket, and a replica without "
-           "work serving its slices eagerly, shared_ffn.serve_idle, which the simulator "
-           "prices as an empty graph step) is not in the model and no CaS round has been "
-           "profiled")
+           "quarter of the FFN weights a decode step), and at d=2 (8B, within 2%) it agrees "
+           "with the runs. Found: a replica without work serves its slices eagerly "
+           "(shared_ffn.serve_idle), and at d=4 364 of this run's 559 rounds hold one (19 of "
+           "559 at d=2); the simulator priced it as an empty graph step, which put these rows "
+           "at +160% (32B) and +84% (70B); priced as its eager exchanges "
+           "(cost/sidp.py idle_cas_step: cas_kernels_per_peer launches a layer, no new fit) "
+           "they are at +52% and +33%. The rest is four ranks meeting at every layer's "
+           "exchange (their skew, the rounds padded to the largest replica's bucket), not "
+           "in the model; no CaS round has been profiled")
 SERVED = ("served TTFT through the simulator: it leaves out the server's own path (HTTP, the "
           "output process, the async front end; DP4 is 20% under), and where the plan has "
           "several ranks a prefill's pace set by the slowest rank's host beyond the eager "
@@ -245,7 +250,7 @@ def rows() -> list[Row]:
     r.append(Row("2gpu-moe-batch-shift", "MoE", 2, moe, "batch 64 x 2048/128, Shift SP2<->TP2",
                  "tok/s", 39593, S["moe2"], lambda: batch_tok_s(moe, 2, "shift-sp2", 64, 2048, 128)))
     r += figure9_two(d8) + figure9_four(d8) + seesaw_rows(d8) + flying_rows(d8) + sidp_rows(d8)
-    return r + served_rows(d8) + issue59_rows() + pcie_rows(d8)
+    return r + served_rows(d8) + issue59_rows() + pcie_rows(d8) + tail_x2s40_rows()
 
 
 SIMULATED: dict = {}
@@ -304,8 +309,9 @@ def served_rows(d8: str) -> list[Row]:
 
 def issue59_rows() -> list[Row]:
     """Runs through the simulator (seconds each): the thirty-ninth session's two-H200 rows
-    (the 70B's PP=2 `summarize`, PCIe-like, where PP sends little; Qwen3-32B `tail` at d=2)
-    and SiDP's CaS `tail` runs with and without graphs (`-dp d --share-ffn`)."""
+    (the 70B's PP=2 `summarize`, PCIe-like, where PP sends little; Qwen3-32B `tail` at d=2,
+    the sidp policy then without graphs, its default) and SiDP's CaS `tail` runs with and
+    without graphs (`-dp d --share-ffn`)."""
     S, r = SECTIONS, []
     r.append(Row("2gpu-served-summarize-70b-pp2", "Simulated runs", 2, "llama-3.1-70b",
                  "summarize, 48 requests, PP=2, budget 16384 (PCIe-like)", "s", 30.8, S["x2i65"],
@@ -313,14 +319,15 @@ def issue59_rows() -> list[Row]:
                                     "summarize", WorkloadOptions(num_requests=48), 16384,
                                     None)["duration_s"], {}), served=True))
     tail300 = WorkloadOptions(num_requests=300)
-    for name, policy, degrees, secs in (
-            ("dp2", "static", {"data_parallel_size": 2}, 97.2),
-            ("tp2", "static", {"tensor_parallel_size": 2}, 76.0),
-            ("sidp-dp2", "sidp", {"data_parallel_size": 2}, 150.0)):
+    for name, policy, degrees, secs, graphs in (
+            ("dp2", "static", {"data_parallel_size": 2}, 97.2, None),
+            ("tp2", "static", {"tensor_parallel_size": 2}, 76.0, None),
+            ("sidp-dp2", "sidp", {"data_parallel_size": 2}, 150.0, False)):
+        eager = ", eager: then its default" if graphs is False else ""
         r.append(Row(f"2gpu-served-tail-qwen3-32b-{name}", "Simulated runs", 2, "qwen3-32b",
-                     f"tail, 300 requests, {name} ({policy} policy), budget 8192", "s", secs,
-                     S["x2i65"], lambda p=policy, d=degrees: (simulated(
-                         "qwen3-32b", 2, p, d, "tail", tail300)["duration_s"], {}),
+                     f"tail, 300 requests, {name} ({policy} policy{eager}), budget 8192", "s",
+                     secs, S["x2i65"], lambda p=policy, d=degrees, g=graphs: (simulated(
+                         "qwen3-32b", 2, p, d, "tail", tail300, cuda_graphs=g)["duration_s"], {}),
                      served=True, lower_bound=policy == "sidp"))
     tail = WorkloadOptions(num_requests=1000, length_scale=0.05)
     for shape, gpus, graphs, rate, sec in (
@@ -339,8 +346,6 @@ def issue59_rows() -> list[Row]:
 
 PCIE_LINKS = {2: load(PROFILES / "h200x2_pcie_link.json"),
               4: load(PROFILES / "h200x4_pcie_link.json")}
-SESSION_40 = ("benchmarks/results/raw/issue65_x2_s40_call1/seesaw70_pcie.log, "
-              "issue65_x2_s40_call4/seesaw70.json (fortieth session, 2026-11-29)")
 
 
 def pcie_rows(d8: str) -> list[Row]:
@@ -362,7 +367,7 @@ def pcie_rows(d8: str) -> list[Row]:
         size = "70b-" if shape == d70 else ""
         r.append(Row(f"2gpu-pcie-{workload}-{size}{name}-{sec}", "PCIe-like", 2, shape,
                      f"{workload}, {n} requests, {name}, budget {budget}, NCCL_P2P_DISABLE=1", "s",
-                     secs, SESSION_40 if sec == "s40" else S[sec],
+                     secs, S["x2s40" if sec == "s40" else sec],
                      lambda s=shape, n=n, w=workload, p=plan, b=budget, sec=sec: _pcie_wall(
                          s, 2, n, w, p, b, 32, from_peers=sec == "s40"),
                      fit=(shape, workload, plan, sec) == (d8, "summarize", "tp2", "x2i65")))
@@ -388,6 +393,27 @@ def _pcie_wall(shape, gpus, n, workload, plan, budget, tier_gib, from_peers=Fals
     prefill, decode = plan.split("-")
     return seesaw_s(m, Plan.parse(prefill), Plan.parse(decode), reqs, tier_gib * 2 ** 30, engine,
                     from_peers, starts_in_decode=True)  # the runs' transitions: 2 a phase
+
+
+def tail_x2s40_rows() -> list[Row]:
+    """The fortieth session's `tail` at full length on two H200s, one call
+    (scripts/gpu_x2_runs.sh sidp_tail2g: 300 requests, Qwen3-32B shape, --max-model-len
+    8192, --gpu-memory-utilization 0.75; the profile's 0.9 predicts the same times): the sidp
+    policy with its CaS plans' graphs (now its default), CaS alone, and the static plans."""
+    tail300, r = WorkloadOptions(num_requests=300), []
+    for name, policy, degrees, share_ffn, secs, what in (
+            ("sidp-dp2", "sidp", {"data_parallel_size": 2}, True, 85.69,
+             "-dp 2 --share-ffn --parallel-policy sidp --cuda-graphs"),
+            ("cas-dp2", "static", {"data_parallel_size": 2}, True, 85.14, "-dp 2 --share-ffn"),
+            ("tp2", "static", {"tensor_parallel_size": 2}, False, 76.63, "-tp 2"),
+            ("dp2", "static", {"data_parallel_size": 2}, False, 99.32, "-dp 2")):
+        r.append(Row(f"2gpu-served-tail-qwen3-32b-{name}-x2s40", "Simulated runs", 2,
+                     "qwen3-32b", f"tail, 300 requests, {what}", "s", secs, SECTIONS["x2s40"],
+                     lambda p=policy, d=degrees, f=share_ffn: (simulated(
+                         "qwen3-32b", 2, p, d, "tail", tail300, share_ffn=f,
+                         cuda_graphs=True if p == "sidp" else None)["duration_s"], {}),
+                     served=True))
+    return r
 
 
 def sidp_rows(d8: str) -> list[Row]:

@@ -80,13 +80,13 @@ class Advisor:
 
 
     def sidp_crossover(self, tp: int, replicas: int, most: int = 16384,
-                       cas_graphs: bool = False) -> int | None:
+                       cas_graphs: bool = True) -> int | None:
         """The fewest tokens a replica's step holds (decodes up to the scheduler's seats, a
         prompt chunk beyond) from which the predicted Weight-as-a-Service step is no slower
         than the Compute-as-a-Service one (cost/sidp.py: the exposed fetch against the
         exchanges and the d-times-taller FFN); None where CaS stays faster up to `most`.
-        Both modes' plans made, the engine replays no graphs unless asked (`cas_graphs`:
-        --cuda-graphs, for the CaS plans)."""
+        The CaS decodes priced in graphs, as the engine replays them by default
+        (`cas_graphs` False: eagerly, --no-cuda-graphs); WaS's steps run eagerly."""
         plan = Plan(tp=tp)
         model = self.model if cas_graphs else self.model.eager()
 

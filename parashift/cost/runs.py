@@ -8,7 +8,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from parashift.cost.sidp import SLOTS, sidp_mode, sidp_step
+from parashift.cost.sidp import SLOTS, idle_cas_step, sidp_mode, sidp_step
 from parashift.cost.step import Seq, StepBatch, StepModel, replica_plan
 from parashift.parallel.plan import Plan
 
@@ -21,7 +21,7 @@ class Served:
     label: str = ""
     ffn_owners: int = 1              # SiDP: replicas sharing FFN weights (1: none)
     ffn_threshold: int | None = None  # SiDP: B_th, tokens a replica from which WaS runs
-    cas_graphs: bool = False         # the sidp policy with --cuda-graphs: CaS decodes replay
+    cas_graphs: bool = True          # SiDP's CaS decodes replay graphs (False: --no-cuda-graphs)
     stage_replicas: bool = True      # a pipelined group serves a replica per stage (not Seesaw)
 
     @property
@@ -42,9 +42,10 @@ class Served:
         return cls(base, base.shift_plan(), threshold)
 
     @classmethod
-    def sidp(cls, plan: Plan, threshold: int | None, cas_graphs: bool = False) -> "Served":
+    def sidp(cls, plan: Plan, threshold: int | None, cas_graphs: bool = True) -> "Served":
         """The sidp policy over `plan`'s DP replicas (plain TP), all sharing FFN weights
-        (threshold None: CaS alone, `--share-ffn`, whose decodes replay graphs)."""
+        (threshold None: CaS alone, `--share-ffn`); its CaS decodes replay graphs, its WaS
+        steps run eagerly (`cas_graphs` False: every step eagerly, --no-cuda-graphs)."""
         return cls(plan, label=f"sidp-{plan.name()}", ffn_owners=plan.dp,
                    ffn_threshold=threshold, cas_graphs=cas_graphs)
 
@@ -60,8 +61,8 @@ def step_s(model: StepModel, served: Served, batch: StepBatch) -> float:
     plan = served.plan_for(batch.tokens)
     if served.ffn_owners > 1:
         mode = sidp_mode(batch.tokens, served.ffn_threshold)
-        if served.ffn_threshold is not None and not served.cas_graphs:
-            model = model.eager()  # the sidp policy's WaS plans hold graphs off
+        if not served.cas_graphs:
+            model = model.eager()
         return sidp_step(model, plan, batch, served.ffn_owners, mode).total
     return model.step_s(replica_plan(plan), batch)
 
@@ -117,7 +118,7 @@ def offline_s(model: StepModel, served: Served, requests: list[tuple[int, int]],
     `cycle_s`) share them evenly (the slowest replica's time); each admits up to
     max_num_seqs (or what its KV holds), prefills the admitted prompts in steps of the budget with its running decodes
     riding along, decodes until a sequence ends, and refills the seat it frees (continuous
-    batching, event by event)."""
+    batching, event by event). Replicas sharing FFN weights step in rounds (`_rounds_s`)."""
     plan = served.plan
     kv = kv_tokens(model, served)
     if kv <= 0:
@@ -126,34 +127,64 @@ def offline_s(model: StepModel, served: Served, requests: list[tuple[int, int]],
     shares = [requests[d::plan.dp * parts] for d in range(plan.dp * parts)]
     mean_len = sum(i + o for i, o in requests) / len(requests)
     seats = max(1, min(engine.max_num_seqs, int(kv // parts // mean_len)))
-    return max(_replica_s(model, served, share, engine, seats) for share in shares if share)
+    timelines = [_replica_steps(model, served, share, engine, seats) for share in shares if share]
+    if served.ffn_owners > 1:
+        return _rounds_s(model, timelines)
+    return max(sum(n * s for n, s, _ in steps) for steps in timelines)
 
 
-def _replica_s(model: StepModel, served: Served, requests: list[tuple[int, int]],
-               engine: Engine, seats: int) -> float:
+def _rounds_s(model: StepModel, timelines: list[list[tuple[int, float, bool]]]) -> float:
+    """Replicas sharing FFN weights step together: each round takes its slowest replica's
+    step, and a CaS round a replica done with its share sits in serves its slices eagerly
+    (`idle_cas_step`), which the others wait on at every layer."""
+    idle = idle_cas_step(model).total
+    left = [deque(steps) for steps in timelines]
+    total = 0.0
+    while any(left):
+        heads = [steps[0] for steps in left if steps]
+        rounds = min(n for n, _, _ in heads)
+        cas = any(c for _, _, c in heads)
+        total += rounds * max([s for _, s, _ in heads] + [idle] * (cas and len(heads) < len(left)))
+        for steps in left:
+            if steps:
+                n, s, c = steps.popleft()
+                if n > rounds:
+                    steps.appendleft((n - rounds, s, c))
+    return total
+
+
+def _replica_steps(model: StepModel, served: Served, requests: list[tuple[int, int]],
+                   engine: Engine, seats: int) -> list[tuple[int, float, bool]]:
+    """A replica's steps over its share: (steps, seconds each, a CaS step), in order."""
     queue = deque(requests)
     running: list[list[int]] = []  # [output tokens left, context]
-    total = 0.0
+    timeline = []
     while queue or running:
         admitted = [queue.popleft() for _ in range(min(len(queue), seats - len(running)))]
         if admitted:
-            total += _prefill_steps_s(model, served, admitted, running, engine)
+            timeline.append(_prefill_steps(model, served, admitted, running, engine))
             running += [[o - 1, i + 1] for i, o in admitted]
         running = [r for r in running if r[0] > 0]
         if not running:
             continue
         steps = min(r[0] for r in running)
         context = sum(r[1] for r in running) // len(running) + steps // 2
-        total += steps * cycle_s(model, served, StepBatch.decode(len(running), context))
+        timeline.append(_steps(model, served, steps, StepBatch.decode(len(running), context)))
         for r in running:
             r[0] -= steps
             r[1] += steps
         running = [r for r in running if r[0] > 0]
-    return total
+    return timeline
 
 
-def _prefill_steps_s(model: StepModel, served: Served, admitted: list[tuple[int, int]],
-                     running: list[list[int]], engine: Engine) -> float:
+def _steps(model: StepModel, served: Served, count: int, batch: StepBatch
+           ) -> tuple[int, float, bool]:
+    cas = served.ffn_owners > 1 and sidp_mode(batch.tokens, served.ffn_threshold) == "cas"
+    return count, cycle_s(model, served, batch), cas
+
+
+def _prefill_steps(model: StepModel, served: Served, admitted: list[tuple[int, int]],
+                   running: list[list[int]], engine: Engine) -> tuple[int, float, bool]:
     """The admitted prompts in steps of the budget left after the running decodes, which
     each take a token of every such step."""
     prompt_tokens = sum(i for i, _ in admitted)
@@ -168,7 +199,7 @@ def _prefill_steps_s(model: StepModel, served: Served, admitted: list[tuple[int,
     for r in running:
         r[0] -= min(r[0], steps)
         r[1] += steps
-    return steps * cycle_s(model, served, StepBatch(seqs))
+    return _steps(model, served, steps, StepBatch(seqs))
 
 
 def _seq(query: int, mean_prompt: float) -> Seq:

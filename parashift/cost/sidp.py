@@ -53,6 +53,17 @@ def sidp_step(model: StepModel, plan: Plan, batch: StepBatch, owners: int, mode:
     return out
 
 
+def idle_cas_step(model: StepModel) -> Breakdown:
+    """A CaS round's replica with no tokens (worker/shared_ffn.py `serve_idle`): its FFN
+    blocks still gather the peers' rows, apply its slices and scatter the sums back, eagerly
+    (no graph holds an empty step), each layer's exchanges launched from its host
+    (`cas_kernels_per_peer`, the eager CaS fit's launches for one peer), while the busy
+    replicas wait on them at every layer; their FFN work it adds is in the busy steps."""
+    c = model.compute
+    host = model.shape.num_layers * c.cas_kernels_per_peer * c.eager_launch_s
+    return Breakdown({"idle_cas_host": host}, host)
+
+
 def _eager_cas(model: StepModel, plan: Plan, batch: StepBatch, out: Breakdown,
                extra: float, owners: int) -> Breakdown:
     """An eager CaS step: its device time with the exchanges against its host's launches

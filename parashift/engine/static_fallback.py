@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 def sidp_served(config: EngineConfig, hf_config) -> Served:
     replicas, tp = config.data_parallel_size, config.tensor_parallel_size
     return Served.sidp(Plan(dp=replicas, tp=tp), threshold_for(config, hf_config, replicas, tp),
-                       cas_graphs=config.cuda_graphs is True)
+                       cas_graphs=config.cuda_graphs is not False)
 
 
 def shift_served(config: EngineConfig, hf_config) -> Served:

@@ -278,9 +278,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_flag: bool = True) ->
     group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                        help="run decode steps, and steps that prefill up to 2,048 tokens, as "
                             "CUDA graphs (default: on where possible: "
-                            "CUDA, triton attention, every plan able to replay them or a "
-                            "Seesaw pair; given, SiDP's CaS steps also under the sidp "
-                            "policy, its WaS steps eager)")
+                            "CUDA, triton attention, the plans able to replay them: all "
+                            "but a Seesaw prefill plan's and SiDP's WaS plans', whose "
+                            "steps run eagerly)")
     group.add_argument("--enforce-eager", dest="cuda_graphs", action="store_const", const=False,
                        help="no CUDA graphs (as vLLM's flag; same as --no-cuda-graphs)")
     group.add_argument("--no-mixed-step-graphs", dest="mixed_step_graphs", action="store_false",

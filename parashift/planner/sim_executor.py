@@ -8,12 +8,13 @@ as steps); their prepare and commit phases are views here (Flying's zero-copy we
 take no time. Seesaw's KV and weight moves are not simulated. A SiDP plan's step is the cost
 model's SiDP step (cost/sidp.py: CaS exchanges, WaS fetches), and a CaS step starts once every
 sharing replica's ranks are free, with the round's other steps (its FFN exchanges run on
-all of them)."""
+all of them); a replica with no tokens in the round serves its slices eagerly
+(`idle_cas_step`)."""
 import heapq
 import itertools
 from typing import NoReturn
 
-from parashift.cost.sidp import SLOTS, sidp_step
+from parashift.cost.sidp import SLOTS, idle_cas_step, sidp_step
 from parashift.cost.step import Breakdown, Seq, StepBatch, StepModel, replica_plan
 from parashift.executor.base import RanksNeverLost, WorkerFailure
 from parashift.parallel.plan import Plan
@@ -27,15 +28,6 @@ def replica_kv_tokens(model: StepModel, plan: Plan) -> int:
     if plan.shared_ffn is None:
         return model.kv_tokens(replica_plan(plan))
     return model.kv_tokens(replica_plan(plan), ffn_owners=plan.ffn_replicas, ffn_slots=SLOTS)
-
-
-def replays_graphs(plans: list[Plan], requested: bool | None) -> bool:
-    """Whether the engine's decode steps replay CUDA graphs (worker/model_runner.py
-    `graphs_by_default`): as asked, else only where every plan can (SiDP's WaS plans
-    cannot, so under the sidp policy every step runs eagerly unless --cuda-graphs)."""
-    if requested is not None:
-        return requested
-    return not any(_is_was(plan) for plan in plans)
 
 
 def _is_was(plan: Plan) -> bool:
@@ -64,7 +56,9 @@ class SimulatedExecutor(RanksNeverLost):
         self.model, self.clock = model, clock
         self.plans = {plan.name(): plan for plan in plans}
         self.eager_model = model.eager()
-        self.graphs = replays_graphs(plans, cuda_graphs)
+        # decode steps replay CUDA graphs unless --no-cuda-graphs (worker/model_runner.py
+        # `graphs_by_default`); SiDP's WaS plans run eagerly beside them (`step_breakdown`)
+        self.graphs = cuda_graphs is not False
         world = max(r for plan in layout_plans for r in plan.ranks) + 1
         self.rank_blocks = [0] * world
         for plan in layout_plans:
@@ -96,6 +90,8 @@ class SimulatedExecutor(RanksNeverLost):
         seqs += [Seq(len(c.token_ids), c.start_pos) for c in batch.chunks]
         plan = self.plans[plan_name] if plan_name in self.plans else Plan.parse(plan_name)
         model = self.model if self.graphs and not _is_was(plan) else self.eager_model
+        if plan.shared_ffn is not None and not seqs and plan.shared_ffn[0] == "cas":
+            return idle_cas_step(model)
         if plan.shared_ffn is not None:
             return sidp_step(model, plan, StepBatch(tuple(seqs)), plan.ffn_replicas,
                              plan.shared_ffn[0])

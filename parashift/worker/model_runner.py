@@ -325,10 +325,11 @@ class ModelRunner:
 
     def _use_graphs(self, requested: bool | None) -> bool:
         """By default (None) wherever they work: CUDA, Triton attention, and every plan
-        replays them (see `_graph_plans`), or a Seesaw pair (its decode plan replays graphs,
-        its prefill plan's stages run eagerly). Not for experts in deterministic mode: they
-        sync with the host on the routing. Asked for (True), the plans that can replay them
-        do, the others (WaS's) run eagerly."""
+        replays them (see `_graph_plans`), or a design's plans of which some do (a Seesaw
+        pair: its prefill plan's stages run eagerly; SiDP: its WaS plans run eagerly, its CaS
+        plans replay graphs). Not for experts in deterministic mode: they sync with the host
+        on the routing. Asked for (True), the plans that can replay them do, the others run
+        eagerly; False (--no-cuda-graphs): every step runs eagerly."""
         graph_plans = self._graph_plans()
         possible = (self.device.type == "cuda" and self.backend.name in ("triton", "cudnn")
                     and bool(graph_plans)
@@ -340,12 +341,15 @@ class ModelRunner:
                              "FFN weights Compute-as-a-Service (WaS's fetches are not "
                              "captured) and, in deterministic mode, no experts")
         if requested is None:
-            every_plan = len(graph_plans) == len({r.name for r in self.resources.values()})
+            names = {r.name for r in self.resources.values()}
+            every_plan = len(graph_plans) == len(names)
             some_plans = any(hook.graphs_for_some_plans for hook in self.hooks)
-            if possible and not every_plan and not some_plans and self.state.rank == 0:
-                logger.info("decode steps run eagerly: the WaS plans cannot replay CUDA graphs; "
-                            "--cuda-graphs replays them for the CaS plans")
-            return graphs_by_default(possible, every_plan, some_plans)
+            use = graphs_by_default(possible, every_plan, some_plans)
+            if possible and not every_plan and self.state.rank == 0:
+                logger.info(_partial_graphs_note(sorted(r.name for r in graph_plans),
+                                                 sorted(names - {r.name for r in graph_plans}),
+                                                 use))
+            return use
         return requested
 
     def _graph_plans(self) -> list[PlanResources]:
@@ -794,8 +798,19 @@ def cut_chunk(chunk: SeqChunk, size: int) -> tuple[SeqChunk, SeqChunk]:
 
 def graphs_by_default(possible: bool, every_plan: bool, some_plans: bool) -> bool:
     """Decode graphs unless asked otherwise, wherever they are possible and every plan
-    replays them, or some do where a design asks (Seesaw: the decode plan replays them). Measured on two H200s
-    (docs/benchmark_log.md): Qwen3-30B-A3B's TPOT under TP=2 was 4.7 ms with graphs and 49.3 ms
-    eager (eleventh session); the 8B's under PP=2, 6.7 ms against 18.4, and SiDP CaS's
-    `tail`, 264 req/s against 40 (seventeenth session)."""
+    replays them, or some do where a design asks (Seesaw: the decode plan; SiDP: the CaS
+    plans). Measured on two H200s (docs/benchmark_log.md): Qwen3-30B-A3B's TPOT under TP=2
+    was 4.7 ms with graphs and 49.3 ms eager (eleventh session); the 8B's under PP=2, 6.7 ms
+    against 18.4; SiDP CaS's `tail`, 264 req/s against 40 (seventeenth session); the sidp
+    policy's full-length `tail` (Qwen3-32B shape), 85.7 s with the CaS plans' graphs, not
+    done in 185 s without (fortieth and thirty-ninth sessions)."""
     return possible and (every_plan or some_plans)
+
+
+def _partial_graphs_note(graph_plans: list[str], eager_plans: list[str], used: bool) -> str:
+    """The start-up log's line where only some plans can replay CUDA graphs."""
+    if used:
+        return (f"decode steps of {', '.join(graph_plans)} replay CUDA graphs; those of "
+                f"{', '.join(eager_plans)} run eagerly (--no-cuda-graphs: every step eagerly)")
+    return (f"decode steps run eagerly: {', '.join(eager_plans)} cannot replay CUDA graphs; "
+            f"--cuda-graphs replays them for {', '.join(graph_plans)}")

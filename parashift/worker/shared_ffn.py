@@ -46,6 +46,8 @@ class SharedFfn(RankHooks):
     """SiDP on this rank: its owned slices, its slots, and the hooks that run each FFN
     block in the step plan's mode (its weight layout key)."""
     mixed_step_graphs = False
+    # the CaS plans replay graphs by default, the WaS plans (`replays_graphs`) run eagerly
+    graphs_for_some_plans = True
 
     def __init__(self, model: nn.Module, state: ParallelState, slots: int, device: torch.device,
                  dtype: torch.dtype):

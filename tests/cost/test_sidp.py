@@ -3,11 +3,12 @@ the FFN over every replica's rows at 1/d of the width plus two exchanges a layer
 Weight-as-a-Service exposes the fetch a layer's compute does not hide; the mode by B_th;
 and what SiDP cannot share is an error."""
 import math
+from dataclasses import replace
 
 import pytest
 
-from parashift.cost.runs import Served, kv_tokens, step_s
-from parashift.cost.sidp import SLOTS, sidp_mode, sidp_step
+from parashift.cost.runs import Served, _rounds_s, kv_tokens, step_s
+from parashift.cost.sidp import SLOTS, idle_cas_step, sidp_mode, sidp_step
 from parashift.cost.step import StepBatch, StepModel
 from parashift.cost.switch import sidp_fetch_s
 from parashift.parallel.plan import Plan
@@ -74,3 +75,19 @@ def test_was_steps_run_eagerly_though_the_model_replays_graphs():
     c = compute(eager_launch_s=1e-3, kernels_per_layer=3)
     was = sidp_step(StepModel(SHAPE, c, LINKS), Plan(dp=2), StepBatch.decode(4, 9), 2, "was")
     assert was.total >= (3 * SHAPE.num_layers + 10) * 1e-3
+
+
+def test_replicas_sharing_ffn_weights_step_in_rounds_an_idle_one_serving_eagerly():
+    """Each round takes its slowest replica's step; a CaS round that a replica done with its
+    share sits in takes at least that replica's eager serving (`idle_cas_step`); a WaS
+    round does not wait on it."""
+    model = StepModel(SHAPE, replace(compute(), cas_kernels_per_peer=10), LINKS)
+    idle = idle_cas_step(model).total
+    assert idle == SHAPE.num_layers * 10 * model.compute.eager_launch_s
+    short, fast = idle / 4, idle / 2
+    uneven = [[(3, fast, True)], [(1, 2 * idle, True), (4, short, True)]]
+    assert math.isclose(_rounds_s(model, uneven), 2 * idle + 2 * fast + 2 * idle,
+                        rel_tol=1e-12)
+    was_tail = [[(3, fast, True)], [(1, 2 * idle, True), (4, short, False)]]
+    assert math.isclose(_rounds_s(model, was_tail), 2 * idle + 2 * fast + 2 * short,
+                        rel_tol=1e-12)

@@ -13,17 +13,15 @@ import pytest
 from parashift import LLM, SamplingParams
 from parashift.engine.policy import SidpPolicy
 from parashift.executor.multiproc import WorkerFailure
-from tests.distributed.test_plans import (COMMON, GRAPHS, PARAMS, assert_same, prompts,
+from tests.distributed.test_plans import (COMMON, PARAMS, assert_same, prompts,
                                           skip_unless_enough_gpus)
 from tests.engine.conftest import save_tiny_llama
 from tests.helpers.policies import FfnModeSchedule
 
 LONG = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=4)
-# on a GPU, under the sidp policy, the CaS plans replay graphs (asked for: not the default
-# while its WaS plans run eagerly)
-CAS_GRAPHS = {"cuda_graphs": True} if GRAPHS else {}
-# both modes' plans made at start-up (the sidp policy's), the switches scripted by the test
-SWITCHABLE = dict(parallel_policy="sidp", sidp_batch_threshold=10**9, **CAS_GRAPHS)
+# both modes' plans made at start-up (the sidp policy's), the switches scripted by the test;
+# on a GPU its CaS plans replay graphs by default, its WaS plans run eagerly
+SWITCHABLE = dict(parallel_policy="sidp", sidp_batch_threshold=10**9)
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +187,7 @@ def test_the_sidp_policy_switches_by_step_size(model, long_reference):
     steps (a token per request, at most 4 requests a replica) back to CaS."""
     outputs, _, policy = run(model, prompts(n=8), LONG, parallel_policy="sidp",
                              data_parallel_size=2, sidp_batch_threshold=10,
-                             sidp_min_dwell_steps=2, **CAS_GRAPHS)
+                             sidp_min_dwell_steps=2)
     assert isinstance(policy, SidpPolicy) and policy.switches >= 2
     assert_same(outputs, long_reference)
 

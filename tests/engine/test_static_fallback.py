@@ -28,15 +28,18 @@ def test_a_light_online_load_falls_back_to_tp(caplog):
 
 
 def test_where_sidp_is_predicted_ahead_it_runs():
-    """Only with --cuda-graphs: the policy's WaS plans hold graphs off otherwise, and its
-    eager CaS rounds (each layer's exchanges launched from every peer's host) lose."""
+    """Its CaS decodes replay graphs (by default, as with --cuda-graphs); with
+    --no-cuda-graphs its eager CaS rounds (each layer's exchanges launched from every peer's
+    host) lose to DP2xTP2."""
     hint = dict(sidp_mean_prompt_tokens=1024, sidp_mean_output_tokens=64, sidp_num_requests=64)
-    assert resolve_static_fallback(sidp(**hint), LLAMA_8B).node_layout.name() == "tp2,tp2@2-3"
-    told = sidp(**hint, cuda_graphs=True)
-    assert resolve_static_fallback(told, LLAMA_8B) is told
-    choice = design_choice(told, LLAMA_8B)
-    assert choice.best.name == "sidp-dp4" and not choice.static
-    assert choice.best.detail["b_th"] == 4722  # the model's crossover at d = 4
+    eager = resolve_static_fallback(sidp(**hint, cuda_graphs=False), LLAMA_8B)
+    assert eager.node_layout.name() == "tp2,tp2@2-3"
+    for graphs in (None, True):
+        told = sidp(**hint, cuda_graphs=graphs)
+        assert resolve_static_fallback(told, LLAMA_8B) is told
+        choice = design_choice(told, LLAMA_8B)
+        assert choice.best.name == "sidp-dp4" and not choice.static
+        assert choice.best.detail["b_th"] == 4722  # the model's crossover at d = 4
 
 
 def test_untold_it_is_left_alone_and_the_hints_need_the_cost_model():
@@ -53,14 +56,14 @@ def test_untold_it_is_left_alone_and_the_hints_need_the_cost_model():
 
 def test_a_workload_file_shows_the_tail_that_means_hide(tmp_path):
     """255 requests of 500 + 100 tokens and one of 500 + 8000: the means (131 output tokens)
-    put SiDP first (its CaS decodes in graphs); the lengths themselves TP4, whose single
+    put SiDP first (its CaS decodes in graphs, the default); the lengths themselves TP4, whose single
     request decodes fastest."""
     lengths = tmp_path / "lengths.json"
     lengths.write_text(json.dumps([[500, 100]] * 255 + [[500, 8000]]))
-    told = sidp(sidp_workload_file=str(lengths), cuda_graphs=True)
+    told = sidp(sidp_workload_file=str(lengths))
     assert resolve_static_fallback(told, LLAMA_8B).node_layout.name() == "tp4"
     means = sidp(sidp_mean_prompt_tokens=500, sidp_mean_output_tokens=131,
-                 sidp_num_requests=256, cuda_graphs=True)
+                 sidp_num_requests=256)
     assert resolve_static_fallback(means, LLAMA_8B) is means
 
 

@@ -20,9 +20,10 @@ def model():
     return node_model(load_shape("llama-3.1-8b"), 2, "h200")
 
 
-def executor(model, mode: str) -> SimulatedExecutor:
-    plans = list(Layout.of(Plan(dp=2)).sharing_ffn(mode).plans)
-    return SimulatedExecutor(model, VirtualClock(), plans, plans, block_size=16)
+def executor(model, *modes: str, cuda_graphs: bool | None = None) -> SimulatedExecutor:
+    plans = [p for mode in modes for p in Layout.of(Plan(dp=2)).sharing_ffn(mode).plans]
+    return SimulatedExecutor(model, VirtualClock(), plans, plans[:2], block_size=16,
+                             cuda_graphs=cuda_graphs)
 
 
 def decodes(plan: Plan, count: int, round_id: int = -1):
@@ -35,14 +36,39 @@ def test_a_shared_ffn_step_is_the_models_sidp_step(model, mode):
     run = executor(model, mode)
     plan = next(iter(run.plans.values()))
     seconds = run.step_seconds(plan.name(), decodes(plan, 8))
-    # a layout with WaS plans replays no graphs (worker/model_runner.graphs_by_default)
-    assert run.graphs == (mode == "cas")
-    want = sidp_step(model if mode == "cas" else model.eager(), plan,
-                     StepBatch((Seq(1, 1000),) * 8), 2, mode).total
+    want = sidp_step(model, plan, StepBatch((Seq(1, 1000),) * 8), 2, mode).total
     assert seconds == want
     assert seconds != model.step_s(replica_plan(plan), StepBatch((Seq(1, 1000),) * 8))
     held = model.kv_tokens(replica_plan(plan), ffn_owners=2, ffn_slots=SLOTS)
     assert run.rank_blocks == [held // 16] * 2 and held > model.kv_tokens(replica_plan(plan))
+
+
+@pytest.mark.parametrize("cuda_graphs", [None, True, False])
+def test_the_sidp_policys_cas_decodes_replay_graphs_unless_told_not_to(model, cuda_graphs):
+    """Both modes' plans made (the sidp policy's): by default, as with --cuda-graphs, a CaS
+    decode is priced in graphs and a WaS step eagerly (worker/model_runner.graphs_by_default);
+    --no-cuda-graphs prices both eagerly."""
+    run = executor(model, "cas", "was", cuda_graphs=cuda_graphs)
+    batch = StepBatch((Seq(1, 1000),) * 8)
+    cas_model = model.eager() if cuda_graphs is False else model
+    for plan in run.plans.values():
+        mode = plan.shared_ffn[0]
+        want = sidp_step(cas_model if mode == "cas" else model.eager(), plan, batch, 2, mode)
+        assert run.step_seconds(plan.name(), decodes(plan, 8)) == want.total
+    cas = next(p for p in run.plans.values() if p.shared_ffn[0] == "cas")
+    eager = sidp_step(model.eager(), cas, batch, 2, "cas").total
+    assert (run.step_seconds(cas.name(), decodes(cas, 8)) < eager) is (cuda_graphs is not False)
+
+
+def test_a_replica_without_tokens_in_a_cas_round_serves_its_slices_eagerly(model):
+    """worker/shared_ffn.py serve_idle: no graph holds an empty step, so the replica's FFN
+    exchanges are launched from its host layer by layer (`cas_kernels_per_peer` each)."""
+    run = executor(model, "cas")
+    plan = next(iter(run.plans.values()))
+    c = model.compute
+    idle = run.step_seconds(plan.name(), decodes(plan, 0, round_id=1))
+    assert idle == model.shape.num_layers * c.cas_kernels_per_peer * c.eager_launch_s
+    assert idle > sidp_step(model, plan, StepBatch(()), 2, "cas").total  # the graph's
 
 
 def test_a_cas_round_starts_once_every_sharing_rank_is_free(model):

@@ -18,20 +18,62 @@ from parashift.worker.seesaw import SeesawRank
 from parashift.worker.shared_ffn import CAS_WEIGHTS, WAS_WEIGHTS, SharedFfn
 
 
-@pytest.mark.parametrize("possible, every_plan, seesaw, expected", [
-    (True, True, False, True),     # static plans, pipelined or not, experts or not; SiDP CaS
-    (True, False, False, False),   # SiDP switching WaS <-> CaS: WaS's steps run eagerly
-    (True, False, True, True),     # Seesaw: the decode plan replays graphs
-    (False, True, False, False),   # CPU, torch attention
-    (False, False, True, False),
-])
-def test_graphs_by_default(possible, every_plan, seesaw, expected):
-    assert graphs_by_default(possible, every_plan, seesaw) is expected
-
-
 def _plan(name, pp=1, weights=None):
     return SimpleNamespace(name=name, state=SimpleNamespace(pp=SimpleNamespace(size=pp)),
                            weights=weights)
+
+
+@pytest.mark.parametrize("possible, every_plan, some_plans, expected", [
+    (True, True, False, True),     # static plans, pipelined or not, experts or not; SiDP CaS
+    (True, False, False, False),   # plans some of which cannot, a design not asking for some
+    (True, False, True, True),     # Seesaw's decode plan; the sidp policy's CaS plans
+    (False, True, False, False),   # CPU, torch attention
+    (False, False, True, False),
+])
+def test_graphs_by_default(possible, every_plan, some_plans, expected):
+    assert graphs_by_default(possible, every_plan, some_plans) is expected
+
+
+def _runner(plans, hooks, device="cuda", backend="triton", deterministic=False):
+    """What `ModelRunner._use_graphs` reads of a rank at start-up."""
+    runner = SimpleNamespace(resources={p.name: p for p in plans}, hooks=list(hooks),
+                             device=torch.device(device), backend=SimpleNamespace(name=backend),
+                             config=SimpleNamespace(deterministic=deterministic),
+                             expert_placement=lambda: [], state=SimpleNamespace(rank=0))
+    runner._graph_plans = lambda: ModelRunner._graph_plans(runner)
+    return runner
+
+
+SIDP_POLICY = [_plan("dp2-cas", weights=CAS_WEIGHTS), _plan("dp2-was", weights=WAS_WEIGHTS)]
+
+
+@pytest.mark.parametrize("requested, device, expected", [
+    (None, "cuda", True),    # the default: the CaS plans replay graphs, the WaS plans eager
+    (True, "cuda", True),    # --cuda-graphs: the same
+    (False, "cuda", False),  # --no-cuda-graphs: every step eagerly
+    (None, "cpu", False),    # no CUDA: none
+])
+def test_the_sidp_policys_cas_plans_replay_graphs_by_default(requested, device, expected,
+                                                             caplog):
+    """The sidp policy's start-up (its WaS and CaS plans both made, SiDP's hooks): the
+    fortieth session's full-length `tail` took 85.7 s with the CaS plans' graphs, and did
+    not end in 185 s without them (thirty-ninth)."""
+    runner = _runner(SIDP_POLICY, [SharedFfn], device)
+    with caplog.at_level("INFO", logger="parashift.worker.model_runner"):
+        assert ModelRunner._use_graphs(runner, requested) is expected
+    if requested is None and device == "cuda":
+        assert ("decode steps of dp2-cas replay CUDA graphs; those of dp2-was run eagerly"
+                in caplog.text)
+
+
+def test_a_design_not_asking_for_some_plans_runs_every_step_eagerly(caplog):
+    class AllOrNone(SharedFfn):
+        graphs_for_some_plans = False
+    runner = _runner(SIDP_POLICY, [AllOrNone])
+    with caplog.at_level("INFO", logger="parashift.worker.model_runner"):
+        assert ModelRunner._use_graphs(runner, None) is False
+    assert "decode steps run eagerly: dp2-was cannot replay CUDA graphs" in caplog.text
+    assert ModelRunner._use_graphs(_runner(SIDP_POLICY[:1], [AllOrNone]), None) is True
 
 
 def _graph_plan_names(resources, hooks=()):

@@ -83,7 +83,7 @@ def threshold_for(config, hf_config, replicas: int, tp: int) -> int:
         return probed_threshold(config.sidp.probe_file, config.model or "", replicas, tp)
     advisor = advisor_for(config, hf_config, replicas * tp)
     if advisor is not None:  # where WaS is predicted no slower than CaS
-        modelled = advisor.sidp_crossover(tp, replicas,
-                                          cas_graphs=getattr(config, "cuda_graphs", None) is True)
+        graphs = getattr(config, "cuda_graphs", None) is not False  # CaS decodes' (default)
+        modelled = advisor.sidp_crossover(tp, replicas, cas_graphs=graphs)
         return NEVER if modelled is None else modelled
     return config.sidp.batch_threshold

@@ -58,26 +58,31 @@ def test_sidp_takes_b_th_from_the_link_profiles_peer_rate():
                                           min_dwell_steps=1), model="llama-3.1-8b")
     policy = sidp.policy_from_config(options, shared, LLAMA_8B)
     # where WaS's predicted step (the fetch at 224 GB/s between two H200s, the x2 link
-    # profile, less the compute hiding it) is no slower than CaS's, both eager
-    assert policy.threshold == 112
+    # profile, less the compute hiding it) is no slower than CaS's, whose decodes replay
+    # graphs by default (eagerly, --no-cuda-graphs: 112)
+    assert policy.threshold == 322
     assert isinstance(policy, SidpPolicy)
-    view = NodeView((group(160), group(160)))
-    assert policy.decide(view).plans[0].endswith("+was/0-1")  # 160 > 112 x 1.2
-    assert policy.decide(NodeView((group(40), group(40)))).plans[0].endswith("+cas/0-1")
+    view = NodeView((group(400), group(400)))
+    assert policy.decide(view).plans[0].endswith("+was/0-1")  # 400 > 322 x 1.2
+    assert policy.decide(NodeView((group(160), group(160)))).plans[0].endswith("+cas/0-1")
+    eager = sidp.policy_from_config(config(sidp=options.sidp, model="llama-3.1-8b",
+                                           cuda_graphs=False), shared, LLAMA_8B)
+    assert eager.threshold == 112
+    assert eager.decide(NodeView((group(160), group(160)))).plans[0].endswith("+was/0-1")
 
 
 def test_with_the_cost_model_sidp_takes_the_faster_mode_each_round():
-    """No hysteresis, no dwell (a switch moves no weight): 130 tokens a replica (past 112,
-    inside the hand-set 20% band) runs WaS at once, and the next round's 100 CaS, though the
+    """No hysteresis, no dwell (a switch moves no weight): 330 tokens a replica (past 322,
+    inside the hand-set 20% band) runs WaS at once, and the next round's 300 CaS, though the
     dwell given is 8 rounds."""
     layout = Layout.of(Plan(dp=2))
     shared = Layout(tuple(p.sharing_ffn("cas", (0, 1)) for p in layout.plans))
     options = config(sidp=SimpleNamespace(batch_threshold=600, probe_file=None,
                                           min_dwell_steps=8), model="llama-3.1-8b")
     policy = sidp.policy_from_config(options, shared, LLAMA_8B)
-    assert (policy.threshold, policy.hysteresis, policy.dwell) == (112, 0.0, 1)
-    assert policy.decide(NodeView((group(130), group(130)))).plans[0].endswith("+was/0-1")
-    assert policy.decide(NodeView((group(100), group(100)))).plans[0].endswith("+cas/0-1")
+    assert (policy.threshold, policy.hysteresis, policy.dwell) == (322, 0.0, 1)
+    assert policy.decide(NodeView((group(330), group(330)))).plans[0].endswith("+was/0-1")
+    assert policy.decide(NodeView((group(300), group(300)))).plans[0].endswith("+cas/0-1")
     assert policy.switches == 2
     by_hand = SimpleNamespace(cost_profile=None, max_num_seqs=256, sidp=options.sidp, model="x")
     hand_set = sidp.policy_from_config(by_hand, shared, LLAMA_8B)
@@ -86,24 +91,32 @@ def test_with_the_cost_model_sidp_takes_the_faster_mode_each_round():
 
 def test_sidp_crossover_is_where_the_was_step_stops_being_slower_than_the_cas_step():
     """The fetch hides under a 1456-sequence decode step at d = 2 (the paper's B_th), but
-    with both modes' plans made the engine replays no graphs (WaS's fetches are not
-    captured), and an eager CaS layer launches its exchanges from every peer's host
-    (cas_kernels_per_peer): WaS is no slower from 112 decodes a replica; with --cuda-graphs
-    (CaS decodes in graphs) from 322 tokens (a prompt chunk); 4722 at d = 4."""
+    WaS's steps run eagerly (its fetches are not captured) while CaS's decodes replay graphs
+    (the default): CaS stays faster for every decode batch the 256 seats allow, and WaS is
+    no slower from a prompt chunk of 322 tokens. With --no-cuda-graphs an eager CaS layer
+    launches its exchanges from every peer's host (cas_kernels_per_peer): WaS from 112
+    decodes a replica. 4722 at d = 4 either way."""
     advisor = advisor_for(config(), LLAMA_8B, 2)
     plan, crossover = Plan(), advisor.sidp_crossover(1, 2)
-    assert crossover == 112
-    eager = advisor.model.eager()
+    assert crossover == 322
 
-    def steps(tokens):
-        batch = StepBatch.decode(tokens, advisor.context)
-        return [sidp_step(eager, plan, batch, 2, mode).total for mode in ("was", "cas")]
-    was, cas = steps(crossover)
+    def steps(model, batch):
+        return [sidp_step(model, plan, batch, 2, mode).total for mode in ("was", "cas")]
+    for tokens in (1, 64, 256):
+        was, cas = steps(advisor.model, StepBatch.decode(tokens, advisor.context))
+        assert was > cas
+    was, cas = steps(advisor.model, StepBatch.prefill(crossover))
     assert was <= cas
-    was, cas = steps(crossover - 1)
+    was, cas = steps(advisor.model, StepBatch.prefill(crossover - 1))
     assert was > cas
-    assert advisor.sidp_crossover(1, 2, cas_graphs=True) == 322
-    assert advisor_for(config(), LLAMA_8B, 4).sidp_crossover(1, 4) == 4722
+    eager = advisor.model.eager()
+    assert advisor.sidp_crossover(1, 2, cas_graphs=False) == 112
+    was, cas = steps(eager, StepBatch.decode(112, advisor.context))
+    assert was <= cas
+    was, cas = steps(eager, StepBatch.decode(111, advisor.context))
+    assert was > cas
+    four = advisor_for(config(), LLAMA_8B, 4)
+    assert four.sidp_crossover(1, 4) == four.sidp_crossover(1, 4, cas_graphs=False) == 4722
 
 
 def test_four_replicas_fetch_at_the_rate_every_gpu_reading_at_once_measured():
