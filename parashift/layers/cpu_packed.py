@@ -18,6 +18,7 @@ from parashift.host_memory import mem_available_bytes
 logger = logging.getLogger(__name__)
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
+_LINEAR = torch.ops.mkldnn._linear_pointwise if torch.backends.mkldnn.is_available() else None
 
 
 def can_pack() -> bool:
@@ -39,14 +40,15 @@ class PackedLinear:
         if weight is not self.source or x.dtype != weight.dtype or x.is_cuda \
                 or _stamp(weight) != self.stamp:
             return self.fallback(x, weight, bias)
-        rows = x.reshape(-1, x.shape[-1])
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, bias, "none", [], "")
+        if x.dim() == 2:
+            return _LINEAR(x, self.packed, bias, "none", [], "")
+        out = _LINEAR(x.reshape(-1, x.shape[-1]), self.packed, bias, "none", [], "")
         return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def _stamp(weight: torch.Tensor) -> tuple:
+def _stamp(weight: torch.Tensor) -> tuple[int, int]:
     """Changes when the weight's storage is replaced or written in place through it."""
-    return weight.data_ptr(), weight._version, tuple(weight.shape), tuple(weight.stride())
+    return weight.data_ptr(), weight._version
 
 
 def packable_layers(model: nn.Module) -> list[nn.Module]:
