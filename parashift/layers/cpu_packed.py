@@ -75,3 +75,12 @@ def pack_cpu_weights(model: nn.Module) -> int:
     for module in layers:
         module.matmul = PackedLinear(module.weight, F.linear)
     return needed
+
+
+def unpack_cpu_weights(model: nn.Module) -> int:
+    """Gives the packed layers their plain GEMM back (a before/after in one process);
+    returns how many were packed."""
+    layers = [m for m in model.modules() if isinstance(getattr(m, "matmul", None), PackedLinear)]
+    for module in layers:
+        module.matmul = module.matmul.fallback
+    return len(layers)
