@@ -47,7 +47,9 @@ class PackedLinear:
 
 
 def _stamp(weight: torch.Tensor) -> tuple[int, int]:
-    """Changes when the weight's storage is replaced or written in place through it."""
+    """Changes when the weight's storage is replaced or written in place through it (not
+    through `.data`: weights are packed after loading, and a one-device engine writes none
+    after that)."""
     return weight.data_ptr(), weight._version
 
 
