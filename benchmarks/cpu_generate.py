@@ -2,7 +2,7 @@
 the embedded SmolLM2 (the same GGUF, dequantized by both), same prompts, same threads.
 
 Usage: python3 benchmarks/cpu_generate.py [--threads 2] [--batches 1 16] [--dtypes float32
-bfloat16] [--backends torch torch-ref] [--prompt-len 64] [--new-tokens 64] [--repeats 3]
+bfloat16] [--backends torch torch-unpacked torch-ref] [--prompt-len 64] [--new-tokens 64] [--repeats 3]
 [--output out.json]
 Every batch is --prompt-len random token ids per prompt (no padding for transformers) and
 every request makes exactly --new-tokens tokens (greedy, no EOS stop). `tokens_per_s`:
@@ -10,8 +10,10 @@ batch x new tokens over the whole `generate` call (prompt included); `first_toke
 `generate` of one new token. The runs of one (batch, dtype) are interleaved, their order
 rotated each repeat (the machine is shared), and each figure is the median of --repeats.
 `--backends torch-ref` measures the per-sequence reference attention (the engine before
-torch_fast) in the same call. `greedy_match`: the share of parashift's tokens equal to
-transformers' (1.0 expected in fp32; bf16 rounding may part them)."""
+torch_fast) in the same call; `torch-unpacked` the `torch` backend with its GEMMs on the
+plain weights (`F.linear`: the engine before layers/cpu_packed.py). `greedy_match`: the share
+of parashift's tokens equal to transformers' (1.0 expected in fp32; bf16 rounding may part
+them)."""
 import argparse
 import json
 import random
@@ -21,7 +23,10 @@ import time
 import torch
 
 from parashift import LLM, SamplingParams
+from parashift.layers.cpu_packed import unpack_cpu_weights
 from parashift.loader.source import embedded_gguf_path
+
+UNPACKED = "-unpacked"  # a backend name's suffix: the same engine on plain weights
 
 
 def prompts_of(batch: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -94,7 +99,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    parser.add_argument("--backends", nargs="+", default=["torch", "torch-ref"])
+    parser.add_argument("--backends", nargs="+", default=["torch", "torch-unpacked", "torch-ref"])
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
@@ -105,9 +110,11 @@ def main() -> None:
     for dtype in args.dtypes:
         runs = {"transformers": transformers_run(load_transformers(getattr(torch, dtype)))}
         for backend in args.backends:
-            llm = LLM(device="cpu", dtype=dtype, attention_backend=backend,
+            llm = LLM(device="cpu", dtype=dtype, attention_backend=backend.removesuffix(UNPACKED),
                       enable_prefix_caching=False, max_model_len=1024,
                       max_num_seqs=max(args.batches))
+            if backend.endswith(UNPACKED):
+                unpack_cpu_weights(llm.llm_engine.runner.model)
             runs[f"parashift/{backend}"] = parashift_run(llm)
         for batch in args.batches:
             prompts = prompts_of(batch, args.prompt_len)

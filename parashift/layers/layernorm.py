@@ -1,4 +1,5 @@
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from parashift.kernels import use_triton
@@ -24,7 +25,10 @@ class RMSNorm(nn.Module):
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The CPU path and the kernels' reference."""
+    """The CPU path and the kernels' reference (HF's arithmetic: in fp32 the fused op rounds
+    the same, in bf16 the normalized rows are rounded before the weight's product)."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
     dtype = x.dtype
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)

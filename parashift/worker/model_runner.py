@@ -32,6 +32,7 @@ from parashift.kv.views import kv_heads_per_rank, tokens_per_block, view_pool
 from parashift.layers.fused_moe import FusedExperts
 from parashift.layers.sampler import Sampler, position_seed
 from parashift.loader.weights import load_model_weights
+from parashift.layers.cpu_packed import pack_cpu_weights
 from parashift.quantization import kv_cache_torch_dtype
 from parashift.quantization.scheme import weight_quant
 from parashift.models.moe import check_plan
@@ -164,6 +165,7 @@ class ModelRunner:
             self.hooks: list[RankHooks] = hooks_for_rank(self._rank_setup(
                 hf_config, source, max_model_len, other_states, group))
         self._views_per_plan = any(hook.kv_views_per_plan for hook in self.hooks)
+        self.packed_weight_bytes = self._pack_cpu_weights(other_states)
         self.load_seconds = time.perf_counter() - start
         self.backend = get_backend(config.attention_backend, device, config.deterministic)
         self.sampler = Sampler(device, config.seed)
@@ -224,6 +226,14 @@ class ModelRunner:
         return use_state(self.state, reduction_chunks=chunks,
                          moe_parallel=self.config.moe_parallel, quantization=self.quant,
                          kv_fp8=self.kv_dtype != self.dtype)
+
+    def _pack_cpu_weights(self, other_states: tuple[ParallelState, ...]) -> int:
+        """A one-device CPU engine's GEMMs on weights packed once (layers/cpu_packed.py);
+        a plan narrowing or moving weights, or deterministic mode, keeps the plain ones."""
+        if self.device.type != "cpu" or self.config.deterministic or self.hooks \
+                or other_states or self.state.plan.world_size != 1:
+            return 0
+        return pack_cpu_weights(self.model)
 
     def seesaw_move(self, verb: str, plan_name: str, moves: list, tier) -> dict:
         """A transition's move on this rank (Seesaw's: worker/seesaw.py), by the hooks of
