@@ -231,9 +231,9 @@ class ModelRunner:
         """A one-device CPU engine's GEMMs on weights packed once (layers/cpu_packed.py);
         a plan narrowing or moving weights, deterministic mode, or a rank of several (plain
         DP's replicas run the very GEMMs SiDP's WaS runs, bit for bit) keeps the plain ones."""
-        several_ranks = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         if self.device.type != "cpu" or self.config.deterministic or self.hooks \
-                or other_states or self.state.plan.world_size != 1 or several_ranks:
+                or other_states or self.state.plan.world_size != 1 \
+                or self.config.node_layout.world_size != 1:  # (a replaced rank's world is 1)
             return 0
         return pack_cpu_weights(self.model)
 
