@@ -311,6 +311,26 @@ def _rounded(c: ComputeProfile) -> ComputeProfile:
                    activation_bytes=float(round(c.activation_bytes, -6)))
 
 
+def write_derived(wanted: dict, check: bool, script: str) -> int:
+    """Writes each derived profile of `wanted` (path -> profile), or with `check` says
+    which differ from the file (1); a profile `parashift profile` measured is left alone."""
+    stale = []
+    for path, profile in wanted.items():
+        text = json.dumps(to_dict(profile), indent=1) + "\n"
+        if path.exists() and not json.loads(path.read_text())["source"].startswith("derived"):
+            continue  # `parashift profile` replaced the derivation: leave it
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path.name)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if stale:
+        print(f"stale: {stale}; run python3 benchmarks/{script}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true")
@@ -318,23 +338,7 @@ def main(argv=None) -> int:
     compute, two, four = fitted()
     wanted = {OUT / "h200_compute.json": compute, OUT / "h200x2_link.json": two,
               OUT / "h200x4_link.json": four}
-    stale = []
-    for path, profile in wanted.items():
-        text = json.dumps(to_dict(profile), indent=1) + "\n"
-        measured = path.exists() and not json.loads(path.read_text())["source"].startswith(
-            "derived")
-        if measured:  # `parashift profile` replaced the derivation: leave it
-            continue
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(path.name)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        print(f"stale: {stale}; run python3 benchmarks/cost_profiles.py", file=sys.stderr)
-        return 1
-    return 0
+    return write_derived(wanted, args.check, "cost_profiles.py")
 
 
 if __name__ == "__main__":

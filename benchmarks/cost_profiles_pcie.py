@@ -8,19 +8,19 @@ run: every NCCL call costs LATENCY_S (assumed) plus its bytes per rank over `byt
 `summarize` under TP=2 (its prefills' large all-reduces). The engine's one-shot all-reduce
 (up to 4 MiB: every decode's) and the host copies (weights, the CPU KV tier) did not go
 through NCCL in those runs and keep the NVLink profile's curve and rates (since session 40
-NCCL_P2P_DISABLE=1 turns the one-shot path off: later runs need the NCCL line throughout). The 8B's `chat`, the 70B's
-rows and every Seesaw row are held out (benchmarks/cost_validation.py).
+NCCL_P2P_DISABLE=1 turns the one-shot path off: later runs need the NCCL line throughout).
+The 8B's `chat`, the 70B's rows and every Seesaw row are held out
+(benchmarks/cost_validation.py).
 
 Usage: python3 benchmarks/cost_profiles_pcie.py [--check]   (a profile `parashift profile`
 measured, its source not "derived", is left as it is)"""
 import argparse
-import json
 import sys
 from dataclasses import replace
 
-from cost_profiles import KiB, MiB, OUT, _solve, link2
+from cost_profiles import KiB, MiB, OUT, _solve, link2, write_derived
 from parashift.bench.workloads import WorkloadOptions, get_workload, sample_lengths
-from parashift.cost.profile import LinkProfile, _ring_share, load, to_dict
+from parashift.cost.profile import LinkProfile, _ring_share, load
 from parashift.cost.runs import Engine, Served, offline_s
 from parashift.cost.shape import load_shape
 from parashift.cost.step import StepModel
@@ -91,7 +91,7 @@ def run_s(link: LinkProfile, row: tuple, requests: int = 128) -> float:
     return offline_s(model, Served(Plan.parse(plan)), reqs, Engine(max_num_batched_tokens=16384))
 
 
-def fitted() -> LinkProfile:
+def fitted() -> float:
     """The bandwidth that meets its row at LATENCY_S."""
     row = FIT_ROWS["bytes_per_s"]
     rate = _solve(lambda r: run_s(pcie_link(link2(), LATENCY_S, r), row), row[3], 5e9, 200e9)
@@ -109,19 +109,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
-    stale = []
-    for path, profile in profiles().items():
-        text = json.dumps(to_dict(profile), indent=1) + "\n"
-        if path.exists() and not load(path).source.startswith("derived"):
-            continue  # `parashift profile` measured it: leave it
-        if not args.check:
-            path.write_text(text)
-        elif not path.exists() or path.read_text() != text:
-            stale.append(path.name)
-    if stale:
-        print(f"stale: {stale}; run python3 benchmarks/cost_profiles_pcie.py", file=sys.stderr)
-        return 1
-    return 0
+    return write_derived(profiles(), args.check, "cost_profiles_pcie.py")
 
 
 if __name__ == "__main__":

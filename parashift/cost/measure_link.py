@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from parashift.cost.profile import LinkProfile
+from parashift.parallel.topology import peer_access_disabled
 
 SIZES = [8 << 10, 64 << 10, 256 << 10, 1 << 20, 8 << 20, 64 << 20, 256 << 20]
 CALLS = 10
@@ -98,7 +99,7 @@ def measure_link(commit: str = "") -> LinkProfile:
     torch.cuda.synchronize()
     to_device = (1 << 30) / (start.elapsed_time(end) / 1e3)
     notes = {"kv_tier_bytes_per_s": "the pinned host-to-device rate"}
-    pcie_like = os.environ.get("NCCL_P2P_DISABLE", "0") not in ("", "0")
+    pcie_like = peer_access_disabled()
     if pcie_like:
         notes["NCCL_P2P_DISABLE=1"] = (
             "every collective timed through NCCL's host path; the engine's one-shot all-reduce "

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from parashift.engine.policy.seesaw_cost import Hardware
+from parashift.parallel.topology import peer_access_disabled
 
 logger = logging.getLogger(__name__)
 
@@ -35,14 +36,10 @@ def cache_dir() -> Path:
 def _cache_path(device: torch.device) -> Path:
     if device.type == "cuda":
         name = f"{torch.cuda.get_device_name(device)}-x{torch.cuda.device_count()}"
-        name += "-nop2p" if _p2p_disabled() else ""
+        name += "-nop2p" if peer_access_disabled() else ""
     else:
         name = "cpu"
     return cache_dir() / f"probe-{re.sub(r'[^A-Za-z0-9.-]+', '_', name)}.json"
-
-
-def _p2p_disabled() -> bool:
-    return os.environ.get("NCCL_P2P_DISABLE", "0") not in ("", "0")
 
 
 def probe_hardware(device: torch.device) -> Hardware:
@@ -122,7 +119,7 @@ def _peer_link(device: torch.device, src: torch.Tensor, sync) -> tuple[str, floa
     count = torch.cuda.device_count()
     index = device.index or 0
     other = (index + 1) % count
-    if count < 2 or _p2p_disabled() or not torch.cuda.can_device_access_peer(index, other):
+    if count < 2 or peer_access_disabled() or not torch.cuda.can_device_access_peer(index, other):
         return "host", HOST_ALL_REDUCE_BYTES_PER_S
     dst = torch.empty_like(src, device=torch.device("cuda", other))
 

@@ -11,6 +11,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from parashift.parallel.topology import peer_access_disabled
+
 try:
     import torch.distributed._symmetric_memory as symm_mem
 except ImportError:  # a torch built without distributed support
@@ -79,9 +81,7 @@ def symmetric_buffer(group, device: torch.device, max_bytes: int):
 
 def _unavailable_reason(group, device: torch.device) -> str | None:
     """Why the fast path cannot run here; the same answer on every rank of the group."""
-    if os.environ.get("NCCL_P2P_DISABLE", "0") not in ("", "0"):
-        # the ranks are told not to read each other's memory (GPUs without peer links, or
-        # PCIe-like runs on NVLink GPUs, whose one-shot reads would still use NVLink)
+    if peer_access_disabled():  # (a PCIe-like run's one-shot reads would still use NVLink)
         return "NCCL_P2P_DISABLE is set"
     if device.type != "cuda":
         return f"device is {device.type}, not CUDA"

@@ -6,11 +6,18 @@ hosts whenever TP*SP divides the ranks of a host.
 Groups that run a collective in every layer (TP and SP; a shift plan's TP is its base's
 SP_TP group, a merged plan's its replicas' DP_TP group) need the links inside a host; PP
 stages and DP replicas exchange little and may cross hosts."""
+import os
 from dataclasses import dataclass
 
 from parashift.parallel.plan import Plan
 
 HOST_BOUND_KINDS = ("tp", "sp")  # kept inside a host
+
+
+def peer_access_disabled() -> bool:
+    """NCCL_P2P_DISABLE is set: GPUs without peer links, or a PCIe-like run on NVLink GPUs;
+    nothing may read another GPU's memory directly."""
+    return os.environ.get("NCCL_P2P_DISABLE", "0") not in ("", "0")
 
 
 @dataclass(frozen=True)

@@ -229,12 +229,12 @@ class ModelRunner:
 
     def _pack_cpu_weights(self, other_states: tuple[ParallelState, ...]) -> int:
         """A one-device CPU engine's GEMMs on weights packed once (layers/cpu_packed.py);
-        a plan narrowing or moving weights, deterministic mode, or a rank of several (plain
-        DP's replicas run the very GEMMs SiDP's WaS runs, bit for bit) keeps the plain ones."""
+        a plan narrowing or moving weights, deterministic mode, or a node of several ranks
+        (plain DP's replicas run the very GEMMs SiDP's WaS runs, bit for bit) keeps the plain
+        ones."""
         if self.device.type != "cpu" or self.config.deterministic or self.hooks \
-                or other_states or self.state.plan.world_size != 1 \
-                or self.config.node_layout.world_size != 1:  # (a replaced rank's world is 1)
-            return 0
+                or other_states or self.config.node_layout.world_size != 1:
+            return 0  # (the node's ranks, not the torch world's: a replaced rank's is 1)
         return pack_cpu_weights(self.model)
 
     def seesaw_move(self, verb: str, plan_name: str, moves: list, tier) -> dict:
