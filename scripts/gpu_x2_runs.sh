@@ -284,6 +284,15 @@ for name in "$@"; do
     # SIGKILLed, then in a fresh engine rank 0's (scripts/gpu_faults.sh; ~100 s a run)
     faults) part faults 300 "bash scripts/gpu_faults.sh dp2_rank1 1 140 -dp 2; \
            bash scripts/gpu_faults.sh dp2_rank0 0 140 -dp 2" ;;
+    # issue 59 on GPUs: the sidp policy told the load (`tail`'s 300 requests, 1,024 prompt and
+    # ~450 output tokens on average) falls back at start-up to the static plan the cost model
+    # predicts better (TP=2), beside TP=2 itself
+    sidp_fallback) part sidp_fallback 260 "for flags in '-dp 2 --share-ffn --parallel-policy sidp \
+           --cost-profile auto --sidp-num-requests 300 --sidp-mean-prompt-tokens 1024 \
+           --sidp-mean-output-tokens 450' '-tp 2'; do timeout 125 python3 -m parashift.bench throughput \
+           --workload tail --num-requests 300 --model benchmarks/shapes/qwen3-32b.json --dtype bfloat16 \
+           --max-model-len 8192 --gpu-memory-utilization 0.75 \$flags \
+           --output-json $OUT/tail_\$(echo \$flags | cut -c1-40 | tr -d ' -').json; done" ;;
     faults1) part faults1 115 "bash scripts/gpu_faults.sh dp2_rank1 1 110 -dp 2" ;;
     seesaw70_seesaw) part seesaw70_seesaw 150 "NCCL_P2P_DISABLE=1 python3 benchmarks/seesaw.py \
            --model benchmarks/shapes/llama-3.1-70b.json --plans seesaw:pp2-tp2 --workloads summarize \
