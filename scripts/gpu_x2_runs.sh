@@ -284,12 +284,13 @@ for name in "$@"; do
     # SIGKILLed, then in a fresh engine rank 0's (scripts/gpu_faults.sh; ~100 s a run)
     faults) part faults 300 "bash scripts/gpu_faults.sh dp2_rank1 1 140 -dp 2; \
            bash scripts/gpu_faults.sh dp2_rank0 0 140 -dp 2" ;;
-    # issue 59 on GPUs: the sidp policy told the load (`tail`'s 300 requests, 1,024 prompt and
-    # ~450 output tokens on average) falls back at start-up to the static plan the cost model
-    # predicts better (TP=2), beside TP=2 itself
-    sidp_fallback) part sidp_fallback 260 "for flags in '-dp 2 --share-ffn --parallel-policy sidp \
-           --cost-profile auto --sidp-num-requests 300 --sidp-mean-prompt-tokens 1024 \
-           --sidp-mean-output-tokens 450' '-tp 2'; do timeout 125 python3 -m parashift.bench throughput \
+    # issue 59 on GPUs: the sidp policy told the load (`tail`'s 300 requests' lengths,
+    # benchmarks/workloads/tail_300.json: the bench's seed 0) falls back at start-up to the static
+    # plan the cost model predicts better (TP=2), beside TP=2 itself. (Told only the mean lengths,
+    # 1,024 and 450, it chose DP=2, which took > 125 s against TP=2's 75: a tail is not its mean.)
+    sidp_fallback) part sidp_fallback 300 "for flags in '-dp 2 --share-ffn --parallel-policy sidp \
+           --cost-profile auto --sidp-workload-file benchmarks/workloads/tail_300.json' '-tp 2'; \
+           do timeout 150 python3 -m parashift.bench throughput \
            --workload tail --num-requests 300 --model benchmarks/shapes/qwen3-32b.json --dtype bfloat16 \
            --max-model-len 8192 --gpu-memory-utilization 0.75 \$flags \
            --output-json $OUT/tail_\$(echo \$flags | cut -c1-40 | tr -d ' -').json; done" ;;

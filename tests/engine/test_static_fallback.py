@@ -2,6 +2,7 @@
 the policy runs where the model puts it ahead of every static plan of its GPUs, else the
 best static plan runs under the static policy (8B shape, committed H200 profiles)."""
 import json
+import runpy
 from types import SimpleNamespace
 
 import pytest
@@ -107,3 +108,22 @@ def test_a_tie_goes_to_the_static_plan():
     assert (config.parallel_policy, config.node_layout.name()) == ("static", "tp4")
     with pytest.raises(ValueError, match="shift_request_rate is an option of the shift policy"):
         EngineConfig(sequence_parallel_size=2, shift_request_rate=4.0)
+
+
+def test_the_tail_workload_on_two_gpus_falls_back_to_tp2_only_when_its_lengths_are_told():
+    """Qwen3-32B, `tail`'s 300 requests (benchmarks/workloads/tail_300.json, what
+    benchmarks/workload_lengths.py writes for the bench's seed): measured on two H200s, TP=2
+    76 s, DP=2 99 s; told only the means (1,024 and ~450 tokens) the model picks DP=2."""
+    tail = SHAPES.parent / "workloads" / "tail_300.json"
+    written = runpy.run_path(str(SHAPES.parent / "workload_lengths.py"))["lengths"](
+        "tail", 300, 0, False)
+    assert json.loads(tail.read_text()) == written
+    qwen = SimpleNamespace(**json.loads((SHAPES / "qwen3-32b.json").read_text()))
+    common = dict(parallel_policy="sidp", data_parallel_size=2, share_ffn=True,
+                  cost_profile=PROFILE, gpu_memory_utilization=0.75, max_model_len=8192)
+    told = EngineConfig(sidp_workload_file=str(tail), **common)
+    assert resolve_static_fallback(told, qwen).node_layout.name() == "tp2"
+    means = EngineConfig(sidp_mean_prompt_tokens=1024, sidp_mean_output_tokens=450,
+                         sidp_num_requests=300, **common)
+    fallen = resolve_static_fallback(means, qwen)
+    assert fallen.parallel_policy == "static" and fallen.plan.name() == "dp2"
