@@ -106,7 +106,10 @@ LONE_STEP = ("prefill_throughput.py times one prompt from its admission to its e
              "head's 0.41), where the profile's roofline put 6.65 ms and so hid this 1.1 ms. "
              "The same measurement misses by as much at 2,048 tokens (51.1 against 49.9 ms) "
              "and four ranks' graph prefills at 256-2,048 tokens (x4g's mixed_graphs) by "
-             "2.6-3.3 ms each; `parashift profile` measured 0.61 ms of host work a step")
+             "2.6-3.3 ms each; `parashift profile` measured 0.61 ms of host work a step, "
+             "and that session's host was slow: its eager 256-token step took 31.5 ms where "
+             "the model's eager launches (fitted to the fast path's 512-token step, 18.1 ms) "
+             "give 18.1")
 MISS_NOTES = {
     "1gpu-prefill-256-graphs": LONE_STEP,
     "4gpu-fig9-tp4-ttft": HOST_SKEW, "4gpu-fig9-sp4-ttft": HOST_SKEW,

@@ -225,9 +225,9 @@ class StepModel:
         count in proportion to that count over `rows` (the two meet there; a long prompt's
         GEMMs are the roofline's)."""
         last_rows, last_s = timed[-1]
-        if rows > last_rows:
-            departure = self._roofline_gemm(last_rows, n, k) - last_s
-            return self._roofline_gemm(rows, n, k) - departure * last_rows / rows
+        if rows > last_rows:  # timings are of the model's dtype: its roofline, not FP8's
+            departure = self._roofline_gemm(last_rows, n, k, dense=True) - last_s
+            return self._roofline_gemm(rows, n, k, dense=True) - departure * last_rows / rows
         for (r0, t0), (r1, t1) in zip(timed, timed[1:]):
             if rows <= r1:
                 return t0 + (t1 - t0) * max(rows - r0, 0) / (r1 - r0)
