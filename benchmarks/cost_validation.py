@@ -91,8 +91,9 @@ SIDP_D4 = ("CaS with graphs at d=4 measured 0.61-0.77x of plain DP (this command
            "activation and down, a reduce-scatter and the hooks around them) both rows come "
            "within 6% (+6% 32B, -3% 70B; 14: +18%, +6%; 18: -3%, -11%), at 20 they fall 11% "
            "and 18% under. Not adopted: that count would be fitted to these two rows; no CaS "
-           "round has been profiled (the exchanges' time, link and overlap, move them by "
-           "less: a decode round's two exchanges a layer are 1.6-2.3 ms of a 11-22 ms step)")
+           "round has been profiled. The other terms move them little: the exchanges (the "
+           "link) at 4x their time put them at +40% and +23%, the FFN slices' GEMMs at 2x at "
+           "+33% and +9%; CaS fetches no weights and overlaps nothing")
 SERVED = ("served TTFT through the simulator: it leaves out the server's own path (HTTP, the "
           "output process, the async front end; DP4 is 20% under), and where the plan has "
           "several ranks a prefill's pace set by the slowest rank's host beyond the eager "
