@@ -105,9 +105,9 @@ LONE_STEP = ("prefill_throughput.py times one prompt from its admission to its e
              "7.1 ms: the GEMMs at 256 rows as the 8B shape's timings give them (5.67 ms; the "
              "twelfth session's in-step profile of a 256-sequence decode: 6.18 ms with the LM "
              "head's 0.41), where the profile's roofline put 6.65 ms and so hid this 1.1 ms. "
-             "The same measurement misses by as much at 2,048 tokens (51.1 against 49.9 ms) "
-             "and four ranks' graph prefills at 256-2,048 tokens (x4g's mixed_graphs) by "
-             "2.6-3.3 ms each; `parashift profile` measured 0.61 ms of host work a step, "
+             "The same measurement misses by as much at 2,048 tokens (51.1 against 49.9 ms; "
+             "at 1,024, 24.8 against 25.4) and four ranks' graph prefills at 256-2,048 "
+             "tokens (x4g's mixed_graphs, TP4 and SP4) by 2.3-3.4 ms each; `parashift profile` measured 0.61 ms of host work a step, "
              "and that session's host was slow: its eager 256-token step took 31.5 ms where "
              "the model's eager launches (fitted to the fast path's 512-token step, 18.1 ms) "
              "give 18.1")
