@@ -14,6 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from decode_context import decode_context
 from parashift.bench.workloads import WorkloadOptions, get_workload, sample_lengths
 from parashift.cost import fit
 from parashift.cost.profile import ComputeProfile, LinkProfile, Roofline, to_dict
@@ -75,6 +76,24 @@ def bf16_gemm_points() -> list[tuple[int, int, int, float]]:
             for path in GEMM_RAWS for r in json.loads(path.read_text())["rows"]]
 
 
+# the row counts of the timings the profile keeps by shape (a decode step's); the 4,096-row
+# ones are left to the roofline: with them the engine's eager prefill steps of 2,048 and
+# 8,192 tokens cannot both be met by one prefill-attention rate (fitted to the 2,048-token
+# step, the 8,192-token one comes out 17% over), as issue 61's kernels say: prefill
+# attention reaches 0.28 of the peak at 2,048 tokens, 0.46 at 32k, which one rate does not
+TIMED_ROWS_MAX = 256
+
+
+def timed_gemms() -> list[tuple[int, int, int, float]]:
+    """(n, k, rows, seconds) of the 8B shape's bf16 projections timed at up to
+    TIMED_ROWS_MAX rows, a count timed twice at the mean of its two times."""
+    times = {}
+    for rows, n, k, seconds in bf16_gemm_points():
+        if rows <= TIMED_ROWS_MAX:
+            times.setdefault((n, k, rows), []).append(seconds)
+    return [(*key, round(sum(t) / len(t), 10)) for key, t in sorted(times.items())]
+
+
 def gemv_line(hbm_bytes_per_s: float) -> tuple[float, float]:
     """(launch, bw_eff) of the GEMMs of 1-4 rows: bound by the weights' bytes, which a GEMV
     only reads (so it streams them faster than the copy that defines the peak)."""
@@ -106,7 +125,7 @@ def base_compute() -> ComputeProfile:
         moe=Roofline(round(MOE_GROUPED_BW_EFF, 4), round(moe_flops_eff(788e12), 4), 50e-6),
         sampler_s=round(quick["sampler_s"], 9), sampler_row_s=round(quick["sampler_row_s"], 12),
         host_step_s=0.21e-3, eager_launch_s=4e-6,
-        kernels_per_layer=14, host_to_device_bytes_per_s=55e9,
+        kernels_per_layer=14, host_to_device_bytes_per_s=55e9, gemm_timed=timed_gemms(),
         notes={
             "hbm_bytes_per_s, matmul_flops, host_to_device": CEILINGS,
             "memory_bytes": "an H200's 143,771 MiB",
@@ -115,6 +134,10 @@ def base_compute() -> ComputeProfile:
                                           "at 1.07x the copy rate, plus a fixed cost); "
                                           f"{GPU_FAST_PATH}: batch-1 GEMMs 4.07 ms, as the "
                                           "line gives",
+            "gemm_timed": f"{BF16_GEMM}: qkv, o, gate_up and down at 1-{TIMED_ROWS_MAX} "
+                          "rows (the 4,096-row timings left to the roofline: "
+                          "benchmarks/cost_profiles.py TIMED_ROWS_MAX); the 8B shape's "
+                          "projections are read off these, other shapes off the roofline",
             "moe.bw_eff, moe.flops_eff": f"{MOE}: the grouped expert GEMMs at 64 tokens (181 + "
                                          "95 us against 188 + 94 us of bytes) and at 4,096 "
                                          "tokens (35.5 ms)",
@@ -237,7 +260,7 @@ def fitted() -> tuple[ComputeProfile, LinkProfile, LinkProfile]:
             0.0, 0.0, 1.0)))
     c = replace(c, moe=replace(c.moe, launch_s=_solve(
         lambda x: StepModel(moe, replace(c, moe=replace(c.moe, launch_s=x))).step_s(
-            single, StepBatch.decode(1, 1024)), 4.6e-3, 0.0, 1e-3)))
+            single, StepBatch.decode(1, decode_context(1024, 1, 32, 8192))), 4.6e-3, 0.0, 1e-3)))
     moe_eager = _solve(lambda k: StepModel(moe, replace(c, moe_kernels_per_layer=int(round(k))),
                                            graphs=False).step_s(single, StepBatch.prefill(512)),
                        92.8e-3, 0.0, 200.0)
@@ -276,8 +299,10 @@ def ridge_steps() -> list[tuple[str, int, float]]:
 
 
 def ridge_error(c: ComputeProfile) -> float:
-    """The mean relative error of `c`'s predictions of the ridge steps."""
-    errors = [StepModel(load_shape(shape), c).step_s(Plan(), StepBatch.decode(batch, 1024))
+    """The mean relative error of `c`'s predictions of the ridge steps (at the mean context
+    of the probe's timed steps: 16 after prompts prefilled in steps of 8,192 tokens)."""
+    errors = [StepModel(load_shape(shape), c).step_s(
+        Plan(), StepBatch.decode(batch, decode_context(1024, batch, 16, 8192)))
               / seconds - 1 for shape, batch, seconds in ridge_steps()]
     return sum(errors) / len(errors)
 

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from decode_context import decode_context
 from parashift.bench.workloads import WorkloadOptions, get_workload, sample_lengths
 from parashift.cost.profile import load
 from parashift.cost.runs import Engine, Served, interactive, offline_s, prefill_s
@@ -63,7 +64,11 @@ SECTIONS = {
 HOST_SKEW = ("host launch: an eager prefill of 2,048 tokens on four ranks is paced by the "
              "slowest rank's host (the log's prefill_profile: three ranks wait 15-66 ms in their "
              "collectives for the fourth); the model counts one host's launches and the "
-             "collectives' own time, not ranks arriving late")
+             "collectives' own time, not ranks arriving late. Not added: the records do not "
+             "pin the slowest host down (TP4's 2,048-token step took 25.2 ms in the "
+             "fourteenth session and 47.3 in the twentieth; its ranks' hosts 19.0-33.7 ms, "
+             "the slowest 1.38x their mean, SP4's 1.05x, Shift's 1.10x), so a factor for it "
+             "would be fitted to these rows")
 EAGER_PP = ("the thirteenth session's pipelines decoded eagerly with prompts whole, and the "
             "model runs them so, each stage's host launching its own layers beside the "
             "others'; their decode is under (TP2xPP2 22.3 ms against 13.1, PP4 11.2 against "
@@ -77,33 +82,37 @@ EAGER_PP = ("the thirteenth session's pipelines decoded eagerly with prompts who
 SIDP_D4 = ("CaS with graphs at d=4 measured 0.61-0.77x of plain DP (this command ranged 40-62 "
            "req/s across sessions); the model puts CaS ahead of plain DP4 (a rank reads a "
            "quarter of the FFN weights a decode step), and at d=2 (8B, within 2%) it agrees "
-           "with the runs. Found: a replica without work serves its slices eagerly "
-           "(shared_ffn.serve_idle), and at d=4 364 of this run's 559 rounds hold one (19 of "
-           "559 at d=2); the simulator priced it as an empty graph step, which put these rows "
-           "at +160% (32B) and +84% (70B); priced as its eager exchanges "
-           "(cost/sidp.py idle_cas_step: cas_kernels_per_peer launches a layer, no new fit) "
-           "they are at +52% and +33%. The rest is four ranks meeting at every layer's "
-           "exchange (their skew, the rounds padded to the largest replica's bucket), not "
-           "in the model; no CaS round has been profiled")
+           "with the runs. The term that is wrong is the idle replica's: a replica without "
+           "work serves its slices eagerly (shared_ffn.serve_idle), the busy ones waiting on "
+           "it at every layer, and at d=4 364 of this run's 559 rounds hold one (19 of 559 "
+           "at d=2). The simulator spends most of these runs in such rounds and prices an "
+           "idle replica's layer at cas_kernels_per_peer (10) eager launches, 0.4 ms: at 16 "
+           "(0.63 ms, an all-gather of padded rows, an index select, the slice's gate_up, "
+           "activation and down, a reduce-scatter and the hooks around them) both rows come "
+           "within 6% (+6% 32B, -3% 70B; 14: +18%, +6%; 18: -3%, -11%), at 20 they fall 11% "
+           "and 18% under. Not adopted: that count would be fitted to these two rows; no CaS "
+           "round has been profiled. The other terms move them little: the exchanges (the "
+           "link) at 4x their time put them at +40% and +23%, the FFN slices' GEMMs at 2x at "
+           "+33% and +9%; CaS fetches no weights and overlaps nothing")
 SERVED = ("served TTFT through the simulator: it leaves out the server's own path (HTTP, the "
           "output process, the async front end; DP4 is 20% under), and where the plan has "
           "several ranks a prefill's pace set by the slowest rank's host beyond the eager "
           "launches the profile counts (the four-rank TTFT rows above miss the same way)")
-PER_SEQUENCE = ("the 32B and 70B shapes' decode cost per sequence from 512 to 1,024 "
-                "sequences is 7% above the model's (the probe: 92.0 ms more for 32B against "
-                "85.8 predicted, 160.3 for 70B against 150.3): the GEMMs' FLOPs rate (fitted to "
-                "the 8B shape's 8,192-token prefill) and KV read at 0.9 of the copy (the 8B "
-                "shape's batch 256) under-price these shapes' work a sequence; the 8B rows do "
-                "not show it")
-RIDGE_8B = ("gemm: the overlap near the ridge (fitted to the 32B and 70B shapes' batch-128 "
-            "steps: 27% of the shorter of the bytes and FLOPs times) over-prices the 8B "
-            "shape's projections at 64-256 rows: timed alone at 256 rows (issue 60's bf16 "
-            "timings) they take 177 us a layer where the profile predicts 208; the shapes pay "
-            "the ridge differently, which one overlap cannot hold (the 8B rows of other "
-            "sessions, 7.38 and 17.02 ms, are within 5%)")
+LONE_STEP = ("prefill_throughput.py times one prompt from its admission to its end, so the host "
+             "work around the step (admission, scheduling, the step's inputs, the output), "
+             "which no other step overlaps here, is all on the path; the model counts a graph "
+             "step's host as a running decode step's un-overlapped 0.21 ms. Its kernels are "
+             "7.1 ms: the GEMMs at 256 rows as the 8B shape's timings give them (5.67 ms; the "
+             "twelfth session's in-step profile of a 256-sequence decode: 6.18 ms with the LM "
+             "head's 0.41), where the profile's roofline put 6.65 ms and so hid this 1.1 ms. "
+             "The same measurement misses by as much at 2,048 tokens (51.1 against 49.9 ms; "
+             "at 1,024, 24.8 against 25.4) and four ranks' graph prefills at 256-2,048 "
+             "tokens (x4g's mixed_graphs, TP4 and SP4) by 2.3-3.4 ms each; `parashift profile` measured 0.61 ms of host work a step, "
+             "and that session's host was slow: its eager 256-token step took 31.5 ms where "
+             "the model's eager launches (fitted to the fast path's 512-token step, 18.1 ms) "
+             "give 18.1")
 MISS_NOTES = {
-    "1gpu-probe-qwen3-32b-b1024": PER_SEQUENCE, "1gpu-decode-b64-ctx1024-i58": RIDGE_8B,
-    "1gpu-decode-b256-ctx512": RIDGE_8B,
+    "1gpu-prefill-256-graphs": LONE_STEP,
     "4gpu-fig9-tp4-ttft": HOST_SKEW, "4gpu-fig9-sp4-ttft": HOST_SKEW,
     "4gpu-fig9-sp2xtp2-ttft": HOST_SKEW, "4gpu-fig9-shift-sp4-ttft": HOST_SKEW,
     "4gpu-fig9-shift-sp2xtp2-ttft": HOST_SKEW, "4gpu-prefill-sp4-2048": HOST_SKEW,
@@ -119,7 +128,8 @@ MISS_NOTES = {
     "4gpu-fig9-shift-sp4-batch": (
         "this run's Shift SP4<->TP4 batch was 0.74x SP4's (the log: plan switches paced by "
         "the hosts, as its TTFT); the model has no per-switch host cost, so it predicts the "
-        "better of the two plans' steps"),
+        "better of the two plans' steps; no run has timed a switch's host work on its own "
+        "(the log's Shift rows time whole steps or runs), so none is added"),
 }
 
 
@@ -210,21 +220,30 @@ def kv_tokens(shape, gpus, plan):
     return model(shape, gpus).kv_tokens(Plan.parse(plan)), {}
 
 
+def timed_decode(batch: int, context: int, steps: int, budget: int) -> StepBatch:
+    """The decode steps decode_throughput.py's `start_decodes` times (benchmarks/
+    decode_context.py): `batch` sequences at the timed steps' mean context, which the
+    prompts' staggered prefill under the step `budget` puts above `context`."""
+    return StepBatch.decode(batch, decode_context(context, batch, steps, budget))
+
+
 def rows() -> list[Row]:
     S = SECTIONS
     d8, r = "llama-3.1-8b", []
+    # the step budget then: 8,192 until the offline engine's default became 16,384 on large
+    # GPUs (twenty-fifth session, 2026-11-27)
     for b, ms, fit in ((1, 4.91, True), (16, 5.67, False), (64, 7.38, False), (256, 17.02, False)):
         r.append(Row(f"1gpu-decode-b{b}-ctx1024", "one GPU", 1, d8, f"decode step, batch {b}, "
-                     "context 1024", "ms", ms, S["fast"],
-                     lambda b=b: step_ms(d8, 1, Plan(), StepBatch.decode(b, 1024)), fit))
+                     "context 1024", "ms", ms, S["fast"], lambda b=b: step_ms(
+                         d8, 1, Plan(), timed_decode(b, 1024, 32, 8192)), fit))
     for b, ms in ((1, 4.69), (64, 7.247), (256, 16.555)):
         r.append(Row(f"1gpu-decode-b{b}-ctx1024-i58", "one GPU", 1, d8,
                      f"decode step, batch {b}, context 1024 (latest)", "ms", ms, S["i58"],
-                     lambda b=b: step_ms(d8, 1, Plan(), StepBatch.decode(b, 1024))))
+                     lambda b=b: step_ms(d8, 1, Plan(), timed_decode(b, 1024, 32, 16384))))
     for b, ms in ((1, 4.67), (64, 6.3), (256, 12.14)):
         r.append(Row(f"1gpu-decode-b{b}-ctx512", "one GPU", 1, d8,
                      f"decode step, batch {b}, context 512", "ms", ms, S["det"],
-                     lambda b=b: step_ms(d8, 1, Plan(), StepBatch.decode(b, 512))))
+                     lambda b=b: step_ms(d8, 1, Plan(), timed_decode(b, 512, 16, 16384))))
     for t, ms, fit, sec in ((512, 18.1, True, "fast"), (2048, 49.7, True, "x4b"),
                             (4096, 106.8, False, "fast"), (8192, 227.4, True, "x4b")):
         r.append(Row(f"1gpu-prefill-{t}", "one GPU", 1, d8, f"prefill step, {t} tokens, eager",
@@ -240,9 +259,11 @@ def rows() -> list[Row]:
                  886_048, S["maxctx"], lambda: kv_tokens(d8, 1, "single"), True))
     moe = "qwen3-30b-a3b"
     r.append(Row("1gpu-moe-decode-b1", "MoE", 1, moe, "decode step, batch 1, context 1024", "ms",
-                 4.6, S["moe"], lambda: step_ms(moe, 1, Plan(), StepBatch.decode(1, 1024)), True))
+                 4.6, S["moe"], lambda: step_ms(moe, 1, Plan(), timed_decode(1, 1024, 32, 8192)),
+                 True))
     r.append(Row("1gpu-moe-decode-b64", "MoE", 1, moe, "decode step, batch 64, context 1024",
-                 "ms", 18.51, S["moe"], lambda: step_ms(moe, 1, Plan(), StepBatch.decode(64, 1024))))
+                 "ms", 18.51, S["moe"],
+                 lambda: step_ms(moe, 1, Plan(), timed_decode(64, 1024, 32, 8192))))
     r.append(Row("1gpu-moe-prefill-4096", "MoE", 1, moe, "prefill, 4096 tokens, eager", "ms",
                  90.1, S["moe"], lambda: step_ms(moe, 1, Plan(), StepBatch.prefill(4096))))
     r.append(Row("2gpu-moe-batch-tp2", "MoE", 2, moe, "batch 64 x 2048/128, TP=2", "tok/s", 36197,
@@ -426,7 +447,8 @@ def sidp_rows(d8: str) -> list[Row]:
         for b, ms in zip((1, 64, 256, 512, 1024), times):
             r.append(Row(f"1gpu-probe-{shape}-b{b}", "SiDP", 1, shape,
                          f"decode step, batch {b}, context 1024 (probe)", "ms", ms, S["probe"],
-                         lambda s=shape, b=b: step_ms(s, 1, Plan(), StepBatch.decode(b, 1024))))
+                         lambda s=shape, b=b: step_ms(s, 1, Plan(),
+                                                      timed_decode(b, 1024, 16, 8192))))
     for shape, gpus, plan, rate, sec in ((d8, 2, "dp2", 263.7, "sidp2"),
                                          ("qwen3-32b", 4, "dp4", 83.8, "sidp4")):
         r.append(Row(f"{gpus}gpu-sidp-tail-{shape}-{plan}", "SiDP", gpus, shape,
@@ -475,7 +497,8 @@ def figure9_two(d8: str) -> list[Row]:
     for plan, b, ms in (("tp2", 1, 3.43), ("tp2", 64, 4.49), ("tp2", 256, 8.03)):
         r.append(Row(f"2gpu-decode-{plan}-b{b}", "Figure 9, 2 GPUs", 2, d8,
                      f"{plan} decode step, batch {b}, context 512", "ms", ms, S["det"],
-                     lambda b=b: step_ms(d8, 2, Plan(tp=2), StepBatch.decode(b, 512))))
+                     lambda b=b: step_ms(d8, 2, Plan(tp=2),
+                                         timed_decode(b, 512, 16, 16384))))
     return r
 
 

@@ -63,11 +63,13 @@ def measure_compute(device: torch.device, commit: str = "", quick: bool = False
     size = torch.tensor([], dtype=dtype).element_size()
     timer = Timer(device, sweep.repeats)
     hbm = _copy_rate(timer, sweep.copy_bytes, dtype)
-    gemm, matmul = _retried(lambda: _gemm_fit(timer, sweep, dtype, size, hbm, gemm_points))
+    gemm, matmul, timed = _retried(lambda: _gemm_fit(timer, sweep, dtype, size, hbm,
+                                                     gemm_points))
     fp8, fp8_note = (None, 0.0), "not timed: needs CUDA of compute capability 8.9 or more"
     if _fp8_gemm_runs(device):
         try:
-            fp8 = _retried(lambda: _gemm_fit(timer, sweep, dtype, size, hbm, fp8_gemm_points, 1))
+            fp8 = _retried(lambda: _gemm_fit(timer, sweep, dtype, size, hbm, fp8_gemm_points,
+                                             1))[:2]
             fp8_note = "the engine's FP8-weight GEMM (kernels/fp8_gemm.py)"
         except Exception as e:  # noqa: BLE001  the rest of the profile stands without it
             fp8_note = f"not timed: {type(e).__name__}: {e}"
@@ -87,7 +89,7 @@ def measure_compute(device: torch.device, commit: str = "", quick: bool = False
         sampler_s=sampler_s, sampler_row_s=sampler_row_s, host_step_s=0.0,
         eager_launch_s=eager_launch_s(device, sweep.norm_hidden, dtype), kernels_per_layer=14,
         host_to_device_bytes_per_s=_to_device_rate(device, sweep.copy_bytes),
-        fp8_gemm=fp8[0], fp8_matmul_flops=fp8[1],
+        fp8_gemm=fp8[0], fp8_matmul_flops=fp8[1], gemm_timed=timed,
         notes={"sweep": asdict(sweep), "dtype": str(dtype), "quick": quick,
                "moe": "the dense GEMM's fit (the expert kernels are not timed apart)",
                "decode_attention.flops_eff": "the prefill attention's (decode is bound by bytes)",
@@ -124,8 +126,9 @@ def _fp8_gemm_runs(device: torch.device) -> bool:
 
 
 def _gemm_fit(timer: Timer, sweep: Sweep, dtype, size: int, hbm: float, points,
-              weight_size: int | None = None) -> tuple[Roofline, float]:
-    """A GEMM family's roofline and its matrix rate (the best of its large GEMMs);
+              weight_size: int | None = None) -> tuple[Roofline, float, tuple]:
+    """A GEMM family's roofline, its matrix rate (the best of its large GEMMs) and its
+    few-row timings by shape, (n, k, rows, seconds) (the profile's `gemm_timed`);
     `weight_size`: bytes of a weight element where not the activations' (FP8)."""
     small = points(timer, sweep.gemm_shapes, sweep.gemm_rows_bytes, dtype)
     large = points(timer, sweep.gemm_shapes, sweep.gemm_rows_flops, dtype)
@@ -133,7 +136,8 @@ def _gemm_fit(timer: Timer, sweep: Sweep, dtype, size: int, hbm: float, points,
     bytes_points = [((weight_size or size) * n * k + size * r * (n + k), s)
                     for r, n, k, s in small]
     flops_points = [(2.0 * r * n * k, s) for r, n, k, s in large]
-    return fit.roofline(bytes_points, flops_points, hbm, matmul), matmul
+    timed = tuple((n, k, r, s) for r, n, k, s in small)
+    return fit.roofline(bytes_points, flops_points, hbm, matmul), matmul, timed
 
 
 def _attention_fits(timer: Timer, sweep: Sweep, dtype, size: int, hbm: float,

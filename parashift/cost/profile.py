@@ -113,6 +113,10 @@ class ComputeProfile:
     # FP8-weight GEMMs (kernels/fp8_gemm.py): bytes of E4M3 weights, FLOPs at fp8_matmul_flops
     fp8_gemm: Roofline | None = None
     fp8_matmul_flops: float = 0.0
+    # dense GEMMs timed by shape, in the model's dtype: (n, k, rows, seconds) of x[rows, k] @
+    # w[k, n]; a GEMM of a timed (n, k) is read off its timings (StepModel._gemm), the gemm
+    # roofline prices every other shape
+    gemm_timed: tuple = ()
     schema_version: int = SCHEMA_VERSION
     kind: str = "compute"
     notes: dict = field(default_factory=dict)
@@ -123,7 +127,16 @@ class ComputeProfile:
                   host_to_device_bytes_per_s=self.host_to_device_bytes_per_s)
         if not 0 < self.memory_utilization <= 1:
             raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
+        object.__setattr__(self, "gemm_timed", _timed_points(self.gemm_timed))
+        by_shape = {}
+        for n, k, rows, seconds in sorted(self.gemm_timed):
+            by_shape.setdefault((n, k), []).append((rows, seconds))
+        object.__setattr__(self, "_gemm_by_shape", by_shape)  # not a field: not saved
         _check_header(self, "compute")
+
+    def gemm_timings(self, n: int, k: int) -> list[tuple[int, float]]:
+        """(rows, seconds) of the GEMMs of weight (n, k) timed, by rows; empty if none."""
+        return self._gemm_by_shape.get((n, k), [])
 
     def roofline_s(self, fit: Roofline, nbytes: float, flops: float,
                    matmul_flops: float | None = None) -> float:
@@ -183,6 +196,23 @@ class LinkProfile:
         curve = modes.get("graph" if graph else "eager") or next(iter(modes.values()))
         scale = _ring_share(name, ranks) / _ring_share(name, self.ranks)
         return curve(nbytes * scale)
+
+
+def _timed_points(points) -> tuple:
+    """`gemm_timed` checked: (n, k, rows) integers >= 1, seconds > 0, each (n, k, rows) once."""
+    out = []
+    for point in points:
+        point = tuple(point)
+        if (len(point) != 4 or any(isinstance(v, bool) or not isinstance(v, (int, float))
+                                   or not v > 0 for v in point)
+                or any(v != int(v) for v in point[:3])):
+            raise ValueError(f"gemm_timed: each entry is (n, k, rows, seconds), integers >= 1 "
+                             f"and seconds > 0; got {point!r}")
+        out.append((int(point[0]), int(point[1]), int(point[2]), float(point[3])))
+    keys = [p[:3] for p in out]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"gemm_timed: an (n, k, rows) timed twice in {keys}")
+    return tuple(out)
 
 
 def _ring_share(name: str, ranks: int) -> float:

@@ -211,7 +211,29 @@ class StepModel:
 
     def _gemm(self, rows: int, n: int, k: int, dense: bool = False) -> float:
         """A linear layer's GEMM (its weights FP8 where the shape's are, unless `dense`:
-        the LM head and the router keep the model's dtype)."""
+        the LM head and the router keep the model's dtype); one of a weight shape the
+        profile timed, off its timings."""
+        if not (self.shape.fp8_weights and not dense):
+            timed = self.compute.gemm_timings(n, k)
+            if timed:
+                return self._timed_gemm(timed, rows, n, k)
+        return self._roofline_gemm(rows, n, k, dense)
+
+    def _timed_gemm(self, timed: list[tuple[int, float]], rows: int, n: int, k: int) -> float:
+        """Linear in rows between the timed counts (the smallest count's time below them);
+        past the largest count the roofline, less the timings' departure from it at that
+        count in proportion to that count over `rows` (the two meet there; a long prompt's
+        GEMMs are the roofline's)."""
+        last_rows, last_s = timed[-1]
+        if rows > last_rows:  # timings are of the model's dtype: its roofline, not FP8's
+            departure = self._roofline_gemm(last_rows, n, k, dense=True) - last_s
+            return self._roofline_gemm(rows, n, k, dense=True) - departure * last_rows / rows
+        for (r0, t0), (r1, t1) in zip(timed, timed[1:]):
+            if rows <= r1:
+                return t0 + (t1 - t0) * max(rows - r0, 0) / (r1 - r0)
+        return last_s
+
+    def _roofline_gemm(self, rows: int, n: int, k: int, dense: bool = False) -> float:
         s, c = self.shape, self.compute
         fp8 = s.fp8_weights and not dense
         nbytes = n * k * (1 if fp8 else s.dtype_bytes) + rows * (n + k) * s.dtype_bytes

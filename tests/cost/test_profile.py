@@ -71,3 +71,10 @@ def test_a_profile_round_trips(tmp_path):
 def test_the_committed_profiles_load_and_name_their_source(name):
     profile = load(PROFILES / name)
     assert profile.device == "H200" and "docs/benchmark_log.md" in profile.source
+
+
+def test_the_compute_profile_round_trips_with_its_timed_gemms(tmp_path):
+    profile = load(PROFILES / "h200_compute.json")
+    assert profile.gemm_timings(28672, 4096)[-1][0] == 256  # the 8B's gate_up, 1-256 rows
+    save(profile, tmp_path / "c.json")
+    assert load(tmp_path / "c.json") == profile
