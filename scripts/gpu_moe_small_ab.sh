@@ -2,20 +2,21 @@
 # Issues 61 (item 2) and 60: Qwen3-30B-A3B decode at small batch with the small-batch expert
 # GEMVs (kernels/moe_small.py) on and off (PARASHIFT_MOE_SMALL=1|0), on ONE GPU, in this
 # order (what BUDGET_S leaves out last):
-# 1. the GPU tests of the small path and of the skinny GEMM (now with GEMV configs);
+# 1. the GPU tests of the small path (compiled, bf16/fp16/fp32 and FP8, a CUDA graph);
 # 2. the kernel micro-bench (benchmarks/moe_small.py): small path against the grouped GEMM at
 #    1/2/8/16 tokens, bf16 and FP8 experts, µs and fraction of the touched-bytes floor at
 #    4.8 TB/s, and the fastest tiles;
 # 3. decode b1 and b64 (context 1024, CUDA graphs, max-model-len 8192, 32 steps), bf16: on
 #    (with a kernel profile), then off at b1 (b64's 512 pairs never take the small path);
 # 4. the same with --quantization fp8;
-# 5. the dense projections' skinny GEMM choice at 1/2/4 rows (benchmarks/skinny_gemm.py), and
-#    bf16 decode b1 without the skinny GEMV configs (PARASHIFT_SKINNY_GEMV=0);
+# 5. the skinny GEMM's GPU tests in bf16 (now with GEMV configs), the dense projections' choice
+#    at 1/2/4 rows (benchmarks/skinny_gemm.py), and bf16 decode b1 without the skinny GEMV
+#    configs (PARASHIFT_SKINNY_GEMV=0);
 # 6. if time is left, bf16 and FP8 decode b1 with the micro-bench's fastest tiles at 1 token
 #    (PARASHIFT_MOE_SMALL_TILES).
 # A step is skipped where its usual time would pass BUDGET_S seconds (tests ~60, bench ~60,
-# a decode run with b64 ~75, at b1 only ~50, the skinny bench ~40); each gets at most twice
-# its usual time. JSON and logs to $OUT/<step>.{json,log}; a summary at the end. From the
+# a decode run with b64 ~75, at b1 only ~50, the skinny tests and bench ~40 each); each gets
+# at most twice its usual time. JSON and logs to $OUT/<step>.{json,log}; a summary at the end. From the
 # repository root:
 # Usage: OUT=dir [BUDGET_S=300] bash scripts/gpu_moe_small_ab.sh
 set -u
@@ -42,14 +43,19 @@ best_tiles() {  # the micro-bench's fastest tiles at 1 token for bf16 or fp8 exp
 if r['tokens']==1 and r['experts']==sys.argv[2]]; print(r[0]['best_env'] if r else '')" \
     "$OUT/moe_small.json" "$1" 2>/dev/null
 }
-step kernel_tests 1 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  -k "not interpreted" tests/kernels/test_moe_small.py tests/kernels/test_skinny_gemm.py
+gpu_tests() {  # name, seconds, -k expression, then the tests
+  local name=$1 need=$2 select=$3; shift 3
+  step "$name" 1 "$need" env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
+    -p no:cacheprovider -k "not interpreted and ($select)" "$@"
+}
+gpu_tests kernel_tests 60 "cuda or tiles or switch or pairs" tests/kernels/test_moe_small.py
 step moe_small 1 60 python3 benchmarks/moe_small.py --model "$S" --tokens 1 2 8 16 \
   --output "$OUT/moe_small.json"
 decode decode_bf16_on 1 75 1 64 --profile
 decode decode_bf16_off 0 50 1
 decode decode_fp8_on 1 75 1 64 --quantization fp8 --profile
 decode decode_fp8_off 0 50 1 --quantization fp8
+gpu_tests skinny_tests 40 "bfloat16 or dispatch" tests/kernels/test_skinny_gemm.py
 step skinny 1 40 python3 benchmarks/skinny_gemm.py --model "$S" --rows 1 2 4
 EXTRA_ENV=PARASHIFT_SKINNY_GEMV=0 decode decode_bf16_nogemv 1 50 1
 for kind in bf16 fp8; do
