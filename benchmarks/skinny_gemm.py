@@ -9,7 +9,7 @@ import json
 import torch
 import triton
 
-from parashift.kernels.skinny_gemm import CONFIGS, choose, timings_ms
+from parashift.kernels.skinny_gemm import CONFIGS, GEMV_CONFIGS, choose, label, timings_ms
 
 
 def copy_bandwidth() -> float:
@@ -36,8 +36,7 @@ def main() -> None:
     args = p.parse_args()
     cfg = json.load(open(args.model))
     bandwidth = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}  copy {bandwidth / 1e12:.2f} TB/s; configs: "
-          + ", ".join(f"{i}={c}" for i, c in enumerate(CONFIGS)))
+    print(f"{torch.cuda.get_device_name()}  copy {bandwidth / 1e12:.2f} TB/s")
     for name, (n, k) in projections(cfg, args.tp).items():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
         floor_ms = w.nbytes / bandwidth * 1e3
@@ -48,8 +47,9 @@ def main() -> None:
             row = {"proj": name, "n": n, "k": k, "rows": m, "floor_us": round(floor_ms * 1e3, 1),
                    "cublas_us": round(timings[None] * 1e3, 1),
                    "cublas_fraction": round(floor_ms / timings[None], 3),
-                   "configs_us": [round(timings[c] * 1e3, 1) for c in CONFIGS if c in timings],
-                   "chosen": None if chosen is None else CONFIGS.index(chosen),
+                   "configs_us": {label(c): round(timings[c] * 1e3, 1)
+                                  for c in CONFIGS + GEMV_CONFIGS if c in timings},
+                   "chosen": label(chosen),
                    "chosen_fraction": round(floor_ms / timings[chosen], 3)}
             print(json.dumps(row), flush=True)
 

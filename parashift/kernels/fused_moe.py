@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import moe_routing
+from parashift.kernels import moe_routing, moe_small
 
 BLOCK_M = 16
 MANY_ROWS_BLOCK_M = 64  # rows per program where experts average many pairs (prefill)
@@ -160,7 +160,17 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
                   scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """expert_outputs(x, weights, ids, gate_up, down, first_expert) on the device; FP8
-    experts read as they are stored, with `scales` (gate_up's, down's) per output row."""
+    experts read as they are stored, with `scales` (gate_up's, down's) per output row. A
+    few pairs (decode at one or two tokens) take kernels/moe_small.py's GEMVs."""
+    if moe_small.takes(ids.numel()):
+        return moe_small.small_experts(x, weights, ids, gate_up, down, first_expert, scales)
+    return grouped_experts(x, weights, ids, gate_up, down, first_expert, scales)
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                    gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
+                    scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """fused_experts by the two grouped GEMMs, at any number of pairs."""
     gate_up_scale, down_scale = scales or (None, None)
     from parashift.kernels.silu_mul import silu_and_mul
     tokens, top_k = ids.shape

@@ -27,6 +27,13 @@ def _silu_mul(gate_ptrs, mask, half, LIBDEVICE: tl.constexpr):
     ups `half` further."""
     gate = tl.load(gate_ptrs, mask=mask, other=0.0)
     up = tl.load(gate_ptrs + half, mask=mask, other=0.0)
+    return silu_mul_values(gate, up, LIBDEVICE)
+
+
+@triton.jit
+def silu_mul_values(gate, up, LIBDEVICE: tl.constexpr):
+    """silu(gate) * up in fp32 of values in the activations' dtype, rounded as
+    silu_and_mul_torch rounds: the silu to gate's dtype before the product."""
     g = gate.to(tl.float32)
     # torch's silu is g / (1 + expf(-g)): libdevice's expf and an IEEE division
     # (tl.exp is ex2.approx, `/` div.full); the interpreter has no libdevice

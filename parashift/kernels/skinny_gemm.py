@@ -4,7 +4,8 @@ At one to four rows a linear layer is a weight read: cuBLAS tiles small projecti
 (the 8B shape's qkv and o) into too few CTAs to keep the H200's memory busy, and splits
 K for others, which costs a reduction kernel. Here each program owns BLOCK_N output
 columns over all of K, so there is no reduction, and a shape gets this kernel only where
-it measured faster than cuBLAS on the device (`linear`)."""
+it measured faster than cuBLAS on the device (`linear`). Beside its tl.dot configs, GEMV
+configs (kernels/fp8_gemv.py's kernel with a scale of ones) are measured too."""
 import functools
 import logging
 import os
@@ -15,6 +16,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 import triton.testing
+
+from parashift.kernels import fp8_gemv
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +38,26 @@ class Config:
 
 CONFIGS = (Config(16, 512, 4, 3), Config(32, 256, 4, 4), Config(32, 512, 4, 3),
            Config(64, 256, 4, 3), Config(64, 128, 4, 4), Config(128, 128, 8, 3))
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """kernels/fp8_gemv.py's GEMV on 16-bit weights (a scale of ones): no 16-row tl.dot, one
+    accumulator per row; split_k > 1 sums parts of K atomically into fp32."""
+    block_n: int
+    block_k: int
+    num_warps: int
+    split_k: int = 1
+
+
+# the small projections (Qwen3-30B-A3B's qkv [5120, 2048] and o [2048, 4096]) took cuBLAS
+# over every Config at 1-4 rows on an H200; narrow column tiles over all of K give them the
+# programs (no spills on sm_90 at 1 and 4 rows, ptxas: 32-173 registers)
+GEMV_CONFIGS = (GemvConfig(2, 1024, 4), GemvConfig(4, 1024, 4), GemvConfig(2, 2048, 4),
+                GemvConfig(4, 2048, 4), GemvConfig(8, 1024, 4), GemvConfig(2, 4096, 8),
+                GemvConfig(4, 1024, 4, 2), GemvConfig(8, 1024, 4, 2))
+# PARASHIFT_SKINNY_GEMV=0 measures the tl.dot configs only (for before/after measurements)
+MEASURED = CONFIGS + (GEMV_CONFIGS if os.environ.get("PARASHIFT_SKINNY_GEMV", "1") != "0" else ())
 
 
 @triton.jit
@@ -63,7 +86,7 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, st
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  config: Config) -> torch.Tensor:
+                  config: Config | GemvConfig) -> torch.Tensor:
     """x [M <= MAX_ROWS, K], weight [N, K] with unit stride along K (row slices of a
     larger weight are fine), bias [N] or None."""
     if x.dim() != 2 or x.shape[0] > MAX_ROWS:
@@ -71,6 +94,10 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                          f"got {tuple(x.shape)}")
     if weight.stride(1) != 1:
         raise ValueError("skinny_linear needs the weight's last dimension contiguous")
+    if isinstance(config, GemvConfig):
+        return fp8_gemv.fp8_gemv(x, weight, unit_scale(weight.shape[0], x.device), bias,
+                                 config.block_n, config.block_k, config.num_warps, 1,
+                                 config.split_k)
     x = x if x.stride(1) == 1 else x.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -82,7 +109,17 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y
 
 
-_choices: dict[tuple, Config | None] = {}
+_choices: dict[tuple, Config | GemvConfig | None] = {}
+_unit_scales: dict[tuple, torch.Tensor] = {}
+
+
+def unit_scale(n: int, device: torch.device) -> torch.Tensor:
+    """n fp32 ones, made once per (n, device): at the shape's measurement, outside a CUDA
+    graph capture, so a captured GEMV reads a tensor that outlives the graph."""
+    key = (n, device)
+    if key not in _unit_scales:
+        _unit_scales[key] = torch.ones(n, dtype=torch.float32, device=device)
+    return _unit_scales[key]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -105,12 +142,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 def chosen() -> list[dict]:
     """What `linear` chose for each shape measured in this process."""
-    return [{"rows": key[0], "weight": list(key[1]), "kernel": "cuBLAS" if config is None
-             else f"skinny {config.block_n}x{config.block_k}"}
+    return [{"rows": key[0], "weight": list(key[1]), "kernel": label(config)}
             for key, config in _choices.items()]
 
 
-def choose(timings: dict[Config | None, float]) -> Config | None:
+def label(config: Config | GemvConfig | None) -> str:
+    if config is None:
+        return "cuBLAS"
+    if isinstance(config, GemvConfig):
+        return f"gemv {config.block_n}x{config.block_k} split {config.split_k}"
+    return f"skinny {config.block_n}x{config.block_k}"
+
+
+def choose(timings: dict) -> Config | GemvConfig | None:
     """The fastest config, or None (cuBLAS) unless a config beats it by MARGIN."""
     best = min((c for c in timings if c is not None), key=timings.__getitem__, default=None)
     if best is None or timings[best] > MARGIN * timings[None]:
@@ -118,13 +162,13 @@ def choose(timings: dict[Config | None, float]) -> Config | None:
     return best
 
 
-def timings_ms(x, weight, bias) -> dict[Config | None, float]:
+def timings_ms(x, weight, bias) -> dict[Config | GemvConfig | None, float]:
     """Median milliseconds per call of cuBLAS (None) and of each config, L2 flushed between
     (the median: a mean of a few-µs kernel moves with a stray slow call). A config this
     device cannot compile or run (resources) is left out, not fatal."""
     bench = functools.partial(triton.testing.do_bench, warmup=5, rep=30, return_mode="median")
     timings = {None: bench(lambda: F.linear(x, weight, bias))}
-    for config in CONFIGS:
+    for config in MEASURED:
         if config.block_n > triton.next_power_of_2(weight.shape[0]):
             continue
         try:

@@ -46,7 +46,7 @@ def inputs(tokens, experts, top_k, hidden, inter, held=None, first=0, crowd=Fals
 
 def check(dtype="float32", device="cpu", **case):
     args = inputs(**case, dtype=dtype, device=device)
-    out = fused_moe.fused_experts(*args)
+    out = fused_moe.grouped_experts(*args)
     ref = expert_outputs(*args)
     torch.testing.assert_close(out, ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -67,7 +67,7 @@ def check_fp8(dtype="float32", device="cpu", **case):
         gate_up = gate_up.unflatten(1, (2, case["inter"]))[:, :, half:]
         gate_up_scale = gate_up_scale.unflatten(1, (2, case["inter"]))[:, :, half:]
         down = down[:, :, half:]
-    out = fused_moe.fused_experts(x, weights, ids, gate_up, down, first,
+    out = fused_moe.grouped_experts(x, weights, ids, gate_up, down, first,
                                   (gate_up_scale, down_scale))
     # in fp32: dequantized fp16 weights would round w * scale, which the kernel does not
     fp32 = torch.float32
@@ -110,7 +110,7 @@ def test_cuda_graph_replays_new_routing():
 
     def step():
         w, i = route(logits.to(x.dtype), 2, renormalize=True)
-        return fused_moe.fused_experts(x, w, i, gate_up, down, first)
+        return fused_moe.grouped_experts(x, w, i, gate_up, down, first)
     assert_graph_replays(step, [x, logits])
 
 

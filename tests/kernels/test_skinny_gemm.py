@@ -5,11 +5,12 @@ import torch
 import torch.nn.functional as F
 
 from parashift.kernels import skinny_gemm
-from parashift.kernels.skinny_gemm import Config, choose, skinny_linear
+from parashift.kernels.skinny_gemm import Config, GemvConfig, choose, skinny_linear
 from parashift.layers.linear import ColumnParallelLinear
 from tests.kernels.common import assert_graph_replays, case_tests, cuda, randn
 
-SMALL = (Config(16, 64, 4, 1), Config(32, 128, 4, 2))
+# and the GEMV (fp8_gemv's kernel on 16-bit weights): a K step past K, K split over programs
+SMALL = (Config(16, 64, 4, 1), Config(32, 128, 4, 2), GemvConfig(4, 64, 2), GemvConfig(8, 32, 1, 2))
 # k not a multiple of block_k, n not a multiple of block_n; padded: the weight's rows
 # are a column slice of a wider buffer (stride(0) > k), as a shift-plan slice can be
 CASES = [
@@ -38,7 +39,7 @@ def check(m, n, k, bias=False, padded=False, dtype="float32", device="cpu", conf
 
 
 def check_on_cuda(**case):
-    check(**case, configs=skinny_gemm.CONFIGS)
+    check(**case, configs=skinny_gemm.CONFIGS + skinny_gemm.GEMV_CONFIGS)
 
 
 test_interpreted, _ = case_tests(__name__, check, CASES, uses_dot=True)
