@@ -15,11 +15,11 @@ import argparse
 import json
 import os
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
+from benchmarks.decode_throughput import copy_bandwidth
 from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.triton_backend import TritonAttentionBackend
 from parashift.kernels import fp8_gemm, pdl, rmsnorm, rotary, silu_mul, skinny_gemm
@@ -116,19 +116,6 @@ def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
     return start.elapsed_time(end)
 
 
-def copy_bandwidth() -> float:
-    """Bytes read + written per second of a 1 GiB device-to-device copy."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(10):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    return 2 * src.numel() * 10 / (time.perf_counter() - start)
-
-
 def measure(weights: str, batch: int, context: int, count: int, repeats: int,
             bandwidth: float) -> dict:
     fp8 = weights == "fp8"
@@ -180,7 +167,7 @@ def main():
     p.add_argument("--repeats", type=int, default=21)
     p.add_argument("--output", default=None)
     args = p.parse_args()
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
     rows = []
     for weights in args.weights:
         for batch in args.batch_sizes:
