@@ -14,11 +14,14 @@ PARASHIFT_PDL=1 turns it on (off by default until measured faster); it takes eff
 a CUDA device of compute capability 9 or more, compiled (never under the Triton
 interpreter), and where this Triton has the grid dependency ops and the launch option."""
 import functools
+import logging
 import os
 
 import torch
 import triton
 import triton.language as tl
+
+logger = logging.getLogger(__name__)
 
 ENV = "PARASHIFT_PDL"
 LINE_BYTES = tl.constexpr(128)  # an L2 cache line: one prefetch each
@@ -28,9 +31,10 @@ PREFETCH_BYTES = 16384  # of its weights a program pulls into L2 before its wait
 def pdl_enabled(device: torch.device) -> bool:
     """Whether kernels on `device` launch with PDL (PARASHIFT_PDL=1 and a device and Triton
     that support it)."""
-    if os.environ.get(ENV, "0") not in ("0", "1"):
-        raise ValueError(f"{ENV}={os.environ[ENV]!r}: expected 0 or 1")
-    if os.environ.get(ENV, "0") != "1" or device.type != "cuda" or _interpreted():
+    flag = os.environ.get(ENV, "0")  # read at each launch: one dict lookup
+    if flag not in ("0", "1"):
+        raise ValueError(f"{ENV}={flag!r}: expected 0 or 1")
+    if flag == "0" or device.type != "cuda" or _interpreted():
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _device_supports(index)
@@ -61,7 +65,13 @@ def _interpreted() -> bool:
 
 @functools.cache
 def _device_supports(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9 and triton_supports()
+    capability = torch.cuda.get_device_capability(index)
+    if capability[0] < 9 or not triton_supports():
+        logger.warning("%s=1 but PDL is off on cuda:%d (compute capability %s, Triton %s %s "
+                       "it)", ENV, index, capability, triton.__version__,
+                       "supports" if triton_supports() else "does not support")
+        return False
+    return True
 
 
 @functools.cache

@@ -164,7 +164,8 @@ def test_weight_kernels_give_the_same_bits_with_pdl(monkeypatch, rows):
     for config in skinny_gemm.CONFIGS[:3]:
         assert_same_bits(on_and_off(monkeypatch, lambda: skinny_gemm.skinny_linear(
             x, w, None, config)))
-    for config in fp8_gemm.GEMV_CONFIGS + fp8_gemm.CONFIGS[:3] + fp8_gemm.CONFIGS[-3:]:
+    # at most 2 splits: more add their atomic partial sums in an order of their timing
+    for config in (c for c in fp8_gemm.GEMV_CONFIGS + fp8_gemm.CONFIGS if c.split_k <= 2):
         assert_same_bits(on_and_off(monkeypatch, lambda: fp8_gemm.fp8_weight_linear(
             x, w8, s8, None, config)))
 
