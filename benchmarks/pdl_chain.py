@@ -39,34 +39,34 @@ class Layer:
     v_cache: torch.Tensor
 
 
-def make_layers(count: int, fp8: bool, batch: int, context: int) -> list[Layer]:
+def make_layers(count: int, fp8: bool, batch: int, context: int, device="cuda") -> list[Layer]:
     blocks = batch * -(-(context + 1) // BLOCK_SIZE)
     layers = []
     for _ in range(count):
         weights = {}
         for name, shape in SHAPES.items():
-            w = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 0.02
+            w = torch.randn(shape, device=device, dtype=torch.bfloat16) * 0.02
             weights[name] = quantize_rows(w) if fp8 else w
-        norms = tuple(1 + 0.1 * torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16)
+        norms = tuple(1 + 0.1 * torch.randn(HIDDEN, device=device, dtype=torch.bfloat16)
                       for _ in range(2))
         pool = (blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
         layers.append(Layer(weights, norms,
-                            0.5 * torch.randn(pool, device="cuda", dtype=torch.bfloat16),
-                            0.5 * torch.randn(pool, device="cuda", dtype=torch.bfloat16)))
+                            0.5 * torch.randn(pool, device=device, dtype=torch.bfloat16),
+                            0.5 * torch.randn(pool, device=device, dtype=torch.bfloat16)))
     return layers
 
 
-def decode_metadata(batch: int, context: int) -> AttentionMetadata:
+def decode_metadata(batch: int, context: int, device="cuda") -> AttentionMetadata:
     """Each sequence `context` tokens cached and one new, its blocks its own."""
     per_seq = -(-(context + 1) // BLOCK_SIZE)
-    tables = torch.arange(batch * per_seq, dtype=torch.int32, device="cuda").view(batch, -1)
+    tables = torch.arange(batch * per_seq, dtype=torch.int32, device=device).view(batch, -1)
     seq_lens = [context + 1] * batch
     slots = tables[:, context // BLOCK_SIZE].long() * BLOCK_SIZE + context % BLOCK_SIZE
     starts = list(range(batch + 1))
     return AttentionMetadata(
         slot_mapping=slots, query_start_loc=torch.tensor(starts, dtype=torch.int32,
-                                                         device="cuda"),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device="cuda"),
+                                                         device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         block_tables=tables, query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
         max_query_len=1, max_seq_len=context + 1, block_size=BLOCK_SIZE)
 

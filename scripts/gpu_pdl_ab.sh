@@ -12,14 +12,18 @@
 # 4. the touched kernels' own GPU tests (against torch) with PDL on;
 # then a summary: per step its rc; per (weights, batch) the step times with PDL 0 and 1, the
 # fraction of the floor, and the ratio (> 1: PDL faster).
-# A step is skipped where its usual time would pass BUDGET_S seconds (tests ~90, the chain
+# A step is skipped where its usual time would pass BUDGET_S seconds (tests ~120, the chain
 # ~90, a decode run ~55, the kernel tests ~90). JSON and logs to $OUT/<step>.{json,log}.
+# STEPS names the parts to run (default all: "tests chain decode kernels"); ROUNDS the
+# decode rounds (default 2).
 # From the repository root, wheels of scripts/fetch_gpu_wheels.sh on PYTHONPATH where the
 # image lacks one:
-# Usage: OUT=dir [BUDGET_S=540] bash scripts/gpu_pdl_ab.sh
+# Usage: OUT=dir [BUDGET_S=540] [STEPS="chain decode"] [ROUNDS=2] bash scripts/gpu_pdl_ab.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 budget=${BUDGET_S:-540}
+steps=" ${STEPS:-tests chain decode kernels} "
+wants() { [[ "$steps" == *" $1 "* ]]; }
 S=$(pwd)/benchmarks/shapes
 mkdir -p "$OUT"
 PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" python3 -c "import torch, triton; from parashift.kernels import pdl; print('torch', \
@@ -36,22 +40,27 @@ step() {  # name, PARASHIFT_PDL, seconds it needs, then the command
   local rc=$?
   echo "$rc" > "$OUT/$name.rc"
   echo "[$name: rc=$rc $((SECONDS - start)) s] $(tail -1 "$OUT/$name.log" | cut -c1-200)"
-  if [ $rc -ne 0 ]; then grep -E "^(FAILED|ERROR)|Error|error:" "$OUT/$name.log" | head -15; fi
+  if [ $rc -ne 0 ]; then  # what failed: pytest's summary lines, else the log's end
+    grep -E "^(FAILED|ERROR) " "$OUT/$name.log" | head -15 | cut -c1-300
+    tail -12 "$OUT/$name.log" | cut -c1-300 | sed 's/^/    /'
+  fi
 }
 decode() {  # quantization (bf16 | fp8), PARASHIFT_PDL, round
   local quant=() name="decode_$1_pdl$2_r$3"
   [ "$1" = fp8 ] && quant=(--quantization fp8)
   step "$name" "$2" 55 python3 benchmarks/decode_throughput.py --model "$S/llama-3.1-8b.json" \
-    --batch-sizes 1 64 --context 1024 --decode-steps 32 --cuda-graphs "${quant[@]}" \
+    --batch-sizes 1 64 --context 1024 --decode-steps 32 --cuda-graphs ${quant[@]+"${quant[@]}"} \
     --output "$OUT/$name.json"
 }
-step pdl_tests 0 90 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  -rs tests/kernels/test_pdl.py
-step pdl_chain 0 90 python3 benchmarks/pdl_chain.py --output "$OUT/pdl_chain.json"
-for round in 1 2; do
-  for quant in fp8 bf16; do decode $quant 0 $round; decode $quant 1 $round; done
-done
-step kernel_tests_pdl1 1 90 python3 -m pytest -q -p no:cacheprovider -k "not interpreted" \
+wants tests && step pdl_tests 0 120 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
+  -p no:cacheprovider -rs tests/kernels/test_pdl.py
+wants chain && step pdl_chain 0 90 python3 benchmarks/pdl_chain.py --output "$OUT/pdl_chain.json"
+if wants decode; then
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for quant in fp8 bf16; do decode $quant 0 $round; decode $quant 1 $round; done
+  done
+fi
+wants kernels && step kernel_tests_pdl1 1 90 python3 -m pytest -q -p no:cacheprovider -k "not interpreted" \
   tests/kernels/test_rmsnorm.py tests/kernels/test_silu_mul.py tests/kernels/test_rotary.py \
   tests/kernels/test_fp8_gemv.py tests/kernels/test_skinny_gemm.py tests/kernels/test_fp8_gemm.py \
   tests/attention/test_triton_backend.py
