@@ -224,11 +224,10 @@ def decode_chain(x, residual, norm_w, w_qkv, w_up, w_down, layers, fp8):
     for _ in range(layers):
         if fp8:
             h, residual, xq, xs = rmsnorm.rms_norm_fp8(x, residual, norm_w, 1e-5)
-            up = fp8_gemm.fp8_weight_linear(h, *w_up, None, CHAIN_FP8_CONFIG[h.shape[0] > 4],
-                                            (xq, xs))
+            up_config, down_config = CHAIN_FP8_CONFIGS[h.shape[0] > 4]
+            up = fp8_gemm.fp8_weight_linear(h, *w_up, None, up_config, (xq, xs))
             act = silu_mul.silu_and_mul(up)
-            x = fp8_gemm.fp8_weight_linear(act, *w_down, None,
-                                           CHAIN_FP8_CONFIG[act.shape[0] > 4])
+            x = fp8_gemm.fp8_weight_linear(act, *w_down, None, down_config)
         else:
             h, residual = rmsnorm.add_rms_norm(x, residual, norm_w, 1e-5)
             up = skinny_gemm.skinny_linear(h, w_up, None, skinny_gemm.CONFIGS[1])
@@ -237,7 +236,10 @@ def decode_chain(x, residual, norm_w, w_qkv, w_up, w_down, layers, fp8):
     return x, residual
 
 
-CHAIN_FP8_CONFIG = {False: fp8_gemm.GEMV_CONFIGS[1], True: fp8_gemm.CONFIGS[12]}
+# (gate_up, down) at up to 4 rows, and at more: the down projection split in two (its
+# output zeroed by a torch kernel, a non-PDL one, before it)
+CHAIN_FP8_CONFIGS = {False: (fp8_gemm.GEMV_CONFIGS[1], fp8_gemm.GEMV_CONFIGS[6]),
+                     True: (fp8_gemm.CONFIGS[12], fp8_gemm.CONFIGS[15])}
 
 
 @cuda
