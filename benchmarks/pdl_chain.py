@@ -1,9 +1,12 @@
 """Programmatic dependent launch (kernels/pdl.py) on the decode kernels of the 8B shape, on
 one GPU: a step's 32 layers of the model's own kernels captured in a CUDA graph with PDL off
-and with it on, the two graphs replayed in turn (interleaved repeats), median µs per layer.
+and with it on, the GEMMs prefetching each size of `--prefetch-kb` (KB a program; 0: none)
+of their weights before the wait, the graphs replayed in turn (interleaved repeats), median
+µs per layer; the row's "on" is the first size's (the default's, pdl.PREFETCH_BYTES).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/pdl_chain.py [--batch-sizes 1 64]
-    [--weights bf16 fp8] [--context 1024] [--layers 32] [--repeats 21] [--output F]
+    [--weights bf16 fp8] [--context 1024] [--layers 32] [--repeats 21]
+    [--prefetch-kb 16 0 64] [--output F]
 A layer: add-RMSNorm, qkv, rotary writing K/V to the paged pool, paged attention over
 `context` tokens a sequence, o, add-RMSNorm, gate_up, SiLU-and-mul, down; the projections
 through `skinny_gemm.linear` (bf16) or `fp8_gemm.linear` (FP8, dynamic per-token scales)
@@ -116,8 +119,19 @@ def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
     return start.elapsed_time(end)
 
 
+def floor_fractions(layer_s: float, weight_bytes: int, kv_bytes: int, bandwidth: float
+                    ) -> dict:
+    return dict(us_per_layer=round(layer_s * 1e6, 2),
+                weight_floor_fraction_4p8=round(weight_bytes / HBM_TB_S / 1e12 / layer_s, 4),
+                floor_fraction_4p8=round((weight_bytes + kv_bytes) / HBM_TB_S / 1e12 / layer_s,
+                                         4),
+                floor_fraction_copy=round((weight_bytes + kv_bytes) / bandwidth / layer_s, 4))
+
+
 def measure(weights: str, batch: int, context: int, count: int, repeats: int,
-            bandwidth: float) -> dict:
+            bandwidth: float, prefetch_kb: list[int]) -> dict:
+    """Graphs of the step with PDL off, then on with each prefetch size (KB of weights a
+    program pulls into L2 before its wait; the first is the row's "on"), replayed in turn."""
     fp8 = weights == "fp8"
     layers = make_layers(count, fp8, batch, context)
     meta = decode_metadata(batch, context)
@@ -126,33 +140,35 @@ def measure(weights: str, batch: int, context: int, count: int, repeats: int,
     x = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
     residual = torch.randn_like(x)
     backend = TritonAttentionBackend()
+    variants = {"off": ("0", pdl.PREFETCH_BYTES)}
+    variants.update({f"on_prefetch_{kb}kb": ("1", kb * 1024) for kb in prefetch_kb})
+    default_bytes = pdl.PREFETCH_BYTES
     graphs, outputs = {}, {}
-    for flag in ("0", "1"):  # off first: the projections' kernels are chosen with PDL off
-        os.environ[pdl.ENV] = flag
-        graphs[flag] = capture(lambda: outputs.__setitem__(flag, step(
+    for name, (flag, prefetch) in variants.items():  # off first: GEMM choices made without
+        os.environ[pdl.ENV], pdl.PREFETCH_BYTES = flag, prefetch
+        graphs[name] = capture(lambda: outputs.__setitem__(name, step(
             x, residual, layers, meta, positions, cos_sin, backend)))
+    pdl.PREFETCH_BYTES = default_bytes
     pdl_on = pdl.pdl_enabled(torch.device("cuda"))
-    same = all(torch.equal(a, b) for a, b in zip(outputs["0"], outputs["1"]))
-    samples = {"0": [], "1": []}
+    same = all(torch.equal(a, b) for name in graphs
+               for a, b in zip(outputs["off"], outputs[name]))
+    samples = {name: [] for name in graphs}
     for _ in range(repeats):
-        for flag in ("0", "1"):
-            samples[flag].append(replay_ms(graphs[flag]))
+        for name, graph in graphs.items():
+            samples[name].append(replay_ms(graph))
     weight_bytes = sum(w[0].numel() if fp8 else 2 * w.numel() for w in
                        (layers[0].weights[name] for name in SHAPES))
     kv_bytes = 2 * batch * (context + 1) * KV_HEADS * HEAD_DIM * 2
+    results = {name: floor_fractions(statistics.median(times) / 1e3 / count, weight_bytes,
+                                     kv_bytes, bandwidth) for name, times in samples.items()}
+    on = results[f"on_prefetch_{prefetch_kb[0]}kb"]
     row = dict(weights=weights, batch=batch, context=context, layers=count,
                pdl_enabled=pdl_on, same_bits=same, weight_mb=weight_bytes / 1e6,
-               kv_mb=kv_bytes / 1e6)
-    for flag, name in (("0", "off"), ("1", "on")):
-        layer_s = statistics.median(samples[flag]) / 1e3 / count
-        row[f"{name}_us_per_layer"] = round(layer_s * 1e6, 2)
-        row[f"{name}_weight_floor_fraction_4p8"] = round(weight_bytes / HBM_TB_S / 1e12 / layer_s, 4)
-        row[f"{name}_floor_fraction_4p8"] = round((weight_bytes + kv_bytes) / HBM_TB_S / 1e12
-                                                  / layer_s, 4)
-        row[f"{name}_floor_fraction_copy"] = round((weight_bytes + kv_bytes) / bandwidth
-                                                   / layer_s, 4)
-    row["speedup_on"] = round(row["off_us_per_layer"] / row["on_us_per_layer"], 4)
-    row["chosen"] = fp8_gemm.chosen() if fp8 else skinny_gemm.chosen()
+               kv_mb=kv_bytes / 1e6, **{f"off_{k}": v for k, v in results["off"].items()},
+               **{f"on_{k}": v for k, v in on.items()},
+               speedup_on=round(results["off"]["us_per_layer"] / on["us_per_layer"], 4),
+               variants=results,
+               chosen=fp8_gemm.chosen() if fp8 else skinny_gemm.chosen())
     del graphs, layers
     torch.cuda.empty_cache()
     return row
@@ -165,6 +181,9 @@ def main():
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--repeats", type=int, default=21)
+    p.add_argument("--prefetch-kb", type=int, nargs="+", default=[16, 0, 64],
+                   help="PDL variants: KB of its weights a GEMM program prefetches before its "
+                        "wait (the first is the default's, the row's 'on')")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     bandwidth = copy_bandwidth(torch.device("cuda"))
@@ -172,7 +191,7 @@ def main():
     for weights in args.weights:
         for batch in args.batch_sizes:
             rows.append(measure(weights, batch, args.context, args.layers, args.repeats,
-                                bandwidth))
+                                bandwidth, args.prefetch_kb))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "chosen"}), flush=True)
     summary = dict(device=torch.cuda.get_device_name(), copy_bandwidth_tb_s=bandwidth / 1e12,
                    pdl_supported=pdl.pdl_enabled(torch.device("cuda")), rows=rows)

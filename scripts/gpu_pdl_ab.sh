@@ -6,14 +6,15 @@
 #    and in a CUDA graph of a decode chain; a bf16 and an FP8 engine's greedy tokens and
 #    logprobs the same (tests/kernels/test_pdl.py, PARASHIFT_TEST_DEVICE=cuda);
 # 2. benchmarks/pdl_chain.py: 32 layers of the 8B shape's decode kernels in a CUDA graph,
-#    PDL off against on (bf16 and FP8 weights, b1 and b64), interleaved replays;
+#    PDL off against on, the GEMMs prefetching 16, 0 and 64 KB a program of their weights
+#    before the wait (bf16 and FP8 weights, b1 and b64), interleaved replays;
 # 3. benchmarks/decode_throughput.py, 8B shape, b1 and b64, context 1024, CUDA graphs: FP8
 #    then bf16, PDL 0 then 1, twice over (interleaved);
 # 4. the touched kernels' own GPU tests (against torch) with PDL on;
 # then a summary: per step its rc; per (weights, batch) the step times with PDL 0 and 1, the
 # fraction of the floor, and the ratio (> 1: PDL faster).
 # A step is skipped where its usual time would pass BUDGET_S seconds (tests ~120, the chain
-# ~90, a decode run ~55, the kernel tests ~90). JSON and logs to $OUT/<step>.{json,log}.
+# ~120, a decode run ~55, the kernel tests ~90). JSON and logs to $OUT/<step>.{json,log}.
 # STEPS names the parts to run (default all: "tests chain decode kernels"); ROUNDS the
 # decode rounds (default 2).
 # From the repository root, wheels of scripts/fetch_gpu_wheels.sh on PYTHONPATH where the
@@ -54,7 +55,7 @@ decode() {  # quantization (bf16 | fp8), PARASHIFT_PDL, round
 }
 wants tests && step pdl_tests 0 120 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
   -p no:cacheprovider -rs tests/kernels/test_pdl.py
-wants chain && step pdl_chain 0 90 python3 benchmarks/pdl_chain.py --output "$OUT/pdl_chain.json"
+wants chain && step pdl_chain 0 120 python3 benchmarks/pdl_chain.py --output "$OUT/pdl_chain.json"
 if wants decode; then
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for quant in fp8 bf16; do decode $quant 0 $round; decode $quant 1 $round; done
@@ -79,6 +80,8 @@ if os.path.exists(chain):
               f"({r['off_floor_fraction_4p8']} of the 4.8 TB/s floor), on "
               f"{r['on_us_per_layer']} ({r['on_floor_fraction_4p8']}); on speedup "
               f"{r['speedup_on']}x; same bits {r['same_bits']}; pdl on {r['pdl_enabled']}")
+        print("    us/layer by variant (prefetch KB a GEMM program):",
+              {k: v["us_per_layer"] for k, v in r["variants"].items()})
 runs = {}
 for path in glob.glob(f"{out}/decode_*_pdl*_r*.json"):
     _, quant, flag, _ = os.path.basename(path)[:-5].split("_")

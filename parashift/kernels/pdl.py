@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 
 ENV = "PARASHIFT_PDL"
 LINE_BYTES = tl.constexpr(128)  # an L2 cache line: one prefetch each
-PREFETCH_BYTES = 16384  # of its weights a program pulls into L2 before its wait
+# of its weights a GEMM program pulls into L2 before its wait (read at launch)
+PREFETCH_BYTES = 16384
 
 
 def pdl_enabled(device: torch.device) -> bool:
@@ -53,7 +54,9 @@ def launch_options(device: torch.device, prefetch: tuple[int, int, int] | None =
 
 def prefetch_cols(rows: int, k: int, elem_bytes: int) -> int:
     """The columns of `rows` weight rows a program prefetches: about PREFETCH_BYTES, at least a
-    cache line, at most k rounded up; a power of two."""
+    cache line, at most k rounded up; a power of two (0 where PREFETCH_BYTES is 0)."""
+    if PREFETCH_BYTES == 0:
+        return 0
     line = LINE_BYTES.value // elem_bytes
     cols = triton.next_power_of_2(max(PREFETCH_BYTES // (rows * elem_bytes), 1))
     return max(line, min(cols, triton.next_power_of_2(k)))
@@ -114,7 +117,7 @@ def start_streaming(w_ptr, stride_wn, N, K, first_n, first_k, BLOCK_N: tl.conste
     """`start` of a kernel whose program streams rows first_n.. of the weight [N, K] from
     column first_k: the weight is no earlier kernel's output, so its first PREFETCH_K
     columns are pulled into L2 before the wait, during the kernel before's tail."""
-    if USE_PDL:
+    if USE_PDL and PREFETCH_K > 0:
         prefetch_rows(w_ptr + first_n.to(tl.int64) * stride_wn + first_k, stride_wn,
                       N - first_n, K - first_k, BLOCK_N, PREFETCH_K)
     start(USE_PDL)

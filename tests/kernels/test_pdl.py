@@ -48,11 +48,18 @@ def test_prefetch_spans_whole_lines_of_about_the_budget(rows, k, elem):
     assert rows * cols * elem <= max(pdl.PREFETCH_BYTES, rows * line * elem)
 
 
+def test_no_prefetch_where_its_budget_is_zero(monkeypatch):
+    monkeypatch.setattr(pdl, "PREFETCH_BYTES", 0)
+    assert pdl.prefetch_cols(16, 4096, 2) == 0
+
+
 # (kernel, pointer dtypes other than bf16, float scalars, constexprs, prefetches weights)
 FP8 = torch.float8_e4m3fn
 KERNELS = {
     "skinny": (skinny_gemm._skinny_kernel, {}, (), dict(
         HAS_BIAS=True, IEEE=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, PREFETCH_K=256), True),
+    "skinny_no_prefetch": (skinny_gemm._skinny_kernel, {}, (), dict(
+        HAS_BIAS=True, IEEE=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, PREFETCH_K=0), False),
     "fp8_gemv": (fp8_gemv._fp8_gemv_kernel, {"w_ptr": FP8, "s_ptr": torch.float32}, (), dict(
         HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
         PREFETCH_K=4096), True),
