@@ -74,6 +74,7 @@ def _device_supports(index: int) -> bool:
                        "it)", ENV, index, capability, triton.__version__,
                        "supports" if triton_supports() else "does not support")
         return False
+    logger.info("programmatic dependent launch on for cuda:%d", index)
     return True
 
 
