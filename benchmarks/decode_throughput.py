@@ -237,7 +237,8 @@ def main():
                    quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
                    kv_capacity_tokens=kv_capacity, fp8_gemm=fp8_gemm.chosen(),
                    backend=engine.runner.backend.name, cuda_graphs=engine.runner.graphs is not None,
-                   deterministic=args.deterministic, pdl=pdl.pdl_enabled(torch.device(engine.device)),
+                   deterministic=args.deterministic,
+                   pdl=pdl.pdl_enabled(torch.device(engine.device)),
                    copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9,
                    skinny_gemm=skinny_gemm.chosen(), rows=rows)
     print(json.dumps({"skinny_gemm": summary["skinny_gemm"]}))
