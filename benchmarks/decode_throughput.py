@@ -19,7 +19,7 @@ import torch
 from parashift.kernels import fp8_gemm
 
 from parashift import LLM, SamplingParams
-from parashift.kernels import skinny_gemm
+from parashift.kernels import pdl, skinny_gemm
 
 
 def copy_bandwidth(device) -> float:
@@ -238,6 +238,7 @@ def main():
                    kv_capacity_tokens=kv_capacity, fp8_gemm=fp8_gemm.chosen(),
                    backend=engine.runner.backend.name, cuda_graphs=engine.runner.graphs is not None,
                    deterministic=args.deterministic,
+                   pdl=pdl.pdl_enabled(torch.device(engine.device)),
                    copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9,
                    skinny_gemm=skinny_gemm.chosen(), rows=rows)
     print(json.dumps({"skinny_gemm": summary["skinny_gemm"]}))

@@ -33,7 +33,7 @@ from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.triton_kernels import (paged_attention_kernel,
                                                 reduce_partitions_kernel, reduce_splits_kernel,
                                                 write_kv_kernel)
-from parashift.kernels import num_sms
+from parashift.kernels import num_sms, pdl
 
 # Split-KV targets about this many programs per SM, and gives each split at
 # least MIN_SPLIT_TOKENS of context.
@@ -377,6 +377,7 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
     query_start_loc = meta.query_start_loc[seqs.first:seqs.end + 1]
     num_seqs = seqs.end - seqs.first
     cfg = launch.config
+    with_pdl = pdl.launch_options(q.device)
     grid = (launch.num_q_blocks, k_cache.shape[2], launch.num_splits)
     paged_attention_kernel[grid](
         out, part_acc, part_m, part_l, q, k_cache, v_cache,
@@ -390,19 +391,20 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
         DOT_PRECISION=_dot_precision(q.dtype, launch.invariant),
         MASK_EVERY_TILE=launch.invariant, PARTITION_TILES=launch.partition_tiles,
         max_partitions=launch.max_partitions, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        num_stages=cfg.num_stages, **with_pdl)
     if split and launch.partition_tiles:
         reduce_partitions_kernel[(seqs.num_tokens, num_heads)](
             out, part_acc, part_m, part_l, query_start_loc, meta.seq_lens[seqs.first:],
             num_seqs, seqs.token_offset, launch.max_partitions, out.stride(0), out.stride(1),
             TILE_N=cfg.tile_n, PARTITION_TILES=launch.partition_tiles, HEAD_DIM=head_dim,
-            HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4)
+            HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4, **with_pdl)
     elif split:
         reduce_splits_kernel[(seqs.num_tokens, num_heads)](
             out, part_acc, part_m, part_l, query_start_loc, num_seqs, seqs.token_offset,
             out.stride(0), out.stride(1),
             NUM_SPLITS=launch.num_splits, NUM_SPLITS_P=triton.next_power_of_2(launch.num_splits),
-            HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4)
+            HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4,
+            **with_pdl)
 
 
 def _dot_precision(dtype: torch.dtype, invariant: bool) -> str:

@@ -32,6 +32,8 @@ import inspect
 import triton
 import triton.language as tl
 
+from parashift.kernels import pdl
+
 
 def _jit_generic_in(*names: str):
     """triton.jit with `names` specialized neither on value nor on alignment."""
@@ -197,7 +199,8 @@ def paged_attention_kernel(
         BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, SPLIT: tl.constexpr,
         DOT_PRECISION: tl.constexpr, MASK_EVERY_TILE: tl.constexpr,
-        PARTITION_TILES: tl.constexpr = 0, max_partitions=1):
+        PARTITION_TILES: tl.constexpr = 0, max_partitions=1, USE_PDL: tl.constexpr = False):
+    pdl.start(USE_PDL)
     # the last query blocks see the longest contexts: start them first
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -265,9 +268,11 @@ def paged_attention_kernel(
 def reduce_splits_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr,
                          num_seqs, token_offset, stride_ot, stride_oh,
                          NUM_SPLITS: tl.constexpr, NUM_SPLITS_P: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
+                         USE_PDL: tl.constexpr = False):
     """Merges the splits of one (token, head); tokens past the last sequence
     (padding rows) get zeros."""
+    pdl.start(USE_PDL)
     token = token_offset + tl.program_id(0)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
@@ -331,9 +336,11 @@ def reduce_partitions_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
                              query_start_loc_ptr, seq_lens_ptr, num_seqs, token_offset,
                              max_partitions, stride_ot, stride_oh,
                              TILE_N: tl.constexpr, PARTITION_TILES: tl.constexpr,
-                             HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+                             HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
+                             USE_PDL: tl.constexpr = False):
     """Merges one decode row's partitions in order, as `_attend_partitions` does unsplit
     (a decode launch: row i is sequence i's one query); rows of no sequence get zeros."""
+    pdl.start(USE_PDL)
     i = tl.program_id(0)
     token = token_offset + i
     head = tl.program_id(1)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import fp8_gemv, gemm_timing
+from parashift.kernels import fp8_gemv, gemm_timing, pdl
 from parashift.kernels.skinny_gemm import choose
 
 logger = logging.getLogger(__name__)
@@ -64,8 +64,10 @@ def to_fp8(x, scale, q_ptrs, mask, FP8_MAX: tl.constexpr):
 
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
-                          FP8_MAX: tl.constexpr, BLOCK_K: tl.constexpr):
+                          FP8_MAX: tl.constexpr, BLOCK_K: tl.constexpr,
+                          USE_PDL: tl.constexpr):
     """One row per program: its scale (largest magnitude / FP8_MAX) and its E4M3 values."""
+    pdl.start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
@@ -78,16 +80,20 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
 def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm,
                        stride_wn, stride_ym, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       SPLIT_K: tl.constexpr):
+                       SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
+                       PREFETCH_K: tl.constexpr):
+    first_n = tl.program_id(0) * BLOCK_N
+    split = tl.program_id(2)
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    pdl.start_streaming(w_ptr, stride_wn, N, K, first_n, split * k_per_split, BLOCK_N,
+                        PREFETCH_K, USE_PDL)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = first_n + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok, n_ok = offs_m < M, offs_n < N
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    split = tl.program_id(2)
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k_end = tl.minimum(K, (split + 1) * k_per_split)
     for k0 in range(split * k_per_split, k_end, BLOCK_K):
         k = k0 + offs_k
@@ -120,7 +126,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
     _quantize_rows_kernel[(x.shape[0],)](x, q, scale, x.shape[1], x.stride(0), q.stride(0),
                                          FP8_MAX=FP8_MAX,
-                                         BLOCK_K=triton.next_power_of_2(x.shape[1]))
+                                         BLOCK_K=triton.next_power_of_2(x.shape[1]),
+                                         **pdl.launch_options(x.device))
     return q, scale
 
 
@@ -148,7 +155,8 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         xq, x_scale, weight, scale.reshape(-1), bias if bias is not None else scale, y, m, n,
         k, xq.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
         FP8_X=fp8_x, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=split, num_warps=config.num_warps, num_stages=config.num_stages)
+        SPLIT_K=split, num_warps=config.num_warps, num_stages=config.num_stages,
+        **pdl.launch_options(x.device, (config.block_n, k, weight.element_size())))
     return y if split == 1 else y.to(x.dtype)
 
 

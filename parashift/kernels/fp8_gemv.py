@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from parashift.kernels import pdl
+
 MAX_ROWS = 4
 VEC = 8  # weight bytes a thread loads at once; BLOCK_K must be a multiple
 
@@ -46,8 +48,13 @@ def _store_row(y_row_ptr, acc, scale, bias, offs_n, n_ok, SPLIT_K: tl.constexpr)
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_ym,
                      HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, EVEN_K: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                     VEC: tl.constexpr):
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+                     VEC: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_K: tl.constexpr):
+    first_n = tl.program_id(0) * BLOCK_N
+    split = tl.program_id(1)
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    pdl.start_streaming(w_ptr, stride_wn, N, K, first_n, split * k_per_split, BLOCK_N,
+                        PREFETCH_K, USE_PDL)
+    offs_n = first_n + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     # rows past N read row N-1 (in bounds, so the loads need no row mask); not stored
     w_rows = w_ptr + (offs_n % N)[:, None].to(tl.int64) * stride_wn
@@ -56,8 +63,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_
     acc1 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-    split = tl.program_id(1)
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k_end = tl.minimum(K, (split + 1) * k_per_split)
     for k0 in range(split * k_per_split, k_end, BLOCK_K):
         k = k0 + offs_k
@@ -107,5 +112,6 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         x, weight, scale.reshape(-1), bias if bias is not None else scale, y, n, k,
         x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, ROWS=m,
         EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, VEC=VEC,
-        num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages,
+        **pdl.launch_options(x.device, (block_n, k, weight.element_size())))
     return y if split_k == 1 else y.to(x.dtype)

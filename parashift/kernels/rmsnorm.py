@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from parashift.kernels import pdl
 from parashift.kernels.fp8_gemm import FP8, FP8_MAX, row_scale, to_fp8
 
 
@@ -20,7 +21,9 @@ from parashift.kernels.fp8_gemm import FP8, FP8_MAX, row_scale, to_fp8
 def _rms_norm_kernel(out_ptr, new_x_ptr, q_ptr, s_ptr, x_ptr, residual_ptr, weight_ptr, eps,
                      stride_xr, stride_xh, stride_rr, stride_rh,
                      N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                     QUANT: tl.constexpr, FP8_MAX: tl.constexpr, VEC: tl.constexpr):
+                     QUANT: tl.constexpr, FP8_MAX: tl.constexpr, VEC: tl.constexpr,
+                     USE_PDL: tl.constexpr):
+    pdl.start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     cols = tl.max_contiguous(tl.arange(0, BLOCK), VEC)
@@ -84,7 +87,7 @@ def _launch(x, residual, weight, eps, quant=False):
         xs.stride(0), xs.stride(1), rs.stride(0), rs.stride(1),
         N=n, BLOCK=block, HAS_RESIDUAL=residual is not None, QUANT=quant, FP8_MAX=FP8_MAX,
         VEC=vector_width(x, residual, weight, out), num_warps=num_warps(block),
-        enable_fp_fusion=False)
+        enable_fp_fusion=False, **pdl.launch_options(x.device))
     return out, new_x, q, scale
 
 

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from parashift.kernels import pdl
+
 
 @triton.jit
 def _rotate_heads(dst_ptr, dst_stride_h, x_ptr, token, cos, sin, stride_t, stride_h, num_heads,
@@ -30,8 +32,10 @@ def _rotary_kernel(q_out_ptr, k_out_ptr, q_ptr, k_ptr, positions_ptr, cos_sin_pt
                    v_ptr, v_cache_ptr, slot_mapping_ptr, stride_vt, stride_vh,
                    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
                    HALF: tl.constexpr, HALF_P: tl.constexpr, Q_HEADS_P: tl.constexpr,
-                   K_HEADS_P: tl.constexpr, WRITE_KV: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+                   K_HEADS_P: tl.constexpr, WRITE_KV: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   USE_PDL: tl.constexpr):
     """k_out_ptr is the K pool when WRITE_KV, else a [tokens, heads, 2 * HALF] output."""
+    pdl.start(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     dims = tl.arange(0, HALF_P)[None, :]
@@ -99,5 +103,5 @@ def _launch(positions, q, k, cos_sin, k_out, v, v_cache, slot_mapping) -> torch.
         HALF=half, HALF_P=triton.next_power_of_2(half),
         Q_HEADS_P=triton.next_power_of_2(q.shape[1]), K_HEADS_P=triton.next_power_of_2(k.shape[1]),
         WRITE_KV=write_kv, BLOCK_SIZE=k_out.shape[1] if write_kv else 1,
-        num_warps=4, enable_fp_fusion=False)
+        num_warps=4, enable_fp_fusion=False, **pdl.launch_options(q.device))
     return q_out

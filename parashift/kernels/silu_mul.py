@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from parashift.kernels import pdl
 from parashift.kernels.fp8_gemm import FP8, FP8_MAX, row_scale, to_fp8
 
 MAX_BLOCK = 1024
@@ -47,7 +48,8 @@ def silu_mul_values(gate, up, LIBDEVICE: tl.constexpr):
 
 @triton.jit
 def _silu_and_mul_kernel(out_ptr, x_ptr, stride_x, d, BLOCK: tl.constexpr,
-                         LIBDEVICE: tl.constexpr):
+                         LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl.start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -84,10 +86,11 @@ def _silu_and_mul_fp8_split_kernel(out_ptr, q_ptr, s_ptr, x_ptr, part_max_ptr, t
                                    stride_x, d, half, FP8_MAX: tl.constexpr,
                                    BLOCK: tl.constexpr, QUANT_BLOCK: tl.constexpr,
                                    PARTS: tl.constexpr, BLOCKED: tl.constexpr,
-                                   LIBDEVICE: tl.constexpr):
+                                   LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (row, part): the part's output and its largest magnitude stored; the row's
     last program to take a ticket (the counter then set back to 0 for the next launch)
     has them all, and quantizes the row."""
+    pdl.start(USE_PDL)
     row, part = tl.program_id(0).to(tl.int64), tl.program_id(1)
     parts = tl.num_programs(1)
     out_row = out_ptr + row * d
@@ -111,9 +114,11 @@ def _silu_and_mul_fp8_split_kernel(out_ptr, q_ptr, s_ptr, x_ptr, part_max_ptr, t
 @triton.jit
 def _silu_and_mul_fp8_row_kernel(out_ptr, q_ptr, s_ptr, x_ptr, stride_x, d, half,
                                  FP8_MAX: tl.constexpr, BLOCK: tl.constexpr,
-                                 BLOCKED: tl.constexpr, LIBDEVICE: tl.constexpr):
+                                 BLOCKED: tl.constexpr, LIBDEVICE: tl.constexpr,
+                                 USE_PDL: tl.constexpr):
     """One row per program, each product computed once: the output stored, and its largest
     magnitude kept, over a first pass; after a barrier, its E4M3 values in a second."""
+    pdl.start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     out_row = out_ptr + row * d
     largest = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -136,7 +141,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     block = min(triton.next_power_of_2(d), MAX_BLOCK)
     _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(d, block))](
         out, rows, rows.stride(0), d, BLOCK=block, LIBDEVICE=x.is_cuda,
-        num_warps=4, enable_fp_fusion=False)
+        num_warps=4, enable_fp_fusion=False, **pdl.launch_options(x.device))
     return out
 
 
@@ -156,7 +161,7 @@ def silu_and_mul_fp8(x: torch.Tensor, blocks: int = 1, split: bool | None = None
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     args = dict(out_ptr=out, q_ptr=q, s_ptr=scale, x_ptr=rows, stride_x=rows.stride(0), d=d,
                 half=half, FP8_MAX=FP8_MAX, BLOCKED=blocks > 1, LIBDEVICE=x.is_cuda,
-                enable_fp_fusion=False)
+                enable_fp_fusion=False, **pdl.launch_options(x.device))
     tickets = _row_tickets(x.device)
     if tickets is None or not (m < SPLIT_ROWS if split is None else split) \
             or m > MAX_SPLIT_ROWS:

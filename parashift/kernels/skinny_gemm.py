@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from parashift.kernels import fp8_gemv
+from parashift.kernels import fp8_gemv, pdl
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +63,12 @@ MEASURED = CONFIGS + (GEMV_CONFIGS if os.environ.get("PARASHIFT_SKINNY_GEMV", "1
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+                   PREFETCH_K: tl.constexpr):
+    first_n = tl.program_id(0) * BLOCK_N
+    pdl.start_streaming(w_ptr, stride_wn, N, K, first_n, 0, BLOCK_N, PREFETCH_K, USE_PDL)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = first_n + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok, n_ok = offs_m < M, offs_n < N
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
@@ -105,7 +108,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         x, weight, bias if bias is not None else weight, y, m, n, k,
         x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
         IEEE=x.dtype == torch.float32, BLOCK_M=16, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages)
+        BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
+        **pdl.launch_options(x.device, (config.block_n, k, weight.element_size())))
     return y
 
 

@@ -89,7 +89,8 @@ def test_fp8_variant_sums_the_squares_in_the_plain_kernels_order(dtype, n, resid
     layouts = {}
     for quant in (False, True):
         constexprs = dict(N=n, BLOCK=block, HAS_RESIDUAL=residual, QUANT=quant,
-                          FP8_MAX=fp8_gemm.FP8_MAX, VEC=rmsnorm.vector_width(x, x, x, x))
+                          FP8_MAX=fp8_gemm.FP8_MAX, VEC=rmsnorm.vector_width(x, x, x, x),
+                          USE_PDL=False)
         ir = sm90_ttgir(rmsnorm._rms_norm_kernel, args, constexprs, rmsnorm.num_warps(block))
         layouts[quant] = reduction_layouts(ir)
     assert len(layouts[True]) == 2  # the sum of squares, then the largest magnitude

@@ -1,0 +1,204 @@
+"""Programmatic dependent launch (kernels/pdl.py) on the decode kernels of the 8B shape, on
+one GPU: a step's 32 layers of the model's own kernels captured in a CUDA graph with PDL off
+and with it on, the GEMMs prefetching each size of `--prefetch-kb` (KB a program; 0: none)
+of their weights before the wait, the graphs replayed in turn (interleaved repeats), median
+µs per layer; the row's "on" is the first size's (the default's, pdl.PREFETCH_BYTES).
+
+Usage (GPU): PYTHONPATH=. python3 benchmarks/pdl_chain.py [--batch-sizes 1 64]
+    [--weights bf16 fp8] [--context 1024] [--layers 32] [--repeats 21]
+    [--prefetch-kb 16 0 64] [--output F]
+A layer: add-RMSNorm, qkv, rotary writing K/V to the paged pool, paged attention over
+`context` tokens a sequence, o, add-RMSNorm, gate_up, SiLU-and-mul, down; the projections
+through `skinny_gemm.linear` (bf16) or `fp8_gemm.linear` (FP8, dynamic per-token scales)
+as the engine calls them, their kernels chosen per shape on first use (with PDL off).
+Every layer has weights and a KV pool of its own, so nothing stays in L2 from one layer to
+the next. The floor: the layer's weight bytes (and weight + KV bytes) / 4.8 TB/s (the H200's
+HBM) and / the measured copy bandwidth."""
+import argparse
+import json
+import os
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.decode_throughput import copy_bandwidth
+from parashift.attention.metadata import AttentionMetadata
+from parashift.attention.triton_backend import TritonAttentionBackend
+from parashift.kernels import fp8_gemm, pdl, rmsnorm, rotary, silu_mul, skinny_gemm
+from parashift.quantization.fp8 import quantize_rows
+
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 32, 8, 128
+BLOCK_SIZE, EPS, HBM_TB_S = 16, 1e-5, 4.8
+SHAPES = {"qkv": ((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), "o": (HIDDEN, HEADS * HEAD_DIM),
+          "gate_up": (2 * INTERMEDIATE, HIDDEN), "down": (HIDDEN, INTERMEDIATE)}
+
+
+@dataclass
+class Layer:
+    weights: dict  # name -> bf16 weight, or (E4M3 weight, fp32 scale [N, 1])
+    norms: tuple[torch.Tensor, torch.Tensor]
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
+
+def make_layers(count: int, fp8: bool, batch: int, context: int, device="cuda") -> list[Layer]:
+    blocks = batch * -(-(context + 1) // BLOCK_SIZE)
+    layers = []
+    for _ in range(count):
+        weights = {}
+        for name, shape in SHAPES.items():
+            w = torch.randn(shape, device=device, dtype=torch.bfloat16) * 0.02
+            weights[name] = quantize_rows(w) if fp8 else w
+        norms = tuple(1 + 0.1 * torch.randn(HIDDEN, device=device, dtype=torch.bfloat16)
+                      for _ in range(2))
+        pool = (blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+        layers.append(Layer(weights, norms,
+                            0.5 * torch.randn(pool, device=device, dtype=torch.bfloat16),
+                            0.5 * torch.randn(pool, device=device, dtype=torch.bfloat16)))
+    return layers
+
+
+def decode_metadata(batch: int, context: int, device="cuda") -> AttentionMetadata:
+    """Each sequence `context` tokens cached and one new, its blocks its own."""
+    per_seq = -(-(context + 1) // BLOCK_SIZE)
+    tables = torch.arange(batch * per_seq, dtype=torch.int32, device=device).view(batch, -1)
+    seq_lens = [context + 1] * batch
+    slots = tables[:, context // BLOCK_SIZE].long() * BLOCK_SIZE + context % BLOCK_SIZE
+    starts = list(range(batch + 1))
+    return AttentionMetadata(
+        slot_mapping=slots, query_start_loc=torch.tensor(starts, dtype=torch.int32,
+                                                         device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=tables, query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
+        max_query_len=1, max_seq_len=context + 1, block_size=BLOCK_SIZE)
+
+
+def linear(x: torch.Tensor, weight) -> torch.Tensor:
+    if isinstance(weight, tuple):
+        return fp8_gemm.linear(x, *weight, None)
+    return skinny_gemm.linear(x, weight, None)
+
+
+def step(x, residual, layers, meta, positions, cos_sin, backend):
+    """The decode kernels of len(layers) layers."""
+    batch = x.shape[0]
+    for layer in layers:
+        h, residual = rmsnorm.add_rms_norm(x, residual, layer.norms[0], EPS)
+        q, k, v = linear(h, layer.weights["qkv"]).split(
+            [HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
+        q = rotary.rotate_and_write_kv(
+            positions, q.view(batch, HEADS, HEAD_DIM), k.view(batch, KV_HEADS, HEAD_DIM),
+            v.view(batch, KV_HEADS, HEAD_DIM), cos_sin, layer.k_cache, layer.v_cache,
+            meta.slot_mapping)
+        o = backend.attend(q, layer.k_cache, layer.v_cache, meta, HEAD_DIM ** -0.5)
+        x = linear(o.view(batch, -1), layer.weights["o"])
+        h, residual = rmsnorm.add_rms_norm(x, residual, layer.norms[1], EPS)
+        x = linear(silu_mul.silu_and_mul(linear(h, layer.weights["gate_up"])),
+                   layer.weights["down"])
+    return x, residual
+
+
+def capture(run) -> torch.cuda.CUDAGraph:
+    run()  # compiles this PDL setting's kernels outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()  # uploads it
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def floor_fractions(layer_s: float, weight_bytes: int, kv_bytes: int, bandwidth: float
+                    ) -> dict:
+    return dict(us_per_layer=round(layer_s * 1e6, 2),
+                weight_floor_fraction_4p8=round(weight_bytes / HBM_TB_S / 1e12 / layer_s, 4),
+                floor_fraction_4p8=round((weight_bytes + kv_bytes) / HBM_TB_S / 1e12 / layer_s,
+                                         4),
+                floor_fraction_copy=round((weight_bytes + kv_bytes) / bandwidth / layer_s, 4))
+
+
+def measure(weights: str, batch: int, context: int, count: int, repeats: int,
+            bandwidth: float, prefetch_kb: list[int]) -> dict:
+    """Graphs of the step with PDL off, then on with each prefetch size (KB of weights a
+    program pulls into L2 before its wait; the first is the row's "on"), replayed in turn."""
+    fp8 = weights == "fp8"
+    layers = make_layers(count, fp8, batch, context)
+    meta = decode_metadata(batch, context)
+    positions = torch.full((batch,), context, dtype=torch.int64, device="cuda")
+    cos_sin = torch.randn(context + 1, HEAD_DIM, device="cuda")
+    x = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn_like(x)
+    backend = TritonAttentionBackend()
+    variants = {"off": ("0", pdl.PREFETCH_BYTES)}
+    variants.update({f"on_prefetch_{kb}kb": ("1", kb * 1024) for kb in prefetch_kb})
+    default_bytes = pdl.PREFETCH_BYTES
+    graphs, outputs = {}, {}
+    for name, (flag, prefetch) in variants.items():  # off first: GEMM choices made without
+        os.environ[pdl.ENV], pdl.PREFETCH_BYTES = flag, prefetch
+        graphs[name] = capture(lambda: outputs.__setitem__(name, step(
+            x, residual, layers, meta, positions, cos_sin, backend)))
+    pdl.PREFETCH_BYTES = default_bytes
+    pdl_on = pdl.pdl_enabled(torch.device("cuda"))
+    same = all(torch.equal(a, b) for name in graphs
+               for a, b in zip(outputs["off"], outputs[name]))
+    samples = {name: [] for name in graphs}
+    for _ in range(repeats):
+        for name, graph in graphs.items():
+            samples[name].append(replay_ms(graph))
+    weight_bytes = sum(w[0].numel() if fp8 else 2 * w.numel() for w in
+                       (layers[0].weights[name] for name in SHAPES))
+    kv_bytes = 2 * batch * (context + 1) * KV_HEADS * HEAD_DIM * 2
+    results = {name: floor_fractions(statistics.median(times) / 1e3 / count, weight_bytes,
+                                     kv_bytes, bandwidth) for name, times in samples.items()}
+    on = results[f"on_prefetch_{prefetch_kb[0]}kb"]
+    row = dict(weights=weights, batch=batch, context=context, layers=count,
+               pdl_enabled=pdl_on, same_bits=same, weight_mb=weight_bytes / 1e6,
+               kv_mb=kv_bytes / 1e6, **{f"off_{k}": v for k, v in results["off"].items()},
+               **{f"on_{k}": v for k, v in on.items()},
+               speedup_on=round(results["off"]["us_per_layer"] / on["us_per_layer"], 4),
+               variants=results,
+               chosen=fp8_gemm.chosen() if fp8 else skinny_gemm.chosen())
+    del graphs, layers
+    torch.cuda.empty_cache()
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--weights", nargs="+", default=["bf16", "fp8"], choices=["bf16", "fp8"])
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=21)
+    p.add_argument("--prefetch-kb", type=int, nargs="+", default=[16, 0, 64],
+                   help="PDL variants: KB of its weights a GEMM program prefetches before its "
+                        "wait (the first is the default's, the row's 'on')")
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
+    rows = []
+    for weights in args.weights:
+        for batch in args.batch_sizes:
+            rows.append(measure(weights, batch, args.context, args.layers, args.repeats,
+                                bandwidth, args.prefetch_kb))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "chosen"}), flush=True)
+    summary = dict(device=torch.cuda.get_device_name(), copy_bandwidth_tb_s=bandwidth / 1e12,
+                   pdl_supported=pdl.pdl_enabled(torch.device("cuda")), rows=rows)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

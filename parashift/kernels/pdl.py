@@ -1,0 +1,140 @@
+"""Programmatic dependent launch (PDL) of the decode kernels, Hopper and later.
+
+A kernel launched with PDL may start while the kernel before it in the stream finishes: its
+programs fill the SMs the other's tail leaves idle. Every such kernel, under its USE_PDL
+constexpr, first does only what reads nothing an earlier kernel writes and writes nothing
+(index math, L2 prefetches of its weights), then `grid_wait`s for the kernel before to
+complete and its writes to be visible, and only then reads its inputs, lets its own
+dependents launch and writes. The wait is transitive: the kernel before did not complete
+before its own wait returned. A kernel launched without PDL (cuBLAS, torch's ops) starts
+after the one before completes, as always, so any mix of kernels stays ordered. PDL moves
+no arithmetic: a kernel's results are the same bits with it on and off.
+
+PARASHIFT_PDL=1 turns it on (off by default until measured faster); it takes effect only on
+a CUDA device of compute capability 9 or more, compiled (never under the Triton
+interpreter), and where this Triton has the grid dependency ops and the launch option."""
+import functools
+import logging
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+logger = logging.getLogger(__name__)
+
+ENV = "PARASHIFT_PDL"
+LINE_BYTES = tl.constexpr(128)  # an L2 cache line: one prefetch each
+# of its weights a GEMM program pulls into L2 before its wait (read at launch)
+PREFETCH_BYTES = 16384
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with PDL (PARASHIFT_PDL=1 and a device and Triton
+    that support it)."""
+    flag = os.environ.get(ENV, "0")  # read at each launch: one dict lookup
+    if flag not in ("0", "1"):
+        raise ValueError(f"{ENV}={flag!r}: expected 0 or 1")
+    if flag == "0" or device.type != "cuda" or _interpreted():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _device_supports(index)
+
+
+def launch_options(device: torch.device, prefetch: tuple[int, int, int] | None = None) -> dict:
+    """The keyword arguments a PDL-aware kernel's launch takes: its USE_PDL constexpr, when
+    on Triton's launch_pdl option, and for a kernel streaming a weight (prefetch: the rows a
+    program owns, K, the weight's element bytes) its PREFETCH_K constexpr (0 when off)."""
+    on = pdl_enabled(device)
+    options = {"USE_PDL": on, "launch_pdl": True} if on else {"USE_PDL": False}
+    if prefetch is not None:
+        options["PREFETCH_K"] = prefetch_cols(*prefetch) if on else 0
+    return options
+
+
+def prefetch_cols(rows: int, k: int, elem_bytes: int) -> int:
+    """The columns of `rows` weight rows a program prefetches: about PREFETCH_BYTES, at least a
+    cache line, at most k rounded up; a power of two (0 where PREFETCH_BYTES is 0)."""
+    if PREFETCH_BYTES == 0:
+        return 0
+    line = LINE_BYTES.value // elem_bytes
+    cols = triton.next_power_of_2(max(PREFETCH_BYTES // (rows * elem_bytes), 1))
+    return max(line, min(cols, triton.next_power_of_2(k)))
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def _device_supports(index: int) -> bool:
+    capability = torch.cuda.get_device_capability(index)
+    if capability[0] < 9 or not triton_supports():
+        logger.warning("%s=1 but PDL is off on cuda:%d (compute capability %s, Triton %s %s "
+                       "it)", ENV, index, capability, triton.__version__,
+                       "supports" if triton_supports() else "does not support")
+        return False
+    logger.info("programmatic dependent launch on for cuda:%d", index)
+    return True
+
+
+@functools.cache
+def triton_supports() -> bool:
+    """This Triton has tl.extra.cuda's grid dependency ops and the launch_pdl option."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra import cuda
+    except ImportError:
+        return False
+    return (hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
+            and "launch_pdl" in CUDAOptions.__dataclass_fields__)
+
+
+@triton.jit
+def grid_wait(USE_PDL: tl.constexpr):
+    """Waits for the kernel before to complete, its writes visible; a no-op without PDL."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def launch_dependents(USE_PDL: tl.constexpr):
+    """Lets the next kernel launch (its programs start once every program here has called
+    this or exited); call after grid_wait, so the chain runs at most one kernel ahead."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def start(USE_PDL: tl.constexpr):
+    """A kernel's first step: waits for the kernel before, then lets the next launch."""
+    grid_wait(USE_PDL)
+    launch_dependents(USE_PDL)
+
+
+@triton.jit
+def start_streaming(w_ptr, stride_wn, N, K, first_n, first_k, BLOCK_N: tl.constexpr,
+                    PREFETCH_K: tl.constexpr, USE_PDL: tl.constexpr):
+    """`start` of a kernel whose program streams rows first_n.. of the weight [N, K] from
+    column first_k: the weight is no earlier kernel's output, so its first PREFETCH_K
+    columns are pulled into L2 before the wait, during the kernel before's tail."""
+    if USE_PDL and PREFETCH_K > 0:
+        prefetch_rows(w_ptr + first_n.to(tl.int64) * stride_wn + first_k, stride_wn,
+                      N - first_n, K - first_k, BLOCK_N, PREFETCH_K)
+    start(USE_PDL)
+
+
+@triton.jit
+def prefetch_rows(first_ptr, stride, n_rows, n_cols, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Pulls the first COLS columns of ROWS rows from first_ptr (of n_rows x n_cols left in
+    the matrix, rows `stride` elements apart) into L2, a prefetch per cache line (COLS a
+    multiple of one); reads nothing into registers and writes nothing."""
+    rows = tl.arange(0, ROWS)[:, None]
+    line: tl.constexpr = LINE_BYTES // (first_ptr.dtype.element_ty.primitive_bitwidth // 8)
+    cols = tl.arange(0, COLS // line)[None, :] * line
+    # past the matrix: the last row's or column's line again (a prefetch stays in bounds)
+    rows = tl.minimum(rows, n_rows - 1).to(tl.int64)
+    cols = tl.maximum(tl.minimum(cols, n_cols - 1), 0)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
+                              [first_ptr + rows * stride + cols], dtype=tl.int32,
+                              is_pure=False, pack=1)

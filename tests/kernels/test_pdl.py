@@ -1,0 +1,310 @@
+"""Programmatic dependent launch (kernels/pdl.py). On the CPU: the switch is off there and
+under the interpreter, and each PDL-aware kernel compiled for sm_90 reads and writes global
+memory only after its grid dependency wait (what makes PDL safe), prefetching its weights
+before it. On CUDA (Hopper): each kernel gives the same bits with PDL on and off, eagerly and
+in a CUDA graph of a chain of decode kernels, and (PARASHIFT_TEST_DEVICE=cuda) an engine's
+greedy tokens and logprobs are the same."""
+import os
+import re
+
+import pytest
+import torch
+import triton
+
+from parashift.attention import triton_kernels
+from parashift.kernels import fp8_gemm, fp8_gemv, pdl, rmsnorm, rotary, silu_mul, skinny_gemm
+from tests.deterministic.test_kernels import compile_sm90
+from tests.kernels.common import TRITON_TYPES, cuda, randn
+
+DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")
+
+
+def test_pdl_is_off_on_the_cpu_under_the_interpreter_and_by_default(monkeypatch):
+    monkeypatch.setenv("PARASHIFT_PDL", "1")
+    assert not pdl.pdl_enabled(torch.device("cpu"))
+    assert pdl.launch_options(torch.device("cpu"), (8, 4096, 1)) == {"USE_PDL": False,
+                                                                     "PREFETCH_K": 0}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not pdl.pdl_enabled(torch.device("cuda", 0))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.delenv("PARASHIFT_PDL")
+    assert not pdl.pdl_enabled(torch.device("cuda", 0))  # off unless asked for
+    assert pdl.launch_options(torch.device("cuda", 0)) == {"USE_PDL": False}
+
+
+def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setenv("PARASHIFT_PDL", "yes")
+    with pytest.raises(ValueError, match="PARASHIFT_PDL='yes'"):
+        pdl.pdl_enabled(torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize("rows,k,elem", [(16, 4096, 2), (4, 14336, 1), (128, 4096, 1),
+                                         (2, 100, 2), (1, 64, 1)])
+def test_prefetch_spans_whole_lines_of_about_the_budget(rows, k, elem):
+    cols = pdl.prefetch_cols(rows, k, elem)
+    line = pdl.LINE_BYTES.value // elem
+    assert cols & (cols - 1) == 0 and cols % line == 0
+    assert cols <= max(line, triton.next_power_of_2(k))
+    assert rows * cols * elem <= max(pdl.PREFETCH_BYTES, rows * line * elem)
+
+
+def test_no_prefetch_where_its_budget_is_zero(monkeypatch):
+    monkeypatch.setattr(pdl, "PREFETCH_BYTES", 0)
+    assert pdl.prefetch_cols(16, 4096, 2) == 0
+
+
+# (kernel, pointer dtypes other than bf16, float scalars, constexprs, prefetches weights)
+FP8 = torch.float8_e4m3fn
+KERNELS = {
+    "skinny": (skinny_gemm._skinny_kernel, {}, (), dict(
+        HAS_BIAS=True, IEEE=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, PREFETCH_K=256), True),
+    "skinny_no_prefetch": (skinny_gemm._skinny_kernel, {}, (), dict(
+        HAS_BIAS=True, IEEE=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, PREFETCH_K=0), False),
+    "fp8_gemv": (fp8_gemv._fp8_gemv_kernel, {"w_ptr": FP8, "s_ptr": torch.float32}, (), dict(
+        HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
+        PREFETCH_K=4096), True),
+    "fp8_weight": (fp8_gemm._fp8_weight_kernel, {"x_ptr": FP8, "xs_ptr": torch.float32,
+                                                 "w_ptr": FP8, "s_ptr": torch.float32}, (),
+                   dict(HAS_BIAS=False, FP8_X=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=256,
+                        SPLIT_K=1, PREFETCH_K=256), True),
+    "quantize_rows": (fp8_gemm._quantize_rows_kernel, {"q_ptr": FP8, "s_ptr": torch.float32},
+                      (), dict(FP8_MAX=448.0, BLOCK_K=4096), False),
+    "rms_norm_fp8": (rmsnorm._rms_norm_kernel, {"q_ptr": FP8, "s_ptr": torch.float32},
+                     ("eps",), dict(N=4096, BLOCK=4096, HAS_RESIDUAL=True, QUANT=True,
+                                    FP8_MAX=448.0, VEC=8), False),
+    "rotary": (rotary._rotary_kernel, {"positions_ptr": torch.int64, "cos_sin_ptr":
+                                       torch.float32, "slot_mapping_ptr": torch.int64}, (),
+               dict(HALF=64, HALF_P=64, Q_HEADS_P=32, K_HEADS_P=8, WRITE_KV=True,
+                    BLOCK_SIZE=16), False),
+    "silu_mul": (silu_mul._silu_and_mul_kernel, {}, (), dict(BLOCK=1024, LIBDEVICE=True),
+                 False),
+    "silu_mul_fp8_split": (silu_mul._silu_and_mul_fp8_split_kernel, {
+        "q_ptr": FP8, "s_ptr": torch.float32, "part_max_ptr": torch.float32,
+        "ticket_ptr": torch.int32}, (), dict(FP8_MAX=448.0, BLOCK=2048, QUANT_BLOCK=16384,
+                                             PARTS=8, BLOCKED=False, LIBDEVICE=True), False),
+    "silu_mul_fp8_row": (silu_mul._silu_and_mul_fp8_row_kernel, {
+        "q_ptr": FP8, "s_ptr": torch.float32}, (), dict(
+            FP8_MAX=448.0, BLOCK=2048, BLOCKED=False, LIBDEVICE=True), False),
+    "paged_attention": (triton_kernels.paged_attention_kernel, {
+        "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
+        "part_l_ptr": torch.float32, "block_tables_ptr": torch.int32,
+        "seq_lens_ptr": torch.int32, "query_start_loc_ptr": torch.int32}, ("qk_scale",), dict(
+            GROUP=4, GROUP_P=4, BLOCK_Q=1, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16,
+            HEAD_DIM=128, HEAD_DIM_P=128, SPLIT=True, DOT_PRECISION="tf32",
+            MASK_EVERY_TILE=False, PARTITION_TILES=0), False),
+    "reduce_splits": (triton_kernels.reduce_splits_kernel, {
+        "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
+        "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32}, (), dict(
+            NUM_SPLITS=4, NUM_SPLITS_P=4, HEAD_DIM=128, HEAD_DIM_P=128), False),
+}
+
+
+POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
+
+
+def sm90_ptx(kernel, pointers: dict, floats: tuple, constexprs: dict, use_pdl: bool) -> str:
+    """The kernel's PTX for sm_90, compiled on the CPU; pointers bf16 unless named."""
+    elements = {name: POINTER_TYPES[pointers.get(name, torch.bfloat16)]
+                for name in (p.name for p in kernel.params) if name.endswith("_ptr")}
+    options = {"num_warps": 4, **({"launch_pdl": True} if use_pdl else {})}
+    return compile_sm90(kernel, {**constexprs, "USE_PDL": use_pdl}, elements, floats,
+                        **options)["ptx"]
+
+
+MEMORY_OP = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|atom\.|red\.|cp\.async)", re.M)
+
+
+@pytest.mark.skipif(not pdl.triton_supports(), reason="this Triton has no grid dependency ops")
+@pytest.mark.parametrize("name", KERNELS)
+def test_kernels_touch_memory_only_after_their_grid_wait(name):
+    kernel, pointers, floats, constexprs, prefetches = KERNELS[name]
+    ptx = sm90_ptx(kernel, pointers, floats, constexprs, use_pdl=True)
+    wait = ptx.find("griddepcontrol.wait")
+    assert wait >= 0 and ptx.count("griddepcontrol.wait") == 1
+    first_access = MEMORY_OP.search(ptx)
+    assert first_access is None or first_access.start() > wait, first_access.group(0)
+    assert ptx.find("griddepcontrol.launch_dependents") > wait
+    prefetch = ptx.find("prefetch.global.L2")
+    assert (0 <= prefetch < wait) if prefetches else prefetch < 0
+
+
+@pytest.mark.parametrize("name", ["skinny", "rms_norm_fp8", "paged_attention"])
+def test_kernels_without_pdl_have_none_of_its_instructions(name):
+    kernel, pointers, floats, constexprs, _ = KERNELS[name]
+    plain = sm90_ptx(kernel, pointers, floats, constexprs, use_pdl=False)
+    assert "griddepcontrol" not in plain and "prefetch.global" not in plain
+
+
+# ---- on a Hopper GPU: the same bits with PDL on and off ----
+hopper = pytest.mark.skipif(not torch.cuda.is_available()
+                            or torch.cuda.get_device_capability()[0] < 9,
+                            reason="needs a CUDA device of compute capability 9 or more")
+
+
+def on_and_off(monkeypatch, fn):
+    """fn() with PDL off, then on (asserting it is on), each result cloned."""
+    results = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv("PARASHIFT_PDL", flag)
+        assert pdl.pdl_enabled(torch.device("cuda")) == (flag == "1")
+        out = fn()
+        out = out if isinstance(out, tuple) else (out,)
+        results.append(tuple(t.clone() for t in out))
+    torch.cuda.synchronize()
+    return results
+
+
+def assert_same_bits(results) -> None:
+    off, on = results
+    for a, b in zip(off, on):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def weight_fp8(n, k, seed):
+    w = randn((n, k), "float32", "cuda", seed=seed) * 0.05
+    scale = w.abs().amax(1, keepdim=True) / 448.0
+    return (w / scale).to(FP8), scale
+
+
+# the GEMV at one and several splits, the tl.dot kernel widening the weight and multiplying
+# FP8 by FP8, split in two (more splits add their atomic partial sums in the order of their
+# timing: not the same bits run to run)
+FP8_CONFIGS = (fp8_gemm.GEMV_CONFIGS[0], fp8_gemm.GEMV_CONFIGS[6], fp8_gemm.CONFIGS[0],
+               fp8_gemm.CONFIGS[9], fp8_gemm.CONFIGS[15])
+
+
+@cuda
+@hopper
+def test_weight_kernels_give_the_same_bits_with_pdl(monkeypatch):
+    assert [c.split_k for c in FP8_CONFIGS] == [1, 2, 1, 1, 2]
+    x = randn((2, 4096), "bfloat16", "cuda")
+    w = randn((1536, 4096), "bfloat16", "cuda", seed=1, scale=0.02)
+    w8, s8 = weight_fp8(1536, 4096, seed=2)
+    for config in skinny_gemm.CONFIGS[:2]:
+        assert_same_bits(on_and_off(monkeypatch, lambda: skinny_gemm.skinny_linear(
+            x, w, None, config)))
+    for config in FP8_CONFIGS:
+        assert_same_bits(on_and_off(monkeypatch, lambda: fp8_gemm.fp8_weight_linear(
+            x, w8, s8, None, config)))
+
+
+@cuda
+@hopper
+def test_elementwise_and_norm_kernels_give_the_same_bits_with_pdl(monkeypatch):
+    x, r = randn((64, 4096), "bfloat16", "cuda"), randn((64, 4096), "bfloat16", "cuda", seed=1)
+    weight = 1 + 0.1 * randn((4096,), "bfloat16", "cuda", seed=2)
+    gate_up = randn((64, 2 * 14336), "bfloat16", "cuda", seed=3)
+    for fn in (lambda: rmsnorm.add_rms_norm(x, r, weight, 1e-5),
+               lambda: rmsnorm.rms_norm_fp8(x, r, weight, 1e-5),
+               lambda: fp8_gemm.quantize_rows(x),
+               lambda: silu_mul.silu_and_mul(gate_up),
+               lambda: silu_mul.silu_and_mul_fp8(gate_up, split=True),
+               lambda: silu_mul.silu_and_mul_fp8(gate_up, split=False)):
+        assert_same_bits(on_and_off(monkeypatch, fn))
+
+
+@cuda
+@hopper
+def test_rotary_and_attention_give_the_same_bits_with_pdl(monkeypatch):
+    from parashift.attention.triton_backend import TritonAttentionBackend
+    from tests.attention.test_triton_backend import make_step, run
+    step = make_step([1] * 8, [37, 300, 1, 1024, 64, 2000, 17, 700], num_heads=32,
+                     num_kv_heads=8)
+    positions = step.meta.seq_lens.long() - 1
+    cos_sin = randn((4096, 128), "float32", "cuda", seed=4)
+    k, v = step.k.clone(), step.v.clone()
+
+    def rotate():
+        k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+        q = rotary.rotate_and_write_kv(positions, step.q, k, v, cos_sin, k_cache, v_cache,
+                                       step.meta.slot_mapping)
+        return q, k_cache.nan_to_num(), v_cache.nan_to_num()
+    assert_same_bits(on_and_off(monkeypatch, rotate))
+    for invariant in (False, True):
+        backend = TritonAttentionBackend(batch_invariant=invariant)
+        assert_same_bits(on_and_off(monkeypatch, lambda: run(backend, step)))
+
+
+def decode_chain(x, residual, norm_w, w_qkv, w_up, w_down, layers, fp8):
+    """A decode layer's kernels without attention, `layers` times: norm, a projection,
+    SiLU-and-mul, a projection (FP8 weights: fp8_gemm's kernels, the norm quantizing)."""
+    for _ in range(layers):
+        if fp8:
+            h, residual, xq, xs = rmsnorm.rms_norm_fp8(x, residual, norm_w, 1e-5)
+            up_config, down_config = CHAIN_FP8_CONFIGS[h.shape[0] > 4]
+            up = fp8_gemm.fp8_weight_linear(h, *w_up, None, up_config, (xq, xs))
+            act = silu_mul.silu_and_mul(up)
+            x = fp8_gemm.fp8_weight_linear(act, *w_down, None, down_config)
+        else:
+            h, residual = rmsnorm.add_rms_norm(x, residual, norm_w, 1e-5)
+            up = skinny_gemm.skinny_linear(h, w_up, None, skinny_gemm.CONFIGS[1])
+            act = silu_mul.silu_and_mul(up)
+            x = skinny_gemm.skinny_linear(act, w_down, None, skinny_gemm.CONFIGS[1])
+    return x, residual
+
+
+# (gate_up, down) at up to 4 rows, and at more: the down projection split in two (its
+# output zeroed by a torch kernel, a non-PDL one, before it)
+CHAIN_FP8_CONFIGS = {False: (fp8_gemm.GEMV_CONFIGS[1], fp8_gemm.GEMV_CONFIGS[6]),
+                     True: (fp8_gemm.CONFIGS[12], fp8_gemm.CONFIGS[15])}
+
+
+@cuda
+@hopper
+@pytest.mark.parametrize("fp8,rows", [(False, 1), (True, 1), (True, 16)])
+def test_a_graph_of_a_decode_chain_gives_the_same_bits_with_pdl(monkeypatch, fp8, rows):
+    d, ff = 1024, 2048
+    x = randn((rows, d), "bfloat16", "cuda")
+    residual = randn((rows, d), "bfloat16", "cuda", seed=1)
+    norm_w = 1 + 0.1 * randn((d,), "bfloat16", "cuda", seed=2)
+    if fp8:
+        w_up, w_down = weight_fp8(2 * ff, d, seed=3), weight_fp8(d, ff, seed=4)
+    else:
+        w_up = randn((2 * ff, d), "bfloat16", "cuda", seed=3, scale=0.03)
+        w_down = randn((d, ff), "bfloat16", "cuda", seed=4, scale=0.03)
+
+    def chain():
+        return decode_chain(x, residual, norm_w, None, w_up, w_down, 8, fp8)
+
+    def graphed():
+        chain()  # compiled outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain()
+        for t in (x, residual):
+            t.copy_(randn(tuple(t.shape), "bfloat16", "cuda", seed=9))
+        graph.replay()
+        return out
+    off, on = on_and_off(monkeypatch, graphed)
+    assert_same_bits((off, on))
+    monkeypatch.setenv("PARASHIFT_PDL", "0")
+    assert_same_bits((chain(), on))  # the graph replayed the new inputs, eager does too
+
+
+@pytest.fixture(scope="module")
+def engine_outputs(tmp_path_factory):
+    """A bf16 and an FP8 engine's outputs on the GPU with PDL off and on (CUDA graphs)."""
+    from tests.deterministic.test_batch_invariance import GREEDY, requests
+    from tests.engine.conftest import save_tiny_llama, tiny_llm
+    prompts, _ = requests(8)
+    model_dir = save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+    outputs = {}
+    with pytest.MonkeyPatch.context() as patch:
+        for quantization in (None, "fp8"):
+            for flag in ("0", "1"):
+                patch.setenv("PARASHIFT_PDL", flag)
+                llm = tiny_llm(model_dir, device=DEVICE, dtype="bfloat16",
+                               quantization=quantization, max_num_seqs=8)
+                try:
+                    outputs[quantization, flag] = llm.generate(prompts, GREEDY)
+                finally:
+                    llm.llm_engine.shutdown()
+    return outputs
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_engine_tokens_and_logprobs_are_the_same_with_pdl(engine_outputs, quantization):
+    from tests.deterministic.test_batch_invariance import assert_identical
+    assert_identical(engine_outputs[quantization, "1"], engine_outputs[quantization, "0"])
