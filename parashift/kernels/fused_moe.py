@@ -161,8 +161,9 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                   scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """expert_outputs(x, weights, ids, gate_up, down, first_expert) on the device; FP8
     experts read as they are stored, with `scales` (gate_up's, down's) per output row. A
-    few pairs (decode at one or two tokens) take kernels/moe_small.py's GEMVs."""
-    if moe_small.takes(ids.numel()):
+    few pairs (decode at one or two tokens, FP8 experts up to sixteen) take
+    kernels/moe_small.py's GEMVs."""
+    if moe_small.takes(ids.numel(), fp8=scales is not None):
         return moe_small.small_experts(x, weights, ids, gate_up, down, first_expert, scales)
     return grouped_experts(x, weights, ids, gate_up, down, first_expert, scales)
 

@@ -31,21 +31,28 @@ from parashift.kernels.silu_mul import silu_mul_values
 VEC_BYTES = 16  # of weights a thread loads at once and sums in registers; BLOCK_K a multiple
 
 
-def _max_pairs_from_env() -> int:
+def _max_pairs_from_env() -> tuple[int, int]:
     """PARASHIFT_MOE_SMALL: 0 keeps every batch on the grouped GEMM, 1 (default) takes this
-    path up to DEFAULT_MAX_PAIRS token-expert pairs, a larger integer up to that many."""
+    path up to DEFAULT_MAX_PAIRS token-expert pairs (DEFAULT_MAX_PAIRS_FP8 for FP8 experts),
+    a larger integer up to that many for both; (16-bit experts' limit, FP8 experts')."""
     value = os.environ.get("PARASHIFT_MOE_SMALL", "1")
     if not value.isdigit():
         raise ValueError(f"PARASHIFT_MOE_SMALL must be 0, 1 or a number of pairs, got {value!r}")
-    return DEFAULT_MAX_PAIRS if int(value) == 1 else int(value)
+    if int(value) == 1:
+        return DEFAULT_MAX_PAIRS, DEFAULT_MAX_PAIRS_FP8
+    return int(value), int(value)
 
 
+# Measured on an H200 (session 41, benchmarks/moe_small.py, Qwen3-30B-A3B's experts): 16-bit
+# experts beat the grouped GEMM at one and two tokens and lose from 8 (143 against 140 us);
+# FP8 experts win up to 16 tokens (88 against 134 us at 8, 144 against 182 at 16).
 DEFAULT_MAX_PAIRS = 16  # two tokens at top-8
-MAX_PAIRS = _max_pairs_from_env()
+DEFAULT_MAX_PAIRS_FP8 = 128  # sixteen tokens at top-8
+MAX_PAIRS, MAX_PAIRS_FP8 = _max_pairs_from_env()
 
 
-def takes(num_pairs: int) -> bool:
-    return 0 < num_pairs <= MAX_PAIRS
+def takes(num_pairs: int, fp8: bool = False) -> bool:
+    return 0 < num_pairs <= (MAX_PAIRS_FP8 if fp8 else MAX_PAIRS)
 
 
 @triton.jit

@@ -98,14 +98,18 @@ test_fp8_interpreted, test_fp8_cuda = case_tests(__name__, check_fp8, FP8_CASES,
 
 def test_few_pairs_take_the_small_path(monkeypatch):
     monkeypatch.setattr(moe_small, "MAX_PAIRS", 16)
+    monkeypatch.setattr(moe_small, "MAX_PAIRS_FP8", 128)
     assert moe_small.takes(8) and moe_small.takes(16)
     assert not moe_small.takes(0) and not moe_small.takes(17)
+    assert moe_small.takes(128, fp8=True) and not moe_small.takes(129, fp8=True)
     monkeypatch.setattr(moe_small, "MAX_PAIRS", 0)  # PARASHIFT_MOE_SMALL=0
-    assert not moe_small.takes(8)
+    monkeypatch.setattr(moe_small, "MAX_PAIRS_FP8", 0)
+    assert not moe_small.takes(8) and not moe_small.takes(8, fp8=True)
 
 
-@pytest.mark.parametrize("value, pairs", [("0", 0), ("1", moe_small.DEFAULT_MAX_PAIRS),
-                                          ("64", 64)])
+@pytest.mark.parametrize("value, pairs", [
+    ("0", (0, 0)), ("1", (moe_small.DEFAULT_MAX_PAIRS, moe_small.DEFAULT_MAX_PAIRS_FP8)),
+    ("64", (64, 64))])
 def test_switch_reads_the_environment(monkeypatch, value, pairs):
     monkeypatch.setenv("PARASHIFT_MOE_SMALL", value)
     assert moe_small._max_pairs_from_env() == pairs
