@@ -253,6 +253,7 @@ def paged_attention_kernel(
                                       kv_end, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
                                       stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
                                       DOT_PRECISION)
+    pdl.inputs_read(USE_PDL)
     if SPLIT:
         _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i,
                        token - token_offset, row_head,
@@ -288,6 +289,7 @@ def reduce_splits_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_st
     acc = tl.load(acc_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     out = tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)
     is_real = token < tl.load(query_start_loc_ptr + num_seqs)
+    pdl.inputs_read(USE_PDL)
     out = tl.where(is_real, out, 0.0)
     o_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_ok)
@@ -362,6 +364,7 @@ def reduce_partitions_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
         acc = tl.load(part_acc_ptr + at * HEAD_DIM + offs_d[None, :], mask=d_ok[None, :],
                       other=0.0)
         acc_run, m_run, l_run = _merge_partial(acc_run, m_run, l_run, acc, m, l)
+    pdl.inputs_read(USE_PDL)
     out = acc_run / l_run[:, None]
     out = tl.where(is_real, out, 0.0)
     o_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d[None, :]

@@ -71,6 +71,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+    pdl.inputs_read(USE_PDL)
     scale = row_scale(tl.max(tl.abs(x), axis=0), FP8_MAX)
     to_fp8(x, scale, q_ptr + row * stride_qm + k, k < K, FP8_MAX)
     tl.store(s_ptr + row, scale)
@@ -109,6 +110,7 @@ def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, strid
     if HAS_BIAS:
         if split == 0:
             acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    pdl.inputs_read(USE_PDL)
     y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     if SPLIT_K == 1:
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

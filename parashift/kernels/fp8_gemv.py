@@ -83,6 +83,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_
     if HAS_BIAS:
         if split == 0:
             bias = tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    pdl.inputs_read(USE_PDL)
     _store_row(y_ptr, acc0, scale, bias, offs_n, n_ok, SPLIT_K)
     if ROWS > 1:
         _store_row(y_ptr + stride_ym, acc1, scale, bias, offs_n, n_ok, SPLIT_K)

@@ -4,15 +4,21 @@ A kernel launched with PDL may start while the kernel before it in the stream fi
 programs fill the SMs the other's tail leaves idle. Every such kernel, under its USE_PDL
 constexpr, first does only what reads nothing an earlier kernel writes and writes nothing
 (index math, L2 prefetches of its weights), then `grid_wait`s for the kernel before to
-complete and its writes to be visible, and only then reads its inputs, lets its own
-dependents launch and writes. The wait is transitive: the kernel before did not complete
+complete and its writes to be visible, and only then reads its inputs and writes; it lets
+its own dependents launch after its wait (where: below). The wait is transitive: the kernel before did not complete
 before its own wait returned. A kernel launched without PDL (cuBLAS, torch's ops) starts
 after the one before completes, as always, so any mix of kernels stays ordered. PDL moves
 no arithmetic: a kernel's results are the same bits with it on and off.
 
-PARASHIFT_PDL=1 turns it on (off by default until measured faster); it takes effect only on
-a CUDA device of compute capability 9 or more, compiled (never under the Triton
-interpreter), and where this Triton has the grid dependency ops and the launch option."""
+PARASHIFT_PDL picks where a kernel lets its dependents launch (off by default until measured
+faster): 0 never (no PDL); 1 or early, right after its wait, so the next kernel's programs
+take the SM slots its own programs free; late, once it has read its inputs (after its main
+loop, before its stores), so they arrive for its tail only. PARASHIFT_PDL_PREFETCH_KB (16
+by default, 0 for none) is about how much of its weight a streaming kernel's program pulls
+into L2 before its wait. Both are read at each launch (a CUDA graph keeps what its capture
+read). PDL takes effect only on a CUDA device of compute capability 9 or more, compiled
+(never under the Triton interpreter), and where this Triton has the grid dependency ops and
+the launch option."""
 import functools
 import logging
 import os
@@ -24,41 +30,62 @@ import triton.language as tl
 logger = logging.getLogger(__name__)
 
 ENV = "PARASHIFT_PDL"
+PREFETCH_ENV = "PARASHIFT_PDL_PREFETCH_KB"
+DEFAULT_PREFETCH_KB = "16"
 LINE_BYTES = tl.constexpr(128)  # an L2 cache line: one prefetch each
-# of its weights a GEMM program pulls into L2 before its wait (read at launch)
-PREFETCH_BYTES = 16384
+# a kernel's USE_PDL constexpr: where it calls launch_dependents (OFF: no PDL)
+OFF, EARLY, LATE = 0, 1, 2
+_EARLY, _LATE = tl.constexpr(EARLY), tl.constexpr(LATE)  # as the kernels see them
+MODES = {"0": OFF, "1": EARLY, "early": EARLY, "late": LATE}
+
+
+def pdl_mode(device: torch.device) -> int:
+    """OFF, EARLY or LATE: PARASHIFT_PDL's placement where `device` and this Triton support
+    PDL, else OFF."""
+    flag = os.environ.get(ENV, "0")  # read at each launch: one dict lookup
+    if flag not in MODES:
+        raise ValueError(f"{ENV}={flag!r}: expected 0 (off), 1 or early, or late")
+    if MODES[flag] == OFF or device.type != "cuda" or _interpreted():
+        return OFF
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return MODES[flag] if _device_supports(index) else OFF
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether kernels on `device` launch with PDL (PARASHIFT_PDL=1 and a device and Triton
+    """Whether kernels on `device` launch with PDL (PARASHIFT_PDL on and a device and Triton
     that support it)."""
-    flag = os.environ.get(ENV, "0")  # read at each launch: one dict lookup
-    if flag not in ("0", "1"):
-        raise ValueError(f"{ENV}={flag!r}: expected 0 or 1")
-    if flag == "0" or device.type != "cuda" or _interpreted():
-        return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _device_supports(index)
+    return pdl_mode(device) != OFF
 
 
 def launch_options(device: torch.device, prefetch: tuple[int, int, int] | None = None) -> dict:
-    """The keyword arguments a PDL-aware kernel's launch takes: its USE_PDL constexpr, when
-    on Triton's launch_pdl option, and for a kernel streaming a weight (prefetch: the rows a
-    program owns, K, the weight's element bytes) its PREFETCH_K constexpr (0 when off)."""
-    on = pdl_enabled(device)
-    options = {"USE_PDL": on, "launch_pdl": True} if on else {"USE_PDL": False}
+    """The keyword arguments a PDL-aware kernel's launch takes: its USE_PDL constexpr (the
+    mode), when on Triton's launch_pdl option, and for a kernel streaming a weight (prefetch:
+    the rows a program owns, K, the weight's element bytes) its PREFETCH_K constexpr (0 when
+    off)."""
+    mode = pdl_mode(device)
+    options = {"USE_PDL": mode, "launch_pdl": True} if mode else {"USE_PDL": OFF}
     if prefetch is not None:
-        options["PREFETCH_K"] = prefetch_cols(*prefetch) if on else 0
+        options["PREFETCH_K"] = prefetch_cols(*prefetch) if mode else 0
     return options
 
 
+def prefetch_bytes() -> int:
+    """PARASHIFT_PDL_PREFETCH_KB in bytes: what of its weight a program pulls into L2 before
+    its wait."""
+    value = os.environ.get(PREFETCH_ENV, DEFAULT_PREFETCH_KB)
+    if not value.isdigit():
+        raise ValueError(f"{PREFETCH_ENV}={value!r}: expected a whole number of KB (0: none)")
+    return int(value) * 1024
+
+
 def prefetch_cols(rows: int, k: int, elem_bytes: int) -> int:
-    """The columns of `rows` weight rows a program prefetches: about PREFETCH_BYTES, at least a
-    cache line, at most k rounded up; a power of two (0 where PREFETCH_BYTES is 0)."""
-    if PREFETCH_BYTES == 0:
+    """The columns of `rows` weight rows a program prefetches: about prefetch_bytes(), at
+    least a cache line, at most k rounded up; a power of two (0 where the budget is 0)."""
+    budget = prefetch_bytes()
+    if budget == 0:
         return 0
     line = LINE_BYTES.value // elem_bytes
-    cols = triton.next_power_of_2(max(PREFETCH_BYTES // (rows * elem_bytes), 1))
+    cols = triton.next_power_of_2(max(budget // (rows * elem_bytes), 1))
     return max(line, min(cols, triton.next_power_of_2(k)))
 
 
@@ -70,7 +97,7 @@ def _interpreted() -> bool:
 def _device_supports(index: int) -> bool:
     capability = torch.cuda.get_device_capability(index)
     if capability[0] < 9 or not triton_supports():
-        logger.warning("%s=1 but PDL is off on cuda:%d (compute capability %s, Triton %s %s "
+        logger.warning("%s is on but PDL is off on cuda:%d (compute capability %s, Triton %s %s "
                        "it)", ENV, index, capability, triton.__version__,
                        "supports" if triton_supports() else "does not support")
         return False
@@ -107,9 +134,19 @@ def launch_dependents(USE_PDL: tl.constexpr):
 
 @triton.jit
 def start(USE_PDL: tl.constexpr):
-    """A kernel's first step: waits for the kernel before, then lets the next launch."""
+    """A kernel's first step: waits for the kernel before, then (EARLY) lets the next
+    launch."""
     grid_wait(USE_PDL)
-    launch_dependents(USE_PDL)
+    if USE_PDL == _EARLY:
+        launch_dependents(USE_PDL)
+
+
+@triton.jit
+def inputs_read(USE_PDL: tl.constexpr):
+    """Where a kernel has read its inputs (after its main loop, before its stores): LATE lets
+    the next kernel launch here."""
+    if USE_PDL == _LATE:
+        launch_dependents(USE_PDL)
 
 
 @triton.jit

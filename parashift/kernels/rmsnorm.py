@@ -39,6 +39,7 @@ def _rms_norm_kernel(out_ptr, new_x_ptr, q_ptr, s_ptr, x_ptr, residual_ptr, weig
     rstd = tl.math.rsqrt(tl.sum(xf * xf, 0) * (1.0 / N) + eps)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    pdl.inputs_read(USE_PDL)
     out = (w * normed).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + out_offs, out, mask=mask)
     if QUANT:  # one head a row: the row's scale and E4M3 values, as _quantize_rows_kernel's

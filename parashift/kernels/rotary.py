@@ -61,6 +61,7 @@ def _rotary_kernel(q_out_ptr, k_out_ptr, q_ptr, k_ptr, positions_ptr, cos_sin_pt
     else:
         _rotate_heads(k_out_ptr + token * num_k_heads * 2 * HALF, 2 * HALF, k_ptr, token, cos,
                       sin, stride_kt, stride_kh, num_k_heads, HALF, K_HEADS_P, HALF_P)
+    pdl.inputs_read(USE_PDL)  # its loads and stores interleave: LATE is its end
 
 
 def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,

@@ -54,6 +54,7 @@ def _silu_and_mul_kernel(out_ptr, x_ptr, stride_x, d, BLOCK: tl.constexpr,
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
     out = _silu_mul(x_ptr + row * stride_x + cols, mask, d, LIBDEVICE)
+    pdl.inputs_read(USE_PDL)
     tl.store(out_ptr + row * d + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -96,6 +97,7 @@ def _silu_and_mul_fp8_split_kernel(out_ptr, q_ptr, s_ptr, x_ptr, part_max_ptr, t
     out_row = out_ptr + row * d
     cols, mask, prod = _fp8_row_block(x_ptr + row * stride_x, part * BLOCK, d, half, BLOCK,
                                       BLOCKED, LIBDEVICE)
+    pdl.inputs_read(USE_PDL)
     out = prod.to(out_ptr.dtype.element_ty)  # masked columns are 0
     tl.store(out_row + cols, out, mask=mask)
     tl.store(part_max_ptr + row * parts + part, tl.max(tl.abs(out.to(tl.float32)), axis=0))
@@ -128,6 +130,7 @@ def _silu_and_mul_fp8_row_kernel(out_ptr, q_ptr, s_ptr, x_ptr, stride_x, d, half
         out = prod.to(out_ptr.dtype.element_ty)  # masked columns are 0
         tl.store(out_row + cols, out, mask=mask)
         largest = tl.maximum(largest, tl.abs(out.to(tl.float32)))
+    pdl.inputs_read(USE_PDL)
     scale = row_scale(tl.max(largest, axis=0), FP8_MAX)
     tl.debug_barrier()
     _quantize_stored_row(out_row, q_ptr + row * d, d, scale, FP8_MAX, BLOCK)

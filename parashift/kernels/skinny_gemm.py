@@ -84,6 +84,7 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, st
             acc = tl.dot(x, tl.trans(w), acc)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    pdl.inputs_read(USE_PDL)
     y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 

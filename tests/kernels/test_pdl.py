@@ -1,9 +1,10 @@
 """Programmatic dependent launch (kernels/pdl.py). On the CPU: the switch is off there and
 under the interpreter, and each PDL-aware kernel compiled for sm_90 reads and writes global
 memory only after its grid dependency wait (what makes PDL safe), prefetching its weights
-before it. On CUDA (Hopper): each kernel gives the same bits with PDL on and off, eagerly and
-in a CUDA graph of a chain of decode kernels, and (PARASHIFT_TEST_DEVICE=cuda) an engine's
-greedy tokens and logprobs are the same."""
+before it, and lets its dependents launch where its mode says (early: before its first read;
+late: after its inputs are read). On CUDA (Hopper): each kernel gives the same bits with PDL
+off, early and late, eagerly and in a CUDA graph of a chain of decode kernels, and
+(PARASHIFT_TEST_DEVICE=cuda) an engine's greedy tokens and logprobs are the same."""
 import os
 import re
 
@@ -20,6 +21,8 @@ DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")
 
 
 def test_pdl_is_off_on_the_cpu_under_the_interpreter_and_by_default(monkeypatch):
+    monkeypatch.setenv("PARASHIFT_PDL", "late")
+    assert not pdl.pdl_enabled(torch.device("cpu"))
     monkeypatch.setenv("PARASHIFT_PDL", "1")
     assert not pdl.pdl_enabled(torch.device("cpu"))
     assert pdl.launch_options(torch.device("cpu"), (8, 4096, 1)) == {"USE_PDL": False,
@@ -32,24 +35,47 @@ def test_pdl_is_off_on_the_cpu_under_the_interpreter_and_by_default(monkeypatch)
     assert pdl.launch_options(torch.device("cuda", 0)) == {"USE_PDL": False}
 
 
+@pytest.mark.parametrize("flag,mode", [("0", pdl.OFF), ("1", pdl.EARLY), ("early", pdl.EARLY),
+                                       ("late", pdl.LATE)])
+def test_the_switch_picks_the_launch_placement(monkeypatch, flag, mode):
+    monkeypatch.setattr(pdl, "_device_supports", lambda index: True)
+    monkeypatch.setenv("PARASHIFT_PDL", flag)
+    assert pdl.pdl_mode(torch.device("cuda", 0)) == mode
+    options = pdl.launch_options(torch.device("cuda", 0), (8, 4096, 1))
+    assert options["USE_PDL"] == mode and options.get("launch_pdl", False) == (mode != pdl.OFF)
+    assert (options["PREFETCH_K"] > 0) == (mode != pdl.OFF)
+
+
 def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch):
     monkeypatch.setenv("PARASHIFT_PDL", "yes")
     with pytest.raises(ValueError, match="PARASHIFT_PDL='yes'"):
         pdl.pdl_enabled(torch.device("cuda", 0))
+    monkeypatch.setenv("PARASHIFT_PDL", "0")
+    for bad in ("-1", "16k", ""):
+        monkeypatch.setenv("PARASHIFT_PDL_PREFETCH_KB", bad)
+        with pytest.raises(ValueError, match=f"PARASHIFT_PDL_PREFETCH_KB='{bad}'"):
+            pdl.prefetch_cols(16, 4096, 2)
 
 
 @pytest.mark.parametrize("rows,k,elem", [(16, 4096, 2), (4, 14336, 1), (128, 4096, 1),
                                          (2, 100, 2), (1, 64, 1)])
-def test_prefetch_spans_whole_lines_of_about_the_budget(rows, k, elem):
+@pytest.mark.parametrize("kb", [None, "4", "64"])
+def test_prefetch_spans_whole_lines_of_about_the_budget(monkeypatch, rows, k, elem, kb):
+    if kb is not None:
+        monkeypatch.setenv("PARASHIFT_PDL_PREFETCH_KB", kb)
+    budget = 1024 * int(kb or pdl.DEFAULT_PREFETCH_KB)
+    assert pdl.prefetch_bytes() == budget
     cols = pdl.prefetch_cols(rows, k, elem)
     line = pdl.LINE_BYTES.value // elem
     assert cols & (cols - 1) == 0 and cols % line == 0
     assert cols <= max(line, triton.next_power_of_2(k))
-    assert rows * cols * elem <= max(pdl.PREFETCH_BYTES, rows * line * elem)
+    assert rows * cols * elem <= max(budget, rows * line * elem)
+    if rows * line * elem <= budget // 2 and 2 * cols <= k:
+        assert 2 * rows * cols * elem > budget  # not less than half the budget
 
 
 def test_no_prefetch_where_its_budget_is_zero(monkeypatch):
-    monkeypatch.setattr(pdl, "PREFETCH_BYTES", 0)
+    monkeypatch.setenv("PARASHIFT_PDL_PREFETCH_KB", "0")
     assert pdl.prefetch_cols(16, 4096, 2) == 0
 
 
@@ -102,28 +128,41 @@ KERNELS = {
 POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 
 
-def sm90_ptx(kernel, pointers: dict, floats: tuple, constexprs: dict, use_pdl: bool) -> str:
+# the kernels that read their own output back after a barrier: LATE is after their inputs'
+# reads, before those
+READ_BACK = {"silu_mul_fp8_split", "silu_mul_fp8_row"}
+
+
+def sm90_ptx(kernel, pointers: dict, floats: tuple, constexprs: dict, mode: int) -> str:
     """The kernel's PTX for sm_90, compiled on the CPU; pointers bf16 unless named."""
     elements = {name: POINTER_TYPES[pointers.get(name, torch.bfloat16)]
                 for name in (p.name for p in kernel.params) if name.endswith("_ptr")}
-    options = {"num_warps": 4, **({"launch_pdl": True} if use_pdl else {})}
-    return compile_sm90(kernel, {**constexprs, "USE_PDL": use_pdl}, elements, floats,
+    options = {"num_warps": 4, **({"launch_pdl": True} if mode else {})}
+    return compile_sm90(kernel, {**constexprs, "USE_PDL": mode}, elements, floats,
                         **options)["ptx"]
 
 
 MEMORY_OP = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|atom\.|red\.|cp\.async)", re.M)
+LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global", re.M)
 
 
 @pytest.mark.skipif(not pdl.triton_supports(), reason="this Triton has no grid dependency ops")
+@pytest.mark.parametrize("mode", [pdl.EARLY, pdl.LATE], ids=["early", "late"])
 @pytest.mark.parametrize("name", KERNELS)
-def test_kernels_touch_memory_only_after_their_grid_wait(name):
+def test_kernels_touch_memory_only_after_their_grid_wait(name, mode):
     kernel, pointers, floats, constexprs, prefetches = KERNELS[name]
-    ptx = sm90_ptx(kernel, pointers, floats, constexprs, use_pdl=True)
+    ptx = sm90_ptx(kernel, pointers, floats, constexprs, mode)
     wait = ptx.find("griddepcontrol.wait")
     assert wait >= 0 and ptx.count("griddepcontrol.wait") == 1
     first_access = MEMORY_OP.search(ptx)
     assert first_access is None or first_access.start() > wait, first_access.group(0)
-    assert ptx.find("griddepcontrol.launch_dependents") > wait
+    launch = ptx.find("griddepcontrol.launch_dependents")
+    assert launch > wait and ptx.count("griddepcontrol.launch_dependents") == 1
+    loads = [m.start() for m in LOAD.finditer(ptx)]
+    if mode == pdl.EARLY:  # before it reads anything
+        assert not loads or launch < loads[0]
+    else:  # after its inputs: every load, or the first where it reads its output back
+        assert loads and launch > (loads[0] if name in READ_BACK else loads[-1])
     prefetch = ptx.find("prefetch.global.L2")
     assert (0 <= prefetch < wait) if prefetches else prefetch < 0
 
@@ -131,7 +170,7 @@ def test_kernels_touch_memory_only_after_their_grid_wait(name):
 @pytest.mark.parametrize("name", ["skinny", "rms_norm_fp8", "paged_attention"])
 def test_kernels_without_pdl_have_none_of_its_instructions(name):
     kernel, pointers, floats, constexprs, _ = KERNELS[name]
-    plain = sm90_ptx(kernel, pointers, floats, constexprs, use_pdl=False)
+    plain = sm90_ptx(kernel, pointers, floats, constexprs, pdl.OFF)
     assert "griddepcontrol" not in plain and "prefetch.global" not in plain
 
 
@@ -141,12 +180,18 @@ hopper = pytest.mark.skipif(not torch.cuda.is_available()
                             reason="needs a CUDA device of compute capability 9 or more")
 
 
+# (PARASHIFT_PDL, PARASHIFT_PDL_PREFETCH_KB): off, then on in each placement
+SETTINGS = (("0", "16"), ("1", "16"), ("late", "16"), ("late", "0"))
+
+
 def on_and_off(monkeypatch, fn):
-    """fn() with PDL off, then on (asserting it is on), each result cloned."""
+    """fn() with PDL off, then on in each placement (asserting it is on), each result
+    cloned."""
     results = []
-    for flag in ("0", "1"):
+    for flag, kb in SETTINGS:
         monkeypatch.setenv("PARASHIFT_PDL", flag)
-        assert pdl.pdl_enabled(torch.device("cuda")) == (flag == "1")
+        monkeypatch.setenv("PARASHIFT_PDL_PREFETCH_KB", kb)
+        assert pdl.pdl_mode(torch.device("cuda")) == pdl.MODES[flag]
         out = fn()
         out = out if isinstance(out, tuple) else (out,)
         results.append(tuple(t.clone() for t in out))
@@ -155,9 +200,11 @@ def on_and_off(monkeypatch, fn):
 
 
 def assert_same_bits(results) -> None:
-    off, on = results
-    for a, b in zip(off, on):
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    off, *ons = results
+    assert ons
+    for on in ons:
+        for a, b in zip(off, on, strict=True):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def weight_fp8(n, k, seed):
@@ -276,15 +323,16 @@ def test_a_graph_of_a_decode_chain_gives_the_same_bits_with_pdl(monkeypatch, fp8
             t.copy_(randn(tuple(t.shape), "bfloat16", "cuda", seed=9))
         graph.replay()
         return out
-    off, on = on_and_off(monkeypatch, graphed)
-    assert_same_bits((off, on))
+    results = on_and_off(monkeypatch, graphed)
+    assert_same_bits(results)
     monkeypatch.setenv("PARASHIFT_PDL", "0")
-    assert_same_bits((chain(), on))  # the graph replayed the new inputs, eager does too
+    assert_same_bits((chain(), results[-1]))  # the graph replayed the new inputs, eager too
 
 
 @pytest.fixture(scope="module")
 def engine_outputs(tmp_path_factory):
-    """A bf16 and an FP8 engine's outputs on the GPU with PDL off and on (CUDA graphs)."""
+    """A bf16 and an FP8 engine's outputs on the GPU with PDL off, early and late (CUDA
+    graphs)."""
     from tests.deterministic.test_batch_invariance import GREEDY, requests
     from tests.engine.conftest import save_tiny_llama, tiny_llm
     prompts, _ = requests(8)
@@ -292,7 +340,7 @@ def engine_outputs(tmp_path_factory):
     outputs = {}
     with pytest.MonkeyPatch.context() as patch:
         for quantization in (None, "fp8"):
-            for flag in ("0", "1"):
+            for flag in ("0", "1", "late"):
                 patch.setenv("PARASHIFT_PDL", flag)
                 llm = tiny_llm(model_dir, device=DEVICE, dtype="bfloat16",
                                quantization=quantization, max_num_seqs=8)
@@ -304,7 +352,8 @@ def engine_outputs(tmp_path_factory):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
+@pytest.mark.parametrize("flag", ["1", "late"])
 @pytest.mark.parametrize("quantization", [None, "fp8"])
-def test_engine_tokens_and_logprobs_are_the_same_with_pdl(engine_outputs, quantization):
+def test_engine_tokens_and_logprobs_are_the_same_with_pdl(engine_outputs, quantization, flag):
     from tests.deterministic.test_batch_invariance import assert_identical
-    assert_identical(engine_outputs[quantization, "1"], engine_outputs[quantization, "0"])
+    assert_identical(engine_outputs[quantization, flag], engine_outputs[quantization, "0"])
