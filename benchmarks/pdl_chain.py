@@ -1,20 +1,25 @@
 """Programmatic dependent launch (kernels/pdl.py) on the decode kernels of the 8B shape, on
 one GPU: a step's 32 layers of the model's own kernels captured in a CUDA graph with PDL off
-and with it on, the GEMMs prefetching each size of `--prefetch-kb` (KB a program; 0: none)
-of their weights before the wait, the graphs replayed in turn (interleaved repeats), median
-µs per layer; the row's "on" is the first size's (the default's, pdl.PREFETCH_BYTES).
+and with it on in each of `--variants` (PLACEMENT:KB: PARASHIFT_PDL early or late, the
+GEMMs prefetching KB a program of their weights before the wait, 0: none), the graphs
+replayed in turn (interleaved repeats), median µs per layer; the row's "on" is the first
+variant's.
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/pdl_chain.py [--batch-sizes 1 64]
     [--weights bf16 fp8] [--context 1024] [--layers 32] [--repeats 21]
-    [--prefetch-kb 16 0 64] [--output F]
+    [--variants early:16 early:0 late:16 late:0] [--output F]
 A layer: add-RMSNorm, qkv, rotary writing K/V to the paged pool, paged attention over
 `context` tokens a sequence, o, add-RMSNorm, gate_up, SiLU-and-mul, down; the projections
 through `skinny_gemm.linear` (bf16) or `fp8_gemm.linear` (FP8, dynamic per-token scales)
-as the engine calls them, their kernels chosen per shape on first use (with PDL off).
+as the engine calls them, their kernels chosen per shape on first use (timed with PDL off,
+as in the engine; a row's `chosen` lists them: compare an engine run's, which chose anew).
+Not here, beside the engine's step: the embedding, the final norm, the LM head (cuBLAS)
+and sampling.
 Every layer has weights and a KV pool of its own, so nothing stays in L2 from one layer to
 the next. The floor: the layer's weight bytes (and weight + KV bytes) / 4.8 TB/s (the H200's
 HBM) and / the measured copy bandwidth."""
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -129,9 +134,9 @@ def floor_fractions(layer_s: float, weight_bytes: int, kv_bytes: int, bandwidth:
 
 
 def measure(weights: str, batch: int, context: int, count: int, repeats: int,
-            bandwidth: float, prefetch_kb: list[int]) -> dict:
-    """Graphs of the step with PDL off, then on with each prefetch size (KB of weights a
-    program pulls into L2 before its wait; the first is the row's "on"), replayed in turn."""
+            bandwidth: float, variants: list[str]) -> dict:
+    """Graphs of the step with PDL off, then on in each variant (PLACEMENT:KB; the first
+    is the row's "on"), replayed in turn."""
     fp8 = weights == "fp8"
     layers = make_layers(count, fp8, batch, context)
     meta = decode_metadata(batch, context)
@@ -140,16 +145,14 @@ def measure(weights: str, batch: int, context: int, count: int, repeats: int,
     x = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
     residual = torch.randn_like(x)
     backend = TritonAttentionBackend()
-    variants = {"off": ("0", pdl.PREFETCH_BYTES)}
-    variants.update({f"on_prefetch_{kb}kb": ("1", kb * 1024) for kb in prefetch_kb})
-    default_bytes = pdl.PREFETCH_BYTES
+    settings = {"off": ("0", pdl.DEFAULT_PREFETCH_KB)}
+    settings.update({variant_name(v): tuple(v.split(":")) for v in variants})
     graphs, outputs = {}, {}
-    for name, (flag, prefetch) in variants.items():  # off first: GEMM choices made without
-        os.environ[pdl.ENV], pdl.PREFETCH_BYTES = flag, prefetch
-        graphs[name] = capture(lambda: outputs.__setitem__(name, step(
-            x, residual, layers, meta, positions, cos_sin, backend)))
-    pdl.PREFETCH_BYTES = default_bytes
-    pdl_on = pdl.pdl_enabled(torch.device("cuda"))
+    for name, (flag, kb) in settings.items():  # off first: GEMM choices made without
+        with pdl_env(flag, kb):
+            graphs[name] = capture(lambda: outputs.__setitem__(name, step(
+                x, residual, layers, meta, positions, cos_sin, backend)))
+            pdl_on = pdl.pdl_enabled(torch.device("cuda"))
     same = all(torch.equal(a, b) for name in graphs
                for a, b in zip(outputs["off"], outputs[name]))
     samples = {name: [] for name in graphs}
@@ -161,7 +164,7 @@ def measure(weights: str, batch: int, context: int, count: int, repeats: int,
     kv_bytes = 2 * batch * (context + 1) * KV_HEADS * HEAD_DIM * 2
     results = {name: floor_fractions(statistics.median(times) / 1e3 / count, weight_bytes,
                                      kv_bytes, bandwidth) for name, times in samples.items()}
-    on = results[f"on_prefetch_{prefetch_kb[0]}kb"]
+    on = results[variant_name(variants[0])]
     row = dict(weights=weights, batch=batch, context=context, layers=count,
                pdl_enabled=pdl_on, same_bits=same, weight_mb=weight_bytes / 1e6,
                kv_mb=kv_bytes / 1e6, **{f"off_{k}": v for k, v in results["off"].items()},
@@ -174,6 +177,35 @@ def measure(weights: str, batch: int, context: int, count: int, repeats: int,
     return row
 
 
+@contextlib.contextmanager
+def pdl_env(flag: str, kb: str):
+    """PARASHIFT_PDL and PARASHIFT_PDL_PREFETCH_KB set within."""
+    saved = {key: os.environ.get(key) for key in (pdl.ENV, pdl.PREFETCH_ENV)}
+    os.environ[pdl.ENV], os.environ[pdl.PREFETCH_ENV] = flag, kb
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key)
+            else:
+                os.environ[key] = value
+
+
+def variant_name(variant: str) -> str:
+    """"late:16" -> "late_prefetch_16kb"."""
+    placement, kb = variant.split(":")
+    return f"{placement}_prefetch_{kb}kb"
+
+
+def variant(text: str) -> str:
+    placement, _, kb = text.partition(":")
+    if placement not in ("early", "late") or not kb.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PLACEMENT:KB, PLACEMENT early "
+                                         "or late, KB a whole number (0: no prefetch)")
+    return text
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
@@ -181,9 +213,11 @@ def main():
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--repeats", type=int, default=21)
-    p.add_argument("--prefetch-kb", type=int, nargs="+", default=[16, 0, 64],
-                   help="PDL variants: KB of its weights a GEMM program prefetches before its "
-                        "wait (the first is the default's, the row's 'on')")
+    p.add_argument("--variants", type=variant, nargs="+",
+                   default=["early:16", "early:0", "late:16", "late:0"],
+                   help="PDL variants, PLACEMENT:KB: PARASHIFT_PDL early or late, KB of its "
+                        "weights a GEMM program prefetches before its wait (the first is the "
+                        "row's 'on')")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     bandwidth = copy_bandwidth(torch.device("cuda"))
@@ -191,10 +225,10 @@ def main():
     for weights in args.weights:
         for batch in args.batch_sizes:
             rows.append(measure(weights, batch, args.context, args.layers, args.repeats,
-                                bandwidth, args.prefetch_kb))
+                                bandwidth, args.variants))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "chosen"}), flush=True)
     summary = dict(device=torch.cuda.get_device_name(), copy_bandwidth_tb_s=bandwidth / 1e12,
-                   pdl_supported=pdl.pdl_enabled(torch.device("cuda")), rows=rows)
+                   pdl_supported=all(r["pdl_enabled"] for r in rows), rows=rows)
     if args.output:
         with open(args.output, "w") as f:
             json.dump(summary, f, indent=1)

@@ -199,7 +199,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return scaled_mm_linear(rows, weight, scale, bias, x_fp8).reshape(*x.shape[:-1], -1)
-        timings = timings_ms(rows, weight, scale, bias)
+        with pdl.suspended():
+            timings = timings_ms(rows, weight, scale, bias)
         _choices[key] = choose(timings)
         logger.info("FP8 GEMM, %d rows x %s: %s (%.2f µs; cuBLASLt %.2f µs)", rows.shape[0],
                     tuple(weight.shape), _choices[key] or "cuBLASLt",

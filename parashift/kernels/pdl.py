@@ -19,6 +19,7 @@ into L2 before its wait. Both are read at each launch (a CUDA graph keeps what i
 read). PDL takes effect only on a CUDA device of compute capability 9 or more, compiled
 (never under the Triton interpreter), and where this Triton has the grid dependency ops and
 the launch option."""
+import contextlib
 import functools
 import logging
 import os
@@ -37,6 +38,7 @@ LINE_BYTES = tl.constexpr(128)  # an L2 cache line: one prefetch each
 OFF, EARLY, LATE = 0, 1, 2
 _EARLY, _LATE = tl.constexpr(EARLY), tl.constexpr(LATE)  # as the kernels see them
 MODES = {"0": OFF, "1": EARLY, "early": EARLY, "late": LATE}
+_suspended = 0  # `suspended()` blocks open
 
 
 def pdl_mode(device: torch.device) -> int:
@@ -45,7 +47,7 @@ def pdl_mode(device: torch.device) -> int:
     flag = os.environ.get(ENV, "0")  # read at each launch: one dict lookup
     if flag not in MODES:
         raise ValueError(f"{ENV}={flag!r}: expected 0 (off), 1 or early, or late")
-    if MODES[flag] == OFF or device.type != "cuda" or _interpreted():
+    if MODES[flag] == OFF or _suspended or device.type != "cuda" or _interpreted():
         return OFF
     index = device.index if device.index is not None else torch.cuda.current_device()
     return MODES[flag] if _device_supports(index) else OFF
@@ -67,6 +69,19 @@ def launch_options(device: torch.device, prefetch: tuple[int, int, int] | None =
     if prefetch is not None:
         options["PREFETCH_K"] = prefetch_cols(*prefetch) if mode else 0
     return options
+
+
+@contextlib.contextmanager
+def suspended():
+    """Kernels launched within launch without PDL. The GEMMs time their configs within it:
+    under PDL back-to-back launches of one kernel would overlap as no decode step's do, and
+    the choice is then the same with PDL off and on."""
+    global _suspended
+    _suspended += 1
+    try:
+        yield
+    finally:
+        _suspended -= 1
 
 
 def prefetch_bytes() -> int:

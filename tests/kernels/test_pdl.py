@@ -46,6 +46,35 @@ def test_the_switch_picks_the_launch_placement(monkeypatch, flag, mode):
     assert (options["PREFETCH_K"] > 0) == (mode != pdl.OFF)
 
 
+def test_kernels_launch_without_pdl_while_it_is_suspended(monkeypatch):
+    monkeypatch.setattr(pdl, "_device_supports", lambda index: True)
+    monkeypatch.setenv("PARASHIFT_PDL", "late")
+    cuda0 = torch.device("cuda", 0)
+    with pdl.suspended():
+        with pdl.suspended():
+            assert pdl.launch_options(cuda0, (8, 4096, 1)) == {"USE_PDL": pdl.OFF,
+                                                               "PREFETCH_K": 0}
+        assert pdl.pdl_mode(cuda0) == pdl.OFF
+    assert pdl.pdl_mode(cuda0) == pdl.LATE
+
+
+def test_gemms_time_their_choice_with_pdl_suspended(monkeypatch):
+    seen = []
+
+    def timings(*args):
+        seen.append(pdl._suspended)
+        return {None: 1.0}
+    for module in (skinny_gemm, fp8_gemm):
+        monkeypatch.setattr(module, "timings_ms", timings)
+        monkeypatch.setattr(module, "_choices", {})
+    monkeypatch.setattr(fp8_gemm, "scaled_mm_linear", lambda x, w, *args: x @ w.float().t())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    x = torch.randn(2, 64)
+    skinny_gemm.linear(x, torch.randn(32, 64), None)
+    fp8_gemm.linear(x, torch.randn(32, 64).to(FP8), torch.ones(32, 1), None)
+    assert seen == [1, 1] and pdl._suspended == 0
+
+
 def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch):
     monkeypatch.setenv("PARASHIFT_PDL", "yes")
     with pytest.raises(ValueError, match="PARASHIFT_PDL='yes'"):
