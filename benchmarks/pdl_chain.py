@@ -7,7 +7,7 @@ variant's.
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/pdl_chain.py [--batch-sizes 1 64]
     [--weights bf16 fp8] [--context 1024] [--layers 32] [--repeats 21]
-    [--variants early:16 early:0 late:16 late:0] [--output F]
+    [--variants early:16 early:0 late:16 late:0] [--max-model-len N] [--output F]
 A layer: add-RMSNorm, qkv, rotary writing K/V to the paged pool, paged attention over
 `context` tokens a sequence, o, add-RMSNorm, gate_up, SiLU-and-mul, down; the projections
 through `skinny_gemm.linear` (bf16) or `fp8_gemm.linear` (FP8, dynamic per-token scales)
@@ -64,8 +64,11 @@ def make_layers(count: int, fp8: bool, batch: int, context: int, device="cuda") 
     return layers
 
 
-def decode_metadata(batch: int, context: int, device="cuda") -> AttentionMetadata:
-    """Each sequence `context` tokens cached and one new, its blocks its own."""
+def decode_metadata(batch: int, context: int, max_model_len: int,
+                    device="cuda") -> AttentionMetadata:
+    """Each sequence `context` tokens cached and one new, its blocks its own; the host's
+    view as in the engine's captured graphs (`worker/cuda_graphs.py`): a static shape, every
+    sequence max_model_len long (it sets the split-KV count)."""
     per_seq = -(-(context + 1) // BLOCK_SIZE)
     tables = torch.arange(batch * per_seq, dtype=torch.int32, device=device).view(batch, -1)
     seq_lens = [context + 1] * batch
@@ -75,8 +78,8 @@ def decode_metadata(batch: int, context: int, device="cuda") -> AttentionMetadat
         slot_mapping=slots, query_start_loc=torch.tensor(starts, dtype=torch.int32,
                                                          device=device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        block_tables=tables, query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
-        max_query_len=1, max_seq_len=context + 1, block_size=BLOCK_SIZE)
+        block_tables=tables, query_start_loc_cpu=starts, seq_lens_cpu=[max_model_len] * batch,
+        max_query_len=1, max_seq_len=max_model_len, block_size=BLOCK_SIZE, static_shape=True)
 
 
 def linear(x: torch.Tensor, weight) -> torch.Tensor:
@@ -134,12 +137,12 @@ def floor_fractions(layer_s: float, weight_bytes: int, kv_bytes: int, bandwidth:
 
 
 def measure(weights: str, batch: int, context: int, count: int, repeats: int,
-            bandwidth: float, variants: list[str]) -> dict:
+            bandwidth: float, variants: list[str], max_model_len: int) -> dict:
     """Graphs of the step with PDL off, then on in each variant (PLACEMENT:KB; the first
     is the row's "on"), replayed in turn."""
     fp8 = weights == "fp8"
     layers = make_layers(count, fp8, batch, context)
-    meta = decode_metadata(batch, context)
+    meta = decode_metadata(batch, context, max_model_len)
     positions = torch.full((batch,), context, dtype=torch.int64, device="cuda")
     cos_sin = torch.randn(context + 1, HEAD_DIM, device="cuda")
     x = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
@@ -218,6 +221,9 @@ def main():
                    help="PDL variants, PLACEMENT:KB: PARASHIFT_PDL early or late, KB of its "
                         "weights a GEMM program prefetches before its wait (the first is the "
                         "row's 'on')")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="default: context + 1024, decode_throughput.py's (the engine's graphs "
+                        "plan split-KV for it)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     bandwidth = copy_bandwidth(torch.device("cuda"))
@@ -225,7 +231,8 @@ def main():
     for weights in args.weights:
         for batch in args.batch_sizes:
             rows.append(measure(weights, batch, args.context, args.layers, args.repeats,
-                                bandwidth, args.variants))
+                                bandwidth, args.variants,
+                                args.max_model_len or args.context + 1024))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "chosen"}), flush=True)
     summary = dict(device=torch.cuda.get_device_name(), copy_bandwidth_tb_s=bandwidth / 1e12,
                    pdl_supported=all(r["pdl_enabled"] for r in rows), rows=rows)
