@@ -14,7 +14,8 @@
 # 4. where time is left: an engine's greedy tokens and logprobs the same off, early and late.
 # Then ONE summary on stdout: every step's rc and seconds, the chain's µs a layer by variant,
 # the decode step times and fractions of the floor with the ratio off / variant (> 1: PDL
-# faster), and the GEMM kernels each run chose (they are timed per process, with PDL off).
+# faster), the GEMM kernels each run chose (they are timed per process, with PDL off) and,
+# for bf16, the top kernels of a step (--profile, after the timed steps).
 # $OUT gets at most 4 files: summary.txt, pdl_chain.json, decode.json (every run), and
 # failures.log (the end of each failed step's log); the logs stay in $WORK.
 # Usage (repository root; wheels of scripts/fetch_gpu_wheels.sh on PYTHONPATH where the
@@ -48,7 +49,7 @@ step() {  # name, PARASHIFT_PDL, PARASHIFT_PDL_PREFETCH_KB, seconds it needs, th
   fi
 }
 decode() {  # weights (bf16 | fp8), PARASHIFT_PDL, PARASHIFT_PDL_PREFETCH_KB
-  local quant=() name="decode_$1_$2_$3"
+  local quant=(--profile) name="decode_$1_$2_$3"  # bf16: the kernels a step runs, after timing
   [ "$1" = fp8 ] && quant=(--quantization fp8)
   step "$name" "$2" "$3" 30 python3 benchmarks/decode_throughput.py --model "$S/llama-3.1-8b.json" \
     --batch-sizes 1 64 --context 1024 --decode-steps 32 --cuda-graphs ${quant[@]+"${quant[@]}"} \
@@ -119,4 +120,10 @@ for weights in ("bf16", "fp8"):
                  [c for c in doc.get("fp8_gemm", []) if c["rows_up_to"] in (1, 64)]
         print(f"    {weights} PDL {setting} chose:", "; ".join(
             f"{c.get('rows', c.get('rows_up_to'))}x{c['weight']} {c['kernel']}" for c in chosen))
+        for r in doc["rows"]:
+            p = r.get("profile")
+            if p:  # ms a step of the kernels (under PDL a kernel's span includes its wait)
+                print(f"    b{r['batch']} profile: busy {p['gpu_busy_ms']:.3f} span "
+                      f"{p['kernel_span_ms']:.3f} gaps>8us {p['idle_gaps_over_8us_ms']:.3f} |",
+                      "; ".join(f"{n[:60]} {t}" for n, t in p["top_kernels"][:12]))
 PY

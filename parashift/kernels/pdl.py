@@ -5,10 +5,11 @@ programs fill the SMs the other's tail leaves idle. Every such kernel, under its
 constexpr, first does only what reads nothing an earlier kernel writes and writes nothing
 (index math, L2 prefetches of its weights), then `grid_wait`s for the kernel before to
 complete and its writes to be visible, and only then reads its inputs and writes; it lets
-its own dependents launch after its wait (where: below). The wait is transitive: the kernel before did not complete
-before its own wait returned. A kernel launched without PDL (cuBLAS, torch's ops) starts
-after the one before completes, as always, so any mix of kernels stays ordered. PDL moves
-no arithmetic: a kernel's results are the same bits with it on and off.
+its own dependents launch after its wait (where: below). The wait is transitive: the kernel
+before did not complete before its own wait returned. A kernel launched without PDL
+(cuBLAS, torch's ops) starts after the one before completes, as always, so any mix of
+kernels stays ordered. PDL moves no arithmetic: a kernel's results are the same bits with it
+on and off.
 
 PARASHIFT_PDL picks where a kernel lets its dependents launch (off by default until measured
 faster): 0 never (no PDL); 1 or early, right after its wait, so the next kernel's programs
