@@ -3,14 +3,15 @@
 # (PARASHIFT_PDL=1|early: right after its wait; late: once its inputs are read) and how much
 # of its weight a GEMM program prefetches before its wait (PARASHIFT_PDL_PREFETCH_KB), on ONE
 # Hopper GPU, in this order (what BUDGET_S leaves out last):
-# 1. the GPU same-bits tests of tests/kernels/test_pdl.py (off against early, late and late
-#    without prefetch; eagerly and in a CUDA graph of a decode chain);
+# 1. a fast subset of the GPU same-bits tests of tests/kernels/test_pdl.py (off against early
+#    and late: rotary and attention eagerly, norm, GEMMs, SiLU-and-mul and quantization in a
+#    CUDA graph of a decode chain; the chain below compares every variant's bits too);
 # 2. benchmarks/pdl_chain.py: 32 layers of the 8B shape's decode kernels in a CUDA graph, off
 #    against early:16 early:0 late:16 late:0 (PLACEMENT:KB), bf16 and FP8, b1 and b64;
 # 3. benchmarks/decode_throughput.py, 8B shape, b1 and b64, context 1024, CUDA graphs: bf16
 #    then FP8, each with PDL off and the two variants the chain found fastest (the mean of
 #    off / variant over its four rows; DECODE_VARIANTS="late:16 late:0" picks them instead),
-#    one round, interleaved by weights;
+#    one round: bf16 and FP8 off, then with the best, then with the second;
 # 4. where time is left: an engine's greedy tokens and logprobs the same off, early and late.
 # Then ONE summary on stdout: every step's rc and seconds, the chain's µs a layer by variant,
 # the decode step times and fractions of the floor with the ratio off / variant (> 1: PDL
@@ -55,8 +56,8 @@ decode() {  # weights (bf16 | fp8), PARASHIFT_PDL, PARASHIFT_PDL_PREFETCH_KB
     --batch-sizes 1 64 --context 1024 --decode-steps 32 --cuda-graphs ${quant[@]+"${quant[@]}"} \
     --output "$WORK/$name.json"
 }
-step pdl_tests 0 16 40 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  -k same_bits tests/kernels/test_pdl.py
+step pdl_tests 0 16 35 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+  -k "graph_of_a_decode_chain or rotary_and_attention" tests/kernels/test_pdl.py
 step pdl_chain 0 16 45 python3 benchmarks/pdl_chain.py --repeats 15 \
   --variants early:16 early:0 late:16 late:0 --output "$WORK/pdl_chain.json"
 [ -f "$WORK/pdl_chain.json" ] && cp "$WORK/pdl_chain.json" "$OUT/"
@@ -75,10 +76,9 @@ print(" ".join(n.replace("_prefetch_", ":").removesuffix("kb") for n in best))
 PY
 )}
 echo "decode variants: $variants" >> "$WORK/steps"
-for weights in bf16 fp8; do
-  decode "$weights" 0 16
-  for v in $variants; do decode "$weights" "${v%%:*}" "${v##*:}"; done
-done
+set -- ${variants:-late:16 late:0}  # bf16 and FP8 off and the best first, then the second: the budget's cut
+for v in 0:16 "$1"; do for weights in bf16 fp8; do decode $weights "${v%%:*}" "${v##*:}"; done; done
+[ -n "${2:-}" ] && for weights in bf16 fp8; do decode $weights "${2%%:*}" "${2##*:}"; done
 step engine_tests 0 16 70 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   -k engine tests/kernels/test_pdl.py
 python3 - "$WORK" "$OUT" <<'PY' | tee "$OUT/summary.txt"
