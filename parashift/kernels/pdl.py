@@ -74,7 +74,7 @@ def launch_options(device: torch.device, prefetch: tuple[int, int, int] | None =
 
 @contextlib.contextmanager
 def suspended():
-    """Kernels launched within launch without PDL. The GEMMs time their configs within it:
+    """Within it, kernels launch without PDL. The GEMMs time their configs within it:
     under PDL back-to-back launches of one kernel would overlap as no decode step's do, and
     the choice is then the same with PDL off and on."""
     global _suspended
@@ -113,8 +113,8 @@ def _interpreted() -> bool:
 def _device_supports(index: int) -> bool:
     capability = torch.cuda.get_device_capability(index)
     if capability[0] < 9 or not triton_supports():
-        logger.warning("%s is on but PDL is off on cuda:%d (compute capability %s, Triton %s %s "
-                       "it)", ENV, index, capability, triton.__version__,
+        logger.warning("%s is on but PDL is off on cuda:%d (compute capability %s, Triton "
+                       "%s %s it)", ENV, index, capability, triton.__version__,
                        "supports" if triton_supports() else "does not support")
         return False
     logger.info("programmatic dependent launch on for cuda:%d", index)
