@@ -64,7 +64,11 @@ class RotaryEmbedding(nn.Module):
             from parashift.kernels import rotary
             return rotary.apply_rotary(positions, q, k, self.cos_sin)
         cos, sin = self._step_cos_sin(positions, step_cache)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        both = heads_side_by_side(q, k)
+        if both is None:
+            return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        rotated = _rotate(both, cos, sin)  # one rotation for both: half the dispatches
+        return rotated[:, :q.shape[1]], rotated[:, q.shape[1]:]
 
     def _step_cos_sin(self, positions: torch.Tensor, step_cache: dict | None):
         key = ("rotary", id(self))
@@ -75,6 +79,19 @@ class RotaryEmbedding(nn.Module):
         if step_cache is not None:
             step_cache[key] = (positions, cos, sin)
         return cos, sin
+
+
+def heads_side_by_side(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """q and k as one [tokens, q heads + k heads, head_dim] view where k's heads follow q's
+    in memory, row by row (the QKV projection's output, split), else None."""
+    if q.dim() != 3 or k.dim() != 3 or q.dtype != k.dtype or q.device != k.device \
+            or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] \
+            or q.stride()[1:] != (q.shape[2], 1) or k.stride()[1:] != (k.shape[2], 1) \
+            or (q.shape[0] > 1 and q.stride(0) != k.stride(0)) \
+            or k.data_ptr() != q.data_ptr() + q.shape[1] * q.stride(1) * q.element_size() \
+            or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr():
+        return None
+    return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
 
 
 def cos_sin_rows(positions: torch.Tensor, cos_sin: torch.Tensor):
