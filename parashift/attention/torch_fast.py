@@ -6,14 +6,19 @@ The step's contexts are gathered from the paged pool padded to the longest
 per KV head ([seqs, kv_heads, group * max_query_len, d]: the heads sharing a KV head side
 by side, so GQA needs no expanded K/V); one additive mask says which positions each query
 sees. A padded key position reads its own sequence's first slot (masked out; never another
-request's data, which could hold anything). The slots, indices and mask depend only on the
-step, so the first layer builds them and the others reuse them from the metadata."""
+request's data, which could hold anything). A step mixing decodes with prompt chunks attends
+its decodes in a call of their own (padded to the chunks' length they would cost as many
+queries as a chunk). The slots, indices and mask depend only on the step, so the first layer
+builds them and the others reuse them from the metadata."""
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from parashift.attention.metadata import AttentionMetadata
+
+# a step's decodes are attended apart from its prompt chunks when these are this long
+SPLIT_QUERY_LEN = 8
 
 
 @dataclass
@@ -59,27 +64,34 @@ class FastTorchAttentionBackend:
             rows.index_copy_(0, writes.slots, new)
 
     def attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+        kv_heads = k_cache.shape[2]
         group = q.shape[1] // kv_heads
         key = ("torch_fast", group)
         if key not in meta.derived:
-            meta.derived[key] = step_layout(meta, group, q.shape[0], q.device)
-        layout = meta.derived[key]
-        if layout.seqs == 0:
-            return torch.zeros_like(q)
-        seqs, q_len = layout.seqs, layout.max_query_len
-        k, v = (gather_contexts(cache, layout, seqs).to(q.dtype) for cache in (k_cache, v_cache))
-        padded = q if layout.query_rows is None else q.index_select(0, layout.query_rows)
-        # [seqs * q_len, kv_heads * group, d] -> [seqs, kv_heads, group * q_len, d]
-        qg = padded.view(seqs, q_len, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
-        o = F.scaled_dot_product_attention(qg.reshape(seqs, kv_heads, group * q_len, head_dim),
-                                           k, v, attn_mask=layout.mask(q.dtype), scale=scale)
-        o = o.view(seqs, kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
-        o = o.reshape(seqs * q_len, q.shape[1], head_dim)
-        if layout.out_rows is None:
-            return o
+            meta.derived[key] = step_layouts(meta, group, q.shape[0], q.device)
+        layouts = meta.derived[key]
+        if len(layouts) == 1 and layouts[0].out_rows is None:
+            return attend_padded(q, k_cache, v_cache, layouts[0], scale)
         out = torch.zeros_like(q)
-        return out.index_copy_(0, layout.out_rows, o.index_select(0, layout.out_select))
+        for layout in layouts:
+            o = attend_padded(q, k_cache, v_cache, layout, scale)
+            out.index_copy_(0, layout.out_rows, o.index_select(0, layout.out_select))
+        return out
+
+
+def attend_padded(q, k_cache, v_cache, layout: StepLayout, scale: float) -> torch.Tensor:
+    """[seqs * max_query_len, heads, d]: the layout's sequences' queries, padded."""
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    group = q.shape[1] // kv_heads
+    seqs, q_len = layout.seqs, layout.max_query_len
+    k, v = (gather_contexts(cache, layout, seqs).to(q.dtype) for cache in (k_cache, v_cache))
+    padded = q if layout.query_rows is None else q.index_select(0, layout.query_rows)
+    # [seqs * q_len, kv_heads * group, d] -> [seqs, kv_heads, group * q_len, d]
+    qg = padded.view(seqs, q_len, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    o = F.scaled_dot_product_attention(qg.reshape(seqs, kv_heads, group * q_len, head_dim),
+                                       k, v, attn_mask=layout.mask(q.dtype), scale=scale)
+    o = o.view(seqs, kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
+    return o.reshape(seqs * q_len, q.shape[1], head_dim)
 
 
 def gather_contexts(cache: torch.Tensor, layout: StepLayout, seqs: int) -> torch.Tensor:
@@ -96,12 +108,24 @@ def slot_writes(slot_mapping: torch.Tensor) -> SlotWrites:
     return SlotWrites(rows, slot_mapping.long()[rows])
 
 
-def step_layout(meta: AttentionMetadata, group: int, num_tokens: int,
+def step_layouts(meta: AttentionMetadata, group: int, num_tokens: int,
+                 device: torch.device) -> list[StepLayout]:
+    """One layout for the step's sequences with queries, or two where decodes meet prompt
+    chunks: the single-query sequences, then the others."""
+    starts = meta.query_start_loc_cpu
+    live = [i for i in range(len(meta.seq_lens_cpu)) if starts[i + 1] > starts[i]]
+    single = [i for i in live if starts[i + 1] - starts[i] == 1]
+    longest = max((starts[i + 1] - starts[i] for i in live), default=0)
+    if not single or len(single) == len(live) or longest < SPLIT_QUERY_LEN:
+        return [step_layout(meta, live, group, num_tokens, device)] if live else []
+    longer = [i for i in live if starts[i + 1] - starts[i] > 1]
+    return [step_layout(meta, part, group, num_tokens, device) for part in (single, longer)]
+
+
+def step_layout(meta: AttentionMetadata, live: list[int], group: int, num_tokens: int,
                 device: torch.device) -> StepLayout:
+    """The padded batch of sequences `live` (each with at least one query)."""
     starts, seq_lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
-    live = [i for i in range(len(seq_lens)) if starts[i + 1] > starts[i]]
-    if not live:
-        return StepLayout(0, 0, *(None,) * 5)
     q_lens = [starts[i + 1] - starts[i] for i in live]
     lens = torch.tensor([seq_lens[i] for i in live], device=device)
     max_q, context_len = max(q_lens), max(seq_lens[i] for i in live)

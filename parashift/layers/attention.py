@@ -78,7 +78,7 @@ class Attention(nn.Module):
             q = rotary.rotate_and_write_kv(positions, q, k, v, self.rotary_emb.cos_sin,
                                            self.k_cache, self.v_cache, ctx.attn.slot_mapping)
         else:
-            q, k = self.rotary_emb(positions, q, k)
+            q, k = self.rotary_emb(positions, q, k, ctx.attn.derived)
             per_head = fp8 and self.scales_per_head
             if per_head:
                 q, k, v = self._into_head_scales(q, k, v)

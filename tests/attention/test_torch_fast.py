@@ -14,6 +14,7 @@ MORE_CASES = {
     "equal_prompts": ([12, 12], [12, 12]),
     "one_prompt": ([29], [29]),
     "empty_sequence": ([3, 0, 1], [3, 7, 9]),
+    "decodes_beside_chunks": ([1, 40, 1, 1, 0, 12], [77, 40, 3, 130, 5, 50]),
 }
 
 
@@ -52,6 +53,18 @@ def test_padding_rows_give_zeros_and_every_layer_reuses_the_step_layout():
     layout = batch.meta.derived[("torch_fast", 2)]
     assert torch.equal(attend(backend, batch, 0.125), first)
     assert batch.meta.derived[("torch_fast", 2)] is layout
+
+
+def test_a_mixed_step_attends_its_decodes_apart_from_its_prompt_chunks():
+    """Decodes padded to a 40-token chunk would cost 40 queries each: they get a call of
+    their own, and the output is the reference's row for row (padding rows zero)."""
+    batch = make_batch([1, 40, 1, 0, 9], [77, 40, 3, 5, 60], 6, 2, pad_tokens=3)
+    got = attend(FastTorchAttentionBackend(), batch, 0.125)
+    decodes, chunks = batch.meta.derived[("torch_fast", 3)]
+    assert (decodes.seqs, decodes.max_query_len, chunks.seqs, chunks.max_query_len) == (2, 1, 2, 40)
+    torch.testing.assert_close(got, attend(TorchAttentionBackend(), batch, 0.125),
+                               atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[-3:], torch.zeros_like(got[-3:]))
 
 
 def test_backend_names():
