@@ -11,15 +11,17 @@ before did not complete before its own wait returned. A kernel launched without 
 kernels stays ordered. PDL moves no arithmetic: a kernel's results are the same bits with it
 on and off.
 
-PARASHIFT_PDL picks where a kernel lets its dependents launch (off by default until measured
-faster): 0 never (no PDL); 1 or early, right after its wait, so the next kernel's programs
-take the SM slots its own programs free; late, once it has read its inputs (after its main
-loop, before its stores), so they arrive for its tail only. PARASHIFT_PDL_PREFETCH_KB (16
-by default, 0 for none) is about how much of its weight a streaming kernel's program pulls
-into L2 before its wait. Both are read at each launch (a CUDA graph keeps what its capture
-read). PDL takes effect only on a CUDA device of compute capability 9 or more, compiled
-(never under the Triton interpreter), and where this Triton has the grid dependency ops and
-the launch option."""
+PARASHIFT_PDL picks where a kernel lets its dependents launch: 0 never (no PDL); 1 or early
+(the default), right after its wait, so the next kernel's programs take the SM slots its own
+programs free; late, once it has read its inputs (after its main loop, before its stores), so
+they arrive for its tail only. PARASHIFT_PDL_PREFETCH_KB (0 by default: none) is about how
+much of its weight a streaming kernel's program pulls into L2 before its wait. Measured on an
+H200 (8B decode, CUDA graphs; docs/benchmark_log.md, session 41): early without a prefetch
+was 1.03x at bf16 batch 1, 1.06x at FP8 batch 1, 1.02x at FP8 batch 64, 1.00x at bf16 batch
+64; a 16 KB prefetch made bf16 batch 1 slower. Both are read at each launch (a CUDA graph
+keeps what its capture read). PDL takes effect only on a CUDA device of compute capability 9
+or more, compiled (never under the Triton interpreter), and where this Triton has the grid
+dependency ops and the launch option."""
 import contextlib
 import functools
 import logging
@@ -33,7 +35,8 @@ logger = logging.getLogger(__name__)
 
 ENV = "PARASHIFT_PDL"
 PREFETCH_ENV = "PARASHIFT_PDL_PREFETCH_KB"
-DEFAULT_PREFETCH_KB = "16"
+DEFAULT_MODE = "1"
+DEFAULT_PREFETCH_KB = "0"
 LINE_BYTES = tl.constexpr(128)  # an L2 cache line: one prefetch each
 # a kernel's USE_PDL constexpr: where it calls launch_dependents (OFF: no PDL)
 OFF, EARLY, LATE = 0, 1, 2
@@ -45,7 +48,7 @@ _suspended = 0  # `suspended()` blocks open
 def pdl_mode(device: torch.device) -> int:
     """OFF, EARLY or LATE: PARASHIFT_PDL's placement where `device` and this Triton support
     PDL, else OFF."""
-    flag = os.environ.get(ENV, "0")  # read at each launch: one dict lookup
+    flag = os.environ.get(ENV, DEFAULT_MODE)  # read at each launch: one dict lookup
     if flag not in MODES:
         raise ValueError(f"{ENV}={flag!r}: expected 0 (off), 1 or early, or late")
     if MODES[flag] == OFF or _suspended or device.type != "cuda" or _interpreted():
@@ -113,7 +116,8 @@ def _interpreted() -> bool:
 def _device_supports(index: int) -> bool:
     capability = torch.cuda.get_device_capability(index)
     if capability[0] < 9 or not triton_supports():
-        logger.warning("%s is on but PDL is off on cuda:%d (compute capability %s, Triton "
+        log = logger.warning if ENV in os.environ else logger.debug  # asked for, or the default
+        log("%s is on but PDL is off on cuda:%d (compute capability %s, Triton "
                        "%s %s it)", ENV, index, capability, triton.__version__,
                        "supports" if triton_supports() else "does not support")
         return False

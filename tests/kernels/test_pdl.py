@@ -30,9 +30,23 @@ def test_pdl_is_off_on_the_cpu_under_the_interpreter_and_by_default(monkeypatch)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not pdl.pdl_enabled(torch.device("cuda", 0))
     monkeypatch.delenv("TRITON_INTERPRET")
-    monkeypatch.delenv("PARASHIFT_PDL")
-    assert not pdl.pdl_enabled(torch.device("cuda", 0))  # off unless asked for
+    monkeypatch.setenv("PARASHIFT_PDL", "0")
+    assert not pdl.pdl_enabled(torch.device("cuda", 0))
     assert pdl.launch_options(torch.device("cuda", 0)) == {"USE_PDL": False}
+
+
+def test_by_default_pdl_launches_early_without_a_prefetch_where_supported(monkeypatch):
+    """What measured fastest on an H200 (session 41): early placement, no weight prefetch."""
+    monkeypatch.delenv("PARASHIFT_PDL", raising=False)
+    monkeypatch.delenv("PARASHIFT_PDL_PREFETCH_KB", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(pdl, "_device_supports", lambda index: True)
+    assert pdl.pdl_mode(torch.device("cuda", 0)) == pdl.EARLY
+    assert pdl.prefetch_bytes() == 0
+    assert pdl.launch_options(torch.device("cuda", 0), (8, 4096, 1)) == {
+        "USE_PDL": pdl.EARLY, "launch_pdl": True, "PREFETCH_K": 0}
+    monkeypatch.setattr(pdl, "_device_supports", lambda index: False)  # e.g. an A100
+    assert not pdl.pdl_enabled(torch.device("cuda", 0))
 
 
 @pytest.mark.parametrize("flag,mode", [("0", pdl.OFF), ("1", pdl.EARLY), ("early", pdl.EARLY),
@@ -40,6 +54,7 @@ def test_pdl_is_off_on_the_cpu_under_the_interpreter_and_by_default(monkeypatch)
 def test_the_switch_picks_the_launch_placement(monkeypatch, flag, mode):
     monkeypatch.setattr(pdl, "_device_supports", lambda index: True)
     monkeypatch.setenv("PARASHIFT_PDL", flag)
+    monkeypatch.setenv("PARASHIFT_PDL_PREFETCH_KB", "16")
     assert pdl.pdl_mode(torch.device("cuda", 0)) == mode
     options = pdl.launch_options(torch.device("cuda", 0), (8, 4096, 1))
     assert options["USE_PDL"] == mode and options.get("launch_pdl", False) == (mode != pdl.OFF)
