@@ -70,6 +70,11 @@
 # Issue 65 part 3 (helper seesawstart): `tests_seesaw_weights seesaw70_seesaw` (the running plan
 # loaded into its arena and the peer-first cycle breaking on NCCL, then the 70B's start-up, whose
 # log now has each rank's "rank N start-up ... s: <phases>" line).
+# Forty-first session ran `faults` (both kills: the survivors' stall 0.23 s now) and `sidp_fallback`
+# told only the means (it chose DP2). Next on two GPUs: `sidp_fallback` (now told the lengths:
+# benchmarks/workloads/tail_300.json; the cost model picks TP2), `tests_seesaw_weights
+# seesaw70_seesaw`. The device tool returns at most eight files a call: end the command with
+# `cd $OUT && tar czf /tmp/all.tgz . && rm -rf ./* && mv /tmp/all.tgz .`.
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
