@@ -19,14 +19,10 @@ set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 budget=${BUDGET_S:-330}
 S=$(pwd)/benchmarks/shapes
+source scripts/budget_step.sh
 step() {  # name, PARASHIFT_FP8_FUSED_INPUT, seconds it needs, then the command
   local name=$1 mode=$2 need=$3; shift 3
-  if [ $((SECONDS + need)) -gt "$budget" ]; then echo "[$name skipped: $SECONDS s used]"; return; fi
-  local start=$SECONDS limit=$((budget - SECONDS))
-  [ $limit -gt $((2 * need)) ] && limit=$((2 * need))  # a hung step leaves time to the others
-  PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" PARASHIFT_FP8_FUSED_INPUT=$mode \
-    timeout $limit "$@" > "$OUT/$name.log" 2>&1
-  echo "[$name: rc=$? $((SECONDS - start)) s] $(tail -1 "$OUT/$name.log" | cut -c1-160)"
+  budget_step "$name" "$need" env PARASHIFT_FP8_FUSED_INPUT="$mode" "$@"
 }
 gpu_tests() {  # name, seconds, then the tests
   local name=$1 need=$2; shift 2

@@ -23,14 +23,10 @@ set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 budget=${BUDGET_S:-300}
 S=$(pwd)/benchmarks/shapes/qwen3-30b-a3b.json
+source scripts/budget_step.sh
 step() {  # name, PARASHIFT_MOE_SMALL, seconds it needs, then the command
   local name=$1 mode=$2 need=$3; shift 3
-  if [ $((SECONDS + need)) -gt "$budget" ]; then echo "[$name skipped: $SECONDS s used]"; return; fi
-  local start=$SECONDS limit=$((budget - SECONDS))
-  [ $limit -gt $((2 * need)) ] && limit=$((2 * need))  # a hung step leaves time to the others
-  PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" PARASHIFT_MOE_SMALL=$mode \
-    timeout $limit "$@" > "$OUT/$name.log" 2>&1
-  echo "[$name: rc=$? $((SECONDS - start)) s] $(tail -1 "$OUT/$name.log" | cut -c1-160)"
+  budget_step "$name" "$need" env PARASHIFT_MOE_SMALL="$mode" "$@"
 }
 decode() {  # name, mode, seconds, then batch sizes and other flags; $EXTRA_ENV: more env
   local name=$1 mode=$2 need=$3; shift 3

@@ -33,21 +33,11 @@ python3 -c "import torch, triton; from parashift.kernels import pdl; print('torc
 torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(), \
 torch.cuda.get_device_capability(), 'triton has PDL', pdl.triton_supports())" \
   > "$WORK/versions.log" 2>&1
+source scripts/budget_step.sh
+export STEP_DIR=$WORK FAILURES_LOG=$OUT/failures.log
 step() {  # name, PARASHIFT_PDL, PARASHIFT_PDL_PREFETCH_KB, seconds it needs, the command
   local name=$1 flag=$2 kb=$3 need=$4; shift 4
-  if [ $((SECONDS + need)) -gt "$budget" ]; then echo "$name skipped at $SECONDS s" >> "$WORK/steps"; return; fi
-  local start=$SECONDS limit=$((budget - SECONDS))
-  [ $limit -gt $((2 * need)) ] && limit=$((2 * need))  # a hung step leaves time to the others
-  PARASHIFT_PDL=$flag PARASHIFT_PDL_PREFETCH_KB=$kb timeout $limit "$@" > "$WORK/$name.log" 2>&1
-  local rc=$?
-  local result=""  # a test step's pytest summary: how many passed, skipped, failed
-  [[ $name == *_tests ]] && result=" | $(tail -1 "$WORK/$name.log" | cut -c1-160)"
-  echo "$name rc=$rc $((SECONDS - start)) s$result" >> "$WORK/steps"
-  echo "[$name: rc=$rc $((SECONDS - start)) s]"
-  if [ $rc -ne 0 ]; then
-    { echo "== $name (rc=$rc)"; grep -E "^(FAILED|ERROR) " "$WORK/$name.log" | head -15
-      tail -15 "$WORK/$name.log"; } | cut -c1-300 >> "$OUT/failures.log"
-  fi
+  budget_step "$name" "$need" env PARASHIFT_PDL="$flag" PARASHIFT_PDL_PREFETCH_KB="$kb" "$@"
 }
 decode() {  # weights (bf16 | fp8), PARASHIFT_PDL, PARASHIFT_PDL_PREFETCH_KB
   local quant=(--profile) name="decode_$1_$2_$3"  # bf16: the kernels a step runs, after timing

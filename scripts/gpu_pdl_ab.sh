@@ -31,20 +31,10 @@ PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" python3 -c "import torch, triton;
 torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, \
 torch.cuda.get_device_name(), 'capability', torch.cuda.get_device_capability(), \
 'triton has PDL', pdl.triton_supports())" 2>&1 | tee "$OUT/versions.log"
+source scripts/budget_step.sh
 step() {  # name, PARASHIFT_PDL, seconds it needs, then the command
   local name=$1 flag=$2 need=$3; shift 3
-  if [ $((SECONDS + need)) -gt "$budget" ]; then echo "[$name skipped: $SECONDS s used]"; return; fi
-  local start=$SECONDS limit=$((budget - SECONDS))
-  [ $limit -gt $((2 * need)) ] && limit=$((2 * need))  # a hung step leaves time to the others
-  PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" PARASHIFT_PDL=$flag \
-    timeout $limit "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$rc" > "$OUT/$name.rc"
-  echo "[$name: rc=$rc $((SECONDS - start)) s] $(tail -1 "$OUT/$name.log" | cut -c1-200)"
-  if [ $rc -ne 0 ]; then  # what failed: pytest's summary lines, else the log's end
-    grep -E "^(FAILED|ERROR) " "$OUT/$name.log" | head -15 | cut -c1-300
-    tail -12 "$OUT/$name.log" | cut -c1-300 | sed 's/^/    /'
-  fi
+  budget_step "$name" "$need" env PARASHIFT_PDL="$flag" "$@"
 }
 decode() {  # quantization (bf16 | fp8), PARASHIFT_PDL, round
   local quant=() name="decode_$1_pdl$2_r$3"
