@@ -293,12 +293,29 @@ for name in "$@"; do
     # benchmarks/workloads/tail_300.json: the bench's seed 0) falls back at start-up to the static
     # plan the cost model predicts better (TP=2), beside TP=2 itself. (Told only the mean lengths,
     # 1,024 and 450, it chose DP=2, which took > 125 s against TP=2's 75: a tail is not its mean.)
-    sidp_fallback) part sidp_fallback 300 "for flags in '-dp 2 --share-ffn --parallel-policy sidp \
-           --cost-profile auto --sidp-workload-file benchmarks/workloads/tail_300.json' '-tp 2'; \
-           do timeout 150 python3 -m parashift.bench throughput \
+    # (TP=2 first: session 42's first run, cold, spent 45 s starting and ran past 150 s)
+    sidp_fallback) part sidp_fallback 430 "for flags in '-tp 2' '-dp 2 --share-ffn --parallel-policy sidp \
+           --cost-profile auto --sidp-workload-file benchmarks/workloads/tail_300.json'; \
+           do timeout 200 python3 -m parashift.bench throughput \
            --workload tail --num-requests 300 --model benchmarks/shapes/qwen3-32b.json --dtype bfloat16 \
            --max-model-len 8192 --gpu-memory-utilization 0.75 \$flags \
            --output-json $OUT/tail_\$(echo \$flags | cut -c1-40 | tr -d ' -').json; done" ;;
+    # issue 59 on GPUs: the shift policy over SP=2 told `chat` (600 requests' lengths) falls
+    # back at start-up to the static plan the cost model predicts best (DP=2; it ran at 0.53x
+    # DP=2 in session 36), beside DP=2 and TP=2
+    shift_fallback) part shift_fallback 320 "for flags in '-dp 2' '-sp 2 --parallel-policy shift \
+           --cost-profile auto --shift-workload-file benchmarks/workloads/chat_600.json' '-tp 2'; \
+           do timeout 100 python3 -m parashift.bench throughput --workload chat --num-requests 600 \
+           --model $EIGHT_B --dtype bfloat16 --max-model-len 8192 \$flags \
+           --output-json $OUT/chat_\$(echo \$flags | cut -c1-30 | tr -d ' -').json; done" ;;
+    # issues 61 and 60: one GPU each, side by side: Qwen3-30B-A3B prefill by kernel (bf16), the
+    # 8B's FP8 decode by kernel at b1 and b64
+    profiles1) part profiles1 230 "{ (CUDA_VISIBLE_DEVICES=0 python3 benchmarks/prefill_throughput.py \
+           --model benchmarks/shapes/qwen3-30b-a3b.json --prompt-lens 512 4096 --repeats 3 --profile \
+           --output $OUT/moe_prefill_profile.json > $OUT/moe_prefill_profile.log 2>&1) & \
+           (CUDA_VISIBLE_DEVICES=1 python3 benchmarks/decode_throughput.py --model $EIGHT_B \
+           --quantization fp8 --batch-sizes 1 64 --context 1024 --decode-steps 32 --profile \
+           --output $OUT/fp8_decode_profile.json > $OUT/fp8_decode_profile.log 2>&1) & wait; }" ;;
     faults1) part faults1 115 "bash scripts/gpu_faults.sh dp2_rank1 1 110 -dp 2" ;;
     seesaw70_seesaw) part seesaw70_seesaw 150 "NCCL_P2P_DISABLE=1 python3 benchmarks/seesaw.py \
            --model benchmarks/shapes/llama-3.1-70b.json --plans seesaw:pp2-tp2 --workloads summarize \
