@@ -75,6 +75,8 @@
 # benchmarks/workloads/tail_300.json; the cost model picks TP2), `tests_seesaw_weights
 # seesaw70_seesaw`. The device tool returns at most eight files a call: end the command with
 # `cd $OUT && tar czf /tmp/all.tgz . && rm -rf ./* && mv /tmp/all.tgz .`.
+# Forty-second session ran `sidp_fallback` (TP=2 first; the policy fell back to TP=2: 1.000x),
+# `tests_seesaw_weights seesaw70_seesaw`, `profiles1 shift_fallback` (shift told chat: DP=2, 0.998x).
 # Parts: env (topology, /dev/shm), tests_seesaw and tests_moe (on NCCL, CUDA graphs),
 # multinode (issue 23), p2p (SiDP probe: peer reads), decode (issue 24: DP2 at batch 256 and
 # 512), seesaw and seesaw_pcie (issue 16: static plans, auto and seesaw with graphs;
