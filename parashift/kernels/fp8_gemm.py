@@ -32,6 +32,7 @@ class Config:
     num_warps: int
     num_stages: int
     split_k: int = 1  # programs per output tile, each over a part of K, summed atomically
+    ahead: bool = False  # "gemv": the next weight tile's load in flight (fp8_gemv.py)
 
 
 # (kernel, block_n, block_k, warps, stages): "w8" widens the FP8 weight to the activations'
@@ -42,10 +43,13 @@ CONFIGS = tuple(Config(kernel, *shape) for kernel in ("w8", "w8a8") for shape in
 # "gemv" (fp8_gemv.py), at most fp8_gemv.MAX_ROWS rows: BLOCK_K bytes of each of BLOCK_N
 # weight rows a step, BLOCK_K >= 8 * 32 * warps (the tile's K spans every thread, so the loop
 # needs no shuffles or shared memory: checked in sm_90 PTX); narrow BLOCK_N or split K where N
-# gives too few programs for the SMs (split K costs a zeroing and a cast kernel)
+# gives too few programs for the SMs (split K costs a zeroing and a cast kernel); the last
+# ones load a tile ahead (the first before the PDL wait), around the shapes chosen at one row
 GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
     (2, 2048, 4, 1), (4, 1024, 4, 1), (4, 2048, 4, 1), (8, 1024, 4, 1), (8, 2048, 8, 1),
-    (2, 4096, 8, 1), (4, 2048, 4, 1, 2), (8, 1024, 4, 1, 2)))
+    (2, 4096, 8, 1), (4, 2048, 4, 1, 2), (8, 1024, 4, 1, 2))) + tuple(
+    Config("gemv", *shape, ahead=True) for shape in (
+        (8, 1024, 4, 1), (4, 2048, 4, 1), (4, 1024, 4, 1), (2, 2048, 4, 1), (4, 1024, 4, 1, 2)))
 
 
 @triton.jit
@@ -144,7 +148,8 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
                          f"along K, got x {tuple(x.shape)} and a {weight.dtype} weight")
     if config.kernel == "gemv":
         return fp8_gemv.fp8_gemv(x, weight, scale, bias, config.block_n, config.block_k,
-                                 config.num_warps, config.num_stages, config.split_k)
+                                 config.num_warps, config.num_stages, config.split_k,
+                                 config.ahead)
     x = x if x.stride(1) == 1 else x.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     split = config.split_k
@@ -229,7 +234,7 @@ def chosen() -> list[dict]:
     """What `linear` chose for each shape measured in this process."""
     return [{"rows_up_to": key[0], "weight": list(key[1]), "kernel": "cuBLASLt"
              if config is None else f"triton {config.kernel} {config.block_n}x{config.block_k}"
-             f" split {config.split_k}"}
+             f" split {config.split_k}{' ahead' if config.ahead else ''}"}
             for key, config in _choices.items()]
 
 
