@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from parashift.kernels import fp8_gemm, split_tickets
 from parashift.kernels.fp8_gemv import MAX_ROWS, fp8_gemv
-from tests.kernels.common import case_tests, randn
+from tests.kernels.common import case_id, case_tests, cuda, randn
 
 FP8 = torch.float8_e4m3fn
 # (block_n, block_k, warps, stages, split_k, ahead, tickets): small tiles, so that the cases
@@ -52,13 +52,22 @@ def check(m, n, k, bias=False, padded=False, strided_x=False, dtype="float32", d
             assert not split_tickets._counters[x.device].any()
 
 
-def check_on_cuda(**case):
-    check(**case, configs=[(c.block_n, c.block_k, c.num_warps, c.num_stages, c.split_k,
-                            c.ahead, c.tickets) for c in fp8_gemm.GEMV_CONFIGS])
+# the measured configs by family, so that a GPU call can test the newest alone
+FAMILIES = {"plain": lambda c: not (c.ahead or c.tickets), "ahead": lambda c: c.ahead,
+            "tickets": lambda c: c.tickets}
 
 
 test_interpreted, _ = case_tests(__name__, check, CASES)
-_, test_cuda = case_tests(__name__, check_on_cuda, CASES)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda(family, case, dtype):
+    check(**case, dtype=dtype, device="cuda", configs=[
+        (c.block_n, c.block_k, c.num_warps, c.num_stages, c.split_k, c.ahead, c.tickets)
+        for c in fp8_gemm.GEMV_CONFIGS if FAMILIES[family](c)])
 
 
 @pytest.mark.parametrize("rows", [0, MAX_ROWS + 1])
