@@ -43,10 +43,13 @@ CONFIGS = tuple(Config(kernel, *shape) for kernel in ("w8", "w8a8") for shape in
     (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 4, 2), (64, 256, 4, 3), (64, 512, 8, 2),
     (128, 256, 8, 2), (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (64, 256, 4, 3, 2))) + tuple(
     # K split, the parts summed by each tile's last program (split_tickets.py): no zeroing
-    # or cast kernel, so N = 4096 at 16-64 rows gets the programs cheaply; w8 (no per-token
-    # quantization kernel before it) split so too
+    # or cast kernel, so N = 4096 at 16-64 rows gets the programs cheaply, and wide column
+    # tiles (each reads the rows' activations once a K step: 64 x 32 columns read twice the
+    # activation bytes of weight bytes) keep enough of them; w8 (no per-token quantization
+    # kernel before it) split so too
     Config("w8a8", *shape, tickets=True) for shape in (
-        (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (64, 256, 4, 3, 2), (16, 256, 4, 4, 2))) + (
+        (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (64, 256, 4, 3, 2), (16, 256, 4, 4, 2),
+        (64, 256, 4, 3, 4), (128, 256, 8, 2, 2), (128, 256, 8, 2, 4))) + (
     Config("w8", 32, 256, 4, 4, 2, tickets=True), Config("w8", 16, 256, 4, 4, 2, tickets=True))
 # "gemv" (fp8_gemv.py), at most fp8_gemv.MAX_ROWS rows: BLOCK_K bytes of each of BLOCK_N
 # weight rows a step, BLOCK_K >= 8 * 32 * warps (the tile's K spans every thread, so the loop
