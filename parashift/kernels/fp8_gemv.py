@@ -111,29 +111,38 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, N
     pdl.inputs_read(USE_PDL)
     sums0, sums1 = tl.sum(acc0, axis=1), tl.sum(acc1, axis=1)
     sums2, sums3 = tl.sum(acc2, axis=1), tl.sum(acc3, axis=1)
-    if TICKETS:  # split_tickets.py: the tile's last program sums the parts of every row
-        plane = ROWS * N
-        _store_rows(part_ptr + split * plane + offs_n, N, sums0, sums1, sums2, sums3, n_ok,
-                    ROWS)
-        counter = counter_ptr + tl.program_id(0)
-        if split_tickets.is_last(counter, SPLIT_K):
-            split_tickets.reset(counter)
-            parts = part_ptr + offs_n
-            sums0 = split_tickets.summed_parts(parts, plane, n_ok, SPLIT_K)
-            if ROWS > 1:
-                sums1 = split_tickets.summed_parts(parts + N, plane, n_ok, SPLIT_K)
-            if ROWS > 2:
-                sums2 = split_tickets.summed_parts(parts + 2 * N, plane, n_ok, SPLIT_K)
-            if ROWS > 3:
-                sums3 = split_tickets.summed_parts(parts + 3 * N, plane, n_ok, SPLIT_K)
-            _store_rows(y_ptr + offs_n, stride_ym, sums0 * scale + bias, sums1 * scale + bias,
-                        sums2 * scale + bias, sums3 * scale + bias, n_ok, ROWS)
+    if TICKETS:
+        _finish_by_tickets(y_ptr, stride_ym, part_ptr, counter_ptr, sums0, sums1, sums2, sums3,
+                           scale, bias, offs_n, n_ok, N, split, ROWS, SPLIT_K)
     elif SPLIT_K == 1:
         _store_rows(y_ptr + offs_n, stride_ym, sums0 * scale + bias, sums1 * scale + bias,
                     sums2 * scale + bias, sums3 * scale + bias, n_ok, ROWS)
     else:
         _add_rows(y_ptr + offs_n, stride_ym, sums0 * scale + bias, sums1 * scale + bias,
                   sums2 * scale + bias, sums3 * scale + bias, n_ok, ROWS)
+
+
+@triton.jit
+def _finish_by_tickets(y_ptr, stride_ym, part_ptr, counter_ptr, sums0, sums1, sums2, sums3,
+                       scale, bias, offs_n, n_ok, N, split, ROWS: tl.constexpr,
+                       SPLIT_K: tl.constexpr):
+    """Stores this program's part of each row's sums ([SPLIT_K, ROWS, N] fp32 parts); the
+    tile's last program (split_tickets.py) sums the parts in split order and stores y."""
+    plane = ROWS * N
+    _store_rows(part_ptr + split * plane + offs_n, N, sums0, sums1, sums2, sums3, n_ok, ROWS)
+    counter = counter_ptr + tl.program_id(0)
+    if split_tickets.is_last(counter, SPLIT_K):
+        split_tickets.reset(counter)
+        parts = part_ptr + offs_n
+        sums0 = split_tickets.summed_parts(parts, plane, n_ok, SPLIT_K)
+        if ROWS > 1:
+            sums1 = split_tickets.summed_parts(parts + N, plane, n_ok, SPLIT_K)
+        if ROWS > 2:
+            sums2 = split_tickets.summed_parts(parts + 2 * N, plane, n_ok, SPLIT_K)
+        if ROWS > 3:
+            sums3 = split_tickets.summed_parts(parts + 3 * N, plane, n_ok, SPLIT_K)
+        _store_rows(y_ptr + offs_n, stride_ym, sums0 * scale + bias, sums1 * scale + bias,
+                    sums2 * scale + bias, sums3 * scale + bias, n_ok, ROWS)
 
 
 @triton.jit
