@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import fp8_gemv, gemm_timing, pdl
+from parashift.kernels import fp8_gemv, gemm_timing, pdl, split_tickets
 from parashift.kernels.skinny_gemm import choose
 
 logger = logging.getLogger(__name__)
@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
 MAX_ROWS = 64
+OFF = tl.constexpr(pdl.OFF)  # a kernel's USE_PDL where it calls no PDL op
 
 
 @dataclass(frozen=True)
@@ -32,20 +33,38 @@ class Config:
     num_warps: int
     num_stages: int
     split_k: int = 1  # programs per output tile, each over a part of K, summed atomically
+    ahead: bool = False  # "gemv": the next weight tile's load in flight (fp8_gemv.py)
+    tickets: bool = False  # split_k > 1: the parts summed by the tile's last program
 
 
 # (kernel, block_n, block_k, warps, stages): "w8" widens the FP8 weight to the activations'
 # dtype; "w8a8" quantizes the activations per token (one kernel) and multiplies FP8 by FP8
 CONFIGS = tuple(Config(kernel, *shape) for kernel in ("w8", "w8a8") for shape in (
     (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 4, 2), (64, 256, 4, 3), (64, 512, 8, 2),
-    (128, 256, 8, 2), (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (64, 256, 4, 3, 2)))
+    (128, 256, 8, 2), (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (64, 256, 4, 3, 2))) + tuple(
+    # K split, the parts summed by each tile's last program (split_tickets.py): no zeroing
+    # or cast kernel, so N = 4096 at 16-64 rows gets the programs cheaply, and wide column
+    # tiles (each reads the rows' activations once a K step: 64 x 32 columns read twice the
+    # activation bytes of weight bytes) keep enough of them; w8 (no per-token quantization
+    # kernel before it) split so too
+    Config("w8a8", *shape, tickets=True) for shape in (
+        (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (64, 256, 4, 3, 2), (16, 256, 4, 4, 2),
+        (64, 256, 4, 3, 4), (128, 256, 8, 2, 2), (128, 256, 8, 2, 4))) + (
+    Config("w8", 32, 256, 4, 4, 2, tickets=True), Config("w8", 16, 256, 4, 4, 2, tickets=True))
 # "gemv" (fp8_gemv.py), at most fp8_gemv.MAX_ROWS rows: BLOCK_K bytes of each of BLOCK_N
 # weight rows a step, BLOCK_K >= 8 * 32 * warps (the tile's K spans every thread, so the loop
 # needs no shuffles or shared memory: checked in sm_90 PTX); narrow BLOCK_N or split K where N
-# gives too few programs for the SMs (split K costs a zeroing and a cast kernel)
+# gives too few programs for the SMs (split K by atomics costs a zeroing and a cast kernel,
+# by tickets neither); then configs loading a tile ahead (the first before the PDL wait),
+# around the shapes chosen at one row, and split by tickets
 GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
     (2, 2048, 4, 1), (4, 1024, 4, 1), (4, 2048, 4, 1), (8, 1024, 4, 1), (8, 2048, 8, 1),
-    (2, 4096, 8, 1), (4, 2048, 4, 1, 2), (8, 1024, 4, 1, 2)))
+    (2, 4096, 8, 1), (4, 2048, 4, 1, 2), (8, 1024, 4, 1, 2))) + tuple(
+    Config("gemv", *shape, ahead=True) for shape in (
+        (8, 1024, 4, 1), (4, 2048, 4, 1), (4, 1024, 4, 1), (2, 2048, 4, 1), (4, 1024, 4, 1, 2))
+) + tuple(Config("gemv", *shape, tickets=True) for shape in (
+    (4, 1024, 4, 1, 2), (8, 1024, 4, 1, 2), (4, 2048, 4, 1, 2))) + (
+    Config("gemv", 4, 1024, 4, 1, 2, ahead=True, tickets=True),)
 
 
 @triton.jit
@@ -78,11 +97,11 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
 
 
 @triton.jit
-def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm,
-                       stride_wn, stride_ym, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
-                       PREFETCH_K: tl.constexpr):
+def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N,
+                       K, stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr,
+                       FP8_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
+                       PREFETCH_K: tl.constexpr, TICKETS: tl.constexpr = False):
     first_n = tl.program_id(0) * BLOCK_N
     split = tl.program_id(2)
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
@@ -104,18 +123,41 @@ def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, strid
             acc = tl.dot(x, tl.trans(w), acc)
         else:
             acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+    if TICKETS:  # split_tickets.py: the tile's last program sums the parts and finishes
+        pdl.inputs_read(USE_PDL)
+        tile_ok = m_ok[:, None] & n_ok[None, :]
+        plane_offs = offs_m[:, None] * N + offs_n[None, :]
+        counter = counter_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        tl.store(part_ptr + split * M * N + plane_offs, acc, mask=tile_ok)
+        if split_tickets.is_last(counter, SPLIT_K):
+            split_tickets.reset(counter)
+            total = split_tickets.summed_parts(part_ptr + plane_offs, M * N, tile_ok, SPLIT_K)
+            _finish_tile(total, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok,
+                         stride_ym, True, HAS_BIAS, FP8_X, False, OFF)
+    else:
+        _finish_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym,
+                     split == 0, HAS_BIAS, FP8_X, SPLIT_K > 1, USE_PDL)
+
+
+@triton.jit
+def _finish_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym,
+                 bias_here, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
+                 ATOMIC: tl.constexpr, USE_PDL: tl.constexpr):
+    """The tile's sums scaled (the bias added where bias_here), stored in y's dtype, or
+    added atomically to the fp32 y (ATOMIC: a part of K of several); USE_PDL: LATE lets the
+    dependents launch before the stores."""
     acc *= tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
     if FP8_X:
         acc *= tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
     if HAS_BIAS:
-        if split == 0:
+        if bias_here:
             acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     pdl.inputs_read(USE_PDL)
     y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-    else:
+    if ATOMIC:
         tl.atomic_add(y, acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
+    else:
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def block_m(rows: int) -> int:
@@ -144,22 +186,25 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
                          f"along K, got x {tuple(x.shape)} and a {weight.dtype} weight")
     if config.kernel == "gemv":
         return fp8_gemv.fp8_gemv(x, weight, scale, bias, config.block_n, config.block_k,
-                                 config.num_warps, config.num_stages, config.split_k)
+                                 config.num_warps, config.num_stages, config.split_k,
+                                 config.ahead, config.tickets)
     x = x if x.stride(1) == 1 else x.contiguous()
     (m, k), n = x.shape, weight.shape[0]
-    split = config.split_k
-    y = (torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1
-         else torch.zeros(m, n, dtype=torch.float32, device=x.device))
+    bm, split = block_m(m), config.split_k
+    grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, bm), split)
+    y, parts, counters = split_tickets.outputs(m, n, x.dtype, x.device, split,
+                                               grid[0] * grid[1], config.tickets)
     fp8_x = config.kernel == "w8a8"
     xq, x_scale = (x, scale) if not fp8_x else x_fp8 or quantize_rows(x)
-    bm = block_m(m)
-    _fp8_weight_kernel[(triton.cdiv(n, config.block_n), triton.cdiv(m, bm), split)](
-        xq, x_scale, weight, scale.reshape(-1), bias if bias is not None else scale, y, m, n,
+    _fp8_weight_kernel[grid](
+        xq, x_scale, weight, scale.reshape(-1), bias if bias is not None else scale, y,
+        parts if parts is not None else y, counters if counters is not None else y, m, n,
         k, xq.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
         FP8_X=fp8_x, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=split, num_warps=config.num_warps, num_stages=config.num_stages,
+        SPLIT_K=split, TICKETS=counters is not None, num_warps=config.num_warps,
+        num_stages=config.num_stages,
         **pdl.launch_options(x.device, (config.block_n, k, weight.element_size())))
-    return y if split == 1 else y.to(x.dtype)
+    return y.to(x.dtype)
 
 
 def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -229,7 +274,8 @@ def chosen() -> list[dict]:
     """What `linear` chose for each shape measured in this process."""
     return [{"rows_up_to": key[0], "weight": list(key[1]), "kernel": "cuBLASLt"
              if config is None else f"triton {config.kernel} {config.block_n}x{config.block_k}"
-             f" split {config.split_k}"}
+             f" split {config.split_k}{' ahead' if config.ahead else ''}"
+             f"{' tickets' if config.tickets else ''}"}
             for key, config in _choices.items()]
 
 

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from parashift.kernels import pdl
+from parashift.kernels import pdl, split_tickets
 from parashift.kernels.fp8_gemm import FP8, FP8_MAX, row_scale, to_fp8
 
 MAX_BLOCK = 1024
@@ -19,7 +19,6 @@ MAX_BLOCK = 1024
 # step (16 a thread). 40 and 72 registers on sm_90 (ptxas), no spills
 SPLIT_BLOCK, SPLIT_QUANT_BLOCK, SPLIT_WARPS, ROW_BLOCK, ROW_WARPS = 2048, 16384, 8, 2048, 4
 SPLIT_ROWS, MAX_SPLIT_ROWS = 1024, 4096  # split by default below; counters for up to
-_tickets: dict[torch.device, torch.Tensor] = {}  # per device: MAX_SPLIT_ROWS counters, all 0
 
 
 @triton.jit
@@ -179,15 +178,9 @@ def silu_and_mul_fp8(x: torch.Tensor, blocks: int = 1, split: bool | None = None
 
 
 def _row_tickets(device: torch.device) -> torch.Tensor | None:
-    """The device's row counters for the split kernel (each back at 0 after a launch), made
-    at the first call outside a CUDA graph capture (CUDA graphs warm up first); None before."""
-    if device not in _tickets:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        _tickets[device] = torch.zeros(MAX_SPLIT_ROWS, dtype=torch.int32, device=device)
-        if device.type == "cuda":  # zero before any stream's launch
-            torch.cuda.synchronize(device)
-    return _tickets[device]
+    """The device's row counters for the split kernel (split_tickets.py's, each back at 0
+    after a launch); None before they are made (not during a CUDA graph capture)."""
+    return split_tickets.counters(device, MAX_SPLIT_ROWS)
 
 
 def _rows_and_output(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,6 +48,8 @@ class GemvConfig:
     block_k: int
     num_warps: int
     split_k: int = 1
+    ahead: bool = False  # the next weight tile's load in flight (fp8_gemv.py's AHEAD)
+    tickets: bool = False  # split_k's parts summed by each tile's last program
 
 
 # the small projections (Qwen3-30B-A3B's qkv [5120, 2048] and o [2048, 4096]) took cuBLAS
@@ -55,7 +57,10 @@ class GemvConfig:
 # programs (no spills on sm_90 at 1 and 4 rows, ptxas: 32-173 registers)
 GEMV_CONFIGS = (GemvConfig(2, 1024, 4), GemvConfig(4, 1024, 4), GemvConfig(2, 2048, 4),
                 GemvConfig(4, 2048, 4), GemvConfig(8, 1024, 4), GemvConfig(2, 4096, 8),
-                GemvConfig(4, 1024, 4, 2), GemvConfig(8, 1024, 4, 2))
+                GemvConfig(4, 1024, 4, 2), GemvConfig(8, 1024, 4, 2),
+                GemvConfig(4, 1024, 4, ahead=True), GemvConfig(2, 2048, 4, ahead=True),
+                GemvConfig(8, 1024, 4, ahead=True), GemvConfig(4, 1024, 4, 2, ahead=True),
+                GemvConfig(4, 1024, 4, 2, tickets=True), GemvConfig(8, 1024, 4, 2, tickets=True))
 # PARASHIFT_SKINNY_GEMV=0 measures the tl.dot configs only (for before/after measurements)
 MEASURED = CONFIGS + (GEMV_CONFIGS if os.environ.get("PARASHIFT_SKINNY_GEMV", "1") != "0" else ())
 
@@ -101,7 +106,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if isinstance(config, GemvConfig):
         return fp8_gemv.fp8_gemv(x, weight, unit_scale(weight.shape[0], x.device), bias,
                                  config.block_n, config.block_k, config.num_warps, 1,
-                                 config.split_k)
+                                 config.split_k, config.ahead, config.tickets)
     x = x if x.stride(1) == 1 else x.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -156,7 +161,8 @@ def label(config: Config | GemvConfig | None) -> str:
     if config is None:
         return "cuBLAS"
     if isinstance(config, GemvConfig):
-        return f"gemv {config.block_n}x{config.block_k} split {config.split_k}"
+        return (f"gemv {config.block_n}x{config.block_k} split {config.split_k}"
+                f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}")
     return f"skinny {config.block_n}x{config.block_k}"
 
 

@@ -3,8 +3,9 @@ measures (CPU). The GEMV it runs at 1-4 rows is tested on its own in test_fp8_ge
 import pytest
 import torch
 
-from parashift.kernels import fp8_gemm, gemm_timing
-from tests.kernels.common import cuda
+from parashift.kernels import fp8_gemm, gemm_timing, split_tickets
+from parashift.kernels.fp8_gemm import Config
+from tests.kernels.common import case_tests, cuda, randn
 
 
 def quantized(n, k, seed=0):
@@ -31,6 +32,51 @@ def test_triton_kernel_matches_dequantized(m, n, k, config, bias):
     torch.testing.assert_close(actual.float(), expected, atol=tol, rtol=tol)
     relative = (actual.float() - expected).norm() / expected.norm()
     assert relative < (1e-2 if config.kernel == "w8" else 5e-2)
+
+
+# K split by tickets (split_tickets.py) beside one part and atomic parts: small tiles, so
+# that the cases cover several tiles of rows and columns, a partial last K step and a split
+# past K (k 64: 3 parts of one 32-column step, the third empty)
+TICKET_CONFIGS = tuple(Config(kernel, 16, 32, 4, 1, split, tickets=tickets)
+                       for kernel in ("w8", "w8a8")
+                       for split, tickets in ((1, False), (3, False), (3, True)))
+TICKET_CASES = [dict(m=3, n=40, k=130, bias=True), dict(m=17, n=48, k=64),
+                dict(m=33, n=16, k=200, bias=True)]
+
+
+def check_tickets(m, n, k, bias=False, dtype="float32", device="cpu",
+                  configs=TICKET_CONFIGS):
+    wide = randn((n, k), "float32", device, seed=2, scale=k ** -0.5)
+    scale = wide.abs().amax(1, keepdim=True) / fp8_gemm.FP8_MAX
+    w = (wide / scale).to(fp8_gemm.FP8)
+    x = randn((m, k), dtype, device, seed=1)
+    b = randn((n,), dtype, device, seed=3) if bias else None
+    expected = torch.nn.functional.linear(x.double(), w.double() * scale.double(),
+                                          None if b is None else b.double())
+    one_part = {}
+    for config in configs:
+        actual = fp8_gemm.fp8_weight_linear(x, w, scale, b, config)
+        assert actual.shape == (m, n) and actual.dtype == x.dtype
+        # FP8 activations (w8a8) round each to 3 mantissa bits: their error is relative to
+        # the output's norm; w8 on CUDA: tf32 or 16 bits
+        if config.kernel == "w8":
+            torch.testing.assert_close(actual.double(), expected, atol=2e-2, rtol=2e-2)
+        else:
+            assert (actual.double() - expected).norm() / expected.norm() < 8e-2
+        # any split: the same products as one part, summed in another order
+        first = one_part.setdefault(config.kernel, actual)
+        torch.testing.assert_close(actual, first, atol=1e-2, rtol=1e-2)
+        if config.tickets:  # the same bits again, every counter back at 0
+            assert torch.equal(fp8_gemm.fp8_weight_linear(x, w, scale, b, config), actual)
+            assert not split_tickets._counters[x.device].any()
+
+
+def check_tickets_on_cuda(**case):
+    check_tickets(**case, configs=[c for c in fp8_gemm.CONFIGS if c.tickets])
+
+
+test_tickets_interpreted, _ = case_tests(__name__, check_tickets, TICKET_CASES, uses_dot=True)
+_, test_tickets_cuda = case_tests(__name__, check_tickets_on_cuda, TICKET_CASES)
 
 
 @cuda

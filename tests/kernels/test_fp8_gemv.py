@@ -4,14 +4,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parashift.kernels import fp8_gemm
+from parashift.kernels import fp8_gemm, split_tickets
 from parashift.kernels.fp8_gemv import MAX_ROWS, fp8_gemv
-from tests.kernels.common import case_tests, randn
+from tests.kernels.common import case_id, case_tests, cuda, randn
 
 FP8 = torch.float8_e4m3fn
-# (block_n, block_k, warps, stages, split_k): small tiles, so that the cases cover several
-# programs, a partial last K step, and K split over programs
-SMALL = ((16, 64, 4, 1, 1), (8, 32, 2, 1, 3))
+# (block_n, block_k, warps, stages, split_k, ahead, tickets): small tiles, so that the cases
+# cover several programs, a partial last K step, and K split over programs (its parts added
+# atomically, or by the last program to take a ticket); each with the next tile's load
+# ahead too (a part of K of one tile, of several, and none past K)
+SMALL = ((16, 64, 4, 1, 1, False, False), (8, 32, 2, 1, 3, False, False),
+         (8, 32, 2, 1, 3, False, True), (16, 64, 4, 1, 1, True, False),
+         (8, 32, 2, 1, 3, True, False), (4, 16, 1, 1, 7, True, True))
 # n not a multiple of block_n, k not of block_k; padded: the weight's rows are a column
 # slice of a wider buffer (stride(0) > k), as a shift-plan slice can be
 CASES = [
@@ -43,15 +47,27 @@ def check(m, n, k, bias=False, padded=False, strided_x=False, dtype="float32", d
         out = fp8_gemv(x, weight, scale, b, *config)
         assert out.shape == (m, n) and out.dtype == x.dtype
         torch.testing.assert_close(out.double(), ref, rtol=tol, atol=2 * tol)
+        if config[-1]:  # tickets: the same bits again, every counter back at 0
+            assert torch.equal(fp8_gemv(x, weight, scale, b, *config), out)
+            assert not split_tickets._counters[x.device].any()
 
 
-def check_on_cuda(**case):
-    check(**case, configs=[(c.block_n, c.block_k, c.num_warps, c.num_stages, c.split_k)
-                           for c in fp8_gemm.GEMV_CONFIGS])
+# the measured configs by family, so that a GPU call can test the newest alone
+FAMILIES = {"plain": lambda c: not (c.ahead or c.tickets), "ahead": lambda c: c.ahead,
+            "tickets": lambda c: c.tickets}
 
 
 test_interpreted, _ = case_tests(__name__, check, CASES)
-_, test_cuda = case_tests(__name__, check_on_cuda, CASES)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda(family, case, dtype):
+    check(**case, dtype=dtype, device="cuda", configs=[
+        (c.block_n, c.block_k, c.num_warps, c.num_stages, c.split_k, c.ahead, c.tickets)
+        for c in fp8_gemm.GEMV_CONFIGS if FAMILIES[family](c)])
 
 
 @pytest.mark.parametrize("rows", [0, MAX_ROWS + 1])

@@ -125,18 +125,30 @@ def test_no_prefetch_where_its_budget_is_zero(monkeypatch):
 
 # (kernel, pointer dtypes other than bf16, float scalars, constexprs, prefetches weights)
 FP8 = torch.float8_e4m3fn
+TICKET_POINTERS = {"part_ptr": torch.float32, "counter_ptr": torch.int32}
+GEMV_POINTERS = {"w_ptr": FP8, "s_ptr": torch.float32, **TICKET_POINTERS}
+WEIGHT_POINTERS = {"x_ptr": FP8, "xs_ptr": torch.float32, "w_ptr": FP8, "s_ptr": torch.float32,
+                   **TICKET_POINTERS}
 KERNELS = {
     "skinny": (skinny_gemm._skinny_kernel, {}, (), dict(
         HAS_BIAS=True, IEEE=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, PREFETCH_K=256), True),
     "skinny_no_prefetch": (skinny_gemm._skinny_kernel, {}, (), dict(
         HAS_BIAS=True, IEEE=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, PREFETCH_K=0), False),
-    "fp8_gemv": (fp8_gemv._fp8_gemv_kernel, {"w_ptr": FP8, "s_ptr": torch.float32}, (), dict(
+    "fp8_gemv": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, (), dict(
         HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
-        PREFETCH_K=4096), True),
-    "fp8_weight": (fp8_gemm._fp8_weight_kernel, {"x_ptr": FP8, "xs_ptr": torch.float32,
-                                                 "w_ptr": FP8, "s_ptr": torch.float32}, (),
+        PREFETCH_K=4096, AHEAD=False, TICKETS=False), True),
+    "fp8_gemv_ahead": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, (), dict(
+        HAS_BIAS=False, ROWS=2, EVEN_K=False, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=2, VEC=8,
+        PREFETCH_K=4096, AHEAD=True, TICKETS=False), True),
+    "fp8_gemv_tickets": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, (), dict(
+        HAS_BIAS=True, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
+        PREFETCH_K=4096, AHEAD=False, TICKETS=True), True),
+    "fp8_weight": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                    dict(HAS_BIAS=False, FP8_X=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=256,
-                        SPLIT_K=1, PREFETCH_K=256), True),
+                        SPLIT_K=1, PREFETCH_K=256, TICKETS=False), True),
+    "fp8_weight_tickets": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
+                           dict(HAS_BIAS=True, FP8_X=True, BLOCK_M=64, BLOCK_N=64,
+                                BLOCK_K=256, SPLIT_K=4, PREFETCH_K=256, TICKETS=True), True),
     "quantize_rows": (fp8_gemm._quantize_rows_kernel, {"q_ptr": FP8, "s_ptr": torch.float32},
                       (), dict(FP8_MAX=448.0, BLOCK_K=4096), False),
     "rms_norm_fp8": (rmsnorm._rms_norm_kernel, {"q_ptr": FP8, "s_ptr": torch.float32},
@@ -172,9 +184,14 @@ KERNELS = {
 POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 
 
-# the kernels that read their own output back after a barrier: LATE is after their inputs'
-# reads, before those
-READ_BACK = {"silu_mul_fp8_split", "silu_mul_fp8_row"}
+# the kernels that read their own output back after a barrier (or a ticket): LATE is after
+# their inputs' reads, before those
+READ_BACK = {"silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets", "fp8_weight_tickets"}
+# the kernels that load their first weight tile before the wait (the weight is no earlier
+# kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
+# byte a load; the activations are bf16), and nothing else touches memory
+WEIGHT_FIRST = {"fp8_gemv_ahead"}
+WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.b8\b", re.M)
 
 
 def sm90_ptx(kernel, pointers: dict, floats: tuple, constexprs: dict, mode: int) -> str:
@@ -198,11 +215,15 @@ def test_kernels_touch_memory_only_after_their_grid_wait(name, mode):
     ptx = sm90_ptx(kernel, pointers, floats, constexprs, mode)
     wait = ptx.find("griddepcontrol.wait")
     assert wait >= 0 and ptx.count("griddepcontrol.wait") == 1
-    first_access = MEMORY_OP.search(ptx)
-    assert first_access is None or first_access.start() > wait, first_access.group(0)
+    early = [m for m in MEMORY_OP.finditer(ptx) if m.start() < wait]
+    if name in WEIGHT_FIRST:
+        assert early and all(WEIGHT_BYTE_LOAD.match(ptx, m.start()) for m in early), \
+            [m.group(0) for m in early]
+    else:
+        assert not early, early[0].group(0)
     launch = ptx.find("griddepcontrol.launch_dependents")
     assert launch > wait and ptx.count("griddepcontrol.launch_dependents") == 1
-    loads = [m.start() for m in LOAD.finditer(ptx)]
+    loads = [m.start() for m in LOAD.finditer(ptx) if m.start() > wait]
     if mode == pdl.EARLY:  # before it reads anything
         assert not loads or launch < loads[0]
     else:  # after its inputs: every load, or the first where it reads its output back
@@ -260,15 +281,19 @@ def weight_fp8(n, k, seed):
 
 # the GEMV at one and several splits, the tl.dot kernel widening the weight and multiplying
 # FP8 by FP8, split in two (more splits add their atomic partial sums in the order of their
-# timing: not the same bits run to run)
+# timing: not the same bits run to run), the GEMV a tile ahead, and K split by tickets (the
+# parts summed in split order: the same bits at any split count)
 FP8_CONFIGS = (fp8_gemm.GEMV_CONFIGS[0], fp8_gemm.GEMV_CONFIGS[6], fp8_gemm.CONFIGS[0],
-               fp8_gemm.CONFIGS[9], fp8_gemm.CONFIGS[15])
+               fp8_gemm.CONFIGS[9], fp8_gemm.CONFIGS[15], fp8_gemm.GEMV_CONFIGS[8],
+               fp8_gemm.GEMV_CONFIGS[13], fp8_gemm.CONFIGS[19])
 
 
 @cuda
 @hopper
 def test_weight_kernels_give_the_same_bits_with_pdl(monkeypatch):
-    assert [c.split_k for c in FP8_CONFIGS] == [1, 2, 1, 1, 2]
+    assert [c.split_k for c in FP8_CONFIGS] == [1, 2, 1, 1, 2, 1, 2, 4]
+    assert [(c.ahead, c.tickets) for c in FP8_CONFIGS[-3:]] == [(True, False), (False, True),
+                                                                 (False, True)]
     x = randn((2, 4096), "bfloat16", "cuda")
     w = randn((1536, 4096), "bfloat16", "cuda", seed=1, scale=0.02)
     w8, s8 = weight_fp8(1536, 4096, seed=2)

@@ -4,7 +4,7 @@ CUDA (bfloat16 too). The FP8 variant against the kernels it stands for (the plai
 kernel, then `fp8_gemm.quantize_rows`), bit for bit."""
 import pytest
 
-from parashift.kernels import fp8_gemm, silu_mul
+from parashift.kernels import fp8_gemm, silu_mul, split_tickets
 from parashift.layers.activation import SiluAndMul, silu_and_mul_torch
 from tests.kernels.common import (as_bytes, assert_exact, assert_fp8_rows, assert_graph_replays,
                                   assert_last_bits, case_tests, cuda, randn)
@@ -62,7 +62,7 @@ def check_fp8(shape, blocks=1, strided=False, scale=3.0, split=None, dtype="floa
     assert_exact(out, silu_mul.silu_and_mul(x.unflatten(-1, (blocks, -1))).flatten(-2))
     assert_fp8_rows(q, scales, fp8_gemm.quantize_rows(out.reshape(-1, out.shape[-1])), out)
     if split is None:  # split: the row counters are back at 0 for the next launch
-        assert not silu_mul._tickets[x.device].any()
+        assert not split_tickets._counters[x.device].any()
 
 
 test_fp8_interpreted, test_fp8_cuda = case_tests(__name__, check_fp8, FP8_CASES)
