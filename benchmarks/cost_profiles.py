@@ -33,7 +33,8 @@ MOE = "Mixtures of experts (issue 19; 2026-11-23): first GPU run"
 FOUR_FIRST = "Four H200s: the first runs (issue 20; thirteenth session, 2026-11-26)"
 FOUR_SECOND = "Four H200s, the second window (issue 20; fourteenth session, 2026-11-26)"
 CEILINGS = "the workloads notes' ceilings (two H200s, 2026-11-21)"
-FP8_GEMM_RAW = ROOT / "benchmarks" / "results" / "raw" / "issue60_fp8_gemm" / "fp8_gemm_first_w8a8.json"
+RAW = ROOT / "benchmarks" / "results" / "raw"
+FP8_GEMM_RAW = RAW / "issue60_fp8_gemm" / "fp8_gemm_first_w8a8.json"
 FP8_GEMM = ("FP8-weight GEMMs of the 8B shape on one H200 (issue 60), "
             "benchmarks/results/raw/issue60_fp8_gemm/fp8_gemm_first_w8a8.json")
 GEMM_RAWS = (FP8_GEMM_RAW, FP8_GEMM_RAW.with_name("fp8_gemm_rows_1_16_64_256.json"))
@@ -84,11 +85,20 @@ def bf16_gemm_points() -> list[tuple[int, int, int, float]]:
 TIMED_ROWS_MAX = 256
 
 
+def tp_shard_points() -> list[tuple[int, int, int, float]]:
+    """(rows, n, k, seconds) of the 8B projections' TP shards, where a run of
+    `benchmarks/fp8_gemm.py --tp 2 4 --bf16-only` is committed as
+    benchmarks/results/raw/*/gemm_tp_shards.json (READY_FOR_GPU's second command)."""
+    return [(r["rows"], r["n"], r["k"], r["bf16_us"] * 1e-6)
+            for path in sorted(RAW.glob("*/gemm_tp_shards.json"))
+            for r in json.loads(path.read_text())["rows"]]
+
+
 def timed_gemms() -> list[tuple[int, int, int, float]]:
-    """(n, k, rows, seconds) of the 8B shape's bf16 projections timed at up to
-    TIMED_ROWS_MAX rows, a count timed twice at the mean of its two times."""
+    """(n, k, rows, seconds) of the 8B shape's bf16 projections (and their TP shards where
+    timed) at up to TIMED_ROWS_MAX rows, a count timed twice at the mean of its times."""
     times = {}
-    for rows, n, k, seconds in bf16_gemm_points():
+    for rows, n, k, seconds in bf16_gemm_points() + tp_shard_points():
         if rows <= TIMED_ROWS_MAX:
             times.setdefault((n, k, rows), []).append(seconds)
     return [(*key, round(sum(t) / len(t), 10)) for key, t in sorted(times.items())]
@@ -135,7 +145,9 @@ def base_compute() -> ComputeProfile:
                                           f"{GPU_FAST_PATH}: batch-1 GEMMs 4.07 ms, as the "
                                           "line gives",
             "gemm_timed": f"{BF16_GEMM}: qkv, o, gate_up and down at 1-{TIMED_ROWS_MAX} "
-                          "rows (the 4,096-row timings left to the roofline: "
+                          "rows, and their TP shards where benchmarks/results/raw/*/"
+                          "gemm_tp_shards.json holds them (the 4,096-row timings left to the "
+                          "roofline: "
                           "benchmarks/cost_profiles.py TIMED_ROWS_MAX); the 8B shape's "
                           "projections are read off these, other shapes off the roofline",
             "moe.bw_eff, moe.flops_eff": f"{MOE}: the grouped expert GEMMs at 64 tokens (181 + "

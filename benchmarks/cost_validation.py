@@ -58,6 +58,10 @@ SECTIONS = {
              "GPUs (thirty-ninth session, 2026-11-29)",
     "x2s40": "Two H200s, session 40: Seesaw on the 70B, rank 0 killed under load, SiDP's tail "
              "with CaS graphs, FP8 input fusion (issues 65, 60; 2026-11-29)",
+    "i24": "Issue 24 before and after: offline `chat` and `batch`, and decode under TP=2, DP=2 "
+           "and Shift (twenty-ninth session, 2026-11-28)",
+    "s42": "Two H200s, session 42 (HEAD 5ad0e89): benchmarks/results/raw/s42_profiles_fallback/"
+           "chat_*.json, shift_fallback.log",
 }
 
 
@@ -111,7 +115,35 @@ LONE_STEP = ("prefill_throughput.py times one prompt from its admission to its e
              "and that session's host was slow: its eager 256-token step took 31.5 ms where "
              "the model's eager launches (fitted to the fast path's 512-token step, 18.1 ms) "
              "give 18.1")
+EAGER_MIXED = (
+    "offline `chat`, 600 requests, 256 seats: a step that prefills beside more than 64 "
+    "decodes runs eagerly (no mixed graph holds it: worker/cuda_graphs.py MIXED_SEQS). Run "
+    "through the real scheduler (benchmarks/step_census.py, budget 16,384), TP=2's one "
+    "replica admits 344 requests into seats others free: 264 of its 1,917 steps are such "
+    "eager steps (1,633 graph decodes, 20 of the first prompts); a DP=2 replica admits 44 "
+    "(37-39 such steps of 1,171-1,240). The other parts agree with the runs: TP=2's graph "
+    "decode of 256 sequences is 10.05 ms measured (i24) against 10.6-10.9, its KV holds "
+    "1.9 M tokens (no preemption), the control channel ~0.65 ms a step. The model prices "
+    "these eager steps at 22.1 ms under TP=2 (522 launches at the profile's 39.5 us beside "
+    "18.7 ms of kernels), 38.3 ms under SP=2 (Shift's plan for them: 830 tokens > its "
+    "threshold) and 31 ms on one GPU (kernels). Put on these steps alone, each miss gives: "
+    "TP=2 42 ms a step (i24, 26.69 s) and 61 ms (s42, 31.77 s: the same command on two "
+    "machines, DP=2 18.08 and 18.12 s), Shift 70 ms (i24), DP=2 57 ms (+1.0 s over 38 "
+    "steps). The part that is wrong is the eager step's host work: the profile's launch "
+    "rate (fitted to the fast path session's lone 512-token step) and what TP and SP ranks "
+    "add to it (two all-reduce launches a layer, set by hand), where the twentieth "
+    "session's side-by-side eager steps (one GPU 31.5 ms, TP4 51.4, SP4 75.8 at 256 tokens) "
+    "say a TP4 layer adds ~10 launches' worth and one GPU's rate there is 1.7x the "
+    "profile's. Tried, not kept: those ratios as tp_ and sp_kernels_per_layer (10, 20) "
+    "bring these rows to +41%, +19% and +37% and the thirteenth session's four-rank TTFT "
+    "rows from -42..-46% to -13..-27%, but ten policy_vs_static cells fall to 0.93-0.97 "
+    "(start-up forecasts then part from the simulator); the launch rate fitted to the "
+    "twentieth session (68.8 us) brings them to +17%, -1%, +8% but puts earlier sessions' "
+    "eager rows 25-120% over. READY_FOR_GPU's run (TP=2 with PARASHIFT_MIXED_GRAPH_SEQS=256, "
+    "these steps graphed, predicted 20.9 s) tells whether they are the whole miss")
 MISS_NOTES = {
+    "2gpu-chat600-tp2-s42": EAGER_MIXED, "2gpu-chat600-tp2-i24": EAGER_MIXED,
+    "2gpu-chat600-shift-sp2-i24": EAGER_MIXED,
     "1gpu-prefill-256-graphs": LONE_STEP,
     "4gpu-fig9-tp4-ttft": HOST_SKEW, "4gpu-fig9-sp4-ttft": HOST_SKEW,
     "4gpu-fig9-sp2xtp2-ttft": HOST_SKEW, "4gpu-fig9-shift-sp4-ttft": HOST_SKEW,
@@ -202,9 +234,9 @@ def wall_s(shape, gpus, name, workload, n, budget=16384):
                      Engine(max_num_batched_tokens=budget)), {}
 
 
-def tok_s(shape, gpus, name, workload, n, budget=8192):
+def tok_s(shape, gpus, name, workload, n, budget=8192, prefill_graphs=False):
     reqs = workload_requests(workload, n)
-    seconds = offline_s(model(shape, gpus), served_of(name), reqs,
+    seconds = offline_s(model(shape, gpus, prefill_graphs), served_of(name), reqs,
                         Engine(max_num_batched_tokens=budget))
     return sum(i + o for i, o in reqs) / seconds, {}
 
@@ -271,7 +303,27 @@ def rows() -> list[Row]:
     r.append(Row("2gpu-moe-batch-shift", "MoE", 2, moe, "batch 64 x 2048/128, Shift SP2<->TP2",
                  "tok/s", 39593, S["moe2"], lambda: batch_tok_s(moe, 2, "shift-sp2", 64, 2048, 128)))
     r += figure9_two(d8) + figure9_four(d8) + seesaw_rows(d8) + flying_rows(d8) + sidp_rows(d8)
-    return r + served_rows(d8) + issue59_rows() + pcie_rows(d8) + tail_x2s40_rows()
+    return (r + served_rows(d8) + issue59_rows() + pcie_rows(d8) + tail_x2s40_rows()
+            + chat600_rows(d8))
+
+
+def chat600_rows(d8: str) -> list[Row]:
+    """Offline `chat`, 600 requests (`python3 -m parashift.bench throughput --workload chat
+    --num-requests 600 --model benchmarks/shapes/llama-3.1-8b.json --dtype bfloat16
+    --max-model-len 8192` with the plan's flags; the offline default budget, 16,384): the
+    twenty-ninth session's TP=2, Shift and DP=2 (DP=2 in a second call), the forty-second's
+    TP=2, DP=2 and Shift told the workload (`-sp 2 --parallel-policy shift --cost-profile
+    auto --shift-workload-file benchmarks/workloads/chat_600.json`), which fell back to DP=2
+    at start-up and so is predicted as DP=2."""
+    runs = (("tp2", "tp2", 21616, "s42", "-tp 2"), ("dp2", "dp2", 37887, "s42", "-dp 2"),
+            ("shift-fallback", "dp2", 37800, "s42",
+             "-sp 2 --parallel-policy shift told the workload: fell back to DP=2"),
+            ("tp2", "tp2", 25730, "i24", "-tp 2"), ("dp2", "dp2", 37972, "i24", "-dp 2"),
+            ("shift-sp2", "shift-sp2", 20278, "i24", "-sp 2 --parallel-policy shift"))
+    return [Row(f"2gpu-chat600-{name}-{sec}", "Offline chat, 2 GPUs", 2, d8,
+                f"chat, 600 requests, offline, {what}, budget 16384", "tok/s", tput,
+                SECTIONS[sec], lambda p=plan: tok_s(d8, 2, p, "chat", 600, 16384, True))
+            for name, plan, tput, sec, what in runs]
 
 
 SIMULATED: dict = {}

@@ -1,6 +1,8 @@
 """FP8 GEMMs of the 8B layer's projections on one GPU (issue 60).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm.py [--rows 1 4 16 64 256 4096] [--output F]
+             [--tp 2 4] [--bf16-only]   (--tp: the projections' tensor-parallel shards, a
+             rank's; --bf16-only: the bf16 GEMM alone, for the cost profile's `gemm_timed`)
 Per projection and row count, each candidate's time per call replayed from a CUDA graph (as
 decode runs) over COPIES weights in turn, so no weight stays in L2: bf16 (`skinny_gemm.linear`:
 the skinny kernel where it wins, else cuBLAS), cuBLASLt FP8 (`torch._scaled_mm`, activations
@@ -52,6 +54,26 @@ def graph_us(calls) -> float:
     return start.elapsed_time(end) * 1e3 / (REPLAYS * len(calls))
 
 
+def shards(tp: int) -> dict[str, tuple[int, int]]:
+    """A TP rank's share of each projection: qkv and gate_up split their outputs, o and
+    down their inputs (tp 1: the projections whole)."""
+    split_n = {"qkv", "gate_up"}
+    return {(name if tp == 1 else f"{name}/tp{tp}"):
+            ((n // tp, k) if name in split_n else (n, k // tp))
+            for name, (n, k) in PROJECTIONS.items()}
+
+
+def measure_bf16(name, n, k, m, bandwidth) -> dict:
+    w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+           for _ in range(COPIES)]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    skinny_gemm.linear(x, w16[0], None)  # its choice is made outside the capture
+    row = {"proj": name, "n": n, "k": k, "rows": m,
+           "bf16_us": graph_us([lambda w=w: skinny_gemm.linear(x, w, None) for w in w16])}
+    row["bf16_of_floor"] = (2 * n * k + 2 * m * (k + n)) / bandwidth * 1e6 / row["bf16_us"]
+    return row
+
+
 def measure(name, n, k, m, bandwidth) -> dict:
     w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
            for _ in range(COPIES)]
@@ -97,12 +119,15 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 32, 64, 256, 4096])
     p.add_argument("--output", default=None)
+    p.add_argument("--tp", type=int, nargs="+", default=[1])
+    p.add_argument("--bf16-only", action="store_true")
     args = p.parse_args()
     bandwidth = copy_bandwidth()  # bytes read + written per second: the floors' convention
     rows = []
-    for name, (n, k) in PROJECTIONS.items():
+    timed = measure_bf16 if args.bf16_only else measure
+    for name, (n, k) in {key: nk for tp in args.tp for key, nk in shards(tp).items()}.items():
         for m in args.rows:
-            rows.append(measure(name, n, k, m, bandwidth))
+            rows.append(timed(name, n, k, m, bandwidth))
             print(json.dumps({key: (round(v, 3) if isinstance(v, float) else v)
                               for key, v in rows[-1].items()}), flush=True)
             torch.cuda.empty_cache()

@@ -17,6 +17,9 @@ from parashift.parallel.plan import Plan
 
 ELEMENTWISE_KERNELS = 6  # two norms, rotary with the KV write, SiLU-mul, two residual adds
 QK_NORM_KERNELS = 2      # a query and a key head norm (Qwen3)
+# the steps that prefill which the engine's mixed graphs cover (worker/cuda_graphs.py:
+# MIXED_SEQS, the largest of MIXED_ROWS); larger ones run eagerly
+MIXED_GRAPH_SEQS, MIXED_GRAPH_ROWS = 64, 2048
 
 
 @dataclass(frozen=True)
@@ -69,15 +72,19 @@ def replica_plan(plan: Plan) -> Plan:
 
 class StepModel:
     """Step times of one model on one kind of node. `graphs`: decode steps run as CUDA graphs
-    (collectives at their in-graph cost, host work overlapped); `prefill_graphs`: mixed steps
-    of one-stage plans too."""
+    (collectives at their in-graph cost, host work overlapped); `prefill_graphs`: steps that
+    prefill on one-stage plans too, where the engine's mixed graphs hold them (at most
+    `mixed_graph_seqs` sequences and `mixed_graph_rows` tokens; larger ones run eagerly)."""
 
     def __init__(self, shape: ModelShape, compute: ComputeProfile,
                  link: LinkProfile | None = None, graphs: bool = True,
-                 prefill_graphs: bool = False, micro_batch_tokens: int = 256):
+                 prefill_graphs: bool = False, micro_batch_tokens: int = 256,
+                 mixed_graph_seqs: int = MIXED_GRAPH_SEQS,
+                 mixed_graph_rows: int = MIXED_GRAPH_ROWS):
         self.shape, self.compute, self.link = shape, compute, link
         self.graphs, self.prefill_graphs = graphs, prefill_graphs
         self.micro_batch_tokens = micro_batch_tokens  # EngineConfig.pp_micro_batch_tokens
+        self.mixed_graph_seqs, self.mixed_graph_rows = mixed_graph_seqs, mixed_graph_rows
 
     def eager(self) -> "StepModel":
         """The same model with every step eager (no CUDA graphs)."""
@@ -89,8 +96,7 @@ class StepModel:
         """One replica's step (plan's dp ignored: give each replica its own batch)."""
         if plan.world_size // plan.dp > 1 and self.link is None:
             raise ValueError(f"plan {plan.name()} needs a link profile (collectives)")
-        # pipeline stages capture decode graphs only (worker/cuda_graphs.py)
-        graph = self.graphs and (batch.is_decode or (self.prefill_graphs and plan.pp == 1))
+        graph = self.graphs and (batch.is_decode or self._mixed_graph(plan, batch))
         out = Breakdown()
         micro = self._micro_batches(plan, batch)
         stage = Breakdown()
@@ -108,6 +114,12 @@ class StepModel:
             self._finish(graph, device, host, out)
             out.stage_s = out.total
         return out
+
+    def _mixed_graph(self, plan: Plan, batch: StepBatch) -> bool:
+        """Whether a step that prefills replays a mixed graph (pipeline stages capture
+        decode graphs only: worker/cuda_graphs.py)."""
+        return (self.prefill_graphs and plan.pp == 1 and len(batch.seqs) <= self.mixed_graph_seqs
+                and batch.tokens <= self.mixed_graph_rows)
 
     def _pipeline(self, plan: Plan, batch: StepBatch, graph: bool, micro: int,
                   out: Breakdown) -> None:

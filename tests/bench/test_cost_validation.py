@@ -1,6 +1,8 @@
 """The committed H200 profiles are what benchmarks/cost_profiles.py derives from the log, the
 validation table is what the model predicts from them, and every row that misses by more
 than 25% says which part of the model is wrong."""
+import json
+
 from tests.bench.benchmark_scripts import load_benchmark
 
 cost_profiles = load_benchmark("cost_profiles")
@@ -35,3 +37,21 @@ def test_fitted_rows_are_marked():
     rows = {r.id: r for r in cost_validation.rows()}
     assert rows["1gpu-prefill-8192"].fit and rows["4gpu-fig9-tp4-tpot"].fit
     assert not rows["1gpu-decode-b64-ctx1024"].fit
+
+
+def test_timed_tp_shards_join_the_profiles_gemm_timings(tmp_path, monkeypatch):
+    """A committed `fp8_gemm.py --tp 2 --bf16-only` run (raw/*/gemm_tp_shards.json) puts its
+    shapes in gemm_timed, where the step model reads a TP rank's GEMMs."""
+    fp8_gemm = load_benchmark("fp8_gemm")
+    assert fp8_gemm.shards(2) == {"qkv/tp2": (3072, 4096), "o/tp2": (4096, 2048),
+                                  "gate_up/tp2": (14336, 4096), "down/tp2": (4096, 7168)}
+    assert fp8_gemm.shards(1)["qkv"] == (6144, 4096)
+    before = cost_profiles.timed_gemms()
+    assert not any((n, k) == (3072, 4096) for n, k, _, _ in before)
+    (tmp_path / "s43").mkdir()
+    rows = [{"proj": "qkv/tp2", "n": 3072, "k": 4096, "rows": r, "bf16_us": us}
+            for r, us in ((1, 8.0), (256, 12.0), (4096, 90.0))]
+    (tmp_path / "s43" / "gemm_tp_shards.json").write_text(json.dumps({"rows": rows}))
+    monkeypatch.setattr(cost_profiles, "RAW", tmp_path)
+    shard = [t for t in cost_profiles.timed_gemms() if t[:2] == (3072, 4096)]
+    assert shard == [(3072, 4096, 1, 8e-6), (3072, 4096, 256, 1.2e-5)]  # 4,096 rows: roofline

@@ -166,3 +166,18 @@ def test_gemm_timings_are_checked():
             compute(gemm_timed=bad)
     c = compute(gemm_timed=[[4, 2, 16, 3e-6], [4, 2, 1, 1e-6]])
     assert c.gemm_timings(4, 2) == [(1, 1e-6), (16, 3e-6)] and c.gemm_timings(2, 4) == []
+
+
+def test_a_step_that_prefills_replays_a_mixed_graph_only_where_the_engines_graphs_hold_it():
+    """worker/cuda_graphs.py: at most 64 sequences and 2,048 token rows, one stage; a step
+    of one prompt chunk beside 255 decodes runs eagerly (its launches on the host)."""
+    profile = compute(host_step_s=1e-3, eager_launch_s=1e-2)
+    model = StepModel(SHAPE, profile, prefill_graphs=True)
+    small = StepBatch.prefill(300)
+    crowded = StepBatch(small.seqs + StepBatch.decode(255, 9).seqs)
+    assert "host" in model.step(Plan(), small).parts              # a graph: its replay
+    assert "host_launch_excess" in model.step(Plan(), crowded).parts  # eager
+    assert "host_launch_excess" in model.step(Plan(), StepBatch.prefill(2049)).parts
+    wide = StepModel(SHAPE, profile, prefill_graphs=True, mixed_graph_seqs=256)
+    assert "host" in wide.step(Plan(), crowded).parts
+    assert "host_launch_excess" in StepModel(SHAPE, profile).step(Plan(), small).parts
