@@ -144,6 +144,14 @@ def _place_pairs_kernel(ids_ptr, counts_ptr, pair_of_row_ptr, block_expert_ptr, 
                  mask=blocks < end // BLOCK_M)
 
 
+@triton.jit
+def block_pairs(pair_ptr, block, num_pairs, a_row_div, BLOCK_M: tl.constexpr):
+    """A grouped GEMM program's sorted rows: (their pair ids, which are pairs (not padding),
+    the activation row each reads: pair // a_row_div)."""
+    pairs = tl.load(pair_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    return pairs, pairs < num_pairs, (pairs // a_row_div).to(tl.int64)
+
+
 def sort_fits(num_pairs: int, num_local: int) -> bool:
     return num_local <= MAX_EXPERTS
 
