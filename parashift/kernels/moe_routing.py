@@ -42,7 +42,8 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_logits,
         left = tl.where(experts == pick, -1.0, left)
     if RENORMALIZE:
         chosen = chosen / tl.sum(chosen, axis=0)
-    tl.store(weights_ptr + token * TOP_K + slots, chosen)
+    # rounded once to the logits' dtype, as torch's .to() of the fp32 weights rounds them
+    tl.store(weights_ptr + token * TOP_K + slots, chosen.to(weights_ptr.dtype.element_ty))
     tl.store(ids_ptr + token * TOP_K + slots, chosen_ids)
 
 
@@ -51,13 +52,13 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool
     """(weights [T, k] in the logits' dtype, expert ids [T, k] int64)."""
     tokens, num_experts = router_logits.shape
     logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
-    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
+    weights = torch.empty(tokens, top_k, dtype=router_logits.dtype, device=logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
     if tokens:
         _route_kernel[(tokens,)](logits, weights, ids, num_experts, logits.stride(0),
                                  TOP_K=top_k, EXPERTS=triton.next_power_of_2(num_experts),
                                  RENORMALIZE=renormalize, num_warps=1 if num_experts <= 128 else 2)
-    return weights.to(router_logits.dtype), ids
+    return weights, ids
 
 
 def route_fits(num_experts: int, top_k: int) -> bool:
