@@ -55,11 +55,13 @@ def _rms_norm_kernel(out_ptr, new_x_ptr, q_ptr, s_ptr, x_ptr, residual_ptr, weig
 
 
 @triton.jit
-def _rms_norm_heads_kernel(out_ptr, x_ptr, weight_ptr, eps, items, heads, stride_xr, stride_xh,
+def _rms_norm_heads_kernel(out_ptr, x_ptr, weight_ptr, weight2_ptr, eps, items, heads,
+                           first_head2, stride_xr, stride_xh,
                            N: tl.constexpr, BLOCK: tl.constexpr, ITEMS: tl.constexpr,
                            VEC: tl.constexpr, USE_PDL: tl.constexpr):
     """Rows first.. first + ITEMS of x [rows, heads, N] read as rows * heads rows (out
-    contiguous), each as _rms_norm_kernel normalises one."""
+    contiguous), each as _rms_norm_kernel normalises one; heads from first_head2 on by
+    weight2 (Qwen3's k heads after its q heads)."""
     pdl.start(USE_PDL)
     cols = tl.max_contiguous(tl.arange(0, BLOCK), VEC)
     mask = cols < N
@@ -67,12 +69,14 @@ def _rms_norm_heads_kernel(out_ptr, x_ptr, weight_ptr, eps, items, heads, stride
     for i in tl.static_range(ITEMS):
         item = first + i
         live = cols < tl.where(item < items, N, 0)  # a row past the end: nothing
-        x = tl.load(x_ptr + (item // heads) * stride_xr + (item % heads) * stride_xh + cols,
-                    mask=live, other=0.0)
+        head = item % heads
+        x = tl.load(x_ptr + (item // heads) * stride_xr + head * stride_xh + cols, mask=live,
+                    other=0.0)
         xf = x.to(tl.float32)
         rstd = tl.math.rsqrt(tl.sum(xf * xf, 0) * (1.0 / N) + eps)
         normed = (xf * rstd).to(x.dtype).to(tl.float32)
-        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        w_ptr = tl.where(head < first_head2, weight_ptr, weight2_ptr)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + item * N + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=live)
     pdl.inputs_read(USE_PDL)
 
@@ -89,14 +93,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rms_norm_heads(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                   items: int = HEADS_ITEMS) -> torch.Tensor:
-    """rms_norm of x [.., heads, n], `items` rows of n a program: the same bits."""
+                   items: int = HEADS_ITEMS, weight2: torch.Tensor | None = None,
+                   first_head2: int | None = None) -> torch.Tensor:
+    """rms_norm of x [.., heads, n], `items` rows of n a program: the same bits; heads
+    first_head2.. normalised by weight2 instead (two norms in one launch)."""
+    if (weight2 is None) != (first_head2 is None) or \
+            (weight2 is not None and weight2.dtype != weight.dtype):
+        raise ValueError("rms_norm_heads: weight2 and first_head2 come together, weight2 in "
+                         "weight's dtype")
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     xs = _as_3d(x)
     rows, heads, n = xs.shape
     block = triton.next_power_of_2(n)
+    weight = weight.contiguous()
     _rms_norm_heads_kernel[(triton.cdiv(rows * heads, items),)](
-        out, xs, weight.contiguous(), eps, rows * heads, heads, xs.stride(0), xs.stride(1),
+        out, xs, weight, weight if weight2 is None else weight2.contiguous(), eps, rows * heads,
+        heads, heads if first_head2 is None else first_head2, xs.stride(0), xs.stride(1),
         N=n, BLOCK=block, ITEMS=items, VEC=vector_width(x, weight, out),
         num_warps=num_warps(block), enable_fp_fusion=False, **pdl.launch_options(x.device))
     return out

@@ -114,6 +114,12 @@ def check_heads(rows, heads, n, items, strided=False, dtype="float32", device="c
     assert out.shape == x.shape and out.is_contiguous()
     assert_exact(out, rmsnorm._launch(x, None, weight, EPS)[0])
     assert_last_bits(out, rms_norm_torch(x, weight, EPS))
+    # the heads from `split` on by a second weight (Qwen3's q and k norms in one launch)
+    split = (heads + 1) // 2
+    weight2 = 1 + 0.1 * randn((n,), dtype, device, seed=3)
+    both = rmsnorm.rms_norm_heads(x, weight, EPS, items, weight2, split)
+    assert_exact(both[:, :split], rmsnorm._launch(x[:, :split], None, weight, EPS)[0])
+    assert_exact(both[:, split:], rmsnorm._launch(x[:, split:], None, weight2, EPS)[0])
 
 
 test_heads_interpreted, test_heads_cuda = case_tests(__name__, check_heads, HEADS_CASES)
@@ -135,8 +141,8 @@ def test_heads_kernel_sums_the_squares_in_the_plain_kernels_order(dtype, n):
                     dict(N=n, BLOCK=block, HAS_RESIDUAL=False, QUANT=False,
                          FP8_MAX=fp8_gemm.FP8_MAX, VEC=vec, USE_PDL=False),
                     rmsnorm.num_warps(block))
-    heads = dict(out_ptr=dtype, x_ptr=dtype, weight_ptr=dtype, eps="fp32", items="i32",
-                 heads="i32", stride_xr="i32", stride_xh="i32")
+    heads = dict(out_ptr=dtype, x_ptr=dtype, weight_ptr=dtype, weight2_ptr=dtype, eps="fp32",
+                 items="i32", heads="i32", first_head2="i32", stride_xr="i32", stride_xh="i32")
     heads_ir = sm90_ttgir(rmsnorm._rms_norm_heads_kernel, heads,
                           dict(N=n, BLOCK=block, ITEMS=4, VEC=vec, USE_PDL=False),
                           rmsnorm.num_warps(block))
