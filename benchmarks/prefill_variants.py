@@ -11,11 +11,14 @@ switch that tree lacks changes nothing there).
 
 Usage (GPU): python3 benchmarks/prefill_variants.py --model benchmarks/shapes/qwen3-30b-a3b.json \
     --prompt-lens 512 4096 --variants default pdl_off moe_prefill_off cudnn_off \
-    [--tiles tiles.json] [--profile] [--output variants.json]"""
+    [--tiles tiles.json] [--profile] [--python-profile] [--output variants.json]"""
 import argparse
 import contextlib
+import cProfile
 import json
 import os
+import pstats
+import random
 import statistics
 import time
 
@@ -24,7 +27,7 @@ import torch
 from prefill_throughput import (BF16_MATRIX_RATE, prefill_flops, profile_prefill, time_prefill,
                                 write_rows)
 
-from parashift import LLM
+from parashift import LLM, SamplingParams
 
 VARIANTS = {"default": {}, "pdl_off": {"PARASHIFT_PDL": "0"},
             "moe_prefill_off": {"PARASHIFT_MOE_PREFILL": "0"}, "swept_tiles": None,
@@ -61,10 +64,16 @@ class ForwardTimes:
 
     def __init__(self, model):
         self.host_ms, self.device_ms, self._events = [], [], []
+        self.python_profile = None  # {} asks for the next call's cProfile summary
         self._forward = model.forward
         model.forward = self
 
     def __call__(self, *args, **kwargs):
+        if self.python_profile is not None:  # this call under cProfile, not timed
+            profiler = cProfile.Profile()
+            out = profiler.runcall(self._forward, *args, **kwargs)
+            self.python_profile = python_functions(profiler)
+            return out
         cuda = torch.cuda.is_available()  # on the CPU (a smoke run) the host's time twice
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2)) if cuda else (0, 0)
         if cuda:
@@ -91,6 +100,24 @@ class ForwardTimes:
         return round(statistics.median(host), 3), round(statistics.median(device), 3)
 
 
+def python_functions(profiler, top: int = 20) -> list[tuple[str, float, int]]:
+    """The forward's Python functions by their own time, most first: (where, ms, calls)
+    (cProfile slows Python: the ranking, not the times, is the point)."""
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(((f"{os.path.basename(file)}:{line}({name})", own * 1e3, calls)
+                   for (file, line, name), (_, calls, own, _, _) in stats.items()),
+                  key=lambda row: -row[1])
+    return [(where, round(ms, 3), calls) for where, ms, calls in rows[:top]]
+
+
+def one_prompt(llm, length: int, vocab: int) -> None:
+    engine, rng = llm.llm_engine, random.Random(length + 1)
+    engine.add_request(f"python-profile{length}", [rng.randrange(vocab) for _ in range(length)],
+                       SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
 def allocator_counts() -> dict:
     stats = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
     return {key: stats.get(key, 0) for key in ("num_alloc_retries", "num_device_free",
@@ -108,6 +135,8 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tiles", default=None, help="benchmarks/moe_prefill.py's --tiles-out")
     p.add_argument("--profile", action="store_true", help="the first variant's longest prompt")
+    p.add_argument("--python-profile", action="store_true",
+                   help="the first variant's longest prompt's forward under cProfile")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     longest = max(args.prompt_lens)
@@ -140,6 +169,10 @@ def main():
                 if args.profile and i == 0 and length == longest:
                     row["profile"] = profile_prefill(llm, length, vocab)
                     forward.take()
+                if args.python_profile and i == 0 and length == longest:
+                    forward.python_profile = {}
+                    one_prompt(llm, length, vocab)
+                    row["python_profile"], forward.python_profile = forward.python_profile, None
             print(json.dumps(row), flush=True)
             rows.append(row)
     llm.llm_engine.shutdown()

@@ -6,9 +6,10 @@
 #    grouped GEMMs' tiles swept (ms, TFLOP/s), the experts call unfused against the prefill
 #    path (table tiles, swept tiles), the fastest tiles to $OUT/moe_prefill_tiles.json;
 # 2. before: benchmarks/prefill_variants.py (prefill_throughput.py's timing, one engine) at
-#    512 and 4096 tokens, --repeats 3, then 4096 with PARASHIFT_PDL=0 and cuDNN attention off;
-# 3. after: the same, 4096 profiled (kernels, runtime calls, host/device busy), then PDL off,
-#    the MoE prefill path off (PARASHIFT_MOE_PREFILL=0), the swept tiles, cuDNN off;
+#    512 and 4096 tokens, --repeats 3, 4096 profiled (kernels, CUDA runtime calls, host/device
+#    busy; the forward's Python under cProfile), then 4096 with PARASHIFT_PDL=0 and cuDNN off;
+# 3. after: the same, then also the MoE prefill path off (PARASHIFT_MOE_PREFILL=0) and the
+#    swept tiles;
 # 4. the GPU tests of the changed kernels (MoE prefill path, RMSNorm, fused MoE).
 # Each row holds the forward's host issue time and device span and the allocator's retries.
 # A step is skipped where its usual time would pass BUDGET_S seconds (bench ~55, a prefill
@@ -30,12 +31,12 @@ variants() {  # name, seconds, PYTHONPATH, then the variants and flags
 budget_step moe_prefill 55 python3 benchmarks/moe_prefill.py --model "$S" --tokens 4096 \
   --output "$OUT/moe_prefill.json" --tiles-out "$TILES"
 if [ -n "$before" ] && [ -d "$before/parashift" ]; then
-  variants before 65 "$before" default pdl_off cudnn_off
+  variants before 65 "$before" default pdl_off cudnn_off --profile --python-profile
 else
   echo "[before skipped: no tree at ${BEFORE:-.before}]"
 fi
 variants after 70 "$(pwd)" default pdl_off moe_prefill_off swept_tiles cudnn_off --profile \
-  --tiles "$TILES"
+  --python-profile --tiles "$TILES"
 budget_step gpu_tests 50 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
   -p no:cacheprovider -k "not interpreted" tests/kernels/test_moe_prefill.py \
   tests/kernels/test_rmsnorm.py::test_heads_cuda tests/kernels/test_rmsnorm.py::test_cuda \
@@ -72,6 +73,9 @@ for tree in ("before", "after"):
             print("   kernels:", "; ".join(f"{n[:40]} {t} ({c})" for n, t, c in p["device_ms"][:12]))
             print("   runtime calls:", "; ".join(f"{n} {t} ms ({c})"
                                                  for n, t, c in p.get("runtime_calls", [])))
+        if r.get("python_profile"):
+            print("   python (cProfile):", "; ".join(f"{w} {t} ms ({c})"
+                                                     for w, t, c in r["python_profile"][:12]))
 for length in (512, 4096):
     if ("before", "default", length) in steps and ("after", "default", length) in steps:
         b, a = steps["before", "default", length], steps["after", "default", length]
