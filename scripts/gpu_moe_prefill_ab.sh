@@ -70,7 +70,7 @@ for tree in ("before", "after"):
               f"{r['allocator']}")
         for p in r.get("profile", []):
             print("   busy:", p["busy_ms"])
-            print("   kernels:", "; ".join(f"{n[:40]} {t} ({c})" for n, t, c in p["device_ms"][:12]))
+            print("   kernels:", "; ".join(f"{n[:40]} {t} ({c})" for n, t, c in (p.get("device_ms") or p.get("host_ms", []))[:12]))
             print("   runtime calls:", "; ".join(f"{n} {t} ms ({c})"
                                                  for n, t, c in p.get("runtime_calls", [])))
         if r.get("python_profile"):

@@ -45,8 +45,12 @@ def tiles_for(device: torch.device) -> dict:
     path = os.environ.get(TILES_ENV)
     if path:
         return _tiles_file(path)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return TILES.get(name, DEFAULT_TILES)
+    return TILES.get(_device_name(device.type, device.index), DEFAULT_TILES)
+
+
+@functools.cache
+def _device_name(kind: str, index: int | None) -> str:
+    return torch.cuda.get_device_name(index) if kind == "cuda" else kind
 
 
 @functools.cache
