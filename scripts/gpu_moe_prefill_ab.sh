@@ -40,7 +40,8 @@ variants after 70 "$(pwd)" default pdl_off moe_prefill_off swept_tiles cudnn_off
 budget_step gpu_tests 50 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
   -p no:cacheprovider -k "not interpreted" tests/kernels/test_moe_prefill.py \
   tests/kernels/test_rmsnorm.py::test_heads_cuda tests/kernels/test_rmsnorm.py::test_cuda \
-  tests/kernels/test_fused_moe.py::test_cuda tests/layers/test_layernorm.py \
+  tests/kernels/test_fused_moe.py::test_cuda tests/kernels/test_fused_moe.py::test_sort_cuda \
+  tests/kernels/test_fused_moe.py::test_routing_cuda tests/layers/test_layernorm.py \
   tests/attention/test_cudnn_prefill.py::test_a_batch_of_only_long_prompts
 python3 - "$OUT" <<'PY'
 import json, os, sys
