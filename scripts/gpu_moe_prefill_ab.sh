@@ -2,18 +2,20 @@
 # Issue 61 (item 2): Qwen3-30B-A3B prefill on ONE GPU, the tree before ($BEFORE, default
 # .before: `git archive 5ad0e89` unpacked there) against this one, in this order (what
 # BUDGET_S leaves out last):
+# 0. the GPU tests of the changed kernels (MoE prefill path, sort and routing, the per-head
+#    RMSNorm and q/k norms, the cuDNN long-prompt route);
 # 1. benchmarks/moe_prefill.py: one layer's experts at 4,096 tokens (32,768 pairs): the
 #    grouped GEMMs' tiles swept (ms, TFLOP/s), the experts call unfused against the prefill
 #    path (table tiles, swept tiles), the fastest tiles to $OUT/moe_prefill_tiles.json;
-# 2. before: benchmarks/prefill_variants.py (prefill_throughput.py's timing, one engine) at
+# 2. after: benchmarks/prefill_variants.py (prefill_throughput.py's timing, one engine) at
 #    512 and 4096 tokens, --repeats 3, 4096 profiled (kernels, CUDA runtime calls, host/device
-#    busy; the forward's Python under cProfile), then 4096 with PARASHIFT_PDL=0 and cuDNN off;
-# 3. after: the same, then also the MoE prefill path off (PARASHIFT_MOE_PREFILL=0) and the
-#    swept tiles;
-# 4. the GPU tests of the changed kernels (MoE prefill path, RMSNorm, fused MoE).
+#    busy; the forward's Python under cProfile), then 4096 with PARASHIFT_PDL=0, the MoE
+#    prefill path off (PARASHIFT_MOE_PREFILL=0), the swept tiles and cuDNN off;
+# 3. before: the same but the two switches it lacks (the s42 profile of this tree, 140.8 ms
+#    at 4096, is in benchmarks/results/raw/s42_profiles_fallback/ if the budget cuts it).
 # Each row holds the forward's host issue time and device span and the allocator's retries.
-# A step is skipped where its usual time would pass BUDGET_S seconds (bench ~55, a prefill
-# run ~65, tests ~50); each gets at most twice its usual time. JSON and logs to
+# A step is skipped where its usual time would pass BUDGET_S seconds (tests ~60, bench ~55,
+# a prefill run ~65-70); each gets at most twice its usual time. JSON and logs to
 # $OUT/<step>.{json,log}; a summary at the end. From the repository root:
 # Usage: OUT=dir [BUDGET_S=280] [BEFORE=.before] bash scripts/gpu_moe_prefill_ab.sh
 set -u
@@ -28,21 +30,20 @@ variants() {  # name, seconds, PYTHONPATH, then the variants and flags
   budget_step "$name" "$need" env PYTHONPATH="$path" python3 benchmarks/prefill_variants.py \
     --model "$S" --prompt-lens 512 4096 --repeats 3 --output "$OUT/$name.json" --variants "$@"
 }
+budget_step gpu_tests 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
+  -p no:cacheprovider -k "not interpreted" tests/kernels/test_moe_prefill.py \
+  tests/kernels/test_rmsnorm.py::test_heads_cuda tests/kernels/test_fused_moe.py::test_sort_cuda \
+  tests/kernels/test_fused_moe.py::test_routing_cuda tests/layers/test_layernorm.py \
+  tests/attention/test_cudnn_prefill.py::test_a_batch_of_only_long_prompts
 budget_step moe_prefill 55 python3 benchmarks/moe_prefill.py --model "$S" --tokens 4096 \
   --output "$OUT/moe_prefill.json" --tiles-out "$TILES"
+variants after 70 "$(pwd)" default pdl_off moe_prefill_off swept_tiles cudnn_off --profile \
+  --python-profile --tiles "$TILES"
 if [ -n "$before" ] && [ -d "$before/parashift" ]; then
   variants before 65 "$before" default pdl_off cudnn_off --profile --python-profile
 else
   echo "[before skipped: no tree at ${BEFORE:-.before}]"
 fi
-variants after 70 "$(pwd)" default pdl_off moe_prefill_off swept_tiles cudnn_off --profile \
-  --python-profile --tiles "$TILES"
-budget_step gpu_tests 50 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
-  -p no:cacheprovider -k "not interpreted" tests/kernels/test_moe_prefill.py \
-  tests/kernels/test_rmsnorm.py::test_heads_cuda tests/kernels/test_rmsnorm.py::test_cuda \
-  tests/kernels/test_fused_moe.py::test_cuda tests/kernels/test_fused_moe.py::test_sort_cuda \
-  tests/kernels/test_fused_moe.py::test_routing_cuda tests/layers/test_layernorm.py \
-  tests/attention/test_cudnn_prefill.py::test_a_batch_of_only_long_prompts
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
