@@ -112,9 +112,10 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, pair_of_row: torch.Tensor,
                  weights: torch.Tensor | None = None, tiles: tuple | None = None,
                  w_scale: torch.Tensor | None = None, zero: bool = True) -> torch.Tensor:
     """[num_pairs, n] with row p = a[p // a_row_div] @ w[expert of p]^T (times weights[p]);
-    rows of pairs with no expert here are zero (not written where `zero` is False). w is [E, n, k], or [E, parts, n / parts, k]
-    (a narrowed layout's gate and up slices: a strided view, read in place). FP8 weights
-    come with `w_scale`, one per output row: [E, n, 1] or [E, parts, n / parts, 1]."""
+    rows of pairs with no expert here are zero (unwritten where `zero` is False). w is
+    [E, n, k], or [E, parts, n / parts, k] (a narrowed layout's gate and up slices: a
+    strided view, read in place). FP8 weights come with `w_scale`, one per output row:
+    [E, n, 1] or [E, parts, n / parts, 1]."""
     if w.dim() == 3:
         w = w.unsqueeze(1)
         w_scale = None if w_scale is None else w_scale.unsqueeze(1)
