@@ -66,6 +66,8 @@ def _rms_norm_heads_kernel(out_ptr, x_ptr, weight_ptr, weight2_ptr, eps, items, 
     cols = tl.max_contiguous(tl.arange(0, BLOCK), VEC)
     mask = cols < N
     first = tl.program_id(0).to(tl.int64) * ITEMS
+    w1 = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    w2 = tl.load(weight2_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     for i in tl.static_range(ITEMS):
         item = first + i
         live = cols < tl.where(item < items, N, 0)  # a row past the end: nothing
@@ -75,8 +77,7 @@ def _rms_norm_heads_kernel(out_ptr, x_ptr, weight_ptr, weight2_ptr, eps, items, 
         xf = x.to(tl.float32)
         rstd = tl.math.rsqrt(tl.sum(xf * xf, 0) * (1.0 / N) + eps)
         normed = (xf * rstd).to(x.dtype).to(tl.float32)
-        w_ptr = tl.where(head < first_head2, weight_ptr, weight2_ptr)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.where(head < first_head2, w1, w2)
         tl.store(out_ptr + item * N + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=live)
     pdl.inputs_read(USE_PDL)
 
