@@ -126,9 +126,13 @@ def main():
         print(json.dumps(rows[-1]), flush=True)
     llm.llm_engine.shutdown()
     if args.output:
-        with open(args.output, "w") as f:
-            device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-            json.dump(dict(model=args.model, device=device, rows=rows), f, indent=1)
+        write_rows(args.output, args.model, rows)
+
+
+def write_rows(path: str, model: str, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        json.dump(dict(model=model, device=device, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

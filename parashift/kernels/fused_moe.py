@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import moe_routing, moe_small
+from parashift.kernels import moe_prefill, moe_routing, moe_small
 
 BLOCK_M = 16
 MANY_ROWS_BLOCK_M = 64  # rows per program where experts average many pairs (prefill)
@@ -40,10 +40,8 @@ def _grouped_gemm_kernel(out_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, weig
     expert = tl.load(block_expert_ptr + block)
     if expert >= num_experts:
         return
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    pairs = tl.load(pair_ptr + rows)
-    valid = pairs < num_pairs
-    a_rows = (pairs // a_row_div).to(tl.int64)
+    pairs, valid, a_rows = moe_routing.block_pairs(pair_ptr, block, num_pairs, a_row_div,
+                                                   BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_base = w_ptr + expert.to(tl.int64) * stride_we
     # output column c is row c % part_rows of part c // part_rows of the expert's weight
@@ -112,11 +110,12 @@ def sort_pairs_torch(ids: torch.Tensor, num_local: int, first_expert: int,
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, pair_of_row: torch.Tensor,
                  block_expert: torch.Tensor, num_pairs: int, a_row_div: int,
                  weights: torch.Tensor | None = None, tiles: tuple | None = None,
-                 w_scale: torch.Tensor | None = None) -> torch.Tensor:
+                 w_scale: torch.Tensor | None = None, zero: bool = True) -> torch.Tensor:
     """[num_pairs, n] with row p = a[p // a_row_div] @ w[expert of p]^T (times weights[p]);
-    rows of pairs with no expert here are zero. w is [E, n, k], or [E, parts, n / parts, k]
-    (a narrowed layout's gate and up slices: a strided view, read in place). FP8 weights
-    come with `w_scale`, one per output row: [E, n, 1] or [E, parts, n / parts, 1]."""
+    rows of pairs with no expert here are zero (unwritten where `zero` is False). w is
+    [E, n, k], or [E, parts, n / parts, k] (a narrowed layout's gate and up slices: a
+    strided view, read in place). FP8 weights come with `w_scale`, one per output row:
+    [E, n, 1] or [E, parts, n / parts, 1]."""
     if w.dim() == 3:
         w = w.unsqueeze(1)
         w_scale = None if w_scale is None else w_scale.unsqueeze(1)
@@ -128,7 +127,8 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, pair_of_row: torch.Tensor,
     part_rows, k_in = w.shape[2], w.shape[3]
     n_out = w.shape[1] * part_rows
     a = a.contiguous()
-    out = torch.zeros(num_pairs, n_out, dtype=a.dtype, device=a.device)
+    out = (torch.zeros if zero else torch.empty)(num_pairs, n_out, dtype=a.dtype,
+                                                 device=a.device)
     block_m = pair_of_row.numel() // block_expert.numel()
     block_n, block_k, warps, stages = tiles or gemm_tiles(block_m, n_out, k_in)
     grid = (block_expert.numel(), triton.cdiv(n_out, block_n))
@@ -171,15 +171,35 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                     gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
                     scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """fused_experts by the two grouped GEMMs, at any number of pairs."""
+    """fused_experts by the two grouped GEMMs, at any number of pairs; prefill-sized batches
+    by `prefill_experts` (unless PARASHIFT_MOE_PREFILL=0)."""
     gate_up_scale, down_scale = scales or (None, None)
     from parashift.kernels.silu_mul import silu_and_mul
     tokens, top_k = ids.shape
     num_pairs = ids.numel()
-    pair_of_row, block_expert = sort_pairs(ids, gate_up.shape[0], first_expert,
-                                           block_rows(num_pairs, gate_up.shape[0]))
+    block_m = block_rows(num_pairs, gate_up.shape[0])
+    if block_m == MANY_ROWS_BLOCK_M and moe_prefill.enabled():
+        return prefill_experts(x, weights, ids, gate_up, down, first_expert, scales)
+    pair_of_row, block_expert = sort_pairs(ids, gate_up.shape[0], first_expert, block_m)
     h = silu_and_mul(grouped_gemm(x, gate_up, pair_of_row, block_expert, num_pairs, top_k,
                                   w_scale=gate_up_scale))
     y = grouped_gemm(h, down, pair_of_row, block_expert, num_pairs, 1,
                      weights.flatten().contiguous(), w_scale=down_scale)
     return y.view(tokens, top_k, -1).sum(dim=1)
+
+
+def prefill_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                    gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
+                    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    tiles: dict | None = None) -> torch.Tensor:
+    """grouped_experts without fills, SiLU·mul in the gate_up GEMM, the top-k sum a kernel
+    of its own (kernels/moe_prefill.py); `tiles` as moe_prefill.tiles_for gives them."""
+    tiles = moe_prefill.check_tiles(tiles) if tiles else moe_prefill.tiles_for(x.device)
+    gate_up_scale, down_scale = scales or (None, None)
+    num_local, num_pairs = gate_up.shape[0], ids.numel()
+    pair_of_row, block_expert = sort_pairs(ids, num_local, first_expert, tiles["block_m"])
+    h = moe_prefill.gate_up_silu(x, gate_up, pair_of_row, block_expert, num_pairs,
+                                 ids.shape[1], tiles["gate_up"], gate_up_scale)
+    y = grouped_gemm(h, down, pair_of_row, block_expert, num_pairs, 1,
+                     weights.flatten().contiguous(), tiles["down"], down_scale, zero=False)
+    return moe_prefill.topk_sum(y, ids, first_expert, num_local)

@@ -8,7 +8,12 @@ output (the next FP8 linear layer's activations, without a kernel of their own).
 Every load and store of a row moves VEC elements a thread (16 bytes of the widest dtype):
 Triton lays a row out by its memory ops, and the E4M3 store alone would take 16 a thread,
 so the FP8 variant would sum the squares in another order than the plain kernel (fp32
-results 1 ulp apart, issue 60) without the cap."""
+results 1 ulp apart, issue 60) without the cap.
+
+Many short rows (Qwen3's per-head q/k norms at a prefill: 4,096 tokens x 32 heads of 128)
+take `_rms_norm_heads_kernel`: ITEMS rows a program, each normalised by the plain kernel's
+code in the plain kernel's layout (one warp a 128-wide row), so the same bits; one program
+a row of 128 left most of each SM's time to launching programs (53 us a norm on an H200)."""
 import torch
 import triton
 import triton.language as tl
@@ -49,9 +54,65 @@ def _rms_norm_kernel(out_ptr, new_x_ptr, q_ptr, s_ptr, x_ptr, residual_ptr, weig
         tl.store(s_ptr + row, scale)
 
 
+@triton.jit
+def _rms_norm_heads_kernel(out_ptr, x_ptr, weight_ptr, weight2_ptr, eps, items, heads,
+                           first_head2, stride_xr, stride_xh,
+                           N: tl.constexpr, BLOCK: tl.constexpr, ITEMS: tl.constexpr,
+                           VEC: tl.constexpr, USE_PDL: tl.constexpr):
+    """Rows first.. first + ITEMS of x [rows, heads, N] read as rows * heads rows (out
+    contiguous), each as _rms_norm_kernel normalises one; heads from first_head2 on by
+    weight2 (Qwen3's k heads after its q heads)."""
+    pdl.start(USE_PDL)
+    cols = tl.max_contiguous(tl.arange(0, BLOCK), VEC)
+    mask = cols < N
+    first = tl.program_id(0).to(tl.int64) * ITEMS
+    w1 = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    w2 = tl.load(weight2_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    for i in tl.static_range(ITEMS):
+        item = first + i
+        live = cols < tl.where(item < items, N, 0)  # a row past the end: nothing
+        head = item % heads
+        x = tl.load(x_ptr + (item // heads) * stride_xr + head * stride_xh + cols, mask=live,
+                    other=0.0)
+        xf = x.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(xf * xf, 0) * (1.0 / N) + eps)
+        normed = (xf * rstd).to(x.dtype).to(tl.float32)
+        w = tl.where(head < first_head2, w1, w2)
+        tl.store(out_ptr + item * N + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=live)
+    pdl.inputs_read(USE_PDL)
+
+
+HEADS_ITEMS = 16  # rows a program of _rms_norm_heads_kernel
+MANY_HEAD_ROWS = 8192  # from this many rows of several heads (a decode's stay one a program)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of x's last dim; x of any rank and strides."""
+    if x.dim() >= 3 and x.shape[-2] > 1 and x.numel() // x.shape[-1] >= MANY_HEAD_ROWS:
+        return rms_norm_heads(x, weight, eps)
     return _launch(x, None, weight, eps)[0]
+
+
+def rms_norm_heads(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                   items: int = HEADS_ITEMS, weight2: torch.Tensor | None = None,
+                   first_head2: int | None = None) -> torch.Tensor:
+    """rms_norm of x [.., heads, n], `items` rows of n a program: the same bits; heads
+    first_head2.. normalised by weight2 instead (two norms in one launch)."""
+    if (weight2 is None) != (first_head2 is None) or \
+            (weight2 is not None and weight2.dtype != weight.dtype):
+        raise ValueError("rms_norm_heads: weight2 and first_head2 come together, weight2 in "
+                         "weight's dtype")
+    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    xs = _as_3d(x)
+    rows, heads, n = xs.shape
+    block = triton.next_power_of_2(n)
+    weight = weight.contiguous()
+    _rms_norm_heads_kernel[(triton.cdiv(rows * heads, items),)](
+        out, xs, weight, weight if weight2 is None else weight2.contiguous(), eps, rows * heads,
+        heads, heads if first_head2 is None else first_head2, xs.stride(0), xs.stride(1),
+        N=n, BLOCK=block, ITEMS=items, VEC=vector_width(x, weight, out),
+        num_warps=num_warps(block), enable_fp_fusion=False, **pdl.launch_options(x.device))
+    return out
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,

@@ -7,7 +7,7 @@ from parashift.layers.activation import SiluAndMul
 from parashift.layers.attention import Attention
 from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from parashift.layers.fp8_input import hand_over_fp8_inputs
-from parashift.layers.layernorm import RMSNorm
+from parashift.layers.layernorm import RMSNorm, qk_norm
 from parashift.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from parashift.layers.missing import MissingLayer
 from parashift.layers.rotary import get_rotary_embedding
@@ -50,7 +50,7 @@ class LlamaAttention(nn.Module):
         k = k.unflatten(-1, (-1, self.head_dim))
         v = v.unflatten(-1, (-1, self.head_dim))
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = qk_norm(self.q_norm, self.k_norm, q, k)
         o = self.attn(positions, q, k, v)
         return self.o_proj(o.flatten(-2))
 

@@ -4,6 +4,7 @@ and answers with the time of its operations by name, the device's where there is
 kernels, NCCL's included), the host's otherwise. A multi-rank plan's steps run in the worker
 processes, which a profiler in the engine's process does not see."""
 import os
+import re
 
 import torch
 from torch.autograd import DeviceType
@@ -52,7 +53,8 @@ class RankProfiler:
         return {"rank": self.rank, "trace": trace,
                 "device_ms" if on_device else "host_ms":
                     [(name, round(ms, 4), calls) for name, (ms, calls) in ranked],
-                "busy_ms": busy_times(prof.events())}
+                "busy_ms": busy_times(prof.events()),
+                "runtime_calls": runtime_calls(prof.key_averages())}
 
 
 def busy_times(events) -> dict:
@@ -76,6 +78,16 @@ def busy_times(events) -> dict:
             "device_without_collectives": round(covered_us(compute) / 1e3, 3)}
 
 
+def runtime_calls(averages, top: int = 10) -> list[tuple[str, float, int]]:
+    """The CUDA runtime and driver calls by host time, most first: (name, ms, calls). A
+    synchronize or a blocking copy among them is a step waiting for its device; launches,
+    what each kernel costs the host."""
+    calls = [(event.key, round(event.self_cpu_time_total / 1e3, 4), event.count)
+             for event in averages if RUNTIME_CALL.match(event.key)]
+    return sorted(calls, key=lambda call: -call[1])[:top]
+
+
+RUNTIME_CALL = re.compile(r"^cu(da)?[A-Z]")
 COLLECTIVE_WORDS = ("nccl", "all_reduce", "allreduce", "all_gather", "allgather",
                     "reduce_scatter", "all_to_all", "alltoall", "multimem")
 

@@ -117,3 +117,12 @@ def test_an_fp8_pool_matches_the_triton_kernel():
     actual = run(backend, step, *(p.clone() for p in pools))
     tol = TOLERANCE[step.q.dtype]
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
+
+
+def test_rows_are_padded_only_where_missing():
+    from parashift.attention.cudnn_prefill import _pad_rows
+    x = torch.randn(6, 2, 4)
+    assert _pad_rows(x, 6) is x  # no copy
+    padded = _pad_rows(x, 8)
+    assert padded.shape == (8, 2, 4) and torch.equal(padded[:6], x)
+    assert not padded[6:].any()

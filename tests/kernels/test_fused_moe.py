@@ -159,6 +159,26 @@ test_routing_interpreted, test_routing_cuda = case_tests(__name__, check_routing
                                                          ROUTING_CASES, uses_dot=True)
 
 
+# the sort alone over random ids: many chunks of 1,024 pairs (each expert's pairs spread over
+# them), EP's experts held elsewhere
+SORT_CASES = [dict(tokens=600, experts=8, top_k=8, held=6, first=1),
+              dict(tokens=300, experts=32, top_k=8, held=32, first=0)]
+
+
+def check_sort(tokens, experts, top_k, held, first, dtype="float32", device="cpu"):
+    from parashift.kernels import moe_routing
+    gen = torch.Generator().manual_seed(tokens)
+    ids = torch.randint(0, experts, (tokens, top_k), generator=gen).to(device)
+    for block_m in (16, 64):
+        rows, blocks = moe_routing.sort_pairs(ids, held, first, block_m)
+        ref_rows, ref_blocks = fused_moe.sort_pairs_torch(ids, held, first, block_m)
+        assert torch.equal(rows, ref_rows) and torch.equal(blocks, ref_blocks)
+
+
+test_sort_interpreted, test_sort_cuda = case_tests(__name__, check_sort, SORT_CASES,
+                                                   uses_dot=True)
+
+
 def test_prefill_sized_batches_take_64_row_programs():
     assert fused_moe.block_rows(num_pairs=8, num_local=128) == 16
     assert fused_moe.block_rows(num_pairs=512 * 8, num_local=128) == 16

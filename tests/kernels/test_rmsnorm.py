@@ -97,6 +97,69 @@ def test_fp8_variant_sums_the_squares_in_the_plain_kernels_order(dtype, n, resid
     assert layouts[True][0] == layouts[False][0]
 
 
+# many short rows a program (a prefill's per-head q/k norms): the plain kernel's bits; odd
+# row counts (a last program part empty), strided q/k views, items not dividing the rows
+HEADS_CASES = [
+    dict(rows=5, heads=4, n=128, strided=True, items=16),
+    dict(rows=37, heads=3, n=100, items=8),
+    dict(rows=9, heads=8, n=64, strided=True, items=5),
+    dict(rows=1, heads=2, n=128, items=16),
+]
+
+
+def check_heads(rows, heads, n, items, strided=False, dtype="float32", device="cpu"):
+    x = randn((rows, heads, n), dtype, device, strided=strided)
+    weight = 1 + 0.1 * randn((n,), dtype, device, seed=1)
+    out = rmsnorm.rms_norm_heads(x, weight, EPS, items)
+    assert out.shape == x.shape and out.is_contiguous()
+    assert_exact(out, rmsnorm._launch(x, None, weight, EPS)[0])
+    assert_last_bits(out, rms_norm_torch(x, weight, EPS))
+    # the heads from `split` on by a second weight (Qwen3's q and k norms in one launch)
+    split = (heads + 1) // 2
+    weight2 = 1 + 0.1 * randn((n,), dtype, device, seed=3)
+    both = rmsnorm.rms_norm_heads(x, weight, EPS, items, weight2, split)
+    assert_exact(both[:, :split], rmsnorm._launch(x[:, :split], None, weight, EPS)[0])
+    assert_exact(both[:, split:], rmsnorm._launch(x[:, split:], None, weight2, EPS)[0])
+
+
+test_heads_interpreted, test_heads_cuda = case_tests(__name__, check_heads, HEADS_CASES)
+
+
+@pytest.mark.parametrize("dtype, n", [(torch.bfloat16, 128), (torch.float32, 128),
+                                      (torch.float16, 100)])
+def test_heads_kernel_sums_the_squares_in_the_plain_kernels_order(dtype, n):
+    """Compiled for sm_90: the per-head kernel's row sums take the plain kernel's layout
+    (the interpreter adds in one order whatever the layout)."""
+    x = torch.empty(1, n, dtype=dtype)
+    block = triton.next_power_of_2(n)
+    vec = rmsnorm.vector_width(x, x, x)
+    plain = dict(out_ptr=dtype, new_x_ptr=dtype, q_ptr=torch.float8_e4m3fn,
+                 s_ptr=torch.float32, x_ptr=dtype, residual_ptr=dtype, weight_ptr=dtype,
+                 eps="fp32", stride_xr="i32", stride_xh="i32", stride_rr="i32",
+                 stride_rh="i32")
+    ir = sm90_ttgir(rmsnorm._rms_norm_kernel, plain,
+                    dict(N=n, BLOCK=block, HAS_RESIDUAL=False, QUANT=False,
+                         FP8_MAX=fp8_gemm.FP8_MAX, VEC=vec, USE_PDL=False),
+                    rmsnorm.num_warps(block))
+    heads = dict(out_ptr=dtype, x_ptr=dtype, weight_ptr=dtype, weight2_ptr=dtype, eps="fp32",
+                 items="i32", heads="i32", first_head2="i32", stride_xr="i32", stride_xh="i32")
+    heads_ir = sm90_ttgir(rmsnorm._rms_norm_heads_kernel, heads,
+                          dict(N=n, BLOCK=block, ITEMS=4, VEC=vec, USE_PDL=False),
+                          rmsnorm.num_warps(block))
+    layouts = reduction_layouts(heads_ir)
+    assert len(layouts) == 4 and set(layouts) == {reduction_layouts(ir)[0]}
+
+
+def test_many_head_rows_take_the_heads_kernel(monkeypatch):
+    calls = []
+    monkeypatch.setattr(rmsnorm, "rms_norm_heads", lambda *a: calls.append(a[0].shape))
+    monkeypatch.setattr(rmsnorm, "_launch", lambda *a: calls.append("plain") or (None,))
+    rmsnorm.rms_norm(torch.zeros(256, 32, 128), torch.ones(128), EPS)  # 8,192 head rows
+    rmsnorm.rms_norm(torch.zeros(255, 32, 128), torch.ones(128), EPS)  # a decode's
+    rmsnorm.rms_norm(torch.zeros(8192, 1, 128), torch.ones(128), EPS)  # one head
+    assert calls == [(256, 32, 128), "plain", "plain"]
+
+
 def test_fp8_refuses_rows_of_several_heads():
     with pytest.raises(ValueError, match="several heads"):
         rmsnorm.rms_norm_fp8(torch.zeros(2, 3, 16), None, torch.ones(16), EPS)

@@ -57,3 +57,15 @@ def test_covered_time_is_the_union_of_the_intervals():
     assert covered_us([]) == 0
     assert covered_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17  # 0-12 and 20-25
     assert covered_us([(20, 25), (0, 10)]) == 15
+
+
+def test_runtime_calls_are_the_cuda_api_by_host_time():
+    from types import SimpleNamespace
+    from parashift.worker.profiler import runtime_calls
+    averages = [SimpleNamespace(key=k, self_cpu_time_total=us, count=n) for k, us, n in [
+        ("cudaLaunchKernel", 3000, 300), ("cuLaunchKernelEx", 9000, 500),
+        ("cudaStreamSynchronize", 40000, 48), ("aten::mm", 8000, 10), ("cuda_graph", 1, 1),
+        ("cudnn_generated_fort", 500, 5)]]
+    assert runtime_calls(averages) == [("cudaStreamSynchronize", 40.0, 48),
+                                       ("cuLaunchKernelEx", 9.0, 500),
+                                       ("cudaLaunchKernel", 3.0, 300)]

@@ -1,0 +1,176 @@
+"""The experts of a prefill-sized batch (64+ pairs per expert on average) in three launches
+after the pair sort, none of them a fill: what kernels/fused_moe.grouped_experts computes
+with five (a zeroed [gate | up], SiLU·mul, a zeroed down output, torch's top-k sum).
+
+1. `_gate_up_silu_kernel`: each program takes BLOCK_M sorted rows of one expert and BLOCK_N
+   columns of the intermediate width, runs the gate and the up GEMM side by side (two
+   accumulators) and writes silu(gate) * up, rounded as the unfused path rounds (each GEMM
+   to the activations' dtype, then kernels/silu_mul.silu_mul_values).
+2. The grouped GEMM of kernels/fused_moe.py writes each pair's down projection times its
+   routing weight; rows of pairs held by no expert here (expert parallelism) stay unwritten.
+3. `_topk_sum_kernel`: each token's k pairs added in slot order in fp32, a pair routed to an
+   expert held elsewhere skipped (reads its ids, so no row needs zeroing).
+
+Tiles: the table TILES (per device name, chosen by benchmarks/moe_prefill.py's sweep), or a
+JSON file of the sweep's (PARASHIFT_MOE_PREFILL_TILES=path); PARASHIFT_MOE_PREFILL=0 sends
+prefill batches back to grouped_experts' unfused path (read at each call)."""
+import functools
+import json
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from parashift.kernels import moe_routing
+from parashift.kernels.silu_mul import silu_mul_values
+
+ENV, TILES_ENV = "PARASHIFT_MOE_PREFILL", "PARASHIFT_MOE_PREFILL_TILES"
+# block_m, then (BLOCK_N, BLOCK_K, warps, stages) of gate_up and of down; DEFAULT_TILES
+# where the table has no row for the device: the unfused path's 64-row tiles
+DEFAULT_TILES = {"block_m": 64, "gate_up": (64, 64, 4, 3), "down": (128, 64, 4, 3)}
+TILES: dict[str, dict] = {}  # device name -> tiles, from a sweep on that device
+
+
+def enabled() -> bool:
+    value = os.environ.get(ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def tiles_for(device: torch.device) -> dict:
+    """{"block_m", "gate_up", "down"}: the file PARASHIFT_MOE_PREFILL_TILES names, else the
+    table's row for this device, else DEFAULT_TILES."""
+    path = os.environ.get(TILES_ENV)
+    if path:
+        return _tiles_file(path)
+    return TILES.get(_device_name(device.type, device.index), DEFAULT_TILES)
+
+
+@functools.cache
+def _device_name(kind: str, index: int | None) -> str:
+    return torch.cuda.get_device_name(index) if kind == "cuda" else kind
+
+
+@functools.cache
+def _tiles_file(path: str) -> dict:
+    with open(path) as f:
+        tiles = json.load(f)
+    try:
+        return check_tiles({"block_m": tiles["block_m"], "gate_up": tuple(tiles["gate_up"]),
+                            "down": tuple(tiles["down"])})
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{TILES_ENV}={path}: expected block_m, gate_up and down "
+                         f"(BLOCK_N, BLOCK_K, warps, stages), got {tiles}") from exc
+
+
+def check_tiles(tiles: dict) -> dict:
+    numbers = [tiles["block_m"], *tiles["gate_up"], *tiles["down"]]
+    powers = numbers[:4] + numbers[5:8]  # all but the stages
+    if len(numbers) != 9 or any(n < 1 or n & (n - 1) for n in powers) or min(numbers) < 1 \
+            or tiles["block_m"] < 16:
+        raise ValueError("MoE prefill tiles must be powers of two (block_m >= 16; stages "
+                         f">= 1), got {tiles}")
+    return tiles
+
+
+@triton.jit
+def _gate_up_silu_kernel(h_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, scale_ptr,
+                         num_pairs, num_experts, inter, k_in, a_row_div,
+                         stride_a, stride_we, stride_wp, stride_wn, stride_h,
+                         stride_se, stride_sp, stride_sn,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         IEEE: tl.constexpr, W_SCALED: tl.constexpr, LIBDEVICE: tl.constexpr):
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block)
+    if expert >= num_experts:
+        return
+    pairs, valid, a_rows = moe_routing.block_pairs(pair_ptr, block, num_pairs, a_row_div,
+                                                   BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_gate = w_ptr + expert.to(tl.int64) * stride_we + cols[None, :] * stride_wn
+    w_up = w_gate + stride_wp
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k_in, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + a_rows[:, None] * stride_a + ks[None, :],
+                    mask=valid[:, None] & (ks[None, :] < k_in), other=0.0)
+        w_mask = (cols[None, :] < inter) & (ks[:, None] < k_in)
+        gate = tl.load(w_gate + ks[:, None], mask=w_mask, other=0.0)
+        up = tl.load(w_up + ks[:, None], mask=w_mask, other=0.0)
+        if W_SCALED:  # E4M3 weights: exact in the activations' dtype, scaled after the sum
+            gate = gate.to(a_ptr.dtype.element_ty)
+            up = up.to(a_ptr.dtype.element_ty)
+        if IEEE:  # fp32 inputs: no TF32
+            acc_gate = tl.dot(a, gate, acc_gate, input_precision="ieee")
+            acc_up = tl.dot(a, up, acc_up, input_precision="ieee")
+        else:
+            acc_gate = tl.dot(a, gate, acc_gate)
+            acc_up = tl.dot(a, up, acc_up)
+    if W_SCALED:
+        scales = scale_ptr + expert.to(tl.int64) * stride_se + cols * stride_sn
+        acc_gate = acc_gate * tl.load(scales, mask=cols < inter, other=0.0)[None, :]
+        acc_up = acc_up * tl.load(scales + stride_sp, mask=cols < inter, other=0.0)[None, :]
+    dtype = h_ptr.dtype.element_ty
+    h = silu_mul_values(acc_gate.to(dtype), acc_up.to(dtype), LIBDEVICE)
+    tl.store(h_ptr + pairs.to(tl.int64)[:, None] * stride_h + cols[None, :], h.to(dtype),
+             mask=valid[:, None] & (cols[None, :] < inter))
+
+
+def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, pair_of_row: torch.Tensor,
+                 block_expert: torch.Tensor, num_pairs: int, top_k: int, tiles: tuple,
+                 scale: torch.Tensor | None = None) -> torch.Tensor:
+    """[num_pairs, I]: silu(x[p // top_k] @ gate^T) * (x[p // top_k] @ up^T) of pair p's
+    expert; rows of pairs held elsewhere unwritten. gate_up: [E, 2 I, H] or a narrowed
+    layout's [E, 2, I, H] view; FP8 with `scale` [E, 2 I, 1] or [E, 2, I, 1]."""
+    w = gate_up if gate_up.dim() == 4 else gate_up.unflatten(1, (2, gate_up.shape[1] // 2))
+    if w.stride(3) != 1:
+        w = w.contiguous()
+    if scale is not None and scale.dim() == 3:
+        scale = scale.unflatten(1, (2, scale.shape[1] // 2))
+    inter, k_in = w.shape[2], w.shape[3]
+    x = x.contiguous()
+    h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
+    block_n, block_k, warps, stages = tiles
+    block_m = pair_of_row.numel() // block_expert.numel()
+    _gate_up_silu_kernel[(block_expert.numel(), triton.cdiv(inter, block_n))](
+        h, x, w, pair_of_row, block_expert, scale if scale is not None else h,
+        num_pairs, w.shape[0], inter, k_in, top_k, x.stride(0), w.stride(0), w.stride(1),
+        w.stride(2), h.stride(0), *((0, 0, 0) if scale is None else scale.stride()[:3]),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32,
+        W_SCALED=scale is not None, LIBDEVICE=x.is_cuda, num_warps=warps, num_stages=stages)
+    return h
+
+
+@triton.jit
+def _topk_sum_kernel(out_ptr, y_ptr, ids_ptr, n, first_expert, num_local,
+                     TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for slot in tl.static_range(TOP_K):
+        local = tl.load(ids_ptr + token * TOP_K + slot) - first_expert
+        width = tl.where((local >= 0) & (local < num_local), n, 0)  # held elsewhere: none
+        acc += tl.load(y_ptr + (token * TOP_K + slot) * n + cols, mask=cols < width,
+                       other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * n + cols, acc.to(out_ptr.dtype.element_ty), mask=cols < n)
+
+
+SUM_BLOCK = 1024
+
+
+def topk_sum(y: torch.Tensor, ids: torch.Tensor, first_expert: int, num_local: int
+             ) -> torch.Tensor:
+    """[T, n]: the sum over each token's k pairs (y [T * k, n], pair t * k + j) held here
+    (expert ids first_expert .. + num_local - 1), in slot order, in fp32."""
+    tokens, top_k = ids.shape
+    n = y.shape[1]
+    out = torch.empty(tokens, n, dtype=y.dtype, device=y.device)
+    block = min(SUM_BLOCK, triton.next_power_of_2(n))
+    if tokens:
+        _topk_sum_kernel[(tokens, triton.cdiv(n, block))](
+            out, y.contiguous(), ids.contiguous(), n, first_expert, num_local, TOP_K=top_k,
+            BLOCK=block, num_warps=4)
+    return out
