@@ -1,7 +1,7 @@
 """GEMMs on the CPU through the route each weight shape runs fastest on this CPU: plain
 `F.linear`, oneDNN on the weight reordered once at start-up into the blocked layout its
-kernels read (what `F.linear` would pack again on every call), or, in fp32 at one row,
-MKL's packed GEMM.
+kernels read (what `F.linear` would pack again on every call; for any rows or for one),
+or, in fp32 at one row, MKL's packed GEMM.
 
 On a one-device CPU engine the linear layers and the LM head swap their `matmul` for a
 `PackedLinear` of their weight, which takes, by the step's rows (a row bucket), the route
@@ -18,13 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from parashift.host_memory import mem_available_bytes
-from parashift.layers.cpu_gemm_choice import (ROW_BUCKETS, GemmChoice, bucket_of,
-                                              choose_routes)
+from parashift.layers.cpu_gemm_choice import (DEFAULT_ROUTE, ROW_BUCKETS, GemmChoice,
+                                              bucket_of, choose_routes, pack, run_route)
 
 logger = logging.getLogger(__name__)
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
-_LINEAR = torch.ops.mkldnn._linear_pointwise if torch.backends.mkldnn.is_available() else None
 
 
 def can_pack() -> bool:
@@ -34,27 +33,21 @@ def can_pack() -> bool:
 
 class PackedLinear:
     """`matmul(x, weight, bias)` running, for `source` itself unchanged since it was packed,
-    the route `routes` names for the input's row bucket ("plain", "onednn", "mkl"); any
+    the route `routes` names for the input's row bucket (layers/cpu_gemm_choice.py); any
     other weight runs `fallback`. By default every bucket takes oneDNN's packed GEMM."""
 
     def __init__(self, source: torch.Tensor, fallback, routes: dict[int, str] | None = None):
         self.source, self.fallback = source, fallback
         self.stamp = _stamp(source)
-        self.routes = routes or {bucket: "onednn" for bucket in ROW_BUCKETS}
-        forms = set(self.routes.values())
-        weight = source.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight) \
-            if "onednn" in forms else None
-        self.mkl_packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, 1) \
-            if "mkl" in forms else None
-        runs = {"plain": self._plain, "onednn": self._onednn, "mkl": self._mkl}
-        self._by_bucket = {bucket: runs[route] for bucket, route in self.routes.items()}
+        self.routes = routes or dict.fromkeys(ROW_BUCKETS, DEFAULT_ROUTE)
+        self.packed = {r: pack(r, source.detach()) for r in set(self.routes.values())}
+        self._by_bucket = {bucket: self._runner(route) for bucket, route in self.routes.items()}
 
     @property
     def nbytes(self) -> int:
-        """The packed copies' bytes (oneDNN's is opaque: counted as the weight's)."""
-        return (0 if self.packed is None else self.source.nbytes) + \
-            (0 if self.mkl_packed is None else self.mkl_packed.nbytes)
+        """The packed copies' bytes (oneDNN's are opaque: counted as the weight's)."""
+        return sum(0 if p is None else p.nbytes if route == "mkl" else self.source.nbytes
+                   for route, p in self.packed.items())
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor,
                  bias: torch.Tensor | None) -> torch.Tensor:
@@ -67,15 +60,11 @@ class PackedLinear:
         out = self._by_bucket[bucket_of(rows.shape[0])](rows, bias)
         return out.view(*x.shape[:-1], out.shape[-1])
 
-    def _plain(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return self.fallback(x, self.source, bias)
-
-    def _onednn(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return _LINEAR(x, self.packed, bias, "none", [], "")
-
-    def _mkl(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        # packed for one row; MKL runs any other row count on the plain weight itself
-        return torch.ops.mkl._mkl_linear(x, self.mkl_packed, self.source, bias, 1)
+    def _runner(self, route: str):
+        if route == "plain":
+            return lambda x, bias: self.fallback(x, self.source, bias)
+        packed = self.packed[route]
+        return lambda x, bias: run_route(route, x, packed, self.source, bias)
 
 
 def _stamp(weight: torch.Tensor) -> tuple[int, int]:
@@ -103,11 +92,15 @@ def pack_cpu_weights(model: nn.Module) -> GemmChoice:
         return GemmChoice.plain("torch built without oneDNN")
     layers = packable_layers(model)
     choice = choose_routes([m.weight for m in layers])
-    needed = sum({id(m.weight): choice.packed_bytes(m.weight) for m in layers}.values())
     available = mem_available_bytes()
-    if available is not None and needed > available // 2:
-        logger.info("CPU weights not packed: %.1f GiB would not fit in half of the %.1f GiB "
-                    "available", needed / 2**30, available / 2**30)
+    for option in (choice, choice.all_default()):
+        needed = sum({id(m.weight): option.packed_bytes(m.weight) for m in layers}.values())
+        if available is None or needed <= available // 2:
+            choice = option
+            break
+        logger.info("CPU GEMM routes %s: %.1f GiB of packed copies would not fit in half of "
+                    "the %.1f GiB available", option.source, needed / 2**30, available / 2**30)
+    else:
         return GemmChoice.plain("the packed copies would not fit in memory")
     nbytes = 0
     for module in layers:

@@ -23,8 +23,11 @@ def test_rows_fall_in_buckets():
 
 
 def test_the_fastest_route_is_kept_and_an_untimed_bucket_takes_the_largest_below():
+    assert cpu_gemm_choice.DEFAULT_ROUTE == "onednn"
     timings = {1: {"plain": 0.2, "onednn": 0.3, "mkl": 0.1}, 16: {"plain": 0.4, "onednn": 0.5}}
-    assert cpu_gemm_choice._fastest(timings) == {1: "mkl", 16: "plain", 256: "plain"}
+    assert cpu_gemm_choice._decide(timings, {}) == {1: "mkl", 16: "plain", 256: "plain"}
+    lost = {1: {"mkl": 0.3, "onednn": 0.2}}  # mkl's rematch against the default
+    assert cpu_gemm_choice._decide(timings, lost) == {1: "onednn", 16: "plain", 256: "plain"}
 
 
 def test_timed_routes_are_recorded_per_shape_and_bucket(monkeypatch):
@@ -38,18 +41,58 @@ def test_timed_routes_are_recorded_per_shape_and_bucket(monkeypatch):
     for shape, by_bucket in choice.routes.items():
         timed = choice.timings[shape]
         assert set(by_bucket) == set(ROW_BUCKETS) == set(timed)
-        fp32_one_row = {"plain", "onednn", "mkl"} if mkl_packs() else {"plain", "onednn"}
         for bucket, route in by_bucket.items():
-            expected = fp32_one_row if shape[2] == torch.float32 and bucket == 1 \
-                else {"plain", "onednn"}
+            expected = {"plain", "onednn"} | ({"onednn1"} if bucket == 1 else set()) | (
+                {"mkl"} if bucket == 1 and shape[2] == torch.float32 and mkl_packs() else set())
             assert set(timed[bucket]) == expected
-            assert route == min(timed[bucket], key=timed[bucket].get)
+            winner = min(timed[bucket], key=timed[bucket].get)
+            rematch = choice.rematches[shape].get(bucket)
+            assert (rematch is not None) == (winner != "onednn")
+            assert route == (winner if rematch is None or rematch[winner] < rematch["onednn"]
+                             else "onednn")
     rows = choice.as_dict()["routes"]
     assert len(rows) == 2 * len(ROW_BUCKETS) and all(r["ms"] is not None for r in rows)
     assert "96x48 float32" in choice.describe()
 
 
-@pytest.mark.parametrize("forced", ["plain", "onednn", pytest.param("mkl", marks=needs_mkl)])
+def test_a_route_beating_the_default_once_must_beat_it_again(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    races = []
+
+    def race(runs):  # plain wins the first race of each bucket by noise, loses the second
+        races.append(sorted(runs))
+        first = len(races) % 2 == 1
+        return {r: (0.1 if r == "plain" and first else 0.3 if r == "plain" else 0.2)
+                for r in runs}
+    monkeypatch.setattr(cpu_gemm_choice, "_race", race)
+    choice = choose_routes([torch.randn(16, 8).bfloat16()])
+    assert races[1] == ["onednn", "plain"]  # the rematch: the winner against the default
+    assert choice.routes[16, 8, torch.bfloat16] == dict.fromkeys(ROW_BUCKETS, "onednn")
+    assert choice.timings[16, 8, torch.bfloat16][1]["plain"] == 0.1
+    assert choice.rematches[16, 8, torch.bfloat16][1] == {"plain": 0.3, "onednn": 0.2}
+
+
+def test_timing_past_its_budget_leaves_the_rest_on_the_default(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(cpu_gemm_choice, "TOTAL_BUDGET_S", 0.0)
+    choice = choose_routes([torch.randn(16, 8), torch.randn(24, 8)])
+    assert choice.timings == {(16, 8, torch.float32): {}, (24, 8, torch.float32): {}}
+    assert "6 buckets untimed" in choice.source
+    assert all(r == dict.fromkeys(ROW_BUCKETS, "onednn") for r in choice.routes.values())
+
+
+def test_routes_needing_more_copies_than_fit_fall_back_to_one(monkeypatch):
+    monkeypatch.setenv(ENV, "onednn1")  # two oneDNN copies a weight
+    layer = torch.nn.Linear(64, 64)
+    layer.matmul = F.linear
+    monkeypatch.setattr(cpu_packed, "mem_available_bytes", lambda: 3 * layer.weight.nbytes)
+    choice = cpu_packed.pack_cpu_weights(layer)
+    assert "onednn alone" in choice.source and layer.matmul.routes == dict.fromkeys(
+        ROW_BUCKETS, "onednn") and choice.nbytes == layer.weight.nbytes
+
+
+@pytest.mark.parametrize("forced", ["plain", "onednn", "onednn1",
+                                    pytest.param("mkl", marks=needs_mkl)])
 def test_a_route_is_forced_by_env(monkeypatch, forced):
     monkeypatch.setenv(ENV, forced)
     choice = choose_routes([torch.randn(32, 16), torch.randn(32, 16).bfloat16()])
@@ -58,6 +101,8 @@ def test_a_route_is_forced_by_env(monkeypatch, forced):
     if forced == "mkl":  # one-row fp32 steps only
         assert fp32 == {1: "mkl", 16: "plain", 256: "plain"}
         assert set(bf16.values()) == {"plain"} and choice.mkl_bytes[32, 16, torch.float32] > 0
+    elif forced == "onednn1":  # one-row steps
+        assert fp32 == bf16 == {1: "onednn1", 16: "onednn", 256: "onednn"}
     else:
         assert set(fp32.values()) == set(bf16.values()) == {forced}
 
@@ -69,6 +114,7 @@ def test_an_unknown_route_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("routes", [{1: "plain", 16: "onednn", 256: "plain"},
+                                    {1: "onednn1", 16: "plain", 256: "onednn"},
                                     pytest.param({1: "mkl", 16: "plain", 256: "onednn"},
                                                  marks=needs_mkl)])
 @pytest.mark.parametrize("rows", [1, 5, 70])
@@ -110,7 +156,8 @@ def reference_tokens(model_dir):
     return greedy(llm)
 
 
-@pytest.mark.parametrize("forced", [None, "plain", "onednn", pytest.param("mkl", marks=needs_mkl)])
+@pytest.mark.parametrize("forced", [None, "plain", "onednn", "onednn1",
+                                    pytest.param("mkl", marks=needs_mkl)])
 def test_an_engine_records_its_routes_and_keeps_its_tokens(model_dir, reference_tokens,
                                                            monkeypatch, forced):
     if forced is None:
