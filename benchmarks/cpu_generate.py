@@ -132,7 +132,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    results = []
+    results, gemm_routes = [], {}
     for dtype in args.dtypes:
         runs = {"transformers": transformers_run(load_transformers(getattr(torch, dtype)))}
         for backend in args.backends:
@@ -141,6 +141,8 @@ def main() -> None:
                       max_num_seqs=max(args.batches))
             if backend.endswith(UNPACKED):
                 unpack_cpu_weights(llm.llm_engine.runner.model)
+            else:  # the GEMM routes timed at start-up (layers/cpu_gemm_choice.py)
+                gemm_routes[f"{dtype}/{backend}"] = llm.llm_engine.runner.cpu_gemm.as_dict()
             runs[f"parashift/{backend}"] = parashift_run(llm)
         for batch in args.batches:
             prompts = prompts_of(batch, args.prompt_len)
@@ -152,7 +154,7 @@ def main() -> None:
            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
            "repeats": args.repeats, "seconds": round(time.perf_counter() - started),
-           "results": results}
+           "results": results, "cpu_gemm": gemm_routes}
     if args.output:
         with open(args.output, "w") as f:
             json.dump(doc, f, indent=1)

@@ -178,7 +178,8 @@ def _forced(route: str, dtype: torch.dtype) -> dict[int, str]:
 def _decide(timings: dict[int, dict[str, float]],
             rematches: dict[int, dict[str, float]]) -> dict[int, str]:
     """Each bucket's fastest route, the default where a winner lost its rematch against it;
-    an untimed bucket takes the largest timed one's below it (else the default)."""
+    an untimed bucket takes the largest timed one's below it but above one row (else the
+    default)."""
     routes = {}
     for bucket, by_route in timings.items():
         winner = min(by_route, key=by_route.get)
@@ -187,8 +188,8 @@ def _decide(timings: dict[int, dict[str, float]],
             winner = DEFAULT_ROUTE
         routes[bucket] = winner
     for bucket in ROW_BUCKETS:
-        if bucket not in routes:
-            below = [b for b in routes if b < bucket]
+        if bucket not in routes:  # (a one-row route runs one row only)
+            below = [b for b in routes if 1 < b < bucket]
             routes[bucket] = routes[max(below)] if below else DEFAULT_ROUTE
     return dict(sorted(routes.items()))
 

@@ -26,6 +26,8 @@ def test_the_fastest_route_is_kept_and_an_untimed_bucket_takes_the_largest_below
     assert cpu_gemm_choice.DEFAULT_ROUTE == "onednn"
     timings = {1: {"plain": 0.2, "onednn": 0.3, "mkl": 0.1}, 16: {"plain": 0.4, "onednn": 0.5}}
     assert cpu_gemm_choice._decide(timings, {}) == {1: "mkl", 16: "plain", 256: "plain"}
+    one_row_only = {1: {"plain": 0.2, "onednn": 0.3, "mkl": 0.1}}  # 16 and 256 untimed
+    assert cpu_gemm_choice._decide(one_row_only, {}) == {1: "mkl", 16: "onednn", 256: "onednn"}
     lost = {1: {"mkl": 0.3, "onednn": 0.2}}  # mkl's rematch against the default
     assert cpu_gemm_choice._decide(timings, lost) == {1: "onednn", 16: "plain", 256: "plain"}
 
