@@ -63,9 +63,11 @@ for name, c in cells.items():
     print(f"      runs tf {r['transformers']['tokens_per_s_runs']} before "
           f"{r['before']['tokens_per_s_runs']} after {r['after']['tokens_per_s_runs']}")
     gemm = (c["engines"]["after"].get("cpu_gemm") or {})
-    routes = "; ".join(f"{x['out']}x{x['in']}@{x['rows']} {x['route']}" + (" [" + " ".join(
-        f"{k} {v}" for k, v in x["ms"].items()) + "]" if x.get("ms") else "")
-        for x in gemm.get("routes", []))
+    def said(x):
+        races = [x.get("ms"), x.get("rematch_ms")]
+        return " | ".join(" ".join(f"{k} {v}" for k, v in r.items()) for r in races if r)
+    routes = "; ".join(f"{x['out']}x{x['in']}@{x['rows']} {x['route']}"
+                       + (f" [{said(x)}]" if x.get("ms") else "") for x in gemm.get("routes", []))
     print(f"      after's GEMM routes ({gemm.get('source')}, {gemm.get('seconds')} s): {routes}")
     for engine, p in c.get("profiles", {}).items():
         profiles.append(f"== {name} {engine} ({p['seconds']} s)\n{p['table']}")
