@@ -70,23 +70,46 @@ def timed(run, prompts, new_tokens) -> tuple[float, list]:
 
 def measure(runs: dict, prompts, new_tokens: int, repeats: int) -> dict:
     """name -> medians of tokens/s and first-token ms over interleaved, rotated repeats."""
-    names = list(runs)
-    for name in names:  # warm-up: first calls allocate and pick kernels
-        runs[name](prompts, 4)
-    rates, firsts, tokens = {n: [] for n in names}, {n: [] for n in names}, {}
+    warm_up(runs, prompts)
+    samples = new_samples(runs)
     for r in range(repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            first, _ = timed(runs[name], prompts, 1)
-            seconds, tokens[name] = timed(runs[name], prompts, new_tokens)
-            firsts[name].append(first * 1e3)
-            rates[name].append(len(prompts) * new_tokens / seconds)
-    reference = tokens["transformers"]
-    return {n: {"tokens_per_s": round(statistics.median(rates[n]), 1),
-                "first_token_ms": round(statistics.median(firsts[n]), 1),
-                "tokens_per_s_runs": [round(x, 1) for x in rates[n]],
-                "first_token_ms_runs": [round(x, 1) for x in firsts[n]],
-                "greedy_match": _match(tokens[n], reference)} for n in names}
+        one_round(runs, prompts, new_tokens, r, samples)
+    return summarize(samples, len(prompts) * new_tokens)
+
+
+def warm_up(runs: dict, prompts) -> None:
+    for run in runs.values():  # first calls allocate and pick kernels
+        run(prompts, 4)
+
+
+def new_samples(runs: dict) -> dict:
+    return {"seconds": {n: [] for n in runs}, "firsts": {n: [] for n in runs}, "tokens": {}}
+
+
+def one_round(runs: dict, prompts, new_tokens: int, r: int, samples: dict) -> None:
+    """Each run once (a one-token `generate`, then the timed one), in an order rotated by
+    the round's number r."""
+    names = list(runs)
+    for name in names[r % len(names):] + names[:r % len(names)]:
+        first, _ = timed(runs[name], prompts, 1)
+        seconds, samples["tokens"][name] = timed(runs[name], prompts, new_tokens)
+        samples["firsts"][name].append(first * 1e3)
+        samples["seconds"][name].append(seconds)
+
+
+def summarize(samples: dict, tokens_a_run: int) -> dict:
+    """name -> medians, every run's figure and the greedy match against transformers'."""
+    reference = samples["tokens"]["transformers"]
+    out = {}
+    for name, seconds in samples["seconds"].items():
+        rates = [tokens_a_run / s for s in seconds]
+        firsts = samples["firsts"][name]
+        out[name] = {"tokens_per_s": round(statistics.median(rates), 1),
+                     "first_token_ms": round(statistics.median(firsts), 1),
+                     "tokens_per_s_runs": [round(x, 1) for x in rates],
+                     "first_token_ms_runs": [round(x, 1) for x in firsts],
+                     "greedy_match": _match(samples["tokens"][name], reference)}
+    return out
 
 
 def _match(ours: list[list[int]], theirs: list[list[int]]) -> float:
@@ -109,7 +132,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    results = []
+    results, gemm_routes = [], {}
     for dtype in args.dtypes:
         runs = {"transformers": transformers_run(load_transformers(getattr(torch, dtype)))}
         for backend in args.backends:
@@ -118,6 +141,8 @@ def main() -> None:
                       max_num_seqs=max(args.batches))
             if backend.endswith(UNPACKED):
                 unpack_cpu_weights(llm.llm_engine.runner.model)
+            else:  # the GEMM routes timed at start-up (layers/cpu_gemm_choice.py)
+                gemm_routes[f"{dtype}/{backend}"] = llm.llm_engine.runner.cpu_gemm.as_dict()
             runs[f"parashift/{backend}"] = parashift_run(llm)
         for batch in args.batches:
             prompts = prompts_of(batch, args.prompt_len)
@@ -129,7 +154,7 @@ def main() -> None:
            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
            "repeats": args.repeats, "seconds": round(time.perf_counter() - started),
-           "results": results}
+           "results": results, "cpu_gemm": gemm_routes}
     if args.output:
         with open(args.output, "w") as f:
             json.dump(doc, f, indent=1)

@@ -32,6 +32,7 @@ from parashift.kv.views import kv_heads_per_rank, tokens_per_block, view_pool
 from parashift.layers.fused_moe import FusedExperts
 from parashift.layers.sampler import Sampler, position_seed
 from parashift.loader.weights import load_model_weights
+from parashift.layers.cpu_gemm_choice import GemmChoice
 from parashift.layers.cpu_packed import pack_cpu_weights
 from parashift.quantization import kv_cache_torch_dtype
 from parashift.quantization.scheme import weight_quant
@@ -165,7 +166,8 @@ class ModelRunner:
             self.hooks: list[RankHooks] = hooks_for_rank(self._rank_setup(
                 hf_config, source, max_model_len, other_states, group))
         self._views_per_plan = any(hook.kv_views_per_plan for hook in self.hooks)
-        self.packed_weight_bytes = self._pack_cpu_weights(other_states)
+        self.cpu_gemm = self._pack_cpu_weights(other_states)  # each CPU GEMM's route
+        self.packed_weight_bytes = self.cpu_gemm.nbytes
         self.load_seconds = time.perf_counter() - start
         self.backend = get_backend(config.attention_backend, device, config.deterministic)
         self.sampler = Sampler(device, config.seed)
@@ -227,15 +229,17 @@ class ModelRunner:
                          moe_parallel=self.config.moe_parallel, quantization=self.quant,
                          kv_fp8=self.kv_dtype != self.dtype)
 
-    def _pack_cpu_weights(self, other_states: tuple[ParallelState, ...]) -> int:
+    def _pack_cpu_weights(self, other_states: tuple[ParallelState, ...]) -> GemmChoice:
         """A one-device CPU engine's GEMMs on weights packed once (layers/cpu_packed.py);
         a plan narrowing or moving weights, deterministic mode, or a node of several ranks
         (plain DP's replicas run the very GEMMs SiDP's WaS runs, bit for bit) keeps the plain
-        ones."""
+        ones; a one-device CPU engine times the routes of its GEMMs at start-up."""
         if self.device.type != "cpu" or self.config.deterministic or self.hooks \
                 or other_states or self.config.node_layout.world_size != 1:
-            return 0  # (the node's ranks, not the torch world's: a replaced rank's is 1)
-        return pack_cpu_weights(self.model)
+            # (the node's ranks, not the torch world's: a replaced rank's is 1)
+            return GemmChoice.plain("not a one-device CPU engine outside deterministic mode")
+        with self.phases.phase("CPU GEMM routes"):
+            return pack_cpu_weights(self.model)
 
     def seesaw_move(self, verb: str, plan_name: str, moves: list, tier) -> dict:
         """A transition's move on this rank (Seesaw's: worker/seesaw.py), by the hooks of

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from parashift import SamplingParams
 from parashift.layers import cpu_packed
+from parashift.layers.cpu_gemm_choice import ENV
 from parashift.layers.cpu_packed import PackedLinear, pack_cpu_weights, unpack_cpu_weights
 from tests.engine.conftest import save_tiny_llama, tiny_llm
 
@@ -54,12 +55,13 @@ def test_other_or_changed_weights_take_the_plain_gemm():
 
 
 def test_packing_is_refused_where_it_does_not_fit(monkeypatch):
+    monkeypatch.setenv(ENV, "onednn")  # one packed copy the size of the weight
     layer = torch.nn.Linear(64, 64)
     layer.matmul = F.linear
     monkeypatch.setattr(cpu_packed, "mem_available_bytes", lambda: 2 * layer.weight.nbytes - 1)
-    assert pack_cpu_weights(layer) == 0 and layer.matmul is F.linear
+    assert pack_cpu_weights(layer).nbytes == 0 and layer.matmul is F.linear
     monkeypatch.setattr(cpu_packed, "mem_available_bytes", lambda: 2 * layer.weight.nbytes)
-    assert pack_cpu_weights(layer) == layer.weight.nbytes
+    assert pack_cpu_weights(layer).nbytes == layer.weight.nbytes
     assert isinstance(layer.matmul, PackedLinear)
 
 
@@ -73,7 +75,8 @@ def packed_layers(llm) -> list:
     return [m for m in model.modules() if isinstance(getattr(m, "matmul", None), PackedLinear)]
 
 
-def test_an_engine_packs_its_layers_and_keeps_its_tokens(model_dir):
+def test_an_engine_packs_its_layers_and_keeps_its_tokens(model_dir, monkeypatch):
+    monkeypatch.setenv(ENV, "onednn")  # every GEMM packed (the timed choice: test_cpu_gemm_choice)
     llm = tiny_llm(model_dir, enable_prefix_caching=False)
     layers = packed_layers(llm)
     # 2 layers x (qkv, o, gate_up, down) and the LM head
@@ -90,3 +93,4 @@ def test_an_engine_packs_its_layers_and_keeps_its_tokens(model_dir):
 def test_deterministic_mode_keeps_its_invariant_gemms(model_dir):
     llm = tiny_llm(model_dir, deterministic=True)
     assert packed_layers(llm) == [] and llm.llm_engine.runner.packed_weight_bytes == 0
+    assert llm.llm_engine.runner.cpu_gemm.source.startswith("plain")

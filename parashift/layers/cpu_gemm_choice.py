@@ -1,0 +1,243 @@
+"""Which route each CPU GEMM takes, per (weight shape, dtype) and row bucket, timed once at
+start-up on the CPU the engine runs on: plain `F.linear` (MKL or oneDNN repacking the
+weight on each call), oneDNN on a weight packed once (`onednn`; `onednn1`: packed for one
+row, where oneDNN's layout may differ) and, in fp32 at one row, MKL's packed GEMM (`mkl`).
+The fastest per (shape, bucket) is kept for the whole run, so a given shape and row count
+always takes one route; a route other than `onednn` (the packed default) wins only if it
+wins a second race against it too. `PARASHIFT_CPU_GEMM=plain|onednn|onednn1|mkl` forces
+one route where it applies (onednn1 and mkl: one-row steps; the rest onednn, or plain
+beside mkl) instead of timing."""
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+ENV = "PARASHIFT_CPU_GEMM"
+ROUTES = ("plain", "onednn", "onednn1", "mkl")
+DEFAULT_ROUTE = "onednn"
+ROW_BUCKETS = (1, 16, 256)  # decode at batch 1, a decode batch, a prompt chunk
+LARGE_WEIGHT = 1 << 22  # out x in above which the 256-row bucket is not timed: such a
+# weight is the LM head, whose rows are the step's sequences, and timing it there is slow
+RACE_BUDGET_S = 0.015  # a route's timed calls for one (shape, bucket) take about this long
+TOTAL_BUDGET_S = 3.0  # all the timing; (shape, bucket)s left when it is spent take the default
+REMATCH_MARGIN = 0.03  # a winner other than the default keeps its bucket only if this much
+# faster in the rematch: a tie is not worth another packed copy of the weights
+ROTATE = 8  # weights of one shape a few-row call sweeps
+MIN_REPEATS, MAX_REPEATS = 3, 25
+
+Shape = tuple[int, int, torch.dtype]
+
+
+def bucket_of(rows: int) -> int:
+    return 1 if rows == 1 else 16 if rows <= 64 else 256
+
+
+def shape_of(weight: torch.Tensor) -> Shape:
+    return weight.shape[0], weight.shape[1], weight.dtype
+
+
+def mkl_packs() -> bool:
+    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl,
+                                                         "_mkl_reorder_linear_weight")
+
+
+def candidates(bucket: int, dtype: torch.dtype) -> tuple[str, ...]:
+    """The routes raced at a bucket's rows."""
+    if bucket != 1:
+        return "plain", "onednn"
+    return ("plain", "onednn", "onednn1") + (
+        ("mkl",) if dtype == torch.float32 and mkl_packs() else ())
+
+
+def timed_buckets(weight: torch.Tensor) -> tuple[int, ...]:
+    return tuple(b for b in ROW_BUCKETS if b <= 16 or weight.numel() <= LARGE_WEIGHT)
+
+
+def pack(route: str, weight: torch.Tensor) -> torch.Tensor | None:
+    """The packed copy a route reads (None: the plain weight)."""
+    if route == "onednn":
+        return torch.ops.mkldnn._reorder_linear_weight(weight)
+    if route == "onednn1":
+        return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+    if route == "mkl":
+        return torch.ops.mkl._mkl_reorder_linear_weight(weight, 1)
+    return None
+
+
+def run_route(route: str, x: torch.Tensor, packed: torch.Tensor | None, weight: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor:
+    """x [rows, in] times the weight by `route` on its packed copy."""
+    if route == "mkl":  # packed for one row; MKL runs other row counts on `weight` itself
+        return torch.ops.mkl._mkl_linear(x, packed, weight, bias, 1)
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@dataclass
+class GemmChoice:
+    """The routes by (shape, bucket), how they were chosen and what the timing measured
+    (ms a call, the best of its repeats); `nbytes`: the packed copies made for them."""
+    source: str
+    routes: dict[Shape, dict[int, str]] = field(default_factory=dict)
+    timings: dict[Shape, dict[int, dict[str, float]]] = field(default_factory=dict)
+    rematches: dict[Shape, dict[int, dict[str, float]]] = field(default_factory=dict)
+    mkl_bytes: dict[Shape, int] = field(default_factory=dict)  # a packed copy, where used
+    seconds: float = 0.0
+    nbytes: int = 0
+
+    @classmethod
+    def plain(cls, why: str) -> "GemmChoice":
+        return cls(f"plain: {why}")
+
+    def routes_of(self, weight: torch.Tensor) -> dict[int, str]:
+        return self.routes.get(shape_of(weight), dict.fromkeys(ROW_BUCKETS, "plain"))
+
+    def packed_bytes(self, weight: torch.Tensor) -> int:
+        forms = set(self.routes_of(weight).values())
+        return len(forms & {"onednn", "onednn1"}) * weight.nbytes + \
+            ("mkl" in forms) * self.mkl_bytes.get(shape_of(weight), 0)
+
+    def all_default(self) -> "GemmChoice":
+        """The same shapes on the packed default alone (one copy: where more do not fit)."""
+        return GemmChoice(f"{self.source}; {DEFAULT_ROUTE} alone (memory)",
+                          {s: dict.fromkeys(ROW_BUCKETS, DEFAULT_ROUTE) for s in self.routes},
+                          self.timings, self.rematches, seconds=self.seconds)
+
+    def describe(self) -> str:
+        parts = []
+        for shape, by_bucket in self.routes.items():
+            each = ", ".join(f"{bucket}: {route}{self._measured(shape, bucket)}"
+                             for bucket, route in by_bucket.items())
+            parts.append(f"{shape[0]}x{shape[1]} {str(shape[2]).removeprefix('torch.')} [{each}]")
+        return f"{'; '.join(parts)}; {self.seconds:.2f} s"
+
+    def _measured(self, shape: Shape, bucket: int) -> str:
+        figures = [self.timings.get(shape, {}).get(bucket),
+                   self.rematches.get(shape, {}).get(bucket)]
+        said = [" ".join(f"{r} {ms:.3f}" for r, ms in f.items()) for f in figures if f]
+        return f" ({'; rematch '.join(said)} ms)" if said else ""
+
+    def as_dict(self) -> dict:
+        """For benchmarks' JSON: one row per (shape, bucket)."""
+        return {"source": self.source, "seconds": round(self.seconds, 3),
+                "packed_bytes": self.nbytes,
+                "routes": [{"out": out, "in": inp, "dtype": str(dtype).removeprefix("torch."),
+                            "rows": bucket, "route": route,
+                            "ms": self.timings.get((out, inp, dtype), {}).get(bucket),
+                            "rematch_ms": self.rematches.get((out, inp, dtype), {}).get(bucket)}
+                           for (out, inp, dtype), by_bucket in self.routes.items()
+                           for bucket, route in by_bucket.items()]}
+
+
+def choose_routes(weights: list[torch.Tensor]) -> GemmChoice:
+    """The route of each distinct weight shape by row bucket, timed on the weights of that
+    shape (or forced by PARASHIFT_CPU_GEMM)."""
+    forced = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if forced not in ("auto", *ROUTES):
+        raise ValueError(f"{ENV}={forced!r}: expected auto, plain, onednn, onednn1 or mkl")
+    if forced == "mkl" and not mkl_packs():
+        raise ValueError(f"{ENV}=mkl: this torch has no MKL packed GEMM")
+    start = time.perf_counter()
+    by_shape: dict[Shape, list[torch.Tensor]] = {}
+    for weight in weights:
+        by_shape.setdefault(shape_of(weight), []).append(weight.detach())
+    # the shapes holding the most weight bytes first: they are what a cut budget leaves out last
+    by_shape = dict(sorted(by_shape.items(), key=lambda kv: -sum(w.nbytes for w in kv[1])))
+    choice = GemmChoice("timed" if forced == "auto" else f"{ENV}={forced}")
+    with torch.no_grad():
+        for shape, same_shape in by_shape.items():
+            weight = same_shape[0]
+            if forced == "auto":
+                timings, rematches = _time_shape(same_shape, start + TOTAL_BUDGET_S)
+                choice.timings[shape], choice.rematches[shape] = timings, rematches
+                choice.routes[shape] = _decide(timings, rematches)
+            else:
+                choice.routes[shape] = _forced(forced, weight.dtype)
+            if "mkl" in choice.routes[shape].values():
+                choice.mkl_bytes[shape] = torch.ops.mkl._mkl_reorder_linear_weight(
+                    weight, 1).nbytes
+    choice.seconds = time.perf_counter() - start
+    untimed = sum(len(timed_buckets(by_shape[shape][0])) - len(t)
+                  for shape, t in choice.timings.items())
+    if untimed:
+        choice.source += f" (cut at {TOTAL_BUDGET_S:.0f} s: {untimed} buckets untimed)"
+    return choice
+
+
+def _forced(route: str, dtype: torch.dtype) -> dict[int, str]:
+    if route in ("plain", "onednn"):
+        return dict.fromkeys(ROW_BUCKETS, route)
+    rest = "plain" if route == "mkl" else "onednn"
+    one_row = route if route in candidates(1, dtype) else rest
+    return {bucket: one_row if bucket == 1 else rest for bucket in ROW_BUCKETS}
+
+
+def _decide(timings: dict[int, dict[str, float]],
+            rematches: dict[int, dict[str, float]]) -> dict[int, str]:
+    """Each bucket's fastest route, the default where a winner lost its rematch against it;
+    an untimed bucket takes the largest timed one's below it but above one row (else the
+    default)."""
+    routes = {}
+    for bucket, by_route in timings.items():
+        winner = min(by_route, key=by_route.get)
+        rematch = rematches.get(bucket)
+        if rematch and rematch[winner] >= rematch[DEFAULT_ROUTE] * (1 - REMATCH_MARGIN):
+            winner = DEFAULT_ROUTE
+        routes[bucket] = winner
+    for bucket in ROW_BUCKETS:
+        if bucket not in routes:  # (a one-row route runs one row only)
+            below = [b for b in routes if 1 < b < bucket]
+            routes[bucket] = routes[max(below)] if below else DEFAULT_ROUTE
+    return dict(sorted(routes.items()))
+
+
+def _time_shape(weights: list[torch.Tensor], deadline: float) -> tuple[dict, dict]:
+    """ms a call of each candidate route at each timed bucket's rows, on random inputs, and
+    of the rematches (a winner other than the default against it), by bucket. At few rows
+    a call sweeps up to ROTATE weights of the shape, as a step does its layers: a GEMV
+    reads its weight from memory, not from a cache one weight would stay in. Buckets not
+    begun by `deadline` (perf_counter) stay untimed."""
+    weights, dtype = weights[:ROTATE], weights[0].dtype
+    routes = {r for bucket in ROW_BUCKETS for r in candidates(bucket, dtype)}
+    packed = {r: [pack(r, w) for w in weights] for r in routes}
+    gen = torch.Generator().manual_seed(0)
+    timings, rematches = {}, {}
+    for bucket in ROW_BUCKETS:
+        if bucket not in timed_buckets(weights[0]) or time.perf_counter() > deadline:
+            continue
+        x = torch.randn(bucket, weights[0].shape[1], generator=gen).to(dtype)
+        n = len(weights) if bucket <= 16 else 1
+
+        def sweep(route):
+            return lambda: [run_route(route, x, p, w, None)
+                            for p, w in zip(packed[route][:n], weights[:n])]
+        timed = _race({r: sweep(r) for r in candidates(bucket, dtype)})
+        timings[bucket] = {r: round(ms / n, 4) for r, ms in timed.items()}
+        winner = min(timed, key=timed.get)
+        if winner != DEFAULT_ROUTE:
+            again = _race({r: sweep(r) for r in (winner, DEFAULT_ROUTE)})
+            rematches[bucket] = {r: round(ms / n, 4) for r, ms in again.items()}
+    return timings, rematches
+
+
+def _race(runs: dict) -> dict[str, float]:
+    """The best of interleaved calls of each run, ms: two warm-up calls each (the first
+    makes oneDNN's primitive), the second sizing the repeats to the budget."""
+    warm = dict.fromkeys(runs, 0.0)
+    for _ in range(2):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            warm[name] = time.perf_counter() - start
+    repeats = max(MIN_REPEATS, min(MAX_REPEATS, int(RACE_BUDGET_S / max(min(warm.values()),
+                                                                         1e-6))))
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: round(seconds * 1e3, 4) for name, seconds in best.items()}
