@@ -194,9 +194,10 @@ def prefill_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                     tiles: dict | None = None) -> torch.Tensor:
     """grouped_experts without fills, SiLU·mul in the gate_up GEMM, the top-k sum a kernel
     of its own (kernels/moe_prefill.py); `tiles` as moe_prefill.tiles_for gives them."""
-    tiles = moe_prefill.check_tiles(tiles) if tiles else moe_prefill.tiles_for(x.device)
-    gate_up_scale, down_scale = scales or (None, None)
     num_local, num_pairs = gate_up.shape[0], ids.numel()
+    tiles = (moe_prefill.check_tiles(tiles) if tiles
+             else moe_prefill.tiles_for(x.device, num_pairs / num_local))
+    gate_up_scale, down_scale = scales or (None, None)
     pair_of_row, block_expert = sort_pairs(ids, num_local, first_expert, tiles["block_m"])
     h = moe_prefill.gate_up_silu(x, gate_up, pair_of_row, block_expert, num_pairs,
                                  ids.shape[1], tiles["gate_up"], gate_up_scale)

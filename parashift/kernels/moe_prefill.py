@@ -29,7 +29,13 @@ ENV, TILES_ENV = "PARASHIFT_MOE_PREFILL", "PARASHIFT_MOE_PREFILL_TILES"
 # block_m, then (BLOCK_N, BLOCK_K, warps, stages) of gate_up and of down; DEFAULT_TILES
 # where the table has no row for the device: the unfused path's 64-row tiles
 DEFAULT_TILES = {"block_m": 64, "gate_up": (64, 64, 4, 3), "down": (128, 64, 4, 3)}
-TILES: dict[str, dict] = {}  # device name -> tiles, from a sweep on that device
+# device name -> tiles, from a sweep on that device (benchmarks/moe_prefill.py, Qwen3-30B-A3B at
+# 4,096 tokens, 256 pairs an expert): on an H200 these took the experts 0.862 ms a layer
+# against 0.930 with the best 64-row tiles, and the 4,096-token prefill 70.8 against 75.3 ms
+# (benchmarks/results/raw/s42_final_x2/; docs/benchmark_log.md, session 42)
+TILES: dict[str, dict] = {
+    "NVIDIA H200": {"block_m": 128, "gate_up": (64, 64, 4, 3), "down": (256, 64, 8, 3)},
+}
 
 
 def enabled() -> bool:
@@ -39,13 +45,18 @@ def enabled() -> bool:
     return value == "1"
 
 
-def tiles_for(device: torch.device) -> dict:
+def tiles_for(device: torch.device, pairs_per_expert: float | None = None) -> dict:
     """{"block_m", "gate_up", "down"}: the file PARASHIFT_MOE_PREFILL_TILES names, else the
-    table's row for this device, else DEFAULT_TILES."""
+    table's row for this device where the experts average at least its block_m pairs (a
+    block longer than an expert's run pads it: the sweep ran at 256 an expert), else
+    DEFAULT_TILES."""
     path = os.environ.get(TILES_ENV)
     if path:
         return _tiles_file(path)
-    return TILES.get(_device_name(device.type, device.index), DEFAULT_TILES)
+    tiles = TILES.get(_device_name(device.type, device.index), DEFAULT_TILES)
+    if pairs_per_expert is not None and pairs_per_expert < tiles["block_m"]:
+        return DEFAULT_TILES
+    return tiles
 
 
 @functools.cache

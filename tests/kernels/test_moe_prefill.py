@@ -126,6 +126,10 @@ def test_tiles_come_from_the_sweeps_file(monkeypatch, tmp_path):
         "block_m": 128, "gate_up": (64, 64, 8, 3), "down": (128, 64, 8, 4)}
     monkeypatch.delenv(moe_prefill.TILES_ENV)
     assert moe_prefill.tiles_for(torch.device("cpu")) == moe_prefill.DEFAULT_TILES
+    monkeypatch.setitem(moe_prefill.TILES, "cpu", {"block_m": 128, "gate_up": (64, 64, 4, 3),
+                                                   "down": (256, 64, 8, 3)})
+    assert moe_prefill.tiles_for(torch.device("cpu"), 256)["block_m"] == 128
+    assert moe_prefill.tiles_for(torch.device("cpu"), 100) == moe_prefill.DEFAULT_TILES
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"block_m": 48, "gate_up": [64, 64, 8, 3], "down": [1, 2, 3, 4]}))
     monkeypatch.setenv(moe_prefill.TILES_ENV, str(bad))

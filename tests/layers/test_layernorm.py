@@ -41,8 +41,9 @@ def test_qk_norm_is_the_two_norms(monkeypatch, device, tokens):
     real = rmsnorm.rms_norm_heads
     monkeypatch.setattr(rmsnorm, "rms_norm_heads", lambda *a: launches.append(1) or real(*a))
     out_q, out_k = qk_norm(q_norm, k_norm, q, k)
-    assert len(launches) == (device == "cuda")
+    assert len(launches) == (device == "cuda")  # (q's own norm at 300 tokens launches it too)
     assert torch.equal(out_q, q_norm(q)) and torch.equal(out_k, k_norm(k))
+    launches.clear()
     apart = qk_norm(q_norm, k_norm, q, k.clone())  # not side by side: the two norms
-    assert len(launches) == (device == "cuda")
+    assert len(launches) == (device == "cuda" and q.shape[0] * q.shape[1] >= rmsnorm.MANY_HEAD_ROWS)
     assert torch.equal(apart[0], out_q) and torch.equal(apart[1], out_k)
