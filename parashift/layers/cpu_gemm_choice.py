@@ -70,7 +70,7 @@ def run_route(route: str, x: torch.Tensor, packed: torch.Tensor | None, weight: 
               bias: torch.Tensor | None) -> torch.Tensor:
     """x [rows, in] times the weight by `route` on its packed copy."""
     if route == "mkl":  # packed for one row; MKL runs other row counts on `weight` itself
-        return torch.ops.mkl._mkl_linear(x, packed, weight, bias, 1)
+        return torch.ops.mkl._mkl_linear(x.contiguous(), packed, weight, bias, 1)
     if packed is None:
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

@@ -148,7 +148,10 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 
 def greedy(llm) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+    """A batch (steps of several rows), then one prompt alone (one-row decode steps)."""
+    batch = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+    alone = llm.generate([PROMPTS[1]], PARAMS, use_tqdm=False)[0].outputs[0].token_ids
+    return [*batch, alone]
 
 
 @pytest.fixture(scope="module")
@@ -178,4 +181,13 @@ def test_an_engine_records_its_routes_and_keeps_its_tokens(model_dir, reference_
         assert taken == [] and choice.nbytes == 0
     else:
         assert taken and choice.nbytes > 0
+    used = set()
+    run_route = cpu_packed.run_route
+
+    def spy(route, *args):
+        used.add(route)
+        return run_route(route, *args)
+    monkeypatch.setattr(cpu_packed, "run_route", spy)
     assert greedy(llm) == reference_tokens
+    if forced not in (None, "plain"):
+        assert forced in used  # the one-row routes too: the lone prompt's decode steps
