@@ -44,6 +44,10 @@ def pytest_configure(config):
     peer at each op's barrier (SmolLM2's decode steps ran 6x slower on two threads than on
     one on a busy machine). Workers set their own threads."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # CPU engines on one GEMM route (oneDNN packed) instead of racing the routes at start-up:
+    # no tokens hanging on a race on a busy machine, no timing in every engine's start-up
+    # (tests/layers/test_cpu_gemm_choice.py unsets it where it tests the race)
+    os.environ.setdefault("PARASHIFT_CPU_GEMM", "onednn")
     import torch
     torch.set_num_threads(1)
     from tests.xdist_groups import ProcessGuard, SchedulerPlugin

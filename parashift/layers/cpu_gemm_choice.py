@@ -1,12 +1,13 @@
 """Which route each CPU GEMM takes, per (weight shape, dtype) and row bucket, timed once at
 start-up on the CPU the engine runs on: plain `F.linear` (MKL or oneDNN repacking the
-weight on each call), oneDNN on a weight packed once (`onednn`; `onednn1`: packed for one
-row, where oneDNN's layout may differ) and, in fp32 at one row, MKL's packed GEMM (`mkl`).
+weight on each call), oneDNN on a weight packed once (`onednn`; `onednn1`, `onednn16`,
+`onednn256`: packed for the bucket's rows, where oneDNN may pick another layout, e.g. AMX's)
+and, in fp32 at one row, MKL's packed GEMM (`mkl`).
 The fastest per (shape, bucket) is kept for the whole run, so a given shape and row count
 always takes one route; a route other than `onednn` (the packed default) wins only if it
-wins a second race against it too. `PARASHIFT_CPU_GEMM=plain|onednn|onednn1|mkl` forces
-one route where it applies (onednn1 and mkl: one-row steps; the rest onednn, or plain
-beside mkl) instead of timing."""
+wins a second race against it too. `PARASHIFT_CPU_GEMM=plain|onednn|onednnN|mkl` forces
+one route where it applies (onednnN: the bucket of N rows, the rest onednn; mkl: one-row
+fp32 steps, the rest plain) instead of timing."""
 import os
 import time
 from dataclasses import dataclass, field
@@ -15,9 +16,10 @@ import torch
 import torch.nn.functional as F
 
 ENV = "PARASHIFT_CPU_GEMM"
-ROUTES = ("plain", "onednn", "onednn1", "mkl")
-DEFAULT_ROUTE = "onednn"
 ROW_BUCKETS = (1, 16, 256)  # decode at batch 1, a decode batch, a prompt chunk
+HINTED = tuple(f"onednn{bucket}" for bucket in ROW_BUCKETS)  # packed for the bucket's rows
+ROUTES = ("plain", "onednn", *HINTED, "mkl")
+DEFAULT_ROUTE = "onednn"
 LARGE_WEIGHT = 1 << 22  # out x in above which the 256-row bucket is not timed: such a
 # weight is the LM head, whose rows are the step's sequences, and timing it there is slow
 RACE_BUDGET_S = 0.015  # a route's timed calls for one (shape, bucket) take about this long
@@ -45,10 +47,8 @@ def mkl_packs() -> bool:
 
 def candidates(bucket: int, dtype: torch.dtype) -> tuple[str, ...]:
     """The routes raced at a bucket's rows."""
-    if bucket != 1:
-        return "plain", "onednn"
-    return ("plain", "onednn", "onednn1") + (
-        ("mkl",) if dtype == torch.float32 and mkl_packs() else ())
+    mkl = bucket == 1 and dtype == torch.float32 and mkl_packs()
+    return ("plain", "onednn", f"onednn{bucket}") + (("mkl",) if mkl else ())
 
 
 def timed_buckets(weight: torch.Tensor) -> tuple[int, ...]:
@@ -59,8 +59,8 @@ def pack(route: str, weight: torch.Tensor) -> torch.Tensor | None:
     """The packed copy a route reads (None: the plain weight)."""
     if route == "onednn":
         return torch.ops.mkldnn._reorder_linear_weight(weight)
-    if route == "onednn1":
-        return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+    if route in HINTED:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, int(route.removeprefix("onednn")))
     if route == "mkl":
         return torch.ops.mkl._mkl_reorder_linear_weight(weight, 1)
     return None
@@ -70,7 +70,7 @@ def run_route(route: str, x: torch.Tensor, packed: torch.Tensor | None, weight: 
               bias: torch.Tensor | None) -> torch.Tensor:
     """x [rows, in] times the weight by `route` on its packed copy."""
     if route == "mkl":  # packed for one row; MKL runs other row counts on `weight` itself
-        return torch.ops.mkl._mkl_linear(x, packed, weight, bias, 1)
+        return torch.ops.mkl._mkl_linear(x.contiguous(), packed, weight, bias, 1)
     if packed is None:
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
@@ -97,7 +97,7 @@ class GemmChoice:
 
     def packed_bytes(self, weight: torch.Tensor) -> int:
         forms = set(self.routes_of(weight).values())
-        return len(forms & {"onednn", "onednn1"}) * weight.nbytes + \
+        return len(forms & {"onednn", *HINTED}) * weight.nbytes + \
             ("mkl" in forms) * self.mkl_bytes.get(shape_of(weight), 0)
 
     def all_default(self) -> "GemmChoice":
@@ -137,7 +137,7 @@ def choose_routes(weights: list[torch.Tensor]) -> GemmChoice:
     shape (or forced by PARASHIFT_CPU_GEMM)."""
     forced = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if forced not in ("auto", *ROUTES):
-        raise ValueError(f"{ENV}={forced!r}: expected auto, plain, onednn, onednn1 or mkl")
+        raise ValueError(f"{ENV}={forced!r}: expected auto or one of {', '.join(ROUTES)}")
     if forced == "mkl" and not mkl_packs():
         raise ValueError(f"{ENV}=mkl: this torch has no MKL packed GEMM")
     start = time.perf_counter()
@@ -168,18 +168,17 @@ def choose_routes(weights: list[torch.Tensor]) -> GemmChoice:
 
 
 def _forced(route: str, dtype: torch.dtype) -> dict[int, str]:
-    if route in ("plain", "onednn"):
-        return dict.fromkeys(ROW_BUCKETS, route)
+    """`route` where it applies; elsewhere onednn (plain beside mkl)."""
     rest = "plain" if route == "mkl" else "onednn"
-    one_row = route if route in candidates(1, dtype) else rest
-    return {bucket: one_row if bucket == 1 else rest for bucket in ROW_BUCKETS}
+    return {bucket: route if route in candidates(bucket, dtype) else rest
+            for bucket in ROW_BUCKETS}
 
 
 def _decide(timings: dict[int, dict[str, float]],
             rematches: dict[int, dict[str, float]]) -> dict[int, str]:
     """Each bucket's fastest route, the default where a winner lost its rematch against it;
-    an untimed bucket takes the largest timed one's below it but above one row (else the
-    default)."""
+    an untimed bucket takes the plain or default route of the largest timed one below it
+    but above one row (else the default)."""
     routes = {}
     for bucket, by_route in timings.items():
         winner = min(by_route, key=by_route.get)
@@ -188,8 +187,8 @@ def _decide(timings: dict[int, dict[str, float]],
             winner = DEFAULT_ROUTE
         routes[bucket] = winner
     for bucket in ROW_BUCKETS:
-        if bucket not in routes:  # (a one-row route runs one row only)
-            below = [b for b in routes if 1 < b < bucket]
+        if bucket not in routes:  # (a route packed for other rows stays with them)
+            below = [b for b in routes if 1 < b < bucket and routes[b] in ("plain", "onednn")]
             routes[bucket] = routes[max(below)] if below else DEFAULT_ROUTE
     return dict(sorted(routes.items()))
 

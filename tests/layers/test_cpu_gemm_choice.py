@@ -28,6 +28,8 @@ def test_the_fastest_route_is_kept_and_an_untimed_bucket_takes_the_largest_below
     assert cpu_gemm_choice._decide(timings, {}) == {1: "mkl", 16: "plain", 256: "plain"}
     one_row_only = {1: {"plain": 0.2, "onednn": 0.3, "mkl": 0.1}}  # 16 and 256 untimed
     assert cpu_gemm_choice._decide(one_row_only, {}) == {1: "mkl", 16: "onednn", 256: "onednn"}
+    hinted = {16: {"onednn": 0.3, "onednn16": 0.2}}  # packed for 16 rows: not for 256
+    assert cpu_gemm_choice._decide(hinted, {})[256] == "onednn"
     lost = {1: {"mkl": 0.3, "onednn": 0.2}}  # mkl's rematch against the default
     assert cpu_gemm_choice._decide(timings, lost) == {1: "onednn", 16: "plain", 256: "plain"}
 
@@ -44,14 +46,15 @@ def test_timed_routes_are_recorded_per_shape_and_bucket(monkeypatch):
         timed = choice.timings[shape]
         assert set(by_bucket) == set(ROW_BUCKETS) == set(timed)
         for bucket, route in by_bucket.items():
-            expected = {"plain", "onednn"} | ({"onednn1"} if bucket == 1 else set()) | (
+            expected = {"plain", "onednn", f"onednn{bucket}"} | (
                 {"mkl"} if bucket == 1 and shape[2] == torch.float32 and mkl_packs() else set())
             assert set(timed[bucket]) == expected
             winner = min(timed[bucket], key=timed[bucket].get)
             rematch = choice.rematches[shape].get(bucket)
             assert (rematch is not None) == (winner != "onednn")
-            assert route == (winner if rematch is None or rematch[winner] < rematch["onednn"]
-                             else "onednn")
+            kept = rematch is None or rematch[winner] < rematch["onednn"] * (
+                1 - cpu_gemm_choice.REMATCH_MARGIN)
+            assert route == (winner if kept else "onednn")
     rows = choice.as_dict()["routes"]
     assert len(rows) == 2 * len(ROW_BUCKETS) and all(r["ms"] is not None for r in rows)
     assert "96x48 float32" in choice.describe()
@@ -93,7 +96,7 @@ def test_routes_needing_more_copies_than_fit_fall_back_to_one(monkeypatch):
         ROW_BUCKETS, "onednn") and choice.nbytes == layer.weight.nbytes
 
 
-@pytest.mark.parametrize("forced", ["plain", "onednn", "onednn1",
+@pytest.mark.parametrize("forced", ["plain", "onednn", "onednn1", "onednn16",
                                     pytest.param("mkl", marks=needs_mkl)])
 def test_a_route_is_forced_by_env(monkeypatch, forced):
     monkeypatch.setenv(ENV, forced)
@@ -105,6 +108,8 @@ def test_a_route_is_forced_by_env(monkeypatch, forced):
         assert set(bf16.values()) == {"plain"} and choice.mkl_bytes[32, 16, torch.float32] > 0
     elif forced == "onednn1":  # one-row steps
         assert fp32 == bf16 == {1: "onednn1", 16: "onednn", 256: "onednn"}
+    elif forced == "onednn16":
+        assert fp32 == bf16 == {1: "onednn", 16: "onednn16", 256: "onednn"}
     else:
         assert set(fp32.values()) == set(bf16.values()) == {forced}
 
@@ -116,7 +121,7 @@ def test_an_unknown_route_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("routes", [{1: "plain", 16: "onednn", 256: "plain"},
-                                    {1: "onednn1", 16: "plain", 256: "onednn"},
+                                    {1: "onednn1", 16: "onednn16", 256: "onednn256"},
                                     pytest.param({1: "mkl", 16: "plain", 256: "onednn"},
                                                  marks=needs_mkl)])
 @pytest.mark.parametrize("rows", [1, 5, 70])
@@ -148,7 +153,10 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 
 def greedy(llm) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+    """A batch (steps of several rows), then one prompt alone (one-row decode steps)."""
+    batch = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+    alone = llm.generate([PROMPTS[1]], PARAMS, use_tqdm=False)[0].outputs[0].token_ids
+    return [*batch, alone]
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +166,7 @@ def reference_tokens(model_dir):
     return greedy(llm)
 
 
-@pytest.mark.parametrize("forced", [None, "plain", "onednn", "onednn1",
+@pytest.mark.parametrize("forced", [None, "plain", "onednn", "onednn1", "onednn16",
                                     pytest.param("mkl", marks=needs_mkl)])
 def test_an_engine_records_its_routes_and_keeps_its_tokens(model_dir, reference_tokens,
                                                            monkeypatch, forced):
@@ -178,4 +186,13 @@ def test_an_engine_records_its_routes_and_keeps_its_tokens(model_dir, reference_
         assert taken == [] and choice.nbytes == 0
     else:
         assert taken and choice.nbytes > 0
+    used = set()
+    run_route = cpu_packed.run_route
+
+    def spy(route, *args):
+        used.add(route)
+        return run_route(route, *args)
+    monkeypatch.setattr(cpu_packed, "run_route", spy)
     assert greedy(llm) == reference_tokens
+    if forced not in (None, "plain"):
+        assert forced in used  # the one-row routes too: the lone prompt's decode steps
