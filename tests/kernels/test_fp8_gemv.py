@@ -11,11 +11,11 @@ from tests.kernels.common import case_id, case_tests, cuda, randn
 FP8 = torch.float8_e4m3fn
 # (block_n, block_k, warps, stages, split_k, ahead, tickets): small tiles, so that the cases
 # cover several programs, a partial last K step, and K split over programs (its parts added
-# atomically, or by the last program to take a ticket); each with the next tile's load
-# ahead too (a part of K of one tile, of several, and none past K)
+# atomically, or by the last program to take a ticket); the next tile's load ahead over all
+# of K and over parts of it (four configs: the interpreter's time is CI's; test_cuda takes
+# every measured config by family)
 SMALL = ((16, 64, 4, 1, 1, False, False), (8, 32, 2, 1, 3, False, False),
-         (8, 32, 2, 1, 3, False, True), (16, 64, 4, 1, 1, True, False),
-         (8, 32, 2, 1, 3, True, False), (4, 16, 1, 1, 7, True, True))
+         (16, 64, 4, 1, 1, True, False), (8, 32, 2, 1, 3, True, True))
 # n not a multiple of block_n, k not of block_k; padded: the weight's rows are a column
 # slice of a wider buffer (stride(0) > k), as a shift-plan slice can be
 CASES = [

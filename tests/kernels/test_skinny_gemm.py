@@ -12,7 +12,7 @@ from tests.kernels.common import assert_graph_replays, case_tests, cuda, randn
 # and the GEMV (fp8_gemv's kernel on 16-bit weights): a K step past K, K split over programs,
 # the next weight tile's load ahead, K's parts summed by tickets
 SMALL = (Config(16, 64, 4, 1), Config(32, 128, 4, 2), GemvConfig(4, 64, 2), GemvConfig(8, 32, 1, 2),
-         GemvConfig(4, 32, 1, 3, ahead=True), GemvConfig(8, 32, 1, 3, tickets=True))
+         GemvConfig(4, 32, 1, 3, ahead=True, tickets=True))
 # k not a multiple of block_k, n not a multiple of block_n; padded: the weight's rows
 # are a column slice of a wider buffer (stride(0) > k), as a shift-plan slice can be
 CASES = [
