@@ -487,9 +487,15 @@ def _joined(so_far: dict[int, CompletionOutput], delta: CompletionOutput) -> Com
     return whole
 
 
+# characters JSON may leave raw that str.splitlines (and so httpx's `aiter_lines`) takes for
+# line ends: escaped, an event stays on its line for every client (the JSON is the same)
+_LINE_BREAKS_ESCAPED = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028",
+                                      "\u2029": "\\u2029"})
+
+
 def sse_event(payload: BaseModel | dict) -> str:
     if isinstance(payload, BaseModel):
-        return f"data: {payload.model_dump_json()}\n\n"
+        return f"data: {payload.model_dump_json().translate(_LINE_BREAKS_ESCAPED)}\n\n"
     return f"data: {json.dumps(payload)}\n\n"
 
 
