@@ -1,0 +1,135 @@
+"""Every FP8 GEMM candidate at 16-64 rows on the 8B's projections, as a fraction of the copy
+bandwidth (issue 60: the decode b64 step's FP8 weight GEMM at >= 0.85 of it).
+
+Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm_sweep.py [--rows 16 32 64]
+             [--output F] [--workers 16]
+Candidates: cuBLASLt (`scaled_mm_linear`), the configs `fp8_gemm.linear` measures today
+(`fp8_gemm.CONFIGS`) and the TMA kernel's (`fp8_gemm_tma.py`) registered and wider set.
+Each is timed as `linear` times them (`gemm_timing`: CUDA graphs over weight copies past
+L2, PDL suspended); `weight_of_copy` is the weight's bytes over the time over the copy
+bandwidth (bytes read + written per second, the floors' convention), `of_floor` the same
+with the activations' and output's bytes. Compiles run first in `--workers` processes (the
+Triton cache on disk then serves the timing process)."""
+import argparse
+import concurrent.futures
+import itertools
+import json
+import multiprocessing
+import os
+import time
+
+import torch
+import triton.testing
+
+from parashift.kernels import fp8_gemm, gemm_timing, pdl
+from parashift.kernels.fp8_gemm import Config
+
+PROJECTIONS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+               "down": (4096, 14336)}
+# (block_n, block_k, warps, stages, split): the TMA kernel's wider set, tickets when split
+TMA_SHAPES = ((64, 256, 4, 4, 1), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (64, 128, 4, 6, 2),
+              (128, 256, 4, 3, 1), (128, 256, 4, 3, 2), (128, 256, 4, 3, 4),
+              (128, 256, 4, 3, 8), (128, 128, 4, 5, 1), (128, 128, 4, 5, 4),
+              (128, 256, 8, 3, 4), (128, 128, 8, 4, 2))
+
+
+def tma_configs() -> list[Config]:
+    wider = [Config(kernel, *shape, tickets=True) for kernel, shape in
+             itertools.product(("tma_w8", "tma_w8a8"), TMA_SHAPES)]
+    return list(dict.fromkeys(fp8_gemm.TMA_CONFIGS + tuple(wider)))
+
+
+def configs_for(n: int) -> list[Config]:
+    return [c for c in fp8_gemm.CONFIGS + tuple(tma_configs())
+            if c.block_n <= triton.next_power_of_2(n)]
+
+
+def operands(rows: int, n: int, k: int):
+    weight = (torch.randn(n, k, device="cuda") * 0.05).to(fp8_gemm.FP8)
+    scale = torch.rand(n, device="cuda") * 0.01 + 0.001
+    return torch.randn(rows, k, device="cuda", dtype=torch.bfloat16), weight, scale
+
+
+def compile_configs(jobs: list[tuple[int, Config]]) -> list[str]:
+    """Compiles (runs once) each (rows, config) on a small weight (every shape here has the
+    same specialization: N, K and strides multiples of 16); the failures, as text."""
+    failed = []
+    with pdl.suspended():
+        for rows, config in jobs:
+            x, weight, scale = operands(rows, 256, 512)
+            try:
+                fp8_gemm.fp8_weight_linear(x, weight, scale, None, config)
+            except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
+                failed.append(f"{rows} {config}: {str(exc)[:300]}")
+    torch.cuda.synchronize()
+    return failed
+
+
+def precompile(rows_list: list[int], workers: int) -> list[str]:
+    jobs = [(rows, c) for rows in rows_list for c in configs_for(1 << 16)]
+    chunks = [jobs[i::workers] for i in range(workers)]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        return [line for failed in pool.map(compile_configs, chunks) for line in failed]
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), rep=200)
+    return 2 * src.numel() / (ms * 1e-3)
+
+
+def sweep(rows: int, n: int, k: int, bandwidth: float) -> dict:
+    x, weight, scale = operands(rows, n, k)
+    copies = gemm_timing.weight_copies(weight)
+    runs = {None: lambda i: fp8_gemm.scaled_mm_linear(x, copies[i], scale, None)}
+    runs.update({c: lambda i, c=c: fp8_gemm.fp8_weight_linear(x, copies[i], scale, None, c)
+                 for c in configs_for(n)})
+    with pdl.suspended():
+        timings = gemm_timing.replayed_timings_ms(runs, len(copies))
+    weight_us = n * k / bandwidth * 1e6
+    floor_us = (n * k + 2 * rows * (k + n)) / bandwidth * 1e6
+    ranked = sorted(timings, key=timings.get)
+    entries = [dict(config="cuBLASLt" if c is None else label(c), us=round(1e3 * timings[c], 2),
+                    weight_of_copy=round(weight_us / (1e3 * timings[c]), 3),
+                    of_floor=round(floor_us / (1e3 * timings[c]), 3)) for c in ranked]
+    current = [e for c, e in zip(ranked, entries) if c is None or c in fp8_gemm.CONFIGS]
+    new = [e for c, e in zip(ranked, entries) if c is not None and c.kernel.startswith("tma")]
+    return dict(rows=rows, n=n, k=k, best_current=current[0], best_tma=new[0] if new else None,
+                candidates=entries)
+
+
+def label(c: Config) -> str:
+    return (f"{c.kernel} {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} "
+            f"split {c.split_k}{' tickets' if c.tickets else ''}")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64])
+    p.add_argument("--output", default=None)
+    p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
+    args = p.parse_args()
+    start = time.time()
+    failed = precompile(args.rows, args.workers) if args.workers > 1 else []
+    print(json.dumps({"compiled_s": round(time.time() - start, 1), "failed": failed}), flush=True)
+    bandwidth = copy_bandwidth()
+    results = []
+    for rows in args.rows:
+        for name, (n, k) in PROJECTIONS.items():
+            results.append(dict(proj=name, **sweep(rows, n, k, bandwidth)))
+            top = results[-1]
+            print(json.dumps(dict(proj=name, rows=rows, best_current=top["best_current"],
+                                  best_tma=top["best_tma"], top5=top["candidates"][:5])),
+                  flush=True)
+            torch.cuda.empty_cache()
+    print(json.dumps({"total_s": round(time.time() - start, 1)}), flush=True)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), copy_bandwidth_tb_s=bandwidth
+                           / 1e12, failed=failed, results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
