@@ -55,7 +55,7 @@ CONFIGS = tuple(Config(kernel, *shape) for kernel in ("w8", "w8a8") for shape in
 # wgmma's 64-128-row side (y^T = W x^T), widened in registers (w8) or FP8 by FP8 (w8a8);
 # K split by tickets so that N = 4096 fills the SMs; measured only where
 # fp8_gemm_tma.enabled() (PARASHIFT_FP8_TMA)
-TMA_CONFIGS = tuple(Config(kernel, *shape, tickets=True) for kernel in fp8_gemm_tma.KERNELS
+TMA_CONFIGS = tuple(Config(kernel, *shape, tickets=True) for kernel in ("tma_w8", "tma_w8a8")
                     for shape in ((128, 256, 4, 3, 1), (128, 256, 4, 3, 4), (64, 256, 4, 4, 2),
                                   (128, 128, 4, 5, 2)))
 # "gemv" (fp8_gemv.py), at most fp8_gemv.MAX_ROWS rows: BLOCK_K bytes of each of BLOCK_N
@@ -165,12 +165,13 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
                                  config.num_warps, config.num_stages, config.split_k,
                                  config.ahead, config.tickets)
     x = x if x.stride(1) == 1 else x.contiguous()
-    fp8_x = config.kernel in ("w8a8", "tma_w8a8")
+    fp8_x = "w8a8" in config.kernel
     xq, x_scale = (x, scale) if not fp8_x else x_fp8 or quantize_rows(x)
     if config.kernel in fp8_gemm_tma.KERNELS:
         return fp8_gemm_tma.tma_linear(xq, x_scale, weight, scale, bias, x.dtype,
                                        config.block_n, config.block_k, config.num_warps,
-                                       config.num_stages, config.split_k, config.tickets)
+                                       config.num_stages, config.split_k, config.tickets,
+                                       config.kernel.endswith("_p"))
     (m, k), n = x.shape, weight.shape[0]
     bm, split = block_m(m), config.split_k
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, bm), split)
@@ -247,7 +248,7 @@ def quantizes_activations(rows: int, weight: torch.Tensor, dtype: torch.dtype,
     if key not in _choices:
         return torch.cuda.is_current_stream_capturing()
     config = _choices[key]
-    return config is None or config.kernel == "w8a8"
+    return config is None or "w8a8" in config.kernel
 
 
 def chosen() -> list[dict]:

@@ -16,10 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import pdl, split_tickets
+from parashift.kernels import num_sms, pdl, split_tickets
 from parashift.kernels.fp8_epilogue import finish_split_tile
 
-KERNELS = ("tma_w8", "tma_w8a8")  # fp8_gemm.Config.kernel values of this file
+# fp8_gemm.Config.kernel values of this file: w8 widens the weight, w8a8 takes E4M3
+# activations; "_p": the persistent kernel
+KERNELS = ("tma_w8", "tma_w8a8", "tma_w8_p", "tma_w8a8_p")
 MAX_BLOCK_K = 256  # a TMA box's dimension
 ENV, DEFAULT = "PARASHIFT_FP8_TMA", "0"
 
@@ -64,26 +66,71 @@ def _fp8_tma_kernel(x_desc, xs_ptr, w_desc, s_ptr, b_ptr, y_ptr, part_ptr, count
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     SPLIT_K: tl.constexpr, TICKETS: tl.constexpr, NUM_STAGES: tl.constexpr,
                     USE_PDL: tl.constexpr):
+    """One program a (column tile, row tile, part of K)."""
     first_n = tl.program_id(0) * BLOCK_N
     first_m = tl.program_id(1) * BLOCK_M
     split = tl.program_id(2)
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_end = tl.minimum(K, (split + 1) * k_per_split)
+    k_steps = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K)
     pdl.start(USE_PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in tl.range(split * k_per_split, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        w = w_desc.load([first_n, k0])
-        x = x_desc.load([first_m, k0])
-        if FP8_X:
-            acc = tl.dot(w, tl.trans(x), acc)
-        else:
-            acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)
+    for step in tl.range(split * k_steps, tl.minimum((split + 1) * k_steps, tl.cdiv(K, BLOCK_K)),
+                         num_stages=NUM_STAGES):
+        acc = _dot_step(w_desc, x_desc, first_n, first_m, step * BLOCK_K, acc, FP8_X)
+    _finish(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, first_m,
+            first_n, split, tl.program_id(1) * tl.num_programs(0) + tl.program_id(0),
+            HAS_BIAS, FP8_X, BLOCK_M, BLOCK_N, SPLIT_K, TICKETS, USE_PDL)
+
+
+@triton.jit
+def _fp8_tma_persistent_kernel(x_desc, xs_ptr, w_desc, s_ptr, b_ptr, y_ptr, part_ptr,
+                               counter_ptr, M, N, K, stride_ym, HAS_BIAS: tl.constexpr,
+                               FP8_X: tl.constexpr, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               SPLIT_K: tl.constexpr, TICKETS: tl.constexpr,
+                               NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    """A program an SM, over the (tile, part of K) items one grid's width apart, its weight
+    stream pipelined across items (the loops flattened): no wave quantization, no ramp a
+    tile. The parts as `_fp8_tma_kernel` splits K (a part past K reads zeros)."""
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles = tiles_n * tl.cdiv(M, BLOCK_M)
+    k_steps = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K)
+    pdl.start(USE_PDL)
+    # flattened, the loop is pipelined across items only without the tickets' barrier
+    # (else not at all); with tickets each item's K loop is pipelined on its own
+    for item in tl.range(tl.program_id(0), tiles * SPLIT_K, tl.num_programs(0),
+                         num_stages=NUM_STAGES, flatten=not TICKETS):
+        split, tile = item // tiles, item % tiles
+        first_n, first_m = (tile % tiles_n) * BLOCK_N, (tile // tiles_n) * BLOCK_M
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for step in range(k_steps):
+            acc = _dot_step(w_desc, x_desc, first_n, first_m, (split * k_steps + step) * BLOCK_K,
+                            acc, FP8_X)
+        _finish(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
+                first_m, first_n, split, tile, HAS_BIAS, FP8_X, BLOCK_M, BLOCK_N, SPLIT_K,
+                TICKETS, USE_PDL)
+
+
+@triton.jit
+def _dot_step(w_desc, x_desc, first_n, first_m, k0, acc, FP8_X: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] += the weight tile at (first_n, k0) times the tokens' tile at
+    (first_m, k0) transposed, out-of-bounds parts read as zeros."""
+    w = w_desc.load([first_n, k0])
+    x = x_desc.load([first_m, k0])
+    if FP8_X:
+        return tl.dot(w, tl.trans(x), acc)
+    return tl.dot(w.to(x.dtype), tl.trans(x), acc)
+
+
+@triton.jit
+def _finish(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, first_m,
+            first_n, split, tile, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+            TICKETS: tl.constexpr, USE_PDL: tl.constexpr):
     offs_m = first_m + tl.arange(0, BLOCK_M)
     offs_n = first_n + tl.arange(0, BLOCK_N)
     finish_split_tile(tl.trans(acc), xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N,
-                      stride_ym, offs_m, offs_n, offs_m < M, offs_n < N, split,
-                      tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), HAS_BIAS,
-                      FP8_X, SPLIT_K, TICKETS, USE_PDL)
+                      stride_ym, offs_m, offs_n, offs_m < M, offs_n < N, split, tile,
+                      HAS_BIAS, FP8_X, SPLIT_K, TICKETS, USE_PDL)
 
 
 def block_m(rows: int) -> int:
@@ -94,9 +141,10 @@ def block_m(rows: int) -> int:
 def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
                block_n: int, block_k: int, num_warps: int, num_stages: int, split_k: int,
-               tickets: bool) -> torch.Tensor:
+               tickets: bool, persistent: bool = False) -> torch.Tensor:
     """y [M, N] in out_dtype = x (weight * scale)^T + bias; x [M, K] 16-bit (the weight
-    widened to its dtype) or E4M3 with x_scale [M, 1] fp32 (per token)."""
+    widened to its dtype) or E4M3 with x_scale [M, 1] fp32 (per token); persistent: a
+    program an SM over the (tile, part of K) items."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     if block_k > MAX_BLOCK_K or not fits(weight):
         raise ValueError(f"the TMA FP8 GEMM takes BLOCK_K <= {MAX_BLOCK_K} and a weight with "
@@ -105,12 +153,15 @@ def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
     x = x if fits(x) else x.clone(memory_format=torch.contiguous_format)
     (m, k), n = x.shape, weight.shape[0]
     bm = block_m(m)
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, bm), split_k)
-    y, parts, counters = split_tickets.outputs(m, n, out_dtype, x.device, split_k,
-                                               grid[0] * grid[1], tickets)
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, bm)
+    y, parts, counters = split_tickets.outputs(m, n, out_dtype, x.device, split_k, tiles,
+                                               tickets)
     x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [bm, block_k])
     w_desc = _weight_descriptor(weight, block_n, block_k)
-    _fp8_tma_kernel[grid](
+    kernel, grid = ((_fp8_tma_persistent_kernel, (min(tiles * split_k, num_sms(x.device)),))
+                    if persistent else
+                    (_fp8_tma_kernel, (triton.cdiv(n, block_n), triton.cdiv(m, bm), split_k)))
+    kernel[grid](
         x_desc, x_scale, w_desc, scale.reshape(-1), bias if bias is not None else scale, y,
         parts if parts is not None else y, counters if counters is not None else y, m, n, k,
         y.stride(0), HAS_BIAS=bias is not None, FP8_X=x.dtype == weight.dtype, BLOCK_M=bm,

@@ -1,6 +1,9 @@
 """The TMA FP8-weight GEMM (y^T = W x^T, the weight by tensor descriptors) against a
 dequantized reference: one small tile config under the Triton interpreter, every registered
 config on CUDA."""
+from dataclasses import replace
+from unittest import mock
+
 import pytest
 import torch
 
@@ -9,20 +12,31 @@ from parashift.kernels.fp8_gemm import Config
 from tests.kernels.common import case_tests, cuda
 from tests.kernels.test_fp8_gemm import operands
 
-# split 3 by tickets over 32-column steps: several output tiles of rows and columns, a part
-# of K past its end (k 64) and a partial last step (k 80)
-SMALL = tuple(Config(kernel, 64, 32, 4, 2, 3, tickets=True) for kernel in fp8_gemm_tma.KERNELS)
-CASES = [dict(m=3, n=80, k=80, bias=True), dict(m=33, n=64, k=64)]
+# one small tile: split 3 by tickets (several output tiles of rows and columns, a part of K
+# past its end at k 64, a partial last step at k 80) for each kernel, and the persistent
+# kernel's one part (its loop flattened across tiles)
+SMALL = tuple(Config(kernel, 64, 32, 4, 2, 3, tickets=True) for kernel in fp8_gemm_tma.KERNELS
+              ) + (Config("tma_w8_p", 64, 32, 4, 2),)
+CASES = [dict(m=3, n=80, k=80, bias=True), dict(m=33, n=200, k=64)]
+PERSISTENT_PROGRAMS = 2  # fewer than the items: each program takes several
 
 
 def check(m, n, k, bias=False, dtype="float32", device="cpu", configs=SMALL):
     x, w, scale, b, expected = operands(m, n, k, bias, dtype, device)
     for config in configs:
-        actual = fp8_gemm.fp8_weight_linear(x, w, scale, b, config)
+        with mock.patch.object(fp8_gemm_tma, "num_sms", lambda device: PERSISTENT_PROGRAMS):
+            actual = fp8_gemm.fp8_weight_linear(x, w, scale, b, config)
         assert actual.shape == (m, n) and actual.dtype == x.dtype
         relative = (actual.double() - expected).norm() / expected.norm()
         # FP8 activations round each to 3 mantissa bits; widened weights: 16-bit products
-        assert relative < (8e-2 if config.kernel == "tma_w8a8" else 1e-2), config
+        assert relative < (8e-2 if "w8a8" in config.kernel else 1e-2), config
+        if config.kernel.endswith("_p"):  # the same parts as a program each, summed alike
+            one_each = fp8_gemm.fp8_weight_linear(x, w, scale, b, replace(
+                config, kernel=config.kernel[:-2]))
+            if config.tickets or config.split_k == 1:
+                assert torch.equal(actual, one_each), config
+            else:
+                torch.testing.assert_close(actual, one_each, rtol=1e-2, atol=1e-2)
         if config.tickets and config.split_k > 1:  # the same bits again, counters back at 0
             assert torch.equal(fp8_gemm.fp8_weight_linear(x, w, scale, b, config), actual)
             assert not split_tickets._counters[x.device].any()
@@ -31,11 +45,20 @@ def check(m, n, k, bias=False, dtype="float32", device="cpu", configs=SMALL):
 test_interpreted, _ = case_tests(__name__, check, CASES, uses_dot=True)
 
 
+# the persistent kernel's three ways to sum K's parts
+CUDA_PERSISTENT = tuple(Config(kernel, 128, 256, 4, 3, split, tickets=tickets)
+                        for kernel in ("tma_w8_p", "tma_w8a8_p")
+                        for split, tickets in ((1, False), (4, True), (4, False)))
+
+
 @cuda
-@pytest.mark.parametrize("case", [dict(m=64, n=208, k=1024), dict(m=17, n=96, k=320, bias=True),
-                                  dict(m=5, n=4096, k=512)])
-def test_registered_configs_match_dequantized(case):
-    check(**case, dtype="bfloat16", device="cuda", configs=fp8_gemm.TMA_CONFIGS)
+@pytest.mark.parametrize("case", [dict(m=64, n=208, k=1024), dict(m=5, n=4096, k=512),
+                                  dict(m=17, n=96, k=320, bias=True)])
+def test_configs_match_dequantized(case):
+    configs = fp8_gemm.TMA_CONFIGS + CUDA_PERSISTENT
+    if case.get("bias"):  # one of each kernel: the bias is the epilogue's, shared
+        configs = configs[:1] + CUDA_PERSISTENT[3:4]
+    check(**case, dtype="bfloat16", device="cuda", configs=configs)
 
 
 def test_misaligned_operands_are_told_apart_and_a_misaligned_weight_refused():
