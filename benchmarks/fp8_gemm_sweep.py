@@ -1,7 +1,7 @@
 """Every FP8 GEMM candidate at 16-64 rows on the 8B's projections, as a fraction of the copy
 bandwidth (issue 60: the decode b64 step's FP8 weight GEMM at >= 0.85 of it).
 
-Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm_sweep.py [--rows 16 32 64]
+Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm_sweep.py [--rows 64 16 32]
              [--output F] [--workers 16]
 Candidates: cuBLASLt (`scaled_mm_linear`), the configs `fp8_gemm.linear` measures today
 (`fp8_gemm.CONFIGS`) and the TMA kernel's (`fp8_gemm_tma.py`) registered and wider set.
@@ -77,8 +77,11 @@ def precompile(rows_list: list[int], workers: int) -> list[str]:
     jobs = [(rows, c) for rows in rows_list for c in configs_for(1 << 16)]
     chunks = [jobs[i::workers] for i in range(workers)]
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        return [line for failed in pool.map(compile_configs, chunks) for line in failed]
+    try:
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            return [line for failed in pool.map(compile_configs, chunks) for line in failed]
+    except concurrent.futures.process.BrokenProcessPool as exc:  # the timing compiles the rest
+        return [f"compile workers died: {exc}"]
 
 
 def copy_bandwidth() -> float:
@@ -96,15 +99,30 @@ def sweep(rows: int, n: int, k: int, bandwidth: float) -> dict:
                  for c in configs_for(n)})
     with pdl.suspended():
         timings = gemm_timing.replayed_timings_ms(runs, len(copies))
+    # the GEMM alone where the op before quantized x (decode's qkv, gate_up and down): the
+    # fastest FP8 x FP8 configs of each kernel again, given x in E4M3
+    x_fp8 = fp8_gemm.quantize_rows(x)
+    prequantized = [c for family in ("w8a8", "tma_w8a8", "tma_w8a8_p")
+                    for c in sorted((c for c in timings if c and c.kernel == family),
+                                    key=timings.get)[:2]]
+    with pdl.suspended():
+        alone = gemm_timing.replayed_timings_ms(
+            {c: lambda i, c=c: fp8_gemm.fp8_weight_linear(x, copies[i], scale, None, c, x_fp8)
+             for c in prequantized}, len(copies))
     weight_us = n * k / bandwidth * 1e6
     floor_us = (n * k + 2 * rows * (k + n)) / bandwidth * 1e6
+
+    def entry(name, ms):
+        return dict(config=name, us=round(1e3 * ms, 2),
+                    weight_of_copy=round(weight_us / (1e3 * ms), 3),
+                    of_floor=round(floor_us / (1e3 * ms), 3))
     ranked = sorted(timings, key=timings.get)
-    entries = [dict(config="cuBLASLt" if c is None else label(c), us=round(1e3 * timings[c], 2),
-                    weight_of_copy=round(weight_us / (1e3 * timings[c]), 3),
-                    of_floor=round(floor_us / (1e3 * timings[c]), 3)) for c in ranked]
+    entries = [entry("cuBLASLt" if c is None else label(c), timings[c]) for c in ranked]
     current = [e for c, e in zip(ranked, entries) if c is None or c in fp8_gemm.CONFIGS]
     new = [e for c, e in zip(ranked, entries) if c is not None and c.kernel.startswith("tma")]
     return dict(rows=rows, n=n, k=k, best_current=current[0], best_tma=new[0] if new else None,
+                x_quantized_before=[entry(label(c), alone[c])
+                                    for c in sorted(alone, key=alone.get)],
                 candidates=entries)
 
 
@@ -115,7 +133,7 @@ def label(c: Config) -> str:
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64])
+    p.add_argument("--rows", type=int, nargs="+", default=[64, 16, 32])
     p.add_argument("--output", default=None)
     p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     args = p.parse_args()
@@ -129,14 +147,16 @@ def main():
             results.append(dict(proj=name, **sweep(rows, n, k, bandwidth)))
             top = results[-1]
             print(json.dumps(dict(proj=name, rows=rows, best_current=top["best_current"],
-                                  best_tma=top["best_tma"], top5=top["candidates"][:5])),
+                                  best_tma=top["best_tma"], top5=top["candidates"][:5],
+                                  x_quantized_before=top["x_quantized_before"][:3])),
                   flush=True)
             torch.cuda.empty_cache()
+            if args.output:  # after each shape: a run cut short keeps what it measured
+                with open(args.output, "w") as f:
+                    json.dump(dict(device=torch.cuda.get_device_name(),
+                                   copy_bandwidth_tb_s=bandwidth / 1e12, failed=failed,
+                                   results=results), f, indent=1)
     print(json.dumps({"total_s": round(time.time() - start, 1)}), flush=True)
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), copy_bandwidth_tb_s=bandwidth
-                           / 1e12, failed=failed, results=results), f, indent=1)
 
 
 if __name__ == "__main__":
