@@ -27,23 +27,28 @@ from parashift.kernels.fp8_gemm import Config
 PROJECTIONS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
                "down": (4096, 14336)}
 # (block_n, block_k, warps, stages, split): the TMA kernels' wider set, K split by tickets
-TMA_SHAPES = ((64, 256, 4, 4, 1), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (64, 128, 4, 6, 2),
-              (128, 256, 4, 3, 1), (128, 256, 4, 3, 2), (128, 256, 4, 3, 4),
-              (128, 256, 4, 3, 8), (128, 128, 4, 5, 1), (128, 128, 4, 5, 4),
-              (128, 256, 8, 3, 4), (128, 128, 8, 4, 2), (256, 128, 8, 4, 1),
-              (256, 128, 8, 4, 2), (256, 128, 8, 4, 4))
+TMA_SHAPES = ((64, 256, 4, 4, 1), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (128, 256, 4, 3, 1),
+              (128, 256, 4, 3, 2), (128, 256, 4, 3, 4), (128, 128, 4, 5, 1), (128, 128, 4, 5, 4),
+              (128, 256, 8, 3, 4), (256, 128, 8, 4, 1), (256, 128, 8, 4, 2), (256, 128, 8, 4, 4))
+# the widening by integer ops (tma_w8bits) on the likeliest of them
+BITS_SHAPES = ((128, 256, 4, 3, 1), (128, 256, 4, 3, 2), (128, 256, 4, 3, 4), (64, 256, 4, 4, 1),
+               (64, 256, 4, 4, 2), (128, 128, 4, 5, 1), (128, 128, 4, 5, 4), (256, 128, 8, 4, 1),
+               (256, 128, 8, 4, 2))
 # the persistent kernel's: one part (its loop pipelined across tiles), K split by tickets,
 # or split by atomic adds (pipelined across items, a zeroing and a cast kernel more)
-PERSISTENT_SHAPES = {True: ((128, 256, 4, 3, 4), (128, 256, 4, 3, 2), (64, 256, 4, 4, 4)),
-                     False: ((128, 256, 4, 3, 1), (128, 128, 4, 5, 1), (64, 256, 4, 4, 1),
-                             (256, 128, 8, 4, 1), (128, 256, 4, 3, 4), (64, 256, 4, 4, 2))}
+PERSISTENT_SHAPES = {True: ((128, 256, 4, 3, 4), (64, 256, 4, 4, 4)),
+                     False: ((128, 256, 4, 3, 1), (128, 128, 4, 5, 1), (256, 128, 8, 4, 1),
+                             (128, 256, 4, 3, 4))}
 
 
 def tma_configs() -> list[Config]:
     wider = [Config(kernel, *shape, tickets=True) for kernel, shape in
              itertools.product(("tma_w8", "tma_w8a8"), TMA_SHAPES)]
+    wider += [Config("tma_w8bits", *shape, tickets=True) for shape in BITS_SHAPES]
     wider += [Config(kernel, *shape, tickets=tickets) for kernel in ("tma_w8_p", "tma_w8a8_p")
               for tickets, shapes in PERSISTENT_SHAPES.items() for shape in shapes]
+    wider += [Config("tma_w8bits_p", 128, 256, 4, 3, split, tickets=split > 1)
+              for split in (1, 4)]
     return list(dict.fromkeys(fp8_gemm.TMA_CONFIGS + tuple(wider)))
 
 

@@ -57,7 +57,7 @@ CONFIGS = tuple(Config(kernel, *shape) for kernel in ("w8", "w8a8") for shape in
 # fp8_gemm_tma.enabled() (PARASHIFT_FP8_TMA)
 TMA_CONFIGS = tuple(Config(kernel, *shape, tickets=True) for kernel in ("tma_w8", "tma_w8a8")
                     for shape in ((128, 256, 4, 3, 1), (128, 256, 4, 3, 4), (64, 256, 4, 4, 2),
-                                  (128, 128, 4, 5, 2)))
+                                  (128, 128, 4, 5, 4)))
 # "gemv" (fp8_gemv.py), at most fp8_gemv.MAX_ROWS rows: BLOCK_K bytes of each of BLOCK_N
 # weight rows a step, BLOCK_K >= 8 * 32 * warps (the tile's K spans every thread, so the loop
 # needs no shuffles or shared memory: checked in sm_90 PTX); narrow BLOCK_N or split K where N
@@ -171,7 +171,7 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         return fp8_gemm_tma.tma_linear(xq, x_scale, weight, scale, bias, x.dtype,
                                        config.block_n, config.block_k, config.num_warps,
                                        config.num_stages, config.split_k, config.tickets,
-                                       config.kernel.endswith("_p"))
+                                       config.kernel.endswith("_p"), "bits" in config.kernel)
     (m, k), n = x.shape, weight.shape[0]
     bm, split = block_m(m), config.split_k
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, bm), split)

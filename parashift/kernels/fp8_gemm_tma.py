@@ -19,9 +19,11 @@ import triton.language as tl
 from parashift.kernels import num_sms, pdl, split_tickets
 from parashift.kernels.fp8_epilogue import finish_split_tile
 
-# fp8_gemm.Config.kernel values of this file: w8 widens the weight, w8a8 takes E4M3
+# fp8_gemm.Config.kernel values of this file: w8 widens the weight (the compiler's
+# conversions; w8bits: `_bf16_of_e4m3`'s integer ops, bf16 activations), w8a8 takes E4M3
 # activations; "_p": the persistent kernel
-KERNELS = ("tma_w8", "tma_w8a8", "tma_w8_p", "tma_w8a8_p")
+KERNELS = tuple(f"tma_{kind}{persistent}" for persistent in ("", "_p")
+                for kind in ("w8", "w8bits", "w8a8"))
 MAX_BLOCK_K = 256  # a TMA box's dimension
 ENV, DEFAULT = "PARASHIFT_FP8_TMA", "0"
 
@@ -65,7 +67,7 @@ def _fp8_tma_kernel(x_desc, xs_ptr, w_desc, s_ptr, b_ptr, y_ptr, part_ptr, count
                     K, stride_ym, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     SPLIT_K: tl.constexpr, TICKETS: tl.constexpr, NUM_STAGES: tl.constexpr,
-                    USE_PDL: tl.constexpr):
+                    BIT_WIDEN: tl.constexpr, USE_PDL: tl.constexpr):
     """One program a (column tile, row tile, part of K)."""
     first_n = tl.program_id(0) * BLOCK_N
     first_m = tl.program_id(1) * BLOCK_M
@@ -75,7 +77,8 @@ def _fp8_tma_kernel(x_desc, xs_ptr, w_desc, s_ptr, b_ptr, y_ptr, part_ptr, count
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in tl.range(split * k_steps, tl.minimum((split + 1) * k_steps, tl.cdiv(K, BLOCK_K)),
                          num_stages=NUM_STAGES):
-        acc = _dot_step(w_desc, x_desc, first_n, first_m, step * BLOCK_K, acc, FP8_X)
+        acc = _dot_step(w_desc, x_desc, first_n, first_m, step * BLOCK_K, acc, FP8_X,
+                        BIT_WIDEN)
     _finish(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, first_m,
             first_n, split, tl.program_id(1) * tl.num_programs(0) + tl.program_id(0),
             HAS_BIAS, FP8_X, BLOCK_M, BLOCK_N, SPLIT_K, TICKETS, USE_PDL)
@@ -87,7 +90,8 @@ def _fp8_tma_persistent_kernel(x_desc, xs_ptr, w_desc, s_ptr, b_ptr, y_ptr, part
                                FP8_X: tl.constexpr, BLOCK_M: tl.constexpr,
                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                SPLIT_K: tl.constexpr, TICKETS: tl.constexpr,
-                               NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+                               NUM_STAGES: tl.constexpr, BIT_WIDEN: tl.constexpr,
+                               USE_PDL: tl.constexpr):
     """A program an SM, over the (tile, part of K) items one grid's width apart, its weight
     stream pipelined across items (the loops flattened): no wave quantization, no ramp a
     tile. The parts as `_fp8_tma_kernel` splits K (a part past K reads zeros)."""
@@ -104,21 +108,56 @@ def _fp8_tma_persistent_kernel(x_desc, xs_ptr, w_desc, s_ptr, b_ptr, y_ptr, part
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for step in range(k_steps):
             acc = _dot_step(w_desc, x_desc, first_n, first_m, (split * k_steps + step) * BLOCK_K,
-                            acc, FP8_X)
+                            acc, FP8_X, BIT_WIDEN)
         _finish(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
                 first_m, first_n, split, tile, HAS_BIAS, FP8_X, BLOCK_M, BLOCK_N, SPLIT_K,
                 TICKETS, USE_PDL)
 
 
 @triton.jit
-def _dot_step(w_desc, x_desc, first_n, first_m, k0, acc, FP8_X: tl.constexpr):
+def _dot_step(w_desc, x_desc, first_n, first_m, k0, acc, FP8_X: tl.constexpr,
+              BIT_WIDEN: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] += the weight tile at (first_n, k0) times the tokens' tile at
     (first_m, k0) transposed, out-of-bounds parts read as zeros."""
     w = w_desc.load([first_n, k0])
     x = x_desc.load([first_m, k0])
     if FP8_X:
         return tl.dot(w, tl.trans(x), acc)
+    if BIT_WIDEN:
+        return tl.dot(_bf16_of_e4m3(w), tl.trans(x), acc)
     return tl.dot(w.to(x.dtype), tl.trans(x), acc)
+
+
+# E4M3 to bf16, four at a time: each byte's 7 magnitude bits shifted into bf16's exponent and
+# mantissa fields read as 2^-120 times the value (E4M3's subnormals as bf16's), times 2^120
+# (exact), the sign put back. sm_90 has no E4M3 -> bf16 cvt: the compiler's E4M3 -> f16 ->
+# bf16 costs three conversions a pair at the conversion units' lower rate. E4M3's NaN
+# (never a quantized weight: they are clamped to 448) reads as 480.
+_BF16_OF_E4M3 = tl.constexpr("""{
+.reg .b32 lo, hi, slo, shi, pow, zero;
+prmt.b32 lo, $2, 0, 0x4140;
+prmt.b32 hi, $2, 0, 0x4342;
+shl.b32 slo, lo, 8;
+shl.b32 shi, hi, 8;
+and.b32 slo, slo, 0x80008000;
+and.b32 shi, shi, 0x80008000;
+shl.b32 lo, lo, 4;
+shl.b32 hi, hi, 4;
+and.b32 lo, lo, 0x07F007F0;
+and.b32 hi, hi, 0x07F007F0;
+mov.b32 pow, 0x7B807B80;
+mov.b32 zero, 0;
+fma.rn.bf16x2 lo, lo, pow, zero;
+fma.rn.bf16x2 hi, hi, pow, zero;
+or.b32 $0, lo, slo;
+or.b32 $1, hi, shi;
+}""")
+
+
+@triton.jit
+def _bf16_of_e4m3(w):
+    return tl.inline_asm_elementwise(_BF16_OF_E4M3, "=r,=r,r", [w.to(tl.uint8, bitcast=True)],
+                                     dtype=tl.bfloat16, is_pure=True, pack=4)
 
 
 @triton.jit
@@ -141,10 +180,12 @@ def block_m(rows: int) -> int:
 def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
                block_n: int, block_k: int, num_warps: int, num_stages: int, split_k: int,
-               tickets: bool, persistent: bool = False) -> torch.Tensor:
+               tickets: bool, persistent: bool = False, bit_widen: bool = False
+               ) -> torch.Tensor:
     """y [M, N] in out_dtype = x (weight * scale)^T + bias; x [M, K] 16-bit (the weight
-    widened to its dtype) or E4M3 with x_scale [M, 1] fp32 (per token); persistent: a
-    program an SM over the (tile, part of K) items."""
+    widened to its dtype; bit_widen: by integer ops where x is bf16, compiled) or E4M3 with
+    x_scale [M, 1] fp32 (per token); persistent: a program an SM over the (tile, part of K)
+    items."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     if block_k > MAX_BLOCK_K or not fits(weight):
         raise ValueError(f"the TMA FP8 GEMM takes BLOCK_K <= {MAX_BLOCK_K} and a weight with "
@@ -166,8 +207,13 @@ def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
         parts if parts is not None else y, counters if counters is not None else y, m, n, k,
         y.stride(0), HAS_BIAS=bias is not None, FP8_X=x.dtype == weight.dtype, BLOCK_M=bm,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, TICKETS=counters is not None,
-        NUM_STAGES=num_stages, num_warps=num_warps, **pdl.launch_options(x.device))
+        NUM_STAGES=num_stages, BIT_WIDEN=bit_widen and x.dtype == torch.bfloat16 and not _interpreted(),
+        num_warps=num_warps, **pdl.launch_options(x.device))
     return y.to(out_dtype)
+
+
+def _interpreted() -> bool:  # the Triton interpreter runs no inline PTX
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _weight_descriptor(weight: torch.Tensor, block_n: int, block_k: int):

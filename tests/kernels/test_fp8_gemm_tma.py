@@ -52,13 +52,33 @@ CUDA_PERSISTENT = tuple(Config(kernel, 128, 256, 4, 3, split, tickets=tickets)
 
 
 @cuda
-@pytest.mark.parametrize("case", [dict(m=64, n=208, k=1024), dict(m=5, n=4096, k=512),
+@pytest.mark.parametrize("case", [dict(m=64, n=208, k=1024), dict(m=16, n=4096, k=512),
                                   dict(m=17, n=96, k=320, bias=True)])
 def test_configs_match_dequantized(case):
     configs = fp8_gemm.TMA_CONFIGS + CUDA_PERSISTENT
     if case.get("bias"):  # one of each kernel: the bias is the epilogue's, shared
         configs = configs[:1] + CUDA_PERSISTENT[3:4]
     check(**case, dtype="bfloat16", device="cuda", configs=configs)
+
+
+@cuda
+@pytest.mark.parametrize("persistent", ["", "_p"])
+def test_widening_by_integer_ops_gives_the_conversions_bits(persistent):
+    """tma_w8bits' E4M3 -> bf16 by shifts and a 2^120 product against the compiler's
+    conversion: every E4M3 code but NaN (subnormals, both zeros) in the weight, the same
+    products, so the same output bits."""
+    codes = torch.arange(256, dtype=torch.uint8, device="cuda")
+    codes = codes[(codes & 0x7F) != 0x7F]  # not NaN
+    w = codes[torch.randint(0, codes.numel(), (192, 512), device="cuda")].view(fp8_gemm.FP8)
+    scale = torch.rand(192, 1, device="cuda") + 0.5
+    x = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
+    expected = x.double() @ (w.double() * scale.double()).t()
+    for split, tickets in ((1, False), (4, True)):
+        config = Config(f"tma_w8bits{persistent}", 128, 256, 4, 3, split, tickets=tickets)
+        actual = fp8_gemm.fp8_weight_linear(x, w, scale, None, config)
+        assert torch.equal(actual, fp8_gemm.fp8_weight_linear(
+            x, w, scale, None, replace(config, kernel=f"tma_w8{persistent}")))
+        assert (actual.double() - expected).norm() / expected.norm() < 1e-2
 
 
 def test_misaligned_operands_are_told_apart_and_a_misaligned_weight_refused():
