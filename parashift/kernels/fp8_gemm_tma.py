@@ -8,7 +8,9 @@ tokens]: the weight is wgmma's A operand (64 or 128 rows a warpgroup), widened i
 registers where the activations are 16-bit, and the tokens are its N side (16-64). Both
 operands come by TMA (`TensorDescriptor`s made on the host; out of bounds reads as zeros,
 so no masks in the loop), pipelined NUM_STAGES deep. The K split by tickets
-(split_tickets.py) gives N = 4096 several waves of programs."""
+(split_tickets.py) gives N = 4096 several waves of programs. The persistent kernel runs a
+program an SM over the (tile, part of K) items. `fp8_epilogue.py` finishes the tiles, as
+for `fp8_gemm.py`'s kernel."""
 import functools
 import os
 
@@ -92,15 +94,16 @@ def _fp8_tma_persistent_kernel(x_desc, xs_ptr, w_desc, s_ptr, b_ptr, y_ptr, part
                                SPLIT_K: tl.constexpr, TICKETS: tl.constexpr,
                                NUM_STAGES: tl.constexpr, BIT_WIDEN: tl.constexpr,
                                USE_PDL: tl.constexpr):
-    """A program an SM, over the (tile, part of K) items one grid's width apart, its weight
-    stream pipelined across items (the loops flattened): no wave quantization, no ramp a
-    tile. The parts as `_fp8_tma_kernel` splits K (a part past K reads zeros)."""
+    """A program an SM, over the (tile, part of K) items one grid's width apart: no wave
+    quantization; with one part (or parts summed atomically) the loops are flattened, the
+    weight stream pipelined across items. K split as `_fp8_tma_kernel` splits it (a part
+    past K reads zeros)."""
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles = tiles_n * tl.cdiv(M, BLOCK_M)
     k_steps = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K)
     pdl.start(USE_PDL)
-    # flattened, the loop is pipelined across items only without the tickets' barrier
-    # (else not at all); with tickets each item's K loop is pipelined on its own
+    # flattened with the tickets' barrier and acquire the loop is not pipelined at all:
+    # there each item's K loop is pipelined on its own
     for item in tl.range(tl.program_id(0), tiles * SPLIT_K, tl.num_programs(0),
                          num_stages=NUM_STAGES, flatten=not TICKETS):
         split, tile = item // tiles, item % tiles
@@ -202,13 +205,14 @@ def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
     kernel, grid = ((_fp8_tma_persistent_kernel, (min(tiles * split_k, num_sms(x.device)),))
                     if persistent else
                     (_fp8_tma_kernel, (triton.cdiv(n, block_n), triton.cdiv(m, bm), split_k)))
+    bit_widen = bit_widen and x.dtype == torch.bfloat16 and not _interpreted()
     kernel[grid](
         x_desc, x_scale, w_desc, scale.reshape(-1), bias if bias is not None else scale, y,
         parts if parts is not None else y, counters if counters is not None else y, m, n, k,
         y.stride(0), HAS_BIAS=bias is not None, FP8_X=x.dtype == weight.dtype, BLOCK_M=bm,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, TICKETS=counters is not None,
-        NUM_STAGES=num_stages, BIT_WIDEN=bit_widen and x.dtype == torch.bfloat16 and not _interpreted(),
-        num_warps=num_warps, **pdl.launch_options(x.device))
+        NUM_STAGES=num_stages, BIT_WIDEN=bit_widen, num_warps=num_warps,
+        **pdl.launch_options(x.device))
     return y.to(out_dtype)
 
 
