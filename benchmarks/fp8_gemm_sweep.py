@@ -34,6 +34,22 @@ TMA_SHAPES = ((64, 256, 4, 4, 1), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (128, 
 BITS_SHAPES = ((128, 256, 4, 3, 1), (128, 256, 4, 3, 2), (128, 256, 4, 3, 4), (64, 256, 4, 4, 1),
                (64, 256, 4, 4, 2), (128, 128, 4, 5, 1), (128, 128, 4, 5, 4), (256, 128, 8, 4, 1),
                (256, 128, 8, 4, 2))
+# FP8 x FP8 by TMA around the first sweep's best (64x256, 4 warps, 4 stages; 256x128 at 64
+# rows of gate_up): deeper pipelines, narrower K steps, more warps, other splits
+W8A8_MORE = ((64, 256, 4, 5, 1), (64, 256, 4, 5, 2), (64, 256, 4, 6, 1), (64, 128, 4, 6, 1),
+             (64, 128, 4, 6, 2), (64, 128, 4, 8, 2), (64, 256, 8, 4, 1), (64, 256, 4, 4, 3),
+             (32, 256, 4, 4, 1), (256, 128, 8, 3, 1), (256, 256, 8, 2, 1), (128, 256, 8, 3, 1))
+# "more": today's configs that won a shape in the first sweep (the baseline), and the CUDA
+# tests' other TMA configs (compiled here first)
+CURRENT_WINNERS = (Config("w8a8", 32, 256, 4, 4), Config("w8a8", 128, 256, 8, 2),
+                   Config("w8a8", 32, 256, 4, 4, 2, tickets=True), Config("w8a8", 64, 256, 4, 3),
+                   Config("w8a8", 32, 256, 4, 4, 4, tickets=True), Config("w8a8", 32, 512, 4, 2),
+                   Config("w8a8", 64, 256, 4, 3, 4, tickets=True))
+TESTED = (Config("tma_w8a8_p", 128, 256, 4, 3, 1), Config("tma_w8_p", 128, 256, 4, 3, 4),
+          Config("tma_w8a8_p", 128, 256, 4, 3, 4, tickets=True),
+          Config("tma_w8a8", 128, 256, 4, 3, 1, tickets=True), Config("tma_w8", 128, 256, 4, 3, 4),
+          Config("tma_w8bits", 128, 256, 4, 3, 4, tickets=True),
+          Config("tma_w8", 128, 256, 4, 3, 4, tickets=True))
 # the persistent kernel's: one part (its loop pipelined across tiles), K split by tickets,
 # or split by atomic adds (pipelined across items, a zeroing and a cast kernel more)
 PERSISTENT_SHAPES = {True: ((128, 256, 4, 3, 4), (64, 256, 4, 4, 4)),
@@ -49,12 +65,20 @@ def tma_configs() -> list[Config]:
               for tickets, shapes in PERSISTENT_SHAPES.items() for shape in shapes]
     wider += [Config("tma_w8bits_p", 128, 256, 4, 3, split, tickets=split > 1)
               for split in (1, 4)]
+    wider += [Config("tma_w8a8", *shape, tickets=True) for shape in W8A8_MORE]
     return list(dict.fromkeys(fp8_gemm.TMA_CONFIGS + tuple(wider)))
 
 
-def configs_for(n: int) -> list[Config]:
-    return [c for c in fp8_gemm.CONFIGS + tuple(tma_configs())
-            if c.block_n <= triton.next_power_of_2(n)]
+def configs_for(n: int, kernels: list[str] | None = None) -> list[Config]:
+    """Today's configs and the TMA ones that fit N: all, or those of `kernels` ("more": the
+    registered ones, W8A8_MORE, TESTED and today's CURRENT_WINNERS alone)."""
+    if kernels and "more" in kernels:
+        configs = CURRENT_WINNERS + fp8_gemm.TMA_CONFIGS + tuple(
+            Config("tma_w8a8", *shape, tickets=True) for shape in W8A8_MORE) + TESTED
+    else:
+        configs = fp8_gemm.CONFIGS + tuple(c for c in tma_configs()
+                                           if kernels is None or c.kernel in kernels)
+    return [c for c in dict.fromkeys(configs) if c.block_n <= triton.next_power_of_2(n)]
 
 
 def operands(rows: int, n: int, k: int):
@@ -78,8 +102,8 @@ def compile_configs(jobs: list[tuple[int, Config]]) -> list[str]:
     return failed
 
 
-def precompile(rows_list: list[int], workers: int) -> list[str]:
-    jobs = [(rows, c) for rows in rows_list for c in configs_for(1 << 16)]
+def precompile(rows_list: list[int], workers: int, kernels: list[str] | None) -> list[str]:
+    jobs = [(rows, c) for rows in rows_list for c in configs_for(1 << 16, kernels)]
     chunks = [jobs[i::workers] for i in range(workers)]
     context = multiprocessing.get_context("spawn")
     try:
@@ -96,12 +120,12 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / (ms * 1e-3)
 
 
-def sweep(rows: int, n: int, k: int, bandwidth: float) -> dict:
+def sweep(rows: int, n: int, k: int, bandwidth: float, kernels: list[str] | None) -> dict:
     x, weight, scale = operands(rows, n, k)
     copies = gemm_timing.weight_copies(weight)
     runs = {None: lambda i: fp8_gemm.scaled_mm_linear(x, copies[i], scale, None)}
     runs.update({c: lambda i, c=c: fp8_gemm.fp8_weight_linear(x, copies[i], scale, None, c)
-                 for c in configs_for(n)})
+                 for c in configs_for(n, kernels)})
     with pdl.suspended():
         timings = gemm_timing.replayed_timings_ms(runs, len(copies))
     # the GEMM alone where the op before quantized x (decode's qkv, gate_up and down): the
@@ -123,7 +147,7 @@ def sweep(rows: int, n: int, k: int, bandwidth: float) -> dict:
                     of_floor=round(floor_us / (1e3 * ms), 3))
     ranked = sorted(timings, key=timings.get)
     entries = [entry("cuBLASLt" if c is None else label(c), timings[c]) for c in ranked]
-    current = [e for c, e in zip(ranked, entries) if c is None or c in fp8_gemm.CONFIGS]
+    current = [e for c, e in zip(ranked, entries) if c is None or c.kernel in ("w8", "w8a8")]
     new = [e for c, e in zip(ranked, entries) if c is not None and c.kernel.startswith("tma")]
     return dict(rows=rows, n=n, k=k, best_current=current[0], best_tma=new[0] if new else None,
                 x_quantized_before=[entry(label(c), alone[c])
@@ -141,15 +165,18 @@ def main():
     p.add_argument("--rows", type=int, nargs="+", default=[64, 16, 32])
     p.add_argument("--output", default=None)
     p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
+    p.add_argument("--kernels", nargs="+", default=None,
+                   help="the TMA kernels to time (fp8_gemm_tma.KERNELS, or more: the "
+                   "registered configs and W8A8_MORE; default all)")
     args = p.parse_args()
     start = time.time()
-    failed = precompile(args.rows, args.workers) if args.workers > 1 else []
+    failed = precompile(args.rows, args.workers, args.kernels) if args.workers > 1 else []
     print(json.dumps({"compiled_s": round(time.time() - start, 1), "failed": failed}), flush=True)
     bandwidth = copy_bandwidth()
     results = []
     for rows in args.rows:
         for name, (n, k) in PROJECTIONS.items():
-            results.append(dict(proj=name, **sweep(rows, n, k, bandwidth)))
+            results.append(dict(proj=name, **sweep(rows, n, k, bandwidth, args.kernels)))
             top = results[-1]
             print(json.dumps(dict(proj=name, rows=rows, best_current=top["best_current"],
                                   best_tma=top["best_tma"], top5=top["candidates"][:5],

@@ -51,13 +51,13 @@ CONFIGS = tuple(Config(kernel, *shape) for kernel in ("w8", "w8a8") for shape in
         (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (64, 256, 4, 3, 2), (16, 256, 4, 4, 2),
         (64, 256, 4, 3, 4), (128, 256, 8, 2, 2), (128, 256, 8, 2, 4))) + (
     Config("w8", 32, 256, 4, 4, 2, tickets=True), Config("w8", 16, 256, 4, 4, 2, tickets=True))
-# "tma_w8" / "tma_w8a8" (fp8_gemm_tma.py), above the GEMV's rows: the weight by TMA as
-# wgmma's 64-128-row side (y^T = W x^T), widened in registers (w8) or FP8 by FP8 (w8a8);
-# K split by tickets so that N = 4096 fills the SMs; measured only where
-# fp8_gemm_tma.enabled() (PARASHIFT_FP8_TMA)
-TMA_CONFIGS = tuple(Config(kernel, *shape, tickets=True) for kernel in ("tma_w8", "tma_w8a8")
-                    for shape in ((128, 256, 4, 3, 1), (128, 256, 4, 3, 4), (64, 256, 4, 4, 2),
-                                  (128, 128, 4, 5, 4)))
+# "tma_w8a8" (fp8_gemm_tma.py), above the GEMV's rows: the weight by TMA as wgmma's 64-256-row
+# side (y^T = W x^T), E4M3 by E4M3; K split by tickets so that N = 4096 fills the SMs. The
+# configs that won a shape of the 8B's at 16, 32 or 64 rows on an H200 (docs/benchmark_log.md,
+# benchmarks/fp8_gemm_sweep.py; the widening "tma_w8" kernels and the persistent one lost
+# everywhere); measured where fp8_gemm_tma.enabled() (PARASHIFT_FP8_TMA, on by default)
+TMA_CONFIGS = tuple(Config("tma_w8a8", *shape, tickets=True) for shape in (
+    (64, 256, 4, 4, 1), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (256, 128, 8, 4, 1)))
 # "gemv" (fp8_gemv.py), at most fp8_gemv.MAX_ROWS rows: BLOCK_K bytes of each of BLOCK_N
 # weight rows a step, BLOCK_K >= 8 * 32 * warps (the tile's K spans every thread, so the loop
 # needs no shuffles or shared memory: checked in sm_90 PTX); narrow BLOCK_N or split K where N

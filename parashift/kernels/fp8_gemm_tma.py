@@ -27,7 +27,7 @@ from parashift.kernels.fp8_epilogue import finish_split_tile
 KERNELS = tuple(f"tma_{kind}{persistent}" for persistent in ("", "_p")
                 for kind in ("w8", "w8bits", "w8a8"))
 MAX_BLOCK_K = 256  # a TMA box's dimension
-ENV, DEFAULT = "PARASHIFT_FP8_TMA", "0"
+ENV, DEFAULT = "PARASHIFT_FP8_TMA", "1"
 
 
 def enabled() -> bool:

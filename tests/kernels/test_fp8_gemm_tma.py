@@ -45,25 +45,26 @@ def check(m, n, k, bias=False, dtype="float32", device="cpu", configs=SMALL):
 test_interpreted, _ = case_tests(__name__, check, CASES, uses_dot=True)
 
 
-# the persistent kernel's three ways to sum K's parts
-CUDA_PERSISTENT = tuple(Config(kernel, 128, 256, 4, 3, split, tickets=tickets)
-                        for kernel in ("tma_w8_p", "tma_w8a8_p")
-                        for split, tickets in ((1, False), (4, True), (4, False)))
-
-
 @cuda
 @pytest.mark.parametrize("case", [dict(m=64, n=208, k=1024), dict(m=16, n=4096, k=512),
                                   dict(m=17, n=96, k=320, bias=True)])
-def test_configs_match_dequantized(case):
-    configs = fp8_gemm.TMA_CONFIGS + CUDA_PERSISTENT
-    if case.get("bias"):  # one of each kernel: the bias is the epilogue's, shared
-        configs = configs[:1] + CUDA_PERSISTENT[3:4]
+def test_registered_configs_match_dequantized(case):
+    configs = fp8_gemm.TMA_CONFIGS[:1] if case.get("bias") else fp8_gemm.TMA_CONFIGS
     check(**case, dtype="bfloat16", device="cuda", configs=configs)
 
 
 @cuda
-@pytest.mark.parametrize("persistent", ["", "_p"])
-def test_widening_by_integer_ops_gives_the_conversions_bits(persistent):
+def test_persistent_kernel_sums_k_three_ways():
+    """One part (the loop flattened across tiles), parts by tickets, parts added atomically,
+    each against the one-program-an-item kernel (`check`)."""
+    check(m=64, n=208, k=1024, dtype="bfloat16", device="cuda", configs=(
+        Config("tma_w8a8_p", 128, 256, 4, 3, 1), Config("tma_w8a8_p", 128, 256, 4, 3, 4,
+                                                        tickets=True),
+        Config("tma_w8_p", 128, 256, 4, 3, 4)))
+
+
+@cuda
+def test_widening_by_integer_ops_gives_the_conversions_bits():
     """tma_w8bits' E4M3 -> bf16 by shifts and a 2^120 product against the compiler's
     conversion: every E4M3 code but NaN (subnormals, both zeros) in the weight, the same
     products, so the same output bits."""
@@ -73,12 +74,11 @@ def test_widening_by_integer_ops_gives_the_conversions_bits(persistent):
     scale = torch.rand(192, 1, device="cuda") + 0.5
     x = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
     expected = x.double() @ (w.double() * scale.double()).t()
-    for split, tickets in ((1, False), (4, True)):
-        config = Config(f"tma_w8bits{persistent}", 128, 256, 4, 3, split, tickets=tickets)
-        actual = fp8_gemm.fp8_weight_linear(x, w, scale, None, config)
-        assert torch.equal(actual, fp8_gemm.fp8_weight_linear(
-            x, w, scale, None, replace(config, kernel=f"tma_w8{persistent}")))
-        assert (actual.double() - expected).norm() / expected.norm() < 1e-2
+    config = Config("tma_w8bits", 128, 256, 4, 3, 4, tickets=True)
+    actual = fp8_gemm.fp8_weight_linear(x, w, scale, None, config)
+    assert torch.equal(actual, fp8_gemm.fp8_weight_linear(x, w, scale, None,
+                                                          replace(config, kernel="tma_w8")))
+    assert (actual.double() - expected).norm() / expected.norm() < 1e-2
 
 
 def test_misaligned_operands_are_told_apart_and_a_misaligned_weight_refused():
@@ -92,6 +92,8 @@ def test_misaligned_operands_are_told_apart_and_a_misaligned_weight_refused():
 
 
 def test_measured_only_where_enabled(monkeypatch):
+    monkeypatch.delenv(fp8_gemm_tma.ENV, raising=False)
+    assert set(fp8_gemm.TMA_CONFIGS) <= set(fp8_gemm.candidates(64, 4096))  # the default
     monkeypatch.setenv(fp8_gemm_tma.ENV, "0")
     assert not set(fp8_gemm.TMA_CONFIGS) & set(fp8_gemm.candidates(64, 4096))
     monkeypatch.setenv(fp8_gemm_tma.ENV, "1")
