@@ -2,7 +2,7 @@
 bandwidth (issue 60: the decode b64 step's FP8 weight GEMM at >= 0.85 of it).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm_sweep.py [--rows 64 16 32]
-             [--output F] [--workers 16]
+             [--output F] [--workers 16] [--kernels more | tma_w8a8 ...] [--warm-only]
 Candidates: cuBLASLt (`scaled_mm_linear`), the configs `fp8_gemm.linear` measures today
 (`fp8_gemm.CONFIGS`) and the TMA kernel's (`fp8_gemm_tma.py`) registered and wider set.
 Each is timed as `linear` times them (`gemm_timing`: CUDA graphs over weight copies past
@@ -12,6 +12,7 @@ with the activations' and output's bytes. Compiles run first in `--workers` proc
 Triton cache on disk then serves the timing process)."""
 import argparse
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import multiprocessing
@@ -87,23 +88,35 @@ def operands(rows: int, n: int, k: int):
     return torch.randn(rows, k, device="cuda", dtype=torch.bfloat16), weight, scale
 
 
-def compile_configs(jobs: list[tuple[int, Config]]) -> list[str]:
-    """Compiles (runs once) each (rows, config) on a small weight (every shape here has the
-    same specialization: N, K and strides multiples of 16); the failures, as text."""
+def compile_configs(jobs: list[tuple[int, Config, bool]]) -> list[str]:
+    """Compiles (runs once) each (rows, config, PDL on) on a small weight (the projections'
+    specialization: N, K and strides multiples of 16, K a multiple of the tiles); the
+    failures, as text."""
     failed = []
-    with pdl.suspended():
-        for rows, config in jobs:
-            x, weight, scale = operands(rows, 256, 512)
-            try:
+    for rows, config, with_pdl in jobs:
+        x, weight, scale = operands(rows, 256, 4096)
+        try:
+            with contextlib.nullcontext() if with_pdl else pdl.suspended():
                 fp8_gemm.fp8_weight_linear(x, weight, scale, None, config)
-            except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
-                failed.append(f"{rows} {config}: {str(exc)[:300]}")
+        except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
+            failed.append(f"{rows} {config}: {str(exc)[:300]}")
     torch.cuda.synchronize()
     return failed
 
 
-def precompile(rows_list: list[int], workers: int, kernels: list[str] | None) -> list[str]:
-    jobs = [(rows, c) for rows in rows_list for c in configs_for(1 << 16, kernels)]
+def engine_jobs() -> list[tuple[int, Config, bool]]:
+    """What an FP8 decode engine's start-up compiles of the GEMM (graphs of 1-64 sequences):
+    every candidate `fp8_gemm.linear` times at 1, 2, 4, 16, 32 and 64 rows (PDL off), and
+    those the first sweep found fastest somewhere at 16-64 rows with PDL on at each captured
+    row count (the graphs' calls)."""
+    timed = [(rows, c, False) for rows in (1, 2, 4, 16, 32, 64)
+             for c in fp8_gemm.candidates(rows, 1 << 16)]
+    likely = [c for c in fp8_gemm.TMA_CONFIGS + CURRENT_WINNERS
+              if c in fp8_gemm.candidates(64, 1 << 16)]
+    return timed + [(rows, c, True) for rows in (8, 16, 24, 32, 48, 64) for c in likely]
+
+
+def precompile(jobs: list[tuple[int, Config]], workers: int) -> list[str]:
     chunks = [jobs[i::workers] for i in range(workers)]
     context = multiprocessing.get_context("spawn")
     try:
@@ -165,13 +178,23 @@ def main():
     p.add_argument("--rows", type=int, nargs="+", default=[64, 16, 32])
     p.add_argument("--output", default=None)
     p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
+    p.add_argument("--warm-only", action="store_true",
+                   help="only compile (in --workers processes, into Triton's cache) what an FP8 "
+                   "decode engine's start-up compiles of the GEMM (`engine_jobs`), time nothing")
     p.add_argument("--kernels", nargs="+", default=None,
                    help="the TMA kernels to time (fp8_gemm_tma.KERNELS, or more: the "
                    "registered configs and W8A8_MORE; default all)")
     args = p.parse_args()
     start = time.time()
-    failed = precompile(args.rows, args.workers, args.kernels) if args.workers > 1 else []
-    print(json.dumps({"compiled_s": round(time.time() - start, 1), "failed": failed}), flush=True)
+    if args.warm_only:
+        jobs = engine_jobs()
+    else:
+        jobs = [(rows, c, False) for rows in args.rows for c in configs_for(1 << 16, args.kernels)]
+    failed = precompile(jobs, args.workers) if args.workers > 1 else []
+    print(json.dumps({"compiled_s": round(time.time() - start, 1), "jobs": len(jobs),
+                      "failed": failed}), flush=True)
+    if args.warm_only:
+        return
     bandwidth = copy_bandwidth()
     results = []
     for rows in args.rows:
