@@ -53,11 +53,13 @@ CONFIGS = tuple(Config(kernel, *shape) for kernel in ("w8", "w8a8") for shape in
     Config("w8", 32, 256, 4, 4, 2, tickets=True), Config("w8", 16, 256, 4, 4, 2, tickets=True))
 # "tma_w8a8" (fp8_gemm_tma.py), above the GEMV's rows: the weight by TMA as wgmma's 64-256-row
 # side (y^T = W x^T), E4M3 by E4M3; K split by tickets so that N = 4096 fills the SMs. The
-# configs that won a shape of the 8B's at 16, 32 or 64 rows on an H200 (docs/benchmark_log.md,
-# benchmarks/fp8_gemm_sweep.py; the widening "tma_w8" kernels and the persistent one lost
-# everywhere); measured where fp8_gemm_tma.enabled() (PARASHIFT_FP8_TMA, on by default)
+# configs that won or came second at a shape of the 8B's at 16, 32 or 64 rows on an H200
+# (docs/benchmark_log.md, benchmarks/fp8_gemm_sweep.py; the widening "tma_w8" kernels and the
+# persistent one lost everywhere); measured where fp8_gemm_tma.enabled() (PARASHIFT_FP8_TMA,
+# on by default)
 TMA_CONFIGS = tuple(Config("tma_w8a8", *shape, tickets=True) for shape in (
-    (64, 256, 4, 4, 1), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (256, 128, 8, 4, 1)))
+    (64, 256, 4, 6, 1), (64, 256, 4, 5, 1), (64, 256, 4, 4, 1), (64, 256, 4, 5, 2),
+    (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (256, 128, 8, 4, 1)))
 # "gemv" (fp8_gemv.py), at most fp8_gemv.MAX_ROWS rows: BLOCK_K bytes of each of BLOCK_N
 # weight rows a step, BLOCK_K >= 8 * 32 * warps (the tile's K spans every thread, so the loop
 # needs no shuffles or shared memory: checked in sm_90 PTX); narrow BLOCK_N or split K where N
