@@ -255,11 +255,18 @@ def quantizes_activations(rows: int, weight: torch.Tensor, dtype: torch.dtype,
 
 def chosen() -> list[dict]:
     """What `linear` chose for each shape measured in this process."""
-    return [{"rows_up_to": key[0], "weight": list(key[1]), "kernel": "cuBLASLt"
-             if config is None else f"triton {config.kernel} {config.block_n}x{config.block_k}"
-             f" split {config.split_k}{' ahead' if config.ahead else ''}"
-             f"{' tickets' if config.tickets else ''}"}
+    return [{"rows_up_to": key[0], "weight": list(key[1]), "kernel": _label(config)}
             for key, config in _choices.items()]
+
+
+def _label(config: Config | None) -> str:
+    if config is None:
+        return "cuBLASLt"
+    label = (f"triton {config.kernel} {config.block_n}x{config.block_k} split {config.split_k}"
+             f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}")
+    if config.kernel in fp8_gemm_tma.KERNELS:  # these differ in warps and stages too
+        label += f" w{config.num_warps} s{config.num_stages}"
+    return label
 
 
 def candidates(rows: int, n: int) -> list[Config]:
