@@ -13,10 +13,11 @@ from tests.kernels.common import case_tests, cuda
 from tests.kernels.test_fp8_gemm import operands
 
 # one small tile: split 3 by tickets (several output tiles of rows and columns, a part of K
-# past its end at k 64, a partial last step at k 80) for each kernel, and the persistent
-# kernel's one part (its loop flattened across tiles)
+# past its end at k 64, a partial last step at k 80) for each kernel (w8bits widens as w8
+# under the interpreter: tested on CUDA), and the persistent kernel's one part (its loop
+# flattened across tiles)
 SMALL = tuple(Config(kernel, 64, 32, 4, 2, 3, tickets=True) for kernel in fp8_gemm_tma.KERNELS
-              ) + (Config("tma_w8_p", 64, 32, 4, 2),)
+              if "bits" not in kernel) + (Config("tma_w8_p", 64, 32, 4, 2),)
 CASES = [dict(m=3, n=80, k=80, bias=True), dict(m=33, n=200, k=64)]
 PERSISTENT_PROGRAMS = 2  # fewer than the items: each program takes several
 
