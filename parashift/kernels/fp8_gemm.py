@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import fp8_gemv, gemm_timing, pdl, split_tickets
+from parashift.kernels import fp8_gemm_tma, fp8_gemv, gemm_timing, pdl, split_tickets
+from parashift.kernels.fp8_epilogue import finish_split_tile
 from parashift.kernels.skinny_gemm import choose
 
 logger = logging.getLogger(__name__)
@@ -22,7 +23,6 @@ logger = logging.getLogger(__name__)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
 MAX_ROWS = 64
-OFF = tl.constexpr(pdl.OFF)  # a kernel's USE_PDL where it calls no PDL op
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,15 @@ CONFIGS = tuple(Config(kernel, *shape) for kernel in ("w8", "w8a8") for shape in
         (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (64, 256, 4, 3, 2), (16, 256, 4, 4, 2),
         (64, 256, 4, 3, 4), (128, 256, 8, 2, 2), (128, 256, 8, 2, 4))) + (
     Config("w8", 32, 256, 4, 4, 2, tickets=True), Config("w8", 16, 256, 4, 4, 2, tickets=True))
+# "tma_w8a8" (fp8_gemm_tma.py), above the GEMV's rows: the weight by TMA as wgmma's 64-256-row
+# side (y^T = W x^T), E4M3 by E4M3; K split by tickets so that N = 4096 fills the SMs. The
+# configs that won or came second at a shape of the 8B's at 16, 32 or 64 rows on an H200
+# (docs/benchmark_log.md, benchmarks/fp8_gemm_sweep.py; the widening "tma_w8" kernels and the
+# persistent one lost everywhere); measured where fp8_gemm_tma.enabled() (PARASHIFT_FP8_TMA,
+# on by default)
+TMA_CONFIGS = tuple(Config("tma_w8a8", *shape, tickets=True) for shape in (
+    (64, 256, 4, 6, 1), (64, 256, 4, 5, 1), (64, 256, 4, 4, 1), (64, 256, 4, 5, 2),
+    (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (256, 128, 8, 4, 1)))
 # "gemv" (fp8_gemv.py), at most fp8_gemv.MAX_ROWS rows: BLOCK_K bytes of each of BLOCK_N
 # weight rows a step, BLOCK_K >= 8 * 32 * warps (the tile's K spans every thread, so the loop
 # needs no shuffles or shared memory: checked in sm_90 PTX); narrow BLOCK_N or split K where N
@@ -123,41 +132,10 @@ def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, coun
             acc = tl.dot(x, tl.trans(w), acc)
         else:
             acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
-    if TICKETS:  # split_tickets.py: the tile's last program sums the parts and finishes
-        pdl.inputs_read(USE_PDL)
-        tile_ok = m_ok[:, None] & n_ok[None, :]
-        plane_offs = offs_m[:, None] * N + offs_n[None, :]
-        counter = counter_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        tl.store(part_ptr + split * M * N + plane_offs, acc, mask=tile_ok)
-        if split_tickets.is_last(counter, SPLIT_K):
-            split_tickets.reset(counter)
-            total = split_tickets.summed_parts(part_ptr + plane_offs, M * N, tile_ok, SPLIT_K)
-            _finish_tile(total, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok,
-                         stride_ym, True, HAS_BIAS, FP8_X, False, OFF)
-    else:
-        _finish_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym,
-                     split == 0, HAS_BIAS, FP8_X, SPLIT_K > 1, USE_PDL)
-
-
-@triton.jit
-def _finish_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym,
-                 bias_here, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
-                 ATOMIC: tl.constexpr, USE_PDL: tl.constexpr):
-    """The tile's sums scaled (the bias added where bias_here), stored in y's dtype, or
-    added atomically to the fp32 y (ATOMIC: a part of K of several); USE_PDL: LATE lets the
-    dependents launch before the stores."""
-    acc *= tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
-    if FP8_X:
-        acc *= tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
-    if HAS_BIAS:
-        if bias_here:
-            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    pdl.inputs_read(USE_PDL)
-    y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-    if ATOMIC:
-        tl.atomic_add(y, acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
-    else:
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    finish_split_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
+                      offs_m, offs_n, m_ok, n_ok, split,
+                      tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), HAS_BIAS,
+                      FP8_X, SPLIT_K, TICKETS, USE_PDL)
 
 
 def block_m(rows: int) -> int:
@@ -189,13 +167,18 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
                                  config.num_warps, config.num_stages, config.split_k,
                                  config.ahead, config.tickets)
     x = x if x.stride(1) == 1 else x.contiguous()
+    fp8_x = "w8a8" in config.kernel
+    xq, x_scale = (x, scale) if not fp8_x else x_fp8 or quantize_rows(x)
+    if config.kernel in fp8_gemm_tma.KERNELS:
+        return fp8_gemm_tma.tma_linear(xq, x_scale, weight, scale, bias, x.dtype,
+                                       config.block_n, config.block_k, config.num_warps,
+                                       config.num_stages, config.split_k, config.tickets,
+                                       config.kernel.endswith("_p"), "bits" in config.kernel)
     (m, k), n = x.shape, weight.shape[0]
     bm, split = block_m(m), config.split_k
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, bm), split)
     y, parts, counters = split_tickets.outputs(m, n, x.dtype, x.device, split,
                                                grid[0] * grid[1], config.tickets)
-    fp8_x = config.kernel == "w8a8"
-    xq, x_scale = (x, scale) if not fp8_x else x_fp8 or quantize_rows(x)
     _fp8_weight_kernel[grid](
         xq, x_scale, weight, scale.reshape(-1), bias if bias is not None else scale, y,
         parts if parts is not None else y, counters if counters is not None else y, m, n,
@@ -267,21 +250,29 @@ def quantizes_activations(rows: int, weight: torch.Tensor, dtype: torch.dtype,
     if key not in _choices:
         return torch.cuda.is_current_stream_capturing()
     config = _choices[key]
-    return config is None or config.kernel == "w8a8"
+    return config is None or "w8a8" in config.kernel
 
 
 def chosen() -> list[dict]:
     """What `linear` chose for each shape measured in this process."""
-    return [{"rows_up_to": key[0], "weight": list(key[1]), "kernel": "cuBLASLt"
-             if config is None else f"triton {config.kernel} {config.block_n}x{config.block_k}"
-             f" split {config.split_k}{' ahead' if config.ahead else ''}"
-             f"{' tickets' if config.tickets else ''}"}
+    return [{"rows_up_to": key[0], "weight": list(key[1]), "kernel": _label(config)}
             for key, config in _choices.items()]
+
+
+def _label(config: Config | None) -> str:
+    if config is None:
+        return "cuBLASLt"
+    label = (f"triton {config.kernel} {config.block_n}x{config.block_k} split {config.split_k}"
+             f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}")
+    if config.kernel in fp8_gemm_tma.KERNELS:  # these differ in warps and stages too
+        label += f" w{config.num_warps} s{config.num_stages}"
+    return label
 
 
 def candidates(rows: int, n: int) -> list[Config]:
     """The Triton configs measured for `rows` rows of an N-row weight."""
-    configs = CONFIGS + (GEMV_CONFIGS if rows <= fp8_gemv.MAX_ROWS else ())
+    configs = CONFIGS + (GEMV_CONFIGS if rows <= fp8_gemv.MAX_ROWS else
+                         TMA_CONFIGS if fp8_gemm_tma.enabled() else ())
     return [c for c in configs if c.block_n <= triton.next_power_of_2(n)]
 
 
@@ -289,7 +280,8 @@ def timings_ms(x, weight, scale, bias) -> dict[Config | None, float]:
     """Milliseconds per call of cuBLASLt (None) and each Triton config, replayed from CUDA
     graphs over copies of the weight (`gemm_timing`), or with L2 flushed where a graph
     cannot be captured; a config this device cannot compile or run is left out."""
-    configs = candidates(x.shape[0], weight.shape[0])
+    configs = [c for c in candidates(x.shape[0], weight.shape[0])
+               if c.kernel not in fp8_gemm_tma.KERNELS or fp8_gemm_tma.takes(weight)]
     try:
         weights = gemm_timing.weight_copies(weight)
         runs = {None: lambda i: scaled_mm_linear(x, weights[i], scale, bias)}

@@ -44,8 +44,8 @@ TICKET_CASES = [dict(m=3, n=40, k=130, bias=True), dict(m=17, n=48, k=64),
                 dict(m=33, n=16, k=200, bias=True)]
 
 
-def check_tickets(m, n, k, bias=False, dtype="float32", device="cpu",
-                  configs=TICKET_CONFIGS):
+def operands(m, n, k, bias, dtype, device):
+    """(x, E4M3 weight, its scale, bias or None, the dequantized product in float64)."""
     wide = randn((n, k), "float32", device, seed=2, scale=k ** -0.5)
     scale = wide.abs().amax(1, keepdim=True) / fp8_gemm.FP8_MAX
     w = (wide / scale).to(fp8_gemm.FP8)
@@ -53,6 +53,12 @@ def check_tickets(m, n, k, bias=False, dtype="float32", device="cpu",
     b = randn((n,), dtype, device, seed=3) if bias else None
     expected = torch.nn.functional.linear(x.double(), w.double() * scale.double(),
                                           None if b is None else b.double())
+    return x, w, scale, b, expected
+
+
+def check_tickets(m, n, k, bias=False, dtype="float32", device="cpu",
+                  configs=TICKET_CONFIGS):
+    x, w, scale, b, expected = operands(m, n, k, bias, dtype, device)
     one_part = {}
     for config in configs:
         actual = fp8_gemm.fp8_weight_linear(x, w, scale, b, config)
