@@ -104,7 +104,8 @@ def lone_host() -> tuple[float, float, str]:
     run = json.loads(runs[-1].read_text())
     return (round(run["lone_host_s"], 9), round(run["lone_host_token_s"], 12),
             f"benchmarks/lone_request_host.py at {run['commit']} on one {run['device']}, "
-            f"{runs[-1].relative_to(ROOT)}: {run['how']}, points {run['points']}")
+            f"benchmarks/results/raw/{runs[-1].parent.name}/lone_host.json: {run['how']}, "
+            f"points {run['points']}")
 
 
 def timed_gemms() -> list[tuple[int, int, int, float]]:
