@@ -103,7 +103,8 @@ def lone_host() -> tuple[float, float, str]:
         return 0.0, 0.0, ""
     run = json.loads(runs[-1].read_text())
     return (round(run["lone_host_s"], 9), round(run["lone_host_token_s"], 12),
-            f"benchmarks/lone_request_host.py at {run['commit']} on one {run['device']}, "
+            f"benchmarks/lone_request_host.py at {run.get('tree', run['commit'])} on one "
+            f"{run['device']}, "
             f"benchmarks/results/raw/{runs[-1].parent.name}/lone_host.json: {run['how']}, "
             f"points {run['points']}")
 
