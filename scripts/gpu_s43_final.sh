@@ -42,7 +42,7 @@ gpu0() {
 gpu1() {
   export CUDA_VISIBLE_DEVICES=1 STEP_DIR=$OUT/gpu1
   moe before; moe after
-  prefill after fp8; prefill before fp8; prefill before bf16; prefill after bf16
+  prefill after fp8; prefill after bf16; prefill before fp8; prefill before bf16
 }
 mkdir -p "$OUT/gpu0" "$OUT/gpu1"
 (taskset -c 1-15 bash -c "$(declare -f); gpu0" > "$OUT/gpu0.log" 2>&1) &
