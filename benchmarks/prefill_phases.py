@@ -2,7 +2,8 @@
 phases and the device's timeline of one long prompt's step, from add_request to its token.
 
 Usage: python3 benchmarks/prefill_phases.py --model benchmarks/shapes/llama-3.1-8b.json \
-    --prompt-len 4096 [--quantization fp8] [--repeats 5] [--trace-dir DIR] [--output F]
+    --prompt-len 4096 [--quantization fp8] [--repeats 5] [--trace-dir DIR] [--cprofile]
+    [--fused-input-modes 0 norm norm,silu] [--output F]
 
 Per timed prompt (the first warms up; medians reported): the host's milliseconds in each
 part of `host_overhead.PARTS` (nested: `launch` holds `step_inputs`, `model_forward`, ..),
@@ -14,7 +15,10 @@ within 20 us of the host recording it (the device had nothing queued: it waited 
 launches). On the CPU the device columns are absent. With --trace-dir one more prompt runs
 under torch.profiler (CPU and CUDA activities): its Chrome trace (gzip) and, from it, the
 first kernel's start, the device's idle time and the longest gaps between kernels. With
---cprofile one more prompt runs under cProfile: the functions with the most own time."""
+--cprofile one more prompt runs under cProfile: the functions with the most own time. With
+--fused-input-modes (FP8; PARASHIFT_FP8_FUSED_INPUT's values, e.g. 0 norm silu norm,silu) the
+producers of each FP8 layer's input are swapped in place between rounds of one prompt per
+mode (interleaved, a first round warming up): each mode's median step."""
 import argparse
 import collections
 import contextlib
@@ -201,6 +205,45 @@ def cprofiled_prompt(llm: LLM, length: int, vocab: int, top: int = 40) -> list:
     return top_functions(profiler, top)
 
 
+def set_fused_inputs(model, mode: str, plain: dict) -> None:
+    """The model's plain producers of FP8 inputs (recorded in `plain` the first time), then
+    the quantizing twins PARASHIFT_FP8_FUSED_INPUT=mode names."""
+    from parashift.layers import fp8_input
+    for module in model.modules():
+        for producer_name, _ in getattr(module, "fp8_input_pairs", ()):
+            key = (id(module), producer_name)
+            plain.setdefault(key, getattr(module, producer_name))
+            setattr(module, producer_name, plain[key])
+    previous = os.environ.get("PARASHIFT_FP8_FUSED_INPUT")
+    os.environ["PARASHIFT_FP8_FUSED_INPUT"] = mode
+    try:
+        fp8_input.hand_over_fp8_inputs(model)
+    finally:
+        if previous is None:
+            del os.environ["PARASHIFT_FP8_FUSED_INPUT"]
+        else:
+            os.environ["PARASHIFT_FP8_FUSED_INPUT"] = previous
+
+
+def fused_input_ab(llm: LLM, length: int, vocab: int, modes: list[str], rounds: int) -> dict:
+    """Median ms of one prompt's step per mode, the modes interleaved round by round."""
+    model, plain, times = llm.llm_engine.runner.model, {}, collections.defaultdict(list)
+    rng = random.Random(-3 * length)
+    for i in range(rounds + 1):
+        for mode in modes:
+            set_fused_inputs(model, mode, plain)
+            prompt = [rng.randrange(vocab) for _ in range(length)]
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            run_prompt(llm.llm_engine, f"ab{i}-{mode}", prompt)
+            if i:  # the first round warms up (each mode's kernels compiled)
+                times[mode].append((time.perf_counter() - start) * 1e3)
+    set_fused_inputs(model, "0", plain)
+    return {mode: dict(median_ms=round(statistics.median(t), 3), ms=[round(v, 3) for v in t])
+            for mode, t in times.items()}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
@@ -209,15 +252,21 @@ def main():
     p.add_argument("--quantization", default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=False,
+                   help="off by default: a long prompt's step runs eagerly either way, and "
+                        "start-up captures none")
     p.add_argument("--trace-dir", default=None)
     p.add_argument("--cprofile", action="store_true")
+    p.add_argument("--fused-input-modes", nargs="+", default=None)
+    p.add_argument("--ab-rounds", type=int, default=5)
     p.add_argument("--output", default=None)
     args = p.parse_args()
     from parashift.loader.source import load_hf_config, resolve_model
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device,
               max_model_len=args.prompt_len + 16, max_num_batched_tokens=args.prompt_len,
               long_prefill_token_threshold=0, skip_tokenizer_init=True,
-              quantization=args.quantization, enable_prefix_caching=False)
+              quantization=args.quantization, enable_prefix_caching=False,
+              cuda_graphs=args.cuda_graphs)
     vocab = load_hf_config(resolve_model(args.model)).vocab_size
     cuda = llm.llm_engine.runner.device.type == "cuda"
     rows = timed_prompts(llm, args.prompt_len, vocab, args.repeats, cuda)
@@ -230,6 +279,10 @@ def main():
     if args.cprofile:
         result["cprofile"] = cprofiled_prompt(llm, args.prompt_len, vocab)
         print(json.dumps(result["cprofile"][:25]), flush=True)
+    if args.fused_input_modes:
+        result["fused_input_ab"] = fused_input_ab(llm, args.prompt_len, vocab,
+                                                  args.fused_input_modes, args.ab_rounds)
+        print(json.dumps(result["fused_input_ab"]), flush=True)
     llm.llm_engine.shutdown()
     if args.output:
         with open(args.output, "w") as f:

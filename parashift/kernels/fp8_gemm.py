@@ -164,14 +164,19 @@ def block_m(rows: int) -> int:
     return 16 if rows <= 16 else 32 if rows <= 32 else 64
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (E4M3 [M, K], fp32 scale [M, 1]) in one kernel."""
+QUANTIZE_WARPS = 4  # _quantize_rows_kernel's warps (a row of 14,336: 128 values a thread)
+
+
+def quantize_rows(x: torch.Tensor, num_warps: int = QUANTIZE_WARPS
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (E4M3 [M, K], fp32 scale [M, 1]) in one kernel (the same bits at any
+    num_warps: the row's largest magnitude is exact in any order)."""
     q = torch.empty(x.shape, dtype=FP8, device=x.device)
     scale = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
     _quantize_rows_kernel[(x.shape[0],)](x, q, scale, x.shape[1], x.stride(0), q.stride(0),
                                          FP8_MAX=FP8_MAX,
                                          BLOCK_K=triton.next_power_of_2(x.shape[1]),
-                                         **pdl.launch_options(x.device))
+                                         num_warps=num_warps, **pdl.launch_options(x.device))
     return q, scale
 
 

@@ -102,6 +102,17 @@ def test_rows_quantized_in_one_kernel_match_torch():
 
 
 @cuda
+@pytest.mark.parametrize("k", [1000, 4096, 14336])
+def test_rows_quantized_at_any_warps_are_the_same_bits(k):
+    x = torch.randn(7, 2 * k, device="cuda", dtype=torch.bfloat16)[:, :k] * 3
+    q, scale = fp8_gemm.quantize_rows(x, num_warps=4)
+    for warps in (1, 8, 16):
+        q_w, scale_w = fp8_gemm.quantize_rows(x, num_warps=warps)
+        assert torch.equal(scale_w, scale) and torch.equal(q_w.view(torch.uint8),
+                                                           q.view(torch.uint8))
+
+
+@cuda
 @pytest.mark.parametrize("m", [3, 40, 300])
 def test_rows_quantized_before_are_taken_where_the_choice_quantizes(m):
     """`linear` given rows quantized already (of another x here, to tell them apart)
