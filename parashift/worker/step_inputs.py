@@ -86,7 +86,8 @@ def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: in
     attn = AttentionMetadata(
         slot_mapping=slot_mapping, query_start_loc=starts_d, seq_lens=seq_lens_d,
         block_tables=block_tables_d, query_start_loc_cpu=starts_cpu, seq_lens_cpu=seq_lens_cpu,
-        max_query_len=max_query_len, max_seq_len=max_seq_len, block_size=block_size)
+        max_query_len=max_query_len, max_seq_len=max_seq_len, block_size=block_size,
+        block_tables_cpu=tables_h)
     last_rows = np.cumsum(q_lens) - 1
     sample_rows, sample_table_rows = _sampled_rows(chunks, sampled, last_rows, rows)
     return StepInputs(token_ids, positions_d, attn, sample_rows, local, rows,
