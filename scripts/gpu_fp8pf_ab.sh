@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issues 60/61: prefill at 512 and 4,096 tokens on ONE H200 (8B shape), bf16 and FP8, this
+# tree against the one in $BEFORE (a `git archive` of main before the change), interleaved:
+# FP8 after, FP8 before, bf16 before, bf16 after (what BUDGET_S leaves out last: a FP8 run
+# takes ~50 s with its GEMM choices and graphs, a bf16 run ~35 s). A summary at the end (FP8
+# against bf16 of the same tree, after against before); JSON and logs to $OUT/<step>.{json,log}.
+# Usage: OUT=dir BEFORE=.before [BUDGET_S=150] [LENS="512 4096"] bash scripts/gpu_fp8pf_ab.sh
+set -u
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+budget=${BUDGET_S:-150}
+here=$(pwd); before=${BEFORE:?the earlier tree}
+source scripts/budget_step.sh
+run() {  # tree, dtype, seconds it needs
+  local tree=$1 dtype=$2 need=$3 dir=$here quant=()
+  [ "$tree" = before ] && dir=$here/$before
+  [ "$dtype" = fp8 ] && quant=(--quantization fp8)
+  (cd "$dir" && STEP_DIR=$OUT budget_step "prefill_${dtype}_$tree" "$need" python3 \
+    benchmarks/prefill_throughput.py --model "$here/benchmarks/shapes/llama-3.1-8b.json" \
+    --prompt-lens ${LENS:-512 4096} --repeats 5 "${quant[@]}" \
+    --output "$OUT/prefill_${dtype}_$tree.json")
+}
+run after fp8 50; run before fp8 50; run before bf16 35; run after bf16 35
+python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def rows(name):
+    path = f"{out}/{name}.json"
+    return {r["prompt_len"]: r for r in json.load(open(path))["rows"]} if os.path.exists(path) else {}
+runs = {(d, t): rows(f"prefill_{d}_{t}") for d in ("fp8", "bf16") for t in ("before", "after")}
+for length in sorted({n for r in runs.values() for n in r}):
+    line = [f"{length:6d} tokens:"]
+    for (d, t), r in runs.items():
+        if length in r:
+            line.append(f"{d} {t} {r[length]['step_ms']:.2f} ms ({r[length]['fraction_of_floor']:.3f} of floor)")
+    for t in ("before", "after"):
+        f, b = runs["fp8", t].get(length), runs["bf16", t].get(length)
+        if f and b:
+            line.append(f"fp8/bf16 {t} {b['step_ms'] / f['step_ms']:.3f}x")
+    print(" | ".join(line))
+PY
