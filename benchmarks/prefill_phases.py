@@ -250,7 +250,7 @@ def main():
     p.add_argument("--prompt-len", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quantization", default=None)
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=False,
                    help="off by default: a long prompt's step runs eagerly either way, and "
