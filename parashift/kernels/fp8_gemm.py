@@ -164,13 +164,17 @@ def block_m(rows: int) -> int:
     return 16 if rows <= 16 else 32 if rows <= 32 else 64
 
 
-QUANTIZE_WARPS = 4  # _quantize_rows_kernel's warps (a row of 14,336: 128 values a thread)
+def quantize_warps(k: int) -> int:
+    """_quantize_rows_kernel's warps for rows of k: 8 from 8,192 (4,096 rows of 14,336 on an
+    H200: 43.2 µs against 46.8 at 4 and 47.2 at 16; rows of 4,096 12.7 at 4 and 8)."""
+    return 8 if k >= 8192 else 4
 
 
-def quantize_rows(x: torch.Tensor, num_warps: int = QUANTIZE_WARPS
+def quantize_rows(x: torch.Tensor, num_warps: int | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (E4M3 [M, K], fp32 scale [M, 1]) in one kernel (the same bits at any
     num_warps: the row's largest magnitude is exact in any order)."""
+    num_warps = num_warps or quantize_warps(x.shape[1])
     q = torch.empty(x.shape, dtype=FP8, device=x.device)
     scale = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
     _quantize_rows_kernel[(x.shape[0],)](x, q, scale, x.shape[1], x.stride(0), q.stride(0),
