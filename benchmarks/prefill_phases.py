@@ -3,7 +3,7 @@ phases and the device's timeline of one long prompt's step, from add_request to 
 
 Usage: python3 benchmarks/prefill_phases.py --model benchmarks/shapes/llama-3.1-8b.json \
     --prompt-len 4096 [--quantization fp8] [--repeats 5] [--trace-dir DIR] [--cprofile]
-    [--fused-input-modes 0 norm norm,silu] [--output F]
+    [--variants base PARASHIFT_PDL=0 PARASHIFT_FP8_FUSED_INPUT=1] [--output F]
 
 Per timed prompt (the first warms up; medians reported): the host's milliseconds in each
 part of `host_overhead.PARTS` (nested: `launch` holds `step_inputs`, `model_forward`, ..),
@@ -16,9 +16,10 @@ launches). On the CPU the device columns are absent. With --trace-dir one more p
 under torch.profiler (CPU and CUDA activities): its Chrome trace (gzip) and, from it, the
 first kernel's start, the device's idle time and the longest gaps between kernels. With
 --cprofile one more prompt runs under cProfile: the functions with the most own time. With
---fused-input-modes (FP8; PARASHIFT_FP8_FUSED_INPUT's values, e.g. 0 norm silu norm,silu) the
-producers of each FP8 layer's input are swapped in place between rounds of one prompt per
-mode (interleaved, a first round warming up): each mode's median step."""
+--variants each variant's step is timed in rounds of one prompt per variant (interleaved, a
+first round warming up; medians): `base`, or settings `KEY=VALUE` joined by `+`, each an
+environment variable read at run time (PARASHIFT_PDL) or PARASHIFT_FP8_FUSED_INPUT (read at
+the model's construction: the producers of each FP8 layer's input are swapped in place)."""
 import argparse
 import collections
 import contextlib
@@ -225,23 +226,41 @@ def set_fused_inputs(model, mode: str, plain: dict) -> None:
             os.environ["PARASHIFT_FP8_FUSED_INPUT"] = previous
 
 
-def fused_input_ab(llm: LLM, length: int, vocab: int, modes: list[str], rounds: int) -> dict:
-    """Median ms of one prompt's step per mode, the modes interleaved round by round."""
+def apply_variant(model, variant: str, plain: dict) -> dict:
+    """Sets a variant's environment (returns what to restore) and its FP8 input producers."""
+    settings = dict(item.split("=", 1) for item in variant.split("+") if item != "base")
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    set_fused_inputs(model, settings.get("PARASHIFT_FP8_FUSED_INPUT", "0"), plain)
+    return saved
+
+
+def restore(saved: dict) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def variant_ab(llm: LLM, length: int, vocab: int, variants: list[str], rounds: int) -> dict:
+    """Median ms of one prompt's step per variant, the variants interleaved round by round."""
     model, plain, times = llm.llm_engine.runner.model, {}, collections.defaultdict(list)
     rng = random.Random(-3 * length)
     for i in range(rounds + 1):
-        for mode in modes:
-            set_fused_inputs(model, mode, plain)
+        for variant in variants:
+            saved = apply_variant(model, variant, plain)
             prompt = [rng.randrange(vocab) for _ in range(length)]
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            run_prompt(llm.llm_engine, f"ab{i}-{mode}", prompt)
-            if i:  # the first round warms up (each mode's kernels compiled)
-                times[mode].append((time.perf_counter() - start) * 1e3)
+            run_prompt(llm.llm_engine, f"ab{i}-{variant}", prompt)
+            if i:  # the first round warms up (each variant's kernels compiled)
+                times[variant].append((time.perf_counter() - start) * 1e3)
+            restore(saved)
     set_fused_inputs(model, "0", plain)
-    return {mode: dict(median_ms=round(statistics.median(t), 3), ms=[round(v, 3) for v in t])
-            for mode, t in times.items()}
+    return {variant: dict(median_ms=round(statistics.median(t), 3), ms=[round(v, 3) for v in t])
+            for variant, t in times.items()}
 
 
 def main():
@@ -257,7 +276,7 @@ def main():
                         "start-up captures none")
     p.add_argument("--trace-dir", default=None)
     p.add_argument("--cprofile", action="store_true")
-    p.add_argument("--fused-input-modes", nargs="+", default=None)
+    p.add_argument("--variants", nargs="+", default=None)
     p.add_argument("--ab-rounds", type=int, default=5)
     p.add_argument("--output", default=None)
     args = p.parse_args()
@@ -279,10 +298,10 @@ def main():
     if args.cprofile:
         result["cprofile"] = cprofiled_prompt(llm, args.prompt_len, vocab)
         print(json.dumps(result["cprofile"][:25]), flush=True)
-    if args.fused_input_modes:
-        result["fused_input_ab"] = fused_input_ab(llm, args.prompt_len, vocab,
-                                                  args.fused_input_modes, args.ab_rounds)
-        print(json.dumps(result["fused_input_ab"]), flush=True)
+    if args.variants:
+        result["variants"] = variant_ab(llm, args.prompt_len, vocab, args.variants,
+                                        args.ab_rounds)
+        print(json.dumps(result["variants"]), flush=True)
     llm.llm_engine.shutdown()
     if args.output:
         with open(args.output, "w") as f:
