@@ -46,10 +46,11 @@ class Timeline:
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
-        self.start_host = time.perf_counter()
         self.host, self.events, self.layers = {}, {}, []
         if cuda:
             torch.cuda.synchronize()
+        self.start_host = time.perf_counter()
+        if cuda:
             self.start_event = self._event()
 
     @staticmethod
@@ -82,6 +83,8 @@ class Timeline:
                 if device - ms(host) < WAIT_US / 1e3]
             row["layer_host_ahead_ms"] = [round(device - ms(host), 3)
                                           for (host, _), device in zip(self.layers, starts)]
+            row["layers_waiting"] = len(row["layer_waits_for_host"])
+            row["host_ahead_min_ms"] = min(row["layer_host_ahead_ms"], default=0.0)
         return row
 
 
@@ -148,8 +151,9 @@ def medians(rows: list[dict]) -> dict:
         for part, ms in r["host_parts_ms"].items():
             parts[part].append(ms)
     out["host_parts_ms"] = {part: round(statistics.median(v), 3) for part, v in parts.items()}
-    if "device_forward_called" in out:
-        out["device_idle_before_forward_ms"] = out["device_forward_called"]
+    if "device_forward_called" in out:  # the device idle until the forward's first kernel
+        out["forward_device_span_ms"] = round(
+            out["device_forward_returned"] - out["device_forward_called"], 3)
         out["after_logits_ms"] = round(out["total_ms"] - out["device_logits_returned"], 3)
     return out
 
