@@ -180,8 +180,7 @@ def quantize_rows(x: torch.Tensor, num_warps: int | None = None
     _quantize_rows_kernel[(x.shape[0],)](x, q, scale, x.shape[1], x.stride(0), q.stride(0),
                                          FP8_MAX=FP8_MAX,
                                          BLOCK_K=triton.next_power_of_2(x.shape[1]),
-                                         num_warps=num_warps,
-                                         **pdl.launch_options(x.device, rows=x.shape[0]))
+                                         num_warps=num_warps, **pdl.launch_options(x.device))
     return q, scale
 
 

@@ -37,8 +37,6 @@ ENV = "PARASHIFT_PDL"
 PREFETCH_ENV = "PARASHIFT_PDL_PREFETCH_KB"
 DEFAULT_MODE = "1"
 DEFAULT_PREFETCH_KB = "0"
-MAX_ROWS_ENV = "PARASHIFT_PDL_MAX_ROWS"
-DEFAULT_MAX_ROWS = "0"
 LINE_BYTES = tl.constexpr(128)  # an L2 cache line: one prefetch each
 # a kernel's USE_PDL constexpr: where it calls launch_dependents (OFF: no PDL)
 OFF, EARLY, LATE = 0, 1, 2
@@ -65,24 +63,12 @@ def pdl_enabled(device: torch.device) -> bool:
     return pdl_mode(device) != OFF
 
 
-def max_rows() -> int:
-    """PARASHIFT_PDL_MAX_ROWS: the most rows (tokens) a launch may have to take PDL; 0 (the
-    default): any."""
-    value = os.environ.get(MAX_ROWS_ENV, DEFAULT_MAX_ROWS)  # read at each launch
-    if not value.isdigit():
-        raise ValueError(f"{MAX_ROWS_ENV}={value!r}: expected a whole number of rows (0: any)")
-    return int(value)
-
-
-def launch_options(device: torch.device, prefetch: tuple[int, int, int] | None = None,
-                   rows: int = 0) -> dict:
+def launch_options(device: torch.device, prefetch: tuple[int, int, int] | None = None) -> dict:
     """The keyword arguments a PDL-aware kernel's launch takes: its USE_PDL constexpr (the
     mode), when on Triton's launch_pdl option, and for a kernel streaming a weight (prefetch:
     the rows a program owns, K, the weight's element bytes) its PREFETCH_K constexpr (0 when
-    off). rows: the tokens the launch covers (a launch of more than max_rows() takes no
-    PDL)."""
-    cap = max_rows() if rows else 0
-    mode = OFF if cap and rows > cap else pdl_mode(device)
+    off)."""
+    mode = pdl_mode(device)
     options = {"USE_PDL": mode, "launch_pdl": True} if mode else {"USE_PDL": OFF}
     if prefetch is not None:
         options["PREFETCH_K"] = prefetch_cols(*prefetch) if mode else 0

@@ -111,8 +111,7 @@ def rms_norm_heads(x: torch.Tensor, weight: torch.Tensor, eps: float,
         out, xs, weight, weight if weight2 is None else weight2.contiguous(), eps, rows * heads,
         heads, heads if first_head2 is None else first_head2, xs.stride(0), xs.stride(1),
         N=n, BLOCK=block, ITEMS=items, VEC=vector_width(x, weight, out),
-        num_warps=num_warps(block), enable_fp_fusion=False,
-        **pdl.launch_options(x.device, rows=rows))
+        num_warps=num_warps(block), enable_fp_fusion=False, **pdl.launch_options(x.device))
     return out
 
 
@@ -150,7 +149,7 @@ def _launch(x, residual, weight, eps, quant=False):
         xs.stride(0), xs.stride(1), rs.stride(0), rs.stride(1),
         N=n, BLOCK=block, HAS_RESIDUAL=residual is not None, QUANT=quant, FP8_MAX=FP8_MAX,
         VEC=vector_width(x, residual, weight, out), num_warps=num_warps(block),
-        enable_fp_fusion=False, **pdl.launch_options(x.device, rows=rows))
+        enable_fp_fusion=False, **pdl.launch_options(x.device))
     return out, new_x, q, scale
 
 

@@ -104,5 +104,5 @@ def _launch(positions, q, k, cos_sin, k_out, v, v_cache, slot_mapping) -> torch.
         HALF=half, HALF_P=triton.next_power_of_2(half),
         Q_HEADS_P=triton.next_power_of_2(q.shape[1]), K_HEADS_P=triton.next_power_of_2(k.shape[1]),
         WRITE_KV=write_kv, BLOCK_SIZE=k_out.shape[1] if write_kv else 1,
-        num_warps=4, enable_fp_fusion=False, **pdl.launch_options(q.device, rows=q.shape[0]))
+        num_warps=4, enable_fp_fusion=False, **pdl.launch_options(q.device))
     return q_out

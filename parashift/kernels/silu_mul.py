@@ -143,8 +143,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     block = min(triton.next_power_of_2(d), MAX_BLOCK)
     _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(d, block))](
         out, rows, rows.stride(0), d, BLOCK=block, LIBDEVICE=x.is_cuda,
-        num_warps=4, enable_fp_fusion=False,
-        **pdl.launch_options(x.device, rows=rows.shape[0]))
+        num_warps=4, enable_fp_fusion=False, **pdl.launch_options(x.device))
     return out
 
 
@@ -164,7 +163,7 @@ def silu_and_mul_fp8(x: torch.Tensor, blocks: int = 1, split: bool | None = None
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     args = dict(out_ptr=out, q_ptr=q, s_ptr=scale, x_ptr=rows, stride_x=rows.stride(0), d=d,
                 half=half, FP8_MAX=FP8_MAX, BLOCKED=blocks > 1, LIBDEVICE=x.is_cuda,
-                enable_fp_fusion=False, **pdl.launch_options(x.device, rows=m))
+                enable_fp_fusion=False, **pdl.launch_options(x.device))
     tickets = _row_tickets(x.device)
     if tickets is None or not (m < SPLIT_ROWS if split is None else split) \
             or m > MAX_SPLIT_ROWS:

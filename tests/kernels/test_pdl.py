@@ -61,21 +61,6 @@ def test_the_switch_picks_the_launch_placement(monkeypatch, flag, mode):
     assert (options["PREFETCH_K"] > 0) == (mode != pdl.OFF)
 
 
-def test_launches_of_more_rows_than_the_cap_take_no_pdl(monkeypatch):
-    monkeypatch.setattr(pdl, "_device_supports", lambda index: True)
-    monkeypatch.setenv("PARASHIFT_PDL", "1")
-    cuda0 = torch.device("cuda", 0)
-    monkeypatch.setenv("PARASHIFT_PDL_MAX_ROWS", "0")  # no cap
-    assert pdl.launch_options(cuda0, rows=4096)["USE_PDL"] == pdl.EARLY
-    monkeypatch.setenv("PARASHIFT_PDL_MAX_ROWS", "512")
-    assert pdl.launch_options(cuda0, rows=512)["USE_PDL"] == pdl.EARLY
-    assert pdl.launch_options(cuda0, rows=513) == {"USE_PDL": pdl.OFF}
-    assert pdl.launch_options(cuda0)["USE_PDL"] == pdl.EARLY  # rows not given: no cap
-    monkeypatch.setenv("PARASHIFT_PDL_MAX_ROWS", "many")
-    with pytest.raises(ValueError, match="PARASHIFT_PDL_MAX_ROWS='many'"):
-        pdl.launch_options(cuda0, rows=4)
-
-
 def test_kernels_launch_without_pdl_while_it_is_suspended(monkeypatch):
     monkeypatch.setattr(pdl, "_device_supports", lambda index: True)
     monkeypatch.setenv("PARASHIFT_PDL", "late")
