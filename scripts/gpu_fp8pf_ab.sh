@@ -2,9 +2,11 @@
 # Issues 60/61: prefill at 512 and 4,096 tokens on ONE H200 (8B shape), bf16 and FP8, this
 # tree against the one in $BEFORE (a `git archive` of main before the change), interleaved:
 # FP8 after, FP8 before, bf16 before, bf16 after (what BUDGET_S leaves out last: a FP8 run
-# takes ~50 s with its GEMM choices and graphs, a bf16 run ~35 s). A summary at the end (FP8
+# takes ~50 s with its GEMM choices and graphs, a bf16 run ~35 s; GRAPHS=0 runs without CUDA
+# graphs, ~30 and ~25 s: the 512-token prompt then runs eagerly too). A summary at the end (FP8
 # against bf16 of the same tree, after against before); JSON and logs to $OUT/<step>.{json,log}.
-# Usage: OUT=dir BEFORE=.before [BUDGET_S=150] [LENS="512 4096"] bash scripts/gpu_fp8pf_ab.sh
+# Usage: OUT=dir BEFORE=.before [BUDGET_S=150] [LENS="512 4096"] [GRAPHS=0] \
+#   bash scripts/gpu_fp8pf_ab.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 budget=${BUDGET_S:-150}
@@ -14,12 +16,14 @@ run() {  # tree, dtype, seconds it needs
   local tree=$1 dtype=$2 need=$3 dir=$here quant=()
   [ "$tree" = before ] && dir=$here/$before
   [ "$dtype" = fp8 ] && quant=(--quantization fp8)
+  [ "${GRAPHS:-1}" = 0 ] && quant+=(--no-cuda-graphs)
   (cd "$dir" && STEP_DIR=$OUT budget_step "prefill_${dtype}_$tree" "$need" python3 \
     benchmarks/prefill_throughput.py --model "$here/benchmarks/shapes/llama-3.1-8b.json" \
     --prompt-lens ${LENS:-512 4096} --repeats 5 "${quant[@]}" \
     --output "$OUT/prefill_${dtype}_$tree.json")
 }
-run after fp8 50; run before fp8 50; run before bf16 35; run after bf16 35
+if [ "${GRAPHS:-1}" = 0 ]; then fp8_s=30 bf16_s=25; else fp8_s=50 bf16_s=35; fi
+run after fp8 $fp8_s; run before fp8 $fp8_s; run before bf16 $bf16_s; run after bf16 $bf16_s
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
