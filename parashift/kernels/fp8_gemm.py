@@ -222,7 +222,7 @@ def fast_accum() -> bool:
     """PARASHIFT_FP8_FAST_ACCUM=1: cuBLASLt sums a prefill's (more than MAX_ROWS rows) FP8
     products in the tensor cores without promoting partial sums to fp32, as the inference
     GEMMs of vLLM, torchao and fbgemm do: faster, less exact. 0 (the default) until measured."""
-    value = os.environ.get(FAST_ACCUM_ENV, "0")  # read at each call: one dict lookup
+    value = os.environ.get(FAST_ACCUM_ENV, "0")  # read at each call
     if value not in ("0", "1"):
         raise ValueError(f"{FAST_ACCUM_ENV}={value!r}: expected 0 or 1")
     return value == "1"
