@@ -181,7 +181,8 @@ def profiled_prompt(llm: LLM, length: int, vocab: int, trace_dir: str) -> dict:
                       and e.name != "prefill_prompt"),  # annotation's span on the device
                      key=lambda e: e.time_range.start)
     start = min(e.time_range.start for e in host)
-    summary = {"trace": path + ".gz", "span_ms": (max(e.time_range.end for e in events) - start) / 1e3}
+    span_ms = (max(e.time_range.end for e in events) - start) / 1e3
+    summary = {"trace": path + ".gz", "span_ms": span_ms}
     if kernels:
         gaps, end, last = [], kernels[0].time_range.end, kernels[0]
         for kernel in kernels[1:]:
