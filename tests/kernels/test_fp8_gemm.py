@@ -107,6 +107,37 @@ def test_rows_quantized_in_one_kernel_match_torch():
     torch.testing.assert_close(q.float(), (x.float() / expected_scale).to(fp8_gemm.FP8).float())
 
 
+def test_fast_accumulation_is_off_by_default_and_a_bad_value_an_error(monkeypatch):
+    monkeypatch.delenv("PARASHIFT_FP8_FAST_ACCUM", raising=False)
+    assert not fp8_gemm.fast_accum()
+    monkeypatch.setenv("PARASHIFT_FP8_FAST_ACCUM", "1")
+    assert fp8_gemm.fast_accum()
+    monkeypatch.setenv("PARASHIFT_FP8_FAST_ACCUM", "yes")
+    with pytest.raises(ValueError, match="PARASHIFT_FP8_FAST_ACCUM='yes'"):
+        fp8_gemm.fast_accum()
+
+
+@cuda
+def test_a_prefill_with_fast_accumulation_stays_near_the_exact_sums(monkeypatch):
+    w, scale = quantized(1024, 4096)
+    x = torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16)
+    exact = fp8_gemm.linear(x, w, scale, None).float()
+    monkeypatch.setenv("PARASHIFT_FP8_FAST_ACCUM", "1")
+    fast = fp8_gemm.linear(x, w, scale, None).float()
+    assert (fast - exact).norm() / exact.norm() < 1e-2
+
+
+@cuda
+@pytest.mark.parametrize("k", [1000, 4096, 14336])
+def test_rows_quantized_at_any_warps_are_the_same_bits(k):
+    x = torch.randn(7, 2 * k, device="cuda", dtype=torch.bfloat16)[:, :k] * 3
+    q, scale = fp8_gemm.quantize_rows(x, num_warps=4)
+    for warps in (1, 8, 16):
+        q_w, scale_w = fp8_gemm.quantize_rows(x, num_warps=warps)
+        assert torch.equal(scale_w, scale) and torch.equal(q_w.view(torch.uint8),
+                                                           q.view(torch.uint8))
+
+
 @cuda
 @pytest.mark.parametrize("m", [3, 40, 300])
 def test_rows_quantized_before_are_taken_where_the_choice_quantizes(m):
