@@ -12,28 +12,27 @@ before=$here/${BEFORE:?the tree before, unpacked in the repository root}
 budget=${BUDGET_S:-340}
 S=$here/benchmarks/shapes
 source scripts/budget_step.sh
-export here before budget S OUT
-in_tree() {  # in_tree before|after COMMAND...: the command from that tree's root
-  local dir=$here; [ "$1" = before ] && dir=$before; shift
-  bash -c 'cd "$1" && shift && PYTHONPATH="$(pwd)" exec "$@"' _ "$dir" "$@"
-}
+export here before budget S OUT IN_TREE
+tree() { [ "$1" = before ] && echo "$before" || echo "$here"; }
+IN_TREE='cd "$1" && shift && PYTHONPATH="$(pwd):${SITE:-/tmp/site}" exec "$@"'  # bash -c "$IN_TREE" _ DIR COMMAND...
 decode8b() {  # decode8b TREE WEIGHTS ROUND
   local quant=(); [ "$2" = fp8 ] && quant=(--quantization fp8)
   local need=60; [ "$2" = fp8 ] && need=100
-  budget_step "dense_${2}_${1}_$3" $need in_tree "$1" python3 benchmarks/decode_throughput.py \
+  budget_step "dense_${2}_${1}_$3" $need bash -c "$IN_TREE" _ "$(tree $1)" python3 benchmarks/decode_throughput.py \
     --model "$S/llama-3.1-8b.json" --batch-sizes 1 64 --context 1024 --decode-steps 32 \
     --cuda-graphs ${quant[@]+"${quant[@]}"} --output "$OUT/gpu0/dense_${2}_${1}_$3.json"
 }
 moe() {  # moe TREE
-  budget_step "moe_$1" 75 in_tree "$1" python3 benchmarks/decode_throughput.py \
+  budget_step "moe_$1" 75 bash -c "$IN_TREE" _ "$(tree $1)" python3 benchmarks/decode_throughput.py \
     --model "$S/qwen3-30b-a3b.json" --batch-sizes 1 64 --max-model-len 8192 --decode-steps 32 \
     --cuda-graphs --output "$OUT/gpu1/moe_$1.json"
 }
-prefill() {  # prefill TREE WEIGHTS
+prefill() {  # prefill TREE WEIGHTS [NAME_SUFFIX ENV=VALUE]
   local quant=(); [ "$2" = fp8 ] && quant=(--quantization fp8)
-  budget_step "prefill_${2}_$1" 45 in_tree "$1" python3 benchmarks/prefill_throughput.py \
+  budget_step "prefill_${2}_$1${3:-}" 45 bash -c "$IN_TREE" _ "$(tree $1)" \
+    env ${4:-PARASHIFT_NONE=0} python3 benchmarks/prefill_throughput.py \
     --model "$S/llama-3.1-8b.json" --prompt-lens 512 4096 --repeats 5 \
-    ${quant[@]+"${quant[@]}"} --output "$OUT/gpu1/prefill_${2}_$1.json"
+    ${quant[@]+"${quant[@]}"} --output "$OUT/gpu1/prefill_${2}_$1${3:-}.json"
 }
 gpu0() {
   export CUDA_VISIBLE_DEVICES=0 STEP_DIR=$OUT/gpu0
@@ -42,7 +41,8 @@ gpu0() {
 gpu1() {
   export CUDA_VISIBLE_DEVICES=1 STEP_DIR=$OUT/gpu1
   moe before; moe after
-  prefill after fp8; prefill after bf16; prefill before fp8; prefill before bf16
+  prefill after fp8; prefill after bf16; prefill after fp8 _fast PARASHIFT_FP8_FAST_ACCUM=1
+  prefill before fp8; prefill before bf16
 }
 mkdir -p "$OUT/gpu0" "$OUT/gpu1"
 (taskset -c 1-15 bash -c "$(declare -f); gpu0" > "$OUT/gpu0.log" 2>&1) &
