@@ -30,6 +30,16 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_logits,
     held = experts < num_experts
     logits = tl.load(logits_ptr + token * stride_logits + experts, mask=held,
                      other=-float("inf")).to(tl.float32)
+    route_row(logits, held, weights_ptr + token * TOP_K, ids_ptr + token * TOP_K, TOP_K,
+              EXPERTS, RENORMALIZE)
+
+
+@triton.jit
+def route_row(logits, held, weights_row_ptr, ids_row_ptr, TOP_K: tl.constexpr,
+              EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """One token's routing from its fp32 logits [EXPERTS] (-inf where not `held`): the k
+    weights (in weights_row_ptr's dtype) and expert ids (int64) stored."""
+    experts = tl.arange(0, EXPERTS)
     exps = tl.where(held, tl.exp(logits - tl.max(logits, axis=0)), 0.0)
     probs = exps / tl.sum(exps, axis=0)
     left = tl.where(held, probs, -1.0)
@@ -45,8 +55,8 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_logits,
     if RENORMALIZE:
         chosen = chosen / tl.sum(chosen, axis=0)
     # rounded once to the logits' dtype, as torch's .to() of the fp32 weights rounds them
-    tl.store(weights_ptr + token * TOP_K + slots, chosen.to(weights_ptr.dtype.element_ty))
-    tl.store(ids_ptr + token * TOP_K + slots, chosen_ids)
+    tl.store(weights_row_ptr + slots, chosen.to(weights_row_ptr.dtype.element_ty))
+    tl.store(ids_row_ptr + slots, chosen_ids)
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool
