@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from parashift.kernels import moe_router, moe_routing
-from tests.kernels.common import assert_exact, case_tests, cuda
+from tests.kernels.common import assert_exact, case_tests, cuda, cuda_tests
 
 # rows (1-4: decode), experts (not a power of two: masked), top-k, hidden (odd: masked K)
 CASES = [dict(tokens=3, experts=12, top_k=4, hidden=40, renormalize=True)]
@@ -41,13 +41,7 @@ def check_router(tokens, experts, top_k, hidden, renormalize, block_e=1, dtype="
 
 
 test_interpreted, _ = case_tests(__name__, check_router, CASES)
-
-
-@cuda
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: "-".join(map(str, c.values())))
-def test_cuda(case, dtype):
-    check_router(**case, dtype=dtype, device="cuda")
+test_cuda = cuda_tests(check_router, CUDA_CASES)
 
 
 @cuda
