@@ -15,7 +15,7 @@ import triton.testing
 from parashift.attention import triton_backend
 from parashift.cost.measure_kernels import paged_step
 
-SPLITS = (1, 4, 8, 16, 32)
+SPLITS = (1, 8, 16, 32)
 MIN_TILES = (1, 2, 4, 8)
 
 

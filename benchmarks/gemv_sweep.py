@@ -17,23 +17,21 @@ from parashift.kernels import gemm_timing, pdl
 from parashift.kernels.skinny_gemm import GEMV_CONFIGS, GemvConfig, label, skinny_linear
 
 SHAPES = {"qkv": (5120, 2048), "o": (2048, 4096), "router": (128, 2048)}
-CANDIDATES = (GemvConfig(1, 2048, 4), GemvConfig(1, 1024, 2), GemvConfig(2, 1024, 2),
-              GemvConfig(2, 512, 2), GemvConfig(4, 512, 4), GemvConfig(4, 256, 2),
-              GemvConfig(8, 512, 4), GemvConfig(8, 256, 4), GemvConfig(16, 256, 4),
-              GemvConfig(16, 512, 8), GemvConfig(8, 2048, 8), GemvConfig(4, 2048, 8),
-              GemvConfig(4, 1024, 8), GemvConfig(2, 1024, 4, ahead=True),
-              GemvConfig(4, 512, 4, ahead=True), GemvConfig(8, 512, 4, ahead=True),
-              GemvConfig(4, 512, 2, ahead=True), GemvConfig(1, 2048, 4, ahead=True),
-              GemvConfig(2, 512, 4, 2, tickets=True), GemvConfig(1, 1024, 4, 2, tickets=True))
+CANDIDATES = (GemvConfig(1, 2048, 4), GemvConfig(2, 1024, 2), GemvConfig(4, 512, 4),
+              GemvConfig(8, 512, 4), GemvConfig(16, 256, 4), GemvConfig(4, 2048, 8),
+              GemvConfig(2, 1024, 4, ahead=True), GemvConfig(4, 512, 4, ahead=True),
+              GemvConfig(8, 512, 4, ahead=True), GemvConfig(1, 2048, 4, ahead=True))
+# of GEMV_CONFIGS, timed beside the candidates (--all: every one)
+KNOWN = (GemvConfig(4, 1024, 4), GemvConfig(4, 1024, 4, ahead=True))
 
 
-def measure(name: str, n: int, k: int, rows: int, bandwidth: float) -> dict:
+def measure(name: str, n: int, k: int, rows: int, bandwidth: float, every_known: bool) -> dict:
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
     copies = gemm_timing.weight_copies(weight)
     xs = [torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _ in copies]
-    configs = [c for c in GEMV_CONFIGS + CANDIDATES if c.block_n <= n]
+    configs = [c for c in (GEMV_CONFIGS if every_known else KNOWN) + CANDIDATES if c.block_n <= n]
     runs = {"cuBLAS": lambda i: F.linear(xs[i], copies[i])}
-    runs.update({label(c) + ("" if c in GEMV_CONFIGS else " (new)"):
+    runs.update({f"{label(c)} w{c.num_warps}{'' if c in GEMV_CONFIGS else ' (new)'}":
                  (lambda i, c=c: skinny_linear(xs[i], copies[i], None, c)) for c in configs})
     bench = functools.partial(triton.testing.do_bench, warmup=5, rep=30, return_mode="median")
     with pdl.suspended():
@@ -52,12 +50,13 @@ def main() -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[1])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--bandwidth", type=float, default=4.25, help="TB/s of the floor")
+    p.add_argument("--all", action="store_true", help="every config of GEMV_CONFIGS too")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     rows = []
     for name in args.shapes:
         for m in args.rows:
-            rows.append(measure(name, *SHAPES[name], m, args.bandwidth * 1e12))
+            rows.append(measure(name, *SHAPES[name], m, args.bandwidth * 1e12, args.all))
             print(json.dumps(rows[-1]), flush=True)
     if args.output:
         with open(args.output, "w") as f:

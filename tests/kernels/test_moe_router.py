@@ -14,7 +14,6 @@ CASES = [dict(tokens=3, experts=12, top_k=4, hidden=40, renormalize=True)]
 CUDA_CASES = [dict(tokens=1, experts=128, top_k=8, hidden=2048, renormalize=True),
               dict(tokens=4, experts=128, top_k=8, hidden=2048, renormalize=False),
               dict(tokens=2, experts=60, top_k=4, hidden=2050, renormalize=True),
-              dict(tokens=1, experts=8, top_k=2, hidden=4096, renormalize=True, block_e=2),
               dict(tokens=3, experts=256, top_k=8, hidden=7168, renormalize=True, block_e=4)]
 
 

@@ -110,10 +110,8 @@ def test_cuda_graph_capture():
 
 # Qwen3's q/k norms fused before RoPE (rotate_and_write_kv's and apply_rotary's `norms`)
 NORM_CASES = [dict(tokens=3, q_heads=4, k_heads=2, head_dim=64, strided=True)]
-NORM_CUDA_CASES = NORM_CASES + [
-    dict(tokens=1, q_heads=32, k_heads=4, head_dim=128, strided=True),
-    dict(tokens=17, q_heads=12, k_heads=4, head_dim=96, strided=True),
-    dict(tokens=4, q_heads=16, k_heads=16, head_dim=128)]
+NORM_CUDA_CASES = [dict(tokens=1, q_heads=32, k_heads=4, head_dim=128, strided=True),
+                   dict(tokens=17, q_heads=12, k_heads=4, head_dim=96, strided=True)]
 
 
 def check_qk_norm(head_dim, dtype="float32", device="cpu", **shape):
