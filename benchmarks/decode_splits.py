@@ -6,12 +6,10 @@ PARASHIFT_ATTENTION_MIN_SPLIT_TILES gives each split at least that many tiles at
 
 Usage (GPU): python3 benchmarks/decode_splits.py --model benchmarks/shapes/qwen3-30b-a3b.json \
     --batch 1 --context 1024 4096 [--output decode_splits.json]"""
-import argparse
-import json
-
 import torch
 import triton.testing
 
+from benchmarks import kernel_rows
 from parashift.attention import triton_backend
 from parashift.cost.measure_kernels import paged_step
 
@@ -34,36 +32,23 @@ def time_us(step, scale: float, splits: int, min_tiles: int) -> tuple[float, tor
         triton_backend.choose_num_splits, triton_backend.MIN_SPLIT_TILES = chooser, tiles
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="benchmarks/shapes/qwen3-30b-a3b.json")
-    p.add_argument("--batch", type=int, nargs="+", default=[1])
-    p.add_argument("--context", type=int, nargs="+", default=[1024, 4096])
-    p.add_argument("--output", default=None)
-    args = p.parse_args()
-    cfg = json.load(open(args.model))
+def measure(cfg: dict, context: int, args) -> list[dict]:
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    rows = []
-    for batch in args.batch:
-        for context in args.context:
-            step = paged_step(torch.device("cuda"), torch.bfloat16, heads, kv_heads, head_dim,
-                              [1] * batch, [context] * batch, 16, shuffled=True)
-            reference = None
-            for splits in SPLITS:
-                for min_tiles in MIN_TILES if splits > 1 else (1,):
-                    us, out = time_us(step, head_dim ** -0.5, splits, min_tiles)
-                    reference = out if reference is None else reference
-                    diff = (out.float() - reference.float()).abs().max().item()
-                    rows.append({"batch": batch, "context": context, "splits": splits,
-                                 "min_split_tiles": min_tiles, "us": round(us, 2),
-                                 "max_diff_vs_unsplit": diff})
-                    print(json.dumps(rows[-1]), flush=True)
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump({"model": args.model, "device": torch.cuda.get_device_name(),
-                       "rows": rows}, f, indent=1)
+    step = paged_step(torch.device("cuda"), torch.bfloat16, heads, kv_heads, head_dim,
+                      [1] * args.batch, [context] * args.batch, 16, shuffled=True)
+    rows, reference = [], None
+    for splits in SPLITS:
+        for min_tiles in MIN_TILES if splits > 1 else (1,):
+            us, out = time_us(step, head_dim ** -0.5, splits, min_tiles)
+            reference = out if reference is None else reference
+            diff = (out.float() - reference.float()).abs().max().item()
+            rows.append({"batch": args.batch, "context": context, "splits": splits,
+                         "min_split_tiles": min_tiles, "us": round(us, 2),
+                         "max_diff_vs_unsplit": diff})
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    kernel_rows.run(__doc__, "context", [1024, 4096], measure,
+                    lambda p: p.add_argument("--batch", type=int, default=1))

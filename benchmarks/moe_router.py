@@ -7,12 +7,10 @@ picked the same experts and weights as today's path on one random input (a check
 
 Usage (GPU): python3 benchmarks/moe_router.py --model benchmarks/shapes/qwen3-30b-a3b.json \
     --tokens 1 2 4 [--output moe_router.json]"""
-import argparse
-import json
-
 import torch
 import torch.nn.functional as F
 
+from benchmarks import kernel_rows
 from parashift.kernels import gemm_timing, moe_router, moe_routing, pdl, skinny_gemm
 
 TILES = [(1, 4), (1, 2), (2, 4), (4, 8)]  # (block_e, num_warps)
@@ -53,22 +51,5 @@ def measure(cfg: dict, tokens: int) -> dict:
             "max_weight_diff": (out[0].float() - ref[0].float()).abs().max().item()}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="benchmarks/shapes/qwen3-30b-a3b.json")
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--output", default=None)
-    args = p.parse_args()
-    cfg = json.load(open(args.model))
-    rows = []
-    for tokens in args.tokens:
-        rows.append(measure(cfg, tokens))
-        print(json.dumps(rows[-1]), flush=True)
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump({"model": args.model, "device": torch.cuda.get_device_name(),
-                       "rows": rows}, f, indent=1)
-
-
 if __name__ == "__main__":
-    main()
+    kernel_rows.run(__doc__, "tokens", [1, 2, 4], lambda cfg, tokens, _args: [measure(cfg, tokens)])

@@ -5,12 +5,11 @@ suspended, medians over rounds), with the largest difference of their q outputs 
 
 Usage (GPU): python3 benchmarks/qk_norm_rope.py --model benchmarks/shapes/qwen3-30b-a3b.json \
     --tokens 1 64 [--output qk_norm_rope.json]"""
-import argparse
-import json
 from types import SimpleNamespace
 
 import torch
 
+from benchmarks import kernel_rows
 from parashift.kernels import gemm_timing, pdl, rotary
 from parashift.layers.layernorm import RMSNorm, qk_norm
 from parashift.layers.rotary import RotaryEmbedding
@@ -51,22 +50,5 @@ def measure(cfg: dict, tokens: int) -> dict:
             "one_launch_us": round(timings["one"] * 1e3, 2), "max_q_diff": diff}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="benchmarks/shapes/qwen3-30b-a3b.json")
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--output", default=None)
-    args = p.parse_args()
-    cfg = json.load(open(args.model))
-    rows = []
-    for tokens in args.tokens:
-        rows.append(measure(cfg, tokens))
-        print(json.dumps(rows[-1]), flush=True)
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump({"model": args.model, "device": torch.cuda.get_device_name(),
-                       "rows": rows}, f, indent=1)
-
-
 if __name__ == "__main__":
-    main()
+    kernel_rows.run(__doc__, "tokens", [1, 64], lambda cfg, tokens, _args: [measure(cfg, tokens)])
