@@ -1,8 +1,7 @@
-"""Decode attention's split-KV at small batch: each (split count, least KV tiles a split)
-timed as one `attend` replayed from a CUDA graph (its reduction included), on a model
-shape's heads. A decode step's graph keeps the split count chosen for the longest context
-(max_model_len), so short contexts spread a tile or two over each of many programs;
-PARASHIFT_ATTENTION_MIN_SPLIT_TILES gives each split at least that many tiles at run time.
+"""Decode attention's split-KV at small batch: each split count timed as one `attend`
+replayed from a CUDA graph (its reduction included), on a model shape's heads. A decode
+step's graph keeps the split count chosen for the longest context (max_model_len:
+`choose_num_splits`), whatever context it then runs at.
 
 Usage (GPU): python3 benchmarks/decode_splits.py --model benchmarks/shapes/qwen3-30b-a3b.json \
     --batch 1 --context 1024 4096 [--output decode_splits.json]"""
@@ -14,14 +13,12 @@ from parashift.attention import triton_backend
 from parashift.cost.measure_kernels import paged_step
 
 SPLITS = (1, 8, 16, 32)
-MIN_TILES = (1, 2, 4, 8)
 
 
-def time_us(step, scale: float, splits: int, min_tiles: int) -> tuple[float, torch.Tensor]:
+def time_us(step, scale: float, splits: int) -> tuple[float, torch.Tensor]:
     q, k_cache, v_cache, meta = step
-    chooser, tiles = triton_backend.choose_num_splits, triton_backend.MIN_SPLIT_TILES
+    chooser = triton_backend.choose_num_splits
     triton_backend.choose_num_splits = lambda *args: splits
-    triton_backend.MIN_SPLIT_TILES = min_tiles
     try:
         backend = triton_backend.TritonAttentionBackend()
         fn = lambda: backend.attend(q, k_cache, v_cache, meta, scale)  # noqa: E731
@@ -29,7 +26,7 @@ def time_us(step, scale: float, splits: int, min_tiles: int) -> tuple[float, tor
         torch.cuda.synchronize()
         return triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3, out
     finally:
-        triton_backend.choose_num_splits, triton_backend.MIN_SPLIT_TILES = chooser, tiles
+        triton_backend.choose_num_splits = chooser
 
 
 def measure(cfg: dict, context: int, args) -> list[dict]:
@@ -39,13 +36,11 @@ def measure(cfg: dict, context: int, args) -> list[dict]:
                       [1] * args.batch, [context] * args.batch, 16, shuffled=True)
     rows, reference = [], None
     for splits in SPLITS:
-        for min_tiles in MIN_TILES if splits > 1 else (1,):
-            us, out = time_us(step, head_dim ** -0.5, splits, min_tiles)
-            reference = out if reference is None else reference
-            diff = (out.float() - reference.float()).abs().max().item()
-            rows.append({"batch": args.batch, "context": context, "splits": splits,
-                         "min_split_tiles": min_tiles, "us": round(us, 2),
-                         "max_diff_vs_unsplit": diff})
+        us, out = time_us(step, head_dim ** -0.5, splits)
+        reference = out if reference is None else reference
+        diff = (out.float() - reference.float()).abs().max().item()
+        rows.append({"batch": args.batch, "context": context, "splits": splits,
+                     "us": round(us, 2), "max_diff_vs_unsplit": diff})
     return rows
 
 

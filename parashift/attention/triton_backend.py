@@ -40,12 +40,6 @@ from parashift.kernels import num_sms, pdl
 PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 128
 MAX_SPLITS = 32
-# ... and, at run time, each split at least this many KV tiles (the splits past the
-# context's end store empty states): a CUDA graph's split count is chosen for the longest
-# context, and shorter ones would otherwise spread a tile or two over each of many programs
-MIN_SPLIT_TILES = int(os.environ.get("PARASHIFT_ATTENTION_MIN_SPLIT_TILES", "1"))
-if MIN_SPLIT_TILES < 1:
-    raise ValueError(f"PARASHIFT_ATTENTION_MIN_SPLIT_TILES must be 1 or more, not {MIN_SPLIT_TILES}")
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -397,7 +391,7 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
         DOT_PRECISION=_dot_precision(q.dtype, launch.invariant),
         MASK_EVERY_TILE=launch.invariant, PARTITION_TILES=launch.partition_tiles,
         max_partitions=launch.max_partitions, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, min_split_tiles=MIN_SPLIT_TILES, **with_pdl)
+        num_stages=cfg.num_stages, **with_pdl)
     if split and launch.partition_tiles:
         reduce_partitions_kernel[(seqs.num_tokens, num_heads)](
             out, part_acc, part_m, part_l, query_start_loc, meta.seq_lens[seqs.first:],

@@ -146,12 +146,10 @@ def _merge_partial(acc_run, m_run, l_run, acc, m, l):
 
 
 @triton.jit
-def _split_tile_range(kv_end, first_q_pos, split, num_splits, min_split_tiles,
-                      TILE_N: tl.constexpr):
-    """This split's tiles, cut where the causal mask starts to matter; at least
-    min_split_tiles a split (the splits past the context's end take none)."""
+def _split_tile_range(kv_end, first_q_pos, split, num_splits, TILE_N: tl.constexpr):
+    """This split's tiles, cut where the causal mask starts to matter."""
     num_tiles = tl.cdiv(kv_end, TILE_N)
-    tiles_per_split = tl.maximum(tl.cdiv(num_tiles, num_splits), min_split_tiles)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
     lo = split * tiles_per_split
     hi = tl.minimum(lo + tiles_per_split, num_tiles)
     # tiles ending at or before the first query's position are visible to every row
@@ -189,7 +187,7 @@ def _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i, row, row
 
 
 @_jit_generic_in("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr", "num_seqs",
-                 "token_offset", "stride_bt", "min_split_tiles")
+                 "token_offset", "stride_bt")
 def paged_attention_kernel(
         out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr,
@@ -201,8 +199,7 @@ def paged_attention_kernel(
         BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, SPLIT: tl.constexpr,
         DOT_PRECISION: tl.constexpr, MASK_EVERY_TILE: tl.constexpr,
-        PARTITION_TILES: tl.constexpr = 0, max_partitions=1, USE_PDL: tl.constexpr = False,
-        min_split_tiles=1):
+        PARTITION_TILES: tl.constexpr = 0, max_partitions=1, USE_PDL: tl.constexpr = False):
     pdl.start(USE_PDL)
     # the last query blocks see the longest contexts: start them first
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -229,7 +226,7 @@ def paged_attention_kernel(
 
     kv_end = context_start + tl.minimum(block_q_start + BLOCK_Q, q_len)
     lo, mid, hi = _split_tile_range(kv_end, context_start + block_q_start, split,
-                                    num_splits, min_split_tiles, TILE_N)
+                                    num_splits, TILE_N)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)

@@ -28,16 +28,13 @@ CASES = [
     dict(q_lens=[1, 1, 7, 20], seq_lens=[40, 300, 7, 50], pad_tokens=35, mixed_seqs=8),
     dict(q_lens=[1, 1, 7, 20], seq_lens=[40, 300, 7, 50], pad_tokens=35, mixed_seqs=8,
          num_splits=4),
-    # each split at least 3 KV tiles: splits past the context's end store empty states
-    dict(q_lens=[1, 1, 1], seq_lens=[40, 300, 7], pad_tokens=5, static=True, num_splits=8,
-         min_split_tiles=3),
 ]
 DTYPES = ("float32", "float16")
 TOLERANCE = {"float32": 1e-4, "float16": 2e-3}
 
 
 def check(q_lens, seq_lens, dtype, num_heads=4, num_kv_heads=2, block_size=16, pad_tokens=0,
-          static=False, num_splits=None, mixed_seqs=0, min_split_tiles=1):
+          static=False, num_splits=None, mixed_seqs=0):
     step = make_step(q_lens, seq_lens, num_heads, num_kv_heads, head_dim=32,
                      block_size=block_size, dtype=getattr(torch, dtype), pad_tokens=pad_tokens,
                      device="cpu")
@@ -46,15 +43,13 @@ def check(q_lens, seq_lens, dtype, num_heads=4, num_kv_heads=2, block_size=16, p
         step.meta = AttentionMetadata(**{**step.meta.__dict__, "static_shape": True})
     if mixed_seqs:
         step.meta = mixed_graph_metadata(step.meta, len(step.q), mixed_seqs)
-    chooser, min_tiles = triton_backend.choose_num_splits, triton_backend.MIN_SPLIT_TILES
+    chooser = triton_backend.choose_num_splits
     if num_splits is not None:
         triton_backend.choose_num_splits = lambda *args: num_splits
-    triton_backend.MIN_SPLIT_TILES = min_split_tiles
     try:
         actual = run(triton_backend.TritonAttentionBackend(), step)
     finally:
         triton_backend.choose_num_splits = chooser
-        triton_backend.MIN_SPLIT_TILES = min_tiles
     torch.testing.assert_close(actual, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 

@@ -160,7 +160,7 @@ def test_deterministic_experts_match_dense_and_ignore_the_batch(mode):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
 def test_router_fuses_gate_and_routing_at_cuda_decode_rows(monkeypatch, device):
-    """Router.route takes kernels/moe_router.py on CUDA at 1-4 rows, the gate then the
+    """Router.route takes kernels/moe_router.py on CUDA at one row, the gate then the
     routing elsewhere; the same experts and weights (integer inputs: exact logits)."""
     from parashift.kernels import moe_router
     from parashift.layers.fused_moe import Router
@@ -172,9 +172,9 @@ def test_router_fuses_gate_and_routing_at_cuda_decode_rows(monkeypatch, device):
     gate = Router(64, 16).to(device)
     gen = torch.Generator().manual_seed(0)
     gate.weight.copy_(torch.randint(-1, 2, (16, 64), generator=gen))
-    for rows in (1, 4, 5):
+    for rows in (1, 2, 4):
         x = torch.randint(-2, 3, (rows, 64), generator=gen).float().to(device)
         weights, ids = gate.route(x, 4, True)
         ref_weights, ref_ids = route(gate(x), 4, True)
         assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
-    assert calls == ([1, 4] if device == "cuda" else [])
+    assert calls == ([1] if device == "cuda" else [])
