@@ -42,16 +42,22 @@ def route_row(logits, held, weights_row_ptr, ids_row_ptr, TOP_K: tl.constexpr,
     experts = tl.arange(0, EXPERTS)
     exps = tl.where(held, tl.exp(logits - tl.max(logits, axis=0)), 0.0)
     probs = exps / tl.sum(exps, axis=0)
-    left = tl.where(held, probs, -1.0)
+    # one key an expert, ordered as the picks are (the larger probability, then the lower
+    # id): a non-negative float's bits, as an integer, order as the float does; so each pick
+    # is one max (two reductions a pick took ~2 us a row on an H200)
+    key = ((probs.to(tl.int32, bitcast=True).to(tl.int64) << 32)
+           | (EXPERTS - 1 - experts).to(tl.int64))
+    key = tl.where(held, key, -1)
     slots = tl.arange(0, TOP_K)
     chosen = tl.zeros([TOP_K], dtype=tl.float32)
     chosen_ids = tl.zeros([TOP_K], dtype=tl.int64)
     for j in tl.static_range(TOP_K):
-        best = tl.max(left, axis=0)
-        pick = tl.min(tl.where(left == best, experts, EXPERTS), axis=0)
+        top = tl.max(key, axis=0)
+        pick = EXPERTS - 1 - (top & 0xFFFFFFFF)
+        best = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
         chosen = tl.where(slots == j, best, chosen)
-        chosen_ids = tl.where(slots == j, pick.to(tl.int64), chosen_ids)
-        left = tl.where(experts == pick, -1.0, left)
+        chosen_ids = tl.where(slots == j, pick, chosen_ids)
+        key = tl.where(experts == pick, -1, key)
     if RENORMALIZE:
         chosen = chosen / tl.sum(chosen, axis=0)
     # rounded once to the logits' dtype, as torch's .to() of the fp32 weights rounds them
