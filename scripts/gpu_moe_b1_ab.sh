@@ -2,18 +2,19 @@
 # Issue 61 (MoE decode b1): Qwen3-30B-A3B decode b1 and b64 (context 1024, CUDA graphs,
 # max-model-len 8192, 32 steps, PDL as default) of this tree against the one in $BEFORE, one
 # GPU, each tree running its own benchmarks/decode_throughput.py; then, as time is left, this
-# tree's b1 with a kernel profile. A step is skipped where its usual time (~70 s a run) would
+# tree's b1 with a kernel profile. A step is skipped where 55 s (a run takes ~60-75 s) would
 # pass BUDGET_S. JSON and logs to $OUT/<step>.{json,log}; a summary at the end.
 # Usage: OUT=dir BEFORE=.before [BUDGET_S=150] bash scripts/gpu_moe_b1_ab.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 budget=${BUDGET_S:-150}
 here=$(pwd); before=${BEFORE:?the earlier tree}
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)  # the runs start in their trees
 S=$here/benchmarks/shapes/qwen3-30b-a3b.json
 source scripts/budget_step.sh
 decode() {  # name, tree directory, then more flags
   local name=$1 dir=$2; shift 2
-  (cd "$dir" && budget_step "$name" 70 python3 benchmarks/decode_throughput.py --model "$S" \
+  (cd "$dir" && budget_step "$name" 55 python3 benchmarks/decode_throughput.py --model "$S" \
     --max-model-len 8192 --context 1024 --decode-steps 32 --cuda-graphs \
     --output "$OUT/$name.json" "$@")
 }
