@@ -4,7 +4,7 @@
 # GPU, each tree running its own benchmarks/decode_throughput.py; then, as time is left, this
 # tree's b1 with a kernel profile. A step is skipped where 55 s (a run takes ~60-75 s) would
 # pass BUDGET_S. JSON and logs to $OUT/<step>.{json,log}; a summary at the end.
-# Usage: OUT=dir BEFORE=.before [BUDGET_S=150] bash scripts/gpu_moe_b1_ab.sh
+# Usage: OUT=dir BEFORE=.before [BUDGET_S=150] [BATCHES="1 64"] [NEED_S=55] bash scripts/gpu_moe_b1_ab.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 budget=${BUDGET_S:-150}
@@ -14,12 +14,12 @@ S=$here/benchmarks/shapes/qwen3-30b-a3b.json
 source scripts/budget_step.sh
 decode() {  # name, tree directory, then more flags
   local name=$1 dir=$2; shift 2
-  (cd "$dir" && budget_step "$name" 55 python3 benchmarks/decode_throughput.py --model "$S" \
+  (cd "$dir" && budget_step "$name" "${NEED_S:-55}" python3 benchmarks/decode_throughput.py --model "$S" \
     --max-model-len 8192 --context 1024 --decode-steps 32 --cuda-graphs \
     --output "$OUT/$name.json" "$@")
 }
-STEP_DIR=$OUT decode before "$here/$before" --batch-sizes 1 64
-STEP_DIR=$OUT decode after "$here" --batch-sizes 1 64
+STEP_DIR=$OUT decode before "$here/$before" --batch-sizes ${BATCHES:-1 64}
+STEP_DIR=$OUT decode after "$here" --batch-sizes ${BATCHES:-1 64}
 STEP_DIR=$OUT decode after_profile "$here" --batch-sizes 1 --profile
 python3 - "$OUT" <<'PY'
 import json, os, sys

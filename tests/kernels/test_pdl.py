@@ -13,8 +13,8 @@ import torch
 import triton
 
 from parashift.attention import triton_kernels
-from parashift.kernels import (fp8_gemm, fp8_gemv, moe_router, moe_small, pdl, rmsnorm, rotary,
-                               silu_mul, skinny_gemm)
+from parashift.kernels import (fp8_gemm, fp8_gemv, fused_moe, moe_router, moe_routing,
+                               moe_small, pdl, rmsnorm, rotary, silu_mul, skinny_gemm)
 from tests.deterministic.test_kernels import compile_sm90
 from tests.kernels.common import TRITON_TYPES, cuda, randn
 
@@ -168,6 +168,23 @@ KERNELS = {
         "w_ptr": FP8, "logits_ptr": torch.float32, "ids_ptr": torch.int64,
         "counter_ptr": torch.int32}, (), dict(ROWS=1, BLOCK_E=1, BLOCK_K=2048, EXPERTS=128,
                                               PROGRAMS=128, TOP_K=8, RENORMALIZE=True), False),
+    "moe_route": (moe_routing._route_kernel, {"weights_ptr": torch.bfloat16,
+                                              "ids_ptr": torch.int64}, (),
+                  dict(TOP_K=8, EXPERTS=128, RENORMALIZE=True), False),
+    "moe_sort_pairs": (moe_routing._sort_pairs_kernel, {
+        "ids_ptr": torch.int64, "pair_of_row_ptr": torch.int64, "block_expert_ptr": torch.int64},
+        (), dict(PAIRS=128, EXPERTS=128, BLOCK_M=16, FILL=256, BLOCKS=16), False),
+    "moe_count_pairs": (moe_routing._count_pairs_kernel, {"ids_ptr": torch.int64,
+                                                          "counts_ptr": torch.int32}, (),
+                        dict(CHUNK=1024), False),
+    "moe_place_pairs": (moe_routing._place_pairs_kernel, {
+        "ids_ptr": torch.int64, "counts_ptr": torch.int32, "pair_of_row_ptr": torch.int64,
+        "block_expert_ptr": torch.int64}, (),
+        dict(EXPERTS=128, CHUNKS=4, BLOCK_M=16, CHUNK=1024), False),
+    "moe_grouped_gemm": (fused_moe._grouped_gemm_kernel, {
+        "pair_ptr": torch.int64, "block_expert_ptr": torch.int64}, (), dict(
+            BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, MUL_WEIGHT=True, IEEE=False,
+            W_SCALED=False), False),
     "moe_small_gate_up": (moe_small._gate_up_kernel, {"ids_ptr": torch.int64}, (), dict(
         BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True), False),
     "moe_small_down": (moe_small._down_kernel, {"ids_ptr": torch.int64}, (), dict(
@@ -360,7 +377,8 @@ def test_rotary_and_attention_give_the_same_bits_with_pdl(monkeypatch):
 @cuda
 @hopper
 def test_moe_decode_kernels_give_the_same_bits_with_pdl(monkeypatch):
-    """The one-launch router, the q/k norms in the RoPE kernel, the small-batch experts."""
+    """The one-launch router, the q/k norms in the RoPE kernel, the small-batch experts, the
+    routing kernel and the grouped experts (the pair sort, two grouped GEMMs)."""
     from parashift.kernels import moe_routing
     x = randn((2, 2048), "bfloat16", "cuda")
     gate = randn((128, 2048), "bfloat16", "cuda", seed=1, scale=0.05)
@@ -375,7 +393,10 @@ def test_moe_decode_kernels_give_the_same_bits_with_pdl(monkeypatch):
     for fn in (lambda: moe_router.route_from_hidden(x, gate, 8, True),
                lambda: moe_small.small_experts(x, weights, ids, gate_up.view(128, 512, 2048),
                                                down.view(128, 2048, 256)),
-               lambda: rotary.apply_rotary(positions, q, k, cos_sin, (norm_w, norm_w, 1e-6))):
+               lambda: rotary.apply_rotary(positions, q, k, cos_sin, (norm_w, norm_w, 1e-6)),
+               lambda: moe_routing.route(x @ gate.t(), 8, True),
+               lambda: fused_moe.grouped_experts(x, weights, ids, gate_up.view(128, 512, 2048),
+                                                 down.view(128, 2048, 256))):
         assert_same_bits(on_and_off(monkeypatch, fn))
 
 
