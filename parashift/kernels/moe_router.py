@@ -10,8 +10,10 @@ on), stores them in fp32 and takes a ticket (split_tickets.py); the last program
 routes every row from the stored logits, as moe_routing's kernel does.
 
 Measured on an H200 (benchmarks/moe_router.py, Qwen3-30B-A3B's router, CUDA graphs, PDL
-off): one row 5.5 us against 7.4 for cuBLAS then the routing kernel; four rows 12.9 against
-7.3 (one program routes the rows one after the other), so the layer takes it at one row."""
+off): one row 5.1 us against 7.4 for cuBLAS then the routing kernel, 4.8 where the skinny
+GEMM's choice (timed with L2 flushed: it took cuBLAS in one call, a GEMV in the next) takes a
+GEMV; two rows 7.4 against 5.1, four 12.9 against 7.3 (one program routes the rows one after
+the other), so the layer takes it at one row, where it does not hang on that choice."""
 import os
 
 import torch
@@ -24,7 +26,7 @@ MAX_ROWS = 4  # the kernel's
 LAYER_ROWS = 1  # what `fits` takes
 # PARASHIFT_FUSED_ROUTER=0 keeps the gate GEMM and the routing kernel apart (before/after)
 ENABLED = os.environ.get("PARASHIFT_FUSED_ROUTER", "1") != "0"
-# 128 programs of 4 KB each at Qwen3-30B-A3B's shape; 5.5 us against 5.7 with 4 warps
+# 128 programs of 4 KB each at Qwen3-30B-A3B's shape; 5.1 us against 5.2 with 4 warps
 BLOCK_E, NUM_WARPS = 1, 2
 
 
