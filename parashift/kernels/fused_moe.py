@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import moe_prefill, moe_routing, moe_small
+from parashift.kernels import moe_prefill, moe_routing, moe_small, pdl
 
 BLOCK_M = 16
 MANY_ROWS_BLOCK_M = 64  # rows per program where experts average many pairs (prefill)
@@ -35,7 +35,9 @@ def _grouped_gemm_kernel(out_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, weig
                          stride_a, stride_we, stride_wp, stride_wn, stride_out,
                          stride_se, stride_sp, stride_sn,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         MUL_WEIGHT: tl.constexpr, IEEE: tl.constexpr, W_SCALED: tl.constexpr):
+                         MUL_WEIGHT: tl.constexpr, IEEE: tl.constexpr, W_SCALED: tl.constexpr,
+                         USE_PDL: tl.constexpr = 0):
+    pdl.start(USE_PDL)  # which expert a block reads is the sort's output
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block)
     if expert >= num_experts:
@@ -67,6 +69,7 @@ def _grouped_gemm_kernel(out_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, weig
     if MUL_WEIGHT:
         scale = tl.load(weight_ptr + pairs, mask=valid, other=0.0)
         acc = acc.to(out_ptr.dtype.element_ty).to(tl.float32) * scale.to(tl.float32)[:, None]
+    pdl.inputs_read(USE_PDL)
     tl.store(out_ptr + pairs.to(tl.int64)[:, None] * stride_out + cols[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < n_out))
 
@@ -140,7 +143,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, pair_of_row: torch.Tensor,
         w.stride(1), w.stride(2), out.stride(0), *scale_strides, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, MUL_WEIGHT=weights is not None,
         IEEE=a.dtype == torch.float32, W_SCALED=w_scale is not None, num_warps=warps,
-        num_stages=stages)
+        num_stages=stages, **pdl.launch_options(a.device))
     return out
 
 

@@ -18,35 +18,56 @@ import torch
 import triton
 import triton.language as tl
 
+from parashift.kernels import pdl
+
 MAX_PAIRS = 128  # pairs one program sorts; more take a program per expert
 MAX_EXPERTS = 256
 
 
 @triton.jit
 def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_logits,
-                  TOP_K: tl.constexpr, EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr):
+                  TOP_K: tl.constexpr, EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr,
+                  USE_PDL: tl.constexpr = 0):
+    pdl.start(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, EXPERTS)
     held = experts < num_experts
     logits = tl.load(logits_ptr + token * stride_logits + experts, mask=held,
                      other=-float("inf")).to(tl.float32)
+    pdl.inputs_read(USE_PDL)
+    route_row(logits, held, weights_ptr + token * TOP_K, ids_ptr + token * TOP_K, TOP_K,
+              EXPERTS, RENORMALIZE)
+
+
+@triton.jit
+def route_row(logits, held, weights_row_ptr, ids_row_ptr, TOP_K: tl.constexpr,
+              EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """One token's routing from its fp32 logits [EXPERTS] (-inf where not `held`): the k
+    weights (in weights_row_ptr's dtype) and expert ids (int64) stored."""
+    experts = tl.arange(0, EXPERTS)
     exps = tl.where(held, tl.exp(logits - tl.max(logits, axis=0)), 0.0)
     probs = exps / tl.sum(exps, axis=0)
-    left = tl.where(held, probs, -1.0)
+    # one key an expert, ordered as the picks are (the larger probability, then the lower
+    # id): a non-negative float's bits, as an integer, order as the float does; so each pick
+    # is one max (two reductions a pick took ~2 us a row on an H200)
+    key = ((probs.to(tl.int32, bitcast=True).to(tl.int64) << 32)
+           | (EXPERTS - 1 - experts).to(tl.int64))
+    key = tl.where(held, key, -1)
     slots = tl.arange(0, TOP_K)
     chosen = tl.zeros([TOP_K], dtype=tl.float32)
     chosen_ids = tl.zeros([TOP_K], dtype=tl.int64)
     for j in tl.static_range(TOP_K):
-        best = tl.max(left, axis=0)
-        pick = tl.min(tl.where(left == best, experts, EXPERTS), axis=0)
+        top = tl.max(key, axis=0)
+        pick = EXPERTS - 1 - (top & 0xFFFFFFFF)
+        best = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
         chosen = tl.where(slots == j, best, chosen)
-        chosen_ids = tl.where(slots == j, pick.to(tl.int64), chosen_ids)
-        left = tl.where(experts == pick, -1.0, left)
+        chosen_ids = tl.where(slots == j, pick, chosen_ids)
+        key = tl.where(experts == pick, -1, key)
     if RENORMALIZE:
         chosen = chosen / tl.sum(chosen, axis=0)
     # rounded once to the logits' dtype, as torch's .to() of the fp32 weights rounds them
-    tl.store(weights_ptr + token * TOP_K + slots, chosen.to(weights_ptr.dtype.element_ty))
-    tl.store(ids_ptr + token * TOP_K + slots, chosen_ids)
+    tl.store(weights_row_ptr + slots, chosen.to(weights_row_ptr.dtype.element_ty))
+    tl.store(ids_row_ptr + slots, chosen_ids)
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool
@@ -59,7 +80,8 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool
     if tokens:
         _route_kernel[(tokens,)](logits, weights, ids, num_experts, logits.stride(0),
                                  TOP_K=top_k, EXPERTS=triton.next_power_of_2(num_experts),
-                                 RENORMALIZE=renormalize, num_warps=1 if num_experts <= 128 else 2)
+                                 RENORMALIZE=renormalize, num_warps=1 if num_experts <= 128 else 2,
+                                 **pdl.launch_options(logits.device))
     return weights, ids
 
 
@@ -72,11 +94,13 @@ def route_fits(num_experts: int, top_k: int) -> bool:
 def _sort_pairs_kernel(ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, num_local,
                        first_expert, rows, num_blocks, PAIRS: tl.constexpr,
                        EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, FILL: tl.constexpr,
-                       BLOCKS: tl.constexpr):
+                       BLOCKS: tl.constexpr, USE_PDL: tl.constexpr = 0):
+    pdl.start(USE_PDL)
     pairs = tl.arange(0, PAIRS)
     experts = tl.arange(0, EXPERTS)
     real = pairs < num_pairs
     local = (tl.load(ids_ptr + pairs, mask=real, other=0) - first_expert).to(tl.int32)
+    pdl.inputs_read(USE_PDL)
     held = real & (local >= 0) & (local < num_local)
     local = tl.where(held, local, EXPERTS)  # a bin no expert index reaches
     in_expert = local[None, :] == experts[:, None]  # [experts, pairs]
@@ -103,22 +127,26 @@ def _sort_pairs_kernel(ids_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs, nu
 
 @triton.jit
 def _count_pairs_kernel(ids_ptr, counts_ptr, num_pairs, first_expert, num_local,
-                        CHUNK: tl.constexpr):
+                        CHUNK: tl.constexpr, USE_PDL: tl.constexpr = 0):
     """Program (c, e): how many pairs of chunk c chose local expert e, to counts[c, e]."""
+    pdl.start(USE_PDL)
     chunk, expert = tl.program_id(0), tl.program_id(1)
     pairs = chunk * CHUNK + tl.arange(0, CHUNK)
     local = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1) - first_expert
+    pdl.inputs_read(USE_PDL)
     tl.store(counts_ptr + chunk * num_local + expert, tl.sum((local == expert).to(tl.int32), 0))
 
 
 @triton.jit
 def _place_pairs_kernel(ids_ptr, counts_ptr, pair_of_row_ptr, block_expert_ptr, num_pairs,
                         num_local, first_expert, rows, num_chunks, EXPERTS: tl.constexpr,
-                        CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+                        CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+                        USE_PDL: tl.constexpr = 0):
     """Program (c, e < num_local): chunk c's pairs of expert e in pair order, from its run's
     padded start plus its pairs in the chunks before; chunk 0's also the sentinel rows to
     the end of the run and its blocks' expert. Program (0, num_local): the rows and blocks
     past the last run."""
+    pdl.start(USE_PDL)
     chunk, expert = tl.program_id(0), tl.program_id(1)
     experts = tl.arange(0, EXPERTS)
     chunks = tl.arange(0, CHUNKS)
@@ -136,6 +164,7 @@ def _place_pairs_kernel(ids_ptr, counts_ptr, pair_of_row_ptr, block_expert_ptr, 
         mine = local == expert
         dest = first_row + tl.cumsum(mine.to(tl.int32), axis=0) - 1
         tl.store(pair_of_row_ptr + dest, pairs.to(tl.int64), mask=mine)
+    pdl.inputs_read(USE_PDL)
     if chunk == 0:
         placed = start + tl.sum(tl.where(experts == expert, totals, 0), axis=0)
         end = start + tl.sum(tl.where(experts == expert, padded, 0), axis=0)
@@ -182,15 +211,15 @@ def sort_pairs(ids: torch.Tensor, num_local: int, first_expert: int, block_m: in
                                  first_expert, rows, rows // block_m,
                                  PAIRS=max(16, triton.next_power_of_2(num_pairs)),
                                  EXPERTS=experts, BLOCK_M=block_m, FILL=256, BLOCKS=16,
-                                 num_warps=4)
+                                 num_warps=4, **pdl.launch_options(ids.device))
         return pair_of_row, block_expert
     chunk = max(1024, triton.next_power_of_2(triton.cdiv(num_pairs, MAX_CHUNKS)))
     chunks = triton.cdiv(num_pairs, chunk)
     counts = torch.empty(chunks, num_local, dtype=torch.int32, device=ids.device)
     _count_pairs_kernel[(chunks, num_local)](ids, counts, num_pairs, first_expert, num_local,
-                                             CHUNK=chunk)
+                                             CHUNK=chunk, **pdl.launch_options(ids.device))
     _place_pairs_kernel[(chunks, num_local + 1)](
         ids, counts, pair_of_row, block_expert, num_pairs, num_local, first_expert, rows,
         chunks, EXPERTS=experts, CHUNKS=max(2, triton.next_power_of_2(chunks)),
-        BLOCK_M=block_m, CHUNK=chunk)
+        BLOCK_M=block_m, CHUNK=chunk, **pdl.launch_options(ids.device))
     return pair_of_row, block_expert

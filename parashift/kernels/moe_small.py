@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import num_sms
+from parashift.kernels import num_sms, pdl
 from parashift.kernels.silu_mul import silu_mul_values
 
 VEC_BYTES = 16  # of weights a thread loads at once and sums in registers; BLOCK_K a multiple
@@ -75,7 +75,8 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
                     inter, k_in, stride_x, stride_h, stride_we, stride_wp, stride_wn,
                     stride_se, stride_sp, stride_sn, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, VEC: tl.constexpr, W_SCALED: tl.constexpr,
-                    EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr):
+                    EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl.start(USE_PDL)  # which expert a pair reads is the routing's output
     pair = tl.program_id(0)
     expert = tl.load(ids_ptr + pair).to(tl.int32) - first_expert
     if (expert < 0) | (expert >= num_local):
@@ -109,6 +110,7 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
         scale = s_ptr + expert.to(tl.int64) * stride_se + rows.to(tl.int64) * stride_sn
         gate = gate * tl.load(scale)
         up = up * tl.load(scale + stride_sp)
+    pdl.inputs_read(USE_PDL)
     dtype = h_ptr.dtype.element_ty
     out = silu_mul_values(gate.to(dtype), up.to(dtype), LIBDEVICE)
     tl.store(h_ptr + pair.to(tl.int64) * stride_h + cols, out.to(dtype), mask=n_ok)
@@ -118,7 +120,9 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
 def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, first_expert,
                  top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn, stride_se,
                  stride_sn, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr):
+                 VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
+                 USE_PDL: tl.constexpr):
+    pdl.start(USE_PDL)
     token = tl.program_id(0)
     slots = tl.arange(0, TOP_K)
     pairs = token * top_k + slots
@@ -147,6 +151,7 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
                         + rows[None, :].to(tl.int64) * stride_sn)
     dtype = out_ptr.dtype.element_ty
     weight = tl.load(weights_ptr + pairs, mask=held, other=0.0).to(tl.float32)
+    pdl.inputs_read(USE_PDL)
     y = (y.to(dtype).to(tl.float32) * weight[:, None]).to(dtype).to(tl.float32)
     total = tl.sum(tl.where(held[:, None], y, 0.0), axis=0)
     tl.store(out_ptr + token.to(tl.int64) * stride_out + cols, total.to(dtype), mask=n_ok)
@@ -182,7 +187,8 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         inter, hidden, x.stride(0), h.stride(0), *gate_up.stride()[:3],
         *(gate_up_scale.stride()[:3] if w_scaled else (0, 0, 0)), BLOCK_N=block_n,
         BLOCK_K=block_k, VEC=vec, W_SCALED=w_scaled, EVEN_K=hidden % block_k == 0,
-        LIBDEVICE=x.is_cuda, num_warps=warps, enable_fp_fusion=False)
+        LIBDEVICE=x.is_cuda, num_warps=warps, enable_fp_fusion=False,
+        **pdl.launch_options(x.device))
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = down_tiles
     _down_kernel[(tokens, triton.cdiv(hidden, block_n))](
@@ -190,7 +196,8 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         top_k, hidden, inter, h.stride(0), out.stride(0), down.stride(0), down.stride(1),
         *((down_scale.stride(0), down_scale.stride(1)) if w_scaled else (0, 0)),
         TOP_K=triton.next_power_of_2(top_k), BLOCK_N=block_n, BLOCK_K=block_k, VEC=vec,
-        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, num_warps=warps)
+        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, num_warps=warps,
+        **pdl.launch_options(x.device))
     return out
 
 

@@ -13,16 +13,32 @@ from parashift.kernels import pdl
 
 @triton.jit
 def _rotate_heads(dst_ptr, dst_stride_h, x_ptr, token, cos, sin, stride_t, stride_h, num_heads,
-                  HALF: tl.constexpr, HEADS_P: tl.constexpr, HALF_P: tl.constexpr):
+                  norm_w_ptr, eps, HALF: tl.constexpr, HEADS_P: tl.constexpr,
+                  HALF_P: tl.constexpr, QK_NORM: tl.constexpr):
     heads = tl.arange(0, HEADS_P)[:, None]
     dims = tl.arange(0, HALF_P)[None, :]
     mask = (heads < num_heads) & (dims < HALF)
     src = x_ptr + token * stride_t + heads * stride_h + dims
     x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    if QK_NORM:
+        x1, x2 = _rms_norm_halves(x1, x2, norm_w_ptr, eps, dims, x_ptr.dtype.element_ty, HALF)
     dst = dst_ptr + heads * dst_stride_h + dims
     tl.store(dst, (x1 * cos - x2 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
     tl.store(dst + HALF, (x2 * cos + x1 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_halves(x1, x2, w_ptr, eps, dims, dtype: tl.constexpr, HALF: tl.constexpr):
+    """Each head's RMS norm (Qwen3's q/k norms) of its halves [heads, HALF] in fp32, rounded as
+    layers.layernorm.rms_norm_torch rounds: the normalized values, then their weighted ones,
+    to the input dtype."""
+    rstd = tl.math.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) * (1.0 / (2 * HALF)) + eps)
+    w1 = tl.load(w_ptr + dims, mask=dims < HALF, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + dims, mask=dims < HALF, other=0.0).to(tl.float32)
+    n1 = (x1 * rstd[:, None]).to(dtype).to(tl.float32)
+    n2 = (x2 * rstd[:, None]).to(dtype).to(tl.float32)
+    return (w1 * n1).to(dtype).to(tl.float32), (w2 * n2).to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -31,10 +47,12 @@ def _rotary_kernel(q_out_ptr, k_out_ptr, q_ptr, k_ptr, positions_ptr, cos_sin_pt
                    num_q_heads, num_k_heads,
                    v_ptr, v_cache_ptr, slot_mapping_ptr, stride_vt, stride_vh,
                    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+                   q_norm_ptr, k_norm_ptr, eps,
                    HALF: tl.constexpr, HALF_P: tl.constexpr, Q_HEADS_P: tl.constexpr,
                    K_HEADS_P: tl.constexpr, WRITE_KV: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   USE_PDL: tl.constexpr):
-    """k_out_ptr is the K pool when WRITE_KV, else a [tokens, heads, 2 * HALF] output."""
+                   QK_NORM: tl.constexpr, USE_PDL: tl.constexpr):
+    """k_out_ptr is the K pool when WRITE_KV, else a [tokens, heads, 2 * HALF] output;
+    QK_NORM: each q and k head RMS-normed (weights q_norm_ptr, k_norm_ptr) before RoPE."""
     pdl.start(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
@@ -43,15 +61,16 @@ def _rotary_kernel(q_out_ptr, k_out_ptr, q_ptr, k_ptr, positions_ptr, cos_sin_pt
     cos = tl.load(row, mask=dims < HALF, other=0.0).to(tl.float32)
     sin = tl.load(row + HALF, mask=dims < HALF, other=0.0).to(tl.float32)
     _rotate_heads(q_out_ptr + token * num_q_heads * 2 * HALF, 2 * HALF, q_ptr, token, cos, sin,
-                  stride_qt, stride_qh, num_q_heads, HALF, Q_HEADS_P, HALF_P)
+                  stride_qt, stride_qh, num_q_heads, q_norm_ptr, eps, HALF, Q_HEADS_P, HALF_P,
+                  QK_NORM)
     if WRITE_KV:
         slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
         heads_written = tl.where(slot >= 0, num_k_heads, 0)  # slot -1: a padding row
         slot = tl.maximum(slot, 0)
         block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
         _rotate_heads(k_out_ptr + block * stride_kcb + offset * stride_kcs, stride_kch, k_ptr,
-                      token, cos, sin, stride_kt, stride_kh, heads_written, HALF, K_HEADS_P,
-                      HALF_P)
+                      token, cos, sin, stride_kt, stride_kh, heads_written, k_norm_ptr, eps, HALF,
+                      K_HEADS_P, HALF_P, QK_NORM)
         heads = tl.arange(0, K_HEADS_P)[:, None]
         full = tl.arange(0, 2 * HALF_P)[None, :]
         mask = (heads < heads_written) & (full < 2 * HALF)
@@ -60,49 +79,56 @@ def _rotary_kernel(q_out_ptr, k_out_ptr, q_ptr, k_ptr, positions_ptr, cos_sin_pt
         tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
     else:
         _rotate_heads(k_out_ptr + token * num_k_heads * 2 * HALF, 2 * HALF, k_ptr, token, cos,
-                      sin, stride_kt, stride_kh, num_k_heads, HALF, K_HEADS_P, HALF_P)
+                      sin, stride_kt, stride_kh, num_k_heads, k_norm_ptr, eps, HALF, K_HEADS_P,
+                      HALF_P, QK_NORM)
     pdl.inputs_read(USE_PDL)  # its loads and stores interleave: LATE is its end
 
 
 def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                 cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 cos_sin: torch.Tensor, norms: tuple | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, Hq, D], k [T, Hk, D] (any strides), positions [T], cos_sin
-    [max_pos, D] = cat(cos, sin) -> rotated copies of q and k, contiguous."""
+    [max_pos, D] = cat(cos, sin) -> rotated copies of q and k, contiguous; norms: (q's RMS
+    norm weight [D], k's, eps), each head normed before it is rotated."""
     q, k = _unit_stride(q), _unit_stride(k)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    q_out = _launch(positions, q, k, cos_sin, k_out, None, None, None)
+    q_out = _launch(positions, q, k, cos_sin, k_out, None, None, None, norms)
     return q_out, k_out
 
 
 def rotate_and_write_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
-                        v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+                        v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                        norms: tuple | None = None) -> torch.Tensor:
     """As apply_rotary, but the rotated k and v go to their slots of the KV pool
     (slot -1: not written); returns the rotated q."""
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("KV cache head_dim must be contiguous")
     q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
-    return _launch(positions, q, k, cos_sin, k_cache, v, v_cache, slot_mapping)
+    return _launch(positions, q, k, cos_sin, k_cache, v, v_cache, slot_mapping, norms)
 
 
 def _unit_stride(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _launch(positions, q, k, cos_sin, k_out, v, v_cache, slot_mapping) -> torch.Tensor:
+def _launch(positions, q, k, cos_sin, k_out, v, v_cache, slot_mapping, norms) -> torch.Tensor:
     write_kv = v is not None
     cos_sin = cos_sin.contiguous()
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     half = q.shape[-1] // 2
     cache_strides = (*k_out.stride()[:3], *v_cache.stride()[:3]) if write_kv else (0,) * 6
+    q_norm, k_norm, eps = norms if norms is not None else (q, q, 0.0)
     _rotary_kernel[(q.shape[0],)](
         q_out, k_out, q, k, positions.contiguous(), cos_sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin.stride(0),
         q.shape[1], k.shape[1],
         v if write_kv else q, v_cache if write_kv else q, slot_mapping if write_kv else positions,
         v.stride(0) if write_kv else 0, v.stride(1) if write_kv else 0, *cache_strides,
+        q_norm, k_norm, eps,
         HALF=half, HALF_P=triton.next_power_of_2(half),
         Q_HEADS_P=triton.next_power_of_2(q.shape[1]), K_HEADS_P=triton.next_power_of_2(k.shape[1]),
         WRITE_KV=write_kv, BLOCK_SIZE=k_out.shape[1] if write_kv else 1,
-        num_warps=4, enable_fp_fusion=False, **pdl.launch_options(q.device))
+        QK_NORM=norms is not None, num_warps=4, enable_fp_fusion=False,
+        **pdl.launch_options(q.device))
     return q_out

@@ -5,6 +5,7 @@ cast what they read, and the scales are applied to the scores and the output: on
 per tensor in the softmax scale and on the output; per KV head (a checkpoint's
 calibration) on this rank's TP shard of q, k, v and the output, around the exchange of
 heads, so that every split of the shard's heads carries them."""
+import os
 from functools import partial
 
 import torch
@@ -14,7 +15,14 @@ from parashift.context import get_attention_context, get_context
 from parashift.lazy_tensor import as_tensor
 from parashift.quantization.fp8 import is_fp8, to_fp8_range
 from parashift.kernels import use_triton
+from parashift.layers.layernorm import qk_norm
 from parashift.parallel import ulysses
+
+# A model's q/k norms (Qwen3) run inside the RoPE + KV-write kernel where that kernel runs,
+# outside deterministic mode (PARASHIFT_FUSED_QK_NORM=0: their own kernel before it). On an
+# H200, Qwen3-30B-A3B's heads: 2.8 against 3.6 us at one token, 3.1 against 5.1 at 64
+# (benchmarks/qk_norm_rope.py)
+FUSED_QK_NORM = os.environ.get("PARASHIFT_FUSED_QK_NORM", "1") != "0"
 
 
 class Attention(nn.Module):
@@ -32,6 +40,9 @@ class Attention(nn.Module):
         # An FP8 pool's scales (stored = value / scale): 1.0, or the checkpoint's per tensor
         # (floats), or per KV head (fp32 tensors over this shard's KV heads)
         self.kv_scales: list = [1.0, 1.0]
+        # (q_norm, k_norm): RMSNorms of each head before RoPE, set by a model that fuses them
+        # (`take_qk_norms`); a tuple, not submodules: their weights stay the model's
+        self.qk_norms: tuple | None = None
         self._head_scales: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}  # by slice
         if get_context().kv_fp8:
             for i, name in enumerate(("k_scale", "v_scale")):
@@ -73,10 +84,13 @@ class Attention(nn.Module):
         ctx = get_attention_context()
         sp = ctx.sp
         fp8 = is_fp8(self.k_cache)
-        if sp.size == 1 and use_triton(q) and not fp8:  # one kernel: RoPE, k/v into their slots
+        fused = sp.size == 1 and use_triton(q) and not fp8
+        q, k, norms = self._qk_norms(q, k, fused)
+        if fused:  # one kernel: q/k norms if any, RoPE, k/v into their slots
             from parashift.kernels import rotary
             q = rotary.rotate_and_write_kv(positions, q, k, v, self.rotary_emb.cos_sin,
-                                           self.k_cache, self.v_cache, ctx.attn.slot_mapping)
+                                           self.k_cache, self.v_cache, ctx.attn.slot_mapping,
+                                           norms)
         else:
             q, k = self.rotary_emb(positions, q, k, ctx.attn.derived)
             per_head = fp8 and self.scales_per_head
@@ -96,6 +110,24 @@ class Attention(nn.Module):
             o = ctx.backend.attend(q, self.k_cache, self.v_cache, ctx.attn, self.scale)
         o = ulysses.gather_heads(sp, o) if sp.size > 1 else o
         return self._out_of_head_scales(o) if fp8 and self.scales_per_head else o
+
+    def take_qk_norms(self, q_norm: nn.Module, k_norm: nn.Module) -> bool:
+        """Whether this layer applies the model's q/k norms (FUSED_QK_NORM, outside
+        deterministic mode); then the model passes q and k un-normed."""
+        if FUSED_QK_NORM and not get_context().reduction_chunks:
+            self.qk_norms = (q_norm, k_norm)
+        return self.qk_norms is not None
+
+    def _qk_norms(self, q: torch.Tensor, k: torch.Tensor, fused: bool) -> tuple:
+        """(q, k, the rotary kernel's norms or None): the q/k norms left to that kernel where
+        it runs and takes them, else applied here."""
+        if self.qk_norms is None:
+            return q, k, None
+        q_norm, k_norm = self.qk_norms
+        if (fused and q_norm.eps == k_norm.eps
+                and q_norm.weight.dtype == k_norm.weight.dtype == q.dtype == k.dtype):
+            return q, k, (q_norm.weight, k_norm.weight, q_norm.eps)
+        return (*qk_norm(q_norm, k_norm, q, k), None)
 
     def _step_head_scales(self, query_heads: int) -> tuple[torch.Tensor, ...]:
         """(k, v) scales of the KV heads this step's plan runs and (k, v) of each of its

@@ -106,6 +106,16 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.weight, None)
 
+    def route(self, x: torch.Tensor, top_k: int, renormalize: bool
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`route` of this gate's logits; on CUDA at a few rows in one launch with the gate
+        (kernels/moe_router.py), outside deterministic mode."""
+        if self.matmul is dense_linear and use_triton(x):
+            from parashift.kernels import moe_router
+            if moe_router.fits(x, self.weight, top_k):
+                return moe_router.route_from_hidden(x, self.weight, top_k, renormalize)
+        return route(self(x), top_k, renormalize)
+
 
 class FusedExperts(nn.Module):
     """This rank's experts, stacked: gate_up_proj [E_local, 2 I_local, H] holding [gate |
@@ -340,5 +350,5 @@ class FusedMoE(nn.Module):
                                     get_context().moe_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        weights, ids = self.gate.route(x, self.top_k, self.renormalize)
         return self.experts(x, weights, ids)

@@ -36,6 +36,7 @@ class LlamaAttention(nn.Module):
         if cfg.model_type in ("qwen3", "qwen3_moe"):
             self.q_norm = RMSNorm(head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, cfg.rms_norm_eps)
+            self.norms_in_attn = self.attn.take_qk_norms(self.q_norm, self.k_norm)
         else:
             self.q_norm = self.k_norm = None
 
@@ -49,7 +50,7 @@ class LlamaAttention(nn.Module):
         q = q.unflatten(-1, (-1, self.head_dim))
         k = k.unflatten(-1, (-1, self.head_dim))
         v = v.unflatten(-1, (-1, self.head_dim))
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.norms_in_attn:
             q, k = qk_norm(self.q_norm, self.k_norm, q, k)
         o = self.attn(positions, q, k, v)
         return self.o_proj(o.flatten(-2))

@@ -140,13 +140,19 @@ def case_tests(module: str, check, cases: list[dict], uses_dot: bool = False):
     def test_interpreted(i):
         interpreted_result(module, check.__name__, i)
 
+    return test_interpreted, cuda_tests(check, cases)
+
+
+def cuda_tests(check, cases: list[dict]):
+    """The CUDA test of `check(**case, dtype, device)`: each case in bf16, fp16 and fp32
+    (also for cases beyond the interpreted ones: a model's real shapes)."""
     @cuda
     @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
     @pytest.mark.parametrize("case", cases, ids=case_id)
     def test_cuda(case, dtype):
         check(**case, dtype=dtype, device="cuda")
 
-    return test_interpreted, test_cuda
+    return test_cuda
 
 
 # The interpreter's tl.dot is numpy's matmul, i.e. OpenBLAS, which picks its kernels by the

@@ -159,6 +159,24 @@ test_routing_interpreted, test_routing_cuda = case_tests(__name__, check_routing
                                                          ROUTING_CASES, uses_dot=True)
 
 
+def check_tie_order(tokens, experts, top_k, dtype="float32", device="cpu"):
+    """Logits of few distinct values (many ties): the routing kernel picks the larger
+    probability first and, among equal ones, the lower expert id (as the torch path's
+    reference order), and renormalizes the picks."""
+    from parashift.kernels import moe_routing
+    gen = torch.Generator().manual_seed(experts)
+    logits = torch.randint(0, 3, (tokens, experts), generator=gen).to(getattr(torch, dtype))
+    weights, ids = moe_routing.route(logits.to(device), top_k, renormalize=True)
+    for row, row_ids in zip(logits.tolist(), ids.tolist()):
+        assert row_ids == sorted(range(experts), key=lambda e: (-row[e], e))[:top_k]
+    torch.testing.assert_close(weights.float().sum(1), torch.ones(tokens, device=device),
+                               rtol=1e-2, atol=0)
+
+
+test_ties_interpreted, test_ties_cuda = case_tests(
+    __name__, check_tie_order, [dict(tokens=5, experts=12, top_k=4)], uses_dot=True)
+
+
 # the sort alone over random ids: many chunks of 1,024 pairs (each expert's pairs spread over
 # them), EP's experts held elsewhere
 SORT_CASES = [dict(tokens=600, experts=8, top_k=8, held=6, first=1),

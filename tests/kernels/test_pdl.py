@@ -13,7 +13,8 @@ import torch
 import triton
 
 from parashift.attention import triton_kernels
-from parashift.kernels import fp8_gemm, fp8_gemv, pdl, rmsnorm, rotary, silu_mul, skinny_gemm
+from parashift.kernels import (fp8_gemm, fp8_gemv, fused_moe, moe_router, moe_routing,
+                               moe_small, pdl, rmsnorm, rotary, silu_mul, skinny_gemm)
 from tests.deterministic.test_kernels import compile_sm90
 from tests.kernels.common import TRITON_TYPES, cuda, randn
 
@@ -157,7 +158,37 @@ KERNELS = {
     "rotary": (rotary._rotary_kernel, {"positions_ptr": torch.int64, "cos_sin_ptr":
                                        torch.float32, "slot_mapping_ptr": torch.int64}, (),
                dict(HALF=64, HALF_P=64, Q_HEADS_P=32, K_HEADS_P=8, WRITE_KV=True,
-                    BLOCK_SIZE=16), False),
+                    BLOCK_SIZE=16, QK_NORM=False), False),
+    "rotary_qk_norm": (rotary._rotary_kernel, {"positions_ptr": torch.int64, "cos_sin_ptr":
+                                               torch.float32, "slot_mapping_ptr": torch.int64},
+                       ("eps",), dict(HALF=64, HALF_P=64, Q_HEADS_P=32, K_HEADS_P=4,
+                                      WRITE_KV=True, BLOCK_SIZE=16, QK_NORM=True), False),
+    # an FP8 router weight: its first tile's loads before the wait are then byte loads
+    "moe_router": (moe_router._router_kernel, {
+        "w_ptr": FP8, "logits_ptr": torch.float32, "ids_ptr": torch.int64,
+        "counter_ptr": torch.int32}, (), dict(ROWS=1, BLOCK_E=1, BLOCK_K=2048, EXPERTS=128,
+                                              PROGRAMS=128, TOP_K=8, RENORMALIZE=True), False),
+    "moe_route": (moe_routing._route_kernel, {"weights_ptr": torch.bfloat16,
+                                              "ids_ptr": torch.int64}, (),
+                  dict(TOP_K=8, EXPERTS=128, RENORMALIZE=True), False),
+    "moe_sort_pairs": (moe_routing._sort_pairs_kernel, {
+        "ids_ptr": torch.int64, "pair_of_row_ptr": torch.int64, "block_expert_ptr": torch.int64},
+        (), dict(PAIRS=128, EXPERTS=128, BLOCK_M=16, FILL=256, BLOCKS=16), False),
+    "moe_count_pairs": (moe_routing._count_pairs_kernel, {"ids_ptr": torch.int64,
+                                                          "counts_ptr": torch.int32}, (),
+                        dict(CHUNK=1024), False),
+    "moe_place_pairs": (moe_routing._place_pairs_kernel, {
+        "ids_ptr": torch.int64, "counts_ptr": torch.int32, "pair_of_row_ptr": torch.int64,
+        "block_expert_ptr": torch.int64}, (),
+        dict(EXPERTS=128, CHUNKS=4, BLOCK_M=16, CHUNK=1024), False),
+    "moe_grouped_gemm": (fused_moe._grouped_gemm_kernel, {
+        "pair_ptr": torch.int64, "block_expert_ptr": torch.int64}, (), dict(
+            BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, MUL_WEIGHT=True, IEEE=False,
+            W_SCALED=False), False),
+    "moe_small_gate_up": (moe_small._gate_up_kernel, {"ids_ptr": torch.int64}, (), dict(
+        BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True), False),
+    "moe_small_down": (moe_small._down_kernel, {"ids_ptr": torch.int64}, (), dict(
+        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True), False),
     "silu_mul": (silu_mul._silu_and_mul_kernel, {}, (), dict(BLOCK=1024, LIBDEVICE=True),
                  False),
     "silu_mul_fp8_split": (silu_mul._silu_and_mul_fp8_split_kernel, {
@@ -186,11 +217,12 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 
 # the kernels that read their own output back after a barrier (or a ticket): LATE is after
 # their inputs' reads, before those
-READ_BACK = {"silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets", "fp8_weight_tickets"}
+READ_BACK = {"silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets", "fp8_weight_tickets",
+             "moe_router"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
 # byte a load; the activations are bf16), and nothing else touches memory
-WEIGHT_FIRST = {"fp8_gemv_ahead"}
+WEIGHT_FIRST = {"fp8_gemv_ahead", "moe_router"}
 WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.b8\b", re.M)
 
 
@@ -340,6 +372,32 @@ def test_rotary_and_attention_give_the_same_bits_with_pdl(monkeypatch):
     for invariant in (False, True):
         backend = TritonAttentionBackend(batch_invariant=invariant)
         assert_same_bits(on_and_off(monkeypatch, lambda: run(backend, step)))
+
+
+@cuda
+@hopper
+def test_moe_decode_kernels_give_the_same_bits_with_pdl(monkeypatch):
+    """The one-launch router, the q/k norms in the RoPE kernel, the small-batch experts, the
+    routing kernel and the grouped experts (the pair sort, two grouped GEMMs)."""
+    from parashift.kernels import moe_routing
+    x = randn((2, 2048), "bfloat16", "cuda")
+    gate = randn((128, 2048), "bfloat16", "cuda", seed=1, scale=0.05)
+    gate_up = randn((128 * 2 * 256, 2048), "bfloat16", "cuda", seed=2, scale=0.02)
+    down = randn((128 * 2048, 256), "bfloat16", "cuda", seed=3, scale=0.05)
+    weights, ids = moe_routing.route(x @ gate.t(), 8, True)
+    qkv = randn((2, 40 * 128), "bfloat16", "cuda", seed=4)
+    q, k, v = (t.unflatten(-1, (-1, 128)) for t in qkv.split([32 * 128, 4 * 128, 4 * 128], -1))
+    norm_w = 1 + 0.1 * randn((128,), "bfloat16", "cuda", seed=5)
+    cos_sin = randn((4096, 128), "float32", "cuda", seed=6)
+    positions = torch.tensor([5, 3000], device="cuda")
+    for fn in (lambda: moe_router.route_from_hidden(x, gate, 8, True),
+               lambda: moe_small.small_experts(x, weights, ids, gate_up.view(128, 512, 2048),
+                                               down.view(128, 2048, 256)),
+               lambda: rotary.apply_rotary(positions, q, k, cos_sin, (norm_w, norm_w, 1e-6)),
+               lambda: moe_routing.route(x @ gate.t(), 8, True),
+               lambda: fused_moe.grouped_experts(x, weights, ids, gate_up.view(128, 512, 2048),
+                                                 down.view(128, 2048, 256))):
+        assert_same_bits(on_and_off(monkeypatch, fn))
 
 
 def decode_chain(x, residual, norm_w, w_qkv, w_up, w_down, layers, fp8):

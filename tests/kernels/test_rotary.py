@@ -9,7 +9,8 @@ import torch
 from parashift.attention.torch_ref import write_kv_slots
 from parashift.kernels import rotary
 from parashift.layers.rotary import RotaryEmbedding, apply_rotary_torch
-from tests.kernels.common import (assert_exact, assert_graph_replays, case_tests, cuda, randn)
+from tests.kernels.common import (assert_exact, assert_graph_replays, case_tests, cuda,
+                                  cuda_tests, randn)
 
 MAX_POSITION = 4096
 # strided: q and k are views split from one qkv buffer, as in LlamaAttention
@@ -105,3 +106,44 @@ def test_cuda_graph_capture():
     positions, q, k = make_inputs(8, 32, 8, 128, strided=True, dtype="bfloat16", device="cuda")
     cos_sin = rotary_embedding(128, "cuda").cos_sin
     assert_graph_replays(lambda: rotary.apply_rotary(positions, q, k, cos_sin), [q, k])
+
+
+# Qwen3's q/k norms fused before RoPE (rotate_and_write_kv's and apply_rotary's `norms`)
+NORM_CASES = [dict(tokens=3, q_heads=4, k_heads=2, head_dim=64, strided=True)]
+NORM_CUDA_CASES = [dict(tokens=1, q_heads=32, k_heads=4, head_dim=128, strided=True),
+                   dict(tokens=17, q_heads=12, k_heads=4, head_dim=96, strided=True)]
+
+
+def check_qk_norm(head_dim, dtype="float32", device="cpu", **shape):
+    """The normed-then-rotated q and k against qk_norm's torch arithmetic then
+    apply_rotary_torch: the same up to the last bits (the sum of squares in another order),
+    through both entry points (k into the pool, or returned)."""
+    from parashift.layers.layernorm import rms_norm_torch
+    positions, q, k, v = make_inputs(head_dim=head_dim, dtype=dtype, device=device, with_v=True,
+                                     **shape)
+    gen = torch.Generator().manual_seed(5)
+    q_w, k_w = (torch.rand(head_dim, generator=gen).add(0.5).to(device, q.dtype)
+                for _ in range(2))
+    eps = 1e-6
+    cos_sin = rotary_embedding(head_dim, device).cos_sin
+    q_ref, k_ref = apply_rotary_torch(positions, rms_norm_torch(q, q_w, eps),
+                                      rms_norm_torch(k, k_w, eps), cos_sin)
+    q_out, k_out = rotary.apply_rotary(positions, q, k, cos_sin, (q_w, k_w, eps))
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[q.dtype]
+    for out, ref in ((q_out, q_ref), (k_out, k_ref)):
+        torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+        if q.dtype != torch.float32:  # most 16-bit values the same bits
+            assert int((out != ref).sum()) <= 1 + out.numel() // 50
+    tokens, k_heads = k.shape[:2]
+    pool = torch.zeros(tokens, 1, k_heads, head_dim, dtype=q.dtype, device=device)
+    v_pool = torch.zeros_like(pool)
+    slots = torch.arange(tokens, device=device)
+    q_pooled = rotary.rotate_and_write_kv(positions, q, k, v, cos_sin, pool, v_pool, slots,
+                                          (q_w, k_w, eps))
+    assert_exact(q_pooled, q_out)
+    assert_exact(pool[:, 0], k_out)
+    assert_exact(v_pool[:, 0], v)
+
+
+test_qk_norm_interpreted, _ = case_tests(__name__, check_qk_norm, NORM_CASES)
+test_qk_norm_cuda = cuda_tests(check_qk_norm, NORM_CUDA_CASES)

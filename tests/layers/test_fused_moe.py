@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from parashift.context import StepContext, use_context, use_state
 from parashift.layers.fused_moe import FusedExperts, FusedMoE, expert_outputs, route
 from tests.helpers.fake_groups import FakeGroup, tp_state
+from tests.kernels.common import cuda
 
 E, H, I, K, T = 6, 16, 12, 2, 10
 
@@ -155,3 +156,25 @@ def test_deterministic_experts_match_dense_and_ignore_the_batch(mode):
         alone = [experts(x[t:t + 1], weights[t:t + 1], ids[t:t + 1]) for t in range(T)]
     assert torch.allclose(batch, dense_reference(x, weights, ids, ckpt), atol=1e-4)
     assert torch.equal(torch.cat(alone), batch)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_router_fuses_gate_and_routing_at_cuda_decode_rows(monkeypatch, device):
+    """Router.route takes kernels/moe_router.py on CUDA at one row, the gate then the
+    routing elsewhere; the same experts and weights (integer inputs: exact logits)."""
+    from parashift.kernels import moe_router
+    from parashift.layers.fused_moe import Router
+    monkeypatch.setattr(moe_router, "ENABLED", True)
+    calls = []
+    fused = moe_router.route_from_hidden
+    monkeypatch.setattr(moe_router, "route_from_hidden",
+                        lambda *a: calls.append(a[0].shape[0]) or fused(*a))
+    gate = Router(64, 16).to(device)
+    gen = torch.Generator().manual_seed(0)
+    gate.weight.copy_(torch.randint(-1, 2, (16, 64), generator=gen))
+    for rows in (1, 2, 4):
+        x = torch.randint(-2, 3, (rows, 64), generator=gen).float().to(device)
+        weights, ids = gate.route(x, 4, True)
+        ref_weights, ref_ids = route(gate(x), 4, True)
+        assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
+    assert calls == ([1] if device == "cuda" else [])
