@@ -13,7 +13,8 @@ import torch
 import triton
 
 from parashift.attention import triton_kernels
-from parashift.kernels import fp8_gemm, fp8_gemv, pdl, rmsnorm, rotary, silu_mul, skinny_gemm
+from parashift.kernels import (fp8_gemm, fp8_gemv, gemm_timing, pdl, rmsnorm, rotary, silu_mul,
+                               skinny_gemm)
 from tests.deterministic.test_kernels import compile_sm90
 from tests.kernels.common import TRITON_TYPES, cuda, randn
 
@@ -73,7 +74,10 @@ def test_kernels_launch_without_pdl_while_it_is_suspended(monkeypatch):
     assert pdl.pdl_mode(cuda0) == pdl.LATE
 
 
-def test_gemms_time_their_choice_with_pdl_suspended(monkeypatch):
+@pytest.mark.parametrize("timing, suspended", [("graph", 1), ("chain", 0)])
+def test_gemms_time_their_choice_with_pdl_suspended_unless_in_the_chain(monkeypatch, timing,
+                                                                        suspended):
+    monkeypatch.setenv("PARASHIFT_GEMM_TIMING", timing)
     seen = []
 
     def timings(*args):
@@ -87,7 +91,7 @@ def test_gemms_time_their_choice_with_pdl_suspended(monkeypatch):
     x = torch.randn(2, 64)
     skinny_gemm.linear(x, torch.randn(32, 64), None)
     fp8_gemm.linear(x, torch.randn(32, 64).to(FP8), torch.ones(32, 1), None)
-    assert seen == [1, 1] and pdl._suspended == 0
+    assert seen == [suspended] * 2 and pdl._suspended == 0
 
 
 def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch):
@@ -149,6 +153,7 @@ KERNELS = {
     "fp8_weight_tickets": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                            dict(HAS_BIAS=True, FP8_X=True, BLOCK_M=64, BLOCK_N=64,
                                 BLOCK_K=256, SPLIT_K=4, PREFETCH_K=256, TICKETS=True), True),
+    "write_input": (gemm_timing._write_input_kernel, {}, (), dict(BLOCK=1024), False),
     "quantize_rows": (fp8_gemm._quantize_rows_kernel, {"q_ptr": FP8, "s_ptr": torch.float32},
                       (), dict(FP8_MAX=448.0, BLOCK_K=4096), False),
     "rms_norm_fp8": (rmsnorm._rms_norm_kernel, {"q_ptr": FP8, "s_ptr": torch.float32},
