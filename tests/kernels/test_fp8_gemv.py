@@ -4,9 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parashift.kernels import fp8_gemm, split_tickets
+from parashift.kernels import fp8_gemm, silu_mul, skinny_gemm, split_tickets
 from parashift.kernels.fp8_gemv import MAX_ROWS, fp8_gemv
-from tests.kernels.common import case_id, case_tests, cuda, randn
+from tests.kernels.common import (assert_exact, case_id, case_tests, cuda, interpreted,
+                                  interpreted_result, randn)
 
 FP8 = torch.float8_e4m3fn
 # (block_n, block_k, warps, stages, split_k, ahead, tickets): small tiles, so that the cases
@@ -81,3 +82,46 @@ def test_rejects_a_weight_strided_along_k():
     weight = torch.zeros(32, 16, dtype=FP8).t()
     with pytest.raises(ValueError, match="contiguous along K"):
         fp8_gemv(torch.zeros(1, 32), weight, torch.ones(16), None, *SMALL[0])
+
+
+def check_gated(m, n, k, bias=False, padded=False, fp8=True, dtype="float32", device="cpu",
+                configs=SMALL[-2:]):
+    """The GEMV forming silu(gate) * up per K slice gives the bits of SiLU-and-mul's kernel
+    followed by the same config (x [m, 2k] of [gate | up], scaled so the SiLU's range
+    shows)."""
+    weight, scale = quantized(n, k, padded, device)
+    if not fp8:  # 16-bit weights, as skinny_gemm's GEMV runs them: a scale of ones
+        weight, scale = (weight.float() * scale).to(getattr(torch, dtype)), torch.ones(
+            n, device=device)
+    x = randn((m, 2 * k), dtype, device, seed=4, scale=3.0)
+    b = randn((n,), dtype, device, seed=3) if bias else None
+    h = silu_mul.silu_and_mul(x)
+    for config in configs:
+        assert_exact(fp8_gemv(x, weight, scale, b, *config, gated=True),
+                     fp8_gemv(h, weight, scale, b, *config))
+
+
+GATED_CASES = [dict(m=2, n=24, k=200, bias=True, padded=True)]
+
+
+@pytest.mark.parametrize("i", range(1))
+@interpreted(__name__, "check_gated", GATED_CASES)
+def test_gated_interpreted(i):
+    interpreted_result(__name__, "check_gated", i)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16-weights"])
+def test_gated_cuda(fp8, m, dtype):
+    configs = fp8_gemm.GEMV_CONFIGS if fp8 else skinny_gemm.GEMV_CONFIGS
+    check_gated(m, 4096, 1536, bias=m == 4, fp8=fp8, dtype=dtype, device="cuda", configs=[
+        (c.block_n, c.block_k, c.num_warps, getattr(c, "num_stages", 1), c.split_k, c.ahead,
+         c.tickets) for c in configs])
+
+
+def test_gated_rejects_an_input_not_twice_the_weights_k():
+    with pytest.raises(ValueError, match="gated"):
+        fp8_gemv(torch.zeros(1, 64), torch.zeros(8, 64, dtype=FP8), torch.ones(8), None,
+                 8, 64, 4, 1, gated=True)

@@ -144,6 +144,9 @@ KERNELS = {
     "fp8_gemv_ahead": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, (), dict(
         HAS_BIAS=False, ROWS=2, EVEN_K=False, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=2, VEC=8,
         PREFETCH_K=4096, AHEAD=True, TICKETS=False), True),
+    "fp8_gemv_gated": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, (), dict(
+        HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, VEC=8,
+        PREFETCH_K=4096, AHEAD=False, TICKETS=False, GATED=True, LIBDEVICE=True), True),
     "fp8_gemv_tickets": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, (), dict(
         HAS_BIAS=True, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
         PREFETCH_K=4096, AHEAD=False, TICKETS=True), True),
