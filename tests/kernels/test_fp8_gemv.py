@@ -110,15 +110,22 @@ def test_gated_interpreted(i):
     interpreted_result(__name__, "check_gated", i)
 
 
+def one_of_each_family(configs) -> list[tuple]:
+    """fp8_gemv's arguments of the first config of each kind (plain, ahead, tickets, both)."""
+    firsts = {}
+    for c in configs:
+        firsts.setdefault((c.ahead, c.tickets), (c.block_n, c.block_k, c.num_warps, getattr(
+            c, "num_stages", 1), c.split_k, c.ahead, c.tickets))
+    return list(firsts.values())
+
+
 @cuda
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16-weights"])
-def test_gated_cuda(fp8, m, dtype):
+def test_gated_cuda(fp8, m):
     configs = fp8_gemm.GEMV_CONFIGS if fp8 else skinny_gemm.GEMV_CONFIGS
-    check_gated(m, 4096, 1536, bias=m == 4, fp8=fp8, dtype=dtype, device="cuda", configs=[
-        (c.block_n, c.block_k, c.num_warps, getattr(c, "num_stages", 1), c.split_k, c.ahead,
-         c.tickets) for c in configs])
+    check_gated(m, 4096, 1536, bias=m == 3, fp8=fp8, dtype="bfloat16", device="cuda",
+                configs=one_of_each_family(configs))
 
 
 def test_gated_rejects_an_input_not_twice_the_weights_k():

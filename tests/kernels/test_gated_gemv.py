@@ -5,6 +5,7 @@ import torch
 
 from parashift.kernels import fp8_gemm, gated_gemv, silu_mul, skinny_gemm
 from tests.kernels.common import cuda, randn
+from tests.kernels.test_gemm_timing import few_configs
 
 
 @pytest.fixture
@@ -51,7 +52,9 @@ def test_more_rows_than_the_gemv_serves_or_a_capture_take_the_unfused_path(fake_
 @cuda
 @pytest.mark.parametrize("fp8", [True, False])
 def test_the_measured_choice_gives_the_unfused_output(fp8, monkeypatch):
-    monkeypatch.setattr(gated_gemv, "_choices", {})
+    few_configs(monkeypatch)
+    for module in (gated_gemv, fp8_gemm, skinny_gemm):
+        monkeypatch.setattr(module, "_choices", {})
     x = randn((1, 2 * 1024), "bfloat16", "cuda", scale=3.0)
     weight = randn((512, 1024), "bfloat16", "cuda", scale=1024 ** -0.5)
     scale = None

@@ -57,9 +57,20 @@ def test_the_input_kernel_copies_its_source():
     assert_exact(dst, src)
 
 
+def few_configs(monkeypatch) -> None:
+    """A few candidates of each kind (each compiles in seconds on a GPU)."""
+    gemv = [c for c in fp8_gemm.GEMV_CONFIGS if c.block_n == 4 and c.split_k == 1][:2]
+    monkeypatch.setattr(fp8_gemm, "CONFIGS", fp8_gemm.CONFIGS[:1])
+    monkeypatch.setattr(fp8_gemm, "GEMV_CONFIGS", (*gemv, fp8_gemm.GEMV_CONFIGS[-1]))
+    monkeypatch.setattr(skinny_gemm, "MEASURED", (skinny_gemm.CONFIGS[0],
+                                                  *skinny_gemm.GEMV_CONFIGS[-3:]))
+    monkeypatch.setattr(skinny_gemm, "GEMV_CONFIGS", skinny_gemm.GEMV_CONFIGS[-3:])
+
+
 @cuda
 @pytest.mark.parametrize("mode", ["graph", "chain"])
 def test_both_modes_time_every_candidate_and_choose_one_that_matches(monkeypatch, mode):
+    few_configs(monkeypatch)
     monkeypatch.setenv(gemm_timing.TIMING_ENV, mode)
     x = randn((1, 1024), "bfloat16", "cuda")
     w = randn((512, 1024), "bfloat16", "cuda", scale=1024 ** -0.5)

@@ -1,0 +1,114 @@
+"""The GEMM choice timed as decode runs it, and SiLU-and-mul inside the down projection's
+GEMV, on the 8B shape's decode kernels on one GPU (issues 60, 61).
+
+Usage (GPU): PYTHONPATH=. python3 benchmarks/decode_chain.py [--weights fp8 bf16]
+    [--batch-sizes 1] [--layers 32] [--repeats 15] [--no-dot-configs] [--output F]
+For each weight dtype and batch, three variants of a step's 32 layers (benchmarks/
+pdl_chain.py's kernels, PDL as the engine launches, CUDA graphs), each with the GEMM
+choices made anew: "graph" (PARASHIFT_GEMM_TIMING=graph, main's: candidates timed with PDL
+suspended), "chain" (=chain: with PDL on, each call after a kernel writing its input) and
+"chain_silu_down" (chain, and the down projection's GEMV forming SiLU·mul where that
+measured faster: kernels/gated_gemv.py). The graphs are replayed in turn (interleaved
+repeats), median µs per layer; each variant's choices; max |difference| of the outputs
+against "graph". --no-dot-configs leaves the FP8 tl.dot configs (never chosen at 1-4 rows
+on an H200, session 43) out of the FP8 choice, to save their compile time."""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from benchmarks import pdl_chain
+from benchmarks.decode_throughput import copy_bandwidth
+from parashift.attention.triton_backend import TritonAttentionBackend
+from parashift.kernels import fp8_gemm, gated_gemv, gemm_timing, silu_mul, skinny_gemm
+
+VARIANTS = {"graph": ("graph", False), "chain": ("chain", False),
+            "chain_silu_down": ("chain", True)}
+
+
+def fused_mlp(h: torch.Tensor, layer: pdl_chain.Layer) -> torch.Tensor:
+    """pdl_chain.mlp with the down GEMV forming SiLU·mul where gated_gemv chose it."""
+    gate_up = pdl_chain.linear(h, layer.weights["gate_up"])
+    down = layer.weights["down"]
+    weight, scale = down if isinstance(down, tuple) else (down, None)
+    config = gated_gemv.choice(gate_up, weight, scale, None)
+    if config is None:
+        return pdl_chain.linear(silu_mul.silu_and_mul(gate_up), down)
+    return gated_gemv.gated_linear(gate_up, weight, scale, None, config)
+
+
+def choices() -> dict:
+    return dict(fp8=fp8_gemm.chosen(), bf16=skinny_gemm.chosen(), gated=gated_gemv.chosen())
+
+
+def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float) -> dict:
+    fp8 = weights == "fp8"
+    context = 1024
+    layers = pdl_chain.make_layers(count, fp8, batch, context)
+    meta = pdl_chain.decode_metadata(batch, context, context + 1024)
+    positions = torch.full((batch,), context, dtype=torch.int64, device="cuda")
+    cos_sin = torch.randn(context + 1, pdl_chain.HEAD_DIM, device="cuda")
+    x = torch.randn(batch, pdl_chain.HIDDEN, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn_like(x)
+    backend = TritonAttentionBackend()
+    graphs, outputs, chosen, setup_s = {}, {}, {}, {}
+    for name, (timing, fused) in VARIANTS.items():
+        for cache in (fp8_gemm._choices, skinny_gemm._choices, gated_gemv._choices):
+            cache.clear()
+        os.environ[gemm_timing.TIMING_ENV] = timing
+        started = time.perf_counter()
+        graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, pdl_chain.step(
+            x, residual, layers, meta, positions, cos_sin, backend,
+            fused_mlp if fused else pdl_chain.mlp)[0].clone()))
+        setup_s[name] = round(time.perf_counter() - started, 1)
+        chosen[name] = choices()
+    samples = {name: [] for name in graphs}
+    for _ in range(repeats):
+        for name, graph in graphs.items():
+            samples[name].append(pdl_chain.replay_ms(graph))
+    weight_bytes = sum(w[0].numel() if fp8 else 2 * w.numel() for w in
+                       (layers[0].weights[name] for name in pdl_chain.SHAPES))
+    kv_bytes = 2 * batch * (context + 1) * pdl_chain.KV_HEADS * pdl_chain.HEAD_DIM * 2
+    results = {name: pdl_chain.floor_fractions(statistics.median(t) / 1e3 / count,
+                                               weight_bytes, kv_bytes, bandwidth)
+               for name, t in samples.items()}
+    diffs = {name: float((outputs[name].float() - outputs["graph"].float()).abs().max())
+             for name in outputs}
+    del graphs, layers
+    torch.cuda.empty_cache()
+    return dict(weights=weights, batch=batch, layers=count, variants=results,
+                speedup_chain=round(results["graph"]["us_per_layer"]
+                                    / results["chain"]["us_per_layer"], 4),
+                speedup_chain_silu_down=round(results["graph"]["us_per_layer"]
+                                              / results["chain_silu_down"]["us_per_layer"], 4),
+                max_abs_diff_vs_graph=diffs, setup_s=setup_s, chosen=chosen)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--weights", nargs="+", default=["fp8", "bf16"], choices=["fp8", "bf16"])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--no-dot-configs", action="store_true")
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+    if args.no_dot_configs:
+        fp8_gemm.CONFIGS = ()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
+    rows = []
+    for weights in args.weights:
+        for batch in args.batch_sizes:
+            rows.append(measure(weights, batch, args.layers, args.repeats, bandwidth))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "chosen"}), flush=True)
+            if args.output:
+                with open(args.output, "w") as f:
+                    json.dump(dict(device=torch.cuda.get_device_name(),
+                                   copy_bandwidth_tb_s=bandwidth / 1e12, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
