@@ -16,10 +16,16 @@ from parashift.kernels import fp8_gemm, fp8_gemv, gemm_timing, silu_mul, skinny_
 logger = logging.getLogger(__name__)
 
 MAX_ROWS = fp8_gemv.MAX_ROWS
+# beside the GEMV's own configs: wider column tiles (each program's SiLU serves more weight
+# rows: ~30 instructions an element against the GEMV's ~2.5, so at 8 rows a tile an FP8 GEMV
+# would issue ~0.8 of the SMs' instructions a clock where the unfused one issues ~0.3), split K
+# by tickets for the programs
+WIDE_CONFIGS = tuple(fp8_gemm.Config("gemv", n, 1024, 4, 1, split, tickets=split > 1)
+                     for n, split in ((16, 1), (16, 2), (16, 4), (32, 4), (32, 8)))
 _choices: dict[tuple, object] = {}
 
 
-def _args(config) -> tuple:
+def args(config) -> tuple:
     """fp8_gemv's tile arguments of an FP8 GEMV Config or a skinny GemvConfig."""
     return (config.block_n, config.block_k, config.num_warps, getattr(config, "num_stages", 1),
             config.split_k, config.ahead, config.tickets)
@@ -28,7 +34,7 @@ def _args(config) -> tuple:
 def candidates(weight: torch.Tensor) -> list:
     """The GEMV configs measured for the fused kernel on this weight."""
     configs = fp8_gemm.GEMV_CONFIGS if weight.dtype == fp8_gemm.FP8 else skinny_gemm.GEMV_CONFIGS
-    return [c for c in configs if c.block_n <= max(weight.shape[0], 1)]
+    return [c for c in (*configs, *WIDE_CONFIGS) if c.block_n <= max(weight.shape[0], 1)]
 
 
 def gated_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
@@ -37,7 +43,7 @@ def gated_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | No
     scale None): silu_and_mul(x) W^T (* scale) + bias in one GEMV of `config`."""
     if scale is None:
         scale = skinny_gemm.unit_scale(weight.shape[0], x.device)
-    return fp8_gemv.fp8_gemv(x, weight, scale, bias, *_args(config), gated=True)
+    return fp8_gemv.fp8_gemv(x, weight, scale, bias, *args(config), gated=True)
 
 
 def unfused_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
@@ -89,6 +95,6 @@ def timings_ms(x, weight, scale, bias) -> dict:
 def chosen() -> list[dict]:
     """What `choice` chose for each shape measured in this process."""
     return [{"rows": key[0], "weight": list(key[1]), "kernel": "unfused" if config is None
-             else f"gated gemv {'x'.join(map(str, _args(config)[:2]))} split {config.split_k}"
+             else f"gated gemv {'x'.join(map(str, args(config)[:2]))} split {config.split_k}"
              f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}"}
             for key, config in _choices.items()]

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parashift.kernels import fp8_gemm, silu_mul, skinny_gemm, split_tickets
+from parashift.kernels import fp8_gemm, gated_gemv, silu_mul, skinny_gemm, split_tickets
 from parashift.kernels.fp8_gemv import MAX_ROWS, fp8_gemv
 from tests.kernels.common import (assert_exact, case_id, case_tests, cuda, interpreted,
                                   interpreted_result, randn)
@@ -114,8 +114,7 @@ def one_of_each_family(configs) -> list[tuple]:
     """fp8_gemv's arguments of the first config of each kind (plain, ahead, tickets, both)."""
     firsts = {}
     for c in configs:
-        firsts.setdefault((c.ahead, c.tickets), (c.block_n, c.block_k, c.num_warps, getattr(
-            c, "num_stages", 1), c.split_k, c.ahead, c.tickets))
+        firsts.setdefault((c.ahead, c.tickets), gated_gemv.args(c))
     return list(firsts.values())
 
 
@@ -125,7 +124,8 @@ def one_of_each_family(configs) -> list[tuple]:
 def test_gated_cuda(fp8, m):
     configs = fp8_gemm.GEMV_CONFIGS if fp8 else skinny_gemm.GEMV_CONFIGS
     check_gated(m, 4096, 1536, bias=m == 3, fp8=fp8, dtype="bfloat16", device="cuda",
-                configs=one_of_each_family(configs))
+                configs=one_of_each_family(configs) + [gated_gemv.args(c) for c in
+                                                       gated_gemv.WIDE_CONFIGS[-2:]])
 
 
 def test_gated_rejects_an_input_not_twice_the_weights_k():
