@@ -13,8 +13,8 @@ import torch
 import triton
 
 from parashift.attention import triton_kernels
-from parashift.kernels import (fp8_gemm, fp8_gemv, gemm_timing, pdl, rmsnorm, rotary, silu_mul,
-                               skinny_gemm)
+from parashift.kernels import (argmax, fp8_gemm, fp8_gemv, gemm_timing, pdl, rmsnorm, rotary,
+                               silu_mul, skinny_gemm)
 from tests.deterministic.test_kernels import compile_sm90
 from tests.kernels.common import TRITON_TYPES, cuda, randn
 
@@ -156,6 +156,9 @@ KERNELS = {
     "fp8_weight_tickets": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                            dict(HAS_BIAS=True, FP8_X=True, BLOCK_M=64, BLOCK_N=64,
                                 BLOCK_K=256, SPLIT_K=4, PREFETCH_K=256, TICKETS=True), True),
+    "argmax": (argmax._argmax_kernel, {"out_ptr": torch.int64, "part_value_ptr": torch.float32,
+                                       "part_index_ptr": torch.int32, "counter_ptr": torch.int32},
+               (), dict(BLOCK=4096, PARTS=32), False),
     "write_input": (gemm_timing._write_input_kernel, {}, (), dict(BLOCK=1024), False),
     "quantize_rows": (fp8_gemm._quantize_rows_kernel, {"q_ptr": FP8, "s_ptr": torch.float32},
                       (), dict(FP8_MAX=448.0, BLOCK_K=4096), False),
@@ -194,7 +197,8 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 
 # the kernels that read their own output back after a barrier (or a ticket): LATE is after
 # their inputs' reads, before those
-READ_BACK = {"silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets", "fp8_weight_tickets"}
+READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets",
+             "fp8_weight_tickets"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
 # byte a load; the activations are bf16), and nothing else touches memory
