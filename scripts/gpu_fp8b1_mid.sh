@@ -3,7 +3,8 @@
 # by default, cuts the last first):
 # 1. GPU tests of the new kernels: the GEMV forming SiLU·mul (bit-exact against SiLU-and-mul
 #    then the same config, one config a family, FP8 and bf16 weights), the choice of it, the
-#    chain timing's input kernel and both timing modes;
+#    chain timing's input kernel and both timing modes, the row argmax (kernels/argmax.py);
+#    then the argmax's µs against torch's (benchmarks/argmax.py);
 # 2. benchmarks/decode_chain.py, FP8 weights, batch 1: the 8B layer chain with the GEMM
 #    choices timed as main times them (graph), in the decode chain (chain), and chain + the
 #    fused SiLU·mul down GEMV;
@@ -17,7 +18,9 @@ mkdir -p "$OUT"
 source scripts/budget_step.sh
 budget_step gpu_tests 35 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_fp8_gemv.py tests/kernels/test_gated_gemv.py tests/kernels/test_gemm_timing.py \
-  -k "gated_cuda or measured_choice or input_kernel or both_modes"
+  tests/kernels/test_argmax.py \
+  -k "gated_cuda or measured_choice or input_kernel or both_modes or (argmax and cuda)"
+budget_step argmax 10 python3 benchmarks/argmax.py --output "$OUT/argmax.json"
 budget_step chain_fp8 45 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
   --output "$OUT/chain_fp8.json"
 budget_step chain_bf16 45 python3 benchmarks/decode_chain.py --weights bf16 \
@@ -25,4 +28,4 @@ budget_step chain_bf16 45 python3 benchmarks/decode_chain.py --weights bf16 \
 budget_step engine_tokens 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
   -p no:cacheprovider tests/layers/test_silu_down.py -k fused_engine
 cat "$OUT/steps"
-grep -h '^{' "$OUT"/chain_*.log | cut -c1-900
+grep -h '^{' "$OUT"/argmax.log "$OUT"/chain_*.log | cut -c1-900
