@@ -1,17 +1,18 @@
-"""The GEMM choice timed as decode runs it, and SiLU-and-mul inside the down projection's
-GEMV, on the 8B shape's decode kernels on one GPU (issues 60, 61).
+"""The GEMM choice timed as decode runs it, and SiLU-and-mul inside the gate_up or the down
+projection's GEMV, on the 8B shape's decode kernels on one GPU (issues 60, 61).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/decode_chain.py [--weights fp8 bf16]
     [--batch-sizes 1] [--layers 32] [--repeats 15] [--no-dot-configs] [--output F]
-For each weight dtype and batch, three variants of a step's 32 layers (benchmarks/
+For each weight dtype and batch, four variants of a step's 32 layers (benchmarks/
 pdl_chain.py's kernels, PDL as the engine launches, CUDA graphs), each with the GEMM
 choices made anew: "graph" (PARASHIFT_GEMM_TIMING=graph, main's: candidates timed with PDL
-suspended), "chain" (=chain: with PDL on, each call after a kernel writing its input) and
-"chain_silu_down" (chain, and the down projection's GEMV forming SiLU·mul where that
-measured faster: kernels/gated_gemv.py). The graphs are replayed in turn (interleaved
-repeats), median µs per layer; each variant's choices; max |difference| of the outputs
-against "graph". --no-dot-configs leaves the FP8 tl.dot configs (never chosen at 1-4 rows
-on an H200, session 43) out of the FP8 choice, to save their compile time."""
+suspended), "chain" (=chain: with PDL on, each call after a kernel writing its input), and
+chain with SiLU·mul formed in the gate_up GEMV's epilogue ("chain_silu_gate_up") or in the
+down GEMV ("chain_silu_down") where that measured faster (kernels/gated_gemv.py). The
+graphs are replayed in turn (interleaved repeats), median µs per layer; each variant's
+choices; max |difference| of the outputs against "graph". --no-dot-configs leaves the FP8
+tl.dot configs (never chosen at 1-4 rows on an H200, session 43) out of the FP8 choice, to
+save their compile time."""
 import argparse
 import json
 import os
@@ -25,19 +26,28 @@ from benchmarks.decode_throughput import copy_bandwidth
 from parashift.attention.triton_backend import TritonAttentionBackend
 from parashift.kernels import fp8_gemm, gated_gemv, gemm_timing, silu_mul, skinny_gemm
 
-VARIANTS = {"graph": ("graph", False), "chain": ("chain", False),
-            "chain_silu_down": ("chain", True)}
+VARIANTS = {"graph": ("graph", None), "chain": ("chain", None),
+            "chain_silu_gate_up": ("chain", "gate_up"), "chain_silu_down": ("chain", "down")}
 
 
-def fused_mlp(h: torch.Tensor, layer: pdl_chain.Layer) -> torch.Tensor:
-    """pdl_chain.mlp with the down GEMV forming SiLU·mul where gated_gemv chose it."""
-    gate_up = pdl_chain.linear(h, layer.weights["gate_up"])
-    down = layer.weights["down"]
-    weight, scale = down if isinstance(down, tuple) else (down, None)
-    config = gated_gemv.choice(gate_up, weight, scale, None)
-    if config is None:
-        return pdl_chain.linear(silu_mul.silu_and_mul(gate_up), down)
-    return gated_gemv.gated_linear(gate_up, weight, scale, None, config)
+def fused_mlp(kind: str):
+    """pdl_chain.mlp with SiLU·mul in the `kind` GEMV where gated_gemv chose it."""
+    def mlp(h: torch.Tensor, layer: pdl_chain.Layer) -> torch.Tensor:
+        gate_up, down = layer.weights["gate_up"], layer.weights["down"]
+        if kind == "gate_up":
+            weight, scale = gate_up if isinstance(gate_up, tuple) else (gate_up, None)
+            config = gated_gemv.choice(kind, h, weight, scale, None)
+            activated = (gated_gemv.fused_linear(kind, h, weight, scale, None, config)
+                         if config is not None else
+                         silu_mul.silu_and_mul(pdl_chain.linear(h, gate_up)))
+            return pdl_chain.linear(activated, down)
+        gated = pdl_chain.linear(h, gate_up)
+        weight, scale = down if isinstance(down, tuple) else (down, None)
+        config = gated_gemv.choice(kind, gated, weight, scale, None)
+        if config is None:
+            return pdl_chain.linear(silu_mul.silu_and_mul(gated), down)
+        return gated_gemv.fused_linear(kind, gated, weight, scale, None, config)
+    return mlp
 
 
 def choices() -> dict:
@@ -62,7 +72,7 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
         started = time.perf_counter()
         graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, pdl_chain.step(
             x, residual, layers, meta, positions, cos_sin, backend,
-            fused_mlp if fused else pdl_chain.mlp)[0].clone()))
+            fused_mlp(fused) if fused else pdl_chain.mlp)[0].clone()))
         setup_s[name] = round(time.perf_counter() - started, 1)
         chosen[name] = choices()
     samples = {name: [] for name in graphs}
@@ -82,8 +92,9 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
     return dict(weights=weights, batch=batch, layers=count, variants=results,
                 speedup_chain=round(results["graph"]["us_per_layer"]
                                     / results["chain"]["us_per_layer"], 4),
-                speedup_chain_silu_down=round(results["graph"]["us_per_layer"]
-                                              / results["chain_silu_down"]["us_per_layer"], 4),
+                **{f"speedup_{name}": round(results["graph"]["us_per_layer"]
+                                            / results[name]["us_per_layer"], 4)
+                   for name in VARIANTS if name.startswith("chain_")},
                 max_abs_diff_vs_graph=diffs, setup_s=setup_s, chosen=chosen)
 
 

@@ -2,7 +2,7 @@
 # Issues 60/61 (helper fp8b1), the final A/B on ONE H200: 8B-shape decode (b1, b64, context
 # 1024, CUDA graphs, PDL as by default), this tree against $BEFORE's, FP8 weights first, then
 # bf16; this tree with $AFTER_ENV set (the switches to measure: the GEMM choice timed in the
-# decode chain, SiLU·mul in the down GEMV, the argmax kernel; empty where they are the
+# decode chain, SiLU·mul in a GEMV, the argmax kernel; empty where they are the
 # defaults). In this order, BUDGET_S (150) cutting the last first: fp8 after, fp8 before,
 # bf16 after, bf16 before. Then a summary on stdout and in $OUT/summary.txt.
 # Usage (repository root; $BEFORE unpacked there): OUT=dir BEFORE=.before [BUDGET_S=150]
@@ -12,7 +12,7 @@ export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-150}
 here=$(pwd)
 before=$here/${BEFORE:?the tree before, unpacked in the repository root}
-after_env=${AFTER_ENV-PARASHIFT_GEMM_TIMING=chain PARASHIFT_SILU_DOWN=1 PARASHIFT_ARGMAX_KERNEL=1}
+after_env=${AFTER_ENV-PARASHIFT_GEMM_TIMING=chain PARASHIFT_SILU_GEMV=gate_up PARASHIFT_ARGMAX_KERNEL=1}
 mkdir -p "$OUT"
 source scripts/budget_step.sh
 decode() {  # tree (before | after), weights (fp8 | bf16), seconds it needs

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Issues 60/61 (helper fp8b1), mid-session call on ONE H200, in priority order (BUDGET_S, 150
 # by default, cuts the last first):
-# 1. GPU tests of the new kernels: the GEMV forming SiLU·mul (bit-exact against SiLU-and-mul
-#    then the same config, one config a family, FP8 and bf16 weights), the choice of it, the
+# 1. GPU tests of the new kernels: the GEMVs forming SiLU·mul, in gate_up's epilogue or on
+#    down's input (bit-exact against the same config and SiLU-and-mul, one config a family,
+#    FP8 and bf16 weights), the choice of them, the
 #    chain timing's input kernel and both timing modes, the row argmax (kernels/argmax.py);
 #    then the argmax's µs against torch's (benchmarks/argmax.py);
 # 2. benchmarks/decode_chain.py, FP8 weights, batch 1: the 8B layer chain with the GEMM
-#    choices timed as main times them (graph), in the decode chain (chain), and chain + the
-#    fused SiLU·mul down GEMV;
+#    choices timed as main times them (graph), in the decode chain (chain), and chain with
+#    SiLU·mul in the gate_up GEMV or in the down GEMV;
 # 3. the same with bf16 weights;
-# 4. the engine's greedy tokens with the fused SiLU·mul down equal to without (bf16, FP8).
+# 4. the engine's greedy tokens with either fusion equal to without (bf16, FP8).
 # Usage (repository root): OUT=dir [BUDGET_S=150] bash scripts/gpu_fp8b1_mid.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
@@ -19,13 +20,13 @@ source scripts/budget_step.sh
 budget_step gpu_tests 35 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_fp8_gemv.py tests/kernels/test_gated_gemv.py tests/kernels/test_gemm_timing.py \
   tests/kernels/test_argmax.py \
-  -k "gated_cuda or measured_choice or input_kernel or both_modes or (argmax and cuda)"
+  -k "gated_cuda or silu_out_cuda or measured_choice or input_kernel or both_modes or (argmax and cuda)"
 budget_step argmax 10 python3 benchmarks/argmax.py --output "$OUT/argmax.json"
-budget_step chain_fp8 45 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
+budget_step chain_fp8 50 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
   --output "$OUT/chain_fp8.json"
-budget_step chain_bf16 45 python3 benchmarks/decode_chain.py --weights bf16 \
+budget_step chain_bf16 50 python3 benchmarks/decode_chain.py --weights bf16 \
   --output "$OUT/chain_bf16.json"
 budget_step engine_tokens 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
-  -p no:cacheprovider tests/layers/test_silu_down.py -k fused_engine
+  -p no:cacheprovider tests/layers/test_silu_gemv.py -k fused_engine
 cat "$OUT/steps"
 grep -h '^{' "$OUT"/argmax.log "$OUT"/chain_*.log | cut -c1-900

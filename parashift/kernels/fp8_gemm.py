@@ -287,8 +287,9 @@ def candidates(rows: int, n: int) -> list[Config]:
 
 def timings_ms(x, weight, scale, bias) -> dict[Config | None, float]:
     """Milliseconds per call of cuBLASLt (None) and each Triton config, replayed from CUDA
-    graphs over copies of the weight (`gemm_timing`, in the decode chain where asked), or with L2 flushed where a graph
-    cannot be captured; a config this device cannot compile or run is left out."""
+    graphs over copies of the weight (`gemm_timing`, in the decode chain where asked), or
+    with L2 flushed where a graph cannot be captured; a config this device cannot compile
+    or run is left out."""
     configs = candidates(x.shape[0], weight.shape[0])
     try:
         weights = gemm_timing.weight_copies(weight)

@@ -1,13 +1,20 @@
-"""y = silu_and_mul(x) W^T + b at one to four rows in one kernel: the GEMV (fp8_gemv.py,
-GATED) reads x's [gate | up] and forms silu(gate) * up for its K slice in registers, rounded
-to x's dtype as silu_mul.silu_and_mul rounds it, so its output is the same bits as that
-kernel's followed by the same GEMV config. It saves the SiLU-and-mul launch (and its
-intermediate's write and read) before a down projection at decode; it costs each program
-the SiLU of every K it reads (recomputed by each column tile, so wide tiles or split K pay
-less). A shape takes it only where it measured faster than SiLU-and-mul followed by the
-GEMM its dispatch chose (`choice`), timed as that dispatch times (gemm_timing.py), FP8
-weights (scale per row) and 16-bit ones (a scale of ones) alike."""
+"""SiLU-and-mul inside a GEMV at one to four rows (decode), FP8 weights (scale per row) and
+16-bit ones (a scale of ones) alike, in either of two places (fp8_gemv.py):
+
+- "gate_up": the gate_up projection's GEMV stores silu(gate) * up: each program's tile
+  interleaves gate row j and up row I + j, and its epilogue rounds both to the activations'
+  dtype (as the plain GEMV stores them) and forms the product once per output (SILU_OUT).
+  No extra arithmetic, and the intermediate written is half as wide.
+- "down": the down projection's GEMV reads [gate | up] and forms silu(gate) * up for its K
+  slice in registers (GATED): each column tile recomputes the SiLU of every K it reads
+  (~30 instructions an element against the GEMV's ~2.5 a weight element, and 40-80 more
+  registers a thread: ptxas, sm_90a).
+
+Either gives the bits of the GEMV config followed by silu_mul.silu_and_mul. A shape takes a
+fusion only where it timed faster than the unfused pair, the GEMM its dispatch chose and
+SiLU-and-mul (`choice`), timed as that dispatch times (gemm_timing.py)."""
 import logging
+from typing import Callable
 
 import torch
 
@@ -16,12 +23,7 @@ from parashift.kernels import fp8_gemm, fp8_gemv, gemm_timing, silu_mul, skinny_
 logger = logging.getLogger(__name__)
 
 MAX_ROWS = fp8_gemv.MAX_ROWS
-# beside the GEMV's own configs: wider column tiles (each program's SiLU serves more weight
-# rows: ~30 instructions an element against the GEMV's ~2.5, so at 8 rows a tile an FP8 GEMV
-# would issue ~0.8 of the SMs' instructions a clock where the unfused one issues ~0.3), split K
-# by tickets for the programs
-WIDE_CONFIGS = tuple(fp8_gemm.Config("gemv", n, 1024, 4, 1, split, tickets=split > 1)
-                     for n, split in ((16, 1), (16, 2), (16, 4), (32, 4), (32, 8)))
+KINDS = ("gate_up", "down")
 _choices: dict[tuple, object] = {}
 
 
@@ -31,70 +33,84 @@ def args(config) -> tuple:
             config.split_k, config.ahead, config.tickets)
 
 
-def candidates(weight: torch.Tensor) -> list:
-    """The GEMV configs measured for the fused kernel on this weight."""
+def candidates(kind: str, weight: torch.Tensor) -> list:
+    """The GEMV configs measured for a fusion on this weight ("gate_up": one part of K)."""
     configs = fp8_gemm.GEMV_CONFIGS if weight.dtype == fp8_gemm.FP8 else skinny_gemm.GEMV_CONFIGS
-    return [c for c in (*configs, *WIDE_CONFIGS) if c.block_n <= max(weight.shape[0], 1)]
+    return [c for c in configs if c.block_n <= max(weight.shape[0], 1)
+            and (kind == "down" or c.split_k == 1)]
 
 
-def gated_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
-                 bias: torch.Tensor | None, config) -> torch.Tensor:
-    """x [M <= 4, 2 K] ([gate | up]), weight [N, K] (E4M3 with scale [N, 1], or 16-bit with
-    scale None): silu_and_mul(x) W^T (* scale) + bias in one GEMV of `config`."""
+def fused_linear(kind: str, x: torch.Tensor, weight: torch.Tensor,
+                 scale: torch.Tensor | None, bias: torch.Tensor | None, config) -> torch.Tensor:
+    """"gate_up": x [M <= 4, K], weight [2 I, K] ([gate; up]) -> silu_and_mul(x W^T + b)
+    [M, I]; "down": x [M, 2 K] ([gate | up]), weight [N, K] -> silu_and_mul(x) W^T + b. W in
+    E4M3 with scale [rows, 1], or 16-bit with scale None; one GEMV of `config`."""
     if scale is None:
         scale = skinny_gemm.unit_scale(weight.shape[0], x.device)
-    return fp8_gemv.fp8_gemv(x, weight, scale, bias, *args(config), gated=True)
+    return fp8_gemv.fp8_gemv(x, weight, scale, bias, *args(config), gated=kind == "down",
+                             silu_out=kind == "gate_up")
 
 
-def unfused_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
-                   bias: torch.Tensor | None) -> torch.Tensor:
-    """What the layers run without the fusion: SiLU-and-mul, then the GEMM dispatch."""
-    h = silu_mul.silu_and_mul(x)
+def dispatched_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                      bias: torch.Tensor | None) -> torch.Tensor:
+    """The GEMM the layers run: the bf16 or the FP8 dispatch."""
     if scale is None:
-        return skinny_gemm.linear(h, weight, bias)
-    return fp8_gemm.linear(h, weight, scale, bias)
+        return skinny_gemm.linear(x, weight, bias)
+    return fp8_gemm.linear(x, weight, scale, bias)
 
 
-def _key(x: torch.Tensor, weight: torch.Tensor, has_bias: bool) -> tuple:
-    return (x.shape[0], tuple(weight.shape), weight.stride(0), weight.dtype, x.dtype,
+def unfused_linear(kind: str, x: torch.Tensor, weight: torch.Tensor,
+                   scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """What the layers run without the fusion: the GEMM then SiLU-and-mul, or SiLU-and-mul
+    then the GEMM."""
+    if kind == "gate_up":
+        return silu_mul.silu_and_mul(dispatched_linear(x, weight, scale, bias))
+    return dispatched_linear(silu_mul.silu_and_mul(x), weight, scale, bias)
+
+
+def _key(kind: str, x: torch.Tensor, weight: torch.Tensor, has_bias: bool) -> tuple:
+    return (kind, x.shape[0], tuple(weight.shape), weight.stride(0), weight.dtype, x.dtype,
             x.device, has_bias)
 
 
-def choice(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+def choice(kind: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
            bias: torch.Tensor | None):
-    """The fused GEMV config for x [M, 2 K] on this weight where it measured faster than
+    """The config of the fusion `kind` for x on this weight where it measured faster than
     `unfused_linear`, else None. Measured on the shape's first call outside a CUDA graph
     capture; during a capture an unmeasured shape takes None."""
-    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or weight.stride(1) != 1:
+    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or weight.stride(1) != 1 or \
+            (kind == "gate_up" and weight.shape[0] % 2):
         return None
-    key = _key(x, weight, bias is not None)
+    key = _key(kind, x, weight, bias is not None)
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return None
-        unfused_linear(x, weight, scale, bias)  # the dispatch's own choice made first
+        unfused_linear(kind, x, weight, scale, bias)  # the dispatch's own choice made first
         with gemm_timing.timing_launches():
-            timings = timings_ms(x, weight, scale, bias)
+            timings = timings_ms(kind, x, weight, scale, bias)
         _choices[key] = skinny_gemm.choose(timings)
-        logger.info("SiLU-and-mul in the GEMV, %d rows x %s: %s (%.2f µs; unfused %.2f µs)",
-                    x.shape[0], tuple(weight.shape), _choices[key] or "unfused",
+        logger.info("SiLU-and-mul in the %s GEMV, %d rows x %s: %s (%.2f µs; unfused %.2f µs)",
+                    kind, x.shape[0], tuple(weight.shape), _choices[key] or "unfused",
                     1e3 * timings[_choices[key]], 1e3 * timings[None])
     return _choices[key]
 
 
-def timings_ms(x, weight, scale, bias) -> dict:
+def timings_ms(kind, x, weight, scale, bias) -> dict:
     """Milliseconds per call of `unfused_linear` (None) and of each fused config, replayed
     from CUDA graphs over copies of the weight (gemm_timing)."""
     weights = gemm_timing.weight_copies(weight)
     xin, chain = gemm_timing.timed_input(x)
-    runs = {None: lambda i: unfused_linear(xin, weights[i], scale, bias)}
-    runs.update({c: lambda i, c=c: gated_linear(xin, weights[i], scale, bias, c)
-                 for c in candidates(weight)})
+    runs: dict[object, Callable[[int], object]] = {
+        None: lambda i: unfused_linear(kind, xin, weights[i], scale, bias)}
+    runs.update({c: lambda i, c=c: fused_linear(kind, xin, weights[i], scale, bias, c)
+                 for c in candidates(kind, weight)})
     return gemm_timing.replayed_timings_ms(runs, len(weights), chain)
 
 
 def chosen() -> list[dict]:
     """What `choice` chose for each shape measured in this process."""
-    return [{"rows": key[0], "weight": list(key[1]), "kernel": "unfused" if config is None
-             else f"gated gemv {'x'.join(map(str, args(config)[:2]))} split {config.split_k}"
+    return [{"fusion": key[0], "rows": key[1], "weight": list(key[2]),
+             "kernel": "unfused" if config is None else
+             f"gemv {config.block_n}x{config.block_k} split {config.split_k}"
              f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}"}
             for key, config in _choices.items()]

@@ -101,9 +101,9 @@ class LinearBase(nn.Module):
         # where the op before hands this layer its input quantized (layers/fp8_input.py): the
         # FP8Handoff it fills
         self.fp8_input = None
-        # where the SiLU-and-mul before hands this layer [gate | up] for its GEMV to form the
-        # product (layers/silu_down.py): the GatedHandoff it fills
-        self.gated_input = None
+        # a hook that may compute this layer's GEMM instead (`take(x, part)`: the output, or
+        # None), e.g. with SiLU-and-mul in the GEMV (layers/silu_gemv.py)
+        self.gemm_hook = None
         # Weight layouts other plans use, by key (e.g. the shift plan's finer shard):
         # each a list of (weight, bias) parts whose outputs are concatenated. A layout
         # builder (parallel/shift_weights.py) makes them; the layer knows no plan.
@@ -156,7 +156,7 @@ class LinearBase(nn.Module):
         return self.layouts[key]
 
     def _gemm(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor:
-        fused = None if self.gated_input is None else self.gated_input.take(x, part)
+        fused = None if self.gemm_hook is None else self.gemm_hook.take(x, part)
         if fused is not None:
             return fused
         if part.scale is None:

@@ -104,6 +104,39 @@ def check_gated(m, n, k, bias=False, padded=False, fp8=True, dtype="float32", de
 GATED_CASES = [dict(m=2, n=24, k=200, bias=True, padded=True)]
 
 
+def check_silu_out(m, n, k, bias=False, fp8=True, dtype="float32", device="cpu",
+                   configs=((8, 64, 4, 1), (4, 32, 2, 1, 1, True))):
+    """The GEMV of a [gate; up] weight storing silu(gate) * up gives the bits of the plain
+    GEMV followed by SiLU-and-mul's kernel (n gate rows not a multiple of the tile's)."""
+    weight, scale = quantized(2 * n, k, False, device, seed=5)
+    if not fp8:
+        weight, scale = (weight.float() * scale).to(getattr(torch, dtype)), torch.ones(
+            2 * n, device=device)
+    x = randn((m, k), dtype, device, seed=6, scale=4.0)
+    b = randn((2 * n,), dtype, device, seed=3) if bias else None
+    for config in configs:
+        assert_exact(fp8_gemv(x, weight, scale, b, *config, silu_out=True),
+                     silu_mul.silu_and_mul(fp8_gemv(x, weight, scale, b, *config)))
+
+
+SILU_OUT_CASES = [dict(m=3, n=20, k=100, bias=True)]
+
+
+@pytest.mark.parametrize("i", range(1))
+@interpreted(__name__, "check_silu_out", SILU_OUT_CASES)
+def test_silu_out_interpreted(i):
+    interpreted_result(__name__, "check_silu_out", i)
+
+
+@cuda
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16-weights"])
+def test_silu_out_cuda(fp8, m):
+    configs = fp8_gemm.GEMV_CONFIGS if fp8 else skinny_gemm.GEMV_CONFIGS
+    check_silu_out(m, 2048, 1536, bias=m == 3, fp8=fp8, dtype="bfloat16", device="cuda",
+                   configs=one_of_each_family([c for c in configs if c.split_k == 1]))
+
+
 @pytest.mark.parametrize("i", range(1))
 @interpreted(__name__, "check_gated", GATED_CASES)
 def test_gated_interpreted(i):
@@ -124,8 +157,14 @@ def one_of_each_family(configs) -> list[tuple]:
 def test_gated_cuda(fp8, m):
     configs = fp8_gemm.GEMV_CONFIGS if fp8 else skinny_gemm.GEMV_CONFIGS
     check_gated(m, 4096, 1536, bias=m == 3, fp8=fp8, dtype="bfloat16", device="cuda",
-                configs=one_of_each_family(configs) + [gated_gemv.args(c) for c in
-                                                       gated_gemv.WIDE_CONFIGS[-2:]])
+                configs=one_of_each_family(configs))
+
+
+def test_silu_out_rejects_split_k_and_odd_tiles():
+    for block_n, split_k in ((8, 2), (3, 1)):
+        with pytest.raises(ValueError, match="silu_out"):
+            fp8_gemv(torch.zeros(1, 64), torch.zeros(8, 64, dtype=FP8), torch.ones(8), None,
+                     block_n, 64, 4, 1, split_k, silu_out=True)
 
 
 def test_gated_rejects_an_input_not_twice_the_weights_k():
