@@ -6,8 +6,7 @@ import torch.nn.functional as F
 
 from parashift.kernels import fp8_gemm, gated_gemv, silu_mul, skinny_gemm, split_tickets
 from parashift.kernels.fp8_gemv import MAX_ROWS, fp8_gemv
-from tests.kernels.common import (assert_exact, case_id, case_tests, cuda, interpreted,
-                                  interpreted_result, randn)
+from tests.kernels.common import assert_exact, case_id, case_tests, cuda, randn
 
 FP8 = torch.float8_e4m3fn
 # (block_n, block_k, warps, stages, split_k, ahead, tickets): small tiles, so that the cases
@@ -122,10 +121,7 @@ def check_silu_out(m, n, k, bias=False, fp8=True, dtype="float32", device="cpu",
 SILU_OUT_CASES = [dict(m=3, n=20, k=100, bias=True)]
 
 
-@pytest.mark.parametrize("i", range(1))
-@interpreted(__name__, "check_silu_out", SILU_OUT_CASES)
-def test_silu_out_interpreted(i):
-    interpreted_result(__name__, "check_silu_out", i)
+test_silu_out_interpreted, _ = case_tests(__name__, check_silu_out, SILU_OUT_CASES)
 
 
 @cuda
@@ -137,10 +133,7 @@ def test_silu_out_cuda(fp8, m):
                    configs=one_of_each_family([c for c in configs if c.split_k == 1]))
 
 
-@pytest.mark.parametrize("i", range(1))
-@interpreted(__name__, "check_gated", GATED_CASES)
-def test_gated_interpreted(i):
-    interpreted_result(__name__, "check_gated", i)
+test_gated_interpreted, _ = case_tests(__name__, check_gated, GATED_CASES)
 
 
 def one_of_each_family(configs) -> list[tuple]:
