@@ -10,7 +10,8 @@
 #    choices timed as main times them (graph), in the decode chain (chain), and chain with
 #    SiLU·mul in the gate_up GEMV or in the down GEMV;
 # 3. the same with bf16 weights;
-# 4. the engine's greedy tokens with either fusion equal to without (bf16, FP8).
+# 4. the engine's greedy tokens with SiLU·mul in the gate_up GEMV equal to without (bf16,
+#    FP8; tiny Llama, CUDA graphs).
 # Usage (repository root): OUT=dir [BUDGET_S=150] bash scripts/gpu_fp8b1_mid.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
@@ -27,6 +28,6 @@ budget_step chain_fp8 50 python3 benchmarks/decode_chain.py --weights fp8 --no-d
 budget_step chain_bf16 50 python3 benchmarks/decode_chain.py --weights bf16 \
   --output "$OUT/chain_bf16.json"
 budget_step engine_tokens 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
-  -p no:cacheprovider tests/layers/test_silu_gemv.py -k fused_engine
+  -p no:cacheprovider tests/layers/test_silu_gemv.py -k "fused_engine and gate_up"
 cat "$OUT/steps"
 grep -h '^{' "$OUT"/argmax.log "$OUT"/chain_*.log | cut -c1-900
