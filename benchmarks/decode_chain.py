@@ -2,15 +2,16 @@
 projection's GEMV, on the 8B shape's decode kernels on one GPU (issues 60, 61).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/decode_chain.py [--weights fp8 bf16]
-    [--batch-sizes 1] [--layers 32] [--repeats 15] [--no-dot-configs] [--output F]
-For each weight dtype and batch, four variants of a step's 32 layers (benchmarks/
-pdl_chain.py's kernels, PDL as the engine launches, CUDA graphs), each with the GEMM
-choices made anew: "graph" (PARASHIFT_GEMM_TIMING=graph, main's: candidates timed with PDL
-suspended), "chain" (=chain: with PDL on, each call after a kernel writing its input), and
-chain with SiLU·mul formed in the gate_up GEMV's epilogue ("chain_silu_gate_up") or in the
-down GEMV ("chain_silu_down") where that measured faster (kernels/gated_gemv.py). The
-graphs are replayed in turn (interleaved repeats), median µs per layer; each variant's
-choices; max |difference| of the outputs against "graph". --no-dot-configs leaves the FP8
+    [--batch-sizes 1] [--layers 32] [--repeats 15] [--no-dot-configs] [--variants ...]
+    [--output F]
+For each weight dtype and batch, variants of a step's 32 layers (benchmarks/pdl_chain.py's
+kernels, PDL as the engine launches, CUDA graphs), the GEMM choices made anew where the
+timing changes: "graph" (PARASHIFT_GEMM_TIMING=graph, main's: candidates timed with PDL
+suspended), "chain" (=chain: PDL on, each call after a kernel writing its input), and with
+SiLU·mul formed in the gate_up GEMV's epilogue ("*_silu_gate_up") or in the down GEMV
+("chain_silu_down") where that measured faster (kernels/gated_gemv.py). The graphs are
+replayed in turn (interleaved repeats), median µs per layer; each variant's choices; max
+|difference| of the outputs against the first variant's. --no-dot-configs leaves the FP8
 tl.dot configs (never chosen at 1-4 rows on an H200, session 43) out of the FP8 choice, to
 save their compile time."""
 import argparse
@@ -27,7 +28,9 @@ from parashift.attention.triton_backend import TritonAttentionBackend
 from parashift.kernels import fp8_gemm, gated_gemv, gemm_timing, silu_mul, skinny_gemm
 
 VARIANTS = {"graph": ("graph", None), "chain": ("chain", None),
-            "chain_silu_gate_up": ("chain", "gate_up"), "chain_silu_down": ("chain", "down")}
+            "chain_silu_gate_up": ("chain", "gate_up"), "chain_silu_down": ("chain", "down"),
+            "graph_silu_gate_up": ("graph", "gate_up")}
+DEFAULT_VARIANTS = ["graph", "chain", "chain_silu_gate_up", "chain_silu_down"]
 
 
 def fused_mlp(kind: str):
@@ -54,7 +57,8 @@ def choices() -> dict:
     return dict(fp8=fp8_gemm.chosen(), bf16=skinny_gemm.chosen(), gated=gated_gemv.chosen())
 
 
-def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float) -> dict:
+def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float,
+            variants: list[str]) -> dict:
     fp8 = weights == "fp8"
     context = 1024
     layers = pdl_chain.make_layers(count, fp8, batch, context)
@@ -65,9 +69,14 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
     residual = torch.randn_like(x)
     backend = TritonAttentionBackend()
     graphs, outputs, chosen, setup_s = {}, {}, {}, {}
-    for name, (timing, fused) in VARIANTS.items():
-        for cache in (fp8_gemm._choices, skinny_gemm._choices, gated_gemv._choices):
-            cache.clear()
+    last_timing = None
+    for name in variants:
+        timing, fused = VARIANTS[name]
+        if timing != last_timing:  # variants timed alike share the unfused GEMMs' choices
+            fp8_gemm._choices.clear()
+            skinny_gemm._choices.clear()
+        gated_gemv._choices.clear()
+        last_timing = timing
         os.environ[gemm_timing.TIMING_ENV] = timing
         started = time.perf_counter()
         graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, pdl_chain.step(
@@ -85,17 +94,16 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
     results = {name: pdl_chain.floor_fractions(statistics.median(t) / 1e3 / count,
                                                weight_bytes, kv_bytes, bandwidth)
                for name, t in samples.items()}
-    diffs = {name: float((outputs[name].float() - outputs["graph"].float()).abs().max())
+    first = variants[0]
+    diffs = {name: float((outputs[name].float() - outputs[first].float()).abs().max())
              for name in outputs}
     del graphs, layers
     torch.cuda.empty_cache()
     return dict(weights=weights, batch=batch, layers=count, variants=results,
-                speedup_chain=round(results["graph"]["us_per_layer"]
-                                    / results["chain"]["us_per_layer"], 4),
-                **{f"speedup_{name}": round(results["graph"]["us_per_layer"]
-                                            / results[name]["us_per_layer"], 4)
-                   for name in VARIANTS if name.startswith("chain_")},
-                max_abs_diff_vs_graph=diffs, setup_s=setup_s, chosen=chosen)
+                **{f"speedup_{name}_vs_{first}": round(results[first]["us_per_layer"]
+                                                       / results[name]["us_per_layer"], 4)
+                   for name in variants[1:]},
+                **{f"max_abs_diff_vs_{first}": diffs}, setup_s=setup_s, chosen=chosen)
 
 
 def main():
@@ -105,6 +113,8 @@ def main():
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--no-dot-configs", action="store_true")
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS),
+                   help="the first is the others' reference")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     if args.no_dot_configs:
@@ -113,7 +123,8 @@ def main():
     rows = []
     for weights in args.weights:
         for batch in args.batch_sizes:
-            rows.append(measure(weights, batch, args.layers, args.repeats, bandwidth))
+            rows.append(measure(weights, batch, args.layers, args.repeats, bandwidth,
+                                args.variants))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "chosen"}), flush=True)
             if args.output:
                 with open(args.output, "w") as f:

@@ -26,6 +26,13 @@ def check(rows, columns, block=argmax.BLOCK, dtype="float32", device="cpu"):
 test_interpreted, test_cuda = case_tests(__name__, check, CASES)
 
 
+def test_on_by_default(monkeypatch):
+    monkeypatch.delenv(argmax.ENV, raising=False)
+    assert argmax.enabled()
+    monkeypatch.setenv(argmax.ENV, "0")
+    assert not argmax.enabled()
+
+
 def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch):
     monkeypatch.setenv(argmax.ENV, "on")
     with pytest.raises(ValueError, match="PARASHIFT_ARGMAX_KERNEL='on'"):
@@ -37,7 +44,7 @@ def test_the_sampler_takes_it_on_cuda(monkeypatch):
     monkeypatch.setenv(argmax.ENV, "1")
     calls = []
     kernel = argmax.argmax
-    monkeypatch.setattr(argmax, "argmax", lambda x: calls.append(1) or kernel(x))
+    monkeypatch.setattr(argmax, "argmax", lambda *args: calls.append(1) or kernel(*args))
     logits = randn((64, 128256), "bfloat16", "cuda", scale=3.0)
     assert_exact(Sampler.argmax(logits).token_ids, logits.argmax(dim=-1))
     assert calls == [1]
