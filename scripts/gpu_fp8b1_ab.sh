@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Issues 60/61 (helper fp8b1), the final A/B on ONE H200: 8B-shape decode (b1, b64, context
-# 1024, CUDA graphs, PDL as by default), this tree against $BEFORE's, FP8 weights first, then
-# bf16; this tree with $AFTER_ENV set (the switches to measure: the GEMM choice timed in the
-# decode chain, SiLU·mul in a GEMV, the argmax kernel; empty where they are the
-# defaults). In this order, BUDGET_S (150) cutting the last first: fp8 after, fp8 before,
-# bf16 after, bf16 before. Then a summary on stdout and in $OUT/summary.txt.
-# Usage (repository root; $BEFORE unpacked there): OUT=dir BEFORE=.before [BUDGET_S=150]
-#   [AFTER_ENV="PARASHIFT_GEMM_TIMING=chain ..."] bash scripts/gpu_fp8b1_ab.sh
+# Issues 60/61 (helper fp8b1), the final call on ONE H200, in this order (BUDGET_S, 120 by
+# default, cutting the last first):
+# 1. the GPU checks of what is now on by default: SiLU·mul in the gate_up GEMV chosen with the
+#    unfused GEMV's bits (kernel level), and an engine's greedy tokens with it equal to those
+#    without (tiny Llama, bf16 and FP8, CUDA graphs); the sampler taking the argmax kernel;
+# 2. 8B-shape decode (b1, b64, context 1024, CUDA graphs, PDL as by default), this tree (with
+#    $AFTER_ENV set, empty by default: the defaults) against $BEFORE's: fp8 after, fp8 before,
+#    bf16 after, bf16 before.
+# Then a summary on stdout and in $OUT/summary.txt.
+# Usage (repository root; $BEFORE unpacked there): OUT=dir BEFORE=.before [BUDGET_S=120]
+#   [AFTER_ENV="PARASHIFT_SILU_GEMV=0 ..."] bash scripts/gpu_fp8b1_ab.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-budget=${BUDGET_S:-150}
+budget=${BUDGET_S:-120}
 here=$(pwd)
 before=$here/${BEFORE:?the tree before, unpacked in the repository root}
-after_env=${AFTER_ENV-PARASHIFT_GEMM_TIMING=chain PARASHIFT_SILU_GEMV=gate_up PARASHIFT_ARGMAX_KERNEL=1}
+after_env=${AFTER_ENV-}
 mkdir -p "$OUT"
 source scripts/budget_step.sh
 decode() {  # tree (before | after), weights (fp8 | bf16), seconds it needs
@@ -25,6 +28,10 @@ decode() {  # tree (before | after), weights (fp8 | bf16), seconds it needs
     --model "$here/benchmarks/shapes/llama-3.1-8b.json" --batch-sizes 1 64 --context 1024 \
     --decode-steps 32 ${quant[@]+"${quant[@]}"} --output "$OUT/decode_${weights}_$tree.json"
 }
+budget_step gpu_tests 20 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+  tests/kernels/test_gated_gemv.py tests/kernels/test_argmax.py -k "measured_choice or sampler_takes"
+budget_step engine_tokens 50 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
+  -p no:cacheprovider tests/layers/test_silu_gemv.py -k "fused_engine and gate_up"
 decode after fp8 45
 decode before fp8 35
 decode after bf16 35

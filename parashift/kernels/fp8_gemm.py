@@ -230,6 +230,12 @@ def _key(rows: int, weight: torch.Tensor, dtype: torch.dtype, device: torch.devi
     return (row_bucket(rows), tuple(weight.shape), weight.stride(0), dtype, device, has_bias)
 
 
+def measured_choice(rows: int, weight: torch.Tensor, dtype: torch.dtype,
+                    device: torch.device, has_bias: bool) -> Config | None:
+    """`linear`'s choice for this shape where measured (None: cuBLASLt or not measured)."""
+    return _choices.get(_key(rows, weight, dtype, device, has_bias))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
            bias: torch.Tensor | None,
            x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -4,7 +4,8 @@
 - "gate_up": the gate_up projection's GEMV stores silu(gate) * up: each program's tile
   interleaves gate row j and up row I + j, and its epilogue rounds both to the activations'
   dtype (as the plain GEMV stores them) and forms the product once per output (SILU_OUT).
-  No extra arithmetic, and the intermediate written is half as wide.
+  No extra arithmetic, and the intermediate written is half as wide. Only configs whose sums
+  are the dispatch's GEMV config's bits are candidates: the fusion changes no output.
 - "down": the down projection's GEMV reads [gate | up] and forms silu(gate) * up for its K
   slice in registers (GATED): each column tile recomputes the SiLU of every K it reads
   (~30 instructions an element against the GEMV's ~2.5 a weight element, and 40-80 more
@@ -33,11 +34,26 @@ def args(config) -> tuple:
             config.split_k, config.ahead, config.tickets)
 
 
-def candidates(kind: str, weight: torch.Tensor) -> list:
-    """The GEMV configs measured for a fusion on this weight ("gate_up": one part of K)."""
+def candidates(kind: str, weight: torch.Tensor, unfused=None) -> list:
+    """The GEMV configs measured for a fusion on this weight. "gate_up": those of one part of
+    K whose sums are the unfused GEMV config's bit for bit (its block_k and warps: a row's
+    sum runs along K in the same layout whatever the tile's rows), none where the dispatch
+    chose another kernel, so the fusion moves no bits."""
     configs = fp8_gemm.GEMV_CONFIGS if weight.dtype == fp8_gemm.FP8 else skinny_gemm.GEMV_CONFIGS
-    return [c for c in configs if c.block_n <= max(weight.shape[0], 1)
-            and (kind == "down" or c.split_k == 1)]
+    if kind == "gate_up":
+        gemv = isinstance(unfused, skinny_gemm.GemvConfig) or (
+            isinstance(unfused, fp8_gemm.Config) and unfused.kernel == "gemv")
+        if not gemv or unfused.split_k != 1:
+            return []
+        configs = [c for c in configs if c.split_k == 1 and (c.block_k, c.num_warps) == (
+            unfused.block_k, unfused.num_warps)]
+    return [c for c in configs if c.block_n <= max(weight.shape[0], 1)]
+
+
+def _dispatch_choice(x: torch.Tensor, weight: torch.Tensor, scale, bias):
+    """The config the GEMM dispatch measured for x on this weight (None: cuBLAS/cuBLASLt)."""
+    module = skinny_gemm if scale is None else fp8_gemm
+    return module.measured_choice(x.shape[0], weight, x.dtype, x.device, bias is not None)
 
 
 def fused_linear(kind: str, x: torch.Tensor, weight: torch.Tensor,
@@ -86,8 +102,13 @@ def choice(kind: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         if torch.cuda.is_current_stream_capturing():
             return None
         unfused_linear(kind, x, weight, scale, bias)  # the dispatch's own choice made first
+        unfused = _dispatch_choice(x, weight, scale, bias) if kind == "gate_up" else None
+        configs = candidates(kind, weight, unfused)
+        if not configs:
+            _choices[key] = None
+            return None
         with gemm_timing.timing_launches():
-            timings = timings_ms(kind, x, weight, scale, bias)
+            timings = timings_ms(kind, x, weight, scale, bias, configs)
         _choices[key] = skinny_gemm.choose(timings)
         logger.info("SiLU-and-mul in the %s GEMV, %d rows x %s: %s (%.2f µs; unfused %.2f µs)",
                     kind, x.shape[0], tuple(weight.shape), _choices[key] or "unfused",
@@ -95,7 +116,7 @@ def choice(kind: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     return _choices[key]
 
 
-def timings_ms(kind, x, weight, scale, bias) -> dict:
+def timings_ms(kind, x, weight, scale, bias, configs) -> dict:
     """Milliseconds per call of `unfused_linear` (None) and of each fused config, replayed
     from CUDA graphs over copies of the weight (gemm_timing)."""
     weights = gemm_timing.weight_copies(weight)
@@ -103,7 +124,7 @@ def timings_ms(kind, x, weight, scale, bias) -> dict:
     runs: dict[object, Callable[[int], object]] = {
         None: lambda i: unfused_linear(kind, xin, weights[i], scale, bias)}
     runs.update({c: lambda i, c=c: fused_linear(kind, xin, weights[i], scale, bias, c)
-                 for c in candidates(kind, weight)})
+                 for c in configs})
     return gemm_timing.replayed_timings_ms(runs, len(weights), chain)
 
 

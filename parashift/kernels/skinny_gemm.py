@@ -132,14 +132,24 @@ def unit_scale(n: int, device: torch.device) -> torch.Tensor:
     return _unit_scales[key]
 
 
+def _key(rows: int, weight: torch.Tensor, dtype: torch.dtype, device: torch.device,
+         has_bias: bool) -> tuple:
+    return (rows, tuple(weight.shape), weight.stride(0), dtype, device, has_bias)
+
+
+def measured_choice(rows: int, weight: torch.Tensor, dtype: torch.dtype,
+                    device: torch.device, has_bias: bool) -> Config | GemvConfig | None:
+    """`linear`'s choice for this shape where measured (None: cuBLAS or not measured)."""
+    return _choices.get(_key(rows, weight, dtype, device, has_bias))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear on CUDA, or the skinny kernel for the shapes where it measured faster.
     A shape is measured on its first call outside a CUDA graph capture (the graphs'
     warm-up runs come first); during a capture an unmeasured shape takes cuBLAS."""
     if not ENABLED or x.dim() != 2 or x.shape[0] > MAX_ROWS:
         return F.linear(x, weight, bias)
-    key = (x.shape[0], tuple(weight.shape), weight.stride(0), x.dtype, x.device,
-           bias is not None)
+    key = _key(x.shape[0], weight, x.dtype, x.device, bias is not None)
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return F.linear(x, weight, bias)

@@ -14,14 +14,22 @@ def fake_timings(monkeypatch):
     unfused; records the (kind, shape) measured."""
     costs, measured = {}, []
 
-    def timings(kind, x, weight, scale, bias):
+    def timings(kind, x, weight, scale, bias, configs):
         measured.append((kind, tuple(x.shape)))
-        return {None: 1.0, **{c: costs.get(c, 2.0) for c in gated_gemv.candidates(kind, weight)}}
+        return {None: 1.0, **{c: costs.get(c, 2.0) for c in configs}}
+
+    def dispatch_choice(x, weight, scale, bias):  # the first one-part GEMV config
+        return next(c for c in configs_of(weight) if c.split_k == 1)
     monkeypatch.setattr(gated_gemv, "timings_ms", timings)
+    monkeypatch.setattr(gated_gemv, "_dispatch_choice", dispatch_choice)
     monkeypatch.setattr(gated_gemv, "unfused_linear", lambda *args: None)
     monkeypatch.setattr(gated_gemv, "_choices", {})
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     return costs, measured
+
+
+def configs_of(weight: torch.Tensor) -> tuple:
+    return fp8_gemm.GEMV_CONFIGS if weight.dtype == fp8_gemm.FP8 else skinny_gemm.GEMV_CONFIGS
 
 
 @pytest.mark.parametrize("kind", gated_gemv.KINDS)
@@ -31,18 +39,28 @@ def test_a_fusion_is_chosen_only_where_it_measured_faster(fake_timings, fp8, kin
     weight = torch.zeros(64, 32, dtype=fp8_gemm.FP8 if fp8 else torch.bfloat16)
     k = 64 if kind == "down" else 32
     assert gated_gemv.choice(kind, torch.zeros(1, k), weight, None, None) is None  # slower
-    fast = gated_gemv.candidates(kind, weight)[-1]
-    assert fast in (fp8_gemm.GEMV_CONFIGS if fp8 else skinny_gemm.GEMV_CONFIGS)
+    unfused = next(c for c in configs_of(weight) if c.split_k == 1)
+    fast = gated_gemv.candidates(kind, weight, unfused)[-1]
+    assert fast in configs_of(weight)
     costs[fast] = 0.5
     assert gated_gemv.choice(kind, torch.zeros(1, k), weight, None, None) is None  # cached
     assert gated_gemv.choice(kind, torch.zeros(2, k), weight, None, None) == fast
     assert measured == [(kind, (1, k)), (kind, (2, k))]
 
 
-def test_gate_up_takes_one_part_of_k_and_an_even_weight(fake_timings):
-    weight = torch.zeros(64, 32, dtype=torch.bfloat16)
-    assert gated_gemv.candidates("gate_up", weight)
-    assert all(c.split_k == 1 for c in gated_gemv.candidates("gate_up", weight))
+@pytest.mark.parametrize("fp8", [True, False])
+def test_gate_up_keeps_the_unfused_gemv_sums_and_an_even_weight(fake_timings, fp8):
+    weight = torch.zeros(64, 32, dtype=fp8_gemm.FP8 if fp8 else torch.bfloat16)
+    for unfused in configs_of(weight):
+        same_sums = gated_gemv.candidates("gate_up", weight, unfused)
+        if unfused.split_k > 1:  # its sums come in parts: no one-part config has them
+            assert not same_sums
+            continue
+        assert unfused in same_sums and all(
+            (c.block_k, c.num_warps, c.split_k) == (unfused.block_k, unfused.num_warps, 1)
+            for c in same_sums)
+    for other in (None, skinny_gemm.CONFIGS[0], fp8_gemm.CONFIGS[0]):  # cuBLAS, tl.dot
+        assert gated_gemv.candidates("gate_up", weight, other) == []
     assert any(c.split_k > 1 for c in gated_gemv.candidates("down", weight))
     assert gated_gemv.choice("gate_up", torch.zeros(1, 32), weight[:63], None, None) is None
 
@@ -76,6 +94,8 @@ def test_the_measured_choice_gives_the_unfused_output(fp8, kind, monkeypatch):
     unfused = gated_gemv.unfused_linear(kind, x, weight, scale, None)
     if config is not None:
         fused = gated_gemv.fused_linear(kind, x, weight, scale, None, config)
+        if kind == "gate_up":  # the unfused GEMV's sums: the same bits
+            assert torch.equal(fused, unfused)
         torch.testing.assert_close(fused, unfused, rtol=2 ** -7, atol=2 ** -7)
     dense = weight.float() * (1 if scale is None else scale)
     expected = (torch.nn.functional.linear(silu_mul.silu_and_mul(x).float(), dense)

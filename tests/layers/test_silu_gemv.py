@@ -35,8 +35,11 @@ def twins(model) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, SiluIntoGemv)]
 
 
-def test_off_by_default_and_a_bad_switch_is_an_error(monkeypatch):
+def test_gate_up_by_default_and_a_bad_switch_is_an_error(monkeypatch):
     monkeypatch.delenv(silu_gemv.ENV, raising=False)
+    assert twins(build()) and all(twin.kind == "gate_up" for twin in
+                                  build().modules() if isinstance(twin, SiluIntoGemv))
+    monkeypatch.setenv(silu_gemv.ENV, "0")
     assert not twins(build())
     monkeypatch.setenv(silu_gemv.ENV, "yes")
     with pytest.raises(ValueError, match="PARASHIFT_SILU_GEMV='yes'"):
