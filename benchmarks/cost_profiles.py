@@ -94,6 +94,21 @@ def tp_shard_points() -> list[tuple[int, int, int, float]]:
             for r in json.loads(path.read_text())["rows"]]
 
 
+def lone_host() -> tuple[float, float, str]:
+    """(lone_host_s, lone_host_token_s, where from) of the H200: a committed run of
+    benchmarks/lone_request_host.py (benchmarks/results/raw/*/lone_host.json, the last by
+    path where several), measured, not fitted; 0, 0 where none is committed."""
+    runs = sorted(RAW.glob("*/lone_host.json"))
+    if not runs:
+        return 0.0, 0.0, ""
+    run = json.loads(runs[-1].read_text())
+    return (round(run["lone_host_s"], 9), round(run["lone_host_token_s"], 12),
+            f"benchmarks/lone_request_host.py at {run.get('tree', run['commit'])} on one "
+            f"{run['device']}, "
+            f"benchmarks/results/raw/{runs[-1].parent.name}/lone_host.json: {run['how']}, "
+            f"points {run['points']}")
+
+
 def timed_gemms() -> list[tuple[int, int, int, float]]:
     """(n, k, rows, seconds) of the 8B shape's bf16 projections (and their TP shards where
     timed) at up to TIMED_ROWS_MAX rows, a count timed twice at the mean of its times."""
@@ -122,6 +137,8 @@ def moe_flops_eff(matmul_flops: float) -> float:
 def base_compute() -> ComputeProfile:
     launch, bw_eff = gemv_line(4.27e12)
     quick = json.loads(QUICK_RAW.read_text())
+    lone_s, lone_token_s, lone_source = lone_host()
+    lone_note = {"lone_host_s, lone_host_token_s": lone_source} if lone_source else {}
     return ComputeProfile(
         device="H200", source=f"derived from docs/benchmark_log.md ({GPU_FAST_PATH}; {MOE}; "
         f"{MAX_CONTEXT}; {FOUR_SECOND}) by benchmarks/cost_profiles.py; to be refreshed by "
@@ -136,7 +153,8 @@ def base_compute() -> ComputeProfile:
         sampler_s=round(quick["sampler_s"], 9), sampler_row_s=round(quick["sampler_row_s"], 12),
         host_step_s=0.21e-3, eager_launch_s=4e-6,
         kernels_per_layer=14, host_to_device_bytes_per_s=55e9, gemm_timed=timed_gemms(),
-        notes={
+        lone_host_s=lone_s, lone_host_token_s=lone_token_s,
+        notes={**lone_note,
             "hbm_bytes_per_s, matmul_flops, host_to_device": CEILINGS,
             "memory_bytes": "an H200's 143,771 MiB",
             "gemm.bw_eff, gemm.launch_s": f"{BF16_GEMM}: the line through the 1-4-row "

@@ -7,7 +7,8 @@ Per row count, µs per call replayed from a CUDA graph (kernels/gemm_timing.py, 
 interleaved rounds; inputs stay in L2, as a step's activations do): the residual-add RMSNorm
 of hidden 4096 alone, then `fp8_gemm.quantize_rows` of its output, and `rms_norm_fp8`; SiLU-
 and-mul of 2 x 14336 alone, then `quantize_rows`, and `silu_and_mul_fp8` (as the row count
-chooses, split over programs, one program a row)."""
+chooses, split over programs, one program a row); `quantize_rows` alone of hidden and
+intermediate rows at 4, 8 and 16 warps."""
 import argparse
 import json
 
@@ -16,6 +17,7 @@ import torch
 from parashift.kernels import fp8_gemm, gemm_timing, rmsnorm, silu_mul
 
 HIDDEN, INTERMEDIATE, EPS = 4096, 14336, 1e-5
+QUANTIZE_WARPS = (4, 8, 16)
 
 
 def candidates(rows: int) -> dict:
@@ -34,6 +36,11 @@ def candidates(rows: int) -> dict:
         # each row over several programs (the default below silu_mul.SPLIT_ROWS), or one
         "silu_fp8_split": lambda i: silu_mul.silu_and_mul_fp8(gate_up, split=True),
         "silu_fp8_rows": lambda i: silu_mul.silu_and_mul_fp8(gate_up, split=False),
+        # the per-token quantization alone of hidden and intermediate rows, by warps
+        **{f"quantize_{name}_w{warps}": lambda i, rows=rows_in, warps=warps:
+           fp8_gemm.quantize_rows(rows, num_warps=warps)
+           for name, rows_in in (("hidden", x), ("inter", gate_up[:, :INTERMEDIATE]))
+           for warps in QUANTIZE_WARPS},
     }
 
 

@@ -7,7 +7,7 @@ the whole miss were there.
 
 Usage: PYTHONPATH=. python3 benchmarks/step_census.py --plans tp2 dp2 shift-sp2
        [--workload-file benchmarks/workloads/chat_600.json] [--budget 16384]
-       [--measured tp2=31.77 dp2=18.12]"""
+       [--measured tp2=31.77 dp2=18.12] [--wide-seqs 256]"""
 import argparse
 import json
 from collections import defaultdict
@@ -17,7 +17,8 @@ from parashift.bench.workloads import BenchRequest
 from parashift.config import EngineConfig
 from parashift.cost.profile import load
 from parashift.cost.shape import SHAPES, load_shape
-from parashift.cost.step import MIXED_GRAPH_ROWS, MIXED_GRAPH_SEQS, StepModel
+from parashift.cost.step import (MIXED_GRAPH_ROWS, MIXED_GRAPH_SEQS, MIXED_GRAPH_WIDE_SEQS,
+                                 StepModel)
 from parashift.planner.simulate import simulate
 
 PROFILES = SHAPES.parent / "results" / "profiles"
@@ -33,26 +34,30 @@ def config_of(name: str, shape: str, budget: int) -> EngineConfig:
                         **{DEGREES[plan[:2]]: int(plan[2:])})
 
 
-def kind(step: dict) -> str:
+def kind(step: dict, wide_seqs: int = 0) -> str:
+    """`wide_seqs`: the most sequences a wide mixed bucket holds (0: none)."""
     chunks = step["chunks"]
     rows = sum(length for _, length, _ in chunks)
     if all(length == 1 for _, length, _ in chunks):
         return "graph decode"
     if rows > MIXED_GRAPH_ROWS:
         return f"prefill of > {MIXED_GRAPH_ROWS} rows"
-    if len(chunks) > MIXED_GRAPH_SEQS:
-        return f"eager: prefill beside > {MIXED_GRAPH_SEQS} sequences"
+    most = max(MIXED_GRAPH_SEQS, wide_seqs)
+    if len(chunks) > most:
+        return f"eager: prefill beside > {most} sequences"
     return "mixed graph"
 
 
-def census(name: str, shape: str, budget: int, requests: list[BenchRequest]) -> dict:
+def census(name: str, shape: str, budget: int, requests: list[BenchRequest],
+           wide_seqs: int = MIXED_GRAPH_WIDE_SEQS) -> dict:
     gpus = int(name.removeprefix("shift-")[2:])
     model = StepModel(load_shape(shape), load(PROFILES / "h200_compute.json"),
-                      load(PROFILES / f"h200x{gpus}_link.json"), prefill_graphs=True)
+                      load(PROFILES / f"h200x{gpus}_link.json"), prefill_graphs=True,
+                      wide_graph_seqs=wide_seqs)
     sim = simulate(config_of(name, shape, budget), model, requests)
     kinds = defaultdict(lambda: [0, 0.0])
     for step in sim.steps:
-        key = (step["plan"], kind(step))
+        key = (step["plan"], kind(step, wide_seqs))
         kinds[key][0] += 1
         kinds[key][1] += step["end_s"] - step["start_s"]
     return {"duration_s": sim.duration_s, "kinds": dict(kinds)}
@@ -65,12 +70,15 @@ def main(argv=None) -> None:
     parser.add_argument("--workload-file", default=str(SHAPES.parent / "workloads" / "chat_600.json"))
     parser.add_argument("--budget", type=int, default=16384)
     parser.add_argument("--measured", nargs="*", default=[], metavar="PLAN=SECONDS")
+    parser.add_argument("--wide-seqs", type=int, default=MIXED_GRAPH_WIDE_SEQS,
+                        help="the wide mixed buckets' sequences (PARASHIFT_MIXED_GRAPH_WIDE_SEQS"
+                             "; 0: none)")
     args = parser.parse_args(argv)
     measured = {k: float(v) for k, v in (m.split("=") for m in args.measured)}
     lengths = json.loads(Path(args.workload_file).read_text())
     requests = [BenchRequest(i, p, o, 0.0) for i, (p, o) in enumerate(lengths)]
     for name in args.plans:
-        result = census(name, args.shape, args.budget, requests)
+        result = census(name, args.shape, args.budget, requests, args.wide_seqs)
         print(f"{name}: {result['duration_s']:.2f} s simulated")
         eager = 0  # the most a replica runs (DP's replicas step side by side)
         for (plan, what), (count, seconds) in sorted(result["kinds"].items()):

@@ -155,6 +155,13 @@ class StagingRing:
             copy = (target[:total], self.host[slot][:total])
         return host, dev, copy
 
+    def preallocate(self, nbytes: int) -> None:
+        """Every slot's buffers at least `nbytes` now (at start-up: a step's first long pack
+        would otherwise pin a larger buffer for its slot, in its step, once per slot)."""
+        for slot in range(self.depth):
+            if self.host[slot] is None or self.host[slot].numel() < nbytes:
+                self._grow(slot, max(nbytes, self.initial_bytes))
+
     def _take_slot(self, nbytes: int) -> int:
         slot = self.next_slot
         self.next_slot = (slot + 1) % self.depth

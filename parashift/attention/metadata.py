@@ -1,6 +1,7 @@
 """Per-step attention metadata, built once per step by the model runner."""
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -24,6 +25,8 @@ class AttentionMetadata:
     # CUDA-graph steps: the host lists describe the captured bucket (every sequence one
     # row), not the step; the device tensors hold the truth, padding rows included.
     static_shape: bool = False
+    # the host's copy of block_tables where the step has one (eager steps; None otherwise)
+    block_tables_cpu: np.ndarray | None = field(default=None, repr=False, compare=False)
     # what a backend derives from the step once and reuses in every layer (its own keys)
     derived: dict = field(default_factory=dict, repr=False, compare=False)
 

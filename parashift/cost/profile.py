@@ -110,6 +110,11 @@ class ComputeProfile:
     # work, which async scheduling overlaps with the device (max), as `parashift profile`
     # measures them
     host_overlapped: bool = False
+    # a lone request's host work around its step, which no other step overlaps (admission,
+    # scheduling, inputs, output: a prompt timed from add_request to its token), per request
+    # and per prompt token; 0 where not measured (StepModel.lone_step_s)
+    lone_host_s: float = 0.0
+    lone_host_token_s: float = 0.0
     # FP8-weight GEMMs (kernels/fp8_gemm.py): bytes of E4M3 weights, FLOPs at fp8_matmul_flops
     fp8_gemm: Roofline | None = None
     fp8_matmul_flops: float = 0.0
@@ -125,6 +130,9 @@ class ComputeProfile:
         _positive(f"compute profile {self.device}", hbm_bytes_per_s=self.hbm_bytes_per_s,
                   matmul_flops=self.matmul_flops, memory_bytes=self.memory_bytes,
                   host_to_device_bytes_per_s=self.host_to_device_bytes_per_s)
+        if not (self.lone_host_s >= 0 and self.lone_host_token_s >= 0):
+            raise ValueError(f"lone_host_s and lone_host_token_s must be >= 0, got "
+                             f"{self.lone_host_s}, {self.lone_host_token_s}")
         if not 0 < self.memory_utilization <= 1:
             raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
         object.__setattr__(self, "gemm_timed", _timed_points(self.gemm_timed))

@@ -9,6 +9,7 @@ rank holds (SP x TP splits the heads); under PP each stage runs its layers in tu
 activations sent between stages. A DP plan's replicas step apart: the caller gives each
 replica's batch (`replica_plan`)."""
 import math
+import os
 from dataclasses import dataclass, field
 
 from parashift.cost.profile import ComputeProfile, LinkProfile
@@ -18,8 +19,10 @@ from parashift.parallel.plan import Plan
 ELEMENTWISE_KERNELS = 6  # two norms, rotary with the KV write, SiLU-mul, two residual adds
 QK_NORM_KERNELS = 2      # a query and a key head norm (Qwen3)
 # the steps that prefill which the engine's mixed graphs cover (worker/cuda_graphs.py:
-# MIXED_SEQS, the largest of MIXED_ROWS); larger ones run eagerly
+# MIXED_SEQS, the largest of MIXED_ROWS, and WIDE_SEQS of the same environment variable:
+# its wide buckets, 0 for none); larger ones run eagerly
 MIXED_GRAPH_SEQS, MIXED_GRAPH_ROWS = 64, 2048
+MIXED_GRAPH_WIDE_SEQS = int(os.environ.get("PARASHIFT_MIXED_GRAPH_WIDE_SEQS", "0"))
 
 
 @dataclass(frozen=True)
@@ -74,17 +77,20 @@ class StepModel:
     """Step times of one model on one kind of node. `graphs`: decode steps run as CUDA graphs
     (collectives at their in-graph cost, host work overlapped); `prefill_graphs`: steps that
     prefill on one-stage plans too, where the engine's mixed graphs hold them (at most
-    `mixed_graph_seqs` sequences and `mixed_graph_rows` tokens; larger ones run eagerly)."""
+    `mixed_graph_seqs` sequences, or `wide_graph_seqs` where the engine captures wide
+    buckets, and `mixed_graph_rows` tokens; larger ones run eagerly)."""
 
     def __init__(self, shape: ModelShape, compute: ComputeProfile,
                  link: LinkProfile | None = None, graphs: bool = True,
                  prefill_graphs: bool = False, micro_batch_tokens: int = 256,
                  mixed_graph_seqs: int = MIXED_GRAPH_SEQS,
-                 mixed_graph_rows: int = MIXED_GRAPH_ROWS):
+                 mixed_graph_rows: int = MIXED_GRAPH_ROWS,
+                 wide_graph_seqs: int = MIXED_GRAPH_WIDE_SEQS):
         self.shape, self.compute, self.link = shape, compute, link
         self.graphs, self.prefill_graphs = graphs, prefill_graphs
         self.micro_batch_tokens = micro_batch_tokens  # EngineConfig.pp_micro_batch_tokens
         self.mixed_graph_seqs, self.mixed_graph_rows = mixed_graph_seqs, mixed_graph_rows
+        self.wide_graph_seqs = wide_graph_seqs
 
     def eager(self) -> "StepModel":
         """The same model with every step eager (no CUDA graphs)."""
@@ -118,7 +124,8 @@ class StepModel:
     def _mixed_graph(self, plan: Plan, batch: StepBatch) -> bool:
         """Whether a step that prefills replays a mixed graph (pipeline stages capture
         decode graphs only: worker/cuda_graphs.py)."""
-        return (self.prefill_graphs and plan.pp == 1 and len(batch.seqs) <= self.mixed_graph_seqs
+        seqs = max(self.mixed_graph_seqs, self.wide_graph_seqs)
+        return (self.prefill_graphs and plan.pp == 1 and len(batch.seqs) <= seqs
                 and batch.tokens <= self.mixed_graph_rows)
 
     def _pipeline(self, plan: Plan, batch: StepBatch, graph: bool, micro: int,
@@ -156,6 +163,19 @@ class StepModel:
 
     def step_s(self, plan: Plan, batch: StepBatch) -> float:
         return self.step(plan, batch).total
+
+    def lone_step_s(self, plan: Plan, batch: StepBatch) -> float:
+        """A one-stage step run alone from its requests' admission to their output (nothing
+        else in flight, as benchmarks/prefill_throughput.py times a prompt): a graph step's
+        device time and the profile's lone host work in turn, none overlapped; an eager
+        step's as `step` (the launch rate was fitted to such steps). Without a measured
+        lone host term, `step`'s."""
+        out = self.step(plan, batch)
+        c = self.compute
+        if not (c.lone_host_s or c.lone_host_token_s) or "host_launch_excess" in out.parts:
+            return out.total
+        device = sum(v for k, v in out.parts.items() if not k.startswith("host"))
+        return device + c.lone_host_s + batch.tokens * c.lone_host_token_s
 
     def _micro_batches(self, plan: Plan, batch: StepBatch) -> list[StepBatch]:
         """The step's micro-batches as the model runner cuts them (split_micro_batches):

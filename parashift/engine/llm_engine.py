@@ -305,16 +305,18 @@ class LLMEngine:
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer: give prompts as token ids")
             return prompt, self.tokenizer.encode(prompt) if prompt else []
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        # the common case (plain ints) checked in C: a long prompt's check is on its TTFT
+        if not set(map(type, prompt)) <= {int} and not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             raise ValueError("a token-id prompt must be a list of integers")
         return None, list(prompt)
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
             raise ValueError("the prompt is empty")
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is out of vocabulary (size {self.vocab_size})")
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            bad = next(t for t in token_ids if not 0 <= t < self.vocab_size)
+            raise ValueError(f"token id {bad} is out of vocabulary (size {self.vocab_size})")
         if len(token_ids) + 1 > self.max_model_len:
             raise ValueError(f"the prompt has {len(token_ids)} tokens; with one generated token that "
                              f"exceeds the model's context window max_model_len={self.max_model_len}")

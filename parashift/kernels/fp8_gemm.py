@@ -8,13 +8,15 @@ activations as they are (no per-token quantization kernel); at one to four rows 
 than bf16 at 1-64 rows on an H200 (issue 60) and wins above. A shape takes whichever
 measured faster on the device (`gemm_timing.py`), like `skinny_gemm.linear`."""
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import fp8_gemv, gemm_timing, pdl, split_tickets
+from parashift.kernels import fp8_gemm_tma, fp8_gemv, gemm_timing, pdl, split_tickets
+from parashift.kernels.fp8_epilogue import finish_split_tile
 from parashift.kernels.skinny_gemm import choose
 
 logger = logging.getLogger(__name__)
@@ -22,7 +24,7 @@ logger = logging.getLogger(__name__)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
 MAX_ROWS = 64
-OFF = tl.constexpr(pdl.OFF)  # a kernel's USE_PDL where it calls no PDL op
+FAST_ACCUM_ENV = "PARASHIFT_FP8_FAST_ACCUM"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,15 @@ CONFIGS = tuple(Config(kernel, *shape) for kernel in ("w8", "w8a8") for shape in
         (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (64, 256, 4, 3, 2), (16, 256, 4, 4, 2),
         (64, 256, 4, 3, 4), (128, 256, 8, 2, 2), (128, 256, 8, 2, 4))) + (
     Config("w8", 32, 256, 4, 4, 2, tickets=True), Config("w8", 16, 256, 4, 4, 2, tickets=True))
+# "tma_w8a8" (fp8_gemm_tma.py), above the GEMV's rows: the weight by TMA as wgmma's 64-256-row
+# side (y^T = W x^T), E4M3 by E4M3; K split by tickets so that N = 4096 fills the SMs. The
+# configs that won or came second at a shape of the 8B's at 16, 32 or 64 rows on an H200
+# (docs/benchmark_log.md, benchmarks/fp8_gemm_sweep.py; the widening "tma_w8" kernels and the
+# persistent one lost everywhere); measured where fp8_gemm_tma.enabled() (PARASHIFT_FP8_TMA,
+# on by default)
+TMA_CONFIGS = tuple(Config("tma_w8a8", *shape, tickets=True) for shape in (
+    (64, 256, 4, 6, 1), (64, 256, 4, 5, 1), (64, 256, 4, 4, 1), (64, 256, 4, 5, 2),
+    (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (256, 128, 8, 4, 1)))
 # "gemv" (fp8_gemv.py), at most fp8_gemv.MAX_ROWS rows: BLOCK_K bytes of each of BLOCK_N
 # weight rows a step, BLOCK_K >= 8 * 32 * warps (the tile's K spans every thread, so the loop
 # needs no shuffles or shared memory: checked in sm_90 PTX); narrow BLOCK_N or split K where N
@@ -123,55 +134,33 @@ def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, coun
             acc = tl.dot(x, tl.trans(w), acc)
         else:
             acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
-    if TICKETS:  # split_tickets.py: the tile's last program sums the parts and finishes
-        pdl.inputs_read(USE_PDL)
-        tile_ok = m_ok[:, None] & n_ok[None, :]
-        plane_offs = offs_m[:, None] * N + offs_n[None, :]
-        counter = counter_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        tl.store(part_ptr + split * M * N + plane_offs, acc, mask=tile_ok)
-        if split_tickets.is_last(counter, SPLIT_K):
-            split_tickets.reset(counter)
-            total = split_tickets.summed_parts(part_ptr + plane_offs, M * N, tile_ok, SPLIT_K)
-            _finish_tile(total, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok,
-                         stride_ym, True, HAS_BIAS, FP8_X, False, OFF)
-    else:
-        _finish_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym,
-                     split == 0, HAS_BIAS, FP8_X, SPLIT_K > 1, USE_PDL)
-
-
-@triton.jit
-def _finish_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym,
-                 bias_here, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
-                 ATOMIC: tl.constexpr, USE_PDL: tl.constexpr):
-    """The tile's sums scaled (the bias added where bias_here), stored in y's dtype, or
-    added atomically to the fp32 y (ATOMIC: a part of K of several); USE_PDL: LATE lets the
-    dependents launch before the stores."""
-    acc *= tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
-    if FP8_X:
-        acc *= tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
-    if HAS_BIAS:
-        if bias_here:
-            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    pdl.inputs_read(USE_PDL)
-    y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-    if ATOMIC:
-        tl.atomic_add(y, acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
-    else:
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    finish_split_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
+                      offs_m, offs_n, m_ok, n_ok, split,
+                      tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), HAS_BIAS,
+                      FP8_X, SPLIT_K, TICKETS, USE_PDL)
 
 
 def block_m(rows: int) -> int:
     return 16 if rows <= 16 else 32 if rows <= 32 else 64
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (E4M3 [M, K], fp32 scale [M, 1]) in one kernel."""
+def quantize_warps(k: int) -> int:
+    """_quantize_rows_kernel's warps for rows of k: 8 from 8,192 (4,096 rows of 14,336 on an
+    H200: 43.2 µs against 46.8 at 4 and 47.2 at 16; rows of 4,096 12.7 at 4 and 8)."""
+    return 8 if k >= 8192 else 4
+
+
+def quantize_rows(x: torch.Tensor, num_warps: int | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (E4M3 [M, K], fp32 scale [M, 1]) in one kernel (the same bits at any
+    num_warps: the row's largest magnitude is exact in any order)."""
+    num_warps = num_warps or quantize_warps(x.shape[1])
     q = torch.empty(x.shape, dtype=FP8, device=x.device)
     scale = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
     _quantize_rows_kernel[(x.shape[0],)](x, q, scale, x.shape[1], x.stride(0), q.stride(0),
                                          FP8_MAX=FP8_MAX,
                                          BLOCK_K=triton.next_power_of_2(x.shape[1]),
-                                         **pdl.launch_options(x.device))
+                                         num_warps=num_warps, **pdl.launch_options(x.device))
     return q, scale
 
 
@@ -189,13 +178,18 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
                                  config.num_warps, config.num_stages, config.split_k,
                                  config.ahead, config.tickets)
     x = x if x.stride(1) == 1 else x.contiguous()
+    fp8_x = "w8a8" in config.kernel
+    xq, x_scale = (x, scale) if not fp8_x else x_fp8 or quantize_rows(x)
+    if config.kernel in fp8_gemm_tma.KERNELS:
+        return fp8_gemm_tma.tma_linear(xq, x_scale, weight, scale, bias, x.dtype,
+                                       config.block_n, config.block_k, config.num_warps,
+                                       config.num_stages, config.split_k, config.tickets,
+                                       config.kernel.endswith("_p"), "bits" in config.kernel)
     (m, k), n = x.shape, weight.shape[0]
     bm, split = block_m(m), config.split_k
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, bm), split)
     y, parts, counters = split_tickets.outputs(m, n, x.dtype, x.device, split,
                                                grid[0] * grid[1], config.tickets)
-    fp8_x = config.kernel == "w8a8"
-    xq, x_scale = (x, scale) if not fp8_x else x_fp8 or quantize_rows(x)
     _fp8_weight_kernel[grid](
         xq, x_scale, weight, scale.reshape(-1), bias if bias is not None else scale, y,
         parts if parts is not None else y, counters if counters is not None else y, m, n,
@@ -207,14 +201,25 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     return y.to(x.dtype)
 
 
+def fast_accum() -> bool:
+    """PARASHIFT_FP8_FAST_ACCUM=1: cuBLASLt sums a prefill's (more than MAX_ROWS rows) FP8
+    products in the tensor cores without promoting partial sums to fp32, as the inference
+    GEMMs of vLLM, torchao and fbgemm do: faster, less exact. 0 (the default) until measured."""
+    value = os.environ.get(FAST_ACCUM_ENV, "0")  # read at each call
+    if value not in ("0", "1"):
+        raise ValueError(f"{FAST_ACCUM_ENV}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
 def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      bias: torch.Tensor | None,
-                     x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                     x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     fast: bool = False) -> torch.Tensor:
     """cuBLASLt's FP8 GEMM: x quantized per token (x_fp8, where made already), the weight's
-    scale per output row."""
+    scale per output row; fast: without fp32 promotion of the partial sums."""
     xq, x_scale = x_fp8 or quantize_rows(x if x.stride(1) == 1 else x.contiguous())
     return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=scale.reshape(1, -1),
-                            bias=bias, out_dtype=x.dtype)
+                            bias=bias, out_dtype=x.dtype, use_fast_accum=fast)
 
 
 _choices: dict[tuple, Config | None] = {}
@@ -245,7 +250,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     (`quantize_rows` of x [-1, K]), taken by the kernels that quantize them."""
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] > MAX_ROWS or weight.stride(1) != 1:
-        return scaled_mm_linear(rows, weight, scale, bias, x_fp8).reshape(*x.shape[:-1], -1)
+        fast = rows.shape[0] > MAX_ROWS and fast_accum()
+        return scaled_mm_linear(rows, weight, scale, bias, x_fp8, fast).reshape(
+            *x.shape[:-1], -1)
     key = _key(rows.shape[0], weight, x.dtype, x.device, bias is not None)
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
@@ -273,21 +280,29 @@ def quantizes_activations(rows: int, weight: torch.Tensor, dtype: torch.dtype,
     if key not in _choices:
         return torch.cuda.is_current_stream_capturing()
     config = _choices[key]
-    return config is None or config.kernel == "w8a8"
+    return config is None or "w8a8" in config.kernel
 
 
 def chosen() -> list[dict]:
     """What `linear` chose for each shape measured in this process."""
-    return [{"rows_up_to": key[0], "weight": list(key[1]), "kernel": "cuBLASLt"
-             if config is None else f"triton {config.kernel} {config.block_n}x{config.block_k}"
-             f" split {config.split_k}{' ahead' if config.ahead else ''}"
-             f"{' tickets' if config.tickets else ''}"}
+    return [{"rows_up_to": key[0], "weight": list(key[1]), "kernel": _label(config)}
             for key, config in _choices.items()]
+
+
+def _label(config: Config | None) -> str:
+    if config is None:
+        return "cuBLASLt"
+    label = (f"triton {config.kernel} {config.block_n}x{config.block_k} split {config.split_k}"
+             f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}")
+    if config.kernel in fp8_gemm_tma.KERNELS:  # these differ in warps and stages too
+        label += f" w{config.num_warps} s{config.num_stages}"
+    return label
 
 
 def candidates(rows: int, n: int) -> list[Config]:
     """The Triton configs measured for `rows` rows of an N-row weight."""
-    configs = CONFIGS + (GEMV_CONFIGS if rows <= fp8_gemv.MAX_ROWS else ())
+    configs = CONFIGS + (GEMV_CONFIGS if rows <= fp8_gemv.MAX_ROWS else
+                         TMA_CONFIGS if fp8_gemm_tma.enabled() else ())
     return [c for c in configs if c.block_n <= triton.next_power_of_2(n)]
 
 
@@ -296,7 +311,8 @@ def timings_ms(x, weight, scale, bias) -> dict[Config | None, float]:
     graphs over copies of the weight (`gemm_timing`, in the decode chain where asked), or
     with L2 flushed where a graph cannot be captured; a config this device cannot compile
     or run is left out."""
-    configs = candidates(x.shape[0], weight.shape[0])
+    configs = [c for c in candidates(x.shape[0], weight.shape[0])
+               if c.kernel not in fp8_gemm_tma.KERNELS or fp8_gemm_tma.takes(weight)]
     try:
         weights = gemm_timing.weight_copies(weight)
         xin, chain = gemm_timing.timed_input(x)

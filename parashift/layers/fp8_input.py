@@ -14,9 +14,10 @@ default mode. At run time the twin quantizes only on the GPU and where the consu
 for that many rows quantizes (`LinearBase.quantizes_input`); else it is the plain op. The
 consumer takes the rows only if it is called with the very tensor the producer returned
 (a design changing the tensor in between, e.g. SiDP's gather, gives another one: the
-layer then quantizes its input itself). Off until its before/after on a GPU is measured:
-PARASHIFT_FP8_FUSED_INPUT=1 fuses both kinds, =norm the RMSNorms only, =silu the SiLU-and-muls
-only (=norm,silu: both), 0 (the default) keeps every op plain."""
+layer then quantizes its input itself). On by default (PARASHIFT_FP8_FUSED_INPUT=1: both
+kinds; =norm the RMSNorms only, =silu the SiLU-and-muls only, =norm,silu both; 0 keeps every
+op plain): on one H200, 8B shape, a 4,096-token prefill step took 64.4 ms against 66.4 without
+(interleaved in one process, medians of 4), decode b1 and b64 on par (session 43)."""
 import os
 
 import torch
@@ -100,8 +101,8 @@ TWIN_NAMES = {"norm": QuantizingRMSNorm, "silu": QuantizingSiluAndMul}
 
 
 def fused_twins() -> set[type]:
-    """The quantizing twins PARASHIFT_FP8_FUSED_INPUT switches on (none by default)."""
-    mode = os.environ.get("PARASHIFT_FP8_FUSED_INPUT", "0")
+    """The quantizing twins PARASHIFT_FP8_FUSED_INPUT switches on (all by default)."""
+    mode = os.environ.get("PARASHIFT_FP8_FUSED_INPUT", "1")
     names = {"0": [], "1": list(TWIN_NAMES)}.get(mode, mode.split(","))
     if not set(names) <= set(TWIN_NAMES):
         raise ValueError(f"PARASHIFT_FP8_FUSED_INPUT={mode!r}: expected 0, 1 or a "

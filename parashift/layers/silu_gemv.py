@@ -133,8 +133,8 @@ def fuse_silu_into_gemv(model: torch.nn.Module) -> int:
     for module in list(model.modules()):
         for gate_up_path, act_name, down_path in getattr(module, "silu_gemv_triples", ()):
             act = getattr(module, act_name, None)
-            if type(act) is not SiluAndMul:  # e.g. fp8_input.py's quantizing twin
-                continue
+            if type(act) is not SiluAndMul:  # e.g. fp8_input.py's quantizing twin (FP8
+                continue  # layers with PARASHIFT_FP8_FUSED_INPUT on, the default) stays
             try:
                 layers = (module.get_submodule(gate_up_path), module.get_submodule(down_path))
             except AttributeError:

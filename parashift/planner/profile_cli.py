@@ -51,7 +51,8 @@ def summary(c: ComputeProfile) -> str:
                          f"fixed {fit.launch_s * 1e6:.1f} us")
     lines.append(f"sampler {c.sampler_s * 1e6:.1f} us + {c.sampler_row_s * 1e9:.1f} ns a row; "
                  f"host {c.host_step_s * 1e6:.1f} us a step + {c.host_seq_s * 1e6:.2f} us a "
-                 f"sequence; eager launch {c.eager_launch_s * 1e6:.1f} us")
+                 f"sequence; eager launch {c.eager_launch_s * 1e6:.1f} us; a lone request "
+                 f"{c.lone_host_s * 1e6:.1f} us + {c.lone_host_token_s * 1e9:.1f} ns a token")
     return "\n".join(lines)
 
 

@@ -3,7 +3,8 @@
 A pure-decode step of B sequences runs as the graph of the smallest decode bucket >= B,
 padded (see build_step_inputs). A step that prefills (alone or beside decodes) of at most
 MIXED_SEQS sequences and R <= the largest MIXED_ROWS token rows runs as the graph of the
-smallest mixed bucket >= R, its sequences padded to MIXED_SEQS: its attention is one
+smallest mixed bucket >= R, its sequences padded to MIXED_SEQS (opt-in wide buckets of at
+least WIDE_MIN_ROWS rows hold up to WIDE_SEQS sequences): its attention is one
 launch in the prefill configuration over a grid fixed by the bucket. Mixed graphs take a
 short prefill's host launches (hundreds a step, longer than the kernels below ~2,048 rows
 at four ranks) off the critical path; single-stage plans only, not in deterministic mode,
@@ -35,6 +36,12 @@ MIXED_ROWS = (256, 512, 1024, 2048)  # token rows of the graphs of steps that pr
 # compute per decode than eager's own launch), so a step of more runs eagerly (a tuning
 # knob, not an option: on four H200s eager TP4 steps are host-bound near 50 ms)
 MIXED_SEQS = int(os.environ.get("PARASHIFT_MIXED_GRAPH_SEQS", "64"))
+# wide mixed buckets beside those (0: none): graphs of WIDE_MIN_ROWS rows and more holding
+# up to this many sequences, for a prompt chunk admitted beside a full batch of decodes
+# (TP=2 offline chat: 264 such steps of 1,917 ran eagerly); a step of at most MIXED_SEQS
+# sequences still takes the narrower bucket of its rows
+WIDE_SEQS = int(os.environ.get("PARASHIFT_MIXED_GRAPH_WIDE_SEQS", "0"))
+WIDE_MIN_ROWS = 512
 # With speculative decoding, smaller mixed buckets for verification steps (k + 1 rows a
 # sequence, at least 2): padded to 256 rows, a batch-1 verification of the 8B shape on an
 # H200 took 8.1 ms against a 5.0 ms decode (2026-11-29)
@@ -61,15 +68,27 @@ class GraphSizes:
             raise ValueError(f"PARASHIFT_MIXED_GRAPH_SEQS must be at least 1, got {MIXED_SEQS}")
         self.decode = [b for b in DEFAULT_BUCKETS if b <= max_num_seqs
                        and all(b % sp == 0 for sp in sp_sizes)]
+        if WIDE_SEQS < 0:
+            raise ValueError(f"PARASHIFT_MIXED_GRAPH_WIDE_SEQS must be at least 0, got {WIDE_SEQS}")
         self.mixed_seqs = min(MIXED_SEQS, max_num_seqs)
         self.mixed_rows = [r for r in MIXED_ROWS if self.mixed_seqs < r <= max_mixed_rows
                            and all(r % sp == 0 for sp in sp_sizes)]
+        wide_seqs = min(WIDE_SEQS, max_num_seqs)
+        self.wide_seqs = wide_seqs if wide_seqs > self.mixed_seqs else 0
+        wide = [Bucket(r, self.wide_seqs) for r in self.mixed_rows
+                if self.wide_seqs and r >= WIDE_MIN_ROWS and r > self.wide_seqs]
         small = [r for r in VERIFY_ROWS if verify_rows and r <= max_mixed_rows
                  and all(r % sp == 0 for sp in sp_sizes)]
-        # smallest first: (rows, sequences) of every mixed graph
+        # smallest first: (rows, sequences) of every mixed graph; for_step takes the first
+        # that holds a step, so the narrow bucket of a row count before its wide one
         self.mixed = sorted({Bucket(r, min(self.mixed_seqs, r // 2)) for r in small}
-                            | {Bucket(r, self.mixed_seqs) for r in self.mixed_rows},
+                            | {Bucket(r, self.mixed_seqs) for r in self.mixed_rows} | set(wide),
                             key=lambda b: (b.rows, b.seqs))
+
+    @property
+    def most_mixed_seqs(self) -> int:
+        """The most sequences a mixed graph holds."""
+        return max(self.mixed_seqs, self.wide_seqs)
 
     def captured(self, single_stage: bool) -> list[Bucket]:
         """A plan's buckets, largest first (mixed ones for a plan of one stage)."""
@@ -123,7 +142,7 @@ class StepGraphs:
                                 verify_rows)
         largest = self.sizes.decode[-1]
         rows = max([largest, *(b.rows for b in self.sizes.mixed)])
-        seqs = max(largest, self.sizes.mixed_seqs)
+        seqs = max(largest, self.sizes.most_mixed_seqs)
         max_blocks = -(-max_model_len // min(p.block_size for p in plans))
         # Every graph's inputs but its block tables are views of this buffer, where a step's
         # pack lands in one copy (StagingRing.reserve(into=)): where each view starts is a

@@ -24,7 +24,7 @@ from parashift.worker.plan_resources import PlanResources, make_resources, weigh
 from parashift.worker.rank_hooks import RankHooks, RankSetup, hooks_for_rank
 from parashift.startup_phases import StartupPhases
 from parashift.worker.step_check import StepStateCheck
-from parashift.worker.step_inputs import StepInputs, build_step_inputs, counting
+from parashift.worker.step_inputs import StepInputs, build_step_inputs, counting, step_pack_bytes
 from parashift.worker.token_history import TokenHistoryStore
 from parashift.kv.cache import KVCache, attention_layers
 from parashift.kv.cpu_tier import TierShape
@@ -175,6 +175,9 @@ class ModelRunner:
         self.requests = RequestTables()
         self._check = StepStateCheck() if config.check_step_state else None
         self.staging = StagingRing(device)  # a step's index arrays to the device in one copy
+        # room for a step of one prompt as long as a step's budget, in every slot
+        tokens = config.max_num_batched_tokens
+        self.staging.preallocate(step_pack_bytes(tokens, 1, -(-tokens // config.block_size)))
         self.pinned = PinnedBuffers()  # where sampled tokens land on the host
         self._profiler = None  # start_profile's (worker/profiler.py)
         if self._check is not None:

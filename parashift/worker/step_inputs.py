@@ -11,7 +11,7 @@ import torch
 from parashift.attention.metadata import AttentionMetadata
 from parashift.step.message import PLACEHOLDER_TOKEN
 from parashift.worker.step_chunks import DecodeChunks, SeqChunk
-from parashift.uploads import FreshUploads
+from parashift.uploads import FreshUploads, pack_offsets
 
 # C-level readers of the chunks' fields (a map over them costs a fraction of a generator)
 _ROW, _START, _TOKENS = attrgetter("row"), attrgetter("start_pos"), attrgetter("token_ids")
@@ -86,11 +86,19 @@ def build_step_inputs(chunks: list[SeqChunk], tables: np.ndarray, block_size: in
     attn = AttentionMetadata(
         slot_mapping=slot_mapping, query_start_loc=starts_d, seq_lens=seq_lens_d,
         block_tables=block_tables_d, query_start_loc_cpu=starts_cpu, seq_lens_cpu=seq_lens_cpu,
-        max_query_len=max_query_len, max_seq_len=max_seq_len, block_size=block_size)
+        max_query_len=max_query_len, max_seq_len=max_seq_len, block_size=block_size,
+        block_tables_cpu=tables_h)
     last_rows = np.cumsum(q_lens) - 1
     sample_rows, sample_table_rows = _sampled_rows(chunks, sampled, last_rows, rows)
     return StepInputs(token_ids, positions_d, attn, sample_rows, local, rows,
                       last_rows, tokens[last_rows], sample_table_rows)
+
+
+def step_pack_bytes(num_tokens: int, num_seqs: int, width: int) -> int:
+    """The bytes of build_step_inputs' pack for a step of `num_tokens` rows and `num_seqs`
+    sequences of block tables `width` wide (one SP rank)."""
+    return pack_offsets([8 * num_tokens] * 3 + [4 * (num_seqs + 1), 4 * num_seqs,
+                                                4 * num_seqs * width])[1]
 
 
 def _sampled_rows(chunks: list[SeqChunk], sampled: np.ndarray, last_rows: np.ndarray,

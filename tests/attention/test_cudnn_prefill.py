@@ -1,5 +1,8 @@
 """The cuDNN prefill route: which sequences take it (host logic, any device), and its output
 against the torch reference and the Triton kernel on a CUDA device."""
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 
@@ -8,7 +11,8 @@ from parashift.attention.metadata import AttentionMetadata
 pytest.importorskip("triton")
 from parashift.attention import triton_backend  # noqa: E402
 from parashift.attention import cudnn_chunk  # noqa: E402
-from parashift.attention.cudnn_prefill import CudnnPrefillAttentionBackend  # noqa: E402
+from parashift.attention.cudnn_prefill import (CudnnPrefillAttentionBackend, _context,  # noqa: E402
+                                               block_run)
 from parashift.attention.torch_ref import TorchAttentionBackend  # noqa: E402
 
 
@@ -126,3 +130,36 @@ def test_rows_are_padded_only_where_missing():
     padded = _pad_rows(x, 8)
     assert padded.shape == (8, 2, 4) and torch.equal(padded[:6], x)
     assert not padded[6:].any()
+
+
+def test_a_context_whose_blocks_are_one_run_is_a_view_of_the_pool():
+    meta = dataclasses.replace(host_meta([40, 40, 20], [40, 40, 20]), block_tables_cpu=np.array(
+        [[3, 4, 5], [7, 6, 8], [9, 10, 0]], dtype=np.int32))
+    # 40 tokens of 16 a block: 3 blocks; 20: 2 (the table's padding not read)
+    assert [block_run(meta, seq) for seq in range(3)] == [slice(3, 6), None, slice(9, 11)]
+    assert block_run(host_meta([40], [40]), 0) is None  # no host copy of the tables
+    pool = torch.randn(12, 16, 2, 4)
+    view = _context(pool, slice(3, 6), 40, pool.dtype)
+    assert torch.equal(view, _context(pool, torch.tensor([3, 4, 5, 1]), 40, pool.dtype))
+    assert view.data_ptr() == pool[3].data_ptr()  # no copy
+
+
+@cuda
+def test_a_prompt_whose_blocks_are_one_run_gives_the_gathered_bits():
+    """One prompt, the whole step: its blocks as one run of the pool (read as a view, the
+    output returned as cuDNN gives it) against the same prompt's blocks scattered."""
+    from tests.attention.test_triton_backend import Step, make_step, run
+    scattered = make_step([4196], [4196], 32, 8)
+    blocks = scattered.meta.block_tables.shape[1]
+    in_order = torch.arange(blocks, dtype=torch.int32, device="cuda")
+    meta = dataclasses.replace(
+        scattered.meta, block_tables=in_order[None], block_tables_cpu=in_order[None].cpu().numpy(),
+        slot_mapping=torch.arange(4196, device="cuda"), derived={})
+    run_step = Step(meta, scattered.q, scattered.k, scattered.v, scattered.k_cache,
+                    scattered.v_cache)
+    backend = CudnnPrefillAttentionBackend()
+    assert block_run(meta, 0) == slice(0, blocks)
+    expected = run(backend, scattered)
+    actual = run(backend, run_step)
+    assert actual.shape == expected.shape and actual.is_contiguous()
+    assert torch.equal(actual, expected)

@@ -46,12 +46,29 @@ def test_timed_tp_shards_join_the_profiles_gemm_timings(tmp_path, monkeypatch):
     assert fp8_gemm.shards(2) == {"qkv/tp2": (3072, 4096), "o/tp2": (4096, 2048),
                                   "gate_up/tp2": (14336, 4096), "down/tp2": (4096, 7168)}
     assert fp8_gemm.shards(1)["qkv"] == (6144, 4096)
-    before = cost_profiles.timed_gemms()
-    assert not any((n, k) == (3072, 4096) for n, k, _, _ in before)
+    committed = [t for t in cost_profiles.timed_gemms() if t[:2] == (3072, 4096)]
+    assert [t[2] for t in committed] == [1, 4, 16, 32, 64, 256]  # session 43's run
+    monkeypatch.setattr(cost_profiles, "RAW", tmp_path)
+    assert not any((n, k) == (3072, 4096) for n, k, _, _ in cost_profiles.timed_gemms())
     (tmp_path / "s43").mkdir()
     rows = [{"proj": "qkv/tp2", "n": 3072, "k": 4096, "rows": r, "bf16_us": us}
             for r, us in ((1, 8.0), (256, 12.0), (4096, 90.0))]
     (tmp_path / "s43" / "gemm_tp_shards.json").write_text(json.dumps({"rows": rows}))
-    monkeypatch.setattr(cost_profiles, "RAW", tmp_path)
     shard = [t for t in cost_profiles.timed_gemms() if t[:2] == (3072, 4096)]
     assert shard == [(3072, 4096, 1, 8e-6), (3072, 4096, 256, 1.2e-5)]  # 4,096 rows: roofline
+
+
+def test_a_committed_lone_request_run_is_the_profiles_lone_host_work(tmp_path, monkeypatch):
+    """benchmarks/lone_request_host.py's output (raw/*/lone_host.json, the last by path)
+    sets the H200 profile's lone_host_s and lone_host_token_s as measured; none: 0, 0."""
+    monkeypatch.setattr(cost_profiles, "RAW", tmp_path)
+    assert cost_profiles.lone_host() == (0.0, 0.0, "")
+    for name, per_request in (("a", 1e-3), ("b", 2e-3)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "lone_host.json").write_text(json.dumps(dict(
+            lone_host_s=per_request, lone_host_token_s=3e-8, commit="abc", device="H200",
+            how="lone prompts", points=[[256, 1e-3]])))
+    per_request, per_token, source = cost_profiles.lone_host()
+    assert (per_request, per_token) == (2e-3, 3e-8) and "abc" in source
+    profile = cost_profiles.base_compute()
+    assert (profile.lone_host_s, profile.lone_host_token_s) == (2e-3, 3e-8)

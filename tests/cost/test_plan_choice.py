@@ -55,21 +55,21 @@ def test_offline_by_throughput_and_a_margin_keeps_the_static_plan(model, sidp):
     assert (policy.best.name, policy.static) == ("dp2xtp2", True)
     names = [p.name for p in policy.table]
     assert names.index("sidp-dp4") > names.index("dp4")
-    # by default its CaS decodes replay graphs (prompt chunks of 4,722 tokens or more run
-    # WaS): predicted 9.6% ahead of DP2xTP2 (the model under-prices d = 4's CaS: cost
+    # by default its CaS decodes replay graphs (prompt chunks of 4,716 tokens or more run
+    # WaS): predicted 11.7% ahead of DP2xTP2 (the model under-prices d = 4's CaS: cost
     # validation's 4gpu-sidp-tail rows, 1.8-2.6x the measured rate)
     by_default = choose(model, [sidp], batch, 4, ENGINE)
     assert (by_default.best.name, by_default.static) == ("sidp-dp4", False)
     assert (by_default.table[0].throughput / by_default.table[1].throughput
-            == pytest.approx(1.096, abs=0.01))
+            == pytest.approx(1.117, abs=0.01))
     cas = Served.sidp(Plan(dp=4), None)  # static CaS (`--share-ffn`): its decodes in graphs
     chosen = choose(model, [cas], batch, 4, ENGINE)
     assert (chosen.best.name, chosen.static) == ("sidp-dp4", False)
     throughputs = [p.throughput for p in chosen.table]
     assert throughputs == sorted(throughputs, reverse=True)
-    # predicted 6% ahead of the best static plan (DP2xTP2, DP4 0.3% behind): a 10% margin
+    # predicted 8% ahead of the best static plan (DP2xTP2, DP4 0.2% behind): a 10% margin
     # keeps it
-    assert chosen.table[0].throughput / chosen.table[1].throughput == pytest.approx(1.064, abs=0.01)
+    assert chosen.table[0].throughput / chosen.table[1].throughput == pytest.approx(1.084, abs=0.01)
     kept = choose(model, [cas], batch, 4, ENGINE, margin=0.1)
     assert (kept.best.name, kept.static) == ("dp2xtp2", True)
     assert "sidp-dp4" in kept.report() and "dp2xtp2" in kept.report()

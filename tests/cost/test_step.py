@@ -81,8 +81,8 @@ def test_unknown_model_is_a_clear_error():
 PINNED = [("single", StepBatch.decode(1, 1024), 1, 4.866711),
           ("single", StepBatch.decode(256, 1024), 1, 16.374956),
           ("single", StepBatch.prefill(4096), 1, 103.064528),
-          ("tp2", StepBatch.decode(64, 512), 2, 4.870983),
-          ("tp4", StepBatch.decode(1, 2112), 4, 2.761995)]
+          ("tp2", StepBatch.decode(64, 512), 2, 4.627805),
+          ("tp4", StepBatch.decode(1, 2112), 4, 2.761987)]
 
 
 @pytest.mark.parametrize("plan,batch,gpus,ms", PINNED)
@@ -180,4 +180,29 @@ def test_a_step_that_prefills_replays_a_mixed_graph_only_where_the_engines_graph
     assert "host_launch_excess" in model.step(Plan(), StepBatch.prefill(2049)).parts
     wide = StepModel(SHAPE, profile, prefill_graphs=True, mixed_graph_seqs=256)
     assert "host" in wide.step(Plan(), crowded).parts
+    buckets = StepModel(SHAPE, profile, prefill_graphs=True, wide_graph_seqs=256)  # wide ones
+    assert buckets.step(Plan(), crowded).total == wide.step(Plan(), crowded).total
+    assert "host" in buckets.step(Plan(), small).parts
+    fuller = StepBatch(crowded.seqs + StepBatch.decode(1, 9).seqs)  # 257 sequences
+    assert "host_launch_excess" in buckets.step(Plan(), fuller).parts
     assert "host_launch_excess" in StepModel(SHAPE, profile).step(Plan(), small).parts
+
+
+def test_a_lone_graph_step_adds_the_measured_lone_host_work_to_its_device_time():
+    """StepModel.lone_step_s: a lone prompt's graph step is its device time, then its host
+    work per request and per token, none overlapped; an eager step is `step`'s; without
+    the measured terms, `step`'s."""
+    plain = compute(host_step_s=1e-3, eager_launch_s=1e-2)
+    lone = replace(plain, lone_host_s=2e-3, lone_host_token_s=1e-6)
+    prompt = StepBatch.prefill(300)
+    graphed = StepModel(SHAPE, lone, prefill_graphs=True).step(Plan(), prompt)
+    device = sum(v for k, v in graphed.parts.items() if k != "host")
+    assert graphed.total == device + 1e-3
+    assert StepModel(SHAPE, lone, prefill_graphs=True).lone_step_s(Plan(), prompt) == (
+        device + 2e-3 + 300 * 1e-6)
+    eager = StepModel(SHAPE, lone)
+    assert eager.lone_step_s(Plan(), prompt) == eager.step_s(Plan(), prompt)
+    unmeasured = StepModel(SHAPE, plain, prefill_graphs=True)
+    assert unmeasured.lone_step_s(Plan(), prompt) == unmeasured.step_s(Plan(), prompt)
+    with pytest.raises(ValueError, match="lone_host_s"):
+        replace(plain, lone_host_s=-1.0)

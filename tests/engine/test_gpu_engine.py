@@ -78,6 +78,24 @@ def test_graphs_and_async_scheduling_give_the_eager_tokens(step_tokens, monkeypa
     assert any(b.decode for b in replayed) and any(not b.decode for b in replayed)
 
 
+def test_wide_mixed_graphs_give_the_eager_tokens(monkeypatch, tmp_path):
+    """Wide mixed buckets (PARASHIFT_MIXED_GRAPH_WIDE_SEQS; narrow buckets of 4 sequences
+    here, wide ones of 16 from 512 rows): steps that prefill beside more decodes than a
+    narrow bucket holds replay them, with the eager tokens (the narrow buckets' own steps:
+    test_graphs_and_async_scheduling_give_the_eager_tokens)."""
+    from parashift.worker import cuda_graphs
+    from tests.engine.conftest import save_tiny_llama
+    monkeypatch.setattr(cuda_graphs, "MIXED_SEQS", 4)
+    monkeypatch.setattr(cuda_graphs, "WIDE_SEQS", 16)
+    model_dir = save_tiny_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2,
+                                hidden_size=256, intermediate_size=512, num_hidden_layers=4)
+    replayed = _record_replays(monkeypatch)
+    outs = _eager_and_graph_tokens(512, model=model_dir, dtype="float32",
+                                   skip_tokenizer_init=True, max_num_batched_tokens=512)
+    assert outs[True] == outs[False]
+    assert any(b.seqs == 16 and not b.decode for b in replayed)
+
+
 @requires_smollm2
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graphs_give_the_eager_tokens_on_the_default_model(dtype):

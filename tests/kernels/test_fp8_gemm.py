@@ -44,8 +44,8 @@ TICKET_CASES = [dict(m=3, n=40, k=130, bias=True), dict(m=17, n=48, k=64),
                 dict(m=33, n=16, k=200, bias=True)]
 
 
-def check_tickets(m, n, k, bias=False, dtype="float32", device="cpu",
-                  configs=TICKET_CONFIGS):
+def operands(m, n, k, bias, dtype, device):
+    """(x, E4M3 weight, its scale, bias or None, the dequantized product in float64)."""
     wide = randn((n, k), "float32", device, seed=2, scale=k ** -0.5)
     scale = wide.abs().amax(1, keepdim=True) / fp8_gemm.FP8_MAX
     w = (wide / scale).to(fp8_gemm.FP8)
@@ -53,6 +53,12 @@ def check_tickets(m, n, k, bias=False, dtype="float32", device="cpu",
     b = randn((n,), dtype, device, seed=3) if bias else None
     expected = torch.nn.functional.linear(x.double(), w.double() * scale.double(),
                                           None if b is None else b.double())
+    return x, w, scale, b, expected
+
+
+def check_tickets(m, n, k, bias=False, dtype="float32", device="cpu",
+                  configs=TICKET_CONFIGS):
+    x, w, scale, b, expected = operands(m, n, k, bias, dtype, device)
     one_part = {}
     for config in configs:
         actual = fp8_gemm.fp8_weight_linear(x, w, scale, b, config)
@@ -99,6 +105,37 @@ def test_rows_quantized_in_one_kernel_match_torch():
     expected_scale = x.float().abs().amax(1, keepdim=True).clamp(min=1e-12) / fp8_gemm.FP8_MAX
     torch.testing.assert_close(scale, expected_scale)
     torch.testing.assert_close(q.float(), (x.float() / expected_scale).to(fp8_gemm.FP8).float())
+
+
+def test_fast_accumulation_is_off_by_default_and_a_bad_value_an_error(monkeypatch):
+    monkeypatch.delenv("PARASHIFT_FP8_FAST_ACCUM", raising=False)
+    assert not fp8_gemm.fast_accum()
+    monkeypatch.setenv("PARASHIFT_FP8_FAST_ACCUM", "1")
+    assert fp8_gemm.fast_accum()
+    monkeypatch.setenv("PARASHIFT_FP8_FAST_ACCUM", "yes")
+    with pytest.raises(ValueError, match="PARASHIFT_FP8_FAST_ACCUM='yes'"):
+        fp8_gemm.fast_accum()
+
+
+@cuda
+def test_a_prefill_with_fast_accumulation_stays_near_the_exact_sums(monkeypatch):
+    w, scale = quantized(1024, 4096)
+    x = torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16)
+    exact = fp8_gemm.linear(x, w, scale, None).float()
+    monkeypatch.setenv("PARASHIFT_FP8_FAST_ACCUM", "1")
+    fast = fp8_gemm.linear(x, w, scale, None).float()
+    assert (fast - exact).norm() / exact.norm() < 1e-2
+
+
+@cuda
+@pytest.mark.parametrize("k", [1000, 4096, 14336])
+def test_rows_quantized_at_any_warps_are_the_same_bits(k):
+    x = torch.randn(7, 2 * k, device="cuda", dtype=torch.bfloat16)[:, :k] * 3
+    q, scale = fp8_gemm.quantize_rows(x, num_warps=4)
+    for warps in (1, 8, 16):
+        q_w, scale_w = fp8_gemm.quantize_rows(x, num_warps=warps)
+        assert torch.equal(scale_w, scale) and torch.equal(q_w.view(torch.uint8),
+                                                           q.view(torch.uint8))
 
 
 @cuda

@@ -50,6 +50,10 @@ def test_gate_up_by_default_and_a_bad_switch_is_an_error(monkeypatch):
 @pytest.mark.parametrize("quantization", [None, WeightQuant()], ids=["bf16", "fp8"])
 def test_each_mlp_hooks_the_layer_it_fuses_with(monkeypatch, quantization, kind):
     monkeypatch.setenv(silu_gemv.ENV, kind)
+    if quantization is not None:  # fp8_input.py's quantizing twin, where on, stays
+        monkeypatch.setenv("PARASHIFT_FP8_FUSED_INPUT", "1")
+        assert not twins(build(quantization))
+        monkeypatch.setenv("PARASHIFT_FP8_FUSED_INPUT", "0")
     model = build(quantization)
     assert twins(model) == [f"model.layers.{i}.mlp.act" for i in range(TINY["num_hidden_layers"])]
     for layer in model.model.layers:
@@ -111,6 +115,9 @@ def test_the_down_hook_computes_only_for_its_tensor_and_weight_once():
 def test_the_twin_is_the_plain_op_on_the_cpu(monkeypatch, kind):
     monkeypatch.setenv(silu_gemv.ENV, kind)
     mlp = build().model.layers[0].mlp
+    gen = torch.Generator().manual_seed(0)
+    for p in mlp.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=gen) * 0.2)
     monkeypatch.setattr(gated_gemv, "choice", lambda *args: pytest.fail("asked on the CPU"))
     x = torch.randn(2, 64)
     expected = F.linear(silu_and_mul_torch(mlp.gate_up_proj(x)), mlp.down_proj.weight)

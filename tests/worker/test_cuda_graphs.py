@@ -124,6 +124,36 @@ def test_mixed_buckets_follow_the_step_budget_the_sequence_cap_and_sp():
                                             Bucket(1, 1)]  # a pipeline stage: decodes only
 
 
+def test_wide_mixed_buckets_hold_a_prompt_chunk_beside_a_full_batch(monkeypatch):
+    """PARASHIFT_MIXED_GRAPH_WIDE_SEQS: buckets of 512 rows and more holding up to that many
+    sequences beside the 64-sequence ones; a step of at most 64 sequences keeps its narrow
+    bucket, one of more takes the smallest wide bucket of enough rows."""
+    from parashift.worker import cuda_graphs
+    monkeypatch.setattr(cuda_graphs, "WIDE_SEQS", 256)
+    sizes = GraphSizes(max_num_seqs=256, sp_sizes={1, 2}, max_mixed_rows=16384)
+    assert [(b.rows, b.seqs) for b in sizes.mixed] == [
+        (256, 64), (512, 64), (512, 256), (1024, 64), (1024, 256), (2048, 64), (2048, 256)]
+    assert sizes.most_mixed_seqs == 256
+    assert sizes.for_step(rows=7, seqs=3) == Bucket(256, 64)
+    assert sizes.for_step(rows=600, seqs=64) == Bucket(1024, 64)
+    assert sizes.for_step(rows=830, seqs=256) == Bucket(1024, 256)  # a chunk beside 255 decodes
+    assert sizes.for_step(rows=100, seqs=65) == Bucket(512, 256)    # few rows, many sequences
+    assert sizes.for_step(rows=512, seqs=200) == Bucket(512, 256)
+    assert sizes.for_step(rows=2049, seqs=100) is None               # above the largest: eager
+    assert sizes.for_step(rows=300, seqs=257) is None
+    captured = sizes.captured(single_stage=True)
+    assert captured[:3] == [Bucket(2048, 256), Bucket(2048, 64), Bucket(1024, 256)]
+    assert GraphSizes(128, {1}, 4096).most_mixed_seqs == 128  # capped by the seats
+    assert [b.seqs for b in GraphSizes(128, {1}, 1000).mixed] == [64, 64, 128]
+    assert GraphSizes(64, {1}, 4096).wide_seqs == 0            # no wider than the narrow ones
+    assert [b.rows for b in GraphSizes(256, {1}, 400).mixed] == [256]  # budget under 512 rows
+    monkeypatch.setattr(cuda_graphs, "WIDE_SEQS", 0)
+    assert GraphSizes(256, {1}, 16384).most_mixed_seqs == 64   # off: today's buckets
+    monkeypatch.setattr(cuda_graphs, "WIDE_SEQS", -1)
+    with pytest.raises(ValueError, match="PARASHIFT_MIXED_GRAPH_WIDE_SEQS"):
+        GraphSizes(256, {1}, 16384)
+
+
 def test_verification_steps_take_small_mixed_buckets_with_speculation():
     sizes = GraphSizes(256, {1}, max_mixed_rows=8192, verify_rows=True)
     assert [(b.rows, b.seqs) for b in sizes.mixed] == [

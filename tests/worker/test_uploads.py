@@ -68,3 +68,20 @@ def test_layouts_and_their_views_are_made_once_and_kept_bounded():
         ring.send()
     assert len(ring.layouts) <= 16 * MAX_LAYOUTS + 1
     assert all(len(views) <= MAX_LAYOUTS + 1 for views in ring.views)
+
+
+def test_preallocated_slots_take_a_pack_of_that_size_without_growing():
+    ring = StagingRing(torch.device("cpu"), depth=3)
+    ring.preallocate(1 << 17)
+    buffers = [ring.host[slot] for slot in range(ring.depth)]
+    assert all(b is not None and b.numel() >= 1 << 17 for b in buffers)
+    for k in range(2 * ring.depth):
+        x, = ring.upload([(np.arange(16000) + k, torch.int64)])  # 128,000 bytes
+        assert x[0].item() == k
+    assert all(ring.host[slot] is buffers[slot] for slot in range(ring.depth))
+
+
+def test_a_step_pack_of_a_long_prompt_is_sized_as_build_step_inputs_lays_it_out():
+    from parashift.worker.step_inputs import step_pack_bytes
+    # tokens, positions, slots (int64), 2 query starts, 1 length, 257 table entries (int32)
+    assert step_pack_bytes(4096, 1, 257) == 3 * 8 * 4096 + 8 + 8 + 4 * 257 + 4
