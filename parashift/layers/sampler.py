@@ -72,6 +72,11 @@ class Sampler:
         logprobs = _gather_logprobs(raw, params, token_ids) if with_logprobs else None
         return SamplerOutput(token_ids, logprobs)
 
+    def warm_up(self, vocab_size: int, dtype: torch.dtype) -> None:
+        """Compiles the argmax-only path's kernel (CUDA) before any request waits for it."""
+        if self.device.type == "cuda":
+            self.argmax(torch.zeros(1, vocab_size, dtype=dtype, device=self.device))
+
     @staticmethod
     def argmax(logits: torch.Tensor) -> SamplerOutput:
         """What __call__ returns for rows that are all `argmax_only` (SamplingParams): the

@@ -39,6 +39,16 @@ def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch):
         argmax.enabled()
 
 
+def test_the_sampler_warms_it_up_on_cuda_only(monkeypatch):
+    calls = []
+    monkeypatch.setattr(argmax, "argmax", lambda logits, *args: calls.append(logits.shape))
+    Sampler("cpu").warm_up(1000, torch.bfloat16)
+    assert calls == []
+    if torch.cuda.is_available():
+        Sampler("cuda").warm_up(1000, torch.bfloat16)
+        assert calls == [(1, 1000)]
+
+
 @cuda
 def test_the_sampler_takes_it_on_cuda(monkeypatch):
     monkeypatch.setenv(argmax.ENV, "1")
