@@ -88,8 +88,14 @@ def linear(x: torch.Tensor, weight) -> torch.Tensor:
     return skinny_gemm.linear(x, weight, None)
 
 
-def step(x, residual, layers, meta, positions, cos_sin, backend):
-    """The decode kernels of len(layers) layers."""
+def mlp(h: torch.Tensor, layer: Layer) -> torch.Tensor:
+    """gate_up, SiLU-and-mul, down."""
+    return linear(silu_mul.silu_and_mul(linear(h, layer.weights["gate_up"])),
+                  layer.weights["down"])
+
+
+def step(x, residual, layers, meta, positions, cos_sin, backend, mlp=mlp):
+    """The decode kernels of len(layers) layers (the MLP's by `mlp(h, layer)`)."""
     batch = x.shape[0]
     for layer in layers:
         h, residual = rmsnorm.add_rms_norm(x, residual, layer.norms[0], EPS)
@@ -102,8 +108,7 @@ def step(x, residual, layers, meta, positions, cos_sin, backend):
         o = backend.attend(q, layer.k_cache, layer.v_cache, meta, HEAD_DIM ** -0.5)
         x = linear(o.view(batch, -1), layer.weights["o"])
         h, residual = rmsnorm.add_rms_norm(x, residual, layer.norms[1], EPS)
-        x = linear(silu_mul.silu_and_mul(linear(h, layer.weights["gate_up"])),
-                   layer.weights["down"])
+        x = mlp(h, layer)
     return x, residual
 
 

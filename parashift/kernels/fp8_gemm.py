@@ -235,6 +235,12 @@ def _key(rows: int, weight: torch.Tensor, dtype: torch.dtype, device: torch.devi
     return (row_bucket(rows), tuple(weight.shape), weight.stride(0), dtype, device, has_bias)
 
 
+def measured_choice(rows: int, weight: torch.Tensor, dtype: torch.dtype,
+                    device: torch.device, has_bias: bool) -> Config | None:
+    """`linear`'s choice for this shape where measured (None: cuBLASLt or not measured)."""
+    return _choices.get(_key(rows, weight, dtype, device, has_bias))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
            bias: torch.Tensor | None,
            x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -251,7 +257,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return scaled_mm_linear(rows, weight, scale, bias, x_fp8).reshape(*x.shape[:-1], -1)
-        with pdl.suspended():
+        with gemm_timing.timing_launches():
             timings = timings_ms(rows, weight, scale, bias)
         _choices[key] = choose(timings)
         logger.info("FP8 GEMM, %d rows x %s: %s (%.2f µs; cuBLASLt %.2f µs)", rows.shape[0],
@@ -302,16 +308,18 @@ def candidates(rows: int, n: int) -> list[Config]:
 
 def timings_ms(x, weight, scale, bias) -> dict[Config | None, float]:
     """Milliseconds per call of cuBLASLt (None) and each Triton config, replayed from CUDA
-    graphs over copies of the weight (`gemm_timing`), or with L2 flushed where a graph
-    cannot be captured; a config this device cannot compile or run is left out."""
+    graphs over copies of the weight (`gemm_timing`, in the decode chain where asked), or
+    with L2 flushed where a graph cannot be captured; a config this device cannot compile
+    or run is left out."""
     configs = [c for c in candidates(x.shape[0], weight.shape[0])
                if c.kernel not in fp8_gemm_tma.KERNELS or fp8_gemm_tma.takes(weight)]
     try:
         weights = gemm_timing.weight_copies(weight)
-        runs = {None: lambda i: scaled_mm_linear(x, weights[i], scale, bias)}
-        runs.update({c: lambda i, c=c: fp8_weight_linear(x, weights[i], scale, bias, c)
+        xin, chain = gemm_timing.timed_input(x)
+        runs = {None: lambda i: scaled_mm_linear(xin, weights[i], scale, bias)}
+        runs.update({c: lambda i, c=c: fp8_weight_linear(xin, weights[i], scale, bias, c)
                      for c in configs})
-        timings = gemm_timing.replayed_timings_ms(runs, len(weights))
+        timings = gemm_timing.replayed_timings_ms(runs, len(weights), chain)
         if None in timings:
             return timings
     except Exception as exc:  # noqa: BLE001  graphs not capturable here: flush instead

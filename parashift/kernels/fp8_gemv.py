@@ -24,22 +24,31 @@ import triton
 import triton.language as tl
 
 from parashift.kernels import pdl, split_tickets
+from parashift.kernels.silu_values import silu_mul_values
 
 MAX_ROWS = 4
 VEC = 8  # weight bytes a thread loads at once; BLOCK_K must be a multiple
 
 
 @triton.jit
-def _row_sums(w, x_row_ptr, k, k_ok, EVEN_K: tl.constexpr, VEC: tl.constexpr):
+def _row_sums(w, x_row_ptr, k, k_ok, K, EVEN_K: tl.constexpr, VEC: tl.constexpr,
+              GATED: tl.constexpr, LIBDEVICE: tl.constexpr):
     """The tile times one activation row, summed over each VEC consecutive K (the bytes a
     thread loads at once, so the sums stay in a thread's registers):
-    [BLOCK_N, BLOCK_K // VEC] fp32."""
+    [BLOCK_N, BLOCK_K // VEC] fp32. GATED: the row holds [gate | up] (2 K), its activations
+    silu(gate) * up rounded to its dtype, as silu_mul.silu_and_mul makes them."""
     # loaded as [1, BLOCK_K]: in the tile's layout, where a [BLOCK_K] load would be moved
     # through shared memory every step
     if EVEN_K:
         x = tl.load(x_row_ptr + k[None, :])
     else:
         x = tl.load(x_row_ptr + k[None, :], mask=k_ok[None, :], other=0.0)
+    if GATED:  # masked columns: silu(0) * 0 = 0
+        if EVEN_K:
+            up = tl.load(x_row_ptr + K + k[None, :])
+        else:
+            up = tl.load(x_row_ptr + K + k[None, :], mask=k_ok[None, :], other=0.0)
+        x = silu_mul_values(x, up, LIBDEVICE).to(x.dtype)
     prod = w * x.to(tl.float32)
     return tl.sum(tl.reshape(prod, (prod.shape[0], prod.shape[1] // VEC, VEC)), axis=2)
 
@@ -65,13 +74,18 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, N
                      ROWS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, VEC: tl.constexpr,
                      USE_PDL: tl.constexpr, PREFETCH_K: tl.constexpr,
-                     AHEAD: tl.constexpr = False, TICKETS: tl.constexpr = False):
+                     AHEAD: tl.constexpr = False, TICKETS: tl.constexpr = False,
+                     GATED: tl.constexpr = False, LIBDEVICE: tl.constexpr = False,
+                     SILU_OUT: tl.constexpr = False):
     first_n = tl.program_id(0) * BLOCK_N
     split = tl.program_id(1)
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     first_k = split * k_per_split
     k_end = tl.minimum(K, first_k + k_per_split)
     offs_n = first_n + tl.arange(0, BLOCK_N)
+    if SILU_OUT:  # the tile's rows interleave gate row j and up row N / 2 + j
+        pair = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
+        offs_n = tl.where(pair < N // 2, (tl.arange(0, BLOCK_N) % 2) * (N // 2) + pair, N)
     n_ok = offs_n < N
     # rows past N read row N-1 (in bounds, so the loads need no row mask); not stored
     w_rows = w_ptr + (offs_n % N)[:, None].to(tl.int64) * stride_wn
@@ -94,13 +108,16 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, N
             w_next = _tile_before(w_rows, k + BLOCK_K, k_end)
         else:
             w = _weight_tile(w_rows, k, k_ok, EVEN_K).to(tl.float32)
-        acc0 += _row_sums(w, x_ptr, k, k_ok, EVEN_K, VEC)
+        acc0 += _row_sums(w, x_ptr, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE)
         if ROWS > 1:
-            acc1 += _row_sums(w, x_ptr + stride_xm, k, k_ok, EVEN_K, VEC)
+            acc1 += _row_sums(w, x_ptr + stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
+                              LIBDEVICE)
         if ROWS > 2:
-            acc2 += _row_sums(w, x_ptr + 2 * stride_xm, k, k_ok, EVEN_K, VEC)
+            acc2 += _row_sums(w, x_ptr + 2 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
+                              LIBDEVICE)
         if ROWS > 3:
-            acc3 += _row_sums(w, x_ptr + 3 * stride_xm, k, k_ok, EVEN_K, VEC)
+            acc3 += _row_sums(w, x_ptr + 3 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
+                              LIBDEVICE)
     scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
     bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if HAS_BIAS:  # once: by split 0, or by the tile's last program (TICKETS)
@@ -114,6 +131,11 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, N
     if TICKETS:
         _finish_by_tickets(y_ptr, stride_ym, part_ptr, counter_ptr, sums0, sums1, sums2, sums3,
                            scale, bias, offs_n, n_ok, N, split, ROWS, SPLIT_K)
+    elif SILU_OUT:
+        first_pair = tl.program_id(0) * (BLOCK_N // 2)
+        _store_silu_rows(y_ptr + first_pair, stride_ym, sums0 * scale + bias,
+                         sums1 * scale + bias, sums2 * scale + bias, sums3 * scale + bias,
+                         N // 2 - first_pair, ROWS, LIBDEVICE)
     elif SPLIT_K == 1:
         _store_rows(y_ptr + offs_n, stride_ym, sums0 * scale + bias, sums1 * scale + bias,
                     sums2 * scale + bias, sums3 * scale + bias, n_ok, ROWS)
@@ -159,6 +181,34 @@ def _store_rows(first_ptrs, stride, out0, out1, out2, out3, mask, ROWS: tl.const
 
 
 @triton.jit
+def _silu_of_pairs(out, dtype, LIBDEVICE: tl.constexpr):
+    """silu(gate) * up (fp32, [BLOCK_N // 2]) of out's interleaved (gate, up) pairs (fp32),
+    each rounded to dtype first, as the unfused GEMV stores them for SiLU-and-mul."""
+    gate, up = tl.split(tl.reshape(out.to(dtype), (out.shape[0] // 2, 2)))
+    return silu_mul_values(gate, up, LIBDEVICE)
+
+
+@triton.jit
+def _store_silu_rows(first_ptrs, stride, out0, out1, out2, out3, count, ROWS: tl.constexpr,
+                     LIBDEVICE: tl.constexpr):
+    """`_store_rows` of the SiLU-and-mul of each row's (gate, up) pairs: `count` outputs at
+    most."""
+    dtype = first_ptrs.dtype.element_ty
+    offs = tl.arange(0, out0.shape[0] // 2)
+    mask = offs < count
+    tl.store(first_ptrs + offs, _silu_of_pairs(out0, dtype, LIBDEVICE).to(dtype), mask=mask)
+    if ROWS > 1:
+        tl.store(first_ptrs + stride + offs, _silu_of_pairs(out1, dtype, LIBDEVICE).to(dtype),
+                 mask=mask)
+    if ROWS > 2:
+        tl.store(first_ptrs + 2 * stride + offs,
+                 _silu_of_pairs(out2, dtype, LIBDEVICE).to(dtype), mask=mask)
+    if ROWS > 3:
+        tl.store(first_ptrs + 3 * stride + offs,
+                 _silu_of_pairs(out3, dtype, LIBDEVICE).to(dtype), mask=mask)
+
+
+@triton.jit
 def _add_rows(first_ptrs, stride, out0, out1, out2, out3, mask, ROWS: tl.constexpr):
     """`_store_rows` by atomic adds into fp32 (a part of K of several)."""
     tl.atomic_add(first_ptrs, out0, mask=mask, sem="relaxed")
@@ -173,28 +223,43 @@ def _add_rows(first_ptrs, stride, out0, out1, out2, out3, mask, ROWS: tl.constex
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              bias: torch.Tensor | None, block_n: int, block_k: int, num_warps: int,
              num_stages: int, split_k: int = 1, ahead: bool = False,
-             tickets: bool = False) -> torch.Tensor:
+             tickets: bool = False, gated: bool = False, silu_out: bool = False
+             ) -> torch.Tensor:
     """x [M <= 4, K] (bf16/fp16/fp32), weight [N, K] E4M3 with unit stride along K (row
     slices of a wider buffer are fine), scale [N] or [N, 1] fp32, bias [N] or None; ahead:
     the next weight tile's load in flight while one is multiplied; tickets: split_k's parts
-    summed by each tile's last program (split_tickets.py), not atomically."""
+    summed by each tile's last program (split_tickets.py), not atomically; gated: x is
+    [M, 2 K] holding [gate | up] and the product is of silu_and_mul(x) (formed per K slice
+    in registers, the same bits as silu_mul.silu_and_mul's output); silu_out: the weight
+    holds [gate; up] rows (N even) and the output is silu_and_mul of the product, [M, N / 2]
+    (each program's tile interleaves gate and up rows; one part of K: split_k 1; the bits of
+    the plain GEMV's output followed by silu_mul.silu_and_mul)."""
+    if silu_out and (split_k != 1 or block_n % 2 or weight.shape[0] % 2):
+        raise ValueError(f"fp8_gemv's silu_out takes an even block_n and weight rows and one "
+                         f"part of K, got block_n {block_n}, split_k {split_k}, weight "
+                         f"{tuple(weight.shape)}")
     if block_k % VEC:
         raise ValueError(f"fp8_gemv's block_k must be a multiple of {VEC}, got {block_k}")
+    k = weight.shape[1] if weight.dim() == 2 else -1
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"fp8_gemv takes 2-D x of 1 to {MAX_ROWS} rows, got {tuple(x.shape)}")
-    if weight.dim() != 2 or weight.stride(1) != 1 or weight.shape[1] != x.shape[1]:
-        raise ValueError(f"fp8_gemv needs a weight [N, {x.shape[1]}] contiguous along K, "
-                         f"got {tuple(weight.shape)} with strides {weight.stride()}")
+    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[1] != (2 * k if gated else k):
+        raise ValueError(f"fp8_gemv{' (gated)' if gated else ''} of x {tuple(x.shape)} needs "
+                         f"a weight [N, {x.shape[1] // 2 if gated else x.shape[1]}] contiguous "
+                         f"along K, got {tuple(weight.shape)} with strides {weight.stride()}")
     x = x if x.stride(1) == 1 else x.contiguous()
-    (m, k), n = x.shape, weight.shape[0]
-    grid = (triton.cdiv(n, block_n), split_k)
-    y, parts, counters = split_tickets.outputs(m, n, x.dtype, x.device, split_k, grid[0],
-                                               tickets)
+    m, n = x.shape[0], weight.shape[0]
+    grid = (triton.cdiv(n // 2 if silu_out else n, block_n // 2 if silu_out else block_n),
+            split_k)
+    y, parts, counters = split_tickets.outputs(m, n // 2 if silu_out else n, x.dtype,
+                                               x.device, split_k, grid[0], tickets)
     _fp8_gemv_kernel[grid](
         x, weight, scale.reshape(-1), bias if bias is not None else scale, y,
         parts if parts is not None else y, counters if counters is not None else y, n, k,
         x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, ROWS=m,
         EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, VEC=VEC,
-        AHEAD=ahead, TICKETS=counters is not None, num_warps=num_warps,
-        num_stages=num_stages, **pdl.launch_options(x.device, (block_n, k, weight.element_size())))
+        AHEAD=ahead, TICKETS=counters is not None, GATED=gated, SILU_OUT=silu_out,
+        LIBDEVICE=(gated or silu_out) and x.is_cuda,
+        num_warps=num_warps, num_stages=num_stages,
+        **pdl.launch_options(x.device, (block_n, k, weight.element_size())))
     return y.to(x.dtype)

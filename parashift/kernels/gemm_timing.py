@@ -3,20 +3,77 @@ on another copy of the weight so that no copy stays in L2 (decode reads every we
 HBM once a step). Candidates are timed in turn, ROUNDS times, and each gets its median: a
 drift of the clock or a stray slow replay moves every candidate alike or none. An L2 flush
 between calls (triton's do_bench) instead leaves the flush's dirty lines to be written back
-during the timed call, and its events' overhead is a large part of a few-µs kernel."""
+during the timed call, and its events' overhead is a large part of a few-µs kernel.
+
+PARASHIFT_GEMM_TIMING picks how the calls run: "graph" (the default) with PDL suspended,
+one candidate's calls back to back; "chain" as a decode step runs them, with PDL as the
+engine launches (kernels/pdl.py) and each call after a small kernel that writes its input
+(as a norm or an activation writes a projection's input), so a config that issues its first
+weight loads before the PDL wait (fp8_gemv.py's AHEAD) is timed with what that gains, and
+one kernel's calls do not overlap as no step's do."""
+import contextlib
 import logging
 import math
+import os
 import statistics
 from typing import Callable, Hashable
 
 import torch
+import triton
+import triton.language as tl
 import triton.testing
 
+from parashift.kernels import pdl
+
 logger = logging.getLogger(__name__)
+
+TIMING_ENV = "PARASHIFT_GEMM_TIMING"
+TIMING_MODES = ("graph", "chain")
+INPUT_BLOCK = 1024  # elements of the input a program of the input-writing kernel copies
 
 ROUNDS = 7
 CALLS_PER_REPLAY = 16  # calls per graph: the events' overhead shared by many kernels
 MAX_COPIES = 8
+
+
+def chained() -> bool:
+    """Whether PARASHIFT_GEMM_TIMING asks for the decode chain ("chain") over "graph"."""
+    mode = os.environ.get(TIMING_ENV, "graph")
+    if mode not in TIMING_MODES:
+        raise ValueError(f"{TIMING_ENV}={mode!r}: expected one of {list(TIMING_MODES)}")
+    return mode == "chain"
+
+
+def timing_launches() -> contextlib.AbstractContextManager:
+    """The context a GEMM times its candidates in: PDL as the engine launches in the chain,
+    else suspended (the choice then the same with PDL off and on)."""
+    return contextlib.nullcontext() if chained() else pdl.suspended()
+
+
+def timed_input(x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """(the input the candidates read, (source, that input) for `replayed_timings_ms` to
+    rewrite before each call, or None): a copy of x in the chain, else x itself."""
+    if not chained():
+        return x, None
+    source = x.contiguous()
+    written = source.clone()
+    return written, (source, written)
+
+
+@triton.jit
+def _write_input_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl.start(USE_PDL)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    values = tl.load(src_ptr + offs, mask=offs < n)
+    pdl.inputs_read(USE_PDL)
+    tl.store(dst_ptr + offs, values, mask=offs < n)
+
+
+def write_input(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst (contiguous) = src by a PDL-aware kernel: the kernel before a timed GEMM call."""
+    n = dst.numel()
+    _write_input_kernel[(triton.cdiv(n, INPUT_BLOCK),)](src, dst, n, BLOCK=INPUT_BLOCK,
+                                                        **pdl.launch_options(dst.device))
 
 
 def weight_copies(weight: torch.Tensor) -> list[torch.Tensor]:
@@ -61,16 +118,28 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, calls: int) -> float:
     return start.elapsed_time(end) / calls
 
 
-def replayed_timings_ms(candidates: dict[Hashable, Callable[[int], object]], copies: int
+def _chained_call(run: Callable[[int], object], i: int,
+                  chain: tuple[torch.Tensor, torch.Tensor] | None) -> Callable[[], object]:
+    def call():
+        if chain is not None:
+            write_input(*chain)
+        return run(i)
+    return call
+
+
+def replayed_timings_ms(candidates: dict[Hashable, Callable[[int], object]], copies: int,
+                        chain: tuple[torch.Tensor, torch.Tensor] | None = None
                         ) -> dict[Hashable, float]:
-    """Median ms per call of each candidate; candidate(i) runs on weight copy i. A candidate
-    that fails to compile, run or be captured is left out (logged)."""
+    """Median ms per call of each candidate; candidate(i) runs on weight copy i, after
+    `write_input(*chain)` where chain is given (`timed_input`: the time counts that kernel
+    too, alike for every candidate). A candidate that fails to compile, run or be captured
+    is left out (logged)."""
     calls = [i % copies for i in range(max(CALLS_PER_REPLAY, copies))]
     pool = torch.cuda.graph_pool_handle()  # one for all: the outputs are never read
     graphs = {}
     for key, run in candidates.items():
         try:
-            graphs[key] = _graph([lambda i=i, run=run: run(i) for i in calls], pool)
+            graphs[key] = _graph([_chained_call(run, i, chain) for i in calls], pool)
         except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
             logger.warning("GEMM candidate %s failed: %s", key, exc)
     for graph in graphs.values():

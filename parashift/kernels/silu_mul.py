@@ -7,9 +7,9 @@ row read back from L2 and quantized (by the row's last program where several sha
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from parashift.kernels import pdl, split_tickets
+from parashift.kernels.silu_values import silu_mul_values
 from parashift.kernels.fp8_gemm import FP8, FP8_MAX, row_scale, to_fp8
 
 MAX_BLOCK = 1024
@@ -28,21 +28,6 @@ def _silu_mul(gate_ptrs, mask, half, LIBDEVICE: tl.constexpr):
     gate = tl.load(gate_ptrs, mask=mask, other=0.0)
     up = tl.load(gate_ptrs + half, mask=mask, other=0.0)
     return silu_mul_values(gate, up, LIBDEVICE)
-
-
-@triton.jit
-def silu_mul_values(gate, up, LIBDEVICE: tl.constexpr):
-    """silu(gate) * up in fp32 of values in the activations' dtype, rounded as
-    silu_and_mul_torch rounds: the silu to gate's dtype before the product."""
-    g = gate.to(tl.float32)
-    # torch's silu is g / (1 + expf(-g)): libdevice's expf and an IEEE division
-    # (tl.exp is ex2.approx, `/` div.full); the interpreter has no libdevice
-    if LIBDEVICE:
-        e = libdevice.exp(-g)
-    else:
-        e = tl.exp(-g)
-    silu = tl.math.div_rn(g, 1.0 + e).to(gate.dtype)
-    return silu.to(tl.float32) * up.to(tl.float32)
 
 
 @triton.jit

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from parashift.kernels import fp8_gemv, pdl
+from parashift.kernels import fp8_gemv, gemm_timing, pdl
 
 logger = logging.getLogger(__name__)
 
@@ -132,18 +132,28 @@ def unit_scale(n: int, device: torch.device) -> torch.Tensor:
     return _unit_scales[key]
 
 
+def _key(rows: int, weight: torch.Tensor, dtype: torch.dtype, device: torch.device,
+         has_bias: bool) -> tuple:
+    return (rows, tuple(weight.shape), weight.stride(0), dtype, device, has_bias)
+
+
+def measured_choice(rows: int, weight: torch.Tensor, dtype: torch.dtype,
+                    device: torch.device, has_bias: bool) -> Config | GemvConfig | None:
+    """`linear`'s choice for this shape where measured (None: cuBLAS or not measured)."""
+    return _choices.get(_key(rows, weight, dtype, device, has_bias))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear on CUDA, or the skinny kernel for the shapes where it measured faster.
     A shape is measured on its first call outside a CUDA graph capture (the graphs'
     warm-up runs come first); during a capture an unmeasured shape takes cuBLAS."""
     if not ENABLED or x.dim() != 2 or x.shape[0] > MAX_ROWS:
         return F.linear(x, weight, bias)
-    key = (x.shape[0], tuple(weight.shape), weight.stride(0), x.dtype, x.device,
-           bias is not None)
+    key = _key(x.shape[0], weight, x.dtype, x.device, bias is not None)
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return F.linear(x, weight, bias)
-        with pdl.suspended():
+        with gemm_timing.timing_launches():
             _choices[key] = choose(timings_ms(x, weight, bias))
         logger.info("skinny GEMM, %d rows x %s: %s", x.shape[0], tuple(weight.shape),
                     _choices[key] or "cuBLAS")
@@ -174,18 +184,35 @@ def choose(timings: dict) -> Config | GemvConfig | None:
     return best
 
 
+def measured(n: int) -> list[Config | GemvConfig]:
+    """The configs timed against cuBLAS for an N-row weight."""
+    return [c for c in MEASURED if c.block_n <= triton.next_power_of_2(n)]
+
+
 def timings_ms(x, weight, bias) -> dict[Config | GemvConfig | None, float]:
-    """Median milliseconds per call of cuBLAS (None) and of each config, L2 flushed between
-    (the median: a mean of a few-µs kernel moves with a stray slow call). A config this
-    device cannot compile or run (resources) is left out, not fatal."""
+    """Median milliseconds per call of cuBLAS (None) and of each config: in the decode chain
+    (`gemm_timing`, where PARASHIFT_GEMM_TIMING asks) or with L2 flushed between calls (the
+    median: a mean of a few-µs kernel moves with a stray slow call). A config this device
+    cannot compile or run (resources) is left out, not fatal."""
+    if gemm_timing.chained():
+        return chained_timings_ms(x, weight, bias)
     bench = functools.partial(triton.testing.do_bench, warmup=5, rep=30, return_mode="median")
     timings = {None: bench(lambda: F.linear(x, weight, bias))}
-    for config in MEASURED:
-        if config.block_n > triton.next_power_of_2(weight.shape[0]):
-            continue
+    for config in measured(weight.shape[0]):
         try:
             timings[config] = bench(lambda c=config: skinny_linear(x, weight, bias, c))
         except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
             logger.warning("skinny GEMM config %s failed on %s: %s", config,
                            tuple(weight.shape), exc)
     return timings
+
+
+def chained_timings_ms(x, weight, bias) -> dict[Config | GemvConfig | None, float]:
+    """`timings_ms` replayed from CUDA graphs over copies of the weight, each call after a
+    kernel writing its input (gemm_timing's chain)."""
+    weights = gemm_timing.weight_copies(weight)
+    xin, chain = gemm_timing.timed_input(x)
+    runs = {None: lambda i: F.linear(xin, weights[i], bias)}
+    runs.update({c: lambda i, c=c: skinny_linear(xin, weights[i], bias, c)
+                 for c in measured(weight.shape[0])})
+    return gemm_timing.replayed_timings_ms(runs, len(weights), chain)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from parashift.kernels import use_triton
 from parashift.layers.penalties import TokenHistory, apply_logits_processors
 from parashift.sampling_params import SamplingParams
 from parashift.structured.bitmask import apply_token_masks
@@ -71,10 +72,19 @@ class Sampler:
         logprobs = _gather_logprobs(raw, params, token_ids) if with_logprobs else None
         return SamplerOutput(token_ids, logprobs)
 
+    def warm_up(self, vocab_size: int, dtype: torch.dtype) -> None:
+        """Compiles the argmax-only path's kernel (CUDA) before any request waits for it."""
+        if self.device.type == "cuda":
+            self.argmax(torch.zeros(1, vocab_size, dtype=dtype, device=self.device))
+
     @staticmethod
     def argmax(logits: torch.Tensor) -> SamplerOutput:
         """What __call__ returns for rows that are all `argmax_only` (SamplingParams): the
         argmax of the raw logits, no logprobs."""
+        if use_triton(logits):  # torch's runs a row on one block (kernels/argmax.py)
+            from parashift.kernels import argmax
+            if argmax.enabled():
+                return SamplerOutput(argmax.argmax(logits), None)
         return SamplerOutput(cpu_friendly(logits).argmax(dim=-1), None)  # exact in any float dtype
 
     def _sample(self, logits: torch.Tensor, params: list[SamplingParams],

@@ -7,6 +7,7 @@ from parashift.layers.activation import SiluAndMul
 from parashift.layers.attention import Attention
 from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from parashift.layers.fp8_input import hand_over_fp8_inputs
+from parashift.layers.silu_gemv import fuse_silu_into_gemv
 from parashift.layers.layernorm import RMSNorm, qk_norm
 from parashift.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from parashift.layers.missing import MissingLayer
@@ -59,6 +60,8 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     # (op, FP8 linear layer it feeds): the op may quantize its output (layers/fp8_input.py)
     fp8_input_pairs = (("act", "down_proj"),)
+    # (gate_up, SiLU-and-mul, down): a GEMV may form the product (layers/silu_gemv.py)
+    silu_gemv_triples = (("gate_up_proj", "act", "down_proj"),)
 
     def __init__(self, cfg):
         super().__init__()
@@ -152,6 +155,7 @@ class LlamaForCausalLM(nn.Module):
         if getattr(cfg, "tie_word_embeddings", False) and self.model.first and self.model.last:
             self.lm_head.weight = self.model.embed_tokens.weight
         hand_over_fp8_inputs(self)
+        fuse_silu_into_gemv(self)
 
     @staticmethod
     def make_mlp(cfg, layer_index: int) -> nn.Module:

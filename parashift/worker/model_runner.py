@@ -205,6 +205,7 @@ class ModelRunner:
         self._report_kv_replication(hf_config.num_key_value_heads)
         with self.phases.phase("attention warm-up"):
             self._warm_up_attention()
+            self.sampler.warm_up(hf_config.vocab_size, self.dtype)
             for hook in self.hooks:
                 hook.bind_kv(self.kv)
         with self.phases.phase("CUDA graphs"):

@@ -13,8 +13,9 @@ import torch
 import triton
 
 from parashift.attention import triton_kernels
-from parashift.kernels import (fp8_gemm, fp8_gemv, fused_moe, moe_router, moe_routing,
-                               moe_small, pdl, rmsnorm, rotary, silu_mul, skinny_gemm)
+from parashift.kernels import (argmax, fp8_gemm, fp8_gemv, fused_moe, gemm_timing, moe_router,
+                               moe_routing, moe_small, pdl, rmsnorm, rotary, silu_mul,
+                               skinny_gemm)
 from tests.deterministic.test_kernels import compile_sm90
 from tests.kernels.common import TRITON_TYPES, cuda, randn
 
@@ -74,7 +75,10 @@ def test_kernels_launch_without_pdl_while_it_is_suspended(monkeypatch):
     assert pdl.pdl_mode(cuda0) == pdl.LATE
 
 
-def test_gemms_time_their_choice_with_pdl_suspended(monkeypatch):
+@pytest.mark.parametrize("timing, suspended", [("graph", 1), ("chain", 0)])
+def test_gemms_time_their_choice_with_pdl_suspended_unless_in_the_chain(monkeypatch, timing,
+                                                                        suspended):
+    monkeypatch.setenv("PARASHIFT_GEMM_TIMING", timing)
     seen = []
 
     def timings(*args):
@@ -88,7 +92,7 @@ def test_gemms_time_their_choice_with_pdl_suspended(monkeypatch):
     x = torch.randn(2, 64)
     skinny_gemm.linear(x, torch.randn(32, 64), None)
     fp8_gemm.linear(x, torch.randn(32, 64).to(FP8), torch.ones(32, 1), None)
-    assert seen == [1, 1] and pdl._suspended == 0
+    assert seen == [suspended] * 2 and pdl._suspended == 0
 
 
 def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch):
@@ -141,6 +145,9 @@ KERNELS = {
     "fp8_gemv_ahead": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, (), dict(
         HAS_BIAS=False, ROWS=2, EVEN_K=False, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=2, VEC=8,
         PREFETCH_K=4096, AHEAD=True, TICKETS=False), True),
+    "fp8_gemv_gated": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, (), dict(
+        HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, VEC=8,
+        PREFETCH_K=4096, AHEAD=False, TICKETS=False, GATED=True, LIBDEVICE=True), True),
     "fp8_gemv_tickets": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, (), dict(
         HAS_BIAS=True, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
         PREFETCH_K=4096, AHEAD=False, TICKETS=True), True),
@@ -150,6 +157,10 @@ KERNELS = {
     "fp8_weight_tickets": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                            dict(HAS_BIAS=True, FP8_X=True, BLOCK_M=64, BLOCK_N=64,
                                 BLOCK_K=256, SPLIT_K=4, PREFETCH_K=256, TICKETS=True), True),
+    "argmax": (argmax._argmax_kernel, {"out_ptr": torch.int64, "part_value_ptr": torch.float32,
+                                       "part_index_ptr": torch.int32, "counter_ptr": torch.int32},
+               (), dict(BLOCK=4096, PARTS=32), False),
+    "write_input": (gemm_timing._write_input_kernel, {}, (), dict(BLOCK=1024), False),
     "quantize_rows": (fp8_gemm._quantize_rows_kernel, {"q_ptr": FP8, "s_ptr": torch.float32},
                       (), dict(FP8_MAX=448.0, BLOCK_K=4096), False),
     "rms_norm_fp8": (rmsnorm._rms_norm_kernel, {"q_ptr": FP8, "s_ptr": torch.float32},
@@ -217,8 +228,8 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 
 # the kernels that read their own output back after a barrier (or a ticket): LATE is after
 # their inputs' reads, before those
-READ_BACK = {"silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets", "fp8_weight_tickets",
-             "moe_router"}
+READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets",
+             "fp8_weight_tickets", "moe_router"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
 # byte a load; the activations are bf16), and nothing else touches memory

@@ -1,0 +1,136 @@
+"""The GEMM choice timed as decode runs it, and SiLU-and-mul inside the gate_up or the down
+projection's GEMV, on the 8B shape's decode kernels on one GPU (issues 60, 61).
+
+Usage (GPU): PYTHONPATH=. python3 benchmarks/decode_chain.py [--weights fp8 bf16]
+    [--batch-sizes 1] [--layers 32] [--repeats 15] [--no-dot-configs] [--variants ...]
+    [--output F]
+For each weight dtype and batch, variants of a step's 32 layers (benchmarks/pdl_chain.py's
+kernels, PDL as the engine launches, CUDA graphs), the GEMM choices made anew where the
+timing changes: "graph" (PARASHIFT_GEMM_TIMING=graph, main's: candidates timed with PDL
+suspended), "chain" (=chain: PDL on, each call after a kernel writing its input), and with
+SiLU·mul formed in the gate_up GEMV's epilogue ("*_silu_gate_up") or in the down GEMV
+("chain_silu_down") where that measured faster (kernels/gated_gemv.py). The graphs are
+replayed in turn (interleaved repeats), median µs per layer; each variant's choices; max
+|difference| of the outputs against the first variant's. --no-dot-configs leaves the FP8
+tl.dot configs (never chosen at 1-4 rows on an H200, session 43) out of the FP8 choice, to
+save their compile time."""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from benchmarks import pdl_chain
+from benchmarks.decode_throughput import copy_bandwidth
+from parashift.attention.triton_backend import TritonAttentionBackend
+from parashift.kernels import fp8_gemm, gated_gemv, gemm_timing, silu_mul, skinny_gemm
+
+VARIANTS = {"graph": ("graph", None), "chain": ("chain", None),
+            "chain_silu_gate_up": ("chain", "gate_up"), "chain_silu_down": ("chain", "down"),
+            "graph_silu_gate_up": ("graph", "gate_up")}
+DEFAULT_VARIANTS = ["graph", "chain", "chain_silu_gate_up", "chain_silu_down"]
+
+
+def fused_mlp(kind: str):
+    """pdl_chain.mlp with SiLU·mul in the `kind` GEMV where gated_gemv chose it."""
+    def mlp(h: torch.Tensor, layer: pdl_chain.Layer) -> torch.Tensor:
+        gate_up, down = layer.weights["gate_up"], layer.weights["down"]
+        if kind == "gate_up":
+            weight, scale = gate_up if isinstance(gate_up, tuple) else (gate_up, None)
+            config = gated_gemv.choice(kind, h, weight, scale, None)
+            activated = (gated_gemv.fused_linear(kind, h, weight, scale, None, config)
+                         if config is not None else
+                         silu_mul.silu_and_mul(pdl_chain.linear(h, gate_up)))
+            return pdl_chain.linear(activated, down)
+        gated = pdl_chain.linear(h, gate_up)
+        weight, scale = down if isinstance(down, tuple) else (down, None)
+        config = gated_gemv.choice(kind, gated, weight, scale, None)
+        if config is None:
+            return pdl_chain.linear(silu_mul.silu_and_mul(gated), down)
+        return gated_gemv.fused_linear(kind, gated, weight, scale, None, config)
+    return mlp
+
+
+def choices() -> dict:
+    return dict(fp8=fp8_gemm.chosen(), bf16=skinny_gemm.chosen(), gated=gated_gemv.chosen())
+
+
+def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float,
+            variants: list[str]) -> dict:
+    fp8 = weights == "fp8"
+    context = 1024
+    layers = pdl_chain.make_layers(count, fp8, batch, context)
+    meta = pdl_chain.decode_metadata(batch, context, context + 1024)
+    positions = torch.full((batch,), context, dtype=torch.int64, device="cuda")
+    cos_sin = torch.randn(context + 1, pdl_chain.HEAD_DIM, device="cuda")
+    x = torch.randn(batch, pdl_chain.HIDDEN, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn_like(x)
+    backend = TritonAttentionBackend()
+    graphs, outputs, chosen, setup_s = {}, {}, {}, {}
+    last_timing = None
+    for name in variants:
+        timing, fused = VARIANTS[name]
+        if timing != last_timing:  # variants timed alike share the unfused GEMMs' choices
+            fp8_gemm._choices.clear()
+            skinny_gemm._choices.clear()
+        gated_gemv._choices.clear()
+        last_timing = timing
+        os.environ[gemm_timing.TIMING_ENV] = timing
+        started = time.perf_counter()
+        graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, pdl_chain.step(
+            x, residual, layers, meta, positions, cos_sin, backend,
+            fused_mlp(fused) if fused else pdl_chain.mlp)[0].clone()))
+        setup_s[name] = round(time.perf_counter() - started, 1)
+        chosen[name] = choices()
+    samples = {name: [] for name in graphs}
+    for _ in range(repeats):
+        for name, graph in graphs.items():
+            samples[name].append(pdl_chain.replay_ms(graph))
+    weight_bytes = sum(w[0].numel() if fp8 else 2 * w.numel() for w in
+                       (layers[0].weights[name] for name in pdl_chain.SHAPES))
+    kv_bytes = 2 * batch * (context + 1) * pdl_chain.KV_HEADS * pdl_chain.HEAD_DIM * 2
+    results = {name: pdl_chain.floor_fractions(statistics.median(t) / 1e3 / count,
+                                               weight_bytes, kv_bytes, bandwidth)
+               for name, t in samples.items()}
+    first = variants[0]
+    diffs = {name: float((outputs[name].float() - outputs[first].float()).abs().max())
+             for name in outputs}
+    del graphs, layers
+    torch.cuda.empty_cache()
+    return dict(weights=weights, batch=batch, layers=count, variants=results,
+                **{f"speedup_{name}_vs_{first}": round(results[first]["us_per_layer"]
+                                                       / results[name]["us_per_layer"], 4)
+                   for name in variants[1:]},
+                **{f"max_abs_diff_vs_{first}": diffs}, setup_s=setup_s, chosen=chosen)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--weights", nargs="+", default=["fp8", "bf16"], choices=["fp8", "bf16"])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--no-dot-configs", action="store_true")
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS),
+                   help="the first is the others' reference")
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+    if args.no_dot_configs:
+        fp8_gemm.CONFIGS = ()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
+    rows = []
+    for weights in args.weights:
+        for batch in args.batch_sizes:
+            rows.append(measure(weights, batch, args.layers, args.repeats, bandwidth,
+                                args.variants))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "chosen"}), flush=True)
+            if args.output:
+                with open(args.output, "w") as f:
+                    json.dump(dict(device=torch.cuda.get_device_name(),
+                                   copy_bandwidth_tb_s=bandwidth / 1e12, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

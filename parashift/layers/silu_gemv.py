@@ -1,0 +1,146 @@
+"""SiLU-and-mul inside the GEMV before or after it at one to four rows (decode; the kernels:
+kernels/gated_gemv.py).
+
+A model names its (gate_up layer, SiLU-and-mul, down layer) triples by attribute path
+(`silu_gemv_triples` on a module class); `fuse_silu_into_gemv` replaces each such
+SiLU-and-mul by `SiluIntoGemv` where the layers run the default mode's GEMMs, and gives the
+layer it fuses with a hook (`LinearBase.gemm_hook`: its `take(x, part)` may compute the
+layer's GEMM instead). At run time, where the layer's weight (under the active layout: one
+part; gate_up's output one [gate | up] block) at that many rows measured faster fused
+(`gated_gemv.choice`):
+- "gate_up": the gate_up layer's hook computes silu(gate) * up in its GEMV and hands the
+  tensor to the twin, which returns it as it is when called with that very tensor;
+- "down": the twin returns an unwritten tensor of its output's shape and hands [gate | up]
+  to the down layer's hook, which computes from them when called with that very tensor.
+Else the twin is the plain op. The MLP calls them in a row (down(act(gate_up(x)))), under
+one layout, so the tensors are the ones handed over.
+
+PARASHIFT_SILU_GEMV picks the place: gate_up (the default: the same bits as unfused, 1.027x
+a bf16 8B layer's decode kernels at one row on an H200, 1.002x FP8; benchmarks/
+decode_chain.py), down (never faster there: each column tile recomputes the SiLU), or 0
+(neither)."""
+import os
+
+import torch
+
+from parashift.kernels import use_triton
+from parashift.layers.activation import SiluAndMul
+from parashift.layers.linear import LinearBase, WeightPart
+
+ENV = "PARASHIFT_SILU_GEMV"
+MODES = ("0", "gate_up", "down")
+
+
+class DownHook:
+    """The down layer's hook: the [gate | up] rows its twin handed over, with the config,
+    from the twin's return to the layer's GEMM (taken once)."""
+
+    def __init__(self):
+        self._held = None
+
+    def put(self, placeholder: torch.Tensor, gate_up: torch.Tensor, weight: torch.Tensor,
+            config) -> None:
+        self._held = (placeholder, gate_up, weight, config)
+
+    def take(self, x: torch.Tensor, part: WeightPart) -> torch.Tensor | None:
+        """The layer's output for input x from the held [gate | up], if x is the tensor the
+        twin returned and part the weight it chose for; else None."""
+        held, self._held = self._held, None
+        if held is None or held[0] is not x or held[2] is not part.weight:
+            return None
+        from parashift.kernels import gated_gemv
+        return gated_gemv.fused_linear("down", held[1], part.weight, part.scale, part.bias,
+                                       held[3])
+
+
+class GateUpHook:
+    """The gate_up layer's hook: its GEMM and SiLU-and-mul in one GEMV where chosen, the
+    product handed to the twin."""
+
+    def __init__(self, twin: "SiluIntoGemv", layer: LinearBase):
+        self._twin = twin
+        self._single_block = lambda: layer.output_split()[0] == 1 and len(
+            layer._active_parts()) == 1  # methods: no submodule
+
+    def take(self, x: torch.Tensor, part: WeightPart) -> torch.Tensor | None:
+        if x.dim() != 2 or not use_triton(x) or not self._single_block():
+            return None
+        from parashift.kernels import gated_gemv
+        config = gated_gemv.choice("gate_up", x, part.weight, part.scale, part.bias)
+        if config is None:
+            return None
+        activated = gated_gemv.fused_linear("gate_up", x, part.weight, part.scale, part.bias,
+                                            config)
+        self._twin.activated = activated
+        return activated
+
+
+class SiluIntoGemv(SiluAndMul):
+    """SiLU-and-mul formed in the gate_up or the down projection's GEMV where measured
+    faster."""
+
+    def __init__(self, act: SiluAndMul, gate_up: LinearBase, down: LinearBase, kind: str):
+        super().__init__()
+        self.torch_fn = act.torch_fn
+        self.kind = kind
+        self.activated = None  # gate_up: the GEMV's silu(gate) * up, until taken
+        if kind == "gate_up":
+            gate_up.gemm_hook = GateUpHook(self, gate_up)
+        else:
+            self.handoff = down.gemm_hook = DownHook()
+            self._down_parts = down._active_parts  # a method: not a submodule
+
+    def forward(self, x: torch.Tensor, blocks: int = 1) -> torch.Tensor:
+        activated, self.activated = self.activated, None
+        if activated is not None and activated is x:
+            return x
+        part = self._down_part(x, blocks) if self.kind == "down" else None
+        config = None
+        if part is not None:
+            from parashift.kernels import gated_gemv
+            config = gated_gemv.choice("down", x, part.weight, part.scale, part.bias)
+        if config is None:
+            return super().forward(x, blocks)
+        placeholder = x.new_empty(x.shape[0], x.shape[1] // 2)
+        self.handoff.put(placeholder, x, part.weight, config)
+        return placeholder
+
+    def _down_part(self, x: torch.Tensor, blocks: int) -> WeightPart | None:
+        """The down layer's one weight part where the fused GEMV may serve x, else None."""
+        if blocks != 1 or x.dim() != 2 or not use_triton(x):
+            return None
+        parts = self._down_parts()
+        if len(parts) != 1 or parts[0].weight.shape[1] * 2 != x.shape[1]:
+            return None
+        return parts[0]
+
+
+def mode() -> str:
+    value = os.environ.get(ENV, "gate_up")
+    if value not in MODES:
+        raise ValueError(f"{ENV}={value!r}: expected one of {list(MODES)}")
+    return value
+
+
+def fuse_silu_into_gemv(model: torch.nn.Module) -> int:
+    """Replaces each plain SiLU-and-mul of the model's `silu_gemv_triples` whose layers run
+    the default mode's GEMMs (dynamic activation scales where FP8) by its fusing twin, in
+    PARASHIFT_SILU_GEMV's place; returns how many were replaced."""
+    kind = mode()
+    if kind == "0":
+        return 0
+    replaced = 0
+    for module in list(model.modules()):
+        for gate_up_path, act_name, down_path in getattr(module, "silu_gemv_triples", ()):
+            act = getattr(module, act_name, None)
+            if type(act) is not SiluAndMul:  # e.g. fp8_input.py's quantizing twin (FP8
+                continue  # layers with PARASHIFT_FP8_FUSED_INPUT on, the default) stays
+            try:
+                layers = (module.get_submodule(gate_up_path), module.get_submodule(down_path))
+            except AttributeError:
+                continue
+            if all(isinstance(layer, LinearBase) and not layer.reduction_chunks
+                   and layer.input_scale is None for layer in layers):
+                setattr(module, act_name, SiluIntoGemv(act, *layers, kind))
+                replaced += 1
+    return replaced

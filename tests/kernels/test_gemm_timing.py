@@ -1,0 +1,86 @@
+"""How the GEMMs time their candidates (kernels/gemm_timing.py): the switch between the
+graph of one kernel's calls and the decode chain, the chain's input-writing kernel, and the
+choice made from the chain's timings (faked on the CPU, measured on CUDA)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from parashift.kernels import fp8_gemm, gemm_timing, skinny_gemm
+from tests.kernels.common import assert_exact, cuda, randn
+
+
+@pytest.mark.parametrize("flag, chained", [(None, False), ("graph", False), ("chain", True)])
+def test_the_switch_picks_the_chain_or_the_graph(monkeypatch, flag, chained):
+    if flag is None:
+        monkeypatch.delenv(gemm_timing.TIMING_ENV, raising=False)
+    else:
+        monkeypatch.setenv(gemm_timing.TIMING_ENV, flag)
+    assert gemm_timing.chained() == chained
+    x = torch.randn(3, 8)[:, :5]
+    timed, chain = gemm_timing.timed_input(x)
+    if chained:
+        assert timed is not x and timed.is_contiguous() and torch.equal(timed, x)
+        assert chain[1] is timed and torch.equal(chain[0], x)
+    else:
+        assert timed is x and chain is None
+
+
+def test_a_bad_timing_mode_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setenv(gemm_timing.TIMING_ENV, "pdl")
+    with pytest.raises(ValueError, match="PARASHIFT_GEMM_TIMING='pdl'"):
+        gemm_timing.chained()
+
+
+def test_the_chain_times_every_config_after_the_input_kernel_and_takes_the_fastest(
+        monkeypatch):
+    monkeypatch.setenv(gemm_timing.TIMING_ENV, "chain")
+    seen = {}
+    fast = skinny_gemm.GEMV_CONFIGS[-1]
+
+    def fake_replayed(runs, copies, chain):
+        seen.update(runs=set(runs), copies=copies, chain=chain)
+        return {key: 1.0 if key == fast else 2.0 for key in runs}
+    monkeypatch.setattr(gemm_timing, "weight_copies", lambda w: [w, w.clone()])
+    monkeypatch.setattr(gemm_timing, "replayed_timings_ms", fake_replayed)
+    x, w = torch.randn(1, 64), torch.randn(4096, 64)
+    timings = skinny_gemm.timings_ms(x, w, None)
+    assert seen["runs"] == {None, *skinny_gemm.measured(4096)} and seen["copies"] == 2
+    assert seen["chain"] is not None and torch.equal(seen["chain"][0], x)
+    assert skinny_gemm.choose(timings) == fast
+
+
+@cuda
+def test_the_input_kernel_copies_its_source():
+    src = randn((3, 5000), "bfloat16", "cuda")
+    dst = torch.zeros_like(src)
+    gemm_timing.write_input(src, dst)
+    assert_exact(dst, src)
+
+
+def few_configs(monkeypatch) -> None:
+    """A few candidates of each kind (each compiles in seconds on a GPU)."""
+    gemv = [c for c in fp8_gemm.GEMV_CONFIGS if c.block_n == 4 and c.split_k == 1][:2]
+    monkeypatch.setattr(fp8_gemm, "CONFIGS", fp8_gemm.CONFIGS[:1])
+    monkeypatch.setattr(fp8_gemm, "GEMV_CONFIGS", (*gemv, fp8_gemm.GEMV_CONFIGS[-1]))
+    monkeypatch.setattr(skinny_gemm, "MEASURED", (skinny_gemm.CONFIGS[0],
+                                                  *skinny_gemm.GEMV_CONFIGS[-3:]))
+    monkeypatch.setattr(skinny_gemm, "GEMV_CONFIGS", skinny_gemm.GEMV_CONFIGS[-3:])
+
+
+@cuda
+@pytest.mark.parametrize("mode", ["graph", "chain"])
+def test_both_modes_time_every_candidate_and_choose_one_that_matches(monkeypatch, mode):
+    few_configs(monkeypatch)
+    monkeypatch.setenv(gemm_timing.TIMING_ENV, mode)
+    x = randn((1, 1024), "bfloat16", "cuda")
+    w = randn((512, 1024), "bfloat16", "cuda", scale=1024 ** -0.5)
+    timings = skinny_gemm.timings_ms(x, w, None)
+    assert set(timings) == {None, *skinny_gemm.measured(512)}
+    assert all(t > 0 for t in timings.values())
+    wq, scale = (w.float() / 2 ** -4).to(fp8_gemm.FP8), torch.full((512, 1), 2 ** -4,
+                                                                    device="cuda")
+    fp8_timings = fp8_gemm.timings_ms(x, wq, scale, None)
+    assert set(fp8_timings) == {None, *fp8_gemm.candidates(1, 512)}
+    monkeypatch.setattr(skinny_gemm, "_choices", {})
+    torch.testing.assert_close(skinny_gemm.linear(x, w, None), F.linear(x, w),
+                               rtol=2 ** -7, atol=2 ** -7)
