@@ -107,11 +107,11 @@ def test_rows_quantized_in_one_kernel_match_torch():
     torch.testing.assert_close(q.float(), (x.float() / expected_scale).to(fp8_gemm.FP8).float())
 
 
-def test_fast_accumulation_is_off_by_default_and_a_bad_value_an_error(monkeypatch):
+def test_fast_accumulation_is_on_by_default_and_a_bad_value_an_error(monkeypatch):
     monkeypatch.delenv("PARASHIFT_FP8_FAST_ACCUM", raising=False)
-    assert not fp8_gemm.fast_accum()
-    monkeypatch.setenv("PARASHIFT_FP8_FAST_ACCUM", "1")
     assert fp8_gemm.fast_accum()
+    monkeypatch.setenv("PARASHIFT_FP8_FAST_ACCUM", "0")
+    assert not fp8_gemm.fast_accum()
     monkeypatch.setenv("PARASHIFT_FP8_FAST_ACCUM", "yes")
     with pytest.raises(ValueError, match="PARASHIFT_FP8_FAST_ACCUM='yes'"):
         fp8_gemm.fast_accum()
@@ -121,6 +121,7 @@ def test_fast_accumulation_is_off_by_default_and_a_bad_value_an_error(monkeypatc
 def test_a_prefill_with_fast_accumulation_stays_near_the_exact_sums(monkeypatch):
     w, scale = quantized(1024, 4096)
     x = torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setenv("PARASHIFT_FP8_FAST_ACCUM", "0")
     exact = fp8_gemm.linear(x, w, scale, None).float()
     monkeypatch.setenv("PARASHIFT_FP8_FAST_ACCUM", "1")
     fast = fp8_gemm.linear(x, w, scale, None).float()
