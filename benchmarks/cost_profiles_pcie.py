@@ -18,7 +18,7 @@ import argparse
 import sys
 from dataclasses import replace
 
-from cost_profiles import KiB, MiB, OUT, _solve, link2, write_derived
+from cost_profiles import AS_MEASURED, KiB, MiB, OUT, _solve, link2, write_derived
 from parashift.bench.workloads import WorkloadOptions, get_workload, sample_lengths
 from parashift.cost.profile import LinkProfile, _ring_share, load
 from parashift.cost.runs import Engine, Served, offline_s
@@ -87,7 +87,7 @@ def run_s(link: LinkProfile, row: tuple, requests: int = 128) -> float:
     shape, workload, plan, _ = row
     reqs = sample_lengths(get_workload(workload), requests,
                           WorkloadOptions(num_requests=requests))
-    model = StepModel(load_shape(shape), load(OUT / "h200_compute.json"), link)
+    model = StepModel(load_shape(shape), load(OUT / "h200_compute.json"), link, **AS_MEASURED)
     return offline_s(model, Served(Plan.parse(plan)), reqs, Engine(max_num_batched_tokens=16384))
 
 

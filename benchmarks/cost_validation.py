@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from cost_profiles import AS_MEASURED
 from decode_context import decode_context
 from parashift.bench.workloads import WorkloadOptions, get_workload, sample_lengths
 from parashift.cost.profile import load
@@ -113,16 +114,13 @@ LONE_STEP = (
     "is on the path; StepModel.lone_step_s adds the profile's measured lone host work ("
     f"{COMPUTE.lone_host_s * 1e3:.2f} ms + {COMPUTE.lone_host_token_s * 1e9:.0f} ns a token, "
     "benchmarks/lone_request_host.py on one H200) to the graph step's device time: at 256 "
-    "tokens 8.35 ms against 8.35 (-13% without it). At 512 and 1,024 tokens the device part "
-    "is what misses: the GEMMs (11.29 and 21.80 ms of the 8B's 32 layers) are read past the "
-    "largest timed count (256 rows) as the roofline joined to the 256-row timings, which sit "
-    "at 0.47-0.55 of their floor, while the 4,096-row timings (issue 60's raw) give 77.8 ms "
-    "against the model's 83.6: the GEMMs at 512-2,048 rows run nearer their roofline than the "
-    "join says (the device part 1.9, 1.9 and 1.4 ms over what the rows less the lone term "
-    "leave it at 512, 1,024 and 2,048 tokens: +17%, +8%, +3%). Not "
-    "changed here: no GEMM was timed at 512-2,048 rows (`benchmarks/fp8_gemm.py --bf16-only "
-    "--rows 512 1024 2048` on one H200 would say); the 4,096-row timings in the join, tried, "
-    "part the 2,048-token eager fit and the 32B and 70B probe rows (held-out median 6.5%)")
+    "tokens 8.35 ms against 8.35 (-13% without it). At 512 and 1,024 tokens the GEMMs are "
+    "read off the 8B's projections timed at those rows (session 43's last call, "
+    "raw/s43_final_x2/both/gemm_rows_512_2048.json: 9.8 and 20.1 ms of the 32 layers' GEMMs, "
+    "0.83-0.98 of the peak), where the roofline joined to the 256-row timings had put them "
+    "1.9 ms high (+15.1% and +7.7% before); the 2,048-row timings are left to the roofline "
+    "(benchmarks/cost_profiles.py TIMED_ROWS_MAX: with them the 2,048-token eager fit row "
+    "cannot be met by one prefill-attention rate)")
 EAGER_MIXED = (
     "offline `chat`, 600 requests, 256 seats: a step that prefills beside more than 64 "
     "decodes runs eagerly (no mixed graph holds it: worker/cuda_graphs.py MIXED_SEQS). Run "
@@ -203,7 +201,7 @@ def model(shape: str, gpus: int, prefill_graphs: bool = False, graphs: bool = Tr
     seventeenth)."""
     return StepModel(load_shape(shape), COMPUTE, LINKS[gpus], graphs=graphs,
                      prefill_graphs=prefill_graphs,
-                     micro_batch_tokens=256 if graphs else UNCUT)
+                     micro_batch_tokens=256 if graphs else UNCUT, **AS_MEASURED)
 
 
 def step_ms(shape, gpus, plan, batch, prefill_graphs=False):
@@ -493,7 +491,7 @@ def _pcie_wall(shape, gpus, n, workload, plan, budget, tier_gib, from_peers=Fals
     """Seconds of `n` requests of `workload` under `plan` (or Seesaw's "prefill-decode"),
     offline, under the PCIe-like link profile of `gpus`; `from_peers`: Seesaw's weights from
     the peers (the fortieth session's run), else from the host copies (weight_peer_gib 0)."""
-    m = StepModel(load_shape(shape), COMPUTE, PCIE_LINKS[gpus])
+    m = StepModel(load_shape(shape), COMPUTE, PCIE_LINKS[gpus], **AS_MEASURED)
     reqs, engine = workload_requests(workload, n), Engine(max_num_batched_tokens=budget)
     if "-" not in plan:
         return offline_s(m, served_of(plan), reqs, engine), {}

@@ -119,7 +119,8 @@ def step_model_for(config, hf_config, world_size: int) -> StepModel | None:
     if not shape.moe:  # the engine refuses FP8 experts before this is asked
         fp8 = getattr(config, "quantization", None) == "fp8"
         shape = shape.quantized("fp8" if fp8 else None, getattr(config, "kv_cache_dtype", "auto"))
-    return StepModel(shape, compute, link)
+    return StepModel(shape, compute, link,
+                     deterministic=bool(getattr(config, "deterministic", False)))
 
 
 def load_profiles(spec: str, world_size: int) -> tuple[ComputeProfile, LinkProfile | None]:

@@ -18,6 +18,12 @@ from parashift.parallel.plan import Plan
 
 ELEMENTWISE_KERNELS = 6  # two norms, rotary with the KV write, SiLU-mul, two residual adds
 QK_NORM_KERNELS = 2      # a query and a key head norm (Qwen3)
+# the engine's switches, read as layers/attention.py and kernels/moe_router.py read them: a
+# shape's q/k norms run inside the RoPE kernel (outside deterministic mode), and a MoE
+# router of up to ROUTER_FUSED_ROWS rows is one launch (the gate's GEMV and the routing)
+FUSED_QK_NORM = os.environ.get("PARASHIFT_FUSED_QK_NORM", "1") != "0"
+FUSED_ROUTER = os.environ.get("PARASHIFT_FUSED_ROUTER", "1") != "0"
+ROUTER_FUSED_ROWS = 1  # kernels/moe_router.py LAYER_ROWS
 # the steps that prefill which the engine's mixed graphs cover (worker/cuda_graphs.py:
 # MIXED_SEQS, the largest of MIXED_ROWS, and WIDE_SEQS of the same environment variable:
 # its wide buckets, 0 for none); larger ones run eagerly
@@ -85,17 +91,21 @@ class StepModel:
                  prefill_graphs: bool = False, micro_batch_tokens: int = 256,
                  mixed_graph_seqs: int = MIXED_GRAPH_SEQS,
                  mixed_graph_rows: int = MIXED_GRAPH_ROWS,
-                 wide_graph_seqs: int = MIXED_GRAPH_WIDE_SEQS):
+                 wide_graph_seqs: int = MIXED_GRAPH_WIDE_SEQS, deterministic: bool = False,
+                 fused_qk_norm: bool = FUSED_QK_NORM, fused_router: bool = FUSED_ROUTER):
         self.shape, self.compute, self.link = shape, compute, link
         self.graphs, self.prefill_graphs = graphs, prefill_graphs
         self.micro_batch_tokens = micro_batch_tokens  # EngineConfig.pp_micro_batch_tokens
         self.mixed_graph_seqs, self.mixed_graph_rows = mixed_graph_seqs, mixed_graph_rows
         self.wide_graph_seqs = wide_graph_seqs
+        self.fused_qk_norm = fused_qk_norm and not deterministic
+        self.fused_router = fused_router
 
     def eager(self) -> "StepModel":
         """The same model with every step eager (no CUDA graphs)."""
         return StepModel(self.shape, self.compute, self.link, graphs=False,
-                         micro_batch_tokens=self.micro_batch_tokens)
+                         micro_batch_tokens=self.micro_batch_tokens,
+                         fused_qk_norm=self.fused_qk_norm, fused_router=self.fused_router)
 
     # ---- the step ------------------------------------------------------------------------
     def step(self, plan: Plan, batch: StepBatch) -> Breakdown:
@@ -226,10 +236,11 @@ class StepModel:
 
     def _elementwise(self, rows: int, token_bytes: float, attn: int) -> float:
         """A layer's norms, rotary, activation and adds over `rows`; a shape with head norms
-        reads and writes its query and key heads once more, in two more kernels."""
+        reads and writes its query and key heads once more, in two more kernels, unless they
+        run inside the RoPE kernel (`fused_qk_norm`: no more launches nor bytes)."""
         s, c = self.shape, self.compute
         seconds = c.roofline_s(c.elementwise, rows * token_bytes, 0.0)
-        if s.qk_norm:
+        if s.qk_norm and not self.fused_qk_norm:
             qk_bytes = 2 * s.dtype_bytes * (s.q_width + s.kv_width) // attn
             seconds += (c.elementwise.launch_s * QK_NORM_KERNELS / ELEMENTWISE_KERNELS
                         + rows * qk_bytes / (c.hbm_bytes_per_s * c.elementwise.bw_eff))
@@ -275,15 +286,19 @@ class StepModel:
 
     def _moe(self, rows: int, tp: int) -> float:
         """Experts split by TP (each rank a 1/tp slice of every expert): the experts the batch
-        touches stream their slices; the router is a small GEMM."""
+        touches stream their slices; the router is a small GEMM, and the routing kernel's
+        launch beside it where the engine does not fuse them (`fused_router`, at most
+        ROUTER_FUSED_ROWS rows)."""
         s, c = self.shape, self.compute
         picks = rows * s.top_k
         touched = s.num_experts * (1 - (1 - 1 / s.num_experts) ** picks)
         width = s.expert_intermediate / tp
         nbytes = touched * 3 * s.hidden * width * s.dtype_bytes
         flops = 2.0 * picks * 3 * s.hidden * width
+        fused = self.fused_router and rows <= ROUTER_FUSED_ROWS
+        routing = 0.0 if fused else c.elementwise.launch_s / ELEMENTWISE_KERNELS
         return (c.roofline_s(c.moe, nbytes, flops)
-                + self._gemm(rows, s.num_experts, s.hidden, dense=True))
+                + self._gemm(rows, s.num_experts, s.hidden, dense=True) + routing)
 
     def _attention(self, batch: StepBatch, attn: int) -> float:
         s, c = self.shape, self.compute

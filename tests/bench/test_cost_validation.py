@@ -47,7 +47,8 @@ def test_timed_tp_shards_join_the_profiles_gemm_timings(tmp_path, monkeypatch):
                                   "gate_up/tp2": (14336, 4096), "down/tp2": (4096, 7168)}
     assert fp8_gemm.shards(1)["qkv"] == (6144, 4096)
     committed = [t for t in cost_profiles.timed_gemms() if t[:2] == (3072, 4096)]
-    assert [t[2] for t in committed] == [1, 4, 16, 32, 64, 256]  # session 43's run
+    # session 43's runs: 1-256 rows (gemm_tp_shards.json), 512 and 1,024 of 512-2,048
+    assert [t[2] for t in committed] == [1, 4, 16, 32, 64, 256, 512, 1024]
     monkeypatch.setattr(cost_profiles, "RAW", tmp_path)
     assert not any((n, k) == (3072, 4096) for n, k, _, _ in cost_profiles.timed_gemms())
     (tmp_path / "s43").mkdir()
@@ -56,6 +57,12 @@ def test_timed_tp_shards_join_the_profiles_gemm_timings(tmp_path, monkeypatch):
     (tmp_path / "s43" / "gemm_tp_shards.json").write_text(json.dumps({"rows": rows}))
     shard = [t for t in cost_profiles.timed_gemms() if t[:2] == (3072, 4096)]
     assert shard == [(3072, 4096, 1, 8e-6), (3072, 4096, 256, 1.2e-5)]  # 4,096 rows: roofline
+    (tmp_path / "s43" / "both").mkdir()
+    wide = [{"proj": "qkv/tp2", "n": 3072, "k": 4096, "rows": r, "bf16_us": us}
+            for r, us in ((1024, 40.0), (2048, 70.0))]
+    (tmp_path / "s43" / "both" / "gemm_rows_512_2048.json").write_text(json.dumps({"rows": wide}))
+    shard = [t for t in cost_profiles.timed_gemms() if t[:2] == (3072, 4096)]
+    assert shard[-1] == (3072, 4096, 1024, 4e-5)  # 2,048 rows: roofline (TIMED_ROWS_MAX)
 
 
 def test_a_committed_lone_request_run_is_the_profiles_lone_host_work(tmp_path, monkeypatch):

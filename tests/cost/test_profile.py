@@ -75,6 +75,6 @@ def test_the_committed_profiles_load_and_name_their_source(name):
 
 def test_the_compute_profile_round_trips_with_its_timed_gemms(tmp_path):
     profile = load(PROFILES / "h200_compute.json")
-    assert profile.gemm_timings(28672, 4096)[-1][0] == 256  # the 8B's gate_up, 1-256 rows
+    assert profile.gemm_timings(28672, 4096)[-1][0] == 1024  # the 8B's gate_up, 1-1,024 rows
     save(profile, tmp_path / "c.json")
     assert load(tmp_path / "c.json") == profile

@@ -79,8 +79,8 @@ def test_unknown_model_is_a_clear_error():
 
 # Predictions of the committed profiles, pinned: a change to the model or a profile moves them.
 PINNED = [("single", StepBatch.decode(1, 1024), 1, 4.866711),
-          ("single", StepBatch.decode(256, 1024), 1, 16.374956),
-          ("single", StepBatch.prefill(4096), 1, 103.064528),
+          ("single", StepBatch.decode(256, 1024), 1, 16.388238),
+          ("single", StepBatch.prefill(4096), 1, 104.151068),
           ("tp2", StepBatch.decode(64, 512), 2, 4.627805),
           ("tp4", StepBatch.decode(1, 2112), 4, 2.761987)]
 
@@ -118,12 +118,51 @@ def test_near_the_ridge_a_kernel_pays_the_overlap_share_of_its_shorter_bound():
 def test_head_norms_read_and_write_the_query_and_key_heads_in_two_more_kernels():
     c = compute(elementwise=Roofline(1.0, 1.0, 6e-6))
     plain = StepModel(SHAPE, c).step(Plan(), StepBatch.prefill(4)).parts["elementwise"]
-    normed = StepModel(replace(SHAPE, qk_norm=True), c).step(Plan(), StepBatch.prefill(4))
+    normed = StepModel(replace(SHAPE, qk_norm=True), c, fused_qk_norm=False).step(
+        Plan(), StepBatch.prefill(4))
     qk_bytes = 4 * 2 * 2 * (64 + 32)  # 4 rows, read and written, 2-byte q (4x16) and k (2x16)
     assert math.isclose(normed.parts["elementwise"] - plain, 2 * (2e-6 + qk_bytes / 1e9),
                         rel_tol=1e-12)  # two layers; the 6 kernels' launch is 6 us
     assert load_shape("qwen3-32b").qk_norm and load_shape("qwen3-30b-a3b").qk_norm
     assert not load_shape("llama-3.1-8b").qk_norm
+
+
+def test_head_norms_inside_the_rope_kernel_cost_nothing_more_but_not_in_deterministic_mode():
+    c = compute(elementwise=Roofline(1.0, 1.0, 6e-6))
+    normed = replace(SHAPE, qk_norm=True)
+    batch = StepBatch.prefill(4)
+    plain = StepModel(SHAPE, c).step(Plan(), batch).parts["elementwise"]
+    fused = StepModel(normed, c, fused_qk_norm=True).step(Plan(), batch).parts["elementwise"]
+    apart = StepModel(normed, c, fused_qk_norm=False).step(Plan(), batch).parts["elementwise"]
+    deterministic = StepModel(normed, c, fused_qk_norm=True, deterministic=True)
+    assert fused == plain < apart
+    assert deterministic.step(Plan(), batch).parts["elementwise"] == apart
+    assert StepModel(normed, c, fused_qk_norm=True).eager().fused_qk_norm
+
+
+def test_the_defaults_read_the_engines_switches():
+    import os
+    import subprocess
+    import sys
+
+    from parashift.cost import step
+    assert step.FUSED_QK_NORM and step.FUSED_ROUTER  # the engine's defaults: on
+    read = ("from parashift.cost.step import StepModel; from tests.cost.test_step import SHAPE, "
+            "compute; m = StepModel(SHAPE, compute()); print(m.fused_qk_norm, m.fused_router)")
+    env = os.environ | {"PARASHIFT_FUSED_QK_NORM": "0", "PARASHIFT_FUSED_ROUTER": "0"}
+    out = subprocess.run([sys.executable, "-c", read], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_a_fused_router_at_one_row_drops_the_routing_kernels_launch():
+    moe = replace(SHAPE, num_experts=4, top_k=2, expert_intermediate=32)
+    c = compute(elementwise=Roofline(1.0, 1.0, 6e-6))
+    def moe_s(fused_router, batch):
+        return StepModel(moe, c, fused_router=fused_router).step(Plan(), batch).parts["moe"]
+    one, two = StepBatch.decode(1, 8), StepBatch.decode(2, 8)
+    assert math.isclose(moe_s(False, one) - moe_s(True, one), 2 * 1e-6, rel_tol=1e-9)
+    assert moe_s(False, two) == moe_s(True, two)  # two rows: the GEMM and routing apart
 
 
 def test_an_eager_moe_layer_launches_its_routing_and_expert_kernels_too():
