@@ -34,11 +34,15 @@ class SwitchCosts:
     # the cost model (cost/advisor.py): where set, what the view has not measured is
     # predicted from the profiles instead of the three defaults above
     advisor: object = field(default=None, compare=False)
+    # widths whose predicted work is within this share of the fastest's are tied: the
+    # model's step times miss by a few percent (docs/results.md), so a nearer win is noise
+    tie_margin: float = 0.02
 
     def __post_init__(self):
-        if not (self.prefill_tokens_per_s > 0 and 0 < self.efficiency <= 1 and self.step_s > 0):
+        if not (self.prefill_tokens_per_s > 0 and 0 < self.efficiency <= 1 and self.step_s > 0
+                and 0 <= self.tie_margin < 1):
             raise ValueError("switch costs: prefill_tokens_per_s and step_s must be > 0, "
-                             f"efficiency in (0, 1], got {self}")
+                             f"efficiency in (0, 1], tie_margin in [0, 1), got {self}")
 
     def step_seconds(self, view: NodeView) -> float:
         measured = [g.step_s for g in view.groups if g.step_s > 0]
@@ -140,10 +144,16 @@ class SwitchCosts:
         return self.speedup(view, factor, merged) > 1 and self.merge_gain(
             view, factor, moves_running, merged) >= self.cost(view, factor * kept, moves_running)
 
-    def fastest_width(self, view: NodeView, layouts: dict[int, tuple[str, ...]]) -> int:
+    def fastest_width(self, view: NodeView, layouts: dict[int, tuple[str, ...]],
+                      current: int | None = None) -> int:
         """With the cost model: the width whose layout is predicted to finish the work in
-        hand soonest (`work_s`); on a tie (an idle node) the widest."""
-        return min(layouts, key=lambda width: (self.work_s(view, layouts[width]), -width))
+        hand soonest (`work_s`); among widths within `tie_margin` of that the `current` one
+        (a switch for less is the model's noise), else the widest (an idle node's: all)."""
+        work = {width: self.work_s(view, layout) for width, layout in layouts.items()}
+        fastest = min(work.values())
+        tied = [width for width, seconds in work.items()
+                if seconds <= fastest * (1 + self.tie_margin)]
+        return current if current in tied and fastest > 0 else max(tied)
 
     def work_s(self, view: NodeView, layout: tuple[str, ...]) -> float:
         """Predicted seconds `layout` takes for the node's requests in hand: the queued

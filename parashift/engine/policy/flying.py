@@ -150,7 +150,7 @@ class FlyingPolicy:
         requests a merge moves wait in the merged group until its next step admits them,
         and splitting for those would undo every merge (a livelock under recompute)."""
         if self.costs.advisor is not None:
-            return self.costs.fastest_width(view, self.layouts)
+            return self.costs.fastest_width(view, self.layouts, self.width)
         waiting = sum(g.num_waiting for g in view.groups)
         running = sum(g.num_running for g in view.groups)
         if waiting == 0 and running <= self.merge_running:

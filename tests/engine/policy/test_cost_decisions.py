@@ -254,3 +254,21 @@ def test_flying_counts_a_waiting_requests_output_by_its_max_tokens():
     assert told == pytest.approx({1: 0.5967, 2: 0.5937, 4: 0.6680}, abs=1e-4)
     assert costs.fastest_width(view(50), layouts) == 2
     assert costs.fastest_width(view(0), layouts) == 4
+
+
+def test_flying_keeps_its_width_where_another_is_within_the_tie_margin():
+    """The same 64 summaries: one replica per GPU (0.5967 s) is within 2% of two TP2 groups
+    (0.5937 s), so a node at width 1 stays; at width 4 (0.6680, 12% slower) it takes the
+    widest of the tied; with no margin the fastest alone."""
+    costs = SwitchCosts(advisor=advisor_for(config(), LLAMA_8B, 4))
+    layouts = {1: REPLICAS, 2: ("merge2-tp2", "merge2-tp2@2-3"), 4: ("merge4-tp4",)}
+    queued = GroupView("merge4-tp4", num_waiting=64, num_running=0, tokens_waiting=64 * 786,
+                       next_step_tokens=8192, kv_blocks_used=0, kv_blocks_free=1000,
+                       longest_need=3000, waiting_decode_most=50)
+    view = NodeView((queued,), 0.0, ("merge4-tp4",))
+    assert costs.fastest_width(view, layouts, current=1) == 1
+    assert costs.fastest_width(view, layouts, current=4) == 2
+    exact = SwitchCosts(advisor=costs.advisor, tie_margin=0.0)
+    assert exact.fastest_width(view, layouts, current=1) == 2
+    with pytest.raises(ValueError, match="tie_margin"):
+        SwitchCosts(tie_margin=1.0)
