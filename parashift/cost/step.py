@@ -9,26 +9,24 @@ rank holds (SP x TP splits the heads); under PP each stage runs its layers in tu
 activations sent between stages. A DP plan's replicas step apart: the caller gives each
 replica's batch (`replica_plan`)."""
 import math
-import os
 from dataclasses import dataclass, field
 
 from parashift.cost.profile import ComputeProfile, LinkProfile
 from parashift.cost.shape import ModelShape
+from parashift.engine_switches import (FUSED_QK_NORM, FUSED_ROUTER, MIXED_GRAPH_SEQS,
+                                       MIXED_GRAPH_WIDE_SEQS)
 from parashift.parallel.plan import Plan
 
 ELEMENTWISE_KERNELS = 6  # two norms, rotary with the KV write, SiLU-mul, two residual adds
 QK_NORM_KERNELS = 2      # a query and a key head norm (Qwen3)
-# the engine's switches, read as layers/attention.py and kernels/moe_router.py read them: a
-# shape's q/k norms run inside the RoPE kernel (outside deterministic mode), and a MoE
-# router of up to ROUTER_FUSED_ROWS rows is one launch (the gate's GEMV and the routing)
-FUSED_QK_NORM = os.environ.get("PARASHIFT_FUSED_QK_NORM", "1") != "0"
-FUSED_ROUTER = os.environ.get("PARASHIFT_FUSED_ROUTER", "1") != "0"
+# the engine's switches (engine_switches.py): a shape's q/k norms run inside the RoPE kernel
+# (outside deterministic mode), and a MoE router of up to ROUTER_FUSED_ROWS rows is one
+# launch (the gate's GEMV and the routing)
 ROUTER_FUSED_ROWS = 1  # kernels/moe_router.py LAYER_ROWS
-# the steps that prefill which the engine's mixed graphs cover (worker/cuda_graphs.py:
-# MIXED_SEQS, the largest of MIXED_ROWS, and WIDE_SEQS of the same environment variable:
-# its wide buckets, 0 for none); larger ones run eagerly
-MIXED_GRAPH_SEQS, MIXED_GRAPH_ROWS = 64, 2048
-MIXED_GRAPH_WIDE_SEQS = int(os.environ.get("PARASHIFT_MIXED_GRAPH_WIDE_SEQS", "0"))
+# the steps that prefill which the engine's mixed graphs cover (worker/cuda_graphs.py: up to
+# MIXED_GRAPH_SEQS sequences in the largest of MIXED_ROWS, and MIXED_GRAPH_WIDE_SEQS in its
+# wide buckets, 0 for none); larger ones run eagerly
+MIXED_GRAPH_ROWS = 2048
 
 
 @dataclass(frozen=True)

@@ -14,18 +14,18 @@ off): one row 5.1 us against 7.4 for cuBLAS then the routing kernel, 4.8 where t
 GEMM's choice (timed with L2 flushed: it took cuBLAS in one call, a GEMV in the next) takes a
 GEMV; two rows 7.4 against 5.1, four 12.9 against 7.3 (one program routes the rows one after
 the other), so the layer takes it at one row, where it does not hang on that choice."""
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from parashift.engine_switches import FUSED_ROUTER
 from parashift.kernels import moe_routing, pdl, split_tickets
 
 MAX_ROWS = 4  # the kernel's
 LAYER_ROWS = 1  # what `fits` takes
 # PARASHIFT_FUSED_ROUTER=0 keeps the gate GEMM and the routing kernel apart (before/after)
-ENABLED = os.environ.get("PARASHIFT_FUSED_ROUTER", "1") != "0"
+ENABLED = FUSED_ROUTER
 # 128 programs of 4 KB each at Qwen3-30B-A3B's shape; 5.1 us against 5.2 with 4 warps
 BLOCK_E, NUM_WARPS = 1, 2
 

@@ -5,24 +5,23 @@ cast what they read, and the scales are applied to the scores and the output: on
 per tensor in the softmax scale and on the output; per KV head (a checkpoint's
 calibration) on this rank's TP shard of q, k, v and the output, around the exchange of
 heads, so that every split of the shard's heads carries them."""
-import os
 from functools import partial
 
 import torch
 from torch import nn
 
 from parashift.context import get_attention_context, get_context
+from parashift.engine_switches import FUSED_QK_NORM
 from parashift.lazy_tensor import as_tensor
 from parashift.quantization.fp8 import is_fp8, to_fp8_range
 from parashift.kernels import use_triton
 from parashift.layers.layernorm import qk_norm
 from parashift.parallel import ulysses
 
-# A model's q/k norms (Qwen3) run inside the RoPE + KV-write kernel where that kernel runs,
+# FUSED_QK_NORM: a model's q/k norms (Qwen3) run inside the RoPE + KV-write kernel where it runs,
 # outside deterministic mode (PARASHIFT_FUSED_QK_NORM=0: their own kernel before it). On an
 # H200, Qwen3-30B-A3B's heads: 2.8 against 3.6 us at one token, 3.1 against 5.1 at 64
 # (benchmarks/qk_norm_rope.py)
-FUSED_QK_NORM = os.environ.get("PARASHIFT_FUSED_QK_NORM", "1") != "0"
 
 
 class Attention(nn.Module):

@@ -17,7 +17,6 @@ read from static buffers that each step refills; the split-KV grid was fixed at
 capture for max_model_len, which stays correct for any shorter context. On by
 default on CUDA (`--enforce-eager` turns them off); tests/engine/test_gpu_engine.py
 checks them against eager."""
-import os
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -28,6 +27,7 @@ from parashift.uploads import pack_offsets
 from parashift.worker.step_chunks import DecodeChunks, SeqChunk
 from parashift.worker.step_inputs import StepInputs, build_step_inputs
 from parashift.context import use_context
+from parashift.engine_switches import MIXED_GRAPH_SEQS, MIXED_GRAPH_WIDE_SEQS
 
 _TOKENS = attrgetter("token_ids")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -35,12 +35,12 @@ MIXED_ROWS = (256, 512, 1024, 2048)  # token rows of the graphs of steps that pr
 # the sequences such a graph holds: its decodes attend in the prefill configuration (more
 # compute per decode than eager's own launch), so a step of more runs eagerly (a tuning
 # knob, not an option: on four H200s eager TP4 steps are host-bound near 50 ms)
-MIXED_SEQS = int(os.environ.get("PARASHIFT_MIXED_GRAPH_SEQS", "64"))
+MIXED_SEQS = MIXED_GRAPH_SEQS
 # wide mixed buckets beside those (0: none): graphs of WIDE_MIN_ROWS rows and more holding
 # up to this many sequences, for a prompt chunk admitted beside a full batch of decodes
 # (TP=2 offline chat: 264 such steps of 1,917 ran eagerly); a step of at most MIXED_SEQS
 # sequences still takes the narrower bucket of its rows
-WIDE_SEQS = int(os.environ.get("PARASHIFT_MIXED_GRAPH_WIDE_SEQS", "0"))
+WIDE_SEQS = MIXED_GRAPH_WIDE_SEQS
 WIDE_MIN_ROWS = 512
 # With speculative decoding, smaller mixed buckets for verification steps (k + 1 rows a
 # sequence, at least 2): padded to 256 rows, a batch-1 verification of the 8B shape on an

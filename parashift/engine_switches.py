@@ -1,0 +1,18 @@
+"""Environment switches of the engine's kernels and graphs, read once here so that the
+engine and the cost model that prices its steps (cost/step.py) read the same values; no
+torch, so the planner imports it without a GPU stack."""
+import os
+
+
+def _on(name: str) -> bool:
+    return os.environ.get(name, "1") != "0"
+
+
+# a model's q/k norms (Qwen3) inside the RoPE + KV-write kernel (layers/attention.py)
+FUSED_QK_NORM = _on("PARASHIFT_FUSED_QK_NORM")
+# a MoE router of one row in one launch: gate GEMV, softmax, top-k (kernels/moe_router.py)
+FUSED_ROUTER = _on("PARASHIFT_FUSED_ROUTER")
+# the most sequences a mixed CUDA graph holds, and the wide buckets' (0: none;
+# worker/cuda_graphs.py)
+MIXED_GRAPH_SEQS = int(os.environ.get("PARASHIFT_MIXED_GRAPH_SEQS", "64"))
+MIXED_GRAPH_WIDE_SEQS = int(os.environ.get("PARASHIFT_MIXED_GRAPH_WIDE_SEQS", "0"))
