@@ -94,6 +94,20 @@ def split_prefix_variant(q, k_cache, v_cache, meta):
     return run
 
 
+def chunk_switched(fn, merge: bool, gqa: bool):
+    """fn with cudnn_chunk's merge kernel and GQA in its causal call set as given."""
+    from parashift.attention import cudnn_chunk
+
+    def run():
+        saved = cudnn_chunk.FUSED_MERGE, cudnn_chunk.NATIVE_GQA
+        cudnn_chunk.FUSED_MERGE, cudnn_chunk.NATIVE_GQA = merge, gqa
+        try:
+            return fn()
+        finally:
+            cudnn_chunk.FUSED_MERGE, cudnn_chunk.NATIVE_GQA = saved
+    return run
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--backends", default=None, help="comma-separated names; default: all")
@@ -121,6 +135,10 @@ def main():
             variants["cudnn_split_lse"] = split_prefix_variant(q, k_cache, v_cache, meta)
         variants["cudnn_backend"] = lambda: cudnn_be.attend(q, k_cache, v_cache, meta,
                                                             HEAD_DIM ** -0.5)
+        if prefix:  # the chunk route's parts switched apart (the default: both on)
+            for merge, gqa in ((False, False), (True, False), (False, True)):
+                variants[f"cudnn_backend_merge{int(merge)}_gqa{int(gqa)}"] = chunk_switched(
+                    variants["cudnn_backend"], merge, gqa)
         for name, fn in variants.items():
             if args.backends and name not in args.backends.split(","):
                 continue

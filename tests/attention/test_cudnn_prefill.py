@@ -86,11 +86,18 @@ def test_mixed_batch_matches_the_reference(num_heads, num_kv_heads, head_dim):
 
 
 @cuda
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("q_len,prefix", [(2048, 8192), (2500, 6000), (3000, 512 * 13 + 7),
                                           (2100, 300)])
-def test_a_chunk_after_a_prefix(q_len, prefix):
-    """The cut below the prefix's end at 8,192, 5,632, 6,656 and 0 keys (rem 0, 368, 7, 300)."""
+def test_a_chunk_after_a_prefix(monkeypatch, q_len, prefix, fused):
+    """The cut below the prefix's end at 8,192, 5,632, 6,656 and 0 keys (rem 0, 368, 7, 300);
+    fused: the merge kernel and GQA in the causal call (the default), else K and V repeated
+    and the merge in PyTorch."""
     from tests.attention.test_triton_backend import TOLERANCE, make_step, run
+    monkeypatch.setattr(cudnn_chunk, "FUSED_MERGE", fused)
+    monkeypatch.setattr(cudnn_chunk, "NATIVE_GQA", fused)
+    if fused:
+        assert cudnn_chunk.gqa_available(0)  # PyTorch 2.11's cuDNN call takes GQA
     step = make_step([q_len], [prefix + q_len], 32, 8)
     expected = run(TorchAttentionBackend(), step)
     actual = run(CudnnPrefillAttentionBackend(chunk_context=1), step)
@@ -121,6 +128,14 @@ def test_an_fp8_pool_matches_the_triton_kernel():
     actual = run(backend, step, *(p.clone() for p in pools))
     tol = TOLERANCE[step.q.dtype]
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
+
+
+def test_an_unknown_chunk_switch_value_is_an_error(monkeypatch):
+    monkeypatch.setenv(cudnn_chunk.ENV, "yes")
+    with pytest.raises(ValueError, match="PARASHIFT_CUDNN_CHUNK_FUSED='yes'"):
+        cudnn_chunk._switch()
+    monkeypatch.setenv(cudnn_chunk.ENV, "0")
+    assert not cudnn_chunk._switch()
 
 
 def test_rows_are_padded_only_where_missing():
