@@ -130,6 +130,39 @@ def test_an_fp8_pool_matches_the_triton_kernel():
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
 
 
+def math_with_lse(q, k, v, causal: bool, scale: float):
+    """_with_lse in PyTorch math on the CPU, its output in cuDNN's layout for q's (BSHD)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1).float() for t in (k, v))
+    scores = q.float() @ k.transpose(-1, -2) * scale
+    if causal:
+        scores.masked_fill_(torch.ones_like(scores, dtype=torch.bool).triu(1), -float("inf"))
+    out = (scores.softmax(-1) @ v).to(q.dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    return out[0], scores.logsumexp(-1)[0]
+
+
+@pytest.mark.parametrize("gqa", [True, False])
+@pytest.mark.parametrize("n,prefix", [(5, 13), (6, 0), (3, 16), (9, 2)])
+def test_the_chunk_routes_views_and_merge_on_the_cpu(monkeypatch, n, prefix, gqa):
+    """chunk_attention's bookkeeping (the cut, the discarded rows, the packed heads, the
+    views the merge reads) with cuDNN's call replaced by PyTorch math, 8-token pads."""
+    monkeypatch.setattr(cudnn_chunk, "PAD_TOKENS", 8)
+    monkeypatch.setattr(cudnn_chunk, "_with_lse", math_with_lse)
+    monkeypatch.setattr(cudnn_chunk, "FUSED_MERGE", False)  # the kernel: tests/kernels
+    monkeypatch.setattr(cudnn_chunk, "NATIVE_GQA", gqa)
+    monkeypatch.setattr(cudnn_chunk, "gqa_available", lambda device_index: True)
+    gen = torch.Generator().manual_seed(n + prefix)
+    q = torch.randn(n, 6, 8, generator=gen)
+    k, v = (torch.randn(prefix + n, 2, 8, generator=gen) for _ in range(2))
+    positions = torch.arange(prefix, prefix + n)[:, None]
+    mask = torch.arange(prefix + n)[None, :] <= positions  # [n, keys]
+    scores = torch.einsum("qhd,khd->hqk", q, k.repeat_interleave(3, dim=1)) * 0.3
+    expected = torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, -float("inf")).softmax(-1),
+                            v.repeat_interleave(3, dim=1))
+    actual = cudnn_chunk.chunk_attention(q, k, v, 0.3)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_an_unknown_chunk_switch_value_is_an_error(monkeypatch):
     monkeypatch.setenv(cudnn_chunk.ENV, "yes")
     with pytest.raises(ValueError, match="PARASHIFT_CUDNN_CHUNK_FUSED='yes'"):
