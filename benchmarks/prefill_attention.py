@@ -7,6 +7,7 @@ must compute and as a fraction of the matrix peak: the Triton kernel over the pa
 and PyTorch's SDPA (cuDNN, flash) over the context gathered from the pool (the gather
 counted in its time)."""
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -135,10 +136,14 @@ def main():
             variants["cudnn_split_lse"] = split_prefix_variant(q, k_cache, v_cache, meta)
         variants["cudnn_backend"] = lambda: cudnn_be.attend(q, k_cache, v_cache, meta,
                                                             HEAD_DIM ** -0.5)
-        if prefix:  # the chunk route's parts switched apart (the default: both on)
-            for merge, gqa in ((False, False), (True, False), (False, True)):
-                variants[f"cudnn_backend_merge{int(merge)}_gqa{int(gqa)}"] = chunk_switched(
-                    variants["cudnn_backend"], merge, gqa)
+        if prefix:  # the chunk route at any chunk and context (the defaults: 2048, 8192)
+            forced, own = (CudnnPrefillAttentionBackend(chunk_tokens=1, chunk_context=1),
+                           dataclasses.replace(meta, derived={}))  # its own routes cached
+            variants["cudnn_chunk_forced"] = lambda: forced.attend(q, k_cache, v_cache, own,
+                                                                   HEAD_DIM ** -0.5)
+            for merge, gqa in ((False, False), (True, False), (False, True)):  # parts apart
+                variants[f"cudnn_chunk_merge{int(merge)}_gqa{int(gqa)}"] = chunk_switched(
+                    variants["cudnn_chunk_forced"], merge, gqa)
         for name, fn in variants.items():
             if args.backends and name not in args.backends.split(","):
                 continue

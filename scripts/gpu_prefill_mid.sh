@@ -5,7 +5,8 @@
 #    of each (prefill_throughput.py --profile), at this tree (HEAD's main path);
 # 2. prefill_phases.py at 4,096 (host parts, device timeline, a torch.profiler trace);
 # 3. the chunk-after-prefix route: the merge kernel and GQA in cuDNN's causal call, apart and
-#    together, against session 43's route (prefill_attention.py; outputs against Triton's);
+#    together, against session 43's route (prefill_attention.py; outputs against Triton's),
+#    also at chunks and contexts under the route's thresholds (2,048 / 8,192) against Triton;
 # 4. GPU tests of the merge kernel and the cuDNN routes;
 # 5. cuDNN's causal attention by input layout, and attention / the gate_up GEMM called back
 #    to back for 3 s (does the GPU slow under a long prompt's load?);
@@ -30,9 +31,9 @@ step profile 90 python3 benchmarks/prefill_throughput.py --model $EIGHT_B \
   --prompt-lens 4096 16384 32768 --repeats 3 --profile --output "$OUT/profile.json"
 step phases_4k 40 python3 benchmarks/prefill_phases.py --model $EIGHT_B --prompt-len 4096 \
   --repeats 3 --trace-dir "$OUT/trace_4k" --output "$OUT/phases_4k.json"
-step chunk_micro 30 python3 benchmarks/prefill_attention.py \
-  --cases 8192:8192,8192:24576,2048:30720,16384:16384 \
-  --backends triton_paged,cudnn_backend,cudnn_backend_merge0_gqa0,cudnn_backend_merge1_gqa0,cudnn_backend_merge0_gqa1 \
+step chunk_micro 40 python3 benchmarks/prefill_attention.py \
+  --cases 8192:8192,8192:24576,2048:30720,16384:16384,2048:2048,2048:6144,4096:4096,1024:8192 \
+  --backends triton_paged,cudnn_backend,cudnn_chunk_forced,cudnn_chunk_merge0_gqa0,cudnn_chunk_merge1_gqa0,cudnn_chunk_merge0_gqa1 \
   --output "$OUT/chunk_micro.json"
 step gpu_tests 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_lse_merge.py tests/attention/test_cudnn_prefill.py
