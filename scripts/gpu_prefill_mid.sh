@@ -10,7 +10,8 @@
 # 4. GPU tests of the merge kernel and the cuDNN routes;
 # 5. cuDNN's causal attention by input layout, and attention / the gate_up GEMM called back
 #    to back for 3 s (does the GPU slow under a long prompt's load?);
-# 6. prefill_phases.py at 32,768 (each layer's device time over the step).
+# 6. prefill_phases.py at 32,768 (each layer's device time over the step, a trace).
+# The traces read on the CPU after: benchmarks/trace_breakdown.py TRACE (kinds, drift).
 # nvidia-smi samples clocks, power and the clock-event reasons every 100 ms throughout
 # ($OUT/smi.csv; $OUT/marks: each step's start in the same clock).
 # Usage (repository root): OUT=dir [BUDGET_S=230] bash scripts/gpu_prefill_mid.sh
@@ -38,8 +39,8 @@ step chunk_micro 40 python3 benchmarks/prefill_attention.py \
 step gpu_tests 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_lse_merge.py tests/attention/test_cudnn_prefill.py
 step layouts 25 python3 benchmarks/cudnn_layouts.py --sustained-s 3 --output "$OUT/layouts.json"
-step phases_32k 40 python3 benchmarks/prefill_phases.py --model $EIGHT_B --prompt-len 32768 \
-  --repeats 2 --output "$OUT/phases_32k.json"
+step phases_32k 45 python3 benchmarks/prefill_phases.py --model $EIGHT_B --prompt-len 32768 \
+  --repeats 2 --trace-dir "$OUT/trace_32k" --output "$OUT/phases_32k.json"
 kill "$smi" 2> /dev/null
 cat "$OUT/steps"
 grep -h '^{' "$OUT"/chunk_micro.log "$OUT"/layouts.log 2>/dev/null | cut -c1-400
