@@ -33,7 +33,7 @@ step profile 90 python3 benchmarks/prefill_throughput.py --model $EIGHT_B \
 step phases_4k 40 python3 benchmarks/prefill_phases.py --model $EIGHT_B --prompt-len 4096 \
   --repeats 3 --trace-dir "$OUT/trace_4k" --output "$OUT/phases_4k.json"
 step chunk_micro 40 python3 benchmarks/prefill_attention.py \
-  --cases 8192:8192,8192:24576,2048:30720,16384:16384,2048:2048,2048:6144,4096:4096,1024:8192 \
+  --cases 8192:8192,8192:24576,2048:30720,16384:16384,2048:2048,2048:6144,4096:4096,1024:8192,512:16384 \
   --backends triton_paged,cudnn_backend,cudnn_chunk_forced,cudnn_chunk_merge0_gqa0,cudnn_chunk_merge1_gqa0,cudnn_chunk_merge0_gqa1 \
   --output "$OUT/chunk_micro.json"
 step gpu_tests 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
