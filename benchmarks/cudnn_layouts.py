@@ -9,7 +9,9 @@ length, ms (triton's do_bench) and TFLOP/s of the causal pairs for:
     [blocks, 16, kv_heads, d], each transposed to [1, heads, n, d] (BSHD strides);
   - `q_heads_first`: q written [heads, n, d] (contiguous BHSD), K/V as `engine`; its
     output's copy back to [n, heads, d] timed apart (`to_rows_ms`);
-  - `all_heads_first`: q, K and V contiguous BHSD.
+  - `all_heads_first`: q, K and V contiguous BHSD;
+  - `packed_noncausal`: no mask, a KV head's query heads packed as rows (cudnn_chunk's call
+    before the cut), TFLOP/s of its n * n pairs.
 `--sustained-s`: the engine layout at the longest length, then the 8B's gate_up GEMM of as
 many rows, each called back to back for that long (as 32 layers of a long prompt's step
 keep the GPU busy), each call timed by CUDA events: the first and last tenth's medians show
@@ -68,7 +70,26 @@ def by_layout(n: int) -> list[dict]:
                 lambda: out[0].transpose(0, 1).contiguous(), warmup=5, rep=30), 4)
         print(json.dumps(row), flush=True)
         rows.append(row)
+    rows.append(packed_noncausal(q, k, v))
     return rows
+
+
+def packed_noncausal(q, k, v) -> dict:
+    """Every query row against every key (no mask), a KV head's query heads packed as rows
+    of one head (cudnn_chunk's call before the cut): the rate a causal prompt split into
+    such blocks could reach."""
+    n, group = q.shape[0], HEADS // KV_HEADS
+    packed = q.view(n, KV_HEADS, group, D).permute(1, 0, 2, 3).reshape(1, KV_HEADS, n * group, D)
+
+    def call():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(packed, k, v, scale=D ** -0.5)
+    call()
+    ms = triton.testing.do_bench(call, warmup=5, rep=60)
+    row = dict(n=n, layout="packed_noncausal", ms=round(ms, 4),
+               tflops=round(4.0 * HEADS * D * n * n / ms / 1e9, 1))
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def sustained(n: int, seconds: float, what: str) -> dict:
