@@ -11,7 +11,9 @@ length, ms (triton's do_bench) and TFLOP/s of the causal pairs for:
     output's copy back to [n, heads, d] timed apart (`to_rows_ms`);
   - `all_heads_first`: q, K and V contiguous BHSD;
   - `packed_noncausal`: no mask, a KV head's query heads packed as rows (cudnn_chunk's call
-    before the cut), TFLOP/s of its n * n pairs.
+    before the cut), TFLOP/s of its n * n pairs;
+  - `split_2`, `split_4`: the prompt as 2 / 4 chunks, each later one run as cudnn_chunk runs
+    a chunk after a cached prefix (a causal prompt's work moved to unmasked calls).
 `--sustained-s`: the engine layout at the longest length, then the 8B's gate_up GEMM of as
 many rows, each called back to back for that long (as 32 layers of a long prompt's step
 keep the GPU busy), each call timed by CUDA events: the first and last tenth's medians show
@@ -71,7 +73,35 @@ def by_layout(n: int) -> list[dict]:
         print(json.dumps(row), flush=True)
         rows.append(row)
     rows.append(packed_noncausal(q, k, v))
+    for parts in (2, 4):
+        rows.append(split_prompt(q, k, v, parts, reference[0].transpose(0, 1)))
     return rows
+
+
+def split_prompt(q, k, v, parts: int, reference) -> dict:
+    """The causal prompt as `parts` chunks: the first causal, each later one against the
+    keys before it as cudnn_chunk's route runs a chunk after a cached prefix (no mask,
+    packed; its own keys causally; the two merged)."""
+    from parashift.attention import cudnn_chunk
+    n = q.shape[0]
+    size = n // parts
+    k_rows, v_rows = (t[0].transpose(0, 1) for t in (k, v))  # [n, kv_heads, d] views
+
+    def call():
+        out = torch.empty_like(q)
+        out[:size] = attend(q[:size].transpose(0, 1).unsqueeze(0), k[:, :, :size],
+                            v[:, :, :size])[0].transpose(0, 1)
+        for i in range(1, parts):
+            rows = slice(i * size, (i + 1) * size)
+            out[rows] = cudnn_chunk.chunk_attention(q[rows], k_rows[:rows.stop],
+                                                    v_rows[:rows.stop], D ** -0.5)
+        return out
+    diff = float((call().float() - reference.float()).abs().max())
+    ms = triton.testing.do_bench(call, warmup=3, rep=40)
+    row = dict(n=n, layout=f"split_{parts}", ms=round(ms, 4),
+               tflops=round(causal_tflops(n, ms), 1), max_abs_diff=diff)
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def packed_noncausal(q, k, v) -> dict:
