@@ -14,7 +14,8 @@ multiples of PAD_TOKENS: cuDNN builds a plan per shape (about 64 ms each). On on
 (8B heads) this ran at 0.60-0.70 of the bf16 matrix peak where the Triton kernel ran at
 0.43-0.47 (`benchmarks/prefill_attention.py`, 2026-11-29, before the merge kernel and GQA).
 PARASHIFT_CUDNN_CHUNK_FUSED=0: K and V repeated per query head and the merge in PyTorch
-operations in fp32 (session 43's route), for A/B runs.
+operations in fp32 (session 43's route, less its copies of rows that needed no padding),
+for A/B runs.
 
 `torch.ops.aten._scaled_dot_product_cudnn_attention` (the call that returns the log-sum-exp)
 is PyTorch-internal: `available()` checks that it runs here, once, and `gqa_available()`
@@ -48,6 +49,15 @@ FUSED_MERGE = NATIVE_GQA = _switch()
 
 def _padded(n: int) -> int:
     return -(-n // PAD_TOKENS) * PAD_TOKENS
+
+
+def pad_rows(x: torch.Tensor, rows: int, before: int = 0) -> torch.Tensor:
+    """x [n, ..] with `before` zero rows first and zero rows after to `rows` in all; x itself
+    where it has them (F.pad copies even a pad of nothing: the q, k and v of a layer)."""
+    after = rows - before - x.shape[0]
+    if before == after == 0:
+        return x
+    return F.pad(x, (0, 0) * (x.dim() - 1) + (before, after))
 
 
 def _with_lse(q, k, v, causal: bool, scale: float):
@@ -111,7 +121,7 @@ def _before_cut(q, k, v, group: int, scale: float):
     n, heads, d = q.shape
     kv_heads = heads // group
     rows = _padded(n)
-    packed = F.pad(q, (0, 0, 0, 0, 0, rows - n)).view(rows, kv_heads, group, d)
+    packed = pad_rows(q, rows).view(rows, kv_heads, group, d)
     packed = packed.permute(1, 0, 2, 3).reshape(1, kv_heads, rows * group, d)
     out, lse = _with_lse(packed, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
                          False, scale)
@@ -126,9 +136,8 @@ def _causal_tail(q, k, v, rem: int, group: int, scale: float):
     kv_heads = heads // group
     length = rem + n
     rows = _padded(length)
-    q = F.pad(q, (0, 0, 0, 0, rem, rows - length)).transpose(0, 1).unsqueeze(0)
-    k, v = (F.pad(t, (0, 0, 0, 0, 0, rows - length)).transpose(0, 1).unsqueeze(0)
-            for t in (k, v))
+    q = pad_rows(q, rows, before=rem).transpose(0, 1).unsqueeze(0)
+    k, v = (pad_rows(t, rows).transpose(0, 1).unsqueeze(0) for t in (k, v))
     if group > 1 and not (NATIVE_GQA and gqa_available(q.device.index or 0)):
         k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
     out, lse = _with_lse(q, k, v, True, scale)

@@ -172,10 +172,12 @@ def test_an_unknown_chunk_switch_value_is_an_error(monkeypatch):
 
 
 def test_rows_are_padded_only_where_missing():
-    from parashift.attention.cudnn_prefill import _pad_rows
     x = torch.randn(6, 2, 4)
-    assert _pad_rows(x, 6) is x  # no copy
-    padded = _pad_rows(x, 8)
+    assert cudnn_chunk.pad_rows(x, 6) is x  # no copy
+    before = cudnn_chunk.pad_rows(x, 9, before=1)
+    assert before.shape == (9, 2, 4) and torch.equal(before[1:7], x)
+    assert not before[0].any() and not before[7:].any()
+    padded = cudnn_chunk.pad_rows(x, 8)
     assert padded.shape == (8, 2, 4) and torch.equal(padded[:6], x)
     assert not padded[6:].any()
 
