@@ -23,12 +23,8 @@ budget=${BUDGET_S:-235}
 mkdir -p "$OUT"
 source scripts/budget_step.sh
 EIGHT_B=benchmarks/shapes/llama-3.1-8b.json
-reasons=clocks_event_reasons.active
-nvidia-smi --query-gpu=$reasons --format=csv > /dev/null 2>&1 || reasons=clocks_throttle_reasons.active
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,$reasons \
-  --format=csv -lms 100 > "$OUT/smi.csv" 2> "$OUT/smi.err" &
-smi=$!
-step() { echo "$1 $(date '+%Y/%m/%d %H:%M:%S.%N')" >> "$OUT/marks"; budget_step "$@"; }
+source scripts/gpu_clock_samples.sh
+start_clock_samples
 step profile 60 python3 benchmarks/prefill_throughput.py --model $EIGHT_B \
   --prompt-lens 4096 16384 32768 --repeats 3 --profile --output "$OUT/profile.json"
 step phases_4k 35 python3 benchmarks/prefill_phases.py --model $EIGHT_B --prompt-len 4096 \
@@ -42,6 +38,6 @@ step phases_32k 40 python3 benchmarks/prefill_phases.py --model $EIGHT_B --promp
   --repeats 2 --trace-dir "$OUT/trace_32k" --output "$OUT/phases_32k.json"
 step gpu_tests 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_lse_merge.py tests/attention/test_cudnn_prefill.py
-kill "$smi" 2> /dev/null
+kill "$clock_sampler" 2> /dev/null
 cat "$OUT/steps"
 grep -h '^{' "$OUT"/chunk_micro.log "$OUT"/layouts.log 2>/dev/null | cut -c1-400

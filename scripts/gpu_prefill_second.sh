@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Issue 61 deliverable 1 (helper prefill), second call on ONE H200, in priority order
 # (BUDGET_S, 235 by default, skips the last first):
-# 1. chunked prefill of one 32,768- and one 16,384-token prompt at 8,192 tokens a step (the
-#    chunks after the cached prefix through the cuDNN chunk route), this tree's route (merge
-#    kernel, GQA in the call) against session 43's (PARASHIFT_CUDNN_CHUNK_FUSED=0), in turn,
-#    two rounds (the command of docs/results.md's chunked rows);
-# 2. GPU tests of the merge kernel and the cuDNN routes.
+# 1. GPU tests: the row-chunked GEMM (bits of each chunk's call), the merge kernel, cuDNN routes;
+# 2. the 8B's projections at 16k / 32k rows as one cuBLAS call or in row chunks of 8,192 /
+#    4,096 (gemm_row_chunks.py: ms, TFLOP/s, the kernel cuBLAS ran; a layer's four called back
+#    to back for 2 s each);
+# 3. the engine at 32,768 and 16,384 tokens, variants interleaved in one process
+#    (prefill_phases.py --variants): one cuBLAS call a GEMM (base) against row chunks of
+#    4,096 and 8,192 (PARASHIFT_GEMM_ROW_CHUNK, read at each call);
+# 4. chunked prefill of one 32,768-token prompt at 8,192 tokens a step, this tree's chunk route
+#    (merge kernel, GQA in the call) against session 43's (PARASHIFT_CUDNN_CHUNK_FUSED=0), in
+#    turn (the command of docs/results.md's chunked rows).
+# nvidia-smi samples clocks and power every 100 ms ($OUT/smi.csv, $OUT/marks).
 # Usage (repository root): OUT=dir [BUDGET_S=235] bash scripts/gpu_prefill_second.sh
 set -u
 : "${OUT:?a folder for the results}"
@@ -14,15 +20,26 @@ budget=${BUDGET_S:-235}
 mkdir -p "$OUT"
 source scripts/budget_step.sh
 EIGHT_B=benchmarks/shapes/llama-3.1-8b.json
+source scripts/gpu_clock_samples.sh
+start_clock_samples
+step gpu_tests 25 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+  tests/layers/test_row_chunked_gemm.py tests/kernels/test_lse_merge.py tests/attention/test_cudnn_prefill.py
+step gemm_chunks 40 python3 benchmarks/gemm_row_chunks.py --rows 16384 32768 --chunks 0 8192 4096 \
+  --sustained-s 2 --output "$OUT/gemm_chunks.json"
+step ab_32k 40 python3 benchmarks/prefill_phases.py --model $EIGHT_B --prompt-len 32768 \
+  --repeats 1 --variants base PARASHIFT_GEMM_ROW_CHUNK=4096 PARASHIFT_GEMM_ROW_CHUNK=8192 \
+  --ab-rounds 2 --output "$OUT/ab_32k.json"
+step ab_16k 30 python3 benchmarks/prefill_phases.py --model $EIGHT_B --prompt-len 16384 \
+  --repeats 1 --variants base PARASHIFT_GEMM_ROW_CHUNK=4096 PARASHIFT_GEMM_ROW_CHUNK=8192 \
+  --ab-rounds 3 --output "$OUT/ab_16k.json"
 chunked() {  # chunked NAME FUSED
-  budget_step "$1" 45 env PARASHIFT_CUDNN_CHUNK_FUSED=$2 python3 benchmarks/prefill_throughput.py \
-    --model $EIGHT_B --prompt-lens 32768 16384 --step-tokens 8192 --repeats 3 --output "$OUT/$1.json"
+  step "$1" 30 env PARASHIFT_CUDNN_CHUNK_FUSED=$2 python3 benchmarks/prefill_throughput.py \
+    --model $EIGHT_B --prompt-lens 32768 --step-tokens 8192 --repeats 3 --output "$OUT/$1.json"
 }
-chunked chunked_fused_1 1
-chunked chunked_s43_1 0
-chunked chunked_fused_2 1
-chunked chunked_s43_2 0
-budget_step gpu_tests 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  tests/kernels/test_lse_merge.py tests/attention/test_cudnn_prefill.py
+chunked chunked_fused 1
+chunked chunked_s43 0
+kill "$clock_sampler" 2> /dev/null
 cat "$OUT/steps"
+grep -h '^{' "$OUT"/gemm_chunks.log | cut -c1-300
+grep -h '"median_ms"' "$OUT"/ab_*.log | cut -c1-600
 grep -h '^{' "$OUT"/chunked_*.log | cut -c1-300
