@@ -1,5 +1,7 @@
-"""The 8B's projections at long-prompt rows as one cuBLAS call or in row chunks
-(layers/row_chunked_gemm.py; issue 61).
+"""The 8B's projections at long-prompt rows as one cuBLAS call or in row chunks (issue 61):
+cuBLAS runs them with 192x192 tiles at 16k-32k rows and with 320x128 / 256x128 at 4k; does a
+long prompt's GEMM gain from calls of fewer rows? (Measured 2026-11-30: no, under the power
+cap; the engine switch tried with it was left out, benchmark_log.)
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/gemm_row_chunks.py [--rows 8192 16384 32768]
     [--chunks 0 8192 4096 2048] [--sustained-s 2] [--output FILE]
@@ -16,15 +18,17 @@ import time
 import torch
 import triton.testing
 
-from parashift.layers import row_chunked_gemm
-
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
 
 
 def gemm(x, w, chunk: int):
-    if chunk and x.shape[0] > chunk:
-        return row_chunked_gemm.linear(x, w, None, chunk)
-    return torch.nn.functional.linear(x, w)
+    """x @ w.T as one call, or as calls of `chunk` rows into one output."""
+    if not chunk or x.shape[0] <= chunk:
+        return torch.nn.functional.linear(x, w)
+    out = x.new_empty(x.shape[0], w.shape[0])
+    for start in range(0, x.shape[0], chunk):
+        torch.mm(x[start:start + chunk], w.t(), out=out[start:start + chunk])
+    return out
 
 
 def kernels_run(fn) -> list[str]:

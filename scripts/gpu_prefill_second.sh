@@ -14,6 +14,9 @@
 #    turn (the command of docs/results.md's chunked rows);
 # 5. GPU tests: the row-chunked GEMM (bits of each chunk's call), the merge kernel, cuDNN routes.
 # nvidia-smi samples clocks and power every 100 ms ($OUT/smi.csv, $OUT/marks).
+# Run at 84bdaab (raw: benchmarks/results/raw/prefill_second/). Steps 1-2's row chunks were an
+# engine switch then (PARASHIFT_GEMM_ROW_CHUNK, layers/row_chunked_gemm.py and its test); it
+# gained nothing and was removed after this call: at a later tree those variants run the base.
 # Usage (repository root): OUT=dir [BUDGET_S=235] bash scripts/gpu_prefill_second.sh
 set -u
 : "${OUT:?a folder for the results}"
@@ -44,7 +47,7 @@ chunked chunked_fused 1
 chunked chunked_s43 0
 
 step gpu_tests 20 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  -k "not interpreted" tests/layers/test_row_chunked_gemm.py tests/kernels/test_lse_merge.py \
+  -k "not interpreted" tests/kernels/test_lse_merge.py \
   tests/attention/test_cudnn_prefill.py
 kill "$clock_sampler" 2> /dev/null
 cat "$OUT/steps"

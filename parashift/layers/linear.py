@@ -24,16 +24,9 @@ def _divide(n: int, d: int, what: str) -> int:
     return n // d
 
 
-ROW_CHUNK_MIN = 4096  # a GEMM of more rows may run in row chunks (layers/row_chunked_gemm.py)
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if use_triton(x):
         from parashift.kernels import skinny_gemm
-        from parashift.layers import row_chunked_gemm
-        if x.dim() == 2 and x.shape[0] > ROW_CHUNK_MIN and (
-                rows := row_chunked_gemm.chunk_rows()) and x.shape[0] > rows:
-            return row_chunked_gemm.linear(x, weight, bias, rows)
         return skinny_gemm.linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
