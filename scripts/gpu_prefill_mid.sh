@@ -17,14 +17,7 @@
 # ($OUT/smi.csv; $OUT/marks: each step's start in the same clock).
 # Usage (repository root): OUT=dir [BUDGET_S=235] bash scripts/gpu_prefill_mid.sh
 set -u
-: "${OUT:?a folder for the results}"
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-budget=${BUDGET_S:-235}
-mkdir -p "$OUT"
-source scripts/budget_step.sh
-EIGHT_B=benchmarks/shapes/llama-3.1-8b.json
-source scripts/gpu_clock_samples.sh
-start_clock_samples
+source scripts/gpu_prefill_common.sh
 step profile 60 python3 benchmarks/prefill_throughput.py --model $EIGHT_B \
   --prompt-lens 4096 16384 32768 --repeats 3 --profile --output "$OUT/profile.json"
 step phases_4k 35 python3 benchmarks/prefill_phases.py --model $EIGHT_B --prompt-len 4096 \

@@ -19,14 +19,7 @@
 # gained nothing and was removed after this call: at a later tree those variants run the base.
 # Usage (repository root): OUT=dir [BUDGET_S=235] bash scripts/gpu_prefill_second.sh
 set -u
-: "${OUT:?a folder for the results}"
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-budget=${BUDGET_S:-235}
-mkdir -p "$OUT"
-source scripts/budget_step.sh
-EIGHT_B=benchmarks/shapes/llama-3.1-8b.json
-source scripts/gpu_clock_samples.sh
-start_clock_samples
+source scripts/gpu_prefill_common.sh
 step gemm_chunks 40 python3 benchmarks/gemm_row_chunks.py --rows 16384 32768 --chunks 0 8192 4096 \
   --sustained-s 2 --output "$OUT/gemm_chunks.json"
 step ab_32k 40 python3 benchmarks/prefill_phases.py --model $EIGHT_B --prompt-len 32768 \
