@@ -1,15 +1,16 @@
 """The LSE merge of two partial attention outputs (kernels/lse_merge.py) against an fp64
 merge of the same inputs and its PyTorch twin: under the Triton interpreter on the CPU and
 compiled on CUDA; the partials read in cuDNN's layouts (a KV head's query heads packed as
-rows; a [heads, rows, d] output whose first rows are dropped), a head count that is no power
-of two, a side that saw no keys (LSE -inf)."""
+rows; a [heads, rows, d] output whose first rows are dropped), head counts that are no power
+of two (over two programs a row), a side that saw no keys (LSE -inf)."""
 import pytest
 import torch
 
 from parashift.kernels import lse_merge
 from tests.kernels.common import case_tests, cuda_tests, randn
 
-CASES = [dict(rows=5, kv_heads=2, group=3, d=16)]
+# 48 heads of 128: two programs a row, the second's last 16 heads masked
+CASES = [dict(rows=5, kv_heads=12, group=4, d=128)]
 
 
 def partials(rows, kv_heads, group, d, dtype, device):
@@ -43,7 +44,8 @@ def check(rows, kv_heads, group, d, dtype="float32", device="cpu"):
 
 
 test_interpreted, _ = case_tests(__name__, check, CASES)
-test_cuda = cuda_tests(check, CASES + [dict(rows=300, kv_heads=8, group=4, d=128)])
+test_cuda = cuda_tests(check, CASES + [dict(rows=300, kv_heads=8, group=4, d=128),
+                                       dict(rows=7, kv_heads=2, group=3, d=16)])
 
 
 def test_mismatched_partials_are_an_error():
