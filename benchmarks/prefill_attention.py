@@ -1,13 +1,16 @@
 """Prefill attention backends side by side on one GPU (issue 61).
 
-Usage (GPU): PYTHONPATH=. python3 benchmarks/prefill_attention.py [--output FILE]
+Usage (GPU): PYTHONPATH=. python3 benchmarks/prefill_attention.py [--cases Q:PREFIX,..]
+    [--backends NAME,..] [--rounds N] [--output FILE]
 One long sequence (32 query / 8 KV heads, head_dim 128, bf16, paged KV of 16-token blocks),
 causal, with and without a cached prefix; each backend in TFLOP/s of the causal pairs it
 must compute and as a fraction of the matrix peak: the Triton kernel over the paged pool,
 and PyTorch's SDPA (cuDNN, flash) over the context gathered from the pool (the gather
 counted in its time)."""
 import argparse
+import dataclasses
 import json
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -94,10 +97,40 @@ def split_prefix_variant(q, k_cache, v_cache, meta):
     return run
 
 
+def chunk_switched(fn, merge: bool, gqa: bool):
+    """fn with cudnn_chunk's merge kernel and GQA in its causal call set as given."""
+    from parashift.attention import cudnn_chunk
+
+    def run():
+        saved = cudnn_chunk.FUSED_MERGE, cudnn_chunk.NATIVE_GQA
+        cudnn_chunk.FUSED_MERGE, cudnn_chunk.NATIVE_GQA = merge, gqa
+        try:
+            return fn()
+        finally:
+            cudnn_chunk.FUSED_MERGE, cudnn_chunk.NATIVE_GQA = saved
+    return run
+
+
+def time_variant(row: dict, fn, ref) -> None:
+    """Adds one do_bench of fn to row["ms_rounds"] (and its output's difference from ref the
+    first time), or the error a backend refusing the case raised."""
+    try:
+        if "max_abs_diff_vs_triton" not in row:
+            out = fn()
+            torch.cuda.synchronize()
+            row["max_abs_diff_vs_triton"] = float((out.float() - ref.float()).abs().max())
+        row["ms_rounds"].append(round(triton.testing.do_bench(fn, warmup=5, rep=50), 4))
+    except Exception as e:  # noqa: BLE001 -- a backend that refuses a case is a result
+        row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--backends", default=None, help="comma-separated names; default: all")
     p.add_argument("--cases", default="1024:0,2048:0,4096:0,8192:0,16384:0,32768:0,8192:8192,8192:24576,2048:30720")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="each variant timed this many times, the order rotated each round "
+                        "(a GPU under its power cap slows the later ones); the median")
     p.add_argument("--output", default=None)
     p.add_argument("--first-calls", action="store_true", help="cuDNN's per-shape build cost")
     args = p.parse_args()
@@ -121,19 +154,27 @@ def main():
             variants["cudnn_split_lse"] = split_prefix_variant(q, k_cache, v_cache, meta)
         variants["cudnn_backend"] = lambda: cudnn_be.attend(q, k_cache, v_cache, meta,
                                                             HEAD_DIM ** -0.5)
-        for name, fn in variants.items():
-            if args.backends and name not in args.backends.split(","):
-                continue
-            row = {"q_len": q_len, "prefix": prefix, "backend": name}
-            try:
-                out = fn()
-                torch.cuda.synchronize()
-                row["max_abs_diff_vs_triton"] = float((out.float() - ref.float()).abs().max())
-                ms = triton.testing.do_bench(fn, warmup=5, rep=50)
+        if prefix:  # the chunk route at any chunk and context (the defaults: 2048, 8192)
+            forced, own = (CudnnPrefillAttentionBackend(chunk_tokens=1, chunk_context=1),
+                           dataclasses.replace(meta, derived={}))  # its own routes cached
+            variants["cudnn_chunk_forced"] = lambda: forced.attend(q, k_cache, v_cache, own,
+                                                                   HEAD_DIM ** -0.5)
+            for merge, gqa in ((False, False), (True, False), (False, True)):  # parts apart
+                variants[f"cudnn_chunk_merge{int(merge)}_gqa{int(gqa)}"] = chunk_switched(
+                    variants["cudnn_chunk_forced"], merge, gqa)
+        chosen = [n for n in variants if not args.backends or n in args.backends.split(",")]
+        by_name = {}
+        for round_ in range(args.rounds):  # each round's order rotated: none always first
+            for name in chosen[round_ % len(chosen):] + chosen[:round_ % len(chosen)]:
+                row = by_name.setdefault(name, {"q_len": q_len, "prefix": prefix,
+                                                "backend": name, "ms_rounds": []})
+                if "error" not in row:
+                    time_variant(row, variants[name], ref)
+        for row in by_name.values():
+            if "error" not in row:
+                ms = statistics.median(row["ms_rounds"])
                 row.update(ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1),
                            of_peak=round(flops / ms / 1e9 / PEAK_TFLOPS, 3))
-            except Exception as e:  # noqa: BLE001 -- a backend that refuses a case is a result
-                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             print(json.dumps(row), flush=True)
             rows.append(row)
         del q, k_cache, v_cache

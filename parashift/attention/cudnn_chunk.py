@@ -6,31 +6,63 @@ chunk's context is cut at a multiple of PAD_TOKENS below the prefix's end:
   - every query row against the keys before the cut: no mask, a KV head's query heads
     packed as rows of one head (no copies of K and V);
   - the rest of the context causally against itself, `rem` discarded query rows put before
-    the chunk's so that the top-left mask is the chunk's lower-right one;
-and the two partial results are merged by their log-sum-exps. Shapes are padded to
+    the chunk's so that the top-left mask is the chunk's lower-right one, its KV heads
+    shared by their query heads in the call (GQA) where cuDNN takes that;
+and the two partial results are merged by their log-sum-exps in one kernel
+(`kernels/lse_merge.py`) that reads both where cuDNN left them. Shapes are padded to
 multiples of PAD_TOKENS: cuDNN builds a plan per shape (about 64 ms each). On one H200
 (8B heads) this ran at 0.60-0.70 of the bf16 matrix peak where the Triton kernel ran at
-0.43-0.47 (`benchmarks/prefill_attention.py`, 2026-11-29).
+0.43-0.47 (`benchmarks/prefill_attention.py`, 2026-11-29, before the merge kernel and GQA).
+PARASHIFT_CUDNN_CHUNK_FUSED=0: K and V repeated per query head and the merge in PyTorch
+operations in fp32 (session 43's route, less its copies of rows that needed no padding),
+for A/B runs.
 
 `torch.ops.aten._scaled_dot_product_cudnn_attention` (the call that returns the log-sum-exp)
-is PyTorch-internal: `available()` checks that it runs here, once."""
+is PyTorch-internal: `available()` checks that it runs here, once, and `gqa_available()`
+that it takes fewer KV heads than query heads."""
 import functools
 import logging
+import os
 
 import torch
 import torch.nn.functional as F
 
+from parashift.kernels import lse_merge
+
 logger = logging.getLogger(__name__)
 
 PAD_TOKENS = 512
+ENV = "PARASHIFT_CUDNN_CHUNK_FUSED"
+
+
+def _switch() -> bool:
+    value = os.environ.get(ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV}={value!r}: expected 1 (the merge kernel, GQA in the call) "
+                         "or 0 (K and V repeated, the merge in PyTorch)")
+    return value == "1"
+
+
+# both read at each call (benchmarks/prefill_attention.py switches them apart)
+FUSED_MERGE = NATIVE_GQA = _switch()
 
 
 def _padded(n: int) -> int:
     return -(-n // PAD_TOKENS) * PAD_TOKENS
 
 
+def pad_rows(x: torch.Tensor, rows: int, before: int = 0) -> torch.Tensor:
+    """x [n, ..] with `before` zero rows first and zero rows after to `rows` in all; x itself
+    where it has them (F.pad copies even a pad of nothing: the q, k and v of a layer)."""
+    after = rows - before - x.shape[0]
+    if before == after == 0:
+        return x
+    return F.pad(x, (0, 0) * (x.dim() - 1) + (before, after))
+
+
 def _with_lse(q, k, v, causal: bool, scale: float):
-    """[1, heads, rows, d] each (equal head counts) -> (out, natural-log LSE [heads, rows])."""
+    """[1, heads, rows, d] q, [1, kv_heads, rows, d] k and v (kv_heads = heads unless
+    `gqa_available`) -> (out [heads, rows, d], natural-log LSE [heads, rows])."""
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
         q, k, v, None, True, 0.0, causal, False, scale=scale)[:2]
     return out[0], lse.reshape(out.shape[1:3])
@@ -49,6 +81,23 @@ def available(device_index: int) -> bool:
         return False
 
 
+@functools.cache
+def gqa_available(device_index: int) -> bool:
+    """Whether the LSE-returning call takes 2 query heads on 1 KV head and gives what it
+    gives with the KV head repeated."""
+    gen = torch.Generator(f"cuda:{device_index}").manual_seed(0)
+    q, k, v = (torch.randn(1, heads, PAD_TOKENS, 64, generator=gen, device=gen.device,
+                           dtype=torch.bfloat16) for heads in (2, 1, 1))
+    try:
+        shared = _with_lse(q, k, v, True, 0.125)
+    except (AssertionError, RuntimeError, TypeError) as exc:
+        logger.info("cuDNN attention with log-sum-exp takes no GQA (%s): K and V repeated", exc)
+        return False
+    repeated = _with_lse(q, *(t.repeat_interleave(2, dim=1) for t in (k, v)), True, 0.125)
+    return all(torch.allclose(a.float(), b.float(), atol=2e-2, rtol=0)
+               for a, b in zip(shared, repeated))
+
+
 def chunk_attention(q: torch.Tensor, context_k: torch.Tensor, context_v: torch.Tensor,
                     scale: float) -> torch.Tensor:
     """q: [n, heads, d], the last n positions of the context [seq_len, kv_heads, d] ->
@@ -60,35 +109,37 @@ def chunk_attention(q: torch.Tensor, context_k: torch.Tensor, context_v: torch.T
     rem = seq_len - n - cut
     out_b, lse_b = _causal_tail(q, context_k[cut:], context_v[cut:], rem, group, scale)
     if cut == 0:
-        return out_b.to(q.dtype)
+        return out_b.reshape(n, heads, d)
     out_a, lse_a = _before_cut(q, context_k[:cut], context_v[:cut], group, scale)
-    lse = torch.logaddexp(lse_a, lse_b)
-    out = out_a * (lse_a - lse).exp().unsqueeze(-1) + out_b * (lse_b - lse).exp().unsqueeze(-1)
-    return out.to(q.dtype)
+    merge = lse_merge.merge if FUSED_MERGE else lse_merge.merge_torch
+    return merge(out_a, lse_a, out_b, lse_b, q.dtype)
 
 
 def _before_cut(q, k, v, group: int, scale: float):
-    """Every query row against keys [0, cut): fp32 ([n, heads, d], [n, heads])."""
+    """Every query row against keys [0, cut): views of cuDNN's output and LSE as
+    ([n, kv_heads, group, d], [n, kv_heads, group])."""
     n, heads, d = q.shape
     kv_heads = heads // group
     rows = _padded(n)
-    packed = F.pad(q, (0, 0, 0, 0, 0, rows - n)).view(rows, kv_heads, group, d)
+    packed = pad_rows(q, rows).view(rows, kv_heads, group, d)
     packed = packed.permute(1, 0, 2, 3).reshape(1, kv_heads, rows * group, d)
     out, lse = _with_lse(packed, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
                          False, scale)
-    out = out.view(kv_heads, rows, group, d)[:, :n].permute(1, 0, 2, 3).reshape(n, heads, d)
-    lse = lse.view(kv_heads, rows, group)[:, :n].permute(1, 0, 2).reshape(n, heads)
-    return out.float(), lse
+    return (out.view(kv_heads, rows, group, d)[:, :n].permute(1, 0, 2, 3),
+            lse.view(kv_heads, rows, group)[:, :n].permute(1, 0, 2))
 
 
 def _causal_tail(q, k, v, rem: int, group: int, scale: float):
     """The chunk's rows against keys [cut, seq_len), causally, `rem` discarded rows first:
-    fp32 ([n, heads, d], [n, heads])."""
-    n = q.shape[0]
+    views as `_before_cut`'s."""
+    n, heads, d = q.shape
+    kv_heads = heads // group
     length = rem + n
     rows = _padded(length)
-    q = F.pad(q, (0, 0, 0, 0, rem, rows - length)).transpose(0, 1).unsqueeze(0)
-    k, v = (F.pad(t, (0, 0, 0, 0, 0, rows - length)).transpose(0, 1)
-            .repeat_interleave(group, dim=0).unsqueeze(0) for t in (k, v))
+    q = pad_rows(q, rows, before=rem).transpose(0, 1).unsqueeze(0)
+    k, v = (pad_rows(t, rows).transpose(0, 1).unsqueeze(0) for t in (k, v))
+    if group > 1 and not (NATIVE_GQA and gqa_available(q.device.index or 0)):
+        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
     out, lse = _with_lse(q, k, v, True, scale)
-    return out[:, rem:length].transpose(0, 1).float(), lse[:, rem:length].transpose(0, 1)
+    return (out.view(kv_heads, group, rows, d)[:, :, rem:length].permute(2, 0, 1, 3),
+            lse.view(kv_heads, group, rows)[:, :, rem:length].permute(2, 0, 1))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from parashift.attention import cudnn_chunk
-from parashift.attention.cudnn_chunk import PAD_TOKENS
+from parashift.attention.cudnn_chunk import PAD_TOKENS, pad_rows
 from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.triton_backend import TritonAttentionBackend
 
@@ -146,16 +146,11 @@ def _causal_prompt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     """q: [n, heads, d], the whole context's queries -> [n, heads, d]."""
     length = q.shape[0]
     padded = -(-length // PAD_TOKENS) * PAD_TOKENS
-    k, v = (_pad_rows(_context(cache, blocks, length, q.dtype), padded)
+    k, v = (pad_rows(_context(cache, blocks, length, q.dtype), padded)
             .transpose(0, 1).unsqueeze(0) for cache in (k_cache, v_cache))
-    q = _pad_rows(q, padded).transpose(0, 1).unsqueeze(0)
+    q = pad_rows(q, padded).transpose(0, 1).unsqueeze(0)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
                                              enable_gqa=True)
     return out[0, :, :length].transpose(0, 1)
 
-
-def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """x [n, ..] with zero rows to `rows`; x itself where it has them (F.pad copies even a
-    pad of nothing: three copies of q, k and v a layer at 4,096 tokens)."""
-    return x if x.shape[0] == rows else F.pad(x, (0, 0) * (x.dim() - 1) + (0, rows - x.shape[0]))

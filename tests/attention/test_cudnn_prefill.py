@@ -86,11 +86,18 @@ def test_mixed_batch_matches_the_reference(num_heads, num_kv_heads, head_dim):
 
 
 @cuda
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("q_len,prefix", [(2048, 8192), (2500, 6000), (3000, 512 * 13 + 7),
                                           (2100, 300)])
-def test_a_chunk_after_a_prefix(q_len, prefix):
-    """The cut below the prefix's end at 8,192, 5,632, 6,656 and 0 keys (rem 0, 368, 7, 300)."""
+def test_a_chunk_after_a_prefix(monkeypatch, q_len, prefix, fused):
+    """The cut below the prefix's end at 8,192, 5,632, 6,656 and 0 keys (rem 0, 368, 7, 300);
+    fused: the merge kernel and GQA in the causal call (the default), else K and V repeated
+    and the merge in PyTorch."""
     from tests.attention.test_triton_backend import TOLERANCE, make_step, run
+    monkeypatch.setattr(cudnn_chunk, "FUSED_MERGE", fused)
+    monkeypatch.setattr(cudnn_chunk, "NATIVE_GQA", fused)
+    if fused:
+        assert cudnn_chunk.gqa_available(0)  # PyTorch 2.11's cuDNN call takes GQA
     step = make_step([q_len], [prefix + q_len], 32, 8)
     expected = run(TorchAttentionBackend(), step)
     actual = run(CudnnPrefillAttentionBackend(chunk_context=1), step)
@@ -123,11 +130,54 @@ def test_an_fp8_pool_matches_the_triton_kernel():
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
 
 
+def math_with_lse(q, k, v, causal: bool, scale: float):
+    """_with_lse in PyTorch math on the CPU, its output in cuDNN's layout for q's (BSHD)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1).float() for t in (k, v))
+    scores = q.float() @ k.transpose(-1, -2) * scale
+    if causal:
+        scores.masked_fill_(torch.ones_like(scores, dtype=torch.bool).triu(1), -float("inf"))
+    out = (scores.softmax(-1) @ v).to(q.dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    return out[0], scores.logsumexp(-1)[0]
+
+
+@pytest.mark.parametrize("gqa", [True, False])
+@pytest.mark.parametrize("n,prefix", [(5, 13), (6, 0), (3, 16), (9, 2)])
+def test_the_chunk_routes_views_and_merge_on_the_cpu(monkeypatch, n, prefix, gqa):
+    """chunk_attention's bookkeeping (the cut, the discarded rows, the packed heads, the
+    views the merge reads) with cuDNN's call replaced by PyTorch math, 8-token pads."""
+    monkeypatch.setattr(cudnn_chunk, "PAD_TOKENS", 8)
+    monkeypatch.setattr(cudnn_chunk, "_with_lse", math_with_lse)
+    monkeypatch.setattr(cudnn_chunk, "FUSED_MERGE", False)  # the kernel: tests/kernels
+    monkeypatch.setattr(cudnn_chunk, "NATIVE_GQA", gqa)
+    monkeypatch.setattr(cudnn_chunk, "gqa_available", lambda device_index: True)
+    gen = torch.Generator().manual_seed(n + prefix)
+    q = torch.randn(n, 6, 8, generator=gen)
+    k, v = (torch.randn(prefix + n, 2, 8, generator=gen) for _ in range(2))
+    positions = torch.arange(prefix, prefix + n)[:, None]
+    mask = torch.arange(prefix + n)[None, :] <= positions  # [n, keys]
+    scores = torch.einsum("qhd,khd->hqk", q, k.repeat_interleave(3, dim=1)) * 0.3
+    expected = torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, -float("inf")).softmax(-1),
+                            v.repeat_interleave(3, dim=1))
+    actual = cudnn_chunk.chunk_attention(q, k, v, 0.3)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_an_unknown_chunk_switch_value_is_an_error(monkeypatch):
+    monkeypatch.setenv(cudnn_chunk.ENV, "yes")
+    with pytest.raises(ValueError, match="PARASHIFT_CUDNN_CHUNK_FUSED='yes'"):
+        cudnn_chunk._switch()
+    monkeypatch.setenv(cudnn_chunk.ENV, "0")
+    assert not cudnn_chunk._switch()
+
+
 def test_rows_are_padded_only_where_missing():
-    from parashift.attention.cudnn_prefill import _pad_rows
     x = torch.randn(6, 2, 4)
-    assert _pad_rows(x, 6) is x  # no copy
-    padded = _pad_rows(x, 8)
+    assert cudnn_chunk.pad_rows(x, 6) is x  # no copy
+    before = cudnn_chunk.pad_rows(x, 9, before=1)
+    assert before.shape == (9, 2, 4) and torch.equal(before[1:7], x)
+    assert not before[0].any() and not before[7:].any()
+    padded = cudnn_chunk.pad_rows(x, 8)
     assert padded.shape == (8, 2, 4) and torch.equal(padded[:6], x)
     assert not padded[6:].any()
 
