@@ -197,9 +197,18 @@ KERNELS = {
             BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, MUL_WEIGHT=True, IEEE=False,
             W_SCALED=False), False),
     "moe_small_gate_up": (moe_small._gate_up_kernel, {"ids_ptr": torch.int64}, (), dict(
-        BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True), False),
+        BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True,
+        STREAM=""), False),
+    "moe_small_gate_up_evict_first": (moe_small._gate_up_kernel, {"ids_ptr": torch.int64}, (),
+                                      dict(BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False,
+                                           EVEN_K=True, LIBDEVICE=True, STREAM="evict_first"),
+                                      False),
     "moe_small_down": (moe_small._down_kernel, {"ids_ptr": torch.int64}, (), dict(
-        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True), False),
+        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True,
+        PREFETCH_LINES=0), False),
+    "moe_small_down_prefetch": (moe_small._down_kernel, {"ids_ptr": torch.int64}, (), dict(
+        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True,
+        PREFETCH_LINES=16), True),
     "silu_mul": (silu_mul._silu_and_mul_kernel, {}, (), dict(BLOCK=1024, LIBDEVICE=True),
                  False),
     "silu_mul_fp8_split": (silu_mul._silu_and_mul_fp8_split_kernel, {
@@ -235,6 +244,10 @@ READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_ticke
 # byte a load; the activations are bf16), and nothing else touches memory
 WEIGHT_FIRST = {"fp8_gemv_ahead", "moe_router"}
 WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.b8\b", re.M)
+# the kernels that read the routing ids of the kernel two back before the wait (complete once
+# the kernel before let this one launch): only those, past L1 (.cg), and prefetches
+IDS_FIRST = {"moe_small_down_prefetch"}
+IDS_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.cg\.", re.M)
 
 
 def sm90_ptx(kernel, pointers: dict, floats: tuple, constexprs: dict, mode: int) -> str:
@@ -259,8 +272,9 @@ def test_kernels_touch_memory_only_after_their_grid_wait(name, mode):
     wait = ptx.find("griddepcontrol.wait")
     assert wait >= 0 and ptx.count("griddepcontrol.wait") == 1
     early = [m for m in MEMORY_OP.finditer(ptx) if m.start() < wait]
-    if name in WEIGHT_FIRST:
-        assert early and all(WEIGHT_BYTE_LOAD.match(ptx, m.start()) for m in early), \
+    if name in WEIGHT_FIRST or name in IDS_FIRST:
+        allowed = WEIGHT_BYTE_LOAD if name in WEIGHT_FIRST else IDS_LOAD
+        assert early and all(allowed.match(ptx, m.start()) for m in early), \
             [m.group(0) for m in early]
     else:
         assert not early, early[0].group(0)
