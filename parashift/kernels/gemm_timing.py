@@ -6,7 +6,10 @@ between calls (triton's do_bench) instead leaves the flush's dirty lines to be w
 during the timed call, and its events' overhead is a large part of a few-µs kernel.
 
 PARASHIFT_GEMM_TIMING picks how the calls run: "graph" (the default) with PDL suspended,
-one candidate's calls back to back; "chain" as a decode step runs them, with PDL as the
+one candidate's calls back to back; "flushed" one call at a time with L2 flushed between
+calls (triton's do_bench; the bf16 skinny GEMM's timing before 2026-11-30, where GEMV configs
+of Qwen3-30B-A3B's attention projections timed 23-27 us that run 6.5-7.9 in a graph); "chain"
+as a decode step runs them, with PDL as the
 engine launches (kernels/pdl.py) and each call after a small kernel that writes its input
 (as a norm or an activation writes a projection's input), so a config that issues its first
 weight loads before the PDL wait (fp8_gemv.py's AHEAD) is timed with what that gains, and
@@ -28,7 +31,7 @@ from parashift.kernels import pdl
 logger = logging.getLogger(__name__)
 
 TIMING_ENV = "PARASHIFT_GEMM_TIMING"
-TIMING_MODES = ("graph", "chain")
+TIMING_MODES = ("graph", "chain", "flushed")
 INPUT_BLOCK = 1024  # elements of the input a program of the input-writing kernel copies
 
 ROUNDS = 7
@@ -36,12 +39,22 @@ CALLS_PER_REPLAY = 16  # calls per graph: the events' overhead shared by many ke
 MAX_COPIES = 8
 
 
-def chained() -> bool:
-    """Whether PARASHIFT_GEMM_TIMING asks for the decode chain ("chain") over "graph"."""
+def timing_mode() -> str:
+    """PARASHIFT_GEMM_TIMING: "graph" (the default), "chain" or "flushed"."""
     mode = os.environ.get(TIMING_ENV, "graph")
     if mode not in TIMING_MODES:
         raise ValueError(f"{TIMING_ENV}={mode!r}: expected one of {list(TIMING_MODES)}")
-    return mode == "chain"
+    return mode
+
+
+def chained() -> bool:
+    """Whether PARASHIFT_GEMM_TIMING asks for the decode chain ("chain")."""
+    return timing_mode() == "chain"
+
+
+def flushed() -> bool:
+    """Whether PARASHIFT_GEMM_TIMING asks for calls with L2 flushed ("flushed")."""
+    return timing_mode() == "flushed"
 
 
 def timing_launches() -> contextlib.AbstractContextManager:
