@@ -415,9 +415,13 @@ def test_moe_decode_kernels_give_the_same_bits_with_pdl(monkeypatch):
     norm_w = 1 + 0.1 * randn((128,), "bfloat16", "cuda", seed=5)
     cos_sin = randn((4096, 128), "float32", "cuda", seed=6)
     positions = torch.tensor([5, 3000], device="cuda")
+    def small(prefetch):
+        return lambda: moe_small.small_experts(x, weights, ids, gate_up.view(128, 512, 2048),
+                                               down.view(128, 2048, 256), prefetch=prefetch)
+    # the down rows pulled into L2 before the wait (PARASHIFT_MOE_SMALL_PREFETCH) move no bits
+    assert_same_bits([*on_and_off(monkeypatch, small(0)), *on_and_off(monkeypatch, small(1)),
+                      *on_and_off(monkeypatch, small(2))])
     for fn in (lambda: moe_router.route_from_hidden(x, gate, 8, True),
-               lambda: moe_small.small_experts(x, weights, ids, gate_up.view(128, 512, 2048),
-                                               down.view(128, 2048, 256)),
                lambda: rotary.apply_rotary(positions, q, k, cos_sin, (norm_w, norm_w, 1e-6)),
                lambda: moe_routing.route(x @ gate.t(), 8, True),
                lambda: fused_moe.grouped_experts(x, weights, ids, gate_up.view(128, 512, 2048),
