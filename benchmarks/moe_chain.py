@@ -28,12 +28,11 @@ from parashift.kernels import fused_moe, gemm_timing, moe_decode, moe_router, mo
 from parashift.layers.fused_moe import route
 from parashift.layers.linear import linear as dense_linear
 
-SMALL_UP = [(8, 512, 4), (32, 128, 4), (16, 512, 8)]
-SMALL_DOWN = [(16, 64, 8), (8, 256, 8), (4, 256, 8)]
-FUSED_UP = [(64, 128, 4, 4), (64, 64, 4, 4), (32, 256, 2, 3), (32, 128, 4, 4), (16, 256, 2, 4),
-            (64, 128, 4, 3)]
-FUSED_DOWN = [(128, 128, 4, 4), (128, 64, 4, 4), (64, 256, 2, 3), (32, 256, 2, 4),
-              (128, 128, 4, 3), (256, 64, 8, 3)]
+# (BLOCK_N, BLOCK_K, warps): more weight bytes in flight a program or more programs an SM
+SMALL_UP = [(8, 512, 4), (8, 1024, 8), (16, 512, 8), (32, 128, 4)]
+SMALL_DOWN = [(8, 256, 8), (4, 256, 8), (4, 512, 8), (16, 64, 8)]
+FUSED_UP = [(64, 128, 4, 4), (64, 64, 4, 4), (32, 256, 2, 3), (32, 128, 4, 4)]
+FUSED_DOWN = [(128, 128, 4, 4), (128, 64, 4, 4), (64, 256, 2, 3), (256, 64, 8, 3)]
 
 
 def layers(cfg: dict, count: int) -> list[tuple]:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 61 item 2 (helper moeexp): Qwen3-30B-A3B decode's expert kernels and the bf16 skinny
 # choice, on ONE H200, in this order (what BUDGET_S leaves out last):
-# 1. GPU tests: the decode-fused grouped path (moe_decode), the small path's prefetch (same
-#    bits), PDL's same bits, the GEMM timing modes;
+# 1. GPU tests: the decode-fused grouped path (moe_decode), the small path's prefetch and
+#    PDL (same bits), the GEMM timing modes (the small path's and grouped path's case tests
+#    in bf16 last, where time is left);
 # 2. benchmarks/moe_chain.py: 16 MoE layers (router + experts) in a CUDA graph, PDL on, at 1
 #    and 64 tokens: the small path with and without the down prefetch, tiles; the 64-token
 #    experts unfused against the fused kernels and their tiles;
@@ -24,11 +25,10 @@ decode() {  # name, seconds, model, env assignments ("" for none), then batch si
     --model "$model" --max-model-len 8192 --context 1024 --decode-steps 32 --cuda-graphs \
     --output "$OUT/$name.json" --batch-sizes "$@"
 }
-budget_step tests 50 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+budget_step tests 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   -k "not interpreted and (bfloat16 or not float)" \
   tests/kernels/test_moe_decode.py tests/kernels/test_gemm_timing.py \
-  "tests/kernels/test_pdl.py::test_moe_decode_kernels_give_the_same_bits_with_pdl" \
-  "tests/kernels/test_moe_small.py::test_cuda" "tests/kernels/test_fused_moe.py::test_cuda"
+  "tests/kernels/test_pdl.py::test_moe_decode_kernels_give_the_same_bits_with_pdl"
 budget_step moe_chain 70 python3 benchmarks/moe_chain.py --model "$MOE" --tokens 1 64 \
   --layers 16 --output "$OUT/moe_chain.json"
 decode moe_new 60 "$MOE" "" 1 64
@@ -36,6 +36,9 @@ decode moe_old 60 "$MOE" "$OLD" 1 64
 [ -n "${MOE_EXTRA:-}" ] && decode moe_extra 45 "$MOE" "$MOE_EXTRA" 1
 decode dense_new 30 "$DENSE" "" 1 64
 decode dense_old 30 "$DENSE" "PARASHIFT_GEMM_TIMING=flushed" 1 64
+budget_step tests_more 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
+  -p no:cacheprovider -k "bfloat16" "tests/kernels/test_moe_small.py::test_cuda" \
+  "tests/kernels/test_fused_moe.py::test_cuda"
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
