@@ -142,8 +142,12 @@ def measure(cfg: dict, tokens: int, weights: list[tuple], bandwidth: float) -> d
     router, gate_up, down = weights[0]
     w, ids = routed(x0, router, cfg)
     reference = variants[first](x0, w, ids, gate_up, down).float()
-    diffs = {name: (fn(x0, w, ids, gate_up, down).float() - reference).abs().max().item()
-             for name, fn in variants.items()}
+    diffs = {}
+    for name, fn in variants.items():
+        try:
+            diffs[name] = (fn(x0, w, ids, gate_up, down).float() - reference).abs().max().item()
+        except Exception as exc:  # noqa: BLE001  a tile this device cannot compile or run
+            diffs[name] = f"failed: {exc}"[:200]
     candidates = {"router": chain(None, weights, x0, cfg)}
     candidates.update({name: chain(fn, weights, x0, cfg) for name, fn in variants.items()})
     timings = gemm_timing.replayed_timings_ms(candidates, len(weights))
@@ -153,7 +157,7 @@ def measure(cfg: dict, tokens: int, weights: list[tuple], bandwidth: float) -> d
     return {"tokens": tokens, "layers": len(weights), "floor_us": round(floor, 2), "us": us,
             "fraction": {n: round(floor / t, 3) for n, t in us.items() if n != "router"},
             "fastest": fastest, "reference": first,
-            "max_abs_diff_first_layer": {n: d for n, d in diffs.items()}}
+            "max_abs_diff_first_layer": diffs}
 
 
 def main() -> None:
