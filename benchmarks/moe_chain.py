@@ -7,12 +7,12 @@ turn (kernels/gemm_timing.py: rounds, medians); µs per layer, and the fraction 
 layer's touched-bytes floor (its distinct routed experts' and router's bytes at the measured
 copy bandwidth) for the router and experts together. `router` is the router alone.
 
-At one or two tokens (the small path, kernels/moe_small.py): "small" (today's), "prefetch"
-and "prefetch_evict" (PARASHIFT_MOE_SMALL_PREFETCH 1 and 2), and tiles beside the defaults
-with prefetch 1 ("up n,k,w" with the default down tile, "down n,k,w" with the default
+At one or two tokens (the small path, kernels/moe_small.py): "small" (the default tiles) and
+tiles beside them ("up n,k,w" with the default down tile, "down n,k,w" with the default
 gate_up). At 64 tokens (the grouped GEMMs): "unfused" (PARASHIFT_MOE_DECODE_FUSED=0: two fills,
-SiLU·mul and torch's sum beside the GEMMs), "fused" (kernels/moe_decode.py's default tiles) and
-its tiles ("up n,k,w,s", "down n,k,w,s"). Each row holds the largest difference of each
+SiLU·mul and torch's sum beside the GEMMs), "fused" (kernels/moe_decode.py's default tiles),
+"fused_first" (its first tiles, the unfused GEMMs' bytes a program) and other tiles
+("up n,k,w,s", "down n,k,w,s"). Each row holds the largest difference of each
 variant's first-layer output from the first experts variant's (a check, not a timing).
 
 Usage (GPU): python3 benchmarks/moe_chain.py [--tokens 1 64] [--layers 16] [--output F]"""
@@ -31,8 +31,9 @@ from parashift.layers.linear import linear as dense_linear
 # (BLOCK_N, BLOCK_K, warps): more weight bytes in flight a program or more programs an SM
 SMALL_UP = [(8, 512, 4), (8, 1024, 8), (16, 512, 8), (32, 128, 4)]
 SMALL_DOWN = [(8, 256, 8), (4, 256, 8), (4, 512, 8), (16, 64, 8)]
-FUSED_UP = [(64, 128, 4, 4), (64, 64, 4, 4), (32, 256, 2, 3), (32, 128, 4, 4)]
-FUSED_DOWN = [(128, 128, 4, 4), (128, 64, 4, 4), (64, 256, 2, 3), (256, 64, 8, 3)]
+FUSED_FIRST = ((32, 128, 2, 4), (64, 128, 2, 4))
+FUSED_UP = [(64, 64, 4, 3), (128, 64, 4, 4), (64, 64, 8, 4), (64, 128, 4, 4)]
+FUSED_DOWN = [(256, 64, 8, 4), (128, 64, 4, 4), (256, 128, 8, 3), (128, 64, 4, 3)]
 
 
 def layers(cfg: dict, count: int) -> list[tuple]:
@@ -72,19 +73,15 @@ def env(name: str, value: str):
 
 
 def small_variants() -> dict:
-    def small(prefetch, tiles=None):
-        return lambda x, w, ids, gate_up, down: moe_small.small_experts(
-            x, w, ids, gate_up, down, 0, None, tiles, prefetch)
-
     def with_tiles(up=None, down=None):
         def run(x, w, ids, gate_up, down_w):
             default = moe_small.choose_tiles(ids.shape[0], ids.shape[1], down_w.shape[2],
                                              down_w.shape[1], 2, x.device)
             tiles = (up or default[0], down or default[1])
-            return moe_small.small_experts(x, w, ids, gate_up, down_w, 0, None, tiles, 1)
+            return moe_small.small_experts(x, w, ids, gate_up, down_w, 0, None, tiles)
         return run
 
-    variants = {"small": small(0), "prefetch": small(1), "prefetch_evict": small(2)}
+    variants = {"small": with_tiles()}
     variants.update({f"up {','.join(map(str, t))}": with_tiles(up=t) for t in SMALL_UP})
     variants.update({f"down {','.join(map(str, t))}": with_tiles(down=t) for t in SMALL_DOWN})
     return variants
@@ -102,7 +99,7 @@ def grouped_variants() -> dict:
             return fused_moe.prefill_experts(x, w, ids, gate_up, down_w, tiles=tiles)
         return run
 
-    variants = {"unfused": unfused, "fused": fused()}
+    variants = {"unfused": unfused, "fused": fused(), "fused_first": fused(*FUSED_FIRST)}
     variants.update({f"up {','.join(map(str, t))}": fused(up=t) for t in FUSED_UP})
     variants.update({f"down {','.join(map(str, t))}": fused(down=t) for t in FUSED_DOWN})
     return variants

@@ -75,8 +75,7 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
                     inter, k_in, stride_x, stride_h, stride_we, stride_wp, stride_wn,
                     stride_se, stride_sp, stride_sn, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, VEC: tl.constexpr, W_SCALED: tl.constexpr,
-                    EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, STREAM: tl.constexpr,
-                    USE_PDL: tl.constexpr):
+                    EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
     pdl.start(USE_PDL)  # which expert a pair reads is the routing's output
     pair = tl.program_id(0)
     expert = tl.load(ids_ptr + pair).to(tl.int32) - first_expert
@@ -97,12 +96,12 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
         k = (k0 + offs_k)[None, :]
         if EVEN_K:
             x = tl.load(x_row + k)  # [1, BLOCK_K]: in the weight tile's layout
-            gate = tl.load(gate_rows + k, eviction_policy=STREAM)
-            up = tl.load(up_rows + k, eviction_policy=STREAM)
+            gate = tl.load(gate_rows + k)
+            up = tl.load(up_rows + k)
         else:
             x = tl.load(x_row + k, mask=k < k_in, other=0.0)
-            gate = tl.load(gate_rows + k, mask=k < k_in, other=0.0, eviction_policy=STREAM)
-            up = tl.load(up_rows + k, mask=k < k_in, other=0.0, eviction_policy=STREAM)
+            gate = tl.load(gate_rows + k, mask=k < k_in, other=0.0)
+            up = tl.load(up_rows + k, mask=k < k_in, other=0.0)
         acc_gate += _vec_sums(gate, x, VEC)
         acc_up += _vec_sums(up, x, VEC)
     gate = tl.sum(acc_gate, axis=1)
@@ -122,27 +121,19 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
                  top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn, stride_se,
                  stride_sn, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
-                 PREFETCH_LINES: tl.constexpr, USE_PDL: tl.constexpr):
+                 USE_PDL: tl.constexpr):
+    pdl.start(USE_PDL)
     token = tl.program_id(0)
     slots = tl.arange(0, TOP_K)
     pairs = token * top_k + slots
+    expert = tl.load(ids_ptr + pairs, mask=slots < top_k, other=0).to(tl.int32) - first_expert
+    held = (slots < top_k) & (expert >= 0) & (expert < num_local)
+    expert = tl.where(held, expert, 0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = cols < n_out
     rows = cols % n_out
-    if PREFETCH_LINES:  # under PDL only: see `small_experts`
-        expert, held = _slot_experts(ids_ptr, pairs, slots, top_k, first_expert, num_local,
-                                     ".cg")
-        w_rows = (w_ptr + expert[:, None, None].to(tl.int64) * stride_we
-                  + rows[None, :, None].to(tl.int64) * stride_wn)  # [TOP_K, BLOCK_N, 1]
-        line: tl.constexpr = pdl.LINE_BYTES // (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
-        line_cols = tl.minimum(tl.arange(0, PREFETCH_LINES) * line, k_in - 1)
-        pdl.prefetch_lines(w_rows + line_cols[None, None, :], True)
-    pdl.start(USE_PDL)
-    if not PREFETCH_LINES:
-        expert, held = _slot_experts(ids_ptr, pairs, slots, top_k, first_expert, num_local,
-                                     "")
-        w_rows = (w_ptr + expert[:, None, None].to(tl.int64) * stride_we
-                  + rows[None, :, None].to(tl.int64) * stride_wn)
+    w_rows = (w_ptr + expert[:, None, None].to(tl.int64) * stride_we
+              + rows[None, :, None].to(tl.int64) * stride_wn)  # [TOP_K, BLOCK_N, 1]
     h_rows = h_ptr + pairs[:, None, None].to(tl.int64) * stride_h  # [TOP_K, 1, 1]
     offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
     acc = tl.zeros((TOP_K, BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
@@ -166,29 +157,13 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
     tl.store(out_ptr + token.to(tl.int64) * stride_out + cols, total.to(dtype), mask=n_ok)
 
 
-@triton.jit
-def _slot_experts(ids_ptr, pairs, slots, top_k, first_expert, num_local, CACHE: tl.constexpr):
-    """(local expert of each of a token's k slots, 0 where not held here; held)."""
-    expert = tl.load(ids_ptr + pairs, mask=slots < top_k, other=0,
-                     cache_modifier=CACHE).to(tl.int32) - first_expert
-    held = (slots < top_k) & (expert >= 0) & (expert < num_local)
-    return tl.where(held, expert, 0), held
-
-
 def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
                   scales: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  tiles: tuple[tuple, tuple] | None = None,
-                  prefetch: int | None = None) -> torch.Tensor:
+                  tiles: tuple[tuple, tuple] | None = None) -> torch.Tensor:
     """fused_experts' result [T, H] in two launches. gate_up [E, 2 I, H] or its narrowed
     [E, 2, I / f, H] view, down [E, H, I]; FP8 experts with `scales` (gate_up's, down's)
-    per output row. tiles: ((BLOCK_N, BLOCK_K, warps) of gate_up, of down), else chosen;
-    prefetch: as PARASHIFT_MOE_SMALL_PREFETCH (`prefetch_mode`), else read from it.
-
-    Under PDL the down kernel's programs become resident while gate_up runs; with prefetch
-    they read the routing ids and pull their experts' down rows into L2 before their grid
-    wait. The ids may be read there: they are the output of the kernel before gate_up, and
-    gate_up lets this kernel launch only after its own wait for that kernel returned."""
+    per output row. tiles: ((BLOCK_N, BLOCK_K, warps) of gate_up, of down), else chosen."""
     gate_up_scale, down_scale = scales or (None, None)
     if gate_up.dim() == 3:
         gate_up = gate_up.unflatten(1, (2, gate_up.shape[1] // 2))
@@ -207,17 +182,13 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         raise ValueError(f"the K steps of {up_tiles}, {down_tiles} must be multiples of {vec}")
     block_n, block_k, warps = up_tiles
     w_scaled = gate_up_scale is not None
-    mode = prefetch_mode() if prefetch is None else prefetch
-    launch = pdl.launch_options(x.device)
-    lines = (triton.next_power_of_2(triton.cdiv(inter * down.element_size(), 128))
-             if mode and launch["USE_PDL"] != pdl.OFF else 0)
     _gate_up_kernel[(tokens * top_k, triton.cdiv(inter, block_n))](
         h, x, ids, gate_up, gate_up_scale if w_scaled else h, num_local, first_expert, top_k,
         inter, hidden, x.stride(0), h.stride(0), *gate_up.stride()[:3],
         *(gate_up_scale.stride()[:3] if w_scaled else (0, 0, 0)), BLOCK_N=block_n,
         BLOCK_K=block_k, VEC=vec, W_SCALED=w_scaled, EVEN_K=hidden % block_k == 0,
-        LIBDEVICE=x.is_cuda, STREAM="evict_first" if mode == STREAM_EVICT_FIRST else "",
-        num_warps=warps, enable_fp_fusion=False, **launch)
+        LIBDEVICE=x.is_cuda, num_warps=warps, enable_fp_fusion=False,
+        **pdl.launch_options(x.device))
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = down_tiles
     _down_kernel[(tokens, triton.cdiv(hidden, block_n))](
@@ -225,25 +196,9 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         top_k, hidden, inter, h.stride(0), out.stride(0), down.stride(0), down.stride(1),
         *((down_scale.stride(0), down_scale.stride(1)) if w_scaled else (0, 0)),
         TOP_K=triton.next_power_of_2(top_k), BLOCK_N=block_n, BLOCK_K=block_k, VEC=vec,
-        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, PREFETCH_LINES=lines,
-        num_warps=warps, **launch)
+        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, num_warps=warps,
+        **pdl.launch_options(x.device))
     return out
-
-
-PREFETCH_ENV = "PARASHIFT_MOE_SMALL_PREFETCH"
-PREFETCH_MODES = ("0", "1", "2")
-STREAM_EVICT_FIRST = 2
-
-
-def prefetch_mode() -> int:
-    """PARASHIFT_MOE_SMALL_PREFETCH, read at each call (a graph keeps its capture's): 0 (the
-    default) none; 1 the down kernel pulls its experts' rows into L2 (evict_last) before its
-    PDL wait, during gate_up; 2 that, and gate_up's weights loaded evict_first so its
-    stream does not push them out. Without PDL, 0."""
-    value = os.environ.get(PREFETCH_ENV, "0")
-    if value not in PREFETCH_MODES:
-        raise ValueError(f"{PREFETCH_ENV} must be one of {PREFETCH_MODES}, got {value!r}")
-    return int(value)
 
 
 def choose_tiles(tokens: int, top_k: int, inter: int, hidden: int, weight_bytes: int,

@@ -192,16 +192,6 @@ def prefetch_rows(first_ptr, stride, n_rows, n_cols, ROWS: tl.constexpr, COLS: t
     # past the matrix: the last row's or column's line again (a prefetch stays in bounds)
     rows = tl.minimum(rows, n_rows - 1).to(tl.int64)
     cols = tl.maximum(tl.minimum(cols, n_cols - 1), 0)
-    prefetch_lines(first_ptr + rows * stride + cols, False)
-
-
-@triton.jit
-def prefetch_lines(ptrs, EVICT_LAST: tl.constexpr):
-    """Pulls the cache line of each pointer into L2 (EVICT_LAST: marked to stay there while
-    streamed lines pass); reads nothing into registers and writes nothing."""
-    if EVICT_LAST:
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; // $0", "=r,l",
-                                  [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
+                              [first_ptr + rows * stride + cols], dtype=tl.int32,
+                              is_pure=False, pack=1)

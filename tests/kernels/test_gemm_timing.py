@@ -9,7 +9,7 @@ from parashift.kernels import fp8_gemm, gemm_timing, skinny_gemm
 from tests.kernels.common import assert_exact, cuda, randn
 
 
-@pytest.mark.parametrize("flag, chained", [(None, False), ("graph", False), ("chain", True),
+@pytest.mark.parametrize("flag, chained", [(None, True), ("graph", False), ("chain", True),
                                            ("flushed", False)])
 def test_the_switch_picks_the_chain_or_the_graph(monkeypatch, flag, chained):
     if flag is None:

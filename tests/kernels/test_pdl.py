@@ -75,10 +75,14 @@ def test_kernels_launch_without_pdl_while_it_is_suspended(monkeypatch):
     assert pdl.pdl_mode(cuda0) == pdl.LATE
 
 
-@pytest.mark.parametrize("timing, suspended", [("graph", 1), ("chain", 0)])
+@pytest.mark.parametrize("timing, suspended", [("graph", 1), ("flushed", 1), ("chain", 0),
+                                               (None, 0)])
 def test_gemms_time_their_choice_with_pdl_suspended_unless_in_the_chain(monkeypatch, timing,
                                                                         suspended):
-    monkeypatch.setenv("PARASHIFT_GEMM_TIMING", timing)
+    if timing is None:  # the default: the chain
+        monkeypatch.delenv("PARASHIFT_GEMM_TIMING", raising=False)
+    else:
+        monkeypatch.setenv("PARASHIFT_GEMM_TIMING", timing)
     seen = []
 
     def timings(*args):
@@ -203,18 +207,9 @@ KERNELS = {
     "moe_topk_sum": (moe_prefill._topk_sum_kernel, {"ids_ptr": torch.int64}, (),
                      dict(TOP_K=8, BLOCK=1024), False),
     "moe_small_gate_up": (moe_small._gate_up_kernel, {"ids_ptr": torch.int64}, (), dict(
-        BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True,
-        STREAM=""), False),
-    "moe_small_gate_up_evict_first": (moe_small._gate_up_kernel, {"ids_ptr": torch.int64}, (),
-                                      dict(BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False,
-                                           EVEN_K=True, LIBDEVICE=True, STREAM="evict_first"),
-                                      False),
+        BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True), False),
     "moe_small_down": (moe_small._down_kernel, {"ids_ptr": torch.int64}, (), dict(
-        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True,
-        PREFETCH_LINES=0), False),
-    "moe_small_down_prefetch": (moe_small._down_kernel, {"ids_ptr": torch.int64}, (), dict(
-        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True,
-        PREFETCH_LINES=16), True),
+        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True), False),
     "silu_mul": (silu_mul._silu_and_mul_kernel, {}, (), dict(BLOCK=1024, LIBDEVICE=True),
                  False),
     "silu_mul_fp8_split": (silu_mul._silu_and_mul_fp8_split_kernel, {
@@ -250,10 +245,6 @@ READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_ticke
 # byte a load; the activations are bf16), and nothing else touches memory
 WEIGHT_FIRST = {"fp8_gemv_ahead", "moe_router"}
 WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.b8\b", re.M)
-# the kernels that read the routing ids of the kernel two back before the wait (complete once
-# the kernel before let this one launch): only those, past L1 (.cg), and prefetches
-IDS_FIRST = {"moe_small_down_prefetch"}
-IDS_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.cg\.", re.M)
 
 
 def sm90_ptx(kernel, pointers: dict, floats: tuple, constexprs: dict, mode: int) -> str:
@@ -278,9 +269,8 @@ def test_kernels_touch_memory_only_after_their_grid_wait(name, mode):
     wait = ptx.find("griddepcontrol.wait")
     assert wait >= 0 and ptx.count("griddepcontrol.wait") == 1
     early = [m for m in MEMORY_OP.finditer(ptx) if m.start() < wait]
-    if name in WEIGHT_FIRST or name in IDS_FIRST:
-        allowed = WEIGHT_BYTE_LOAD if name in WEIGHT_FIRST else IDS_LOAD
-        assert early and all(allowed.match(ptx, m.start()) for m in early), \
+    if name in WEIGHT_FIRST:
+        assert early and all(WEIGHT_BYTE_LOAD.match(ptx, m.start()) for m in early), \
             [m.group(0) for m in early]
     else:
         assert not early, early[0].group(0)
@@ -421,13 +411,9 @@ def test_moe_decode_kernels_give_the_same_bits_with_pdl(monkeypatch):
     norm_w = 1 + 0.1 * randn((128,), "bfloat16", "cuda", seed=5)
     cos_sin = randn((4096, 128), "float32", "cuda", seed=6)
     positions = torch.tensor([5, 3000], device="cuda")
-    def small(prefetch):
-        return lambda: moe_small.small_experts(x, weights, ids, gate_up.view(128, 512, 2048),
-                                               down.view(128, 2048, 256), prefetch=prefetch)
-    # the down rows pulled into L2 before the wait (PARASHIFT_MOE_SMALL_PREFETCH) move no bits
-    assert_same_bits([*on_and_off(monkeypatch, small(0)), *on_and_off(monkeypatch, small(1)),
-                      *on_and_off(monkeypatch, small(2))])
     for fn in (lambda: moe_router.route_from_hidden(x, gate, 8, True),
+               lambda: moe_small.small_experts(x, weights, ids, gate_up.view(128, 512, 2048),
+                                               down.view(128, 2048, 256)),
                lambda: rotary.apply_rotary(positions, q, k, cos_sin, (norm_w, norm_w, 1e-6)),
                lambda: moe_routing.route(x @ gate.t(), 8, True),
                lambda: fused_moe.grouped_experts(x, weights, ids, gate_up.view(128, 512, 2048),
