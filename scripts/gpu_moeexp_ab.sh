@@ -35,7 +35,7 @@ budget_step moe_chain 30 python3 benchmarks/moe_chain.py --model "$MOE" --tokens
   --layers 16 --output "$OUT/moe_chain.json"
 decode dense_new 30 "$DENSE" "" 1 64
 decode dense_old 30 "$DENSE" "PARASHIFT_GEMM_TIMING=flushed" 1 64
-decode moe_new 50 "$MOE" "" 1 64
+decode moe_new 50 "$MOE" "" 1 64 --profile
 decode moe_old 45 "$MOE" "$OLD" 1 64
 budget_step tests_more 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
   -p no:cacheprovider -k "bfloat16" "tests/kernels/test_moe_small.py::test_cuda" \
