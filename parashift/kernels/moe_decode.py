@@ -19,12 +19,13 @@ from parashift.kernels import moe_prefill
 
 ENV, TILES_ENV = "PARASHIFT_MOE_DECODE_FUSED", "PARASHIFT_MOE_DECODE_TILES"
 BLOCK_M = 16
-# (BLOCK_N, BLOCK_K, warps, stages), gate_up's BLOCK_N gate columns with as many up columns:
-# the fastest of benchmarks/moe_chain.py's at 64 tokens on an H200 (16 layers in a graph,
-# µs a layer with the router: unfused 134.9; gate_up 32x128 w2 s4 with down 64x128 w2 s4,
-# the unfused GEMMs' tiles, 123.5; gate_up 64x64 w4 s4 120.6; down 256x64 w8 s3 121.1)
-GATE_UP_TILE = (64, 64, 4, 4)
-DOWN_TILE = (256, 64, 8, 3)
+# (BLOCK_N, BLOCK_K, warps, stages), gate_up's BLOCK_N gate columns with as many up columns
+# (the weight bytes a program of the unfused GEMM's 64-column tile reads), down's the unfused
+# GEMM's (fused_moe.gemm_tiles at 16 rows): the fastest of benchmarks/moe_chain.py's at 64
+# tokens on an H200 (16 layers in a graph, ~126 experts routed a layer; µs a layer with the
+# router: unfused 310.5, these 297.7, the next gate_up 64x128 w4 s4 301.5, the rest 308-314)
+GATE_UP_TILE = (32, 128, 2, 4)
+DOWN_TILE = (64, 128, 2, 4)
 
 
 def enabled() -> bool:
