@@ -11,11 +11,12 @@ a small kernel that writes its input (as a norm or an activation writes a projec
 input), so a Triton kernel is timed with the overlap PDL gives it in decode (cuBLAS has
 none), a config that issues its first weight loads before the PDL wait (fp8_gemv.py's
 AHEAD) with what that gains, and one kernel's calls do not overlap as no step's do; "graph"
-with PDL suspended, one candidate's calls back to back (the default before: on an H200 it
-put the 8B's bf16 gate_up [28672, 4096] at one row on cuBLAS, which also drops SiLU·mul from
-its GEMV, 4.34 against 4.19 ms a step); "flushed" one call at a time with L2 flushed between
-calls (triton's do_bench; the bf16 skinny GEMM's timing before 2026-11-30, where GEMV configs
-of Qwen3-30B-A3B's attention projections timed 23-27 us that run 6.5-7.9 in a graph)."""
+with PDL suspended, one candidate's calls back to back (the default before; on an H200 it
+put the 8B's bf16 gate_up [28672, 4096] at one row on cuBLAS: 4.34 ms a step, where the
+chain's and the flushed timing's GEMVs ran 4.26 and 4.22 in another call); "flushed" one
+call at a time with L2 flushed between calls (triton's do_bench; the bf16 skinny GEMM's
+timing before 2026-11-30, where GEMV configs of Qwen3-30B-A3B's attention projections timed
+23-27 us that run 6.5-7.9 in a graph)."""
 import contextlib
 import logging
 import math
