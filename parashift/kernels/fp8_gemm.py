@@ -312,21 +312,23 @@ def candidates(rows: int, n: int) -> list[Config]:
 def timings_ms(x, weight, scale, bias) -> dict[Config | None, float]:
     """Milliseconds per call of cuBLASLt (None) and each Triton config, replayed from CUDA
     graphs over copies of the weight (`gemm_timing`, in the decode chain where asked), or
-    with L2 flushed where a graph cannot be captured; a config this device cannot compile
-    or run is left out."""
+    with L2 flushed where asked (PARASHIFT_GEMM_TIMING=flushed) or a graph cannot be
+    captured; a config this device cannot compile or run is left out."""
     configs = [c for c in candidates(x.shape[0], weight.shape[0])
                if c.kernel not in fp8_gemm_tma.KERNELS or fp8_gemm_tma.takes(weight)]
-    try:
-        weights = gemm_timing.weight_copies(weight)
-        xin, chain = gemm_timing.timed_input(x)
-        runs = {None: lambda i: scaled_mm_linear(xin, weights[i], scale, bias)}
-        runs.update({c: lambda i, c=c: fp8_weight_linear(xin, weights[i], scale, bias, c)
-                     for c in configs})
-        timings = gemm_timing.replayed_timings_ms(runs, len(weights), chain)
-        if None in timings:
-            return timings
-    except Exception as exc:  # noqa: BLE001  graphs not capturable here: flush instead
-        logger.warning("FP8 GEMM timing in CUDA graphs failed (%s); flushing L2 instead", exc)
+    if not gemm_timing.flushed():
+        try:
+            weights = gemm_timing.weight_copies(weight)
+            xin, chain = gemm_timing.timed_input(x)
+            runs = {None: lambda i: scaled_mm_linear(xin, weights[i], scale, bias)}
+            runs.update({c: lambda i, c=c: fp8_weight_linear(xin, weights[i], scale, bias, c)
+                         for c in configs})
+            timings = gemm_timing.replayed_timings_ms(runs, len(weights), chain)
+            if None in timings:
+                return timings
+        except Exception as exc:  # noqa: BLE001  graphs not capturable here: flush instead
+            logger.warning("FP8 GEMM timing in CUDA graphs failed (%s); flushing L2 instead",
+                           exc)
     runs = {None: lambda: scaled_mm_linear(x, weight, scale, bias)}
     runs.update({c: lambda c=c: fp8_weight_linear(x, weight, scale, bias, c) for c in configs})
     return gemm_timing.flushed_timings_ms(runs)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import moe_prefill, moe_routing, moe_small, pdl
+from parashift.kernels import moe_decode, moe_prefill, moe_routing, moe_small, pdl
 
 BLOCK_M = 16
 MANY_ROWS_BLOCK_M = 64  # rows per program where experts average many pairs (prefill)
@@ -175,7 +175,8 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                     gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
                     scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """fused_experts by the two grouped GEMMs, at any number of pairs; prefill-sized batches
-    by `prefill_experts` (unless PARASHIFT_MOE_PREFILL=0)."""
+    by `prefill_experts` (unless PARASHIFT_MOE_PREFILL=0), decode-sized ones by its kernels
+    at 16-row tiles (kernels/moe_decode.py; unless PARASHIFT_MOE_DECODE_FUSED=0)."""
     gate_up_scale, down_scale = scales or (None, None)
     from parashift.kernels.silu_mul import silu_and_mul
     tokens, top_k = ids.shape
@@ -183,6 +184,9 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     block_m = block_rows(num_pairs, gate_up.shape[0])
     if block_m == MANY_ROWS_BLOCK_M and moe_prefill.enabled():
         return prefill_experts(x, weights, ids, gate_up, down, first_expert, scales)
+    if block_m == BLOCK_M and moe_decode.enabled():
+        return prefill_experts(x, weights, ids, gate_up, down, first_expert, scales,
+                               moe_decode.tiles_for(down.shape[-1], down.shape[1]))
     pair_of_row, block_expert = sort_pairs(ids, gate_up.shape[0], first_expert, block_m)
     h = silu_and_mul(grouped_gemm(x, gate_up, pair_of_row, block_expert, num_pairs, top_k,
                                   w_scale=gate_up_scale))

@@ -5,12 +5,18 @@ drift of the clock or a stray slow replay moves every candidate alike or none. A
 between calls (triton's do_bench) instead leaves the flush's dirty lines to be written back
 during the timed call, and its events' overhead is a large part of a few-µs kernel.
 
-PARASHIFT_GEMM_TIMING picks how the calls run: "graph" (the default) with PDL suspended,
-one candidate's calls back to back; "chain" as a decode step runs them, with PDL as the
-engine launches (kernels/pdl.py) and each call after a small kernel that writes its input
-(as a norm or an activation writes a projection's input), so a config that issues its first
-weight loads before the PDL wait (fp8_gemv.py's AHEAD) is timed with what that gains, and
-one kernel's calls do not overlap as no step's do."""
+PARASHIFT_GEMM_TIMING picks how the calls run: "chain" (the default since 2026-11-30) as a
+decode step runs them, with PDL as the engine launches (kernels/pdl.py) and each call after
+a small kernel that writes its input (as a norm or an activation writes a projection's
+input), so a Triton kernel is timed with the overlap PDL gives it in decode (cuBLAS has
+none), a config that issues its first weight loads before the PDL wait (fp8_gemv.py's
+AHEAD) with what that gains, and one kernel's calls do not overlap as no step's do; "graph"
+with PDL suspended, one candidate's calls back to back (the default before; on an H200 it
+put the 8B's bf16 gate_up [28672, 4096] at one row on cuBLAS: 4.34 ms a step, where the
+chain's and the flushed timing's GEMVs ran 4.26 and 4.22 in another call); "flushed" one
+call at a time with L2 flushed between calls (triton's do_bench; the bf16 skinny GEMM's
+timing before 2026-11-30, where GEMV configs of Qwen3-30B-A3B's attention projections timed
+23-27 us that run 6.5-7.9 in a graph)."""
 import contextlib
 import logging
 import math
@@ -28,7 +34,7 @@ from parashift.kernels import pdl
 logger = logging.getLogger(__name__)
 
 TIMING_ENV = "PARASHIFT_GEMM_TIMING"
-TIMING_MODES = ("graph", "chain")
+TIMING_MODES = ("chain", "graph", "flushed")
 INPUT_BLOCK = 1024  # elements of the input a program of the input-writing kernel copies
 
 ROUNDS = 7
@@ -36,12 +42,22 @@ CALLS_PER_REPLAY = 16  # calls per graph: the events' overhead shared by many ke
 MAX_COPIES = 8
 
 
-def chained() -> bool:
-    """Whether PARASHIFT_GEMM_TIMING asks for the decode chain ("chain") over "graph"."""
-    mode = os.environ.get(TIMING_ENV, "graph")
+def timing_mode() -> str:
+    """PARASHIFT_GEMM_TIMING: "chain" (the default), "graph" or "flushed"."""
+    mode = os.environ.get(TIMING_ENV, "chain")
     if mode not in TIMING_MODES:
         raise ValueError(f"{TIMING_ENV}={mode!r}: expected one of {list(TIMING_MODES)}")
-    return mode == "chain"
+    return mode
+
+
+def chained() -> bool:
+    """Whether PARASHIFT_GEMM_TIMING asks for the decode chain ("chain")."""
+    return timing_mode() == "chain"
+
+
+def flushed() -> bool:
+    """Whether PARASHIFT_GEMM_TIMING asks for calls with L2 flushed ("flushed")."""
+    return timing_mode() == "flushed"
 
 
 def timing_launches() -> contextlib.AbstractContextManager:

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import moe_routing
+from parashift.kernels import moe_routing, pdl
 from parashift.kernels.silu_mul import silu_mul_values
 
 ENV, TILES_ENV = "PARASHIFT_MOE_PREFILL", "PARASHIFT_MOE_PREFILL_TILES"
@@ -92,7 +92,9 @@ def _gate_up_silu_kernel(h_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, scale_
                          stride_a, stride_we, stride_wp, stride_wn, stride_h,
                          stride_se, stride_sp, stride_sn,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         IEEE: tl.constexpr, W_SCALED: tl.constexpr, LIBDEVICE: tl.constexpr):
+                         IEEE: tl.constexpr, W_SCALED: tl.constexpr, LIBDEVICE: tl.constexpr,
+                         USE_PDL: tl.constexpr = 0):
+    pdl.start(USE_PDL)  # which expert a block reads is the sort's output
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block)
     if expert >= num_experts:
@@ -124,6 +126,7 @@ def _gate_up_silu_kernel(h_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, scale_
         scales = scale_ptr + expert.to(tl.int64) * stride_se + cols * stride_sn
         acc_gate = acc_gate * tl.load(scales, mask=cols < inter, other=0.0)[None, :]
         acc_up = acc_up * tl.load(scales + stride_sp, mask=cols < inter, other=0.0)[None, :]
+    pdl.inputs_read(USE_PDL)
     dtype = h_ptr.dtype.element_ty
     h = silu_mul_values(acc_gate.to(dtype), acc_up.to(dtype), LIBDEVICE)
     tl.store(h_ptr + pairs.to(tl.int64)[:, None] * stride_h + cols[None, :], h.to(dtype),
@@ -151,13 +154,15 @@ def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, pair_of_row: torch.Tens
         num_pairs, w.shape[0], inter, k_in, top_k, x.stride(0), w.stride(0), w.stride(1),
         w.stride(2), h.stride(0), *((0, 0, 0) if scale is None else scale.stride()[:3]),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32,
-        W_SCALED=scale is not None, LIBDEVICE=x.is_cuda, num_warps=warps, num_stages=stages)
+        W_SCALED=scale is not None, LIBDEVICE=x.is_cuda, num_warps=warps, num_stages=stages,
+        **pdl.launch_options(x.device))
     return h
 
 
 @triton.jit
 def _topk_sum_kernel(out_ptr, y_ptr, ids_ptr, n, first_expert, num_local,
-                     TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+                     TOP_K: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = 0):
+    pdl.start(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -166,6 +171,7 @@ def _topk_sum_kernel(out_ptr, y_ptr, ids_ptr, n, first_expert, num_local,
         width = tl.where((local >= 0) & (local < num_local), n, 0)  # held elsewhere: none
         acc += tl.load(y_ptr + (token * TOP_K + slot) * n + cols, mask=cols < width,
                        other=0.0).to(tl.float32)
+    pdl.inputs_read(USE_PDL)
     tl.store(out_ptr + token * n + cols, acc.to(out_ptr.dtype.element_ty), mask=cols < n)
 
 
@@ -183,5 +189,5 @@ def topk_sum(y: torch.Tensor, ids: torch.Tensor, first_expert: int, num_local: i
     if tokens:
         _topk_sum_kernel[(tokens, triton.cdiv(n, block))](
             out, y.contiguous(), ids.contiguous(), n, first_expert, num_local, TOP_K=top_k,
-            BLOCK=block, num_warps=4)
+            BLOCK=block, num_warps=4, **pdl.launch_options(y.device))
     return out

@@ -2,10 +2,13 @@
 it replaces, layers.fused_moe.expert_outputs: under the Triton interpreter on the CPU
 (float32, float16) and compiled on CUDA, with idle experts, experts held elsewhere (EP),
 a narrowed layout's strided weights, and a CUDA-graph replay on new routing."""
+import contextlib
+import os
+
 import pytest
 import torch
 
-from parashift.kernels import fused_moe
+from parashift.kernels import fused_moe, moe_decode
 from parashift.layers.fused_moe import expert_outputs, route
 from tests.kernels.common import case_tests, cuda, randn
 
@@ -45,10 +48,31 @@ def inputs(tokens, experts, top_k, hidden, inter, held=None, first=0, crowd=Fals
 
 
 def check(dtype="float32", device="cpu", **case):
+    """grouped_experts (decode-sized batches through kernels/moe_decode.py's fused kernels,
+    prefill-sized through moe_prefill's) against the torch path; on CUDA also the unfused
+    path at 16 rows, which must round alike (only fp32 sums' order differs)."""
     args = inputs(**case, dtype=dtype, device=device)
     out = fused_moe.grouped_experts(*args)
     ref = expert_outputs(*args)
     torch.testing.assert_close(out, ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    if device == "cuda":
+        with unfused_decode():
+            unfused = fused_moe.grouped_experts(*args)
+        torch.testing.assert_close(out, unfused, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@contextlib.contextmanager
+def unfused_decode():
+    """PARASHIFT_MOE_DECODE_FUSED=0 for the block."""
+    before = os.environ.get(moe_decode.ENV)
+    os.environ[moe_decode.ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[moe_decode.ENV]
+        else:
+            os.environ[moe_decode.ENV] = before
 
 
 test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True)

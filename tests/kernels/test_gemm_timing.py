@@ -9,13 +9,15 @@ from parashift.kernels import fp8_gemm, gemm_timing, skinny_gemm
 from tests.kernels.common import assert_exact, cuda, randn
 
 
-@pytest.mark.parametrize("flag, chained", [(None, False), ("graph", False), ("chain", True)])
+@pytest.mark.parametrize("flag, chained", [(None, True), ("graph", False), ("chain", True),
+                                           ("flushed", False)])
 def test_the_switch_picks_the_chain_or_the_graph(monkeypatch, flag, chained):
     if flag is None:
         monkeypatch.delenv(gemm_timing.TIMING_ENV, raising=False)
     else:
         monkeypatch.setenv(gemm_timing.TIMING_ENV, flag)
     assert gemm_timing.chained() == chained
+    assert gemm_timing.flushed() == (flag == "flushed")
     x = torch.randn(3, 8)[:, :5]
     timed, chain = gemm_timing.timed_input(x)
     if chained:
@@ -49,6 +51,27 @@ def test_the_chain_times_every_config_after_the_input_kernel_and_takes_the_faste
     assert skinny_gemm.choose(timings) == fast
 
 
+@pytest.mark.parametrize("flag, replayed", [(None, True), ("graph", True), ("flushed", False)])
+def test_the_bf16_choice_replays_graphs_unless_asked_to_flush(monkeypatch, flag, replayed):
+    """The skinny GEMM times its candidates in graphs over weight copies by default (as the
+    FP8 GEMM does: a flush's write-backs and events priced GEMV configs at 3x what decode
+    runs them at), with L2 flushed only under PARASHIFT_GEMM_TIMING=flushed."""
+    if flag is None:
+        monkeypatch.delenv(gemm_timing.TIMING_ENV, raising=False)
+    else:
+        monkeypatch.setenv(gemm_timing.TIMING_ENV, flag)
+    seen = []
+    monkeypatch.setattr(gemm_timing, "weight_copies", lambda w: [w, w.clone()])
+    monkeypatch.setattr(gemm_timing, "replayed_timings_ms", lambda runs, copies, chain:
+                        seen.append("graph") or dict.fromkeys(runs, 1.0))
+    monkeypatch.setattr(skinny_gemm.triton.testing, "do_bench",
+                        lambda fn, **kwargs: seen.append("flushed") or 1.0)
+    x, w = torch.randn(1, 64), torch.randn(4096, 64)
+    timings = skinny_gemm.timings_ms(x, w, None)
+    assert set(timings) == {None, *skinny_gemm.measured(4096)}
+    assert set(seen) == ({"graph"} if replayed else {"flushed"})
+
+
 @cuda
 def test_the_input_kernel_copies_its_source():
     src = randn((3, 5000), "bfloat16", "cuda")
@@ -68,7 +91,7 @@ def few_configs(monkeypatch) -> None:
 
 
 @cuda
-@pytest.mark.parametrize("mode", ["graph", "chain"])
+@pytest.mark.parametrize("mode", ["graph", "chain", "flushed"])
 def test_both_modes_time_every_candidate_and_choose_one_that_matches(monkeypatch, mode):
     few_configs(monkeypatch)
     monkeypatch.setenv(gemm_timing.TIMING_ENV, mode)

@@ -13,9 +13,9 @@ import torch
 import triton
 
 from parashift.attention import triton_kernels
-from parashift.kernels import (argmax, fp8_gemm, fp8_gemv, fused_moe, gemm_timing, moe_router,
-                               moe_routing, moe_small, pdl, rmsnorm, rotary, silu_mul,
-                               skinny_gemm)
+from parashift.kernels import (argmax, fp8_gemm, fp8_gemv, fused_moe, gemm_timing, moe_prefill,
+                               moe_router, moe_routing, moe_small, pdl, rmsnorm, rotary,
+                               silu_mul, skinny_gemm)
 from tests.deterministic.test_kernels import compile_sm90
 from tests.kernels.common import TRITON_TYPES, cuda, randn
 
@@ -75,10 +75,14 @@ def test_kernels_launch_without_pdl_while_it_is_suspended(monkeypatch):
     assert pdl.pdl_mode(cuda0) == pdl.LATE
 
 
-@pytest.mark.parametrize("timing, suspended", [("graph", 1), ("chain", 0)])
+@pytest.mark.parametrize("timing, suspended", [("graph", 1), ("flushed", 1), ("chain", 0),
+                                               (None, 0)])
 def test_gemms_time_their_choice_with_pdl_suspended_unless_in_the_chain(monkeypatch, timing,
                                                                         suspended):
-    monkeypatch.setenv("PARASHIFT_GEMM_TIMING", timing)
+    if timing is None:  # the default: the chain
+        monkeypatch.delenv("PARASHIFT_GEMM_TIMING", raising=False)
+    else:
+        monkeypatch.setenv("PARASHIFT_GEMM_TIMING", timing)
     seen = []
 
     def timings(*args):
@@ -196,6 +200,12 @@ KERNELS = {
         "pair_ptr": torch.int64, "block_expert_ptr": torch.int64}, (), dict(
             BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, MUL_WEIGHT=True, IEEE=False,
             W_SCALED=False), False),
+    "moe_gate_up_silu": (moe_prefill._gate_up_silu_kernel, {
+        "pair_ptr": torch.int64, "block_expert_ptr": torch.int64}, (), dict(
+            BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, IEEE=False, W_SCALED=False, LIBDEVICE=True),
+        False),
+    "moe_topk_sum": (moe_prefill._topk_sum_kernel, {"ids_ptr": torch.int64}, (),
+                     dict(TOP_K=8, BLOCK=1024), False),
     "moe_small_gate_up": (moe_small._gate_up_kernel, {"ids_ptr": torch.int64}, (), dict(
         BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True), False),
     "moe_small_down": (moe_small._down_kernel, {"ids_ptr": torch.int64}, (), dict(
