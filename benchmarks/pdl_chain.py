@@ -19,15 +19,13 @@ Every layer has weights and a KV pool of its own, so nothing stays in L2 from on
 the next. The floor: the layer's weight bytes (and weight + KV bytes) / 4.8 TB/s (the H200's
 HBM) and / the measured copy bandwidth."""
 import argparse
-import contextlib
 import json
-import os
 import statistics
 from dataclasses import dataclass
 
 import torch
 
-from benchmarks.decode_throughput import copy_bandwidth
+from benchmarks.decode_throughput import copy_bandwidth, environment
 from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.triton_backend import TritonAttentionBackend
 from parashift.kernels import fp8_gemm, pdl, rmsnorm, rotary, silu_mul, skinny_gemm
@@ -185,19 +183,9 @@ def measure(weights: str, batch: int, context: int, count: int, repeats: int,
     return row
 
 
-@contextlib.contextmanager
 def pdl_env(flag: str, kb: str):
     """PARASHIFT_PDL and PARASHIFT_PDL_PREFETCH_KB set within."""
-    saved = {key: os.environ.get(key) for key in (pdl.ENV, pdl.PREFETCH_ENV)}
-    os.environ[pdl.ENV], os.environ[pdl.PREFETCH_ENV] = flag, kb
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key)
-            else:
-                os.environ[key] = value
+    return environment({pdl.ENV: flag, pdl.PREFETCH_ENV: kb})
 
 
 def variant_name(variant: str) -> str:

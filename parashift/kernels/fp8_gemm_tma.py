@@ -31,6 +31,7 @@ KERNELS = tuple(f"tma_{kind}{persistent}" for persistent in ("", "_p")
                 for kind in ("w8", "w8bits", "w8a8"))
 MAX_BLOCK_K = 256  # a TMA box's dimension
 ENV, DEFAULT = "PARASHIFT_FP8_TMA", "1"
+PREFETCH_ENV, DEFAULT_PREFETCH_KB = "PARASHIFT_FP8_TMA_PREFETCH_KB", "0"
 
 
 def enabled() -> bool:
@@ -39,6 +40,17 @@ def enabled() -> bool:
     if flag not in ("0", "1"):
         raise ValueError(f"{ENV}={flag!r}: expected 0 or 1")
     return flag == "1"
+
+
+def prefetch_bytes() -> int:
+    """PARASHIFT_FP8_TMA_PREFETCH_KB in bytes (read at each launch; a CUDA graph keeps what
+    its capture read): what of its weight slice each program of `_fp8_tma_kernel` pulls into
+    L2 before its PDL wait, while the kernel before (a norm, SiLU·mul or the per-token
+    quantization: few programs) still runs. Only under PDL; 0: none."""
+    value = os.environ.get(PREFETCH_ENV, DEFAULT_PREFETCH_KB)
+    if not value.isdigit():
+        raise ValueError(f"{PREFETCH_ENV}={value!r}: expected a whole number of KB (0: none)")
+    return int(value) * 1024
 
 
 def takes(weight: torch.Tensor) -> bool:
@@ -68,17 +80,20 @@ def fits(t: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _fp8_tma_kernel(x_desc, xs_ptr, w_desc, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N,
-                    K, stride_ym, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    SPLIT_K: tl.constexpr, TICKETS: tl.constexpr, NUM_STAGES: tl.constexpr,
-                    BIT_WIDEN: tl.constexpr, USE_PDL: tl.constexpr):
-    """One program a (column tile, row tile, part of K)."""
+def _fp8_tma_kernel(x_desc, xs_ptr, w_desc, w_ptr, stride_wn, s_ptr, b_ptr, y_ptr, part_ptr,
+                    counter_ptr, M, N, K, stride_ym, HAS_BIAS: tl.constexpr,
+                    FP8_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TICKETS: tl.constexpr,
+                    NUM_STAGES: tl.constexpr, BIT_WIDEN: tl.constexpr, USE_PDL: tl.constexpr,
+                    PREFETCH_K: tl.constexpr):
+    """One program a (column tile, row tile, part of K); PREFETCH_K: the first columns of
+    its weight slice pulled into L2 before the PDL wait (`prefetch_bytes`)."""
     first_n = tl.program_id(0) * BLOCK_N
     first_m = tl.program_id(1) * BLOCK_M
     split = tl.program_id(2)
     k_steps = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K)
-    pdl.start(USE_PDL)
+    pdl.start_streaming(w_ptr, stride_wn, N, K, first_n, split * k_steps * BLOCK_K, BLOCK_N,
+                        PREFETCH_K, USE_PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in tl.range(split * k_steps, tl.minimum((split + 1) * k_steps, tl.cdiv(K, BLOCK_K)),
                          num_stages=NUM_STAGES):
@@ -205,17 +220,23 @@ def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                                                tickets)
     x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [bm, block_k])
     w_desc = _weight_descriptor(weight, block_n, block_k)
-    kernel, grid = ((_fp8_tma_persistent_kernel, (min(tiles * split_k, num_sms(x.device)),))
-                    if persistent else
-                    (_fp8_tma_kernel, (triton.cdiv(n, block_n), triton.cdiv(m, bm), split_k)))
+    options = pdl.launch_options(x.device)
+    if persistent:
+        kernel, grid = _fp8_tma_persistent_kernel, (min(tiles * split_k, num_sms(x.device)),)
+        weight_args = (w_desc,)
+    else:
+        kernel, grid = _fp8_tma_kernel, (triton.cdiv(n, block_n), triton.cdiv(m, bm), split_k)
+        weight_args = (w_desc, weight, weight.stride(0))
+        options["PREFETCH_K"] = (pdl.prefetch_cols(block_n, triton.cdiv(k, split_k), 1,
+                                                   prefetch_bytes())
+                                 if options["USE_PDL"] else 0)
     bit_widen = bit_widen and x.dtype == torch.bfloat16 and not _interpreted()
     kernel[grid](
-        x_desc, x_scale, w_desc, scale.reshape(-1), bias if bias is not None else scale, y,
-        parts if parts is not None else y, counters if counters is not None else y, m, n, k,
-        y.stride(0), HAS_BIAS=bias is not None, FP8_X=x.dtype == weight.dtype, BLOCK_M=bm,
+        x_desc, x_scale, *weight_args, scale.reshape(-1), bias if bias is not None else scale,
+        y, parts if parts is not None else y, counters if counters is not None else y, m, n,
+        k, y.stride(0), HAS_BIAS=bias is not None, FP8_X=x.dtype == weight.dtype, BLOCK_M=bm,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, TICKETS=counters is not None,
-        NUM_STAGES=num_stages, BIT_WIDEN=bit_widen, num_warps=num_warps,
-        **pdl.launch_options(x.device))
+        NUM_STAGES=num_stages, BIT_WIDEN=bit_widen, num_warps=num_warps, **options)
     return y.to(out_dtype)
 
 

@@ -103,3 +103,37 @@ def test_measured_only_where_enabled(monkeypatch):
     monkeypatch.setenv(fp8_gemm_tma.ENV, "yes")
     with pytest.raises(ValueError, match=fp8_gemm_tma.ENV):
         fp8_gemm.candidates(64, 4096)
+
+
+def test_prefetch_switch_reads_kilobytes_and_refuses_other_values(monkeypatch):
+    monkeypatch.delenv(fp8_gemm_tma.PREFETCH_ENV, raising=False)
+    assert fp8_gemm_tma.prefetch_bytes() == int(fp8_gemm_tma.DEFAULT_PREFETCH_KB) * 1024
+    monkeypatch.setenv(fp8_gemm_tma.PREFETCH_ENV, "64")
+    assert fp8_gemm_tma.prefetch_bytes() == 65536
+    monkeypatch.setenv(fp8_gemm_tma.PREFETCH_ENV, "64k")
+    with pytest.raises(ValueError, match=fp8_gemm_tma.PREFETCH_ENV):
+        fp8_gemm_tma.prefetch_bytes()
+
+
+@cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="PDL (and so the prefetch) needs compute capability 9")
+def test_weight_prefetch_before_the_wait_gives_the_same_bits(monkeypatch):
+    """Under PDL each program pulls the start of its weight slice into L2 before its wait: a
+    prefetch budget past the slice and the weight's end (clamped), split and not, the same
+    bits as without PDL and without the prefetch."""
+    from parashift.kernels import pdl
+    x, w, scale, _, _ = operands(64, 4096 + 64, 1024, False, "bfloat16", "cuda")
+    x_fp8 = fp8_gemm.quantize_rows(x)
+    configs = (Config("tma_w8a8", 64, 256, 4, 6, 1, tickets=True),
+               Config("tma_w8a8", 64, 256, 4, 4, 4, tickets=True),
+               Config("tma_w8a8", 256, 128, 8, 4, 1, tickets=True))
+    for config in configs:
+        results = []
+        for flag, kb in (("0", "0"), ("1", "0"), ("1", "64"), ("1", "4096")):
+            monkeypatch.setenv(pdl.ENV, flag)
+            monkeypatch.setenv(fp8_gemm_tma.PREFETCH_ENV, kb)
+            assert pdl.pdl_enabled(x.device) == (flag == "1")
+            results.append(fp8_gemm.fp8_weight_linear(x, w, scale, None, config, x_fp8))
+        torch.cuda.synchronize()
+        assert all(torch.equal(results[0], r) for r in results[1:]), config
