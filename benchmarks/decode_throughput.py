@@ -11,7 +11,8 @@ the KV. Dense models only there (weights counted from the config on the meta dev
 --graph-variants NAME=VALUE[,NAME=VALUE] ...: one engine, its decode graphs captured again
 under each setting (the environment switches a launch reads, e.g. PARASHIFT_PDL; the GEMM
 choices made at start-up kept); each batch is measured in every variant in turn, --rounds
-times (an A/B without a second start-up, the order alternating against drift)."""
+times (an A/B without a second start-up, the order alternating against drift); --profile
+profiles the first round of --profile-variant's."""
 import argparse
 import contextlib
 import json
@@ -286,10 +287,15 @@ def main():
                    metavar="NAME=VALUE[,NAME=VALUE]",
                    help="decode graphs captured again under these settings, measured in turn")
     p.add_argument("--rounds", type=int, default=1, help="with --graph-variants")
+    p.add_argument("--profile-variant", default="default",
+                   help="with --graph-variants and --profile: the variant profiled (its first "
+                   "round), e.g. PARASHIFT_PDL=0 for each kernel's own time")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     if args.graph_variants and (args.plan != "single" or args.cuda_graphs is False):
         p.error("--graph-variants needs one device's engine with CUDA graphs")
+    if args.profile_variant not in ["default", *args.graph_variants]:
+        p.error(f"--profile-variant {args.profile_variant!r} is none of --graph-variants")
     if args.plan != "single":
         return main_plan(args)
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len or args.context + 1024,
@@ -310,7 +316,7 @@ def main():
             engine.runner.graphs = graphs[name]
             seconds, context, breakdown, _ = measure(
                 llm, batch, args.context, args.decode_steps, cfg.vocab_size,
-                profile=args.profile and round_ == 0 and name == "default")
+                profile=args.profile and round_ == 0 and name == args.profile_variant)
             kv = batch * context * kv_bytes_per_token(cfg, kv_dtype_bytes)
             floor = (weight_bytes_read(engine.runner.model, batch) + kv) / bandwidth
             rows.append(dict(batch=batch, context=args.context, mean_context=context,
