@@ -124,16 +124,19 @@ def compile_configs(jobs: list[tuple]) -> list[str]:
     return failed
 
 
-def engine_jobs() -> list[tuple[int, Config, bool]]:
+def engine_jobs(prefetch_kb: tuple[int, ...] = ()) -> list[tuple]:
     """What an FP8 decode engine's start-up compiles of the GEMM (graphs of 1-64 sequences):
     every candidate `fp8_gemm.linear` times at 1, 2, 4, 16, 32 and 64 rows (PDL off), and
     those the first sweep found fastest somewhere at 16-64 rows with PDL on at each captured
-    row count (the graphs' calls)."""
+    row count (the graphs' calls), the TMA ones also at each weight prefetch budget."""
     timed = [(rows, c, False) for rows in (1, 2, 4, 16, 32, 64)
              for c in fp8_gemm.candidates(rows, 1 << 16)]
     likely = [c for c in fp8_gemm.TMA_CONFIGS + CURRENT_WINNERS
               if c in fp8_gemm.candidates(64, 1 << 16)]
-    return timed + [(rows, c, True) for rows in (8, 16, 24, 32, 48, 64) for c in likely]
+    captured = (8, 16, 24, 32, 48, 64)
+    return timed + [(rows, c, True) for rows in captured for c in likely] + [
+        (rows, c, True, kb) for kb in prefetch_kb if kb for rows in captured
+        for c in fp8_gemm.TMA_CONFIGS if c in likely]
 
 
 def precompile(jobs: list[tuple[int, Config]], workers: int) -> list[str]:
@@ -232,7 +235,8 @@ def main():
     p.add_argument("--chain", action="store_true",
                    help="timed as PARASHIFT_GEMM_TIMING=chain: PDL on, after an input write")
     p.add_argument("--prefetch-kb", type=int, nargs="+", default=[0],
-                   help="with --chain: each TMA candidate at each weight prefetch budget")
+                   help="with --chain: each TMA candidate at each weight prefetch budget; with "
+                   "--warm-only: the engine's TMA configs compiled at each too")
     p.add_argument("--projections", nargs="+", default=list(PROJECTIONS),
                    choices=list(PROJECTIONS))
     p.add_argument("--kernels", nargs="+", default=None,
@@ -241,7 +245,7 @@ def main():
     args = p.parse_args()
     start = time.time()
     if args.warm_only:
-        jobs = engine_jobs()
+        jobs = engine_jobs(tuple(args.prefetch_kb))
     else:
         jobs = [(rows, c, args.chain, kb) for rows in args.rows
                 for c in configs_for(1 << 16, args.kernels)
