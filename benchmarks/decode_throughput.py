@@ -12,7 +12,7 @@ the KV. Dense models only there (weights counted from the config on the meta dev
 under each setting (the environment switches a launch reads, e.g. PARASHIFT_PDL; the GEMM
 choices made at start-up kept); each batch is measured in every variant in turn, --rounds
 times (an A/B without a second start-up, the order alternating against drift); --profile
-profiles the first round of --profile-variant's."""
+profiles the first round of each of --profile-variants."""
 import argparse
 import contextlib
 import json
@@ -287,15 +287,15 @@ def main():
                    metavar="NAME=VALUE[,NAME=VALUE]",
                    help="decode graphs captured again under these settings, measured in turn")
     p.add_argument("--rounds", type=int, default=1, help="with --graph-variants")
-    p.add_argument("--profile-variant", default="default",
-                   help="with --graph-variants and --profile: the variant profiled (its first "
+    p.add_argument("--profile-variants", nargs="+", default=["default"],
+                   help="with --graph-variants and --profile: the variants profiled (their first "
                    "round), e.g. PARASHIFT_PDL=0 for each kernel's own time")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     if args.graph_variants and (args.plan != "single" or args.cuda_graphs is False):
         p.error("--graph-variants needs one device's engine with CUDA graphs")
-    if args.profile_variant not in ["default", *args.graph_variants]:
-        p.error(f"--profile-variant {args.profile_variant!r} is none of --graph-variants")
+    if not set(args.profile_variants) <= {"default", *args.graph_variants}:
+        p.error(f"--profile-variants {args.profile_variants} are not all of --graph-variants")
     if args.plan != "single":
         return main_plan(args)
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len or args.context + 1024,
@@ -316,7 +316,7 @@ def main():
             engine.runner.graphs = graphs[name]
             seconds, context, breakdown, _ = measure(
                 llm, batch, args.context, args.decode_steps, cfg.vocab_size,
-                profile=args.profile and round_ == 0 and name == args.profile_variant)
+                profile=args.profile and round_ == 0 and name in args.profile_variants)
             kv = batch * context * kv_bytes_per_token(cfg, kv_dtype_bytes)
             floor = (weight_bytes_read(engine.runner.model, batch) + kv) / bandwidth
             rows.append(dict(batch=batch, context=args.context, mean_context=context,

@@ -7,8 +7,8 @@
 #    the TMA ones with the prefetch at 64 and 128 KB too;
 # 3. decode_throughput FP8 b64 and b1 (context 1024, CUDA graphs) in one engine, its graphs
 #    captured again per setting (--graph-variants: the TMA GEMM's weight prefetch at 64 KB a
-#    program, and PDL off, whose first round is profiled: each kernel's own time, per launch
-#    grid), 3 rounds each;
+#    program, and PDL off; the first rounds of PDL off (each kernel's own time, per launch
+#    grid) and of the default profiled), 3 rounds each;
 # 4. benchmarks/fp8_chain_variants.py, batch 64: the 8B's FP8 layers as the engine runs them
 #    (fused input quantization, PDL, CUDA graphs), the weight prefetch at 0 (the default), 64
 #    and 128 KB a program and PDL late, graphs replayed in turn;
@@ -27,7 +27,8 @@ budget_step gpu_tests 25 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p 
 budget_step warm 35 python3 benchmarks/fp8_gemm_sweep.py --warm-only --workers 15 --prefetch-kb 64 128
 budget_step decode 90 python3 benchmarks/decode_throughput.py --model $EIGHT_B --quantization fp8 \
   --batch-sizes 64 1 --context 1024 --decode-steps 32 --cuda-graphs --rounds 3 \
-  --graph-variants $PF=64 PARASHIFT_PDL=0 --profile --profile-variant PARASHIFT_PDL=0 \
+  --graph-variants $PF=64 PARASHIFT_PDL=0 --profile \
+  --profile-variants PARASHIFT_PDL=0 default \
   --output "$OUT/decode.json"
 budget_step chain 40 python3 benchmarks/fp8_chain_variants.py --batch-sizes 64 --repeats 21 \
   --variants default $PF=64 $PF=128 PARASHIFT_PDL=late --output "$OUT/chain.json"
