@@ -237,13 +237,23 @@ def environment(settings: dict[str, str]):
 
 def graph_variants(runner, variants: list[str]) -> dict:
     """The runner's decode graphs ("default") and each variant's, captured under its
-    settings (the runner's private capture: a benchmark's A/B)."""
+    settings (the runner's private capture, as world_reform's, for a benchmark's A/B).
+    A variant's graphs are decode steps' only (its prompts' steps run eagerly: less
+    memory beside the KV pool); one that does not fit in memory is left out."""
     graphs = {"default": runner.graphs}
     if variants and runner.graphs is None:
         raise RuntimeError("--graph-variants: the engine replays no CUDA graphs")
-    for variant in variants:
-        with environment(parse_settings(variant)):
-            graphs[variant] = runner._capture_graphs()
+    mixed, runner.config.mixed_step_graphs = runner.config.mixed_step_graphs, False
+    try:
+        for variant in variants:
+            with environment(parse_settings(variant)):
+                try:
+                    graphs[variant] = runner._capture_graphs()
+                except torch.cuda.OutOfMemoryError as exc:
+                    print(json.dumps({"variant_left_out": variant, "error": str(exc)[:200]}))
+                    torch.cuda.empty_cache()
+    finally:
+        runner.config.mixed_step_graphs = mixed
     return graphs
 
 

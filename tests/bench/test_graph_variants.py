@@ -3,6 +3,7 @@ captured graphs under its environment (restored after), the measuring order alte
 and each variant's median against the default's."""
 import argparse
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,14 +25,18 @@ def test_each_variant_is_captured_under_its_settings_then_restored(monkeypatch):
 
     class Runner:
         graphs = "startup"
+        config = SimpleNamespace(mixed_step_graphs=True)
 
-        def _capture_graphs(self):
+        def _capture_graphs(self):  # decode graphs only
+            assert not self.config.mixed_step_graphs
             return (os.environ.get("PARASHIFT_X"), os.environ.get("PARASHIFT_Y"))
 
-    graphs = bench.graph_variants(Runner(), ["PARASHIFT_X=64", "PARASHIFT_X=1,PARASHIFT_Y=2"])
+    runner = Runner()
+    graphs = bench.graph_variants(runner, ["PARASHIFT_X=64", "PARASHIFT_X=1,PARASHIFT_Y=2"])
     assert graphs == {"default": "startup", "PARASHIFT_X=64": ("64", None),
                       "PARASHIFT_X=1,PARASHIFT_Y=2": ("1", "2")}
     assert os.environ["PARASHIFT_X"] == "0" and "PARASHIFT_Y" not in os.environ
+    assert runner.config.mixed_step_graphs
     Runner.graphs = None
     with pytest.raises(RuntimeError, match="no CUDA graphs"):
         bench.graph_variants(Runner(), ["PARASHIFT_X=1"])
