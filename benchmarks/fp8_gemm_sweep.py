@@ -3,7 +3,8 @@ bandwidth (issue 60: the decode b64 step's FP8 weight GEMM at >= 0.85 of it).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm_sweep.py [--rows 64 16 32]
              [--output F] [--workers 16] [--kernels more | b64 | tma_w8a8 ...] [--warm-only]
-             [--x-fp8] [--chain] [--prefetch-kb 0 64 ...] [--projections qkv o ...]
+             [--x-fp8] [--chain] [--settings default NAME=VALUE[,..] ...]
+             [--projections qkv o ...]
 Candidates: cuBLASLt (`scaled_mm_linear`), the configs `fp8_gemm.linear` measures today
 (`fp8_gemm.CONFIGS`) and the TMA kernel's (`fp8_gemm_tma.py`) registered and wider set.
 Each is timed as `linear` times them (`gemm_timing`: CUDA graphs over weight copies past
@@ -13,8 +14,10 @@ with the activations' and output's bytes. Compiles run first in `--workers` proc
 Triton cache on disk then serves the timing process).
 --x-fp8: every candidate given x quantized already (decode's qkv, gate_up and down, whose
 norm or SiLU·mul quantizes; cuBLASLt too); --chain: timed as PARASHIFT_GEMM_TIMING=chain
-times (PDL on, each call after a small kernel writing its input), each TMA candidate at each
---prefetch-kb budget (PARASHIFT_FP8_TMA_PREFETCH_KB, a "pfKB" label) as well."""
+times (PDL on, each call after a small kernel writing its input); --settings: each
+FP8 x FP8 Triton candidate timed under each setting of the launch-time switches (`default`:
+the environment as it is; e.g. PARASHIFT_FP8_TMA_PREFETCH_KB=64, PARASHIFT_FP8_EARLY_SCALES=1;
+the label ends "[setting]")."""
 import argparse
 import concurrent.futures
 import contextlib
@@ -27,8 +30,8 @@ import time
 import torch
 import triton.testing
 
-from benchmarks.decode_throughput import environment
-from parashift.kernels import fp8_gemm, fp8_gemm_tma, gemm_timing, pdl
+from benchmarks.decode_throughput import env_settings, environment, parse_settings
+from parashift.kernels import fp8_gemm, gemm_timing, pdl
 from parashift.kernels.fp8_gemm import Config
 
 PROJECTIONS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
@@ -108,15 +111,15 @@ def operands(rows: int, n: int, k: int):
 
 
 def compile_configs(jobs: list[tuple]) -> list[str]:
-    """Compiles (runs once) each (rows, config, PDL on[, prefetch KB]) on a small weight (the
+    """Compiles (runs once) each (rows, config, PDL on[, setting]) on a small weight (the
     projections' specialization: N, K and strides multiples of 16, K a multiple of the
     tiles); the failures, as text."""
     failed = []
-    for rows, config, with_pdl, *kb in jobs:
+    for rows, config, with_pdl, *setting in jobs:
         x, weight, scale = operands(rows, 256, 4096)
         try:
             with contextlib.nullcontext() if with_pdl else pdl.suspended():
-                prefetching(kb[0] if kb else None, lambda: fp8_gemm.fp8_weight_linear(
+                under(setting[0] if setting else "default", lambda: fp8_gemm.fp8_weight_linear(
                     x, weight, scale, None, config))
         except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
             failed.append(f"{rows} {config}: {str(exc)[:300]}")
@@ -124,18 +127,19 @@ def compile_configs(jobs: list[tuple]) -> list[str]:
     return failed
 
 
-def engine_jobs(prefetch_kb: tuple[int, ...] = ()) -> list[tuple]:
+def engine_jobs(settings: tuple[str, ...] = ()) -> list[tuple]:
     """What an FP8 decode engine's start-up compiles of the GEMM (graphs of 1-64 sequences):
     every candidate `fp8_gemm.linear` times at 1, 2, 4, 16, 32 and 64 rows (PDL off), and
     those the first sweep found fastest somewhere at 16-64 rows with PDL on at each captured
-    row count (the graphs' calls), the TMA ones also at each weight prefetch budget."""
+    row count (the graphs' calls), the TMA ones also under each of `settings`."""
     timed = [(rows, c, False) for rows in (1, 2, 4, 16, 32, 64)
              for c in fp8_gemm.candidates(rows, 1 << 16)]
     likely = [c for c in fp8_gemm.TMA_CONFIGS + CURRENT_WINNERS
               if c in fp8_gemm.candidates(64, 1 << 16)]
     captured = (8, 16, 24, 32, 48, 64)
     return timed + [(rows, c, True) for rows in captured for c in likely] + [
-        (rows, c, True, kb) for kb in prefetch_kb if kb for rows in captured
+        (rows, c, True, setting) for setting in settings if setting != "default"
+        for rows in captured
         for c in fp8_gemm.TMA_CONFIGS if c in likely]
 
 
@@ -157,7 +161,7 @@ def copy_bandwidth() -> float:
 
 
 def sweep(rows: int, n: int, k: int, bandwidth: float, kernels: list[str] | None,
-          x_fp8: bool = False, chain: bool = False, prefetch_kb: tuple[int, ...] = (0,)
+          x_fp8: bool = False, chain: bool = False, settings: tuple[str, ...] = ("default",)
           ) -> dict:
     x, weight, scale = operands(rows, n, k)
     copies = gemm_timing.weight_copies(weight)
@@ -170,9 +174,11 @@ def sweep(rows: int, n: int, k: int, bandwidth: float, kernels: list[str] | None
     xin = x if x_fp8 else written
     runs = {None: lambda i: fp8_gemm.scaled_mm_linear(xin, copies[i], scale, None, given)}
     for c in configs_for(n, kernels):
-        for kb in prefetch_kb if chain and c.kernel == "tma_w8a8" else (None,):
-            runs[c if kb is None else (c, kb)] = lambda i, c=c, kb=kb: prefetching(
-                kb, lambda: fp8_gemm.fp8_weight_linear(xin, copies[i], scale, None, c, given))
+        for setting in settings if "w8a8" in c.kernel else ("default",):
+            key = c if setting == "default" else (c, setting)
+            runs[key] = lambda i, c=c, setting=setting: under(
+                setting, lambda: fp8_gemm.fp8_weight_linear(xin, copies[i], scale, None, c,
+                                                            given))
     with contextlib.nullcontext() if chain else pdl.suspended():
         timings = gemm_timing.replayed_timings_ms(runs, len(copies),
                                                   (source, written) if chain else None)
@@ -205,20 +211,18 @@ def sweep(rows: int, n: int, k: int, bandwidth: float, kernels: list[str] | None
                 candidates=entries)
 
 
-def label(c: Config | tuple[Config, int] | None) -> str:
+def label(c: Config | tuple[Config, str] | None) -> str:
     if c is None:
         return "cuBLASLt"
     if isinstance(c, tuple):
-        return f"{label(c[0])} pf{c[1]}"
+        return f"{label(c[0])} [{c[1]}]"
     return (f"{c.kernel} {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} "
             f"split {c.split_k}{' tickets' if c.tickets else ''}")
 
 
-def prefetching(kb: int | None, run):
-    """run() with PARASHIFT_FP8_TMA_PREFETCH_KB at kb (None: as it is), read at launch."""
-    if kb is None:
-        return run()
-    with environment({fp8_gemm_tma.PREFETCH_ENV: str(kb)}):
+def under(setting: str, run):
+    """run() with the setting's switches set ("default": as they are), read at launch."""
+    with environment({} if setting == "default" else parse_settings(setting)):
         return run()
 
 
@@ -234,9 +238,10 @@ def main():
                    help="every candidate given x quantized already (as the fused norms hand it)")
     p.add_argument("--chain", action="store_true",
                    help="timed as PARASHIFT_GEMM_TIMING=chain: PDL on, after an input write")
-    p.add_argument("--prefetch-kb", type=int, nargs="+", default=[0],
-                   help="with --chain: each TMA candidate at each weight prefetch budget; with "
-                   "--warm-only: the engine's TMA configs compiled at each too")
+    p.add_argument("--settings", nargs="+", default=["default"],
+                   type=lambda v: v if v == "default" else env_settings(v),
+                   help="each FP8 x FP8 Triton candidate timed under each (NAME=VALUE[,..] or "
+                   "default); with --warm-only: the engine's TMA configs compiled under each too")
     p.add_argument("--projections", nargs="+", default=list(PROJECTIONS),
                    choices=list(PROJECTIONS))
     p.add_argument("--kernels", nargs="+", default=None,
@@ -245,11 +250,11 @@ def main():
     args = p.parse_args()
     start = time.time()
     if args.warm_only:
-        jobs = engine_jobs(tuple(args.prefetch_kb))
+        jobs = engine_jobs(tuple(args.settings))
     else:
-        jobs = [(rows, c, args.chain, kb) for rows in args.rows
+        jobs = [(rows, c, args.chain, setting) for rows in args.rows
                 for c in configs_for(1 << 16, args.kernels)
-                for kb in (args.prefetch_kb if args.chain and c.kernel == "tma_w8a8" else [None])]
+                for setting in (args.settings if "w8a8" in c.kernel else ["default"])]
     failed = precompile(jobs, args.workers) if args.workers > 1 else []
     print(json.dumps({"compiled_s": round(time.time() - start, 1), "jobs": len(jobs),
                       "failed": failed}), flush=True)
@@ -262,7 +267,7 @@ def main():
             n, k = PROJECTIONS[name]
             results.append(dict(proj=name, **sweep(rows, n, k, bandwidth, args.kernels,
                                                    args.x_fp8, args.chain,
-                                                   tuple(args.prefetch_kb))))
+                                                   tuple(args.settings))))
             top = results[-1]
             print(json.dumps(dict(proj=name, rows=rows, best_current=top["best_current"],
                                   best_tma=top["best_tma"], top5=top["candidates"][:5],

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from parashift.kernels import num_sms, pdl, split_tickets
-from parashift.kernels.fp8_epilogue import finish_split_tile
+from parashift.kernels.fp8_epilogue import early_scales, finish_split_tile, tile_scales
 
 # fp8_gemm.Config.kernel values of this file: w8 widens the weight (the compiler's
 # conversions; w8bits: `_bf16_of_e4m3`'s integer ops, bf16 activations), w8a8 takes E4M3
@@ -85,23 +85,32 @@ def _fp8_tma_kernel(x_desc, xs_ptr, w_desc, w_ptr, stride_wn, s_ptr, b_ptr, y_pt
                     FP8_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TICKETS: tl.constexpr,
                     NUM_STAGES: tl.constexpr, BIT_WIDEN: tl.constexpr, USE_PDL: tl.constexpr,
-                    PREFETCH_K: tl.constexpr):
+                    PREFETCH_K: tl.constexpr, EARLY_SCALES: tl.constexpr):
     """One program a (column tile, row tile, part of K); PREFETCH_K: the first columns of
-    its weight slice pulled into L2 before the PDL wait (`prefetch_bytes`)."""
+    its weight slice pulled into L2 before the PDL wait (`prefetch_bytes`); EARLY_SCALES:
+    the tile's scales and bias loaded before the main loop (fp8_epilogue.py)."""
     first_n = tl.program_id(0) * BLOCK_N
     first_m = tl.program_id(1) * BLOCK_M
     split = tl.program_id(2)
     k_steps = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K)
     pdl.start_streaming(w_ptr, stride_wn, N, K, first_n, split * k_steps * BLOCK_K, BLOCK_N,
                         PREFETCH_K, USE_PDL)
+    offs_m = first_m + tl.arange(0, BLOCK_M)
+    offs_n = first_n + tl.arange(0, BLOCK_N)
+    if EARLY_SCALES:
+        scales = tile_scales(xs_ptr, s_ptr, b_ptr, offs_m, offs_n, offs_m < M, offs_n < N,
+                             HAS_BIAS, FP8_X)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in tl.range(split * k_steps, tl.minimum((split + 1) * k_steps, tl.cdiv(K, BLOCK_K)),
                          num_stages=NUM_STAGES):
         acc = _dot_step(w_desc, x_desc, first_n, first_m, step * BLOCK_K, acc, FP8_X,
                         BIT_WIDEN)
-    _finish(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, first_m,
-            first_n, split, tl.program_id(1) * tl.num_programs(0) + tl.program_id(0),
-            HAS_BIAS, FP8_X, BLOCK_M, BLOCK_N, SPLIT_K, TICKETS, USE_PDL)
+    if not EARLY_SCALES:
+        scales = tile_scales(xs_ptr, s_ptr, b_ptr, offs_m, offs_n, offs_m < M, offs_n < N,
+                             HAS_BIAS, FP8_X)
+    _finish(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m, offs_n, split,
+            tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), HAS_BIAS, FP8_X,
+            SPLIT_K, TICKETS, USE_PDL)
 
 
 @triton.jit
@@ -130,9 +139,12 @@ def _fp8_tma_persistent_kernel(x_desc, xs_ptr, w_desc, s_ptr, b_ptr, y_ptr, part
         for step in range(k_steps):
             acc = _dot_step(w_desc, x_desc, first_n, first_m, (split * k_steps + step) * BLOCK_K,
                             acc, FP8_X, BIT_WIDEN)
-        _finish(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
-                first_m, first_n, split, tile, HAS_BIAS, FP8_X, BLOCK_M, BLOCK_N, SPLIT_K,
-                TICKETS, USE_PDL)
+        offs_m = first_m + tl.arange(0, BLOCK_M)
+        offs_n = first_n + tl.arange(0, BLOCK_N)
+        scales = tile_scales(xs_ptr, s_ptr, b_ptr, offs_m, offs_n, offs_m < M, offs_n < N,
+                             HAS_BIAS, FP8_X)
+        _finish(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m, offs_n,
+                split, tile, HAS_BIAS, FP8_X, SPLIT_K, TICKETS, USE_PDL)
 
 
 @triton.jit
@@ -182,15 +194,12 @@ def _bf16_of_e4m3(w):
 
 
 @triton.jit
-def _finish(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, first_m,
-            first_n, split, tile, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+def _finish(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m, offs_n, split,
+            tile, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr, SPLIT_K: tl.constexpr,
             TICKETS: tl.constexpr, USE_PDL: tl.constexpr):
-    offs_m = first_m + tl.arange(0, BLOCK_M)
-    offs_n = first_n + tl.arange(0, BLOCK_N)
-    finish_split_tile(tl.trans(acc), xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N,
-                      stride_ym, offs_m, offs_n, offs_m < M, offs_n < N, split, tile,
-                      HAS_BIAS, FP8_X, SPLIT_K, TICKETS, USE_PDL)
+    finish_split_tile(tl.trans(acc), scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
+                      offs_m, offs_n, offs_m < M, offs_n < N, split, tile, HAS_BIAS, FP8_X,
+                      SPLIT_K, TICKETS, USE_PDL)
 
 
 def block_m(rows: int) -> int:
@@ -230,6 +239,7 @@ def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
         options["PREFETCH_K"] = (pdl.prefetch_cols(block_n, triton.cdiv(k, split_k), 1,
                                                    prefetch_bytes())
                                  if options["USE_PDL"] else 0)
+        options["EARLY_SCALES"] = early_scales()
     bit_widen = bit_widen and x.dtype == torch.bfloat16 and not _interpreted()
     kernel[grid](
         x_desc, x_scale, *weight_args, scale.reshape(-1), bias if bias is not None else scale,

@@ -7,7 +7,7 @@ from unittest import mock
 import pytest
 import torch
 
-from parashift.kernels import fp8_gemm, fp8_gemm_tma, split_tickets
+from parashift.kernels import fp8_epilogue, fp8_gemm, fp8_gemm_tma, split_tickets
 from parashift.kernels.fp8_gemm import Config
 from tests.kernels.common import case_tests, cuda
 from tests.kernels.test_fp8_gemm import operands
@@ -115,25 +115,40 @@ def test_prefetch_switch_reads_kilobytes_and_refuses_other_values(monkeypatch):
         fp8_gemm_tma.prefetch_bytes()
 
 
+def test_early_scales_switch_reads_0_or_1(monkeypatch):
+    monkeypatch.delenv(fp8_epilogue.EARLY_SCALES_ENV, raising=False)
+    assert fp8_epilogue.early_scales() == (fp8_epilogue.DEFAULT_EARLY_SCALES == "1")
+    monkeypatch.setenv(fp8_epilogue.EARLY_SCALES_ENV, "1")
+    assert fp8_epilogue.early_scales()
+    monkeypatch.setenv(fp8_epilogue.EARLY_SCALES_ENV, "yes")
+    with pytest.raises(ValueError, match=fp8_epilogue.EARLY_SCALES_ENV):
+        fp8_epilogue.early_scales()
+
+
 @cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="PDL (and so the prefetch) needs compute capability 9")
-def test_weight_prefetch_before_the_wait_gives_the_same_bits(monkeypatch):
-    """Under PDL each program pulls the start of its weight slice into L2 before its wait: a
-    prefetch budget past the slice and the weight's end (clamped), split and not, the same
-    bits as without PDL and without the prefetch."""
+def test_launch_switches_give_the_same_bits(monkeypatch):
+    """Under PDL each program pulls the start of its weight slice into L2 before its wait (a
+    budget past the slice and the weight's end, clamped); the scales and bias loaded before
+    the main loop: split and not, with a bias, TMA and tl.dot kernels, the same bits as
+    without PDL, prefetch or early scales."""
     from parashift.kernels import pdl
-    x, w, scale, _, _ = operands(64, 4096 + 64, 1024, False, "bfloat16", "cuda")
+    x, w, scale, bias, _ = operands(64, 4096 + 64, 1024, True, "bfloat16", "cuda")
     x_fp8 = fp8_gemm.quantize_rows(x)
     configs = (Config("tma_w8a8", 64, 256, 4, 6, 1, tickets=True),
                Config("tma_w8a8", 64, 256, 4, 4, 4, tickets=True),
-               Config("tma_w8a8", 256, 128, 8, 4, 1, tickets=True))
+               Config("tma_w8a8", 256, 128, 8, 4, 1, tickets=True),
+               Config("w8a8", 32, 256, 4, 4, 2, tickets=True), Config("w8", 64, 256, 4, 3))
+    settings = (("0", "0", "0"), ("1", "0", "0"), ("1", "64", "0"), ("1", "4096", "1"),
+                ("0", "0", "1"))
     for config in configs:
         results = []
-        for flag, kb in (("0", "0"), ("1", "0"), ("1", "64"), ("1", "4096")):
+        for flag, kb, early in settings:
             monkeypatch.setenv(pdl.ENV, flag)
             monkeypatch.setenv(fp8_gemm_tma.PREFETCH_ENV, kb)
+            monkeypatch.setenv(fp8_epilogue.EARLY_SCALES_ENV, early)
             assert pdl.pdl_enabled(x.device) == (flag == "1")
-            results.append(fp8_gemm.fp8_weight_linear(x, w, scale, None, config, x_fp8))
+            results.append(fp8_gemm.fp8_weight_linear(x, w, scale, bias, config, x_fp8))
         torch.cuda.synchronize()
         assert all(torch.equal(results[0], r) for r in results[1:]), config
