@@ -75,6 +75,10 @@ B64_SHAPES = ((64, 256, 4, 6, 1), (64, 256, 4, 5, 1), (64, 128, 4, 8, 1), (64, 1
               (128, 128, 4, 8, 1), (128, 128, 4, 8, 2), (128, 128, 4, 8, 4), (128, 256, 4, 4, 2),
               (128, 256, 4, 4, 4), (128, 256, 8, 4, 2), (128, 128, 8, 8, 2), (256, 128, 8, 4, 1),
               (256, 128, 8, 5, 1), (256, 64, 8, 10, 1), (256, 128, 8, 4, 2), (128, 128, 8, 8, 1))
+# and with tiles of 32 tokens (two row tiles at 64 rows: twice the programs, each weight tile
+# read twice, the second mostly from L2): for o and down, whose 64-row tiles fill 64 SMs
+B64_HALF_ROWS = ((64, 256, 4, 6, 1), (64, 256, 4, 8, 1), (64, 128, 4, 12, 1), (128, 256, 4, 4, 2),
+                 (128, 128, 4, 8, 2))
 
 
 def tma_configs() -> list[Config]:
@@ -94,7 +98,9 @@ def configs_for(n: int, kernels: list[str] | None = None) -> list[Config]:
     registered ones, W8A8_MORE, TESTED and today's CURRENT_WINNERS alone)."""
     if kernels and "b64" in kernels:
         configs = (fp8_gemm.TMA_CONFIGS + CURRENT_WINNERS[:2]
-                   + tuple(Config("tma_w8a8", *shape, tickets=True) for shape in B64_SHAPES))
+                   + tuple(Config("tma_w8a8", *shape, tickets=True) for shape in B64_SHAPES)
+                   + tuple(Config("tma_w8a8", *shape, tickets=True, max_block_m=32)
+                           for shape in B64_HALF_ROWS))
     elif kernels and "more" in kernels:
         configs = CURRENT_WINNERS + fp8_gemm.TMA_CONFIGS + tuple(
             Config("tma_w8a8", *shape, tickets=True) for shape in W8A8_MORE) + TESTED
@@ -217,7 +223,8 @@ def label(c: Config | tuple[Config, str] | None) -> str:
     if isinstance(c, tuple):
         return f"{label(c[0])} [{c[1]}]"
     return (f"{c.kernel} {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} "
-            f"split {c.split_k}{' tickets' if c.tickets else ''}")
+            f"split {c.split_k}{' tickets' if c.tickets else ''}"
+            f"{f' m<={c.max_block_m}' if c.max_block_m else ''}")
 
 
 def under(setting: str, run):

@@ -37,6 +37,9 @@ class Config:
     split_k: int = 1  # programs per output tile, each over a part of K, summed atomically
     ahead: bool = False  # "gemv": the next weight tile's load in flight (fp8_gemv.py)
     tickets: bool = False  # split_k > 1: the parts summed by the tile's last program
+    # the TMA kernels: the most tokens a tile takes (0: fp8_gemm_tma.block_m's); fewer gives
+    # more programs at the cost of re-reading each weight tile (mostly from L2)
+    max_block_m: int = 0
 
 
 # (kernel, block_n, block_k, warps, stages): "w8" widens the FP8 weight to the activations'
@@ -189,7 +192,8 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         return fp8_gemm_tma.tma_linear(xq, x_scale, weight, scale, bias, x.dtype,
                                        config.block_n, config.block_k, config.num_warps,
                                        config.num_stages, config.split_k, config.tickets,
-                                       config.kernel.endswith("_p"), "bits" in config.kernel)
+                                       config.kernel.endswith("_p"), "bits" in config.kernel,
+                                       config.max_block_m)
     (m, k), n = x.shape, weight.shape[0]
     bm, split = block_m(m), config.split_k
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, bm), split)
@@ -304,6 +308,7 @@ def _label(config: Config | None) -> str:
              f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}")
     if config.kernel in fp8_gemm_tma.KERNELS:  # these differ in warps and stages too
         label += f" w{config.num_warps} s{config.num_stages}"
+        label += f" m<={config.max_block_m}" if config.max_block_m else ""
     return label
 
 

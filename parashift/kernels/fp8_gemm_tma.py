@@ -202,20 +202,21 @@ def _finish(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m, 
                       SPLIT_K, TICKETS, USE_PDL)
 
 
-def block_m(rows: int) -> int:
-    """The tokens a tile takes: wgmma's N side, 16 at the least (tl.dot's)."""
-    return max(16, min(64, triton.next_power_of_2(rows)))
+def block_m(rows: int, most: int = 0) -> int:
+    """The tokens a tile takes: wgmma's N side, 16 at the least (tl.dot's), at most `most`
+    where given (0: 64)."""
+    return max(16, min(most or 64, triton.next_power_of_2(rows)))
 
 
 def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
                block_n: int, block_k: int, num_warps: int, num_stages: int, split_k: int,
-               tickets: bool, persistent: bool = False, bit_widen: bool = False
-               ) -> torch.Tensor:
+               tickets: bool, persistent: bool = False, bit_widen: bool = False,
+               max_block_m: int = 0) -> torch.Tensor:
     """y [M, N] in out_dtype = x (weight * scale)^T + bias; x [M, K] 16-bit (the weight
     widened to its dtype; bit_widen: by integer ops where x is bf16, compiled) or E4M3 with
     x_scale [M, 1] fp32 (per token); persistent: a program an SM over the (tile, part of K)
-    items."""
+    items; max_block_m: the most tokens a tile takes (`block_m`)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     if block_k > MAX_BLOCK_K or not fits(weight):
         raise ValueError(f"the TMA FP8 GEMM takes BLOCK_K <= {MAX_BLOCK_K} and a weight with "
@@ -223,7 +224,7 @@ def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                          f"{tuple(weight.shape)} strides {weight.stride()}")
     x = x if fits(x) else x.clone(memory_format=torch.contiguous_format)
     (m, k), n = x.shape, weight.shape[0]
-    bm = block_m(m)
+    bm = block_m(m, max_block_m)
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, bm)
     y, parts, counters = split_tickets.outputs(m, n, out_dtype, x.device, split_k, tiles,
                                                tickets)

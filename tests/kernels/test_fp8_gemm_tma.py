@@ -14,9 +14,11 @@ from tests.kernels.test_fp8_gemm import operands
 
 # one small tile: split 3 by tickets (several output tiles of rows and columns, a part of K
 # past its end at k 64, a partial last step at k 80) for each kernel (w8bits widens as w8
-# under the interpreter: tested on CUDA), and the persistent kernel's one part (its loop
-# flattened across tiles)
-SMALL = tuple(Config(kernel, 64, 32, 4, 2, 3, tickets=True) for kernel in fp8_gemm_tma.KERNELS
+# under the interpreter: tested on CUDA; w8a8 with row tiles of 16 tokens at most), and the
+# persistent kernel's one part (its loop flattened across tiles)
+SMALL = tuple(Config(kernel, 64, 32, 4, 2, 3, tickets=True,
+                     max_block_m=16 if kernel == "tma_w8a8" else 0)
+              for kernel in fp8_gemm_tma.KERNELS
               if "bits" not in kernel) + (Config("tma_w8_p", 64, 32, 4, 2),)
 CASES = [dict(m=3, n=80, k=80, bias=True), dict(m=33, n=200, k=64)]
 PERSISTENT_PROGRAMS = 2  # fewer than the items: each program takes several
@@ -52,6 +54,14 @@ test_interpreted, _ = case_tests(__name__, check, CASES, uses_dot=True)
 def test_registered_configs_match_dequantized(case):
     configs = fp8_gemm.TMA_CONFIGS[:1] if case.get("bias") else fp8_gemm.TMA_CONFIGS
     check(**case, dtype="bfloat16", device="cuda", configs=configs)
+
+
+@cuda
+def test_tiles_of_fewer_tokens_match_dequantized():
+    """64 rows in row tiles of 32 (split and not) against the dequantized product."""
+    check(m=64, n=208, k=1024, dtype="bfloat16", device="cuda", configs=(
+        Config("tma_w8a8", 64, 256, 4, 6, 1, tickets=True, max_block_m=32),
+        Config("tma_w8a8", 128, 128, 4, 8, 2, tickets=True, max_block_m=32)))
 
 
 @cuda
