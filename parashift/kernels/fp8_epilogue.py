@@ -15,15 +15,26 @@ from parashift.kernels import pdl, split_tickets
 
 OFF = tl.constexpr(pdl.OFF)  # a kernel's USE_PDL where it calls no PDL op
 EARLY_SCALES_ENV, DEFAULT_EARLY_SCALES = "PARASHIFT_FP8_EARLY_SCALES", "0"
+EARLY_TICKET_ENV, DEFAULT_EARLY_TICKET = "PARASHIFT_FP8_EARLY_TICKET", "0"
 
 
 def early_scales() -> bool:
     """PARASHIFT_FP8_EARLY_SCALES (0 or 1; read at each launch, a CUDA graph keeps what its
     capture read): whether the FP8 GEMMs load their tile's scales and bias before the main
     loop."""
-    flag = os.environ.get(EARLY_SCALES_ENV, DEFAULT_EARLY_SCALES)
+    return _flag(EARLY_SCALES_ENV, DEFAULT_EARLY_SCALES)
+
+
+def early_ticket() -> bool:
+    """PARASHIFT_FP8_EARLY_TICKET (0 or 1, read at each launch): whether the FP8 GEMMs' K
+    splits by tickets take the ticket before storing their part (`finish_split_tile`)."""
+    return _flag(EARLY_TICKET_ENV, DEFAULT_EARLY_TICKET)
+
+
+def _flag(name: str, default: str) -> bool:
+    flag = os.environ.get(name, default)
     if flag not in ("0", "1"):
-        raise ValueError(f"{EARLY_SCALES_ENV}={flag!r}: expected 0 or 1")
+        raise ValueError(f"{name}={flag!r}: expected 0 or 1")
     return flag == "1"
 
 
@@ -67,12 +78,27 @@ def finish_tile(acc, scales, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym, bias_
 def finish_split_tile(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m,
                       offs_n, m_ok, n_ok, split, tile, HAS_BIAS: tl.constexpr,
                       FP8_X: tl.constexpr, SPLIT_K: tl.constexpr, TICKETS: tl.constexpr,
-                      USE_PDL: tl.constexpr):
+                      USE_PDL: tl.constexpr, EARLY_TICKET: tl.constexpr = False):
     """`finish_tile` of this program's part `split` of K (of SPLIT_K) of output tile `tile`:
     the whole sum where SPLIT_K is 1; else (TICKETS) the part stored and the tile's last
-    program to take its ticket sums them in split order and finishes, or the part added
-    atomically to the fp32 y."""
-    if TICKETS:
+    program to take its ticket sums them in split order and finishes (EARLY_TICKET: the
+    ticket taken first, the last program's own part kept in registers,
+    split_tickets.arrive), or the part added atomically to the fp32 y."""
+    if TICKETS and EARLY_TICKET:
+        pdl.inputs_read(USE_PDL)
+        tile_ok = m_ok[:, None] & n_ok[None, :]
+        plane_offs = offs_m[:, None] * N + offs_n[None, :]
+        counter = counter_ptr + tile
+        if split_tickets.arrive(counter, SPLIT_K):
+            split_tickets.wait_stored(counter, SPLIT_K)
+            total = split_tickets.summed_parts_with(acc, split, part_ptr + plane_offs, M * N,
+                                                    tile_ok, SPLIT_K)
+            finish_tile(total, scales, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym, True,
+                        HAS_BIAS, FP8_X, False, OFF)
+        else:
+            tl.store(part_ptr + split * M * N + plane_offs, acc, mask=tile_ok)
+            split_tickets.signal_stored(counter)
+    elif TICKETS:
         pdl.inputs_read(USE_PDL)
         tile_ok = m_ok[:, None] & n_ok[None, :]
         plane_offs = offs_m[:, None] * N + offs_n[None, :]

@@ -125,14 +125,19 @@ def test_prefetch_switch_reads_kilobytes_and_refuses_other_values(monkeypatch):
         fp8_gemm_tma.prefetch_bytes()
 
 
-def test_early_scales_switch_reads_0_or_1(monkeypatch):
-    monkeypatch.delenv(fp8_epilogue.EARLY_SCALES_ENV, raising=False)
-    assert fp8_epilogue.early_scales() == (fp8_epilogue.DEFAULT_EARLY_SCALES == "1")
-    monkeypatch.setenv(fp8_epilogue.EARLY_SCALES_ENV, "1")
-    assert fp8_epilogue.early_scales()
-    monkeypatch.setenv(fp8_epilogue.EARLY_SCALES_ENV, "yes")
-    with pytest.raises(ValueError, match=fp8_epilogue.EARLY_SCALES_ENV):
-        fp8_epilogue.early_scales()
+@pytest.mark.parametrize("read,env,default", [
+    (fp8_epilogue.early_scales, fp8_epilogue.EARLY_SCALES_ENV, fp8_epilogue.DEFAULT_EARLY_SCALES),
+    (fp8_epilogue.early_ticket, fp8_epilogue.EARLY_TICKET_ENV, fp8_epilogue.DEFAULT_EARLY_TICKET)])
+def test_epilogue_switches_read_0_or_1(monkeypatch, read, env, default):
+    monkeypatch.delenv(env, raising=False)
+    assert read() == (default == "1")
+    monkeypatch.setenv(env, "1")
+    assert read()
+    monkeypatch.setenv(env, "0")
+    assert not read()
+    monkeypatch.setenv(env, "yes")
+    with pytest.raises(ValueError, match=env):
+        read()
 
 
 @cuda
@@ -141,8 +146,9 @@ def test_early_scales_switch_reads_0_or_1(monkeypatch):
 def test_launch_switches_give_the_same_bits(monkeypatch):
     """Under PDL each program pulls the start of its weight slice into L2 before its wait (a
     budget past the slice and the weight's end, clamped); the scales and bias loaded before
-    the main loop: split and not, with a bias, TMA and tl.dot kernels, the same bits as
-    without PDL, prefetch or early scales."""
+    the main loop; a split's ticket taken before its part is stored (twice: the counters
+    back at 0): split and not, with a bias, TMA and tl.dot kernels, the same bits as without
+    PDL, prefetch, early scales or early ticket."""
     from parashift.kernels import pdl
     x, w, scale, bias, _ = operands(64, 4096 + 64, 1024, True, "bfloat16", "cuda")
     x_fp8 = fp8_gemm.quantize_rows(x)
@@ -150,15 +156,18 @@ def test_launch_switches_give_the_same_bits(monkeypatch):
                Config("tma_w8a8", 64, 256, 4, 4, 4, tickets=True),
                Config("tma_w8a8", 256, 128, 8, 4, 1, tickets=True),
                Config("w8a8", 32, 256, 4, 4, 2, tickets=True), Config("w8", 64, 256, 4, 3))
-    settings = (("0", "0", "0"), ("1", "0", "0"), ("1", "64", "0"), ("1", "4096", "1"),
-                ("0", "0", "1"))
+    settings = (("0", "0", "0", "0"), ("1", "0", "0", "0"), ("1", "64", "0", "0"),
+                ("1", "4096", "1", "0"), ("0", "0", "1", "0"), ("1", "64", "1", "1"),
+                ("1", "64", "1", "1"), ("0", "0", "0", "1"))
     for config in configs:
         results = []
-        for flag, kb, early in settings:
+        for flag, kb, early, ticket in settings:
             monkeypatch.setenv(pdl.ENV, flag)
             monkeypatch.setenv(fp8_gemm_tma.PREFETCH_ENV, kb)
             monkeypatch.setenv(fp8_epilogue.EARLY_SCALES_ENV, early)
+            monkeypatch.setenv(fp8_epilogue.EARLY_TICKET_ENV, ticket)
             assert pdl.pdl_enabled(x.device) == (flag == "1")
             results.append(fp8_gemm.fp8_weight_linear(x, w, scale, bias, config, x_fp8))
         torch.cuda.synchronize()
         assert all(torch.equal(results[0], r) for r in results[1:]), config
+        assert not split_tickets._counters[x.device].any()
