@@ -204,7 +204,11 @@ def kernel_breakdown(llm: LLM, steps: int = 5, top: int = 20) -> dict:
                                    calls=round(len(t) / steps, 2),
                                    mean_us=round(sum(t) / len(t), 2))
                               for name, t in sorted(per_launch.items(),
-                                                    key=lambda kv: -sum(kv[1]))[:2 * top]])
+                                                    key=lambda kv: -sum(kv[1]))[:2 * top]],
+                # the first step's first kernels in order (a layer's, each projection apart)
+                first_kernels=[(e["name"][:40], e.get("args", {}).get("grid"), e["dur"],
+                                round(b["ts"] - e["ts"] - e["dur"], 2))
+                               for e, b in zip(kernels[:40], kernels[1:41])])
 
 
 def env_settings(text: str) -> str:
