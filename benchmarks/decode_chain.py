@@ -105,13 +105,12 @@ def main():
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--no-dot-configs", action="store_true")
+    pdl_chain.add_no_dot_configs(p)
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS),
                    help="the first is the others' reference")
     p.add_argument("--output", default=None)
     args = p.parse_args()
-    if args.no_dot_configs:
-        fp8_gemm.CONFIGS = ()
+    pdl_chain.apply_no_dot_configs(args)
     bandwidth = copy_bandwidth(torch.device("cuda"))
     rows = []
     for weights in args.weights:

@@ -304,8 +304,13 @@ def main():
     p.add_argument("--profile-variants", nargs="+", default=["default"],
                    help="with --graph-variants and --profile: the variants profiled (their first "
                    "round), e.g. PARASHIFT_PDL=0 for each kernel's own time")
+    p.add_argument("--no-dot-configs", action="store_true",
+                   help="FP8: leave fp8_gemm.py's tl.dot configs out of the GEMM choice (never "
+                   "chosen above 4 rows since the TMA kernel): a shorter start-up for an A/B")
     p.add_argument("--output", default=None)
     args = p.parse_args()
+    if args.no_dot_configs:
+        fp8_gemm.CONFIGS = ()
     if args.graph_variants and (args.plan != "single" or args.cuda_graphs is False):
         p.error("--graph-variants needs one device's engine with CUDA graphs")
     if not set(args.profile_variants) <= {"default", *args.graph_variants}:

@@ -5,7 +5,7 @@ replayed in turn (interleaved repeats), median µs a layer against the first var
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_chain_variants.py [--batch-sizes 64]
     [--layers 32] [--repeats 21] [--variants default PARASHIFT_FP8_TMA_PREFETCH_KB=64 ...]
-    [--output F]
+    [--no-dot-configs] [--output F]
 A variant is `default` (the environment as it is) or NAME=VALUE[,NAME=VALUE] set while its
 graph is captured (a graph keeps what its launches read: PARASHIFT_PDL, the prefetch
 budgets). The GEMM choices are made once, at the first variant's capture, and shared; a
@@ -62,8 +62,10 @@ def main():
     p.add_argument("--repeats", type=int, default=21)
     p.add_argument("--variants", nargs="+", default=["default"],
                    type=lambda v: v if v == "default" else env_settings(v))
+    pdl_chain.add_no_dot_configs(p)
     p.add_argument("--output", default=None)
     args = p.parse_args()
+    pdl_chain.apply_no_dot_configs(args)
     bandwidth = copy_bandwidth(torch.device("cuda"))
     rows = []
     for batch in args.batch_sizes:

@@ -249,6 +249,10 @@ def main():
                    type=lambda v: v if v == "default" else env_settings(v),
                    help="each FP8 x FP8 Triton candidate timed under each (NAME=VALUE[,..] or "
                    "default); with --warm-only: the engine's TMA configs compiled under each too")
+    p.add_argument("--warm-rows", type=int, nargs="+", default=None,
+                   help="with --warm-only: only these row counts' jobs")
+    p.add_argument("--no-dot-configs", action="store_true",
+                   help="with --warm-only: without fp8_gemm.py's tl.dot configs")
     p.add_argument("--projections", nargs="+", default=list(PROJECTIONS),
                    choices=list(PROJECTIONS))
     p.add_argument("--kernels", nargs="+", default=None,
@@ -257,7 +261,10 @@ def main():
     args = p.parse_args()
     start = time.time()
     if args.warm_only:
-        jobs = engine_jobs(tuple(args.settings))
+        if args.no_dot_configs:
+            fp8_gemm.CONFIGS = ()
+        jobs = [job for job in engine_jobs(tuple(args.settings))
+                if args.warm_rows is None or job[0] in args.warm_rows]
     else:
         jobs = [(rows, c, args.chain, setting) for rows in args.rows
                 for c in configs_for(1 << 16, args.kernels)

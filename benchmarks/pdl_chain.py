@@ -158,6 +158,18 @@ def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
     return start.elapsed_time(end)
 
 
+def add_no_dot_configs(parser) -> None:
+    parser.add_argument("--no-dot-configs", action="store_true",
+                        help="leave fp8_gemm.py's tl.dot configs out of the FP8 GEMM choice "
+                        "(never chosen above 4 rows since the TMA kernel, nor at one row): "
+                        "less start-up time and compiles")
+
+
+def apply_no_dot_configs(args) -> None:
+    if args.no_dot_configs:
+        fp8_gemm.CONFIGS = ()
+
+
 def report(rows: list[dict], bandwidth: float, output: str | None) -> None:
     """Prints the last row (without its GEMM choices) and writes every row to `output`
     (after each: a run cut short keeps what it measured)."""
