@@ -2,8 +2,8 @@
 # Issue 60 (helper fp8b64: 8B FP8 decode at 64 rows), second call on ONE H200, in priority
 # order (BUDGET_S, 235 by default, skips the last first). The first call (gpu_fp8b64_mid.sh
 # at ce92660, superseded by this one) ran out of time in the engine's start-up (87 s, 77 of
-# them timing ~700 GEMM candidates): here fp8_gemm.py's tl.dot configs, never chosen above 4 rows since the TMA kernel, are left
-# out of the benchmarks' choice (--no-dot-configs). Three launch-time switches of the FP8 GEMMs
+# them timing ~700 GEMM candidates): here fp8_gemm.py's tl.dot configs, never chosen above 4
+# rows since the TMA kernel, are left out of the benchmarks' choice (--no-dot-configs). Three launch-time switches of the FP8 GEMMs
 # are A/B'd: PARASHIFT_FP8_TMA_PREFETCH_KB (the TMA GEMM's programs pull the start of their
 # weight slice into L2 before the PDL wait), PARASHIFT_FP8_EARLY_SCALES (the tile's scales and
 # bias loaded before the main loop) and PARASHIFT_FP8_EARLY_TICKET (a K split's ticket taken
