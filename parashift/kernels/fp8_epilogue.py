@@ -3,9 +3,12 @@ the fp32 sums scaled per output row (and per token for FP8 activations), the bia
 stored in y's dtype; a K split's parts summed by tickets (split_tickets.py) or atomically.
 
 The scales and bias are loaded by `tile_scales`, after the main loop or, where a kernel's
-EARLY_SCALES (`early_scales()`, PARASHIFT_FP8_EARLY_SCALES) asks, before it (after the PDL
-wait: the token scales are the kernel before's output), so that the tile's end waits on no
-load but the parts of a split: the same arithmetic, so the same bits."""
+EARLY_SCALES (`early_scales()`, PARASHIFT_FP8_EARLY_SCALES, on by default) asks, before it
+(after the PDL wait: the token scales are the kernel before's output), so that the tile's
+end waits on no load but the parts of a split. Only without a bias: with one, the compiler
+contracts the bias add into an FMA in one placement and not the other (other bits, seen on an
+H200), so a biased layer loads them after the loop either way. On one H200 (8B FP8 layers at
+64 rows, decode chain): 1.0046x a layer (docs/benchmark_log.md, helper fp8b64)."""
 import os
 
 import triton
@@ -14,20 +17,21 @@ import triton.language as tl
 from parashift.kernels import pdl, split_tickets
 
 OFF = tl.constexpr(pdl.OFF)  # a kernel's USE_PDL where it calls no PDL op
-EARLY_SCALES_ENV, DEFAULT_EARLY_SCALES = "PARASHIFT_FP8_EARLY_SCALES", "0"
+EARLY_SCALES_ENV, DEFAULT_EARLY_SCALES = "PARASHIFT_FP8_EARLY_SCALES", "1"
 EARLY_TICKET_ENV, DEFAULT_EARLY_TICKET = "PARASHIFT_FP8_EARLY_TICKET", "0"
 
 
-def early_scales() -> bool:
-    """PARASHIFT_FP8_EARLY_SCALES (0 or 1; read at each launch, a CUDA graph keeps what its
-    capture read): whether the FP8 GEMMs load their tile's scales and bias before the main
-    loop."""
-    return _flag(EARLY_SCALES_ENV, DEFAULT_EARLY_SCALES)
+def early_scales(has_bias: bool = False) -> bool:
+    """PARASHIFT_FP8_EARLY_SCALES (0 or 1, 1 by default; read at each launch, a CUDA graph
+    keeps what its capture read): whether an FP8 GEMM without a bias loads its tile's scales
+    before the main loop (with a bias: never, module docstring)."""
+    return _flag(EARLY_SCALES_ENV, DEFAULT_EARLY_SCALES) and not has_bias
 
 
 def early_ticket() -> bool:
-    """PARASHIFT_FP8_EARLY_TICKET (0 or 1, read at each launch): whether the FP8 GEMMs' K
-    splits by tickets take the ticket before storing their part (`finish_split_tile`)."""
+    """PARASHIFT_FP8_EARLY_TICKET (0 or 1, read at each launch; 0 by default: 0.996x a layer
+    in the decode chain, slower at split configs): whether the FP8 GEMMs' K splits by tickets
+    take the ticket before storing their part (`finish_split_tile`)."""
     return _flag(EARLY_TICKET_ENV, DEFAULT_EARLY_TICKET)
 
 

@@ -205,8 +205,8 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         parts if parts is not None else y, counters if counters is not None else y, m, n,
         k, xq.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
         FP8_X=fp8_x, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=split, TICKETS=counters is not None, EARLY_SCALES=early_scales(),
-        EARLY_TICKET=early_ticket(),
+        SPLIT_K=split, TICKETS=counters is not None,
+        EARLY_SCALES=early_scales(bias is not None), EARLY_TICKET=early_ticket(),
         num_warps=config.num_warps, num_stages=config.num_stages,
         **pdl.launch_options(x.device, (config.block_n, k, weight.element_size())))
     return y.to(x.dtype)

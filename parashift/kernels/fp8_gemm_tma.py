@@ -32,7 +32,7 @@ KERNELS = tuple(f"tma_{kind}{persistent}" for persistent in ("", "_p")
                 for kind in ("w8", "w8bits", "w8a8"))
 MAX_BLOCK_K = 256  # a TMA box's dimension
 ENV, DEFAULT = "PARASHIFT_FP8_TMA", "1"
-PREFETCH_ENV, DEFAULT_PREFETCH_KB = "PARASHIFT_FP8_TMA_PREFETCH_KB", "0"
+PREFETCH_ENV, DEFAULT_PREFETCH_KB = "PARASHIFT_FP8_TMA_PREFETCH_KB", "64"
 
 
 def enabled() -> bool:
@@ -47,7 +47,9 @@ def prefetch_bytes() -> int:
     """PARASHIFT_FP8_TMA_PREFETCH_KB in bytes (read at each launch; a CUDA graph keeps what
     its capture read): what of its weight slice each program of `_fp8_tma_kernel` pulls into
     L2 before its PDL wait, while the kernel before (a norm, SiLU·mul or the per-token
-    quantization: few programs) still runs. Only under PDL; 0: none."""
+    quantization: few programs) still runs. Only under PDL; 0: none; 64 by default (one
+    H200, 8B FP8 layers at 64 rows in the decode chain: 1.0099x a layer, 128 KB 1.012x;
+    docs/benchmark_log.md, helper fp8b64)."""
     value = os.environ.get(PREFETCH_ENV, DEFAULT_PREFETCH_KB)
     if not value.isdigit():
         raise ValueError(f"{PREFETCH_ENV}={value!r}: expected a whole number of KB (0: none)")
@@ -243,7 +245,7 @@ def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
         options["PREFETCH_K"] = (pdl.prefetch_cols(block_n, triton.cdiv(k, split_k), 1,
                                                    prefetch_bytes())
                                  if options["USE_PDL"] else 0)
-        options["EARLY_SCALES"] = early_scales()
+        options["EARLY_SCALES"] = early_scales(bias is not None)
         options["EARLY_TICKET"] = early_ticket()
     bit_widen = bit_widen and x.dtype == torch.bfloat16 and not _interpreted()
     kernel[grid](

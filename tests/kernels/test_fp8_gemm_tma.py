@@ -1,6 +1,7 @@
 """The TMA FP8-weight GEMM (y^T = W x^T, the weight by tensor descriptors) against a
 dequantized reference: one small tile config under the Triton interpreter, every registered
 config on CUDA."""
+import itertools
 import os
 from dataclasses import replace
 from unittest import mock
@@ -137,6 +138,8 @@ def test_epilogue_switches_read_0_or_1(monkeypatch, read, env, default):
     assert read() == (default == "1")
     monkeypatch.setenv(env, "1")
     assert read()
+    if read is fp8_epilogue.early_scales:  # never with a bias (another FMA contraction)
+        assert not read(True)
     monkeypatch.setenv(env, "0")
     assert not read()
     monkeypatch.setenv(env, "yes")
@@ -149,10 +152,10 @@ def test_epilogue_switches_read_0_or_1(monkeypatch, read, env, default):
                     reason="PDL (and so the prefetch) needs compute capability 9")
 def test_launch_switches_give_the_same_bits(monkeypatch):
     """Under PDL each program pulls the start of its weight slice into L2 before its wait (a
-    budget past the slice and the weight's end, clamped); the scales and bias loaded before
-    the main loop; a split's ticket taken before its part is stored (twice: the counters
-    back at 0): split and not, with a bias, TMA and tl.dot kernels, the same bits as without
-    PDL, prefetch, early scales or early ticket."""
+    budget past the slice and the weight's end, clamped); the scales loaded before the main
+    loop (without a bias); a split's ticket taken before its part is stored (twice: the
+    counters back at 0): split and not, with a bias and without, TMA and tl.dot kernels, the
+    same bits as without PDL, prefetch, early scales or early ticket."""
     from parashift.kernels import pdl
     x, w, scale, bias, _ = operands(64, 4096 + 64, 1024, True, "bfloat16", "cuda")
     x_fp8 = fp8_gemm.quantize_rows(x)
@@ -163,7 +166,7 @@ def test_launch_switches_give_the_same_bits(monkeypatch):
     settings = (("0", "0", "0", "0"), ("1", "0", "0", "0"), ("1", "64", "0", "0"),
                 ("1", "4096", "1", "0"), ("0", "0", "1", "0"), ("1", "64", "1", "1"),
                 ("1", "64", "1", "1"), ("0", "0", "0", "1"))
-    for config in configs:
+    for config, b in itertools.product(configs, (None, bias)):
         results = []
         for flag, kb, early, ticket in settings:
             monkeypatch.setenv(pdl.ENV, flag)
@@ -171,7 +174,7 @@ def test_launch_switches_give_the_same_bits(monkeypatch):
             monkeypatch.setenv(fp8_epilogue.EARLY_SCALES_ENV, early)
             monkeypatch.setenv(fp8_epilogue.EARLY_TICKET_ENV, ticket)
             assert pdl.pdl_enabled(x.device) == (flag == "1")
-            results.append(fp8_gemm.fp8_weight_linear(x, w, scale, bias, config, x_fp8))
+            results.append(fp8_gemm.fp8_weight_linear(x, w, scale, b, config, x_fp8))
         torch.cuda.synchronize()
         assert all(torch.equal(results[0], r) for r in results[1:]), config
         assert not split_tickets._counters[x.device].any()
