@@ -24,7 +24,6 @@ import torch
 
 from benchmarks import pdl_chain
 from benchmarks.decode_throughput import copy_bandwidth
-from parashift.attention.triton_backend import TritonAttentionBackend
 from parashift.kernels import fp8_gemm, gated_gemv, gemm_timing, silu_mul, skinny_gemm
 
 VARIANTS = {"graph": ("graph", None), "chain": ("chain", None),
@@ -61,13 +60,8 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
             variants: list[str]) -> dict:
     fp8 = weights == "fp8"
     context = 1024
-    layers = pdl_chain.make_layers(count, fp8, batch, context)
-    meta = pdl_chain.decode_metadata(batch, context, context + 1024)
-    positions = torch.full((batch,), context, dtype=torch.int64, device="cuda")
-    cos_sin = torch.randn(context + 1, pdl_chain.HEAD_DIM, device="cuda")
-    x = torch.randn(batch, pdl_chain.HIDDEN, device="cuda", dtype=torch.bfloat16)
-    residual = torch.randn_like(x)
-    backend = TritonAttentionBackend()
+    args = pdl_chain.step_args(count, fp8, batch, context, context + 1024)
+    layers = args[2]
     graphs, outputs, chosen, setup_s = {}, {}, {}, {}
     last_timing = None
     for name in variants:
@@ -80,8 +74,7 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
         os.environ[gemm_timing.TIMING_ENV] = timing
         started = time.perf_counter()
         graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, pdl_chain.step(
-            x, residual, layers, meta, positions, cos_sin, backend,
-            fused_mlp(fused) if fused else pdl_chain.mlp)[0].clone()))
+            *args, fused_mlp(fused) if fused else pdl_chain.mlp)[0].clone()))
         setup_s[name] = round(time.perf_counter() - started, 1)
         chosen[name] = choices()
     samples = {name: [] for name in graphs}
@@ -112,24 +105,19 @@ def main():
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--no-dot-configs", action="store_true")
+    pdl_chain.add_no_dot_configs(p)
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS),
                    help="the first is the others' reference")
     p.add_argument("--output", default=None)
     args = p.parse_args()
-    if args.no_dot_configs:
-        fp8_gemm.CONFIGS = ()
+    pdl_chain.apply_no_dot_configs(args)
     bandwidth = copy_bandwidth(torch.device("cuda"))
     rows = []
     for weights in args.weights:
         for batch in args.batch_sizes:
             rows.append(measure(weights, batch, args.layers, args.repeats, bandwidth,
                                 args.variants))
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "chosen"}), flush=True)
-            if args.output:
-                with open(args.output, "w") as f:
-                    json.dump(dict(device=torch.cuda.get_device_name(),
-                                   copy_bandwidth_tb_s=bandwidth / 1e12, rows=rows), f, indent=1)
+            pdl_chain.report(rows, bandwidth, args.output)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,18 @@ a mixture of experts' weight bytes count the experts a step touches (`weight_byt
 Under a plan of several GPUs (`--plan`, benchmarks/plans.py's names) the floor is one GPU's
 share, the busiest: a TP or SP group of t ranks reads weights / t (SP: the TP-layout decode of
 Shift; plain SP holds every weight) and KV / t; a DP replica reads every weight and its half of
-the KV. Dense models only there (weights counted from the config on the meta device)."""
+the KV. Dense models only there (weights counted from the config on the meta device).
+--graph-variants NAME=VALUE[,NAME=VALUE] ...: one engine, its decode graphs captured again
+under each setting (the environment switches a launch reads, e.g. PARASHIFT_PDL; the GEMM
+choices made at start-up kept); each batch is measured in every variant in turn, --rounds
+times (an A/B without a second start-up, the order alternating against drift); --profile
+profiles the first round of each of --profile-variants."""
 import argparse
 import contextlib
 import json
+import os
 import random
+import statistics
 import time
 
 import torch
@@ -181,15 +188,97 @@ def kernel_breakdown(llm: LLM, steps: int = 5, top: int = 20) -> dict:
     kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
                      key=lambda e: e["ts"])
     per_name: dict[str, float] = {}
+    per_launch: dict[str, list[float]] = {}  # by name and grid: a GEMM's projections apart
     for e in kernels:
         per_name[e["name"][:70]] = per_name.get(e["name"][:70], 0.0) + e["dur"]
+        launch = f'{e["name"][:50]} grid {e.get("args", {}).get("grid")}'
+        per_launch.setdefault(launch, []).append(e["dur"])
     gaps = [b["ts"] - a["ts"] - a["dur"] for a, b in zip(kernels, kernels[1:])]
     span = kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"] if kernels else 0.0
     ms = 1e-3 / steps  # trace microseconds summed over the steps -> ms per step
     return dict(profiled_wall_ms=wall * 1e3, gpu_busy_ms=sum(per_name.values()) * ms,
                 kernel_span_ms=span * ms, idle_gaps_over_8us_ms=sum(g for g in gaps if g > 8) * ms,
                 top_kernels=[(name, round(t * ms, 3)) for name, t in
-                             sorted(per_name.items(), key=lambda kv: -kv[1])[:top]])
+                             sorted(per_name.items(), key=lambda kv: -kv[1])[:top]],
+                top_launches=[dict(kernel=name, ms=round(sum(t) * ms, 4),
+                                   calls=round(len(t) / steps, 2),
+                                   mean_us=round(sum(t) / len(t), 2))
+                              for name, t in sorted(per_launch.items(),
+                                                    key=lambda kv: -sum(kv[1]))[:2 * top]],
+                # the first step's first kernels in order (a layer's, each projection apart)
+                first_kernels=[(e["name"][:40], e.get("args", {}).get("grid"), e["dur"],
+                                round(b["ts"] - e["ts"] - e["dur"], 2))
+                               for e, b in zip(kernels[:40], kernels[1:41])])
+
+
+def env_settings(text: str) -> str:
+    """Checks NAME=VALUE[,NAME=VALUE]."""
+    parse_settings(text)
+    return text
+
+
+def parse_settings(text: str) -> dict[str, str]:
+    settings = dict(item.partition("=")[::2] for item in text.split(","))
+    if not all(name.isidentifier() and "=" in item
+               for name, item in zip(settings, text.split(","))):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE[,NAME=VALUE]")
+    return settings
+
+
+@contextlib.contextmanager
+def environment(settings: dict[str, str]):
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
+
+
+def graph_variants(runner, variants: list[str]) -> dict:
+    """The runner's decode graphs ("default") and each variant's, captured under its
+    settings (the runner's private capture, as world_reform's, for a benchmark's A/B).
+    A variant's graphs are decode steps' only (its prompts' steps run eagerly: less
+    memory beside the KV pool); one that does not fit in memory is left out."""
+    graphs = {"default": runner.graphs}
+    if variants and runner.graphs is None:
+        raise RuntimeError("--graph-variants: the engine replays no CUDA graphs")
+    mixed, runner.config.mixed_step_graphs = runner.config.mixed_step_graphs, False
+    try:
+        for variant in variants:
+            with environment(parse_settings(variant)):
+                try:
+                    graphs[variant] = runner._capture_graphs()
+                except torch.cuda.OutOfMemoryError as exc:
+                    print(json.dumps({"variant_left_out": variant, "error": str(exc)[:200]}))
+                    torch.cuda.empty_cache()
+    finally:
+        runner.config.mixed_step_graphs = mixed
+    return graphs
+
+
+def variant_order(names: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, variant) in measuring order: the variants in turn, every other round reversed
+    (A B, B A, A B ...)."""
+    return [(r, name) for r in range(rounds) for name in (names if r % 2 == 0 else names[::-1])]
+
+
+def variant_medians(rows: list[dict]) -> list[dict]:
+    """Each (batch, variant)'s median step over its rounds, and its ratio to the default's."""
+    medians = {}
+    for row in rows:
+        medians.setdefault((row["batch"], row["variant"]), []).append(row["step_ms"])
+    out = []
+    for (batch, name), steps in medians.items():
+        step = statistics.median(steps)
+        base = statistics.median(medians[(batch, "default")])
+        out.append(dict(batch=batch, variant=name, step_ms=round(step, 4), rounds=len(steps),
+                        default_over_this=round(base / step, 4)))
+    return out
 
 
 def main():
@@ -208,8 +297,24 @@ def main():
     p.add_argument("--plan", default="single", help="benchmarks/plans.py's names: tp2, dp2, shift2")
     p.add_argument("--quantization", default=None, help="fp8: FP8 weights (quantized at load)")
     p.add_argument("--kv-cache-dtype", default="auto", help="fp8: E4M3 KV pages")
+    p.add_argument("--graph-variants", nargs="+", default=[], type=env_settings,
+                   metavar="NAME=VALUE[,NAME=VALUE]",
+                   help="decode graphs captured again under these settings, measured in turn")
+    p.add_argument("--rounds", type=int, default=1, help="with --graph-variants")
+    p.add_argument("--profile-variants", nargs="+", default=["default"],
+                   help="with --graph-variants and --profile: the variants profiled (their first "
+                   "round), e.g. PARASHIFT_PDL=0 for each kernel's own time")
+    p.add_argument("--no-dot-configs", action="store_true",
+                   help="FP8: leave fp8_gemm.py's tl.dot configs out of the GEMM choice (never "
+                   "chosen above 4 rows since the TMA kernel): a shorter start-up for an A/B")
     p.add_argument("--output", default=None)
     args = p.parse_args()
+    if args.no_dot_configs:
+        fp8_gemm.CONFIGS = ()
+    if args.graph_variants and (args.plan != "single" or args.cuda_graphs is False):
+        p.error("--graph-variants needs one device's engine with CUDA graphs")
+    if not set(args.profile_variants) <= {"default", *args.graph_variants}:
+        p.error(f"--profile-variants {args.profile_variants} are not all of --graph-variants")
     if args.plan != "single":
         return main_plan(args)
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len or args.context + 1024,
@@ -223,16 +328,23 @@ def main():
     bandwidth = copy_bandwidth(engine.device)
     kv_dtype_bytes = 1 if args.kv_cache_dtype.startswith("fp8") else 2
     kv_capacity = sum(r.block_manager.num_blocks * r.block_manager.block_size for r in engine.replicas)
+    graphs = graph_variants(engine.runner, args.graph_variants)
     rows = []
     for batch in args.batch_sizes:
-        seconds, context, breakdown, _ = measure(llm, batch, args.context, args.decode_steps,
-                                                 cfg.vocab_size, profile=args.profile)
-        kv = batch * context * kv_bytes_per_token(cfg, kv_dtype_bytes)
-        floor = (weight_bytes_read(engine.runner.model, batch) + kv) / bandwidth
-        rows.append(dict(batch=batch, context=args.context, mean_context=context, step_ms=seconds * 1e3,
-                         tokens_per_s=batch / seconds, floor_ms=floor * 1e3,
-                         fraction_of_floor=floor / seconds, profile=breakdown))
-        print(json.dumps(rows[-1]), flush=True)
+        for round_, name in variant_order(list(graphs), args.rounds):
+            engine.runner.graphs = graphs[name]
+            seconds, context, breakdown, _ = measure(
+                llm, batch, args.context, args.decode_steps, cfg.vocab_size,
+                profile=args.profile and round_ == 0 and name in args.profile_variants)
+            kv = batch * context * kv_bytes_per_token(cfg, kv_dtype_bytes)
+            floor = (weight_bytes_read(engine.runner.model, batch) + kv) / bandwidth
+            rows.append(dict(batch=batch, context=args.context, mean_context=context,
+                             step_ms=seconds * 1e3, tokens_per_s=batch / seconds,
+                             floor_ms=floor * 1e3, fraction_of_floor=floor / seconds,
+                             profile=breakdown,
+                             **(dict(variant=name, round=round_) if len(graphs) > 1 else {})))
+            print(json.dumps(rows[-1]), flush=True)
+    engine.runner.graphs = graphs["default"]
     summary = dict(model=args.model, device=torch.cuda.get_device_name(),
                    quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
                    kv_capacity_tokens=kv_capacity, fp8_gemm=fp8_gemm.chosen(),
@@ -240,7 +352,8 @@ def main():
                    deterministic=args.deterministic,
                    pdl=pdl.pdl_enabled(torch.device(engine.device)),
                    copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9,
-                   skinny_gemm=skinny_gemm.chosen(), gated_gemv=gated_gemv.chosen(), rows=rows)
+                   skinny_gemm=skinny_gemm.chosen(), gated_gemv=gated_gemv.chosen(), rows=rows,
+                   **(dict(variants=variant_medians(rows)) if len(graphs) > 1 else {}))
     print(json.dumps({"skinny_gemm": summary["skinny_gemm"]}))
     print(json.dumps(summary, indent=1))
     if args.output:

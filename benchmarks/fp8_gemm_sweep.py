@@ -2,14 +2,22 @@
 bandwidth (issue 60: the decode b64 step's FP8 weight GEMM at >= 0.85 of it).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm_sweep.py [--rows 64 16 32]
-             [--output F] [--workers 16] [--kernels more | tma_w8a8 ...] [--warm-only]
+             [--output F] [--workers 16] [--kernels more | b64 | tma_w8a8 ...] [--warm-only]
+             [--x-fp8] [--chain] [--settings default NAME=VALUE[,..] ...]
+             [--projections qkv o ...]
 Candidates: cuBLASLt (`scaled_mm_linear`), the configs `fp8_gemm.linear` measures today
 (`fp8_gemm.CONFIGS`) and the TMA kernel's (`fp8_gemm_tma.py`) registered and wider set.
 Each is timed as `linear` times them (`gemm_timing`: CUDA graphs over weight copies past
 L2, PDL suspended); `weight_of_copy` is the weight's bytes over the time over the copy
 bandwidth (bytes read + written per second, the floors' convention), `of_floor` the same
 with the activations' and output's bytes. Compiles run first in `--workers` processes (the
-Triton cache on disk then serves the timing process)."""
+Triton cache on disk then serves the timing process).
+--x-fp8: every candidate given x quantized already (decode's qkv, gate_up and down, whose
+norm or SiLU·mul quantizes; cuBLASLt too); --chain: timed as PARASHIFT_GEMM_TIMING=chain
+times (PDL on, each call after a small kernel writing its input); --settings: each
+FP8 x FP8 Triton candidate timed under each setting of the launch-time switches (`default`:
+the environment as it is; e.g. PARASHIFT_FP8_TMA_PREFETCH_KB=64, PARASHIFT_FP8_EARLY_SCALES=1;
+the label ends "[setting]")."""
 import argparse
 import concurrent.futures
 import contextlib
@@ -22,6 +30,7 @@ import time
 import torch
 import triton.testing
 
+from benchmarks.decode_throughput import env_settings, environment, parse_settings
 from parashift.kernels import fp8_gemm, gemm_timing, pdl
 from parashift.kernels.fp8_gemm import Config
 
@@ -58,6 +67,20 @@ PERSISTENT_SHAPES = {True: ((128, 256, 4, 3, 4), (64, 256, 4, 4, 4)),
                              (128, 256, 4, 3, 4))}
 
 
+# "b64": around the 64-row winners (64x256 w4 s6 unsplit at qkv, o and down, 256x128 w8 s4 at
+# gate_up): finer K steps deeper, splits of 2-3, 128- and 256-row weight tiles (half or a
+# quarter of the activations' re-reads from L2) split to fill the SMs
+B64_SHAPES = ((64, 256, 4, 6, 1), (64, 256, 4, 5, 1), (64, 128, 4, 8, 1), (64, 128, 4, 10, 1),
+              (64, 128, 4, 12, 1), (64, 256, 4, 6, 2), (64, 256, 4, 6, 3), (64, 128, 4, 12, 2),
+              (128, 128, 4, 8, 1), (128, 128, 4, 8, 2), (128, 128, 4, 8, 4), (128, 256, 4, 4, 2),
+              (128, 256, 4, 4, 4), (128, 256, 8, 4, 2), (128, 128, 8, 8, 2), (256, 128, 8, 4, 1),
+              (256, 128, 8, 5, 1), (256, 64, 8, 10, 1), (256, 128, 8, 4, 2), (128, 128, 8, 8, 1))
+# and with tiles of 32 tokens (two row tiles at 64 rows: twice the programs, each weight tile
+# read twice, the second mostly from L2): for o and down, whose 64-row tiles fill 64 SMs
+B64_HALF_ROWS = ((64, 256, 4, 6, 1), (64, 256, 4, 8, 1), (64, 128, 4, 12, 1), (128, 256, 4, 4, 2),
+                 (128, 128, 4, 8, 2))
+
+
 def tma_configs() -> list[Config]:
     wider = [Config(kernel, *shape, tickets=True) for kernel, shape in
              itertools.product(("tma_w8", "tma_w8a8"), TMA_SHAPES)]
@@ -73,7 +96,12 @@ def tma_configs() -> list[Config]:
 def configs_for(n: int, kernels: list[str] | None = None) -> list[Config]:
     """Today's configs and the TMA ones that fit N: all, or those of `kernels` ("more": the
     registered ones, W8A8_MORE, TESTED and today's CURRENT_WINNERS alone)."""
-    if kernels and "more" in kernels:
+    if kernels and "b64" in kernels:
+        configs = (fp8_gemm.TMA_CONFIGS + CURRENT_WINNERS[:2]
+                   + tuple(Config("tma_w8a8", *shape, tickets=True) for shape in B64_SHAPES)
+                   + tuple(Config("tma_w8a8", *shape, tickets=True, max_block_m=32)
+                           for shape in B64_HALF_ROWS))
+    elif kernels and "more" in kernels:
         configs = CURRENT_WINNERS + fp8_gemm.TMA_CONFIGS + tuple(
             Config("tma_w8a8", *shape, tickets=True) for shape in W8A8_MORE) + TESTED
     else:
@@ -88,32 +116,37 @@ def operands(rows: int, n: int, k: int):
     return torch.randn(rows, k, device="cuda", dtype=torch.bfloat16), weight, scale
 
 
-def compile_configs(jobs: list[tuple[int, Config, bool]]) -> list[str]:
-    """Compiles (runs once) each (rows, config, PDL on) on a small weight (the projections'
-    specialization: N, K and strides multiples of 16, K a multiple of the tiles); the
-    failures, as text."""
+def compile_configs(jobs: list[tuple]) -> list[str]:
+    """Compiles (runs once) each (rows, config, PDL on[, setting]) on a small weight (the
+    projections' specialization: N, K and strides multiples of 16, K a multiple of the
+    tiles); the failures, as text."""
     failed = []
-    for rows, config, with_pdl in jobs:
+    for rows, config, with_pdl, *setting in jobs:
         x, weight, scale = operands(rows, 256, 4096)
         try:
             with contextlib.nullcontext() if with_pdl else pdl.suspended():
-                fp8_gemm.fp8_weight_linear(x, weight, scale, None, config)
+                under(setting[0] if setting else "default", lambda: fp8_gemm.fp8_weight_linear(
+                    x, weight, scale, None, config))
         except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
             failed.append(f"{rows} {config}: {str(exc)[:300]}")
     torch.cuda.synchronize()
     return failed
 
 
-def engine_jobs() -> list[tuple[int, Config, bool]]:
+def engine_jobs(settings: tuple[str, ...] = ()) -> list[tuple]:
     """What an FP8 decode engine's start-up compiles of the GEMM (graphs of 1-64 sequences):
     every candidate `fp8_gemm.linear` times at 1, 2, 4, 16, 32 and 64 rows (PDL off), and
     those the first sweep found fastest somewhere at 16-64 rows with PDL on at each captured
-    row count (the graphs' calls)."""
+    row count (the graphs' calls), the TMA ones also under each of `settings`."""
     timed = [(rows, c, False) for rows in (1, 2, 4, 16, 32, 64)
              for c in fp8_gemm.candidates(rows, 1 << 16)]
     likely = [c for c in fp8_gemm.TMA_CONFIGS + CURRENT_WINNERS
               if c in fp8_gemm.candidates(64, 1 << 16)]
-    return timed + [(rows, c, True) for rows in (8, 16, 24, 32, 48, 64) for c in likely]
+    captured = (8, 16, 24, 32, 48, 64)
+    return timed + [(rows, c, True) for rows in captured for c in likely] + [
+        (rows, c, True, setting) for setting in settings if setting != "default"
+        for rows in captured
+        for c in fp8_gemm.TMA_CONFIGS if c in likely]
 
 
 def precompile(jobs: list[tuple[int, Config]], workers: int) -> list[str]:
@@ -133,23 +166,38 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / (ms * 1e-3)
 
 
-def sweep(rows: int, n: int, k: int, bandwidth: float, kernels: list[str] | None) -> dict:
+def sweep(rows: int, n: int, k: int, bandwidth: float, kernels: list[str] | None,
+          x_fp8: bool = False, chain: bool = False, settings: tuple[str, ...] = ("default",)
+          ) -> dict:
     x, weight, scale = operands(rows, n, k)
     copies = gemm_timing.weight_copies(weight)
-    runs = {None: lambda i: fp8_gemm.scaled_mm_linear(x, copies[i], scale, None)}
-    runs.update({c: lambda i, c=c: fp8_gemm.fp8_weight_linear(x, copies[i], scale, None, c)
-                 for c in configs_for(n, kernels)})
-    with pdl.suspended():
-        timings = gemm_timing.replayed_timings_ms(runs, len(copies))
+    # what the candidates read (E4M3 rows with their scales where x_fp8, else x), rewritten
+    # before each call by the chain's kernel from `source`
+    quantized = fp8_gemm.quantize_rows(x)
+    source = quantized[0] if x_fp8 else x
+    written = source.clone()
+    given = (written, quantized[1]) if x_fp8 else None
+    xin = x if x_fp8 else written
+    runs = {None: lambda i: fp8_gemm.scaled_mm_linear(xin, copies[i], scale, None, given)}
+    for c in configs_for(n, kernels):
+        for setting in settings if "w8a8" in c.kernel else ("default",):
+            key = c if setting == "default" else (c, setting)
+            runs[key] = lambda i, c=c, setting=setting: under(
+                setting, lambda: fp8_gemm.fp8_weight_linear(xin, copies[i], scale, None, c,
+                                                            given))
+    with contextlib.nullcontext() if chain else pdl.suspended():
+        timings = gemm_timing.replayed_timings_ms(runs, len(copies),
+                                                  (source, written) if chain else None)
     # the GEMM alone where the op before quantized x (decode's qkv, gate_up and down): the
     # fastest FP8 x FP8 configs of each kernel again, given x in E4M3
-    x_fp8 = fp8_gemm.quantize_rows(x)
-    prequantized = [c for family in ("w8a8", "tma_w8a8", "tma_w8a8_p")
-                    for c in sorted((c for c in timings if c and c.kernel == family),
-                                    key=timings.get)[:2]]
+    prequantized = [] if given else [
+        c for family in ("w8a8", "tma_w8a8", "tma_w8a8_p")
+        for c in sorted((c for c in timings if isinstance(c, Config) and c.kernel == family),
+                        key=timings.get)[:2]]
     with pdl.suspended():
         alone = gemm_timing.replayed_timings_ms(
-            {c: lambda i, c=c: fp8_gemm.fp8_weight_linear(x, copies[i], scale, None, c, x_fp8)
+            {c: lambda i, c=c: fp8_gemm.fp8_weight_linear(x, copies[i], scale, None, c,
+                                                          quantized)
              for c in prequantized}, len(copies))
     weight_us = n * k / bandwidth * 1e6
     floor_us = (n * k + 2 * rows * (k + n)) / bandwidth * 1e6
@@ -159,18 +207,30 @@ def sweep(rows: int, n: int, k: int, bandwidth: float, kernels: list[str] | None
                     weight_of_copy=round(weight_us / (1e3 * ms), 3),
                     of_floor=round(floor_us / (1e3 * ms), 3))
     ranked = sorted(timings, key=timings.get)
-    entries = [entry("cuBLASLt" if c is None else label(c), timings[c]) for c in ranked]
-    current = [e for c, e in zip(ranked, entries) if c is None or c.kernel in ("w8", "w8a8")]
-    new = [e for c, e in zip(ranked, entries) if c is not None and c.kernel.startswith("tma")]
+    entries = [entry(label(c), timings[c]) for c in ranked]
+    configs = [c[0] if isinstance(c, tuple) else c for c in ranked]
+    current = [e for c, e in zip(configs, entries) if c is None or c.kernel in ("w8", "w8a8")]
+    new = [e for c, e in zip(configs, entries) if c is not None and c.kernel.startswith("tma")]
     return dict(rows=rows, n=n, k=k, best_current=current[0], best_tma=new[0] if new else None,
                 x_quantized_before=[entry(label(c), alone[c])
                                     for c in sorted(alone, key=alone.get)],
                 candidates=entries)
 
 
-def label(c: Config) -> str:
+def label(c: Config | tuple[Config, str] | None) -> str:
+    if c is None:
+        return "cuBLASLt"
+    if isinstance(c, tuple):
+        return f"{label(c[0])} [{c[1]}]"
     return (f"{c.kernel} {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} "
-            f"split {c.split_k}{' tickets' if c.tickets else ''}")
+            f"split {c.split_k}{' tickets' if c.tickets else ''}"
+            f"{f' m<={c.max_block_m}' if c.max_block_m else ''}")
+
+
+def under(setting: str, run):
+    """run() with the setting's switches set ("default": as they are), read at launch."""
+    with environment({} if setting == "default" else parse_settings(setting)):
+        return run()
 
 
 def main():
@@ -181,15 +241,34 @@ def main():
     p.add_argument("--warm-only", action="store_true",
                    help="only compile (in --workers processes, into Triton's cache) what an FP8 "
                    "decode engine's start-up compiles of the GEMM (`engine_jobs`), time nothing")
+    p.add_argument("--x-fp8", action="store_true",
+                   help="every candidate given x quantized already (as the fused norms hand it)")
+    p.add_argument("--chain", action="store_true",
+                   help="timed as PARASHIFT_GEMM_TIMING=chain: PDL on, after an input write")
+    p.add_argument("--settings", nargs="+", default=["default"],
+                   type=lambda v: v if v == "default" else env_settings(v),
+                   help="each FP8 x FP8 Triton candidate timed under each (NAME=VALUE[,..] or "
+                   "default); with --warm-only: the engine's TMA configs compiled under each too")
+    p.add_argument("--warm-rows", type=int, nargs="+", default=None,
+                   help="with --warm-only: only these row counts' jobs")
+    p.add_argument("--no-dot-configs", action="store_true",
+                   help="with --warm-only: without fp8_gemm.py's tl.dot configs")
+    p.add_argument("--projections", nargs="+", default=list(PROJECTIONS),
+                   choices=list(PROJECTIONS))
     p.add_argument("--kernels", nargs="+", default=None,
                    help="the TMA kernels to time (fp8_gemm_tma.KERNELS, or more: the "
                    "registered configs and W8A8_MORE; default all)")
     args = p.parse_args()
     start = time.time()
     if args.warm_only:
-        jobs = engine_jobs()
+        if args.no_dot_configs:
+            fp8_gemm.CONFIGS = ()
+        jobs = [job for job in engine_jobs(tuple(args.settings))
+                if args.warm_rows is None or job[0] in args.warm_rows]
     else:
-        jobs = [(rows, c, False) for rows in args.rows for c in configs_for(1 << 16, args.kernels)]
+        jobs = [(rows, c, args.chain, setting) for rows in args.rows
+                for c in configs_for(1 << 16, args.kernels)
+                for setting in (args.settings if "w8a8" in c.kernel else ["default"])]
     failed = precompile(jobs, args.workers) if args.workers > 1 else []
     print(json.dumps({"compiled_s": round(time.time() - start, 1), "jobs": len(jobs),
                       "failed": failed}), flush=True)
@@ -198,8 +277,11 @@ def main():
     bandwidth = copy_bandwidth()
     results = []
     for rows in args.rows:
-        for name, (n, k) in PROJECTIONS.items():
-            results.append(dict(proj=name, **sweep(rows, n, k, bandwidth, args.kernels)))
+        for name in args.projections:
+            n, k = PROJECTIONS[name]
+            results.append(dict(proj=name, **sweep(rows, n, k, bandwidth, args.kernels,
+                                                   args.x_fp8, args.chain,
+                                                   tuple(args.settings))))
             top = results[-1]
             print(json.dumps(dict(proj=name, rows=rows, best_current=top["best_current"],
                                   best_tma=top["best_tma"], top5=top["candidates"][:5],
@@ -210,6 +292,7 @@ def main():
                 with open(args.output, "w") as f:
                     json.dump(dict(device=torch.cuda.get_device_name(),
                                    copy_bandwidth_tb_s=bandwidth / 1e12, failed=failed,
+                                   x_fp8=args.x_fp8, chain=args.chain,
                                    results=results), f, indent=1)
     print(json.dumps({"total_s": round(time.time() - start, 1)}), flush=True)
 

@@ -19,15 +19,13 @@ Every layer has weights and a KV pool of its own, so nothing stays in L2 from on
 the next. The floor: the layer's weight bytes (and weight + KV bytes) / 4.8 TB/s (the H200's
 HBM) and / the measured copy bandwidth."""
 import argparse
-import contextlib
 import json
-import os
 import statistics
 from dataclasses import dataclass
 
 import torch
 
-from benchmarks.decode_throughput import copy_bandwidth
+from benchmarks.decode_throughput import copy_bandwidth, environment
 from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.triton_backend import TritonAttentionBackend
 from parashift.kernels import fp8_gemm, pdl, rmsnorm, rotary, silu_mul, skinny_gemm
@@ -64,6 +62,17 @@ def make_layers(count: int, fp8: bool, batch: int, context: int, device="cuda") 
     return layers
 
 
+def step_args(count: int, fp8: bool, batch: int, context: int, max_model_len: int) -> tuple:
+    """`step`'s positional arguments for `count` layers of their own: the hidden state and
+    residual, the layers, their decode metadata, positions, cos/sin and the backend."""
+    layers = make_layers(count, fp8, batch, context)
+    meta = decode_metadata(batch, context, max_model_len)
+    positions = torch.full((batch,), context, dtype=torch.int64, device="cuda")
+    cos_sin = torch.randn(context + 1, HEAD_DIM, device="cuda")
+    x = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    return (x, torch.randn_like(x), layers, meta, positions, cos_sin, TritonAttentionBackend())
+
+
 def decode_metadata(batch: int, context: int, max_model_len: int,
                     device="cuda") -> AttentionMetadata:
     """Each sequence `context` tokens cached and one new, its blocks its own; the host's
@@ -82,10 +91,25 @@ def decode_metadata(batch: int, context: int, max_model_len: int,
         max_query_len=1, max_seq_len=max_model_len, block_size=BLOCK_SIZE, static_shape=True)
 
 
-def linear(x: torch.Tensor, weight) -> torch.Tensor:
+def linear(x: torch.Tensor, weight, x_fp8=None) -> torch.Tensor:
     if isinstance(weight, tuple):
-        return fp8_gemm.linear(x, *weight, None)
+        return fp8_gemm.linear(x, *weight, None, x_fp8)
     return skinny_gemm.linear(x, weight, None)
+
+
+def norm(x, residual, weight, fp8_input: bool):
+    """add-RMSNorm: (h, residual, h's rows quantized per token where fp8_input, else None)."""
+    if fp8_input:
+        h, residual, rows, scales = rmsnorm.rms_norm_fp8(x, residual, weight, EPS)
+        return h, residual, (rows, scales)
+    return *rmsnorm.add_rms_norm(x, residual, weight, EPS), None
+
+
+def fp8_input_mlp(h: torch.Tensor, h_fp8, layer: Layer) -> torch.Tensor:
+    """gate_up on the norm's quantized rows, SiLU-and-mul quantizing its own for down."""
+    activated, rows, scales = silu_mul.silu_and_mul_fp8(
+        linear(h, layer.weights["gate_up"], h_fp8))
+    return linear(activated, layer.weights["down"], (rows, scales))
 
 
 def mlp(h: torch.Tensor, layer: Layer) -> torch.Tensor:
@@ -94,12 +118,14 @@ def mlp(h: torch.Tensor, layer: Layer) -> torch.Tensor:
                   layer.weights["down"])
 
 
-def step(x, residual, layers, meta, positions, cos_sin, backend, mlp=mlp):
-    """The decode kernels of len(layers) layers (the MLP's by `mlp(h, layer)`)."""
+def step(x, residual, layers, meta, positions, cos_sin, backend, mlp=mlp, fp8_input=False):
+    """The decode kernels of len(layers) layers (the MLP's by `mlp(h, layer)`); fp8_input:
+    as the engine runs FP8 layers (layers/fp8_input.py), the norms and SiLU-and-mul hand
+    the next GEMM their rows quantized (o's input quantized by its GEMM call)."""
     batch = x.shape[0]
     for layer in layers:
-        h, residual = rmsnorm.add_rms_norm(x, residual, layer.norms[0], EPS)
-        q, k, v = linear(h, layer.weights["qkv"]).split(
+        h, residual, h_fp8 = norm(x, residual, layer.norms[0], fp8_input)
+        q, k, v = linear(h, layer.weights["qkv"], h_fp8).split(
             [HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
         q = rotary.rotate_and_write_kv(
             positions, q.view(batch, HEADS, HEAD_DIM), k.view(batch, KV_HEADS, HEAD_DIM),
@@ -107,8 +133,8 @@ def step(x, residual, layers, meta, positions, cos_sin, backend, mlp=mlp):
             meta.slot_mapping)
         o = backend.attend(q, layer.k_cache, layer.v_cache, meta, HEAD_DIM ** -0.5)
         x = linear(o.view(batch, -1), layer.weights["o"])
-        h, residual = rmsnorm.add_rms_norm(x, residual, layer.norms[1], EPS)
-        x = mlp(h, layer)
+        h, residual, h_fp8 = norm(x, residual, layer.norms[1], fp8_input)
+        x = fp8_input_mlp(h, h_fp8, layer) if fp8_input else mlp(h, layer)
     return x, residual
 
 
@@ -132,6 +158,28 @@ def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
     return start.elapsed_time(end)
 
 
+def add_no_dot_configs(parser) -> None:
+    parser.add_argument("--no-dot-configs", action="store_true",
+                        help="leave fp8_gemm.py's tl.dot configs out of the FP8 GEMM choice "
+                        "(never chosen above 4 rows since the TMA kernel, nor at one row): "
+                        "less start-up time and compiles")
+
+
+def apply_no_dot_configs(args) -> None:
+    if args.no_dot_configs:
+        fp8_gemm.CONFIGS = ()
+
+
+def report(rows: list[dict], bandwidth: float, output: str | None) -> None:
+    """Prints the last row (without its GEMM choices) and writes every row to `output`
+    (after each: a run cut short keeps what it measured)."""
+    print(json.dumps({k: v for k, v in rows[-1].items() if k != "chosen"}), flush=True)
+    if output:
+        with open(output, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(),
+                           copy_bandwidth_tb_s=bandwidth / 1e12, rows=rows), f, indent=1)
+
+
 def floor_fractions(layer_s: float, weight_bytes: int, kv_bytes: int, bandwidth: float
                     ) -> dict:
     return dict(us_per_layer=round(layer_s * 1e6, 2),
@@ -146,20 +194,14 @@ def measure(weights: str, batch: int, context: int, count: int, repeats: int,
     """Graphs of the step with PDL off, then on in each variant (PLACEMENT:KB; the first
     is the row's "on"), replayed in turn."""
     fp8 = weights == "fp8"
-    layers = make_layers(count, fp8, batch, context)
-    meta = decode_metadata(batch, context, max_model_len)
-    positions = torch.full((batch,), context, dtype=torch.int64, device="cuda")
-    cos_sin = torch.randn(context + 1, HEAD_DIM, device="cuda")
-    x = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
-    residual = torch.randn_like(x)
-    backend = TritonAttentionBackend()
+    args = step_args(count, fp8, batch, context, max_model_len)
+    layers = args[2]
     settings = {"off": ("0", pdl.DEFAULT_PREFETCH_KB)}
     settings.update({variant_name(v): tuple(v.split(":")) for v in variants})
     graphs, outputs = {}, {}
     for name, (flag, kb) in settings.items():  # off first: GEMM choices made without
         with pdl_env(flag, kb):
-            graphs[name] = capture(lambda: outputs.__setitem__(name, step(
-                x, residual, layers, meta, positions, cos_sin, backend)))
+            graphs[name] = capture(lambda: outputs.__setitem__(name, step(*args)))
             pdl_on = pdl.pdl_enabled(torch.device("cuda"))
     same = all(torch.equal(a, b) for name in graphs
                for a, b in zip(outputs["off"], outputs[name]))
@@ -185,19 +227,9 @@ def measure(weights: str, batch: int, context: int, count: int, repeats: int,
     return row
 
 
-@contextlib.contextmanager
 def pdl_env(flag: str, kb: str):
     """PARASHIFT_PDL and PARASHIFT_PDL_PREFETCH_KB set within."""
-    saved = {key: os.environ.get(key) for key in (pdl.ENV, pdl.PREFETCH_ENV)}
-    os.environ[pdl.ENV], os.environ[pdl.PREFETCH_ENV] = flag, kb
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key)
-            else:
-                os.environ[key] = value
+    return environment({pdl.ENV: flag, pdl.PREFETCH_ENV: kb})
 
 
 def variant_name(variant: str) -> str:

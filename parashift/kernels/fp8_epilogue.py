@@ -1,27 +1,75 @@
 """The end of the FP8-weight GEMM kernels' output tiles (fp8_gemm.py's and fp8_gemm_tma.py's):
 the fp32 sums scaled per output row (and per token for FP8 activations), the bias added,
-stored in y's dtype; a K split's parts summed by tickets (split_tickets.py) or atomically."""
+stored in y's dtype; a K split's parts summed by tickets (split_tickets.py) or atomically.
+
+The scales and bias are loaded by `tile_scales`, after the main loop or, where a kernel's
+EARLY_SCALES (`early_scales()`, PARASHIFT_FP8_EARLY_SCALES, on by default) asks, before it
+(after the PDL wait: the token scales are the kernel before's output), so that the tile's
+end waits on no load but the parts of a split. Only without a bias: with one, the compiler
+contracts the bias add into an FMA in one placement and not the other (other bits, seen on an
+H200), so a biased layer loads them after the loop either way. On one H200 (8B FP8 layers at
+64 rows, decode chain): 1.0046x a layer (docs/benchmark_log.md, helper fp8b64)."""
+import os
+
 import triton
 import triton.language as tl
 
 from parashift.kernels import pdl, split_tickets
 
 OFF = tl.constexpr(pdl.OFF)  # a kernel's USE_PDL where it calls no PDL op
+EARLY_SCALES_ENV, DEFAULT_EARLY_SCALES = "PARASHIFT_FP8_EARLY_SCALES", "1"
+EARLY_TICKET_ENV, DEFAULT_EARLY_TICKET = "PARASHIFT_FP8_EARLY_TICKET", "0"
+
+
+def early_scales(has_bias: bool = False) -> bool:
+    """PARASHIFT_FP8_EARLY_SCALES (0 or 1, 1 by default; read at each launch, a CUDA graph
+    keeps what its capture read): whether an FP8 GEMM without a bias loads its tile's scales
+    before the main loop (with a bias: never, module docstring)."""
+    return _flag(EARLY_SCALES_ENV, DEFAULT_EARLY_SCALES) and not has_bias
+
+
+def early_ticket() -> bool:
+    """PARASHIFT_FP8_EARLY_TICKET (0 or 1, read at each launch; 0 by default: 0.996x a layer
+    in the decode chain, slower at split configs): whether the FP8 GEMMs' K splits by tickets
+    take the ticket before storing their part (`finish_split_tile`)."""
+    return _flag(EARLY_TICKET_ENV, DEFAULT_EARLY_TICKET)
+
+
+def _flag(name: str, default: str) -> bool:
+    flag = os.environ.get(name, default)
+    if flag not in ("0", "1"):
+        raise ValueError(f"{name}={flag!r}: expected 0 or 1")
+    return flag == "1"
 
 
 @triton.jit
-def finish_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym,
-                bias_here, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
-                ATOMIC: tl.constexpr, USE_PDL: tl.constexpr):
-    """The tile's sums [BLOCK_M, BLOCK_N] scaled (the bias added where bias_here), stored in
-    y's dtype, or added atomically to the fp32 y (ATOMIC: a part of K of several); USE_PDL:
-    LATE lets the dependents launch before the stores."""
-    acc *= tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+def tile_scales(xs_ptr, s_ptr, b_ptr, offs_m, offs_n, m_ok, n_ok, HAS_BIAS: tl.constexpr,
+                FP8_X: tl.constexpr):
+    """(the weight rows' scales, the tokens' scales where FP8_X, the bias where HAS_BIAS),
+    fp32, of the tile at (offs_m, offs_n): nothing is read for what is not there."""
+    w_scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
+    x_scale, bias = w_scale, w_scale  # unused where FP8_X, HAS_BIAS are not
     if FP8_X:
-        acc *= tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
+        x_scale = tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    return w_scale, x_scale, bias
+
+
+@triton.jit
+def finish_tile(acc, scales, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym, bias_here,
+                HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr, ATOMIC: tl.constexpr,
+                USE_PDL: tl.constexpr):
+    """The tile's sums [BLOCK_M, BLOCK_N] scaled by `tile_scales`' (the bias added where
+    bias_here), stored in y's dtype, or added atomically to the fp32 y (ATOMIC: a part of K
+    of several); USE_PDL: LATE lets the dependents launch before the stores."""
+    w_scale, x_scale, bias = scales
+    acc *= w_scale[None, :]
+    if FP8_X:
+        acc *= x_scale[:, None]
     if HAS_BIAS:
         if bias_here:
-            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            acc += bias[None, :]
     pdl.inputs_read(USE_PDL)
     y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     if ATOMIC:
@@ -31,15 +79,30 @@ def finish_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok, st
 
 
 @triton.jit
-def finish_split_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N,
-                      stride_ym, offs_m, offs_n, m_ok, n_ok, split, tile,
-                      HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr, SPLIT_K: tl.constexpr,
-                      TICKETS: tl.constexpr, USE_PDL: tl.constexpr):
+def finish_split_tile(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m,
+                      offs_n, m_ok, n_ok, split, tile, HAS_BIAS: tl.constexpr,
+                      FP8_X: tl.constexpr, SPLIT_K: tl.constexpr, TICKETS: tl.constexpr,
+                      USE_PDL: tl.constexpr, EARLY_TICKET: tl.constexpr = False):
     """`finish_tile` of this program's part `split` of K (of SPLIT_K) of output tile `tile`:
     the whole sum where SPLIT_K is 1; else (TICKETS) the part stored and the tile's last
-    program to take its ticket sums them in split order and finishes, or the part added
-    atomically to the fp32 y."""
-    if TICKETS:
+    program to take its ticket sums them in split order and finishes (EARLY_TICKET: the
+    ticket taken first, the last program's own part kept in registers,
+    split_tickets.arrive), or the part added atomically to the fp32 y."""
+    if TICKETS and EARLY_TICKET:
+        pdl.inputs_read(USE_PDL)
+        tile_ok = m_ok[:, None] & n_ok[None, :]
+        plane_offs = offs_m[:, None] * N + offs_n[None, :]
+        counter = counter_ptr + tile
+        if split_tickets.arrive(counter, SPLIT_K):
+            split_tickets.wait_stored(counter, SPLIT_K)
+            total = split_tickets.summed_parts_with(acc, split, part_ptr + plane_offs, M * N,
+                                                    tile_ok, SPLIT_K)
+            finish_tile(total, scales, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym, True,
+                        HAS_BIAS, FP8_X, False, OFF)
+        else:
+            tl.store(part_ptr + split * M * N + plane_offs, acc, mask=tile_ok)
+            split_tickets.signal_stored(counter)
+    elif TICKETS:
         pdl.inputs_read(USE_PDL)
         tile_ok = m_ok[:, None] & n_ok[None, :]
         plane_offs = offs_m[:, None] * N + offs_n[None, :]
@@ -48,8 +111,8 @@ def finish_split_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M
         if split_tickets.is_last(counter, SPLIT_K):
             split_tickets.reset(counter)
             total = split_tickets.summed_parts(part_ptr + plane_offs, M * N, tile_ok, SPLIT_K)
-            finish_tile(total, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok,
-                        stride_ym, True, HAS_BIAS, FP8_X, False, OFF)
+            finish_tile(total, scales, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym, True,
+                        HAS_BIAS, FP8_X, False, OFF)
     else:
-        finish_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym,
-                    split == 0, HAS_BIAS, FP8_X, SPLIT_K > 1, USE_PDL)
+        finish_tile(acc, scales, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym, split == 0,
+                    HAS_BIAS, FP8_X, SPLIT_K > 1, USE_PDL)

@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 from parashift.kernels import fp8_gemm_tma, fp8_gemv, gemm_timing, pdl, split_tickets
-from parashift.kernels.fp8_epilogue import finish_split_tile
+from parashift.kernels.fp8_epilogue import early_scales, early_ticket, finish_split_tile, \
+    tile_scales
 from parashift.kernels.skinny_gemm import choose
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,9 @@ class Config:
     split_k: int = 1  # programs per output tile, each over a part of K, summed atomically
     ahead: bool = False  # "gemv": the next weight tile's load in flight (fp8_gemv.py)
     tickets: bool = False  # split_k > 1: the parts summed by the tile's last program
+    # the TMA kernels: the most tokens a tile takes (0: fp8_gemm_tma.block_m's); fewer gives
+    # more programs at the cost of re-reading each weight tile (mostly from L2)
+    max_block_m: int = 0
 
 
 # (kernel, block_n, block_k, warps, stages): "w8" widens the FP8 weight to the activations'
@@ -112,7 +116,8 @@ def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, coun
                        K, stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr,
                        FP8_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
-                       PREFETCH_K: tl.constexpr, TICKETS: tl.constexpr = False):
+                       PREFETCH_K: tl.constexpr, TICKETS: tl.constexpr = False,
+                       EARLY_SCALES: tl.constexpr = False, EARLY_TICKET: tl.constexpr = False):
     first_n = tl.program_id(0) * BLOCK_N
     split = tl.program_id(2)
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
@@ -124,6 +129,8 @@ def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, coun
     m_ok, n_ok = offs_m < M, offs_n < N
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+    if EARLY_SCALES:
+        scales = tile_scales(xs_ptr, s_ptr, b_ptr, offs_m, offs_n, m_ok, n_ok, HAS_BIAS, FP8_X)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_end = tl.minimum(K, (split + 1) * k_per_split)
     for k0 in range(split * k_per_split, k_end, BLOCK_K):
@@ -134,10 +141,12 @@ def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, coun
             acc = tl.dot(x, tl.trans(w), acc)
         else:
             acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
-    finish_split_tile(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
+    if not EARLY_SCALES:
+        scales = tile_scales(xs_ptr, s_ptr, b_ptr, offs_m, offs_n, m_ok, n_ok, HAS_BIAS, FP8_X)
+    finish_split_tile(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
                       offs_m, offs_n, m_ok, n_ok, split,
                       tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), HAS_BIAS,
-                      FP8_X, SPLIT_K, TICKETS, USE_PDL)
+                      FP8_X, SPLIT_K, TICKETS, USE_PDL, EARLY_TICKET)
 
 
 def block_m(rows: int) -> int:
@@ -184,7 +193,8 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         return fp8_gemm_tma.tma_linear(xq, x_scale, weight, scale, bias, x.dtype,
                                        config.block_n, config.block_k, config.num_warps,
                                        config.num_stages, config.split_k, config.tickets,
-                                       config.kernel.endswith("_p"), "bits" in config.kernel)
+                                       config.kernel.endswith("_p"), "bits" in config.kernel,
+                                       config.max_block_m)
     (m, k), n = x.shape, weight.shape[0]
     bm, split = block_m(m), config.split_k
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, bm), split)
@@ -195,8 +205,9 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         parts if parts is not None else y, counters if counters is not None else y, m, n,
         k, xq.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
         FP8_X=fp8_x, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=split, TICKETS=counters is not None, num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        SPLIT_K=split, TICKETS=counters is not None,
+        EARLY_SCALES=early_scales(bias is not None), EARLY_TICKET=early_ticket(),
+        num_warps=config.num_warps, num_stages=config.num_stages,
         **pdl.launch_options(x.device, (config.block_n, k, weight.element_size())))
     return y.to(x.dtype)
 
@@ -299,6 +310,7 @@ def _label(config: Config | None) -> str:
              f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}")
     if config.kernel in fp8_gemm_tma.KERNELS:  # these differ in warps and stages too
         label += f" w{config.num_warps} s{config.num_stages}"
+        label += f" m<={config.max_block_m}" if config.max_block_m else ""
     return label
 
 

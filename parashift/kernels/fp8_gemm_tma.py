@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from parashift.kernels import num_sms, pdl, split_tickets
-from parashift.kernels.fp8_epilogue import finish_split_tile
+from parashift.kernels.fp8_epilogue import early_scales, early_ticket, finish_split_tile, \
+    tile_scales
 
 # fp8_gemm.Config.kernel values of this file: w8 widens the weight (the compiler's
 # conversions; w8bits: `_bf16_of_e4m3`'s integer ops, bf16 activations), w8a8 takes E4M3
@@ -31,6 +32,7 @@ KERNELS = tuple(f"tma_{kind}{persistent}" for persistent in ("", "_p")
                 for kind in ("w8", "w8bits", "w8a8"))
 MAX_BLOCK_K = 256  # a TMA box's dimension
 ENV, DEFAULT = "PARASHIFT_FP8_TMA", "1"
+PREFETCH_ENV, DEFAULT_PREFETCH_KB = "PARASHIFT_FP8_TMA_PREFETCH_KB", "64"
 
 
 def enabled() -> bool:
@@ -39,6 +41,19 @@ def enabled() -> bool:
     if flag not in ("0", "1"):
         raise ValueError(f"{ENV}={flag!r}: expected 0 or 1")
     return flag == "1"
+
+
+def prefetch_bytes() -> int:
+    """PARASHIFT_FP8_TMA_PREFETCH_KB in bytes (read at each launch; a CUDA graph keeps what
+    its capture read): what of its weight slice each program of `_fp8_tma_kernel` pulls into
+    L2 before its PDL wait, while the kernel before (a norm, SiLU·mul or the per-token
+    quantization: few programs) still runs. Only under PDL; 0: none; 64 by default (one
+    H200, 8B FP8 layers at 64 rows in the decode chain: 1.0099x a layer, 128 KB 1.012x;
+    docs/benchmark_log.md, helper fp8b64)."""
+    value = os.environ.get(PREFETCH_ENV, DEFAULT_PREFETCH_KB)
+    if not value.isdigit():
+        raise ValueError(f"{PREFETCH_ENV}={value!r}: expected a whole number of KB (0: none)")
+    return int(value) * 1024
 
 
 def takes(weight: torch.Tensor) -> bool:
@@ -68,25 +83,39 @@ def fits(t: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _fp8_tma_kernel(x_desc, xs_ptr, w_desc, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N,
-                    K, stride_ym, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    SPLIT_K: tl.constexpr, TICKETS: tl.constexpr, NUM_STAGES: tl.constexpr,
-                    BIT_WIDEN: tl.constexpr, USE_PDL: tl.constexpr):
-    """One program a (column tile, row tile, part of K)."""
+def _fp8_tma_kernel(x_desc, xs_ptr, w_desc, w_ptr, stride_wn, s_ptr, b_ptr, y_ptr, part_ptr,
+                    counter_ptr, M, N, K, stride_ym, HAS_BIAS: tl.constexpr,
+                    FP8_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TICKETS: tl.constexpr,
+                    NUM_STAGES: tl.constexpr, BIT_WIDEN: tl.constexpr, USE_PDL: tl.constexpr,
+                    PREFETCH_K: tl.constexpr, EARLY_SCALES: tl.constexpr,
+                    EARLY_TICKET: tl.constexpr):
+    """One program a (column tile, row tile, part of K); PREFETCH_K: the first columns of
+    its weight slice pulled into L2 before the PDL wait (`prefetch_bytes`); EARLY_SCALES:
+    the tile's scales and bias loaded before the main loop; EARLY_TICKET: a split's ticket
+    taken before its part is stored (fp8_epilogue.py)."""
     first_n = tl.program_id(0) * BLOCK_N
     first_m = tl.program_id(1) * BLOCK_M
     split = tl.program_id(2)
     k_steps = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K)
-    pdl.start(USE_PDL)
+    pdl.start_streaming(w_ptr, stride_wn, N, K, first_n, split * k_steps * BLOCK_K, BLOCK_N,
+                        PREFETCH_K, USE_PDL)
+    offs_m = first_m + tl.arange(0, BLOCK_M)
+    offs_n = first_n + tl.arange(0, BLOCK_N)
+    if EARLY_SCALES:
+        scales = tile_scales(xs_ptr, s_ptr, b_ptr, offs_m, offs_n, offs_m < M, offs_n < N,
+                             HAS_BIAS, FP8_X)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in tl.range(split * k_steps, tl.minimum((split + 1) * k_steps, tl.cdiv(K, BLOCK_K)),
                          num_stages=NUM_STAGES):
         acc = _dot_step(w_desc, x_desc, first_n, first_m, step * BLOCK_K, acc, FP8_X,
                         BIT_WIDEN)
-    _finish(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, first_m,
-            first_n, split, tl.program_id(1) * tl.num_programs(0) + tl.program_id(0),
-            HAS_BIAS, FP8_X, BLOCK_M, BLOCK_N, SPLIT_K, TICKETS, USE_PDL)
+    if not EARLY_SCALES:
+        scales = tile_scales(xs_ptr, s_ptr, b_ptr, offs_m, offs_n, offs_m < M, offs_n < N,
+                             HAS_BIAS, FP8_X)
+    _finish(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m, offs_n, split,
+            tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), HAS_BIAS, FP8_X,
+            SPLIT_K, TICKETS, USE_PDL, EARLY_TICKET)
 
 
 @triton.jit
@@ -115,9 +144,12 @@ def _fp8_tma_persistent_kernel(x_desc, xs_ptr, w_desc, s_ptr, b_ptr, y_ptr, part
         for step in range(k_steps):
             acc = _dot_step(w_desc, x_desc, first_n, first_m, (split * k_steps + step) * BLOCK_K,
                             acc, FP8_X, BIT_WIDEN)
-        _finish(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
-                first_m, first_n, split, tile, HAS_BIAS, FP8_X, BLOCK_M, BLOCK_N, SPLIT_K,
-                TICKETS, USE_PDL)
+        offs_m = first_m + tl.arange(0, BLOCK_M)
+        offs_n = first_n + tl.arange(0, BLOCK_N)
+        scales = tile_scales(xs_ptr, s_ptr, b_ptr, offs_m, offs_n, offs_m < M, offs_n < N,
+                             HAS_BIAS, FP8_X)
+        _finish(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m, offs_n,
+                split, tile, HAS_BIAS, FP8_X, SPLIT_K, TICKETS, USE_PDL)
 
 
 @triton.jit
@@ -167,31 +199,29 @@ def _bf16_of_e4m3(w):
 
 
 @triton.jit
-def _finish(acc, xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, first_m,
-            first_n, split, tile, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-            TICKETS: tl.constexpr, USE_PDL: tl.constexpr):
-    offs_m = first_m + tl.arange(0, BLOCK_M)
-    offs_n = first_n + tl.arange(0, BLOCK_N)
-    finish_split_tile(tl.trans(acc), xs_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, M, N,
-                      stride_ym, offs_m, offs_n, offs_m < M, offs_n < N, split, tile,
-                      HAS_BIAS, FP8_X, SPLIT_K, TICKETS, USE_PDL)
+def _finish(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m, offs_n, split,
+            tile, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr, SPLIT_K: tl.constexpr,
+            TICKETS: tl.constexpr, USE_PDL: tl.constexpr, EARLY_TICKET: tl.constexpr = False):
+    finish_split_tile(tl.trans(acc), scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
+                      offs_m, offs_n, offs_m < M, offs_n < N, split, tile, HAS_BIAS, FP8_X,
+                      SPLIT_K, TICKETS, USE_PDL, EARLY_TICKET)
 
 
-def block_m(rows: int) -> int:
-    """The tokens a tile takes: wgmma's N side, 16 at the least (tl.dot's)."""
-    return max(16, min(64, triton.next_power_of_2(rows)))
+def block_m(rows: int, most: int = 0) -> int:
+    """The tokens a tile takes: wgmma's N side, 16 at the least (tl.dot's), at most `most`
+    where given (0: 64)."""
+    return max(16, min(most or 64, triton.next_power_of_2(rows)))
 
 
 def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
                block_n: int, block_k: int, num_warps: int, num_stages: int, split_k: int,
-               tickets: bool, persistent: bool = False, bit_widen: bool = False
-               ) -> torch.Tensor:
+               tickets: bool, persistent: bool = False, bit_widen: bool = False,
+               max_block_m: int = 0) -> torch.Tensor:
     """y [M, N] in out_dtype = x (weight * scale)^T + bias; x [M, K] 16-bit (the weight
     widened to its dtype; bit_widen: by integer ops where x is bf16, compiled) or E4M3 with
     x_scale [M, 1] fp32 (per token); persistent: a program an SM over the (tile, part of K)
-    items."""
+    items; max_block_m: the most tokens a tile takes (`block_m`)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     if block_k > MAX_BLOCK_K or not fits(weight):
         raise ValueError(f"the TMA FP8 GEMM takes BLOCK_K <= {MAX_BLOCK_K} and a weight with "
@@ -199,23 +229,31 @@ def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                          f"{tuple(weight.shape)} strides {weight.stride()}")
     x = x if fits(x) else x.clone(memory_format=torch.contiguous_format)
     (m, k), n = x.shape, weight.shape[0]
-    bm = block_m(m)
+    bm = block_m(m, max_block_m)
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, bm)
     y, parts, counters = split_tickets.outputs(m, n, out_dtype, x.device, split_k, tiles,
                                                tickets)
     x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [bm, block_k])
     w_desc = _weight_descriptor(weight, block_n, block_k)
-    kernel, grid = ((_fp8_tma_persistent_kernel, (min(tiles * split_k, num_sms(x.device)),))
-                    if persistent else
-                    (_fp8_tma_kernel, (triton.cdiv(n, block_n), triton.cdiv(m, bm), split_k)))
+    options = pdl.launch_options(x.device)
+    if persistent:
+        kernel, grid = _fp8_tma_persistent_kernel, (min(tiles * split_k, num_sms(x.device)),)
+        weight_args = (w_desc,)
+    else:
+        kernel, grid = _fp8_tma_kernel, (triton.cdiv(n, block_n), triton.cdiv(m, bm), split_k)
+        weight_args = (w_desc, weight, weight.stride(0))
+        options["PREFETCH_K"] = (pdl.prefetch_cols(block_n, triton.cdiv(k, split_k), 1,
+                                                   prefetch_bytes())
+                                 if options["USE_PDL"] else 0)
+        options["EARLY_SCALES"] = early_scales(bias is not None)
+        options["EARLY_TICKET"] = early_ticket()
     bit_widen = bit_widen and x.dtype == torch.bfloat16 and not _interpreted()
     kernel[grid](
-        x_desc, x_scale, w_desc, scale.reshape(-1), bias if bias is not None else scale, y,
-        parts if parts is not None else y, counters if counters is not None else y, m, n, k,
-        y.stride(0), HAS_BIAS=bias is not None, FP8_X=x.dtype == weight.dtype, BLOCK_M=bm,
+        x_desc, x_scale, *weight_args, scale.reshape(-1), bias if bias is not None else scale,
+        y, parts if parts is not None else y, counters if counters is not None else y, m, n,
+        k, y.stride(0), HAS_BIAS=bias is not None, FP8_X=x.dtype == weight.dtype, BLOCK_M=bm,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, TICKETS=counters is not None,
-        NUM_STAGES=num_stages, BIT_WIDEN=bit_widen, num_warps=num_warps,
-        **pdl.launch_options(x.device))
+        NUM_STAGES=num_stages, BIT_WIDEN=bit_widen, num_warps=num_warps, **options)
     return y.to(out_dtype)
 
 

@@ -97,10 +97,11 @@ def prefetch_bytes() -> int:
     return int(value) * 1024
 
 
-def prefetch_cols(rows: int, k: int, elem_bytes: int) -> int:
-    """The columns of `rows` weight rows a program prefetches: about prefetch_bytes(), at
-    least a cache line, at most k rounded up; a power of two (0 where the budget is 0)."""
-    budget = prefetch_bytes()
+def prefetch_cols(rows: int, k: int, elem_bytes: int, budget: int | None = None) -> int:
+    """The columns of `rows` weight rows a program prefetches: about `budget` bytes
+    (prefetch_bytes() where None), at least a cache line, at most k rounded up; a power of
+    two (0 where the budget is 0)."""
+    budget = prefetch_bytes() if budget is None else budget
     if budget == 0:
         return 0
     line = LINE_BYTES.value // elem_bytes

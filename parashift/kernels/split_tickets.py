@@ -68,3 +68,47 @@ def summed_parts(first_part_ptrs, plane, mask, SPLIT_K: tl.constexpr):
         total += tl.load(first_part_ptrs + s * plane, mask=mask, other=0.0,
                          cache_modifier=".cg")
     return total
+
+
+# The ticket first (`arrive`), for a kernel whose tile's last program can keep its own part in
+# registers: one counter holds the programs arrived (low 16 bits) and the parts stored (high
+# 16 bits). The others store their part and `signal_stored`; the last to arrive waits only for
+# programs already arrived (`wait_stored`: none of them waits on anything, so no deadlock at
+# any residency), saving its own part's store and the release before its ticket.
+STORED = tl.constexpr(1 << 16)
+
+
+@triton.jit
+def arrive(counter_ptr, SPLIT_K: tl.constexpr):
+    """Takes the tile's ticket before this program stores anything: whether it is the last."""
+    return (tl.atomic_add(counter_ptr, 1, sem="relaxed") & (STORED - 1)) == SPLIT_K - 1
+
+
+@triton.jit
+def signal_stored(counter_ptr):
+    """After this program's part is stored: counts it (released with it)."""
+    tl.debug_barrier()  # every thread's stores before the count
+    tl.atomic_add(counter_ptr, STORED, sem="release")
+
+
+@triton.jit
+def wait_stored(counter_ptr, SPLIT_K: tl.constexpr):
+    """In the last program: until every other part is stored; then its counter back to 0,
+    before any thread reads a part."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
+    while seen // STORED < SPLIT_K - 1:
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
+    tl.atomic_xchg(counter_ptr, 0, sem="relaxed")
+    tl.debug_barrier()
+
+
+@triton.jit
+def summed_parts_with(own, split, first_part_ptrs, plane, mask, SPLIT_K: tl.constexpr):
+    """`summed_parts` where this program's part (`split`) is `own`, not stored: the same
+    sum in split order (its plane is read too, alongside the others, and not used)."""
+    total = tl.where(split == 0, own, tl.load(first_part_ptrs, mask=mask, other=0.0,
+                                                cache_modifier=".cg"))
+    for s in tl.static_range(1, SPLIT_K):
+        total += tl.where(split == s, own, tl.load(first_part_ptrs + s * plane, mask=mask,
+                                                   other=0.0, cache_modifier=".cg"))
+    return total

@@ -1,22 +1,26 @@
 """The TMA FP8-weight GEMM (y^T = W x^T, the weight by tensor descriptors) against a
 dequantized reference: one small tile config under the Triton interpreter, every registered
 config on CUDA."""
+import itertools
+import os
 from dataclasses import replace
 from unittest import mock
 
 import pytest
 import torch
 
-from parashift.kernels import fp8_gemm, fp8_gemm_tma, split_tickets
+from parashift.kernels import fp8_epilogue, fp8_gemm, fp8_gemm_tma, split_tickets
 from parashift.kernels.fp8_gemm import Config
 from tests.kernels.common import case_tests, cuda
 from tests.kernels.test_fp8_gemm import operands
 
 # one small tile: split 3 by tickets (several output tiles of rows and columns, a part of K
 # past its end at k 64, a partial last step at k 80) for each kernel (w8bits widens as w8
-# under the interpreter: tested on CUDA), and the persistent kernel's one part (its loop
-# flattened across tiles)
-SMALL = tuple(Config(kernel, 64, 32, 4, 2, 3, tickets=True) for kernel in fp8_gemm_tma.KERNELS
+# under the interpreter: tested on CUDA; w8a8 with row tiles of 16 tokens at most), and the
+# persistent kernel's one part (its loop flattened across tiles)
+SMALL = tuple(Config(kernel, 64, 32, 4, 2, 3, tickets=True,
+                     max_block_m=16 if kernel == "tma_w8a8" else 0)
+              for kernel in fp8_gemm_tma.KERNELS
               if "bits" not in kernel) + (Config("tma_w8_p", 64, 32, 4, 2),)
 CASES = [dict(m=3, n=80, k=80, bias=True), dict(m=33, n=200, k=64)]
 PERSISTENT_PROGRAMS = 2  # fewer than the items: each program takes several
@@ -38,8 +42,11 @@ def check(m, n, k, bias=False, dtype="float32", device="cpu", configs=SMALL):
                 assert torch.equal(actual, one_each), config
             else:
                 torch.testing.assert_close(actual, one_each, rtol=1e-2, atol=1e-2)
-        if config.tickets and config.split_k > 1:  # the same bits again, counters back at 0
-            assert torch.equal(fp8_gemm.fp8_weight_linear(x, w, scale, b, config), actual)
+        if config.tickets and config.split_k > 1:  # the same bits again, counters back at 0,
+            # the ticket taken before the part is stored (the last's part in registers)
+            with mock.patch.dict(os.environ, {fp8_epilogue.EARLY_TICKET_ENV: "1"}):
+                again = fp8_gemm.fp8_weight_linear(x, w, scale, b, config)
+            assert torch.equal(again, actual)
             assert not split_tickets._counters[x.device].any()
 
 
@@ -52,6 +59,14 @@ test_interpreted, _ = case_tests(__name__, check, CASES, uses_dot=True)
 def test_registered_configs_match_dequantized(case):
     configs = fp8_gemm.TMA_CONFIGS[:1] if case.get("bias") else fp8_gemm.TMA_CONFIGS
     check(**case, dtype="bfloat16", device="cuda", configs=configs)
+
+
+@cuda
+def test_tiles_of_fewer_tokens_match_dequantized():
+    """64 rows in row tiles of 32 (split and not) against the dequantized product."""
+    check(m=64, n=208, k=1024, dtype="bfloat16", device="cuda", configs=(
+        Config("tma_w8a8", 64, 256, 4, 6, 1, tickets=True, max_block_m=32),
+        Config("tma_w8a8", 128, 128, 4, 8, 2, tickets=True, max_block_m=32)))
 
 
 @cuda
@@ -103,3 +118,63 @@ def test_measured_only_where_enabled(monkeypatch):
     monkeypatch.setenv(fp8_gemm_tma.ENV, "yes")
     with pytest.raises(ValueError, match=fp8_gemm_tma.ENV):
         fp8_gemm.candidates(64, 4096)
+
+
+def test_prefetch_switch_reads_kilobytes_and_refuses_other_values(monkeypatch):
+    monkeypatch.delenv(fp8_gemm_tma.PREFETCH_ENV, raising=False)
+    assert fp8_gemm_tma.prefetch_bytes() == int(fp8_gemm_tma.DEFAULT_PREFETCH_KB) * 1024
+    monkeypatch.setenv(fp8_gemm_tma.PREFETCH_ENV, "64")
+    assert fp8_gemm_tma.prefetch_bytes() == 65536
+    monkeypatch.setenv(fp8_gemm_tma.PREFETCH_ENV, "64k")
+    with pytest.raises(ValueError, match=fp8_gemm_tma.PREFETCH_ENV):
+        fp8_gemm_tma.prefetch_bytes()
+
+
+@pytest.mark.parametrize("read,env,default", [
+    (fp8_epilogue.early_scales, fp8_epilogue.EARLY_SCALES_ENV, fp8_epilogue.DEFAULT_EARLY_SCALES),
+    (fp8_epilogue.early_ticket, fp8_epilogue.EARLY_TICKET_ENV, fp8_epilogue.DEFAULT_EARLY_TICKET)])
+def test_epilogue_switches_read_0_or_1(monkeypatch, read, env, default):
+    monkeypatch.delenv(env, raising=False)
+    assert read() == (default == "1")
+    monkeypatch.setenv(env, "1")
+    assert read()
+    if read is fp8_epilogue.early_scales:  # never with a bias (another FMA contraction)
+        assert not read(True)
+    monkeypatch.setenv(env, "0")
+    assert not read()
+    monkeypatch.setenv(env, "yes")
+    with pytest.raises(ValueError, match=env):
+        read()
+
+
+@cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="PDL (and so the prefetch) needs compute capability 9")
+def test_launch_switches_give_the_same_bits(monkeypatch):
+    """Under PDL each program pulls the start of its weight slice into L2 before its wait (a
+    budget past the slice and the weight's end, clamped); the scales loaded before the main
+    loop (without a bias); a split's ticket taken before its part is stored (twice: the
+    counters back at 0): split and not, with a bias and without, TMA and tl.dot kernels, the
+    same bits as without PDL, prefetch, early scales or early ticket."""
+    from parashift.kernels import pdl
+    x, w, scale, bias, _ = operands(64, 4096 + 64, 1024, True, "bfloat16", "cuda")
+    x_fp8 = fp8_gemm.quantize_rows(x)
+    configs = (Config("tma_w8a8", 64, 256, 4, 6, 1, tickets=True),
+               Config("tma_w8a8", 64, 256, 4, 4, 4, tickets=True),
+               Config("tma_w8a8", 256, 128, 8, 4, 1, tickets=True),
+               Config("w8a8", 32, 256, 4, 4, 2, tickets=True), Config("w8", 64, 256, 4, 3))
+    settings = (("0", "0", "0", "0"), ("1", "0", "0", "0"), ("1", "64", "0", "0"),
+                ("1", "4096", "1", "0"), ("0", "0", "1", "0"), ("1", "64", "1", "1"),
+                ("1", "64", "1", "1"), ("0", "0", "0", "1"))
+    for config, b in itertools.product(configs, (None, bias)):
+        results = []
+        for flag, kb, early, ticket in settings:
+            monkeypatch.setenv(pdl.ENV, flag)
+            monkeypatch.setenv(fp8_gemm_tma.PREFETCH_ENV, kb)
+            monkeypatch.setenv(fp8_epilogue.EARLY_SCALES_ENV, early)
+            monkeypatch.setenv(fp8_epilogue.EARLY_TICKET_ENV, ticket)
+            assert pdl.pdl_enabled(x.device) == (flag == "1")
+            results.append(fp8_gemm.fp8_weight_linear(x, w, scale, b, config, x_fp8))
+        torch.cuda.synchronize()
+        assert all(torch.equal(results[0], r) for r in results[1:]), config
+        assert not split_tickets._counters[x.device].any()

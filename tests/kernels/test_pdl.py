@@ -157,10 +157,18 @@ KERNELS = {
         PREFETCH_K=4096, AHEAD=False, TICKETS=True), True),
     "fp8_weight": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                    dict(HAS_BIAS=False, FP8_X=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=256,
-                        SPLIT_K=1, PREFETCH_K=256, TICKETS=False), True),
+                        SPLIT_K=1, PREFETCH_K=256, TICKETS=False, EARLY_SCALES=False,
+                        EARLY_TICKET=False), True),
     "fp8_weight_tickets": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                            dict(HAS_BIAS=True, FP8_X=True, BLOCK_M=64, BLOCK_N=64,
-                                BLOCK_K=256, SPLIT_K=4, PREFETCH_K=256, TICKETS=True), True),
+                                BLOCK_K=256, SPLIT_K=4, PREFETCH_K=256, TICKETS=True,
+                                EARLY_SCALES=False, EARLY_TICKET=False), True),
+    # the tile's scales and bias loaded before the main loop (after the wait still), the
+    # split's ticket taken before its part is stored
+    "fp8_weight_early_scales": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
+                                dict(HAS_BIAS=True, FP8_X=True, BLOCK_M=64, BLOCK_N=64,
+                                     BLOCK_K=256, SPLIT_K=4, PREFETCH_K=256, TICKETS=True,
+                                     EARLY_SCALES=True, EARLY_TICKET=True), True),
     "argmax": (argmax._argmax_kernel, {"out_ptr": torch.int64, "part_value_ptr": torch.float32,
                                        "part_index_ptr": torch.int32, "counter_ptr": torch.int32},
                (), dict(BLOCK=4096, PARTS=32), False),
@@ -239,7 +247,7 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 # the kernels that read their own output back after a barrier (or a ticket): LATE is after
 # their inputs' reads, before those
 READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets",
-             "fp8_weight_tickets", "moe_router"}
+             "fp8_weight_tickets", "fp8_weight_early_scales", "moe_router"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
 # byte a load; the activations are bf16), and nothing else touches memory
