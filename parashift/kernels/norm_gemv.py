@@ -1,0 +1,144 @@
+"""The RMSNorm before a linear layer (with the residual add) computed inside that layer's GEMV
+at one to four rows (decode; issue 61), FP8 weights (scale per row) and 16-bit ones (a scale
+of ones) alike: each program of fp8_gemv.py's kernel (NORM) reads the rows x and residual,
+takes their 1 / rms, and forms rms_norm(x + residual) of each K slice it multiplies; its first
+program stores the new residual x + residual. The norm's launch goes away; the rows are read
+from L2 by every program (twice: the sum of squares, then the slices), so wider column tiles
+than the plain GEMV's are candidates too (fewer programs reading them).
+
+The output is the unfused pair's (`rmsnorm.add_rms_norm` then the GEMV) except for 1 / rms,
+whose sum of squares runs in the GEMV's layout (norm_values.py): its last bits may differ,
+and with them a rounded normalised value now and then. gate_up's SiLU-and-mul may come in
+the same GEMV's epilogue (gated_gemv.py's "gate_up": `silu` below).
+
+A shape takes the fusion only where it timed faster than the unfused pair as the layers run
+it (the norm kernel, then the dispatch's GEMM or SiLU GEMV; `choice`), timed as the dispatch
+times (gemm_timing.py)."""
+import logging
+from typing import Callable
+
+import torch
+
+from parashift.kernels import fp8_gemm, fp8_gemv, gated_gemv, gemm_timing, rmsnorm, skinny_gemm
+
+logger = logging.getLogger(__name__)
+
+MAX_ROWS = fp8_gemv.MAX_ROWS
+# (block_n, block_k, warps): each program reads three K-wide rows (x, residual, the norm's
+# weight) and the first two twice, so wide column tiles (fewer programs) beside the plain
+# GEMV's narrow ones; one part of K (every part would take the whole row's 1 / rms); 8 to 64
+# fp32 weight values a thread
+SHAPES = ((2, 2048, 4), (4, 1024, 4), (8, 1024, 4), (8, 2048, 8), (16, 512, 4), (16, 1024, 8),
+          (32, 512, 8), (32, 256, 4))
+AHEAD_SHAPES = ((4, 1024, 4), (8, 1024, 4), (16, 512, 4))
+FP8_CONFIGS = tuple(fp8_gemm.Config("gemv", *shape, 1) for shape in SHAPES) + tuple(
+    fp8_gemm.Config("gemv", *shape, 1, ahead=True) for shape in AHEAD_SHAPES)
+BF16_CONFIGS = tuple(skinny_gemm.GemvConfig(*shape) for shape in SHAPES) + tuple(
+    skinny_gemm.GemvConfig(*shape, ahead=True) for shape in AHEAD_SHAPES)
+_choices: dict[tuple, object] = {}
+
+
+def candidates(weight: torch.Tensor) -> list:
+    """The configs measured on this weight (even block_n: SiLU's gate and up pairs fit)."""
+    configs = FP8_CONFIGS if weight.dtype == fp8_gemm.FP8 else BF16_CONFIGS
+    return [c for c in configs if c.block_n <= max(weight.shape[0], 2)]
+
+
+def fused_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                 eps: float, weight: torch.Tensor, scale: torch.Tensor | None,
+                 bias: torch.Tensor | None, config, silu: bool = False,
+                 new_residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) W^T + b, x + residual) by one GEMV of `config` (x where no
+    residual; written to new_residual where given); silu: silu_and_mul of the product (W
+    holds [gate; up]). W in E4M3 with scale [rows, 1], or 16-bit with scale None."""
+    if scale is None:
+        scale = skinny_gemm.unit_scale(weight.shape[0], x.device)
+    if residual is None:
+        new_residual = x
+    elif new_residual is None:
+        new_residual = torch.empty_like(x)
+    y = fp8_gemv.fp8_gemv(x, weight, scale, bias, *gated_gemv.args(config), silu_out=silu,
+                          norm=fp8_gemv.NormInput(residual, norm_weight, eps, new_residual))
+    return y, new_residual
+
+
+def unfused_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                   eps: float, weight: torch.Tensor, scale: torch.Tensor | None,
+                   bias: torch.Tensor | None, silu_config=None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the layers run without the fusion: the norm kernel, then the dispatch's GEMM (or,
+    given silu_config, gated_gemv's SiLU GEMV of that config)."""
+    if residual is None:
+        normed, new_residual = rmsnorm.rms_norm(x, norm_weight, eps), x
+    else:
+        normed, new_residual = rmsnorm.add_rms_norm(x, residual, norm_weight, eps)
+    if silu_config is not None:
+        return gated_gemv.fused_linear("gate_up", normed, weight, scale, bias,
+                                       silu_config), new_residual
+    return gated_gemv.dispatched_linear(normed, weight, scale, bias), new_residual
+
+
+def _key(x, residual, norm_weight, weight, has_bias, silu_config) -> tuple:
+    return (x.shape[0], tuple(weight.shape), weight.stride(0), weight.dtype, x.dtype, x.device,
+            residual is not None, has_bias, silu_config)
+
+
+def fusable(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+            weight: torch.Tensor) -> bool:
+    """Whether the fused GEMV can serve these tensors: 1-4 rows of K in the norm weight's
+    dtype (a residual alike), a weight [N, K] contiguous along K."""
+    return (x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and weight.dim() == 2
+            and weight.stride(1) == 1 and weight.shape[1] == x.shape[1]
+            and norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
+            and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype)))
+
+
+def choice(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+           eps: float, weight: torch.Tensor, scale: torch.Tensor | None,
+           bias: torch.Tensor | None, silu_config=None):
+    """The config of the fused GEMV for these tensors where it measured faster than
+    `unfused_linear`, else None. Measured on the shape's first call outside a CUDA graph
+    capture; during a capture an unmeasured shape takes None."""
+    if not fusable(x, residual, norm_weight, weight):
+        return None
+    key = _key(x, residual, norm_weight, weight, bias is not None, silu_config)
+    if key not in _choices:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        unfused_linear(x, residual, norm_weight, eps, weight, scale, bias,
+                       silu_config)  # the dispatch's own choice made first
+        with gemm_timing.timing_launches():
+            timings = timings_ms(x, residual, norm_weight, eps, weight, scale, bias,
+                                 silu_config, candidates(weight))
+        _choices[key] = skinny_gemm.choose(timings)
+        logger.info("RMSNorm in the GEMV, %d rows x %s%s: %s (%.2f µs; unfused %.2f µs)",
+                    x.shape[0], tuple(weight.shape), " with SiLU" if silu_config else "",
+                    _choices[key] or "unfused", 1e3 * timings[_choices[key]],
+                    1e3 * timings[None])
+    return _choices[key]
+
+
+def timings_ms(x, residual, norm_weight, eps, weight, scale, bias, silu_config,
+               configs) -> dict:
+    """Milliseconds per call of `unfused_linear` (None) and of each fused config, replayed
+    from CUDA graphs over copies of the weight (gemm_timing)."""
+    weights = gemm_timing.weight_copies(weight)
+    xin, chain = gemm_timing.timed_input(x)
+    silu = silu_config is not None
+    runs: dict[object, Callable[[int], object]] = {
+        None: lambda i: unfused_linear(xin, residual, norm_weight, eps, weights[i], scale,
+                                       bias, silu_config)}
+    runs.update({c: lambda i, c=c: fused_linear(xin, residual, norm_weight, eps, weights[i],
+                                                scale, bias, c, silu)
+                 for c in configs})
+    return gemm_timing.replayed_timings_ms(runs, len(weights), chain)
+
+
+def chosen() -> list[dict]:
+    """What `choice` chose for each shape measured in this process."""
+    return [{"rows": key[0], "weight": list(key[1]), "residual": key[6],
+             "silu": key[8] is not None,
+             "kernel": "unfused" if config is None else
+             f"gemv {config.block_n}x{config.block_k} w{config.num_warps}"
+             f"{' ahead' if config.ahead else ''}"}
+            for key, config in _choices.items()]
