@@ -142,20 +142,24 @@ KERNELS = {
     "skinny_no_prefetch": (skinny_gemm._skinny_kernel, {}, (), dict(
         HAS_BIAS=True, IEEE=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, PREFETCH_K=0), False),
     "fp8_gemv": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
-        **GEMV_PLAIN, HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
+        **GEMV_PLAIN,
+        HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
         PREFETCH_K=4096, AHEAD=False, TICKETS=False), True),
     "fp8_gemv_ahead": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
-        **GEMV_PLAIN, HAS_BIAS=False, ROWS=2, EVEN_K=False, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=2, VEC=8,
+        **GEMV_PLAIN,
+        HAS_BIAS=False, ROWS=2, EVEN_K=False, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=2, VEC=8,
         PREFETCH_K=4096, AHEAD=True, TICKETS=False), True),
     "fp8_gemv_gated": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
-        **GEMV_PLAIN, HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, VEC=8,
+        **GEMV_PLAIN,
+        HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, VEC=8,
         PREFETCH_K=4096, AHEAD=False, TICKETS=False, GATED=True, LIBDEVICE=True), True),
     "fp8_gemv_norm": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
         HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, VEC=8,
         PREFETCH_K=4096, AHEAD=False, TICKETS=False, SILU_OUT=True, LIBDEVICE=True, NORM=True,
         HAS_RESIDUAL=True, NORM_BLOCK=4096), True),
     "fp8_gemv_tickets": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
-        **GEMV_PLAIN, HAS_BIAS=True, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
+        **GEMV_PLAIN,
+        HAS_BIAS=True, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
         PREFETCH_K=4096, AHEAD=False, TICKETS=True), True),
     "fp8_weight": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                    dict(HAS_BIAS=False, FP8_X=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=256,
