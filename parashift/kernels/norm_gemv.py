@@ -26,11 +26,11 @@ logger = logging.getLogger(__name__)
 MAX_ROWS = fp8_gemv.MAX_ROWS
 # (block_n, block_k, warps): each program reads three K-wide rows (x, residual, the norm's
 # weight) and the first two twice, so wide column tiles (fewer programs) beside the plain
-# GEMV's narrow ones; one part of K (every part would take the whole row's 1 / rms); 8 to 64
-# fp32 weight values a thread
-SHAPES = ((2, 2048, 4), (4, 1024, 4), (8, 1024, 4), (8, 2048, 8), (16, 512, 4), (16, 1024, 8),
-          (32, 512, 8), (32, 256, 4))
-AHEAD_SHAPES = ((4, 1024, 4), (8, 1024, 4), (16, 512, 4))
+# GEMV's narrow ones; one part of K (every part would take the whole row's 1 / rms); 32 to 64
+# fp32 weight values a thread; each also with the next tile's load in flight (ahead), as it
+# then is during the program's 1 / rms
+SHAPES = ((4, 1024, 4), (8, 1024, 4), (8, 2048, 8), (16, 512, 4), (16, 1024, 8), (32, 512, 8))
+AHEAD_SHAPES = ((4, 1024, 4), (8, 1024, 4), (16, 512, 4), (16, 1024, 8), (32, 512, 8))
 FP8_CONFIGS = tuple(fp8_gemm.Config("gemv", *shape, 1) for shape in SHAPES) + tuple(
     fp8_gemm.Config("gemv", *shape, 1, ahead=True) for shape in AHEAD_SHAPES)
 BF16_CONFIGS = tuple(skinny_gemm.GemvConfig(*shape) for shape in SHAPES) + tuple(
@@ -67,15 +67,25 @@ def unfused_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: 
                    bias: torch.Tensor | None, silu_config=None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """What the layers run without the fusion: the norm kernel, then the dispatch's GEMM (or,
-    given silu_config, gated_gemv's SiLU GEMV of that config)."""
-    if residual is None:
-        normed, new_residual = rmsnorm.rms_norm(x, norm_weight, eps), x
-    else:
-        normed, new_residual = rmsnorm.add_rms_norm(x, residual, norm_weight, eps)
+    given silu_config, gated_gemv's SiLU GEMV of that config); where the FP8 dispatch
+    quantizes its input per token, the norm kernel writes the E4M3 rows too
+    (layers/fp8_input.py's twin)."""
     if silu_config is not None:
+        normed, new_residual = _norm(x, residual, norm_weight, eps)
         return gated_gemv.fused_linear("gate_up", normed, weight, scale, bias,
                                        silu_config), new_residual
+    if scale is not None and fp8_gemm.quantizes_activations(x.shape[0], weight, x.dtype,
+                                                            x.device, bias is not None):
+        normed, new_residual, rows, scales = rmsnorm.rms_norm_fp8(x, residual, norm_weight, eps)
+        return fp8_gemm.linear(normed, weight, scale, bias, (rows, scales)), new_residual
+    normed, new_residual = _norm(x, residual, norm_weight, eps)
     return gated_gemv.dispatched_linear(normed, weight, scale, bias), new_residual
+
+
+def _norm(x, residual, norm_weight, eps) -> tuple[torch.Tensor, torch.Tensor]:
+    if residual is None:
+        return rmsnorm.rms_norm(x, norm_weight, eps), x
+    return rmsnorm.add_rms_norm(x, residual, norm_weight, eps)
 
 
 def _key(x, residual, norm_weight, weight, has_bias, silu_config) -> tuple:
