@@ -24,6 +24,9 @@ from parashift.kernels import fp8_gemm, fp8_gemv, gated_gemv, gemm_timing, rmsno
 logger = logging.getLogger(__name__)
 
 MAX_ROWS = fp8_gemv.MAX_ROWS
+# rows up to which `choice` measures the fusion (the kernel serves MAX_ROWS): each count and
+# shape is timed at start-up over every candidate, compiled for it
+FUSED_ROWS = 1
 # (block_n, block_k, warps): each program reads three K-wide rows (x, residual, the norm's
 # weight) and the first two twice, so wide column tiles (fewer programs) beside the plain
 # GEMV's narrow ones; one part of K (every part would take the whole row's 1 / rms); 32 to 64
@@ -95,9 +98,9 @@ def _key(x, residual, norm_weight, weight, has_bias, silu_config) -> tuple:
 
 def fusable(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
             weight: torch.Tensor) -> bool:
-    """Whether the fused GEMV can serve these tensors: 1-4 rows of K in the norm weight's
-    dtype (a residual alike), a weight [N, K] contiguous along K."""
-    return (x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and weight.dim() == 2
+    """Whether the fused GEMV is measured for these tensors: 1 to FUSED_ROWS rows of K in
+    the norm weight's dtype (a residual alike), a weight [N, K] contiguous along K."""
+    return (x.dim() == 2 and 1 <= x.shape[0] <= FUSED_ROWS and weight.dim() == 2
             and weight.stride(1) == 1 and weight.shape[1] == x.shape[1]
             and norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
             and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype)))

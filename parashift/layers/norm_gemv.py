@@ -10,7 +10,8 @@ At run time, where the layer's one weight part at that many rows measured faster
 the new residual, written by the GEMV) and hands x and the residual to the hook, which
 computes the layer's output from them when called with that very tensor; where the layer's
 SiLU hook fuses SiLU-and-mul into its GEMV, the one GEMV does both and hands the product on.
-Else the twin is the norm it replaced. The decoder layer calls the norm and then the layer
+Else (and for the first layer's norm, which has no residual to add) the twin is the norm it
+replaced. The decoder layer calls the norm and then the layer
 (through its attention or MLP, nothing in between), so the tensor is the one handed over;
 a layer called with another tensor while one is held is an error, not a silent misread.
 
@@ -34,7 +35,7 @@ MODES = ("0", "1")
 class HeldNorm(NamedTuple):
     placeholder: torch.Tensor  # what the twin returned as the norm's output
     x: torch.Tensor
-    residual: torch.Tensor | None
+    residual: torch.Tensor
     new_residual: torch.Tensor  # returned by the twin, written by the GEMV
     norm: RMSNorm
     weight: torch.Tensor  # the layer's weight the config was chosen for
@@ -82,7 +83,7 @@ class NormIntoGemv(RMSNorm):
         self.hook = consumer.gemm_hook = NormHook(consumer.gemm_hook)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        part = self._part(x)
+        part = self._part(x) if residual is not None else None  # the first layer's: as is
         config = silu_config = None
         if part is not None:
             from parashift.kernels import norm_gemv
@@ -93,11 +94,10 @@ class NormIntoGemv(RMSNorm):
                                       part.scale, part.bias, silu_config)
         if config is None:
             return self._plain(x, residual)
-        placeholder = torch.empty_like(x)
-        new_residual = x if residual is None else torch.empty_like(x)
+        placeholder, new_residual = torch.empty_like(x), torch.empty_like(x)
         self.hook.put(HeldNorm(placeholder, x, residual, new_residual, self, part.weight,
                                config, silu_config))
-        return placeholder if residual is None else (placeholder, new_residual)
+        return placeholder, new_residual
 
     def _part(self, x: torch.Tensor) -> WeightPart | None:
         """The layer's one weight part where the fused GEMV may serve x, else None."""

@@ -26,7 +26,7 @@ def fake_timings(monkeypatch):
 
 
 @pytest.mark.parametrize("fp8", [True, False])
-def test_the_fusion_is_chosen_only_where_it_measured_faster(fake_timings, fp8):
+def test_the_fusion_is_chosen_only_where_it_measured_faster(fake_timings, monkeypatch, fp8):
     costs, measured = fake_timings
     weight = torch.zeros(64, 32, dtype=fp8_gemm.FP8 if fp8 else torch.bfloat16)
     x, nw = torch.zeros(1, 32, dtype=torch.bfloat16), torch.ones(32, dtype=torch.bfloat16)
@@ -36,6 +36,7 @@ def test_the_fusion_is_chosen_only_where_it_measured_faster(fake_timings, fp8):
     costs[fast] = 0.5
     assert norm_gemv.choice(x, x, nw, 1e-5, weight, None, None) is None  # cached
     assert norm_gemv.choice(x, None, nw, 1e-5, weight, None, None) == fast  # no residual
+    monkeypatch.setattr(norm_gemv, "FUSED_ROWS", 4)
     assert norm_gemv.choice(x.repeat(4, 1), x.repeat(4, 1), nw, 1e-5, weight, None,
                             None) == fast
     assert measured == [((1, 32), True, None), ((1, 32), False, None), ((4, 32), True, None)]
@@ -48,7 +49,8 @@ def test_what_the_gemv_cannot_serve_or_a_capture_takes_the_unfused_path(fake_tim
     _, measured = fake_timings
     weight = torch.zeros(64, 32, dtype=torch.bfloat16)
     x, nw = torch.zeros(1, 32, dtype=torch.bfloat16), torch.ones(32, dtype=torch.bfloat16)
-    assert norm_gemv.choice(x.repeat(5, 1), None, nw, 1e-5, weight, None, None) is None
+    assert norm_gemv.choice(x.repeat(norm_gemv.FUSED_ROWS + 1, 1), None, nw, 1e-5, weight,
+                            None, None) is None
     assert norm_gemv.choice(x, None, nw.float(), 1e-5, weight, None, None) is None
     assert norm_gemv.choice(x, x.float(), nw, 1e-5, weight, None, None) is None
     assert norm_gemv.choice(x, None, nw, 1e-5, weight.t(), None, None) is None
