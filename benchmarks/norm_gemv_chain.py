@@ -12,7 +12,7 @@ where norm_gemv.py chose it), "norm_silu" (both). The graphs are replayed in tur
 (interleaved repeats): median µs per layer, each variant's choices, max |difference| of the
 outputs against the first variant's. --sweep also times every norm_gemv candidate against
 the unfused pair at each shape (qkv; gate_up with and without SiLU) and row count, as the
-choice times them (PARASHIFT_GEMM_TIMING as set)."""
+choice times them (PARASHIFT_GEMM_TIMING as set), and the pair's GEMM alone."""
 import argparse
 import json
 import statistics
@@ -90,10 +90,24 @@ def sweep(layer: pdl_chain.Layer, batch: int) -> list[dict]:
         with gemm_timing.timing_launches():
             timings = norm_gemv.timings_ms(x, residual, layer.norms[0], EPS, weight, scale,
                                            None, silu_config, norm_gemv.candidates(weight))
-        rows.append(dict(shape=name, rows=batch, silu=silu,
+            alone = gemm_alone_us(x, weight, scale, silu_config)
+        rows.append(dict(shape=name, rows=batch, silu=silu, gemm_alone_us=alone,
                          us={label(c): round(1e3 * t, 2) for c, t in timings.items()}))
         print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def gemm_alone_us(x, weight, scale, silu_config) -> float:
+    """µs a call of the GEMM the unfused pair runs after its norm, timed alone."""
+    weights = gemm_timing.weight_copies(weight)
+    xin, chain = gemm_timing.timed_input(x)
+    if silu_config is None:
+        run = lambda i: gated_gemv.dispatched_linear(xin, weights[i], scale, None)  # noqa: E731
+    else:
+        run = lambda i: gated_gemv.fused_linear(  # noqa: E731
+            "gate_up", xin, weights[i], scale, None, silu_config)
+    return round(1e3 * gemm_timing.replayed_timings_ms({"gemm": run}, len(weights),
+                                                       chain)["gemm"], 2)
 
 
 def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float,
