@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Helper normgemv (issue 61): the RMSNorm inside the next GEMV on one H200. In order, each step
-# under `timeout` within BUDGET_S (default 235) seconds, results to $OUT as they come:
-#   1. the new kernel's GPU tests (fp8_gemv's norm input);
-#   2. benchmarks/norm_gemv_chain.py: the 8B's decode kernels at one row, FP8 then bf16,
+# Helper normgemv (issue 61): the RMSNorm inside the next GEMV on one H200. The STEPS (default
+# "tests chain decode more_tests"), in order, each under `timeout` within BUDGET_S (default
+# 235) seconds, results to $OUT as they come:
+#   tests: the new kernel's GPU tests (fp8_gemv's norm input);
+#   chain: benchmarks/norm_gemv_chain.py: the 8B's decode kernels at one row, FP8 then bf16,
 #      variants plain / silu / norm / norm_silu in one process, and the candidates' sweep;
-#   3. the engine's decode b1 (DECODE_WEIGHTS, default fp8), PARASHIFT_NORM_IN_GEMV=1 then 0,
-#      DECODE_ROUNDS times (default 1);
-#   4. norm_gemv's measured choice, and the engine's greedy tokens with the fusion against
-#      without (tiny model, bf16 and FP8).
-# Usage: OUT=dir [BUDGET_S=235] [DECODE_WEIGHTS="fp8 bf16"] [DECODE_ROUNDS=1]
-#   bash scripts/gpu_normgemv.sh
+#   decode: the engine's decode b1 for each of DECODE ("model:weights", default
+#      "llama-3.1-8b:fp8"), PARASHIFT_NORM_IN_GEMV=1 then 0, DECODE_ROUNDS times (default 1);
+#   more_tests: norm_gemv's measured choice, and the engine's greedy tokens with the fusion
+#      against without (tiny model, bf16 and FP8).
+# Usage: OUT=dir [BUDGET_S=235] [STEPS="..."] [DECODE="llama-3.1-8b:fp8 qwen3-30b-a3b:bf16"]
+#   [DECODE_ROUNDS=1] bash scripts/gpu_normgemv.sh
 set -u
 out=${OUT:?an output folder}
 start=$(date +%s)
@@ -22,22 +23,36 @@ run() {  # run NAME SECONDS CMD...: at most SECONDS, never past the budget
   timeout "$limit" "$@" > "$out/$name.log" 2>&1
   echo "[$name] rc=$? in $(( $(date +%s) - t0 )) s (limit $limit)" | tee -a "$out/summary.log"
 }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
-run tests 35 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x -p no:cacheprovider \
-  tests/kernels/test_fp8_gemv.py -k "norm"
-run chain 90 python3 benchmarks/norm_gemv_chain.py --weights fp8 bf16 --batch-sizes 1 \
-  --layers 32 --repeats 11 --sweep --no-dot-configs --output "$out/chain.json"
-for round in $(seq "${DECODE_ROUNDS:-1}"); do
-  for weights in ${DECODE_WEIGHTS:-fp8}; do
-    quant=""; [ "$weights" = fp8 ] && quant="--quantization fp8"
-    for flag in 1 0; do  # the first run compiles what the chain did not (the dot configs)
-      run "decode_${weights}_norm${flag}_$round" $((flag ? 60 : 45)) env PARASHIFT_NORM_IN_GEMV=$flag \
-        python3 benchmarks/decode_throughput.py --model benchmarks/shapes/llama-3.1-8b.json \
-        --batch-sizes 1 --context 1024 --decode-steps 32 --cuda-graphs $quant \
-        --output "$out/decode_${weights}_norm${flag}_$round.json"
+step_tests() {
+  run tests 35 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x -p no:cacheprovider \
+    tests/kernels/test_fp8_gemv.py -k "norm"
+}
+step_chain() {
+  run chain 90 python3 benchmarks/norm_gemv_chain.py --weights fp8 bf16 --batch-sizes 1 \
+    --layers 32 --repeats 11 --sweep --no-dot-configs --output "$out/chain.json"
+}
+step_decode() {
+  local round spec model weights quant flag
+  for round in $(seq "${DECODE_ROUNDS:-1}"); do
+    for spec in ${DECODE:-llama-3.1-8b:fp8}; do
+      model=${spec%%:*} weights=${spec##*:} quant=""
+      [ "$weights" = fp8 ] && quant="--quantization fp8"
+      for flag in 1 0; do  # a model's first run compiles what the chain did not
+        run "decode_${model}_${weights}_norm${flag}_$round" $((round == 1 && flag ? 60 : 45)) \
+          env PARASHIFT_NORM_IN_GEMV=$flag python3 benchmarks/decode_throughput.py \
+          --model "benchmarks/shapes/$model.json" --batch-sizes 1 --context 1024 \
+          --decode-steps 32 --cuda-graphs $quant \
+          --output "$out/decode_${model}_${weights}_norm${flag}_$round.json"
+      done
     done
   done
+}
+step_more_tests() {
+  run more_tests 90 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x -p no:cacheprovider \
+    tests/kernels/test_norm_gemv.py tests/layers/test_norm_gemv.py
+}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
+for step in ${STEPS:-tests chain decode more_tests}; do
+  "step_$step"
 done
-run more_tests 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x -p no:cacheprovider \
-  tests/kernels/test_norm_gemv.py tests/layers/test_norm_gemv.py
-grep -h '"step_ms"' "$out"/decode_*.log | cut -c1-200 >> "$out/summary.log"
+grep -h '"step_ms"' "$out"/decode_*.log 2>/dev/null | cut -c1-200 >> "$out/summary.log"
