@@ -76,8 +76,10 @@ def test_the_measured_choice_gives_the_unfused_output(fp8, silu, monkeypatch):
     if fp8:
         scale = torch.full((1024, 1), 2 ** -6, device="cuda")
         weight = (weight.float() / scale).to(fp8_gemm.FP8)
-    silu_config = (gated_gemv.candidates("gate_up", weight, fp8_gemm.GEMV_CONFIGS[1] if fp8
-                                         else skinny_gemm.GEMV_CONFIGS[1])[0] if silu else None)
+    silu_config = None  # a SiLU GEMV config as gated_gemv's choice would give it
+    if silu:
+        silu_config = (fp8_gemm.Config("gemv", 4, 1024, 4, 1) if fp8 else
+                       skinny_gemm.GemvConfig(4, 1024, 4))
     config = norm_gemv.choice(x, r, nw, 1e-5, weight, scale, None, silu_config)
     assert len(norm_gemv.chosen()) == 1
     unfused, added = norm_gemv.unfused_linear(x, r, nw, 1e-5, weight, scale, None, silu_config)
