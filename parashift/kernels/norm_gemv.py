@@ -33,7 +33,7 @@ FUSED_ROWS = 1
 # fp32 weight values a thread; each also with the next tile's load in flight (ahead), as it
 # then is during the program's 1 / rms
 SHAPES = ((4, 1024, 4), (8, 1024, 4), (8, 2048, 8), (16, 512, 4), (16, 1024, 8), (32, 512, 8))
-AHEAD_SHAPES = ((4, 1024, 4), (8, 1024, 4), (16, 512, 4), (16, 1024, 8), (32, 512, 8))
+AHEAD_SHAPES = ((4, 1024, 4), (8, 1024, 4), (16, 512, 4), (16, 1024, 8), (8, 2048, 8))
 FP8_CONFIGS = tuple(fp8_gemm.Config("gemv", *shape, 1) for shape in SHAPES) + tuple(
     fp8_gemm.Config("gemv", *shape, 1, ahead=True) for shape in AHEAD_SHAPES)
 BF16_CONFIGS = tuple(skinny_gemm.GemvConfig(*shape) for shape in SHAPES) + tuple(
