@@ -12,7 +12,8 @@ where norm_gemv.py chose it), "norm_silu" (both). The graphs are replayed in tur
 (interleaved repeats): median µs per layer, each variant's choices, max |difference| of the
 outputs against the first variant's. --sweep also times every norm_gemv candidate against
 the unfused pair at each shape (qkv; gate_up with and without SiLU) and row count, as the
-choice times them (PARASHIFT_GEMM_TIMING as set), and the pair's GEMM alone."""
+choice times them (in the decode chain: PDL on, each call after a kernel writing its input),
+and the pair's GEMM alone."""
 import argparse
 import json
 import statistics
@@ -67,13 +68,6 @@ def choices() -> dict:
                 norm=norm_gemv.chosen())
 
 
-def label(config) -> str:
-    if config is None:
-        return "unfused"
-    return (f"gemv {config.block_n}x{config.block_k} w{config.num_warps}"
-            f"{' ahead' if config.ahead else ''}")
-
-
 def sweep(layer: pdl_chain.Layer, batch: int) -> list[dict]:
     """Every candidate's µs a call against the unfused pair's, per shape."""
     x = torch.randn(batch, pdl_chain.HIDDEN, device="cuda", dtype=torch.bfloat16)
@@ -87,12 +81,12 @@ def sweep(layer: pdl_chain.Layer, batch: int) -> list[dict]:
             continue
         norm_gemv.unfused_linear(x, residual, layer.norms[0], EPS, weight, scale, None,
                                  silu_config)
-        with gemm_timing.timing_launches():
+        with gemm_timing.timing_launches(chain=True):
             timings = norm_gemv.timings_ms(x, residual, layer.norms[0], EPS, weight, scale,
                                            None, silu_config, norm_gemv.candidates(weight))
             alone = gemm_alone_us(x, weight, scale, silu_config)
         rows.append(dict(shape=name, rows=batch, silu=silu, gemm_alone_us=alone,
-                         us={label(c): round(1e3 * t, 2) for c, t in timings.items()}))
+                         us={norm_gemv.label(c): round(1e3 * t, 2) for c, t in timings.items()}))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -100,7 +94,7 @@ def sweep(layer: pdl_chain.Layer, batch: int) -> list[dict]:
 def gemm_alone_us(x, weight, scale, silu_config) -> float:
     """µs a call of the GEMM the unfused pair runs after its norm, timed alone."""
     weights = gemm_timing.weight_copies(weight)
-    xin, chain = gemm_timing.timed_input(x)
+    xin, chain = gemm_timing.timed_input(x, chain=True)
     if silu_config is None:
         run = lambda i: gated_gemv.dispatched_linear(xin, weights[i], scale, None)  # noqa: E731
     else:

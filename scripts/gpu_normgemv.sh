@@ -24,11 +24,11 @@ run() {  # run NAME SECONDS CMD...: at most SECONDS, never past the budget
   echo "[$name] rc=$? in $(( $(date +%s) - t0 )) s (limit $limit)" | tee -a "$out/summary.log"
 }
 step_tests() {
-  run tests 35 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x -p no:cacheprovider \
+  run tests 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x -p no:cacheprovider \
     tests/kernels/test_fp8_gemv.py -k "norm"
 }
 step_chain() {
-  run chain 90 python3 benchmarks/norm_gemv_chain.py --weights fp8 bf16 --batch-sizes 1 \
+  run chain 80 python3 benchmarks/norm_gemv_chain.py --weights fp8 bf16 --batch-sizes 1 \
     --layers 32 --repeats 11 --sweep --no-dot-configs --output "$out/chain.json"
 }
 step_decode() {
@@ -38,7 +38,7 @@ step_decode() {
       model=${spec%%:*} weights=${spec##*:} quant=""
       [ "$weights" = fp8 ] && quant="--quantization fp8"
       for flag in 1 0; do  # a model's first run compiles what the chain did not
-        run "decode_${model}_${weights}_norm${flag}_$round" $((round == 1 && flag ? 60 : 45)) \
+        run "decode_${model}_${weights}_norm${flag}_$round" $((round == 1 && flag ? 75 : 40)) \
           env PARASHIFT_NORM_IN_GEMV=$flag python3 benchmarks/decode_throughput.py \
           --model "benchmarks/shapes/$model.json" --batch-sizes 1 --context 1024 \
           --decode-steps 32 --cuda-graphs $quant \

@@ -77,6 +77,14 @@ def _tile_before(w_rows, k, k_end):
 
 
 @triton.jit
+def _prefetch_slab(w_rows, k, k_end):
+    """The tile's rows at columns k (before k_end) into L2, a prefetch per cache line."""
+    line: tl.constexpr = pdl.LINE_BYTES // (w_rows.dtype.element_ty.primitive_bitwidth // 8)
+    lines = tl.max(tl.reshape(k, (k.shape[0] // line, line)), axis=1)  # each line's last
+    pdl.prefetch_lines(w_rows + tl.minimum(lines, k_end - 1)[None, :])
+
+
+@triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r_ptr, nw_ptr,
                      h_ptr, N, K, stride_xm, stride_wn, stride_ym, stride_rm, stride_hm, inv_k,
                      eps, HAS_BIAS: tl.constexpr,
@@ -86,7 +94,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
                      AHEAD: tl.constexpr = False, TICKETS: tl.constexpr = False,
                      GATED: tl.constexpr = False, LIBDEVICE: tl.constexpr = False,
                      SILU_OUT: tl.constexpr = False, NORM: tl.constexpr = False,
-                     HAS_RESIDUAL: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1):
+                     HAS_RESIDUAL: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1,
+                     NORM_CHUNKS: tl.constexpr = 1, SLAB_K: tl.constexpr = 0):
     first_n = tl.program_id(0) * BLOCK_N
     split = tl.program_id(1)
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
@@ -100,6 +109,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
     # rows past N read row N-1 (in bounds, so the loads need no row mask); not stored
     w_rows = w_ptr + (offs_n % N)[:, None].to(tl.int64) * stride_wn
     offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
+    if SLAB_K > 0:  # the program's whole weight into L2 first (no earlier kernel's output)
+        _prefetch_slab(w_rows, first_k + tl.arange(0, SLAB_K), k_end)
     if AHEAD:  # the first tile before the wait: the weight is no earlier kernel's output
         w_next = _tile_before(w_rows, first_k + offs_k, k_end)
     else:  # unused: named for the compiler, which reads both branches of the loop's `if`
@@ -109,18 +120,19 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
     rstd0, rstd1, rstd2, rstd3 = 1.0, 1.0, 1.0, 1.0
     if NORM:  # each row's 1 / rms; the first program stores the new residual
         writer = tl.where((tl.program_id(0) == 0) & (split == 0), K, 0)
-        rstd0 = row_rstd(x_ptr, r_ptr, h_ptr, writer, K, inv_k, eps, HAS_RESIDUAL, NORM_BLOCK)
+        rstd0 = row_rstd(x_ptr, r_ptr, h_ptr, writer, K, inv_k, eps, HAS_RESIDUAL, NORM_BLOCK,
+                         NORM_CHUNKS)
         if ROWS > 1:
             rstd1 = row_rstd(x_ptr + stride_xm, r_ptr + stride_rm, h_ptr + stride_hm, writer,
-                             K, inv_k, eps, HAS_RESIDUAL, NORM_BLOCK)
+                             K, inv_k, eps, HAS_RESIDUAL, NORM_BLOCK, NORM_CHUNKS)
         if ROWS > 2:
             rstd2 = row_rstd(x_ptr + 2 * stride_xm, r_ptr + 2 * stride_rm,
                              h_ptr + 2 * stride_hm, writer, K, inv_k, eps, HAS_RESIDUAL,
-                             NORM_BLOCK)
+                             NORM_BLOCK, NORM_CHUNKS)
         if ROWS > 3:
             rstd3 = row_rstd(x_ptr + 3 * stride_xm, r_ptr + 3 * stride_rm,
                              h_ptr + 3 * stride_hm, writer, K, inv_k, eps, HAS_RESIDUAL,
-                             NORM_BLOCK)
+                             NORM_BLOCK, NORM_CHUNKS)
     acc0 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
@@ -267,7 +279,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              bias: torch.Tensor | None, block_n: int, block_k: int, num_warps: int,
              num_stages: int, split_k: int = 1, ahead: bool = False,
              tickets: bool = False, gated: bool = False, silu_out: bool = False,
-             norm: NormInput | None = None) -> torch.Tensor:
+             norm: NormInput | None = None, slab: bool = False) -> torch.Tensor:
     """x [M <= 4, K] (bf16/fp16/fp32), weight [N, K] E4M3 with unit stride along K (row
     slices of a wider buffer are fine), scale [N] or [N, 1] fp32, bias [N] or None; ahead:
     the next weight tile's load in flight while one is multiplied; tickets: split_k's parts
@@ -277,7 +289,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     holds [gate; up] rows (N even) and the output is silu_and_mul of the product, [M, N / 2]
     (each program's tile interleaves gate and up rows; one part of K: split_k 1; the bits of
     the plain GEMV's output followed by silu_mul.silu_and_mul); norm: the product is of
-    rms_norm(x + residual) (NormInput; not with gated)."""
+    rms_norm(x + residual) (NormInput; not with gated); slab: each program first prefetches
+    all of its weight rows' part of K into L2 (before the PDL wait)."""
     if silu_out and (split_k != 1 or block_n % 2 or weight.shape[0] % 2):
         raise ValueError(f"fp8_gemv's silu_out takes an even block_n and weight rows and one "
                          f"part of K, got block_n {block_n}, split_k {split_k}, weight "
@@ -293,6 +306,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                          f"along K, got {tuple(weight.shape)} with strides {weight.stride()}")
     x = x if x.stride(1) == 1 else x.contiguous()
     residual, norm_weight, new_residual = _norm_tensors(x, norm, gated)
+    norm_block = min(NORM_COLUMNS_PER_WARP * num_warps, triton.next_power_of_2(k)) if norm else 1
     m, n = x.shape[0], weight.shape[0]
     grid = (triton.cdiv(n // 2 if silu_out else n, block_n // 2 if silu_out else block_n),
             split_k)
@@ -308,8 +322,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         AHEAD=ahead, TICKETS=counters is not None, GATED=gated, SILU_OUT=silu_out,
         LIBDEVICE=(gated or silu_out) and x.is_cuda, NORM=norm is not None,
         HAS_RESIDUAL=norm is not None and norm.residual is not None,
-        NORM_BLOCK=min(NORM_COLUMNS_PER_WARP * num_warps, triton.next_power_of_2(k))
-        if norm else 1,
+        NORM_BLOCK=norm_block, NORM_CHUNKS=triton.cdiv(k, norm_block) if norm else 1,
+        SLAB_K=triton.next_power_of_2(triton.cdiv(k, split_k)) if slab else 0,
         num_warps=num_warps, num_stages=num_stages,
         **pdl.launch_options(x.device, (block_n, k, weight.element_size())))
     return y.to(x.dtype)

@@ -15,6 +15,7 @@ A shape takes the fusion only where it timed faster than the unfused pair as the
 it (the norm kernel, then the dispatch's GEMM or SiLU GEMV; `choice`), timed as the dispatch
 times (gemm_timing.py)."""
 import logging
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -27,24 +28,33 @@ MAX_ROWS = fp8_gemv.MAX_ROWS
 # rows up to which `choice` measures the fusion (the kernel serves MAX_ROWS): each count and
 # shape is timed at start-up over every candidate, compiled for it
 FUSED_ROWS = 1
+
+
+@dataclass(frozen=True)
+class Config:
+    """fp8_gemv's GEMV with the norm's input, one part of K (every part would take the whole
+    row's 1 / rms): ahead as fp8_gemv.py's AHEAD; slab: each program prefetches its whole
+    weight rows into L2 before its wait and its 1 / rms (whose latency the loads then do not
+    wait out: on an H200 a program's 1 / rms, unhidden, cost up to 15% of gate_up's GEMV)."""
+    block_n: int
+    block_k: int
+    num_warps: int
+    ahead: bool = False
+    slab: bool = False
+
+
 # (block_n, block_k, warps): each program reads three K-wide rows (x, residual, the norm's
-# weight) and the first two twice, so wide column tiles (fewer programs) beside the plain
-# GEMV's narrow ones; one part of K (every part would take the whole row's 1 / rms); 32 to 64
-# fp32 weight values a thread; each also with the next tile's load in flight (ahead), as it
-# then is during the program's 1 / rms
-SHAPES = ((4, 1024, 4), (8, 1024, 4), (8, 2048, 8), (16, 512, 4), (16, 1024, 8), (32, 512, 8))
-AHEAD_SHAPES = ((4, 1024, 4), (8, 1024, 4), (16, 512, 4), (16, 1024, 8), (8, 2048, 8))
-FP8_CONFIGS = tuple(fp8_gemm.Config("gemv", *shape, 1) for shape in SHAPES) + tuple(
-    fp8_gemm.Config("gemv", *shape, 1, ahead=True) for shape in AHEAD_SHAPES)
-BF16_CONFIGS = tuple(skinny_gemm.GemvConfig(*shape) for shape in SHAPES) + tuple(
-    skinny_gemm.GemvConfig(*shape, ahead=True) for shape in AHEAD_SHAPES)
+# weight) and the first two twice; 32 to 64 fp32 weight values a thread (16x1024 and 32x512 at
+# 8 warps, 32x256 and 2x2048 at 4 lost to these by 20-80% on an H200, FP8 and bf16)
+SHAPES = ((4, 1024, 4), (8, 1024, 4), (8, 2048, 8), (16, 512, 4))
+CONFIGS = tuple(Config(*shape, slab=slab) for slab in (False, True) for shape in SHAPES) + (
+    Config(8, 1024, 4, ahead=True), Config(8, 1024, 4, ahead=True, slab=True))
 _choices: dict[tuple, object] = {}
 
 
-def candidates(weight: torch.Tensor) -> list:
+def candidates(weight: torch.Tensor) -> list[Config]:
     """The configs measured on this weight (even block_n: SiLU's gate and up pairs fit)."""
-    configs = FP8_CONFIGS if weight.dtype == fp8_gemm.FP8 else BF16_CONFIGS
-    return [c for c in configs if c.block_n <= max(weight.shape[0], 2)]
+    return [c for c in CONFIGS if c.block_n <= max(weight.shape[0], 2)]
 
 
 def fused_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
@@ -60,8 +70,10 @@ def fused_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: to
         new_residual = x
     elif new_residual is None:
         new_residual = torch.empty_like(x)
-    y = fp8_gemv.fp8_gemv(x, weight, scale, bias, *gated_gemv.args(config), silu_out=silu,
-                          norm=fp8_gemv.NormInput(residual, norm_weight, eps, new_residual))
+    y = fp8_gemv.fp8_gemv(x, weight, scale, bias, config.block_n, config.block_k,
+                          config.num_warps, 1, ahead=config.ahead, silu_out=silu,
+                          norm=fp8_gemv.NormInput(residual, norm_weight, eps, new_residual),
+                          slab=config.slab)
     return y, new_residual
 
 
@@ -120,7 +132,7 @@ def choice(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
             return None
         unfused_linear(x, residual, norm_weight, eps, weight, scale, bias,
                        silu_config)  # the dispatch's own choice made first
-        with gemm_timing.timing_launches():
+        with gemm_timing.timing_launches(chain=True):
             timings = timings_ms(x, residual, norm_weight, eps, weight, scale, bias,
                                  silu_config, candidates(weight))
         _choices[key] = skinny_gemm.choose(timings)
@@ -134,9 +146,12 @@ def choice(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
 def timings_ms(x, residual, norm_weight, eps, weight, scale, bias, silu_config,
                configs) -> dict:
     """Milliseconds per call of `unfused_linear` (None) and of each fused config, replayed
-    from CUDA graphs over copies of the weight (gemm_timing)."""
+    from CUDA graphs over copies of the weight, each call after a kernel writing its input
+    (gemm_timing's chain, whatever PARASHIFT_GEMM_TIMING says: the fusion saves a launch
+    boundary, which PDL, as the engine launches, makes cheaper; timed with PDL suspended, the
+    unfused pair paid a whole one and a fused GEMV that lost in the decode chain was chosen)."""
     weights = gemm_timing.weight_copies(weight)
-    xin, chain = gemm_timing.timed_input(x)
+    xin, chain = gemm_timing.timed_input(x, chain=True)
     silu = silu_config is not None
     runs: dict[object, Callable[[int], object]] = {
         None: lambda i: unfused_linear(xin, residual, norm_weight, eps, weights[i], scale,
@@ -151,7 +166,12 @@ def chosen() -> list[dict]:
     """What `choice` chose for each shape measured in this process."""
     return [{"rows": key[0], "weight": list(key[1]), "residual": key[6],
              "silu": key[8] is not None,
-             "kernel": "unfused" if config is None else
-             f"gemv {config.block_n}x{config.block_k} w{config.num_warps}"
-             f"{' ahead' if config.ahead else ''}"}
+             "kernel": label(config)}
             for key, config in _choices.items()]
+
+
+def label(config: Config | None) -> str:
+    if config is None:
+        return "unfused"
+    return (f"gemv {config.block_n}x{config.block_k} w{config.num_warps}"
+            f"{' ahead' if config.ahead else ''}{' slab' if config.slab else ''}")

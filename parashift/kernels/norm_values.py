@@ -20,14 +20,14 @@ def added_row(x_row_ptr, r_row_ptr, k, mask, HAS_RESIDUAL: tl.constexpr):
 
 @triton.jit
 def row_rstd(x_row_ptr, r_row_ptr, h_row_ptr, store_end, K, inv_k, eps,
-             HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
-    """1 / rms of the row x + residual (K wide, read BLOCK columns at a time); its columns
+             HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
+    """1 / rms of the row x + residual (K wide, read in CHUNKS of BLOCK columns); its columns
     before store_end (K in one program of the GEMV, 0 in the others) stored at h_row_ptr
     (the new residual)."""
     offs = tl.max_contiguous(tl.arange(0, BLOCK), 8)
     squares = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK):
-        k = k0 + offs
+    for chunk in tl.static_range(CHUNKS):
+        k = chunk * BLOCK + offs
         h = added_row(x_row_ptr, r_row_ptr, k, k < K, HAS_RESIDUAL)
         if HAS_RESIDUAL:
             tl.store(h_row_ptr + k, h, mask=k < store_end)

@@ -185,11 +185,13 @@ def check_norm(m, n, k, bias=False, fp8=True, residual=True, silu=False, dtype="
     normed, added = (rmsnorm.add_rms_norm(x, r, norm_weight, 1e-5) if residual else
                      (rmsnorm.rms_norm(x, norm_weight, 1e-5), x))
     assert_exact(added, x + r if residual else x)
-    for config in configs:
+    for config in configs:  # fp8_gemv's tile arguments, a tuple or by name (slab too)
+        args, kwargs = ((), config) if isinstance(config, dict) else (config, {})
         new_residual = torch.full_like(x, float("nan"))
-        out = fp8_gemv(x, weight, scale, b, *config, silu_out=silu,
+        out = fp8_gemv(x, weight, scale, b, *args, **kwargs, silu_out=silu,
                        norm=NormInput(r, norm_weight, 1e-5, new_residual))
-        expected = fp8_gemv(normed, weight, scale, b, *config)
+        kwargs = {k: v for k, v in kwargs.items() if k != "slab"}
+        expected = fp8_gemv(normed, weight, scale, b, *args, **kwargs)
         expected = silu_mul.silu_and_mul(expected) if silu else expected
         if residual:
             assert_exact(new_residual, added)
@@ -211,12 +213,15 @@ test_norm_interpreted, _ = case_tests(__name__, check_norm, NORM_CASES)
 @pytest.mark.parametrize("m, fp8, silu", [(1, True, False), (1, False, True), (4, True, True),
                                           (3, False, False)])
 def test_norm_cuda(silu, fp8, m):
-    """A narrow, a wide and an ahead config of norm_gemv's (each compiles in seconds)."""
+    """A narrow, a wide, a slab and an ahead config of norm_gemv's (each compiles in
+    seconds)."""
     from parashift.kernels import norm_gemv
-    configs = norm_gemv.FP8_CONFIGS if fp8 else norm_gemv.BF16_CONFIGS
+    configs = [norm_gemv.Config(4, 1024, 4), norm_gemv.Config(16, 512, 4, slab=True),
+               norm_gemv.Config(8, 1024, 4, ahead=True)]
     check_norm(m, 2048, 4096, bias=m == 4, fp8=fp8, residual=m != 3, silu=silu,
                dtype="bfloat16", device="cuda",
-               configs=[gated_gemv.args(c) for c in (configs[1], configs[5], configs[-1])])
+               configs=[dict(block_n=c.block_n, block_k=c.block_k, num_warps=c.num_warps,
+                             num_stages=1, ahead=c.ahead, slab=c.slab) for c in configs])
 
 
 def test_norm_rejects_another_dtype_or_shape():

@@ -32,7 +32,7 @@ def test_the_fusion_is_chosen_only_where_it_measured_faster(fake_timings, monkey
     x, nw = torch.zeros(1, 32, dtype=torch.bfloat16), torch.ones(32, dtype=torch.bfloat16)
     assert norm_gemv.choice(x, x, nw, 1e-5, weight, None, None) is None  # slower
     fast = norm_gemv.candidates(weight)[-1]
-    assert fast in (norm_gemv.FP8_CONFIGS if fp8 else norm_gemv.BF16_CONFIGS)
+    assert fast in norm_gemv.CONFIGS
     costs[fast] = 0.5
     assert norm_gemv.choice(x, x, nw, 1e-5, weight, None, None) is None  # cached
     assert norm_gemv.choice(x, None, nw, 1e-5, weight, None, None) == fast  # no residual
@@ -40,7 +40,7 @@ def test_the_fusion_is_chosen_only_where_it_measured_faster(fake_timings, monkey
     assert norm_gemv.choice(x.repeat(4, 1), x.repeat(4, 1), nw, 1e-5, weight, None,
                             None) == fast
     assert measured == [((1, 32), True, None), ((1, 32), False, None), ((4, 32), True, None)]
-    assert all(c.split_k == 1 and c.block_n % 2 == 0 for c in norm_gemv.candidates(weight))
+    assert all(c.block_n % 2 == 0 for c in norm_gemv.candidates(weight))
     assert len(norm_gemv.chosen()) == 3
 
 
@@ -64,8 +64,8 @@ def test_what_the_gemv_cannot_serve_or_a_capture_takes_the_unfused_path(fake_tim
 @pytest.mark.parametrize("fp8", [True, False])
 def test_the_measured_choice_gives_the_unfused_output(fp8, silu, monkeypatch):
     few_configs(monkeypatch)
-    monkeypatch.setattr(norm_gemv, "FP8_CONFIGS", norm_gemv.FP8_CONFIGS[3:6])
-    monkeypatch.setattr(norm_gemv, "BF16_CONFIGS", norm_gemv.BF16_CONFIGS[3:6])
+    monkeypatch.setattr(norm_gemv, "CONFIGS", (norm_gemv.Config(8, 1024, 4),
+                                               norm_gemv.Config(16, 512, 4, slab=True)))
     for module in (norm_gemv, gated_gemv, fp8_gemm, skinny_gemm):
         monkeypatch.setattr(module, "_choices", {})
     k = 2048
