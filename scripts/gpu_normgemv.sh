@@ -7,6 +7,7 @@
 #      variants plain / silu / norm / norm_silu in one process, and the candidates' sweep;
 #   decode: the engine's decode b1 for each of DECODE ("model:weights", default
 #      "llama-3.1-8b:fp8"), PARASHIFT_NORM_IN_GEMV=1 then 0, DECODE_ROUNDS times (default 1);
+#      skipped where the chain ran and fused no norm (the engine's choice would be the same);
 #   more_tests: norm_gemv's measured choice, and the engine's greedy tokens with the fusion
 #      against without (tiny model, bf16 and FP8).
 # Usage: OUT=dir [BUDGET_S=235] [STEPS="..."] [DECODE="llama-3.1-8b:fp8 qwen3-30b-a3b:bf16"]
@@ -31,8 +32,17 @@ step_chain() {
   run chain 80 python3 benchmarks/norm_gemv_chain.py --weights fp8 bf16 --batch-sizes 1 \
     --layers 32 --repeats 11 --sweep --no-dot-configs --output "$out/chain.json"
 }
+fused_in_chain() {  # whether the chain's choices fused a norm anywhere (true without a chain)
+  [ -f "$out/chain.json" ] || return 0
+  python3 -c 'import json, sys; rows = json.load(open(sys.argv[1]))["rows"]
+sys.exit(0 if any(c["kernel"] != "unfused" for r in rows for c in r["chosen"]["norm"]) else 1)' \
+    "$out/chain.json"
+}
 step_decode() {
   local round spec model weights quant flag
+  if ! fused_in_chain; then
+    echo "[decode] skipped: the chain chose no fused norm" | tee -a "$out/summary.log"; return
+  fi
   for round in $(seq "${DECODE_ROUNDS:-1}"); do
     for spec in ${DECODE:-llama-3.1-8b:fp8}; do
       model=${spec%%:*} weights=${spec##*:} quant=""
