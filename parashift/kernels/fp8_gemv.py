@@ -77,14 +77,6 @@ def _tile_before(w_rows, k, k_end):
 
 
 @triton.jit
-def _prefetch_slab(w_rows, k, k_end):
-    """The tile's rows at columns k (before k_end) into L2, a prefetch per cache line."""
-    line: tl.constexpr = pdl.LINE_BYTES // (w_rows.dtype.element_ty.primitive_bitwidth // 8)
-    lines = tl.max(tl.reshape(k, (k.shape[0] // line, line)), axis=1)  # each line's last
-    pdl.prefetch_lines(w_rows + tl.minimum(lines, k_end - 1)[None, :])
-
-
-@triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r_ptr, nw_ptr,
                      h_ptr, N, K, stride_xm, stride_wn, stride_ym, stride_rm, stride_hm, inv_k,
                      eps, HAS_BIAS: tl.constexpr,
@@ -95,7 +87,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
                      GATED: tl.constexpr = False, LIBDEVICE: tl.constexpr = False,
                      SILU_OUT: tl.constexpr = False, NORM: tl.constexpr = False,
                      HAS_RESIDUAL: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1,
-                     NORM_CHUNKS: tl.constexpr = 1, SLAB_K: tl.constexpr = 0):
+                     NORM_CHUNKS: tl.constexpr = 1):
     first_n = tl.program_id(0) * BLOCK_N
     split = tl.program_id(1)
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
@@ -109,8 +101,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
     # rows past N read row N-1 (in bounds, so the loads need no row mask); not stored
     w_rows = w_ptr + (offs_n % N)[:, None].to(tl.int64) * stride_wn
     offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
-    if SLAB_K > 0:  # the program's whole weight into L2 first (no earlier kernel's output)
-        _prefetch_slab(w_rows, first_k + tl.arange(0, SLAB_K), k_end)
     if AHEAD:  # the first tile before the wait: the weight is no earlier kernel's output
         w_next = _tile_before(w_rows, first_k + offs_k, k_end)
     else:  # unused: named for the compiler, which reads both branches of the loop's `if`
@@ -279,7 +269,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              bias: torch.Tensor | None, block_n: int, block_k: int, num_warps: int,
              num_stages: int, split_k: int = 1, ahead: bool = False,
              tickets: bool = False, gated: bool = False, silu_out: bool = False,
-             norm: NormInput | None = None, slab: bool = False) -> torch.Tensor:
+             norm: NormInput | None = None) -> torch.Tensor:
     """x [M <= 4, K] (bf16/fp16/fp32), weight [N, K] E4M3 with unit stride along K (row
     slices of a wider buffer are fine), scale [N] or [N, 1] fp32, bias [N] or None; ahead:
     the next weight tile's load in flight while one is multiplied; tickets: split_k's parts
@@ -289,8 +279,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     holds [gate; up] rows (N even) and the output is silu_and_mul of the product, [M, N / 2]
     (each program's tile interleaves gate and up rows; one part of K: split_k 1; the bits of
     the plain GEMV's output followed by silu_mul.silu_and_mul); norm: the product is of
-    rms_norm(x + residual) (NormInput; not with gated); slab: each program first prefetches
-    all of its weight rows' part of K into L2 (before the PDL wait)."""
+    rms_norm(x + residual) (NormInput; not with gated)."""
     if silu_out and (split_k != 1 or block_n % 2 or weight.shape[0] % 2):
         raise ValueError(f"fp8_gemv's silu_out takes an even block_n and weight rows and one "
                          f"part of K, got block_n {block_n}, split_k {split_k}, weight "
@@ -323,7 +312,6 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         LIBDEVICE=(gated or silu_out) and x.is_cuda, NORM=norm is not None,
         HAS_RESIDUAL=norm is not None and norm.residual is not None,
         NORM_BLOCK=norm_block, NORM_CHUNKS=triton.cdiv(k, norm_block) if norm else 1,
-        SLAB_K=triton.next_power_of_2(triton.cdiv(k, split_k)) if slab else 0,
         num_warps=num_warps, num_stages=num_stages,
         **pdl.launch_options(x.device, (block_n, k, weight.element_size())))
     return y.to(x.dtype)

@@ -33,22 +33,20 @@ FUSED_ROWS = 1
 @dataclass(frozen=True)
 class Config:
     """fp8_gemv's GEMV with the norm's input, one part of K (every part would take the whole
-    row's 1 / rms): ahead as fp8_gemv.py's AHEAD; slab: each program prefetches its whole
-    weight rows into L2 before its wait and its 1 / rms (whose latency the loads then do not
-    wait out: on an H200 a program's 1 / rms, unhidden, cost up to 15% of gate_up's GEMV)."""
+    row's 1 / rms); ahead as fp8_gemv.py's AHEAD."""
     block_n: int
     block_k: int
     num_warps: int
     ahead: bool = False
-    slab: bool = False
 
 
 # (block_n, block_k, warps): each program reads three K-wide rows (x, residual, the norm's
-# weight) and the first two twice; 32 to 64 fp32 weight values a thread (16x1024 and 32x512 at
-# 8 warps, 32x256 and 2x2048 at 4 lost to these by 20-80% on an H200, FP8 and bf16)
-SHAPES = ((4, 1024, 4), (8, 1024, 4), (8, 2048, 8), (16, 512, 4))
-CONFIGS = tuple(Config(*shape, slab=slab) for slab in (False, True) for shape in SHAPES) + (
-    Config(8, 1024, 4, ahead=True), Config(8, 1024, 4, ahead=True, slab=True))
+# weight) and the first two twice; 32 to 64 fp32 weight values a thread. On an H200 (one row,
+# the 8B's QKV and gate_up) 8x1024 and 8x2048 w8 were the fastest; 16x1024 and 32x512 at 8
+# warps, 32x256 and 2x2048 at 4 lost by 20-80%, and each program prefetching its weight rows
+# into L2 before its 1 / rms lost 10-40% everywhere
+CONFIGS = (Config(4, 1024, 4), Config(8, 1024, 4), Config(8, 2048, 8), Config(16, 512, 4),
+           Config(8, 1024, 4, ahead=True))
 _choices: dict[tuple, object] = {}
 
 
@@ -72,8 +70,7 @@ def fused_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: to
         new_residual = torch.empty_like(x)
     y = fp8_gemv.fp8_gemv(x, weight, scale, bias, config.block_n, config.block_k,
                           config.num_warps, 1, ahead=config.ahead, silu_out=silu,
-                          norm=fp8_gemv.NormInput(residual, norm_weight, eps, new_residual),
-                          slab=config.slab)
+                          norm=fp8_gemv.NormInput(residual, norm_weight, eps, new_residual))
     return y, new_residual
 
 
@@ -174,4 +171,4 @@ def label(config: Config | None) -> str:
     if config is None:
         return "unfused"
     return (f"gemv {config.block_n}x{config.block_k} w{config.num_warps}"
-            f"{' ahead' if config.ahead else ''}{' slab' if config.slab else ''}")
+            f"{' ahead' if config.ahead else ''}")

@@ -192,12 +192,6 @@ def prefetch_rows(first_ptr, stride, n_rows, n_cols, ROWS: tl.constexpr, COLS: t
     # past the matrix: the last row's or column's line again (a prefetch stays in bounds)
     rows = tl.minimum(rows, n_rows - 1).to(tl.int64)
     cols = tl.maximum(tl.minimum(cols, n_cols - 1), 0)
-    prefetch_lines(first_ptr + rows * stride + cols)
-
-
-@triton.jit
-def prefetch_lines(ptrs):
-    """Pulls the cache line of each of ptrs (in bounds) into L2; reads nothing into
-    registers and writes nothing."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
+                              [first_ptr + rows * stride + cols], dtype=tl.int32,
                               is_pure=False, pack=1)

@@ -15,8 +15,13 @@ replaced. The decoder layer calls the norm and then the layer
 (through its attention or MLP, nothing in between), so the tensor is the one handed over;
 a layer called with another tensor while one is held is an error, not a silent misread.
 
-PARASHIFT_NORM_IN_GEMV=1 (the default) lets the measured choice fuse; 0 keeps every norm
-its own kernel (for before/after measurements). Never in deterministic mode (its own
+PARASHIFT_NORM_IN_GEMV=1 lets the measured choice fuse; 0 (the default) keeps every norm its
+own kernel. Off by default: on one H200 (8B shape, one row, docs/benchmark_log.md) the choice,
+timed in the decode chain, fused only bf16's QKV (a layer's decode kernels 1.011x, 1.018x with
+gate_up's SiLU fused too), never FP8's (the fused GEMV streams the weight up to ~10% slower
+than the plain one; FP8 decode b1 2.7687 ms against 2.7669), start-up took ~20 s longer
+(compiling and timing the candidates), and the engine's greedy tokens with it are not yet
+checked on a GPU (tests/layers/test_norm_gemv.py). Never in deterministic mode (its own
 GEMMs), nor for FP8 layers with static activation scales."""
 import os
 from typing import NamedTuple
@@ -108,7 +113,7 @@ class NormIntoGemv(RMSNorm):
 
 
 def mode() -> str:
-    value = os.environ.get(ENV, "1")
+    value = os.environ.get(ENV, "0")
     if value not in MODES:
         raise ValueError(f"{ENV}={value!r}: expected one of {list(MODES)}")
     return value
@@ -122,7 +127,7 @@ def takes_norm(layer) -> bool:
 
 def fuse_norm_into_gemv(model: torch.nn.Module) -> int:
     """Replaces each RMSNorm of the model's `norm_gemv_pairs` whose layer takes it by its
-    fusing twin (PARASHIFT_NORM_IN_GEMV=1); returns how many were replaced. After the SiLU
+    fusing twin where PARASHIFT_NORM_IN_GEMV=1; returns how many were replaced. After the SiLU
     fusion's hooks are in place (wrapped here)."""
     if mode() == "0":
         return 0

@@ -18,15 +18,13 @@ one layout, so the tensors are the ones handed over.
 PARASHIFT_SILU_GEMV picks the place: gate_up (the default: the same bits as unfused, 1.027x
 a bf16 8B layer's decode kernels at one row on an H200, 1.002x FP8; benchmarks/
 decode_chain.py), down (never faster there: each column tile recomputes the SiLU), or 0
-(neither). FP8 layers whose SiLU-and-mul quantizes its output for the down layer
-(layers/fp8_input.py) fuse at gate_up too, that twin the fallback."""
+(neither)."""
 import os
 
 import torch
 
 from parashift.kernels import use_triton
 from parashift.layers.activation import SiluAndMul
-from parashift.layers.fp8_input import QuantizingSiluAndMul
 from parashift.layers.linear import LinearBase, WeightPart
 
 ENV = "PARASHIFT_SILU_GEMV"
@@ -95,7 +93,6 @@ class SiluIntoGemv(SiluAndMul):
         super().__init__()
         self.torch_fn = act.torch_fn
         self.kind = kind
-        self._plain = act.forward  # the op replaced (a method: no submodule)
         self.activated = None  # gate_up: the GEMV's silu(gate) * up, until taken
         if kind == "gate_up":
             gate_up.gemm_hook = GateUpHook(self, gate_up)
@@ -113,7 +110,7 @@ class SiluIntoGemv(SiluAndMul):
             from parashift.kernels import gated_gemv
             config = gated_gemv.choice("down", x, part.weight, part.scale, part.bias)
         if config is None:
-            return self._plain(x, blocks)
+            return super().forward(x, blocks)
         placeholder = x.new_empty(x.shape[0], x.shape[1] // 2)
         self.handoff.put(placeholder, x, part.weight, config)
         return placeholder
@@ -146,12 +143,8 @@ def fuse_silu_into_gemv(model: torch.nn.Module) -> int:
     for module in list(model.modules()):
         for gate_up_path, act_name, down_path in getattr(module, "silu_gemv_triples", ()):
             act = getattr(module, act_name, None)
-            # fp8_input.py's quantizing twin (FP8 layers with PARASHIFT_FP8_FUSED_INPUT on, the
-            # default) is what the gate_up fusion falls back on; the down one hands the down
-            # layer no rows, so that twin stays there
-            if type(act) is not SiluAndMul and not (
-                    kind == "gate_up" and type(act) is QuantizingSiluAndMul):
-                continue
+            if type(act) is not SiluAndMul:  # e.g. fp8_input.py's quantizing twin (FP8
+                continue  # layers with PARASHIFT_FP8_FUSED_INPUT on, the default) stays
             try:
                 layers = (module.get_submodule(gate_up_path), module.get_submodule(down_path))
             except AttributeError:

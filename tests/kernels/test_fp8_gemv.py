@@ -3,6 +3,7 @@ the Triton interpreter on the CPU (float32, float16) and compiled on CUDA."""
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
 from parashift.kernels import (fp8_gemm, gated_gemv, rmsnorm, silu_mul, skinny_gemm,
                                split_tickets)
@@ -185,13 +186,11 @@ def check_norm(m, n, k, bias=False, fp8=True, residual=True, silu=False, dtype="
     normed, added = (rmsnorm.add_rms_norm(x, r, norm_weight, 1e-5) if residual else
                      (rmsnorm.rms_norm(x, norm_weight, 1e-5), x))
     assert_exact(added, x + r if residual else x)
-    for config in configs:  # fp8_gemv's tile arguments, a tuple or by name (slab too)
-        args, kwargs = ((), config) if isinstance(config, dict) else (config, {})
+    for config in configs:
         new_residual = torch.full_like(x, float("nan"))
-        out = fp8_gemv(x, weight, scale, b, *args, **kwargs, silu_out=silu,
+        out = fp8_gemv(x, weight, scale, b, *config, silu_out=silu,
                        norm=NormInput(r, norm_weight, 1e-5, new_residual))
-        kwargs = {k: v for k, v in kwargs.items() if k != "slab"}
-        expected = fp8_gemv(normed, weight, scale, b, *args, **kwargs)
+        expected = fp8_gemv(normed, weight, scale, b, *config)
         expected = silu_mul.silu_and_mul(expected) if silu else expected
         if residual:
             assert_exact(new_residual, added)
@@ -207,21 +206,21 @@ NORM_CASES = [dict(m=2, n=20, k=100, bias=True, silu=True),
 
 
 test_norm_interpreted, _ = case_tests(__name__, check_norm, NORM_CASES)
+# the GPU image's Triton 3.6 interpreter stops in the K loop of the GEMV with the norm's input
+# ("only 0-dimensional arrays can be converted to Python scalars"); CI's 3.9 runs it
+test_norm_interpreted = pytest.mark.skipif(
+    tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9),
+    reason="this Triton's interpreter cannot run the GEMV's norm input")(test_norm_interpreted)
 
 
 @cuda
 @pytest.mark.parametrize("m, fp8, silu", [(1, True, False), (1, False, True), (4, True, True),
                                           (3, False, False)])
 def test_norm_cuda(silu, fp8, m):
-    """A narrow, a wide, a slab and an ahead config of norm_gemv's (each compiles in
-    seconds)."""
-    from parashift.kernels import norm_gemv
-    configs = [norm_gemv.Config(4, 1024, 4), norm_gemv.Config(16, 512, 4, slab=True),
-               norm_gemv.Config(8, 1024, 4, ahead=True)]
+    """A narrow, a wide and an ahead config of norm_gemv's (each compiles in seconds)."""
     check_norm(m, 2048, 4096, bias=m == 4, fp8=fp8, residual=m != 3, silu=silu,
                dtype="bfloat16", device="cuda",
-               configs=[dict(block_n=c.block_n, block_k=c.block_k, num_warps=c.num_warps,
-                             num_stages=1, ahead=c.ahead, slab=c.slab) for c in configs])
+               configs=[(4, 1024, 4, 1), (16, 512, 4, 1), (8, 1024, 4, 1, 1, True)])
 
 
 def test_norm_rejects_another_dtype_or_shape():

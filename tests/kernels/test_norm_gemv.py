@@ -65,7 +65,7 @@ def test_what_the_gemv_cannot_serve_or_a_capture_takes_the_unfused_path(fake_tim
 def test_the_measured_choice_gives_the_unfused_output(fp8, silu, monkeypatch):
     few_configs(monkeypatch)
     monkeypatch.setattr(norm_gemv, "CONFIGS", (norm_gemv.Config(8, 1024, 4),
-                                               norm_gemv.Config(16, 512, 4, slab=True)))
+                                               norm_gemv.Config(16, 512, 4)))
     for module in (norm_gemv, gated_gemv, fp8_gemm, skinny_gemm):
         monkeypatch.setattr(module, "_choices", {})
     k = 2048

@@ -38,12 +38,12 @@ def twins(model) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, NormIntoGemv)]
 
 
-def test_on_by_default_and_a_bad_switch_is_an_error(monkeypatch):
+def test_off_by_default_and_a_bad_switch_is_an_error(monkeypatch):
     monkeypatch.delenv(norm_gemv.ENV, raising=False)
+    assert not twins(build())
+    monkeypatch.setenv(norm_gemv.ENV, "1")
     assert twins(build()) == [f"model.layers.{i}.{name}" for i in range(TINY["num_hidden_layers"])
                               for name in NORMS]
-    monkeypatch.setenv(norm_gemv.ENV, "0")
-    assert not twins(build())
     monkeypatch.setenv(norm_gemv.ENV, "yes")
     with pytest.raises(ValueError, match="PARASHIFT_NORM_IN_GEMV='yes'"):
         build()
@@ -51,7 +51,7 @@ def test_on_by_default_and_a_bad_switch_is_an_error(monkeypatch):
 
 @pytest.mark.parametrize("quantization", [None, WeightQuant()], ids=["bf16", "fp8"])
 def test_each_norm_hooks_the_layer_it_feeds(monkeypatch, quantization):
-    monkeypatch.delenv(norm_gemv.ENV, raising=False)
+    monkeypatch.setenv(norm_gemv.ENV, "1")
     monkeypatch.setenv(silu_gemv.ENV, "gate_up")
     model = build(quantization)
     for layer in model.model.layers:
@@ -109,7 +109,7 @@ def seeded(model):
 @pytest.mark.parametrize("residual", [True, False])
 def test_the_layers_give_the_plain_outputs_fused(monkeypatch, gpu_stand_ins, residual):
     monkeypatch.setenv(silu_gemv.ENV, "gate_up")
-    monkeypatch.delenv(norm_gemv.ENV, raising=False)
+    monkeypatch.setenv(norm_gemv.ENV, "1")
     layer = seeded(build()).model.layers[0]
     gen = torch.Generator().manual_seed(1)
     x, r = torch.randn(3, 64, generator=gen), torch.randn(3, 64, generator=gen)
@@ -150,7 +150,7 @@ def test_the_hook_computes_only_for_its_tensor_and_weight_once():
 
 
 def test_the_twin_is_the_plain_norm_on_the_cpu(monkeypatch):
-    monkeypatch.delenv(norm_gemv.ENV, raising=False)
+    monkeypatch.setenv(norm_gemv.ENV, "1")
     layer = seeded(build()).model.layers[0]
     monkeypatch.setattr(norm_kernels, "choice", lambda *args: pytest.fail("asked on the CPU"))
     x, r = torch.randn(2, 64), torch.randn(2, 64)
