@@ -26,7 +26,7 @@ import torch
 from parashift.kernels import fp8_gemm
 
 from parashift import LLM, SamplingParams
-from parashift.kernels import gated_gemv, pdl, skinny_gemm
+from parashift.kernels import gated_gemv, norm_gemv, pdl, skinny_gemm
 
 
 def copy_bandwidth(device) -> float:
@@ -352,7 +352,8 @@ def main():
                    deterministic=args.deterministic,
                    pdl=pdl.pdl_enabled(torch.device(engine.device)),
                    copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9,
-                   skinny_gemm=skinny_gemm.chosen(), gated_gemv=gated_gemv.chosen(), rows=rows,
+                   skinny_gemm=skinny_gemm.chosen(), gated_gemv=gated_gemv.chosen(),
+                   norm_gemv=norm_gemv.chosen(), rows=rows,
                    **(dict(variants=variant_medians(rows)) if len(graphs) > 1 else {}))
     print(json.dumps({"skinny_gemm": summary["skinny_gemm"]}))
     print(json.dumps(summary, indent=1))

@@ -122,20 +122,25 @@ def step(x, residual, layers, meta, positions, cos_sin, backend, mlp=mlp, fp8_in
     """The decode kernels of len(layers) layers (the MLP's by `mlp(h, layer)`); fp8_input:
     as the engine runs FP8 layers (layers/fp8_input.py), the norms and SiLU-and-mul hand
     the next GEMM their rows quantized (o's input quantized by its GEMM call)."""
-    batch = x.shape[0]
     for layer in layers:
         h, residual, h_fp8 = norm(x, residual, layer.norms[0], fp8_input)
-        q, k, v = linear(h, layer.weights["qkv"], h_fp8).split(
-            [HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
-        q = rotary.rotate_and_write_kv(
-            positions, q.view(batch, HEADS, HEAD_DIM), k.view(batch, KV_HEADS, HEAD_DIM),
-            v.view(batch, KV_HEADS, HEAD_DIM), cos_sin, layer.k_cache, layer.v_cache,
-            meta.slot_mapping)
-        o = backend.attend(q, layer.k_cache, layer.v_cache, meta, HEAD_DIM ** -0.5)
-        x = linear(o.view(batch, -1), layer.weights["o"])
+        x = attention(linear(h, layer.weights["qkv"], h_fp8), layer, meta, positions, cos_sin,
+                      backend)
         h, residual, h_fp8 = norm(x, residual, layer.norms[1], fp8_input)
         x = fp8_input_mlp(h, h_fp8, layer) if fp8_input else mlp(h, layer)
     return x, residual
+
+
+def attention(qkv, layer, meta, positions, cos_sin, backend) -> torch.Tensor:
+    """Rotary (writing K/V to the layer's pool), paged attention and o of the qkv rows."""
+    batch = qkv.shape[0]
+    q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
+    q = rotary.rotate_and_write_kv(
+        positions, q.view(batch, HEADS, HEAD_DIM), k.view(batch, KV_HEADS, HEAD_DIM),
+        v.view(batch, KV_HEADS, HEAD_DIM), cos_sin, layer.k_cache, layer.v_cache,
+        meta.slot_mapping)
+    o = backend.attend(q, layer.k_cache, layer.v_cache, meta, HEAD_DIM ** -0.5)
+    return linear(o.view(batch, -1), layer.weights["o"])
 
 
 def capture(run) -> torch.cuda.CUDAGraph:

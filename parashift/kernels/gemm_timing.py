@@ -60,16 +60,20 @@ def flushed() -> bool:
     return timing_mode() == "flushed"
 
 
-def timing_launches() -> contextlib.AbstractContextManager:
-    """The context a GEMM times its candidates in: PDL as the engine launches in the chain,
-    else suspended (the choice then the same with PDL off and on)."""
-    return contextlib.nullcontext() if chained() else pdl.suspended()
+def timing_launches(chain: bool | None = None) -> contextlib.AbstractContextManager:
+    """The context a GEMM times its candidates in: PDL as the engine launches in the chain
+    (`chain`, by default as PARASHIFT_GEMM_TIMING asks), else suspended (the choice then the
+    same with PDL off and on)."""
+    return contextlib.nullcontext() if (chained() if chain is None else chain) \
+        else pdl.suspended()
 
 
-def timed_input(x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+def timed_input(x: torch.Tensor, chain: bool | None = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """(the input the candidates read, (source, that input) for `replayed_timings_ms` to
-    rewrite before each call, or None): a copy of x in the chain, else x itself."""
-    if not chained():
+    rewrite before each call, or None): a copy of x in the chain (`chain`, by default as
+    PARASHIFT_GEMM_TIMING asks), else x itself."""
+    if not (chained() if chain is None else chain):
         return x, None
     source = x.contiguous()
     written = source.clone()

@@ -62,16 +62,26 @@ class GateUpHook:
         self._single_block = lambda: layer.output_split()[0] == 1 and len(
             layer._active_parts()) == 1  # methods: no submodule
 
-    def take(self, x: torch.Tensor, part: WeightPart) -> torch.Tensor | None:
+    def config(self, x: torch.Tensor, part: WeightPart):
+        """The fused GEMV's config for x on this weight where chosen, else None."""
         if x.dim() != 2 or not use_triton(x) or not self._single_block():
             return None
         from parashift.kernels import gated_gemv
-        config = gated_gemv.choice("gate_up", x, part.weight, part.scale, part.bias)
+        return gated_gemv.choice("gate_up", x, part.weight, part.scale, part.bias)
+
+    def hand_over(self, activated: torch.Tensor) -> None:
+        """silu(gate) * up, computed for the twin (here or by a GEMV that also forms the
+        layer's input: layers/norm_gemv.py)."""
+        self._twin.activated = activated
+
+    def take(self, x: torch.Tensor, part: WeightPart) -> torch.Tensor | None:
+        config = self.config(x, part)
         if config is None:
             return None
+        from parashift.kernels import gated_gemv
         activated = gated_gemv.fused_linear("gate_up", x, part.weight, part.scale, part.bias,
                                             config)
-        self._twin.activated = activated
+        self.hand_over(activated)
         return activated
 
 

@@ -7,6 +7,7 @@ from parashift.layers.activation import SiluAndMul
 from parashift.layers.attention import Attention
 from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from parashift.layers.fp8_input import hand_over_fp8_inputs
+from parashift.layers.norm_gemv import fuse_norm_into_gemv
 from parashift.layers.silu_gemv import fuse_silu_into_gemv
 from parashift.layers.layernorm import RMSNorm, qk_norm
 from parashift.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -79,6 +80,8 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     fp8_input_pairs = (("input_layernorm", "self_attn.qkv_proj"),
                        ("post_attention_layernorm", "mlp.gate_up_proj"))
+    # (RMSNorm, linear layer it feeds): the layer's GEMV may form the norm (layers/norm_gemv.py)
+    norm_gemv_pairs = fp8_input_pairs
 
     def __init__(self, cfg, max_position: int, mlp: nn.Module):
         super().__init__()
@@ -156,6 +159,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         hand_over_fp8_inputs(self)
         fuse_silu_into_gemv(self)
+        fuse_norm_into_gemv(self)
 
     @staticmethod
     def make_mlp(cfg, layer_index: int) -> nn.Module:
