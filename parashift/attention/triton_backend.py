@@ -30,16 +30,24 @@ import torch
 import triton
 
 from parashift.attention.metadata import AttentionMetadata
+from parashift.attention.triton_decode import decode_attention_kernel
 from parashift.attention.triton_kernels import (paged_attention_kernel,
                                                 reduce_partitions_kernel, reduce_splits_kernel,
                                                 write_kv_kernel)
-from parashift.kernels import num_sms, pdl
+from parashift.kernels import num_sms, pdl, split_tickets
 
 # Split-KV targets about this many programs per SM, and gives each split at
 # least MIN_SPLIT_TOKENS of context.
 PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 128
 MAX_SPLITS = 32
+# Decode launches (outside deterministic mode) run `triton_decode`'s one-launch kernel: its
+# split reduction in the split programs, a sequence's splits at most
+# ceil(context / FUSED_SPLIT_TOKENS) on the device. PARASHIFT_ATTN_FUSED_REDUCE=0 takes the
+# split kernel and its reduction launch instead (read at each plan; a CUDA graph keeps what
+# its capture read).
+FUSED_REDUCE_ENV = "PARASHIFT_ATTN_FUSED_REDUCE"
+FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -91,6 +99,18 @@ def decode_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
     tile_n = 64 if row_bytes <= 256 else 32 if row_bytes <= 512 else 16
     return KernelConfig(max(16, group_p), tile_n, num_warps=4,
                         num_stages=3 if elem_size <= 2 else 2)
+
+
+def fused_decode_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
+    """The one-launch decode kernel's: one query row per head of the group."""
+    return decode_config(head_dim, group_p, elem_size)
+
+
+def fused_reduce_enabled() -> bool:
+    flag = os.environ.get(FUSED_REDUCE_ENV, "1")
+    if flag not in ("0", "1"):
+        raise ValueError(f"{FUSED_REDUCE_ENV}={flag!r}: expected 0 or 1")
+    return flag == "1"
 
 
 def prefill_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
@@ -196,7 +216,7 @@ class TritonAttentionBackend:
         if meta.static_shape:
             # Rows of no sequence must be zero, and which they are is known on the device
             # only: the split reduction writes their zeros, else a fill does.
-            reduced = all(launch.partials for _, launch in launches)
+            reduced = all(launch.zeroes_padding for _, launch in launches)
             out = torch.empty_like(q) if reduced else torch.zeros_like(q)
         else:
             out = torch.empty_like(q)
@@ -309,11 +329,18 @@ class _Launch:
     # invariant: programs store each partition's state for the reduction even unsplit (one
     # accumulator per program instead of a running one beside each partition's)
     stores_partials: bool = False
+    # decode in one launch (triton_decode): a program per (row, KV head, split)
+    fused: bool = False
 
     @property
     def partials(self) -> bool:
-        """Programs store partial states that a reduction kernel merges."""
+        """Programs store partial states that a reduction merges."""
         return self.num_splits > 1 or self.stores_partials
+
+    @property
+    def zeroes_padding(self) -> bool:
+        """The launch writes zeros to its rows of no sequence (else a fill must)."""
+        return self.partials or self.fused
 
 
 def _shape(q, k_cache) -> tuple[int, int, int, int]:
@@ -327,6 +354,11 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
                  num_splits: int | None = None) -> _Launch:
     num_heads, head_dim, group, group_p = _shape(q, k_cache)
     elem_size = max(q.element_size(), k_cache.element_size())
+    if _one_launch_decode(meta, seqs):
+        fused = _plan_fused_decode(q, k_cache, meta, seqs, num_splits, head_dim, group,
+                                   group_p, elem_size)
+        if fused is not None:
+            return fused
     config = (decode_config if seqs.decode else prefill_config)(head_dim, group_p, elem_size)
     block_q = max(1, config.block_m // group_p)
     num_q_blocks = seqs.num_tokens // block_q + seqs.end - seqs.first
@@ -335,6 +367,34 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
         num_splits = choose_num_splits(num_q_blocks * k_cache.shape[2], meta.max_seq_len,
                                        partial_bytes, num_sms(q.device))
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False)
+
+
+def _one_launch_decode(meta: AttentionMetadata, seqs: _SeqRange) -> bool:
+    """Decodes of one query row each (rows of no sequence after them): the one-launch
+    kernel's, unless switched off."""
+    starts = meta.query_start_loc_cpu
+    return (seqs.decode and starts[seqs.end] - starts[seqs.first] == seqs.end - seqs.first
+            and fused_reduce_enabled())
+
+
+def _plan_fused_decode(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
+                       num_splits: int | None, head_dim: int, group: int, group_p: int,
+                       elem_size: int) -> "_Launch | None":
+    """A program per (row, KV head, split); None where its splits need ticket counters this
+    device has not made (a CUDA graph capture before any eager step)."""
+    rows = max(seqs.num_tokens, 1)
+    if num_splits is None:
+        partial_bytes = rows * q.shape[1] * (head_dim + 2) * 4
+        num_splits = choose_num_splits(rows * k_cache.shape[2], meta.max_seq_len,
+                                       partial_bytes, num_sms(q.device))
+    if num_splits > 1 and _tickets(q.device, rows * k_cache.shape[2]) is None:
+        return None
+    config = fused_decode_config(head_dim, group_p, elem_size)
+    return _Launch(config, group, group_p, 1, rows, num_splits, False, fused=True)
+
+
+def _tickets(device: torch.device, tiles: int) -> torch.Tensor | None:
+    return split_tickets.counters(device, tiles, pool="attention")
 
 
 def _plan_invariant_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
@@ -364,6 +424,9 @@ def _plan_invariant_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
 
 
 def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch):
+    if launch.fused:
+        _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs, launch)
+        return
     num_heads, head_dim = q.shape[1:]
     split = launch.partials
     if split:
@@ -405,6 +468,32 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             NUM_SPLITS=launch.num_splits, NUM_SPLITS_P=triton.next_power_of_2(launch.num_splits),
             HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4,
             **with_pdl)
+
+
+def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
+                         launch: _Launch):
+    num_heads, head_dim = q.shape[1:]
+    rows, kv_heads, splits = launch.num_q_blocks, k_cache.shape[2], launch.num_splits
+    if splits > 1:
+        part_m = torch.empty(rows, num_heads, splits, dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(*part_m.shape, head_dim, dtype=torch.float32, device=q.device)
+        tickets = _tickets(q.device, rows * kv_heads)
+    else:
+        part_acc = part_m = part_l = tickets = out  # unused by the kernel
+    cfg = launch.config
+    decode_attention_kernel[(rows, kv_heads, splits)](
+        out, part_acc, part_m, part_l, tickets, q, k_cache, v_cache,
+        meta.block_tables[seqs.first:], meta.seq_lens[seqs.first:],
+        meta.query_start_loc[seqs.first:seqs.end + 1], seqs.end - seqs.first,
+        seqs.token_offset, scale * math.log2(math.e),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
+        GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n,
+        BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
+        HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLITS_P=triton.next_power_of_2(splits),
+        SPLIT_TOKENS=FUSED_SPLIT_TOKENS, DOT_PRECISION=_dot_precision(q.dtype, False),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 
 def _dot_precision(dtype: torch.dtype, invariant: bool) -> str:
