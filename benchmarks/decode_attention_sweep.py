@@ -129,26 +129,30 @@ def patched(name: str, value):
 
 def config_sweep(cfg, args, bandwidth) -> list[dict]:
     rows = []
-    configs = [(16, n, w, s) for n, w, s in ((64, 4, 3), (32, 4, 3), (128, 4, 2), (128, 8, 2),
-                                              (64, 4, 4), (64, 2, 3), (64, 8, 3), (32, 2, 4))]
+    # (KV tile, warps, stages, grid with the KV heads first)
+    configs = [(64, 4, 3, False), (64, 4, 2, False), (32, 4, 3, False), (32, 4, 4, False),
+               (16, 4, 4, False), (32, 2, 3, False), (64, 4, 3, True), (32, 4, 3, True)]
+    block_m = max(16, triton_backend.triton.next_power_of_2(
+        cfg["num_attention_heads"] // cfg["num_key_value_heads"]))
     for cell in args.config_cells:
         batch, context = map(int, cell.split("x"))
         layers = Layers(cfg, batch, context, max(args.graph_len, context), args.kv_dtype)
-        for (bm, n, w, s), splits in itertools.product(configs, (1, 2, 4)):
-            config = KernelConfig(max(bm, triton_backend.triton.next_power_of_2(
-                cfg["num_attention_heads"] // cfg["num_key_value_heads"])), n, w, s)
+        for (n, w, s, heads_first), splits in itertools.product(configs, (1, 2)):
+            config = KernelConfig(block_m, n, w, s)
             saved = (patched("fused_decode_config", lambda *a, c=config: c),
-                     patched("choose_num_splits", lambda *a, k=splits: k))
+                     patched("choose_num_splits", lambda *a, k=splits: k),
+                     patched("FUSED_HEADS_FIRST", heads_first))
+            fields = dict(batch=batch, context=context, tile_n=n, warps=w, stages=s,
+                          splits=splits, heads_first=heads_first)
             try:
                 us, _ = layers.step_us(TritonAttentionBackend())
-                r = row(layers, us, bandwidth, batch=batch, context=context, tile_n=n,
-                        warps=w, stages=s, splits=splits)
+                r = row(layers, us, bandwidth, **fields)
             except Exception as exc:  # out of resources and the like
-                r = {"batch": batch, "context": context, "tile_n": n, "warps": w,
-                     "stages": s, "splits": splits, "failed": type(exc).__name__}
+                r = {**fields, "failed": type(exc).__name__}
             finally:
-                patched("fused_decode_config", saved[0])
-                patched("choose_num_splits", saved[1])
+                for name, value in zip(("fused_decode_config", "choose_num_splits",
+                                        "FUSED_HEADS_FIRST"), saved):
+                    patched(name, value)
             rows.append(r)
             print(json.dumps(r), flush=True)
         del layers

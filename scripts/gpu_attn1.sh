@@ -2,7 +2,8 @@
 # Issues 60/61 (helper attn1): decode attention in one launch, on ONE H200, in priority order
 # (BUDGET_S, 235 by default, skipping what would pass it):
 # 1. the GPU attention tests (the one-launch decode against the reference and the two-launch
-#    path, graphs captured for 32k replayed short, FP8 pools, tickets reset across replays);
+#    path, graphs captured for 32k replayed short, FP8 pools, tickets reset across replays),
+#    and an engine's greedy tokens: graphs against eager, Triton against the torch backend;
 # 2. the kernel sweep, 8B heads: b1/b8/b64/b256 x 1k/4k/8k/32k, graph captured for 8k (or the
 #    context), one-launch vs two-launch, PDL off/on (benchmarks/decode_attention_sweep.py);
 # 3. 8B decode b1/b64 at 1024, CUDA graphs, one-launch (PARASHIFT_ATTN_FUSED_REDUCE=1) vs
@@ -19,6 +20,8 @@ llama=benchmarks/shapes/llama-3.1-8b.json
 qwen=benchmarks/shapes/qwen3-30b-a3b.json
 budget_step gpu_tests 50 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x -p no:cacheprovider \
   tests/attention/test_triton_backend.py
+budget_step engine_tokens 40 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+  tests/engine/test_gpu_engine.py -k "graphs_and_async or triton_matches_torch"
 budget_step sweep_8b 75 python3 $sweep --model $llama --batches 1 8 64 256 \
   --contexts 1024 4096 8192 32768 --output "$OUT/sweep_8b.json"
 for fused in 1 0; do

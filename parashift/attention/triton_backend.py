@@ -48,6 +48,8 @@ MAX_SPLITS = 32
 # its capture read).
 FUSED_REDUCE_ENV = "PARASHIFT_ATTN_FUSED_REDUCE"
 FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
+# ... its grid (KV heads, rows, splits) rather than (rows, KV heads, splits)
+FUSED_HEADS_FIRST = False
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -482,7 +484,8 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
     else:
         part_acc = part_m = part_l = tickets = out  # unused by the kernel
     cfg = launch.config
-    decode_attention_kernel[(rows, kv_heads, splits)](
+    grid = (kv_heads, rows, splits) if FUSED_HEADS_FIRST else (rows, kv_heads, splits)
+    decode_attention_kernel[grid](
         out, part_acc, part_m, part_l, tickets, q, k_cache, v_cache,
         meta.block_tables[seqs.first:], meta.seq_lens[seqs.first:],
         meta.query_start_loc[seqs.first:seqs.end + 1], seqs.end - seqs.first,
@@ -493,6 +496,7 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLITS_P=triton.next_power_of_2(splits),
         SPLIT_TOKENS=FUSED_SPLIT_TOKENS, DOT_PRECISION=_dot_precision(q.dtype, False),
+        HEADS_FIRST=FUSED_HEADS_FIRST,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 

@@ -3,7 +3,7 @@ whose split count follows each sequence's context on the device.
 
 A decode launch (every sequence one query row, rows of no sequence after them) takes a grid
 of (rows, KV heads, splits). Program (i, h, s) attends row i's query heads of KV head h to
-split s of sequence i's context. The grid's split count is fixed on the host (for a CUDA
+split s of sequence i's context (HEADS_FIRST: the grid's first two axes swapped). The grid's split count is fixed on the host (for a CUDA
 graph: at capture, for max_model_len); a sequence takes only
 min(splits, ceil(context / SPLIT_TOKENS)) of them, its tiles cut evenly among those, and
 the programs past them exit at once: a 1,024-token context in a graph captured for 8,192
@@ -63,10 +63,13 @@ def decode_attention_kernel(
         GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_M: tl.constexpr,
         TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
         HEAD_DIM_P: tl.constexpr, SPLITS_P: tl.constexpr, SPLIT_TOKENS: tl.constexpr,
-        DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False):
+        DOT_PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
+        USE_PDL: tl.constexpr = False):
     pdl.start(USE_PDL)
-    i = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
+    i = tl.program_id(1 if HEADS_FIRST else 0)
+    kv_head = tl.program_id(0 if HEADS_FIRST else 1)
+    num_kv_heads = tl.num_programs(0 if HEADS_FIRST else 1)
     split = tl.program_id(2)
     grid_splits = tl.num_programs(2)
     token = (token_offset + i).to(tl.int64)
@@ -119,13 +122,13 @@ def decode_attention_kernel(
                  mask=io_mask)
         return
     # partials at [row, head, split] of buffers [rows, heads, grid_splits(, head_dim)]
-    num_heads = tl.num_programs(1) * GROUP
+    num_heads = num_kv_heads * GROUP
     first_part = (i.to(tl.int64) * num_heads + row_head) * grid_splits
     part_row = first_part + split
     tl.store(part_m_ptr + part_row, m_i, mask=row_ok)
     tl.store(part_l_ptr + part_row, l_i, mask=row_ok)
     tl.store(part_acc_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=io_mask)
-    counter = ticket_ptr + i * tl.num_programs(1) + kv_head
+    counter = ticket_ptr + i * num_kv_heads + kv_head
     if split_tickets.is_last_of(counter, num_splits):
         split_tickets.reset(counter)
         first = (i.to(tl.int64) * num_heads + kv_head * GROUP) * grid_splits

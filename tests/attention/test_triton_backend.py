@@ -257,13 +257,14 @@ def _graph_meta(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:
                                 "static_shape": True})
 
 
-@pytest.mark.parametrize("fused", ["0", "1"])
+@pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
-def test_decode_in_a_graph_for_a_longer_context(monkeypatch, fused, kv_dtype):
+def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     """Decodes whose graph was captured for 32k tokens (32 splits) at contexts from one token
-    up: the one-launch kernel (fused) takes as many splits as each context needs, merges them
-    in the split programs and zeroes the padding rows; FP8 pools read as their values."""
-    monkeypatch.setenv(triton_backend.FUSED_REDUCE_ENV, fused)
+    up: the one-launch kernel takes as many splits as each context needs, merges them in the
+    split programs and zeroes the padding rows; FP8 pools read as their values."""
+    monkeypatch.setenv(triton_backend.FUSED_REDUCE_ENV, "0" if variant == "two-launch" else "1")
+    monkeypatch.setattr(triton_backend, "FUSED_HEADS_FIRST", variant.endswith("heads-first"))
     seq_lens = [1, 100, 129, 1024, 4096, 8191, 30000]
     step = make_step([1] * len(seq_lens), seq_lens, 32, 8, pad_tokens=3, seed=7)
     k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
