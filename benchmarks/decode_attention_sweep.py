@@ -30,7 +30,7 @@ from parashift.cost.measure_kernels import paged_step
 
 L2_FLUSH_BYTES = 256 << 20
 MAX_LAYERS = 64
-MAX_TOKENS = 2 << 20  # batch x context of one row at most (the pools' memory)
+MAX_TOKENS = 1 << 20  # batch x context of one row at most (the pools' memory)
 
 
 def graph_metadata(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:

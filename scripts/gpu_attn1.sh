@@ -2,14 +2,13 @@
 # Issues 60/61 (helper attn1): decode attention in one launch, on ONE H200, in priority order
 # (BUDGET_S, 235 by default, skipping what would pass it):
 # 1. the GPU attention tests (the one-launch decode against the reference and the two-launch
-#    path, graphs captured for 32k replayed short, FP8 pools, tickets reset across replays),
-#    and an engine's greedy tokens: graphs against eager, Triton against the torch backend;
+#    path, graphs captured for 32k replayed short, FP8 pools, tickets reset across replays);
 # 2. the kernel sweep, 8B heads: b1/b8/b64/b256 x 1k/4k/8k/32k, graph captured for 8k (or the
 #    context), one-launch vs two-launch, PDL off/on (benchmarks/decode_attention_sweep.py);
-# 3. 8B decode b1/b64 at 1024, CUDA graphs, one-launch (PARASHIFT_ATTN_FUSED_REDUCE=1) vs
-#    two-launch (=0), bf16 then FP8 KV;
-# 4. the one-launch kernel's configs at b64/b256 (KV tile, warps, stages, splits);
-# 5. Qwen3-30B-A3B heads at b1/b8 and the tokens per split at b1.
+# 3. the one-launch kernel's configs at b64/b256 (KV tile, warps, stages, splits, grid order);
+# 4. 8B decode b1/b64 at 1024, CUDA graphs, one-launch (PARASHIFT_ATTN_FUSED_REDUCE=1) vs
+#    two-launch (=0), bf16 KV; then engine tokens (graphs vs eager; Triton vs torch), the same
+#    decode with FP8 KV, Qwen3-30B-A3B heads at b1/b8 and the tokens per split at b1.
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-235}
@@ -18,19 +17,19 @@ source scripts/budget_step.sh
 sweep=benchmarks/decode_attention_sweep.py
 llama=benchmarks/shapes/llama-3.1-8b.json
 qwen=benchmarks/shapes/qwen3-30b-a3b.json
-budget_step gpu_tests 50 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x -p no:cacheprovider \
+budget_step gpu_tests 45 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x -p no:cacheprovider \
   tests/attention/test_triton_backend.py
-budget_step engine_tokens 40 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  tests/engine/test_gpu_engine.py -k "graphs_and_async or triton_matches_torch"
-budget_step sweep_8b 75 python3 $sweep --model $llama --batches 1 8 64 256 \
+budget_step sweep_8b 60 python3 $sweep --model $llama --batches 1 8 64 256 \
   --contexts 1024 4096 8192 32768 --output "$OUT/sweep_8b.json"
+budget_step configs_8b 35 python3 $sweep --model $llama --configs \
+  --config-cells 64x1024 256x1024 --output "$OUT/configs_8b.json"
 for fused in 1 0; do
   budget_step decode_bf16_fused$fused 30 env PARASHIFT_ATTN_FUSED_REDUCE=$fused python3 \
     benchmarks/decode_throughput.py --model $llama --batch-sizes 1 64 --context 1024 \
     --decode-steps 32 --cuda-graphs --output "$OUT/decode_bf16_fused$fused.json"
 done
-budget_step configs_8b 30 python3 $sweep --model $llama --configs \
-  --config-cells 64x1024 256x1024 --output "$OUT/configs_8b.json"
+budget_step engine_tokens 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+  tests/engine/test_gpu_engine.py -k "graphs_and_async and None or triton_matches_torch"
 for fused in 1 0; do
   budget_step decode_fp8kv_fused$fused 25 env PARASHIFT_ATTN_FUSED_REDUCE=$fused python3 \
     benchmarks/decode_throughput.py --model $llama --batch-sizes 1 64 --context 1024 \
