@@ -5,10 +5,11 @@
 #    path, graphs captured for 32k replayed short, FP8 pools, tickets reset across replays);
 # 2. the kernel sweep, 8B heads: b1/b8/b64/b256 x 1k/4k/8k/32k, graph captured for 8k (or the
 #    context), one-launch vs two-launch, PDL off/on (benchmarks/decode_attention_sweep.py);
-# 3. the one-launch kernel's configs at b64/b256 (KV tile, warps, stages, splits, grid order);
+# 3. the one-launch kernel's configs at b64/b256 (KV tile, warps, stages, splits, grid order)
+#    and its tokens per split at b1;
 # 4. 8B decode b1/b64 at 1024, CUDA graphs, one-launch (PARASHIFT_ATTN_FUSED_REDUCE=1) vs
 #    two-launch (=0), bf16 KV; then engine tokens (graphs vs eager; Triton vs torch), the same
-#    decode with FP8 KV, Qwen3-30B-A3B heads at b1/b8 and the tokens per split at b1.
+#    decode with FP8 KV, Qwen3-30B-A3B heads at b1/b8.
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-235}
@@ -23,6 +24,8 @@ budget_step sweep_8b 60 python3 $sweep --model $llama --batches 1 8 64 256 \
   --contexts 1024 4096 8192 32768 --output "$OUT/sweep_8b.json"
 budget_step configs_8b 35 python3 $sweep --model $llama --configs \
   --config-cells 64x1024 256x1024 --output "$OUT/configs_8b.json"
+budget_step split_tokens 15 python3 $sweep --model $llama --split-tokens --contexts 1024 8192 \
+  --output "$OUT/split_tokens.json"
 for fused in 1 0; do
   budget_step decode_bf16_fused$fused 30 env PARASHIFT_ATTN_FUSED_REDUCE=$fused python3 \
     benchmarks/decode_throughput.py --model $llama --batch-sizes 1 64 --context 1024 \
@@ -37,8 +40,6 @@ for fused in 1 0; do
 done
 budget_step sweep_qwen 20 python3 $sweep --model $qwen --batches 1 8 --contexts 1024 8192 \
   --output "$OUT/sweep_qwen.json"
-budget_step split_tokens 15 python3 $sweep --model $llama --split-tokens --contexts 1024 8192 \
-  --output "$OUT/split_tokens.json"
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import glob, json, os, sys
 out = sys.argv[1]

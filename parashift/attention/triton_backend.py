@@ -481,8 +481,11 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(*part_m.shape, head_dim, dtype=torch.float32, device=q.device)
         tickets = _tickets(q.device, rows * kv_heads)
-    else:
-        part_acc = part_m = part_l = tickets = out  # unused by the kernel
+    else:  # unused by the kernel, the tickets an int32 pointer all the same
+        part_acc = part_m = part_l = out
+        tickets = _tickets(q.device, 0)
+        if tickets is None:
+            tickets = torch.empty(1, dtype=torch.int32, device=q.device)
     cfg = launch.config
     grid = (kv_heads, rows, splits) if FUSED_HEADS_FIRST else (rows, kv_heads, splits)
     decode_attention_kernel[grid](
