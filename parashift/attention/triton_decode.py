@@ -73,15 +73,23 @@ def decode_attention_kernel(
     split = tl.program_id(2)
     grid_splits = tl.num_programs(2)
     token = (token_offset + i).to(tl.int64)
+    # every load that needs nothing loaded before it, issued together (one latency, not three)
     is_seq = i < num_seqs
-    q_len = (tl.load(query_start_loc_ptr + i + 1, mask=is_seq, other=0)
-             - tl.load(query_start_loc_ptr + i, mask=is_seq, other=0))
-    if q_len == 0:  # a row of no sequence
+    q_start = tl.load(query_start_loc_ptr + i, mask=is_seq, other=0)
+    q_end = tl.load(query_start_loc_ptr + i + 1, mask=is_seq, other=0)
+    seq_len = tl.load(seq_lens_ptr + i, mask=is_seq, other=0)
+    rows = tl.arange(0, BLOCK_M)
+    row_head = kv_head * GROUP + rows
+    row_ok = rows < GROUP
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    io_mask = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q_rows = q_ptr + token * stride_qt + row_head * stride_qh
+    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
+    if q_end == q_start:  # a row of no sequence
         if split == 0:
             _zero_row(out_ptr, token, kv_head, stride_ot, stride_oh, GROUP, GROUP_P, HEAD_DIM,
                       HEAD_DIM_P)
         return
-    seq_len = tl.load(seq_lens_ptr + i)
     num_splits = tl.minimum(grid_splits, tl.maximum(tl.cdiv(seq_len, SPLIT_TOKENS), 1))
     if split >= num_splits:
         return
@@ -90,14 +98,6 @@ def decode_attention_kernel(
     lo = split * tiles_per_split
     hi = tl.minimum(lo + tiles_per_split, num_tiles)
     mid = tl.maximum(tl.minimum(hi, seq_len // TILE_N), lo)  # tiles before the last partial
-
-    rows = tl.arange(0, BLOCK_M)
-    row_head = kv_head * GROUP + rows
-    row_ok = rows < GROUP
-    offs_d = tl.arange(0, HEAD_DIM_P)
-    io_mask = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-    q_rows = q_ptr + token * stride_qt + row_head * stride_qh
-    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + (seq_len - 1)
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
