@@ -19,7 +19,7 @@ sweep=benchmarks/decode_attention_sweep.py
 llama=benchmarks/shapes/llama-3.1-8b.json
 qwen=benchmarks/shapes/qwen3-30b-a3b.json
 budget_step gpu_tests 45 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x -p no:cacheprovider \
-  tests/attention/test_triton_backend.py
+  tests/attention/test_triton_backend.py tests/kernels/test_pdl.py -k "not test_pdl or rotary_and_attention"
 budget_step sweep_8b 60 python3 $sweep --model $llama --batches 1 8 64 256 \
   --contexts 1024 4096 8192 32768 --output "$OUT/sweep_8b.json"
 budget_step configs_8b 35 python3 $sweep --model $llama --configs \

@@ -14,7 +14,8 @@ import triton
 import triton.language as tl
 
 MAX_TILES = 1 << 15  # output tiles of one launch that can take tickets
-_counters: dict[tuple[torch.device, str], torch.Tensor] = {}
+_counters: dict[torch.device, torch.Tensor] = {}  # pool "gemm"'s
+_pools: dict[str, dict[torch.device, torch.Tensor]] = {"gemm": _counters}
 
 
 def counters(device: torch.device, tiles: int, pool: str = "gemm") -> torch.Tensor | None:
@@ -23,14 +24,14 @@ def counters(device: torch.device, tiles: int, pool: str = "gemm") -> torch.Tens
     capture (a capture's warm-up runs first); else None."""
     if tiles > MAX_TILES:
         return None
-    key = (device, pool)
-    if key not in _counters:
+    held = _pools.setdefault(pool, {})
+    if device not in held:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        _counters[key] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+        held[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
         if device.type == "cuda":  # zero before any stream's launch
             torch.cuda.synchronize(device)
-    return _counters[key]
+    return held[device]
 
 
 def outputs(rows: int, n: int, dtype: torch.dtype, device: torch.device, split_k: int,
