@@ -182,7 +182,7 @@ def main():
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8192, 32768])
     p.add_argument("--graph-len", type=int, default=8192,
-                   help="the graph's max_model_len (at least the row's context)")
+                   help="the graph's max_model_len (at least the row's context; 0: the context)")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
     p.add_argument("--configs", action="store_true")
     p.add_argument("--config-cells", nargs="+", default=["64x1024", "256x1024", "64x4096"])

@@ -6,7 +6,7 @@
 # 2. the kernel sweep, 8B heads: b1/b8/b64/b256 x 1k/4k/8k/32k, graph captured for 8k (or the
 #    context), one-launch vs two-launch, PDL off/on (benchmarks/decode_attention_sweep.py);
 # 3. the one-launch kernel's configs at b64/b256 (KV tile, warps, stages, splits, grid order)
-#    and its tokens per split at b1;
+#    and its tokens per split at b1; b1/b8 in graphs captured for their own context;
 # 4. 8B decode b1/b64 at 1024, CUDA graphs, one-launch (PARASHIFT_ATTN_FUSED_REDUCE=1) vs
 #    two-launch (=0), bf16 KV; then engine tokens (graphs vs eager; Triton vs torch), the same
 #    decode with FP8 KV, Qwen3-30B-A3B heads at b1/b8.
@@ -26,6 +26,8 @@ budget_step configs_8b 35 python3 $sweep --model $llama --configs \
   --config-cells 64x1024 256x1024 --output "$OUT/configs_8b.json"
 budget_step split_tokens 15 python3 $sweep --model $llama --split-tokens --contexts 1024 8192 \
   --output "$OUT/split_tokens.json"
+budget_step sweep_8b_exact 12 python3 $sweep --model $llama --batches 1 8 --contexts 1024 4096 \
+  --graph-len 0 --output "$OUT/sweep_8b_exact.json"
 for fused in 1 0; do
   budget_step decode_bf16_fused$fused 30 env PARASHIFT_ATTN_FUSED_REDUCE=$fused python3 \
     benchmarks/decode_throughput.py --model $llama --batch-sizes 1 64 --context 1024 \
@@ -49,7 +51,7 @@ for path in sorted(glob.glob(f"{out}/decode_*.json")):
     doc = json.load(open(path))
     print(os.path.basename(path), " | ".join(
         f"b{r['batch']} {r['step_ms']:.3f} ms ({r['fraction_of_floor']:.3f})" for r in doc["rows"]))
-for name in ("sweep_8b", "sweep_qwen"):
+for name in ("sweep_8b", "sweep_8b_exact", "sweep_qwen"):
     if not os.path.exists(f"{out}/{name}.json"):
         continue
     cells = {}

@@ -103,8 +103,10 @@ def decode_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
                         num_stages=3 if elem_size <= 2 else 2)
 
 
-def fused_decode_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
-    """The one-launch decode kernel's: one query row per head of the group."""
+def fused_decode_config(head_dim: int, group_p: int, elem_size: int,
+                        rows: int) -> KernelConfig:
+    """The one-launch decode kernel's for `rows` decodes: one query row per head of the
+    group."""
     return decode_config(head_dim, group_p, elem_size)
 
 
@@ -391,7 +393,7 @@ def _plan_fused_decode(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
                                        partial_bytes, num_sms(q.device))
     if num_splits > 1 and _tickets(q.device, rows * k_cache.shape[2]) is None:
         return None
-    config = fused_decode_config(head_dim, group_p, elem_size)
+    config = fused_decode_config(head_dim, group_p, elem_size, rows)
     return _Launch(config, group, group_p, 1, rows, num_splits, False, fused=True)
 
 
