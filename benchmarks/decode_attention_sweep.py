@@ -105,7 +105,7 @@ def sweep(cfg, args, bandwidth) -> list[dict]:
             continue
         layers = Layers(cfg, batch, context, max(args.graph_len, context), args.kv_dtype)
         reference = None
-        for pdl, fused in itertools.product(("0", "1"), ("0", "1")):
+        for pdl, fused in itertools.product(args.pdl, ("0", "1")):
             old = with_env(PARASHIFT_PDL=pdl, PARASHIFT_ATTN_FUSED_REDUCE=fused)
             try:
                 us, out = layers.step_us(TritonAttentionBackend())
@@ -129,19 +129,21 @@ def patched(name: str, value):
 
 def config_sweep(cfg, args, bandwidth) -> list[dict]:
     rows = []
-    # (KV tile, warps, stages, grid with the KV heads first)
-    configs = [(64, 4, 3, False), (64, 4, 2, False), (32, 4, 3, False), (32, 4, 4, False),
-               (16, 4, 4, False), (32, 2, 3, False), (64, 4, 3, True), (32, 4, 3, True)]
+    # (KV tile, warps, stages, grid with the KV heads first); session 44's first call had
+    # (64, 4, 3 or 2), (32, 4, 3 or 4), (16, 4, 4), (32, 2, 3), and heads first (no change)
+    configs = [(64, 4, 2, False), (64, 4, 1, False), (64, 8, 2, False), (64, 2, 2, False),
+               (128, 4, 2, False), (128, 8, 2, False), (128, 8, 1, False)]
     block_m = max(16, triton_backend.triton.next_power_of_2(
         cfg["num_attention_heads"] // cfg["num_key_value_heads"]))
     for cell in args.config_cells:
         batch, context = map(int, cell.split("x"))
         layers = Layers(cfg, batch, context, max(args.graph_len, context), args.kv_dtype)
-        for (n, w, s, heads_first), splits in itertools.product(configs, (1, 2)):
+        for (n, w, s, heads_first), splits in itertools.product(configs, args.config_splits):
             config = KernelConfig(block_m, n, w, s)
             saved = (patched("fused_decode_config", lambda *a, c=config: c),
                      patched("choose_num_splits", lambda *a, k=splits: k),
-                     patched("FUSED_HEADS_FIRST", heads_first))
+                     patched("FUSED_HEADS_FIRST", heads_first),
+                     patched("FUSED_UNSPLIT_PROGRAMS_PER_SM", 1 << 30))
             fields = dict(batch=batch, context=context, tile_n=n, warps=w, stages=s,
                           splits=splits, heads_first=heads_first)
             try:
@@ -151,7 +153,8 @@ def config_sweep(cfg, args, bandwidth) -> list[dict]:
                 r = {**fields, "failed": type(exc).__name__}
             finally:
                 for name, value in zip(("fused_decode_config", "choose_num_splits",
-                                        "FUSED_HEADS_FIRST"), saved):
+                                        "FUSED_HEADS_FIRST", "FUSED_UNSPLIT_PROGRAMS_PER_SM"),
+                                       saved):
                     patched(name, value)
             rows.append(r)
             print(json.dumps(r), flush=True)
@@ -186,6 +189,9 @@ def main():
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
     p.add_argument("--configs", action="store_true")
     p.add_argument("--config-cells", nargs="+", default=["64x1024", "256x1024", "64x4096"])
+    p.add_argument("--config-splits", type=int, nargs="+", default=[1])
+    p.add_argument("--pdl", nargs="+", choices=("0", "1"), default=["0", "1"],
+                   help="PARASHIFT_PDL settings of the sweep")
     p.add_argument("--split-tokens", action="store_true")
     p.add_argument("--output", default=None)
     args = p.parse_args()

@@ -48,6 +48,9 @@ MAX_SPLITS = 32
 # its capture read).
 FUSED_REDUCE_ENV = "PARASHIFT_ATTN_FUSED_REDUCE"
 FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
+# ... unsplit from this many programs an SM (rows x KV heads): on an H200, 8B heads, batch 64
+# (512 programs) at context 1,024, one split took 65.8 µs a layer against two's 72.5
+FUSED_UNSPLIT_PROGRAMS_PER_SM = 2
 # ... its grid (KV heads, rows, splits) rather than (rows, KV heads, splits)
 FUSED_HEADS_FIRST = False
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
@@ -106,8 +109,12 @@ def decode_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
 def fused_decode_config(head_dim: int, group_p: int, elem_size: int,
                         rows: int) -> KernelConfig:
     """The one-launch decode kernel's for `rows` decodes: one query row per head of the
-    group."""
-    return decode_config(head_dim, group_p, elem_size)
+    group, two stages (on an H200, 8B heads, context 1,024, one split: 65.8 against three
+    stages' 67.1 µs at batch 64, 246 against 252 at 256; KV tiles of 32 or 16 tokens
+    slower; benchmarks/decode_attention_sweep.py --configs, session 44)."""
+    config = decode_config(head_dim, group_p, elem_size)
+    return KernelConfig(config.block_m, config.tile_n, config.num_warps,
+                        min(2, config.num_stages))
 
 
 def fused_reduce_enabled() -> bool:
@@ -387,10 +394,12 @@ def _plan_fused_decode(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     """A program per (row, KV head, split); None where its splits need ticket counters this
     device has not made (a CUDA graph capture before any eager step)."""
     rows = max(seqs.num_tokens, 1)
+    programs, sms = rows * k_cache.shape[2], num_sms(q.device)
+    if num_splits is None and programs >= FUSED_UNSPLIT_PROGRAMS_PER_SM * sms:
+        num_splits = 1
     if num_splits is None:
         partial_bytes = rows * q.shape[1] * (head_dim + 2) * 4
-        num_splits = choose_num_splits(rows * k_cache.shape[2], meta.max_seq_len,
-                                       partial_bytes, num_sms(q.device))
+        num_splits = choose_num_splits(programs, meta.max_seq_len, partial_bytes, sms)
     if num_splits > 1 and _tickets(q.device, rows * k_cache.shape[2]) is None:
         return None
     config = fused_decode_config(head_dim, group_p, elem_size, rows)

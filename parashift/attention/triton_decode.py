@@ -9,8 +9,8 @@ min(splits, ceil(context / SPLIT_TOKENS)) of them, its tiles cut evenly among th
 the programs past them exit at once: a 1,024-token context in a graph captured for 8,192
 runs as a launch for 1,024 would. A sequence of one split writes its output directly; with
 more, each program stores its partial softmax state and takes a ticket (split_tickets.py),
-and the last of the row's splits to finish merges them (a fixed tree over the splits, the
-same bits whatever order the programs ran in), writes the output and sets the counter back
+and the last of the row's splits to finish merges them (in split order: the same bits
+whatever order the programs ran in), writes the output and sets the counter back
 to 0 for the next launch (no fill: graph-safe). Rows of no sequence get zeros from their
 split-0 programs, so a graph's padded output needs no fill either.
 
@@ -23,32 +23,48 @@ from parashift.kernels import pdl, split_tickets
 
 
 @triton.jit
-def _merge_splits(part_acc_ptr, part_m_ptr, part_l_ptr, first_part, num_splits,
-                  SPLITS_P: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
-    """One head's output from its num_splits partial states at [first_part, + num_splits)
-    (read from L2, where the other programs' stores are)."""
-    splits = tl.arange(0, SPLITS_P)
-    s_ok = splits < num_splits
-    offs_d = tl.arange(0, HEAD_DIM_P)
-    m = tl.load(part_m_ptr + first_part + splits, mask=s_ok, other=NEG_BIG,
-                cache_modifier=".cg")
-    l = tl.load(part_l_ptr + first_part + splits, mask=s_ok, other=0.0, cache_modifier=".cg")
-    acc = tl.load(part_acc_ptr + (first_part + splits)[:, None] * HEAD_DIM + offs_d[None, :],
-                  mask=s_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0,
-                  cache_modifier=".cg")
-    weight = tl.exp2(m - tl.max(m, 0))
-    return tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)
+def _merge_splits(part_acc_ptr, part_m_ptr, part_l_ptr, first, grid_splits, num_splits,
+                  GROUP: tl.constexpr, GROUP_P: tl.constexpr, SPLITS_P: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+    """[GROUP_P, HEAD_DIM_P]: the group's heads' outputs from their num_splits partial states
+    (head g's split s at first + g * grid_splits + s, read from L2), merged in split order.
+    Each split's m and l are loaded broadcast over the head's dims: the merge is elementwise,
+    with no barrier or store between the splits, so their loads can be issued together."""
+    heads = tl.arange(0, GROUP_P)[:, None]
+    offs_d = tl.arange(0, HEAD_DIM_P)[None, :]
+    ok = (heads < GROUP) & (offs_d < HEAD_DIM)
+    part = first + heads * grid_splits
+    across_d = offs_d * 0
+    acc = tl.zeros([GROUP_P, HEAD_DIM_P], dtype=tl.float32)
+    m = tl.full([GROUP_P, HEAD_DIM_P], NEG_BIG, dtype=tl.float32)
+    l = tl.zeros([GROUP_P, HEAD_DIM_P], dtype=tl.float32)
+    for s in tl.static_range(SPLITS_P):
+        s_ok = ok & (heads * 0 + s < num_splits)
+        m_s = tl.load(part_m_ptr + part + s + across_d, mask=s_ok, other=NEG_BIG,
+                      cache_modifier=".cg")
+        l_s = tl.load(part_l_ptr + part + s + across_d, mask=s_ok, other=0.0,
+                      cache_modifier=".cg")
+        acc_s = tl.load(part_acc_ptr + (part + s) * HEAD_DIM + offs_d, mask=s_ok, other=0.0,
+                        cache_modifier=".cg")
+        m_new = tl.maximum(m, m_s)
+        a = tl.exp2(m - m_new)
+        b = tl.exp2(m_s - m_new)
+        acc = tl.fma(acc_s, b, acc * a)
+        l = tl.fma(l_s, b, l * a)
+        m = m_new
+    return acc / l
 
 
 @triton.jit
-def _zero_row(out_ptr, token, kv_head, stride_ot, stride_oh, GROUP: tl.constexpr,
-              GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+def _store_rows(out_ptr, token, kv_head, stride_ot, stride_oh, values, GROUP: tl.constexpr,
+                GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+    """values [GROUP_P, HEAD_DIM_P] into the output row's heads of the KV head's group."""
     heads = tl.arange(0, GROUP_P)
     offs_d = tl.arange(0, HEAD_DIM_P)
     ptrs = (out_ptr + token * stride_ot + (kv_head * GROUP + heads)[:, None] * stride_oh
             + offs_d[None, :])
     mask = (heads < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    tl.store(ptrs, tl.zeros([GROUP_P, HEAD_DIM_P], out_ptr.dtype.element_ty), mask=mask)
+    tl.store(ptrs, values.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @_jit_generic_in("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr", "num_seqs",
@@ -87,8 +103,9 @@ def decode_attention_kernel(
     q = tl.load(q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
     if q_end == q_start:  # a row of no sequence
         if split == 0:
-            _zero_row(out_ptr, token, kv_head, stride_ot, stride_oh, GROUP, GROUP_P, HEAD_DIM,
-                      HEAD_DIM_P)
+            _store_rows(out_ptr, token, kv_head, stride_ot, stride_oh,
+                        tl.zeros([GROUP_P, HEAD_DIM_P], tl.float32), GROUP, GROUP_P, HEAD_DIM,
+                        HEAD_DIM_P)
         return
     num_splits = tl.minimum(grid_splits, tl.maximum(tl.cdiv(seq_len, SPLIT_TOKENS), 1))
     if split >= num_splits:
@@ -132,9 +149,7 @@ def decode_attention_kernel(
     if split_tickets.is_last_of(counter, num_splits):
         split_tickets.reset(counter)
         first = (i.to(tl.int64) * num_heads + kv_head * GROUP) * grid_splits
-        d_ok = offs_d < HEAD_DIM
-        o_row = out_ptr + token * stride_ot + kv_head * GROUP * stride_oh + offs_d
-        for g in tl.static_range(GROUP):
-            out = _merge_splits(part_acc_ptr, part_m_ptr, part_l_ptr, first + g * grid_splits,
-                                num_splits, SPLITS_P, HEAD_DIM, HEAD_DIM_P)
-            tl.store(o_row + g * stride_oh, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+        out = _merge_splits(part_acc_ptr, part_m_ptr, part_l_ptr, first, grid_splits, num_splits,
+                            GROUP, GROUP_P, SPLITS_P, HEAD_DIM, HEAD_DIM_P)
+        _store_rows(out_ptr, token, kv_head, stride_ot, stride_oh, out, GROUP, GROUP_P,
+                    HEAD_DIM, HEAD_DIM_P)
