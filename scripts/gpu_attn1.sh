@@ -19,7 +19,7 @@ budget_step gpu_tests 45 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x 
   tests/attention/test_triton_backend.py tests/kernels/test_pdl.py \
   -k "(test_triton_backend and (decode or graph or padding or warm_up or forced)) or rotary_and_attention"
 budget_step sweep_8b 30 python3 $sweep --model $llama --batches 1 8 64 256 \
-  --contexts 1024 8192 32768 --pdl 1 --output "$OUT/sweep_8b.json"
+  --contexts 1000 1024 8192 32768 --pdl 1 --output "$OUT/sweep_8b.json"
 for fused in 1 0; do
   budget_step decode_bf16_fused$fused 30 env PARASHIFT_ATTN_FUSED_REDUCE=$fused python3 \
     benchmarks/decode_throughput.py --model $llama --batch-sizes 1 64 --context 1024 \
@@ -27,7 +27,7 @@ for fused in 1 0; do
 done
 budget_step configs_8b 25 python3 $sweep --model $llama --configs \
   --config-cells 64x1024 256x1024 --output "$OUT/configs_8b.json"
-budget_step split_tokens 15 python3 $sweep --model $llama --split-tokens --contexts 1024 8192 \
+budget_step split_tokens 15 python3 $sweep --model $llama --split-tokens --contexts 1000 8000 \
   --output "$OUT/split_tokens.json"
 budget_step sweep_qwen 12 python3 $sweep --model $qwen --batches 1 --contexts 1024 8192 --pdl 1 \
   --output "$OUT/sweep_qwen.json"

@@ -53,6 +53,8 @@ FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
 FUSED_UNSPLIT_PROGRAMS_PER_SM = 2
 # ... its grid (KV heads, rows, splits) rather than (rows, KV heads, splits)
 FUSED_HEADS_FIRST = False
+# ... a split's KV tiles in one masked loop (else the whole tiles, then the partial last one)
+FUSED_ONE_TILE_LOOP = True
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -510,7 +512,7 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLITS_P=triton.next_power_of_2(splits),
         SPLIT_TOKENS=FUSED_SPLIT_TOKENS, DOT_PRECISION=_dot_precision(q.dtype, False),
-        HEADS_FIRST=FUSED_HEADS_FIRST,
+        HEADS_FIRST=FUSED_HEADS_FIRST, ONE_TILE_LOOP=FUSED_ONE_TILE_LOOP,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 

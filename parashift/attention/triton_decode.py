@@ -3,7 +3,9 @@ whose split count follows each sequence's context on the device.
 
 A decode launch (every sequence one query row, rows of no sequence after them) takes a grid
 of (rows, KV heads, splits). Program (i, h, s) attends row i's query heads of KV head h to
-split s of sequence i's context (HEADS_FIRST: the grid's first two axes swapped). The grid's split count is fixed on the host (for a CUDA
+split s of sequence i's context (HEADS_FIRST: the grid's first two axes swapped). With
+ONE_TILE_LOOP a split's tiles run in one masked loop: a context's partial last tile then
+shares the other tiles' pipeline instead of waiting for a second loop's own loads. The grid's split count is fixed on the host (for a CUDA
 graph: at capture, for max_model_len); a sequence takes only
 min(splits, ceil(context / SPLIT_TOKENS)) of them, its tiles cut evenly among those, and
 the programs past them exit at once: a 1,024-token context in a graph captured for 8,192
@@ -80,7 +82,7 @@ def decode_attention_kernel(
         TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
         HEAD_DIM_P: tl.constexpr, SPLITS_P: tl.constexpr, SPLIT_TOKENS: tl.constexpr,
         DOT_PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-        USE_PDL: tl.constexpr = False):
+        ONE_TILE_LOOP: tl.constexpr = True, USE_PDL: tl.constexpr = False):
     pdl.start(USE_PDL)
     # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
     i = tl.program_id(1 if HEADS_FIRST else 0)
@@ -123,10 +125,13 @@ def decode_attention_kernel(
     block_table = block_tables_ptr + i.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kh
     v_base = v_cache_ptr + kv_head * stride_vh
-    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, mid,
-                                  seq_len, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
-                                  stride_vs, False, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
-                                  DOT_PRECISION)
+    if ONE_TILE_LOOP:  # the partial last tile in the same pipeline as the others
+        mid = lo
+    else:
+        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, mid,
+                                      seq_len, q_pos, qk_scale, stride_kb, stride_ks,
+                                      stride_vb, stride_vs, False, TILE_N, BLOCK_SIZE,
+                                      HEAD_DIM, HEAD_DIM_P, DOT_PRECISION)
     acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, mid, hi,
                                   seq_len, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
                                   stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
