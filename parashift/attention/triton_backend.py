@@ -41,20 +41,27 @@ from parashift.kernels import num_sms, pdl, split_tickets
 PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 128
 MAX_SPLITS = 32
-# Decode launches (outside deterministic mode) run `triton_decode`'s one-launch kernel: its
-# split reduction in the split programs, a sequence's splits at most
-# ceil(context / FUSED_SPLIT_TOKENS) on the device. PARASHIFT_ATTN_FUSED_REDUCE=0 takes the
-# split kernel and its reduction launch instead (read at each plan; a CUDA graph keeps what
-# its capture read).
+# Decode launches (outside deterministic mode) of at most FUSED_MAX_SPLITS splits run
+# `triton_decode`'s one-launch kernel: its split reduction in the split programs, a
+# sequence's splits at most ceil(context / FUSED_SPLIT_TOKENS) on the device.
+# PARASHIFT_ATTN_FUSED_REDUCE=0 takes the split kernel and its reduction launch for every
+# decode launch (read at each plan; a CUDA graph keeps what its capture read). On an H200, 8B
+# heads, in graphs captured for 8,192 tokens (benchmarks/decode_attention_sweep.py, session
+# 44): b8 (8 splits) 17.1 / 71.5 / 256 µs a layer against 21.5 / 98.8 / 361 at contexts
+# 1k / 8k / 32k, b64 (one split) 67.0 against 71.0 at 1k, b256 254 against 266; but b1 (32
+# splits) 14.7 against 9.0 at 1k: the merge's loads, one split after another, cost more than
+# the reduction's launch there.
 FUSED_REDUCE_ENV = "PARASHIFT_ATTN_FUSED_REDUCE"
+FUSED_MAX_SPLITS = 8
 FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
 # ... unsplit from this many programs an SM (rows x KV heads): on an H200, 8B heads, batch 64
 # (512 programs) at context 1,024, one split took 65.8 µs a layer against two's 72.5
 FUSED_UNSPLIT_PROGRAMS_PER_SM = 2
 # ... its grid (KV heads, rows, splits) rather than (rows, KV heads, splits)
 FUSED_HEADS_FIRST = False
-# ... a split's KV tiles in one masked loop (else the whole tiles, then the partial last one)
-FUSED_ONE_TILE_LOOP = True
+# ... a split's KV tiles in one masked loop (else the whole tiles, then the partial last one,
+# the default: at b64, context 1,024, one split, 65.8 µs against one loop's 67.0)
+FUSED_ONE_TILE_LOOP = False
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -393,8 +400,9 @@ def _one_launch_decode(meta: AttentionMetadata, seqs: _SeqRange) -> bool:
 def _plan_fused_decode(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
                        num_splits: int | None, head_dim: int, group: int, group_p: int,
                        elem_size: int) -> "_Launch | None":
-    """A program per (row, KV head, split); None where its splits need ticket counters this
-    device has not made (a CUDA graph capture before any eager step)."""
+    """A program per (row, KV head, split); None where its splits are more than
+    FUSED_MAX_SPLITS or need ticket counters this device has not made (a CUDA graph capture
+    before any eager step)."""
     rows = max(seqs.num_tokens, 1)
     programs, sms = rows * k_cache.shape[2], num_sms(q.device)
     if num_splits is None and programs >= FUSED_UNSPLIT_PROGRAMS_PER_SM * sms:
@@ -402,7 +410,8 @@ def _plan_fused_decode(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     if num_splits is None:
         partial_bytes = rows * q.shape[1] * (head_dim + 2) * 4
         num_splits = choose_num_splits(programs, meta.max_seq_len, partial_bytes, sms)
-    if num_splits > 1 and _tickets(q.device, rows * k_cache.shape[2]) is None:
+    if num_splits > FUSED_MAX_SPLITS or (num_splits > 1
+                                         and _tickets(q.device, programs) is None):
         return None
     config = fused_decode_config(head_dim, group_p, elem_size, rows)
     return _Launch(config, group, group_p, 1, rows, num_splits, False, fused=True)

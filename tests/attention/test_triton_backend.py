@@ -261,10 +261,13 @@ def _graph_meta(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     """Decodes whose graph was captured for 32k tokens (32 splits) at contexts from one token
-    up: the one-launch kernel takes as many splits as each context needs, merges them in the
-    split programs and zeroes the padding rows; FP8 pools read as their values."""
+    up: the one-launch kernel (at any split count here) takes as many splits as each context
+    needs, merges them in the split programs and zeroes the padding rows; FP8 pools read as
+    their values."""
     monkeypatch.setenv(triton_backend.FUSED_REDUCE_ENV, "0" if variant == "two-launch" else "1")
     monkeypatch.setattr(triton_backend, "FUSED_HEADS_FIRST", variant.endswith("heads-first"))
+    monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
+    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 32)
     seq_lens = [1, 100, 129, 1024, 4096, 8191, 30000]
     step = make_step([1] * len(seq_lens), seq_lens, 32, 8, pad_tokens=3, seed=7)
     k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
@@ -283,9 +286,12 @@ def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     assert torch.equal(actual, again)  # the merge's order fixed: the same bits run to run
 
 
-def test_fused_decode_graph_replays_reset_the_tickets():
+@pytest.mark.parametrize("one_tile_loop", [False, True])
+def test_fused_decode_graph_replays_reset_the_tickets(monkeypatch, one_tile_loop):
     """Replayed twice with new lengths, a captured one-launch decode gives the reference's
     rows both times (a ticket left behind would skip or double a row's merge)."""
+    monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
+    monkeypatch.setattr(triton_backend, "FUSED_ONE_TILE_LOOP", one_tile_loop)
     backend = TritonAttentionBackend()
     first = make_step([1] * 4, [3000, 17, 900, 2], 32, 8, seed=3)
     second = make_step([1] * 4, [5, 2500, 600, 3900], 32, 8, seed=4)
