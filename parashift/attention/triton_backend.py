@@ -351,6 +351,9 @@ class _Launch:
     stores_partials: bool = False
     # decode in one launch (triton_decode): a program per (row, KV head, split)
     fused: bool = False
+    # two-launch decodes of one row a sequence: a sequence takes the splits of at least this
+    # many tokens its context needs, the other programs exit (0: every split)
+    context_splits: int = 0
 
     @property
     def partials(self) -> bool:
@@ -374,7 +377,8 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
                  num_splits: int | None = None) -> _Launch:
     num_heads, head_dim, group, group_p = _shape(q, k_cache)
     elem_size = max(q.element_size(), k_cache.element_size())
-    if _one_launch_decode(meta, seqs):
+    one_row_decodes = _one_launch_decode(meta, seqs)
+    if one_row_decodes:
         fused = _plan_fused_decode(q, k_cache, meta, seqs, num_splits, head_dim, group,
                                    group_p, elem_size)
         if fused is not None:
@@ -386,7 +390,8 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     if num_splits is None:
         num_splits = choose_num_splits(num_q_blocks * k_cache.shape[2], meta.max_seq_len,
                                        partial_bytes, num_sms(q.device))
-    return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False)
+    return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False,
+                   context_splits=config.tile_n if one_row_decodes and num_splits > 1 else 0)
 
 
 def _one_launch_decode(meta: AttentionMetadata, seqs: _SeqRange) -> bool:
@@ -477,7 +482,8 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
         HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT=split,
         DOT_PRECISION=_dot_precision(q.dtype, launch.invariant),
         MASK_EVERY_TILE=launch.invariant, PARTITION_TILES=launch.partition_tiles,
-        max_partitions=launch.max_partitions, num_warps=cfg.num_warps,
+        max_partitions=launch.max_partitions, CONTEXT_SPLITS=launch.context_splits,
+        num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **with_pdl)
     if split and launch.partition_tiles:
         reduce_partitions_kernel[(seqs.num_tokens, num_heads)](
@@ -487,11 +493,11 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4, **with_pdl)
     elif split:
         reduce_splits_kernel[(seqs.num_tokens, num_heads)](
-            out, part_acc, part_m, part_l, query_start_loc, num_seqs, seqs.token_offset,
-            out.stride(0), out.stride(1),
+            out, part_acc, part_m, part_l, query_start_loc, meta.seq_lens[seqs.first:],
+            num_seqs, seqs.token_offset, out.stride(0), out.stride(1),
             NUM_SPLITS=launch.num_splits, NUM_SPLITS_P=triton.next_power_of_2(launch.num_splits),
-            HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4,
-            **with_pdl)
+            HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim),
+            CONTEXT_SPLITS=launch.context_splits, num_warps=4, **with_pdl)
 
 
 def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,

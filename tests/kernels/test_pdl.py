@@ -215,7 +215,7 @@ KERNELS = {
         "seq_lens_ptr": torch.int32, "query_start_loc_ptr": torch.int32}, ("qk_scale",), dict(
             GROUP=4, GROUP_P=4, BLOCK_Q=1, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16,
             HEAD_DIM=128, HEAD_DIM_P=128, SPLIT=True, DOT_PRECISION="tf32",
-            MASK_EVERY_TILE=False, PARTITION_TILES=0), False),
+            MASK_EVERY_TILE=False, PARTITION_TILES=0, CONTEXT_SPLITS=64), False),
     "decode_attention": (triton_decode.decode_attention_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "ticket_ptr": torch.int32, "block_tables_ptr": torch.int32,
@@ -225,8 +225,10 @@ KERNELS = {
             HEADS_FIRST=False, ONE_TILE_LOOP=True), False),
     "reduce_splits": (triton_kernels.reduce_splits_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
-        "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32}, (), dict(
-            NUM_SPLITS=4, NUM_SPLITS_P=4, HEAD_DIM=128, HEAD_DIM_P=128), False),
+        "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32,
+        "seq_lens_ptr": torch.int32}, (), dict(
+            NUM_SPLITS=4, NUM_SPLITS_P=4, HEAD_DIM=128, HEAD_DIM_P=128, CONTEXT_SPLITS=64),
+        False),
 }
 
 
