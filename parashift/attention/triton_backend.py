@@ -5,7 +5,8 @@ two launches: the decodes at the head of the batch, with a small query tile,
 and the rest). Launch shapes come from tensor shapes and the metadata's
 Python ints, never from tensor values, so a step runs without host syncs and
 can be captured in a CUDA graph. A captured graph keeps the split count
-chosen at capture; it stays correct for any context length, only less tuned.
+chosen at capture (for max_model_len); a decode launch's sequences take only the splits their
+context needs, on the device (`triton_decode`, `CONTEXT_SPLITS`).
 
 Batch-invariant (deterministic mode): every launch takes the prefill configuration's KV
 tile and the masked tile loop for every KV tile (MASK_EVERY_TILE), so a query row's tiles,

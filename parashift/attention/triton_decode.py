@@ -16,6 +16,10 @@ whatever order the programs ran in), writes the output and sets the counter back
 to 0 for the next launch (no fill: graph-safe). Rows of no sequence get zeros from their
 split-0 programs, so a graph's padded output needs no fill either.
 
+The backend takes it for launches of at most FUSED_MAX_SPLITS splits: the merge is one
+program's, its loads split after split, and at batch 1 over 32 splits it cost more than the
+split kernel's separate reduction launch (triton_backend.py has the numbers).
+
 Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions."""
 import triton
 import triton.language as tl
