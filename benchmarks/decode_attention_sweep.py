@@ -10,7 +10,7 @@ bandwidth (read + write of a large copy, as decode_throughput.py's floor) beside
 
 --configs: the one-launch kernel's KV tile, warps, stages and split count at large batches
 (the rows named by --config-cells) instead; --split-tokens: its tokens per split at batch 1,
-its tiles in one masked loop or two.
+its tiles in one masked loop or two (the one-launch kernel at any split count).
 
 Usage (GPU): python3 benchmarks/decode_attention_sweep.py --model benchmarks/shapes/llama-3.1-8b.json \
     --batches 1 8 64 256 --contexts 1024 4096 8192 32768 [--configs] [--split-tokens] \
@@ -170,12 +170,14 @@ def split_tokens_sweep(cfg, args, bandwidth) -> list[dict]:
         layers = Layers(cfg, 1, context, max(args.graph_len, context), args.kv_dtype)
         for tokens, one_loop in itertools.product((64, 128, 256), (True, False)):
             saved = (patched("FUSED_SPLIT_TOKENS", tokens),
-                     patched("FUSED_ONE_TILE_LOOP", one_loop))
+                     patched("FUSED_ONE_TILE_LOOP", one_loop),
+                     patched("FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS))
             try:
                 us, _ = layers.step_us(TritonAttentionBackend())
             finally:
-                patched("FUSED_SPLIT_TOKENS", saved[0])
-                patched("FUSED_ONE_TILE_LOOP", saved[1])
+                for name, value in zip(("FUSED_SPLIT_TOKENS", "FUSED_ONE_TILE_LOOP",
+                                        "FUSED_MAX_SPLITS"), saved):
+                    patched(name, value)
             r = row(layers, us, bandwidth, batch=1, context=context, split_tokens=tokens,
                     one_tile_loop=one_loop)
             rows.append(r)
