@@ -396,8 +396,9 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
 
 
 def _one_launch_decode(meta: AttentionMetadata, seqs: _SeqRange) -> bool:
-    """Decodes of one query row each (rows of no sequence after them): the one-launch
-    kernel's, unless switched off."""
+    """Decodes of one query row each (rows of no sequence after them), and the switch on: the
+    one-launch kernel's (up to FUSED_MAX_SPLITS splits), else the split kernel's with each
+    sequence's splits from its context."""
     starts = meta.query_start_loc_cpu
     return (seqs.decode and starts[seqs.end] - starts[seqs.first] == seqs.end - seqs.first
             and fused_reduce_enabled())
