@@ -5,7 +5,8 @@ two launches: the decodes at the head of the batch, with a small query tile,
 and the rest). Launch shapes come from tensor shapes and the metadata's
 Python ints, never from tensor values, so a step runs without host syncs and
 can be captured in a CUDA graph. A captured graph keeps the split count
-chosen at capture; it stays correct for any context length, only less tuned.
+chosen at capture (for max_model_len); a decode launch's sequences take only the splits their
+context needs, on the device (`triton_decode`, `CONTEXT_SPLITS`).
 
 Batch-invariant (deterministic mode): every launch takes the prefill configuration's KV
 tile and the masked tile loop for every KV tile (MASK_EVERY_TILE), so a query row's tiles,
@@ -30,16 +31,38 @@ import torch
 import triton
 
 from parashift.attention.metadata import AttentionMetadata
+from parashift.attention.triton_decode import decode_attention_kernel
 from parashift.attention.triton_kernels import (paged_attention_kernel,
                                                 reduce_partitions_kernel, reduce_splits_kernel,
                                                 write_kv_kernel)
-from parashift.kernels import num_sms, pdl
+from parashift.kernels import num_sms, pdl, split_tickets
 
 # Split-KV targets about this many programs per SM, and gives each split at
 # least MIN_SPLIT_TOKENS of context.
 PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 128
 MAX_SPLITS = 32
+# Decode launches (outside deterministic mode) of at most FUSED_MAX_SPLITS splits run
+# `triton_decode`'s one-launch kernel: its split reduction in the split programs, a
+# sequence's splits at most ceil(context / FUSED_SPLIT_TOKENS) on the device.
+# PARASHIFT_ATTN_FUSED_REDUCE=0 takes the split kernel and its reduction launch for every
+# decode launch (read at each plan; a CUDA graph keeps what its capture read). On an H200, 8B
+# heads, in graphs captured for 8,192 tokens (benchmarks/decode_attention_sweep.py, session
+# 44): b8 (8 splits) 17.1 / 71.5 / 256 µs a layer against 21.5 / 98.8 / 361 at contexts
+# 1k / 8k / 32k, b64 (one split) 67.0 against 71.0 at 1k, b256 254 against 266; but b1 (32
+# splits) 14.7 against 9.0 at 1k: the merge's loads, one split after another, cost more than
+# the reduction's launch there.
+FUSED_REDUCE_ENV = "PARASHIFT_ATTN_FUSED_REDUCE"
+FUSED_MAX_SPLITS = 8
+FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
+# ... unsplit from this many programs an SM (rows x KV heads): on an H200, 8B heads, batch 64
+# (512 programs) at context 1,024, one split took 65.8 µs a layer against two's 72.5
+FUSED_UNSPLIT_PROGRAMS_PER_SM = 2
+# ... its grid (KV heads, rows, splits) rather than (rows, KV heads, splits)
+FUSED_HEADS_FIRST = False
+# ... a split's KV tiles in one masked loop (else the whole tiles, then the partial last one,
+# the default and what was measured; one loop was not timed on a GPU)
+FUSED_ONE_TILE_LOOP = False
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -91,6 +114,24 @@ def decode_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
     tile_n = 64 if row_bytes <= 256 else 32 if row_bytes <= 512 else 16
     return KernelConfig(max(16, group_p), tile_n, num_warps=4,
                         num_stages=3 if elem_size <= 2 else 2)
+
+
+def fused_decode_config(head_dim: int, group_p: int, elem_size: int,
+                        rows: int) -> KernelConfig:
+    """The one-launch decode kernel's for `rows` decodes: one query row per head of the
+    group, two stages (on an H200, 8B heads, context 1,024, one split: 65.8 against three
+    stages' 67.1 µs at batch 64, 246 against 252 at 256; KV tiles of 32 or 16 tokens
+    slower; benchmarks/decode_attention_sweep.py --configs, session 44)."""
+    config = decode_config(head_dim, group_p, elem_size)
+    return KernelConfig(config.block_m, config.tile_n, config.num_warps,
+                        min(2, config.num_stages))
+
+
+def fused_reduce_enabled() -> bool:
+    flag = os.environ.get(FUSED_REDUCE_ENV, "1")
+    if flag not in ("0", "1"):
+        raise ValueError(f"{FUSED_REDUCE_ENV}={flag!r}: expected 0 or 1")
+    return flag == "1"
 
 
 def prefill_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
@@ -196,7 +237,7 @@ class TritonAttentionBackend:
         if meta.static_shape:
             # Rows of no sequence must be zero, and which they are is known on the device
             # only: the split reduction writes their zeros, else a fill does.
-            reduced = all(launch.partials for _, launch in launches)
+            reduced = all(launch.zeroes_padding for _, launch in launches)
             out = torch.empty_like(q) if reduced else torch.zeros_like(q)
         else:
             out = torch.empty_like(q)
@@ -309,11 +350,21 @@ class _Launch:
     # invariant: programs store each partition's state for the reduction even unsplit (one
     # accumulator per program instead of a running one beside each partition's)
     stores_partials: bool = False
+    # decode in one launch (triton_decode): a program per (row, KV head, split)
+    fused: bool = False
+    # two-launch decodes of one row a sequence: a sequence takes the splits of at least this
+    # many tokens its context needs, the other programs exit (0: every split)
+    context_splits: int = 0
 
     @property
     def partials(self) -> bool:
-        """Programs store partial states that a reduction kernel merges."""
+        """Programs store partial states that a reduction merges."""
         return self.num_splits > 1 or self.stores_partials
+
+    @property
+    def zeroes_padding(self) -> bool:
+        """The launch writes zeros to its rows of no sequence (else a fill must)."""
+        return self.partials or self.fused
 
 
 def _shape(q, k_cache) -> tuple[int, int, int, int]:
@@ -327,6 +378,12 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
                  num_splits: int | None = None) -> _Launch:
     num_heads, head_dim, group, group_p = _shape(q, k_cache)
     elem_size = max(q.element_size(), k_cache.element_size())
+    one_row_decodes = _one_launch_decode(meta, seqs)
+    if one_row_decodes:
+        fused = _plan_fused_decode(q, k_cache, meta, seqs, num_splits, head_dim, group,
+                                   group_p, elem_size)
+        if fused is not None:
+            return fused
     config = (decode_config if seqs.decode else prefill_config)(head_dim, group_p, elem_size)
     block_q = max(1, config.block_m // group_p)
     num_q_blocks = seqs.num_tokens // block_q + seqs.end - seqs.first
@@ -334,7 +391,41 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     if num_splits is None:
         num_splits = choose_num_splits(num_q_blocks * k_cache.shape[2], meta.max_seq_len,
                                        partial_bytes, num_sms(q.device))
-    return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False)
+    return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False,
+                   context_splits=config.tile_n if one_row_decodes and num_splits > 1 else 0)
+
+
+def _one_launch_decode(meta: AttentionMetadata, seqs: _SeqRange) -> bool:
+    """Decodes of one query row each (rows of no sequence after them), and the switch on: the
+    one-launch kernel's (up to FUSED_MAX_SPLITS splits), else the split kernel's with each
+    sequence's splits from its context."""
+    starts = meta.query_start_loc_cpu
+    return (seqs.decode and starts[seqs.end] - starts[seqs.first] == seqs.end - seqs.first
+            and fused_reduce_enabled())
+
+
+def _plan_fused_decode(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
+                       num_splits: int | None, head_dim: int, group: int, group_p: int,
+                       elem_size: int) -> "_Launch | None":
+    """A program per (row, KV head, split); None where its splits are more than
+    FUSED_MAX_SPLITS or need ticket counters this device has not made (a CUDA graph capture
+    before any eager step)."""
+    rows = max(seqs.num_tokens, 1)
+    programs, sms = rows * k_cache.shape[2], num_sms(q.device)
+    if num_splits is None and programs >= FUSED_UNSPLIT_PROGRAMS_PER_SM * sms:
+        num_splits = 1
+    if num_splits is None:
+        partial_bytes = rows * q.shape[1] * (head_dim + 2) * 4
+        num_splits = choose_num_splits(programs, meta.max_seq_len, partial_bytes, sms)
+    if num_splits > FUSED_MAX_SPLITS or (num_splits > 1
+                                         and _tickets(q.device, programs) is None):
+        return None
+    config = fused_decode_config(head_dim, group_p, elem_size, rows)
+    return _Launch(config, group, group_p, 1, rows, num_splits, False, fused=True)
+
+
+def _tickets(device: torch.device, tiles: int) -> torch.Tensor | None:
+    return split_tickets.counters(device, tiles, pool="attention")
 
 
 def _plan_invariant_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
@@ -364,6 +455,9 @@ def _plan_invariant_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
 
 
 def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch):
+    if launch.fused:
+        _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs, launch)
+        return
     num_heads, head_dim = q.shape[1:]
     split = launch.partials
     if split:
@@ -390,7 +484,8 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
         HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT=split,
         DOT_PRECISION=_dot_precision(q.dtype, launch.invariant),
         MASK_EVERY_TILE=launch.invariant, PARTITION_TILES=launch.partition_tiles,
-        max_partitions=launch.max_partitions, num_warps=cfg.num_warps,
+        max_partitions=launch.max_partitions, CONTEXT_SPLITS=launch.context_splits,
+        num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **with_pdl)
     if split and launch.partition_tiles:
         reduce_partitions_kernel[(seqs.num_tokens, num_heads)](
@@ -400,11 +495,42 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4, **with_pdl)
     elif split:
         reduce_splits_kernel[(seqs.num_tokens, num_heads)](
-            out, part_acc, part_m, part_l, query_start_loc, num_seqs, seqs.token_offset,
-            out.stride(0), out.stride(1),
+            out, part_acc, part_m, part_l, query_start_loc, meta.seq_lens[seqs.first:],
+            num_seqs, seqs.token_offset, out.stride(0), out.stride(1),
             NUM_SPLITS=launch.num_splits, NUM_SPLITS_P=triton.next_power_of_2(launch.num_splits),
-            HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=4,
-            **with_pdl)
+            HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim),
+            CONTEXT_SPLITS=launch.context_splits, num_warps=4, **with_pdl)
+
+
+def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
+                         launch: _Launch):
+    num_heads, head_dim = q.shape[1:]
+    rows, kv_heads, splits = launch.num_q_blocks, k_cache.shape[2], launch.num_splits
+    if splits > 1:
+        part_m = torch.empty(rows, num_heads, splits, dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(*part_m.shape, head_dim, dtype=torch.float32, device=q.device)
+        tickets = _tickets(q.device, rows * kv_heads)
+    else:  # unused by the kernel, the tickets an int32 pointer all the same
+        part_acc = part_m = part_l = out
+        tickets = _tickets(q.device, 0)
+        if tickets is None:
+            tickets = torch.empty(1, dtype=torch.int32, device=q.device)
+    cfg = launch.config
+    grid = (kv_heads, rows, splits) if FUSED_HEADS_FIRST else (rows, kv_heads, splits)
+    decode_attention_kernel[grid](
+        out, part_acc, part_m, part_l, tickets, q, k_cache, v_cache,
+        meta.block_tables[seqs.first:], meta.seq_lens[seqs.first:],
+        meta.query_start_loc[seqs.first:seqs.end + 1], seqs.end - seqs.first,
+        seqs.token_offset, scale * math.log2(math.e),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
+        GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n,
+        BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
+        HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLITS_P=triton.next_power_of_2(splits),
+        SPLIT_TOKENS=FUSED_SPLIT_TOKENS, DOT_PRECISION=_dot_precision(q.dtype, False),
+        HEADS_FIRST=FUSED_HEADS_FIRST, ONE_TILE_LOOP=FUSED_ONE_TILE_LOOP,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 
 def _dot_precision(dtype: torch.dtype, invariant: bool) -> str:

@@ -146,6 +146,12 @@ def _merge_partial(acc_run, m_run, l_run, acc, m, l):
 
 
 @triton.jit
+def _context_splits(seq_len, num_splits, SPLIT_TOKENS: tl.constexpr):
+    """The splits a decode of seq_len tokens of context takes of the grid's num_splits."""
+    return tl.minimum(num_splits, tl.maximum(tl.cdiv(seq_len, SPLIT_TOKENS), 1))
+
+
+@triton.jit
 def _split_tile_range(kv_end, first_q_pos, split, num_splits, TILE_N: tl.constexpr):
     """This split's tiles, cut where the causal mask starts to matter."""
     num_tiles = tl.cdiv(kv_end, TILE_N)
@@ -199,7 +205,8 @@ def paged_attention_kernel(
         BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, SPLIT: tl.constexpr,
         DOT_PRECISION: tl.constexpr, MASK_EVERY_TILE: tl.constexpr,
-        PARTITION_TILES: tl.constexpr = 0, max_partitions=1, USE_PDL: tl.constexpr = False):
+        PARTITION_TILES: tl.constexpr = 0, max_partitions=1, CONTEXT_SPLITS: tl.constexpr = 0,
+        USE_PDL: tl.constexpr = False):
     pdl.start(USE_PDL)
     # the last query blocks see the longest contexts: start them first
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -215,6 +222,11 @@ def paged_attention_kernel(
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     context_start = seq_len - q_len
+    used_splits = num_splits
+    if CONTEXT_SPLITS > 0:  # decodes: splits of at least CONTEXT_SPLITS tokens, the rest exit
+        used_splits = _context_splits(seq_len, num_splits, CONTEXT_SPLITS)
+        if split >= used_splits:
+            return
 
     token, row_head, row_ok, q_pos = _query_rows(q_start + block_q_start, q_len - block_q_start,
                                                  context_start + block_q_start, kv_head,
@@ -226,7 +238,7 @@ def paged_attention_kernel(
 
     kv_end = context_start + tl.minimum(block_q_start + BLOCK_Q, q_len)
     lo, mid, hi = _split_tile_range(kv_end, context_start + block_q_start, split,
-                                    num_splits, TILE_N)
+                                    used_splits, TILE_N)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -265,21 +277,27 @@ def paged_attention_kernel(
                  mask=io_mask)
 
 
-@_jit_generic_in("query_start_loc_ptr", "num_seqs", "token_offset")
+@_jit_generic_in("query_start_loc_ptr", "seq_lens_ptr", "num_seqs", "token_offset")
 def reduce_splits_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr,
-                         num_seqs, token_offset, stride_ot, stride_oh,
+                         seq_lens_ptr, num_seqs, token_offset, stride_ot, stride_oh,
                          NUM_SPLITS: tl.constexpr, NUM_SPLITS_P: tl.constexpr,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
-                         USE_PDL: tl.constexpr = False):
+                         CONTEXT_SPLITS: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
     """Merges the splits of one (token, head); tokens past the last sequence
-    (padding rows) get zeros."""
+    (padding rows) get zeros. CONTEXT_SPLITS: a decode launch's (row i sequence i), whose
+    sequences took only the splits their context needs (`_context_splits`)."""
     pdl.start(USE_PDL)
     token = token_offset + tl.program_id(0)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
     row = tl.program_id(0).to(tl.int64) * num_heads + head
     splits = tl.arange(0, NUM_SPLITS_P)
-    s_ok = splits < NUM_SPLITS
+    used_splits = NUM_SPLITS
+    if CONTEXT_SPLITS > 0:
+        i = tl.program_id(0)
+        seq_len = tl.load(seq_lens_ptr + i, mask=i < num_seqs, other=1)
+        used_splits = _context_splits(seq_len, NUM_SPLITS, CONTEXT_SPLITS)
+    s_ok = splits < used_splits
     m = tl.load(part_m_ptr + row * NUM_SPLITS + splits, mask=s_ok, other=NEG_BIG)
     l = tl.load(part_l_ptr + row * NUM_SPLITS + splits, mask=s_ok, other=0.0)
     weight = tl.exp2(m - tl.max(m, 0))

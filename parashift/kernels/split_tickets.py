@@ -4,30 +4,34 @@
 back to 0 for the next launch. Against atomic adds into a zeroed fp32 output this saves the
 zeroing and the cast kernels and is bit-stable run to run.
 
-The counters are one buffer a device, all 0 between launches, shared by the kernels that
-take tickets (the FP8 GEMV and GEMM by output tile, kernels/silu_mul.py's split kernel by
-row): kernels on one stream use them one after another (under PDL a kernel touches them
+The counters are one buffer a device and pool, all 0 between launches, shared by the kernels
+that take tickets (pool "gemm": the FP8 GEMV and GEMM by output tile, kernels/silu_mul.py's
+split kernel by row; pool "attention": the decode attention by row and KV head): kernels on
+one stream use them one after another (under PDL a kernel touches them
 only after its grid wait)."""
 import torch
 import triton
 import triton.language as tl
 
 MAX_TILES = 1 << 15  # output tiles of one launch that can take tickets
-_counters: dict[torch.device, torch.Tensor] = {}
+_counters: dict[torch.device, torch.Tensor] = {}  # pool "gemm"'s
+_pools: dict[str, dict[torch.device, torch.Tensor]] = {"gemm": _counters}
 
 
-def counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The device's tile counters (each 0 between launches) if `tiles` fit, made at the first
-    call outside a CUDA graph capture (a capture's warm-up runs first); else None."""
+def counters(device: torch.device, tiles: int, pool: str = "gemm") -> torch.Tensor | None:
+    """The device's tile counters of `pool` (each 0 between launches; one buffer a pool:
+    attention keeps its own) if `tiles` fit, made at the first call outside a CUDA graph
+    capture (a capture's warm-up runs first); else None."""
     if tiles > MAX_TILES:
         return None
-    if device not in _counters:
+    held = _pools.setdefault(pool, {})
+    if device not in held:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        _counters[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+        held[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
         if device.type == "cuda":  # zero before any stream's launch
             torch.cuda.synchronize(device)
-    return _counters[device]
+    return held[device]
 
 
 def outputs(rows: int, n: int, dtype: torch.dtype, device: torch.device, split_k: int,
@@ -49,8 +53,14 @@ def outputs(rows: int, n: int, dtype: torch.dtype, device: torch.device, split_k
 def is_last(counter_ptr, SPLIT_K: tl.constexpr):
     """Takes the tile's ticket once this program's parts are stored: whether it is the
     tile's last program (which then calls `reset` and sums the parts)."""
+    return is_last_of(counter_ptr, SPLIT_K)
+
+
+@triton.jit
+def is_last_of(counter_ptr, num_programs):
+    """`is_last` of a tile that `num_programs` (a runtime value) programs share."""
     tl.debug_barrier()  # every thread's stores before the ticket (released with it)
-    return tl.atomic_add(counter_ptr, 1, sem="acq_rel") == SPLIT_K - 1
+    return tl.atomic_add(counter_ptr, 1, sem="acq_rel") == num_programs - 1
 
 
 @triton.jit

@@ -235,8 +235,9 @@ def _compiled_variants(kernels) -> int:
 def test_warm_up_leaves_nothing_to_compile():
     """After warm_up, steps of any mix of decodes and prefills, context lengths and batch
     sizes launch only variants it compiled: no request waits for Triton's compiler."""
+    from parashift.attention.triton_decode import decode_attention_kernel
     from parashift.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel
-    kernels = (paged_attention_kernel, reduce_splits_kernel)
+    kernels = (paged_attention_kernel, reduce_splits_kernel, decode_attention_kernel)
     backend = TritonAttentionBackend()
     first = make_step([1], [16], num_heads=8, num_kv_heads=2)
     assert backend.warm_up(8, first.k_cache, first.v_cache, first.q.dtype) == 12
@@ -246,3 +247,65 @@ def test_warm_up_leaves_nothing_to_compile():
     for q_lens, seq_lens in shapes:
         run(backend, make_step(q_lens, seq_lens, num_heads=8, num_kv_heads=2))
     assert _compiled_variants(kernels) == compiled
+
+
+def _graph_meta(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:
+    """A decode graph's metadata: its split count chosen for graph_len tokens."""
+    rows = meta.num_seqs
+    return AttentionMetadata(**{**meta.__dict__, "query_start_loc_cpu": list(range(rows + 1)),
+                                "seq_lens_cpu": [graph_len] * rows, "max_seq_len": graph_len,
+                                "static_shape": True})
+
+
+@pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first"])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
+    """Decodes whose graph was captured for 32k tokens (32 splits) at contexts from one token
+    up: the one-launch kernel (at any split count here) takes as many splits as each context
+    needs, merges them in the split programs and zeroes the padding rows; FP8 pools read as
+    their values."""
+    monkeypatch.setenv(triton_backend.FUSED_REDUCE_ENV, "0" if variant == "two-launch" else "1")
+    monkeypatch.setattr(triton_backend, "FUSED_HEADS_FIRST", variant.endswith("heads-first"))
+    monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
+    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 32)
+    seq_lens = [1, 100, 129, 1024, 4096, 8191, 30000]
+    step = make_step([1] * len(seq_lens), seq_lens, 32, 8, pad_tokens=3, seed=7)
+    k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+    TritonAttentionBackend().write_kv(step.k, step.v, k_cache, v_cache, step.meta)
+    k_cache, v_cache = k_cache.to(kv_dtype), v_cache.to(kv_dtype)
+    scale = step.q.shape[-1] ** -0.5
+    expected = TorchAttentionBackend().attend(step.q, k_cache.to(step.q.dtype),
+                                              v_cache.to(step.q.dtype), step.meta, scale)
+    meta = _graph_meta(step.meta, 32768)
+    backend = TritonAttentionBackend()
+    poison = torch.full_like(step.q, float("nan"))
+    del poison  # the caching allocator hands this block to the output
+    actual = backend.attend(step.q, k_cache, v_cache, meta, scale)
+    torch.testing.assert_close(actual, expected, atol=2e-2, rtol=2e-2)
+    again = backend.attend(step.q, k_cache, v_cache, meta, scale)
+    assert torch.equal(actual, again)  # the merge's order fixed: the same bits run to run
+
+
+@pytest.mark.parametrize("one_tile_loop", [False, True])
+def test_fused_decode_graph_replays_reset_the_tickets(monkeypatch, one_tile_loop):
+    """Replayed twice with new lengths, a captured one-launch decode gives the reference's
+    rows both times (a ticket left behind would skip or double a row's merge)."""
+    monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
+    monkeypatch.setattr(triton_backend, "FUSED_ONE_TILE_LOOP", one_tile_loop)
+    backend = TritonAttentionBackend()
+    first = make_step([1] * 4, [3000, 17, 900, 2], 32, 8, seed=3)
+    second = make_step([1] * 4, [5, 2500, 600, 3900], 32, 8, seed=4)
+    num_blocks = max(first.k_cache.shape[0], second.k_cache.shape[0])
+    width = max(first.meta.block_tables.shape[1], second.meta.block_tables.shape[1])
+    static = _static_copy(first, num_blocks, width)
+    static.meta = _graph_meta(static.meta, 8192)
+    run(backend, static, static.k_cache, static.v_cache)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(backend, static, static.k_cache, static.v_cache)
+    for step in (second, first):
+        _load_into(static, _static_copy(step, num_blocks, width))
+        graph.replay()
+        torch.testing.assert_close(out, run(TorchAttentionBackend(), step), atol=2e-2,
+                                   rtol=2e-2)

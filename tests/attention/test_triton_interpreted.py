@@ -21,7 +21,9 @@ CASES = [
     dict(q_lens=[48], seq_lens=[48]),
     dict(q_lens=[1, 30], seq_lens=[500, 90], num_splits=8),
     dict(q_lens=[1, 1, 1], seq_lens=[40, 300, 7], pad_tokens=5, static=True, num_splits=4),
-    dict(q_lens=[1, 1, 1], seq_lens=[40, 300, 7], pad_tokens=5, static=True, num_splits=1),
+    # more splits than the one-launch kernel takes: the split kernel, each row taking the
+    # splits its context needs (1, 5, 1 of 16), its reduction merging those
+    dict(q_lens=[1, 1, 1], seq_lens=[40, 300, 7], pad_tokens=5, static=True, num_splits=16),
     dict(q_lens=[1, 9], seq_lens=[33, 60], num_heads=8, num_kv_heads=1),
     dict(q_lens=[2, 1], seq_lens=[80, 19], num_heads=6, num_kv_heads=2, block_size=32),
     # a mixed-step graph's metadata: sequences padded apart from rows, one prefill launch

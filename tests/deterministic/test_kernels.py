@@ -242,7 +242,7 @@ def compile_prefill_attention(dtype, invariant, heads=32, kv_heads=8, head_dim=1
                      HEAD_DIM=head_dim, HEAD_DIM_P=head_dim, SPLIT=False,
                      DOT_PRECISION=backend._dot_precision(dtype, invariant),
                      MASK_EVERY_TILE=invariant, PARTITION_TILES=launch.partition_tiles,
-                     USE_PDL=False)
+                     CONTEXT_SPLITS=launch.context_splits, USE_PDL=False)
     element = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
     pointers = dict.fromkeys(("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr"), element)
     pointers.update(dict.fromkeys(("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr"),

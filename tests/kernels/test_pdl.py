@@ -12,7 +12,7 @@ import pytest
 import torch
 import triton
 
-from parashift.attention import triton_kernels
+from parashift.attention import triton_decode, triton_kernels
 from parashift.kernels import (argmax, fp8_gemm, fp8_gemv, fused_moe, gemm_timing, moe_prefill,
                                moe_router, moe_routing, moe_small, pdl, rmsnorm, rotary,
                                silu_mul, skinny_gemm)
@@ -244,11 +244,20 @@ KERNELS = {
         "seq_lens_ptr": torch.int32, "query_start_loc_ptr": torch.int32}, ("qk_scale",), dict(
             GROUP=4, GROUP_P=4, BLOCK_Q=1, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16,
             HEAD_DIM=128, HEAD_DIM_P=128, SPLIT=True, DOT_PRECISION="tf32",
-            MASK_EVERY_TILE=False, PARTITION_TILES=0), False),
+            MASK_EVERY_TILE=False, PARTITION_TILES=0, CONTEXT_SPLITS=64), False),
+    "decode_attention": (triton_decode.decode_attention_kernel, {
+        "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
+        "part_l_ptr": torch.float32, "ticket_ptr": torch.int32, "block_tables_ptr": torch.int32,
+        "seq_lens_ptr": torch.int32, "query_start_loc_ptr": torch.int32}, ("qk_scale",), dict(
+            GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
+            HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
+            HEADS_FIRST=False, ONE_TILE_LOOP=True), False),
     "reduce_splits": (triton_kernels.reduce_splits_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
-        "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32}, (), dict(
-            NUM_SPLITS=4, NUM_SPLITS_P=4, HEAD_DIM=128, HEAD_DIM_P=128), False),
+        "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32,
+        "seq_lens_ptr": torch.int32}, (), dict(
+            NUM_SPLITS=4, NUM_SPLITS_P=4, HEAD_DIM=128, HEAD_DIM_P=128, CONTEXT_SPLITS=64),
+        False),
 }
 
 
@@ -258,7 +267,8 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 # the kernels that read their own output back after a barrier (or a ticket): LATE is after
 # their inputs' reads, before those
 READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets",
-             "fp8_weight_tickets", "fp8_weight_early_scales", "moe_router"}
+             "fp8_weight_tickets", "fp8_weight_early_scales", "moe_router",
+             "decode_attention"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
 # byte a load; the activations are bf16), and nothing else touches memory
