@@ -8,6 +8,7 @@ always takes one route; a route other than `onednn` (the packed default) wins on
 wins a second race against it too. `PARASHIFT_CPU_GEMM=plain|onednn|onednnN|mkl` forces
 one route where it applies (onednnN: the bucket of N rows, the rest onednn; mkl: one-row
 fp32 steps, the rest plain) instead of timing."""
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,17 @@ def shape_of(weight: torch.Tensor) -> Shape:
 def mkl_packs() -> bool:
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl,
                                                          "_mkl_reorder_linear_weight")
+
+
+@functools.cache
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs `dtype` weights on this CPU (bf16 needs AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT: on an AVX2-only CPU a bf16 model's GEMMs stay plain)."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype))
+    except RuntimeError:
+        return False
+    return True
 
 
 def candidates(bucket: int, dtype: torch.dtype) -> tuple[str, ...]:
@@ -150,7 +162,9 @@ def choose_routes(weights: list[torch.Tensor]) -> GemmChoice:
     with torch.no_grad():
         for shape, same_shape in by_shape.items():
             weight = same_shape[0]
-            if forced == "auto":
+            if not onednn_packs(weight.dtype):
+                choice.routes[shape] = dict.fromkeys(ROW_BUCKETS, "plain")
+            elif forced == "auto":
                 timings, rematches = _time_shape(same_shape, start + TOTAL_BUDGET_S)
                 choice.timings[shape], choice.rematches[shape] = timings, rematches
                 choice.routes[shape] = _decide(timings, rematches)
