@@ -85,7 +85,13 @@ def run_route(route: str, x: torch.Tensor, packed: torch.Tensor | None, weight: 
         return torch.ops.mkl._mkl_linear(x.contiguous(), packed, weight, bias, 1)
     if packed is None:
         return F.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return onednn_linear(x, packed, bias)
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+                  ) -> torch.Tensor:
+    """x [rows, in] times a weight oneDNN packed (the overload itself: no packet dispatch)."""
+    return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
 
 
 @dataclass

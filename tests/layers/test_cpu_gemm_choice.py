@@ -198,10 +198,13 @@ def test_an_engine_records_its_routes_and_keeps_its_tokens(model_dir, reference_
     model = llm.llm_engine.runner.model
     taken = [m.matmul.routes for m in model.modules()
              if isinstance(getattr(m, "matmul", None), PackedLinear)]
-    if forced == "plain":
-        assert taken == [] and choice.nbytes == 0
-    else:
+    # timed, every route may come out plain (an AVX2 CPU's oneDNN at these tiny weights)
+    packs = any(r != "plain" for by_bucket in choice.routes.values() for r in by_bucket.values())
+    assert packs == (forced != "plain") or forced is None
+    if packs:
         assert taken and choice.nbytes > 0
+    else:
+        assert taken == [] and choice.nbytes == 0
     used = set()
     run_route = cpu_packed.run_route
 
