@@ -6,13 +6,15 @@ sequence), so the two models' parts sit side by side.
 Usage: python3 benchmarks/cpu_step_parts.py [--dtype bfloat16] [--batch 16] [--threads 2]
   [--new-tokens 32] [--prompt-len 64] [--repeats 3] [--engines parashift transformers]
   [--output parts.json]
-Per engine: the wall time of a `generate` without hooks (its decode step: the difference
-between --new-tokens and one new token, over the steps between), then, with the hooks, ms
-a decode step of each part: `norms`, `qkv`, `attention` (parashift: rotary, KV writes and
-attention; transformers: its attention module less its projections), `o_proj`, `gate_up`
-(transformers: gate and up), `act`, `down`, `lm_head`, `layers` (the decoder layers whole)
-and `model` (the forward whole); `glue` = layers less the parts inside them, `host` = the
-decode step less the model and the LM head (the engine's or generate's own work). The hooks
+Per engine: the decode step without the part hooks (`decode_step_ms`: the median time from
+one decode forward's start to the next, one hook on the model; the median of --repeats
+generates), then, in one generate with the hooks, ms a decode step of each part: `norms`,
+`qkv`, `attention` (parashift: rotary, KV writes and attention, and inside it
+`attention.rotary`, `attention.write_kv`, `attention.attend`; transformers: its attention
+module less its projections), `o_proj`, `gate_up` (transformers: gate and up), `act`,
+`down`, `lm_head`, `layers` (the decoder layers whole) and `model` (the forward whole);
+`glue` = layers less the parts inside them, `host` = the hooked step less the model and the
+LM head (the engine's or generate's own work). The hooks
 cost a few µs a call: the hooked step is longer than the plain one by about that."""
 import argparse
 import json
@@ -32,13 +34,17 @@ class PartTimer:
     def __init__(self, is_decode):
         self.is_decode = is_decode  # (args, kwargs) of a call -> whether it is a decode
         self.seconds: dict[str, float] = {}
-        self.handles = []
+        self.handles, self.unwrap = [], []
+        self.model_starts: list[float] = []  # when each decode forward of the model began
 
     def hook(self, module: torch.nn.Module, part: str) -> None:
         starts = []
 
         def before(_module, args, kwargs):
-            starts.append(time.perf_counter() if self.is_decode(args, kwargs) else None)
+            now = time.perf_counter() if self.is_decode(args, kwargs) else None
+            if part == "model" and now is not None:
+                self.model_starts.append(now)
+            starts.append(now)
 
         def after(_module, _args, _out):
             start = starts.pop()
@@ -47,13 +53,36 @@ class PartTimer:
         self.handles += [module.register_forward_pre_hook(before, with_kwargs=True),
                          module.register_forward_hook(after)]
 
+    def wrap(self, owner, method: str, part: str) -> None:
+        """Times `owner.method` (a class's: every instance) as `part` in decode calls."""
+        original = getattr(owner, method)
+
+        def timed(*args, **kwargs):
+            if not self.is_decode(args[1:], kwargs):
+                return original(*args, **kwargs)
+            start = time.perf_counter()
+            out = original(*args, **kwargs)
+            self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - start
+            return out
+        setattr(owner, method, timed)
+        self.unwrap.append((owner, method, original))
+
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+        for owner, method, original in self.unwrap:
+            setattr(owner, method, original)
 
 
 def parashift_parts(model, timer: PartTimer) -> None:
+    """The parts, and inside `attention` its `attention.rotary`, `attention.write_kv` and
+    `attention.attend` (the torch backend's calls); `attention_block` and `mlp_block` are
+    the modules around them (their own work: the split of the QKV output, ...)."""
+    from parashift.attention.torch_fast import FastTorchAttentionBackend
     from parashift.layers.attention import Attention
+    from parashift.layers.rotary import RotaryEmbedding
+    for method in ("write_kv", "attend"):
+        timer.wrap(FastTorchAttentionBackend, method, f"attention.{method}")
     for name, module in model.named_modules():
         kind = type(module).__name__
         leaf = name.rsplit(".", 1)[-1]
@@ -61,6 +90,13 @@ def parashift_parts(model, timer: PartTimer) -> None:
             timer.hook(module, "norms")
         elif isinstance(module, Attention):
             timer.hook(module, "attention")
+        elif isinstance(module, RotaryEmbedding) and name.endswith("layers.0.self_attn.attn"
+                                                                  ".rotary_emb"):
+            timer.hook(module, "attention.rotary")  # one module shared by every layer
+        elif kind == "LlamaAttention":
+            timer.hook(module, "attention_block")
+        elif kind == "LlamaMLP":
+            timer.hook(module, "mlp_block")
         elif leaf in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
             timer.hook(module, {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up",
                                 "down_proj": "down"}[leaf])
@@ -129,46 +165,48 @@ def engine_runs(name: str, dtype: torch.dtype, batch: int):
     return run, model, transformers_parts, is_decode
 
 
-def decode_step_ms(run, prompts, new_tokens: int, repeats: int) -> float:
-    """Median over repeats of (generate of new_tokens - generate of 1) / (new_tokens - 1)."""
-    steps = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(prompts, 1)
-        first = time.perf_counter() - start
-        start = time.perf_counter()
-        run(prompts, new_tokens)
-        steps.append((time.perf_counter() - start - first) / (new_tokens - 1) * 1e3)
-    return statistics.median(steps)
+def step_ms(starts: list[float]) -> float:
+    """The median time from one decode forward's start to the next's: a decode step, the
+    engine's (or generate's) own work included."""
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    return statistics.median(gaps) * 1e3 if gaps else float("nan")
+
+
+def timed_generate(run, prompts, new_tokens: int, timer: "PartTimer") -> None:
+    timer.seconds.clear()
+    timer.model_starts.clear()
+    run(prompts, new_tokens)
 
 
 def measure(name: str, dtype: torch.dtype, args) -> dict:
     prompts = prompts_of(args.batch, args.prompt_len)
     run, model, hook_parts, is_decode = engine_runs(name, dtype, args.batch)
     run(prompts, 4)  # warm-up: allocations, oneDNN primitives
-    plain = decode_step_ms(run, prompts, args.new_tokens, args.repeats)
+    timer = PartTimer(is_decode)
+    timer.hook(getattr(model, "model", model), "model")  # one hook a step: the plain steps
+    plain = []
+    for _ in range(args.repeats):
+        timed_generate(run, prompts, args.new_tokens, timer)
+        plain.append(step_ms(timer.model_starts))
+    timer.remove()
     timer = PartTimer(is_decode)
     hook_parts(model, timer)
-    start = time.perf_counter()
-    run(prompts, 1)
-    first = time.perf_counter() - start
-    timer.seconds.clear()  # the parts of the next generate's decode calls
-    start = time.perf_counter()
-    run(prompts, args.new_tokens)
-    hooked = (time.perf_counter() - start - first) / (args.new_tokens - 1) * 1e3
+    timed_generate(run, prompts, args.new_tokens, timer)
     timer.remove()
-    steps = args.new_tokens - 1
+    steps = len(timer.model_starts)
+    hooked = step_ms(timer.model_starts)
     parts = {k: round(v * 1e3 / steps, 3) for k, v in sorted(timer.seconds.items())}
     if "attention_whole" in parts:  # transformers: its attention less its projections
         parts["attention"] = round(parts.pop("attention_whole") - parts.get("qkv", 0)
                                    - parts.get("o", 0), 3)
     if "o" in parts:
         parts["o_proj"] = parts.pop("o")
-    inside = sum(parts.get(k, 0.0) for k in LAYER_PARTS)
+    inside = sum(parts.get(k, 0.0) for k in LAYER_PARTS)  # attention.* are inside attention
     parts["glue"] = round(parts.get("layers", 0.0) - inside, 3)
     parts["host"] = round(hooked - parts.get("model", 0.0) - parts.get("lm_head", 0.0), 3)
-    return {"decode_step_ms": round(plain, 3), "hooked_step_ms": round(hooked, 3),
-            "parts_ms": parts}
+    return {"decode_step_ms": round(statistics.median(plain), 3),
+            "decode_step_ms_runs": [round(x, 3) for x in plain],
+            "hooked_step_ms": round(hooked, 3), "decode_steps": steps, "parts_ms": parts}
 
 
 def main() -> None:
