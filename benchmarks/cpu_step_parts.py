@@ -228,9 +228,9 @@ def main() -> None:
     for name in args.engines:
         out["engines"][name] = measure(name, dtype, args)
         print(name, json.dumps(out["engines"][name]), flush=True)
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(out, f, indent=1)
+        if args.output:  # after each engine: a budget cut keeps what was measured
+            with open(args.output, "w") as f:
+                json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":
