@@ -58,7 +58,8 @@ class FastTorchAttentionBackend:
         if writes.rows is not None:
             k, v = k.index_select(0, writes.rows), v.index_select(0, writes.rows)
         for new, cache in ((k, k_cache), (v, v_cache)):
-            new, rows = new.to(cache.dtype), cache.view(-1, *cache.shape[2:])
+            new = new if new.dtype == cache.dtype else new.to(cache.dtype)
+            rows = cache.view(-1, *cache.shape[2:])
             if cache.element_size() == 1:  # FP8: the CPU copies its bytes (no float8 kernel)
                 new, rows = new.view(torch.uint8), rows.view(torch.uint8)
             rows.index_copy_(0, writes.slots, new)
@@ -84,12 +85,19 @@ def attend_padded(q, k_cache, v_cache, layout: StepLayout, scale: float) -> torc
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     group = q.shape[1] // kv_heads
     seqs, q_len = layout.seqs, layout.max_query_len
-    k, v = (gather_contexts(cache, layout, seqs).to(q.dtype) for cache in (k_cache, v_cache))
+    k, v = (gather_contexts(cache, layout, seqs) for cache in (k_cache, v_cache))
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
     padded = q if layout.query_rows is None else q.index_select(0, layout.query_rows)
+    mask = layout.mask(q.dtype)
+    if q_len == 1:  # a query a sequence: [seqs, kv_heads * group, d] is [seqs, kv_heads, group, d]
+        o = F.scaled_dot_product_attention(padded.view(seqs, kv_heads, group, head_dim), k, v,
+                                           attn_mask=mask, scale=scale)
+        return o.reshape(seqs, q.shape[1], head_dim)
     # [seqs * q_len, kv_heads * group, d] -> [seqs, kv_heads, group * q_len, d]
     qg = padded.view(seqs, q_len, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     o = F.scaled_dot_product_attention(qg.reshape(seqs, kv_heads, group * q_len, head_dim),
-                                       k, v, attn_mask=layout.mask(q.dtype), scale=scale)
+                                       k, v, attn_mask=mask, scale=scale)
     o = o.view(seqs, kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
     return o.reshape(seqs * q_len, q.shape[1], head_dim)
 
