@@ -1,6 +1,6 @@
 """The CPU rotary path (halves swapped, [cos | cos] and [-sin | sin] rows): q and k rotated
-as one where the QKV output holds them side by
-side, cos / sin kept for the step; bit for bit the reference (apply_rotary_torch)."""
+as one where the QKV output holds them side by side, the rows kept for the step; bit for bit
+the reference (apply_rotary_torch)."""
 import pytest
 import torch
 from transformers import LlamaConfig
