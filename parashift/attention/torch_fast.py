@@ -32,6 +32,7 @@ class StepLayout:
     out_rows: torch.Tensor | None      # rows of the output the real padded queries fill
     out_select: torch.Tensor | None    # and which padded queries they are
     masks: dict = field(default_factory=dict)  # dtype -> `seen` as 0 / -inf
+    key_run: int | None = None  # one sequence whose context is one run of slots from here
 
     def mask(self, dtype: torch.dtype) -> torch.Tensor | None:
         if self.seen is None:
@@ -103,8 +104,13 @@ def attend_padded(q, k_cache, v_cache, layout: StepLayout, scale: float) -> torc
 
 
 def gather_contexts(cache: torch.Tensor, layout: StepLayout, seqs: int) -> torch.Tensor:
-    """[seqs, kv_heads, context_len, d] of the step's contexts."""
-    rows = cache.view(-1, *cache.shape[2:]).index_select(0, layout.key_slots)
+    """[seqs, kv_heads, context_len, d] of the step's contexts (a view of the pool where
+    they are one run of slots)."""
+    slots = cache.view(-1, *cache.shape[2:])
+    if layout.key_run is not None:
+        rows = slots[layout.key_run:layout.key_run + layout.key_slots.shape[0]]
+    else:
+        rows = slots.index_select(0, layout.key_slots)
     return rows.view(seqs, -1, *cache.shape[2:]).transpose(1, 2)
 
 
@@ -114,6 +120,17 @@ def slot_writes(slot_mapping: torch.Tensor) -> SlotWrites:
         return SlotWrites(None, slot_mapping.long())
     rows = valid.nonzero().flatten()
     return SlotWrites(rows, slot_mapping.long()[rows])
+
+
+def slot_run(meta: AttentionMetadata, live: list[int], context_len: int) -> int | None:
+    """The first slot of a lone CPU sequence's context where its blocks are one ascending
+    run (a fresh engine's blocks are handed out in order), else None."""
+    if len(live) != 1 or meta.block_tables.device.type != "cpu":
+        return None
+    blocks = meta.block_tables[live[0], :-(-context_len // meta.block_size)].tolist()
+    if blocks != list(range(blocks[0], blocks[0] + len(blocks))):
+        return None
+    return blocks[0] * meta.block_size
 
 
 def step_layouts(meta: AttentionMetadata, group: int, num_tokens: int,
@@ -154,7 +171,8 @@ def step_layout(meta: AttentionMetadata, live: list[int], group: int, num_tokens
     identity = all(q == max_q for q in q_lens) and num_tokens == len(live) * max_q and all(
         starts[i] == j * max_q for j, i in enumerate(live))
     if identity:
-        return StepLayout(len(live), max_q, key_slots, seen, None, None, None)
+        return StepLayout(len(live), max_q, key_slots, seen, None, None, None,
+                          key_run=slot_run(meta, live, context_len))
     padded_rows = torch.tensor([starts[i] for i in live], device=device)[:, None] + query_pos
     is_real = (query_pos[None, :] < q_lens_t[:, None]).flatten()
     out_select = is_real.nonzero().flatten()
