@@ -13,8 +13,8 @@ generates), then, in one generate with the hooks, ms a decode step of each part:
 `attention.rotary`, `attention.write_kv`, `attention.attend`; transformers: its attention
 module less its projections), `o_proj`, `gate_up` (transformers: gate and up), `act`,
 `down`, `lm_head`, `layers` (the decoder layers whole) and `model` (the forward whole);
-`glue` = layers less the parts inside them, `host` = the hooked step less the model and the
-LM head (the engine's or generate's own work). The hooks
+`glue` = layers less the parts inside them, `host` = the hooked step (the mean gap between
+decode forwards) less the model and the LM head (the engine's or generate's own work). The hooks
 cost a few µs a call: the hooked step is longer than the plain one by about that."""
 import argparse
 import json
@@ -48,7 +48,7 @@ class PartTimer:
 
         def after(_module, _args, _out):
             start = starts.pop()
-            if start is not None:
+            if start is not None and self.model_starts:  # from the first decode forward on
                 self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - start
         self.handles += [module.register_forward_pre_hook(before, with_kwargs=True),
                          module.register_forward_hook(after)]
@@ -58,7 +58,7 @@ class PartTimer:
         original = getattr(owner, method)
 
         def timed(*args, **kwargs):
-            if not self.is_decode(args[1:], kwargs):
+            if not self.is_decode(args[1:], kwargs) or not self.model_starts:
                 return original(*args, **kwargs)
             start = time.perf_counter()
             out = original(*args, **kwargs)
@@ -194,7 +194,8 @@ def measure(name: str, dtype: torch.dtype, args) -> dict:
     timed_generate(run, prompts, args.new_tokens, timer)
     timer.remove()
     steps = len(timer.model_starts)
-    hooked = step_ms(timer.model_starts)
+    starts = timer.model_starts  # the mean gap, as the parts are means (not the median)
+    hooked = (starts[-1] - starts[0]) / max(1, steps - 1) * 1e3
     parts = {k: round(v * 1e3 / steps, 3) for k, v in sorted(timer.seconds.items())}
     if "attention_whole" in parts:  # transformers: its attention less its projections
         parts["attention"] = round(parts.pop("attention_whole") - parts.get("qkv", 0)
