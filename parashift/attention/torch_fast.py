@@ -32,6 +32,7 @@ class StepLayout:
     out_rows: torch.Tensor | None      # rows of the output the real padded queries fill
     out_select: torch.Tensor | None    # and which padded queries they are
     masks: dict = field(default_factory=dict)  # dtype -> `seen` as 0 / -inf
+    key_run: int | None = None  # one sequence whose context is one run of slots from here
 
     def mask(self, dtype: torch.dtype) -> torch.Tensor | None:
         if self.seen is None:
@@ -58,7 +59,8 @@ class FastTorchAttentionBackend:
         if writes.rows is not None:
             k, v = k.index_select(0, writes.rows), v.index_select(0, writes.rows)
         for new, cache in ((k, k_cache), (v, v_cache)):
-            new, rows = new.to(cache.dtype), cache.view(-1, *cache.shape[2:])
+            new = new if new.dtype == cache.dtype else new.to(cache.dtype)
+            rows = cache.view(-1, *cache.shape[2:])
             if cache.element_size() == 1:  # FP8: the CPU copies its bytes (no float8 kernel)
                 new, rows = new.view(torch.uint8), rows.view(torch.uint8)
             rows.index_copy_(0, writes.slots, new)
@@ -84,19 +86,31 @@ def attend_padded(q, k_cache, v_cache, layout: StepLayout, scale: float) -> torc
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     group = q.shape[1] // kv_heads
     seqs, q_len = layout.seqs, layout.max_query_len
-    k, v = (gather_contexts(cache, layout, seqs).to(q.dtype) for cache in (k_cache, v_cache))
+    k, v = (gather_contexts(cache, layout, seqs) for cache in (k_cache, v_cache))
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
     padded = q if layout.query_rows is None else q.index_select(0, layout.query_rows)
+    mask = layout.mask(q.dtype)
+    if q_len == 1:  # a query a sequence: [seqs, kv_heads * group, d] is [seqs, kv_heads, group, d]
+        o = F.scaled_dot_product_attention(padded.view(seqs, kv_heads, group, head_dim), k, v,
+                                           attn_mask=mask, scale=scale)
+        return o.reshape(seqs, q.shape[1], head_dim)
     # [seqs * q_len, kv_heads * group, d] -> [seqs, kv_heads, group * q_len, d]
     qg = padded.view(seqs, q_len, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     o = F.scaled_dot_product_attention(qg.reshape(seqs, kv_heads, group * q_len, head_dim),
-                                       k, v, attn_mask=layout.mask(q.dtype), scale=scale)
+                                       k, v, attn_mask=mask, scale=scale)
     o = o.view(seqs, kv_heads, group, q_len, head_dim).permute(0, 3, 1, 2, 4)
     return o.reshape(seqs * q_len, q.shape[1], head_dim)
 
 
 def gather_contexts(cache: torch.Tensor, layout: StepLayout, seqs: int) -> torch.Tensor:
-    """[seqs, kv_heads, context_len, d] of the step's contexts."""
-    rows = cache.view(-1, *cache.shape[2:]).index_select(0, layout.key_slots)
+    """[seqs, kv_heads, context_len, d] of the step's contexts (a view of the pool where
+    they are one run of slots)."""
+    slots = cache.view(-1, *cache.shape[2:])
+    if layout.key_run is not None:
+        rows = slots[layout.key_run:layout.key_run + layout.key_slots.shape[0]]
+    else:
+        rows = slots.index_select(0, layout.key_slots)
     return rows.view(seqs, -1, *cache.shape[2:]).transpose(1, 2)
 
 
@@ -106,6 +120,17 @@ def slot_writes(slot_mapping: torch.Tensor) -> SlotWrites:
         return SlotWrites(None, slot_mapping.long())
     rows = valid.nonzero().flatten()
     return SlotWrites(rows, slot_mapping.long()[rows])
+
+
+def slot_run(meta: AttentionMetadata, live: list[int], context_len: int) -> int | None:
+    """The first slot of a lone CPU sequence's context where its blocks are one ascending
+    run (a fresh engine's blocks are handed out in order), else None."""
+    if len(live) != 1 or meta.block_tables.device.type != "cpu":
+        return None
+    blocks = meta.block_tables[live[0], :-(-context_len // meta.block_size)].tolist()
+    if blocks != list(range(blocks[0], blocks[0] + len(blocks))):
+        return None
+    return blocks[0] * meta.block_size
 
 
 def step_layouts(meta: AttentionMetadata, group: int, num_tokens: int,
@@ -146,7 +171,8 @@ def step_layout(meta: AttentionMetadata, live: list[int], group: int, num_tokens
     identity = all(q == max_q for q in q_lens) and num_tokens == len(live) * max_q and all(
         starts[i] == j * max_q for j, i in enumerate(live))
     if identity:
-        return StepLayout(len(live), max_q, key_slots, seen, None, None, None)
+        return StepLayout(len(live), max_q, key_slots, seen, None, None, None,
+                          key_run=slot_run(meta, live, context_len))
     padded_rows = torch.tensor([starts[i] for i in live], device=device)[:, None] + query_pos
     is_real = (query_pos[None, :] < q_lens_t[:, None]).flatten()
     out_select = is_real.nonzero().flatten()

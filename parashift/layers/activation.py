@@ -29,4 +29,4 @@ class SiluAndMul(nn.Module):
 def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
     """The CPU path and the kernel's reference."""
     gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return F.silu(gate).mul_(up)  # the product in silu's buffer: one allocation fewer

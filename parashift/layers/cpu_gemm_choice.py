@@ -8,6 +8,7 @@ always takes one route; a route other than `onednn` (the packed default) wins on
 wins a second race against it too. `PARASHIFT_CPU_GEMM=plain|onednn|onednnN|mkl` forces
 one route where it applies (onednnN: the bucket of N rows, the rest onednn; mkl: one-row
 fp32 steps, the rest plain) instead of timing."""
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,17 @@ def mkl_packs() -> bool:
                                                          "_mkl_reorder_linear_weight")
 
 
+@functools.cache
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs `dtype` weights on this CPU (bf16 needs AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT: on an AVX2-only CPU a bf16 model's GEMMs stay plain)."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype))
+    except RuntimeError:
+        return False
+    return True
+
+
 def candidates(bucket: int, dtype: torch.dtype) -> tuple[str, ...]:
     """The routes raced at a bucket's rows."""
     mkl = bucket == 1 and dtype == torch.float32 and mkl_packs()
@@ -73,7 +85,13 @@ def run_route(route: str, x: torch.Tensor, packed: torch.Tensor | None, weight: 
         return torch.ops.mkl._mkl_linear(x.contiguous(), packed, weight, bias, 1)
     if packed is None:
         return F.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return onednn_linear(x, packed, bias)
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+                  ) -> torch.Tensor:
+    """x [rows, in] times a weight oneDNN packed (the overload itself: no packet dispatch)."""
+    return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
 
 
 @dataclass
@@ -150,7 +168,9 @@ def choose_routes(weights: list[torch.Tensor]) -> GemmChoice:
     with torch.no_grad():
         for shape, same_shape in by_shape.items():
             weight = same_shape[0]
-            if forced == "auto":
+            if not onednn_packs(weight.dtype):
+                choice.routes[shape] = dict.fromkeys(ROW_BUCKETS, "plain")
+            elif forced == "auto":
                 timings, rematches = _time_shape(same_shape, start + TOTAL_BUDGET_S)
                 choice.timings[shape], choice.rematches[shape] = timings, rematches
                 choice.routes[shape] = _decide(timings, rematches)

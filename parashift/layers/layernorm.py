@@ -42,13 +42,12 @@ def qk_norm(q_norm: RMSNorm, k_norm: RMSNorm, q: torch.Tensor, k: torch.Tensor
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The CPU path and the kernels' reference (HF's arithmetic: in fp32 the fused op rounds
-    the same, in bf16 the normalized rows are rounded before the weight's product)."""
+    the same, in bf16 the normalized rows are rounded before the weight's product; the
+    fused op without a weight normalizes as HF's x * rsqrt(mean(x^2) + eps), in fewer
+    dispatches)."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         return F.rms_norm(x, weight.shape, weight, eps)
-    dtype = x.dtype
-    x = x.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x.to(dtype)
+    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
 def add_rms_norm_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,

@@ -45,13 +45,12 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         blocks, widths = self.qkv_proj.output_split()
         qkv = self.qkv_proj(x)
-        if blocks == 1:
-            q, k, v = qkv.split(widths, dim=-1)
+        if blocks == 1:  # split on the heads: three views in two dispatches
+            q, k, v = qkv.unflatten(-1, (-1, self.head_dim)).split(
+                [width // self.head_dim for width in widths], dim=-2)
         else:  # rows reordered per SP rank, [q_0 k_0 v_0 | q_1 k_1 v_1 | ..]: back to [q | k | v]
-            q, k, v = (t.flatten(-2) for t in qkv.unflatten(-1, (blocks, -1)).split(widths, -1))
-        q = q.unflatten(-1, (-1, self.head_dim))
-        k = k.unflatten(-1, (-1, self.head_dim))
-        v = v.unflatten(-1, (-1, self.head_dim))
+            q, k, v = (t.flatten(-2).unflatten(-1, (-1, self.head_dim))
+                       for t in qkv.unflatten(-1, (blocks, -1)).split(widths, -1))
         if self.q_norm is not None and not self.norms_in_attn:
             q, k = qk_norm(self.q_norm, self.k_norm, q, k)
         o = self.attn(positions, q, k, v)

@@ -67,6 +67,35 @@ def test_a_mixed_step_attends_its_decodes_apart_from_its_prompt_chunks():
     assert torch.equal(got[-3:], torch.zeros_like(got[-3:]))
 
 
+def on_one_run_of_blocks(batch, first_block: int):
+    """The batch with its lone sequence's blocks moved to first_block, first_block + 1, ..."""
+    meta, block_size = batch.meta, batch.meta.block_size
+    table = meta.block_tables[0].long()
+    run = torch.arange(first_block, first_block + len(table))
+    for cache in (batch.k_cache, batch.v_cache):
+        moved = torch.full_like(cache, float("nan"))
+        moved[run] = cache[table]
+        cache.copy_(moved)
+    position = (meta.slot_mapping // block_size)[:, None] == table[None, :]
+    meta.slot_mapping = run[position.int().argmax(1)] * block_size + \
+        meta.slot_mapping % block_size
+    meta.block_tables[0] = run.int()
+    return batch
+
+
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_a_lone_sequence_on_one_run_of_blocks_is_read_in_place(q_len):
+    scattered = make_batch([q_len], [70], 9, 3)
+    attend(FastTorchAttentionBackend(), scattered, 0.125)
+    assert scattered.meta.derived[("torch_fast", 3)][0].key_run is None
+    batch = on_one_run_of_blocks(make_batch([q_len], [70], 9, 3), first_block=2)
+    got = attend(FastTorchAttentionBackend(), batch, 0.125)
+    assert batch.meta.derived[("torch_fast", 3)][0].key_run == 2 * batch.meta.block_size
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, attend(TorchAttentionBackend(), batch, 0.125),
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_backend_names():
     cpu = torch.device("cpu")
     assert isinstance(get_backend("torch", cpu), FastTorchAttentionBackend)

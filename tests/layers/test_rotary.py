@@ -1,5 +1,6 @@
-"""The CPU rotary path: q and k rotated as one where the QKV output holds them side by
-side, cos / sin kept for the step; bit for bit the reference (apply_rotary_torch)."""
+"""The CPU rotary path (halves swapped, [cos | cos] and [-sin | sin] rows): q and k rotated
+as one where the QKV output holds them side by side, the rows kept for the step; bit for bit
+the reference (apply_rotary_torch)."""
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -22,7 +23,7 @@ def rotary():
     return RotaryEmbedding(config, HEAD_DIM, 256)
 
 
-@pytest.mark.parametrize("tokens", [1, 7])
+@pytest.mark.parametrize("tokens", [1, 7, 300])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_side_by_side_rotation_is_the_reference_bit_for_bit(rotary, tokens, dtype):
     q, k, v = qkv_views(tokens, dtype)
