@@ -19,8 +19,8 @@ from parashift.layers.norm_gemv import HeldNorm, NormHook, NormIntoGemv, fuse_no
 from parashift.models.llama import LlamaForCausalLM
 from parashift.parallel.state import ParallelState
 from parashift.quantization.scheme import WeightQuant
-from tests.deterministic.test_batch_invariance import GREEDY, requests
-from tests.engine.conftest import tiny_llama_dir, tiny_llm  # noqa: F401  (shared fixture)
+from tests.engine.conftest import tiny_llama_dir  # noqa: F401  (shared fixture)
+from tests.helpers.switch_tokens import switch_tokens
 from tests.helpers.tiny_configs import TINY
 
 DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")
@@ -162,24 +162,8 @@ def test_the_twin_is_the_plain_norm_on_the_cpu(monkeypatch):
 
 @pytest.fixture(scope="module")
 def engine_tokens(tiny_llama_dir):
-    """tokens(quantization, mode): greedy tokens with PARASHIFT_NORM_IN_GEMV=mode, bf16
-    (None) or FP8, each engine run once in this module."""
-    prompts, _ = requests(8)
-    runs = {}
-
-    def tokens(quantization, mode):
-        if (quantization, mode) not in runs:
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setenv(norm_gemv.ENV, mode)
-                llm = tiny_llm(tiny_llama_dir, device=DEVICE, dtype="bfloat16",
-                               quantization=quantization, max_num_seqs=4)
-                try:
-                    outs = llm.generate(prompts, GREEDY)
-                    runs[quantization, mode] = [o.outputs[0].token_ids for o in outs]
-                finally:
-                    llm.llm_engine.shutdown()
-        return runs[quantization, mode]
-    return tokens
+    """tokens(quantization, mode): greedy tokens with PARASHIFT_NORM_IN_GEMV=mode."""
+    return switch_tokens(tiny_llama_dir, DEVICE, norm_gemv.ENV)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
