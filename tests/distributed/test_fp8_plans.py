@@ -76,7 +76,10 @@ def test_kv_scales_per_head_under_tp_and_shift_match_one_device(head_scales, pla
     timeline = tmp_path / "timeline.jsonl"
     outputs, _ = generate(head_scales[0], prompts(n=8), **FP8, **plan,
                           timeline_file=str(timeline))
-    assert_same(outputs, head_scales[1])
+    # a K/V element whose fp32 value differs in its last bits between TP's shards and one
+    # device (another summation order) can round to the neighbouring E4M3 value: 3e-4 on an
+    # AVX2-only CPU, under 1e-4 on the CI machines before it
+    assert_same(outputs, head_scales[1], logprob_tolerance=2e-3)
     if plan is SHIFT:
         assert {json.loads(line)["plan"] for line in open(timeline)} == {"sp2", "shift-tp2"}
 

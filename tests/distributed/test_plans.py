@@ -41,12 +41,12 @@ def generate(model_dir, prompt_list, **plan):
         llm.llm_engine.shutdown()
 
 
-def assert_same(outputs, reference):
+def assert_same(outputs, reference, logprob_tolerance: float = 1e-4):
     for out, ref in zip(outputs, reference):
         assert out.outputs[0].token_ids == ref.outputs[0].token_ids
         for got, want in zip(out.outputs[0].logprobs, ref.outputs[0].logprobs):
             assert got.keys() == want.keys()
-            assert max(abs(got[t] - want[t]) for t in got) < 1e-4
+            assert max(abs(got[t] - want[t]) for t in got) < logprob_tolerance
 
 
 MODELS = {  # name -> (heads, kv heads, plans)

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from parashift.kernels import fused_moe, moe_prefill
+from parashift.kernels import fused_moe, moe_decode, moe_prefill
 from parashift.layers.fused_moe import expert_outputs, route
 from tests.kernels.common import assert_exact, case_tests, cuda
 from tests.kernels.test_fused_moe import TOLERANCE, inputs
@@ -110,8 +110,12 @@ def test_prefill_batches_take_the_prefill_path(monkeypatch):
     assert calls[-1] == "unfused" and len(calls) == 2
     few = inputs(tokens=100, experts=4, top_k=2, hidden=32, inter=16)  # 50 pairs an expert
     monkeypatch.setenv(moe_prefill.ENV, "1")
+    monkeypatch.setenv(moe_decode.ENV, "0")  # a decode-sized batch: the grouped GEMMs
     with pytest.raises(ZeroDivisionError):
         fused_moe.grouped_experts(*few)
+    monkeypatch.setenv(moe_decode.ENV, "1")  # ... or the prefill kernels at decode tiles
+    assert fused_moe.grouped_experts(*few) == "prefill"
+    assert len(calls[-1]) == 8 and calls[-1][-1] == moe_decode.tiles_for(16, 32)
     monkeypatch.setenv(moe_prefill.ENV, "yes")
     with pytest.raises(ValueError, match="PARASHIFT_MOE_PREFILL"):
         fused_moe.grouped_experts(*args)
