@@ -17,7 +17,6 @@ save their compile time."""
 import argparse
 import json
 import os
-import statistics
 import time
 
 import torch
@@ -77,19 +76,10 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
             *args, fused_mlp(fused) if fused else pdl_chain.mlp)[0].clone()))
         setup_s[name] = round(time.perf_counter() - started, 1)
         chosen[name] = choices()
-    samples = {name: [] for name in graphs}
-    for _ in range(repeats):
-        for name, graph in graphs.items():
-            samples[name].append(pdl_chain.replay_ms(graph))
-    weight_bytes = sum(w[0].numel() if fp8 else 2 * w.numel() for w in
-                       (layers[0].weights[name] for name in pdl_chain.SHAPES))
-    kv_bytes = 2 * batch * (context + 1) * pdl_chain.KV_HEADS * pdl_chain.HEAD_DIM * 2
-    results = {name: pdl_chain.floor_fractions(statistics.median(t) / 1e3 / count,
-                                               weight_bytes, kv_bytes, bandwidth)
-               for name, t in samples.items()}
     first = variants[0]
-    diffs = {name: float((outputs[name].float() - outputs[first].float()).abs().max())
-             for name in outputs}
+    results = pdl_chain.replayed_fractions(graphs, layers, fp8, batch, context, count,
+                                           bandwidth, repeats)[0]
+    diffs = pdl_chain.largest_differences(outputs, first)
     del graphs, layers
     torch.cuda.empty_cache()
     return dict(weights=weights, batch=batch, layers=count, variants=results,

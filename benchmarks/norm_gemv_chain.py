@@ -16,7 +16,6 @@ choice times them (in the decode chain: PDL on, each call after a kernel writing
 and the pair's GEMM alone."""
 import argparse
 import json
-import statistics
 import time
 
 import torch
@@ -122,19 +121,10 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
         graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, step(
             x, residual, layers, meta, positions, cos_sin, backend, norm, silu)[0].clone()))
         setup_s[name] = round(time.perf_counter() - started, 1)
-    samples = {name: [] for name in graphs}
-    for _ in range(repeats):
-        for name, graph in graphs.items():
-            samples[name].append(pdl_chain.replay_ms(graph))
-    weight_bytes = sum(w[0].numel() if fp8 else 2 * w.numel() for w in
-                       (layers[0].weights[name] for name in pdl_chain.SHAPES))
-    kv_bytes = 2 * batch * (context + 1) * pdl_chain.KV_HEADS * pdl_chain.HEAD_DIM * 2
-    results = {name: pdl_chain.floor_fractions(statistics.median(t) / 1e3 / count,
-                                               weight_bytes, kv_bytes, bandwidth)
-               for name, t in samples.items()}
     first = variants[0]
-    diffs = {name: float((outputs[name].float() - outputs[first].float()).abs().max())
-             for name in outputs}
+    results = pdl_chain.replayed_fractions(graphs, layers, fp8, batch, context, count,
+                                           bandwidth, repeats)[0]
+    diffs = pdl_chain.largest_differences(outputs, first)
     swept = sweep(layers[0], batch) if do_sweep else []
     del graphs, layers
     torch.cuda.empty_cache()

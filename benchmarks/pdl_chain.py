@@ -143,6 +143,28 @@ def attention(qkv, layer, meta, positions, cos_sin, backend) -> torch.Tensor:
     return linear(o.view(batch, -1), layer.weights["o"])
 
 
+def replayed_fractions(graphs: dict, layers, fp8: bool, batch: int, context: int, count: int,
+                       bandwidth: float, repeats: int) -> tuple[dict, int, int]:
+    """Each variant's graph replayed `repeats` times in turn: ({variant: floor_fractions of
+    its median time a layer}, a layer's weight bytes, the step's KV bytes a layer)."""
+    samples = {name: [] for name in graphs}
+    for _ in range(repeats):
+        for name, graph in graphs.items():
+            samples[name].append(replay_ms(graph))
+    weight_bytes = sum(w[0].numel() if fp8 else 2 * w.numel() for w in
+                       (layers[0].weights[name] for name in SHAPES))
+    kv_bytes = 2 * batch * (context + 1) * KV_HEADS * HEAD_DIM * 2
+    results = {name: floor_fractions(statistics.median(times) / 1e3 / count, weight_bytes,
+                                     kv_bytes, bandwidth) for name, times in samples.items()}
+    return results, weight_bytes, kv_bytes
+
+
+def largest_differences(outputs: dict, first: str) -> dict:
+    """{variant: its output's largest |difference| from `first`'s}."""
+    return {name: float((outputs[name].float() - outputs[first].float()).abs().max())
+            for name in outputs}
+
+
 def capture(run) -> torch.cuda.CUDAGraph:
     run()  # compiles this PDL setting's kernels outside the capture
     torch.cuda.synchronize()
@@ -210,15 +232,8 @@ def measure(weights: str, batch: int, context: int, count: int, repeats: int,
             pdl_on = pdl.pdl_enabled(torch.device("cuda"))
     same = all(torch.equal(a, b) for name in graphs
                for a, b in zip(outputs["off"], outputs[name]))
-    samples = {name: [] for name in graphs}
-    for _ in range(repeats):
-        for name, graph in graphs.items():
-            samples[name].append(replay_ms(graph))
-    weight_bytes = sum(w[0].numel() if fp8 else 2 * w.numel() for w in
-                       (layers[0].weights[name] for name in SHAPES))
-    kv_bytes = 2 * batch * (context + 1) * KV_HEADS * HEAD_DIM * 2
-    results = {name: floor_fractions(statistics.median(times) / 1e3 / count, weight_bytes,
-                                     kv_bytes, bandwidth) for name, times in samples.items()}
+    results, weight_bytes, kv_bytes = replayed_fractions(graphs, layers, fp8, batch, context,
+                                                         count, bandwidth, repeats)
     on = results[variant_name(variants[0])]
     row = dict(weights=weights, batch=batch, context=context, layers=count,
                pdl_enabled=pdl_on, same_bits=same, weight_mb=weight_bytes / 1e6,

@@ -25,6 +25,7 @@ from torch import nn
 
 from parashift.kernels import use_triton
 from parashift.layers.activation import SiluAndMul
+from parashift.layers.fusion_pairs import declared_pairs
 from parashift.layers.layernorm import RMSNorm
 from parashift.layers.linear import LinearBase
 
@@ -123,17 +124,9 @@ def hand_over_fp8_inputs(model: nn.Module) -> int:
     twins, replaced = fused_twins(), 0
     if not twins:
         return 0
-    for module in list(model.modules()):
-        for producer_name, consumer_path in getattr(module, "fp8_input_pairs", ()):
-            producer = getattr(module, producer_name, None)
-            twin = QUANTIZING.get(type(producer))
-            if twin not in twins:
-                continue
-            try:
-                consumer = module.get_submodule(consumer_path)
-            except AttributeError:  # e.g. a mixture of experts where a dense MLP may be
-                continue
-            if takes_fp8_input(consumer):
-                setattr(module, producer_name, twin(producer, consumer))
-                replaced += 1
+    for module, name, producer, consumer in declared_pairs(model, "fp8_input_pairs"):
+        twin = QUANTIZING.get(type(producer))
+        if twin in twins and takes_fp8_input(consumer):
+            setattr(module, name, twin(producer, consumer))
+            replaced += 1
     return replaced

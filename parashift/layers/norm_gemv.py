@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from parashift.kernels import use_triton
+from parashift.layers.fusion_pairs import declared_pairs
 from parashift.layers.layernorm import RMSNorm
 from parashift.layers.linear import LinearBase, WeightPart
 from parashift.layers.silu_gemv import GateUpHook
@@ -132,16 +133,9 @@ def fuse_norm_into_gemv(model: torch.nn.Module) -> int:
     if mode() == "0":
         return 0
     replaced = 0
-    for module in list(model.modules()):
-        for norm_name, consumer_path in getattr(module, "norm_gemv_pairs", ()):
-            norm = getattr(module, norm_name, None)
-            if not isinstance(norm, RMSNorm) or isinstance(norm, NormIntoGemv):
-                continue
-            try:
-                consumer = module.get_submodule(consumer_path)
-            except AttributeError:  # e.g. a mixture of experts where a dense MLP may be
-                continue
-            if takes_norm(consumer):
-                setattr(module, norm_name, NormIntoGemv(norm, consumer))
-                replaced += 1
+    for module, name, norm, consumer in declared_pairs(model, "norm_gemv_pairs"):
+        if (isinstance(norm, RMSNorm) and not isinstance(norm, NormIntoGemv)
+                and takes_norm(consumer)):
+            setattr(module, name, NormIntoGemv(norm, consumer))
+            replaced += 1
     return replaced
