@@ -46,7 +46,7 @@ MAX_SPLITS = 32
 # `triton_decode`'s one-launch kernel: its split reduction in the split programs, a
 # sequence's splits at most ceil(context / FUSED_SPLIT_TOKENS) on the device.
 # PARASHIFT_ATTN_FUSED_REDUCE=0 takes the split kernel and its reduction launch for every
-# decode launch (read at each plan; a CUDA graph keeps what its capture read). On an H200, 8B
+# decode launch (read when the backend is made). On an H200, 8B
 # heads, in graphs captured for 8,192 tokens (benchmarks/decode_attention_sweep.py, session
 # 44): b8 (8 splits) 17.1 / 71.5 / 256 µs a layer against 21.5 / 98.8 / 361 at contexts
 # 1k / 8k / 32k, b64 (one split) 67.0 against 71.0 at 1k, b256 254 against 266; but b1 (32
@@ -205,6 +205,7 @@ class TritonAttentionBackend:
         self.invariant_decode = invariant_decode
         self.invariant_block_m = invariant_block_m
         self.invariant_partition = invariant_partition
+        self.fused_reduce = fused_reduce_enabled()  # read once, as a captured graph keeps it
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
@@ -292,7 +293,7 @@ class TritonAttentionBackend:
             return _plan_invariant_launch(q, k_cache, meta, seqs, num_splits,
                                           self.invariant_block_m, self.invariant_partition,
                                           small_decode=self.invariant_decode == "small")
-        return _plan_launch(q, k_cache, meta, seqs, num_splits)
+        return _plan_launch(q, k_cache, meta, seqs, num_splits, self.fused_reduce)
 
     def _split_counts(self) -> list[int]:
         """Split counts to compile: invariant launches compile one split variant for all."""
@@ -375,10 +376,10 @@ def _shape(q, k_cache) -> tuple[int, int, int, int]:
 
 
 def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
-                 num_splits: int | None = None) -> _Launch:
+                 num_splits: int | None = None, fused_reduce: bool = True) -> _Launch:
     num_heads, head_dim, group, group_p = _shape(q, k_cache)
     elem_size = max(q.element_size(), k_cache.element_size())
-    one_row_decodes = _one_launch_decode(meta, seqs)
+    one_row_decodes = fused_reduce and _one_row_decodes(meta, seqs)
     if one_row_decodes:
         fused = _plan_fused_decode(q, k_cache, meta, seqs, num_splits, head_dim, group,
                                    group_p, elem_size)
@@ -395,13 +396,12 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
                    context_splits=config.tile_n if one_row_decodes and num_splits > 1 else 0)
 
 
-def _one_launch_decode(meta: AttentionMetadata, seqs: _SeqRange) -> bool:
-    """Decodes of one query row each (rows of no sequence after them), and the switch on: the
-    one-launch kernel's (up to FUSED_MAX_SPLITS splits), else the split kernel's with each
-    sequence's splits from its context."""
+def _one_row_decodes(meta: AttentionMetadata, seqs: _SeqRange) -> bool:
+    """Decodes of one query row each (rows of no sequence after them): the one-launch
+    kernel's (up to FUSED_MAX_SPLITS splits), else the split kernel's with each sequence's
+    splits from its context (where PARASHIFT_ATTN_FUSED_REDUCE is on)."""
     starts = meta.query_start_loc_cpu
-    return (seqs.decode and starts[seqs.end] - starts[seqs.first] == seqs.end - seqs.first
-            and fused_reduce_enabled())
+    return seqs.decode and starts[seqs.end] - starts[seqs.first] == seqs.end - seqs.first
 
 
 def _plan_fused_decode(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
