@@ -68,7 +68,7 @@ def check_matmul(m, n, k, chunks, bias, dtype, device="cpu", triton=True):
 
 
 test_matmul_interpreted, test_matmul_cuda = case_tests(__name__, check_matmul, MATMUL_CASES,
-                                                       uses_dot=True)
+                                                       uses_dot=True, variants_in_one_dtype=True)
 
 
 @cuda
@@ -209,7 +209,7 @@ test_attention_interpreted, test_attention_cuda = case_tests(
                                 {"partition": 128},
                                 {"partition": 256, "length": 300, "block_m": 16},
                                 {"tile_n": 64}, {"tile_n": 32, "partition": 128}],
-    uses_dot=True)
+    uses_dot=True, variants_in_one_dtype=True)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

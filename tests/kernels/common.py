@@ -127,12 +127,19 @@ def case_id(case: dict) -> str:
     return "-".join(f"{k}={v}" for k, v in case.items())
 
 
-def case_tests(module: str, check, cases: list[dict], uses_dot: bool = False):
+def case_tests(module: str, check, cases: list[dict], uses_dot: bool = False,
+               variants_in_one_dtype: bool = False):
     """The tests every kernel file runs for its `check(**case, dtype, device)`: each
     case in float32 and float16 on the CPU under the Triton interpreter, and in bf16,
     fp16 and fp32 on CUDA. A test module binds them at module level:
-    `test_interpreted, test_cuda = case_tests(__name__, check, CASES)`."""
+    `test_interpreted, test_cuda = case_tests(__name__, check, CASES)`.
+    variants_in_one_dtype: the interpreter runs the first case in both dtypes and each
+    later one in one of them, in turn (for checks slow to interpret; CUDA runs all)."""
     cpu_cases = [{**case, "dtype": dtype} for dtype in ("float32", "float16") for case in cases]
+    if variants_in_one_dtype:
+        cpu_cases = ([{**cases[0], "dtype": "float32"}, {**cases[0], "dtype": "float16"}]
+                     + [{**case, "dtype": ("float16", "float32")[i % 2]}
+                        for i, case in enumerate(cases[1:])])
 
     @(interpreter_runs_dot if uses_dot else lambda test: test)
     @pytest.mark.parametrize("i", range(len(cpu_cases)), ids=[case_id(c) for c in cpu_cases])

@@ -52,7 +52,8 @@ def check(dtype="float32", device="cpu", **case):
                                    rtol=TOLERANCE[dtype])
 
 
-test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True)
+test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True,
+                                         variants_in_one_dtype=True)
 
 
 def check_fp8(dtype="float32", device="cpu", **case):

@@ -44,7 +44,8 @@ def check_on_cuda(**case):
     check(**case, configs=skinny_gemm.CONFIGS + skinny_gemm.GEMV_CONFIGS)
 
 
-test_interpreted, _ = case_tests(__name__, check, CASES, uses_dot=True)
+test_interpreted, _ = case_tests(__name__, check, CASES, uses_dot=True,
+                                 variants_in_one_dtype=True)
 _, test_cuda = case_tests(__name__, check_on_cuda, CASES)
 
 
