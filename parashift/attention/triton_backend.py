@@ -31,6 +31,7 @@ import torch
 import triton
 
 from parashift.attention.metadata import AttentionMetadata
+from parashift.attention import triton_decode_preload
 from parashift.attention.triton_decode import decode_attention_kernel
 from parashift.attention.triton_kernels import (paged_attention_kernel,
                                                 reduce_partitions_kernel, reduce_splits_kernel,
@@ -53,6 +54,11 @@ MAX_SPLITS = 32
 # splits) 14.7 against 9.0 at 1k: the merge's loads, one split after another, cost more than
 # the reduction's launch there.
 FUSED_REDUCE_ENV = "PARASHIFT_ATTN_FUSED_REDUCE"
+# Decode launches that keep the split kernel and its reduction (more than FUSED_MAX_SPLITS
+# splits: batches of 1-4 on the 8B shape) run `triton_decode_preload`'s split kernel, its
+# metadata and first KV tile loaded before its PDL wait; PARASHIFT_ATTN_PRELOAD=0: the split
+# kernel of the other launches (read at each such launch's plan: a graph keeps its capture's)
+PRELOAD_ENV = "PARASHIFT_ATTN_PRELOAD"
 FUSED_MAX_SPLITS = 8
 FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
 # ... unsplit from this many programs an SM (rows x KV heads): on an H200, 8B heads, batch 64
@@ -131,6 +137,13 @@ def fused_reduce_enabled() -> bool:
     flag = os.environ.get(FUSED_REDUCE_ENV, "1")
     if flag not in ("0", "1"):
         raise ValueError(f"{FUSED_REDUCE_ENV}={flag!r}: expected 0 or 1")
+    return flag == "1"
+
+
+def preload_enabled() -> bool:
+    flag = os.environ.get(PRELOAD_ENV, "1")
+    if flag not in ("0", "1"):
+        raise ValueError(f"{PRELOAD_ENV}={flag!r}: expected 0 or 1")
     return flag == "1"
 
 
@@ -356,6 +369,8 @@ class _Launch:
     # two-launch decodes of one row a sequence: a sequence takes the splits of at least this
     # many tokens its context needs, the other programs exit (0: every split)
     context_splits: int = 0
+    # ... and their split kernel `triton_decode_preload`'s
+    preload: bool = False
 
     @property
     def partials(self) -> bool:
@@ -392,8 +407,10 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     if num_splits is None:
         num_splits = choose_num_splits(num_q_blocks * k_cache.shape[2], meta.max_seq_len,
                                        partial_bytes, num_sms(q.device))
+    context_splits = config.tile_n if one_row_decodes and num_splits > 1 else 0
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False,
-                   context_splits=config.tile_n if one_row_decodes and num_splits > 1 else 0)
+                   context_splits=context_splits,
+                   preload=context_splits > 0 and preload_enabled())
 
 
 def _one_row_decodes(meta: AttentionMetadata, seqs: _SeqRange) -> bool:
@@ -472,21 +489,28 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
     num_seqs = seqs.end - seqs.first
     cfg = launch.config
     with_pdl = pdl.launch_options(q.device)
-    grid = (launch.num_q_blocks, k_cache.shape[2], launch.num_splits)
-    paged_attention_kernel[grid](
-        out, part_acc, part_m, part_l, q, k_cache, v_cache,
-        meta.block_tables[seqs.first:], meta.seq_lens[seqs.first:], query_start_loc,
-        num_seqs, seqs.token_offset, scale * math.log2(math.e),
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
-        GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_Q=launch.block_q,
-        BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n, BLOCK_SIZE=k_cache.shape[1],
-        HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT=split,
-        DOT_PRECISION=_dot_precision(q.dtype, launch.invariant),
-        MASK_EVERY_TILE=launch.invariant, PARTITION_TILES=launch.partition_tiles,
-        max_partitions=launch.max_partitions, CONTEXT_SPLITS=launch.context_splits,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **with_pdl)
+    if launch.preload:
+        triton_decode_preload.launch(
+            part_acc, part_m, part_l, q, k_cache, v_cache, meta.block_tables[seqs.first:],
+            meta.seq_lens[seqs.first:], query_start_loc, num_seqs, seqs.token_offset,
+            scale * math.log2(math.e), cfg, launch.group, launch.group_p, seqs.num_tokens,
+            launch.num_splits, _dot_precision(q.dtype, False))
+    else:
+        grid = (launch.num_q_blocks, k_cache.shape[2], launch.num_splits)
+        paged_attention_kernel[grid](
+            out, part_acc, part_m, part_l, q, k_cache, v_cache,
+            meta.block_tables[seqs.first:], meta.seq_lens[seqs.first:], query_start_loc,
+            num_seqs, seqs.token_offset, scale * math.log2(math.e),
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
+            GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_Q=launch.block_q,
+            BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n, BLOCK_SIZE=k_cache.shape[1],
+            HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT=split,
+            DOT_PRECISION=_dot_precision(q.dtype, launch.invariant),
+            MASK_EVERY_TILE=launch.invariant, PARTITION_TILES=launch.partition_tiles,
+            max_partitions=launch.max_partitions, CONTEXT_SPLITS=launch.context_splits,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, **with_pdl)
     if split and launch.partition_tiles:
         reduce_partitions_kernel[(seqs.num_tokens, num_heads)](
             out, part_acc, part_m, part_l, query_start_loc, meta.seq_lens[seqs.first:],
