@@ -59,6 +59,10 @@ FUSED_REDUCE_ENV = "PARASHIFT_ATTN_FUSED_REDUCE"
 # metadata and first KV tile loaded before its PDL wait; PARASHIFT_ATTN_PRELOAD=0: the split
 # kernel of the other launches (read at each such launch's plan: a graph keeps its capture's)
 PRELOAD_ENV = "PARASHIFT_ATTN_PRELOAD"
+# ... and where a step is such decodes only, RoPE (with the q/k norms) and the KV write run in
+# that kernel too (`rotate_and_attend`): one launch less a layer; PARASHIFT_ATTN_ROPE=0: the
+# rotary kernel before it (read at each such step's plan)
+ROPE_ENV = "PARASHIFT_ATTN_ROPE"
 FUSED_MAX_SPLITS = 8
 FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
 # ... unsplit from this many programs an SM (rows x KV heads): on an H200, 8B heads, batch 64
@@ -141,9 +145,13 @@ def fused_reduce_enabled() -> bool:
 
 
 def preload_enabled() -> bool:
-    flag = os.environ.get(PRELOAD_ENV, "1")
+    return _switch(PRELOAD_ENV)
+
+
+def _switch(name: str) -> bool:
+    flag = os.environ.get(name, "1")
     if flag not in ("0", "1"):
-        raise ValueError(f"{PRELOAD_ENV}={flag!r}: expected 0 or 1")
+        raise ValueError(f"{name}={flag!r}: expected 0 or 1")
     return flag == "1"
 
 
@@ -261,6 +269,31 @@ class TritonAttentionBackend:
         _check_cache(k_cache, v_cache)
         for seqs, launch in launches:
             _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs, launch)
+        return out
+
+    def rotate_and_attend(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                          norms: tuple | None = None) -> torch.Tensor | None:
+        """`attend` of q after kernels/rotary.py's rotate_and_write_kv (q, k, v before RoPE;
+        norms: the q and k RMS norms' weights and eps, or None) in the preloading split
+        kernel, where the step's rows are all decodes it runs (PARASHIFT_ATTN_ROPE on);
+        else None, nothing done."""
+        if (self.batch_invariant or meta.max_query_len > 1 or q.shape[0] == 0
+                or (not meta.static_shape and meta.query_start_loc_cpu[-1] == 0)
+                or not _switch(ROPE_ENV)):
+            return None
+        (seqs,) = _split_decodes(meta, q.shape[0])
+        launch = self._plan(q, k_cache, meta, seqs)
+        if not launch.preload:
+            return None
+        _check_cache(k_cache, v_cache)
+        rope = triton_decode_preload.Rope(
+            _last_dim_contiguous(k), _last_dim_contiguous(v), positions, cos_sin.contiguous(),
+            meta.slot_mapping, norms)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        _launch_attention(out, _last_dim_contiguous(q), k_cache, v_cache, meta, scale, seqs,
+                          launch, rope)
         return out
 
     def attend_seqs(self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
@@ -471,7 +504,10 @@ def _plan_invariant_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
                    partition // config.tile_n, partitions, stores or num_splits > 1)
 
 
-def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch):
+def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch,
+                      rope: "triton_decode_preload.Rope | None" = None):
+    """rope: q before RoPE, rotated and the new keys and values written in the launch (a
+    preloading launch's)."""
     if launch.fused:
         _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs, launch)
         return
@@ -494,7 +530,7 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             part_acc, part_m, part_l, q, k_cache, v_cache, meta.block_tables[seqs.first:],
             meta.seq_lens[seqs.first:], query_start_loc, num_seqs, seqs.token_offset,
             scale * math.log2(math.e), cfg, launch.group, launch.group_p, seqs.num_tokens,
-            launch.num_splits, _dot_precision(q.dtype, False))
+            launch.num_splits, _dot_precision(q.dtype, False), rope)
     else:
         grid = (launch.num_q_blocks, k_cache.shape[2], launch.num_splits)
         paged_attention_kernel[grid](

@@ -19,12 +19,31 @@ others exit before their wait), so a graph captured for a long max_model_len run
 context with few splits; rows of no sequence exit at once (the reduction writes their zeros).
 
 Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions."""
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 
 from parashift.attention.triton_kernels import (NEG_BIG, _attend_tiles, _jit_generic_in,
                                                 _store_partial)
 from parashift.kernels import pdl
+
+
+
+@dataclass(frozen=True)
+class Rope:
+    """What a launch with RoPE takes beside q (before RoPE): this step's keys and values
+    before RoPE ([tokens, KV heads, head_dim], last dimension contiguous), positions [tokens],
+    cos_sin [positions, head_dim] = cat(cos, sin) (contiguous), the slots, and (q norm
+    weight, k norm weight, eps) or None."""
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor
+    cos_sin: torch.Tensor
+    slot_mapping: torch.Tensor
+    norms: tuple | None = None
+
 
 LINE_BYTES = 128  # an L2 cache line: one prefetch each
 # tiles after a split's first that its programs prefetch into L2 before their wait
@@ -69,14 +88,37 @@ def _attend_loaded(acc, m_i, l_i, q, k, v, n_ok, qk_scale, DOT_PRECISION: tl.con
 
 @triton.jit
 def _attend_one(acc, m_i, l_i, q, k_row, v_row, qk_scale):
-    """Online softmax over one key and value ([HEAD_DIM_P] each, in fp32): a score a row."""
-    s = tl.sum(q.to(tl.float32) * k_row[None, :], 1) * qk_scale
+    """Online softmax over one key and value ([1, HEAD_DIM_P] each, in fp32): a score a
+    row."""
+    s = tl.sum(q.to(tl.float32) * k_row, 1) * qk_scale
     m_new = tl.maximum(m_i, s)
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new)
     l_i = l_i * alpha + p
-    acc = acc * alpha[:, None] + p[:, None] * v_row[None, :]
+    acc = acc * alpha[:, None] + p[:, None] * v_row
     return acc, m_new, l_i
+
+
+@triton.jit
+def _rotated(rows, offs_d, mask, cos_full, sin_signed, norm_w_ptr, eps, QK_NORM: tl.constexpr,
+             HEAD_DIM: tl.constexpr):
+    """Heads at `rows` (pointers [R]) RMS-normed (QK_NORM) and rotated, in fp32: x * [cos |
+    cos] + swap(x) * [-sin | sin], swap(x) its halves exchanged; rounded as
+    kernels/rotary.py rounds the norm."""
+    half: tl.constexpr = HEAD_DIM // 2
+    swapped = (offs_d + half) % HEAD_DIM
+    x = tl.load(rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    dtype = x.dtype
+    x = x.to(tl.float32)
+    xs = tl.load(rows[:, None] + swapped[None, :], mask=mask, other=0.0).to(tl.float32)
+    if QK_NORM:
+        rstd = tl.math.rsqrt(tl.sum(x * x, 1) * (1.0 / HEAD_DIM) + eps)[:, None]
+        d_ok = offs_d < HEAD_DIM
+        w = tl.load(norm_w_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        ws = tl.load(norm_w_ptr + swapped, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        x = (w * (x * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        xs = (ws * (xs * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    return x * cos_full + xs * sin_signed
 
 
 @_jit_generic_in("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr", "num_seqs",
@@ -87,11 +129,20 @@ def preloaded_decode_kernel(
         num_seqs, token_offset, qk_scale,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt,
+        k_ptr, v_ptr, stride_kt, stride_knh, stride_vt, stride_vnh, positions_ptr, cos_sin_ptr,
+        stride_cs, slot_mapping_ptr, q_norm_ptr, k_norm_ptr, eps,
         GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_M: tl.constexpr,
         TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
         HEAD_DIM_P: tl.constexpr, SPLIT_TOKENS: tl.constexpr, DOT_PRECISION: tl.constexpr,
         PREFETCH_TILES: tl.constexpr, ROW_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr,
+        ROPE: tl.constexpr = False, QK_NORM: tl.constexpr = False,
         USE_PDL: tl.constexpr = False):
+    """ROPE: q_ptr, k_ptr and v_ptr are the projection's rows before RoPE (k_ptr, v_ptr:
+    [tokens, KV heads, head_dim] with strides stride_kt, stride_knh / stride_vt, stride_vnh):
+    each program rotates its q heads (after their RMS norms, QK_NORM), and the split holding
+    the new token rotates its key, attends to it from registers and writes it and its value
+    to the slot `slot_mapping` gives (slot -1: none), as kernels/rotary.py's
+    rotate_and_write_kv would have before the launch."""
     i = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -125,7 +176,20 @@ def preloaded_decode_kernel(
     v_first = tl.load((v_base + block * stride_vb + in_block * stride_vs)[:, None]
                       + offs_d[None, :], mask=kv_mask, other=0.0)
     holds_new = split == num_splits - 1
-    new_block = tl.load(block_table + old // BLOCK_SIZE).to(tl.int64)
+    token = (token_offset + i).to(tl.int64)
+    if ROPE:  # the new token's slot, and its position's [cos | cos], [-sin | sin]
+        slot = tl.load(slot_mapping_ptr + token)
+        cs_row = cos_sin_ptr + tl.load(positions_ptr + token).to(tl.int64) * stride_cs
+        half: tl.constexpr = HEAD_DIM // 2
+        cos_full = tl.load(cs_row + offs_d % half, mask=d_ok, other=0.0).to(tl.float32)
+        sin_signed = tl.load(cs_row + half + offs_d % half, mask=d_ok, other=0.0).to(tl.float32)
+        sin_signed = tl.where(offs_d < half, -sin_signed, sin_signed)[None, :]
+        cos_full = cos_full[None, :]
+        new_block = tl.maximum(slot, 0) // BLOCK_SIZE
+        new_in_block = tl.maximum(slot, 0) % BLOCK_SIZE
+    else:
+        new_block = tl.load(block_table + old // BLOCK_SIZE).to(tl.int64)
+        new_in_block = old % BLOCK_SIZE
     if USE_PDL and PREFETCH_TILES > 0:
         _prefetch_tiles(k_base, v_base, block_table, lo + 1, hi, old, stride_kb, stride_ks,
                         stride_vb, stride_vs, TILE_N, BLOCK_SIZE, PREFETCH_TILES, ROW_LINES,
@@ -136,9 +200,12 @@ def preloaded_decode_kernel(
     row_head = kv_head * GROUP + rows
     row_ok = rows < GROUP
     io_mask = row_ok[:, None] & d_ok[None, :]
-    token = (token_offset + i).to(tl.int64)
-    q = tl.load((q_ptr + token * stride_qt + row_head * stride_qh)[:, None] + offs_d[None, :],
-                mask=io_mask, other=0.0)
+    q_rows = q_ptr + token * stride_qt + row_head * stride_qh
+    if ROPE:
+        q = _rotated(q_rows, offs_d, io_mask, cos_full, sin_signed, q_norm_ptr, eps, QK_NORM,
+                     HEAD_DIM).to(q_ptr.dtype.element_ty)
+    else:
+        q = tl.load(q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -149,12 +216,24 @@ def preloaded_decode_kernel(
                                   old, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
                                   stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
                                   DOT_PRECISION)
-    if holds_new:  # the new token, written by the kernel before
-        new_in_block = old % BLOCK_SIZE
-        k_new = tl.load(k_base + new_block * stride_kb + new_in_block * stride_ks + offs_d,
-                        mask=d_ok, other=0.0)
-        v_new = tl.load(v_base + new_block * stride_vb + new_in_block * stride_vs + offs_d,
-                        mask=d_ok, other=0.0)
+    if holds_new:  # the new token: written by the kernel before, or here (ROPE)
+        one = tl.arange(0, 1)
+        new_mask = (one < 1)[:, None] & d_ok[None, :]
+        k_slot = (k_base + new_block * stride_kb + new_in_block * stride_ks + one)[:, None]
+        v_slot = (v_base + new_block * stride_vb + new_in_block * stride_vs + one)[:, None]
+        if ROPE:
+            k_new = _rotated(k_ptr + token * stride_kt + kv_head * stride_knh + one, offs_d,
+                             new_mask, cos_full, sin_signed, k_norm_ptr, eps, QK_NORM,
+                             HEAD_DIM).to(k_cache_ptr.dtype.element_ty)
+            v_new = tl.load((v_ptr + token * stride_vt + kv_head * stride_vnh + one)[:, None]
+                            + offs_d[None, :], mask=new_mask, other=0.0
+                            ).to(v_cache_ptr.dtype.element_ty)
+            written = new_mask & (one + slot >= 0)[:, None]
+            tl.store(k_slot + offs_d[None, :], k_new, mask=written)
+            tl.store(v_slot + offs_d[None, :], v_new, mask=written)
+        else:
+            k_new = tl.load(k_slot + offs_d[None, :], mask=new_mask, other=0.0)
+            v_new = tl.load(v_slot + offs_d[None, :], mask=new_mask, other=0.0)
         acc, m_i, l_i = _attend_one(acc, m_i, l_i, q, k_new.to(q.dtype).to(tl.float32),
                                     v_new.to(q.dtype).to(tl.float32), qk_scale)
     pdl.inputs_read(USE_PDL)
@@ -170,20 +249,29 @@ def prefetch_shape(head_dim: int, elem_size: int) -> tuple[int, int]:
 
 def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens,
            query_start_loc, num_seqs: int, token_offset: int, qk_scale: float, config,
-           group: int, group_p: int, num_rows: int, num_splits: int, dot_precision: str) -> None:
+           group: int, group_p: int, num_rows: int, num_splits: int, dot_precision: str,
+           rope: "Rope | None" = None) -> None:
     """Partial states of `num_rows` one-row decodes (sequences from the metadata slices
     given) into part_* ([rows, heads, num_splits(, head_dim)]), SPLIT_TOKENS = config's KV
-    tile."""
+    tile; with `rope`, q is before RoPE and the new keys and values are written here."""
     head_dim = q.shape[2]
     row_lines, line_elems = prefetch_shape(head_dim, k_cache.element_size())
+    if rope is None:  # unused pointers and strides
+        rope_args = (q, q, 0, 0, 0, 0, seq_lens, q, 0, seq_lens, q, q, 0.0)
+    else:
+        q_norm, k_norm, eps = rope.norms if rope.norms is not None else (q, q, 0.0)
+        rope_args = (rope.k, rope.v, rope.k.stride(0), rope.k.stride(1), rope.v.stride(0),
+                     rope.v.stride(1), rope.positions, rope.cos_sin, rope.cos_sin.stride(0),
+                     rope.slot_mapping, q_norm, k_norm, eps)
     preloaded_decode_kernel[(num_rows, k_cache.shape[2], num_splits)](
         part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens,
         query_start_loc, num_seqs, token_offset, qk_scale,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        block_tables.stride(0),
+        block_tables.stride(0), *rope_args,
         GROUP=group, GROUP_P=group_p, BLOCK_M=config.block_m, TILE_N=config.tile_n,
         BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT_TOKENS=config.tile_n,
         DOT_PRECISION=dot_precision, PREFETCH_TILES=PREFETCH_TILES, ROW_LINES=row_lines,
-        LINE_ELEMS=line_elems, num_warps=config.num_warps, num_stages=config.num_stages,
-        **pdl.launch_options(q.device))
+        LINE_ELEMS=line_elems, ROPE=rope is not None,
+        QK_NORM=rope is not None and rope.norms is not None, num_warps=config.num_warps,
+        num_stages=config.num_stages, **pdl.launch_options(q.device))
