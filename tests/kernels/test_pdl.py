@@ -188,15 +188,16 @@ KERNELS = {
                       (), dict(FP8_MAX=448.0, BLOCK_K=4096), False),
     "rms_norm_fp8": (rmsnorm._rms_norm_kernel, {"q_ptr": FP8, "s_ptr": torch.float32},
                      ("eps",), dict(N=4096, BLOCK=4096, HAS_RESIDUAL=True, QUANT=True,
-                                    FP8_MAX=448.0, VEC=8), False),
+                                    FP8_MAX=448.0, VEC=8, EARLY_LOADS=True), False),
     "rotary": (rotary._rotary_kernel, {"positions_ptr": torch.int64, "cos_sin_ptr":
                                        torch.float32, "slot_mapping_ptr": torch.int64}, (),
                dict(HALF=64, HALF_P=64, Q_HEADS_P=32, K_HEADS_P=8, WRITE_KV=True,
-                    BLOCK_SIZE=16, QK_NORM=False), False),
+                    BLOCK_SIZE=16, QK_NORM=False, EARLY_LOADS=True), False),
     "rotary_qk_norm": (rotary._rotary_kernel, {"positions_ptr": torch.int64, "cos_sin_ptr":
                                                torch.float32, "slot_mapping_ptr": torch.int64},
                        ("eps",), dict(HALF=64, HALF_P=64, Q_HEADS_P=32, K_HEADS_P=4,
-                                      WRITE_KV=True, BLOCK_SIZE=16, QK_NORM=True), False),
+                                      WRITE_KV=True, BLOCK_SIZE=16, QK_NORM=True,
+                                      EARLY_LOADS=True), False),
     # an FP8 router weight: its first tile's loads before the wait are then byte loads
     "moe_router": (moe_router._router_kernel, {
         "w_ptr": FP8, "logits_ptr": torch.float32, "ids_ptr": torch.int64,
