@@ -4,7 +4,7 @@
 # split kernel right after a PDL-launched KV write, RoPE and the KV write inside it, graphs,
 # warm-up, padding; SmolLM2's lone sequences against the torch backend); the 8B FP8 decode
 # chain at one row (32 layers, graphs, PDL on): default (preload + RoPE inside),
-# PARASHIFT_ATTN_ROPE=0 (preload, the rotary kernel before), PARASHIFT_ATTN_PRELOAD=0 (as
+# PARASHIFT_ATTN_PRELOAD_MERGE=1 (its splits merged in the kernel), PARASHIFT_ATTN_ROPE=0 (preload, the rotary kernel before), PARASHIFT_ATTN_PRELOAD=0 (as
 # before), PARASHIFT_PDL_EARLY_LOADS=0 (the norm weight, the rotary's positions/cos/sin/
 # slots after the wait), both off (the tree before this work); the FP8 engine at batch 1,
 # context 1024, its decode graphs captured in these settings (--graph-variants, rounds
@@ -20,12 +20,12 @@ budget_step gpu_tests 70 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p 
   tests/kernels/test_pdl.py tests/engine/test_gpu_engine.py \
   -k "(test_triton_backend and (decode or graph or padding or warm_up or forced)) or rotary_and_attention or test_cuda or lone_sequences"
 budget_step chain_fp8_b1 60 python3 benchmarks/fp8_chain_variants.py --batch-sizes 1 \
-  --layers 32 --repeats 21 --no-dot-configs --variants default PARASHIFT_ATTN_ROPE=0 PARASHIFT_ATTN_PRELOAD=0 \
-  PARASHIFT_PDL_EARLY_LOADS=0 PARASHIFT_ATTN_PRELOAD=0,PARASHIFT_PDL_EARLY_LOADS=0 \
+  --layers 32 --repeats 21 --no-dot-configs --variants default PARASHIFT_ATTN_PRELOAD_MERGE=1 PARASHIFT_ATTN_ROPE=0 \
+  PARASHIFT_ATTN_PRELOAD=0 PARASHIFT_PDL_EARLY_LOADS=0 PARASHIFT_ATTN_PRELOAD=0,PARASHIFT_PDL_EARLY_LOADS=0 \
   --output "$OUT/chain_fp8_b1.json"
 budget_step engine_fp8_b1 110 python3 benchmarks/decode_throughput.py --model $llama \
   --batch-sizes 1 --context 1024 --decode-steps 32 --cuda-graphs --quantization fp8 \
-  --graph-variants PARASHIFT_ATTN_ROPE=0 PARASHIFT_ATTN_PRELOAD=0 \
+  --graph-variants PARASHIFT_ATTN_PRELOAD_MERGE=1 PARASHIFT_ATTN_ROPE=0 PARASHIFT_ATTN_PRELOAD=0 \
   PARASHIFT_ATTN_PRELOAD=0,PARASHIFT_PDL_EARLY_LOADS=0 --rounds 3 --output "$OUT/engine_fp8_b1.json"
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, os, sys

@@ -63,6 +63,9 @@ PRELOAD_ENV = "PARASHIFT_ATTN_PRELOAD"
 # that kernel too (`rotate_and_attend`): one launch less a layer; PARASHIFT_ATTN_ROPE=0: the
 # rotary kernel before it (read at each such step's plan)
 ROPE_ENV = "PARASHIFT_ATTN_ROPE"
+# ... and PARASHIFT_ATTN_PRELOAD_MERGE=1 merges a row's splits in that kernel (the last split
+# by ticket) instead of a reduction launch (read at each such launch's plan; off by default)
+PRELOAD_MERGE_ENV = "PARASHIFT_ATTN_PRELOAD_MERGE"
 FUSED_MAX_SPLITS = 8
 FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
 # ... unsplit from this many programs an SM (rows x KV heads): on an H200, 8B heads, batch 64
@@ -148,8 +151,8 @@ def preload_enabled() -> bool:
     return _switch(PRELOAD_ENV)
 
 
-def _switch(name: str) -> bool:
-    flag = os.environ.get(name, "1")
+def _switch(name: str, default: str = "1") -> bool:
+    flag = os.environ.get(name, default)
     if flag not in ("0", "1"):
         raise ValueError(f"{name}={flag!r}: expected 0 or 1")
     return flag == "1"
@@ -404,6 +407,8 @@ class _Launch:
     context_splits: int = 0
     # ... and their split kernel `triton_decode_preload`'s
     preload: bool = False
+    # ... which merges the splits itself (by ticket), where it can take tickets
+    preload_merge: bool = False
 
     @property
     def partials(self) -> bool:
@@ -441,9 +446,10 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
         num_splits = choose_num_splits(num_q_blocks * k_cache.shape[2], meta.max_seq_len,
                                        partial_bytes, num_sms(q.device))
     context_splits = config.tile_n if one_row_decodes and num_splits > 1 else 0
+    preload = context_splits > 0 and preload_enabled()
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False,
-                   context_splits=context_splits,
-                   preload=context_splits > 0 and preload_enabled())
+                   context_splits=context_splits, preload=preload,
+                   preload_merge=preload and _switch(PRELOAD_MERGE_ENV, "0"))
 
 
 def _one_row_decodes(meta: AttentionMetadata, seqs: _SeqRange) -> bool:
@@ -526,11 +532,15 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
     cfg = launch.config
     with_pdl = pdl.launch_options(q.device)
     if launch.preload:
+        tickets = (_tickets(q.device, seqs.num_tokens * k_cache.shape[2])
+                   if launch.preload_merge else None)
         triton_decode_preload.launch(
             part_acc, part_m, part_l, q, k_cache, v_cache, meta.block_tables[seqs.first:],
             meta.seq_lens[seqs.first:], query_start_loc, num_seqs, seqs.token_offset,
             scale * math.log2(math.e), cfg, launch.group, launch.group_p, seqs.num_tokens,
-            launch.num_splits, _dot_precision(q.dtype, False), rope)
+            launch.num_splits, _dot_precision(q.dtype, False), rope, out, tickets)
+        if tickets is not None:  # merged in the launch
+            return
     else:
         grid = (launch.num_q_blocks, k_cache.shape[2], launch.num_splits)
         paged_attention_kernel[grid](

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from parashift.attention.triton_kernels import (NEG_BIG, _attend_tiles, _jit_generic_in,
                                                 _store_partial)
-from parashift.kernels import pdl
+from parashift.kernels import pdl, split_tickets
 
 
 
@@ -124,6 +124,7 @@ def _rotated(rows, offs_d, mask, cos_full, sin_signed, norm_w_ptr, eps, QK_NORM:
 @_jit_generic_in("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr", "num_seqs",
                  "token_offset", "stride_bt")
 def preloaded_decode_kernel(
+        out_ptr, ticket_ptr, stride_ot, stride_oh,
         part_acc_ptr, part_m_ptr, part_l_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
         block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
         num_seqs, token_offset, qk_scale,
@@ -136,13 +137,17 @@ def preloaded_decode_kernel(
         HEAD_DIM_P: tl.constexpr, SPLIT_TOKENS: tl.constexpr, DOT_PRECISION: tl.constexpr,
         PREFETCH_TILES: tl.constexpr, ROW_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr,
         ROPE: tl.constexpr = False, QK_NORM: tl.constexpr = False,
+        MERGE: tl.constexpr = False, SPLITS_P: tl.constexpr = 1,
         USE_PDL: tl.constexpr = False):
     """ROPE: q_ptr, k_ptr and v_ptr are the projection's rows before RoPE (k_ptr, v_ptr:
     [tokens, KV heads, head_dim] with strides stride_kt, stride_knh / stride_vt, stride_vnh):
     each program rotates its q heads (after their RMS norms, QK_NORM), and the split holding
     the new token rotates its key, attends to it from registers and writes it and its value
     to the slot `slot_mapping` gives (slot -1: none), as kernels/rotary.py's
-    rotate_and_write_kv would have before the launch."""
+    rotate_and_write_kv would have before the launch. MERGE: the last of a row's splits to
+    take its ticket merges their partial states into out (in split order, as
+    `reduce_splits_kernel` does), a row of one split writes out directly, a row of no
+    sequence gets zeros from its split-0 program: no reduction launch."""
     i = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -153,7 +158,8 @@ def preloaded_decode_kernel(
     q_end = tl.load(query_start_loc_ptr + i + 1, mask=is_seq, other=0)
     seq_len = tl.load(seq_lens_ptr + i, mask=is_seq, other=0)
     num_splits = tl.minimum(grid_splits, tl.maximum(tl.cdiv(seq_len, SPLIT_TOKENS), 1))
-    if (q_end == q_start) | (split >= num_splits):
+    no_seq = q_end == q_start  # a row of no sequence: zeros (MERGE: from its split 0)
+    if (no_seq & (not MERGE)) | (split >= num_splits):
         return
     old = seq_len - 1  # the positions cached before this step
     num_tiles = tl.cdiv(old, TILE_N)
@@ -188,7 +194,8 @@ def preloaded_decode_kernel(
         new_block = tl.maximum(slot, 0) // BLOCK_SIZE
         new_in_block = tl.maximum(slot, 0) % BLOCK_SIZE
     else:
-        new_block = tl.load(block_table + old // BLOCK_SIZE).to(tl.int64)
+        new_block = tl.load(block_table + tl.maximum(old, 0) // BLOCK_SIZE, mask=is_seq,
+                            other=0).to(tl.int64)
         new_in_block = old % BLOCK_SIZE
     if USE_PDL and PREFETCH_TILES > 0:
         _prefetch_tiles(k_base, v_base, block_table, lo + 1, hi, old, stride_kb, stride_ks,
@@ -237,8 +244,55 @@ def preloaded_decode_kernel(
         acc, m_i, l_i = _attend_one(acc, m_i, l_i, q, k_new.to(q.dtype).to(tl.float32),
                                     v_new.to(q.dtype).to(tl.float32), qk_scale)
     pdl.inputs_read(USE_PDL)
+    if MERGE and num_splits == 1:
+        _store_heads(out_ptr, token, kv_head, stride_ot, stride_oh,
+                     tl.where(no_seq, 0.0, acc / l_i[:, None]), GROUP, BLOCK_M, HEAD_DIM,
+                     HEAD_DIM_P)
+        return
     _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i, i, row_head, split,
                    grid_splits, row_ok, io_mask, offs_d, GROUP, HEAD_DIM)
+    if MERGE:
+        counter = ticket_ptr + i * tl.num_programs(1) + kv_head
+        if split_tickets.is_last_of(counter, num_splits):
+            split_tickets.reset(counter)
+            num_heads = tl.num_programs(1) * GROUP
+            for g in tl.static_range(GROUP):
+                head = kv_head * GROUP + g
+                first = (i.to(tl.int64) * num_heads + head) * grid_splits
+                merged = _merged(part_acc_ptr, part_m_ptr, part_l_ptr, first, num_splits,
+                                 SPLITS_P, HEAD_DIM, HEAD_DIM_P)
+                tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d,
+                         merged.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
+def _merged(part_acc_ptr, part_m_ptr, part_l_ptr, first, num_splits, SPLITS_P: tl.constexpr,
+            HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+    """One head's output [HEAD_DIM_P] from its num_splits partial states at first.. (read
+    from L2), by reduce_splits_kernel's arithmetic."""
+    splits = tl.arange(0, SPLITS_P)
+    s_ok = splits < num_splits
+    m = tl.load(part_m_ptr + first + splits, mask=s_ok, other=NEG_BIG, cache_modifier=".cg")
+    l = tl.load(part_l_ptr + first + splits, mask=s_ok, other=0.0, cache_modifier=".cg")
+    weight = tl.exp2(m - tl.max(m, 0))
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    acc = tl.load(part_acc_ptr + (first + splits)[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=s_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0,
+                  cache_modifier=".cg")
+    return tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)
+
+
+@triton.jit
+def _store_heads(out_ptr, token, kv_head, stride_ot, stride_oh, values, GROUP: tl.constexpr,
+                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+    """values [BLOCK_M, HEAD_DIM_P] (rows past GROUP not stored) into the row's heads of the KV
+    head's group."""
+    rows = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    ptrs = (out_ptr + token * stride_ot + (kv_head * GROUP + rows)[:, None] * stride_oh
+            + offs_d[None, :])
+    tl.store(ptrs, values.to(out_ptr.dtype.element_ty),
+             mask=(rows < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :])
 
 
 def prefetch_shape(head_dim: int, elem_size: int) -> tuple[int, int]:
@@ -250,10 +304,11 @@ def prefetch_shape(head_dim: int, elem_size: int) -> tuple[int, int]:
 def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens,
            query_start_loc, num_seqs: int, token_offset: int, qk_scale: float, config,
            group: int, group_p: int, num_rows: int, num_splits: int, dot_precision: str,
-           rope: "Rope | None" = None) -> None:
+           rope: "Rope | None" = None, out=None, tickets=None) -> None:
     """Partial states of `num_rows` one-row decodes (sequences from the metadata slices
     given) into part_* ([rows, heads, num_splits(, head_dim)]), SPLIT_TOKENS = config's KV
-    tile; with `rope`, q is before RoPE and the new keys and values are written here."""
+    tile; with `rope`, q is before RoPE and the new keys and values are written here; with
+    `tickets` (rows x KV heads counters, 0), merged into `out` in the launch."""
     head_dim = q.shape[2]
     row_lines, line_elems = prefetch_shape(head_dim, k_cache.element_size())
     if rope is None:  # unused pointers and strides
@@ -263,7 +318,11 @@ def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens
         rope_args = (rope.k, rope.v, rope.k.stride(0), rope.k.stride(1), rope.v.stride(0),
                      rope.v.stride(1), rope.positions, rope.cos_sin, rope.cos_sin.stride(0),
                      rope.slot_mapping, q_norm, k_norm, eps)
+    merge = tickets is not None
+    if not merge:  # unused
+        out, tickets = part_acc, seq_lens
     preloaded_decode_kernel[(num_rows, k_cache.shape[2], num_splits)](
+        out, tickets, out.stride(0) if merge else 0, out.stride(1) if merge else 0,
         part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens,
         query_start_loc, num_seqs, token_offset, qk_scale,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
@@ -273,5 +332,6 @@ def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens
         HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT_TOKENS=config.tile_n,
         DOT_PRECISION=dot_precision, PREFETCH_TILES=PREFETCH_TILES, ROW_LINES=row_lines,
         LINE_ELEMS=line_elems, ROPE=rope is not None,
-        QK_NORM=rope is not None and rope.norms is not None, num_warps=config.num_warps,
+        QK_NORM=rope is not None and rope.norms is not None, MERGE=merge,
+        SPLITS_P=triton.next_power_of_2(num_splits), num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl.launch_options(q.device))

@@ -2,6 +2,8 @@
 (`TritonAttentionBackend.rotate_and_attend`) against the torch path: q/k norms, RoPE, the
 slots written, attention. Under the Triton interpreter on the CPU (float32, float16) and
 compiled on CUDA."""
+import os
+
 import torch
 
 from parashift.attention import triton_backend
@@ -14,17 +16,19 @@ from tests.attention.test_triton_backend import make_step
 from tests.kernels.common import case_tests
 from tests.kernels.test_rotary import rotary_embedding
 
-# splits: the graph's split count (more than the one-launch kernel takes); seq_lens: a context
-# of one token, shorter than a tile, one tile and one more, several tiles a split
+# 16 splits (more than the one-launch kernel takes); seq_lens: a context of one token, shorter
+# than a tile, one tile and one more, several tiles a split; merge: the splits merged in the
+# kernel (PARASHIFT_ATTN_PRELOAD_MERGE=1), the rows of no sequence zeroed there
 CASES = [
-    dict(seq_lens=[1, 40, 65, 1100], num_heads=4, num_kv_heads=2, head_dim=32, pad=2),
+    dict(seq_lens=[1, 40, 65, 1100], num_heads=4, num_kv_heads=2, head_dim=32, pad=2,
+         merge=True),
     dict(seq_lens=[300, 7], num_heads=8, num_kv_heads=2, head_dim=64, norms=True),
 ]
 TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-2}
 
 
 def check(seq_lens, num_heads, num_kv_heads, head_dim, dtype, device="cpu", pad=0,
-          norms=False):
+          norms=False, merge=False):
     torch_dtype = getattr(torch, dtype)
     step = make_step([1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim,
                      dtype=torch_dtype, pad_tokens=pad, device=device)
@@ -49,6 +53,7 @@ def check(seq_lens, num_heads, num_kv_heads, head_dim, dtype, device="cpu", pad=
     backend = triton_backend.TritonAttentionBackend()
     chooser = triton_backend.choose_num_splits
     triton_backend.choose_num_splits = lambda *args: 16
+    os.environ[triton_backend.PRELOAD_MERGE_ENV] = "1" if merge else "0"
     try:
         k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
         args = (positions, step.q, step.k, step.v, cos_sin, k_cache, v_cache, meta, scale,
@@ -60,6 +65,7 @@ def check(seq_lens, num_heads, num_kv_heads, head_dim, dtype, device="cpu", pad=
         actual = rotate_write_attend(backend, *args)
     finally:
         triton_backend.choose_num_splits = chooser
+        del os.environ[triton_backend.PRELOAD_MERGE_ENV]
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
     torch.testing.assert_close(fused, actual, atol=0, rtol=0)

@@ -313,15 +313,17 @@ def test_fused_decode_graph_replays_reset_the_tickets(monkeypatch, one_tile_loop
                                    rtol=2e-2)
 
 
-@pytest.mark.parametrize("preload", ["1", "0"])
-def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload):
+@pytest.mark.parametrize("preload,merge", [("1", "0"), ("1", "1"), ("0", "0")])
+def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload, merge):
     """Decodes of more splits than the one-launch kernel takes, replayed in a graph right
     after the rotary kernel (PDL where the device has it) writes their new keys and values:
     the preloading split kernel reads the older context before its wait and the new token
     after it, and gives the reference's rows (a context shorter than a tile, one tile, a
-    split of several tiles); its switch off, the split kernel does."""
+    split of several tiles), its splits merged by a reduction or in the kernel (replayed
+    twice: each replay's tickets back to 0); its switch off, the split kernel does."""
     from parashift.kernels import rotary
     monkeypatch.setenv(triton_backend.PRELOAD_ENV, preload)
+    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, merge)
     monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 16)
     seq_lens = [1, 64, 65, 700, 5000]
     step = make_step([1] * len(seq_lens), seq_lens, 32, 8, pad_tokens=2, seed=11)
@@ -345,7 +347,9 @@ def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = decode()
-    k_cache.copy_(step.k_cache)  # the new slots NaN again: only the rotary kernel fills them
-    v_cache.copy_(step.v_cache)
-    graph.replay()
-    torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+    for _ in range(2):
+        k_cache.copy_(step.k_cache)  # the new slots NaN again: only the rotary kernel fills them
+        v_cache.copy_(step.v_cache)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
