@@ -312,7 +312,7 @@ def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens
     head_dim = q.shape[2]
     row_lines, line_elems = prefetch_shape(head_dim, k_cache.element_size())
     if rope is None:  # unused pointers and strides
-        rope_args = (q, q, 0, 0, 0, 0, seq_lens, q, 0, seq_lens, q, q, 0.0)
+        rope_args = (q, q, 0, 0, 0, 0, part_m, q, 0, part_m, q, q, 0.0)
     else:
         q_norm, k_norm, eps = rope.norms if rope.norms is not None else (q, q, 0.0)
         rope_args = (rope.k, rope.v, rope.k.stride(0), rope.k.stride(1), rope.v.stride(0),
@@ -320,7 +320,7 @@ def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens
                      rope.slot_mapping, q_norm, k_norm, eps)
     merge = tickets is not None
     if not merge:  # unused
-        out, tickets = part_acc, seq_lens
+        out, tickets = part_acc, part_m
     preloaded_decode_kernel[(num_rows, k_cache.shape[2], num_splits)](
         out, tickets, out.stride(0) if merge else 0, out.stride(1) if merge else 0,
         part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens,
