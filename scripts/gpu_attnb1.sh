@@ -24,7 +24,7 @@ budget_step chain_fp8_b1 60 python3 benchmarks/fp8_chain_variants.py --batch-siz
   PARASHIFT_ATTN_PRELOAD=0 PARASHIFT_PDL_EARLY_LOADS=0 PARASHIFT_ATTN_PRELOAD=0,PARASHIFT_PDL_EARLY_LOADS=0 \
   --output "$OUT/chain_fp8_b1.json"
 budget_step engine_fp8_b1 110 python3 benchmarks/decode_throughput.py --model $llama \
-  --batch-sizes 1 --context 1024 --decode-steps 32 --cuda-graphs --quantization fp8 \
+  --batch-sizes 1 64 --context 1024 --decode-steps 32 --cuda-graphs --quantization fp8 \
   --graph-variants PARASHIFT_ATTN_PRELOAD_MERGE=1 PARASHIFT_ATTN_ROPE=0 PARASHIFT_ATTN_PRELOAD=0 \
   PARASHIFT_ATTN_PRELOAD=0,PARASHIFT_PDL_EARLY_LOADS=0 --rounds 3 --output "$OUT/engine_fp8_b1.json"
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
