@@ -14,9 +14,16 @@ K, V) then runs during the previous kernel rather than after it.
 
 Programs store their partial states as the split kernel's do ([row, head, split] of
 [rows, heads, grid splits]); `reduce_splits_kernel` with CONTEXT_SPLITS = SPLIT_TOKENS
-merges them. A sequence takes min(grid splits, ceil(context / SPLIT_TOKENS)) splits (the
-others exit before their wait), so a graph captured for a long max_model_len runs a short
-context with few splits; rows of no sequence exit at once (the reduction writes their zeros).
+merges them, or (MERGE) the last of a row's splits to take its ticket does. A sequence takes
+min(grid splits, ceil(context / SPLIT_TOKENS)) splits (the others exit before their wait),
+so a graph captured for a long max_model_len runs a short context with few splits; rows of
+no sequence exit at once (the reduction writes their zeros; MERGE: their split 0 does).
+
+ROPE: the kernel before is the QKV projection and this one does what kernels/rotary.py's
+rotate_and_write_kv did between them: each program rotates its q heads (their q/k norms
+first, QK_NORM), the split holding the new token rotates its key, attends to it from
+registers and writes it and its value to their slot (`TritonAttentionBackend.
+rotate_and_attend`, for steps that are such decodes only).
 
 Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions."""
 from dataclasses import dataclass
