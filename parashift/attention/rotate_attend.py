@@ -1,7 +1,7 @@
 """RoPE (with a model's q/k norms), the KV write and the attention of one layer's step on
-CUDA: in one launch where the backend's decode kernel takes them all (`rotate_and_attend`:
-the Triton backend's decodes of many splits, triton_decode_preload.py), else
-kernels/rotary.py's kernel and then the backend's `attend`."""
+CUDA: the backend's `rotate_and_attend` where it has one (the Triton backend's: in one launch
+for decodes of many splits, triton_decode_preload.py), else kernels/rotary.py's kernel and
+then the backend's `attend`."""
 import torch
 
 from parashift.attention.metadata import AttentionMetadata
@@ -15,10 +15,8 @@ def rotate_write_attend(backend, positions: torch.Tensor, q: torch.Tensor, k: to
     """q [T, Hq, D], k and v [T, Hk, D] before RoPE; norms: (q norm weight, k norm weight,
     eps) or None. Writes k (rotated) and v to their slots, returns the attention output."""
     fused = getattr(backend, "rotate_and_attend", None)
-    out = None if fused is None else fused(positions, q, k, v, cos_sin, k_cache, v_cache, meta,
-                                           scale, norms)
-    if out is not None:
-        return out
+    if fused is not None:
+        return fused(positions, q, k, v, cos_sin, k_cache, v_cache, meta, scale, norms)
     q = rotary.rotate_and_write_kv(positions, q, k, v, cos_sin, k_cache, v_cache,
                                    meta.slot_mapping, norms)
     return backend.attend(q, k_cache, v_cache, meta, scale)

@@ -36,7 +36,7 @@ from parashift.attention.triton_decode import decode_attention_kernel
 from parashift.attention.triton_kernels import (paged_attention_kernel,
                                                 reduce_partitions_kernel, reduce_splits_kernel,
                                                 write_kv_kernel)
-from parashift.kernels import num_sms, pdl, split_tickets
+from parashift.kernels import num_sms, pdl, rotary, split_tickets
 
 # Split-KV targets about this many programs per SM, and gives each split at
 # least MIN_SPLIT_TOKENS of context.
@@ -248,6 +248,11 @@ class TritonAttentionBackend:
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        return self._attend(q, k_cache, v_cache, meta, scale)
+
+    def _attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                launches: list | None = None) -> torch.Tensor:
+        """`attend`, with the step's launches (sequences, plan) where already planned."""
         num_tokens, num_heads, head_dim = q.shape
         if num_heads % k_cache.shape[2]:
             raise ValueError(f"{num_heads} query heads do not share {k_cache.shape[2]} "
@@ -257,8 +262,9 @@ class TritonAttentionBackend:
             real_tokens = meta.query_start_loc_cpu[-1] if meta.num_seqs else 0
             if real_tokens == 0:
                 return torch.zeros_like(q)
-        launches = [(seqs, self._plan(q, k_cache, meta, seqs))
-                    for seqs in _split_decodes(meta, num_tokens)]
+        if launches is None:
+            launches = [(seqs, self._plan(q, k_cache, meta, seqs))
+                        for seqs in _split_decodes(meta, num_tokens)]
         if meta.static_shape:
             # Rows of no sequence must be zero, and which they are is known on the device
             # only: the split reduction writes their zeros, else a fill does.
@@ -277,27 +283,36 @@ class TritonAttentionBackend:
     def rotate_and_attend(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                           v: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
                           v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                          norms: tuple | None = None) -> torch.Tensor | None:
+                          norms: tuple | None = None) -> torch.Tensor:
         """`attend` of q after kernels/rotary.py's rotate_and_write_kv (q, k, v before RoPE;
-        norms: the q and k RMS norms' weights and eps, or None) in the preloading split
-        kernel, where the step's rows are all decodes it runs (PARASHIFT_ATTN_ROPE on);
-        else None, nothing done."""
-        if (self.batch_invariant or meta.max_query_len > 1 or q.shape[0] == 0
-                or (not meta.static_shape and meta.query_start_loc_cpu[-1] == 0)
-                or not _switch(ROPE_ENV)):
-            return None
-        (seqs,) = _split_decodes(meta, q.shape[0])
-        launch = self._plan(q, k_cache, meta, seqs)
-        if not launch.preload:
-            return None
+        norms: the q and k RMS norms' weights and eps, or None): in the preloading split
+        kernel where the step's rows are all decodes it runs (`rope_launch`), else the
+        rotary kernel, then `attend`."""
+        launch = self.rope_launch(q, k_cache, meta)
+        if launch is None or not launch[1].preload:
+            q = rotary.rotate_and_write_kv(positions, q, k, v, cos_sin, k_cache, v_cache,
+                                           meta.slot_mapping, norms)
+            return self._attend(q, k_cache, v_cache, meta, scale,
+                                None if launch is None else [launch])
         _check_cache(k_cache, v_cache)
         rope = triton_decode_preload.Rope(
             _last_dim_contiguous(k), _last_dim_contiguous(v), positions, cos_sin.contiguous(),
             meta.slot_mapping, norms)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        _launch_attention(out, _last_dim_contiguous(q), k_cache, v_cache, meta, scale, seqs,
-                          launch, rope)
+        _launch_attention(out, _last_dim_contiguous(q), k_cache, v_cache, meta, scale,
+                          *launch, rope)
         return out
+
+    def rope_launch(self, q: torch.Tensor, k_cache: torch.Tensor,
+                    meta: AttentionMetadata) -> "tuple[_SeqRange, _Launch] | None":
+        """The one launch of a step of decodes only, which takes RoPE and the KV write where
+        it is the preloading kernel's (PARASHIFT_ATTN_ROPE on); None for other steps."""
+        if (self.batch_invariant or meta.max_query_len > 1 or q.shape[0] == 0
+                or (not meta.static_shape and meta.query_start_loc_cpu[-1] == 0)
+                or not _switch(ROPE_ENV)):
+            return None
+        (seqs,) = _split_decodes(meta, q.shape[0])
+        return seqs, self._plan(q, k_cache, meta, seqs)
 
     def attend_seqs(self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
