@@ -10,7 +10,8 @@
 # in-kernel split merge, the RMSNorm and rotary kernels loading their constant inputs before
 # the PDL wait: kernel tests, PDL bits, graphs); the chain over the switches; the FP8 engine
 # at batch 1 and 64; Qwen3-30B-A3B (bf16, max_model_len 8192) at batch 1, this work against
-# the tree before it (PARASHIFT_ATTN_PRELOAD=0,PARASHIFT_PDL_EARLY_LOADS=0).
+# the tree before it (PARASHIFT_ATTN_PRELOAD=0,PARASHIFT_PDL_EARLY_LOADS=0); the attention
+# kernels alone at batches 1-4 (decode_attention_sweep.py: preloading or not, up to 32k).
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-240}
@@ -48,6 +49,8 @@ budget_step engine_qwen_b1 70 python3 benchmarks/decode_throughput.py \
   --model benchmarks/shapes/qwen3-30b-a3b.json --batch-sizes 1 --max-model-len 8192 \
   --context 1024 --decode-steps 32 --cuda-graphs --graph-variants $before \
   PARASHIFT_ATTN_PRELOAD_MERGE=1 --rounds 3 --output "$OUT/engine_qwen_b1.json"
+budget_step sweep_8b 25 python3 benchmarks/decode_attention_sweep.py --model $llama \
+  --batches 1 2 4 --contexts 1024 8192 32768 --pdl 1 --output "$OUT/sweep_8b.json"
 fi
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, os, sys
@@ -57,6 +60,11 @@ for line in open(f"{out}/steps") if os.path.exists(f"{out}/steps") else []:
 if os.path.exists(f"{out}/chain_fp8_b1.json"):
     for r in json.load(open(f"{out}/chain_fp8_b1.json"))["rows"]:
         print("chain b%d" % r["batch"], {k: v["us_per_layer"] for k, v in r["variants"].items()})
+if os.path.exists(f"{out}/sweep_8b.json"):
+    for r in json.load(open(f"{out}/sweep_8b.json"))["rows"]:
+        print("sweep b%d ctx%d fused%d preload%d %.2f us" % (r["batch"], r["context"],
+                                                            r["fused"], r["preload"],
+                                                            r["us_per_layer"]))
 for name in ("engine_fp8", "engine_qwen_b1"):
     if os.path.exists(f"{out}/{name}.json"):
         print(name, json.dumps(json.load(open(f"{out}/{name}.json")).get("variants")))
