@@ -259,16 +259,20 @@ def _graph_meta(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:
                                 "static_shape": True})
 
 
-@pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first"])
+@pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first",
+                                     "preload", "preload-merge"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     """Decodes whose graph was captured for 32k tokens (32 splits) at contexts from one token
     up: the one-launch kernel (at any split count here) takes as many splits as each context
-    needs, merges them in the split programs and zeroes the padding rows; FP8 pools read as
-    their values."""
+    needs, merges them in the split programs and zeroes the padding rows; so does the
+    preloading split kernel (its splits of many tiles prefetched), merged by the reduction or
+    in the kernel; FP8 pools read as their values."""
     monkeypatch.setenv(triton_backend.FUSED_REDUCE_ENV, "0" if variant == "two-launch" else "1")
+    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, "1" if variant.endswith("merge") else "0")
     monkeypatch.setattr(triton_backend, "FUSED_HEADS_FIRST", variant.endswith("heads-first"))
-    monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
+    if variant.startswith("one-launch"):
+        monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
     monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 32)
     seq_lens = [1, 100, 129, 1024, 4096, 8191, 30000]
     step = make_step([1] * len(seq_lens), seq_lens, 32, 8, pad_tokens=3, seed=7)
