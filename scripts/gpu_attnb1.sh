@@ -36,7 +36,7 @@ budget_step gpu_tests 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p 
   tests/attention/test_triton_backend.py tests/attention/test_rotate_attend.py \
   tests/kernels/test_pdl.py tests/kernels/test_rmsnorm.py tests/kernels/test_rotary.py \
   tests/layers/test_layernorm.py \
-  -k "right_after or test_cuda or elementwise_and_norm or rotary_and_attention or moe_decode_kernels or graph_capture or warm_up or qk_norm_is or qk_norm_cuda or equals_transformers"
+  -k "right_after or longer_context or test_cuda or elementwise_and_norm or rotary_and_attention or moe_decode_kernels or graph_capture or warm_up or qk_norm_is or qk_norm_cuda or equals_transformers"
 budget_step chain_fp8_b1 25 python3 benchmarks/fp8_chain_variants.py --batch-sizes 1 \
   --layers 32 --repeats 21 --no-dot-configs --variants default PARASHIFT_ATTN_PRELOAD_MERGE=1 \
   PARASHIFT_ATTN_ROPE=0 PARASHIFT_ATTN_PRELOAD=0 PARASHIFT_PDL_EARLY_LOADS=0 $before \
