@@ -201,9 +201,11 @@ def preloaded_decode_kernel(
         new_block = tl.maximum(slot, 0) // BLOCK_SIZE
         new_in_block = tl.maximum(slot, 0) % BLOCK_SIZE
     else:
+        # a row of no sequence (MERGE) reads slot 0 of block 0 (old -1: the division and
+        # remainder round toward zero)
         new_block = tl.load(block_table + tl.maximum(old, 0) // BLOCK_SIZE, mask=is_seq,
                             other=0).to(tl.int64)
-        new_in_block = old % BLOCK_SIZE
+        new_in_block = tl.maximum(old, 0) % BLOCK_SIZE
     if USE_PDL and PREFETCH_TILES > 0:
         _prefetch_tiles(k_base, v_base, block_table, lo + 1, hi, old, stride_kb, stride_ks,
                         stride_vb, stride_vs, TILE_N, BLOCK_SIZE, PREFETCH_TILES, ROW_LINES,
