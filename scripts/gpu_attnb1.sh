@@ -12,6 +12,8 @@
 # at batch 1 and 64; Qwen3-30B-A3B (bf16, max_model_len 8192) at batch 1, this work against
 # the tree before it (PARASHIFT_ATTN_PRELOAD=0,PARASHIFT_PDL_EARLY_LOADS=0); the attention
 # kernels alone at batches 1-4 (decode_attention_sweep.py: preloading or not, up to 32k).
+# CALL=3: call 2's GPU tests again (a crash in one had failed the rest), the chain (default,
+# the in-kernel merge, the tree before), the FP8 engine at batch 1 against the tree before.
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-240}
@@ -19,6 +21,13 @@ mkdir -p "$OUT"
 source scripts/budget_step.sh
 llama=benchmarks/shapes/llama-3.1-8b.json
 before=PARASHIFT_ATTN_PRELOAD=0,PARASHIFT_PDL_EARLY_LOADS=0
+later_tests() {  # the GPU tests of calls 2 and 3
+budget_step gpu_tests 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+  tests/attention/test_triton_backend.py tests/attention/test_rotate_attend.py \
+  tests/kernels/test_pdl.py tests/kernels/test_rmsnorm.py tests/kernels/test_rotary.py \
+  tests/layers/test_layernorm.py \
+  -k "right_after or longer_context or test_cuda or elementwise_and_norm or rotary_and_attention or moe_decode_kernels or graph_capture or warm_up or qk_norm_is or qk_norm_cuda or equals_transformers"
+}
 if [ "${CALL:-2}" = 1 ]; then
 budget_step gpu_tests 70 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   tests/attention/test_triton_backend.py tests/attention/test_rotate_attend.py \
@@ -31,12 +40,16 @@ budget_step engine_fp8 110 python3 benchmarks/decode_throughput.py --model $llam
   --batch-sizes 1 --context 1024 --decode-steps 32 --cuda-graphs --quantization fp8 \
   --graph-variants PARASHIFT_ATTN_ROPE=0 PARASHIFT_ATTN_PRELOAD=0 --rounds 3 \
   --output "$OUT/engine_fp8.json"
+elif [ "${CALL:-2}" = 3 ]; then
+later_tests
+budget_step chain_fp8_b1 25 python3 benchmarks/fp8_chain_variants.py --batch-sizes 1 \
+  --layers 32 --repeats 21 --no-dot-configs --variants default PARASHIFT_ATTN_PRELOAD_MERGE=1 \
+  $before --output "$OUT/chain_fp8_b1.json"
+budget_step engine_fp8 50 python3 benchmarks/decode_throughput.py --model $llama \
+  --batch-sizes 1 --context 1024 --decode-steps 32 --cuda-graphs --quantization fp8 \
+  --graph-variants $before --rounds 3 --output "$OUT/engine_fp8.json"
 else
-budget_step gpu_tests 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  tests/attention/test_triton_backend.py tests/attention/test_rotate_attend.py \
-  tests/kernels/test_pdl.py tests/kernels/test_rmsnorm.py tests/kernels/test_rotary.py \
-  tests/layers/test_layernorm.py \
-  -k "right_after or longer_context or test_cuda or elementwise_and_norm or rotary_and_attention or moe_decode_kernels or graph_capture or warm_up or qk_norm_is or qk_norm_cuda or equals_transformers"
+later_tests
 budget_step chain_fp8_b1 25 python3 benchmarks/fp8_chain_variants.py --batch-sizes 1 \
   --layers 32 --repeats 21 --no-dot-configs --variants default PARASHIFT_ATTN_PRELOAD_MERGE=1 \
   PARASHIFT_ATTN_ROPE=0 PARASHIFT_ATTN_PRELOAD=0 PARASHIFT_PDL_EARLY_LOADS=0 $before \

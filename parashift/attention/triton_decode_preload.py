@@ -55,6 +55,9 @@ class Rope:
 LINE_BYTES = 128  # an L2 cache line: one prefetch each
 # tiles after a split's first that its programs prefetch into L2 before their wait
 PREFETCH_TILES = 2
+# MERGE: a KV head's group of heads merged at once up to this many partial values (8B heads at
+# 16 splits: 4 x 16 x 128), else one head after another
+GROUP_AT_ONCE = tl.constexpr(8192)
 
 
 @triton.jit
@@ -265,13 +268,44 @@ def preloaded_decode_kernel(
         if split_tickets.is_last_of(counter, num_splits):
             split_tickets.reset(counter)
             num_heads = tl.num_programs(1) * GROUP
-            for g in tl.static_range(GROUP):
-                head = kv_head * GROUP + g
-                first = (i.to(tl.int64) * num_heads + head) * grid_splits
-                merged = _merged(part_acc_ptr, part_m_ptr, part_l_ptr, first, num_splits,
-                                 SPLITS_P, HEAD_DIM, HEAD_DIM_P)
-                tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d,
-                         merged.to(out_ptr.dtype.element_ty), mask=d_ok)
+            first = (i.to(tl.int64) * num_heads + kv_head * GROUP) * grid_splits
+            if GROUP_P * SPLITS_P * HEAD_DIM_P <= GROUP_AT_ONCE:
+                merged = _merged_group(part_acc_ptr, part_m_ptr, part_l_ptr, first,
+                                       grid_splits, num_splits, GROUP, GROUP_P, SPLITS_P,
+                                       HEAD_DIM, HEAD_DIM_P)
+                _store_heads(out_ptr, token, kv_head, stride_ot, stride_oh, merged, GROUP,
+                             GROUP_P, HEAD_DIM, HEAD_DIM_P)
+            else:  # one head after another (fewer registers)
+                for g in tl.static_range(GROUP):
+                    merged = _merged(part_acc_ptr, part_m_ptr, part_l_ptr,
+                                     first + g * grid_splits, num_splits, SPLITS_P, HEAD_DIM,
+                                     HEAD_DIM_P)
+                    tl.store(out_ptr + token * stride_ot + (kv_head * GROUP + g) * stride_oh
+                             + offs_d, merged.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
+def _merged_group(part_acc_ptr, part_m_ptr, part_l_ptr, first, grid_splits, num_splits,
+                  GROUP: tl.constexpr, GROUP_P: tl.constexpr, SPLITS_P: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+    """The group's heads' outputs [GROUP_P, HEAD_DIM_P] from their num_splits partial states
+    (head g's split s at first + g * grid_splits + s), every head's loaded at once, by
+    reduce_splits_kernel's arithmetic."""
+    rows = tl.arange(0, GROUP_P * SPLITS_P)
+    head, split = rows // SPLITS_P, rows % SPLITS_P
+    at = first + head * grid_splits + split
+    ok = (head < GROUP) & (split < num_splits)
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    m = tl.load(part_m_ptr + at, mask=ok, other=NEG_BIG, cache_modifier=".cg")
+    l = tl.load(part_l_ptr + at, mask=ok, other=0.0, cache_modifier=".cg")
+    acc = tl.load(part_acc_ptr + at[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0,
+                  cache_modifier=".cg")
+    m = tl.reshape(m, (GROUP_P, SPLITS_P))
+    weight = tl.exp2(m - tl.max(m, 1)[:, None])
+    total = tl.sum(tl.reshape(l, (GROUP_P, SPLITS_P)) * weight, 1)
+    acc = tl.reshape(acc, (GROUP_P, SPLITS_P, HEAD_DIM_P))
+    return tl.sum(acc * weight[:, :, None], 1) / total[:, None]
 
 
 @triton.jit
