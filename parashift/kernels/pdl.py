@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 ENV = "PARASHIFT_PDL"
 PREFETCH_ENV = "PARASHIFT_PDL_PREFETCH_KB"
 # 1 (the default): the RMSNorm and rotary kernels load the inputs no kernel writes (the norm
-# weight; positions, cos, sin, slots) before their wait; 0: after it (read at each launch)
+# weight; positions, cos, sin, slots) before their wait; 0: after it (read at each launch). On
+# an H200, 8B FP8 decode chain at one row: 76.7 µs a layer against 78.1 (session 45)
 EARLY_LOADS_ENV = "PARASHIFT_PDL_EARLY_LOADS"
 DEFAULT_MODE = "1"
 DEFAULT_PREFETCH_KB = "0"
