@@ -1,6 +1,8 @@
 """Decode attention as a CUDA-graph step runs it, µs a layer: the one-launch kernel
-(PARASHIFT_ATTN_FUSED_REDUCE=1) against the split kernel and its reduction launch (=0), PDL
-off and on, over batches and contexts, on a model shape's heads.
+(PARASHIFT_ATTN_FUSED_REDUCE=1) against the split kernel and its reduction launch (=0), and
+at more than 8 splits the preloading split kernel (PARASHIFT_ATTN_PRELOAD=1) against the
+split kernel (=0), PDL off and on, over batches and contexts, on a model shape's heads (the
+launch before each is the previous layer's attention: no RoPE inside, nothing written).
 
 The metadata is a graph's: captured for --graph-len tokens (its split count chosen for that,
 as cuda_graphs.py's for max_model_len), replayed at the row's context. Each timed replay
@@ -30,6 +32,10 @@ from parashift.attention.triton_backend import KernelConfig, TritonAttentionBack
 from parashift.cost.measure_kernels import paged_step
 
 L2_FLUSH_BYTES = 256 << 20
+# (PARASHIFT_ATTN_FUSED_REDUCE, PARASHIFT_ATTN_PRELOAD): the split kernel over every split and
+# its reduction; with each row's splits from its context (more than 8 splits; at most 8: the
+# one-launch kernel); the same in the preloading split kernel (triton_decode_preload.py)
+LAUNCH_VARIANTS = (("0", "0"), ("1", "0"), ("1", "1"))
 MAX_LAYERS = 64
 MAX_TOKENS = 1 << 20  # batch x context of one row at most (the pools' memory)
 
@@ -106,15 +112,17 @@ def sweep(cfg, args, bandwidth) -> list[dict]:
             continue
         layers = Layers(cfg, batch, context, max(args.graph_len, context), args.kv_dtype)
         reference = None
-        for pdl, fused in itertools.product(args.pdl, ("0", "1")):
-            old = with_env(PARASHIFT_PDL=pdl, PARASHIFT_ATTN_FUSED_REDUCE=fused)
+        for pdl, (fused, preload) in itertools.product(args.pdl, LAUNCH_VARIANTS):
+            old = with_env(PARASHIFT_PDL=pdl, PARASHIFT_ATTN_FUSED_REDUCE=fused,
+                           PARASHIFT_ATTN_PRELOAD=preload)
             try:
                 us, out = layers.step_us(TritonAttentionBackend())
             finally:
                 restore(old)
             reference = out if reference is None else reference
             r = row(layers, us, bandwidth, batch=batch, context=context, pdl=int(pdl),
-                    fused=int(fused), max_diff=(out.float() - reference.float()).abs().max().item())
+                    fused=int(fused), preload=int(preload),
+                    max_diff=(out.float() - reference.float()).abs().max().item())
             rows.append(r)
             print(json.dumps(r), flush=True)
         del layers

@@ -9,7 +9,8 @@ Usage (GPU): PYTHONPATH=. python3 benchmarks/pdl_chain.py [--batch-sizes 1 64]
     [--weights bf16 fp8] [--context 1024] [--layers 32] [--repeats 21]
     [--variants early:16 early:0 late:16 late:0] [--max-model-len N] [--output F]
 A layer: add-RMSNorm, qkv, rotary writing K/V to the paged pool, paged attention over
-`context` tokens a sequence, o, add-RMSNorm, gate_up, SiLU-and-mul, down; the projections
+`context` tokens a sequence (the three in one kernel where the engine's layer runs them so:
+attention/rotate_attend.py), o, add-RMSNorm, gate_up, SiLU-and-mul, down; the projections
 through `skinny_gemm.linear` (bf16) or `fp8_gemm.linear` (FP8, dynamic per-token scales)
 as the engine calls them, their kernels chosen per shape on first use (timed with PDL off,
 as in the engine; a row's `chosen` lists them: compare an engine run's, which chose anew).
@@ -27,8 +28,9 @@ import torch
 
 from benchmarks.decode_throughput import copy_bandwidth, environment
 from parashift.attention.metadata import AttentionMetadata
+from parashift.attention.rotate_attend import rotate_write_attend
 from parashift.attention.triton_backend import TritonAttentionBackend
-from parashift.kernels import fp8_gemm, pdl, rmsnorm, rotary, silu_mul, skinny_gemm
+from parashift.kernels import fp8_gemm, pdl, rmsnorm, silu_mul, skinny_gemm
 from parashift.quantization.fp8 import quantize_rows
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 32, 8, 128
@@ -135,11 +137,10 @@ def attention(qkv, layer, meta, positions, cos_sin, backend) -> torch.Tensor:
     """Rotary (writing K/V to the layer's pool), paged attention and o of the qkv rows."""
     batch = qkv.shape[0]
     q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
-    q = rotary.rotate_and_write_kv(
-        positions, q.view(batch, HEADS, HEAD_DIM), k.view(batch, KV_HEADS, HEAD_DIM),
-        v.view(batch, KV_HEADS, HEAD_DIM), cos_sin, layer.k_cache, layer.v_cache,
-        meta.slot_mapping)
-    o = backend.attend(q, layer.k_cache, layer.v_cache, meta, HEAD_DIM ** -0.5)
+    o = rotate_write_attend(
+        backend, positions, q.view(batch, HEADS, HEAD_DIM), k.view(batch, KV_HEADS, HEAD_DIM),
+        v.view(batch, KV_HEADS, HEAD_DIM), cos_sin, layer.k_cache, layer.v_cache, meta,
+        HEAD_DIM ** -0.5)
     return linear(o.view(batch, -1), layer.weights["o"])
 
 

@@ -31,11 +31,12 @@ import torch
 import triton
 
 from parashift.attention.metadata import AttentionMetadata
+from parashift.attention import triton_decode_preload
 from parashift.attention.triton_decode import decode_attention_kernel
 from parashift.attention.triton_kernels import (paged_attention_kernel,
                                                 reduce_partitions_kernel, reduce_splits_kernel,
                                                 write_kv_kernel)
-from parashift.kernels import num_sms, pdl, split_tickets
+from parashift.kernels import num_sms, pdl, rotary, split_tickets
 
 # Split-KV targets about this many programs per SM, and gives each split at
 # least MIN_SPLIT_TOKENS of context.
@@ -53,6 +54,21 @@ MAX_SPLITS = 32
 # splits) 14.7 against 9.0 at 1k: the merge's loads, one split after another, cost more than
 # the reduction's launch there.
 FUSED_REDUCE_ENV = "PARASHIFT_ATTN_FUSED_REDUCE"
+# Decode launches that keep the split kernel and its reduction (more than FUSED_MAX_SPLITS
+# splits: batches of 1-4 on the 8B shape) run `triton_decode_preload`'s split kernel, its
+# metadata and first KV tile loaded before its PDL wait; PARASHIFT_ATTN_PRELOAD=0: the split
+# kernel of the other launches (read at each such launch's plan: a graph keeps its capture's)
+PRELOAD_ENV = "PARASHIFT_ATTN_PRELOAD"
+# ... and where a step is such decodes only, RoPE (with the q/k norms) and the KV write run in
+# that kernel too (`rotate_and_attend`): one launch less a layer; PARASHIFT_ATTN_ROPE=0: the
+# rotary kernel before it (read at each such step's plan). On an H200, 8B FP8 decode chain at
+# one row (context 1,024, graphs for 2,048, PDL on; benchmarks/fp8_chain_variants.py, session
+# 45): 76.7 µs a layer against 78.6 with the rotary kernel, 79.4 without preloading
+ROPE_ENV = "PARASHIFT_ATTN_ROPE"
+# ... and PARASHIFT_ATTN_PRELOAD_MERGE=1 merges a row's splits in that kernel (the last split
+# by ticket) instead of a reduction launch (read at each such launch's plan; off: in the same
+# chain, merging the group's heads one after another, 81.3 µs a layer against 76.7)
+PRELOAD_MERGE_ENV = "PARASHIFT_ATTN_PRELOAD_MERGE"
 FUSED_MAX_SPLITS = 8
 FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
 # ... unsplit from this many programs an SM (rows x KV heads): on an H200, 8B heads, batch 64
@@ -131,6 +147,17 @@ def fused_reduce_enabled() -> bool:
     flag = os.environ.get(FUSED_REDUCE_ENV, "1")
     if flag not in ("0", "1"):
         raise ValueError(f"{FUSED_REDUCE_ENV}={flag!r}: expected 0 or 1")
+    return flag == "1"
+
+
+def preload_enabled() -> bool:
+    return _switch(PRELOAD_ENV)
+
+
+def _switch(name: str, default: str = "1") -> bool:
+    flag = os.environ.get(name, default)
+    if flag not in ("0", "1"):
+        raise ValueError(f"{name}={flag!r}: expected 0 or 1")
     return flag == "1"
 
 
@@ -224,6 +251,11 @@ class TritonAttentionBackend:
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        return self._attend(q, k_cache, v_cache, meta, scale)
+
+    def _attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                launches: list | None = None) -> torch.Tensor:
+        """`attend`, with the step's launches (sequences, plan) where already planned."""
         num_tokens, num_heads, head_dim = q.shape
         if num_heads % k_cache.shape[2]:
             raise ValueError(f"{num_heads} query heads do not share {k_cache.shape[2]} "
@@ -233,8 +265,9 @@ class TritonAttentionBackend:
             real_tokens = meta.query_start_loc_cpu[-1] if meta.num_seqs else 0
             if real_tokens == 0:
                 return torch.zeros_like(q)
-        launches = [(seqs, self._plan(q, k_cache, meta, seqs))
-                    for seqs in _split_decodes(meta, num_tokens)]
+        if launches is None:
+            launches = [(seqs, self._plan(q, k_cache, meta, seqs))
+                        for seqs in _split_decodes(meta, num_tokens)]
         if meta.static_shape:
             # Rows of no sequence must be zero, and which they are is known on the device
             # only: the split reduction writes their zeros, else a fill does.
@@ -249,6 +282,40 @@ class TritonAttentionBackend:
         for seqs, launch in launches:
             _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs, launch)
         return out
+
+    def rotate_and_attend(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                          norms: tuple | None = None) -> torch.Tensor:
+        """`attend` of q after kernels/rotary.py's rotate_and_write_kv (q, k, v before RoPE;
+        norms: the q and k RMS norms' weights and eps, or None): in the preloading split
+        kernel where the step's rows are all decodes it runs (`rope_launch`), else the
+        rotary kernel, then `attend`."""
+        launch = self.rope_launch(q, k_cache, meta)
+        if launch is None or not launch[1].preload:
+            q = rotary.rotate_and_write_kv(positions, q, k, v, cos_sin, k_cache, v_cache,
+                                           meta.slot_mapping, norms)
+            return self._attend(q, k_cache, v_cache, meta, scale,
+                                None if launch is None else [launch])
+        _check_cache(k_cache, v_cache)
+        rope = triton_decode_preload.Rope(
+            _last_dim_contiguous(k), _last_dim_contiguous(v), positions, cos_sin.contiguous(),
+            meta.slot_mapping, norms)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        _launch_attention(out, _last_dim_contiguous(q), k_cache, v_cache, meta, scale,
+                          *launch, rope)
+        return out
+
+    def rope_launch(self, q: torch.Tensor, k_cache: torch.Tensor,
+                    meta: AttentionMetadata) -> "tuple[_SeqRange, _Launch] | None":
+        """The one launch of a step of decodes only, which takes RoPE and the KV write where
+        it is the preloading kernel's (PARASHIFT_ATTN_ROPE on); None for other steps."""
+        if (self.batch_invariant or meta.max_query_len > 1 or q.shape[0] == 0
+                or (not meta.static_shape and meta.query_start_loc_cpu[-1] == 0)
+                or not _switch(ROPE_ENV)):
+            return None
+        (seqs,) = _split_decodes(meta, q.shape[0])
+        return seqs, self._plan(q, k_cache, meta, seqs)
 
     def attend_seqs(self, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
@@ -356,6 +423,10 @@ class _Launch:
     # two-launch decodes of one row a sequence: a sequence takes the splits of at least this
     # many tokens its context needs, the other programs exit (0: every split)
     context_splits: int = 0
+    # ... and their split kernel `triton_decode_preload`'s
+    preload: bool = False
+    # ... which merges the splits itself (by ticket), where it can take tickets
+    preload_merge: bool = False
 
     @property
     def partials(self) -> bool:
@@ -392,8 +463,11 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     if num_splits is None:
         num_splits = choose_num_splits(num_q_blocks * k_cache.shape[2], meta.max_seq_len,
                                        partial_bytes, num_sms(q.device))
+    context_splits = config.tile_n if one_row_decodes and num_splits > 1 else 0
+    preload = context_splits > 0 and preload_enabled()
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False,
-                   context_splits=config.tile_n if one_row_decodes and num_splits > 1 else 0)
+                   context_splits=context_splits, preload=preload,
+                   preload_merge=preload and _switch(PRELOAD_MERGE_ENV, "0"))
 
 
 def _one_row_decodes(meta: AttentionMetadata, seqs: _SeqRange) -> bool:
@@ -454,7 +528,10 @@ def _plan_invariant_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
                    partition // config.tile_n, partitions, stores or num_splits > 1)
 
 
-def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch):
+def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch,
+                      rope: "triton_decode_preload.Rope | None" = None):
+    """rope: q before RoPE, rotated and the new keys and values written in the launch (a
+    preloading launch's)."""
     if launch.fused:
         _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs, launch)
         return
@@ -472,21 +549,32 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
     num_seqs = seqs.end - seqs.first
     cfg = launch.config
     with_pdl = pdl.launch_options(q.device)
-    grid = (launch.num_q_blocks, k_cache.shape[2], launch.num_splits)
-    paged_attention_kernel[grid](
-        out, part_acc, part_m, part_l, q, k_cache, v_cache,
-        meta.block_tables[seqs.first:], meta.seq_lens[seqs.first:], query_start_loc,
-        num_seqs, seqs.token_offset, scale * math.log2(math.e),
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
-        GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_Q=launch.block_q,
-        BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n, BLOCK_SIZE=k_cache.shape[1],
-        HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT=split,
-        DOT_PRECISION=_dot_precision(q.dtype, launch.invariant),
-        MASK_EVERY_TILE=launch.invariant, PARTITION_TILES=launch.partition_tiles,
-        max_partitions=launch.max_partitions, CONTEXT_SPLITS=launch.context_splits,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **with_pdl)
+    if launch.preload:
+        tickets = (_tickets(q.device, seqs.num_tokens * k_cache.shape[2])
+                   if launch.preload_merge else None)
+        triton_decode_preload.launch(
+            part_acc, part_m, part_l, q, k_cache, v_cache, meta.block_tables[seqs.first:],
+            meta.seq_lens[seqs.first:], query_start_loc, num_seqs, seqs.token_offset,
+            scale * math.log2(math.e), cfg, launch.group, launch.group_p, seqs.num_tokens,
+            launch.num_splits, _dot_precision(q.dtype, False), rope, out, tickets)
+        if tickets is not None:  # merged in the launch
+            return
+    else:
+        grid = (launch.num_q_blocks, k_cache.shape[2], launch.num_splits)
+        paged_attention_kernel[grid](
+            out, part_acc, part_m, part_l, q, k_cache, v_cache,
+            meta.block_tables[seqs.first:], meta.seq_lens[seqs.first:], query_start_loc,
+            num_seqs, seqs.token_offset, scale * math.log2(math.e),
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
+            GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_Q=launch.block_q,
+            BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n, BLOCK_SIZE=k_cache.shape[1],
+            HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT=split,
+            DOT_PRECISION=_dot_precision(q.dtype, launch.invariant),
+            MASK_EVERY_TILE=launch.invariant, PARTITION_TILES=launch.partition_tiles,
+            max_partitions=launch.max_partitions, CONTEXT_SPLITS=launch.context_splits,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, **with_pdl)
     if split and launch.partition_tiles:
         reduce_partitions_kernel[(seqs.num_tokens, num_heads)](
             out, part_acc, part_m, part_l, query_start_loc, meta.seq_lens[seqs.first:],

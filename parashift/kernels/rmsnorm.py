@@ -27,12 +27,15 @@ def _rms_norm_kernel(out_ptr, new_x_ptr, q_ptr, s_ptr, x_ptr, residual_ptr, weig
                      stride_xr, stride_xh, stride_rr, stride_rh,
                      N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                      QUANT: tl.constexpr, FP8_MAX: tl.constexpr, VEC: tl.constexpr,
-                     USE_PDL: tl.constexpr):
-    pdl.start(USE_PDL)
+                     USE_PDL: tl.constexpr, EARLY_LOADS: tl.constexpr = True):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     cols = tl.max_contiguous(tl.arange(0, BLOCK), VEC)
     mask = cols < N
+    if EARLY_LOADS:  # the weight is no kernel's output: its load (from HBM: a step's GEMV
+        # weights have evicted it) runs during the kernel before, not after the row's
+        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    pdl.start(USE_PDL)
     out_offs = (row * tl.num_programs(1) + head) * N + cols
     x = tl.load(x_ptr + row * stride_xr + head * stride_xh + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
@@ -43,7 +46,8 @@ def _rms_norm_kernel(out_ptr, new_x_ptr, q_ptr, s_ptr, x_ptr, residual_ptr, weig
     # torch's CUDA mean multiplies the sum by fl(1 / N)
     rstd = tl.math.rsqrt(tl.sum(xf * xf, 0) * (1.0 / N) + eps)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if not EARLY_LOADS:
+        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     pdl.inputs_read(USE_PDL)
     out = (w * normed).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + out_offs, out, mask=mask)
@@ -62,12 +66,12 @@ def _rms_norm_heads_kernel(out_ptr, x_ptr, weight_ptr, weight2_ptr, eps, items, 
     """Rows first.. first + ITEMS of x [rows, heads, N] read as rows * heads rows (out
     contiguous), each as _rms_norm_kernel normalises one; heads from first_head2 on by
     weight2 (Qwen3's k heads after its q heads)."""
-    pdl.start(USE_PDL)
     cols = tl.max_contiguous(tl.arange(0, BLOCK), VEC)
     mask = cols < N
     first = tl.program_id(0).to(tl.int64) * ITEMS
-    w1 = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    w1 = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # before the wait
     w2 = tl.load(weight2_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    pdl.start(USE_PDL)
     for i in tl.static_range(ITEMS):
         item = first + i
         live = cols < tl.where(item < items, N, 0)  # a row past the end: nothing
@@ -149,7 +153,7 @@ def _launch(x, residual, weight, eps, quant=False):
         xs.stride(0), xs.stride(1), rs.stride(0), rs.stride(1),
         N=n, BLOCK=block, HAS_RESIDUAL=residual is not None, QUANT=quant, FP8_MAX=FP8_MAX,
         VEC=vector_width(x, residual, weight, out), num_warps=num_warps(block),
-        enable_fp_fusion=False, **pdl.launch_options(x.device))
+        enable_fp_fusion=False, EARLY_LOADS=pdl.early_loads(), **pdl.launch_options(x.device))
     return out, new_x, q, scale
 
 

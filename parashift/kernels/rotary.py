@@ -50,21 +50,28 @@ def _rotary_kernel(q_out_ptr, k_out_ptr, q_ptr, k_ptr, positions_ptr, cos_sin_pt
                    q_norm_ptr, k_norm_ptr, eps,
                    HALF: tl.constexpr, HALF_P: tl.constexpr, Q_HEADS_P: tl.constexpr,
                    K_HEADS_P: tl.constexpr, WRITE_KV: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   QK_NORM: tl.constexpr, USE_PDL: tl.constexpr):
+                   QK_NORM: tl.constexpr, USE_PDL: tl.constexpr,
+                   EARLY_LOADS: tl.constexpr = True):
     """k_out_ptr is the K pool when WRITE_KV, else a [tokens, heads, 2 * HALF] output;
-    QK_NORM: each q and k head RMS-normed (weights q_norm_ptr, k_norm_ptr) before RoPE."""
-    pdl.start(USE_PDL)
+    QK_NORM: each q and k head RMS-normed (weights q_norm_ptr, k_norm_ptr) before RoPE.
+    EARLY_LOADS: the positions, their cos and sin and the slots (no kernel's outputs) loaded
+    during the kernel before."""
+    if not EARLY_LOADS:
+        pdl.start(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     dims = tl.arange(0, HALF_P)[None, :]
     row = cos_sin_ptr + pos * stride_cs + dims
     cos = tl.load(row, mask=dims < HALF, other=0.0).to(tl.float32)
     sin = tl.load(row + HALF, mask=dims < HALF, other=0.0).to(tl.float32)
+    if WRITE_KV:
+        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if EARLY_LOADS:
+        pdl.start(USE_PDL)
     _rotate_heads(q_out_ptr + token * num_q_heads * 2 * HALF, 2 * HALF, q_ptr, token, cos, sin,
                   stride_qt, stride_qh, num_q_heads, q_norm_ptr, eps, HALF, Q_HEADS_P, HALF_P,
                   QK_NORM)
     if WRITE_KV:
-        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
         heads_written = tl.where(slot >= 0, num_k_heads, 0)  # slot -1: a padding row
         slot = tl.maximum(slot, 0)
         block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
@@ -130,5 +137,5 @@ def _launch(positions, q, k, cos_sin, k_out, v, v_cache, slot_mapping, norms) ->
         Q_HEADS_P=triton.next_power_of_2(q.shape[1]), K_HEADS_P=triton.next_power_of_2(k.shape[1]),
         WRITE_KV=write_kv, BLOCK_SIZE=k_out.shape[1] if write_kv else 1,
         QK_NORM=norms is not None, num_warps=4, enable_fp_fusion=False,
-        **pdl.launch_options(q.device))
+        EARLY_LOADS=pdl.early_loads(), **pdl.launch_options(q.device))
     return q_out

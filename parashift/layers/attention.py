@@ -85,22 +85,20 @@ class Attention(nn.Module):
         fp8 = is_fp8(self.k_cache)
         fused = sp.size == 1 and use_triton(q) and not fp8
         q, k, norms = self._qk_norms(q, k, fused)
-        if fused:  # one kernel: q/k norms if any, RoPE, k/v into their slots
-            from parashift.kernels import rotary
-            q = rotary.rotate_and_write_kv(positions, q, k, v, self.rotary_emb.cos_sin,
-                                           self.k_cache, self.v_cache, ctx.attn.slot_mapping,
-                                           norms)
-        else:
-            q, k = self.rotary_emb(positions, q, k, ctx.attn.derived)
-            per_head = fp8 and self.scales_per_head
-            if per_head:
-                q, k, v = self._into_head_scales(q, k, v)
-            if sp.size > 1:
-                q, k, v = ulysses.scatter_heads(sp, q, k, v)
-            if fp8:
-                k_scale, v_scale = (1.0, 1.0) if per_head else self.kv_scales
-                k, v = to_fp8_range(k, k_scale), to_fp8_range(v, v_scale)
-            ctx.backend.write_kv(k, v, self.k_cache, self.v_cache, ctx.attn)
+        if fused:  # q/k norms if any, RoPE, k/v into their slots, in one kernel or two
+            from parashift.attention.rotate_attend import rotate_write_attend
+            return rotate_write_attend(ctx.backend, positions, q, k, v, self.rotary_emb.cos_sin,
+                                       self.k_cache, self.v_cache, ctx.attn, self.scale, norms)
+        q, k = self.rotary_emb(positions, q, k, ctx.attn.derived)
+        per_head = fp8 and self.scales_per_head
+        if per_head:
+            q, k, v = self._into_head_scales(q, k, v)
+        if sp.size > 1:
+            q, k, v = ulysses.scatter_heads(sp, q, k, v)
+        if fp8:
+            k_scale, v_scale = (1.0, 1.0) if per_head else self.kv_scales
+            k, v = to_fp8_range(k, k_scale), to_fp8_range(v, v_scale)
+        ctx.backend.write_kv(k, v, self.k_cache, self.v_cache, ctx.attn)
         if fp8 and not self.scales_per_head:  # scores and outputs scaled once
             k_scale, v_scale = self.kv_scales
             o = ctx.backend.attend(q, self.k_cache, self.v_cache, ctx.attn, self.scale * k_scale)

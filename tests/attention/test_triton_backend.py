@@ -236,8 +236,10 @@ def test_warm_up_leaves_nothing_to_compile():
     """After warm_up, steps of any mix of decodes and prefills, context lengths and batch
     sizes launch only variants it compiled: no request waits for Triton's compiler."""
     from parashift.attention.triton_decode import decode_attention_kernel
+    from parashift.attention.triton_decode_preload import preloaded_decode_kernel
     from parashift.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel
-    kernels = (paged_attention_kernel, reduce_splits_kernel, decode_attention_kernel)
+    kernels = (paged_attention_kernel, reduce_splits_kernel, decode_attention_kernel,
+               preloaded_decode_kernel)
     backend = TritonAttentionBackend()
     first = make_step([1], [16], num_heads=8, num_kv_heads=2)
     assert backend.warm_up(8, first.k_cache, first.v_cache, first.q.dtype) == 12
@@ -257,16 +259,20 @@ def _graph_meta(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:
                                 "static_shape": True})
 
 
-@pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first"])
+@pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first",
+                                     "preload", "preload-merge"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     """Decodes whose graph was captured for 32k tokens (32 splits) at contexts from one token
     up: the one-launch kernel (at any split count here) takes as many splits as each context
-    needs, merges them in the split programs and zeroes the padding rows; FP8 pools read as
-    their values."""
+    needs, merges them in the split programs and zeroes the padding rows; so does the
+    preloading split kernel (its splits of many tiles prefetched), merged by the reduction or
+    in the kernel; FP8 pools read as their values."""
     monkeypatch.setenv(triton_backend.FUSED_REDUCE_ENV, "0" if variant == "two-launch" else "1")
+    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, "1" if variant.endswith("merge") else "0")
     monkeypatch.setattr(triton_backend, "FUSED_HEADS_FIRST", variant.endswith("heads-first"))
-    monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
+    if variant.startswith("one-launch"):
+        monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
     monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 32)
     seq_lens = [1, 100, 129, 1024, 4096, 8191, 30000]
     step = make_step([1] * len(seq_lens), seq_lens, 32, 8, pad_tokens=3, seed=7)
@@ -309,3 +315,45 @@ def test_fused_decode_graph_replays_reset_the_tickets(monkeypatch, one_tile_loop
         graph.replay()
         torch.testing.assert_close(out, run(TorchAttentionBackend(), step), atol=2e-2,
                                    rtol=2e-2)
+
+
+@pytest.mark.parametrize("preload,merge", [("1", "0"), ("1", "1"), ("0", "0")])
+def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload, merge):
+    """Decodes of more splits than the one-launch kernel takes, replayed in a graph right
+    after the rotary kernel (PDL where the device has it) writes their new keys and values:
+    the preloading split kernel reads the older context before its wait and the new token
+    after it, and gives the reference's rows (a context shorter than a tile, one tile, a
+    split of several tiles), its splits merged by a reduction or in the kernel (replayed
+    twice: each replay's tickets back to 0); its switch off, the split kernel does."""
+    from parashift.kernels import rotary
+    monkeypatch.setenv(triton_backend.PRELOAD_ENV, preload)
+    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, merge)
+    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 16)
+    seq_lens = [1, 64, 65, 700, 5000]
+    step = make_step([1] * len(seq_lens), seq_lens, 32, 8, pad_tokens=2, seed=11)
+    expected = run(TorchAttentionBackend(), step)
+    head_dim = step.q.shape[-1]
+    identity = torch.cat((torch.ones(8192, head_dim // 2), torch.zeros(8192, head_dim // 2)),
+                         1).cuda()  # cos 1, sin 0: the rotation leaves q and k as they are
+    positions = (step.meta.seq_lens.long() - 1).clamp(min=0)
+    positions = torch.cat((positions, positions.new_zeros(2)))
+    meta = _graph_meta(step.meta, 8192)
+    backend = TritonAttentionBackend()
+    k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+
+    def decode():
+        q = rotary.rotate_and_write_kv(positions, step.q, step.k, step.v, identity, k_cache,
+                                       v_cache, meta.slot_mapping)
+        return backend.attend(q, k_cache, v_cache, meta, head_dim ** -0.5)
+
+    decode()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode()
+    for _ in range(2):
+        k_cache.copy_(step.k_cache)  # the new slots NaN again: only the rotary kernel fills them
+        v_cache.copy_(step.v_cache)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)

@@ -12,7 +12,7 @@ import pytest
 import torch
 import triton
 
-from parashift.attention import triton_decode, triton_kernels
+from parashift.attention import triton_decode, triton_decode_preload, triton_kernels
 from parashift.kernels import (argmax, fp8_gemm, fp8_gemv, fused_moe, gemm_timing, moe_prefill,
                                moe_router, moe_routing, moe_small, pdl, rmsnorm, rotary,
                                silu_mul, skinny_gemm)
@@ -188,15 +188,16 @@ KERNELS = {
                       (), dict(FP8_MAX=448.0, BLOCK_K=4096), False),
     "rms_norm_fp8": (rmsnorm._rms_norm_kernel, {"q_ptr": FP8, "s_ptr": torch.float32},
                      ("eps",), dict(N=4096, BLOCK=4096, HAS_RESIDUAL=True, QUANT=True,
-                                    FP8_MAX=448.0, VEC=8), False),
+                                    FP8_MAX=448.0, VEC=8, EARLY_LOADS=True), False),
     "rotary": (rotary._rotary_kernel, {"positions_ptr": torch.int64, "cos_sin_ptr":
                                        torch.float32, "slot_mapping_ptr": torch.int64}, (),
                dict(HALF=64, HALF_P=64, Q_HEADS_P=32, K_HEADS_P=8, WRITE_KV=True,
-                    BLOCK_SIZE=16, QK_NORM=False), False),
+                    BLOCK_SIZE=16, QK_NORM=False, EARLY_LOADS=True), False),
     "rotary_qk_norm": (rotary._rotary_kernel, {"positions_ptr": torch.int64, "cos_sin_ptr":
                                                torch.float32, "slot_mapping_ptr": torch.int64},
                        ("eps",), dict(HALF=64, HALF_P=64, Q_HEADS_P=32, K_HEADS_P=4,
-                                      WRITE_KV=True, BLOCK_SIZE=16, QK_NORM=True), False),
+                                      WRITE_KV=True, BLOCK_SIZE=16, QK_NORM=True,
+                                      EARLY_LOADS=True), False),
     # an FP8 router weight: its first tile's loads before the wait are then byte loads
     "moe_router": (moe_router._router_kernel, {
         "w_ptr": FP8, "logits_ptr": torch.float32, "ids_ptr": torch.int64,
@@ -259,6 +260,25 @@ KERNELS = {
             NUM_SPLITS=4, NUM_SPLITS_P=4, HEAD_DIM=128, HEAD_DIM_P=128, CONTEXT_SPLITS=64),
         False),
 }
+PRELOAD_POINTERS = {
+    "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32, "part_l_ptr": torch.float32,
+    "block_tables_ptr": torch.int32, "seq_lens_ptr": torch.int32,
+    "query_start_loc_ptr": torch.int32, "positions_ptr": torch.int64,
+    "cos_sin_ptr": torch.float32, "slot_mapping_ptr": torch.int64, "ticket_ptr": torch.int32}
+PRELOAD_CONSTEXPRS = dict(GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16,
+                          HEAD_DIM=128, HEAD_DIM_P=128, SPLIT_TOKENS=64, DOT_PRECISION="tf32",
+                          PREFETCH_TILES=2, ROW_LINES=2, LINE_ELEMS=64, SPLITS_P=16)
+KERNELS.update({
+    "preloaded_decode": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
+                         ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=False,
+                                                   MERGE=False), True),
+    "preloaded_decode_rope": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
+                              ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=True,
+                                                        QK_NORM=True, MERGE=False), True),
+    "preloaded_decode_merge": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
+                               ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=True,
+                                                         QK_NORM=False, MERGE=True), True),
+})
 
 
 POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
@@ -268,12 +288,17 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 # their inputs' reads, before those
 READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets",
              "fp8_weight_tickets", "fp8_weight_early_scales", "moe_router",
-             "decode_attention"}
+             "decode_attention", "preloaded_decode_merge"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
 # byte a load; the activations are bf16), and nothing else touches memory
 WEIGHT_FIRST = {"fp8_gemv_ahead", "moe_router"}
 WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.b8\b", re.M)
+# the kernels that load, before the wait, what no kernel before them writes and touch memory
+# no other way there: the norm weight; positions, cos, sin and slots; a decode's metadata,
+# block table and older KV
+LOADS_FIRST = {"rms_norm_fp8", "rotary", "rotary_qk_norm", "preloaded_decode",
+               "preloaded_decode_rope", "preloaded_decode_merge"}
 
 
 def sm90_ptx(kernel, pointers: dict, floats: tuple, constexprs: dict, mode: int) -> str:
@@ -300,6 +325,9 @@ def test_kernels_touch_memory_only_after_their_grid_wait(name, mode):
     early = [m for m in MEMORY_OP.finditer(ptx) if m.start() < wait]
     if name in WEIGHT_FIRST:
         assert early and all(WEIGHT_BYTE_LOAD.match(ptx, m.start()) for m in early), \
+            [m.group(0) for m in early]
+    elif name in LOADS_FIRST:
+        assert early and all(LOAD.match(ptx, m.start()) for m in early), \
             [m.group(0) for m in early]
     else:
         assert not early, early[0].group(0)

@@ -90,7 +90,7 @@ def test_fp8_variant_sums_the_squares_in_the_plain_kernels_order(dtype, n, resid
     for quant in (False, True):
         constexprs = dict(N=n, BLOCK=block, HAS_RESIDUAL=residual, QUANT=quant,
                           FP8_MAX=fp8_gemm.FP8_MAX, VEC=rmsnorm.vector_width(x, x, x, x),
-                          USE_PDL=False)
+                          USE_PDL=False, EARLY_LOADS=True)
         ir = sm90_ttgir(rmsnorm._rms_norm_kernel, args, constexprs, rmsnorm.num_warps(block))
         layouts[quant] = reduction_layouts(ir)
     assert len(layouts[True]) == 2  # the sum of squares, then the largest magnitude
@@ -139,7 +139,7 @@ def test_heads_kernel_sums_the_squares_in_the_plain_kernels_order(dtype, n):
                  stride_rh="i32")
     ir = sm90_ttgir(rmsnorm._rms_norm_kernel, plain,
                     dict(N=n, BLOCK=block, HAS_RESIDUAL=False, QUANT=False,
-                         FP8_MAX=fp8_gemm.FP8_MAX, VEC=vec, USE_PDL=False),
+                         FP8_MAX=fp8_gemm.FP8_MAX, VEC=vec, USE_PDL=False, EARLY_LOADS=True),
                     rmsnorm.num_warps(block))
     heads = dict(out_ptr=dtype, x_ptr=dtype, weight_ptr=dtype, weight2_ptr=dtype, eps="fp32",
                  items="i32", heads="i32", first_head2="i32", stride_xr="i32", stride_xh="i32")
