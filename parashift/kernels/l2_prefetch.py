@@ -1,0 +1,105 @@
+"""Pulls byte ranges of weights into L2 while the decode chain's small kernels run (issue 61):
+a kernel of its own, placed in the chain after a GEMM, whose programs issue L2 prefetches of
+the next GEMMs' weights and exit; those GEMMs then read what arrived from L2.
+
+At one row a layer's norms, rotary and attention leave HBM nearly idle for ~15 µs (8B shape);
+the weights are no kernel's output, so their prefetch needs no ordering against anything.
+A launch takes at most two spans (a weight's byte range each: o's weight and the start of
+gate_up's, say); each program covers CHUNK bytes of one span, split over LANES lanes, each
+lane one `cp.async.bulk.prefetch.L2` of its part (BULK: the copy engine walks the range, the
+thread goes on) or a `prefetch.global.L2` a 128-byte line. Under PDL (kernels/pdl.py) the
+kernel waits for the GEMM before it (AFTER_WAIT: its prefetches then do not take bandwidth
+from that GEMM) and lets the next kernel launch; it reads and writes nothing, so the chain's
+results are the same bits with it and without it. The spans come from layers/l2_prefetch.py
+(which weight where, PARASHIFT_L2_PREFETCH)."""
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from parashift.kernels import pdl
+
+LINE = 128  # bytes of an L2 line: one prefetch.global.L2 each
+LANES = 128  # lanes a program: one prefetch instruction each (BULK) or CHUNK // LANES // LINE
+ALIGN = 16  # cp.async.bulk's address and size unit
+BULK_CHUNK = 256 * 1024  # bytes a program covers: 2 KB a lane
+LINES_CHUNK = 64 * 1024  # 4 lines a lane
+
+
+class Span(NamedTuple):
+    """Bytes [first, first + count) of a contiguous tensor's storage."""
+    tensor: torch.Tensor
+    first: int
+    count: int
+
+
+@triton.jit
+def _prefetch_lanes(base_ptr, first, count, CHUNK: tl.constexpr, LANES: tl.constexpr,
+                    BULK: tl.constexpr):
+    """This program's CHUNK bytes from `first` of a span of `count` bytes at base_ptr (u8),
+    a part for each of LANES lanes (each whole lines, clipped to the span's end)."""
+    PART: tl.constexpr = CHUNK // LANES
+    lane = first + tl.arange(0, LANES).to(tl.int64) * PART
+    if BULK:  # one bulk prefetch a lane of its part; an empty part issues none
+        size = tl.minimum(tl.maximum(count - lane, 0), PART).to(tl.int32)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; } // $0", "=r,l,r",
+            [base_ptr + tl.minimum(lane, count - 1), size], dtype=tl.int32, is_pure=False,
+            pack=1)
+    else:  # a line at a time; past the span's end the last line again (stays in bounds)
+        LINES: tl.constexpr = PART // 128
+        offsets = lane[:, None] + tl.arange(0, LINES)[None, :].to(tl.int64) * 128
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
+                                  [base_ptr + tl.minimum(offsets, count - 1)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _l2_prefetch_kernel(a_ptr, a_first, a_count, a_programs, b_ptr, b_first, b_count,
+                        CHUNK: tl.constexpr, LANES: tl.constexpr, BULK: tl.constexpr,
+                        AFTER_WAIT: tl.constexpr, USE_PDL: tl.constexpr):
+    program = tl.program_id(0)
+    if AFTER_WAIT:
+        pdl.start(USE_PDL)
+    if program < a_programs:
+        _prefetch_lanes(a_ptr + a_first, program.to(tl.int64) * CHUNK, a_count, CHUNK, LANES,
+                        BULK)
+    else:
+        _prefetch_lanes(b_ptr + b_first, (program - a_programs).to(tl.int64) * CHUNK, b_count,
+                        CHUNK, LANES, BULK)
+    if not AFTER_WAIT:
+        pdl.start(USE_PDL)
+    pdl.inputs_read(USE_PDL)
+
+
+def programs_for(count: int, chunk: int) -> int:
+    return -(-count // chunk)
+
+
+def byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's storage from its first element as bytes (a contiguous tensor)."""
+    if not tensor.is_contiguous():
+        raise ValueError("an L2 prefetch span needs a contiguous tensor")
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def prefetch(spans: list[Span], bulk: bool = True, after_wait: bool = True,
+             chunk: int | None = None) -> None:
+    """Launches the prefetch of one or two spans (nothing where they are empty), on the
+    current stream, PDL as the decode kernels launch."""
+    spans = [s for s in spans if s.count > 0]
+    if not spans:
+        return
+    if len(spans) > 2:
+        raise ValueError(f"an L2 prefetch launch takes at most two spans, got {len(spans)}")
+    chunk = chunk or (BULK_CHUNK if bulk else LINES_CHUNK)
+    a = spans[0]
+    b = spans[1] if len(spans) == 2 else Span(a.tensor, 0, 0)
+    a_programs = programs_for(a.count, chunk)
+    grid = (a_programs + programs_for(b.count, chunk),)
+    _l2_prefetch_kernel[grid](byte_view(a.tensor), a.first, a.count, a_programs,
+                              byte_view(b.tensor), b.first, b.count, CHUNK=chunk, LANES=LANES,
+                              BULK=bulk, AFTER_WAIT=after_wait, num_warps=LANES // 32,
+                              **pdl.launch_options(a.tensor.device))
