@@ -94,6 +94,9 @@ def prefetch(spans: list[Span], bulk: bool = True, after_wait: bool = True,
         return
     if len(spans) > 2:
         raise ValueError(f"an L2 prefetch launch takes at most two spans, got {len(spans)}")
+    if any(s.first % ALIGN or s.count % ALIGN for s in spans):
+        raise ValueError(f"an L2 prefetch span starts and ends on whole {ALIGN} bytes: "
+                         f"{[(s.first, s.count) for s in spans]}")
     chunk = chunk or (BULK_CHUNK if bulk else LINES_CHUNK)
     a = spans[0]
     b = spans[1] if len(spans) == 2 else Span(a.tensor, 0, 0)

@@ -131,8 +131,8 @@ class StepPrefetches:
     def hook(self, index: int) -> Callable:
         def after_gemm(module, args, output):
             kind = mode()
-            if kind is not None and use_triton(output) and \
-                    output.numel() // output.shape[-1] <= MAX_ROWS:
+            if (kind is not None and isinstance(output, torch.Tensor) and use_triton(output)
+                    and output.numel() // output.shape[-1] <= MAX_ROWS):
                 self.after(index, kind)
         return after_gemm
 
