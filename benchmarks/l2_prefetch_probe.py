@@ -4,7 +4,7 @@ read), then timed between CUDA events (median of --repeats):
 - `cold`: the GEMM alone; `warm_<kind>_<MB>`: a prefetch of the weight's first MB, a ~30 µs
   spin (the prefetch lands), then the GEMM (timed from after the spin);
 - `prefetch_<kind>_<MB>`: the prefetch kernel alone, launch to completion (does a program
-  exit before its prefetches land?); `prefetch_then_gemm_<kind>_<MB>`: the prefetch and then
+  exit before its prefetches land?), against `prefetch_one_line` (one program, one line); `prefetch_then_gemm_<kind>_<MB>`: the prefetch and then
   the GEMM at once, no spin (PDL on: as in the chain, less the small kernels between).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/l2_prefetch_probe.py [--weights fp8 bf16]
@@ -53,7 +53,9 @@ def probe(weights: str, megabytes: list[int], repeats: int) -> dict:
         def gemm():
             pdl_chain.linear(x, weight)
         gemm()
-        row = dict(weight_mb=round(size / 2 ** 20, 1), cold=timed(flush, gemm, repeats))
+        row = dict(weight_mb=round(size / 2 ** 20, 1), cold=timed(flush, gemm, repeats),
+                   prefetch_one_line=timed(flush, lambda: l2_prefetch.prefetch(
+                       [l2_prefetch.Span(matrix, 0, 128)]), repeats))
         for kind in ("bulk", "lines"):
             for mb in megabytes:
                 count = min(mb << 20, size) // 16 * 16
