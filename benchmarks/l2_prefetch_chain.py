@@ -7,10 +7,10 @@ Usage (GPU): PYTHONPATH=. python3 benchmarks/l2_prefetch_chain.py [--weights fp8
     [--batch-sizes 1] [--layers 32] [--repeats 21] [--no-dot-configs] [--output F]
     [--variants off PARASHIFT_L2_PREFETCH=1,PARASHIFT_L2_PREFETCH_MB=qkv:32/o:8 ...]
 A variant is `off` (PARASHIFT_L2_PREFETCH=0) or NAME=VALUE[,NAME=VALUE]: environment settings
-read while its graph is captured, and this script's own `placement` (chain: the prefetch
-kernel a node of the PDL chain, after its wait; before_wait: its prefetches issued before the
-wait; side: launched on a second stream forked after the GEMM, joined at the step's end, so
-no kernel of the chain waits for it) and `chunk_kb` (bytes a program covers). FP8 layers as
+read while its graph is captured (PARASHIFT_L2_PREFETCH=side: on a second stream, no node
+of the PDL chain), and this script's own `placement` (chain: the prefetch kernel's
+prefetches after its PDL wait; before_wait: before it) and `chunk_kb` (bytes a program
+covers). FP8 layers as
 the engine runs them (the norms and SiLU-and-mul quantize the next GEMM's rows). Each row
 says whether every variant's output has the first's bits."""
 import argparse
@@ -26,12 +26,12 @@ from parashift.layers import l2_prefetch as placement
 
 ORDER = ("qkv", "o", "gate_up", "down")
 OWN = ("placement", "chunk_kb")
-PLACEMENTS = ("chain", "before_wait", "side")
+PLACEMENTS = ("chain", "before_wait")
 DEFAULT_VARIANTS = [
     "off",
     "PARASHIFT_L2_PREFETCH=bulk",
     "PARASHIFT_L2_PREFETCH=lines",
-    "PARASHIFT_L2_PREFETCH=bulk,placement=side",
+    "PARASHIFT_L2_PREFETCH=side",
     "PARASHIFT_L2_PREFETCH=bulk,placement=before_wait",
     "PARASHIFT_L2_PREFETCH=bulk,PARASHIFT_L2_PREFETCH_MB=qkv:16",
     "PARASHIFT_L2_PREFETCH=bulk,PARASHIFT_L2_PREFETCH_MB=qkv:24",
@@ -61,23 +61,16 @@ def split_variant(text: str) -> tuple[dict, dict]:
 
 class Prefetcher:
     """Launches the planned prefetch after each of the step's GEMMs (pdl_chain.linear
-    wrapped while a graph is captured)."""
+    wrapped while a graph is captured), by the engine's hooks' state (StepPrefetches)."""
 
     def __init__(self, layers: list[pdl_chain.Layer]):
-        self.weights = [self.matrix(layer.weights[name]) for layer in layers for name in ORDER]
-        self.index = {id(w): i for i, w in enumerate(self.weights)}
-        self.side = torch.cuda.Stream()
+        weights = [self.matrix(layer.weights[name]) for layer in layers for name in ORDER]
+        self.index = {id(w): i for i, w in enumerate(weights)}
+        self.steps = placement.StepPrefetches([*ORDER] * len(layers), lambda: weights)
 
     @staticmethod
     def matrix(weight) -> torch.Tensor:
         return weight[0] if isinstance(weight, tuple) else weight
-
-    def spans(self, index: int) -> list[l2_prefetch.Span]:
-        allotted = placement.budgets(ORDER)
-        sizes = [w.numel() * w.element_size() for w in self.weights]
-        planned = placement.plan(sizes, [allotted[ORDER[i % 4]] for i in range(len(sizes))])
-        return [l2_prefetch.Span(self.weights[index + p.target], p.first, p.count)
-                for p in planned[index]]
 
     @contextlib.contextmanager
     def wrapping(self, own: dict):
@@ -85,20 +78,13 @@ class Prefetcher:
         if kind is None:
             yield
             return
-        where = own.get("placement", "chain")
+        after_wait = own.get("placement", "chain") != "before_wait"
         chunk = int(own["chunk_kb"]) * 1024 if "chunk_kb" in own else None
-        plain, forked = pdl_chain.linear, []
+        plain = pdl_chain.linear
 
         def linear(x, weight, x_fp8=None):
             y = plain(x, weight, x_fp8)
-            spans = self.spans(self.index[id(self.matrix(weight))])
-            if where != "side":
-                l2_prefetch.prefetch(spans, kind == "bulk", where == "chain", chunk)
-            elif spans:
-                self.side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(self.side), pdl.suspended():
-                    l2_prefetch.prefetch(spans, kind == "bulk", True, chunk)
-                forked.append(True)
+            self.steps.after(self.index[id(self.matrix(weight))], kind, after_wait, chunk)
             return y
 
         pdl_chain.linear = linear
@@ -106,8 +92,6 @@ class Prefetcher:
             yield
         finally:
             pdl_chain.linear = plain
-            if forked:  # the side branch joins the step's end
-                torch.cuda.current_stream().wait_stream(self.side)
 
 
 def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float,

@@ -32,7 +32,7 @@ step_chain_fp8() {
 step_chain_bf16() {
   budget_step chain_bf16 25 python3 benchmarks/l2_prefetch_chain.py --weights bf16 --batch-sizes 1 \
     --layers 32 --repeats 11 --output "$out/chain_bf16.json" --variants off \
-    PARASHIFT_L2_PREFETCH=bulk PARASHIFT_L2_PREFETCH=bulk,placement=side \
+    PARASHIFT_L2_PREFETCH=bulk PARASHIFT_L2_PREFETCH=side \
     PARASHIFT_L2_PREFETCH=bulk,PARASHIFT_L2_PREFETCH_MB=qkv:32/o:16/gate_up:16/down:8
 }
 step_engine_tests() {

@@ -10,7 +10,8 @@ launch. Only at decode's few rows (MAX_ROWS), where those GEMMs stream their wei
 kernels between them (rotary, attention, the norms, SiLU-and-mul) leave HBM nearly idle.
 
 PARASHIFT_L2_PREFETCH: 0 (off), 1 or bulk (one `cp.async.bulk.prefetch.L2` a lane), lines
-(a `prefetch.global.L2` a line); read at each GEMM's call, so a CUDA graph keeps what its
+(a `prefetch.global.L2` a line), side (bulk, launched on a second stream forked after the
+GEMM and joined after the step's last GEMM: no kernel of the PDL chain waits for it); read at each GEMM's call, so a CUDA graph keeps what its
 capture read. PARASHIFT_L2_PREFETCH_MB: NAME:MB[/NAME:MB...] over the layer's short names,
 unnamed ones 0 (e.g. qkv:32/o:8/gate_up:8/down:8). The prefetches move no arithmetic: a
 step's outputs are the same bits with them and without."""
@@ -23,7 +24,7 @@ from parashift.kernels import use_triton
 
 ENV = "PARASHIFT_L2_PREFETCH"
 MB_ENV = "PARASHIFT_L2_PREFETCH_MB"
-MODES = {"0": None, "1": "bulk", "bulk": "bulk", "lines": "lines"}
+MODES = {"0": None, "1": "bulk", "bulk": "bulk", "lines": "lines", "side": "side"}
 DEFAULT_MODE = "0"
 DEFAULT_MB = "qkv:32/o:8/gate_up:8/down:8"
 MAX_ROWS = 4  # the GEMV's rows (kernels/fp8_gemv.py): above, GEMMs reuse tiles from L2 anyway
@@ -102,26 +103,43 @@ def step_gemms(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
 
 
 class StepPrefetches:
-    """The hooks' shared state: the model's GEMMs in step order, and the plan per weight
-    layout and budget (made at the first call under each: weights are loaded by then)."""
+    """The hooks' shared state: a step's GEMMs in order, and the plan per weight layout and
+    budget (made at the first call under each: weights are loaded by then)."""
 
-    def __init__(self, gemms: list[tuple[str, torch.nn.Module]]):
-        self.gemms = gemms
-        self.names = [name for name, _ in gemms]
+    def __init__(self, names: list[str], weights: Callable[[], list[torch.Tensor | None]]):
+        self.names = names  # each GEMM's short name, in step order
+        self.weights = weights  # each GEMM's weight under the active plan (None: left out)
         self._plans: dict = {}
+        self._side: torch.cuda.Stream | None = None  # "side"'s stream, made at first use
+        self._forked = False  # a side prefetch launched since the last join
 
-    def after(self, index: int, kind: str) -> None:
-        """Launches the prefetch planned after GEMM `index` of the step."""
-        from parashift.kernels import l2_prefetch
+    def after(self, index: int, kind: str, after_wait: bool = True,
+              chunk: int | None = None) -> None:
+        """Launches the prefetch planned after GEMM `index` of the step (on the side stream
+        for "side", which the step's last GEMM joins); after_wait and chunk: the kernel's
+        (kernels/l2_prefetch.py), for benchmarks."""
+        from parashift.kernels import l2_prefetch, pdl
         weights, planned = self._plan()
-        l2_prefetch.prefetch([l2_prefetch.Span(weights[index + p.target], p.first, p.count)
-                              for p in planned[index]], bulk=kind == "bulk")
+        spans = [l2_prefetch.Span(weights[index + p.target], p.first, p.count)
+                 for p in planned[index]]
+        if kind != "side":
+            l2_prefetch.prefetch(spans, kind == "bulk", after_wait, chunk)
+        elif spans:
+            main = torch.cuda.current_stream()
+            self._side = self._side or torch.cuda.Stream(main.device)
+            self._side.wait_stream(main)
+            with torch.cuda.stream(self._side), pdl.suspended():
+                l2_prefetch.prefetch(spans, True, after_wait, chunk)
+            self._forked = True
+        if index == len(self.names) - 1 and self._forked:
+            torch.cuda.current_stream().wait_stream(self._side)
+            self._forked = False
 
     def _plan(self) -> tuple[list, list[list[Planned]]]:
         from parashift.context import get_context
         key = (get_context().weights, os.environ.get(MB_ENV, DEFAULT_MB))
         if key not in self._plans:
-            weights = [weight_of(layer) for _, layer in self.gemms]
+            weights = self.weights()
             allotted = budgets(tuple(dict.fromkeys(self.names)))
             sizes = [0 if w is None else w.numel() * w.element_size() // ALIGN * ALIGN
                      for w in weights]
@@ -142,7 +160,9 @@ def register_l2_prefetch(model: torch.nn.Module) -> int:
     device exists (the switch is read at each call); returns how many were hooked."""
     if not torch.cuda.is_available():
         return 0
-    prefetches = StepPrefetches(step_gemms(model))
-    for index, (_, layer) in enumerate(prefetches.gemms):
+    gemms = step_gemms(model)
+    prefetches = StepPrefetches([name for name, _ in gemms],
+                                lambda: [weight_of(layer) for _, layer in gemms])
+    for index, (_, layer) in enumerate(gemms):
         layer.register_forward_hook(prefetches.hook(index))
-    return len(prefetches.gemms)
+    return len(gemms)

@@ -4,6 +4,7 @@ engine's greedy tokens with the prefetches equal to those without, bf16 and FP8.
 import os
 
 import pytest
+import torch
 
 from parashift.context import use_state
 from parashift.layers import l2_prefetch
@@ -80,9 +81,24 @@ def engine_tokens(tiny_llama_dir):  # noqa: F811
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
-@pytest.mark.parametrize("kind", ["bulk", "lines"])
+@pytest.mark.parametrize("kind", ["bulk", "lines", "side"])
 @pytest.mark.parametrize("quantization", [None, "fp8"])
 def test_prefetching_engine_gives_the_same_tokens(engine_tokens, quantization, kind,
                                                   monkeypatch):
     monkeypatch.setenv(l2_prefetch.MB_ENV, "qkv:1/o:1/gate_up:1/down:1")
     assert engine_tokens(quantization, kind) == engine_tokens(quantization, "0")
+
+
+def test_the_hooks_launch_each_gemms_planned_spans_of_the_right_weights(monkeypatch):
+    from parashift.kernels import l2_prefetch as kernel
+    weights = [torch.zeros(size, dtype=torch.uint8) for size in (96, 32, 160, 64) * 2]
+    launched = []
+    monkeypatch.setattr(kernel, "prefetch", lambda spans, *args: launched.append(spans))
+    monkeypatch.setenv(l2_prefetch.MB_ENV, f"qkv:{64 / MB:.16f}/down:{48 / MB:.16f}")
+    steps = l2_prefetch.StepPrefetches(["qkv", "o", "gate_up", "down"] * 2, lambda: weights)
+    for index in range(len(weights)):
+        steps.after(index, "bulk")
+    by_tensor = [[(next(i for i, w in enumerate(weights) if w is s.tensor), s.first, s.count)
+                  for s in spans] for spans in launched]
+    assert by_tensor == [[(1, 0, 32), (2, 0, 32)], [], [], [(4, 0, 48)],
+                         [(5, 0, 32), (6, 0, 32)], [], [], []]
