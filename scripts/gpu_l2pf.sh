@@ -25,7 +25,7 @@ step_probe() {
 }
 step_chain_fp8() {
   # shellcheck disable=SC2086
-  budget_step chain_fp8 60 python3 benchmarks/l2_prefetch_chain.py --weights fp8 --batch-sizes 1 \
+  budget_step chain_fp8 65 python3 benchmarks/l2_prefetch_chain.py --weights fp8 --batch-sizes 1 \
     --layers 32 --repeats 11 --no-dot-configs --output "$out/chain_fp8.json" \
     ${CHAIN_VARIANTS:+--variants $CHAIN_VARIANTS}
 }
