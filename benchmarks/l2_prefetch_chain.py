@@ -7,8 +7,8 @@ Usage (GPU): PYTHONPATH=. python3 benchmarks/l2_prefetch_chain.py [--weights fp8
     [--batch-sizes 1] [--layers 32] [--repeats 21] [--no-dot-configs] [--output F]
     [--variants off PARASHIFT_L2_PREFETCH=1,PARASHIFT_L2_PREFETCH_MB=qkv:32/o:8 ...]
 A variant is `off` (PARASHIFT_L2_PREFETCH=0) or NAME=VALUE[,NAME=VALUE]: environment settings
-read while its graph is captured (PARASHIFT_L2_PREFETCH=side: on a second stream, no node
-of the PDL chain), and this script's own `placement` (chain: the prefetch kernel's
+read while its graph is captured (PARASHIFT_L2_PREFETCH=side:KIND: on a second stream, no
+node of the PDL chain), and this script's own `placement` (chain: the prefetch kernel's
 prefetches after its PDL wait; before_wait: before it) and `chunk_kb` (bytes a program
 covers). FP8 layers as
 the engine runs them (the norms and SiLU-and-mul quantize the next GEMM's rows). Each row
@@ -29,20 +29,16 @@ OWN = ("placement", "chunk_kb")
 PLACEMENTS = ("chain", "before_wait")
 DEFAULT_VARIANTS = [
     "off",
-    "PARASHIFT_L2_PREFETCH=bulk",
-    "PARASHIFT_L2_PREFETCH=lines",
-    "PARASHIFT_L2_PREFETCH=side",
-    "PARASHIFT_L2_PREFETCH=bulk,placement=before_wait",
-    "PARASHIFT_L2_PREFETCH=bulk,chunk_kb=1024",
-    "PARASHIFT_L2_PREFETCH=bulk,chunk_kb=64",
-    "PARASHIFT_L2_PREFETCH=bulk,PARASHIFT_L2_PREFETCH_MB=qkv:16",
-    "PARASHIFT_L2_PREFETCH=bulk,PARASHIFT_L2_PREFETCH_MB=qkv:24",
-    "PARASHIFT_L2_PREFETCH=bulk,PARASHIFT_L2_PREFETCH_MB=qkv:40",
-    "PARASHIFT_L2_PREFETCH=bulk,PARASHIFT_L2_PREFETCH_MB=qkv:32/o:8",
-    "PARASHIFT_L2_PREFETCH=bulk,PARASHIFT_L2_PREFETCH_MB=qkv:32/o:16/gate_up:16/down:8",
-    "PARASHIFT_L2_PREFETCH=bulk,PARASHIFT_L2_PREFETCH_MB=gate_up:8/down:8",
-    "PARASHIFT_PDL_PREFETCH_KB=32",  # each GEMM program's own prefetch before its wait
-    "PARASHIFT_L2_PREFETCH=bulk,PARASHIFT_PDL_PREFETCH_KB=32",
+    "PARASHIFT_L2_PREFETCH=side:read",
+    "PARASHIFT_L2_PREFETCH=side:lines",
+    "PARASHIFT_L2_PREFETCH=side:bulk",
+    "PARASHIFT_L2_PREFETCH=side:read,PARASHIFT_L2_PREFETCH_MB=qkv:16",
+    "PARASHIFT_L2_PREFETCH=side:read,PARASHIFT_L2_PREFETCH_MB=qkv:32",
+    "PARASHIFT_L2_PREFETCH=side:read,PARASHIFT_L2_PREFETCH_MB=qkv:40/o:8",
+    "PARASHIFT_L2_PREFETCH=side:lines,PARASHIFT_L2_PREFETCH_MB=qkv:16",
+    "PARASHIFT_L2_PREFETCH=side:bulk,PARASHIFT_L2_PREFETCH_MB=qkv:16",
+    "PARASHIFT_L2_PREFETCH=lines,PARASHIFT_L2_PREFETCH_MB=qkv:16",
+    "PARASHIFT_L2_PREFETCH=read,PARASHIFT_L2_PREFETCH_MB=qkv:16",
 ]
 
 
@@ -78,8 +74,8 @@ class Prefetcher:
 
     @contextlib.contextmanager
     def wrapping(self, own: dict):
-        kind = placement.mode()
-        if kind is None:
+        how = placement.mode()
+        if how is None:
             yield
             return
         after_wait = own.get("placement", "chain") != "before_wait"
@@ -88,7 +84,7 @@ class Prefetcher:
 
         def linear(x, weight, x_fp8=None):
             y = plain(x, weight, x_fp8)
-            self.steps.after(self.index[id(self.matrix(weight))], kind, after_wait, chunk)
+            self.steps.after(self.index[id(self.matrix(weight))], how, after_wait, chunk)
             return y
 
         pdl_chain.linear = linear

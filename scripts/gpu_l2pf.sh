@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Helper l2pf (issues 60, 61): the next GEMMs' weights pulled into L2 while the small decode
-# kernels run, on one H200. The STEPS (default "tests probe chain_fp8 chain_bf16 engine_tests
-# decode"), in order, each a `budget_step` within BUDGET_S (default 235) seconds, results to
+# kernels run, on one H200. The STEPS (default "tests probe chain_fp8 chain_bf16 decode
+# engine_tests"), in order, each a `budget_step` within BUDGET_S (default 235) seconds, results to
 # $OUT as they come:
 #   tests: the prefetch kernel's GPU tests (same bits in a graphed chain, spans of any size);
-#   probe: benchmarks/l2_prefetch_probe.py: o and gate_up at one row cold, after a prefetch
-#      that landed, and the prefetch kernel's own time (FP8);
+#   probe: benchmarks/l2_prefetch_probe.py: o and gate_up at one row cold, hot, after a
+#      prefetch that landed, and the prefetch kernel's own time (FP8; CUDA graphs);
 #   chain_fp8 / chain_bf16: benchmarks/l2_prefetch_chain.py: the 8B's 32 layers at one row,
 #      the prefetch's variants (kind, placement, budgets) against off;
-#   engine_tests: an engine's greedy tokens with the prefetches against without (tiny model);
-#   decode: the 8B engine's FP8 decode b1 with PARASHIFT_L2_PREFETCH=0 and =1 (graph variants).
+#   decode: the 8B engine's FP8 decode b1, the default (off) against side:read and the FP8
+#      chain's fastest variant where it beat off (graph variants, two rounds);
+#   engine_tests: an engine's greedy tokens with the prefetches against without (tiny model).
 # Usage: OUT=dir [BUDGET_S=235] [STEPS="..."] [CHAIN_VARIANTS="..."] bash scripts/gpu_l2pf.sh
 set -u
 out=${OUT:?an output folder}
@@ -20,32 +21,43 @@ step_tests() {
     tests/kernels/test_l2_prefetch.py
 }
 step_probe() {
-  budget_step probe 15 python3 benchmarks/l2_prefetch_probe.py --weights fp8 --megabytes 16 32 \
+  budget_step probe 25 python3 benchmarks/l2_prefetch_probe.py --weights fp8 --megabytes 16 32 \
     --repeats 9 --output "$out/probe.json"
 }
 step_chain_fp8() {
   # shellcheck disable=SC2086
-  budget_step chain_fp8 65 python3 benchmarks/l2_prefetch_chain.py --weights fp8 --batch-sizes 1 \
+  budget_step chain_fp8 30 python3 benchmarks/l2_prefetch_chain.py --weights fp8 --batch-sizes 1 \
     --layers 32 --repeats 11 --no-dot-configs --output "$out/chain_fp8.json" \
     ${CHAIN_VARIANTS:+--variants $CHAIN_VARIANTS}
 }
 step_chain_bf16() {
-  budget_step chain_bf16 25 python3 benchmarks/l2_prefetch_chain.py --weights bf16 --batch-sizes 1 \
+  budget_step chain_bf16 20 python3 benchmarks/l2_prefetch_chain.py --weights bf16 --batch-sizes 1 \
     --layers 32 --repeats 11 --output "$out/chain_bf16.json" --variants off \
-    PARASHIFT_L2_PREFETCH=bulk PARASHIFT_L2_PREFETCH=side \
-    PARASHIFT_L2_PREFETCH=bulk,PARASHIFT_L2_PREFETCH_MB=qkv:32/o:16/gate_up:16/down:8
+    PARASHIFT_L2_PREFETCH=side:read PARASHIFT_L2_PREFETCH=side:lines \
+    PARASHIFT_L2_PREFETCH=side:read,PARASHIFT_L2_PREFETCH_MB=qkv:16
 }
-step_engine_tests() {
-  budget_step engine_tests 20 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x -p no:cacheprovider \
-    tests/layers/test_l2_prefetch.py
+best_chain_variant() {  # the FP8 chain's fastest variant settable in the engine, if it beat off
+  [ -f "$out/chain_fp8.json" ] || return 0
+  python3 -c 'import json, sys; v = json.load(open(sys.argv[1]))["rows"][0]["variants"]
+best = min(v, key=lambda n: v[n]["us_per_layer"])
+ok = best not in ("off", "PARASHIFT_L2_PREFETCH=side:read") and "placement" not in best \
+    and "chunk_kb" not in best
+print(best if ok and v[best]["us_per_layer"] < v["off"]["us_per_layer"] else "")' \
+    "$out/chain_fp8.json"
 }
 step_decode() {
-  budget_step decode 80 python3 benchmarks/decode_throughput.py \
+  local best; best=$(best_chain_variant)
+  # shellcheck disable=SC2086
+  budget_step decode 50 python3 benchmarks/decode_throughput.py \
     --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 \
     --decode-steps 32 --cuda-graphs --quantization fp8 --no-dot-configs --rounds 2 \
-    --graph-variants PARASHIFT_L2_PREFETCH=0 PARASHIFT_L2_PREFETCH=1 \
+    --graph-variants PARASHIFT_L2_PREFETCH=side:read ${best:+$best} \
     --output "$out/decode_fp8.json"
 }
+step_engine_tests() {
+  budget_step engine_tests 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x \
+    -p no:cacheprovider tests/layers/test_l2_prefetch.py -k "fp8"
+}
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv > "$out/gpu.txt" 2>&1
-for step in ${STEPS:-tests probe chain_fp8 chain_bf16 engine_tests decode}; do "step_$step"; done
+for step in ${STEPS:-tests probe chain_fp8 chain_bf16 decode engine_tests}; do "step_$step"; done
 echo "done in $SECONDS s"

@@ -21,10 +21,13 @@ import triton.language as tl
 from parashift.kernels import pdl
 
 LINE = 128  # bytes of an L2 line: one prefetch.global.L2 each
+SECTOR = 32  # bytes of an L2 sector: one 4-byte load each (READ)
 LANES = 128  # lanes a program: one prefetch instruction each (BULK) or CHUNK // LANES // LINE
 ALIGN = 16  # cp.async.bulk's address and size unit
-BULK_CHUNK = 256 * 1024  # bytes a program covers: 2 KB a lane
-LINES_CHUNK = 64 * 1024  # 4 lines a lane
+KINDS = {"bulk": 0, "lines": 1, "read": 2}
+_BULK, _LINES = tl.constexpr(KINDS["bulk"]), tl.constexpr(KINDS["lines"])
+_LINE, _SECTOR, _ALIGN = tl.constexpr(LINE), tl.constexpr(SECTOR), tl.constexpr(ALIGN)
+CHUNKS = {"bulk": 256 * 1024, "lines": 64 * 1024, "read": 64 * 1024}  # bytes a program
 
 
 class Span(NamedTuple):
@@ -36,39 +39,46 @@ class Span(NamedTuple):
 
 @triton.jit
 def _prefetch_lanes(base_ptr, first, count, CHUNK: tl.constexpr, LANES: tl.constexpr,
-                    BULK: tl.constexpr):
+                    KIND: tl.constexpr):
     """This program's CHUNK bytes from `first` of a span of `count` bytes at base_ptr (u8),
     a part for each of LANES lanes (each whole lines, clipped to the span's end)."""
     PART: tl.constexpr = CHUNK // LANES
     lane = first + tl.arange(0, LANES).to(tl.int64) * PART
-    if BULK:  # one bulk prefetch a lane of its part; an empty part issues none
+    if KIND == _BULK:  # one bulk prefetch a lane of its part; an empty part issues none
         size = tl.minimum(tl.maximum(count - lane, 0), PART).to(tl.int32)
         tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
             "@p cp.async.bulk.prefetch.L2.global [$1], $2; } // $0", "=r,l,r",
             [base_ptr + tl.minimum(lane, count - 1), size], dtype=tl.int32, is_pure=False,
             pack=1)
-    else:  # a line at a time; past the span's end the last line again (stays in bounds)
-        LINES: tl.constexpr = PART // 128
-        offsets = lane[:, None] + tl.arange(0, LINES)[None, :].to(tl.int64) * 128
+    elif KIND == _LINES:  # a line at a time; past the span's end the last line again
+        LINES: tl.constexpr = PART // _LINE
+        offsets = lane[:, None] + tl.arange(0, LINES)[None, :].to(tl.int64) * _LINE
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
                                   [base_ptr + tl.minimum(offsets, count - 1)],
                                   dtype=tl.int32, is_pure=False, pack=1)
+    else:  # READ: a word of each 32-byte sector loaded, then dropped
+        SECTORS: tl.constexpr = PART // _SECTOR
+        offsets = lane[:, None] + tl.arange(0, SECTORS)[None, :].to(tl.int64) * _SECTOR
+        words = (base_ptr + tl.minimum(offsets, count - _ALIGN)).to(tl.pointer_type(tl.int32))
+        values = tl.load(words)
+        tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [values], dtype=tl.int32,
+                                  is_pure=False, pack=1)  # a use: the loads are issued
 
 
 @triton.jit
 def _l2_prefetch_kernel(a_ptr, a_first, a_count, a_programs, b_ptr, b_first, b_count,
-                        CHUNK: tl.constexpr, LANES: tl.constexpr, BULK: tl.constexpr,
+                        CHUNK: tl.constexpr, LANES: tl.constexpr, KIND: tl.constexpr,
                         AFTER_WAIT: tl.constexpr, USE_PDL: tl.constexpr):
     program = tl.program_id(0)
     if AFTER_WAIT:
         pdl.start(USE_PDL)
     if program < a_programs:
         _prefetch_lanes(a_ptr + a_first, program.to(tl.int64) * CHUNK, a_count, CHUNK, LANES,
-                        BULK)
+                        KIND)
     else:
         _prefetch_lanes(b_ptr + b_first, (program - a_programs).to(tl.int64) * CHUNK, b_count,
-                        CHUNK, LANES, BULK)
+                        CHUNK, LANES, KIND)
     if not AFTER_WAIT:
         pdl.start(USE_PDL)
     pdl.inputs_read(USE_PDL)
@@ -85,7 +95,7 @@ def byte_view(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
-def prefetch(spans: list[Span], bulk: bool = True, after_wait: bool = True,
+def prefetch(spans: list[Span], kind: str = "bulk", after_wait: bool = True,
              chunk: int | None = None) -> None:
     """Launches the prefetch of one or two spans (nothing where they are empty), on the
     current stream, PDL as the decode kernels launch."""
@@ -97,12 +107,12 @@ def prefetch(spans: list[Span], bulk: bool = True, after_wait: bool = True,
     if any(s.first % ALIGN or s.count % ALIGN for s in spans):
         raise ValueError(f"an L2 prefetch span starts and ends on whole {ALIGN} bytes: "
                          f"{[(s.first, s.count) for s in spans]}")
-    chunk = chunk or (BULK_CHUNK if bulk else LINES_CHUNK)
+    chunk = chunk or CHUNKS[kind]
     a = spans[0]
     b = spans[1] if len(spans) == 2 else Span(a.tensor, 0, 0)
     a_programs = programs_for(a.count, chunk)
     grid = (a_programs + programs_for(b.count, chunk),)
     _l2_prefetch_kernel[grid](byte_view(a.tensor), a.first, a.count, a_programs,
                               byte_view(b.tensor), b.first, b.count, CHUNK=chunk, LANES=LANES,
-                              BULK=bulk, AFTER_WAIT=after_wait, num_warps=LANES // 32,
+                              KIND=KINDS[kind], AFTER_WAIT=after_wait, num_warps=LANES // 32,
                               **pdl.launch_options(a.tensor.device))

@@ -9,9 +9,11 @@ of o's weight, then gate_up's; after down, the next layer's qkv), at most two we
 launch. Only at decode's few rows (MAX_ROWS), where those GEMMs stream their weights and the
 kernels between them (rotary, attention, the norms, SiLU-and-mul) leave HBM nearly idle.
 
-PARASHIFT_L2_PREFETCH: 0 (off), 1 or bulk (one `cp.async.bulk.prefetch.L2` a lane), lines
-(a `prefetch.global.L2` a line), side (bulk, launched on a second stream forked after the
-GEMM and joined after the step's last GEMM: no kernel of the PDL chain waits for it); read at each GEMM's call, so a CUDA graph keeps what its
+PARASHIFT_L2_PREFETCH: 0 (off), 1 (DEFAULT_ON), or [side:]KIND. KIND: bulk (one
+`cp.async.bulk.prefetch.L2` a lane), lines (a `prefetch.global.L2` a line) or read (a load a
+32-byte sector, its word dropped: sure to land in L2, but the kernel lasts until it has);
+side: launched on a second stream forked after the GEMM and joined after the step's last
+GEMM, so no kernel of the PDL chain waits for it (else a node of the chain); read at each GEMM's call, so a CUDA graph keeps what its
 capture read. PARASHIFT_L2_PREFETCH_MB: NAME:MB[/NAME:MB...] over the layer's short names,
 unnamed ones 0 (e.g. qkv:32/o:8/gate_up:8/down:8). The prefetches move no arithmetic: a
 step's outputs are the same bits with them and without."""
@@ -24,7 +26,8 @@ from parashift.kernels import use_triton
 
 ENV = "PARASHIFT_L2_PREFETCH"
 MB_ENV = "PARASHIFT_L2_PREFETCH_MB"
-MODES = {"0": None, "1": "bulk", "bulk": "bulk", "lines": "lines", "side": "side"}
+KINDS = ("bulk", "lines", "read")
+DEFAULT_ON = ("side", "read")  # PARASHIFT_L2_PREFETCH=1
 DEFAULT_MODE = "0"
 DEFAULT_MB = "qkv:32/o:8/gate_up:8/down:8"
 MAX_ROWS = 4  # the GEMV's rows (kernels/fp8_gemv.py): above, GEMMs reuse tiles from L2 anyway
@@ -40,12 +43,16 @@ class Planned(NamedTuple):
     count: int
 
 
-def mode() -> str | None:
-    """"bulk", "lines" or None (off), from PARASHIFT_L2_PREFETCH."""
+def mode() -> tuple[str, str] | None:
+    """(where: "chain" or "side", kind) from PARASHIFT_L2_PREFETCH, None where off."""
     value = os.environ.get(ENV, DEFAULT_MODE)
-    if value not in MODES:
-        raise ValueError(f"{ENV}={value!r}: expected one of {list(MODES)}")
-    return MODES[value]
+    if value in ("0", "1"):
+        return None if value == "0" else DEFAULT_ON
+    where, _, kind = value.rpartition(":")
+    if where not in ("", "side") or kind not in KINDS:
+        raise ValueError(f"{ENV}={value!r}: expected 0, 1 or [side:]KIND, KIND one of "
+                         f"{list(KINDS)}")
+    return where or "chain", kind
 
 
 def budgets(names: tuple[str, ...]) -> dict[str, int]:
@@ -110,26 +117,27 @@ class StepPrefetches:
         self.names = names  # each GEMM's short name, in step order
         self.weights = weights  # each GEMM's weight under the active plan (None: left out)
         self._plans: dict = {}
-        self._side: torch.cuda.Stream | None = None  # "side"'s stream, made at first use
+        self._side: torch.cuda.Stream | None = None  # the side stream, made at first use
         self._forked = False  # a side prefetch launched since the last join
 
-    def after(self, index: int, kind: str, after_wait: bool = True,
+    def after(self, index: int, mode: tuple[str, str], after_wait: bool = True,
               chunk: int | None = None) -> None:
-        """Launches the prefetch planned after GEMM `index` of the step (on the side stream
-        for "side", which the step's last GEMM joins); after_wait and chunk: the kernel's
-        (kernels/l2_prefetch.py), for benchmarks."""
+        """Launches the prefetch planned after GEMM `index` of the step, as `mode` says
+        ((where, kind): on the side stream, the step's last GEMM joins it); after_wait and
+        chunk: the kernel's (kernels/l2_prefetch.py), for benchmarks."""
         from parashift.kernels import l2_prefetch, pdl
+        where, kind = mode
         weights, planned = self._plan()
         spans = [l2_prefetch.Span(weights[index + p.target], p.first, p.count)
                  for p in planned[index]]
-        if kind != "side":
-            l2_prefetch.prefetch(spans, kind == "bulk", after_wait, chunk)
+        if where == "chain":
+            l2_prefetch.prefetch(spans, kind, after_wait, chunk)
         elif spans:
             main = torch.cuda.current_stream()
             self._side = self._side or torch.cuda.Stream(main.device)
             self._side.wait_stream(main)
             with torch.cuda.stream(self._side), pdl.suspended():
-                l2_prefetch.prefetch(spans, True, after_wait, chunk)
+                l2_prefetch.prefetch(spans, kind, after_wait, chunk)
             self._forked = True
         if index == len(self.names) - 1 and self._forked:
             torch.cuda.current_stream().wait_stream(self._side)
@@ -148,10 +156,10 @@ class StepPrefetches:
 
     def hook(self, index: int) -> Callable:
         def after_gemm(module, args, output):
-            kind = mode()
-            if (kind is not None and isinstance(output, torch.Tensor) and use_triton(output)
+            how = mode()
+            if (how is not None and isinstance(output, torch.Tensor) and use_triton(output)
                     and output.numel() // output.shape[-1] <= MAX_ROWS):
-                self.after(index, kind)
+                self.after(index, how)
         return after_gemm
 
 

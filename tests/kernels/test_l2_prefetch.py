@@ -1,5 +1,6 @@
 """The L2 prefetch kernel (kernels/l2_prefetch.py). On the CPU, compiled for sm_90: it touches
-memory only by L2 prefetches (bulk or a line at a time), issued after its grid dependency
+memory only by L2 prefetches (bulk, a line at a time, or loads whose words it drops), issued
+after its grid dependency
 wait or before it as asked, and launches its dependents once. On a Hopper GPU: a decode
 chain of norm, GEMMs and SiLU-and-mul captured in a CUDA graph with the prefetches between
 its kernels gives the same bits as without, and spans of any size and start run."""
@@ -15,11 +16,14 @@ from tests.kernels.test_pdl import decode_chain, hopper, weight_fp8
 
 MEMORY_OP = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|atom\.|red\.|cp\.async\.bulk\."
                        r"(?!prefetch))", re.M)
+OPS = {"bulk": re.compile(r"cp\.async\.bulk\.prefetch\.L2\.global"),
+       "lines": re.compile(r"prefetch\.global\.L2"),
+       "read": re.compile(r"ld\.global\.b32")}
 
 
-def sm90_ptx(bulk: bool, after_wait: bool, mode: int) -> str:
-    constants = dict(CHUNK=l2_prefetch.BULK_CHUNK if bulk else l2_prefetch.LINES_CHUNK,
-                     LANES=l2_prefetch.LANES, BULK=bulk, AFTER_WAIT=after_wait, USE_PDL=mode)
+def sm90_ptx(kind: str, after_wait: bool, mode: int) -> str:
+    constants = dict(CHUNK=l2_prefetch.CHUNKS[kind], LANES=l2_prefetch.LANES,
+                     KIND=l2_prefetch.KINDS[kind], AFTER_WAIT=after_wait, USE_PDL=mode)
     options = {"num_warps": 4, **({"launch_pdl": True} if mode else {})}
     return compile_sm90(l2_prefetch._l2_prefetch_kernel, constants,
                         {"a_ptr": "u8", "b_ptr": "u8"}, **options)["ptx"]
@@ -27,19 +31,20 @@ def sm90_ptx(bulk: bool, after_wait: bool, mode: int) -> str:
 
 @pytest.mark.skipif(not pdl.triton_supports(), reason="this Triton has no grid dependency ops")
 @pytest.mark.parametrize("after_wait", [True, False])
-@pytest.mark.parametrize("bulk", [True, False])
-def test_only_prefetches_where_the_switch_places_them(bulk, after_wait):
-    ptx = sm90_ptx(bulk, after_wait, pdl.EARLY)
-    op = "cp.async.bulk.prefetch.L2.global" if bulk else "prefetch.global.L2"
-    prefetches = [m.start() for m in re.finditer(re.escape(op), ptx)]
-    assert prefetches and not MEMORY_OP.search(ptx)
-    if not bulk:
-        assert "cp.async" not in ptx
+@pytest.mark.parametrize("kind", list(l2_prefetch.KINDS))
+def test_only_prefetches_where_the_switch_places_them(kind, after_wait):
+    ptx = sm90_ptx(kind, after_wait, pdl.EARLY)
+    prefetches = [m.start() for m in OPS[kind].finditer(ptx)]
+    assert prefetches
+    assert all(not op.search(ptx) for other, op in OPS.items() if other != kind)
+    memory = [ptx[m.start():ptx.find("\n", m.start())] for m in MEMORY_OP.finditer(ptx)]
+    assert (memory and all(OPS["read"].search(op) for op in memory)) if kind == "read" \
+        else not memory
     wait = ptx.find("griddepcontrol.wait")
     assert wait >= 0 and ptx.count("griddepcontrol.wait") == 1
     assert ptx.count("griddepcontrol.launch_dependents") == 1
     assert all((p > wait) == after_wait for p in prefetches)
-    assert "griddepcontrol" not in sm90_ptx(bulk, after_wait, pdl.OFF)
+    assert "griddepcontrol" not in sm90_ptx(kind, after_wait, pdl.OFF)
 
 
 def test_more_than_two_spans_or_a_span_off_16_bytes_is_an_error():
@@ -53,21 +58,21 @@ def test_more_than_two_spans_or_a_span_off_16_bytes_is_an_error():
 
 @cuda
 @hopper
-@pytest.mark.parametrize("bulk", [True, False])
-def test_prefetches_of_any_span_run_and_write_nothing(bulk):
+@pytest.mark.parametrize("kind", list(l2_prefetch.KINDS))
+def test_prefetches_of_any_span_run_and_write_nothing(kind):
     w = randn((3001, 77), "bfloat16", "cuda")
     before = w.clone()
     size = w.numel() * 2 // 16 * 16  # 462,144 of 462,154 bytes
     for first, count in [(0, size), (16, 4096), (size - 48, 48), (1024, 300 * 1024)]:
         l2_prefetch.prefetch([l2_prefetch.Span(w, first, min(count, size - first)),
-                              l2_prefetch.Span(w, 0, 16)], bulk=bulk, chunk=64 * 1024)
+                              l2_prefetch.Span(w, 0, 16)], kind, chunk=64 * 1024)
     torch.cuda.synchronize()
     assert torch.equal(w, before)
 
 
 @cuda
 @hopper
-@pytest.mark.parametrize("placement", ["after_wait", "before_wait", "lines"])
+@pytest.mark.parametrize("placement", ["after_wait", "before_wait", "lines", "read"])
 def test_a_graph_of_a_decode_chain_gives_the_same_bits_with_prefetches(monkeypatch,
                                                                         placement):
     d, ff = 1024, 2048
@@ -82,7 +87,8 @@ def test_a_graph_of_a_decode_chain_gives_the_same_bits_with_prefetches(monkeypat
         other = w_down[0] if weight is w_up[0] else w_up[0]
         l2_prefetch.prefetch([l2_prefetch.Span(other, 0, other.numel()),
                               l2_prefetch.Span(weight, 4096, 8192)],
-                             bulk=placement != "lines", after_wait=placement != "before_wait")
+                             placement if placement in ("lines", "read") else "bulk",
+                             after_wait=placement != "before_wait")
         return y
 
     def graphed(prefetch: bool):

@@ -46,13 +46,14 @@ def test_budgets_and_mode_come_from_the_switches(monkeypatch):
     names = ("qkv", "o", "gate_up", "down")
     monkeypatch.setenv(l2_prefetch.MB_ENV, "o:1.5/qkv:2")
     assert budgets(names) == dict(qkv=2 * MB, o=3 * MB // 2, gate_up=0, down=0)
-    monkeypatch.setenv(l2_prefetch.ENV, "lines")
-    assert l2_prefetch.mode() == "lines"
-    monkeypatch.setenv(l2_prefetch.ENV, "0")
-    assert l2_prefetch.mode() is None
+    for value, expected in [("lines", ("chain", "lines")), ("side:read", ("side", "read")),
+                            ("1", l2_prefetch.DEFAULT_ON), ("0", None)]:
+        monkeypatch.setenv(l2_prefetch.ENV, value)
+        assert l2_prefetch.mode() == expected
 
 
-@pytest.mark.parametrize("env,value", [(l2_prefetch.ENV, "2"), (l2_prefetch.MB_ENV, "up:8"),
+@pytest.mark.parametrize("env,value", [(l2_prefetch.ENV, "2"), (l2_prefetch.ENV, "chain:read"),
+                                       (l2_prefetch.ENV, "side:"), (l2_prefetch.MB_ENV, "up:8"),
                                        (l2_prefetch.MB_ENV, "qkv=8")])
 def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch, env, value):
     monkeypatch.setenv(env, value)
@@ -81,7 +82,7 @@ def engine_tokens(tiny_llama_dir):  # noqa: F811
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
-@pytest.mark.parametrize("kind", ["bulk", "side"])
+@pytest.mark.parametrize("kind", ["bulk", "side:read"])
 @pytest.mark.parametrize("quantization", [None, "fp8"])
 def test_prefetching_engine_gives_the_same_tokens(engine_tokens, quantization, kind,
                                                   monkeypatch):
@@ -93,11 +94,11 @@ def test_the_hooks_launch_each_gemms_planned_spans_of_the_right_weights(monkeypa
     from parashift.kernels import l2_prefetch as kernel
     weights = [torch.zeros(size, dtype=torch.uint8) for size in (96, 32, 160, 64) * 2]
     launched = []
-    monkeypatch.setattr(kernel, "prefetch", lambda spans, *args: launched.append(spans))
+    monkeypatch.setattr(kernel, "prefetch", lambda spans, kind, *args: launched.append(spans))
     monkeypatch.setenv(l2_prefetch.MB_ENV, f"qkv:{64 / MB:.16f}/down:{48 / MB:.16f}")
     steps = l2_prefetch.StepPrefetches(["qkv", "o", "gate_up", "down"] * 2, lambda: weights)
     for index in range(len(weights)):
-        steps.after(index, "bulk")
+        steps.after(index, ("chain", "bulk"))
     by_tensor = [[(next(i for i, w in enumerate(weights) if w is s.tensor), s.first, s.count)
                   for s in spans] for spans in launched]
     assert by_tensor == [[(1, 0, 32), (2, 0, 32)], [], [], [(4, 0, 48)],
