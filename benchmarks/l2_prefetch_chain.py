@@ -9,9 +9,9 @@ Usage (GPU): PYTHONPATH=. python3 benchmarks/l2_prefetch_chain.py [--weights fp8
 A variant is `off` (PARASHIFT_L2_PREFETCH=0) or NAME=VALUE[,NAME=VALUE]: environment settings
 read while its graph is captured (PARASHIFT_L2_PREFETCH=side:KIND: on a second stream, no
 node of the PDL chain), and this script's own `placement` (chain: the prefetch kernel's
-prefetches after its PDL wait; before_wait: before it) and `chunk_kb` (bytes a program
-covers). FP8 layers as
-the engine runs them (the norms and SiLU-and-mul quantize the next GEMM's rows). Each row
+prefetches after its PDL wait; before_wait: before it), `chunk_kb` (bytes a chunk) and
+`programs` (at most that many programs, each looping over chunks: fewer bytes in flight at
+once). FP8 layers as the engine runs them (the norms and SiLU-and-mul quantize the next GEMM's rows). Each row
 says whether every variant's output has the first's bits."""
 import argparse
 import contextlib
@@ -25,7 +25,7 @@ from parashift.kernels import fp8_gemm, l2_prefetch, pdl, skinny_gemm
 from parashift.layers import l2_prefetch as placement
 
 ORDER = ("qkv", "o", "gate_up", "down")
-OWN = ("placement", "chunk_kb")
+OWN = ("placement", "chunk_kb", "programs")
 PLACEMENTS = ("chain", "before_wait")
 DEFAULT_VARIANTS = [
     "off",
@@ -39,6 +39,9 @@ DEFAULT_VARIANTS = [
     "PARASHIFT_L2_PREFETCH=side:bulk,PARASHIFT_L2_PREFETCH_MB=qkv:16",
     "PARASHIFT_L2_PREFETCH=lines,PARASHIFT_L2_PREFETCH_MB=qkv:16",
     "PARASHIFT_L2_PREFETCH=read,PARASHIFT_L2_PREFETCH_MB=qkv:16",
+    "PARASHIFT_L2_PREFETCH=side:read,programs=16",
+    "PARASHIFT_L2_PREFETCH=side:read,programs=33",
+    "PARASHIFT_L2_PREFETCH=side:lines,programs=33",
 ]
 
 
@@ -80,11 +83,13 @@ class Prefetcher:
             return
         after_wait = own.get("placement", "chain") != "before_wait"
         chunk = int(own["chunk_kb"]) * 1024 if "chunk_kb" in own else None
+        programs = int(own["programs"]) if "programs" in own else None
         plain = pdl_chain.linear
 
         def linear(x, weight, x_fp8=None):
             y = plain(x, weight, x_fp8)
-            self.steps.after(self.index[id(self.matrix(weight))], how, after_wait, chunk)
+            self.steps.after(self.index[id(self.matrix(weight))], how, after_wait, chunk,
+                             programs)
             return y
 
         pdl_chain.linear = linear

@@ -67,18 +67,19 @@ def _prefetch_lanes(base_ptr, first, count, CHUNK: tl.constexpr, LANES: tl.const
 
 
 @triton.jit
-def _l2_prefetch_kernel(a_ptr, a_first, a_count, a_programs, b_ptr, b_first, b_count,
+def _l2_prefetch_kernel(a_ptr, a_first, a_count, a_chunks, b_ptr, b_first, b_count, chunks,
                         CHUNK: tl.constexpr, LANES: tl.constexpr, KIND: tl.constexpr,
                         AFTER_WAIT: tl.constexpr, USE_PDL: tl.constexpr):
-    program = tl.program_id(0)
+    """Chunks program, program + grid, ... of the spans' `chunks` (span a's first)."""
     if AFTER_WAIT:
         pdl.start(USE_PDL)
-    if program < a_programs:
-        _prefetch_lanes(a_ptr + a_first, program.to(tl.int64) * CHUNK, a_count, CHUNK, LANES,
-                        KIND)
-    else:
-        _prefetch_lanes(b_ptr + b_first, (program - a_programs).to(tl.int64) * CHUNK, b_count,
-                        CHUNK, LANES, KIND)
+    for c in range(tl.program_id(0), chunks, tl.num_programs(0)):
+        if c < a_chunks:
+            _prefetch_lanes(a_ptr + a_first, c.to(tl.int64) * CHUNK, a_count, CHUNK, LANES,
+                            KIND)
+        else:
+            _prefetch_lanes(b_ptr + b_first, (c - a_chunks).to(tl.int64) * CHUNK, b_count,
+                            CHUNK, LANES, KIND)
     if not AFTER_WAIT:
         pdl.start(USE_PDL)
     pdl.inputs_read(USE_PDL)
@@ -96,9 +97,10 @@ def byte_view(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def prefetch(spans: list[Span], kind: str = "bulk", after_wait: bool = True,
-             chunk: int | None = None) -> None:
+             chunk: int | None = None, max_programs: int | None = None) -> None:
     """Launches the prefetch of one or two spans (nothing where they are empty), on the
-    current stream, PDL as the decode kernels launch."""
+    current stream, PDL as the decode kernels launch: a program a chunk, or at most
+    max_programs, each taking every max_programs-th chunk (fewer bytes in flight at once)."""
     spans = [s for s in spans if s.count > 0]
     if not spans:
         return
@@ -110,9 +112,10 @@ def prefetch(spans: list[Span], kind: str = "bulk", after_wait: bool = True,
     chunk = chunk or CHUNKS[kind]
     a = spans[0]
     b = spans[1] if len(spans) == 2 else Span(a.tensor, 0, 0)
-    a_programs = programs_for(a.count, chunk)
-    grid = (a_programs + programs_for(b.count, chunk),)
-    _l2_prefetch_kernel[grid](byte_view(a.tensor), a.first, a.count, a_programs,
-                              byte_view(b.tensor), b.first, b.count, CHUNK=chunk, LANES=LANES,
-                              KIND=KINDS[kind], AFTER_WAIT=after_wait, num_warps=LANES // 32,
-                              **pdl.launch_options(a.tensor.device))
+    a_chunks = programs_for(a.count, chunk)
+    chunks = a_chunks + programs_for(b.count, chunk)
+    grid = (min(chunks, max_programs or chunks),)
+    _l2_prefetch_kernel[grid](byte_view(a.tensor), a.first, a.count, a_chunks,
+                              byte_view(b.tensor), b.first, b.count, chunks, CHUNK=chunk,
+                              LANES=LANES, KIND=KINDS[kind], AFTER_WAIT=after_wait,
+                              num_warps=LANES // 32, **pdl.launch_options(a.tensor.device))

@@ -121,23 +121,23 @@ class StepPrefetches:
         self._forked = False  # a side prefetch launched since the last join
 
     def after(self, index: int, mode: tuple[str, str], after_wait: bool = True,
-              chunk: int | None = None) -> None:
+              chunk: int | None = None, max_programs: int | None = None) -> None:
         """Launches the prefetch planned after GEMM `index` of the step, as `mode` says
-        ((where, kind): on the side stream, the step's last GEMM joins it); after_wait and
-        chunk: the kernel's (kernels/l2_prefetch.py), for benchmarks."""
+        ((where, kind): on the side stream, the step's last GEMM joins it); after_wait,
+        chunk and max_programs: the kernel's (kernels/l2_prefetch.py), for benchmarks."""
         from parashift.kernels import l2_prefetch, pdl
         where, kind = mode
         weights, planned = self._plan()
         spans = [l2_prefetch.Span(weights[index + p.target], p.first, p.count)
                  for p in planned[index]]
         if where == "chain":
-            l2_prefetch.prefetch(spans, kind, after_wait, chunk)
+            l2_prefetch.prefetch(spans, kind, after_wait, chunk, max_programs)
         elif spans:
             main = torch.cuda.current_stream()
             self._side = self._side or torch.cuda.Stream(main.device)
             self._side.wait_stream(main)
             with torch.cuda.stream(self._side), pdl.suspended():
-                l2_prefetch.prefetch(spans, kind, after_wait, chunk)
+                l2_prefetch.prefetch(spans, kind, after_wait, chunk, max_programs)
             self._forked = True
         if index == len(self.names) - 1 and self._forked:
             torch.cuda.current_stream().wait_stream(self._side)
