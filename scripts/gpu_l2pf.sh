@@ -10,7 +10,9 @@
 #      the prefetch's variants (kind, placement, budgets) against off;
 #   decode: the 8B engine's FP8 decode b1, the default (off) against side:read and the FP8
 #      chain's fastest variant where it beat off (graph variants, two rounds);
-#   engine_tests: an engine's greedy tokens with the prefetches against without (tiny model).
+#   engine_tests: an engine's greedy tokens with the prefetches against without (tiny model);
+#   profile (not by default): the engine's FP8 b1 kernels timed one by one with PDL off, o's
+#      weight prefetched (qkv:16) by each kind in the chain and on the side stream.
 # Usage: OUT=dir [BUDGET_S=235] [STEPS="..."] [CHAIN_VARIANTS="..."] bash scripts/gpu_l2pf.sh
 set -u
 out=${OUT:?an output folder}
@@ -53,6 +55,18 @@ step_decode() {
     --decode-steps 32 --cuda-graphs --quantization fp8 --no-dot-configs --rounds 2 \
     --graph-variants PARASHIFT_L2_PREFETCH=side:read ${best:+$best} \
     --output "$out/decode_fp8.json"
+}
+step_profile() {  # each kernel's time with PDL off (PDL stretches a kernel over its wait)
+  local off=PARASHIFT_PDL=0 mb=PARASHIFT_L2_PREFETCH_MB=qkv:16
+  local variants="$off $off,PARASHIFT_L2_PREFETCH=read,$mb $off,PARASHIFT_L2_PREFETCH=bulk,$mb
+    $off,PARASHIFT_L2_PREFETCH=lines,$mb $off,PARASHIFT_L2_PREFETCH=side:read,$mb
+    $off,PARASHIFT_L2_PREFETCH=side:bulk,$mb"
+  # shellcheck disable=SC2086
+  budget_step profile 60 python3 benchmarks/decode_throughput.py \
+    --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 \
+    --decode-steps 32 --cuda-graphs --quantization fp8 --no-dot-configs \
+    --graph-variants $variants --profile --profile-variants $variants \
+    --output "$out/profile_fp8.json"
 }
 step_engine_tests() {
   budget_step engine_tests 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x \
