@@ -8,8 +8,9 @@
 #      prefetch that landed, and the prefetch kernel's own time (FP8; CUDA graphs);
 #   chain_fp8 / chain_bf16: benchmarks/l2_prefetch_chain.py: the 8B's 32 layers at one row,
 #      the prefetch's variants (kind, placement, budgets) against off;
-#   decode: the 8B engine's FP8 decode b1, the default (off) against side:read and the FP8
-#      chain's fastest variant where it beat off (graph variants, two rounds);
+#   decode: the 8B engine's FP8 decode b1, off against side:read and the FP8 chain's fastest
+#      variant where it beat off (graph variants, two rounds; the engine built with
+#      PARASHIFT_L2_PREFETCH=0 set, so that its GEMMs have the hooks the variants switch on);
 #   engine_tests: an engine's greedy tokens with the prefetches against without (tiny model);
 #   profile (not by default): the engine's FP8 b1 kernels timed one by one with PDL off, o's
 #      weight prefetched (qkv:16) by each kind in the chain and on the side stream.
@@ -50,7 +51,7 @@ print(best if ok and v[best]["us_per_layer"] < v["off"]["us_per_layer"] else "")
 step_decode() {
   local best; best=$(best_chain_variant)
   # shellcheck disable=SC2086
-  budget_step decode 50 python3 benchmarks/decode_throughput.py \
+  budget_step decode 50 env PARASHIFT_L2_PREFETCH=0 python3 benchmarks/decode_throughput.py \
     --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 \
     --decode-steps 32 --cuda-graphs --quantization fp8 --no-dot-configs --rounds 2 \
     --graph-variants PARASHIFT_L2_PREFETCH=side:read ${best:+$best} \
@@ -62,7 +63,7 @@ step_profile() {  # each kernel's time with PDL off (PDL stretches a kernel over
     $off,PARASHIFT_L2_PREFETCH=lines,$mb $off,PARASHIFT_L2_PREFETCH=side:read,$mb
     $off,PARASHIFT_L2_PREFETCH=side:bulk,$mb"
   # shellcheck disable=SC2086
-  budget_step profile 60 python3 benchmarks/decode_throughput.py \
+  budget_step profile 60 env PARASHIFT_L2_PREFETCH=0 python3 benchmarks/decode_throughput.py \
     --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 \
     --decode-steps 32 --cuda-graphs --quantization fp8 --no-dot-configs \
     --graph-variants $variants --profile --profile-variants $variants \

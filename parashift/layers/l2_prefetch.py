@@ -14,7 +14,8 @@ PARASHIFT_L2_PREFETCH: 0 (off), 1 (DEFAULT_ON), or [side:]KIND. KIND: bulk (one
 32-byte sector, its word dropped: sure to land in L2, but the kernel lasts until it has);
 side: launched on a second stream forked after the GEMM and joined after the step's last
 GEMM, so no kernel of the PDL chain waits for it (else a node of the chain); read at each GEMM's call, so a CUDA graph keeps what its
-capture read. PARASHIFT_L2_PREFETCH_MB: NAME:MB[/NAME:MB...] over the layer's short names,
+capture read; the hooks exist only where it was set (to any value) when the model was built.
+PARASHIFT_L2_PREFETCH_MB: NAME:MB[/NAME:MB...] over the layer's short names,
 unnamed ones 0 (e.g. qkv:32/o:8/gate_up:8/down:8). The prefetches move no arithmetic: a
 step's outputs are the same bits with them and without."""
 import os
@@ -165,9 +166,12 @@ class StepPrefetches:
 
 def register_l2_prefetch(model: torch.nn.Module) -> int:
     """Hooks each declared GEMM of the model to launch its prefetch after it, where a CUDA
-    device exists (the switch is read at each call); returns how many were hooked."""
-    if not torch.cuda.is_available():
+    device exists and PARASHIFT_L2_PREFETCH is set (to any value: it is read again at each
+    call, so a benchmark may capture graphs under other values); returns how many were
+    hooked. Unset, no hook: a module with one takes torch's slower call path."""
+    if not torch.cuda.is_available() or ENV not in os.environ:
         return 0
+    mode()  # a bad value is an error now, not at the first step
     gemms = step_gemms(model)
     prefetches = StepPrefetches([name for name, _ in gemms],
                                 lambda: [weight_of(layer) for _, layer in gemms])
