@@ -27,21 +27,18 @@ from parashift.layers import l2_prefetch as placement
 ORDER = ("qkv", "o", "gate_up", "down")
 OWN = ("placement", "chunk_kb", "programs")
 PLACEMENTS = ("chain", "before_wait")
+FULL = "PARASHIFT_L2_PREFETCH_MB=qkv:32/o:8/gate_up:8/down:8"  # o, gate_up, down, next qkv
 DEFAULT_VARIANTS = [
     "off",
+    "PARASHIFT_L2_PREFETCH=side:bulk",  # the budget's default: qkv:16, o's weight
     "PARASHIFT_L2_PREFETCH=side:read",
-    "PARASHIFT_L2_PREFETCH=side:lines",
-    "PARASHIFT_L2_PREFETCH=side:bulk",
-    "PARASHIFT_L2_PREFETCH=side:read,PARASHIFT_L2_PREFETCH_MB=qkv:16",
-    "PARASHIFT_L2_PREFETCH=side:read,PARASHIFT_L2_PREFETCH_MB=qkv:32",
-    "PARASHIFT_L2_PREFETCH=side:read,PARASHIFT_L2_PREFETCH_MB=qkv:40/o:8",
-    "PARASHIFT_L2_PREFETCH=side:lines,PARASHIFT_L2_PREFETCH_MB=qkv:16",
-    "PARASHIFT_L2_PREFETCH=side:bulk,PARASHIFT_L2_PREFETCH_MB=qkv:16",
-    "PARASHIFT_L2_PREFETCH=lines,PARASHIFT_L2_PREFETCH_MB=qkv:16",
-    "PARASHIFT_L2_PREFETCH=read,PARASHIFT_L2_PREFETCH_MB=qkv:16",
-    "PARASHIFT_L2_PREFETCH=side:read,programs=16",
-    "PARASHIFT_L2_PREFETCH=side:read,programs=33",
-    "PARASHIFT_L2_PREFETCH=side:lines,programs=33",
+    f"PARASHIFT_L2_PREFETCH=side:bulk,{FULL}",
+    f"PARASHIFT_L2_PREFETCH=side:read,{FULL}",
+    f"PARASHIFT_L2_PREFETCH=side:read,{FULL},programs=33",
+    "PARASHIFT_L2_PREFETCH=read",
+    "PARASHIFT_L2_PREFETCH=bulk",
+    "PARASHIFT_L2_PREFETCH=lines",
+    "PARASHIFT_PDL_PREFETCH_KB=32",  # each GEMM program's own prefetch before its wait
 ]
 
 

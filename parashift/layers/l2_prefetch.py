@@ -16,7 +16,7 @@ side: launched on a second stream forked after the GEMM and joined after the ste
 GEMM, so no kernel of the PDL chain waits for it (else a node of the chain); read at each GEMM's call, so a CUDA graph keeps what its
 capture read; the hooks exist only where it was set (to any value) when the model was built.
 PARASHIFT_L2_PREFETCH_MB: NAME:MB[/NAME:MB...] over the layer's short names,
-unnamed ones 0 (e.g. qkv:32/o:8/gate_up:8/down:8). The prefetches move no arithmetic: a
+unnamed ones 0 (e.g. qkv:32/o:8/gate_up:8/down:8; default qkv:16). The prefetches move no arithmetic: a
 step's outputs are the same bits with them and without."""
 import os
 from typing import Callable, NamedTuple
@@ -28,9 +28,9 @@ from parashift.kernels import use_triton
 ENV = "PARASHIFT_L2_PREFETCH"
 MB_ENV = "PARASHIFT_L2_PREFETCH_MB"
 KINDS = ("bulk", "lines", "read")
-DEFAULT_ON = ("side", "read")  # PARASHIFT_L2_PREFETCH=1
+DEFAULT_ON = ("side", "bulk")  # PARASHIFT_L2_PREFETCH=1: the best measured (even with off)
 DEFAULT_MODE = "0"
-DEFAULT_MB = "qkv:32/o:8/gate_up:8/down:8"
+DEFAULT_MB = "qkv:16"  # o's weight (8B FP8) during rotary and attention
 MAX_ROWS = 4  # the GEMV's rows (kernels/fp8_gemv.py): above, GEMMs reuse tiles from L2 anyway
 MAX_SPANS = 2  # weights a launch covers
 ALIGN = 16  # bytes: a span's start and size (cp.async.bulk's unit)
