@@ -11,8 +11,8 @@ read while its graph is captured (PARASHIFT_L2_PREFETCH=side:KIND: on a second s
 node of the PDL chain), and this script's own `placement` (chain: the prefetch kernel's
 prefetches after its PDL wait; before_wait: before it), `chunk_kb` (bytes a chunk) and
 `programs` (at most that many programs, each looping over chunks: fewer bytes in flight at
-once). FP8 layers as the engine runs them (the norms and SiLU-and-mul quantize the next GEMM's rows). Each row
-says whether every variant's output has the first's bits."""
+once). FP8 layers as the engine runs them (the norms and SiLU-and-mul quantize the next
+GEMM's rows). Each row says whether every variant's output has the first's bits."""
 import argparse
 import contextlib
 import statistics

@@ -13,11 +13,13 @@ PARASHIFT_L2_PREFETCH: 0 (off), 1 (DEFAULT_ON), or [side:]KIND. KIND: bulk (one
 `cp.async.bulk.prefetch.L2` a lane), lines (a `prefetch.global.L2` a line) or read (a load a
 32-byte sector, its word dropped: sure to land in L2, but the kernel lasts until it has);
 side: launched on a second stream forked after the GEMM and joined after the step's last
-GEMM, so no kernel of the PDL chain waits for it (else a node of the chain); read at each GEMM's call, so a CUDA graph keeps what its
-capture read; the hooks exist only where it was set (to any value) when the model was built.
-PARASHIFT_L2_PREFETCH_MB: NAME:MB[/NAME:MB...] over the layer's short names,
-unnamed ones 0 (e.g. qkv:32/o:8/gate_up:8/down:8; default qkv:16). The prefetches move no arithmetic: a
-step's outputs are the same bits with them and without."""
+GEMM, so no kernel of the PDL chain waits for it (else a node of the chain). Read at each
+GEMM's call, so a CUDA graph keeps what its capture read; the hooks exist only where it was
+set (to any value) when the model was built. PARASHIFT_L2_PREFETCH_MB: NAME:MB[/NAME:MB...]
+over the layer's short names, unnamed ones 0 (e.g. qkv:32/o:8/gate_up:8/down:8; default
+qkv:16). Measured on an H200 (8B, one row; docs/benchmark_log.md): nothing gained; off by
+default. The prefetches move no arithmetic: a step's outputs are the same bits with them
+and without."""
 import os
 from typing import Callable, NamedTuple
 
