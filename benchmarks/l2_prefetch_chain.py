@@ -15,13 +15,12 @@ once). FP8 layers as the engine runs them (the norms and SiLU-and-mul quantize t
 GEMM's rows). Each row says whether every variant's output has the first's bits."""
 import argparse
 import contextlib
-import statistics
 
 import torch
 
 from benchmarks import pdl_chain
 from benchmarks.decode_throughput import copy_bandwidth, environment, parse_settings
-from parashift.kernels import fp8_gemm, l2_prefetch, pdl, skinny_gemm
+from parashift.kernels import fp8_gemm, skinny_gemm
 from parashift.layers import l2_prefetch as placement
 
 ORDER = ("qkv", "o", "gate_up", "down")
