@@ -8,13 +8,14 @@
 #      prefetch that landed, and the prefetch kernel's own time (FP8; CUDA graphs);
 #   chain_fp8 / chain_bf16: benchmarks/l2_prefetch_chain.py: the 8B's 32 layers at one row,
 #      the prefetch's variants (kind, placement, budgets) against off;
-#   decode: the 8B engine's FP8 decode b1, off against side:read and the FP8 chain's fastest
+#   decode: the 8B engine's FP8 decode b1, off against DECODE_VARIANTS and the chain's fastest
 #      variant where it beat off (graph variants, two rounds; the engine built with
 #      PARASHIFT_L2_PREFETCH=0 set, so that its GEMMs have the hooks the variants switch on);
 #   engine_tests: an engine's greedy tokens with the prefetches against without (tiny model);
 #   profile (not by default): the engine's FP8 b1 kernels timed one by one with PDL off, o's
 #      weight prefetched (qkv:16) by each kind in the chain and on the side stream.
-# Usage: OUT=dir [BUDGET_S=235] [STEPS="..."] [CHAIN_VARIANTS="..."] bash scripts/gpu_l2pf.sh
+# Usage: OUT=dir [BUDGET_S=235] [STEPS="..."] [CHAIN_VARIANTS="..."] [CHAIN_REPEATS=11]
+#   [DECODE_VARIANTS="NAME=VALUE[,...] ..."] [DECODE_ROUNDS=2] bash scripts/gpu_l2pf.sh
 set -u
 out=${OUT:?an output folder}
 budget=${BUDGET_S:-235}
@@ -30,7 +31,7 @@ step_probe() {
 step_chain_fp8() {
   # shellcheck disable=SC2086
   budget_step chain_fp8 30 python3 benchmarks/l2_prefetch_chain.py --weights fp8 --batch-sizes 1 \
-    --layers 32 --repeats 11 --no-dot-configs --output "$out/chain_fp8.json" \
+    --layers 32 --repeats "${CHAIN_REPEATS:-11}" --no-dot-configs --output "$out/chain_fp8.json" \
     ${CHAIN_VARIANTS:+--variants $CHAIN_VARIANTS}
 }
 step_chain_bf16() {
@@ -41,20 +42,22 @@ step_chain_bf16() {
 }
 best_chain_variant() {  # the FP8 chain's fastest variant settable in the engine, if it beat off
   [ -f "$out/chain_fp8.json" ] || return 0
+  # shellcheck disable=SC2086
   python3 -c 'import json, sys; v = json.load(open(sys.argv[1]))["rows"][0]["variants"]
 best = min(v, key=lambda n: v[n]["us_per_layer"])
-ok = best not in ("off", "PARASHIFT_L2_PREFETCH=side:read") and "placement" not in best \
-    and "chunk_kb" not in best
+own = ("placement=", "chunk_kb=", "programs=")  # the chain script'"'"'s own knobs
+ok = best not in ("off", *sys.argv[2:]) and not any(k in best for k in own)
 print(best if ok and v[best]["us_per_layer"] < v["off"]["us_per_layer"] else "")' \
-    "$out/chain_fp8.json"
+    "$out/chain_fp8.json" ${DECODE_VARIANTS:-PARASHIFT_L2_PREFETCH=side:read}
 }
 step_decode() {
   local best; best=$(best_chain_variant)
   # shellcheck disable=SC2086
   budget_step decode 50 env PARASHIFT_L2_PREFETCH=0 python3 benchmarks/decode_throughput.py \
     --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 \
-    --decode-steps 32 --cuda-graphs --quantization fp8 --no-dot-configs --rounds 2 \
-    --graph-variants PARASHIFT_L2_PREFETCH=side:read ${best:+$best} \
+    --decode-steps 32 --cuda-graphs --quantization fp8 --no-dot-configs \
+    --rounds "${DECODE_ROUNDS:-2}" \
+    --graph-variants ${DECODE_VARIANTS:-PARASHIFT_L2_PREFETCH=side:read} ${best:+$best} \
     --output "$out/decode_fp8.json"
 }
 step_profile() {  # each kernel's time with PDL off (PDL stretches a kernel over its wait)

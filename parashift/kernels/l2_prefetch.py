@@ -1,17 +1,19 @@
 """Pulls byte ranges of weights into L2 while the decode chain's small kernels run (issue 61):
-a kernel of its own, placed in the chain after a GEMM, whose programs issue L2 prefetches of
-the next GEMMs' weights and exit; those GEMMs then read what arrived from L2.
+a kernel of its own, placed after a GEMM (in the chain or on a side stream), whose programs
+pull the next GEMMs' weights into L2; those GEMMs then read what arrived from L2.
 
 At one row a layer's norms, rotary and attention leave HBM nearly idle for ~15 µs (8B shape);
 the weights are no kernel's output, so their prefetch needs no ordering against anything.
 A launch takes at most two spans (a weight's byte range each: o's weight and the start of
-gate_up's, say); each program covers CHUNK bytes of one span, split over LANES lanes, each
-lane one `cp.async.bulk.prefetch.L2` of its part (BULK: the copy engine walks the range, the
-thread goes on) or a `prefetch.global.L2` a 128-byte line. Under PDL (kernels/pdl.py) the
-kernel waits for the GEMM before it (AFTER_WAIT: its prefetches then do not take bandwidth
-from that GEMM) and lets the next kernel launch; it reads and writes nothing, so the chain's
-results are the same bits with it and without it. The spans come from layers/l2_prefetch.py
-(which weight where, PARASHIFT_L2_PREFETCH)."""
+gate_up's, say), cut in CHUNK-byte chunks, a program each (or at most max_programs, each
+looping), a chunk over LANES lanes: BULK, one `cp.async.bulk.prefetch.L2` a lane (the copy
+engine walks the range, the thread goes on); LINES, a `prefetch.global.L2` a 128-byte line;
+READ, a 4-byte load a 32-byte sector (sure to land, and the program lasts until it has),
+their max & 0 stored to a sink word no one reads (else the compilers drop the loads). Under
+PDL (kernels/pdl.py) the kernel waits for the GEMM before it (AFTER_WAIT: its traffic then
+does not slow that GEMM) and lets the next kernel launch; it writes nothing a kernel reads, so
+the chain's results are the same bits with it and without it. The spans come from
+layers/l2_prefetch.py (which weight where, PARASHIFT_L2_PREFETCH)."""
 from typing import NamedTuple
 
 import torch
@@ -38,8 +40,8 @@ class Span(NamedTuple):
 
 
 @triton.jit
-def _prefetch_lanes(base_ptr, first, count, CHUNK: tl.constexpr, LANES: tl.constexpr,
-                    KIND: tl.constexpr):
+def _prefetch_lanes(base_ptr, first, count, sink_ptr, zero, CHUNK: tl.constexpr,
+                    LANES: tl.constexpr, KIND: tl.constexpr):
     """This program's CHUNK bytes from `first` of a span of `count` bytes at base_ptr (u8),
     a part for each of LANES lanes (each whole lines, clipped to the span's end)."""
     PART: tl.constexpr = CHUNK // LANES
@@ -57,32 +59,41 @@ def _prefetch_lanes(base_ptr, first, count, CHUNK: tl.constexpr, LANES: tl.const
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
                                   [base_ptr + tl.minimum(offsets, count - 1)],
                                   dtype=tl.int32, is_pure=False, pack=1)
-    else:  # READ: a word of each 32-byte sector loaded, then dropped
-        SECTORS: tl.constexpr = PART // _SECTOR
+    else:  # READ: a word of each 32-byte sector loaded; their max & 0 stored to the sink
+        SECTORS: tl.constexpr = PART // _SECTOR  # (a use the compilers cannot drop)
         offsets = lane[:, None] + tl.arange(0, SECTORS)[None, :].to(tl.int64) * _SECTOR
         words = (base_ptr + tl.minimum(offsets, count - _ALIGN)).to(tl.pointer_type(tl.int32))
-        values = tl.load(words)
-        tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [values], dtype=tl.int32,
-                                  is_pure=False, pack=1)  # a use: the loads are issued
+        tl.store(sink_ptr, tl.max(tl.max(tl.load(words), axis=1), axis=0) & zero)
 
 
 @triton.jit
 def _l2_prefetch_kernel(a_ptr, a_first, a_count, a_chunks, b_ptr, b_first, b_count, chunks,
-                        CHUNK: tl.constexpr, LANES: tl.constexpr, KIND: tl.constexpr,
-                        AFTER_WAIT: tl.constexpr, USE_PDL: tl.constexpr):
-    """Chunks program, program + grid, ... of the spans' `chunks` (span a's first)."""
+                        sink_ptr, zero, CHUNK: tl.constexpr, LANES: tl.constexpr,
+                        KIND: tl.constexpr, AFTER_WAIT: tl.constexpr, USE_PDL: tl.constexpr):
+    """Chunks program, program + grid, ... of the spans' `chunks` (span a's first); READ
+    stores 0 (`zero`) to sink_ptr, a word no one reads."""
     if AFTER_WAIT:
         pdl.start(USE_PDL)
     for c in range(tl.program_id(0), chunks, tl.num_programs(0)):
         if c < a_chunks:
-            _prefetch_lanes(a_ptr + a_first, c.to(tl.int64) * CHUNK, a_count, CHUNK, LANES,
-                            KIND)
+            _prefetch_lanes(a_ptr + a_first, c.to(tl.int64) * CHUNK, a_count, sink_ptr, zero,
+                            CHUNK, LANES, KIND)
         else:
             _prefetch_lanes(b_ptr + b_first, (c - a_chunks).to(tl.int64) * CHUNK, b_count,
-                            CHUNK, LANES, KIND)
+                            sink_ptr, zero, CHUNK, LANES, KIND)
     if not AFTER_WAIT:
         pdl.start(USE_PDL)
     pdl.inputs_read(USE_PDL)
+
+
+_sinks: dict[torch.device, torch.Tensor] = {}
+
+
+def sink(device: torch.device) -> torch.Tensor:
+    """The device's word that READ programs store 0 to (made once, outside any capture)."""
+    if device not in _sinks:
+        _sinks[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _sinks[device]
 
 
 def programs_for(count: int, chunk: int) -> int:
@@ -116,6 +127,7 @@ def prefetch(spans: list[Span], kind: str = "bulk", after_wait: bool = True,
     chunks = a_chunks + programs_for(b.count, chunk)
     grid = (min(chunks, max_programs or chunks),)
     _l2_prefetch_kernel[grid](byte_view(a.tensor), a.first, a.count, a_chunks,
-                              byte_view(b.tensor), b.first, b.count, chunks, CHUNK=chunk,
+                              byte_view(b.tensor), b.first, b.count, chunks,
+                              sink(a.tensor.device), 0, CHUNK=chunk,
                               LANES=LANES, KIND=KINDS[kind], AFTER_WAIT=after_wait,
                               num_warps=LANES // 32, **pdl.launch_options(a.tensor.device))

@@ -1,6 +1,6 @@
 """The L2 prefetch kernel (kernels/l2_prefetch.py). On the CPU, compiled for sm_90: it touches
-memory only by L2 prefetches (bulk, a line at a time, or loads whose words it drops), issued
-after its grid dependency
+memory only by L2 prefetches (bulk, a line at a time, or loads whose max & 0 it stores to a
+sink word), issued after its grid dependency
 wait or before it as asked, and launches its dependents once. On a Hopper GPU: a decode
 chain of norm, GEMMs and SiLU-and-mul captured in a CUDA graph with the prefetches between
 its kernels gives the same bits as without, and spans of any size and start run."""
@@ -38,8 +38,12 @@ def test_only_prefetches_where_the_switch_places_them(kind, after_wait):
     assert prefetches
     assert all(not op.search(ptx) for other, op in OPS.items() if other != kind)
     memory = [ptx[m.start():ptx.find("\n", m.start())] for m in MEMORY_OP.finditer(ptx)]
-    assert (memory and all(OPS["read"].search(op) for op in memory)) if kind == "read" \
-        else not memory
+    stores = [op for op in memory if "st.global" in op]
+    if kind == "read":  # loads, and the sink's store after them
+        assert all(OPS["read"].search(op) for op in memory if op not in stores)
+        assert stores and ptx.find("ld.global") < ptx.find(stores[0].strip())
+    else:
+        assert not memory
     wait = ptx.find("griddepcontrol.wait")
     assert wait >= 0 and ptx.count("griddepcontrol.wait") == 1
     assert ptx.count("griddepcontrol.launch_dependents") == 1
