@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
 # Helper l2pf (issues 60, 61): the next GEMMs' weights pulled into L2 while the small decode
-# kernels run, on one H200. The STEPS (default "tests probe chain_fp8 chain_bf16 decode
-# engine_tests"), in order, each a `budget_step` within BUDGET_S (default 235) seconds, results to
-# $OUT as they come:
+# kernels run, on one H200. The STEPS (default "tests chain_fp8 chain_bf16 decode
+# engine_tests"), in order, each a `budget_step` within BUDGET_S (default 235) seconds,
+# results to $OUT as they come:
 #   tests: the prefetch kernel's GPU tests (same bits in a graphed chain, spans of any size);
-#   probe: benchmarks/l2_prefetch_probe.py: o and gate_up at one row cold, hot, after a
-#      prefetch that landed, and the prefetch kernel's own time (FP8; CUDA graphs);
 #   chain_fp8 / chain_bf16: benchmarks/l2_prefetch_chain.py: the 8B's 32 layers at one row,
 #      the prefetch's variants (kind, placement, budgets) against off;
 #   decode: the 8B engine's FP8 decode b1, off against DECODE_VARIANTS and the chain's fastest
@@ -23,10 +21,6 @@ source "$(dirname "$0")/budget_step.sh"
 step_tests() {
   budget_step tests 15 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x -p no:cacheprovider \
     tests/kernels/test_l2_prefetch.py
-}
-step_probe() {
-  budget_step probe 25 python3 benchmarks/l2_prefetch_probe.py --weights fp8 --megabytes 16 32 \
-    --repeats 9 --output "$out/probe.json"
 }
 step_chain_fp8() {
   # shellcheck disable=SC2086
@@ -77,5 +71,5 @@ step_engine_tests() {
     -p no:cacheprovider tests/layers/test_l2_prefetch.py -k "fp8"
 }
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv > "$out/gpu.txt" 2>&1
-for step in ${STEPS:-tests probe chain_fp8 chain_bf16 decode engine_tests}; do "step_$step"; done
+for step in ${STEPS:-tests chain_fp8 chain_bf16 decode engine_tests}; do "step_$step"; done
 echo "done in $SECONDS s"
