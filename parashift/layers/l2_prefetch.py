@@ -11,15 +11,17 @@ kernels between them (rotary, attention, the norms, SiLU-and-mul) leave HBM near
 
 PARASHIFT_L2_PREFETCH: 0 (off), 1 (DEFAULT_ON), or [side:]KIND. KIND: bulk (one
 `cp.async.bulk.prefetch.L2` a lane), lines (a `prefetch.global.L2` a line) or read (a load a
-32-byte sector, its word dropped: sure to land in L2, but the kernel lasts until it has);
+32-byte sector, their max & 0 stored to a sink word: sure to land in L2, but the kernel
+lasts until it has);
 side: launched on a second stream forked after the GEMM and joined after the step's last
 GEMM, so no kernel of the PDL chain waits for it (else a node of the chain). Read at each
 GEMM's call, so a CUDA graph keeps what its capture read; the hooks exist only where it was
 set (to any value) when the model was built. PARASHIFT_L2_PREFETCH_MB: NAME:MB[/NAME:MB...]
 over the layer's short names, unnamed ones 0 (e.g. qkv:32/o:8/gate_up:8/down:8; default
-qkv:16). Measured on an H200 (8B, one row; docs/benchmark_log.md): nothing gained; off by
-default. The prefetches move no arithmetic: a step's outputs are the same bits with them
-and without."""
+o:8). Measured on an H200 (8B FP8, one row; docs/benchmark_log.md): side:bulk o:8 1.022x
+the engine's step, every placement in the chain slower; off by default until an engine's
+greedy tokens with it are checked on a GPU (tests/layers/test_l2_prefetch.py). The
+prefetches move no arithmetic: a step's outputs are the same bits with them and without."""
 import os
 from typing import Callable, NamedTuple
 
@@ -30,9 +32,9 @@ from parashift.kernels import use_triton
 ENV = "PARASHIFT_L2_PREFETCH"
 MB_ENV = "PARASHIFT_L2_PREFETCH_MB"
 KINDS = ("bulk", "lines", "read")
-DEFAULT_ON = ("side", "bulk")  # PARASHIFT_L2_PREFETCH=1: the best measured (even with off)
+DEFAULT_ON = ("side", "bulk")  # PARASHIFT_L2_PREFETCH=1: the best measured
 DEFAULT_MODE = "0"
-DEFAULT_MB = "qkv:16"  # o's weight (8B FP8) during rotary and attention
+DEFAULT_MB = "o:8"  # gate_up's first 8 MB during the norm after o (8B FP8 b1: 1.022x)
 MAX_ROWS = 4  # the GEMV's rows (kernels/fp8_gemv.py): above, GEMMs reuse tiles from L2 anyway
 MAX_SPANS = 2  # weights a launch covers
 ALIGN = 16  # bytes: a span's start and size (cp.async.bulk's unit)
