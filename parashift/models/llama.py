@@ -7,6 +7,7 @@ from parashift.layers.activation import SiluAndMul
 from parashift.layers.attention import Attention
 from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from parashift.layers.fp8_input import hand_over_fp8_inputs
+from parashift.layers.l2_prefetch import register_l2_prefetch
 from parashift.layers.norm_gemv import fuse_norm_into_gemv
 from parashift.layers.silu_gemv import fuse_silu_into_gemv
 from parashift.layers.layernorm import RMSNorm, qk_norm
@@ -81,6 +82,9 @@ class LlamaDecoderLayer(nn.Module):
                        ("post_attention_layernorm", "mlp.gate_up_proj"))
     # (RMSNorm, linear layer it feeds): the layer's GEMV may form the norm (layers/norm_gemv.py)
     norm_gemv_pairs = fp8_input_pairs
+    # (short name, GEMM) in step order: weights pulled into L2 ahead (layers/l2_prefetch.py)
+    l2_prefetch_order = (("qkv", "self_attn.qkv_proj"), ("o", "self_attn.o_proj"),
+                         ("gate_up", "mlp.gate_up_proj"), ("down", "mlp.down_proj"))
 
     def __init__(self, cfg, max_position: int, mlp: nn.Module):
         super().__init__()
@@ -159,6 +163,7 @@ class LlamaForCausalLM(nn.Module):
         hand_over_fp8_inputs(self)
         fuse_silu_into_gemv(self)
         fuse_norm_into_gemv(self)
+        register_l2_prefetch(self)
 
     @staticmethod
     def make_mlp(cfg, layer_index: int) -> nn.Module:

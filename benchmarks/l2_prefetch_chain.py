@@ -1,0 +1,147 @@
+"""The next GEMMs' weights pulled into L2 while the small kernels run (layers/l2_prefetch.py,
+issue 61): the 8B shape's decode layers (benchmarks/pdl_chain.py's, each with weights and a
+KV pool of its own, so nothing stays in L2 from layer to layer), PDL on, one CUDA graph a
+variant, the graphs replayed in turn (interleaved repeats), median µs a layer.
+
+Usage (GPU): PYTHONPATH=. python3 benchmarks/l2_prefetch_chain.py [--weights fp8 bf16]
+    [--batch-sizes 1] [--layers 32] [--repeats 21] [--no-dot-configs] [--output F]
+    [--variants off PARASHIFT_L2_PREFETCH=1,PARASHIFT_L2_PREFETCH_MB=qkv:32/o:8 ...]
+A variant is `off` (PARASHIFT_L2_PREFETCH=0) or NAME=VALUE[,NAME=VALUE]: environment settings
+read while its graph is captured (PARASHIFT_L2_PREFETCH=side:KIND: on a second stream, no
+node of the PDL chain), and this script's own `placement` (chain: the prefetch kernel's
+prefetches after its PDL wait; before_wait: before it), `chunk_kb` (bytes a chunk) and
+`programs` (at most that many programs, each looping over chunks: fewer bytes in flight at
+once). FP8 layers as the engine runs them (the norms and SiLU-and-mul quantize the next
+GEMM's rows). Each row says whether every variant's output has the first's bits."""
+import argparse
+import contextlib
+
+import torch
+
+from benchmarks import pdl_chain
+from benchmarks.decode_throughput import copy_bandwidth, environment, parse_settings
+from parashift.kernels import fp8_gemm, skinny_gemm
+from parashift.layers import l2_prefetch as placement
+
+ORDER = ("qkv", "o", "gate_up", "down")
+OWN = ("placement", "chunk_kb", "programs")
+PLACEMENTS = ("chain", "before_wait")
+FULL = "PARASHIFT_L2_PREFETCH_MB=qkv:32/o:8/gate_up:8/down:8"  # o, gate_up, down, next qkv
+DEFAULT_VARIANTS = [
+    "off",
+    "PARASHIFT_L2_PREFETCH=1",  # side:bulk, the budget's default o:8: the best measured
+    "PARASHIFT_L2_PREFETCH=side:read",
+    f"PARASHIFT_L2_PREFETCH=side:bulk,{FULL}",
+    f"PARASHIFT_L2_PREFETCH=side:read,{FULL}",
+    f"PARASHIFT_L2_PREFETCH=side:read,{FULL},programs=33",
+    "PARASHIFT_L2_PREFETCH=read",
+    "PARASHIFT_L2_PREFETCH=bulk",
+    "PARASHIFT_L2_PREFETCH=lines",
+    "PARASHIFT_PDL_PREFETCH_KB=32",  # each GEMM program's own prefetch before its wait
+]
+
+
+def variant(text: str) -> str:
+    if text != "off":
+        settings = parse_settings(text)
+        if settings.get("placement", "chain") not in PLACEMENTS:
+            raise argparse.ArgumentTypeError(f"{text!r}: placement one of {PLACEMENTS}")
+    return text
+
+
+def split_variant(text: str) -> tuple[dict, dict]:
+    """(environment settings, this script's own) of a variant."""
+    if text == "off":
+        return {placement.ENV: "0"}, {}
+    settings = parse_settings(text)
+    return ({k: v for k, v in settings.items() if k not in OWN},
+            {k: v for k, v in settings.items() if k in OWN})
+
+
+class Prefetcher:
+    """Launches the planned prefetch after each of the step's GEMMs (pdl_chain.linear
+    wrapped while a graph is captured), by the engine's hooks' state (StepPrefetches)."""
+
+    def __init__(self, layers: list[pdl_chain.Layer]):
+        weights = [self.matrix(layer.weights[name]) for layer in layers for name in ORDER]
+        self.index = {id(w): i for i, w in enumerate(weights)}
+        self.steps = placement.StepPrefetches([*ORDER] * len(layers), lambda: weights)
+
+    @staticmethod
+    def matrix(weight) -> torch.Tensor:
+        return weight[0] if isinstance(weight, tuple) else weight
+
+    @contextlib.contextmanager
+    def wrapping(self, own: dict):
+        how = placement.mode()
+        if how is None:
+            yield
+            return
+        after_wait = own.get("placement", "chain") != "before_wait"
+        chunk = int(own["chunk_kb"]) * 1024 if "chunk_kb" in own else None
+        programs = int(own["programs"]) if "programs" in own else None
+        plain = pdl_chain.linear
+
+        def linear(x, weight, x_fp8=None):
+            y = plain(x, weight, x_fp8)
+            self.steps.after(self.index[id(self.matrix(weight))], how, after_wait, chunk,
+                             programs)
+            return y
+
+        pdl_chain.linear = linear
+        try:
+            yield
+        finally:
+            pdl_chain.linear = plain
+
+
+def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float,
+            variants: list[str], context: int = 1024) -> dict:
+    fp8 = weights == "fp8"
+    args = pdl_chain.step_args(count, fp8, batch, context, context + 1024)
+    layers = args[2]
+    prefetcher = Prefetcher(layers)
+    graphs, outputs = {}, {}
+    for name in variants:
+        settings, own = split_variant(name)
+        with environment(settings):
+            def run(name=name, own=own):
+                with prefetcher.wrapping(own):
+                    out = pdl_chain.step(*args, fp8_input=fp8)[0].clone()
+                outputs[name] = out
+            graphs[name] = pdl_chain.capture(run)
+    results = pdl_chain.replayed_fractions(graphs, layers, fp8, batch, context, count,
+                                           bandwidth, repeats)[0]
+    first = variants[0]
+    for row in results.values():
+        row[f"{first}_over_this"] = round(results[first]["us_per_layer"] / row["us_per_layer"], 4)
+    same = {name: torch.equal(outputs[first], out) for name, out in outputs.items()}
+    del graphs, layers
+    torch.cuda.empty_cache()
+    return dict(weights=weights, batch=batch, layers=count, variants=results, same_bits=same,
+                chosen=fp8_gemm.chosen() if fp8 else skinny_gemm.chosen())
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--weights", nargs="+", default=["fp8"], choices=["fp8", "bf16"])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=21)
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, type=variant,
+                   help="the first is the others' reference")
+    pdl_chain.add_no_dot_configs(p)
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+    pdl_chain.apply_no_dot_configs(args)
+    bandwidth = copy_bandwidth(torch.device("cuda"))
+    rows = []
+    for weights in args.weights:
+        for batch in args.batch_sizes:
+            rows.append(measure(weights, batch, args.layers, args.repeats, bandwidth,
+                                args.variants))
+            pdl_chain.report(rows, bandwidth, args.output)
+
+
+if __name__ == "__main__":
+    main()
