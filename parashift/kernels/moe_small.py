@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import num_sms, pdl
+from parashift.kernels import num_sms, pdl, split_tickets
 from parashift.kernels.silu_mul import silu_mul_values
 
 VEC_BYTES = 16  # of weights a thread loads at once and sums in registers; BLOCK_K a multiple
@@ -71,79 +71,105 @@ def _vec_sums_3d(w, x, VEC: tl.constexpr):
 
 
 @triton.jit
+def _gate_up_tile(pair, n_block, h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert,
+                  top_k, inter, k_in, stride_x, stride_h, stride_we, stride_wp, stride_wn,
+                  stride_se, stride_sp, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
+                  LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
+    """BLOCK_N columns of one pair's activation (SiLU(gate) * up) into h; nothing for a pair
+    whose expert is held elsewhere (EP): its row is never read."""
+    expert = tl.load(ids_ptr + pair).to(tl.int32) - first_expert
+    if (expert >= 0) & (expert < num_local):
+        token = pair // top_k
+        cols = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = cols < inter
+        rows = cols % inter  # columns past the end read a real row (no row mask); not stored
+        gate_rows = (w_ptr + expert.to(tl.int64) * stride_we
+                     + rows[:, None].to(tl.int64) * stride_wn)
+        up_rows = gate_rows + stride_wp
+        x_row = x_ptr + token.to(tl.int64) * stride_x
+        offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
+        acc_gate = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        for k0 in range(0, k_in, BLOCK_K):
+            k = (k0 + offs_k)[None, :]
+            if EVEN_K:
+                x = tl.load(x_row + k)  # [1, BLOCK_K]: in the weight tile's layout
+                gate = tl.load(gate_rows + k)
+                up = tl.load(up_rows + k)
+            else:
+                x = tl.load(x_row + k, mask=k < k_in, other=0.0)
+                gate = tl.load(gate_rows + k, mask=k < k_in, other=0.0)
+                up = tl.load(up_rows + k, mask=k < k_in, other=0.0)
+            acc_gate += _vec_sums(gate, x, VEC)
+            acc_up += _vec_sums(up, x, VEC)
+        gate = tl.sum(acc_gate, axis=1)
+        up = tl.sum(acc_up, axis=1)
+        if W_SCALED:
+            scale = s_ptr + expert.to(tl.int64) * stride_se + rows.to(tl.int64) * stride_sn
+            gate = gate * tl.load(scale)
+            up = up * tl.load(scale + stride_sp)
+        pdl.inputs_read(USE_PDL)
+        dtype = h_ptr.dtype.element_ty
+        out = silu_mul_values(gate.to(dtype), up.to(dtype), LIBDEVICE)
+        tl.store(h_ptr + pair.to(tl.int64) * stride_h + cols, out.to(dtype), mask=n_ok)
+
+
+@triton.jit
 def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert, top_k,
                     inter, k_in, stride_x, stride_h, stride_we, stride_wp, stride_wn,
                     stride_se, stride_sp, stride_sn, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, VEC: tl.constexpr, W_SCALED: tl.constexpr,
                     EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
     pdl.start(USE_PDL)  # which expert a pair reads is the routing's output
-    pair = tl.program_id(0)
-    expert = tl.load(ids_ptr + pair).to(tl.int32) - first_expert
-    if (expert < 0) | (expert >= num_local):
-        return  # held elsewhere (EP): its row is never read
-    token = pair // top_k
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = cols < inter
-    rows = cols % inter  # columns past the end read a real row (no row mask); not stored
-    gate_rows = (w_ptr + expert.to(tl.int64) * stride_we
-                 + rows[:, None].to(tl.int64) * stride_wn)
-    up_rows = gate_rows + stride_wp
-    x_row = x_ptr + token.to(tl.int64) * stride_x
-    offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
-    acc_gate = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-    for k0 in range(0, k_in, BLOCK_K):
-        k = (k0 + offs_k)[None, :]
-        if EVEN_K:
-            x = tl.load(x_row + k)  # [1, BLOCK_K]: in the weight tile's layout
-            gate = tl.load(gate_rows + k)
-            up = tl.load(up_rows + k)
-        else:
-            x = tl.load(x_row + k, mask=k < k_in, other=0.0)
-            gate = tl.load(gate_rows + k, mask=k < k_in, other=0.0)
-            up = tl.load(up_rows + k, mask=k < k_in, other=0.0)
-        acc_gate += _vec_sums(gate, x, VEC)
-        acc_up += _vec_sums(up, x, VEC)
-    gate = tl.sum(acc_gate, axis=1)
-    up = tl.sum(acc_up, axis=1)
-    if W_SCALED:
-        scale = s_ptr + expert.to(tl.int64) * stride_se + rows.to(tl.int64) * stride_sn
-        gate = gate * tl.load(scale)
-        up = up * tl.load(scale + stride_sp)
-    pdl.inputs_read(USE_PDL)
-    dtype = h_ptr.dtype.element_ty
-    out = silu_mul_values(gate.to(dtype), up.to(dtype), LIBDEVICE)
-    tl.store(h_ptr + pair.to(tl.int64) * stride_h + cols, out.to(dtype), mask=n_ok)
+    _gate_up_tile(tl.program_id(0), tl.program_id(1), h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr,
+                  num_local, first_expert, top_k, inter, k_in, stride_x, stride_h, stride_we,
+                  stride_wp, stride_wn, stride_se, stride_sp, stride_sn, BLOCK_N, BLOCK_K, VEC,
+                  W_SCALED, EVEN_K, LIBDEVICE, USE_PDL)
 
 
 @triton.jit
-def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, first_expert,
-                 top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn, stride_se,
-                 stride_sn, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
-                 USE_PDL: tl.constexpr):
-    pdl.start(USE_PDL)
-    token = tl.program_id(0)
+def _down_tile(token, n_block, out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local,
+               first_expert, top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn,
+               stride_se, stride_sn, done_ptr, done_target, TOP_K: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
+               W_SCALED: tl.constexpr, EVEN_K: tl.constexpr, WAIT: tl.constexpr,
+               USE_PDL: tl.constexpr):
+    """BLOCK_N output columns of one token: its k pairs' down rows, rounded and weighted,
+    summed. WAIT (one launch, kernels/moe_small_one.py): the first weight tile is loaded,
+    then the tile waits for done_ptr's count of gate_up tiles to reach done_target before it
+    reads h (from L2: other programs of the launch wrote it)."""
     slots = tl.arange(0, TOP_K)
     pairs = token * top_k + slots
     expert = tl.load(ids_ptr + pairs, mask=slots < top_k, other=0).to(tl.int32) - first_expert
     held = (slots < top_k) & (expert >= 0) & (expert < num_local)
     expert = tl.where(held, expert, 0)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = cols < n_out
     rows = cols % n_out
     w_rows = (w_ptr + expert[:, None, None].to(tl.int64) * stride_we
               + rows[None, :, None].to(tl.int64) * stride_wn)  # [TOP_K, BLOCK_N, 1]
     h_rows = h_ptr + pairs[:, None, None].to(tl.int64) * stride_h  # [TOP_K, 1, 1]
     offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
+    if WAIT:
+        first = held[:, None, None]
+        if not EVEN_K:
+            first = first & (offs_k[None, None, :] < k_in)
+        w = tl.load(w_rows + offs_k[None, None, :], mask=first, other=0.0)
+        split_tickets.wait_count(done_ptr, done_target)
     acc = tl.zeros((TOP_K, BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     for k0 in range(0, k_in, BLOCK_K):
         k = (k0 + offs_k)[None, None, :]
         mask = held[:, None, None]
         if not EVEN_K:
             mask = mask & (k < k_in)
-        h = tl.load(h_rows + k, mask=mask, other=0.0)
-        w = tl.load(w_rows + k, mask=mask, other=0.0)
+        if WAIT:
+            if k0 > 0:
+                w = tl.load(w_rows + k, mask=mask, other=0.0)
+            h = tl.load(h_rows + k, mask=mask, other=0.0, cache_modifier=".cg")
+        else:
+            h = tl.load(h_rows + k, mask=mask, other=0.0)
+            w = tl.load(w_rows + k, mask=mask, other=0.0)
         acc += _vec_sums_3d(w, h, VEC)
     y = tl.sum(acc, axis=2)  # [TOP_K, BLOCK_N]
     if W_SCALED:
@@ -157,13 +183,30 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
     tl.store(out_ptr + token.to(tl.int64) * stride_out + cols, total.to(dtype), mask=n_ok)
 
 
+@triton.jit
+def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, first_expert,
+                 top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn, stride_se,
+                 stride_sn, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
+                 USE_PDL: tl.constexpr):
+    pdl.start(USE_PDL)
+    _down_tile(tl.program_id(0), tl.program_id(1), out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr,
+               s_ptr, num_local, first_expert, top_k, n_out, k_in, stride_h, stride_out,
+               stride_we, stride_wn, stride_se, stride_sn, out_ptr, 0, TOP_K, BLOCK_N, BLOCK_K,
+               VEC, W_SCALED, EVEN_K, False, USE_PDL)
+
+
 def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
                   scales: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  tiles: tuple[tuple, tuple] | None = None) -> torch.Tensor:
-    """fused_experts' result [T, H] in two launches. gate_up [E, 2 I, H] or its narrowed
-    [E, 2, I / f, H] view, down [E, H, I]; FP8 experts with `scales` (gate_up's, down's)
-    per output row. tiles: ((BLOCK_N, BLOCK_K, warps) of gate_up, of down), else chosen."""
+                  tiles: tuple[tuple, tuple] | None = None, one_launch: bool | None = None
+                  ) -> torch.Tensor:
+    """fused_experts' result [T, H] in two launches, or in one (kernels/moe_small_one.py)
+    where one_launch (None: PARASHIFT_MOE_SMALL_ONE) and no two-launch tiles are given.
+    gate_up [E, 2 I, H] or its narrowed [E, 2, I / f, H] view, down [E, H, I]; FP8 experts
+    with `scales` (gate_up's, down's) per output row. tiles: ((BLOCK_N, BLOCK_K, warps) of
+    gate_up, of down), else chosen."""
+    from parashift.kernels import moe_small_one
     gate_up_scale, down_scale = scales or (None, None)
     if gate_up.dim() == 3:
         gate_up = gate_up.unflatten(1, (2, gate_up.shape[1] // 2))
@@ -174,6 +217,11 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     ids, weights = ids.contiguous(), weights.contiguous()
     tokens, top_k = ids.shape
     num_local, inter, hidden = gate_up.shape[0], gate_up.shape[2], gate_up.shape[3]
+    if tiles is None and (moe_small_one.enabled() if one_launch is None else one_launch):
+        out = moe_small_one.experts(x, weights, ids, gate_up, down, first_expert,
+                                    (gate_up_scale, down_scale) if scales else None)
+        if out is not None:
+            return out
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
     up_tiles, down_tiles = tiles or choose_tiles(tokens, top_k, inter, hidden,
                                                  gate_up.element_size(), x.device)

@@ -1,0 +1,135 @@
+"""kernels/moe_small.py's two kernels in one launch: a program per gate_up tile and a program
+per down tile, each taking its work by ticket (gate_up's tiles first). A down tile loads its
+first weight tile, then waits for the count of finished gate_up tiles to reach them all and
+reads the activations from L2: its weights stream in during gate_up's tail, where the
+two-launch path's down kernel starts only once gate_up has completed (PDL's grid wait).
+
+Deadlock-free at any residency: a down tile waits only for gate_up tiles whose tickets were
+taken before its own, by programs that wait on nothing. The counters (three: tickets,
+gate_up tiles done, programs left) are set back to 0 by the launch's last program; under PDL
+the ticket is taken before the grid wait, so consecutive launches alternate between two
+counter sets (the launch before may still be running; the one before it has completed).
+
+The same tiles' code as the two-launch path (moe_small._gate_up_tile, _down_tile): the same
+bits. PARASHIFT_MOE_SMALL_ONE=1 takes it for the small path's batches, 0 (the default)
+keeps two launches; PARASHIFT_MOE_SMALL_ONE_TILES="n,k,n,k,warps" (gate_up's tile, down's,
+the warps of both) for benchmarks/moe_chain.py's sweep."""
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from parashift.kernels import pdl, split_tickets
+from parashift.kernels.moe_small import VEC_BYTES, _down_tile, _gate_up_tile, choose_tiles
+
+ENV, TILES_ENV = "PARASHIFT_MOE_SMALL_ONE", "PARASHIFT_MOE_SMALL_ONE_TILES"
+NUM_COUNTERS = 3  # tickets, gate_up tiles done, programs left
+POOL = "moe_small_one"
+_launches = [0]  # which counter set the next launch takes
+
+
+def enabled() -> bool:
+    """PARASHIFT_MOE_SMALL_ONE (read at each call: a graph keeps what its capture read)."""
+    value = os.environ.get(ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+@triton.jit
+def _one_launch_kernel(out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, up_ptr, up_s_ptr, down_ptr,
+                       down_s_ptr, counters_ptr, num_local, first_expert, tokens, top_k, inter,
+                       hidden, up_tiles, num_programs, stride_x, stride_h, stride_out, stride_ue,
+                       stride_up, stride_un, stride_use, stride_usp, stride_usn, stride_de,
+                       stride_dn, stride_dse, stride_dsn, TOP_K: tl.constexpr,
+                       UP_N: tl.constexpr, UP_K: tl.constexpr, DOWN_N: tl.constexpr,
+                       DOWN_K: tl.constexpr, VEC: tl.constexpr, W_SCALED: tl.constexpr,
+                       EVEN_UP_K: tl.constexpr, EVEN_DOWN_K: tl.constexpr,
+                       LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
+    # before the grid wait: the counter set is this kernel's own, set back by a launch that
+    # has completed
+    item = split_tickets.take_work(counters_ptr)
+    pdl.start(USE_PDL)
+    done_ptr = counters_ptr + 1
+    pairs = tokens * top_k
+    if item < up_tiles:  # the column tile the slow axis: pairs of one expert read it together
+        _gate_up_tile(item % pairs, item // pairs, h_ptr, x_ptr, ids_ptr, up_ptr, up_s_ptr,
+                      num_local, first_expert, top_k, inter, hidden, stride_x, stride_h,
+                      stride_ue, stride_up, stride_un, stride_use, stride_usp, stride_usn, UP_N,
+                      UP_K, VEC, W_SCALED, EVEN_UP_K, LIBDEVICE, USE_PDL)
+        split_tickets.count_done(done_ptr)
+    else:
+        tile = item - up_tiles
+        _down_tile(tile % tokens, tile // tokens, out_ptr, h_ptr, ids_ptr, weights_ptr,
+                   down_ptr, down_s_ptr, num_local, first_expert, top_k, hidden, inter,
+                   stride_h, stride_out, stride_de, stride_dn, stride_dse, stride_dsn, done_ptr,
+                   up_tiles, TOP_K, DOWN_N, DOWN_K, VEC, W_SCALED, EVEN_DOWN_K, True, USE_PDL)
+    split_tickets.leave(counters_ptr, num_programs, NUM_COUNTERS)
+
+
+def counters(device: torch.device) -> torch.Tensor | None:
+    """The next launch's counter set (alternating), or None where none can be made now (a
+    first call inside a graph capture)."""
+    pool = split_tickets.counters(device, 2 * NUM_COUNTERS, POOL)
+    if pool is None:
+        return None
+    _launches[0] ^= 1
+    return pool[_launches[0] * NUM_COUNTERS:]
+
+
+def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+            down: torch.Tensor, first_expert: int, scales: tuple | None,
+            tiles: tuple | None = None) -> torch.Tensor | None:
+    """moe_small.small_experts' result in one launch (gate_up as [E, 2, I, H], scales
+    likewise, all contiguous in their last dim), or None where the counters are not at hand.
+    tiles: (gate_up's BLOCK_N, BLOCK_K, down's BLOCK_N, BLOCK_K, warps), else chosen."""
+    pool = counters(x.device)
+    if pool is None:
+        return None
+    gate_up_scale, down_scale = scales or (None, None)
+    tokens, top_k = ids.shape
+    num_local, inter, hidden = gate_up.shape[0], gate_up.shape[2], gate_up.shape[3]
+    up_n, up_k, down_n, down_k, warps = tiles or choose(tokens, top_k, inter, hidden,
+                                                        gate_up.element_size(), x.device)
+    vec = VEC_BYTES // gate_up.element_size()
+    if up_k % vec or down_k % vec:
+        raise ValueError(f"the K steps {up_k}, {down_k} must be multiples of {vec}")
+    h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    up_tiles = tokens * top_k * triton.cdiv(inter, up_n)
+    programs = up_tiles + tokens * triton.cdiv(hidden, down_n)
+    w_scaled = gate_up_scale is not None
+    _one_launch_kernel[(programs,)](
+        out, h, x, ids, weights, gate_up, gate_up_scale if w_scaled else h, down,
+        down_scale if w_scaled else out, pool, num_local, first_expert, tokens, top_k, inter,
+        hidden, up_tiles, programs, x.stride(0), h.stride(0), out.stride(0),
+        *gate_up.stride()[:3], *(gate_up_scale.stride()[:3] if w_scaled else (0, 0, 0)),
+        down.stride(0), down.stride(1),
+        *((down_scale.stride(0), down_scale.stride(1)) if w_scaled else (0, 0)),
+        TOP_K=triton.next_power_of_2(top_k), UP_N=up_n, UP_K=up_k, DOWN_N=down_n,
+        DOWN_K=down_k, VEC=vec, W_SCALED=w_scaled, EVEN_UP_K=hidden % up_k == 0,
+        EVEN_DOWN_K=inter % down_k == 0, LIBDEVICE=x.is_cuda, num_warps=warps,
+        enable_fp_fusion=False, **pdl.launch_options(x.device))
+    return out
+
+
+def choose(tokens: int, top_k: int, inter: int, hidden: int, weight_bytes: int,
+           device: torch.device) -> tuple[int, int, int, int, int]:
+    """PARASHIFT_MOE_SMALL_ONE_TILES's, else the two-launch path's tiles at gate_up's 4
+    warps: its down tile at half the columns (the same bytes a thread a step)."""
+    value = os.environ.get(TILES_ENV)
+    if value:
+        return _tiles_from(value)
+    (up_n, up_k, up_warps), (down_n, down_k, down_warps) = choose_tiles(
+        tokens, top_k, inter, hidden, weight_bytes, device)
+    return up_n, up_k, max(1, down_n * up_warps // down_warps), down_k, up_warps
+
+
+def _tiles_from(value: str) -> tuple[int, int, int, int, int]:
+    parts = value.split(",")
+    if len(parts) != 5 or not all(p.isdigit() and int(p) > 0 and int(p) & (int(p) - 1) == 0
+                                  for p in parts):
+        raise ValueError(f"{TILES_ENV} must be five powers of two \"n,k,n,k,warps\", "
+                         f"got {value!r}")
+    return tuple(int(p) for p in parts)
