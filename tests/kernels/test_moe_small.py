@@ -3,7 +3,8 @@ the weighted top-k sum fused) against the PyTorch path, layers.fused_moe.expert_
 the grouped GEMM they stand in for: 1, 2, 8 and 16 tokens at top-8 of 128 experts, odd
 sizes (K not a multiple of the tile, k not a power of two), experts held elsewhere (EP), a
 narrowed layout's strided views, repeated experts, bf16/fp16/fp32 and FP8 experts; under the
-Triton interpreter on the CPU and compiled on CUDA."""
+Triton interpreter on the CPU and compiled on CUDA; both kernels in one launch
+(kernels/moe_small_one.py) give the two launches' bits."""
 import itertools
 
 import pytest
@@ -54,8 +55,11 @@ def check(dtype="float32", device="cpu", tiles=0, **case):
     args = inputs(**case, dtype=dtype, device=device)
     tol, sum_tol = TOLERANCE[dtype], SUM_TOLERANCE[dtype]
     rounded = rounded_reference(*args)
-    out = moe_small.small_experts(*args)
+    out = moe_small.small_experts(*args, one_launch=False)
     torch.testing.assert_close(out, rounded, atol=tol, rtol=tol)
+    if device == "cuda" or args[2].numel() <= 16:  # interpreted: a launch's programs in turn
+        # one launch (kernels/moe_small_one.py) runs the same tiles' code: the same bits
+        assert torch.equal(moe_small.small_experts(*args, one_launch=True), out)
     torch.testing.assert_close(out, expert_outputs(*args), atol=sum_tol, rtol=sum_tol)
     forced = moe_small.small_experts(*args, tiles=TILES[tiles])
     torch.testing.assert_close(forced, rounded, atol=tol, rtol=tol)
@@ -88,6 +92,11 @@ def check_fp8(dtype="float32", device="cpu", tiles=0, **case):
     for forced in (None, TILES[tiles]):
         out = moe_small.small_experts(x, weights, ids, gate_up, down, first, scales, forced)
         torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    if device == "cuda":
+        one = moe_small.small_experts(x, weights, ids, gate_up, down, first, scales,
+                                      one_launch=True)
+        assert torch.equal(one, moe_small.small_experts(x, weights, ids, gate_up, down, first,
+                                                        scales, one_launch=False))
     grouped = fused_moe.grouped_experts(x, weights, ids, gate_up, down, first, scales)
     torch.testing.assert_close(out, grouped, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -152,3 +161,46 @@ def test_dispatch_and_cuda_graph_replay():
         w, i = route(logits.to(x.dtype), 8, renormalize=True)
         return fused_moe.fused_experts(x, w, i, gate_up, down, first)
     assert_graph_replays(step, [x, logits])
+
+
+@cuda
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_one_launch_at_the_model_shape_in_a_graph(tokens):
+    """Qwen3-30B-A3B's experts in bf16 (PDL on where the device has it): one launch gives
+    the two launches' bits, call after call (the counters alternate and are set back), and
+    a captured chain of calls replays new routing as it runs eagerly."""
+    from parashift.layers.fused_moe import route
+    x, weights, ids, gate_up, down, first = inputs(tokens, 128, 8, 2048, 768,
+                                                   dtype="bfloat16", device="cuda")
+    for _ in range(3):
+        assert torch.equal(moe_small.small_experts(x, weights, ids, gate_up, down,
+                                                   one_launch=True),
+                           moe_small.small_experts(x, weights, ids, gate_up, down,
+                                                   one_launch=False))
+    logits = torch.randn(tokens, 128, device="cuda")
+
+    def chain():
+        y = x
+        for _ in range(3):
+            w, i = route(logits.to(x.dtype), 8, renormalize=True)
+            y = moe_small.small_experts(y, w, i, gate_up, down, one_launch=True)
+        return y
+    assert_graph_replays(chain, [x, logits])
+
+
+def test_one_launch_switch_and_tiles(monkeypatch):
+    from parashift.kernels import moe_small_one
+    monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE", "1")
+    assert moe_small_one.enabled()
+    monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE", "yes")
+    with pytest.raises(ValueError, match="PARASHIFT_MOE_SMALL_ONE"):
+        moe_small_one.enabled()
+    monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE_TILES", "16,256,4,128,4")
+    assert moe_small_one.choose(1, 8, 768, 2048, 2, torch.device("cpu")) == (16, 256, 4, 128, 4)
+    monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE_TILES", "16,256,4,128")
+    with pytest.raises(ValueError, match="PARASHIFT_MOE_SMALL_ONE_TILES"):
+        moe_small_one.choose(1, 8, 768, 2048, 2, torch.device("cpu"))
+    monkeypatch.delenv("PARASHIFT_MOE_SMALL_ONE_TILES")
+    up_n, up_k, down_n, down_k, warps = moe_small_one.choose(1, 8, 768, 2048, 2,
+                                                             torch.device("cpu"))
+    assert 2048 % up_k == 0 and 768 % down_k == 0 and warps == 4
