@@ -128,8 +128,22 @@ def chain(experts, weights: list[tuple], x0: torch.Tensor, routes: list[torch.Te
     def run(i: int):
         x = state.get(i, x0)
         router, gate_up, down = weights[i]
-        w, ids = routed(routes[i], router, cfg)
+        w, ids = routed(x if routes[i] is None else routes[i], router, cfg)
         state[i + 1] = x if experts is None else experts(x, w, ids, gate_up, down)
+        return state[i + 1]
+    return run
+
+
+def routed_chain(weights: list[tuple], x0: torch.Tensor, cfg: dict, tiles=None):
+    """chain's candidate with each layer's router and experts in one launch
+    (kernels/moe_small_one.routed_experts), routed on the layer before's output."""
+    state = {}
+    top_k, renormalize = cfg["num_experts_per_tok"], cfg["norm_topk_prob"]
+
+    def run(i: int):
+        router, gate_up, down = weights[i]
+        state[i + 1] = moe_small_one.routed_experts(state.get(i, x0), router, top_k,
+                                                    renormalize, gate_up, down, tiles=tiles)
         return state[i + 1]
     return run
 
@@ -164,6 +178,15 @@ def measure(cfg: dict, tokens: int, weights: list[tuple], bandwidth: float) -> d
     candidates = {"router": chain(None, weights, x0, routes, cfg)}
     candidates.update({name: chain(fn, weights, x0, routes, cfg)
                        for name, fn in variants.items()})
+    if moe_small_one.routes(x0, router, cfg["num_experts_per_tok"]):
+        # routed on each layer's input (the chain's outputs), not on routes[i]: compare it
+        # with "small on own input", the two-launch path routed the same way
+        candidates["small on own input"] = chain(small_variants()["small"], weights, x0,
+                                                 [None] * len(weights), cfg)
+        candidates["one+router"] = routed_chain(weights, x0, cfg)
+        candidates.update({f"one+router {','.join(map(str, t))}": routed_chain(weights, x0,
+                                                                               cfg, t)
+                           for t in SMALL_ONE[:2]})
     timings = gemm_timing.replayed_timings_ms(candidates, len(weights))
     floor = floor_us(routes, weights, cfg, bandwidth)
     us = {name: round(ms * 1e3, 2) for name, ms in timings.items()}

@@ -36,15 +36,39 @@ def _router_kernel(x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, counter_ptr, 
                    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, EXPERTS: tl.constexpr,
                    PROGRAMS: tl.constexpr, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
                    USE_PDL: tl.constexpr):
-    offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    e_ok = offs_e < num_experts
+    offs_e, w_rows, w = first_tile(tl.program_id(0), w_ptr, num_experts, K, stride_we, BLOCK_E,
+                                   BLOCK_K)
+    pdl.start(USE_PDL)  # the weight is no earlier kernel's output: its first tile loaded
+    store_logits(w, w_rows, offs_e, x_ptr, logits_ptr, rows, num_experts, K, stride_xm, ROWS,
+                 BLOCK_E, BLOCK_K, USE_PDL)
+    if split_tickets.is_last(counter_ptr, PROGRAMS):
+        split_tickets.reset(counter_ptr)
+        route_stored(logits_ptr, weights_ptr, ids_ptr, rows, num_experts, TOP_K, EXPERTS,
+                     RENORMALIZE)
+
+
+@triton.jit
+def first_tile(e_block, w_ptr, num_experts, K, stride_we, BLOCK_E: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """(the block's experts, their weight rows, the rows' first BLOCK_K columns)."""
+    offs_e = e_block * BLOCK_E + tl.arange(0, BLOCK_E)
     # experts past E read expert E-1 (in bounds, no mask on the weight's loads); not stored
     w_rows = w_ptr + (offs_e % num_experts)[:, None].to(tl.int64) * stride_we
+    offs_k = tl.arange(0, BLOCK_K)
+    w = tl.load(w_rows + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+    return offs_e, w_rows, w
+
+
+@triton.jit
+def store_logits(w, w_rows, offs_e, x_ptr, logits_ptr, rows, num_experts, K, stride_xm,
+                 ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                 USE_PDL: tl.constexpr):
+    """The block's logits of every row (w: first_tile's), rounded to x's dtype, stored in
+    fp32."""
+    e_ok = offs_e < num_experts
     offs_m = tl.arange(0, ROWS)
     m_ok = offs_m < rows
     offs_k = tl.arange(0, BLOCK_K)
-    w = tl.load(w_rows + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
-    pdl.start(USE_PDL)  # the weight is no earlier kernel's output: its first tile loaded
     acc = tl.zeros((ROWS, BLOCK_E), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
@@ -57,15 +81,19 @@ def _router_kernel(x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, counter_ptr, 
     logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(logits_ptr + offs_m[:, None] * num_experts + offs_e[None, :], logits,
              mask=m_ok[:, None] & e_ok[None, :])
-    if split_tickets.is_last(counter_ptr, PROGRAMS):
-        split_tickets.reset(counter_ptr)
-        experts = tl.arange(0, EXPERTS)
-        held = experts < num_experts
-        for row in range(rows):
-            row_logits = tl.load(logits_ptr + row * num_experts + experts, mask=held,
-                                 other=-float("inf"), cache_modifier=".cg")
-            moe_routing.route_row(row_logits, held, weights_ptr + row * TOP_K,
-                                  ids_ptr + row * TOP_K, TOP_K, EXPERTS, RENORMALIZE)
+
+
+@triton.jit
+def route_stored(logits_ptr, weights_ptr, ids_ptr, rows, num_experts, TOP_K: tl.constexpr,
+                 EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """Every row routed from the logits other programs stored (read from L2)."""
+    experts = tl.arange(0, EXPERTS)
+    held = experts < num_experts
+    for row in range(rows):
+        row_logits = tl.load(logits_ptr + row * num_experts + experts, mask=held,
+                             other=-float("inf"), cache_modifier=".cg")
+        moe_routing.route_row(row_logits, held, weights_ptr + row * TOP_K,
+                              ids_ptr + row * TOP_K, TOP_K, EXPERTS, RENORMALIZE)
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, top_k: int) -> bool:

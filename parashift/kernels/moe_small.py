@@ -212,16 +212,16 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         gate_up = gate_up.unflatten(1, (2, gate_up.shape[1] // 2))
         gate_up_scale = None if gate_up_scale is None else gate_up_scale.unflatten(
             1, (2, gate_up_scale.shape[1] // 2))
-    gate_up, down = (w if w.stride(-1) == 1 else w.contiguous() for w in (gate_up, down))
-    x = x if x.stride(-1) == 1 else x.contiguous()
     ids, weights = ids.contiguous(), weights.contiguous()
-    tokens, top_k = ids.shape
-    num_local, inter, hidden = gate_up.shape[0], gate_up.shape[2], gate_up.shape[3]
     if tiles is None and (moe_small_one.enabled() if one_launch is None else one_launch):
         out = moe_small_one.experts(x, weights, ids, gate_up, down, first_expert,
                                     (gate_up_scale, down_scale) if scales else None)
         if out is not None:
             return out
+    gate_up, down = (w if w.stride(-1) == 1 else w.contiguous() for w in (gate_up, down))
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    tokens, top_k = ids.shape
+    num_local, inter, hidden = gate_up.shape[0], gate_up.shape[2], gate_up.shape[3]
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
     up_tiles, down_tiles = tiles or choose_tiles(tokens, top_k, inter, hidden,
                                                  gate_up.element_size(), x.device)

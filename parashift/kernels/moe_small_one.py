@@ -11,8 +11,11 @@ the ticket is taken before the grid wait, so consecutive launches alternate betw
 counter sets (the launch before may still be running; the one before it has completed).
 
 The same tiles' code as the two-launch path (moe_small._gate_up_tile, _down_tile): the same
-bits. PARASHIFT_MOE_SMALL_ONE=1 takes it for the small path's batches, 0 (the default)
-keeps two launches; PARASHIFT_MOE_SMALL_ONE_TILES="n,k,n,k,warps" (gate_up's tile, down's,
+bits. With the router too (`routed_experts`): a program per expert's logit takes the first
+tickets, the last of them routes (moe_router's code), the experts' tiles wait for that.
+PARASHIFT_MOE_SMALL_ONE=experts takes one launch for the small path's experts, =router for
+the router and experts (layers/fused_moe.py, at one or two rows), 0 (the default) keeps the
+router's launch and the experts' two; PARASHIFT_MOE_SMALL_ONE_TILES="n,k,n,k,warps" (gate_up's tile, down's,
 the warps of both) for benchmarks/moe_chain.py's sweep."""
 import os
 
@@ -20,40 +23,94 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import pdl, split_tickets
+from parashift.kernels import moe_router, moe_routing, pdl, split_tickets
 from parashift.kernels.moe_small import VEC_BYTES, _down_tile, _gate_up_tile, choose_tiles
 
 ENV, TILES_ENV = "PARASHIFT_MOE_SMALL_ONE", "PARASHIFT_MOE_SMALL_ONE_TILES"
-NUM_COUNTERS = 3  # tickets, gate_up tiles done, programs left
+NUM_COUNTERS = 5  # tickets, gate_up tiles done, router tiles done, routed, programs left
+_COUNTERS = tl.constexpr(NUM_COUNTERS)  # as the kernel sees it
 POOL = "moe_small_one"
 _launches = [0]  # which counter set the next launch takes
 
 
-def enabled() -> bool:
+MODES = ("0", "experts", "router")
+
+
+def mode() -> str:
     """PARASHIFT_MOE_SMALL_ONE (read at each call: a graph keeps what its capture read)."""
     value = os.environ.get(ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    if value not in MODES:
+        raise ValueError(f"{ENV} must be one of {MODES}, got {value!r}")
+    return value
+
+
+def enabled() -> bool:
+    """Whether the small path's experts take one launch (with or without the router)."""
+    return mode() != "0"
 
 
 @triton.jit
 def _one_launch_kernel(out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, up_ptr, up_s_ptr, down_ptr,
-                       down_s_ptr, counters_ptr, num_local, first_expert, tokens, top_k, inter,
-                       hidden, up_tiles, num_programs, stride_x, stride_h, stride_out, stride_ue,
-                       stride_up, stride_un, stride_use, stride_usp, stride_usn, stride_de,
-                       stride_dn, stride_dse, stride_dsn, TOP_K: tl.constexpr,
+                       down_s_ptr, counters_ptr, router_ptr, logits_ptr, num_experts,
+                       router_tiles, num_local, first_expert, tokens, top_k, inter, hidden,
+                       up_tiles, num_programs, stride_x, stride_h, stride_out, stride_re,
+                       stride_ue, stride_up, stride_un, stride_use, stride_usp, stride_usn,
+                       stride_de, stride_dn, stride_dse, stride_dsn, TOP_K: tl.constexpr,
                        UP_N: tl.constexpr, UP_K: tl.constexpr, DOWN_N: tl.constexpr,
                        DOWN_K: tl.constexpr, VEC: tl.constexpr, W_SCALED: tl.constexpr,
                        EVEN_UP_K: tl.constexpr, EVEN_DOWN_K: tl.constexpr,
+                       ROUTE: tl.constexpr, ROWS: tl.constexpr, ROUTER_K: tl.constexpr,
+                       EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr,
                        LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
     # before the grid wait: the counter set is this kernel's own, set back by a launch that
     # has completed
     item = split_tickets.take_work(counters_ptr)
-    pdl.start(USE_PDL)
-    done_ptr = counters_ptr + 1
+    routed_ptr = counters_ptr + 3
+    if ROUTE:
+        if item < router_tiles:  # an expert's logit; the last of them routes every row
+            offs_e, w_rows, w = moe_router.first_tile(item, router_ptr, num_experts, hidden,
+                                                      stride_re, 1, ROUTER_K)
+            pdl.start(USE_PDL)  # the router's weight is no earlier kernel's output
+            moe_router.store_logits(w, w_rows, offs_e, x_ptr, logits_ptr, tokens, num_experts,
+                                    hidden, stride_x, ROWS, 1, ROUTER_K, USE_PDL)
+            if split_tickets.is_last_of(counters_ptr + 2, router_tiles):
+                moe_router.route_stored(logits_ptr, weights_ptr, ids_ptr, tokens, num_experts,
+                                        TOP_K, EXPERTS, RENORMALIZE)
+                split_tickets.count_done(routed_ptr)
+        else:
+            pdl.start(USE_PDL)
+            split_tickets.wait_count(routed_ptr, 1)
+            _experts_tile(item - router_tiles, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr,
+                          up_ptr, up_s_ptr, down_ptr, down_s_ptr, counters_ptr + 1, num_local,
+                          first_expert, tokens, top_k, inter, hidden, up_tiles, stride_x,
+                          stride_h, stride_out, stride_ue, stride_up, stride_un, stride_use,
+                          stride_usp, stride_usn, stride_de, stride_dn, stride_dse, stride_dsn,
+                          TOP_K, UP_N, UP_K, DOWN_N, DOWN_K, VEC, W_SCALED, EVEN_UP_K,
+                          EVEN_DOWN_K, LIBDEVICE, USE_PDL)
+    else:
+        pdl.start(USE_PDL)
+        _experts_tile(item, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, up_ptr, up_s_ptr,
+                      down_ptr, down_s_ptr, counters_ptr + 1, num_local, first_expert, tokens,
+                      top_k, inter, hidden, up_tiles, stride_x, stride_h, stride_out,
+                      stride_ue, stride_up, stride_un, stride_use, stride_usp, stride_usn,
+                      stride_de, stride_dn, stride_dse, stride_dsn, TOP_K, UP_N, UP_K, DOWN_N,
+                      DOWN_K, VEC, W_SCALED, EVEN_UP_K, EVEN_DOWN_K, LIBDEVICE, USE_PDL)
+    split_tickets.leave(counters_ptr, num_programs, _COUNTERS)
+
+
+@triton.jit
+def _experts_tile(item, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, up_ptr, up_s_ptr, down_ptr,
+                  down_s_ptr, done_ptr, num_local, first_expert, tokens, top_k, inter, hidden,
+                  up_tiles, stride_x, stride_h, stride_out, stride_ue, stride_up, stride_un,
+                  stride_use, stride_usp, stride_usn, stride_de, stride_dn, stride_dse,
+                  stride_dsn, TOP_K: tl.constexpr, UP_N: tl.constexpr, UP_K: tl.constexpr,
+                  DOWN_N: tl.constexpr, DOWN_K: tl.constexpr, VEC: tl.constexpr,
+                  W_SCALED: tl.constexpr, EVEN_UP_K: tl.constexpr, EVEN_DOWN_K: tl.constexpr,
+                  LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
+    """The experts' item-th tile: gate_up's first (the column tile the slow axis: pairs of
+    one expert read it together), then down's, which wait for gate_up's count."""
     pairs = tokens * top_k
-    if item < up_tiles:  # the column tile the slow axis: pairs of one expert read it together
+    if item < up_tiles:
         _gate_up_tile(item % pairs, item // pairs, h_ptr, x_ptr, ids_ptr, up_ptr, up_s_ptr,
                       num_local, first_expert, top_k, inter, hidden, stride_x, stride_h,
                       stride_ue, stride_up, stride_un, stride_use, stride_usp, stride_usn, UP_N,
@@ -65,7 +122,6 @@ def _one_launch_kernel(out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, up_ptr, up_s
                    down_ptr, down_s_ptr, num_local, first_expert, top_k, hidden, inter,
                    stride_h, stride_out, stride_de, stride_dn, stride_dse, stride_dsn, done_ptr,
                    up_tiles, TOP_K, DOWN_N, DOWN_K, VEC, W_SCALED, EVEN_DOWN_K, True, USE_PDL)
-    split_tickets.leave(counters_ptr, num_programs, NUM_COUNTERS)
 
 
 def counters(device: torch.device) -> torch.Tensor | None:
@@ -84,10 +140,48 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
     """moe_small.small_experts' result in one launch (gate_up as [E, 2, I, H], scales
     likewise, all contiguous in their last dim), or None where the counters are not at hand.
     tiles: (gate_up's BLOCK_N, BLOCK_K, down's BLOCK_N, BLOCK_K, warps), else chosen."""
+    return _launch(x, weights, ids, None, None, gate_up, down, first_expert, scales, tiles)
+
+
+def routes(x: torch.Tensor, router: torch.Tensor, top_k: int, fp8: bool = False) -> bool:
+    """Whether `routed_experts` takes these: MAX_ROUTED_ROWS rows routed by a router weight
+    [E, H] in x's dtype that the routing kernel fits, onto the small path's experts."""
+    from parashift.kernels import moe_small
+    return (x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROUTED_ROWS and x.dtype == router.dtype
+            and x.shape[1] == router.shape[1] and router.stride(1) == 1
+            and moe_routing.route_fits(router.shape[0], top_k)
+            and moe_small.takes(x.shape[0] * top_k, fp8))
+
+
+MAX_ROUTED_ROWS = 2
+
+
+def routed_experts(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool,
+                   gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
+                   scales: tuple | None = None, tiles: tuple | None = None
+                   ) -> torch.Tensor | None:
+    """The router (moe_router.route_from_hidden's logits and routing) and the experts in one
+    launch: a program per expert's logit first, the last of them routing every row, then the
+    experts' tiles, which wait for the routing. gate_up [E, 2 I, H] or [E, 2, I, H]. None
+    where the counters are not at hand."""
+    if gate_up.dim() == 3:
+        gate_up = gate_up.unflatten(1, (2, gate_up.shape[1] // 2))
+    if scales is not None and scales[0].dim() == 3:
+        scales = (scales[0].unflatten(1, (2, scales[0].shape[1] // 2)), scales[1])
+    tokens = x.shape[0]
+    weights = torch.empty(tokens, top_k, dtype=x.dtype, device=x.device)
+    ids = torch.empty(tokens, top_k, dtype=torch.int64, device=x.device)
+    return _launch(x, weights, ids, router, renormalize, gate_up, down, first_expert, scales,
+                   tiles)
+
+
+def _launch(x, weights, ids, router, renormalize, gate_up, down, first_expert, scales, tiles):
     pool = counters(x.device)
     if pool is None:
         return None
     gate_up_scale, down_scale = scales or (None, None)
+    gate_up, down = (w if w.stride(-1) == 1 else w.contiguous() for w in (gate_up, down))
+    x = x if x.stride(-1) == 1 else x.contiguous()
     tokens, top_k = ids.shape
     num_local, inter, hidden = gate_up.shape[0], gate_up.shape[2], gate_up.shape[3]
     up_n, up_k, down_n, down_k, warps = tiles or choose(tokens, top_k, inter, hidden,
@@ -98,19 +192,26 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     up_tiles = tokens * top_k * triton.cdiv(inter, up_n)
-    programs = up_tiles + tokens * triton.cdiv(hidden, down_n)
+    num_experts = 0 if router is None else router.shape[0]
+    logits = None if router is None else torch.empty(tokens, num_experts, dtype=torch.float32,
+                                                     device=x.device)
+    programs = num_experts + up_tiles + tokens * triton.cdiv(hidden, down_n)
     w_scaled = gate_up_scale is not None
     _one_launch_kernel[(programs,)](
         out, h, x, ids, weights, gate_up, gate_up_scale if w_scaled else h, down,
-        down_scale if w_scaled else out, pool, num_local, first_expert, tokens, top_k, inter,
-        hidden, up_tiles, programs, x.stride(0), h.stride(0), out.stride(0),
-        *gate_up.stride()[:3], *(gate_up_scale.stride()[:3] if w_scaled else (0, 0, 0)),
-        down.stride(0), down.stride(1),
-        *((down_scale.stride(0), down_scale.stride(1)) if w_scaled else (0, 0)),
+        down_scale if w_scaled else out, pool, out if router is None else router,
+        out if logits is None else logits, num_experts, num_experts, num_local, first_expert,
+        tokens, top_k, inter, hidden, up_tiles, programs, x.stride(0), h.stride(0),
+        out.stride(0), 0 if router is None else router.stride(0), *gate_up.stride()[:3],
+        *(gate_up_scale.stride()[:3] if w_scaled else (0, 0, 0)), down.stride(0),
+        down.stride(1), *((down_scale.stride(0), down_scale.stride(1)) if w_scaled else (0, 0)),
         TOP_K=triton.next_power_of_2(top_k), UP_N=up_n, UP_K=up_k, DOWN_N=down_n,
         DOWN_K=down_k, VEC=vec, W_SCALED=w_scaled, EVEN_UP_K=hidden % up_k == 0,
-        EVEN_DOWN_K=inter % down_k == 0, LIBDEVICE=x.is_cuda, num_warps=warps,
-        enable_fp_fusion=False, **pdl.launch_options(x.device))
+        EVEN_DOWN_K=inter % down_k == 0, ROUTE=router is not None,
+        ROWS=triton.next_power_of_2(tokens), ROUTER_K=triton.next_power_of_2(hidden),
+        EXPERTS=triton.next_power_of_2(max(num_experts, 1)), RENORMALIZE=bool(renormalize),
+        LIBDEVICE=x.is_cuda, num_warps=warps, enable_fp_fusion=False,
+        **pdl.launch_options(x.device))
     return out
 
 

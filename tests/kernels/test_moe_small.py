@@ -10,10 +10,10 @@ import itertools
 import pytest
 import torch
 
-from parashift.kernels import fused_moe, moe_small
+from parashift.kernels import fused_moe, moe_router, moe_small, moe_small_one
 from parashift.layers.activation import silu_and_mul_torch
 from parashift.layers.fused_moe import expert_outputs
-from tests.kernels.common import assert_graph_replays, case_tests, cuda
+from tests.kernels.common import assert_graph_replays, case_tests, cuda, randn
 from tests.kernels.test_fused_moe import TOLERANCE, inputs
 
 # tiles: an index into TILES, forced tiles run beside the chosen ones
@@ -60,11 +60,26 @@ def check(dtype="float32", device="cpu", tiles=0, **case):
     if device == "cuda" or args[2].numel() <= 16:  # interpreted: a launch's programs in turn
         # one launch (kernels/moe_small_one.py) runs the same tiles' code: the same bits
         assert torch.equal(moe_small.small_experts(*args, one_launch=True), out)
+        if device == "cuda" or case["experts"] <= 16:  # interpreted: a program an expert
+            check_routed(*args, case["experts"])
     torch.testing.assert_close(out, expert_outputs(*args), atol=sum_tol, rtol=sum_tol)
     forced = moe_small.small_experts(*args, tiles=TILES[tiles])
     torch.testing.assert_close(forced, rounded, atol=tol, rtol=tol)
     # the grouped GEMM rounds alike: only the fp32 sums' order differs
     torch.testing.assert_close(out, fused_moe.grouped_experts(*args), atol=tol, rtol=tol)
+
+
+def check_routed(x, weights, ids, gate_up, down, first, experts):
+    """The router and the experts in one launch: the bits of moe_router's routing and the
+    experts' two launches (where it takes these rows)."""
+    top_k = ids.shape[1]
+    router = randn((experts, x.shape[1]), str(x.dtype).split(".")[1], x.device, seed=9,
+                   scale=0.3)
+    if moe_small_one.routes(x, router, top_k):
+        w, i = moe_router.route_from_hidden(x, router, top_k, True)
+        assert torch.equal(
+            moe_small_one.routed_experts(x, router, top_k, True, gate_up, down, first),
+            moe_small.small_experts(x, w, i, gate_up, down, first, one_launch=False))
 
 
 test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True)
@@ -189,9 +204,8 @@ def test_one_launch_at_the_model_shape_in_a_graph(tokens):
 
 
 def test_one_launch_switch_and_tiles(monkeypatch):
-    from parashift.kernels import moe_small_one
-    monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE", "1")
-    assert moe_small_one.enabled()
+    monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE", "router")
+    assert moe_small_one.enabled() and moe_small_one.mode() == "router"
     monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE", "yes")
     with pytest.raises(ValueError, match="PARASHIFT_MOE_SMALL_ONE"):
         moe_small_one.enabled()

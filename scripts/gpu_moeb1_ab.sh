@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 61 item 2 (helper moeb1, session 45): Qwen3-30B-A3B decode at one row, the MoE block
+# in fewer launches (kernels/moe_small_one.py), on ONE H200, in this order (what BUDGET_S
+# leaves out last):
+# 1. GPU tests: one launch gives the two launches' bits (bf16 cases, FP8, the model's shape
+#    in a graph), the router and experts in one launch through FusedMoE (tp, ep);
+# 2. benchmarks/moe_chain.py at one token: 16 MoE layers in a CUDA graph with PDL: the two
+#    launches' tiles, one launch and its tiles, router + experts in one launch;
+# 3. the engine at b1 (context 1024, graphs, max-model-len 8192, 32 steps): default,
+#    PARASHIFT_MOE_SMALL_ONE=experts and =router as graph variants, 3 rounds, profiles of
+#    default and router.
+# Usage: OUT=dir [BUDGET_S=230] bash scripts/gpu_moeb1_ab.sh
+set -u
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+budget=${BUDGET_S:-230}
+MOE=benchmarks/shapes/qwen3-30b-a3b.json
+source scripts/budget_step.sh
+budget_step tests 45 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+  -k "one_launch or ((test_cuda or test_fp8_cuda) and bfloat16)" tests/kernels/test_moe_small.py \
+  tests/layers/test_fused_moe.py
+budget_step moe_chain 45 python3 benchmarks/moe_chain.py --model "$MOE" --tokens 1 \
+  --layers 16 --output "$OUT/moe_chain.json"
+budget_step engine 120 python3 benchmarks/decode_throughput.py --model "$MOE" \
+  --max-model-len 8192 --context 1024 --decode-steps 32 --cuda-graphs --batch-sizes 1 \
+  --graph-variants PARASHIFT_MOE_SMALL_ONE=experts PARASHIFT_MOE_SMALL_ONE=router \
+  --rounds 3 --profile --profile-variants default PARASHIFT_MOE_SMALL_ONE=router \
+  --output "$OUT/engine.json"
+tail -n 3 "$OUT/moe_chain.log" "$OUT/engine.log" | cut -c1-3000
