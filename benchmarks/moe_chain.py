@@ -134,7 +134,7 @@ def chain(experts, weights: list[tuple], x0: torch.Tensor, routes: list[torch.Te
     return run
 
 
-def routed_chain(weights: list[tuple], x0: torch.Tensor, cfg: dict, tiles=None):
+def routed_chain(weights: list[tuple], x0: torch.Tensor, cfg: dict, tiles=None, each=False):
     """chain's candidate with each layer's router and experts in one launch
     (kernels/moe_small_one.routed_experts), routed on the layer before's output."""
     state = {}
@@ -143,7 +143,8 @@ def routed_chain(weights: list[tuple], x0: torch.Tensor, cfg: dict, tiles=None):
     def run(i: int):
         router, gate_up, down = weights[i]
         state[i + 1] = moe_small_one.routed_experts(state.get(i, x0), router, top_k,
-                                                    renormalize, gate_up, down, tiles=tiles)
+                                                    renormalize, gate_up, down, tiles=tiles,
+                                                    each=each)
         return state[i + 1]
     return run
 
@@ -184,6 +185,7 @@ def measure(cfg: dict, tokens: int, weights: list[tuple], bandwidth: float) -> d
         candidates["small on own input"] = chain(small_variants()["small"], weights, x0,
                                                  [None] * len(weights), cfg)
         candidates["one+router"] = routed_chain(weights, x0, cfg)
+        candidates["one+router-each"] = routed_chain(weights, x0, cfg, each=True)
         candidates.update({f"one+router {','.join(map(str, t))}": routed_chain(weights, x0,
                                                                                cfg, t)
                            for t in SMALL_ONE[:2]})

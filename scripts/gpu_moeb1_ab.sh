@@ -7,8 +7,8 @@
 # 2. benchmarks/moe_chain.py at one token: 16 MoE layers in a CUDA graph with PDL: the two
 #    launches' tiles, one launch and its tiles, router + experts in one launch;
 # 3. the engine at b1 (context 1024, graphs, max-model-len 8192, 32 steps): default,
-#    PARASHIFT_MOE_SMALL_ONE=experts and =router as graph variants, 3 rounds, profiles of
-#    default and router.
+#    PARASHIFT_MOE_SMALL_ONE=experts, =router and =router-each as graph variants, 3 rounds,
+#    profiles of default and router.
 # Usage: OUT=dir [BUDGET_S=230] bash scripts/gpu_moeb1_ab.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
@@ -23,6 +23,7 @@ budget_step moe_chain 45 python3 benchmarks/moe_chain.py --model "$MOE" --tokens
 budget_step engine 120 python3 benchmarks/decode_throughput.py --model "$MOE" \
   --max-model-len 8192 --context 1024 --decode-steps 32 --cuda-graphs --batch-sizes 1 \
   --graph-variants PARASHIFT_MOE_SMALL_ONE=experts PARASHIFT_MOE_SMALL_ONE=router \
+  PARASHIFT_MOE_SMALL_ONE=router-each \
   --rounds 3 --profile --profile-variants default PARASHIFT_MOE_SMALL_ONE=router \
   --output "$OUT/engine.json"
 tail -n 3 "$OUT/moe_chain.log" "$OUT/engine.log" | cut -c1-3000

@@ -71,14 +71,15 @@ def _vec_sums_3d(w, x, VEC: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_tile(pair, n_block, h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert,
+def _gate_up_tile(pair, n_block, expert_id, h_ptr, x_ptr, w_ptr, s_ptr, num_local, first_expert,
                   top_k, inter, k_in, stride_x, stride_h, stride_we, stride_wp, stride_wn,
                   stride_se, stride_sp, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
                   LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
-    """BLOCK_N columns of one pair's activation (SiLU(gate) * up) into h; nothing for a pair
-    whose expert is held elsewhere (EP): its row is never read."""
-    expert = tl.load(ids_ptr + pair).to(tl.int32) - first_expert
+    """BLOCK_N columns of one pair's activation (SiLU(gate) * up) into h (the pair's expert:
+    expert_id); nothing for a pair whose expert is held elsewhere (EP): its row is never
+    read."""
+    expert = expert_id.to(tl.int32) - first_expert
     if (expert >= 0) & (expert < num_local):
         token = pair // top_k
         cols = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -122,26 +123,27 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
                     BLOCK_K: tl.constexpr, VEC: tl.constexpr, W_SCALED: tl.constexpr,
                     EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
     pdl.start(USE_PDL)  # which expert a pair reads is the routing's output
-    _gate_up_tile(tl.program_id(0), tl.program_id(1), h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr,
+    pair = tl.program_id(0)
+    _gate_up_tile(pair, tl.program_id(1), tl.load(ids_ptr + pair), h_ptr, x_ptr, w_ptr, s_ptr,
                   num_local, first_expert, top_k, inter, k_in, stride_x, stride_h, stride_we,
                   stride_wp, stride_wn, stride_se, stride_sp, stride_sn, BLOCK_N, BLOCK_K, VEC,
                   W_SCALED, EVEN_K, LIBDEVICE, USE_PDL)
 
 
 @triton.jit
-def _down_tile(token, n_block, out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local,
+def _down_tile(token, n_block, expert_ids, pair_weights, out_ptr, h_ptr, w_ptr, s_ptr, num_local,
                first_expert, top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn,
                stride_se, stride_sn, done_ptr, done_target, TOP_K: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
                W_SCALED: tl.constexpr, EVEN_K: tl.constexpr, WAIT: tl.constexpr,
                USE_PDL: tl.constexpr):
     """BLOCK_N output columns of one token: its k pairs' down rows, rounded and weighted,
-    summed. WAIT (one launch, kernels/moe_small_one.py): the first weight tile is loaded,
+    summed (expert_ids [TOP_K], pair_weights [TOP_K] fp32: its pairs', any past k). WAIT (one launch, kernels/moe_small_one.py): the first weight tile is loaded,
     then the tile waits for done_ptr's count of gate_up tiles to reach done_target before it
     reads h (from L2: other programs of the launch wrote it)."""
     slots = tl.arange(0, TOP_K)
     pairs = token * top_k + slots
-    expert = tl.load(ids_ptr + pairs, mask=slots < top_k, other=0).to(tl.int32) - first_expert
+    expert = expert_ids.to(tl.int32) - first_expert
     held = (slots < top_k) & (expert >= 0) & (expert < num_local)
     expert = tl.where(held, expert, 0)
     cols = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -176,11 +178,20 @@ def _down_tile(token, n_block, out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_pt
         y = y * tl.load(s_ptr + expert[:, None].to(tl.int64) * stride_se
                         + rows[None, :].to(tl.int64) * stride_sn)
     dtype = out_ptr.dtype.element_ty
-    weight = tl.load(weights_ptr + pairs, mask=held, other=0.0).to(tl.float32)
+    weight = tl.where(held, pair_weights, 0.0)
     pdl.inputs_read(USE_PDL)
     y = (y.to(dtype).to(tl.float32) * weight[:, None]).to(dtype).to(tl.float32)
     total = tl.sum(tl.where(held[:, None], y, 0.0), axis=0)
     tl.store(out_ptr + token.to(tl.int64) * stride_out + cols, total.to(dtype), mask=n_ok)
+
+
+@triton.jit
+def _pairs_of(token, ids_ptr, weights_ptr, top_k, TOP_K: tl.constexpr):
+    """(expert ids, routing weights in fp32) of the token's pairs, [TOP_K] (0 past k)."""
+    slots = tl.arange(0, TOP_K)
+    pairs = token * top_k + slots
+    ids = tl.load(ids_ptr + pairs, mask=slots < top_k, other=0)
+    return ids, tl.load(weights_ptr + pairs, mask=slots < top_k, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -190,7 +201,9 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
                  VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
                  USE_PDL: tl.constexpr):
     pdl.start(USE_PDL)
-    _down_tile(tl.program_id(0), tl.program_id(1), out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr,
+    token = tl.program_id(0)
+    expert_ids, pair_weights = _pairs_of(token, ids_ptr, weights_ptr, top_k, TOP_K)
+    _down_tile(token, tl.program_id(1), expert_ids, pair_weights, out_ptr, h_ptr, w_ptr,
                s_ptr, num_local, first_expert, top_k, n_out, k_in, stride_h, stride_out,
                stride_we, stride_wn, stride_se, stride_sn, out_ptr, 0, TOP_K, BLOCK_N, BLOCK_K,
                VEC, W_SCALED, EVEN_K, False, USE_PDL)

@@ -24,16 +24,21 @@ import triton
 import triton.language as tl
 
 from parashift.kernels import moe_router, moe_routing, pdl, split_tickets
-from parashift.kernels.moe_small import VEC_BYTES, _down_tile, _gate_up_tile, choose_tiles
+from parashift.kernels.moe_small import (VEC_BYTES, _down_tile, _gate_up_tile, _pairs_of,
+                                         choose_tiles)
 
 ENV, TILES_ENV = "PARASHIFT_MOE_SMALL_ONE", "PARASHIFT_MOE_SMALL_ONE_TILES"
 NUM_COUNTERS = 5  # tickets, gate_up tiles done, router tiles done, routed, programs left
 _COUNTERS = tl.constexpr(NUM_COUNTERS)  # as the kernel sees it
+# ROUTE: 0 ids given; the router's logits in the launch, routed by the last of its programs
+# (ROUTE_LAST) or by each experts' tile from the logits (ROUTE_EACH)
+ROUTE_LAST, ROUTE_EACH = tl.constexpr(1), tl.constexpr(2)
 POOL = "moe_small_one"
 _launches = [0]  # which counter set the next launch takes
 
 
-MODES = ("0", "experts", "router")
+MODES = ("0", "experts", "router", "router-each")
+ROUTE_OF_MODE = {"router": 1, "router-each": 2}
 
 
 def mode() -> str:
@@ -65,63 +70,101 @@ def _one_launch_kernel(out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, up_ptr, up_s
     # before the grid wait: the counter set is this kernel's own, set back by a launch that
     # has completed
     item = split_tickets.take_work(counters_ptr)
+    logits_done_ptr = counters_ptr + 2
     routed_ptr = counters_ptr + 3
-    if ROUTE:
-        if item < router_tiles:  # an expert's logit; the last of them routes every row
+    if ROUTE != 0:
+        if item < router_tiles:  # an expert's logit
             offs_e, w_rows, w = moe_router.first_tile(item, router_ptr, num_experts, hidden,
                                                       stride_re, 1, ROUTER_K)
             pdl.start(USE_PDL)  # the router's weight is no earlier kernel's output
             moe_router.store_logits(w, w_rows, offs_e, x_ptr, logits_ptr, tokens, num_experts,
                                     hidden, stride_x, ROWS, 1, ROUTER_K, USE_PDL)
-            if split_tickets.is_last_of(counters_ptr + 2, router_tiles):
-                moe_router.route_stored(logits_ptr, weights_ptr, ids_ptr, tokens, num_experts,
-                                        TOP_K, EXPERTS, RENORMALIZE)
-                split_tickets.count_done(routed_ptr)
+            if ROUTE == ROUTE_LAST:
+                if split_tickets.is_last_of(logits_done_ptr, router_tiles):
+                    moe_router.route_stored(logits_ptr, weights_ptr, ids_ptr, tokens,
+                                            num_experts, TOP_K, EXPERTS, RENORMALIZE)
+                    split_tickets.count_done(routed_ptr)
+            else:
+                split_tickets.count_done(logits_done_ptr)
         else:
             pdl.start(USE_PDL)
-            split_tickets.wait_count(routed_ptr, 1)
+            if ROUTE == ROUTE_LAST:
+                split_tickets.wait_count(routed_ptr, 1)
+            else:
+                split_tickets.wait_count(logits_done_ptr, router_tiles)
             _experts_tile(item - router_tiles, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr,
-                          up_ptr, up_s_ptr, down_ptr, down_s_ptr, counters_ptr + 1, num_local,
-                          first_expert, tokens, top_k, inter, hidden, up_tiles, stride_x,
-                          stride_h, stride_out, stride_ue, stride_up, stride_un, stride_use,
-                          stride_usp, stride_usn, stride_de, stride_dn, stride_dse, stride_dsn,
-                          TOP_K, UP_N, UP_K, DOWN_N, DOWN_K, VEC, W_SCALED, EVEN_UP_K,
-                          EVEN_DOWN_K, LIBDEVICE, USE_PDL)
+                          logits_ptr, num_experts, up_ptr, up_s_ptr, down_ptr, down_s_ptr,
+                          counters_ptr + 1, num_local, first_expert, tokens, top_k, inter,
+                          hidden, up_tiles, stride_x, stride_h, stride_out, stride_ue,
+                          stride_up, stride_un, stride_use, stride_usp, stride_usn, stride_de,
+                          stride_dn, stride_dse, stride_dsn, TOP_K, UP_N, UP_K, DOWN_N, DOWN_K,
+                          VEC, W_SCALED, EVEN_UP_K, EVEN_DOWN_K, ROUTE == ROUTE_EACH, EXPERTS,
+                          RENORMALIZE, LIBDEVICE, USE_PDL)
     else:
         pdl.start(USE_PDL)
-        _experts_tile(item, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, up_ptr, up_s_ptr,
-                      down_ptr, down_s_ptr, counters_ptr + 1, num_local, first_expert, tokens,
-                      top_k, inter, hidden, up_tiles, stride_x, stride_h, stride_out,
-                      stride_ue, stride_up, stride_un, stride_use, stride_usp, stride_usn,
-                      stride_de, stride_dn, stride_dse, stride_dsn, TOP_K, UP_N, UP_K, DOWN_N,
-                      DOWN_K, VEC, W_SCALED, EVEN_UP_K, EVEN_DOWN_K, LIBDEVICE, USE_PDL)
+        _experts_tile(item, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, logits_ptr,
+                      num_experts, up_ptr, up_s_ptr, down_ptr, down_s_ptr, counters_ptr + 1,
+                      num_local, first_expert, tokens, top_k, inter, hidden, up_tiles,
+                      stride_x, stride_h, stride_out, stride_ue, stride_up, stride_un,
+                      stride_use, stride_usp, stride_usn, stride_de, stride_dn, stride_dse,
+                      stride_dsn, TOP_K, UP_N, UP_K, DOWN_N, DOWN_K, VEC, W_SCALED, EVEN_UP_K,
+                      EVEN_DOWN_K, False, EXPERTS, RENORMALIZE, LIBDEVICE, USE_PDL)
     split_tickets.leave(counters_ptr, num_programs, _COUNTERS)
 
 
 @triton.jit
-def _experts_tile(item, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, up_ptr, up_s_ptr, down_ptr,
-                  down_s_ptr, done_ptr, num_local, first_expert, tokens, top_k, inter, hidden,
-                  up_tiles, stride_x, stride_h, stride_out, stride_ue, stride_up, stride_un,
-                  stride_use, stride_usp, stride_usn, stride_de, stride_dn, stride_dse,
-                  stride_dsn, TOP_K: tl.constexpr, UP_N: tl.constexpr, UP_K: tl.constexpr,
-                  DOWN_N: tl.constexpr, DOWN_K: tl.constexpr, VEC: tl.constexpr,
-                  W_SCALED: tl.constexpr, EVEN_UP_K: tl.constexpr, EVEN_DOWN_K: tl.constexpr,
-                  LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
+def _experts_tile(item, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, logits_ptr, num_experts,
+                  up_ptr, up_s_ptr, down_ptr, down_s_ptr, done_ptr, num_local, first_expert,
+                  tokens, top_k, inter, hidden, up_tiles, stride_x, stride_h, stride_out,
+                  stride_ue, stride_up, stride_un, stride_use, stride_usp, stride_usn,
+                  stride_de, stride_dn, stride_dse, stride_dsn, TOP_K: tl.constexpr,
+                  UP_N: tl.constexpr, UP_K: tl.constexpr, DOWN_N: tl.constexpr,
+                  DOWN_K: tl.constexpr, VEC: tl.constexpr, W_SCALED: tl.constexpr,
+                  EVEN_UP_K: tl.constexpr, EVEN_DOWN_K: tl.constexpr, ROUTE_HERE: tl.constexpr,
+                  EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr, LIBDEVICE: tl.constexpr,
+                  USE_PDL: tl.constexpr):
     """The experts' item-th tile: gate_up's first (the column tile the slow axis: pairs of
-    one expert read it together), then down's, which wait for gate_up's count."""
+    one expert read it together), then down's, which wait for gate_up's count. ROUTE_HERE:
+    the tile routes its token from the stored logits itself, else reads ids and weights."""
     pairs = tokens * top_k
     if item < up_tiles:
-        _gate_up_tile(item % pairs, item // pairs, h_ptr, x_ptr, ids_ptr, up_ptr, up_s_ptr,
+        pair = item % pairs
+        if ROUTE_HERE:
+            expert_ids, _ = _routed_row(pair // top_k, logits_ptr, num_experts, out_ptr, TOP_K,
+                                        EXPERTS, RENORMALIZE)
+            expert_id = tl.sum(tl.where(tl.arange(0, TOP_K) == pair % top_k, expert_ids, 0))
+        else:
+            expert_id = tl.load(ids_ptr + pair)
+        _gate_up_tile(pair, item // pairs, expert_id, h_ptr, x_ptr, up_ptr, up_s_ptr,
                       num_local, first_expert, top_k, inter, hidden, stride_x, stride_h,
                       stride_ue, stride_up, stride_un, stride_use, stride_usp, stride_usn, UP_N,
                       UP_K, VEC, W_SCALED, EVEN_UP_K, LIBDEVICE, USE_PDL)
         split_tickets.count_done(done_ptr)
     else:
         tile = item - up_tiles
-        _down_tile(tile % tokens, tile // tokens, out_ptr, h_ptr, ids_ptr, weights_ptr,
-                   down_ptr, down_s_ptr, num_local, first_expert, top_k, hidden, inter,
-                   stride_h, stride_out, stride_de, stride_dn, stride_dse, stride_dsn, done_ptr,
-                   up_tiles, TOP_K, DOWN_N, DOWN_K, VEC, W_SCALED, EVEN_DOWN_K, True, USE_PDL)
+        token = tile % tokens
+        if ROUTE_HERE:
+            expert_ids, pair_weights = _routed_row(token, logits_ptr, num_experts, out_ptr,
+                                                   TOP_K, EXPERTS, RENORMALIZE)
+        else:
+            expert_ids, pair_weights = _pairs_of(token, ids_ptr, weights_ptr, top_k, TOP_K)
+        _down_tile(token, tile // tokens, expert_ids, pair_weights, out_ptr, h_ptr, down_ptr,
+                   down_s_ptr, num_local, first_expert, top_k, hidden, inter, stride_h,
+                   stride_out, stride_de, stride_dn, stride_dse, stride_dsn, done_ptr, up_tiles,
+                   TOP_K, DOWN_N, DOWN_K, VEC, W_SCALED, EVEN_DOWN_K, True, USE_PDL)
+
+
+@triton.jit
+def _routed_row(token, logits_ptr, num_experts, dtype_ptr, TOP_K: tl.constexpr,
+                EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """The token's (expert ids, weights rounded to dtype_ptr's dtype, in fp32) [TOP_K] from
+    its stored logits (read from L2), as moe_routing.route_row computes and stores them."""
+    experts = tl.arange(0, EXPERTS)
+    held = experts < num_experts
+    logits = tl.load(logits_ptr + token * num_experts + experts, mask=held,
+                     other=-float("inf"), cache_modifier=".cg")
+    chosen, chosen_ids = moe_routing.route_values(logits, held, TOP_K, EXPERTS, RENORMALIZE)
+    return chosen_ids, chosen.to(dtype_ptr.dtype.element_ty).to(tl.float32)
 
 
 def counters(device: torch.device) -> torch.Tensor | None:
@@ -140,7 +183,7 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
     """moe_small.small_experts' result in one launch (gate_up as [E, 2, I, H], scales
     likewise, all contiguous in their last dim), or None where the counters are not at hand.
     tiles: (gate_up's BLOCK_N, BLOCK_K, down's BLOCK_N, BLOCK_K, warps), else chosen."""
-    return _launch(x, weights, ids, None, None, gate_up, down, first_expert, scales, tiles)
+    return _launch(x, weights, ids, None, None, gate_up, down, first_expert, scales, tiles, 0)
 
 
 def routes(x: torch.Tensor, router: torch.Tensor, top_k: int, fp8: bool = False) -> bool:
@@ -158,11 +201,12 @@ MAX_ROUTED_ROWS = 2
 
 def routed_experts(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool,
                    gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
-                   scales: tuple | None = None, tiles: tuple | None = None
-                   ) -> torch.Tensor | None:
+                   scales: tuple | None = None, tiles: tuple | None = None,
+                   each: bool = False) -> torch.Tensor | None:
     """The router (moe_router.route_from_hidden's logits and routing) and the experts in one
-    launch: a program per expert's logit first, the last of them routing every row, then the
-    experts' tiles, which wait for the routing. gate_up [E, 2 I, H] or [E, 2, I, H]. None
+    launch: a program per expert's logit first, the last of them routing every row (each:
+    every experts' tile routing its token from the logits), then the experts' tiles, which
+    wait for the routing (each: for the logits). gate_up [E, 2 I, H] or [E, 2, I, H]. None
     where the counters are not at hand."""
     if gate_up.dim() == 3:
         gate_up = gate_up.unflatten(1, (2, gate_up.shape[1] // 2))
@@ -172,10 +216,11 @@ def routed_experts(x: torch.Tensor, router: torch.Tensor, top_k: int, renormaliz
     weights = torch.empty(tokens, top_k, dtype=x.dtype, device=x.device)
     ids = torch.empty(tokens, top_k, dtype=torch.int64, device=x.device)
     return _launch(x, weights, ids, router, renormalize, gate_up, down, first_expert, scales,
-                   tiles)
+                   tiles, 2 if each else 1)
 
 
-def _launch(x, weights, ids, router, renormalize, gate_up, down, first_expert, scales, tiles):
+def _launch(x, weights, ids, router, renormalize, gate_up, down, first_expert, scales, tiles,
+            route):
     pool = counters(x.device)
     if pool is None:
         return None
@@ -207,7 +252,7 @@ def _launch(x, weights, ids, router, renormalize, gate_up, down, first_expert, s
         down.stride(1), *((down_scale.stride(0), down_scale.stride(1)) if w_scaled else (0, 0)),
         TOP_K=triton.next_power_of_2(top_k), UP_N=up_n, UP_K=up_k, DOWN_N=down_n,
         DOWN_K=down_k, VEC=vec, W_SCALED=w_scaled, EVEN_UP_K=hidden % up_k == 0,
-        EVEN_DOWN_K=inter % down_k == 0, ROUTE=router is not None,
+        EVEN_DOWN_K=inter % down_k == 0, ROUTE=route,
         ROWS=triton.next_power_of_2(tokens), ROUTER_K=triton.next_power_of_2(hidden),
         EXPERTS=triton.next_power_of_2(max(num_experts, 1)), RENORMALIZE=bool(renormalize),
         LIBDEVICE=x.is_cuda, num_warps=warps, enable_fp_fusion=False,

@@ -309,18 +309,20 @@ class FusedExperts(nn.Module):
     def routed_in_one_launch(self, x: torch.Tensor, router: torch.Tensor, top_k: int,
                              renormalize: bool) -> torch.Tensor | None:
         """The router and these experts in one launch (kernels/moe_small_one.py, at one or
-        two rows on CUDA where PARASHIFT_MOE_SMALL_ONE=router; no narrowed layout or
+        two rows on CUDA where PARASHIFT_MOE_SMALL_ONE=router or router-each; no merged layout or
         deterministic mode), reduced as forward reduces; else None."""
         if self.reduction_chunks or not use_triton(x) or (self.mode == "ep"
                                                           and get_context().sp.size != 1):
             return None
         from parashift.kernels import moe_small_one
         gate_up, down, scales = _with_scales(self.active_layout())
-        if (moe_small_one.mode() != "router" or self.merged_layout() is not None
+        mode = moe_small_one.mode()
+        if (mode not in moe_small_one.ROUTE_OF_MODE or self.merged_layout() is not None
                 or not moe_small_one.routes(x, router, top_k, fp8=scales is not None)):
             return None
         out = moe_small_one.routed_experts(x, router, top_k, renormalize, gate_up, down,
-                                           self.first_expert, scales)
+                                           self.first_expert, scales,
+                                           each=mode == "router-each")
         if out is None:
             return None
         group = get_context().tp if self.mode == "tp" else get_context().state.ep

@@ -181,16 +181,17 @@ def test_router_fuses_gate_and_routing_at_cuda_decode_rows(monkeypatch, device):
 
 
 @cuda
+@pytest.mark.parametrize("switch", ["router", "router-each"])
 @pytest.mark.parametrize("mode", ["tp", "ep"])
-def test_router_and_experts_in_one_launch_give_the_same_bits(monkeypatch, mode):
-    """PARASHIFT_MOE_SMALL_ONE=router: FusedMoE at one and two rows runs its router and
+def test_router_and_experts_in_one_launch_give_the_same_bits(monkeypatch, mode, switch):
+    """PARASHIFT_MOE_SMALL_ONE=router (or router-each): FusedMoE at one and two rows runs its router and
     experts in one launch (kernels/moe_small_one.py), with the bits of the router's launch and
     the experts' two; three rows keep the separate launches."""
     from parashift.kernels import moe_small_one
     calls = []
     launch = moe_small_one.routed_experts
     monkeypatch.setattr(moe_small_one, "routed_experts",
-                        lambda x, *a: calls.append(x.shape[0]) or launch(x, *a))
+                        lambda x, *a, **k: calls.append(x.shape[0]) or launch(x, *a, **k))
     with use_state(tp_state(1, 0), moe_parallel=mode):
         moe = FusedMoE(H, E, K, I, renormalize=True)
     for (e, name), w in checkpoint().items():
@@ -203,7 +204,7 @@ def test_router_and_experts_in_one_launch_give_the_same_bits(monkeypatch, mode):
         with use_state(tp_state(1, 0), moe_parallel=mode):
             monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE", "0")
             apart = moe(x)
-            monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE", "router")
+            monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE", switch)
             one = moe(x)
         assert torch.equal(one, apart)
     assert calls == [1, 2]
