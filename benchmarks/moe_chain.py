@@ -149,6 +149,13 @@ def routed_chain(weights: list[tuple], x0: torch.Tensor, cfg: dict, tiles=None, 
     return run
 
 
+def slept(candidate, ns: str):
+    def run(i: int):
+        with env(moe_small_one.SLEEP_ENV, ns):
+            return candidate(i)
+    return run
+
+
 def floor_us(routes: list[torch.Tensor], weights: list[tuple], cfg: dict,
              bandwidth: float) -> float:
     """Mean over the layers of the distinct routed experts' and the router's bytes, in µs
@@ -186,6 +193,8 @@ def measure(cfg: dict, tokens: int, weights: list[tuple], bandwidth: float) -> d
                                                  [None] * len(weights), cfg)
         candidates["one+router"] = routed_chain(weights, x0, cfg)
         candidates["one+router-each"] = routed_chain(weights, x0, cfg, each=True)
+        for name in ("one+router", "one+router-each"):  # waiting programs pause between reads
+            candidates[f"{name} sleep 200"] = slept(candidates[name], "200")
         candidates.update({f"one+router {','.join(map(str, t))}": routed_chain(weights, x0,
                                                                                cfg, t)
                            for t in SMALL_ONE[:2]})

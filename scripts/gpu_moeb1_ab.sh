@@ -9,21 +9,24 @@
 # 3. the engine at b1 (context 1024, graphs, max-model-len 8192, 32 steps): default,
 #    PARASHIFT_MOE_SMALL_ONE=experts, =router and =router-each as graph variants, 3 rounds,
 #    profiles of default and router.
-# Usage: OUT=dir [BUDGET_S=230] bash scripts/gpu_moeb1_ab.sh
+# Usage: OUT=dir [BUDGET_S=235] bash scripts/gpu_moeb1_ab.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-budget=${BUDGET_S:-230}
+budget=${BUDGET_S:-235}
 MOE=benchmarks/shapes/qwen3-30b-a3b.json
 source scripts/budget_step.sh
-budget_step tests 45 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  -k "one_launch or ((test_cuda or test_fp8_cuda) and bfloat16)" tests/kernels/test_moe_small.py \
-  tests/layers/test_fused_moe.py
-budget_step moe_chain 45 python3 benchmarks/moe_chain.py --model "$MOE" --tokens 1 \
+T=tests/kernels/test_moe_small.py
+budget_step tests 40 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+  "$T::test_cuda[tokens=1-experts=128-top_k=8-hidden=64-inter=48-tiles=0-bfloat16]" \
+  "$T::test_cuda[tokens=2-experts=8-top_k=8-hidden=64-inter=32-held=4-first=2-crowd=True-tiles=0-bfloat16]" \
+  "$T::test_one_launch_at_the_model_shape_in_a_graph" \
+  tests/layers/test_fused_moe.py::test_router_and_experts_in_one_launch_give_the_same_bits
+budget_step moe_chain 50 python3 benchmarks/moe_chain.py --model "$MOE" --tokens 1 \
   --layers 16 --output "$OUT/moe_chain.json"
-budget_step engine 120 python3 benchmarks/decode_throughput.py --model "$MOE" \
+budget_step engine 90 python3 benchmarks/decode_throughput.py --model "$MOE" \
   --max-model-len 8192 --context 1024 --decode-steps 32 --cuda-graphs --batch-sizes 1 \
   --graph-variants PARASHIFT_MOE_SMALL_ONE=experts PARASHIFT_MOE_SMALL_ONE=router \
-  PARASHIFT_MOE_SMALL_ONE=router-each \
+  PARASHIFT_MOE_SMALL_ONE=router-each PARASHIFT_MOE_SMALL_ONE=router-each,PARASHIFT_MOE_SMALL_ONE_SLEEP_NS=200 \
   --rounds 3 --profile --profile-variants default PARASHIFT_MOE_SMALL_ONE=router \
   --output "$OUT/engine.json"
 tail -n 3 "$OUT/moe_chain.log" "$OUT/engine.log" | cut -c1-3000

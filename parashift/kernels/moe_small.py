@@ -136,7 +136,7 @@ def _down_tile(token, n_block, expert_ids, pair_weights, out_ptr, h_ptr, w_ptr, 
                stride_se, stride_sn, done_ptr, done_target, TOP_K: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
                W_SCALED: tl.constexpr, EVEN_K: tl.constexpr, WAIT: tl.constexpr,
-               USE_PDL: tl.constexpr):
+               USE_PDL: tl.constexpr, SLEEP_NS: tl.constexpr = 0):
     """BLOCK_N output columns of one token: its k pairs' down rows, rounded and weighted,
     summed (expert_ids [TOP_K], pair_weights [TOP_K] fp32: its pairs', any past k). WAIT (one launch, kernels/moe_small_one.py): the first weight tile is loaded,
     then the tile waits for done_ptr's count of gate_up tiles to reach done_target before it
@@ -158,7 +158,7 @@ def _down_tile(token, n_block, expert_ids, pair_weights, out_ptr, h_ptr, w_ptr, 
         if not EVEN_K:
             first = first & (offs_k[None, None, :] < k_in)
         w = tl.load(w_rows + offs_k[None, None, :], mask=first, other=0.0)
-        split_tickets.wait_count(done_ptr, done_target)
+        split_tickets.wait_count(done_ptr, done_target, SLEEP_NS)
     acc = tl.zeros((TOP_K, BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     for k0 in range(0, k_in, BLOCK_K):
         k = (k0 + offs_k)[None, None, :]

@@ -28,6 +28,7 @@ from parashift.kernels.moe_small import (VEC_BYTES, _down_tile, _gate_up_tile, _
                                          choose_tiles)
 
 ENV, TILES_ENV = "PARASHIFT_MOE_SMALL_ONE", "PARASHIFT_MOE_SMALL_ONE_TILES"
+SLEEP_ENV = "PARASHIFT_MOE_SMALL_ONE_SLEEP_NS"  # a waiting program's pause between reads
 NUM_COUNTERS = 5  # tickets, gate_up tiles done, router tiles done, routed, programs left
 _COUNTERS = tl.constexpr(NUM_COUNTERS)  # as the kernel sees it
 # ROUTE: 0 ids given; the router's logits in the launch, routed by the last of its programs
@@ -66,7 +67,8 @@ def _one_launch_kernel(out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, up_ptr, up_s
                        EVEN_UP_K: tl.constexpr, EVEN_DOWN_K: tl.constexpr,
                        ROUTE: tl.constexpr, ROWS: tl.constexpr, ROUTER_K: tl.constexpr,
                        EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr,
-                       LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
+                       SLEEP_NS: tl.constexpr, LIBDEVICE: tl.constexpr,
+                       USE_PDL: tl.constexpr):
     # before the grid wait: the counter set is this kernel's own, set back by a launch that
     # has completed
     item = split_tickets.take_work(counters_ptr)
@@ -89,9 +91,9 @@ def _one_launch_kernel(out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, up_ptr, up_s
         else:
             pdl.start(USE_PDL)
             if ROUTE == ROUTE_LAST:
-                split_tickets.wait_count(routed_ptr, 1)
+                split_tickets.wait_count(routed_ptr, 1, SLEEP_NS)
             else:
-                split_tickets.wait_count(logits_done_ptr, router_tiles)
+                split_tickets.wait_count(logits_done_ptr, router_tiles, SLEEP_NS)
             _experts_tile(item - router_tiles, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr,
                           logits_ptr, num_experts, up_ptr, up_s_ptr, down_ptr, down_s_ptr,
                           counters_ptr + 1, num_local, first_expert, tokens, top_k, inter,
@@ -99,7 +101,7 @@ def _one_launch_kernel(out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, up_ptr, up_s
                           stride_up, stride_un, stride_use, stride_usp, stride_usn, stride_de,
                           stride_dn, stride_dse, stride_dsn, TOP_K, UP_N, UP_K, DOWN_N, DOWN_K,
                           VEC, W_SCALED, EVEN_UP_K, EVEN_DOWN_K, ROUTE == ROUTE_EACH, EXPERTS,
-                          RENORMALIZE, LIBDEVICE, USE_PDL)
+                          RENORMALIZE, LIBDEVICE, USE_PDL, SLEEP_NS)
     else:
         pdl.start(USE_PDL)
         _experts_tile(item, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, logits_ptr,
@@ -108,7 +110,7 @@ def _one_launch_kernel(out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, up_ptr, up_s
                       stride_x, stride_h, stride_out, stride_ue, stride_up, stride_un,
                       stride_use, stride_usp, stride_usn, stride_de, stride_dn, stride_dse,
                       stride_dsn, TOP_K, UP_N, UP_K, DOWN_N, DOWN_K, VEC, W_SCALED, EVEN_UP_K,
-                      EVEN_DOWN_K, False, EXPERTS, RENORMALIZE, LIBDEVICE, USE_PDL)
+                      EVEN_DOWN_K, False, EXPERTS, RENORMALIZE, LIBDEVICE, USE_PDL, SLEEP_NS)
     split_tickets.leave(counters_ptr, num_programs, _COUNTERS)
 
 
@@ -122,7 +124,7 @@ def _experts_tile(item, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, logits_ptr,
                   DOWN_K: tl.constexpr, VEC: tl.constexpr, W_SCALED: tl.constexpr,
                   EVEN_UP_K: tl.constexpr, EVEN_DOWN_K: tl.constexpr, ROUTE_HERE: tl.constexpr,
                   EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr, LIBDEVICE: tl.constexpr,
-                  USE_PDL: tl.constexpr):
+                  USE_PDL: tl.constexpr, SLEEP_NS: tl.constexpr):
     """The experts' item-th tile: gate_up's first (the column tile the slow axis: pairs of
     one expert read it together), then down's, which wait for gate_up's count. ROUTE_HERE:
     the tile routes its token from the stored logits itself, else reads ids and weights."""
@@ -151,7 +153,7 @@ def _experts_tile(item, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, logits_ptr,
         _down_tile(token, tile // tokens, expert_ids, pair_weights, out_ptr, h_ptr, down_ptr,
                    down_s_ptr, num_local, first_expert, top_k, hidden, inter, stride_h,
                    stride_out, stride_de, stride_dn, stride_dse, stride_dsn, done_ptr, up_tiles,
-                   TOP_K, DOWN_N, DOWN_K, VEC, W_SCALED, EVEN_DOWN_K, True, USE_PDL)
+                   TOP_K, DOWN_N, DOWN_K, VEC, W_SCALED, EVEN_DOWN_K, True, USE_PDL, SLEEP_NS)
 
 
 @triton.jit
@@ -255,9 +257,17 @@ def _launch(x, weights, ids, router, renormalize, gate_up, down, first_expert, s
         EVEN_DOWN_K=inter % down_k == 0, ROUTE=route,
         ROWS=triton.next_power_of_2(tokens), ROUTER_K=triton.next_power_of_2(hidden),
         EXPERTS=triton.next_power_of_2(max(num_experts, 1)), RENORMALIZE=bool(renormalize),
-        LIBDEVICE=x.is_cuda, num_warps=warps, enable_fp_fusion=False,
+        SLEEP_NS=sleep_ns(), LIBDEVICE=x.is_cuda, num_warps=warps, enable_fp_fusion=False,
         **pdl.launch_options(x.device))
     return out
+
+
+def sleep_ns() -> int:
+    """PARASHIFT_MOE_SMALL_ONE_SLEEP_NS (0 by default: none), read at each launch."""
+    value = os.environ.get(SLEEP_ENV, "0")
+    if not value.isdigit():
+        raise ValueError(f"{SLEEP_ENV} must be a whole number of nanoseconds, got {value!r}")
+    return int(value)
 
 
 def choose(tokens: int, top_k: int, inter: int, hidden: int, weight_bytes: int,
