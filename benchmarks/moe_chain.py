@@ -93,7 +93,11 @@ def small_variants() -> dict:
                                          None, tiles)
         return run
 
-    variants = {"small": with_tiles(), "one": one_launch()}
+    def ahead(x, w, ids, gate_up, down_w):
+        with env(moe_small.AHEAD_ENV, "1"):
+            return moe_small.small_experts(x, w, ids, gate_up, down_w, one_launch=False)
+
+    variants = {"small": with_tiles(), "small, down ahead": ahead, "one": one_launch()}
     variants.update({f"one {','.join(map(str, t))}": one_launch(t) for t in SMALL_ONE})
     variants.update({f"up {','.join(map(str, t))}": with_tiles(up=t) for t in SMALL_UP})
     variants.update({f"down {','.join(map(str, t))}": with_tiles(down=t) for t in SMALL_DOWN})

@@ -29,6 +29,8 @@ from parashift.kernels import num_sms, pdl, split_tickets
 from parashift.kernels.silu_mul import silu_mul_values
 
 VEC_BYTES = 16  # of weights a thread loads at once and sums in registers; BLOCK_K a multiple
+# how a down tile waits for h: no wait (h is there), first weight tile then a count or PDL's
+NO_WAIT, COUNT_WAIT, GRID_WAIT = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 def _max_pairs_from_env() -> tuple[int, int]:
@@ -49,6 +51,19 @@ def _max_pairs_from_env() -> tuple[int, int]:
 DEFAULT_MAX_PAIRS = 16  # two tokens at top-8
 DEFAULT_MAX_PAIRS_FP8 = 128  # sixteen tokens at top-8
 MAX_PAIRS, MAX_PAIRS_FP8 = _max_pairs_from_env()
+
+
+AHEAD_ENV = "PARASHIFT_MOE_SMALL_DOWN_AHEAD"
+
+
+def down_ahead() -> bool:
+    """PARASHIFT_MOE_SMALL_DOWN_AHEAD=1: the down kernel reads the routing and its first
+    weight tile before PDL's grid wait, during gate_up (0, the default: after it). Read at
+    each launch."""
+    value = os.environ.get(AHEAD_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{AHEAD_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def takes(num_pairs: int, fp8: bool = False) -> bool:
@@ -138,9 +153,11 @@ def _down_tile(token, n_block, expert_ids, pair_weights, out_ptr, h_ptr, w_ptr, 
                W_SCALED: tl.constexpr, EVEN_K: tl.constexpr, WAIT: tl.constexpr,
                USE_PDL: tl.constexpr, SLEEP_NS: tl.constexpr = 0):
     """BLOCK_N output columns of one token: its k pairs' down rows, rounded and weighted,
-    summed (expert_ids [TOP_K], pair_weights [TOP_K] fp32: its pairs', any past k). WAIT (one launch, kernels/moe_small_one.py): the first weight tile is loaded,
-    then the tile waits for done_ptr's count of gate_up tiles to reach done_target before it
-    reads h (from L2: other programs of the launch wrote it)."""
+    summed (expert_ids [TOP_K], pair_weights [TOP_K] fp32: its pairs', any past k). WAIT
+    the first weight tile is loaded, then the tile waits for h: COUNT_WAIT (one launch,
+    kernels/moe_small_one.py) until done_ptr's count of gate_up tiles reaches done_target
+    (h read from L2: other programs of the launch wrote it), GRID_WAIT (the down kernel
+    ahead) PDL's grid wait."""
     slots = tl.arange(0, TOP_K)
     pairs = token * top_k + slots
     expert = expert_ids.to(tl.int32) - first_expert
@@ -153,19 +170,22 @@ def _down_tile(token, n_block, expert_ids, pair_weights, out_ptr, h_ptr, w_ptr, 
               + rows[None, :, None].to(tl.int64) * stride_wn)  # [TOP_K, BLOCK_N, 1]
     h_rows = h_ptr + pairs[:, None, None].to(tl.int64) * stride_h  # [TOP_K, 1, 1]
     offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
-    if WAIT:
+    if WAIT != NO_WAIT:
         first = held[:, None, None]
         if not EVEN_K:
             first = first & (offs_k[None, None, :] < k_in)
         w = tl.load(w_rows + offs_k[None, None, :], mask=first, other=0.0)
-        split_tickets.wait_count(done_ptr, done_target, SLEEP_NS)
+        if WAIT == COUNT_WAIT:
+            split_tickets.wait_count(done_ptr, done_target, SLEEP_NS)
+        else:
+            pdl.start(USE_PDL)
     acc = tl.zeros((TOP_K, BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     for k0 in range(0, k_in, BLOCK_K):
         k = (k0 + offs_k)[None, None, :]
         mask = held[:, None, None]
         if not EVEN_K:
             mask = mask & (k < k_in)
-        if WAIT:
+        if WAIT != NO_WAIT:
             if k0 > 0:
                 w = tl.load(w_rows + k, mask=mask, other=0.0)
             h = tl.load(h_rows + k, mask=mask, other=0.0, cache_modifier=".cg")
@@ -199,14 +219,19 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
                  top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn, stride_se,
                  stride_sn, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
-                 USE_PDL: tl.constexpr):
-    pdl.start(USE_PDL)
+                 USE_PDL: tl.constexpr, AHEAD: tl.constexpr = False):
+    # AHEAD (under PDL): the routing and the first weight tile read before the grid wait.
+    # This kernel launches once every gate_up program has passed its own wait, so the
+    # routing (the kernel before gate_up) has completed; only h is gate_up's
+    ahead: tl.constexpr = AHEAD and USE_PDL != 0
+    if not ahead:
+        pdl.start(USE_PDL)
     token = tl.program_id(0)
     expert_ids, pair_weights = _pairs_of(token, ids_ptr, weights_ptr, top_k, TOP_K)
     _down_tile(token, tl.program_id(1), expert_ids, pair_weights, out_ptr, h_ptr, w_ptr,
                s_ptr, num_local, first_expert, top_k, n_out, k_in, stride_h, stride_out,
                stride_we, stride_wn, stride_se, stride_sn, out_ptr, 0, TOP_K, BLOCK_N, BLOCK_K,
-               VEC, W_SCALED, EVEN_K, False, USE_PDL)
+               VEC, W_SCALED, EVEN_K, GRID_WAIT if ahead else NO_WAIT, USE_PDL)
 
 
 def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
@@ -257,7 +282,7 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         top_k, hidden, inter, h.stride(0), out.stride(0), down.stride(0), down.stride(1),
         *((down_scale.stride(0), down_scale.stride(1)) if w_scaled else (0, 0)),
         TOP_K=triton.next_power_of_2(top_k), BLOCK_N=block_n, BLOCK_K=block_k, VEC=vec,
-        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, num_warps=warps,
+        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, AHEAD=down_ahead(), num_warps=warps,
         **pdl.launch_options(x.device))
     return out
 

@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 
 from parashift.kernels import moe_router, moe_routing, pdl, split_tickets
-from parashift.kernels.moe_small import (VEC_BYTES, _down_tile, _gate_up_tile, _pairs_of,
-                                         choose_tiles)
+from parashift.kernels.moe_small import (COUNT_WAIT, VEC_BYTES, _down_tile, _gate_up_tile,
+                                         _pairs_of, choose_tiles)
 
 ENV, TILES_ENV = "PARASHIFT_MOE_SMALL_ONE", "PARASHIFT_MOE_SMALL_ONE_TILES"
 SLEEP_ENV = "PARASHIFT_MOE_SMALL_ONE_SLEEP_NS"  # a waiting program's pause between reads
@@ -153,7 +153,8 @@ def _experts_tile(item, out_ptr, h_ptr, x_ptr, ids_ptr, weights_ptr, logits_ptr,
         _down_tile(token, tile // tokens, expert_ids, pair_weights, out_ptr, h_ptr, down_ptr,
                    down_s_ptr, num_local, first_expert, top_k, hidden, inter, stride_h,
                    stride_out, stride_de, stride_dn, stride_dse, stride_dsn, done_ptr, up_tiles,
-                   TOP_K, DOWN_N, DOWN_K, VEC, W_SCALED, EVEN_DOWN_K, True, USE_PDL, SLEEP_NS)
+                   TOP_K, DOWN_N, DOWN_K, VEC, W_SCALED, EVEN_DOWN_K, COUNT_WAIT, USE_PDL,
+                   SLEEP_NS)
 
 
 @triton.jit

@@ -142,13 +142,16 @@ def wait_count(counter_ptr, target, SLEEP_NS: tl.constexpr = 0):
     """Until `target` programs have called count_done on the counter; their stores visible
     (read them from L2: .cg). SLEEP_NS: a pause between reads (fewer atomics on the line
     while many programs wait)."""
-    seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
+    # polled with plain L2 reads (atomic reads of hundreds of waiting programs would queue
+    # ahead of the count's own adds on the line), then one acquire
+    seen = tl.load(counter_ptr, volatile=True)
     while seen < target:
         if SLEEP_NS > 0:
             tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
                                       [seen.to(tl.int32) * 0 + SLEEP_NS], dtype=tl.int32,
                                       is_pure=False, pack=1)
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire")
+        seen = tl.load(counter_ptr, volatile=True)
+    tl.atomic_add(counter_ptr, 0, sem="acquire")
     tl.debug_barrier()
 
 

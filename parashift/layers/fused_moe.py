@@ -315,10 +315,11 @@ class FusedExperts(nn.Module):
                                                           and get_context().sp.size != 1):
             return None
         from parashift.kernels import moe_small_one
-        gate_up, down, scales = _with_scales(self.active_layout())
         mode = moe_small_one.mode()
-        if (mode not in moe_small_one.ROUTE_OF_MODE or self.merged_layout() is not None
-                or not moe_small_one.routes(x, router, top_k, fp8=scales is not None)):
+        if mode not in moe_small_one.ROUTE_OF_MODE or self.merged_layout() is not None:
+            return None
+        gate_up, down, scales = _with_scales(self.active_layout())
+        if not moe_small_one.routes(x, router, top_k, fp8=scales is not None):
             return None
         out = moe_small_one.routed_experts(x, router, top_k, renormalize, gate_up, down,
                                            self.first_expert, scales,

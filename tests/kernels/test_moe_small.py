@@ -182,17 +182,20 @@ def test_dispatch_and_cuda_graph_replay():
 @cuda
 @pytest.mark.parametrize("tokens", [1, 2])
 def test_one_launch_at_the_model_shape_in_a_graph(tokens):
-    """Qwen3-30B-A3B's experts in bf16 (PDL on where the device has it): one launch gives
-    the two launches' bits, call after call (the counters alternate and are set back), and
+    """Qwen3-30B-A3B's experts in bf16 (PDL on where the device has it): one launch, and
+    the down kernel reading ahead, give the two launches' bits, call after call (the counters alternate and are set back), and
     a captured chain of calls replays new routing as it runs eagerly."""
     from parashift.layers.fused_moe import route
     x, weights, ids, gate_up, down, first = inputs(tokens, 128, 8, 2048, 768,
                                                    dtype="bfloat16", device="cuda")
+    apart = moe_small.small_experts(x, weights, ids, gate_up, down, one_launch=False)
     for _ in range(3):
         assert torch.equal(moe_small.small_experts(x, weights, ids, gate_up, down,
-                                                   one_launch=True),
-                           moe_small.small_experts(x, weights, ids, gate_up, down,
-                                                   one_launch=False))
+                                                   one_launch=True), apart)
+    with pytest.MonkeyPatch.context() as patch:  # the down kernel's reads before its wait
+        patch.setenv(moe_small.AHEAD_ENV, "1")
+        assert torch.equal(moe_small.small_experts(x, weights, ids, gate_up, down,
+                                                   one_launch=False), apart)
     logits = torch.randn(tokens, 128, device="cuda")
 
     def chain():
