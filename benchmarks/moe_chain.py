@@ -97,7 +97,12 @@ def small_variants() -> dict:
         with env(moe_small.AHEAD_ENV, "1"):
             return moe_small.small_experts(x, w, ids, gate_up, down_w, one_launch=False)
 
-    variants = {"small": with_tiles(), "small, down ahead": ahead, "one": one_launch()}
+    def pipelined(x, w, ids, gate_up, down_w):
+        with env(moe_small.PIPELINE_ENV, "1"):
+            return moe_small.small_experts(x, w, ids, gate_up, down_w, one_launch=False)
+
+    variants = {"small": with_tiles(), "small, pipelined": pipelined,
+                "small, down ahead": ahead, "one": one_launch()}
     variants.update({f"one {','.join(map(str, t))}": one_launch(t) for t in SMALL_ONE})
     variants.update({f"up {','.join(map(str, t))}": with_tiles(up=t) for t in SMALL_UP})
     variants.update({f"down {','.join(map(str, t))}": with_tiles(down=t) for t in SMALL_DOWN})

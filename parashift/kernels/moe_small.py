@@ -66,6 +66,18 @@ def down_ahead() -> bool:
     return value == "1"
 
 
+PIPELINE_ENV = "PARASHIFT_MOE_SMALL_PIPELINE"
+
+
+def pipelined() -> bool:
+    """PARASHIFT_MOE_SMALL_PIPELINE=1: both kernels load the next K step's weight tiles
+    before summing this step's (0, the default: load, then sum). Read at each launch."""
+    value = os.environ.get(PIPELINE_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{PIPELINE_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def takes(num_pairs: int, fp8: bool = False) -> bool:
     return 0 < num_pairs <= (MAX_PAIRS_FP8 if fp8 else MAX_PAIRS)
 
@@ -90,10 +102,11 @@ def _gate_up_tile(pair, n_block, expert_id, h_ptr, x_ptr, w_ptr, s_ptr, num_loca
                   top_k, inter, k_in, stride_x, stride_h, stride_we, stride_wp, stride_wn,
                   stride_se, stride_sp, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
-                  LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
+                  LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr,
+                  PIPELINE: tl.constexpr = False):
     """BLOCK_N columns of one pair's activation (SiLU(gate) * up) into h (the pair's expert:
     expert_id); nothing for a pair whose expert is held elsewhere (EP): its row is never
-    read."""
+    read. PIPELINE: the next K step's weight tiles loaded before this step's sums."""
     expert = expert_id.to(tl.int32) - first_expert
     if (expert >= 0) & (expert < num_local):
         token = pair // top_k
@@ -107,9 +120,19 @@ def _gate_up_tile(pair, n_block, expert_id, h_ptr, x_ptr, w_ptr, s_ptr, num_loca
         offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
         acc_gate = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        if PIPELINE:
+            first = offs_k[None, :] < k_in
+            gate_next = tl.load(gate_rows + offs_k[None, :], mask=first, other=0.0)
+            up_next = tl.load(up_rows + offs_k[None, :], mask=first, other=0.0)
         for k0 in range(0, k_in, BLOCK_K):
             k = (k0 + offs_k)[None, :]
-            if EVEN_K:
+            if PIPELINE:
+                gate, up = gate_next, up_next
+                ahead = k + BLOCK_K < k_in  # none past the last step: no bytes read
+                gate_next = tl.load(gate_rows + k + BLOCK_K, mask=ahead, other=0.0)
+                up_next = tl.load(up_rows + k + BLOCK_K, mask=ahead, other=0.0)
+                x = tl.load(x_row + k, mask=k < k_in, other=0.0)
+            elif EVEN_K:
                 x = tl.load(x_row + k)  # [1, BLOCK_K]: in the weight tile's layout
                 gate = tl.load(gate_rows + k)
                 up = tl.load(up_rows + k)
@@ -136,13 +159,14 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
                     inter, k_in, stride_x, stride_h, stride_we, stride_wp, stride_wn,
                     stride_se, stride_sp, stride_sn, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, VEC: tl.constexpr, W_SCALED: tl.constexpr,
-                    EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
+                    EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr,
+                    PIPELINE: tl.constexpr = False):
     pdl.start(USE_PDL)  # which expert a pair reads is the routing's output
     pair = tl.program_id(0)
     _gate_up_tile(pair, tl.program_id(1), tl.load(ids_ptr + pair), h_ptr, x_ptr, w_ptr, s_ptr,
                   num_local, first_expert, top_k, inter, k_in, stride_x, stride_h, stride_we,
                   stride_wp, stride_wn, stride_se, stride_sp, stride_sn, BLOCK_N, BLOCK_K, VEC,
-                  W_SCALED, EVEN_K, LIBDEVICE, USE_PDL)
+                  W_SCALED, EVEN_K, LIBDEVICE, USE_PDL, PIPELINE)
 
 
 @triton.jit
@@ -151,13 +175,15 @@ def _down_tile(token, n_block, expert_ids, pair_weights, out_ptr, h_ptr, w_ptr, 
                stride_se, stride_sn, done_ptr, done_target, TOP_K: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
                W_SCALED: tl.constexpr, EVEN_K: tl.constexpr, WAIT: tl.constexpr,
-               USE_PDL: tl.constexpr, SLEEP_NS: tl.constexpr = 0):
+               USE_PDL: tl.constexpr, SLEEP_NS: tl.constexpr = 0,
+               PIPELINE: tl.constexpr = False):
     """BLOCK_N output columns of one token: its k pairs' down rows, rounded and weighted,
     summed (expert_ids [TOP_K], pair_weights [TOP_K] fp32: its pairs', any past k). WAIT
     the first weight tile is loaded, then the tile waits for h: COUNT_WAIT (one launch,
     kernels/moe_small_one.py) until done_ptr's count of gate_up tiles reaches done_target
     (h read from L2: other programs of the launch wrote it), GRID_WAIT (the down kernel
-    ahead) PDL's grid wait."""
+    ahead) PDL's grid wait. PIPELINE (without WAIT): the next K step's weight tile loaded
+    before this step's sums."""
     slots = tl.arange(0, TOP_K)
     pairs = token * top_k + slots
     expert = expert_ids.to(tl.int32) - first_expert
@@ -179,13 +205,21 @@ def _down_tile(token, n_block, expert_ids, pair_weights, out_ptr, h_ptr, w_ptr, 
             split_tickets.wait_count(done_ptr, done_target, SLEEP_NS)
         else:
             pdl.start(USE_PDL)
+    elif PIPELINE:
+        w_next = tl.load(w_rows + offs_k[None, None, :],
+                         mask=held[:, None, None] & (offs_k[None, None, :] < k_in), other=0.0)
     acc = tl.zeros((TOP_K, BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     for k0 in range(0, k_in, BLOCK_K):
         k = (k0 + offs_k)[None, None, :]
         mask = held[:, None, None]
         if not EVEN_K:
             mask = mask & (k < k_in)
-        if WAIT != NO_WAIT:
+        if PIPELINE and WAIT == NO_WAIT:
+            w = w_next
+            w_next = tl.load(w_rows + k + BLOCK_K, mask=held[:, None, None]
+                             & (k + BLOCK_K < k_in), other=0.0)
+            h = tl.load(h_rows + k, mask=mask, other=0.0)
+        elif WAIT != NO_WAIT:
             if k0 > 0:
                 w = tl.load(w_rows + k, mask=mask, other=0.0)
             h = tl.load(h_rows + k, mask=mask, other=0.0, cache_modifier=".cg")
@@ -219,7 +253,8 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
                  top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn, stride_se,
                  stride_sn, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
-                 USE_PDL: tl.constexpr, AHEAD: tl.constexpr = False):
+                 USE_PDL: tl.constexpr, AHEAD: tl.constexpr = False,
+                 PIPELINE: tl.constexpr = False):
     # AHEAD (under PDL): the routing and the first weight tile read before the grid wait.
     # This kernel launches once every gate_up program has passed its own wait, so the
     # routing (the kernel before gate_up) has completed; only h is gate_up's
@@ -231,7 +266,7 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
     _down_tile(token, tl.program_id(1), expert_ids, pair_weights, out_ptr, h_ptr, w_ptr,
                s_ptr, num_local, first_expert, top_k, n_out, k_in, stride_h, stride_out,
                stride_we, stride_wn, stride_se, stride_sn, out_ptr, 0, TOP_K, BLOCK_N, BLOCK_K,
-               VEC, W_SCALED, EVEN_K, GRID_WAIT if ahead else NO_WAIT, USE_PDL)
+               VEC, W_SCALED, EVEN_K, GRID_WAIT if ahead else NO_WAIT, USE_PDL, 0, PIPELINE)
 
 
 def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
@@ -267,13 +302,13 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     if up_tiles[1] % vec or down_tiles[1] % vec:
         raise ValueError(f"the K steps of {up_tiles}, {down_tiles} must be multiples of {vec}")
     block_n, block_k, warps = up_tiles
-    w_scaled = gate_up_scale is not None
+    w_scaled, pipeline = gate_up_scale is not None, pipelined()
     _gate_up_kernel[(tokens * top_k, triton.cdiv(inter, block_n))](
         h, x, ids, gate_up, gate_up_scale if w_scaled else h, num_local, first_expert, top_k,
         inter, hidden, x.stride(0), h.stride(0), *gate_up.stride()[:3],
         *(gate_up_scale.stride()[:3] if w_scaled else (0, 0, 0)), BLOCK_N=block_n,
         BLOCK_K=block_k, VEC=vec, W_SCALED=w_scaled, EVEN_K=hidden % block_k == 0,
-        LIBDEVICE=x.is_cuda, num_warps=warps, enable_fp_fusion=False,
+        LIBDEVICE=x.is_cuda, PIPELINE=pipeline, num_warps=warps, enable_fp_fusion=False,
         **pdl.launch_options(x.device))
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = down_tiles
@@ -282,8 +317,8 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         top_k, hidden, inter, h.stride(0), out.stride(0), down.stride(0), down.stride(1),
         *((down_scale.stride(0), down_scale.stride(1)) if w_scaled else (0, 0)),
         TOP_K=triton.next_power_of_2(top_k), BLOCK_N=block_n, BLOCK_K=block_k, VEC=vec,
-        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, AHEAD=down_ahead(), num_warps=warps,
-        **pdl.launch_options(x.device))
+        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, AHEAD=down_ahead(), PIPELINE=pipeline,
+        num_warps=warps, **pdl.launch_options(x.device))
     return out
 
 

@@ -60,6 +60,9 @@ def check(dtype="float32", device="cpu", tiles=0, **case):
     if device == "cuda" or args[2].numel() <= 16:  # interpreted: a launch's programs in turn
         # one launch (kernels/moe_small_one.py) runs the same tiles' code: the same bits
         assert torch.equal(moe_small.small_experts(*args, one_launch=True), out)
+        with pytest.MonkeyPatch.context() as patch:  # the next K step's tiles loaded first
+            patch.setenv(moe_small.PIPELINE_ENV, "1")
+            assert torch.equal(moe_small.small_experts(*args, one_launch=False), out)
         if device == "cuda" or (case["experts"] <= 16 and dtype == "float32"):
             check_routed(*args, case["experts"])  # interpreted: a program an expert
     torch.testing.assert_close(out, expert_outputs(*args), atol=sum_tol, rtol=sum_tol)
@@ -182,8 +185,9 @@ def test_dispatch_and_cuda_graph_replay():
 @cuda
 @pytest.mark.parametrize("tokens", [1, 2])
 def test_one_launch_at_the_model_shape_in_a_graph(tokens):
-    """Qwen3-30B-A3B's experts in bf16 (PDL on where the device has it): one launch, and
-    the down kernel reading ahead, give the two launches' bits, call after call (the counters alternate and are set back), and
+    """Qwen3-30B-A3B's experts in bf16 (PDL on where the device has it): one launch, the
+    down kernel reading ahead and both kernels pipelined give the two launches' bits, call
+    after call (the counters alternate and are set back), and
     a captured chain of calls replays new routing as it runs eagerly."""
     from parashift.layers.fused_moe import route
     x, weights, ids, gate_up, down, first = inputs(tokens, 128, 8, 2048, 768,
@@ -192,10 +196,11 @@ def test_one_launch_at_the_model_shape_in_a_graph(tokens):
     for _ in range(3):
         assert torch.equal(moe_small.small_experts(x, weights, ids, gate_up, down,
                                                    one_launch=True), apart)
-    with pytest.MonkeyPatch.context() as patch:  # the down kernel's reads before its wait
-        patch.setenv(moe_small.AHEAD_ENV, "1")
-        assert torch.equal(moe_small.small_experts(x, weights, ids, gate_up, down,
-                                                   one_launch=False), apart)
+    for switch in (moe_small.AHEAD_ENV, moe_small.PIPELINE_ENV):  # other load orders
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(switch, "1")
+            assert torch.equal(moe_small.small_experts(x, weights, ids, gate_up, down,
+                                                       one_launch=False), apart)
     logits = torch.randn(tokens, 128, device="cuda")
 
     def chain():
