@@ -14,6 +14,7 @@ off): one row 5.1 us against 7.4 for cuBLAS then the routing kernel, 4.8 where t
 GEMM's choice (timed with L2 flushed: it took cuBLAS in one call, a GEMV in the next) takes a
 GEMV; two rows 7.4 against 5.1, four 12.9 against 7.3 (one program routes the rows one after
 the other), so the layer takes it at one row, where it does not hang on that choice."""
+import os
 
 import torch
 import triton
@@ -28,6 +29,16 @@ LAYER_ROWS = 1  # what `fits` takes
 ENABLED = FUSED_ROUTER
 # 128 programs of 4 KB each at Qwen3-30B-A3B's shape; 5.1 us against 5.2 with 4 warps
 BLOCK_E, NUM_WARPS = 1, 2
+# PARASHIFT_MOE_ROUTER_WARPS: the warps of a program (read at each call, for an A/B: the last
+# program's routing is eight dependent reductions over the experts, cheaper in fewer warps)
+WARPS_ENV = "PARASHIFT_MOE_ROUTER_WARPS"
+
+
+def default_warps() -> int:
+    value = os.environ.get(WARPS_ENV, str(NUM_WARPS))
+    if value not in ("1", "2", "4", "8"):
+        raise ValueError(f"{WARPS_ENV} must be 1, 2, 4 or 8, got {value!r}")
+    return int(value)
 
 
 @triton.jit
@@ -107,7 +118,7 @@ def fits(x: torch.Tensor, weight: torch.Tensor, top_k: int) -> bool:
 
 
 def route_from_hidden(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
-                      block_e: int = BLOCK_E, num_warps: int = NUM_WARPS
+                      block_e: int = BLOCK_E, num_warps: int | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """moe_routing.route(x @ weight.T rounded to x's dtype, top_k, renormalize) in one
     launch: (weights [T, k] in x's dtype, expert ids [T, k] int64); x [T <= 4, H]."""
@@ -115,6 +126,7 @@ def route_from_hidden(x: torch.Tensor, weight: torch.Tensor, top_k: int, renorma
         raise ValueError(f"route_from_hidden takes x [1..{MAX_ROWS}, {weight.shape[1]}], "
                          f"got {tuple(x.shape)}")
     x = x if x.stride(1) == 1 else x.contiguous()
+    num_warps = num_warps or default_warps()
     (rows, hidden), num_experts = x.shape, weight.shape[0]
     programs = triton.cdiv(num_experts, block_e)
     logits = torch.empty(rows, num_experts, dtype=torch.float32, device=x.device)
