@@ -27,10 +27,12 @@ MAX_ROWS = 4  # the kernel's
 LAYER_ROWS = 1  # what `fits` takes
 # PARASHIFT_FUSED_ROUTER=0 keeps the gate GEMM and the routing kernel apart (before/after)
 ENABLED = FUSED_ROUTER
-# 128 programs of 4 KB each at Qwen3-30B-A3B's shape; 5.1 us against 5.2 with 4 warps
-BLOCK_E, NUM_WARPS = 1, 2
-# PARASHIFT_MOE_ROUTER_WARPS: the warps of a program (read at each call, for an A/B: the last
-# program's routing is eight dependent reductions over the experts, cheaper in fewer warps)
+# 128 programs of 4 KB each at Qwen3-30B-A3B's shape, one warp each (the last program's
+# routing is eight dependent reductions over the experts: shuffles only in one warp). On an
+# H200 (session 45, benchmarks/moe_router.py, one row): 4.77 us against 5.13 with 2 warps and
+# 5.21 with 4; the engine's b1 step 2.7402 against 2.7579 ms with 2 (docs/benchmark_log.md)
+BLOCK_E, NUM_WARPS = 1, 1
+# PARASHIFT_MOE_ROUTER_WARPS: the warps of a program (read at each call, for an A/B)
 WARPS_ENV = "PARASHIFT_MOE_ROUTER_WARPS"
 
 

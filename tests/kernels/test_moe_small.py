@@ -21,7 +21,7 @@ CASES = [
     dict(tokens=1, experts=128, top_k=8, hidden=64, inter=48, tiles=0),
     dict(tokens=2, experts=128, top_k=8, hidden=72, inter=40, tiles=1),  # K not a tile multiple
     dict(tokens=8, experts=128, top_k=8, hidden=64, inter=32, crowd=True, tiles=2),  # shared
-    dict(tokens=16, experts=128, top_k=8, hidden=48, inter=24, tiles=0),
+    dict(tokens=16, experts=128, top_k=8, hidden=48, inter=24, tiles=1),  # wide: fewer programs
     dict(tokens=3, experts=16, top_k=6, hidden=40, inter=24, tiles=1),  # k not a power of 2
     dict(tokens=4, experts=8, top_k=2, hidden=64, inter=32, held=3, first=4, tiles=2),  # EP
     dict(tokens=2, experts=8, top_k=8, hidden=64, inter=32, held=4, first=2, crowd=True,
