@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from benchmarks import kernel_rows
 from parashift.kernels import gemm_timing, moe_router, moe_routing, pdl, skinny_gemm
 
-TILES = [(1, 4), (1, 2), (2, 4), (4, 8)]  # (block_e, num_warps)
+TILES = [(1, 4), (1, 2), (1, 1), (2, 1), (2, 4), (4, 8)]  # (block_e, num_warps)
 
 
 def candidates(top_k: int, renormalize: bool) -> dict:

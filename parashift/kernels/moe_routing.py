@@ -44,6 +44,18 @@ def route_row(logits, held, weights_row_ptr, ids_row_ptr, TOP_K: tl.constexpr,
               EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr):
     """One token's routing from its fp32 logits [EXPERTS] (-inf where not `held`): the k
     weights (in weights_row_ptr's dtype) and expert ids (int64) stored."""
+    chosen, chosen_ids = route_values(logits, held, TOP_K, EXPERTS, RENORMALIZE)
+    slots = tl.arange(0, TOP_K)
+    # rounded once to the logits' dtype, as torch's .to() of the fp32 weights rounds them
+    tl.store(weights_row_ptr + slots, chosen.to(weights_row_ptr.dtype.element_ty))
+    tl.store(ids_row_ptr + slots, chosen_ids)
+
+
+@triton.jit
+def route_values(logits, held, TOP_K: tl.constexpr, EXPERTS: tl.constexpr,
+                 RENORMALIZE: tl.constexpr):
+    """route_row's k weights (fp32, before their rounding) and expert ids (int64), [TOP_K]
+    each, in the program's registers."""
     experts = tl.arange(0, EXPERTS)
     exps = tl.where(held, tl.exp(logits - tl.max(logits, axis=0)), 0.0)
     probs = exps / tl.sum(exps, axis=0)
@@ -65,9 +77,7 @@ def route_row(logits, held, weights_row_ptr, ids_row_ptr, TOP_K: tl.constexpr,
         key = tl.where(experts == pick, -1, key)
     if RENORMALIZE:
         chosen = chosen / tl.sum(chosen, axis=0)
-    # rounded once to the logits' dtype, as torch's .to() of the fp32 weights rounds them
-    tl.store(weights_row_ptr + slots, chosen.to(weights_row_ptr.dtype.element_ty))
-    tl.store(ids_row_ptr + slots, chosen_ids)
+    return chosen, chosen_ids
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool

@@ -122,3 +122,50 @@ def summed_parts_with(own, split, first_part_ptrs, plane, mask, SPLIT_K: tl.cons
         total += tl.where(split == s, own, tl.load(first_part_ptrs + s * plane, mask=mask,
                                                    other=0.0, cache_modifier=".cg"))
     return total
+
+
+# A launch whose programs wait on others of the same launch (kernels/moe_small_one.py) by a
+# count: the producers `count_done` after their stores; a consumer `wait_count`s for all of
+# them. Deadlock-free at any residency only where every program a consumer waits for took
+# its work before the consumer did (`take_work`'s tickets hand out producers' work first).
+
+
+@triton.jit
+def count_done(counter_ptr):
+    """After this program's stores: counts it (released with them)."""
+    tl.debug_barrier()  # every thread's stores before the count
+    tl.atomic_add(counter_ptr, 1, sem="release")
+
+
+@triton.jit
+def wait_count(counter_ptr, target, SLEEP_NS: tl.constexpr = 0):
+    """Until `target` programs have called count_done on the counter; their stores visible
+    (read them from L2: .cg). SLEEP_NS: a pause between reads (fewer atomics on the line
+    while many programs wait)."""
+    # polled with plain L2 reads (atomic reads of hundreds of waiting programs would queue
+    # ahead of the count's own adds on the line), then one acquire
+    seen = tl.load(counter_ptr, volatile=True)
+    while seen < target:
+        if SLEEP_NS > 0:
+            tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
+                                      [seen.to(tl.int32) * 0 + SLEEP_NS], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+        seen = tl.load(counter_ptr, volatile=True)
+    tl.atomic_add(counter_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
+def take_work(counter_ptr):
+    """The program's ticket: its item of the launch's work, in the order programs start."""
+    return tl.atomic_add(counter_ptr, 1, sem="relaxed")
+
+
+@triton.jit
+def leave(counters_ptr, num_programs, NUM_COUNTERS: tl.constexpr):
+    """At a program's end: the launch's last program to leave sets the launch's NUM_COUNTERS
+    counters (counters_ptr and the ones after it, this one the last) back to 0."""
+    exits = counters_ptr + NUM_COUNTERS - 1
+    if tl.atomic_add(exits, 1, sem="acq_rel") == num_programs - 1:
+        for i in tl.static_range(NUM_COUNTERS):
+            tl.atomic_xchg(counters_ptr + i, 0, sem="relaxed")

@@ -37,6 +37,11 @@ def check_router(tokens, experts, top_k, hidden, renormalize, block_e=1, dtype="
     assert_exact(weights, ref_weights)
     again = moe_router.route_from_hidden(x, weight, top_k, renormalize, block_e=block_e)
     assert_exact(again[1], ids)  # the ticket counter was left at 0
+    if device == "cuda":  # one warp a program (PARASHIFT_MOE_ROUTER_WARPS=1)
+        one_warp = moe_router.route_from_hidden(x, weight, top_k, renormalize,
+                                                block_e=block_e, num_warps=1)
+        assert_exact(one_warp[1], ref_ids)
+        assert_exact(one_warp[0], ref_weights)
 
 
 # uses_dot: the GPU image's Triton 3.6 interpreter fails on the routing code ("only
@@ -63,3 +68,11 @@ def test_fits_one_row_of_the_weights_dtype(monkeypatch):
     assert not moe_router.fits(x, weight, 6)  # k not a power of two
     with pytest.raises(ValueError, match="route_from_hidden takes x"):
         moe_router.route_from_hidden(torch.zeros(5, 64), weight.float(), 8, True)
+
+
+def test_warps_from_the_environment(monkeypatch):
+    monkeypatch.setenv(moe_router.WARPS_ENV, "1")
+    assert moe_router.default_warps() == 1
+    monkeypatch.setenv(moe_router.WARPS_ENV, "3")
+    with pytest.raises(ValueError, match=moe_router.WARPS_ENV):
+        moe_router.default_warps()
