@@ -9,9 +9,11 @@ kernels, PDL as the engine launches, CUDA graphs), the GEMM choices made anew wh
 timing changes: "graph" (PARASHIFT_GEMM_TIMING=graph, main's: candidates timed with PDL
 suspended), "chain" (=chain: PDL on, each call after a kernel writing its input), and with
 SiLU·mul formed in the gate_up GEMV's epilogue ("*_silu_gate_up") or in the down GEMV
-("chain_silu_down") where that measured faster (kernels/gated_gemv.py). The graphs are
-replayed in turn (interleaved repeats), median µs per layer; each variant's choices; max
-|difference| of the outputs against the first variant's. --no-dot-configs leaves the FP8
+("chain_silu_down") where that measured faster (kernels/gated_gemv.py); "chain_no_tma":
+chain with PARASHIFT_FP8_TMA=0 (no GEMV by TMA among the one-row candidates,
+fp8_gemv_tma.py). The graphs are replayed in turn (interleaved repeats), median µs per
+layer; each variant's choices; max |difference| of the outputs against the first
+variant's. --no-dot-configs leaves the FP8
 tl.dot configs (never chosen at 1-4 rows on an H200, session 43) out of the FP8 choice, to
 save their compile time."""
 import argparse
@@ -22,12 +24,14 @@ import time
 import torch
 
 from benchmarks import pdl_chain
-from benchmarks.decode_throughput import copy_bandwidth
-from parashift.kernels import fp8_gemm, gated_gemv, gemm_timing, silu_mul, skinny_gemm
+from benchmarks.decode_throughput import copy_bandwidth, environment
+from parashift.kernels import fp8_gemm, fp8_gemm_tma, gated_gemv, gemm_timing, silu_mul, \
+    skinny_gemm
 
 VARIANTS = {"graph": ("graph", None), "chain": ("chain", None),
             "chain_silu_gate_up": ("chain", "gate_up"), "chain_silu_down": ("chain", "down"),
-            "graph_silu_gate_up": ("graph", "gate_up")}
+            "graph_silu_gate_up": ("graph", "gate_up"),
+            "chain_no_tma": ("chain", None, {fp8_gemm_tma.ENV: "0"})}
 DEFAULT_VARIANTS = ["graph", "chain", "chain_silu_gate_up", "chain_silu_down"]
 
 
@@ -64,16 +68,17 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
     graphs, outputs, chosen, setup_s = {}, {}, {}, {}
     last_timing = None
     for name in variants:
-        timing, fused = VARIANTS[name]
-        if timing != last_timing:  # variants timed alike share the unfused GEMMs' choices
+        timing, fused, settings = (*VARIANTS[name], {})[:3]
+        if (timing, settings) != last_timing:  # variants timed alike share the GEMMs' choices
             fp8_gemm._choices.clear()
             skinny_gemm._choices.clear()
         gated_gemv._choices.clear()
-        last_timing = timing
+        last_timing = timing, settings
         os.environ[gemm_timing.TIMING_ENV] = timing
         started = time.perf_counter()
-        graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, pdl_chain.step(
-            *args, fused_mlp(fused) if fused else pdl_chain.mlp)[0].clone()))
+        with environment(settings):
+            graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, pdl_chain.step(
+                *args, fused_mlp(fused) if fused else pdl_chain.mlp)[0].clone()))
         setup_s[name] = round(time.perf_counter() - started, 1)
         chosen[name] = choices()
     first = variants[0]

@@ -2,7 +2,7 @@
 bandwidth (issue 60: the decode b64 step's FP8 weight GEMM at >= 0.85 of it).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm_sweep.py [--rows 64 16 32]
-             [--output F] [--workers 16] [--kernels more | b64 | tma_w8a8 ...] [--warm-only]
+             [--output F] [--workers 16] [--kernels more | b64 | b1 | tma_w8a8 ...] [--warm-only]
              [--x-fp8] [--chain] [--settings default NAME=VALUE[,..] ...]
              [--projections qkv o ...]
 Candidates: cuBLASLt (`scaled_mm_linear`), the configs `fp8_gemm.linear` measures today
@@ -81,6 +81,21 @@ B64_HALF_ROWS = ((64, 256, 4, 6, 1), (64, 256, 4, 8, 1), (64, 128, 4, 12, 1), (1
                  (128, 128, 4, 8, 2))
 
 
+# "b1": at one to four rows, the registered GEMV configs (fp8_gemv.py's and fp8_gemv_tma.py's)
+# and the TMA GEMV's wider set: K steps of 128-256 bytes, 4-12 stages, 8-64 weight rows a
+# program, K split in 2-4 by tickets for the small projections
+GEMV_TMA_SHAPES = ((8, 256, 4, 6, 1), (8, 256, 4, 12, 1), (16, 256, 4, 4, 1), (16, 256, 4, 10, 1),
+                   (16, 256, 4, 12, 1), (32, 256, 4, 4, 1), (32, 256, 4, 8, 1), (32, 256, 8, 6, 1),
+                   (64, 256, 8, 6, 1), (64, 128, 4, 8, 1), (16, 128, 4, 12, 1), (32, 128, 4, 12, 1),
+                   (128, 128, 8, 4, 1), (8, 256, 4, 8, 2), (16, 256, 4, 8, 2), (32, 256, 4, 8, 2),
+                   (8, 256, 4, 8, 4), (32, 256, 4, 6, 4), (64, 256, 8, 4, 2), (64, 256, 8, 4, 4))
+
+
+def gemv_configs() -> tuple[Config, ...]:
+    return fp8_gemm.GEMV_CONFIGS + fp8_gemm.GEMV_TMA_CONFIGS + tuple(
+        Config("gemv_tma", *shape, tickets=shape[-1] > 1) for shape in GEMV_TMA_SHAPES)
+
+
 def tma_configs() -> list[Config]:
     wider = [Config(kernel, *shape, tickets=True) for kernel, shape in
              itertools.product(("tma_w8", "tma_w8a8"), TMA_SHAPES)]
@@ -96,7 +111,9 @@ def tma_configs() -> list[Config]:
 def configs_for(n: int, kernels: list[str] | None = None) -> list[Config]:
     """Today's configs and the TMA ones that fit N: all, or those of `kernels` ("more": the
     registered ones, W8A8_MORE, TESTED and today's CURRENT_WINNERS alone)."""
-    if kernels and "b64" in kernels:
+    if kernels and "b1" in kernels:
+        configs = gemv_configs()
+    elif kernels and "b64" in kernels:
         configs = (fp8_gemm.TMA_CONFIGS + CURRENT_WINNERS[:2]
                    + tuple(Config("tma_w8a8", *shape, tickets=True) for shape in B64_SHAPES)
                    + tuple(Config("tma_w8a8", *shape, tickets=True, max_block_m=32)
@@ -209,8 +226,9 @@ def sweep(rows: int, n: int, k: int, bandwidth: float, kernels: list[str] | None
     ranked = sorted(timings, key=timings.get)
     entries = [entry(label(c), timings[c]) for c in ranked]
     configs = [c[0] if isinstance(c, tuple) else c for c in ranked]
-    current = [e for c, e in zip(configs, entries) if c is None or c.kernel in ("w8", "w8a8")]
-    new = [e for c, e in zip(configs, entries) if c is not None and c.kernel.startswith("tma")]
+    current = [e for c, e in zip(configs, entries)
+               if c is None or c.kernel in ("w8", "w8a8", "gemv")]
+    new = [e for c, e in zip(configs, entries) if c is not None and fp8_gemm.uses_tma(c)]
     return dict(rows=rows, n=n, k=k, best_current=current[0], best_tma=new[0] if new else None,
                 x_quantized_before=[entry(label(c), alone[c])
                                     for c in sorted(alone, key=alone.get)],
@@ -223,7 +241,7 @@ def label(c: Config | tuple[Config, str] | None) -> str:
     if isinstance(c, tuple):
         return f"{label(c[0])} [{c[1]}]"
     return (f"{c.kernel} {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} "
-            f"split {c.split_k}{' tickets' if c.tickets else ''}"
+            f"split {c.split_k}{' tickets' if c.tickets else ''}{' ahead' if c.ahead else ''}"
             f"{f' m<={c.max_block_m}' if c.max_block_m else ''}")
 
 
@@ -257,7 +275,8 @@ def main():
                    choices=list(PROJECTIONS))
     p.add_argument("--kernels", nargs="+", default=None,
                    help="the TMA kernels to time (fp8_gemm_tma.KERNELS, or more: the "
-                   "registered configs and W8A8_MORE; default all)")
+                   "registered configs and W8A8_MORE; b64: around the 64-row winners; b1: "
+                   "the GEMVs' registered configs and GEMV_TMA_SHAPES; default all)")
     args = p.parse_args()
     start = time.time()
     if args.warm_only:

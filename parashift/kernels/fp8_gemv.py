@@ -77,6 +77,15 @@ def _tile_before(w_rows, k, k_end):
 
 
 @triton.jit
+def part_of_k(split, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """(first column, end) of the part of K that program `split` of SPLIT_K sums: whole
+    BLOCK_K steps, the last part ending at K (a part past it: empty)."""
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    first_k = split * k_per_split
+    return first_k, tl.minimum(K, first_k + k_per_split)
+
+
+@triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r_ptr, nw_ptr,
                      h_ptr, N, K, stride_xm, stride_wn, stride_ym, stride_rm, stride_hm, inv_k,
                      eps, HAS_BIAS: tl.constexpr,
@@ -88,11 +97,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
                      SILU_OUT: tl.constexpr = False, NORM: tl.constexpr = False,
                      HAS_RESIDUAL: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1,
                      NORM_CHUNKS: tl.constexpr = 1):
-    first_n = tl.program_id(0) * BLOCK_N
-    split = tl.program_id(1)
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    first_k = split * k_per_split
-    k_end = tl.minimum(K, first_k + k_per_split)
+    first_n, split = tl.program_id(0) * BLOCK_N, tl.program_id(1)
+    first_k, k_end = part_of_k(split, K, BLOCK_K, SPLIT_K)
     offs_n = first_n + tl.arange(0, BLOCK_N)
     if SILU_OUT:  # the tile's rows interleave gate row j and up row N / 2 + j
         pair = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
@@ -148,24 +154,48 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
             acc3 += _row_sums(w, x_ptr + 3 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
                               LIBDEVICE, r_ptr + 3 * stride_rm, nw_ptr, rstd3, NORM,
                               HAS_RESIDUAL)
-    scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
-    bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    if HAS_BIAS:  # once: by split 0, or by the tile's last program (TICKETS)
-        if TICKETS:
-            bias = tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-        elif split == 0:
-            bias = tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     pdl.inputs_read(USE_PDL)
     sums0, sums1 = tl.sum(acc0, axis=1), tl.sum(acc1, axis=1)
     sums2, sums3 = tl.sum(acc2, axis=1), tl.sum(acc3, axis=1)
-    if TICKETS:
-        _finish_by_tickets(y_ptr, stride_ym, part_ptr, counter_ptr, sums0, sums1, sums2, sums3,
-                           scale, bias, offs_n, n_ok, N, split, ROWS, SPLIT_K)
-    elif SILU_OUT:
+    if SILU_OUT:
+        scale, bias = _scale_and_bias(s_ptr, b_ptr, offs_n, n_ok, split, HAS_BIAS, TICKETS)
         first_pair = tl.program_id(0) * (BLOCK_N // 2)
         _store_silu_rows(y_ptr + first_pair, stride_ym, sums0 * scale + bias,
                          sums1 * scale + bias, sums2 * scale + bias, sums3 * scale + bias,
                          N // 2 - first_pair, ROWS, LIBDEVICE)
+    else:
+        finish_rows(y_ptr, stride_ym, part_ptr, counter_ptr, s_ptr, b_ptr, sums0, sums1, sums2,
+                    sums3, offs_n, N, split, HAS_BIAS, ROWS, SPLIT_K, TICKETS)
+
+
+@triton.jit
+def _scale_and_bias(s_ptr, b_ptr, offs_n, n_ok, split, HAS_BIAS: tl.constexpr,
+                    TICKETS: tl.constexpr):
+    """The rows' scales and the bias a program adds (fp32; zeros without one): once, by
+    split 0, or by the tile's last program (TICKETS)."""
+    scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
+    bias = tl.zeros(offs_n.shape, dtype=tl.float32)
+    if HAS_BIAS:
+        if TICKETS:
+            bias = tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        elif split == 0:
+            bias = tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    return scale, bias
+
+
+@triton.jit
+def finish_rows(y_ptr, stride_ym, part_ptr, counter_ptr, s_ptr, b_ptr, sums0, sums1, sums2,
+                sums3, offs_n, N, split, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
+                SPLIT_K: tl.constexpr, TICKETS: tl.constexpr):
+    """A GEMV program's epilogue from its rows' sums over its part of K ([BLOCK_N] fp32 each,
+    rows offs_n, those past N not stored): scaled, the bias added, stored (one part of K),
+    added atomically into fp32 (SPLIT_K parts) or finished by the tile's last program
+    (TICKETS)."""
+    n_ok = offs_n < N
+    scale, bias = _scale_and_bias(s_ptr, b_ptr, offs_n, n_ok, split, HAS_BIAS, TICKETS)
+    if TICKETS:
+        _finish_by_tickets(y_ptr, stride_ym, part_ptr, counter_ptr, sums0, sums1, sums2, sums3,
+                           scale, bias, offs_n, n_ok, N, split, ROWS, SPLIT_K)
     elif SPLIT_K == 1:
         _store_rows(y_ptr + offs_n, stride_ym, sums0 * scale + bias, sums1 * scale + bias,
                     sums2 * scale + bias, sums3 * scale + bias, n_ok, ROWS)

@@ -38,7 +38,9 @@ def quantized(n, k, padded, device, seed=2):
 
 
 def check(m, n, k, bias=False, padded=False, strided_x=False, dtype="float32", device="cpu",
-          configs=SMALL):
+          configs=SMALL, gemv=fp8_gemv):
+    """gemv(x, weight, scale, bias, *config) (a config's last field: tickets) against the
+    reference."""
     weight, scale = quantized(n, k, padded, device)
     x = randn((m, k), dtype, device, seed=1, strided=strided_x)
     b = randn((n,), dtype, device, seed=3) if bias else None
@@ -46,11 +48,11 @@ def check(m, n, k, bias=False, padded=False, strided_x=False, dtype="float32", d
     eps = torch.finfo(getattr(torch, dtype)).eps
     tol = 2 * eps * (k ** 0.5 if dtype == "float32" else 1)
     for config in configs:
-        out = fp8_gemv(x, weight, scale, b, *config)
+        out = gemv(x, weight, scale, b, *config)
         assert out.shape == (m, n) and out.dtype == x.dtype
         torch.testing.assert_close(out.double(), ref, rtol=tol, atol=2 * tol)
         if config[-1]:  # tickets: the same bits again, every counter back at 0
-            assert torch.equal(fp8_gemv(x, weight, scale, b, *config), out)
+            assert torch.equal(gemv(x, weight, scale, b, *config), out)
             assert not split_tickets._counters[x.device].any()
 
 
