@@ -2,6 +2,7 @@
 rows (decode at small batch), as a fraction of the weight-streaming floor.
 
 Usage (GPU): python3 benchmarks/skinny_gemm.py --model benchmarks/shapes/llama-3.1-8b.json [--tp 2]
+    [--rows 1 2 4] [--projections qkv o gate_up down lm_head]
 """
 import argparse
 import json
@@ -20,12 +21,13 @@ def copy_bandwidth() -> float:
 
 
 def projections(cfg: dict, tp: int) -> dict[str, tuple[int, int]]:
-    """(N, K) of each projection of one layer, on one rank of TP."""
+    """(N, K) of each projection of one layer and of the LM head, on one rank of TP."""
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     head_dim = cfg.get("head_dim") or h // cfg["num_attention_heads"]
     q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
     return {"qkv": ((q + 2 * kv) // tp, h), "o": (h, q // tp),
-            "gate_up": (2 * inter // tp, h), "down": (h, inter // tp)}
+            "gate_up": (2 * inter // tp, h), "down": (h, inter // tp),
+            "lm_head": (cfg["vocab_size"] // tp, h)}
 
 
 def main() -> None:
@@ -33,11 +35,14 @@ def main() -> None:
     p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--projections", nargs="+", default=["qkv", "o", "gate_up", "down"],
+                   choices=["qkv", "o", "gate_up", "down", "lm_head"])
     args = p.parse_args()
     cfg = json.load(open(args.model))
     bandwidth = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}  copy {bandwidth / 1e12:.2f} TB/s")
-    for name, (n, k) in projections(cfg, args.tp).items():
+    for name in args.projections:
+        n, k = projections(cfg, args.tp)[name]
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
         floor_ms = w.nbytes / bandwidth * 1e3
         for m in args.rows:

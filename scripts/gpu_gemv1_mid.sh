@@ -8,11 +8,13 @@
 # 3. benchmarks/fp8_gemm_sweep.py at one row, timed in the decode chain: every GEMV config
 #    (fp8_gemv.py's registered ones, the TMA GEMV's registered and wider set) per projection;
 # 4. benchmarks/decode_chain.py, FP8, batch 1, 32 layers: the GEMM choice without the TMA
-#    GEMV (PARASHIFT_FP8_TMA=0) against with it.
-# Usage (repository root): OUT=dir [BUDGET_S=210] bash scripts/gpu_gemv1_mid.sh
+#    GEMV (PARASHIFT_FP8_TMA=0) against with it;
+# 5. benchmarks/skinny_gemm.py: the bf16 LM head [128256, 4096] at one row, cuBLAS and the
+#    skinny configs against the copy bandwidth.
+# Usage (repository root): OUT=dir [BUDGET_S=230] bash scripts/gpu_gemv1_mid.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-budget=${BUDGET_S:-210}
+budget=${BUDGET_S:-230}
 mkdir -p "$OUT"
 source scripts/budget_step.sh
 budget_step gpu_tests 45 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
@@ -23,5 +25,6 @@ budget_step sweep_b1 60 python3 benchmarks/fp8_gemm_sweep.py --rows 1 --chain --
   --workers 14 --output "$OUT/sweep_b1.json"
 budget_step chain_fp8 60 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
   --variants chain_no_tma chain --output "$OUT/chain_fp8.json"
+budget_step lm_head 25 python3 benchmarks/skinny_gemm.py --rows 1 --projections lm_head
 cat "$OUT/steps"
-grep -h '^{' "$OUT"/read_ceiling.log "$OUT"/sweep_b1.log "$OUT"/chain_fp8.log | cut -c1-1500
+grep -h '^{' "$OUT"/read_ceiling.log "$OUT"/sweep_b1.log "$OUT"/chain_fp8.log "$OUT"/lm_head.log | cut -c1-1500
