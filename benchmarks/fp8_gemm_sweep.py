@@ -83,7 +83,8 @@ B64_HALF_ROWS = ((64, 256, 4, 6, 1), (64, 256, 4, 8, 1), (64, 128, 4, 12, 1), (1
 
 # "b1": at one to four rows, the registered GEMV configs (fp8_gemv.py's and fp8_gemv_tma.py's)
 # and the TMA GEMV's wider set: K steps of 128-256 bytes, 4-12 stages, 8-64 weight rows a
-# program, K split in 2-4 by tickets for the small projections
+# program, K split in 2-4 by tickets for the small projections; and the TMA FP8 x FP8 GEMM
+# (wgmma, 16-token tiles: the row padded by TMA's zeros), never measured at 1-4 rows
 GEMV_TMA_SHAPES = ((8, 256, 4, 6, 1), (8, 256, 4, 12, 1), (16, 256, 4, 4, 1), (16, 256, 4, 10, 1),
                    (16, 256, 4, 12, 1), (32, 256, 4, 4, 1), (32, 256, 4, 8, 1), (32, 256, 8, 6, 1),
                    (64, 256, 8, 6, 1), (64, 128, 4, 8, 1), (16, 128, 4, 12, 1), (32, 128, 4, 12, 1),
@@ -91,9 +92,15 @@ GEMV_TMA_SHAPES = ((8, 256, 4, 6, 1), (8, 256, 4, 12, 1), (16, 256, 4, 4, 1), (1
                    (8, 256, 4, 8, 4), (32, 256, 4, 6, 4), (64, 256, 8, 4, 2), (64, 256, 8, 4, 4))
 
 
+B1_W8A8_SHAPES = ((64, 256, 4, 8, 1), (64, 256, 4, 6, 2), (128, 256, 4, 4, 2),
+                  (64, 128, 4, 10, 2), (128, 128, 4, 8, 1))
+
+
 def gemv_configs() -> tuple[Config, ...]:
     return fp8_gemm.GEMV_CONFIGS + fp8_gemm.GEMV_TMA_CONFIGS + tuple(
-        Config("gemv_tma", *shape, tickets=shape[-1] > 1) for shape in GEMV_TMA_SHAPES)
+        Config("gemv_tma", *shape, tickets=shape[-1] > 1) for shape in GEMV_TMA_SHAPES
+    ) + fp8_gemm.TMA_CONFIGS + tuple(Config("tma_w8a8", *shape, tickets=True)
+                                     for shape in B1_W8A8_SHAPES)
 
 
 def tma_configs() -> list[Config]:
