@@ -1,13 +1,20 @@
 """The FP8 GEMV with the weight streamed by TMA against an fp64 product of the dequantized
 weight (test_fp8_gemv.py's check): one small case under the Triton interpreter, every
-registered config on CUDA."""
+registered config on CUDA; on the GPU (PARASHIFT_TEST_DEVICE=cuda) an FP8 engine's greedy
+tokens with it at one to four rows equal to those with fp8_gemv.py's GEMV there."""
+import os
+
 import pytest
 import torch
 
 from parashift.kernels import fp8_gemm
 from parashift.kernels.fp8_gemv_tma import fp8_gemv_tma
+from tests.deterministic.test_batch_invariance import GREEDY, requests
+from tests.engine.conftest import tiny_llama_dir, tiny_llm  # noqa: F401  (shared fixture)
 from tests.kernels import test_fp8_gemv
 from tests.kernels.common import case_id, case_tests, cuda
+
+DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")
 
 # (block_n, block_k, warps, stages, split_k, tickets): several row tiles and a partial last
 # one (n 40), a partial last K step (k 208), K split in three by tickets (one part past K)
@@ -40,3 +47,40 @@ def test_rejects_a_k_step_wider_than_a_tma_box():
     weight = torch.zeros(16, 512, dtype=fp8_gemm.FP8)
     with pytest.raises(ValueError, match="block_k <= 256"):
         fp8_gemv_tma(torch.zeros(1, 512), weight, torch.ones(16), None, 16, 512, 4, 2)
+
+
+def only_family(kernel: str):
+    """fp8_gemm's choice where a GEMV competes (1-4 rows): the fastest config of `kernel`'s
+    family; elsewhere the usual choice."""
+    usual = fp8_gemm.choose
+
+    def choose(timings):
+        family = [c for c in timings if c is not None and c.kernel == kernel]
+        if not any(c is not None and c.kernel.startswith("gemv") for c in timings):
+            return usual(timings)
+        return min(family, key=timings.__getitem__)
+    return choose
+
+
+def family_tokens(model_dir, kernel: str) -> tuple[list, list[str]]:
+    """An FP8 engine's greedy tokens for 8 prompts (4 sequences at a time) with `kernel`'s
+    configs at 1-4 rows, and the kernels chosen."""
+    prompts, _ = requests(8)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fp8_gemm, "choose", only_family(kernel))
+        patch.setattr(fp8_gemm, "_choices", {})
+        llm = tiny_llm(model_dir, device=DEVICE, dtype="bfloat16", quantization="fp8",
+                       max_num_seqs=4)
+        try:
+            outs = llm.generate(prompts, GREEDY)
+            chosen = [c["kernel"] for c in fp8_gemm.chosen()]
+        finally:
+            llm.llm_engine.shutdown()
+    return [o.outputs[0].token_ids for o in outs], chosen
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
+def test_engine_gives_the_register_gemvs_tokens(tiny_llama_dir):  # noqa: F811
+    by_tma, chosen = family_tokens(tiny_llama_dir, "gemv_tma")
+    assert any("gemv_tma" in kernel for kernel in chosen)
+    assert by_tma == family_tokens(tiny_llama_dir, "gemv")[0]
