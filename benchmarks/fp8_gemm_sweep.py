@@ -83,13 +83,17 @@ B64_HALF_ROWS = ((64, 256, 4, 6, 1), (64, 256, 4, 8, 1), (64, 128, 4, 12, 1), (1
 
 # "b1": at one to four rows, the registered GEMV configs (fp8_gemv.py's and fp8_gemv_tma.py's)
 # and the TMA GEMV's wider set: K steps of 128-256 bytes, 4-12 stages, 8-64 weight rows a
-# program, K split in 2-4 by tickets for the small projections; and the TMA FP8 x FP8 GEMM
+# program, 1-8 warps, K split in 2-4 by tickets for the small projections; and the TMA FP8 x FP8 GEMM
 # (wgmma, 16-token tiles: the row padded by TMA's zeros), never measured at 1-4 rows
 GEMV_TMA_SHAPES = ((8, 256, 4, 6, 1), (8, 256, 4, 12, 1), (16, 256, 4, 4, 1), (16, 256, 4, 10, 1),
                    (16, 256, 4, 12, 1), (32, 256, 4, 4, 1), (32, 256, 4, 8, 1), (32, 256, 8, 6, 1),
                    (64, 256, 8, 6, 1), (64, 128, 4, 8, 1), (16, 128, 4, 12, 1), (32, 128, 4, 12, 1),
                    (128, 128, 8, 4, 1), (8, 256, 4, 8, 2), (16, 256, 4, 8, 2), (32, 256, 4, 8, 2),
-                   (8, 256, 4, 8, 4), (32, 256, 4, 6, 4), (64, 256, 8, 4, 2), (64, 256, 8, 4, 4))
+                   (8, 256, 4, 8, 4), (32, 256, 4, 6, 4), (64, 256, 8, 4, 2), (64, 256, 8, 4, 4),
+                   # one or two warps: a thread's 4-8 consecutive bytes of K (16-byte loads of
+                   # the activations), more programs an SM
+                   (8, 256, 1, 8, 1), (8, 256, 2, 8, 1), (16, 256, 2, 6, 1), (16, 256, 2, 10, 1),
+                   (16, 128, 1, 8, 1), (8, 256, 2, 8, 2), (16, 256, 2, 8, 2))
 
 
 B1_W8A8_SHAPES = ((64, 256, 4, 8, 1), (64, 256, 4, 6, 2), (128, 256, 4, 4, 2),

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from parashift.kernels import fp8_gemm
+from parashift.kernels.fp8_gemv import MAX_ROWS
 from parashift.kernels.fp8_gemv_tma import fp8_gemv_tma
 from tests.deterministic.test_batch_invariance import GREEDY, requests
 from tests.engine.conftest import tiny_llama_dir, tiny_llm  # noqa: F401  (shared fixture)
@@ -49,17 +50,19 @@ def test_rejects_a_k_step_wider_than_a_tma_box():
         fp8_gemv_tma(torch.zeros(1, 512), weight, torch.ones(16), None, 16, 512, 4, 2)
 
 
-def only_family(kernel: str):
-    """fp8_gemm's choice where a GEMV competes (1-4 rows): the fastest config of `kernel`'s
-    family; elsewhere the usual choice."""
-    usual = fp8_gemm.choose
+def only_family(kernel: str) -> tuple:
+    """fp8_gemm's candidates and choice where a GEMV competes (1-4 rows): `kernel`'s configs
+    alone (fewer compiles), the fastest of them; elsewhere the usual ones."""
+    usual_candidates, usual_choice = fp8_gemm.candidates, fp8_gemm.choose
+
+    def candidates(rows, n):
+        configs = usual_candidates(rows, n)
+        return [c for c in configs if c.kernel == kernel] if rows <= MAX_ROWS else configs
 
     def choose(timings):
         family = [c for c in timings if c is not None and c.kernel == kernel]
-        if not any(c is not None and c.kernel.startswith("gemv") for c in timings):
-            return usual(timings)
-        return min(family, key=timings.__getitem__)
-    return choose
+        return min(family, key=timings.__getitem__) if family else usual_choice(timings)
+    return candidates, choose
 
 
 def family_tokens(model_dir, kernel: str) -> tuple[list, list[str]]:
@@ -67,7 +70,9 @@ def family_tokens(model_dir, kernel: str) -> tuple[list, list[str]]:
     configs at 1-4 rows, and the kernels chosen."""
     prompts, _ = requests(8)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fp8_gemm, "choose", only_family(kernel))
+        candidates, choose = only_family(kernel)
+        patch.setattr(fp8_gemm, "candidates", candidates)
+        patch.setattr(fp8_gemm, "choose", choose)
         patch.setattr(fp8_gemm, "_choices", {})
         llm = tiny_llm(model_dir, device=DEVICE, dtype="bfloat16", quantization="fp8",
                        max_num_seqs=4)
