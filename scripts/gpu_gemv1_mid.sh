@@ -27,6 +27,6 @@ budget_step sweep_b1 75 python3 benchmarks/fp8_gemm_sweep.py --rows 1 --chain --
   --workers 14 --output "$OUT/sweep_b1.json"
 budget_step chain_fp8 60 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
   --variants chain_no_tma chain --output "$OUT/chain_fp8.json"
-budget_step lm_head 25 python3 benchmarks/skinny_gemm.py --rows 1 --projections lm_head
+budget_step lm_head 30 python3 benchmarks/skinny_gemm.py --rows 1 --projections lm_head --tma-gemv
 cat "$OUT/steps"
 grep -h '^{' "$OUT"/read_ceiling.log "$OUT"/sweep_b1.log "$OUT"/chain_fp8.log "$OUT"/lm_head.log | cut -c1-1500
