@@ -10,10 +10,10 @@ timing changes: "graph" (PARASHIFT_GEMM_TIMING=graph, main's: candidates timed w
 suspended), "chain" (=chain: PDL on, each call after a kernel writing its input), and with
 SiLU·mul formed in the gate_up GEMV's epilogue ("*_silu_gate_up") or in the down GEMV
 ("chain_silu_down") where that measured faster (kernels/gated_gemv.py); "chain_no_tma":
-chain with PARASHIFT_FP8_TMA=0 (no GEMV by TMA among the one-row candidates,
-fp8_gemv_tma.py). The graphs are replayed in turn (interleaved repeats), median µs per
-layer; each variant's choices; max |difference| of the outputs against the first
-variant's. --no-dot-configs leaves the FP8
+chain with PARASHIFT_FP8_TMA=0 (no TMA kernel among the candidates); "chain_one_stage":
+chain without the pipelined GEMV configs (fp8_gemv.py's NUM_STAGES > 1). The graphs are
+replayed in turn (interleaved repeats), median µs per layer; each variant's choices; max
+|difference| of the outputs against the first variant's. --no-dot-configs leaves the FP8
 tl.dot configs (never chosen at 1-4 rows on an H200, session 43) out of the FP8 choice, to
 save their compile time."""
 import argparse
@@ -24,14 +24,17 @@ import time
 import torch
 
 from benchmarks import pdl_chain
-from benchmarks.decode_throughput import copy_bandwidth, environment
+from benchmarks.decode_throughput import copy_bandwidth, environment, one_stage_gemv_configs
 from parashift.kernels import fp8_gemm, fp8_gemm_tma, gated_gemv, gemm_timing, silu_mul, \
     skinny_gemm
 
-VARIANTS = {"graph": ("graph", None), "chain": ("chain", None),
-            "chain_silu_gate_up": ("chain", "gate_up"), "chain_silu_down": ("chain", "down"),
-            "graph_silu_gate_up": ("graph", "gate_up"),
-            "chain_no_tma": ("chain", None, {fp8_gemm_tma.ENV: "0"})}
+# name: (GEMM timing, the GEMV SiLU·mul is fused in, switches set, GEMV configs or None: all)
+VARIANTS = {"graph": ("graph", None, {}, None), "chain": ("chain", None, {}, None),
+            "chain_silu_gate_up": ("chain", "gate_up", {}, None),
+            "chain_silu_down": ("chain", "down", {}, None),
+            "graph_silu_gate_up": ("graph", "gate_up", {}, None),
+            "chain_no_tma": ("chain", None, {fp8_gemm_tma.ENV: "0"}, None),
+            "chain_one_stage": ("chain", None, {}, one_stage_gemv_configs)}
 DEFAULT_VARIANTS = ["graph", "chain", "chain_silu_gate_up", "chain_silu_down"]
 
 
@@ -67,20 +70,23 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
     layers = args[2]
     graphs, outputs, chosen, setup_s = {}, {}, {}, {}
     last_timing = None
+    all_gemv_configs = fp8_gemm.GEMV_CONFIGS
     for name in variants:
-        timing, fused, settings = (*VARIANTS[name], {})[:3]
-        if (timing, settings) != last_timing:  # variants timed alike share the GEMMs' choices
+        timing, fused, settings, gemv_configs = VARIANTS[name]
+        if (timing, settings, gemv_configs) != last_timing:  # alike: the GEMMs' choices shared
             fp8_gemm._choices.clear()
             skinny_gemm._choices.clear()
         gated_gemv._choices.clear()
-        last_timing = timing, settings
+        last_timing = timing, settings, gemv_configs
         os.environ[gemm_timing.TIMING_ENV] = timing
+        fp8_gemm.GEMV_CONFIGS = gemv_configs() if gemv_configs else all_gemv_configs
         started = time.perf_counter()
         with environment(settings):
             graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, pdl_chain.step(
                 *args, fused_mlp(fused) if fused else pdl_chain.mlp)[0].clone()))
         setup_s[name] = round(time.perf_counter() - started, 1)
         chosen[name] = choices()
+    fp8_gemm.GEMV_CONFIGS = all_gemv_configs
     first = variants[0]
     results = pdl_chain.replayed_fractions(graphs, layers, fp8, batch, context, count,
                                            bandwidth, repeats)[0]

@@ -81,27 +81,44 @@ B64_HALF_ROWS = ((64, 256, 4, 6, 1), (64, 256, 4, 8, 1), (64, 128, 4, 12, 1), (1
                  (128, 128, 4, 8, 2))
 
 
-# "b1": at one to four rows, the registered GEMV configs (fp8_gemv.py's and fp8_gemv_tma.py's)
-# and the TMA GEMV's wider set: K steps of 128-256 bytes, 4-12 stages, 8-64 weight rows a
-# program, 1-8 warps, K split in 2-4 by tickets for the small projections; and the TMA FP8 x FP8 GEMM
-# (wgmma, 16-token tiles: the row padded by TMA's zeros), never measured at 1-4 rows
-GEMV_TMA_SHAPES = ((8, 256, 4, 6, 1), (8, 256, 4, 12, 1), (16, 256, 4, 4, 1), (16, 256, 4, 10, 1),
-                   (16, 256, 4, 12, 1), (32, 256, 4, 4, 1), (32, 256, 4, 8, 1), (32, 256, 8, 6, 1),
-                   (64, 256, 8, 6, 1), (64, 128, 4, 8, 1), (16, 128, 4, 12, 1), (32, 128, 4, 12, 1),
-                   (128, 128, 8, 4, 1), (8, 256, 4, 8, 2), (16, 256, 4, 8, 2), (32, 256, 4, 8, 2),
-                   (8, 256, 4, 8, 4), (32, 256, 4, 6, 4), (64, 256, 8, 4, 2), (64, 256, 8, 4, 4),
-                   # one or two warps: a thread's 4-8 consecutive bytes of K (16-byte loads of
-                   # the activations), more programs an SM
-                   (8, 256, 1, 8, 1), (8, 256, 2, 8, 1), (16, 256, 2, 6, 1), (16, 256, 2, 10, 1),
-                   (16, 128, 1, 8, 1), (8, 256, 2, 8, 2), (16, 256, 2, 8, 2))
-
-
+# "b1": at one to four rows, the registered GEMV configs (fp8_gemv.py's) and the TMA GEMV's
+# (fp8_gemv_tma.py, no candidate of the choice): K steps of 128-256 bytes, 4-12 stages, 8-128
+# rows a program, 1-8 warps, K split in 2-4 by tickets for the small projections; and the TMA
+# FP8 x FP8 GEMM (wgmma, 16-token tiles: the row padded by TMA's zeros), no candidate at 1-4
+# rows
+GEMV_TMA_SHAPES = (
+    (16, 256, 4, 6, 1), (16, 256, 4, 8, 1), (32, 256, 4, 6, 1), (8, 256, 4, 8, 1),
+    (32, 128, 4, 8, 1), (64, 256, 8, 4, 1), (16, 256, 4, 6, 2), (32, 256, 4, 6, 2),
+    (16, 256, 4, 6, 4), (8, 256, 4, 6, 1), (8, 256, 4, 12, 1), (16, 256, 4, 4, 1),
+    (16, 256, 4, 10, 1), (16, 256, 4, 12, 1), (32, 256, 4, 4, 1), (32, 256, 4, 8, 1),
+    (32, 256, 8, 6, 1), (64, 256, 8, 6, 1), (64, 128, 4, 8, 1), (16, 128, 4, 12, 1),
+    (32, 128, 4, 12, 1), (128, 128, 8, 4, 1), (8, 256, 4, 8, 2), (16, 256, 4, 8, 2),
+    (32, 256, 4, 8, 2), (8, 256, 4, 8, 4), (32, 256, 4, 6, 4), (64, 256, 8, 4, 2),
+    (64, 256, 8, 4, 4),
+    # 8 warps over 64-128 rows a program (a wave of fat programs, as the FP8 x FP8 TMA GEMM's
+    # 256x128 w8 won gate_up in the first call)
+    (128, 128, 8, 6, 1), (64, 128, 8, 8, 1), (128, 64, 8, 8, 1),
+    # one or two warps: a thread's 4-8 consecutive bytes of K (16-byte loads of the
+    # activations), more programs an SM
+    (8, 256, 1, 8, 1), (8, 256, 2, 8, 1), (16, 256, 2, 6, 1), (16, 256, 2, 10, 1),
+    (16, 128, 1, 8, 1), (8, 256, 2, 8, 2), (16, 256, 2, 8, 2), (8, 256, 1, 12, 1),
+    (16, 256, 1, 8, 1), (8, 128, 1, 12, 1))
 B1_W8A8_SHAPES = ((64, 256, 4, 8, 1), (64, 256, 4, 6, 2), (128, 256, 4, 4, 2),
                   (64, 128, 4, 10, 2), (128, 128, 4, 8, 1))
 
 
+# fp8_gemv.py's GEMV with its loads pipelined (NUM_STAGES > 1: copies into shared memory ahead,
+# fewer registers; the bits of the same tile at one stage)
+GEMV_STAGED_SHAPES = (
+    (8, 1024, 4, 2, 1), (8, 1024, 4, 3, 1), (8, 1024, 4, 4, 1), (4, 2048, 4, 2, 1),
+    (4, 2048, 4, 3, 1), (4, 1024, 4, 4, 1), (8, 512, 4, 4, 1), (16, 512, 4, 3, 1),
+    (8, 2048, 8, 2, 1), (8, 2048, 8, 3, 1), (2, 2048, 4, 3, 1), (16, 1024, 8, 3, 1),
+    (16, 512, 4, 4, 1), (8, 1024, 4, 3, 2))
+
+
 def gemv_configs() -> tuple[Config, ...]:
-    return fp8_gemm.GEMV_CONFIGS + fp8_gemm.GEMV_TMA_CONFIGS + tuple(
+    return fp8_gemm.GEMV_CONFIGS + tuple(Config("gemv", *shape, tickets=shape[-1] > 1)
+                                         for shape in GEMV_STAGED_SHAPES) + tuple(
         Config("gemv_tma", *shape, tickets=shape[-1] > 1) for shape in GEMV_TMA_SHAPES
     ) + fp8_gemm.TMA_CONFIGS + tuple(Config("tma_w8a8", *shape, tickets=True)
                                      for shape in B1_W8A8_SHAPES)

@@ -1,29 +1,40 @@
 #!/usr/bin/env bash
 # Issue 60 (helper gemv1), second call on ONE H200 (BUDGET_S, 240 by default, cuts the last
 # step first):
-# 1. the GPU tests of the TMA GEMV (registered configs, bf16) and an FP8 engine's greedy
-#    tokens with it at 1-4 rows equal to those with fp8_gemv.py's GEMV;
-# 2. benchmarks/decode_chain.py, FP8, batch 1, 32 layers: the choice without the TMA GEMV
-#    (PARASHIFT_FP8_TMA=0) against with it (the registered configs);
-# 3. the engine, FP8 decode b1 (8B shape, context 1024, CUDA graphs), PARASHIFT_FP8_TMA=0
-#    then 1, without the tl.dot configs (never chosen at 1-4 rows; the start-up compiles
-#    warmed first into Triton's cache by the sweep's workers).
+# 1. GPU tests: the TMA GEMV (fp8_gemv_tma.py), fp8_gemv.py's pipelined loads (NUM_STAGES > 1)
+#    giving the one-stage bits, its epilogue (finish_rows: tickets, SiLU) on the registered
+#    configs;
+# 2. benchmarks/fp8_gemm_sweep.py at one row in the decode chain (--kernels b1: the registered
+#    GEMVs, pipelined ones, the TMA GEMV, the TMA FP8 x FP8 GEMM given the row in E4M3);
+# 3. benchmarks/decode_chain.py, FP8, batch 1, 32 layers: the choice without the pipelined
+#    GEMV configs (chain_one_stage) against with them (chain);
+# 4. the engine, FP8 decode b1 (8B shape, context 1024, CUDA graphs, no tl.dot configs: never
+#    chosen at 1-4 rows), without the pipelined configs (--one-stage-gemv) then with them;
+# 5. benchmarks/read_ceiling.py --chain: the read-only kernels timed as the sweep times the
+#    GEMVs (PDL on, each call after a kernel writing a row), a first tile before the PDL wait,
+#    cache hints.
 # Usage (repository root): OUT=dir [BUDGET_S=240] bash scripts/gpu_gemv1_second.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-240}
 mkdir -p "$OUT"
 source scripts/budget_step.sh
-budget_step gpu_tests 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  tests/kernels/test_fp8_gemv_tma.py
-budget_step chain_fp8 50 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
-  --variants chain_no_tma chain --output "$OUT/chain_fp8.json"
-budget_step warm 20 python3 benchmarks/fp8_gemm_sweep.py --warm-only --warm-rows 1 2 4 \
-  --no-dot-configs --workers 14
-for tma in 0 1; do
-  budget_step "engine_tma$tma" 45 env PARASHIFT_FP8_TMA=$tma python3 benchmarks/decode_throughput.py \
-    --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 --decode-steps 32 \
-    --cuda-graphs --quantization fp8 --no-dot-configs --output "$OUT/engine_tma$tma.json"
-done
+budget_step gpu_tests 40 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+  tests/kernels/test_fp8_gemv_tma.py tests/kernels/test_fp8_gemv.py \
+  -k "test_fp8_gemv_tma or pipelined or silu_out_cuda or (test_cuda and tickets and bfloat16)"
+budget_step sweep_b1 45 python3 benchmarks/fp8_gemm_sweep.py --rows 1 --chain --x-fp8 --kernels b1 \
+  --workers 14 --output "$OUT/sweep_b1.json"
+budget_step chain_fp8 45 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
+  --variants chain_one_stage chain --output "$OUT/chain_fp8.json"
+budget_step engine_one_stage 40 python3 benchmarks/decode_throughput.py \
+  --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 --decode-steps 32 \
+  --cuda-graphs --quantization fp8 --no-dot-configs --one-stage-gemv \
+  --output "$OUT/engine_one_stage.json"
+budget_step engine_staged 40 python3 benchmarks/decode_throughput.py \
+  --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 --decode-steps 32 \
+  --cuda-graphs --quantization fp8 --no-dot-configs --output "$OUT/engine_staged.json"
+budget_step read_ceiling_chain 25 python3 benchmarks/read_ceiling.py --chain \
+  --output "$OUT/read_ceiling_chain.json"
 cat "$OUT/steps"
-grep -h '^{' "$OUT"/chain_fp8.log "$OUT"/engine_tma*.log | cut -c1-1500
+grep -h '^{' "$OUT"/sweep_b1.log "$OUT"/chain_fp8.log "$OUT"/engine_*.log \
+  "$OUT"/read_ceiling_chain.log | cut -c1-1500

@@ -72,7 +72,7 @@ TMA_CONFIGS = tuple(Config("tma_w8a8", *shape, tickets=True) for shape in (
 # needs no shuffles or shared memory: checked in sm_90 PTX); narrow BLOCK_N or split K where N
 # gives too few programs for the SMs (split K by atomics costs a zeroing and a cast kernel,
 # by tickets neither); then configs loading a tile ahead (the first before the PDL wait),
-# around the shapes chosen at one row, and split by tickets
+# around the shapes chosen at one row, split by tickets, and pipelined
 GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
     (2, 2048, 4, 1), (4, 1024, 4, 1), (4, 2048, 4, 1), (8, 1024, 4, 1), (8, 2048, 8, 1),
     (2, 4096, 8, 1), (4, 2048, 4, 1, 2), (8, 1024, 4, 1, 2))) + tuple(
@@ -80,14 +80,14 @@ GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
         (8, 1024, 4, 1), (4, 2048, 4, 1), (4, 1024, 4, 1), (2, 2048, 4, 1), (4, 1024, 4, 1, 2))
 ) + tuple(Config("gemv", *shape, tickets=True) for shape in (
     (4, 1024, 4, 1, 2), (8, 1024, 4, 1, 2), (4, 2048, 4, 1, 2))) + (
-    Config("gemv", 4, 1024, 4, 1, 2, ahead=True, tickets=True),)
-# "gemv_tma" (fp8_gemv_tma.py), at most fp8_gemv.MAX_ROWS rows: the GEMV with the weight's
-# [BLOCK_N, BLOCK_K <= 256] tiles copied by TMA into shared memory, NUM_STAGES deep (bytes in
-# flight set by shared memory, not registers); measured where fp8_gemm_tma.takes the weight
-GEMV_TMA_CONFIGS = tuple(Config("gemv_tma", *shape) for shape in (
-    (16, 256, 4, 6), (16, 256, 4, 8), (32, 256, 4, 6), (8, 256, 4, 8), (32, 128, 4, 8),
-    (64, 256, 8, 4))) + tuple(Config("gemv_tma", *shape, tickets=True) for shape in (
-        (16, 256, 4, 6, 2), (32, 256, 4, 6, 2), (16, 256, 4, 6, 4)))
+    Config("gemv", 4, 1024, 4, 1, 2, ahead=True, tickets=True),) + tuple(
+    # the loads pipelined through shared memory (fp8_gemv.py's NUM_STAGES > 1; the same
+    # bits as the tile at one stage, fewer registers a thread)
+    Config("gemv", *shape) for shape in (
+        (8, 1024, 4, 2), (8, 1024, 4, 3), (4, 2048, 4, 3), (16, 512, 4, 3), (8, 2048, 8, 2)))
+# "gemv_tma" (fp8_gemv_tma.py): the GEMV with the weight's tiles copied by TMA into shared
+# memory; measured slower than the GEMV above at the 8B's four shapes at one row on an H200
+# (docs/benchmark_log.md, helper gemv1), so no candidate: timed by benchmarks/fp8_gemm_sweep.py
 
 
 @triton.jit
@@ -328,9 +328,8 @@ def _label(config: Config | None) -> str:
 
 def candidates(rows: int, n: int) -> list[Config]:
     """The Triton configs measured for `rows` rows of an N-row weight."""
-    tma = fp8_gemm_tma.enabled()
-    configs = CONFIGS + (GEMV_CONFIGS + (GEMV_TMA_CONFIGS if tma else ())
-                         if rows <= fp8_gemv.MAX_ROWS else TMA_CONFIGS if tma else ())
+    configs = CONFIGS + (GEMV_CONFIGS if rows <= fp8_gemv.MAX_ROWS else
+                         TMA_CONFIGS if fp8_gemm_tma.enabled() else ())
     return [c for c in configs if c.block_n <= triton.next_power_of_2(n)]
 
 

@@ -74,6 +74,22 @@ def test_cuda(family, case, dtype):
         for c in fp8_gemm.GEMV_CONFIGS if FAMILIES[family](c)])
 
 
+@cuda
+@pytest.mark.parametrize("config", [(8, 1024, 4, 3, 1, False, False),
+                                    (4, 2048, 4, 2, 1, False, False),
+                                    (8, 1024, 4, 3, 2, False, True)], ids=str)
+@pytest.mark.parametrize("case", [dict(m=1, n=300, k=4096), dict(m=4, n=96, k=1040, bias=True)],
+                         ids=case_id)
+def test_pipelined_loads_give_the_one_stage_bits(case, config):
+    """NUM_STAGES > 1 (loads copied into shared memory ahead) moves no arithmetic."""
+    weight, scale = quantized(case["n"], case["k"], False, "cuda")
+    x = randn((case["m"], case["k"]), "bfloat16", "cuda", seed=1)
+    b = randn((case["n"],), "bfloat16", "cuda", seed=3) if case.get("bias") else None
+    one_stage = (*config[:3], 1, *config[4:])
+    assert torch.equal(fp8_gemv(x, weight, scale, b, *config),
+                       fp8_gemv(x, weight, scale, b, *one_stage))
+
+
 @pytest.mark.parametrize("rows", [0, MAX_ROWS + 1])
 def test_rejects_rows_it_does_not_serve(rows):
     weight = torch.zeros(16, 32, dtype=FP8)
