@@ -116,9 +116,15 @@ GEMV_STAGED_SHAPES = (
     (16, 512, 4, 4, 1), (8, 1024, 4, 3, 2))
 
 
+# and with the first tile loaded before the PDL wait
+GEMV_PEELED_SHAPES = ((8, 1024, 4, 3, 1), (4, 2048, 4, 3, 1), (16, 512, 4, 3, 1),
+                      (8, 2048, 8, 2, 1), (8, 1024, 4, 2, 1), (4, 2048, 4, 2, 1))
+
+
 def gemv_configs() -> tuple[Config, ...]:
-    return fp8_gemm.GEMV_CONFIGS + tuple(Config("gemv", *shape, tickets=shape[-1] > 1)
-                                         for shape in GEMV_STAGED_SHAPES) + tuple(
+    return fp8_gemm.GEMV_CONFIGS + tuple(
+        Config("gemv", *shape, tickets=shape[-1] > 1) for shape in GEMV_STAGED_SHAPES
+    ) + tuple(Config("gemv", *shape, ahead=True) for shape in GEMV_PEELED_SHAPES) + tuple(
         Config("gemv_tma", *shape, tickets=shape[-1] > 1) for shape in GEMV_TMA_SHAPES
     ) + fp8_gemm.TMA_CONFIGS + tuple(Config("tma_w8a8", *shape, tickets=True)
                                      for shape in B1_W8A8_SHAPES)

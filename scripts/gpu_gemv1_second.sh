@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 60 (helper gemv1), second call on ONE H200 (BUDGET_S, 240 by default, cuts the last
 # step first):
-# 1. GPU tests: the TMA GEMV (fp8_gemv_tma.py), fp8_gemv.py's pipelined loads (NUM_STAGES > 1)
+# 1. GPU tests: the TMA GEMV (fp8_gemv_tma.py), fp8_gemv.py's pipelined loads (NUM_STAGES > 1,
+#    with "ahead" the first tile before the PDL wait)
 #    giving the one-stage bits, its epilogue (finish_rows: tickets, SiLU) on the registered
 #    configs;
 # 2. benchmarks/fp8_gemm_sweep.py at one row in the decode chain (--kernels b1: the registered
@@ -22,9 +23,9 @@ source scripts/budget_step.sh
 budget_step gpu_tests 40 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_fp8_gemv_tma.py tests/kernels/test_fp8_gemv.py \
   -k "test_fp8_gemv_tma or pipelined or silu_out_cuda or (test_cuda and tickets and bfloat16)"
-budget_step sweep_b1 45 python3 benchmarks/fp8_gemm_sweep.py --rows 1 --chain --x-fp8 --kernels b1 \
+budget_step sweep_b1 50 python3 benchmarks/fp8_gemm_sweep.py --rows 1 --chain --x-fp8 --kernels b1 \
   --workers 14 --output "$OUT/sweep_b1.json"
-budget_step chain_fp8 45 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
+budget_step chain_fp8 40 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
   --variants chain_one_stage chain --output "$OUT/chain_fp8.json"
 budget_step engine_one_stage 40 python3 benchmarks/decode_throughput.py \
   --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 --decode-steps 32 \

@@ -82,9 +82,11 @@ GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
     (4, 1024, 4, 1, 2), (8, 1024, 4, 1, 2), (4, 2048, 4, 1, 2))) + (
     Config("gemv", 4, 1024, 4, 1, 2, ahead=True, tickets=True),) + tuple(
     # the loads pipelined through shared memory (fp8_gemv.py's NUM_STAGES > 1; the same
-    # bits as the tile at one stage, fewer registers a thread)
+    # bits as the tile at one stage, fewer registers a thread); "ahead": the first tile
+    # loaded before the PDL wait
     Config("gemv", *shape) for shape in (
-        (8, 1024, 4, 2), (8, 1024, 4, 3), (4, 2048, 4, 3), (16, 512, 4, 3), (8, 2048, 8, 2)))
+        (8, 1024, 4, 2), (8, 1024, 4, 3), (4, 2048, 4, 3), (16, 512, 4, 3), (8, 2048, 8, 2))
+) + tuple(Config("gemv", *shape, ahead=True) for shape in ((8, 1024, 4, 3), (4, 2048, 4, 3)))
 # "gemv_tma" (fp8_gemv_tma.py): the GEMV with the weight's tiles copied by TMA into shared
 # memory; measured slower than the GEMV above at the 8B's four shapes at one row on an H200
 # (docs/benchmark_log.md, helper gemv1), so no candidate: timed by benchmarks/fp8_gemm_sweep.py

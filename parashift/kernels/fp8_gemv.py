@@ -23,7 +23,9 @@ VEC = 16, were tried: the tile then no longer shares the activations' layout, wh
 NUM_STAGES > 1 pipelines the loop's loads (the compiler's: asynchronous copies into shared
 memory NUM_STAGES - 1 tiles ahead, read back in the tile's layout): the weight bytes in flight
 no longer wait in registers (sm_90 ptxas: 8x1024 at 4 warps 40 registers a thread at 3
-stages against 72 at 1), and the sums are the same config's at one stage bit for bit."""
+stages against 72 at 1), and the sums are the same config's at one stage bit for bit. With
+`ahead` there (PEEL) the first tile is loaded before the PDL wait and summed first, the rest of
+K pipelined (a tile carried across steps in registers is not pipelined by the compiler)."""
 from typing import NamedTuple
 
 import torch
@@ -67,6 +69,26 @@ def _row_sums(w, x_row_ptr, k, k_ok, K, EVEN_K: tl.constexpr, VEC: tl.constexpr,
 
 
 @triton.jit
+def _tile_sums(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k, k_ok, K, r_ptr, stride_rm, nw_ptr,
+               rstd0, rstd1, rstd2, rstd3, ROWS: tl.constexpr, EVEN_K: tl.constexpr,
+               VEC: tl.constexpr, GATED: tl.constexpr, LIBDEVICE: tl.constexpr,
+               NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """Each row's accumulator plus `_row_sums` of the tile w (fp32) at columns k."""
+    acc0 += _row_sums(w, x_ptr, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE, r_ptr, nw_ptr, rstd0,
+                      NORM, HAS_RESIDUAL)
+    if ROWS > 1:
+        acc1 += _row_sums(w, x_ptr + stride_xm, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE,
+                          r_ptr + stride_rm, nw_ptr, rstd1, NORM, HAS_RESIDUAL)
+    if ROWS > 2:
+        acc2 += _row_sums(w, x_ptr + 2 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE,
+                          r_ptr + 2 * stride_rm, nw_ptr, rstd2, NORM, HAS_RESIDUAL)
+    if ROWS > 3:
+        acc3 += _row_sums(w, x_ptr + 3 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE,
+                          r_ptr + 3 * stride_rm, nw_ptr, rstd3, NORM, HAS_RESIDUAL)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def _weight_tile(w_rows, k, k_ok, EVEN_K: tl.constexpr):
     """The [BLOCK_N, BLOCK_K] weight tile at columns k, in the weight's dtype."""
     if EVEN_K:
@@ -101,7 +123,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
                      GATED: tl.constexpr = False, LIBDEVICE: tl.constexpr = False,
                      SILU_OUT: tl.constexpr = False, NORM: tl.constexpr = False,
                      HAS_RESIDUAL: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1,
-                     NORM_CHUNKS: tl.constexpr = 1, NUM_STAGES: tl.constexpr = 1):
+                     NORM_CHUNKS: tl.constexpr = 1, NUM_STAGES: tl.constexpr = 1,
+                     PEEL: tl.constexpr = False):
     first_n, split = tl.program_id(0) * BLOCK_N, tl.program_id(1)
     first_k, k_end = part_of_k(split, K, BLOCK_K, SPLIT_K)
     offs_n = first_n + tl.arange(0, BLOCK_N)
@@ -112,7 +135,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
     # rows past N read row N-1 (in bounds, so the loads need no row mask); not stored
     w_rows = w_ptr + (offs_n % N)[:, None].to(tl.int64) * stride_wn
     offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
-    if AHEAD:  # the first tile before the wait: the weight is no earlier kernel's output
+    if AHEAD or PEEL:  # the first tile before the wait: the weight is no earlier kernel's output
         w_next = _tile_before(w_rows, first_k + offs_k, k_end)
     else:  # unused: named for the compiler, which reads both branches of the loop's `if`
         w_next = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)
@@ -138,7 +161,15 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
     acc1 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-    for k0 in tl.range(first_k, k_end, BLOCK_K, num_stages=NUM_STAGES):
+    loop_start = first_k
+    if PEEL:  # the tile loaded before the wait, then the rest of K pipelined
+        k = first_k + offs_k
+        acc0, acc1, acc2, acc3 = _tile_sums(
+            acc0, acc1, acc2, acc3, w_next.to(tl.float32), x_ptr, stride_xm, k, k < K, K, r_ptr,
+            stride_rm, nw_ptr, rstd0, rstd1, rstd2, rstd3, ROWS, EVEN_K, VEC, GATED, LIBDEVICE,
+            NORM, HAS_RESIDUAL)
+        loop_start += BLOCK_K
+    for k0 in tl.range(loop_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + offs_k
         k_ok = k < K
         if AHEAD:
@@ -146,19 +177,9 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
             w_next = _tile_before(w_rows, k + BLOCK_K, k_end)
         else:
             w = _weight_tile(w_rows, k, k_ok, EVEN_K).to(tl.float32)
-        acc0 += _row_sums(w, x_ptr, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE, r_ptr,
-                          nw_ptr, rstd0, NORM, HAS_RESIDUAL)
-        if ROWS > 1:
-            acc1 += _row_sums(w, x_ptr + stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
-                              LIBDEVICE, r_ptr + stride_rm, nw_ptr, rstd1, NORM, HAS_RESIDUAL)
-        if ROWS > 2:
-            acc2 += _row_sums(w, x_ptr + 2 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
-                              LIBDEVICE, r_ptr + 2 * stride_rm, nw_ptr, rstd2, NORM,
-                              HAS_RESIDUAL)
-        if ROWS > 3:
-            acc3 += _row_sums(w, x_ptr + 3 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
-                              LIBDEVICE, r_ptr + 3 * stride_rm, nw_ptr, rstd3, NORM,
-                              HAS_RESIDUAL)
+        acc0, acc1, acc2, acc3 = _tile_sums(
+            acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k, k_ok, K, r_ptr, stride_rm, nw_ptr,
+            rstd0, rstd1, rstd2, rstd3, ROWS, EVEN_K, VEC, GATED, LIBDEVICE, NORM, HAS_RESIDUAL)
     pdl.inputs_read(USE_PDL)
     sums0, sums1 = tl.sum(acc0, axis=1), tl.sum(acc1, axis=1)
     sums2, sums3 = tl.sum(acc2, axis=1), tl.sum(acc3, axis=1)
@@ -307,7 +328,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              norm: NormInput | None = None) -> torch.Tensor:
     """x [M <= 4, K] (bf16/fp16/fp32), weight [N, K] E4M3 with unit stride along K (row
     slices of a wider buffer are fine), scale [N] or [N, 1] fp32, bias [N] or None; ahead:
-    the next weight tile's load in flight while one is multiplied; tickets: split_k's parts
+    the first weight tile loaded before the PDL wait, then (num_stages 1) the next tile's load
+    in flight while one is multiplied, or (num_stages > 1) the rest pipelined; tickets: split_k's parts
     summed by each tile's last program (split_tickets.py), not atomically; gated: x is
     [M, 2 K] holding [gate | up] and the product is of silu_and_mul(x) (formed per K slice
     in registers, the same bits as silu_mul.silu_and_mul's output); silu_out: the weight
@@ -343,7 +365,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         residual.stride(0), new_residual.stride(0), 1.0 / k, norm.eps if norm else 0.0,
         HAS_BIAS=bias is not None, ROWS=m,
         EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, VEC=VEC,
-        AHEAD=ahead, TICKETS=counters is not None, GATED=gated, SILU_OUT=silu_out,
+        AHEAD=ahead and num_stages == 1, PEEL=ahead and num_stages > 1,
+        TICKETS=counters is not None, GATED=gated, SILU_OUT=silu_out,
         LIBDEVICE=(gated or silu_out) and x.is_cuda, NORM=norm is not None,
         HAS_RESIDUAL=norm is not None and norm.residual is not None,
         NORM_BLOCK=norm_block, NORM_CHUNKS=triton.cdiv(k, norm_block) if norm else 1,

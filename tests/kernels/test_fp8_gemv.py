@@ -77,15 +77,18 @@ def test_cuda(family, case, dtype):
 @cuda
 @pytest.mark.parametrize("config", [(8, 1024, 4, 3, 1, False, False),
                                     (4, 2048, 4, 2, 1, False, False),
-                                    (8, 1024, 4, 3, 2, False, True)], ids=str)
+                                    (8, 1024, 4, 3, 2, False, True),
+                                    (8, 1024, 4, 3, 1, True, False),
+                                    (16, 512, 4, 3, 3, True, True)], ids=str)
 @pytest.mark.parametrize("case", [dict(m=1, n=300, k=4096), dict(m=4, n=96, k=1040, bias=True)],
                          ids=case_id)
 def test_pipelined_loads_give_the_one_stage_bits(case, config):
-    """NUM_STAGES > 1 (loads copied into shared memory ahead) moves no arithmetic."""
+    """NUM_STAGES > 1 (loads copied into shared memory ahead; with `ahead` the first tile
+    loaded before the PDL wait) moves no arithmetic."""
     weight, scale = quantized(case["n"], case["k"], False, "cuda")
     x = randn((case["m"], case["k"]), "bfloat16", "cuda", seed=1)
     b = randn((case["n"],), "bfloat16", "cuda", seed=3) if case.get("bias") else None
-    one_stage = (*config[:3], 1, *config[4:])
+    one_stage = (*config[:3], 1, config[4], False, config[6])
     assert torch.equal(fp8_gemv(x, weight, scale, b, *config),
                        fp8_gemv(x, weight, scale, b, *one_stage))
 
