@@ -10,8 +10,8 @@ timing changes: "graph" (PARASHIFT_GEMM_TIMING=graph, main's: candidates timed w
 suspended), "chain" (=chain: PDL on, each call after a kernel writing its input), and with
 SiLU·mul formed in the gate_up GEMV's epilogue ("*_silu_gate_up") or in the down GEMV
 ("chain_silu_down") where that measured faster (kernels/gated_gemv.py); "chain_no_tma":
-chain with PARASHIFT_FP8_TMA=0 (no TMA kernel among the candidates); "chain_one_stage":
-chain without the pipelined GEMV configs (fp8_gemv.py's NUM_STAGES > 1). The graphs are
+chain with PARASHIFT_FP8_TMA=0 (no TMA kernel among the candidates); "chain_no_whole_slice":
+chain without the GEMV configs loading a whole weight slice before the PDL wait. The graphs are
 replayed in turn (interleaved repeats), median µs per layer; each variant's choices; max
 |difference| of the outputs against the first variant's. --no-dot-configs leaves the FP8
 tl.dot configs (never chosen at 1-4 rows on an H200, session 43) out of the FP8 choice, to
@@ -24,7 +24,8 @@ import time
 import torch
 
 from benchmarks import pdl_chain
-from benchmarks.decode_throughput import copy_bandwidth, environment, one_stage_gemv_configs
+from benchmarks.decode_throughput import copy_bandwidth, environment, \
+    gemv_configs_without_whole_slices
 from parashift.kernels import fp8_gemm, fp8_gemm_tma, gated_gemv, gemm_timing, silu_mul, \
     skinny_gemm
 
@@ -34,7 +35,7 @@ VARIANTS = {"graph": ("graph", None, {}, None), "chain": ("chain", None, {}, Non
             "chain_silu_down": ("chain", "down", {}, None),
             "graph_silu_gate_up": ("graph", "gate_up", {}, None),
             "chain_no_tma": ("chain", None, {fp8_gemm_tma.ENV: "0"}, None),
-            "chain_one_stage": ("chain", None, {}, one_stage_gemv_configs)}
+            "chain_no_whole_slice": ("chain", None, {}, gemv_configs_without_whole_slices)}
 DEFAULT_VARIANTS = ["graph", "chain", "chain_silu_gate_up", "chain_silu_down"]
 
 

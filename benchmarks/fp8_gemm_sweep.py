@@ -2,7 +2,8 @@
 bandwidth (issue 60: the decode b64 step's FP8 weight GEMM at >= 0.85 of it).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm_sweep.py [--rows 64 16 32]
-             [--output F] [--workers 16] [--kernels more | b64 | b1 | tma_w8a8 ...] [--warm-only]
+             [--output F] [--workers 16] [--kernels more | b64 | b1 | gemv | tma_w8a8 ...]
+             [--warm-only]
              [--x-fp8] [--chain] [--settings default NAME=VALUE[,..] ...]
              [--projections qkv o ...]
 Candidates: cuBLASLt (`scaled_mm_linear`), the configs `fp8_gemm.linear` measures today
@@ -147,6 +148,8 @@ def configs_for(n: int, kernels: list[str] | None = None) -> list[Config]:
     registered ones, W8A8_MORE, TESTED and today's CURRENT_WINNERS alone)."""
     if kernels and "b1" in kernels:
         configs = gemv_configs()
+    elif kernels and "gemv" in kernels:
+        configs = fp8_gemm.GEMV_CONFIGS
     elif kernels and "b64" in kernels:
         configs = (fp8_gemm.TMA_CONFIGS + CURRENT_WINNERS[:2]
                    + tuple(Config("tma_w8a8", *shape, tickets=True) for shape in B64_SHAPES)
@@ -310,7 +313,8 @@ def main():
     p.add_argument("--kernels", nargs="+", default=None,
                    help="the TMA kernels to time (fp8_gemm_tma.KERNELS, or more: the "
                    "registered configs and W8A8_MORE; b64: around the 64-row winners; b1: "
-                   "the GEMVs' registered configs and GEMV_TMA_SHAPES; default all)")
+                   "the GEMVs' registered configs and GEMV_TMA_SHAPES; gemv: the registered "
+                   "GEMV configs alone; default all)")
     args = p.parse_args()
     start = time.time()
     if args.warm_only:

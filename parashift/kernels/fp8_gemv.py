@@ -329,9 +329,10 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     """x [M <= 4, K] (bf16/fp16/fp32), weight [N, K] E4M3 with unit stride along K (row
     slices of a wider buffer are fine), scale [N] or [N, 1] fp32, bias [N] or None; ahead:
     the first weight tile loaded before the PDL wait, then (num_stages 1) the next tile's load
-    in flight while one is multiplied, or (num_stages > 1) the rest pipelined; tickets: split_k's parts
-    summed by each tile's last program (split_tickets.py), not atomically; gated: x is
-    [M, 2 K] holding [gate | up] and the product is of silu_and_mul(x) (formed per K slice
+    in flight while one is multiplied, or (num_stages > 1) the rest pipelined (block_k at
+    least a program's part of K: the program's whole weight slice before the wait);
+    tickets: split_k's parts summed by each tile's last program (split_tickets.py), not
+    atomically; gated: x is [M, 2 K] holding [gate | up] and the product is of silu_and_mul(x) (formed per K slice
     in registers, the same bits as silu_mul.silu_and_mul's output); silu_out: the weight
     holds [gate; up] rows (N even) and the output is silu_and_mul of the product, [M, N / 2]
     (each program's tile interleaves gate and up rows; one part of K: split_k 1; the bits of
@@ -354,6 +355,9 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     residual, norm_weight, new_residual = _norm_tensors(x, norm, gated)
     norm_block = min(NORM_COLUMNS_PER_WARP * num_warps, triton.next_power_of_2(k)) if norm else 1
     m, n = x.shape[0], weight.shape[0]
+    # the first tile summed apart: before a pipelined rest, or where it is a program's whole
+    # part of K (a next tile's registers held for nothing)
+    peel = ahead and (num_stages > 1 or triton.cdiv(k, split_k) <= block_k)
     grid = (triton.cdiv(n // 2 if silu_out else n, block_n // 2 if silu_out else block_n),
             split_k)
     y, parts, counters = split_tickets.outputs(m, n // 2 if silu_out else n, x.dtype,
@@ -365,7 +369,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         residual.stride(0), new_residual.stride(0), 1.0 / k, norm.eps if norm else 0.0,
         HAS_BIAS=bias is not None, ROWS=m,
         EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, VEC=VEC,
-        AHEAD=ahead and num_stages == 1, PEEL=ahead and num_stages > 1,
+        AHEAD=ahead and not peel, PEEL=peel,
         TICKETS=counters is not None, GATED=gated, SILU_OUT=silu_out,
         LIBDEVICE=(gated or silu_out) and x.is_cuda, NORM=norm is not None,
         HAS_RESIDUAL=norm is not None and norm.residual is not None,

@@ -79,12 +79,15 @@ def test_cuda(family, case, dtype):
                                     (4, 2048, 4, 2, 1, False, False),
                                     (8, 1024, 4, 3, 2, False, True),
                                     (8, 1024, 4, 3, 1, True, False),
-                                    (16, 512, 4, 3, 3, True, True)], ids=str)
+                                    (16, 512, 4, 3, 3, True, True),
+                                    (32, 4096, 16, 1, 1, True, False),
+                                    (16, 4096, 8, 1, 1, True, False)], ids=str)
 @pytest.mark.parametrize("case", [dict(m=1, n=300, k=4096), dict(m=4, n=96, k=1040, bias=True)],
                          ids=case_id)
 def test_pipelined_loads_give_the_one_stage_bits(case, config):
     """NUM_STAGES > 1 (loads copied into shared memory ahead; with `ahead` the first tile
-    loaded before the PDL wait) moves no arithmetic."""
+    loaded before the PDL wait) and a whole weight slice loaded before the wait move no
+    arithmetic."""
     weight, scale = quantized(case["n"], case["k"], False, "cuda")
     x = randn((case["m"], case["k"]), "bfloat16", "cuda", seed=1)
     b = randn((case["n"],), "bfloat16", "cuda", seed=3) if case.get("bias") else None
