@@ -11,7 +11,9 @@ suspended), "chain" (=chain: PDL on, each call after a kernel writing its input)
 SiLU·mul formed in the gate_up GEMV's epilogue ("*_silu_gate_up") or in the down GEMV
 ("chain_silu_down") where that measured faster (kernels/gated_gemv.py); "chain_no_tma":
 chain with PARASHIFT_FP8_TMA=0 (no TMA kernel among the candidates); "chain_no_whole_slice":
-chain without the GEMV configs loading a whole weight slice before the PDL wait. The graphs are
+chain without the GEMV configs loading a whole weight slice before the PDL wait;
+"chain_o_whole_slice": chain's choices with o's set to such a GEMV (32 rows x 4,096 a
+program). The graphs are
 replayed in turn (interleaved repeats), median µs per layer; each variant's choices; max
 |difference| of the outputs against the first variant's. --no-dot-configs leaves the FP8
 tl.dot configs (never chosen at 1-4 rows on an H200, session 43) out of the FP8 choice, to
@@ -24,18 +26,30 @@ import time
 import torch
 
 from benchmarks import pdl_chain
+from benchmarks.pdl_chain import HIDDEN
 from benchmarks.decode_throughput import copy_bandwidth, environment, \
     gemv_configs_without_whole_slices
 from parashift.kernels import fp8_gemm, fp8_gemm_tma, gated_gemv, gemm_timing, silu_mul, \
     skinny_gemm
 
-# name: (GEMM timing, the GEMV SiLU·mul is fused in, switches set, GEMV configs or None: all)
+def o_on_whole_slices(choices: dict) -> None:
+    """The o projection's ([4096, 4096]) FP8 GEMM choices set to the GEMV holding a whole
+    weight slice a program, loaded before the PDL wait (one wave of 128 programs)."""
+    for key in choices:
+        if key[1] == (HIDDEN, HIDDEN):
+            choices[key] = fp8_gemm.Config("gemv", 32, 4096, 16, 1, ahead=True)
+
+
+# name: (GEMM timing, the GEMV SiLU·mul is fused in, switches set, GEMV configs or None: all
+# [, a change to the choices made]); a variant changing the choices made comes last of those
+# timed alike (it keeps the choices the one before made)
 VARIANTS = {"graph": ("graph", None, {}, None), "chain": ("chain", None, {}, None),
             "chain_silu_gate_up": ("chain", "gate_up", {}, None),
             "chain_silu_down": ("chain", "down", {}, None),
             "graph_silu_gate_up": ("graph", "gate_up", {}, None),
             "chain_no_tma": ("chain", None, {fp8_gemm_tma.ENV: "0"}, None),
-            "chain_no_whole_slice": ("chain", None, {}, gemv_configs_without_whole_slices)}
+            "chain_no_whole_slice": ("chain", None, {}, gemv_configs_without_whole_slices),
+            "chain_o_whole_slice": ("chain", None, {}, None, o_on_whole_slices)}
 DEFAULT_VARIANTS = ["graph", "chain", "chain_silu_gate_up", "chain_silu_down"]
 
 
@@ -73,7 +87,7 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
     last_timing = None
     all_gemv_configs = fp8_gemm.GEMV_CONFIGS
     for name in variants:
-        timing, fused, settings, gemv_configs = VARIANTS[name]
+        timing, fused, settings, gemv_configs, *override = VARIANTS[name]
         if (timing, settings, gemv_configs) != last_timing:  # alike: the GEMMs' choices shared
             fp8_gemm._choices.clear()
             skinny_gemm._choices.clear()
@@ -81,6 +95,9 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
         last_timing = timing, settings, gemv_configs
         os.environ[gemm_timing.TIMING_ENV] = timing
         fp8_gemm.GEMV_CONFIGS = gemv_configs() if gemv_configs else all_gemv_configs
+        if override:  # on the choices made by the variant before (made now where none)
+            pdl_chain.step(*args, fused_mlp(fused) if fused else pdl_chain.mlp)
+            override[0](fp8_gemm._choices)
         started = time.perf_counter()
         with environment(settings):
             graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, pdl_chain.step(

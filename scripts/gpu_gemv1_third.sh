@@ -6,7 +6,8 @@
 # 2. benchmarks/fp8_gemm_sweep.py --kernels gemv at one row in the decode chain (the
 #    registered GEMV configs);
 # 3. benchmarks/decode_chain.py, FP8, batch 1, 32 layers (the real kernel before each GEMV):
-#    the choice without them (chain_no_whole_slice) against with them (chain);
+#    the choice without them (chain_no_whole_slice) against with them (chain), and chain's
+#    choices with o's set to one (chain_o_whole_slice: o after attention, as in decode);
 # 4. the engine, FP8 decode b1 (8B, context 1024, CUDA graphs, no tl.dot configs), without
 #    them (--no-whole-slice-gemv) then with them.
 # Usage (repository root): OUT=dir [BUDGET_S=150] bash scripts/gpu_gemv1_third.sh
@@ -19,8 +20,8 @@ budget_step gpu_tests 20 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p 
   tests/kernels/test_fp8_gemv.py -k "pipelined and 4096"
 budget_step sweep_gemv 25 python3 benchmarks/fp8_gemm_sweep.py --rows 1 --chain --kernels gemv \
   --workers 14 --output "$OUT/sweep_gemv.json"
-budget_step chain_fp8 35 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
-  --variants chain_no_whole_slice chain --output "$OUT/chain_fp8.json"
+budget_step chain_fp8 40 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
+  --variants chain_no_whole_slice chain chain_o_whole_slice --output "$OUT/chain_fp8.json"
 for variant in no_whole_slice whole_slice; do
   flag=$([ $variant = no_whole_slice ] && echo --no-whole-slice-gemv)
   budget_step "engine_$variant" 30 python3 benchmarks/decode_throughput.py \
