@@ -12,8 +12,8 @@ SiLU·mul formed in the gate_up GEMV's epilogue ("*_silu_gate_up") or in the dow
 ("chain_silu_down") where that measured faster (kernels/gated_gemv.py); "chain_no_tma":
 chain with PARASHIFT_FP8_TMA=0 (no TMA kernel among the candidates); "chain_no_whole_slice":
 chain without the GEMV configs loading a whole weight slice before the PDL wait;
-"chain_o_whole_slice": chain's choices with o's set to such a GEMV (32 rows x 4,096 a
-program). The graphs are
+"chain_o_whole_slice" (16): chain's choices with o's set to such a GEMV (32 rows x 4,096 a
+program at 16 warps; 16 rows at 8). The graphs are
 replayed in turn (interleaved repeats), median µs per layer; each variant's choices; max
 |difference| of the outputs against the first variant's. --no-dot-configs leaves the FP8
 tl.dot configs (never chosen at 1-4 rows on an H200, session 43) out of the FP8 choice, to
@@ -32,12 +32,14 @@ from benchmarks.decode_throughput import copy_bandwidth, environment, \
 from parashift.kernels import fp8_gemm, fp8_gemm_tma, gated_gemv, gemm_timing, silu_mul, \
     skinny_gemm
 
-def o_on_whole_slices(choices: dict) -> None:
-    """The o projection's ([4096, 4096]) FP8 GEMM choices set to the GEMV holding a whole
-    weight slice a program, loaded before the PDL wait (one wave of 128 programs)."""
-    for key in choices:
-        if key[1] == (HIDDEN, HIDDEN):
-            choices[key] = fp8_gemm.Config("gemv", 32, 4096, 16, 1, ahead=True)
+def o_on_whole_slices(config: fp8_gemm.Config):
+    """A change to the choices made: the o projection's ([4096, 4096]) FP8 GEMM set to
+    `config`, a GEMV holding a whole weight slice a program, loaded before the PDL wait."""
+    def override(choices: dict) -> None:
+        for key in choices:
+            if key[1] == (HIDDEN, HIDDEN):
+                choices[key] = config
+    return override
 
 
 # name: (GEMM timing, the GEMV SiLU·mul is fused in, switches set, GEMV configs or None: all
@@ -49,7 +51,11 @@ VARIANTS = {"graph": ("graph", None, {}, None), "chain": ("chain", None, {}, Non
             "graph_silu_gate_up": ("graph", "gate_up", {}, None),
             "chain_no_tma": ("chain", None, {fp8_gemm_tma.ENV: "0"}, None),
             "chain_no_whole_slice": ("chain", None, {}, gemv_configs_without_whole_slices),
-            "chain_o_whole_slice": ("chain", None, {}, None, o_on_whole_slices)}
+            # one wave of 128 programs, a whole SM's registers each; 256 of half an SM
+            "chain_o_whole_slice": ("chain", None, {}, None, o_on_whole_slices(
+                fp8_gemm.WHOLE_SLICE_CONFIGS[0])),
+            "chain_o_whole_slice16": ("chain", None, {}, None, o_on_whole_slices(
+                fp8_gemm.WHOLE_SLICE_CONFIGS[1]))}
 DEFAULT_VARIANTS = ["graph", "chain", "chain_silu_gate_up", "chain_silu_down"]
 
 

@@ -21,7 +21,8 @@ budget_step gpu_tests 20 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p 
 budget_step sweep_gemv 25 python3 benchmarks/fp8_gemm_sweep.py --rows 1 --chain --kernels gemv \
   --workers 14 --output "$OUT/sweep_gemv.json"
 budget_step chain_fp8 40 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
-  --variants chain_no_whole_slice chain chain_o_whole_slice --output "$OUT/chain_fp8.json"
+  --variants chain_no_whole_slice chain chain_o_whole_slice \
+  chain_o_whole_slice16 --output "$OUT/chain_fp8.json"
 for variant in no_whole_slice whole_slice; do
   flag=$([ $variant = no_whole_slice ] && echo --no-whole-slice-gemv)
   budget_step "engine_$variant" 30 python3 benchmarks/decode_throughput.py \
