@@ -162,12 +162,13 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
     acc2 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     loop_start = first_k
-    if PEEL:  # the tile loaded before the wait, then the rest of K pipelined
+    if PEEL:  # the tile loaded before the wait, then the rest of K pipelined; the
+        # activations masked (a part of K past its end is empty: nothing of x to read)
         k = first_k + offs_k
         acc0, acc1, acc2, acc3 = _tile_sums(
-            acc0, acc1, acc2, acc3, w_next.to(tl.float32), x_ptr, stride_xm, k, k < K, K, r_ptr,
-            stride_rm, nw_ptr, rstd0, rstd1, rstd2, rstd3, ROWS, EVEN_K, VEC, GATED, LIBDEVICE,
-            NORM, HAS_RESIDUAL)
+            acc0, acc1, acc2, acc3, w_next.to(tl.float32), x_ptr, stride_xm, k, k < k_end, K,
+            r_ptr, stride_rm, nw_ptr, rstd0, rstd1, rstd2, rstd3, ROWS, False, VEC, GATED,
+            LIBDEVICE, NORM, HAS_RESIDUAL)
         loop_start += BLOCK_K
     for k0 in tl.range(loop_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + offs_k
