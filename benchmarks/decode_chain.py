@@ -10,10 +10,10 @@ timing changes: "graph" (PARASHIFT_GEMM_TIMING=graph, main's: candidates timed w
 suspended), "chain" (=chain: PDL on, each call after a kernel writing its input), and with
 SiLU·mul formed in the gate_up GEMV's epilogue ("*_silu_gate_up") or in the down GEMV
 ("chain_silu_down") where that measured faster (kernels/gated_gemv.py); "chain_no_tma":
-chain with PARASHIFT_FP8_TMA=0 (no TMA kernel among the candidates); "chain_no_whole_slice":
-chain without the GEMV configs loading a whole weight slice before the PDL wait;
-"chain_o_whole_slice" (16): chain's choices with o's set to such a GEMV (32 rows x 4,096 a
-program at 16 warps; 16 rows at 8). The graphs are
+chain with PARASHIFT_FP8_TMA=0 (no TMA kernel among the candidates); "chain_o_whole_slice"
+(16): chain's choices with o's set to a GEMV holding a program's whole weight slice, loaded
+before the PDL wait (32 rows x 4,096 a program at 16 warps; 16 rows at 8; slower on an H200:
+docs/benchmark_log.md, helper gemv1). The graphs are
 replayed in turn (interleaved repeats), median µs per layer; each variant's choices; max
 |difference| of the outputs against the first variant's. --no-dot-configs leaves the FP8
 tl.dot configs (never chosen at 1-4 rows on an H200, session 43) out of the FP8 choice, to
@@ -27,8 +27,7 @@ import torch
 
 from benchmarks import pdl_chain
 from benchmarks.pdl_chain import HIDDEN
-from benchmarks.decode_throughput import copy_bandwidth, environment, \
-    gemv_configs_without_whole_slices
+from benchmarks.decode_throughput import copy_bandwidth, environment
 from parashift.kernels import fp8_gemm, fp8_gemm_tma, gated_gemv, gemm_timing, silu_mul, \
     skinny_gemm
 
@@ -50,12 +49,11 @@ VARIANTS = {"graph": ("graph", None, {}, None), "chain": ("chain", None, {}, Non
             "chain_silu_down": ("chain", "down", {}, None),
             "graph_silu_gate_up": ("graph", "gate_up", {}, None),
             "chain_no_tma": ("chain", None, {fp8_gemm_tma.ENV: "0"}, None),
-            "chain_no_whole_slice": ("chain", None, {}, gemv_configs_without_whole_slices),
             # one wave of 128 programs, a whole SM's registers each; 256 of half an SM
             "chain_o_whole_slice": ("chain", None, {}, None, o_on_whole_slices(
-                fp8_gemm.WHOLE_SLICE_CONFIGS[0])),
+                fp8_gemm.Config("gemv", 32, 4096, 16, 1, ahead=True))),
             "chain_o_whole_slice16": ("chain", None, {}, None, o_on_whole_slices(
-                fp8_gemm.WHOLE_SLICE_CONFIGS[1]))}
+                fp8_gemm.Config("gemv", 16, 4096, 8, 1, ahead=True)))}
 DEFAULT_VARIANTS = ["graph", "chain", "chain_silu_gate_up", "chain_silu_down"]
 
 

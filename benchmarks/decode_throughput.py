@@ -239,12 +239,6 @@ def environment(settings: dict[str, str]):
                 os.environ[name] = value
 
 
-def gemv_configs_without_whole_slices() -> tuple:
-    """fp8_gemm.GEMV_CONFIGS without WHOLE_SLICE_CONFIGS: the choice before them, for an
-    A/B."""
-    return tuple(c for c in fp8_gemm.GEMV_CONFIGS if c not in fp8_gemm.WHOLE_SLICE_CONFIGS)
-
-
 def graph_variants(runner, variants: list[str]) -> dict:
     """The runner's decode graphs ("default") and each variant's, captured under its
     settings (the runner's private capture, as world_reform's, for a benchmark's A/B).
@@ -313,16 +307,10 @@ def main():
     p.add_argument("--no-dot-configs", action="store_true",
                    help="FP8: leave fp8_gemm.py's tl.dot configs out of the GEMM choice (never "
                    "chosen above 4 rows since the TMA kernel): a shorter start-up for an A/B")
-    p.add_argument("--no-whole-slice-gemv", action="store_true",
-                   help="FP8: leave the GEMV configs loading a program's whole weight slice "
-                   "before the PDL wait out of the GEMM choice: the choice before them, for "
-                   "an A/B")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     if args.no_dot_configs:
         fp8_gemm.CONFIGS = ()
-    if args.no_whole_slice_gemv:
-        fp8_gemm.GEMV_CONFIGS = gemv_configs_without_whole_slices()
     if args.graph_variants and (args.plan != "single" or args.cuda_graphs is False):
         p.error("--graph-variants needs one device's engine with CUDA graphs")
     if not set(args.profile_variants) <= {"default", *args.graph_variants}:

@@ -117,9 +117,11 @@ GEMV_STAGED_SHAPES = (
     (16, 512, 4, 4, 1), (8, 1024, 4, 3, 2))
 
 
-# and with the first tile loaded before the PDL wait
+# and with the first tile loaded before the PDL wait; the last three a program's whole weight
+# slice (K 4,096) loaded before it
 GEMV_PEELED_SHAPES = ((8, 1024, 4, 3, 1), (4, 2048, 4, 3, 1), (16, 512, 4, 3, 1),
-                      (8, 2048, 8, 2, 1), (8, 1024, 4, 2, 1), (4, 2048, 4, 2, 1))
+                      (8, 2048, 8, 2, 1), (8, 1024, 4, 2, 1), (4, 2048, 4, 2, 1),
+                      (32, 4096, 16, 1, 1), (16, 4096, 8, 1, 1), (16, 4096, 16, 1, 1))
 
 
 def gemv_configs() -> tuple[Config, ...]:

@@ -7,11 +7,10 @@
 #    configs;
 # 2. benchmarks/fp8_gemm_sweep.py at one row in the decode chain (--kernels b1: the registered
 #    GEMVs, pipelined ones, the TMA GEMV, the TMA FP8 x FP8 GEMM given the row in E4M3);
-# 3. benchmarks/decode_chain.py, FP8, batch 1, 32 layers: the choice without the pipelined
-#    GEMV configs (chain_one_stage) against with them (chain);
-# 4. the engine, FP8 decode b1 (8B shape, context 1024, CUDA graphs, no tl.dot configs: never
-#    chosen at 1-4 rows), without the pipelined configs (--one-stage-gemv) then with them;
-# 5. benchmarks/read_ceiling.py --chain: the read-only kernels timed as the sweep times the
+# 3. benchmarks/decode_chain.py, FP8, batch 1, 32 layers (as run at 21c9d88 also without the
+#    pipelined GEMV configs, then registered, and the engine's decode b1 without and with
+#    them: since removed with the configs);
+# 4. benchmarks/read_ceiling.py --chain: the read-only kernels timed as the sweep times the
 #    GEMVs (PDL on, each call after a kernel writing a row), a first tile before the PDL wait,
 #    cache hints.
 # Usage (repository root): OUT=dir [BUDGET_S=240] bash scripts/gpu_gemv1_second.sh
@@ -26,14 +25,7 @@ budget_step gpu_tests 40 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p 
 budget_step sweep_b1 50 python3 benchmarks/fp8_gemm_sweep.py --rows 1 --chain --x-fp8 --kernels b1 \
   --workers 14 --output "$OUT/sweep_b1.json"
 budget_step chain_fp8 40 python3 benchmarks/decode_chain.py --weights fp8 --no-dot-configs \
-  --variants chain_one_stage chain --output "$OUT/chain_fp8.json"
-budget_step engine_one_stage 40 python3 benchmarks/decode_throughput.py \
-  --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 --decode-steps 32 \
-  --cuda-graphs --quantization fp8 --no-dot-configs --one-stage-gemv \
-  --output "$OUT/engine_one_stage.json"
-budget_step engine_staged 40 python3 benchmarks/decode_throughput.py \
-  --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 --decode-steps 32 \
-  --cuda-graphs --quantization fp8 --no-dot-configs --output "$OUT/engine_staged.json"
+  --variants chain --output "$OUT/chain_fp8.json"
 budget_step read_ceiling_chain 25 python3 benchmarks/read_ceiling.py --chain \
   --output "$OUT/read_ceiling_chain.json"
 cat "$OUT/steps"

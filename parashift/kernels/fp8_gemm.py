@@ -81,13 +81,6 @@ GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
 ) + tuple(Config("gemv", *shape, tickets=True) for shape in (
     (4, 1024, 4, 1, 2), (8, 1024, 4, 1, 2), (4, 2048, 4, 1, 2))) + (
     Config("gemv", 4, 1024, 4, 1, 2, ahead=True, tickets=True),)
-# a program's whole weight slice (K of 4,096 at most) loaded before the PDL wait (fp8_gemv.py's
-# "ahead" with the tile over all of K): a wave of programs reads its part of the weight while
-# the kernel before runs (attention before o, the norm before qkv and gate_up); the same bits
-# as the tile without it
-WHOLE_SLICE_CONFIGS = tuple(Config("gemv", *shape, ahead=True) for shape in (
-    (32, 4096, 16, 1), (16, 4096, 8, 1), (16, 4096, 16, 1)))
-GEMV_CONFIGS += WHOLE_SLICE_CONFIGS
 # "gemv_tma" (fp8_gemv_tma.py): the GEMV with the weight's tiles copied by TMA into shared
 # memory; measured slower than the GEMV above at the 8B's four shapes at one row on an H200
 # (docs/benchmark_log.md, helper gemv1), so no candidate: timed by benchmarks/fp8_gemm_sweep.py
