@@ -72,7 +72,7 @@ TMA_CONFIGS = tuple(Config("tma_w8a8", *shape, tickets=True) for shape in (
 # needs no shuffles or shared memory: checked in sm_90 PTX); narrow BLOCK_N or split K where N
 # gives too few programs for the SMs (split K by atomics costs a zeroing and a cast kernel,
 # by tickets neither); then configs loading a tile ahead (the first before the PDL wait),
-# around the shapes chosen at one row, split by tickets, and pipelined
+# around the shapes chosen at one row, and split by tickets
 GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
     (2, 2048, 4, 1), (4, 1024, 4, 1), (4, 2048, 4, 1), (8, 1024, 4, 1), (8, 2048, 8, 1),
     (2, 4096, 8, 1), (4, 2048, 4, 1, 2), (8, 1024, 4, 1, 2))) + tuple(

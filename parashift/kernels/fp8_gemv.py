@@ -135,7 +135,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
     # rows past N read row N-1 (in bounds, so the loads need no row mask); not stored
     w_rows = w_ptr + (offs_n % N)[:, None].to(tl.int64) * stride_wn
     offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
-    if AHEAD or PEEL:  # the first tile before the wait: the weight is no earlier kernel's output
+    if AHEAD or PEEL:  # the first tile before the wait: the weight is no kernel's output
         w_next = _tile_before(w_rows, first_k + offs_k, k_end)
     else:  # unused: named for the compiler, which reads both branches of the loop's `if`
         w_next = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)
@@ -333,8 +333,9 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     in flight while one is multiplied, or (num_stages > 1) the rest pipelined (block_k at
     least a program's part of K: the program's whole weight slice before the wait);
     tickets: split_k's parts summed by each tile's last program (split_tickets.py), not
-    atomically; gated: x is [M, 2 K] holding [gate | up] and the product is of silu_and_mul(x) (formed per K slice
-    in registers, the same bits as silu_mul.silu_and_mul's output); silu_out: the weight
+    atomically; gated: x is [M, 2 K] holding [gate | up] and the product is of
+    silu_and_mul(x) (formed per K slice in registers, the same bits as
+    silu_mul.silu_and_mul's output); silu_out: the weight
     holds [gate; up] rows (N even) and the output is silu_and_mul of the product, [M, N / 2]
     (each program's tile interleaves gate and up rows; one part of K: split_k 1; the bits of
     the plain GEMV's output followed by silu_mul.silu_and_mul); norm: the product is of
