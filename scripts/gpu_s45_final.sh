@@ -3,8 +3,9 @@
 # (main's tree before them), interleaved, each engine in a fresh process. GPU 0 (cores 1-15):
 # 8B FP8 decode b1/b64 in two rounds (after, before, after, before), a third after the tests
 # where the budget is left; GPU 1 (cores 16-31):
-# Qwen3-30B-A3B decode b1/b64 in two rounds, then 8B bf16 b1/b64 one round; each lane then runs
-# the GPU tests of the session's kernels ($GPU0_TESTS, $GPU1_TESTS). Each tree's FP8 GEMM
+# Qwen3-30B-A3B decode b1/b64 in two rounds; each lane then runs the GPU tests of the session's
+# kernels ($GPU0_TESTS, then $GPU0_MORE_TESTS; $GPU1_TESTS and the engine's graph tests), then
+# where the budget is left a third FP8 round (GPU 0) and 8B bf16 b1/b64 (GPU 1). Each tree's FP8 GEMM
 # candidates are compiled first in parallel processes (fp8_gemm_sweep.py --warm-only) so the
 # engines' start-up times nothing cold. Usage (repository root, $BEFORE unpacked there):
 #   OUT=dir BEFORE=.before [BUDGET_S=540] [GPU0_TESTS=...] [GPU1_TESTS=...] bash scripts/gpu_s45_final.sh
@@ -43,13 +44,16 @@ gpu0() {
   warm after; warm before
   decode8b after fp8 1; decode8b before fp8 1; decode8b after fp8 2; decode8b before fp8 2
   gputests gpu0 ${GPU0_TESTS:-tests/kernels/test_fp8_gemv.py tests/kernels/test_pdl.py}
+  [ -n "${GPU0_MORE_TESTS:-}" ] && gputests gpu0_more $GPU0_MORE_TESTS
   decode8b after fp8 3; decode8b before fp8 3  # a third round where the budget is left
 }
 gpu1() {
   export CUDA_VISIBLE_DEVICES=1 STEP_DIR=$OUT/gpu1
   moe after 1; moe before 1; moe after 2; moe before 2
-  decode8b after bf16 1; decode8b before bf16 1
   gputests gpu1 ${GPU1_TESTS:-tests/attention/test_triton_backend.py tests/kernels/test_moe_small.py}
+  budget_step gpu_tests_engine 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
+    -p no:cacheprovider tests/engine/test_gpu_engine.py -k "graphs_and_async or triton_matches_torch"
+  decode8b after bf16 1; decode8b before bf16 1  # where the budget is left
 }
 mkdir -p "$OUT/gpu0" "$OUT/gpu1"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv > "$OUT/gpus.txt" 2>&1

@@ -16,11 +16,10 @@ lasts until it has);
 side: launched on a second stream forked after the GEMM and joined after the step's last
 GEMM, so no kernel of the PDL chain waits for it (else a node of the chain). Read at each
 GEMM's call, so a CUDA graph keeps what its capture read; the hooks exist only where it was
-set (to any value) when the model was built. PARASHIFT_L2_PREFETCH_MB: NAME:MB[/NAME:MB...]
+not 0 when the model was built (on a CUDA device). PARASHIFT_L2_PREFETCH_MB: NAME:MB[/NAME:MB...]
 over the layer's short names, unnamed ones 0 (e.g. qkv:32/o:8/gate_up:8/down:8; default
 o:8). Measured on an H200 (8B FP8, one row; docs/benchmark_log.md): side:bulk o:8 1.022x
-the engine's step, every placement in the chain slower; off by default until an engine's
-greedy tokens with it are checked on a GPU (tests/layers/test_l2_prefetch.py). The
+the engine's step, every placement in the chain slower; on by default (1). The
 prefetches move no arithmetic: a step's outputs are the same bits with them and without."""
 import os
 from typing import Callable, NamedTuple
@@ -33,7 +32,7 @@ ENV = "PARASHIFT_L2_PREFETCH"
 MB_ENV = "PARASHIFT_L2_PREFETCH_MB"
 KINDS = ("bulk", "lines", "read")
 DEFAULT_ON = ("side", "bulk")  # PARASHIFT_L2_PREFETCH=1: the best measured
-DEFAULT_MODE = "0"
+DEFAULT_MODE = "1"
 DEFAULT_MB = "o:8"  # gate_up's first 8 MB during the norm after o (8B FP8 b1: 1.022x)
 MAX_ROWS = 4  # the GEMV's rows (kernels/fp8_gemv.py): above, GEMMs reuse tiles from L2 anyway
 MAX_SPANS = 2  # weights a launch covers
@@ -170,12 +169,11 @@ class StepPrefetches:
 
 def register_l2_prefetch(model: torch.nn.Module) -> int:
     """Hooks each declared GEMM of the model to launch its prefetch after it, where a CUDA
-    device exists and PARASHIFT_L2_PREFETCH is set (to any value: it is read again at each
-    call, so a benchmark may capture graphs under other values); returns how many were
-    hooked. Unset, no hook: a module with one takes torch's slower call path."""
-    if not torch.cuda.is_available() or ENV not in os.environ:
+    device exists and PARASHIFT_L2_PREFETCH is not 0 (it is read again at each call, so a
+    benchmark may capture graphs under other values); returns how many were hooked. At 0,
+    no hook: a module with one takes torch's slower call path."""
+    if not torch.cuda.is_available() or mode() is None:  # a bad value is an error now
         return 0
-    mode()  # a bad value is an error now, not at the first step
     gemms = step_gemms(model)
     prefetches = StepPrefetches([name for name, _ in gemms],
                                 lambda: [weight_of(layer) for _, layer in gemms])

@@ -75,19 +75,22 @@ def test_a_llama_declares_its_gemms_in_step_order():
     assert l2_prefetch.weight_of(gemms[0][1]) is layers[0].self_attn.qkv_proj.weight
 
 
-def test_hooks_exist_only_where_the_switch_is_set_at_build(monkeypatch):
+def test_hooks_exist_unless_the_switch_is_0_at_build(monkeypatch):
     from transformers import LlamaConfig
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv(l2_prefetch.ENV, raising=False)
     cfg = LlamaConfig(**TINY, tie_word_embeddings=False)
     with use_state(ParallelState.single()):
-        model = LlamaForCausalLM(cfg, 512)
-        assert l2_prefetch.register_l2_prefetch(model) == 0
-        monkeypatch.setenv(l2_prefetch.ENV, "0")
+        model = LlamaForCausalLM(cfg, 512)  # unset: the default, on
         assert l2_prefetch.register_l2_prefetch(model) == 4 * TINY["num_hidden_layers"]
         assert model.model.layers[0].self_attn.o_proj._forward_hooks
+        monkeypatch.setenv(l2_prefetch.ENV, "0")
+        bare = LlamaForCausalLM(cfg, 512)
+        assert l2_prefetch.register_l2_prefetch(bare) == 0
+        assert not bare.model.layers[0].self_attn.o_proj._forward_hooks
         monkeypatch.setenv(l2_prefetch.ENV, "sideways")
         with pytest.raises(ValueError, match=l2_prefetch.ENV):
-            l2_prefetch.register_l2_prefetch(model)
+            l2_prefetch.register_l2_prefetch(bare)
 
 
 @pytest.fixture(scope="module")
