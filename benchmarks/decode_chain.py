@@ -9,11 +9,7 @@ kernels, PDL as the engine launches, CUDA graphs), the GEMM choices made anew wh
 timing changes: "graph" (PARASHIFT_GEMM_TIMING=graph, main's: candidates timed with PDL
 suspended), "chain" (=chain: PDL on, each call after a kernel writing its input), and with
 SiLU·mul formed in the gate_up GEMV's epilogue ("*_silu_gate_up") or in the down GEMV
-("chain_silu_down") where that measured faster (kernels/gated_gemv.py); "chain_no_tma":
-chain with PARASHIFT_FP8_TMA=0 (no TMA kernel among the candidates); "chain_o_whole_slice"
-(16): chain's choices with o's set to a GEMV holding a program's whole weight slice, loaded
-before the PDL wait (32 rows x 4,096 a program at 16 warps; 16 rows at 8; slower on an H200:
-docs/benchmark_log.md, helper gemv1). The graphs are
+("chain_silu_down") where that measured faster (kernels/gated_gemv.py). The graphs are
 replayed in turn (interleaved repeats), median µs per layer; each variant's choices; max
 |difference| of the outputs against the first variant's. --no-dot-configs leaves the FP8
 tl.dot configs (never chosen at 1-4 rows on an H200, session 43) out of the FP8 choice, to
@@ -26,34 +22,12 @@ import time
 import torch
 
 from benchmarks import pdl_chain
-from benchmarks.pdl_chain import HIDDEN
-from benchmarks.decode_throughput import copy_bandwidth, environment
-from parashift.kernels import fp8_gemm, fp8_gemm_tma, gated_gemv, gemm_timing, silu_mul, \
-    skinny_gemm
+from benchmarks.decode_throughput import copy_bandwidth
+from parashift.kernels import fp8_gemm, gated_gemv, gemm_timing, silu_mul, skinny_gemm
 
-def o_on_whole_slices(config: fp8_gemm.Config):
-    """A change to the choices made: the o projection's ([4096, 4096]) FP8 GEMM set to
-    `config`, a GEMV holding a whole weight slice a program, loaded before the PDL wait."""
-    def override(choices: dict) -> None:
-        for key in choices:
-            if key[1] == (HIDDEN, HIDDEN):
-                choices[key] = config
-    return override
-
-
-# name: (GEMM timing, the GEMV SiLU·mul is fused in, switches set, GEMV configs or None: all
-# [, a change to the choices made]); a variant changing the choices made comes last of those
-# timed alike (it keeps the choices the one before made)
-VARIANTS = {"graph": ("graph", None, {}, None), "chain": ("chain", None, {}, None),
-            "chain_silu_gate_up": ("chain", "gate_up", {}, None),
-            "chain_silu_down": ("chain", "down", {}, None),
-            "graph_silu_gate_up": ("graph", "gate_up", {}, None),
-            "chain_no_tma": ("chain", None, {fp8_gemm_tma.ENV: "0"}, None),
-            # one wave of 128 programs, a whole SM's registers each; 256 of half an SM
-            "chain_o_whole_slice": ("chain", None, {}, None, o_on_whole_slices(
-                fp8_gemm.Config("gemv", 32, 4096, 16, 1, ahead=True))),
-            "chain_o_whole_slice16": ("chain", None, {}, None, o_on_whole_slices(
-                fp8_gemm.Config("gemv", 16, 4096, 8, 1, ahead=True)))}
+VARIANTS = {"graph": ("graph", None), "chain": ("chain", None),
+            "chain_silu_gate_up": ("chain", "gate_up"), "chain_silu_down": ("chain", "down"),
+            "graph_silu_gate_up": ("graph", "gate_up")}
 DEFAULT_VARIANTS = ["graph", "chain", "chain_silu_gate_up", "chain_silu_down"]
 
 
@@ -89,26 +63,19 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
     layers = args[2]
     graphs, outputs, chosen, setup_s = {}, {}, {}, {}
     last_timing = None
-    all_gemv_configs = fp8_gemm.GEMV_CONFIGS
     for name in variants:
-        timing, fused, settings, gemv_configs, *override = VARIANTS[name]
-        if (timing, settings, gemv_configs) != last_timing:  # alike: the GEMMs' choices shared
+        timing, fused = VARIANTS[name]
+        if timing != last_timing:  # variants timed alike share the unfused GEMMs' choices
             fp8_gemm._choices.clear()
             skinny_gemm._choices.clear()
         gated_gemv._choices.clear()
-        last_timing = timing, settings, gemv_configs
+        last_timing = timing
         os.environ[gemm_timing.TIMING_ENV] = timing
-        fp8_gemm.GEMV_CONFIGS = gemv_configs() if gemv_configs else all_gemv_configs
-        if override:  # on the choices made by the variant before (made now where none)
-            pdl_chain.step(*args, fused_mlp(fused) if fused else pdl_chain.mlp)
-            override[0](fp8_gemm._choices)
         started = time.perf_counter()
-        with environment(settings):
-            graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, pdl_chain.step(
-                *args, fused_mlp(fused) if fused else pdl_chain.mlp)[0].clone()))
+        graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, pdl_chain.step(
+            *args, fused_mlp(fused) if fused else pdl_chain.mlp)[0].clone()))
         setup_s[name] = round(time.perf_counter() - started, 1)
         chosen[name] = choices()
-    fp8_gemm.GEMV_CONFIGS = all_gemv_configs
     first = variants[0]
     results = pdl_chain.replayed_fractions(graphs, layers, fp8, batch, context, count,
                                            bandwidth, repeats)[0]

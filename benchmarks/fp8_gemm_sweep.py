@@ -2,8 +2,7 @@
 bandwidth (issue 60: the decode b64 step's FP8 weight GEMM at >= 0.85 of it).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm_sweep.py [--rows 64 16 32]
-             [--output F] [--workers 16] [--kernels more | b64 | b1 | gemv | tma_w8a8 ...]
-             [--warm-only]
+             [--output F] [--workers 16] [--kernels more | b64 | tma_w8a8 ...] [--warm-only]
              [--x-fp8] [--chain] [--settings default NAME=VALUE[,..] ...]
              [--projections qkv o ...]
 Candidates: cuBLASLt (`scaled_mm_linear`), the configs `fp8_gemm.linear` measures today
@@ -82,57 +81,6 @@ B64_HALF_ROWS = ((64, 256, 4, 6, 1), (64, 256, 4, 8, 1), (64, 128, 4, 12, 1), (1
                  (128, 128, 4, 8, 2))
 
 
-# "b1": at one to four rows, the registered GEMV configs (fp8_gemv.py's) and the TMA GEMV's
-# (fp8_gemv_tma.py, no candidate of the choice): K steps of 128-256 bytes, 4-12 stages, 8-128
-# rows a program, 1-8 warps, K split in 2-4 by tickets for the small projections; and the TMA
-# FP8 x FP8 GEMM (wgmma, 16-token tiles: the row padded by TMA's zeros), no candidate at 1-4
-# rows
-GEMV_TMA_SHAPES = (
-    (16, 256, 4, 6, 1), (16, 256, 4, 8, 1), (32, 256, 4, 6, 1), (8, 256, 4, 8, 1),
-    (32, 128, 4, 8, 1), (64, 256, 8, 4, 1), (16, 256, 4, 6, 2), (32, 256, 4, 6, 2),
-    (16, 256, 4, 6, 4), (8, 256, 4, 6, 1), (8, 256, 4, 12, 1), (16, 256, 4, 4, 1),
-    (16, 256, 4, 10, 1), (16, 256, 4, 12, 1), (32, 256, 4, 4, 1), (32, 256, 4, 8, 1),
-    (32, 256, 8, 6, 1), (64, 256, 8, 6, 1), (64, 128, 4, 8, 1), (16, 128, 4, 12, 1),
-    (32, 128, 4, 12, 1), (128, 128, 8, 4, 1), (8, 256, 4, 8, 2), (16, 256, 4, 8, 2),
-    (32, 256, 4, 8, 2), (8, 256, 4, 8, 4), (32, 256, 4, 6, 4), (64, 256, 8, 4, 2),
-    (64, 256, 8, 4, 4),
-    # 8 warps over 64-128 rows a program (a wave of fat programs, as the FP8 x FP8 TMA GEMM's
-    # 256x128 w8 won gate_up in the first call)
-    (128, 128, 8, 6, 1), (64, 128, 8, 8, 1), (128, 64, 8, 8, 1),
-    # one or two warps: a thread's 4-8 consecutive bytes of K (16-byte loads of the
-    # activations), more programs an SM
-    (8, 256, 1, 8, 1), (8, 256, 2, 8, 1), (16, 256, 2, 6, 1), (16, 256, 2, 10, 1),
-    (16, 128, 1, 8, 1), (8, 256, 2, 8, 2), (16, 256, 2, 8, 2), (8, 256, 1, 12, 1),
-    (16, 256, 1, 8, 1), (8, 128, 1, 12, 1))
-B1_W8A8_SHAPES = ((64, 256, 4, 8, 1), (64, 256, 4, 6, 2), (128, 256, 4, 4, 2),
-                  (64, 128, 4, 10, 2), (128, 128, 4, 8, 1))
-
-
-# fp8_gemv.py's GEMV with its loads pipelined (NUM_STAGES > 1: copies into shared memory ahead,
-# fewer registers; the bits of the same tile at one stage)
-GEMV_STAGED_SHAPES = (
-    (8, 1024, 4, 2, 1), (8, 1024, 4, 3, 1), (8, 1024, 4, 4, 1), (4, 2048, 4, 2, 1),
-    (4, 2048, 4, 3, 1), (4, 1024, 4, 4, 1), (8, 512, 4, 4, 1), (16, 512, 4, 3, 1),
-    (8, 2048, 8, 2, 1), (8, 2048, 8, 3, 1), (2, 2048, 4, 3, 1), (16, 1024, 8, 3, 1),
-    (16, 512, 4, 4, 1), (8, 1024, 4, 3, 2))
-
-
-# and with the first tile loaded before the PDL wait; the last three a program's whole weight
-# slice (K 4,096) loaded before it
-GEMV_PEELED_SHAPES = ((8, 1024, 4, 3, 1), (4, 2048, 4, 3, 1), (16, 512, 4, 3, 1),
-                      (8, 2048, 8, 2, 1), (8, 1024, 4, 2, 1), (4, 2048, 4, 2, 1),
-                      (32, 4096, 16, 1, 1), (16, 4096, 8, 1, 1), (16, 4096, 16, 1, 1))
-
-
-def gemv_configs() -> tuple[Config, ...]:
-    return fp8_gemm.GEMV_CONFIGS + tuple(
-        Config("gemv", *shape, tickets=shape[-1] > 1) for shape in GEMV_STAGED_SHAPES
-    ) + tuple(Config("gemv", *shape, ahead=True) for shape in GEMV_PEELED_SHAPES) + tuple(
-        Config("gemv_tma", *shape, tickets=shape[-1] > 1) for shape in GEMV_TMA_SHAPES
-    ) + fp8_gemm.TMA_CONFIGS + tuple(Config("tma_w8a8", *shape, tickets=True)
-                                     for shape in B1_W8A8_SHAPES)
-
-
 def tma_configs() -> list[Config]:
     wider = [Config(kernel, *shape, tickets=True) for kernel, shape in
              itertools.product(("tma_w8", "tma_w8a8"), TMA_SHAPES)]
@@ -148,11 +96,7 @@ def tma_configs() -> list[Config]:
 def configs_for(n: int, kernels: list[str] | None = None) -> list[Config]:
     """Today's configs and the TMA ones that fit N: all, or those of `kernels` ("more": the
     registered ones, W8A8_MORE, TESTED and today's CURRENT_WINNERS alone)."""
-    if kernels and "b1" in kernels:
-        configs = gemv_configs()
-    elif kernels and "gemv" in kernels:
-        configs = fp8_gemm.GEMV_CONFIGS
-    elif kernels and "b64" in kernels:
+    if kernels and "b64" in kernels:
         configs = (fp8_gemm.TMA_CONFIGS + CURRENT_WINNERS[:2]
                    + tuple(Config("tma_w8a8", *shape, tickets=True) for shape in B64_SHAPES)
                    + tuple(Config("tma_w8a8", *shape, tickets=True, max_block_m=32)
@@ -265,9 +209,8 @@ def sweep(rows: int, n: int, k: int, bandwidth: float, kernels: list[str] | None
     ranked = sorted(timings, key=timings.get)
     entries = [entry(label(c), timings[c]) for c in ranked]
     configs = [c[0] if isinstance(c, tuple) else c for c in ranked]
-    current = [e for c, e in zip(configs, entries)
-               if c is None or c.kernel in ("w8", "w8a8", "gemv")]
-    new = [e for c, e in zip(configs, entries) if c is not None and fp8_gemm.uses_tma(c)]
+    current = [e for c, e in zip(configs, entries) if c is None or c.kernel in ("w8", "w8a8")]
+    new = [e for c, e in zip(configs, entries) if c is not None and c.kernel.startswith("tma")]
     return dict(rows=rows, n=n, k=k, best_current=current[0], best_tma=new[0] if new else None,
                 x_quantized_before=[entry(label(c), alone[c])
                                     for c in sorted(alone, key=alone.get)],
@@ -280,7 +223,7 @@ def label(c: Config | tuple[Config, str] | None) -> str:
     if isinstance(c, tuple):
         return f"{label(c[0])} [{c[1]}]"
     return (f"{c.kernel} {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} "
-            f"split {c.split_k}{' tickets' if c.tickets else ''}{' ahead' if c.ahead else ''}"
+            f"split {c.split_k}{' tickets' if c.tickets else ''}"
             f"{f' m<={c.max_block_m}' if c.max_block_m else ''}")
 
 
@@ -314,9 +257,7 @@ def main():
                    choices=list(PROJECTIONS))
     p.add_argument("--kernels", nargs="+", default=None,
                    help="the TMA kernels to time (fp8_gemm_tma.KERNELS, or more: the "
-                   "registered configs and W8A8_MORE; b64: around the 64-row winners; b1: "
-                   "the GEMVs' registered configs and GEMV_TMA_SHAPES; gemv: the registered "
-                   "GEMV configs alone; default all)")
+                   "registered configs and W8A8_MORE; default all)")
     args = p.parse_args()
     start = time.time()
     if args.warm_only:

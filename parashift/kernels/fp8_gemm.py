@@ -15,8 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import fp8_gemm_tma, fp8_gemv, fp8_gemv_tma, gemm_timing, pdl, \
-    split_tickets
+from parashift.kernels import fp8_gemm_tma, fp8_gemv, gemm_timing, pdl, split_tickets
 from parashift.kernels.fp8_epilogue import early_scales, early_ticket, finish_split_tile, \
     tile_scales
 from parashift.kernels.skinny_gemm import choose
@@ -81,9 +80,6 @@ GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
 ) + tuple(Config("gemv", *shape, tickets=True) for shape in (
     (4, 1024, 4, 1, 2), (8, 1024, 4, 1, 2), (4, 2048, 4, 1, 2))) + (
     Config("gemv", 4, 1024, 4, 1, 2, ahead=True, tickets=True),)
-# "gemv_tma" (fp8_gemv_tma.py): the GEMV with the weight's tiles copied by TMA into shared
-# memory; measured slower than the GEMV above at the 8B's four shapes at one row on an H200
-# (docs/benchmark_log.md, helper gemv1), so no candidate: timed by benchmarks/fp8_gemm_sweep.py
 
 
 @triton.jit
@@ -186,10 +182,6 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     if x.dim() != 2 or weight.dtype != FP8 or weight.stride(1) != 1:
         raise ValueError(f"fp8_weight_linear takes 2-D x and an E4M3 weight contiguous "
                          f"along K, got x {tuple(x.shape)} and a {weight.dtype} weight")
-    if config.kernel == "gemv_tma":
-        return fp8_gemv_tma.fp8_gemv_tma(x, weight, scale, bias, config.block_n,
-                                         config.block_k, config.num_warps, config.num_stages,
-                                         config.split_k, config.tickets)
     if config.kernel == "gemv":
         return fp8_gemv.fp8_gemv(x, weight, scale, bias, config.block_n, config.block_k,
                                  config.num_warps, config.num_stages, config.split_k,
@@ -316,9 +308,7 @@ def _label(config: Config | None) -> str:
         return "cuBLASLt"
     label = (f"triton {config.kernel} {config.block_n}x{config.block_k} split {config.split_k}"
              f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}")
-    if config.kernel == "gemv" and (config.num_warps, config.num_stages) != (4, 1):
-        label += f" w{config.num_warps} s{config.num_stages}"
-    if uses_tma(config):  # these differ in warps and stages too
+    if config.kernel in fp8_gemm_tma.KERNELS:  # these differ in warps and stages too
         label += f" w{config.num_warps} s{config.num_stages}"
         label += f" m<={config.max_block_m}" if config.max_block_m else ""
     return label
@@ -331,19 +321,13 @@ def candidates(rows: int, n: int) -> list[Config]:
     return [c for c in configs if c.block_n <= triton.next_power_of_2(n)]
 
 
-def uses_tma(config: Config) -> bool:
-    """Whether the config's kernel reads the weight by TMA (a device and layout that take
-    it: `fp8_gemm_tma.takes`)."""
-    return config.kernel in fp8_gemm_tma.KERNELS or config.kernel == "gemv_tma"
-
-
 def timings_ms(x, weight, scale, bias) -> dict[Config | None, float]:
     """Milliseconds per call of cuBLASLt (None) and each Triton config, replayed from CUDA
     graphs over copies of the weight (`gemm_timing`, in the decode chain where asked), or
     with L2 flushed where asked (PARASHIFT_GEMM_TIMING=flushed) or a graph cannot be
     captured; a config this device cannot compile or run is left out."""
     configs = [c for c in candidates(x.shape[0], weight.shape[0])
-               if not uses_tma(c) or fp8_gemm_tma.takes(weight)]
+               if c.kernel not in fp8_gemm_tma.KERNELS or fp8_gemm_tma.takes(weight)]
     if not gemm_timing.flushed():
         try:
             weights = gemm_timing.weight_copies(weight)

@@ -18,14 +18,7 @@ widened when used), and issues the first tile's load before the PDL wait: the we
 earlier kernel's output (as `pdl.start_streaming` assumes), so a program reads it during
 the kernel before's tail, its activations only after the wait. (16-byte loads of E4M3,
 VEC = 16, were tried: the tile then no longer shares the activations' layout, whose
-16-byte loads hold 8 elements, and sm_90's PTX moves it through shared memory each step.)
-
-NUM_STAGES > 1 pipelines the loop's loads (the compiler's: asynchronous copies into shared
-memory NUM_STAGES - 1 tiles ahead, read back in the tile's layout): the weight bytes in flight
-no longer wait in registers (sm_90 ptxas: 8x1024 at 4 warps 40 registers a thread at 3
-stages against 72 at 1), and the sums are the same config's at one stage bit for bit. With
-`ahead` there (PEEL) the first tile is loaded before the PDL wait and summed first, the rest of
-K pipelined (a tile carried across steps in registers is not pipelined by the compiler)."""
+16-byte loads hold 8 elements, and sm_90's PTX moves it through shared memory each step.)"""
 from typing import NamedTuple
 
 import torch
@@ -69,26 +62,6 @@ def _row_sums(w, x_row_ptr, k, k_ok, K, EVEN_K: tl.constexpr, VEC: tl.constexpr,
 
 
 @triton.jit
-def _tile_sums(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k, k_ok, K, r_ptr, stride_rm, nw_ptr,
-               rstd0, rstd1, rstd2, rstd3, ROWS: tl.constexpr, EVEN_K: tl.constexpr,
-               VEC: tl.constexpr, GATED: tl.constexpr, LIBDEVICE: tl.constexpr,
-               NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """Each row's accumulator plus `_row_sums` of the tile w (fp32) at columns k."""
-    acc0 += _row_sums(w, x_ptr, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE, r_ptr, nw_ptr, rstd0,
-                      NORM, HAS_RESIDUAL)
-    if ROWS > 1:
-        acc1 += _row_sums(w, x_ptr + stride_xm, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE,
-                          r_ptr + stride_rm, nw_ptr, rstd1, NORM, HAS_RESIDUAL)
-    if ROWS > 2:
-        acc2 += _row_sums(w, x_ptr + 2 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE,
-                          r_ptr + 2 * stride_rm, nw_ptr, rstd2, NORM, HAS_RESIDUAL)
-    if ROWS > 3:
-        acc3 += _row_sums(w, x_ptr + 3 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE,
-                          r_ptr + 3 * stride_rm, nw_ptr, rstd3, NORM, HAS_RESIDUAL)
-    return acc0, acc1, acc2, acc3
-
-
-@triton.jit
 def _weight_tile(w_rows, k, k_ok, EVEN_K: tl.constexpr):
     """The [BLOCK_N, BLOCK_K] weight tile at columns k, in the weight's dtype."""
     if EVEN_K:
@@ -104,15 +77,6 @@ def _tile_before(w_rows, k, k_end):
 
 
 @triton.jit
-def part_of_k(split, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    """(first column, end) of the part of K that program `split` of SPLIT_K sums: whole
-    BLOCK_K steps, the last part ending at K (a part past it: empty)."""
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    first_k = split * k_per_split
-    return first_k, tl.minimum(K, first_k + k_per_split)
-
-
-@triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r_ptr, nw_ptr,
                      h_ptr, N, K, stride_xm, stride_wn, stride_ym, stride_rm, stride_hm, inv_k,
                      eps, HAS_BIAS: tl.constexpr,
@@ -123,10 +87,12 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
                      GATED: tl.constexpr = False, LIBDEVICE: tl.constexpr = False,
                      SILU_OUT: tl.constexpr = False, NORM: tl.constexpr = False,
                      HAS_RESIDUAL: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1,
-                     NORM_CHUNKS: tl.constexpr = 1, NUM_STAGES: tl.constexpr = 1,
-                     PEEL: tl.constexpr = False):
-    first_n, split = tl.program_id(0) * BLOCK_N, tl.program_id(1)
-    first_k, k_end = part_of_k(split, K, BLOCK_K, SPLIT_K)
+                     NORM_CHUNKS: tl.constexpr = 1):
+    first_n = tl.program_id(0) * BLOCK_N
+    split = tl.program_id(1)
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    first_k = split * k_per_split
+    k_end = tl.minimum(K, first_k + k_per_split)
     offs_n = first_n + tl.arange(0, BLOCK_N)
     if SILU_OUT:  # the tile's rows interleave gate row j and up row N / 2 + j
         pair = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
@@ -135,7 +101,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
     # rows past N read row N-1 (in bounds, so the loads need no row mask); not stored
     w_rows = w_ptr + (offs_n % N)[:, None].to(tl.int64) * stride_wn
     offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
-    if AHEAD or PEEL:  # the first tile before the wait: the weight is no kernel's output
+    if AHEAD:  # the first tile before the wait: the weight is no earlier kernel's output
         w_next = _tile_before(w_rows, first_k + offs_k, k_end)
     else:  # unused: named for the compiler, which reads both branches of the loop's `if`
         w_next = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)
@@ -161,16 +127,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
     acc1 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-    loop_start = first_k
-    if PEEL:  # the tile loaded before the wait, then the rest of K pipelined; the
-        # activations masked (a part of K past its end is empty: nothing of x to read)
-        k = first_k + offs_k
-        acc0, acc1, acc2, acc3 = _tile_sums(
-            acc0, acc1, acc2, acc3, w_next.to(tl.float32), x_ptr, stride_xm, k, k < k_end, K,
-            r_ptr, stride_rm, nw_ptr, rstd0, rstd1, rstd2, rstd3, ROWS, False, VEC, GATED,
-            LIBDEVICE, NORM, HAS_RESIDUAL)
-        loop_start += BLOCK_K
-    for k0 in tl.range(loop_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+    for k0 in range(first_k, k_end, BLOCK_K):
         k = k0 + offs_k
         k_ok = k < K
         if AHEAD:
@@ -178,51 +135,37 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
             w_next = _tile_before(w_rows, k + BLOCK_K, k_end)
         else:
             w = _weight_tile(w_rows, k, k_ok, EVEN_K).to(tl.float32)
-        acc0, acc1, acc2, acc3 = _tile_sums(
-            acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k, k_ok, K, r_ptr, stride_rm, nw_ptr,
-            rstd0, rstd1, rstd2, rstd3, ROWS, EVEN_K, VEC, GATED, LIBDEVICE, NORM, HAS_RESIDUAL)
-    pdl.inputs_read(USE_PDL)
-    sums0, sums1 = tl.sum(acc0, axis=1), tl.sum(acc1, axis=1)
-    sums2, sums3 = tl.sum(acc2, axis=1), tl.sum(acc3, axis=1)
-    if SILU_OUT:
-        scale, bias = _scale_and_bias(s_ptr, b_ptr, offs_n, n_ok, split, HAS_BIAS, TICKETS)
-        first_pair = tl.program_id(0) * (BLOCK_N // 2)
-        _store_silu_rows(y_ptr + first_pair, stride_ym, sums0 * scale + bias,
-                         sums1 * scale + bias, sums2 * scale + bias, sums3 * scale + bias,
-                         N // 2 - first_pair, ROWS, LIBDEVICE)
-    else:
-        finish_rows(y_ptr, stride_ym, part_ptr, counter_ptr, s_ptr, b_ptr, sums0, sums1, sums2,
-                    sums3, offs_n, N, split, HAS_BIAS, ROWS, SPLIT_K, TICKETS)
-
-
-@triton.jit
-def _scale_and_bias(s_ptr, b_ptr, offs_n, n_ok, split, HAS_BIAS: tl.constexpr,
-                    TICKETS: tl.constexpr):
-    """The rows' scales and the bias a program adds (fp32; zeros without one): once, by
-    split 0, or by the tile's last program (TICKETS)."""
+        acc0 += _row_sums(w, x_ptr, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE, r_ptr,
+                          nw_ptr, rstd0, NORM, HAS_RESIDUAL)
+        if ROWS > 1:
+            acc1 += _row_sums(w, x_ptr + stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
+                              LIBDEVICE, r_ptr + stride_rm, nw_ptr, rstd1, NORM, HAS_RESIDUAL)
+        if ROWS > 2:
+            acc2 += _row_sums(w, x_ptr + 2 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
+                              LIBDEVICE, r_ptr + 2 * stride_rm, nw_ptr, rstd2, NORM,
+                              HAS_RESIDUAL)
+        if ROWS > 3:
+            acc3 += _row_sums(w, x_ptr + 3 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
+                              LIBDEVICE, r_ptr + 3 * stride_rm, nw_ptr, rstd3, NORM,
+                              HAS_RESIDUAL)
     scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
-    bias = tl.zeros(offs_n.shape, dtype=tl.float32)
-    if HAS_BIAS:
+    bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if HAS_BIAS:  # once: by split 0, or by the tile's last program (TICKETS)
         if TICKETS:
             bias = tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
         elif split == 0:
             bias = tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    return scale, bias
-
-
-@triton.jit
-def finish_rows(y_ptr, stride_ym, part_ptr, counter_ptr, s_ptr, b_ptr, sums0, sums1, sums2,
-                sums3, offs_n, N, split, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
-                SPLIT_K: tl.constexpr, TICKETS: tl.constexpr):
-    """A GEMV program's epilogue from its rows' sums over its part of K ([BLOCK_N] fp32 each,
-    rows offs_n, those past N not stored): scaled, the bias added, stored (one part of K),
-    added atomically into fp32 (SPLIT_K parts) or finished by the tile's last program
-    (TICKETS)."""
-    n_ok = offs_n < N
-    scale, bias = _scale_and_bias(s_ptr, b_ptr, offs_n, n_ok, split, HAS_BIAS, TICKETS)
+    pdl.inputs_read(USE_PDL)
+    sums0, sums1 = tl.sum(acc0, axis=1), tl.sum(acc1, axis=1)
+    sums2, sums3 = tl.sum(acc2, axis=1), tl.sum(acc3, axis=1)
     if TICKETS:
         _finish_by_tickets(y_ptr, stride_ym, part_ptr, counter_ptr, sums0, sums1, sums2, sums3,
                            scale, bias, offs_n, n_ok, N, split, ROWS, SPLIT_K)
+    elif SILU_OUT:
+        first_pair = tl.program_id(0) * (BLOCK_N // 2)
+        _store_silu_rows(y_ptr + first_pair, stride_ym, sums0 * scale + bias,
+                         sums1 * scale + bias, sums2 * scale + bias, sums3 * scale + bias,
+                         N // 2 - first_pair, ROWS, LIBDEVICE)
     elif SPLIT_K == 1:
         _store_rows(y_ptr + offs_n, stride_ym, sums0 * scale + bias, sums1 * scale + bias,
                     sums2 * scale + bias, sums3 * scale + bias, n_ok, ROWS)
@@ -329,13 +272,10 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              norm: NormInput | None = None) -> torch.Tensor:
     """x [M <= 4, K] (bf16/fp16/fp32), weight [N, K] E4M3 with unit stride along K (row
     slices of a wider buffer are fine), scale [N] or [N, 1] fp32, bias [N] or None; ahead:
-    the first weight tile loaded before the PDL wait, then (num_stages 1) the next tile's load
-    in flight while one is multiplied, or (num_stages > 1) the rest pipelined (block_k at
-    least a program's part of K: the program's whole weight slice before the wait);
-    tickets: split_k's parts summed by each tile's last program (split_tickets.py), not
-    atomically; gated: x is [M, 2 K] holding [gate | up] and the product is of
-    silu_and_mul(x) (formed per K slice in registers, the same bits as
-    silu_mul.silu_and_mul's output); silu_out: the weight
+    the next weight tile's load in flight while one is multiplied; tickets: split_k's parts
+    summed by each tile's last program (split_tickets.py), not atomically; gated: x is
+    [M, 2 K] holding [gate | up] and the product is of silu_and_mul(x) (formed per K slice
+    in registers, the same bits as silu_mul.silu_and_mul's output); silu_out: the weight
     holds [gate; up] rows (N even) and the output is silu_and_mul of the product, [M, N / 2]
     (each program's tile interleaves gate and up rows; one part of K: split_k 1; the bits of
     the plain GEMV's output followed by silu_mul.silu_and_mul); norm: the product is of
@@ -357,9 +297,6 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     residual, norm_weight, new_residual = _norm_tensors(x, norm, gated)
     norm_block = min(NORM_COLUMNS_PER_WARP * num_warps, triton.next_power_of_2(k)) if norm else 1
     m, n = x.shape[0], weight.shape[0]
-    # the first tile summed apart: before a pipelined rest, or where it is a program's whole
-    # part of K (a next tile's registers held for nothing)
-    peel = ahead and (num_stages > 1 or triton.cdiv(k, split_k) <= block_k)
     grid = (triton.cdiv(n // 2 if silu_out else n, block_n // 2 if silu_out else block_n),
             split_k)
     y, parts, counters = split_tickets.outputs(m, n // 2 if silu_out else n, x.dtype,
@@ -371,12 +308,11 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         residual.stride(0), new_residual.stride(0), 1.0 / k, norm.eps if norm else 0.0,
         HAS_BIAS=bias is not None, ROWS=m,
         EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, VEC=VEC,
-        AHEAD=ahead and not peel, PEEL=peel,
-        TICKETS=counters is not None, GATED=gated, SILU_OUT=silu_out,
+        AHEAD=ahead, TICKETS=counters is not None, GATED=gated, SILU_OUT=silu_out,
         LIBDEVICE=(gated or silu_out) and x.is_cuda, NORM=norm is not None,
         HAS_RESIDUAL=norm is not None and norm.residual is not None,
         NORM_BLOCK=norm_block, NORM_CHUNKS=triton.cdiv(k, norm_block) if norm else 1,
-        NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
         **pdl.launch_options(x.device, (block_n, k, weight.element_size())))
     return y.to(x.dtype)
 
