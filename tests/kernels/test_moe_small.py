@@ -86,7 +86,8 @@ def check_routed(x, weights, ids, gate_up, down, first, experts):
                                                             down, first, each=each), apart)
 
 
-test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True)
+test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True,
+                                         variants_in_one_dtype=True)
 
 
 def check_fp8(dtype="float32", device="cpu", tiles=0, **case):
@@ -121,7 +122,8 @@ def check_fp8(dtype="float32", device="cpu", tiles=0, **case):
 
 
 FP8_CASES = [CASES[0], CASES[2], CASES[5], CASES[7]]
-test_fp8_interpreted, test_fp8_cuda = case_tests(__name__, check_fp8, FP8_CASES, uses_dot=True)
+test_fp8_interpreted, test_fp8_cuda = case_tests(__name__, check_fp8, FP8_CASES, uses_dot=True,
+                                                 variants_in_one_dtype=True)
 
 
 def test_few_pairs_take_the_small_path(monkeypatch):
