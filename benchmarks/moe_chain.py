@@ -88,18 +88,18 @@ def small_variants() -> dict:
     def one_launch(tiles=None):
         def run(x, w, ids, gate_up, down_w):
             if tiles is None:
-                return moe_small.small_experts(x, w, ids, gate_up, down_w, one_launch=True)
+                return moe_small_one.small_experts(x, w, ids, gate_up, down_w, one_launch=True)
             return moe_small_one.experts(x, w, ids, gate_up.unflatten(1, (2, -1)), down_w, 0,
                                          None, tiles)
         return run
 
     def ahead(x, w, ids, gate_up, down_w):
         with env(moe_small.AHEAD_ENV, "1"):
-            return moe_small.small_experts(x, w, ids, gate_up, down_w, one_launch=False)
+            return moe_small_one.small_experts(x, w, ids, gate_up, down_w, one_launch=False)
 
     def pipelined(x, w, ids, gate_up, down_w):
         with env(moe_small.PIPELINE_ENV, "1"):
-            return moe_small.small_experts(x, w, ids, gate_up, down_w, one_launch=False)
+            return moe_small_one.small_experts(x, w, ids, gate_up, down_w, one_launch=False)
 
     variants = {"small": with_tiles(), "small, pipelined": pipelined,
                 "small, down ahead": ahead, "one": one_launch()}

@@ -269,28 +269,28 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
                VEC, W_SCALED, EVEN_K, GRID_WAIT if ahead else NO_WAIT, USE_PDL, 0, PIPELINE)
 
 
-def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                  gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
-                  scales: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  tiles: tuple[tuple, tuple] | None = None, one_launch: bool | None = None
-                  ) -> torch.Tensor:
-    """fused_experts' result [T, H] in two launches, or in one (kernels/moe_small_one.py)
-    where one_launch (None: PARASHIFT_MOE_SMALL_ONE) and no two-launch tiles are given.
-    gate_up [E, 2 I, H] or its narrowed [E, 2, I / f, H] view, down [E, H, I]; FP8 experts
-    with `scales` (gate_up's, down's) per output row. tiles: ((BLOCK_N, BLOCK_K, warps) of
-    gate_up, of down), else chosen."""
-    from parashift.kernels import moe_small_one
-    gate_up_scale, down_scale = scales or (None, None)
+def paired(gate_up: torch.Tensor, gate_up_scale: torch.Tensor | None
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gate_up [E, 2 I, H] (and its scales [E, 2 I, ...]) as [E, 2, I, H] views; a 4-D
+    gate_up as it is."""
     if gate_up.dim() == 3:
         gate_up = gate_up.unflatten(1, (2, gate_up.shape[1] // 2))
         gate_up_scale = None if gate_up_scale is None else gate_up_scale.unflatten(
             1, (2, gate_up_scale.shape[1] // 2))
+    return gate_up, gate_up_scale
+
+
+def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                  gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
+                  scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  tiles: tuple[tuple, tuple] | None = None) -> torch.Tensor:
+    """fused_experts' result [T, H] in two launches (kernels/moe_small_one.py's
+    `small_experts` tries one first where asked). gate_up [E, 2 I, H] or its narrowed
+    [E, 2, I / f, H] view, down [E, H, I]; FP8 experts with `scales` (gate_up's, down's) per
+    output row. tiles: ((BLOCK_N, BLOCK_K, warps) of gate_up, of down), else chosen."""
+    gate_up_scale, down_scale = scales or (None, None)
+    gate_up, gate_up_scale = paired(gate_up, gate_up_scale)
     ids, weights = ids.contiguous(), weights.contiguous()
-    if tiles is None and (moe_small_one.enabled() if one_launch is None else one_launch):
-        out = moe_small_one.experts(x, weights, ids, gate_up, down, first_expert,
-                                    (gate_up_scale, down_scale) if scales else None)
-        if out is not None:
-            return out
     gate_up, down = (w if w.stride(-1) == 1 else w.contiguous() for w in (gate_up, down))
     x = x if x.stride(-1) == 1 else x.contiguous()
     tokens, top_k = ids.shape

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import moe_router, moe_routing, pdl, split_tickets
+from parashift.kernels import moe_router, moe_routing, moe_small, pdl, split_tickets
 from parashift.kernels.moe_small import (COUNT_WAIT, VEC_BYTES, _down_tile, _gate_up_tile,
                                          _pairs_of, choose_tiles)
 
@@ -180,6 +180,22 @@ def counters(device: torch.device) -> torch.Tensor | None:
     return pool[_launches[0] * NUM_COUNTERS:]
 
 
+def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                  gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
+                  scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  tiles: tuple[tuple, tuple] | None = None, one_launch: bool | None = None
+                  ) -> torch.Tensor:
+    """moe_small.small_experts' result, in one launch where one_launch (None: this file's
+    switch) and no two-launch tiles are given and the counters are at hand, else in two."""
+    if tiles is None and (enabled() if one_launch is None else one_launch):
+        up, up_scale = moe_small.paired(gate_up, scales[0] if scales else None)
+        out = experts(x, weights.contiguous(), ids.contiguous(), up, down, first_expert,
+                      (up_scale, scales[1]) if scales else None)
+        if out is not None:
+            return out
+    return moe_small.small_experts(x, weights, ids, gate_up, down, first_expert, scales, tiles)
+
+
 def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
             down: torch.Tensor, first_expert: int, scales: tuple | None,
             tiles: tuple | None = None) -> torch.Tensor | None:
@@ -192,7 +208,6 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
 def routes(x: torch.Tensor, router: torch.Tensor, top_k: int, fp8: bool = False) -> bool:
     """Whether `routed_experts` takes these: MAX_ROUTED_ROWS rows routed by a router weight
     [E, H] in x's dtype that the routing kernel fits, onto the small path's experts."""
-    from parashift.kernels import moe_small
     return (x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROUTED_ROWS and x.dtype == router.dtype
             and x.shape[1] == router.shape[1] and router.stride(1) == 1
             and moe_routing.route_fits(router.shape[0], top_k)

@@ -55,14 +55,14 @@ def check(dtype="float32", device="cpu", tiles=0, **case):
     args = inputs(**case, dtype=dtype, device=device)
     tol, sum_tol = TOLERANCE[dtype], SUM_TOLERANCE[dtype]
     rounded = rounded_reference(*args)
-    out = moe_small.small_experts(*args, one_launch=False)
+    out = moe_small_one.small_experts(*args, one_launch=False)
     torch.testing.assert_close(out, rounded, atol=tol, rtol=tol)
     if device == "cuda" or args[2].numel() <= 16:  # interpreted: a launch's programs in turn
         # one launch (kernels/moe_small_one.py) runs the same tiles' code: the same bits
-        assert torch.equal(moe_small.small_experts(*args, one_launch=True), out)
+        assert torch.equal(moe_small_one.small_experts(*args, one_launch=True), out)
         with pytest.MonkeyPatch.context() as patch:  # the next K step's tiles loaded first
             patch.setenv(moe_small.PIPELINE_ENV, "1")
-            assert torch.equal(moe_small.small_experts(*args, one_launch=False), out)
+            assert torch.equal(moe_small_one.small_experts(*args, one_launch=False), out)
         if device == "cuda" or (case["experts"] <= 16 and dtype == "float32"):
             check_routed(*args, case["experts"])  # interpreted: a program an expert
     torch.testing.assert_close(out, expert_outputs(*args), atol=sum_tol, rtol=sum_tol)
@@ -80,7 +80,7 @@ def check_routed(x, weights, ids, gate_up, down, first, experts):
                    scale=0.3)
     if moe_small_one.routes(x, router, top_k):
         w, i = moe_router.route_from_hidden(x, router, top_k, True)
-        apart = moe_small.small_experts(x, w, i, gate_up, down, first, one_launch=False)
+        apart = moe_small_one.small_experts(x, w, i, gate_up, down, first, one_launch=False)
         for each in (False, True):  # routed by the router's last program, by each tile
             assert torch.equal(moe_small_one.routed_experts(x, router, top_k, True, gate_up,
                                                             down, first, each=each), apart)
@@ -113,10 +113,10 @@ def check_fp8(dtype="float32", device="cpu", tiles=0, **case):
         out = moe_small.small_experts(x, weights, ids, gate_up, down, first, scales, forced)
         torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
     if device == "cuda":
-        one = moe_small.small_experts(x, weights, ids, gate_up, down, first, scales,
-                                      one_launch=True)
-        assert torch.equal(one, moe_small.small_experts(x, weights, ids, gate_up, down, first,
-                                                        scales, one_launch=False))
+        one = moe_small_one.small_experts(x, weights, ids, gate_up, down, first, scales,
+                                          one_launch=True)
+        assert torch.equal(one, moe_small_one.small_experts(x, weights, ids, gate_up, down,
+                                                            first, scales, one_launch=False))
     grouped = fused_moe.grouped_experts(x, weights, ids, gate_up, down, first, scales)
     torch.testing.assert_close(out, grouped, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -194,22 +194,22 @@ def test_one_launch_at_the_model_shape_in_a_graph(tokens):
     from parashift.layers.fused_moe import route
     x, weights, ids, gate_up, down, first = inputs(tokens, 128, 8, 2048, 768,
                                                    dtype="bfloat16", device="cuda")
-    apart = moe_small.small_experts(x, weights, ids, gate_up, down, one_launch=False)
+    apart = moe_small_one.small_experts(x, weights, ids, gate_up, down, one_launch=False)
     for _ in range(3):
-        assert torch.equal(moe_small.small_experts(x, weights, ids, gate_up, down,
-                                                   one_launch=True), apart)
+        assert torch.equal(moe_small_one.small_experts(x, weights, ids, gate_up, down,
+                                                       one_launch=True), apart)
     for switch in (moe_small.AHEAD_ENV, moe_small.PIPELINE_ENV):  # other load orders
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv(switch, "1")
-            assert torch.equal(moe_small.small_experts(x, weights, ids, gate_up, down,
-                                                       one_launch=False), apart)
+            assert torch.equal(moe_small_one.small_experts(x, weights, ids, gate_up, down,
+                                                           one_launch=False), apart)
     logits = torch.randn(tokens, 128, device="cuda")
 
     def chain():
         y = x
         for _ in range(3):
             w, i = route(logits.to(x.dtype), 8, renormalize=True)
-            y = moe_small.small_experts(y, w, i, gate_up, down, one_launch=True)
+            y = moe_small_one.small_experts(y, w, i, gate_up, down, one_launch=True)
         return y
     assert_graph_replays(chain, [x, logits])
 
