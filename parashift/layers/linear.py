@@ -26,7 +26,9 @@ def _divide(n: int, d: int, what: str) -> int:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if use_triton(x):
-        from parashift.kernels import skinny_gemm
+        from parashift.kernels import dense_gemm, skinny_gemm
+        if dense_gemm.handles(x):
+            return dense_gemm.linear(x, weight, bias)
         return skinny_gemm.linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
