@@ -27,11 +27,15 @@ MARGIN = 0.98
 # (block_n, block_m, block_k, warps, stages, split_k); shared memory a stage is
 # 2 (block_n + block_m) block_k bytes, at most ~192 KB in all
 CONFIGS = (
-    Config(64, 64, 128, 4, 6), Config(64, 64, 128, 4, 6, 2), Config(64, 64, 128, 4, 5, 4),
-    Config(64, 64, 256, 4, 3), Config(64, 64, 256, 4, 3, 2),
+    # row tiles of 64 tokens (decode at 33-64 rows; also timed at more)
+    Config(64, 64, 128, 4, 6), Config(64, 64, 128, 4, 6, 2), Config(64, 64, 128, 4, 6, 3),
+    Config(64, 64, 128, 4, 5, 4), Config(64, 64, 256, 4, 3), Config(64, 64, 256, 4, 3, 2),
     Config(128, 64, 128, 8, 4), Config(128, 64, 128, 8, 4, 2), Config(128, 64, 64, 4, 8),
-    Config(64, 128, 128, 4, 4), Config(128, 128, 64, 8, 6), Config(128, 128, 128, 8, 3),
-    Config(64, 256, 64, 4, 4), Config(128, 256, 64, 8, 4),
+    # of 128 and 256 tokens (65-256 rows: the FLOPs count there)
+    Config(64, 128, 128, 4, 4), Config(128, 128, 64, 8, 6), Config(128, 128, 64, 8, 6, 2),
+    Config(128, 128, 128, 8, 3), Config(256, 128, 64, 8, 4), Config(64, 256, 64, 4, 4),
+    Config(64, 256, 64, 4, 4, 2), Config(128, 256, 64, 8, 4), Config(128, 256, 64, 8, 4, 2),
+    Config(128, 256, 64, 8, 4, 4),
 )
 
 _choices: dict[tuple, Config | None] = {}
