@@ -52,8 +52,10 @@ def enabled() -> bool:
 
 
 def handles(x: torch.Tensor) -> bool:
-    """Whether `linear` is this module's call: a 2-D x of MIN_ROWS to MAX_ROWS rows."""
-    return x.dim() == 2 and MIN_ROWS <= x.shape[0] <= MAX_ROWS
+    """Whether `linear` is this module's call: a 2-D 16-bit x of MIN_ROWS to MAX_ROWS rows
+    (fp32 stays on cuBLAS: tl.dot would take it in TF32)."""
+    return (x.dim() == 2 and MIN_ROWS <= x.shape[0] <= MAX_ROWS
+            and x.dtype in (torch.bfloat16, torch.float16))
 
 
 def row_bucket(rows: int) -> int:

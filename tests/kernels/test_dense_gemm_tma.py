@@ -86,3 +86,4 @@ def test_linear_chooses_per_row_bucket_and_matches_cublas():
             assert torch.equal(dense_gemm.linear(x, w, None), torch.nn.functional.linear(x, w))
     assert sorted(c["rows"] for c in dense_gemm.chosen()) == [64, 256]
     assert not dense_gemm.handles(randn((4, 1024), "bfloat16", "cuda"))
+    assert not dense_gemm.handles(randn((64, 1024), "float32", "cuda"))
