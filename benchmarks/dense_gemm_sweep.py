@@ -113,12 +113,13 @@ def main():
             print(json.dumps(dict(proj=name, rows=rows, cublas=r["cublas"], best=r["best"],
                                   worst_error=r["worst_error"], next=r["candidates"][1:4])),
                   flush=True)
-    summary = dict(device=torch.cuda.get_device_name(), copy_bandwidth_tb_s=bandwidth / 1e12,
-                   matrix_rate_tflop_s=BF16_MATRIX_RATE / 1e12, failed=failed,
-                   seconds=round(time.perf_counter() - start, 1), results=results)
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(summary, f, indent=1)
+            if args.output:  # after each shape: a run cut short keeps what it measured
+                summary = dict(device=torch.cuda.get_device_name(),
+                               copy_bandwidth_tb_s=bandwidth / 1e12,
+                               matrix_rate_tflop_s=BF16_MATRIX_RATE / 1e12, failed=failed,
+                               seconds=round(time.perf_counter() - start, 1), results=results)
+                with open(args.output, "w") as f:
+                    json.dump(summary, f, indent=1)
 
 
 if __name__ == "__main__":
