@@ -30,7 +30,10 @@ CONFIGS = (
     # row tiles of 64 tokens (decode at 33-64 rows; also timed at more)
     Config(64, 64, 128, 4, 6), Config(64, 64, 128, 4, 6, 2), Config(64, 64, 128, 4, 6, 3),
     Config(64, 64, 128, 4, 5, 4), Config(64, 64, 256, 4, 3), Config(64, 64, 256, 4, 3, 2),
-    Config(128, 64, 128, 8, 4), Config(128, 64, 128, 8, 4, 2), Config(128, 64, 64, 4, 8),
+    Config(128, 64, 128, 8, 4), Config(128, 64, 128, 8, 4, 2), Config(128, 64, 128, 8, 4, 4),
+    Config(128, 64, 64, 4, 8),
+    # wider weight tiles: the tokens' tile (read from L2 by every program) a smaller share
+    Config(256, 64, 64, 8, 4), Config(256, 64, 64, 8, 4, 4), Config(256, 64, 64, 8, 4, 8),
     # two programs an SM (96 KB): a part-filled second wave shares the SMs
     Config(64, 64, 128, 4, 3), Config(64, 64, 128, 4, 3, 2),
     # of 128 and 256 tokens (65-256 rows: the FLOPs count there)
