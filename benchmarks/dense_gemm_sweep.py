@@ -89,9 +89,9 @@ def worst_error(x: torch.Tensor, weight: torch.Tensor) -> dict:
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--rows", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--rows", type=int, nargs="+", default=[64, 128])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    p.add_argument("--prefetch-kb", type=int, nargs="+", default=[64])
+    p.add_argument("--prefetch-kb", type=int, nargs="+", default=[0])
     p.add_argument("--workers", type=int, default=min(15, os.cpu_count() or 1))
     p.add_argument("--output", default=None)
     args = p.parse_args()

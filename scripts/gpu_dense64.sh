@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 61 item 3 (helper dense64: 8B bf16 decode at 64 and 256 rows) on ONE H200, in priority
-# order (BUDGET_S, 200 by default, skips the last steps first):
+# order (BUDGET_S, 200 by default, skips the last steps first). CALL=1 (as the first call ran,
+# at 0b68ff3):
 # 1. benchmarks/dense_gemm_sweep.py: the 8B's GEMMs at 64 and 256 rows, cuBLAS against every
 #    TMA config (compiled first in 15 processes: Triton's cache then serves the tests and the
 #    engine), the weight prefetch before the PDL wait at 0 and 64 KB, in the decode chain;
@@ -9,21 +10,47 @@
 #    GEMM chosen per shape (default) against cuBLAS everywhere (PARASHIFT_DENSE_TMA=0) and PDL
 #    off, 2 rounds in turn; the default and PDL off profiled (each kernel's own time);
 # 3. GPU tests of the 16-bit TMA GEMM (kernels/dense_gemm_tma.py) and its dispatch.
-# Usage (repository root): OUT=dir [BUDGET_S=200] bash scripts/gpu_dense64.sh
+# CALL=2 (the kernel at 33-128 rows, the LM head too, no prefetch by default, pruned configs):
+# 1. GPU tests of the kernel and dispatch, and of the skinny GEMM and GEMM timing (refactored);
+# 2. decode_throughput b64 and b128: default against PARASHIFT_DENSE_TMA=0 and a 64 KB
+#    prefetch, 2 rounds in turn;
+# 3. the engine's greedy tokens with the kernel forced against cuBLAS's (SmolLM2 bf16);
+# 4. decode_attention_sweep.py at 64x1024 and 256x1024, graphs for 2,048 tokens as the
+#    engine's: the one-launch kernel's tiles, warps and stages (the engine's b64 attention ran
+#    70.7 µs a layer in call 1 against 65.8 in session 44's sweep);
+# 5. dense_gemm_sweep.py at 64 rows (the tables for the log).
+# Usage (repository root): OUT=dir [BUDGET_S=200] [CALL=2] bash scripts/gpu_dense64.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-200}
 mkdir -p "$OUT"
 source scripts/budget_step.sh
 EIGHT_B=benchmarks/shapes/llama-3.1-8b.json
-budget_step sweep 45 python3 benchmarks/dense_gemm_sweep.py --rows 64 256 --prefetch-kb 0 64 \
-  --workers 15 --output "$OUT/sweep.json"
-budget_step decode 100 python3 benchmarks/decode_throughput.py --model $EIGHT_B \
-  --batch-sizes 64 256 --context 1024 --decode-steps 32 --cuda-graphs --rounds 2 \
-  --graph-variants PARASHIFT_DENSE_TMA=0 PARASHIFT_PDL=0 \
-  --profile --profile-variants default PARASHIFT_PDL=0 --output "$OUT/decode.json"
-budget_step gpu_tests 25 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  tests/kernels/test_dense_gemm_tma.py
+if [ "${CALL:-2}" = 1 ]; then
+  budget_step sweep 45 python3 benchmarks/dense_gemm_sweep.py --rows 64 256 --prefetch-kb 0 64 \
+    --workers 15 --output "$OUT/sweep.json"
+  budget_step decode 100 python3 benchmarks/decode_throughput.py --model $EIGHT_B \
+    --batch-sizes 64 256 --context 1024 --decode-steps 32 --cuda-graphs --rounds 2 \
+    --graph-variants PARASHIFT_DENSE_TMA=0 PARASHIFT_PDL=0 \
+    --profile --profile-variants default PARASHIFT_PDL=0 --output "$OUT/decode.json"
+  budget_step gpu_tests 25 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_dense_gemm_tma.py
+else
+  budget_step gpu_tests 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_dense_gemm_tma.py tests/kernels/test_gemm_timing.py \
+    tests/kernels/test_skinny_gemm.py
+  budget_step decode 90 python3 benchmarks/decode_throughput.py --model $EIGHT_B \
+    --batch-sizes 64 128 --context 1024 --decode-steps 32 --cuda-graphs --rounds 2 \
+    --graph-variants PARASHIFT_DENSE_TMA=0 PARASHIFT_DENSE_TMA_PREFETCH_KB=64 \
+    --output "$OUT/decode.json"
+  budget_step engine_tokens 45 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
+    -p no:cacheprovider tests/engine/test_gpu_dense_gemm.py
+  budget_step attention 25 python3 benchmarks/decode_attention_sweep.py --model $EIGHT_B \
+    --configs --config-cells 64x1024 256x1024 --graph-len 2048 --output "$OUT/attention.json"
+  budget_step sweep 25 python3 benchmarks/dense_gemm_sweep.py --rows 64 --workers 15 \
+    --shapes qkv o gate_up down lm_head --output "$OUT/sweep.json"
+fi
 cat "$OUT/steps"
-grep -h '^{"proj"' "$OUT"/sweep.log | cut -c1-600
+grep -h '^{"proj"' "$OUT"/sweep.log 2>/dev/null | cut -c1-600
 grep -h '"variants"' -A40 "$OUT"/decode.log | head -50
+grep -h '"us_per_layer"' "$OUT"/attention.log 2>/dev/null | head -20

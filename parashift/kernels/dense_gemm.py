@@ -1,4 +1,5 @@
-"""The 16-bit linear layers' GEMM at decode's wider batches (MIN_ROWS to MAX_ROWS rows): cuBLAS
+"""The 16-bit linear layers' and LM head's GEMM at decode's wider batches (MIN_ROWS to MAX_ROWS
+rows): cuBLAS
 or the TMA kernel (dense_gemm_tma.py), whichever measured faster for the shape and row bucket
 as decode runs it (gemm_timing.py's chain: PDL on, each call after a kernel writing its input,
 the weight read from HBM).
@@ -20,27 +21,26 @@ from parashift.kernels.skinny_gemm import choose
 logger = logging.getLogger(__name__)
 
 ENV, DEFAULT = "PARASHIFT_DENSE_TMA", "1"
-MIN_ROWS, MAX_ROWS = 33, 256
+# at 256 rows (one H200, 8B bf16 decode b256) the choice took the kernel for o alone, and the
+# step ran 16.22 ms against cuBLAS's 15.95 (docs/benchmark_log.md, helper dense64)
+MIN_ROWS, MAX_ROWS = 33, 128
 # the kernel must beat cuBLAS by this factor to be chosen
 MARGIN = 0.98
 
 # (block_n, block_m, block_k, warps, stages, split_k); shared memory a stage is
 # 2 (block_n + block_m) block_k bytes, at most ~192 KB in all
 CONFIGS = (
-    # row tiles of 64 tokens (decode at 33-64 rows; also timed at more)
-    Config(64, 64, 128, 4, 6), Config(64, 64, 128, 4, 6, 2), Config(64, 64, 128, 4, 6, 3),
-    Config(64, 64, 128, 4, 5, 4), Config(64, 64, 256, 4, 3), Config(64, 64, 256, 4, 3, 2),
-    Config(128, 64, 128, 8, 4), Config(128, 64, 128, 8, 4, 2), Config(128, 64, 128, 8, 4, 4),
-    Config(128, 64, 64, 4, 8),
-    # wider weight tiles: the tokens' tile (read from L2 by every program) a smaller share
-    Config(256, 64, 64, 8, 4), Config(256, 64, 64, 8, 4, 4), Config(256, 64, 64, 8, 4, 8),
-    # two programs an SM (96 KB): a part-filled second wave shares the SMs
-    Config(64, 64, 128, 4, 3), Config(64, 64, 128, 4, 3, 2),
-    # of 128 and 256 tokens (65-256 rows: the FLOPs count there)
+    # row tiles of 64 tokens (33-64 rows; also timed at 65-128)
+    Config(64, 64, 128, 4, 6), Config(64, 64, 128, 4, 6, 2), Config(64, 64, 256, 4, 3),
+    Config(64, 64, 256, 4, 3, 2), Config(128, 64, 128, 8, 4), Config(128, 64, 64, 4, 8),
+    Config(256, 64, 64, 8, 4),
+    # two programs an SM (96 KB of shared memory)
+    Config(64, 64, 128, 4, 3),
+    # 32 weight rows a tile (no wgmma: mma.sync): twice the programs of 64 without a K split
+    Config(32, 64, 128, 4, 6), Config(32, 64, 256, 4, 4),
+    # row tiles of 128 tokens (65-128 rows)
     Config(64, 128, 128, 4, 4), Config(128, 128, 64, 8, 6), Config(128, 128, 64, 8, 6, 2),
-    Config(128, 128, 128, 8, 3), Config(256, 128, 64, 8, 4), Config(64, 256, 64, 4, 4),
-    Config(64, 256, 64, 4, 4, 2), Config(128, 256, 64, 8, 4), Config(128, 256, 64, 8, 4, 2),
-    Config(128, 256, 64, 8, 4, 4),
+    Config(256, 128, 64, 8, 4),
 )
 
 _choices: dict[tuple, Config | None] = {}

@@ -1,14 +1,15 @@
-"""The 16-bit GEMM of decode at 33-256 rows with the weight streamed by TMA, the product
+"""The 16-bit GEMM of decode at 33-128 rows with the weight streamed by TMA, the product
 taken as y^T = W x^T (issue 61: 8B bf16 decode at 64 and 256 rows).
 
 Each program's tile is [BLOCK_N weight rows, BLOCK_M tokens]: the weight is wgmma's A
 operand (64 rows a warpgroup), the tokens its N side. Both operands come by TMA
 (`TensorDescriptor`s made on the host; out of bounds reads as zeros, so no masks in the
-loop), pipelined NUM_STAGES deep. Under PDL each program pulls the start of its weight
-slice into L2 and loads its bias (no earlier kernel writes either) before its grid wait,
-while the kernel before (a norm, SiLU·mul, attention) runs. The row tiles of one column
-tile are launched next to each other (grid axis 0), so at 128-256 rows a weight tile read
-by one is in L2 for the others. K may be split in parts summed by tickets
+loop), pipelined NUM_STAGES deep. Under PDL each program loads its bias (and, where
+PARASHIFT_DENSE_TMA_PREFETCH_KB asks, pulls the start of its weight slice into L2: no
+earlier kernel writes either) before its grid wait, while the kernel before (a norm,
+SiLU·mul, attention) runs. The row tiles of one column
+tile are launched next to each other (grid axis 0), so at 65-128 rows a weight tile read
+by one is in L2 for the other. K may be split in parts summed by tickets
 (split_tickets.py) where N gives too few column tiles. fp8_gemm_tma.py is the FP8-weight
 kernel this follows; its `fits` and weight descriptor are shared."""
 import os
@@ -22,7 +23,7 @@ from parashift.kernels import pdl, split_tickets
 from parashift.kernels.fp8_epilogue import finish_split_tile
 from parashift.kernels.fp8_gemm_tma import MAX_BLOCK_K, _weight_descriptor, fits, supported
 
-PREFETCH_ENV, DEFAULT_PREFETCH_KB = "PARASHIFT_DENSE_TMA_PREFETCH_KB", "64"
+PREFETCH_ENV, DEFAULT_PREFETCH_KB = "PARASHIFT_DENSE_TMA_PREFETCH_KB", "0"
 FP8_X = tl.constexpr(False)  # finish_split_tile's: the tokens carry no scales here
 
 
@@ -44,7 +45,8 @@ def takes(weight: torch.Tensor) -> bool:
 def prefetch_bytes() -> int:
     """PARASHIFT_DENSE_TMA_PREFETCH_KB in bytes (read at each launch; a CUDA graph keeps what
     its capture read): what of its weight slice each program pulls into L2 before its PDL
-    wait. 0: none."""
+    wait. 0 (none) by default: on one H200 (8B shapes at 64 rows, the decode chain) 64 KB was
+    0.2-2% slower at qkv, o, gate_up and down (docs/benchmark_log.md, helper dense64)."""
     value = os.environ.get(PREFETCH_ENV, DEFAULT_PREFETCH_KB)
     if not value.isdigit():
         raise ValueError(f"{PREFETCH_ENV}={value!r}: expected a whole number of KB (0: none)")

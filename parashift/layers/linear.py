@@ -33,6 +33,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     return F.linear(x, weight, bias)
 
 
+def wide_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear, or at decode's wider batches on CUDA kernels/dense_gemm.py's choice (the LM
+    head's GEMM: at 1-4 rows it stays on cuBLAS)."""
+    if use_triton(x):
+        from parashift.kernels import dense_gemm
+        if dense_gemm.handles(x):
+            return dense_gemm.linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 class WeightPart(NamedTuple):
     """One GEMM's weight: the matrix, its bias and, for an FP8 matrix, its scale per output
     row ([rows, 1]). Rows are sliced together; input columns leave bias and scale whole."""
