@@ -10,15 +10,18 @@
 #    GEMM chosen per shape (default) against cuBLAS everywhere (PARASHIFT_DENSE_TMA=0) and PDL
 #    off, 2 rounds in turn; the default and PDL off profiled (each kernel's own time);
 # 3. GPU tests of the 16-bit TMA GEMM (kernels/dense_gemm_tma.py) and its dispatch.
-# CALL=2 (the kernel at 33-128 rows, the LM head too, no prefetch by default, pruned configs):
-# 1. GPU tests of the kernel and dispatch, and of the skinny GEMM and GEMM timing (refactored);
-# 2. decode_throughput b64 and b128: default against PARASHIFT_DENSE_TMA=0 and a 64 KB
-#    prefetch, 2 rounds in turn;
-# 3. the engine's greedy tokens with the kernel forced against cuBLAS's (SmolLM2 bf16);
-# 4. decode_attention_sweep.py at 64x1024 and 256x1024, graphs for 2,048 tokens as the
-#    engine's: the one-launch kernel's tiles, warps and stages (the engine's b64 attention ran
-#    70.7 µs a layer in call 1 against 65.8 in session 44's sweep);
-# 5. dense_gemm_sweep.py at 64 rows (the tables for the log).
+# CALL=2 (the kernel at 33-64 rows, the LM head too, no prefetch by default, pruned configs
+# and 32-row weight tiles):
+# 1. dense_gemm_sweep.py at 64 rows (the tables for the log; its 15 compile processes warm
+#    Triton's cache for the engine);
+# 2. decode_throughput b64: default against PARASHIFT_DENSE_TMA=0, a 64 KB prefetch and
+#    PARASHIFT_PDL=late, 3 rounds in turn;
+# 3. GPU tests of the kernel and dispatch, and of the skinny GEMM and GEMM timing (refactored);
+# 4. the engine's greedy tokens with the kernel forced against cuBLAS's (SmolLM2 bf16);
+# 5. decode_attention_sweep.py at b64 (contexts 1024 and 1040: the engine's are 1028-1060) and
+#    b256 (1040), graphs for 2,048 tokens as the engine's: the one-launch kernel's tiles, warps
+#    and stages (the engine's b64 attention ran 70.7 µs a layer in call 1 against 65.8 in
+#    session 44's sweep at 1024).
 # Usage (repository root): OUT=dir [BUDGET_S=200] [CALL=2] bash scripts/gpu_dense64.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
@@ -36,19 +39,19 @@ if [ "${CALL:-2}" = 1 ]; then
   budget_step gpu_tests 25 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_dense_gemm_tma.py
 else
+  budget_step sweep 25 python3 benchmarks/dense_gemm_sweep.py --rows 64 --workers 15 \
+    --shapes qkv o gate_up down lm_head --output "$OUT/sweep.json"
+  budget_step decode 80 python3 benchmarks/decode_throughput.py --model $EIGHT_B \
+    --batch-sizes 64 --context 1024 --decode-steps 32 --cuda-graphs --rounds 3 \
+    --graph-variants PARASHIFT_DENSE_TMA=0 PARASHIFT_DENSE_TMA_PREFETCH_KB=64 PARASHIFT_PDL=late \
+    --output "$OUT/decode.json"
   budget_step gpu_tests 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_dense_gemm_tma.py tests/kernels/test_gemm_timing.py \
     tests/kernels/test_skinny_gemm.py
-  budget_step decode 90 python3 benchmarks/decode_throughput.py --model $EIGHT_B \
-    --batch-sizes 64 128 --context 1024 --decode-steps 32 --cuda-graphs --rounds 2 \
-    --graph-variants PARASHIFT_DENSE_TMA=0 PARASHIFT_DENSE_TMA_PREFETCH_KB=64 \
-    --output "$OUT/decode.json"
   budget_step engine_tokens 45 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
     -p no:cacheprovider tests/engine/test_gpu_dense_gemm.py
   budget_step attention 25 python3 benchmarks/decode_attention_sweep.py --model $EIGHT_B \
-    --configs --config-cells 64x1024 256x1024 --graph-len 2048 --output "$OUT/attention.json"
-  budget_step sweep 25 python3 benchmarks/dense_gemm_sweep.py --rows 64 --workers 15 \
-    --shapes qkv o gate_up down lm_head --output "$OUT/sweep.json"
+    --configs --config-cells 64x1024 64x1040 256x1040 --graph-len 2048 --output "$OUT/attention.json"
 fi
 cat "$OUT/steps"
 grep -h '^{"proj"' "$OUT"/sweep.log 2>/dev/null | cut -c1-600

@@ -1,4 +1,4 @@
-"""The 16-bit GEMM of decode at 33-128 rows with the weight streamed by TMA, the product
+"""The 16-bit GEMM of decode at 33-64 rows with the weight streamed by TMA, the product
 taken as y^T = W x^T (issue 61: 8B bf16 decode at 64 and 256 rows).
 
 Each program's tile is [BLOCK_N weight rows, BLOCK_M tokens]: the weight is wgmma's A
@@ -8,8 +8,8 @@ loop), pipelined NUM_STAGES deep. Under PDL each program loads its bias (and, wh
 PARASHIFT_DENSE_TMA_PREFETCH_KB asks, pulls the start of its weight slice into L2: no
 earlier kernel writes either) before its grid wait, while the kernel before (a norm,
 SiLU·mul, attention) runs. The row tiles of one column
-tile are launched next to each other (grid axis 0), so at 65-128 rows a weight tile read
-by one is in L2 for the other. K may be split in parts summed by tickets
+tile are launched next to each other (grid axis 0), so with row tiles narrower than the
+rows a weight tile read by one is in L2 for the others. K may be split in parts summed by tickets
 (split_tickets.py) where N gives too few column tiles. fp8_gemm_tma.py is the FP8-weight
 kernel this follows; its `fits` and weight descriptor are shared."""
 import os

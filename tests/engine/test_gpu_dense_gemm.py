@@ -1,4 +1,4 @@
-"""The 16-bit TMA GEMM of decode at 33-128 rows (kernels/dense_gemm.py) in the engine: the
+"""The 16-bit TMA GEMM of decode at 33-64 rows (kernels/dense_gemm.py) in the engine: the
 greedy tokens of cuBLAS's engine on SmolLM2 in bfloat16. Runs where CUDA is present."""
 import random
 
