@@ -14,9 +14,11 @@
 # and 32-row weight tiles):
 # 1. dense_gemm_sweep.py at 64 rows (the tables for the log; its 15 compile processes warm
 #    Triton's cache for the engine);
-# 2. decode_throughput b64: default against PARASHIFT_DENSE_TMA=0, a 64 KB prefetch and
-#    PARASHIFT_PDL=late, 3 rounds in turn;
-# 3. GPU tests of the kernel and dispatch, and of the skinny GEMM and GEMM timing (refactored);
+# 2. decode_throughput b64: default against PARASHIFT_DENSE_TMA=0, the one-launch attention's
+#    first two KV tiles pulled into L2 before its PDL wait (PARASHIFT_ATTN_FUSED_PREFETCH_TILES=2)
+#    and PARASHIFT_PDL=late, 3 rounds in turn;
+# 3. GPU tests of the kernel and dispatch, of the skinny GEMM and GEMM timing (refactored), and
+#    of the attention right after a PDL KV write (the prefetch on);
 # 4. the engine's greedy tokens with the kernel forced against cuBLAS's (SmolLM2 bf16);
 # 5. decode_attention_sweep.py at b64 (contexts 1024 and 1040: the engine's are 1028-1060) and
 #    b256 (1040), graphs for 2,048 tokens as the engine's: the one-launch kernel's tiles, warps
@@ -43,11 +45,11 @@ else
     --shapes qkv o gate_up down lm_head --output "$OUT/sweep.json"
   budget_step decode 80 python3 benchmarks/decode_throughput.py --model $EIGHT_B \
     --batch-sizes 64 --context 1024 --decode-steps 32 --cuda-graphs --rounds 3 \
-    --graph-variants PARASHIFT_DENSE_TMA=0 PARASHIFT_DENSE_TMA_PREFETCH_KB=64 PARASHIFT_PDL=late \
+    --graph-variants PARASHIFT_DENSE_TMA=0 PARASHIFT_ATTN_FUSED_PREFETCH_TILES=2 PARASHIFT_PDL=late \
     --output "$OUT/decode.json"
   budget_step gpu_tests 30 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_dense_gemm_tma.py tests/kernels/test_gemm_timing.py \
-    tests/kernels/test_skinny_gemm.py
+    tests/kernels/test_skinny_gemm.py "tests/attention/test_triton_backend.py::test_decode_right_after_a_pdl_kv_write"
   budget_step engine_tokens 45 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
     -p no:cacheprovider tests/engine/test_gpu_dense_gemm.py
   budget_step attention 25 python3 benchmarks/decode_attention_sweep.py --model $EIGHT_B \

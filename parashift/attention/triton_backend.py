@@ -79,6 +79,10 @@ FUSED_HEADS_FIRST = False
 # ... a split's KV tiles in one masked loop (else the whole tiles, then the partial last one,
 # the default and what was measured; one loop was not timed on a GPU)
 FUSED_ONE_TILE_LOOP = False
+# ... under PDL its programs pull this many KV tiles of their split into L2 before their wait,
+# while the kernel before (rotary) runs (PARASHIFT_ATTN_FUSED_PREFETCH_TILES, read at each
+# launch: a graph keeps its capture's; 0, the default: none)
+FUSED_PREFETCH_ENV = "PARASHIFT_ATTN_FUSED_PREFETCH_TILES"
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -148,6 +152,13 @@ def fused_reduce_enabled() -> bool:
     if flag not in ("0", "1"):
         raise ValueError(f"{FUSED_REDUCE_ENV}={flag!r}: expected 0 or 1")
     return flag == "1"
+
+
+def fused_prefetch_tiles() -> int:
+    value = os.environ.get(FUSED_PREFETCH_ENV, "0")
+    if not value.isdigit():
+        raise ValueError(f"{FUSED_PREFETCH_ENV}={value!r}: expected a whole number of tiles")
+    return int(value)
 
 
 def preload_enabled() -> bool:
@@ -605,6 +616,8 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         if tickets is None:
             tickets = torch.empty(1, dtype=torch.int32, device=q.device)
     cfg = launch.config
+    row_lines, line_elems = triton_decode_preload.prefetch_shape(head_dim,
+                                                                 k_cache.element_size())
     grid = (kv_heads, rows, splits) if FUSED_HEADS_FIRST else (rows, kv_heads, splits)
     decode_attention_kernel[grid](
         out, part_acc, part_m, part_l, tickets, q, k_cache, v_cache,
@@ -618,6 +631,7 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLITS_P=triton.next_power_of_2(splits),
         SPLIT_TOKENS=FUSED_SPLIT_TOKENS, DOT_PRECISION=_dot_precision(q.dtype, False),
         HEADS_FIRST=FUSED_HEADS_FIRST, ONE_TILE_LOOP=FUSED_ONE_TILE_LOOP,
+        PREFETCH_TILES=fused_prefetch_tiles(), ROW_LINES=row_lines, LINE_ELEMS=line_elems,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 
