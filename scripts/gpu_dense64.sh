@@ -24,14 +24,36 @@
 #    b256 (1040), graphs for 2,048 tokens as the engine's: the one-launch kernel's tiles, warps
 #    and stages (the engine's b64 attention ran 70.7 µs a layer in call 1 against 65.8 in
 #    session 44's sweep at 1024).
-# Usage (repository root): OUT=dir [BUDGET_S=200] [CALL=2] bash scripts/gpu_dense64.sh
+# CALL=3 (call 2's engine run failed to compile the attention prefetch: a variable's type
+# redefined in the kernel; fixed, checked by compiling for sm_90 on the CPU):
+# 1. the attention right after a PDL KV write, the prefetch on (GPU test; a failure drops
+#    the prefetch variant below);
+# 2. decode_throughput b64: default against PARASHIFT_DENSE_TMA=0, the attention prefetch
+#    (PARASHIFT_ATTN_FUSED_PREFETCH_TILES=2) and PARASHIFT_PDL=late, 2 rounds in turn;
+# 3. the engine's greedy tokens with the kernel forced against cuBLAS's (a tiny random Llama
+#    with peaked logits, bf16: SmolLM2 is not on the GPU machine);
+# 4. the kernel's GPU tests.
+# Usage (repository root): OUT=dir [BUDGET_S=200] [CALL=3] bash scripts/gpu_dense64.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-200}
 mkdir -p "$OUT"
 source scripts/budget_step.sh
 EIGHT_B=benchmarks/shapes/llama-3.1-8b.json
-if [ "${CALL:-2}" = 1 ]; then
+if [ "${CALL:-3}" = 3 ]; then
+  budget_step attn_test 25 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+    "tests/attention/test_triton_backend.py::test_decode_right_after_a_pdl_kv_write"
+  PREFETCH_VARIANT=PARASHIFT_ATTN_FUSED_PREFETCH_TILES=2
+  [ "$(cat "$OUT/attn_test.rc" 2>/dev/null)" = 0 ] || PREFETCH_VARIANT=
+  budget_step decode 80 python3 benchmarks/decode_throughput.py --model $EIGHT_B \
+    --batch-sizes 64 --context 1024 --decode-steps 32 --cuda-graphs --rounds 2 \
+    --graph-variants PARASHIFT_DENSE_TMA=0 $PREFETCH_VARIANT PARASHIFT_PDL=late \
+    --output "$OUT/decode.json"
+  budget_step engine_tokens 25 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
+    -p no:cacheprovider tests/engine/test_gpu_dense_gemm.py
+  budget_step gpu_tests 20 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_dense_gemm_tma.py
+elif [ "${CALL}" = 1 ]; then
   budget_step sweep 45 python3 benchmarks/dense_gemm_sweep.py --rows 64 256 --prefetch-kb 0 64 \
     --workers 15 --output "$OUT/sweep.json"
   budget_step decode 100 python3 benchmarks/decode_throughput.py --model $EIGHT_B \

@@ -106,9 +106,9 @@ def decode_attention_kernel(
     if USE_PDL and PREFETCH_TILES > 0:  # the split's first tiles of the context before the
         # new token (no kernel before writes them) pulled into L2 while the kernel before runs
         splits_here = tl.minimum(grid_splits, tl.maximum(tl.cdiv(seq_len, SPLIT_TOKENS), 1))
-        first = split * tl.cdiv(tl.cdiv(seq_len, TILE_N), splits_here)
+        split_first_tile = split * tl.cdiv(tl.cdiv(seq_len, TILE_N), splits_here)
         _prefetch_tiles(k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
-                        block_tables_ptr + i.to(tl.int64) * stride_bt, first,
+                        block_tables_ptr + i.to(tl.int64) * stride_bt, split_first_tile,
                         tl.cdiv(seq_len, TILE_N), seq_len - 1, stride_kb, stride_ks,
                         stride_vb, stride_vs, TILE_N, BLOCK_SIZE, PREFETCH_TILES, ROW_LINES,
                         LINE_ELEMS)
