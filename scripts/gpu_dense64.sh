@@ -29,7 +29,9 @@
 # 1. the attention right after a PDL KV write, the prefetch on (GPU test; a failure drops
 #    the prefetch variant below);
 # 2. decode_throughput b64: default against PARASHIFT_DENSE_TMA=0, the attention prefetch
-#    (PARASHIFT_ATTN_FUSED_PREFETCH_TILES=2) and PARASHIFT_PDL=late, 2 rounds in turn;
+#    (PARASHIFT_ATTN_FUSED_PREFETCH_TILES=2), the attention's tiles in one masked loop
+#    (PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP=1: call 2's sweep had b64 at 1,040 tokens 4.3% slower
+#    than at 1,024) and PARASHIFT_PDL=late, 2 rounds in turn;
 # 3. the engine's greedy tokens with the kernel forced against cuBLAS's (a tiny random Llama
 #    with peaked logits, bf16: SmolLM2 is not on the GPU machine);
 # 4. the kernel's GPU tests.
@@ -47,7 +49,8 @@ if [ "${CALL:-3}" = 3 ]; then
   [ "$(cat "$OUT/attn_test.rc" 2>/dev/null)" = 0 ] || PREFETCH_VARIANT=
   budget_step decode 80 python3 benchmarks/decode_throughput.py --model $EIGHT_B \
     --batch-sizes 64 --context 1024 --decode-steps 32 --cuda-graphs --rounds 2 \
-    --graph-variants PARASHIFT_DENSE_TMA=0 $PREFETCH_VARIANT PARASHIFT_PDL=late \
+    --graph-variants PARASHIFT_DENSE_TMA=0 $PREFETCH_VARIANT PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP=1 \
+    PARASHIFT_PDL=late \
     --output "$OUT/decode.json"
   budget_step engine_tokens 25 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
     -p no:cacheprovider tests/engine/test_gpu_dense_gemm.py
