@@ -3,6 +3,7 @@
 Usage (GPU): python3 benchmarks/decode_throughput.py --model benchmarks/shapes/llama-3.1-8b.json \
     --batch-sizes 1 16 64 256 --context 1024 --decode-steps 32 [--plan tp2|dp2|shift2|...]
 Random weights (speed only). Floor = (weight bytes + KV bytes read) / measured copy bandwidth;
+the operation floor (`operation_floor`) counts each GEMM's larger of bytes and FLOPs instead;
 a mixture of experts' weight bytes count the experts a step touches (`weight_bytes_read`).
 Under a plan of several GPUs (`--plan`, benchmarks/plans.py's names) the floor is one GPU's
 share, the busiest: a TP or SP group of t ranks reads weights / t (SP: the TP-layout decode of
@@ -26,7 +27,7 @@ import torch
 from parashift.kernels import fp8_gemm
 
 from parashift import LLM, SamplingParams
-from parashift.kernels import gated_gemv, norm_gemv, pdl, skinny_gemm
+from parashift.kernels import dense_gemm, gated_gemv, norm_gemv, pdl, skinny_gemm
 
 
 def copy_bandwidth(device) -> float:
@@ -55,6 +56,23 @@ def weight_bytes_read(model, batch: int) -> float:
         touched = experts * (1 - (1 - layer.top_k / experts) ** batch)
         total -= expert_bytes * (1 - touched / experts)
     return total
+
+
+def operation_floor(model, batch: int, kv_bytes: float, bandwidth: float) -> float:
+    """Seconds of a decode step's floor counting each GEMM's larger of its weight bytes over
+    the copy bandwidth and its 2·batch·N·K FLOPs over the bf16 matrix rate (the linear layers
+    and the LM head: one row a sequence); the other weight bytes read and the KV bytes over
+    the bandwidth. Tied weights count once, as in `weight_bytes_read`."""
+    from prefill_throughput import BF16_MATRIX_RATE
+    from parashift.layers.embedding import ParallelLMHead
+    from parashift.layers.linear import LinearBase
+    gemms = {id(m.weight): m.weight for m in model.modules()
+             if isinstance(m, (LinearBase, ParallelLMHead)) and m.weight.dim() == 2}
+    gemm_bytes = sum(w.numel() * w.element_size() for w in gemms.values())
+    rest = weight_bytes_read(model, batch) - gemm_bytes + kv_bytes
+    return rest / bandwidth + sum(max(w.numel() * w.element_size() / bandwidth,
+                                      2 * batch * w.numel() / BF16_MATRIX_RATE)
+                                  for w in gemms.values())
 
 
 def dense_weight_bytes(hf_config) -> int:
@@ -338,9 +356,11 @@ def main():
                 profile=args.profile and round_ == 0 and name in args.profile_variants)
             kv = batch * context * kv_bytes_per_token(cfg, kv_dtype_bytes)
             floor = (weight_bytes_read(engine.runner.model, batch) + kv) / bandwidth
+            op_floor = operation_floor(engine.runner.model, batch, kv, bandwidth)
             rows.append(dict(batch=batch, context=args.context, mean_context=context,
                              step_ms=seconds * 1e3, tokens_per_s=batch / seconds,
                              floor_ms=floor * 1e3, fraction_of_floor=floor / seconds,
+                             op_floor_ms=op_floor * 1e3, fraction_of_op_floor=op_floor / seconds,
                              profile=breakdown,
                              **(dict(variant=name, round=round_) if len(graphs) > 1 else {})))
             print(json.dumps(rows[-1]), flush=True)
@@ -353,7 +373,7 @@ def main():
                    pdl=pdl.pdl_enabled(torch.device(engine.device)),
                    copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9,
                    skinny_gemm=skinny_gemm.chosen(), gated_gemv=gated_gemv.chosen(),
-                   norm_gemv=norm_gemv.chosen(), rows=rows,
+                   norm_gemv=norm_gemv.chosen(), dense_gemm=dense_gemm.chosen(), rows=rows,
                    **(dict(variants=variant_medians(rows)) if len(graphs) > 1 else {}))
     print(json.dumps({"skinny_gemm": summary["skinny_gemm"]}))
     print(json.dumps(summary, indent=1))

@@ -149,12 +149,14 @@ def engine_jobs(settings: tuple[str, ...] = ()) -> list[tuple]:
         for c in fp8_gemm.TMA_CONFIGS if c in likely]
 
 
-def precompile(jobs: list[tuple[int, Config]], workers: int) -> list[str]:
+def precompile(jobs: list[tuple], workers: int, compile_jobs=compile_configs) -> list[str]:
+    """`compile_jobs` (a module-level function: the failures of its jobs, as text) over the
+    jobs in `workers` processes."""
     chunks = [jobs[i::workers] for i in range(workers)]
     context = multiprocessing.get_context("spawn")
     try:
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            return [line for failed in pool.map(compile_configs, chunks) for line in failed]
+            return [line for failed in pool.map(compile_jobs, chunks) for line in failed]
     except concurrent.futures.process.BrokenProcessPool as exc:  # the timing compiles the rest
         return [f"compile workers died: {exc}"]
 

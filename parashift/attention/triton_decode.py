@@ -24,6 +24,7 @@ Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions
 import triton
 import triton.language as tl
 
+from parashift.attention.triton_decode_preload import _prefetch_tiles
 from parashift.attention.triton_kernels import NEG_BIG, _attend_tiles, _jit_generic_in
 from parashift.kernels import pdl, split_tickets
 
@@ -86,8 +87,9 @@ def decode_attention_kernel(
         TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
         HEAD_DIM_P: tl.constexpr, SPLITS_P: tl.constexpr, SPLIT_TOKENS: tl.constexpr,
         DOT_PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-        ONE_TILE_LOOP: tl.constexpr = True, USE_PDL: tl.constexpr = False):
-    pdl.start(USE_PDL)
+        ONE_TILE_LOOP: tl.constexpr = True, USE_PDL: tl.constexpr = False,
+        PREFETCH_TILES: tl.constexpr = 0, ROW_LINES: tl.constexpr = 1,
+        LINE_ELEMS: tl.constexpr = 64):
     # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
     i = tl.program_id(1 if HEADS_FIRST else 0)
     kv_head = tl.program_id(0 if HEADS_FIRST else 1)
@@ -95,11 +97,22 @@ def decode_attention_kernel(
     split = tl.program_id(2)
     grid_splits = tl.num_programs(2)
     token = (token_offset + i).to(tl.int64)
-    # every load that needs nothing loaded before it, issued together (one latency, not three)
+    # every load that needs nothing loaded before it, issued together (one latency, not three);
+    # the metadata was copied before the step's first kernel: read before the PDL wait
     is_seq = i < num_seqs
     q_start = tl.load(query_start_loc_ptr + i, mask=is_seq, other=0)
     q_end = tl.load(query_start_loc_ptr + i + 1, mask=is_seq, other=0)
     seq_len = tl.load(seq_lens_ptr + i, mask=is_seq, other=0)
+    if USE_PDL and PREFETCH_TILES > 0:  # the split's first tiles of the context before the
+        # new token (no kernel before writes them) pulled into L2 while the kernel before runs
+        splits_here = tl.minimum(grid_splits, tl.maximum(tl.cdiv(seq_len, SPLIT_TOKENS), 1))
+        split_first_tile = split * tl.cdiv(tl.cdiv(seq_len, TILE_N), splits_here)
+        _prefetch_tiles(k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
+                        block_tables_ptr + i.to(tl.int64) * stride_bt, split_first_tile,
+                        tl.cdiv(seq_len, TILE_N), seq_len - 1, stride_kb, stride_ks,
+                        stride_vb, stride_vs, TILE_N, BLOCK_SIZE, PREFETCH_TILES, ROW_LINES,
+                        LINE_ELEMS)
+    pdl.start(USE_PDL)
     rows = tl.arange(0, BLOCK_M)
     row_head = kv_head * GROUP + rows
     row_ok = rows < GROUP

@@ -25,6 +25,7 @@ import statistics
 from typing import Callable, Hashable
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 import triton.testing
@@ -66,6 +67,18 @@ def timing_launches(chain: bool | None = None) -> contextlib.AbstractContextMana
     same with PDL off and on)."""
     return contextlib.nullcontext() if (chained() if chain is None else chain) \
         else pdl.suspended()
+
+
+def chosen_once(choices: dict, key: Hashable, choose: Callable[[], object]) -> object:
+    """choices[key], made by `choose()` (timing the candidates, under `timing_launches`) at
+    the key's first call outside a CUDA graph capture (the graphs' warm-up runs come first);
+    None (the library GEMM) during a capture before that."""
+    if key not in choices:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        with timing_launches():
+            choices[key] = choose()
+    return choices[key]
 
 
 def timed_input(x: torch.Tensor, chain: bool | None = None
@@ -169,6 +182,18 @@ def replayed_timings_ms(candidates: dict[Hashable, Callable[[int], object]], cop
         for key, graph in graphs.items():
             samples[key].append(_replay_ms(graph, len(calls)))
     return {key: statistics.median(times) for key, times in samples.items()}
+
+
+def against_library_ms(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       kernel: Callable, configs) -> dict[Hashable, float]:
+    """`replayed_timings_ms` of F.linear (key None) and of kernel(x, weight, bias, config)
+    for each config, over copies of the weight, in the chain where PARASHIFT_GEMM_TIMING
+    asks (`timed_input`)."""
+    weights = weight_copies(weight)
+    xin, chain = timed_input(x)
+    runs = {None: lambda i: F.linear(xin, weights[i], bias)}
+    runs.update({c: lambda i, c=c: kernel(xin, weights[i], bias, c) for c in configs})
+    return replayed_timings_ms(runs, len(weights), chain)
 
 
 def flushed_timings_ms(candidates: dict[Hashable, Callable[[], object]]

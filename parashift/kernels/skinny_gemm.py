@@ -150,15 +150,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     if not ENABLED or x.dim() != 2 or x.shape[0] > MAX_ROWS:
         return F.linear(x, weight, bias)
     key = _key(x.shape[0], weight, x.dtype, x.device, bias is not None)
-    if key not in _choices:
-        if torch.cuda.is_current_stream_capturing():
-            return F.linear(x, weight, bias)
-        with gemm_timing.timing_launches():
-            _choices[key] = choose(timings_ms(x, weight, bias))
-        logger.info("skinny GEMM, %d rows x %s: %s", x.shape[0], tuple(weight.shape),
-                    _choices[key] or "cuBLAS")
-    config = _choices[key]
+    config = gemm_timing.chosen_once(_choices, key, lambda: _measure(x, weight, bias))
     return F.linear(x, weight, bias) if config is None else skinny_linear(x, weight, bias, config)
+
+
+def _measure(x, weight, bias) -> Config | GemvConfig | None:
+    config = choose(timings_ms(x, weight, bias))
+    logger.info("skinny GEMM, %d rows x %s: %s", x.shape[0], tuple(weight.shape),
+                config or "cuBLAS")
+    return config
 
 
 def chosen() -> list[dict]:
@@ -176,10 +176,10 @@ def label(config: Config | GemvConfig | None) -> str:
     return f"skinny {config.block_n}x{config.block_k}"
 
 
-def choose(timings: dict) -> Config | GemvConfig | None:
-    """The fastest config, or None (cuBLAS) unless a config beats it by MARGIN."""
+def choose(timings: dict, margin: float = MARGIN):
+    """The fastest config, or None (cuBLAS) unless a config beats it by `margin`."""
     best = min((c for c in timings if c is not None), key=timings.__getitem__, default=None)
-    if best is None or timings[best] > MARGIN * timings[None]:
+    if best is None or timings[best] > margin * timings[None]:
         return None
     return best
 
@@ -216,9 +216,5 @@ def timings_ms(x, weight, bias) -> dict[Config | GemvConfig | None, float]:
 def chained_timings_ms(x, weight, bias) -> dict[Config | GemvConfig | None, float]:
     """`timings_ms` replayed from CUDA graphs over copies of the weight, in the chain each
     call after a kernel writing its input (gemm_timing's)."""
-    weights = gemm_timing.weight_copies(weight)
-    xin, chain = gemm_timing.timed_input(x)
-    runs = {None: lambda i: F.linear(xin, weights[i], bias)}
-    runs.update({c: lambda i, c=c: skinny_linear(xin, weights[i], bias, c)
-                 for c in measured(weight.shape[0])})
-    return gemm_timing.replayed_timings_ms(runs, len(weights), chain)
+    return gemm_timing.against_library_ms(x, weight, bias, skinny_linear,
+                                          measured(weight.shape[0]))

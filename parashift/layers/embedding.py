@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parashift.deterministic import matmul as invariant
+from parashift.layers.linear import wide_linear
 from parashift.lazy_tensor import as_tensor
 from parashift.context import get_context
 
@@ -45,7 +46,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__(vocab_size, hidden_size)
-        self.matmul = invariant.linear if get_context().reduction_chunks else F.linear
+        self.matmul = invariant.linear if get_context().reduction_chunks else wide_linear
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx = get_context()

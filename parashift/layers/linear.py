@@ -26,8 +26,20 @@ def _divide(n: int, d: int, what: str) -> int:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if use_triton(x):
-        from parashift.kernels import skinny_gemm
+        from parashift.kernels import dense_gemm, skinny_gemm
+        if dense_gemm.handles(x):
+            return dense_gemm.linear(x, weight, bias)
         return skinny_gemm.linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def wide_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear, or at decode's wider batches on CUDA kernels/dense_gemm.py's choice (the LM
+    head's GEMM: at 1-4 rows it stays on cuBLAS)."""
+    if use_triton(x):
+        from parashift.kernels import dense_gemm
+        if dense_gemm.handles(x):
+            return dense_gemm.linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

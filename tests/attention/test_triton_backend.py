@@ -317,18 +317,22 @@ def test_fused_decode_graph_replays_reset_the_tickets(monkeypatch, one_tile_loop
                                    rtol=2e-2)
 
 
-@pytest.mark.parametrize("preload,merge", [("1", "0"), ("1", "1"), ("0", "0")])
-def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload, merge):
-    """Decodes of more splits than the one-launch kernel takes, replayed in a graph right
-    after the rotary kernel (PDL where the device has it) writes their new keys and values:
+@pytest.mark.parametrize("preload,merge,splits", [("1", "0", 16), ("1", "1", 16),
+                                                  ("0", "0", 16), ("0", "0", 4)])
+def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload, merge, splits):
+    """Decodes replayed in a graph right after the rotary kernel (PDL where the device has
+    it) writes their new keys and values. Of more splits than the one-launch kernel takes:
     the preloading split kernel reads the older context before its wait and the new token
     after it, and gives the reference's rows (a context shorter than a tile, one tile, a
     split of several tiles), its splits merged by a reduction or in the kernel (replayed
-    twice: each replay's tickets back to 0); its switch off, the split kernel does."""
+    twice: each replay's tickets back to 0); its switch off, the split kernel does. Of 4
+    splits: the one-launch kernel, its splits' first two tiles pulled into L2 before its
+    wait (PARASHIFT_ATTN_FUSED_PREFETCH_TILES)."""
     from parashift.kernels import rotary
     monkeypatch.setenv(triton_backend.PRELOAD_ENV, preload)
     monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, merge)
-    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 16)
+    monkeypatch.setenv(triton_backend.FUSED_PREFETCH_ENV, "2")
+    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: splits)
     seq_lens = [1, 64, 65, 700, 5000]
     step = make_step([1] * len(seq_lens), seq_lens, 32, 8, pad_tokens=2, seed=11)
     expected = run(TorchAttentionBackend(), step)

@@ -47,3 +47,21 @@ def test_prefill_floor_counts_the_experts_each_token_runs(tmp_path):
     for layer in layers:  # the same model without its experts' share
         layer.top_k = 0
     assert dense_model_flops - flops(model, 100) == pytest.approx(2 * 100 * expert_params * 2 / 8)
+
+
+def test_operation_floor_takes_each_gemms_larger_of_bytes_and_flops(tmp_path):
+    """At one row every GEMM is bound by its bytes (the bytes floor); at a batch past the
+    matrix rate's balance each GEMM's FLOPs count instead, the other bytes as they were."""
+    from parashift.layers.embedding import ParallelLMHead
+    from parashift.layers.linear import LinearBase
+    model = tiny_llm(tmp_path, "llama-gqa-untied", "LlamaForCausalLM")
+    bench = load_benchmark("decode_throughput")
+    rate = load_benchmark("prefill_throughput").BF16_MATRIX_RATE
+    bandwidth, kv = 1e12, 1e6
+    total = nbytes(model.parameters())
+    assert bench.operation_floor(model, 1, kv, bandwidth) == pytest.approx((total + kv) / bandwidth)
+    gemms = [m.weight for m in model.modules() if isinstance(m, (LinearBase, ParallelLMHead))]
+    batch = 1 << 20  # fp32 weights: FLOPs count above rate * 4 / (2 * bandwidth) = 1,576 rows
+    expected = ((total - nbytes(gemms) + kv) / bandwidth
+                + sum(2 * batch * w.numel() for w in gemms) / rate)
+    assert bench.operation_floor(model, batch, kv, bandwidth) == pytest.approx(expected)
