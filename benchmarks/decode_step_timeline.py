@@ -52,12 +52,15 @@ class StepMarks:
         self._saved = []
 
     def _mark(self, name: str) -> None:
-        if self.on:
-            if name == "run":
-                self.steps.append({})
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.steps[-1][name] = event
+        if not self.on:
+            return
+        if name == "run":
+            self.steps.append({})
+        elif not self.steps or name in self.steps[-1]:  # a step without a graph
+            return
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self.steps[-1][name] = event
 
     def __enter__(self):
         marks = self
@@ -72,11 +75,9 @@ class StepMarks:
         def timed_replay(graph):
             if marks.on and marks.steps and "replay" not in marks.steps[-1]:
                 marks.host_us.append(1e6 * (time.perf_counter() - marks._run_start))
-                marks._mark("replay")
-                replay(graph)
-                marks._mark("replayed")
-                return
+            marks._mark("replay")
             replay(graph)
+            marks._mark("replayed")
 
         def timed_logits(hidden):
             out = logits(hidden)
