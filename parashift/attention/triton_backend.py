@@ -606,7 +606,8 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             num_seqs, seqs.token_offset, out.stride(0), out.stride(1),
             NUM_SPLITS=launch.num_splits, NUM_SPLITS_P=triton.next_power_of_2(launch.num_splits),
             HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim),
-            CONTEXT_SPLITS=launch.context_splits, num_warps=4, **with_pdl)
+            CONTEXT_SPLITS=launch.context_splits, EARLY_LOADS=pdl.early_loads(), num_warps=4,
+            **with_pdl)
 
 
 def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
