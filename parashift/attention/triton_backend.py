@@ -76,6 +76,10 @@ PRELOAD_MERGE_ENV = "PARASHIFT_ATTN_PRELOAD_MERGE"
 # already had 32). PARASHIFT_ATTN_SPLIT_TOKENS=N: splits of at least N tokens instead (128: as
 # before; read at each such launch's plan)
 SPLIT_TOKENS_ENV = "PARASHIFT_ATTN_SPLIT_TOKENS"
+# Their split reduction reads its metadata before its PDL wait where the small kernels load
+# early (PARASHIFT_PDL_EARLY_LOADS); PARASHIFT_ATTN_REDUCE_EARLY=0: after it, as before (read
+# at each launch)
+REDUCE_EARLY_ENV = "PARASHIFT_ATTN_REDUCE_EARLY"
 FUSED_MAX_SPLITS = 8
 FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
 # ... unsplit from this many programs an SM (rows x KV heads): on an H200, 8B heads, batch 64
@@ -606,8 +610,8 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             num_seqs, seqs.token_offset, out.stride(0), out.stride(1),
             NUM_SPLITS=launch.num_splits, NUM_SPLITS_P=triton.next_power_of_2(launch.num_splits),
             HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim),
-            CONTEXT_SPLITS=launch.context_splits, EARLY_LOADS=pdl.early_loads(), num_warps=4,
-            **with_pdl)
+            CONTEXT_SPLITS=launch.context_splits,
+            EARLY_LOADS=pdl.early_loads() and _switch(REDUCE_EARLY_ENV), num_warps=4, **with_pdl)
 
 
 def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
