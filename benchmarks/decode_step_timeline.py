@@ -2,11 +2,12 @@
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/decode_step_timeline.py \
     --model benchmarks/shapes/llama-3.1-8b.json --quantization fp8 --batch-sizes 1 \
-    [--graph-variants NAME=VALUE ...] [--rounds 3] [--no-mixed-graphs] [--no-dot-configs] \
-    [--host-profile F] [--output F]
+    [--graph-variants NAME=VALUE ...] [--patch-variants NAME ...] [--rounds 3] \
+    [--no-mixed-graphs] [--no-dot-configs] [--host-profile F] [--output F]
 
 For each batch, variant (decode graphs captured again under each setting, as
-decode_throughput.py's --graph-variants) and round, on one engine:
+decode_throughput.py's --graph-variants, or under a named patch of a launch setting no switch
+reads: PATCHES) and round, on one engine:
 - `step_ms`: decode_throughput.py's figure (32 engine steps from an idle device, the last step
   waited for: it counts the first step's host launch before the device starts);
   `steady_ms`: the median gap between engine.step() returns after the first three (the
@@ -34,12 +35,20 @@ from benchmarks.decode_throughput import (batch_state, copy_bandwidth, env_setti
                                           graph_variants, kv_bytes_per_token, start_decodes,
                                           timed_steps, variant_order, weight_bytes_read)
 from parashift import LLM
-from parashift.kernels import fp8_gemm
+from parashift.kernels import fp8_gemm, rmsnorm, silu_mul
 from parashift.layers.sampler import Sampler
 from parashift.worker.cuda_graphs import Bucket, StepGraphs
 from parashift.worker.model_runner import PendingStep
 
 PARTS = ("inputs", "graph", "logits", "sample", "copy_out")
+# --patch-variants: decode graphs captured with a module attribute replaced (launch settings
+# that no switch reads), by name
+PATCHES = {
+    "norm_warps_4": (rmsnorm, "num_warps", lambda block: 4),
+    "norm_warps_16": (rmsnorm, "num_warps", lambda block: min(max(block // 256, 1), 16)),
+    "silu_block_512": (silu_mul, "MAX_BLOCK", 512),
+    "silu_block_2048": (silu_mul, "MAX_BLOCK", 2048),
+}
 MARKS = ("run", "replay", "replayed", "logits", "sampled", "copied")  # events, in stream order
 
 
@@ -126,6 +135,25 @@ class StepMarks:
         return out
 
 
+def patch_variants(runner, names: list[str]) -> dict:
+    """Decode graphs captured under each named patch (decode steps' only, as
+    decode_throughput.graph_variants captures them)."""
+    graphs = {}
+    mixed, runner.config.mixed_step_graphs = runner.config.mixed_step_graphs, False
+    try:
+        for name in names:
+            owner, attr, value = PATCHES[name]
+            saved = getattr(owner, attr)
+            setattr(owner, attr, value)
+            try:
+                graphs[name] = runner._capture_graphs()
+            finally:
+                setattr(owner, attr, saved)
+    finally:
+        runner.config.mixed_step_graphs = mixed
+    return graphs
+
+
 def engine_steps(engine, steps: int) -> dict:
     """decode_throughput.py's step_ms of `steps` engine steps, and the steady pace."""
     elapsed, gaps, host_ms = timed_steps(engine, steps)
@@ -195,6 +223,7 @@ def main():
     p.add_argument("--timeline-steps", type=int, default=24)
     p.add_argument("--quantization", default=None)
     p.add_argument("--graph-variants", nargs="+", default=[], type=env_settings)
+    p.add_argument("--patch-variants", nargs="+", default=[], choices=sorted(PATCHES))
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--no-mixed-graphs", action="store_true",
                    help="no mixed-step graphs (a shorter start-up; decode steps replay the same "
@@ -216,7 +245,8 @@ def main():
     print(json.dumps({"start_up_s": round(time.perf_counter() - start, 1)}), flush=True)
     cfg = runner.model.config
     bandwidth = copy_bandwidth(engine.device)
-    graphs = graph_variants(runner, args.graph_variants)
+    graphs = {**graph_variants(runner, args.graph_variants),
+              **patch_variants(runner, args.patch_variants)}
     rows = []
     for batch in args.batch_sizes:
         for round_, name in variant_order(list(graphs), args.rounds):
