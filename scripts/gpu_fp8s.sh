@@ -7,7 +7,8 @@
 #     rounds interleaved, in one engine
 #   tests_attention, tests_engine: the GPU tests of the change
 #   timeline_bf16, timeline_moe (Qwen3-30B-A3B): the default against $BEFORE where the budget is left
-# Usage: OUT=dir [BUDGET_S=195] [ROUNDS=3] bash scripts/gpu_fp8s.sh
+#   CALL=3: bf16 and Qwen3-30B-A3B b1 (default against $BEFORE) and the engine's token tests only
+# Usage: OUT=dir [BUDGET_S=195] [ROUNDS=3] [CALL=3] bash scripts/gpu_fp8s.sh
 set -u
 : "${OUT:?a folder for the results}"
 budget=${BUDGET_S:-195}
@@ -31,12 +32,19 @@ gputests() {  # gputests NAME NEED PYTEST-ARGS...
 }
 T=tests/attention/test_triton_backend.py
 P=tests/kernels/test_pdl.py
-timeline fp8 80 llama-3.1-8b "$VARIANTS" --quantization fp8
-gputests attention 50 tests/attention/test_decode_splits.py tests/attention/test_rotate_attend.py \
-  $T::test_decode_in_a_graph_for_a_longer_context $T::test_decode_right_after_a_pdl_kv_write \
-  $P::test_rotary_and_attention_give_the_same_bits_with_pdl \
-  $P::test_a_graph_of_a_decode_chain_gives_the_same_bits_with_pdl
-gputests engine 40 tests/engine/test_gpu_engine.py -k "graphs_and_async or lone_sequences"
-timeline bf16 40 llama-3.1-8b "$BEFORE"
-timeline moe 50 qwen3-30b-a3b "$BEFORE"
+if [ "${CALL:-2}" = 3 ]; then  # third call: bf16, the engine's tokens, the MoE
+  timeline bf16 45 llama-3.1-8b "$BEFORE"
+  gputests engine 60 tests/engine/test_gpu_engine.py -k "graphs_and_async" \
+    $P::test_engine_tokens_and_logprobs_are_the_same_with_pdl
+  timeline moe 50 qwen3-30b-a3b "$BEFORE"
+else
+  timeline fp8 80 llama-3.1-8b "$VARIANTS" --quantization fp8
+  gputests attention 50 tests/attention/test_decode_splits.py tests/attention/test_rotate_attend.py \
+    $T::test_decode_in_a_graph_for_a_longer_context $T::test_decode_right_after_a_pdl_kv_write \
+    $P::test_rotary_and_attention_give_the_same_bits_with_pdl \
+    $P::test_a_graph_of_a_decode_chain_gives_the_same_bits_with_pdl
+  gputests engine 40 tests/engine/test_gpu_engine.py -k "graphs_and_async or lone_sequences"
+  timeline bf16 40 llama-3.1-8b "$BEFORE"
+  timeline moe 50 qwen3-30b-a3b "$BEFORE"
+fi
 echo "used $SECONDS s"
