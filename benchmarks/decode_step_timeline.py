@@ -35,6 +35,7 @@ from benchmarks.decode_throughput import (batch_state, copy_bandwidth, env_setti
                                           graph_variants, kv_bytes_per_token, start_decodes,
                                           timed_steps, variant_order, weight_bytes_read)
 from parashift import LLM
+from parashift.attention import triton_backend
 from parashift.kernels import fp8_gemm, rmsnorm, silu_mul
 from parashift.layers.sampler import Sampler
 from parashift.worker.cuda_graphs import Bucket, StepGraphs
@@ -44,10 +45,15 @@ PARTS = ("inputs", "graph", "logits", "sample", "copy_out")
 # --patch-variants: decode graphs captured with a module attribute replaced (launch settings
 # that no switch reads), by name
 PATCHES = {
+    "norm_warps_1": (rmsnorm, "num_warps", lambda block: 1),
+    "norm_warps_2": (rmsnorm, "num_warps", lambda block: 2),
     "norm_warps_4": (rmsnorm, "num_warps", lambda block: 4),
     "norm_warps_16": (rmsnorm, "num_warps", lambda block: min(max(block // 256, 1), 16)),
     "silu_block_512": (silu_mul, "MAX_BLOCK", 512),
     "silu_block_2048": (silu_mul, "MAX_BLOCK", 2048),
+    "reduce_warps_1": (triton_backend, "REDUCE_WARPS", 1),
+    "reduce_warps_2": (triton_backend, "REDUCE_WARPS", 2),
+    "reduce_warps_8": (triton_backend, "REDUCE_WARPS", 8),
 }
 MARKS = ("run", "replay", "replayed", "logits", "sampled", "copied")  # events, in stream order
 

@@ -80,6 +80,7 @@ SPLIT_TOKENS_ENV = "PARASHIFT_ATTN_SPLIT_TOKENS"
 # early (PARASHIFT_PDL_EARLY_LOADS); PARASHIFT_ATTN_REDUCE_EARLY=0: after it, as before (read
 # at each launch)
 REDUCE_EARLY_ENV = "PARASHIFT_ATTN_REDUCE_EARLY"
+REDUCE_WARPS = 4  # the split reduction's, a program a (row, head)
 FUSED_MAX_SPLITS = 8
 FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
 # ... unsplit from this many programs an SM (rows x KV heads): on an H200, 8B heads, batch 64
@@ -611,7 +612,8 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             NUM_SPLITS=launch.num_splits, NUM_SPLITS_P=triton.next_power_of_2(launch.num_splits),
             HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim),
             CONTEXT_SPLITS=launch.context_splits,
-            EARLY_LOADS=pdl.early_loads() and _switch(REDUCE_EARLY_ENV), num_warps=4, **with_pdl)
+            EARLY_LOADS=pdl.early_loads() and _switch(REDUCE_EARLY_ENV), num_warps=REDUCE_WARPS,
+            **with_pdl)
 
 
 def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
