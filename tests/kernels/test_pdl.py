@@ -260,7 +260,7 @@ KERNELS = {
         "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32,
         "seq_lens_ptr": torch.int32}, (), dict(
             NUM_SPLITS=4, NUM_SPLITS_P=4, HEAD_DIM=128, HEAD_DIM_P=128, CONTEXT_SPLITS=64,
-            EARLY_LOADS=False), False),
+            EARLY_LOADS=True), False),
 }
 PRELOAD_POINTERS = {
     "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32, "part_l_ptr": torch.float32,
@@ -276,17 +276,12 @@ KERNELS.update({
                          ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=False,
                                                    MERGE=False), True),
     "preloaded_decode_rope": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
-                              ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=True,
-                                                        QK_NORM=True, MERGE=False), True),
+                              ("qk_scale", "eps"), {**PRELOAD_CONSTEXPRS, "ROPE": True,
+                                                    "QK_NORM": True, "MERGE": False,
+                                                    "NEW_FIRST": True}, True),
     "preloaded_decode_merge": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
                                ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=True,
                                                          QK_NORM=False, MERGE=True), True),
-    "preloaded_decode_new_first": (triton_decode_preload.preloaded_decode_kernel,
-                                   PRELOAD_POINTERS, ("qk_scale", "eps"),
-                                   {**PRELOAD_CONSTEXPRS, "ROPE": True, "QK_NORM": True,
-                                    "MERGE": False, "NEW_FIRST": True}, True),
-    "reduce_splits_early": (triton_kernels.reduce_splits_kernel, KERNELS["reduce_splits"][1],
-                            (), {**KERNELS["reduce_splits"][3], "EARLY_LOADS": True}, False),
 })
 
 
@@ -307,8 +302,7 @@ WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.b8\b", re.M)
 # no other way there: the norm weight; positions, cos, sin and slots; a decode's metadata,
 # block table and older KV
 LOADS_FIRST = {"rms_norm_fp8", "rotary", "rotary_qk_norm", "preloaded_decode",
-               "preloaded_decode_rope", "preloaded_decode_merge", "preloaded_decode_new_first",
-               "reduce_splits_early"}
+               "preloaded_decode_rope", "preloaded_decode_merge", "reduce_splits"}
 
 
 def sm90_ptx(kernel, pointers: dict, floats: tuple, constexprs: dict, mode: int) -> str:
