@@ -8,6 +8,7 @@
 #   tests_attention, tests_engine: the GPU tests of the change
 #   timeline_bf16, timeline_moe (Qwen3-30B-A3B): the default against $BEFORE where the budget is left
 #   CALL=3: bf16 and Qwen3-30B-A3B b1 (default against $BEFORE) and the engine's token tests only
+#   CALL=4: FP8 b1 default against the RMSNorm's and the split reduction's warps (patch variants)
 # Usage: OUT=dir [BUDGET_S=195] [ROUNDS=3] [CALL=3] bash scripts/gpu_fp8s.sh
 set -u
 : "${OUT:?a folder for the results}"
@@ -20,9 +21,10 @@ source scripts/budget_step.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv > "$OUT/gpus.txt" 2>&1
 timeline() {  # timeline NAME NEED MODEL VARIANTS [ARGS...]
   local name=$1 need=$2 model=$3 variants=$4; shift 4
+  local graph_variants=(); [ -n "$variants" ] && graph_variants=(--graph-variants $variants)
   budget_step "timeline_$name" "$need" python3 benchmarks/decode_step_timeline.py \
     --model "$S/$model.json" --batch-sizes 1 --context 1024 --rounds "$rounds" \
-    --no-mixed-graphs --no-dot-configs --graph-variants $variants \
+    --no-mixed-graphs --no-dot-configs ${graph_variants[@]+"${graph_variants[@]}"} \
     --host-profile "$OUT/host_profile_$name" --output "$OUT/timeline_$name.json" "$@"
 }
 gputests() {  # gputests NAME NEED PYTEST-ARGS...
@@ -32,7 +34,10 @@ gputests() {  # gputests NAME NEED PYTEST-ARGS...
 }
 T=tests/attention/test_triton_backend.py
 P=tests/kernels/test_pdl.py
-if [ "${CALL:-2}" = 3 ]; then  # third call: bf16, the engine's tokens, the MoE
+if [ "${CALL:-2}" = 4 ]; then  # fourth call: the norm's and the reduction's warps at one row
+  timeline fp8_patches 100 llama-3.1-8b "" --quantization fp8 --patch-variants norm_warps_1 \
+    norm_warps_2 norm_warps_4 norm_warps_16 reduce_warps_1 reduce_warps_2 reduce_warps_8
+elif [ "${CALL:-2}" = 3 ]; then  # third call: bf16, the engine's tokens, the MoE
   timeline bf16 45 llama-3.1-8b "$BEFORE"
   gputests engine 60 tests/engine/test_gpu_engine.py -k "graphs_and_async" \
     $P::test_engine_tokens_and_logprobs_are_the_same_with_pdl
