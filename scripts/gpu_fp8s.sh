@@ -39,7 +39,7 @@ if [ "${CALL:-2}" = 4 ]; then  # fourth call: the norm's and the reduction's war
     norm_warps_2 norm_warps_4 norm_warps_16 reduce_warps_1 reduce_warps_2 reduce_warps_8
 elif [ "${CALL:-2}" = 3 ]; then  # third call: bf16, the engine's tokens, the MoE
   timeline bf16 45 llama-3.1-8b "$BEFORE"
-  gputests engine 60 tests/engine/test_gpu_engine.py -k "graphs_and_async" \
+  gputests engine 60 tests/engine/test_gpu_engine.py::test_graphs_and_async_scheduling_give_the_eager_tokens \
     $P::test_engine_tokens_and_logprobs_are_the_same_with_pdl
   timeline moe 50 qwen3-30b-a3b "$BEFORE"
 else
