@@ -106,17 +106,8 @@ def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
     ids = start_decodes(engine, batch, context, vocab)
     torch.cuda.synchronize()
     before = batch_state(engine)
-    start = time.perf_counter()
-    ends = []
-    with device_waits() as waited:
-        for _ in range(steps):
-            engine.step()
-            ends.append(time.perf_counter())
-    torch.cuda.synchronize()
-    elapsed = (time.perf_counter() - start) / steps
-    gaps = [1e3 * (b - a) for a, b in zip([start] + ends, ends)]
+    elapsed, gaps, host_ms = timed_steps(engine, steps)
     after = batch_state(engine)
-    host_ms = 1e3 * (elapsed - waited[0] / steps)
     print(json.dumps({"batch": batch, "host_ms_per_step": round(host_ms, 3),
                       "step_ms_each": [round(g, 2) for g in gaps],
                       "before_timed": before, "after_timed": after}), flush=True)
@@ -132,6 +123,22 @@ def measure(llm: LLM, batch: int, context: int, steps: int, vocab: int,
     for rid in ids:
         engine.abort_request(rid)
     return elapsed, mean_context, breakdown, tokens_per_s
+
+
+def timed_steps(engine, steps: int) -> tuple[float, list[float], float]:
+    """Seconds a step over `steps` engine steps from an idle device to the last one's end,
+    the wall ms between step() returns, and the host's ms a step less its waits."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    ends = []
+    with device_waits() as waited:
+        for _ in range(steps):
+            engine.step()
+            ends.append(time.perf_counter())
+    torch.cuda.synchronize()
+    elapsed = (time.perf_counter() - start) / steps
+    gaps = [1e3 * (b - a) for a, b in zip([start] + ends, ends)]
+    return elapsed, gaps, 1e3 * (elapsed - waited[0] / steps)
 
 
 def start_decodes(engine, batch: int, context: int, vocab: int) -> list[str]:

@@ -69,6 +69,18 @@ ROPE_ENV = "PARASHIFT_ATTN_ROPE"
 # by ticket) instead of a reduction launch (read at each such launch's plan; off: in the same
 # chain, merging the group's heads one after another, 81.3 µs a layer against 76.7)
 PRELOAD_MERGE_ENV = "PARASHIFT_ATTN_PRELOAD_MERGE"
+# Such one-row decode launches cut a sequence's context among its splits by KV tiles, so their
+# grid takes splits of one tile (by max_model_len, up to MAX_SPLITS) rather than of
+# MIN_SPLIT_TOKENS: graphs captured for 2,048 tokens had 16 splits, and a context of 1,025-2,048
+# tokens ran two tiles a split, the second loaded after the PDL wait (a graph for 4,096 or more
+# already had 32). PARASHIFT_ATTN_SPLIT_TOKENS=N: splits of at least N tokens instead (128: as
+# before; read at each such launch's plan)
+SPLIT_TOKENS_ENV = "PARASHIFT_ATTN_SPLIT_TOKENS"
+# Their split reduction reads its metadata before its PDL wait where the small kernels load
+# early (PARASHIFT_PDL_EARLY_LOADS); PARASHIFT_ATTN_REDUCE_EARLY=0: after it, as before (read
+# at each launch)
+REDUCE_EARLY_ENV = "PARASHIFT_ATTN_REDUCE_EARLY"
+REDUCE_WARPS = 4  # the split reduction's, a program a (row, head)
 FUSED_MAX_SPLITS = 8
 FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
 # ... unsplit from this many programs an SM (rows x KV heads): on an H200, 8B heads, batch 64
@@ -220,11 +232,11 @@ def invariant_decode_config(head_dim: int, group_p: int, elem_size: int,
 
 
 def choose_num_splits(num_programs: int, max_seq_len: int, partial_bytes_per_split: int,
-                      num_sms: int) -> int:
-    """Enough splits to give every SM work, none shorter than MIN_SPLIT_TOKENS;
+                      num_sms: int, min_split_tokens: int = MIN_SPLIT_TOKENS) -> int:
+    """Enough splits to give every SM work, none shorter than `min_split_tokens`;
     a power of two, so few variants of the reduce kernel get compiled."""
     wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, max(num_programs, 1))
-    by_length = triton.cdiv(max_seq_len, MIN_SPLIT_TOKENS)
+    by_length = triton.cdiv(max_seq_len, min_split_tokens)
     by_memory = MAX_PARTIAL_BYTES // max(partial_bytes_per_split, 1)
     splits = min(wanted, by_length, by_memory, MAX_SPLITS)
     return 1 if splits <= 1 else 1 << (splits.bit_length() - 1)
@@ -482,12 +494,24 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     partial_bytes = seqs.num_tokens * num_heads * (head_dim + 2) * 4
     if num_splits is None:
         num_splits = choose_num_splits(num_q_blocks * k_cache.shape[2], meta.max_seq_len,
-                                       partial_bytes, num_sms(q.device))
+                                       partial_bytes, num_sms(q.device),
+                                       _split_tokens(config) if one_row_decodes
+                                       else MIN_SPLIT_TOKENS)
     context_splits = config.tile_n if one_row_decodes and num_splits > 1 else 0
     preload = context_splits > 0 and preload_enabled()
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False,
                    context_splits=context_splits, preload=preload,
                    preload_merge=preload and _switch(PRELOAD_MERGE_ENV, "0"))
+
+
+def _split_tokens(config: KernelConfig) -> int:
+    """The least tokens of a split of a one-row decode launch: a KV tile (SPLIT_TOKENS_ENV)."""
+    value = os.environ.get(SPLIT_TOKENS_ENV, "")
+    if not value:
+        return config.tile_n
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{SPLIT_TOKENS_ENV}={value!r}: expected a positive token count")
+    return int(value)
 
 
 def _one_row_decodes(meta: AttentionMetadata, seqs: _SeqRange) -> bool:
@@ -607,7 +631,9 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             num_seqs, seqs.token_offset, out.stride(0), out.stride(1),
             NUM_SPLITS=launch.num_splits, NUM_SPLITS_P=triton.next_power_of_2(launch.num_splits),
             HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim),
-            CONTEXT_SPLITS=launch.context_splits, num_warps=4, **with_pdl)
+            CONTEXT_SPLITS=launch.context_splits,
+            EARLY_LOADS=pdl.early_loads() and _switch(REDUCE_EARLY_ENV), num_warps=REDUCE_WARPS,
+            **with_pdl)
 
 
 def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,

@@ -26,6 +26,7 @@ registers and writes it and its value to their slot (`TritonAttentionBackend.
 rotate_and_attend`, for steps that are such decodes only).
 
 Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions."""
+import os
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,7 @@ class Rope:
     norms: tuple | None = None
 
 
+NEW_FIRST_ENV = "PARASHIFT_ATTN_NEW_FIRST"
 LINE_BYTES = 128  # an L2 cache line: one prefetch each
 # tiles after a split's first that its programs prefetch into L2 before their wait
 PREFETCH_TILES = 2
@@ -110,6 +112,35 @@ def _attend_one(acc, m_i, l_i, q, k_row, v_row, qk_scale):
 
 
 @triton.jit
+def _new_token(k_base, v_base, new_block, new_in_block, holds_new, k_ptr, v_ptr, token, kv_head,
+               stride_kb, stride_ks, stride_vb, stride_vs, stride_kt, stride_knh, stride_vt,
+               stride_vnh, offs_d, d_ok, cos_full, sin_signed, k_norm_ptr, eps, slot,
+               k_cache_ptr, v_cache_ptr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
+               HEAD_DIM: tl.constexpr):
+    """The new token's key and value ([1, HEAD_DIM_P], in the pool's dtype) where the split
+    holds it (else zeros): read from its slot (written by the kernel before), or (ROPE) from
+    the projection's rows, the key rotated, both written to the slot."""
+    one = tl.arange(0, 1)
+    new_mask = (one < tl.where(holds_new, 1, 0))[:, None] & d_ok[None, :]
+    k_slot = (k_base + new_block * stride_kb + new_in_block * stride_ks + one)[:, None]
+    v_slot = (v_base + new_block * stride_vb + new_in_block * stride_vs + one)[:, None]
+    if ROPE:
+        k_new = _rotated(k_ptr + token * stride_kt + kv_head * stride_knh + one, offs_d,
+                         new_mask, cos_full, sin_signed, k_norm_ptr, eps, QK_NORM,
+                         HEAD_DIM).to(k_cache_ptr.dtype.element_ty)
+        v_new = tl.load((v_ptr + token * stride_vt + kv_head * stride_vnh + one)[:, None]
+                        + offs_d[None, :], mask=new_mask, other=0.0
+                        ).to(v_cache_ptr.dtype.element_ty)
+        written = new_mask & (one + slot >= 0)[:, None]
+        tl.store(k_slot + offs_d[None, :], k_new, mask=written)
+        tl.store(v_slot + offs_d[None, :], v_new, mask=written)
+    else:
+        k_new = tl.load(k_slot + offs_d[None, :], mask=new_mask, other=0.0)
+        v_new = tl.load(v_slot + offs_d[None, :], mask=new_mask, other=0.0)
+    return k_new, v_new
+
+
+@triton.jit
 def _rotated(rows, offs_d, mask, cos_full, sin_signed, norm_w_ptr, eps, QK_NORM: tl.constexpr,
              HEAD_DIM: tl.constexpr):
     """Heads at `rows` (pointers [R]) RMS-normed (QK_NORM) and rotated, in fp32: x * [cos |
@@ -148,7 +179,7 @@ def preloaded_decode_kernel(
         PREFETCH_TILES: tl.constexpr, ROW_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr,
         ROPE: tl.constexpr = False, QK_NORM: tl.constexpr = False,
         MERGE: tl.constexpr = False, SPLITS_P: tl.constexpr = 1,
-        USE_PDL: tl.constexpr = False):
+        NEW_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     """ROPE: q_ptr, k_ptr and v_ptr are the projection's rows before RoPE (k_ptr, v_ptr:
     [tokens, KV heads, head_dim] with strides stride_kt, stride_knh / stride_vt, stride_vnh):
     each program rotates its q heads (after their RMS norms, QK_NORM), and the split holding
@@ -209,6 +240,7 @@ def preloaded_decode_kernel(
         new_block = tl.load(block_table + tl.maximum(old, 0) // BLOCK_SIZE, mask=is_seq,
                             other=0).to(tl.int64)
         new_in_block = tl.maximum(old, 0) % BLOCK_SIZE
+        slot, cos_full, sin_signed = 0, 0.0, 0.0  # unused without ROPE
     if USE_PDL and PREFETCH_TILES > 0:
         _prefetch_tiles(k_base, v_base, block_table, lo + 1, hi, old, stride_kb, stride_ks,
                         stride_vb, stride_vs, TILE_N, BLOCK_SIZE, PREFETCH_TILES, ROW_LINES,
@@ -220,6 +252,13 @@ def preloaded_decode_kernel(
     row_ok = rows < GROUP
     io_mask = row_ok[:, None] & d_ok[None, :]
     q_rows = q_ptr + token * stride_qt + row_head * stride_qh
+    if NEW_FIRST:  # the new token's key and value read as q is (one round trip), not after
+        # the tiles: the split holding it is the launch's last to finish
+        k_new, v_new = _new_token(k_base, v_base, new_block, new_in_block, holds_new, k_ptr,
+                                  v_ptr, token, kv_head, stride_kb, stride_ks, stride_vb,
+                                  stride_vs, stride_kt, stride_knh, stride_vt, stride_vnh,
+                                  offs_d, d_ok, cos_full, sin_signed, k_norm_ptr, eps, slot,
+                                  k_cache_ptr, v_cache_ptr, ROPE, QK_NORM, HEAD_DIM)
     if ROPE:
         q = _rotated(q_rows, offs_d, io_mask, cos_full, sin_signed, q_norm_ptr, eps, QK_NORM,
                      HEAD_DIM).to(q_ptr.dtype.element_ty)
@@ -236,23 +275,13 @@ def preloaded_decode_kernel(
                                   stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
                                   DOT_PRECISION)
     if holds_new:  # the new token: written by the kernel before, or here (ROPE)
-        one = tl.arange(0, 1)
-        new_mask = (one < 1)[:, None] & d_ok[None, :]
-        k_slot = (k_base + new_block * stride_kb + new_in_block * stride_ks + one)[:, None]
-        v_slot = (v_base + new_block * stride_vb + new_in_block * stride_vs + one)[:, None]
-        if ROPE:
-            k_new = _rotated(k_ptr + token * stride_kt + kv_head * stride_knh + one, offs_d,
-                             new_mask, cos_full, sin_signed, k_norm_ptr, eps, QK_NORM,
-                             HEAD_DIM).to(k_cache_ptr.dtype.element_ty)
-            v_new = tl.load((v_ptr + token * stride_vt + kv_head * stride_vnh + one)[:, None]
-                            + offs_d[None, :], mask=new_mask, other=0.0
-                            ).to(v_cache_ptr.dtype.element_ty)
-            written = new_mask & (one + slot >= 0)[:, None]
-            tl.store(k_slot + offs_d[None, :], k_new, mask=written)
-            tl.store(v_slot + offs_d[None, :], v_new, mask=written)
-        else:
-            k_new = tl.load(k_slot + offs_d[None, :], mask=new_mask, other=0.0)
-            v_new = tl.load(v_slot + offs_d[None, :], mask=new_mask, other=0.0)
+        if not NEW_FIRST:
+            k_new, v_new = _new_token(k_base, v_base, new_block, new_in_block, holds_new,
+                                      k_ptr, v_ptr, token, kv_head, stride_kb, stride_ks,
+                                      stride_vb, stride_vs, stride_kt, stride_knh, stride_vt,
+                                      stride_vnh, offs_d, d_ok, cos_full, sin_signed,
+                                      k_norm_ptr, eps, slot, k_cache_ptr, v_cache_ptr, ROPE,
+                                      QK_NORM, HEAD_DIM)
         acc, m_i, l_i = _attend_one(acc, m_i, l_i, q, k_new.to(q.dtype).to(tl.float32),
                                     v_new.to(q.dtype).to(tl.float32), qk_scale)
     pdl.inputs_read(USE_PDL)
@@ -376,5 +405,15 @@ def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens
         DOT_PRECISION=dot_precision, PREFETCH_TILES=PREFETCH_TILES, ROW_LINES=row_lines,
         LINE_ELEMS=line_elems, ROPE=rope is not None,
         QK_NORM=rope is not None and rope.norms is not None, MERGE=merge,
-        SPLITS_P=triton.next_power_of_2(num_splits), num_warps=config.num_warps,
-        num_stages=config.num_stages, **pdl.launch_options(q.device))
+        SPLITS_P=triton.next_power_of_2(num_splits), NEW_FIRST=new_token_first(),
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(q.device))
+
+
+def new_token_first() -> bool:
+    """PARASHIFT_ATTN_NEW_FIRST (on by default): the split holding the new token reads its key
+    and value right after the wait, beside q (0: after its tiles, as before; read at each
+    launch: a graph keeps its capture's)."""
+    flag = os.environ.get(NEW_FIRST_ENV, "1")
+    if flag not in ("0", "1"):
+        raise ValueError(f"{NEW_FIRST_ENV}={flag!r}: expected 0 or 1")
+    return flag == "1"

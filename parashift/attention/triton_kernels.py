@@ -277,26 +277,41 @@ def paged_attention_kernel(
                  mask=io_mask)
 
 
+@triton.jit
+def _used_splits(seq_lens_ptr, num_seqs, NUM_SPLITS: tl.constexpr, CONTEXT_SPLITS: tl.constexpr):
+    """The splits row program_id(0)'s sequence took: all but in a decode launch of
+    CONTEXT_SPLITS (`_context_splits`)."""
+    used_splits = NUM_SPLITS
+    if CONTEXT_SPLITS > 0:
+        i = tl.program_id(0)
+        seq_len = tl.load(seq_lens_ptr + i, mask=i < num_seqs, other=1)
+        used_splits = _context_splits(seq_len, NUM_SPLITS, CONTEXT_SPLITS)
+    return used_splits
+
+
 @_jit_generic_in("query_start_loc_ptr", "seq_lens_ptr", "num_seqs", "token_offset")
 def reduce_splits_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr,
                          seq_lens_ptr, num_seqs, token_offset, stride_ot, stride_oh,
                          NUM_SPLITS: tl.constexpr, NUM_SPLITS_P: tl.constexpr,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
-                         CONTEXT_SPLITS: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
+                         CONTEXT_SPLITS: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
+                         EARLY_LOADS: tl.constexpr = False):
     """Merges the splits of one (token, head); tokens past the last sequence
     (padding rows) get zeros. CONTEXT_SPLITS: a decode launch's (row i sequence i), whose
-    sequences took only the splits their context needs (`_context_splits`)."""
+    sequences took only the splits their context needs (`_context_splits`). EARLY_LOADS: the
+    metadata (the splits taken, the last row of a sequence), which no kernel of a step writes,
+    is read before the wait, so the partial states' loads after it depend on nothing else."""
+    if EARLY_LOADS:
+        used_splits = _used_splits(seq_lens_ptr, num_seqs, NUM_SPLITS, CONTEXT_SPLITS)
+        rows_end = tl.load(query_start_loc_ptr + num_seqs)
     pdl.start(USE_PDL)
     token = token_offset + tl.program_id(0)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
     row = tl.program_id(0).to(tl.int64) * num_heads + head
     splits = tl.arange(0, NUM_SPLITS_P)
-    used_splits = NUM_SPLITS
-    if CONTEXT_SPLITS > 0:
-        i = tl.program_id(0)
-        seq_len = tl.load(seq_lens_ptr + i, mask=i < num_seqs, other=1)
-        used_splits = _context_splits(seq_len, NUM_SPLITS, CONTEXT_SPLITS)
+    if not EARLY_LOADS:
+        used_splits = _used_splits(seq_lens_ptr, num_seqs, NUM_SPLITS, CONTEXT_SPLITS)
     s_ok = splits < used_splits
     m = tl.load(part_m_ptr + row * NUM_SPLITS + splits, mask=s_ok, other=NEG_BIG)
     l = tl.load(part_l_ptr + row * NUM_SPLITS + splits, mask=s_ok, other=0.0)
@@ -306,7 +321,9 @@ def reduce_splits_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_st
     acc_ptrs = part_acc_ptr + (row * NUM_SPLITS + splits)[:, None] * HEAD_DIM + offs_d[None, :]
     acc = tl.load(acc_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     out = tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)
-    is_real = token < tl.load(query_start_loc_ptr + num_seqs)
+    if not EARLY_LOADS:
+        rows_end = tl.load(query_start_loc_ptr + num_seqs)
+    is_real = token < rows_end
     pdl.inputs_read(USE_PDL)
     out = tl.where(is_real, out, 0.0)
     o_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d

@@ -13,7 +13,7 @@ from parashift.attention.torch_ref import TorchAttentionBackend, write_kv_slots
 from parashift.layers.layernorm import rms_norm_torch
 from parashift.layers.rotary import apply_rotary_torch
 from tests.attention.test_triton_backend import make_step
-from tests.kernels.common import case_tests
+from tests.kernels.common import case_tests, cuda
 from tests.kernels.test_rotary import rotary_embedding
 
 # 16 splits (more than the one-launch kernel takes); seq_lens: a context of one token, shorter
@@ -70,3 +70,30 @@ def check(seq_lens, num_heads, num_kv_heads, head_dim, dtype, device="cpu", pad=
         del os.environ[triton_backend.PRELOAD_MERGE_ENV]
 
 test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True)
+
+
+@cuda
+def test_new_token_first_gives_the_same_bits(monkeypatch):
+    """The split holding the new token reading its key and value beside q (the default) or
+    after its tiles (PARASHIFT_ATTN_NEW_FIRST=0): the same output and pool, bit for bit, at 16
+    splits of one and of several tiles (8B heads, bf16)."""
+    from parashift.attention import triton_decode_preload
+    seq_lens = [1, 65, 1100, 2000]
+    step = make_step([1] * 4, seq_lens, 32, 8, 128, dtype=torch.bfloat16, device="cuda")
+    positions = torch.tensor([s - 1 for s in seq_lens], device="cuda")
+    cos_sin = rotary_embedding(128, "cuda").cos_sin
+    meta = AttentionMetadata(**{**step.meta.__dict__, "static_shape": True,
+                                "query_start_loc_cpu": list(range(5)),
+                                "seq_lens_cpu": [2048] * 4, "max_seq_len": 2048})
+    backend = triton_backend.TritonAttentionBackend()
+    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 16)
+    results = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv(triton_decode_preload.NEW_FIRST_ENV, flag)
+        k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+        out = rotate_write_attend(backend, positions, step.q, step.k, step.v, cos_sin,
+                                  k_cache, v_cache, meta, 128 ** -0.5, None)
+        results.append((out, k_cache.nan_to_num(), v_cache.nan_to_num()))
+    assert backend.rope_launch(step.q, step.k_cache, meta)[1].preload
+    for first, later in zip(*results):
+        assert torch.equal(first, later)

@@ -259,8 +259,8 @@ KERNELS = {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32,
         "seq_lens_ptr": torch.int32}, (), dict(
-            NUM_SPLITS=4, NUM_SPLITS_P=4, HEAD_DIM=128, HEAD_DIM_P=128, CONTEXT_SPLITS=64),
-        False),
+            NUM_SPLITS=4, NUM_SPLITS_P=4, HEAD_DIM=128, HEAD_DIM_P=128, CONTEXT_SPLITS=64,
+            EARLY_LOADS=True), False),
 }
 PRELOAD_POINTERS = {
     "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32, "part_l_ptr": torch.float32,
@@ -269,14 +269,16 @@ PRELOAD_POINTERS = {
     "cos_sin_ptr": torch.float32, "slot_mapping_ptr": torch.int64, "ticket_ptr": torch.int32}
 PRELOAD_CONSTEXPRS = dict(GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16,
                           HEAD_DIM=128, HEAD_DIM_P=128, SPLIT_TOKENS=64, DOT_PRECISION="tf32",
-                          PREFETCH_TILES=2, ROW_LINES=2, LINE_ELEMS=64, SPLITS_P=16)
+                          PREFETCH_TILES=2, ROW_LINES=2, LINE_ELEMS=64, SPLITS_P=16,
+                          NEW_FIRST=False)
 KERNELS.update({
     "preloaded_decode": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
                          ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=False,
                                                    MERGE=False), True),
     "preloaded_decode_rope": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
-                              ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=True,
-                                                        QK_NORM=True, MERGE=False), True),
+                              ("qk_scale", "eps"), {**PRELOAD_CONSTEXPRS, "ROPE": True,
+                                                    "QK_NORM": True, "MERGE": False,
+                                                    "NEW_FIRST": True}, True),
     "preloaded_decode_merge": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
                                ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=True,
                                                          QK_NORM=False, MERGE=True), True),
@@ -300,7 +302,7 @@ WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.b8\b", re.M)
 # no other way there: the norm weight; positions, cos, sin and slots; a decode's metadata,
 # block table and older KV
 LOADS_FIRST = {"rms_norm_fp8", "rotary", "rotary_qk_norm", "preloaded_decode",
-               "preloaded_decode_rope", "preloaded_decode_merge"}
+               "preloaded_decode_rope", "preloaded_decode_merge", "reduce_splits"}
 
 
 def sm90_ptx(kernel, pointers: dict, floats: tuple, constexprs: dict, mode: int) -> str:
