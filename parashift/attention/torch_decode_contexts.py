@@ -10,8 +10,8 @@ Held contexts are used only where nothing but the chain of decode steps can have
 their slots: the step right after the one they were synced at (every step of the runner
 counts, whatever it holds), the same number of sequences, each one token longer, and the
 same blocks under each sequence's held positions. Anything else regathers from the pool.
-Positions a sequence has not reached are zeros (a held buffer starts zeroed), so a masked-out
-position is never NaN: the softmax gives it exactly 0 and the output is the gathers' bits."""
+Positions a sequence has not reached are zeros (or its first slot's rows, as the gathers pad),
+so a masked-out position is never NaN: the softmax gives it exactly 0 and the output is the gathers' bits."""
 from dataclasses import dataclass
 
 import torch
@@ -93,7 +93,8 @@ def gathered(k_cache, v_cache, key_slots, step: HeldStep, context_len: int
         return None
     bufs = []
     for cache in (k_cache, v_cache):
-        buf = torch.zeros(seqs, capacity, *row_shape, dtype=cache.dtype, device=cache.device)
+        buf = torch.empty(seqs, capacity, *row_shape, dtype=cache.dtype, device=cache.device)
+        buf[:, context_len:] = 0  # not reached yet: finite where the mask hides them
         rows = cache.view(-1, *row_shape).index_select(0, key_slots)
         buf[:, :context_len] = rows.view(seqs, context_len, *row_shape)
         bufs.append(buf)
