@@ -9,7 +9,8 @@ writes only the step's new keys and values into them, beside the pool's own writ
 Held contexts are used only where nothing but the chain of decode steps can have written
 their slots: the step right after the one they were synced at (every step of the runner
 counts, whatever it holds), the same number of sequences, each one token longer, and the
-same blocks under each sequence's held positions. Anything else regathers from the pool.
+same blocks under each sequence's held positions. Anything else regathers from the pool; past
+MAX_HELD_BYTES over all layers a layer gathers each step as before.
 Positions a sequence has not reached are zeros (or its first slot's rows, as the gathers pad),
 so a masked-out position is never NaN: the softmax gives it exactly 0 and the output is the gathers' bits."""
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ import torch
 
 from parashift.attention.metadata import AttentionMetadata
 
-MAX_HELD_BYTES = 64 * 2**20  # a layer's held keys and values; larger batches regather
+MAX_HELD_BYTES = 256 * 2**20  # all layers' held keys and values (a quarter of the CPU's
+# default pool); a layer that would pass it gathers as before
 CAPACITY_STEP = 64  # positions added to a held buffer at a time
 
 
@@ -62,6 +64,9 @@ class DecodeContexts:
         if held is None or k.shape[0] != len(step.lens) or not continues(held.step, step, meta):
             return
         if max(step.lens) > held.k.shape[1]:
+            growth = (capacity_for(max(step.lens)) - held.k.shape[1]) * held.k[:, 0].nbytes * 2
+            if self.held_bytes() + held_bytes(held) + growth > MAX_HELD_BYTES:
+                return
             held.k, held.v = (grown(t, max(step.lens)) for t in (held.k, held.v))
         rows = new_rows(meta, step, held.k.shape[1])
         for new, buf in ((k, held.k), (v, held.v)):
@@ -72,25 +77,35 @@ class DecodeContexts:
     def contexts(self, k_cache: torch.Tensor, v_cache: torch.Tensor, key_slots: torch.Tensor,
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
         """([seqs, kv_heads, context_len, d] keys, values) of a decode step: held, or
-        gathered from the pool into a new held buffer; None where the batch is too large
-        to hold."""
+        gathered from the pool into a new held buffer; None where holding it would pass
+        MAX_HELD_BYTES (the caller gathers)."""
         step = self.step_of(meta)
         context_len = key_slots.shape[0] // len(step.lens)
         held = self.held.get(k_cache.data_ptr())
         if held is None or held.step is not step:
-            held = gathered(k_cache, v_cache, key_slots, step, context_len)
-            if held is None:
+            self.held.pop(k_cache.data_ptr(), None)
+            need = 2 * len(step.lens) * capacity_for(context_len) * k_cache[0, 0].nbytes
+            if self.held_bytes() + need > MAX_HELD_BYTES:
                 return None
-            self.held[k_cache.data_ptr()] = held
+            held = self.held[k_cache.data_ptr()] = gathered(k_cache, v_cache, key_slots, step,
+                                                            context_len)
         return held.k[:, :context_len].transpose(1, 2), held.v[:, :context_len].transpose(1, 2)
 
+    def held_bytes(self) -> int:
+        return sum(held_bytes(held) for held in self.held.values())
 
-def gathered(k_cache, v_cache, key_slots, step: HeldStep, context_len: int
-             ) -> HeldContexts | None:
+
+def held_bytes(held: HeldContexts) -> int:
+    return held.k.nbytes + held.v.nbytes
+
+
+def capacity_for(length: int) -> int:
+    return -(-length // CAPACITY_STEP) * CAPACITY_STEP
+
+
+def gathered(k_cache, v_cache, key_slots, step: HeldStep, context_len: int) -> HeldContexts:
     seqs, row_shape = len(step.lens), k_cache.shape[2:]
-    capacity = -(-context_len // CAPACITY_STEP) * CAPACITY_STEP
-    if 2 * seqs * capacity * k_cache[0, 0].numel() * k_cache.element_size() > MAX_HELD_BYTES:
-        return None
+    capacity = capacity_for(context_len)
     bufs = []
     for cache in (k_cache, v_cache):
         buf = torch.empty(seqs, capacity, *row_shape, dtype=cache.dtype, device=cache.device)
@@ -102,8 +117,7 @@ def gathered(k_cache, v_cache, key_slots, step: HeldStep, context_len: int
 
 
 def grown(buf: torch.Tensor, length: int) -> torch.Tensor:
-    capacity = -(-length // CAPACITY_STEP) * CAPACITY_STEP
-    out = buf.new_zeros(buf.shape[0], capacity, *buf.shape[2:])
+    out = buf.new_zeros(buf.shape[0], capacity_for(length), *buf.shape[2:])
     out[:, :buf.shape[1]] = buf
     return out
 

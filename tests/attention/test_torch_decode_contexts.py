@@ -4,6 +4,7 @@ that breaks the chain (a step between, a sequence leaving, a block moved) regath
 import pytest
 import torch
 
+from parashift.attention import torch_decode_contexts
 from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.torch_fast import FastTorchAttentionBackend
 from parashift.attention.torch_ref import TorchAttentionBackend
@@ -133,3 +134,24 @@ def test_sequences_in_another_order_are_regathered():
     runs = backends_and_pools(pool)
     check(runs, pool, [0, 1, 2])
     check(runs, pool, [1, 0, 2])
+
+
+def test_past_the_byte_cap_a_layer_gathers_each_step(monkeypatch):
+    """Two layers, room for one layer's contexts: the second gathers, with the same bits."""
+    pool = Pool([30, 20])
+    one_layer = 2 * 2 * 64 * KV_HEADS * HEAD_DIM * 4  # 2 sequences, capacity 64, k and v
+    monkeypatch.setattr(torch_decode_contexts, "MAX_HELD_BYTES", one_layer)
+    held = FastTorchAttentionBackend()
+    layers = [(pool.k.clone(), pool.v.clone()) for _ in range(2)]
+    for _ in range(3):
+        meta = pool.decode_step([0, 1])
+        k_new, v_new = pool.rows(2), pool.rows(2)
+        q = torch.randn(2, HEADS, HEAD_DIM, generator=pool.gen)
+        for k_cache, v_cache in layers:
+            fresh = AttentionMetadata(**{**meta.__dict__, "derived": {}})
+            held.write_kv(k_new, v_new, k_cache, v_cache, meta)
+            got = held.attend(q, k_cache, v_cache, meta, 0.125)
+            gathering = FastTorchAttentionBackend()  # fresh: gathers this step
+            expected = gathering.attend(q, k_cache, v_cache, fresh, 0.125)
+            assert torch.equal(got, expected)
+        assert list(held.held.held) == [layers[0][0].data_ptr()]
