@@ -4,7 +4,8 @@ A decode step of the torch backend reads each sequence's whole context out of th
 (two gathers a layer: every key and value of the batch copied, each step). Where a step's
 sequences are the last step's, in the same rows, each one token longer, this keeps every
 layer's padded contexts ([seqs, capacity, kv_heads, d], the layout the gathers make) and
-writes only the step's new keys and values into them, beside the pool's own write.
+writes only the step's new keys and values into them, beside the pool's own write. bf16 and
+fp16 pools only (`holds`).
 
 Held contexts are used only where nothing but the chain of decode steps can have written
 their slots: the step right after the one they were synced at (every step of the runner
@@ -22,6 +23,14 @@ from parashift.attention.metadata import AttentionMetadata
 MAX_HELD_BYTES = 256 * 2**20  # all layers' held keys and values (a quarter of the CPU's
 # default pool); a layer that would pass it gathers as before
 CAPACITY_STEP = 64  # positions added to a held buffer at a time
+
+
+def holds(cache: torch.Tensor) -> bool:
+    """Whether a pool's decode contexts are held: bf16 / fp16 only. On the Intel host, bf16
+    at batch 16 ran 1.052x with them (7 interleaved rounds); fp32 0.908x and 0.938x (3 and 2
+    rounds): SDPA then reads twice the bytes from memory that the gathers had left in cache
+    (docs/benchmark_log.md). FP8 pools are read through a cast, never held."""
+    return cache.element_size() == 2
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from parashift.attention.metadata import AttentionMetadata
-from parashift.attention.torch_decode_contexts import DecodeContexts
+from parashift.attention.torch_decode_contexts import DecodeContexts, holds
 
 # a step's decodes are attended apart from its prompt chunks when these are this long
 SPLIT_QUERY_LEN = 8
@@ -69,7 +69,7 @@ class FastTorchAttentionBackend:
             if cache.element_size() == 1:  # FP8: the CPU copies its bytes (no float8 kernel)
                 new, rows = new.view(torch.uint8), rows.view(torch.uint8)
             rows.index_copy_(0, writes.slots, new)
-        if k_cache.element_size() > 1:
+        if holds(k_cache):
             self.held.write(k.to(k_cache.dtype), v.to(v_cache.dtype), k_cache, meta)
 
     def attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -90,7 +90,7 @@ class FastTorchAttentionBackend:
 
     def contexts(self, k_cache, v_cache, layout: StepLayout, meta: AttentionMetadata):
         """The held contexts of a decode of every sequence, else None (gathered)."""
-        if not layout.holdable or k_cache.element_size() == 1:
+        if not layout.holdable or not holds(k_cache):
             return None
         return self.held.contexts(k_cache, v_cache, layout.key_slots, meta)
 

@@ -16,7 +16,7 @@ class Pool:
     """A paged pool whose unused slots are NaN, sequences growing a token a step on blocks
     handed out in a shuffled order."""
 
-    def __init__(self, lens: list[int], dtype=torch.float32, blocks=64, seed=0):
+    def __init__(self, lens: list[int], dtype=torch.bfloat16, blocks=64, seed=0):
         self.gen = torch.Generator().manual_seed(seed)
         shape = (blocks, BLOCK, KV_HEADS, HEAD_DIM)
         self.k = torch.full(shape, float("nan"), dtype=dtype)
@@ -75,25 +75,33 @@ def backends_and_pools(pool: Pool):
     return [(b, (pool.k.clone(), pool.v.clone())) for b in backends]
 
 
-def check(runs, pool: Pool, seqs: list[int], dtype=torch.float32) -> None:
+def check(runs, pool: Pool, seqs: list[int]) -> None:
     runs[1][0].held = type(runs[1][0].held)()  # forgets: every step gathers
     got, gathered, reference = step(runs, pool, pool.decode_step(seqs))
     assert torch.equal(got, gathered)
     assert not got.isnan().any()
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    tol = 1e-5 if pool.dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got, reference, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_chain_of_decodes_gives_the_gathering_backends_bits(dtype):
     pool = Pool([60, 59, 3, 61], dtype)  # lengths cross blocks and the 64-position capacity
     runs = backends_and_pools(pool)
     for _ in range(8):
-        check(runs, pool, [0, 1, 2, 3], dtype)
+        check(runs, pool, [0, 1, 2, 3])
     held = runs[0][0].held.held[runs[0][1][0].data_ptr()]
     assert held.k.shape[1] == 128 and held.step.lens == [68, 67, 11, 69]
-    check(runs, pool, [0, 1, 3], dtype)  # a sequence left: regathered
+    check(runs, pool, [0, 1, 3])  # a sequence left: regathered
     assert held is not runs[0][0].held.held[runs[0][1][0].data_ptr()]
+
+
+def test_a_float32_pool_is_not_held():
+    pool = Pool([40, 39], torch.float32)
+    runs = backends_and_pools(pool)
+    for _ in range(3):
+        check(runs, pool, [0, 1])
+    assert not runs[0][0].held.held
 
 
 def rewrite(runs, slot: int) -> None:
@@ -139,14 +147,14 @@ def test_sequences_in_another_order_are_regathered():
 def test_past_the_byte_cap_a_layer_gathers_each_step(monkeypatch):
     """Two layers, room for one layer's contexts: the second gathers, with the same bits."""
     pool = Pool([30, 20])
-    one_layer = 2 * 2 * 64 * KV_HEADS * HEAD_DIM * 4  # 2 sequences, capacity 64, k and v
+    one_layer = 2 * 2 * 64 * KV_HEADS * HEAD_DIM * 2  # 2 sequences, capacity 64, k and v
     monkeypatch.setattr(torch_decode_contexts, "MAX_HELD_BYTES", one_layer)
     held = FastTorchAttentionBackend()
     layers = [(pool.k.clone(), pool.v.clone()) for _ in range(2)]
     for _ in range(3):
         meta = pool.decode_step([0, 1])
         k_new, v_new = pool.rows(2), pool.rows(2)
-        q = torch.randn(2, HEADS, HEAD_DIM, generator=pool.gen)
+        q = torch.randn(2, HEADS, HEAD_DIM, generator=pool.gen).to(pool.dtype)
         for k_cache, v_cache in layers:
             fresh = AttentionMetadata(**{**meta.__dict__, "derived": {}})
             held.write_kv(k_new, v_new, k_cache, v_cache, meta)
