@@ -29,8 +29,9 @@ def holds(cache: torch.Tensor) -> bool:
     """Whether a pool's decode contexts are held: bf16 / fp16 only. On the Intel host, bf16
     at batch 16 ran 1.052x with them (7 interleaved rounds); fp32 0.908x and 0.938x (3 and 2
     rounds): SDPA then reads twice the bytes from memory that the gathers had left in cache
-    (docs/benchmark_log.md). FP8 pools are read through a cast, never held."""
-    return cache.element_size() == 2
+    (docs/benchmark_log.md). FP8 pools are read through a cast, never held; nor is a CUDA
+    pool (the torch backend there is a reference)."""
+    return cache.element_size() == 2 and cache.device.type == "cpu"
 
 
 @dataclass
