@@ -5,7 +5,7 @@ this process, all on the CPUs this process may use (run it under `taskset`).
 
 Usage: python3 benchmarks/cpu_ab.py --dtype float32 --batch 16 --before .before
   [--threads 2] [--repeats 3] [--max-repeats 7] [--deadline-s 220] [--profile-tokens 16]
-  [--output cell.json]
+  [--before-llm-args JSON] [--before-env KEY=VALUE ...] [--output cell.json]
 As benchmarks/cpu_generate.py: --prompt-len random token ids a prompt, --new-tokens greedy
 tokens a request, runs interleaved and rotated each round, medians; at least --repeats
 rounds, more (to --max-repeats) while another fits before --deadline-s (seconds from start)
@@ -31,11 +31,13 @@ PROFILE_ROWS = 15
 class EngineServer:
     """A child process holding one tree's engine (cpu_engine_server.py)."""
 
-    def __init__(self, tree: str, dtype: str, batch: int, threads: int):
-        env = dict(os.environ, PYTHONPATH=_path_with(tree))
+    def __init__(self, tree: str, dtype: str, batch: int, threads: int, llm_args: str = "{}",
+                 env_vars: tuple[str, ...] = ()):
+        env = dict(os.environ, PYTHONPATH=_path_with(tree),
+                   **dict(item.split("=", 1) for item in env_vars))
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "cpu_engine_server.py"), "--dtype", dtype,
-             "--max-num-seqs", str(batch), "--threads", str(threads)],
+             "--max-num-seqs", str(batch), "--threads", str(threads), "--llm-args", llm_args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
 
     def read(self) -> dict:
@@ -100,6 +102,11 @@ def main() -> None:
     parser.add_argument("--max-repeats", type=int, default=7)
     parser.add_argument("--deadline-s", type=float, default=220)
     parser.add_argument("--profile-tokens", type=int, default=16)
+    parser.add_argument("--before-llm-args", default="{}",
+                        help="JSON of more LLM(...) options for the before engine (with "
+                        "--before . : this tree against itself under other options)")
+    parser.add_argument("--before-env", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="environment variables of the before engine only")
     parser.add_argument("--output")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -107,11 +114,13 @@ def main() -> None:
     # this tree's engine first and alone: it times its GEMM routes at start-up
     servers = {"after": EngineServer(ROOT, args.dtype, args.batch, args.threads)}
     servers["after"].read()  # ready
-    servers["before"] = EngineServer(args.before, args.dtype, args.batch, args.threads)
+    servers["before"] = EngineServer(args.before, args.dtype, args.batch, args.threads,
+                                     args.before_llm_args, tuple(args.before_env))
     runs = {"transformers": transformers_run(load_transformers(getattr(torch, args.dtype)))}
     servers["before"].read()
     runs.update({name: server.run for name, server in servers.items()})
     doc = {"dtype": args.dtype, "batch": args.batch, "threads": args.threads,
+           "before_llm_args": json.loads(args.before_llm_args), "before_env": args.before_env,
            "cpus": sorted(os.sched_getaffinity(0)), "prompt_len": args.prompt_len,
            "new_tokens": args.new_tokens, "torch": torch.__version__,
            "cpu_capability": torch.backends.cpu.get_cpu_capability(),

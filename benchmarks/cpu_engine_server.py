@@ -50,13 +50,16 @@ def main() -> None:
     parser.add_argument("--dtype", required=True)
     parser.add_argument("--max-num-seqs", type=int, required=True)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--llm-args", default="{}",
+                        help="JSON of more LLM(...) options (e.g. max_num_batched_tokens)")
     args = parser.parse_args()
     out, sys.stdout = sys.stdout, sys.stderr  # answers only on the real stdout
     import torch
     torch.set_num_threads(args.threads)
     from parashift import LLM
     llm = LLM(device="cpu", dtype=args.dtype, attention_backend="torch",
-              enable_prefix_caching=False, max_model_len=1024, max_num_seqs=args.max_num_seqs)
+              enable_prefix_caching=False, max_model_len=1024, max_num_seqs=args.max_num_seqs,
+              **json.loads(args.llm_args))
     answer(out, {"ready": True})
     for line in sys.stdin:
         request = json.loads(line)

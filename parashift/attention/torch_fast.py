@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from parashift.attention.metadata import AttentionMetadata
+from parashift.attention.torch_decode_contexts import DecodeContexts, holds
 
 # a step's decodes are attended apart from its prompt chunks when these are this long
 SPLIT_QUERY_LEN = 8
@@ -33,6 +34,7 @@ class StepLayout:
     out_select: torch.Tensor | None    # and which padded queries they are
     masks: dict = field(default_factory=dict)  # dtype -> `seen` as 0 / -inf
     key_run: int | None = None  # one sequence whose context is one run of slots from here
+    holdable: bool = False  # a decode of every sequence: its contexts may be held (DecodeContexts)
 
     def mask(self, dtype: torch.dtype) -> torch.Tensor | None:
         if self.seen is None:
@@ -52,6 +54,9 @@ class SlotWrites:
 class FastTorchAttentionBackend:
     name = "torch"
 
+    def __init__(self):
+        self.held = DecodeContexts()
+
     def write_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
         if "torch_fast_writes" not in meta.derived:
             meta.derived["torch_fast_writes"] = slot_writes(meta.slot_mapping)
@@ -64,6 +69,8 @@ class FastTorchAttentionBackend:
             if cache.element_size() == 1:  # FP8: the CPU copies its bytes (no float8 kernel)
                 new, rows = new.view(torch.uint8), rows.view(torch.uint8)
             rows.index_copy_(0, writes.slots, new)
+        if holds(k_cache):
+            self.held.write(k.to(k_cache.dtype), v.to(v_cache.dtype), k_cache, meta)
 
     def attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         kv_heads = k_cache.shape[2]
@@ -73,20 +80,29 @@ class FastTorchAttentionBackend:
             meta.derived[key] = step_layouts(meta, group, q.shape[0], q.device)
         layouts = meta.derived[key]
         if len(layouts) == 1 and layouts[0].out_rows is None:
-            return attend_padded(q, k_cache, v_cache, layouts[0], scale)
+            return attend_padded(q, k_cache, v_cache, layouts[0], scale, self.contexts(
+                k_cache, v_cache, layouts[0], meta))
         out = torch.zeros_like(q)
         for layout in layouts:
             o = attend_padded(q, k_cache, v_cache, layout, scale)
             out.index_copy_(0, layout.out_rows, o.index_select(0, layout.out_select))
         return out
 
+    def contexts(self, k_cache, v_cache, layout: StepLayout, meta: AttentionMetadata):
+        """The held contexts of a decode of every sequence, else None (gathered)."""
+        if not layout.holdable or not holds(k_cache):
+            return None
+        return self.held.contexts(k_cache, v_cache, layout.key_slots, meta)
 
-def attend_padded(q, k_cache, v_cache, layout: StepLayout, scale: float) -> torch.Tensor:
-    """[seqs * max_query_len, heads, d]: the layout's sequences' queries, padded."""
+
+def attend_padded(q, k_cache, v_cache, layout: StepLayout, scale: float,
+                  contexts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """[seqs * max_query_len, heads, d]: the layout's sequences' queries, padded; the keys
+    and values `contexts` where given, else gathered from the pool."""
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     group = q.shape[1] // kv_heads
     seqs, q_len = layout.seqs, layout.max_query_len
-    k, v = (gather_contexts(cache, layout, seqs) for cache in (k_cache, v_cache))
+    k, v = contexts or (gather_contexts(cache, layout, seqs) for cache in (k_cache, v_cache))
     if k.dtype != q.dtype:
         k, v = k.to(q.dtype), v.to(q.dtype)
     padded = q if layout.query_rows is None else q.index_select(0, layout.query_rows)
@@ -171,8 +187,10 @@ def step_layout(meta: AttentionMetadata, live: list[int], group: int, num_tokens
     identity = all(q == max_q for q in q_lens) and num_tokens == len(live) * max_q and all(
         starts[i] == j * max_q for j, i in enumerate(live))
     if identity:
+        key_run = slot_run(meta, live, context_len)
+        holdable = max_q == 1 and key_run is None and len(live) == len(seq_lens) > 1
         return StepLayout(len(live), max_q, key_slots, seen, None, None, None,
-                          key_run=slot_run(meta, live, context_len))
+                          key_run=key_run, holdable=holdable)
     padded_rows = torch.tensor([starts[i] for i in live], device=device)[:, None] + query_pos
     is_real = (query_pos[None, :] < q_lens_t[:, None]).flatten()
     out_select = is_real.nonzero().flatten()

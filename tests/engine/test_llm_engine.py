@@ -205,9 +205,9 @@ def test_a_long_prompt_leaves_room_for_the_requests_behind_it(tiny_llama_dir):
 
 
 def test_step_budget_defaults_by_device(tiny_llama_dir):
-    engine = tiny_llm(tiny_llama_dir).llm_engine
+    engine = tiny_llm(tiny_llama_dir).llm_engine  # the offline LLM on the CPU
     assert (engine.config.max_num_batched_tokens, engine.config.long_prefill_token_threshold) \
-        == (512, 256)
+        == (2048, 1024)
     engine = tiny_llm(tiny_llama_dir, long_prefill_token_threshold=0).llm_engine
     assert engine.config.long_prefill_token_threshold == 0  # no cap, as asked
 

@@ -27,7 +27,8 @@ def test_the_step_budget_by_device_and_half_of_it_per_request():
     cuda = with_step_budget(EngineConfig(), torch.device("cuda"))
     assert (cuda.max_num_batched_tokens, cuda.long_prefill_token_threshold) == (8192, 4096)
     offline_cpu = with_step_budget(EngineConfig(), torch.device("cpu"), offline=True)
-    assert offline_cpu.max_num_batched_tokens == 512
+    assert (offline_cpu.max_num_batched_tokens, offline_cpu.long_prefill_token_threshold) == \
+        (2048, 1024)
     given = with_step_budget(EngineConfig(max_num_batched_tokens=100,
                                           long_prefill_token_threshold=0), torch.device("cpu"))
     assert (given.max_num_batched_tokens, given.long_prefill_token_threshold) == (100, 0)
