@@ -306,29 +306,6 @@ class FusedExperts(nn.Module):
         shares = experts_forward(*gathered, gate_up, down, self.first_expert, scales)
         return sum(ep.all_to_all(list(shares.split(tokens))))
 
-    def routed_in_one_launch(self, x: torch.Tensor, router: torch.Tensor, top_k: int,
-                             renormalize: bool) -> torch.Tensor | None:
-        """The router and these experts in one launch (kernels/moe_small_one.py, at one or
-        two rows on CUDA where PARASHIFT_MOE_SMALL_ONE=router or router-each; no merged layout or
-        deterministic mode), reduced as forward reduces; else None."""
-        if self.reduction_chunks or not use_triton(x) or (self.mode == "ep"
-                                                          and get_context().sp.size != 1):
-            return None
-        from parashift.kernels import moe_small_one
-        mode = moe_small_one.mode()
-        if mode not in moe_small_one.ROUTE_OF_MODE or self.merged_layout() is not None:
-            return None
-        gate_up, down, scales = _with_scales(self.active_layout())
-        if not moe_small_one.routes(x, router, top_k, fp8=scales is not None):
-            return None
-        out = moe_small_one.routed_experts(x, router, top_k, renormalize, gate_up, down,
-                                           self.first_expert, scales,
-                                           each=mode == "router-each")
-        if out is None:
-            return None
-        group = get_context().tp if self.mode == "tp" else get_context().state.ep
-        return group.all_reduce(out)
-
     def deterministic_slots(self, x: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                             down: torch.Tensor) -> torch.Tensor:
         """Deterministic mode: every pair's expert output [T * k, H] in fp32, the down
@@ -373,10 +350,5 @@ class FusedMoE(nn.Module):
                                     get_context().moe_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate.matmul is dense_linear:
-            out = self.experts.routed_in_one_launch(x, self.gate.weight, self.top_k,
-                                                    self.renormalize)
-            if out is not None:
-                return out
         weights, ids = self.gate.route(x, self.top_k, self.renormalize)
         return self.experts(x, weights, ids)

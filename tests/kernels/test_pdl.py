@@ -227,11 +227,9 @@ KERNELS = {
     "moe_topk_sum": (moe_prefill._topk_sum_kernel, {"ids_ptr": torch.int64}, (),
                      dict(TOP_K=8, BLOCK=1024), False),
     "moe_small_gate_up": (moe_small._gate_up_kernel, {"ids_ptr": torch.int64}, (), dict(
-        BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True,
-        PIPELINE=False), False),
+        BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True), False),
     "moe_small_down": (moe_small._down_kernel, {"ids_ptr": torch.int64}, (), dict(
-        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True, AHEAD=False,
-        PIPELINE=False), False),
+        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True), False),
     "silu_mul": (silu_mul._silu_and_mul_kernel, {}, (), dict(BLOCK=1024, LIBDEVICE=True),
                  False),
     "silu_mul_fp8_split": (silu_mul._silu_and_mul_fp8_split_kernel, {
