@@ -51,6 +51,19 @@ DEFAULT_MAX_PAIRS_FP8 = 128  # sixteen tokens at top-8
 MAX_PAIRS, MAX_PAIRS_FP8 = _max_pairs_from_env()
 
 
+EVICT_ENV = "PARASHIFT_MOE_SMALL_EVICT_FIRST"
+
+
+def eviction() -> str:
+    """PARASHIFT_MOE_SMALL_EVICT_FIRST=1: the experts' weight loads marked evict-first in L2
+    (lines prefetched for the next GEMMs, layers/l2_prefetch.py, stay); 0, the default: the
+    default policy. Read at each launch."""
+    value = os.environ.get(EVICT_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{EVICT_ENV} must be 0 or 1, got {value!r}")
+    return "evict_first" if value == "1" else ""
+
+
 def takes(num_pairs: int, fp8: bool = False) -> bool:
     return 0 < num_pairs <= (MAX_PAIRS_FP8 if fp8 else MAX_PAIRS)
 
@@ -75,7 +88,8 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
                     inter, k_in, stride_x, stride_h, stride_we, stride_wp, stride_wn,
                     stride_se, stride_sp, stride_sn, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, VEC: tl.constexpr, W_SCALED: tl.constexpr,
-                    EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
+                    EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr,
+                    EVICT: tl.constexpr = ""):
     pdl.start(USE_PDL)  # which expert a pair reads is the routing's output
     pair = tl.program_id(0)
     expert = tl.load(ids_ptr + pair).to(tl.int32) - first_expert
@@ -96,12 +110,12 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
         k = (k0 + offs_k)[None, :]
         if EVEN_K:
             x = tl.load(x_row + k)  # [1, BLOCK_K]: in the weight tile's layout
-            gate = tl.load(gate_rows + k)
-            up = tl.load(up_rows + k)
+            gate = tl.load(gate_rows + k, eviction_policy=EVICT)
+            up = tl.load(up_rows + k, eviction_policy=EVICT)
         else:
             x = tl.load(x_row + k, mask=k < k_in, other=0.0)
-            gate = tl.load(gate_rows + k, mask=k < k_in, other=0.0)
-            up = tl.load(up_rows + k, mask=k < k_in, other=0.0)
+            gate = tl.load(gate_rows + k, mask=k < k_in, other=0.0, eviction_policy=EVICT)
+            up = tl.load(up_rows + k, mask=k < k_in, other=0.0, eviction_policy=EVICT)
         acc_gate += _vec_sums(gate, x, VEC)
         acc_up += _vec_sums(up, x, VEC)
     gate = tl.sum(acc_gate, axis=1)
@@ -121,7 +135,7 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
                  top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn, stride_se,
                  stride_sn, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
-                 USE_PDL: tl.constexpr):
+                 USE_PDL: tl.constexpr, EVICT: tl.constexpr = ""):
     pdl.start(USE_PDL)
     token = tl.program_id(0)
     slots = tl.arange(0, TOP_K)
@@ -143,7 +157,7 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
         if not EVEN_K:
             mask = mask & (k < k_in)
         h = tl.load(h_rows + k, mask=mask, other=0.0)
-        w = tl.load(w_rows + k, mask=mask, other=0.0)
+        w = tl.load(w_rows + k, mask=mask, other=0.0, eviction_policy=EVICT)
         acc += _vec_sums_3d(w, h, VEC)
     y = tl.sum(acc, axis=2)  # [TOP_K, BLOCK_N]
     if W_SCALED:
@@ -187,7 +201,7 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         inter, hidden, x.stride(0), h.stride(0), *gate_up.stride()[:3],
         *(gate_up_scale.stride()[:3] if w_scaled else (0, 0, 0)), BLOCK_N=block_n,
         BLOCK_K=block_k, VEC=vec, W_SCALED=w_scaled, EVEN_K=hidden % block_k == 0,
-        LIBDEVICE=x.is_cuda, num_warps=warps, enable_fp_fusion=False,
+        LIBDEVICE=x.is_cuda, EVICT=eviction(), num_warps=warps, enable_fp_fusion=False,
         **pdl.launch_options(x.device))
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = down_tiles
@@ -196,7 +210,7 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         top_k, hidden, inter, h.stride(0), out.stride(0), down.stride(0), down.stride(1),
         *((down_scale.stride(0), down_scale.stride(1)) if w_scaled else (0, 0)),
         TOP_K=triton.next_power_of_2(top_k), BLOCK_N=block_n, BLOCK_K=block_k, VEC=vec,
-        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, num_warps=warps,
+        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, EVICT=eviction(), num_warps=warps,
         **pdl.launch_options(x.device))
     return out
 

@@ -348,7 +348,26 @@ class FusedMoE(nn.Module):
         self.gate = Router(hidden_size, num_experts)
         self.experts = FusedExperts(num_experts, hidden_size, intermediate_size,
                                     get_context().moe_parallel)
+        # (x, weights, ids): x's routing, computed with the norm before (layers/norm_router.py)
+        self._held: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def fused_router(self) -> tuple[torch.Tensor, int, bool] | None:
+        """(router weight, k, renormalize) for a kernel that routes with the norm before;
+        None in deterministic mode (the router's batch-invariant GEMM)."""
+        if self.gate.matmul is not dense_linear:
+            return None
+        return self.gate.weight, self.top_k, self.renormalize
+
+    def hold_routing(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> None:
+        self._held = x, weights, ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate.route(x, self.top_k, self.renormalize)
+        held, self._held = self._held, None
+        if held is None:
+            weights, ids = self.gate.route(x, self.top_k, self.renormalize)
+        elif held[0] is x:
+            weights, ids = held[1:]
+        else:
+            raise RuntimeError("a norm routed a row for this layer, which was called with "
+                               "another tensor")
         return self.experts(x, weights, ids)

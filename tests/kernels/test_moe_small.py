@@ -154,3 +154,16 @@ def test_dispatch_and_cuda_graph_replay():
         w, i = route(logits.to(x.dtype), 8, renormalize=True)
         return fused_moe.fused_experts(x, w, i, gate_up, down, first)
     assert_graph_replays(step, [x, logits])
+
+
+@cuda
+def test_evict_first_loads_give_the_same_bits(monkeypatch):
+    """PARASHIFT_MOE_SMALL_EVICT_FIRST=1 (the weights' loads evict-first) at Qwen3-30B-A3B's
+    shape: the same bits; an unknown value is an error."""
+    args = inputs(1, 128, 8, 2048, 768, dtype="bfloat16", device="cuda")
+    plain = moe_small.small_experts(*args)
+    monkeypatch.setenv(moe_small.EVICT_ENV, "1")
+    assert torch.equal(moe_small.small_experts(*args), plain)
+    monkeypatch.setenv(moe_small.EVICT_ENV, "yes")
+    with pytest.raises(ValueError, match=moe_small.EVICT_ENV):
+        moe_small.small_experts(*args)
