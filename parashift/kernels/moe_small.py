@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import num_sms, pdl
+from parashift.kernels import norm_values, num_sms, pdl, split_tickets
 from parashift.kernels.silu_mul import silu_mul_values
 
 VEC_BYTES = 16  # of weights a thread loads at once and sums in registers; BLOCK_K a multiple
@@ -133,9 +133,13 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
 @triton.jit
 def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, first_expert,
                  top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn, stride_se,
-                 stride_sn, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 stride_sn, res_ptr, nw_ptr, normed_ptr, new_res_ptr, counter_ptr, eps,
+                 TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
-                 USE_PDL: tl.constexpr, EVICT: tl.constexpr = ""):
+                 USE_PDL: tl.constexpr, EVICT: tl.constexpr = "", NORM: tl.constexpr = False,
+                 NORM_BLOCK: tl.constexpr = 1):
+    # NORM (one token): the last program to take a ticket adds the output row to the
+    # residual and normalises it (the next layer's input RMSNorm), as kernels/norm_values.py
     pdl.start(USE_PDL)
     token = tl.program_id(0)
     slots = tl.arange(0, TOP_K)
@@ -169,15 +173,27 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
     y = (y.to(dtype).to(tl.float32) * weight[:, None]).to(dtype).to(tl.float32)
     total = tl.sum(tl.where(held[:, None], y, 0.0), axis=0)
     tl.store(out_ptr + token.to(tl.int64) * stride_out + cols, total.to(dtype), mask=n_ok)
+    if NORM:
+        if split_tickets.is_last_of(counter_ptr, tl.num_programs(1)):
+            split_tickets.reset(counter_ptr)
+            rstd = norm_values.row_rstd(out_ptr, res_ptr, new_res_ptr, n_out, n_out,
+                                        1.0 / n_out, eps, True, NORM_BLOCK, 1)
+            k = tl.max_contiguous(tl.arange(0, NORM_BLOCK), 8)
+            normed = norm_values.normed_row(out_ptr, res_ptr, nw_ptr, k, k < n_out, rstd, True)
+            tl.store(normed_ptr + k, normed, mask=k < n_out)
 
 
 def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
                   scales: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  tiles: tuple[tuple, tuple] | None = None) -> torch.Tensor:
+                  tiles: tuple[tuple, tuple] | None = None,
+                  norm: tuple | None = None) -> torch.Tensor:
     """fused_experts' result [T, H] in two launches. gate_up [E, 2 I, H] or its narrowed
     [E, 2, I / f, H] view, down [E, H, I]; FP8 experts with `scales` (gate_up's, down's)
-    per output row. tiles: ((BLOCK_N, BLOCK_K, warps) of gate_up, of down), else chosen."""
+    per output row. tiles: ((BLOCK_N, BLOCK_K, warps) of gate_up, of down), else chosen.
+    norm (one token): (residual, norm weight, eps, normed, new residual): the down kernel's
+    last program also writes rms_norm(out + residual) into normed and out + residual into
+    new residual (the next layer's input RMSNorm; `takes_norm` says where)."""
     gate_up_scale, down_scale = scales or (None, None)
     if gate_up.dim() == 3:
         gate_up = gate_up.unflatten(1, (2, gate_up.shape[1] // 2))
@@ -204,15 +220,32 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         LIBDEVICE=x.is_cuda, EVICT=eviction(), num_warps=warps, enable_fp_fusion=False,
         **pdl.launch_options(x.device))
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    residual, norm_weight, eps, normed, new_residual = norm or (out, out, 0.0, out, out)
+    if norm is not None and not (takes_norm(x, residual, norm_weight)
+                                 and normed.is_contiguous() and new_residual.is_contiguous()):
+        raise ValueError("the experts take the next norm at one token, the residual, norm "
+                         "weight and outputs contiguous in its dtype")
     block_n, block_k, warps = down_tiles
     _down_kernel[(tokens, triton.cdiv(hidden, block_n))](
         out, h, ids, weights, down, down_scale if w_scaled else out, num_local, first_expert,
         top_k, hidden, inter, h.stride(0), out.stride(0), down.stride(0), down.stride(1),
         *((down_scale.stride(0), down_scale.stride(1)) if w_scaled else (0, 0)),
+        residual, norm_weight, normed, new_residual,
+        split_tickets.counters(x.device, 1) if norm else out, eps,
         TOP_K=triton.next_power_of_2(top_k), BLOCK_N=block_n, BLOCK_K=block_k, VEC=vec,
-        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, EVICT=eviction(), num_warps=warps,
+        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, EVICT=eviction(),
+        NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(hidden), num_warps=warps,
         **pdl.launch_options(x.device))
     return out
+
+
+def takes_norm(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor) -> bool:
+    """Whether small_experts takes a `norm` for these: one token's row x [1, H], the
+    residual [1, H] and norm weight [H] contiguous in its dtype, ticket counters at hand."""
+    return (x.dim() == 2 and x.shape[0] == 1 and residual.shape == x.shape
+            and norm_weight.shape == x.shape[1:]
+            and all(t.dtype == x.dtype and t.is_contiguous() for t in (residual, norm_weight))
+            and split_tickets.counters(x.device, 1) is not None)
 
 
 def choose_tiles(tokens: int, top_k: int, inter: int, hidden: int, weight_bytes: int,
