@@ -71,12 +71,15 @@ class NormAfterMoe(RMSNorm):
 
 
 def form_next_norms(sites) -> int:
-    """For each (FusedMoE, module, name of the norm after it): that norm replaced by its
-    twin, which the FusedMoE may form; returns how many."""
+    """For each (FusedMoE, module, name of the norm after it) whose norm is a plain RMSNorm
+    (one another pass made a fusing twin of, e.g. FP8 rows for the next layer, stays): that
+    norm replaced by its twin, which the FusedMoE may form; returns how many."""
+    replaced = 0
     for moe, module, name in sites:
         norm = getattr(module, name)
-        if not isinstance(norm, NormAfterMoe):
-            norm = NormAfterMoe(norm)
-            setattr(module, name, norm)
-        moe.with_next_norm = norm.formed_with
-    return len(sites)
+        if type(norm) is RMSNorm:
+            twin = NormAfterMoe(norm)
+            setattr(module, name, twin)
+            moe.with_next_norm = twin.formed_with
+            replaced += 1
+    return replaced

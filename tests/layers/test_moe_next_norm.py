@@ -5,10 +5,16 @@ tests/layers/test_norm_router.py; the kernel: tests/kernels/test_moe_small.py.""
 import pytest
 import torch
 
+from parashift.context import use_state
 from parashift.kernels import moe_small
 from parashift.layers import moe_next_norm
 from parashift.layers.layernorm import RMSNorm, add_rms_norm_torch
+from parashift.layers.fp8_input import QuantizingRMSNorm
 from parashift.layers.moe_next_norm import NormAfterMoe
+from parashift.models.moe import MoeForCausalLM
+from parashift.parallel.state import ParallelState
+from parashift.quantization.scheme import WeightQuant
+from tests.helpers.tiny_configs import tiny_config
 from tests.layers.test_norm_router import build
 
 
@@ -21,6 +27,12 @@ def test_the_norm_after_each_moe_layer_gets_the_twin():
     assert layers[0].mlp.with_next_norm == layers[1].input_layernorm.formed_with
     assert layers[2].mlp.with_next_norm == model.model.norm.formed_with
     assert not any("with_next_norm" in name for name, _ in model.named_modules())
+    with use_state(ParallelState.single(), quantization=WeightQuant()):
+        fp8 = MoeForCausalLM(tiny_config("qwen3-moe"), 64).model
+    # the input norms' FP8 rows twins stay; the final norm feeds no FP8 layer
+    assert fp8.layers[0].mlp.with_next_norm is None
+    assert type(fp8.layers[1].input_layernorm) is QuantizingRMSNorm
+    assert fp8.layers[2].mlp.with_next_norm == fp8.norm.formed_with
 
 
 def test_the_next_norm_returns_what_the_experts_formed(monkeypatch):
