@@ -179,7 +179,7 @@ def check_next_norm(dtype="float32", device="cpu", **case):
     residual = randn(tuple(x.shape), dtype, device, seed=7, scale=4.0)
     norm_weight = 1.0 + randn((x.shape[1],), dtype, device, seed=8, scale=0.1)
     plain = moe_small.small_experts(x, weights, ids, gate_up, down, first)
-    for _ in range(2):
+    for _ in range(2 if device == "cuda" else 1):  # interpreted: one call (CI time)
         normed, new_residual = torch.empty_like(x), torch.empty_like(x)
         out = moe_small.small_experts(x, weights, ids, gate_up, down, first,
                                       norm=(residual, norm_weight, 1e-6, normed, new_residual))
