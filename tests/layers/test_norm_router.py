@@ -10,7 +10,7 @@ import torch
 
 from parashift.context import use_state
 from parashift.kernels import moe_norm_router
-from parashift.layers.fused_moe import FusedMoE
+from parashift.layers.fused_moe import FusedExperts, FusedMoE, Router
 from parashift.layers import moe_next_norm
 from parashift.layers.layernorm import RMSNorm
 from parashift.layers.norm_router import NormRouter
@@ -40,28 +40,33 @@ def test_each_moe_layer_norm_gets_the_twin():
 
 
 def test_the_moe_takes_a_handed_routing_for_that_tensor_only(monkeypatch):
+    """The kernel and the experts stood in (no CPU GEMM: the GPU machine's CPU route gave
+    NaNs here): the experts run on the routing handed over, for that very tensor only."""
     layer = build().model.layers[0]
     norm, moe = layer.post_attention_layernorm, layer.mlp
-    x, residual = torch.randn(1, moe.gate.weight.shape[1]), torch.randn(1, moe.gate.weight.shape[1])
+    x, residual = torch.randn(2, 1, moe.gate.weight.shape[1]).unbind(0)
     plain_out, plain_new = RMSNorm.forward(norm, x, residual)
-    reference = moe(plain_out)
     monkeypatch.setenv(moe_norm_router.ENV, "1")
     monkeypatch.setattr("parashift.layers.norm_router.use_triton", lambda t: True)
-    routed = []
-
-    def stand_in(x, residual, weight, eps, router, top_k, renormalize):
-        out, new_x = RMSNorm.forward(norm, x, residual)
-        routed.append(top_k)
-        return (out, new_x, *moe.gate.route(out, top_k, renormalize))
-    monkeypatch.setattr(moe_norm_router, "norm_router", stand_in)
+    handed = torch.tensor([[0.75, 0.25]]), torch.tensor([[3, 1]])
+    monkeypatch.setattr(moe_norm_router, "norm_router",
+                        lambda x, residual, *a: (*RMSNorm.forward(norm, x, residual), *handed))
+    runs = []
+    monkeypatch.setattr(FusedExperts, "forward",
+                        lambda self, x, weights, ids: runs.append((weights, ids)) or x)
+    monkeypatch.setattr(Router, "route", lambda self, x, k, renormalize: ("own", "routing"))
     out, new_x = norm(x, residual)
-    assert routed == [moe.top_k] and torch.equal(new_x, plain_new)
-    assert torch.equal(moe(out), reference)
+    assert torch.equal(out, plain_out) and torch.equal(new_x, plain_new)
+    assert moe(out) is out and runs[-1][0] is handed[0] and runs[-1][1] is handed[1]
+    moe(out)  # taken once: the next call routes itself
+    assert runs[-1] == ("own", "routing")
     norm(x, residual)
     with pytest.raises(RuntimeError, match="another tensor"):
         moe(out.clone())
     monkeypatch.setenv(moe_norm_router.ENV, "0")
-    assert torch.equal(norm(x, residual)[0], plain_out) and routed == [moe.top_k] * 2
+    assert torch.equal(norm(x, residual)[0], plain_out)
+    moe(plain_out)
+    assert runs[-1] == ("own", "routing")
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
