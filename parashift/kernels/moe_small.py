@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import norm_values, num_sms, pdl, split_tickets
+from parashift.kernels import num_sms, pdl
 from parashift.kernels.silu_mul import silu_mul_values
 
 VEC_BYTES = 16  # of weights a thread loads at once and sums in registers; BLOCK_K a multiple
@@ -49,19 +49,6 @@ def _max_pairs_from_env() -> tuple[int, int]:
 DEFAULT_MAX_PAIRS = 16  # two tokens at top-8
 DEFAULT_MAX_PAIRS_FP8 = 128  # sixteen tokens at top-8
 MAX_PAIRS, MAX_PAIRS_FP8 = _max_pairs_from_env()
-
-
-EVICT_ENV = "PARASHIFT_MOE_SMALL_EVICT_FIRST"
-
-
-def eviction() -> str:
-    """PARASHIFT_MOE_SMALL_EVICT_FIRST=1: the experts' weight loads marked evict-first in L2
-    (lines prefetched for the next GEMMs, layers/l2_prefetch.py, stay); 0, the default: the
-    default policy. Read at each launch."""
-    value = os.environ.get(EVICT_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{EVICT_ENV} must be 0 or 1, got {value!r}")
-    return "evict_first" if value == "1" else ""
 
 
 def takes(num_pairs: int, fp8: bool = False) -> bool:
@@ -88,8 +75,7 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
                     inter, k_in, stride_x, stride_h, stride_we, stride_wp, stride_wn,
                     stride_se, stride_sp, stride_sn, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, VEC: tl.constexpr, W_SCALED: tl.constexpr,
-                    EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr,
-                    EVICT: tl.constexpr = ""):
+                    EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
     pdl.start(USE_PDL)  # which expert a pair reads is the routing's output
     pair = tl.program_id(0)
     expert = tl.load(ids_ptr + pair).to(tl.int32) - first_expert
@@ -110,12 +96,12 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
         k = (k0 + offs_k)[None, :]
         if EVEN_K:
             x = tl.load(x_row + k)  # [1, BLOCK_K]: in the weight tile's layout
-            gate = tl.load(gate_rows + k, eviction_policy=EVICT)
-            up = tl.load(up_rows + k, eviction_policy=EVICT)
+            gate = tl.load(gate_rows + k)
+            up = tl.load(up_rows + k)
         else:
             x = tl.load(x_row + k, mask=k < k_in, other=0.0)
-            gate = tl.load(gate_rows + k, mask=k < k_in, other=0.0, eviction_policy=EVICT)
-            up = tl.load(up_rows + k, mask=k < k_in, other=0.0, eviction_policy=EVICT)
+            gate = tl.load(gate_rows + k, mask=k < k_in, other=0.0)
+            up = tl.load(up_rows + k, mask=k < k_in, other=0.0)
         acc_gate += _vec_sums(gate, x, VEC)
         acc_up += _vec_sums(up, x, VEC)
     gate = tl.sum(acc_gate, axis=1)
@@ -133,13 +119,9 @@ def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert
 @triton.jit
 def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, first_expert,
                  top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn, stride_se,
-                 stride_sn, res_ptr, nw_ptr, normed_ptr, new_res_ptr, counter_ptr, eps,
-                 TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 stride_sn, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
-                 USE_PDL: tl.constexpr, EVICT: tl.constexpr = "", NORM: tl.constexpr = False,
-                 NORM_BLOCK: tl.constexpr = 1):
-    # NORM (one token): the last program to take a ticket adds the output row to the
-    # residual and normalises it (the next layer's input RMSNorm), as kernels/norm_values.py
+                 USE_PDL: tl.constexpr):
     pdl.start(USE_PDL)
     token = tl.program_id(0)
     slots = tl.arange(0, TOP_K)
@@ -161,7 +143,7 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
         if not EVEN_K:
             mask = mask & (k < k_in)
         h = tl.load(h_rows + k, mask=mask, other=0.0)
-        w = tl.load(w_rows + k, mask=mask, other=0.0, eviction_policy=EVICT)
+        w = tl.load(w_rows + k, mask=mask, other=0.0)
         acc += _vec_sums_3d(w, h, VEC)
     y = tl.sum(acc, axis=2)  # [TOP_K, BLOCK_N]
     if W_SCALED:
@@ -173,27 +155,15 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
     y = (y.to(dtype).to(tl.float32) * weight[:, None]).to(dtype).to(tl.float32)
     total = tl.sum(tl.where(held[:, None], y, 0.0), axis=0)
     tl.store(out_ptr + token.to(tl.int64) * stride_out + cols, total.to(dtype), mask=n_ok)
-    if NORM:
-        if split_tickets.is_last_of(counter_ptr, tl.num_programs(1)):
-            split_tickets.reset(counter_ptr)
-            rstd = norm_values.row_rstd(out_ptr, res_ptr, new_res_ptr, n_out, n_out,
-                                        1.0 / n_out, eps, True, NORM_BLOCK, 1)
-            k = tl.max_contiguous(tl.arange(0, NORM_BLOCK), 8)
-            normed = norm_values.normed_row(out_ptr, res_ptr, nw_ptr, k, k < n_out, rstd, True)
-            tl.store(normed_ptr + k, normed, mask=k < n_out)
 
 
 def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
                   scales: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  tiles: tuple[tuple, tuple] | None = None,
-                  norm: tuple | None = None) -> torch.Tensor:
+                  tiles: tuple[tuple, tuple] | None = None) -> torch.Tensor:
     """fused_experts' result [T, H] in two launches. gate_up [E, 2 I, H] or its narrowed
     [E, 2, I / f, H] view, down [E, H, I]; FP8 experts with `scales` (gate_up's, down's)
-    per output row. tiles: ((BLOCK_N, BLOCK_K, warps) of gate_up, of down), else chosen.
-    norm (one token): (residual, norm weight, eps, normed, new residual): the down kernel's
-    last program also writes rms_norm(out + residual) into normed and out + residual into
-    new residual (the next layer's input RMSNorm; `takes_norm` says where)."""
+    per output row. tiles: ((BLOCK_N, BLOCK_K, warps) of gate_up, of down), else chosen."""
     gate_up_scale, down_scale = scales or (None, None)
     if gate_up.dim() == 3:
         gate_up = gate_up.unflatten(1, (2, gate_up.shape[1] // 2))
@@ -217,35 +187,18 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         inter, hidden, x.stride(0), h.stride(0), *gate_up.stride()[:3],
         *(gate_up_scale.stride()[:3] if w_scaled else (0, 0, 0)), BLOCK_N=block_n,
         BLOCK_K=block_k, VEC=vec, W_SCALED=w_scaled, EVEN_K=hidden % block_k == 0,
-        LIBDEVICE=x.is_cuda, EVICT=eviction(), num_warps=warps, enable_fp_fusion=False,
+        LIBDEVICE=x.is_cuda, num_warps=warps, enable_fp_fusion=False,
         **pdl.launch_options(x.device))
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
-    residual, norm_weight, eps, normed, new_residual = norm or (out, out, 0.0, out, out)
-    if norm is not None and not (takes_norm(x, residual, norm_weight)
-                                 and normed.is_contiguous() and new_residual.is_contiguous()):
-        raise ValueError("the experts take the next norm at one token, the residual, norm "
-                         "weight and outputs contiguous in its dtype")
     block_n, block_k, warps = down_tiles
     _down_kernel[(tokens, triton.cdiv(hidden, block_n))](
         out, h, ids, weights, down, down_scale if w_scaled else out, num_local, first_expert,
         top_k, hidden, inter, h.stride(0), out.stride(0), down.stride(0), down.stride(1),
         *((down_scale.stride(0), down_scale.stride(1)) if w_scaled else (0, 0)),
-        residual, norm_weight, normed, new_residual,
-        split_tickets.counters(x.device, 1) if norm else out, eps,
         TOP_K=triton.next_power_of_2(top_k), BLOCK_N=block_n, BLOCK_K=block_k, VEC=vec,
-        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, EVICT=eviction(),
-        NORM=norm is not None, NORM_BLOCK=triton.next_power_of_2(hidden), num_warps=warps,
+        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, num_warps=warps,
         **pdl.launch_options(x.device))
     return out
-
-
-def takes_norm(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor) -> bool:
-    """Whether small_experts takes a `norm` for these: one token's row x [1, H], the
-    residual [1, H] and norm weight [H] contiguous in its dtype, ticket counters at hand."""
-    return (x.dim() == 2 and x.shape[0] == 1 and residual.shape == x.shape
-            and norm_weight.shape == x.shape[1:]
-            and all(t.dtype == x.dtype and t.is_contiguous() for t in (residual, norm_weight))
-            and split_tickets.counters(x.device, 1) is not None)
 
 
 def choose_tiles(tokens: int, top_k: int, inter: int, hidden: int, weight_bytes: int,

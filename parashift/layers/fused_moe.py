@@ -278,16 +278,6 @@ class FusedExperts(nn.Module):
             return None
         return (*self.layouts[ctx.weights], self.layout_first_expert[ctx.weights])
 
-    def unreduced_layout(self) -> tuple | None:
-        """(gate_up, down, scales) where this rank's experts give the layer's whole output
-        (one rank, no merged layout, outside deterministic mode), else None."""
-        ctx = get_context()
-        group = ctx.tp if self.mode == "tp" else ctx.state.ep
-        if (self.reduction_chunks or group.size != 1 or ctx.sp.size != 1
-                or self.merged_layout() is not None):
-            return None
-        return _with_scales(self.active_layout())
-
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         merged = self.merged_layout()
         if merged is not None:
@@ -358,11 +348,8 @@ class FusedMoE(nn.Module):
         self.gate = Router(hidden_size, num_experts)
         self.experts = FusedExperts(num_experts, hidden_size, intermediate_size,
                                     get_context().moe_parallel)
-        # (x, weights, ids, residual): x's routing (None: not routed yet) computed with the
-        # norm before, and the residual after it (layers/norm_router.py)
-        self._held: tuple | None = None
-        # runs the experts with the norm after them (layers/moe_next_norm.py): a method
-        self.with_next_norm = None
+        # (x, weights, ids): x's routing, computed with the norm before (layers/norm_router.py)
+        self._held: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def fused_router(self) -> tuple[torch.Tensor, int, bool] | None:
         """(router weight, k, renormalize) for a kernel that routes with the norm before;
@@ -371,20 +358,16 @@ class FusedMoE(nn.Module):
             return None
         return self.gate.weight, self.top_k, self.renormalize
 
-    def hold_routing(self, x: torch.Tensor, weights: torch.Tensor | None,
-                     ids: torch.Tensor | None, residual: torch.Tensor | None = None) -> None:
-        self._held = x, weights, ids, residual
+    def hold_routing(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> None:
+        self._held = x, weights, ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         held, self._held = self._held, None
-        if held is not None and held[0] is not x:
-            raise RuntimeError("a norm handed this layer a row's routing or residual, but the "
-                               "layer was called with another tensor")
-        weights, ids, residual = held[1:] if held is not None else (None, None, None)
-        if weights is None:
+        if held is None:
             weights, ids = self.gate.route(x, self.top_k, self.renormalize)
-        if residual is not None and self.with_next_norm is not None:
-            out = self.with_next_norm(self.experts, x, weights, ids, residual)
-            if out is not None:
-                return out
+        elif held[0] is x:
+            weights, ids = held[1:]
+        else:
+            raise RuntimeError("a norm routed a row for this layer, which was called with "
+                               "another tensor")
         return self.experts(x, weights, ids)

@@ -7,13 +7,11 @@ PARASHIFT_MOE_NORM_ROUTER=1 (read at each call: a CUDA graph keeps what its capt
 and the kernel takes the row, the twin normalises the row and routes it in one launch,
 returns the norm's outputs and hands the routing to the FusedMoE, which takes it for that
 very tensor instead of running its router (the decoder layer calls the norm and then the
-MLP, nothing in between). Else the twin is the norm it replaced (where
-PARASHIFT_MOE_NEXT_NORM=1 it hands the new residual on all the same: layers/moe_next_norm.py).
-The router never runs with the norm in deterministic mode (its batch-invariant GEMM)."""
+MLP, nothing in between). Else the twin is the norm it replaced. Never in deterministic mode
+(the router's batch-invariant GEMM)."""
 import torch
 
 from parashift.kernels import use_triton
-from parashift.layers import moe_next_norm
 from parashift.layers.fused_moe import FusedMoE
 from parashift.layers.fusion_pairs import declared_pairs
 from parashift.layers.layernorm import RMSNorm
@@ -37,12 +35,9 @@ class NormRouter(RMSNorm):
                     and moe_norm_router.fits(x, residual, self.weight, router[0], router[1])):
                 out, new_x, weights, ids = moe_norm_router.norm_router(
                     x, residual, self.weight, self.eps, *router)
-                self._hold(out, weights, ids, new_x)
+                self._hold(out, weights, ids)
                 return out, new_x
-        out, new_x = self._plain(x, residual)
-        if residual is not None and moe_next_norm.enabled():
-            self._hold(out, None, None, new_x)  # the residual, for the norm after the experts
-        return out, new_x
+        return self._plain(x, residual)
 
 
 def fuse_norm_into_router(model: torch.nn.Module) -> int:

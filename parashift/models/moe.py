@@ -2,12 +2,9 @@
 RMSNorm, top-k routing renormalized when norm_topk_prob) and Mixtral (Mistral attention,
 top-k always renormalized). Each layer's MLP is a `FusedMoE`, or a dense MLP where the
 config says so (Qwen3-MoE's mlp_only_layers, decoder_sparse_step)."""
-from typing import Iterator
-
 from torch import nn
 
 from parashift.layers.fused_moe import FusedMoE
-from parashift.layers.moe_next_norm import form_next_norms
 from parashift.layers.norm_router import fuse_norm_into_router
 from parashift.models.llama import LlamaForCausalLM, LlamaMLP
 from parashift.parallel.plan import ExpertShape
@@ -51,19 +48,6 @@ def check_plan(plan, cfg, moe_parallel: str = "tp") -> None:
                      dense_intermediate_size(cfg), expert_shape(cfg, moe_parallel))
 
 
-def next_norm_sites(stack) -> Iterator[tuple[FusedMoE, nn.Module, str]]:
-    """(FusedMoE, module, the name of the norm after it) on this pipeline stage: the next
-    layer's input norm, the final norm after the last layer."""
-    for i in stack.stage:
-        moe = getattr(stack.layers[i], "mlp", None)
-        if not isinstance(moe, FusedMoE):
-            continue
-        if i + 1 in stack.stage:
-            yield moe, stack.layers[i + 1], "input_layernorm"
-        elif i + 1 == len(stack.layers) and stack.last:
-            yield moe, stack, "norm"
-
-
 class MoeForCausalLM(LlamaForCausalLM):
     """Qwen3MoeForCausalLM and MixtralForCausalLM."""
     expert_modules_mapping = {
@@ -79,7 +63,6 @@ class MoeForCausalLM(LlamaForCausalLM):
     def __init__(self, cfg, max_position: int):
         super().__init__(cfg, max_position)
         fuse_norm_into_router(self)
-        form_next_norms(list(next_norm_sites(self.model)))
 
     @staticmethod
     def make_mlp(cfg, layer_index: int) -> nn.Module:

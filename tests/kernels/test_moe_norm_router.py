@@ -62,12 +62,10 @@ def test_fits_one_contiguous_row(monkeypatch):
     assert not moe_norm_router.fits(x, residual, norm_weight, router, 6)  # k not a power of 2
     with pytest.raises(ValueError, match="norm_router takes one contiguous row"):
         moe_norm_router.norm_router(x, residual, norm_weight, EPS, router, 6, True)
+    assert moe_norm_router.enabled()  # the default
     monkeypatch.setenv(moe_norm_router.ENV, "yes")
     with pytest.raises(ValueError, match=moe_norm_router.ENV):
         moe_norm_router.enabled()
-    monkeypatch.setenv(moe_norm_router.WARPS_ENV, "3")
-    with pytest.raises(ValueError, match=moe_norm_router.WARPS_ENV):
-        moe_norm_router.warps(2048)
 
 
 @cuda

@@ -12,9 +12,7 @@ import torch
 from parashift.kernels import fused_moe, moe_small
 from parashift.layers.activation import silu_and_mul_torch
 from parashift.layers.fused_moe import expert_outputs
-from parashift.layers.layernorm import add_rms_norm_torch
-from tests.kernels.common import (assert_exact, assert_graph_replays, case_tests, cuda,
-                                  cuda_tests, randn)
+from tests.kernels.common import assert_graph_replays, case_tests, cuda
 from tests.kernels.test_fused_moe import TOLERANCE, inputs
 
 # tiles: an index into TILES, forced tiles run beside the chosen ones
@@ -156,52 +154,3 @@ def test_dispatch_and_cuda_graph_replay():
         w, i = route(logits.to(x.dtype), 8, renormalize=True)
         return fused_moe.fused_experts(x, w, i, gate_up, down, first)
     assert_graph_replays(step, [x, logits])
-
-
-@cuda
-def test_evict_first_loads_give_the_same_bits(monkeypatch):
-    """PARASHIFT_MOE_SMALL_EVICT_FIRST=1 (the weights' loads evict-first) at Qwen3-30B-A3B's
-    shape: the same bits; an unknown value is an error."""
-    args = inputs(1, 128, 8, 2048, 768, dtype="bfloat16", device="cuda")
-    plain = moe_small.small_experts(*args)
-    monkeypatch.setenv(moe_small.EVICT_ENV, "1")
-    assert torch.equal(moe_small.small_experts(*args), plain)
-    monkeypatch.setenv(moe_small.EVICT_ENV, "yes")
-    with pytest.raises(ValueError, match=moe_small.EVICT_ENV):
-        moe_small.small_experts(*args)
-
-
-def check_next_norm(dtype="float32", device="cpu", **case):
-    """One token with the next RMSNorm in the down kernel's last program: the same output,
-    the new residual exact, the norm as add_rms_norm_torch gives it (on CUDA at the model's
-    16-bit shape as kernels/rmsnorm.py's kernel, bit for bit), the ticket counter left at 0."""
-    x, weights, ids, gate_up, down, first = inputs(**case, dtype=dtype, device=device)
-    residual = randn(tuple(x.shape), dtype, device, seed=7, scale=4.0)
-    norm_weight = 1.0 + randn((x.shape[1],), dtype, device, seed=8, scale=0.1)
-    plain = moe_small.small_experts(x, weights, ids, gate_up, down, first)
-    for _ in range(2 if device == "cuda" else 1):  # interpreted: one call (CI time)
-        normed, new_residual = torch.empty_like(x), torch.empty_like(x)
-        out = moe_small.small_experts(x, weights, ids, gate_up, down, first,
-                                      norm=(residual, norm_weight, 1e-6, normed, new_residual))
-        assert_exact(out, plain)
-        ref_normed, ref_new_residual = add_rms_norm_torch(out, residual, norm_weight, 1e-6)
-        assert_exact(new_residual, ref_new_residual)
-        torch.testing.assert_close(normed, ref_normed, atol=TOLERANCE[dtype],
-                                   rtol=TOLERANCE[dtype])
-        if device == "cuda" and x.shape[1] == 2048 and dtype != "float32":
-            from parashift.kernels import rmsnorm  # same warps and vector width: its layout
-            assert_exact(normed, rmsnorm.add_rms_norm(out, residual, norm_weight, 1e-6)[0])
-
-
-NORM_CASES = [dict(tokens=1, experts=16, top_k=4, hidden=72, inter=32)]  # H not a power of 2
-test_next_norm_interpreted, _ = case_tests(__name__, check_next_norm, NORM_CASES)
-test_next_norm_cuda = cuda_tests(check_next_norm, NORM_CASES + [
-    dict(tokens=1, experts=128, top_k=8, hidden=2048, inter=768)])
-
-
-def test_next_norm_takes_one_contiguous_row():
-    x = torch.zeros(1, 64)
-    assert moe_small.takes_norm(x, torch.zeros(1, 64), torch.ones(64))
-    assert not moe_small.takes_norm(torch.zeros(2, 64), torch.zeros(2, 64), torch.ones(64))
-    assert not moe_small.takes_norm(x, torch.zeros(1, 64).half(), torch.ones(64))
-    assert not moe_small.takes_norm(x, torch.zeros(1, 128)[:, ::2], torch.ones(64))

@@ -232,16 +232,9 @@ KERNELS = {
     "moe_topk_sum": (moe_prefill._topk_sum_kernel, {"ids_ptr": torch.int64}, (),
                      dict(TOP_K=8, BLOCK=1024), False),
     "moe_small_gate_up": (moe_small._gate_up_kernel, {"ids_ptr": torch.int64}, (), dict(
-        BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True,
-        EVICT=""), False),
+        BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True), False),
     "moe_small_down": (moe_small._down_kernel, {"ids_ptr": torch.int64}, (), dict(
-        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True, EVICT="",
-        NORM=False, NORM_BLOCK=1), False),
-    # the next layer's input norm in its last program: the output read back
-    "moe_small_down_norm": (moe_small._down_kernel, {"ids_ptr": torch.int64,
-                                                     "counter_ptr": torch.int32}, ("eps",),
-                            dict(TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False,
-                                 EVEN_K=True, EVICT="", NORM=True, NORM_BLOCK=2048), False),
+        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True), False),
     "silu_mul": (silu_mul._silu_and_mul_kernel, {}, (), dict(BLOCK=1024, LIBDEVICE=True),
                  False),
     "silu_mul_fp8_split": (silu_mul._silu_and_mul_fp8_split_kernel, {
@@ -300,7 +293,6 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 # their inputs' reads, before those
 READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets",
              "fp8_weight_tickets", "fp8_weight_early_scales", "moe_router", "moe_norm_router",
-             "moe_small_down_norm",
              "decode_attention", "preloaded_decode_merge"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one

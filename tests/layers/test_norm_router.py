@@ -1,8 +1,8 @@
 """The post-attention norm that routes for the MoE after it (layers/norm_router.py): which
 norms get the twin, that the MoE takes a handed routing only for the very tensor (CPU, the
 kernel stood in by torch), and on the GPU (PARASHIFT_TEST_DEVICE=cuda) a Qwen3-MoE engine's
-greedy tokens at batch 1 with PARASHIFT_MOE_NORM_ROUTER=1 and PARASHIFT_MOE_NEXT_NORM=1
-(layers/moe_next_norm.py) equal to those without."""
+greedy tokens at batch 1 with PARASHIFT_MOE_NORM_ROUTER=1 (the default) equal to those with
+0."""
 import os
 
 import pytest
@@ -11,7 +11,6 @@ import torch
 from parashift.context import use_state
 from parashift.kernels import moe_norm_router
 from parashift.layers.fused_moe import FusedExperts, FusedMoE, Router
-from parashift.layers import moe_next_norm
 from parashift.layers.layernorm import RMSNorm
 from parashift.layers.norm_router import NormRouter
 from parashift.models.moe import MoeForCausalLM
@@ -78,17 +77,12 @@ def test_engine_tokens_at_batch_one_with_and_without(tmp_path, monkeypatch):
     launch = moe_norm_router.norm_router
     monkeypatch.setattr(moe_norm_router, "norm_router",
                         lambda *a: calls.append(1) or launch(*a))
-    next_norms = []
-    formed = moe_next_norm.NormAfterMoe.formed_with
-    monkeypatch.setattr(moe_next_norm.NormAfterMoe, "formed_with",
-                        lambda self, *a: next_norms.append(formed(self, *a)) or next_norms[-1])
     tokens = {}
-    for value in ("0", "1"):  # with the next norm in the experts' down kernel too
+    for value in ("0", "1"):
         monkeypatch.setenv(moe_norm_router.ENV, value)
-        monkeypatch.setenv(moe_next_norm.ENV, value)
         llm = tiny_llm(tmp_path, device="cuda", dtype="bfloat16", max_num_seqs=1)
         try:
             tokens[value] = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
         finally:
             llm.llm_engine.shutdown()
-    assert calls and any(n is not None for n in next_norms) and tokens["1"] == tokens["0"]
+    assert calls and tokens["1"] == tokens["0"]
