@@ -15,8 +15,9 @@ in this kernel's layout (the sum's order may differ from the router kernel's by 
 logits a rounding apart at most).
 
 Measured on an H200 (Qwen3-30B-A3B, b1 decode at 1k context, CUDA graphs, 3 rounds;
-docs/benchmark_log.md): 2.6685 ms a step against 2.7280 with the two launches (1.022x); one
-warp a program 2.6619 (the norm's bits then differ from the norm kernel's: not taken)."""
+docs/benchmark_log.md): 2.6685 ms a step against 2.7280 with the two launches (1.022x), in
+another call 2.6894 against 2.7551 (1.024x); one warp a program 2.6619 (the norm's sum of
+squares then in another order than the norm kernel's: not taken)."""
 import os
 
 import torch
