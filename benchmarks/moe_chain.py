@@ -9,8 +9,7 @@ copy bandwidth) for the router and experts together. `router` is the router alon
 
 At one or two tokens (the small path, kernels/moe_small.py): "small" (the default tiles) and
 tiles beside them ("up n,k,w" with the default down tile, "down n,k,w" with the default
-gate_up); "one" (both kernels in one launch, kernels/moe_small_one.py) and its tiles ("one
-n,k,n,k,w"). At 64 tokens (the grouped GEMMs): "unfused" (PARASHIFT_MOE_DECODE_FUSED=0: two fills,
+gate_up). At 64 tokens (the grouped GEMMs): "unfused" (PARASHIFT_MOE_DECODE_FUSED=0: two fills,
 SiLU·mul and torch's sum beside the GEMMs), "fused" (kernels/moe_decode.py's default tiles)
 and other tiles ("up n,k,w,s", "down n,k,w,s"). Each layer's router runs on random rows of
 its own, so that 64 tokens touch ~126 experts a layer as a model's do. Each row holds the largest difference of each
@@ -25,17 +24,13 @@ import os
 import torch
 
 from benchmarks.decode_throughput import copy_bandwidth
-from parashift.kernels import (fused_moe, gemm_timing, moe_decode, moe_router, moe_small,
-                              moe_small_one)
+from parashift.kernels import fused_moe, gemm_timing, moe_decode, moe_router, moe_small
 from parashift.layers.fused_moe import route
 from parashift.layers.linear import linear as dense_linear
 
 # (BLOCK_N, BLOCK_K, warps): more weight bytes in flight a program or more programs an SM
 SMALL_UP = [(8, 512, 4), (8, 1024, 8), (16, 512, 8), (32, 128, 4)]
 SMALL_DOWN = [(8, 256, 8), (4, 256, 8), (4, 512, 8), (16, 64, 8)]
-# one launch (kernels/moe_small_one.py): gate_up's BLOCK_N, BLOCK_K, down's, warps
-SMALL_ONE = [(16, 256, 8, 64, 4), (16, 512, 4, 256, 8), (16, 512, 8, 128, 8),
-             (32, 128, 2, 256, 4), (8, 512, 4, 128, 4)]
 FUSED_UP = [(64, 64, 4, 4), (64, 128, 4, 4), (32, 256, 2, 3), (32, 128, 4, 4)]
 FUSED_DOWN = [(256, 64, 8, 3), (128, 64, 4, 4), (128, 128, 4, 4), (64, 256, 2, 3)]
 
@@ -85,25 +80,7 @@ def small_variants() -> dict:
             return moe_small.small_experts(x, w, ids, gate_up, down_w, 0, None, tiles)
         return run
 
-    def one_launch(tiles=None):
-        def run(x, w, ids, gate_up, down_w):
-            if tiles is None:
-                return moe_small_one.small_experts(x, w, ids, gate_up, down_w, one_launch=True)
-            return moe_small_one.experts(x, w, ids, gate_up.unflatten(1, (2, -1)), down_w, 0,
-                                         None, tiles)
-        return run
-
-    def ahead(x, w, ids, gate_up, down_w):
-        with env(moe_small.AHEAD_ENV, "1"):
-            return moe_small_one.small_experts(x, w, ids, gate_up, down_w, one_launch=False)
-
-    def pipelined(x, w, ids, gate_up, down_w):
-        with env(moe_small.PIPELINE_ENV, "1"):
-            return moe_small_one.small_experts(x, w, ids, gate_up, down_w, one_launch=False)
-
-    variants = {"small": with_tiles(), "small, pipelined": pipelined,
-                "small, down ahead": ahead, "one": one_launch()}
-    variants.update({f"one {','.join(map(str, t))}": one_launch(t) for t in SMALL_ONE})
+    variants = {"small": with_tiles()}
     variants.update({f"up {','.join(map(str, t))}": with_tiles(up=t) for t in SMALL_UP})
     variants.update({f"down {','.join(map(str, t))}": with_tiles(down=t) for t in SMALL_DOWN})
     return variants
@@ -137,31 +114,9 @@ def chain(experts, weights: list[tuple], x0: torch.Tensor, routes: list[torch.Te
     def run(i: int):
         x = state.get(i, x0)
         router, gate_up, down = weights[i]
-        w, ids = routed(x if routes[i] is None else routes[i], router, cfg)
+        w, ids = routed(routes[i], router, cfg)
         state[i + 1] = x if experts is None else experts(x, w, ids, gate_up, down)
         return state[i + 1]
-    return run
-
-
-def routed_chain(weights: list[tuple], x0: torch.Tensor, cfg: dict, tiles=None, each=False):
-    """chain's candidate with each layer's router and experts in one launch
-    (kernels/moe_small_one.routed_experts), routed on the layer before's output."""
-    state = {}
-    top_k, renormalize = cfg["num_experts_per_tok"], cfg["norm_topk_prob"]
-
-    def run(i: int):
-        router, gate_up, down = weights[i]
-        state[i + 1] = moe_small_one.routed_experts(state.get(i, x0), router, top_k,
-                                                    renormalize, gate_up, down, tiles=tiles,
-                                                    each=each)
-        return state[i + 1]
-    return run
-
-
-def slept(candidate, ns: str):
-    def run(i: int):
-        with env(moe_small_one.SLEEP_ENV, ns):
-            return candidate(i)
     return run
 
 
@@ -195,18 +150,6 @@ def measure(cfg: dict, tokens: int, weights: list[tuple], bandwidth: float) -> d
     candidates = {"router": chain(None, weights, x0, routes, cfg)}
     candidates.update({name: chain(fn, weights, x0, routes, cfg)
                        for name, fn in variants.items()})
-    if moe_small_one.routes(x0, router, cfg["num_experts_per_tok"]):
-        # routed on each layer's input (the chain's outputs), not on routes[i]: compare it
-        # with "small on own input", the two-launch path routed the same way
-        candidates["small on own input"] = chain(small_variants()["small"], weights, x0,
-                                                 [None] * len(weights), cfg)
-        candidates["one+router"] = routed_chain(weights, x0, cfg)
-        candidates["one+router-each"] = routed_chain(weights, x0, cfg, each=True)
-        for name in ("one+router", "one+router-each"):  # waiting programs pause between reads
-            candidates[f"{name} sleep 200"] = slept(candidates[name], "200")
-        candidates.update({f"one+router {','.join(map(str, t))}": routed_chain(weights, x0,
-                                                                               cfg, t)
-                           for t in SMALL_ONE[:2]})
     timings = gemm_timing.replayed_timings_ms(candidates, len(weights))
     floor = floor_us(routes, weights, cfg, bandwidth)
     us = {name: round(ms * 1e3, 2) for name, ms in timings.items()}

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import moe_decode, moe_prefill, moe_routing, moe_small, moe_small_one, pdl
+from parashift.kernels import moe_decode, moe_prefill, moe_routing, moe_small, pdl
 
 BLOCK_M = 16
 MANY_ROWS_BLOCK_M = 64  # rows per program where experts average many pairs (prefill)
@@ -165,9 +165,9 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     """expert_outputs(x, weights, ids, gate_up, down, first_expert) on the device; FP8
     experts read as they are stored, with `scales` (gate_up's, down's) per output row. A
     few pairs (decode at one or two tokens, FP8 experts up to sixteen) take
-    kernels/moe_small.py's GEMVs (in one launch where kernels/moe_small_one.py is on)."""
+    kernels/moe_small.py's GEMVs."""
     if moe_small.takes(ids.numel(), fp8=scales is not None):
-        return moe_small_one.small_experts(x, weights, ids, gate_up, down, first_expert, scales)
+        return moe_small.small_experts(x, weights, ids, gate_up, down, first_expert, scales)
     return grouped_experts(x, weights, ids, gate_up, down, first_expert, scales)
 
 

@@ -25,12 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import num_sms, pdl, split_tickets
+from parashift.kernels import num_sms, pdl
 from parashift.kernels.silu_mul import silu_mul_values
 
 VEC_BYTES = 16  # of weights a thread loads at once and sums in registers; BLOCK_K a multiple
-# how a down tile waits for h: no wait (h is there), first weight tile then a count or PDL's
-NO_WAIT, COUNT_WAIT, GRID_WAIT = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 def _max_pairs_from_env() -> tuple[int, int]:
@@ -53,31 +51,6 @@ DEFAULT_MAX_PAIRS_FP8 = 128  # sixteen tokens at top-8
 MAX_PAIRS, MAX_PAIRS_FP8 = _max_pairs_from_env()
 
 
-AHEAD_ENV = "PARASHIFT_MOE_SMALL_DOWN_AHEAD"
-
-
-def down_ahead() -> bool:
-    """PARASHIFT_MOE_SMALL_DOWN_AHEAD=1: the down kernel reads the routing and its first
-    weight tile before PDL's grid wait, during gate_up (0, the default: after it). Read at
-    each launch."""
-    value = os.environ.get(AHEAD_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{AHEAD_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
-PIPELINE_ENV = "PARASHIFT_MOE_SMALL_PIPELINE"
-
-
-def pipelined() -> bool:
-    """PARASHIFT_MOE_SMALL_PIPELINE=1: both kernels load the next K step's weight tiles
-    before summing this step's (0, the default: load, then sum). Read at each launch."""
-    value = os.environ.get(PIPELINE_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{PIPELINE_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
 def takes(num_pairs: int, fp8: bool = False) -> bool:
     return 0 < num_pairs <= (MAX_PAIRS_FP8 if fp8 else MAX_PAIRS)
 
@@ -98,154 +71,49 @@ def _vec_sums_3d(w, x, VEC: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_tile(pair, n_block, expert_id, h_ptr, x_ptr, w_ptr, s_ptr, num_local, first_expert,
-                  top_k, inter, k_in, stride_x, stride_h, stride_we, stride_wp, stride_wn,
-                  stride_se, stride_sp, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
-                  LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr,
-                  PIPELINE: tl.constexpr = False):
-    """BLOCK_N columns of one pair's activation (SiLU(gate) * up) into h (the pair's expert:
-    expert_id); nothing for a pair whose expert is held elsewhere (EP): its row is never
-    read. PIPELINE: the next K step's weight tiles loaded before this step's sums."""
-    expert = expert_id.to(tl.int32) - first_expert
-    if (expert >= 0) & (expert < num_local):
-        token = pair // top_k
-        cols = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = cols < inter
-        rows = cols % inter  # columns past the end read a real row (no row mask); not stored
-        gate_rows = (w_ptr + expert.to(tl.int64) * stride_we
-                     + rows[:, None].to(tl.int64) * stride_wn)
-        up_rows = gate_rows + stride_wp
-        x_row = x_ptr + token.to(tl.int64) * stride_x
-        offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
-        acc_gate = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-        if PIPELINE:
-            first = offs_k[None, :] < k_in
-            gate_next = tl.load(gate_rows + offs_k[None, :], mask=first, other=0.0)
-            up_next = tl.load(up_rows + offs_k[None, :], mask=first, other=0.0)
-        for k0 in range(0, k_in, BLOCK_K):
-            k = (k0 + offs_k)[None, :]
-            if PIPELINE:
-                gate, up = gate_next, up_next
-                ahead = k + BLOCK_K < k_in  # none past the last step: no bytes read
-                gate_next = tl.load(gate_rows + k + BLOCK_K, mask=ahead, other=0.0)
-                up_next = tl.load(up_rows + k + BLOCK_K, mask=ahead, other=0.0)
-                x = tl.load(x_row + k, mask=k < k_in, other=0.0)
-            elif EVEN_K:
-                x = tl.load(x_row + k)  # [1, BLOCK_K]: in the weight tile's layout
-                gate = tl.load(gate_rows + k)
-                up = tl.load(up_rows + k)
-            else:
-                x = tl.load(x_row + k, mask=k < k_in, other=0.0)
-                gate = tl.load(gate_rows + k, mask=k < k_in, other=0.0)
-                up = tl.load(up_rows + k, mask=k < k_in, other=0.0)
-            acc_gate += _vec_sums(gate, x, VEC)
-            acc_up += _vec_sums(up, x, VEC)
-        gate = tl.sum(acc_gate, axis=1)
-        up = tl.sum(acc_up, axis=1)
-        if W_SCALED:
-            scale = s_ptr + expert.to(tl.int64) * stride_se + rows.to(tl.int64) * stride_sn
-            gate = gate * tl.load(scale)
-            up = up * tl.load(scale + stride_sp)
-        pdl.inputs_read(USE_PDL)
-        dtype = h_ptr.dtype.element_ty
-        out = silu_mul_values(gate.to(dtype), up.to(dtype), LIBDEVICE)
-        tl.store(h_ptr + pair.to(tl.int64) * stride_h + cols, out.to(dtype), mask=n_ok)
-
-
-@triton.jit
 def _gate_up_kernel(h_ptr, x_ptr, ids_ptr, w_ptr, s_ptr, num_local, first_expert, top_k,
                     inter, k_in, stride_x, stride_h, stride_we, stride_wp, stride_wn,
                     stride_se, stride_sp, stride_sn, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, VEC: tl.constexpr, W_SCALED: tl.constexpr,
-                    EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr,
-                    PIPELINE: tl.constexpr = False):
+                    EVEN_K: tl.constexpr, LIBDEVICE: tl.constexpr, USE_PDL: tl.constexpr):
     pdl.start(USE_PDL)  # which expert a pair reads is the routing's output
     pair = tl.program_id(0)
-    _gate_up_tile(pair, tl.program_id(1), tl.load(ids_ptr + pair), h_ptr, x_ptr, w_ptr, s_ptr,
-                  num_local, first_expert, top_k, inter, k_in, stride_x, stride_h, stride_we,
-                  stride_wp, stride_wn, stride_se, stride_sp, stride_sn, BLOCK_N, BLOCK_K, VEC,
-                  W_SCALED, EVEN_K, LIBDEVICE, USE_PDL, PIPELINE)
-
-
-@triton.jit
-def _down_tile(token, n_block, expert_ids, pair_weights, out_ptr, h_ptr, w_ptr, s_ptr, num_local,
-               first_expert, top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn,
-               stride_se, stride_sn, done_ptr, done_target, TOP_K: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
-               W_SCALED: tl.constexpr, EVEN_K: tl.constexpr, WAIT: tl.constexpr,
-               USE_PDL: tl.constexpr, SLEEP_NS: tl.constexpr = 0,
-               PIPELINE: tl.constexpr = False):
-    """BLOCK_N output columns of one token: its k pairs' down rows, rounded and weighted,
-    summed (expert_ids [TOP_K], pair_weights [TOP_K] fp32: its pairs', any past k). WAIT
-    the first weight tile is loaded, then the tile waits for h: COUNT_WAIT (one launch,
-    kernels/moe_small_one.py) until done_ptr's count of gate_up tiles reaches done_target
-    (h read from L2: other programs of the launch wrote it), GRID_WAIT (the down kernel
-    ahead) PDL's grid wait. PIPELINE (without WAIT): the next K step's weight tile loaded
-    before this step's sums."""
-    slots = tl.arange(0, TOP_K)
-    pairs = token * top_k + slots
-    expert = expert_ids.to(tl.int32) - first_expert
-    held = (slots < top_k) & (expert >= 0) & (expert < num_local)
-    expert = tl.where(held, expert, 0)
-    cols = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = cols < n_out
-    rows = cols % n_out
-    w_rows = (w_ptr + expert[:, None, None].to(tl.int64) * stride_we
-              + rows[None, :, None].to(tl.int64) * stride_wn)  # [TOP_K, BLOCK_N, 1]
-    h_rows = h_ptr + pairs[:, None, None].to(tl.int64) * stride_h  # [TOP_K, 1, 1]
+    expert = tl.load(ids_ptr + pair).to(tl.int32) - first_expert
+    if (expert < 0) | (expert >= num_local):
+        return  # held elsewhere (EP): its row is never read
+    token = pair // top_k
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = cols < inter
+    rows = cols % inter  # columns past the end read a real row (no row mask); not stored
+    gate_rows = (w_ptr + expert.to(tl.int64) * stride_we
+                 + rows[:, None].to(tl.int64) * stride_wn)
+    up_rows = gate_rows + stride_wp
+    x_row = x_ptr + token.to(tl.int64) * stride_x
     offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
-    if WAIT != NO_WAIT:
-        first = held[:, None, None]
-        if not EVEN_K:
-            first = first & (offs_k[None, None, :] < k_in)
-        w = tl.load(w_rows + offs_k[None, None, :], mask=first, other=0.0)
-        if WAIT == COUNT_WAIT:
-            split_tickets.wait_count(done_ptr, done_target, SLEEP_NS)
-        else:
-            pdl.start(USE_PDL)
-    elif PIPELINE:
-        w_next = tl.load(w_rows + offs_k[None, None, :],
-                         mask=held[:, None, None] & (offs_k[None, None, :] < k_in), other=0.0)
-    acc = tl.zeros((TOP_K, BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    acc_gate = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     for k0 in range(0, k_in, BLOCK_K):
-        k = (k0 + offs_k)[None, None, :]
-        mask = held[:, None, None]
-        if not EVEN_K:
-            mask = mask & (k < k_in)
-        if PIPELINE and WAIT == NO_WAIT:
-            w = w_next
-            w_next = tl.load(w_rows + k + BLOCK_K, mask=held[:, None, None]
-                             & (k + BLOCK_K < k_in), other=0.0)
-            h = tl.load(h_rows + k, mask=mask, other=0.0)
-        elif WAIT != NO_WAIT:
-            if k0 > 0:
-                w = tl.load(w_rows + k, mask=mask, other=0.0)
-            h = tl.load(h_rows + k, mask=mask, other=0.0, cache_modifier=".cg")
+        k = (k0 + offs_k)[None, :]
+        if EVEN_K:
+            x = tl.load(x_row + k)  # [1, BLOCK_K]: in the weight tile's layout
+            gate = tl.load(gate_rows + k)
+            up = tl.load(up_rows + k)
         else:
-            h = tl.load(h_rows + k, mask=mask, other=0.0)
-            w = tl.load(w_rows + k, mask=mask, other=0.0)
-        acc += _vec_sums_3d(w, h, VEC)
-    y = tl.sum(acc, axis=2)  # [TOP_K, BLOCK_N]
+            x = tl.load(x_row + k, mask=k < k_in, other=0.0)
+            gate = tl.load(gate_rows + k, mask=k < k_in, other=0.0)
+            up = tl.load(up_rows + k, mask=k < k_in, other=0.0)
+        acc_gate += _vec_sums(gate, x, VEC)
+        acc_up += _vec_sums(up, x, VEC)
+    gate = tl.sum(acc_gate, axis=1)
+    up = tl.sum(acc_up, axis=1)
     if W_SCALED:
-        y = y * tl.load(s_ptr + expert[:, None].to(tl.int64) * stride_se
-                        + rows[None, :].to(tl.int64) * stride_sn)
-    dtype = out_ptr.dtype.element_ty
-    weight = tl.where(held, pair_weights, 0.0)
+        scale = s_ptr + expert.to(tl.int64) * stride_se + rows.to(tl.int64) * stride_sn
+        gate = gate * tl.load(scale)
+        up = up * tl.load(scale + stride_sp)
     pdl.inputs_read(USE_PDL)
-    y = (y.to(dtype).to(tl.float32) * weight[:, None]).to(dtype).to(tl.float32)
-    total = tl.sum(tl.where(held[:, None], y, 0.0), axis=0)
-    tl.store(out_ptr + token.to(tl.int64) * stride_out + cols, total.to(dtype), mask=n_ok)
-
-
-@triton.jit
-def _pairs_of(token, ids_ptr, weights_ptr, top_k, TOP_K: tl.constexpr):
-    """(expert ids, routing weights in fp32) of the token's pairs, [TOP_K] (0 past k)."""
-    slots = tl.arange(0, TOP_K)
-    pairs = token * top_k + slots
-    ids = tl.load(ids_ptr + pairs, mask=slots < top_k, other=0)
-    return ids, tl.load(weights_ptr + pairs, mask=slots < top_k, other=0.0).to(tl.float32)
+    dtype = h_ptr.dtype.element_ty
+    out = silu_mul_values(gate.to(dtype), up.to(dtype), LIBDEVICE)
+    tl.store(h_ptr + pair.to(tl.int64) * stride_h + cols, out.to(dtype), mask=n_ok)
 
 
 @triton.jit
@@ -253,46 +121,57 @@ def _down_kernel(out_ptr, h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, num_local, 
                  top_k, n_out, k_in, stride_h, stride_out, stride_we, stride_wn, stride_se,
                  stride_sn, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  VEC: tl.constexpr, W_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
-                 USE_PDL: tl.constexpr, AHEAD: tl.constexpr = False,
-                 PIPELINE: tl.constexpr = False):
-    # AHEAD (under PDL): the routing and the first weight tile read before the grid wait.
-    # This kernel launches once every gate_up program has passed its own wait, so the
-    # routing (the kernel before gate_up) has completed; only h is gate_up's
-    ahead: tl.constexpr = AHEAD and USE_PDL != 0
-    if not ahead:
-        pdl.start(USE_PDL)
+                 USE_PDL: tl.constexpr):
+    pdl.start(USE_PDL)
     token = tl.program_id(0)
-    expert_ids, pair_weights = _pairs_of(token, ids_ptr, weights_ptr, top_k, TOP_K)
-    _down_tile(token, tl.program_id(1), expert_ids, pair_weights, out_ptr, h_ptr, w_ptr,
-               s_ptr, num_local, first_expert, top_k, n_out, k_in, stride_h, stride_out,
-               stride_we, stride_wn, stride_se, stride_sn, out_ptr, 0, TOP_K, BLOCK_N, BLOCK_K,
-               VEC, W_SCALED, EVEN_K, GRID_WAIT if ahead else NO_WAIT, USE_PDL, 0, PIPELINE)
-
-
-def paired(gate_up: torch.Tensor, gate_up_scale: torch.Tensor | None
-           ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """gate_up [E, 2 I, H] (and its scales [E, 2 I, ...]) as [E, 2, I, H] views; a 4-D
-    gate_up as it is."""
-    if gate_up.dim() == 3:
-        gate_up = gate_up.unflatten(1, (2, gate_up.shape[1] // 2))
-        gate_up_scale = None if gate_up_scale is None else gate_up_scale.unflatten(
-            1, (2, gate_up_scale.shape[1] // 2))
-    return gate_up, gate_up_scale
+    slots = tl.arange(0, TOP_K)
+    pairs = token * top_k + slots
+    expert = tl.load(ids_ptr + pairs, mask=slots < top_k, other=0).to(tl.int32) - first_expert
+    held = (slots < top_k) & (expert >= 0) & (expert < num_local)
+    expert = tl.where(held, expert, 0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = cols < n_out
+    rows = cols % n_out
+    w_rows = (w_ptr + expert[:, None, None].to(tl.int64) * stride_we
+              + rows[None, :, None].to(tl.int64) * stride_wn)  # [TOP_K, BLOCK_N, 1]
+    h_rows = h_ptr + pairs[:, None, None].to(tl.int64) * stride_h  # [TOP_K, 1, 1]
+    offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
+    acc = tl.zeros((TOP_K, BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    for k0 in range(0, k_in, BLOCK_K):
+        k = (k0 + offs_k)[None, None, :]
+        mask = held[:, None, None]
+        if not EVEN_K:
+            mask = mask & (k < k_in)
+        h = tl.load(h_rows + k, mask=mask, other=0.0)
+        w = tl.load(w_rows + k, mask=mask, other=0.0)
+        acc += _vec_sums_3d(w, h, VEC)
+    y = tl.sum(acc, axis=2)  # [TOP_K, BLOCK_N]
+    if W_SCALED:
+        y = y * tl.load(s_ptr + expert[:, None].to(tl.int64) * stride_se
+                        + rows[None, :].to(tl.int64) * stride_sn)
+    dtype = out_ptr.dtype.element_ty
+    weight = tl.load(weights_ptr + pairs, mask=held, other=0.0).to(tl.float32)
+    pdl.inputs_read(USE_PDL)
+    y = (y.to(dtype).to(tl.float32) * weight[:, None]).to(dtype).to(tl.float32)
+    total = tl.sum(tl.where(held[:, None], y, 0.0), axis=0)
+    tl.store(out_ptr + token.to(tl.int64) * stride_out + cols, total.to(dtype), mask=n_ok)
 
 
 def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor, first_expert: int = 0,
                   scales: tuple[torch.Tensor, torch.Tensor] | None = None,
                   tiles: tuple[tuple, tuple] | None = None) -> torch.Tensor:
-    """fused_experts' result [T, H] in two launches (kernels/moe_small_one.py's
-    `small_experts` tries one first where asked). gate_up [E, 2 I, H] or its narrowed
-    [E, 2, I / f, H] view, down [E, H, I]; FP8 experts with `scales` (gate_up's, down's) per
-    output row. tiles: ((BLOCK_N, BLOCK_K, warps) of gate_up, of down), else chosen."""
+    """fused_experts' result [T, H] in two launches. gate_up [E, 2 I, H] or its narrowed
+    [E, 2, I / f, H] view, down [E, H, I]; FP8 experts with `scales` (gate_up's, down's)
+    per output row. tiles: ((BLOCK_N, BLOCK_K, warps) of gate_up, of down), else chosen."""
     gate_up_scale, down_scale = scales or (None, None)
-    gate_up, gate_up_scale = paired(gate_up, gate_up_scale)
-    ids, weights = ids.contiguous(), weights.contiguous()
+    if gate_up.dim() == 3:
+        gate_up = gate_up.unflatten(1, (2, gate_up.shape[1] // 2))
+        gate_up_scale = None if gate_up_scale is None else gate_up_scale.unflatten(
+            1, (2, gate_up_scale.shape[1] // 2))
     gate_up, down = (w if w.stride(-1) == 1 else w.contiguous() for w in (gate_up, down))
     x = x if x.stride(-1) == 1 else x.contiguous()
+    ids, weights = ids.contiguous(), weights.contiguous()
     tokens, top_k = ids.shape
     num_local, inter, hidden = gate_up.shape[0], gate_up.shape[2], gate_up.shape[3]
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
@@ -302,13 +181,13 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     if up_tiles[1] % vec or down_tiles[1] % vec:
         raise ValueError(f"the K steps of {up_tiles}, {down_tiles} must be multiples of {vec}")
     block_n, block_k, warps = up_tiles
-    w_scaled, pipeline = gate_up_scale is not None, pipelined()
+    w_scaled = gate_up_scale is not None
     _gate_up_kernel[(tokens * top_k, triton.cdiv(inter, block_n))](
         h, x, ids, gate_up, gate_up_scale if w_scaled else h, num_local, first_expert, top_k,
         inter, hidden, x.stride(0), h.stride(0), *gate_up.stride()[:3],
         *(gate_up_scale.stride()[:3] if w_scaled else (0, 0, 0)), BLOCK_N=block_n,
         BLOCK_K=block_k, VEC=vec, W_SCALED=w_scaled, EVEN_K=hidden % block_k == 0,
-        LIBDEVICE=x.is_cuda, PIPELINE=pipeline, num_warps=warps, enable_fp_fusion=False,
+        LIBDEVICE=x.is_cuda, num_warps=warps, enable_fp_fusion=False,
         **pdl.launch_options(x.device))
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = down_tiles
@@ -317,8 +196,8 @@ def small_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         top_k, hidden, inter, h.stride(0), out.stride(0), down.stride(0), down.stride(1),
         *((down_scale.stride(0), down_scale.stride(1)) if w_scaled else (0, 0)),
         TOP_K=triton.next_power_of_2(top_k), BLOCK_N=block_n, BLOCK_K=block_k, VEC=vec,
-        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, AHEAD=down_ahead(), PIPELINE=pipeline,
-        num_warps=warps, **pdl.launch_options(x.device))
+        W_SCALED=w_scaled, EVEN_K=inter % block_k == 0, num_warps=warps,
+        **pdl.launch_options(x.device))
     return out
 
 

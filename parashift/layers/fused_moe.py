@@ -306,29 +306,6 @@ class FusedExperts(nn.Module):
         shares = experts_forward(*gathered, gate_up, down, self.first_expert, scales)
         return sum(ep.all_to_all(list(shares.split(tokens))))
 
-    def routed_in_one_launch(self, x: torch.Tensor, router: torch.Tensor, top_k: int,
-                             renormalize: bool) -> torch.Tensor | None:
-        """The router and these experts in one launch (kernels/moe_small_one.py, at one or
-        two rows on CUDA where PARASHIFT_MOE_SMALL_ONE=router or router-each; no merged layout or
-        deterministic mode), reduced as forward reduces; else None."""
-        if self.reduction_chunks or not use_triton(x) or (self.mode == "ep"
-                                                          and get_context().sp.size != 1):
-            return None
-        from parashift.kernels import moe_small_one
-        mode = moe_small_one.mode()
-        if mode not in moe_small_one.ROUTE_OF_MODE or self.merged_layout() is not None:
-            return None
-        gate_up, down, scales = _with_scales(self.active_layout())
-        if not moe_small_one.routes(x, router, top_k, fp8=scales is not None):
-            return None
-        out = moe_small_one.routed_experts(x, router, top_k, renormalize, gate_up, down,
-                                           self.first_expert, scales,
-                                           each=mode == "router-each")
-        if out is None:
-            return None
-        group = get_context().tp if self.mode == "tp" else get_context().state.ep
-        return group.all_reduce(out)
-
     def deterministic_slots(self, x: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                             down: torch.Tensor) -> torch.Tensor:
         """Deterministic mode: every pair's expert output [T * k, H] in fp32, the down
@@ -371,12 +348,26 @@ class FusedMoE(nn.Module):
         self.gate = Router(hidden_size, num_experts)
         self.experts = FusedExperts(num_experts, hidden_size, intermediate_size,
                                     get_context().moe_parallel)
+        # (x, weights, ids): x's routing, computed with the norm before (layers/norm_router.py)
+        self._held: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def fused_router(self) -> tuple[torch.Tensor, int, bool] | None:
+        """(router weight, k, renormalize) for a kernel that routes with the norm before;
+        None in deterministic mode (the router's batch-invariant GEMM)."""
+        if self.gate.matmul is not dense_linear:
+            return None
+        return self.gate.weight, self.top_k, self.renormalize
+
+    def hold_routing(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> None:
+        self._held = x, weights, ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate.matmul is dense_linear:
-            out = self.experts.routed_in_one_launch(x, self.gate.weight, self.top_k,
-                                                    self.renormalize)
-            if out is not None:
-                return out
-        weights, ids = self.gate.route(x, self.top_k, self.renormalize)
+        held, self._held = self._held, None
+        if held is None:
+            weights, ids = self.gate.route(x, self.top_k, self.renormalize)
+        elif held[0] is x:
+            weights, ids = held[1:]
+        else:
+            raise RuntimeError("a norm routed a row for this layer, which was called with "
+                               "another tensor")
         return self.experts(x, weights, ids)

@@ -82,6 +82,8 @@ class LlamaDecoderLayer(nn.Module):
                        ("post_attention_layernorm", "mlp.gate_up_proj"))
     # (RMSNorm, linear layer it feeds): the layer's GEMV may form the norm (layers/norm_gemv.py)
     norm_gemv_pairs = fp8_input_pairs
+    # (RMSNorm, mixture of experts it feeds): the norm may route too (layers/norm_router.py)
+    norm_router_pairs = (("post_attention_layernorm", "mlp"),)
     # (short name, GEMM) in step order: weights pulled into L2 ahead (layers/l2_prefetch.py)
     l2_prefetch_order = (("qkv", "self_attn.qkv_proj"), ("o", "self_attn.o_proj"),
                          ("gate_up", "mlp.gate_up_proj"), ("down", "mlp.down_proj"))

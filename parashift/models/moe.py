@@ -5,6 +5,7 @@ config says so (Qwen3-MoE's mlp_only_layers, decoder_sparse_step)."""
 from torch import nn
 
 from parashift.layers.fused_moe import FusedMoE
+from parashift.layers.norm_router import fuse_norm_into_router
 from parashift.models.llama import LlamaForCausalLM, LlamaMLP
 from parashift.parallel.plan import ExpertShape
 
@@ -58,6 +59,10 @@ class MoeForCausalLM(LlamaForCausalLM):
         "w2": ("down_proj", None),
     }
     checkpoint_renames = {".block_sparse_moe.": ".mlp."}  # Mixtral's
+
+    def __init__(self, cfg, max_position: int):
+        super().__init__(cfg, max_position)
+        fuse_norm_into_router(self)
 
     @staticmethod
     def make_mlp(cfg, layer_index: int) -> nn.Module:

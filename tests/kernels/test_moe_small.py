@@ -3,17 +3,16 @@ the weighted top-k sum fused) against the PyTorch path, layers.fused_moe.expert_
 the grouped GEMM they stand in for: 1, 2, 8 and 16 tokens at top-8 of 128 experts, odd
 sizes (K not a multiple of the tile, k not a power of two), experts held elsewhere (EP), a
 narrowed layout's strided views, repeated experts, bf16/fp16/fp32 and FP8 experts; under the
-Triton interpreter on the CPU and compiled on CUDA; both kernels in one launch
-(kernels/moe_small_one.py) give the two launches' bits."""
+Triton interpreter on the CPU and compiled on CUDA."""
 import itertools
 
 import pytest
 import torch
 
-from parashift.kernels import fused_moe, moe_router, moe_small, moe_small_one
+from parashift.kernels import fused_moe, moe_small
 from parashift.layers.activation import silu_and_mul_torch
 from parashift.layers.fused_moe import expert_outputs
-from tests.kernels.common import assert_graph_replays, case_tests, cuda, randn
+from tests.kernels.common import assert_graph_replays, case_tests, cuda
 from tests.kernels.test_fused_moe import TOLERANCE, inputs
 
 # tiles: an index into TILES, forced tiles run beside the chosen ones
@@ -55,35 +54,13 @@ def check(dtype="float32", device="cpu", tiles=0, **case):
     args = inputs(**case, dtype=dtype, device=device)
     tol, sum_tol = TOLERANCE[dtype], SUM_TOLERANCE[dtype]
     rounded = rounded_reference(*args)
-    out = moe_small_one.small_experts(*args, one_launch=False)
+    out = moe_small.small_experts(*args)
     torch.testing.assert_close(out, rounded, atol=tol, rtol=tol)
-    if device == "cuda" or args[2].numel() <= 16:  # interpreted: a launch's programs in turn
-        # one launch (kernels/moe_small_one.py) runs the same tiles' code: the same bits
-        assert torch.equal(moe_small_one.small_experts(*args, one_launch=True), out)
-        with pytest.MonkeyPatch.context() as patch:  # the next K step's tiles loaded first
-            patch.setenv(moe_small.PIPELINE_ENV, "1")
-            assert torch.equal(moe_small_one.small_experts(*args, one_launch=False), out)
-        if device == "cuda" or (case["experts"] <= 16 and dtype == "float32"):
-            check_routed(*args, case["experts"])  # interpreted: a program an expert
     torch.testing.assert_close(out, expert_outputs(*args), atol=sum_tol, rtol=sum_tol)
     forced = moe_small.small_experts(*args, tiles=TILES[tiles])
     torch.testing.assert_close(forced, rounded, atol=tol, rtol=tol)
     # the grouped GEMM rounds alike: only the fp32 sums' order differs
     torch.testing.assert_close(out, fused_moe.grouped_experts(*args), atol=tol, rtol=tol)
-
-
-def check_routed(x, weights, ids, gate_up, down, first, experts):
-    """The router and the experts in one launch: the bits of moe_router's routing and the
-    experts' two launches (where it takes these rows)."""
-    top_k = ids.shape[1]
-    router = randn((experts, x.shape[1]), str(x.dtype).split(".")[1], x.device, seed=9,
-                   scale=0.3)
-    if moe_small_one.routes(x, router, top_k):
-        w, i = moe_router.route_from_hidden(x, router, top_k, True)
-        apart = moe_small_one.small_experts(x, w, i, gate_up, down, first, one_launch=False)
-        for each in (False, True):  # routed by the router's last program, by each tile
-            assert torch.equal(moe_small_one.routed_experts(x, router, top_k, True, gate_up,
-                                                            down, first, each=each), apart)
 
 
 test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True,
@@ -112,11 +89,6 @@ def check_fp8(dtype="float32", device="cpu", tiles=0, **case):
     for forced in (None, TILES[tiles]):
         out = moe_small.small_experts(x, weights, ids, gate_up, down, first, scales, forced)
         torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
-    if device == "cuda":
-        one = moe_small_one.small_experts(x, weights, ids, gate_up, down, first, scales,
-                                          one_launch=True)
-        assert torch.equal(one, moe_small_one.small_experts(x, weights, ids, gate_up, down,
-                                                            first, scales, one_launch=False))
     grouped = fused_moe.grouped_experts(x, weights, ids, gate_up, down, first, scales)
     torch.testing.assert_close(out, grouped, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -182,50 +154,3 @@ def test_dispatch_and_cuda_graph_replay():
         w, i = route(logits.to(x.dtype), 8, renormalize=True)
         return fused_moe.fused_experts(x, w, i, gate_up, down, first)
     assert_graph_replays(step, [x, logits])
-
-
-@cuda
-@pytest.mark.parametrize("tokens", [1, 2])
-def test_one_launch_at_the_model_shape_in_a_graph(tokens):
-    """Qwen3-30B-A3B's experts in bf16 (PDL on where the device has it): one launch, the
-    down kernel reading ahead and both kernels pipelined give the two launches' bits, call
-    after call (the counters alternate and are set back), and
-    a captured chain of calls replays new routing as it runs eagerly."""
-    from parashift.layers.fused_moe import route
-    x, weights, ids, gate_up, down, first = inputs(tokens, 128, 8, 2048, 768,
-                                                   dtype="bfloat16", device="cuda")
-    apart = moe_small_one.small_experts(x, weights, ids, gate_up, down, one_launch=False)
-    for _ in range(3):
-        assert torch.equal(moe_small_one.small_experts(x, weights, ids, gate_up, down,
-                                                       one_launch=True), apart)
-    for switch in (moe_small.AHEAD_ENV, moe_small.PIPELINE_ENV):  # other load orders
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv(switch, "1")
-            assert torch.equal(moe_small_one.small_experts(x, weights, ids, gate_up, down,
-                                                           one_launch=False), apart)
-    logits = torch.randn(tokens, 128, device="cuda")
-
-    def chain():
-        y = x
-        for _ in range(3):
-            w, i = route(logits.to(x.dtype), 8, renormalize=True)
-            y = moe_small_one.small_experts(y, w, i, gate_up, down, one_launch=True)
-        return y
-    assert_graph_replays(chain, [x, logits])
-
-
-def test_one_launch_switch_and_tiles(monkeypatch):
-    monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE", "router")
-    assert moe_small_one.enabled() and moe_small_one.mode() == "router"
-    monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE", "yes")
-    with pytest.raises(ValueError, match="PARASHIFT_MOE_SMALL_ONE"):
-        moe_small_one.enabled()
-    monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE_TILES", "16,256,4,128,4")
-    assert moe_small_one.choose(1, 8, 768, 2048, 2, torch.device("cpu")) == (16, 256, 4, 128, 4)
-    monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE_TILES", "16,256,4,128")
-    with pytest.raises(ValueError, match="PARASHIFT_MOE_SMALL_ONE_TILES"):
-        moe_small_one.choose(1, 8, 768, 2048, 2, torch.device("cpu"))
-    monkeypatch.delenv("PARASHIFT_MOE_SMALL_ONE_TILES")
-    up_n, up_k, down_n, down_k, warps = moe_small_one.choose(1, 8, 768, 2048, 2,
-                                                             torch.device("cpu"))
-    assert 2048 % up_k == 0 and 768 % down_k == 0 and warps == 4

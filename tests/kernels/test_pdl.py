@@ -14,8 +14,8 @@ import triton
 
 from parashift.attention import triton_decode, triton_decode_preload, triton_kernels
 from parashift.kernels import (argmax, fp8_gemm, fp8_gemv, fused_moe, gemm_timing, moe_prefill,
-                               moe_router, moe_routing, moe_small, pdl, rmsnorm, rotary,
-                               silu_mul, skinny_gemm)
+                               moe_norm_router, moe_router, moe_routing, moe_small, pdl,
+                               rmsnorm, rotary, silu_mul, skinny_gemm)
 from tests.deterministic.test_kernels import compile_sm90
 from tests.kernels.common import TRITON_TYPES, cuda, randn
 
@@ -203,6 +203,11 @@ KERNELS = {
         "w_ptr": FP8, "logits_ptr": torch.float32, "ids_ptr": torch.int64,
         "counter_ptr": torch.int32}, (), dict(ROWS=1, BLOCK_E=1, BLOCK_K=2048, EXPERTS=128,
                                               PROGRAMS=128, TOP_K=8, RENORMALIZE=True), False),
+    # the router row and the norm weight loaded before the wait, the logits read back
+    "moe_norm_router": (moe_norm_router._norm_router_kernel, {
+        "logits_ptr": torch.float32, "ids_ptr": torch.int64, "counter_ptr": torch.int32},
+        ("eps",), dict(N=2048, BLOCK=2048, VEC=8, EXPERTS=128, TOP_K=8, RENORMALIZE=True),
+        False),
     "moe_route": (moe_routing._route_kernel, {"weights_ptr": torch.bfloat16,
                                               "ids_ptr": torch.int64}, (),
                   dict(TOP_K=8, EXPERTS=128, RENORMALIZE=True), False),
@@ -227,11 +232,9 @@ KERNELS = {
     "moe_topk_sum": (moe_prefill._topk_sum_kernel, {"ids_ptr": torch.int64}, (),
                      dict(TOP_K=8, BLOCK=1024), False),
     "moe_small_gate_up": (moe_small._gate_up_kernel, {"ids_ptr": torch.int64}, (), dict(
-        BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True,
-        PIPELINE=False), False),
+        BLOCK_N=16, BLOCK_K=256, VEC=8, W_SCALED=False, EVEN_K=True, LIBDEVICE=True), False),
     "moe_small_down": (moe_small._down_kernel, {"ids_ptr": torch.int64}, (), dict(
-        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True, AHEAD=False,
-        PIPELINE=False), False),
+        TOP_K=8, BLOCK_N=16, BLOCK_K=128, VEC=8, W_SCALED=False, EVEN_K=True), False),
     "silu_mul": (silu_mul._silu_and_mul_kernel, {}, (), dict(BLOCK=1024, LIBDEVICE=True),
                  False),
     "silu_mul_fp8_split": (silu_mul._silu_and_mul_fp8_split_kernel, {
@@ -291,7 +294,7 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 # the kernels that read their own output back after a barrier (or a ticket): LATE is after
 # their inputs' reads, before those
 READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets",
-             "fp8_weight_tickets", "fp8_weight_early_scales", "moe_router",
+             "fp8_weight_tickets", "fp8_weight_early_scales", "moe_router", "moe_norm_router",
              "decode_attention", "preloaded_decode_merge"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
@@ -301,7 +304,7 @@ WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.b8\b", re.M)
 # the kernels that load, before the wait, what no kernel before them writes and touch memory
 # no other way there: the norm weight; positions, cos, sin and slots; a decode's metadata,
 # block table and older KV
-LOADS_FIRST = {"rms_norm_fp8", "rotary", "rotary_qk_norm", "preloaded_decode",
+LOADS_FIRST = {"rms_norm_fp8", "rotary", "rotary_qk_norm", "moe_norm_router", "preloaded_decode",
                "preloaded_decode_rope", "preloaded_decode_merge", "reduce_splits"}
 
 

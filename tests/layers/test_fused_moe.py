@@ -178,33 +178,3 @@ def test_router_fuses_gate_and_routing_at_cuda_decode_rows(monkeypatch, device):
         ref_weights, ref_ids = route(gate(x), 4, True)
         assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
     assert calls == ([1] if device == "cuda" else [])
-
-
-@cuda
-@pytest.mark.parametrize("switch", ["router", "router-each"])
-@pytest.mark.parametrize("mode", ["tp", "ep"])
-def test_router_and_experts_in_one_launch_give_the_same_bits(monkeypatch, mode, switch):
-    """PARASHIFT_MOE_SMALL_ONE=router (or router-each): FusedMoE at one and two rows runs its router and
-    experts in one launch (kernels/moe_small_one.py), with the bits of the router's launch and
-    the experts' two; three rows keep the separate launches."""
-    from parashift.kernels import moe_small_one
-    calls = []
-    launch = moe_small_one.routed_experts
-    monkeypatch.setattr(moe_small_one, "routed_experts",
-                        lambda x, *a, **k: calls.append(x.shape[0]) or launch(x, *a, **k))
-    with use_state(tp_state(1, 0), moe_parallel=mode):
-        moe = FusedMoE(H, E, K, I, renormalize=True)
-    for (e, name), w in checkpoint().items():
-        param = moe.experts.down_proj if name == "down" else moe.experts.gate_up_proj
-        param.weight_loader(param, w, (e, {"gate": 0, "up": 1, "down": None}[name]))
-    moe.gate.weight.copy_(torch.randn(E, H, generator=torch.Generator().manual_seed(5)))
-    moe = moe.to("cuda", torch.bfloat16)
-    for rows in (1, 2, 3):
-        x = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16)
-        with use_state(tp_state(1, 0), moe_parallel=mode):
-            monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE", "0")
-            apart = moe(x)
-            monkeypatch.setenv("PARASHIFT_MOE_SMALL_ONE", switch)
-            one = moe(x)
-        assert torch.equal(one, apart)
-    assert calls == [1, 2]
