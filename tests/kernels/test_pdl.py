@@ -257,7 +257,8 @@ KERNELS = {
         "seq_lens_ptr": torch.int32, "query_start_loc_ptr": torch.int32}, ("qk_scale",), dict(
             GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
             HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
-            HEADS_FIRST=False, ONE_TILE_LOOP=True), False),
+            HEADS_FIRST=False, ONE_TILE_LOOP=True, PREFETCH_TILES=0, ROW_LINES=1,
+            LINE_ELEMS=64), False),
     "reduce_splits": (triton_kernels.reduce_splits_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32,
@@ -304,8 +305,8 @@ WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.b8\b", re.M)
 # the kernels that load, before the wait, what no kernel before them writes and touch memory
 # no other way there: the norm weight; positions, cos, sin and slots; a decode's metadata,
 # block table and older KV
-LOADS_FIRST = {"rms_norm_fp8", "rotary", "rotary_qk_norm", "moe_norm_router", "preloaded_decode",
-               "preloaded_decode_rope", "preloaded_decode_merge", "reduce_splits"}
+LOADS_FIRST = {"rms_norm_fp8", "rotary", "rotary_qk_norm", "moe_norm_router", "decode_attention",
+               "preloaded_decode", "preloaded_decode_rope", "preloaded_decode_merge", "reduce_splits"}
 
 
 def sm90_ptx(kernel, pointers: dict, floats: tuple, constexprs: dict, mode: int) -> str:
