@@ -2,7 +2,9 @@
 
 Usage (GPU): python3 benchmarks/decode_throughput.py --model benchmarks/shapes/llama-3.1-8b.json \
     --batch-sizes 1 16 64 256 --context 1024 --decode-steps 32 [--plan tp2|dp2|shift2|...]
-Random weights (speed only). Floor = (weight bytes + KV bytes read) / measured copy bandwidth;
+Random weights (speed only). Floor = (weight bytes + KV bytes read) / measured copy bandwidth,
+the input embedding counted as the rows a step gathers, not its table (`floor_ms`; until session
+46 the whole table counted, as every parameter did: `floor_ms_whole_embedding` keeps that);
 the operation floor (`operation_floor`) counts each GEMM's larger of bytes and FLOPs instead;
 a mixture of experts' weight bytes count the experts a step touches (`weight_bytes_read`).
 Under a plan of several GPUs (`--plan`, benchmarks/plans.py's names) the floor is one GPU's
@@ -44,18 +46,34 @@ def copy_bandwidth(device) -> float:
     return 2 * src.numel() * 10 / (time.perf_counter() - start)
 
 
-def weight_bytes_read(model, batch: int) -> float:
+def weight_bytes_read(model, batch: int, whole_embedding: bool = False) -> float:
     """The weight bytes a decode step of `batch` sequences reads: every parameter, except
-    that a mixture of experts' layer reads only the experts its tokens pick, E·(1 − (1 −
-    k/E)^B) of its E in expectation under uniform routing (random weights route about so)."""
+    that the input embedding gives one row a sequence (its whole table where it is the LM
+    head's too, or with `whole_embedding`), and a mixture of experts' layer reads only the
+    experts its tokens pick, E·(1 − (1 − k/E)^B) of its E in expectation under uniform
+    routing (random weights route about so)."""
     from parashift.layers.fused_moe import FusedMoE
     total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not whole_embedding:
+        total -= unread_embedding_bytes(model, batch)
     for layer in (m for m in model.modules() if isinstance(m, FusedMoE)):
         experts = layer.experts.gate_up_proj.shape[0]
         expert_bytes = sum(p.numel() * p.element_size() for p in layer.experts.parameters())
         touched = experts * (1 - (1 - layer.top_k / experts) ** batch)
         total -= expert_bytes * (1 - touched / experts)
     return total
+
+
+def unread_embedding_bytes(model, batch: int) -> float:
+    """The input embedding's bytes a step does not gather (none where the LM head shares it)."""
+    from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+    head_weights = {id(m.weight) for m in model.modules() if isinstance(m, ParallelLMHead)}
+    unread = 0.0
+    for table in (m for m in model.modules() if type(m) is VocabParallelEmbedding):
+        if id(table.weight) not in head_weights:
+            rows = min(batch, table.weight.shape[0])
+            unread += (table.weight.shape[0] - rows) * table.weight[0].numel() * table.weight.element_size()
+    return unread
 
 
 def operation_floor(model, batch: int, kv_bytes: float, bandwidth: float) -> float:
@@ -76,11 +94,14 @@ def operation_floor(model, batch: int, kv_bytes: float, bandwidth: float) -> flo
 
 
 def dense_weight_bytes(hf_config) -> int:
-    """Every parameter's bf16 bytes (tied weights once), counted on the meta device."""
+    """Every parameter's bf16 bytes (tied weights once) but an untied input embedding's (its
+    rows a step reads are negligible), counted on the meta device."""
     from transformers import AutoModelForCausalLM
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
-    return 2 * sum(p.numel() for p in model.parameters())
+    tied = getattr(hf_config, "tie_word_embeddings", False)
+    unread = 0 if tied else model.get_input_embeddings().weight.numel()  # a row a sequence
+    return 2 * (sum(p.numel() for p in model.parameters()) - unread)
 
 
 def plan_floor_bytes(weights: int, plan: dict, kv_bytes: float) -> float:
@@ -363,10 +384,13 @@ def main():
                 profile=args.profile and round_ == 0 and name in args.profile_variants)
             kv = batch * context * kv_bytes_per_token(cfg, kv_dtype_bytes)
             floor = (weight_bytes_read(engine.runner.model, batch) + kv) / bandwidth
+            whole = (weight_bytes_read(engine.runner.model, batch, True) + kv) / bandwidth
             op_floor = operation_floor(engine.runner.model, batch, kv, bandwidth)
             rows.append(dict(batch=batch, context=args.context, mean_context=context,
                              step_ms=seconds * 1e3, tokens_per_s=batch / seconds,
                              floor_ms=floor * 1e3, fraction_of_floor=floor / seconds,
+                             floor_ms_whole_embedding=whole * 1e3,
+                             fraction_of_floor_whole_embedding=whole / seconds,
                              op_floor_ms=op_floor * 1e3, fraction_of_op_floor=op_floor / seconds,
                              profile=breakdown,
                              **(dict(variant=name, round=round_) if len(graphs) > 1 else {})))

@@ -1,6 +1,7 @@
-"""The benchmarks' floors count the experts a step touches: decode reads all weights of a
-dense model; of a mixture of experts, E·(1 − (1 − k/E)^B) experts a layer for B sequences;
-prefill runs k of E experts a token."""
+"""The benchmarks' floors count the bytes a step reads: decode reads all weights of a dense
+model but the input embedding, of which it gathers a row a sequence (the whole table where the
+LM head shares it); of a mixture of experts, E·(1 − (1 − k/E)^B) experts a layer for B
+sequences; prefill runs k of E experts a token."""
 import pytest
 
 from parashift import LLM
@@ -21,10 +22,26 @@ def nbytes(params) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def test_dense_model_reads_every_weight(tmp_path):
+def embedding_row_bytes(model) -> tuple[int, int]:
+    table = model.model.embed_tokens.weight
+    return table.shape[0], table[0].numel() * table.element_size()
+
+
+def test_dense_model_reads_every_weight_and_a_row_of_the_embedding_a_sequence(tmp_path):
     model = tiny_llm(tmp_path, "llama-gqa-untied", "LlamaForCausalLM")
     floor = load_benchmark("decode_throughput").weight_bytes_read
-    assert floor(model, 1) == floor(model, 64) == nbytes(model.parameters())
+    rows, row_bytes = embedding_row_bytes(model)
+    every = nbytes(model.parameters())
+    assert floor(model, 1) == every - (rows - 1) * row_bytes
+    assert floor(model, 64) == every - (rows - 64) * row_bytes
+    assert floor(model, 1, whole_embedding=True) == every
+
+
+def test_a_tied_embedding_is_read_whole_as_the_lm_head(tmp_path):
+    model = tiny_llm(tmp_path, "smollm2-like-tied", "LlamaForCausalLM")
+    assert model.model.embed_tokens.weight is model.lm_head.weight
+    floor = load_benchmark("decode_throughput").weight_bytes_read
+    assert floor(model, 1) == nbytes(model.parameters())
 
 
 def test_mixture_of_experts_reads_the_experts_it_touches(tmp_path):
@@ -32,11 +49,14 @@ def test_mixture_of_experts_reads_the_experts_it_touches(tmp_path):
     floor = load_benchmark("decode_throughput").weight_bytes_read
     layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
     experts = sum(nbytes(layer.experts.parameters()) for layer in layers)
+    rows, row_bytes = embedding_row_bytes(model)
+    tied = model.model.embed_tokens.weight is model.lm_head.weight
     dense = nbytes(model.parameters()) - experts
-    assert floor(model, 1) == pytest.approx(dense + experts * 2 / 8)
-    assert floor(model, 2) == pytest.approx(dense + experts * (1 - (6 / 8) ** 2))
-    assert floor(model, 512) == pytest.approx(dense + experts)
-
+    unread_at_one_row = 0 if tied else (rows - 1) * row_bytes
+    assert floor(model, 1) == pytest.approx(dense - unread_at_one_row + experts * 2 / 8)
+    assert floor(model, 2) == pytest.approx(dense - unread_at_one_row + (0 if tied else row_bytes)
+                                            + experts * (1 - (6 / 8) ** 2))
+    assert floor(model, 1, whole_embedding=True) == pytest.approx(dense + experts * 2 / 8)
 
 def test_prefill_floor_counts_the_experts_each_token_runs(tmp_path):
     model = tiny_llm(tmp_path, "qwen3-moe", "Qwen3MoeForCausalLM")  # 8 experts, top-2
@@ -58,8 +78,10 @@ def test_operation_floor_takes_each_gemms_larger_of_bytes_and_flops(tmp_path):
     bench = load_benchmark("decode_throughput")
     rate = load_benchmark("prefill_throughput").BF16_MATRIX_RATE
     bandwidth, kv = 1e12, 1e6
-    total = nbytes(model.parameters())
+    rows, row_bytes = embedding_row_bytes(model)
+    total = nbytes(model.parameters()) - (rows - 1) * row_bytes
     assert bench.operation_floor(model, 1, kv, bandwidth) == pytest.approx((total + kv) / bandwidth)
+    total = nbytes(model.parameters()) - (rows - min(rows, 1 << 20)) * row_bytes
     gemms = [m.weight for m in model.modules() if isinstance(m, (LinearBase, ParallelLMHead))]
     batch = 1 << 20  # fp32 weights: FLOPs count above rate * 4 / (2 * bandwidth) = 1,576 rows
     expected = ((total - nbytes(gemms) + kv) / bandwidth
