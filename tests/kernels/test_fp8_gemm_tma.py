@@ -178,3 +178,64 @@ def test_launch_switches_give_the_same_bits(monkeypatch):
         torch.cuda.synchronize()
         assert all(torch.equal(results[0], r) for r in results[1:]), config
         assert not split_tickets._counters[x.device].any()
+
+
+def test_fed_rows_time_the_one_row_configs_only_where_switched_on(monkeypatch):
+    """At the GEMV's rows a fed layer (its input handed over in E4M3 by the op before) also
+    times FED_TMA_CONFIGS under PARASHIFT_FP8_GEMV_W8A8=1 (off by default), TMA enabled."""
+    monkeypatch.delenv(fp8_gemm.GEMV_W8A8_ENV, raising=False)
+    monkeypatch.delenv(fp8_gemm_tma.ENV, raising=False)
+    assert not fp8_gemm.fed_rows(1, True)
+    monkeypatch.setenv(fp8_gemm.GEMV_W8A8_ENV, "1")
+    assert [fp8_gemm.fed_rows(rows, fed) for rows, fed in ((1, True), (4, True), (5, True),
+                                                           (1, False))] == [1, 1, 0, 0]
+    assert set(fp8_gemm.FED_TMA_CONFIGS) <= set(fp8_gemm.candidates(1, 4096, fed=True))
+    assert not set(fp8_gemm.FED_TMA_CONFIGS) & set(fp8_gemm.candidates(1, 4096))
+    monkeypatch.setenv(fp8_gemm_tma.ENV, "0")
+    assert not fp8_gemm.fed_rows(1, True)
+    monkeypatch.setenv(fp8_gemm.GEMV_W8A8_ENV, "yes")
+    with pytest.raises(ValueError, match=fp8_gemm.GEMV_W8A8_ENV):
+        fp8_gemm.fed_rows(1, True)
+
+
+def test_a_fed_layer_asks_after_its_own_choice(monkeypatch):
+    """A fed layer's choice is kept apart from the same shape's unfed one (which pays its
+    own quantization kernel), so `quantizes_activations` answers each its own."""
+    w, dtype, device = torch.zeros(64, 32, dtype=fp8_gemm.FP8), torch.bfloat16, torch.device("cpu")
+    monkeypatch.setattr(fp8_gemm, "_choices", {})
+    monkeypatch.setenv(fp8_gemm.GEMV_W8A8_ENV, "1")
+    fp8_gemm._choices[fp8_gemm._key(1, w, dtype, device, False, True)] = fp8_gemm.FED_TMA_CONFIGS[0]
+    fp8_gemm._choices[fp8_gemm._key(1, w, dtype, device, False)] = fp8_gemm.GEMV_CONFIGS[0]
+    assert fp8_gemm.quantizes_activations(1, w, dtype, device, False, fed=True)
+    assert not fp8_gemm.quantizes_activations(1, w, dtype, device, False)
+    assert fp8_gemm.chosen()[0]["fed"] and "fed" not in fp8_gemm.chosen()[1]
+    monkeypatch.setenv(fp8_gemm.GEMV_W8A8_ENV, "0")  # the unfed choice again
+    assert not fp8_gemm.quantizes_activations(1, w, dtype, device, False, fed=True)
+
+
+@cuda
+@pytest.mark.parametrize("m", [1, 4])
+def test_one_row_configs_match_dequantized(m):
+    check(m=m, n=4096, k=1024, dtype="bfloat16", device="cuda",
+          configs=fp8_gemm.FED_TMA_CONFIGS)
+    check(m=m, n=96, k=320, bias=True, dtype="bfloat16", device="cuda",
+          configs=fp8_gemm.FED_TMA_CONFIGS[-1:])
+
+
+@cuda
+@pytest.mark.parametrize("m", [1, 3])
+def test_a_fed_choice_times_the_one_row_configs_and_multiplies_the_handed_rows(monkeypatch, m):
+    monkeypatch.setenv(fp8_gemm.GEMV_W8A8_ENV, "1")
+    monkeypatch.setattr(fp8_gemm, "_choices", {})
+    timed = []
+    monkeypatch.setattr(fp8_gemm, "choose", lambda timings: timed.append(timings) or
+                        fp8_gemm.FED_TMA_CONFIGS[0])
+    x, w, scale, _, _ = operands(m, 512, 1024, False, "bfloat16", "cuda")
+    other = torch.randn_like(x)
+    fp8_gemm.linear(x, w, scale, None, fed=True)  # measures the fed shape's choice
+    assert set(fp8_gemm.FED_TMA_CONFIGS) <= set(timed[0])
+    assert fp8_gemm.quantizes_activations(m, w, x.dtype, x.device, False, fed=True)
+    got = fp8_gemm.linear(x, w, scale, None, fp8_gemm.quantize_rows(other))
+    assert torch.equal(got, fp8_gemm.fp8_weight_linear(other, w, scale, None,
+                                                       fp8_gemm.FED_TMA_CONFIGS[0]))
+    assert torch.equal(fp8_gemm.linear(other, w, scale, None, fed=True), got)
