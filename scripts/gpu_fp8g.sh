@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Helper fp8g (issue 60): the 8B FP8 decode at one row, the GEMM side, on one H200. The STEPS
-# (default "tests chain decode sweep"), in order, each under `timeout` within BUDGET_S
+# (default "tests decode chain sweep"), in order, each under `timeout` within BUDGET_S
 # (default 200) seconds, results to $OUT as they come:
 #   tests: the one-row FP8 x FP8 TMA configs and the fed choice (GPU tests);
 #   chain: benchmarks/l2_prefetch_chain.py, the 8B's 32 FP8 decode layers at one row as the
 #      engine runs them, CHAIN_VARIANTS (the first the reference);
 #   decode: one FP8 engine at b1, its graphs captured again under each of DECODE_VARIANTS,
-#      DECODE_ROUNDS interleaved rounds;
+#      DECODE_ROUNDS interleaved rounds, each variant's kernels profiled in its first;
 #   sweep: benchmarks/fp8_gemm_sweep.py at one row, given the rows in E4M3, in the chain:
 #      the GEMV's configs and the one-row TMA candidates (--kernels b1).
 # Usage: OUT=dir [BUDGET_S=200] [STEPS="..."] [CHAIN_VARIANTS="..."] [DECODE_VARIANTS="..."]
-#   [DECODE_ROUNDS=3] [CHAIN_REPEATS=15] [TESTS_S=20 CHAIN_S=55 DECODE_S=100 SWEEP_S=50: each
+#   [DECODE_ROUNDS=3] [CHAIN_REPEATS=11] [TESTS_S=15 DECODE_S=95 CHAIN_S=50 SWEEP_S=50: each
 #   step's usual seconds, as scripts/budget_step.sh takes them] bash scripts/gpu_fp8g.sh
 set -u
 : "${OUT:?an output folder}"
@@ -19,31 +19,30 @@ source scripts/budget_step.sh
 run() { budget_step "$@" | tee -a "$out/summary.log"; }  # run NAME NEED COMMAND...
 W=PARASHIFT_FP8_GEMV_W8A8
 step_tests() {
-  run tests ${TESTS_S:-20} env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x \
+  run tests ${TESTS_S:-15} env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x \
     -p no:cacheprovider tests/kernels/test_fp8_gemm_tma.py -k "one_row or fed"
 }
 step_chain() {
   # shellcheck disable=SC2086
-  run chain ${CHAIN_S:-55} python3 benchmarks/l2_prefetch_chain.py --weights fp8 --batch-sizes 1 \
-    --layers 32 --repeats "${CHAIN_REPEATS:-15}" --no-dot-configs --output "$out/chain.json" \
+  run chain ${CHAIN_S:-50} python3 benchmarks/l2_prefetch_chain.py --weights fp8 --batch-sizes 1 \
+    --layers 32 --repeats "${CHAIN_REPEATS:-11}" --no-dot-configs --output "$out/chain.json" \
     --variants ${CHAIN_VARIANTS:-PARASHIFT_L2_PREFETCH=1 PARASHIFT_L2_PREFETCH=1,$W=1 \
-    PARASHIFT_L2_PREFETCH=0,$W=1 PARASHIFT_L2_PREFETCH=1,$W=1,PARASHIFT_FP8_TMA_PREFETCH_KB=192 \
-    PARASHIFT_L2_PREFETCH=0,$W=1,PARASHIFT_FP8_TMA_PREFETCH_KB=192}
+    PARASHIFT_L2_PREFETCH=0,$W=1 PARASHIFT_L2_PREFETCH=0,$W=1,PARASHIFT_FP8_TMA_PREFETCH_KB=192}
 }
 step_decode() {
   # shellcheck disable=SC2086
-  run decode ${DECODE_S:-100} python3 benchmarks/decode_throughput.py \
+  run decode ${DECODE_S:-95} python3 benchmarks/decode_throughput.py \
     --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 \
     --decode-steps 32 --cuda-graphs --quantization fp8 --no-dot-configs \
     --rounds "${DECODE_ROUNDS:-3}" --graph-variants ${DECODE_VARIANTS:-$W=1} \
-    --output "$out/decode.json"
+    --profile --profile-variants default ${DECODE_VARIANTS:-$W=1} --output "$out/decode.json"
 }
 step_sweep() {
   run sweep ${SWEEP_S:-50} python3 benchmarks/fp8_gemm_sweep.py --rows 1 --x-fp8 --chain \
     --kernels b1 --projections gate_up qkv down --workers 14 --output "$out/sweep_b1.json"
 }
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt" 2>&1
-for step in ${STEPS:-tests chain decode sweep}; do
+for step in ${STEPS:-tests decode chain sweep}; do
   "step_$step"
 done
 echo "total $SECONDS s" | tee -a "$out/summary.log"
