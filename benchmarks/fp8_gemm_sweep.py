@@ -90,6 +90,9 @@ B1_SHAPES = ((256, 128, 8, 4, 1), (256, 128, 8, 5, 1), (256, 64, 8, 8, 1), (256,
              (128, 256, 4, 4, 1), (128, 256, 4, 3, 2), (128, 256, 4, 3, 4), (64, 256, 4, 6, 1),
              (64, 256, 4, 4, 2), (64, 256, 4, 6, 2), (64, 128, 4, 8, 2), (64, 256, 4, 4, 4),
              (64, 256, 4, 5, 3), (64, 128, 4, 8, 4))
+# and a program an SM over the (tile, part of K) items: no wave quantization at N 28,672
+B1_PERSISTENT = ((64, 256, 4, 4, 1), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (128, 128, 4, 5, 1),
+                 (128, 256, 4, 3, 2))
 
 
 def tma_configs() -> list[Config]:
@@ -109,7 +112,8 @@ def configs_for(n: int, kernels: list[str] | None = None) -> list[Config]:
     registered ones, W8A8_MORE, TESTED and today's CURRENT_WINNERS alone)."""
     if kernels and "b1" in kernels:
         configs = fp8_gemm.GEMV_CONFIGS + fp8_gemm.FED_TMA_CONFIGS + tuple(
-            Config("tma_w8a8", *shape, tickets=True) for shape in B1_SHAPES)
+            Config("tma_w8a8", *shape, tickets=True) for shape in B1_SHAPES) + tuple(
+            Config("tma_w8a8_p", *shape, tickets=shape[-1] > 1) for shape in B1_PERSISTENT)
     elif kernels and "b64" in kernels:
         configs = (fp8_gemm.TMA_CONFIGS + CURRENT_WINNERS[:2]
                    + tuple(Config("tma_w8a8", *shape, tickets=True) for shape in B64_SHAPES)
