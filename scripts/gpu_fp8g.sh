@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Helper fp8g (issue 60): the 8B FP8 decode at one row, the GEMM side, on one H200. The STEPS
-# (default "tests decode chain sweep"), in order, each under `timeout` within BUDGET_S
+# (default "tests decode chain configs sweep"), in order, each under `timeout` within BUDGET_S
 # (default 200) seconds, results to $OUT as they come:
 #   tests: the one-row FP8 x FP8 TMA configs and the fed choice (GPU tests);
 #   chain: benchmarks/l2_prefetch_chain.py, the 8B's 32 FP8 decode layers at one row as the
 #      engine runs them, CHAIN_VARIANTS (the first the reference);
 #   decode: one FP8 engine at b1, its graphs captured again under each of DECODE_VARIANTS,
 #      DECODE_ROUNDS interleaved rounds, each variant's kernels profiled in its first;
+#   configs: benchmarks/fp8_chain_configs.py, each projection's 4 fastest configs alone forced
+#      in turn in the 32-layer chain (CONFIGS_SETTINGS, default PARASHIFT_FP8_GEMV_W8A8=1);
 #   sweep: benchmarks/fp8_gemm_sweep.py at one row, given the rows in E4M3, in the chain:
 #      the GEMV's configs and the one-row TMA candidates (--kernels b1).
 # Usage: OUT=dir [BUDGET_S=200] [STEPS="..."] [CHAIN_VARIANTS="..."] [DECODE_VARIANTS="..."]
-#   [DECODE_ROUNDS=3] [CHAIN_REPEATS=11] [TESTS_S=15 DECODE_S=95 CHAIN_S=50 SWEEP_S=50: each
+#   [DECODE_ROUNDS=3] [CHAIN_REPEATS=11] [TESTS_S=15 DECODE_S=95 CHAIN_S=50 CONFIGS_S=45 SWEEP_S=50: each
 #   step's usual seconds, as scripts/budget_step.sh takes them] bash scripts/gpu_fp8g.sh
 set -u
 : "${OUT:?an output folder}"
@@ -37,12 +39,16 @@ step_decode() {
     --rounds "${DECODE_ROUNDS:-3}" --graph-variants ${DECODE_VARIANTS:-$W=1} \
     --profile --profile-variants default ${DECODE_VARIANTS:-$W=1} --output "$out/decode.json"
 }
+step_configs() {
+  run configs ${CONFIGS_S:-45} python3 benchmarks/fp8_chain_configs.py --layers 32 --repeats 11 \
+    --top 4 --no-dot-configs --settings "${CONFIGS_SETTINGS:-$W=1}" --output "$out/configs.json"
+}
 step_sweep() {
   run sweep ${SWEEP_S:-50} python3 benchmarks/fp8_gemm_sweep.py --rows 1 --x-fp8 --chain \
     --kernels b1 --projections gate_up qkv down --workers 14 --output "$out/sweep_b1.json"
 }
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt" 2>&1
-for step in ${STEPS:-tests decode chain sweep}; do
+for step in ${STEPS:-tests decode chain configs sweep}; do
   "step_$step"
 done
 echo "total $SECONDS s" | tee -a "$out/summary.log"
