@@ -86,6 +86,10 @@ GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
 # gate_up's best at one row in session 45's sweep (256x128 w8 s4, 30.8 against the GEMV's 32.6
 # µs), 128-row tiles (two programs an SM) and K split for N 4,096-6,144
 GEMV_W8A8_ENV = "PARASHIFT_FP8_GEMV_W8A8"
+# a fed layer's quantizing choice must take under this fraction of the best widening config's
+# time: its timing leaves out what quantizing costs the op before (a norm's row maximum,
+# SiLU-and-mul's pass over its products)
+FED_MARGIN = 0.98
 FED_TMA_CONFIGS = tuple(Config("tma_w8a8", *shape, tickets=True) for shape in (
     (256, 128, 8, 4, 1), (128, 128, 4, 5, 1), (128, 256, 4, 3, 1), (64, 256, 4, 6, 1),
     (64, 256, 4, 5, 2), (64, 256, 4, 4, 4)))
@@ -301,7 +305,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
             return scaled_mm_linear(rows, weight, scale, bias, x_fp8).reshape(*x.shape[:-1], -1)
         with gemm_timing.timing_launches():
             timings = timings_ms(rows, weight, scale, bias, fed_rows(rows.shape[0], fed))
-        _choices[key] = choose(timings)
+        _choices[key] = choose(fed_candidates(timings) if key[-1] else timings)
         logger.info("FP8 GEMM, %d rows x %s: %s (%.2f µs; cuBLASLt %.2f µs)", rows.shape[0],
                     tuple(weight.shape), _choices[key] or "cuBLASLt",
                     1e3 * timings[_choices[key]], 1e3 * timings[None])
@@ -352,6 +356,16 @@ def candidates(rows: int, n: int, fed: bool = False) -> list[Config]:
 def quantizes(config: Config | None) -> bool:
     """Whether the choice `config` (None: cuBLASLt) multiplies the rows in E4M3."""
     return config is None or "w8a8" in config.kernel
+
+
+def fed_candidates(timings: dict) -> dict:
+    """The fed timings `choose` picks from: all where the fastest quantizing config beats the
+    fastest widening one by FED_MARGIN, else the widening ones (and cuBLASLt, its reference)."""
+    widening = [timings[c] for c in timings if not quantizes(c)]
+    quantizing = [timings[c] for c in timings if c is not None and quantizes(c)]
+    if not widening or (quantizing and min(quantizing) < FED_MARGIN * min(widening)):
+        return timings
+    return {c: ms for c, ms in timings.items() if c is None or not quantizes(c)}
 
 
 def timings_ms(x, weight, scale, bias, fed: bool = False) -> dict[Config | None, float]:

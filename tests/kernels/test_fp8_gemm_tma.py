@@ -213,6 +213,18 @@ def test_a_fed_layer_asks_after_its_own_choice(monkeypatch):
     assert not fp8_gemm.quantizes_activations(1, w, dtype, device, False, fed=True)
 
 
+def test_a_fed_quantizing_config_must_beat_the_widening_ones_by_the_margin():
+    gemv, tma = fp8_gemm.GEMV_CONFIGS[0], fp8_gemm.FED_TMA_CONFIGS[0]
+    dot = next(c for c in fp8_gemm.CONFIGS if c.kernel == "w8a8")
+    near = {None: 3.0, gemv: 1.0, tma: fp8_gemm.FED_MARGIN + 0.001, dot: 2.0}
+    assert fp8_gemm.fed_candidates(near) == {None: 3.0, gemv: 1.0}
+    assert fp8_gemm.choose(fp8_gemm.fed_candidates(near)) == gemv
+    ahead = {**near, tma: fp8_gemm.FED_MARGIN - 0.001}
+    assert fp8_gemm.fed_candidates(ahead) == ahead
+    assert fp8_gemm.choose(fp8_gemm.fed_candidates(ahead)) == tma
+    assert fp8_gemm.fed_candidates({None: 1.0, tma: 0.5}) == {None: 1.0, tma: 0.5}
+
+
 @cuda
 @pytest.mark.parametrize("m", [1, 4])
 def test_one_row_configs_match_dequantized(m):
@@ -229,9 +241,10 @@ def test_a_fed_choice_times_the_one_row_configs_and_multiplies_the_handed_rows(m
     monkeypatch.setattr(fp8_gemm, "_choices", {})
     monkeypatch.setattr(fp8_gemm, "CONFIGS", ())  # fewer compiles: the GEMV's first beside
     monkeypatch.setattr(fp8_gemm, "GEMV_CONFIGS", fp8_gemm.GEMV_CONFIGS[:1])
-    timed = []
-    monkeypatch.setattr(fp8_gemm, "choose", lambda timings: timed.append(timings) or
-                        fp8_gemm.FED_TMA_CONFIGS[0])
+    timed, timings_ms = [], fp8_gemm.timings_ms
+    monkeypatch.setattr(fp8_gemm, "timings_ms", lambda *args: timed.append(timings_ms(*args))
+                        or timed[-1])
+    monkeypatch.setattr(fp8_gemm, "choose", lambda timings: fp8_gemm.FED_TMA_CONFIGS[0])
     x, w, scale, _, _ = operands(m, 512, 1024, False, "bfloat16", "cuda")
     other = torch.randn_like(x)
     fp8_gemm.linear(x, w, scale, None, fed=True)  # measures the fed shape's choice
