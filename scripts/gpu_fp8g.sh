@@ -1,54 +1,72 @@
 #!/usr/bin/env bash
-# Helper fp8g (issue 60): the 8B FP8 decode at one row, the GEMM side, on one H200. The STEPS
-# (default "tests decode chain configs sweep"), in order, each under `timeout` within BUDGET_S
-# (default 200) seconds, results to $OUT as they come:
-#   tests: the one-row FP8 x FP8 TMA configs and the fed choice (GPU tests);
+# Helper fp8g (issue 60): the 8B FP8 decode at one row, the GEMM side, on one H200. The
+# STEPS (default "tests chain silu decode configs sweep"), in order, each under `timeout`
+# within BUDGET_S (default 200) seconds, results to $OUT as they come:
+#   tests: the L2 prefetch's GPU tests (the kernel; an engine's tokens with it and without);
 #   chain: benchmarks/l2_prefetch_chain.py, the 8B's 32 FP8 decode layers at one row as the
 #      engine runs them, CHAIN_VARIANTS (the first the reference);
-#   decode: one FP8 engine at b1, its graphs captured again under each of DECODE_VARIANTS,
+#   silu: benchmarks/decode_chain.py, FP8 b1, SiLU-and-mul in the gate_up GEMV against not;
+#   decode: one FP8 engine at b1, its graphs captured again under each of DECODE_VARIANTS
+#      ("auto": the chain step's DECODE_BEST (2) fastest variants),
 #      DECODE_ROUNDS interleaved rounds, each variant's kernels profiled in its first;
 #   configs: benchmarks/fp8_chain_configs.py, each projection's 4 fastest configs alone forced
-#      in turn in the 32-layer chain (CONFIGS_SETTINGS, default PARASHIFT_FP8_GEMV_W8A8=1);
+#      in turn in the 32-layer chain (CONFIGS_SETTINGS, default PARASHIFT_GEMM_TIMING=chain);
 #   sweep: benchmarks/fp8_gemm_sweep.py at one row, given the rows in E4M3, in the chain:
 #      the GEMV's configs and the one-row TMA candidates (--kernels b1).
 # Usage: OUT=dir [BUDGET_S=200] [STEPS="..."] [CHAIN_VARIANTS="..."] [DECODE_VARIANTS="..."]
-#   [DECODE_ROUNDS=3] [CHAIN_REPEATS=11] [TESTS_S=15 DECODE_S=95 CHAIN_S=50 CONFIGS_S=45 SWEEP_S=50: each
-#   step's usual seconds, as scripts/budget_step.sh takes them] bash scripts/gpu_fp8g.sh
+#   [DECODE_ROUNDS=3] [DECODE_BEST=2] [CHAIN_REPEATS=11] [TESTS_S=15 CHAIN_S=50 SILU_S=30
+#   DECODE_S=95 CONFIGS_S=45 SWEEP_S=50: each step's usual seconds, as scripts/budget_step.sh
+#   takes them] bash scripts/gpu_fp8g.sh
 set -u
 : "${OUT:?an output folder}"
 out=$OUT budget=${BUDGET_S:-200}
 source scripts/budget_step.sh
 run() { budget_step "$@" | tee -a "$out/summary.log"; }  # run NAME NEED COMMAND...
-W=PARASHIFT_FP8_GEMV_W8A8
 step_tests() {
   run tests ${TESTS_S:-15} env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x \
-    -p no:cacheprovider tests/kernels/test_fp8_gemm_tma.py -k "one_row or fed"
+    -p no:cacheprovider tests/kernels/test_l2_prefetch.py tests/layers/test_l2_prefetch.py
 }
 step_chain() {
   # shellcheck disable=SC2086
   run chain ${CHAIN_S:-50} python3 benchmarks/l2_prefetch_chain.py --weights fp8 --batch-sizes 1 \
     --layers 32 --repeats "${CHAIN_REPEATS:-11}" --no-dot-configs --output "$out/chain.json" \
-    --variants ${CHAIN_VARIANTS:-PARASHIFT_L2_PREFETCH=1 PARASHIFT_L2_PREFETCH=1,$W=1 \
-    PARASHIFT_L2_PREFETCH=0,$W=1 PARASHIFT_L2_PREFETCH=0,$W=1,PARASHIFT_FP8_TMA_PREFETCH_KB=192}
+    --variants ${CHAIN_VARIANTS:-PARASHIFT_L2_PREFETCH=1 PARASHIFT_L2_PREFETCH_MB=qkv:16@gate_up/o:8 \
+    PARASHIFT_L2_PREFETCH=0}
+}
+chain_best() {  # the chain's N fastest variants but its first (reference), as graph variants
+  python3 -c 'import json, sys
+row = json.load(open(sys.argv[1]))["rows"][0]["variants"]
+names = sorted(list(row)[1:], key=lambda v: row[v]["us_per_layer"])[:int(sys.argv[2])]
+print(" ".join(v for v in names if "=" in v))' "$out/chain.json" "$1"
 }
 step_decode() {
+  local variants=${DECODE_VARIANTS:-auto}
+  if [ "$variants" = auto ]; then
+    variants=$(chain_best "${DECODE_BEST:-2}" 2>/dev/null)
+    [ -n "$variants" ] || { echo "[decode skipped: no chain variants]" | tee -a "$out/summary.log"; return; }
+  fi
   # shellcheck disable=SC2086
   run decode ${DECODE_S:-95} python3 benchmarks/decode_throughput.py \
     --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 \
     --decode-steps 32 --cuda-graphs --quantization fp8 --no-dot-configs \
-    --rounds "${DECODE_ROUNDS:-3}" --graph-variants ${DECODE_VARIANTS:-$W=1} \
-    --profile --profile-variants default ${DECODE_VARIANTS:-$W=1} --output "$out/decode.json"
+    --rounds "${DECODE_ROUNDS:-3}" --graph-variants $variants \
+    --profile --profile-variants default $variants --output "$out/decode.json"
+}
+step_silu() {
+  run silu ${SILU_S:-30} python3 benchmarks/decode_chain.py --weights fp8 --batch-sizes 1 \
+    --layers 32 --repeats 15 --no-dot-configs --variants chain chain_silu_gate_up \
+    --output "$out/silu_chain.json"
 }
 step_configs() {
   run configs ${CONFIGS_S:-45} python3 benchmarks/fp8_chain_configs.py --layers 32 --repeats 11 \
-    --top 4 --no-dot-configs --settings "${CONFIGS_SETTINGS:-$W=1}" --output "$out/configs.json"
+    --top 4 --no-dot-configs --settings "${CONFIGS_SETTINGS:-PARASHIFT_GEMM_TIMING=chain}" --output "$out/configs.json"
 }
 step_sweep() {
   run sweep ${SWEEP_S:-50} python3 benchmarks/fp8_gemm_sweep.py --rows 1 --x-fp8 --chain \
     --kernels b1 --projections gate_up qkv down --workers 14 --output "$out/sweep_b1.json"
 }
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt" 2>&1
-for step in ${STEPS:-tests decode chain configs sweep}; do
+for step in ${STEPS:-tests chain silu decode configs sweep}; do
   "step_$step"
 done
 echo "total $SECONDS s" | tee -a "$out/summary.log"
