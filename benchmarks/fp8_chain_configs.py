@@ -8,9 +8,8 @@ against the chosen configs' graph.
 Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_chain_configs.py [--layers 32] [--repeats 11]
     [--top 4] [--projections qkv o gate_up down] [--settings NAME=VALUE[,..]] [--output F]
 --settings: the environment while choosing, timing and capturing (e.g.
-PARASHIFT_FP8_GEMV_W8A8=1: the fed projections' one-row TMA candidates). The norms and
-SiLU-and-mul hand qkv, gate_up and down their rows in E4M3 (layers/fp8_input.py), o quantizes
-its own where its config does. A row per (projection, config): its time alone (the choice's
+PARASHIFT_GEMM_TIMING=graph). The norms and SiLU-and-mul hand qkv, gate_up and down their
+rows in E4M3 (layers/fp8_input.py), for the configs that multiply E4M3 by E4M3. A row per (projection, config): its time alone (the choice's
 timing) and the chain's µs a layer, `delta_us` against the chosen configs' graph."""
 import argparse
 import json
@@ -23,14 +22,11 @@ from benchmarks.decode_throughput import copy_bandwidth, env_settings, environme
 from benchmarks.l2_prefetch_chain import Prefetcher
 from parashift.kernels import fp8_gemm, gemm_timing
 
-FED = ("qkv", "gate_up", "down")  # their rows handed over in E4M3 by the op before
-
-
-def alone_us(weight, scale, fed: bool) -> dict:
+def alone_us(weight, scale) -> dict:
     """{config: µs a call} as `fp8_gemm.linear` times a one-row call of this weight."""
     x = torch.randn(1, weight.shape[1], device="cuda", dtype=torch.bfloat16)
     with gemm_timing.timing_launches():
-        timings = fp8_gemm.timings_ms(x, weight, scale, None, fp8_gemm.fed_rows(1, fed))
+        timings = fp8_gemm.timings_ms(x, weight, scale, None)
     return {config: 1e3 * ms for config, ms in timings.items()}
 
 
@@ -51,9 +47,9 @@ def measure(count: int, repeats: int, top: int, projections: list[str], bandwidt
     rows = []
     for name in projections:
         weight, scale = layers[0].weights[name]
-        key = fp8_gemm._key(1, weight, torch.bfloat16, weight.device, False, name in FED)
+        key = fp8_gemm._key(1, weight, torch.bfloat16, weight.device, False)
         picked = fp8_gemm._choices[key]
-        timed = alone_us(weight, scale, name in FED)
+        timed = alone_us(weight, scale)
         for config in sorted(timed, key=timed.get)[:top]:
             label = fp8_gemm._label(config)
             rows.append(dict(proj=name, config=label, alone_us=round(timed[config], 2),

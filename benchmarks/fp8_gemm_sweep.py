@@ -86,7 +86,8 @@ B64_HALF_ROWS = ((64, 256, 4, 6, 1), (64, 256, 4, 8, 1), (64, 128, 4, 12, 1), (1
 # gate_up's best in an earlier sweep (256x128 w8 s4: 112 programs), two programs an SM
 # (128-row tiles), deeper rings, and K split to fill the SMs at qkv and down (N 6,144 and 4,096)
 B1_SHAPES = ((256, 128, 8, 4, 1), (256, 128, 8, 5, 1), (256, 64, 8, 8, 1), (256, 128, 8, 4, 2),
-             (128, 128, 4, 4, 1), (128, 128, 4, 6, 1), (128, 128, 4, 5, 2), (128, 256, 4, 3, 1),
+             (128, 128, 4, 4, 1), (128, 128, 4, 5, 1), (128, 128, 4, 6, 1), (128, 128, 4, 5, 2),
+             (128, 256, 4, 3, 1), (64, 256, 4, 5, 2),
              (128, 256, 4, 4, 1), (128, 256, 4, 3, 2), (128, 256, 4, 3, 4), (64, 256, 4, 6, 1),
              (64, 256, 4, 4, 2), (64, 256, 4, 6, 2), (64, 128, 4, 8, 2), (64, 256, 4, 4, 4),
              (64, 256, 4, 5, 3), (64, 128, 4, 8, 4))
@@ -111,7 +112,7 @@ def configs_for(n: int, kernels: list[str] | None = None) -> list[Config]:
     """Today's configs and the TMA ones that fit N: all, or those of `kernels` ("more": the
     registered ones, W8A8_MORE, TESTED and today's CURRENT_WINNERS alone)."""
     if kernels and "b1" in kernels:
-        configs = fp8_gemm.GEMV_CONFIGS + fp8_gemm.FED_TMA_CONFIGS + tuple(
+        configs = fp8_gemm.GEMV_CONFIGS + tuple(
             Config("tma_w8a8", *shape, tickets=True) for shape in B1_SHAPES) + tuple(
             Config("tma_w8a8_p", *shape, tickets=shape[-1] > 1) for shape in B1_PERSISTENT)
     elif kernels and "b64" in kernels:

@@ -80,19 +80,6 @@ GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
 ) + tuple(Config("gemv", *shape, tickets=True) for shape in (
     (4, 1024, 4, 1, 2), (8, 1024, 4, 1, 2), (4, 2048, 4, 1, 2))) + (
     Config("gemv", 4, 1024, 4, 1, 2, ahead=True, tickets=True),)
-# "tma_w8a8" at the GEMV's rows, for a layer whose input the op before hands over in E4M3
-# (`fed`: layers/fp8_input.py), where PARASHIFT_FP8_GEMV_W8A8=1: the row padded to wgmma's
-# 16-token side, E4M3 by E4M3, one program a [BLOCK_N, K] slice (or a part of K): around
-# gate_up's best at one row in session 45's sweep (256x128 w8 s4, 30.8 against the GEMV's 32.6
-# µs), 128-row tiles (two programs an SM) and K split for N 4,096-6,144
-GEMV_W8A8_ENV = "PARASHIFT_FP8_GEMV_W8A8"
-# a fed layer's quantizing choice must take under this fraction of the best widening config's
-# time: its timing leaves out what quantizing costs the op before (a norm's row maximum,
-# SiLU-and-mul's pass over its products)
-FED_MARGIN = 0.98
-FED_TMA_CONFIGS = tuple(Config("tma_w8a8", *shape, tickets=True) for shape in (
-    (256, 128, 8, 4, 1), (128, 128, 4, 5, 1), (128, 256, 4, 3, 1), (64, 256, 4, 6, 1),
-    (64, 256, 4, 5, 2), (64, 256, 4, 4, 4)))
 
 
 @triton.jit
@@ -225,21 +212,6 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     return y.to(x.dtype)
 
 
-def gemv_w8a8() -> bool:
-    """PARASHIFT_FP8_GEMV_W8A8 (0 or 1, read at each choice): whether a fed layer's choice at
-    the GEMV's rows also times `FED_TMA_CONFIGS`, the quantizing candidates timed on the rows
-    as the op before hands them over (no quantization kernel of their own)."""
-    value = os.environ.get(GEMV_W8A8_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{GEMV_W8A8_ENV}={value!r}: expected 0 or 1")
-    return value == "1"
-
-
-def fed_rows(rows: int, fed: bool) -> bool:
-    """Whether `rows` rows of a fed layer's input are chosen for as handed over in E4M3."""
-    return fed and rows <= fp8_gemv.MAX_ROWS and gemv_w8a8() and fp8_gemm_tma.enabled()
-
-
 def fast_accum() -> bool:
     """PARASHIFT_FP8_FAST_ACCUM=1 (the default): cuBLASLt sums a prefill's (more than MAX_ROWS
     rows) FP8 products in the tensor cores without promoting partial sums to fp32, as
@@ -273,39 +245,35 @@ def row_bucket(rows: int) -> int:
 
 
 def _key(rows: int, weight: torch.Tensor, dtype: torch.dtype, device: torch.device,
-         has_bias: bool, fed: bool = False) -> tuple:
-    return (row_bucket(rows), tuple(weight.shape), weight.stride(0), dtype, device, has_bias,
-            fed_rows(rows, fed))
+         has_bias: bool) -> tuple:
+    return (row_bucket(rows), tuple(weight.shape), weight.stride(0), dtype, device, has_bias)
 
 
 def measured_choice(rows: int, weight: torch.Tensor, dtype: torch.dtype,
-                    device: torch.device, has_bias: bool, fed: bool = False) -> Config | None:
+                    device: torch.device, has_bias: bool) -> Config | None:
     """`linear`'s choice for this shape where measured (None: cuBLASLt or not measured)."""
-    return _choices.get(_key(rows, weight, dtype, device, has_bias, fed))
+    return _choices.get(_key(rows, weight, dtype, device, has_bias))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
            bias: torch.Tensor | None,
-           x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
-           fed: bool = False) -> torch.Tensor:
+           x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The fastest of the Triton kernels and cuBLASLt for this shape (measured on its first
     call outside a CUDA-graph capture; during a capture an unmeasured shape takes
     cuBLASLt). Rows are bucketed by `row_bucket`. x_fp8: x's rows quantized already
-    (`quantize_rows` of x [-1, K]), taken by the kernels that quantize them; fed: the op
-    before hands them over wherever the choice quantizes (given x_fp8, it does)."""
+    (`quantize_rows` of x [-1, K]), taken by the kernels that quantize them."""
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] > MAX_ROWS or weight.stride(1) != 1:
         fast = rows.shape[0] > MAX_ROWS and fast_accum()
         return scaled_mm_linear(rows, weight, scale, bias, x_fp8, fast).reshape(
             *x.shape[:-1], -1)
-    fed = fed or x_fp8 is not None
-    key = _key(rows.shape[0], weight, x.dtype, x.device, bias is not None, fed)
+    key = _key(rows.shape[0], weight, x.dtype, x.device, bias is not None)
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return scaled_mm_linear(rows, weight, scale, bias, x_fp8).reshape(*x.shape[:-1], -1)
         with gemm_timing.timing_launches():
-            timings = timings_ms(rows, weight, scale, bias, fed_rows(rows.shape[0], fed))
-        _choices[key] = choose(fed_candidates(timings) if key[-1] else timings)
+            timings = timings_ms(rows, weight, scale, bias)
+        _choices[key] = choose(timings)
         logger.info("FP8 GEMM, %d rows x %s: %s (%.2f µs; cuBLASLt %.2f µs)", rows.shape[0],
                     tuple(weight.shape), _choices[key] or "cuBLASLt",
                     1e3 * timings[_choices[key]], 1e3 * timings[None])
@@ -316,22 +284,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
 
 
 def quantizes_activations(rows: int, weight: torch.Tensor, dtype: torch.dtype,
-                          device: torch.device, has_bias: bool, fed: bool = False) -> bool:
+                          device: torch.device, has_bias: bool) -> bool:
     """Whether `linear` of `rows` rows quantizes them per token (cuBLASLt or a w8a8
     config) as far as is known before the call: a shape not yet measured says no unless a
     CUDA graph is being captured (then cuBLASLt takes it)."""
     if rows > MAX_ROWS or weight.stride(1) != 1:
         return True
-    key = _key(rows, weight, dtype, device, has_bias, fed)
+    key = _key(rows, weight, dtype, device, has_bias)
     if key not in _choices:
         return torch.cuda.is_current_stream_capturing()
-    return quantizes(_choices[key])
+    config = _choices[key]
+    return config is None or "w8a8" in config.kernel
 
 
 def chosen() -> list[dict]:
     """What `linear` chose for each shape measured in this process."""
-    return [{"rows_up_to": key[0], "weight": list(key[1]), "kernel": _label(config),
-             **({"fed": True} if key[6] else {})} for key, config in _choices.items()]
+    return [{"rows_up_to": key[0], "weight": list(key[1]), "kernel": _label(config)}
+            for key, config in _choices.items()]
 
 
 def _label(config: Config | None) -> str:
@@ -345,48 +314,26 @@ def _label(config: Config | None) -> str:
     return label
 
 
-def candidates(rows: int, n: int, fed: bool = False) -> list[Config]:
-    """The Triton configs measured for `rows` rows of an N-row weight (fed: `fed_rows`)."""
-    configs = CONFIGS + (GEMV_CONFIGS + (FED_TMA_CONFIGS if fed else ())
-                         if rows <= fp8_gemv.MAX_ROWS else
+def candidates(rows: int, n: int) -> list[Config]:
+    """The Triton configs measured for `rows` rows of an N-row weight."""
+    configs = CONFIGS + (GEMV_CONFIGS if rows <= fp8_gemv.MAX_ROWS else
                          TMA_CONFIGS if fp8_gemm_tma.enabled() else ())
     return [c for c in configs if c.block_n <= triton.next_power_of_2(n)]
 
 
-def quantizes(config: Config | None) -> bool:
-    """Whether the choice `config` (None: cuBLASLt) multiplies the rows in E4M3."""
-    return config is None or "w8a8" in config.kernel
-
-
-def fed_candidates(timings: dict) -> dict:
-    """The fed timings `choose` picks from: all where the fastest quantizing config beats the
-    fastest widening one by FED_MARGIN, else the widening ones (and cuBLASLt, its reference)."""
-    widening = [timings[c] for c in timings if not quantizes(c)]
-    quantizing = [timings[c] for c in timings if c is not None and quantizes(c)]
-    if not widening or (quantizing and min(quantizing) < FED_MARGIN * min(widening)):
-        return timings
-    return {c: ms for c, ms in timings.items() if c is None or not quantizes(c)}
-
-
-def timings_ms(x, weight, scale, bias, fed: bool = False) -> dict[Config | None, float]:
+def timings_ms(x, weight, scale, bias) -> dict[Config | None, float]:
     """Milliseconds per call of cuBLASLt (None) and each Triton config, replayed from CUDA
     graphs over copies of the weight (`gemm_timing`, in the decode chain where asked), or
     with L2 flushed where asked (PARASHIFT_GEMM_TIMING=flushed) or a graph cannot be
-    captured; a config this device cannot compile or run is left out. fed: the quantizing
-    candidates given the rows in E4M3, as the op before would hand them over."""
-    configs = [c for c in candidates(x.shape[0], weight.shape[0], fed)
+    captured; a config this device cannot compile or run is left out."""
+    configs = [c for c in candidates(x.shape[0], weight.shape[0])
                if c.kernel not in fp8_gemm_tma.KERNELS or fp8_gemm_tma.takes(weight)]
-    given = quantize_rows(x if x.stride(1) == 1 else x.contiguous()) if fed else None
-
-    def handed(c):
-        return given if quantizes(c) else None
     if not gemm_timing.flushed():
         try:
             weights = gemm_timing.weight_copies(weight)
             xin, chain = gemm_timing.timed_input(x)
-            runs = {None: lambda i: scaled_mm_linear(xin, weights[i], scale, bias, given)}
-            runs.update({c: lambda i, c=c: fp8_weight_linear(xin, weights[i], scale, bias, c,
-                                                             handed(c))
+            runs = {None: lambda i: scaled_mm_linear(xin, weights[i], scale, bias)}
+            runs.update({c: lambda i, c=c: fp8_weight_linear(xin, weights[i], scale, bias, c)
                          for c in configs})
             timings = gemm_timing.replayed_timings_ms(runs, len(weights), chain)
             if None in timings:
@@ -394,7 +341,6 @@ def timings_ms(x, weight, scale, bias, fed: bool = False) -> dict[Config | None,
         except Exception as exc:  # noqa: BLE001  graphs not capturable here: flush instead
             logger.warning("FP8 GEMM timing in CUDA graphs failed (%s); flushing L2 instead",
                            exc)
-    runs = {None: lambda: scaled_mm_linear(x, weight, scale, bias, given)}
-    runs.update({c: lambda c=c: fp8_weight_linear(x, weight, scale, bias, c, handed(c))
-                 for c in configs})
+    runs = {None: lambda: scaled_mm_linear(x, weight, scale, bias)}
+    runs.update({c: lambda c=c: fp8_weight_linear(x, weight, scale, bias, c) for c in configs})
     return gemm_timing.flushed_timings_ms(runs)

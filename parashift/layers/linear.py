@@ -162,7 +162,7 @@ class LinearBase(nn.Module):
         if part.scale is None:
             return self.matmul(x, part.weight, part.bias)
         return fp8_linear(x, part.weight, part.scale, part.bias, self.matmul, linear,
-                          self.input_scale, x_fp8, self.fp8_input is not None)
+                          self.input_scale, x_fp8)
 
     def _fp8_rows(self, x: torch.Tensor):
         """x's rows in E4M3 and their scales where the op before made them with x, or None."""
@@ -172,8 +172,7 @@ class LinearBase(nn.Module):
         """Whether this layer's GEMMs under the active layout would quantize an input of
         `rows` rows per token (fp8.quantizes_per_token)."""
         return any(quantizes_per_token(rows, dtype, device, part.weight, part.bias,
-                                       self.matmul, linear, self.fp8_input is not None)
-                   for part in self._active_parts())
+                                       self.matmul, linear) for part in self._active_parts())
 
     def set_layout(self, key: str, parts, separate: bool,
                    split: tuple[int, list[int]] | None = None) -> int:

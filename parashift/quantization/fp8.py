@@ -63,27 +63,25 @@ def _runs_fp8_gemm(device: torch.device, weight: torch.Tensor, matmul, dense_mat
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                bias: torch.Tensor | None, matmul, dense_matmul,
                input_scale: torch.Tensor | None = None,
-               x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
-               fed: bool = False) -> torch.Tensor:
+               x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """y = x (weight * scale)^T + bias. `matmul`: the layer's GEMM for dequantized weights;
     `dense_matmul`: the default mode's (only then may the FP8 GEMM replace it);
     `input_scale`: a static activation scale (None: per token, at run time); `x_fp8`: x's
-    rows quantized per token already (by the op before: layers/fp8_input.py), or None;
-    `fed`: the op before hands them over wherever the GEMM chosen quantizes."""
+    rows quantized per token already (by the op before: layers/fp8_input.py), or None."""
     if _runs_fp8_gemm(x.device, weight, matmul, dense_matmul):
         if input_scale is None:
             from parashift.kernels import fp8_gemm
-            return fp8_gemm.linear(x, weight, scale, bias, x_fp8, fed)
+            return fp8_gemm.linear(x, weight, scale, bias, x_fp8)
         return _scaled_mm_linear(x, weight, scale, bias, input_scale)
     return matmul(x, dequantize(weight, scale, x.dtype), bias)
 
 
 def quantizes_per_token(rows: int, dtype: torch.dtype, device: torch.device,
                         weight: torch.Tensor, bias: torch.Tensor | None, matmul,
-                        dense_matmul, fed: bool = False) -> bool:
+                        dense_matmul) -> bool:
     """Whether `fp8_linear` (dynamic activation scales) of `rows` rows of `dtype` would
     quantize them per token, so that the op making them may hand them over quantized."""
     if rows == 0 or not _runs_fp8_gemm(device, weight, matmul, dense_matmul):
         return False
     from parashift.kernels import fp8_gemm
-    return fp8_gemm.quantizes_activations(rows, weight, dtype, device, bias is not None, fed)
+    return fp8_gemm.quantizes_activations(rows, weight, dtype, device, bias is not None)

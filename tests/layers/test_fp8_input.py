@@ -15,7 +15,6 @@ from parashift.layers.activation import silu_and_mul_torch
 from parashift.layers.fp8_input import (FP8Handoff, QuantizingRMSNorm, QuantizingSiluAndMul,
                                         hand_over_fp8_inputs)
 from parashift.layers.layernorm import RMSNorm, add_rms_norm_torch
-from parashift.layers import linear as linear_module
 from parashift.layers.linear import LinearBase
 from parashift.models.llama import LlamaForCausalLM
 from parashift.models.moe import MoeForCausalLM
@@ -130,7 +129,7 @@ def gpu_stand_ins(monkeypatch):
     fp8.quantize_rows), the FP8 GEMM by the dequantized one, recording the rows it got."""
     gemm_inputs = []
 
-    def gemm(x, weight, scale, bias, x_fp8=None, fed=False):
+    def gemm(x, weight, scale, bias, x_fp8=None):
         gemm_inputs.append(x_fp8)
         return F.linear(x, fp8.dequantize(weight, scale, x.dtype), bias)
 
@@ -168,30 +167,6 @@ def test_layers_take_the_rows_made_with_their_input(gpu_stand_ins):
     assert torch.equal(x, expected[0]) and torch.equal(new_residual, expected[1])
 
 
-def test_layers_tell_their_gemm_whether_the_op_before_hands_rows_over(monkeypatch):
-    """`fed` (fp8_gemm.linear's choice for rows as handed over) for the producers'
-    consumers, not for o (attention's output) nor with the fusion off."""
-    calls = []
-
-    def gemm(x, weight, scale, bias, matmul, dense, input_scale, x_fp8, fed):
-        calls.append(fed)
-        return F.linear(x, fp8.dequantize(weight, scale, x.dtype), bias)
-
-    def asked(rows, dtype, device, weight, bias, matmul, dense, fed):
-        calls.append(fed)
-        return False
-    monkeypatch.setattr(linear_module, "fp8_linear", gemm)
-    monkeypatch.setattr(linear_module, "quantizes_per_token", asked)
-    for mode, expected in (("1", [True, True, False]), ("0", [False] * 3)):
-        monkeypatch.setenv("PARASHIFT_FP8_FUSED_INPUT", mode)
-        layer, x = loaded(build()).model.layers[0], torch.randn(3, 64)
-        calls.clear()
-        for proj in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj, layer.self_attn.o_proj):
-            proj(x)
-            proj.quantizes_input(3, x.dtype, x.device)
-        assert calls == [fed for fed in expected for _ in range(2)]
-
-
 def test_layers_quantize_for_themselves_what_was_changed_or_not_handed_over(gpu_stand_ins):
     layer = loaded(build()).model.layers[0]
     gen = torch.Generator().manual_seed(1)
@@ -221,8 +196,6 @@ def fp8_engine_outputs(tiny_llama_dir):
             norm=calls["norm"] + 1) or norm_fp8(*a))
         patch.setattr(silu_mul, "silu_and_mul_fp8", lambda *a: calls.update(
             act=calls["act"] + 1) or act_fp8(*a))
-        # one-row TMA configs only for fed layers: the unfused engine would choose otherwise
-        patch.setenv(fp8_gemm.GEMV_W8A8_ENV, "0")
         for mode in ("0", "1"):
             patch.setenv("PARASHIFT_FP8_FUSED_INPUT", mode)
             llm = tiny_llm(tiny_llama_dir, device=DEVICE, dtype="bfloat16", quantization="fp8",
