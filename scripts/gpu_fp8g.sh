@@ -2,7 +2,8 @@
 # Helper fp8g (issue 60): the 8B FP8 decode at one row, the GEMM side, on one H200. The
 # STEPS (default "tests chain silu decode configs sweep"), in order, each under `timeout`
 # within BUDGET_S (default 200) seconds, results to $OUT as they come:
-#   tests: the L2 prefetch's GPU tests (the kernel; an engine's tokens with it and without);
+#   tests: TESTS (default the L2 prefetch's GPU tests: the kernel; an engine's tokens with it
+#      and without);
 #   chain: benchmarks/l2_prefetch_chain.py, the 8B's 32 FP8 decode layers at one row as the
 #      engine runs them, CHAIN_VARIANTS (the first the reference);
 #   silu: benchmarks/decode_chain.py, FP8 b1, SiLU-and-mul in the gate_up GEMV against not;
@@ -13,7 +14,8 @@
 #      in turn in the 32-layer chain (CONFIGS_SETTINGS, default PARASHIFT_GEMM_TIMING=chain);
 #   sweep: benchmarks/fp8_gemm_sweep.py at one row, given the rows in E4M3, in the chain:
 #      the GEMV's configs and the one-row TMA candidates (--kernels b1).
-# Usage: OUT=dir [BUDGET_S=200] [STEPS="..."] [CHAIN_VARIANTS="..."] [DECODE_VARIANTS="..."]
+# Usage: OUT=dir [BUDGET_S=200] [STEPS="..."] [TESTS="..."] [CHAIN_VARIANTS="..."]
+#   [DECODE_VARIANTS="..."]
 #   [DECODE_ROUNDS=3] [DECODE_BEST=2] [CHAIN_REPEATS=11] [TESTS_S=15 CHAIN_S=50 SILU_S=30
 #   DECODE_S=95 CONFIGS_S=45 SWEEP_S=50: each step's usual seconds, as scripts/budget_step.sh
 #   takes them] bash scripts/gpu_fp8g.sh
@@ -23,8 +25,9 @@ out=$OUT budget=${BUDGET_S:-200}
 source scripts/budget_step.sh
 run() { budget_step "$@" | tee -a "$out/summary.log"; }  # run NAME NEED COMMAND...
 step_tests() {
+  # shellcheck disable=SC2086
   run tests ${TESTS_S:-15} env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -x \
-    -p no:cacheprovider tests/kernels/test_l2_prefetch.py tests/layers/test_l2_prefetch.py
+    -p no:cacheprovider ${TESTS:-tests/kernels/test_l2_prefetch.py tests/layers/test_l2_prefetch.py}
 }
 step_chain() {
   # shellcheck disable=SC2086
