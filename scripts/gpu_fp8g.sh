@@ -8,17 +8,19 @@
 #      engine runs them, CHAIN_VARIANTS (the first the reference);
 #   silu: benchmarks/decode_chain.py, FP8 b1, SiLU-and-mul in the gate_up GEMV against not;
 #   decode: one FP8 engine at b1, its graphs captured again under each of DECODE_VARIANTS
-#      ("auto": the chain step's DECODE_BEST (2) fastest variants),
+#      ("auto", the default, in it: the chain step's DECODE_BEST (2) fastest variants),
 #      DECODE_ROUNDS interleaved rounds, each variant's kernels profiled in its first;
+#   decode_bf16: the same in bf16 against DECODE_BF16_VARIANTS (default the GEMV's weight
+#      loads without the evict-first hint), not profiled;
 #   configs: benchmarks/fp8_chain_configs.py, each projection's 4 fastest configs alone forced
 #      in turn in the 32-layer chain (CONFIGS_SETTINGS, default PARASHIFT_GEMM_TIMING=chain);
 #   sweep: benchmarks/fp8_gemm_sweep.py at one row, given the rows in E4M3, in the chain:
 #      the GEMV's configs and the one-row TMA candidates (--kernels b1).
 # Usage: OUT=dir [BUDGET_S=200] [STEPS="..."] [TESTS="..."] [CHAIN_VARIANTS="..."]
-#   [DECODE_VARIANTS="..."]
-#   [DECODE_ROUNDS=3] [DECODE_BEST=2] [CHAIN_REPEATS=11] [TESTS_S=15 CHAIN_S=50 SILU_S=30
-#   DECODE_S=95 CONFIGS_S=45 SWEEP_S=50: each step's usual seconds, as scripts/budget_step.sh
-#   takes them] bash scripts/gpu_fp8g.sh
+#   [DECODE_VARIANTS="..."] [DECODE_BF16_VARIANTS="..."] [DECODE_ROUNDS=3] [DECODE_BEST=2]
+#   [CHAIN_REPEATS=11] [TESTS_S=15 CHAIN_S=50 SILU_S=30 DECODE_S=95 DECODE_BF16_S=60
+#   CONFIGS_S=45 SWEEP_S=50: each step's usual seconds, as scripts/budget_step.sh takes them]
+#   bash scripts/gpu_fp8g.sh
 set -u
 : "${OUT:?an output folder}"
 out=$OUT budget=${BUDGET_S:-200}
@@ -43,17 +45,31 @@ names = sorted(list(row)[1:], key=lambda v: row[v]["us_per_layer"])[:int(sys.arg
 print(" ".join(v for v in names if "=" in v))' "$out/chain.json" "$1"
 }
 step_decode() {
-  local variants=${DECODE_VARIANTS:-auto}
-  if [ "$variants" = auto ]; then
-    variants=$(chain_best "${DECODE_BEST:-2}" 2>/dev/null)
-    [ -n "$variants" ] || { echo "[decode skipped: no chain variants]" | tee -a "$out/summary.log"; return; }
-  fi
+decode_variants() {  # DECODE_VARIANTS with "auto" replaced by the chain's fastest
+  local v result=""
+  for v in ${DECODE_VARIANTS:-auto}; do
+    [ "$v" = auto ] && v=$(chain_best "${DECODE_BEST:-2}" 2>/dev/null)
+    result="$result $v"
+  done
+  echo $result
+}
+step_decode() {
+  local variants; variants=$(decode_variants)
+  [ -n "$variants" ] || { echo "[decode skipped: no variants]" | tee -a "$out/summary.log"; return; }
   # shellcheck disable=SC2086
   run decode ${DECODE_S:-95} python3 benchmarks/decode_throughput.py \
     --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 \
     --decode-steps 32 --cuda-graphs --quantization fp8 --no-dot-configs \
     --rounds "${DECODE_ROUNDS:-3}" --graph-variants $variants \
     --profile --profile-variants default $variants --output "$out/decode.json"
+}
+step_decode_bf16() {
+  # shellcheck disable=SC2086
+  run decode_bf16 ${DECODE_BF16_S:-60} python3 benchmarks/decode_throughput.py \
+    --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 1 --context 1024 \
+    --decode-steps 32 --cuda-graphs --rounds "${DECODE_ROUNDS:-3}" \
+    --graph-variants ${DECODE_BF16_VARIANTS:-PARASHIFT_GEMV_EVICT_FIRST=0} \
+    --output "$out/decode_bf16.json"
 }
 step_silu() {
   run silu ${SILU_S:-30} python3 benchmarks/decode_chain.py --weights fp8 --batch-sizes 1 \

@@ -236,9 +236,9 @@ def test_norm_rejects_another_dtype_or_shape():
 
 def test_the_evict_first_switch_reads_0_or_1(monkeypatch):
     monkeypatch.delenv(fp8_gemv_module.EVICT_ENV, raising=False)
+    assert fp8_gemv_module.evict_first()  # the default
+    monkeypatch.setenv(fp8_gemv_module.EVICT_ENV, "0")
     assert not fp8_gemv_module.evict_first()
-    monkeypatch.setenv(fp8_gemv_module.EVICT_ENV, "1")
-    assert fp8_gemv_module.evict_first()
     monkeypatch.setenv(fp8_gemv_module.EVICT_ENV, "yes")
     with pytest.raises(ValueError, match=fp8_gemv_module.EVICT_ENV):
         fp8_gemv_module.evict_first()
@@ -249,6 +249,7 @@ def test_the_evict_first_switch_reads_0_or_1(monkeypatch):
 def test_weight_loads_marked_evict_first_give_the_same_bits(monkeypatch, config):
     weight, scale = quantized(300, 4096, False, "cuda")
     x = randn((1, 4096), "bfloat16", "cuda", seed=1)
+    monkeypatch.setenv(fp8_gemv_module.EVICT_ENV, "0")
     plain = fp8_gemv(x, weight, scale, None, *config)
     monkeypatch.setenv(fp8_gemv_module.EVICT_ENV, "1")
     assert torch.equal(fp8_gemv(x, weight, scale, None, *config), plain)
