@@ -44,7 +44,6 @@ row = json.load(open(sys.argv[1]))["rows"][0]["variants"]
 names = sorted(list(row)[1:], key=lambda v: row[v]["us_per_layer"])[:int(sys.argv[2])]
 print(" ".join(v for v in names if "=" in v))' "$out/chain.json" "$1"
 }
-step_decode() {
 decode_variants() {  # DECODE_VARIANTS with "auto" replaced by the chain's fastest
   local v result=""
   for v in ${DECODE_VARIANTS:-auto}; do
@@ -78,7 +77,8 @@ step_silu() {
 }
 step_configs() {
   run configs ${CONFIGS_S:-45} python3 benchmarks/fp8_chain_configs.py --layers 32 --repeats 11 \
-    --top 4 --no-dot-configs --settings "${CONFIGS_SETTINGS:-PARASHIFT_GEMM_TIMING=chain}" --output "$out/configs.json"
+    --top 4 --no-dot-configs --settings "${CONFIGS_SETTINGS:-PARASHIFT_GEMM_TIMING=chain}" \
+    --output "$out/configs.json"
 }
 step_sweep() {
   run sweep ${SWEEP_S:-50} python3 benchmarks/fp8_gemm_sweep.py --rows 1 --x-fp8 --chain \
