@@ -7,7 +7,6 @@ from torch import nn
 from parashift.deterministic import matmul as invariant
 from parashift.lazy_tensor import as_tensor
 from parashift.context import get_context
-from parashift.layers.linear import linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -46,9 +45,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__(vocab_size, hidden_size)
-        # the default mode's: the skinny GEMM's choice by measurement at decode's rows (on an
-        # H200 the 8B head at one row 237 against cuBLAS's 251 µs, helper gemv1)
-        self.matmul = invariant.linear if get_context().reduction_chunks else linear
+        self.matmul = invariant.linear if get_context().reduction_chunks else F.linear
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
