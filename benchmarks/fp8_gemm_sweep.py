@@ -5,6 +5,7 @@ Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm_sweep.py [--rows 64 16 32]
              [--output F] [--workers 16] [--kernels more | b64 | tma_w8a8 ...] [--warm-only]
              [--x-fp8] [--chain] [--settings default NAME=VALUE[,..] ...]
              [--projections qkv o ...]
+(`--rows 1 --x-fp8 --chain --kernels b1`: the GEMV's and the one-row TMA candidates.)
 Candidates: cuBLASLt (`scaled_mm_linear`), the configs `fp8_gemm.linear` measures today
 (`fp8_gemm.CONFIGS`) and the TMA kernel's (`fp8_gemm_tma.py`) registered and wider set.
 Each is timed as `linear` times them (`gemm_timing`: CUDA graphs over weight copies past
@@ -81,6 +82,20 @@ B64_HALF_ROWS = ((64, 256, 4, 6, 1), (64, 256, 4, 8, 1), (64, 128, 4, 12, 1), (1
                  (128, 128, 4, 8, 2))
 
 
+# "b1": FP8 x FP8 by TMA at one to four rows (the row padded to a 16-token tile) around
+# gate_up's best in an earlier sweep (256x128 w8 s4: 112 programs), two programs an SM
+# (128-row tiles), deeper rings, and K split to fill the SMs at qkv and down (N 6,144 and 4,096)
+B1_SHAPES = ((256, 128, 8, 4, 1), (256, 128, 8, 5, 1), (256, 64, 8, 8, 1), (256, 128, 8, 4, 2),
+             (128, 128, 4, 4, 1), (128, 128, 4, 5, 1), (128, 128, 4, 6, 1), (128, 128, 4, 5, 2),
+             (128, 256, 4, 3, 1), (64, 256, 4, 5, 2),
+             (128, 256, 4, 4, 1), (128, 256, 4, 3, 2), (128, 256, 4, 3, 4), (64, 256, 4, 6, 1),
+             (64, 256, 4, 4, 2), (64, 256, 4, 6, 2), (64, 128, 4, 8, 2), (64, 256, 4, 4, 4),
+             (64, 256, 4, 5, 3), (64, 128, 4, 8, 4))
+# and a program an SM over the (tile, part of K) items: no wave quantization at N 28,672
+B1_PERSISTENT = ((64, 256, 4, 4, 1), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (128, 128, 4, 5, 1),
+                 (128, 256, 4, 3, 2))
+
+
 def tma_configs() -> list[Config]:
     wider = [Config(kernel, *shape, tickets=True) for kernel, shape in
              itertools.product(("tma_w8", "tma_w8a8"), TMA_SHAPES)]
@@ -96,7 +111,11 @@ def tma_configs() -> list[Config]:
 def configs_for(n: int, kernels: list[str] | None = None) -> list[Config]:
     """Today's configs and the TMA ones that fit N: all, or those of `kernels` ("more": the
     registered ones, W8A8_MORE, TESTED and today's CURRENT_WINNERS alone)."""
-    if kernels and "b64" in kernels:
+    if kernels and "b1" in kernels:
+        configs = fp8_gemm.GEMV_CONFIGS + tuple(
+            Config("tma_w8a8", *shape, tickets=True) for shape in B1_SHAPES) + tuple(
+            Config("tma_w8a8_p", *shape, tickets=shape[-1] > 1) for shape in B1_PERSISTENT)
+    elif kernels and "b64" in kernels:
         configs = (fp8_gemm.TMA_CONFIGS + CURRENT_WINNERS[:2]
                    + tuple(Config("tma_w8a8", *shape, tickets=True) for shape in B64_SHAPES)
                    + tuple(Config("tma_w8a8", *shape, tickets=True, max_block_m=32)
@@ -211,7 +230,8 @@ def sweep(rows: int, n: int, k: int, bandwidth: float, kernels: list[str] | None
     ranked = sorted(timings, key=timings.get)
     entries = [entry(label(c), timings[c]) for c in ranked]
     configs = [c[0] if isinstance(c, tuple) else c for c in ranked]
-    current = [e for c, e in zip(configs, entries) if c is None or c.kernel in ("w8", "w8a8")]
+    current = [e for c, e in zip(configs, entries)
+               if c is None or c.kernel in ("w8", "w8a8", "gemv")]
     new = [e for c, e in zip(configs, entries) if c is not None and c.kernel.startswith("tma")]
     return dict(rows=rows, n=n, k=k, best_current=current[0], best_tma=new[0] if new else None,
                 x_quantized_before=[entry(label(c), alone[c])

@@ -19,6 +19,7 @@ earlier kernel's output (as `pdl.start_streaming` assumes), so a program reads i
 the kernel before's tail, its activations only after the wait. (16-byte loads of E4M3,
 VEC = 16, were tried: the tile then no longer shares the activations' layout, whose
 16-byte loads hold 8 elements, and sm_90's PTX moves it through shared memory each step.)"""
+import os
 from typing import NamedTuple
 
 import torch
@@ -62,17 +63,25 @@ def _row_sums(w, x_row_ptr, k, k_ok, K, EVEN_K: tl.constexpr, VEC: tl.constexpr,
 
 
 @triton.jit
-def _weight_tile(w_rows, k, k_ok, EVEN_K: tl.constexpr):
+def _weight_tile(w_rows, k, k_ok, EVEN_K: tl.constexpr, EVICT_FIRST: tl.constexpr):
     """The [BLOCK_N, BLOCK_K] weight tile at columns k, in the weight's dtype."""
     if EVEN_K:
+        if EVICT_FIRST:
+            return tl.load(w_rows + k[None, :], eviction_policy="evict_first")
         return tl.load(w_rows + k[None, :])
+    if EVICT_FIRST:
+        return tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0,
+                       eviction_policy="evict_first")
     return tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0)
 
 
 @triton.jit
-def _tile_before(w_rows, k, k_end):
+def _tile_before(w_rows, k, k_end, EVICT_FIRST: tl.constexpr):
     """The weight tile at columns k, zeros (not loaded) at k_end and past: this program's
     part of K ends there (and K does, at the latest)."""
+    if EVICT_FIRST:
+        return tl.load(w_rows + k[None, :], mask=k[None, :] < k_end, other=0.0,
+                       eviction_policy="evict_first")
     return tl.load(w_rows + k[None, :], mask=k[None, :] < k_end, other=0.0)
 
 
@@ -87,7 +96,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
                      GATED: tl.constexpr = False, LIBDEVICE: tl.constexpr = False,
                      SILU_OUT: tl.constexpr = False, NORM: tl.constexpr = False,
                      HAS_RESIDUAL: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1,
-                     NORM_CHUNKS: tl.constexpr = 1):
+                     NORM_CHUNKS: tl.constexpr = 1, EVICT_FIRST: tl.constexpr = False):
     first_n = tl.program_id(0) * BLOCK_N
     split = tl.program_id(1)
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
@@ -102,7 +111,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
     w_rows = w_ptr + (offs_n % N)[:, None].to(tl.int64) * stride_wn
     offs_k = tl.max_contiguous(tl.arange(0, BLOCK_K), VEC)
     if AHEAD:  # the first tile before the wait: the weight is no earlier kernel's output
-        w_next = _tile_before(w_rows, first_k + offs_k, k_end)
+        w_next = _tile_before(w_rows, first_k + offs_k, k_end, EVICT_FIRST)
     else:  # unused: named for the compiler, which reads both branches of the loop's `if`
         w_next = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)
     pdl.start_streaming(w_ptr, stride_wn, N, K, first_n, first_k, BLOCK_N, PREFETCH_K,
@@ -132,9 +141,9 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
         k_ok = k < K
         if AHEAD:
             w = w_next.to(tl.float32)
-            w_next = _tile_before(w_rows, k + BLOCK_K, k_end)
+            w_next = _tile_before(w_rows, k + BLOCK_K, k_end, EVICT_FIRST)
         else:
-            w = _weight_tile(w_rows, k, k_ok, EVEN_K).to(tl.float32)
+            w = _weight_tile(w_rows, k, k_ok, EVEN_K, EVICT_FIRST).to(tl.float32)
         acc0 += _row_sums(w, x_ptr, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE, r_ptr,
                           nw_ptr, rstd0, NORM, HAS_RESIDUAL)
         if ROWS > 1:
@@ -263,6 +272,21 @@ class NormInput(NamedTuple):
 # columns of the row a program reads at a time for its 1 / rms, per warp: 16 a thread (a
 # whole row of 4,096 at once took 146 registers a thread against 128 at 4 warps, sm_90 ptxas)
 NORM_COLUMNS_PER_WARP = 512
+EVICT_ENV = "PARASHIFT_GEMV_EVICT_FIRST"
+
+
+def evict_first() -> bool:
+    """PARASHIFT_GEMV_EVICT_FIRST (1, the default, or 0; read at each launch, so a CUDA graph
+    keeps what its capture read): the weight's loads marked evict-first in L2, so that a
+    weight streamed once does not push out what the L2 prefetch (layers/l2_prefetch.py)
+    pulled in for a later GEMM, nor the step's other reused lines. The same bits either way.
+    On an H200 (8B FP8 decode b1, docs/benchmark_log.md, helper fp8g): the engine's step
+    2.5992 against 2.6310 ms (1.012x, three interleaved rounds, each faster), the 32-layer
+    chain 74.26 against 75.50 µs a layer."""
+    value = os.environ.get(EVICT_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{EVICT_ENV}={value!r}: expected 0 or 1")
+    return value == "1"
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -312,7 +336,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         LIBDEVICE=(gated or silu_out) and x.is_cuda, NORM=norm is not None,
         HAS_RESIDUAL=norm is not None and norm.residual is not None,
         NORM_BLOCK=norm_block, NORM_CHUNKS=triton.cdiv(k, norm_block) if norm else 1,
-        num_warps=num_warps, num_stages=num_stages,
+        EVICT_FIRST=evict_first(), num_warps=num_warps, num_stages=num_stages,
         **pdl.launch_options(x.device, (block_n, k, weight.element_size())))
     return y.to(x.dtype)
 

@@ -16,9 +16,10 @@ lasts until it has);
 side: launched on a second stream forked after the GEMM and joined after the step's last
 GEMM, so no kernel of the PDL chain waits for it (else a node of the chain). Read at each
 GEMM's call, so a CUDA graph keeps what its capture read; the hooks exist only where it was
-not 0 when the model was built (on a CUDA device). PARASHIFT_L2_PREFETCH_MB: NAME:MB[/NAME:MB...]
-over the layer's short names, unnamed ones 0 (e.g. qkv:32/o:8/gate_up:8/down:8; default
-o:8). Measured on an H200 (8B FP8, one row; docs/benchmark_log.md): side:bulk o:8 1.022x
+not 0 when the model was built (on a CUDA device). PARASHIFT_L2_PREFETCH_MB:
+NAME:MB[@TARGET][/...] over the layer's short names, unnamed ones 0 (e.g.
+qkv:32/o:8/gate_up:8/down:8; default o:8); @TARGET: that GEMM's bytes first, the GEMMs
+between passed over (qkv:16@gate_up: during attention gate_up's weight, not o's). Measured on an H200 (8B FP8, one row; docs/benchmark_log.md): side:bulk o:8 1.022x
 the engine's step, every placement in the chain slower; on by default (1). The
 prefetches move no arithmetic: a step's outputs are the same bits with them and without."""
 import os
@@ -59,29 +60,48 @@ def mode() -> tuple[str, str] | None:
     return where or "chain", kind
 
 
-def budgets(names: tuple[str, ...]) -> dict[str, int]:
-    """{short name: bytes prefetched after that GEMM} from PARASHIFT_L2_PREFETCH_MB; names
-    it leaves out 0."""
+def _allotments(names: tuple[str, ...]) -> dict[str, tuple[int, str | None]]:
+    """{short name: (bytes prefetched after that GEMM, the GEMM they start at or None: the
+    next)} from PARASHIFT_L2_PREFETCH_MB; names it leaves out 0."""
     text = os.environ.get(MB_ENV, DEFAULT_MB)
-    result = dict.fromkeys(names, 0)
+    result = dict.fromkeys(names, (0, None))
     for item in filter(None, text.split("/")):
-        name, _, mb = item.partition(":")
-        if name not in result or not mb.replace(".", "", 1).isdigit():
-            raise ValueError(f"{MB_ENV}={text!r}: expected NAME:MB[/NAME:MB...], NAME one of "
-                             f"{list(names)}")
-        result[name] = int(float(mb) * MB) // ALIGN * ALIGN
+        name, _, amount = item.partition(":")
+        mb, _, target = amount.partition("@")
+        if (name not in result or not mb.replace(".", "", 1).isdigit()
+                or target and target not in names):
+            raise ValueError(f"{MB_ENV}={text!r}: expected NAME:MB[@TARGET][/...], NAME and "
+                             f"TARGET among {list(names)}")
+        result[name] = int(float(mb) * MB) // ALIGN * ALIGN, target or None
     return result
 
 
-def plan(sizes: list[int], budgets: list[int]) -> list[list[Planned]]:
+def budgets(names: tuple[str, ...]) -> dict[str, int]:
+    """{short name: bytes prefetched after that GEMM} from PARASHIFT_L2_PREFETCH_MB."""
+    return {name: count for name, (count, _) in _allotments(names).items()}
+
+
+def skips(names: list[str]) -> list[int]:
+    """For each GEMM of a step, the GEMMs after it its prefetch passes over (@TARGET: up to
+    that name's next GEMM; past the step's end: all of them)."""
+    targets = {name: target for name, (_, target) in _allotments(tuple(dict.fromkeys(names)))
+               .items()}
+    return [0 if targets[name] is None else
+            next((k for k in range(len(names) - i - 1) if names[i + 1 + k] == targets[name]),
+                 len(names)) for i, name in enumerate(names)]
+
+
+def plan(sizes: list[int], budgets: list[int], skips: list[int] | None = None
+         ) -> list[list[Planned]]:
     """For each GEMM i of a step (its weight `sizes[i]` bytes), the spans prefetched after it:
-    `budgets[i]` bytes from the GEMMs after it, each weight from where the spans before
-    stopped, at most MAX_SPANS weights; sizes and budgets whole ALIGN units."""
+    `budgets[i]` bytes from the GEMMs after it (past the first `skips[i]` of them), each
+    weight from where the spans before stopped, at most MAX_SPANS weights; sizes and budgets
+    whole ALIGN units."""
     covered = [0] * len(sizes)
     spans = []
     for i, budget in enumerate(budgets):
         here = []
-        for j in range(i + 1, len(sizes)):
+        for j in range(i + 1 + (skips[i] if skips else 0), len(sizes)):
             if budget <= 0 or len(here) == MAX_SPANS:
                 break
             count = min(budget, sizes[j] - covered[j]) // ALIGN * ALIGN
@@ -155,7 +175,8 @@ class StepPrefetches:
             allotted = budgets(tuple(dict.fromkeys(self.names)))
             sizes = [0 if w is None else w.numel() * w.element_size() // ALIGN * ALIGN
                      for w in weights]
-            self._plans[key] = weights, plan(sizes, [allotted[n] for n in self.names])
+            self._plans[key] = weights, plan(sizes, [allotted[n] for n in self.names],
+                                             skips(self.names))
         return self._plans[key]
 
     def hook(self, index: int) -> Callable:

@@ -7,6 +7,7 @@ import triton
 
 from parashift.kernels import (fp8_gemm, gated_gemv, rmsnorm, silu_mul, skinny_gemm,
                                split_tickets)
+from parashift.kernels import fp8_gemv as fp8_gemv_module
 from parashift.kernels.fp8_gemv import MAX_ROWS, NormInput, fp8_gemv
 from tests.kernels.common import assert_exact, case_id, case_tests, cuda, randn
 
@@ -231,3 +232,24 @@ def test_norm_rejects_another_dtype_or_shape():
         with pytest.raises(ValueError, match="norm"):
             fp8_gemv(x, torch.zeros(8, 64, dtype=FP8), torch.ones(8), None, 8, 64, 4, 1,
                      norm=norm)
+
+
+def test_the_evict_first_switch_reads_0_or_1(monkeypatch):
+    monkeypatch.delenv(fp8_gemv_module.EVICT_ENV, raising=False)
+    assert fp8_gemv_module.evict_first()  # the default
+    monkeypatch.setenv(fp8_gemv_module.EVICT_ENV, "0")
+    assert not fp8_gemv_module.evict_first()
+    monkeypatch.setenv(fp8_gemv_module.EVICT_ENV, "yes")
+    with pytest.raises(ValueError, match=fp8_gemv_module.EVICT_ENV):
+        fp8_gemv_module.evict_first()
+
+
+@cuda
+@pytest.mark.parametrize("config", [(8, 1024, 4, 1), (4, 1024, 4, 1, 2, True, True)])
+def test_weight_loads_marked_evict_first_give_the_same_bits(monkeypatch, config):
+    weight, scale = quantized(300, 4096, False, "cuda")
+    x = randn((1, 4096), "bfloat16", "cuda", seed=1)
+    monkeypatch.setenv(fp8_gemv_module.EVICT_ENV, "0")
+    plain = fp8_gemv(x, weight, scale, None, *config)
+    monkeypatch.setenv(fp8_gemv_module.EVICT_ENV, "1")
+    assert torch.equal(fp8_gemv(x, weight, scale, None, *config), plain)

@@ -138,7 +138,7 @@ TICKET_POINTERS = {"part_ptr": torch.float32, "counter_ptr": torch.int32}
 GEMV_POINTERS = {"w_ptr": FP8, "s_ptr": torch.float32, **TICKET_POINTERS}
 GEMV_FLOATS = ("inv_k", "eps")
 GEMV_PLAIN = dict(NORM=False, HAS_RESIDUAL=False, NORM_BLOCK=1,
-                  NORM_CHUNKS=1)  # no norm in the GEMV
+                  NORM_CHUNKS=1, EVICT_FIRST=False)  # no norm in the GEMV
 WEIGHT_POINTERS = {"x_ptr": FP8, "xs_ptr": torch.float32, "w_ptr": FP8, "s_ptr": torch.float32,
                    **TICKET_POINTERS}
 KERNELS = {
@@ -154,6 +154,10 @@ KERNELS = {
         **GEMV_PLAIN,
         HAS_BIAS=False, ROWS=2, EVEN_K=False, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=2, VEC=8,
         PREFETCH_K=4096, AHEAD=True, TICKETS=False), True),
+    "fp8_gemv_ahead_evict": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
+        **{**GEMV_PLAIN, "EVICT_FIRST": True},
+        HAS_BIAS=False, ROWS=2, EVEN_K=False, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=2, VEC=8,
+        PREFETCH_K=4096, AHEAD=True, TICKETS=False), True),
     "fp8_gemv_gated": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
         **GEMV_PLAIN,
         HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, VEC=8,
@@ -161,7 +165,7 @@ KERNELS = {
     "fp8_gemv_norm": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
         HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, VEC=8,
         PREFETCH_K=4096, AHEAD=False, TICKETS=False, SILU_OUT=True, LIBDEVICE=True, NORM=True,
-        HAS_RESIDUAL=True, NORM_BLOCK=2048, NORM_CHUNKS=2), True),
+        HAS_RESIDUAL=True, NORM_BLOCK=2048, NORM_CHUNKS=2, EVICT_FIRST=False), True),
     "fp8_gemv_tickets": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
         **GEMV_PLAIN,
         HAS_BIAS=True, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
@@ -300,8 +304,8 @@ READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_ticke
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
 # byte a load; the activations are bf16), and nothing else touches memory
-WEIGHT_FIRST = {"fp8_gemv_ahead", "moe_router"}
-WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.b8\b", re.M)
+WEIGHT_FIRST = {"fp8_gemv_ahead", "fp8_gemv_ahead_evict", "moe_router"}
+WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global(\.L[12]::[\w:]+)*\.b8\b", re.M)
 # the kernels that load, before the wait, what no kernel before them writes and touch memory
 # no other way there: the norm weight; positions, cos, sin and slots; a decode's metadata,
 # block table and older KV

@@ -8,7 +8,7 @@ import torch
 
 from parashift.context import use_state
 from parashift.layers import l2_prefetch
-from parashift.layers.l2_prefetch import MB, Planned, budgets, plan, step_gemms
+from parashift.layers.l2_prefetch import MB, Planned, budgets, plan, skips, step_gemms
 from parashift.models.llama import LlamaForCausalLM
 from parashift.parallel.state import ParallelState
 from tests.engine.conftest import tiny_llama_dir  # noqa: F401  (shared fixture)
@@ -40,6 +40,22 @@ def test_a_launch_covers_at_most_two_weights_and_whole_units():
     spans = plan([64, 32, 96, 64], [90, 64, 0, 0])
     assert spans[0] == [Planned(1, 0, 32), Planned(2, 0, 48)]
     assert spans[1] == [Planned(1, 48, 48), Planned(2, 0, 16)]
+
+
+def test_a_target_passes_over_the_gemms_before_it(monkeypatch):
+    """qkv:16@gate_up: gate_up's first 16 MB after qkv (o's weight left out), then o's 8 MB
+    from where those stopped; a target with no GEMM of its name after the last: nothing."""
+    names = ["qkv", "o", "gate_up", "down"] * 2
+    monkeypatch.setenv(l2_prefetch.MB_ENV, "qkv:16@gate_up/o:8/down:4@o")
+    assert skips(names) == [1, 0, 0, 1, 1, 0, 0, 8]
+    spans = plan(SIZES, [16 * MB, 8 * MB, 0, 4 * MB] * 2, skips(names))
+    assert spans[0] == [Planned(2, 0, 16 * MB)]
+    assert spans[1] == [Planned(1, 16 * MB, 8 * MB)]
+    assert spans[3] == [Planned(2, 0, 4 * MB)]  # the next layer's o
+    assert spans[7] == []
+    monkeypatch.setenv(l2_prefetch.MB_ENV, "qkv:16@up")
+    with pytest.raises(ValueError, match=l2_prefetch.MB_ENV):
+        skips(names)
 
 
 def test_budgets_and_mode_come_from_the_switches(monkeypatch):
