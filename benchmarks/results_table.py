@@ -134,8 +134,12 @@ section the JSON names). The baseline is the best static plan where a policy is 
 (DP included), else what the row names. Ratio = figure ÷ baseline; the verdict reads it in
 the metric's direction (on par: within 2%). † marks a baseline from another call or commit
 than the figure's. Floor: the roofline bound the log gives (bytes at the copy rate, FLOPs at
-the matrix rate), with the fraction of it reached. Shapes are `benchmarks/shapes/*.json` with
-random bf16 weights.
+the matrix rate), with the fraction of it reached. Decode floors of rows measured before
+session 46's last call (2026-11-30) counted the whole input embedding table as read
+each step (1.05 GB of the 8B's 9.09 GB in FP8, 0.62 GB of Qwen3-30B-A3B's touched bytes); a
+step gathers one row a sequence, so those floors read 4-13% high at one row and their
+fractions as much too high; session 46's rows give both. Shapes are `benchmarks/shapes/*.json`
+with random bf16 weights.
 """
 RESULTS_COLUMNS = ("claim", "device", "shape", "workload", "plan", "metric", "figure", "baseline",
                    "ratio", "verdict", "floor (fraction)", "measured", "command", "notes")
