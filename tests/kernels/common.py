@@ -135,11 +135,7 @@ def case_tests(module: str, check, cases: list[dict], uses_dot: bool = False,
     `test_interpreted, test_cuda = case_tests(__name__, check, CASES)`.
     variants_in_one_dtype: the interpreter runs the first case in both dtypes and each
     later one in one of them, in turn (for checks slow to interpret; CUDA runs all)."""
-    cpu_cases = [{**case, "dtype": dtype} for dtype in ("float32", "float16") for case in cases]
-    if variants_in_one_dtype:
-        cpu_cases = ([{**cases[0], "dtype": "float32"}, {**cases[0], "dtype": "float16"}]
-                     + [{**case, "dtype": ("float16", "float32")[i % 2]}
-                        for i, case in enumerate(cases[1:])])
+    cpu_cases = interpreter_cases(cases, variants_in_one_dtype)
 
     @(interpreter_runs_dot if uses_dot else lambda test: test)
     @pytest.mark.parametrize("i", range(len(cpu_cases)), ids=[case_id(c) for c in cpu_cases])
@@ -148,6 +144,16 @@ def case_tests(module: str, check, cases: list[dict], uses_dot: bool = False,
         interpreted_result(module, check.__name__, i)
 
     return test_interpreted, cuda_tests(check, cases)
+
+
+def interpreter_cases(cases: list[dict], variants_in_one_dtype: bool) -> list[dict]:
+    """Each case in float32 and in float16; variants_in_one_dtype: the first case in both,
+    each later one in one of them, in turn."""
+    if not variants_in_one_dtype:
+        return [{**case, "dtype": dtype} for dtype in ("float32", "float16") for case in cases]
+    return ([{**cases[0], "dtype": "float32"}, {**cases[0], "dtype": "float16"}]
+            + [{**case, "dtype": ("float16", "float32")[i % 2]}
+               for i, case in enumerate(cases[1:])])
 
 
 def cuda_tests(check, cases: list[dict]):
