@@ -14,15 +14,12 @@ replayed in turn (interleaved repeats), median µs per layer; each variant's cho
 |difference| of the outputs against the first variant's. --no-dot-configs leaves the FP8
 tl.dot configs (never chosen at 1-4 rows on an H200, session 43) out of the FP8 choice, to
 save their compile time."""
-import argparse
-import json
 import os
 import time
 
 import torch
 
 from benchmarks import pdl_chain
-from benchmarks.decode_throughput import copy_bandwidth
 from parashift.kernels import fp8_gemm, gated_gemv, gemm_timing, silu_mul, skinny_gemm
 
 VARIANTS = {"graph": ("graph", None), "chain": ("chain", None),
@@ -90,24 +87,12 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--weights", nargs="+", default=["fp8", "bf16"], choices=["fp8", "bf16"])
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
-    p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=15)
-    pdl_chain.add_no_dot_configs(p)
+    p = pdl_chain.variant_parser(batch_sizes=[1], repeats=15, weights=["fp8", "bf16"])
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS),
                    help="the first is the others' reference")
-    p.add_argument("--output", default=None)
     args = p.parse_args()
-    pdl_chain.apply_no_dot_configs(args)
-    bandwidth = copy_bandwidth(torch.device("cuda"))
-    rows = []
-    for weights in args.weights:
-        for batch in args.batch_sizes:
-            rows.append(measure(weights, batch, args.layers, args.repeats, bandwidth,
-                                args.variants))
-            pdl_chain.report(rows, bandwidth, args.output)
+    pdl_chain.run_rows(args, lambda weights, batch, bandwidth: measure(
+        weights, batch, args.layers, args.repeats, bandwidth, args.variants))
 
 
 if __name__ == "__main__":

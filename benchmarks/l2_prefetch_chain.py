@@ -19,7 +19,7 @@ import contextlib
 import torch
 
 from benchmarks import pdl_chain
-from benchmarks.decode_throughput import copy_bandwidth, environment, parse_settings
+from benchmarks.decode_throughput import parse_settings
 from parashift.kernels import fp8_gemm, skinny_gemm
 from parashift.layers import l2_prefetch as placement
 
@@ -101,20 +101,16 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
     args = pdl_chain.step_args(count, fp8, batch, context, context + 1024)
     layers = args[2]
     prefetcher = Prefetcher(layers)
-    graphs, outputs = {}, {}
-    for name in variants:
-        settings, own = split_variant(name)
-        with environment(settings):
-            def run(name=name, own=own):
-                with prefetcher.wrapping(own):
-                    out = pdl_chain.step(*args, fp8_input=fp8)[0].clone()
-                outputs[name] = out
-            graphs[name] = pdl_chain.capture(run)
+
+    def run(name: str) -> torch.Tensor:
+        with prefetcher.wrapping(split_variant(name)[1]):
+            return pdl_chain.step(*args, fp8_input=fp8)[0].clone()
+    graphs, outputs = pdl_chain.variant_graphs(variants, lambda name: split_variant(name)[0],
+                                               run)
     results = pdl_chain.replayed_fractions(graphs, layers, fp8, batch, context, count,
                                            bandwidth, repeats)[0]
     first = variants[0]
-    for row in results.values():
-        row[f"{first}_over_this"] = round(results[first]["us_per_layer"] / row["us_per_layer"], 4)
+    pdl_chain.ratios_to_first(results, first)
     same = {name: torch.equal(outputs[first], out) for name, out in outputs.items()}
     del graphs, layers
     torch.cuda.empty_cache()
@@ -123,24 +119,12 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--weights", nargs="+", default=["fp8"], choices=["fp8", "bf16"])
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
-    p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=21)
+    p = pdl_chain.variant_parser(batch_sizes=[1], repeats=21, weights=["fp8"])
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, type=variant,
                    help="the first is the others' reference")
-    pdl_chain.add_no_dot_configs(p)
-    p.add_argument("--output", default=None)
     args = p.parse_args()
-    pdl_chain.apply_no_dot_configs(args)
-    bandwidth = copy_bandwidth(torch.device("cuda"))
-    rows = []
-    for weights in args.weights:
-        for batch in args.batch_sizes:
-            rows.append(measure(weights, batch, args.layers, args.repeats, bandwidth,
-                                args.variants))
-            pdl_chain.report(rows, bandwidth, args.output)
+    pdl_chain.run_rows(args, lambda weights, batch, bandwidth: measure(
+        weights, batch, args.layers, args.repeats, bandwidth, args.variants))
 
 
 if __name__ == "__main__":

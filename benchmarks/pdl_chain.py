@@ -145,19 +145,39 @@ def attention(qkv, layer, meta, positions, cos_sin, backend) -> torch.Tensor:
 
 
 def replayed_fractions(graphs: dict, layers, fp8: bool, batch: int, context: int, count: int,
-                       bandwidth: float, repeats: int) -> tuple[dict, int, int]:
-    """Each variant's graph replayed `repeats` times in turn: ({variant: floor_fractions of
-    its median time a layer}, a layer's weight bytes, the step's KV bytes a layer)."""
+                       bandwidth: float, repeats: int, alternate: bool = False
+                       ) -> tuple[dict, int, int]:
+    """Each variant's graph replayed `repeats` times in turn (alternate: every second round
+    in the reverse order): ({variant: floor_fractions of its median time a layer}, a layer's
+    weight bytes, the step's KV bytes a layer)."""
     samples = {name: [] for name in graphs}
-    for _ in range(repeats):
-        for name, graph in graphs.items():
-            samples[name].append(replay_ms(graph))
+    order = list(graphs)
+    for r in range(repeats):
+        for name in (order[::-1] if alternate and r % 2 else order):
+            samples[name].append(replay_ms(graphs[name]))
     weight_bytes = sum(w[0].numel() if fp8 else 2 * w.numel() for w in
                        (layers[0].weights[name] for name in SHAPES))
     kv_bytes = 2 * batch * (context + 1) * KV_HEADS * HEAD_DIM * 2
     results = {name: floor_fractions(statistics.median(times) / 1e3 / count, weight_bytes,
                                      kv_bytes, bandwidth) for name, times in samples.items()}
     return results, weight_bytes, kv_bytes
+
+
+def ratios_to_first(results: dict, first: str) -> None:
+    """Adds `{first}_over_this` to each variant's row: first's time a layer over this one's."""
+    base = results[first]["us_per_layer"]
+    for row in results.values():
+        row[f"{first}_over_this"] = round(base / row["us_per_layer"], 4)
+
+
+def variant_graphs(variants: list[str], settings_of, run) -> tuple[dict, dict]:
+    """A graph of `run(variant)` for each variant, captured with `settings_of(variant)` in the
+    environment: ({variant: graph}, {variant: what run returned})."""
+    graphs, outputs = {}, {}
+    for name in variants:
+        with environment(settings_of(name)):
+            graphs[name] = capture(lambda: outputs.__setitem__(name, run(name)))
+    return graphs, outputs
 
 
 def largest_differences(outputs: dict, first: str) -> dict:
@@ -196,6 +216,33 @@ def add_no_dot_configs(parser) -> None:
 def apply_no_dot_configs(args) -> None:
     if args.no_dot_configs:
         fp8_gemm.CONFIGS = ()
+
+
+def variant_parser(batch_sizes: list[int], repeats: int, weights: list[str] | None = None
+                   ) -> argparse.ArgumentParser:
+    """The options every variant script of these layers takes (`--weights` where `weights`,
+    its default, is given); the script adds its `--variants`."""
+    p = argparse.ArgumentParser()
+    if weights is not None:
+        p.add_argument("--weights", nargs="+", default=weights, choices=["fp8", "bf16"])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=batch_sizes)
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=repeats)
+    add_no_dot_configs(p)
+    p.add_argument("--output", default=None)
+    return p
+
+
+def run_rows(args, measure, weights: tuple[str, ...] = ("fp8",)) -> None:
+    """`measure(weights, batch, bandwidth)`'s row for each weight dtype (args.weights where
+    the script has them) and batch size, each reported as it comes."""
+    apply_no_dot_configs(args)
+    bandwidth = copy_bandwidth(torch.device("cuda"))
+    rows = []
+    for dtype in getattr(args, "weights", weights):
+        for batch in args.batch_sizes:
+            rows.append(measure(dtype, batch, bandwidth))
+            report(rows, bandwidth, args.output)
 
 
 def report(rows: list[dict], bandwidth: float, output: str | None) -> None:

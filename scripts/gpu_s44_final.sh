@@ -1,68 +1,16 @@
 #!/usr/bin/env bash
-# Session 44's last call (nvidia-h200-x2): this tree (the session's merges) against $BEFORE
-# (main's tree before them), interleaved, each engine in a fresh process. GPU 0 (cores 1-15):
-# 8B decode b1/b64, FP8 in two rounds (after, before, after, before), then bf16 one round;
-# GPU 1 (cores 16-31): Qwen3-30B-A3B decode b1/b64 in two rounds, then 8B bf16 prefill of
-# 32,768 and 16,384 tokens at 8,192 tokens a step, one round; each lane then runs GPU tests of the session's kernels. Each tree's FP8 GEMM candidates are compiled first
-# in parallel processes (fp8_gemm_sweep.py --warm-only) so the engines' start-up times nothing
-# cold. Usage (repository root, $BEFORE unpacked there):
+# Session 44's last call (nvidia-h200-x2), as scripts/gpu_final_ab.sh runs it: GPU 0: the FP8
+# GEMM candidates compiled for both trees, 8B decode b1/b64, FP8 in two rounds (after, before,
+# after, before), bf16 in one, then the GPU tests of the session's kernels; GPU 1:
+# Qwen3-30B-A3B decode b1/b64 in two rounds, 8B bf16 prefill of 32,768 and 16,384 tokens at
+# 8,192 tokens a step, then GPU tests. Usage (repository root, $BEFORE unpacked there):
 #   OUT=dir BEFORE=.before [BUDGET_S=540] bash scripts/gpu_s44_final.sh
-set -u
-: "${OUT:?a folder for the results}"
-here=$(pwd)
-before=$here/${BEFORE:?the tree before, unpacked in the repository root}
-budget=${BUDGET_S:-540}
-S=$here/benchmarks/shapes
-source scripts/budget_step.sh
-export here before budget S OUT IN_TREE
-tree() { [ "$1" = before ] && echo "$before" || echo "$here"; }
-IN_TREE='cd "$1" && shift && PYTHONPATH="$(pwd):${SITE:-/tmp/site}" exec "$@"'  # bash -c "$IN_TREE" _ DIR COMMAND...
-warm() {  # warm TREE: the FP8 GEMM candidates an engine's start-up compiles, in 12 processes
-  budget_step "warm_$1" 40 bash -c "$IN_TREE" _ "$(tree $1)" python3 benchmarks/fp8_gemm_sweep.py \
-    --warm-only --workers 12
-}
-decode8b() {  # decode8b TREE WEIGHTS ROUND
-  local quant=(); [ "$2" = fp8 ] && quant=(--quantization fp8)
-  local need=55; [ "$2" = fp8 ] && need=70
-  budget_step "dense_${2}_${1}_$3" $need bash -c "$IN_TREE" _ "$(tree $1)" python3 benchmarks/decode_throughput.py \
-    --model "$S/llama-3.1-8b.json" --batch-sizes 1 64 --context 1024 --decode-steps 32 \
-    --cuda-graphs ${quant[@]+"${quant[@]}"} --output "$OUT/gpu0/dense_${2}_${1}_$3.json"
-}
-moe() {  # moe TREE ROUND
-  budget_step "moe_$1_$2" 70 bash -c "$IN_TREE" _ "$(tree $1)" python3 benchmarks/decode_throughput.py \
-    --model "$S/qwen3-30b-a3b.json" --batch-sizes 1 64 --max-model-len 8192 --decode-steps 32 \
-    --cuda-graphs --output "$OUT/gpu1/moe_$1_$2.json"
-}
-chunked() {  # chunked TREE: long prompts at 8,192 tokens a step (chunks after a cached prefix)
-  budget_step "chunked_$1" 70 bash -c "$IN_TREE" _ "$(tree $1)" python3 benchmarks/prefill_throughput.py \
-    --model "$S/llama-3.1-8b.json" --prompt-lens 32768 16384 --step-tokens 8192 --repeats 3 \
-    --output "$OUT/gpu1/chunked_$1.json"
-}
-gputests() {  # gputests NAME TESTS...: the GPU tests of the session's kernels, this tree
-  local name=$1; shift
-  budget_step "gpu_tests_$name" 75 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider "$@"
-}
-gpu0() {
-  export CUDA_VISIBLE_DEVICES=0 STEP_DIR=$OUT/gpu0
-  warm after; warm before
-  decode8b after fp8 1; decode8b before fp8 1; decode8b after fp8 2; decode8b before fp8 2
-  decode8b after bf16 1; decode8b before bf16 1
+GPU0='warm after; warm before; rounds 2 decode8b fp8; rounds 1 decode8b bf16
   gputests gpu0 tests/kernels/test_fp8_gemm_tma.py tests/kernels/test_pdl.py \
-    tests/kernels/test_fp8_gemv.py tests/kernels/test_norm_gemv.py tests/layers/test_norm_gemv.py
-}
-gpu1() {
-  export CUDA_VISIBLE_DEVICES=1 STEP_DIR=$OUT/gpu1
-  moe after 1; moe before 1; moe after 2; moe before 2
-  chunked after; chunked before
+    tests/kernels/test_fp8_gemv.py tests/kernels/test_norm_gemv.py tests/layers/test_norm_gemv.py' \
+GPU1='rounds 2 moe; chunked after; chunked before
   gputests gpu1 tests/kernels/test_lse_merge.py tests/attention/test_cudnn_prefill.py \
     tests/kernels/test_moe_decode.py tests/kernels/test_fused_moe.py \
     tests/attention/test_triton_backend.py
-  budget_step gpu_tests_engine 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
-    -p no:cacheprovider tests/engine/test_gpu_engine.py -k "graphs_and_async or triton_matches_torch"
-}
-mkdir -p "$OUT/gpu0" "$OUT/gpu1"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv > "$OUT/gpus.txt" 2>&1
-(taskset -c 1-15 bash -c "$(declare -f); gpu0" > "$OUT/gpu0.log" 2>&1) &
-(taskset -c 16-31 bash -c "$(declare -f); gpu1" > "$OUT/gpu1.log" 2>&1) &
-wait
-cat "$OUT/gpu0.log" "$OUT/gpu1.log"
+  enginetests' \
+  exec bash "$(dirname "$0")/gpu_final_ab.sh"

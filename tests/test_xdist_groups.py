@@ -4,7 +4,7 @@ import multiprocessing
 
 import pytest
 
-from tests.xdist_groups import PROCS, unit_of
+from tests.xdist_groups import PROCS, longest_first, seconds_by_unit, unit_of
 
 
 def test_tests_that_start_processes_share_one_unit_and_others_go_by_file():
@@ -18,3 +18,30 @@ def test_a_test_outside_the_unit_cannot_start_a_process():
     with pytest.raises(RuntimeError, match="PROCESS_PATHS in tests/xdist_groups.py"):
         process.start()
     assert process.pid is None  # refused before anything started
+
+
+def test_a_files_interpreted_checks_are_a_unit_of_their_own():
+    assert unit_of("tests/kernels/test_a.py::test_fp8_interpreted[m=1-dtype=float32]") == \
+        "tests/kernels/test_a.py::interpreted"
+    assert unit_of("tests/attention/test_b_interpreted.py::test_matches[i]") == \
+        "tests/attention/test_b_interpreted.py::interpreted"
+    assert unit_of("tests/kernels/test_a.py::test_cuda[interpreted]") == "tests/kernels/test_a.py"
+
+
+def test_units_go_out_longest_first_then_by_their_number_of_tests_interpreted_ones_last():
+    units = [("k.py::interpreted", [1]), ("a.py", [1, 2, 3]), (PROCS, [1, 2]), ("b.py", [1]),
+             ("j.py::interpreted", [1, 2, 3]), ("c.py", [1, 2]), ("d.py", [1, 2, 3, 4])]
+    seconds = {PROCS: 900.0, "b.py": 60.0, "c.py": 2.0, "j.py::interpreted": 99.0}
+    assert [name for name, _ in longest_first(units, seconds)] == [
+        PROCS, "b.py", "c.py", "d.py", "a.py", "k.py::interpreted", "j.py::interpreted"]
+
+
+def test_a_runs_log_gives_each_units_seconds():
+    log = """============================= slowest durations =============================
+12.50s call     tests/distributed/test_plans.py::test_x[tp2]
+3.00s setup    tests/kernels/test_a.py::test_interpreted[q_lens=[1, 5]-dtype=float32]
+2.25s call     tests/executor/test_b.py::test_y
+0.40s teardown tests/kernels/test_a.py::test_z
+0.30s call     tests/engine/test_c.py::test_w
+2633 passed in 1467.66s (0:24:27)"""
+    assert seconds_by_unit(log) == {PROCS: 14.8, "tests/kernels/test_a.py::interpreted": 3.0}

@@ -1,6 +1,7 @@
-"""The Triton attention backend on the CPU, under the Triton interpreter (float32 and
-float16), against the torch reference: the same kernels the GPU compiles, so CI covers
-them. The compiled, bf16 and CUDA-graph cases are in test_triton_backend.py."""
+"""The Triton attention backend on the CPU, under the Triton interpreter (the first case in
+float32 and float16, each later one in one of them, in turn), against the torch reference:
+the same kernels the GPU compiles, so CI covers them. The compiled, bf16 and CUDA-graph
+cases are in test_triton_backend.py."""
 import pytest
 import torch
 
@@ -9,7 +10,7 @@ from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.torch_ref import TorchAttentionBackend
 from tests.attention.test_triton_backend import make_step, run
 from tests.kernels.common import (case_id, interpreted, interpreted_result,
-                                  interpreter_runs_dot)
+                                  interpreter_cases, interpreter_runs_dot)
 
 pytestmark = interpreter_runs_dot
 
@@ -79,7 +80,7 @@ def check_warm_up(dtype):
     assert launches == 2 * triton_backend.MAX_SPLITS.bit_length()
 
 
-ALL = [{**case, "dtype": dtype} for dtype in DTYPES for case in CASES]
+ALL = interpreter_cases(CASES, variants_in_one_dtype=True)
 
 
 # one child process runs every case of a check (in the background from the session's start)

@@ -1,5 +1,6 @@
 """Shared by the kernel tests: random inputs, the comparisons, the Triton
 interpreter in a child process, CUDA graph capture."""
+import contextlib
 import importlib
 import json
 import math
@@ -135,11 +136,7 @@ def case_tests(module: str, check, cases: list[dict], uses_dot: bool = False,
     `test_interpreted, test_cuda = case_tests(__name__, check, CASES)`.
     variants_in_one_dtype: the interpreter runs the first case in both dtypes and each
     later one in one of them, in turn (for checks slow to interpret; CUDA runs all)."""
-    cpu_cases = [{**case, "dtype": dtype} for dtype in ("float32", "float16") for case in cases]
-    if variants_in_one_dtype:
-        cpu_cases = ([{**cases[0], "dtype": "float32"}, {**cases[0], "dtype": "float16"}]
-                     + [{**case, "dtype": ("float16", "float32")[i % 2]}
-                        for i, case in enumerate(cases[1:])])
+    cpu_cases = interpreter_cases(cases, variants_in_one_dtype)
 
     @(interpreter_runs_dot if uses_dot else lambda test: test)
     @pytest.mark.parametrize("i", range(len(cpu_cases)), ids=[case_id(c) for c in cpu_cases])
@@ -148,6 +145,16 @@ def case_tests(module: str, check, cases: list[dict], uses_dot: bool = False,
         interpreted_result(module, check.__name__, i)
 
     return test_interpreted, cuda_tests(check, cases)
+
+
+def interpreter_cases(cases: list[dict], variants_in_one_dtype: bool) -> list[dict]:
+    """Each case in float32 and in float16; variants_in_one_dtype: the first case in both,
+    each later one in one of them, in turn."""
+    if not variants_in_one_dtype:
+        return [{**case, "dtype": dtype} for dtype in ("float32", "float16") for case in cases]
+    return ([{**cases[0], "dtype": "float32"}, {**cases[0], "dtype": "float16"}]
+            + [{**case, "dtype": ("float16", "float32")[i % 2]}
+               for i, case in enumerate(cases[1:])])
 
 
 def cuda_tests(check, cases: list[dict]):
@@ -210,16 +217,23 @@ def run_interpreted(module: str, check: str, cases: list[dict]) -> list[str | No
 class _Background:
     """A child process, at the lowest priority, running the interpreted checks of the
     session's tests in the order the tests come: the Triton interpreter is slow and single-
-    threaded, and this way it uses the core the other tests leave idle. Each case's result
-    goes to a file of its own. A test whose check is not done by then takes over: the
-    background stops, the test runs the cases left at full priority, and a new background
-    goes on with the later checks."""
+    threaded, and this way it uses the CPU the other tests leave idle. Each case's result
+    goes to a file of its own. A test whose check is not done by then takes it over: it marks
+    the check taken (the child skips it), runs the cases left at full priority; without
+    xdist the child stops meanwhile and a new one goes on with the later checks. Under xdist
+    one worker's child serves both workers through a folder of the run (shared_folder)."""
 
-    def __init__(self, keys: list[tuple[str, str]]):
+    def __init__(self, keys: list[tuple[str, str]], folder: Path | None = None,
+                 runs: bool = True):
         self.keys = keys
-        self.folder = Path(tempfile.mkdtemp(prefix="interpreted-"))
+        self.shared = folder is not None
+        self.folder = folder or Path(tempfile.mkdtemp(prefix="interpreted-"))
         self.process = None
-        self._start(0)
+        if runs:
+            if self.shared:
+                shutil.rmtree(self.folder, ignore_errors=True)  # nothing of another run
+                self.folder.mkdir(parents=True)
+            self._start(0)
 
     def _start(self, first: int) -> None:
         jobs = [[index, module, check, _CASES[module, check]]
@@ -237,12 +251,26 @@ class _Background:
         index = self.keys.index(key)
         cases = _CASES[key]
         paths = [self.folder / f"{index}-{i}.json" for i in range(len(cases))]
-        if not paths[-1].exists():
-            self._stop_process()
-            left = [i for i, path in enumerate(paths) if not path.exists()]
-            for i, result in zip(left, run_interpreted(*key, [cases[i] for i in left])):
-                paths[i].write_text(json.dumps(result))
-            self._start(index + 1)
+        try:
+            if paths[-1].exists():
+                return [json.loads(path.read_text()) for path in paths]
+        except FileNotFoundError:  # the folder's owner ended and removed it
+            pass
+        if self.shared:  # the folder may not be there yet, or no longer
+            with contextlib.suppress(FileNotFoundError):
+                (self.folder / f"{index}.taken").touch()
+            done = {}
+            for i, path in enumerate(paths):
+                with contextlib.suppress(FileNotFoundError):
+                    done[i] = json.loads(path.read_text())
+            left = [i for i in range(len(cases)) if i not in done]
+            done.update(zip(left, run_interpreted(*key, [cases[i] for i in left])))
+            return [done[i] for i in range(len(cases))]
+        self._stop_process()
+        left = [i for i, path in enumerate(paths) if not path.exists()]
+        for i, result in zip(left, run_interpreted(*key, [cases[i] for i in left])):
+            paths[i].write_text(json.dumps(result))
+        self._start(index + 1)
         return [json.loads(path.read_text()) for path in paths]
 
     def _stop_process(self) -> None:
@@ -253,15 +281,18 @@ class _Background:
             self.process = None
 
     def stop(self) -> None:
+        owner = self.process is not None or not self.shared
         self._stop_process()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if owner:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _background: _Background | None = None
 
 
 def start_in_background(items) -> None:
-    """From the session's collected tests: starts their interpreted checks (conftest.py)."""
+    """From the session's collected tests: starts their interpreted checks (conftest.py).
+    Under xdist the first worker starts them, into the run's shared folder."""
     global _background
     keys = []
     for item in items:
@@ -270,7 +301,16 @@ def start_in_background(items) -> None:
         if key and key not in keys and not skipped:
             keys.append(key)
     if keys:
-        _background = _Background(keys)
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        _background = _Background(keys, shared_folder() if worker else None,
+                                  runs=worker in (None, "gw0"))
+
+
+def shared_folder() -> Path:
+    """The folder of this xdist run's interpreted results (the workers share the run's id
+    and their parent, the controller)."""
+    run = f"{os.environ['PYTEST_XDIST_TESTRUNUID']}-{os.getppid()}"
+    return Path(tempfile.gettempdir()) / f"parashift-interpreted-{run}"
 
 
 def stop_background() -> None:
@@ -295,6 +335,8 @@ def _run_jobs(folder: Path) -> None:
     for index, module, check, cases in json.load(sys.stdin):
         if os.getppid() != session:  # the session was killed
             return
+        if (folder / f"{index}.taken").exists():  # a test runs it itself
+            continue
         subprocess.run([sys.executable, "-m", "tests.kernels.common", "--job", str(folder),
                         str(index), module, check], input=json.dumps(cases), text=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -304,7 +346,7 @@ def _run_job(folder: Path, index: str, module: str, check: str) -> None:
     fn = getattr(importlib.import_module(module), check)
     driver = os.getppid()
     for i, case in enumerate(json.load(sys.stdin)):
-        if os.getppid() != driver:  # the background was stopped
+        if os.getppid() != driver or (folder / f"{index}.taken").exists():  # stopped, taken
             return
         part = folder / f"{index}-{i}.part"
         part.write_text(json.dumps(_run_case(fn, case)))

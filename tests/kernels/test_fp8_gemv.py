@@ -60,7 +60,7 @@ FAMILIES = {"plain": lambda c: not (c.ahead or c.tickets), "ahead": lambda c: c.
             "tickets": lambda c: c.tickets}
 
 
-test_interpreted, _ = case_tests(__name__, check, CASES)
+test_interpreted, _ = case_tests(__name__, check, CASES, variants_in_one_dtype=True)
 
 
 @cuda

@@ -75,7 +75,8 @@ def unfused_decode():
             os.environ[moe_decode.ENV] = before
 
 
-test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True)
+test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True,
+                                         variants_in_one_dtype=True)
 
 # FP8 experts (E4M3, a scale per output row) read as stored, against the dequantized experts
 FP8_CASES = [CASES[1], CASES[3], CASES[5], CASES[7]]
@@ -179,8 +180,8 @@ def check_routing(tokens, experts, top_k, renormalize, held=None, first=0,
 
 # uses_dot: the GPU image's Triton 3.6 interpreter fails on these too (the same "only
 # 0-dimensional arrays" error as on tl.dot kernels); CI's 3.9 runs them
-test_routing_interpreted, test_routing_cuda = case_tests(__name__, check_routing,
-                                                         ROUTING_CASES, uses_dot=True)
+test_routing_interpreted, test_routing_cuda = case_tests(
+    __name__, check_routing, ROUTING_CASES, uses_dot=True, variants_in_one_dtype=True)
 
 
 def check_tie_order(tokens, experts, top_k, dtype="float32", device="cpu"):
