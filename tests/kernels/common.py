@@ -1,6 +1,5 @@
 """Shared by the kernel tests: random inputs, the comparisons, the Triton
 interpreter in a child process, CUDA graph capture."""
-import contextlib
 import importlib
 import json
 import math
@@ -256,16 +255,13 @@ class _Background:
                 return [json.loads(path.read_text()) for path in paths]
         except FileNotFoundError:  # the folder's owner ended and removed it
             pass
-        if self.shared:  # the folder may not be there yet, or no longer
-            with contextlib.suppress(FileNotFoundError):
-                (self.folder / f"{index}.taken").touch()
-            done = {}
-            for i, path in enumerate(paths):
-                with contextlib.suppress(FileNotFoundError):
-                    done[i] = json.loads(path.read_text())
+        if self.shared:
+            (self.folder / f"{index}.taken").touch()
+            done = {i: path for i, path in enumerate(paths) if path.exists()}
             left = [i for i in range(len(cases)) if i not in done]
-            done.update(zip(left, run_interpreted(*key, [cases[i] for i in left])))
-            return [done[i] for i in range(len(cases))]
+            results = dict(zip(left, run_interpreted(*key, [cases[i] for i in left])))
+            results.update({i: json.loads(path.read_text()) for i, path in done.items()})
+            return [results[i] for i in range(len(cases))]
         self._stop_process()
         left = [i for i, path in enumerate(paths) if not path.exists()]
         for i, result in zip(left, run_interpreted(*key, [cases[i] for i in left])):
