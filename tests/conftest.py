@@ -67,10 +67,9 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_collection_finish(session):
-    """The interpreted kernel checks of the tests collected start in the background, at the
-    lowest priority: they take the CPU the tests leave idle (under pytest-xdist the first
-    worker's child serves both workers)."""
-    if any(map(_interpreted, session.items)):
+    """The interpreted kernel checks of the tests collected start in the background, where
+    one core is left idle: not under pytest-xdist, whose workers fill both."""
+    if any(map(_interpreted, session.items)) and "PYTEST_XDIST_WORKER" not in os.environ:
         from tests.kernels.common import start_in_background
         start_in_background(session.items)
 

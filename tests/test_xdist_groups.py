@@ -20,20 +20,12 @@ def test_a_test_outside_the_unit_cannot_start_a_process():
     assert process.pid is None  # refused before anything started
 
 
-def test_a_files_interpreted_checks_are_a_unit_of_their_own():
-    assert unit_of("tests/kernels/test_a.py::test_fp8_interpreted[m=1-dtype=float32]") == \
-        "tests/kernels/test_a.py::interpreted"
-    assert unit_of("tests/attention/test_b_interpreted.py::test_matches[i]") == \
-        "tests/attention/test_b_interpreted.py::interpreted"
-    assert unit_of("tests/kernels/test_a.py::test_cuda[interpreted]") == "tests/kernels/test_a.py"
-
-
-def test_units_go_out_longest_first_then_by_their_number_of_tests_interpreted_ones_last():
-    units = [("k.py::interpreted", [1]), ("a.py", [1, 2, 3]), (PROCS, [1, 2]), ("b.py", [1]),
-             ("j.py::interpreted", [1, 2, 3]), ("c.py", [1, 2]), ("d.py", [1, 2, 3, 4])]
-    seconds = {PROCS: 900.0, "b.py": 60.0, "c.py": 2.0, "j.py::interpreted": 99.0}
-    assert [name for name, _ in longest_first(units, seconds)] == [
-        PROCS, "b.py", "c.py", "d.py", "a.py", "k.py::interpreted", "j.py::interpreted"]
+def test_units_go_out_longest_first_then_by_their_number_of_tests():
+    units = [("a.py", [1, 2, 3]), (PROCS, [1, 2]), ("b.py", [1]), ("c.py", [1, 2]),
+             ("d.py", [1, 2, 3, 4])]
+    seconds = {PROCS: 900.0, "b.py": 60.0, "c.py": 2.0}
+    assert [name for name, _ in longest_first(units, seconds)] == [PROCS, "b.py", "c.py", "d.py",
+                                                                   "a.py"]
 
 
 def test_a_runs_log_gives_each_units_seconds():
@@ -44,4 +36,4 @@ def test_a_runs_log_gives_each_units_seconds():
 0.40s teardown tests/kernels/test_a.py::test_z
 0.30s call     tests/engine/test_c.py::test_w
 2633 passed in 1467.66s (0:24:27)"""
-    assert seconds_by_unit(log) == {PROCS: 14.8, "tests/kernels/test_a.py::interpreted": 3.0}
+    assert seconds_by_unit(log) == {PROCS: 14.8, "tests/kernels/test_a.py": 3.4}

@@ -8,17 +8,13 @@ and step timeouts). The rule is by place: a test is in PROCS if its file is unde
 PROCESS_PATHS, and ProcessGuard fails a test outside them that starts a process through
 multiprocessing (worker ranks, gloo groups, node agents), so the list cannot fall behind
 silently. Every other test file is a unit of its own, so that its module fixtures (the
-shared engines) are built once; its tests of interpreted kernel checks are another (INTERPRETED).
+shared engines) are built once and a kernel file's interpreted checks run in one process.
 
 Units go out longest first (UNIT_SECONDS, measured; units it does not name after those, by
 their number of tests as xdist orders them): PROCS starts at once on one worker, and the
 in-process units that take long do not come last, when one worker would run them while the
-other has nothing left. The INTERPRETED units go last, in collection order: one worker's
-background child (tests/kernels/common.py) runs their checks in that order from the start, at
-the lowest priority, on the CPU the tests leave idle (a PROCS test waiting on its ranks'
-timeouts), and a check it has not done by then runs in the test's worker.
-`python -m tests.xdist_groups LOG` writes UNIT_SECONDS anew from the log of a
-`pytest -n 2 --durations=0 tests` run.
+other has nothing left. `python -m tests.xdist_groups LOG` writes UNIT_SECONDS anew from the
+log of a `pytest -n 2 --durations=0 tests` run.
 
 xdist's own `--dist loadgroup` would do this from `xdist_group` marks, but it renames the
 tests' ids in a way pytest 9 no longer reads: the scheduler below groups by the ids instead."""
@@ -32,7 +28,6 @@ from pathlib import Path
 import pytest
 
 PROCS = "procs"
-INTERPRETED = "::interpreted"  # a file's interpreted checks: a unit of their own, sent last
 UNIT_SECONDS = Path(__file__).with_name("unit_seconds.json")  # {unit: its tests' seconds}
 PROCESS_PATHS = (
     "tests/distributed/",
@@ -56,18 +51,9 @@ PROCESS_PATHS = (
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit a test runs in: PROCS, its file's interpreted checks (INTERPRETED), or its
-    file."""
+    """The unit a test runs in: PROCS, or its file."""
     path = nodeid.split("::")[0]
-    if path.startswith(PROCESS_PATHS):
-        return PROCS
-    return path + INTERPRETED if is_interpreted(nodeid) else path
-
-
-def is_interpreted(nodeid: str) -> bool:
-    """A test of an interpreted kernel check (tests/kernels/common.py), by its name or its
-    file's: test_*interpreted*, or any test of a test_*interpreted*.py."""
-    return "interpreted" in nodeid.split("[")[0]
+    return PROCS if path.startswith(PROCESS_PATHS) else path
 
 
 class ProcessGuard:
@@ -114,11 +100,7 @@ class SchedulerPlugin:
 
             def _assign_work_unit(self, node) -> None:
                 if not self.ordered:  # the work queue is whole at the first assignment
-                    first = {}
-                    for position, nodeid in enumerate(self.collection):
-                        first.setdefault(unit_of(nodeid), position)
-                    units = longest_first(sorted(self.workqueue.items(),
-                                                 key=lambda unit: first[unit[0]]))
+                    units = longest_first(self.workqueue.items())
                     self.workqueue.clear()
                     self.workqueue.update(units)
                     self.ordered = True
@@ -127,15 +109,10 @@ class SchedulerPlugin:
 
 
 def longest_first(units, seconds: dict[str, float] | None = None) -> list:
-    """(unit, tests) pairs in collection order: by their measured seconds, then (those not
-    measured) by their number of tests, both largest first; the INTERPRETED units last, in
-    their order (the background runs their checks in it meanwhile: tests/kernels/common.py)."""
+    """(unit, tests) pairs by their measured seconds, then (those not measured) by their number
+    of tests, both largest first; stable."""
     seconds = json.loads(UNIT_SECONDS.read_text()) if seconds is None else seconds
-    def key(unit):
-        if unit[0].endswith(INTERPRETED):
-            return True, 0.0, 0
-        return False, -seconds.get(unit[0], 0.0), -len(unit[1])
-    return sorted(units, key=key)
+    return sorted(units, key=lambda unit: (-seconds.get(unit[0], 0.0), -len(unit[1])))
 
 
 def seconds_by_unit(log: str) -> dict[str, float]:

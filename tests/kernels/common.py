@@ -216,23 +216,16 @@ def run_interpreted(module: str, check: str, cases: list[dict]) -> list[str | No
 class _Background:
     """A child process, at the lowest priority, running the interpreted checks of the
     session's tests in the order the tests come: the Triton interpreter is slow and single-
-    threaded, and this way it uses the CPU the other tests leave idle. Each case's result
-    goes to a file of its own. A test whose check is not done by then takes it over: it marks
-    the check taken (the child skips it), runs the cases left at full priority; without
-    xdist the child stops meanwhile and a new one goes on with the later checks. Under xdist
-    one worker's child serves both workers through a folder of the run (shared_folder)."""
+    threaded, and this way it uses the core the other tests leave idle. Each case's result
+    goes to a file of its own. A test whose check is not done by then takes over: the
+    background stops, the test runs the cases left at full priority, and a new background
+    goes on with the later checks."""
 
-    def __init__(self, keys: list[tuple[str, str]], folder: Path | None = None,
-                 runs: bool = True):
+    def __init__(self, keys: list[tuple[str, str]]):
         self.keys = keys
-        self.shared = folder is not None
-        self.folder = folder or Path(tempfile.mkdtemp(prefix="interpreted-"))
+        self.folder = Path(tempfile.mkdtemp(prefix="interpreted-"))
         self.process = None
-        if runs:
-            if self.shared:
-                shutil.rmtree(self.folder, ignore_errors=True)  # nothing of another run
-                self.folder.mkdir(parents=True)
-            self._start(0)
+        self._start(0)
 
     def _start(self, first: int) -> None:
         jobs = [[index, module, check, _CASES[module, check]]
@@ -250,23 +243,12 @@ class _Background:
         index = self.keys.index(key)
         cases = _CASES[key]
         paths = [self.folder / f"{index}-{i}.json" for i in range(len(cases))]
-        try:
-            if paths[-1].exists():
-                return [json.loads(path.read_text()) for path in paths]
-        except FileNotFoundError:  # the folder's owner ended and removed it
-            pass
-        if self.shared:
-            (self.folder / f"{index}.taken").touch()
-            done = {i: path for i, path in enumerate(paths) if path.exists()}
-            left = [i for i in range(len(cases)) if i not in done]
-            results = dict(zip(left, run_interpreted(*key, [cases[i] for i in left])))
-            results.update({i: json.loads(path.read_text()) for i, path in done.items()})
-            return [results[i] for i in range(len(cases))]
-        self._stop_process()
-        left = [i for i, path in enumerate(paths) if not path.exists()]
-        for i, result in zip(left, run_interpreted(*key, [cases[i] for i in left])):
-            paths[i].write_text(json.dumps(result))
-        self._start(index + 1)
+        if not paths[-1].exists():
+            self._stop_process()
+            left = [i for i, path in enumerate(paths) if not path.exists()]
+            for i, result in zip(left, run_interpreted(*key, [cases[i] for i in left])):
+                paths[i].write_text(json.dumps(result))
+            self._start(index + 1)
         return [json.loads(path.read_text()) for path in paths]
 
     def _stop_process(self) -> None:
@@ -277,18 +259,15 @@ class _Background:
             self.process = None
 
     def stop(self) -> None:
-        owner = self.process is not None or not self.shared
         self._stop_process()
-        if owner:
-            shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _background: _Background | None = None
 
 
 def start_in_background(items) -> None:
-    """From the session's collected tests: starts their interpreted checks (conftest.py).
-    Under xdist the first worker starts them, into the run's shared folder."""
+    """From the session's collected tests: starts their interpreted checks (conftest.py)."""
     global _background
     keys = []
     for item in items:
@@ -297,16 +276,7 @@ def start_in_background(items) -> None:
         if key and key not in keys and not skipped:
             keys.append(key)
     if keys:
-        worker = os.environ.get("PYTEST_XDIST_WORKER")
-        _background = _Background(keys, shared_folder() if worker else None,
-                                  runs=worker in (None, "gw0"))
-
-
-def shared_folder() -> Path:
-    """The folder of this xdist run's interpreted results (the workers share the run's id
-    and their parent, the controller)."""
-    run = f"{os.environ['PYTEST_XDIST_TESTRUNUID']}-{os.getppid()}"
-    return Path(tempfile.gettempdir()) / f"parashift-interpreted-{run}"
+        _background = _Background(keys)
 
 
 def stop_background() -> None:
@@ -331,8 +301,6 @@ def _run_jobs(folder: Path) -> None:
     for index, module, check, cases in json.load(sys.stdin):
         if os.getppid() != session:  # the session was killed
             return
-        if (folder / f"{index}.taken").exists():  # a test runs it itself
-            continue
         subprocess.run([sys.executable, "-m", "tests.kernels.common", "--job", str(folder),
                         str(index), module, check], input=json.dumps(cases), text=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -342,7 +310,7 @@ def _run_job(folder: Path, index: str, module: str, check: str) -> None:
     fn = getattr(importlib.import_module(module), check)
     driver = os.getppid()
     for i, case in enumerate(json.load(sys.stdin)):
-        if os.getppid() != driver or (folder / f"{index}.taken").exists():  # stopped, taken
+        if os.getppid() != driver:  # the background was stopped
             return
         part = folder / f"{index}-{i}.part"
         part.write_text(json.dumps(_run_case(fn, case)))
