@@ -2,9 +2,9 @@
 one launch at one row (decode at batch 1; the kernel: kernels/moe_norm_router.py).
 
 A model names its (RMSNorm, FusedMoE it feeds) pairs by attribute path (`norm_router_pairs`
-on a module class); `fuse_norm_into_router` replaces each such norm by `NormRouter`. Where
-PARASHIFT_MOE_NORM_ROUTER=1 (read at each call: a CUDA graph keeps what its capture read)
-and the kernel takes the row, the twin normalises the row and routes it in one launch,
+on a module class); `fuse_norm_into_router` replaces each such norm by `NormRouter`. Unless
+PARASHIFT_MOE_NORM_ROUTER=0 (read at each call: a CUDA graph keeps what its capture read),
+where the kernel takes the row, the twin normalises the row and routes it in one launch,
 returns the norm's outputs and hands the routing to the FusedMoE, which takes it for that
 very tensor instead of running its router (the decoder layer calls the norm and then the
 MLP, nothing in between). Else the twin is the norm it replaced. Never in deterministic mode
