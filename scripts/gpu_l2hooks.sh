@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Helper l2hooks (issues 60, 61), one H200: the L2 prefetch called from the decoder blocks
 # (no forward hooks), its per-model default (Qwen3-MoE off), the dead switches removed.
-# STEPS (default "host decode_fp8 decode_moe tests"), in order, each a `budget_step` within
+# STEPS (default "host decode_fp8 tests decode_moe"), in order, each a `budget_step` within
 # BUDGET_S (default 150) seconds, results to $OUT as they come:
 #   tests: the GPU tests of the kernels changed (the one-launch decode attention; the dense
 #     TMA GEMM; PDL bits); engine_tests: the engine's greedy tokens with the prefetch and
@@ -11,7 +11,8 @@
 #   decode_fp8 / decode_bf16: the 8B engine's decode b1, default (on) against
 #     PARASHIFT_L2_PREFETCH=0 (graph variants, DECODE_ROUNDS rounds);
 #   decode_moe: Qwen3-30B-A3B's, built with PARASHIFT_L2_PREFETCH=1 (its default is now off)
-#     against =0.
+#     against =0;
+#   norm_gemv_chain: a short run of benchmarks/norm_gemv_chain.py (its main now pdl_chain's).
 # Usage: OUT=dir [BUDGET_S=150] [STEPS="..."] [DECODE_ROUNDS=2] bash scripts/gpu_l2hooks.sh
 set -u
 out=${OUT:?an output folder}
@@ -35,16 +36,21 @@ step_engine_tests() {  # the engine's greedy tokens with the prefetch and withou
     -p no:cacheprovider tests/layers/test_l2_prefetch.py
 }
 step_host() {
-  budget_step host 30 python3 benchmarks/l2_prefetch_host.py --prompt-len 512 --rounds 4 \
+  budget_step host 35 python3 benchmarks/l2_prefetch_host.py --prompt-len 512 --rounds 4 \
     --repeats 5 --output "$out/host.json"
 }
-step_decode_fp8() { decode decode_fp8 40 benchmarks/shapes/llama-3.1-8b.json --quantization fp8; }
+step_decode_fp8() { decode decode_fp8 45 benchmarks/shapes/llama-3.1-8b.json --quantization fp8; }
 step_decode_bf16() { decode decode_bf16 35 benchmarks/shapes/llama-3.1-8b.json; }
 step_decode_moe() {
-  PARASHIFT_L2_PREFETCH=1 decode decode_moe 45 benchmarks/shapes/qwen3-30b-a3b.json \
+  PARASHIFT_L2_PREFETCH=1 decode decode_moe 55 benchmarks/shapes/qwen3-30b-a3b.json \
     --max-model-len 8192
 }
-for step in ${STEPS:-host decode_fp8 decode_moe tests}; do
+step_norm_gemv_chain() {
+  budget_step norm_gemv_chain 25 python3 benchmarks/norm_gemv_chain.py --weights fp8 \
+    --batch-sizes 1 --layers 4 --repeats 3 --variants plain --no-dot-configs \
+    --output "$out/norm_gemv_chain.json"
+}
+for step in ${STEPS:-host decode_fp8 tests decode_moe}; do
   "step_$step"
 done
 python3 - "$out" <<'PY' 2>&1 | tee "$out/summary.txt"
