@@ -6,6 +6,7 @@ checked; every hooked GEMM on torch's full module call path), and against neithe
 Usage (GPU): PYTHONPATH=. python3 benchmarks/l2_prefetch_host.py
     [--model benchmarks/shapes/llama-3.1-8b.json] [--prompt-len 512] [--rounds 4]
     [--repeats 5] [--quantization fp8] [--output F]
+    (any host: --per-call: µs each way adds to one module's call at prefill rows, no engine)
 One engine without CUDA graphs; each way (`calls`, `hooks`, `none`) in turn, --rounds times
 (the order reversed every other round), --repeats prompts of --prompt-len tokens each
 (max_tokens 1: one prefill step); per way the median host ms of the model's forward (its
@@ -25,6 +26,16 @@ from parashift.layers import l2_prefetch
 WAYS = ("calls", "hooks", "none")
 
 
+def hook_body(steps, index: int):
+    """A forward hook doing what the removed hooks did at each call."""
+    def after_gemm(module, args, output):
+        how = l2_prefetch.mode(steps.default)
+        if (how is not None and isinstance(output, torch.Tensor) and use_triton(output)
+                and output.numel() // output.shape[-1] <= l2_prefetch.MAX_ROWS):
+            steps.launch(index, how, l2_prefetch.budget_text())
+    return after_gemm
+
+
 class Ways:
     """Puts the model's blocks in one way at a time: their points (as built), forward hooks
     on their GEMMs instead, or neither."""
@@ -39,14 +50,6 @@ class Ways:
         self.steps = next(iter(steps.values()))
         self.handles = []
 
-    def hook(self, index: int):
-        def after_gemm(module, args, output):  # the body the hooks had, read at each call
-            how = l2_prefetch.mode(self.steps.default)
-            if (how is not None and isinstance(output, torch.Tensor) and use_triton(output)
-                    and output.numel() // output.shape[-1] <= l2_prefetch.MAX_ROWS):
-                self.steps.launch(index, how, l2_prefetch.budget_text())
-        return after_gemm
-
     def use(self, way: str) -> None:
         for handle in self.handles:
             handle.remove()
@@ -54,7 +57,7 @@ class Ways:
         for block, points in self.points.items():
             block.l2_prefetch = points if way == "calls" else l2_prefetch.NO_PREFETCHES
         if way == "hooks":
-            self.handles = [layer.register_forward_hook(self.hook(index))
+            self.handles = [layer.register_forward_hook(hook_body(self.steps, index))
                             for index, (_, _, layer) in enumerate(self.gemms)]
 
 
@@ -88,6 +91,33 @@ def prefill_ms(llm: LLM, model: torch.nn.Module, length: int, vocab: int, repeat
     return forwards, requests
 
 
+def per_call_us(rows: int = 512, calls: int = 20_000, best_of: int = 5) -> dict:
+    """µs a call of an identity module (a GEMM's stand-in) at `rows` rows adds with a point
+    called after it and with the hook instead: the best of `best_of` loops of `calls`."""
+    class Steps:  # nothing launches at prefill rows either way
+        default = l2_prefetch.DEFAULT_MODE
+
+        def after(self, index, output):
+            pass
+    module, x, steps = torch.nn.Identity(), torch.zeros(rows, 8), Steps()
+    points = l2_prefetch.BlockPrefetches(steps, {"qkv": 0})
+
+    def best(run) -> float:
+        times = []
+        for _ in range(best_of):
+            start = time.perf_counter()
+            for _ in range(calls):
+                run()
+            times.append((time.perf_counter() - start) / calls * 1e6)
+        return min(times)
+    plain = best(lambda: module(x))
+    called = best(lambda: points.after("qkv", module(x)))
+    module.register_forward_hook(hook_body(steps, 0))
+    hooked = best(lambda: module(x))
+    return dict(rows=rows, plain_us=round(plain, 3), call_adds_us=round(called - plain, 3),
+                hook_adds_us=round(hooked - plain, 3))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="benchmarks/shapes/llama-3.1-8b.json")
@@ -96,7 +126,11 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quantization", default=None)
     p.add_argument("--output", default=None)
+    p.add_argument("--per-call", action="store_true")
     args = p.parse_args()
+    if args.per_call:
+        print(json.dumps(per_call_us(args.prompt_len)))
+        return
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.prompt_len + 16,
               max_num_batched_tokens=args.prompt_len, long_prefill_token_threshold=0,
               skip_tokenizer_init=True,

@@ -6,8 +6,9 @@
 #   tests: the GPU tests of the kernels changed (the one-launch decode attention; the dense
 #     TMA GEMM; PDL bits); engine_tests: the engine's greedy tokens with the prefetch and
 #     without, bf16 and FP8 (tests/layers/test_l2_prefetch.py);
-#   host: benchmarks/l2_prefetch_host.py: a 512-token prefill step's host time, 8B bf16,
-#     the blocks' calls against forward hooks against neither;
+#   host: benchmarks/l2_prefetch_host.py: µs a call adds (--per-call), then a 512-token
+#     prefill step's host time, 8B bf16, the blocks' calls against forward hooks against
+#     neither;
 #   decode_fp8 / decode_bf16: the 8B engine's decode b1, default (on) against
 #     PARASHIFT_L2_PREFETCH=0 (graph variants, DECODE_ROUNDS rounds);
 #   decode_moe: Qwen3-30B-A3B's, built with PARASHIFT_L2_PREFETCH=1 (its default is now off)
@@ -36,6 +37,7 @@ step_engine_tests() {  # the engine's greedy tokens with the prefetch and withou
     -p no:cacheprovider tests/layers/test_l2_prefetch.py
 }
 step_host() {
+  budget_step per_call 10 python3 benchmarks/l2_prefetch_host.py --per-call
   budget_step host 35 python3 benchmarks/l2_prefetch_host.py --prompt-len 512 --rounds 4 \
     --repeats 5 --output "$out/host.json"
 }
@@ -56,6 +58,7 @@ done
 python3 - "$out" <<'PY' 2>&1 | tee "$out/summary.txt"
 import json, os, sys
 out = sys.argv[1]
+print(open(f"{out}/per_call.log").read().strip() if os.path.exists(f"{out}/per_call.log") else "")
 for name in ("host", "decode_fp8", "decode_moe", "decode_bf16"):
     path = f"{out}/{name}.json"
     if not os.path.exists(path):
