@@ -6,7 +6,8 @@ A decoder layer names its GEMMs in the order a step runs them (`l2_prefetch_orde
 class: (short name, linear layer's path)); over the model's layers that is one sequence of
 weights. The block that runs a GEMM (attention: qkv, o; the dense MLP: gate_up, down) calls
 `self.l2_prefetch.after(short name, its output)` right after it: a no-op unless
-`attach_l2_prefetch` gave the block its points. After GEMM i, the budget of its short name
+`attach_l2_prefetch` gave the block its points (not forward hooks: a module with one takes
+torch's slower call path in every eager step, prefill too). After GEMM i, the budget of its short name
 (PARASHIFT_L2_PREFETCH_MB) in bytes is pulled into L2 from the GEMMs after it: from where
 the prefetches before stopped (the start of o's weight, then gate_up's; after down, the next
 layer's qkv), at most two weights a launch. Only at decode's few rows (MAX_ROWS), where those
