@@ -151,6 +151,7 @@ def main():
             samples[way][1].extend(requests)
     ways.use("calls")
     rows = [dict(way=way, forward_host_ms=round(statistics.median(f), 4),
+                 forward_host_ms_mean=round(statistics.mean(f), 4),
                  forward_host_ms_min=round(min(f), 4), request_ms=round(statistics.median(r), 4),
                  samples=len(f)) for way, (f, r) in samples.items()]
     for row in rows:

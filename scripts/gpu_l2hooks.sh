@@ -14,7 +14,8 @@
 #   decode_moe: Qwen3-30B-A3B's, built with PARASHIFT_L2_PREFETCH=1 (its default is now off)
 #     against =0;
 #   norm_gemv_chain: a short run of benchmarks/norm_gemv_chain.py (its main now pdl_chain's).
-# Usage: OUT=dir [BUDGET_S=150] [STEPS="..."] [DECODE_ROUNDS=2] bash scripts/gpu_l2hooks.sh
+# Usage: OUT=dir [BUDGET_S=150] [STEPS="..."] [DECODE_ROUNDS=2] [HOST_ROUNDS=4]
+#   bash scripts/gpu_l2hooks.sh
 set -u
 out=${OUT:?an output folder}
 budget=${BUDGET_S:-150}
@@ -33,22 +34,23 @@ step_tests() {  # the kernels' and launches' GPU tests of what changed
     -k "dense_gemm_tma or fused_decode or pdl_kv_write or decode_attention or rotary_and_attention"
 }
 step_engine_tests() {  # the engine's greedy tokens with the prefetch and without
-  budget_step engine_tests 90 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -rfE \
+  budget_step engine_tests 60 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/layers/test_l2_prefetch.py
 }
 step_host() {
   budget_step per_call 10 python3 benchmarks/l2_prefetch_host.py --per-call
-  budget_step host 35 python3 benchmarks/l2_prefetch_host.py --prompt-len 512 --rounds 4 \
+  budget_step host 35 python3 benchmarks/l2_prefetch_host.py --prompt-len 512 \
+    --rounds "${HOST_ROUNDS:-4}" \
     --repeats 5 --output "$out/host.json"
 }
 step_decode_fp8() { decode decode_fp8 45 benchmarks/shapes/llama-3.1-8b.json --quantization fp8; }
-step_decode_bf16() { decode decode_bf16 35 benchmarks/shapes/llama-3.1-8b.json; }
+step_decode_bf16() { decode decode_bf16 30 benchmarks/shapes/llama-3.1-8b.json; }
 step_decode_moe() {
   PARASHIFT_L2_PREFETCH=1 decode decode_moe 55 benchmarks/shapes/qwen3-30b-a3b.json \
     --max-model-len 8192
 }
 step_norm_gemv_chain() {
-  budget_step norm_gemv_chain 25 python3 benchmarks/norm_gemv_chain.py --weights fp8 \
+  budget_step norm_gemv_chain 20 python3 benchmarks/norm_gemv_chain.py --weights fp8 \
     --batch-sizes 1 --layers 4 --repeats 3 --variants plain --no-dot-configs \
     --output "$out/norm_gemv_chain.json"
 }
