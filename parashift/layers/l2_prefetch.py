@@ -24,8 +24,9 @@ the model is built (where it resolves to off, or there is no CUDA device, no blo
 points) and again at each CUDA graph capture (a step's first GEMM reads it; a graph keeps
 what its capture read), not at each call. PARASHIFT_L2_PREFETCH_MB (read likewise):
 NAME:MB[/...] over the layer's short names, unnamed ones 0 (e.g. qkv:32/o:8/gate_up:8/down:8;
-default o:8). Measured on an H200 (8B FP8, one row; docs/benchmark_log.md): side:bulk o:8
-1.022x the engine's step, every placement in the chain slower. The prefetches move no
+default o:8). Measured on an H200 (8B, one row; docs/benchmark_log.md): side:bulk o:8
+1.008x the engine's FP8 step (1.022x before the GEMV's evict-first hint), 1.004x bf16's;
+every placement in the chain slower. The prefetches move no
 arithmetic: a step's outputs are the same bits with them and without."""
 import os
 from typing import Callable, NamedTuple
@@ -40,10 +41,10 @@ KINDS = ("bulk", "lines", "read")
 DEFAULT_ON = ("side", "bulk")  # PARASHIFT_L2_PREFETCH=1: the best measured
 DEFAULT_MODE = "1"
 # config model_type: PARASHIFT_L2_PREFETCH's default where a measurement differs from 1.
-# Qwen3-30B-A3B b1 (H200, session 46): o:8 pulls the next layer's qkv in beside the experts'
-# stream, 0.995x the step in each of 3 rounds
+# Qwen3-30B-A3B b1 (H200): o:8 pulls the next layer's qkv in beside the experts' stream,
+# 0.995x the step in session 46, 0.992x in session 47 (every round)
 MODEL_DEFAULTS = {"qwen3_moe": "0"}
-DEFAULT_MB = "o:8"  # gate_up's first 8 MB during the norm after o (8B FP8 b1: 1.022x)
+DEFAULT_MB = "o:8"  # gate_up's first 8 MB during the norm after o (8B FP8 b1: 1.008x)
 MAX_ROWS = 4  # the GEMV's rows (kernels/fp8_gemv.py): above, GEMMs reuse tiles from L2 anyway
 MAX_SPANS = 2  # weights a launch covers
 ALIGN = 16  # bytes: a span's start and size (cp.async.bulk's unit)
