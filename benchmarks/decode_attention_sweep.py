@@ -11,8 +11,8 @@ layer reads its KV from HBM as in a model's step. KV GB/s and the fraction of th
 bandwidth (read + write of a large copy, as decode_throughput.py's floor) beside each.
 
 --configs: the one-launch kernel's KV tile, warps, stages and split count at large batches
-(the rows named by --config-cells) instead; --split-tokens: its tokens per split at batch 1,
-its tiles in one masked loop or two (the one-launch kernel at any split count).
+(the rows named by --config-cells) instead; --split-tokens: its tokens per split at batch 1
+(the one-launch kernel at any split count).
 
 Usage (GPU): python3 benchmarks/decode_attention_sweep.py --model benchmarks/shapes/llama-3.1-8b.json \
     --batches 1 8 64 256 --contexts 1024 4096 8192 32768 [--configs] [--split-tokens] \
@@ -176,18 +176,15 @@ def split_tokens_sweep(cfg, args, bandwidth) -> list[dict]:
     rows = []
     for context in args.contexts:
         layers = Layers(cfg, 1, context, max(args.graph_len, context), args.kv_dtype)
-        for tokens, one_loop in itertools.product((64, 128, 256), (True, False)):
+        for tokens in (64, 128, 256):
             saved = (patched("FUSED_SPLIT_TOKENS", tokens),
-                     patched("FUSED_ONE_TILE_LOOP", one_loop),
                      patched("FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS))
             try:
                 us, _ = layers.step_us(TritonAttentionBackend())
             finally:
-                for name, value in zip(("FUSED_SPLIT_TOKENS", "FUSED_ONE_TILE_LOOP",
-                                        "FUSED_MAX_SPLITS"), saved):
+                for name, value in zip(("FUSED_SPLIT_TOKENS", "FUSED_MAX_SPLITS"), saved):
                     patched(name, value)
-            r = row(layers, us, bandwidth, batch=1, context=context, split_tokens=tokens,
-                    one_tile_loop=one_loop)
+            r = row(layers, us, bandwidth, batch=1, context=context, split_tokens=tokens)
             rows.append(r)
             print(json.dumps(r), flush=True)
     return rows

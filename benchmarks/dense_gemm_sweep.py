@@ -4,9 +4,8 @@ on, each call after a kernel writing its input, weight copies past L2), each bes
 floor: the larger of its bytes over the copy bandwidth and its FLOPs over the matrix peak.
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/dense_gemm_sweep.py --rows 64 256 \
-    [--prefetch-kb 0 64 128] [--workers 15] [--output sweep.json]
-The configs compile first in --workers processes (Triton's cache then serves the timing).
---prefetch-kb: each config's best setting of PARASHIFT_DENSE_TMA_PREFETCH_KB is kept."""
+    [--workers 15] [--output sweep.json]
+The configs compile first in --workers processes (Triton's cache then serves the timing)."""
 import argparse
 import json
 import os
@@ -16,12 +15,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from decode_throughput import environment  # noqa: E402
 from fp8_gemm_sweep import copy_bandwidth, precompile  # noqa: E402
 from prefill_throughput import BF16_MATRIX_RATE  # noqa: E402
 
 from parashift.kernels import dense_gemm, gemm_timing  # noqa: E402
-from parashift.kernels.dense_gemm_tma import PREFETCH_ENV, tma_linear  # noqa: E402
+from parashift.kernels.dense_gemm_tma import tma_linear  # noqa: E402
 
 # the 8B's projections (N, K): qkv, o, gate_up, down, and its LM head
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
@@ -34,37 +32,32 @@ def operands(rows: int, n: int, k: int):
 
 
 def compile_configs(jobs: list[tuple]) -> list[str]:
-    """Runs each (rows, n, k, config, prefetch KB) once under PDL; the failures, as text."""
+    """Runs each (rows, n, k, config) once under PDL; the failures, as text."""
     failed = []
-    for rows, n, k, config, kb in jobs:
+    for rows, n, k, config in jobs:
         x, weight = operands(rows, min(n, 1024), k)
         try:
-            with environment({PREFETCH_ENV: str(kb)}):
-                tma_linear(x, weight, None, config)
+            tma_linear(x, weight, None, config)
         except Exception as exc:  # noqa: BLE001  Triton's compile and launch errors
             failed.append(f"{rows} {config}: {str(exc)[:300]}")
     torch.cuda.synchronize()
     return failed
 
 
-def sweep(rows: int, n: int, k: int, bandwidth: float, prefetch_kb: list[int]) -> dict:
+def sweep(rows: int, n: int, k: int, bandwidth: float) -> dict:
     x, weight = operands(rows, n, k)
     copies = gemm_timing.weight_copies(weight)
     xin, chain = gemm_timing.timed_input(x, chain=True)
     runs = {"cuBLAS": lambda i: torch.nn.functional.linear(xin, copies[i])}
     for c in dense_gemm.CONFIGS:
-        for kb in prefetch_kb:
-            def run(i, c=c, kb=kb):
-                with environment({PREFETCH_ENV: str(kb)}):
-                    return tma_linear(xin, copies[i], None, c)
-            runs[(c, kb)] = run
+        runs[c] = lambda i, c=c: tma_linear(xin, copies[i], None, c)
     timings = gemm_timing.replayed_timings_ms(runs, len(copies), chain)
     bytes_us = 2 * (n * k + rows * (k + n)) / bandwidth * 1e6
     flops_us = 2 * rows * n * k / BF16_MATRIX_RATE * 1e6
     floor_us = max(bytes_us, flops_us)
 
     def entry(key, ms):
-        name = key if isinstance(key, str) else f"{dense_gemm.label(key[0])} pf{key[1]}"
+        name = key if isinstance(key, str) else dense_gemm.label(key)
         return dict(config=name, us=round(1e3 * ms, 2), of_floor=round(floor_us / (1e3 * ms), 3))
     ranked = [entry(key, timings[key]) for key in sorted(timings, key=timings.get)]
     return dict(rows=rows, n=n, k=k, bytes_us=round(bytes_us, 2), flops_us=round(flops_us, 2),
@@ -91,14 +84,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, nargs="+", default=[64, 128])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    p.add_argument("--prefetch-kb", type=int, nargs="+", default=[0])
     p.add_argument("--workers", type=int, default=min(15, os.cpu_count() or 1))
     p.add_argument("--output", default=None)
     args = p.parse_args()
     start = time.perf_counter()
-    # one compile a (config, prefetch, K): rows and N are alike to Triton's specialization
-    jobs = list({(c, kb, SHAPES[s][1]): (args.rows[0], *SHAPES[s], c, kb) for s in args.shapes
-                 for c in dense_gemm.CONFIGS for kb in args.prefetch_kb}.values())
+    # one compile a (config, K): rows and N are alike to Triton's specialization
+    jobs = list({(c, SHAPES[s][1]): (args.rows[0], *SHAPES[s], c) for s in args.shapes
+                 for c in dense_gemm.CONFIGS}.values())
     failed = (precompile(jobs, args.workers, compile_configs) if args.workers > 1
               else compile_configs(jobs))
     print(json.dumps({"compiled_s": round(time.perf_counter() - start, 1), "failed": failed}),
@@ -107,8 +99,7 @@ def main():
     results = []
     for rows in args.rows:
         for name in args.shapes:
-            results.append(dict(proj=name, **sweep(rows, *SHAPES[name], bandwidth,
-                                                   args.prefetch_kb)))
+            results.append(dict(proj=name, **sweep(rows, *SHAPES[name], bandwidth)))
             r = results[-1]
             print(json.dumps(dict(proj=name, rows=rows, cublas=r["cublas"], best=r["best"],
                                   worst_error=r["worst_error"], next=r["candidates"][1:4])),

@@ -1,6 +1,6 @@
 """Each FP8 projection's GEMM config at one row timed where decode runs it (issue 60): in the
 8B shape's 32 decode layers (benchmarks/pdl_chain.py's, each with weights and a KV pool of its
-own; PDL, CUDA graphs, the L2 prefetch as the engine's hooks launch it), one projection's
+own; PDL, CUDA graphs, the L2 prefetch as the engine's blocks launch it), one projection's
 config forced to each of its `--top` fastest candidates as `fp8_gemm.linear` times them alone,
 the others as chosen, the graphs replayed in turn (interleaved repeats), median µs a layer
 against the chosen configs' graph.

@@ -60,7 +60,7 @@ def split_variant(text: str) -> tuple[dict, dict]:
 
 class Prefetcher:
     """Launches the planned prefetch after each of the step's GEMMs (pdl_chain.linear
-    wrapped while a graph is captured), by the engine's hooks' state (StepPrefetches)."""
+    wrapped while a graph is captured), by the engine's step state (StepPrefetches)."""
 
     def __init__(self, layers: list[pdl_chain.Layer]):
         weights = [self.matrix(layer.weights[name]) for layer in layers for name in ORDER]
@@ -73,7 +73,7 @@ class Prefetcher:
 
     @contextlib.contextmanager
     def wrapping(self, own: dict):
-        how = placement.mode()
+        how, text = placement.mode(), placement.budget_text()
         if how is None:
             yield
             return
@@ -84,8 +84,8 @@ class Prefetcher:
 
         def linear(x, weight, x_fp8=None):
             y = plain(x, weight, x_fp8)
-            self.steps.after(self.index[id(self.matrix(weight))], how, after_wait, chunk,
-                             programs)
+            self.steps.launch(self.index[id(self.matrix(weight))], how, text, after_wait,
+                              chunk, programs)
             return y
 
         pdl_chain.linear = linear

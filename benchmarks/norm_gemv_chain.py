@@ -14,15 +14,12 @@ outputs against the first variant's. --sweep also times every norm_gemv candidat
 the unfused pair at each shape (qkv; gate_up with and without SiLU) and row count, as the
 choice times them (in the decode chain: PDL on, each call after a kernel writing its input),
 and the pair's GEMM alone."""
-import argparse
 import json
 import time
 
 import torch
 
 from benchmarks import pdl_chain
-from benchmarks.decode_throughput import copy_bandwidth
-from parashift.attention.triton_backend import TritonAttentionBackend
 from parashift.kernels import fp8_gemm, gated_gemv, gemm_timing, norm_gemv, silu_mul, skinny_gemm
 
 EPS = pdl_chain.EPS
@@ -107,26 +104,21 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
             variants: list[str], do_sweep: bool) -> dict:
     fp8 = weights == "fp8"
     context = 1024
-    layers = pdl_chain.make_layers(count, fp8, batch, context)
-    meta = pdl_chain.decode_metadata(batch, context, context + 1024)
-    positions = torch.full((batch,), context, dtype=torch.int64, device="cuda")
-    cos_sin = torch.randn(context + 1, pdl_chain.HEAD_DIM, device="cuda")
-    x = torch.randn(batch, pdl_chain.HIDDEN, device="cuda", dtype=torch.bfloat16)
-    residual = torch.randn_like(x)
-    backend = TritonAttentionBackend()
+    args = pdl_chain.step_args(count, fp8, batch, context, context + 1024)
+    layers = args[2]
     graphs, outputs, setup_s = {}, {}, {}
     for name in variants:
         norm, silu = VARIANTS[name]
         started = time.perf_counter()
-        graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, step(
-            x, residual, layers, meta, positions, cos_sin, backend, norm, silu)[0].clone()))
+        graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(
+            name, step(*args, norm, silu)[0].clone()))
         setup_s[name] = round(time.perf_counter() - started, 1)
     first = variants[0]
     results = pdl_chain.replayed_fractions(graphs, layers, fp8, batch, context, count,
                                            bandwidth, repeats)[0]
     diffs = pdl_chain.largest_differences(outputs, first)
     swept = sweep(layers[0], batch) if do_sweep else []
-    del graphs, layers
+    del graphs, layers, args
     torch.cuda.empty_cache()
     return dict(weights=weights, batch=batch, layers=count, variants=results,
                 **{f"speedup_{name}_vs_{first}": round(results[first]["us_per_layer"]
@@ -137,33 +129,13 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--weights", nargs="+", default=["fp8", "bf16"], choices=["fp8", "bf16"])
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=15)
+    p = pdl_chain.variant_parser(batch_sizes=[1, 2, 4], repeats=15, weights=["fp8", "bf16"])
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                    help="the first is the others' reference")
     p.add_argument("--sweep", action="store_true")
-    p.add_argument("--no-dot-configs", action="store_true",
-                   help="leave the FP8 tl.dot configs (never chosen at 1-4 rows) out")
-    p.add_argument("--output", default=None)
     args = p.parse_args()
-    if args.no_dot_configs:
-        fp8_gemm.CONFIGS = ()
-    bandwidth = copy_bandwidth(torch.device("cuda"))
-    rows = []
-    for weights in args.weights:
-        for batch in args.batch_sizes:
-            rows.append(measure(weights, batch, args.layers, args.repeats, bandwidth,
-                                args.variants, args.sweep))
-            print(json.dumps({k: v for k, v in rows[-1].items()
-                              if k not in ("chosen", "sweep")}), flush=True)
-            if args.output:
-                with open(args.output, "w") as f:
-                    json.dump(dict(device=torch.cuda.get_device_name(),
-                                   copy_bandwidth_tb_s=bandwidth / 1e12, rows=rows), f,
-                              indent=1)
+    pdl_chain.run_rows(args, lambda weights, batch, bandwidth: measure(
+        weights, batch, args.layers, args.repeats, bandwidth, args.variants, args.sweep))
 
 
 if __name__ == "__main__":

@@ -246,9 +246,10 @@ def run_rows(args, measure, weights: tuple[str, ...] = ("fp8",)) -> None:
 
 
 def report(rows: list[dict], bandwidth: float, output: str | None) -> None:
-    """Prints the last row (without its GEMM choices) and writes every row to `output`
-    (after each: a run cut short keeps what it measured)."""
-    print(json.dumps({k: v for k, v in rows[-1].items() if k != "chosen"}), flush=True)
+    """Prints the last row (without its GEMM choices and sweeps) and writes every row to
+    `output` (after each: a run cut short keeps what it measured)."""
+    print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("chosen", "sweep")}),
+          flush=True)
     if output:
         with open(output, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(),

@@ -88,18 +88,6 @@ FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
 FUSED_UNSPLIT_PROGRAMS_PER_SM = 2
 # ... its grid (KV heads, rows, splits) rather than (rows, KV heads, splits)
 FUSED_HEADS_FIRST = False
-# ... a split's KV tiles in one masked loop (else the whole tiles, then the partial last one,
-# the default and what was measured; one loop was not timed on a GPU);
-# PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP (0 or 1, read at each launch) overrides it. On one H200
-# (8B heads, b64, one split) a context of 1,040 ran 68.96 µs a layer against 1,024's 66.11:
-# +4.3% for +1.6% of the bytes; one loop ran the 8B bf16 b64 step 0.9994x (helper dense64)
-FUSED_ONE_TILE_LOOP = False
-FUSED_ONE_TILE_LOOP_ENV = "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP"
-# ... under PDL its programs pull this many KV tiles of their split into L2 before their wait,
-# while the kernel before (rotary) runs (PARASHIFT_ATTN_FUSED_PREFETCH_TILES, read at each
-# launch: a graph keeps its capture's; 0, the default: none; 2 tiles ran the 8B bf16 b64 step
-# 0.985x on one H200, the KV stream being the whole kernel there; helper dense64)
-FUSED_PREFETCH_ENV = "PARASHIFT_ATTN_FUSED_PREFETCH_TILES"
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -169,17 +157,6 @@ def fused_reduce_enabled() -> bool:
     if flag not in ("0", "1"):
         raise ValueError(f"{FUSED_REDUCE_ENV}={flag!r}: expected 0 or 1")
     return flag == "1"
-
-
-def fused_one_tile_loop() -> bool:
-    return _switch(FUSED_ONE_TILE_LOOP_ENV, "1" if FUSED_ONE_TILE_LOOP else "0")
-
-
-def fused_prefetch_tiles() -> int:
-    value = os.environ.get(FUSED_PREFETCH_ENV, "0")
-    if not value.isdigit():
-        raise ValueError(f"{FUSED_PREFETCH_ENV}={value!r}: expected a whole number of tiles")
-    return int(value)
 
 
 def preload_enabled() -> bool:
@@ -651,8 +628,6 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         if tickets is None:
             tickets = torch.empty(1, dtype=torch.int32, device=q.device)
     cfg = launch.config
-    row_lines, line_elems = triton_decode_preload.prefetch_shape(head_dim,
-                                                                 k_cache.element_size())
     grid = (kv_heads, rows, splits) if FUSED_HEADS_FIRST else (rows, kv_heads, splits)
     decode_attention_kernel[grid](
         out, part_acc, part_m, part_l, tickets, q, k_cache, v_cache,
@@ -665,9 +640,7 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLITS_P=triton.next_power_of_2(splits),
         SPLIT_TOKENS=FUSED_SPLIT_TOKENS, DOT_PRECISION=_dot_precision(q.dtype, False),
-        HEADS_FIRST=FUSED_HEADS_FIRST, ONE_TILE_LOOP=fused_one_tile_loop(),
-        PREFETCH_TILES=fused_prefetch_tiles(), ROW_LINES=row_lines, LINE_ELEMS=line_elems,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(q.device))
+        HEADS_FIRST=FUSED_HEADS_FIRST, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 
 def _dot_precision(dtype: torch.dtype, invariant: bool) -> str:

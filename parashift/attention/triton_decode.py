@@ -3,10 +3,8 @@ whose split count follows each sequence's context on the device.
 
 A decode launch (every sequence one query row, rows of no sequence after them) takes a grid
 of (rows, KV heads, splits). Program (i, h, s) attends row i's query heads of KV head h to
-split s of sequence i's context (HEADS_FIRST: the grid's first two axes swapped). With
-ONE_TILE_LOOP a split's tiles run in one masked loop: a context's partial last tile then
-shares the other tiles' pipeline instead of waiting for a second loop's own loads. The grid's split count is fixed on the host (for a CUDA
-graph: at capture, for max_model_len); a sequence takes only
+split s of sequence i's context (HEADS_FIRST: the grid's first two axes swapped). The
+grid's split count is fixed on the host (for a CUDA graph: at capture, for max_model_len); a sequence takes only
 min(splits, ceil(context / SPLIT_TOKENS)) of them, its tiles cut evenly among those, and
 the programs past them exit at once: a 1,024-token context in a graph captured for 8,192
 runs as a launch for 1,024 would. A sequence of one split writes its output directly; with
@@ -24,7 +22,6 @@ Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions
 import triton
 import triton.language as tl
 
-from parashift.attention.triton_decode_preload import _prefetch_tiles
 from parashift.attention.triton_kernels import NEG_BIG, _attend_tiles, _jit_generic_in
 from parashift.kernels import pdl, split_tickets
 
@@ -87,9 +84,7 @@ def decode_attention_kernel(
         TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
         HEAD_DIM_P: tl.constexpr, SPLITS_P: tl.constexpr, SPLIT_TOKENS: tl.constexpr,
         DOT_PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-        ONE_TILE_LOOP: tl.constexpr = True, USE_PDL: tl.constexpr = False,
-        PREFETCH_TILES: tl.constexpr = 0, ROW_LINES: tl.constexpr = 1,
-        LINE_ELEMS: tl.constexpr = 64):
+        USE_PDL: tl.constexpr = False):
     # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
     i = tl.program_id(1 if HEADS_FIRST else 0)
     kv_head = tl.program_id(0 if HEADS_FIRST else 1)
@@ -103,15 +98,6 @@ def decode_attention_kernel(
     q_start = tl.load(query_start_loc_ptr + i, mask=is_seq, other=0)
     q_end = tl.load(query_start_loc_ptr + i + 1, mask=is_seq, other=0)
     seq_len = tl.load(seq_lens_ptr + i, mask=is_seq, other=0)
-    if USE_PDL and PREFETCH_TILES > 0:  # the split's first tiles of the context before the
-        # new token (no kernel before writes them) pulled into L2 while the kernel before runs
-        splits_here = tl.minimum(grid_splits, tl.maximum(tl.cdiv(seq_len, SPLIT_TOKENS), 1))
-        split_first_tile = split * tl.cdiv(tl.cdiv(seq_len, TILE_N), splits_here)
-        _prefetch_tiles(k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
-                        block_tables_ptr + i.to(tl.int64) * stride_bt, split_first_tile,
-                        tl.cdiv(seq_len, TILE_N), seq_len - 1, stride_kb, stride_ks,
-                        stride_vb, stride_vs, TILE_N, BLOCK_SIZE, PREFETCH_TILES, ROW_LINES,
-                        LINE_ELEMS)
     pdl.start(USE_PDL)
     rows = tl.arange(0, BLOCK_M)
     row_head = kv_head * GROUP + rows
@@ -142,13 +128,10 @@ def decode_attention_kernel(
     block_table = block_tables_ptr + i.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kh
     v_base = v_cache_ptr + kv_head * stride_vh
-    if ONE_TILE_LOOP:  # the partial last tile in the same pipeline as the others
-        mid = lo
-    else:
-        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, mid,
-                                      seq_len, q_pos, qk_scale, stride_kb, stride_ks,
-                                      stride_vb, stride_vs, False, TILE_N, BLOCK_SIZE,
-                                      HEAD_DIM, HEAD_DIM_P, DOT_PRECISION)
+    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, mid,
+                                  seq_len, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
+                                  stride_vs, False, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
+                                  DOT_PRECISION)
     acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, mid, hi,
                                   seq_len, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
                                   stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,

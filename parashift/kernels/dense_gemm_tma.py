@@ -4,15 +4,14 @@ taken as y^T = W x^T (issue 61: 8B bf16 decode at 64 and 256 rows).
 Each program's tile is [BLOCK_N weight rows, BLOCK_M tokens]: the weight is wgmma's A
 operand (64 rows a warpgroup), the tokens its N side. Both operands come by TMA
 (`TensorDescriptor`s made on the host; out of bounds reads as zeros, so no masks in the
-loop), pipelined NUM_STAGES deep. Under PDL each program loads its bias (and, where
-PARASHIFT_DENSE_TMA_PREFETCH_KB asks, pulls the start of its weight slice into L2: no
-earlier kernel writes either) before its grid wait, while the kernel before (a norm,
-SiLU·mul, attention) runs. The row tiles of one column
+loop), pipelined NUM_STAGES deep. Under PDL each program loads its bias (no earlier kernel
+writes it) before its grid wait, while the kernel before (a norm, SiLU·mul, attention) runs
+(pulling the start of its weight slice into L2 there too was 0.2-2% slower at the 8B's
+shapes at 64 rows: removed). The row tiles of one column
 tile are launched next to each other (grid axis 0), so with row tiles narrower than the
 rows a weight tile read by one is in L2 for the others. K may be split in parts summed by tickets
 (split_tickets.py) where N gives too few column tiles. fp8_gemm_tma.py is the FP8-weight
 kernel this follows; its `fits` and weight descriptor are shared."""
-import os
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +22,6 @@ from parashift.kernels import pdl, split_tickets
 from parashift.kernels.fp8_epilogue import finish_split_tile
 from parashift.kernels.fp8_gemm_tma import MAX_BLOCK_K, _weight_descriptor, fits, supported
 
-PREFETCH_ENV, DEFAULT_PREFETCH_KB = "PARASHIFT_DENSE_TMA_PREFETCH_KB", "0"
 FP8_X = tl.constexpr(False)  # finish_split_tile's: the tokens carry no scales here
 
 
@@ -42,23 +40,12 @@ def takes(weight: torch.Tensor) -> bool:
     return supported(weight.device) and fits(weight)
 
 
-def prefetch_bytes() -> int:
-    """PARASHIFT_DENSE_TMA_PREFETCH_KB in bytes (read at each launch; a CUDA graph keeps what
-    its capture read): what of its weight slice each program pulls into L2 before its PDL
-    wait. 0 (none) by default: on one H200 (8B shapes at 64 rows, the decode chain) 64 KB was
-    0.2-2% slower at qkv, o, gate_up and down (docs/benchmark_log.md, helper dense64)."""
-    value = os.environ.get(PREFETCH_ENV, DEFAULT_PREFETCH_KB)
-    if not value.isdigit():
-        raise ValueError(f"{PREFETCH_ENV}={value!r}: expected a whole number of KB (0: none)")
-    return int(value) * 1024
-
-
 @triton.jit
-def _dense_tma_kernel(x_desc, w_desc, w_ptr, stride_wn, b_ptr, y_ptr, part_ptr, counter_ptr,
+def _dense_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, part_ptr, counter_ptr,
                       M, N, K, stride_ym, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                      TICKETS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr,
-                      PREFETCH_K: tl.constexpr):
+                      TICKETS: tl.constexpr, NUM_STAGES: tl.constexpr,
+                      USE_PDL: tl.constexpr):
     """One program a (row tile, column tile, part of K); parts of K summed by tickets
     (TICKETS) or added atomically to the fp32 y."""
     first_m = tl.program_id(0) * BLOCK_M
@@ -71,8 +58,7 @@ def _dense_tma_kernel(x_desc, w_desc, w_ptr, stride_wn, b_ptr, y_ptr, part_ptr, 
     bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if HAS_BIAS:  # a weight: no kernel before writes it
         bias = tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    pdl.start_streaming(w_ptr, stride_wn, N, K, first_n, split * k_steps * BLOCK_K, BLOCK_N,
-                        PREFETCH_K, USE_PDL)
+    pdl.start(USE_PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in tl.range(split * k_steps, tl.minimum((split + 1) * k_steps, tl.cdiv(K, BLOCK_K)),
                          num_stages=NUM_STAGES):
@@ -103,16 +89,12 @@ def tma_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     y, parts, counters = split_tickets.outputs(m, n, x.dtype, x.device, config.split_k,
                                                grid[0] * grid[1], True)
     x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [config.block_m, config.block_k])
-    options = pdl.launch_options(x.device)
-    options["PREFETCH_K"] = (pdl.prefetch_cols(config.block_n, triton.cdiv(k, config.split_k),
-                                               weight.element_size(), prefetch_bytes())
-                             if options["USE_PDL"] else 0)
     _dense_tma_kernel[grid](
-        x_desc, _weight_descriptor(weight, config.block_n, config.block_k), weight,
-        weight.stride(0), bias if bias is not None else weight, y,
+        x_desc, _weight_descriptor(weight, config.block_n, config.block_k),
+        bias if bias is not None else weight, y,
         parts if parts is not None else y, counters if counters is not None else y, m, n, k,
         y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, SPLIT_K=config.split_k, TICKETS=counters is not None,
-        NUM_STAGES=config.num_stages,
-        num_warps=config.num_warps, **options)
+        NUM_STAGES=config.num_stages, num_warps=config.num_warps,
+        **pdl.launch_options(x.device))
     return y.to(x.dtype)

@@ -7,7 +7,7 @@ from parashift.layers.activation import SiluAndMul
 from parashift.layers.attention import Attention
 from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from parashift.layers.fp8_input import hand_over_fp8_inputs
-from parashift.layers.l2_prefetch import register_l2_prefetch
+from parashift.layers.l2_prefetch import NO_PREFETCHES, attach_l2_prefetch
 from parashift.layers.norm_gemv import fuse_norm_into_gemv
 from parashift.layers.silu_gemv import fuse_silu_into_gemv
 from parashift.layers.layernorm import RMSNorm, qk_norm
@@ -36,6 +36,7 @@ class LlamaAttention(nn.Module):
                               rotary_emb=get_rotary_embedding(cfg, head_dim, max_position),
                               kv_head_start=self.qkv_proj.kv_head_start(),
                               total_kv_heads=cfg.num_key_value_heads)
+        self.l2_prefetch = NO_PREFETCHES  # after each GEMM (layers/l2_prefetch.py)
         if cfg.model_type in ("qwen3", "qwen3_moe"):
             self.q_norm = RMSNorm(head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, cfg.rms_norm_eps)
@@ -46,6 +47,7 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         blocks, widths = self.qkv_proj.output_split()
         qkv = self.qkv_proj(x)
+        self.l2_prefetch.after("qkv", qkv)
         if blocks == 1:  # split on the heads: three views in two dispatches
             q, k, v = qkv.unflatten(-1, (-1, self.head_dim)).split(
                 [width // self.head_dim for width in widths], dim=-2)
@@ -54,8 +56,9 @@ class LlamaAttention(nn.Module):
                        for t in qkv.unflatten(-1, (blocks, -1)).split(widths, -1))
         if self.q_norm is not None and not self.norms_in_attn:
             q, k = qk_norm(self.q_norm, self.k_norm, q, k)
-        o = self.attn(positions, q, k, v)
-        return self.o_proj(o.flatten(-2))
+        o = self.o_proj(self.attn(positions, q, k, v).flatten(-2))
+        self.l2_prefetch.after("o", o)
+        return o
 
 
 class LlamaMLP(nn.Module):
@@ -71,10 +74,15 @@ class LlamaMLP(nn.Module):
                                                        bias=bias)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
         self.act = SiluAndMul()
+        self.l2_prefetch = NO_PREFETCHES  # after each GEMM (layers/l2_prefetch.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         blocks, _ = self.gate_up_proj.output_split()
-        return self.down_proj(self.act(self.gate_up_proj(x), blocks))
+        gate_up = self.gate_up_proj(x)
+        self.l2_prefetch.after("gate_up", gate_up)
+        down = self.down_proj(self.act(gate_up, blocks))
+        self.l2_prefetch.after("down", down)
+        return down
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -84,7 +92,8 @@ class LlamaDecoderLayer(nn.Module):
     norm_gemv_pairs = fp8_input_pairs
     # (RMSNorm, mixture of experts it feeds): the norm may route too (layers/norm_router.py)
     norm_router_pairs = (("post_attention_layernorm", "mlp"),)
-    # (short name, GEMM) in step order: weights pulled into L2 ahead (layers/l2_prefetch.py)
+    # (short name, GEMM) in step order: weights pulled into L2 ahead (layers/l2_prefetch.py;
+    # the block holding each GEMM calls its point after it)
     l2_prefetch_order = (("qkv", "self_attn.qkv_proj"), ("o", "self_attn.o_proj"),
                          ("gate_up", "mlp.gate_up_proj"), ("down", "mlp.down_proj"))
 
@@ -165,7 +174,7 @@ class LlamaForCausalLM(nn.Module):
         hand_over_fp8_inputs(self)
         fuse_silu_into_gemv(self)
         fuse_norm_into_gemv(self)
-        register_l2_prefetch(self)
+        attach_l2_prefetch(self)
 
     @staticmethod
     def make_mlp(cfg, layer_index: int) -> nn.Module:

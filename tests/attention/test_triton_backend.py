@@ -292,12 +292,10 @@ def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     assert torch.equal(actual, again)  # the merge's order fixed: the same bits run to run
 
 
-@pytest.mark.parametrize("one_tile_loop", [False, True])
-def test_fused_decode_graph_replays_reset_the_tickets(monkeypatch, one_tile_loop):
+def test_fused_decode_graph_replays_reset_the_tickets(monkeypatch):
     """Replayed twice with new lengths, a captured one-launch decode gives the reference's
     rows both times (a ticket left behind would skip or double a row's merge)."""
     monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
-    monkeypatch.setattr(triton_backend, "FUSED_ONE_TILE_LOOP", one_tile_loop)
     backend = TritonAttentionBackend()
     first = make_step([1] * 4, [3000, 17, 900, 2], 32, 8, seed=3)
     second = make_step([1] * 4, [5, 2500, 600, 3900], 32, 8, seed=4)
@@ -326,12 +324,10 @@ def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload, merge, splits):
     after it, and gives the reference's rows (a context shorter than a tile, one tile, a
     split of several tiles), its splits merged by a reduction or in the kernel (replayed
     twice: each replay's tickets back to 0); its switch off, the split kernel does. Of 4
-    splits: the one-launch kernel, its splits' first two tiles pulled into L2 before its
-    wait (PARASHIFT_ATTN_FUSED_PREFETCH_TILES)."""
+    splits: the one-launch kernel."""
     from parashift.kernels import rotary
     monkeypatch.setenv(triton_backend.PRELOAD_ENV, preload)
     monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, merge)
-    monkeypatch.setenv(triton_backend.FUSED_PREFETCH_ENV, "2")
     monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: splits)
     seq_lens = [1, 64, 65, 700, 5000]
     step = make_step([1] * len(seq_lens), seq_lens, 32, 8, pad_tokens=2, seed=11)

@@ -1,5 +1,6 @@
 """Which weight bytes are pulled into L2 where (layers/l2_prefetch.py): the plan over a step's
-GEMMs, the switches, the GEMMs a Llama declares; on the GPU (PARASHIFT_TEST_DEVICE=cuda) an
+GEMMs, the switches (read at build and at capture, not each call), the GEMMs a Llama declares
+and the blocks' points after them; on the GPU (PARASHIFT_TEST_DEVICE=cuda) an
 engine's greedy tokens with the prefetches equal to those without, bf16 and FP8."""
 import os
 
@@ -8,7 +9,7 @@ import torch
 
 from parashift.context import use_state
 from parashift.layers import l2_prefetch
-from parashift.layers.l2_prefetch import MB, Planned, budgets, plan, skips, step_gemms
+from parashift.layers.l2_prefetch import MB, Planned, budgets, plan, step_gemms
 from parashift.models.llama import LlamaForCausalLM
 from parashift.parallel.state import ParallelState
 from tests.engine.conftest import tiny_llama_dir  # noqa: F401  (shared fixture)
@@ -42,22 +43,6 @@ def test_a_launch_covers_at_most_two_weights_and_whole_units():
     assert spans[1] == [Planned(1, 48, 48), Planned(2, 0, 16)]
 
 
-def test_a_target_passes_over_the_gemms_before_it(monkeypatch):
-    """qkv:16@gate_up: gate_up's first 16 MB after qkv (o's weight left out), then o's 8 MB
-    from where those stopped; a target with no GEMM of its name after the last: nothing."""
-    names = ["qkv", "o", "gate_up", "down"] * 2
-    monkeypatch.setenv(l2_prefetch.MB_ENV, "qkv:16@gate_up/o:8/down:4@o")
-    assert skips(names) == [1, 0, 0, 1, 1, 0, 0, 8]
-    spans = plan(SIZES, [16 * MB, 8 * MB, 0, 4 * MB] * 2, skips(names))
-    assert spans[0] == [Planned(2, 0, 16 * MB)]
-    assert spans[1] == [Planned(1, 16 * MB, 8 * MB)]
-    assert spans[3] == [Planned(2, 0, 4 * MB)]  # the next layer's o
-    assert spans[7] == []
-    monkeypatch.setenv(l2_prefetch.MB_ENV, "qkv:16@up")
-    with pytest.raises(ValueError, match=l2_prefetch.MB_ENV):
-        skips(names)
-
-
 def test_budgets_and_mode_come_from_the_switches(monkeypatch):
     names = ("qkv", "o", "gate_up", "down")
     monkeypatch.setenv(l2_prefetch.MB_ENV, "o:1.5/qkv:2")
@@ -70,7 +55,8 @@ def test_budgets_and_mode_come_from_the_switches(monkeypatch):
 
 @pytest.mark.parametrize("env,value", [(l2_prefetch.ENV, "2"), (l2_prefetch.ENV, "chain:read"),
                                        (l2_prefetch.ENV, "side:"), (l2_prefetch.MB_ENV, "up:8"),
-                                       (l2_prefetch.MB_ENV, "qkv=8")])
+                                       (l2_prefetch.MB_ENV, "qkv=8"),
+                                       (l2_prefetch.MB_ENV, "qkv:16@gate_up")])
 def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch, env, value):
     monkeypatch.setenv(env, value)
     with pytest.raises(ValueError, match=env):
@@ -78,35 +64,96 @@ def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch, env, value):
         budgets(("qkv", "o"))
 
 
-def test_a_llama_declares_its_gemms_in_step_order():
+def tiny_llama(model_type: str = "llama"):
     from transformers import LlamaConfig
     with use_state(ParallelState.single()):
-        model = LlamaForCausalLM(LlamaConfig(**TINY, tie_word_embeddings=False), 512)
+        return LlamaForCausalLM(LlamaConfig(**TINY, tie_word_embeddings=False,
+                                            model_type=model_type), 512)
+
+
+def test_a_llama_declares_its_gemms_in_step_order():
+    model = tiny_llama()
     gemms = step_gemms(model)
     layers = model.model.layers
-    assert [layer for _, layer in gemms] == [
+    assert [layer for _, _, layer in gemms] == [
         m for layer in layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                         layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-    assert [name for name, _ in gemms[:4]] == ["qkv", "o", "gate_up", "down"]
-    assert l2_prefetch.weight_of(gemms[0][1]) is layers[0].self_attn.qkv_proj.weight
+    assert [name for name, _, _ in gemms[:4]] == ["qkv", "o", "gate_up", "down"]
+    assert [block for _, block, _ in gemms[:4]] == [layers[0].self_attn] * 2 + [layers[0].mlp] * 2
+    assert l2_prefetch.weight_of(gemms[0][2]) is layers[0].self_attn.qkv_proj.weight
 
 
-def test_hooks_exist_unless_the_switch_is_0_at_build(monkeypatch):
-    from transformers import LlamaConfig
+def test_blocks_get_points_unless_the_switch_resolves_to_0_at_build(monkeypatch):
+    """No forward hooks either way; unset, the model type's default (Qwen3-MoE: off)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv(l2_prefetch.ENV, raising=False)
-    cfg = LlamaConfig(**TINY, tie_word_embeddings=False)
-    with use_state(ParallelState.single()):
-        model = LlamaForCausalLM(cfg, 512)  # unset: the default, on
-        assert l2_prefetch.register_l2_prefetch(model) == 4 * TINY["num_hidden_layers"]
-        assert model.model.layers[0].self_attn.o_proj._forward_hooks
-        monkeypatch.setenv(l2_prefetch.ENV, "0")
-        bare = LlamaForCausalLM(cfg, 512)
-        assert l2_prefetch.register_l2_prefetch(bare) == 0
-        assert not bare.model.layers[0].self_attn.o_proj._forward_hooks
-        monkeypatch.setenv(l2_prefetch.ENV, "sideways")
-        with pytest.raises(ValueError, match=l2_prefetch.ENV):
-            l2_prefetch.register_l2_prefetch(bare)
+    model = tiny_llama()  # unset: the default, on
+    layers = model.model.layers
+    assert l2_prefetch.attach_l2_prefetch(model) == 4 * TINY["num_hidden_layers"]
+    assert layers[1].self_attn.l2_prefetch.indices == {"qkv": 4, "o": 5}
+    assert layers[1].mlp.l2_prefetch.indices == {"gate_up": 6, "down": 7}
+    assert not any(m._forward_hooks for m in model.modules())
+    assert l2_prefetch.default_mode("qwen3_moe") == "0"
+    assert l2_prefetch.attach_l2_prefetch(tiny_llama("qwen3_moe")) == 0
+    monkeypatch.setenv(l2_prefetch.ENV, "1")  # set: it holds over the model's default
+    assert l2_prefetch.attach_l2_prefetch(tiny_llama("qwen3_moe")) > 0
+    monkeypatch.setenv(l2_prefetch.ENV, "0")
+    bare = tiny_llama()
+    assert l2_prefetch.attach_l2_prefetch(bare) == 0
+    assert bare.model.layers[0].self_attn.l2_prefetch is l2_prefetch.NO_PREFETCHES
+    monkeypatch.setenv(l2_prefetch.ENV, "sideways")
+    with pytest.raises(ValueError, match=l2_prefetch.ENV):
+        l2_prefetch.attach_l2_prefetch(bare)
+
+
+class Recorder:
+    """A StepPrefetches' stand-in: the (index, rows) of each point reached."""
+
+    def __init__(self):
+        self.calls = []
+
+    def after(self, index, output):
+        self.calls.append((index, output.shape[0]))
+
+
+def test_the_mlp_calls_its_points_after_each_gemm_at_decode_rows_only():
+    model = tiny_llama()
+    mlp = model.model.layers[1].mlp
+    recorder = Recorder()
+    mlp.l2_prefetch = l2_prefetch.BlockPrefetches(recorder, {"gate_up": 6, "down": 7})
+    with use_state(ParallelState.single()), torch.no_grad():
+        for rows in (l2_prefetch.MAX_ROWS, l2_prefetch.MAX_ROWS + 1):
+            mlp(torch.randn(rows, TINY["hidden_size"], dtype=mlp.gate_up_proj.weight.dtype))
+    assert recorder.calls == [(6, l2_prefetch.MAX_ROWS), (7, l2_prefetch.MAX_ROWS)]
+
+
+def test_the_switches_are_read_at_build_and_at_a_capture_not_each_call(monkeypatch):
+    """Eager steps keep what the build read; a step's first GEMM under a capture reads them
+    again (a graph keeps what its capture read)."""
+    launched = []
+    monkeypatch.setattr(l2_prefetch, "use_triton", lambda output: True)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.delenv(l2_prefetch.ENV, raising=False)
+    steps = l2_prefetch.StepPrefetches(["qkv", "o"], lambda: [None, None])
+    monkeypatch.setattr(steps, "launch", lambda index, how, text: launched.append((index, how,
+                                                                                    text)))
+    out = torch.zeros(1, 8)
+    monkeypatch.setenv(l2_prefetch.ENV, "0")
+    monkeypatch.setenv(l2_prefetch.MB_ENV, "qkv:1")
+    steps.after(0, out)
+    steps.after(1, out)
+    assert launched == [(0, l2_prefetch.DEFAULT_ON, "o:8"), (1, l2_prefetch.DEFAULT_ON, "o:8")]
+    capturing[0] = True
+    steps.after(0, out)
+    steps.after(1, out)
+    assert len(launched) == 2  # off in this capture
+    monkeypatch.setenv(l2_prefetch.ENV, "side:read")
+    steps.after(0, out)
+    assert launched[-1] == (0, ("side", "read"), "qkv:1")
+    capturing[0] = False
+    steps.after(0, out)
+    assert launched[-1] == (0, l2_prefetch.DEFAULT_ON, "o:8")
 
 
 @pytest.fixture(scope="module")
@@ -124,15 +171,15 @@ def test_prefetching_engine_gives_the_same_tokens(engine_tokens, quantization, k
     assert engine_tokens(quantization, kind) == engine_tokens(quantization, "0")
 
 
-def test_the_hooks_launch_each_gemms_planned_spans_of_the_right_weights(monkeypatch):
+def test_each_gemms_planned_spans_of_the_right_weights_are_launched(monkeypatch):
     from parashift.kernels import l2_prefetch as kernel
     weights = [torch.zeros(size, dtype=torch.uint8) for size in (96, 32, 160, 64) * 2]
     launched = []
     monkeypatch.setattr(kernel, "prefetch", lambda spans, kind, *args: launched.append(spans))
-    monkeypatch.setenv(l2_prefetch.MB_ENV, f"qkv:{64 / MB:.16f}/down:{48 / MB:.16f}")
+    text = f"qkv:{64 / MB:.16f}/down:{48 / MB:.16f}"
     steps = l2_prefetch.StepPrefetches(["qkv", "o", "gate_up", "down"] * 2, lambda: weights)
     for index in range(len(weights)):
-        steps.after(index, ("chain", "bulk"))
+        steps.launch(index, ("chain", "bulk"), text)
     by_tensor = [[(next(i for i, w in enumerate(weights) if w is s.tensor), s.first, s.count)
                   for s in spans] for spans in launched]
     assert by_tensor == [[(1, 0, 32), (2, 0, 32)], [], [], [(4, 0, 48)],
