@@ -77,10 +77,7 @@ def main() -> None:
     samples: dict[str, list[float]] = {}
     with torch.inference_mode():
         for run in runs.values():
-            run(prompts, 4)  # warm-up
-        for name, gemms in sweeps.items():
-            for r in rows.values():
-                sweep_ms(gemms, *r)
+            run(prompts, 4)  # warm-up (the engine's routes made their primitives)
         for repeat in range(args.repeats):
             for name, gemms in sweeps.items():
                 for kind, r in rows.items():
