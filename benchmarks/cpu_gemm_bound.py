@@ -5,7 +5,7 @@ timed as a sweep over every weight in the model's order (as a forward reads them
 where the model outgrows the last-level cache), against the whole `generate` measured.
 
 Usage: python3 benchmarks/cpu_gemm_bound.py --dtype float32 --batch 1 [--threads 2]
-  [--prompt-len 64] [--new-tokens 64] [--repeats 3] [--output bound.json]
+  [--prompt-len 64] [--new-tokens 64] [--repeats 3] [--deadline-s S] [--output bound.json]
 Sweeps (ms, medians of --repeats, interleaved): `engine_decode` / `engine_prompt`: the
 engine's linear layers and LM head through their `matmul` (the start-up routes,
 layers/cpu_packed.py) at the batch's rows / the prompts' rows (the LM head at the batch's
@@ -60,8 +60,11 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--deadline-s", type=float, default=float("inf"),
+                        help="no repeat after the first begins this long after the start")
     parser.add_argument("--output")
     args = parser.parse_args()
+    started = time.perf_counter()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     llm = LLM(device="cpu", dtype=args.dtype, attention_backend="torch",
@@ -79,6 +82,8 @@ def main() -> None:
         for run in runs.values():
             run(prompts, 4)  # warm-up (the engine's routes made their primitives)
         for repeat in range(args.repeats):
+            if repeat and time.perf_counter() - started > args.deadline_s:
+                break
             for name, gemms in sweeps.items():
                 for kind, r in rows.items():
                     samples.setdefault(f"{name}_{kind}", []).append(sweep_ms(gemms, *r))
@@ -93,6 +98,7 @@ def main() -> None:
               for name in sweeps}
     tf_s = medians["transformers_generate_s"]
     doc = {"dtype": args.dtype, "batch": args.batch, "threads": args.threads,
+           "repeats": len(samples["transformers_generate_s"]),
            "cpus": sorted(__import__("os").sched_getaffinity(0)),
            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "medians": medians,
            "runs": {k: [round(x, 4) for x in v] for k, v in samples.items()},

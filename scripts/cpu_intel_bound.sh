@@ -17,7 +17,7 @@ lane() {  # cores cells
   for cell in "${cells[@]}"; do
     local dtype=${cell%%:*} batch=${cell##*:}
     timeout "${CELL_S:-100}" taskset -c "$1" python3 benchmarks/cpu_gemm_bound.py --dtype "$dtype" \
-      --batch "$batch" --threads 2 ${BOUND_ARGS:-} --output "$OUT/bound_${dtype}_b$batch.json" \
+      --batch "$batch" --threads 2 --deadline-s $((${CELL_S:-100} * 2 / 3)) ${BOUND_ARGS:-} --output "$OUT/bound_${dtype}_b$batch.json" \
       > "$OUT/bound_${dtype}_b$batch.log" 2>&1
     echo "bound $dtype b$batch rc $?" >> "$OUT/rcs"
   done
