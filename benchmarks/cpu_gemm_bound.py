@@ -13,7 +13,9 @@ rows: both compute the last position's logits only); `plain_*`: the same weights
 `F.linear`; `transformers_*`: transformers' own `nn.Linear`s (q, k, v, gate, up apart) by
 `F.linear`. `generate_s`: each engine's whole `generate` (medians, interleaved); the bound
 is transformers' `generate_s` over the engine's GEMM seconds of a `generate`
-(engine_prompt + (new_tokens - 1) x engine_decode)."""
+(engine_prompt + (new_tokens - 1) x engine_decode). `engine_gemm_s_inside_a_generate`: the
+same GEMMs timed call by call inside one more engine `generate` (where the steps' other work
+runs between them), against the sweeps' figure."""
 import argparse
 import json
 import statistics
@@ -30,6 +32,29 @@ from parashift.layers.cpu_packed import packable_layers
 def engine_gemms(model) -> list:
     """(call, weight) of each engine GEMM in the model's order (the LM head last)."""
     return [(m.matmul, m.weight) for m in packable_layers(model)]
+
+
+def gemm_seconds_in_place(model, run) -> float:
+    """Seconds the engine's GEMMs take inside `run()` (a generate): each layer's `matmul`
+    wrapped by a timer for the run (a perf_counter pair a call)."""
+    layers, total = packable_layers(model), [0.0]
+
+    def timed(call):
+        def wrapper(*args):
+            start = time.perf_counter()
+            out = call(*args)
+            total[0] += time.perf_counter() - start
+            return out
+        return wrapper
+    originals = [m.matmul for m in layers]
+    for m in layers:
+        m.matmul = timed(m.matmul)
+    try:
+        run()
+    finally:
+        for m, original in zip(layers, originals):
+            m.matmul = original
+    return total[0]
 
 
 def transformers_gemms(model) -> list:
@@ -92,6 +117,8 @@ def main() -> None:
                 start = time.perf_counter()
                 runs[name](prompts, args.new_tokens)
                 samples.setdefault(f"{name}_generate_s", []).append(time.perf_counter() - start)
+        in_step_s = gemm_seconds_in_place(llm.llm_engine.runner.model,
+                                          lambda: runs["parashift"](prompts, args.new_tokens))
     medians = {k: round(statistics.median(v), 4) for k, v in samples.items()}
     decodes = args.new_tokens - 1
     gemm_s = {name: (medians[f"{name}_prompt"] + decodes * medians[f"{name}_decode"]) / 1e3
@@ -103,6 +130,7 @@ def main() -> None:
            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "medians": medians,
            "runs": {k: [round(x, 4) for x in v] for k, v in samples.items()},
            "gemm_s_a_generate": {k: round(v, 4) for k, v in gemm_s.items()},
+           "engine_gemm_s_inside_a_generate": round(in_step_s, 4),
            "now_x_transformers": round(tf_s / medians["parashift_generate_s"], 3),
            "bound_x_transformers": round(tf_s / gemm_s["engine"], 3),
            "bound_x_transformers_plain_gemms": round(tf_s / gemm_s["plain"], 3),
