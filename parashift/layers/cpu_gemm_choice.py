@@ -8,9 +8,10 @@ meets them (layers/cpu_gemm_sweep.py), where the routes' copies fit in memory, e
 prompt chunk's rows are, in races on a few weights of each shape. The fastest per (shape,
 bucket) is kept for the whole run, so a given shape and row count always takes one route;
 a route other than `onednn` (the packed default) wins only if it beats it by
-REMATCH_MARGIN, in a second race where it was raced. `PARASHIFT_CPU_GEMM=plain|onednn|onednnN|mkl` forces
-one route where it applies (onednnN: the bucket of N rows, the rest onednn; mkl: one-row
-fp32 steps, the rest plain) instead of timing."""
+REMATCH_MARGIN, in a second race where it was raced.
+`PARASHIFT_CPU_GEMM=plain|onednn|onednnN|mkl` forces one route where it applies (onednnN:
+the bucket of N rows, the rest onednn; mkl: one-row fp32 steps, the rest plain) instead of
+timing."""
 import functools
 import os
 import time
@@ -209,8 +210,8 @@ def _forced(route: str, dtype: torch.dtype) -> dict[int, str]:
 
 def swept_candidates(bucket: int, dtype: torch.dtype) -> tuple[str, ...]:
     """The routes swept at a few-row bucket: the raced ones less the one packed for one row
-    (it never beat the default on the Intel host nor the AMD one: each copy swept is one
-    more copy of the whole model made at start-up)."""
+    (it beat the default by the margin in none of session 46's Intel-host races, and each
+    route swept is one more copy of the whole model made at start-up)."""
     return tuple(r for r in candidates(bucket, dtype) if r != "onednn1")
 
 

@@ -1,10 +1,8 @@
 """The few-row CPU GEMM routes timed as decode steps run them: a sweep calls one route on
 every weight of the model in the model's order (one step's GEMMs), so each call finds its
 weight where a step finds it: in memory where the model outgrows the last-level cache, not in
-a cache that a few weights of one shape fit in. On the Intel host of docs/benchmark_log.md
-(300 MiB L3), racing 8 weights of a shape took MKL's packed GEMM for SmolLM2's fp32 gate_up
-at one row, where in place, with the 540 MB of weights a step streams, it was slower than
-`F.linear`.
+a cache that a few weights of one shape fit in (8 of SmolLM2's fp32 gate_up weights: 57 MB,
+inside the 300 MiB L3 of the Intel host in docs/benchmark_log.md, where a step streams 540 MB).
 
 Every candidate route's packed copy of every weight is made at once (the sweeps of the
 routes are interleaved, so the host's drift falls on all alike): where those copies do not
