@@ -3,11 +3,15 @@ start-up on the CPU the engine runs on: plain `F.linear` (MKL or oneDNN repackin
 weight on each call), oneDNN on a weight packed once (`onednn`; `onednn1`, `onednn16`,
 `onednn256`: packed for the bucket's rows, where oneDNN may pick another layout, e.g. AMX's)
 and, in fp32 at one row, MKL's packed GEMM (`mkl`).
-The fastest per (shape, bucket) is kept for the whole run, so a given shape and row count
-always takes one route; a route other than `onednn` (the packed default) wins only if it
-wins a second race against it too. `PARASHIFT_CPU_GEMM=plain|onednn|onednnN|mkl` forces
-one route where it applies (onednnN: the bucket of N rows, the rest onednn; mkl: one-row
-fp32 steps, the rest plain) instead of timing."""
+Decode's few rows are timed in sweeps over every weight in the model's order, as a step
+meets them (layers/cpu_gemm_sweep.py), where the routes' copies fit in memory, else, as a
+prompt chunk's rows are, in races on a few weights of each shape. The fastest per (shape,
+bucket) is kept for the whole run, so a given shape and row count always takes one route;
+a route other than `onednn` (the packed default) wins only if it beats it by
+REMATCH_MARGIN, in a second race where it was raced.
+`PARASHIFT_CPU_GEMM=plain|onednn|onednnN|mkl` forces one route where it applies (onednnN:
+the bucket of N rows, the rest onednn; mkl: one-row fp32 steps, the rest plain) instead of
+timing."""
 import functools
 import os
 import time
@@ -15,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from parashift.layers.cpu_gemm_sweep import SWEEP_BUCKETS, sweep_fits, time_sweeps
 
 ENV = "PARASHIFT_CPU_GEMM"
 ROW_BUCKETS = (1, 16, 256)  # decode at batch 1, a decode batch, a prompt chunk
@@ -103,6 +109,7 @@ class GemmChoice:
     timings: dict[Shape, dict[int, dict[str, float]]] = field(default_factory=dict)
     rematches: dict[Shape, dict[int, dict[str, float]]] = field(default_factory=dict)
     mkl_bytes: dict[Shape, int] = field(default_factory=dict)  # a packed copy, where used
+    swept: tuple[int, ...] = ()  # the buckets timed in sweeps of every weight
     seconds: float = 0.0
     nbytes: int = 0
 
@@ -141,7 +148,7 @@ class GemmChoice:
     def as_dict(self) -> dict:
         """For benchmarks' JSON: one row per (shape, bucket)."""
         return {"source": self.source, "seconds": round(self.seconds, 3),
-                "packed_bytes": self.nbytes,
+                "packed_bytes": self.nbytes, "swept": list(self.swept),
                 "routes": [{"out": out, "in": inp, "dtype": str(dtype).removeprefix("torch."),
                             "rows": bucket, "route": route,
                             "ms": self.timings.get((out, inp, dtype), {}).get(bucket),
@@ -165,15 +172,22 @@ def choose_routes(weights: list[torch.Tensor]) -> GemmChoice:
     # the shapes holding the most weight bytes first: they are what a cut budget leaves out last
     by_shape = dict(sorted(by_shape.items(), key=lambda kv: -sum(w.nbytes for w in kv[1])))
     choice = GemmChoice("timed" if forced == "auto" else f"{ENV}={forced}")
+    # the sweeps time for up to half the budget (their copies made first), the races the rest
+    swept = _swept_timings(weights, TOTAL_BUDGET_S / 2) if forced == "auto" else None
+    choice.swept = SWEEP_BUCKETS if swept is not None else ()
+    deadline = time.perf_counter() + (TOTAL_BUDGET_S / 2 if swept is not None else
+                                      TOTAL_BUDGET_S)
     with torch.no_grad():
         for shape, same_shape in by_shape.items():
             weight = same_shape[0]
             if not onednn_packs(weight.dtype):
                 choice.routes[shape] = dict.fromkeys(ROW_BUCKETS, "plain")
             elif forced == "auto":
-                timings, rematches = _time_shape(same_shape, start + TOTAL_BUDGET_S)
-                choice.timings[shape], choice.rematches[shape] = timings, rematches
-                choice.routes[shape] = _decide(timings, rematches)
+                timings, rematches = _time_shape(same_shape, deadline, skip=choice.swept)
+                timings = {**(swept or {}).get(shape, {}), **timings}
+                choice.timings[shape] = dict(sorted(timings.items()))
+                choice.rematches[shape] = rematches
+                choice.routes[shape] = _decide(choice.timings[shape], rematches)
             else:
                 choice.routes[shape] = _forced(forced, weight.dtype)
             if "mkl" in choice.routes[shape].values():
@@ -194,16 +208,36 @@ def _forced(route: str, dtype: torch.dtype) -> dict[int, str]:
             for bucket in ROW_BUCKETS}
 
 
+def swept_candidates(bucket: int, dtype: torch.dtype) -> tuple[str, ...]:
+    """The routes swept at a few-row bucket: the raced ones less the one packed for one row
+    (it beat the default by the margin in none of session 46's Intel-host races, and each
+    route swept is one more copy of the whole model made at start-up)."""
+    return tuple(r for r in candidates(bucket, dtype) if r != "onednn1")
+
+
+def _swept_timings(weights: list[torch.Tensor], budget_s: float) -> dict | None:
+    """The few-row buckets' timings in sweeps (layers/cpu_gemm_sweep.py) of the weights
+    oneDNN packs here, or None where the routes' copies would not fit."""
+    timable = [w.detach() for w in weights if onednn_packs(w.dtype)]
+    copies = len({r for b in SWEEP_BUCKETS for w in timable
+                  for r in swept_candidates(b, w.dtype)} - {"plain"})
+    if not sweep_fits(timable, copies):
+        return None
+    return time_sweeps(timable, lambda b, w: swept_candidates(b, w.dtype), pack, run_route,
+                       budget_s)
+
+
 def _decide(timings: dict[int, dict[str, float]],
             rematches: dict[int, dict[str, float]]) -> dict[int, str]:
-    """Each bucket's fastest route, the default where a winner lost its rematch against it;
-    an untimed bucket takes the plain or default route of the largest timed one below it
-    but above one row (else the default)."""
+    """Each bucket's fastest route, the default where a winner did not beat it by
+    REMATCH_MARGIN (in its rematch, where it had one); an untimed bucket takes the plain or
+    default route of the largest timed one below it but above one row (else the default)."""
     routes = {}
     for bucket, by_route in timings.items():
         winner = min(by_route, key=by_route.get)
-        rematch = rematches.get(bucket)
-        if rematch and rematch[winner] >= rematch[DEFAULT_ROUTE] * (1 - REMATCH_MARGIN):
+        rematch = rematches.get(bucket, by_route)
+        if winner != DEFAULT_ROUTE and \
+                rematch[winner] >= rematch[DEFAULT_ROUTE] * (1 - REMATCH_MARGIN):
             winner = DEFAULT_ROUTE
         routes[bucket] = winner
     for bucket in ROW_BUCKETS:
@@ -213,19 +247,21 @@ def _decide(timings: dict[int, dict[str, float]],
     return dict(sorted(routes.items()))
 
 
-def _time_shape(weights: list[torch.Tensor], deadline: float) -> tuple[dict, dict]:
+def _time_shape(weights: list[torch.Tensor], deadline: float, skip: tuple[int, ...] = ()
+                ) -> tuple[dict, dict]:
     """ms a call of each candidate route at each timed bucket's rows, on random inputs, and
     of the rematches (a winner other than the default against it), by bucket. At few rows
     a call sweeps up to ROTATE weights of the shape, as a step does its layers: a GEMV
     reads its weight from memory, not from a cache one weight would stay in. Buckets not
-    begun by `deadline` (perf_counter) stay untimed."""
+    begun by `deadline` (perf_counter) stay untimed, and so do those in `skip`."""
     weights, dtype = weights[:ROTATE], weights[0].dtype
-    routes = {r for bucket in ROW_BUCKETS for r in candidates(bucket, dtype)}
+    buckets = [b for b in timed_buckets(weights[0]) if b not in skip]
+    routes = {r for bucket in buckets for r in candidates(bucket, dtype)}
     packed = {r: [pack(r, w) for w in weights] for r in routes}
     gen = torch.Generator().manual_seed(0)
     timings, rematches = {}, {}
-    for bucket in ROW_BUCKETS:
-        if bucket not in timed_buckets(weights[0]) or time.perf_counter() > deadline:
+    for bucket in buckets:
+        if time.perf_counter() > deadline:
             continue
         x = torch.randn(bucket, weights[0].shape[1], generator=gen).to(dtype)
         n = len(weights) if bucket <= 16 else 1

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from parashift import SamplingParams
-from parashift.layers import cpu_gemm_choice, cpu_packed
+from parashift.layers import cpu_gemm_choice, cpu_gemm_sweep, cpu_packed
 from parashift.layers.cpu_gemm_choice import (ENV, ROW_BUCKETS, bucket_of, choose_routes,
                                               mkl_packs, onednn_packs)
 from parashift.layers.cpu_packed import PackedLinear, unpack_cpu_weights
@@ -40,6 +40,7 @@ def test_timed_routes_are_recorded_per_shape_and_bucket(monkeypatch):
     weights = [torch.randn(96, 48, generator=gen) for _ in range(3)] + \
         [torch.randn(40, 48, generator=gen).bfloat16()]
     choice = choose_routes(weights)
+    assert choice.swept == (1, 16)  # tiny weights: every route's copies fit
     assert choice.source == "timed" and set(choice.routes) == {(96, 48, torch.float32),
                                                                 (40, 48, torch.bfloat16)}
     if not onednn_packs(torch.bfloat16):  # an AVX2-only CPU: bf16 stays plain, untimed
@@ -51,11 +52,14 @@ def test_timed_routes_are_recorded_per_shape_and_bucket(monkeypatch):
         for bucket, route in by_bucket.items():
             expected = {"plain", "onednn", f"onednn{bucket}"} | (
                 {"mkl"} if bucket == 1 and shape[2] == torch.float32 and mkl_packs() else set())
-            assert set(timed[bucket]) == expected
+            assert set(timed[bucket]) == expected - ({"onednn1"} if bucket in choice.swept
+                                                     else set())
             winner = min(timed[bucket], key=timed[bucket].get)
             rematch = choice.rematches[shape].get(bucket)
-            assert (rematch is not None) == (winner != "onednn")
-            kept = rematch is None or rematch[winner] < rematch["onednn"] * (
+            swept = bucket in choice.swept  # the sweeps' timings are their own rematch
+            assert (rematch is not None) == (winner != "onednn" and not swept)
+            against = timed[bucket] if swept else rematch
+            kept = winner == "onednn" or against[winner] < against["onednn"] * (
                 1 - cpu_gemm_choice.REMATCH_MARGIN)
             assert route == (winner if kept else "onednn")
     rows = choice.as_dict()["routes"]
@@ -64,8 +68,38 @@ def test_timed_routes_are_recorded_per_shape_and_bucket(monkeypatch):
     assert "96x48 float32" in choice.describe()
 
 
+def test_few_rows_are_timed_in_sweeps_of_every_weight_in_the_model_order(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    calls = []
+
+    def run_route(route, x, packed, weight, bias):
+        calls.append((route, x.shape[0], weight.shape[0]))
+    monkeypatch.setattr(cpu_gemm_choice, "run_route", run_route)
+    monkeypatch.setattr(cpu_gemm_sweep, "SWEEPS", 1)  # the warm-up + one sweep
+    weights = [torch.randn(out, 8) for _ in range(2) for out in (16, 24)]
+    choice = choose_routes(weights)
+    assert choice.swept == (1, 16)
+    calls = [c for c in calls if c[1] < 256]  # the 256-row bucket: raced
+    sweeps = [calls[i:i + 4] for i in range(0, len(calls), 4)]
+    assert all([c[2] for c in sweep] == [16, 24, 16, 24] and len({c[:2] for c in sweep}) == 1
+               for sweep in sweeps)  # each sweep: one route, one row count, model order
+    routes_at_1 = {"plain", "onednn"} | ({"mkl"} if mkl_packs() else set())  # not onednn1
+    assert sorted(c[:2] for c in calls[::4]) == sorted(
+        [(r, 1) for r in routes_at_1] * 2 + [(r, 16) for r in ("plain", "onednn", "onednn16")] * 2)
+    assert set(choice.timings[16, 8, torch.float32]) == set(ROW_BUCKETS)
+
+
+def test_weights_whose_copies_do_not_fit_are_raced_a_few_at_a_time(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(cpu_gemm_choice, "sweep_fits", lambda weights, copies: False)
+    choice = choose_routes([torch.randn(16, 8)])
+    assert choice.swept == () and set(choice.rematches[16, 8, torch.float32]) <= {1, 16, 256}
+    assert set(choice.timings[16, 8, torch.float32]) == set(ROW_BUCKETS)
+
+
 def test_a_route_beating_the_default_once_must_beat_it_again(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(cpu_gemm_choice, "sweep_fits", lambda weights, copies: False)
     races = []
 
     def race(runs):  # plain wins the first race of each bucket by noise, loses the second
@@ -84,6 +118,7 @@ def test_a_route_beating_the_default_once_must_beat_it_again(monkeypatch):
 def test_timing_past_its_budget_leaves_the_rest_on_the_default(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(cpu_gemm_choice, "TOTAL_BUDGET_S", 0.0)
+    monkeypatch.setattr(cpu_gemm_choice, "sweep_fits", lambda weights, copies: False)  # races
     choice = choose_routes([torch.randn(16, 8), torch.randn(24, 8)])
     assert choice.timings == {(16, 8, torch.float32): {}, (24, 8, torch.float32): {}}
     assert "6 buckets untimed" in choice.source
