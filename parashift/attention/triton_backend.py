@@ -108,6 +108,8 @@ BALANCED_ENV = "PARASHIFT_ATTN_BALANCED"
 BALANCED_PER_SM_ENV = "PARASHIFT_ATTN_BALANCED_PER_SM"
 BALANCED_PROGRAMS_PER_SM = 3
 BALANCED_ROWS_P = 256  # the rows every launch of at most this many compiles for
+BALANCED_ONE_TILE_LOOP = True  # a program's tiles of a unit in one masked loop
+BALANCED_MAX_REGISTERS = 0  # a thread's, where set (more programs an SM)
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -610,7 +612,8 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             seqs.token_offset, scale * math.log2(math.e), launch.config, launch.group,
             launch.group_p, launch.balanced_programs,
             _tickets(q.device, seqs.num_tokens * k_cache.shape[2]),
-            _dot_precision(q.dtype, False), BALANCED_ROWS_P, pdl.launch_options(q.device))
+            _dot_precision(q.dtype, False), BALANCED_ROWS_P, BALANCED_ONE_TILE_LOOP,
+            BALANCED_MAX_REGISTERS, pdl.launch_options(q.device))
         return
     num_heads, head_dim = q.shape[1:]
     split = launch.partials

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from parashift.attention.triton_decode import _store_rows
 from parashift.attention.triton_kernels import NEG_BIG, _attend_tiles, _jit_generic_in
 from parashift.kernels import pdl, split_tickets
 
@@ -45,26 +46,26 @@ def _merge_pieces(part_acc_ptr, part_m_ptr, part_l_ptr, first_program, last_prog
                   HEAD_DIM_P: tl.constexpr):
     """[GROUP_P, HEAD_DIM_P]: a unit's output from its pieces' partial states in program
     order (the first program's in its slot 1, the others' in slot 0), read from L2."""
-    heads = tl.arange(0, GROUP_P)[:, None]
+    heads = tl.arange(0, GROUP_P)
     offs_d = tl.arange(0, HEAD_DIM_P)[None, :]
-    ok = (heads < GROUP) & (offs_d < HEAD_DIM)
-    across_d = offs_d * 0
+    ok = heads < GROUP
+    acc_ok = ok[:, None] & (offs_d < HEAD_DIM)
     acc = tl.zeros([GROUP_P, HEAD_DIM_P], dtype=tl.float32)
-    m = tl.full([GROUP_P, HEAD_DIM_P], NEG_BIG, dtype=tl.float32)
-    l = tl.zeros([GROUP_P, HEAD_DIM_P], dtype=tl.float32)
+    m = tl.full([GROUP_P], NEG_BIG, dtype=tl.float32)
+    l = tl.zeros([GROUP_P], dtype=tl.float32)
     for prog in range(first_program, last_program + 1):
         slot = (prog * 2 + tl.where(prog == first_program, 1, 0)) * GROUP + heads
-        m_s = tl.load(part_m_ptr + slot + across_d, mask=ok, other=NEG_BIG, cache_modifier=".cg")
-        l_s = tl.load(part_l_ptr + slot + across_d, mask=ok, other=0.0, cache_modifier=".cg")
-        acc_s = tl.load(part_acc_ptr + slot * HEAD_DIM + offs_d, mask=ok, other=0.0,
-                        cache_modifier=".cg")
+        m_s = tl.load(part_m_ptr + slot, mask=ok, other=NEG_BIG, cache_modifier=".cg")
+        l_s = tl.load(part_l_ptr + slot, mask=ok, other=0.0, cache_modifier=".cg")
+        acc_s = tl.load(part_acc_ptr + slot[:, None] * HEAD_DIM + offs_d, mask=acc_ok,
+                        other=0.0, cache_modifier=".cg")
         m_new = tl.maximum(m, m_s)
         a = tl.exp2(m - m_new)
         b = tl.exp2(m_s - m_new)
-        acc = tl.fma(acc_s, b, acc * a)
+        acc = tl.fma(acc_s, b[:, None], acc * a[:, None])
         l = tl.fma(l_s, b, l * a)
         m = m_new
-    return tl.where(l > 0, acc / l, 0.0)
+    return acc / tl.where(l > 0, l, 1.0)[:, None]  # a row of no sequence: 0
 
 
 @_jit_generic_in("block_tables_ptr", "seq_lens_ptr", "num_seqs", "token_offset", "stride_bt")
@@ -77,7 +78,10 @@ def balanced_decode_kernel(
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
         BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, ROWS_P: tl.constexpr,
-        DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False):
+        DOT_PRECISION: tl.constexpr, ONE_TILE_LOOP: tl.constexpr = True,
+        USE_PDL: tl.constexpr = False):
+    """ONE_TILE_LOOP: a range's tiles in one masked loop (a context's partial last tile in
+    the others' pipeline), else its whole tiles, then the partial one in a loop of its own."""
     program = tl.program_id(0).to(tl.int64)
     # what no kernel of this step writes, before the wait: the lengths, the tile ranges
     rows = tl.arange(0, ROWS_P)
@@ -118,18 +122,21 @@ def balanced_decode_kernel(
         k_base = k_cache_ptr + kv_head * stride_kh
         v_base = v_cache_ptr + kv_head * stride_vh
         q_pos = tl.full([BLOCK_M], 0, tl.int32) + (seq_len - 1)
-        mid = tl.maximum(tl.minimum(hi, seq_len // TILE_N), lo)  # the whole tiles first
-        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, mid,
-                                      seq_len, q_pos, qk_scale, stride_kb, stride_ks,
-                                      stride_vb, stride_vs, False, TILE_N, BLOCK_SIZE,
-                                      HEAD_DIM, HEAD_DIM_P, DOT_PRECISION)
+        if ONE_TILE_LOOP:
+            mid = lo
+        else:  # the whole tiles first
+            mid = tl.maximum(tl.minimum(hi, seq_len // TILE_N), lo)
+            acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo,
+                                          mid, seq_len, q_pos, qk_scale, stride_kb, stride_ks,
+                                          stride_vb, stride_vs, False, TILE_N, BLOCK_SIZE,
+                                          HEAD_DIM, HEAD_DIM_P, DOT_PRECISION)
         acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, mid, hi,
                                       seq_len, q_pos, qk_scale, stride_kb, stride_ks,
                                       stride_vb, stride_vs, True, TILE_N, BLOCK_SIZE,
                                       HEAD_DIM, HEAD_DIM_P, DOT_PRECISION)
         o_ptrs = out_ptr + token * stride_ot + (head * stride_oh)[:, None] + offs_d[None, :]
         if (lo == 0) & (hi == row_tiles.to(tl.int32)):  # the whole unit here
-            out = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row of no sequence: 0
             tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
         else:
             # slot 1: the unit starts here and goes on; slot 0: it started before
@@ -144,19 +151,21 @@ def balanced_decode_kernel(
             if split_tickets.is_last_of(counter, (last - first + 1).to(tl.int32)):
                 split_tickets.reset(counter)
                 out = _merge_pieces(part_acc_ptr, part_m_ptr, part_l_ptr, first, last, GROUP,
-                                    BLOCK_M, HEAD_DIM, HEAD_DIM_P)  # BLOCK_M rows, as acc
-                tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+                                    GROUP_P, HEAD_DIM, HEAD_DIM_P)
+                _store_rows(out_ptr, token, kv_head, stride_ot, stride_oh, out, GROUP, GROUP_P,
+                            HEAD_DIM, HEAD_DIM_P)
         g += (hi - lo).to(tl.int64)
     pdl.inputs_read(USE_PDL)
 
 
 def launch(out, q, k_cache, v_cache, block_tables, seq_lens, num_seqs: int, num_rows: int,
            token_offset: int, qk_scale: float, config, group: int, group_p: int,
-           programs: int, tickets, dot_precision: str, rows_p: int,
-           pdl_options: dict) -> None:
+           programs: int, tickets, dot_precision: str, rows_p: int, one_tile_loop: bool,
+           max_registers: int, pdl_options: dict) -> None:
     """Attention of `num_rows` one-row decodes (the first num_seqs real, from token_offset)
     into out over `programs` programs; tickets: num_rows x KV heads counters, all 0; rows_p:
-    the fewest rows a launch compiles for (one variant up to it)."""
+    the fewest rows a launch compiles for (one variant up to it); max_registers: a thread's
+    (0: the compiler's choice)."""
     num_kv_heads, head_dim = k_cache.shape[2], q.shape[2]
     part_m = torch.empty(programs * 2 * group, dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
@@ -171,4 +180,6 @@ def launch(out, q, k_cache, v_cache, block_tables, seq_lens, num_seqs: int, num_
         TILE_N=config.tile_n, BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         HEAD_DIM_P=triton.next_power_of_2(head_dim),
         ROWS_P=max(rows_p, triton.next_power_of_2(num_rows)), DOT_PRECISION=dot_precision,
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options)
+        ONE_TILE_LOOP=one_tile_loop,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        **({"maxnreg": max_registers} if max_registers else {}), **pdl_options)

@@ -260,7 +260,7 @@ def _graph_meta(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:
 
 
 @pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first",
-                                     "preload", "preload-merge"])
+                                     "preload", "preload-merge", "balanced"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     """Decodes whose graph was captured for 32k tokens (32 splits) at contexts from one token
@@ -271,7 +271,8 @@ def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     monkeypatch.setenv(triton_backend.FUSED_REDUCE_ENV, "0" if variant == "two-launch" else "1")
     monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, "1" if variant.endswith("merge") else "0")
     monkeypatch.setattr(triton_backend, "FUSED_HEADS_FIRST", variant.endswith("heads-first"))
-    if variant.startswith("one-launch"):
+    monkeypatch.setenv(triton_backend.BALANCED_ENV, "1" if variant == "balanced" else "0")
+    if variant.startswith("one-launch") or variant == "balanced":
         monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
     monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 32)
     seq_lens = [1, 100, 129, 1024, 4096, 8191, 30000]
@@ -358,6 +359,39 @@ def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload, merge, splits):
     for _ in range(2):
         k_cache.copy_(step.k_cache)  # the new slots NaN again: only the rotary kernel fills them
         v_cache.copy_(step.v_cache)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,block_size,head_dim",
+                         [(32, 8, 16, 128), (12, 4, 32, 128), (8, 8, 16, 64), (16, 2, 16, 256)])
+@pytest.mark.parametrize("per_sm", [1, 3, 40])
+def test_balanced_decode(monkeypatch, num_heads, num_kv_heads, block_size, head_dim, per_sm):
+    """The balanced kernel (programs sharing the launch's KV tiles, units cut between them
+    merged by ticket) against the reference: odd lengths, GQA ratios, block sizes, head
+    sizes, programs fewer than the units (several units a program, each cut) or more than
+    the tiles; in a graph replayed twice, the padding rows zeros and the tickets reset."""
+    monkeypatch.setenv(triton_backend.BALANCED_ENV, "1")
+    monkeypatch.setenv(triton_backend.BALANCED_PER_SM_ENV, str(per_sm))
+    monkeypatch.setattr(triton_backend, "FUSED_UNSPLIT_PROGRAMS_PER_SM", 0)
+    seq_lens = [1, 63, 64, 65, 777, 1040, 3001] + random_lengths(41, 1, 2100, seed=per_sm)
+    step = make_step([1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim,
+                     block_size, pad_tokens=3, seed=5)
+    expected = run(TorchAttentionBackend(), step)
+    backend = TritonAttentionBackend()
+    static = _static_copy(step, step.k_cache.shape[0], step.meta.block_tables.shape[1])
+    static.meta = _graph_meta(static.meta, 4096)
+    (seqs,) = triton_backend._split_decodes(static.meta, len(static.q))
+    launch = triton_backend._plan_launch(static.q, static.k_cache, static.meta, seqs)
+    assert launch.balanced_programs == per_sm * torch.cuda.get_device_properties(
+        0).multi_processor_count
+    run(backend, static, static.k_cache, static.v_cache)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(backend, static, static.k_cache, static.v_cache)
+    for _ in range(2):
         out.fill_(float("nan"))
         graph.replay()
         torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)

@@ -2,6 +2,8 @@
 float32 and float16, each later one in one of them, in turn), against the torch reference:
 the same kernels the GPU compiles, so CI covers them. The compiled, bf16 and CUDA-graph
 cases are in test_triton_backend.py."""
+import os
+
 import pytest
 import torch
 
@@ -18,7 +20,8 @@ pytestmark = interpreter_runs_dot
 # padding rows only the device knows (with splits the reduction must zero them)
 CASES = [
     dict(q_lens=[1, 5, 1, 20], seq_lens=[40, 70, 200, 20], pad_tokens=3),
-    dict(q_lens=[1] * 6, seq_lens=[1, 17, 100, 33, 64, 250]),
+    # the balanced kernel over 5 programs: units cut between programs, merged by ticket
+    dict(q_lens=[1] * 6, seq_lens=[1, 17, 100, 33, 64, 250], balanced_programs=5),
     dict(q_lens=[48], seq_lens=[48]),
     dict(q_lens=[1, 30], seq_lens=[500, 90], num_splits=8),
     dict(q_lens=[1, 1, 1], seq_lens=[40, 300, 7], pad_tokens=5, static=True, num_splits=4),
@@ -37,7 +40,7 @@ TOLERANCE = {"float32": 1e-4, "float16": 2e-3}
 
 
 def check(q_lens, seq_lens, dtype, num_heads=4, num_kv_heads=2, block_size=16, pad_tokens=0,
-          static=False, num_splits=None, mixed_seqs=0):
+          static=False, num_splits=None, mixed_seqs=0, balanced_programs=0):
     step = make_step(q_lens, seq_lens, num_heads, num_kv_heads, head_dim=32,
                      block_size=block_size, dtype=getattr(torch, dtype), pad_tokens=pad_tokens,
                      device="cpu")
@@ -46,13 +49,18 @@ def check(q_lens, seq_lens, dtype, num_heads=4, num_kv_heads=2, block_size=16, p
         step.meta = AttentionMetadata(**{**step.meta.__dict__, "static_shape": True})
     if mixed_seqs:
         step.meta = mixed_graph_metadata(step.meta, len(step.q), mixed_seqs)
-    chooser = triton_backend.choose_num_splits
+    chooser, sms = triton_backend.choose_num_splits, triton_backend.num_sms
     if num_splits is not None:
         triton_backend.choose_num_splits = lambda *args: num_splits
+    if balanced_programs:
+        os.environ[triton_backend.BALANCED_ENV] = "1"
+        os.environ[triton_backend.BALANCED_PER_SM_ENV] = str(balanced_programs)
+        triton_backend.num_sms = lambda device: 1
     try:
         actual = run(triton_backend.TritonAttentionBackend(), step)
     finally:
-        triton_backend.choose_num_splits = chooser
+        triton_backend.choose_num_splits, triton_backend.num_sms = chooser, sms
+        os.environ.pop(triton_backend.BALANCED_ENV, None)
     torch.testing.assert_close(actual, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
