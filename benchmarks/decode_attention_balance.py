@@ -6,7 +6,8 @@ its own KV pool (decode_attention_sweep.Layers: the L2 cache left behind).
 
 Ceilings: "read-paged" streams each (row, KV head)'s K and V tiles through its block table as
 the attention's grid does (a program a (row, KV head), 64-token tiles, the sum of the values
-stored), "read-flat" streams a contiguous buffer of the same bytes (read_ceiling.py's best
+stored), "read-blocks-S" a whole pool block at a time (every KV head's rows of its 16 tokens:
+contiguous), a row's blocks cut in S, "read-flat" streams a contiguous buffer of the same bytes (read_ceiling.py's best
 kernel). --chain: each layer's attention right after the rotary kernel writing its q and its
 new keys and values (rotate_and_write_kv, PDL as the engine launches), as a decode step runs.
 
@@ -46,7 +47,7 @@ VARIANTS = {
     "balanced-w8-3": ({**ON, "PARASHIFT_ATTN_BALANCED_PER_SM": "3"},
                       {"fused_decode_config": (64, 8, 2)}),
 }
-CEILINGS = ("read-paged", "read-flat")
+CEILINGS = ("read-paged", "read-flat", "read-blocks-2", "read-blocks-8")
 
 
 @triton.jit
@@ -77,6 +78,43 @@ def _read_paged_kernel(out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     tl.store(out_ptr + i * tl.num_programs(1) + kv_head, tl.sum(tl.sum(total, 1), 0))
 
 
+@triton.jit
+def _read_blocks_kernel(out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+                        stride_kb, stride_ks, stride_vb, stride_vs, stride_bt,
+                        BLOCK_SIZE: tl.constexpr, ROW: tl.constexpr, STAGES: tl.constexpr):
+    """Sums a row's share of its context's K and V a whole block at a time (every KV head's
+    rows: BLOCK_SIZE x ROW contiguous elements), the row's context cut among the grid's
+    second axis."""
+    i = tl.program_id(0)
+    split = tl.program_id(1)
+    splits = tl.num_programs(1)
+    seq_len = tl.load(seq_lens_ptr + i)
+    blocks = tl.cdiv(seq_len, BLOCK_SIZE)
+    per_split = tl.cdiv(blocks, splits)
+    offs_s = tl.arange(0, BLOCK_SIZE)
+    offs_r = tl.arange(0, ROW)
+    table = block_tables_ptr + i.to(tl.int64) * stride_bt
+    total = tl.zeros([BLOCK_SIZE, ROW], dtype=tl.float32)
+    for b in tl.range(split * per_split, tl.minimum(blocks, (split + 1) * per_split),
+                      num_stages=STAGES):
+        block = tl.load(table + b).to(tl.int64)
+        ok = (b * BLOCK_SIZE + offs_s < seq_len)[:, None]
+        k = tl.load(k_cache_ptr + block * stride_kb + offs_s[:, None] * stride_ks
+                    + offs_r[None, :], mask=ok, other=0.0)
+        v = tl.load(v_cache_ptr + block * stride_vb + offs_s[:, None] * stride_vs
+                    + offs_r[None, :], mask=ok, other=0.0)
+        total += k.to(tl.float32) + v.to(tl.float32)
+    tl.store(out_ptr + i * splits + split, tl.sum(tl.sum(total, 1), 0))
+
+
+def read_blocks(layers: Layers, k, v, out, splits: int) -> None:
+    meta = layers.meta
+    _read_blocks_kernel[(len(layers.q), splits)](
+        out, k, v, meta.block_tables, meta.seq_lens, k.stride(0), k.stride(1), v.stride(0),
+        v.stride(1), meta.block_tables.stride(0), BLOCK_SIZE=k.shape[1],
+        ROW=k.shape[2] * k.shape[3], STAGES=2, num_warps=8)
+
+
 def read_paged(layers: Layers, k, v, out) -> None:
     meta = layers.meta
     _read_paged_kernel[(len(layers.q), k.shape[2])](
@@ -98,6 +136,10 @@ def ceiling_us(layers: Layers, name: str) -> float:
     if name == "read-paged":
         out = torch.empty(len(layers.q) * layers.pools[0][0].shape[2], device="cuda")
         return graph_us(layers, lambda k, v: read_paged(layers, k, v, out))
+    if name.startswith("read-blocks"):  # read-blocks-S: S splits a row
+        splits = int(name.rsplit("-", 1)[1])
+        out = torch.empty(len(layers.q) * splits, device="cuda")
+        return graph_us(layers, lambda k, v: read_blocks(layers, k, v, out, splits))
     flat = [torch.randint(0, 255, (layers.kv_bytes // 2048, 2048), dtype=torch.uint8,
                           device="cuda") for _ in layers.pools]
     out = torch.empty(len(flat[0]), dtype=torch.uint8, device="cuda")
