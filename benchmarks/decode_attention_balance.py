@@ -27,7 +27,8 @@ from benchmarks.decode_attention_sweep import (Layers, copy_bandwidth, patched, 
                                               with_env)
 from parashift.attention import triton_backend
 from parashift.attention.triton_backend import KernelConfig, TritonAttentionBackend
-from parashift.kernels import rotary
+from parashift.attention.metadata import AttentionMetadata
+from parashift.attention.rotate_attend import rotate_write_attend
 
 ON = {"PARASHIFT_ATTN_BALANCED": "1"}
 # name: (environment, triton_backend's names patched: the balanced kernel's config as (KV tile,
@@ -36,6 +37,7 @@ VARIANTS = {
     "fused": ({"PARASHIFT_ATTN_BALANCED": "0"}, {}),
     "fused-one-loop": ({"PARASHIFT_ATTN_BALANCED": "0",
                         "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP": "1"}, {}),
+    "preload-wide": ({"PARASHIFT_ATTN_BALANCED": "0", "PARASHIFT_ATTN_PRELOAD_WIDE": "1"}, {}),
     "balanced-3": ({**ON, "PARASHIFT_ATTN_BALANCED_PER_SM": "3"}, {}),
     "balanced-2": ({**ON, "PARASHIFT_ATTN_BALANCED_PER_SM": "2"}, {}),
     "balanced-3-two-loops": ({**ON, "PARASHIFT_ATTN_BALANCED_PER_SM": "3"},
@@ -44,10 +46,8 @@ VARIANTS = {
                         {"BALANCED_MAX_REGISTERS": 128}),
     "balanced-s3-2": ({**ON, "PARASHIFT_ATTN_BALANCED_PER_SM": "2"},
                       {"fused_decode_config": (64, 4, 3)}),
-    "balanced-w8-3": ({**ON, "PARASHIFT_ATTN_BALANCED_PER_SM": "3"},
-                      {"fused_decode_config": (64, 8, 2)}),
 }
-CEILINGS = ("read-paged", "read-flat", "read-blocks-2", "read-blocks-8")
+CEILINGS = ("read-paged", "read-flat", "read-blocks-8")
 
 
 @triton.jit
@@ -151,7 +151,9 @@ def ceiling_us(layers: Layers, name: str) -> float:
 
 
 class Chain:
-    """Each layer: the rotary kernel writing q and the new token's K and V, then attention."""
+    """Each layer as the engine runs it (attention/rotate_attend.py): the rotary kernel
+    writing q and the new token's K and V, then attention; or both in one launch where the
+    plan takes the preloading kernel (PARASHIFT_ATTN_PRELOAD_WIDE)."""
 
     def __init__(self, layers: Layers):
         q, meta = layers.q, layers.meta
@@ -160,16 +162,18 @@ class Chain:
         self.positions = (meta.seq_lens.long() - 1).clamp(min=0)
         last = self.positions
         block = meta.block_tables.gather(1, (last // meta.block_size)[:, None])[:, 0].long()
-        self.slots = block * meta.block_size + last % meta.block_size
+        self.meta = AttentionMetadata(**{**meta.__dict__,
+                                         "slot_mapping": block * meta.block_size
+                                         + last % meta.block_size})
         self.k = torch.randn(rows, kv_heads, head_dim, device="cuda", dtype=q.dtype)
         self.v = torch.randn_like(self.k)
         angles = torch.rand(int(self.positions.max()) + 1, head_dim // 2, device="cuda")
         self.cos_sin = torch.cat((angles.cos(), angles.sin()), 1)
 
     def attend(self, layers: Layers, backend, k_cache, v_cache):
-        q = rotary.rotate_and_write_kv(self.positions, layers.q, self.k, self.v, self.cos_sin,
-                                       k_cache, v_cache, self.slots)
-        return backend.attend(q, k_cache, v_cache, layers.meta, layers.head_dim ** -0.5)
+        return rotate_write_attend(backend, self.positions, layers.q, self.k, self.v,
+                                   self.cos_sin, k_cache, v_cache, self.meta,
+                                   layers.head_dim ** -0.5)
 
 
 def variant_us(layers: Layers, name: str, chain: "Chain | None") -> tuple[float, torch.Tensor]:

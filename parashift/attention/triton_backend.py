@@ -104,6 +104,9 @@ FUSED_PREFETCH_ENV = "PARASHIFT_ATTN_FUSED_PREFETCH_TILES"
 # `triton_decode_balanced`'s instead: BALANCED_PROGRAMS_PER_SM programs an SM
 # (PARASHIFT_ATTN_BALANCED_PER_SM) share the launch's KV tiles evenly (read at each plan: a
 # graph keeps its capture's)
+# PARASHIFT_ATTN_PRELOAD_WIDE=1: they run `triton_decode_preload`'s kernel instead, its
+# splits merged in it by ticket (each program's first KV tile loaded before its PDL wait)
+PRELOAD_WIDE_ENV = "PARASHIFT_ATTN_PRELOAD_WIDE"
 BALANCED_ENV = "PARASHIFT_ATTN_BALANCED"
 BALANCED_PER_SM_ENV = "PARASHIFT_ATTN_BALANCED_PER_SM"
 BALANCED_PROGRAMS_PER_SM = 3
@@ -490,7 +493,7 @@ class _Launch:
     @property
     def zeroes_padding(self) -> bool:
         """The launch writes zeros to its rows of no sequence (else a fill must)."""
-        return self.partials or self.fused or self.balanced_programs > 0
+        return self.partials or self.fused or self.balanced_programs > 0 or self.preload_merge
 
 
 def _shape(q, k_cache) -> tuple[int, int, int, int]:
@@ -561,6 +564,9 @@ def _plan_fused_decode(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
                                          and _tickets(q.device, programs) is None):
         return None
     config = fused_decode_config(head_dim, group_p, elem_size, rows)
+    if _switch(PRELOAD_WIDE_ENV, "0") and _tickets(q.device, programs) is not None:
+        return _Launch(config, group, group_p, 1, rows, num_splits, False,
+                       context_splits=FUSED_SPLIT_TOKENS, preload=True, preload_merge=True)
     per_sm = balanced_programs_per_sm()
     if per_sm and rows >= 2 and _tickets(q.device, programs) is not None:
         return _Launch(config, group, group_p, 1, rows, 1, False,

@@ -260,7 +260,8 @@ def _graph_meta(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:
 
 
 @pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first",
-                                     "preload", "preload-merge", "balanced"])
+                                     "preload", "preload-merge", "balanced",
+                                     "preload-wide"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     """Decodes whose graph was captured for 32k tokens (32 splits) at contexts from one token
@@ -272,7 +273,8 @@ def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, "1" if variant.endswith("merge") else "0")
     monkeypatch.setattr(triton_backend, "FUSED_HEADS_FIRST", variant.endswith("heads-first"))
     monkeypatch.setenv(triton_backend.BALANCED_ENV, "1" if variant == "balanced" else "0")
-    if variant.startswith("one-launch") or variant == "balanced":
+    monkeypatch.setenv(triton_backend.PRELOAD_WIDE_ENV, "1" if variant == "preload-wide" else "0")
+    if variant.startswith("one-launch") or variant in ("balanced", "preload-wide"):
         monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
     monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 32)
     seq_lens = [1, 100, 129, 1024, 4096, 8191, 30000]
