@@ -366,9 +366,9 @@ def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload, merge, splits):
         torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("num_heads,num_kv_heads,block_size,head_dim",
-                         [(32, 8, 16, 128), (12, 4, 32, 128), (8, 8, 16, 64), (16, 2, 16, 256)])
-@pytest.mark.parametrize("per_sm", [1, 3, 40])
+@pytest.mark.parametrize("num_heads,num_kv_heads,block_size,head_dim,per_sm",
+                         [(32, 8, 16, 128, 3), (32, 8, 16, 128, 40), (12, 4, 32, 128, 1),
+                          (8, 8, 16, 64, 3), (16, 2, 16, 256, 2)])
 def test_balanced_decode(monkeypatch, num_heads, num_kv_heads, block_size, head_dim, per_sm):
     """The balanced kernel (programs sharing the launch's KV tiles, units cut between them
     merged by ticket) against the reference: odd lengths, GQA ratios, block sizes, head
