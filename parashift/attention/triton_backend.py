@@ -31,7 +31,7 @@ import torch
 import triton
 
 from parashift.attention.metadata import AttentionMetadata
-from parashift.attention import triton_decode_balanced, triton_decode_preload
+from parashift.attention import triton_decode_preload
 from parashift.attention.triton_decode import decode_attention_kernel
 from parashift.attention.triton_kernels import (paged_attention_kernel,
                                                 reduce_partitions_kernel, reduce_splits_kernel,
@@ -100,19 +100,9 @@ FUSED_ONE_TILE_LOOP_ENV = "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP"
 # launch: a graph keeps its capture's; 0, the default: none; 2 tiles ran the 8B bf16 b64 step
 # 0.985x on one H200, the KV stream being the whole kernel there; helper dense64)
 FUSED_PREFETCH_ENV = "PARASHIFT_ATTN_FUSED_PREFETCH_TILES"
-# PARASHIFT_ATTN_BALANCED=1: the launches the one-launch kernel would take run
-# `triton_decode_balanced`'s instead: BALANCED_PROGRAMS_PER_SM programs an SM
-# (PARASHIFT_ATTN_BALANCED_PER_SM) share the launch's KV tiles evenly (read at each plan: a
-# graph keeps its capture's)
-# PARASHIFT_ATTN_PRELOAD_WIDE=1: they run `triton_decode_preload`'s kernel instead, its
-# splits merged in it by ticket (each program's first KV tile loaded before its PDL wait)
-PRELOAD_WIDE_ENV = "PARASHIFT_ATTN_PRELOAD_WIDE"
-BALANCED_ENV = "PARASHIFT_ATTN_BALANCED"
-BALANCED_PER_SM_ENV = "PARASHIFT_ATTN_BALANCED_PER_SM"
-BALANCED_PROGRAMS_PER_SM = 3
-BALANCED_ROWS_P = 256  # the rows every launch of at most this many compiles for
-BALANCED_ONE_TILE_LOOP = True  # a program's tiles of a unit in one masked loop
-BALANCED_MAX_REGISTERS = 0  # a thread's, where set (more programs an SM)
+# ... over an FP8 pool, its values read as 16-bit pairs (triton_fp8_values.py) where
+# PARASHIFT_ATTN_FP8_PAIRS is on (read at each launch: a graph keeps its capture's)
+FP8_PAIRS_ENV = "PARASHIFT_ATTN_FP8_PAIRS"
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -195,14 +185,11 @@ def fused_prefetch_tiles() -> int:
     return int(value)
 
 
-def balanced_programs_per_sm() -> int:
-    """0 where PARASHIFT_ATTN_BALANCED is off, else the balanced kernel's programs an SM."""
-    if not _switch(BALANCED_ENV, "0"):
-        return 0
-    value = os.environ.get(BALANCED_PER_SM_ENV, str(BALANCED_PROGRAMS_PER_SM))
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{BALANCED_PER_SM_ENV}={value!r}: expected a positive whole number")
-    return int(value)
+def fp8_pairs(v_cache: torch.Tensor, head_dim: int) -> bool:
+    """Whether a decode launch reads v_cache's FP8 values as pairs (FP8_PAIRS_ENV): a head of
+    a power of two of at least 32 dimensions (each product's width at least 16)."""
+    return (v_cache.element_size() == 1 and head_dim >= 32
+            and head_dim == triton.next_power_of_2(head_dim) and _switch(FP8_PAIRS_ENV, "0"))
 
 
 def preload_enabled() -> bool:
@@ -482,8 +469,6 @@ class _Launch:
     preload: bool = False
     # ... which merges the splits itself (by ticket), where it can take tickets
     preload_merge: bool = False
-    # one-row decodes over this many programs sharing the KV tiles (triton_decode_balanced)
-    balanced_programs: int = 0
 
     @property
     def partials(self) -> bool:
@@ -493,7 +478,7 @@ class _Launch:
     @property
     def zeroes_padding(self) -> bool:
         """The launch writes zeros to its rows of no sequence (else a fill must)."""
-        return self.partials or self.fused or self.balanced_programs > 0 or self.preload_merge
+        return self.partials or self.fused
 
 
 def _shape(q, k_cache) -> tuple[int, int, int, int]:
@@ -564,13 +549,6 @@ def _plan_fused_decode(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
                                          and _tickets(q.device, programs) is None):
         return None
     config = fused_decode_config(head_dim, group_p, elem_size, rows)
-    if _switch(PRELOAD_WIDE_ENV, "0") and _tickets(q.device, programs) is not None:
-        return _Launch(config, group, group_p, 1, rows, num_splits, False,
-                       context_splits=FUSED_SPLIT_TOKENS, preload=True, preload_merge=True)
-    per_sm = balanced_programs_per_sm()
-    if per_sm and rows >= 2 and _tickets(q.device, programs) is not None:
-        return _Launch(config, group, group_p, 1, rows, 1, False,
-                       balanced_programs=per_sm * sms)
     return _Launch(config, group, group_p, 1, rows, num_splits, False, fused=True)
 
 
@@ -610,16 +588,6 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
     preloading launch's)."""
     if launch.fused:
         _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs, launch)
-        return
-    if launch.balanced_programs:
-        triton_decode_balanced.launch(
-            out, q, k_cache, v_cache, meta.block_tables[seqs.first:],
-            meta.seq_lens[seqs.first:], seqs.end - seqs.first, seqs.num_tokens,
-            seqs.token_offset, scale * math.log2(math.e), launch.config, launch.group,
-            launch.group_p, launch.balanced_programs,
-            _tickets(q.device, seqs.num_tokens * k_cache.shape[2]),
-            _dot_precision(q.dtype, False), BALANCED_ROWS_P, BALANCED_ONE_TILE_LOOP,
-            BALANCED_MAX_REGISTERS, pdl.launch_options(q.device))
         return
     num_heads, head_dim = q.shape[1:]
     split = launch.partials
@@ -709,7 +677,8 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         SPLIT_TOKENS=FUSED_SPLIT_TOKENS, DOT_PRECISION=_dot_precision(q.dtype, False),
         HEADS_FIRST=FUSED_HEADS_FIRST, ONE_TILE_LOOP=fused_one_tile_loop(),
         PREFETCH_TILES=fused_prefetch_tiles(), ROW_LINES=row_lines, LINE_ELEMS=line_elems,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(q.device))
+        FP8_PAIRS=fp8_pairs(v_cache, head_dim), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 
 def _dot_precision(dtype: torch.dtype, invariant: bool) -> str:

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from parashift.attention.triton_decode_preload import _prefetch_tiles
+from parashift.attention.triton_fp8_values import attend_tiles_fp8, joined
 from parashift.attention.triton_kernels import NEG_BIG, _attend_tiles, _jit_generic_in
 from parashift.kernels import pdl, split_tickets
 
@@ -89,7 +90,8 @@ def decode_attention_kernel(
         DOT_PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
         ONE_TILE_LOOP: tl.constexpr = True, USE_PDL: tl.constexpr = False,
         PREFETCH_TILES: tl.constexpr = 0, ROW_LINES: tl.constexpr = 1,
-        LINE_ELEMS: tl.constexpr = 64):
+        LINE_ELEMS: tl.constexpr = 64, FP8_PAIRS: tl.constexpr = False):
+    """FP8_PAIRS: an FP8 pool's values read as 16-bit pairs (triton_fp8_values.py)."""
     # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
     i = tl.program_id(1 if HEADS_FIRST else 0)
     kv_head = tl.program_id(0 if HEADS_FIRST else 1)
@@ -144,15 +146,29 @@ def decode_attention_kernel(
     v_base = v_cache_ptr + kv_head * stride_vh
     if ONE_TILE_LOOP:  # the partial last tile in the same pipeline as the others
         mid = lo
+    if FP8_PAIRS:
+        acc_even = tl.zeros([BLOCK_M, HEAD_DIM // 2], dtype=tl.float32)
+        acc_odd = tl.zeros([BLOCK_M, HEAD_DIM // 2], dtype=tl.float32)
+        if not ONE_TILE_LOOP:
+            acc_even, acc_odd, m_i, l_i = attend_tiles_fp8(
+                acc_even, acc_odd, m_i, l_i, q, k_base, v_base, block_table, lo, mid, seq_len,
+                q_pos, qk_scale, stride_kb, stride_ks, stride_vb, stride_vs, False, TILE_N,
+                BLOCK_SIZE, HEAD_DIM, DOT_PRECISION)
+        acc_even, acc_odd, m_i, l_i = attend_tiles_fp8(
+            acc_even, acc_odd, m_i, l_i, q, k_base, v_base, block_table, mid, hi, seq_len,
+            q_pos, qk_scale, stride_kb, stride_ks, stride_vb, stride_vs, True, TILE_N,
+            BLOCK_SIZE, HEAD_DIM, DOT_PRECISION)
+        acc = joined(acc_even, acc_odd, BLOCK_M, HEAD_DIM)
     else:
-        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, mid,
-                                      seq_len, q_pos, qk_scale, stride_kb, stride_ks,
-                                      stride_vb, stride_vs, False, TILE_N, BLOCK_SIZE,
-                                      HEAD_DIM, HEAD_DIM_P, DOT_PRECISION)
-    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, mid, hi,
-                                  seq_len, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
-                                  stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
-                                  DOT_PRECISION)
+        if not ONE_TILE_LOOP:
+            acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo,
+                                          mid, seq_len, q_pos, qk_scale, stride_kb, stride_ks,
+                                          stride_vb, stride_vs, False, TILE_N, BLOCK_SIZE,
+                                          HEAD_DIM, HEAD_DIM_P, DOT_PRECISION)
+        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, mid, hi,
+                                      seq_len, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
+                                      stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
+                                      DOT_PRECISION)
     pdl.inputs_read(USE_PDL)
     o_rows = out_ptr + token * stride_ot + row_head * stride_oh
     if num_splits == 1:

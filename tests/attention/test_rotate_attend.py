@@ -28,7 +28,7 @@ TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-2}
 
 
 def check(seq_lens, num_heads, num_kv_heads, head_dim, dtype, device="cpu", pad=0,
-          norms=False, merge=False, wide=False):
+          norms=False, merge=False):
     torch_dtype = getattr(torch, dtype)
     step = make_step([1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim,
                      dtype=torch_dtype, pad_tokens=pad, device=device)
@@ -53,15 +53,12 @@ def check(seq_lens, num_heads, num_kv_heads, head_dim, dtype, device="cpu", pad=
     backend = triton_backend.TritonAttentionBackend()
     chooser = triton_backend.choose_num_splits
     os.environ[triton_backend.PRELOAD_MERGE_ENV] = "1" if merge else "0"
-    os.environ[triton_backend.PRELOAD_WIDE_ENV] = "1" if wide else "0"
     tol = TOLERANCE[dtype]
-    try:  # 16 splits: RoPE in the preloading kernel; 4 and 1 (the one-launch kernel's): before
-        # it, or in it too where `wide` (PARASHIFT_ATTN_PRELOAD_WIDE)
-        for splits in (16, 4, 1) if wide else (16, 4):
+    try:  # 16 splits: RoPE in the preloading kernel; 4 (the one-launch kernel's): before it
+        for splits in (16, 4):
             triton_backend.choose_num_splits = lambda *args: splits
             k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
-            assert backend.rope_launch(step.q, k_cache, meta)[1].preload == (splits == 16
-                                                                             or wide)
+            assert backend.rope_launch(step.q, k_cache, meta)[1].preload == (splits == 16)
             actual = rotate_write_attend(backend, positions, step.q, step.k, step.v, cos_sin,
                                          k_cache, v_cache, meta, scale,
                                          None if not norms else (*weights, 1e-6))
@@ -71,17 +68,8 @@ def check(seq_lens, num_heads, num_kv_heads, head_dim, dtype, device="cpu", pad=
     finally:
         triton_backend.choose_num_splits = chooser
         del os.environ[triton_backend.PRELOAD_MERGE_ENV]
-        del os.environ[triton_backend.PRELOAD_WIDE_ENV]
 
 test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True)
-
-
-@cuda
-def test_wide_preload_on_8b_heads():
-    """PARASHIFT_ATTN_PRELOAD_WIDE=1: the launches of the one-launch kernel (1 and 4 splits)
-    take the preloading kernel, RoPE and the KV write in it (8B heads, bf16, padding rows)."""
-    check([1, 63, 64, 65, 1040, 3000, 17, 129], 32, 8, 128, "bfloat16", device="cuda", pad=3,
-          wide=True)
 
 
 @cuda

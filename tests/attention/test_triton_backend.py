@@ -260,8 +260,7 @@ def _graph_meta(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:
 
 
 @pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first",
-                                     "preload", "preload-merge", "balanced",
-                                     "preload-wide"])
+                                     "one-launch-fp8-pairs", "preload", "preload-merge"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     """Decodes whose graph was captured for 32k tokens (32 splits) at contexts from one token
@@ -272,9 +271,8 @@ def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     monkeypatch.setenv(triton_backend.FUSED_REDUCE_ENV, "0" if variant == "two-launch" else "1")
     monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, "1" if variant.endswith("merge") else "0")
     monkeypatch.setattr(triton_backend, "FUSED_HEADS_FIRST", variant.endswith("heads-first"))
-    monkeypatch.setenv(triton_backend.BALANCED_ENV, "1" if variant == "balanced" else "0")
-    monkeypatch.setenv(triton_backend.PRELOAD_WIDE_ENV, "1" if variant == "preload-wide" else "0")
-    if variant.startswith("one-launch") or variant in ("balanced", "preload-wide"):
+    monkeypatch.setenv(triton_backend.FP8_PAIRS_ENV, "1" if variant.endswith("pairs") else "0")
+    if variant.startswith("one-launch"):
         monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
     monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 32)
     seq_lens = [1, 100, 129, 1024, 4096, 8191, 30000]
@@ -366,33 +364,39 @@ def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload, merge, splits):
         torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("num_heads,num_kv_heads,block_size,head_dim,per_sm",
-                         [(32, 8, 16, 128, 3), (32, 8, 16, 128, 40), (12, 4, 32, 128, 1),
-                          (8, 8, 16, 64, 3), (16, 2, 16, 256, 2)])
-def test_balanced_decode(monkeypatch, num_heads, num_kv_heads, block_size, head_dim, per_sm):
-    """The balanced kernel (programs sharing the launch's KV tiles, units cut between them
-    merged by ticket) against the reference: odd lengths, GQA ratios, block sizes, head
-    sizes, programs fewer than the units (several units a program, each cut) or more than
-    the tiles; in a graph replayed twice, the padding rows zeros and the tickets reset."""
-    monkeypatch.setenv(triton_backend.BALANCED_ENV, "1")
-    monkeypatch.setenv(triton_backend.BALANCED_PER_SM_ENV, str(per_sm))
-    monkeypatch.setattr(triton_backend, "FUSED_UNSPLIT_PROGRAMS_PER_SM", 0)
-    seq_lens = [1, 63, 64, 65, 777, 1040, 3001] + random_lengths(41, 1, 2100, seed=per_sm)
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size,splits",
+                         [(32, 8, 128, 16, 1), (32, 8, 128, 16, 4), (12, 4, 64, 32, 2),
+                          (16, 2, 256, 16, 1), (8, 8, 32, 16, 8)])
+@pytest.mark.parametrize("one_tile_loop", [False, True])
+def test_fp8_pairs_decode(monkeypatch, num_heads, num_kv_heads, head_dim, block_size, splits,
+                          one_tile_loop):
+    """The one-launch kernel over an FP8 pool, its values read as 16-bit pairs
+    (PARASHIFT_ATTN_FP8_PAIRS), against the reference on the pool upcast: odd lengths, GQA
+    ratios, head sizes, block sizes, split counts, one tile loop or two, in a graph replayed
+    twice (the padding rows zeros, the tickets reset)."""
+    monkeypatch.setenv(triton_backend.FP8_PAIRS_ENV, "1")
+    monkeypatch.setattr(triton_backend, "FUSED_ONE_TILE_LOOP", one_tile_loop)
+    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: splits)
+    monkeypatch.setattr(triton_backend, "FUSED_UNSPLIT_PROGRAMS_PER_SM", 1 << 30)
+    seq_lens = [1, 63, 64, 65, 777, 1040, 3001] + random_lengths(25, 1, 2100, seed=splits)
     step = make_step([1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim,
-                     block_size, pad_tokens=3, seed=5)
-    expected = run(TorchAttentionBackend(), step)
+                     block_size, pad_tokens=3, seed=9)
+    k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+    TritonAttentionBackend().write_kv(step.k, step.v, k_cache, v_cache, step.meta)
+    k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+    scale = head_dim ** -0.5
+    expected = TorchAttentionBackend().attend(step.q, k_cache.to(step.q.dtype),
+                                              v_cache.to(step.q.dtype), step.meta, scale)
+    meta = _graph_meta(step.meta, 4096)
+    (seqs,) = triton_backend._split_decodes(meta, len(step.q))
+    assert triton_backend._plan_launch(step.q, k_cache, meta, seqs).fused
+    assert triton_backend.fp8_pairs(v_cache, head_dim)
     backend = TritonAttentionBackend()
-    static = _static_copy(step, step.k_cache.shape[0], step.meta.block_tables.shape[1])
-    static.meta = _graph_meta(static.meta, 4096)
-    (seqs,) = triton_backend._split_decodes(static.meta, len(static.q))
-    launch = triton_backend._plan_launch(static.q, static.k_cache, static.meta, seqs)
-    assert launch.balanced_programs == per_sm * torch.cuda.get_device_properties(
-        0).multi_processor_count
-    run(backend, static, static.k_cache, static.v_cache)
+    backend.attend(step.q, k_cache, v_cache, meta, scale)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = run(backend, static, static.k_cache, static.v_cache)
+        out = backend.attend(step.q, k_cache, v_cache, meta, scale)
     for _ in range(2):
         out.fill_(float("nan"))
         graph.replay()

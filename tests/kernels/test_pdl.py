@@ -12,8 +12,7 @@ import pytest
 import torch
 import triton
 
-from parashift.attention import (triton_decode, triton_decode_balanced, triton_decode_preload,
-                                 triton_kernels)
+from parashift.attention import triton_decode, triton_decode_preload, triton_kernels
 from parashift.kernels import (argmax, fp8_gemm, fp8_gemv, fused_moe, gemm_timing, moe_prefill,
                                moe_norm_router, moe_router, moe_routing, moe_small, pdl,
                                rmsnorm, rotary, silu_mul, skinny_gemm)
@@ -263,13 +262,16 @@ KERNELS = {
             GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
             HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
             HEADS_FIRST=False, ONE_TILE_LOOP=True, PREFETCH_TILES=0, ROW_LINES=1,
-            LINE_ELEMS=64), False),
-    "balanced_decode": (triton_decode_balanced.balanced_decode_kernel, {
+            LINE_ELEMS=64, FP8_PAIRS=False), False),
+    "decode_attention_fp8_pairs": (triton_decode.decode_attention_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "ticket_ptr": torch.int32, "block_tables_ptr": torch.int32,
-        "seq_lens_ptr": torch.int32}, ("qk_scale",), dict(
-            NUM_KV_HEADS=8, GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16,
-            HEAD_DIM=128, HEAD_DIM_P=128, ROWS_P=256, DOT_PRECISION="tf32"), False),
+        "seq_lens_ptr": torch.int32, "query_start_loc_ptr": torch.int32, "k_cache_ptr": FP8,
+        "v_cache_ptr": FP8}, ("qk_scale",), dict(
+            GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
+            HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
+            HEADS_FIRST=False, ONE_TILE_LOOP=True, PREFETCH_TILES=0, ROW_LINES=1,
+            LINE_ELEMS=64, FP8_PAIRS=True), False),
     "reduce_splits": (triton_kernels.reduce_splits_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32,
@@ -307,7 +309,7 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 # their inputs' reads, before those
 READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets",
              "fp8_weight_tickets", "fp8_weight_early_scales", "moe_router", "moe_norm_router",
-             "decode_attention", "preloaded_decode_merge"}
+             "decode_attention", "decode_attention_fp8_pairs", "preloaded_decode_merge"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
 # byte a load; the activations are bf16), and nothing else touches memory
@@ -317,7 +319,7 @@ WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global(\.L[12]::[\w:]+)*\.b8
 # no other way there: the norm weight; positions, cos, sin and slots; a decode's metadata,
 # block table and older KV
 LOADS_FIRST = {"rms_norm_fp8", "rotary", "rotary_qk_norm", "moe_norm_router", "decode_attention",
-               "balanced_decode",
+               "decode_attention_fp8_pairs",
                "preloaded_decode", "preloaded_decode_rope", "preloaded_decode_merge", "reduce_splits"}
 
 

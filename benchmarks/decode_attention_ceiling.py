@@ -1,18 +1,23 @@
 """Decode attention at 64-256 rows against the KV bandwidth: the one-launch kernel
-(triton_decode.py) against the balanced kernel (triton_decode_balanced.py, its programs an SM
-and tile configurations) and against kernels that only read the same bytes (the ceilings), µs
-a layer in CUDA graphs over the engine's paged layout (block 16, shuffled pages), each layer
-its own KV pool (decode_attention_sweep.Layers: the L2 cache left behind).
+(triton_decode.py) in its variants (one tile loop; over an FP8 pool its values read as pairs,
+triton_fp8_values.py, and the KV tile) against kernels that only read the same bytes (the
+ceilings), µs a layer in CUDA graphs over the engine's paged layout (block 16, shuffled
+pages), each layer its own KV pool (decode_attention_sweep.Layers: the L2 cache left behind).
 
 Ceilings: "read-paged" streams each (row, KV head)'s K and V tiles through its block table as
 the attention's grid does (a program a (row, KV head), 64-token tiles, the sum of the values
 stored), "read-blocks-S" a whole pool block at a time (every KV head's rows of its 16 tokens:
-contiguous), a row's blocks cut in S, "read-flat" streams a contiguous buffer of the same bytes (read_ceiling.py's best
-kernel). --chain: each layer's attention right after the rotary kernel writing its q and its
-new keys and values (rotate_and_write_kv, PDL as the engine launches), as a decode step runs.
+contiguous), a row's blocks cut in S, "read-flat" streams a contiguous buffer of the same
+bytes (read_ceiling.py's kernel, 8 rows of 16 KB a program). --chain: each layer as the
+engine runs it (attention/rotate_attend.py: the rotary kernel writing q and the new token's K
+and V, then attention; PDL as the engine launches).
 
-Usage (GPU): python3 benchmarks/decode_attention_balance.py --cells 64x1040 256x1040 \
-    [--graph-len 2048] [--variants fused balanced-3 ...] [--chain] [--kv-cache-dtype fp8] \
+Session 47's first call also timed a stream-K kernel (programs sharing the launch's KV tiles
+evenly, cut units merged by ticket) and the preloading kernel at these batches: both slower,
+removed (docs/benchmark_log.md, helper attn64).
+
+Usage (GPU): python3 benchmarks/decode_attention_ceiling.py --cells 64x1040 256x1040 \
+    [--graph-len 2048] [--variants fused fp8-pairs ...] [--chain] [--kv-cache-dtype fp8] \
     [--output rows.json]"""
 import argparse
 import json
@@ -30,24 +35,21 @@ from parashift.attention.triton_backend import KernelConfig, TritonAttentionBack
 from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.rotate_attend import rotate_write_attend
 
-ON = {"PARASHIFT_ATTN_BALANCED": "1"}
-# name: (environment, triton_backend's names patched: the balanced kernel's config as (KV tile,
-# warps, stages), its one masked tile loop, its registers a thread)
+PAIRS = {"PARASHIFT_ATTN_FP8_PAIRS": "1"}
+# name: (environment, triton_backend's names patched: the one-launch kernel's config as (KV
+# tile, warps, stages))
 VARIANTS = {
-    "fused": ({"PARASHIFT_ATTN_BALANCED": "0"}, {}),
-    "fused-one-loop": ({"PARASHIFT_ATTN_BALANCED": "0",
+    "fused": ({"PARASHIFT_ATTN_FP8_PAIRS": "0"}, {}),
+    "fused-one-loop": ({"PARASHIFT_ATTN_FP8_PAIRS": "0",
                         "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP": "1"}, {}),
-    "preload-wide": ({"PARASHIFT_ATTN_BALANCED": "0", "PARASHIFT_ATTN_PRELOAD_WIDE": "1"}, {}),
-    "balanced-3": ({**ON, "PARASHIFT_ATTN_BALANCED_PER_SM": "3"}, {}),
-    "balanced-2": ({**ON, "PARASHIFT_ATTN_BALANCED_PER_SM": "2"}, {}),
-    "balanced-3-two-loops": ({**ON, "PARASHIFT_ATTN_BALANCED_PER_SM": "3"},
-                             {"BALANCED_ONE_TILE_LOOP": False}),
-    "balanced-4-r128": ({**ON, "PARASHIFT_ATTN_BALANCED_PER_SM": "4"},
-                        {"BALANCED_MAX_REGISTERS": 128}),
-    "balanced-s3-2": ({**ON, "PARASHIFT_ATTN_BALANCED_PER_SM": "2"},
-                      {"fused_decode_config": (64, 4, 3)}),
+    "fp8-pairs": (PAIRS, {}),
+    "fp8-pairs-one-loop": ({**PAIRS, "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP": "1"}, {}),
+    "fp8-pairs-t128": (PAIRS, {"fused_decode_config": (128, 4, 2)}),
+    "fp8-pairs-t128-w8": (PAIRS, {"fused_decode_config": (128, 8, 2)}),
+    "fp8-pairs-s3": (PAIRS, {"fused_decode_config": (64, 4, 3)}),
 }
 CEILINGS = ("read-paged", "read-flat", "read-blocks-8")
+FLAT_ROW = 16384  # bytes: read_ceiling.py's 1 GiB shape's rows (its best: 8 rows a program)
 
 
 @triton.jit
@@ -140,7 +142,7 @@ def ceiling_us(layers: Layers, name: str) -> float:
         splits = int(name.rsplit("-", 1)[1])
         out = torch.empty(len(layers.q) * splits, device="cuda")
         return graph_us(layers, lambda k, v: read_blocks(layers, k, v, out, splits))
-    flat = [torch.randint(0, 255, (layers.kv_bytes // 2048, 2048), dtype=torch.uint8,
+    flat = [torch.randint(0, 255, (layers.kv_bytes // FLAT_ROW, FLAT_ROW), dtype=torch.uint8,
                           device="cuda") for _ in layers.pools]
     out = torch.empty(len(flat[0]), dtype=torch.uint8, device="cuda")
     pools, layers.pools = layers.pools, [(w, None) for w in flat]
@@ -153,7 +155,7 @@ def ceiling_us(layers: Layers, name: str) -> float:
 class Chain:
     """Each layer as the engine runs it (attention/rotate_attend.py): the rotary kernel
     writing q and the new token's K and V, then attention; or both in one launch where the
-    plan takes the preloading kernel (PARASHIFT_ATTN_PRELOAD_WIDE)."""
+    plan takes the preloading kernel."""
 
     def __init__(self, layers: Layers):
         q, meta = layers.q, layers.meta
@@ -199,10 +201,9 @@ def variant_us(layers: Layers, name: str, chain: "Chain | None") -> tuple[float,
 
 def kernel_resources() -> list[dict]:
     """Registers and shared memory of the decode kernels compiled so far."""
-    from parashift.attention import triton_decode, triton_decode_balanced
+    from parashift.attention import triton_decode
     found = []
     for name, fn in (("fused", triton_decode.decode_attention_kernel),
-                     ("balanced", triton_decode_balanced.balanced_decode_kernel),
                      ("read-paged", _read_paged_kernel)):
         try:
             for cache in fn.device_caches.values():
