@@ -100,8 +100,9 @@ FUSED_ONE_TILE_LOOP_ENV = "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP"
 # launch: a graph keeps its capture's; 0, the default: none; 2 tiles ran the 8B bf16 b64 step
 # 0.985x on one H200, the KV stream being the whole kernel there; helper dense64)
 FUSED_PREFETCH_ENV = "PARASHIFT_ATTN_FUSED_PREFETCH_TILES"
-# ... over an FP8 pool, its values read as 16-bit pairs (triton_fp8_values.py) where
-# PARASHIFT_ATTN_FP8_PAIRS is on (read at each launch: a graph keeps its capture's)
+# Decode launches over an FP8 pool (the one-launch kernel's and the preloading split kernel's)
+# read its values as 16-bit pairs (triton_fp8_values.py) where PARASHIFT_ATTN_FP8_PAIRS is on
+# (read at each launch: a graph keeps its capture's)
 FP8_PAIRS_ENV = "PARASHIFT_ATTN_FP8_PAIRS"
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
@@ -610,7 +611,8 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             part_acc, part_m, part_l, q, k_cache, v_cache, meta.block_tables[seqs.first:],
             meta.seq_lens[seqs.first:], query_start_loc, num_seqs, seqs.token_offset,
             scale * math.log2(math.e), cfg, launch.group, launch.group_p, seqs.num_tokens,
-            launch.num_splits, _dot_precision(q.dtype, False), rope, out, tickets)
+            launch.num_splits, _dot_precision(q.dtype, False), rope, out, tickets,
+            fp8_pairs(v_cache, head_dim))
         if tickets is not None:  # merged in the launch
             return
     else:

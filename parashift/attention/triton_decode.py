@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from parashift.attention.triton_decode_preload import _prefetch_tiles
-from parashift.attention.triton_fp8_values import attend_tiles_fp8, joined
+from parashift.attention.triton_fp8_values import attend_tiles_fp8, joined, zero_halves
 from parashift.attention.triton_kernels import NEG_BIG, _attend_tiles, _jit_generic_in
 from parashift.kernels import pdl, split_tickets
 
@@ -147,8 +147,7 @@ def decode_attention_kernel(
     if ONE_TILE_LOOP:  # the partial last tile in the same pipeline as the others
         mid = lo
     if FP8_PAIRS:
-        acc_even = tl.zeros([BLOCK_M, HEAD_DIM // 2], dtype=tl.float32)
-        acc_odd = tl.zeros([BLOCK_M, HEAD_DIM // 2], dtype=tl.float32)
+        acc_even, acc_odd = zero_halves(BLOCK_M, HEAD_DIM)
         if not ONE_TILE_LOOP:
             acc_even, acc_odd, m_i, l_i = attend_tiles_fp8(
                 acc_even, acc_odd, m_i, l_i, q, k_base, v_base, block_table, lo, mid, seq_len,

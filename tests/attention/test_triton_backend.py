@@ -260,16 +260,18 @@ def _graph_meta(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:
 
 
 @pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first",
-                                     "one-launch-fp8-pairs", "preload", "preload-merge"])
+                                     "one-launch-fp8-pairs", "preload", "preload-merge",
+                                     "preload-fp8-pairs", "preload-merge-fp8-pairs"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     """Decodes whose graph was captured for 32k tokens (32 splits) at contexts from one token
     up: the one-launch kernel (at any split count here) takes as many splits as each context
     needs, merges them in the split programs and zeroes the padding rows; so does the
     preloading split kernel (its splits of many tiles prefetched), merged by the reduction or
-    in the kernel; FP8 pools read as their values."""
+    in the kernel; FP8 pools read as their values (the "fp8-pairs" variants: values read as
+    16-bit pairs, PARASHIFT_ATTN_FP8_PAIRS)."""
     monkeypatch.setenv(triton_backend.FUSED_REDUCE_ENV, "0" if variant == "two-launch" else "1")
-    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, "1" if variant.endswith("merge") else "0")
+    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, "1" if "merge" in variant else "0")
     monkeypatch.setattr(triton_backend, "FUSED_HEADS_FIRST", variant.endswith("heads-first"))
     monkeypatch.setenv(triton_backend.FP8_PAIRS_ENV, "1" if variant.endswith("pairs") else "0")
     if variant.startswith("one-launch"):
