@@ -44,9 +44,13 @@ VARIANTS = {
                         "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP": "1"}, {}),
     "fp8-pairs": (PAIRS, {}),
     "fp8-pairs-one-loop": ({**PAIRS, "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP": "1"}, {}),
+    "fp8-pairs-s2": (PAIRS, {"fused_decode_config": (64, 4, 2)}),
+    "fp8-pairs-s4": (PAIRS, {"fused_decode_config": (64, 4, 4)}),
     "fp8-pairs-t128": (PAIRS, {"fused_decode_config": (128, 4, 2)}),
+    "fp8-pairs-t128-s3": (PAIRS, {"fused_decode_config": (128, 4, 3)}),
     "fp8-pairs-t128-w8": (PAIRS, {"fused_decode_config": (128, 8, 2)}),
     "fp8-pairs-s3": (PAIRS, {"fused_decode_config": (64, 4, 3)}),
+    "fused-s3": ({"PARASHIFT_ATTN_FP8_PAIRS": "0"}, {"fused_decode_config": (64, 4, 3)}),
 }
 CEILINGS = ("read-paged", "read-flat", "read-blocks-8")
 FLAT_ROW = 16384  # bytes: read_ceiling.py's 1 GiB shape's rows (its best: 8 rows a program)

@@ -157,15 +157,18 @@ def decode_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
                         num_stages=3 if elem_size <= 2 else 2)
 
 
-def fused_decode_config(head_dim: int, group_p: int, elem_size: int,
-                        rows: int) -> KernelConfig:
+def fused_decode_config(head_dim: int, group_p: int, elem_size: int, rows: int,
+                        pairs: bool = False) -> KernelConfig:
     """The one-launch decode kernel's for `rows` decodes: one query row per head of the
     group, two stages (on an H200, 8B heads, context 1,024, one split: 65.8 against three
     stages' 67.1 µs at batch 64, 246 against 252 at 256; KV tiles of 32 or 16 tokens
-    slower; benchmarks/decode_attention_sweep.py --configs, session 44)."""
+    slower; benchmarks/decode_attention_sweep.py --configs, session 44); three over an FP8
+    pool read as pairs (`pairs`; the next tiles' block table entries loaded a tile earlier:
+    on an H200, 8B heads, 67.5 against 80.4 µs at b64 x 1,040, 243.7 against 295.0 at b8 x
+    32k, 244.6 against 234.0 at b256 x 1,040; session 47, helper attn64)."""
     config = decode_config(head_dim, group_p, elem_size)
     return KernelConfig(config.block_m, config.tile_n, config.num_warps,
-                        min(2, config.num_stages))
+                        3 if pairs else min(2, config.num_stages))
 
 
 def fused_reduce_enabled() -> bool:
@@ -549,7 +552,8 @@ def _plan_fused_decode(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     if num_splits > FUSED_MAX_SPLITS or (num_splits > 1
                                          and _tickets(q.device, programs) is None):
         return None
-    config = fused_decode_config(head_dim, group_p, elem_size, rows)
+    config = fused_decode_config(head_dim, group_p, elem_size, rows,
+                                 fp8_pairs(k_cache, head_dim))
     return _Launch(config, group, group_p, 1, rows, num_splits, False, fused=True)
 
 
