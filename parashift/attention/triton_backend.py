@@ -104,6 +104,7 @@ FUSED_PREFETCH_ENV = "PARASHIFT_ATTN_FUSED_PREFETCH_TILES"
 # read its values as 16-bit pairs (triton_fp8_values.py) where PARASHIFT_ATTN_FP8_PAIRS is on
 # (read at each launch: a graph keeps its capture's)
 FP8_PAIRS_ENV = "PARASHIFT_ATTN_FP8_PAIRS"
+PAIRS_TWO_STAGE_PROGRAMS = 8  # ... in 2 stages from this many programs an SM, else 3
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -158,17 +159,20 @@ def decode_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
 
 
 def fused_decode_config(head_dim: int, group_p: int, elem_size: int, rows: int,
-                        pairs: bool = False) -> KernelConfig:
+                        pairs: bool = False, programs_per_sm: float = 0.0) -> KernelConfig:
     """The one-launch decode kernel's for `rows` decodes: one query row per head of the
     group, two stages (on an H200, 8B heads, context 1,024, one split: 65.8 against three
     stages' 67.1 µs at batch 64, 246 against 252 at 256; KV tiles of 32 or 16 tokens
-    slower; benchmarks/decode_attention_sweep.py --configs, session 44); three over an FP8
-    pool read as pairs (`pairs`; the next tiles' block table entries loaded a tile earlier:
-    on an H200, 8B heads, 67.5 against 80.4 µs at b64 x 1,040, 243.7 against 295.0 at b8 x
-    32k, 244.6 against 234.0 at b256 x 1,040; session 47, helper attn64)."""
+    slower; benchmarks/decode_attention_sweep.py --configs, session 44); over an FP8 pool read
+    as pairs (`pairs`), three where the launch has fewer than PAIRS_TWO_STAGE_PROGRAMS programs
+    an SM (the next tiles' block table entries loaded a tile earlier: on an H200, 8B heads,
+    67.5 against 80.4 µs at b64 x 1,040 and 243.7 against 295.0 at b8 x 32k, ~3.9 programs an
+    SM each; at b256 x 1,040, 15.5 an SM, 244.6 against 234.0; session 47, helper attn64)."""
     config = decode_config(head_dim, group_p, elem_size)
-    return KernelConfig(config.block_m, config.tile_n, config.num_warps,
-                        3 if pairs else min(2, config.num_stages))
+    stages = min(2, config.num_stages)
+    if pairs and programs_per_sm < PAIRS_TWO_STAGE_PROGRAMS:
+        stages = 3
+    return KernelConfig(config.block_m, config.tile_n, config.num_warps, stages)
 
 
 def fused_reduce_enabled() -> bool:
@@ -553,7 +557,7 @@ def _plan_fused_decode(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
                                          and _tickets(q.device, programs) is None):
         return None
     config = fused_decode_config(head_dim, group_p, elem_size, rows,
-                                 fp8_pairs(k_cache, head_dim))
+                                 fp8_pairs(k_cache, head_dim), programs * num_splits / sms)
     return _Launch(config, group, group_p, 1, rows, num_splits, False, fused=True)
 
 
