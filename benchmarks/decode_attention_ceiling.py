@@ -39,11 +39,12 @@ PAIRS = {"PARASHIFT_ATTN_FP8_PAIRS": "1"}
 # name: (environment, triton_backend's names patched: the one-launch kernel's config as (KV
 # tile, warps, stages))
 VARIANTS = {
-    "fused": ({"PARASHIFT_ATTN_FP8_PAIRS": "0"}, {}),
+    "fused": ({"PARASHIFT_ATTN_FP8_PAIRS": "0"}, {}),  # the pairs' switch off (bf16: no matter)
     "fused-one-loop": ({"PARASHIFT_ATTN_FP8_PAIRS": "0",
                         "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP": "1"}, {}),
     "fp8-pairs": (PAIRS, {}),
     "fp8-pairs-one-loop": ({**PAIRS, "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP": "1"}, {}),
+    "fp8-pairs-f16": ({**PAIRS, "PARASHIFT_ATTN_FP8_F16": "1"}, {}),
     "fp8-pairs-s2": (PAIRS, {"fused_decode_config": (64, 4, 2)}),
     "fp8-pairs-s4": (PAIRS, {"fused_decode_config": (64, 4, 4)}),
     "fp8-pairs-t128": (PAIRS, {"fused_decode_config": (128, 4, 2)}),

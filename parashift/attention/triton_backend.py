@@ -105,6 +105,9 @@ FUSED_PREFETCH_ENV = "PARASHIFT_ATTN_FUSED_PREFETCH_TILES"
 # (read at each launch: a graph keeps its capture's)
 FP8_PAIRS_ENV = "PARASHIFT_ATTN_FP8_PAIRS"
 PAIRS_TWO_STAGE_PROGRAMS = 8  # ... in 2 stages from this many programs an SM, else 3
+# ... and with PARASHIFT_ATTN_FP8_F16=1 the one-launch kernel's products in fp16 (read at each
+# launch)
+FP8_F16_ENV = "PARASHIFT_ATTN_FP8_F16"
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -687,7 +690,8 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         SPLIT_TOKENS=FUSED_SPLIT_TOKENS, DOT_PRECISION=_dot_precision(q.dtype, False),
         HEADS_FIRST=FUSED_HEADS_FIRST, ONE_TILE_LOOP=fused_one_tile_loop(),
         PREFETCH_TILES=fused_prefetch_tiles(), ROW_LINES=row_lines, LINE_ELEMS=line_elems,
-        FP8_PAIRS=fp8_pairs(v_cache, head_dim), num_warps=cfg.num_warps,
+        FP8_PAIRS=fp8_pairs(v_cache, head_dim),
+        FP8_F16=fp8_pairs(v_cache, head_dim) and _switch(FP8_F16_ENV, "0"), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 

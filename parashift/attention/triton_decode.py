@@ -90,8 +90,10 @@ def decode_attention_kernel(
         DOT_PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
         ONE_TILE_LOOP: tl.constexpr = True, USE_PDL: tl.constexpr = False,
         PREFETCH_TILES: tl.constexpr = 0, ROW_LINES: tl.constexpr = 1,
-        LINE_ELEMS: tl.constexpr = 64, FP8_PAIRS: tl.constexpr = False):
-    """FP8_PAIRS: an FP8 pool's values read as 16-bit pairs (triton_fp8_values.py)."""
+        LINE_ELEMS: tl.constexpr = 64, FP8_PAIRS: tl.constexpr = False,
+        FP8_F16: tl.constexpr = False):
+    """FP8_PAIRS: an FP8 pool's values read as 16-bit pairs (triton_fp8_values.py); FP8_F16:
+    its products in fp16 (one conversion from E4M3, not two), q clamped to fp16's range."""
     # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
     i = tl.program_id(1 if HEADS_FIRST else 0)
     kv_head = tl.program_id(0 if HEADS_FIRST else 1)
@@ -147,6 +149,8 @@ def decode_attention_kernel(
     if ONE_TILE_LOOP:  # the partial last tile in the same pipeline as the others
         mid = lo
     if FP8_PAIRS:
+        if FP8_F16:
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         acc_even, acc_odd = zero_halves(BLOCK_M, HEAD_DIM)
         if not ONE_TILE_LOOP:
             acc_even, acc_odd, m_i, l_i = attend_tiles_fp8(

@@ -371,12 +371,13 @@ def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload, merge, splits):
                           (16, 2, 256, 16, 1), (8, 8, 32, 16, 8)])
 @pytest.mark.parametrize("one_tile_loop", [False, True])
 def test_fp8_pairs_decode(monkeypatch, num_heads, num_kv_heads, head_dim, block_size, splits,
-                          one_tile_loop):
+                          one_tile_loop, f16="0"):
     """The one-launch kernel over an FP8 pool, its values read as 16-bit pairs
     (PARASHIFT_ATTN_FP8_PAIRS), against the reference on the pool upcast: odd lengths, GQA
     ratios, head sizes, block sizes, split counts, one tile loop or two, in a graph replayed
     twice (the padding rows zeros, the tickets reset)."""
     monkeypatch.setenv(triton_backend.FP8_PAIRS_ENV, "1")
+    monkeypatch.setenv(triton_backend.FP8_F16_ENV, f16)
     monkeypatch.setattr(triton_backend, "FUSED_ONE_TILE_LOOP", one_tile_loop)
     monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: splits)
     monkeypatch.setattr(triton_backend, "FUSED_UNSPLIT_PROGRAMS_PER_SM", 1 << 30)
@@ -403,3 +404,10 @@ def test_fp8_pairs_decode(monkeypatch, num_heads, num_kv_heads, head_dim, block_
         out.fill_(float("nan"))
         graph.replay()
         torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_fp8_pairs_f16_decode(monkeypatch, splits):
+    """PARASHIFT_ATTN_FP8_F16=1: the pairs' products in fp16 (8B heads), against the
+    reference as test_fp8_pairs_decode."""
+    test_fp8_pairs_decode(monkeypatch, 32, 8, 128, 16, splits, True, f16="1")

@@ -262,7 +262,7 @@ KERNELS = {
             GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
             HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
             HEADS_FIRST=False, ONE_TILE_LOOP=True, PREFETCH_TILES=0, ROW_LINES=1,
-            LINE_ELEMS=64, FP8_PAIRS=False), False),
+            LINE_ELEMS=64, FP8_PAIRS=False, FP8_F16=False), False),
     "decode_attention_fp8_pairs": (triton_decode.decode_attention_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "ticket_ptr": torch.int32, "block_tables_ptr": torch.int32,
@@ -271,7 +271,7 @@ KERNELS = {
             GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
             HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
             HEADS_FIRST=False, ONE_TILE_LOOP=True, PREFETCH_TILES=0, ROW_LINES=1,
-            LINE_ELEMS=64, FP8_PAIRS=True), False),
+            LINE_ELEMS=64, FP8_PAIRS=True, FP8_F16=False), False),
     "reduce_splits": (triton_kernels.reduce_splits_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32,
