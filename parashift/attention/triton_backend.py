@@ -100,13 +100,18 @@ FUSED_ONE_TILE_LOOP_ENV = "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP"
 # launch: a graph keeps its capture's; 0, the default: none; 2 tiles ran the 8B bf16 b64 step
 # 0.985x on one H200, the KV stream being the whole kernel there; helper dense64)
 FUSED_PREFETCH_ENV = "PARASHIFT_ATTN_FUSED_PREFETCH_TILES"
-# Decode launches over an FP8 pool (the one-launch kernel's and the preloading split kernel's)
-# read its values as 16-bit pairs (triton_fp8_values.py) where PARASHIFT_ATTN_FP8_PAIRS is on
-# (read at each launch: a graph keeps its capture's)
+# Decode launches over an FP8 pool read its values as 16-bit pairs (triton_fp8_values.py):
+# the one-launch kernel's, and the preloading split kernel's at one row
+# (PARASHIFT_ATTN_FP8_PAIRS=0: a byte at a time, as before; read at each launch: a graph keeps
+# its capture's). On an H200, 8B heads (benchmarks/decode_attention_ceiling.py, session 47):
+# b64 x 1,040 tokens 91.8 -> 67.6 µs a layer, b256 294.8 -> 233.6, b8 x 32k 331.6 -> 243.5;
+# the preloading kernel b1 x 32k 46.4 -> 42.1, b1 x 128k 167.3 -> 147.6, but b4 x 32k / 128k
+# 167.6 -> 188.5 / 647.8 -> 729.2 (so one row only)
 FP8_PAIRS_ENV = "PARASHIFT_ATTN_FP8_PAIRS"
 PAIRS_TWO_STAGE_PROGRAMS = 8  # ... in 2 stages from this many programs an SM, else 3
-# ... and with PARASHIFT_ATTN_FP8_F16=1 the one-launch kernel's products in fp16 (read at each
-# launch)
+# ... and the one-launch kernel's products in fp16 where q is bf16 (one conversion from E4M3
+# instead of two; q clamped to fp16's range; PARASHIFT_ATTN_FP8_F16=0: in bf16): with pairs,
+# b64 67.6 -> 50.9 µs, b256 233.6 -> 175.1, b8 x 32k 243.5 -> 180.2
 FP8_F16_ENV = "PARASHIFT_ATTN_FP8_F16"
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
@@ -200,7 +205,13 @@ def fp8_pairs(v_cache: torch.Tensor, head_dim: int) -> bool:
     """Whether a decode launch reads v_cache's FP8 values as pairs (FP8_PAIRS_ENV): a head of
     a power of two of at least 32 dimensions (each product's width at least 16)."""
     return (v_cache.element_size() == 1 and head_dim >= 32
-            and head_dim == triton.next_power_of_2(head_dim) and _switch(FP8_PAIRS_ENV, "0"))
+            and head_dim == triton.next_power_of_2(head_dim) and _switch(FP8_PAIRS_ENV))
+
+
+def fp8_f16(q: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the one-launch kernel's FP8-pair products run in fp16 (FP8_F16_ENV)."""
+    return (q.dtype == torch.bfloat16 and fp8_pairs(v_cache, q.shape[2])
+            and _switch(FP8_F16_ENV))
 
 
 def preload_enabled() -> bool:
@@ -623,7 +634,7 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             meta.seq_lens[seqs.first:], query_start_loc, num_seqs, seqs.token_offset,
             scale * math.log2(math.e), cfg, launch.group, launch.group_p, seqs.num_tokens,
             launch.num_splits, _dot_precision(q.dtype, False), rope, out, tickets,
-            fp8_pairs(v_cache, head_dim))
+            fp8_pairs(v_cache, head_dim) and seqs.num_tokens == 1)
         if tickets is not None:  # merged in the launch
             return
     else:
@@ -691,7 +702,7 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         HEADS_FIRST=FUSED_HEADS_FIRST, ONE_TILE_LOOP=fused_one_tile_loop(),
         PREFETCH_TILES=fused_prefetch_tiles(), ROW_LINES=row_lines, LINE_ELEMS=line_elems,
         FP8_PAIRS=fp8_pairs(v_cache, head_dim),
-        FP8_F16=fp8_pairs(v_cache, head_dim) and _switch(FP8_F16_ENV, "0"), num_warps=cfg.num_warps,
+        FP8_F16=fp8_f16(q, v_cache), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 

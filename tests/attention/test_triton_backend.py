@@ -260,16 +260,15 @@ def _graph_meta(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:
 
 
 @pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first",
-                                     "one-launch-fp8-pairs", "preload", "preload-merge",
-                                     "preload-fp8-pairs", "preload-merge-fp8-pairs"])
+                                     "one-launch-fp8-pairs", "preload", "preload-merge"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     """Decodes whose graph was captured for 32k tokens (32 splits) at contexts from one token
     up: the one-launch kernel (at any split count here) takes as many splits as each context
     needs, merges them in the split programs and zeroes the padding rows; so does the
     preloading split kernel (its splits of many tiles prefetched), merged by the reduction or
-    in the kernel; FP8 pools read as their values (the "fp8-pairs" variants: values read as
-    16-bit pairs, PARASHIFT_ATTN_FP8_PAIRS)."""
+    in the kernel; FP8 pools read as their values (a byte at a time, PARASHIFT_ATTN_FP8_PAIRS=0;
+    "one-launch-fp8-pairs": as 16-bit pairs, the products in fp16)."""
     monkeypatch.setenv(triton_backend.FUSED_REDUCE_ENV, "0" if variant == "two-launch" else "1")
     monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, "1" if "merge" in variant else "0")
     monkeypatch.setattr(triton_backend, "FUSED_HEADS_FIRST", variant.endswith("heads-first"))
@@ -411,3 +410,27 @@ def test_fp8_pairs_f16_decode(monkeypatch, splits):
     """PARASHIFT_ATTN_FP8_F16=1: the pairs' products in fp16 (8B heads), against the
     reference as test_fp8_pairs_decode."""
     test_fp8_pairs_decode(monkeypatch, 32, 8, 128, 16, splits, True, f16="1")
+
+
+@pytest.mark.parametrize("merge", ["0", "1"])
+def test_fp8_pairs_one_row_preloaded(monkeypatch, merge):
+    """One sequence over an FP8 pool in a graph for 32k tokens (32 splits): the preloading
+    split kernel reads the values as pairs (its first tile's before the PDL wait), its splits
+    merged by the reduction or in the kernel, at contexts of one token, under a tile, a few
+    tiles a split."""
+    monkeypatch.setenv(triton_backend.FP8_PAIRS_ENV, "1")
+    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, merge)
+    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 32)
+    for seq_len in (1, 40, 1100, 30000):
+        step = make_step([1], [seq_len], 32, 8, pad_tokens=0, seed=seq_len)
+        k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+        TritonAttentionBackend().write_kv(step.k, step.v, k_cache, v_cache, step.meta)
+        k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+        scale = step.q.shape[-1] ** -0.5
+        expected = TorchAttentionBackend().attend(step.q, k_cache.to(step.q.dtype),
+                                                  v_cache.to(step.q.dtype), step.meta, scale)
+        meta = _graph_meta(step.meta, 32768)
+        (seqs,) = triton_backend._split_decodes(meta, 1)
+        assert triton_backend._plan_launch(step.q, k_cache, meta, seqs).preload
+        actual = TritonAttentionBackend().attend(step.q, k_cache, v_cache, meta, scale)
+        torch.testing.assert_close(actual, expected, atol=2e-2, rtol=2e-2)
