@@ -112,16 +112,18 @@ def sweep(cfg, args, bandwidth) -> list[dict]:
             continue
         layers = Layers(cfg, batch, context, max(args.graph_len, context), args.kv_dtype)
         reference = None
-        for pdl, (fused, preload) in itertools.product(args.pdl, LAUNCH_VARIANTS):
+        launches = [v for v in LAUNCH_VARIANTS if "".join(v) in args.launches]
+        for pdl, (fused, preload), pairs in itertools.product(args.pdl, launches,
+                                                               args.fp8_pairs):
             old = with_env(PARASHIFT_PDL=pdl, PARASHIFT_ATTN_FUSED_REDUCE=fused,
-                           PARASHIFT_ATTN_PRELOAD=preload)
+                           PARASHIFT_ATTN_PRELOAD=preload, PARASHIFT_ATTN_FP8_PAIRS=pairs)
             try:
                 us, out = layers.step_us(TritonAttentionBackend())
             finally:
                 restore(old)
             reference = out if reference is None else reference
             r = row(layers, us, bandwidth, batch=batch, context=context, pdl=int(pdl),
-                    fused=int(fused), preload=int(preload),
+                    fused=int(fused), preload=int(preload), fp8_pairs=int(pairs),
                     max_diff=(out.float() - reference.float()).abs().max().item())
             rows.append(r)
             print(json.dumps(r), flush=True)
@@ -204,6 +206,12 @@ def main():
     p.add_argument("--pdl", nargs="+", choices=("0", "1"), default=["0", "1"],
                    help="PARASHIFT_PDL settings of the sweep")
     p.add_argument("--split-tokens", action="store_true")
+    p.add_argument("--launches", nargs="+", choices=["".join(v) for v in LAUNCH_VARIANTS],
+                   default=["".join(v) for v in LAUNCH_VARIANTS],
+                   help="the launch variants timed (PARASHIFT_ATTN_FUSED_REDUCE and "
+                        "PARASHIFT_ATTN_PRELOAD, e.g. 11)")
+    p.add_argument("--fp8-pairs", nargs="+", choices=("0", "1"), default=["0"],
+                   help="PARASHIFT_ATTN_FP8_PAIRS settings (an FP8 pool's values as pairs)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     args.kv_dtype = torch.float8_e4m3fn if args.kv_cache_dtype == "fp8" else torch.bfloat16

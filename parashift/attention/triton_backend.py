@@ -88,6 +88,19 @@ FUSED_SPLIT_TOKENS = MIN_SPLIT_TOKENS
 FUSED_UNSPLIT_PROGRAMS_PER_SM = 2
 # ... its grid (KV heads, rows, splits) rather than (rows, KV heads, splits)
 FUSED_HEADS_FIRST = False
+# Decode launches over an FP8 pool read its values as 16-bit pairs (triton_fp8_values.py):
+# the one-launch kernel's, and the preloading split kernel's at one row
+# (PARASHIFT_ATTN_FP8_PAIRS=0: a byte at a time, as before; read at each launch: a graph keeps
+# its capture's). On an H200, 8B heads (benchmarks/decode_attention_ceiling.py, session 47):
+# b64 x 1,040 tokens 91.8 -> 67.6 µs a layer, b256 294.8 -> 233.6, b8 x 32k 331.6 -> 243.5;
+# the preloading kernel b1 x 32k 46.4 -> 42.1, b1 x 128k 167.3 -> 147.6, but b4 x 32k / 128k
+# 167.6 -> 188.5 / 647.8 -> 729.2 (so one row only)
+FP8_PAIRS_ENV = "PARASHIFT_ATTN_FP8_PAIRS"
+PAIRS_TWO_STAGE_PROGRAMS = 8  # ... in 2 stages from this many programs an SM, else 3
+# ... and the one-launch kernel's products in fp16 where q is bf16 (one conversion from E4M3
+# instead of two; q clamped to fp16's range; PARASHIFT_ATTN_FP8_F16=0: in bf16): with pairs,
+# b64 67.6 -> 50.9 µs, b256 233.6 -> 175.1, b8 x 32k 243.5 -> 180.2
+FP8_F16_ENV = "PARASHIFT_ATTN_FP8_F16"
 # Upper bound on the fp32 partial buffer of split-KV, in bytes.
 MAX_PARTIAL_BYTES = 64 << 20
 # Deterministic mode: query rows per program, when set, below the prefill configuration's
@@ -141,15 +154,21 @@ def decode_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
                         num_stages=3 if elem_size <= 2 else 2)
 
 
-def fused_decode_config(head_dim: int, group_p: int, elem_size: int,
-                        rows: int) -> KernelConfig:
+def fused_decode_config(head_dim: int, group_p: int, elem_size: int, rows: int,
+                        pairs: bool = False, programs_per_sm: float = 0.0) -> KernelConfig:
     """The one-launch decode kernel's for `rows` decodes: one query row per head of the
     group, two stages (on an H200, 8B heads, context 1,024, one split: 65.8 against three
     stages' 67.1 µs at batch 64, 246 against 252 at 256; KV tiles of 32 or 16 tokens
-    slower; benchmarks/decode_attention_sweep.py --configs, session 44)."""
+    slower; benchmarks/decode_attention_sweep.py --configs, session 44); over an FP8 pool read
+    as pairs (`pairs`), three where the launch has fewer than PAIRS_TWO_STAGE_PROGRAMS programs
+    an SM (the next tiles' block table entries loaded a tile earlier: on an H200, 8B heads,
+    67.5 against 80.4 µs at b64 x 1,040 and 243.7 against 295.0 at b8 x 32k, ~3.9 programs an
+    SM each; at b256 x 1,040, 15.5 an SM, 244.6 against 234.0; session 47, helper attn64)."""
     config = decode_config(head_dim, group_p, elem_size)
-    return KernelConfig(config.block_m, config.tile_n, config.num_warps,
-                        min(2, config.num_stages))
+    stages = min(2, config.num_stages)
+    if pairs and programs_per_sm < PAIRS_TWO_STAGE_PROGRAMS:
+        stages = 3
+    return KernelConfig(config.block_m, config.tile_n, config.num_warps, stages)
 
 
 def fused_reduce_enabled() -> bool:
@@ -157,6 +176,19 @@ def fused_reduce_enabled() -> bool:
     if flag not in ("0", "1"):
         raise ValueError(f"{FUSED_REDUCE_ENV}={flag!r}: expected 0 or 1")
     return flag == "1"
+
+
+def fp8_pairs(v_cache: torch.Tensor, head_dim: int) -> bool:
+    """Whether a decode launch reads v_cache's FP8 values as pairs (FP8_PAIRS_ENV): a head of
+    a power of two of at least 32 dimensions (each product's width at least 16)."""
+    return (v_cache.element_size() == 1 and head_dim >= 32
+            and head_dim == triton.next_power_of_2(head_dim) and _switch(FP8_PAIRS_ENV))
+
+
+def fp8_f16(q: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the one-launch kernel's FP8-pair products run in fp16 (FP8_F16_ENV)."""
+    return (q.dtype == torch.bfloat16 and fp8_pairs(v_cache, q.shape[2])
+            and _switch(FP8_F16_ENV))
 
 
 def preload_enabled() -> bool:
@@ -515,7 +547,8 @@ def _plan_fused_decode(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     if num_splits > FUSED_MAX_SPLITS or (num_splits > 1
                                          and _tickets(q.device, programs) is None):
         return None
-    config = fused_decode_config(head_dim, group_p, elem_size, rows)
+    config = fused_decode_config(head_dim, group_p, elem_size, rows,
+                                 fp8_pairs(k_cache, head_dim), programs * num_splits / sms)
     return _Launch(config, group, group_p, 1, rows, num_splits, False, fused=True)
 
 
@@ -577,7 +610,8 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             part_acc, part_m, part_l, q, k_cache, v_cache, meta.block_tables[seqs.first:],
             meta.seq_lens[seqs.first:], query_start_loc, num_seqs, seqs.token_offset,
             scale * math.log2(math.e), cfg, launch.group, launch.group_p, seqs.num_tokens,
-            launch.num_splits, _dot_precision(q.dtype, False), rope, out, tickets)
+            launch.num_splits, _dot_precision(q.dtype, False), rope, out, tickets,
+            fp8_pairs(v_cache, head_dim) and seqs.num_tokens == 1)
         if tickets is not None:  # merged in the launch
             return
     else:
@@ -640,7 +674,9 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLITS_P=triton.next_power_of_2(splits),
         SPLIT_TOKENS=FUSED_SPLIT_TOKENS, DOT_PRECISION=_dot_precision(q.dtype, False),
-        HEADS_FIRST=FUSED_HEADS_FIRST, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(q.device))
+        HEADS_FIRST=FUSED_HEADS_FIRST, FP8_PAIRS=fp8_pairs(v_cache, head_dim),
+        FP8_F16=fp8_f16(q, v_cache), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 
 def _dot_precision(dtype: torch.dtype, invariant: bool) -> str:

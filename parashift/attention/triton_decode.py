@@ -22,6 +22,7 @@ Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions
 import triton
 import triton.language as tl
 
+from parashift.attention.triton_fp8_values import attend_tiles_fp8, joined, zero_halves
 from parashift.attention.triton_kernels import NEG_BIG, _attend_tiles, _jit_generic_in
 from parashift.kernels import pdl, split_tickets
 
@@ -84,7 +85,10 @@ def decode_attention_kernel(
         TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
         HEAD_DIM_P: tl.constexpr, SPLITS_P: tl.constexpr, SPLIT_TOKENS: tl.constexpr,
         DOT_PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-        USE_PDL: tl.constexpr = False):
+        USE_PDL: tl.constexpr = False, FP8_PAIRS: tl.constexpr = False,
+        FP8_F16: tl.constexpr = False):
+    """FP8_PAIRS: an FP8 pool's values read as 16-bit pairs (triton_fp8_values.py); FP8_F16:
+    its products in fp16 (one conversion from E4M3, not two), q clamped to fp16's range."""
     # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
     i = tl.program_id(1 if HEADS_FIRST else 0)
     kv_head = tl.program_id(0 if HEADS_FIRST else 1)
@@ -128,14 +132,28 @@ def decode_attention_kernel(
     block_table = block_tables_ptr + i.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kh
     v_base = v_cache_ptr + kv_head * stride_vh
-    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, mid,
-                                  seq_len, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
-                                  stride_vs, False, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
-                                  DOT_PRECISION)
-    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, mid, hi,
-                                  seq_len, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
-                                  stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
-                                  DOT_PRECISION)
+    if FP8_PAIRS:
+        if FP8_F16:
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        acc_even, acc_odd = zero_halves(BLOCK_M, HEAD_DIM)
+        acc_even, acc_odd, m_i, l_i = attend_tiles_fp8(
+            acc_even, acc_odd, m_i, l_i, q, k_base, v_base, block_table, lo, mid, seq_len,
+            q_pos, qk_scale, stride_kb, stride_ks, stride_vb, stride_vs, False, TILE_N,
+            BLOCK_SIZE, HEAD_DIM, DOT_PRECISION)
+        acc_even, acc_odd, m_i, l_i = attend_tiles_fp8(
+            acc_even, acc_odd, m_i, l_i, q, k_base, v_base, block_table, mid, hi, seq_len,
+            q_pos, qk_scale, stride_kb, stride_ks, stride_vb, stride_vs, True, TILE_N,
+            BLOCK_SIZE, HEAD_DIM, DOT_PRECISION)
+        acc = joined(acc_even, acc_odd, BLOCK_M, HEAD_DIM)
+    else:
+        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo, mid,
+                                      seq_len, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
+                                      stride_vs, False, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
+                                      DOT_PRECISION)
+        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, mid, hi,
+                                      seq_len, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
+                                      stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
+                                      DOT_PRECISION)
     pdl.inputs_read(USE_PDL)
     o_rows = out_ptr + token * stride_ot + row_head * stride_oh
     if num_splits == 1:

@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from parashift.attention.triton_fp8_values import (attend_pairs, attend_tiles_fp8, joined,
+                                                   pair_rows, zero_halves)
 from parashift.attention.triton_kernels import (NEG_BIG, _attend_tiles, _jit_generic_in,
                                                 _store_partial)
 from parashift.kernels import pdl, split_tickets
@@ -179,7 +181,8 @@ def preloaded_decode_kernel(
         PREFETCH_TILES: tl.constexpr, ROW_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr,
         ROPE: tl.constexpr = False, QK_NORM: tl.constexpr = False,
         MERGE: tl.constexpr = False, SPLITS_P: tl.constexpr = 1,
-        NEW_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+        NEW_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+        FP8_PAIRS: tl.constexpr = False):
     """ROPE: q_ptr, k_ptr and v_ptr are the projection's rows before RoPE (k_ptr, v_ptr:
     [tokens, KV heads, head_dim] with strides stride_kt, stride_knh / stride_vt, stride_vnh):
     each program rotates its q heads (after their RMS norms, QK_NORM), and the split holding
@@ -188,7 +191,8 @@ def preloaded_decode_kernel(
     rotate_and_write_kv would have before the launch. MERGE: the last of a row's splits to
     take its ticket merges their partial states into out (in split order, as
     `reduce_splits_kernel` does), a row of one split writes out directly, a row of no
-    sequence gets zeros from its split-0 program: no reduction launch."""
+    sequence gets zeros from its split-0 program: no reduction launch. FP8_PAIRS: an FP8
+    pool's values read as 16-bit pairs (triton_fp8_values.py)."""
     i = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -220,8 +224,12 @@ def preloaded_decode_kernel(
     kv_mask = n_ok[:, None] & d_ok[None, :]
     k_first = tl.load((k_base + block * stride_kb + in_block * stride_ks)[:, None]
                       + offs_d[None, :], mask=kv_mask, other=0.0)
-    v_first = tl.load((v_base + block * stride_vb + in_block * stride_vs)[:, None]
-                      + offs_d[None, :], mask=kv_mask, other=0.0)
+    v_first_rows = v_base + block * stride_vb + in_block * stride_vs
+    if FP8_PAIRS:
+        v_first = tl.load(pair_rows(v_first_rows)[:, None]
+                          + tl.arange(0, HEAD_DIM // 2)[None, :], mask=n_ok[:, None], other=0)
+    else:
+        v_first = tl.load(v_first_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
     holds_new = split == num_splits - 1
     token = (token_offset + i).to(tl.int64)
     if ROPE:  # the new token's slot, and its position's [cos | cos], [-sin | sin]
@@ -267,13 +275,25 @@ def preloaded_decode_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _attend_loaded(acc, m_i, l_i, q, k_first.to(q.dtype), v_first.to(q.dtype),
-                                   n_ok, qk_scale, DOT_PRECISION)
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + old
-    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo + 1, hi,
-                                  old, q_pos, qk_scale, stride_kb, stride_ks, stride_vb,
-                                  stride_vs, True, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_P,
-                                  DOT_PRECISION)
+    if FP8_PAIRS:
+        acc_even, acc_odd = zero_halves(BLOCK_M, HEAD_DIM)
+        acc_even, acc_odd, m_i, l_i = attend_pairs(acc_even, acc_odd, m_i, l_i, q, k_first,
+                                                   v_first, n_ok, pos, q_pos, qk_scale,
+                                                   v_cache_ptr.dtype.element_ty, True,
+                                                   DOT_PRECISION)
+        acc_even, acc_odd, m_i, l_i = attend_tiles_fp8(
+            acc_even, acc_odd, m_i, l_i, q, k_base, v_base, block_table, lo + 1, hi, old,
+            q_pos, qk_scale, stride_kb, stride_ks, stride_vb, stride_vs, True, TILE_N,
+            BLOCK_SIZE, HEAD_DIM, DOT_PRECISION)
+        acc = joined(acc_even, acc_odd, BLOCK_M, HEAD_DIM)
+    else:
+        acc, m_i, l_i = _attend_loaded(acc, m_i, l_i, q, k_first.to(q.dtype),
+                                       v_first.to(q.dtype), n_ok, qk_scale, DOT_PRECISION)
+        acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_base, v_base, block_table, lo + 1,
+                                      hi, old, q_pos, qk_scale, stride_kb, stride_ks,
+                                      stride_vb, stride_vs, True, TILE_N, BLOCK_SIZE,
+                                      HEAD_DIM, HEAD_DIM_P, DOT_PRECISION)
     if holds_new:  # the new token: written by the kernel before, or here (ROPE)
         if not NEW_FIRST:
             k_new, v_new = _new_token(k_base, v_base, new_block, new_in_block, holds_new,
@@ -376,11 +396,12 @@ def prefetch_shape(head_dim: int, elem_size: int) -> tuple[int, int]:
 def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens,
            query_start_loc, num_seqs: int, token_offset: int, qk_scale: float, config,
            group: int, group_p: int, num_rows: int, num_splits: int, dot_precision: str,
-           rope: "Rope | None" = None, out=None, tickets=None) -> None:
+           rope: "Rope | None" = None, out=None, tickets=None, fp8_pairs: bool = False) -> None:
     """Partial states of `num_rows` one-row decodes (sequences from the metadata slices
     given) into part_* ([rows, heads, num_splits(, head_dim)]), SPLIT_TOKENS = config's KV
     tile; with `rope`, q is before RoPE and the new keys and values are written here; with
-    `tickets` (rows x KV heads counters, 0), merged into `out` in the launch."""
+    `tickets` (rows x KV heads counters, 0), merged into `out` in the launch; fp8_pairs: an
+    FP8 pool's values read as 16-bit pairs."""
     head_dim = q.shape[2]
     row_lines, line_elems = prefetch_shape(head_dim, k_cache.element_size())
     if rope is None:  # unused pointers and strides
@@ -406,6 +427,7 @@ def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens
         LINE_ELEMS=line_elems, ROPE=rope is not None,
         QK_NORM=rope is not None and rope.norms is not None, MERGE=merge,
         SPLITS_P=triton.next_power_of_2(num_splits), NEW_FIRST=new_token_first(),
+        FP8_PAIRS=fp8_pairs,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(q.device))
 
 

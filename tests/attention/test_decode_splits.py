@@ -37,3 +37,20 @@ def test_choose_num_splits_by_min_split_tokens():
     """Other launches' splits are still of MIN_SPLIT_TOKENS at least."""
     assert triton_backend.choose_num_splits(8, 2048, 1, 132) == 16
     assert triton_backend.choose_num_splits(8, 2048, 1, 132, 64) == 32
+
+
+@pytest.mark.parametrize("rows, kv_dtype, pairs, stages", [
+    (64, "float8_e4m3fn", "1", 3), (256, "float8_e4m3fn", "1", 2), (64, "float8_e4m3fn", "0", 2),
+    (64, "bfloat16", "1", 2)])
+def test_fp8_pairs_stages(monkeypatch, rows, kv_dtype, pairs, stages):
+    """The one-launch kernel over an FP8 pool read as pairs takes 3 stages where its launch has
+    few programs an SM (8B heads: 64 rows, 3.9 on 132 SMs), else 2 as over bf16."""
+    import torch
+    monkeypatch.setenv(triton_backend.FP8_PAIRS_ENV, pairs)
+    step = make_step([1] * rows, [1044] * rows, 32, 8, device="cpu")
+    meta = AttentionMetadata(**{**step.meta.__dict__, "seq_lens_cpu": [2048] * rows,
+                                "max_seq_len": 2048, "static_shape": True})
+    (seqs,) = triton_backend._split_decodes(meta, rows)
+    launch = triton_backend._plan_launch(step.q, step.k_cache.to(getattr(torch, kv_dtype)), meta,
+                                         seqs)
+    assert launch.fused and launch.config.num_stages == stages

@@ -260,17 +260,19 @@ def _graph_meta(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:
 
 
 @pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first",
-                                     "preload", "preload-merge"])
+                                     "one-launch-fp8-pairs", "preload", "preload-merge"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     """Decodes whose graph was captured for 32k tokens (32 splits) at contexts from one token
     up: the one-launch kernel (at any split count here) takes as many splits as each context
     needs, merges them in the split programs and zeroes the padding rows; so does the
     preloading split kernel (its splits of many tiles prefetched), merged by the reduction or
-    in the kernel; FP8 pools read as their values."""
+    in the kernel; FP8 pools read as their values (a byte at a time, PARASHIFT_ATTN_FP8_PAIRS=0;
+    "one-launch-fp8-pairs": as 16-bit pairs, the products in fp16)."""
     monkeypatch.setenv(triton_backend.FUSED_REDUCE_ENV, "0" if variant == "two-launch" else "1")
-    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, "1" if variant.endswith("merge") else "0")
+    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, "1" if "merge" in variant else "0")
     monkeypatch.setattr(triton_backend, "FUSED_HEADS_FIRST", variant.endswith("heads-first"))
+    monkeypatch.setenv(triton_backend.FP8_PAIRS_ENV, "1" if variant.endswith("pairs") else "0")
     if variant.startswith("one-launch"):
         monkeypatch.setattr(triton_backend, "FUSED_MAX_SPLITS", triton_backend.MAX_SPLITS)
     monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 32)
@@ -357,3 +359,72 @@ def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload, merge, splits):
         out.fill_(float("nan"))
         graph.replay()
         torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size,splits",
+                         [(32, 8, 128, 16, 1), (32, 8, 128, 16, 4), (12, 4, 64, 32, 2),
+                          (16, 2, 256, 16, 1), (8, 8, 32, 16, 8)])
+def test_fp8_pairs_decode(monkeypatch, num_heads, num_kv_heads, head_dim, block_size, splits,
+                          f16="0"):
+    """The one-launch kernel over an FP8 pool, its values read as 16-bit pairs
+    (PARASHIFT_ATTN_FP8_PAIRS), against the reference on the pool upcast: odd lengths, GQA
+    ratios, head sizes, block sizes, split counts, in a graph replayed
+    twice (the padding rows zeros, the tickets reset)."""
+    monkeypatch.setenv(triton_backend.FP8_PAIRS_ENV, "1")
+    monkeypatch.setenv(triton_backend.FP8_F16_ENV, f16)
+    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: splits)
+    monkeypatch.setattr(triton_backend, "FUSED_UNSPLIT_PROGRAMS_PER_SM", 1 << 30)
+    seq_lens = [1, 63, 64, 65, 777, 1040, 3001] + random_lengths(25, 1, 2100, seed=splits)
+    step = make_step([1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim,
+                     block_size, pad_tokens=3, seed=9)
+    k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+    TritonAttentionBackend().write_kv(step.k, step.v, k_cache, v_cache, step.meta)
+    k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+    scale = head_dim ** -0.5
+    expected = TorchAttentionBackend().attend(step.q, k_cache.to(step.q.dtype),
+                                              v_cache.to(step.q.dtype), step.meta, scale)
+    meta = _graph_meta(step.meta, 4096)
+    (seqs,) = triton_backend._split_decodes(meta, len(step.q))
+    assert triton_backend._plan_launch(step.q, k_cache, meta, seqs).fused
+    assert triton_backend.fp8_pairs(v_cache, head_dim)
+    backend = TritonAttentionBackend()
+    backend.attend(step.q, k_cache, v_cache, meta, scale)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.attend(step.q, k_cache, v_cache, meta, scale)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_fp8_pairs_f16_decode(monkeypatch, splits):
+    """PARASHIFT_ATTN_FP8_F16=1: the pairs' products in fp16 (8B heads), against the
+    reference as test_fp8_pairs_decode."""
+    test_fp8_pairs_decode(monkeypatch, 32, 8, 128, 16, splits, f16="1")
+
+
+@pytest.mark.parametrize("merge", ["0", "1"])
+def test_fp8_pairs_one_row_preloaded(monkeypatch, merge):
+    """One sequence over an FP8 pool in a graph for 32k tokens (32 splits): the preloading
+    split kernel reads the values as pairs (its first tile's before the PDL wait), its splits
+    merged by the reduction or in the kernel, at contexts of one token, under a tile, a few
+    tiles a split."""
+    monkeypatch.setenv(triton_backend.FP8_PAIRS_ENV, "1")
+    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, merge)
+    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 32)
+    for seq_len in (1, 40, 1100, 30000):
+        step = make_step([1], [seq_len], 32, 8, pad_tokens=0, seed=seq_len)
+        k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+        TritonAttentionBackend().write_kv(step.k, step.v, k_cache, v_cache, step.meta)
+        k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+        scale = step.q.shape[-1] ** -0.5
+        expected = TorchAttentionBackend().attend(step.q, k_cache.to(step.q.dtype),
+                                                  v_cache.to(step.q.dtype), step.meta, scale)
+        meta = _graph_meta(step.meta, 32768)
+        (seqs,) = triton_backend._split_decodes(meta, 1)
+        assert triton_backend._plan_launch(step.q, k_cache, meta, seqs).preload
+        actual = TritonAttentionBackend().attend(step.q, k_cache, v_cache, meta, scale)
+        torch.testing.assert_close(actual, expected, atol=2e-2, rtol=2e-2)

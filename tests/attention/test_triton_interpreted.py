@@ -2,6 +2,8 @@
 float32 and float16, each later one in one of them, in turn), against the torch reference:
 the same kernels the GPU compiles, so CI covers them. The compiled, bf16 and CUDA-graph
 cases are in test_triton_backend.py."""
+import os
+
 import pytest
 import torch
 
@@ -18,7 +20,8 @@ pytestmark = interpreter_runs_dot
 # padding rows only the device knows (with splits the reduction must zero them)
 CASES = [
     dict(q_lens=[1, 5, 1, 20], seq_lens=[40, 70, 200, 20], pad_tokens=3),
-    dict(q_lens=[1] * 6, seq_lens=[1, 17, 100, 33, 64, 250]),
+    # an FP8 pool, its values read as pairs (PARASHIFT_ATTN_FP8_PAIRS)
+    dict(q_lens=[1] * 6, seq_lens=[1, 17, 100, 33, 64, 250], fp8_pairs=True),
     dict(q_lens=[48], seq_lens=[48]),
     dict(q_lens=[1, 30], seq_lens=[500, 90], num_splits=8),
     dict(q_lens=[1, 1, 1], seq_lens=[40, 300, 7], pad_tokens=5, static=True, num_splits=4),
@@ -37,10 +40,28 @@ TOLERANCE = {"float32": 1e-4, "float16": 2e-3}
 
 
 def check(q_lens, seq_lens, dtype, num_heads=4, num_kv_heads=2, block_size=16, pad_tokens=0,
-          static=False, num_splits=None, mixed_seqs=0):
+          static=False, num_splits=None, mixed_seqs=0, fp8_pairs=False):
     step = make_step(q_lens, seq_lens, num_heads, num_kv_heads, head_dim=32,
                      block_size=block_size, dtype=getattr(torch, dtype), pad_tokens=pad_tokens,
                      device="cpu")
+    if fp8_pairs:  # the pool written, then held in E4M3; the reference reads it upcast
+        os.environ[triton_backend.FP8_PAIRS_ENV] = "1"
+        triton_backend.TritonAttentionBackend().write_kv(step.k, step.v, step.k_cache,
+                                                         step.v_cache, step.meta)
+        step.k_cache = step.k_cache.to(torch.float8_e4m3fn)
+        step.v_cache = step.v_cache.to(torch.float8_e4m3fn)
+        scale = step.q.shape[-1] ** -0.5
+        expected = TorchAttentionBackend().attend(step.q, step.k_cache.to(step.q.dtype),
+                                                  step.v_cache.to(step.q.dtype), step.meta,
+                                                  scale)
+        try:
+            actual = triton_backend.TritonAttentionBackend().attend(
+                step.q, step.k_cache, step.v_cache, step.meta, scale)
+        finally:
+            del os.environ[triton_backend.FP8_PAIRS_ENV]
+        torch.testing.assert_close(actual, expected, atol=TOLERANCE[dtype],
+                                   rtol=TOLERANCE[dtype])
+        return
     expected = run(TorchAttentionBackend(), step)
     if static:
         step.meta = AttentionMetadata(**{**step.meta.__dict__, "static_shape": True})
