@@ -2,14 +2,16 @@
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/step_ceiling.py \
     --model benchmarks/shapes/llama-3.1-8b.json [--quantization fp8] --batch-sizes 1 64 \
-    [--context 1024] [--rounds 3] [--no-dot-configs] [--output F]
+    [--context 1024] [--rounds 3] [--graph-variants NAME=VALUE ...] [--no-dot-configs]
+    [--output F]
 
 One engine (decode graphs captured only for --batch-sizes: `cuda_graphs.DEFAULT_BUCKETS`
 patched here, a shorter start-up). For each batch:
-- the engine's step: decode_throughput.py's `step_ms` (rounds of 32 steps), the decode graph
-  replayed back to back with the LM head and argmax (`graph_head_ms`), the floor (bytes read
-  over the copy bandwidth, decode_throughput.py's convention), and the kernels of one step in
-  launch order (torch.profiler: name, grid, µs; a per-operation breakdown of the step).
+- the engine's step: decode_throughput.py's `step_ms` (rounds of 32 steps; with
+  --graph-variants each variant's in turn, as decode_throughput.py measures them), the decode
+  graph replayed back to back with the LM head and argmax (`graph_head_ms`), the floor (bytes
+  read over the copy bandwidth, decode_throughput.py's convention), and the kernels of one
+  step in launch order (torch.profiler: name, grid, µs; a per-operation breakdown).
 - the ceiling: the same kernels, as many and in the same order, each replaced by a kernel that
   only reads the bytes its operation must read, in one CUDA graph with PDL as the engine
   launches (`ceiling_ms`). A GEMM kernel (`GEMM_NAMES`, in step order: each layer's qkv, o,
@@ -36,8 +38,9 @@ import triton.language as tl
 
 from benchmarks import pdl_chain, read_ceiling
 from benchmarks.decode_step_timeline import engine_steps, replay_ms
-from benchmarks.decode_throughput import (batch_state, copy_bandwidth, kv_bytes_per_token,
-                                          start_decodes, weight_bytes_read)
+from benchmarks.decode_throughput import (batch_state, copy_bandwidth, env_settings,
+                                          graph_variants, kv_bytes_per_token, start_decodes,
+                                          variant_order, weight_bytes_read)
 from parashift import LLM
 from parashift.kernels import gemm_timing, pdl
 from parashift.worker import cuda_graphs
@@ -213,14 +216,25 @@ def by_kind(kernels: list[dict], ops: list[dict]) -> dict:
     return dict(sorted(sums.items(), key=lambda kv: -kv[1]))
 
 
-def measure(llm: LLM, batch: int, context: int, steps: int, rounds: int,
+def variant_steps(engine, graphs: dict, steps: int, rounds: int) -> dict[str, list[float]]:
+    """step_ms of each variant's decode graphs, rounds in turn (decode_throughput's order)."""
+    step_ms = {name: [] for name in graphs}
+    for _, name in variant_order(list(graphs), rounds):
+        engine.runner.graphs = graphs[name]
+        step_ms[name].append(engine_steps(engine, steps)["step_ms"])
+    engine.runner.graphs = graphs["default"]
+    return step_ms
+
+
+def measure(llm: LLM, graphs: dict, batch: int, context: int, steps: int, rounds: int,
             bandwidth: float) -> dict:
     engine = llm.llm_engine
     runner = engine.runner
     model, cfg = runner.model, runner.model.config
     ids = start_decodes(engine, batch, context, cfg.vocab_size)
     before = batch_state(engine)
-    step_ms = [engine_steps(engine, steps)["step_ms"] for _ in range(rounds)]
+    variants = variant_steps(engine, graphs, steps, rounds)
+    step_ms = variants.pop("default")
     graph_head = replay_ms(runner.graphs, batch, model, head=True)
     kernels = step_kernels(engine)
     after = batch_state(engine)
@@ -231,6 +245,9 @@ def measure(llm: LLM, batch: int, context: int, steps: int, rounds: int,
                step_ms=round(statistics.median(step_ms), 4), step_ms_rounds=step_ms,
                graph_head_ms=graph_head, kernels_per_step=len(kernels))
     row["engine_of_floor"] = round(floor / row["step_ms"], 4)
+    row["variants"] = {name: dict(step_ms=round(statistics.median(v), 4), rounds=v,
+                                  default_over_this=round(row["step_ms"] / statistics.median(v), 4))
+                       for name, v in variants.items()}
     try:
         ops = step_operations(kernels, model, int(kv_bytes / cfg.num_hidden_layers))
         out = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
@@ -260,6 +277,9 @@ def main():
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--graph-variants", nargs="+", default=[], type=env_settings,
+                   help="NAME=VALUE[,NAME=VALUE]: the engine's step under decode graphs "
+                   "captured with these settings too (decode_throughput.py's)")
     pdl_chain.add_no_dot_configs(p)
     p.add_argument("--output", default=None)
     args = p.parse_args()
@@ -273,11 +293,12 @@ def main():
     out = dict(model=args.model, quantization=args.quantization,
                device=torch.cuda.get_device_name(),
                start_up_s=round(time.perf_counter() - start, 1), rows=[])
+    graphs = graph_variants(llm.llm_engine.runner, args.graph_variants)
     bandwidth = copy_bandwidth(llm.llm_engine.device)
     out["copy_bandwidth_tb_s"] = round(bandwidth / 1e12, 4)
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}), flush=True)
     for batch in args.batch_sizes:
-        out["rows"].append(measure(llm, batch, args.context, args.decode_steps, args.rounds,
+        out["rows"].append(measure(llm, graphs, batch, args.context, args.decode_steps, args.rounds,
                                    bandwidth))
         print(json.dumps({k: v for k, v in out["rows"][-1].items()
                           if k not in ("kernels", "tiles")}), flush=True)
