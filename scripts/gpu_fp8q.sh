@@ -7,7 +7,8 @@
 # 3. the step ceiling (benchmarks/step_ceiling.py: a whole decode step of read-only kernels
 #    launched as the engine launches its kernels, one CUDA graph, PDL) beside the engine's step
 #    and its kernels in launch order, 8B FP8 at 1 and 64 rows in one engine (decode graphs for
-#    those two batches only), the engine's step also under PDL late and a 128 KB TMA prefetch;
+#    those two batches only), the engine's step also under PDL late, a 128 KB TMA prefetch and
+#    the stream-K kernel on the chosen tiles (PARASHIFT_FP8_STREAMK=1) or on 256x128 w8 s4;
 # 4. benchmarks/fp8_tma_anatomy.py: the 64-row TMA GEMM's tilings taken apart;
 # 5. the step ceiling for bf16.
 # Usage (repository root): OUT=dir [BUDGET_S=150] bash scripts/gpu_fp8q.sh
@@ -23,7 +24,8 @@ budget_step sweep 40 python3 benchmarks/fp8_gemm_sweep.py --rows 64 --kernels sk
   --workers 15 --output "$OUT/sweep.json"
 budget_step fp8 85 python3 benchmarks/step_ceiling.py --model $EIGHT_B --quantization fp8 \
   --no-dot-configs --batch-sizes 1 64 --rounds 2 --output "$OUT/fp8.json" \
-  --graph-variants PARASHIFT_PDL=late PARASHIFT_FP8_TMA_PREFETCH_KB=128
+  --graph-variants PARASHIFT_PDL=late PARASHIFT_FP8_TMA_PREFETCH_KB=128 PARASHIFT_FP8_STREAMK=1 \
+  PARASHIFT_FP8_STREAMK=256x128x8x4
 budget_step anatomy 35 python3 benchmarks/fp8_tma_anatomy.py --output "$OUT/anatomy.json"
 budget_step bf16 45 python3 benchmarks/step_ceiling.py --model $EIGHT_B \
   --batch-sizes 1 64 --rounds 2 --output "$OUT/bf16.json"

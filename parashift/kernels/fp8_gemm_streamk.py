@@ -10,6 +10,9 @@ output tile it holds whole and storing its share of the one or two it holds in p
 held in parts is finished by the last of its programs to take the tile's ticket
 (split_tickets.py), which sums the shares in program order: the same bits whatever order the
 programs ran in, but not those of a tile summed in one run (other partial sums)."""
+import os
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
@@ -18,6 +21,26 @@ from parashift.kernels import num_sms, pdl, split_tickets
 from parashift.kernels.fp8_epilogue import OFF, finish_tile, tile_scales
 
 KERNEL = "tma_w8a8_sk"  # fp8_gemm.Config.kernel
+ENV = "PARASHIFT_FP8_STREAMK"
+
+
+def instead_of(config):
+    """The config `fp8_gemm.linear` runs for its measured choice `config` (read at each call: a
+    CUDA graph keeps what its capture read). PARASHIFT_FP8_STREAMK: 0 (the default) the choice
+    itself; 1 a "tma_w8a8" choice's tile (block_n, block_k, warps, stages) on this kernel;
+    BNxBKxWxS that tile on this kernel in place of any "tma_w8a8" choice."""
+    value = os.environ.get(ENV, "0")
+    if value == "0" or config is None or config.kernel != "tma_w8a8":
+        return config
+    if value == "1":
+        return replace(config, kernel=KERNEL, split_k=1, tickets=False, max_block_m=0)
+    try:
+        block_n, block_k, warps, stages = (int(v) for v in value.split("x"))
+    except ValueError:
+        raise ValueError(f"{ENV}={value!r}: expected 0, 1 or BNxBKxWxS (e.g. 128x128x4x6)") \
+            from None
+    return replace(config, kernel=KERNEL, block_n=block_n, block_k=block_k, num_warps=warps,
+                   num_stages=stages, split_k=1, tickets=False, max_block_m=0)
 
 
 @triton.jit
