@@ -2,8 +2,8 @@
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/step_ceiling.py \
     --model benchmarks/shapes/llama-3.1-8b.json [--quantization fp8] --batch-sizes 1 64 \
-    [--context 1024] [--rounds 3] [--graph-variants NAME=VALUE ...] [--no-dot-configs]
-    [--output F]
+    [--context 1024] [--rounds 3] [--graph-variants NAME=VALUE ...]
+    [--profile-variants NAME=VALUE ...] [--no-dot-configs] [--output F]
 
 One engine (decode graphs captured only for --batch-sizes: `cuda_graphs.DEFAULT_BUCKETS`
 patched here, a shorter start-up). For each batch:
@@ -11,7 +11,9 @@ patched here, a shorter start-up). For each batch:
   --graph-variants each variant's in turn, as decode_throughput.py measures them), the decode
   graph replayed back to back with the LM head and argmax (`graph_head_ms`), the floor (bytes
   read over the copy bandwidth, decode_throughput.py's convention), and the kernels of one
-  step in launch order (torch.profiler: name, grid, µs; a per-operation breakdown).
+  step in launch order (torch.profiler: name, grid, µs, summed by operation: under PDL a
+  kernel's span includes its wait for the one before; --profile-variants PARASHIFT_PDL=0
+  gives each kernel's own time).
 - the ceiling: the same kernels, as many and in the same order, each replaced by a kernel that
   only reads the bytes its operation must read, in one CUDA graph with PDL as the engine
   launches (`ceiling_ms`). A GEMM kernel (`GEMM_NAMES`, in step order: each layer's qkv, o,
@@ -25,6 +27,8 @@ patched here, a shorter start-up). For each batch:
   tensors in turn); its "ahead" tiles load their first tile before the PDL wait.
 So `ceiling_ms` is what a step of these launches takes when every kernel does nothing but read
 what it must: its fraction of the floor bounds any design that keeps one kernel an operation.
+`reads_only_ms`: the same graph without the kernels that read no weight or KV (what fusing
+every small operation into a reading kernel could at best give).
 The engine's host work between graph replays and its input copies are in `step_ms` only."""
 import argparse
 import json
@@ -227,7 +231,7 @@ def variant_steps(engine, graphs: dict, steps: int, rounds: int) -> dict[str, li
 
 
 def measure(llm: LLM, graphs: dict, batch: int, context: int, steps: int, rounds: int,
-            bandwidth: float) -> dict:
+            bandwidth: float, profile_variants: list[str] = ()) -> dict:
     engine = llm.llm_engine
     runner = engine.runner
     model, cfg = runner.model, runner.model.config
@@ -237,6 +241,11 @@ def measure(llm: LLM, graphs: dict, batch: int, context: int, steps: int, rounds
     step_ms = variants.pop("default")
     graph_head = replay_ms(runner.graphs, batch, model, head=True)
     kernels = step_kernels(engine)
+    profiled = {}
+    for name in profile_variants:  # e.g. PARASHIFT_PDL=0: each kernel's own time
+        runner.graphs = graphs[name]
+        profiled[name] = step_kernels(engine)
+    runner.graphs = graphs["default"]
     after = batch_state(engine)
     mean_context = (before["context_tokens"] + after["context_tokens"]) / 2 / batch
     kv_bytes = batch * mean_context * kv_bytes_per_token(cfg, runner.dtype.itemsize)
@@ -255,15 +264,20 @@ def measure(llm: LLM, graphs: dict, batch: int, context: int, steps: int, rounds
                              device="cuda")
         chosen = best_tiles(ops, out, torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16))
         ceiling = ceiling_ms(ops, chosen, rows, out)
+        reads = ceiling_ms([op for op in ops if op["bytes"] is not None], chosen, rows, out)
         row.update(ceiling_ms=round(ceiling, 4), ceiling_of_floor=round(floor / ceiling, 4),
+                   reads_only_ms=round(reads, 4), reads_only_of_floor=round(floor / reads, 4),
                    engine_over_ceiling=round(row["step_ms"] / ceiling, 4),
                    graph_head_over_ceiling=round(graph_head / ceiling, 4),
                    tiles={k: {**v, "config": " ".join(map(str, v["config"]))}
                           for k, v in chosen.items()},
-                   engine_us_by_kind=by_kind(kernels, ops))
+                   engine_us_by_kind=by_kind(kernels, ops),
+                   profiled={name: by_kind(k, ops) for name, k in profiled.items()})
     except Exception as exc:  # noqa: BLE001 - the engine's figures and kernels still reported
         row["ceiling_error"] = f"{type(exc).__name__}: {exc}"[:600]
     row["kernels"] = [(k["name"][:48], k["grid"], k["us"]) for k in kernels]
+    row["profiled_kernels"] = {name: [(k["name"][:48], k["us"]) for k in ks]
+                               for name, ks in profiled.items()}
     for rid in ids:
         engine.abort_request(rid)
     return row
@@ -280,9 +294,14 @@ def main():
     p.add_argument("--graph-variants", nargs="+", default=[], type=env_settings,
                    help="NAME=VALUE[,NAME=VALUE]: the engine's step under decode graphs "
                    "captured with these settings too (decode_throughput.py's)")
+    p.add_argument("--profile-variants", nargs="+", default=[],
+                   help="of --graph-variants: a step's kernels profiled under them too (e.g. "
+                   "PARASHIFT_PDL=0: each kernel's own time, no overlap)")
     pdl_chain.add_no_dot_configs(p)
     p.add_argument("--output", default=None)
     args = p.parse_args()
+    if not set(args.profile_variants) <= set(args.graph_variants):
+        p.error(f"--profile-variants {args.profile_variants} are not all of --graph-variants")
     pdl_chain.apply_no_dot_configs(args)
     cuda_graphs.DEFAULT_BUCKETS = tuple(sorted(args.batch_sizes))
     start = time.perf_counter()
@@ -298,10 +317,10 @@ def main():
     out["copy_bandwidth_tb_s"] = round(bandwidth / 1e12, 4)
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}), flush=True)
     for batch in args.batch_sizes:
-        out["rows"].append(measure(llm, graphs, batch, args.context, args.decode_steps, args.rounds,
-                                   bandwidth))
+        out["rows"].append(measure(llm, graphs, batch, args.context, args.decode_steps,
+                                   args.rounds, bandwidth, args.profile_variants))
         print(json.dumps({k: v for k, v in out["rows"][-1].items()
-                          if k not in ("kernels", "tiles")}), flush=True)
+                          if k not in ("kernels", "tiles", "profiled_kernels")}), flush=True)
         if args.output:
             with open(args.output, "w") as f:
                 json.dump(out, f, indent=1)

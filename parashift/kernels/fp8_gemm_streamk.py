@@ -9,10 +9,10 @@ equal runs as programs (one an SM by default): a program reads its run, finishin
 output tile it holds whole and storing its share of the one or two it holds in part. A tile
 held in parts is finished by the last of its programs to take the tile's ticket
 (split_tickets.py), which sums the shares in program order: the same bits whatever order the
-programs ran in, but not those of a tile summed in one run (other partial sums)."""
-import os
-from dataclasses import replace
-
+programs ran in, but not those of a tile summed in one run (other partial sums). On one H200
+at 64 rows it was slower at every 8B projection than the one-tile-a-program kernel (e.g. qkv
+14.1 against 9.9 µs, gate_up 39.6 against 34.1; docs/benchmark_log.md, helper fp8q): no
+candidate of the engine's choice, kept for `benchmarks/fp8_gemm_sweep.py --kernels sk`."""
 import torch
 import triton
 import triton.language as tl
@@ -21,26 +21,6 @@ from parashift.kernels import num_sms, pdl, split_tickets
 from parashift.kernels.fp8_epilogue import OFF, finish_tile, tile_scales
 
 KERNEL = "tma_w8a8_sk"  # fp8_gemm.Config.kernel
-ENV = "PARASHIFT_FP8_STREAMK"
-
-
-def instead_of(config):
-    """The config `fp8_gemm.linear` runs for its measured choice `config` (read at each call: a
-    CUDA graph keeps what its capture read). PARASHIFT_FP8_STREAMK: 0 (the default) the choice
-    itself; 1 a "tma_w8a8" choice's tile (block_n, block_k, warps, stages) on this kernel;
-    BNxBKxWxS that tile on this kernel in place of any "tma_w8a8" choice."""
-    value = os.environ.get(ENV, "0")
-    if value == "0" or config is None or config.kernel != "tma_w8a8":
-        return config
-    if value == "1":
-        return replace(config, kernel=KERNEL, split_k=1, tickets=False, max_block_m=0)
-    try:
-        block_n, block_k, warps, stages = (int(v) for v in value.split("x"))
-    except ValueError:
-        raise ValueError(f"{ENV}={value!r}: expected 0, 1 or BNxBKxWxS (e.g. 128x128x4x6)") \
-            from None
-    return replace(config, kernel=KERNEL, block_n=block_n, block_k=block_k, num_warps=warps,
-                   num_stages=stages, split_k=1, tickets=False, max_block_m=0)
 
 
 @triton.jit

@@ -44,16 +44,3 @@ def test_engine_tiles_match_dequantized_through_the_choice_path(shape):
     assert (actual.double() - expected).norm() / expected.norm() < 8e-2
     assert not split_tickets._counters[x.device].any()
 
-
-def test_switch_runs_a_tma_choice_on_this_kernel(monkeypatch):
-    chosen = Config("tma_w8a8", 64, 256, 4, 5, 2, tickets=True)
-    gemv = Config("gemv", 8, 1024, 4, 1)
-    assert fp8_gemm_streamk.instead_of(chosen) is chosen  # off by default
-    monkeypatch.setenv(fp8_gemm_streamk.ENV, "1")
-    assert fp8_gemm_streamk.instead_of(chosen) == Config(fp8_gemm_streamk.KERNEL, 64, 256, 4, 5)
-    assert fp8_gemm_streamk.instead_of(gemv) is gemv and fp8_gemm_streamk.instead_of(None) is None
-    monkeypatch.setenv(fp8_gemm_streamk.ENV, "128x128x8x6")
-    assert fp8_gemm_streamk.instead_of(chosen) == Config(fp8_gemm_streamk.KERNEL, 128, 128, 8, 6)
-    monkeypatch.setenv(fp8_gemm_streamk.ENV, "yes")
-    with pytest.raises(ValueError, match=fp8_gemm_streamk.ENV):
-        fp8_gemm_streamk.instead_of(chosen)
