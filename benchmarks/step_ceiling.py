@@ -3,7 +3,7 @@
 Usage (GPU): PYTHONPATH=. python3 benchmarks/step_ceiling.py \
     --model benchmarks/shapes/llama-3.1-8b.json [--quantization fp8] --batch-sizes 1 64 \
     [--context 1024] [--rounds 3] [--graph-variants NAME=VALUE ...]
-    [--profile-variants NAME=VALUE ...] [--no-dot-configs] [--output F]
+    [--patch-variants NAME ...] [--profile-variants NAME ...] [--no-dot-configs] [--output F]
 
 One engine (decode graphs captured only for --batch-sizes: `cuda_graphs.DEFAULT_BUCKETS`
 patched here, a shorter start-up). For each batch:
@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from benchmarks import pdl_chain, read_ceiling
-from benchmarks.decode_step_timeline import engine_steps, replay_ms
+from benchmarks.decode_step_timeline import PATCHES, engine_steps, patch_variants, replay_ms
 from benchmarks.decode_throughput import (batch_state, copy_bandwidth, env_settings,
                                           graph_variants, kv_bytes_per_token, start_decodes,
                                           variant_order, weight_bytes_read)
@@ -294,13 +294,16 @@ def main():
     p.add_argument("--graph-variants", nargs="+", default=[], type=env_settings,
                    help="NAME=VALUE[,NAME=VALUE]: the engine's step under decode graphs "
                    "captured with these settings too (decode_throughput.py's)")
+    p.add_argument("--patch-variants", nargs="+", default=[], choices=sorted(PATCHES),
+                   help="decode_step_timeline.py's: graphs captured with a module attribute "
+                   "patched (launch settings no switch reads), measured as --graph-variants")
     p.add_argument("--profile-variants", nargs="+", default=[],
                    help="of --graph-variants: a step's kernels profiled under them too (e.g. "
                    "PARASHIFT_PDL=0: each kernel's own time, no overlap)")
     pdl_chain.add_no_dot_configs(p)
     p.add_argument("--output", default=None)
     args = p.parse_args()
-    if not set(args.profile_variants) <= set(args.graph_variants):
+    if not set(args.profile_variants) <= {*args.graph_variants, *args.patch_variants}:
         p.error(f"--profile-variants {args.profile_variants} are not all of --graph-variants")
     pdl_chain.apply_no_dot_configs(args)
     cuda_graphs.DEFAULT_BUCKETS = tuple(sorted(args.batch_sizes))
@@ -312,7 +315,8 @@ def main():
     out = dict(model=args.model, quantization=args.quantization,
                device=torch.cuda.get_device_name(),
                start_up_s=round(time.perf_counter() - start, 1), rows=[])
-    graphs = graph_variants(llm.llm_engine.runner, args.graph_variants)
+    graphs = {**graph_variants(llm.llm_engine.runner, args.graph_variants),
+              **patch_variants(llm.llm_engine.runner, args.patch_variants)}
     bandwidth = copy_bandwidth(llm.llm_engine.device)
     out["copy_bandwidth_tb_s"] = round(bandwidth / 1e12, 4)
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}), flush=True)
