@@ -2,7 +2,7 @@
 bandwidth (issue 60: the decode b64 step's FP8 weight GEMM at >= 0.85 of it).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gemm_sweep.py [--rows 64 16 32]
-             [--output F] [--workers 16] [--kernels more | b64 | sk | tma_w8a8 ...] [--warm-only]
+             [--output F] [--workers 16] [--kernels more | b64 | tma_w8a8 ...] [--warm-only]
              [--x-fp8] [--chain] [--settings default NAME=VALUE[,..] ...]
              [--projections qkv o ...]
 (`--rows 1 --x-fp8 --chain --kernels b1`: the GEMV's and the one-row TMA candidates.)
@@ -32,7 +32,7 @@ import torch
 import triton.testing
 
 from benchmarks.decode_throughput import env_settings, environment, parse_settings
-from parashift.kernels import fp8_gemm, fp8_gemm_streamk, gemm_timing, pdl
+from parashift.kernels import fp8_gemm, gemm_timing, pdl
 from parashift.kernels.fp8_gemm import Config
 
 PROJECTIONS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
@@ -81,11 +81,6 @@ B64_SHAPES = ((64, 256, 4, 6, 1), (64, 256, 4, 5, 1), (64, 128, 4, 8, 1), (64, 1
 B64_HALF_ROWS = ((64, 256, 4, 6, 1), (64, 256, 4, 8, 1), (64, 128, 4, 12, 1), (128, 256, 4, 4, 2),
                  (128, 128, 4, 8, 2))
 
-# "sk": the stream-K kernel (fp8_gemm_streamk.py: the (tile, K step) iterations cut evenly among
-# a program an SM) on the 64-row winners' tiles and wider ones (fewer re-reads of the tokens)
-STREAMK_SHAPES = ((64, 256, 4, 5), (64, 256, 4, 6), (64, 128, 4, 8), (128, 128, 4, 6),
-                  (128, 256, 8, 3), (128, 128, 8, 6), (256, 128, 8, 4), (256, 64, 8, 8))
-
 
 # "b1": FP8 x FP8 by TMA at one to four rows (the row padded to a 16-token tile) around
 # gate_up's best in an earlier sweep (256x128 w8 s4: 112 programs), two programs an SM
@@ -120,9 +115,6 @@ def configs_for(n: int, kernels: list[str] | None = None) -> list[Config]:
         configs = fp8_gemm.GEMV_CONFIGS + tuple(
             Config("tma_w8a8", *shape, tickets=True) for shape in B1_SHAPES) + tuple(
             Config("tma_w8a8_p", *shape, tickets=shape[-1] > 1) for shape in B1_PERSISTENT)
-    elif kernels and "sk" in kernels:
-        configs = fp8_gemm.TMA_CONFIGS + tuple(Config(fp8_gemm_streamk.KERNEL, *shape)
-                                               for shape in STREAMK_SHAPES)
     elif kernels and "b64" in kernels:
         configs = (fp8_gemm.TMA_CONFIGS + CURRENT_WINNERS[:2]
                    + tuple(Config("tma_w8a8", *shape, tickets=True) for shape in B64_SHAPES)

@@ -15,8 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import fp8_gemm_streamk, fp8_gemm_tma, fp8_gemv, gemm_timing, pdl, \
-    split_tickets
+from parashift.kernels import fp8_gemm_tma, fp8_gemv, gemm_timing, pdl, split_tickets
 from parashift.kernels.fp8_epilogue import early_scales, early_ticket, finish_split_tile, \
     tile_scales
 from parashift.kernels.skinny_gemm import choose
@@ -190,10 +189,6 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     x = x if x.stride(1) == 1 else x.contiguous()
     fp8_x = "w8a8" in config.kernel
     xq, x_scale = (x, scale) if not fp8_x else x_fp8 or quantize_rows(x)
-    if config.kernel == fp8_gemm_streamk.KERNEL:
-        return fp8_gemm_streamk.streamk_linear(xq, x_scale, weight, scale, bias, x.dtype,
-                                               config.block_n, config.block_k,
-                                               config.num_warps, config.num_stages)
     if config.kernel in fp8_gemm_tma.KERNELS:
         return fp8_gemm_tma.tma_linear(xq, x_scale, weight, scale, bias, x.dtype,
                                        config.block_n, config.block_k, config.num_warps,
@@ -313,7 +308,7 @@ def _label(config: Config | None) -> str:
         return "cuBLASLt"
     label = (f"triton {config.kernel} {config.block_n}x{config.block_k} split {config.split_k}"
              f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}")
-    if config.kernel.startswith("tma_"):  # these differ in warps and stages too
+    if config.kernel in fp8_gemm_tma.KERNELS:  # these differ in warps and stages too
         label += f" w{config.num_warps} s{config.num_stages}"
         label += f" m<={config.max_block_m}" if config.max_block_m else ""
     return label
@@ -332,7 +327,7 @@ def timings_ms(x, weight, scale, bias) -> dict[Config | None, float]:
     with L2 flushed where asked (PARASHIFT_GEMM_TIMING=flushed) or a graph cannot be
     captured; a config this device cannot compile or run is left out."""
     configs = [c for c in candidates(x.shape[0], weight.shape[0])
-               if not c.kernel.startswith("tma_") or fp8_gemm_tma.takes(weight)]
+               if c.kernel not in fp8_gemm_tma.KERNELS or fp8_gemm_tma.takes(weight)]
     if not gemm_timing.flushed():
         try:
             weights = gemm_timing.weight_copies(weight)
