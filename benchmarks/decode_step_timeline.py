@@ -51,6 +51,16 @@ PATCHES = {
     "norm_warps_16": (rmsnorm, "num_warps", lambda block: min(max(block // 256, 1), 16)),
     "silu_block_512": (silu_mul, "MAX_BLOCK", 512),
     "silu_block_2048": (silu_mul, "MAX_BLOCK", 2048),
+    # SiLU·mul with FP8 rows below 1,024 rows: columns a program (2,048: 7 parts of the 8B's
+    # row) and warps (8); the same bits at any (the row's largest magnitude is exact)
+    "silu_fp8_block_1024": (silu_mul, "SPLIT_BLOCK", 1024),
+    "silu_fp8_block_4096": (silu_mul, "SPLIT_BLOCK", 4096),
+    "silu_fp8_warps_4": (silu_mul, "SPLIT_WARPS", 4),
+    "silu_fp8_warps_16": (silu_mul, "SPLIT_WARPS", 16),
+    "silu_fp8_rows": (silu_mul, "SPLIT_ROWS", 0),  # a program a row (the prefill's kernel)
+    # the per-token quantization kernel's warps (o's input at 64 rows: 4); the same bits
+    "quant_warps_2": (fp8_gemm, "quantize_warps", lambda k: 2),
+    "quant_warps_8": (fp8_gemm, "quantize_warps", lambda k: 8),
     "reduce_warps_1": (triton_backend, "REDUCE_WARPS", 1),
     "reduce_warps_2": (triton_backend, "REDUCE_WARPS", 2),
     "reduce_warps_8": (triton_backend, "REDUCE_WARPS", 8),
