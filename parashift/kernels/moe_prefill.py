@@ -22,11 +22,12 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import moe_routing, pdl
+from parashift.kernels import moe_routing, moe_schedule, pdl
 from parashift.kernels.silu_mul import silu_mul_values
 
 ENV, TILES_ENV = "PARASHIFT_MOE_PREFILL", "PARASHIFT_MOE_PREFILL_TILES"
-# block_m, then (BLOCK_N, BLOCK_K, warps, stages) of gate_up and of down; DEFAULT_TILES
+# block_m, then (BLOCK_N, BLOCK_K, warps, stages) of gate_up and of down, and any of
+# kernels/moe_schedule.py's flags (a missing one off); DEFAULT_TILES
 # where the table has no row for the device: the unfused path's 64-row tiles
 DEFAULT_TILES = {"block_m": 64, "gate_up": (64, 64, 4, 3), "down": (128, 64, 4, 3)}
 # device name -> tiles, from a sweep on that device (benchmarks/moe_prefill.py, Qwen3-30B-A3B at
@@ -70,10 +71,12 @@ def _tiles_file(path: str) -> dict:
         tiles = json.load(f)
     try:
         return check_tiles({"block_m": tiles["block_m"], "gate_up": tuple(tiles["gate_up"]),
-                            "down": tuple(tiles["down"])})
+                            "down": tuple(tiles["down"]),
+                            **{k: tiles[k] for k in moe_schedule.FLAGS if k in tiles}})
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{TILES_ENV}={path}: expected block_m, gate_up and down "
-                         f"(BLOCK_N, BLOCK_K, warps, stages), got {tiles}") from exc
+                         f"(BLOCK_N, BLOCK_K, warps, stages) and any of "
+                         f"{moe_schedule.FLAGS}, got {tiles}") from exc
 
 
 def check_tiles(tiles: dict) -> dict:
@@ -83,36 +86,74 @@ def check_tiles(tiles: dict) -> dict:
             or tiles["block_m"] < 16:
         raise ValueError("MoE prefill tiles must be powers of two (block_m >= 16; stages "
                          f">= 1), got {tiles}")
+    unknown = set(tiles) - {"block_m", "gate_up", "down", *moe_schedule.FLAGS}
+    if unknown:
+        raise ValueError(f"unknown MoE prefill tile keys {sorted(unknown)}")
+    moe_schedule.check_flags(tiles)
     return tiles
 
 
 @triton.jit
-def _gate_up_silu_kernel(h_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, scale_ptr,
+def _gate_up_silu_kernel(h_ptr, a_ptr, w_ptr, w_desc, pair_ptr, block_expert_ptr, scale_ptr,
                          num_pairs, num_experts, inter, k_in, a_row_div,
                          stride_a, stride_we, stride_wp, stride_wn, stride_h,
                          stride_se, stride_sp, stride_sn,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          IEEE: tl.constexpr, W_SCALED: tl.constexpr, LIBDEVICE: tl.constexpr,
-                         USE_PDL: tl.constexpr = 0):
+                         N_FIRST: tl.constexpr = 0, SPLIT_TAIL: tl.constexpr = 0,
+                         TMA: tl.constexpr = 0, USE_PDL: tl.constexpr = 0):
     pdl.start(USE_PDL)  # which expert a block reads is the sort's output
-    block = tl.program_id(0)
+    block, n_tile = moe_schedule.block_and_column_tile(N_FIRST)
     expert = tl.load(block_expert_ptr + block)
     if expert >= num_experts:
         return
+    if not SPLIT_TAIL:
+        _gate_up_silu_tile(h_ptr, a_ptr, w_ptr, w_desc, pair_ptr, scale_ptr, expert, n_tile,
+                           num_pairs, inter, k_in, a_row_div, stride_a, stride_we, stride_wp,
+                           stride_wn, stride_h, stride_se, stride_sp, stride_sn, block,
+                           BLOCK_M, BLOCK_N, BLOCK_K, IEEE, W_SCALED, LIBDEVICE, TMA, USE_PDL)
+    elif moe_schedule.tail_block(pair_ptr, block, num_pairs, BLOCK_M):
+        # the expert's last rows fill half the block or less: half a block's GEMM
+        _gate_up_silu_tile(h_ptr, a_ptr, w_ptr, w_desc, pair_ptr, scale_ptr, expert, n_tile,
+                           num_pairs, inter, k_in, a_row_div, stride_a, stride_we, stride_wp,
+                           stride_wn, stride_h, stride_se, stride_sp, stride_sn, 2 * block,
+                           BLOCK_M // 2, BLOCK_N, BLOCK_K, IEEE, W_SCALED, LIBDEVICE, TMA,
+                           USE_PDL)
+    else:
+        _gate_up_silu_tile(h_ptr, a_ptr, w_ptr, w_desc, pair_ptr, scale_ptr, expert, n_tile,
+                           num_pairs, inter, k_in, a_row_div, stride_a, stride_we, stride_wp,
+                           stride_wn, stride_h, stride_se, stride_sp, stride_sn, block,
+                           BLOCK_M, BLOCK_N, BLOCK_K, IEEE, W_SCALED, LIBDEVICE, TMA, USE_PDL)
+
+
+@triton.jit
+def _gate_up_silu_tile(h_ptr, a_ptr, w_ptr, w_desc, pair_ptr, scale_ptr, expert, n_tile,
+                       num_pairs, inter, k_in, a_row_div, stride_a, stride_we, stride_wp,
+                       stride_wn, stride_h, stride_se, stride_sp, stride_sn, block,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       IEEE: tl.constexpr, W_SCALED: tl.constexpr, LIBDEVICE: tl.constexpr,
+                       TMA: tl.constexpr, USE_PDL: tl.constexpr):
+    """BLOCK_M sorted rows (the block-th run of BLOCK_M) times BLOCK_N columns of the
+    expert's gate and up; TMA: the weights by the descriptor of their [E * 2 I, H] view."""
     pairs, valid, a_rows = moe_routing.block_pairs(pair_ptr, block, num_pairs, a_row_div,
                                                    BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     w_gate = w_ptr + expert.to(tl.int64) * stride_we + cols[None, :] * stride_wn
     w_up = w_gate + stride_wp
+    gate_row = expert.to(tl.int32) * 2 * inter + n_tile * BLOCK_N  # of the descriptor's view
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, k_in, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] * stride_a + ks[None, :],
                     mask=valid[:, None] & (ks[None, :] < k_in), other=0.0)
-        w_mask = (cols[None, :] < inter) & (ks[:, None] < k_in)
-        gate = tl.load(w_gate + ks[:, None], mask=w_mask, other=0.0)
-        up = tl.load(w_up + ks[:, None], mask=w_mask, other=0.0)
+        if TMA:
+            gate = tl.trans(w_desc.load([gate_row, k0]))
+            up = tl.trans(w_desc.load([gate_row + inter, k0]))
+        else:
+            w_mask = (cols[None, :] < inter) & (ks[:, None] < k_in)
+            gate = tl.load(w_gate + ks[:, None], mask=w_mask, other=0.0)
+            up = tl.load(w_up + ks[:, None], mask=w_mask, other=0.0)
         if W_SCALED:  # E4M3 weights: exact in the activations' dtype, scaled after the sum
             gate = gate.to(a_ptr.dtype.element_ty)
             up = up.to(a_ptr.dtype.element_ty)
@@ -135,10 +176,13 @@ def _gate_up_silu_kernel(h_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, scale_
 
 def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, pair_of_row: torch.Tensor,
                  block_expert: torch.Tensor, num_pairs: int, top_k: int, tiles: tuple,
-                 scale: torch.Tensor | None = None) -> torch.Tensor:
+                 scale: torch.Tensor | None = None, schedule: dict | None = None
+                 ) -> torch.Tensor:
     """[num_pairs, I]: silu(x[p // top_k] @ gate^T) * (x[p // top_k] @ up^T) of pair p's
     expert; rows of pairs held elsewhere unwritten. gate_up: [E, 2 I, H] or a narrowed
-    layout's [E, 2, I, H] view; FP8 with `scale` [E, 2 I, 1] or [E, 2, I, 1]."""
+    layout's [E, 2, I, H] view; FP8 with `scale` [E, 2 I, 1] or [E, 2, I, 1]. `schedule`:
+    kernels/moe_schedule.py's flags (None: all off)."""
+    schedule = schedule or {}
     w = gate_up if gate_up.dim() == 4 else gate_up.unflatten(1, (2, gate_up.shape[1] // 2))
     if w.stride(3) != 1:
         w = w.contiguous()
@@ -149,12 +193,18 @@ def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, pair_of_row: torch.Tens
     h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
     block_n, block_k, warps, stages = tiles
     block_m = pair_of_row.numel() // block_expert.numel()
-    _gate_up_silu_kernel[(block_expert.numel(), triton.cdiv(inter, block_n))](
-        h, x, w, pair_of_row, block_expert, scale if scale is not None else h,
+    grid, n_first = moe_schedule.grid(block_expert.numel(), triton.cdiv(inter, block_n),
+                                      schedule.get("n_first", 0))
+    w_desc = moe_schedule.weight_descriptor(gate_up, x, block_n, block_k,
+                                            schedule.get("tma", 0))
+    _gate_up_silu_kernel[grid](
+        h, x, w, w_desc, pair_of_row, block_expert, scale if scale is not None else h,
         num_pairs, w.shape[0], inter, k_in, top_k, x.stride(0), w.stride(0), w.stride(1),
         w.stride(2), h.stride(0), *((0, 0, 0) if scale is None else scale.stride()[:3]),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32,
-        W_SCALED=scale is not None, LIBDEVICE=x.is_cuda, num_warps=warps, num_stages=stages,
+        W_SCALED=scale is not None, LIBDEVICE=x.is_cuda, N_FIRST=n_first,
+        SPLIT_TAIL=int(bool(schedule.get("split_tail", 0)) and block_m >= 32),
+        TMA=int(w_desc is not None), num_warps=warps, num_stages=stages,
         **pdl.launch_options(x.device))
     return h
 
