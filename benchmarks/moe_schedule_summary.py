@@ -61,15 +61,25 @@ def floors_ms(cfg: dict, tokens: int) -> dict:
     }
 
 
+def sweep_rows(out: str) -> dict | None:
+    """moe_prefill.json, else the rows its log printed (a sweep stopped by its timeout)."""
+    path, log = os.path.join(out, "moe_prefill.json"), os.path.join(out, "moe_prefill.log")
+    if os.path.exists(path):
+        return json.load(open(path))
+    if not os.path.exists(log):
+        return None
+    rows = [json.loads(line) for line in open(log) if line.startswith("{")]
+    return {"rows": rows, "best": None}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--model", default="benchmarks/shapes/qwen3-30b-a3b.json")
     p.add_argument("--tokens", type=int, default=4096)
     args = p.parse_args()
-    sweep_path = os.path.join(args.out, "moe_prefill.json")
-    if os.path.exists(sweep_path):
-        sweep = json.load(open(sweep_path))
+    sweep = sweep_rows(args.out)
+    if sweep:
         for gemm in sorted({r["gemm"] for r in sweep["rows"]}):
             timed = sorted((r for r in sweep["rows"] if r["gemm"] == gemm and r["ms"]),
                            key=lambda r: r["ms"])

@@ -4,8 +4,9 @@
 # 1. benchmarks/moe_prefill.py: one layer's experts, the tiles and schedules swept (kernels
 #    compiled by $JOBS processes first), torch._grouped_mm beside; the fastest to
 #    $OUT/tiles_best.json;
-# 2. in the background while 3 starts its engine: the GPU tests of the MoE prefill path
-#    (stopped after 45 s so that they do not overlap the timed steps);
+# 2. in the background while 3 starts its engine: the GPU tests of the MoE prefill path that
+#    $TEST_FILTER picks (default: the schedule flags in bf16), stopped after 45 s so that they
+#    do not overlap the timed steps;
 # 3. benchmarks/prefill_variants.py, one engine: 512 and 4,096 tokens under the table's tiles
 #    (profiled: the breakdown by kernel), then 4,096 under tiles files: the sweep's best, the
 #    table's tiles with every flag (nst), with n_first and split_tail (ns); $EXTRA_TILES adds
@@ -21,17 +22,18 @@ tiles() {  # name, json
 tiles nst '{"block_m": 128, "gate_up": [64, 64, 4, 3], "down": [256, 64, 8, 3], "n_first": 1, "split_tail": 1, "tma": 1}'
 tiles ns '{"block_m": 128, "gate_up": [64, 64, 4, 3], "down": [256, 64, 8, 3], "n_first": 1, "split_tail": 1}'
 start=$SECONDS
-timeout 75 python3 benchmarks/moe_prefill.py --model "$S" --tokens 4096 --jobs "${JOBS:-12}" \
+timeout 55 python3 benchmarks/moe_prefill.py --model "$S" --tokens 4096 --jobs "${JOBS:-12}" \
   --output "$OUT/moe_prefill.json" --tiles-out "$OUT/tiles_best.json" > "$OUT/moe_prefill.log" 2>&1
 echo "[moe_prefill rc=$? $((SECONDS - start)) s]"
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
 (PARASHIFT_TEST_DEVICE=cuda timeout 45 python3 -m pytest -q -p no:cacheprovider $xdist \
-  -k "not interpreted" tests/kernels/test_moe_prefill.py > "$OUT/gpu_tests.log" 2>&1;
+  -k "${TEST_FILTER:-schedules and bfloat16}" tests/kernels/test_moe_prefill.py \
+  > "$OUT/gpu_tests.log" 2>&1;
  echo "[gpu_tests rc=$?]" >> "$OUT/gpu_tests.log") &
 files="nst=$OUT/tiles_nst.json ns=$OUT/tiles_ns.json ${EXTRA_TILES:-}"
 [ -s "$OUT/tiles_best.json" ] && files="best=$OUT/tiles_best.json $files"
 start=$SECONDS
-timeout 100 python3 benchmarks/prefill_variants.py --model "$S" --prompt-lens 512 4096 \
+timeout 85 python3 benchmarks/prefill_variants.py --model "$S" --prompt-lens 512 4096 \
   --repeats 3 --variants default --profile --tile-files $files \
   --output "$OUT/variants.json" > "$OUT/variants.log" 2>&1
 echo "[prefill_variants rc=$? $((SECONDS - start)) s]"
