@@ -95,6 +95,10 @@ def main():
         print(f"{r['variant']:10s} {r['prompt_len']:5d}: {r['step_ms']:8.2f} ms "
               f"({r['fraction_of_floor']} of {r['floor_ms']} ms); forward host "
               f"{r['forward_host_ms']} / device {r['forward_device_ms']} ms")
+    for r in rows:
+        if r.get("python_profile"):
+            print(f"host (cProfile, inflated) of {r['variant']} {r['prompt_len']}: " + "; ".join(
+                f"{where} {ms} ms ({calls})" for where, ms, calls in r["python_profile"][:15]))
     floors = floors_ms(json.load(open(args.model)), args.tokens)
     for r in rows:
         for prof in r.get("profile", []):

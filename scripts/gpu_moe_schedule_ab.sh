@@ -34,7 +34,7 @@ files="nst=$OUT/tiles_nst.json ns=$OUT/tiles_ns.json ${EXTRA_TILES:-}"
 [ -s "$OUT/tiles_best.json" ] && files="best=$OUT/tiles_best.json $files"
 start=$SECONDS
 timeout 85 python3 benchmarks/prefill_variants.py --model "$S" --prompt-lens 512 4096 \
-  --repeats 3 --variants default --profile --tile-files $files \
+  --repeats 3 --variants default --profile --python-profile --tile-files $files \
   --output "$OUT/variants.json" > "$OUT/variants.log" 2>&1
 echo "[prefill_variants rc=$? $((SECONDS - start)) s]"
 wait
