@@ -26,18 +26,21 @@ from parashift.layers.fused_moe import route
 
 MATRIX_RATE = 788e12  # H200 dense bf16, ../shared/workloads.md
 # (block_m, BLOCK_N, BLOCK_K, warps, stages, schedule): the schedule names
-# kernels/moe_schedule.py's flags on ("-": none; "n": n_first, "s": split_tail, "t": tma)
+# kernels/moe_schedule.py's flags on ("-": none; "n": n_first, "s": split_tail, "t": tma,
+# "j": joint, gate_up's only)
 GATE_UP_TILES = [(128, 64, 64, 4, 3, "-"), (128, 64, 64, 4, 3, "n"), (128, 64, 64, 4, 3, "ns"),
                  (128, 64, 64, 4, 3, "nst"), (128, 64, 64, 8, 3, "nst"),
                  (128, 128, 64, 8, 3, "nst"), (128, 64, 64, 4, 4, "nst"),
                  (128, 128, 64, 8, 4, "ns"), (128, 64, 128, 8, 3, "nst"),
-                 (64, 128, 64, 4, 3, "nt"), (64, 64, 64, 4, 3, "n")]
+                 (64, 128, 64, 4, 3, "nt"), (64, 64, 64, 4, 3, "n"), (128, 64, 64, 4, 3, "nstj"),
+                 (128, 128, 64, 8, 3, "nstj"), (128, 64, 64, 8, 3, "nstj"),
+                 (128, 64, 64, 4, 4, "nstj"), (64, 128, 64, 4, 3, "ntj")]
 DOWN_TILES = [(128, 256, 64, 8, 3, "-"), (128, 256, 64, 8, 3, "n"), (128, 256, 64, 8, 3, "ns"),
               (128, 256, 64, 8, 3, "nst"), (128, 128, 64, 8, 3, "nst"),
               (128, 128, 64, 4, 3, "nst"), (128, 256, 128, 8, 2, "nst"),
               (128, 256, 64, 8, 4, "ns"), (128, 256, 64, 8, 4, "nst"),
               (64, 256, 64, 8, 3, "nt"), (64, 128, 64, 4, 3, "n")]
-FLAG_LETTERS = {"n": "n_first", "s": "split_tail", "t": "tma"}
+FLAG_LETTERS = {"n": "n_first", "s": "split_tail", "t": "tma", "j": "joint"}
 
 
 def schedule(letters: str) -> dict:
@@ -99,13 +102,15 @@ def fastest(rows: list[dict], block_m: int, letters: str) -> dict | None:
 
 def best_tiles(rows: list[dict]) -> tuple[float, dict] | None:
     """(the two GEMMs' ms, the tiles file's contents) of the fastest pair of one block_m and
-    one schedule (the tiles file holds one set of flags for both GEMMs)."""
+    one schedule (the tiles file holds one set of flags for both GEMMs; joint is gate_up's
+    alone)."""
     best = None
     up_rows = [r for r in rows if r["gemm"] == "gate_up+silu"]
     down_rows = [r for r in rows if r["gemm"] == "down"]
     for block_m in sorted({r["block_m"] for r in up_rows}):
         for letters in sorted({r["schedule"] for r in up_rows}):
-            up, dn = fastest(up_rows, block_m, letters), fastest(down_rows, block_m, letters)
+            up = fastest(up_rows, block_m, letters)
+            dn = fastest(down_rows, block_m, letters.replace("j", "") or "-")
             if up and dn and (best is None or up["ms"] + dn["ms"] < best[0]):
                 best = (up["ms"] + dn["ms"], {"block_m": block_m, "gate_up": up["tiles"],
                                               "down": dn["tiles"], **schedule(letters)})

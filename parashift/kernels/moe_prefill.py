@@ -127,17 +127,11 @@ def _gate_up_silu_kernel(h_ptr, a_ptr, w_ptr, w_desc, pair_ptr, block_expert_ptr
 
 
 @triton.jit
-def _gate_up_silu_tile(h_ptr, a_ptr, w_ptr, w_desc, pair_ptr, scale_ptr, expert, n_tile,
-                       num_pairs, inter, k_in, a_row_div, stride_a, stride_we, stride_wp,
-                       stride_wn, stride_h, stride_se, stride_sp, stride_sn, block,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       IEEE: tl.constexpr, W_SCALED: tl.constexpr, LIBDEVICE: tl.constexpr,
-                       TMA: tl.constexpr, USE_PDL: tl.constexpr):
-    """BLOCK_M sorted rows (the block-th run of BLOCK_M) times BLOCK_N columns of the
-    expert's gate and up; TMA: the weights by the descriptor of their [E * 2 I, H] view."""
-    pairs, valid, a_rows = moe_routing.block_pairs(pair_ptr, block, num_pairs, a_row_div,
-                                                   BLOCK_M)
-    cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+def _gate_up_sums(a_ptr, w_ptr, w_desc, a_rows, valid, expert, cols, n_tile, inter, k_in,
+                  stride_a, stride_we, stride_wp, stride_wn, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+                  W_SCALED: tl.constexpr, TMA: tl.constexpr):
+    """The gate and the up GEMM's fp32 sums [BLOCK_M, BLOCK_N], side by side."""
     w_gate = w_ptr + expert.to(tl.int64) * stride_we + cols[None, :] * stride_wn
     w_up = w_gate + stride_wp
     gate_row = expert.to(tl.int32) * 2 * inter + n_tile * BLOCK_N  # of the descriptor's view
@@ -163,6 +157,45 @@ def _gate_up_silu_tile(h_ptr, a_ptr, w_ptr, w_desc, pair_ptr, scale_ptr, expert,
         else:
             acc_gate = tl.dot(a, gate, acc_gate)
             acc_up = tl.dot(a, up, acc_up)
+    return acc_gate, acc_up
+
+
+@triton.jit
+def _gate_up_joint_sums(a_ptr, w_desc, a_rows, valid, expert, n_tile, k_in, stride_a,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """_gate_up_sums in one GEMM of 2 BLOCK_N columns: the gate's and the up's rows of one
+    column tile in one TMA load of the [E * 2, I, H] view (16-bit weights only)."""
+    acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k_in, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + a_rows[:, None] * stride_a + ks[None, :],
+                    mask=valid[:, None] & (ks[None, :] < k_in), other=0.0)
+        w = w_desc.load([expert.to(tl.int32) * 2, n_tile * BLOCK_N, k0])
+        acc = tl.dot(a, tl.trans(tl.reshape(w, (2 * BLOCK_N, BLOCK_K))), acc)
+    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+
+
+@triton.jit
+def _gate_up_silu_tile(h_ptr, a_ptr, w_ptr, w_desc, pair_ptr, scale_ptr, expert, n_tile,
+                       num_pairs, inter, k_in, a_row_div, stride_a, stride_we, stride_wp,
+                       stride_wn, stride_h, stride_se, stride_sp, stride_sn, block,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       IEEE: tl.constexpr, W_SCALED: tl.constexpr, LIBDEVICE: tl.constexpr,
+                       TMA: tl.constexpr, USE_PDL: tl.constexpr):
+    """BLOCK_M sorted rows (the block-th run of BLOCK_M) times BLOCK_N columns of the
+    expert's gate and up; TMA 1: the weights by the descriptor of their [E * 2 I, H] view,
+    2: of their [E * 2, I, H] view, gate and up in one GEMM."""
+    pairs, valid, a_rows = moe_routing.block_pairs(pair_ptr, block, num_pairs, a_row_div,
+                                                   BLOCK_M)
+    cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    if TMA == 2:
+        acc_gate, acc_up = _gate_up_joint_sums(a_ptr, w_desc, a_rows, valid, expert, n_tile,
+                                               k_in, stride_a, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc_gate, acc_up = _gate_up_sums(a_ptr, w_ptr, w_desc, a_rows, valid, expert, cols,
+                                         n_tile, inter, k_in, stride_a, stride_we, stride_wp,
+                                         stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, W_SCALED,
+                                         TMA)
     if W_SCALED:
         scales = scale_ptr + expert.to(tl.int64) * stride_se + cols * stride_sn
         acc_gate = acc_gate * tl.load(scales, mask=cols < inter, other=0.0)[None, :]
@@ -195,8 +228,9 @@ def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, pair_of_row: torch.Tens
     block_m = pair_of_row.numel() // block_expert.numel()
     grid, n_first = moe_schedule.grid(block_expert.numel(), triton.cdiv(inter, block_n),
                                       schedule.get("n_first", 0))
+    joint = schedule.get("joint", 0) and x.dtype != torch.float32
     w_desc = moe_schedule.weight_descriptor(gate_up, x, block_n, block_k,
-                                            schedule.get("tma", 0))
+                                            schedule.get("tma", 0) or joint, 2 if joint else 1)
     _gate_up_silu_kernel[grid](
         h, x, w, w_desc, pair_of_row, block_expert, scale if scale is not None else h,
         num_pairs, w.shape[0], inter, k_in, top_k, x.stride(0), w.stride(0), w.stride(1),
@@ -204,7 +238,7 @@ def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, pair_of_row: torch.Tens
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32,
         W_SCALED=scale is not None, LIBDEVICE=x.is_cuda, N_FIRST=n_first,
         SPLIT_TAIL=int(bool(schedule.get("split_tail", 0)) and block_m >= 32),
-        TMA=int(w_desc is not None), num_warps=warps, num_stages=stages,
+        TMA=0 if w_desc is None else 2 if joint else 1, num_warps=warps, num_stages=stages,
         **pdl.launch_options(x.device))
     return h
 

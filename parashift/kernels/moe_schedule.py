@@ -11,12 +11,15 @@ file); all off: the decode path's walk, unchanged.
   to a multiple of block_m) runs a GEMM of half the rows: 128-row blocks pad ~27% of a
   4,096-token Qwen3-30B-A3B layer's rows, half blocks at the tail ~13%.
 - tma: the weights by a TMA descriptor of their [E * n, k] view (16-bit weights of the
-  activations' dtype, stored whole: not a narrowed layout's strided view, not FP8)."""
+  activations' dtype, stored whole: not a narrowed layout's strided view, not FP8).
+- joint (gate_up only, where tma could run): a column tile's gate and up rows in one TMA load
+  of the [E * 2, I, H] view and one GEMM of twice the columns (a wider MMA reads the shared
+  activations from shared memory once for both), the sums split after the loop."""
 import torch
 import triton
 import triton.language as tl
 
-FLAGS = ("n_first", "split_tail", "tma")
+FLAGS = ("n_first", "split_tail", "tma", "joint")
 MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dimension
 
 
@@ -54,16 +57,19 @@ def grid(blocks: int, column_tiles: int, n_first: int) -> tuple[tuple[int, int],
 
 
 def weight_descriptor(w: torch.Tensor, activations: torch.Tensor, block_n: int, block_k: int,
-                      wanted: int):
+                      wanted: int, parts: int = 1):
     """A TMA descriptor of the stacked weights w [E, n, k] as [E * n, k] with [block_n,
-    block_k] tiles, where `wanted` and the weights allow it; else None."""
+    block_k] tiles (parts 2: as [E * 2, n / 2, k] with [2, block_n, block_k] tiles, a
+    column tile of both halves), where `wanted` and the weights allow it; else None."""
     if not wanted or w.dim() != 3 or not w.is_contiguous() or w.dtype != activations.dtype:
         return None
     from parashift.kernels.fp8_gemm_tma import fits, supported
-    if not supported(w.device):
-        return None
     flat = w.view(-1, w.shape[2])
-    if not fits(flat):
+    if not supported(w.device) or not fits(flat) or w.shape[1] % parts:
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
-    return TensorDescriptor(flat, list(flat.shape), [flat.stride(0), 1], [block_n, block_k])
+    if parts == 1:
+        return TensorDescriptor(flat, list(flat.shape), [flat.stride(0), 1], [block_n, block_k])
+    view = w.view(w.shape[0] * parts, w.shape[1] // parts, w.shape[2])
+    return TensorDescriptor(view, list(view.shape), [view.stride(0), view.stride(1), 1],
+                            [parts, block_n, block_k])

@@ -24,13 +24,13 @@ CASES = [
     dict(tokens=17, experts=4, top_k=2, hidden=64, inter=64, narrow=True),
     # every schedule flag (kernels/moe_schedule.py): half blocks at each expert's tail
     dict(tokens=130, experts=4, top_k=4, hidden=64, inter=32,
-         schedule=dict(block_m=32, n_first=1, split_tail=1, tma=1)),
+         schedule=dict(block_m=32, n_first=1, split_tail=1, tma=1, joint=1)),
 ]
 # on CUDA: the H200's prefill tiles under each flag, experts of 1-3 blocks and a tail
 SCHEDULE_CASES = [dict(tokens=300, experts=8, top_k=4, hidden=256, inter=192, schedule=dict(
     block_m=128, gate_up=(64, 64, 4, 3), down=(128, 64, 8, 3), **flags))
     for flags in (dict(n_first=1), dict(split_tail=1), dict(tma=1),
-                  dict(n_first=1, split_tail=1, tma=1))]
+                  dict(n_first=1, split_tail=1, tma=1), dict(joint=1))]
 
 
 def unfused(args):
