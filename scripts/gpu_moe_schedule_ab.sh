@@ -11,7 +11,7 @@
 #    (profiled: the breakdown by kernel), then 4,096 under tiles files: the sweep's best, the
 #    table's tiles with n_first, split_tail and tma (nst), without tma (ns), with joint too
 #    (nstj); $EXTRA_TILES adds NAME=PATH pairs.
-# Usage: OUT=dir [JOBS=12] [EXTRA_TILES="name=path ..."] bash scripts/gpu_moe_schedule_ab.sh
+# Usage: OUT=dir [JOBS=14] [EXTRA_TILES="name=path ..."] bash scripts/gpu_moe_schedule_ab.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 S=benchmarks/shapes/qwen3-30b-a3b.json
@@ -23,7 +23,7 @@ tiles nst '{"block_m": 128, "gate_up": [64, 64, 4, 3], "down": [256, 64, 8, 3], 
 tiles ns '{"block_m": 128, "gate_up": [64, 64, 4, 3], "down": [256, 64, 8, 3], "n_first": 1, "split_tail": 1}'
 tiles nstj '{"block_m": 128, "gate_up": [64, 64, 4, 3], "down": [256, 64, 8, 3], "n_first": 1, "split_tail": 1, "tma": 1, "joint": 1}'
 start=$SECONDS
-timeout 55 python3 benchmarks/moe_prefill.py --model "$S" --tokens 4096 --jobs "${JOBS:-12}" \
+timeout 62 python3 benchmarks/moe_prefill.py --model "$S" --tokens 4096 --jobs "${JOBS:-14}" \
   --output "$OUT/moe_prefill.json" --tiles-out "$OUT/tiles_best.json" > "$OUT/moe_prefill.log" 2>&1
 echo "[moe_prefill rc=$? $((SECONDS - start)) s]"
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
@@ -34,7 +34,7 @@ xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
 files="nst=$OUT/tiles_nst.json ns=$OUT/tiles_ns.json nstj=$OUT/tiles_nstj.json ${EXTRA_TILES:-}"
 [ -s "$OUT/tiles_best.json" ] && files="best=$OUT/tiles_best.json $files"
 start=$SECONDS
-timeout 85 python3 benchmarks/prefill_variants.py --model "$S" --prompt-lens 512 4096 \
+timeout 80 python3 benchmarks/prefill_variants.py --model "$S" --prompt-lens 512 4096 \
   --repeats 3 --variants default --profile --python-profile --tile-files $files \
   --output "$OUT/variants.json" > "$OUT/variants.log" 2>&1
 echo "[prefill_variants rc=$? $((SECONDS - start)) s]"
