@@ -48,7 +48,7 @@ def variant(name: str, runner, tiles: str | None, tile_files: dict | None = None
     backend = runner.backend
     thresholds = {key: getattr(backend, key) for key in ("long_prefill_tokens", "chunk_tokens")
                   if hasattr(backend, key)}
-    if name == "cudnn_off":
+    if name == "cudnn_off" or name.endswith("_cudnn_off"):  # a tiles file's too
         for key in thresholds:
             setattr(backend, key, 1 << 30)
     try:
@@ -139,7 +139,8 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tiles", default=None, help="benchmarks/moe_prefill.py's --tiles-out")
     p.add_argument("--tile-files", nargs="*", default=[], metavar="NAME=PATH",
-                   help="more variants: each runs with PARASHIFT_MOE_PREFILL_TILES=PATH")
+                   help="more variants: each runs with PARASHIFT_MOE_PREFILL_TILES=PATH "
+                        "(a NAME ending in _cudnn_off also without cuDNN's prefill route)")
     p.add_argument("--profile", action="store_true", help="the first variant's longest prompt")
     p.add_argument("--python-profile", action="store_true",
                    help="the first variant's longest prompt's forward under cProfile")

@@ -31,11 +31,13 @@ ENV, TILES_ENV = "PARASHIFT_MOE_PREFILL", "PARASHIFT_MOE_PREFILL_TILES"
 # where the table has no row for the device: the unfused path's 64-row tiles
 DEFAULT_TILES = {"block_m": 64, "gate_up": (64, 64, 4, 3), "down": (128, 64, 4, 3)}
 # device name -> tiles, from a sweep on that device (benchmarks/moe_prefill.py, Qwen3-30B-A3B at
-# 4,096 tokens, 256 pairs an expert): on an H200 these took the experts 0.862 ms a layer
-# against 0.930 with the best 64-row tiles, and the 4,096-token prefill 70.8 against 75.3 ms
-# (benchmarks/results/raw/s42_final_x2/; docs/benchmark_log.md, session 42)
+# 4,096 tokens, 256 pairs an expert). H200 (session 47, benchmarks/results/raw/moepf_call1/):
+# column tiles first and half blocks at the tails; the experts call 0.880 ms a layer against
+# 0.970 with session 42's row (gate_up 0.552 -> 0.490 ms, down 0.326 -> 0.262), the 4,096-token
+# prefill 70.3 against 74.3 ms in one engine
 TILES: dict[str, dict] = {
-    "NVIDIA H200": {"block_m": 128, "gate_up": (64, 64, 4, 3), "down": (256, 64, 8, 3)},
+    "NVIDIA H200": {"block_m": 128, "gate_up": (128, 64, 8, 4), "down": (256, 64, 8, 4),
+                    "n_first": 1, "split_tail": 1},
 }
 
 

@@ -64,13 +64,17 @@ test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True,
 
 
 def check_schedule(dtype="float32", device="cpu", schedule=None, **case):
-    """check(), and the same bits as the same tiles with every flag off: a flag changes which
-    program computes a row and how its weights arrive, never a row's sums."""
-    check(dtype, device, schedule, **case)
+    """The same bits as the same tiles with every flag off (a flag changes which program
+    computes a row and how its weights arrive, never a row's sums), and those near the
+    PyTorch path's (outputs of ~30 here: the reference's bf16 index_add rounds each of the k
+    terms, so the tolerance scales with the outputs)."""
     args = inputs(**case, dtype=dtype, device=device)
     plain = {key: value for key, value in schedule.items() if key not in moe_schedule.FLAGS}
-    assert_exact(fused_moe.prefill_experts(*args, tiles={**TILES, **schedule}),
-                 fused_moe.prefill_experts(*args, tiles={**TILES, **plain}))
+    out = fused_moe.prefill_experts(*args, tiles={**TILES, **plain})
+    assert_exact(fused_moe.prefill_experts(*args, tiles={**TILES, **schedule}), out)
+    ref = expert_outputs(*args)
+    torch.testing.assert_close(out, ref, rtol=TOLERANCE[dtype],
+                               atol=TOLERANCE[dtype] * float(ref.abs().max()))
 
 
 test_schedules_cuda = cuda_tests(check_schedule, SCHEDULE_CASES)
