@@ -8,7 +8,7 @@
 #    MoE prefill path, the fused RoPE + attention path, cuDNN's prompt route and the engine's
 #    greedy tokens with the flags;
 # 3. benchmarks/prefill_variants.py, one engine, 512 and 4,096 tokens: the tree as it is
-#    (profiled), before_cudnn_off (session 42's tiles without flags, the Triton attention: the
+#    (profiled), cudnn_direct (PARASHIFT_CUDNN_DIRECT=1), before_cudnn_off (session 42's tiles without flags, the Triton attention: the
 #    tree before), cudnn_off, before (session 42's tiles), best (the sweep's), nstj (the
 #    table's tiles with tma and joint), table (the tree again, last);
 # 4. benchmarks/prefill_throughput.py's own run (512 and 4,096, --repeats 3) where time is left.
@@ -38,7 +38,7 @@ files="$files before=$OUT/tiles_before.json"
 files="$files nstj=$OUT/tiles_nstj.json table=$OUT/tiles_table.json"
 start=$SECONDS
 timeout 80 python3 benchmarks/prefill_variants.py --model "$S" --prompt-lens 512 4096 \
-  --repeats 3 --variants default --profile --tile-files $files \
+  --repeats 3 --variants default cudnn_direct --profile --tile-files $files \
   --output "$OUT/variants.json" > "$OUT/variants.log" 2>&1
 echo "[prefill_variants rc=$? $((SECONDS - start)) s]"
 wait
