@@ -68,15 +68,18 @@ def ms(fn) -> float | None:
         return None
 
 
-def host_ms(fn, calls: int = 20) -> float:
-    """The median host time to issue one call (no sync between calls: the device runs
-    behind)."""
+def host_ms(fn, calls: int = 20, synced: bool = False) -> float:
+    """The median host time to issue one call (synced: each after the device has finished
+    the one before, so that no queue ahead of it can hold the host)."""
     times = []
+    cuda = torch.cuda.is_available()
     for _ in range(calls):
+        if synced and cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1e3)
-    if torch.cuda.is_available():
+    if cuda:
         torch.cuda.synchronize()
     return round(sorted(times)[len(times) // 2], 4)
 
@@ -230,7 +233,7 @@ def main():
         t = ms(call)
         row = dict(gemm="experts call: " + name, ms=t, floor_ms=round(floor_ms, 4),
                    fraction=None if t is None else round(floor_ms / t, 3),
-                   host_ms=host_ms(call),
+                   host_ms=host_ms(call), host_ms_synced=host_ms(call, synced=True),
                    max_abs_diff=float((call() - reference).abs().max()))
         print(json.dumps(row), flush=True)
         rows.append(row)
