@@ -104,6 +104,22 @@ test_fp8_interpreted, test_fp8_cuda = case_tests(__name__, check_fp8, [CASES[0],
                                                  uses_dot=True)
 
 
+@cuda
+def test_fp8_experts_under_the_flags_keep_their_bits():
+    """FP8 experts (pointer loads: no TMA for E4M3 weights) with n_first and split_tail give
+    the plain tiles' bits."""
+    from parashift.quantization.fp8 import quantize_rows
+    case = {key: value for key, value in SCHEDULE_CASES[0].items() if key != "schedule"}
+    x, weights, ids, gate_up, down, first = inputs(**case, dtype="bfloat16", device="cuda")
+    (gate_up, gate_up_scale), (down, down_scale) = quantize_rows(gate_up), quantize_rows(down)
+    plain = {key: value for key, value in SCHEDULE_CASES[0]["schedule"].items()
+             if key not in moe_schedule.FLAGS}
+    outs = [fused_moe.prefill_experts(x, weights, ids, gate_up, down, first,
+                                      (gate_up_scale, down_scale), tiles={**plain, **flags})
+            for flags in ({}, dict(n_first=1, split_tail=1, tma=1))]
+    assert_exact(outs[1], outs[0])
+
+
 def check_topk_sum(tokens, top_k, n, dtype="float32", device="cpu"):
     """Rows of pairs routed to other ranks' experts hold garbage (never written): skipped;
     the others added in slot order in fp32, rounded once."""
