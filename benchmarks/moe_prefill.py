@@ -118,6 +118,22 @@ def best_tiles(rows: list[dict]) -> tuple[float, dict] | None:
     return best
 
 
+SUM_TILES = [(1024, 4), (2048, 4), (2048, 8), (512, 4), (1024, 8)]  # (BLOCK, warps)
+
+
+def topk_sum_rows(one: "Layer") -> list[dict]:
+    """The top-k sum kernel at a few blocks and warps (ms, TB/s of its reads and writes)."""
+    y = torch.randn(one.pairs, one.x.shape[1], device=one.x.device, dtype=one.x.dtype)
+    moved = (y.numel() + one.x.numel()) * y.element_size()
+    rows = []
+    for block, warps in SUM_TILES if one.x.is_cuda else SUM_TILES[:1]:
+        t = ms(lambda: moe_prefill.topk_sum(y, one.ids, 0, one.gate_up.shape[0], block, warps))
+        rows.append(dict(gemm="top-k sum", tiles=[block, warps], ms=t,
+                         tbps=None if t is None else round(moved / t / 1e9, 2)))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def grouped_mm_rows(x, ids, gate_up, down, flops_up: float, flops_down: float) -> list[dict]:
     """torch._grouped_mm (CUTLASS on sm_90) on the pairs' rows already sorted and gathered
     (no padding): what a library's grouped GEMM takes for the same two GEMMs, a reference."""
@@ -218,6 +234,7 @@ def main():
     rows = sweep("gate_up+silu", up_tiles, one.gate_up_silu, flops_up)
     rows += sweep("down", down_tiles, one.down_gemm, flops_down)
     rows += grouped_mm_rows(x, ids, gate_up, down, flops_up, flops_down)
+    rows += topk_sum_rows(one)
     best = best_tiles(rows)
     os.environ[moe_prefill.ENV] = "0"
     reference = fused_moe.grouped_experts(x, weights, ids, gate_up, down)

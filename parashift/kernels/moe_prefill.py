@@ -264,16 +264,16 @@ def _topk_sum_kernel(out_ptr, y_ptr, ids_ptr, n, first_expert, num_local,
 SUM_BLOCK = 1024
 
 
-def topk_sum(y: torch.Tensor, ids: torch.Tensor, first_expert: int, num_local: int
-             ) -> torch.Tensor:
+def topk_sum(y: torch.Tensor, ids: torch.Tensor, first_expert: int, num_local: int,
+             block: int = SUM_BLOCK, warps: int = 4) -> torch.Tensor:
     """[T, n]: the sum over each token's k pairs (y [T * k, n], pair t * k + j) held here
     (expert ids first_expert .. + num_local - 1), in slot order, in fp32."""
     tokens, top_k = ids.shape
     n = y.shape[1]
     out = torch.empty(tokens, n, dtype=y.dtype, device=y.device)
-    block = min(SUM_BLOCK, triton.next_power_of_2(n))
+    block = min(block, triton.next_power_of_2(n))
     if tokens:
         _topk_sum_kernel[(tokens, triton.cdiv(n, block))](
             out, y.contiguous(), ids.contiguous(), n, first_expert, num_local, TOP_K=top_k,
-            BLOCK=block, num_warps=4, **pdl.launch_options(y.device))
+            BLOCK=block, num_warps=warps, **pdl.launch_options(y.device))
     return out
