@@ -85,7 +85,7 @@ def main():
                            key=lambda r: r["ms"])
             print(f"{gemm}: " + "; ".join(
                 f"m{r.get('block_m')} {r.get('tiles')} {r.get('schedule')} {r['ms']:.3f} ms "
-                f"{r.get('tflops') or r.get('fraction')}"
+                f"{r.get('tflops') or r.get('fraction') or r.get('tbps')}"
                 + (f" host {r['host_ms']} / synced {r.get('host_ms_synced')} ms"
                    if "host_ms" in r else "") for r in timed[:5]))
         print("best:", json.dumps(sweep.get("best")))
