@@ -14,13 +14,13 @@ B=$OUT/tiles_before.json T=$OUT/tiles_table.json
 echo '{"block_m": 128, "gate_up": [64, 64, 4, 3], "down": [256, 64, 8, 3]}' > "$B"
 echo '{"block_m": 128, "gate_up": [128, 64, 8, 4], "down": [256, 64, 8, 4], "n_first": 1, "split_tail": 1}' > "$T"
 start=$SECONDS
-timeout 45 python3 benchmarks/prefill_variants.py --model "$S" --prompt-lens 4096 --repeats 5 \
+timeout 55 python3 benchmarks/prefill_variants.py --model "$S" --prompt-lens 4096 --repeats 5 \
   --variants default --tile-files b1_cudnn_off="$B" o1="$B" t1="$T" b2_cudnn_off="$B" \
   o2="$B" t2="$T" b3_cudnn_off="$B" o3="$B" t3="$T" \
   --output "$OUT/variants.json" > "$OUT/variants.log" 2>&1
 echo "[prefill_variants rc=$? $((SECONDS - start)) s]"
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
-PARASHIFT_TEST_DEVICE=cuda timeout 30 python3 -m pytest -q -p no:cacheprovider $xdist \
+PARASHIFT_TEST_DEVICE=cuda timeout 28 python3 -m pytest -q -p no:cacheprovider $xdist \
   -k "schedules or fp8_experts_under or keep_the_tokens" tests/kernels/test_moe_prefill.py \
   tests/engine/test_gpu_moe_prefill.py > "$OUT/gpu_tests.log" 2>&1
 echo "[gpu_tests rc=$?] $(tail -1 "$OUT/gpu_tests.log")"
