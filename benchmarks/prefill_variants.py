@@ -11,7 +11,8 @@ switch that tree lacks changes nothing there).
 
 Usage (GPU): python3 benchmarks/prefill_variants.py --model benchmarks/shapes/qwen3-30b-a3b.json \
     --prompt-lens 512 4096 --variants default pdl_off moe_prefill_off cudnn_off \
-    [--tiles tiles.json] [--profile] [--python-profile] [--output variants.json]"""
+    [--tiles tiles.json] [--tile-files name=tiles.json ...] [--profile] [--python-profile]
+    [--output variants.json]"""
 import argparse
 import contextlib
 import cProfile
@@ -29,22 +30,25 @@ from prefill_throughput import (BF16_MATRIX_RATE, prefill_flops, profile_prefill
 
 from parashift import LLM, SamplingParams
 
+PROFILE_TOP = 40  # kernels of the profiled step kept, longest first
 VARIANTS = {"default": {}, "pdl_off": {"PARASHIFT_PDL": "0"},
             "moe_prefill_off": {"PARASHIFT_MOE_PREFILL": "0"}, "swept_tiles": None,
-            "cudnn_off": {}}
+            "cudnn_off": {}, "cudnn_direct": {"PARASHIFT_CUDNN_DIRECT": "1"}}
 
 
 @contextlib.contextmanager
-def variant(name: str, runner, tiles: str | None):
-    env = dict(VARIANTS[name] or {})
+def variant(name: str, runner, tiles: str | None, tile_files: dict | None = None):
+    env = dict(VARIANTS.get(name) or {})
     if name == "swept_tiles":
         env = {"PARASHIFT_MOE_PREFILL_TILES": tiles}
+    if name in (tile_files or {}):  # --tile-files: a tiles file of its own
+        env = {"PARASHIFT_MOE_PREFILL_TILES": tile_files[name]}
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     backend = runner.backend
     thresholds = {key: getattr(backend, key) for key in ("long_prefill_tokens", "chunk_tokens")
                   if hasattr(backend, key)}
-    if name == "cudnn_off":
+    if name == "cudnn_off" or name.endswith("_cudnn_off"):  # a tiles file's too
         for key in thresholds:
             setattr(backend, key, 1 << 30)
     try:
@@ -134,11 +138,15 @@ def main():
                    help="the lengths the variants past the first run at (default: the longest)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tiles", default=None, help="benchmarks/moe_prefill.py's --tiles-out")
+    p.add_argument("--tile-files", nargs="*", default=[], metavar="NAME=PATH",
+                   help="more variants: each runs with PARASHIFT_MOE_PREFILL_TILES=PATH "
+                        "(a NAME ending in _cudnn_off also without cuDNN's prefill route)")
     p.add_argument("--profile", action="store_true", help="the first variant's longest prompt")
     p.add_argument("--python-profile", action="store_true",
                    help="the first variant's longest prompt's forward under cProfile")
     p.add_argument("--output", default=None)
     args = p.parse_args()
+    tile_files = dict(item.split("=", 1) for item in args.tile_files)
     longest = max(args.prompt_lens)
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=longest + 16,
               max_num_batched_tokens=longest, long_prefill_token_threshold=0,
@@ -148,13 +156,13 @@ def main():
     vocab = runner.model.config.vocab_size
     forward = ForwardTimes(runner.model)
     rows = []
-    for i, name in enumerate(args.variants):
+    for i, name in enumerate(args.variants + list(tile_files)):
         if name == "swept_tiles" and not (args.tiles and os.path.exists(args.tiles)):
             print(f"{name}: no tiles file {args.tiles!r}, skipped", flush=True)
             continue
         lens = args.prompt_lens if i == 0 else (args.variant_lens or [longest])
         for length in lens:
-            with variant(name, runner, args.tiles):
+            with variant(name, runner, args.tiles, tile_files):
                 forward.take()
                 before = allocator_counts()
                 seconds = time_prefill(llm, length, vocab, args.repeats)
@@ -167,7 +175,7 @@ def main():
                            forward_host_ms=host_ms, forward_device_ms=device_ms,
                            allocator=dict((k, after[k] - before[k]) for k in after))
                 if args.profile and i == 0 and length == longest:
-                    row["profile"] = profile_prefill(llm, length, vocab)
+                    row["profile"] = profile_prefill(llm, length, vocab, top=PROFILE_TOP)
                     forward.take()
                 if args.python_profile and i == 0 and length == longest:
                     forward.python_profile = {}

@@ -336,8 +336,9 @@ class TritonAttentionBackend:
         if launch is None or not launch[1].preload:
             q = rotary.rotate_and_write_kv(positions, q, k, v, cos_sin, k_cache, v_cache,
                                            meta.slot_mapping, norms)
-            return self._attend(q, k_cache, v_cache, meta, scale,
-                                None if launch is None else [launch])
+            if launch is None:  # `attend`: a subclass's routes (cuDNN's long prompts) hold
+                return self.attend(q, k_cache, v_cache, meta, scale)
+            return self._attend(q, k_cache, v_cache, meta, scale, [launch])
         _check_cache(k_cache, v_cache)
         rope = triton_decode_preload.Rope(
             _last_dim_contiguous(k), _last_dim_contiguous(v), positions, cos_sin.contiguous(),

@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import moe_decode, moe_prefill, moe_routing, moe_small, pdl
+from parashift.kernels import (moe_decode, moe_prefill, moe_routing, moe_schedule,
+                               moe_small, pdl)
 
 BLOCK_M = 16
 MANY_ROWS_BLOCK_M = 64  # rows per program where experts average many pairs (prefill)
@@ -30,21 +31,53 @@ def block_rows(num_pairs: int, num_local: int) -> int:
 
 
 @triton.jit
-def _grouped_gemm_kernel(out_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, weight_ptr,
+def _grouped_gemm_kernel(out_ptr, a_ptr, w_ptr, w_desc, pair_ptr, block_expert_ptr, weight_ptr,
                          scale_ptr, num_pairs, num_experts, n_out, k_in, a_row_div, part_rows,
                          stride_a, stride_we, stride_wp, stride_wn, stride_out,
                          stride_se, stride_sp, stride_sn,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          MUL_WEIGHT: tl.constexpr, IEEE: tl.constexpr, W_SCALED: tl.constexpr,
-                         USE_PDL: tl.constexpr = 0):
+                         N_FIRST: tl.constexpr = 0, SPLIT_TAIL: tl.constexpr = 0,
+                         TMA: tl.constexpr = 0, USE_PDL: tl.constexpr = 0):
     pdl.start(USE_PDL)  # which expert a block reads is the sort's output
-    block = tl.program_id(0)
+    block, n_tile = moe_schedule.block_and_column_tile(N_FIRST)
     expert = tl.load(block_expert_ptr + block)
     if expert >= num_experts:
         return
+    if not SPLIT_TAIL:
+        _grouped_gemm_tile(out_ptr, a_ptr, w_ptr, w_desc, pair_ptr, weight_ptr, scale_ptr,
+                           expert, n_tile, num_pairs, n_out, k_in, a_row_div, part_rows,
+                           stride_a, stride_we, stride_wp, stride_wn, stride_out, stride_se,
+                           stride_sp, stride_sn, block, BLOCK_M, BLOCK_N, BLOCK_K, MUL_WEIGHT,
+                           IEEE, W_SCALED, TMA, USE_PDL)
+    elif moe_schedule.tail_block(pair_ptr, block, num_pairs, BLOCK_M):
+        # the expert's last rows fill half the block or less: half a block's GEMM
+        _grouped_gemm_tile(out_ptr, a_ptr, w_ptr, w_desc, pair_ptr, weight_ptr, scale_ptr,
+                           expert, n_tile, num_pairs, n_out, k_in, a_row_div, part_rows,
+                           stride_a, stride_we, stride_wp, stride_wn, stride_out, stride_se,
+                           stride_sp, stride_sn, 2 * block, BLOCK_M // 2, BLOCK_N, BLOCK_K,
+                           MUL_WEIGHT, IEEE, W_SCALED, TMA, USE_PDL)
+    else:
+        _grouped_gemm_tile(out_ptr, a_ptr, w_ptr, w_desc, pair_ptr, weight_ptr, scale_ptr,
+                           expert, n_tile, num_pairs, n_out, k_in, a_row_div, part_rows,
+                           stride_a, stride_we, stride_wp, stride_wn, stride_out, stride_se,
+                           stride_sp, stride_sn, block, BLOCK_M, BLOCK_N, BLOCK_K, MUL_WEIGHT,
+                           IEEE, W_SCALED, TMA, USE_PDL)
+
+
+@triton.jit
+def _grouped_gemm_tile(out_ptr, a_ptr, w_ptr, w_desc, pair_ptr, weight_ptr, scale_ptr, expert,
+                       n_tile, num_pairs, n_out, k_in, a_row_div, part_rows,
+                       stride_a, stride_we, stride_wp, stride_wn, stride_out,
+                       stride_se, stride_sp, stride_sn, block,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       MUL_WEIGHT: tl.constexpr, IEEE: tl.constexpr, W_SCALED: tl.constexpr,
+                       TMA: tl.constexpr, USE_PDL: tl.constexpr):
+    """BLOCK_M sorted rows (the block-th run of BLOCK_M) times BLOCK_N output columns; TMA:
+    the weights by the descriptor of their [E * n, k] view (one part)."""
     pairs, valid, a_rows = moe_routing.block_pairs(pair_ptr, block, num_pairs, a_row_div,
                                                    BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     w_base = w_ptr + expert.to(tl.int64) * stride_we
     # output column c is row c % part_rows of part c // part_rows of the expert's weight
     w_rows = (cols // part_rows) * stride_wp + (cols % part_rows) * stride_wn
@@ -53,8 +86,11 @@ def _grouped_gemm_kernel(out_ptr, a_ptr, w_ptr, pair_ptr, block_expert_ptr, weig
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] * stride_a + ks[None, :],
                     mask=valid[:, None] & (ks[None, :] < k_in), other=0.0)
-        w = tl.load(w_base + w_rows[None, :] + ks[:, None],
-                    mask=(cols[None, :] < n_out) & (ks[:, None] < k_in), other=0.0)
+        if TMA:
+            w = tl.trans(w_desc.load([expert.to(tl.int32) * n_out + n_tile * BLOCK_N, k0]))
+        else:
+            w = tl.load(w_base + w_rows[None, :] + ks[:, None],
+                        mask=(cols[None, :] < n_out) & (ks[:, None] < k_in), other=0.0)
         if W_SCALED:  # E4M3 weights: exact in the activations' dtype, scaled after the sum
             w = w.to(a_ptr.dtype.element_ty)
         if IEEE:  # fp32 inputs: no TF32
@@ -113,12 +149,16 @@ def sort_pairs_torch(ids: torch.Tensor, num_local: int, first_expert: int,
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, pair_of_row: torch.Tensor,
                  block_expert: torch.Tensor, num_pairs: int, a_row_div: int,
                  weights: torch.Tensor | None = None, tiles: tuple | None = None,
-                 w_scale: torch.Tensor | None = None, zero: bool = True) -> torch.Tensor:
+                 w_scale: torch.Tensor | None = None, zero: bool = True,
+                 schedule: dict | None = None) -> torch.Tensor:
     """[num_pairs, n] with row p = a[p // a_row_div] @ w[expert of p]^T (times weights[p]);
     rows of pairs with no expert here are zero (unwritten where `zero` is False). w is
     [E, n, k], or [E, parts, n / parts, k] (a narrowed layout's gate and up slices: a
     strided view, read in place). FP8 weights come with `w_scale`, one per output row:
-    [E, n, 1] or [E, parts, n / parts, 1]."""
+    [E, n, 1] or [E, parts, n / parts, 1]. `schedule`: kernels/moe_schedule.py's flags (None:
+    all off)."""
+    schedule = schedule or {}
+    stacked = w
     if w.dim() == 3:
         w = w.unsqueeze(1)
         w_scale = None if w_scale is None else w_scale.unsqueeze(1)
@@ -134,16 +174,20 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, pair_of_row: torch.Tensor,
                                                  device=a.device)
     block_m = pair_of_row.numel() // block_expert.numel()
     block_n, block_k, warps, stages = tiles or gemm_tiles(block_m, n_out, k_in)
-    grid = (block_expert.numel(), triton.cdiv(n_out, block_n))
+    grid, n_first = moe_schedule.grid(block_expert.numel(), triton.cdiv(n_out, block_n),
+                                      schedule.get("n_first", 0))
+    w_desc = moe_schedule.weight_descriptor(stacked, a, block_n, block_k, schedule.get("tma", 0))
     scale_strides = (0, 0, 0) if w_scale is None else w_scale.stride()[:3]
     _grouped_gemm_kernel[grid](
-        out, a, w, pair_of_row, block_expert, weights if weights is not None else out,
+        out, a, w, w_desc, pair_of_row, block_expert, weights if weights is not None else out,
         w_scale if w_scale is not None else out,
         num_pairs, w.shape[0], n_out, k_in, a_row_div, part_rows, a.stride(0), w.stride(0),
         w.stride(1), w.stride(2), out.stride(0), *scale_strides, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, MUL_WEIGHT=weights is not None,
-        IEEE=a.dtype == torch.float32, W_SCALED=w_scale is not None, num_warps=warps,
-        num_stages=stages, **pdl.launch_options(a.device))
+        IEEE=a.dtype == torch.float32, W_SCALED=w_scale is not None, N_FIRST=n_first,
+        SPLIT_TAIL=int(bool(schedule.get("split_tail", 0)) and block_m >= 32),
+        TMA=int(w_desc is not None), num_warps=warps, num_stages=stages,
+        **pdl.launch_options(a.device))
     return out
 
 
@@ -206,8 +250,10 @@ def prefill_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
              else moe_prefill.tiles_for(x.device, num_pairs / num_local))
     gate_up_scale, down_scale = scales or (None, None)
     pair_of_row, block_expert = sort_pairs(ids, num_local, first_expert, tiles["block_m"])
+    schedule = moe_schedule.flags(tiles)
     h = moe_prefill.gate_up_silu(x, gate_up, pair_of_row, block_expert, num_pairs,
-                                 ids.shape[1], tiles["gate_up"], gate_up_scale)
+                                 ids.shape[1], tiles["gate_up"], gate_up_scale, schedule)
     y = grouped_gemm(h, down, pair_of_row, block_expert, num_pairs, 1,
-                     weights.flatten().contiguous(), tiles["down"], down_scale, zero=False)
+                     weights.flatten().contiguous(), tiles["down"], down_scale, zero=False,
+                     schedule=schedule)
     return moe_prefill.topk_sum(y, ids, first_expert, num_local)

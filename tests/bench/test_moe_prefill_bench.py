@@ -30,5 +30,6 @@ def test_smoke_run_writes_rows_and_a_tiles_file(tmp_path, monkeypatch):
     assert len(calls) == 3 and all(row["max_abs_diff"] < 1e-5 for row in calls)
     monkeypatch.setenv(moe_prefill.TILES_ENV, str(tiles))
     assert moe_prefill.tiles_for(torch.device("cpu")) == {
-        "block_m": doc["best"]["block_m"], "gate_up": tuple(doc["best"]["gate_up"]),
+        **doc["best"], "gate_up": tuple(doc["best"]["gate_up"]),
         "down": tuple(doc["best"]["down"])}
+    assert {row["schedule"] for row in doc["rows"] if row["gemm"] == "down"} == {"-", "nst"}

@@ -25,3 +25,11 @@ def test_variants_switch_and_restore(monkeypatch):
     assert (runner.backend.long_prefill_tokens, runner.backend.chunk_tokens) == (4096, 2048)
     with bench.variant("cudnn_off", SimpleNamespace(backend=object()), None):
         pass  # a backend without cuDNN routes: nothing to switch
+    files = {"old": "/tmp/old.json", "old_cudnn_off": "/tmp/old.json"}
+    with bench.variant("old", runner, None, files):
+        assert os.environ["PARASHIFT_MOE_PREFILL_TILES"] == "/tmp/old.json"
+        assert runner.backend.long_prefill_tokens == 4096
+    with bench.variant("old_cudnn_off", runner, None, files):
+        assert os.environ["PARASHIFT_MOE_PREFILL_TILES"] == "/tmp/old.json"
+        assert runner.backend.long_prefill_tokens > 1 << 20
+    assert "PARASHIFT_MOE_PREFILL_TILES" not in os.environ

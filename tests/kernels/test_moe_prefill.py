@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
-from parashift.kernels import fused_moe, moe_decode, moe_prefill
+from parashift.kernels import fused_moe, moe_decode, moe_prefill, moe_schedule
 from parashift.layers.fused_moe import expert_outputs, route
-from tests.kernels.common import assert_exact, case_tests, cuda
+from tests.kernels.common import assert_exact, case_tests, cuda, cuda_tests
 from tests.kernels.test_fused_moe import TOLERANCE, inputs
 
 # small tiles so that small cases run many blocks; inter / hidden not multiples of them
@@ -22,8 +22,15 @@ CASES = [
     dict(tokens=33, experts=8, top_k=2, hidden=64, inter=32, held=3, first=4),
     dict(tokens=70, experts=4, top_k=2, hidden=64, inter=32, held=2, first=2, crowd=True),
     dict(tokens=17, experts=4, top_k=2, hidden=64, inter=64, narrow=True),
-    dict(tokens=130, experts=4, top_k=4, hidden=64, inter=32),
+    # every schedule flag (kernels/moe_schedule.py): half blocks at each expert's tail
+    dict(tokens=130, experts=4, top_k=4, hidden=64, inter=32,
+         schedule=dict(block_m=32, n_first=1, split_tail=1, tma=1, joint=1)),
 ]
+# on CUDA: the H200's prefill tiles under each flag, experts of 1-3 blocks and a tail
+SCHEDULE_CASES = [dict(tokens=300, experts=8, top_k=4, hidden=256, inter=192, schedule=dict(
+    block_m=128, gate_up=(64, 64, 4, 3), down=(128, 64, 8, 3), **flags))
+    for flags in (dict(n_first=1), dict(split_tail=1), dict(tma=1),
+                  dict(n_first=1, split_tail=1, tma=1), dict(joint=1))]
 
 
 def unfused(args):
@@ -40,13 +47,13 @@ def unfused(args):
     return y.view(*ids.shape, -1).sum(dim=1)
 
 
-def check(dtype="float32", device="cpu", **case):
+def check(dtype="float32", device="cpu", schedule=None, **case):
     args = inputs(**case, dtype=dtype, device=device)
-    out = fused_moe.prefill_experts(*args, tiles=TILES)
+    out = fused_moe.prefill_experts(*args, tiles={**TILES, **(schedule or {})})
     ref = expert_outputs(*args)
     torch.testing.assert_close(out, ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
-    if device == "cpu":  # one summation order whatever the tiles (numpy's)
-        assert_exact(out, unfused(args))
+    if device == "cpu" and not schedule:  # one summation order whatever the tiles (numpy's
+        assert_exact(out, unfused(args))  # at any one number of rows a block)
     else:
         torch.testing.assert_close(out, unfused(args), atol=TOLERANCE[dtype],
                                    rtol=TOLERANCE[dtype])
@@ -54,6 +61,23 @@ def check(dtype="float32", device="cpu", **case):
 
 test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True,
                                          variants_in_one_dtype=True)
+
+
+def check_schedule(dtype="float32", device="cpu", schedule=None, **case):
+    """The same bits as the same tiles with every flag off (a flag changes which program
+    computes a row and how its weights arrive, never a row's sums), and those near the
+    PyTorch path's (outputs of ~30 here: the reference's bf16 index_add rounds each of the k
+    terms, so the tolerance scales with the outputs)."""
+    args = inputs(**case, dtype=dtype, device=device)
+    plain = {key: value for key, value in schedule.items() if key not in moe_schedule.FLAGS}
+    out = fused_moe.prefill_experts(*args, tiles={**TILES, **plain})
+    assert_exact(fused_moe.prefill_experts(*args, tiles={**TILES, **schedule}), out)
+    ref = expert_outputs(*args)
+    torch.testing.assert_close(out, ref, rtol=TOLERANCE[dtype],
+                               atol=TOLERANCE[dtype] * float(ref.abs().max()))
+
+
+test_schedules_cuda = cuda_tests(check_schedule, SCHEDULE_CASES)
 
 
 def check_fp8(dtype="float32", device="cpu", **case):
@@ -78,6 +102,22 @@ def check_fp8(dtype="float32", device="cpu", **case):
 
 test_fp8_interpreted, test_fp8_cuda = case_tests(__name__, check_fp8, [CASES[0], CASES[3]],
                                                  uses_dot=True)
+
+
+@cuda
+def test_fp8_experts_under_the_flags_keep_their_bits():
+    """FP8 experts (pointer loads: no TMA for E4M3 weights) with n_first and split_tail give
+    the plain tiles' bits."""
+    from parashift.quantization.fp8 import quantize_rows
+    case = {key: value for key, value in SCHEDULE_CASES[0].items() if key != "schedule"}
+    x, weights, ids, gate_up, down, first = inputs(**case, dtype="bfloat16", device="cuda")
+    (gate_up, gate_up_scale), (down, down_scale) = quantize_rows(gate_up), quantize_rows(down)
+    plain = {key: value for key, value in SCHEDULE_CASES[0]["schedule"].items()
+             if key not in moe_schedule.FLAGS}
+    outs = [fused_moe.prefill_experts(x, weights, ids, gate_up, down, first,
+                                      (gate_up_scale, down_scale), tiles={**plain, **flags})
+            for flags in ({}, dict(n_first=1, split_tail=1, tma=1))]
+    assert_exact(outs[1], outs[0])
 
 
 def check_topk_sum(tokens, top_k, n, dtype="float32", device="cpu"):
@@ -135,6 +175,15 @@ def test_tiles_come_from_the_sweeps_file(monkeypatch, tmp_path):
                                                    "down": (256, 64, 8, 3)})
     assert moe_prefill.tiles_for(torch.device("cpu"), 256)["block_m"] == 128
     assert moe_prefill.tiles_for(torch.device("cpu"), 100) == moe_prefill.DEFAULT_TILES
+    flagged = tmp_path / "flagged.json"  # (a file's tiles are read once)
+    flagged.write_text(json.dumps({"block_m": 128, "gate_up": [64, 64, 8, 3],
+                                   "down": [128, 64, 8, 4], "n_first": 1, "tma": 0}))
+    monkeypatch.setenv(moe_prefill.TILES_ENV, str(flagged))
+    assert moe_prefill.tiles_for(torch.device("cpu"))["n_first"] == 1
+    with pytest.raises(ValueError, match="0 or 1"):
+        moe_prefill.check_tiles({**moe_prefill.DEFAULT_TILES, "split_tail": 2})
+    with pytest.raises(ValueError, match="unknown"):
+        moe_prefill.check_tiles({**moe_prefill.DEFAULT_TILES, "persistent": 1})
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"block_m": 48, "gate_up": [64, 64, 8, 3], "down": [1, 2, 3, 4]}))
     monkeypatch.setenv(moe_prefill.TILES_ENV, str(bad))

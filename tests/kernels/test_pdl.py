@@ -228,11 +228,11 @@ KERNELS = {
     "moe_grouped_gemm": (fused_moe._grouped_gemm_kernel, {
         "pair_ptr": torch.int64, "block_expert_ptr": torch.int64}, (), dict(
             BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, MUL_WEIGHT=True, IEEE=False,
-            W_SCALED=False), False),
+            W_SCALED=False, N_FIRST=0, SPLIT_TAIL=0, TMA=0), False),
     "moe_gate_up_silu": (moe_prefill._gate_up_silu_kernel, {
         "pair_ptr": torch.int64, "block_expert_ptr": torch.int64}, (), dict(
-            BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, IEEE=False, W_SCALED=False, LIBDEVICE=True),
-        False),
+            BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, IEEE=False, W_SCALED=False, LIBDEVICE=True,
+            N_FIRST=0, SPLIT_TAIL=0, TMA=0), False),
     "moe_topk_sum": (moe_prefill._topk_sum_kernel, {"ids_ptr": torch.int64}, (),
                      dict(TOP_K=8, BLOCK=1024), False),
     "moe_small_gate_up": (moe_small._gate_up_kernel, {"ids_ptr": torch.int64}, (), dict(
