@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -96,7 +97,9 @@ def test_pp2_across_two_nodes_tp3_inside_each_matches_one_device(smollm2_referen
     /health turns 503 and the server exits non-zero)."""
     with two_nodes(tmp_path, "-pp", "2", "-tp", "3", "--generation-config", "vllm",
                    "--max-num-batched-tokens", "32") as (nodes, url, logs):
-        assert [_complete(url, prompt) for prompt in PROMPTS] == smollm2_reference
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:  # together, as the reference ran them
+            assert list(pool.map(lambda prompt: _complete(url, prompt), PROMPTS)) == \
+                smollm2_reference
         assert smollm2_reference[0].startswith(" Paris")
         nodes[1].send_signal(signal.SIGKILL)
         assert _seconds_until_unhealthy(url) < 2.0
@@ -150,7 +153,6 @@ def _greedy_tokens(url: str, prompt: list[int]) -> list:
 
 def _completions_on_both(url: str) -> list:
     """Greedy completions of a few prompts sent together (both groups take some)."""
-    from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(4) as pool:
         return list(pool.map(lambda prompt: _greedy_tokens(url, prompt),
                              [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11]]))
