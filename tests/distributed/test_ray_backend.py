@@ -7,15 +7,14 @@ import time
 
 import pytest
 
-from parashift import LLM
+from parashift import LLM, SamplingParams
 from parashift.executor.multiproc import WorkerFailure
+from tests.distributed.conftest import MAX_TOKENS, PROMPTS
 from tests.distributed.test_fault_isolation import (
     add_all, assert_as_on_one_device, reference, requests, run_to_the_end,  # noqa: F401
     step_until_decoding)
-from tests.distributed.test_plans import COMMON, PARAMS, assert_same, prompts
 from tests.distributed.test_self_healing import (
     HEALING, assert_serves_on_every_group, wait_recovered)
-from tests.engine.conftest import save_tiny_llama
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'parashift[ray]'")
 
@@ -34,28 +33,14 @@ def ray_head():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def gqa6x3(tmp_path_factory):
-    """A tiny Llama of 6 heads and 3 KV heads (TP 3 splits them) and one device's greedy
-    outputs of test_plans' prompts (the multi-host SmolLM2 run: test_multinode.py)."""
-    model = save_tiny_llama(tmp_path_factory.mktemp("gqa6x3"), num_attention_heads=6,
-                            num_key_value_heads=3, hidden_size=96, intermediate_size=192,
-                            num_hidden_layers=4)
-    llm = LLM(model, **COMMON)
-    outputs = llm.generate(prompts(), PARAMS)
-    llm.llm_engine.shutdown()
-    return model, outputs
-
-
-def test_pp2_tp3_as_ray_actors_matches_one_device(ray_head, gqa6x3):
-    """Stage 0 on ranks 0-2, stage 1 on 3-5: the tokens and log-probabilities are one
-    device's; a rank's actor killed is seen within 2 s and fails the only group."""
-    model, reference = gqa6x3
-    llm = LLM(model, **COMMON, pipeline_parallel_size=2, tensor_parallel_size=3,
+def test_pp2_tp3_as_ray_actors_matches_one_device(ray_head, smollm2_reference):
+    llm = LLM(device="cpu", dtype="float32", generation_config="vllm",
+              max_num_batched_tokens=32, pipeline_parallel_size=2, tensor_parallel_size=3,
               distributed_executor_backend="ray")
     engine = llm.llm_engine
     try:
-        assert_same(llm.generate(prompts(), PARAMS), reference)
+        outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+        assert [out.outputs[0].text for out in outputs] == smollm2_reference
         ray_ranks = engine.executor.links[0]
         ray.kill(ray_ranks.actors[4])  # a rank of stage 1: the one group is lost
         started = time.monotonic()
