@@ -123,30 +123,34 @@ def _step_until(engine, done, limit=200):
     raise AssertionError("the engine never reached the state")
 
 
-def test_aborts_in_every_state_free_their_slots(models):
+@pytest.fixture(scope="module")
+def small_steps(models):
+    """pp2 -> tp2 over the small tier, with a small step budget: the prompts take several
+    steps (two in flight) in the prefill plan."""
     dirs, _ = models
-    # a small step budget: the prompts take several steps (two in flight) in the prefill plan
     llm = seesaw_llm(dirs["gqa8x4"], "pp2", "tp2", SMALL_TIER, max_num_batched_tokens=16)
-    engine = llm.llm_engine
+    yield llm.llm_engine
+    llm.llm_engine.shutdown()
+
+
+def test_aborts_in_every_state_free_their_slots(small_steps):
+    engine = small_steps
     tier = next(iter(engine.seesaw.values()))
-    try:
-        for i, prompt in enumerate(prompts(seed=3, n=6)):
-            engine.add_request(f"r{i}", prompt, PARAMS)
-        waiting = [s.request_id for s in engine.replicas[0].scheduler.waiting]
-        engine.abort_request(waiting[-1])  # waiting, no slot yet
-        _step_until(engine, lambda: tier.slots.requests_in("writing"))
-        writing = tier.slots.requests_in("writing")[0]
-        engine.abort_request(writing)  # its prompt computed (or being computed) in the prefill plan
-        assert writing not in tier.slots.slots
-        _step_until(engine, lambda: tier.slots.requests_in("loading"))
-        loading = tier.slots.requests_in("loading")[0]
-        engine.abort_request(loading)  # decoding in the decode plan
-        assert loading not in tier.slots.slots
-        _step_until(engine, lambda: not engine.has_unfinished_requests())
-        assert tier.slots.used_tokens == 0 and tier.slots.largest_free() == SMALL_TIER
-        assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
-    finally:
-        engine.shutdown()
+    for i, prompt in enumerate(prompts(seed=3, n=6)):
+        engine.add_request(f"r{i}", prompt, PARAMS)
+    waiting = [s.request_id for s in engine.replicas[0].scheduler.waiting]
+    engine.abort_request(waiting[-1])  # waiting, no slot yet
+    _step_until(engine, lambda: tier.slots.requests_in("writing"))
+    writing = tier.slots.requests_in("writing")[0]
+    engine.abort_request(writing)  # its prompt computed (or being computed) in the prefill plan
+    assert writing not in tier.slots.slots
+    _step_until(engine, lambda: tier.slots.requests_in("loading"))
+    loading = tier.slots.requests_in("loading")[0]
+    engine.abort_request(loading)  # decoding in the decode plan
+    assert loading not in tier.slots.slots
+    _step_until(engine, lambda: not engine.has_unfinished_requests())
+    assert tier.slots.used_tokens == 0 and tier.slots.largest_free() == SMALL_TIER
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
 def test_resident_weights_switch_with_no_weight_copies(models):
@@ -164,14 +168,12 @@ def test_resident_weights_switch_with_no_weight_copies(models):
         engine.shutdown()
 
 
-def test_requests_the_tier_cannot_hold_and_bad_options_are_refused(models):
+def test_requests_the_tier_cannot_hold_and_bad_options_are_refused(models, small_steps):
     dirs, _ = models
-    llm = seesaw_llm(dirs["gqa8x4"], "pp2", "tp2", 16)
-    try:
-        with pytest.raises(ValueError, match="more than the CPU KV tier holds"):
-            llm.llm_engine.add_request("big", [1] * 10, PARAMS)
-    finally:
-        llm.llm_engine.shutdown()
+    one_over = [1] * (SMALL_TIER - PARAMS.max_tokens + 1)  # prompt + max_tokens: the tier + 1
+    with pytest.raises(ValueError, match=rf"more than the CPU KV tier holds \({SMALL_TIER}\)"):
+        small_steps.add_request("big", one_over, PARAMS)
+    assert not small_steps.has_unfinished_requests()
     from parashift.config import EngineConfig
     seesaw = dict(parallel_policy="seesaw", prefill_plan="pp2", decode_plan="tp2")
     with pytest.raises(ValueError, match="one of cpu_kv_tokens or cpu_kv_gib"):
