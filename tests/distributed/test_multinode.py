@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from parashift.entrypoints.openai.launcher import free_port
-from tests.distributed.conftest import MAX_TOKENS, PROMPTS
+from tests.distributed.test_fault_isolation import PARAMS, reference, requests  # noqa: F401
 from tests.engine.conftest import save_tiny_llama
 from tests.entrypoints.openai.server_utils import wait_until
 
@@ -71,13 +71,6 @@ class _Nodes(list):
     restart_node_1 = None
 
 
-def _complete(url: str, prompt: str) -> str:
-    response = httpx.post(f"{url}/v1/completions", timeout=120, json={
-        "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0})
-    assert response.status_code == 200, response.text
-    return response.json()["choices"][0]["text"]
-
-
 def _seconds_until_unhealthy(url: str, limit: float = 10.0) -> float:
     """Until /health answers other than 200, or no longer answers (the server exits)."""
     started = time.monotonic()
@@ -91,16 +84,21 @@ def _seconds_until_unhealthy(url: str, limit: float = 10.0) -> float:
     return time.monotonic() - started
 
 
-def test_pp2_across_two_nodes_tp3_inside_each_matches_one_device(smollm2_reference, tmp_path):
-    """SmolLM2 (9 heads): stage 0 on node 0's ranks 0-2, stage 1 on node 1's ranks 3-5;
-    then node 1's process is killed: node 0 sees it within 2 s (no group is left, so
-    /health turns 503 and the server exits non-zero)."""
-    with two_nodes(tmp_path, "-pp", "2", "-tp", "3", "--generation-config", "vllm",
-                   "--max-num-batched-tokens", "32") as (nodes, url, logs):
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:  # together, as the reference ran them
-            assert list(pool.map(lambda prompt: _complete(url, prompt), PROMPTS)) == \
-                smollm2_reference
-        assert smollm2_reference[0].startswith(" Paris")
+def test_pp2_across_two_nodes_tp2_inside_each_matches_one_device(
+        tiny_llama_dir, requests, reference, tmp_path):  # noqa: F811
+    """The tiny Llama (4 heads, 2 layers): stage 0 on node 0's ranks 0-1, stage 1 on node
+    1's ranks 2-3, each request's tokens as on one device; then node 1's process is killed:
+    node 0 sees it within 2 s (no group is left, so /health turns 503 and the server exits
+    non-zero)."""
+    with two_nodes(tmp_path, "--model", tiny_llama_dir, "-pp", "2", "-tp", "2",
+                   "--skip-tokenizer-init", "--num-blocks", "64") as (nodes, url, logs):
+        chosen = slice(0, 4)
+
+        def tokens(prompt):
+            return _greedy_tokens(url, prompt, PARAMS.max_tokens, ignore_eos=True)
+        with ThreadPoolExecutor(4) as pool:  # together: both stages run batches
+            got = list(pool.map(tokens, requests[chosen]))
+        assert got == [[f"token_id:{token}" for token in want] for want in reference[chosen]]
         nodes[1].send_signal(signal.SIGKILL)
         assert _seconds_until_unhealthy(url) < 2.0
         assert nodes[0].wait(timeout=30) == 1
@@ -143,10 +141,12 @@ def test_a_lost_worker_or_node_is_seen_and_comes_back(tmp_path):
         assert "node 1 lost" in log and "node 1 is back" in log
 
 
-def _greedy_tokens(url: str, prompt: list[int]) -> list:
+def _greedy_tokens(url: str, prompt: list[int], max_tokens: int = 8,
+                   ignore_eos: bool = False) -> list:
     """A greedy completion's tokens (its log-probabilities name them)."""
     response = httpx.post(f"{url}/v1/completions", timeout=120, json={
-        "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 0})
+        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0,
+        "ignore_eos": ignore_eos})
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["logprobs"]["tokens"]
 
