@@ -2,6 +2,7 @@
 ranks meeting over TCP with gloo; node 1's ranks driven over the TCP control channel."""
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -11,20 +12,31 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from parashift.entrypoints.openai.launcher import free_port
 from tests.distributed.test_fault_isolation import PARAMS, reference, requests  # noqa: F401
 from tests.engine.conftest import save_tiny_llama
 from tests.entrypoints.openai.server_utils import wait_until
 
 
-def _port_pair() -> int:
-    """A port whose next one is free too (the rendezvous and the control channel)."""
-    for _ in range(50):
-        port = free_port()
-        with contextlib.suppress(OSError), socket.socket() as sock:
-            sock.bind(("127.0.0.1", port + 1))
-            return port
-    raise RuntimeError("no two consecutive free ports")
+def _ephemeral_low() -> int:
+    """The lowest port the OS hands out to outgoing connections (other test lanes'
+    clients take their local ports from there, between our probe and the node's bind)."""
+    with contextlib.suppress(OSError, ValueError):
+        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    return 32768
+
+
+def _port_triple() -> int:
+    """A port below the ephemeral range whose next two are free too (the rendezvous, the
+    control channel and HTTP)."""
+    for _ in range(200):
+        port = random.randrange(10000, _ephemeral_low() - 2)
+        with contextlib.ExitStack() as probes:
+            with contextlib.suppress(OSError):
+                for candidate in (port, port + 1, port + 2):
+                    sock = probes.enter_context(socket.socket())
+                    sock.bind(("", candidate))
+                return port
+    raise RuntimeError("no three consecutive free ports")
 
 
 def _serve(node_rank: int, master_port: int, http_port: int, flags, log) -> subprocess.Popen:
@@ -40,31 +52,57 @@ def _serve(node_rank: int, master_port: int, http_port: int, flags, log) -> subp
 def two_nodes(tmp_path, *flags):
     """Node 1 first (it waits for node 0), then node 0; yields both processes (a list:
     `nodes.restart_node_1()` starts node 1 again in it), node 0's URL once it is healthy,
-    and each node's stderr file."""
-    master_port, http_port = _port_pair(), free_port()
+    and each node's stderr file. A start that lost a port to another process between the
+    probe and the bind starts again on other ports."""
     logs = [tmp_path / f"node{i}.log" for i in range(2)]
+    for attempt in range(3):
+        master_port = _port_triple()
+        nodes, url, files = _start_both(master_port, master_port + 2, flags, logs)
+        try:
+            _wait_healthy(nodes, url, logs)
+            break
+        except _PortTaken:
+            _stop(nodes, files)
+            if attempt == 2:
+                raise
+    try:
+        yield nodes, url, logs
+    finally:
+        _stop(nodes, files)
+
+
+class _PortTaken(AssertionError):
+    pass
+
+
+def _start_both(master_port: int, http_port: int, flags, logs):
     files = [open(log, "w") for log in logs]
     nodes = _Nodes([None, _serve(1, master_port, http_port, flags, files[1])])
     nodes[0] = _serve(0, master_port, http_port, flags, files[0])
     nodes.restart_node_1 = lambda: nodes.__setitem__(
         1, _serve(1, master_port, http_port, flags, files[1]))
-    url = f"http://127.0.0.1:{http_port}"
-    try:
-        def healthy():
-            for node, log in zip(nodes, logs):
-                if node.poll() is not None:
-                    raise AssertionError(f"a node exited: {log.read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"{url}/health").status_code == 200
-        assert wait_until(healthy, timeout=240, interval=0.2)
-        yield nodes, url, logs
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
-                node.wait()
-        for file in files:
-            file.close()
+    return nodes, f"http://127.0.0.1:{http_port}", files
+
+
+def _wait_healthy(nodes, url: str, logs) -> None:
+    def healthy():
+        for node, log in zip(nodes, logs):
+            if node.poll() is not None:
+                text = log.read_text()
+                taken = "Address already in use" in text
+                raise (_PortTaken if taken else AssertionError)(f"a node exited: {text}")
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/health").status_code == 200
+    assert wait_until(healthy, timeout=240, interval=0.2)
+
+
+def _stop(nodes, files) -> None:
+    for node in nodes:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+    for file in files:
+        file.close()
 
 
 class _Nodes(list):
