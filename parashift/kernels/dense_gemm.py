@@ -7,7 +7,6 @@ the weight read from HBM).
 PARASHIFT_DENSE_TMA: 1 (the default) or 0 (every shape on cuBLAS). Read at each call, so a
 CUDA graph keeps what its capture read and one process can A/B both (the choices made at its
 first call stay)."""
-import logging
 import os
 
 import torch
@@ -16,9 +15,6 @@ import triton
 
 from parashift.kernels import gemm_timing
 from parashift.kernels.dense_gemm_tma import Config, takes, tma_linear
-from parashift.kernels.skinny_gemm import choose
-
-logger = logging.getLogger(__name__)
 
 ENV, DEFAULT = "PARASHIFT_DENSE_TMA", "1"
 # at 256 rows (one H200, 8B bf16 decode b256) the choice took the kernel for o alone, and the
@@ -83,12 +79,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 
 def _measure(x, weight, bias) -> Config | None:
-    timings = timings_ms(x, weight, bias)
-    config = choose(timings, MARGIN)
-    logger.info("dense GEMM, %d rows x %s: %s (%.2f us; cuBLAS %.2f)", row_bucket(x.shape[0]),
-                tuple(weight.shape), label(config), 1e3 * timings.get(config, float("nan")),
-                1e3 * timings.get(None, float("nan")))
-    return config
+    return gemm_timing.steady_choice(
+        timings_ms(x, weight, bias), MARGIN,
+        f"dense GEMM, {row_bucket(x.shape[0])} rows x {tuple(weight.shape)}", label)
 
 
 def timings_ms(x, weight, bias) -> dict[Config | None, float]:

@@ -18,7 +18,7 @@ import triton.language as tl
 from parashift.kernels import fp8_gemm_tma, fp8_gemv, gemm_timing, pdl, split_tickets
 from parashift.kernels.fp8_epilogue import early_scales, early_ticket, finish_split_tile, \
     tile_scales
-from parashift.kernels.skinny_gemm import choose
+from parashift.kernels.skinny_gemm import MARGIN
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +71,12 @@ TMA_CONFIGS = tuple(Config("tma_w8a8", *shape, tickets=True) for shape in (
 # needs no shuffles or shared memory: checked in sm_90 PTX); narrow BLOCK_N or split K where N
 # gives too few programs for the SMs (split K by atomics costs a zeroing and a cast kernel,
 # by tickets neither); then configs loading a tile ahead (the first before the PDL wait),
-# around the shapes chosen at one row, and split by tickets
+# around the shapes chosen at one row, and split by tickets. The order is the choice's
+# preference among configs that time within its margin (gemm_timing.steady_choice): first the
+# two the 8B's one-row projections took (8x1024 first: its gate_up start-up ran FP8 b1 at
+# 2.540 ms a step where 4x2048's ran 2.590, docs/benchmark_log.md, session 47's last call)
 GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
-    (2, 2048, 4, 1), (4, 1024, 4, 1), (4, 2048, 4, 1), (8, 1024, 4, 1), (8, 2048, 8, 1),
+    (8, 1024, 4, 1), (4, 2048, 4, 1), (2, 2048, 4, 1), (4, 1024, 4, 1), (8, 2048, 8, 1),
     (2, 4096, 8, 1), (4, 2048, 4, 1, 2), (8, 1024, 4, 1, 2))) + tuple(
     Config("gemv", *shape, ahead=True) for shape in (
         (8, 1024, 4, 1), (4, 2048, 4, 1), (4, 1024, 4, 1), (2, 2048, 4, 1), (4, 1024, 4, 1, 2))
@@ -273,10 +276,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
             return scaled_mm_linear(rows, weight, scale, bias, x_fp8).reshape(*x.shape[:-1], -1)
         with gemm_timing.timing_launches():
             timings = timings_ms(rows, weight, scale, bias)
-        _choices[key] = choose(timings)
-        logger.info("FP8 GEMM, %d rows x %s: %s (%.2f µs; cuBLASLt %.2f µs)", rows.shape[0],
-                    tuple(weight.shape), _choices[key] or "cuBLASLt",
-                    1e3 * timings[_choices[key]], 1e3 * timings[None])
+        _choices[key] = gemm_timing.steady_choice(
+            timings, MARGIN, f"FP8 GEMM, {rows.shape[0]} rows x {tuple(weight.shape)}", _label)
     config = _choices[key]
     y = (scaled_mm_linear(rows, weight, scale, bias, x_fp8) if config is None
          else fp8_weight_linear(rows, weight, scale, bias, config, x_fp8))

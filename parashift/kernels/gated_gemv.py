@@ -14,14 +14,11 @@
 Either gives the bits of the GEMV config followed by silu_mul.silu_and_mul. A shape takes a
 fusion only where it timed faster than the unfused pair, the GEMM its dispatch chose and
 SiLU-and-mul (`choice`), timed as that dispatch times (gemm_timing.py)."""
-import logging
 from typing import Callable
 
 import torch
 
 from parashift.kernels import fp8_gemm, fp8_gemv, gemm_timing, silu_mul, skinny_gemm
-
-logger = logging.getLogger(__name__)
 
 MAX_ROWS = fp8_gemv.MAX_ROWS
 KINDS = ("gate_up", "down")
@@ -109,10 +106,10 @@ def choice(kind: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
             return None
         with gemm_timing.timing_launches():
             timings = timings_ms(kind, x, weight, scale, bias, configs)
-        _choices[key] = skinny_gemm.choose(timings)
-        logger.info("SiLU-and-mul in the %s GEMV, %d rows x %s: %s (%.2f µs; unfused %.2f µs)",
-                    kind, x.shape[0], tuple(weight.shape), _choices[key] or "unfused",
-                    1e3 * timings[_choices[key]], 1e3 * timings[None])
+        _choices[key] = gemm_timing.steady_choice(
+            timings, skinny_gemm.MARGIN,
+            f"SiLU-and-mul in the {kind} GEMV, {x.shape[0]} rows x {tuple(weight.shape)}",
+            label)
     return _choices[key]
 
 
@@ -128,10 +125,14 @@ def timings_ms(kind, x, weight, scale, bias, configs) -> dict:
     return gemm_timing.replayed_timings_ms(runs, len(weights), chain)
 
 
+def label(config) -> str:
+    if config is None:
+        return "unfused"
+    return (f"gemv {config.block_n}x{config.block_k} split {config.split_k}"
+            f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}")
+
+
 def chosen() -> list[dict]:
     """What `choice` chose for each shape measured in this process."""
-    return [{"fusion": key[0], "rows": key[1], "weight": list(key[2]),
-             "kernel": "unfused" if config is None else
-             f"gemv {config.block_n}x{config.block_k} split {config.split_k}"
-             f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}"}
+    return [{"fusion": key[0], "rows": key[1], "weight": list(key[2]), "kernel": label(config)}
             for key, config in _choices.items()]

@@ -41,6 +41,70 @@ INPUT_BLOCK = 1024  # elements of the input a program of the input-writing kerne
 ROUNDS = 7
 CALLS_PER_REPLAY = 16  # calls per graph: the events' overhead shared by many kernels
 MAX_COPIES = 8
+# `steady_choice`: a candidate displaces one listed before it only where faster by more than
+# this share of its time, or by more than either's round-to-round spread where that is wider
+# (on an H200 the FP8 one-row gate_up GEMVs 4x2048 and 8x1024 timed within ~1% of each other
+# and the pick flipped between engine starts: a 2% swing of the decode step)
+STEADY_MARGIN = 0.02
+
+
+class Timings(dict):
+    """Median ms per call by candidate (the dict), with each candidate's round-to-round
+    spread (`spread`: the interquartile range of its rounds over their median; a candidate
+    without one counts as 0)."""
+
+    def __init__(self, medians: dict, spread: dict | None = None):
+        super().__init__(medians)
+        self.spread = dict(spread or {})
+
+
+def relative_spread(samples: list[float]) -> float:
+    """The interquartile range of the samples over their median (0 for fewer than two)."""
+    if len(samples) < 2:
+        return 0.0
+    low, _, high = statistics.quantiles(samples, n=4, method="inclusive")
+    return (high - low) / statistics.median(samples)
+
+
+def margin_between(timings: dict, a: Hashable, b: Hashable, least: float) -> float:
+    """The share of a time by which one of a, b must beat the other to count: `least`, or
+    either one's spread where wider; a negative `least` (the challenger taken even where
+    slower by that much: a test forcing a kernel) as it is."""
+    if least < 0:
+        return least
+    spread = getattr(timings, "spread", {})
+    return max(least, spread.get(a, 0.0), spread.get(b, 0.0))
+
+
+def beats(timings: dict, challenger: Hashable, kept: Hashable, least: float) -> bool:
+    """Whether `challenger` is faster than `kept` by more than `margin_between` them."""
+    margin = margin_between(timings, challenger, kept, least)
+    return timings[challenger] < (1 - margin) * timings[kept]
+
+
+def steady_choice(timings: dict, library_margin: float, what: str = "GEMM",
+                  label: Callable[[object], str] = str) -> Hashable | None:
+    """The choice every GEMM chooser makes from its timings (None: the library's GEMM or the
+    unfused pair, the reference): among the candidates, the first in the table's order (the
+    timings' order) that the fastest does not beat (`beats`, STEADY_MARGIN), so that a near
+    tie keeps the same config from one engine start to the next; then that one only if it
+    beats the reference by 1 - library_margin (or the spreads where wider), else None.
+    Logs what was chosen and by how much."""
+    configs = [c for c in timings if c is not None]
+    if not configs:
+        return None
+    fastest = min(configs, key=timings.__getitem__)
+    pick = next(c for c in configs if not beats(timings, fastest, c, STEADY_MARGIN))
+    reference = timings.get(None)
+    chosen = pick if reference is None or beats(timings, pick, None, 1 - library_margin) \
+        else None
+    logger.info("%s: %s %.2f µs; fastest %s %.2f µs (%.1f%% under the pick, margin %.1f%%); "
+                "reference %s µs", what, label(chosen), 1e3 * timings[chosen],
+                label(fastest), 1e3 * timings[fastest],
+                100 * (1 - timings[fastest] / timings[pick]),
+                100 * margin_between(timings, fastest, pick, STEADY_MARGIN),
+                "-" if reference is None else f"{1e3 * reference:.2f}")
+    return chosen
 
 
 def timing_mode() -> str:
@@ -162,8 +226,8 @@ def _chained_call(run: Callable[[int], object], i: int,
 
 def replayed_timings_ms(candidates: dict[Hashable, Callable[[int], object]], copies: int,
                         chain: tuple[torch.Tensor, torch.Tensor] | None = None
-                        ) -> dict[Hashable, float]:
-    """Median ms per call of each candidate; candidate(i) runs on weight copy i, after
+                        ) -> Timings:
+    """Median ms per call of each candidate, with its rounds' spread (`Timings`); candidate(i) runs on weight copy i, after
     `write_input(*chain)` where chain is given (`timed_input`: the time counts that kernel
     too, alike for every candidate). A candidate that fails to compile, run or be captured
     is left out (logged)."""
@@ -181,7 +245,8 @@ def replayed_timings_ms(candidates: dict[Hashable, Callable[[int], object]], cop
     for _ in range(ROUNDS):
         for key, graph in graphs.items():
             samples[key].append(_replay_ms(graph, len(calls)))
-    return {key: statistics.median(times) for key, times in samples.items()}
+    return Timings({key: statistics.median(times) for key, times in samples.items()},
+                   {key: relative_spread(times) for key, times in samples.items()})
 
 
 def against_library_ms(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -16,15 +16,12 @@ GEMV's epilogue (gated_gemv.py's "gate_up": `silu` below).
 A shape takes the fusion only where it timed faster than the unfused pair as the layers run
 it (the norm kernel, then the dispatch's GEMM or SiLU GEMV; `choice`), in the decode chain
 (gemm_timing.py's, PDL on)."""
-import logging
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from parashift.kernels import fp8_gemm, fp8_gemv, gated_gemv, gemm_timing, rmsnorm, skinny_gemm
-
-logger = logging.getLogger(__name__)
 
 MAX_ROWS = fp8_gemv.MAX_ROWS
 # rows up to which `choice` measures the fusion (the kernel serves MAX_ROWS): each count and
@@ -134,11 +131,9 @@ def choice(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
         with gemm_timing.timing_launches(chain=True):
             timings = timings_ms(x, residual, norm_weight, eps, weight, scale, bias,
                                  silu_config, candidates(weight))
-        _choices[key] = skinny_gemm.choose(timings)
-        logger.info("RMSNorm in the GEMV, %d rows x %s%s: %s (%.2f µs; unfused %.2f µs)",
-                    x.shape[0], tuple(weight.shape), " with SiLU" if silu_config else "",
-                    _choices[key] or "unfused", 1e3 * timings[_choices[key]],
-                    1e3 * timings[None])
+        _choices[key] = gemm_timing.steady_choice(
+            timings, skinny_gemm.MARGIN, f"RMSNorm in the GEMV, {x.shape[0]} rows x "
+            f"{tuple(weight.shape)}{' with SiLU' if silu_config else ''}", label)
     return _choices[key]
 
 

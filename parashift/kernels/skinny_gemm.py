@@ -155,10 +155,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 
 def _measure(x, weight, bias) -> Config | GemvConfig | None:
-    config = choose(timings_ms(x, weight, bias))
-    logger.info("skinny GEMM, %d rows x %s: %s", x.shape[0], tuple(weight.shape),
-                config or "cuBLAS")
-    return config
+    return gemm_timing.steady_choice(
+        timings_ms(x, weight, bias), MARGIN,
+        f"skinny GEMM, {x.shape[0]} rows x {tuple(weight.shape)}", label)
 
 
 def chosen() -> list[dict]:
@@ -174,14 +173,6 @@ def label(config: Config | GemvConfig | None) -> str:
         return (f"gemv {config.block_n}x{config.block_k} split {config.split_k}"
                 f"{' ahead' if config.ahead else ''}{' tickets' if config.tickets else ''}")
     return f"skinny {config.block_n}x{config.block_k}"
-
-
-def choose(timings: dict, margin: float = MARGIN):
-    """The fastest config, or None (cuBLAS) unless a config beats it by `margin`."""
-    best = min((c for c in timings if c is not None), key=timings.__getitem__, default=None)
-    if best is None or timings[best] > margin * timings[None]:
-        return None
-    return best
 
 
 def measured(n: int) -> list[Config | GemvConfig]:

@@ -113,8 +113,8 @@ class LinearBase(nn.Module):
         # where the op before hands this layer its input quantized (layers/fp8_input.py): the
         # FP8Handoff it fills
         self.fp8_input = None
-        # a hook that may compute this layer's GEMM instead (`take(x, part)`: the output, or
-        # None), e.g. with SiLU-and-mul in the GEMV (layers/silu_gemv.py)
+        # a hook that may compute this layer's GEMM instead (`take(x, part, x_fp8)`: the
+        # output, or None), e.g. with SiLU-and-mul in the GEMV (layers/silu_gemv.py)
         self.gemm_hook = None
         # Weight layouts other plans use, by key (e.g. the shift plan's finer shard):
         # each a list of (weight, bias) parts whose outputs are concatenated. A layout
@@ -168,7 +168,7 @@ class LinearBase(nn.Module):
         return self.layouts[key]
 
     def _gemm(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor:
-        fused = None if self.gemm_hook is None else self.gemm_hook.take(x, part)
+        fused = None if self.gemm_hook is None else self.gemm_hook.take(x, part, x_fp8)
         if fused is not None:
             return fused
         if part.scale is None:

@@ -60,10 +60,10 @@ class NormHook:
     def put(self, held: HeldNorm) -> None:
         self._held = held
 
-    def take(self, x: torch.Tensor, part: WeightPart) -> torch.Tensor | None:
+    def take(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor | None:
         held, self._held = self._held, None
         if held is None:
-            return None if self.inner is None else self.inner.take(x, part)
+            return None if self.inner is None else self.inner.take(x, part, x_fp8)
         if held.placeholder is not x or held.weight is not part.weight:
             raise RuntimeError("a norm handed its input to this layer's GEMV, but the layer "
                                "was called with another tensor or weight")

@@ -42,7 +42,7 @@ class DownHook:
             config) -> None:
         self._held = (placeholder, gate_up, weight, config)
 
-    def take(self, x: torch.Tensor, part: WeightPart) -> torch.Tensor | None:
+    def take(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor | None:
         """The layer's output for input x from the held [gate | up], if x is the tensor the
         twin returned and part the weight it chose for; else None."""
         held, self._held = self._held, None
@@ -74,7 +74,7 @@ class GateUpHook:
         layer's input: layers/norm_gemv.py)."""
         self._twin.activated = activated
 
-    def take(self, x: torch.Tensor, part: WeightPart) -> torch.Tensor | None:
+    def take(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor | None:
         config = self.config(x, part)
         if config is None:
             return None

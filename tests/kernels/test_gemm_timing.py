@@ -48,7 +48,46 @@ def test_the_chain_times_every_config_after_the_input_kernel_and_takes_the_faste
     timings = skinny_gemm.timings_ms(x, w, None)
     assert seen["runs"] == {None, *skinny_gemm.measured(4096)} and seen["copies"] == 2
     assert seen["chain"] is not None and torch.equal(seen["chain"][0], x)
-    assert skinny_gemm.choose(timings) == fast
+    assert gemm_timing.steady_choice(timings, skinny_gemm.MARGIN) == fast
+
+
+A, B, C = skinny_gemm.GEMV_CONFIGS[:3]  # listed in this order
+
+
+@pytest.mark.parametrize("timings, spread, expected", [
+    ({None: 10.0, A: 8.0, B: 9.0}, {}, A),
+    ({None: 10.0, A: 9.9, B: 9.8}, {}, None),  # within the library's margin (3%)
+    ({None: 10.0, A: 12.0}, {}, None),
+    ({None: 10.0}, {}, None),
+    ({None: 10.0, A: 8.10, B: 8.0}, {}, A),  # a tie (1.2%) keeps the one listed first
+    ({None: 10.0, A: 8.0, B: 8.10}, {}, A),
+    ({None: 10.0, A: 8.30, B: 8.1, C: 8.0}, {}, B),  # C beats A by 3.6%, not B (1.2%)
+    ({None: 10.0, A: 8.30, B: 8.0}, {B: 0.05}, A),  # B's rounds spread 5%: a noisy win
+    ({None: 10.0, A: 8.30, B: 8.0}, {A: 0.01, B: 0.01}, B),  # a clear win switches
+    ({None: 10.0, A: 8.30, B: 8.0}, {A: 0.05}, A),  # the kept one's own spread alike
+    ({None: 10.0, A: 9.0, B: 8.0}, {A: 0.05, B: 0.05}, B),  # 11% beats a 5% spread
+    ({None: 10.0, A: 9.5}, {None: 0.06}, None),  # 5% under cuBLAS, which spread 6%
+    ({A: 8.10, B: 8.0}, {}, A),  # no reference timed: the candidates' pick
+])
+def test_the_choice_keeps_the_listed_config_unless_clearly_beaten(timings, spread, expected):
+    assert gemm_timing.steady_choice(gemm_timing.Timings(timings, spread),
+                                     skinny_gemm.MARGIN) == expected
+
+
+def test_an_infinite_library_margin_forces_the_candidates_whatever_the_spread():
+    timings = gemm_timing.Timings({None: 1.0, A: 5.0, B: 4.0}, {None: 0.5, A: 0.5})
+    assert gemm_timing.steady_choice(timings, float("inf")) == A
+
+
+def test_a_plain_dict_of_timings_has_no_spread():
+    assert gemm_timing.steady_choice({None: 10.0, A: 8.3, B: 8.0}, 0.97) == B
+
+
+@pytest.mark.parametrize("samples, spread", [
+    ([1.0], 0.0), ([2.0, 2.0, 2.0], 0.0), ([1.0, 2.0, 3.0, 4.0, 5.0], 2 / 3),
+    ([5.0, 1.0, 3.0, 2.0, 4.0], 2 / 3)])
+def test_the_spread_is_the_interquartile_range_over_the_median(samples, spread):
+    assert gemm_timing.relative_spread(samples) == pytest.approx(spread)
 
 
 @pytest.mark.parametrize("flag, replayed", [(None, True), ("graph", True), ("flushed", False)])

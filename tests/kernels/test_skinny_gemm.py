@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from parashift.kernels import skinny_gemm
-from parashift.kernels.skinny_gemm import Config, GemvConfig, choose, skinny_linear
+from parashift.kernels.skinny_gemm import Config, GemvConfig, skinny_linear
 from parashift.layers.linear import ColumnParallelLinear
 from tests.kernels.common import assert_graph_replays, case_tests, cuda, randn
 
@@ -53,16 +53,6 @@ def test_rejects_more_rows_than_it_serves():
     x, w = torch.zeros(skinny_gemm.MAX_ROWS + 1, 16), torch.zeros(16, 16)
     with pytest.raises(ValueError, match="at most 4 rows"):
         skinny_linear(x, w, None, SMALL[0])
-
-
-@pytest.mark.parametrize("timings, expected", [
-    ({None: 10.0, SMALL[0]: 8.0, SMALL[1]: 9.0}, SMALL[0]),
-    ({None: 10.0, SMALL[0]: 9.9, SMALL[1]: 9.8}, None),  # within the noise margin
-    ({None: 10.0, SMALL[0]: 12.0}, None),
-    ({None: 10.0}, None),
-])
-def test_choose_takes_cublas_unless_clearly_beaten(timings, expected):
-    assert choose(timings) == expected
 
 
 def test_layers_use_it_on_cuda_only(monkeypatch):

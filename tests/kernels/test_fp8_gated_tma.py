@@ -1,0 +1,86 @@
+"""gate_up with SiLU-and-mul in its epilogue (kernels/fp8_gated_tma.py) and the fused pair of
+kernels/fp8_gated_choice.py: the bits of the TMA GEMM of the same K step then SiLU-and-mul
+(with FP8 rows), and near the float64 product; under the Triton interpreter on small shapes,
+on CUDA at every registered tiling and the 8B's gate_up at 16-64 rows."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from parashift.kernels import fp8_gated_choice, fp8_gated_tma, fp8_gemm, fp8_gemm_tma, silu_mul
+from parashift.kernels.fp8_gated_choice import Tiling
+from tests.kernels.common import assert_exact, case_tests, cuda
+from tests.kernels.test_fp8_gemm import operands
+
+# gate tiles past HALF (80 of 32), a partial last K step (80 of 32), token tiles of 16 (max
+# block 16: several at 33 rows)
+SMALL = (Tiling(32, 32, 4, 2, max_block_m=16),)
+CASES = [dict(m=5, half=80, k=80), dict(m=33, half=80, k=80)]
+
+
+def unfused(xq, x_scale, w, scale, dtype, tiling: Tiling, block_n: int):
+    """The dispatch's TMA GEMM on `block_n` weight rows a tile, the tiling's K step and
+    tokens a tile, then SiLU-and-mul with FP8 rows."""
+    y = fp8_gemm_tma.tma_linear(xq, x_scale, w, scale, None, dtype, block_n, tiling.block_k,
+                                tiling.num_warps, tiling.num_stages, 1, True,
+                                max_block_m=tiling.max_block_m)
+    return silu_mul.silu_and_mul_fp8(y)
+
+
+def check(m, half, k, dtype="float32", device="cpu", configs=SMALL):
+    x, w, scale, _, wide = operands(m, 2 * half, k, False, dtype, device)
+    xq, x_scale = fp8_gemm.quantize_rows(x)
+    gate, up = wide.to(x.dtype).double().split(half, dim=1)
+    expected = F.silu(gate) * up
+    for tiling in configs:
+        out, q, q_scale = fp8_gated_choice.fused((xq, x_scale), w, scale, x.dtype, tiling)
+        assert out.shape == (m, half) and out.dtype == x.dtype
+        relative = (out.double() - expected).norm() / expected.norm()
+        assert relative < 8e-2, (tiling, relative)  # FP8 activations: 3 mantissa bits
+        # the same tile shapes (the interpreter's sums follow them), and on CUDA the
+        # dispatch's own [gate | up] tiles of twice the rows
+        for block_n in (tiling.block_n,) + ((2 * tiling.block_n,) if device == "cuda" else ()):
+            ref_out, ref_q, ref_scale = unfused(xq, x_scale, w, scale, x.dtype, tiling, block_n)
+            assert_exact(out, ref_out)
+            assert_exact(q.view(torch.uint8), ref_q.view(torch.uint8))
+            assert_exact(q_scale, ref_scale)
+
+
+test_interpreted, _ = case_tests(__name__, check, CASES, uses_dot=True,
+                                 variants_in_one_dtype=True)
+
+
+def tilings(block_k: int | None = None) -> list[Tiling]:
+    return [Tiling(*t) for t in fp8_gated_choice.TILINGS if block_k in (None, t[1])]
+
+
+@cuda
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 31, 33, 63, 64])
+def test_every_tiling_gives_the_dispatch_bits_at_any_rows(m):
+    check(m=m, half=448, k=1024, dtype="bfloat16", device="cuda", configs=tilings())
+
+
+@cuda
+@pytest.mark.parametrize("m", [16, 37, 64])
+def test_the_8b_gate_up(m):
+    check(m=m, half=14336, k=4096, dtype="bfloat16", device="cuda",
+          configs=tilings(128)[:1] + tilings(256)[:1])
+
+
+def test_candidates_only_where_the_dispatch_sums_k_alike():
+    tma = fp8_gemm.Config("tma_w8a8", 256, 128, 8, 4, 1, tickets=True, max_block_m=32)
+    assert fp8_gated_choice.candidates(tma) == [
+        Tiling(*t, max_block_m=32) for t in fp8_gated_choice.TILINGS if t[1] == 128]
+    assert fp8_gated_choice.candidates(fp8_gemm.Config("tma_w8a8", 64, 256, 4, 4, 2,
+                                                       tickets=True)) == []
+    assert fp8_gated_choice.candidates(fp8_gemm.Config("w8a8", 64, 256, 4, 3)) == []
+    assert fp8_gated_choice.candidates(None) == []
+
+
+def test_rejects_what_it_cannot_take():
+    w = torch.zeros(6, 32, dtype=fp8_gemm.FP8)
+    with pytest.raises(ValueError, match="even rows"):
+        fp8_gated_tma.gated_linear(torch.zeros(2, 32, dtype=fp8_gemm.FP8), torch.ones(2, 1),
+                                   w[:5], torch.ones(5), torch.float32, 32, 32, 4, 2)
+    with pytest.raises(ValueError, match="E4M3 rows"):
+        fp8_gated_tma.gated_linear(torch.zeros(2, 32), torch.ones(2, 1), w, torch.ones(6),
+                                   torch.float32, 32, 32, 4, 2)
