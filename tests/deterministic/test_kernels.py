@@ -252,9 +252,11 @@ def compile_prefill_attention(dtype, invariant, heads=32, kv_heads=8, head_dim=1
                         num_stages=launch.config.num_stages)["ttir"]
 
 
-def compile_sm90(kernel, constants: dict, pointers: dict, floats=(), **options) -> dict:
+def compile_sm90(kernel, constants: dict, pointers: dict, floats=(), types=None,
+                 **options) -> dict:
     """The kernel's IRs and PTX for an H100/H200, compiled on the CPU: pointers are fp32
-    unless `pointers` names their element, scalars i32 unless in `floats`."""
+    unless `pointers` names their element, scalars i32 unless in `floats`, other arguments
+    (e.g. "tensordesc<fp8e4nv[64, 128]>") as `types` names them."""
     import inspect
 
     import triton
@@ -264,6 +266,8 @@ def compile_sm90(kernel, constants: dict, pointers: dict, floats=(), **options) 
     for name in inspect.signature(kernel.fn).parameters:
         if name in constants:
             signature[name] = "constexpr"
+        elif name in (types or {}):
+            signature[name] = types[name]
         elif name.endswith("_ptr"):
             signature[name] = "*" + pointers.get(name, "fp32")
         else:

@@ -2,12 +2,15 @@
 kernels/fp8_gated_choice.py: the bits of the TMA GEMM of the same K step then SiLU-and-mul
 (with FP8 rows), and near the float64 product; under the Triton interpreter on small shapes,
 on CUDA at every registered tiling and the 8B's gate_up at 16-64 rows."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from parashift.kernels import fp8_gated_choice, fp8_gated_tma, fp8_gemm, fp8_gemm_tma, silu_mul
 from parashift.kernels.fp8_gated_choice import Tiling
+from tests.deterministic.test_kernels import compile_sm90
 from tests.kernels.common import assert_exact, case_tests, cuda
 from tests.kernels.test_fp8_gemm import operands
 
@@ -84,3 +87,34 @@ def test_rejects_what_it_cannot_take():
     with pytest.raises(ValueError, match="E4M3 rows"):
         fp8_gated_tma.gated_linear(torch.zeros(2, 32), torch.ones(2, 1), w, torch.ones(6),
                                    torch.float32, 32, 32, 4, 2)
+
+
+def wgmma_lines(kernel, block_n: int, tiling: Tiling, constexprs: dict) -> list[str]:
+    """The kernel's wgmma instructions in its sm_90 PTX (compiled on the CPU), registers
+    blanked: `block_n` weight rows a tile, 64 tokens."""
+    types = {"x_desc": f"tensordesc<fp8e4nv[64, {tiling.block_k}]>",
+             "w_desc": f"tensordesc<fp8e4nv[{block_n}, {tiling.block_k}]>"}
+    pointers = {"xs_ptr": "fp32", "s_ptr": "fp32", "w_ptr": "fp8e4nv", "y_ptr": "bf16",
+                "counter_ptr": "i32"}
+    ptx = compile_sm90(kernel, dict(BLOCK_M=64, BLOCK_K=tiling.block_k, BLOCK_N=block_n,
+                                    NUM_STAGES=tiling.num_stages, USE_PDL=0, PREFETCH_K=0,
+                                    **constexprs), pointers, types=types,
+                       num_warps=tiling.num_warps, num_stages=tiling.num_stages)["ptx"]
+    return [re.sub(r"%[a-z]+\d+", "%r", line.strip()) for line in ptx.splitlines()
+            if "wgmma.mma_async" in line]
+
+
+@pytest.mark.parametrize("tiling", [Tiling(*t) for t in fp8_gated_choice.TILINGS[:1]],
+                         ids=fp8_gated_choice.label)
+def test_the_fused_kernel_chains_the_dispatch_kernels_wgmma(tiling):
+    """What the bits rest on, checked on sm_90's PTX without a GPU: both kernels sum each
+    output along K by the same E4M3 wgmma instruction (64 weight rows x the tokens x 32 of K),
+    as many a K step a 64-row block (gate and up blocks of the fused tile, the dispatch's
+    [gate | up] tile of twice the rows)."""
+    fused = wgmma_lines(fp8_gated_tma._gated_tma_kernel, tiling.block_n, tiling,
+                        dict(LIBDEVICE=True))
+    unfused = wgmma_lines(fp8_gemm_tma._fp8_tma_kernel, 2 * tiling.block_n, tiling, dict(
+        HAS_BIAS=False, FP8_X=True, SPLIT_K=1, TICKETS=True, BIT_WIDEN=False,
+        EARLY_SCALES=True, EARLY_TICKET=False))
+    assert fused and set(fused) == set(unfused) and len(fused) == len(unfused)
+    assert all(".m64n64k32.f32.e4m3.e4m3 " in line for line in fused)
