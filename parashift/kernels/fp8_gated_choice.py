@@ -30,9 +30,11 @@ class Tiling:
 
 # (gate rows, K step, warps, stages): fp8q's benchmark tilings (benchmarks/fp8_tma_anatomy.py:
 # 128x128 w8 s4 on the dispatch's 256x128 grid at 64 rows, 34.24 µs with the product against
-# 33.39 without) and tilings of the dispatch's other K step (256)
+# 33.39 without) and more of the dispatch's other K step (256). Each warpgroup takes 64 gate
+# rows (and 64 up rows): the E4M3 wgmma the dispatch's TMA kernel issues (sm_90 PTX; at 32
+# rows a warpgroup Triton issues mma.sync instead, other sums)
 TILINGS = ((128, 128, 8, 4), (128, 128, 8, 3), (64, 128, 4, 4), (64, 256, 4, 3),
-           (32, 256, 4, 4), (32, 256, 4, 5))
+           (64, 256, 4, 4), (128, 256, 8, 2))
 _choices: dict[tuple, Tiling | None] = {}
 
 

@@ -29,7 +29,7 @@ def unfused(xq, x_scale, w, scale, dtype, tiling: Tiling, block_n: int):
     return silu_mul.silu_and_mul_fp8(y)
 
 
-def check(m, half, k, dtype="float32", device="cpu", configs=SMALL):
+def check(m, half, k, dtype="float32", device="cpu", configs=SMALL, same_tiles=True):
     x, w, scale, _, wide = operands(m, 2 * half, k, False, dtype, device)
     xq, x_scale = fp8_gemm.quantize_rows(x)
     gate, up = wide.to(x.dtype).double().split(half, dim=1)
@@ -41,7 +41,8 @@ def check(m, half, k, dtype="float32", device="cpu", configs=SMALL):
         assert relative < 8e-2, (tiling, relative)  # FP8 activations: 3 mantissa bits
         # the same tile shapes (the interpreter's sums follow them), and on CUDA the
         # dispatch's own [gate | up] tiles of twice the rows
-        for block_n in (tiling.block_n,) + ((2 * tiling.block_n,) if device == "cuda" else ()):
+        for block_n in (tiling.block_n,) * same_tiles + (2 * tiling.block_n,) * (
+                device == "cuda"):
             ref_out, ref_q, ref_scale = unfused(xq, x_scale, w, scale, x.dtype, tiling, block_n)
             assert_exact(out, ref_out)
             assert_exact(q.view(torch.uint8), ref_q.view(torch.uint8))
@@ -57,16 +58,24 @@ def tilings(block_k: int | None = None) -> list[Tiling]:
 
 
 @cuda
-@pytest.mark.parametrize("m", [1, 5, 16, 17, 31, 33, 63, 64])
-def test_every_tiling_gives_the_dispatch_bits_at_any_rows(m):
-    check(m=m, half=448, k=1024, dtype="bfloat16", device="cuda", configs=tilings())
+def test_every_tiling_gives_the_dispatch_bits():
+    check(m=64, half=448, k=1024, dtype="bfloat16", device="cuda", configs=tilings())
+
+
+@cuda
+@pytest.mark.parametrize("m", [1, 5, 17, 31, 33, 63])
+def test_any_rows_give_the_dispatch_bits(m):
+    """Odd row counts over token tiles of 16, 32 and 64 (one tiling of each K step: each
+    tiling a compile of each kernel a tile width)."""
+    check(m=m, half=448, k=1024, dtype="bfloat16", device="cuda",
+          configs=tilings(128)[:1] + tilings(256)[:1], same_tiles=False)
 
 
 @cuda
 @pytest.mark.parametrize("m", [16, 37, 64])
 def test_the_8b_gate_up(m):
     check(m=m, half=14336, k=4096, dtype="bfloat16", device="cuda",
-          configs=tilings(128)[:1] + tilings(256)[:1])
+          configs=tilings(128)[:1] + tilings(256)[:1], same_tiles=False)
 
 
 def test_candidates_only_where_the_dispatch_sums_k_alike():
@@ -104,7 +113,8 @@ def wgmma_lines(kernel, block_n: int, tiling: Tiling, constexprs: dict) -> list[
             if "wgmma.mma_async" in line]
 
 
-@pytest.mark.parametrize("tiling", [Tiling(*t) for t in fp8_gated_choice.TILINGS[:1]],
+@pytest.mark.parametrize("tiling", [Tiling(*t) for t in (fp8_gated_choice.TILINGS[0],
+                                                           fp8_gated_choice.TILINGS[3])],
                          ids=fp8_gated_choice.label)
 def test_the_fused_kernel_chains_the_dispatch_kernels_wgmma(tiling):
     """What the bits rest on, checked on sm_90's PTX without a GPU: both kernels sum each
@@ -118,3 +128,9 @@ def test_the_fused_kernel_chains_the_dispatch_kernels_wgmma(tiling):
         EARLY_SCALES=True, EARLY_TICKET=False))
     assert fused and set(fused) == set(unfused) and len(fused) == len(unfused)
     assert all(".m64n64k32.f32.e4m3.e4m3 " in line for line in fused)
+
+
+def test_every_tiling_gives_each_warpgroup_64_gate_rows():
+    """The wgmma tile (`test_the_fused_kernel_chains_the_dispatch_kernels_wgmma`); fewer rows
+    a warpgroup compile to mma.sync."""
+    assert all(t.block_n == 64 * t.num_warps // 4 for t in tilings())
