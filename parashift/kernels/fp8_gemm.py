@@ -316,9 +316,10 @@ def _label(config: Config | None) -> str:
 
 
 def candidates(rows: int, n: int) -> list[Config]:
-    """The Triton configs measured for `rows` rows of an N-row weight."""
-    configs = CONFIGS + (GEMV_CONFIGS if rows <= fp8_gemv.MAX_ROWS else
-                         TMA_CONFIGS if fp8_gemm_tma.enabled() else ())
+    """The Triton configs measured for `rows` rows of an N-row weight, the GEMV's or the TMA
+    kernel's first (the preferred among configs that time alike: gemm_timing.steady_choice)."""
+    configs = (GEMV_CONFIGS if rows <= fp8_gemv.MAX_ROWS else
+               TMA_CONFIGS if fp8_gemm_tma.enabled() else ()) + CONFIGS
     return [c for c in configs if c.block_n <= triton.next_power_of_2(n)]
 
 

@@ -3,7 +3,7 @@ measures (CPU). The GEMV it runs at 1-4 rows is tested on its own in test_fp8_ge
 import pytest
 import torch
 
-from parashift.kernels import fp8_gemm, gemm_timing, split_tickets
+from parashift.kernels import fp8_gemm, fp8_gemm_tma, gemm_timing, split_tickets
 from parashift.kernels.fp8_gemm import Config
 from tests.kernels.common import case_tests, cuda, randn
 
@@ -167,6 +167,13 @@ def test_gemv_configs_are_measured_up_to_four_rows_only():
         assert set(fp8_gemm.GEMV_CONFIGS) <= set(fp8_gemm.candidates(rows, 4096))
     assert not {c.kernel for c in fp8_gemm.candidates(5, 4096)} & {"gemv"}
     assert all(c.block_n <= 16 for c in fp8_gemm.candidates(1, 10))
+
+
+def test_the_gemv_and_tma_configs_come_first_the_preferred_in_a_tie(monkeypatch):
+    monkeypatch.setenv(fp8_gemm_tma.ENV, "1")
+    assert fp8_gemm.candidates(1, 4096)[:2] == list(fp8_gemm.GEMV_CONFIGS[:2])
+    assert fp8_gemm.GEMV_CONFIGS[0].block_n == 8 and fp8_gemm.GEMV_CONFIGS[0].block_k == 1024
+    assert fp8_gemm.candidates(64, 4096)[0] == fp8_gemm.TMA_CONFIGS[0]
 
 
 def test_rows_share_a_choice_per_count_up_to_four_then_per_query_tile():
