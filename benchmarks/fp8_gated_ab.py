@@ -9,7 +9,8 @@ Usage (GPU): PYTHONPATH=. python3 benchmarks/fp8_gated_ab.py [--rows 16 32 64] [
 For each row count: the dispatch's choice (timed as the engine times it, tl.dot configs left
 out as --no-dot-configs leaves them), then `fp8_gated_choice.timings_ms` (the decode chain:
 PDL on, each call after a kernel writing its E4M3 rows, over copies of the weight past L2)
-of the pair and of every fused tiling, --rounds times; µs a call (median, and the rounds'
+of the pair and of every fused tiling (down's rows quantized by `fp8_gemm.quantize_rows` or
+from the tiles' largest magnitudes, "by parts"), --rounds times; µs a call (median, and the rounds'
 spread), whether each tiling gives the pair's bits (`fp8_gated_choice.candidates`: the same
 K step as the dispatch's config, one part of K), and what `steady_choice` takes among those."""
 import argparse
@@ -33,8 +34,8 @@ def measure(rows: int, rounds: int) -> dict:
     dispatch = fp8_gemm.measured_choice(rows, weight, x.dtype, x.device, False)
     same_bits = fp8_gated_choice.candidates(dispatch)
     max_block_m = getattr(dispatch, "max_block_m", 0)
-    tilings = [fp8_gated_choice.Tiling(*t, max_block_m=max_block_m)
-               for t in fp8_gated_choice.TILINGS]
+    tilings = [fp8_gated_choice.Tiling(*t, max_block_m=max_block_m, by_parts=by_parts)
+               for by_parts in (False, True) for t in fp8_gated_choice.TILINGS]
     samples: dict = {}
     for _ in range(rounds):
         with gemm_timing.timing_launches():

@@ -26,6 +26,9 @@ class Tiling:
     num_warps: int
     num_stages: int
     max_block_m: int = 0  # the dispatch's config's (fp8_gemm.Config.max_block_m)
+    # down's E4M3 rows by fp8_gated_tma.quantize_by_parts from the tiles' largest magnitudes
+    # (else fp8_gemm.quantize_rows, a program a row finding the largest itself)
+    by_parts: bool = False
 
 
 # (gate rows, K step, warps, stages): fp8q's benchmark tilings (benchmarks/fp8_tma_anatomy.py:
@@ -43,8 +46,8 @@ def candidates(unfused) -> list[Tiling]:
     if not isinstance(unfused, fp8_gemm.Config) or unfused.kernel != "tma_w8a8" \
             or unfused.split_k != 1:
         return []
-    return [Tiling(*t, max_block_m=unfused.max_block_m) for t in TILINGS
-            if t[1] == unfused.block_k]
+    return [Tiling(*t, max_block_m=unfused.max_block_m, by_parts=by_parts)
+            for by_parts in (False, True) for t in TILINGS if t[1] == unfused.block_k]
 
 
 def fused(x_fp8: tuple[torch.Tensor, torch.Tensor], weight: torch.Tensor, scale: torch.Tensor,
@@ -52,10 +55,12 @@ def fused(x_fp8: tuple[torch.Tensor, torch.Tensor], weight: torch.Tensor, scale:
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(silu_and_mul(x W^T) [M, HALF], its rows in E4M3, their fp32 scales [M, 1]) of x's
     E4M3 rows and scales `x_fp8`, the [gate; up] weight W (scale per row) on `tiling`."""
-    out = fp8_gated_tma.gated_linear(*x_fp8, weight, scale, out_dtype, tiling.block_n,
-                                     tiling.block_k, tiling.num_warps, tiling.num_stages,
-                                     tiling.max_block_m)
-    return (out, *fp8_gemm.quantize_rows(out))
+    made = fp8_gated_tma.gated_linear(*x_fp8, weight, scale, out_dtype, tiling.block_n,
+                                      tiling.block_k, tiling.num_warps, tiling.num_stages,
+                                      tiling.max_block_m, tiling.by_parts)
+    if tiling.by_parts:
+        return (made[0], *fp8_gated_tma.quantize_by_parts(*made))
+    return (made, *fp8_gemm.quantize_rows(made))
 
 
 def unfused(x: torch.Tensor, x_fp8: tuple[torch.Tensor, torch.Tensor], weight: torch.Tensor,
@@ -118,7 +123,8 @@ def label(tiling: Tiling | None) -> str:
     if tiling is None:
         return "unfused"
     return (f"gated {tiling.block_n}x{tiling.block_k} w{tiling.num_warps} "
-            f"s{tiling.num_stages}{f' m<={tiling.max_block_m}' if tiling.max_block_m else ''}")
+            f"s{tiling.num_stages}{f' m<={tiling.max_block_m}' if tiling.max_block_m else ''}"
+            f"{' by parts' if tiling.by_parts else ''}")
 
 
 def chosen() -> list[dict]:

@@ -15,9 +15,10 @@ from tests.kernels.common import assert_exact, case_tests, cuda
 from tests.kernels.test_fp8_gemm import operands
 
 # gate tiles past HALF (80 of 32), a partial last K step (80 of 32), token tiles of 16 (max
-# block 16: several at 33 rows)
-SMALL = (Tiling(32, 32, 4, 2, max_block_m=16),)
-CASES = [dict(m=5, half=80, k=80), dict(m=33, half=80, k=80)]
+# block 16: several at 33 rows); down's rows quantized from the tiles' largest magnitudes
+# (`check` compares quantize_rows' of the product too)
+SMALL = (Tiling(32, 32, 4, 2, max_block_m=16, by_parts=True),)
+CASES = [dict(m=33, half=80, k=80)]
 
 
 def unfused(xq, x_scale, w, scale, dtype, tiling: Tiling, block_n: int):
@@ -47,19 +48,24 @@ def check(m, half, k, dtype="float32", device="cpu", configs=SMALL, same_tiles=T
             assert_exact(out, ref_out)
             assert_exact(q.view(torch.uint8), ref_q.view(torch.uint8))
             assert_exact(q_scale, ref_scale)
+        rows_q, rows_scale = fp8_gemm.quantize_rows(out)
+        assert_exact(rows_q.view(torch.uint8), q.view(torch.uint8))
+        assert_exact(rows_scale, q_scale)
 
 
 test_interpreted, _ = case_tests(__name__, check, CASES, uses_dot=True,
                                  variants_in_one_dtype=True)
 
 
-def tilings(block_k: int | None = None) -> list[Tiling]:
-    return [Tiling(*t) for t in fp8_gated_choice.TILINGS if block_k in (None, t[1])]
+def tilings(block_k: int | None = None, by_parts: bool = False) -> list[Tiling]:
+    return [Tiling(*t, by_parts=by_parts) for t in fp8_gated_choice.TILINGS
+            if block_k in (None, t[1])]
 
 
 @cuda
 def test_every_tiling_gives_the_dispatch_bits():
-    check(m=64, half=448, k=1024, dtype="bfloat16", device="cuda", configs=tilings())
+    check(m=64, half=448, k=1024, dtype="bfloat16", device="cuda",
+          configs=tilings() + tilings(by_parts=True)[:2])
 
 
 @cuda
@@ -68,20 +74,21 @@ def test_any_rows_give_the_dispatch_bits(m):
     """Odd row counts over token tiles of 16, 32 and 64 (one tiling of each K step: each
     tiling a compile of each kernel a tile width)."""
     check(m=m, half=448, k=1024, dtype="bfloat16", device="cuda",
-          configs=tilings(128)[:1] + tilings(256)[:1], same_tiles=False)
+          configs=tilings(128)[:1] + tilings(256, by_parts=True)[:1], same_tiles=False)
 
 
 @cuda
 @pytest.mark.parametrize("m", [16, 37, 64])
 def test_the_8b_gate_up(m):
     check(m=m, half=14336, k=4096, dtype="bfloat16", device="cuda",
-          configs=tilings(128)[:1] + tilings(256)[:1], same_tiles=False)
+          configs=tilings(128)[:1] + tilings(128, by_parts=True)[:1], same_tiles=False)
 
 
 def test_candidates_only_where_the_dispatch_sums_k_alike():
     tma = fp8_gemm.Config("tma_w8a8", 256, 128, 8, 4, 1, tickets=True, max_block_m=32)
     assert fp8_gated_choice.candidates(tma) == [
-        Tiling(*t, max_block_m=32) for t in fp8_gated_choice.TILINGS if t[1] == 128]
+        Tiling(*t, max_block_m=32, by_parts=by_parts) for by_parts in (False, True)
+        for t in fp8_gated_choice.TILINGS if t[1] == 128]
     assert fp8_gated_choice.candidates(fp8_gemm.Config("tma_w8a8", 64, 256, 4, 4, 2,
                                                        tickets=True)) == []
     assert fp8_gated_choice.candidates(fp8_gemm.Config("w8a8", 64, 256, 4, 3)) == []
@@ -122,7 +129,7 @@ def test_the_fused_kernel_chains_the_dispatch_kernels_wgmma(tiling):
     as many a K step a 64-row block (gate and up blocks of the fused tile, the dispatch's
     [gate | up] tile of twice the rows)."""
     fused = wgmma_lines(fp8_gated_tma._gated_tma_kernel, tiling.block_n, tiling,
-                        dict(LIBDEVICE=True))
+                        dict(LIBDEVICE=True, PART_MAX=True))
     unfused = wgmma_lines(fp8_gemm_tma._fp8_tma_kernel, 2 * tiling.block_n, tiling, dict(
         HAS_BIAS=False, FP8_X=True, SPLIT_K=1, TICKETS=True, BIT_WIDEN=False,
         EARLY_SCALES=True, EARLY_TICKET=False))
