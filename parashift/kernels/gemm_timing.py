@@ -227,10 +227,10 @@ def _chained_call(run: Callable[[int], object], i: int,
 def replayed_timings_ms(candidates: dict[Hashable, Callable[[int], object]], copies: int,
                         chain: tuple[torch.Tensor, torch.Tensor] | None = None
                         ) -> Timings:
-    """Median ms per call of each candidate, with its rounds' spread (`Timings`); candidate(i) runs on weight copy i, after
-    `write_input(*chain)` where chain is given (`timed_input`: the time counts that kernel
-    too, alike for every candidate). A candidate that fails to compile, run or be captured
-    is left out (logged)."""
+    """Median ms per call of each candidate, with its rounds' spread (`Timings`);
+    candidate(i) runs on weight copy i, after `write_input(*chain)` where chain is given
+    (`timed_input`: the time counts that kernel too, alike for every candidate). A candidate
+    that fails to compile, run or be captured is left out (logged)."""
     calls = [i % copies for i in range(max(CALLS_PER_REPLAY, copies))]
     pool = torch.cuda.graph_pool_handle()  # one for all: the outputs are never read
     graphs = {}
