@@ -136,6 +136,8 @@ def test_the_fused_engine_gives_the_unfused_tokens_at_20_sequences(monkeypatch,
         "tma_w8a8", 64, 128, 4, 3, 1, tickets=True),))
     monkeypatch.setattr(fp8_gemm, "MARGIN", float("inf"))
     monkeypatch.setattr(fp8_gated_choice, "MARGIN", float("inf"))
+    monkeypatch.setattr(fp8_gemm, "_choices", {})  # chosen in this test, as forced
+    monkeypatch.setattr(fp8_gated_choice, "_choices", {})
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(5 + i)] for i in range(20)]
     tokens = {}
     for flag in ("0", "1"):
