@@ -4,7 +4,7 @@
 # 1. GPU tests (~40 s): SiLU·mul in FP8 gate_up's TMA epilogue gives the bits of the dispatch's
 #    GEMM then SiLU·mul FP8 at 1-64 rows (every tiling, down's rows by quantize_rows or by
 #    parts; the 8B's gate_up), and an engine's greedy tokens at 20 sequences with it forced
-#    equal to those without;
+#    equal to those without, and the same bits with PDL off, early and late;
 # 2. the FP8 GEMM candidates compiled in 15 processes (~25 s; else the engine compiles them);
 # 3. the engine A/B (~45 s): decode_throughput 8B FP8 b1 and b64 (context 1024), default
 #    (PARASHIFT_FP8_GATE_UP_SILU=0) against =1 (graph variants, 2 rounds in turn) in one engine;
@@ -26,7 +26,8 @@ source scripts/budget_step.sh
 EIGHT_B=benchmarks/shapes/llama-3.1-8b.json
 B1_START="--model $EIGHT_B --quantization fp8 --no-dot-configs --context 1024 --decode-steps 32"
 budget_step gpu_tests 40 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  tests/kernels/test_fp8_gated_tma.py tests/layers/test_fp8_gated_silu.py
+  tests/kernels/test_fp8_gated_tma.py tests/layers/test_fp8_gated_silu.py \
+  tests/kernels/test_pdl.py::test_the_gated_gate_up_gives_the_same_bits_with_pdl
 budget_step warm 25 python3 benchmarks/fp8_gemm_sweep.py --warm-only --no-dot-configs --workers 15
 budget_step decode 45 python3 benchmarks/decode_throughput.py $B1_START --batch-sizes 1 64 \
   --cuda-graphs --rounds 2 --graph-variants PARASHIFT_FP8_GATE_UP_SILU=1 \

@@ -13,9 +13,9 @@ import torch
 import triton
 
 from parashift.attention import triton_decode, triton_decode_preload, triton_kernels
-from parashift.kernels import (argmax, fp8_gemm, fp8_gemv, fused_moe, gemm_timing, moe_prefill,
-                               moe_norm_router, moe_router, moe_routing, moe_small, pdl,
-                               rmsnorm, rotary, silu_mul, skinny_gemm)
+from parashift.kernels import (argmax, fp8_gated_tma, fp8_gemm, fp8_gemv, fused_moe, gemm_timing,
+                               moe_prefill, moe_norm_router, moe_router, moe_routing, moe_small,
+                               pdl, rmsnorm, rotary, silu_mul, skinny_gemm)
 from tests.deterministic.test_kernels import compile_sm90
 from tests.kernels.common import TRITON_TYPES, cuda, randn
 
@@ -245,6 +245,16 @@ KERNELS = {
         "q_ptr": FP8, "s_ptr": torch.float32, "part_max_ptr": torch.float32,
         "ticket_ptr": torch.int32}, (), dict(FP8_MAX=448.0, BLOCK=2048, QUANT_BLOCK=16384,
                                              PARTS=8, BLOCKED=False, LIBDEVICE=True), False),
+    # gate_up with SiLU·mul in its TMA epilogue: the weight's rows prefetched, its tiles and the
+    # tokens' by TMA (cp.async.bulk) after the wait (DESCRIPTORS: the tensor descriptors)
+    "fp8_gated_tma": (fp8_gated_tma._gated_tma_kernel, {
+        "xs_ptr": torch.float32, "w_ptr": FP8, "s_ptr": torch.float32,
+        "max_ptr": torch.float32}, (), dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, NUM_STAGES=3,
+                                            LIBDEVICE=True, PREFETCH_K=256, PART_MAX=True),
+        True),
+    "quantize_by_parts": (fp8_gated_tma._quantize_by_parts_kernel, {
+        "max_ptr": torch.float32, "q_ptr": FP8, "s_ptr": torch.float32}, (),
+        dict(FP8_MAX=448.0, PARTS=128, BLOCK=2048), False),
     "silu_mul_fp8_row": (silu_mul._silu_and_mul_fp8_row_kernel, {
         "q_ptr": FP8, "s_ptr": torch.float32}, (), dict(
             FP8_MAX=448.0, BLOCK=2048, BLOCKED=False, LIBDEVICE=True), False),
@@ -327,13 +337,18 @@ LOADS_FIRST = {"rms_norm_fp8", "rotary", "rotary_qk_norm", "moe_norm_router", "d
                "preloaded_decode", "preloaded_decode_rope", "preloaded_decode_merge", "reduce_splits"}
 
 
+# the tensor-descriptor arguments of KERNELS' kernels that take them
+DESCRIPTORS = {fp8_gated_tma._gated_tma_kernel: {"x_desc": "tensordesc<fp8e4nv[64, 128]>",
+                                                 "w_desc": "tensordesc<fp8e4nv[128, 128]>"}}
+
+
 def sm90_ptx(kernel, pointers: dict, floats: tuple, constexprs: dict, mode: int) -> str:
     """The kernel's PTX for sm_90, compiled on the CPU; pointers bf16 unless named."""
     elements = {name: POINTER_TYPES[pointers.get(name, torch.bfloat16)]
                 for name in (p.name for p in kernel.params) if name.endswith("_ptr")}
     options = {"num_warps": 4, **({"launch_pdl": True} if mode else {})}
     return compile_sm90(kernel, {**constexprs, "USE_PDL": mode}, elements, floats,
-                        **options)["ptx"]
+                        types=DESCRIPTORS.get(kernel), **options)["ptx"]
 
 
 MEMORY_OP = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|atom\.|red\.|cp\.async)", re.M)
@@ -439,6 +454,19 @@ def test_weight_kernels_give_the_same_bits_with_pdl(monkeypatch):
     for config in FP8_CONFIGS:
         assert_same_bits(on_and_off(monkeypatch, lambda: fp8_gemm.fp8_weight_linear(
             x, w8, s8, None, config)))
+
+
+@cuda
+@hopper
+def test_the_gated_gate_up_gives_the_same_bits_with_pdl(monkeypatch):
+    """SiLU·mul in FP8 gate_up's TMA epilogue (its prefetch on) and down's rows both ways."""
+    from parashift.kernels import fp8_gated_choice
+    xq, xs = fp8_gemm.quantize_rows(randn((64, 4096), "bfloat16", "cuda"))
+    w8, s8 = weight_fp8(2 * 1024, 4096, seed=2)
+    for tiling in (fp8_gated_choice.Tiling(128, 128, 8, 4),
+                   fp8_gated_choice.Tiling(64, 256, 4, 3, by_parts=True)):
+        assert_same_bits(on_and_off(monkeypatch, lambda: fp8_gated_choice.fused(
+            (xq, xs), w8, s8, torch.bfloat16, tiling)))
 
 
 @cuda
