@@ -8,6 +8,7 @@ from parashift.layers.attention import Attention
 from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from parashift.layers.fp8_input import hand_over_fp8_inputs
 from parashift.layers.l2_prefetch import NO_PREFETCHES, attach_l2_prefetch
+from parashift.layers.norm_after_gemv import fold_norm_after_gemv
 from parashift.layers.norm_gemv import fuse_norm_into_gemv
 from parashift.layers.silu_gemv import fuse_silu_into_gemv
 from parashift.layers.layernorm import RMSNorm, qk_norm
@@ -92,6 +93,10 @@ class LlamaDecoderLayer(nn.Module):
     norm_gemv_pairs = fp8_input_pairs
     # (RMSNorm, mixture of experts it feeds): the norm may route too (layers/norm_router.py)
     norm_router_pairs = (("post_attention_layernorm", "mlp"),)
+    # (norm giving the residual, linear layer, RMSNorm after it adding that residual): the
+    # layer's GEMV may do the norm after it in its last program (layers/norm_after_gemv.py)
+    norm_after_gemv_triples = (("input_layernorm", "self_attn.o_proj",
+                                "post_attention_layernorm"),)
     # (short name, GEMM) in step order: weights pulled into L2 ahead (layers/l2_prefetch.py;
     # the block holding each GEMM calls its point after it)
     l2_prefetch_order = (("qkv", "self_attn.qkv_proj"), ("o", "self_attn.o_proj"),
@@ -174,6 +179,7 @@ class LlamaForCausalLM(nn.Module):
         hand_over_fp8_inputs(self)
         fuse_silu_into_gemv(self)
         fuse_norm_into_gemv(self)
+        fold_norm_after_gemv(self)
         attach_l2_prefetch(self)
 
     @staticmethod

@@ -1,0 +1,174 @@
+"""The residual add and RMSNorm after a linear layer done by that layer's FP8 GEMV, in its
+last program (decode's one to four rows; the kernel: kernels/norm_tail.py): one launch a
+layer fewer (issue 60: at one row the 8B's small kernels cost the step more than their
+bytes, benchmarks/step_ceiling.py).
+
+A decoder layer names its (norm before the block, linear layer, norm after it) triples by
+attribute path (`norm_after_gemv_triples` on a module class; the Llama layer's: the input
+norm, o_proj, the post-attention norm). `fold_norm_after_gemv` replaces the norm before by
+`ResidualTap`, which tells the linear layer's hook (`TailHook`) the residual the norm after
+will be given (the decoder layer adds it there); and the norm after by `NormAfterGemv`. At run
+time, where the layer's GEMM fits (FP8 weight, dynamic activation scales, the layer's output
+whole on this rank: TP 1; the shape's measured choice a GEMV of one part of K, at most
+fp8_gemv.MAX_ROWS rows), the hook runs that GEMV with the norm in its tail and hands the
+norm's outputs to the twin, which returns them when called with that very output and
+residual (with its rows in E4M3 handed on where the norm it replaced would quantize them
+for the next layer: layers/fp8_input.py). Else each twin is the norm it replaced. The
+layer's output is always computed, so a twin called with other tensors only normalises
+again: never a misread. Under TP > 1 the norm needs the all-reduced row, so the fold would
+have to move behind the all-reduce (not built).
+
+PARASHIFT_NORM_AFTER_GEMV=1 turns it on where it fits; 0 (the default) leaves every norm its
+own kernel. Not measured on a GPU yet (scripts/gpu_fp8b1.sh measures it). Never in
+deterministic mode (its own GEMMs), nor where the norm after is another fusion's twin
+(norm_gemv.py's, or a mixture of experts' routing norm: norm_router.py)."""
+import os
+
+import torch
+
+from parashift.context import get_context
+from parashift.kernels import use_triton
+from parashift.layers.fp8_input import QuantizingRMSNorm
+from parashift.layers.fused_moe import FusedMoE
+from parashift.layers.fusion_pairs import declared_pairs
+from parashift.layers.layernorm import RMSNorm
+from parashift.layers.linear import LinearBase, WeightPart
+
+ENV = "PARASHIFT_NORM_AFTER_GEMV"
+
+
+class NormAfterGemv(RMSNorm):
+    """The norm after the linear layer: its outputs as the layer's GEMV made them, where
+    held for these inputs; else the norm it replaced."""
+
+    def __init__(self, norm: RMSNorm):
+        super().__init__(norm.weight.shape[0], norm.eps)
+        self.weight = norm.weight
+        self._plain = norm.forward  # the norm replaced (fp8_input.py's twin, say): a method
+        self._quantizes = norm.quantizes if isinstance(norm, QuantizingRMSNorm) else None
+        self._handoff = getattr(norm, "handoff", None)
+        self._held = None
+
+    def quantizes(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        """Whether the norm replaced would hand its output over in E4M3 for these inputs."""
+        return self._quantizes is not None and self._quantizes(x, residual)
+
+    def hold(self, y: torch.Tensor, tail) -> None:
+        """The GEMV's output y and its norm tail (kernels/norm_tail.py), until the call."""
+        self._held = (y, tail)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        held, self._held = self._held, None
+        if held is None or held[0] is not x or held[1].residual is not residual:
+            return self._plain(x, residual)
+        tail = held[1]
+        if tail.rows_fp8 is not None:
+            self._handoff.put(tail.out, tail.rows_fp8, tail.scales)
+        return tail.out, tail.new_residual
+
+
+class TailHook:
+    """The linear layer's hook: its GEMV with the norm after it in its last program, where the
+    residual is expected and the GEMM fits; the layer's other hook's otherwise."""
+
+    def __init__(self, inner, norm: NormAfterGemv):
+        self.inner = inner
+        self._norm = norm
+        self._residual: torch.Tensor | None = None
+
+    def expect(self, residual: torch.Tensor) -> None:
+        """The residual the norm after the layer will be given (taken by the next GEMM)."""
+        self._residual = residual
+
+    def take(self, x: torch.Tensor, part: WeightPart) -> torch.Tensor | None:
+        residual, self._residual = self._residual, None
+        config = None if residual is None else self._config(x, residual, part)
+        if config is None:
+            return None if self.inner is None else self.inner.take(x, part)
+        from parashift.kernels import fp8_gemv, norm_tail
+        norm = self._norm
+        tail = norm_tail.norm_tail(residual, norm.weight, norm.eps,
+                                   norm.quantizes(residual, residual))  # y's shape and dtype
+        y = fp8_gemv.fp8_gemv(x, part.weight, part.scale, part.bias, config.block_n,
+                              config.block_k, config.num_warps, config.num_stages,
+                              ahead=config.ahead, tail=tail)
+        norm.hold(y, tail)
+        return y
+
+    def _config(self, x: torch.Tensor, residual: torch.Tensor, part: WeightPart):
+        """The layer's measured GEMV config for x where the fold fits, else None."""
+        from parashift.kernels import fp8_gemm, fp8_gemv, split_tickets
+        if (x.dim() != 2 or not 1 <= x.shape[0] <= fp8_gemv.MAX_ROWS or not use_triton(x)
+                or part.scale is None or part.weight.stride(1) != 1
+                or residual.shape != (x.shape[0], part.weight.shape[0])
+                or residual.dtype != x.dtype or residual.stride(1) != 1
+                or self._norm.weight.dtype != x.dtype):
+            return None
+        # made here at an eager call, so that a CUDA graph capture finds them
+        if split_tickets.counters(x.device, 1) is None or get_context().tp.size != 1:
+            return None
+        config = fp8_gemm.measured_choice(x.shape[0], part.weight, x.dtype, x.device,
+                                          part.bias is not None)
+        if config is None or config.kernel != "gemv" or config.split_k != 1:
+            return None
+        return config
+
+
+class ResidualTap(RMSNorm):
+    """The norm before the block: the norm it replaced, telling the hook the residual the
+    norm after the block will be given (its new residual; without one, x itself, which the
+    decoder layer keeps as the residual)."""
+
+    def __init__(self, norm: RMSNorm, hook: TailHook):
+        super().__init__(norm.weight.shape[0], norm.eps)
+        self.weight = norm.weight
+        self._plain = norm.forward  # a method: no submodule
+        self._hook = hook
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        out = self._plain(x, residual)
+        self._hook.expect(x if residual is None else out[1])
+        return out
+
+
+def enabled() -> bool:
+    """PARASHIFT_NORM_AFTER_GEMV: 1 on, 0 (or unset) off, anything else an error."""
+    value = os.environ.get(ENV, "0")
+    if value in ("0", "1"):
+        return value == "1"
+    raise ValueError(f"{ENV}={value!r}: expected 0 or 1")
+
+
+def _folds_into(layer) -> bool:
+    """An FP8 linear layer running the default mode's GEMMs with dynamic activation scales,
+    its output whole on the rank (TP 1)."""
+    return (isinstance(layer, LinearBase) and layer.quant is not None
+            and layer.input_scale is None and not layer.reduction_chunks
+            and layer.tp_size == 1)
+
+
+def fold_norm_after_gemv(model: torch.nn.Module) -> int:
+    """Installs the twins and hook of each of the model's `norm_after_gemv_triples` that fits
+    where PARASHIFT_NORM_AFTER_GEMV=1; returns how many."""
+    if not enabled():
+        return 0
+    routed = {(id(module), name) for module, name, _, consumer in
+              declared_pairs(model, "norm_router_pairs") if isinstance(consumer, FusedMoE)}
+    folded = 0
+    for module in list(model.modules()):
+        for before_name, layer_path, after_name in getattr(module, "norm_after_gemv_triples",
+                                                           ()):
+            before, after = getattr(module, before_name, None), getattr(module, after_name, None)
+            try:
+                layer = module.get_submodule(layer_path)
+            except AttributeError:
+                continue
+            if (not isinstance(before, RMSNorm) or type(after) not in (RMSNorm, QuantizingRMSNorm)
+                    or (id(module), after_name) in routed or not _folds_into(layer)):
+                continue
+            twin = NormAfterGemv(after)
+            hook = layer.gemm_hook = TailHook(layer.gemm_hook, twin)
+            setattr(module, after_name, twin)
+            setattr(module, before_name, ResidualTap(before, hook))
+            folded += 1
+    return folded

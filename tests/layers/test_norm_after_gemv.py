@@ -1,0 +1,175 @@
+"""The residual add and RMSNorm after o_proj done in its GEMV's last program
+(layers/norm_after_gemv.py): which layers fold, that the norm after returns the tail's
+outputs only for the very output and residual and is the plain norm otherwise (CPU, the GPU's
+kernel stood in by torch), and on the GPU (PARASHIFT_TEST_DEVICE=cuda) an engine's greedy FP8
+tokens with the fold equal to those without."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from parashift.kernels import fp8_gemm, fp8_gemv
+from parashift.layers import norm_after_gemv
+from parashift.layers.fp8_input import QuantizingRMSNorm
+from parashift.layers.layernorm import add_rms_norm_torch
+from parashift.layers.norm_after_gemv import NormAfterGemv, ResidualTap, TailHook
+from parashift.quantization.fp8 import dequantize, quantize_rows
+from parashift.quantization.scheme import WeightQuant
+from tests.engine.conftest import tiny_llama_dir  # noqa: F401  (shared fixture)
+from tests.helpers.switch_tokens import switch_tokens
+from tests.helpers.tiny_configs import TINY
+from tests.layers.test_norm_gemv import build as build_llama
+
+DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")
+LAYERS = range(TINY["num_hidden_layers"])
+
+
+def build(quantization=WeightQuant(), **context):
+    return build_llama(quantization, **context)
+
+
+def folded(model) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, NormAfterGemv)]
+
+
+def test_off_by_default_and_a_bad_switch_is_an_error(monkeypatch):
+    monkeypatch.delenv(norm_after_gemv.ENV, raising=False)
+    assert not folded(build())
+    monkeypatch.setenv(norm_after_gemv.ENV, "1")
+    model = build()
+    assert folded(model) == [f"model.layers.{i}.post_attention_layernorm" for i in LAYERS]
+    for layer in model.model.layers:
+        hook = layer.self_attn.o_proj.gemm_hook
+        assert isinstance(hook, TailHook) and hook.inner is None
+        assert isinstance(layer.input_layernorm, ResidualTap) and layer.input_layernorm._hook is hook
+        # fp8_input.py's quantizing norm is what the twin falls back on and hands rows for
+        assert isinstance(layer.post_attention_layernorm._plain.__self__, QuantizingRMSNorm)
+    assert set(model.state_dict()) == set(build().state_dict())
+    assert not folded(build(None))  # bf16: no FP8 GEMV
+    assert not folded(build(reduction_chunks=4))  # deterministic mode: its own GEMMs
+    assert not folded(build(WeightQuant(serialized=True, static_activations=True)))
+    monkeypatch.setenv(norm_after_gemv.ENV, "yes")
+    with pytest.raises(ValueError, match="PARASHIFT_NORM_AFTER_GEMV='yes'"):
+        build()
+
+
+@pytest.fixture
+def gpu_stand_ins(monkeypatch):
+    """The GPU path on the CPU: a measured one-part GEMV config for up to 4 rows and the
+    GEMV with its norm tail by torch, recording the rows of each call."""
+    calls = []
+
+    def gemv(x, weight, scale, bias, *config, ahead=False, tail=None):
+        calls.append(x.shape[0])
+        y = F.linear(x, dequantize(weight, scale, x.dtype), bias)
+        out, added = add_rms_norm_torch(y, tail.residual, tail.weight, tail.eps)
+        tail.out.copy_(out)
+        tail.new_residual.copy_(added)
+        if tail.rows_fp8 is not None:
+            rows, scales = quantize_rows(out)
+            tail.rows_fp8.copy_(rows)
+            tail.scales.copy_(scales)
+        return y
+    config = fp8_gemm.Config("gemv", 4, 64, 4, 1, ahead=True)
+    monkeypatch.setattr(norm_after_gemv, "use_triton", lambda x: True)
+    monkeypatch.setattr(fp8_gemm, "measured_choice",
+                        lambda rows, *args: config if rows <= 4 else None)
+    monkeypatch.setattr(fp8_gemv, "fp8_gemv", gemv)
+    return calls
+
+
+def seeded(model):
+    gen = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.data.copy_((torch.randn(p.shape, generator=gen) * 0.2
+                      + (1 if p.dim() == 1 or p.dtype == torch.float32 else 0)).to(p.dtype))
+    return model
+
+
+def plain_outputs(layer, x, r, attn):
+    """What the unfolded layer gives: input norm, o_proj, post-attention norm."""
+    h, residual = add_rms_norm_torch(x, r, layer.input_layernorm.weight, 1e-5)
+    o_proj = layer.self_attn.o_proj
+    o = F.linear(attn, dequantize(o_proj.weight, o_proj.weight_scale, attn.dtype))
+    return (h, residual, o) + add_rms_norm_torch(o, residual,
+                                                 layer.post_attention_layernorm.weight, 1e-5)
+
+
+def test_the_layer_gives_the_plain_outputs_folded(monkeypatch, gpu_stand_ins):
+    monkeypatch.setenv(norm_after_gemv.ENV, "1")
+    layer = seeded(build()).model.layers[1]
+    gen = torch.Generator().manual_seed(1)
+    x, r, attn = (torch.randn(3, 64, generator=gen) for _ in range(3))
+    h, residual, o, normed, added = plain_outputs(layer, x, r, attn)
+    got_h, got_residual = layer.input_layernorm(x, r)
+    torch.testing.assert_close((got_h, got_residual), (h, residual))
+    got_o = layer.self_attn.o_proj(attn)
+    torch.testing.assert_close(got_o, o)
+    held = layer.post_attention_layernorm._held
+    out = layer.post_attention_layernorm(got_o, got_residual)
+    assert out[0] is held[1].out and out[1] is held[1].new_residual  # the tail's, as made
+    torch.testing.assert_close(out, (normed, added))
+    assert gpu_stand_ins == [3]
+    # another residual than the one expected: the plain norm of the computed output
+    layer.input_layernorm(x, r)
+    got_o = layer.self_attn.o_proj(attn)
+    other = r.clone()
+    torch.testing.assert_close(layer.post_attention_layernorm(got_o, other),
+                               add_rms_norm_torch(o, other, layer.post_attention_layernorm.weight,
+                                                  1e-5))
+    # 6 rows: no GEMV of the GEMV's rows, the plain path (and nothing held)
+    six = [t.repeat(2, 1) for t in (x, r, attn)]
+    layer.input_layernorm(*six[:2])
+    layer.self_attn.o_proj(six[2])
+    assert gpu_stand_ins == [3, 3] and layer.post_attention_layernorm._held is None
+
+
+def test_the_first_layer_folds_with_x_as_its_residual(monkeypatch, gpu_stand_ins):
+    """Without a residual the decoder layer keeps the norm's input as the residual."""
+    monkeypatch.setenv(norm_after_gemv.ENV, "1")
+    layer = seeded(build()).model.layers[0]
+    x, attn = torch.randn(1, 64), torch.randn(1, 64)
+    layer.input_layernorm(x)
+    o = layer.self_attn.o_proj(attn)
+    normed, added = layer.post_attention_layernorm(o, x)
+    torch.testing.assert_close(added, o + x)
+    torch.testing.assert_close(normed, add_rms_norm_torch(o, x, layer.post_attention_layernorm
+                                                          .weight, 1e-5)[0])
+    assert gpu_stand_ins == [1]
+
+
+def test_rows_in_e4m3_are_handed_on_where_the_norm_would_quantize(monkeypatch, gpu_stand_ins):
+    monkeypatch.setenv(norm_after_gemv.ENV, "1")
+    layer = seeded(build()).model.layers[1]
+    norm = layer.post_attention_layernorm
+    monkeypatch.setattr(norm, "_quantizes", lambda x, residual: True)
+    x, r, attn = torch.randn(2, 64), torch.randn(2, 64), torch.randn(2, 64)
+    _, residual = layer.input_layernorm(x, r)
+    normed, _ = norm(layer.self_attn.o_proj(attn), residual)
+    rows, scales = layer.mlp.gate_up_proj.fp8_input.take(normed)
+    expected = quantize_rows(normed)
+    assert torch.equal(rows.view(torch.uint8), expected[0].view(torch.uint8))
+    torch.testing.assert_close(scales, expected[1])
+
+
+def test_the_twins_are_the_plain_norms_on_the_cpu(monkeypatch):
+    monkeypatch.setenv(norm_after_gemv.ENV, "1")
+    layer = seeded(build()).model.layers[1]
+    monkeypatch.setattr(fp8_gemm, "measured_choice", lambda *a: pytest.fail("asked on the CPU"))
+    x, r, attn = torch.randn(1, 64), torch.randn(1, 64), torch.randn(1, 64)
+    h, residual, o, normed, added = plain_outputs(layer, x, r, attn)
+    got = layer.input_layernorm(x, r)
+    got_o = layer.self_attn.o_proj(attn)
+    torch.testing.assert_close(layer.post_attention_layernorm(got_o, got[1]), (normed, added))
+
+
+@pytest.fixture(scope="module")
+def engine_tokens(tiny_llama_dir):
+    """tokens(quantization, mode): greedy tokens with PARASHIFT_NORM_AFTER_GEMV=mode."""
+    return switch_tokens(tiny_llama_dir, DEVICE, norm_after_gemv.ENV)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
+def test_folded_engine_gives_the_unfolded_tokens(engine_tokens):
+    assert engine_tokens("fp8", "1") == engine_tokens("fp8", "0")
