@@ -19,7 +19,9 @@ again: never a misread. Under TP > 1 the norm needs the all-reduced row, so the 
 have to move behind the all-reduce (not built).
 
 PARASHIFT_NORM_AFTER_GEMV=1 turns it on where it fits; 0 (the default) leaves every norm its
-own kernel. Not measured on a GPU yet (scripts/gpu_fp8b1.sh measures it). Never in
+own kernel. Read when the model is built (1: the twins are installed) and again at each GEMM
+(so a CUDA graph keeps what its capture read, and one engine built with 1 can be timed
+against 0 by graph variants). Not measured on a GPU yet (scripts/gpu_fp8b1.sh measures it). Never in
 deterministic mode (its own GEMMs), nor where the norm after is another fusion's twin
 (norm_gemv.py's, or a mixture of experts' routing norm: norm_router.py)."""
 import os
@@ -82,7 +84,7 @@ class TailHook:
 
     def take(self, x: torch.Tensor, part: WeightPart) -> torch.Tensor | None:
         residual, self._residual = self._residual, None
-        config = None if residual is None else self._config(x, residual, part)
+        config = None if residual is None or not enabled() else self._config(x, residual, part)
         if config is None:
             return None if self.inner is None else self.inner.take(x, part)
         from parashift.kernels import fp8_gemv, norm_tail

@@ -123,6 +123,11 @@ def test_the_layer_gives_the_plain_outputs_folded(monkeypatch, gpu_stand_ins):
     layer.input_layernorm(*six[:2])
     layer.self_attn.o_proj(six[2])
     assert gpu_stand_ins == [3, 3] and layer.post_attention_layernorm._held is None
+    # switched off after the build (a graph variant's capture): the plain path
+    monkeypatch.setenv(norm_after_gemv.ENV, "0")
+    layer.input_layernorm(x, r)
+    torch.testing.assert_close(layer.self_attn.o_proj(attn), o)
+    assert gpu_stand_ins == [3, 3] and layer.post_attention_layernorm._held is None
 
 
 def test_the_first_layer_folds_with_x_as_its_residual(monkeypatch, gpu_stand_ins):
