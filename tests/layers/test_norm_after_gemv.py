@@ -169,6 +169,31 @@ def test_the_twins_are_the_plain_norms_on_the_cpu(monkeypatch):
     torch.testing.assert_close(layer.post_attention_layernorm(got_o, got[1]), (normed, added))
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
+@pytest.mark.parametrize("rows", [1, 2])
+def test_the_layer_folds_with_the_kernel_on_the_gpu(monkeypatch, rows):
+    """The real kernel through the twins (its config forced: the tiny o_proj's measured
+    choice need not be a GEMV)."""
+    monkeypatch.setenv(norm_after_gemv.ENV, "1")
+    layer = seeded(build()).model.layers[1].to("cuda")
+    config = fp8_gemm.Config("gemv", 4, 64, 2, 1, ahead=True)
+    monkeypatch.setattr(fp8_gemm, "measured_choice", lambda *args: config)
+    gen = torch.Generator().manual_seed(2)
+    x, r, attn = (torch.randn(rows, 64, generator=gen).cuda() for _ in range(3))
+    _, residual = layer.input_layernorm(x, r)
+    o = layer.self_attn.o_proj(attn)
+    held = layer.post_attention_layernorm._held
+    normed, added = layer.post_attention_layernorm(o, residual)
+    assert held is not None and normed is held[1].out and added is held[1].new_residual
+    o_proj = layer.self_attn.o_proj
+    plain = fp8_gemv.fp8_gemv(attn, o_proj.weight, o_proj.weight_scale, None, 4, 64, 2, 1,
+                              ahead=True)
+    assert torch.equal(o, plain)
+    expected = add_rms_norm_torch(plain, residual, layer.post_attention_layernorm.weight, 1e-5)
+    assert torch.equal(added, expected[1])
+    torch.testing.assert_close(normed, expected[0], rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def engine_tokens(tiny_llama_dir):
     """tokens(quantization, mode): greedy tokens with PARASHIFT_NORM_AFTER_GEMV=mode."""
@@ -177,4 +202,5 @@ def engine_tokens(tiny_llama_dir):
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
 def test_folded_engine_gives_the_unfolded_tokens(engine_tokens):
+    """(Folds only where the tiny o_proj's one-row choice is a GEMV of one part of K.)"""
     assert engine_tokens("fp8", "1") == engine_tokens("fp8", "0")
