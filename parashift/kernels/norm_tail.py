@@ -9,12 +9,12 @@ squares in the GEMV's warps: 1 / rms may differ from the norm kernel's in its la
 and with QUANT the normed rows in E4M3 with a scale each, as `fp8_gemm.quantize_rows` makes
 them (for a next layer that multiplies FP8 by FP8).
 
-The tail's registers count for the whole kernel (ptxas allocates a kernel's peak), so the
+The tail's registers count for the whole kernel (ptxas allocates a kernel's peak), so for the
 GEMV's occupancy: the row is read in chunks of TAIL_COLUMNS_PER_WARP columns a warp (a 16-byte
 load of 16-bit values a thread), in loops not unrolled. sm_90a ptxas (Triton 3.9, bf16, one
-row): the one-row configs loading ahead keep their registers (4x2048 128, 4x1024 64, 8x1024
-96), 4x1024 and 2x2048 without it 48 -> 62 and 56; chunks of 512 a warp, or unrolled loops,
-took 85-104 (scripts/../benchmarks/gemv_tail_registers.py)."""
+row of the 8B's o, benchmarks/gemv_tail_registers.py), plain -> with the tail: 4x2048 ahead 84
+-> 84, 4x1024 ahead 52 -> 54, 8x1024 ahead 89 -> 89, 4x1024 40 -> 40, 2x2048 43 -> 40; chunks of
+512 a warp took 4x1024 to 46 and 2x2048 to 48."""
 from typing import NamedTuple
 
 import torch
