@@ -1,29 +1,31 @@
 """The residual add and RMSNorm after a linear layer done by that layer's FP8 GEMV, in its
-last program (decode's one to four rows; the kernel: kernels/norm_tail.py): one launch a
-layer fewer (issue 60: at one row the 8B's small kernels cost the step more than their
-bytes, benchmarks/step_ceiling.py).
+last program (decode's one to four rows; the kernel: kernels/norm_tail.py): one launch fewer
+a fold (issue 60: at one row the 8B's small kernels cost the step more than their bytes,
+benchmarks/step_ceiling.py).
 
-A decoder layer names its (norm before the block, linear layer, norm after it) triples by
-attribute path (`norm_after_gemv_triples` on a module class; the Llama layer's: the input
-norm, o_proj, the post-attention norm). `fold_norm_after_gemv` replaces the norm before by
-`ResidualTap`, which tells the linear layer's hook (`TailHook`) the residual the norm after
-will be given (the decoder layer adds it there); and the norm after by `NormAfterGemv`. At run
-time, where the layer's GEMM fits (FP8 weight, dynamic activation scales, the layer's output
-whole on this rank: TP 1; the shape's measured choice a GEMV of one part of K, at most
-fp8_gemv.MAX_ROWS rows), the hook runs that GEMV with the norm in its tail and hands the
-norm's outputs to the twin, which returns them when called with that very output and
-residual (with its rows in E4M3 handed on where the norm it replaced would quantize them
-for the next layer: layers/fp8_input.py). Else each twin is the norm it replaced. The
-layer's output is always computed, so a twin called with other tensors only normalises
-again: never a misread. Under TP > 1 the norm needs the all-reduced row, so the fold would
-have to move behind the all-reduce (not built).
+A model names its (norm giving the residual, linear layer, norm after it) triples by path
+(`norm_after_gemv_triples`: the Llama layer's o_proj with the input and post-attention
+norms; the Llama model's down_proj of each layer with that layer's post-attention norm and
+the next layer's input norm, the last layer's with the final norm). `fold_norm_after_gemv`
+puts a `FoldedNorm` in place of each of those norms (one twin a norm in both roles) and
+gives the linear layer a hook (`TailHook`). The norm giving the residual tells the hook the
+residual it returns, which the decoder adds in the norm after. At run time, where the
+layer's GEMM fits (FP8 weight, dynamic activation scales, its output whole on this rank: TP
+1; the shape's measured choice a GEMV of one part of K, at most fp8_gemv.MAX_ROWS rows), the
+hook runs that GEMV with the norm in its tail and hands the norm's outputs to the twin after
+it, which returns them when called with that very output and residual (with its rows in
+E4M3 handed on where the norm it replaced would quantize them for the next layer:
+layers/fp8_input.py). Else each twin is the norm it replaced. The layer's output is always
+computed, so a twin called with other tensors only normalises again: never a misread. Under
+TP > 1 the norm needs the all-reduced row, so the fold would have to move behind the
+all-reduce (not built).
 
 PARASHIFT_NORM_AFTER_GEMV=1 turns it on where it fits; 0 (the default) leaves every norm its
 own kernel. Read when the model is built (1: the twins are installed) and again at each GEMM
 (so a CUDA graph keeps what its capture read, and one engine built with 1 can be timed
-against 0 by graph variants). Not measured on a GPU yet (scripts/gpu_fp8b1.sh measures it). Never in
-deterministic mode (its own GEMMs), nor where the norm after is another fusion's twin
-(norm_gemv.py's, or a mixture of experts' routing norm: norm_router.py)."""
+against 0 by graph variants). Not measured on a GPU yet (scripts/gpu_fp8b1.sh measures it).
+Never in deterministic mode (its own GEMMs), nor where the norm after is another fusion's
+twin (norm_gemv.py's, or a mixture of experts' routing norm: norm_router.py)."""
 import os
 
 import torch
@@ -39,17 +41,21 @@ from parashift.layers.linear import LinearBase, WeightPart
 ENV = "PARASHIFT_NORM_AFTER_GEMV"
 
 
-class NormAfterGemv(RMSNorm):
-    """The norm after the linear layer: its outputs as the layer's GEMV made them, where
-    held for these inputs; else the norm it replaced."""
+class FoldedNorm(RMSNorm):
+    """A norm of the folds, in either role or both: its outputs as the GEMV before it made
+    them, where held for these inputs (else the norm it replaced); and the residual it
+    returns announced to the GEMV after it (`tap`: that layer's hook), where that GEMV folds
+    the next norm."""
 
     def __init__(self, norm: RMSNorm):
         super().__init__(norm.weight.shape[0], norm.eps)
         self.weight = norm.weight
         self._plain = norm.forward  # the norm replaced (fp8_input.py's twin, say): a method
+        self.takes_tails = _takes_tails(norm)  # not another fusion's twin
         self._quantizes = norm.quantizes if isinstance(norm, QuantizingRMSNorm) else None
         self._handoff = getattr(norm, "handoff", None)
         self._held = None
+        self.tap: "TailHook | None" = None  # not a submodule
 
     def quantizes(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
         """Whether the norm replaced would hand its output over in E4M3 for these inputs."""
@@ -60,6 +66,12 @@ class NormAfterGemv(RMSNorm):
         self._held = (y, tail)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        out = self._outputs(x, residual)
+        if self.tap is not None:  # without a residual the decoder keeps x as the residual
+            self.tap.expect(x if residual is None else out[1])
+        return out
+
+    def _outputs(self, x: torch.Tensor, residual: torch.Tensor | None):
         held, self._held = self._held, None
         if held is None or held[0] is not x or held[1].residual is not residual:
             return self._plain(x, residual)
@@ -73,7 +85,7 @@ class TailHook:
     """The linear layer's hook: its GEMV with the norm after it in its last program, where the
     residual is expected and the GEMM fits; the layer's other hook's otherwise."""
 
-    def __init__(self, inner, norm: NormAfterGemv):
+    def __init__(self, inner, norm: FoldedNorm):
         self.inner = inner
         self._norm = norm
         self._residual: torch.Tensor | None = None
@@ -116,23 +128,6 @@ class TailHook:
         return config
 
 
-class ResidualTap(RMSNorm):
-    """The norm before the block: the norm it replaced, telling the hook the residual the
-    norm after the block will be given (its new residual; without one, x itself, which the
-    decoder layer keeps as the residual)."""
-
-    def __init__(self, norm: RMSNorm, hook: TailHook):
-        super().__init__(norm.weight.shape[0], norm.eps)
-        self.weight = norm.weight
-        self._plain = norm.forward  # a method: no submodule
-        self._hook = hook
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        out = self._plain(x, residual)
-        self._hook.expect(x if residual is None else out[1])
-        return out
-
-
 def enabled() -> bool:
     """PARASHIFT_NORM_AFTER_GEMV: 1 on, 0 (or unset) off, anything else an error."""
     value = os.environ.get(ENV, "0")
@@ -154,23 +149,41 @@ def fold_norm_after_gemv(model: torch.nn.Module) -> int:
     where PARASHIFT_NORM_AFTER_GEMV=1; returns how many."""
     if not enabled():
         return 0
-    routed = {(id(module), name) for module, name, _, consumer in
-              declared_pairs(model, "norm_router_pairs") if isinstance(consumer, FusedMoE)}
+    routed = {id(norm) for _, _, norm, consumer in declared_pairs(model, "norm_router_pairs")
+              if isinstance(consumer, FusedMoE)}
     folded = 0
     for module in list(model.modules()):
-        for before_name, layer_path, after_name in getattr(module, "norm_after_gemv_triples",
+        for before_path, layer_path, after_path in getattr(module, "norm_after_gemv_triples",
                                                            ()):
-            before, after = getattr(module, before_name, None), getattr(module, after_name, None)
-            try:
-                layer = module.get_submodule(layer_path)
-            except AttributeError:
+            before, layer, after = (_submodule(module, p) for p in (before_path, layer_path,
+                                                                     after_path))
+            if (not isinstance(before, RMSNorm) or not _takes_tails(after)
+                    or id(after) in routed or not _folds_into(layer)):
                 continue
-            if (not isinstance(before, RMSNorm) or type(after) not in (RMSNorm, QuantizingRMSNorm)
-                    or (id(module), after_name) in routed or not _folds_into(layer)):
-                continue
-            twin = NormAfterGemv(after)
-            hook = layer.gemm_hook = TailHook(layer.gemm_hook, twin)
-            setattr(module, after_name, twin)
-            setattr(module, before_name, ResidualTap(before, hook))
+            after = _twin(module, after_path)
+            hook = layer.gemm_hook = TailHook(layer.gemm_hook, after)
+            _twin(module, before_path).tap = hook
             folded += 1
     return folded
+
+
+def _takes_tails(norm) -> bool:
+    return norm.takes_tails if isinstance(norm, FoldedNorm) else type(norm) in (
+        RMSNorm, QuantizingRMSNorm)
+
+
+def _submodule(module: torch.nn.Module, path: str):
+    try:
+        return module.get_submodule(path)
+    except AttributeError:  # e.g. a mixture of experts' layer: no dense MLP
+        return None
+
+
+def _twin(module: torch.nn.Module, path: str) -> FoldedNorm:
+    """The norm at path as a FoldedNorm (put in its place where it is not one yet)."""
+    norm = module.get_submodule(path)
+    if not isinstance(norm, FoldedNorm):
+        parent, _, name = path.rpartition(".")
+        norm = FoldedNorm(norm)
+        setattr(module.get_submodule(parent) if parent else module, name, norm)
+    return norm

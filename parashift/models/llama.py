@@ -137,6 +137,13 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(cfg, max_position, mlps[i]) if i in self.stage else MissingLayer()
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if self.last else MissingLayer()
+        # (norm giving the residual, linear layer, RMSNorm after it adding that residual): each
+        # down_proj's GEMV may do the next layer's input norm (the last layer's: the final
+        # norm) in its last program (layers/norm_after_gemv.py)
+        self.norm_after_gemv_triples = tuple(
+            (f"layers.{i}.post_attention_layernorm", f"layers.{i}.mlp.down_proj",
+             f"layers.{i + 1}.input_layernorm" if i + 1 in self.stage else "norm")
+            for i in self.stage)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor,
                 intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):

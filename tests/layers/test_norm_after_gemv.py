@@ -1,8 +1,8 @@
-"""The residual add and RMSNorm after o_proj done in its GEMV's last program
+"""The residual add and RMSNorm after o_proj and down_proj done in their GEMVs' last program
 (layers/norm_after_gemv.py): which layers fold, that the norm after returns the tail's
 outputs only for the very output and residual and is the plain norm otherwise (CPU, the GPU's
-kernel stood in by torch), and on the GPU (PARASHIFT_TEST_DEVICE=cuda) an engine's greedy FP8
-tokens with the fold equal to those without."""
+kernel stood in by torch), and on the GPU (PARASHIFT_TEST_DEVICE=cuda) the real kernel through
+the twins and an engine's greedy FP8 tokens with the folds equal to those without."""
 import os
 
 import pytest
@@ -13,7 +13,7 @@ from parashift.kernels import fp8_gemm, fp8_gemv
 from parashift.layers import norm_after_gemv
 from parashift.layers.fp8_input import QuantizingRMSNorm
 from parashift.layers.layernorm import add_rms_norm_torch
-from parashift.layers.norm_after_gemv import NormAfterGemv, ResidualTap, TailHook
+from parashift.layers.norm_after_gemv import FoldedNorm, TailHook
 from parashift.quantization.fp8 import dequantize, quantize_rows
 from parashift.quantization.scheme import WeightQuant
 from tests.engine.conftest import tiny_llama_dir  # noqa: F401  (shared fixture)
@@ -30,7 +30,7 @@ def build(quantization=WeightQuant(), **context):
 
 
 def folded(model) -> list[str]:
-    return [name for name, m in model.named_modules() if isinstance(m, NormAfterGemv)]
+    return [name for name, m in model.named_modules() if isinstance(m, FoldedNorm)]
 
 
 def test_off_by_default_and_a_bad_switch_is_an_error(monkeypatch):
@@ -38,13 +38,21 @@ def test_off_by_default_and_a_bad_switch_is_an_error(monkeypatch):
     assert not folded(build())
     monkeypatch.setenv(norm_after_gemv.ENV, "1")
     model = build()
-    assert folded(model) == [f"model.layers.{i}.post_attention_layernorm" for i in LAYERS]
-    for layer in model.model.layers:
-        hook = layer.self_attn.o_proj.gemm_hook
-        assert isinstance(hook, TailHook) and hook.inner is None
-        assert isinstance(layer.input_layernorm, ResidualTap) and layer.input_layernorm._hook is hook
+    assert folded(model) == [f"model.layers.{i}.{name}" for i in LAYERS for name in (
+        "input_layernorm", "post_attention_layernorm")] + ["model.norm"]
+    layers = model.model.layers
+    for i, layer in enumerate(layers):
+        o_hook, down_hook = layer.self_attn.o_proj.gemm_hook, layer.mlp.down_proj.gemm_hook
+        assert isinstance(o_hook, TailHook) and o_hook.inner is None
+        assert isinstance(down_hook, TailHook) and down_hook.inner is None
+        assert layer.input_layernorm.tap is o_hook
+        assert layer.post_attention_layernorm.tap is down_hook
+        assert o_hook._norm is layer.post_attention_layernorm
+        after_down = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.model.norm
+        assert down_hook._norm is after_down and after_down.takes_tails
         # fp8_input.py's quantizing norm is what the twin falls back on and hands rows for
         assert isinstance(layer.post_attention_layernorm._plain.__self__, QuantizingRMSNorm)
+    assert model.model.norm.tap is None
     assert set(model.state_dict()) == set(build().state_dict())
     assert not folded(build(None))  # bf16: no FP8 GEMV
     assert not folded(build(reduction_chunks=4))  # deterministic mode: its own GEMMs
@@ -128,6 +136,24 @@ def test_the_layer_gives_the_plain_outputs_folded(monkeypatch, gpu_stand_ins):
     layer.input_layernorm(x, r)
     torch.testing.assert_close(layer.self_attn.o_proj(attn), o)
     assert gpu_stand_ins == [3, 3] and layer.post_attention_layernorm._held is None
+
+
+def test_down_folds_the_next_layers_norm_and_the_last_the_final_norm(monkeypatch,
+                                                                     gpu_stand_ins):
+    monkeypatch.setenv(norm_after_gemv.ENV, "1")
+    model = seeded(build()).model
+    gen = torch.Generator().manual_seed(3)
+    o, r = torch.randn(2, 64, generator=gen), torch.randn(2, 64, generator=gen)
+    for i, layer in enumerate(model.layers):
+        h, residual = layer.post_attention_layernorm(o, r)
+        down = layer.mlp(h)
+        after = model.layers[i + 1].input_layernorm if i + 1 in LAYERS else model.norm
+        held = after._held
+        normed, added = after(down, residual)
+        assert normed is held[1].out and added is held[1].new_residual
+        torch.testing.assert_close((normed, added),
+                                   add_rms_norm_torch(down, residual, after.weight, 1e-5))
+    assert gpu_stand_ins == [2, 2]
 
 
 def test_the_first_layer_folds_with_x_as_its_residual(monkeypatch, gpu_stand_ins):
