@@ -49,12 +49,13 @@ test_interpreted, _ = case_tests(__name__, check, CASES, variants_in_one_dtype=T
 
 
 @cuda
-@pytest.mark.parametrize("m, quant", [(1, False), (1, True), (3, True)])
-def test_cuda_8b_o_shape(m, quant):
-    """The 8B's o projection (4,096 x 4,096) on configs the one-row choice takes."""
-    check(m, 4096, 4096, quant=quant, dtype="bfloat16", device="cuda",
-          configs=[(4, 2048, 4, 1, 1, True), (4, 1024, 4, 1), (8, 1024, 4, 1, 1, True),
-                   (2, 4096, 8, 1)])
+@pytest.mark.parametrize("m, k, quant", [(1, 4096, False), (1, 4096, True), (3, 4096, True),
+                                         (1, 14336, False)])
+def test_cuda_8b_shapes(m, k, quant):
+    """The 8B's o (4,096 x 4,096) and down (4,096 x 14,336) projections on configs the
+    one-row choice takes."""
+    check(m, 4096, k, quant=quant, dtype="bfloat16", device="cuda",
+          configs=[(4, 2048, 4, 1, 1, True), (8, 1024, 4, 1, 1, True), (4, 1024, 4, 1)])
 
 
 def test_rejects_split_k_and_a_tail_of_another_shape():
