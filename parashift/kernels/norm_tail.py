@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import fp8_gemm, split_tickets
+from parashift.kernels import split_tickets
+from parashift.kernels.fp8_values import row_scale, to_fp8
 from parashift.kernels.norm_values import added_row, normed_row
 
 TAIL_COLUMNS_PER_WARP = 256
@@ -114,10 +115,10 @@ def _norm_row(y_row, r_row, nw_ptr, o_row, h_row, q_row, qs_ptr, N, inv_n, eps,
         tl.store(o_row + k, out, mask=k < N)
         largest = tl.maximum(largest, tl.abs(out.to(tl.float32)))
     if QUANT:  # the stored rows read back (this program's own stores, from L2)
-        scale = fp8_gemm.row_scale(tl.max(largest, axis=0), _FP8_MAX)
+        scale = row_scale(tl.max(largest, axis=0), _FP8_MAX)
         tl.debug_barrier()
         for chunk in range(0, CHUNKS):
             k = chunk * BLOCK + offs
             out = tl.load(o_row + k, mask=k < N, other=0.0, cache_modifier=".cg")
-            fp8_gemm.to_fp8(out.to(tl.float32), scale, q_row + k, k < N, _FP8_MAX)
+            to_fp8(out.to(tl.float32), scale, q_row + k, k < N, _FP8_MAX)
         tl.store(qs_ptr, scale)
