@@ -6,7 +6,8 @@ import torch
 
 from parashift.kernels import fp8_gemm, norm_tail, rmsnorm, split_tickets
 from parashift.kernels.fp8_gemv import fp8_gemv
-from tests.kernels.common import assert_exact, assert_fp8_rows, case_tests, cuda, randn
+from tests.kernels.common import (assert_exact, assert_fp8_rows, assert_graph_replays, case_tests,
+                                  cuda, randn)
 from tests.kernels.test_fp8_gemv import quantized
 
 FP8 = torch.float8_e4m3fn
@@ -56,6 +57,20 @@ def test_cuda_8b_shapes(m, k, quant):
     one-row choice takes."""
     check(m, 4096, k, quant=quant, dtype="bfloat16", device="cuda",
           configs=[(4, 2048, 4, 1, 1, True), (8, 1024, 4, 1, 1, True), (4, 1024, 4, 1)])
+
+
+@cuda
+def test_cuda_graph_replays_give_the_eager_bits():
+    """Replayed in a CUDA graph on new inputs (its counter back at 0 after each launch)."""
+    weight, scale = quantized(4096, 4096, False, "cuda", seed=11)
+    x, r = (randn((1, 4096), "bfloat16", "cuda", seed=seed) for seed in (12, 14))
+    nw = randn((4096,), "bfloat16", "cuda", seed=15, scale=0.2) + 1
+
+    def fn():
+        tail = norm_tail.norm_tail(r, nw, 1e-5, True)
+        y = fp8_gemv(x, weight, scale, None, 4, 2048, 4, 1, ahead=True, tail=tail)
+        return y, tail.out, tail.new_residual, tail.scales
+    assert_graph_replays(fn, [x, r])
 
 
 def test_rejects_split_k_and_a_tail_of_another_shape():
