@@ -37,7 +37,8 @@ def registers(block_n: int, block_k: int, warps: int, ahead: bool, n: int, tail:
                      HAS_RESIDUAL=False, NORM_BLOCK=1, NORM_CHUNKS=1, EVICT_FIRST=True,
                      NORM_TAIL=tail, TAIL_QUANT=quant,
                      TAIL_BLOCK=min(columns * warps, triton.next_power_of_2(n)),
-                     TAIL_CHUNKS=triton.cdiv(n, min(columns * warps, triton.next_power_of_2(n))))
+                     TAIL_CHUNKS=triton.cdiv(n, min(columns * warps, triton.next_power_of_2(n))),
+                     TAIL_PREFETCH=triton.next_power_of_2(n))
     signature = {}
     for name in inspect.signature(fp8_gemv._fp8_gemv_kernel.fn).parameters:
         if name in constants:

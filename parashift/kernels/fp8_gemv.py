@@ -101,7 +101,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
                      tqs_ptr=None, stride_trm=0, stride_tom=0, stride_thm=0, inv_n=1.0,
                      tail_eps=0.0, NORM_TAIL: tl.constexpr = False,
                      TAIL_QUANT: tl.constexpr = False, TAIL_BLOCK: tl.constexpr = 1,
-                     TAIL_CHUNKS: tl.constexpr = 1):
+                     TAIL_CHUNKS: tl.constexpr = 1, TAIL_PREFETCH: tl.constexpr = 1):
     first_n = tl.program_id(0) * BLOCK_N
     split = tl.program_id(1)
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
@@ -119,6 +119,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
         w_next = _tile_before(w_rows, first_k + offs_k, k_end, EVICT_FIRST)
     else:  # unused: named for the compiler, which reads both branches of the loop's `if`
         w_next = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)
+    if NORM_TAIL:
+        norm_tail.prefetch_weight(tnw_ptr, N, TAIL_PREFETCH, USE_PDL)
     pdl.start_streaming(w_ptr, stride_wn, N, K, first_n, first_k, BLOCK_N, PREFETCH_K,
                         USE_PDL)
     rstd0, rstd1, rstd2, rstd3 = 1.0, 1.0, 1.0, 1.0

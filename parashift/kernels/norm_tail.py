@@ -13,19 +13,22 @@ The tail's registers count for the whole kernel (ptxas allocates a kernel's peak
 GEMV's occupancy: the row is read in chunks of TAIL_COLUMNS_PER_WARP columns a warp (a 16-byte
 load of 16-bit values a thread), in loops not unrolled. sm_90a ptxas (Triton 3.9, bf16, one
 row of the 8B's o, benchmarks/gemv_tail_registers.py), plain -> with the tail: 4x2048 ahead 84
--> 84, 4x1024 ahead 52 -> 54, 8x1024 ahead 89 -> 89, 4x1024 40 -> 40, 2x2048 43 -> 40; chunks of
-512 a warp took 4x1024 to 46 and 2x2048 to 48."""
+-> 86, 4x1024 ahead 52 -> 54, 8x1024 ahead 89 -> 90 (each within its allocation granule of 8),
+4x1024 40 -> 40, 2x2048 43 -> 40; chunks of 512 a warp took 4x1024 to 46 and 2x2048 to 48.
+The norm weight, cold by then, is pulled into L2 by the first program before its PDL wait
+(`prefetch_weight`), as the norm kernel loads it before its wait."""
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import split_tickets
+from parashift.kernels import pdl, split_tickets
 from parashift.kernels.fp8_values import row_scale, to_fp8
 from parashift.kernels.norm_values import added_row, normed_row
 
 TAIL_COLUMNS_PER_WARP = 256
+PREFETCH_LINES_MIN = 128  # columns the weight's prefetch covers at least: a line of any dtype
 _FP8_MAX = tl.constexpr(torch.finfo(torch.float8_e4m3fn).max)
 
 
@@ -77,7 +80,18 @@ def launch_args(tail: NormTail | None, num_warps: int, n: int) -> dict:
                 stride_trm=tail.residual.stride(0), stride_tom=tail.out.stride(0),
                 stride_thm=tail.new_residual.stride(0), inv_n=1.0 / n, tail_eps=tail.eps,
                 NORM_TAIL=True, TAIL_QUANT=quant, TAIL_BLOCK=block,
-                TAIL_CHUNKS=triton.cdiv(n, block))
+                TAIL_CHUNKS=triton.cdiv(n, block),
+                TAIL_PREFETCH=max(PREFETCH_LINES_MIN, triton.next_power_of_2(n)))
+
+
+@triton.jit
+def prefetch_weight(nw_ptr, N, COLS: tl.constexpr, USE_PDL: tl.constexpr):
+    """In the launch's first program, before its PDL wait: the norm weight (no kernel's
+    output, and cold: a step's weights have streamed through L2 since its last use) pulled
+    into L2 for the last program's tail, as the norm kernel loads it before its wait."""
+    if USE_PDL:
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            pdl.prefetch_rows(nw_ptr, 0, 1, N, 1, COLS)
 
 
 @triton.jit

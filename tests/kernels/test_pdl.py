@@ -137,7 +137,8 @@ FP8 = torch.float8_e4m3fn
 TICKET_POINTERS = {"part_ptr": torch.float32, "counter_ptr": torch.int32}
 GEMV_POINTERS = {"w_ptr": FP8, "s_ptr": torch.float32, **TICKET_POINTERS}
 GEMV_FLOATS = ("inv_k", "eps")
-GEMV_NO_TAIL = dict(NORM_TAIL=False, TAIL_QUANT=False, TAIL_BLOCK=1, TAIL_CHUNKS=1)
+GEMV_NO_TAIL = dict(NORM_TAIL=False, TAIL_QUANT=False, TAIL_BLOCK=1, TAIL_CHUNKS=1,
+                    TAIL_PREFETCH=1)
 GEMV_PLAIN = dict(NORM=False, HAS_RESIDUAL=False, NORM_BLOCK=1,
                   NORM_CHUNKS=1, EVICT_FIRST=False, **GEMV_NO_TAIL)  # no norm in the GEMV
 WEIGHT_POINTERS = {"x_ptr": FP8, "xs_ptr": torch.float32, "w_ptr": FP8, "s_ptr": torch.float32,
@@ -171,7 +172,7 @@ KERNELS = {
     "fp8_gemv_norm_tail": (fp8_gemv._fp8_gemv_kernel, {**GEMV_POINTERS, "tq_ptr": FP8},
                            GEMV_FLOATS + ("inv_n", "tail_eps"), dict(
         **{**GEMV_PLAIN, "EVICT_FIRST": True, "NORM_TAIL": True, "TAIL_QUANT": True,
-           "TAIL_BLOCK": 1024, "TAIL_CHUNKS": 4},
+           "TAIL_BLOCK": 1024, "TAIL_CHUNKS": 4, "TAIL_PREFETCH": 4096},
         HAS_BIAS=False, ROWS=1, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=1, VEC=8,
         PREFETCH_K=4096, AHEAD=True, TICKETS=False), True),
     "fp8_gemv_tickets": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
