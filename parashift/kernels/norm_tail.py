@@ -28,7 +28,7 @@ from parashift.kernels.fp8_values import row_scale, to_fp8
 from parashift.kernels.norm_values import added_row, normed_row
 
 TAIL_COLUMNS_PER_WARP = 256
-PREFETCH_LINES_MIN = 128  # columns the weight's prefetch covers at least: a line of any dtype
+PREFETCH_COLUMNS_MIN = 128  # the norm weight's prefetch: a whole line of any dtype at least
 _FP8_MAX = tl.constexpr(torch.finfo(torch.float8_e4m3fn).max)
 
 
@@ -48,10 +48,10 @@ class NormTail(NamedTuple):
 def norm_tail(residual: torch.Tensor, weight: torch.Tensor, eps: float,
               quantize: bool) -> NormTail:
     """A NormTail for a GEMV whose output is residual's shape and dtype, its outputs made."""
-    rows, n = residual.shape
-    fp8 = torch.empty(rows, n, dtype=torch.float8_e4m3fn, device=residual.device) if quantize else None
-    scales = torch.empty(rows, 1, dtype=torch.float32, device=residual.device) if quantize \
-        else None
+    rows, n, device = *residual.shape, residual.device
+    fp8, scales = ((torch.empty(rows, n, dtype=torch.float8_e4m3fn, device=device),
+                    torch.empty(rows, 1, dtype=torch.float32, device=device)) if quantize
+                   else (None, None))
     return NormTail(residual, weight.contiguous(), eps, torch.empty_like(residual),
                     torch.empty_like(residual), fp8, scales)
 
@@ -81,7 +81,7 @@ def launch_args(tail: NormTail | None, num_warps: int, n: int) -> dict:
                 stride_thm=tail.new_residual.stride(0), inv_n=1.0 / n, tail_eps=tail.eps,
                 NORM_TAIL=True, TAIL_QUANT=quant, TAIL_BLOCK=block,
                 TAIL_CHUNKS=triton.cdiv(n, block),
-                TAIL_PREFETCH=max(PREFETCH_LINES_MIN, triton.next_power_of_2(n)))
+                TAIL_PREFETCH=max(PREFETCH_COLUMNS_MIN, triton.next_power_of_2(n)))
 
 
 @triton.jit
