@@ -94,11 +94,14 @@ class TailHook:
         """The residual the norm after the layer will be given (taken by the next GEMM)."""
         self._residual = residual
 
-    def take(self, x: torch.Tensor, part: WeightPart) -> torch.Tensor | None:
+    def take(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor | None:
+        """x_fp8: x's E4M3 rows made by the op before, if any (then no fold: the one-row
+        GEMV reads 16-bit x, and the unfolded GEMM would read those rows)."""
         residual, self._residual = self._residual, None
-        config = None if residual is None or not enabled() else self._config(x, residual, part)
+        fits = residual is not None and x_fp8 is None and enabled()
+        config = self._config(x, residual, part) if fits else None
         if config is None:
-            return None if self.inner is None else self.inner.take(x, part)
+            return None if self.inner is None else self.inner.take(x, part, x_fp8)
         from parashift.kernels import fp8_gemv, norm_tail
         norm = self._norm
         tail = norm_tail.norm_tail(residual, norm.weight, norm.eps,
