@@ -12,7 +12,8 @@ experts are 1.2 GB in bf16, far past L2 anyway).
 
 Usage (GPU): python3 benchmarks/moe_prefill.py --model benchmarks/shapes/qwen3-30b-a3b.json \
     --tokens 4096 [--jobs 8] [--output moe_prefill.json] [--tiles-out moe_prefill_tiles.json]
-(--device cpu: a smoke run under TRITON_INTERPRET=1, float32, a few tiles, one call each.)"""
+(--device cpu: a smoke run under TRITON_INTERPRET=1, float32, a few tiles, one call each;
+--host-calls 1 makes its host times one call each too.)"""
 import argparse
 import json
 import os
@@ -219,6 +220,9 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--jobs", type=int, default=0,
                    help="processes that compile the sweep's kernels first (0: none)")
+    p.add_argument("--host-calls", type=int, default=20,
+                   help="calls whose median is each experts call's host time (the CPU "
+                        "smoke run: 1, each an interpreted second)")
     args = p.parse_args()
     cfg = json.load(open(args.model))
     up_tiles, down_tiles = GATE_UP_TILES, DOWN_TILES
@@ -250,7 +254,8 @@ def main():
         t = ms(call)
         row = dict(gemm="experts call: " + name, ms=t, floor_ms=round(floor_ms, 4),
                    fraction=None if t is None else round(floor_ms / t, 3),
-                   host_ms=host_ms(call), host_ms_synced=host_ms(call, synced=True),
+                   host_ms=host_ms(call, args.host_calls),
+                   host_ms_synced=host_ms(call, args.host_calls, synced=True),
                    max_abs_diff=float((call() - reference).abs().max()))
         print(json.dumps(row), flush=True)
         rows.append(row)
