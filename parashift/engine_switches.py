@@ -8,6 +8,15 @@ def _on(name: str) -> bool:
     return os.environ.get(name, "1") != "0"
 
 
+def switch(name: str, default: str) -> bool:
+    """A 0/1 switch read now (callers read theirs at build, capture or each call): 1 on, 0
+    off, anything else an error naming it."""
+    flag = os.environ.get(name, default)
+    if flag not in ("0", "1"):
+        raise ValueError(f"{name}={flag!r}: expected 0 or 1")
+    return flag == "1"
+
+
 # a model's q/k norms (Qwen3) inside the RoPE + KV-write kernel (layers/attention.py)
 FUSED_QK_NORM = _on("PARASHIFT_FUSED_QK_NORM")
 # a MoE router of one row in one launch: gate GEMV, softmax, top-k (kernels/moe_router.py)

@@ -36,6 +36,7 @@ from parashift.attention.triton_decode import decode_attention_kernel
 from parashift.attention.triton_kernels import (paged_attention_kernel,
                                                 reduce_partitions_kernel, reduce_splits_kernel,
                                                 write_kv_kernel)
+from parashift.engine_switches import switch
 from parashift.kernels import num_sms, pdl, rotary, split_tickets
 
 # Split-KV targets about this many programs per SM, and gives each split at
@@ -196,10 +197,7 @@ def preload_enabled() -> bool:
 
 
 def _switch(name: str, default: str = "1") -> bool:
-    flag = os.environ.get(name, default)
-    if flag not in ("0", "1"):
-        raise ValueError(f"{name}={flag!r}: expected 0 or 1")
-    return flag == "1"
+    return switch(name, default)
 
 
 def prefill_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:

@@ -9,11 +9,11 @@ end waits on no load but the parts of a split. Only without a bias: with one, th
 contracts the bias add into an FMA in one placement and not the other (other bits, seen on an
 H200), so a biased layer loads them after the loop either way. On one H200 (8B FP8 layers at
 64 rows, decode chain): 1.0046x a layer (docs/benchmark_log.md, helper fp8b64)."""
-import os
 
 import triton
 import triton.language as tl
 
+from parashift.engine_switches import switch
 from parashift.kernels import pdl, split_tickets
 
 OFF = tl.constexpr(pdl.OFF)  # a kernel's USE_PDL where it calls no PDL op
@@ -36,10 +36,7 @@ def early_ticket() -> bool:
 
 
 def _flag(name: str, default: str) -> bool:
-    flag = os.environ.get(name, default)
-    if flag not in ("0", "1"):
-        raise ValueError(f"{name}={flag!r}: expected 0 or 1")
-    return flag == "1"
+    return switch(name, default)
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Whether FP8 gate_up forms SiLU-and-mul in its epilogue at 16-64 rows (fp8_gated_tma.py,
+"""Whether FP8 gate_up forms SiLU-and-mul in its epilogue at 5-64 rows (fp8_gated_tma.py,
 then the product's rows quantized for down by `fp8_gemm.quantize_rows`), against the pair
 the layers run otherwise: the GEMM `fp8_gemm.linear` chose, then
 `silu_mul.silu_and_mul_fp8`. Both give the same bits where the fused tiling sums K as the

@@ -85,25 +85,24 @@ def beats(timings: dict, challenger: Hashable, kept: Hashable, least: float) -> 
 def steady_choice(timings: dict, library_margin: float, what: str = "GEMM",
                   label: Callable[[object], str] = str) -> Hashable | None:
     """The choice every GEMM chooser makes from its timings (None: the library's GEMM or the
-    unfused pair, the reference): among the candidates, the first in the table's order (the
-    timings' order) that the fastest does not beat (`beats`, STEADY_MARGIN), so that a near
-    tie keeps the same config from one engine start to the next; then that one only if it
-    beats the reference by 1 - library_margin (or the spreads where wider), else None.
-    Logs what was chosen and by how much."""
-    configs = [c for c in timings if c is not None]
-    if not configs:
-        return None
-    fastest = min(configs, key=timings.__getitem__)
-    pick = next(c for c in configs if not beats(timings, fastest, c, STEADY_MARGIN))
+    unfused pair, the reference): among the candidates that beat the reference by
+    1 - library_margin (or the spreads where wider), the first in the table's order (the
+    timings' order) that the fastest of them does not beat (`beats`, STEADY_MARGIN), so that
+    a near tie keeps the same config from one engine start to the next; None where no
+    candidate beats the reference. Logs what was chosen and by how much."""
     reference = timings.get(None)
-    chosen = pick if reference is None or beats(timings, pick, None, 1 - library_margin) \
-        else None
-    logger.info("%s: %s %.2f µs; fastest %s %.2f µs (%.1f%% under the pick, margin %.1f%%); "
-                "reference %s µs", what, label(chosen), 1e3 * timings[chosen],
-                label(fastest), 1e3 * timings[fastest],
-                100 * (1 - timings[fastest] / timings[pick]),
-                100 * margin_between(timings, fastest, pick, STEADY_MARGIN),
-                "-" if reference is None else f"{1e3 * reference:.2f}")
+    configs = [c for c in timings if c is not None and
+               (reference is None or beats(timings, c, None, 1 - library_margin))]
+    fastest = min(configs, key=timings.__getitem__, default=None)
+    chosen = next((c for c in configs if not beats(timings, fastest, c, STEADY_MARGIN)), None)
+    if chosen is not None:
+        logger.info("%s: %s %.2f µs; fastest %s %.2f µs (margin %.1f%%); reference %s µs",
+                    what, label(chosen), 1e3 * timings[chosen], label(fastest),
+                    1e3 * timings[fastest],
+                    100 * margin_between(timings, fastest, chosen, STEADY_MARGIN),
+                    "-" if reference is None else f"{1e3 * reference:.2f}")
+    elif reference is not None:
+        logger.info("%s: %s %.2f µs (no candidate beat it)", what, label(None), 1e3 * reference)
     return chosen
 
 

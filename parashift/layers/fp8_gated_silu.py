@@ -1,5 +1,5 @@
 """SiLU-and-mul (and its rows' FP8 quantization for down) formed by FP8 gate_up's GEMM at
-16-64 rows (the kernels: kernels/fp8_gated_tma.py; the choice: kernels/fp8_gated_choice.py).
+5-64 rows (the kernels: kernels/fp8_gated_tma.py; the choice: kernels/fp8_gated_choice.py).
 
 Where a model's (gate_up, SiLU-and-mul, down) triple (`silu_gemv_triples`) has FP8 layers
 with dynamic activation scales, the SiLU-and-mul is fp8_input.py's quantizing twin (down's
@@ -13,10 +13,9 @@ when called with that very tensor and hands the rows to down. Else both are the 
 
 Off by default (0): not yet measured on a GPU (issue 60; fp8q's benchmark kernel: 37.79 µs a
 layer against 40.05 at 64 rows on an H200, ~1.4% of the step, not yet in the engine)."""
-import os
-
 import torch
 
+from parashift.engine_switches import switch
 from parashift.kernels import use_triton
 from parashift.layers.fp8_input import QuantizingSiluAndMul
 from parashift.layers.linear import LinearBase, WeightPart
@@ -25,10 +24,7 @@ ENV, DEFAULT = "PARASHIFT_FP8_GATE_UP_SILU", "0"
 
 
 def enabled() -> bool:
-    flag = os.environ.get(ENV, DEFAULT)
-    if flag not in ("0", "1"):
-        raise ValueError(f"{ENV}={flag!r}: expected 0 or 1")
-    return flag == "1"
+    return switch(ENV, DEFAULT)
 
 
 class FP8GateUpHook:

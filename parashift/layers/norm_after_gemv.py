@@ -26,11 +26,10 @@ own kernel. Read when the model is built (1: the twins are installed) and again 
 against 0 by graph variants). Not measured on a GPU yet (scripts/gpu_fp8b1.sh measures it).
 Never in deterministic mode (its own GEMMs), nor where the norm after is another fusion's
 twin (norm_gemv.py's, or a mixture of experts' routing norm: norm_router.py)."""
-import os
-
 import torch
 
 from parashift.context import get_context
+from parashift.engine_switches import switch
 from parashift.kernels import use_triton
 from parashift.layers.fp8_input import QuantizingRMSNorm
 from parashift.layers.fused_moe import FusedMoE
@@ -133,10 +132,7 @@ class TailHook:
 
 def enabled() -> bool:
     """PARASHIFT_NORM_AFTER_GEMV: 1 on, 0 (or unset) off, anything else an error."""
-    value = os.environ.get(ENV, "0")
-    if value in ("0", "1"):
-        return value == "1"
-    raise ValueError(f"{ENV}={value!r}: expected 0 or 1")
+    return switch(ENV, "0")
 
 
 def _folds_into(layer) -> bool:

@@ -66,6 +66,7 @@ A, B, C = skinny_gemm.GEMV_CONFIGS[:3]  # listed in this order
     ({None: 10.0, A: 8.30, B: 8.0}, {A: 0.01, B: 0.01}, B),  # a clear win switches
     ({None: 10.0, A: 8.30, B: 8.0}, {A: 0.05}, A),  # the kept one's own spread alike
     ({None: 10.0, A: 9.0, B: 8.0}, {A: 0.05, B: 0.05}, B),  # 11% beats a 5% spread
+    ({None: 10.0, A: 9.75, B: 9.6}, {}, B),  # A ties B but misses the library's margin
     ({None: 10.0, A: 9.5}, {None: 0.06}, None),  # 5% under cuBLAS, which spread 6%
     ({A: 8.10, B: 8.0}, {}, A),  # no reference timed: the candidates' pick
 ])
