@@ -11,8 +11,8 @@ is one [gate | up] block and the choice timed the fusion faster, the hook comput
 product, its E4M3 rows and scales, and hands them to the twin, which returns the product
 when called with that very tensor and hands the rows to down. Else both are the plain ops.
 
-Off by default (0): not yet measured on a GPU (issue 60; fp8q's benchmark kernel: 37.79 µs a
-layer against 40.05 at 64 rows on an H200, ~1.4% of the step, not yet in the engine)."""
+On by default (1): the 8B FP8 decode step at 64 rows 1.029x faster with it on an H200 (three
+interleaved rounds, session 49; benchmarks/results/raw/s49_x2/fp8_after.json); 0 turns it off."""
 import torch
 
 from parashift.engine_switches import switch
@@ -20,7 +20,7 @@ from parashift.kernels import use_triton
 from parashift.layers.fp8_input import QuantizingSiluAndMul
 from parashift.layers.linear import LinearBase, WeightPart
 
-ENV, DEFAULT = "PARASHIFT_FP8_GATE_UP_SILU", "0"
+ENV, DEFAULT = "PARASHIFT_FP8_GATE_UP_SILU", "1"
 
 
 def enabled() -> bool:

@@ -102,13 +102,13 @@ def test_gate_up_hands_the_product_and_its_rows_to_down(monkeypatch, fp8_mlp):
     assert len(calls) == 1
 
 
-def test_off_by_default_and_read_at_each_call(monkeypatch, fp8_mlp):
+def test_on_by_default_and_read_at_each_call(monkeypatch, fp8_mlp):
     mlp, calls, _ = fp8_mlp
-    monkeypatch.delenv(fp8_gated_silu.ENV, raising=False)
+    monkeypatch.setenv(fp8_gated_silu.ENV, "0")
     out, expected, _ = run(mlp, 8)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert not calls
-    monkeypatch.setenv(fp8_gated_silu.ENV, "1")
+    monkeypatch.delenv(fp8_gated_silu.ENV, raising=False)
     run(mlp, 8)
     assert len(calls) == 1
     monkeypatch.setenv(fp8_gated_silu.ENV, "yes")
