@@ -50,7 +50,7 @@ from parashift.kernels import gemm_timing, pdl
 from parashift.worker import cuda_graphs
 
 # kernels that read a weight (the engine's GEMVs and GEMMs, cuBLAS's and CUTLASS's)
-GEMM_NAMES = re.compile(r"gemv|gemm|_skinny_kernel|_dense_tma_kernel|_fp8_tma|_fp8_weight_"
+GEMM_NAMES = re.compile(r"gemv|gemm|_skinny_kernel|_dense_tma_kernel|_fp8_tma|_gated_tma|_fp8_weight_"
                         r"|nvjet|xmma|cutlass", re.IGNORECASE)
 KV_NAMES = ("preloaded_decode_kernel", "decode_attention_kernel", "paged_attention_kernel")
 PROJECTIONS = ("qkv", "o", "gate_up", "down")

@@ -49,6 +49,14 @@ def test_each_kernel_reads_its_operations_bytes(model):
     assert kv[1].data_ptr() == layers[1].self_attn.attn.k_cache.data_ptr()
 
 
+@pytest.mark.parametrize("name, kind", [
+    ("_gated_tma_kernel", "gemm"),  # FP8 gate_up with SiLU·mul in its epilogue (64 rows)
+    ("_fp8_tma_kernel", "gemm"), ("decode_attention_kernel", "kv"),
+    ("_quantize_rows_kernel", "small"), ("_rotary_kernel", "small")])
+def test_each_kernel_of_a_64_row_fp8_step_has_its_kind(name, kind):
+    assert load_benchmark("step_ceiling").kind_of(name) == kind
+
+
 def test_a_step_that_does_not_match_the_weights_is_an_error(model):
     bench = load_benchmark("step_ceiling")
     kernels = step(len(model.model.layers))
