@@ -1,7 +1,8 @@
 """RoPE, the KV write and decode attention in the preloading split kernel
 (`TritonAttentionBackend.rotate_and_attend`) against the torch path: q/k norms, RoPE, the
-slots written, attention. Under the Triton interpreter on the CPU (float32, float16) and
-compiled on CUDA."""
+slots written, attention; in the one-launch kernel (PARASHIFT_ATTN_ROPE_ONE_LAUNCH=1) the bits
+of the rotary kernel and that kernel after it. Under the Triton interpreter on the CPU
+(float32, float16) and compiled on CUDA."""
 import os
 
 import torch
@@ -17,10 +18,12 @@ from tests.kernels.common import case_tests, cuda
 from tests.kernels.test_rotary import rotary_embedding
 
 # 16 splits (more than the one-launch kernel takes); seq_lens: a context of one token, shorter
-# than a tile, one tile and one more, several tiles a split; merge: the splits merged in the
-# kernel (PARASHIFT_ATTN_PRELOAD_MERGE=1), the rows of no sequence zeroed there
+# than a tile, one tile and one more, several tiles a split, and (550 at the one-launch
+# kernel's 4 splits: 3 tiles a split) the new token in a split before the last; merge: the
+# splits merged in the kernel (PARASHIFT_ATTN_PRELOAD_MERGE=1), the rows of no sequence zeroed
+# there
 CASES = [
-    dict(seq_lens=[1, 40, 65, 1100], num_heads=4, num_kv_heads=2, head_dim=32, pad=2,
+    dict(seq_lens=[1, 40, 65, 1100, 550], num_heads=4, num_kv_heads=2, head_dim=32, pad=2,
          merge=True),
     dict(seq_lens=[300, 7], num_heads=8, num_kv_heads=2, head_dim=64, norms=True),
 ]
@@ -54,20 +57,30 @@ def check(seq_lens, num_heads, num_kv_heads, head_dim, dtype, device="cpu", pad=
     chooser = triton_backend.choose_num_splits
     os.environ[triton_backend.PRELOAD_MERGE_ENV] = "1" if merge else "0"
     tol = TOLERANCE[dtype]
-    try:  # 16 splits: RoPE in the preloading kernel; 4 (the one-launch kernel's): before it
-        for splits in (16, 4):
+    results = {}
+    try:  # 16 splits: RoPE in the preloading kernel; 4 (the one-launch kernel's): before it,
+        # and in it (one_launch)
+        for splits, one_launch in ((16, "0"), (4, "0"), (4, "1")):
             triton_backend.choose_num_splits = lambda *args: splits
+            os.environ[triton_backend.ROPE_ONE_LAUNCH_ENV] = one_launch
             k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
-            assert backend.rope_launch(step.q, k_cache, meta)[1].preload == (splits == 16)
+            launch = backend.rope_launch(step.q, k_cache, meta)[1]
+            assert launch.preload == (splits == 16) and launch.fused == (splits == 4)
+            assert triton_backend._takes_rope(launch, head_dim) == (splits == 16
+                                                                   or one_launch == "1")
             actual = rotate_write_attend(backend, positions, step.q, step.k, step.v, cos_sin,
                                          k_cache, v_cache, meta, scale,
                                          None if not norms else (*weights, 1e-6))
             torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
             torch.testing.assert_close(k_cache, k_expected, atol=tol, rtol=tol, equal_nan=True)
             torch.testing.assert_close(v_cache, v_expected, atol=0, rtol=0, equal_nan=True)
+            results[one_launch] = actual, k_cache.nan_to_num(), v_cache.nan_to_num()
     finally:
         triton_backend.choose_num_splits = chooser
         del os.environ[triton_backend.PRELOAD_MERGE_ENV]
+        del os.environ[triton_backend.ROPE_ONE_LAUNCH_ENV]
+    for folded, pair in zip(results["1"], results["0"]):
+        assert torch.equal(folded, pair)
 
 test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True)
 
