@@ -18,6 +18,10 @@ The backend takes it for launches of at most FUSED_MAX_SPLITS splits: the merge 
 program's, its loads split after split, and at batch 1 over 32 splits it cost more than the
 split kernel's separate reduction launch (triton_backend.py has the numbers).
 
+ROPE: the layer's RoPE (with its q/k norms) and KV write run here too, as the rotary kernel
+would have run them before the launch (triton_decode_rope.py; TritonAttentionBackend.
+rotate_and_attend under PARASHIFT_ATTN_ROPE_ONE_LAUNCH).
+
 Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions."""
 import triton
 import triton.language as tl
