@@ -26,7 +26,8 @@ Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions
 import triton
 import triton.language as tl
 
-from parashift.attention.triton_decode_rope import new_token_inputs, rotated_q, write_new_kv
+from parashift.attention.triton_decode_rope import (new_kv, new_token_inputs, rotated_q,
+                                                    store_new_kv)
 from parashift.attention.triton_fp8_values import attend_tiles_fp8, joined, zero_halves
 from parashift.attention.triton_kernels import NEG_BIG, _attend_tiles, _jit_generic_in
 from parashift.kernels import pdl, split_tickets
@@ -101,10 +102,10 @@ def decode_attention_kernel(
     RoPE (k, v [tokens, KV heads, head_dim] at strides stride_kt, stride_knh / stride_vt,
     stride_vnh), rotated here as kernels/rotary.py's rotate_and_write_kv would have before the
     launch, with the same bits (QK_NORM: the heads RMS-normed first; MUL_RN: on CUDA, its
-    products unfused, rotary_values.py): each program rotates its q heads, and the program
-    whose tiles hold the new token (the last position) rotates its key and writes it and its
-    value to the slot `slot_mapping` gives (-1: none), then reads them back with its tile
-    behind a barrier; no other program reads that slot."""
+    products unfused, rotary_values.py): each program rotates its q heads and the new token's
+    key (loaded beside q), and the program whose tiles hold the new token (the last position)
+    writes that key and value to the slot `slot_mapping` gives (-1: none), then reads them
+    back with its tile behind a barrier; no other program reads that slot."""
     # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
     i = tl.program_id(1 if HEADS_FIRST else 0)
     kv_head = tl.program_id(0 if HEADS_FIRST else 1)
@@ -131,6 +132,11 @@ def decode_attention_kernel(
     if ROPE:
         q = rotated_q(q_rows, row_ok, cos, sin, q_norm_ptr, eps, q_ptr.dtype.element_ty,
                       HEAD_DIM, QK_NORM, MUL_RN)
+        k_new1, k_new2, v_new = new_kv(
+            k_ptr + token * stride_kt + kv_head * stride_knh,
+            v_ptr + token * stride_vt + kv_head * stride_vnh, slot, cos, sin, k_norm_ptr, eps,
+            k_cache_ptr.dtype.element_ty, v_cache_ptr.dtype.element_ty, HEAD_DIM, QK_NORM,
+            MUL_RN)
     else:
         q = tl.load(q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
     if q_end == q_start:  # a row of no sequence
@@ -149,11 +155,9 @@ def decode_attention_kernel(
     mid = tl.maximum(tl.minimum(hi, seq_len // TILE_N), lo)  # tiles before the last partial
     if ROPE:
         if (num_tiles - 1) // tiles_per_split == split:  # the new token's tile is this split's
-            write_new_kv(k_ptr + token * stride_kt + kv_head * stride_knh,
-                         v_ptr + token * stride_vt + kv_head * stride_vnh, k_cache_ptr,
-                         v_cache_ptr, slot, kv_head, cos, sin, k_norm_ptr, eps, stride_kb,
-                         stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, BLOCK_SIZE,
-                         HEAD_DIM, QK_NORM, MUL_RN)
+            store_new_kv(k_cache_ptr, v_cache_ptr, slot, kv_head, k_new1, k_new2, v_new,
+                         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                         BLOCK_SIZE, HEAD_DIM)
             tl.debug_barrier()  # the slot's stores before this program's loads of its tile
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + (seq_len - 1)
 
