@@ -524,6 +524,19 @@ def test_rotary_and_attention_give_the_same_bits_with_pdl(monkeypatch):
     for invariant in (False, True):
         backend = TritonAttentionBackend(batch_invariant=invariant)
         assert_same_bits(on_and_off(monkeypatch, lambda: run(backend, step)))
+    from parashift.attention import triton_backend
+    from parashift.attention.rotate_attend import rotate_write_attend
+    monkeypatch.setenv(triton_backend.ROPE_ONE_LAUNCH_ENV, "1")  # RoPE in the one-launch kernel
+    backend = TritonAttentionBackend()
+    launch = backend.rope_launch(step.q, step.k_cache, step.meta)[1]
+    assert launch.fused and triton_backend._takes_rope(launch, 128)
+
+    def rotate_in_attention():
+        k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+        out = rotate_write_attend(backend, positions, step.q, k, v, cos_sin, k_cache, v_cache,
+                                  step.meta, 128 ** -0.5)
+        return out, k_cache.nan_to_num(), v_cache.nan_to_num()
+    assert_same_bits(on_and_off(monkeypatch, rotate_in_attention))
 
 
 @cuda
