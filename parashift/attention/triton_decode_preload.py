@@ -55,6 +55,17 @@ class Rope:
     norms: tuple | None = None
 
 
+def rope_args(q: torch.Tensor, rope: Rope | None) -> tuple:
+    """A decode kernel's RoPE arguments (this one's, triton_decode.py's): k, v, their
+    strides, positions, cos_sin, its stride, the slots, the q and k norm weights and eps
+    (without `rope`: q for every pointer, zeros)."""
+    if rope is None:
+        return (q, q, 0, 0, 0, 0, q, q, 0, q, q, q, 0.0)
+    q_norm, k_norm, eps = rope.norms if rope.norms is not None else (q, q, 0.0)
+    return (rope.k, rope.v, *rope.k.stride()[:2], *rope.v.stride()[:2], rope.positions,
+            rope.cos_sin, rope.cos_sin.stride(0), rope.slot_mapping, q_norm, k_norm, eps)
+
+
 NEW_FIRST_ENV = "PARASHIFT_ATTN_NEW_FIRST"
 LINE_BYTES = 128  # an L2 cache line: one prefetch each
 # tiles after a split's first that its programs prefetch into L2 before their wait
@@ -404,13 +415,6 @@ def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens
     FP8 pool's values read as 16-bit pairs."""
     head_dim = q.shape[2]
     row_lines, line_elems = prefetch_shape(head_dim, k_cache.element_size())
-    if rope is None:  # unused pointers and strides
-        rope_args = (q, q, 0, 0, 0, 0, part_m, q, 0, part_m, q, q, 0.0)
-    else:
-        q_norm, k_norm, eps = rope.norms if rope.norms is not None else (q, q, 0.0)
-        rope_args = (rope.k, rope.v, rope.k.stride(0), rope.k.stride(1), rope.v.stride(0),
-                     rope.v.stride(1), rope.positions, rope.cos_sin, rope.cos_sin.stride(0),
-                     rope.slot_mapping, q_norm, k_norm, eps)
     merge = tickets is not None
     if not merge:  # unused
         out, tickets = part_acc, part_m
@@ -419,7 +423,7 @@ def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens
         part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens,
         query_start_loc, num_seqs, token_offset, qk_scale,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        block_tables.stride(0), *rope_args,
+        block_tables.stride(0), *rope_args(q, rope),
         GROUP=group, GROUP_P=group_p, BLOCK_M=config.block_m, TILE_N=config.tile_n,
         BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT_TOKENS=config.tile_n,

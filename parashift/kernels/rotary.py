@@ -9,36 +9,22 @@ import triton
 import triton.language as tl
 
 from parashift.kernels import pdl
+from parashift.kernels.rotary_values import rotated_heads
 
 
 @triton.jit
 def _rotate_heads(dst_ptr, dst_stride_h, x_ptr, token, cos, sin, stride_t, stride_h, num_heads,
                   norm_w_ptr, eps, HALF: tl.constexpr, HEADS_P: tl.constexpr,
                   HALF_P: tl.constexpr, QK_NORM: tl.constexpr):
-    heads = tl.arange(0, HEADS_P)[:, None]
+    heads = tl.arange(0, HEADS_P)
+    ok = heads < num_heads
+    y1, y2 = rotated_heads(x_ptr + token * stride_t + heads * stride_h, ok, cos, sin,
+                           norm_w_ptr, eps, HALF, HALF_P, QK_NORM)
     dims = tl.arange(0, HALF_P)[None, :]
-    mask = (heads < num_heads) & (dims < HALF)
-    src = x_ptr + token * stride_t + heads * stride_h + dims
-    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-    if QK_NORM:
-        x1, x2 = _rms_norm_halves(x1, x2, norm_w_ptr, eps, dims, x_ptr.dtype.element_ty, HALF)
-    dst = dst_ptr + heads * dst_stride_h + dims
-    tl.store(dst, (x1 * cos - x2 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + HALF, (x2 * cos + x1 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _rms_norm_halves(x1, x2, w_ptr, eps, dims, dtype: tl.constexpr, HALF: tl.constexpr):
-    """Each head's RMS norm (Qwen3's q/k norms) of its halves [heads, HALF] in fp32, rounded as
-    layers.layernorm.rms_norm_torch rounds: the normalized values, then their weighted ones,
-    to the input dtype."""
-    rstd = tl.math.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) * (1.0 / (2 * HALF)) + eps)
-    w1 = tl.load(w_ptr + dims, mask=dims < HALF, other=0.0).to(tl.float32)
-    w2 = tl.load(w_ptr + HALF + dims, mask=dims < HALF, other=0.0).to(tl.float32)
-    n1 = (x1 * rstd[:, None]).to(dtype).to(tl.float32)
-    n2 = (x2 * rstd[:, None]).to(dtype).to(tl.float32)
-    return (w1 * n1).to(dtype).to(tl.float32), (w2 * n2).to(dtype).to(tl.float32)
+    mask = ok[:, None] & (dims < HALF)
+    dst = dst_ptr + heads[:, None] * dst_stride_h + dims
+    tl.store(dst, y1.to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF, y2.to(dst_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
