@@ -19,13 +19,13 @@ earlier kernel's output (as `pdl.start_streaming` assumes), so a program reads i
 the kernel before's tail, its activations only after the wait. (16-byte loads of E4M3,
 VEC = 16, were tried: the tile then no longer shares the activations' layout, whose
 16-byte loads hold 8 elements, and sm_90's PTX moves it through shared memory each step.)"""
-import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from parashift.engine_switches import switch
 from parashift.kernels import pdl, split_tickets
 from parashift.kernels.norm_values import normed_row, row_rstd
 from parashift.kernels.silu_values import silu_mul_values
@@ -283,10 +283,7 @@ def evict_first() -> bool:
     On an H200 (8B FP8 decode b1, docs/benchmark_log.md, helper fp8g): the engine's step
     2.5992 against 2.6310 ms (1.012x, three interleaved rounds, each faster), the 32-layer
     chain 74.26 against 75.50 µs a layer."""
-    value = os.environ.get(EVICT_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{EVICT_ENV}={value!r}: expected 0 or 1")
-    return value == "1"
+    return switch(EVICT_ENV, "1")
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
