@@ -1,5 +1,5 @@
 """Decode attention at 64-256 rows against the KV bandwidth: the one-launch kernel
-(triton_decode.py) in its variants (one tile loop; over an FP8 pool its values read as pairs,
+(triton_decode.py) in its variants (over an FP8 pool its values read as pairs,
 triton_fp8_values.py, and the KV tile) against kernels that only read the same bytes (the
 ceilings), µs a layer in CUDA graphs over the engine's paged layout (block 16, shuffled
 pages), each layer its own KV pool (decode_attention_sweep.Layers: the L2 cache left behind).
@@ -14,7 +14,7 @@ and V, then attention; PDL as the engine launches).
 
 Session 47's first call also timed a stream-K kernel (programs sharing the launch's KV tiles
 evenly, cut units merged by ticket) and the preloading kernel at these batches: both slower,
-removed (docs/benchmark_log.md, helper attn64).
+removed (docs/benchmark_log.md, helper attn64); so was its one masked tile loop (session 46).
 
 Usage (GPU): python3 benchmarks/decode_attention_ceiling.py --cells 64x1040 256x1040 \
     [--graph-len 2048] [--variants fused fp8-pairs ...] [--chain] [--kv-cache-dtype fp8] \
@@ -40,10 +40,7 @@ PAIRS = {"PARASHIFT_ATTN_FP8_PAIRS": "1"}
 # tile, warps, stages))
 VARIANTS = {
     "fused": ({"PARASHIFT_ATTN_FP8_PAIRS": "0"}, {}),  # the pairs' switch off (bf16: no matter)
-    "fused-one-loop": ({"PARASHIFT_ATTN_FP8_PAIRS": "0",
-                        "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP": "1"}, {}),
     "fp8-pairs": (PAIRS, {}),
-    "fp8-pairs-one-loop": ({**PAIRS, "PARASHIFT_ATTN_FUSED_ONE_TILE_LOOP": "1"}, {}),
     "fp8-pairs-f16": ({**PAIRS, "PARASHIFT_ATTN_FP8_F16": "1"}, {}),
     "fp8-pairs-s2": (PAIRS, {"fused_decode_config": (64, 4, 2)}),
     "fp8-pairs-s4": (PAIRS, {"fused_decode_config": (64, 4, 4)}),

@@ -35,7 +35,7 @@ step_chain() {
   # shellcheck disable=SC2086
   run chain ${CHAIN_S:-50} python3 benchmarks/l2_prefetch_chain.py --weights fp8 --batch-sizes 1 \
     --layers 32 --repeats "${CHAIN_REPEATS:-11}" --no-dot-configs --output "$out/chain.json" \
-    --variants ${CHAIN_VARIANTS:-PARASHIFT_L2_PREFETCH=1 PARASHIFT_L2_PREFETCH_MB=qkv:16@gate_up/o:8 \
+    --variants ${CHAIN_VARIANTS:-PARASHIFT_L2_PREFETCH=1 PARASHIFT_L2_PREFETCH_MB=qkv:16/o:8 \
     PARASHIFT_L2_PREFETCH=0}
 }
 chain_best() {  # the chain's N fastest variants but its first (reference), as graph variants

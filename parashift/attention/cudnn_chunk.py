@@ -22,11 +22,11 @@ is PyTorch-internal: `available()` checks that it runs here, once, and `gqa_avai
 that it takes fewer KV heads than query heads."""
 import functools
 import logging
-import os
 
 import torch
 import torch.nn.functional as F
 
+from parashift.engine_switches import switch
 from parashift.kernels import lse_merge
 
 logger = logging.getLogger(__name__)
@@ -36,11 +36,9 @@ ENV = "PARASHIFT_CUDNN_CHUNK_FUSED"
 
 
 def _switch() -> bool:
-    value = os.environ.get(ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV}={value!r}: expected 1 (the merge kernel, GQA in the call) "
-                         "or 0 (K and V repeated, the merge in PyTorch)")
-    return value == "1"
+    """PARASHIFT_CUDNN_CHUNK_FUSED: 1 the merge kernel, GQA in the call; 0 K and V repeated,
+    the merge in PyTorch."""
+    return switch(ENV, "1")
 
 
 # both read at each call (benchmarks/prefill_attention.py switches them apart)

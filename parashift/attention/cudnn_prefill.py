@@ -26,6 +26,7 @@ from parashift.attention import cudnn_chunk
 from parashift.attention.cudnn_chunk import PAD_TOKENS, pad_rows
 from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.triton_backend import TritonAttentionBackend
+from parashift.engine_switches import switch
 
 LONG_PREFILL_TOKENS = int(os.environ.get("PARASHIFT_CUDNN_PREFILL_TOKENS", "4096"))
 # A chunk of at least CHUNK_TOKENS after a cached prefix, its context at least CHUNK_CONTEXT
@@ -41,10 +42,7 @@ DIRECT_ENV = "PARASHIFT_CUDNN_DIRECT"
 
 
 def _direct(device: torch.device) -> bool:
-    value = os.environ.get(DIRECT_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{DIRECT_ENV}={value!r}: expected 0 or 1")
-    return value == "1" and cudnn_chunk.gqa_available(device.index or 0)
+    return switch(DIRECT_ENV, "0") and cudnn_chunk.gqa_available(device.index or 0)
 
 
 def cudnn_attention_available(device: torch.device) -> bool:

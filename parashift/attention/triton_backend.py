@@ -177,31 +177,24 @@ def fused_decode_config(head_dim: int, group_p: int, elem_size: int, rows: int,
 
 
 def fused_reduce_enabled() -> bool:
-    flag = os.environ.get(FUSED_REDUCE_ENV, "1")
-    if flag not in ("0", "1"):
-        raise ValueError(f"{FUSED_REDUCE_ENV}={flag!r}: expected 0 or 1")
-    return flag == "1"
+    return switch(FUSED_REDUCE_ENV, "1")
 
 
 def fp8_pairs(v_cache: torch.Tensor, head_dim: int) -> bool:
     """Whether a decode launch reads v_cache's FP8 values as pairs (FP8_PAIRS_ENV): a head of
     a power of two of at least 32 dimensions (each product's width at least 16)."""
     return (v_cache.element_size() == 1 and head_dim >= 32
-            and head_dim == triton.next_power_of_2(head_dim) and _switch(FP8_PAIRS_ENV))
+            and head_dim == triton.next_power_of_2(head_dim) and switch(FP8_PAIRS_ENV, "1"))
 
 
 def fp8_f16(q: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether the one-launch kernel's FP8-pair products run in fp16 (FP8_F16_ENV)."""
     return (q.dtype == torch.bfloat16 and fp8_pairs(v_cache, q.shape[2])
-            and _switch(FP8_F16_ENV))
+            and switch(FP8_F16_ENV, "1"))
 
 
 def preload_enabled() -> bool:
-    return _switch(PRELOAD_ENV)
-
-
-def _switch(name: str, default: str = "1") -> bool:
-    return switch(name, default)
+    return switch(PRELOAD_ENV, "1")
 
 
 def prefill_config(head_dim: int, group_p: int, elem_size: int) -> KernelConfig:
@@ -356,7 +349,7 @@ class TritonAttentionBackend:
         it is the preloading kernel's (PARASHIFT_ATTN_ROPE on); None for other steps."""
         if (self.batch_invariant or meta.max_query_len > 1 or q.shape[0] == 0
                 or (not meta.static_shape and meta.query_start_loc_cpu[-1] == 0)
-                or not _switch(ROPE_ENV)):
+                or not switch(ROPE_ENV, "1")):
             return None
         (seqs,) = _split_decodes(meta, q.shape[0])
         return seqs, self._plan(q, k_cache, meta, seqs)
@@ -523,7 +516,7 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     preload = context_splits > 0 and preload_enabled()
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False,
                    context_splits=context_splits, preload=preload,
-                   preload_merge=preload and _switch(PRELOAD_MERGE_ENV, "0"))
+                   preload_merge=preload and switch(PRELOAD_MERGE_ENV, "0"))
 
 
 def _split_tokens(config: KernelConfig) -> int:
@@ -656,8 +649,8 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
             NUM_SPLITS=launch.num_splits, NUM_SPLITS_P=triton.next_power_of_2(launch.num_splits),
             HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim),
             CONTEXT_SPLITS=launch.context_splits,
-            EARLY_LOADS=pdl.early_loads() and _switch(REDUCE_EARLY_ENV), num_warps=REDUCE_WARPS,
-            **with_pdl)
+            EARLY_LOADS=pdl.early_loads() and switch(REDUCE_EARLY_ENV, "1"),
+            num_warps=REDUCE_WARPS, **with_pdl)
 
 
 def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,

@@ -26,7 +26,6 @@ registers and writes it and its value to their slot (`TritonAttentionBackend.
 rotate_and_attend`, for steps that are such decodes only).
 
 Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions."""
-import os
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +36,7 @@ from parashift.attention.triton_fp8_values import (attend_pairs, attend_tiles_fp
                                                    pair_rows, zero_halves)
 from parashift.attention.triton_kernels import (NEG_BIG, _attend_tiles, _jit_generic_in,
                                                 _store_partial)
+from parashift.engine_switches import switch
 from parashift.kernels import pdl, split_tickets
 
 
@@ -439,7 +439,4 @@ def new_token_first() -> bool:
     """PARASHIFT_ATTN_NEW_FIRST (on by default): the split holding the new token reads its key
     and value right after the wait, beside q (0: after its tiles, as before; read at each
     launch: a graph keeps its capture's)."""
-    flag = os.environ.get(NEW_FIRST_ENV, "1")
-    if flag not in ("0", "1"):
-        raise ValueError(f"{NEW_FIRST_ENV}={flag!r}: expected 0 or 1")
-    return flag == "1"
+    return switch(NEW_FIRST_ENV, "1")

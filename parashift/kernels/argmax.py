@@ -10,12 +10,11 @@ whatever order the programs ran in. The sampler's argmax-only path takes it
 (layers/sampler.py; PARASHIFT_ARGMAX_KERNEL=0 keeps torch's). Measured on an H200 (bf16,
 128,256 columns, benchmarks/argmax.py): 40.3 -> 7.6 µs at one row, 42.2 -> 14.6 at 64,
 52.7 -> 34.1 at 256, the same indices."""
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from parashift.engine_switches import switch
 from parashift.kernels import pdl, split_tickets
 
 BLOCK = 4096  # columns a program: 32 a thread at 4 warps
@@ -24,10 +23,7 @@ ENV = "PARASHIFT_ARGMAX_KERNEL"
 
 
 def enabled() -> bool:
-    value = os.environ.get(ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV}={value!r}: expected 0 (torch's argmax) or 1 (this kernel)")
-    return value == "1"
+    return switch(ENV, "1")
 
 
 @triton.jit

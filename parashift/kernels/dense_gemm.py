@@ -7,12 +7,11 @@ the weight read from HBM).
 PARASHIFT_DENSE_TMA: 1 (the default) or 0 (every shape on cuBLAS). Read at each call, so a
 CUDA graph keeps what its capture read and one process can A/B both (the choices made at its
 first call stay)."""
-import os
-
 import torch
 import torch.nn.functional as F
 import triton
 
+from parashift.engine_switches import switch
 from parashift.kernels import gemm_timing
 from parashift.kernels.dense_gemm_tma import Config, takes, tma_linear
 
@@ -41,10 +40,7 @@ _choices: dict[tuple, Config | None] = {}
 
 def enabled() -> bool:
     """PARASHIFT_DENSE_TMA (0 or 1)."""
-    flag = os.environ.get(ENV, DEFAULT)
-    if flag not in ("0", "1"):
-        raise ValueError(f"{ENV}={flag!r}: expected 0 or 1")
-    return flag == "1"
+    return switch(ENV, DEFAULT)
 
 
 def handles(x: torch.Tensor) -> bool:

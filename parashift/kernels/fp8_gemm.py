@@ -8,13 +8,13 @@ activations as they are (no per-token quantization kernel); at one to four rows 
 than bf16 at 1-64 rows on an H200 (issue 60) and wins above. A shape takes whichever
 measured faster on the device (`gemm_timing.py`), like `skinny_gemm.linear`."""
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from parashift.engine_switches import switch
 from parashift.kernels import fp8_gemm_tma, fp8_gemv, gemm_timing, pdl, split_tickets
 from parashift.kernels.fp8_epilogue import early_scales, early_ticket, finish_split_tile, \
     tile_scales
@@ -209,10 +209,7 @@ def fast_accum() -> bool:
     63.2 against 66.9 ms, and the error it adds (0.21-0.33% of the exact product at K 4,096-
     14,336) is a tenth of quantizing to E4M3 at all (3.75%; benchmarks/fp8_fast_accum_error.py).
     0 promotes."""
-    value = os.environ.get(FAST_ACCUM_ENV, "1")  # read at each call
-    if value not in ("0", "1"):
-        raise ValueError(f"{FAST_ACCUM_ENV}={value!r}: expected 0 or 1")
-    return value == "1"
+    return switch(FAST_ACCUM_ENV, "1")  # read at each call
 
 
 def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,

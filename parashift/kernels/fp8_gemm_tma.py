@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from parashift.engine_switches import switch
 from parashift.kernels import num_sms, pdl, split_tickets
 from parashift.kernels.fp8_epilogue import early_scales, early_ticket, finish_split_tile, \
     tile_scales
@@ -37,10 +38,7 @@ PREFETCH_ENV, DEFAULT_PREFETCH_KB = "PARASHIFT_FP8_TMA_PREFETCH_KB", "64"
 
 def enabled() -> bool:
     """Whether `fp8_gemm.linear` measures these kernels (PARASHIFT_FP8_TMA: 0 or 1)."""
-    flag = os.environ.get(ENV, DEFAULT)
-    if flag not in ("0", "1"):
-        raise ValueError(f"{ENV}={flag!r}: expected 0 or 1")
-    return flag == "1"
+    return switch(ENV, DEFAULT)
 
 
 def prefetch_bytes() -> int:

@@ -19,14 +19,14 @@ earlier kernel's output (as `pdl.start_streaming` assumes), so a program reads i
 the kernel before's tail, its activations only after the wait. (16-byte loads of E4M3,
 VEC = 16, were tried: the tile then no longer shares the activations' layout, whose
 16-byte loads hold 8 elements, and sm_90's PTX moves it through shared memory each step.)"""
-import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from parashift.kernels import norm_tail, pdl, split_tickets
+from parashift.engine_switches import switch
+from parashift.kernels import pdl, split_tickets
 from parashift.kernels.norm_values import normed_row, row_rstd
 from parashift.kernels.silu_values import silu_mul_values
 
@@ -96,12 +96,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
                      GATED: tl.constexpr = False, LIBDEVICE: tl.constexpr = False,
                      SILU_OUT: tl.constexpr = False, NORM: tl.constexpr = False,
                      HAS_RESIDUAL: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1,
-                     NORM_CHUNKS: tl.constexpr = 1, EVICT_FIRST: tl.constexpr = False,
-                     tr_ptr=None, tnw_ptr=None, to_ptr=None, th_ptr=None, tq_ptr=None,
-                     tqs_ptr=None, stride_trm=0, stride_tom=0, stride_thm=0, inv_n=1.0,
-                     tail_eps=0.0, NORM_TAIL: tl.constexpr = False,
-                     TAIL_QUANT: tl.constexpr = False, TAIL_BLOCK: tl.constexpr = 1,
-                     TAIL_CHUNKS: tl.constexpr = 1, TAIL_PREFETCH: tl.constexpr = 1):
+                     NORM_CHUNKS: tl.constexpr = 1, EVICT_FIRST: tl.constexpr = False):
     first_n = tl.program_id(0) * BLOCK_N
     split = tl.program_id(1)
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
@@ -119,8 +114,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
         w_next = _tile_before(w_rows, first_k + offs_k, k_end, EVICT_FIRST)
     else:  # unused: named for the compiler, which reads both branches of the loop's `if`
         w_next = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)
-    if NORM_TAIL:
-        norm_tail.prefetch_weight(tnw_ptr, N, TAIL_PREFETCH, USE_PDL)
     pdl.start_streaming(w_ptr, stride_wn, N, K, first_n, first_k, BLOCK_N, PREFETCH_K,
                         USE_PDL)
     rstd0, rstd1, rstd2, rstd3 = 1.0, 1.0, 1.0, 1.0
@@ -188,10 +181,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
     else:
         _add_rows(y_ptr + offs_n, stride_ym, sums0 * scale + bias, sums1 * scale + bias,
                   sums2 * scale + bias, sums3 * scale + bias, n_ok, ROWS)
-    if NORM_TAIL:  # one part of K (SPLIT_K 1): every program stored its tile
-        norm_tail.finish(counter_ptr, tl.num_programs(0), y_ptr, stride_ym, tr_ptr, tnw_ptr,
-                         to_ptr, th_ptr, tq_ptr, tqs_ptr, stride_trm, stride_tom, stride_thm,
-                         N, inv_n, tail_eps, ROWS, TAIL_BLOCK, TAIL_CHUNKS, TAIL_QUANT)
 
 
 @triton.jit
@@ -294,18 +283,14 @@ def evict_first() -> bool:
     On an H200 (8B FP8 decode b1, docs/benchmark_log.md, helper fp8g): the engine's step
     2.5992 against 2.6310 ms (1.012x, three interleaved rounds, each faster), the 32-layer
     chain 74.26 against 75.50 µs a layer."""
-    value = os.environ.get(EVICT_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{EVICT_ENV}={value!r}: expected 0 or 1")
-    return value == "1"
+    return switch(EVICT_ENV, "1")
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              bias: torch.Tensor | None, block_n: int, block_k: int, num_warps: int,
              num_stages: int, split_k: int = 1, ahead: bool = False,
              tickets: bool = False, gated: bool = False, silu_out: bool = False,
-             norm: NormInput | None = None,
-             tail: norm_tail.NormTail | None = None) -> torch.Tensor:
+             norm: NormInput | None = None) -> torch.Tensor:
     """x [M <= 4, K] (bf16/fp16/fp32), weight [N, K] E4M3 with unit stride along K (row
     slices of a wider buffer are fine), scale [N] or [N, 1] fp32, bias [N] or None; ahead:
     the next weight tile's load in flight while one is multiplied; tickets: split_k's parts
@@ -315,12 +300,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     holds [gate; up] rows (N even) and the output is silu_and_mul of the product, [M, N / 2]
     (each program's tile interleaves gate and up rows; one part of K: split_k 1; the bits of
     the plain GEMV's output followed by silu_mul.silu_and_mul); norm: the product is of
-    rms_norm(x + residual) (NormInput; not with gated); tail: the launch's last program adds
-    the residual to the output rows and normalises them into the tail's outputs
-    (norm_tail.py; one part of K, not with silu_out)."""
-    if tail is not None and (split_k != 1 or silu_out):
-        raise ValueError(f"fp8_gemv's norm tail takes one part of K and no silu_out, got "
-                         f"split_k {split_k}, silu_out {silu_out}")
+    rms_norm(x + residual) (NormInput; not with gated)."""
     if silu_out and (split_k != 1 or block_n % 2 or weight.shape[0] % 2):
         raise ValueError(f"fp8_gemv's silu_out takes an even block_n and weight rows and one "
                          f"part of K, got block_n {block_n}, split_k {split_k}, weight "
@@ -342,11 +322,9 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
             split_k)
     y, parts, counters = split_tickets.outputs(m, n // 2 if silu_out else n, x.dtype,
                                                x.device, split_k, grid[0], tickets)
-    tail_counter = None if tail is None else _tail_counter(tail, (m, n), x)
     _fp8_gemv_kernel[grid](
         x, weight, scale.reshape(-1), bias if bias is not None else scale, y,
-        parts if parts is not None else y,
-        next(c for c in (counters, tail_counter, y) if c is not None),
+        parts if parts is not None else y, counters if counters is not None else y,
         residual, norm_weight, new_residual, n, k, x.stride(0), weight.stride(0), y.stride(0),
         residual.stride(0), new_residual.stride(0), 1.0 / k, norm.eps if norm else 0.0,
         HAS_BIAS=bias is not None, ROWS=m,
@@ -356,21 +334,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         HAS_RESIDUAL=norm is not None and norm.residual is not None,
         NORM_BLOCK=norm_block, NORM_CHUNKS=triton.cdiv(k, norm_block) if norm else 1,
         EVICT_FIRST=evict_first(), num_warps=num_warps, num_stages=num_stages,
-        **norm_tail.launch_args(tail, num_warps, n),
         **pdl.launch_options(x.device, (block_n, k, weight.element_size())))
     return y.to(x.dtype)
-
-
-def _tail_counter(tail: norm_tail.NormTail, y_shape: tuple[int, int], x: torch.Tensor
-                  ) -> torch.Tensor:
-    """The one counter the norm tail's programs take tickets on (a clear error where the
-    tail does not fit the output or no counters are made yet)."""
-    norm_tail.check(tail, y_shape, x.dtype)
-    counters = split_tickets.counters(x.device, 1)
-    if counters is None:
-        raise RuntimeError("fp8_gemv's norm tail needs the ticket counters, made outside a "
-                           "CUDA graph capture (an eager call first)")
-    return counters
 
 
 def _norm_tensors(x: torch.Tensor, norm: NormInput | None, gated: bool

@@ -1,7 +1,6 @@
 """A row's E4M3 values and scale as `fp8_gemm.quantize_rows` makes them: the kernels that write
-FP8 rows beside their output (the RMSNorm, SiLU-and-mul, a GEMV's norm tail) call these as
-its kernel does, so their rows are its bit for bit. (Its own file: norm_tail.py, imported by
-fp8_gemv.py, cannot import fp8_gemm.py.)"""
+FP8 rows beside their output (the RMSNorm, SiLU-and-mul, gate_up's TMA epilogue) call these
+as its kernel does, so their rows are its bit for bit."""
 import triton
 import triton.language as tl
 

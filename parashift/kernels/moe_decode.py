@@ -15,6 +15,7 @@ import os
 
 import triton
 
+from parashift.engine_switches import switch
 from parashift.kernels import moe_prefill
 
 ENV, TILES_ENV = "PARASHIFT_MOE_DECODE_FUSED", "PARASHIFT_MOE_DECODE_TILES"
@@ -29,10 +30,7 @@ DOWN_TILE = (64, 128, 2, 4)
 
 
 def enabled() -> bool:
-    value = os.environ.get(ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return switch(ENV, "1")
 
 
 def tiles_for(inter: int, hidden: int) -> dict:

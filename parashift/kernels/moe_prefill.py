@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from parashift.engine_switches import switch
 from parashift.kernels import moe_routing, moe_schedule, pdl
 from parashift.kernels.silu_mul import silu_mul_values
 
@@ -42,10 +43,7 @@ TILES: dict[str, dict] = {
 
 
 def enabled() -> bool:
-    value = os.environ.get(ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return switch(ENV, "1")
 
 
 def tiles_for(device: torch.device, pairs_per_expert: float | None = None) -> dict:

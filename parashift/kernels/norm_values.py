@@ -1,6 +1,5 @@
 """RMSNorm (after the residual add) of an activation row as a GEMV computes its own input from
-the row (kernels/fp8_gemv.py's NORM; kernels/norm_gemv.py chooses it), or of its whole output
-row in its last program (kernels/norm_tail.py): rounded as
+the row (kernels/fp8_gemv.py's NORM; kernels/norm_gemv.py chooses it): rounded as
 kernels/rmsnorm.py's `_rms_norm_kernel` rounds, the add in the row's dtype, the normalised
 values rounded to it, then the weight's product rounded again. The sum of squares runs in
 the GEMV's layout (its warps), not the norm kernel's, so 1/rms may differ from that kernel's
@@ -10,11 +9,9 @@ import triton.language as tl
 
 
 @triton.jit
-def added_row(x_row_ptr, r_row_ptr, k, mask, HAS_RESIDUAL: tl.constexpr,
-              X_CACHE: tl.constexpr = ""):
-    """x + residual at columns k (masked: 0), rounded to x's dtype; x alone without one.
-    X_CACHE: x's loads' cache modifier (".cg": from L2, where other programs wrote x)."""
-    x = tl.load(x_row_ptr + k, mask=mask, other=0.0, cache_modifier=X_CACHE)
+def added_row(x_row_ptr, r_row_ptr, k, mask, HAS_RESIDUAL: tl.constexpr):
+    """x + residual at columns k (masked: 0), rounded to x's dtype; x alone without one."""
+    x = tl.load(x_row_ptr + k, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(r_row_ptr + k, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
@@ -41,10 +38,9 @@ def row_rstd(x_row_ptr, r_row_ptr, h_row_ptr, store_end, K, inv_k, eps,
 
 
 @triton.jit
-def normed_row(x_row_ptr, r_row_ptr, nw_ptr, k, mask, rstd, HAS_RESIDUAL: tl.constexpr,
-               X_CACHE: tl.constexpr = ""):
+def normed_row(x_row_ptr, r_row_ptr, nw_ptr, k, mask, rstd, HAS_RESIDUAL: tl.constexpr):
     """rms_norm(x + residual) at columns k, in x's dtype, from the row's 1 / rms."""
-    h = added_row(x_row_ptr, r_row_ptr, k, mask, HAS_RESIDUAL, X_CACHE)
+    h = added_row(x_row_ptr, r_row_ptr, k, mask, HAS_RESIDUAL)
     normed = (h.to(tl.float32) * rstd).to(h.dtype).to(tl.float32)
     w = tl.load(nw_ptr + k, mask=mask, other=0.0).to(tl.float32)
     return (w * normed).to(h.dtype)

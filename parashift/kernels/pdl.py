@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from parashift.engine_switches import switch
+
 logger = logging.getLogger(__name__)
 
 ENV = "PARASHIFT_PDL"
@@ -95,10 +97,7 @@ def suspended():
 def early_loads() -> bool:
     """PARASHIFT_PDL_EARLY_LOADS: whether the small kernels that can load their constant
     inputs before the wait do."""
-    flag = os.environ.get(EARLY_LOADS_ENV, "1")
-    if flag not in ("0", "1"):
-        raise ValueError(f"{EARLY_LOADS_ENV}={flag!r}: expected 0 or 1")
-    return flag == "1"
+    return switch(EARLY_LOADS_ENV, "1")
 
 
 def prefetch_bytes() -> int:

@@ -69,13 +69,9 @@ class QuantizingRMSNorm(_Producer, RMSNorm):
         self.weight = norm.weight
         self._attach(consumer)
 
-    def quantizes(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
-        """Whether a call with these inputs hands its output over in E4M3."""
-        dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
-        return self._fuses(x, torch.promote_types(dtype, self.weight.dtype))
-
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if not self.quantizes(x, residual):
+        dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+        if not self._fuses(x, torch.promote_types(dtype, self.weight.dtype)):
             return super().forward(x, residual)
         from parashift.kernels import rmsnorm
         out, new_x, rows, scales = rmsnorm.rms_norm_fp8(x, residual, self.weight, self.eps)

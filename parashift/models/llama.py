@@ -9,7 +9,6 @@ from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from parashift.layers.fp8_gated_silu import fuse_silu_into_fp8_gate_up
 from parashift.layers.fp8_input import hand_over_fp8_inputs
 from parashift.layers.l2_prefetch import NO_PREFETCHES, attach_l2_prefetch
-from parashift.layers.norm_after_gemv import fold_norm_after_gemv
 from parashift.layers.norm_gemv import fuse_norm_into_gemv
 from parashift.layers.silu_gemv import fuse_silu_into_gemv
 from parashift.layers.layernorm import RMSNorm, qk_norm
@@ -94,10 +93,6 @@ class LlamaDecoderLayer(nn.Module):
     norm_gemv_pairs = fp8_input_pairs
     # (RMSNorm, mixture of experts it feeds): the norm may route too (layers/norm_router.py)
     norm_router_pairs = (("post_attention_layernorm", "mlp"),)
-    # (norm giving the residual, linear layer, RMSNorm after it adding that residual): the
-    # layer's GEMV may do the norm after it in its last program (layers/norm_after_gemv.py)
-    norm_after_gemv_triples = (("input_layernorm", "self_attn.o_proj",
-                                "post_attention_layernorm"),)
     # (short name, GEMM) in step order: weights pulled into L2 ahead (layers/l2_prefetch.py;
     # the block holding each GEMM calls its point after it)
     l2_prefetch_order = (("qkv", "self_attn.qkv_proj"), ("o", "self_attn.o_proj"),
@@ -138,13 +133,6 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(cfg, max_position, mlps[i]) if i in self.stage else MissingLayer()
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if self.last else MissingLayer()
-        # (norm giving the residual, linear layer, RMSNorm after it adding that residual): each
-        # down_proj's GEMV may do the next layer's input norm (the last layer's: the final
-        # norm) in its last program (layers/norm_after_gemv.py)
-        self.norm_after_gemv_triples = tuple(
-            (f"layers.{i}.post_attention_layernorm", f"layers.{i}.mlp.down_proj",
-             f"layers.{i + 1}.input_layernorm" if i + 1 in self.stage else "norm")
-            for i in self.stage)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor,
                 intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):
@@ -188,7 +176,6 @@ class LlamaForCausalLM(nn.Module):
         fuse_silu_into_gemv(self)
         fuse_silu_into_fp8_gate_up(self)
         fuse_norm_into_gemv(self)
-        fold_norm_after_gemv(self)
         attach_l2_prefetch(self)
 
     @staticmethod

@@ -181,14 +181,6 @@ def test_the_chunk_routes_views_and_merge_on_the_cpu(monkeypatch, n, prefix, gqa
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_an_unknown_chunk_switch_value_is_an_error(monkeypatch):
-    monkeypatch.setenv(cudnn_chunk.ENV, "yes")
-    with pytest.raises(ValueError, match="PARASHIFT_CUDNN_CHUNK_FUSED='yes'"):
-        cudnn_chunk._switch()
-    monkeypatch.setenv(cudnn_chunk.ENV, "0")
-    assert not cudnn_chunk._switch()
-
-
 def test_rows_are_padded_only_where_missing():
     x = torch.randn(6, 2, 4)
     assert cudnn_chunk.pad_rows(x, 6) is x  # no copy
@@ -231,12 +223,3 @@ def test_a_prompt_whose_blocks_are_one_run_gives_the_gathered_bits():
     actual = run(backend, run_step)
     assert actual.shape == expected.shape and actual.is_contiguous()
     assert torch.equal(actual, expected)
-
-
-def test_an_unknown_direct_switch_value_is_an_error(monkeypatch):
-    from parashift.attention.cudnn_prefill import DIRECT_ENV, _direct
-    monkeypatch.setenv(DIRECT_ENV, "yes")
-    with pytest.raises(ValueError, match=DIRECT_ENV):
-        _direct(torch.device("cpu"))
-    monkeypatch.setenv(DIRECT_ENV, "0")
-    assert not _direct(torch.device("cpu"))

@@ -36,12 +36,6 @@ def test_decode_batches_take_the_fused_kernels_unless_switched_off(monkeypatch, 
         assert calls[0]["block_m"] == fused_moe.BLOCK_M == moe_decode.BLOCK_M
 
 
-def test_a_bad_switch_is_an_error(monkeypatch):
-    monkeypatch.setenv(moe_decode.ENV, "on")
-    with pytest.raises(ValueError, match=moe_decode.ENV):
-        moe_decode.enabled()
-
-
 def test_tiles_fit_small_dims_and_take_the_override(monkeypatch):
     monkeypatch.delenv(moe_decode.TILES_ENV, raising=False)
     assert moe_decode.tiles_for(768, 2048) == {"block_m": 16, "gate_up": moe_decode.GATE_UP_TILE,

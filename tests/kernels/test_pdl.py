@@ -137,10 +137,8 @@ FP8 = torch.float8_e4m3fn
 TICKET_POINTERS = {"part_ptr": torch.float32, "counter_ptr": torch.int32}
 GEMV_POINTERS = {"w_ptr": FP8, "s_ptr": torch.float32, **TICKET_POINTERS}
 GEMV_FLOATS = ("inv_k", "eps")
-GEMV_NO_TAIL = dict(NORM_TAIL=False, TAIL_QUANT=False, TAIL_BLOCK=1, TAIL_CHUNKS=1,
-                    TAIL_PREFETCH=1)
 GEMV_PLAIN = dict(NORM=False, HAS_RESIDUAL=False, NORM_BLOCK=1,
-                  NORM_CHUNKS=1, EVICT_FIRST=False, **GEMV_NO_TAIL)  # no norm in the GEMV
+                  NORM_CHUNKS=1, EVICT_FIRST=False)  # no norm in the GEMV
 WEIGHT_POINTERS = {"x_ptr": FP8, "xs_ptr": torch.float32, "w_ptr": FP8, "s_ptr": torch.float32,
                    **TICKET_POINTERS}
 KERNELS = {
@@ -167,14 +165,7 @@ KERNELS = {
     "fp8_gemv_norm": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
         HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, VEC=8,
         PREFETCH_K=4096, AHEAD=False, TICKETS=False, SILU_OUT=True, LIBDEVICE=True, NORM=True,
-        HAS_RESIDUAL=True, NORM_BLOCK=2048, NORM_CHUNKS=2, EVICT_FIRST=False, **GEMV_NO_TAIL),
-        True),
-    "fp8_gemv_norm_tail": (fp8_gemv._fp8_gemv_kernel, {**GEMV_POINTERS, "tq_ptr": FP8},
-                           GEMV_FLOATS + ("inv_n", "tail_eps"), dict(
-        **{**GEMV_PLAIN, "EVICT_FIRST": True, "NORM_TAIL": True, "TAIL_QUANT": True,
-           "TAIL_BLOCK": 1024, "TAIL_CHUNKS": 4, "TAIL_PREFETCH": 4096},
-        HAS_BIAS=False, ROWS=1, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=1, VEC=8,
-        PREFETCH_K=4096, AHEAD=True, TICKETS=False), True),
+        HAS_RESIDUAL=True, NORM_BLOCK=2048, NORM_CHUNKS=2, EVICT_FIRST=False), True),
     "fp8_gemv_tickets": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
         **GEMV_PLAIN,
         HAS_BIAS=True, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
@@ -342,12 +333,11 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets",
              "fp8_weight_tickets", "fp8_weight_early_scales", "moe_router", "moe_norm_router",
              "decode_attention", "decode_attention_fp8_pairs", "decode_attention_rope",
-             "preloaded_decode_merge",
-             "preloaded_decode_fp8_pairs", "fp8_gemv_norm_tail"}
+             "preloaded_decode_merge", "preloaded_decode_fp8_pairs"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
 # byte a load; the activations are bf16), and nothing else touches memory
-WEIGHT_FIRST = {"fp8_gemv_ahead", "fp8_gemv_ahead_evict", "fp8_gemv_norm_tail", "moe_router"}
+WEIGHT_FIRST = {"fp8_gemv_ahead", "fp8_gemv_ahead_evict", "moe_router"}
 WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global(\.L[12]::[\w:]+)*\.b8\b", re.M)
 # the kernels that load, before the wait, what no kernel before them writes and touch memory
 # no other way there: the norm weight; positions, cos, sin and slots; a decode's metadata,

@@ -52,7 +52,6 @@ def test_off_by_default_and_a_bad_switch_is_an_error(monkeypatch):
 @pytest.mark.parametrize("quantization", [None, WeightQuant()], ids=["bf16", "fp8"])
 def test_each_norm_hooks_the_layer_it_feeds(monkeypatch, quantization):
     monkeypatch.setenv(norm_gemv.ENV, "1")
-    monkeypatch.setenv("PARASHIFT_NORM_AFTER_GEMV", "0")  # its twins: test_norm_after_gemv
     monkeypatch.setenv(silu_gemv.ENV, "gate_up")
     model = build(quantization)
     for layer in model.model.layers:
