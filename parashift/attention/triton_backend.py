@@ -411,7 +411,7 @@ def _takes_rope(launch: "_Launch", head_dim: int) -> bool:
     if launch.preload:
         return True
     return (launch.fused and head_dim == triton.next_power_of_2(head_dim)
-            and _switch(ROPE_ONE_LAUNCH_ENV, "0"))
+            and switch(ROPE_ONE_LAUNCH_ENV, "0"))
 
 
 @dataclass(frozen=True)
