@@ -11,6 +11,7 @@ from parashift import LLM, SamplingParams
 from parashift.engine.detokenizer import IncrementalDetokenizer
 from parashift.engine.request_outputs import RequestOutputs
 from tests.engine.conftest import tiny_llm
+from tests.helpers.tiny_smollm2 import save_tiny_smollm2
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -23,8 +24,13 @@ def options(mode: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def smollm2_by_mode():
-    llms = {mode: LLM(device="cpu", dtype="float32", **options(mode)) for mode in MODES}
+def smollm2_by_mode(tmp_path_factory):
+    """An engine per mode on a tiny random Llama with SmolLM2's tokenizer: what is checked
+    is how outputs are made from tokens, and its greedy story's tokens vary (a 135M model's
+    40 steps in four engines, and their builds, took ~1 min of CI)."""
+    model = save_tiny_smollm2(tmp_path_factory.mktemp("tiny_smollm2"))
+    llms = {mode: LLM(model=model, device="cpu", dtype="float32", **options(mode))
+            for mode in MODES}
     yield llms
     for llm in llms.values():
         llm.shutdown()
