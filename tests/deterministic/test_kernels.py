@@ -203,11 +203,15 @@ def check_attention(dtype, device="cpu", backend="triton", heads=8, kv_heads=2, 
 # the default query rows per program (the prefill configuration's 128, decodes' 16), decodes
 # in the prefill configuration, and the selectable PARASHIFT_DETERMINISTIC_ATTENTION_BLOCK_M
 # variants; partitions of 128 (the default) and 256 tokens: one and two KV tiles each, several
-# per row; KV tiles of 64 and 32 tokens (PARASHIFT_DETERMINISTIC_ATTENTION_TILE_N)
+# per row; KV tiles of 64 and 32 tokens (PARASHIFT_DETERMINISTIC_ATTENTION_TILE_N). The
+# default case packs GQA groups of 4 query heads; the variants groups of 2 (half the
+# programs: under the interpreter a program's cost is nearly fixed).
 test_attention_interpreted, test_attention_cuda = case_tests(
-    __name__, check_attention, [{}, {"decode": "prefill"}, {"block_m": 64}, {"block_m": 16},
-                                {"partition": 256, "length": 300, "block_m": 16},
-                                {"tile_n": 64}, {"tile_n": 32, "partition": 128}],
+    __name__, check_attention,
+    [{}] + [{**variant, "heads": 4} for variant in (
+        {"decode": "prefill"}, {"block_m": 64}, {"block_m": 16},
+        {"partition": 256, "length": 300, "block_m": 16}, {"tile_n": 64},
+        {"tile_n": 32, "partition": 128})],
     uses_dot=True, variants_in_one_dtype=True)
 
 

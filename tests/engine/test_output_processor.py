@@ -11,6 +11,7 @@ from parashift import LLM, SamplingParams
 from parashift.engine.detokenizer import IncrementalDetokenizer
 from parashift.engine.request_outputs import RequestOutputs
 from tests.engine.conftest import tiny_llm
+from tests.helpers.tiny_smollm2 import save_tiny_smollm2
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -23,20 +24,25 @@ def options(mode: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def smollm2_by_mode():
-    llms = {mode: LLM(device="cpu", dtype="float32", **options(mode)) for mode in MODES}
+def llms_by_mode(tmp_path_factory):
+    """An engine per mode on a tiny random Llama with SmolLM2's tokenizer: what is checked
+    is how outputs are made from tokens, and its greedy story's tokens vary (a 135M model's
+    40 steps in four engines, and their builds, took ~1 min of CI)."""
+    model = save_tiny_smollm2(tmp_path_factory.mktemp("tiny_smollm2"))
+    llms = {mode: LLM(model=model, device="cpu", dtype="float32", **options(mode))
+            for mode in MODES}
     yield llms
     for llm in llms.values():
         llm.shutdown()
 
 
 @pytest.fixture(scope="module")
-def story(smollm2_by_mode):
+def story(llms_by_mode):
     """The prompt and the greedy story's text after each of its tokens, the same in both
     modes (which now hold the prompt in their prefix caches alike)."""
-    prompt = smollm2_by_mode["inline"].llm_engine.apply_chat_template(QUESTION)
+    prompt = llms_by_mode["inline"].llm_engine.apply_chat_template(QUESTION)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    seen = same_in_both_modes(smollm2_by_mode, [("story", prompt, params)])["story"]
+    seen = same_in_both_modes(llms_by_mode, [("story", prompt, params)])["story"]
     return prompt, [output[4][0][1] for output in seen]
 
 
@@ -110,11 +116,11 @@ def test_the_stories_steps_add_text(story):
     assert len(texts) == 40 and texts[-1].startswith(texts[10]) and len(texts[-1]) > 40
 
 
-def test_a_stop_string_spanning_tokens_ends_the_request_there(smollm2_by_mode, story):
+def test_a_stop_string_spanning_tokens_ends_the_request_there(llms_by_mode, story):
     prompt, texts = story
     stop, num_tokens = spanning_stop(texts)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
-    seen = same_in_both_modes(smollm2_by_mode, [("s", prompt, params)])["s"]
+    seen = same_in_both_modes(llms_by_mode, [("s", prompt, params)])["s"]
     final = seen[-1][4][0]
     assert final[1] == texts[num_tokens - 1][:texts[num_tokens - 1].find(stop)]
     assert len(final[2]) == num_tokens and final[4:] == ("stop", stop)
@@ -123,18 +129,18 @@ def test_a_stop_string_spanning_tokens_ends_the_request_there(smollm2_by_mode, s
     assert all(final[1].startswith(output[4][0][1]) for output in seen)
 
 
-def test_a_stop_string_on_the_last_allowed_token(smollm2_by_mode, story):
+def test_a_stop_string_on_the_last_allowed_token(llms_by_mode, story):
     """The token that reaches max_tokens completes the stop string: it is a stop."""
     prompt, texts = story
     stop, num_tokens = spanning_stop(texts)
     params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True,
                             stop=[stop], include_stop_str_in_output=True)
-    final = same_in_both_modes(smollm2_by_mode, [("last", prompt, params)])["last"][-1][4][0]
+    final = same_in_both_modes(llms_by_mode, [("last", prompt, params)])["last"][-1][4][0]
     assert final[1].endswith(stop) and final[4:] == ("stop", stop)
     assert len(final[2]) == num_tokens
 
 
-def test_stop_strings_n_logprobs_and_final_only_together(smollm2_by_mode, story):
+def test_stop_strings_n_logprobs_and_final_only_together(llms_by_mode, story):
     prompt, texts = story
     stop, _ = spanning_stop(texts)
     requests = [
@@ -148,7 +154,7 @@ def test_stop_strings_n_logprobs_and_final_only_together(smollm2_by_mode, story)
         ("n2-final", prompt, SamplingParams(n=2, temperature=0.8, seed=4, max_tokens=6)
          .final_only()),
     ]
-    seen = same_in_both_modes(smollm2_by_mode, requests)
+    seen = same_in_both_modes(llms_by_mode, requests)
     assert len(seen["final"]) == 1 and seen["final"][0][1]
     assert [len(c[3]) for c in seen["final"][0][4]] == [len(seen["final"][0][4][0][2])]
     assert len(seen["n3"][-1][4]) == 3 and len(seen["best"][-1][4]) == 2
@@ -167,7 +173,7 @@ def joined(outputs: list) -> dict[int, tuple]:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_delta_outputs_join_into_the_cumulative_ones(smollm2_by_mode, story, mode):
+def test_delta_outputs_join_into_the_cumulative_ones(llms_by_mode, story, mode):
     """Each delta output carries what is new; joined, a request's deltas are its cumulative
     final output, sample by sample (stop string, logprobs, n=3, best_of). Both kinds run in
     one batch (logprobs within 1e-4: n > 1 admits siblings by timing outside inline mode)."""
@@ -176,7 +182,7 @@ def test_delta_outputs_join_into_the_cumulative_ones(smollm2_by_mode, story, mod
     cases = {"stop": SamplingParams(temperature=0, max_tokens=30, stop=[stop], logprobs=1),
              "n3": SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12, logprobs=0),
              "best": SamplingParams(n=2, best_of=3, temperature=1.0, seed=6, max_tokens=6)}
-    seen = stream(smollm2_by_mode[mode], [
+    seen = stream(llms_by_mode[mode], [
         (f"{kind}-{name}", prompt, dataclasses.replace(params, output_kind=kind))
         for name, params in cases.items() for kind in ("cumulative", "delta")])
     for name in cases:
@@ -197,14 +203,14 @@ def test_delta_outputs_join_into_the_cumulative_ones(smollm2_by_mode, story, mod
     assert all(c[2] for output in seen["delta-n3"] for c in output[4])
 
 
-def test_generate_gives_the_same_outputs_in_both_modes(smollm2_by_mode, story):
+def test_generate_gives_the_same_outputs_in_both_modes(llms_by_mode, story):
     prompt, texts = story
     stop, _ = spanning_stop(texts)
     params = [SamplingParams(temperature=0, max_tokens=24, stop=[stop]),
               SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=8, logprobs=0),
               SamplingParams(temperature=0, max_tokens=3, logprobs=1)]
     outputs = {mode: [fields(o) for o in llm.generate([prompt] * 3, params)]
-               for mode, llm in smollm2_by_mode.items()}
+               for mode, llm in llms_by_mode.items()}
     assert outputs["thread"] == outputs["inline"] == outputs["process"]
     # the core ends a stop string's request a step or two later: the batches of the other
     # requests differ, and their logprobs in the last bits
@@ -212,7 +218,7 @@ def test_generate_gives_the_same_outputs_in_both_modes(smollm2_by_mode, story):
 
 
 @pytest.mark.parametrize("mode", ("inline", "thread"))
-def test_a_request_whose_detokenizer_raises_fails_alone(smollm2_by_mode, monkeypatch, mode):
+def test_a_request_whose_detokenizer_raises_fails_alone(llms_by_mode, monkeypatch, mode):
     real = IncrementalDetokenizer.take_texts
 
     def take_texts(self, prefix_text, full_text):
@@ -221,7 +227,7 @@ def test_a_request_whose_detokenizer_raises_fails_alone(smollm2_by_mode, monkeyp
         return real(self, prefix_text, full_text)
 
     monkeypatch.setattr(IncrementalDetokenizer, "take_texts", take_texts)
-    llm = smollm2_by_mode[mode]
+    llm = llms_by_mode[mode]
     good = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     bad = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, seed=13)
     outs = llm.generate(["Hello", "Hello", "Hello"], [good, bad, good])
@@ -259,15 +265,15 @@ def test_generate_returns_every_final_output_of_a_slow_processor(tiny_llama_dir,
 
 
 def test_a_slow_processors_stop_string_ends_the_request_later_with_the_same_output(
-        smollm2_by_mode, story, slow_processor):
+        llms_by_mode, story, slow_processor):
     """The engine computes tokens past the stop string before it hears of it; none of
     them is reported, and the request's blocks are freed."""
     prompt, texts = story
     stop, num_tokens = spanning_stop(texts)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
-    seen = same_in_both_modes(smollm2_by_mode, [("slow", prompt, params)])["slow"]
+    seen = same_in_both_modes(llms_by_mode, [("slow", prompt, params)])["slow"]
     assert len(seen) == num_tokens and seen[-1][4][0][4:] == ("stop", stop)
-    engine = smollm2_by_mode["thread"].llm_engine
+    engine = llms_by_mode["thread"].llm_engine
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from parashift import LLM, SamplingParams
-from parashift.loader.source import embedded_gguf_path
 from parashift.outputs import Logprob
 from tests.conftest import requires_smollm2
 from tests.engine.conftest import tiny_llama_dir, tiny_llm  # noqa: F401  (shared fixture)
+from tests.helpers.hf_smollm2 import hf_smollm2
 
 pytestmark = [requires_smollm2, pytest.mark.usefixtures("single_torch_thread")]
 PROMPTS = ["The quick brown fox jumps over the lazy dog because it was tired of running",
@@ -26,10 +26,7 @@ def llm() -> LLM:
 
 @pytest.fixture(scope="module")
 def hf_model():
-    from transformers import AutoModelForCausalLM
-    path = embedded_gguf_path()
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                dtype=torch.float32).eval()
+    return hf_smollm2()
 
 
 @torch.inference_mode()

@@ -7,6 +7,7 @@ import torch
 
 from parashift import LLM, SamplingParams
 from parashift.loader.source import embedded_gguf_path
+from tests.helpers.hf_smollm2 import hf_smollm2
 from tests.helpers.parity import hf_greedy, hf_prompt_logits, max_relative_diff, prompt_logits
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -23,11 +24,7 @@ def llm() -> LLM:
 
 @pytest.fixture(scope="module")
 def hf_model():
-    from transformers import AutoModelForCausalLM
-    path = embedded_gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                 dtype=torch.float32)
-    return model.eval()
+    return hf_smollm2()
 
 
 @pytest.fixture(scope="module")
