@@ -1,7 +1,8 @@
 """RoPE (with a model's q/k norms) and the KV write inside the one-launch decode kernel
 (triton_decode.py's ROPE): what kernels/rotary.py's rotate_and_write_kv did before the launch,
 in its arithmetic (kernels/rotary_values.py), so the rotated q, the pool's new key and value
-and the attention's output are the bits of that kernel and the launch after it.
+and the attention's output are the bits of that kernel and the launch after it (under the
+interpreter; on an H200 the output differed in its last bits: benchmarks/rope_fold_diag.py).
 
 Each program rotates its group's q heads in registers and loads (and rotates) the new token's
 key and value beside them; the one program of a (sequence, KV head) whose KV tiles hold the
