@@ -688,6 +688,7 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         HEADS_FIRST=FUSED_HEADS_FIRST, FP8_PAIRS=fp8_pairs(v_cache, head_dim),
         FP8_F16=fp8_f16(q, v_cache), ROPE=rope is not None,
         QK_NORM=rope is not None and rope.norms is not None, MUL_RN=q.is_cuda,
+        K_HEADS_P=triton.next_power_of_2(kv_heads) if rope and rope.norms is not None else 1,
         **_rope_prefetch(rope, head_dim, k_cache.element_size()), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 

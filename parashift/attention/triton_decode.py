@@ -108,15 +108,16 @@ def decode_attention_kernel(
         FP8_F16: tl.constexpr = False, ROPE: tl.constexpr = False,
         QK_NORM: tl.constexpr = False, MUL_RN: tl.constexpr = False,
         PREFETCH_TILES: tl.constexpr = 0, ROW_LINES: tl.constexpr = 1,
-        LINE_ELEMS: tl.constexpr = 1):
+        LINE_ELEMS: tl.constexpr = 1, K_HEADS_P: tl.constexpr = 1):
     """FP8_PAIRS: an FP8 pool's values read as 16-bit pairs (triton_fp8_values.py); FP8_F16:
     its products in fp16 (one conversion from E4M3, not two), q clamped to fp16's range.
     ROPE (HEAD_DIM a power of two): q_ptr, k_ptr and v_ptr are the projection's rows before
     RoPE (k, v [tokens, KV heads, head_dim] at strides stride_kt, stride_knh / stride_vt,
     stride_vnh), rotated here as kernels/rotary.py's rotate_and_write_kv would have before the
-    launch, with the same bits (QK_NORM: the heads RMS-normed first; MUL_RN: on CUDA, its
-    products unfused, rotary_values.py): each program rotates its q heads and the new token's
-    key (loaded beside q), and the program whose tiles hold the new token (the last position)
+    launch, with the same bits (QK_NORM: the heads RMS-normed first, the key's every KV head
+    rotated as that kernel holds them (K_HEADS_P rows); MUL_RN: on CUDA, its products unfused,
+    rotary_values.py): each program rotates its q heads and the new token's key (loaded beside
+    q), and the program whose tiles hold the new token (the last position)
     writes that key and value to the slot `slot_mapping` gives (-1: none), then reads them
     back with its tile behind a barrier; no other program reads that slot.
     PREFETCH_TILES (with ROPE): before the PDL wait, each program pulls its split's first
@@ -157,11 +158,11 @@ def decode_attention_kernel(
     if ROPE:
         q = rotated_q(q_rows, row_ok, cos, sin, q_norm_ptr, eps, q_ptr.dtype.element_ty,
                       HEAD_DIM, QK_NORM, MUL_RN)
-        k_new1, k_new2, v_new = new_kv(
-            k_ptr + token * stride_kt + kv_head * stride_knh,
-            v_ptr + token * stride_vt + kv_head * stride_vnh, slot, cos, sin, k_norm_ptr, eps,
-            k_cache_ptr.dtype.element_ty, v_cache_ptr.dtype.element_ty, HEAD_DIM, QK_NORM,
-            MUL_RN)
+        k_heads, k_new1, k_new2, v_new = new_kv(
+            k_ptr + token * stride_kt, v_ptr + token * stride_vt + kv_head * stride_vnh,
+            kv_head, num_kv_heads, stride_knh, slot, cos, sin, k_norm_ptr, eps,
+            k_cache_ptr.dtype.element_ty, v_cache_ptr.dtype.element_ty, HEAD_DIM, K_HEADS_P,
+            QK_NORM, MUL_RN)
     else:
         q = tl.load(q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
     if q_end == q_start:  # a row of no sequence
@@ -177,8 +178,8 @@ def decode_attention_kernel(
     mid = tl.maximum(tl.minimum(hi, seq_len // TILE_N), lo)  # tiles before the last partial
     if ROPE:
         if (num_tiles - 1) // tiles_per_split == split:  # the new token's tile is this split's
-            store_new_kv(k_cache_ptr, v_cache_ptr, slot, kv_head, k_new1, k_new2, v_new,
-                         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            store_new_kv(k_cache_ptr, v_cache_ptr, slot, kv_head, k_heads, k_new1, k_new2,
+                         v_new, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                          BLOCK_SIZE, HEAD_DIM)
             tl.debug_barrier()  # the slot's stores before this program's loads of its tile
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + (seq_len - 1)
