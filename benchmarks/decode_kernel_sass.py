@@ -94,7 +94,8 @@ def main() -> None:
         usage = dict(re.findall(r"(REG|STACK|LOCAL|SHARED):(\d+)",
                                 cuobjdump(cubin, "--dump-resource-usage")))
         sass = [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip()
-                for line in cuobjdump(cubin, "-sass").splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+                for line in cuobjdump(cubin, "-sass").splitlines()
+                if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
         counts = {}
         for op in FP_OPS.findall("\n".join(sass)):
             counts[op] = counts.get(op, 0) + 1

@@ -122,9 +122,9 @@ def decode_attention_kernel(
     back with its tile behind a barrier; no other program reads that slot.
     PREFETCH_TILES (with ROPE): before the PDL wait, each program pulls its split's first
     PREFETCH_TILES tiles (the older context: no kernel of the step writes them; ROW_LINES
-    cache lines of LINE_ELEMS elements a row) into L2 and their block table entries into
-    registers' caches, so its tile loads, which wait on the rotation, the slot's stores and
-    the barrier, find them there."""
+    cache lines of LINE_ELEMS elements a row) into L2, loading their block table entries on
+    the way (L1), so its tile loads, which wait on the rotation, the slot's stores and the
+    barrier, find them there."""
     # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
     i = tl.program_id(1 if HEADS_FIRST else 0)
     kv_head = tl.program_id(0 if HEADS_FIRST else 1)
