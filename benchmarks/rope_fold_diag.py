@@ -75,6 +75,7 @@ def out_where(a: torch.Tensor, b: torch.Tensor, seq_lens: list[int]) -> dict:
     rows = differ.any(2).any(1).nonzero().flatten().tolist()
     return {"equal": False, "elements": int(differ.sum()),
             "max_abs": float((a.float() - b.float()).abs().nan_to_num(float("inf"))[differ].max()),
+            "max_ulps": max_ulps(a, b, differ),
             "nan_in": [name for name, t in (("first", a), ("second", b)) if t.isnan().any()],
             "rows": [{"row": r, "context": seq_lens[r] if r < len(seq_lens) else None,
                       "tiles": -(-seq_lens[r] // TILE_N) if r < len(seq_lens) else None,
@@ -82,6 +83,16 @@ def out_where(a: torch.Tensor, b: torch.Tensor, seq_lens: list[int]) -> dict:
                       "heads": differ[r].any(1).nonzero().flatten().tolist(),
                       "elements": int(differ[r].sum())} for r in rows[:16]],
             "rows_differing": len(rows)}
+
+
+def max_ulps(a: torch.Tensor, b: torch.Tensor, differ: torch.Tensor) -> int | None:
+    """The largest distance, in units of the last place, between differing 16-bit elements of
+    the same sign (None for other dtypes)."""
+    if a.element_size() != 2:
+        return None
+    bits_a, bits_b = (t.contiguous().view(torch.int16).int() for t in (a, b))
+    same_sign = differ & ((bits_a < 0) == (bits_b < 0))
+    return int((bits_a - bits_b).abs()[same_sign].max()) if same_sign.any() else None
 
 
 def pool_where(a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor) -> dict:
@@ -95,6 +106,7 @@ def pool_where(a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor) -> dict:
     new = set(slots[slots >= 0].tolist())
     return {"equal": False, "elements": int(differ.sum()),
             "max_abs": float((flat_a - flat_b).abs().nan_to_num(float("inf"))[differ].max()),
+            "max_ulps": max_ulps(a.flatten(0, 1), b.flatten(0, 1), differ),
             "slots_differing": len(at), "all_in_new_slots": all(s in new for s in at.tolist()),
             "nan_in": [name for name, t in (("first", a), ("second", b)) if t.isnan().any()],
             "kv_heads": differ.any(2).any(0).nonzero().flatten().tolist()}
