@@ -2,7 +2,7 @@
 # Issues 60/61 (session 49, helper rope64b): why the one-launch decode kernel's RoPE fold
 # (PARASHIFT_ATTN_ROPE_ONE_LAUNCH=1, default 0) gave other bits than the rotary kernel then the
 # one-launch kernel on an H200, and its cost, on ONE H200, in priority order (BUDGET_S, 120 by
-# default on a warm machine: ~120 s; the last step is skipped first, BUDGET_S=170 runs it):
+# default on a warm machine: ~120 s; the last step is skipped first, BUDGET_S=180 runs it):
 # 1. diag (~35 s, compiles included): benchmarks/rope_fold_diag.py at 8B heads (bf16, 64 rows
 #    unsplit, 8 rows at 4 splits, with and without q/k norms): which of out / K pool / V pool
 #    differ, where (rows, heads, slots), and whether they still do when each path runs twice,
@@ -15,7 +15,9 @@
 # 3. engine_fp8 (~65 s): decode_throughput 8B FP8 b64 (context 1024, CUDA graphs): default
 #    against PARASHIFT_ATTN_ROPE_ONE_LAUNCH=1 and against it with PARASHIFT_ATTN_ROPE_PREFETCH=1,
 #    graph variants in one engine, 3 rounds in turn;
-# 4. engine_bf16 (~40 s): the same in bf16 (session 49's run: 0.991x, each round slower).
+# 4. engine_bf16 (~50 s): the same in bf16 (session 49's run: 0.991x, each round slower),
+#    with a GPU kernel breakdown of the default's and the fold's first round (is it the
+#    attention kernel that got slower, or the gaps around it?).
 # Usage (repository root): OUT=dir [BUDGET_S=120] bash scripts/gpu_rope64b.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
@@ -30,8 +32,8 @@ budget_step gpu_tests 20 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p 
   tests/attention/test_rotate_attend.py -k "8b_heads or (test_cuda and bfloat16)"
 budget_step engine_fp8 65 python3 benchmarks/decode_throughput.py $ENGINE --quantization fp8 \
   --no-dot-configs --output "$OUT/engine_fp8.json"
-budget_step engine_bf16 40 python3 benchmarks/decode_throughput.py $ENGINE \
-  --output "$OUT/engine_bf16.json"
+budget_step engine_bf16 50 python3 benchmarks/decode_throughput.py $ENGINE --profile \
+  --profile-variants default PARASHIFT_ATTN_ROPE_ONE_LAUNCH=1 --output "$OUT/engine_bf16.json"
 cat "$OUT/steps"
 grep -E "^rows " "$OUT/diag.log" 2>/dev/null
 for f in "$OUT"/engine_*.json; do
