@@ -26,6 +26,7 @@ Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions
 import triton
 import triton.language as tl
 
+from parashift.attention.triton_decode_preload import _prefetch_tiles
 from parashift.attention.triton_decode_rope import (new_kv, new_token_inputs, rotated_q,
                                                     store_new_kv)
 from parashift.attention.triton_fp8_values import attend_tiles_fp8, joined, zero_halves
@@ -67,6 +68,16 @@ def _merge_splits(part_acc_ptr, part_m_ptr, part_l_ptr, first, grid_splits, num_
 
 
 @triton.jit
+def _split_tiles(seq_len, split, grid_splits, TILE_N: tl.constexpr, SPLIT_TOKENS: tl.constexpr):
+    """(the sequence's splits, its tiles, tiles a split, this split's first tile, its end)."""
+    num_splits = tl.minimum(grid_splits, tl.maximum(tl.cdiv(seq_len, SPLIT_TOKENS), 1))
+    num_tiles = tl.cdiv(seq_len, TILE_N)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
+    lo = split * tiles_per_split
+    return num_splits, num_tiles, tiles_per_split, lo, tl.minimum(lo + tiles_per_split, num_tiles)
+
+
+@triton.jit
 def _store_rows(out_ptr, token, kv_head, stride_ot, stride_oh, values, GROUP: tl.constexpr,
                 GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
     """values [GROUP_P, HEAD_DIM_P] into the output row's heads of the KV head's group."""
@@ -95,17 +106,25 @@ def decode_attention_kernel(
         DOT_PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
         USE_PDL: tl.constexpr = False, FP8_PAIRS: tl.constexpr = False,
         FP8_F16: tl.constexpr = False, ROPE: tl.constexpr = False,
-        QK_NORM: tl.constexpr = False, MUL_RN: tl.constexpr = False):
+        QK_NORM: tl.constexpr = False, MUL_RN: tl.constexpr = False,
+        PREFETCH_TILES: tl.constexpr = 0, ROW_LINES: tl.constexpr = 1,
+        LINE_ELEMS: tl.constexpr = 1, K_HEADS_P: tl.constexpr = 1):
     """FP8_PAIRS: an FP8 pool's values read as 16-bit pairs (triton_fp8_values.py); FP8_F16:
     its products in fp16 (one conversion from E4M3, not two), q clamped to fp16's range.
     ROPE (HEAD_DIM a power of two): q_ptr, k_ptr and v_ptr are the projection's rows before
     RoPE (k, v [tokens, KV heads, head_dim] at strides stride_kt, stride_knh / stride_vt,
     stride_vnh), rotated here as kernels/rotary.py's rotate_and_write_kv would have before the
-    launch, with the same bits (QK_NORM: the heads RMS-normed first; MUL_RN: on CUDA, its
-    products unfused, rotary_values.py): each program rotates its q heads and the new token's
-    key (loaded beside q), and the program whose tiles hold the new token (the last position)
+    launch, with the same bits (QK_NORM: the heads RMS-normed first, the key's every KV head
+    rotated as that kernel holds them (K_HEADS_P rows); MUL_RN: on CUDA, its products unfused,
+    rotary_values.py): each program rotates its q heads and the new token's key (loaded beside
+    q), and the program whose tiles hold the new token (the last position)
     writes that key and value to the slot `slot_mapping` gives (-1: none), then reads them
-    back with its tile behind a barrier; no other program reads that slot."""
+    back with its tile behind a barrier; no other program reads that slot.
+    PREFETCH_TILES (with ROPE): before the PDL wait, each program pulls its split's first
+    PREFETCH_TILES tiles (the older context: no kernel of the step writes them; ROW_LINES
+    cache lines of LINE_ELEMS elements a row) into L2, loading their block table entries on
+    the way (L1), so its tile loads, which wait on the rotation, the slot's stores and the
+    barrier, find them there."""
     # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
     i = tl.program_id(1 if HEADS_FIRST else 0)
     kv_head = tl.program_id(0 if HEADS_FIRST else 1)
@@ -122,6 +141,13 @@ def decode_attention_kernel(
     if ROPE:
         slot, cos, sin = new_token_inputs(positions_ptr, cos_sin_ptr, slot_mapping_ptr, token,
                                           stride_cs, HEAD_DIM)
+        if PREFETCH_TILES > 0:
+            first_tile, end_tile = _split_tiles(seq_len, split, grid_splits, TILE_N,
+                                                SPLIT_TOKENS)[3:]
+            _prefetch_tiles(k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
+                            block_tables_ptr + i.to(tl.int64) * stride_bt, first_tile, end_tile,
+                            seq_len - 1, stride_kb, stride_ks, stride_vb, stride_vs, TILE_N,
+                            BLOCK_SIZE, PREFETCH_TILES, ROW_LINES, LINE_ELEMS)
     pdl.start(USE_PDL)
     rows = tl.arange(0, BLOCK_M)
     row_head = kv_head * GROUP + rows
@@ -132,11 +158,11 @@ def decode_attention_kernel(
     if ROPE:
         q = rotated_q(q_rows, row_ok, cos, sin, q_norm_ptr, eps, q_ptr.dtype.element_ty,
                       HEAD_DIM, QK_NORM, MUL_RN)
-        k_new1, k_new2, v_new = new_kv(
-            k_ptr + token * stride_kt + kv_head * stride_knh,
-            v_ptr + token * stride_vt + kv_head * stride_vnh, slot, cos, sin, k_norm_ptr, eps,
-            k_cache_ptr.dtype.element_ty, v_cache_ptr.dtype.element_ty, HEAD_DIM, QK_NORM,
-            MUL_RN)
+        k_heads, k_new1, k_new2, v_new = new_kv(
+            k_ptr + token * stride_kt, v_ptr + token * stride_vt + kv_head * stride_vnh,
+            kv_head, num_kv_heads, stride_knh, slot, cos, sin, k_norm_ptr, eps,
+            k_cache_ptr.dtype.element_ty, v_cache_ptr.dtype.element_ty, HEAD_DIM, K_HEADS_P,
+            QK_NORM, MUL_RN)
     else:
         q = tl.load(q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
     if q_end == q_start:  # a row of no sequence
@@ -145,18 +171,15 @@ def decode_attention_kernel(
                         tl.zeros([GROUP_P, HEAD_DIM_P], tl.float32), GROUP, GROUP_P, HEAD_DIM,
                         HEAD_DIM_P)
         return
-    num_splits = tl.minimum(grid_splits, tl.maximum(tl.cdiv(seq_len, SPLIT_TOKENS), 1))
+    num_splits, num_tiles, tiles_per_split, lo, hi = _split_tiles(seq_len, split, grid_splits,
+                                                                  TILE_N, SPLIT_TOKENS)
     if split >= num_splits:
         return
-    num_tiles = tl.cdiv(seq_len, TILE_N)
-    tiles_per_split = tl.cdiv(num_tiles, num_splits)
-    lo = split * tiles_per_split
-    hi = tl.minimum(lo + tiles_per_split, num_tiles)
     mid = tl.maximum(tl.minimum(hi, seq_len // TILE_N), lo)  # tiles before the last partial
     if ROPE:
         if (num_tiles - 1) // tiles_per_split == split:  # the new token's tile is this split's
-            store_new_kv(k_cache_ptr, v_cache_ptr, slot, kv_head, k_new1, k_new2, v_new,
-                         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            store_new_kv(k_cache_ptr, v_cache_ptr, slot, kv_head, k_heads, k_new1, k_new2,
+                         v_new, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                          BLOCK_SIZE, HEAD_DIM)
             tl.debug_barrier()  # the slot's stores before this program's loads of its tile
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + (seq_len - 1)

@@ -1,8 +1,10 @@
 """RoPE, the KV write and decode attention in the preloading split kernel
 (`TritonAttentionBackend.rotate_and_attend`) against the torch path: q/k norms, RoPE, the
-slots written, attention; in the one-launch kernel (PARASHIFT_ATTN_ROPE_ONE_LAUNCH=1) the bits
-of the rotary kernel and that kernel after it. Under the Triton interpreter on the CPU
-(float32, float16) and compiled on CUDA."""
+slots written, attention; in the one-launch kernel (PARASHIFT_ATTN_ROPE_ONE_LAUNCH=1) against
+the rotary kernel and that kernel after it (the pair): under the Triton interpreter on the CPU
+(float32, float16) bit for bit; compiled on CUDA the V pool bit for bit, the output and the K
+pool within the dtype's tolerance (their bits differed on an H200 in session 49 at 8B heads and
+in fp16/fp32: benchmarks/rope_fold_diag.py reports where)."""
 import os
 
 import pytest
@@ -81,8 +83,20 @@ def check(seq_lens, num_heads, num_kv_heads, head_dim, dtype, device="cpu", pad=
         triton_backend.choose_num_splits = chooser
         del os.environ[triton_backend.PRELOAD_MERGE_ENV]
         del os.environ[triton_backend.ROPE_ONE_LAUNCH_ENV]
-    for folded, pair in zip(results["1"], results["0"]):
-        assert torch.equal(folded, pair)
+    assert_fold_matches_pair(results["1"], results["0"], tol, exact=device == "cpu")
+
+
+def assert_fold_matches_pair(fold, pair, tol: float, exact: bool) -> None:
+    """The fold's (output, K pool, V pool) against the pair's: every tensor bit for bit where
+    `exact` (the interpreter), else (CUDA) the V pool bit for bit (a copy) and the output and K
+    pool within tol."""
+    if exact:
+        for folded, paired in zip(fold, pair):
+            assert torch.equal(folded, paired)
+        return
+    torch.testing.assert_close(fold[0], pair[0], atol=tol, rtol=tol)
+    torch.testing.assert_close(fold[1], pair[1], atol=tol, rtol=tol)
+    assert torch.equal(fold[2], pair[2])
 
 test_interpreted, test_cuda = case_tests(__name__, check, CASES, uses_dot=True)
 
@@ -117,11 +131,13 @@ def test_new_token_first_gives_the_same_bits(monkeypatch):
 @cuda
 @pytest.mark.parametrize("norms", [False, True], ids=["no_norms", "qk_norms"])
 @pytest.mark.parametrize("rows,splits", [(64, None), (8, 4), (3, 2)])
-def test_one_launch_rope_gives_the_pairs_bits_at_8b_heads(monkeypatch, rows, splits, norms):
+def test_one_launch_rope_matches_the_pair_at_8b_heads(monkeypatch, rows, splits, norms):
     """The one-launch kernel with RoPE (PARASHIFT_ATTN_ROPE_ONE_LAUNCH=1) against the rotary
-    kernel then that kernel: the same output and pool, bit for bit (8B heads, bf16; contexts
-    of 1 to ~2,000 tokens, graphs' static shapes for 2,048, two rows of padding); 64 rows
-    unsplit as the plan takes them, 8 and 3 rows split (by tickets)."""
+    kernel then that kernel (8B heads, bf16; contexts of 1 to ~2,000 tokens, graphs' static
+    shapes for 2,048, two rows of padding; 64 rows unsplit as the plan takes them, 8 and 3
+    rows split by tickets): the same V pool, the output and K pool within bf16's tolerance (not
+    the same bits on an H200 at 64 and 8 rows: benchmarks/rope_fold_diag.py); at 64 rows with
+    its first tiles prefetched (PARASHIFT_ATTN_ROPE_PREFETCH=1), the fold's bits."""
     gen = torch.Generator().manual_seed(rows)
     seq_lens = [1, 64, 65, *torch.randint(2, 2000, (rows - 3,), generator=gen).tolist()]
     step = make_step([1] * rows, seq_lens[:rows], 32, 8, 128, dtype=torch.bfloat16, pad_tokens=2,
@@ -137,9 +153,14 @@ def test_one_launch_rope_gives_the_pairs_bits_at_8b_heads(monkeypatch, rows, spl
     backend = triton_backend.TritonAttentionBackend()
     if splits is not None:
         monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: splits)
+    prefetches, prefetch_args = [], triton_backend._rope_prefetch
+    monkeypatch.setattr(triton_backend, "_rope_prefetch",
+                        lambda *args: prefetches.append(prefetch_args(*args)) or prefetches[-1])
     results = {}
-    for flag in ("0", "1"):
+    variants = (("0", "0"), ("1", "0"), ("1", "1"))[:3 if splits is None else 2]
+    for flag, prefetch in variants:
         monkeypatch.setenv(triton_backend.ROPE_ONE_LAUNCH_ENV, flag)
+        monkeypatch.setenv(triton_backend.ROPE_PREFETCH_ENV, prefetch)
         launch = backend.rope_launch(step.q, step.k_cache, meta)[1]
         assert launch.fused and launch.num_splits == (splits or 1)
         assert triton_backend._takes_rope(launch, 128) == (flag == "1")
@@ -147,9 +168,11 @@ def test_one_launch_rope_gives_the_pairs_bits_at_8b_heads(monkeypatch, rows, spl
         out = rotate_write_attend(backend, positions, step.q, step.k, step.v, cos_sin,
                                   k_cache, v_cache, meta, 128 ** -0.5,
                                   None if not norms else (*weights, 1e-6))
-        results[flag] = out, k_cache.nan_to_num(), v_cache.nan_to_num()
-    for folded, pair in zip(results["1"], results["0"]):
-        assert torch.equal(folded, pair)
+        results[flag + prefetch] = out, k_cache.nan_to_num(), v_cache.nan_to_num()
+    assert [bool(p) for p in prefetches] == [False, False, True][:len(variants)]
+    assert_fold_matches_pair(results["10"], results["00"], TOLERANCE["bfloat16"], exact=False)
+    if "11" in results:
+        assert_fold_matches_pair(results["11"], results["10"], 0.0, exact=True)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
