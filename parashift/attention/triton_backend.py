@@ -66,13 +66,15 @@ PRELOAD_ENV = "PARASHIFT_ATTN_PRELOAD"
 # one row (context 1,024, graphs for 2,048, PDL on; benchmarks/fp8_chain_variants.py, session
 # 45): 76.7 µs a layer against 78.6 with the rotary kernel, 79.4 without preloading
 ROPE_ENV = "PARASHIFT_ATTN_ROPE"
-# ... and PARASHIFT_ATTN_ROPE_ONE_LAUNCH=1 (off until measured) takes them into the one-launch
-# kernel too, where such a step runs it (batches of 64 on the 8B shape; triton_decode_rope.py;
-# read at each such step's plan: a graph keeps its capture's)
+# ... and PARASHIFT_ATTN_ROPE_ONE_LAUNCH=1 (off: 8B b64 FP8 1.009x, bf16 0.991-0.995x on an
+# H200, the output's last bits differ: docs/benchmark_log.md, session 49) takes them into the
+# one-launch kernel too, where such a step runs it (batches of 64 on the 8B shape;
+# triton_decode_rope.py; read at each such step's plan: a graph keeps its capture's)
 ROPE_ONE_LAUNCH_ENV = "PARASHIFT_ATTN_ROPE_ONE_LAUNCH"
-# ... and PARASHIFT_ATTN_ROPE_PREFETCH=1 (off until measured) has each of its programs pull its
-# first KV tiles into L2 before the PDL wait: its tile loads wait on the rotation, the slot's
-# stores and a barrier, which the unfused kernel's do not (read at each such launch)
+# ... and PARASHIFT_ATTN_ROPE_PREFETCH=1 (off: 0.95x on an H200, session 49) has each of its
+# programs pull its first KV tiles into L2 before the PDL wait: its tile loads wait on the
+# rotation, the slot's stores and a barrier, which the unfused kernel's do not (read at each
+# such launch)
 ROPE_PREFETCH_ENV = "PARASHIFT_ATTN_ROPE_PREFETCH"
 # ... and PARASHIFT_ATTN_PRELOAD_MERGE=1 merges a row's splits in that kernel (the last split
 # by ticket) instead of a reduction launch (read at each such launch's plan; off: in the same
