@@ -4,10 +4,6 @@ torch, so the planner imports it without a GPU stack."""
 import os
 
 
-def _on(name: str) -> bool:
-    return os.environ.get(name, "1") != "0"
-
-
 def switch(name: str, default: str) -> bool:
     """A 0/1 switch read now (callers read theirs at build, capture or each call): 1 on, 0
     off, anything else an error naming it."""
@@ -18,9 +14,9 @@ def switch(name: str, default: str) -> bool:
 
 
 # a model's q/k norms (Qwen3) inside the RoPE + KV-write kernel (layers/attention.py)
-FUSED_QK_NORM = _on("PARASHIFT_FUSED_QK_NORM")
+FUSED_QK_NORM = switch("PARASHIFT_FUSED_QK_NORM", "1")
 # a MoE router of one row in one launch: gate GEMV, softmax, top-k (kernels/moe_router.py)
-FUSED_ROUTER = _on("PARASHIFT_FUSED_ROUTER")
+FUSED_ROUTER = switch("PARASHIFT_FUSED_ROUTER", "1")
 # the most sequences a mixed CUDA graph holds, and the wide buckets' (0: none;
 # worker/cuda_graphs.py)
 MIXED_GRAPH_SEQS = int(os.environ.get("PARASHIFT_MIXED_GRAPH_SEQS", "64"))

@@ -1,5 +1,10 @@
 """Every 0/1 environment switch reads through `engine_switches.switch`: 1 on, 0 off, anything
 else a ValueError naming the variable and the value."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -23,6 +28,7 @@ READERS = [
     (moe_prefill.ENV, moe_prefill.enabled),
     (moe_decode.ENV, moe_decode.enabled),
 ]
+ROOT = Path(__file__).resolve().parents[1]
 ON_NEEDS_MORE = [(cudnn_prefill.DIRECT_ENV, lambda: cudnn_prefill._direct(torch.device("cpu")))]
 
 
@@ -49,3 +55,22 @@ def test_the_reader_takes_the_default_where_unset(monkeypatch):
     assert engine_switches.switch("PARASHIFT_TEST_SWITCH", "0") is False
     with pytest.raises(ValueError, match="PARASHIFT_TEST_SWITCH='on'"):
         engine_switches.switch("PARASHIFT_TEST_SWITCH", "on")
+
+
+# switches read once, when their module is imported: a bad value fails the import
+AT_IMPORT = [("PARASHIFT_FUSED_QK_NORM", "parashift.engine_switches"),
+             ("PARASHIFT_FUSED_ROUTER", "parashift.engine_switches"),
+             ("PARASHIFT_SKINNY_GEMM", "parashift.kernels.skinny_gemm"),
+             ("PARASHIFT_SKINNY_GEMV", "parashift.kernels.skinny_gemm")]
+
+
+@pytest.mark.parametrize("name,module", AT_IMPORT, ids=[name for name, _ in AT_IMPORT])
+def test_a_bad_value_of_a_switch_read_at_import_fails_the_import(name, module):
+    env = {**os.environ, name: "yes", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", f"import {module}"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert f"{name}='yes': expected 0 or 1" in run.stderr
+    env[name] = "0"
+    assert subprocess.run([sys.executable, "-c", f"import {module}"], env=env, cwd=ROOT,
+                          timeout=120).returncode == 0

@@ -8,7 +8,6 @@ it measured faster than cuBLAS on the device (`linear`). Beside its tl.dot confi
 configs (kernels/fp8_gemv.py's kernel with a scale of ones) are measured too."""
 import functools
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
@@ -17,13 +16,14 @@ import triton
 import triton.language as tl
 import triton.testing
 
+from parashift.engine_switches import switch
 from parashift.kernels import fp8_gemv, gemm_timing, pdl
 
 logger = logging.getLogger(__name__)
 
 MAX_ROWS = 4
 # PARASHIFT_SKINNY_GEMM=0 keeps every shape on cuBLAS (for before/after measurements).
-ENABLED = os.environ.get("PARASHIFT_SKINNY_GEMM", "1") != "0"
+ENABLED = switch("PARASHIFT_SKINNY_GEMM", "1")
 # Triton must beat cuBLAS by this factor to be chosen: timings of a few µs are noisy.
 MARGIN = 0.97
 
@@ -62,7 +62,7 @@ GEMV_CONFIGS = (GemvConfig(2, 1024, 4), GemvConfig(4, 1024, 4), GemvConfig(2, 20
                 GemvConfig(8, 1024, 4, ahead=True), GemvConfig(4, 1024, 4, 2, ahead=True),
                 GemvConfig(4, 1024, 4, 2, tickets=True), GemvConfig(8, 1024, 4, 2, tickets=True))
 # PARASHIFT_SKINNY_GEMV=0 measures the tl.dot configs only (for before/after measurements)
-MEASURED = CONFIGS + (GEMV_CONFIGS if os.environ.get("PARASHIFT_SKINNY_GEMV", "1") != "0" else ())
+MEASURED = CONFIGS + (GEMV_CONFIGS if switch("PARASHIFT_SKINNY_GEMV", "1") else ())
 
 
 @triton.jit
