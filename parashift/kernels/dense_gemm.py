@@ -64,6 +64,12 @@ def _key(rows: int, weight: torch.Tensor, dtype: torch.dtype, device: torch.devi
     return (row_bucket(rows), tuple(weight.shape), weight.stride(0), dtype, device, has_bias)
 
 
+def measured_choice(rows: int, weight: torch.Tensor, dtype: torch.dtype,
+                    device: torch.device, has_bias: bool) -> Config | None:
+    """`linear`'s choice for this shape where measured (None: cuBLAS or not measured)."""
+    return _choices.get(_key(rows, weight, dtype, device, has_bias))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear, or the TMA kernel for the shapes and row buckets where it measured faster
     (gemm_timing.chosen_once: during a CUDA graph capture an unmeasured shape takes cuBLAS)."""

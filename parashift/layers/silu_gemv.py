@@ -62,9 +62,19 @@ class GateUpHook:
         self._single_block = lambda: layer.output_split()[0] == 1 and len(
             layer._active_parts()) == 1  # methods: no submodule
 
+    @classmethod
+    def like(cls, hook: "GateUpHook", layer: LinearBase) -> "GateUpHook":
+        """A hook of this class for the layer `hook` serves, handing to its twin."""
+        return cls(hook._twin, layer)
+
+    def serves(self, x: torch.Tensor) -> bool:
+        """Whether a fused kernel may compute the layer's output for x: rows of a GPU
+        tensor, the layer's output one [gate | up] block of one weight part."""
+        return x.dim() == 2 and use_triton(x) and self._single_block()
+
     def config(self, x: torch.Tensor, part: WeightPart):
         """The fused GEMV's config for x on this weight where chosen, else None."""
-        if x.dim() != 2 or not use_triton(x) or not self._single_block():
+        if not self.serves(x):
             return None
         from parashift.kernels import gated_gemv
         return gated_gemv.choice("gate_up", x, part.weight, part.scale, part.bias)

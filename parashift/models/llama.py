@@ -6,6 +6,7 @@ from torch import nn
 from parashift.layers.activation import SiluAndMul
 from parashift.layers.attention import Attention
 from parashift.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from parashift.layers.dense_gated_silu import fuse_silu_into_dense_gate_up
 from parashift.layers.fp8_gated_silu import fuse_silu_into_fp8_gate_up
 from parashift.layers.fp8_input import hand_over_fp8_inputs
 from parashift.layers.l2_prefetch import NO_PREFETCHES, attach_l2_prefetch
@@ -174,6 +175,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         hand_over_fp8_inputs(self)
         fuse_silu_into_gemv(self)
+        fuse_silu_into_dense_gate_up(self)
         fuse_silu_into_fp8_gate_up(self)
         fuse_norm_into_gemv(self)
         attach_l2_prefetch(self)
