@@ -13,15 +13,13 @@ of the pair and of every fused tiling (down's rows quantized by `fp8_gemm.quanti
 from the tiles' largest magnitudes, "by parts"), --rounds times; µs a call (median, and the rounds'
 spread), whether each tiling gives the pair's bits (`fp8_gated_choice.candidates`: the same
 K step as the dispatch's config, one part of K), and what `steady_choice` takes among those."""
-import argparse
 import json
-import pathlib
-import statistics
 
 import torch
 
 from benchmarks.fp8_gemm_sweep import PROJECTIONS
-from parashift.kernels import fp8_gated_choice, fp8_gemm, gemm_timing
+from benchmarks import fused_rounds
+from parashift.kernels import fp8_gated_choice, fp8_gemm
 
 
 def measure(rows: int, rounds: int) -> dict:
@@ -36,39 +34,16 @@ def measure(rows: int, rounds: int) -> dict:
     max_block_m = getattr(dispatch, "max_block_m", 0)
     tilings = [fp8_gated_choice.Tiling(*t, max_block_m=max_block_m, by_parts=by_parts)
                for by_parts in (False, True) for t in fp8_gated_choice.TILINGS]
-    samples: dict = {}
-    for _ in range(rounds):
-        with gemm_timing.timing_launches():
-            timings = fp8_gated_choice.timings_ms(x, x_fp8, weight, scale, tilings)
-        for key, ms in timings.items():
-            samples.setdefault(key, []).append(ms)
-    medians = {key: statistics.median(ms) for key, ms in samples.items()}
-    kept = gemm_timing.Timings({key: medians[key] for key in [None, *same_bits]
-                                if key in medians})
-    chosen = gemm_timing.steady_choice(kept, fp8_gated_choice.MARGIN)
-    result = dict(rows=rows, dispatch=fp8_gemm.chosen()[-1]["kernel"],
-                  pair_us=round(1e3 * medians[None], 2),
-                  tilings=[dict(tiling=fp8_gated_choice.label(t), same_bits=t in same_bits,
-                                us=round(1e3 * medians[t], 2),
-                                spread=round(gemm_timing.relative_spread(samples[t]), 4),
-                                of_pair=round(medians[t] / medians[None], 4))
-                           for t in tilings if t in medians],
-                  chosen=fp8_gated_choice.label(chosen))
+    result = dict(rows=rows, dispatch=fp8_gemm.chosen()[-1]["kernel"], **fused_rounds.fused_rounds(
+        lambda: fp8_gated_choice.timings_ms(x, x_fp8, weight, scale, tilings), tilings,
+        same_bits, rounds, fp8_gated_choice.MARGIN, fp8_gated_choice.label))
     print(json.dumps(result), flush=True)
     return result
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--output", default=None)
-    args = p.parse_args()
     fp8_gemm.CONFIGS = ()  # never chosen above 4 rows since the TMA kernel
-    results = [measure(rows, args.rounds) for rows in args.rows]  # each printed as measured
-    if args.output:
-        pathlib.Path(args.output).write_text(json.dumps(
-            dict(device=torch.cuda.get_device_name(), results=results), indent=1))
+    fused_rounds.main(measure, [16, 32, 64])
 
 
 if __name__ == "__main__":

@@ -12,17 +12,14 @@ from typing import Callable
 import torch
 
 from parashift.kernels import dense_gated_tma, dense_gemm, dense_gemm_tma, gemm_timing, silu_mul
+from parashift.kernels.gated_tma import GatedTiling
 
 MIN_ROWS, MAX_ROWS = dense_gemm.MIN_ROWS, dense_gemm.MAX_ROWS
 MARGIN = dense_gemm.MARGIN  # the fusion must beat the pair by this factor to be chosen
 
 
 @dataclass(frozen=True)
-class Tiling:
-    block_n: int  # gate rows a program (and as many up rows)
-    block_k: int
-    num_warps: int
-    num_stages: int
+class Tiling(GatedTiling):
     block_m: int = 64  # tokens a program: the dispatch's config's
 
 

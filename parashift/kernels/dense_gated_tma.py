@@ -14,6 +14,7 @@ import triton.language as tl
 
 from parashift.kernels import pdl
 from parashift.kernels.fp8_gemm_tma import MAX_BLOCK_K, _weight_descriptor, fits
+from parashift.kernels.gated_tma import gate_and_up
 from parashift.kernels.silu_values import silu_mul_values
 
 
@@ -29,12 +30,8 @@ def _dense_gated_kernel(x_desc, w_desc, y_ptr, M, HALF, K, stride_ym, BLOCK_M: t
     pdl.start(USE_PDL)
     offs_m = first_m + tl.arange(0, BLOCK_M)
     offs_n = first_n + tl.arange(0, BLOCK_N)
-    gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for step in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=NUM_STAGES):
-        x = tl.trans(x_desc.load([first_m, step * BLOCK_K]))
-        gate = tl.dot(w_desc.load([first_n, step * BLOCK_K]), x, gate)
-        up = tl.dot(w_desc.load([HALF + first_n, step * BLOCK_K]), x, up)
+    gate, up = gate_and_up(x_desc, w_desc, first_m, first_n, HALF, K, BLOCK_M, BLOCK_N,
+                           BLOCK_K, NUM_STAGES)
     out_ty = y_ptr.dtype.element_ty
     product = silu_mul_values(tl.trans(gate).to(out_ty), tl.trans(up).to(out_ty), LIBDEVICE)
     pdl.inputs_read(USE_PDL)

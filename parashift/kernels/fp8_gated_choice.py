@@ -14,17 +14,14 @@ import torch
 
 from parashift.kernels import fp8_gated_tma, fp8_gemm, fp8_gemm_tma, fp8_gemv, gemm_timing, \
     silu_mul, skinny_gemm
+from parashift.kernels.gated_tma import GatedTiling
 
 MIN_ROWS, MAX_ROWS = fp8_gemv.MAX_ROWS + 1, fp8_gemm.MAX_ROWS
 MARGIN = skinny_gemm.MARGIN  # the fusion must beat the pair by this factor to be chosen
 
 
 @dataclass(frozen=True)
-class Tiling:
-    block_n: int  # gate rows a program (and as many up rows)
-    block_k: int
-    num_warps: int
-    num_stages: int
+class Tiling(GatedTiling):
     max_block_m: int = 0  # the dispatch's config's (fp8_gemm.Config.max_block_m)
     # down's E4M3 rows by fp8_gated_tma.quantize_by_parts from the tiles' largest magnitudes
     # (else fp8_gemm.quantize_rows, a program a row finding the largest itself)

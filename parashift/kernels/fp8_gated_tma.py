@@ -19,6 +19,7 @@ import triton.language as tl
 
 from parashift.kernels import fp8_gemm_tma, pdl
 from parashift.kernels.fp8_gemm import FP8, FP8_MAX, row_scale, to_fp8
+from parashift.kernels.gated_tma import gate_and_up
 from parashift.kernels.silu_values import silu_mul_values
 
 QUANT_BLOCK, QUANT_WARPS = 2048, 4  # quantize_by_parts: columns a program (16 a thread)
@@ -47,12 +48,8 @@ def _gated_tma_kernel(x_desc, xs_ptr, w_desc, w_ptr, stride_wn, s_ptr, y_ptr, ma
     x_scale = tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)
     gate_scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
     up_scale = tl.load(s_ptr + HALF + offs_n, mask=n_ok, other=0.0)
-    gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for step in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=NUM_STAGES):
-        x = tl.trans(x_desc.load([first_m, step * BLOCK_K]))
-        gate = tl.dot(w_desc.load([first_n, step * BLOCK_K]), x, gate)
-        up = tl.dot(w_desc.load([HALF + first_n, step * BLOCK_K]), x, up)
+    gate, up = gate_and_up(x_desc, w_desc, first_m, first_n, HALF, K, BLOCK_M, BLOCK_N,
+                           BLOCK_K, NUM_STAGES)
     out_ty = y_ptr.dtype.element_ty
     gate = _scaled(tl.trans(gate), gate_scale, x_scale).to(out_ty)
     up = _scaled(tl.trans(up), up_scale, x_scale).to(out_ty)

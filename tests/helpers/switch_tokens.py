@@ -8,6 +8,19 @@ from tests.deterministic.test_batch_invariance import GREEDY, requests
 from tests.engine.conftest import tiny_llm
 
 
+def engine_tokens(model_dir, device: str, env: str, value: str, prompts: list,
+                  **llm_args) -> list:
+    """The greedy tokens of a bf16 engine (FP8 weights where llm_args' quantization asks)
+    for `prompts` with env=value."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(env, value)
+        llm = tiny_llm(model_dir, device=device, dtype="bfloat16", **llm_args)
+        try:
+            return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+        finally:
+            llm.llm_engine.shutdown()
+
+
 def switch_tokens(model_dir, device: str, env: str) -> Callable[[str | None, str], list]:
     """tokens(quantization, value): the engine's greedy tokens for 8 prompts with env=value,
     bf16 weights (quantization None) or FP8."""
@@ -16,14 +29,8 @@ def switch_tokens(model_dir, device: str, env: str) -> Callable[[str | None, str
 
     def tokens(quantization, value):
         if (quantization, value) not in runs:
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setenv(env, value)
-                llm = tiny_llm(model_dir, device=device, dtype="bfloat16",
-                               quantization=quantization, max_num_seqs=4)
-                try:
-                    outs = llm.generate(prompts, GREEDY)
-                    runs[quantization, value] = [o.outputs[0].token_ids for o in outs]
-                finally:
-                    llm.llm_engine.shutdown()
+            runs[quantization, value] = engine_tokens(model_dir, device, env, value, prompts,
+                                                      quantization=quantization,
+                                                      max_num_seqs=4)
         return runs[quantization, value]
     return tokens

@@ -13,8 +13,8 @@ from parashift.layers import fp8_gated_silu
 from parashift.layers.activation import silu_and_mul_torch
 from parashift.layers.fp8_gated_silu import FP8GateUpHook, SiluInFP8GateUp
 from parashift.quantization.scheme import WeightQuant
-from tests.deterministic.test_batch_invariance import GREEDY
-from tests.engine.conftest import tiny_llama_dir, tiny_llm  # noqa: F401  (shared fixture)
+from tests.engine.conftest import tiny_llama_dir  # noqa: F401  (shared fixture)
+from tests.helpers.switch_tokens import engine_tokens
 from tests.layers.test_silu_gemv import build
 
 DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")
@@ -139,14 +139,7 @@ def test_the_fused_engine_gives_the_unfused_tokens_at_20_sequences(monkeypatch,
     monkeypatch.setattr(fp8_gemm, "_choices", {})  # chosen in this test, as forced
     monkeypatch.setattr(fp8_gated_choice, "_choices", {})
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(5 + i)] for i in range(20)]
-    tokens = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv(fp8_gated_silu.ENV, flag)
-        llm = tiny_llm(tiny_llama_dir, device="cuda", dtype="bfloat16", quantization="fp8",
-                       max_num_seqs=20)
-        try:
-            tokens[flag] = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
-        finally:
-            llm.llm_engine.shutdown()
+    tokens = {flag: engine_tokens(tiny_llama_dir, "cuda", fp8_gated_silu.ENV, flag, prompts,
+                                  quantization="fp8", max_num_seqs=20) for flag in ("0", "1")}
     assert any(c["kernel"] != "unfused" for c in fp8_gated_choice.chosen())
     assert tokens["1"] == tokens["0"]
