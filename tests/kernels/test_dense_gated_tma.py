@@ -66,15 +66,17 @@ def test_every_tiling_gives_the_dispatch_bits():
 
 
 @cuda
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_odd_rows_give_the_dispatch_bits(dtype):
-    check(m=37, half=448, k=320, dtype=dtype, device="cuda", configs=tilings(128)[:2])
+def test_odd_rows_in_fp16_give_the_dispatch_bits():
+    """37 rows (a partial token tile), a partial last K step (320 of 128)."""
+    check(m=37, half=448, k=320, dtype="float16", device="cuda", configs=tilings(128)[:1])
 
 
 @cuda
 @pytest.mark.parametrize("m", [33, 64])
 def test_the_8b_gate_up(m):
-    check(m=m, half=14336, k=4096, dtype="bfloat16", device="cuda", configs=tilings(128))
+    """Its K step's tilings at 64 rows (compiled by the test before), one at 33."""
+    check(m=m, half=14336, k=4096, dtype="bfloat16", device="cuda",
+          configs=tilings(128)[:1 if m < 64 else None])
 
 
 def test_candidates_only_where_the_dispatch_sums_k_alike():

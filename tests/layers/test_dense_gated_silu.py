@@ -129,7 +129,7 @@ def test_the_fused_engine_gives_the_unfused_tokens_at_40_sequences(monkeypatch,
     """bf16 decode of 40 sequences (33-64 rows) with the TMA GEMM and the fusion forced
     (every margin infinite: no timing decides), against the switch off; the choice made in
     this process."""
-    monkeypatch.setattr(dense_gemm, "CONFIGS", (Config(128, 64, 128, 8, 4),))
+    monkeypatch.setattr(dense_gemm, "CONFIGS", (Config(128, 64, 64, 4, 8),))  # K is 64
     monkeypatch.setattr(dense_gemm, "MARGIN", float("inf"))
     monkeypatch.setattr(dense_gated_choice, "MARGIN", float("inf"))
     monkeypatch.setattr(dense_gemm, "_choices", {})  # chosen in this test, as forced
