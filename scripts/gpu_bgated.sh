@@ -5,8 +5,9 @@
 # one, with BUDGET_S=250):
 # 1. gpu_tests (~45 s, compiles included): every fused tiling gives the bits of each dispatch
 #    config of its K step then silu_and_mul (64 rows, a partial gate tile; 37 rows in fp16;
-#    the 8B's gate_up at 33 and 64 rows), and an engine's greedy tokens at 40 sequences with
-#    the fusion forced equal to those without (bf16 tiny Llama);
+#    the 8B's gate_up at 33 and 64 rows), the same bits with PDL off, early and late (with the
+#    FP8 gated kernel's), and an engine's greedy tokens at 40 sequences with the fusion forced
+#    equal to those without (bf16 tiny Llama);
 # 2. engine (~55 s): decode_throughput 8B bf16 b64 (context 1024, 32 steps, CUDA graphs):
 #    default against PARASHIFT_DENSE_GATE_UP_SILU=1, graph variants in one engine, 3 rounds in
 #    turn; its JSON's dense_gated names what the choice took (a tiling or "unfused");
@@ -20,7 +21,8 @@ budget=${BUDGET_S:-150}
 mkdir -p "$OUT"
 source scripts/budget_step.sh
 budget_step gpu_tests 45 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  tests/kernels/test_dense_gated_tma.py tests/layers/test_dense_gated_silu.py
+  tests/kernels/test_dense_gated_tma.py tests/layers/test_dense_gated_silu.py \
+  tests/kernels/test_pdl.py::test_the_gated_gate_up_gives_the_same_bits_with_pdl
 budget_step engine 55 python3 benchmarks/decode_throughput.py \
   --model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 64 --context 1024 --decode-steps 32 \
   --cuda-graphs --rounds 3 --graph-variants PARASHIFT_DENSE_GATE_UP_SILU=1 \

@@ -469,14 +469,19 @@ def test_weight_kernels_give_the_same_bits_with_pdl(monkeypatch):
 @cuda
 @hopper
 def test_the_gated_gate_up_gives_the_same_bits_with_pdl(monkeypatch):
-    """SiLU·mul in FP8 gate_up's TMA epilogue (its prefetch on) and down's rows both ways."""
-    from parashift.kernels import fp8_gated_choice
-    xq, xs = fp8_gemm.quantize_rows(randn((64, 4096), "bfloat16", "cuda"))
+    """SiLU·mul in FP8 gate_up's TMA epilogue (its prefetch on) and down's rows both ways,
+    and in bf16 gate_up's."""
+    from parashift.kernels import dense_gated_choice, fp8_gated_choice
+    x = randn((64, 4096), "bfloat16", "cuda")
+    xq, xs = fp8_gemm.quantize_rows(x)
     w8, s8 = weight_fp8(2 * 1024, 4096, seed=2)
     for tiling in (fp8_gated_choice.Tiling(128, 128, 8, 4),
                    fp8_gated_choice.Tiling(64, 256, 4, 3, by_parts=True)):
         assert_same_bits(on_and_off(monkeypatch, lambda: fp8_gated_choice.fused(
             (xq, xs), w8, s8, torch.bfloat16, tiling)))
+    w = randn((2 * 1024, 4096), "bfloat16", "cuda", seed=2, scale=4096 ** -0.5)
+    assert_same_bits(on_and_off(monkeypatch, lambda: dense_gated_choice.fused(
+        x, w, dense_gated_choice.Tiling(64, 128, 4, 4))))
 
 
 @cuda
