@@ -13,7 +13,10 @@
 #    turn; its JSON's dense_gated names what the choice took (a tiling or "unfused");
 # 3. kernel_ab (~25 s): benchmarks/dense_gated_ab.py, 8B gate_up [28672, 4096] at 64 rows, the
 #    pair (the dense choice's GEMM + silu_and_mul) against every fused tiling, 3 rounds,
-#    in the decode chain, which tilings give the pair's bits and what the choice takes.
+#    in the decode chain, which tilings give the pair's bits and what the choice takes;
+# 4. fp8_tests (~25 s, where time is left): the FP8 gated kernel's 8B test and its engine
+#    token test (its main loop is now kernels/gated_tma.py's, sm_90 PTX unchanged on the CPU;
+#    its engine test now calls tests/helpers/switch_tokens.engine_tokens).
 # Usage (repository root): OUT=dir [BUDGET_S=150] bash scripts/gpu_bgated.sh
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
@@ -29,6 +32,9 @@ budget_step engine 55 python3 benchmarks/decode_throughput.py \
   --output "$OUT/engine.json"
 budget_step kernel_ab 25 python3 benchmarks/dense_gated_ab.py --rows 64 --rounds 3 \
   --output "$OUT/kernel_ab.json"
+budget_step fp8_tests 25 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+  "tests/kernels/test_fp8_gated_tma.py::test_the_8b_gate_up[64]" \
+  tests/layers/test_fp8_gated_silu.py::test_the_fused_engine_gives_the_unfused_tokens_at_20_sequences
 cat "$OUT/steps"
 grep -h '^{' "$OUT"/kernel_ab.log 2>/dev/null | cut -c1-2000
 [ -f "$OUT/engine.json" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); \
