@@ -98,13 +98,13 @@ def test_gate_up_hands_the_product_to_the_twin(monkeypatch, bf16_mlp):
     assert len(calls) == 2
 
 
-def test_off_by_default_and_read_at_each_call(monkeypatch, bf16_mlp):
+def test_on_by_default_and_read_at_each_call(monkeypatch, bf16_mlp):
     mlp, calls = bf16_mlp
-    monkeypatch.delenv(dense_gated_silu.ENV, raising=False)
+    monkeypatch.setenv(dense_gated_silu.ENV, "0")
     out, expected = run(mlp, 40)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert not calls
-    monkeypatch.setenv(dense_gated_silu.ENV, "1")
+    monkeypatch.delenv(dense_gated_silu.ENV, raising=False)
     run(mlp, 40)
     assert calls == [("dense", 40, "tiling")]
     monkeypatch.setenv(dense_gated_silu.ENV, "yes")
