@@ -1,0 +1,82 @@
+"""The parts-out split-K GEMMs (fp8_gemm_tma.tma_parts, dense_gemm_tma.tma_parts) and the
+residual-add RMSNorm summing their parts (kernels/parts_rmsnorm.py): bit for bit the ticket
+path of the same config followed by the plain norm (add_rms_norm; rms_norm_fp8's four outputs
+after an FP8 GEMM): one small case under the Triton interpreter, the registered candidates
+at the 8B's o_proj shape on CUDA."""
+import pytest
+import torch
+
+from parashift.kernels import dense_gemm_tma, fp8_gemm, fp8_gemm_tma, rmsnorm, \
+    split_parts_choice
+from parashift.kernels.dense_gemm_tma import Config as DenseConfig
+from parashift.kernels.parts_rmsnorm import parts_add_rms_norm
+from tests.kernels.common import case_tests, cuda, randn
+from tests.kernels.test_fp8_gemm import operands
+
+EPS = 1e-5
+# K split in 3 (a part past K's end at k 80: steps of 32), partial row and column tiles;
+# the FP8 kernel with row tiles of 16 tokens (the interpreter's w8a8 limit)
+SMALL_DENSE = (DenseConfig(64, 16, 32, 4, 2, 3),)
+SMALL_FP8 = (fp8_gemm.Config("tma_w8a8", 64, 32, 4, 2, 3, max_block_m=16),)
+CASES = [dict(m=20, n=80, k=80)]
+
+
+def check(m, n, k, dtype="float32", device="cpu", dense_configs=SMALL_DENSE,
+          fp8_configs=SMALL_FP8):
+    x, w8, scale, _, _ = operands(m, n, k, False, dtype, device)
+    residual = randn((m, n), dtype, device, seed=4)
+    norm_weight = randn((n,), dtype, device, seed=5, scale=0.5) + 1
+    dense_w = randn((n, k), dtype, device, seed=2, scale=k ** -0.5)
+    for config in dense_configs:
+        ticket = dense_gemm_tma.tma_linear(x, dense_w, None, config)
+        expected = rmsnorm.add_rms_norm(ticket, residual, norm_weight, EPS)
+        parts = dense_gemm_tma.tma_parts(x, dense_w, config)
+        assert parts.shape == (config.split_k, m, n)
+        actual = parts_add_rms_norm(parts, None, None, residual, norm_weight, EPS)
+        assert_same(actual, expected, config)
+    xq, x_scale = fp8_gemm.quantize_rows(x)
+    for config in fp8_configs:
+        ticket = fp8_gemm.fp8_weight_linear(x, w8, scale, None,
+                                            fp8_gemm.Config(**{**config.__dict__,
+                                                               "tickets": True}),
+                                            (xq, x_scale))
+        expected = rmsnorm.rms_norm_fp8(ticket, residual, norm_weight, EPS)
+        parts, w_scale, t_scale = split_parts_choice.parts_of(x, w8, scale, config,
+                                                             (xq, x_scale))
+        actual = parts_add_rms_norm(parts, w_scale, t_scale, residual, norm_weight, EPS,
+                                    quant=True)
+        assert_same(actual, expected, config)
+        # the plain norm's outputs of the ticket path without the E4M3 ones
+        assert_same(parts_add_rms_norm(parts, w_scale, t_scale, residual, norm_weight, EPS),
+                    rmsnorm.add_rms_norm(ticket, residual, norm_weight, EPS), config)
+
+
+def assert_same(actual, expected, config):
+    assert len(actual) == len(expected), config
+    for got, want in zip(actual, expected):
+        assert got.dtype == want.dtype and got.shape == want.shape, config
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), config
+
+
+test_interpreted, _ = case_tests(__name__, check, CASES, uses_dot=True,
+                                 variants_in_one_dtype=True)
+
+
+@cuda
+@pytest.mark.parametrize("m", [40, 64])
+def test_candidates_at_o_proj_shape_equal_the_ticket_path(m):
+    """The registered candidates at the 8B's o_proj [4096, 4096], bf16."""
+    check(m, 4096, 4096, "bfloat16", "cuda", split_parts_choice.DENSE_CONFIGS,
+          split_parts_choice.FP8_CONFIGS)
+
+
+@cuda
+def test_odd_shape_with_partial_tiles_equals_the_ticket_path():
+    check(37, 200, 320, "bfloat16", "cuda", split_parts_choice.DENSE_CONFIGS,
+          split_parts_choice.FP8_CONFIGS)
+
+
+def test_parts_and_residual_shapes_are_checked():
+    with pytest.raises(ValueError, match="parts_add_rms_norm"):
+        parts_add_rms_norm(torch.zeros(2, 3, 8), None, None, torch.zeros(3, 4),
+                           torch.ones(8), EPS)
