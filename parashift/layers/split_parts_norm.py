@@ -12,7 +12,8 @@ twin and returns an unwritten tensor of the layer's output's shape; the twin, ca
 that very tensor, sums the parts in its kernel (the bits of the ticket path's sum and the
 plain norm). The decoder layer calls the layer (o_proj, through its attention) and then the
 norm with nothing reading the output in between; a norm called with another tensor while
-parts are held is an error, not a silent misread. Only for one TP rank (the output is not
+parts are held is an error, not a silent misread. A norm that a later pass replaces (the MoE's
+routing norm, layers/norm_router.py, wraps the twin) leaves the hook idle. Only for one TP rank (the output is not
 all-reduced), no bias, the default mode's GEMMs (never deterministic mode). down -> the
 next layer's input norm is not wired (the pair crosses decoder layers)."""
 import torch
@@ -49,16 +50,18 @@ class PartsHandoff:
 class PartsOutHook:
     """The layer's hook: its GEMM as parts for the twin norm, where chosen."""
 
-    def __init__(self, norm: "SumsParts"):
+    def __init__(self, norm: "SumsParts", module: torch.nn.Module, name: str):
         self._norm_quantizes = norm.quantizes  # methods: no submodule
         self._handoff = norm.parts_input
         self._weight = lambda: norm.weight
         self._eps = norm.eps
+        # a later pass may put another norm in the twin's place (the MoE's routing norm)
+        self._wired = lambda: getattr(module, name) is norm
 
     def take(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor | None:
         from parashift.kernels import split_parts_choice
-        if (not use_triton(x) or part.bias is not None or get_context().tp.size != 1
-                or not split_parts_choice.enabled()
+        if (not split_parts_choice.enabled() or not use_triton(x) or part.bias is not None
+                or get_context().tp.size != 1 or not self._wired()
                 or not split_parts_choice.serves(x, part.weight, part.scale)):
             return None
         config = split_parts_choice.choice(x, part.weight, part.scale, self._weight(),
@@ -114,11 +117,11 @@ def hand_over_split_parts(model: torch.nn.Module) -> int:
     summing twin and hooks the layer; returns how many pairs were wired. After the FP8
     input twins (layers/fp8_input.py) are in place."""
     wired = 0
-    for _, _, norm, layer in declared_pairs(model, "split_parts_norm_pairs"):
+    for module, name, norm, layer in declared_pairs(model, "split_parts_norm_pairs"):
         twin = TWINS.get(type(norm))
         if twin is not None and takes_parts(layer):
             norm.__class__ = twin
             norm.parts_input = PartsHandoff()
-            layer.gemm_hook = PartsOutHook(norm)
+            layer.gemm_hook = PartsOutHook(norm, module, name)
             wired += 1
     return wired
