@@ -1,8 +1,8 @@
 """The split-K parts summed in the norm after the GEMM, timed as the choice times it
 (kernels/split_parts_choice.py: the decode chain, PDL on, weight copies past L2), at the 8B's
 o_proj [4096, 4096] (the post-attention norm after it, quantizing for FP8's gate_up) and
-down [4096, 14336] (the next layer's input norm after it: not wired in the engine, timed to
-see whether it would pay), FP8 and bf16 weights, per row count (issues 60/61).
+down [4096, 14336] (the next layer's input norm after it, quantizing for FP8's QKV), FP8 and
+bf16 weights, per row count (issues 60/61).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/split_parts_norm.py [--rows 64]
     [--weights fp8 bf16] [--no-dot-configs] [--output F]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issues 60/61 (session 50, helper splitnorm): o_proj's K split into parts that the
-# post-attention norm sums (PARASHIFT_SPLIT_PARTS_NORM, default 0), on ONE H200, in priority
+# Issues 60/61 (session 50, helper splitnorm): o_proj's and down's K split into parts that the
+# norm after sums (PARASHIFT_SPLIT_PARTS_NORM, default 0), on ONE H200, in priority
 # order (BUDGET_S, 150 by default on a warm machine: ~150 s; the last step is skipped first,
 # BUDGET_S=200 runs it; NEED_SCALE=2 on a cold machine):
 # 1. kernel_tests (~30 s, compiles included): parts-out GEMM + summing norm bit for bit the
@@ -9,7 +9,7 @@
 # 2. engine_tokens (~25 s): the tiny FP8 engine's greedy tokens at 40 rows with the parts
 #    forced on (any timing) equal to those with the switch off, and that the parts ran;
 # 3. timings (~35 s): benchmarks/split_parts_norm.py at 64 rows: o (+ post-attention norm)
-#    and down (+ next input norm: not wired) as the choice times them, FP8 and bf16;
+#    and down (+ the next input norm) as the choice times them, FP8 and bf16;
 # 4. engine_fp8 (~60 s): decode_throughput 8B FP8 b64 (context 1024, CUDA graphs): default
 #    against PARASHIFT_SPLIT_PARTS_NORM=1, graph variants in one engine, 3 rounds in turn;
 # 5. engine_bf16 (~50 s): the same in bf16.

@@ -1,21 +1,22 @@
 """A split-K GEMM whose parts the residual-add RMSNorm after it sums (issues 60/61: decode at
 33-64 rows; the kernels: kernels/parts_rmsnorm.py, the choice kernels/split_parts_choice.py).
 
-A model names its (RMSNorm, linear layer feeding it) pairs by attribute path
-(`split_parts_norm_pairs` on a module class: the Llama decoder's post-attention norm and
-o_proj); `hand_over_split_parts` turns each such norm (plain or FP8-quantizing,
+A model names its (RMSNorm, linear layer feeding it) pairs by submodule path
+(`split_parts_norm_pairs` on a module: the Llama decoder's post-attention norm and o_proj;
+the Llama stack's next input norm, or the final norm, and each layer's down projection); `hand_over_split_parts` turns each such norm (plain or FP8-quantizing,
 layers/fp8_input.py) into its summing twin (the same module, its class swapped: parameters
 and names kept) and gives the layer a hook (`LinearBase.gemm_hook`). At run time, where
 PARASHIFT_SPLIT_PARTS_NORM=1 and the pair at that many rows measured faster with parts
 (`split_parts_choice.choice`), the hook runs the parts-out GEMM, hands the parts to the
 twin and returns an unwritten tensor of the layer's output's shape; the twin, called with
 that very tensor, sums the parts in its kernel (the bits of the ticket path's sum and the
-plain norm). The decoder layer calls the layer (o_proj, through its attention) and then the
-norm with nothing reading the output in between; a norm called with another tensor while
+plain norm). The model calls the layer (o_proj through the attention, down through the MLP)
+and then the norm (the decoder layer's, or after the stack's loop hands the MLP's output to
+the next layer) with nothing reading the output in between; a norm called with another tensor while
 parts are held is an error, not a silent misread. A norm that a later pass replaces (the MoE's
 routing norm, layers/norm_router.py, wraps the twin) leaves the hook idle. Only for one TP rank (the output is not
-all-reduced), no bias, the default mode's GEMMs (never deterministic mode). down -> the
-next layer's input norm is not wired (the pair crosses decoder layers)."""
+all-reduced), no bias, the default mode's GEMMs (never deterministic mode); not across a
+pipeline stage's end (the stage's last down has no norm after it on this rank)."""
 import torch
 
 from parashift.context import get_context
@@ -56,7 +57,7 @@ class PartsOutHook:
         self._weight = lambda: norm.weight
         self._eps = norm.eps
         # a later pass may put another norm in the twin's place (the MoE's routing norm)
-        self._wired = lambda: getattr(module, name) is norm
+        self._wired = lambda: module.get_submodule(name) is norm
 
     def take(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor | None:
         from parashift.kernels import split_parts_choice

@@ -138,6 +138,15 @@ class LlamaModel(nn.Module):
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if self.last else MissingLayer()
 
+    @property
+    def split_parts_norm_pairs(self) -> tuple[tuple[str, str], ...]:
+        """(RMSNorm, linear layer feeding it) across decoder layers: each down projection and
+        the norm its output reaches next (the next layer's input norm, the final norm), where
+        both are on this stage (layers/split_parts_norm.py)."""
+        layers = list(self.stage)
+        after = [f"layers.{i}.input_layernorm" for i in layers[1:]] + (["norm"] if self.last else [])
+        return tuple((norm, f"layers.{i}.mlp.down_proj") for i, norm in zip(layers, after))
+
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor,
                 intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Returns the final hidden states on the last stage, else (x, residual)."""

@@ -38,12 +38,19 @@ def test_post_attention_norm_and_o_proj_are_wired(monkeypatch, quantization, twi
     monkeypatch.setenv("PARASHIFT_FP8_FUSED_INPUT", "1")
     model = build(quantization)
     names = dict(model.named_parameters())
-    for i, layer in enumerate(model.model.layers):
+    layers = model.model.layers
+    for i, layer in enumerate(layers):
         assert type(layer.post_attention_layernorm) is twin
         assert isinstance(layer.self_attn.o_proj.gemm_hook, PartsOutHook)
-        assert type(layer.input_layernorm) in (RMSNorm, QuantizingRMSNorm)
+        assert isinstance(layer.mlp.down_proj.gemm_hook, PartsOutHook)
         assert layer.self_attn.qkv_proj.gemm_hook is None
         assert f"model.layers.{i}.post_attention_layernorm.weight" in names
+        assert f"model.layers.{i}.input_layernorm.weight" in names
+    # down -> the next layer's input norm (the first layer's has no residual: plain), the
+    # last layer's down -> the final norm (the LM head takes no FP8 input: a plain twin)
+    assert type(layers[0].input_layernorm) in (RMSNorm, QuantizingRMSNorm)
+    assert all(type(layer.input_layernorm) is twin for layer in layers[1:])
+    assert type(model.model.norm) is PartsRMSNorm
 
 
 def test_handoff_gives_the_parts_for_the_very_tensor_only():
