@@ -5,7 +5,7 @@
 # BUDGET_S=200 runs it; NEED_SCALE=2 on a cold machine):
 # 1. kernel_tests (~30 s, compiles included): parts-out GEMM + summing norm bit for bit the
 #    ticket path of the same config + the plain norm (FP8 with the E4M3 outputs, bf16), at the
-#    8B's o_proj shape (40 and 64 rows) and an odd one;
+#    8B's o_proj (40, 64 rows) and down (64 rows) shapes and an odd one;
 # 2. engine_tokens (~25 s): the tiny FP8 engine's greedy tokens at 40 rows with the parts
 #    forced on (any timing) equal to those with the switch off, and that the parts ran;
 # 3. timings (~35 s): benchmarks/split_parts_norm.py at 64 rows: o (+ post-attention norm)

@@ -2,7 +2,7 @@
 residual-add RMSNorm summing their parts (kernels/parts_rmsnorm.py): bit for bit the ticket
 path of the same config followed by the plain norm (add_rms_norm; rms_norm_fp8's four outputs
 after an FP8 GEMM): one small case under the Triton interpreter, the registered candidates
-at the 8B's o_proj shape on CUDA."""
+at the 8B's o_proj and down shapes on CUDA."""
 import pytest
 import torch
 
@@ -63,10 +63,11 @@ test_interpreted, _ = case_tests(__name__, check, CASES, uses_dot=True,
 
 
 @cuda
-@pytest.mark.parametrize("m", [40, 64])
-def test_candidates_at_o_proj_shape_equal_the_ticket_path(m):
-    """The registered candidates at the 8B's o_proj [4096, 4096], bf16."""
-    check(m, 4096, 4096, "bfloat16", "cuda", split_parts_choice.DENSE_CONFIGS,
+@pytest.mark.parametrize("m, k", [(40, 4096), (64, 4096), (64, 14336)])
+def test_candidates_at_8b_shapes_equal_the_ticket_path(m, k):
+    """The registered candidates at the 8B's o_proj [4096, 4096] and down [4096, 14336],
+    bf16 activations."""
+    check(m, 4096, k, "bfloat16", "cuda", split_parts_choice.DENSE_CONFIGS,
           split_parts_choice.FP8_CONFIGS)
 
 

@@ -118,3 +118,54 @@ def test_a_norm_replaced_later_leaves_the_hook_idle():
         layers = MoeForCausalLM(tiny_config("qwen3-moe"), 64).model.layers
     assert [layer.self_attn.o_proj.gemm_hook._wired() for layer in layers] == [False, True,
                                                                                 False]
+
+
+@pytest.fixture
+def gpu_stand_ins(monkeypatch):
+    """The GPU path on the CPU: the parts chosen, K split in two by torch, the summing norm
+    by torch; the parts each norm summed recorded."""
+    from parashift.kernels import parts_rmsnorm
+    from parashift.layers import split_parts_norm
+    from parashift.layers.layernorm import add_rms_norm_torch
+    summed = []
+
+    def parts_of(x, weight, scale, config, x_fp8=None):
+        half = x.shape[1] // 2
+        return (torch.stack([x[:, :half] @ weight[:, :half].t(),
+                             x[:, half:] @ weight[:, half:].t()]).float(), None, None)
+
+    def parts_add_rms_norm(parts, w_scale, x_scale, residual, weight, eps, quant=False):
+        summed.append(parts)
+        return add_rms_norm_torch(parts.sum(0).to(residual.dtype), residual, weight, eps)
+
+    monkeypatch.setenv(split_parts_choice.ENV, "1")
+    monkeypatch.setattr(split_parts_norm, "use_triton", lambda x: True)
+    monkeypatch.setattr(split_parts_choice, "serves", lambda *args: True)
+    monkeypatch.setattr(split_parts_choice, "choice", lambda *args: "cfg")
+    monkeypatch.setattr(split_parts_choice, "parts_of", parts_of)
+    monkeypatch.setattr(parts_rmsnorm, "parts_add_rms_norm", parts_add_rms_norm)
+    return summed
+
+
+def test_the_layers_hand_their_parts_to_the_norms_after(gpu_stand_ins, monkeypatch):
+    """o_proj -> post-attention norm and down -> the next layer's input norm (then the last
+    down -> the final norm): the layer returns an unwritten tensor and the norm sums the
+    parts it was handed, the plain pair's result."""
+    model = build()
+    gen = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    layers, x, residual = model.model.layers, torch.randn(40, 64), torch.randn(40, 64)
+    pairs = [(layers[0].self_attn.o_proj, layers[0].post_attention_layernorm),
+             (layers[0].mlp, layers[1].input_layernorm), (layers[1].mlp, model.model.norm)]
+    for producer, norm in pairs:
+        monkeypatch.setenv(split_parts_choice.ENV, "0")
+        expected = norm(producer(x), residual)
+        assert not gpu_stand_ins
+        monkeypatch.setenv(split_parts_choice.ENV, "1")
+        out = norm(producer(x), residual)
+        assert len(gpu_stand_ins) == 1 and gpu_stand_ins.pop().shape == (2, 40, 64)
+        torch.testing.assert_close(out, expected)
+        with pytest.raises(RuntimeError, match="another tensor"):
+            producer(x)
+            norm(x, residual)
