@@ -82,10 +82,10 @@ def tma_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     weight with unit stride along K and 16-byte aligned rows (row slices of a larger weight
     are fine), bias [N] or None."""
     x = _checked(x, weight, config)
-    (m, k), n = x.shape, weight.shape[0]
-    grid = (triton.cdiv(m, config.block_m), triton.cdiv(n, config.block_n), config.split_k)
-    y, parts, counters = split_tickets.outputs(m, n, x.dtype, x.device, config.split_k,
-                                               grid[0] * grid[1], True)
+    m, n = x.shape[0], weight.shape[0]
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    y, parts, counters = split_tickets.outputs(m, n, x.dtype, x.device, config.split_k, tiles,
+                                               True)
     _launch(x, weight, bias, y, parts, counters, config)
     return y.to(x.dtype)
 

@@ -226,7 +226,7 @@ def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
     x_scale [M, 1] fp32 (per token); persistent: a program an SM over the (tile, part of K)
     items; max_block_m: the most tokens a tile takes (`block_m`)."""
     x = _checked(x, weight, block_k)
-    (m, k), n = x.shape, weight.shape[0]
+    m, n = x.shape[0], weight.shape[0]
     bm = block_m(m, max_block_m)
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, bm)
     y, parts, counters = split_tickets.outputs(m, n, out_dtype, x.device, split_k, tiles,
