@@ -5,12 +5,13 @@ after an FP8 GEMM): one small case under the Triton interpreter, the registered 
 at the 8B's o_proj and down shapes on CUDA."""
 import pytest
 import torch
+import triton
 
-from parashift.kernels import dense_gemm_tma, fp8_gemm, fp8_gemm_tma, rmsnorm, \
+from parashift.kernels import dense_gemm_tma, fp8_gemm, parts_rmsnorm, rmsnorm, \
     split_parts_choice
 from parashift.kernels.dense_gemm_tma import Config as DenseConfig
 from parashift.kernels.parts_rmsnorm import parts_add_rms_norm
-from tests.kernels.common import case_tests, cuda, randn
+from tests.kernels.common import case_tests, cuda, randn, reduction_layouts, sm90_ttgir
 from tests.kernels.test_fp8_gemm import operands
 
 EPS = 1e-5
@@ -81,3 +82,30 @@ def test_parts_and_residual_shapes_are_checked():
     with pytest.raises(ValueError, match="parts_add_rms_norm"):
         parts_add_rms_norm(torch.zeros(2, 3, 8), None, None, torch.zeros(3, 4),
                            torch.ones(8), EPS)
+
+
+@pytest.mark.parametrize("n, parts, quant", [(4096, 2, False), (4096, 4, True), (200, 3, True)])
+def test_sums_the_squares_in_the_plain_kernels_order(n, parts, quant):
+    """The interpreter adds in one order whatever the kernel: on CUDA the order is the
+    compiled layout's, which the fp32 parts' and scales' loads must not change (the plain
+    kernel's after a bf16 GEMM: rmsnorm.py's VEC, from the same tensors' dtypes)."""
+    bf16 = torch.empty(1, n, dtype=torch.bfloat16)
+    block, vec = triton.next_power_of_2(n), rmsnorm.vector_width(bf16, bf16, bf16, bf16)
+    common = dict(out_ptr=torch.bfloat16, new_x_ptr=torch.bfloat16,
+                  q_ptr=torch.float8_e4m3fn, s_ptr=torch.float32)
+    plain_args = dict(common, x_ptr=torch.bfloat16, residual_ptr=torch.bfloat16,
+                      weight_ptr=torch.bfloat16, eps="fp32", stride_xr="i32",
+                      stride_xh="i32", stride_rr="i32", stride_rh="i32")
+    parts_args = dict(common, part_ptr=torch.float32, ws_ptr=torch.float32,
+                      xs_ptr=torch.float32, residual_ptr=torch.bfloat16,
+                      weight_ptr=torch.bfloat16, eps="fp32", rows="i32", stride_rr="i32")
+    shared = dict(N=n, BLOCK=block, QUANT=quant, FP8_MAX=fp8_gemm.FP8_MAX, VEC=vec,
+                  USE_PDL=False)
+    plain = sm90_ttgir(rmsnorm._rms_norm_kernel, plain_args,
+                       dict(shared, HAS_RESIDUAL=True, EARLY_LOADS=True),
+                       rmsnorm.num_warps(block))
+    summing = sm90_ttgir(parts_rmsnorm._parts_rms_norm_kernel, parts_args,
+                         dict(shared, PARTS=parts, W_SCALED=True, X_SCALED=True),
+                         rmsnorm.num_warps(block))
+    assert len(reduction_layouts(summing)) == 1 + quant  # the squares (and the largest)
+    assert reduction_layouts(summing) == reduction_layouts(plain)
