@@ -22,7 +22,7 @@ ENGINE="--model benchmarks/shapes/llama-3.1-8b.json --batch-sizes 64 --context 1
 budget=${BUDGET_S:-150}
 TESTS="env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider"
 mkdir -p "$OUT"
-budget_step kernel_tests 30 $TESTS tests/kernels/test_parts_rmsnorm.py -k "not interpreted"
+budget_step kernel_tests 30 $TESTS tests/kernels/test_parts_rmsnorm.py -k ticket_path
 budget_step engine_tokens 25 $TESTS tests/layers/test_split_parts_norm.py -k "engine and fp8"
 budget_step timings 35 python3 benchmarks/split_parts_norm.py --rows 64 --no-dot-configs \
   --output "$OUT/timings.json"

@@ -7,8 +7,8 @@ import pytest
 import torch
 import triton
 
-from parashift.kernels import dense_gemm_tma, fp8_gemm, parts_rmsnorm, rmsnorm, \
-    split_parts_choice
+from parashift.kernels import dense_gemm_tma, fp8_gemm, fp8_gemm_tma, parts_rmsnorm, \
+    rmsnorm, split_parts_choice
 from parashift.kernels.dense_gemm_tma import Config as DenseConfig
 from parashift.kernels.parts_rmsnorm import parts_add_rms_norm
 from tests.kernels.common import case_tests, cuda, randn, reduction_layouts, sm90_ttgir
@@ -109,3 +109,37 @@ def test_sums_the_squares_in_the_plain_kernels_order(n, parts, quant):
                          rmsnorm.num_warps(block))
     assert len(reduction_layouts(summing)) == 1 + quant  # the squares (and the largest)
     assert reduction_layouts(summing) == reduction_layouts(plain)
+
+
+def sm90_wgmma(kernel, signature: dict, constexprs: dict) -> list[str]:
+    """The kernel's wgmma instructions (operands dropped) compiled for sm_90 on the CPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    source = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constexprs,
+                                                                         "constexpr")},
+                       constexprs=constexprs)
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4}).asm["ptx"]
+    return [line.split()[0] for line in ptx.splitlines() if "wgmma" in line]
+
+
+def test_parts_out_keeps_the_ticket_kernels_wgmma_chain():
+    """The parts-out variants compile for sm_90 with the ticket variants' wgmma chain (the
+    same products summed in the same order: the parts the ticket path stores)."""
+    scalars = dict(M="i32", N="i32", K="i32", stride_ym="i32")
+    fp8 = dict(x_desc="tensordesc<fp8e4nv[64, 256]>", xs_ptr="*fp32",
+               w_desc="tensordesc<fp8e4nv[64, 256]>", w_ptr="*fp8e4nv", stride_wn="i32",
+               s_ptr="*fp32", b_ptr="*fp32", y_ptr="*bf16", part_ptr="*fp32",
+               counter_ptr="*i32", **scalars)
+    dense = dict(x_desc="tensordesc<bf16[64, 128]>", w_desc="tensordesc<bf16[64, 128]>",
+                 b_ptr="*bf16", y_ptr="*bf16", part_ptr="*fp32", counter_ptr="*i32", **scalars)
+    fp8_shape = dict(HAS_BIAS=False, FP8_X=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=256,
+                     SPLIT_K=2, NUM_STAGES=5, BIT_WIDEN=False, USE_PDL=1, PREFETCH_K=0,
+                     EARLY_SCALES=True, EARLY_TICKET=False)
+    dense_shape = dict(HAS_BIAS=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2,
+                       NUM_STAGES=6, USE_PDL=1)
+    for kernel, signature, shape in ((fp8_gemm_tma._fp8_tma_kernel, fp8, fp8_shape),
+                                     (dense_gemm_tma._dense_tma_kernel, dense, dense_shape)):
+        tickets = sm90_wgmma(kernel, signature, dict(shape, TICKETS=True, PARTS_OUT=False))
+        parts = sm90_wgmma(kernel, signature, dict(shape, TICKETS=False, PARTS_OUT=True))
+        assert any("mma_async" in op for op in tickets) and parts == tickets
