@@ -113,3 +113,13 @@ def finish_split_tile(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym
     else:
         finish_tile(acc, scales, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym, split == 0,
                     HAS_BIAS, FP8_X, SPLIT_K > 1, USE_PDL)
+
+
+@triton.jit
+def store_part(acc, part_ptr, M, N, offs_m, offs_n, m_ok, n_ok, split, USE_PDL: tl.constexpr):
+    """A parts-out GEMM's end (kernels/parts_rmsnorm.py sums the parts): this program's part
+    `split` of K, unscaled fp32, into plane `split` of parts [SPLIT_K, M, N], as the ticket
+    path stores it before its last program sums the planes."""
+    pdl.inputs_read(USE_PDL)
+    plane_offs = offs_m[:, None] * N + offs_n[None, :]
+    tl.store(part_ptr + split * M * N + plane_offs, acc, mask=m_ok[:, None] & n_ok[None, :])

@@ -24,7 +24,7 @@ import triton.language as tl
 from parashift.engine_switches import switch
 from parashift.kernels import num_sms, pdl, split_tickets
 from parashift.kernels.fp8_epilogue import early_scales, early_ticket, finish_split_tile, \
-    tile_scales
+    store_part, tile_scales
 
 # fp8_gemm.Config.kernel values of this file: w8 widens the weight (the compiler's
 # conversions; w8bits: `_bf16_of_e4m3`'s integer ops, bf16 activations), w8a8 takes E4M3
@@ -87,11 +87,12 @@ def _fp8_tma_kernel(x_desc, xs_ptr, w_desc, w_ptr, stride_wn, s_ptr, b_ptr, y_pt
                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TICKETS: tl.constexpr,
                     NUM_STAGES: tl.constexpr, BIT_WIDEN: tl.constexpr, USE_PDL: tl.constexpr,
                     PREFETCH_K: tl.constexpr, EARLY_SCALES: tl.constexpr,
-                    EARLY_TICKET: tl.constexpr):
+                    EARLY_TICKET: tl.constexpr, PARTS_OUT: tl.constexpr = False):
     """One program a (column tile, row tile, part of K); PREFETCH_K: the first columns of
     its weight slice pulled into L2 before the PDL wait (`prefetch_bytes`); EARLY_SCALES:
     the tile's scales and bias loaded before the main loop; EARLY_TICKET: a split's ticket
-    taken before its part is stored (fp8_epilogue.py)."""
+    taken before its part is stored (fp8_epilogue.py); PARTS_OUT: each part stored unscaled
+    into part_ptr's planes, left for the op after to sum (`tma_parts`)."""
     first_n = tl.program_id(0) * BLOCK_N
     first_m = tl.program_id(1) * BLOCK_M
     split = tl.program_id(2)
@@ -108,12 +109,16 @@ def _fp8_tma_kernel(x_desc, xs_ptr, w_desc, w_ptr, stride_wn, s_ptr, b_ptr, y_pt
                          num_stages=NUM_STAGES):
         acc = _dot_step(w_desc, x_desc, first_n, first_m, step * BLOCK_K, acc, FP8_X,
                         BIT_WIDEN)
-    if not EARLY_SCALES:
-        scales = tile_scales(xs_ptr, s_ptr, b_ptr, offs_m, offs_n, offs_m < M, offs_n < N,
-                             HAS_BIAS, FP8_X)
-    _finish(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m, offs_n, split,
-            tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), HAS_BIAS, FP8_X,
-            SPLIT_K, TICKETS, USE_PDL, EARLY_TICKET)
+    if PARTS_OUT:
+        store_part(tl.trans(acc), part_ptr, M, N, offs_m, offs_n, offs_m < M, offs_n < N,
+                   split, USE_PDL)
+    else:
+        if not EARLY_SCALES:
+            scales = tile_scales(xs_ptr, s_ptr, b_ptr, offs_m, offs_n, offs_m < M, offs_n < N,
+                                 HAS_BIAS, FP8_X)
+        _finish(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m, offs_n,
+                split, tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), HAS_BIAS,
+                FP8_X, SPLIT_K, TICKETS, USE_PDL, EARLY_TICKET)
 
 
 @triton.jit
@@ -220,17 +225,45 @@ def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
     widened to its dtype; bit_widen: by integer ops where x is bf16, compiled) or E4M3 with
     x_scale [M, 1] fp32 (per token); persistent: a program an SM over the (tile, part of K)
     items; max_block_m: the most tokens a tile takes (`block_m`)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    if block_k > MAX_BLOCK_K or not fits(weight):
-        raise ValueError(f"the TMA FP8 GEMM takes BLOCK_K <= {MAX_BLOCK_K} and a weight with "
-                         f"16-byte aligned rows, got BLOCK_K {block_k}, weight "
-                         f"{tuple(weight.shape)} strides {weight.stride()}")
-    x = x if fits(x) else x.clone(memory_format=torch.contiguous_format)
-    (m, k), n = x.shape, weight.shape[0]
+    x = _checked(x, weight, block_k)
+    m, n = x.shape[0], weight.shape[0]
     bm = block_m(m, max_block_m)
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, bm)
     y, parts, counters = split_tickets.outputs(m, n, out_dtype, x.device, split_k, tiles,
                                                tickets)
+    _launch(x, x_scale, weight, scale, bias, y, parts, counters, bm, block_n, block_k,
+            num_warps, num_stages, split_k, persistent, bit_widen)
+    return y.to(out_dtype)
+
+
+def tma_parts(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int,
+              block_k: int, num_warps: int, num_stages: int, split_k: int,
+              max_block_m: int = 0) -> torch.Tensor:
+    """parts [split_k, M, N] fp32: x weight^T over each of split_k parts of K, unscaled
+    (no tickets: the op after sums them in part order and applies the scales as the ticket
+    path's last program does, kernels/parts_rmsnorm.py); x [M, K] E4M3."""
+    x = _checked(x, weight, block_k)
+    m, n = x.shape[0], weight.shape[0]
+    parts = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
+    _launch(x, scale, weight, scale, None, parts, parts, None, block_m(m, max_block_m),
+            block_n, block_k, num_warps, num_stages, split_k, False, False, parts_out=True)
+    return parts
+
+
+def _checked(x: torch.Tensor, weight: torch.Tensor, block_k: int) -> torch.Tensor:
+    """x with TMA's layout (a copy where it lacks it); a weight without it is refused."""
+    if block_k > MAX_BLOCK_K or not fits(weight):
+        raise ValueError(f"the TMA FP8 GEMM takes BLOCK_K <= {MAX_BLOCK_K} and a weight with "
+                         f"16-byte aligned rows, got BLOCK_K {block_k}, weight "
+                         f"{tuple(weight.shape)} strides {weight.stride()}")
+    return x if fits(x) else x.clone(memory_format=torch.contiguous_format)
+
+
+def _launch(x, x_scale, weight, scale, bias, y, parts, counters, bm, block_n, block_k,
+            num_warps, num_stages, split_k, persistent, bit_widen, parts_out=False):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    (m, k), n = x.shape, weight.shape[0]
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, bm)
     x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [bm, block_k])
     w_desc = _weight_descriptor(weight, block_n, block_k)
     options = pdl.launch_options(x.device)
@@ -245,6 +278,8 @@ def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                                  if options["USE_PDL"] else 0)
         options["EARLY_SCALES"] = early_scales(bias is not None)
         options["EARLY_TICKET"] = early_ticket()
+        if parts_out:
+            options["PARTS_OUT"] = True
     bit_widen = bit_widen and x.dtype == torch.bfloat16 and not _interpreted()
     kernel[grid](
         x_desc, x_scale, *weight_args, scale.reshape(-1), bias if bias is not None else scale,
@@ -252,7 +287,6 @@ def tma_linear(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
         k, y.stride(0), HAS_BIAS=bias is not None, FP8_X=x.dtype == weight.dtype, BLOCK_M=bm,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, TICKETS=counters is not None,
         NUM_STAGES=num_stages, BIT_WIDEN=bit_widen, num_warps=num_warps, **options)
-    return y.to(out_dtype)
 
 
 def _interpreted() -> bool:  # the Triton interpreter runs no inline PTX

@@ -40,14 +40,30 @@ def _rms_norm_kernel(out_ptr, new_x_ptr, q_ptr, s_ptr, x_ptr, residual_ptr, weig
     x = tl.load(x_ptr + row * stride_xr + head * stride_xh + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_rr + head * stride_rh + cols, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(new_x_ptr.dtype.element_ty)
-        tl.store(new_x_ptr + out_offs, x, mask=mask)
+        x = add_residual(x, r, new_x_ptr, out_offs, mask)
+    if not EARLY_LOADS:
+        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    normalize_row(x, w, out_ptr, out_offs, q_ptr, s_ptr, row, mask, eps, N, QUANT, FP8_MAX,
+                  USE_PDL)
+
+
+@triton.jit
+def add_residual(x, r, new_x_ptr, out_offs, mask):
+    """x + r rounded to new_x's dtype, stored there (the next residual) and returned."""
+    x = (x.to(tl.float32) + r.to(tl.float32)).to(new_x_ptr.dtype.element_ty)
+    tl.store(new_x_ptr + out_offs, x, mask=mask)
+    return x
+
+
+@triton.jit
+def normalize_row(x, w, out_ptr, out_offs, q_ptr, s_ptr, row, mask, eps, N: tl.constexpr,
+                  QUANT: tl.constexpr, FP8_MAX: tl.constexpr, USE_PDL: tl.constexpr):
+    """The row x normalized, times the weight w (fp32), stored in out's dtype (and, QUANT,
+    in E4M3 with its scale)."""
     xf = x.to(tl.float32)
     # torch's CUDA mean multiplies the sum by fl(1 / N)
     rstd = tl.math.rsqrt(tl.sum(xf * xf, 0) * (1.0 / N) + eps)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
-    if not EARLY_LOADS:
-        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     pdl.inputs_read(USE_PDL)
     out = (w * normed).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + out_offs, out, mask=mask)

@@ -12,6 +12,7 @@ from parashift.layers.fp8_input import hand_over_fp8_inputs
 from parashift.layers.l2_prefetch import NO_PREFETCHES, attach_l2_prefetch
 from parashift.layers.norm_gemv import fuse_norm_into_gemv
 from parashift.layers.silu_gemv import fuse_silu_into_gemv
+from parashift.layers.split_parts_norm import hand_over_split_parts
 from parashift.layers.layernorm import RMSNorm, qk_norm
 from parashift.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from parashift.layers.missing import MissingLayer
@@ -94,6 +95,9 @@ class LlamaDecoderLayer(nn.Module):
     norm_gemv_pairs = fp8_input_pairs
     # (RMSNorm, mixture of experts it feeds): the norm may route too (layers/norm_router.py)
     norm_router_pairs = (("post_attention_layernorm", "mlp"),)
+    # (RMSNorm, linear layer feeding it): the norm may sum the layer's split-K parts
+    # (layers/split_parts_norm.py)
+    split_parts_norm_pairs = (("post_attention_layernorm", "self_attn.o_proj"),)
     # (short name, GEMM) in step order: weights pulled into L2 ahead (layers/l2_prefetch.py;
     # the block holding each GEMM calls its point after it)
     l2_prefetch_order = (("qkv", "self_attn.qkv_proj"), ("o", "self_attn.o_proj"),
@@ -134,6 +138,15 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(cfg, max_position, mlps[i]) if i in self.stage else MissingLayer()
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if self.last else MissingLayer()
+
+    @property
+    def split_parts_norm_pairs(self) -> tuple[tuple[str, str], ...]:
+        """(RMSNorm, linear layer feeding it) across decoder layers: each down projection and
+        the norm its output reaches next (the next layer's input norm, the final norm), where
+        both are on this stage (layers/split_parts_norm.py)."""
+        layers = list(self.stage)
+        after = [f"layers.{i}.input_layernorm" for i in layers[1:]] + (["norm"] if self.last else [])
+        return tuple((norm, f"layers.{i}.mlp.down_proj") for i, norm in zip(layers, after))
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor,
                 intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):
@@ -178,6 +191,7 @@ class LlamaForCausalLM(nn.Module):
         fuse_silu_into_dense_gate_up(self)
         fuse_silu_into_fp8_gate_up(self)
         fuse_norm_into_gemv(self)
+        hand_over_split_parts(self)
         attach_l2_prefetch(self)
 
     @staticmethod

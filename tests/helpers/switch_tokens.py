@@ -21,16 +21,17 @@ def engine_tokens(model_dir, device: str, env: str, value: str, prompts: list,
             llm.llm_engine.shutdown()
 
 
-def switch_tokens(model_dir, device: str, env: str) -> Callable[[str | None, str], list]:
-    """tokens(quantization, value): the engine's greedy tokens for 8 prompts with env=value,
-    bf16 weights (quantization None) or FP8."""
-    prompts, _ = requests(8)
+def switch_tokens(model_dir, device: str, env: str, prompts: int = 8,
+                  max_num_seqs: int = 4) -> Callable[[str | None, str], list]:
+    """tokens(quantization, value): the engine's greedy tokens for `prompts` prompts with
+    env=value, bf16 weights (quantization None) or FP8, at most max_num_seqs a step."""
+    prompts, _ = requests(prompts)
     runs = {}
 
     def tokens(quantization, value):
         if (quantization, value) not in runs:
             runs[quantization, value] = engine_tokens(model_dir, device, env, value, prompts,
                                                       quantization=quantization,
-                                                      max_num_seqs=4)
+                                                      max_num_seqs=max_num_seqs)
         return runs[quantization, value]
     return tokens

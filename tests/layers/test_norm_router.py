@@ -13,6 +13,7 @@ from parashift.kernels import moe_norm_router
 from parashift.layers.fused_moe import FusedExperts, FusedMoE, Router
 from parashift.layers.layernorm import RMSNorm
 from parashift.layers.norm_router import NormRouter
+from parashift.layers.split_parts_norm import PartsRMSNorm
 from parashift.models.moe import MoeForCausalLM
 from parashift.parallel.state import ParallelState
 from tests.engine.conftest import tiny_llm
@@ -30,10 +31,11 @@ def build(**context) -> MoeForCausalLM:
 
 
 def test_each_moe_layer_norm_gets_the_twin():
-    """Qwen3-MoE's layer 1 is dense (mlp_only_layers): its norm stays plain."""
+    """Qwen3-MoE's layer 1 is dense (mlp_only_layers): its norm stays plain (or the twin
+    summing o_proj's split parts, layers/split_parts_norm.py)."""
     layers = build().model.layers
     kinds = [type(layer.post_attention_layernorm) for layer in layers]
-    assert kinds == [NormRouter, RMSNorm, NormRouter]
+    assert kinds == [NormRouter, PartsRMSNorm, NormRouter]
     assert not any(isinstance(layer.input_layernorm, NormRouter) for layer in layers)
     assert build(reduction_chunks=4).model.layers[0].mlp.fused_router() is None
 
