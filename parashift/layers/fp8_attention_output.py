@@ -25,6 +25,11 @@ from parashift.layers.linear import LinearBase
 ATTN_O_FP8_ENV = "PARASHIFT_ATTN_O_FP8"
 
 
+def enabled() -> bool:
+    """PARASHIFT_ATTN_O_FP8 (read at each call; off by default: unmeasured)."""
+    return switch(ATTN_O_FP8_ENV, "0")
+
+
 class QuantizingAttention(Attention):
     """An Attention layer whose output feeds an FP8 layer (o_proj). Made by re-classing the
     layer itself (`QuantizingAttention(attn, o_proj)` returns attn): its parameters' loaders
@@ -42,7 +47,7 @@ class QuantizingAttention(Attention):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor) -> torch.Tensor:
-        if not (switch(ATTN_O_FP8_ENV, "0") and use_triton(q)
+        if not (enabled() and use_triton(q)
                 and self._consumer_quantizes(q.shape[0], q.dtype, q.device)):
             return super().forward(positions, q, k, v)
         with fp8_output.requested() as request:

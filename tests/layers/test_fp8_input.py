@@ -259,9 +259,6 @@ def test_o_proj_quantizes_for_itself_where_the_attention_made_no_rows(
     monkeypatch.setenv(fp8_attention_output.ATTN_O_FP8_ENV, "1")
     attn(torch.arange(4), x[:4])  # o_proj's GEMV at 4 rows: no request
     assert gpu_stand_ins == [None] * 6 and attention_stand_in == [None] * 3
-    monkeypatch.setenv(fp8_attention_output.ATTN_O_FP8_ENV, "yes")
-    with pytest.raises(ValueError, match="PARASHIFT_ATTN_O_FP8='yes'"):
-        attn(torch.arange(6), x)
 
 
 @pytest.fixture(scope="module")
@@ -294,3 +291,38 @@ def test_fused_fp8_inputs_give_the_unfused_tokens_and_logprobs(fp8_engine_output
     (unfused, fused), calls = fp8_engine_outputs
     assert calls["norm"] > 0 and calls["act"] > 0
     assert_identical(fused, unfused)
+
+
+@pytest.fixture(scope="module")
+def attention_rows_outputs(tiny_llama_dir):
+    """The FP8 engine's outputs on the GPU with PARASHIFT_ATTN_O_FP8 off and on, every decode
+    launch unsplit and every FP8 GEMM cuBLASLt's (which quantizes its input; no Triton
+    candidate timed: none to compile), so that o_proj may take the attention's rows at every
+    decode step; and the rows the launches made under each."""
+    from parashift.attention import triton_backend
+    prompts, _ = requests(8)
+    made, outputs = {"0": 0, "1": 0}, []
+    record = fp8_output.OutputRows.record
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(triton_backend, "FUSED_UNSPLIT_PROGRAMS_PER_SM", 0)
+        patch.setattr(fp8_gemm, "_choices", {})
+        patch.setattr(fp8_gemm, "candidates", lambda rows, n: [])
+        patch.setenv("PARASHIFT_FP8_FUSED_INPUT", "1")
+        for mode in ("0", "1"):
+            patch.setattr(fp8_output.OutputRows, "record", lambda self, *rows, mode=mode: (
+                made.update({mode: made[mode] + 1}), record(self, *rows)))
+            patch.setenv(fp8_attention_output.ATTN_O_FP8_ENV, mode)
+            llm = tiny_llm(tiny_llama_dir, device=DEVICE, dtype="bfloat16", quantization="fp8",
+                           max_num_seqs=8)
+            try:
+                outputs.append(llm.generate(prompts, GREEDY))
+            finally:
+                llm.llm_engine.shutdown()
+    return outputs, made
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
+def test_the_attentions_fp8_rows_give_the_same_tokens_and_logprobs(attention_rows_outputs):
+    (without, with_rows), made = attention_rows_outputs
+    assert made["0"] == 0 and made["1"] > 0
+    assert_identical(with_rows, without)
