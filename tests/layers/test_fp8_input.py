@@ -277,13 +277,18 @@ def fp8_engine_outputs(tiny_llama_dir):
             act=calls["act"] + 1) or act_fp8(*a))
         for mode in ("0", "1"):
             patch.setenv("PARASHIFT_FP8_FUSED_INPUT", mode)
-            llm = tiny_llm(tiny_llama_dir, device=DEVICE, dtype="bfloat16", quantization="fp8",
-                           max_num_seqs=8)  # few graphs to capture
-            try:
-                outputs.append(llm.generate(prompts, GREEDY))
-            finally:
-                llm.llm_engine.shutdown()
+            outputs.append(fp8_outputs(tiny_llama_dir, prompts))
     return outputs, calls
+
+
+def fp8_outputs(model_dir, prompts):
+    """The tiny FP8 engine's greedy outputs on DEVICE."""
+    llm = tiny_llm(model_dir, device=DEVICE, dtype="bfloat16", quantization="fp8",
+                   max_num_seqs=8)  # few graphs to capture
+    try:
+        return llm.generate(prompts, GREEDY)
+    finally:
+        llm.llm_engine.shutdown()
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
@@ -312,12 +317,7 @@ def attention_rows_outputs(tiny_llama_dir):
             patch.setattr(fp8_output.OutputRows, "record", lambda self, *rows, mode=mode: (
                 made.update({mode: made[mode] + 1}), record(self, *rows)))
             patch.setenv(fp8_attention_output.ATTN_O_FP8_ENV, mode)
-            llm = tiny_llm(tiny_llama_dir, device=DEVICE, dtype="bfloat16", quantization="fp8",
-                           max_num_seqs=8)
-            try:
-                outputs.append(llm.generate(prompts, GREEDY))
-            finally:
-                llm.llm_engine.shutdown()
+            outputs.append(fp8_outputs(tiny_llama_dir, prompts))
     return outputs, made
 
 
