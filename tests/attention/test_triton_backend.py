@@ -430,7 +430,7 @@ def test_fp8_pairs_one_row_preloaded(monkeypatch, merge):
         torch.testing.assert_close(actual, expected, atol=2e-2, rtol=2e-2)
 
 
-def test_one_launch_decode_writes_its_rows_in_fp8_in_a_graph(monkeypatch):
+def test_one_launch_decode_writes_fp8_rows_in_a_graph(monkeypatch):
     """Asked (attention/fp8_output.py), an unsplit one-launch decode at the 8B's heads, 60
     sequences and 4 padding rows, replayed from a graph with new lengths (each replay's
     tickets back to 0), writes the rows and scales fp8_gemm.quantize_rows makes of its
