@@ -18,8 +18,9 @@ consumer takes the rows only if it is called with the very tensor the producer r
 (a design changing the tensor in between, e.g. SiDP's gather, gives another one: the
 layer then quantizes its input itself). On by default (PARASHIFT_FP8_FUSED_INPUT=1: every
 kind; =norm the RMSNorms only, =silu the SiLU-and-muls only, =attn the attention's twin only,
-=norm,silu both; 0 keeps every op plain): on one H200, 8B shape, a 4,096-token prefill step took 64.4 ms against 66.4 without
-(interleaved in one process, medians of 4), decode b1 and b64 on par (session 43)."""
+=norm,silu both; 0 keeps every op plain): on one H200, 8B shape, a 4,096-token prefill step
+took 64.4 ms against 66.4 without (interleaved in one process, medians of 4), decode b1 and
+b64 on par (session 43; the norms and SiLU-and-muls only)."""
 import os
 
 import torch
