@@ -428,3 +428,51 @@ def test_fp8_pairs_one_row_preloaded(monkeypatch, merge):
         assert triton_backend._plan_launch(step.q, k_cache, meta, seqs).preload
         actual = TritonAttentionBackend().attend(step.q, k_cache, v_cache, meta, scale)
         torch.testing.assert_close(actual, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_one_launch_decode_writes_fp8_rows_in_a_graph(monkeypatch):
+    """Asked (attention/fp8_output.py), an unsplit one-launch decode at the 8B's heads, 60
+    sequences and 4 padding rows, replayed from a graph with new lengths (each replay's
+    tickets back to 0), writes the rows and scales fp8_gemm.quantize_rows makes of its
+    output, bit for bit, and the output an eager launch writes unasked."""
+    from parashift.attention import fp8_output
+    from parashift.kernels import fp8_gemm
+    monkeypatch.setattr(triton_backend, "FUSED_UNSPLIT_PROGRAMS_PER_SM", 0)
+    backend = TritonAttentionBackend()
+    first, second = (make_step([1] * 60, random_lengths(60, 1, 1100, seed), 32, 8,
+                               pad_tokens=4, seed=seed) for seed in (5, 6))
+    num_blocks = max(first.k_cache.shape[0], second.k_cache.shape[0])
+    width = max(first.meta.block_tables.shape[1], second.meta.block_tables.shape[1])
+    static = _static_copy(first, num_blocks, width)
+    static.meta = _graph_meta(static.meta, 2048)
+    with fp8_output.requested():
+        run(backend, static, static.k_cache, static.v_cache)  # compiled outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), fp8_output.requested() as request:
+        out = run(backend, static, static.k_cache, static.v_cache)
+    assert request.made is not None and request.made[0] is out
+    _, rows, scales = request.made
+    for step in (second, first):
+        _load_into(static, _static_copy(step, num_blocks, width))
+        graph.replay()
+        expected_rows, expected_scales = fp8_gemm.quantize_rows(out.flatten(-2))
+        assert torch.equal(rows.view(torch.uint8), expected_rows.view(torch.uint8))
+        assert torch.equal(scales, expected_scales)
+        assert torch.equal(out, run(backend, _static_copy(step, num_blocks, width)))
+        torch.testing.assert_close(out, run(TorchAttentionBackend(), step), atol=2e-2,
+                                   rtol=2e-2)
+
+
+@pytest.mark.parametrize("q_lens,splits", [([1] * 4, 4), ([1, 1, 5], 1)])
+def test_decodes_split_or_beside_a_prefill_make_no_fp8_rows(monkeypatch, q_lens, splits):
+    """Only an unsplit launch over every row answers: split decodes, or decodes before a
+    prefill's launch, leave the request empty (o_proj then quantizes itself)."""
+    from parashift.attention import fp8_output
+    monkeypatch.setattr(triton_backend, "FUSED_UNSPLIT_PROGRAMS_PER_SM", 1 << 20)
+    monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: splits)
+    step = make_step(q_lens, [300, 900, 17, 2000][:len(q_lens)], 32, 8)
+    with fp8_output.requested() as request:
+        out = run(TritonAttentionBackend(), step)
+    assert request.made is None
+    torch.testing.assert_close(out, run(TorchAttentionBackend(), step), atol=2e-2, rtol=2e-2)
