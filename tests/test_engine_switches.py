@@ -12,7 +12,6 @@ from parashift import engine_switches
 from parashift.attention import cudnn_chunk, cudnn_prefill, triton_backend, triton_decode_preload
 from parashift.kernels import (argmax, dense_gemm, fp8_gemm, fp8_gemm_tma, fp8_gemv, moe_decode,
                                moe_prefill, pdl)
-from parashift.layers import fp8_attention_output
 
 # (variable, its reader): where on needs more than the switch (cuDNN's GQA), only 0 and a bad
 # value are checked
@@ -28,7 +27,6 @@ READERS = [
     (argmax.ENV, argmax.enabled),
     (moe_prefill.ENV, moe_prefill.enabled),
     (moe_decode.ENV, moe_decode.enabled),
-    (fp8_attention_output.ATTN_O_FP8_ENV, fp8_attention_output.enabled),
 ]
 ROOT = Path(__file__).resolve().parents[1]
 ON_NEEDS_MORE = [(cudnn_prefill.DIRECT_ENV, lambda: cudnn_prefill._direct(torch.device("cpu")))]

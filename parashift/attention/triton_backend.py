@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from parashift.attention import fp8_output
 from parashift.attention.metadata import AttentionMetadata
 from parashift.attention import triton_decode_preload
 from parashift.attention.triton_decode import decode_attention_kernel
@@ -669,12 +668,11 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(*part_m.shape, head_dim, dtype=torch.float32, device=q.device)
         tickets = _tickets(q.device, rows * kv_heads)
-    else:  # unused by the kernel (but by FP8 rows' tickets), an int32 pointer all the same
+    else:  # unused by the kernel, the tickets an int32 pointer all the same
         part_acc = part_m = part_l = out
-        tickets = _tickets(q.device, rows)
-    fp8_rows = _fp8_rows_asked(out, seqs, launch, tickets)
-    if tickets is None:
-        tickets = torch.empty(1, dtype=torch.int32, device=q.device)
+        tickets = _tickets(q.device, 0)
+        if tickets is None:
+            tickets = torch.empty(1, dtype=torch.int32, device=q.device)
     cfg = launch.config
     grid = (kv_heads, rows, splits) if FUSED_HEADS_FIRST else (rows, kv_heads, splits)
     decode_attention_kernel[grid](
@@ -684,7 +682,7 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         seqs.token_offset, scale * math.log2(math.e),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
-        *triton_decode_preload.rope_args(q, rope), *(fp8_rows or (out, out)),
+        *triton_decode_preload.rope_args(q, rope),
         GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n,
         BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLITS_P=triton.next_power_of_2(splits),
@@ -693,27 +691,8 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         FP8_F16=fp8_f16(q, v_cache), ROPE=rope is not None,
         QK_NORM=rope is not None and rope.norms is not None, MUL_RN=q.is_cuda,
         K_HEADS_P=triton.next_power_of_2(kv_heads) if rope and rope.norms is not None else 1,
-        **_rope_prefetch(rope, head_dim, k_cache.element_size()),
-        FP8_OUT=fp8_rows is not None, FP8_ROW_P=triton.next_power_of_2(num_heads * head_dim),
-        FP8_MAX=fp8_output.FP8_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl.launch_options(q.device))
-
-
-def _fp8_rows_asked(out: torch.Tensor, seqs: _SeqRange, launch: _Launch,
-                    tickets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(E4M3 rows, fp32 scales) for the launch to write beside `out` where a request is open
-    (attention/fp8_output.py) and it can: unsplit, over every row of a contiguous output,
-    with ticket counters at hand; recorded in the request. Else None."""
-    request = fp8_output.pending()
-    if (request is None or launch.num_splits != 1 or tickets is None
-            or seqs.token_offset != 0 or launch.num_q_blocks != out.shape[0]
-            or not out.is_contiguous()):
-        return None
-    rows = torch.empty(out.shape[0], out.shape[1] * out.shape[2], dtype=fp8_output.FP8,
-                       device=out.device)
-    scales = torch.empty(out.shape[0], 1, dtype=torch.float32, device=out.device)
-    request.record(out, rows, scales)
-    return rows, scales
+        **_rope_prefetch(rope, head_dim, k_cache.element_size()), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 
 def _rope_prefetch(rope, head_dim: int, elem_size: int) -> dict:

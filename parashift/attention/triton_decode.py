@@ -26,7 +26,6 @@ Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions
 import triton
 import triton.language as tl
 
-from parashift.attention.triton_decode_fp8_out import quantize_row_when_last
 from parashift.attention.triton_decode_preload import _prefetch_tiles
 from parashift.attention.triton_decode_rope import (new_kv, new_token_inputs, rotated_q,
                                                     store_new_kv)
@@ -100,7 +99,7 @@ def decode_attention_kernel(
         stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         k_ptr, v_ptr, stride_kt, stride_knh, stride_vt, stride_vnh, positions_ptr, cos_sin_ptr,
-        stride_cs, slot_mapping_ptr, q_norm_ptr, k_norm_ptr, eps, fp8_rows_ptr, fp8_scales_ptr,
+        stride_cs, slot_mapping_ptr, q_norm_ptr, k_norm_ptr, eps,
         GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_M: tl.constexpr,
         TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
         HEAD_DIM_P: tl.constexpr, SPLITS_P: tl.constexpr, SPLIT_TOKENS: tl.constexpr,
@@ -109,9 +108,7 @@ def decode_attention_kernel(
         FP8_F16: tl.constexpr = False, ROPE: tl.constexpr = False,
         QK_NORM: tl.constexpr = False, MUL_RN: tl.constexpr = False,
         PREFETCH_TILES: tl.constexpr = 0, ROW_LINES: tl.constexpr = 1,
-        LINE_ELEMS: tl.constexpr = 1, K_HEADS_P: tl.constexpr = 1,
-        FP8_OUT: tl.constexpr = False, FP8_ROW_P: tl.constexpr = 1,
-        FP8_MAX: tl.constexpr = 448.0):
+        LINE_ELEMS: tl.constexpr = 1, K_HEADS_P: tl.constexpr = 1):
     """FP8_PAIRS: an FP8 pool's values read as 16-bit pairs (triton_fp8_values.py); FP8_F16:
     its products in fp16 (one conversion from E4M3, not two), q clamped to fp16's range.
     ROPE (HEAD_DIM a power of two): q_ptr, k_ptr and v_ptr are the projection's rows before
@@ -127,11 +124,7 @@ def decode_attention_kernel(
     PREFETCH_TILES tiles (the older context: no kernel of the step writes them; ROW_LINES
     cache lines of LINE_ELEMS elements a row) into L2, loading their block table entries on
     the way (L1), so its tile loads, which wait on the rotation, the slot's stores and the
-    barrier, find them there.
-    FP8_OUT (an unsplit launch over every row of a contiguous output): each row's last
-    program also writes the row in E4M3 at fp8_rows_ptr and its scale at fp8_scales_ptr
-    (triton_decode_fp8_out.py; FP8_ROW_P: the row's values rounded up to a power of two;
-    the row's ticket at ticket_ptr + row)."""
+    barrier, find them there."""
     # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
     i = tl.program_id(1 if HEADS_FIRST else 0)
     kv_head = tl.program_id(0 if HEADS_FIRST else 1)
@@ -177,10 +170,6 @@ def decode_attention_kernel(
             _store_rows(out_ptr, token, kv_head, stride_ot, stride_oh,
                         tl.zeros([GROUP_P, HEAD_DIM_P], tl.float32), GROUP, GROUP_P, HEAD_DIM,
                         HEAD_DIM_P)
-            if FP8_OUT:
-                quantize_row_when_last(out_ptr, fp8_rows_ptr, fp8_scales_ptr, ticket_ptr + i,
-                                       token, stride_ot, num_kv_heads,
-                                       num_kv_heads * GROUP * HEAD_DIM, FP8_ROW_P, FP8_MAX)
         return
     num_splits, num_tiles, tiles_per_split, lo, hi = _split_tiles(seq_len, split, grid_splits,
                                                                   TILE_N, SPLIT_TOKENS)
@@ -229,10 +218,6 @@ def decode_attention_kernel(
         out = acc / l_i[:, None]
         tl.store(o_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=io_mask)
-        if FP8_OUT:
-            quantize_row_when_last(out_ptr, fp8_rows_ptr, fp8_scales_ptr, ticket_ptr + i, token,
-                                   stride_ot, num_kv_heads, num_kv_heads * GROUP * HEAD_DIM,
-                                   FP8_ROW_P, FP8_MAX)
         return
     # partials at [row, head, split] of buffers [rows, heads, grid_splits(, head_dim)]
     num_heads = num_kv_heads * GROUP

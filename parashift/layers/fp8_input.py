@@ -5,9 +5,7 @@ input per token first: a kernel of its own before every such linear layer. Where
 before is an RMSNorm (QKV after the input norm, gate_up after the post-attention norm) or
 SiLU-and-mul (down), its kernel can write the rows in E4M3 with their scales as it writes
 them (`kernels/rmsnorm.py`'s `rms_norm_fp8`, `kernels/silu_mul.py`'s `silu_and_mul_fp8`,
-bit for bit what `fp8_gemm.quantize_rows` makes of its output) and hand them to the layer;
-the attention before o_proj too, in the decode launches that can (layers/
-fp8_attention_output.py, under PARASHIFT_ATTN_O_FP8).
+bit for bit what `fp8_gemm.quantize_rows` makes of its output) and hand them to the layer.
 
 A model names its (producer, consumer) pairs by attribute path (`fp8_input_pairs` on a
 module class); `hand_over_fp8_inputs` replaces each producer by its quantizing twin (same
@@ -16,11 +14,10 @@ default mode. At run time the twin quantizes only on the GPU and where the consu
 for that many rows quantizes (`LinearBase.quantizes_input`); else it is the plain op. The
 consumer takes the rows only if it is called with the very tensor the producer returned
 (a design changing the tensor in between, e.g. SiDP's gather, gives another one: the
-layer then quantizes its input itself). On by default (PARASHIFT_FP8_FUSED_INPUT=1: every
-kind; =norm the RMSNorms only, =silu the SiLU-and-muls only, =attn the attention's twin only,
-=norm,silu both; 0 keeps every op plain): on one H200, 8B shape, a 4,096-token prefill step
-took 64.4 ms against 66.4 without (interleaved in one process, medians of 4), decode b1 and
-b64 on par (session 43; the norms and SiLU-and-muls only)."""
+layer then quantizes its input itself). On by default (PARASHIFT_FP8_FUSED_INPUT=1: both
+kinds; =norm the RMSNorms only, =silu the SiLU-and-muls only, =norm,silu both; 0 keeps every
+op plain): on one H200, 8B shape, a 4,096-token prefill step took 64.4 ms against 66.4 without
+(interleaved in one process, medians of 4), decode b1 and b64 on par (session 43)."""
 import os
 
 import torch
@@ -28,12 +25,27 @@ from torch import nn
 
 from parashift.kernels import use_triton
 from parashift.layers.activation import SiluAndMul
-from parashift.layers.attention import Attention
-from parashift.layers.fp8_attention_output import QuantizingAttention
-from parashift.layers.fp8_handoff import FP8Handoff
 from parashift.layers.fusion_pairs import declared_pairs
 from parashift.layers.layernorm import RMSNorm
 from parashift.layers.linear import LinearBase
+
+
+class FP8Handoff:
+    """The rows one producer quantized for its consumer, held from the producer's return to
+    the consumer's call (taken once, so a step's activations are not kept)."""
+
+    def __init__(self):
+        self._held: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def put(self, source: torch.Tensor, rows: torch.Tensor, scales: torch.Tensor) -> None:
+        self._held = (source, rows, scales)
+
+    def take(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(E4M3 rows, fp32 scales [rows, 1]) if x is the tensor they were made of."""
+        held, self._held = self._held, None
+        if held is None or held[0] is not x:
+            return None
+        return held[1], held[2]
 
 
 class _Producer:
@@ -84,12 +96,9 @@ class QuantizingSiluAndMul(_Producer, SiluAndMul):
         return out
 
 
-QUANTIZING = {RMSNorm: QuantizingRMSNorm, SiluAndMul: QuantizingSiluAndMul,
-              Attention: QuantizingAttention}
+QUANTIZING = {RMSNorm: QuantizingRMSNorm, SiluAndMul: QuantizingSiluAndMul}
 # PARASHIFT_FP8_FUSED_INPUT's names of the twins, for a comma-separated list; 1 is all of them
-# (the attention's asks for rows only under its own switch, PARASHIFT_ATTN_O_FP8)
-TWIN_NAMES = {"norm": QuantizingRMSNorm, "silu": QuantizingSiluAndMul,
-              "attn": QuantizingAttention}
+TWIN_NAMES = {"norm": QuantizingRMSNorm, "silu": QuantizingSiluAndMul}
 
 
 def fused_twins() -> set[type]:

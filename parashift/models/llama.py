@@ -25,9 +25,6 @@ def head_dim_of(cfg) -> int:
 
 
 class LlamaAttention(nn.Module):
-    # (op, FP8 linear layer it feeds): the op may quantize its output (layers/fp8_input.py)
-    fp8_input_pairs = (("attn", "o_proj"),)
-
     def __init__(self, cfg, max_position: int):
         super().__init__()
         head_dim = head_dim_of(cfg)

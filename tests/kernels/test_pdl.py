@@ -265,16 +265,13 @@ KERNELS = {
             GROUP=4, GROUP_P=4, BLOCK_Q=1, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16,
             HEAD_DIM=128, HEAD_DIM_P=128, SPLIT=True, DOT_PRECISION="tf32",
             MASK_EVERY_TILE=False, PARTITION_TILES=0, CONTEXT_SPLITS=64), False),
-    # with its output's E4M3 rows for o_proj (triton_decode_fp8_out.py; the split merge kept)
     "decode_attention": (triton_decode.decode_attention_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "ticket_ptr": torch.int32, "block_tables_ptr": torch.int32,
-        "seq_lens_ptr": torch.int32, "query_start_loc_ptr": torch.int32, "fp8_rows_ptr": FP8,
-        "fp8_scales_ptr": torch.float32}, ("qk_scale",), dict(
+        "seq_lens_ptr": torch.int32, "query_start_loc_ptr": torch.int32}, ("qk_scale",), dict(
             GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
             HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
-            HEADS_FIRST=False, FP8_PAIRS=False, FP8_F16=False, ROPE=False, FP8_OUT=True,
-            FP8_ROW_P=4096, FP8_MAX=448.0), False),
+            HEADS_FIRST=False, FP8_PAIRS=False, FP8_F16=False, ROPE=False), False),
     "decode_attention_fp8_pairs": (triton_decode.decode_attention_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "ticket_ptr": torch.int32, "block_tables_ptr": torch.int32,
@@ -282,7 +279,7 @@ KERNELS = {
         "v_cache_ptr": FP8}, ("qk_scale",), dict(
             GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
             HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
-            HEADS_FIRST=False, FP8_PAIRS=True, FP8_F16=False, ROPE=False, FP8_OUT=False), False),
+            HEADS_FIRST=False, FP8_PAIRS=True, FP8_F16=False, ROPE=False), False),
     "decode_attention_rope": (triton_decode.decode_attention_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "ticket_ptr": torch.int32, "block_tables_ptr": torch.int32,
@@ -292,8 +289,7 @@ KERNELS = {
             GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
             HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
             HEADS_FIRST=False, FP8_PAIRS=False, FP8_F16=False, ROPE=True, QK_NORM=True,
-            MUL_RN=True, PREFETCH_TILES=2, ROW_LINES=2, LINE_ELEMS=64, K_HEADS_P=8,
-            FP8_OUT=False), True),
+            MUL_RN=True, PREFETCH_TILES=2, ROW_LINES=2, LINE_ELEMS=64, K_HEADS_P=8), True),
     "reduce_splits": (triton_kernels.reduce_splits_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32,
