@@ -6,8 +6,9 @@ parts-out GEMM (fp8_gemm_tma.tma_parts / dense_gemm_tma.tma_parts) and the summi
 Triton config) and the plain norm. The parts give N = 4096 (o_proj) 128-256 programs where
 the plain GEMM's 64-row weight tiles give 64, and no ticket tail.
 
-PARASHIFT_SPLIT_PARTS_NORM: 0 (the default: unmeasured on a GPU) or 1, read at each call (a
-CUDA graph keeps what its capture read). Only without a bias: an FP8 tile's bias add may be
+PARASHIFT_SPLIT_PARTS_NORM: 1 (the default: 8B bf16 decode at 64 rows 1.022x on an H200, every
+round of three, o and down both taking parts; FP8 took none) or 0, read at each call (a CUDA
+graph keeps what its capture read). Only without a bias: an FP8 tile's bias add may be
 contracted into an FMA in the ticket path and not in the norm (fp8_epilogue.py)."""
 from typing import Hashable
 
@@ -19,7 +20,7 @@ from parashift.kernels import dense_gemm, dense_gemm_tma, fp8_gemm, fp8_gemm_tma
 from parashift.kernels.parts_rmsnorm import parts_add_rms_norm
 from parashift.kernels import rmsnorm
 
-ENV, DEFAULT = "PARASHIFT_SPLIT_PARTS_NORM", "0"
+ENV, DEFAULT = "PARASHIFT_SPLIT_PARTS_NORM", "1"
 MIN_ROWS, MAX_ROWS = 33, 64
 MARGIN = 0.995  # a candidate must beat the GEMM and plain norm by this factor
 # tma_w8a8 64-row weight tiles as the ticket configs' (fp8_gemm.TMA_CONFIGS), K in 2 or 4

@@ -3,20 +3,23 @@
 
 A model names its (RMSNorm, linear layer feeding it) pairs by submodule path
 (`split_parts_norm_pairs` on a module: the Llama decoder's post-attention norm and o_proj;
-the Llama stack's next input norm, or the final norm, and each layer's down projection); `hand_over_split_parts` turns each such norm (plain or FP8-quantizing,
-layers/fp8_input.py) into its summing twin (the same module, its class swapped: parameters
-and names kept) and gives the layer a hook (`LinearBase.gemm_hook`). At run time, where
-PARASHIFT_SPLIT_PARTS_NORM=1 and the pair at that many rows measured faster with parts
+the Llama stack's next input norm, or the final norm, and each layer's down projection);
+`hand_over_split_parts` turns each such norm (plain or FP8-quantizing, layers/fp8_input.py)
+into its summing twin (the same module, its class swapped: parameters and names kept) and
+gives the layer a hook (`LinearBase.gemm_hook`). At run time, unless
+PARASHIFT_SPLIT_PARTS_NORM=0, where the pair at that many rows measured faster with parts
 (`split_parts_choice.choice`), the hook runs the parts-out GEMM, hands the parts to the
 twin and returns an unwritten tensor of the layer's output's shape; the twin, called with
 that very tensor, sums the parts in its kernel (the bits of the ticket path's sum and the
 plain norm). The model calls the layer (o_proj through the attention, down through the MLP)
 and then the norm (the decoder layer's, or after the stack's loop hands the MLP's output to
-the next layer) with nothing reading the output in between; a norm called with another tensor while
-parts are held is an error, not a silent misread. A norm that a later pass replaces (the MoE's
-routing norm, layers/norm_router.py, wraps the twin) leaves the hook idle. Only for one TP rank (the output is not
-all-reduced), no bias, the default mode's GEMMs (never deterministic mode); not across a
-pipeline stage's end (the stage's last down has no norm after it on this rank)."""
+the next layer) with nothing reading the output in between; a norm called with another
+tensor while parts are held is an error, not a silent misread. A norm that a later pass
+replaces (the MoE's routing norm, layers/norm_router.py, wraps the twin) leaves the hook
+idle, and so does a forward hook on any module between the layer and its norm (SiDP's CaS
+gathers an FFN block's rows). Only for one TP rank (the output is not all-reduced), no bias,
+the default mode's GEMMs (never deterministic mode); not across a pipeline stage's end (the
+stage's last down has no norm after it on this rank)."""
 import torch
 
 from parashift.context import get_context
@@ -51,18 +54,20 @@ class PartsHandoff:
 class PartsOutHook:
     """The layer's hook: its GEMM as parts for the twin norm, where chosen."""
 
-    def __init__(self, norm: "SumsParts", module: torch.nn.Module, name: str):
+    def __init__(self, norm: "SumsParts", module: torch.nn.Module, name: str, layer_path: str):
         self._norm_quantizes = norm.quantizes  # methods: no submodule
         self._handoff = norm.parts_input
         self._weight = lambda: norm.weight
         self._eps = norm.eps
         # a later pass may put another norm in the twin's place (the MoE's routing norm)
         self._wired = lambda: module.get_submodule(name) is norm
+        self._between = [module.get_submodule(path) for path in _prefixes(layer_path)
+                         + _prefixes(name)]
 
     def take(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor | None:
         from parashift.kernels import split_parts_choice
         if (not split_parts_choice.enabled() or not use_triton(x) or part.bias is not None
-                or get_context().tp.size != 1 or not self._wired()
+                or get_context().tp.size != 1 or not self._wired() or self._hooked()
                 or not split_parts_choice.serves(x, part.weight, part.scale)):
             return None
         config = split_parts_choice.choice(x, part.weight, part.scale, self._weight(),
@@ -73,6 +78,18 @@ class PartsOutHook:
         placeholder = x.new_empty(x.shape[0], part.weight.shape[0])
         self._handoff.put(placeholder, parts)
         return placeholder
+
+    def _hooked(self) -> bool:
+        """Whether a forward hook sits between the layer and its norm (SiDP's CaS gathers
+        an FFN block's rows and reduce-scatters its output): the unwritten output would be
+        read."""
+        return any(m._forward_hooks or m._forward_pre_hooks for m in self._between)
+
+
+def _prefixes(path: str) -> list[str]:
+    """"a.b.c" -> ["a", "a.b", "a.b.c"]."""
+    names = path.split(".")
+    return [".".join(names[:i]) for i in range(1, len(names) + 1)]
 
 
 class SumsParts:
@@ -123,6 +140,7 @@ def hand_over_split_parts(model: torch.nn.Module) -> int:
         if twin is not None and takes_parts(layer):
             norm.__class__ = twin
             norm.parts_input = PartsHandoff()
-            layer.gemm_hook = PartsOutHook(norm, module, name)
+            layer_path = next(path for path, m in module.named_modules() if m is layer)
+            layer.gemm_hook = PartsOutHook(norm, module, name, layer_path)
             wired += 1
     return wired

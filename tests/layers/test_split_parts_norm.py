@@ -169,3 +169,23 @@ def test_the_layers_hand_their_parts_to_the_norms_after(gpu_stand_ins, monkeypat
         with pytest.raises(RuntimeError, match="another tensor"):
             producer(x)
             norm(x, residual)
+
+
+def test_a_forward_hook_between_the_layer_and_its_norm_leaves_the_hook_idle(gpu_stand_ins):
+    """SiDP's CaS hooks an FFN block (gathers its rows, reduce-scatters its output): down's
+    unwritten output would be read, so down finishes its own sum there; o_proj, outside that
+    block, keeps its parts."""
+    model = build()
+    gen = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    layers, x, residual = model.model.layers, torch.randn(40, 64), torch.randn(40, 64)
+    handle = layers[0].mlp.register_forward_hook(lambda module, args, out: out * 2)
+    expected = layers[1].input_layernorm(layers[0].mlp(x) / 2 * 2, residual)
+    assert not gpu_stand_ins
+    torch.testing.assert_close(layers[1].input_layernorm(layers[0].mlp(x), residual), expected)
+    layers[0].post_attention_layernorm(layers[0].self_attn.o_proj(x), residual)
+    assert len(gpu_stand_ins) == 1  # o_proj's parts only
+    handle.remove()
+    layers[1].input_layernorm(layers[0].mlp(x), residual)
+    assert len(gpu_stand_ins) == 2
