@@ -98,15 +98,48 @@ def engine_tokens(tiny_llama_dir):
                          max_num_seqs=64)
 
 
+class TicketTwins(dict):
+    """A GEMM module's choices, with `config` (a split-K config, its parts summed by tickets)
+    for the pairs' weights (`shapes`) at decode's 33-64-row bucket (`bucket`)."""
+
+    def __init__(self, choices: dict, shapes: set, bucket: int, config):
+        super().__init__(choices)
+        self._forced = lambda key: key[0] == bucket and key[1] in shapes
+        self._config = config
+        self.used = set()  # the shapes that took it
+
+    def __contains__(self, key):
+        return self._forced(key) or super().__contains__(key)
+
+    def __getitem__(self, key):
+        if not self._forced(key):
+            return super().__getitem__(key)
+        self.used.add(key[1])
+        return self._config
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
 @pytest.mark.parametrize("quantization", [None, "fp8"])
-def test_parts_engine_gives_the_plain_tokens(engine_tokens, monkeypatch, quantization):
-    """With the parts chosen whatever they time (a margin any candidate passes)."""
-    monkeypatch.setattr(split_parts_choice, "MARGIN", 100.0)
-    split_parts_choice._choices.clear()
+def test_parts_engine_gives_the_ticket_path_tokens(engine_tokens, monkeypatch, quantization):
+    """Every pair at 40 rows on a split-K config's parts (whatever they time) gives the tokens
+    of the same config summed by tickets with the plain norms: the same bits (the default
+    GEMM, unsplit, sums in another order, so a tiny random model's near ties may differ)."""
+    from parashift.kernels import dense_gemm, fp8_gemm
+    fp8 = quantization == "fp8"
+    parts = (split_parts_choice.FP8_CONFIGS if fp8 else split_parts_choice.DENSE_CONFIGS)[0]
+    ticket = fp8_gemm.Config(**{**parts.__dict__, "tickets": True}) if fp8 else parts
+    hidden, inter, heads = TINY["hidden_size"], TINY["intermediate_size"], TINY[
+        "num_attention_heads"]
+    shapes = {(hidden, hidden // heads * heads), (hidden, inter)}  # o_proj, down
+    gemm = fp8_gemm if fp8 else dense_gemm
+    asked = set()
+    monkeypatch.setattr(split_parts_choice, "choice",
+                        lambda x, weight, *args: asked.add(tuple(weight.shape)) or parts)
     on = engine_tokens(quantization, "1")
-    assert any(entry["kernel"].startswith("parts") for entry in split_parts_choice.chosen())
+    twins = TicketTwins(gemm._choices, shapes, gemm.row_bucket(40), ticket)
+    monkeypatch.setattr(gemm, "_choices", twins)
     assert on == engine_tokens(quantization, "0")
+    assert asked == shapes and twins.used == shapes
 
 
 def test_a_norm_replaced_later_leaves_the_hook_idle():
