@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Session 49's call script as it ran; PARASHIFT_ATTN_ROPE_PREFETCH was removed in session 50:
+# its variants below now run the fold without the prefetch.)
 # Issues 60/61 (session 49, helper rope64b): why the one-launch decode kernel's RoPE fold
 # (PARASHIFT_ATTN_ROPE_ONE_LAUNCH=1, default 0) gave other bits than the rotary kernel then the
 # one-launch kernel on an H200, and its cost, on ONE H200, in priority order (BUDGET_S, 120 by

@@ -71,11 +71,6 @@ ROPE_ENV = "PARASHIFT_ATTN_ROPE"
 # one-launch kernel too, where such a step runs it (batches of 64 on the 8B shape;
 # triton_decode_rope.py; read at each such step's plan: a graph keeps its capture's)
 ROPE_ONE_LAUNCH_ENV = "PARASHIFT_ATTN_ROPE_ONE_LAUNCH"
-# ... and PARASHIFT_ATTN_ROPE_PREFETCH=1 (off: 0.95x on an H200, session 49) has each of its
-# programs pull its first KV tiles into L2 before the PDL wait: its tile loads wait on the
-# rotation, the slot's stores and a barrier, which the unfused kernel's do not (read at each
-# such launch)
-ROPE_PREFETCH_ENV = "PARASHIFT_ATTN_ROPE_PREFETCH"
 # ... and PARASHIFT_ATTN_PRELOAD_MERGE=1 merges a row's splits in that kernel (the last split
 # by ticket) instead of a reduction launch (read at each such launch's plan; off: in the same
 # chain, merging the group's heads one after another, 81.3 µs a layer against 76.7)
@@ -691,19 +686,8 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         FP8_F16=fp8_f16(q, v_cache), ROPE=rope is not None,
         QK_NORM=rope is not None and rope.norms is not None, MUL_RN=q.is_cuda,
         K_HEADS_P=triton.next_power_of_2(kv_heads) if rope and rope.norms is not None else 1,
-        **_rope_prefetch(rope, head_dim, k_cache.element_size()), num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl.launch_options(q.device))
-
-
-def _rope_prefetch(rope, head_dim: int, elem_size: int) -> dict:
-    """The one-launch kernel's prefetch constexprs: with RoPE under ROPE_PREFETCH_ENV on CUDA
-    (the interpreter has no inline PTX), its first PREFETCH_TILES tiles pulled before the wait
-    (as the preloading kernel's next ones)."""
-    if rope is None or not rope.k.is_cuda or not switch(ROPE_PREFETCH_ENV, "0"):
-        return {}
-    row_lines, line_elems = triton_decode_preload.prefetch_shape(head_dim, elem_size)
-    return dict(PREFETCH_TILES=triton_decode_preload.PREFETCH_TILES, ROW_LINES=row_lines,
-                LINE_ELEMS=line_elems)
 
 
 def _dot_precision(dtype: torch.dtype, invariant: bool) -> str:

@@ -26,7 +26,6 @@ Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions
 import triton
 import triton.language as tl
 
-from parashift.attention.triton_decode_preload import _prefetch_tiles
 from parashift.attention.triton_decode_rope import (new_kv, new_token_inputs, rotated_q,
                                                     store_new_kv)
 from parashift.attention.triton_fp8_values import attend_tiles_fp8, joined, zero_halves
@@ -107,8 +106,7 @@ def decode_attention_kernel(
         USE_PDL: tl.constexpr = False, FP8_PAIRS: tl.constexpr = False,
         FP8_F16: tl.constexpr = False, ROPE: tl.constexpr = False,
         QK_NORM: tl.constexpr = False, MUL_RN: tl.constexpr = False,
-        PREFETCH_TILES: tl.constexpr = 0, ROW_LINES: tl.constexpr = 1,
-        LINE_ELEMS: tl.constexpr = 1, K_HEADS_P: tl.constexpr = 1):
+        K_HEADS_P: tl.constexpr = 1):
     """FP8_PAIRS: an FP8 pool's values read as 16-bit pairs (triton_fp8_values.py); FP8_F16:
     its products in fp16 (one conversion from E4M3, not two), q clamped to fp16's range.
     ROPE (HEAD_DIM a power of two): q_ptr, k_ptr and v_ptr are the projection's rows before
@@ -119,12 +117,7 @@ def decode_attention_kernel(
     rotary_values.py): each program rotates its q heads and the new token's key (loaded beside
     q), and the program whose tiles hold the new token (the last position)
     writes that key and value to the slot `slot_mapping` gives (-1: none), then reads them
-    back with its tile behind a barrier; no other program reads that slot.
-    PREFETCH_TILES (with ROPE): before the PDL wait, each program pulls its split's first
-    PREFETCH_TILES tiles (the older context: no kernel of the step writes them; ROW_LINES
-    cache lines of LINE_ELEMS elements a row) into L2, loading their block table entries on
-    the way (L1), so its tile loads, which wait on the rotation, the slot's stores and the
-    barrier, find them there."""
+    back with its tile behind a barrier; no other program reads that slot."""
     # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
     i = tl.program_id(1 if HEADS_FIRST else 0)
     kv_head = tl.program_id(0 if HEADS_FIRST else 1)
@@ -141,13 +134,6 @@ def decode_attention_kernel(
     if ROPE:
         slot, cos, sin = new_token_inputs(positions_ptr, cos_sin_ptr, slot_mapping_ptr, token,
                                           stride_cs, HEAD_DIM)
-        if PREFETCH_TILES > 0:
-            first_tile, end_tile = _split_tiles(seq_len, split, grid_splits, TILE_N,
-                                                SPLIT_TOKENS)[3:]
-            _prefetch_tiles(k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
-                            block_tables_ptr + i.to(tl.int64) * stride_bt, first_tile, end_tile,
-                            seq_len - 1, stride_kb, stride_ks, stride_vb, stride_vs, TILE_N,
-                            BLOCK_SIZE, PREFETCH_TILES, ROW_LINES, LINE_ELEMS)
     pdl.start(USE_PDL)
     rows = tl.arange(0, BLOCK_M)
     row_head = kv_head * GROUP + rows

@@ -289,7 +289,7 @@ KERNELS = {
             GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
             HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
             HEADS_FIRST=False, FP8_PAIRS=False, FP8_F16=False, ROPE=True, QK_NORM=True,
-            MUL_RN=True, PREFETCH_TILES=2, ROW_LINES=2, LINE_ELEMS=64, K_HEADS_P=8), True),
+            MUL_RN=True, K_HEADS_P=8), False),
     "reduce_splits": (triton_kernels.reduce_splits_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32,
