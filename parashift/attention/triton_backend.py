@@ -324,15 +324,16 @@ class TritonAttentionBackend:
                           v: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
                           v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                           norms: tuple | None = None,
-                          rotate=rotary.rotate_and_write_kv) -> torch.Tensor:
+                          rotate=None) -> torch.Tensor:
         """`attend` of q after kernels/rotary.py's rotate_and_write_kv (q, k, v before RoPE;
         norms: the q and k RMS norms' weights and eps, or None): in the preloading split
         kernel where the step's rows are all decodes it runs (`rope_launch`), or in the
         one-launch kernel (ROPE_ONE_LAUNCH_ENV), else the rotary kernel (`rotate`: one with
-        rotate_and_write_kv's arguments and result), then `attend`."""
+        rotate_and_write_kv's arguments and result; None: that one), then `attend`."""
         launch = self.rope_launch(q, k_cache, meta)
         if launch is None or not _takes_rope(launch[1], q.shape[2]):
-            q = rotate(positions, q, k, v, cos_sin, k_cache, v_cache, meta.slot_mapping, norms)
+            q = (rotate or rotary.rotate_and_write_kv)(positions, q, k, v, cos_sin, k_cache,
+                                                       v_cache, meta.slot_mapping, norms)
             if launch is None:  # `attend`: a subclass's routes (cuDNN's long prompts) hold
                 return self.attend(q, k_cache, v_cache, meta, scale)
             return self._attend(q, k_cache, v_cache, meta, scale, [launch])
