@@ -17,9 +17,7 @@ from parashift.engine_switches import switch
 from parashift.kernels import dense_gemm, dense_gemm_tma, fp8_gemm, gemm_timing, rotary, \
     split_parts_choice
 from parashift.kernels.parts_rotary import rotate_parts_and_write_kv
-from parashift.kernels.split_parts_choice import MARGIN, MAX_ROWS, MIN_ROWS, parts_of, serves
-
-__all__ = ["MIN_ROWS", "MAX_ROWS", "serves", "enabled", "choice", "chosen"]
+from parashift.kernels.split_parts_choice import MARGIN, parts_of
 
 ENV, DEFAULT = "PARASHIFT_SPLIT_PARTS_ROTARY", "0"
 FP8_CONFIGS = tuple(fp8_gemm.Config("tma_w8a8", *shape) for shape in (

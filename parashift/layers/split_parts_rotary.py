@@ -133,11 +133,11 @@ class QKVPartsHook:
                          + path_prefixes(name)]
 
     def take(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor | None:
-        from parashift.kernels import split_parts_rotary_choice as chooser
+        from parashift.kernels import split_parts_choice, split_parts_rotary_choice as chooser
         if (not chooser.enabled() or not use_triton(x) or part.bias is not None
                 or get_context().tp.size != 1 or not self._wired() or self._hooked()
                 or self._blocks()[0] != 1 or len(self._parts()) != 1
-                or not chooser.serves(x, part.weight, part.scale)):
+                or not split_parts_choice.serves(x, part.weight, part.scale)):
             return None
         heads, head_dim = self._heads
         placeholder = x.new_empty(x.shape[0], part.weight.shape[0])

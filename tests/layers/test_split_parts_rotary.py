@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from parashift.context import use_state
-from parashift.kernels import split_parts_rotary_choice
+from parashift.kernels import split_parts_choice, split_parts_rotary_choice
 from parashift.layers.attention import Attention
 from parashift.layers.linear import WeightPart
 from parashift.layers.rotary import apply_rotary_torch
@@ -119,7 +119,7 @@ def gpu_stand_ins(monkeypatch):
     monkeypatch.setattr(split_parts_rotary, "get_attention_context",
                         lambda: SimpleNamespace(backend=None, attn=None))
     monkeypatch.setattr(PartsAttention, "rotates_parts", lambda self, q: True)
-    monkeypatch.setattr(split_parts_rotary_choice, "serves", lambda *args: True)
+    monkeypatch.setattr(split_parts_choice, "serves", lambda *args: True)
     monkeypatch.setattr(split_parts_rotary_choice, "choice", lambda *args: "cfg")
     monkeypatch.setattr(split_parts_rotary_choice, "parts_of", parts_of)
     monkeypatch.setattr(parts_rotary, "rotate_parts_and_write_kv", rotate_parts)
