@@ -18,9 +18,9 @@ another tensor while parts are held are an error, not a silent misread.
 
 Restricted to what reads nothing in between: blocks without q/k norms (Qwen3's would read
 q, k), QKV without bias, one TP rank and no sequence parallelism (an all-gather or the
-Ulysses exchange would read them), the layer's one weight part laid out [q | k | v], no
-forward hook on the layer, the twin or the modules holding them, a 16-bit KV pool, the
-default mode's GEMMs (never deterministic mode)."""
+Ulysses exchange would read them), the layer's own weight laid out [q | k | v] (no plan's
+layout), no forward hook on the layer, the twin or the modules holding them, a 16-bit KV
+pool, the default mode's GEMMs (never deterministic mode)."""
 import torch
 
 from parashift.context import get_attention_context, get_context
@@ -125,7 +125,7 @@ class QKVPartsHook:
                  name: str, layer_path: str):
         self._attn = lambda: attn  # a function: no submodule
         self._handoff = attn.parts_input
-        self._parts = layer._active_parts
+        self._base_weight = lambda: layer.weight  # a lambda: no submodule
         self._blocks = layer.output_split
         self._heads = (layer.num_heads, layer.head_dim)
         self._wired = lambda: module.get_submodule(name) is attn
@@ -136,7 +136,7 @@ class QKVPartsHook:
         from parashift.kernels import split_parts_choice, split_parts_rotary_choice as chooser
         if (not chooser.enabled() or not use_triton(x) or part.bias is not None
                 or get_context().tp.size != 1 or not self._wired() or self._hooked()
-                or self._blocks()[0] != 1 or len(self._parts()) != 1
+                or self._blocks()[0] != 1 or part.weight is not self._base_weight()
                 or not split_parts_choice.serves(x, part.weight, part.scale)):
             return None
         heads, head_dim = self._heads

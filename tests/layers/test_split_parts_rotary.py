@@ -12,7 +12,6 @@ import torch
 from parashift.context import use_state
 from parashift.kernels import split_parts_choice, split_parts_rotary_choice
 from parashift.layers.attention import Attention
-from parashift.layers.linear import WeightPart
 from parashift.layers.rotary import apply_rotary_torch
 from parashift.layers.split_parts_rotary import PartsAttention, QKVPartsHandoff, \
     QKVPartsHook, finished_in_torch
@@ -73,8 +72,8 @@ def test_handoff_gives_the_parts_for_the_very_tensors_views_only():
 
 
 def test_switch_is_read_at_each_call_and_checked(monkeypatch):
-    hook = build().model.layers[0].self_attn.qkv_proj.gemm_hook
-    part = WeightPart(torch.randn(128, 64), None)
+    qkv_proj = build().model.layers[0].self_attn.qkv_proj
+    hook, part = qkv_proj.gemm_hook, qkv_proj.part()
     monkeypatch.setenv(split_parts_rotary_choice.ENV, "yes")
     with pytest.raises(ValueError, match="PARASHIFT_SPLIT_PARTS_ROTARY='yes'"):
         hook.take(torch.randn(ROWS, 64), part)
