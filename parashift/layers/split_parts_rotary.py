@@ -112,8 +112,9 @@ class PartsAttention(Attention):
         """Whether `forward` of q (and its k, v) would run the rotary kernel apart, with
         nothing reading q, k, v before it (Attention.forward's fused path, no q/k norms)."""
         from parashift.attention.rotate_attend import rotates_apart
-        ctx = get_attention_context()
-        return (ctx.sp.size == 1 and use_triton(q) and not is_fp8(self.k_cache)
+        ctx = get_context()  # outside a step (no attention metadata): no parts
+        return (ctx.attn is not None and ctx.sp.size == 1 and use_triton(q)
+                and not is_fp8(self.k_cache)
                 and self.qk_norms is None
                 and rotates_apart(ctx.backend, q, self.k_cache, ctx.attn))
 

@@ -197,3 +197,10 @@ def test_parts_engine_gives_the_ticket_path_tokens(engine_tokens, monkeypatch, q
     monkeypatch.setattr(gemm, "_choices", twins)
     assert on == engine_tokens(quantization, "0")
     assert asked == shapes and twins.used == shapes
+
+
+def test_outside_a_step_the_attention_takes_no_parts():
+    """A QKV GEMM run with no attention metadata (a benchmark calling the layer) gets its
+    plain output, not an error."""
+    attn = build().model.layers[0].self_attn.attn
+    assert not attn.rotates_parts(torch.empty(ROWS, 4, 16))
