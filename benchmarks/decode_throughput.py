@@ -30,7 +30,7 @@ from parashift.kernels import fp8_gemm
 
 from parashift import LLM, SamplingParams
 from parashift.kernels import dense_gated_choice, dense_gemm, fp8_gated_choice, gated_gemv, \
-    norm_gemv, pdl, skinny_gemm, split_parts_choice, split_parts_rotary_choice
+    norm_gemv, pdl, skinny_gemm, split_parts_choice
 
 
 def copy_bandwidth(device) -> float:
@@ -408,8 +408,7 @@ def main():
                    norm_gemv=norm_gemv.chosen(), dense_gemm=dense_gemm.chosen(),
                    fp8_gated=fp8_gated_choice.chosen(),
                    dense_gated=dense_gated_choice.chosen(),
-                   split_parts_norm=split_parts_choice.chosen(),
-                   split_parts_rotary=split_parts_rotary_choice.chosen(), rows=rows,
+                   split_parts_norm=split_parts_choice.chosen(), rows=rows,
                    **(dict(variants=variant_medians(rows)) if len(graphs) > 1 else {}))
     print(json.dumps({"skinny_gemm": summary["skinny_gemm"]}))
     print(json.dumps(summary, indent=1))

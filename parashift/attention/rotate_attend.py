@@ -12,24 +12,12 @@ from parashift.kernels import rotary
 def rotate_write_attend(backend, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
                         v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                        norms: tuple | None = None,
-                        rotate=None) -> torch.Tensor:
+                        norms: tuple | None = None) -> torch.Tensor:
     """q [T, Hq, D], k and v [T, Hk, D] before RoPE; norms: (q norm weight, k norm weight,
-    eps) or None. Writes k (rotated) and v to their slots, returns the attention output.
-    rotate: the rotary kernel where one runs apart (`rotates_apart`), with
-    rotate_and_write_kv's arguments and result (None: that one)."""
+    eps) or None. Writes k (rotated) and v to their slots, returns the attention output."""
     fused = getattr(backend, "rotate_and_attend", None)
     if fused is not None:
-        return fused(positions, q, k, v, cos_sin, k_cache, v_cache, meta, scale, norms, rotate)
-    q = (rotate or rotary.rotate_and_write_kv)(positions, q, k, v, cos_sin, k_cache, v_cache,
-                                               meta.slot_mapping, norms)
+        return fused(positions, q, k, v, cos_sin, k_cache, v_cache, meta, scale, norms)
+    q = rotary.rotate_and_write_kv(positions, q, k, v, cos_sin, k_cache, v_cache,
+                                   meta.slot_mapping, norms)
     return backend.attend(q, k_cache, v_cache, meta, scale)
-
-
-def rotates_apart(backend, q: torch.Tensor, k_cache: torch.Tensor,
-                  meta: AttentionMetadata) -> bool:
-    """Whether `rotate_write_attend` of these runs its `rotate` (nothing reads q, k, v
-    before it)."""
-    if getattr(backend, "rotate_and_attend", None) is None:
-        return True
-    return backend.rotates_apart(q, k_cache, meta)

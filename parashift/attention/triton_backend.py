@@ -323,17 +323,15 @@ class TritonAttentionBackend:
     def rotate_and_attend(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                           v: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
                           v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                          norms: tuple | None = None,
-                          rotate=None) -> torch.Tensor:
+                          norms: tuple | None = None) -> torch.Tensor:
         """`attend` of q after kernels/rotary.py's rotate_and_write_kv (q, k, v before RoPE;
         norms: the q and k RMS norms' weights and eps, or None): in the preloading split
         kernel where the step's rows are all decodes it runs (`rope_launch`), or in the
-        one-launch kernel (ROPE_ONE_LAUNCH_ENV), else the rotary kernel (`rotate`: one with
-        rotate_and_write_kv's arguments and result; None: that one), then `attend`."""
+        one-launch kernel (ROPE_ONE_LAUNCH_ENV), else the rotary kernel, then `attend`."""
         launch = self.rope_launch(q, k_cache, meta)
         if launch is None or not _takes_rope(launch[1], q.shape[2]):
-            q = (rotate or rotary.rotate_and_write_kv)(positions, q, k, v, cos_sin, k_cache,
-                                                       v_cache, meta.slot_mapping, norms)
+            q = rotary.rotate_and_write_kv(positions, q, k, v, cos_sin, k_cache, v_cache,
+                                           meta.slot_mapping, norms)
             if launch is None:  # `attend`: a subclass's routes (cuDNN's long prompts) hold
                 return self.attend(q, k_cache, v_cache, meta, scale)
             return self._attend(q, k_cache, v_cache, meta, scale, [launch])
@@ -345,13 +343,6 @@ class TritonAttentionBackend:
         _launch_attention(out, _last_dim_contiguous(q), k_cache, v_cache, meta, scale,
                           *launch, rope)
         return out
-
-    def rotates_apart(self, q: torch.Tensor, k_cache: torch.Tensor,
-                      meta: AttentionMetadata) -> bool:
-        """Whether `rotate_and_attend` of these would run its `rotate` (no attention kernel
-        reads q, k, v before it)."""
-        launch = self.rope_launch(q, k_cache, meta)
-        return launch is None or not _takes_rope(launch[1], q.shape[2])
 
     def rope_launch(self, q: torch.Tensor, k_cache: torch.Tensor,
                     meta: AttentionMetadata) -> "tuple[_SeqRange, _Launch] | None":

@@ -20,30 +20,11 @@ def _rotate_heads(dst_ptr, dst_stride_h, x_ptr, token, cos, sin, stride_t, strid
     ok = heads < num_heads
     y1, y2 = rotated_heads(x_ptr + token * stride_t + heads * stride_h, ok, cos, sin,
                            norm_w_ptr, eps, HALF, HALF_P, QK_NORM)
-    store_halves(dst_ptr, dst_stride_h, heads, ok, y1, y2, HALF, HALF_P)
-
-
-@triton.jit
-def store_halves(dst_ptr, dst_stride_h, heads, ok, y1, y2, HALF: tl.constexpr,
-                 HALF_P: tl.constexpr):
-    """The rotated halves [heads, HALF_P] of the heads where `ok`, rounded to dst's dtype."""
     dims = tl.arange(0, HALF_P)[None, :]
     mask = ok[:, None] & (dims < HALF)
     dst = dst_ptr + heads[:, None] * dst_stride_h + dims
     tl.store(dst, y1.to(dst_ptr.dtype.element_ty), mask=mask)
     tl.store(dst + HALF, y2.to(dst_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def cos_sin_of(positions_ptr, cos_sin_ptr, token, stride_cs, HALF: tl.constexpr,
-               HALF_P: tl.constexpr):
-    """The token's cos and sin [1, HALF_P] in fp32 (cos_sin rows: cat(cos, sin))."""
-    pos = tl.load(positions_ptr + token).to(tl.int64)
-    dims = tl.arange(0, HALF_P)[None, :]
-    row = cos_sin_ptr + pos * stride_cs + dims
-    cos = tl.load(row, mask=dims < HALF, other=0.0).to(tl.float32)
-    sin = tl.load(row + HALF, mask=dims < HALF, other=0.0).to(tl.float32)
-    return cos, sin
 
 
 @triton.jit
@@ -64,7 +45,11 @@ def _rotary_kernel(q_out_ptr, k_out_ptr, q_ptr, k_ptr, positions_ptr, cos_sin_pt
     if not EARLY_LOADS:
         pdl.start(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
-    cos, sin = cos_sin_of(positions_ptr, cos_sin_ptr, token, stride_cs, HALF, HALF_P)
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    dims = tl.arange(0, HALF_P)[None, :]
+    row = cos_sin_ptr + pos * stride_cs + dims
+    cos = tl.load(row, mask=dims < HALF, other=0.0).to(tl.float32)
+    sin = tl.load(row + HALF, mask=dims < HALF, other=0.0).to(tl.float32)
     if WRITE_KV:
         slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if EARLY_LOADS:

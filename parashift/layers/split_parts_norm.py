@@ -61,8 +61,8 @@ class PartsOutHook:
         self._eps = norm.eps
         # a later pass may put another norm in the twin's place (the MoE's routing norm)
         self._wired = lambda: module.get_submodule(name) is norm
-        self._between = [module.get_submodule(path) for path in path_prefixes(layer_path)
-                         + path_prefixes(name)]
+        self._between = [module.get_submodule(path) for path in _prefixes(layer_path)
+                         + _prefixes(name)]
 
     def take(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor | None:
         from parashift.kernels import split_parts_choice
@@ -86,7 +86,7 @@ class PartsOutHook:
         return any(m._forward_hooks or m._forward_pre_hooks for m in self._between)
 
 
-def path_prefixes(path: str) -> list[str]:
+def _prefixes(path: str) -> list[str]:
     """"a.b.c" -> ["a", "a.b", "a.b.c"]."""
     names = path.split(".")
     return [".".join(names[:i]) for i in range(1, len(names) + 1)]

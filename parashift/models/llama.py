@@ -13,7 +13,6 @@ from parashift.layers.l2_prefetch import NO_PREFETCHES, attach_l2_prefetch
 from parashift.layers.norm_gemv import fuse_norm_into_gemv
 from parashift.layers.silu_gemv import fuse_silu_into_gemv
 from parashift.layers.split_parts_norm import hand_over_split_parts
-from parashift.layers.split_parts_rotary import hand_over_qkv_parts
 from parashift.layers.layernorm import RMSNorm, qk_norm
 from parashift.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from parashift.layers.missing import MissingLayer
@@ -26,10 +25,6 @@ def head_dim_of(cfg) -> int:
 
 
 class LlamaAttention(nn.Module):
-    # (attention, QKV layer feeding it): its rotary kernel may sum the layer's split-K parts
-    # (layers/split_parts_rotary.py)
-    split_parts_rotary_pairs = (("attn", "qkv_proj"),)
-
     def __init__(self, cfg, max_position: int):
         super().__init__()
         head_dim = head_dim_of(cfg)
@@ -197,7 +192,6 @@ class LlamaForCausalLM(nn.Module):
         fuse_silu_into_fp8_gate_up(self)
         fuse_norm_into_gemv(self)
         hand_over_split_parts(self)
-        hand_over_qkv_parts(self)
         attach_l2_prefetch(self)
 
     @staticmethod

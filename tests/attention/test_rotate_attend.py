@@ -211,29 +211,3 @@ def test_a_prompt_step_takes_the_backends_own_attend(monkeypatch):
     out = rotate_write_attend(Routed(), positions, step.q, step.k, step.v, None, step.k_cache,
                               step.v_cache, step.meta, 0.1)
     assert out is step.q and calls == [step.meta]
-
-
-def test_a_step_rotating_apart_runs_the_rotate_it_is_given(monkeypatch):
-    """A prompt step rotates in the rotary kernel apart (`rotates_apart`), and that is the
-    `rotate` passed (layers/split_parts_rotary.py's summing kernel), for the Triton backend
-    and for one without `rotate_and_attend`."""
-    from parashift.attention.rotate_attend import rotates_apart
-    step = make_step([5, 3], [5, 3], 4, 2, 32, dtype=torch.float32, device="cpu")
-    rotated = []
-
-    def rotate(positions, q, k, v, cos_sin, k_cache, v_cache, slots, norms):
-        rotated.append(slots)
-        return q
-
-    class Plain:
-        def attend(self, q, k_cache, v_cache, meta, scale):
-            return q
-
-    class Routed(triton_backend.TritonAttentionBackend):
-        attend = Plain.attend
-
-    for backend in (Routed(), Plain()):
-        assert rotates_apart(backend, step.q, step.k_cache, step.meta)
-        out = rotate_write_attend(backend, torch.arange(8), step.q, step.k, step.v, None,
-                                  step.k_cache, step.v_cache, step.meta, 0.1, None, rotate)
-        assert out is step.q and rotated.pop() is step.meta.slot_mapping

@@ -43,7 +43,7 @@ def test_post_attention_norm_and_o_proj_are_wired(monkeypatch, quantization, twi
         assert type(layer.post_attention_layernorm) is twin
         assert isinstance(layer.self_attn.o_proj.gemm_hook, PartsOutHook)
         assert isinstance(layer.mlp.down_proj.gemm_hook, PartsOutHook)
-        assert not isinstance(layer.self_attn.qkv_proj.gemm_hook, PartsOutHook)  # the rotary's
+        assert layer.self_attn.qkv_proj.gemm_hook is None
         assert f"model.layers.{i}.post_attention_layernorm.weight" in names
         assert f"model.layers.{i}.input_layernorm.weight" in names
     # down -> the next layer's input norm (the first layer's has no residual: plain), the
