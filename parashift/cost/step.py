@@ -10,6 +10,7 @@ activations sent between stages. A DP plan's replicas step apart: the caller giv
 replica's batch (`replica_plan`)."""
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from parashift.cost.profile import ComputeProfile, LinkProfile
 from parashift.cost.shape import ModelShape
@@ -51,11 +52,11 @@ class StepBatch:
     def prefill(cls, tokens: int, context: int = 0) -> "StepBatch":
         return cls((Seq(tokens, context),))
 
-    @property
+    @cached_property  # a forecast asks each of its batches many times
     def tokens(self) -> int:
         return sum(s.query for s in self.seqs)
 
-    @property
+    @cached_property
     def is_decode(self) -> bool:
         return all(s.query == 1 for s in self.seqs)
 
