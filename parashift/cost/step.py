@@ -10,7 +10,6 @@ activations sent between stages. A DP plan's replicas step apart: the caller giv
 replica's batch (`replica_plan`)."""
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from parashift.cost.profile import ComputeProfile, LinkProfile
 from parashift.cost.shape import ModelShape
@@ -52,11 +51,11 @@ class StepBatch:
     def prefill(cls, tokens: int, context: int = 0) -> "StepBatch":
         return cls((Seq(tokens, context),))
 
-    @cached_property  # a forecast asks each of its batches many times
+    @property
     def tokens(self) -> int:
         return sum(s.query for s in self.seqs)
 
-    @cached_property
+    @property
     def is_decode(self) -> bool:
         return all(s.query == 1 for s in self.seqs)
 
