@@ -1,6 +1,6 @@
 """tests/kernels/interpreter_forks.py: each interpreted check runs in a fork of its own
-(module state does not reach the next check), under the interpreter's environment, and its
-failures and a fork's death come back."""
+(module state does not reach the next check), under the interpreter's environment; its
+failures and a fork's death come back, and what a check prints does not garble the reply."""
 import os
 
 import pytest
@@ -14,6 +14,7 @@ def check_fresh(marker):
     """Fails unless it is the first call in its process."""
     assert not CALLS, CALLS
     CALLS.append(marker)
+    print("a check's own output")
     assert os.environ["TRITON_INTERPRET"] == "1"
 
 
