@@ -20,7 +20,8 @@ def run_in_fork(module: str, check: str, cases: list[dict]) -> dict:
     pid = os.fork()
     if pid == 0:
         os.close(read)
-        os.dup2(2, 1)  # what the check prints stays off the protocol's stdout
+        os.dup2(2, 1)  # what the check prints or reads stays off the protocol's pipes
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         try:
             from tests.kernels.common import run_cases
             reply = {"results": run_cases(module, check, cases)}
