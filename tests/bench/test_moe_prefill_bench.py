@@ -20,7 +20,7 @@ def test_smoke_run_writes_rows_and_a_tiles_file(tmp_path, monkeypatch):
     shape.write_text(json.dumps(SHAPE))
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_prefill.py"), "--model",
-                    str(shape), "--tokens", "200", "--device", "cpu", "--output", str(out),
+                    str(shape), "--tokens", "64", "--device", "cpu", "--output", str(out),
                     "--tiles-out", str(tiles), "--host-calls", "1"],
                    env=env, check=True, timeout=300, capture_output=True)
     doc = json.loads(out.read_text())

@@ -203,14 +203,29 @@ _results: dict[tuple[str, str], list[str | None]] = {}  # per case: None, or its
 
 def run_interpreted(module: str, check: str, cases: list[dict]) -> list[str | None]:
     """Calls module.check(**case) for each case under the Triton interpreter,
-    on the CPU, in a child process: TRITON_INTERPRET must be set before
-    triton.jit decorates a kernel, and this process imports them compiled.
-    Returns, per case, None if it passed, else its traceback."""
-    proc = subprocess.run([sys.executable, "-m", "tests.kernels.common", module, check],
-                          input=json.dumps(cases), capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **INTERPRETER_ENV}, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.splitlines()[-1])
+    on the CPU, in a child process (a fork of tests/kernels/interpreter_forks.py's):
+    TRITON_INTERPRET must be set before triton.jit decorates a kernel, and this process
+    imports them compiled. Returns, per case, None if it passed, else its traceback."""
+    global _forks
+    if _forks is None or _forks.poll() is not None:
+        _forks = subprocess.Popen([sys.executable, "-m", "tests.kernels.interpreter_forks"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  cwd=ROOT, env={**os.environ, **INTERPRETER_ENV})
+    _forks.stdin.write(json.dumps([module, check, cases]) + "\n")
+    _forks.stdin.flush()
+    line = _forks.stdout.readline()
+    assert line, f"the interpreter's process ended (status {_forks.wait()})"
+    reply = json.loads(line)
+    assert reply["results"] is not None, reply["error"]
+    return reply["results"]
+
+
+def run_cases(module: str, check: str, cases: list[dict]) -> list[str | None]:
+    fn = getattr(importlib.import_module(module), check)
+    return [_run_case(fn, case) for case in cases]
+
+
+_forks: subprocess.Popen | None = None  # interpreter_forks.py's process, once started
 
 
 class _Background:
@@ -322,6 +337,4 @@ if __name__ == "__main__":
         _run_jobs(Path(sys.argv[2]))
     elif sys.argv[1] == "--job":
         _run_job(Path(sys.argv[2]), *sys.argv[3:])
-    else:
-        fn = getattr(importlib.import_module(sys.argv[1]), sys.argv[2])
-        print(json.dumps([_run_case(fn, case) for case in json.load(sys.stdin)]))
+

@@ -16,20 +16,23 @@ from parashift import LLM, SamplingParams
 from tests.conftest import requires_smollm2
 
 pytestmark = requires_smollm2
-TASKS = Path(__file__).parents[3] / "benchmarks" / "lm_eval_tasks"
+ROOT = Path(__file__).parents[3]
+TASKS = ROOT / "benchmarks" / "lm_eval_tasks"
 
 
 def run_lm_eval(server, served: str, tmp_path, model: str, endpoint: str, task: str,
                 *options) -> dict:
-    """The task's results and samples, from the `lm_eval` command line."""
+    """The task's results and samples, from the `lm_eval` command line (its index of
+    built-in tasks left out: tests/helpers/lm_eval_own_tasks.py)."""
     model_args = (f"model={served},base_url={server.base_url}{endpoint}"
                   + (",tokenizer_backend=remote" if model == "local-completions" else ""))
-    command = [sys.executable, "-m", "lm_eval", "run", "--model", model, "--model_args",
-               model_args, "--tasks", task, "--include_path", str(TASKS), "--output_path",
-               str(tmp_path), "--log_samples", *options]
+    command = [sys.executable, "-m", "tests.helpers.lm_eval_own_tasks", "run", "--model", model,
+               "--model_args", model_args, "--tasks", task, "--include_path", str(TASKS),
+               "--output_path", str(tmp_path), "--log_samples", *options]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600,
+                          cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(Path(glob.glob(f"{tmp_path}/**/results_*.json",
                                         recursive=True)[0]).read_text())
