@@ -73,6 +73,17 @@ def run_to_the_end(engine, finished: dict, timeout: float = 120) -> None:
                 finished[output.request_id] = output
 
 
+def wait_until_lost(engine, rank: int, timeout: float = 10) -> None:
+    """Until the engine has lost `rank`: on a loaded machine its replica may have ended its
+    requests before the stop or the death was seen, and the others theirs within the 1 s a
+    stopped rank is given (it must be seen all the same, still stopped, and killed)."""
+    deadline = time.monotonic() + timeout
+    while rank not in engine.executor.lost:
+        assert time.monotonic() < deadline, f"rank {rank} was not seen lost"
+        engine.check_health()
+        time.sleep(0.05)
+
+
 def assert_as_on_one_device(finished: dict, ids: list[str], reference) -> None:
     for request_id, want in zip(ids, reference):
         output = finished[request_id]
@@ -99,6 +110,7 @@ def lose_rank_mid_decode(engine, requests, reference, rank: int, stop: bool) -> 
         if not stop:
             os.kill(procs[rank].pid, signal.SIGKILL)
         run_to_the_end(engine, finished)
+        wait_until_lost(engine, rank)
     assert_as_on_one_device(finished, ids, reference)
     procs[rank].join(timeout=10)
     assert not procs[rank].is_alive()  # killed for good, a stopped one too
