@@ -211,10 +211,11 @@ def test_generate_gives_the_same_outputs_in_both_modes(llms_by_mode, story):
               SamplingParams(temperature=0, max_tokens=3, logprobs=1)]
     outputs = {mode: [fields(o) for o in llm.generate([prompt] * 3, params)]
                for mode, llm in llms_by_mode.items()}
-    assert outputs["thread"] == outputs["inline"] == outputs["process"]
-    # the core ends a stop string's request a step or two later: the batches of the other
-    # requests differ, and their logprobs in the last bits
-    assert_close(outputs["core"], outputs["inline"])
+    # an output processor off the loop (thread, process, core) may end a stop string's
+    # request a step or two later, as its answer comes: the batches of the other requests
+    # then differ, and their logprobs in the last bits (CI saw it in thread mode)
+    for mode in MODES[1:]:
+        assert_close(outputs[mode], outputs["inline"])
 
 
 @pytest.mark.parametrize("mode", ("inline", "thread"))
