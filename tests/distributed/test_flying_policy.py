@@ -244,9 +244,14 @@ def test_requests_paused_for_a_priority_request_resume_once_it_ends(model, one_d
         outputs.update((o.request_id, o) for o in engine.step())
 
     def generated(request_id):
-        return next(s.num_output_tokens for r in engine.replicas
-                    for s in (*r.scheduler.running, *r.scheduler.waiting)
-                    if s.request_id == request_id)
+        """Its tokens so far, wherever it is: a replica's queues, or unplaced while no
+        group holds it (between a layout's groups)."""
+        held = [s for r in engine.replicas for s in (*r.scheduler.running, *r.scheduler.waiting)]
+        held += engine.node.unplaced.values()
+        found = [s.num_output_tokens for s in held if s.request_id == request_id]
+        assert found, (f"request {request_id} is in no queue: layout "
+                       f"{engine.layout.name()}, output {outputs.get(request_id)}")
+        return found[0]
     try:
         for name, prompt, p in zip(names[:2], batch, params):
             engine.add_request(name, prompt, p)
