@@ -42,9 +42,9 @@ def wants_core_process(config: EngineConfig, offline: bool, device_type: str,
                        cores: int) -> bool:
     """`engine_core_process`, or where it is None: the server's core in a process of its own
     on a GPU host with cores to spare for it, as vLLM runs it (on one H200 it served the
-    `chat` workload's streams 1.10x as fast, docs/benchmark_log.md); the offline LLM's in its
-    own (its outputs are final-only: equal throughput measured), and where outputs are
-    asked for on a thread or in an output process."""
+    `chat` workload's streams 1.10x as fast, docs/benchmark_log.md); not the offline LLM's
+    (its outputs are final-only: equal throughput measured), nor where outputs are asked for
+    on a thread or in an output process."""
     if config.engine_core_process is not None:
         return config.engine_core_process
     return (not offline and device_type == "cuda" and cores >= 4 and config.nnodes == 1
