@@ -80,8 +80,7 @@ class GateUpHook:
         return gated_gemv.choice("gate_up", x, part.weight, part.scale, part.bias)
 
     def hand_over(self, activated: torch.Tensor) -> None:
-        """silu(gate) * up, computed for the twin (here or by a GEMV that also forms the
-        layer's input: layers/norm_gemv.py)."""
+        """silu(gate) * up, computed for the twin."""
         self._twin.activated = activated
 
     def take(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor | None:

@@ -136,9 +136,8 @@ def test_no_prefetch_where_its_budget_is_zero(monkeypatch):
 FP8 = torch.float8_e4m3fn
 TICKET_POINTERS = {"part_ptr": torch.float32, "counter_ptr": torch.int32}
 GEMV_POINTERS = {"w_ptr": FP8, "s_ptr": torch.float32, **TICKET_POINTERS}
-GEMV_FLOATS = ("inv_k", "eps")
-GEMV_PLAIN = dict(NORM=False, HAS_RESIDUAL=False, NORM_BLOCK=1,
-                  NORM_CHUNKS=1, EVICT_FIRST=False)  # no norm in the GEMV
+GEMV_FLOATS = ()
+GEMV_PLAIN = dict(EVICT_FIRST=False)
 WEIGHT_POINTERS = {"x_ptr": FP8, "xs_ptr": torch.float32, "w_ptr": FP8, "s_ptr": torch.float32,
                    **TICKET_POINTERS}
 KERNELS = {
@@ -162,10 +161,10 @@ KERNELS = {
         **GEMV_PLAIN,
         HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, VEC=8,
         PREFETCH_K=4096, AHEAD=False, TICKETS=False, GATED=True, LIBDEVICE=True), True),
-    "fp8_gemv_norm": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
+    "fp8_gemv_silu_out": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
+        **GEMV_PLAIN,
         HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, VEC=8,
-        PREFETCH_K=4096, AHEAD=False, TICKETS=False, SILU_OUT=True, LIBDEVICE=True, NORM=True,
-        HAS_RESIDUAL=True, NORM_BLOCK=2048, NORM_CHUNKS=2, EVICT_FIRST=False), True),
+        PREFETCH_K=4096, AHEAD=False, TICKETS=False, SILU_OUT=True, LIBDEVICE=True), True),
     "fp8_gemv_tickets": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
         **GEMV_PLAIN,
         HAS_BIAS=True, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,

@@ -50,7 +50,6 @@ def test_gate_up_by_default_and_a_bad_switch_is_an_error(monkeypatch):
 @pytest.mark.parametrize("quantization", [None, WeightQuant()], ids=["bf16", "fp8"])
 def test_each_mlp_hooks_the_layer_it_fuses_with(monkeypatch, quantization, kind):
     monkeypatch.setenv(silu_gemv.ENV, kind)
-    monkeypatch.setenv("PARASHIFT_NORM_IN_GEMV", "0")  # its hook on gate_up: test_norm_gemv
     if quantization is not None:  # fp8_input.py's quantizing twin, where on, stays
         monkeypatch.setenv("PARASHIFT_FP8_FUSED_INPUT", "1")
         assert not twins(build(quantization))
