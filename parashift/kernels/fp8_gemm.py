@@ -18,7 +18,6 @@ from parashift.engine_switches import switch
 from parashift.kernels import fp8_gemm_tma, fp8_gemv, gemm_timing, pdl, split_tickets
 from parashift.kernels.fp8_epilogue import early_scales, early_ticket, finish_split_tile, \
     tile_scales
-from parashift.kernels.fp8_values import row_scale, to_fp8
 from parashift.kernels.skinny_gemm import MARGIN
 
 logger = logging.getLogger(__name__)
@@ -84,6 +83,22 @@ GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
 ) + tuple(Config("gemv", *shape, tickets=True) for shape in (
     (4, 1024, 4, 1, 2), (8, 1024, 4, 1, 2), (4, 2048, 4, 1, 2))) + (
     Config("gemv", 4, 1024, 4, 1, 2, ahead=True, tickets=True),)
+
+
+# A row's E4M3 values and scale: the kernels that write FP8 rows beside their output (the
+# RMSNorm, SiLU-and-mul, gate_up's TMA epilogue) call these as _quantize_rows_kernel does, so
+# their rows are its bit for bit.
+@triton.jit
+def row_scale(largest, FP8_MAX: tl.constexpr):
+    """A row's scale from its largest magnitude (fp32)."""
+    return tl.maximum(largest, 1e-12) / FP8_MAX
+
+
+@triton.jit
+def to_fp8(x, scale, q_ptrs, mask, FP8_MAX: tl.constexpr):
+    """Stores x (fp32) / scale in E4M3 at q_ptrs."""
+    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+    tl.store(q_ptrs, q.to(q_ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
