@@ -71,10 +71,6 @@ ROPE_ENV = "PARASHIFT_ATTN_ROPE"
 # one-launch kernel too, where such a step runs it (batches of 64 on the 8B shape;
 # triton_decode_rope.py; read at each such step's plan: a graph keeps its capture's)
 ROPE_ONE_LAUNCH_ENV = "PARASHIFT_ATTN_ROPE_ONE_LAUNCH"
-# ... and PARASHIFT_ATTN_PRELOAD_MERGE=1 merges a row's splits in that kernel (the last split
-# by ticket) instead of a reduction launch (read at each such launch's plan; off: in the same
-# chain, merging the group's heads one after another, 81.3 µs a layer against 76.7)
-PRELOAD_MERGE_ENV = "PARASHIFT_ATTN_PRELOAD_MERGE"
 # Such one-row decode launches cut a sequence's context among its splits by KV tiles, so their
 # grid takes splits of one tile (by max_model_len, up to MAX_SPLITS) rather than of
 # MIN_SPLIT_TOKENS: graphs captured for 2,048 tokens had 16 splits, and a context of 1,025-2,048
@@ -473,8 +469,6 @@ class _Launch:
     context_splits: int = 0
     # ... and their split kernel `triton_decode_preload`'s
     preload: bool = False
-    # ... which merges the splits itself (by ticket), where it can take tickets
-    preload_merge: bool = False
 
     @property
     def partials(self) -> bool:
@@ -516,8 +510,7 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     context_splits = config.tile_n if one_row_decodes and num_splits > 1 else 0
     preload = context_splits > 0 and preload_enabled()
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False,
-                   context_splits=context_splits, preload=preload,
-                   preload_merge=preload and switch(PRELOAD_MERGE_ENV, "0"))
+                   context_splits=context_splits, preload=preload)
 
 
 def _split_tokens(config: KernelConfig) -> int:
@@ -611,16 +604,12 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
     cfg = launch.config
     with_pdl = pdl.launch_options(q.device)
     if launch.preload:
-        tickets = (_tickets(q.device, seqs.num_tokens * k_cache.shape[2])
-                   if launch.preload_merge else None)
         triton_decode_preload.launch(
             part_acc, part_m, part_l, q, k_cache, v_cache, meta.block_tables[seqs.first:],
             meta.seq_lens[seqs.first:], query_start_loc, num_seqs, seqs.token_offset,
             scale * math.log2(math.e), cfg, launch.group, launch.group_p, seqs.num_tokens,
-            launch.num_splits, _dot_precision(q.dtype, False), rope, out, tickets,
+            launch.num_splits, _dot_precision(q.dtype, False), rope,
             fp8_pairs(v_cache, head_dim) and seqs.num_tokens == 1)
-        if tickets is not None:  # merged in the launch
-            return
     else:
         grid = (launch.num_q_blocks, k_cache.shape[2], launch.num_splits)
         paged_attention_kernel[grid](

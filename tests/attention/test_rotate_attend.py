@@ -22,12 +22,9 @@ from tests.kernels.test_rotary import rotary_embedding
 
 # 16 splits (more than the one-launch kernel takes); seq_lens: a context of one token, shorter
 # than a tile, one tile and one more, several tiles a split, and (550 at the one-launch
-# kernel's 4 splits: 3 tiles a split) the new token in a split before the last; merge: the
-# splits merged in the kernel (PARASHIFT_ATTN_PRELOAD_MERGE=1), the rows of no sequence zeroed
-# there
+# kernel's 4 splits: 3 tiles a split) the new token in a split before the last
 CASES = [
-    dict(seq_lens=[1, 40, 65, 1100, 550], num_heads=4, num_kv_heads=2, head_dim=32, pad=2,
-         merge=True),
+    dict(seq_lens=[1, 40, 65, 1100, 550], num_heads=4, num_kv_heads=2, head_dim=32, pad=2),
     dict(seq_lens=[300, 7], num_heads=8, num_kv_heads=2, head_dim=64, norms=True),
 ]
 DEVICE = os.environ.get("PARASHIFT_TEST_DEVICE", "cpu")
@@ -35,7 +32,7 @@ TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-2}
 
 
 def check(seq_lens, num_heads, num_kv_heads, head_dim, dtype, device="cpu", pad=0,
-          norms=False, merge=False):
+          norms=False):
     torch_dtype = getattr(torch, dtype)
     step = make_step([1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim,
                      dtype=torch_dtype, pad_tokens=pad, device=device)
@@ -59,7 +56,6 @@ def check(seq_lens, num_heads, num_kv_heads, head_dim, dtype, device="cpu", pad=
                                 "seq_lens_cpu": [8192] * len(seq_lens), "max_seq_len": 8192})
     backend = triton_backend.TritonAttentionBackend()
     chooser = triton_backend.choose_num_splits
-    os.environ[triton_backend.PRELOAD_MERGE_ENV] = "1" if merge else "0"
     tol = TOLERANCE[dtype]
     results = {}
     try:  # 16 splits: RoPE in the preloading kernel; 4 (the one-launch kernel's): before it,
@@ -81,7 +77,6 @@ def check(seq_lens, num_heads, num_kv_heads, head_dim, dtype, device="cpu", pad=
             results[one_launch] = actual, k_cache.nan_to_num(), v_cache.nan_to_num()
     finally:
         triton_backend.choose_num_splits = chooser
-        del os.environ[triton_backend.PRELOAD_MERGE_ENV]
         del os.environ[triton_backend.ROPE_ONE_LAUNCH_ENV]
     assert_fold_matches_pair(results["1"], results["0"], tol, exact=device == "cpu")
 

@@ -300,27 +300,21 @@ PRELOAD_POINTERS = {
     "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32, "part_l_ptr": torch.float32,
     "block_tables_ptr": torch.int32, "seq_lens_ptr": torch.int32,
     "query_start_loc_ptr": torch.int32, "positions_ptr": torch.int64,
-    "cos_sin_ptr": torch.float32, "slot_mapping_ptr": torch.int64, "ticket_ptr": torch.int32}
+    "cos_sin_ptr": torch.float32, "slot_mapping_ptr": torch.int64}
 PRELOAD_CONSTEXPRS = dict(GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16,
                           HEAD_DIM=128, HEAD_DIM_P=128, SPLIT_TOKENS=64, DOT_PRECISION="tf32",
-                          PREFETCH_TILES=2, ROW_LINES=2, LINE_ELEMS=64, SPLITS_P=16,
-                          NEW_FIRST=False, FP8_PAIRS=False)
+                          PREFETCH_TILES=2, ROW_LINES=2, LINE_ELEMS=64, NEW_FIRST=False,
+                          FP8_PAIRS=False)
 KERNELS.update({
     "preloaded_decode": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
-                         ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=False,
-                                                   MERGE=False), True),
+                         ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=False), True),
     "preloaded_decode_rope": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
                               ("qk_scale", "eps"), {**PRELOAD_CONSTEXPRS, "ROPE": True,
-                                                    "QK_NORM": True, "MERGE": False,
-                                                    "NEW_FIRST": True}, True),
-    "preloaded_decode_merge": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
-                               ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=True,
-                                                         QK_NORM=False, MERGE=True), True),
+                                                    "QK_NORM": True, "NEW_FIRST": True}, True),
     "preloaded_decode_fp8_pairs": (
         triton_decode_preload.preloaded_decode_kernel,
         {**PRELOAD_POINTERS, "k_cache_ptr": FP8, "v_cache_ptr": FP8}, ("qk_scale", "eps"),
-        {**PRELOAD_CONSTEXPRS, "ROPE": True, "QK_NORM": False, "MERGE": True,
-         "FP8_PAIRS": True}, True),
+        {**PRELOAD_CONSTEXPRS, "ROPE": True, "QK_NORM": False, "FP8_PAIRS": True}, True),
 })
 
 
@@ -331,8 +325,7 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 # their inputs' reads, before those
 READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets",
              "fp8_weight_tickets", "fp8_weight_early_scales", "moe_router", "moe_norm_router",
-             "decode_attention", "decode_attention_fp8_pairs", "decode_attention_rope",
-             "preloaded_decode_merge", "preloaded_decode_fp8_pairs"}
+             "decode_attention", "decode_attention_fp8_pairs", "decode_attention_rope"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
 # byte a load; the activations are bf16), and nothing else touches memory
@@ -343,7 +336,7 @@ WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global(\.L[12]::[\w:]+)*\.b8
 # block table and older KV
 LOADS_FIRST = {"rms_norm_fp8", "rotary", "rotary_qk_norm", "moe_norm_router", "decode_attention",
                "decode_attention_fp8_pairs", "decode_attention_rope", "preloaded_decode_fp8_pairs",
-               "preloaded_decode", "preloaded_decode_rope", "preloaded_decode_merge", "reduce_splits"}
+               "preloaded_decode", "preloaded_decode_rope", "reduce_splits"}
 
 
 # the tensor-descriptor arguments of KERNELS' kernels that take them
