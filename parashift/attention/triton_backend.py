@@ -66,11 +66,6 @@ PRELOAD_ENV = "PARASHIFT_ATTN_PRELOAD"
 # one row (context 1,024, graphs for 2,048, PDL on; benchmarks/fp8_chain_variants.py, session
 # 45): 76.7 µs a layer against 78.6 with the rotary kernel, 79.4 without preloading
 ROPE_ENV = "PARASHIFT_ATTN_ROPE"
-# ... and PARASHIFT_ATTN_ROPE_ONE_LAUNCH=1 (off: 8B b64 FP8 1.009x, bf16 0.991-0.995x on an
-# H200, the output's last bits differ: docs/benchmark_log.md, session 49) takes them into the
-# one-launch kernel too, where such a step runs it (batches of 64 on the 8B shape;
-# triton_decode_rope.py; read at each such step's plan: a graph keeps its capture's)
-ROPE_ONE_LAUNCH_ENV = "PARASHIFT_ATTN_ROPE_ONE_LAUNCH"
 # Such one-row decode launches cut a sequence's context among its splits by KV tiles, so their
 # grid takes splits of one tile (by max_model_len, up to MAX_SPLITS) rather than of
 # MIN_SPLIT_TOKENS: graphs captured for 2,048 tokens had 16 splits, and a context of 1,025-2,048
@@ -322,10 +317,10 @@ class TritonAttentionBackend:
                           norms: tuple | None = None) -> torch.Tensor:
         """`attend` of q after kernels/rotary.py's rotate_and_write_kv (q, k, v before RoPE;
         norms: the q and k RMS norms' weights and eps, or None): in the preloading split
-        kernel where the step's rows are all decodes it runs (`rope_launch`), or in the
-        one-launch kernel (ROPE_ONE_LAUNCH_ENV), else the rotary kernel, then `attend`."""
+        kernel where the step's rows are all decodes it runs (`rope_launch`), else the rotary
+        kernel, then `attend`."""
         launch = self.rope_launch(q, k_cache, meta)
-        if launch is None or not _takes_rope(launch[1], q.shape[2]):
+        if launch is None or not launch[1].preload:
             q = rotary.rotate_and_write_kv(positions, q, k, v, cos_sin, k_cache, v_cache,
                                            meta.slot_mapping, norms)
             if launch is None:  # `attend`: a subclass's routes (cuDNN's long prompts) hold
@@ -399,16 +394,6 @@ class TritonAttentionBackend:
     def _split_counts(self) -> list[int]:
         """Split counts to compile: invariant launches compile one split variant for all."""
         return [1, 2] if self.batch_invariant else [1 << i for i in range(MAX_SPLITS.bit_length())]
-
-
-def _takes_rope(launch: "_Launch", head_dim: int) -> bool:
-    """Whether a step's one decode launch takes RoPE and the KV write: the preloading kernel's
-    always, the one-launch kernel's under ROPE_ONE_LAUNCH_ENV (a head of a power of two of
-    dimensions: its rotated halves joined in registers)."""
-    if launch.preload:
-        return True
-    return (launch.fused and head_dim == triton.next_power_of_2(head_dim)
-            and switch(ROPE_ONE_LAUNCH_ENV, "0"))
 
 
 @dataclass(frozen=True)
@@ -585,9 +570,9 @@ def _plan_invariant_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
 def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch,
                       rope: "triton_decode_preload.Rope | None" = None):
     """rope: q before RoPE, rotated and the new keys and values written in the launch (a
-    preloading or one-launch decode's)."""
+    preloading decode's)."""
     if launch.fused:
-        _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs, launch, rope)
+        _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs, launch)
         return
     num_heads, head_dim = q.shape[1:]
     split = launch.partials
@@ -644,7 +629,7 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
 
 
 def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
-                         launch: _Launch, rope: "triton_decode_preload.Rope | None" = None):
+                         launch: _Launch):
     num_heads, head_dim = q.shape[1:]
     rows, kv_heads, splits = launch.num_q_blocks, k_cache.shape[2], launch.num_splits
     if splits > 1:
@@ -666,16 +651,12 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         seqs.token_offset, scale * math.log2(math.e),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
-        *triton_decode_preload.rope_args(q, rope),
         GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n,
         BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLITS_P=triton.next_power_of_2(splits),
         SPLIT_TOKENS=FUSED_SPLIT_TOKENS, DOT_PRECISION=_dot_precision(q.dtype, False),
         HEADS_FIRST=FUSED_HEADS_FIRST, FP8_PAIRS=fp8_pairs(v_cache, head_dim),
-        FP8_F16=fp8_f16(q, v_cache), ROPE=rope is not None,
-        QK_NORM=rope is not None and rope.norms is not None, MUL_RN=q.is_cuda,
-        K_HEADS_P=triton.next_power_of_2(kv_heads) if rope and rope.norms is not None else 1,
-        num_warps=cfg.num_warps,
+        FP8_F16=fp8_f16(q, v_cache), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 

@@ -3,7 +3,6 @@ the Triton interpreter on the CPU (float32, float16) and compiled on CUDA."""
 import pytest
 import torch
 import torch.nn.functional as F
-import triton
 
 from parashift.kernels import fp8_gemm, gated_gemv, silu_mul, skinny_gemm, split_tickets
 from parashift.kernels import fp8_gemv as fp8_gemv_module

@@ -270,7 +270,7 @@ KERNELS = {
         "seq_lens_ptr": torch.int32, "query_start_loc_ptr": torch.int32}, ("qk_scale",), dict(
             GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
             HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
-            HEADS_FIRST=False, FP8_PAIRS=False, FP8_F16=False, ROPE=False), False),
+            HEADS_FIRST=False, FP8_PAIRS=False, FP8_F16=False), False),
     "decode_attention_fp8_pairs": (triton_decode.decode_attention_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "ticket_ptr": torch.int32, "block_tables_ptr": torch.int32,
@@ -278,17 +278,7 @@ KERNELS = {
         "v_cache_ptr": FP8}, ("qk_scale",), dict(
             GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
             HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
-            HEADS_FIRST=False, FP8_PAIRS=True, FP8_F16=False, ROPE=False), False),
-    "decode_attention_rope": (triton_decode.decode_attention_kernel, {
-        "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
-        "part_l_ptr": torch.float32, "ticket_ptr": torch.int32, "block_tables_ptr": torch.int32,
-        "seq_lens_ptr": torch.int32, "query_start_loc_ptr": torch.int32,
-        "positions_ptr": torch.int64, "cos_sin_ptr": torch.float32,
-        "slot_mapping_ptr": torch.int64}, ("qk_scale", "eps"), dict(
-            GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
-            HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
-            HEADS_FIRST=False, FP8_PAIRS=False, FP8_F16=False, ROPE=True, QK_NORM=True,
-            MUL_RN=True, K_HEADS_P=8), False),
+            HEADS_FIRST=False, FP8_PAIRS=True, FP8_F16=False), False),
     "reduce_splits": (triton_kernels.reduce_splits_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32,
@@ -325,7 +315,7 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 # their inputs' reads, before those
 READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets",
              "fp8_weight_tickets", "fp8_weight_early_scales", "moe_router", "moe_norm_router",
-             "decode_attention", "decode_attention_fp8_pairs", "decode_attention_rope"}
+             "decode_attention", "decode_attention_fp8_pairs"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
 # byte a load; the activations are bf16), and nothing else touches memory
@@ -335,7 +325,7 @@ WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global(\.L[12]::[\w:]+)*\.b8
 # no other way there: the norm weight; positions, cos, sin and slots; a decode's metadata,
 # block table and older KV
 LOADS_FIRST = {"rms_norm_fp8", "rotary", "rotary_qk_norm", "moe_norm_router", "decode_attention",
-               "decode_attention_fp8_pairs", "decode_attention_rope", "preloaded_decode_fp8_pairs",
+               "decode_attention_fp8_pairs", "preloaded_decode_fp8_pairs",
                "preloaded_decode", "preloaded_decode_rope", "reduce_splits"}
 
 
@@ -511,19 +501,6 @@ def test_rotary_and_attention_give_the_same_bits_with_pdl(monkeypatch):
     for invariant in (False, True):
         backend = TritonAttentionBackend(batch_invariant=invariant)
         assert_same_bits(on_and_off(monkeypatch, lambda: run(backend, step)))
-    from parashift.attention import triton_backend
-    from parashift.attention.rotate_attend import rotate_write_attend
-    monkeypatch.setenv(triton_backend.ROPE_ONE_LAUNCH_ENV, "1")  # RoPE in the one-launch kernel
-    backend = TritonAttentionBackend()
-    launch = backend.rope_launch(step.q, step.k_cache, step.meta)[1]
-    assert launch.fused and triton_backend._takes_rope(launch, 128)
-
-    def rotate_in_attention():
-        k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
-        out = rotate_write_attend(backend, positions, step.q, k, v, cos_sin, k_cache, v_cache,
-                                  step.meta, 128 ** -0.5)
-        return out, k_cache.nan_to_num(), v_cache.nan_to_num()
-    assert_same_bits(on_and_off(monkeypatch, rotate_in_attention))
 
 
 @cuda
