@@ -16,8 +16,7 @@ import triton.language as tl
 
 from parashift.engine_switches import switch
 from parashift.kernels import fp8_gemm_tma, fp8_gemv, gemm_timing, pdl, split_tickets
-from parashift.kernels.fp8_epilogue import early_scales, early_ticket, finish_split_tile, \
-    tile_scales
+from parashift.kernels.fp8_epilogue import early_scales, finish_split_tile, tile_scales
 from parashift.kernels.skinny_gemm import MARGIN
 
 logger = logging.getLogger(__name__)
@@ -122,7 +121,7 @@ def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, coun
                        FP8_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
                        PREFETCH_K: tl.constexpr, TICKETS: tl.constexpr = False,
-                       EARLY_SCALES: tl.constexpr = False, EARLY_TICKET: tl.constexpr = False):
+                       EARLY_SCALES: tl.constexpr = False):
     first_n = tl.program_id(0) * BLOCK_N
     split = tl.program_id(2)
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
@@ -151,7 +150,7 @@ def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, coun
     finish_split_tile(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
                       offs_m, offs_n, m_ok, n_ok, split,
                       tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), HAS_BIAS,
-                      FP8_X, SPLIT_K, TICKETS, USE_PDL, EARLY_TICKET)
+                      FP8_X, SPLIT_K, TICKETS, USE_PDL)
 
 
 def block_m(rows: int) -> int:
@@ -211,7 +210,7 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         k, xq.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
         FP8_X=fp8_x, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=split, TICKETS=counters is not None,
-        EARLY_SCALES=early_scales(bias is not None), EARLY_TICKET=early_ticket(),
+        EARLY_SCALES=early_scales(bias is not None),
         num_warps=config.num_warps, num_stages=config.num_stages,
         **pdl.launch_options(x.device, (config.block_n, k, weight.element_size())))
     return y.to(x.dtype)

@@ -171,18 +171,17 @@ KERNELS = {
         PREFETCH_K=4096, AHEAD=False, TICKETS=True), True),
     "fp8_weight": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                    dict(HAS_BIAS=False, FP8_X=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=256,
-                        SPLIT_K=1, PREFETCH_K=256, TICKETS=False, EARLY_SCALES=False,
-                        EARLY_TICKET=False), True),
+                        SPLIT_K=1, PREFETCH_K=256, TICKETS=False, EARLY_SCALES=False),
+                   True),
     "fp8_weight_tickets": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                            dict(HAS_BIAS=True, FP8_X=True, BLOCK_M=64, BLOCK_N=64,
                                 BLOCK_K=256, SPLIT_K=4, PREFETCH_K=256, TICKETS=True,
-                                EARLY_SCALES=False, EARLY_TICKET=False), True),
-    # the tile's scales and bias loaded before the main loop (after the wait still), the
-    # split's ticket taken before its part is stored
+                                EARLY_SCALES=False), True),
+    # the tile's scales and bias loaded before the main loop (after the wait still)
     "fp8_weight_early_scales": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                                 dict(HAS_BIAS=True, FP8_X=True, BLOCK_M=64, BLOCK_N=64,
                                      BLOCK_K=256, SPLIT_K=4, PREFETCH_K=256, TICKETS=True,
-                                     EARLY_SCALES=True, EARLY_TICKET=True), True),
+                                     EARLY_SCALES=True), True),
     "argmax": (argmax._argmax_kernel, {"out_ptr": torch.int64, "part_value_ptr": torch.float32,
                                        "part_index_ptr": torch.int32, "counter_ptr": torch.int32},
                (), dict(BLOCK=4096, PARTS=32), False),
