@@ -32,24 +32,16 @@ VEC = 8  # weight bytes a thread loads at once; BLOCK_K must be a multiple
 
 
 @triton.jit
-def _row_sums(w, x_row_ptr, k, k_ok, K, EVEN_K: tl.constexpr, VEC: tl.constexpr,
-              GATED: tl.constexpr, LIBDEVICE: tl.constexpr):
+def _row_sums(w, x_row_ptr, k, k_ok, EVEN_K: tl.constexpr, VEC: tl.constexpr):
     """The tile times one activation row, summed over each VEC consecutive K (the bytes a
     thread loads at once, so the sums stay in a thread's registers):
-    [BLOCK_N, BLOCK_K // VEC] fp32. GATED: the row holds [gate | up] (2 K), its activations
-    silu(gate) * up rounded to its dtype, as silu_mul.silu_and_mul makes them."""
+    [BLOCK_N, BLOCK_K // VEC] fp32."""
     # loaded as [1, BLOCK_K]: in the tile's layout, where a [BLOCK_K] load would be moved
     # through shared memory every step
     if EVEN_K:
         x = tl.load(x_row_ptr + k[None, :])
     else:
         x = tl.load(x_row_ptr + k[None, :], mask=k_ok[None, :], other=0.0)
-    if GATED:  # masked columns: silu(0) * 0 = 0
-        if EVEN_K:
-            up = tl.load(x_row_ptr + K + k[None, :])
-        else:
-            up = tl.load(x_row_ptr + K + k[None, :], mask=k_ok[None, :], other=0.0)
-        x = silu_mul_values(x, up, LIBDEVICE).to(x.dtype)
     prod = w * x.to(tl.float32)
     return tl.sum(tl.reshape(prod, (prod.shape[0], prod.shape[1] // VEC, VEC)), axis=2)
 
@@ -84,7 +76,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, N
                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, VEC: tl.constexpr,
                      USE_PDL: tl.constexpr, PREFETCH_K: tl.constexpr,
                      AHEAD: tl.constexpr = False, TICKETS: tl.constexpr = False,
-                     GATED: tl.constexpr = False, LIBDEVICE: tl.constexpr = False,
+                     LIBDEVICE: tl.constexpr = False,
                      SILU_OUT: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False):
     first_n = tl.program_id(0) * BLOCK_N
     split = tl.program_id(1)
@@ -117,15 +109,13 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, N
             w_next = _tile_before(w_rows, k + BLOCK_K, k_end, EVICT_FIRST)
         else:
             w = _weight_tile(w_rows, k, k_ok, EVEN_K, EVICT_FIRST).to(tl.float32)
-        acc0 += _row_sums(w, x_ptr, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE)
+        acc0 += _row_sums(w, x_ptr, k, k_ok, EVEN_K, VEC)
         if ROWS > 1:
-            acc1 += _row_sums(w, x_ptr + stride_xm, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE)
+            acc1 += _row_sums(w, x_ptr + stride_xm, k, k_ok, EVEN_K, VEC)
         if ROWS > 2:
-            acc2 += _row_sums(w, x_ptr + 2 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
-                              LIBDEVICE)
+            acc2 += _row_sums(w, x_ptr + 2 * stride_xm, k, k_ok, EVEN_K, VEC)
         if ROWS > 3:
-            acc3 += _row_sums(w, x_ptr + 3 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
-                              LIBDEVICE)
+            acc3 += _row_sums(w, x_ptr + 3 * stride_xm, k, k_ok, EVEN_K, VEC)
     scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
     bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if HAS_BIAS:  # once: by split 0, or by the tile's last program (TICKETS)
@@ -245,14 +235,11 @@ def evict_first() -> bool:
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              bias: torch.Tensor | None, block_n: int, block_k: int, num_warps: int,
              num_stages: int, split_k: int = 1, ahead: bool = False,
-             tickets: bool = False, gated: bool = False, silu_out: bool = False
-             ) -> torch.Tensor:
+             tickets: bool = False, silu_out: bool = False) -> torch.Tensor:
     """x [M <= 4, K] (bf16/fp16/fp32), weight [N, K] E4M3 with unit stride along K (row
     slices of a wider buffer are fine), scale [N] or [N, 1] fp32, bias [N] or None; ahead:
     the next weight tile's load in flight while one is multiplied; tickets: split_k's parts
-    summed by each tile's last program (split_tickets.py), not atomically; gated: x is
-    [M, 2 K] holding [gate | up] and the product is of silu_and_mul(x) (formed per K slice
-    in registers, the same bits as silu_mul.silu_and_mul's output); silu_out: the weight
+    summed by each tile's last program (split_tickets.py), not atomically; silu_out: the weight
     holds [gate; up] rows (N even) and the output is silu_and_mul of the product, [M, N / 2]
     (each program's tile interleaves gate and up rows; one part of K: split_k 1; the bits of
     the plain GEMV's output followed by silu_mul.silu_and_mul)."""
@@ -265,10 +252,10 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     k = weight.shape[1] if weight.dim() == 2 else -1
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"fp8_gemv takes 2-D x of 1 to {MAX_ROWS} rows, got {tuple(x.shape)}")
-    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[1] != (2 * k if gated else k):
-        raise ValueError(f"fp8_gemv{' (gated)' if gated else ''} of x {tuple(x.shape)} needs "
-                         f"a weight [N, {x.shape[1] // 2 if gated else x.shape[1]}] contiguous "
-                         f"along K, got {tuple(weight.shape)} with strides {weight.stride()}")
+    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[1] != k:
+        raise ValueError(f"fp8_gemv of x {tuple(x.shape)} needs a weight [N, {x.shape[1]}] "
+                         f"contiguous along K, got {tuple(weight.shape)} with strides "
+                         f"{weight.stride()}")
     x = x if x.stride(1) == 1 else x.contiguous()
     m, n = x.shape[0], weight.shape[0]
     grid = (triton.cdiv(n // 2 if silu_out else n, block_n // 2 if silu_out else block_n),
@@ -280,8 +267,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         parts if parts is not None else y, counters if counters is not None else y,
         n, k, x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, ROWS=m,
         EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, VEC=VEC,
-        AHEAD=ahead, TICKETS=counters is not None, GATED=gated, SILU_OUT=silu_out,
-        LIBDEVICE=(gated or silu_out) and x.is_cuda, EVICT_FIRST=evict_first(),
+        AHEAD=ahead, TICKETS=counters is not None, SILU_OUT=silu_out,
+        LIBDEVICE=silu_out and x.is_cuda, EVICT_FIRST=evict_first(),
         num_warps=num_warps, num_stages=num_stages,
         **pdl.launch_options(x.device, (block_n, k, weight.element_size())))
     return y.to(x.dtype)

@@ -84,26 +84,6 @@ def test_rejects_a_weight_strided_along_k():
         fp8_gemv(torch.zeros(1, 32), weight, torch.ones(16), None, *SMALL[0])
 
 
-def check_gated(m, n, k, bias=False, padded=False, fp8=True, dtype="float32", device="cpu",
-                configs=SMALL[-2:]):
-    """The GEMV forming silu(gate) * up per K slice gives the bits of SiLU-and-mul's kernel
-    followed by the same config (x [m, 2k] of [gate | up], scaled so the SiLU's range
-    shows)."""
-    weight, scale = quantized(n, k, padded, device)
-    if not fp8:  # 16-bit weights, as skinny_gemm's GEMV runs them: a scale of ones
-        weight, scale = (weight.float() * scale).to(getattr(torch, dtype)), torch.ones(
-            n, device=device)
-    x = randn((m, 2 * k), dtype, device, seed=4, scale=3.0)
-    b = randn((n,), dtype, device, seed=3) if bias else None
-    h = silu_mul.silu_and_mul(x)
-    for config in configs:
-        assert_exact(fp8_gemv(x, weight, scale, b, *config, gated=True),
-                     fp8_gemv(h, weight, scale, b, *config))
-
-
-GATED_CASES = [dict(m=2, n=24, k=200, bias=True, padded=True)]
-
-
 def check_silu_out(m, n, k, bias=False, fp8=True, dtype="float32", device="cpu",
                    configs=((8, 64, 4, 1), (4, 32, 2, 1, 1, True))):
     """The GEMV of a [gate; up] weight storing silu(gate) * up gives the bits of the plain
@@ -134,9 +114,6 @@ def test_silu_out_cuda(fp8, m):
                    configs=one_of_each_family([c for c in configs if c.split_k == 1]))
 
 
-test_gated_interpreted, _ = case_tests(__name__, check_gated, GATED_CASES)
-
-
 def one_of_each_family(configs) -> list[tuple]:
     """fp8_gemv's arguments of the first config of each kind (plain, ahead, tickets, both)."""
     firsts = {}
@@ -145,26 +122,11 @@ def one_of_each_family(configs) -> list[tuple]:
     return list(firsts.values())
 
 
-@cuda
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16-weights"])
-def test_gated_cuda(fp8, m):
-    configs = fp8_gemm.GEMV_CONFIGS if fp8 else skinny_gemm.GEMV_CONFIGS
-    check_gated(m, 4096, 1536, bias=m == 3, fp8=fp8, dtype="bfloat16", device="cuda",
-                configs=one_of_each_family(configs))
-
-
 def test_silu_out_rejects_split_k_and_odd_tiles():
     for block_n, split_k in ((8, 2), (3, 1)):
         with pytest.raises(ValueError, match="silu_out"):
             fp8_gemv(torch.zeros(1, 64), torch.zeros(8, 64, dtype=FP8), torch.ones(8), None,
                      block_n, 64, 4, 1, split_k, silu_out=True)
-
-
-def test_gated_rejects_an_input_not_twice_the_weights_k():
-    with pytest.raises(ValueError, match="gated"):
-        fp8_gemv(torch.zeros(1, 64), torch.zeros(8, 64, dtype=FP8), torch.ones(8), None,
-                 8, 64, 4, 1, gated=True)
 
 
 def test_the_evict_first_switch_reads_0_or_1(monkeypatch):

@@ -157,10 +157,6 @@ KERNELS = {
         **{**GEMV_PLAIN, "EVICT_FIRST": True},
         HAS_BIAS=False, ROWS=2, EVEN_K=False, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=2, VEC=8,
         PREFETCH_K=4096, AHEAD=True, TICKETS=False), True),
-    "fp8_gemv_gated": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
-        **GEMV_PLAIN,
-        HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, VEC=8,
-        PREFETCH_K=4096, AHEAD=False, TICKETS=False, GATED=True, LIBDEVICE=True), True),
     "fp8_gemv_silu_out": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
         **GEMV_PLAIN,
         HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, VEC=8,

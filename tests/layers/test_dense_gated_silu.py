@@ -53,7 +53,7 @@ def bf16_mlp(monkeypatch):
         calls.append(("dense", x.shape[0], tiling))
         return silu_and_mul_torch(F.linear(x, weight))
 
-    def fused_linear(kind, x, weight, scale, bias, config):
+    def fused_linear(x, weight, scale, bias, config):
         calls.append(("gemv", x.shape[0], config))
         return silu_and_mul_torch(F.linear(x, weight, bias))
     monkeypatch.setattr(silu_gemv, "use_triton", lambda x: True)
@@ -61,7 +61,7 @@ def bf16_mlp(monkeypatch):
                         x.shape[0] >= dense_gated_choice.MIN_ROWS else None)
     monkeypatch.setattr(dense_gated_choice, "fused", fused)
     monkeypatch.setattr(gated_gemv, "choice",
-                        lambda kind, x, *args: "cfg" if x.shape[0] <= 4 else None)
+                        lambda x, *args: "cfg" if x.shape[0] <= 4 else None)
     monkeypatch.setattr(gated_gemv, "fused_linear", fused_linear)
     return mlp, calls
 
