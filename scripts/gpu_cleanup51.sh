@@ -15,8 +15,7 @@
 set -u
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-150}
-: "${OUT:?an output folder}"
-mkdir -p "$OUT"
+mkdir -p "${OUT:?an output folder}"
 source scripts/budget_step.sh
 T="env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider"
 budget_step attention 50 $T tests/attention/test_rotate_attend.py tests/kernels/test_rotary.py \
