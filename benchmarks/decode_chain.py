@@ -1,5 +1,5 @@
-"""The GEMM choice timed as decode runs it, and SiLU-and-mul inside the gate_up or the down
-projection's GEMV, on the 8B shape's decode kernels on one GPU (issues 60, 61).
+"""The GEMM choice timed as decode runs it, and SiLU-and-mul inside the gate_up projection's
+GEMV, on the 8B shape's decode kernels on one GPU (issues 60, 61).
 
 Usage (GPU): PYTHONPATH=. python3 benchmarks/decode_chain.py [--weights fp8 bf16]
     [--batch-sizes 1] [--layers 32] [--repeats 15] [--no-dot-configs] [--variants ...]
@@ -8,8 +8,8 @@ For each weight dtype and batch, variants of a step's 32 layers (benchmarks/pdl_
 kernels, PDL as the engine launches, CUDA graphs), the GEMM choices made anew where the
 timing changes: "graph" (PARASHIFT_GEMM_TIMING=graph, main's: candidates timed with PDL
 suspended), "chain" (=chain: PDL on, each call after a kernel writing its input), and with
-SiLU·mul formed in the gate_up GEMV's epilogue ("*_silu_gate_up") or in the down GEMV
-("chain_silu_down") where that measured faster (kernels/gated_gemv.py). The graphs are
+SiLU·mul formed in the gate_up GEMV's epilogue ("*_silu_gate_up") where that measured faster
+(kernels/gated_gemv.py). The graphs are
 replayed in turn (interleaved repeats), median µs per layer; each variant's choices; max
 |difference| of the outputs against the first variant's. --no-dot-configs leaves the FP8
 tl.dot configs (never chosen at 1-4 rows on an H200, session 43) out of the FP8 choice, to
@@ -22,30 +22,20 @@ import torch
 from benchmarks import pdl_chain
 from parashift.kernels import fp8_gemm, gated_gemv, gemm_timing, silu_mul, skinny_gemm
 
-VARIANTS = {"graph": ("graph", None), "chain": ("chain", None),
-            "chain_silu_gate_up": ("chain", "gate_up"), "chain_silu_down": ("chain", "down"),
-            "graph_silu_gate_up": ("graph", "gate_up")}
-DEFAULT_VARIANTS = ["graph", "chain", "chain_silu_gate_up", "chain_silu_down"]
+VARIANTS = {"graph": ("graph", False), "chain": ("chain", False),
+            "chain_silu_gate_up": ("chain", True), "graph_silu_gate_up": ("graph", True)}
+DEFAULT_VARIANTS = ["graph", "chain", "chain_silu_gate_up"]
 
 
-def fused_mlp(kind: str):
-    """pdl_chain.mlp with SiLU·mul in the `kind` GEMV where gated_gemv chose it."""
-    def mlp(h: torch.Tensor, layer: pdl_chain.Layer) -> torch.Tensor:
-        gate_up, down = layer.weights["gate_up"], layer.weights["down"]
-        if kind == "gate_up":
-            weight, scale = gate_up if isinstance(gate_up, tuple) else (gate_up, None)
-            config = gated_gemv.choice(kind, h, weight, scale, None)
-            activated = (gated_gemv.fused_linear(kind, h, weight, scale, None, config)
-                         if config is not None else
-                         silu_mul.silu_and_mul(pdl_chain.linear(h, gate_up)))
-            return pdl_chain.linear(activated, down)
-        gated = pdl_chain.linear(h, gate_up)
-        weight, scale = down if isinstance(down, tuple) else (down, None)
-        config = gated_gemv.choice(kind, gated, weight, scale, None)
-        if config is None:
-            return pdl_chain.linear(silu_mul.silu_and_mul(gated), down)
-        return gated_gemv.fused_linear(kind, gated, weight, scale, None, config)
-    return mlp
+def fused_mlp(h: torch.Tensor, layer: pdl_chain.Layer) -> torch.Tensor:
+    """pdl_chain.mlp with SiLU·mul in the gate_up GEMV where gated_gemv chose it."""
+    gate_up, down = layer.weights["gate_up"], layer.weights["down"]
+    weight, scale = gate_up if isinstance(gate_up, tuple) else (gate_up, None)
+    config = gated_gemv.choice(h, weight, scale, None)
+    activated = (gated_gemv.fused_linear(h, weight, scale, None, config)
+                 if config is not None else
+                 silu_mul.silu_and_mul(pdl_chain.linear(h, gate_up)))
+    return pdl_chain.linear(activated, down)
 
 
 def choices() -> dict:
@@ -70,7 +60,7 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
         os.environ[gemm_timing.TIMING_ENV] = timing
         started = time.perf_counter()
         graphs[name] = pdl_chain.capture(lambda: outputs.__setitem__(name, pdl_chain.step(
-            *args, fused_mlp(fused) if fused else pdl_chain.mlp)[0].clone()))
+            *args, fused_mlp if fused else pdl_chain.mlp)[0].clone()))
         setup_s[name] = round(time.perf_counter() - started, 1)
         chosen[name] = choices()
     first = variants[0]

@@ -8,9 +8,9 @@ instruction counts, and whether its SASS is the first variant's.
 Variants are NAME=VALUE,... over the 8B decode shape at 64 rows (GROUP 4, BLOCK_M 16, TILE_N 64,
 head_dim 128, bf16, PDL early, one split); `num_warps` and `num_stages` are options, the rest
 the kernel's constexprs. Session 49 (helper rope64b): the plain kernel 88 registers, the RoPE
-fold 94, with its prefetch 95, with q/k norms 94, no spills; three stages 116 and 114.
+fold (removed in session 51) 94, no spills; three stages 116 and 114.
 
-Usage: python benchmarks/decode_kernel_sass.py [--variants default ROPE=1 ...] [--output f.json]"""
+Usage: python benchmarks/decode_kernel_sass.py [--variants default FP8_F16=1 ...] [--output f.json]"""
 import argparse
 import inspect
 import json
@@ -27,15 +27,13 @@ from parashift.attention import triton_decode
 
 SHAPE = dict(GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
              HEAD_DIM_P=128, SPLITS_P=1, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
-             HEADS_FIRST=False, FP8_PAIRS=False, FP8_F16=False, ROPE=False, QK_NORM=False,
-             MUL_RN=True, USE_PDL=1, PREFETCH_TILES=0, ROW_LINES=2, LINE_ELEMS=64, K_HEADS_P=1)
+             HEADS_FIRST=False, FP8_PAIRS=False, FP8_F16=False, USE_PDL=1)
 POINTERS = {"part_acc_ptr": "fp32", "part_m_ptr": "fp32", "part_l_ptr": "fp32",
             "ticket_ptr": "i32", "block_tables_ptr": "i32", "seq_lens_ptr": "i32",
-            "query_start_loc_ptr": "i32", "positions_ptr": "i64", "cos_sin_ptr": "fp32",
-            "slot_mapping_ptr": "i64"}
+            "query_start_loc_ptr": "i32"}
 GENERIC = {"block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr", "num_seqs", "token_offset",
            "stride_bt"}  # triton_decode's _jit_generic_in names
-FLOATS = {"qk_scale", "eps"}
+FLOATS = {"qk_scale"}
 FP_OPS = re.compile(r"\b(FFMA|FMUL|FADD|HMMA\.\w+|MUFU\.\w+|LDGSTS|BAR\.SYNC)\b")
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -83,8 +81,7 @@ def parse(variant: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", nargs="+",
-                        default=["default", "ROPE=True", "ROPE=True,PREFETCH_TILES=2",
-                                 "ROPE=True,QK_NORM=True,K_HEADS_P=8"])
+                        default=["default", "num_stages=3", "FP8_F16=True"])
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the runtime's default in 3.9

@@ -30,7 +30,7 @@ from parashift.kernels import fp8_gemm
 
 from parashift import LLM, SamplingParams
 from parashift.kernels import dense_gated_choice, dense_gemm, fp8_gated_choice, gated_gemv, \
-    norm_gemv, pdl, skinny_gemm, split_parts_choice
+    pdl, skinny_gemm, split_parts_choice
 
 
 def copy_bandwidth(device) -> float:
@@ -405,7 +405,7 @@ def main():
                    pdl=pdl.pdl_enabled(torch.device(engine.device)),
                    copy_bandwidth_tb_s=bandwidth / 1e12, weight_gb=weight_bytes / 1e9,
                    skinny_gemm=skinny_gemm.chosen(), gated_gemv=gated_gemv.chosen(),
-                   norm_gemv=norm_gemv.chosen(), dense_gemm=dense_gemm.chosen(),
+                   dense_gemm=dense_gemm.chosen(),
                    fp8_gated=fp8_gated_choice.chosen(),
                    dense_gated=dense_gated_choice.chosen(),
                    split_parts_norm=split_parts_choice.chosen(), rows=rows,

@@ -7,12 +7,11 @@ Usage (GPU): PYTHONPATH=. python3 benchmarks/l2_prefetch_chain.py [--weights fp8
     [--batch-sizes 1] [--layers 32] [--repeats 21] [--no-dot-configs] [--output F]
     [--variants off PARASHIFT_L2_PREFETCH=1,PARASHIFT_L2_PREFETCH_MB=qkv:32/o:8 ...]
 A variant is `off` (PARASHIFT_L2_PREFETCH=0) or NAME=VALUE[,NAME=VALUE]: environment settings
-read while its graph is captured (PARASHIFT_L2_PREFETCH=side:KIND: on a second stream, no
-node of the PDL chain), and this script's own `placement` (chain: the prefetch kernel's
-prefetches after its PDL wait; before_wait: before it), `chunk_kb` (bytes a chunk) and
-`programs` (at most that many programs, each looping over chunks: fewer bytes in flight at
-once). FP8 layers as the engine runs them (the norms and SiLU-and-mul quantize the next
-GEMM's rows). Each row says whether every variant's output has the first's bits."""
+read while its graph is captured (the budgets: PARASHIFT_L2_PREFETCH_MB). FP8 layers as the
+engine runs them (the norms and SiLU-and-mul quantize the next GEMM's rows). Each row says
+whether every variant's output has the first's bits. (The placements in the PDL chain, the
+`lines` and `read` kinds, the prefetches before the wait and other chunk sizes and program
+counts measured slower and were removed in session 51.)"""
 import argparse
 import contextlib
 
@@ -24,38 +23,25 @@ from parashift.kernels import fp8_gemm, skinny_gemm
 from parashift.layers import l2_prefetch as placement
 
 ORDER = ("qkv", "o", "gate_up", "down")
-OWN = ("placement", "chunk_kb", "programs")
-PLACEMENTS = ("chain", "before_wait")
 FULL = "PARASHIFT_L2_PREFETCH_MB=qkv:32/o:8/gate_up:8/down:8"  # o, gate_up, down, next qkv
 DEFAULT_VARIANTS = [
     "off",
-    "PARASHIFT_L2_PREFETCH=1",  # side:bulk, the budget's default o:8: the best measured
-    "PARASHIFT_L2_PREFETCH=side:read",
-    f"PARASHIFT_L2_PREFETCH=side:bulk,{FULL}",
-    f"PARASHIFT_L2_PREFETCH=side:read,{FULL}",
-    f"PARASHIFT_L2_PREFETCH=side:read,{FULL},programs=33",
-    "PARASHIFT_L2_PREFETCH=read",
-    "PARASHIFT_L2_PREFETCH=bulk",
-    "PARASHIFT_L2_PREFETCH=lines",
+    "PARASHIFT_L2_PREFETCH=1",  # the budget's default o:8: the best measured
+    "PARASHIFT_L2_PREFETCH_MB=qkv:16",
+    FULL,
     "PARASHIFT_PDL_PREFETCH_KB=32",  # each GEMM program's own prefetch before its wait
 ]
 
 
 def variant(text: str) -> str:
-    if text != "off":
-        settings = parse_settings(text)
-        if settings.get("placement", "chain") not in PLACEMENTS:
-            raise argparse.ArgumentTypeError(f"{text!r}: placement one of {PLACEMENTS}")
+    if text != "off" and not all(name.startswith("PARASHIFT_") for name in parse_settings(text)):
+        raise argparse.ArgumentTypeError(f"{text!r}: off or PARASHIFT_NAME=VALUE[,...]")
     return text
 
 
-def split_variant(text: str) -> tuple[dict, dict]:
-    """(environment settings, this script's own) of a variant."""
-    if text == "off":
-        return {placement.ENV: "0"}, {}
-    settings = parse_settings(text)
-    return ({k: v for k, v in settings.items() if k not in OWN},
-            {k: v for k, v in settings.items() if k in OWN})
+def settings_of(text: str) -> dict:
+    """A variant's environment settings."""
+    return {placement.ENV: "0"} if text == "off" else parse_settings(text)
 
 
 class Prefetcher:
@@ -72,20 +58,16 @@ class Prefetcher:
         return weight[0] if isinstance(weight, tuple) else weight
 
     @contextlib.contextmanager
-    def wrapping(self, own: dict):
-        how, text = placement.mode(), placement.budget_text()
-        if how is None:
+    def wrapping(self):
+        text = placement.budget_text()
+        if not placement.enabled():
             yield
             return
-        after_wait = own.get("placement", "chain") != "before_wait"
-        chunk = int(own["chunk_kb"]) * 1024 if "chunk_kb" in own else None
-        programs = int(own["programs"]) if "programs" in own else None
         plain = pdl_chain.linear
 
         def linear(x, weight, x_fp8=None):
             y = plain(x, weight, x_fp8)
-            self.steps.launch(self.index[id(self.matrix(weight))], how, text, after_wait,
-                              chunk, programs)
+            self.steps.launch(self.index[id(self.matrix(weight))], text)
             return y
 
         pdl_chain.linear = linear
@@ -103,10 +85,9 @@ def measure(weights: str, batch: int, count: int, repeats: int, bandwidth: float
     prefetcher = Prefetcher(layers)
 
     def run(name: str) -> torch.Tensor:
-        with prefetcher.wrapping(split_variant(name)[1]):
+        with prefetcher.wrapping():
             return pdl_chain.step(*args, fp8_input=fp8)[0].clone()
-    graphs, outputs = pdl_chain.variant_graphs(variants, lambda name: split_variant(name)[0],
-                                               run)
+    graphs, outputs = pdl_chain.variant_graphs(variants, settings_of, run)
     results = pdl_chain.replayed_fractions(graphs, layers, fp8, batch, context, count,
                                            bandwidth, repeats)[0]
     first = variants[0]

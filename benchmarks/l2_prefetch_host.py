@@ -29,10 +29,10 @@ WAYS = ("calls", "hooks", "none")
 def hook_body(steps, index: int):
     """A forward hook doing what the removed hooks did at each call."""
     def after_gemm(module, args, output):
-        how = l2_prefetch.mode(steps.default)
-        if (how is not None and isinstance(output, torch.Tensor) and use_triton(output)
+        if (l2_prefetch.enabled(steps.default) and isinstance(output, torch.Tensor)
+                and use_triton(output)
                 and output.numel() // output.shape[-1] <= l2_prefetch.MAX_ROWS):
-            steps.launch(index, how, l2_prefetch.budget_text())
+            steps.launch(index, l2_prefetch.budget_text())
     return after_gemm
 
 

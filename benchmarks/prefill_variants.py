@@ -33,7 +33,7 @@ from parashift import LLM, SamplingParams
 PROFILE_TOP = 40  # kernels of the profiled step kept, longest first
 VARIANTS = {"default": {}, "pdl_off": {"PARASHIFT_PDL": "0"},
             "moe_prefill_off": {"PARASHIFT_MOE_PREFILL": "0"}, "swept_tiles": None,
-            "cudnn_off": {}, "cudnn_direct": {"PARASHIFT_CUDNN_DIRECT": "1"}}
+            "cudnn_off": {}}
 
 
 @contextlib.contextmanager

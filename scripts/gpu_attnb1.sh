@@ -43,7 +43,7 @@ budget_step engine_fp8 110 python3 benchmarks/decode_throughput.py --model $llam
 elif [ "${CALL:-2}" = 3 ]; then
 later_tests
 budget_step chain_fp8_b1 25 python3 benchmarks/fp8_chain_variants.py --batch-sizes 1 \
-  --layers 32 --repeats 21 --no-dot-configs --variants default PARASHIFT_ATTN_PRELOAD_MERGE=1 \
+  --layers 32 --repeats 21 --no-dot-configs --variants default \
   $before --output "$OUT/chain_fp8_b1.json"
 budget_step engine_fp8 50 python3 benchmarks/decode_throughput.py --model $llama \
   --batch-sizes 1 --context 1024 --decode-steps 32 --cuda-graphs --quantization fp8 \
@@ -51,17 +51,17 @@ budget_step engine_fp8 50 python3 benchmarks/decode_throughput.py --model $llama
 else
 later_tests
 budget_step chain_fp8_b1 25 python3 benchmarks/fp8_chain_variants.py --batch-sizes 1 \
-  --layers 32 --repeats 21 --no-dot-configs --variants default PARASHIFT_ATTN_PRELOAD_MERGE=1 \
+  --layers 32 --repeats 21 --no-dot-configs --variants default \
   PARASHIFT_ATTN_ROPE=0 PARASHIFT_ATTN_PRELOAD=0 PARASHIFT_PDL_EARLY_LOADS=0 $before \
   --output "$OUT/chain_fp8_b1.json"
 budget_step engine_fp8 60 python3 benchmarks/decode_throughput.py --model $llama \
   --batch-sizes 1 64 --context 1024 --decode-steps 32 --cuda-graphs --quantization fp8 \
-  --graph-variants PARASHIFT_ATTN_PRELOAD_MERGE=1 PARASHIFT_PDL_EARLY_LOADS=0 $before \
+  --graph-variants PARASHIFT_PDL_EARLY_LOADS=0 $before \
   --rounds 3 --output "$OUT/engine_fp8.json"
 budget_step engine_qwen_b1 70 python3 benchmarks/decode_throughput.py \
   --model benchmarks/shapes/qwen3-30b-a3b.json --batch-sizes 1 --max-model-len 8192 \
   --context 1024 --decode-steps 32 --cuda-graphs --graph-variants $before \
-  PARASHIFT_ATTN_PRELOAD_MERGE=1 --rounds 3 --output "$OUT/engine_qwen_b1.json"
+  --rounds 3 --output "$OUT/engine_qwen_b1.json"
 budget_step sweep_8b 25 python3 benchmarks/decode_attention_sweep.py --model $llama \
   --batches 1 2 4 --contexts 1024 8192 32768 --pdl 1 --output "$OUT/sweep_8b.json"
 fi

@@ -17,10 +17,9 @@ mkdir -p "$OUT"
 source scripts/budget_step.sh
 budget_step gemv 25 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_fp8_gemv.py \
-  -k "(test_cuda and bfloat16) or norm_cuda or silu_out_cuda or gated_cuda or evict_first_give"
+  -k "(test_cuda and bfloat16) or silu_out_cuda or gated_cuda or evict_first_give"
 budget_step pdl 12 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_pdl.py -k "weight_kernels_give_the_same_bits"
 budget_step norm_layers 15 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q \
-  -p no:cacheprovider tests/kernels/test_norm_gemv.py tests/layers/test_norm_gemv.py \
-  tests/layers/test_fp8_input.py tests/test_engine_switches.py -k "not interpreted"
+  -p no:cacheprovider tests/layers/test_fp8_input.py tests/test_engine_switches.py -k "not interpreted"
 cat "$OUT/steps"

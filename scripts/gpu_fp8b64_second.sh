@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Helper fp8b64's call script as it ran; PARASHIFT_FP8_EARLY_TICKET was removed in session 51:
+# its variants below now run without it.)
 # Issue 60 (helper fp8b64: 8B FP8 decode at 64 rows), second call on ONE H200, in priority
 # order (BUDGET_S, 235 by default, skips the last first). The first call (gpu_fp8b64_mid.sh
 # at ce92660, superseded by this one) ran out of time in the engine's start-up (87 s, 77 of

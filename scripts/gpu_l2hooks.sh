@@ -13,7 +13,7 @@
 #     PARASHIFT_L2_PREFETCH=0 (graph variants, DECODE_ROUNDS rounds);
 #   decode_moe: Qwen3-30B-A3B's, built with PARASHIFT_L2_PREFETCH=1 (its default is now off)
 #     against =0;
-#   norm_gemv_chain: a short run of benchmarks/norm_gemv_chain.py (its main now pdl_chain's).
+#   (norm_gemv_chain: removed in session 51 with the norm-in-GEMV path.)
 # Usage: OUT=dir [BUDGET_S=150] [STEPS="..."] [DECODE_ROUNDS=2] [HOST_ROUNDS=4]
 #   bash scripts/gpu_l2hooks.sh
 set -u
@@ -48,11 +48,6 @@ step_decode_bf16() { decode decode_bf16 30 benchmarks/shapes/llama-3.1-8b.json; 
 step_decode_moe() {
   PARASHIFT_L2_PREFETCH=1 decode decode_moe 55 benchmarks/shapes/qwen3-30b-a3b.json \
     --max-model-len 8192
-}
-step_norm_gemv_chain() {
-  budget_step norm_gemv_chain 20 python3 benchmarks/norm_gemv_chain.py --weights fp8 \
-    --batch-sizes 1 --layers 4 --repeats 3 --variants plain --no-dot-configs \
-    --output "$out/norm_gemv_chain.json"
 }
 for step in ${STEPS:-host decode_fp8 tests decode_moe}; do
   "step_$step"

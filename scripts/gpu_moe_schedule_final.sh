@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Helper moepf's call script as it ran but for step 3's cudnn_direct variant, dropped with
+# PARASHIFT_CUDNN_DIRECT in session 51.)
 # Issue 61 (item 2): Qwen3-30B-A3B prefill on ONE GPU, this tree (the MoE prefill table's row
 # with its schedule flags, cuDNN's long-prompt attention reached again through the fused
 # q/k-norm RoPE path) against what it replaces, in one call:
@@ -38,7 +40,7 @@ files="$files before=$OUT/tiles_before.json"
 files="$files nstj=$OUT/tiles_nstj.json table=$OUT/tiles_table.json"
 start=$SECONDS
 timeout 80 python3 benchmarks/prefill_variants.py --model "$S" --prompt-lens 512 4096 \
-  --repeats 3 --variants default cudnn_direct --profile --tile-files $files \
+  --repeats 3 --variants default --profile --tile-files $files \
   --output "$OUT/variants.json" > "$OUT/variants.log" 2>&1
 echo "[prefill_variants rc=$? $((SECONDS - start)) s]"
 wait

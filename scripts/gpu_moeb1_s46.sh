@@ -20,11 +20,7 @@ budget_step engine 65 python3 benchmarks/decode_throughput.py --model "$MOE" \
   --output "$OUT/engine.json"
 budget_step tests 35 env PARASHIFT_TEST_DEVICE=cuda python3 -m pytest -q -rA -p no:cacheprovider \
   tests/kernels/test_moe_norm_router.py tests/layers/test_norm_router.py
-# the input norm in the QKV GEMV (a build-time switch: an engine of its own, one round)
-budget_step engine_norm_gemv 48 env PARASHIFT_NORM_IN_GEMV=1 python3 \
-  benchmarks/decode_throughput.py --model "$MOE" --max-model-len 8192 --context 1024 \
-  --decode-steps 32 --cuda-graphs --batch-sizes 1 --output "$OUT/engine_norm_gemv.json"
-grep -h "RMSNorm in the GEMV" "$OUT/engine_norm_gemv.log" | cut -c1-200 | head -4
+# 3) (the norm-in-GEMV engine: removed in session 51 with PARASHIFT_NORM_IN_GEMV)
 python3 - "$OUT" <<'EOF' 2>&1 | tee "$OUT/summary.txt"
 import json, os, sys
 out = sys.argv[1]

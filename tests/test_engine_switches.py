@@ -6,15 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from parashift import engine_switches
-from parashift.attention import cudnn_chunk, cudnn_prefill, triton_backend, triton_decode_preload
+from parashift.attention import cudnn_chunk, triton_backend, triton_decode_preload
 from parashift.kernels import (argmax, dense_gemm, fp8_gemm, fp8_gemm_tma, fp8_gemv, moe_decode,
                                moe_prefill, pdl)
 
-# (variable, its reader): where on needs more than the switch (cuDNN's GQA), only 0 and a bad
-# value are checked
+# (variable, its reader)
 READERS = [
     (triton_backend.FUSED_REDUCE_ENV, triton_backend.fused_reduce_enabled),
     (triton_decode_preload.NEW_FIRST_ENV, triton_decode_preload.new_token_first),
@@ -29,11 +27,9 @@ READERS = [
     (moe_decode.ENV, moe_decode.enabled),
 ]
 ROOT = Path(__file__).resolve().parents[1]
-ON_NEEDS_MORE = [(cudnn_prefill.DIRECT_ENV, lambda: cudnn_prefill._direct(torch.device("cpu")))]
 
 
-@pytest.mark.parametrize("name,read", READERS + ON_NEEDS_MORE,
-                         ids=[name for name, _ in READERS + ON_NEEDS_MORE])
+@pytest.mark.parametrize("name,read", READERS, ids=[name for name, _ in READERS])
 def test_a_bad_value_is_an_error_naming_the_variable(monkeypatch, name, read):
     for bad in ("yes", "", "2"):
         monkeypatch.setenv(name, bad)

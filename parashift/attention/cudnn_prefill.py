@@ -26,7 +26,6 @@ from parashift.attention import cudnn_chunk
 from parashift.attention.cudnn_chunk import PAD_TOKENS, pad_rows
 from parashift.attention.metadata import AttentionMetadata
 from parashift.attention.triton_backend import TritonAttentionBackend
-from parashift.engine_switches import switch
 
 LONG_PREFILL_TOKENS = int(os.environ.get("PARASHIFT_CUDNN_PREFILL_TOKENS", "4096"))
 # A chunk of at least CHUNK_TOKENS after a cached prefix, its context at least CHUNK_CONTEXT
@@ -34,17 +33,6 @@ LONG_PREFILL_TOKENS = int(os.environ.get("PARASHIFT_CUDNN_PREFILL_TOKENS", "4096
 # Triton kernel's 3.21, 8,192 after 8,192 3.47 against 4.47
 CHUNK_TOKENS = int(os.environ.get("PARASHIFT_CUDNN_CHUNK_TOKENS", "2048"))
 CHUNK_CONTEXT = 8192
-# PARASHIFT_CUDNN_DIRECT=1: a long prompt's call goes straight to ATen's cuDNN attention op
-# where it takes fewer KV heads than query heads (cudnn_chunk.gqa_available): no backend
-# choice, no sdpa_kernel context a layer (host time); 0 (the default): F.scaled_dot_product_
-# attention under sdpa_kernel. Read at each call.
-DIRECT_ENV = "PARASHIFT_CUDNN_DIRECT"
-
-
-def _direct(device: torch.device) -> bool:
-    return switch(DIRECT_ENV, "0") and cudnn_chunk.gqa_available(device.index or 0)
-
-
 def cudnn_attention_available(device: torch.device) -> bool:
     return (device.type == "cuda" and torch.backends.cudnn.is_available()
             and torch.cuda.get_device_capability(device) >= (8, 0))
@@ -159,12 +147,8 @@ def _causal_prompt(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     k, v = (pad_rows(_context(cache, blocks, length, q.dtype), padded)
             .transpose(0, 1).unsqueeze(0) for cache in (k_cache, v_cache))
     q = pad_rows(q, padded).transpose(0, 1).unsqueeze(0)
-    if _direct(q.device):
-        out = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, None, False, 0.0, True, False, scale=scale)[0]
-    else:
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                                 enable_gqa=True)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                             enable_gqa=True)
     return out[0, :, :length].transpose(0, 1)
 

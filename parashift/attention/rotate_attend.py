@@ -1,7 +1,6 @@
 """RoPE (with a model's q/k norms), the KV write and the attention of one layer's step on
 CUDA: the backend's `rotate_and_attend` where it has one (the Triton backend's: in one launch
-for decodes of many splits, triton_decode_preload.py, and under PARASHIFT_ATTN_ROPE_ONE_LAUNCH
-for those of the one-launch kernel, triton_decode_rope.py), else kernels/rotary.py's kernel and
+for decodes of many splits, triton_decode_preload.py), else kernels/rotary.py's kernel and
 then the backend's `attend`."""
 import torch
 

@@ -66,15 +66,6 @@ PRELOAD_ENV = "PARASHIFT_ATTN_PRELOAD"
 # one row (context 1,024, graphs for 2,048, PDL on; benchmarks/fp8_chain_variants.py, session
 # 45): 76.7 µs a layer against 78.6 with the rotary kernel, 79.4 without preloading
 ROPE_ENV = "PARASHIFT_ATTN_ROPE"
-# ... and PARASHIFT_ATTN_ROPE_ONE_LAUNCH=1 (off: 8B b64 FP8 1.009x, bf16 0.991-0.995x on an
-# H200, the output's last bits differ: docs/benchmark_log.md, session 49) takes them into the
-# one-launch kernel too, where such a step runs it (batches of 64 on the 8B shape;
-# triton_decode_rope.py; read at each such step's plan: a graph keeps its capture's)
-ROPE_ONE_LAUNCH_ENV = "PARASHIFT_ATTN_ROPE_ONE_LAUNCH"
-# ... and PARASHIFT_ATTN_PRELOAD_MERGE=1 merges a row's splits in that kernel (the last split
-# by ticket) instead of a reduction launch (read at each such launch's plan; off: in the same
-# chain, merging the group's heads one after another, 81.3 µs a layer against 76.7)
-PRELOAD_MERGE_ENV = "PARASHIFT_ATTN_PRELOAD_MERGE"
 # Such one-row decode launches cut a sequence's context among its splits by KV tiles, so their
 # grid takes splits of one tile (by max_model_len, up to MAX_SPLITS) rather than of
 # MIN_SPLIT_TOKENS: graphs captured for 2,048 tokens had 16 splits, and a context of 1,025-2,048
@@ -326,10 +317,10 @@ class TritonAttentionBackend:
                           norms: tuple | None = None) -> torch.Tensor:
         """`attend` of q after kernels/rotary.py's rotate_and_write_kv (q, k, v before RoPE;
         norms: the q and k RMS norms' weights and eps, or None): in the preloading split
-        kernel where the step's rows are all decodes it runs (`rope_launch`), or in the
-        one-launch kernel (ROPE_ONE_LAUNCH_ENV), else the rotary kernel, then `attend`."""
+        kernel where the step's rows are all decodes it runs (`rope_launch`), else the rotary
+        kernel, then `attend`."""
         launch = self.rope_launch(q, k_cache, meta)
-        if launch is None or not _takes_rope(launch[1], q.shape[2]):
+        if launch is None or not launch[1].preload:
             q = rotary.rotate_and_write_kv(positions, q, k, v, cos_sin, k_cache, v_cache,
                                            meta.slot_mapping, norms)
             if launch is None:  # `attend`: a subclass's routes (cuDNN's long prompts) hold
@@ -405,16 +396,6 @@ class TritonAttentionBackend:
         return [1, 2] if self.batch_invariant else [1 << i for i in range(MAX_SPLITS.bit_length())]
 
 
-def _takes_rope(launch: "_Launch", head_dim: int) -> bool:
-    """Whether a step's one decode launch takes RoPE and the KV write: the preloading kernel's
-    always, the one-launch kernel's under ROPE_ONE_LAUNCH_ENV (a head of a power of two of
-    dimensions: its rotated halves joined in registers)."""
-    if launch.preload:
-        return True
-    return (launch.fused and head_dim == triton.next_power_of_2(head_dim)
-            and switch(ROPE_ONE_LAUNCH_ENV, "0"))
-
-
 @dataclass(frozen=True)
 class _SeqRange:
     """Sequences [first, end) of the step, launched together; the grid covers
@@ -473,8 +454,6 @@ class _Launch:
     context_splits: int = 0
     # ... and their split kernel `triton_decode_preload`'s
     preload: bool = False
-    # ... which merges the splits itself (by ticket), where it can take tickets
-    preload_merge: bool = False
 
     @property
     def partials(self) -> bool:
@@ -516,8 +495,7 @@ def _plan_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
     context_splits = config.tile_n if one_row_decodes and num_splits > 1 else 0
     preload = context_splits > 0 and preload_enabled()
     return _Launch(config, group, group_p, block_q, num_q_blocks, num_splits, False,
-                   context_splits=context_splits, preload=preload,
-                   preload_merge=preload and switch(PRELOAD_MERGE_ENV, "0"))
+                   context_splits=context_splits, preload=preload)
 
 
 def _split_tokens(config: KernelConfig) -> int:
@@ -592,9 +570,9 @@ def _plan_invariant_launch(q, k_cache, meta: AttentionMetadata, seqs: _SeqRange,
 def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, launch: _Launch,
                       rope: "triton_decode_preload.Rope | None" = None):
     """rope: q before RoPE, rotated and the new keys and values written in the launch (a
-    preloading or one-launch decode's)."""
+    preloading decode's)."""
     if launch.fused:
-        _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs, launch, rope)
+        _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs, launch)
         return
     num_heads, head_dim = q.shape[1:]
     split = launch.partials
@@ -611,16 +589,12 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
     cfg = launch.config
     with_pdl = pdl.launch_options(q.device)
     if launch.preload:
-        tickets = (_tickets(q.device, seqs.num_tokens * k_cache.shape[2])
-                   if launch.preload_merge else None)
         triton_decode_preload.launch(
             part_acc, part_m, part_l, q, k_cache, v_cache, meta.block_tables[seqs.first:],
             meta.seq_lens[seqs.first:], query_start_loc, num_seqs, seqs.token_offset,
             scale * math.log2(math.e), cfg, launch.group, launch.group_p, seqs.num_tokens,
-            launch.num_splits, _dot_precision(q.dtype, False), rope, out, tickets,
+            launch.num_splits, _dot_precision(q.dtype, False), rope,
             fp8_pairs(v_cache, head_dim) and seqs.num_tokens == 1)
-        if tickets is not None:  # merged in the launch
-            return
     else:
         grid = (launch.num_q_blocks, k_cache.shape[2], launch.num_splits)
         paged_attention_kernel[grid](
@@ -655,7 +629,7 @@ def _launch_attention(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange, la
 
 
 def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
-                         launch: _Launch, rope: "triton_decode_preload.Rope | None" = None):
+                         launch: _Launch):
     num_heads, head_dim = q.shape[1:]
     rows, kv_heads, splits = launch.num_q_blocks, k_cache.shape[2], launch.num_splits
     if splits > 1:
@@ -677,16 +651,12 @@ def _launch_fused_decode(out, q, k_cache, v_cache, meta, scale, seqs: _SeqRange,
         seqs.token_offset, scale * math.log2(math.e),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
-        *triton_decode_preload.rope_args(q, rope),
         GROUP=launch.group, GROUP_P=launch.group_p, BLOCK_M=cfg.block_m, TILE_N=cfg.tile_n,
         BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLITS_P=triton.next_power_of_2(splits),
         SPLIT_TOKENS=FUSED_SPLIT_TOKENS, DOT_PRECISION=_dot_precision(q.dtype, False),
         HEADS_FIRST=FUSED_HEADS_FIRST, FP8_PAIRS=fp8_pairs(v_cache, head_dim),
-        FP8_F16=fp8_f16(q, v_cache), ROPE=rope is not None,
-        QK_NORM=rope is not None and rope.norms is not None, MUL_RN=q.is_cuda,
-        K_HEADS_P=triton.next_power_of_2(kv_heads) if rope and rope.norms is not None else 1,
-        num_warps=cfg.num_warps,
+        FP8_F16=fp8_f16(q, v_cache), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl.launch_options(q.device))
 
 

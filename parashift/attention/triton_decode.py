@@ -18,16 +18,10 @@ The backend takes it for launches of at most FUSED_MAX_SPLITS splits: the merge 
 program's, its loads split after split, and at batch 1 over 32 splits it cost more than the
 split kernel's separate reduction launch (triton_backend.py has the numbers).
 
-ROPE: the layer's RoPE (with its q/k norms) and KV write run here too, as the rotary kernel
-would have run them before the launch (triton_decode_rope.py; TritonAttentionBackend.
-rotate_and_attend under PARASHIFT_ATTN_ROPE_ONE_LAUNCH).
-
 Not batch-invariant: deterministic mode keeps `triton_kernels`' fixed partitions."""
 import triton
 import triton.language as tl
 
-from parashift.attention.triton_decode_rope import (new_kv, new_token_inputs, rotated_q,
-                                                    store_new_kv)
 from parashift.attention.triton_fp8_values import attend_tiles_fp8, joined, zero_halves
 from parashift.attention.triton_kernels import NEG_BIG, _attend_tiles, _jit_generic_in
 from parashift.kernels import pdl, split_tickets
@@ -97,27 +91,14 @@ def decode_attention_kernel(
         num_seqs, token_offset, qk_scale,
         stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-        k_ptr, v_ptr, stride_kt, stride_knh, stride_vt, stride_vnh, positions_ptr, cos_sin_ptr,
-        stride_cs, slot_mapping_ptr, q_norm_ptr, k_norm_ptr, eps,
         GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_M: tl.constexpr,
         TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
         HEAD_DIM_P: tl.constexpr, SPLITS_P: tl.constexpr, SPLIT_TOKENS: tl.constexpr,
         DOT_PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
         USE_PDL: tl.constexpr = False, FP8_PAIRS: tl.constexpr = False,
-        FP8_F16: tl.constexpr = False, ROPE: tl.constexpr = False,
-        QK_NORM: tl.constexpr = False, MUL_RN: tl.constexpr = False,
-        K_HEADS_P: tl.constexpr = 1):
+        FP8_F16: tl.constexpr = False):
     """FP8_PAIRS: an FP8 pool's values read as 16-bit pairs (triton_fp8_values.py); FP8_F16:
-    its products in fp16 (one conversion from E4M3, not two), q clamped to fp16's range.
-    ROPE (HEAD_DIM a power of two): q_ptr, k_ptr and v_ptr are the projection's rows before
-    RoPE (k, v [tokens, KV heads, head_dim] at strides stride_kt, stride_knh / stride_vt,
-    stride_vnh), rotated here as kernels/rotary.py's rotate_and_write_kv would have before the
-    launch, with the same bits (QK_NORM: the heads RMS-normed first, the key's every KV head
-    rotated as that kernel holds them (K_HEADS_P rows); MUL_RN: on CUDA, its products unfused,
-    rotary_values.py): each program rotates its q heads and the new token's key (loaded beside
-    q), and the program whose tiles hold the new token (the last position)
-    writes that key and value to the slot `slot_mapping` gives (-1: none), then reads them
-    back with its tile behind a barrier; no other program reads that slot."""
+    its products in fp16 (one conversion from E4M3, not two), q clamped to fp16's range."""
     # HEADS_FIRST: the grid is (KV heads, rows, splits), a row's heads launched together
     i = tl.program_id(1 if HEADS_FIRST else 0)
     kv_head = tl.program_id(0 if HEADS_FIRST else 1)
@@ -131,9 +112,6 @@ def decode_attention_kernel(
     q_start = tl.load(query_start_loc_ptr + i, mask=is_seq, other=0)
     q_end = tl.load(query_start_loc_ptr + i + 1, mask=is_seq, other=0)
     seq_len = tl.load(seq_lens_ptr + i, mask=is_seq, other=0)
-    if ROPE:
-        slot, cos, sin = new_token_inputs(positions_ptr, cos_sin_ptr, slot_mapping_ptr, token,
-                                          stride_cs, HEAD_DIM)
     pdl.start(USE_PDL)
     rows = tl.arange(0, BLOCK_M)
     row_head = kv_head * GROUP + rows
@@ -141,16 +119,7 @@ def decode_attention_kernel(
     offs_d = tl.arange(0, HEAD_DIM_P)
     io_mask = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
     q_rows = q_ptr + token * stride_qt + row_head * stride_qh
-    if ROPE:
-        q = rotated_q(q_rows, row_ok, cos, sin, q_norm_ptr, eps, q_ptr.dtype.element_ty,
-                      HEAD_DIM, QK_NORM, MUL_RN)
-        k_heads, k_new1, k_new2, v_new = new_kv(
-            k_ptr + token * stride_kt, v_ptr + token * stride_vt + kv_head * stride_vnh,
-            kv_head, num_kv_heads, stride_knh, slot, cos, sin, k_norm_ptr, eps,
-            k_cache_ptr.dtype.element_ty, v_cache_ptr.dtype.element_ty, HEAD_DIM, K_HEADS_P,
-            QK_NORM, MUL_RN)
-    else:
-        q = tl.load(q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
+    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
     if q_end == q_start:  # a row of no sequence
         if split == 0:
             _store_rows(out_ptr, token, kv_head, stride_ot, stride_oh,
@@ -162,12 +131,6 @@ def decode_attention_kernel(
     if split >= num_splits:
         return
     mid = tl.maximum(tl.minimum(hi, seq_len // TILE_N), lo)  # tiles before the last partial
-    if ROPE:
-        if (num_tiles - 1) // tiles_per_split == split:  # the new token's tile is this split's
-            store_new_kv(k_cache_ptr, v_cache_ptr, slot, kv_head, k_heads, k_new1, k_new2,
-                         v_new, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                         BLOCK_SIZE, HEAD_DIM)
-            tl.debug_barrier()  # the slot's stores before this program's loads of its tile
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + (seq_len - 1)
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)

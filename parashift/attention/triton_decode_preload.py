@@ -14,10 +14,10 @@ K, V) then runs during the previous kernel rather than after it.
 
 Programs store their partial states as the split kernel's do ([row, head, split] of
 [rows, heads, grid splits]); `reduce_splits_kernel` with CONTEXT_SPLITS = SPLIT_TOKENS
-merges them, or (MERGE) the last of a row's splits to take its ticket does. A sequence takes
-min(grid splits, ceil(context / SPLIT_TOKENS)) splits (the others exit before their wait),
-so a graph captured for a long max_model_len runs a short context with few splits; rows of
-no sequence exit at once (the reduction writes their zeros; MERGE: their split 0 does).
+merges them. A sequence takes min(grid splits, ceil(context / SPLIT_TOKENS)) splits (the
+others exit before their wait), so a graph captured for a long max_model_len runs a short
+context with few splits; rows of no sequence exit at once (the reduction writes their
+zeros).
 
 ROPE: the kernel before is the QKV projection and this one does what kernels/rotary.py's
 rotate_and_write_kv did between them: each program rotates its q heads (their q/k norms
@@ -37,7 +37,7 @@ from parashift.attention.triton_fp8_values import (attend_pairs, attend_tiles_fp
 from parashift.attention.triton_kernels import (NEG_BIG, _attend_tiles, _jit_generic_in,
                                                 _store_partial)
 from parashift.engine_switches import switch
-from parashift.kernels import pdl, split_tickets
+from parashift.kernels import pdl
 
 
 
@@ -70,9 +70,6 @@ NEW_FIRST_ENV = "PARASHIFT_ATTN_NEW_FIRST"
 LINE_BYTES = 128  # an L2 cache line: one prefetch each
 # tiles after a split's first that its programs prefetch into L2 before their wait
 PREFETCH_TILES = 2
-# MERGE: a KV head's group of heads merged at once up to this many partial values (8B heads at
-# 16 splits: 4 x 16 x 128), else one head after another
-GROUP_AT_ONCE = tl.constexpr(8192)
 
 
 @triton.jit
@@ -178,7 +175,6 @@ def _rotated(rows, offs_d, mask, cos_full, sin_signed, norm_w_ptr, eps, QK_NORM:
 @_jit_generic_in("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr", "num_seqs",
                  "token_offset", "stride_bt")
 def preloaded_decode_kernel(
-        out_ptr, ticket_ptr, stride_ot, stride_oh,
         part_acc_ptr, part_m_ptr, part_l_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
         block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
         num_seqs, token_offset, qk_scale,
@@ -191,7 +187,6 @@ def preloaded_decode_kernel(
         HEAD_DIM_P: tl.constexpr, SPLIT_TOKENS: tl.constexpr, DOT_PRECISION: tl.constexpr,
         PREFETCH_TILES: tl.constexpr, ROW_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr,
         ROPE: tl.constexpr = False, QK_NORM: tl.constexpr = False,
-        MERGE: tl.constexpr = False, SPLITS_P: tl.constexpr = 1,
         NEW_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False,
         FP8_PAIRS: tl.constexpr = False):
     """ROPE: q_ptr, k_ptr and v_ptr are the projection's rows before RoPE (k_ptr, v_ptr:
@@ -199,11 +194,8 @@ def preloaded_decode_kernel(
     each program rotates its q heads (after their RMS norms, QK_NORM), and the split holding
     the new token rotates its key, attends to it from registers and writes it and its value
     to the slot `slot_mapping` gives (slot -1: none), as kernels/rotary.py's
-    rotate_and_write_kv would have before the launch. MERGE: the last of a row's splits to
-    take its ticket merges their partial states into out (in split order, as
-    `reduce_splits_kernel` does), a row of one split writes out directly, a row of no
-    sequence gets zeros from its split-0 program: no reduction launch. FP8_PAIRS: an FP8
-    pool's values read as 16-bit pairs (triton_fp8_values.py)."""
+    rotate_and_write_kv would have before the launch. FP8_PAIRS: an FP8 pool's values read
+    as 16-bit pairs (triton_fp8_values.py)."""
     i = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -214,9 +206,8 @@ def preloaded_decode_kernel(
     q_end = tl.load(query_start_loc_ptr + i + 1, mask=is_seq, other=0)
     seq_len = tl.load(seq_lens_ptr + i, mask=is_seq, other=0)
     num_splits = tl.minimum(grid_splits, tl.maximum(tl.cdiv(seq_len, SPLIT_TOKENS), 1))
-    no_seq = q_end == q_start  # a row of no sequence: zeros (MERGE: from its split 0)
-    if (no_seq & (not MERGE)) | (split >= num_splits):
-        return
+    if (q_end == q_start) | (split >= num_splits):  # a row of no sequence: zeros by the
+        return  # reduction
     old = seq_len - 1  # the positions cached before this step
     num_tiles = tl.cdiv(old, TILE_N)
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
@@ -254,8 +245,7 @@ def preloaded_decode_kernel(
         new_block = tl.maximum(slot, 0) // BLOCK_SIZE
         new_in_block = tl.maximum(slot, 0) % BLOCK_SIZE
     else:
-        # a row of no sequence (MERGE) reads slot 0 of block 0 (old -1: the division and
-        # remainder round toward zero)
+        # (old is -1 in no row that gets here; clamped all the same)
         new_block = tl.load(block_table + tl.maximum(old, 0) // BLOCK_SIZE, mask=is_seq,
                             other=0).to(tl.int64)
         new_in_block = tl.maximum(old, 0) % BLOCK_SIZE
@@ -316,86 +306,8 @@ def preloaded_decode_kernel(
         acc, m_i, l_i = _attend_one(acc, m_i, l_i, q, k_new.to(q.dtype).to(tl.float32),
                                     v_new.to(q.dtype).to(tl.float32), qk_scale)
     pdl.inputs_read(USE_PDL)
-    if MERGE and num_splits == 1:
-        _store_heads(out_ptr, token, kv_head, stride_ot, stride_oh,
-                     tl.where(no_seq, 0.0, acc / l_i[:, None]), GROUP, BLOCK_M, HEAD_DIM,
-                     HEAD_DIM_P)
-        return
     _store_partial(part_acc_ptr, part_m_ptr, part_l_ptr, acc, m_i, l_i, i, row_head, split,
                    grid_splits, row_ok, io_mask, offs_d, GROUP, HEAD_DIM)
-    if MERGE:
-        counter = ticket_ptr + i * tl.num_programs(1) + kv_head
-        if split_tickets.is_last_of(counter, num_splits):
-            split_tickets.reset(counter)
-            num_heads = tl.num_programs(1) * GROUP
-            first = (i.to(tl.int64) * num_heads + kv_head * GROUP) * grid_splits
-            if GROUP_P * SPLITS_P * HEAD_DIM_P <= GROUP_AT_ONCE:
-                merged = _merged_group(part_acc_ptr, part_m_ptr, part_l_ptr, first,
-                                       grid_splits, num_splits, GROUP, GROUP_P, SPLITS_P,
-                                       HEAD_DIM, HEAD_DIM_P)
-                _store_heads(out_ptr, token, kv_head, stride_ot, stride_oh, merged, GROUP,
-                             GROUP_P, HEAD_DIM, HEAD_DIM_P)
-            else:  # one head after another (fewer registers)
-                for g in tl.static_range(GROUP):
-                    merged = _merged(part_acc_ptr, part_m_ptr, part_l_ptr,
-                                     first + g * grid_splits, num_splits, SPLITS_P, HEAD_DIM,
-                                     HEAD_DIM_P)
-                    tl.store(out_ptr + token * stride_ot + (kv_head * GROUP + g) * stride_oh
-                             + offs_d, merged.to(out_ptr.dtype.element_ty), mask=d_ok)
-
-
-@triton.jit
-def _merged_group(part_acc_ptr, part_m_ptr, part_l_ptr, first, grid_splits, num_splits,
-                  GROUP: tl.constexpr, GROUP_P: tl.constexpr, SPLITS_P: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
-    """The group's heads' outputs [GROUP_P, HEAD_DIM_P] from their num_splits partial states
-    (head g's split s at first + g * grid_splits + s), every head's loaded at once, by
-    reduce_splits_kernel's arithmetic."""
-    rows = tl.arange(0, GROUP_P * SPLITS_P)
-    head, split = rows // SPLITS_P, rows % SPLITS_P
-    at = first + head * grid_splits + split
-    ok = (head < GROUP) & (split < num_splits)
-    offs_d = tl.arange(0, HEAD_DIM_P)
-    m = tl.load(part_m_ptr + at, mask=ok, other=NEG_BIG, cache_modifier=".cg")
-    l = tl.load(part_l_ptr + at, mask=ok, other=0.0, cache_modifier=".cg")
-    acc = tl.load(part_acc_ptr + at[:, None] * HEAD_DIM + offs_d[None, :],
-                  mask=ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0,
-                  cache_modifier=".cg")
-    m = tl.reshape(m, (GROUP_P, SPLITS_P))
-    weight = tl.exp2(m - tl.max(m, 1)[:, None])
-    total = tl.sum(tl.reshape(l, (GROUP_P, SPLITS_P)) * weight, 1)
-    acc = tl.reshape(acc, (GROUP_P, SPLITS_P, HEAD_DIM_P))
-    return tl.sum(acc * weight[:, :, None], 1) / total[:, None]
-
-
-@triton.jit
-def _merged(part_acc_ptr, part_m_ptr, part_l_ptr, first, num_splits, SPLITS_P: tl.constexpr,
-            HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
-    """One head's output [HEAD_DIM_P] from its num_splits partial states at first.. (read
-    from L2), by reduce_splits_kernel's arithmetic."""
-    splits = tl.arange(0, SPLITS_P)
-    s_ok = splits < num_splits
-    m = tl.load(part_m_ptr + first + splits, mask=s_ok, other=NEG_BIG, cache_modifier=".cg")
-    l = tl.load(part_l_ptr + first + splits, mask=s_ok, other=0.0, cache_modifier=".cg")
-    weight = tl.exp2(m - tl.max(m, 0))
-    offs_d = tl.arange(0, HEAD_DIM_P)
-    acc = tl.load(part_acc_ptr + (first + splits)[:, None] * HEAD_DIM + offs_d[None, :],
-                  mask=s_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0,
-                  cache_modifier=".cg")
-    return tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)
-
-
-@triton.jit
-def _store_heads(out_ptr, token, kv_head, stride_ot, stride_oh, values, GROUP: tl.constexpr,
-                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
-    """values [BLOCK_M, HEAD_DIM_P] (rows past GROUP not stored) into the row's heads of the KV
-    head's group."""
-    rows = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM_P)
-    ptrs = (out_ptr + token * stride_ot + (kv_head * GROUP + rows)[:, None] * stride_oh
-            + offs_d[None, :])
-    tl.store(ptrs, values.to(out_ptr.dtype.element_ty),
-             mask=(rows < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :])
 
 
 def prefetch_shape(head_dim: int, elem_size: int) -> tuple[int, int]:
@@ -407,19 +319,14 @@ def prefetch_shape(head_dim: int, elem_size: int) -> tuple[int, int]:
 def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens,
            query_start_loc, num_seqs: int, token_offset: int, qk_scale: float, config,
            group: int, group_p: int, num_rows: int, num_splits: int, dot_precision: str,
-           rope: "Rope | None" = None, out=None, tickets=None, fp8_pairs: bool = False) -> None:
+           rope: "Rope | None" = None, fp8_pairs: bool = False) -> None:
     """Partial states of `num_rows` one-row decodes (sequences from the metadata slices
     given) into part_* ([rows, heads, num_splits(, head_dim)]), SPLIT_TOKENS = config's KV
-    tile; with `rope`, q is before RoPE and the new keys and values are written here; with
-    `tickets` (rows x KV heads counters, 0), merged into `out` in the launch; fp8_pairs: an
-    FP8 pool's values read as 16-bit pairs."""
+    tile; with `rope`, q is before RoPE and the new keys and values are written here;
+    fp8_pairs: an FP8 pool's values read as 16-bit pairs."""
     head_dim = q.shape[2]
     row_lines, line_elems = prefetch_shape(head_dim, k_cache.element_size())
-    merge = tickets is not None
-    if not merge:  # unused
-        out, tickets = part_acc, part_m
     preloaded_decode_kernel[(num_rows, k_cache.shape[2], num_splits)](
-        out, tickets, out.stride(0) if merge else 0, out.stride(1) if merge else 0,
         part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens,
         query_start_loc, num_seqs, token_offset, qk_scale,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
@@ -429,8 +336,7 @@ def launch(part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, seq_lens
         HEAD_DIM_P=triton.next_power_of_2(head_dim), SPLIT_TOKENS=config.tile_n,
         DOT_PRECISION=dot_precision, PREFETCH_TILES=PREFETCH_TILES, ROW_LINES=row_lines,
         LINE_ELEMS=line_elems, ROPE=rope is not None,
-        QK_NORM=rope is not None and rope.norms is not None, MERGE=merge,
-        SPLITS_P=triton.next_power_of_2(num_splits), NEW_FIRST=new_token_first(),
+        QK_NORM=rope is not None and rope.norms is not None, NEW_FIRST=new_token_first(),
         FP8_PAIRS=fp8_pairs,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(q.device))
 

@@ -18,7 +18,6 @@ from parashift.kernels import pdl, split_tickets
 
 OFF = tl.constexpr(pdl.OFF)  # a kernel's USE_PDL where it calls no PDL op
 EARLY_SCALES_ENV, DEFAULT_EARLY_SCALES = "PARASHIFT_FP8_EARLY_SCALES", "1"
-EARLY_TICKET_ENV, DEFAULT_EARLY_TICKET = "PARASHIFT_FP8_EARLY_TICKET", "0"
 
 
 def early_scales(has_bias: bool = False) -> bool:
@@ -26,13 +25,6 @@ def early_scales(has_bias: bool = False) -> bool:
     keeps what its capture read): whether an FP8 GEMM without a bias loads its tile's scales
     before the main loop (with a bias: never, module docstring)."""
     return _flag(EARLY_SCALES_ENV, DEFAULT_EARLY_SCALES) and not has_bias
-
-
-def early_ticket() -> bool:
-    """PARASHIFT_FP8_EARLY_TICKET (0 or 1, read at each launch; 0 by default: 0.996x a layer
-    in the decode chain, slower at split configs): whether the FP8 GEMMs' K splits by tickets
-    take the ticket before storing their part (`finish_split_tile`)."""
-    return _flag(EARLY_TICKET_ENV, DEFAULT_EARLY_TICKET)
 
 
 def _flag(name: str, default: str) -> bool:
@@ -79,27 +71,12 @@ def finish_tile(acc, scales, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym, bias_
 def finish_split_tile(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m,
                       offs_n, m_ok, n_ok, split, tile, HAS_BIAS: tl.constexpr,
                       FP8_X: tl.constexpr, SPLIT_K: tl.constexpr, TICKETS: tl.constexpr,
-                      USE_PDL: tl.constexpr, EARLY_TICKET: tl.constexpr = False):
+                      USE_PDL: tl.constexpr):
     """`finish_tile` of this program's part `split` of K (of SPLIT_K) of output tile `tile`:
     the whole sum where SPLIT_K is 1; else (TICKETS) the part stored and the tile's last
-    program to take its ticket sums them in split order and finishes (EARLY_TICKET: the
-    ticket taken first, the last program's own part kept in registers,
-    split_tickets.arrive), or the part added atomically to the fp32 y."""
-    if TICKETS and EARLY_TICKET:
-        pdl.inputs_read(USE_PDL)
-        tile_ok = m_ok[:, None] & n_ok[None, :]
-        plane_offs = offs_m[:, None] * N + offs_n[None, :]
-        counter = counter_ptr + tile
-        if split_tickets.arrive(counter, SPLIT_K):
-            split_tickets.wait_stored(counter, SPLIT_K)
-            total = split_tickets.summed_parts_with(acc, split, part_ptr + plane_offs, M * N,
-                                                    tile_ok, SPLIT_K)
-            finish_tile(total, scales, y_ptr, offs_m, offs_n, m_ok, n_ok, stride_ym, True,
-                        HAS_BIAS, FP8_X, False, OFF)
-        else:
-            tl.store(part_ptr + split * M * N + plane_offs, acc, mask=tile_ok)
-            split_tickets.signal_stored(counter)
-    elif TICKETS:
+    program to take its ticket sums them in split order and finishes, or the part added
+    atomically to the fp32 y."""
+    if TICKETS:
         pdl.inputs_read(USE_PDL)
         tile_ok = m_ok[:, None] & n_ok[None, :]
         plane_offs = offs_m[:, None] * N + offs_n[None, :]

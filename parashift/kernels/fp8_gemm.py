@@ -16,9 +16,7 @@ import triton.language as tl
 
 from parashift.engine_switches import switch
 from parashift.kernels import fp8_gemm_tma, fp8_gemv, gemm_timing, pdl, split_tickets
-from parashift.kernels.fp8_epilogue import early_scales, early_ticket, finish_split_tile, \
-    tile_scales
-from parashift.kernels.fp8_values import row_scale, to_fp8
+from parashift.kernels.fp8_epilogue import early_scales, finish_split_tile, tile_scales
 from parashift.kernels.skinny_gemm import MARGIN
 
 logger = logging.getLogger(__name__)
@@ -86,6 +84,22 @@ GEMV_CONFIGS = tuple(Config("gemv", *shape) for shape in (
     Config("gemv", 4, 1024, 4, 1, 2, ahead=True, tickets=True),)
 
 
+# A row's E4M3 values and scale: the kernels that write FP8 rows beside their output (the
+# RMSNorm, SiLU-and-mul, gate_up's TMA epilogue) call these as _quantize_rows_kernel does, so
+# their rows are its bit for bit.
+@triton.jit
+def row_scale(largest, FP8_MAX: tl.constexpr):
+    """A row's scale from its largest magnitude (fp32)."""
+    return tl.maximum(largest, 1e-12) / FP8_MAX
+
+
+@triton.jit
+def to_fp8(x, scale, q_ptrs, mask, FP8_MAX: tl.constexpr):
+    """Stores x (fp32) / scale in E4M3 at q_ptrs."""
+    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+    tl.store(q_ptrs, q.to(q_ptrs.dtype.element_ty), mask=mask)
+
+
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
                           FP8_MAX: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -107,7 +121,7 @@ def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, coun
                        FP8_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
                        PREFETCH_K: tl.constexpr, TICKETS: tl.constexpr = False,
-                       EARLY_SCALES: tl.constexpr = False, EARLY_TICKET: tl.constexpr = False):
+                       EARLY_SCALES: tl.constexpr = False):
     first_n = tl.program_id(0) * BLOCK_N
     split = tl.program_id(2)
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
@@ -136,7 +150,7 @@ def _fp8_weight_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, coun
     finish_split_tile(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
                       offs_m, offs_n, m_ok, n_ok, split,
                       tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), HAS_BIAS,
-                      FP8_X, SPLIT_K, TICKETS, USE_PDL, EARLY_TICKET)
+                      FP8_X, SPLIT_K, TICKETS, USE_PDL)
 
 
 def block_m(rows: int) -> int:
@@ -196,7 +210,7 @@ def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         k, xq.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
         FP8_X=fp8_x, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=split, TICKETS=counters is not None,
-        EARLY_SCALES=early_scales(bias is not None), EARLY_TICKET=early_ticket(),
+        EARLY_SCALES=early_scales(bias is not None),
         num_warps=config.num_warps, num_stages=config.num_stages,
         **pdl.launch_options(x.device, (config.block_n, k, weight.element_size())))
     return y.to(x.dtype)

@@ -23,8 +23,8 @@ import triton.language as tl
 
 from parashift.engine_switches import switch
 from parashift.kernels import num_sms, pdl, split_tickets
-from parashift.kernels.fp8_epilogue import early_scales, early_ticket, finish_split_tile, \
-    store_part, tile_scales
+from parashift.kernels.fp8_epilogue import early_scales, finish_split_tile, store_part, \
+    tile_scales
 
 # fp8_gemm.Config.kernel values of this file: w8 widens the weight (the compiler's
 # conversions; w8bits: `_bf16_of_e4m3`'s integer ops, bf16 activations), w8a8 takes E4M3
@@ -87,12 +87,11 @@ def _fp8_tma_kernel(x_desc, xs_ptr, w_desc, w_ptr, stride_wn, s_ptr, b_ptr, y_pt
                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TICKETS: tl.constexpr,
                     NUM_STAGES: tl.constexpr, BIT_WIDEN: tl.constexpr, USE_PDL: tl.constexpr,
                     PREFETCH_K: tl.constexpr, EARLY_SCALES: tl.constexpr,
-                    EARLY_TICKET: tl.constexpr, PARTS_OUT: tl.constexpr = False):
+                    PARTS_OUT: tl.constexpr = False):
     """One program a (column tile, row tile, part of K); PREFETCH_K: the first columns of
     its weight slice pulled into L2 before the PDL wait (`prefetch_bytes`); EARLY_SCALES:
-    the tile's scales and bias loaded before the main loop; EARLY_TICKET: a split's ticket
-    taken before its part is stored (fp8_epilogue.py); PARTS_OUT: each part stored unscaled
-    into part_ptr's planes, left for the op after to sum (`tma_parts`)."""
+    the tile's scales and bias loaded before the main loop; PARTS_OUT: each part stored
+    unscaled into part_ptr's planes, left for the op after to sum (`tma_parts`)."""
     first_n = tl.program_id(0) * BLOCK_N
     first_m = tl.program_id(1) * BLOCK_M
     split = tl.program_id(2)
@@ -118,7 +117,7 @@ def _fp8_tma_kernel(x_desc, xs_ptr, w_desc, w_ptr, stride_wn, s_ptr, b_ptr, y_pt
                                  HAS_BIAS, FP8_X)
         _finish(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m, offs_n,
                 split, tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), HAS_BIAS,
-                FP8_X, SPLIT_K, TICKETS, USE_PDL, EARLY_TICKET)
+                FP8_X, SPLIT_K, TICKETS, USE_PDL)
 
 
 @triton.jit
@@ -204,10 +203,10 @@ def _bf16_of_e4m3(w):
 @triton.jit
 def _finish(acc, scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym, offs_m, offs_n, split,
             tile, HAS_BIAS: tl.constexpr, FP8_X: tl.constexpr, SPLIT_K: tl.constexpr,
-            TICKETS: tl.constexpr, USE_PDL: tl.constexpr, EARLY_TICKET: tl.constexpr = False):
+            TICKETS: tl.constexpr, USE_PDL: tl.constexpr):
     finish_split_tile(tl.trans(acc), scales, y_ptr, part_ptr, counter_ptr, M, N, stride_ym,
                       offs_m, offs_n, offs_m < M, offs_n < N, split, tile, HAS_BIAS, FP8_X,
-                      SPLIT_K, TICKETS, USE_PDL, EARLY_TICKET)
+                      SPLIT_K, TICKETS, USE_PDL)
 
 
 def block_m(rows: int, most: int = 0) -> int:
@@ -277,7 +276,6 @@ def _launch(x, x_scale, weight, scale, bias, y, parts, counters, bm, block_n, bl
                                                    prefetch_bytes())
                                  if options["USE_PDL"] else 0)
         options["EARLY_SCALES"] = early_scales(bias is not None)
-        options["EARLY_TICKET"] = early_ticket()
         if parts_out:
             options["PARTS_OUT"] = True
     bit_widen = bit_widen and x.dtype == torch.bfloat16 and not _interpreted()

@@ -19,15 +19,12 @@ earlier kernel's output (as `pdl.start_streaming` assumes), so a program reads i
 the kernel before's tail, its activations only after the wait. (16-byte loads of E4M3,
 VEC = 16, were tried: the tile then no longer shares the activations' layout, whose
 16-byte loads hold 8 elements, and sm_90's PTX moves it through shared memory each step.)"""
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
 from parashift.engine_switches import switch
 from parashift.kernels import pdl, split_tickets
-from parashift.kernels.norm_values import normed_row, row_rstd
 from parashift.kernels.silu_values import silu_mul_values
 
 MAX_ROWS = 4
@@ -35,29 +32,16 @@ VEC = 8  # weight bytes a thread loads at once; BLOCK_K must be a multiple
 
 
 @triton.jit
-def _row_sums(w, x_row_ptr, k, k_ok, K, EVEN_K: tl.constexpr, VEC: tl.constexpr,
-              GATED: tl.constexpr, LIBDEVICE: tl.constexpr, r_row_ptr, nw_ptr, rstd,
-              NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _row_sums(w, x_row_ptr, k, k_ok, EVEN_K: tl.constexpr, VEC: tl.constexpr):
     """The tile times one activation row, summed over each VEC consecutive K (the bytes a
     thread loads at once, so the sums stay in a thread's registers):
-    [BLOCK_N, BLOCK_K // VEC] fp32. GATED: the row holds [gate | up] (2 K), its activations
-    silu(gate) * up rounded to its dtype, as silu_mul.silu_and_mul makes them. NORM: the
-    activations are rms_norm(x + residual) of the row (norm_values.py), 1 / rms given."""
+    [BLOCK_N, BLOCK_K // VEC] fp32."""
     # loaded as [1, BLOCK_K]: in the tile's layout, where a [BLOCK_K] load would be moved
     # through shared memory every step
-    if NORM:
-        x = normed_row(x_row_ptr, r_row_ptr, nw_ptr, k[None, :], k_ok[None, :], rstd,
-                       HAS_RESIDUAL)
-    elif EVEN_K:
+    if EVEN_K:
         x = tl.load(x_row_ptr + k[None, :])
     else:
         x = tl.load(x_row_ptr + k[None, :], mask=k_ok[None, :], other=0.0)
-    if GATED:  # masked columns: silu(0) * 0 = 0
-        if EVEN_K:
-            up = tl.load(x_row_ptr + K + k[None, :])
-        else:
-            up = tl.load(x_row_ptr + K + k[None, :], mask=k_ok[None, :], other=0.0)
-        x = silu_mul_values(x, up, LIBDEVICE).to(x.dtype)
     prod = w * x.to(tl.float32)
     return tl.sum(tl.reshape(prod, (prod.shape[0], prod.shape[1] // VEC, VEC)), axis=2)
 
@@ -86,17 +70,14 @@ def _tile_before(w_rows, k, k_end, EVICT_FIRST: tl.constexpr):
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r_ptr, nw_ptr,
-                     h_ptr, N, K, stride_xm, stride_wn, stride_ym, stride_rm, stride_hm, inv_k,
-                     eps, HAS_BIAS: tl.constexpr,
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, N, K,
+                     stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr,
                      ROWS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, VEC: tl.constexpr,
                      USE_PDL: tl.constexpr, PREFETCH_K: tl.constexpr,
                      AHEAD: tl.constexpr = False, TICKETS: tl.constexpr = False,
-                     GATED: tl.constexpr = False, LIBDEVICE: tl.constexpr = False,
-                     SILU_OUT: tl.constexpr = False, NORM: tl.constexpr = False,
-                     HAS_RESIDUAL: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1,
-                     NORM_CHUNKS: tl.constexpr = 1, EVICT_FIRST: tl.constexpr = False):
+                     LIBDEVICE: tl.constexpr = False,
+                     SILU_OUT: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False):
     first_n = tl.program_id(0) * BLOCK_N
     split = tl.program_id(1)
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
@@ -116,22 +97,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
         w_next = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)
     pdl.start_streaming(w_ptr, stride_wn, N, K, first_n, first_k, BLOCK_N, PREFETCH_K,
                         USE_PDL)
-    rstd0, rstd1, rstd2, rstd3 = 1.0, 1.0, 1.0, 1.0
-    if NORM:  # each row's 1 / rms; the first program stores the new residual
-        writer = tl.where((tl.program_id(0) == 0) & (split == 0), K, 0)
-        rstd0 = row_rstd(x_ptr, r_ptr, h_ptr, writer, K, inv_k, eps, HAS_RESIDUAL, NORM_BLOCK,
-                         NORM_CHUNKS)
-        if ROWS > 1:
-            rstd1 = row_rstd(x_ptr + stride_xm, r_ptr + stride_rm, h_ptr + stride_hm, writer,
-                             K, inv_k, eps, HAS_RESIDUAL, NORM_BLOCK, NORM_CHUNKS)
-        if ROWS > 2:
-            rstd2 = row_rstd(x_ptr + 2 * stride_xm, r_ptr + 2 * stride_rm,
-                             h_ptr + 2 * stride_hm, writer, K, inv_k, eps, HAS_RESIDUAL,
-                             NORM_BLOCK, NORM_CHUNKS)
-        if ROWS > 3:
-            rstd3 = row_rstd(x_ptr + 3 * stride_xm, r_ptr + 3 * stride_rm,
-                             h_ptr + 3 * stride_hm, writer, K, inv_k, eps, HAS_RESIDUAL,
-                             NORM_BLOCK, NORM_CHUNKS)
     acc0 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
@@ -144,19 +109,13 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, counter_ptr, r
             w_next = _tile_before(w_rows, k + BLOCK_K, k_end, EVICT_FIRST)
         else:
             w = _weight_tile(w_rows, k, k_ok, EVEN_K, EVICT_FIRST).to(tl.float32)
-        acc0 += _row_sums(w, x_ptr, k, k_ok, K, EVEN_K, VEC, GATED, LIBDEVICE, r_ptr,
-                          nw_ptr, rstd0, NORM, HAS_RESIDUAL)
+        acc0 += _row_sums(w, x_ptr, k, k_ok, EVEN_K, VEC)
         if ROWS > 1:
-            acc1 += _row_sums(w, x_ptr + stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
-                              LIBDEVICE, r_ptr + stride_rm, nw_ptr, rstd1, NORM, HAS_RESIDUAL)
+            acc1 += _row_sums(w, x_ptr + stride_xm, k, k_ok, EVEN_K, VEC)
         if ROWS > 2:
-            acc2 += _row_sums(w, x_ptr + 2 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
-                              LIBDEVICE, r_ptr + 2 * stride_rm, nw_ptr, rstd2, NORM,
-                              HAS_RESIDUAL)
+            acc2 += _row_sums(w, x_ptr + 2 * stride_xm, k, k_ok, EVEN_K, VEC)
         if ROWS > 3:
-            acc3 += _row_sums(w, x_ptr + 3 * stride_xm, k, k_ok, K, EVEN_K, VEC, GATED,
-                              LIBDEVICE, r_ptr + 3 * stride_rm, nw_ptr, rstd3, NORM,
-                              HAS_RESIDUAL)
+            acc3 += _row_sums(w, x_ptr + 3 * stride_xm, k, k_ok, EVEN_K, VEC)
     scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
     bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if HAS_BIAS:  # once: by split 0, or by the tile's last program (TICKETS)
@@ -259,19 +218,6 @@ def _add_rows(first_ptrs, stride, out0, out1, out2, out3, mask, ROWS: tl.constex
         tl.atomic_add(first_ptrs + 3 * stride, out3, mask=mask, sem="relaxed")
 
 
-class NormInput(NamedTuple):
-    """The GEMV's activations as rms_norm(x + residual) of its x (norm_values.py): the
-    residual ([M, K] or None: x alone), the norm's weight [K] (x's dtype) and eps; the new
-    residual x + residual is written to new_residual [M, K] (where a residual is given)."""
-    residual: torch.Tensor | None
-    weight: torch.Tensor
-    eps: float
-    new_residual: torch.Tensor | None
-
-
-# columns of the row a program reads at a time for its 1 / rms, per warp: 16 a thread (a
-# whole row of 4,096 at once took 146 registers a thread against 128 at 4 warps, sm_90 ptxas)
-NORM_COLUMNS_PER_WARP = 512
 EVICT_ENV = "PARASHIFT_GEMV_EVICT_FIRST"
 
 
@@ -289,18 +235,14 @@ def evict_first() -> bool:
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              bias: torch.Tensor | None, block_n: int, block_k: int, num_warps: int,
              num_stages: int, split_k: int = 1, ahead: bool = False,
-             tickets: bool = False, gated: bool = False, silu_out: bool = False,
-             norm: NormInput | None = None) -> torch.Tensor:
+             tickets: bool = False, silu_out: bool = False) -> torch.Tensor:
     """x [M <= 4, K] (bf16/fp16/fp32), weight [N, K] E4M3 with unit stride along K (row
     slices of a wider buffer are fine), scale [N] or [N, 1] fp32, bias [N] or None; ahead:
     the next weight tile's load in flight while one is multiplied; tickets: split_k's parts
-    summed by each tile's last program (split_tickets.py), not atomically; gated: x is
-    [M, 2 K] holding [gate | up] and the product is of silu_and_mul(x) (formed per K slice
-    in registers, the same bits as silu_mul.silu_and_mul's output); silu_out: the weight
+    summed by each tile's last program (split_tickets.py), not atomically; silu_out: the weight
     holds [gate; up] rows (N even) and the output is silu_and_mul of the product, [M, N / 2]
     (each program's tile interleaves gate and up rows; one part of K: split_k 1; the bits of
-    the plain GEMV's output followed by silu_mul.silu_and_mul); norm: the product is of
-    rms_norm(x + residual) (NormInput; not with gated)."""
+    the plain GEMV's output followed by silu_mul.silu_and_mul)."""
     if silu_out and (split_k != 1 or block_n % 2 or weight.shape[0] % 2):
         raise ValueError(f"fp8_gemv's silu_out takes an even block_n and weight rows and one "
                          f"part of K, got block_n {block_n}, split_k {split_k}, weight "
@@ -310,13 +252,11 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     k = weight.shape[1] if weight.dim() == 2 else -1
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"fp8_gemv takes 2-D x of 1 to {MAX_ROWS} rows, got {tuple(x.shape)}")
-    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[1] != (2 * k if gated else k):
-        raise ValueError(f"fp8_gemv{' (gated)' if gated else ''} of x {tuple(x.shape)} needs "
-                         f"a weight [N, {x.shape[1] // 2 if gated else x.shape[1]}] contiguous "
-                         f"along K, got {tuple(weight.shape)} with strides {weight.stride()}")
+    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[1] != k:
+        raise ValueError(f"fp8_gemv of x {tuple(x.shape)} needs a weight [N, {x.shape[1]}] "
+                         f"contiguous along K, got {tuple(weight.shape)} with strides "
+                         f"{weight.stride()}")
     x = x if x.stride(1) == 1 else x.contiguous()
-    residual, norm_weight, new_residual = _norm_tensors(x, norm, gated)
-    norm_block = min(NORM_COLUMNS_PER_WARP * num_warps, triton.next_power_of_2(k)) if norm else 1
     m, n = x.shape[0], weight.shape[0]
     grid = (triton.cdiv(n // 2 if silu_out else n, block_n // 2 if silu_out else block_n),
             split_k)
@@ -325,33 +265,10 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     _fp8_gemv_kernel[grid](
         x, weight, scale.reshape(-1), bias if bias is not None else scale, y,
         parts if parts is not None else y, counters if counters is not None else y,
-        residual, norm_weight, new_residual, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        residual.stride(0), new_residual.stride(0), 1.0 / k, norm.eps if norm else 0.0,
-        HAS_BIAS=bias is not None, ROWS=m,
+        n, k, x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, ROWS=m,
         EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, VEC=VEC,
-        AHEAD=ahead, TICKETS=counters is not None, GATED=gated, SILU_OUT=silu_out,
-        LIBDEVICE=(gated or silu_out) and x.is_cuda, NORM=norm is not None,
-        HAS_RESIDUAL=norm is not None and norm.residual is not None,
-        NORM_BLOCK=norm_block, NORM_CHUNKS=triton.cdiv(k, norm_block) if norm else 1,
-        EVICT_FIRST=evict_first(), num_warps=num_warps, num_stages=num_stages,
+        AHEAD=ahead, TICKETS=counters is not None, SILU_OUT=silu_out,
+        LIBDEVICE=silu_out and x.is_cuda, EVICT_FIRST=evict_first(),
+        num_warps=num_warps, num_stages=num_stages,
         **pdl.launch_options(x.device, (block_n, k, weight.element_size())))
     return y.to(x.dtype)
-
-
-def _norm_tensors(x: torch.Tensor, norm: NormInput | None, gated: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(residual, norm weight, new residual) for the kernel: x's stand-ins without them."""
-    if norm is None:
-        return x, x, x
-    residual, new_residual = norm.residual, norm.new_residual
-    if gated or norm.weight.shape != (x.shape[1],) or norm.weight.dtype != x.dtype or (
-            residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
-                                      or residual.stride(1) != 1 or new_residual is None
-                                      or new_residual.shape != x.shape
-                                      or new_residual.stride(1) != 1)):
-        raise ValueError(f"fp8_gemv's norm takes x's residual and new residual ({tuple(x.shape)}"
-                         f", unit stride along K) and a norm weight [{x.shape[1]}] in x's dtype "
-                         f"{x.dtype}, and no gated input")
-    if residual is None:
-        return x, norm.weight.contiguous(), x
-    return residual, norm.weight.contiguous(), new_residual

@@ -1,19 +1,13 @@
-"""SiLU-and-mul inside a GEMV at one to four rows (decode), FP8 weights (scale per row) and
-16-bit ones (a scale of ones) alike, in either of two places (fp8_gemv.py):
-
-- "gate_up": the gate_up projection's GEMV stores silu(gate) * up: each program's tile
-  interleaves gate row j and up row I + j, and its epilogue rounds both to the activations'
-  dtype (as the plain GEMV stores them) and forms the product once per output (SILU_OUT).
-  No extra arithmetic, and the intermediate written is half as wide. Only configs whose sums
-  are the dispatch's GEMV config's bits are candidates: the fusion changes no output.
-- "down": the down projection's GEMV reads [gate | up] and forms silu(gate) * up for its K
-  slice in registers (GATED): each column tile recomputes the SiLU of every K it reads
-  (~30 instructions an element against the GEMV's ~2.5 a weight element, and 40-80 more
-  registers a thread: ptxas, sm_90a).
-
-Either gives the bits of the GEMV config followed by silu_mul.silu_and_mul. A shape takes a
-fusion only where it timed faster than the unfused pair, the GEMM its dispatch chose and
-SiLU-and-mul (`choice`), timed as that dispatch times (gemm_timing.py)."""
+"""SiLU-and-mul inside the gate_up projection's GEMV at one to four rows (decode), FP8 weights
+(scale per row) and 16-bit ones (a scale of ones) alike (fp8_gemv.py's SILU_OUT): the GEMV
+stores silu(gate) * up; each program's tile interleaves gate row j and up row I + j, and its
+epilogue rounds both to the activations' dtype (as the plain GEMV stores them) and forms the
+product once per output. No extra arithmetic, and the intermediate written is half as wide.
+Only configs whose sums are the dispatch's GEMV config's bits are candidates, so it gives the
+bits of that GEMV followed by silu_mul.silu_and_mul. A shape takes the fusion only where it
+timed faster than the unfused pair, the GEMM its dispatch chose and SiLU-and-mul (`choice`),
+timed as that dispatch times (gemm_timing.py). (SiLU-and-mul in the down GEMV, recomputed by
+every column tile, was never chosen and was removed in session 51.)"""
 from typing import Callable
 
 import torch
@@ -21,7 +15,6 @@ import torch
 from parashift.kernels import fp8_gemm, fp8_gemv, gemm_timing, silu_mul, skinny_gemm
 
 MAX_ROWS = fp8_gemv.MAX_ROWS
-KINDS = ("gate_up", "down")
 _choices: dict[tuple, object] = {}
 
 
@@ -31,20 +24,18 @@ def args(config) -> tuple:
             config.split_k, config.ahead, config.tickets)
 
 
-def candidates(kind: str, weight: torch.Tensor, unfused=None) -> list:
-    """The GEMV configs measured for a fusion on this weight. "gate_up": those of one part of
-    K whose sums are the unfused GEMV config's bit for bit (its block_k and warps: a row's
-    sum runs along K in the same layout whatever the tile's rows), none where the dispatch
-    chose another kernel, so the fusion moves no bits."""
+def candidates(weight: torch.Tensor, unfused=None) -> list:
+    """The GEMV configs measured for the fusion on this weight: those of one part of K whose
+    sums are the unfused GEMV config's bit for bit (its block_k and warps: a row's sum runs
+    along K in the same layout whatever the tile's rows), none where the dispatch chose
+    another kernel, so the fusion moves no bits."""
     configs = fp8_gemm.GEMV_CONFIGS if weight.dtype == fp8_gemm.FP8 else skinny_gemm.GEMV_CONFIGS
-    if kind == "gate_up":
-        gemv = isinstance(unfused, skinny_gemm.GemvConfig) or (
-            isinstance(unfused, fp8_gemm.Config) and unfused.kernel == "gemv")
-        if not gemv or unfused.split_k != 1:
-            return []
-        configs = [c for c in configs if c.split_k == 1 and (c.block_k, c.num_warps) == (
-            unfused.block_k, unfused.num_warps)]
-    return [c for c in configs if c.block_n <= max(weight.shape[0], 1)]
+    gemv = isinstance(unfused, skinny_gemm.GemvConfig) or (
+        isinstance(unfused, fp8_gemm.Config) and unfused.kernel == "gemv")
+    if not gemv or unfused.split_k != 1:
+        return []
+    return [c for c in configs if c.split_k == 1 and (c.block_k, c.num_warps) == (
+        unfused.block_k, unfused.num_warps) and c.block_n <= max(weight.shape[0], 1)]
 
 
 def _dispatch_choice(x: torch.Tensor, weight: torch.Tensor, scale, bias):
@@ -53,15 +44,13 @@ def _dispatch_choice(x: torch.Tensor, weight: torch.Tensor, scale, bias):
     return module.measured_choice(x.shape[0], weight, x.dtype, x.device, bias is not None)
 
 
-def fused_linear(kind: str, x: torch.Tensor, weight: torch.Tensor,
-                 scale: torch.Tensor | None, bias: torch.Tensor | None, config) -> torch.Tensor:
-    """"gate_up": x [M <= 4, K], weight [2 I, K] ([gate; up]) -> silu_and_mul(x W^T + b)
-    [M, I]; "down": x [M, 2 K] ([gate | up]), weight [N, K] -> silu_and_mul(x) W^T + b. W in
+def fused_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                 bias: torch.Tensor | None, config) -> torch.Tensor:
+    """x [M <= 4, K], weight [2 I, K] ([gate; up]) -> silu_and_mul(x W^T + b) [M, I]. W in
     E4M3 with scale [rows, 1], or 16-bit with scale None; one GEMV of `config`."""
     if scale is None:
         scale = skinny_gemm.unit_scale(weight.shape[0], x.device)
-    return fp8_gemv.fp8_gemv(x, weight, scale, bias, *args(config), gated=kind == "down",
-                             silu_out=kind == "gate_up")
+    return fp8_gemv.fp8_gemv(x, weight, scale, bias, *args(config), silu_out=True)
 
 
 def dispatched_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
@@ -72,55 +61,51 @@ def dispatched_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     return fp8_gemm.linear(x, weight, scale, bias)
 
 
-def unfused_linear(kind: str, x: torch.Tensor, weight: torch.Tensor,
-                   scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
-    """What the layers run without the fusion: the GEMM then SiLU-and-mul, or SiLU-and-mul
-    then the GEMM."""
-    if kind == "gate_up":
-        return silu_mul.silu_and_mul(dispatched_linear(x, weight, scale, bias))
-    return dispatched_linear(silu_mul.silu_and_mul(x), weight, scale, bias)
+def unfused_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+    """What the layers run without the fusion: the GEMM then SiLU-and-mul."""
+    return silu_mul.silu_and_mul(dispatched_linear(x, weight, scale, bias))
 
 
-def _key(kind: str, x: torch.Tensor, weight: torch.Tensor, has_bias: bool) -> tuple:
-    return (kind, x.shape[0], tuple(weight.shape), weight.stride(0), weight.dtype, x.dtype,
-            x.device, has_bias)
+def _key(x: torch.Tensor, weight: torch.Tensor, has_bias: bool) -> tuple:
+    return (x.shape[0], tuple(weight.shape), weight.stride(0), weight.dtype, x.dtype, x.device,
+            has_bias)
 
 
-def choice(kind: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+def choice(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
            bias: torch.Tensor | None):
-    """The config of the fusion `kind` for x on this weight where it measured faster than
+    """The fusion's config for x on this weight where it measured faster than
     `unfused_linear`, else None. Measured on the shape's first call outside a CUDA graph
     capture; during a capture an unmeasured shape takes None."""
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or weight.stride(1) != 1 or \
-            (kind == "gate_up" and weight.shape[0] % 2):
+            weight.shape[0] % 2:
         return None
-    key = _key(kind, x, weight, bias is not None)
+    key = _key(x, weight, bias is not None)
     if key not in _choices:
         if torch.cuda.is_current_stream_capturing():
             return None
-        unfused_linear(kind, x, weight, scale, bias)  # the dispatch's own choice made first
-        unfused = _dispatch_choice(x, weight, scale, bias) if kind == "gate_up" else None
-        configs = candidates(kind, weight, unfused)
+        unfused_linear(x, weight, scale, bias)  # the dispatch's own choice made first
+        configs = candidates(weight, _dispatch_choice(x, weight, scale, bias))
         if not configs:
             _choices[key] = None
             return None
         with gemm_timing.timing_launches():
-            timings = timings_ms(kind, x, weight, scale, bias, configs)
+            timings = timings_ms(x, weight, scale, bias, configs)
         _choices[key] = gemm_timing.steady_choice(
             timings, skinny_gemm.MARGIN,
-            f"SiLU-and-mul in the {kind} GEMV, {x.shape[0]} rows x {tuple(weight.shape)}",
+            f"SiLU-and-mul in the gate_up GEMV, {x.shape[0]} rows x {tuple(weight.shape)}",
             label)
     return _choices[key]
 
 
-def timings_ms(kind, x, weight, scale, bias, configs) -> dict:
+def timings_ms(x, weight, scale, bias, configs) -> dict:
     """Milliseconds per call of `unfused_linear` (None) and of each fused config, replayed
     from CUDA graphs over copies of the weight (gemm_timing)."""
     weights = gemm_timing.weight_copies(weight)
     xin, chain = gemm_timing.timed_input(x)
     runs: dict[object, Callable[[int], object]] = {
-        None: lambda i: unfused_linear(kind, xin, weights[i], scale, bias)}
-    runs.update({c: lambda i, c=c: fused_linear(kind, xin, weights[i], scale, bias, c)
+        None: lambda i: unfused_linear(xin, weights[i], scale, bias)}
+    runs.update({c: lambda i, c=c: fused_linear(xin, weights[i], scale, bias, c)
                  for c in configs})
     return gemm_timing.replayed_timings_ms(runs, len(weights), chain)
 
@@ -134,5 +119,6 @@ def label(config) -> str:
 
 def chosen() -> list[dict]:
     """What `choice` chose for each shape measured in this process."""
-    return [{"fusion": key[0], "rows": key[1], "weight": list(key[2]), "kernel": label(config)}
+    return [{"fusion": "gate_up", "rows": key[0], "weight": list(key[1]),
+             "kernel": label(config)}
             for key, config in _choices.items()]

@@ -9,7 +9,38 @@ import triton
 import triton.language as tl
 
 from parashift.kernels import pdl
-from parashift.kernels.rotary_values import rotated_heads
+
+
+@triton.jit
+def _rms_norm_halves(x1, x2, w_ptr, eps, dims, dtype: tl.constexpr, HALF: tl.constexpr):
+    """Each head's RMS norm (Qwen3's q/k norms) of its halves [heads, HALF] in fp32, rounded as
+    layers.layernorm.rms_norm_torch rounds: the normalized values, then their weighted ones,
+    to `dtype`."""
+    squares = tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)
+    rstd = tl.math.rsqrt(squares * (1.0 / (2 * HALF)) + eps)
+    w1 = tl.load(w_ptr + dims, mask=dims < HALF, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + dims, mask=dims < HALF, other=0.0).to(tl.float32)
+    n1 = (x1 * rstd[:, None]).to(dtype).to(tl.float32)
+    n2 = (x2 * rstd[:, None]).to(dtype).to(tl.float32)
+    return (w1 * n1).to(dtype).to(tl.float32), (w2 * n2).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _rotated_heads(x_rows, ok, cos, sin, norm_w_ptr, eps, HALF: tl.constexpr,
+                   HALF_P: tl.constexpr, QK_NORM: tl.constexpr):
+    """The heads at x_rows (pointers [R], those where `ok`) loaded as halves, RMS-normed
+    (QK_NORM) and rotated: their two halves [R, HALF_P] in fp32, before rounding (cos, sin
+    [1, HALF_P])."""
+    dims = tl.arange(0, HALF_P)[None, :]
+    mask = ok[:, None] & (dims < HALF)
+    src = x_rows[:, None] + dims
+    x1 = tl.load(src, mask=mask, other=0.0)
+    dtype = x1.dtype
+    x1 = x1.to(tl.float32)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    if QK_NORM:
+        x1, x2 = _rms_norm_halves(x1, x2, norm_w_ptr, eps, dims, dtype, HALF)
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
 
 
 @triton.jit
@@ -18,8 +49,8 @@ def _rotate_heads(dst_ptr, dst_stride_h, x_ptr, token, cos, sin, stride_t, strid
                   HALF_P: tl.constexpr, QK_NORM: tl.constexpr):
     heads = tl.arange(0, HEADS_P)
     ok = heads < num_heads
-    y1, y2 = rotated_heads(x_ptr + token * stride_t + heads * stride_h, ok, cos, sin,
-                           norm_w_ptr, eps, HALF, HALF_P, QK_NORM)
+    y1, y2 = _rotated_heads(x_ptr + token * stride_t + heads * stride_h, ok, cos, sin,
+                            norm_w_ptr, eps, HALF, HALF_P, QK_NORM)
     dims = tl.arange(0, HALF_P)[None, :]
     mask = ok[:, None] & (dims < HALF)
     dst = dst_ptr + heads[:, None] * dst_stride_h + dims

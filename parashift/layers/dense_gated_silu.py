@@ -50,7 +50,7 @@ class DenseGateUpHook(GateUpHook):
 
 def fuse_silu_into_dense_gate_up(model: torch.nn.Module) -> int:
     """Swaps each linear layer's `GateUpHook` for `DenseGateUpHook` (after silu_gemv.py's
-    pass, before norm_gemv.py's wraps the hooks); returns how many were swapped."""
+    pass); returns how many were swapped."""
     swapped = 0
     for layer in model.modules():
         if isinstance(layer, LinearBase) and type(layer.gemm_hook) is GateUpHook:

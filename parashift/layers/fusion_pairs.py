@@ -1,5 +1,5 @@
 """The (producer, consumer) pairs a model's modules declare for a fusion across two layers
-(`fp8_input_pairs`, `norm_gemv_pairs`: a producer's attribute name and its consumer's
+(`fp8_input_pairs`, `norm_router_pairs`: a producer's attribute name and its consumer's
 submodule path), for the passes that swap a producer for its fusing twin."""
 from typing import Iterator
 

@@ -14,31 +14,28 @@ layer's qkv), at most two weights a launch. Only at decode's few rows (MAX_ROWS)
 GEMMs stream their weights and the kernels between them (rotary, attention, the norms,
 SiLU-and-mul) leave HBM nearly idle.
 
-PARASHIFT_L2_PREFETCH: 0 (off), 1 (DEFAULT_ON), or [side:]KIND. KIND: bulk (one
-`cp.async.bulk.prefetch.L2` a lane), lines (a `prefetch.global.L2` a line) or read (a load a
-32-byte sector, their max & 0 stored to a sink word: sure to land in L2, but the kernel
-lasts until it has); side: launched on a second stream forked after the GEMM and joined
-after the step's last GEMM, so no kernel of the PDL chain waits for it (else a node of the
-chain). Unset, the model's default (MODEL_DEFAULTS by config model_type, else 1). Read when
+PARASHIFT_L2_PREFETCH: 1 (on) or 0 (off): the prefetch launched on a second stream forked
+after the GEMM and joined after the step's last GEMM, so no kernel of the PDL chain waits
+for it. Unset, the model's default (MODEL_DEFAULTS by config model_type, else 1). Read when
 the model is built (where it resolves to off, or there is no CUDA device, no block gets
 points) and again at each CUDA graph capture (a step's first GEMM reads it; a graph keeps
 what its capture read), not at each call. PARASHIFT_L2_PREFETCH_MB (read likewise):
 NAME:MB[/...] over the layer's short names, unnamed ones 0 (e.g. qkv:32/o:8/gate_up:8/down:8;
-default o:8). Measured on an H200 (8B, one row; docs/benchmark_log.md): side:bulk o:8
-1.008x the engine's FP8 step (1.022x before the GEMV's evict-first hint), 1.004x bf16's;
-every placement in the chain slower. The prefetches move no
-arithmetic: a step's outputs are the same bits with them and without."""
+default o:8). Measured on an H200 (8B, one row; docs/benchmark_log.md): o:8
+1.008x the engine's FP8 step (1.022x before the GEMV's evict-first hint), 1.004x bf16's.
+(Placements in the PDL chain and the `lines` and `read` kinds measured slower and were
+removed in session 51.) The prefetches move no arithmetic: a step's outputs are the same bits
+with them and without."""
 import os
 from typing import Callable, NamedTuple
 
 import torch
 
+from parashift.engine_switches import switch
 from parashift.kernels import use_triton
 
 ENV = "PARASHIFT_L2_PREFETCH"
 MB_ENV = "PARASHIFT_L2_PREFETCH_MB"
-KINDS = ("bulk", "lines", "read")
-DEFAULT_ON = ("side", "bulk")  # PARASHIFT_L2_PREFETCH=1: the best measured
 DEFAULT_MODE = "1"
 # config model_type: PARASHIFT_L2_PREFETCH's default where a measurement differs from 1.
 # Qwen3-30B-A3B b1 (H200): o:8 pulls the next layer's qkv in beside the experts' stream,
@@ -62,17 +59,9 @@ def default_mode(model_type: str | None) -> str:
     return MODEL_DEFAULTS.get(model_type, DEFAULT_MODE)
 
 
-def mode(default: str = DEFAULT_MODE) -> tuple[str, str] | None:
-    """(where: "chain" or "side", kind) from PARASHIFT_L2_PREFETCH (unset: `default`), None
-    where off."""
-    value = os.environ.get(ENV, default)
-    if value in ("0", "1"):
-        return None if value == "0" else DEFAULT_ON
-    where, _, kind = value.rpartition(":")
-    if where not in ("", "side") or kind not in KINDS:
-        raise ValueError(f"{ENV}={value!r}: expected 0, 1 or [side:]KIND, KIND one of "
-                         f"{list(KINDS)}")
-    return where or "chain", kind
+def enabled(default: str = DEFAULT_MODE) -> bool:
+    """PARASHIFT_L2_PREFETCH (unset: `default`)."""
+    return switch(ENV, default)
 
 
 def budget_text() -> str:
@@ -145,7 +134,7 @@ class StepPrefetches:
         self.names = names  # each GEMM's short name, in step order
         self.weights = weights  # each GEMM's weight under the active plan (None: left out)
         self.default = default  # PARASHIFT_L2_PREFETCH where unset
-        self.built = mode(default), budget_text()  # the switches at construction
+        self.built = enabled(default), budget_text()  # the switches at construction
         budgets(tuple(dict.fromkeys(names)), self.built[1])  # a bad budget is an error now
         self.current = self.built  # this step's, set at its first GEMM
         self._plans: dict = {}
@@ -157,35 +146,34 @@ class StepPrefetches:
         if not use_triton(output):
             return
         if index == 0:
-            self.current = ((mode(self.default), budget_text())
+            self.current = ((enabled(self.default), budget_text())
                             if torch.cuda.is_current_stream_capturing() else self.built)
-        how, text = self.current
-        if how is not None:
-            self.launch(index, how, text)
+        on, text = self.current
+        if on:
+            self.launch(index, text)
 
-    def launch(self, index: int, how: tuple[str, str], text: str, after_wait: bool = True,
-               chunk: int | None = None, max_programs: int | None = None) -> None:
-        """Launches the prefetch planned after GEMM `index` of the step under budget `text`,
-        as `how` says ((where, kind): on the side stream, the step's last GEMM joins it);
-        after_wait, chunk and max_programs: the kernel's (kernels/l2_prefetch.py), for
-        benchmarks."""
+    def launch(self, index: int, text: str) -> None:
+        """Launches the prefetch planned after GEMM `index` of the step under budget `text` on
+        the side stream; the step's last GEMM joins it."""
         from parashift.kernels import l2_prefetch, pdl
-        where, kind = how
-        weights, planned = self._plan(text)
-        spans = [l2_prefetch.Span(weights[index + p.target], p.first, p.count)
-                 for p in planned[index]]
-        if where == "chain":
-            l2_prefetch.prefetch(spans, kind, after_wait, chunk, max_programs)
-        elif spans:
+        spans = self.spans_after(index, text)
+        if spans:
             main = torch.cuda.current_stream()
             self._side = self._side or torch.cuda.Stream(main.device)
             self._side.wait_stream(main)
             with torch.cuda.stream(self._side), pdl.suspended():
-                l2_prefetch.prefetch(spans, kind, after_wait, chunk, max_programs)
+                l2_prefetch.prefetch(spans)
             self._forked = True
         if index == len(self.names) - 1 and self._forked:
             torch.cuda.current_stream().wait_stream(self._side)
             self._forked = False
+
+    def spans_after(self, index: int, text: str) -> list:
+        """The kernel's spans planned after GEMM `index` of the step under budget `text`."""
+        from parashift.kernels import l2_prefetch
+        weights, planned = self._plan(text)
+        return [l2_prefetch.Span(weights[index + p.target], p.first, p.count)
+                for p in planned[index]]
 
     def _plan(self, text: str) -> tuple[list, list[list[Planned]]]:
         from parashift.context import get_context
@@ -223,10 +211,10 @@ NO_PREFETCHES = NoPrefetches()
 
 def attach_l2_prefetch(model: torch.nn.Module) -> int:
     """Gives each block running a declared GEMM its points, where a CUDA device exists and
-    PARASHIFT_L2_PREFETCH (unset: the model's default) is not 0 (a bad value is an error
-    here); returns how many GEMMs got one."""
+    PARASHIFT_L2_PREFETCH (unset: the model's default) is 1 (a bad value is an error here);
+    returns how many GEMMs got one."""
     default = default_mode(getattr(getattr(model, "config", None), "model_type", None))
-    if not torch.cuda.is_available() or mode(default) is None:
+    if not torch.cuda.is_available() or not enabled(default):
         return 0
     gemms = step_gemms(model)
     steps = StepPrefetches([name for name, _, _ in gemms],

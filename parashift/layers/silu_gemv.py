@@ -1,24 +1,21 @@
-"""SiLU-and-mul inside the GEMV before or after it at one to four rows (decode; the kernels:
+"""SiLU-and-mul inside the gate_up GEMV before it at one to four rows (decode; the kernels:
 kernels/gated_gemv.py).
 
 A model names its (gate_up layer, SiLU-and-mul, down layer) triples by attribute path
 (`silu_gemv_triples` on a module class); `fuse_silu_into_gemv` replaces each such
 SiLU-and-mul by `SiluIntoGemv` where the layers run the default mode's GEMMs, and gives the
-layer it fuses with a hook (`LinearBase.gemm_hook`: its `take(x, part)` may compute the
-layer's GEMM instead). At run time, where the layer's weight (under the active layout: one
-part; gate_up's output one [gate | up] block) at that many rows measured faster fused
-(`gated_gemv.choice`):
-- "gate_up": the gate_up layer's hook computes silu(gate) * up in its GEMV and hands the
-  tensor to the twin, which returns it as it is when called with that very tensor;
-- "down": the twin returns an unwritten tensor of its output's shape and hands [gate | up]
-  to the down layer's hook, which computes from them when called with that very tensor.
-Else the twin is the plain op. The MLP calls them in a row (down(act(gate_up(x)))), under
-one layout, so the tensors are the ones handed over.
+gate_up layer a hook (`LinearBase.gemm_hook`: its `take(x, part)` may compute the layer's
+GEMM instead). At run time, where the layer's weight (under the active layout: one part, its
+output one [gate | up] block) at that many rows measured faster fused (`gated_gemv.choice`),
+the hook computes silu(gate) * up in its GEMV and hands the tensor to the twin, which
+returns it as it is when called with that very tensor. Else the twin is the plain op. The
+MLP calls them in a row (down(act(gate_up(x)))), under one layout, so the tensor is the one
+handed over.
 
-PARASHIFT_SILU_GEMV picks the place: gate_up (the default: the same bits as unfused, 1.027x
-a bf16 8B layer's decode kernels at one row on an H200, 1.002x FP8; benchmarks/
-decode_chain.py), down (never faster there: each column tile recomputes the SiLU), or 0
-(neither)."""
+PARASHIFT_SILU_GEMV: gate_up (the default: the same bits as unfused, 1.027x a bf16 8B
+layer's decode kernels at one row on an H200, 1.002x FP8; benchmarks/decode_chain.py) or 0
+(off). (Its `down` place, SiLU-and-mul in the down GEMV, was never faster: removed in
+session 51.)"""
 import os
 
 import torch
@@ -28,29 +25,7 @@ from parashift.layers.activation import SiluAndMul
 from parashift.layers.linear import LinearBase, WeightPart
 
 ENV = "PARASHIFT_SILU_GEMV"
-MODES = ("0", "gate_up", "down")
-
-
-class DownHook:
-    """The down layer's hook: the [gate | up] rows its twin handed over, with the config,
-    from the twin's return to the layer's GEMM (taken once)."""
-
-    def __init__(self):
-        self._held = None
-
-    def put(self, placeholder: torch.Tensor, gate_up: torch.Tensor, weight: torch.Tensor,
-            config) -> None:
-        self._held = (placeholder, gate_up, weight, config)
-
-    def take(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor | None:
-        """The layer's output for input x from the held [gate | up], if x is the tensor the
-        twin returned and part the weight it chose for; else None."""
-        held, self._held = self._held, None
-        if held is None or held[0] is not x or held[2] is not part.weight:
-            return None
-        from parashift.kernels import gated_gemv
-        return gated_gemv.fused_linear("down", held[1], part.weight, part.scale, part.bias,
-                                       held[3])
+MODES = ("0", "gate_up")
 
 
 class GateUpHook:
@@ -77,11 +52,10 @@ class GateUpHook:
         if not self.serves(x):
             return None
         from parashift.kernels import gated_gemv
-        return gated_gemv.choice("gate_up", x, part.weight, part.scale, part.bias)
+        return gated_gemv.choice(x, part.weight, part.scale, part.bias)
 
     def hand_over(self, activated: torch.Tensor) -> None:
-        """silu(gate) * up, computed for the twin (here or by a GEMV that also forms the
-        layer's input: layers/norm_gemv.py)."""
+        """silu(gate) * up, computed for the twin."""
         self._twin.activated = activated
 
     def take(self, x: torch.Tensor, part: WeightPart, x_fp8=None) -> torch.Tensor | None:
@@ -89,50 +63,25 @@ class GateUpHook:
         if config is None:
             return None
         from parashift.kernels import gated_gemv
-        activated = gated_gemv.fused_linear("gate_up", x, part.weight, part.scale, part.bias,
-                                            config)
+        activated = gated_gemv.fused_linear(x, part.weight, part.scale, part.bias, config)
         self.hand_over(activated)
         return activated
 
 
 class SiluIntoGemv(SiluAndMul):
-    """SiLU-and-mul formed in the gate_up or the down projection's GEMV where measured
-    faster."""
+    """SiLU-and-mul formed in the gate_up projection's GEMV where measured faster."""
 
-    def __init__(self, act: SiluAndMul, gate_up: LinearBase, down: LinearBase, kind: str):
+    def __init__(self, act: SiluAndMul, gate_up: LinearBase):
         super().__init__()
         self.torch_fn = act.torch_fn
-        self.kind = kind
-        self.activated = None  # gate_up: the GEMV's silu(gate) * up, until taken
-        if kind == "gate_up":
-            gate_up.gemm_hook = GateUpHook(self, gate_up)
-        else:
-            self.handoff = down.gemm_hook = DownHook()
-            self._down_parts = down._active_parts  # a method: not a submodule
+        self.activated = None  # the GEMV's silu(gate) * up, until taken
+        gate_up.gemm_hook = GateUpHook(self, gate_up)
 
     def forward(self, x: torch.Tensor, blocks: int = 1) -> torch.Tensor:
         activated, self.activated = self.activated, None
         if activated is not None and activated is x:
             return x
-        part = self._down_part(x, blocks) if self.kind == "down" else None
-        config = None
-        if part is not None:
-            from parashift.kernels import gated_gemv
-            config = gated_gemv.choice("down", x, part.weight, part.scale, part.bias)
-        if config is None:
-            return super().forward(x, blocks)
-        placeholder = x.new_empty(x.shape[0], x.shape[1] // 2)
-        self.handoff.put(placeholder, x, part.weight, config)
-        return placeholder
-
-    def _down_part(self, x: torch.Tensor, blocks: int) -> WeightPart | None:
-        """The down layer's one weight part where the fused GEMV may serve x, else None."""
-        if blocks != 1 or x.dim() != 2 or not use_triton(x):
-            return None
-        parts = self._down_parts()
-        if len(parts) != 1 or parts[0].weight.shape[1] * 2 != x.shape[1]:
-            return None
-        return parts[0]
+        return super().forward(x, blocks)
 
 
 def mode() -> str:
@@ -144,10 +93,9 @@ def mode() -> str:
 
 def fuse_silu_into_gemv(model: torch.nn.Module) -> int:
     """Replaces each plain SiLU-and-mul of the model's `silu_gemv_triples` whose layers run
-    the default mode's GEMMs (dynamic activation scales where FP8) by its fusing twin, in
-    PARASHIFT_SILU_GEMV's place; returns how many were replaced."""
-    kind = mode()
-    if kind == "0":
+    the default mode's GEMMs (dynamic activation scales where FP8) by its fusing twin where
+    PARASHIFT_SILU_GEMV is gate_up; returns how many were replaced."""
+    if mode() == "0":
         return 0
     replaced = 0
     for module in list(model.modules()):
@@ -161,6 +109,6 @@ def fuse_silu_into_gemv(model: torch.nn.Module) -> int:
                 continue
             if all(isinstance(layer, LinearBase) and not layer.reduction_chunks
                    and layer.input_scale is None for layer in layers):
-                setattr(module, act_name, SiluIntoGemv(act, *layers, kind))
+                setattr(module, act_name, SiluIntoGemv(act, layers[0]))
                 replaced += 1
     return replaced

@@ -10,7 +10,6 @@ from parashift.layers.dense_gated_silu import fuse_silu_into_dense_gate_up
 from parashift.layers.fp8_gated_silu import fuse_silu_into_fp8_gate_up
 from parashift.layers.fp8_input import hand_over_fp8_inputs
 from parashift.layers.l2_prefetch import NO_PREFETCHES, attach_l2_prefetch
-from parashift.layers.norm_gemv import fuse_norm_into_gemv
 from parashift.layers.silu_gemv import fuse_silu_into_gemv
 from parashift.layers.split_parts_norm import hand_over_split_parts
 from parashift.layers.layernorm import RMSNorm, qk_norm
@@ -91,8 +90,6 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     fp8_input_pairs = (("input_layernorm", "self_attn.qkv_proj"),
                        ("post_attention_layernorm", "mlp.gate_up_proj"))
-    # (RMSNorm, linear layer it feeds): the layer's GEMV may form the norm (layers/norm_gemv.py)
-    norm_gemv_pairs = fp8_input_pairs
     # (RMSNorm, mixture of experts it feeds): the norm may route too (layers/norm_router.py)
     norm_router_pairs = (("post_attention_layernorm", "mlp"),)
     # (RMSNorm, linear layer feeding it): the norm may sum the layer's split-K parts
@@ -190,7 +187,6 @@ class LlamaForCausalLM(nn.Module):
         fuse_silu_into_gemv(self)
         fuse_silu_into_dense_gate_up(self)
         fuse_silu_into_fp8_gate_up(self)
-        fuse_norm_into_gemv(self)
         hand_over_split_parts(self)
         attach_l2_prefetch(self)
 

@@ -260,17 +260,16 @@ def _graph_meta(meta: AttentionMetadata, graph_len: int) -> AttentionMetadata:
 
 
 @pytest.mark.parametrize("variant", ["two-launch", "one-launch", "one-launch-heads-first",
-                                     "one-launch-fp8-pairs", "preload", "preload-merge"])
+                                     "one-launch-fp8-pairs", "preload"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_decode_in_a_graph_for_a_longer_context(monkeypatch, variant, kv_dtype):
     """Decodes whose graph was captured for 32k tokens (32 splits) at contexts from one token
     up: the one-launch kernel (at any split count here) takes as many splits as each context
     needs, merges them in the split programs and zeroes the padding rows; so does the
-    preloading split kernel (its splits of many tiles prefetched), merged by the reduction or
-    in the kernel; FP8 pools read as their values (a byte at a time, PARASHIFT_ATTN_FP8_PAIRS=0;
+    preloading split kernel (its splits of many tiles prefetched), merged by the reduction;
+    FP8 pools read as their values (a byte at a time, PARASHIFT_ATTN_FP8_PAIRS=0;
     "one-launch-fp8-pairs": as 16-bit pairs, the products in fp16)."""
     monkeypatch.setenv(triton_backend.FUSED_REDUCE_ENV, "0" if variant == "two-launch" else "1")
-    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, "1" if "merge" in variant else "0")
     monkeypatch.setattr(triton_backend, "FUSED_HEADS_FIRST", variant.endswith("heads-first"))
     monkeypatch.setenv(triton_backend.FP8_PAIRS_ENV, "1" if variant.endswith("pairs") else "0")
     if variant.startswith("one-launch"):
@@ -317,19 +316,16 @@ def test_fused_decode_graph_replays_reset_the_tickets(monkeypatch):
                                    rtol=2e-2)
 
 
-@pytest.mark.parametrize("preload,merge,splits", [("1", "0", 16), ("1", "1", 16),
-                                                  ("0", "0", 16), ("0", "0", 4)])
-def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload, merge, splits):
+@pytest.mark.parametrize("preload,splits", [("1", 16), ("0", 16), ("0", 4)])
+def test_decode_right_after_a_pdl_kv_write(monkeypatch, preload, splits):
     """Decodes replayed in a graph right after the rotary kernel (PDL where the device has
     it) writes their new keys and values. Of more splits than the one-launch kernel takes:
     the preloading split kernel reads the older context before its wait and the new token
     after it, and gives the reference's rows (a context shorter than a tile, one tile, a
-    split of several tiles), its splits merged by a reduction or in the kernel (replayed
-    twice: each replay's tickets back to 0); its switch off, the split kernel does. Of 4
-    splits: the one-launch kernel."""
+    split of several tiles), its splits merged by a reduction (replayed twice); its switch
+    off, the split kernel does. Of 4 splits: the one-launch kernel."""
     from parashift.kernels import rotary
     monkeypatch.setenv(triton_backend.PRELOAD_ENV, preload)
-    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, merge)
     monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: splits)
     seq_lens = [1, 64, 65, 700, 5000]
     step = make_step([1] * len(seq_lens), seq_lens, 32, 8, pad_tokens=2, seed=11)
@@ -406,14 +402,12 @@ def test_fp8_pairs_f16_decode(monkeypatch, splits):
     test_fp8_pairs_decode(monkeypatch, 32, 8, 128, 16, splits, f16="1")
 
 
-@pytest.mark.parametrize("merge", ["0", "1"])
-def test_fp8_pairs_one_row_preloaded(monkeypatch, merge):
+def test_fp8_pairs_one_row_preloaded(monkeypatch):
     """One sequence over an FP8 pool in a graph for 32k tokens (32 splits): the preloading
     split kernel reads the values as pairs (its first tile's before the PDL wait), its splits
-    merged by the reduction or in the kernel, at contexts of one token, under a tile, a few
+    merged by the reduction, at contexts of one token, under a tile, a few
     tiles a split."""
     monkeypatch.setenv(triton_backend.FP8_PAIRS_ENV, "1")
-    monkeypatch.setenv(triton_backend.PRELOAD_MERGE_ENV, merge)
     monkeypatch.setattr(triton_backend, "choose_num_splits", lambda *args: 32)
     for seq_len in (1, 40, 1100, 30000):
         step = make_step([1], [seq_len], 32, 8, pad_tokens=0, seed=seq_len)

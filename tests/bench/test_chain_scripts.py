@@ -12,11 +12,12 @@ from tests.bench.benchmark_scripts import load_benchmark
 
 RUNS = {  # script: (its options, the weights its rows have, the keys of a row)
     "decode_chain": (["--weights", "bf16", "--batch-sizes", "1", "2", "--variants", "graph",
-                      "chain_silu_down"], ["bf16", "bf16"],
-                     {"weights", "batch", "layers", "variants", "speedup_chain_silu_down_vs_graph",
-                      "max_abs_diff_vs_graph", "setup_s", "chosen"}),
+                      "chain_silu_gate_up"], ["bf16", "bf16"],
+                     {"weights", "batch", "layers", "variants",
+                      "speedup_chain_silu_gate_up_vs_graph", "max_abs_diff_vs_graph", "setup_s",
+                      "chosen"}),
     "l2_prefetch_chain": (["--weights", "fp8", "bf16", "--variants", "off",
-                           "PARASHIFT_L2_PREFETCH=0,programs=3"], ["fp8", "bf16"],
+                           "PARASHIFT_L2_PREFETCH_MB=qkv:16"], ["fp8", "bf16"],
                           {"weights", "batch", "layers", "variants", "same_bits", "chosen"}),
     "fp8_chain_variants": (["--batch-sizes", "1", "64", "--variants", "default",
                             "PARASHIFT_CHAIN_TEST=1"], [None, None],

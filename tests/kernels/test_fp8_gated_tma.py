@@ -132,7 +132,7 @@ def test_the_fused_kernel_chains_the_dispatch_kernels_wgmma(tiling):
                         dict(LIBDEVICE=True, PART_MAX=True))
     unfused = wgmma_lines(fp8_gemm_tma._fp8_tma_kernel, 2 * tiling.block_n, tiling, dict(
         HAS_BIAS=False, FP8_X=True, SPLIT_K=1, TICKETS=True, BIT_WIDEN=False,
-        EARLY_SCALES=True, EARLY_TICKET=False))
+        EARLY_SCALES=True))
     assert fused and set(fused) == set(unfused) and len(fused) == len(unfused)
     assert all(".m64n64k32.f32.e4m3.e4m3 " in line for line in fused)
 

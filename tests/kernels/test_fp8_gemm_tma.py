@@ -2,7 +2,6 @@
 dequantized reference: one small tile config under the Triton interpreter, every registered
 config on CUDA."""
 import itertools
-import os
 from dataclasses import replace
 from unittest import mock
 
@@ -42,10 +41,8 @@ def check(m, n, k, bias=False, dtype="float32", device="cpu", configs=SMALL):
                 assert torch.equal(actual, one_each), config
             else:
                 torch.testing.assert_close(actual, one_each, rtol=1e-2, atol=1e-2)
-        if config.tickets and config.split_k > 1:  # the same bits again, counters back at 0,
-            # the ticket taken before the part is stored (the last's part in registers)
-            with mock.patch.dict(os.environ, {fp8_epilogue.EARLY_TICKET_ENV: "1"}):
-                again = fp8_gemm.fp8_weight_linear(x, w, scale, b, config)
+        if config.tickets and config.split_k > 1:  # the same bits again, counters back at 0
+            again = fp8_gemm.fp8_weight_linear(x, w, scale, b, config)
             assert torch.equal(again, actual)
             assert not split_tickets._counters[x.device].any()
 
@@ -130,16 +127,13 @@ def test_prefetch_switch_reads_kilobytes_and_refuses_other_values(monkeypatch):
         fp8_gemm_tma.prefetch_bytes()
 
 
-@pytest.mark.parametrize("read,env,default", [
-    (fp8_epilogue.early_scales, fp8_epilogue.EARLY_SCALES_ENV, fp8_epilogue.DEFAULT_EARLY_SCALES),
-    (fp8_epilogue.early_ticket, fp8_epilogue.EARLY_TICKET_ENV, fp8_epilogue.DEFAULT_EARLY_TICKET)])
-def test_epilogue_switches_read_0_or_1(monkeypatch, read, env, default):
+def test_the_early_scales_switch_reads_0_or_1(monkeypatch):
+    read, env = fp8_epilogue.early_scales, fp8_epilogue.EARLY_SCALES_ENV
     monkeypatch.delenv(env, raising=False)
-    assert read() == (default == "1")
+    assert read() == (fp8_epilogue.DEFAULT_EARLY_SCALES == "1")
     monkeypatch.setenv(env, "1")
     assert read()
-    if read is fp8_epilogue.early_scales:  # never with a bias (another FMA contraction)
-        assert not read(True)
+    assert not read(True)  # never with a bias (another FMA contraction)
     monkeypatch.setenv(env, "0")
     assert not read()
     monkeypatch.setenv(env, "yes")
@@ -153,9 +147,8 @@ def test_epilogue_switches_read_0_or_1(monkeypatch, read, env, default):
 def test_launch_switches_give_the_same_bits(monkeypatch):
     """Under PDL each program pulls the start of its weight slice into L2 before its wait (a
     budget past the slice and the weight's end, clamped); the scales loaded before the main
-    loop (without a bias); a split's ticket taken before its part is stored (twice: the
-    counters back at 0): split and not, with a bias and without, TMA and tl.dot kernels, the
-    same bits as without PDL, prefetch, early scales or early ticket."""
+    loop (without a bias), twice (the counters back at 0): split and not, with a bias and
+    without, TMA and tl.dot kernels, the same bits as without PDL, prefetch or early scales."""
     from parashift.kernels import pdl
     x, w, scale, bias, _ = operands(64, 4096 + 64, 1024, True, "bfloat16", "cuda")
     x_fp8 = fp8_gemm.quantize_rows(x)
@@ -163,16 +156,14 @@ def test_launch_switches_give_the_same_bits(monkeypatch):
                Config("tma_w8a8", 64, 256, 4, 4, 4, tickets=True),
                Config("tma_w8a8", 256, 128, 8, 4, 1, tickets=True),
                Config("w8a8", 32, 256, 4, 4, 2, tickets=True), Config("w8", 64, 256, 4, 3))
-    settings = (("0", "0", "0", "0"), ("1", "0", "0", "0"), ("1", "64", "0", "0"),
-                ("1", "4096", "1", "0"), ("0", "0", "1", "0"), ("1", "64", "1", "1"),
-                ("1", "64", "1", "1"), ("0", "0", "0", "1"))
+    settings = (("0", "0", "0"), ("1", "0", "0"), ("1", "64", "0"), ("1", "4096", "1"),
+                ("0", "0", "1"), ("1", "64", "1"), ("1", "64", "1"))
     for config, b in itertools.product(configs, (None, bias)):
         results = []
-        for flag, kb, early, ticket in settings:
+        for flag, kb, early in settings:
             monkeypatch.setenv(pdl.ENV, flag)
             monkeypatch.setenv(fp8_gemm_tma.PREFETCH_ENV, kb)
             monkeypatch.setenv(fp8_epilogue.EARLY_SCALES_ENV, early)
-            monkeypatch.setenv(fp8_epilogue.EARLY_TICKET_ENV, ticket)
             assert pdl.pdl_enabled(x.device) == (flag == "1")
             results.append(fp8_gemm.fp8_weight_linear(x, w, scale, b, config, x_fp8))
         torch.cuda.synchronize()

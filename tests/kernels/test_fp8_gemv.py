@@ -3,12 +3,10 @@ the Triton interpreter on the CPU (float32, float16) and compiled on CUDA."""
 import pytest
 import torch
 import torch.nn.functional as F
-import triton
 
-from parashift.kernels import (fp8_gemm, gated_gemv, rmsnorm, silu_mul, skinny_gemm,
-                               split_tickets)
+from parashift.kernels import fp8_gemm, gated_gemv, silu_mul, skinny_gemm, split_tickets
 from parashift.kernels import fp8_gemv as fp8_gemv_module
-from parashift.kernels.fp8_gemv import MAX_ROWS, NormInput, fp8_gemv
+from parashift.kernels.fp8_gemv import MAX_ROWS, fp8_gemv
 from tests.kernels.common import assert_exact, case_id, case_tests, cuda, randn
 
 FP8 = torch.float8_e4m3fn
@@ -86,26 +84,6 @@ def test_rejects_a_weight_strided_along_k():
         fp8_gemv(torch.zeros(1, 32), weight, torch.ones(16), None, *SMALL[0])
 
 
-def check_gated(m, n, k, bias=False, padded=False, fp8=True, dtype="float32", device="cpu",
-                configs=SMALL[-2:]):
-    """The GEMV forming silu(gate) * up per K slice gives the bits of SiLU-and-mul's kernel
-    followed by the same config (x [m, 2k] of [gate | up], scaled so the SiLU's range
-    shows)."""
-    weight, scale = quantized(n, k, padded, device)
-    if not fp8:  # 16-bit weights, as skinny_gemm's GEMV runs them: a scale of ones
-        weight, scale = (weight.float() * scale).to(getattr(torch, dtype)), torch.ones(
-            n, device=device)
-    x = randn((m, 2 * k), dtype, device, seed=4, scale=3.0)
-    b = randn((n,), dtype, device, seed=3) if bias else None
-    h = silu_mul.silu_and_mul(x)
-    for config in configs:
-        assert_exact(fp8_gemv(x, weight, scale, b, *config, gated=True),
-                     fp8_gemv(h, weight, scale, b, *config))
-
-
-GATED_CASES = [dict(m=2, n=24, k=200, bias=True, padded=True)]
-
-
 def check_silu_out(m, n, k, bias=False, fp8=True, dtype="float32", device="cpu",
                    configs=((8, 64, 4, 1), (4, 32, 2, 1, 1, True))):
     """The GEMV of a [gate; up] weight storing silu(gate) * up gives the bits of the plain
@@ -136,9 +114,6 @@ def test_silu_out_cuda(fp8, m):
                    configs=one_of_each_family([c for c in configs if c.split_k == 1]))
 
 
-test_gated_interpreted, _ = case_tests(__name__, check_gated, GATED_CASES)
-
-
 def one_of_each_family(configs) -> list[tuple]:
     """fp8_gemv's arguments of the first config of each kind (plain, ahead, tickets, both)."""
     firsts = {}
@@ -147,91 +122,11 @@ def one_of_each_family(configs) -> list[tuple]:
     return list(firsts.values())
 
 
-@cuda
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16-weights"])
-def test_gated_cuda(fp8, m):
-    configs = fp8_gemm.GEMV_CONFIGS if fp8 else skinny_gemm.GEMV_CONFIGS
-    check_gated(m, 4096, 1536, bias=m == 3, fp8=fp8, dtype="bfloat16", device="cuda",
-                configs=one_of_each_family(configs))
-
-
 def test_silu_out_rejects_split_k_and_odd_tiles():
     for block_n, split_k in ((8, 2), (3, 1)):
         with pytest.raises(ValueError, match="silu_out"):
             fp8_gemv(torch.zeros(1, 64), torch.zeros(8, 64, dtype=FP8), torch.ones(8), None,
                      block_n, 64, 4, 1, split_k, silu_out=True)
-
-
-def test_gated_rejects_an_input_not_twice_the_weights_k():
-    with pytest.raises(ValueError, match="gated"):
-        fp8_gemv(torch.zeros(1, 64), torch.zeros(8, 64, dtype=FP8), torch.ones(8), None,
-                 8, 64, 4, 1, gated=True)
-
-
-def check_norm(m, n, k, bias=False, fp8=True, residual=True, silu=False, dtype="float32",
-               device="cpu", configs=((8, 64, 4, 1),)):
-    """The GEMV forming rms_norm(x + residual) of its input: the new residual is the add's
-    bits, and the output the plain GEMV's of the norm kernel's output (norm_values.py rounds
-    as it does): bit for bit under the interpreter (one order of every sum), on CUDA up to
-    the last bits of 1 / rms (its sum of squares in the GEMV's layout); with silu, the plain
-    GEMV's followed by SiLU-and-mul."""
-    weight, scale = quantized(n, k, False, device, seed=5)
-    if not fp8:
-        weight, scale = (weight.float() * scale).to(getattr(torch, dtype)), torch.ones(
-            n, device=device)
-    x = randn((m, k), dtype, device, seed=6, scale=2.0)
-    r = randn((m, k), dtype, device, seed=7) if residual else None
-    norm_weight = randn((k,), dtype, device, seed=8, scale=0.2) + 1
-    b = randn((n,), dtype, device, seed=3) if bias else None
-    normed, added = (rmsnorm.add_rms_norm(x, r, norm_weight, 1e-5) if residual else
-                     (rmsnorm.rms_norm(x, norm_weight, 1e-5), x))
-    assert_exact(added, x + r if residual else x)
-    for config in configs:
-        new_residual = torch.full_like(x, float("nan"))
-        out = fp8_gemv(x, weight, scale, b, *config, silu_out=silu,
-                       norm=NormInput(r, norm_weight, 1e-5, new_residual))
-        expected = fp8_gemv(normed, weight, scale, b, *config)
-        expected = silu_mul.silu_and_mul(expected) if silu else expected
-        if residual:
-            assert_exact(new_residual, added)
-        if device == "cpu":
-            assert_exact(out, expected)
-        else:
-            eps = torch.finfo(x.dtype).eps
-            torch.testing.assert_close(out, expected, rtol=4 * eps, atol=4 * eps)
-
-
-NORM_CASES = [dict(m=2, n=20, k=100, bias=True, silu=True),
-              dict(m=1, n=12, k=96, fp8=False, residual=False, configs=((4, 32, 2, 1, 1, True),))]
-
-
-test_norm_interpreted, _ = case_tests(__name__, check_norm, NORM_CASES)
-# the GPU image's Triton 3.6 interpreter stops in the K loop of the GEMV with the norm's input
-# ("only 0-dimensional arrays can be converted to Python scalars"); CI's 3.9 runs it
-test_norm_interpreted = pytest.mark.skipif(
-    tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9),
-    reason="this Triton's interpreter cannot run the GEMV's norm input")(test_norm_interpreted)
-
-
-@cuda
-@pytest.mark.parametrize("m, fp8, silu", [(1, True, False), (1, False, True), (4, True, True),
-                                          (3, False, False)])
-def test_norm_cuda(silu, fp8, m):
-    """A narrow, a wide and an ahead config of norm_gemv's (each compiles in seconds)."""
-    check_norm(m, 2048, 4096, bias=m == 4, fp8=fp8, residual=m != 3, silu=silu,
-               dtype="bfloat16", device="cuda",
-               configs=[(4, 1024, 4, 1), (16, 512, 4, 1), (8, 1024, 4, 1, 1, True)])
-
-
-def test_norm_rejects_another_dtype_or_shape():
-    x = torch.zeros(1, 64)
-    for norm in (NormInput(None, torch.ones(64, dtype=torch.float16), 1e-5, None),
-                 NormInput(torch.zeros(1, 64), torch.ones(64), 1e-5, None),
-                 NormInput(None, torch.ones(32), 1e-5, None)):
-        with pytest.raises(ValueError, match="norm"):
-            fp8_gemv(x, torch.zeros(8, 64, dtype=FP8), torch.ones(8), None, 8, 64, 4, 1,
-                     norm=norm)
 
 
 def test_the_evict_first_switch_reads_0_or_1(monkeypatch):

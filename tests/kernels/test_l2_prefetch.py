@@ -1,9 +1,8 @@
 """The L2 prefetch kernel (kernels/l2_prefetch.py). On the CPU, compiled for sm_90: it touches
-memory only by L2 prefetches (bulk, a line at a time, or loads whose max & 0 it stores to a
-sink word), issued after its grid dependency
-wait or before it as asked, and launches its dependents once. On a Hopper GPU: a decode
-chain of norm, GEMMs and SiLU-and-mul captured in a CUDA graph with the prefetches between
-its kernels gives the same bits as without, and spans of any size and start run."""
+memory only by bulk L2 prefetches, issued after its grid dependency wait, and launches its
+dependents once. On a Hopper GPU: a decode chain of norm, GEMMs and SiLU-and-mul captured in
+a CUDA graph with the prefetches between its kernels gives the same bits as without, and
+spans of any size and start run."""
 import re
 
 import pytest
@@ -14,41 +13,29 @@ from tests.deterministic.test_kernels import compile_sm90
 from tests.kernels.common import cuda, randn
 from tests.kernels.test_pdl import decode_chain, hopper, weight_fp8
 
-MEMORY_OP = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|atom\.|red\.|cp\.async\.bulk\."
-                       r"(?!prefetch))", re.M)
-OPS = {"bulk": re.compile(r"cp\.async\.bulk\.prefetch\.L2\.global"),
-       "lines": re.compile(r"prefetch\.global\.L2"),
-       "read": re.compile(r"ld\.global\.b32")}
+MEMORY_OP = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|atom\.|red\.|prefetch\.|"
+                       r"cp\.async\.bulk\.(?!prefetch))", re.M)
+BULK = re.compile(r"cp\.async\.bulk\.prefetch\.L2\.global")
 
 
-def sm90_ptx(kind: str, after_wait: bool, mode: int) -> str:
-    constants = dict(CHUNK=l2_prefetch.CHUNKS[kind], LANES=l2_prefetch.LANES,
-                     KIND=l2_prefetch.KINDS[kind], AFTER_WAIT=after_wait, USE_PDL=mode)
+def sm90_ptx(mode: int) -> str:
+    constants = dict(CHUNK=l2_prefetch.CHUNK, LANES=l2_prefetch.LANES, USE_PDL=mode)
     options = {"num_warps": 4, **({"launch_pdl": True} if mode else {})}
     return compile_sm90(l2_prefetch._l2_prefetch_kernel, constants,
                         {"a_ptr": "u8", "b_ptr": "u8"}, **options)["ptx"]
 
 
 @pytest.mark.skipif(not pdl.triton_supports(), reason="this Triton has no grid dependency ops")
-@pytest.mark.parametrize("after_wait", [True, False])
-@pytest.mark.parametrize("kind", list(l2_prefetch.KINDS))
-def test_only_prefetches_where_the_switch_places_them(kind, after_wait):
-    ptx = sm90_ptx(kind, after_wait, pdl.EARLY)
-    prefetches = [m.start() for m in OPS[kind].finditer(ptx)]
+def test_only_bulk_prefetches_after_the_wait():
+    ptx = sm90_ptx(pdl.EARLY)
+    prefetches = [m.start() for m in BULK.finditer(ptx)]
     assert prefetches
-    assert all(not op.search(ptx) for other, op in OPS.items() if other != kind)
-    memory = [ptx[m.start():ptx.find("\n", m.start())] for m in MEMORY_OP.finditer(ptx)]
-    stores = [op for op in memory if "st.global" in op]
-    if kind == "read":  # loads, and the sink's store after them
-        assert all(OPS["read"].search(op) for op in memory if op not in stores)
-        assert stores and ptx.find("ld.global") < ptx.find(stores[0].strip())
-    else:
-        assert not memory
+    assert not MEMORY_OP.search(ptx)
     wait = ptx.find("griddepcontrol.wait")
     assert wait >= 0 and ptx.count("griddepcontrol.wait") == 1
     assert ptx.count("griddepcontrol.launch_dependents") == 1
-    assert all((p > wait) == after_wait for p in prefetches)
-    assert "griddepcontrol" not in sm90_ptx(kind, after_wait, pdl.OFF)
+    assert all(p > wait for p in prefetches)
+    assert "griddepcontrol" not in sm90_ptx(pdl.OFF)
 
 
 def test_more_than_two_spans_or_a_span_off_16_bytes_is_an_error():
@@ -62,24 +49,20 @@ def test_more_than_two_spans_or_a_span_off_16_bytes_is_an_error():
 
 @cuda
 @hopper
-@pytest.mark.parametrize("kind", list(l2_prefetch.KINDS))
-def test_prefetches_of_any_span_run_and_write_nothing(kind):
+def test_prefetches_of_any_span_run_and_write_nothing():
     w = randn((3001, 77), "bfloat16", "cuda")
     before = w.clone()
     size = w.numel() * 2 // 16 * 16  # 462,144 of 462,154 bytes
     for first, count in [(0, size), (16, 4096), (size - 48, 48), (1024, 300 * 1024)]:
         l2_prefetch.prefetch([l2_prefetch.Span(w, first, min(count, size - first)),
-                              l2_prefetch.Span(w, 0, 16)], kind, chunk=64 * 1024,
-                              max_programs=3 if first else None)
+                              l2_prefetch.Span(w, 0, 16)])
     torch.cuda.synchronize()
     assert torch.equal(w, before)
 
 
 @cuda
 @hopper
-@pytest.mark.parametrize("placement", ["after_wait", "before_wait", "lines", "read"])
-def test_a_graph_of_a_decode_chain_gives_the_same_bits_with_prefetches(monkeypatch,
-                                                                        placement):
+def test_a_graph_of_a_decode_chain_gives_the_same_bits_with_prefetches(monkeypatch):
     d, ff = 1024, 2048
     x = randn((1, d), "bfloat16", "cuda")
     residual = randn((1, d), "bfloat16", "cuda", seed=1)
@@ -91,9 +74,7 @@ def test_a_graph_of_a_decode_chain_gives_the_same_bits_with_prefetches(monkeypat
         y = linear(x, weight, *args)
         other = w_down[0] if weight is w_up[0] else w_up[0]
         l2_prefetch.prefetch([l2_prefetch.Span(other, 0, other.numel()),
-                              l2_prefetch.Span(weight, 4096, 8192)],
-                             placement if placement in ("lines", "read") else "bulk",
-                             after_wait=placement != "before_wait")
+                              l2_prefetch.Span(weight, 4096, 8192)])
         return y
 
     def graphed(prefetch: bool):

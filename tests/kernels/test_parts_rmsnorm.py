@@ -135,7 +135,7 @@ def test_parts_out_keeps_the_ticket_kernels_wgmma_chain():
                  b_ptr="*bf16", y_ptr="*bf16", part_ptr="*fp32", counter_ptr="*i32", **scalars)
     fp8_shape = dict(HAS_BIAS=False, FP8_X=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=256,
                      SPLIT_K=2, NUM_STAGES=5, BIT_WIDEN=False, USE_PDL=1, PREFETCH_K=0,
-                     EARLY_SCALES=True, EARLY_TICKET=False)
+                     EARLY_SCALES=True)
     dense_shape = dict(HAS_BIAS=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2,
                        NUM_STAGES=6, USE_PDL=1)
     for kernel, signature, shape in ((fp8_gemm_tma._fp8_tma_kernel, fp8, fp8_shape),

@@ -136,9 +136,8 @@ def test_no_prefetch_where_its_budget_is_zero(monkeypatch):
 FP8 = torch.float8_e4m3fn
 TICKET_POINTERS = {"part_ptr": torch.float32, "counter_ptr": torch.int32}
 GEMV_POINTERS = {"w_ptr": FP8, "s_ptr": torch.float32, **TICKET_POINTERS}
-GEMV_FLOATS = ("inv_k", "eps")
-GEMV_PLAIN = dict(NORM=False, HAS_RESIDUAL=False, NORM_BLOCK=1,
-                  NORM_CHUNKS=1, EVICT_FIRST=False)  # no norm in the GEMV
+GEMV_FLOATS = ()
+GEMV_PLAIN = dict(EVICT_FIRST=False)
 WEIGHT_POINTERS = {"x_ptr": FP8, "xs_ptr": torch.float32, "w_ptr": FP8, "s_ptr": torch.float32,
                    **TICKET_POINTERS}
 KERNELS = {
@@ -158,32 +157,27 @@ KERNELS = {
         **{**GEMV_PLAIN, "EVICT_FIRST": True},
         HAS_BIAS=False, ROWS=2, EVEN_K=False, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=2, VEC=8,
         PREFETCH_K=4096, AHEAD=True, TICKETS=False), True),
-    "fp8_gemv_gated": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
+    "fp8_gemv_silu_out": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
         **GEMV_PLAIN,
-        HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, VEC=8,
-        PREFETCH_K=4096, AHEAD=False, TICKETS=False, GATED=True, LIBDEVICE=True), True),
-    "fp8_gemv_norm": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
         HAS_BIAS=False, ROWS=2, EVEN_K=True, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, VEC=8,
-        PREFETCH_K=4096, AHEAD=False, TICKETS=False, SILU_OUT=True, LIBDEVICE=True, NORM=True,
-        HAS_RESIDUAL=True, NORM_BLOCK=2048, NORM_CHUNKS=2, EVICT_FIRST=False), True),
+        PREFETCH_K=4096, AHEAD=False, TICKETS=False, SILU_OUT=True, LIBDEVICE=True), True),
     "fp8_gemv_tickets": (fp8_gemv._fp8_gemv_kernel, GEMV_POINTERS, GEMV_FLOATS, dict(
         **GEMV_PLAIN,
         HAS_BIAS=True, ROWS=2, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=2, VEC=8,
         PREFETCH_K=4096, AHEAD=False, TICKETS=True), True),
     "fp8_weight": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                    dict(HAS_BIAS=False, FP8_X=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=256,
-                        SPLIT_K=1, PREFETCH_K=256, TICKETS=False, EARLY_SCALES=False,
-                        EARLY_TICKET=False), True),
+                        SPLIT_K=1, PREFETCH_K=256, TICKETS=False, EARLY_SCALES=False),
+                   True),
     "fp8_weight_tickets": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                            dict(HAS_BIAS=True, FP8_X=True, BLOCK_M=64, BLOCK_N=64,
                                 BLOCK_K=256, SPLIT_K=4, PREFETCH_K=256, TICKETS=True,
-                                EARLY_SCALES=False, EARLY_TICKET=False), True),
-    # the tile's scales and bias loaded before the main loop (after the wait still), the
-    # split's ticket taken before its part is stored
+                                EARLY_SCALES=False), True),
+    # the tile's scales and bias loaded before the main loop (after the wait still)
     "fp8_weight_early_scales": (fp8_gemm._fp8_weight_kernel, WEIGHT_POINTERS, (),
                                 dict(HAS_BIAS=True, FP8_X=True, BLOCK_M=64, BLOCK_N=64,
                                      BLOCK_K=256, SPLIT_K=4, PREFETCH_K=256, TICKETS=True,
-                                     EARLY_SCALES=True, EARLY_TICKET=True), True),
+                                     EARLY_SCALES=True), True),
     "argmax": (argmax._argmax_kernel, {"out_ptr": torch.int64, "part_value_ptr": torch.float32,
                                        "part_index_ptr": torch.int32, "counter_ptr": torch.int32},
                (), dict(BLOCK=4096, PARTS=32), False),
@@ -271,7 +265,7 @@ KERNELS = {
         "seq_lens_ptr": torch.int32, "query_start_loc_ptr": torch.int32}, ("qk_scale",), dict(
             GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
             HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
-            HEADS_FIRST=False, FP8_PAIRS=False, FP8_F16=False, ROPE=False), False),
+            HEADS_FIRST=False, FP8_PAIRS=False, FP8_F16=False), False),
     "decode_attention_fp8_pairs": (triton_decode.decode_attention_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "ticket_ptr": torch.int32, "block_tables_ptr": torch.int32,
@@ -279,17 +273,7 @@ KERNELS = {
         "v_cache_ptr": FP8}, ("qk_scale",), dict(
             GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
             HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
-            HEADS_FIRST=False, FP8_PAIRS=True, FP8_F16=False, ROPE=False), False),
-    "decode_attention_rope": (triton_decode.decode_attention_kernel, {
-        "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
-        "part_l_ptr": torch.float32, "ticket_ptr": torch.int32, "block_tables_ptr": torch.int32,
-        "seq_lens_ptr": torch.int32, "query_start_loc_ptr": torch.int32,
-        "positions_ptr": torch.int64, "cos_sin_ptr": torch.float32,
-        "slot_mapping_ptr": torch.int64}, ("qk_scale", "eps"), dict(
-            GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16, HEAD_DIM=128,
-            HEAD_DIM_P=128, SPLITS_P=4, SPLIT_TOKENS=128, DOT_PRECISION="tf32",
-            HEADS_FIRST=False, FP8_PAIRS=False, FP8_F16=False, ROPE=True, QK_NORM=True,
-            MUL_RN=True, K_HEADS_P=8), False),
+            HEADS_FIRST=False, FP8_PAIRS=True, FP8_F16=False), False),
     "reduce_splits": (triton_kernels.reduce_splits_kernel, {
         "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32,
         "part_l_ptr": torch.float32, "query_start_loc_ptr": torch.int32,
@@ -301,27 +285,21 @@ PRELOAD_POINTERS = {
     "part_acc_ptr": torch.float32, "part_m_ptr": torch.float32, "part_l_ptr": torch.float32,
     "block_tables_ptr": torch.int32, "seq_lens_ptr": torch.int32,
     "query_start_loc_ptr": torch.int32, "positions_ptr": torch.int64,
-    "cos_sin_ptr": torch.float32, "slot_mapping_ptr": torch.int64, "ticket_ptr": torch.int32}
+    "cos_sin_ptr": torch.float32, "slot_mapping_ptr": torch.int64}
 PRELOAD_CONSTEXPRS = dict(GROUP=4, GROUP_P=4, BLOCK_M=16, TILE_N=64, BLOCK_SIZE=16,
                           HEAD_DIM=128, HEAD_DIM_P=128, SPLIT_TOKENS=64, DOT_PRECISION="tf32",
-                          PREFETCH_TILES=2, ROW_LINES=2, LINE_ELEMS=64, SPLITS_P=16,
-                          NEW_FIRST=False, FP8_PAIRS=False)
+                          PREFETCH_TILES=2, ROW_LINES=2, LINE_ELEMS=64, NEW_FIRST=False,
+                          FP8_PAIRS=False)
 KERNELS.update({
     "preloaded_decode": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
-                         ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=False,
-                                                   MERGE=False), True),
+                         ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=False), True),
     "preloaded_decode_rope": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
                               ("qk_scale", "eps"), {**PRELOAD_CONSTEXPRS, "ROPE": True,
-                                                    "QK_NORM": True, "MERGE": False,
-                                                    "NEW_FIRST": True}, True),
-    "preloaded_decode_merge": (triton_decode_preload.preloaded_decode_kernel, PRELOAD_POINTERS,
-                               ("qk_scale", "eps"), dict(**PRELOAD_CONSTEXPRS, ROPE=True,
-                                                         QK_NORM=False, MERGE=True), True),
+                                                    "QK_NORM": True, "NEW_FIRST": True}, True),
     "preloaded_decode_fp8_pairs": (
         triton_decode_preload.preloaded_decode_kernel,
         {**PRELOAD_POINTERS, "k_cache_ptr": FP8, "v_cache_ptr": FP8}, ("qk_scale", "eps"),
-        {**PRELOAD_CONSTEXPRS, "ROPE": True, "QK_NORM": False, "MERGE": True,
-         "FP8_PAIRS": True}, True),
+        {**PRELOAD_CONSTEXPRS, "ROPE": True, "QK_NORM": False, "FP8_PAIRS": True}, True),
 })
 
 
@@ -332,8 +310,7 @@ POINTER_TYPES = {**TRITON_TYPES, torch.int32: "i32", torch.int64: "i64"}
 # their inputs' reads, before those
 READ_BACK = {"argmax", "silu_mul_fp8_split", "silu_mul_fp8_row", "fp8_gemv_tickets",
              "fp8_weight_tickets", "fp8_weight_early_scales", "moe_router", "moe_norm_router",
-             "decode_attention", "decode_attention_fp8_pairs", "decode_attention_rope",
-             "preloaded_decode_merge", "preloaded_decode_fp8_pairs"}
+             "decode_attention", "decode_attention_fp8_pairs"}
 # the kernels that load their first weight tile before the wait (the weight is no earlier
 # kernel's output): there they load E4M3 bytes only (compiled without alignment hints, one
 # byte a load; the activations are bf16), and nothing else touches memory
@@ -343,8 +320,8 @@ WEIGHT_BYTE_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global(\.L[12]::[\w:]+)*\.b8
 # no other way there: the norm weight; positions, cos, sin and slots; a decode's metadata,
 # block table and older KV
 LOADS_FIRST = {"rms_norm_fp8", "rotary", "rotary_qk_norm", "moe_norm_router", "decode_attention",
-               "decode_attention_fp8_pairs", "decode_attention_rope", "preloaded_decode_fp8_pairs",
-               "preloaded_decode", "preloaded_decode_rope", "preloaded_decode_merge", "reduce_splits"}
+               "decode_attention_fp8_pairs", "preloaded_decode_fp8_pairs",
+               "preloaded_decode", "preloaded_decode_rope", "reduce_splits"}
 
 
 # the tensor-descriptor arguments of KERNELS' kernels that take them
@@ -519,19 +496,6 @@ def test_rotary_and_attention_give_the_same_bits_with_pdl(monkeypatch):
     for invariant in (False, True):
         backend = TritonAttentionBackend(batch_invariant=invariant)
         assert_same_bits(on_and_off(monkeypatch, lambda: run(backend, step)))
-    from parashift.attention import triton_backend
-    from parashift.attention.rotate_attend import rotate_write_attend
-    monkeypatch.setenv(triton_backend.ROPE_ONE_LAUNCH_ENV, "1")  # RoPE in the one-launch kernel
-    backend = TritonAttentionBackend()
-    launch = backend.rope_launch(step.q, step.k_cache, step.meta)[1]
-    assert launch.fused and triton_backend._takes_rope(launch, 128)
-
-    def rotate_in_attention():
-        k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
-        out = rotate_write_attend(backend, positions, step.q, k, v, cos_sin, k_cache, v_cache,
-                                  step.meta, 128 ** -0.5)
-        return out, k_cache.nan_to_num(), v_cache.nan_to_num()
-    assert_same_bits(on_and_off(monkeypatch, rotate_in_attention))
 
 
 @cuda

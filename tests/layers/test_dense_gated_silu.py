@@ -13,7 +13,6 @@ from parashift.kernels.dense_gemm_tma import Config
 from parashift.layers import dense_gated_silu, silu_gemv
 from parashift.layers.activation import silu_and_mul_torch
 from parashift.layers.dense_gated_silu import DenseGateUpHook
-from parashift.layers.norm_gemv import NormHook
 from parashift.quantization.scheme import WeightQuant
 from tests.engine.conftest import tiny_llama_dir  # noqa: F401  (shared fixture)
 from tests.helpers.switch_tokens import engine_tokens
@@ -29,7 +28,6 @@ def hooked(model) -> list[str]:
 
 def test_gate_up_layers_with_the_gemv_hook_get_the_dense_one(monkeypatch):
     monkeypatch.delenv(silu_gemv.ENV, raising=False)
-    monkeypatch.setenv("PARASHIFT_NORM_IN_GEMV", "0")
     model = build()
     assert hooked(model) == [f"model.layers.{i}.mlp.gate_up_proj"
                              for i in range(len(model.model.layers))]
@@ -37,11 +35,6 @@ def test_gate_up_layers_with_the_gemv_hook_get_the_dense_one(monkeypatch):
     assert not hooked(build(reduction_chunks=4))  # deterministic mode: no GEMV hook either
     monkeypatch.setenv(silu_gemv.ENV, "0")
     assert not hooked(build())
-    monkeypatch.setenv(silu_gemv.ENV, "gate_up")
-    monkeypatch.setenv("PARASHIFT_NORM_IN_GEMV", "1")  # the norm's hook wraps it
-    for layer in build().model.layers:
-        hook = layer.mlp.gate_up_proj.gemm_hook
-        assert isinstance(hook, NormHook) and isinstance(hook.inner, DenseGateUpHook)
 
 
 @pytest.fixture
@@ -49,7 +42,6 @@ def bf16_mlp(monkeypatch):
     """A 16-bit MLP on the CPU as the GPU runs it: the dense choice taking the fusion from
     MIN_ROWS rows, the GEMV's at up to 4, both kernels by torch (calls recorded);
     (mlp, calls)."""
-    monkeypatch.setenv("PARASHIFT_NORM_IN_GEMV", "0")
     monkeypatch.delenv(silu_gemv.ENV, raising=False)
     mlp = build().model.layers[0].mlp
     gen = torch.Generator().manual_seed(0)
@@ -61,7 +53,7 @@ def bf16_mlp(monkeypatch):
         calls.append(("dense", x.shape[0], tiling))
         return silu_and_mul_torch(F.linear(x, weight))
 
-    def fused_linear(kind, x, weight, scale, bias, config):
+    def fused_linear(x, weight, scale, bias, config):
         calls.append(("gemv", x.shape[0], config))
         return silu_and_mul_torch(F.linear(x, weight, bias))
     monkeypatch.setattr(silu_gemv, "use_triton", lambda x: True)
@@ -69,7 +61,7 @@ def bf16_mlp(monkeypatch):
                         x.shape[0] >= dense_gated_choice.MIN_ROWS else None)
     monkeypatch.setattr(dense_gated_choice, "fused", fused)
     monkeypatch.setattr(gated_gemv, "choice",
-                        lambda kind, x, *args: "cfg" if x.shape[0] <= 4 else None)
+                        lambda x, *args: "cfg" if x.shape[0] <= 4 else None)
     monkeypatch.setattr(gated_gemv, "fused_linear", fused_linear)
     return mlp, calls
 

@@ -26,7 +26,6 @@ def twins(model) -> list[str]:
 
 def test_fp8_mlps_get_the_twin_and_gate_up_the_hook(monkeypatch):
     monkeypatch.delenv("PARASHIFT_FP8_FUSED_INPUT", raising=False)
-    monkeypatch.setenv("PARASHIFT_NORM_IN_GEMV", "0")
     model = build(WeightQuant())
     assert twins(model) == [f"model.layers.{i}.mlp.act" for i in range(len(model.model.layers))]
     for layer in model.model.layers:
@@ -49,7 +48,6 @@ def fp8_mlp(monkeypatch):
     """An FP8 MLP on the CPU as the GPU runs it at 16-64 rows: the choice taking the fusion
     from MIN_ROWS rows, the fused kernels by torch (calls recorded), down's hand-over
     recorded; (mlp, calls, handed)."""
-    monkeypatch.setenv("PARASHIFT_NORM_IN_GEMV", "0")
     monkeypatch.delenv("PARASHIFT_FP8_FUSED_INPUT", raising=False)
     mlp = build(WeightQuant()).model.layers[0].mlp
     gen = torch.Generator().manual_seed(0)

@@ -45,10 +45,8 @@ def producers(model) -> dict[str, type]:
 
 @pytest.fixture(autouse=True)
 def fused(monkeypatch):
-    """The fusion on, whatever the environment says; the norms not wrapped by
-    layers/norm_gemv.py's twins (which fall back on these: tests/layers/test_norm_gemv.py)."""
+    """The fusion on, whatever the environment says."""
     monkeypatch.setenv("PARASHIFT_FP8_FUSED_INPUT", "1")
-    monkeypatch.setenv("PARASHIFT_NORM_IN_GEMV", "0")
 
 
 def test_the_fusion_is_on_by_default(monkeypatch):

@@ -47,20 +47,19 @@ def test_budgets_and_mode_come_from_the_switches(monkeypatch):
     names = ("qkv", "o", "gate_up", "down")
     monkeypatch.setenv(l2_prefetch.MB_ENV, "o:1.5/qkv:2")
     assert budgets(names) == dict(qkv=2 * MB, o=3 * MB // 2, gate_up=0, down=0)
-    for value, expected in [("lines", ("chain", "lines")), ("side:read", ("side", "read")),
-                            ("1", l2_prefetch.DEFAULT_ON), ("0", None)]:
+    for value, expected in [("1", True), ("0", False)]:
         monkeypatch.setenv(l2_prefetch.ENV, value)
-        assert l2_prefetch.mode() == expected
+        assert l2_prefetch.enabled() is expected
 
 
-@pytest.mark.parametrize("env,value", [(l2_prefetch.ENV, "2"), (l2_prefetch.ENV, "chain:read"),
-                                       (l2_prefetch.ENV, "side:"), (l2_prefetch.MB_ENV, "up:8"),
+@pytest.mark.parametrize("env,value", [(l2_prefetch.ENV, "2"), (l2_prefetch.ENV, "side:bulk"),
+                                       (l2_prefetch.ENV, "lines"), (l2_prefetch.MB_ENV, "up:8"),
                                        (l2_prefetch.MB_ENV, "qkv=8"),
                                        (l2_prefetch.MB_ENV, "qkv:16@gate_up")])
 def test_a_bad_switch_value_is_an_error_naming_it(monkeypatch, env, value):
     monkeypatch.setenv(env, value)
     with pytest.raises(ValueError, match=env):
-        l2_prefetch.mode()
+        l2_prefetch.enabled()
         budgets(("qkv", "o"))
 
 
@@ -136,24 +135,23 @@ def test_the_switches_are_read_at_build_and_at_a_capture_not_each_call(monkeypat
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     monkeypatch.delenv(l2_prefetch.ENV, raising=False)
     steps = l2_prefetch.StepPrefetches(["qkv", "o"], lambda: [None, None])
-    monkeypatch.setattr(steps, "launch", lambda index, how, text: launched.append((index, how,
-                                                                                    text)))
+    monkeypatch.setattr(steps, "launch", lambda index, text: launched.append((index, text)))
     out = torch.zeros(1, 8)
     monkeypatch.setenv(l2_prefetch.ENV, "0")
     monkeypatch.setenv(l2_prefetch.MB_ENV, "qkv:1")
     steps.after(0, out)
     steps.after(1, out)
-    assert launched == [(0, l2_prefetch.DEFAULT_ON, "o:8"), (1, l2_prefetch.DEFAULT_ON, "o:8")]
+    assert launched == [(0, "o:8"), (1, "o:8")]
     capturing[0] = True
     steps.after(0, out)
     steps.after(1, out)
     assert len(launched) == 2  # off in this capture
-    monkeypatch.setenv(l2_prefetch.ENV, "side:read")
+    monkeypatch.setenv(l2_prefetch.ENV, "1")
     steps.after(0, out)
-    assert launched[-1] == (0, ("side", "read"), "qkv:1")
+    assert launched[-1] == (0, "qkv:1")
     capturing[0] = False
     steps.after(0, out)
-    assert launched[-1] == (0, l2_prefetch.DEFAULT_ON, "o:8")
+    assert launched[-1] == (0, "o:8")
 
 
 @pytest.fixture(scope="module")
@@ -163,23 +161,17 @@ def engine_tokens(tiny_llama_dir):  # noqa: F811
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs PARASHIFT_TEST_DEVICE=cuda")
-@pytest.mark.parametrize("kind", ["1", "side:read"])
 @pytest.mark.parametrize("quantization", [None, "fp8"])
-def test_prefetching_engine_gives_the_same_tokens(engine_tokens, quantization, kind,
-                                                  monkeypatch):
+def test_prefetching_engine_gives_the_same_tokens(engine_tokens, quantization, monkeypatch):
     monkeypatch.setenv(l2_prefetch.MB_ENV, "qkv:1/o:1/gate_up:1/down:1")
-    assert engine_tokens(quantization, kind) == engine_tokens(quantization, "0")
+    assert engine_tokens(quantization, "1") == engine_tokens(quantization, "0")
 
 
-def test_each_gemms_planned_spans_of_the_right_weights_are_launched(monkeypatch):
-    from parashift.kernels import l2_prefetch as kernel
+def test_each_gemms_planned_spans_are_of_the_right_weights():
     weights = [torch.zeros(size, dtype=torch.uint8) for size in (96, 32, 160, 64) * 2]
-    launched = []
-    monkeypatch.setattr(kernel, "prefetch", lambda spans, kind, *args: launched.append(spans))
     text = f"qkv:{64 / MB:.16f}/down:{48 / MB:.16f}"
     steps = l2_prefetch.StepPrefetches(["qkv", "o", "gate_up", "down"] * 2, lambda: weights)
-    for index in range(len(weights)):
-        steps.launch(index, ("chain", "bulk"), text)
+    launched = [steps.spans_after(index, text) for index in range(len(weights))]
     by_tensor = [[(next(i for i, w in enumerate(weights) if w is s.tensor), s.first, s.count)
                   for s in spans] for spans in launched]
     assert by_tensor == [[(1, 0, 32), (2, 0, 32)], [], [], [(4, 0, 48)],
