@@ -2,18 +2,26 @@
 captured for 2,048 tokens gives a lone decode splits of one KV tile, so a context of 1,025 to
 2,048 tokens runs one tile a split; PARASHIFT_ATTN_SPLIT_TOKENS=128 plans as before."""
 import pytest
+import torch
 
 from parashift.attention import triton_backend
 from parashift.attention.metadata import AttentionMetadata
 from tests.attention.test_triton_backend import make_step
 
 
-def plan_for_graph(rows: int, graph_len: int, num_kv_heads: int = 8):
-    step = make_step([1] * rows, [1044] * rows, 32, num_kv_heads, device="cpu")
-    meta = AttentionMetadata(**{**step.meta.__dict__, "seq_lens_cpu": [graph_len] * rows,
+def plan_for_graph(rows: int, graph_len: int, num_kv_heads: int = 8,
+                   kv_dtype: torch.dtype = torch.bfloat16):
+    """The plan of `rows` decodes of 1,044 tokens each in a graph captured for `graph_len`.
+    A plan reads the shapes, the dtypes and the lengths, not the pool's values: the step is
+    made with one token of context a sequence (a pool of 1,044 filled a row took 20 s at
+    256 rows), its lengths then set to 1,044."""
+    step = make_step([1] * rows, [1] * rows, 32, num_kv_heads, device="cpu")
+    meta = AttentionMetadata(**{**step.meta.__dict__,
+                                "seq_lens": torch.full((rows,), 1044, dtype=torch.int32),
+                                "seq_lens_cpu": [graph_len] * rows,
                                 "max_seq_len": graph_len, "static_shape": True})
     (seqs,) = triton_backend._split_decodes(meta, rows)
-    return triton_backend._plan_launch(step.q, step.k_cache, meta, seqs)
+    return triton_backend._plan_launch(step.q, step.k_cache.to(kv_dtype), meta, seqs)
 
 
 @pytest.mark.parametrize("rows, graph_len, splits", [(1, 2048, 32), (2, 2048, 32),
@@ -45,12 +53,6 @@ def test_choose_num_splits_by_min_split_tokens():
 def test_fp8_pairs_stages(monkeypatch, rows, kv_dtype, pairs, stages):
     """The one-launch kernel over an FP8 pool read as pairs takes 3 stages where its launch has
     few programs an SM (8B heads: 64 rows, 3.9 on 132 SMs), else 2 as over bf16."""
-    import torch
     monkeypatch.setenv(triton_backend.FP8_PAIRS_ENV, pairs)
-    step = make_step([1] * rows, [1044] * rows, 32, 8, device="cpu")
-    meta = AttentionMetadata(**{**step.meta.__dict__, "seq_lens_cpu": [2048] * rows,
-                                "max_seq_len": 2048, "static_shape": True})
-    (seqs,) = triton_backend._split_decodes(meta, rows)
-    launch = triton_backend._plan_launch(step.q, step.k_cache.to(getattr(torch, kv_dtype)), meta,
-                                         seqs)
+    launch = plan_for_graph(rows, 2048, kv_dtype=getattr(torch, kv_dtype))
     assert launch.fused and launch.config.num_stages == stages

@@ -99,28 +99,24 @@ def test_a_core_that_dies_is_a_clear_error(tiny_llama_dir):
 
 
 def test_shutdown_stops_the_core_and_later_use_is_an_error(tiny_llama_dir):
-    llm = tiny_llm(tiny_llama_dir, engine_core_process=True)
-    engine = llm.llm_engine
-    engine.add_request("running", [1, 2], SamplingParams(max_tokens=300, ignore_eos=True))
-    engine.step()
-    llm.shutdown()
-    assert engine._process.returncode == 0
-    with pytest.raises(RuntimeError, match="shut down"):
-        engine.add_request("late", [1], GREEDY)
-
-
-def test_this_process_collector_is_tuned_while_it_makes_the_outputs(tiny_llama_dir):
-    """An output per request and step is made here: the collector runs as rarely as in the
-    engine's process (gc_tuning.py), and as before once the core has stopped."""
+    """Also: an output per request and step is made here, so this process's collector runs
+    as rarely as in the engine's process (gc_tuning.py) while the core runs, and as before
+    once it has stopped (one core started for both: a start is seconds on a CPU)."""
     outer = gc.get_threshold()
     gc.set_threshold(700, 10, 10)
     try:
         llm = tiny_llm(tiny_llama_dir, engine_core_process=True)
         assert gc.get_threshold() == GC_THRESHOLDS
+        engine = llm.llm_engine
+        engine.add_request("running", [1, 2], SamplingParams(max_tokens=300, ignore_eos=True))
+        engine.step()
         llm.shutdown()
         assert gc.get_threshold() == (700, 10, 10)
     finally:
         gc.set_threshold(*outer)
+    assert engine._process.returncode == 0
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.add_request("late", [1], GREEDY)
 
 
 def test_the_asyncio_front_streams_through_the_core(tiny_core, tiny_llama_dir):

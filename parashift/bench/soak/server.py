@@ -1,5 +1,6 @@
 """The soaked `parashift serve` as a child process: its start, its /health and /metrics,
 whether it can heal a lost worker, and its stop."""
+import functools
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ def serve_command(port: int, serve_args: list[str]) -> list[str]:
             "--host", "127.0.0.1", "--port", str(port), *serve_args]
 
 
+@functools.lru_cache(maxsize=1)  # asked by the soak and by its test: one `serve --help`
 def can_heal() -> bool:
     """True where this parashift restarts lost workers (its serve has --max-worker-restarts)."""
     help_text = subprocess.run([*serve_command(0, []), "--help"], capture_output=True,
