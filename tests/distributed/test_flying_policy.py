@@ -232,8 +232,11 @@ def test_requests_paused_for_a_priority_request_resume_once_it_ends(model, one_d
     empty (under steady arrivals it never does)."""
     skip_unless_enough_gpus(FLYING)
     batch = prompts(seed=3, n=4)
+    # A and B long enough to both be running when the merge is forced: a replica never
+    # waits for another, and on a loaded CI host A once ended (24 tokens) before B's
+    # replica returned its first step
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=4)
-              for n in (24, 24, 3, 30)]
+              for n in (96, 96, 3, 120)]
     names = ["A", "B", "U", "C"]
     reference = one_device.generate(batch, params)
     llm = LLM(model[0], **{**COMMON, **FLYING, "flying_preemption": "hard"})

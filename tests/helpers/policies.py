@@ -37,7 +37,9 @@ class LayoutCycle:
     """Every `every`-th decision moves the layout one merge or split towards the next of
     `layouts` (in turn), `limit` times in all; steps run under each group's layout plan.
     (Requests computed again after each merge or split need steps to catch up: a cycle
-    faster than that would never finish them.)"""
+    faster than that would never finish them.) An ask counts once the layout has changed
+    since the one before: while a transition waits for its groups to drain, the node takes
+    no other and the policy asks again (a replica outside them keeps deciding meanwhile)."""
     name = "layout-cycle"
 
     def __init__(self, engine, layouts: list[Layout], every: int, limit: int,
@@ -45,12 +47,15 @@ class LayoutCycle:
         self.plans = engine.policy_plans
         self.layouts, self.every, self.limit, self.at_once = layouts, every, limit, at_once
         self.calls = self.reached = self.asked = 0
+        self.asked_in: tuple[str, ...] | None = None  # the layout of the last counted ask
 
     def decide(self, view: NodeView) -> Decision:
         self.calls += 1
         if self.calls % self.every or self.asked >= self.limit:
             return Decision(view.layout)
-        self.asked += 1
+        if view.layout != self.asked_in:
+            self.asked += 1
+            self.asked_in = view.layout
         target = self.layouts[self.reached % len(self.layouts)]
         transition = transition_between(view.layout, target, self.at_once)
         if transition is None:  # reached: on to the next one
