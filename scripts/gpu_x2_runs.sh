@@ -250,7 +250,8 @@ for name in "$@"; do
            --output-len 128 --no-cuda-graphs --output $OUT/moe_plans_eager.json" ;;
     det_profile) part det_profile 200 "run_det_profile" ;;
     pp_graphs) part pp_graphs 300 "run_tests 'tests/distributed/test_plans.py::test_plan_matches_single_device' \
-           -k 'pp'; for g in --no-cuda-graphs --cuda-graphs; do python3 benchmarks/plans.py \
+           'tests/distributed/test_plans.py::test_pipeline_keeps_a_step_in_flight_per_stage' \
+           -k 'pp or pipeline'; for g in --no-cuda-graphs --cuda-graphs; do python3 benchmarks/plans.py \
            --model $EIGHT_B --plans pp2 --interactive-requests 3 --batch-requests 64 \
            --input-len 2048 --output-len 128 \$g; done" ;;
     sidp_graphs) part sidp_graphs 420 "run_tests tests/distributed/test_sidp.py -k 'cas'; \

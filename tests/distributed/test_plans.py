@@ -50,8 +50,10 @@ def assert_same(outputs, reference, logprob_tolerance: float = 1e-4):
 
 
 MODELS = {  # name -> (heads, kv heads, plans)
+    # PP=2 and `tp2,single` are checked against the reference by the tests of their own
+    # below (test_pipeline_keeps_a_step_in_flight_per_stage, test_each_group_sizes_its_own_kv_pool)
     "gqa8x4": (8, 4, [dict(tensor_parallel_size=2), dict(sequence_parallel_size=2),
-                      dict(data_parallel_size=2), dict(pipeline_parallel_size=2),
+                      dict(data_parallel_size=2),
                       dict(tensor_parallel_size=4), dict(sequence_parallel_size=4),
                       dict(data_parallel_size=3), dict(pipeline_parallel_size=3),
                       dict(data_parallel_size=4), dict(pipeline_parallel_size=4),
@@ -59,10 +61,11 @@ MODELS = {  # name -> (heads, kv heads, plans)
                       dict(data_parallel_size=2, tensor_parallel_size=2),
                       dict(pipeline_parallel_size=2, tensor_parallel_size=2),
                       # node layouts whose groups run different plans
-                      dict(layout="tp2,single"), dict(layout="tp2,single,single"),
+                      dict(layout="tp2,single,single"),
                       dict(layout="sp2,tp2"), dict(layout="single,pp2,single"),
-                      # the engine core (and its ranks) in a process of its own
-                      dict(tensor_parallel_size=2, engine_core_process=True),
+                      # the engine core (and its ranks, forked from its own fork server) in
+                      # a process of its own: a pipeline, whose stages keep steps in flight
+                      # (one plan only: the core's start imports torch twice, ~10 s on CI)
                       dict(pipeline_parallel_size=2, engine_core_process=True)]),
     # fewer KV heads than SP (and TP) ranks: KV heads are replicated
     "gqa8x2": (8, 2, [dict(sequence_parallel_size=4), dict(tensor_parallel_size=4),
@@ -98,20 +101,29 @@ def test_plan_matches_single_device(model_dirs, references, name, plan):
     assert_same(outputs, references[name])
 
 
+SINGLE, MANY = [[5]], prompts(seed=1, n=6)
+
+
+@pytest.fixture(scope="module")
+def single_and_many_references(model_dirs):
+    return [generate(model_dirs["gqa8x4"], prompt_list)[0] for prompt_list in (SINGLE, MANY)]
+
+
 @pytest.mark.parametrize("plan", [dict(sequence_parallel_size=4),
                                   dict(pipeline_parallel_size=2, tensor_parallel_size=2)], ids=plan_id)
-def test_single_token_steps_and_preemption(model_dirs, plan):
+def test_single_token_steps_and_preemption(model_dirs, single_and_many_references, plan):
     """One sequence decoding alone gives steps with fewer tokens than SP ranks;
-    a pool of 12 blocks forces preemption of the longer batch."""
-    d = model_dirs["gqa8x4"]
-    single = [[5]]
-    assert_same(generate(d, single, **plan)[0], generate(d, single)[0])
-    many = prompts(seed=1, n=6)
-    small = dict(num_blocks=12, max_model_len=128)
-    outputs, stats = generate(d, many, **plan, **small)
-    reference, _ = generate(d, many)
-    assert stats.num_preemptions > 0
-    assert_same(outputs, reference)
+    a pool of 12 blocks forces preemption of the longer batch (one engine for both)."""
+    skip_unless_enough_gpus(plan)
+    llm = LLM(model_dirs["gqa8x4"], **{**COMMON, **plan, "num_blocks": 12, "max_model_len": 128})
+    try:
+        single = llm.generate(SINGLE, PARAMS)
+        many = llm.generate(MANY, PARAMS)
+        assert llm.llm_engine.stats().num_preemptions > 0
+    finally:
+        llm.llm_engine.shutdown()
+    assert_same(single, single_and_many_references[0])
+    assert_same(many, single_and_many_references[1])
 
 
 def test_pipeline_keeps_a_step_in_flight_per_stage(model_dirs, references):

@@ -206,11 +206,15 @@ def test_auto_resolves_at_start_up_and_keeps_the_tokens(models, tmp_path, monkey
     import json
     from dataclasses import asdict, replace
 
+    from parashift.engine import hardware_probe
     from tests.engine.policy.test_seesaw_cost import A10_PCIE, H100_NVLINK
     if DEVICE == "cuda":
         pytest.skip("auto:2 on the CPU's probe; on GPUs the cache file is named by the GPU")
     dirs, refs = models
-    monkeypatch.setenv("PARASHIFT_CACHE_DIR", str(tmp_path))
+    # the cache's place by the function that reads PARASHIFT_CACHE_DIR (test_seesaw_auto.py
+    # checks the variable): a PARASHIFT_ variable set here would spawn the ranks, each
+    # importing torch, instead of forking them from the fork server (process_start.py)
+    monkeypatch.setattr(hardware_probe, "cache_dir", lambda: tmp_path)
     tiny_pcie = replace(A10_PCIE, all_reduce_bus_bytes_per_s=1e8, hbm_bytes_per_s=1e8,
                         matmul_flops=1e11, memory_bytes=2e6)
     hardware = {"nvlink": H100_NVLINK, "pcie": tiny_pcie}.get(rates)

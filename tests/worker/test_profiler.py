@@ -33,8 +33,10 @@ def test_one_rank_answers_its_operations(tiny_llama_dir):
 
 
 def test_each_rank_of_tp2_writes_its_trace(tiny_llama_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("PARASHIFT_TORCH_PROFILER_DIR", str(tmp_path))
     llm = tiny_llm(tiny_llama_dir, tensor_parallel_size=2)
+    # set once the ranks run (start_profile reads it): a PARASHIFT_ variable set before
+    # would spawn them, each importing torch, instead of forking them (process_start.py)
+    monkeypatch.setenv("PARASHIFT_TORCH_PROFILER_DIR", str(tmp_path))
     try:
         llm.start_profile()
         with pytest.raises(RuntimeError, match="already running"):
